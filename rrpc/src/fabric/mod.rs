@@ -1,0 +1,515 @@
+//! The verbs-like fabric API (DESIGN.md, "The fabric") and its backends.
+//!
+//! Terms follow libibverbs: a memory region (MR) has an `lkey` for local use and an
+//! `rkey` that a peer names together with an address in the owner's virtual address
+//! space ([`RemoteAddr`]); a reliable-connected queue pair (QP) takes lists of work
+//! requests ([`SendWr`]) posted with one doorbell; completions ([`Wc`]) of *signaled*
+//! WRs appear on a completion queue (CQ). Atomics are 8 bytes and 8-byte aligned.
+//!
+//! Backends sit behind enums ([`Fabric`], [`MemoryRegion`], [`QueuePair`],
+//! [`CompletionQueue`]) so that a binary chooses one at run time while the layers
+//! above stay unchanged; a `match` over the variant is the only dispatch on the hot
+//! path. Today the only backend is [`shm`]; the libibverbs backend adds variants.
+
+pub mod shm;
+
+use std::sync::atomic::AtomicU64;
+
+use serde::{Deserialize, Serialize};
+
+use crate::rocket::RingMem;
+
+/// A remote memory location: an address in the owner's virtual address space and
+/// the rkey of the MR that contains it, exactly as an RDMA WR names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RemoteAddr {
+    /// Virtual address in the owner's address space (bytes).
+    pub addr: u64,
+    /// Remote key of the owner's MR.
+    pub rkey: u32,
+}
+
+impl RemoteAddr {
+    /// This address moved forward by `bytes`.
+    pub fn offset(self, bytes: u64) -> Self {
+        Self {
+            addr: self.addr + bytes,
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// What a peer needs to reach an MR: base address, length in bytes and rkey.
+/// Exchanged over the bootstrap service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MrDesc {
+    /// Base virtual address in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl MrDesc {
+    /// Remote address of byte `offset` of this MR.
+    pub fn at(&self, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr + offset,
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// A local buffer inside a registered MR (verbs' scatter/gather element).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Local virtual address (bytes).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// Local key of the MR containing `addr..addr+len`.
+    pub lkey: u32,
+}
+
+/// The operation of a work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WrOpcode {
+    /// RDMA READ of `sge.len` bytes from `remote` into `sge`.
+    Read,
+    /// RDMA WRITE of `sge` to `remote`. The last 8 bytes become visible last.
+    Write,
+    /// 8-byte compare-and-swap at `remote`; the old value lands in `sge` (8 bytes).
+    CmpSwap {
+        /// Value expected at `remote`.
+        compare: u64,
+        /// Value stored when the comparison holds.
+        swap: u64,
+    },
+    /// 8-byte fetch-and-add at `remote`; the old value lands in `sge` (8 bytes).
+    FetchAdd {
+        /// Amount added (wrapping).
+        add: u64,
+    },
+}
+
+/// A send-queue work request.
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr {
+    /// Caller's identifier, returned in the [`Wc`].
+    pub wr_id: u64,
+    /// Operation.
+    pub opcode: WrOpcode,
+    /// Local buffer (source of WRITE, destination of READ and atomics).
+    pub sge: Sge,
+    /// Remote location.
+    pub remote: RemoteAddr,
+    /// Generate a completion on success (selective signaling). Errors always complete.
+    pub signaled: bool,
+    /// Send the payload inline (small WRITEs; the local buffer may be reused at once).
+    pub inline: bool,
+}
+
+/// Completion status (verbs' `ibv_wc_status`, the subset the backends produce).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    /// The WR completed.
+    Success,
+    /// Local buffer outside the MR named by its lkey (`IBV_WC_LOC_PROT_ERR`).
+    LocalProtection,
+    /// Remote address outside the MR of its rkey, or unknown rkey (`IBV_WC_REM_ACCESS_ERR`).
+    RemoteAccess,
+    /// Malformed request, e.g. an atomic that is not 8 bytes, 8-byte aligned (`IBV_WC_REM_INV_REQ_ERR`).
+    RemoteInvalidRequest,
+    /// The peer did not answer: it is gone (`IBV_WC_RETRY_EXC_ERR`). The QP is in error.
+    RetryExceeded,
+    /// Flushed because the QP was already in error (`IBV_WC_WR_FLUSH_ERR`).
+    Flushed,
+}
+
+/// A work completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wc {
+    /// The `wr_id` of the completed WR.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// Bytes transferred (READ/WRITE length, 8 for atomics).
+    pub byte_len: u32,
+}
+
+/// Where device memory was placed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DmPlacement {
+    /// On the NIC (`ibv_alloc_dm`).
+    Device,
+    /// The backend has no device memory; the region is host memory. `reason` says why.
+    HostFallback {
+        /// Human-readable reason, printed by services at start.
+        reason: String,
+    },
+}
+
+/// A QP's state, as far as the layers above care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    /// Created, not yet connected (verbs RESET/INIT).
+    Init,
+    /// Connected (verbs RTS).
+    ReadyToSend,
+    /// In error: a WR failed or the peer is gone. WRs posted now are flushed.
+    Error,
+}
+
+/// What a peer needs to connect a QP to this one (verbs: QPN, PSN, GID, LID; shm: node id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpEndpoint {
+    /// Cluster node id of the owner.
+    pub node: u32,
+    /// Queue pair number.
+    pub qpn: u32,
+    /// Initial packet sequence number.
+    pub psn: u32,
+    /// Port GID (RoCE) or zeroes.
+    pub gid: [u8; 16],
+    /// Port LID (InfiniBand) or 0.
+    pub lid: u16,
+}
+
+/// Errors of fabric operations.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricError {
+    /// An OS call failed; `op` names the fabric operation.
+    #[error("{op}: {source}")]
+    Io {
+        /// The operation that failed.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A configuration or argument is invalid.
+    #[error("invalid argument to {op}: {what}")]
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        what: String,
+    },
+    /// `post_send` on a QP in error (the peer is gone or an earlier WR failed).
+    #[error("queue pair to node {peer} is in error state: {why}")]
+    QpError {
+        /// Peer node id.
+        peer: u32,
+        /// Why it entered the error state.
+        why: &'static str,
+    },
+    /// The node id is held by a live process in this cluster.
+    #[error("node {node} of cluster {cluster} is already running (pid file {path})")]
+    NodeInUse {
+        /// Node id.
+        node: u32,
+        /// Cluster name.
+        cluster: String,
+        /// Path of the liveness file.
+        path: String,
+    },
+    /// The send queue is full; nothing of the list was posted.
+    #[error("send queue full: {posted} outstanding + {asked} asked > depth {depth}")]
+    SendQueueFull {
+        /// WRs outstanding.
+        posted: usize,
+        /// WRs in the rejected list.
+        asked: usize,
+        /// Send queue depth.
+        depth: usize,
+    },
+}
+
+/// Result of fabric operations.
+pub type Result<T> = std::result::Result<T, FabricError>;
+
+/// Which backend a binary runs on (the `--fabric` flag).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum FabricKind {
+    /// Shared memory on one host (the default).
+    #[default]
+    Shm,
+}
+
+impl std::str::FromStr for FabricKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "shm" => Ok(Self::Shm),
+            "verbs" => Err("the verbs backend is not built yet; use --fabric shm".into()),
+            other => Err(format!("unknown fabric {other:?}; expected shm")),
+        }
+    }
+}
+
+impl std::fmt::Display for FabricKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Shm => f.write_str("shm"),
+        }
+    }
+}
+
+/// How to open a fabric endpoint for one node of a cluster.
+#[derive(Clone, Debug)]
+pub struct FabricConfig {
+    /// Backend.
+    pub kind: FabricKind,
+    /// Cluster name; shm files live under `<shm root>/rrpc-<cluster>/`.
+    pub cluster: String,
+    /// This node's id, unique in the cluster.
+    pub node: u32,
+}
+
+/// A process's handle on the fabric (verbs: device context + protection domain).
+#[derive(Clone)]
+pub enum Fabric {
+    /// Shared-memory backend.
+    Shm(shm::ShmFabric),
+}
+
+impl Fabric {
+    /// Open the fabric for node `cfg.node`.
+    ///
+    /// Errors: [`FabricError::NodeInUse`] when a live process holds the node id; I/O errors.
+    pub fn open(cfg: &FabricConfig) -> Result<Self> {
+        match cfg.kind {
+            FabricKind::Shm => Ok(Self::Shm(shm::ShmFabric::open(&cfg.cluster, cfg.node)?)),
+        }
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> u32 {
+        match self {
+            Self::Shm(f) => f.node(),
+        }
+    }
+
+    /// Backend kind.
+    pub fn kind(&self) -> FabricKind {
+        match self {
+            Self::Shm(_) => FabricKind::Shm,
+        }
+    }
+
+    /// A one-line description of the backend for benchmark headers and logs.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Shm(f) => f.describe(),
+        }
+    }
+
+    /// Allocate and register `len` bytes (zeroed) readable and writable by peers.
+    pub fn alloc_mr(&self, len: usize) -> Result<MemoryRegion> {
+        match self {
+            Self::Shm(f) => Ok(MemoryRegion::Shm(f.alloc_mr(len)?)),
+        }
+    }
+
+    /// Allocate `len` bytes of device memory (on the NIC) registered as an MR, or host
+    /// memory when the backend has none; the placement says which, never silently.
+    pub fn alloc_dm(&self, len: usize) -> Result<(MemoryRegion, DmPlacement)> {
+        match self {
+            Self::Shm(f) => {
+                let mr = f.alloc_mr(len)?;
+                Ok((
+                    MemoryRegion::Shm(mr),
+                    DmPlacement::HostFallback {
+                        reason: "the shm fabric has no device memory".into(),
+                    },
+                ))
+            }
+        }
+    }
+
+    /// Create a completion queue holding up to `depth` completions.
+    pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue> {
+        match self {
+            Self::Shm(f) => Ok(CompletionQueue::Shm(f.create_cq(depth))),
+        }
+    }
+
+    /// Create an RC queue pair whose send completions go to `cq`; connect it with
+    /// [`QueuePair::connect`] to the endpoint the peer returns.
+    pub fn create_qp(&self, cq: &CompletionQueue, sq_depth: usize) -> Result<QueuePair> {
+        match (self, cq) {
+            (Self::Shm(f), CompletionQueue::Shm(cq)) => {
+                Ok(QueuePair::Shm(f.create_qp(cq.clone(), sq_depth)))
+            }
+        }
+    }
+}
+
+/// A registered memory region owned by this process.
+pub enum MemoryRegion {
+    /// Shared-memory backend.
+    Shm(shm::ShmMr),
+}
+
+impl MemoryRegion {
+    /// Base virtual address (bytes).
+    pub fn addr(&self) -> u64 {
+        match self {
+            Self::Shm(m) => m.addr(),
+        }
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Shm(m) => m.len(),
+        }
+    }
+    /// Whether the region has zero length.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        match self {
+            Self::Shm(m) => m.key(),
+        }
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        match self {
+            Self::Shm(m) => m.key(),
+        }
+    }
+    /// Descriptor for peers.
+    pub fn desc(&self) -> MrDesc {
+        MrDesc {
+            addr: self.addr(),
+            len: self.len() as u64,
+            rkey: self.rkey(),
+        }
+    }
+    /// Scatter/gather element for bytes `offset..offset+len` of this MR.
+    ///
+    /// Panics if the range is outside the MR (a programming error in the caller).
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        assert!(offset + len <= self.len(), "sge outside the MR");
+        Sge {
+            addr: self.addr() + offset as u64,
+            len: len as u32,
+            lkey: self.lkey(),
+        }
+    }
+    /// Base pointer of the local mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        match self {
+            Self::Shm(m) => m.as_ptr(),
+        }
+    }
+    /// The 8-byte word at `offset` as an atomic, for CPU-side access by the owner.
+    ///
+    /// Panics if `offset` is not 8-byte aligned or out of range. Remember the rule for
+    /// shared words (DESIGN.md): a word modified by remote RDMA atomics must not also be
+    /// modified by CPU atomics.
+    pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset % 8 == 0 && offset + 8 <= self.len(), "bad atomic offset");
+        // SAFETY: in range and 8-aligned (the MR base is page aligned); the mapping lives as
+        // long as `self`; AtomicU64 has the layout of u64 and all bit patterns are valid.
+        unsafe { &*(self.as_ptr().add(offset) as *const AtomicU64) }
+    }
+}
+
+impl RingMem for MemoryRegion {
+    fn len(&self) -> usize {
+        MemoryRegion::len(self)
+    }
+    fn load_u64(&self, off: usize) -> u64 {
+        self.atomic_u64(off)
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+    fn store_u64(&self, off: usize, v: u64) {
+        self.atomic_u64(off)
+            .store(v, std::sync::atomic::Ordering::Release)
+    }
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        assert!(off + dst.len() <= self.len(), "read outside the MR");
+        // SAFETY: range checked; peers may write concurrently, which the ring protocol
+        // tolerates by checking labels with acquire loads before and after copying.
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) }
+    }
+    fn write(&self, off: usize, src: &[u8]) {
+        assert!(off + src.len() <= self.len(), "write outside the MR");
+        // SAFETY: range checked; the mapping is writable and lives as long as `self`.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(off), src.len()) }
+    }
+    fn zero(&self, off: usize, len: usize) {
+        assert!(off + len <= self.len(), "zero outside the MR");
+        // SAFETY: range checked; the mapping is writable.
+        unsafe { std::ptr::write_bytes(self.as_ptr().add(off), 0, len) }
+    }
+}
+
+/// A completion queue. Cloning shares the queue.
+#[derive(Clone)]
+pub enum CompletionQueue {
+    /// Shared-memory backend.
+    Shm(shm::ShmCq),
+}
+
+impl CompletionQueue {
+    /// Move up to `out.capacity() - out.len()` (at least one) completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut Vec<Wc>, max: usize) -> usize {
+        match self {
+            Self::Shm(c) => c.poll(out, max),
+        }
+    }
+}
+
+/// An RC queue pair.
+pub enum QueuePair {
+    /// Shared-memory backend.
+    Shm(shm::ShmQp),
+}
+
+impl QueuePair {
+    /// This QP's endpoint, to send to the peer.
+    pub fn endpoint(&self) -> QpEndpoint {
+        match self {
+            Self::Shm(q) => q.endpoint(),
+        }
+    }
+    /// Connect to the peer's endpoint (verbs: INIT -> RTR -> RTS).
+    pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
+        match self {
+            Self::Shm(q) => q.connect(remote),
+        }
+    }
+    /// Peer node id (after connect).
+    pub fn peer(&self) -> u32 {
+        match self {
+            Self::Shm(q) => q.peer(),
+        }
+    }
+    /// Post a list of WRs with one doorbell. On error nothing of the list was posted.
+    ///
+    /// Errors: [`FabricError::QpError`] when the QP is in error, [`FabricError::SendQueueFull`].
+    /// Per-WR failures (bad rkey, misaligned atomic, dead peer) arrive as error [`Wc`]s.
+    pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+        match self {
+            Self::Shm(q) => q.post_send(wrs),
+        }
+    }
+    /// Current state; on shm this also notices a peer that has exited.
+    pub fn state(&mut self) -> QpState {
+        match self {
+            Self::Shm(q) => q.state(),
+        }
+    }
+    /// Number of WRs posted but not yet completed (send-queue occupancy).
+    pub fn outstanding(&self) -> usize {
+        match self {
+            Self::Shm(q) => q.outstanding(),
+        }
+    }
+}

@@ -1,0 +1,647 @@
+//! Shared-memory fabric backend (DESIGN.md, "Backends", 1).
+//!
+//! An MR is a file under the cluster directory (`<root>/rrpc-<cluster>/n<node>-mr<rkey>`,
+//! mode 0600), where `<root>` is a mounted hugetlbfs when hugepages are reserved and
+//! `/dev/shm` otherwise (`RRPC_SHM_ROOT` overrides). The file starts with a 4 KiB header
+//! (magic, owner node, rkey, owner's base address, length) followed by the data, so a
+//! peer resolves `(addr, rkey)` from the rkey alone, as a NIC would.
+//!
+//! One-sided WRs execute in the requester, on its own mapping of the owner's file: the
+//! owner's CPU takes no part. CAS and FAA are real atomic instructions on the shared
+//! word. A WRITE copies all but its last 8 bytes, then publishes the last 8 with release
+//! ordering, so a receiver that polls a trailing label with acquire loads sees the whole
+//! payload once it sees the label (the property Rocket buckets rely on). Completions of
+//! signaled WRs are pushed to the CQ when the work is done, i.e. during `post_send`.
+//!
+//! Liveness: each node holds an exclusive `flock` on `n<node>.alive` for its lifetime;
+//! the kernel drops it when the process dies however it dies. A QP probes its peer's
+//! lock (at most once a millisecond) and enters the error state when the peer is gone,
+//! as an RC QP does after its retry count is exhausted.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use memmap2::{MmapMut, MmapOptions};
+
+use super::{FabricError, QpEndpoint, QpState, Result, SendWr, Wc, WcStatus, WrOpcode};
+
+/// Bytes of the header at the start of every MR file.
+pub const MR_HEADER_BYTES: usize = 4096;
+const MR_MAGIC: u64 = u64::from_le_bytes(*b"RRPCMR01");
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+const PAGE_BYTES: usize = 4096;
+/// How often a QP probes its peer's liveness lock.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
+
+fn io_err(op: &'static str) -> impl FnOnce(std::io::Error) -> FabricError {
+    move |source| FabricError::Io { op, source }
+}
+
+/// Where cluster directories live: `RRPC_SHM_ROOT`, else a hugetlbfs mount when
+/// hugepages are reserved, else `/dev/shm`. Returns the root and whether it is hugetlbfs.
+pub fn shm_root() -> (PathBuf, bool) {
+    if let Some(root) = std::env::var_os("RRPC_SHM_ROOT") {
+        let root = PathBuf::from(root);
+        let huge = is_hugetlbfs(&root);
+        return (root, huge);
+    }
+    let reserved = std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if reserved > 0 {
+        if let Some(mount) = hugetlbfs_mount() {
+            return (mount, true);
+        }
+    }
+    (PathBuf::from("/dev/shm"), false)
+}
+
+fn hugetlbfs_mount() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, dir, fs) = (f.next()?, f.next()?, f.next()?);
+        (fs == "hugetlbfs").then(|| PathBuf::from(dir))
+    })
+}
+
+fn is_hugetlbfs(p: &Path) -> bool {
+    hugetlbfs_mount().is_some_and(|m| p.starts_with(m))
+}
+
+/// The directory of cluster `name`.
+pub fn cluster_dir(name: &str) -> PathBuf {
+    shm_root().0.join(format!("rrpc-{name}"))
+}
+
+/// What [`prepare_cluster`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ClusterDirState {
+    /// No directory existed.
+    Fresh,
+    /// A directory left by a crashed run (no live node) was removed; `files` were in it.
+    RemovedStale {
+        /// Number of files removed.
+        files: usize,
+    },
+}
+
+/// Make sure cluster `name` starts clean: a directory whose nodes are all dead (a crashed
+/// run) is removed; a directory with a live node is an error (another run is using it).
+pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
+    let dir = cluster_dir(name);
+    if !dir.exists() {
+        return Ok(ClusterDirState::Fresh);
+    }
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).map_err(io_err("read cluster dir"))? {
+        let entry = entry.map_err(io_err("read cluster dir"))?;
+        files += 1;
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "alive") {
+            if let Ok(f) = File::open(&path) {
+                if !try_lock(&f, libc::LOCK_SH) {
+                    return Err(FabricError::NodeInUse {
+                        node: node_of_alive_file(&path).unwrap_or(u32::MAX),
+                        cluster: name.to_string(),
+                        path: path.display().to_string(),
+                    });
+                }
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).map_err(io_err("remove stale cluster dir"))?;
+    Ok(ClusterDirState::RemovedStale { files })
+}
+
+/// Remove cluster `name`'s directory (after all its nodes exited).
+pub fn remove_cluster(name: &str) -> Result<()> {
+    match std::fs::remove_dir_all(cluster_dir(name)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err("remove cluster dir")(e)),
+        _ => Ok(()),
+    }
+}
+
+fn node_of_alive_file(p: &Path) -> Option<u32> {
+    p.file_stem()?.to_str()?.strip_prefix('n')?.parse().ok()
+}
+
+/// Non-blocking flock; true if taken. A taken shared lock is released at once.
+fn try_lock(f: &File, kind: libc::c_int) -> bool {
+    // SAFETY: flock on a valid open fd has no memory-safety preconditions.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), kind | libc::LOCK_NB) };
+    if rc == 0 && kind == libc::LOCK_SH {
+        // SAFETY: as above.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+    }
+    rc == 0
+}
+
+struct LocalMr {
+    base: u64,
+    len: usize,
+}
+
+struct FabricInner {
+    node: u32,
+    cluster: String,
+    dir: PathBuf,
+    huge: bool,
+    alive_path: PathBuf,
+    _alive: File,
+    next_key: AtomicU32,
+    next_qpn: AtomicU32,
+    local: RwLock<HashMap<u32, LocalMr>>,
+    remote: Mutex<HashMap<(u32, u32), Arc<RemoteMr>>>,
+}
+
+impl Drop for FabricInner {
+    fn drop(&mut self) {
+        // Unlink before the lock is released so nobody sees a dead node's file.
+        let _ = std::fs::remove_file(&self.alive_path);
+    }
+}
+
+/// The shm backend's fabric handle (one per node process; clones share it).
+#[derive(Clone)]
+pub struct ShmFabric {
+    inner: Arc<FabricInner>,
+}
+
+impl ShmFabric {
+    /// Join cluster `cluster` as node `node`, creating the cluster directory if needed.
+    ///
+    /// Errors: [`FabricError::NodeInUse`] if a live process is node `node`; I/O errors.
+    pub fn open(cluster: &str, node: u32) -> Result<Self> {
+        if cluster.is_empty() || cluster.contains('/') || cluster.contains("..") {
+            return Err(FabricError::InvalidArgument {
+                op: "open fabric",
+                what: format!("cluster name {cluster:?} must be non-empty without '/' or '..'"),
+            });
+        }
+        let (root, huge) = shm_root();
+        let dir = root.join(format!("rrpc-{cluster}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(io_err("create cluster dir")(e))
+            }
+            _ => {}
+        }
+        let alive_path = dir.join(format!("n{node}.alive"));
+        let mut alive = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&alive_path)
+            .map_err(io_err("create liveness file"))?;
+        if !try_lock(&alive, libc::LOCK_EX) {
+            return Err(FabricError::NodeInUse {
+                node,
+                cluster: cluster.to_string(),
+                path: alive_path.display().to_string(),
+            });
+        }
+        alive.set_len(0).map_err(io_err("write liveness file"))?;
+        writeln!(alive, "{}", std::process::id()).map_err(io_err("write liveness file"))?;
+        // Files left by an earlier incarnation of this node id would shadow new rkeys.
+        let prefix = format!("n{node}-mr");
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(Self {
+            inner: Arc::new(FabricInner {
+                node,
+                cluster: cluster.to_string(),
+                dir,
+                huge,
+                alive_path,
+                _alive: alive,
+                next_key: AtomicU32::new(1),
+                next_qpn: AtomicU32::new(1),
+                local: RwLock::new(HashMap::new()),
+                remote: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Node id.
+    pub fn node(&self) -> u32 {
+        self.inner.node
+    }
+
+    /// One-line description.
+    pub fn describe(&self) -> String {
+        format!(
+            "shm (cluster {}, {}, {})",
+            self.inner.cluster,
+            self.inner.dir.display(),
+            if self.inner.huge { "hugepages" } else { "4 KiB pages" }
+        )
+    }
+
+    /// Allocate a zeroed MR of `len` bytes backed by a new shared file.
+    pub fn alloc_mr(&self, len: usize) -> Result<ShmMr> {
+        if len == 0 {
+            return Err(FabricError::InvalidArgument {
+                op: "alloc_mr",
+                what: "length 0".into(),
+            });
+        }
+        let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
+        let page = if self.inner.huge { HUGE_PAGE_BYTES } else { PAGE_BYTES };
+        let file_len = (MR_HEADER_BYTES + len).div_ceil(page) * page;
+        let path = self.inner.dir.join(format!("n{}-mr{key}", self.inner.node));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err("create MR file"))?;
+        file.set_len(file_len as u64).map_err(io_err("size MR file"))?;
+        // SAFETY: the file is ours, freshly created with mode 0600; peers map it too,
+        // which is the point: all access to the data goes through raw pointers or atomics.
+        let map = unsafe { MmapOptions::new().len(file_len).populate().map_mut(&file) }
+            .map_err(io_err("mmap MR file"))?;
+        let data = map.as_ptr() as u64 + MR_HEADER_BYTES as u64;
+        let header = [MR_MAGIC, u64::from(self.inner.node) << 32 | u64::from(key), data, len as u64];
+        // SAFETY: the header page is inside the mapping, page aligned, and not yet shared.
+        unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_ptr() as *mut u64, 4) };
+        self.inner
+            .local
+            .write()
+            .expect("MR table poisoned")
+            .insert(key, LocalMr { base: data, len });
+        Ok(ShmMr {
+            fabric: self.inner.clone(),
+            map,
+            path,
+            key,
+            len,
+        })
+    }
+
+    /// Create a CQ.
+    pub fn create_cq(&self, depth: usize) -> ShmCq {
+        ShmCq {
+            queue: Arc::new(Mutex::new(VecDeque::with_capacity(depth))),
+        }
+    }
+
+    /// Create a QP (state Init) completing into `cq`.
+    pub fn create_qp(&self, cq: ShmCq, sq_depth: usize) -> ShmQp {
+        ShmQp {
+            fabric: self.inner.clone(),
+            cq,
+            qpn: self.inner.next_qpn.fetch_add(1, Ordering::Relaxed),
+            sq_depth: sq_depth.max(1),
+            peer: None,
+            state: QpState::Init,
+            last_probe: Instant::now(),
+            local_cache: HashMap::new(),
+        }
+    }
+
+    fn map_remote(&self, node: u32, rkey: u32) -> Option<Arc<RemoteMr>> {
+        let mut cache = self.inner.remote.lock().expect("remote MR cache poisoned");
+        if let Some(r) = cache.get(&(node, rkey)) {
+            return Some(r.clone());
+        }
+        let path = self.inner.dir.join(format!("n{node}-mr{rkey}"));
+        let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
+        let file_len = file.metadata().ok()?.len() as usize;
+        if file_len < MR_HEADER_BYTES {
+            return None;
+        }
+        // SAFETY: a peer's MR file, shared by design; accessed only through raw pointers
+        // and atomics after the bounds checks in `ShmQp::remote_ptr`.
+        let map = unsafe { MmapOptions::new().len(file_len).map_mut(&file) }.ok()?;
+        let mut h = [0u64; 4];
+        // SAFETY: the header is at the start of the mapping, which is page aligned.
+        unsafe { std::ptr::copy_nonoverlapping(map.as_ptr() as *const u64, h.as_mut_ptr(), 4) };
+        let (magic, id, base, len) = (h[0], h[1], h[2], h[3] as usize);
+        if magic != MR_MAGIC
+            || id != (u64::from(node) << 32 | u64::from(rkey))
+            || MR_HEADER_BYTES + len > file_len
+        {
+            return None;
+        }
+        let r = Arc::new(RemoteMr { map, base, len });
+        cache.insert((node, rkey), r.clone());
+        Some(r)
+    }
+}
+
+/// An MR of the shm backend. Dropping it unregisters it and removes its file.
+pub struct ShmMr {
+    fabric: Arc<FabricInner>,
+    map: MmapMut,
+    path: PathBuf,
+    key: u32,
+    len: usize,
+}
+
+impl ShmMr {
+    /// Base address of the data (bytes, this process's address space).
+    pub fn addr(&self) -> u64 {
+        self.map.as_ptr() as u64 + MR_HEADER_BYTES as u64
+    }
+    /// Length in bytes as asked at allocation.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the length is zero (never, allocation refuses it).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// lkey = rkey on shm.
+    pub fn key(&self) -> u32 {
+        self.key
+    }
+    /// Pointer to the data.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr() as *mut u8
+    }
+}
+
+impl Drop for ShmMr {
+    fn drop(&mut self) {
+        if let Ok(mut t) = self.fabric.local.write() {
+            t.remove(&self.key);
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+struct RemoteMr {
+    map: MmapMut,
+    base: u64,
+    len: usize,
+}
+
+impl RemoteMr {
+    fn ptr(&self, addr: u64, len: usize) -> Option<*mut u8> {
+        let off = addr.checked_sub(self.base)? as usize;
+        (off.checked_add(len)? <= self.len)
+            // SAFETY: off + len <= len of the data, which follows the header in the mapping.
+            .then(|| unsafe { (self.map.as_ptr() as *mut u8).add(MR_HEADER_BYTES + off) })
+    }
+}
+
+/// A completion queue of the shm backend.
+#[derive(Clone)]
+pub struct ShmCq {
+    queue: Arc<Mutex<VecDeque<Wc>>>,
+}
+
+impl ShmCq {
+    /// Move up to `max` completions into `out`.
+    pub fn poll(&self, out: &mut Vec<Wc>, max: usize) -> usize {
+        let mut q = self.queue.lock().expect("CQ poisoned");
+        let n = q.len().min(max);
+        out.extend(q.drain(..n));
+        n
+    }
+    fn push(&self, wc: Wc) {
+        self.queue.lock().expect("CQ poisoned").push_back(wc);
+    }
+}
+
+struct Peer {
+    node: u32,
+    alive: File,
+    remote: HashMap<u32, Arc<RemoteMr>>,
+}
+
+/// An RC queue pair of the shm backend.
+pub struct ShmQp {
+    fabric: Arc<FabricInner>,
+    cq: ShmCq,
+    qpn: u32,
+    sq_depth: usize,
+    peer: Option<Peer>,
+    state: QpState,
+    last_probe: Instant,
+    local_cache: HashMap<u32, (u64, usize)>,
+}
+
+impl ShmQp {
+    /// Endpoint to give the peer.
+    pub fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint {
+            node: self.fabric.node,
+            qpn: self.qpn,
+            psn: 0,
+            gid: [0; 16],
+            lid: 0,
+        }
+    }
+
+    /// Connect to the peer's endpoint: open its liveness file.
+    pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
+        let path = self.fabric.dir.join(format!("n{}.alive", remote.node));
+        let alive = File::open(&path).map_err(io_err("connect QP: open peer liveness file"))?;
+        if try_lock(&alive, libc::LOCK_SH) {
+            return Err(FabricError::QpError {
+                peer: remote.node,
+                why: "peer process is not running",
+            });
+        }
+        self.peer = Some(Peer {
+            node: remote.node,
+            alive,
+            remote: HashMap::new(),
+        });
+        self.state = QpState::ReadyToSend;
+        Ok(())
+    }
+
+    /// Peer node id, or `u32::MAX` before connect.
+    pub fn peer(&self) -> u32 {
+        self.peer.as_ref().map_or(u32::MAX, |p| p.node)
+    }
+
+    /// Always 0: shm WRs complete during `post_send`.
+    pub fn outstanding(&self) -> usize {
+        0
+    }
+
+    /// State, probing the peer's liveness at most once a millisecond.
+    pub fn state(&mut self) -> QpState {
+        if self.state == QpState::ReadyToSend && self.last_probe.elapsed() >= LIVENESS_PERIOD {
+            self.probe();
+        }
+        self.state
+    }
+
+    fn probe(&mut self) {
+        self.last_probe = Instant::now();
+        if let Some(p) = &self.peer {
+            if try_lock(&p.alive, libc::LOCK_SH) {
+                self.state = QpState::Error;
+            }
+        }
+    }
+
+    /// Execute the list in order; see [`super::QueuePair::post_send`].
+    pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+        let peer_node = self.peer();
+        if self.state() != QpState::ReadyToSend {
+            return Err(FabricError::QpError {
+                peer: peer_node,
+                why: if self.state == QpState::Init {
+                    "not connected"
+                } else {
+                    "peer gone or an earlier work request failed"
+                },
+            });
+        }
+        if wrs.len() > self.sq_depth {
+            return Err(FabricError::SendQueueFull {
+                posted: 0,
+                asked: wrs.len(),
+                depth: self.sq_depth,
+            });
+        }
+        for wr in wrs {
+            let status = if self.state == QpState::Error {
+                WcStatus::Flushed
+            } else {
+                self.execute(wr)
+            };
+            if status != WcStatus::Success {
+                self.state = QpState::Error;
+            }
+            if wr.signaled || status != WcStatus::Success {
+                let byte_len = match wr.opcode {
+                    WrOpcode::Read | WrOpcode::Write => wr.sge.len,
+                    _ => 8,
+                };
+                self.cq.push(Wc {
+                    wr_id: wr.wr_id,
+                    status,
+                    byte_len,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn local_ptr(&mut self, addr: u64, len: usize, lkey: u32) -> Option<*mut u8> {
+        let (base, mr_len) = match self.local_cache.get(&lkey) {
+            Some(&v) => v,
+            None => {
+                let t = self.fabric.local.read().ok()?;
+                let m = t.get(&lkey)?;
+                self.local_cache.insert(lkey, (m.base, m.len));
+                (m.base, m.len)
+            }
+        };
+        let off = addr.checked_sub(base)? as usize;
+        (off.checked_add(len)? <= mr_len).then_some(addr as *mut u8)
+    }
+
+    fn remote_ptr(&mut self, addr: u64, len: usize, rkey: u32) -> Option<*mut u8> {
+        let peer = self.peer.as_mut()?;
+        if let Some(r) = peer.remote.get(&rkey) {
+            return r.ptr(addr, len);
+        }
+        let fabric = ShmFabric {
+            inner: self.fabric.clone(),
+        };
+        let r = fabric.map_remote(peer.node, rkey)?;
+        let p = r.ptr(addr, len);
+        peer.remote.insert(rkey, r);
+        p
+    }
+
+    fn execute(&mut self, wr: &SendWr) -> WcStatus {
+        if self.last_probe.elapsed() >= LIVENESS_PERIOD {
+            self.probe();
+            if self.state == QpState::Error {
+                return WcStatus::RetryExceeded;
+            }
+        }
+        let atomic = matches!(wr.opcode, WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. });
+        let len = if atomic { 8 } else { wr.sge.len as usize };
+        if atomic && (wr.sge.len < 8 || wr.remote.addr % 8 != 0) {
+            return WcStatus::RemoteInvalidRequest;
+        }
+        let Some(local) = self.local_ptr(wr.sge.addr, len, wr.sge.lkey) else {
+            return WcStatus::LocalProtection;
+        };
+        let Some(remote) = self.remote_ptr(wr.remote.addr, len, wr.remote.rkey) else {
+            return WcStatus::RemoteAccess;
+        };
+        match wr.opcode {
+            // SAFETY (all arms): both ranges were bounds-checked against their MRs above;
+            // the mappings stay alive while cached; remote words are 8-byte aligned for
+            // atomics (checked above, and mappings are page aligned).
+            WrOpcode::Read => unsafe { std::ptr::copy(remote, local, len) },
+            WrOpcode::Write => unsafe { write_last_word_last(local, remote, len) },
+            WrOpcode::CmpSwap { compare, swap } => unsafe {
+                let word = &*(remote as *const AtomicU64);
+                let old = match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(v) | Err(v) => v,
+                };
+                std::ptr::write_unaligned(local as *mut u64, old);
+            },
+            WrOpcode::FetchAdd { add } => unsafe {
+                let word = &*(remote as *const AtomicU64);
+                let old = word.fetch_add(add, Ordering::AcqRel);
+                std::ptr::write_unaligned(local as *mut u64, old);
+            },
+        }
+        WcStatus::Success
+    }
+}
+
+/// Copy `len` bytes so that the last 8 become visible after the rest (release ordering).
+///
+/// # Safety
+/// `src..src+len` readable, `dst..dst+len` writable; the ranges may be shared with other
+/// processes but must not overlap each other.
+unsafe fn write_last_word_last(src: *const u8, dst: *mut u8, len: usize) {
+    if len <= 8 {
+        fence(Ordering::Release);
+        // SAFETY: caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    let head = len - 8;
+    // SAFETY: caller's contract; head < len.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    // SAFETY: src + head .. src + len is in range.
+    let last = unsafe { std::ptr::read_unaligned(src.add(head) as *const u64) };
+    let tail = dst.wrapping_add(head);
+    if (tail as usize) % 8 == 0 {
+        // SAFETY: aligned, in range, and AtomicU64 has u64's layout.
+        unsafe { (*(tail as *const AtomicU64)).store(last, Ordering::Release) };
+    } else {
+        fence(Ordering::Release);
+        // SAFETY: in range.
+        unsafe { std::ptr::write_unaligned(tail as *mut u64, last) };
+    }
+}
+
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<ShmFabric>();
+    send_sync::<ShmMr>();
+    send_sync::<ShmQp>();
+    send_sync::<ShmCq>();
+};

@@ -1,0 +1,250 @@
+//! A process's presence in a cluster: its fabric, its bootstrap (control-plane) service,
+//! the regions it exports, and optionally an RPC server.
+//!
+//! Control-plane requests ([`CtrlRequest`]) are JSON over the bootstrap service; the
+//! data path never touches it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bootstrap::{self, BootstrapError, BootstrapServer};
+use crate::fabric::{Fabric, FabricError, MrDesc, QpEndpoint, QueuePair, RemoteAddr};
+use crate::rocket::RocketConfig;
+use crate::server::{Handlers, RpcServer};
+
+/// Rocket geometry as exchanged on the control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RocketGeometry {
+    /// Bucket size in bytes (multiple of 64).
+    pub bucket_size: usize,
+    /// Number of buckets in the ring.
+    pub buckets: usize,
+}
+
+impl From<RocketConfig> for RocketGeometry {
+    fn from(c: RocketConfig) -> Self {
+        Self {
+            bucket_size: c.bucket_size,
+            buckets: c.buckets,
+        }
+    }
+}
+
+impl From<RocketGeometry> for RocketConfig {
+    fn from(g: RocketGeometry) -> Self {
+        Self {
+            bucket_size: g.bucket_size,
+            buckets: g.buckets,
+        }
+    }
+}
+
+/// Control-plane requests a node serves.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum CtrlRequest {
+    /// Describe the node: id, role, exported regions.
+    Info,
+    /// Create a passive QP connected to `endpoint` (one-sided traffic only) and return its endpoint.
+    ConnectQp {
+        /// The requester's QP endpoint.
+        endpoint: QpEndpoint,
+    },
+    /// Open an RPC channel: a QP plus a request Rocket (ring in the server's memory) and a
+    /// response Rocket (ring in the client's memory, `resp_ring`).
+    ConnectRpc {
+        /// The requester's QP endpoint.
+        endpoint: QpEndpoint,
+        /// Geometry of both rings.
+        geometry: RocketGeometry,
+        /// The client's response ring.
+        resp_ring: MrDesc,
+        /// The client's 8-byte word where the server writes request-ring credits.
+        req_credit: RemoteAddr,
+    },
+}
+
+/// Answer to [`CtrlRequest::Info`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Node id in the cluster.
+    pub node: u32,
+    /// Role name ("memnode", "lockd", "tso", ...).
+    pub role: String,
+    /// Process id.
+    pub pid: u32,
+    /// Fabric description.
+    pub fabric: String,
+    /// Exported items by name (service-specific JSON: region descriptors, layouts).
+    pub exports: BTreeMap<String, serde_json::Value>,
+}
+
+/// Answer to [`CtrlRequest::ConnectRpc`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RpcAccept {
+    /// The server's QP endpoint.
+    pub endpoint: QpEndpoint,
+    /// The request ring in the server's memory.
+    pub req_ring: MrDesc,
+    /// The server's word where the client writes response-ring credits.
+    pub resp_credit: RemoteAddr,
+}
+
+/// Errors of node start-up and control-plane calls.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A fabric operation failed.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// The control plane failed.
+    #[error("control plane: {0}")]
+    Bootstrap(#[from] BootstrapError),
+    /// An export was missing or not of the expected shape.
+    #[error("node {node}: export {name:?}: {what}")]
+    Export {
+        /// Node id.
+        node: u32,
+        /// Export name.
+        name: String,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+struct Shared {
+    fabric: Fabric,
+    role: String,
+    exports: BTreeMap<String, serde_json::Value>,
+    passive: Mutex<Vec<QueuePair>>,
+    rpc: Option<Arc<RpcServer>>,
+}
+
+/// A running node: bootstrap service plus optional RPC server threads. Dropping it stops both.
+pub struct Node {
+    shared: Arc<Shared>,
+    bootstrap: Option<BootstrapServer>,
+}
+
+/// How to start a [`Node`].
+pub struct NodeConfig {
+    /// Role name reported by `Info`.
+    pub role: String,
+    /// Bootstrap listen address (loopback; port 0 picks one).
+    pub listen: SocketAddr,
+    /// Exports reported by `Info`.
+    pub exports: BTreeMap<String, serde_json::Value>,
+    /// RPC handlers and server threads; `None` for a node without RPC service.
+    pub rpc: Option<(Handlers, usize)>,
+}
+
+impl Node {
+    /// Start the node's services on `fabric`.
+    pub fn start(fabric: Fabric, cfg: NodeConfig) -> Result<Self, NodeError> {
+        let rpc = match cfg.rpc {
+            Some((handlers, threads)) => Some(Arc::new(RpcServer::start(
+                fabric.clone(),
+                handlers,
+                threads,
+            )?)),
+            None => None,
+        };
+        let shared = Arc::new(Shared {
+            fabric,
+            role: cfg.role,
+            exports: cfg.exports,
+            passive: Mutex::new(Vec::new()),
+            rpc,
+        });
+        let s = shared.clone();
+        let bootstrap = BootstrapServer::start(cfg.listen, move |req| handle_ctrl(&s, req))?;
+        Ok(Self {
+            shared,
+            bootstrap: Some(bootstrap),
+        })
+    }
+
+    /// The bootstrap address peers connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.bootstrap.as_ref().expect("running").local_addr()
+    }
+
+    /// The node's fabric.
+    pub fn fabric(&self) -> &Fabric {
+        &self.shared.fabric
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(b) = self.bootstrap.take() {
+            b.shutdown();
+        }
+        if let Some(rpc) = &self.shared.rpc {
+            rpc.stop();
+        }
+    }
+}
+
+fn handle_ctrl(s: &Shared, req: serde_json::Value) -> Result<serde_json::Value, String> {
+    let req: CtrlRequest =
+        serde_json::from_value(req).map_err(|e| format!("unknown control request: {e}"))?;
+    let out = match req {
+        CtrlRequest::Info => serde_json::to_value(NodeInfo {
+            node: s.fabric.node(),
+            role: s.role.clone(),
+            pid: std::process::id(),
+            fabric: s.fabric.describe(),
+            exports: s.exports.clone(),
+        }),
+        CtrlRequest::ConnectQp { endpoint } => {
+            let cq = s.fabric.create_cq(16).map_err(|e| e.to_string())?;
+            let mut qp = s.fabric.create_qp(&cq, 16).map_err(|e| e.to_string())?;
+            qp.connect(&endpoint).map_err(|e| e.to_string())?;
+            let ep = qp.endpoint();
+            s.passive.lock().map_err(|_| "poisoned")?.push(qp);
+            serde_json::to_value(ep)
+        }
+        CtrlRequest::ConnectRpc {
+            endpoint,
+            geometry,
+            resp_ring,
+            req_credit,
+        } => {
+            let rpc = s.rpc.as_ref().ok_or("this node serves no RPCs")?;
+            let accept = rpc
+                .accept(endpoint, geometry.into(), resp_ring, req_credit)
+                .map_err(|e| e.to_string())?;
+            serde_json::to_value(accept)
+        }
+    };
+    out.map_err(|e| e.to_string())
+}
+
+/// Ask the node at `addr` for its [`NodeInfo`], retrying until `timeout` while it starts.
+pub fn node_info(addr: SocketAddr, timeout: Duration) -> Result<NodeInfo, NodeError> {
+    Ok(bootstrap::call_with_retry(
+        addr,
+        &CtrlRequest::Info,
+        Instant::now() + timeout,
+    )?)
+}
+
+impl NodeInfo {
+    /// Export `name` deserialized as `T`.
+    pub fn export<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<T, NodeError> {
+        let v = self.exports.get(name).ok_or_else(|| NodeError::Export {
+            node: self.node,
+            name: name.into(),
+            what: format!("missing (role {})", self.role),
+        })?;
+        serde_json::from_value(v.clone()).map_err(|e| NodeError::Export {
+            node: self.node,
+            name: name.into(),
+            what: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,324 @@
+//! shm fabric across two processes: the test binary re-executes itself as the peer
+//! (`RRPC_TEST_PEER=1`), which registers an MR, exports it over the bootstrap service and
+//! waits on stdin. The parent drives raw verbs-style WRs against it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rrpc::fabric::{
+    Fabric, FabricConfig, FabricKind, MemoryRegion, MrDesc, QpState, QueuePair, SendWr, Wc,
+    WcStatus, WrOpcode,
+};
+use rrpc::node::{node_info, CtrlRequest, Node, NodeConfig};
+use rrpc::rocket::RingMem;
+
+const PEER_NODE: u32 = 2;
+const MR_BYTES: usize = 64 << 10;
+
+/// The peer process body; a no-op unless run as the peer.
+#[test]
+fn peer_process() {
+    if std::env::var_os("RRPC_TEST_PEER").is_none() {
+        return;
+    }
+    let cluster = std::env::var("RRPC_TEST_CLUSTER").unwrap();
+    let fabric = Fabric::open(&FabricConfig {
+        kind: FabricKind::Shm,
+        cluster,
+        node: PEER_NODE,
+    })
+    .unwrap();
+    let mr = fabric.alloc_mr(MR_BYTES).unwrap();
+    for i in 0..MR_BYTES {
+        mr.write(i, &[(i % 251) as u8]);
+    }
+    let mut exports = BTreeMap::new();
+    exports.insert("mr".to_string(), serde_json::to_value(mr.desc()).unwrap());
+    let node = Node::start(
+        fabric,
+        NodeConfig {
+            role: "test-peer".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: None,
+        },
+    )
+    .unwrap();
+    println!("ADDR={}", node.addr());
+    std::io::stdout().flush().unwrap();
+    // Serve until the parent closes stdin or says "exit"; bounded so it never lingers.
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    // Exit without unwinding, like a process that simply stops.
+    std::process::exit(0);
+}
+
+struct Peer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Peer {
+    fn spawn(cluster: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
+            .env("RRPC_TEST_PEER", "1")
+            .env("RRPC_TEST_CLUSTER", cluster)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let addr = out
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.split("ADDR=").nth(1).map(|a| a.trim().parse().unwrap()))
+            .expect("peer printed its address");
+        Self { child, addr }
+    }
+    fn exit(&mut self) {
+        let _ = self.child.stdin.take().unwrap().write_all(b"exit\n");
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Setup {
+    fabric: Fabric,
+    peer: Peer,
+    qp: QueuePair,
+    cq: rrpc::fabric::CompletionQueue,
+    local: MemoryRegion,
+    remote: MrDesc,
+    cluster: String,
+}
+
+fn setup(name: &str) -> Setup {
+    let cluster = format!("test-{}-{name}", std::process::id());
+    rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
+    let fabric = Fabric::open(&FabricConfig {
+        kind: FabricKind::Shm,
+        cluster: cluster.clone(),
+        node: 1,
+    })
+    .unwrap();
+    let peer = Peer::spawn(&cluster);
+    let info = node_info(peer.addr, Duration::from_secs(10)).unwrap();
+    assert_eq!(info.node, PEER_NODE);
+    let remote: MrDesc = info.export("mr").unwrap();
+    let cq = fabric.create_cq(64).unwrap();
+    let mut qp = fabric.create_qp(&cq, 64).unwrap();
+    let ep = rrpc::bootstrap::call_with_retry(
+        peer.addr,
+        &CtrlRequest::ConnectQp {
+            endpoint: qp.endpoint(),
+        },
+        Instant::now() + Duration::from_secs(5),
+    )
+    .unwrap();
+    qp.connect(&ep).unwrap();
+    let local = fabric.alloc_mr(MR_BYTES).unwrap();
+    Setup {
+        fabric,
+        peer,
+        qp,
+        cq,
+        local,
+        remote,
+        cluster,
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = rrpc::fabric::shm::remove_cluster(&self.cluster);
+    }
+}
+
+fn wr(id: u64, opcode: WrOpcode, s: &Setup, local_off: usize, len: usize, remote_off: u64) -> SendWr {
+    SendWr {
+        wr_id: id,
+        opcode,
+        sge: s.local.sge(local_off, len),
+        remote: s.remote.at(remote_off),
+        signaled: true,
+        inline: false,
+    }
+}
+
+fn poll_all(s: &Setup) -> Vec<Wc> {
+    let mut v = Vec::new();
+    s.cq.poll(&mut v, 1024);
+    v
+}
+
+#[test]
+fn read_write_cas_faa_effects() {
+    let mut s = setup("ops");
+    // READ the peer's pattern.
+    s.qp.post_send(&[wr(1, WrOpcode::Read, &s, 0, 4096, 100)]).unwrap();
+    let wcs = poll_all(&s);
+    assert_eq!(wcs, vec![Wc { wr_id: 1, status: WcStatus::Success, byte_len: 4096 }]);
+    let mut got = vec![0u8; 4096];
+    s.local.read(0, &mut got);
+    assert!(got.iter().enumerate().all(|(i, &b)| b == ((i + 100) % 251) as u8));
+
+    // WRITE then READ back into another buffer.
+    s.local.write(8192, &[0xAB; 300]);
+    s.qp.post_send(&[wr(2, WrOpcode::Write, &s, 8192, 300, 1000)]).unwrap();
+    s.qp.post_send(&[wr(3, WrOpcode::Read, &s, 16384, 300, 1000)]).unwrap();
+    assert_eq!(poll_all(&s).len(), 2);
+    let mut back = vec![0u8; 300];
+    s.local.read(16384, &mut back);
+    assert_eq!(back, vec![0xAB; 300]);
+
+    // CAS: a failing compare leaves the word; a matching one swaps. Old value lands locally.
+    let cur = u64::from_le_bytes(got[4000 - 100..4008 - 100].try_into().unwrap());
+    let cas = |c, sw| WrOpcode::CmpSwap { compare: c, swap: sw };
+    s.qp.post_send(&[wr(4, cas(cur ^ 1, 7), &s, 0, 8, 4000)]).unwrap();
+    poll_all(&s);
+    assert_eq!(s.local.load_u64(0), cur);
+    s.qp.post_send(&[wr(5, cas(cur, 7), &s, 0, 8, 4000)]).unwrap();
+    poll_all(&s);
+    assert_eq!(s.local.load_u64(0), cur);
+    // FAA returns the old value (7) and adds.
+    s.qp.post_send(&[wr(6, WrOpcode::FetchAdd { add: 5 }, &s, 8, 8, 4000)]).unwrap();
+    poll_all(&s);
+    assert_eq!(s.local.load_u64(8), 7);
+    s.qp.post_send(&[wr(7, WrOpcode::Read, &s, 16, 8, 4000)]).unwrap();
+    poll_all(&s);
+    assert_eq!(s.local.load_u64(16), 12);
+    s.peer.exit();
+}
+
+#[test]
+fn misaligned_atomic_and_bad_rkey_are_errors() {
+    let mut s = setup("errs");
+    s.qp.post_send(&[wr(1, WrOpcode::FetchAdd { add: 1 }, &s, 0, 8, 4)]).unwrap();
+    let wcs = poll_all(&s);
+    assert_eq!(wcs[0].status, WcStatus::RemoteInvalidRequest);
+    // The QP is now in error: further posts are refused, as in verbs.
+    assert_eq!(s.qp.state(), QpState::Error);
+    assert!(s.qp.post_send(&[wr(2, WrOpcode::Read, &s, 0, 8, 0)]).is_err());
+
+    // A fresh QP: out-of-range remote address and unknown rkey.
+    let mut qp = s.fabric.create_qp(&s.cq, 8).unwrap();
+    let ep = rrpc::bootstrap::call_with_retry(
+        s.peer.addr,
+        &CtrlRequest::ConnectQp { endpoint: qp.endpoint() },
+        Instant::now() + Duration::from_secs(5),
+    )
+    .unwrap();
+    qp.connect(&ep).unwrap();
+    let mut w = wr(3, WrOpcode::Read, &s, 0, 64, MR_BYTES as u64 - 32);
+    qp.post_send(&[w]).unwrap();
+    assert_eq!(poll_all(&s)[0].status, WcStatus::RemoteAccess);
+    let mut qp2 = s.fabric.create_qp(&s.cq, 8).unwrap();
+    qp2.connect(&ep).unwrap();
+    w.remote.rkey += 1000;
+    w.remote.addr = s.remote.addr;
+    qp2.post_send(&[w]).unwrap();
+    assert_eq!(poll_all(&s)[0].status, WcStatus::RemoteAccess);
+    s.peer.exit();
+}
+
+#[test]
+fn doorbell_list_with_only_last_signaled() {
+    let mut s = setup("doorbell");
+    let mut list = Vec::new();
+    for i in 0..8u64 {
+        s.local.write(i as usize * 64, &[i as u8 + 1; 64]);
+        let mut w = wr(i, WrOpcode::Write, &s, i as usize * 64, 64, 20_000 + i * 64);
+        w.signaled = i == 7;
+        list.push(w);
+    }
+    s.qp.post_send(&list).unwrap();
+    let wcs = poll_all(&s);
+    assert_eq!(wcs.len(), 1, "only the last WR is signaled");
+    assert_eq!(wcs[0].wr_id, 7);
+    s.qp.post_send(&[wr(9, WrOpcode::Read, &s, 4096, 512, 20_000)]).unwrap();
+    poll_all(&s);
+    let mut back = vec![0u8; 512];
+    s.local.read(4096, &mut back);
+    for i in 0..8 {
+        assert!(back[i * 64..(i + 1) * 64].iter().all(|&b| b == i as u8 + 1));
+    }
+    // A list longer than the send queue is refused whole.
+    let long = vec![list[0]; 65];
+    assert!(s.qp.post_send(&long).is_err());
+    s.peer.exit();
+}
+
+#[test]
+fn peer_that_exits_puts_qp_in_error() {
+    let mut s = setup("exit");
+    s.qp.post_send(&[wr(1, WrOpcode::Read, &s, 0, 8, 0)]).unwrap();
+    assert_eq!(poll_all(&s)[0].status, WcStatus::Success);
+    s.peer.exit();
+    // The next posts notice the dead peer within the liveness period; bounded wait.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut saw = None;
+    while Instant::now() < deadline {
+        match s.qp.post_send(&[wr(2, WrOpcode::Read, &s, 0, 8, 0)]) {
+            Err(e) => {
+                saw = Some(format!("post refused: {e}"));
+                break;
+            }
+            Ok(()) => {
+                if let Some(wc) = poll_all(&s).into_iter().find(|w| w.status != WcStatus::Success) {
+                    assert_eq!(wc.status, WcStatus::RetryExceeded);
+                    saw = Some("retry exceeded".into());
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(saw.is_some(), "dead peer never noticed");
+    assert_eq!(s.qp.state(), QpState::Error);
+}
+
+#[test]
+fn node_id_in_use_and_stale_cluster_dir() {
+    let cluster = format!("test-{}-stale", std::process::id());
+    let cfg = |node| FabricConfig {
+        kind: FabricKind::Shm,
+        cluster: cluster.clone(),
+        node,
+    };
+    let a = Fabric::open(&cfg(5)).unwrap();
+    let _mr = a.alloc_mr(4096).unwrap();
+    assert!(matches!(
+        Fabric::open(&cfg(5)),
+        Err(rrpc::fabric::FabricError::NodeInUse { node: 5, .. })
+    ));
+    // A live node makes the directory "in use".
+    assert!(rrpc::fabric::shm::prepare_cluster(&cluster).is_err());
+    // Leak the handles as a crashed process would (files stay, lock is released on close):
+    let dir = rrpc::fabric::shm::cluster_dir(&cluster);
+    std::fs::write(dir.join("n9.alive"), b"12345\n").unwrap();
+    std::fs::write(dir.join("n9-mr1"), b"junk").unwrap();
+    drop(_mr);
+    drop(a);
+    let st = rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
+    assert!(matches!(st, rrpc::fabric::shm::ClusterDirState::RemovedStale { files } if files >= 2));
+    assert!(!dir.exists());
+    // Files are created with mode 0600.
+    let b = Fabric::open(&cfg(6)).unwrap();
+    let mr = b.alloc_mr(100).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.join(format!("n6-mr{}", mr.rkey()))).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    drop(mr);
+    drop(b);
+    rrpc::fabric::shm::remove_cluster(&cluster).unwrap();
+}
