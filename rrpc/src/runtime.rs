@@ -863,3 +863,31 @@ impl Executor {
         self.tasks.clear();
     }
 }
+
+/// Run `futs` concurrently within one coroutine; outputs in input order. Their WRs are
+/// issued in the same polling round and so share doorbells (e.g. parallel locking or
+/// reading a transaction's whole read set at once).
+pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<Option<Pin<Box<F>>>> = futs.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (slot, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => {
+                        *o = Some(v);
+                        *slot = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(out.iter_mut().map(|o| o.take().expect("every future finished")).collect())
+        }
+    })
+    .await
+}

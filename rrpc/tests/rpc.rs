@@ -1,0 +1,178 @@
+//! RPC over Rockets on the shm fabric: a server node and client threads in one process
+//! (distinct node ids, real shared-memory rings, real server threads).
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::rocket::RocketConfig;
+use rrpc::runtime::{Executor, RpcError, RuntimeConfig, ThreadCtx};
+use rrpc::server::Handlers;
+
+const ECHO: u16 = 1;
+const FAIL: u16 = 2;
+
+struct Cluster(String);
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = rrpc::fabric::shm::remove_cluster(&self.0);
+    }
+}
+
+fn fabric(cluster: &str, node: u32) -> Fabric {
+    Fabric::open(&FabricConfig {
+        kind: FabricKind::Shm,
+        cluster: cluster.into(),
+        node,
+    })
+    .unwrap()
+}
+
+fn server(cluster: &str, threads: usize) -> Node {
+    let mut h = Handlers::new();
+    h.register(ECHO, |req, out| {
+        out.extend_from_slice(req);
+        Ok(())
+    });
+    h.register(FAIL, |_, _| Err("refused on purpose".into()));
+    Node::start(
+        fabric(cluster, 1),
+        NodeConfig {
+            role: "echo".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports: BTreeMap::new(),
+            rpc: Some((h, threads)),
+        },
+    )
+    .unwrap()
+}
+
+fn setup(name: &str) -> Cluster {
+    let c = format!("rpc-{}-{name}", std::process::id());
+    rrpc::fabric::shm::prepare_cluster(&c).unwrap();
+    Cluster(c)
+}
+
+#[test]
+fn many_coroutines_echo_through_small_rings() {
+    let c = setup("echo");
+    let srv = server(&c.0, 1);
+    // A tiny ring forces wrap-around and credit stalls.
+    let cfg = RuntimeConfig {
+        rocket: RocketConfig {
+            bucket_size: 128,
+            buckets: 4,
+        },
+        ..Default::default()
+    };
+    let ctx = ThreadCtx::new(fabric(&c.0, 100), cfg).unwrap();
+    let info = ctx.connect_rpc(srv.addr()).unwrap();
+    let done = Rc::new(Cell::new(0u32));
+    let mut ex = Executor::new(ctx.clone());
+    for co in 0..8u32 {
+        let (ctx, done) = (ctx.clone(), done.clone());
+        ex.spawn(async move {
+            for i in 0..500u32 {
+                let len = ((co * 7 + i) % 90) as usize;
+                let req: Vec<u8> = (0..len).map(|j| (j as u32 + i + co) as u8).collect();
+                let resp = ctx.call(info.node, ECHO, &req).await.unwrap();
+                assert_eq!(resp, req);
+                done.set(done.get() + 1);
+            }
+        });
+    }
+    ex.run();
+    assert_eq!(done.get(), 8 * 500);
+    let st = ctx.stats();
+    assert!(st.buckets < st.messages, "msg batching put several requests in a bucket: {st:?}");
+    assert!(st.credit_stalls > 0, "a 4-bucket ring must stall on credits: {st:?}");
+}
+
+#[test]
+fn errors_are_reported_not_hung() {
+    let c = setup("errors");
+    let srv = server(&c.0, 2);
+    let ctx = ThreadCtx::new(
+        fabric(&c.0, 101),
+        RuntimeConfig {
+            call_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let info = ctx.connect_rpc(srv.addr()).unwrap();
+    let node = info.node;
+    let results = Rc::new(std::cell::RefCell::new(Vec::new()));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, results) = (ctx.clone(), results.clone());
+        ex.spawn(async move {
+            let r = &mut results.borrow_mut();
+            r.push(ctx.call(node, FAIL, b"x").await);
+            r.push(ctx.call(node, 999, b"x").await);
+            r.push(ctx.call(node, ECHO, &[0u8; 4096]).await);
+            r.push(ctx.call(node + 1, ECHO, b"x").await);
+        });
+    }
+    ex.run();
+    let r = results.borrow();
+    assert!(matches!(&r[0], Err(RpcError::Remote { msg, .. }) if msg == "refused on purpose"));
+    assert!(matches!(&r[1], Err(RpcError::Remote { msg, .. }) if msg.contains("no handler 999")));
+    assert!(matches!(&r[2], Err(RpcError::TooLarge { len: 4096, max: 480 })));
+    assert!(matches!(&r[3], Err(RpcError::NotConnected { .. })));
+    drop(r);
+
+    // The server goes away: pending and new calls fail (dead peer or deadline), never hang.
+    drop(srv);
+    let outcome = Rc::new(Cell::new(None));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, outcome) = (ctx.clone(), outcome.clone());
+        ex.spawn(async move {
+            outcome.set(Some(ctx.call(node, ECHO, b"hello?").await.is_err()));
+        });
+    }
+    ex.run();
+    assert_eq!(outcome.get(), Some(true));
+}
+
+#[test]
+fn one_sided_ops_batch_into_one_doorbell() {
+    let c = setup("onesided");
+    let f = fabric(&c.0, 1);
+    let mr = f.alloc_mr(4096).unwrap();
+    let mut exports = BTreeMap::new();
+    exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
+    let node = Node::start(
+        f,
+        NodeConfig {
+            role: "mem".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: None,
+        },
+    )
+    .unwrap();
+    let ctx = ThreadCtx::new(fabric(&c.0, 102), RuntimeConfig::default()).unwrap();
+    let info = ctx.connect(node.addr()).unwrap();
+    let desc: rrpc::fabric::MrDesc = info.export("mr").unwrap();
+    let mut ex = Executor::new(ctx.clone());
+    for co in 0..16u64 {
+        let ctx = ctx.clone();
+        ex.spawn(async move {
+            let a = desc.at(co * 8);
+            ctx.write(info.node, a, &(co * 10).to_le_bytes()).await.unwrap();
+            assert_eq!(ctx.faa(info.node, a, 1).await.unwrap(), co * 10);
+            assert_eq!(ctx.cas(info.node, a, co * 10 + 1, 77).await.unwrap(), co * 10 + 1);
+            let v = ctx.read(info.node, a, 8).await.unwrap();
+            assert_eq!(u64::from_le_bytes(v.try_into().unwrap()), 77);
+        });
+    }
+    ex.run();
+    let st = ctx.stats();
+    assert_eq!(st.wrs, 64);
+    assert_eq!(st.doorbells, 4, "16 coroutines' ops go out together each round: {st:?}");
+}
