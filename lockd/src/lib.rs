@@ -1,1 +1,23 @@
-//! lockd
+//! `lockd`: the lock service of the workspace (DESIGN.md, "lockd").
+//!
+//! Today this crate implements Scythe's **Takeout Lock**
+//! (`shared/seeds/000_f3dba2ed893b246b.txt`, section 4.3, Fig. 13 and 14): a fair,
+//! heat-aware ticket lock for disaggregated memory.
+//!
+//! - [`takeout`]: the lock as a plain state machine (layout, Lock RPC body, smoothed RTT,
+//!   Hangout), tested without a fabric;
+//! - [`wire`]: the fixed-layout Lock RPC messages;
+//! - [`service`]: the lock table in registered memory and its RPC handler;
+//! - [`client`]: the per-thread client coordinators use (Lock RPC, Hangout + READ polling,
+//!   FAA unlock, state READ).
+//!
+//! The `lockd` binary serves a table over an `rrpc` node; the same [`service::LockTable`]
+//! can be embedded in any process that runs an `rrpc` node. Not here yet: the CAS-lock
+//! baseline, Lotus lock tables and sharding, and recovery of tickets abandoned by crashed
+//! clients (a crashed holder or waiter stalls its lock).
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod service;
+pub mod takeout;
+pub mod wire;

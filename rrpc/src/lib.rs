@@ -13,10 +13,10 @@
 //! - [`node`]: a process's presence in a cluster (fabric + bootstrap + exported regions).
 #![warn(missing_docs)]
 
-pub mod fabric;
-pub mod rocket;
 pub mod bootstrap;
+pub mod fabric;
 pub mod node;
+pub mod rocket;
 pub mod runtime;
 pub mod server;
 pub mod wire;

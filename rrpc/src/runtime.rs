@@ -162,7 +162,10 @@ impl Scratch {
         let mr = fabric.alloc_mr(SMALL_CHUNK * SMALL_CHUNKS + BIG_CHUNK * BIG_CHUNKS)?;
         let small = (0..SMALL_CHUNKS).rev().map(|i| i * SMALL_CHUNK).collect();
         let base = SMALL_CHUNK * SMALL_CHUNKS;
-        let big = (0..BIG_CHUNKS).rev().map(|i| base + i * BIG_CHUNK).collect();
+        let big = (0..BIG_CHUNKS)
+            .rev()
+            .map(|i| base + i * BIG_CHUNK)
+            .collect();
         Ok(Self { mr, small, big })
     }
     fn alloc(&mut self, len: usize) -> Option<usize> {
@@ -378,7 +381,12 @@ impl ThreadCtx {
 
     /// RDMA READ of `len` bytes at `remote` on `node`. Errors: [`RpcError::TooLarge`] past
     /// [`MAX_ONE_SIDED_BYTES`], [`RpcError::Completion`], [`RpcError::PeerGone`].
-    pub async fn read(&self, node: u32, remote: RemoteAddr, len: usize) -> Result<Vec<u8>, RpcError> {
+    pub async fn read(
+        &self,
+        node: u32,
+        remote: RemoteAddr,
+        len: usize,
+    ) -> Result<Vec<u8>, RpcError> {
         let id = self.submit(node, WrOpcode::Read, remote, len, None).await?;
         self.wait_op(id).await?;
         Ok(self.take_buf(id))
@@ -395,7 +403,13 @@ impl ThreadCtx {
     }
 
     /// 8-byte RDMA compare-and-swap at `remote` (8-byte aligned); returns the old value.
-    pub async fn cas(&self, node: u32, remote: RemoteAddr, compare: u64, swap: u64) -> Result<u64, RpcError> {
+    pub async fn cas(
+        &self,
+        node: u32,
+        remote: RemoteAddr,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, RpcError> {
         let op = WrOpcode::CmpSwap { compare, swap };
         self.atomic(node, op, remote).await
     }
@@ -426,7 +440,10 @@ impl ThreadCtx {
             };
             let conn = &mut inner.conns[ci];
             if let Some(why) = &conn.broken {
-                return Poll::Ready(Err(RpcError::PeerGone { node, why: why.clone() }));
+                return Poll::Ready(Err(RpcError::PeerGone {
+                    node,
+                    why: why.clone(),
+                }));
             }
             let Some(chan) = conn.rpc.as_mut() else {
                 return Poll::Ready(Err(RpcError::NotConnected { node }));
@@ -447,7 +464,9 @@ impl ThreadCtx {
                     inner.calls.insert(call_id, CallSlot { node, result: None });
                     Poll::Ready(Ok(call_id))
                 }
-                Err(RocketError::TooLarge { len, max }) => Poll::Ready(Err(RpcError::TooLarge { len, max })),
+                Err(RocketError::TooLarge { len, max }) => {
+                    Poll::Ready(Err(RpcError::TooLarge { len, max }))
+                }
                 Err(RocketError::RingFull) if Instant::now() < deadline => {
                     if !stalled {
                         stalled = true;
@@ -520,7 +539,10 @@ impl ThreadCtx {
                 return Poll::Ready(Err(RpcError::NotConnected { node }));
             };
             if let Some(why) = &inner.conns[ci].broken {
-                return Poll::Ready(Err(RpcError::PeerGone { node, why: why.clone() }));
+                return Poll::Ready(Err(RpcError::PeerGone {
+                    node,
+                    why: why.clone(),
+                }));
             }
             // No local buffer free: wait for in-flight ops to complete.
             let Some(buf) = inner.scratch.alloc(len) else {
@@ -695,7 +717,10 @@ impl ThreadCtx {
                 inner.conns[ci]
                     .broken
                     .get_or_insert_with(|| format!("work request failed: {:?}", wc.status));
-                Err(RpcError::Completion { node, status: wc.status })
+                Err(RpcError::Completion {
+                    node,
+                    status: wc.status,
+                })
             };
             while let Some((s, _)) = inner.conns[ci].inflight.front() {
                 if *s & ((1 << SEQ_BITS) - 1) > seq {
@@ -713,7 +738,10 @@ impl ThreadCtx {
                 continue;
             };
             let node = inner.conns[ci].node;
-            let gone = || RpcError::PeerGone { node, why: why.clone() };
+            let gone = || RpcError::PeerGone {
+                node,
+                why: why.clone(),
+            };
             let mut ops: Vec<usize> = std::mem::take(&mut inner.conns[ci].pending_ops);
             inner.conns[ci].pending.clear();
             for (_, o) in inner.conns[ci].inflight.drain(..) {
@@ -827,7 +855,10 @@ pub struct Executor {
 impl Executor {
     /// An executor for `ctx`'s thread.
     pub fn new(ctx: Rc<ThreadCtx>) -> Self {
-        Self { ctx, tasks: Vec::new() }
+        Self {
+            ctx,
+            tasks: Vec::new(),
+        }
     }
 
     /// Add a coroutine.
@@ -886,7 +917,38 @@ pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
         if pending {
             Poll::Pending
         } else {
-            Poll::Ready(out.iter_mut().map(|o| o.take().expect("every future finished")).collect())
+            Poll::Ready(
+                out.iter_mut()
+                    .map(|o| o.take().expect("every future finished"))
+                    .collect(),
+            )
+        }
+    })
+    .await
+}
+
+/// Run two futures of different types concurrently within one coroutine.
+pub async fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let mut a = std::pin::pin!(a);
+    let mut b = std::pin::pin!(b);
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(|cx| {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        match (ra.take(), rb.take()) {
+            (Some(x), Some(y)) => Poll::Ready((x, y)),
+            (x, y) => {
+                (ra, rb) = (x, y);
+                Poll::Pending
+            }
         }
     })
     .await

@@ -146,7 +146,8 @@ impl RpcServer {
             backlog: VecDeque::new(),
             dead: false,
         };
-        tx.send(conn).map_err(|_| bad("server is stopping".into()))?;
+        tx.send(conn)
+            .map_err(|_| bad("server is stopping".into()))?;
         Ok(accept)
     }
 
@@ -215,14 +216,28 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
                     };
                     out.clear();
                     let kind = match handlers.map.get(&hdr.handler) {
-                        Some(h) => match h(payload, &mut out) {
-                            Ok(()) => MsgKind::Response,
-                            Err(msg) => {
-                                out.clear();
-                                out.extend_from_slice(msg.as_bytes());
-                                MsgKind::Error
+                        // A panicking handler fails its call, not the thread serving
+                        // every connection assigned to it.
+                        Some(h) => {
+                            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                h(payload, &mut out)
+                            })) {
+                                Ok(Ok(())) => MsgKind::Response,
+                                Ok(Err(msg)) => {
+                                    out.clear();
+                                    out.extend_from_slice(msg.as_bytes());
+                                    MsgKind::Error
+                                }
+                                Err(_) => {
+                                    tracing::error!(handler = hdr.handler, "RPC handler panicked");
+                                    out.clear();
+                                    out.extend_from_slice(
+                                        format!("handler {} panicked", hdr.handler).as_bytes(),
+                                    );
+                                    MsgKind::Error
+                                }
                             }
-                        },
+                        }
                         None => {
                             out.clear();
                             out.extend_from_slice(format!("no handler {}", hdr.handler).as_bytes());

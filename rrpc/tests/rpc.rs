@@ -87,8 +87,14 @@ fn many_coroutines_echo_through_small_rings() {
     ex.run();
     assert_eq!(done.get(), 8 * 500);
     let st = ctx.stats();
-    assert!(st.buckets < st.messages, "msg batching put several requests in a bucket: {st:?}");
-    assert!(st.credit_stalls > 0, "a 4-bucket ring must stall on credits: {st:?}");
+    assert!(
+        st.buckets < st.messages,
+        "msg batching put several requests in a bucket: {st:?}"
+    );
+    assert!(
+        st.credit_stalls > 0,
+        "a 4-bucket ring must stall on credits: {st:?}"
+    );
 }
 
 #[test]
@@ -110,18 +116,24 @@ fn errors_are_reported_not_hung() {
     {
         let (ctx, results) = (ctx.clone(), results.clone());
         ex.spawn(async move {
-            let r = &mut results.borrow_mut();
-            r.push(ctx.call(node, FAIL, b"x").await);
-            r.push(ctx.call(node, 999, b"x").await);
-            r.push(ctx.call(node, ECHO, &[0u8; 4096]).await);
-            r.push(ctx.call(node + 1, ECHO, b"x").await);
+            let a = ctx.call(node, FAIL, b"x").await;
+            let b = ctx.call(node, 999, b"x").await;
+            let c = ctx.call(node, ECHO, &[0u8; 4096]).await;
+            let d = ctx.call(node + 1, ECHO, b"x").await;
+            results.borrow_mut().extend([a, b, c, d]);
         });
     }
     ex.run();
     let r = results.borrow();
     assert!(matches!(&r[0], Err(RpcError::Remote { msg, .. }) if msg == "refused on purpose"));
     assert!(matches!(&r[1], Err(RpcError::Remote { msg, .. }) if msg.contains("no handler 999")));
-    assert!(matches!(&r[2], Err(RpcError::TooLarge { len: 4096, max: 480 })));
+    assert!(matches!(
+        &r[2],
+        Err(RpcError::TooLarge {
+            len: 4096,
+            max: 480
+        })
+    ));
     assert!(matches!(&r[3], Err(RpcError::NotConnected { .. })));
     drop(r);
 
@@ -164,9 +176,14 @@ fn one_sided_ops_batch_into_one_doorbell() {
         let ctx = ctx.clone();
         ex.spawn(async move {
             let a = desc.at(co * 8);
-            ctx.write(info.node, a, &(co * 10).to_le_bytes()).await.unwrap();
+            ctx.write(info.node, a, &(co * 10).to_le_bytes())
+                .await
+                .unwrap();
             assert_eq!(ctx.faa(info.node, a, 1).await.unwrap(), co * 10);
-            assert_eq!(ctx.cas(info.node, a, co * 10 + 1, 77).await.unwrap(), co * 10 + 1);
+            assert_eq!(
+                ctx.cas(info.node, a, co * 10 + 1, 77).await.unwrap(),
+                co * 10 + 1
+            );
             let v = ctx.read(info.node, a, 8).await.unwrap();
             assert_eq!(u64::from_le_bytes(v.try_into().unwrap()), 77);
         });
@@ -174,5 +191,8 @@ fn one_sided_ops_batch_into_one_doorbell() {
     ex.run();
     let st = ctx.stats();
     assert_eq!(st.wrs, 64);
-    assert_eq!(st.doorbells, 4, "16 coroutines' ops go out together each round: {st:?}");
+    assert_eq!(
+        st.doorbells, 4,
+        "16 coroutines' ops go out together each round: {st:?}"
+    );
 }

@@ -144,7 +144,14 @@ impl Drop for Setup {
     }
 }
 
-fn wr(id: u64, opcode: WrOpcode, s: &Setup, local_off: usize, len: usize, remote_off: u64) -> SendWr {
+fn wr(
+    id: u64,
+    opcode: WrOpcode,
+    s: &Setup,
+    local_off: usize,
+    len: usize,
+    remote_off: u64,
+) -> SendWr {
     SendWr {
         wr_id: id,
         opcode,
@@ -165,17 +172,30 @@ fn poll_all(s: &Setup) -> Vec<Wc> {
 fn read_write_cas_faa_effects() {
     let mut s = setup("ops");
     // READ the peer's pattern.
-    s.qp.post_send(&[wr(1, WrOpcode::Read, &s, 0, 4096, 100)]).unwrap();
+    s.qp.post_send(&[wr(1, WrOpcode::Read, &s, 0, 4096, 100)])
+        .unwrap();
     let wcs = poll_all(&s);
-    assert_eq!(wcs, vec![Wc { wr_id: 1, status: WcStatus::Success, byte_len: 4096 }]);
+    assert_eq!(
+        wcs,
+        vec![Wc {
+            wr_id: 1,
+            status: WcStatus::Success,
+            byte_len: 4096
+        }]
+    );
     let mut got = vec![0u8; 4096];
     s.local.read(0, &mut got);
-    assert!(got.iter().enumerate().all(|(i, &b)| b == ((i + 100) % 251) as u8));
+    assert!(got
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == ((i + 100) % 251) as u8));
 
     // WRITE then READ back into another buffer.
     s.local.write(8192, &[0xAB; 300]);
-    s.qp.post_send(&[wr(2, WrOpcode::Write, &s, 8192, 300, 1000)]).unwrap();
-    s.qp.post_send(&[wr(3, WrOpcode::Read, &s, 16384, 300, 1000)]).unwrap();
+    s.qp.post_send(&[wr(2, WrOpcode::Write, &s, 8192, 300, 1000)])
+        .unwrap();
+    s.qp.post_send(&[wr(3, WrOpcode::Read, &s, 16384, 300, 1000)])
+        .unwrap();
     assert_eq!(poll_all(&s).len(), 2);
     let mut back = vec![0u8; 300];
     s.local.read(16384, &mut back);
@@ -183,18 +203,25 @@ fn read_write_cas_faa_effects() {
 
     // CAS: a failing compare leaves the word; a matching one swaps. Old value lands locally.
     let cur = u64::from_le_bytes(got[4000 - 100..4008 - 100].try_into().unwrap());
-    let cas = |c, sw| WrOpcode::CmpSwap { compare: c, swap: sw };
-    s.qp.post_send(&[wr(4, cas(cur ^ 1, 7), &s, 0, 8, 4000)]).unwrap();
+    let cas = |c, sw| WrOpcode::CmpSwap {
+        compare: c,
+        swap: sw,
+    };
+    s.qp.post_send(&[wr(4, cas(cur ^ 1, 7), &s, 0, 8, 4000)])
+        .unwrap();
     poll_all(&s);
     assert_eq!(s.local.load_u64(0), cur);
-    s.qp.post_send(&[wr(5, cas(cur, 7), &s, 0, 8, 4000)]).unwrap();
+    s.qp.post_send(&[wr(5, cas(cur, 7), &s, 0, 8, 4000)])
+        .unwrap();
     poll_all(&s);
     assert_eq!(s.local.load_u64(0), cur);
     // FAA returns the old value (7) and adds.
-    s.qp.post_send(&[wr(6, WrOpcode::FetchAdd { add: 5 }, &s, 8, 8, 4000)]).unwrap();
+    s.qp.post_send(&[wr(6, WrOpcode::FetchAdd { add: 5 }, &s, 8, 8, 4000)])
+        .unwrap();
     poll_all(&s);
     assert_eq!(s.local.load_u64(8), 7);
-    s.qp.post_send(&[wr(7, WrOpcode::Read, &s, 16, 8, 4000)]).unwrap();
+    s.qp.post_send(&[wr(7, WrOpcode::Read, &s, 16, 8, 4000)])
+        .unwrap();
     poll_all(&s);
     assert_eq!(s.local.load_u64(16), 12);
     s.peer.exit();
@@ -203,18 +230,24 @@ fn read_write_cas_faa_effects() {
 #[test]
 fn misaligned_atomic_and_bad_rkey_are_errors() {
     let mut s = setup("errs");
-    s.qp.post_send(&[wr(1, WrOpcode::FetchAdd { add: 1 }, &s, 0, 8, 4)]).unwrap();
+    s.qp.post_send(&[wr(1, WrOpcode::FetchAdd { add: 1 }, &s, 0, 8, 4)])
+        .unwrap();
     let wcs = poll_all(&s);
     assert_eq!(wcs[0].status, WcStatus::RemoteInvalidRequest);
     // The QP is now in error: further posts are refused, as in verbs.
     assert_eq!(s.qp.state(), QpState::Error);
-    assert!(s.qp.post_send(&[wr(2, WrOpcode::Read, &s, 0, 8, 0)]).is_err());
+    assert!(s
+        .qp
+        .post_send(&[wr(2, WrOpcode::Read, &s, 0, 8, 0)])
+        .is_err());
 
     // A fresh QP: out-of-range remote address and unknown rkey.
     let mut qp = s.fabric.create_qp(&s.cq, 8).unwrap();
     let ep = rrpc::bootstrap::call_with_retry(
         s.peer.addr,
-        &CtrlRequest::ConnectQp { endpoint: qp.endpoint() },
+        &CtrlRequest::ConnectQp {
+            endpoint: qp.endpoint(),
+        },
         Instant::now() + Duration::from_secs(5),
     )
     .unwrap();
@@ -245,7 +278,8 @@ fn doorbell_list_with_only_last_signaled() {
     let wcs = poll_all(&s);
     assert_eq!(wcs.len(), 1, "only the last WR is signaled");
     assert_eq!(wcs[0].wr_id, 7);
-    s.qp.post_send(&[wr(9, WrOpcode::Read, &s, 4096, 512, 20_000)]).unwrap();
+    s.qp.post_send(&[wr(9, WrOpcode::Read, &s, 4096, 512, 20_000)])
+        .unwrap();
     poll_all(&s);
     let mut back = vec![0u8; 512];
     s.local.read(4096, &mut back);
@@ -261,7 +295,8 @@ fn doorbell_list_with_only_last_signaled() {
 #[test]
 fn peer_that_exits_puts_qp_in_error() {
     let mut s = setup("exit");
-    s.qp.post_send(&[wr(1, WrOpcode::Read, &s, 0, 8, 0)]).unwrap();
+    s.qp.post_send(&[wr(1, WrOpcode::Read, &s, 0, 8, 0)])
+        .unwrap();
     assert_eq!(poll_all(&s)[0].status, WcStatus::Success);
     s.peer.exit();
     // The next posts notice the dead peer within the liveness period; bounded wait.
@@ -274,7 +309,10 @@ fn peer_that_exits_puts_qp_in_error() {
                 break;
             }
             Ok(()) => {
-                if let Some(wc) = poll_all(&s).into_iter().find(|w| w.status != WcStatus::Success) {
+                if let Some(wc) = poll_all(&s)
+                    .into_iter()
+                    .find(|w| w.status != WcStatus::Success)
+                {
                     assert_eq!(wc.status, WcStatus::RetryExceeded);
                     saw = Some("retry exceeded".into());
                     break;
@@ -316,7 +354,10 @@ fn node_id_in_use_and_stale_cluster_dir() {
     let b = Fabric::open(&cfg(6)).unwrap();
     let mr = b.alloc_mr(100).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(dir.join(format!("n6-mr{}", mr.rkey()))).unwrap().permissions().mode();
+    let mode = std::fs::metadata(dir.join(format!("n6-mr{}", mr.rkey())))
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
     drop(mr);
     drop(b);

@@ -1,1 +1,19 @@
-//! tso
+//! `tso`: the timestamp oracle of the workspace (DESIGN.md, "tso"; Scythe's RDMA-friendly
+//! TSO, `shared/seeds/000_f3dba2ed893b246b.txt` section 4.5).
+//!
+//! The oracle is one 64-bit counter in device memory (on the NIC, so that FAAs on it cost
+//! no PCIe round trip on the oracle's host). Clients take timestamps with one-sided
+//! fetch-and-add: one FAA of `n` reserves `n` consecutive timestamps. The oracle's CPU
+//! never touches the counter (DESIGN.md's rule for shared words). Backends without device
+//! memory (shm, Soft-RoCE) fall back to host memory and say so ([`oracle::Oracle::placement`]).
+//!
+//! Guarantees today: timestamps are `>= 1`, unique and strictly increasing in real time
+//! while one oracle process lives. **Not yet implemented** (later issues): TSO groups
+//! (leader/follower combining of a process's concurrent requests), TSO proxies, and a
+//! durable high-water mark so that a restarted oracle resumes above every timestamp it
+//! handed out. A restarted oracle today starts again at 0.
+#![warn(missing_docs)]
+
+pub mod oracle;
+
+pub use oracle::{Oracle, TsoClient, TsoError, TsoExport, EXPORT_NAME};

@@ -413,7 +413,10 @@ impl MemoryRegion {
     /// shared words (DESIGN.md): a word modified by remote RDMA atomics must not also be
     /// modified by CPU atomics.
     pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len(), "bad atomic offset");
+        assert!(
+            offset.is_multiple_of(8) && offset + 8 <= self.len(),
+            "bad atomic offset"
+        );
         // SAFETY: in range and 8-aligned (the MR base is page aligned); the mapping lives as
         // long as `self`; AtomicU64 has the layout of u64 and all bit patterns are valid.
         unsafe { &*(self.as_ptr().add(offset) as *const AtomicU64) }
@@ -436,7 +439,9 @@ impl RingMem for MemoryRegion {
         assert!(off + dst.len() <= self.len(), "read outside the MR");
         // SAFETY: range checked; peers may write concurrently, which the ring protocol
         // tolerates by checking labels with acquire loads before and after copying.
-        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
+        }
     }
     fn write(&self, off: usize, src: &[u8]) {
         assert!(off + src.len() <= self.len(), "write outside the MR");

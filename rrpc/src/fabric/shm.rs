@@ -249,7 +249,11 @@ impl ShmFabric {
             "shm (cluster {}, {}, {})",
             self.inner.cluster,
             self.inner.dir.display(),
-            if self.inner.huge { "hugepages" } else { "4 KiB pages" }
+            if self.inner.huge {
+                "hugepages"
+            } else {
+                "4 KiB pages"
+            }
         )
     }
 
@@ -262,7 +266,11 @@ impl ShmFabric {
             });
         }
         let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
-        let page = if self.inner.huge { HUGE_PAGE_BYTES } else { PAGE_BYTES };
+        let page = if self.inner.huge {
+            HUGE_PAGE_BYTES
+        } else {
+            PAGE_BYTES
+        };
         let file_len = (MR_HEADER_BYTES + len).div_ceil(page) * page;
         let path = self.inner.dir.join(format!("n{}-mr{key}", self.inner.node));
         let file = OpenOptions::new()
@@ -272,13 +280,19 @@ impl ShmFabric {
             .mode(0o600)
             .open(&path)
             .map_err(io_err("create MR file"))?;
-        file.set_len(file_len as u64).map_err(io_err("size MR file"))?;
+        file.set_len(file_len as u64)
+            .map_err(io_err("size MR file"))?;
         // SAFETY: the file is ours, freshly created with mode 0600; peers map it too,
         // which is the point: all access to the data goes through raw pointers or atomics.
         let map = unsafe { MmapOptions::new().len(file_len).populate().map_mut(&file) }
             .map_err(io_err("mmap MR file"))?;
         let data = map.as_ptr() as u64 + MR_HEADER_BYTES as u64;
-        let header = [MR_MAGIC, u64::from(self.inner.node) << 32 | u64::from(key), data, len as u64];
+        let header = [
+            MR_MAGIC,
+            u64::from(self.inner.node) << 32 | u64::from(key),
+            data,
+            len as u64,
+        ];
         // SAFETY: the header page is inside the mapping, page aligned, and not yet shared.
         unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_ptr() as *mut u64, 4) };
         self.inner
@@ -576,9 +590,12 @@ impl ShmQp {
                 return WcStatus::RetryExceeded;
             }
         }
-        let atomic = matches!(wr.opcode, WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. });
+        let atomic = matches!(
+            wr.opcode,
+            WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. }
+        );
         let len = if atomic { 8 } else { wr.sge.len as usize };
-        if atomic && (wr.sge.len < 8 || wr.remote.addr % 8 != 0) {
+        if atomic && (wr.sge.len < 8 || !wr.remote.addr.is_multiple_of(8)) {
             return WcStatus::RemoteInvalidRequest;
         }
         let Some(local) = self.local_ptr(wr.sge.addr, len, wr.sge.lkey) else {
@@ -587,24 +604,33 @@ impl ShmQp {
         let Some(remote) = self.remote_ptr(wr.remote.addr, len, wr.remote.rkey) else {
             return WcStatus::RemoteAccess;
         };
+        // Both ranges were bounds-checked against their MRs above; the mappings stay
+        // alive while cached; atomics target 8-byte aligned words (checked above, and
+        // mappings are page aligned).
         match wr.opcode {
-            // SAFETY (all arms): both ranges were bounds-checked against their MRs above;
-            // the mappings stay alive while cached; remote words are 8-byte aligned for
-            // atomics (checked above, and mappings are page aligned).
+            // SAFETY: see above; local and remote buffers may alias only if the caller
+            // READs its own MR, which `copy` (memmove) tolerates.
             WrOpcode::Read => unsafe { std::ptr::copy(remote, local, len) },
+            // SAFETY: see above.
             WrOpcode::Write => unsafe { write_last_word_last(local, remote, len) },
-            WrOpcode::CmpSwap { compare, swap } => unsafe {
-                let word = &*(remote as *const AtomicU64);
-                let old = match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(v) | Err(v) => v,
-                };
-                std::ptr::write_unaligned(local as *mut u64, old);
-            },
-            WrOpcode::FetchAdd { add } => unsafe {
-                let word = &*(remote as *const AtomicU64);
+            WrOpcode::CmpSwap { compare, swap } => {
+                // SAFETY: see above; AtomicU64 has u64's layout.
+                let word = unsafe { &*(remote as *const AtomicU64) };
+                let old =
+                    match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire)
+                    {
+                        Ok(v) | Err(v) => v,
+                    };
+                // SAFETY: local holds at least 8 bytes (checked above).
+                unsafe { std::ptr::write_unaligned(local as *mut u64, old) };
+            }
+            WrOpcode::FetchAdd { add } => {
+                // SAFETY: see above; AtomicU64 has u64's layout.
+                let word = unsafe { &*(remote as *const AtomicU64) };
                 let old = word.fetch_add(add, Ordering::AcqRel);
-                std::ptr::write_unaligned(local as *mut u64, old);
-            },
+                // SAFETY: local holds at least 8 bytes (checked above).
+                unsafe { std::ptr::write_unaligned(local as *mut u64, old) };
+            }
         }
         WcStatus::Success
     }
@@ -628,7 +654,7 @@ unsafe fn write_last_word_last(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: src + head .. src + len is in range.
     let last = unsafe { std::ptr::read_unaligned(src.add(head) as *const u64) };
     let tail = dst.wrapping_add(head);
-    if (tail as usize) % 8 == 0 {
+    if (tail as usize).is_multiple_of(8) {
         // SAFETY: aligned, in range, and AtomicU64 has u64's layout.
         unsafe { (*(tail as *const AtomicU64)).store(last, Ordering::Release) };
     } else {

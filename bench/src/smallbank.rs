@@ -1,0 +1,218 @@
+//! SmallBank transaction profiles (H-Store's SmallBank as used by FORD, Motor and
+//! Scythe): six transaction types over savings and checking balances (cents), accounts
+//! drawn from a Zipf distribution.
+//!
+//! Each profile returns the net amount of money it added to the bank when it commits
+//! (deposits minus withdrawals), so a run can check that the final total equals the
+//! initial total plus the net of committed transactions.
+
+use rand::Rng;
+use rand_distr::{Distribution, Zipf};
+use serde::Serialize;
+use txn::occ::{Txn, TxnError};
+use txn::smallbank::{CHECKING, SAVINGS};
+
+/// The six SmallBank transaction types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum TxnType {
+    /// Move all of account A's money into B's checking.
+    Amalgamate,
+    /// Read A's savings and checking (read-only).
+    Balance,
+    /// Add to A's checking.
+    DepositChecking,
+    /// Move money from A's checking to B's checking.
+    SendPayment,
+    /// Add to A's savings.
+    TransactSaving,
+    /// Withdraw from A's checking, with a penalty when the total balance is short.
+    WriteCheck,
+}
+
+impl TxnType {
+    /// All types, in report order.
+    pub const ALL: [TxnType; 6] = [
+        Self::Amalgamate,
+        Self::Balance,
+        Self::DepositChecking,
+        Self::SendPayment,
+        Self::TransactSaving,
+        Self::WriteCheck,
+    ];
+    /// Mix in percent (FORD's SmallBank: 15/15/15/25/15/15).
+    pub fn percent(self) -> u32 {
+        match self {
+            Self::SendPayment => 25,
+            _ => 15,
+        }
+    }
+    /// Index in [`TxnType::ALL`].
+    pub fn index(self) -> usize {
+        Self::ALL.iter().position(|&t| t == self).expect("listed")
+    }
+    /// Name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Amalgamate => "Amalgamate",
+            Self::Balance => "Balance",
+            Self::DepositChecking => "DepositChecking",
+            Self::SendPayment => "SendPayment",
+            Self::TransactSaving => "TransactSaving",
+            Self::WriteCheck => "WriteCheck",
+        }
+    }
+}
+
+/// Amounts in cents (FORD's constants: 1.3, 20.20, 5.0, 5.0 and a penalty of 1).
+pub const DEPOSIT_CHECKING: i64 = 130;
+/// Amount of TransactSaving, cents.
+pub const TRANSACT_SAVING: i64 = 2020;
+/// Amount of SendPayment, cents.
+pub const SEND_PAYMENT: i64 = 500;
+/// Amount of WriteCheck, cents.
+pub const WRITE_CHECK: i64 = 500;
+/// WriteCheck's overdraft penalty, cents.
+pub const OVERDRAFT_PENALTY: i64 = 100;
+
+/// One transaction's inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct TxnArgs {
+    /// Type.
+    pub ty: TxnType,
+    /// First account.
+    pub a: u64,
+    /// Second account (distinct from `a`; used by Amalgamate and SendPayment).
+    pub b: u64,
+}
+
+/// Draws transaction types and Zipf-distributed accounts.
+pub struct Generator {
+    zipf: Zipf<f64>,
+    accounts: u64,
+}
+
+impl Generator {
+    /// Accounts `0..accounts` (at least 2) with Zipf exponent `theta` (0 = uniform).
+    pub fn new(accounts: u64, theta: f64) -> anyhow::Result<Self> {
+        anyhow::ensure!(accounts >= 2, "need at least 2 accounts");
+        anyhow::ensure!(theta >= 0.0 && theta.is_finite(), "theta must be >= 0");
+        let zipf = Zipf::new(accounts as f64, theta).map_err(|e| anyhow::anyhow!("zipf: {e}"))?;
+        Ok(Self { zipf, accounts })
+    }
+
+    fn account(&self, rng: &mut impl Rng) -> u64 {
+        (self.zipf.sample(rng) as u64 - 1).min(self.accounts - 1)
+    }
+
+    /// Next transaction.
+    pub fn next(&self, rng: &mut impl Rng) -> TxnArgs {
+        let mut p = rng.random_range(0..100u32);
+        let mut ty = TxnType::WriteCheck;
+        for t in TxnType::ALL {
+            if p < t.percent() {
+                ty = t;
+                break;
+            }
+            p -= t.percent();
+        }
+        let a = self.account(rng);
+        let mut b = self.account(rng);
+        while b == a {
+            b = self.account(rng);
+        }
+        TxnArgs { ty, a, b }
+    }
+}
+
+fn bal(v: &[u8]) -> i64 {
+    i64::from_le_bytes(v.try_into().expect("8-byte balance"))
+}
+
+fn enc(v: i64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+/// Run one attempt of `args` in `t`, commit it, and return the net money it added.
+/// Aborts come back as `Err(TxnError::Abort(_))`; `AbortReason::User` means the
+/// transaction's own logic declined (e.g. insufficient funds), which is final.
+pub async fn run(mut t: Txn<'_>, args: TxnArgs) -> Result<i64, TxnError> {
+    let TxnArgs { ty, a, b } = args;
+    let net = match ty {
+        TxnType::Amalgamate => {
+            let v = t
+                .read_many(&[(SAVINGS, a), (CHECKING, a), (CHECKING, b)])
+                .await?;
+            let total = bal(&v[0]) + bal(&v[1]);
+            t.write(SAVINGS, a, enc(0))?;
+            t.write(CHECKING, a, enc(0))?;
+            t.write(CHECKING, b, enc(bal(&v[2]) + total))?;
+            0
+        }
+        TxnType::Balance => {
+            t.read_many(&[(SAVINGS, a), (CHECKING, a)]).await?;
+            0
+        }
+        TxnType::DepositChecking => {
+            let v = t.read(CHECKING, a).await?;
+            t.write(CHECKING, a, enc(bal(&v) + DEPOSIT_CHECKING))?;
+            DEPOSIT_CHECKING
+        }
+        TxnType::SendPayment => {
+            let v = t.read_many(&[(CHECKING, a), (CHECKING, b)]).await?;
+            if bal(&v[0]) < SEND_PAYMENT {
+                return Err(t.abort());
+            }
+            t.write(CHECKING, a, enc(bal(&v[0]) - SEND_PAYMENT))?;
+            t.write(CHECKING, b, enc(bal(&v[1]) + SEND_PAYMENT))?;
+            0
+        }
+        TxnType::TransactSaving => {
+            let v = t.read(SAVINGS, a).await?;
+            t.write(SAVINGS, a, enc(bal(&v) + TRANSACT_SAVING))?;
+            TRANSACT_SAVING
+        }
+        TxnType::WriteCheck => {
+            let v = t.read_many(&[(SAVINGS, a), (CHECKING, a)]).await?;
+            let amount = if bal(&v[0]) + bal(&v[1]) < WRITE_CHECK {
+                WRITE_CHECK + OVERDRAFT_PENALTY
+            } else {
+                WRITE_CHECK
+            };
+            t.write(CHECKING, a, enc(bal(&v[1]) - amount))?;
+            -amount
+        }
+    };
+    t.commit().await?;
+    Ok(net)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn mix_and_skew() {
+        let g = Generator::new(1000, 0.99).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut counts = [0u32; 6];
+        let mut hot = 0;
+        for _ in 0..100_000 {
+            let t = g.next(&mut rng);
+            assert_ne!(t.a, t.b);
+            assert!(t.a < 1000 && t.b < 1000);
+            counts[t.ty.index()] += 1;
+            hot += u32::from(t.a == 0);
+        }
+        assert_eq!(TxnType::ALL.iter().map(|t| t.percent()).sum::<u32>(), 100);
+        for t in TxnType::ALL {
+            let pct = counts[t.index()] as f64 / 1000.0;
+            assert!((pct - t.percent() as f64).abs() < 1.0, "{t:?}: {pct}%");
+        }
+        // Zipf 0.99 over 1000 keys: the hottest key gets about 13% of draws, far above 0.1%.
+        assert!(hot > 8_000, "hottest account drawn {hot} times");
+        let u = Generator::new(1000, 0.0).unwrap();
+        let hot_u = (0..100_000).filter(|_| u.next(&mut rng).a == 0).count();
+        assert!(hot_u < 300, "uniform draw too skewed: {hot_u}");
+    }
+}

@@ -1,0 +1,66 @@
+//! End to end: the real `txn-bench` starts memnode, lockd and tso as processes over the
+//! shm fabric, runs SmallBank with Zipf 0.99 for a few seconds, and audits the bank.
+
+use std::process::Command;
+
+#[test]
+fn smallbank_short_run_keeps_the_money_invariant() {
+    let json = std::env::temp_dir().join(format!("txn-bench-test-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args([
+            "--threads",
+            "2",
+            "--coroutines",
+            "4",
+            "--theta",
+            "0.99",
+            "--accounts",
+            "10000",
+            "--duration",
+            "3",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run txn-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "txn-bench failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("invariant holds"), "{stdout}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let committed: u64 = report["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["committed"].as_u64().unwrap())
+        .sum();
+    assert!(committed > 0, "no transaction committed: {stdout}");
+    assert_eq!(report["invariant_holds"], true);
+    assert_eq!(report["locks_held"], 0);
+    assert_eq!(report["fatal_errors"], 0);
+    assert_eq!(
+        report["final_total"].as_i64().unwrap(),
+        report["initial_total"].as_i64().unwrap() + report["net_committed"].as_i64().unwrap()
+    );
+    // Every type ran and Zipf 0.99 over 10k accounts produces some contention.
+    for t in report["types"].as_array().unwrap() {
+        assert!(t["committed"].as_u64().unwrap() > 0, "{t}");
+    }
+}
+
+#[test]
+fn bad_arguments_fail_cleanly() {
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(["--threads", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--threads"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -1,0 +1,364 @@
+//! Fixed-layout, little-endian wire format of the Lock RPC (handler [`LOCK_HANDLER`]).
+//!
+//! A request is 1 to [`MAX_ENTRIES`] entries of [`REQ_ENTRY_BYTES`] bytes, one per lock
+//! (a transaction locks all its write-set locks on one node with one RPC):
+//!
+//! | bytes  | field                              |
+//! |--------|------------------------------------|
+//! | 0..8   | `lock_id: u64`                     |
+//! | 8..16  | `ts: u64` (TSO timestamp)          |
+//! | 16     | `mode: u8` (0 cold, 1 hot)         |
+//! | 17..24 | padding (zero)                     |
+//!
+//! The reply has one entry of [`REPLY_ENTRY_BYTES`] bytes per request entry, same order:
+//!
+//! | bytes  | field                                                              |
+//! |--------|--------------------------------------------------------------------|
+//! | 0      | `status: u8` (1 ticket taken, 0 refused)                            |
+//! | 1      | `reason: u8` (0 none, 1 timestamp, 2 cold watermark, 3 hot watermark) |
+//! | 2..8   | padding (zero)                                                     |
+//! | 8..16  | `ticket: u64` (`lower` before the request)                          |
+//! | 16..24 | `upper: u64`                                                       |
+//! | 24..32 | `queued_ts: u64` (before the request)                               |
+//!
+//! Decoding never panics: bad lengths, zero or too many entries, unknown mode, status or
+//! reason bytes and lock ids outside the table are [`WireError`]s.
+
+use crate::takeout::{LockReply, Mode, RefuseReason};
+
+/// RPC handler id of the Lock RPC.
+pub const LOCK_HANDLER: u16 = 1;
+/// Bytes per request entry.
+pub const REQ_ENTRY_BYTES: usize = 24;
+/// Bytes per reply entry.
+pub const REPLY_ENTRY_BYTES: usize = 32;
+/// Largest number of entries in one Lock RPC: a reply must fit the 480-byte payload of
+/// a default 512-byte Rocket bucket (480 / 32 = 15).
+pub const MAX_ENTRIES: usize = 15;
+
+/// One lock a transaction asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockRequest {
+    /// Lock index in the service's table (`0..n_locks`).
+    pub id: u64,
+    /// The transaction's start timestamp (from the TSO).
+    pub ts: u64,
+    /// Heat mode of the transaction.
+    pub mode: Mode,
+}
+
+/// Errors decoding or encoding Lock RPC messages.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The length is not a whole number of entries.
+    #[error("{len} bytes is not a whole number of {entry}-byte entries")]
+    BadLength {
+        /// Message length in bytes.
+        len: usize,
+        /// Entry size in bytes.
+        entry: usize,
+    },
+    /// The message has no entries.
+    #[error("empty lock request")]
+    Empty,
+    /// More entries than [`MAX_ENTRIES`].
+    #[error("{n} entries exceed the limit of {max} per Lock RPC")]
+    TooMany {
+        /// Entries in the message.
+        n: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Unknown mode byte.
+    #[error("entry {index}: unknown mode byte {byte}")]
+    BadMode {
+        /// Entry index.
+        index: usize,
+        /// The byte.
+        byte: u8,
+    },
+    /// Unknown status byte, unknown reason byte, or a status/reason pair that disagrees.
+    #[error("entry {index}: invalid status {status} / reason {reason}")]
+    BadStatus {
+        /// Entry index.
+        index: usize,
+        /// Status byte.
+        status: u8,
+        /// Reason byte.
+        reason: u8,
+    },
+    /// A lock id outside the table.
+    #[error("entry {index}: lock id {id} outside a table of {n_locks} locks")]
+    LockOutOfRange {
+        /// Entry index.
+        index: usize,
+        /// The lock id.
+        id: u64,
+        /// Table size (locks).
+        n_locks: u64,
+    },
+    /// The same lock twice in one request (the second ticket would wait behind the first
+    /// forever).
+    #[error("entry {index}: lock id {id} appears twice in one request")]
+    Duplicate {
+        /// Entry index of the second occurrence.
+        index: usize,
+        /// The lock id.
+        id: u64,
+    },
+    /// A reply whose entry count differs from the request's.
+    #[error("reply has {got} entries, request had {want}")]
+    CountMismatch {
+        /// Entries in the reply.
+        got: usize,
+        /// Entries in the request.
+        want: usize,
+    },
+}
+
+fn mode_byte(m: Mode) -> u8 {
+    match m {
+        Mode::Cold => 0,
+        Mode::Hot => 1,
+    }
+}
+
+fn reason_byte(r: Option<RefuseReason>) -> u8 {
+    match r {
+        None => 0,
+        Some(RefuseReason::Timestamp) => 1,
+        Some(RefuseReason::ColdWatermark) => 2,
+        Some(RefuseReason::HotWatermark) => 3,
+    }
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(w)
+}
+
+fn count(len: usize, entry: usize) -> Result<usize, WireError> {
+    // (`is_multiple_of` would need Rust 1.87; the workspace supports 1.85.)
+    let n = len / entry;
+    if n * entry != len {
+        return Err(WireError::BadLength { len, entry });
+    }
+    if n == 0 {
+        return Err(WireError::Empty);
+    }
+    if n > MAX_ENTRIES {
+        return Err(WireError::TooMany {
+            n,
+            max: MAX_ENTRIES,
+        });
+    }
+    Ok(n)
+}
+
+/// Append the encoding of `reqs` to `out`.
+///
+/// Errors: [`WireError::Empty`], [`WireError::TooMany`].
+pub fn encode_request(reqs: &[LockRequest], out: &mut Vec<u8>) -> Result<(), WireError> {
+    count(reqs.len(), 1)?;
+    for r in reqs {
+        out.extend_from_slice(&r.id.to_le_bytes());
+        out.extend_from_slice(&r.ts.to_le_bytes());
+        out.push(mode_byte(r.mode));
+        out.extend_from_slice(&[0; 7]);
+    }
+    Ok(())
+}
+
+/// Decode a request for a table of `n_locks` locks into `out` (cleared first).
+///
+/// Errors: every malformed input listed on [`WireError`], including duplicate lock ids.
+pub fn decode_request(
+    buf: &[u8],
+    n_locks: u64,
+    out: &mut Vec<LockRequest>,
+) -> Result<(), WireError> {
+    out.clear();
+    let n = count(buf.len(), REQ_ENTRY_BYTES)?;
+    for (index, e) in buf.chunks_exact(REQ_ENTRY_BYTES).enumerate() {
+        let id = u64_at(e, 0);
+        let ts = u64_at(e, 8);
+        let mode = match e[16] {
+            0 => Mode::Cold,
+            1 => Mode::Hot,
+            byte => return Err(WireError::BadMode { index, byte }),
+        };
+        if id >= n_locks {
+            return Err(WireError::LockOutOfRange { index, id, n_locks });
+        }
+        if out.iter().any(|r| r.id == id) {
+            return Err(WireError::Duplicate { index, id });
+        }
+        out.push(LockRequest { id, ts, mode });
+    }
+    debug_assert_eq!(out.len(), n);
+    Ok(())
+}
+
+/// Append the encoding of one reply entry to `out`.
+pub fn encode_reply_entry(r: &LockReply, out: &mut Vec<u8>) {
+    out.push(u8::from(r.granted_queue));
+    out.push(reason_byte(r.reason));
+    out.extend_from_slice(&[0; 6]);
+    out.extend_from_slice(&r.ticket.to_le_bytes());
+    out.extend_from_slice(&r.upper.to_le_bytes());
+    out.extend_from_slice(&r.queued_ts.to_le_bytes());
+}
+
+/// Decode a reply to a request of `want` entries.
+///
+/// Errors: [`WireError::BadLength`], [`WireError::Empty`], [`WireError::TooMany`],
+/// [`WireError::CountMismatch`], [`WireError::BadStatus`] (unknown bytes, or a taken
+/// ticket with a reason, or a refusal without one).
+pub fn decode_reply(buf: &[u8], want: usize) -> Result<Vec<LockReply>, WireError> {
+    let n = count(buf.len(), REPLY_ENTRY_BYTES)?;
+    if n != want {
+        return Err(WireError::CountMismatch { got: n, want });
+    }
+    buf.chunks_exact(REPLY_ENTRY_BYTES)
+        .enumerate()
+        .map(|(index, e)| {
+            let (status, reason) = (e[0], e[1]);
+            let bad = WireError::BadStatus {
+                index,
+                status,
+                reason,
+            };
+            let reason = match (status, reason) {
+                (1, 0) => None,
+                (0, 1) => Some(RefuseReason::Timestamp),
+                (0, 2) => Some(RefuseReason::ColdWatermark),
+                (0, 3) => Some(RefuseReason::HotWatermark),
+                _ => return Err(bad),
+            };
+            Ok(LockReply {
+                granted_queue: status == 1,
+                reason,
+                ticket: u64_at(e, 8),
+                upper: u64_at(e, 16),
+                queued_ts: u64_at(e, 24),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(id: u64, ts: u64, mode: Mode) -> LockRequest {
+        LockRequest { id, ts, mode }
+    }
+
+    #[test]
+    fn request_round_trip_and_layout() {
+        let reqs = [
+            req(7, 0x0102_0304_0506_0708, Mode::Hot),
+            req(0, 1, Mode::Cold),
+        ];
+        let mut buf = Vec::new();
+        encode_request(&reqs, &mut buf).unwrap();
+        assert_eq!(buf.len(), 48);
+        assert_eq!(&buf[0..8], &7u64.to_le_bytes());
+        assert_eq!(buf[8], 0x08, "little endian");
+        assert_eq!(buf[16], 1);
+        assert_eq!(&buf[17..24], &[0; 7]);
+        let mut out = Vec::new();
+        decode_request(&buf, 8, &mut out).unwrap();
+        assert_eq!(out, reqs);
+    }
+
+    #[test]
+    fn bad_requests_are_errors() {
+        let mut out = Vec::new();
+        let mut buf = Vec::new();
+        encode_request(&[req(1, 1, Mode::Cold)], &mut buf).unwrap();
+        assert!(matches!(
+            decode_request(&buf[..23], 8, &mut out),
+            Err(WireError::BadLength { len: 23, .. })
+        ));
+        assert_eq!(decode_request(&[], 8, &mut out), Err(WireError::Empty));
+        let mut bad_mode = buf.clone();
+        bad_mode[16] = 2;
+        assert_eq!(
+            decode_request(&bad_mode, 8, &mut out),
+            Err(WireError::BadMode { index: 0, byte: 2 })
+        );
+        assert!(matches!(
+            decode_request(&buf, 1, &mut out),
+            Err(WireError::LockOutOfRange {
+                id: 1,
+                n_locks: 1,
+                ..
+            })
+        ));
+        let many: Vec<_> = (0..16).map(|i| req(i, 1, Mode::Hot)).collect();
+        assert!(matches!(
+            encode_request(&many, &mut Vec::new()),
+            Err(WireError::TooMany { n: 16, max: 15 })
+        ));
+        let mut big = Vec::new();
+        encode_request(&many[..15], &mut big).unwrap();
+        encode_request(&many[15..], &mut big).unwrap();
+        assert!(matches!(
+            decode_request(&big, 100, &mut out),
+            Err(WireError::TooMany { n: 16, .. })
+        ));
+        let mut dup = Vec::new();
+        encode_request(&[req(3, 1, Mode::Hot), req(3, 2, Mode::Hot)], &mut dup).unwrap();
+        assert_eq!(
+            decode_request(&dup, 8, &mut out),
+            Err(WireError::Duplicate { index: 1, id: 3 })
+        );
+        assert_eq!(encode_request(&[], &mut Vec::new()), Err(WireError::Empty));
+    }
+
+    #[test]
+    fn reply_round_trip_and_errors() {
+        let replies = [
+            LockReply {
+                granted_queue: true,
+                reason: None,
+                ticket: 5,
+                upper: 3,
+                queued_ts: 9,
+            },
+            LockReply {
+                granted_queue: false,
+                reason: Some(RefuseReason::HotWatermark),
+                ticket: 20,
+                upper: 9,
+                queued_ts: 11,
+            },
+        ];
+        let mut buf = Vec::new();
+        for r in &replies {
+            encode_reply_entry(r, &mut buf);
+        }
+        assert_eq!(buf.len(), 64);
+        assert_eq!(decode_reply(&buf, 2).unwrap(), replies);
+        assert_eq!(
+            decode_reply(&buf, 1),
+            Err(WireError::CountMismatch { got: 2, want: 1 })
+        );
+        assert!(decode_reply(&buf[..40], 1).is_err());
+        for (status, reason) in [(1, 1), (0, 0), (2, 0), (0, 4)] {
+            let mut b = buf.clone();
+            b[0] = status;
+            b[1] = reason;
+            assert!(
+                matches!(
+                    decode_reply(&b, 2),
+                    Err(WireError::BadStatus { index: 0, .. })
+                ),
+                "status {status} reason {reason}"
+            );
+        }
+        assert_eq!(MAX_ENTRIES * REPLY_ENTRY_BYTES, 480);
+    }
+}

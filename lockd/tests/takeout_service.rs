@@ -1,0 +1,435 @@
+//! Takeout Lock service over the shm fabric: an in-process lock service (node 1) and
+//! client runtime (node 100), plus the real `lockd` binary.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockd::client::{LockClient, LockError, LockRequest, Mode, RefuseReason};
+use lockd::service::{LockTable, EXPORT_NAME};
+use lockd::takeout::Watermarks;
+use lockd::wire::LOCK_HANDLER;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::runtime::{Executor, RpcError, RuntimeConfig, ThreadCtx};
+
+const SERVICE_NODE: u32 = 1;
+const CLIENT_NODE: u32 = 100;
+
+/// Removes the cluster directory when the test ends, however it ends.
+struct Cluster(String);
+
+impl Cluster {
+    fn new(name: &str) -> Self {
+        let c = format!("lockd-test-{}-{name}", std::process::id());
+        rrpc::fabric::shm::prepare_cluster(&c).unwrap();
+        Self(c)
+    }
+    fn open(&self, node: u32) -> Fabric {
+        Fabric::open(&FabricConfig {
+            kind: FabricKind::Shm,
+            cluster: self.0.clone(),
+            node,
+        })
+        .unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = rrpc::fabric::shm::remove_cluster(&self.0);
+    }
+}
+
+struct Service {
+    table: Arc<LockTable>,
+    node: Node,
+}
+
+fn start_service(cluster: &Cluster, n_locks: u64, threads: usize) -> Service {
+    let fabric = cluster.open(SERVICE_NODE);
+    let table = Arc::new(LockTable::new(&fabric, n_locks, Watermarks::default()).unwrap());
+    let mut exports = BTreeMap::new();
+    exports.insert(EXPORT_NAME.to_string(), table.export());
+    let node = Node::start(
+        fabric,
+        NodeConfig {
+            role: "lockd".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: Some((table.handlers(), threads)),
+        },
+    )
+    .unwrap();
+    Service { table, node }
+}
+
+fn client(cluster: &Cluster, addr: SocketAddr) -> (Rc<ThreadCtx>, Rc<LockClient>) {
+    let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE), RuntimeConfig::default()).unwrap();
+    let info = ctx.connect_rpc(addr).unwrap();
+    assert_eq!(info.role, "lockd");
+    let lc = Rc::new(LockClient::from_info(&info).unwrap());
+    (ctx, lc)
+}
+
+/// Run one coroutine to completion and return its output.
+fn block_on<T: 'static>(
+    ctx: &Rc<ThreadCtx>,
+    f: impl std::future::Future<Output = T> + 'static,
+) -> T {
+    let out = Rc::new(RefCell::new(None));
+    let o = out.clone();
+    let mut ex = Executor::new(ctx.clone());
+    ex.spawn(async move {
+        *o.borrow_mut() = Some(f.await);
+    });
+    ex.run();
+    let v = out.borrow_mut().take().expect("coroutine finished");
+    v
+}
+
+#[test]
+fn coroutines_contend_fifo_and_mutually_exclusive() {
+    const COROS: u64 = 8;
+    const ROUNDS: u64 = 40;
+    const LOCK: u64 = 5;
+    let cluster = Cluster::new("contend");
+    let svc = start_service(&cluster, 64, 2);
+    let (ctx, lc) = client(&cluster, svc.node.addr());
+
+    let next_ts = Rc::new(Cell::new(1u64));
+    let inside = Rc::new(Cell::new(false));
+    let acquisitions = Rc::new(Cell::new(0u64));
+    let grants: Rc<RefCell<Vec<u64>>> = Rc::new(RefCell::new(Vec::new()));
+    let queued_behind = Rc::new(Cell::new(0u64));
+    let mut ex = Executor::new(ctx.clone());
+    for _ in 0..COROS {
+        let (ctx, lc) = (ctx.clone(), lc.clone());
+        let (next_ts, inside, acq, grants, behind) = (
+            next_ts.clone(),
+            inside.clone(),
+            acquisitions.clone(),
+            grants.clone(),
+            queued_behind.clone(),
+        );
+        ex.spawn(async move {
+            let mut done = 0;
+            while done < ROUNDS {
+                let ts = next_ts.get();
+                next_ts.set(ts + 1);
+                let req = LockRequest {
+                    id: LOCK,
+                    ts,
+                    mode: Mode::Hot,
+                };
+                let r = lc.lock(&ctx, &[req]).await.expect("lock RPC")[0];
+                if !r.granted_queue {
+                    // Only the hot watermark can refuse: 8 coroutines never queue 11 deep,
+                    // and timestamps taken in order reach the service in order on one thread.
+                    panic!("refused: {r:?}");
+                }
+                assert!(
+                    r.ahead() < COROS,
+                    "at most the other coroutines ahead: {r:?}"
+                );
+                if !r.holds_now() {
+                    behind.set(behind.get() + 1);
+                }
+                let deadline = Instant::now() + Duration::from_secs(20);
+                lc.wait_granted(&ctx, LOCK, r.ticket, r.upper, deadline)
+                    .await
+                    .expect("granted");
+                assert!(!inside.get(), "two holders at once");
+                inside.set(true);
+                grants.borrow_mut().push(r.ticket);
+                ctx.sleep(Duration::from_micros(3)).await;
+                inside.set(false);
+                acq.set(acq.get() + 1);
+                lc.unlock(&ctx, LOCK).await.expect("unlock");
+                done += 1;
+            }
+        });
+    }
+    ex.run();
+    assert_eq!(acquisitions.get(), COROS * ROUNDS);
+    let g = grants.borrow();
+    let expect: Vec<u64> = (0..COROS * ROUNDS).collect();
+    assert_eq!(*g, expect, "grants in ticket order, every ticket once");
+    let (lower, upper, queued_ts) = svc.table.words(LOCK);
+    assert_eq!((lower, upper), (COROS * ROUNDS, COROS * ROUNDS));
+    assert_eq!(queued_ts, next_ts.get() - 1);
+    assert!(queued_behind.get() > 0, "the coroutines actually queued");
+    assert!(lc.srtt() > Duration::ZERO, "READs sampled the RTT");
+}
+
+#[test]
+fn refusals_batches_and_malformed_requests() {
+    let cluster = Cluster::new("misc");
+    let svc = start_service(&cluster, 16, 1);
+    let (ctx, lc) = client(&cluster, svc.node.addr());
+    let table = svc.table.clone();
+    let lc2 = lc.clone();
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let (ctx, lc) = (c, lc2);
+        let req = |id, ts, mode| LockRequest { id, ts, mode };
+        // Newer timestamp queued first; an older one is refused and changes nothing.
+        let r = lc.lock(&ctx, &[req(3, 50, Mode::Cold)]).await.unwrap()[0];
+        assert!(r.granted_queue && r.holds_now());
+        let before = table.words(3);
+        let r = lc.lock(&ctx, &[req(3, 49, Mode::Hot)]).await.unwrap()[0];
+        assert!(!r.granted_queue);
+        assert_eq!(r.reason, Some(RefuseReason::Timestamp));
+        assert_eq!(r.queued_ts, 50);
+        assert_eq!(r.ahead(), 1, "heat reported with the refusal");
+        assert_eq!(table.words(3), before);
+        // An equal timestamp queues behind us.
+        let r2 = lc.lock(&ctx, &[req(3, 50, Mode::Hot)]).await.unwrap()[0];
+        assert!(r2.granted_queue && !r2.holds_now());
+        assert_eq!(r2.ahead(), 1);
+        let st = lc.read_state(&ctx, 3).await.unwrap();
+        assert_eq!(
+            (st.lower, st.upper, st.queued_ts, st.queued()),
+            (2, 0, 50, 2)
+        );
+        // A waiter times out while the holder does not unlock.
+        let e = lc
+            .wait_granted(
+                &ctx,
+                3,
+                r2.ticket,
+                r2.upper,
+                Instant::now() + Duration::from_millis(5),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                LockError::WaitTimeout {
+                    id: 3,
+                    ticket: 1,
+                    upper: 0
+                }
+            ),
+            "{e}"
+        );
+        lc.unlock(&ctx, 3).await.unwrap();
+        lc.wait_granted(
+            &ctx,
+            3,
+            r2.ticket,
+            r2.upper,
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        lc.unlock(&ctx, 3).await.unwrap();
+
+        // A batch of several locks in one RPC, replies in request order.
+        let batch: Vec<_> = (4..10).map(|id| req(id, 60, Mode::Cold)).collect();
+        let rs = lc.lock(&ctx, &batch).await.unwrap();
+        assert_eq!(rs.len(), 6);
+        assert!(rs.iter().all(|r| r.granted_queue && r.holds_now()));
+        // Lock 4 is now held: queue three more cold, then cold mode is refused at 4.
+        for i in 1..=3 {
+            let r = lc.lock(&ctx, &[req(4, 60 + i, Mode::Cold)]).await.unwrap()[0];
+            assert!(r.granted_queue, "queue {i}");
+        }
+        let mixed = lc
+            .lock(&ctx, &[req(4, 70, Mode::Cold), req(10, 70, Mode::Cold)])
+            .await
+            .unwrap();
+        assert_eq!(mixed[0].reason, Some(RefuseReason::ColdWatermark));
+        assert_eq!(mixed[0].ahead(), 4);
+        assert!(mixed[1].granted_queue);
+        for id in 4..=10 {
+            lc.unlock(&ctx, id).await.unwrap();
+        }
+
+        // Client-side validation.
+        assert!(matches!(
+            lc.lock(&ctx, &[req(16, 1, Mode::Hot)]).await,
+            Err(LockError::InvalidRequest(_))
+        ));
+        let sixteen: Vec<_> = (0..16).map(|id| req(id % 16, 100, Mode::Hot)).collect();
+        assert!(matches!(
+            lc.lock(&ctx, &sixteen).await,
+            Err(LockError::InvalidRequest(_))
+        ));
+
+        // Malformed requests straight through the RPC: remote errors, the server lives on.
+        for bad in [
+            vec![0u8; 23],
+            Vec::new(),
+            {
+                let mut v = vec![0u8; 24];
+                v[16] = 9;
+                v
+            },
+            {
+                let mut v = vec![0u8; 24];
+                v[0] = 200; // lock id 200 >= 16
+                v
+            },
+        ] {
+            let e = ctx.call(lc.node(), LOCK_HANDLER, &bad).await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    RpcError::Remote {
+                        handler: LOCK_HANDLER,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        let r = lc.lock(&ctx, &[req(0, 200, Mode::Hot)]).await.unwrap()[0];
+        assert!(r.holds_now(), "server still serving");
+        lc.unlock(&ctx, 0).await.unwrap();
+    });
+    assert_eq!(svc.table.words(0), (1, 1, 200));
+}
+
+/// The real binary: start, READY line, lock/unlock, SIGTERM, and the client's next call
+/// fails instead of hanging.
+#[test]
+fn lockd_binary_serves_and_exits_on_sigterm() {
+    let cluster = Cluster::new("bin");
+    let mut child = LockdProc::spawn(&cluster.0, &["--node", "7", "--locks", "1024"]);
+    let addr = child.ready();
+    let ctx = ThreadCtx::new(
+        cluster.open(CLIENT_NODE),
+        RuntimeConfig {
+            call_timeout: Duration::from_secs(2),
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    let info = ctx.connect_rpc(addr).unwrap();
+    assert_eq!(info.node, 7);
+    let lc = Rc::new(LockClient::from_info(&info).unwrap());
+    assert_eq!(lc.n_locks(), 1024);
+    let (c, l) = (ctx.clone(), lc.clone());
+    block_on(&ctx, async move {
+        let r = l
+            .lock(
+                &c,
+                &[LockRequest {
+                    id: 1023,
+                    ts: 1,
+                    mode: Mode::Cold,
+                }],
+            )
+            .await
+            .unwrap()[0];
+        assert!(r.holds_now());
+        l.unlock(&c, 1023).await.unwrap();
+        assert_eq!(l.read_state(&c, 1023).await.unwrap().queued(), 0);
+    });
+
+    // Bad flags and a node id in use are one-line errors with exit status 1.
+    let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
+        .args(["--cluster", &cluster.0, "--node", "7", "--locks", "8"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already running"), "{err}");
+    assert!(out.stdout.is_empty());
+    let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
+        .args(["--node", "8", "--locks", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+
+    let status = child.terminate();
+    assert!(status.success(), "lockd exits 0 on SIGTERM: {status:?}");
+    let (c, l) = (ctx.clone(), lc.clone());
+    let started = Instant::now();
+    let res = block_on(&ctx, async move {
+        l.lock(
+            &c,
+            &[LockRequest {
+                id: 1,
+                ts: 2,
+                mode: Mode::Cold,
+            }],
+        )
+        .await
+    });
+    assert!(res.is_err(), "call to a dead lockd must fail: {res:?}");
+    eprintln!(
+        "call to the dead lockd: {:?} after {:?}",
+        res,
+        started.elapsed()
+    );
+    // Bounded by the call deadline (2 s) plus slack; never a hang.
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let res = block_on(&ctx, {
+        let (c, l) = (ctx.clone(), lc.clone());
+        async move { l.unlock(&c, 1).await }
+    });
+    assert!(matches!(res, Err(LockError::Rpc(_))), "{res:?}");
+}
+
+struct LockdProc {
+    child: Child,
+}
+
+impl LockdProc {
+    fn spawn(cluster: &str, args: &[&str]) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args(["--cluster", cluster])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self { child }
+    }
+
+    fn ready(&mut self) -> SocketAddr {
+        let out = BufReader::new(self.child.stdout.take().unwrap());
+        let lines: Vec<String> = out.lines().map_while(Result::ok).take(1).collect();
+        let line = lines.first().expect("lockd printed a line");
+        line.strip_prefix("READY ")
+            .unwrap_or_else(|| panic!("expected READY, got {line:?}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child,
+        // not yet reaped, so it cannot name another process.
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lockd did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for LockdProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,167 @@
+//! The oracle's counter and the client that takes timestamps from it with one-sided FAA
+//! (Scythe 4.5, Fig. 18, the "TSO service" box).
+
+use std::ops::Range;
+
+use rrpc::fabric::{DmPlacement, Fabric, FabricError, MemoryRegion, RemoteAddr};
+use rrpc::node::NodeInfo;
+use rrpc::runtime::{RpcError, ThreadCtx};
+use serde::{Deserialize, Serialize};
+
+/// Name under which [`Oracle::export`] is published in a node's exports.
+pub const EXPORT_NAME: &str = "tso";
+/// Bytes of the counter (one 8-byte word, as RDMA atomics require).
+pub const COUNTER_BYTES: usize = 8;
+
+/// What an oracle exports to its clients (JSON on the control plane).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TsoExport {
+    /// The 8-byte, 8-byte-aligned counter word.
+    pub counter: RemoteAddr,
+    /// Where the counter lives: `"device"` or `"host-fallback: <reason>"`.
+    pub placement: String,
+}
+
+/// Errors of the oracle and its clients.
+#[derive(Debug, thiserror::Error)]
+pub enum TsoError {
+    /// Allocating the counter failed.
+    #[error("allocating the TSO counter: {0}")]
+    Fabric(#[from] FabricError),
+    /// The FAA failed (peer gone, completion error, not connected).
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+    /// The node exports no usable `"tso"` entry.
+    #[error("TSO export: {0}")]
+    Export(String),
+    /// A request for zero timestamps.
+    #[error("asked for zero timestamps")]
+    ZeroCount,
+    /// The 64-bit counter would wrap: no timestamps are left.
+    #[error("timestamp counter exhausted at {at} (asked for {n})")]
+    Exhausted {
+        /// Counter value before the FAA.
+        at: u64,
+        /// Timestamps asked for.
+        n: u64,
+    },
+}
+
+/// Human-readable form of a placement, as exported and printed at start.
+pub fn describe_placement(p: &DmPlacement) -> String {
+    match p {
+        DmPlacement::Device => "device".into(),
+        DmPlacement::HostFallback { reason } => format!("host-fallback: {reason}"),
+    }
+}
+
+/// The oracle: a zeroed 8-byte counter in device memory (or its reported host fallback).
+pub struct Oracle {
+    counter: MemoryRegion,
+    placement: DmPlacement,
+}
+
+impl Oracle {
+    /// Allocate the counter on `fabric` with `alloc_dm`. The counter starts at 0, so the
+    /// first timestamp handed out is 1.
+    ///
+    /// Errors: [`TsoError::Fabric`] when allocation fails.
+    pub fn new(fabric: &Fabric) -> Result<Self, TsoError> {
+        let (counter, placement) = fabric.alloc_dm(COUNTER_BYTES)?;
+        Ok(Self { counter, placement })
+    }
+
+    /// Where the counter lives. Services print this at start; a host fallback is never
+    /// silent.
+    pub fn placement(&self) -> &DmPlacement {
+        &self.placement
+    }
+
+    /// The export clients need, as a typed value.
+    pub fn tso_export(&self) -> TsoExport {
+        TsoExport {
+            counter: self.counter.desc().at(0),
+            placement: describe_placement(&self.placement),
+        }
+    }
+
+    /// The export as JSON, to publish under [`EXPORT_NAME`] in the node's exports.
+    pub fn export(&self) -> serde_json::Value {
+        serde_json::to_value(self.tso_export()).expect("TsoExport serializes")
+    }
+
+    /// The last timestamp handed out (0 before the first), read by this CPU. A plain
+    /// load: the oracle never modifies the counter itself.
+    pub fn current(&self) -> u64 {
+        self.counter
+            .atomic_u64(0)
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// A thread's handle on an oracle: takes timestamps with one-sided FAA. Connect with
+/// `ThreadCtx::connect` (one-sided only; the oracle serves no RPCs).
+#[derive(Clone, Debug)]
+pub struct TsoClient {
+    node: u32,
+    counter: RemoteAddr,
+    placement: String,
+}
+
+impl TsoClient {
+    /// A client for the oracle described by `info`.
+    ///
+    /// Errors: [`TsoError::Export`] when the `"tso"` export is missing or malformed.
+    pub fn from_info(info: &NodeInfo) -> Result<Self, TsoError> {
+        let e: TsoExport = info
+            .export(EXPORT_NAME)
+            .map_err(|e| TsoError::Export(e.to_string()))?;
+        if e.counter.addr & 7 != 0 {
+            return Err(TsoError::Export(format!(
+                "counter address {:#x} is not 8-byte aligned",
+                e.counter.addr
+            )));
+        }
+        Ok(Self {
+            node: info.node,
+            counter: e.counter,
+            placement: e.placement,
+        })
+    }
+
+    /// Node id of the oracle.
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+
+    /// The oracle's counter placement as it exported it.
+    pub fn placement(&self) -> &str {
+        &self.placement
+    }
+
+    /// One timestamp (`>= 1`): one FAA of +1, returning the old value + 1.
+    ///
+    /// Errors: [`TsoError::Rpc`] when the FAA fails, [`TsoError::Exhausted`].
+    pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<u64, TsoError> {
+        Ok(self.timestamps(ctx, 1).await?.start)
+    }
+
+    /// `n` consecutive timestamps `old + 1 .. old + 1 + n` with one FAA of `n`.
+    ///
+    /// Errors: [`TsoError::ZeroCount`] for `n == 0` (no FAA is issued),
+    /// [`TsoError::Rpc`] when the FAA fails, [`TsoError::Exhausted`] when the range
+    /// would pass `u64::MAX`.
+    pub async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<Range<u64>, TsoError> {
+        if n == 0 {
+            return Err(TsoError::ZeroCount);
+        }
+        let old = ctx.faa(self.node, self.counter, n).await?;
+        let start = old
+            .checked_add(1)
+            .ok_or(TsoError::Exhausted { at: old, n })?;
+        let end = start
+            .checked_add(n)
+            .ok_or(TsoError::Exhausted { at: old, n })?;
+        Ok(start..end)
+    }
+}

@@ -1,0 +1,204 @@
+//! The oracle over the shm fabric: concurrent clients in-process, and the real `tso`
+//! binary.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rrpc::fabric::{DmPlacement, Fabric, FabricConfig, FabricKind};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
+use tso::{Oracle, TsoClient, TsoError, EXPORT_NAME};
+
+struct Cluster(String);
+
+impl Cluster {
+    fn new(name: &str) -> Self {
+        let c = format!("tso-test-{}-{name}", std::process::id());
+        rrpc::fabric::shm::prepare_cluster(&c).unwrap();
+        Self(c)
+    }
+    fn open(&self, node: u32) -> Fabric {
+        Fabric::open(&FabricConfig {
+            kind: FabricKind::Shm,
+            cluster: self.0.clone(),
+            node,
+        })
+        .unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = rrpc::fabric::shm::remove_cluster(&self.0);
+    }
+}
+
+#[test]
+fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
+    const THREADS: usize = 4;
+    const COROS: usize = 8;
+    const ROUNDS: u64 = 200;
+    const BATCH: u64 = 5;
+    let cluster = Cluster::new("conc");
+    let fabric = cluster.open(1);
+    let oracle = Oracle::new(&fabric).unwrap();
+    assert!(matches!(
+        oracle.placement(),
+        DmPlacement::HostFallback { .. }
+    ));
+    let mut exports = BTreeMap::new();
+    exports.insert(EXPORT_NAME.to_string(), oracle.export());
+    let node = Node::start(
+        fabric,
+        NodeConfig {
+            role: "tso".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: None,
+        },
+    )
+    .unwrap();
+    let addr = node.addr();
+    let client_fabric = cluster.open(100);
+
+    let per_thread: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let f = client_fabric.clone();
+                s.spawn(move || {
+                    let ctx = ThreadCtx::new(f, RuntimeConfig::default()).unwrap();
+                    let info = ctx.connect(addr).unwrap();
+                    let tc = Rc::new(TsoClient::from_info(&info).unwrap());
+                    assert!(tc.placement().starts_with("host-fallback"));
+                    let all = Rc::new(RefCell::new(Vec::new()));
+                    let mut ex = Executor::new(ctx.clone());
+                    for _ in 0..COROS {
+                        let (ctx, tc, all) = (ctx.clone(), tc.clone(), all.clone());
+                        ex.spawn(async move {
+                            let mut mine = Vec::new();
+                            for i in 0..ROUNDS {
+                                if i % 4 == 3 {
+                                    let r = tc.timestamps(&ctx, BATCH).await.unwrap();
+                                    assert_eq!(r.end - r.start, BATCH, "contiguous range of n");
+                                    mine.extend(r);
+                                } else {
+                                    mine.push(tc.timestamp(&ctx).await.unwrap());
+                                }
+                            }
+                            assert!(
+                                mine.windows(2).all(|w| w[0] < w[1]),
+                                "each coroutine's timestamps strictly increase"
+                            );
+                            assert!(mine[0] >= 1);
+                            assert!(matches!(
+                                tc.timestamps(&ctx, 0).await,
+                                Err(TsoError::ZeroCount)
+                            ));
+                            all.borrow_mut().extend(mine);
+                        });
+                    }
+                    ex.run();
+                    let v = all.borrow().clone();
+                    v
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let total: usize = per_thread.iter().map(Vec::len).sum();
+    let per_coro = (ROUNDS / 4) * (3 + BATCH);
+    assert_eq!(total as u64, THREADS as u64 * COROS as u64 * per_coro);
+    let unique: HashSet<u64> = per_thread.iter().flatten().copied().collect();
+    assert_eq!(unique.len(), total, "all timestamps unique");
+    // Nothing lost: exactly 1..=total were handed out.
+    assert_eq!(unique.iter().min(), Some(&1));
+    assert_eq!(unique.iter().max(), Some(&(total as u64)));
+    assert_eq!(oracle.current(), total as u64);
+    drop(node);
+}
+
+#[test]
+fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
+    let cluster = Cluster::new("bin");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tso"))
+        .args(["--cluster", &cluster.0, "--node", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(&mut child);
+    let out = BufReader::new(guard.0.stdout.take().unwrap());
+    let mut placement = None;
+    let mut addr: Option<SocketAddr> = None;
+    for line in out.lines().map_while(Result::ok) {
+        if let Some(p) = line.strip_prefix("PLACEMENT ") {
+            placement = Some(p.to_string());
+        } else if let Some(a) = line.strip_prefix("READY ") {
+            addr = Some(a.trim().parse().unwrap());
+            break;
+        }
+    }
+    let placement = placement.expect("tso printed its placement before READY");
+    assert!(placement.starts_with("host-fallback: "), "{placement}");
+    let addr = addr.expect("tso printed READY");
+
+    let ctx = ThreadCtx::new(cluster.open(100), RuntimeConfig::default()).unwrap();
+    let info = ctx.connect(addr).unwrap();
+    assert_eq!((info.node, info.role.as_str()), (3, "tso"));
+    let tc = Rc::new(TsoClient::from_info(&info).unwrap());
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, tc, got) = (ctx.clone(), tc.clone(), got.clone());
+        ex.spawn(async move {
+            let t = tc.timestamp(&ctx).await.unwrap();
+            got.borrow_mut().push(t);
+            let r = tc.timestamps(&ctx, 10).await.unwrap();
+            got.borrow_mut().extend(r);
+        });
+    }
+    ex.run();
+    assert_eq!(*got.borrow(), (1..=11).collect::<Vec<u64>>());
+
+    let pid = guard.0.id() as libc::pid_t;
+    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own unreaped child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = guard.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "tso did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+
+    // The oracle is gone: the next FAA fails (no hang).
+    let res = Rc::new(RefCell::new(None));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, tc, res) = (ctx.clone(), tc.clone(), res.clone());
+        ex.spawn(async move {
+            // The shm QP notices a dead peer within its 1 ms liveness probe period.
+            ctx.sleep(Duration::from_millis(5)).await;
+            *res.borrow_mut() = Some(tc.timestamp(&ctx).await);
+        });
+    }
+    ex.run();
+    let r = res.borrow_mut().take().unwrap();
+    assert!(matches!(r, Err(TsoError::Rpc(_))), "{r:?}");
+}
+
+struct KillOnDrop<'a>(&'a mut Child);
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
