@@ -85,7 +85,10 @@ impl LocalCluster {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(Stdio::inherit())
+            // Own process group: a terminal's Ctrl-C reaches only the launcher, which
+            // then stops the run, audits, and shuts the children down in order.
+            .process_group(0);
         // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
         unsafe {
             cmd.pre_exec(|| {

@@ -354,6 +354,7 @@ fn node_id_in_use_and_stale_cluster_dir() {
     let b = Fabric::open(&cfg(6)).unwrap();
     let mr = b.alloc_mr(100).unwrap();
     use std::os::unix::fs::PermissionsExt;
+    // (a small MR stays in the control directory even when hugepages are reserved)
     let mode = std::fs::metadata(dir.join(format!("n6-mr{}", mr.rkey())))
         .unwrap()
         .permissions()

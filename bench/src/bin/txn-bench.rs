@@ -82,8 +82,9 @@ fn main() {
         .init();
     let args = Args::parse();
     match run(args) {
-        Ok(true) => {}
-        Ok(false) => std::process::exit(1),
+        Ok(Outcome::Passed) => {}
+        Ok(Outcome::Interrupted) => std::process::exit(130),
+        Ok(Outcome::Failed) => std::process::exit(1),
         Err(e) => {
             eprintln!("txn-bench: error: {e:#}");
             std::process::exit(2);
@@ -91,7 +92,17 @@ fn main() {
     }
 }
 
-fn run(mut args: Args) -> anyhow::Result<bool> {
+/// How a run ended.
+enum Outcome {
+    /// Ran its full duration; the audit passed.
+    Passed,
+    /// Stopped early by Ctrl-C; the audit passed.
+    Interrupted,
+    /// The audit failed or a coordinator hit a service failure.
+    Failed,
+}
+
+fn run(mut args: Args) -> anyhow::Result<Outcome> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = *args.threads.get_or_insert(cores.saturating_sub(1).max(1));
     if threads == 0 || args.coroutines == 0 {
@@ -105,10 +116,12 @@ fn run(mut args: Args) -> anyhow::Result<bool> {
     }
     let gen = Arc::new(Generator::new(args.accounts, args.theta)?);
     let stop = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
     {
-        let stop = stop.clone();
+        let (stop, interrupted) = (stop.clone(), interrupted.clone());
         ctrlc::set_handler(move || {
-            if stop.swap(true, Ordering::SeqCst) {
+            stop.store(true, Ordering::SeqCst);
+            if interrupted.swap(true, Ordering::SeqCst) {
                 std::process::exit(130); // second Ctrl-C: children die with us (PDEATHSIG)
             }
             eprintln!(
@@ -167,7 +180,7 @@ fn run(mut args: Args) -> anyhow::Result<bool> {
         node: NODE_CN,
     })?;
     println!(
-        "SmallBank | fabric: {} | timing model: none | {} threads x {} coroutines | {} accounts | Zipf theta {} | {} s",
+        "SmallBank | fabric: {} | timing model: none | {} thread(s) x {} coroutines | {} accounts | Zipf theta {} | {} s",
         fabric.describe(),
         threads,
         args.coroutines,
@@ -258,7 +271,13 @@ fn run(mut args: Args) -> anyhow::Result<bool> {
     }
     drop(fabric);
     cluster.shutdown();
-    Ok(report.invariant_holds && report.fatal_errors == 0)
+    Ok(if !(report.invariant_holds && report.fatal_errors == 0) {
+        Outcome::Failed
+    } else if interrupted.load(Ordering::SeqCst) {
+        Outcome::Interrupted
+    } else {
+        Outcome::Passed
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

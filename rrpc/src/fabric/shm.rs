@@ -1,8 +1,10 @@
 //! Shared-memory fabric backend (DESIGN.md, "Backends", 1).
 //!
-//! An MR is a file under the cluster directory (`<root>/rrpc-<cluster>/n<node>-mr<rkey>`,
+//! An MR is a file under the cluster's MR directory (`<root>/rrpc-<cluster>/n<node>-mr<rkey>`,
 //! mode 0600), where `<root>` is a mounted hugetlbfs when hugepages are reserved and
-//! `/dev/shm` otherwise (`RRPC_SHM_ROOT` overrides). The file starts with a 4 KiB header
+//! `/dev/shm` otherwise (`RRPC_SHM_ROOT` overrides). Liveness files (below) need ordinary
+//! writes, which hugetlbfs refuses, so they always live in `/dev/shm/rrpc-<cluster>/`
+//! (or `$RRPC_SHM_ROOT/rrpc-<cluster>/`). The file starts with a 4 KiB header
 //! (magic, owner node, rkey, owner's base address, length) followed by the data, so a
 //! peer resolves `(addr, rkey)` from the rkey alone, as a NIC would.
 //!
@@ -77,9 +79,22 @@ fn is_hugetlbfs(p: &Path) -> bool {
     hugetlbfs_mount().is_some_and(|m| p.starts_with(m))
 }
 
-/// The directory of cluster `name`.
+/// The control directory of cluster `name` (liveness files; MR files too unless on hugetlbfs).
 pub fn cluster_dir(name: &str) -> PathBuf {
-    shm_root().0.join(format!("rrpc-{name}"))
+    ctl_root().join(format!("rrpc-{name}"))
+}
+
+/// The directory of cluster `name`'s MR files, and whether it is on hugetlbfs.
+pub fn mr_dir(name: &str) -> (PathBuf, bool) {
+    let (root, huge) = shm_root();
+    (root.join(format!("rrpc-{name}")), huge)
+}
+
+fn ctl_root() -> PathBuf {
+    match std::env::var_os("RRPC_SHM_ROOT").map(PathBuf::from) {
+        Some(root) if !is_hugetlbfs(&root) => root,
+        _ => PathBuf::from("/dev/shm"),
+    }
 }
 
 /// What [`prepare_cluster`] found.
@@ -98,7 +113,14 @@ pub enum ClusterDirState {
 /// run) is removed; a directory with a live node is an error (another run is using it).
 pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
     let dir = cluster_dir(name);
+    let (mrs, _) = mr_dir(name);
     if !dir.exists() {
+        if mrs.exists() {
+            // MR files without a control directory: nobody can be alive.
+            let files = std::fs::read_dir(&mrs).map_or(0, |d| d.count());
+            std::fs::remove_dir_all(&mrs).map_err(io_err("remove stale MR dir"))?;
+            return Ok(ClusterDirState::RemovedStale { files });
+        }
         return Ok(ClusterDirState::Fresh);
     }
     let mut files = 0;
@@ -118,16 +140,25 @@ pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
             }
         }
     }
+    if mrs != dir && mrs.exists() {
+        files += std::fs::read_dir(&mrs).map_or(0, |d| d.count());
+        std::fs::remove_dir_all(&mrs).map_err(io_err("remove stale MR dir"))?;
+    }
     std::fs::remove_dir_all(&dir).map_err(io_err("remove stale cluster dir"))?;
     Ok(ClusterDirState::RemovedStale { files })
 }
 
 /// Remove cluster `name`'s directory (after all its nodes exited).
 pub fn remove_cluster(name: &str) -> Result<()> {
-    match std::fs::remove_dir_all(cluster_dir(name)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err("remove cluster dir")(e)),
-        _ => Ok(()),
+    for dir in [mr_dir(name).0, cluster_dir(name)] {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io_err("remove cluster dir")(e))
+            }
+            _ => {}
+        }
     }
+    Ok(())
 }
 
 fn node_of_alive_file(p: &Path) -> Option<u32> {
@@ -153,7 +184,10 @@ struct LocalMr {
 struct FabricInner {
     node: u32,
     cluster: String,
+    /// Liveness files.
     dir: PathBuf,
+    /// MR files (same as `dir` unless on hugetlbfs).
+    mr_dir: PathBuf,
     huge: bool,
     alive_path: PathBuf,
     _alive: File,
@@ -187,13 +221,15 @@ impl ShmFabric {
                 what: format!("cluster name {cluster:?} must be non-empty without '/' or '..'"),
             });
         }
-        let (root, huge) = shm_root();
-        let dir = root.join(format!("rrpc-{cluster}"));
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                return Err(io_err("create cluster dir")(e))
+        let dir = cluster_dir(cluster);
+        let (mr_dir, huge) = mr_dir(cluster);
+        for d in [&dir, &mr_dir] {
+            match std::fs::DirBuilder::new().mode(0o700).create(d) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(io_err("create cluster dir")(e))
+                }
+                _ => {}
             }
-            _ => {}
         }
         let alive_path = dir.join(format!("n{node}.alive"));
         let mut alive = OpenOptions::new()
@@ -215,8 +251,8 @@ impl ShmFabric {
         writeln!(alive, "{}", std::process::id()).map_err(io_err("write liveness file"))?;
         // Files left by an earlier incarnation of this node id would shadow new rkeys.
         let prefix = format!("n{node}-mr");
-        if let Ok(rd) = std::fs::read_dir(&dir) {
-            for e in rd.flatten() {
+        for d in [&dir, &mr_dir] {
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
                 if e.file_name().to_string_lossy().starts_with(&prefix) {
                     let _ = std::fs::remove_file(e.path());
                 }
@@ -227,6 +263,7 @@ impl ShmFabric {
                 node,
                 cluster: cluster.to_string(),
                 dir,
+                mr_dir,
                 huge,
                 alive_path,
                 _alive: alive,
@@ -248,7 +285,7 @@ impl ShmFabric {
         format!(
             "shm (cluster {}, {}, {})",
             self.inner.cluster,
-            self.inner.dir.display(),
+            self.inner.mr_dir.display(),
             if self.inner.huge {
                 "hugepages"
             } else {
@@ -266,13 +303,16 @@ impl ShmFabric {
             });
         }
         let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
-        let page = if self.inner.huge {
-            HUGE_PAGE_BYTES
+        // Regions smaller than a huge page stay on 4 KiB pages: a 16-byte credit word
+        // would otherwise pin 2 MiB. Peers look in both directories.
+        let huge = self.inner.huge && MR_HEADER_BYTES + len >= HUGE_PAGE_BYTES;
+        let (page, dir) = if huge {
+            (HUGE_PAGE_BYTES, &self.inner.mr_dir)
         } else {
-            PAGE_BYTES
+            (PAGE_BYTES, &self.inner.dir)
         };
         let file_len = (MR_HEADER_BYTES + len).div_ceil(page) * page;
-        let path = self.inner.dir.join(format!("n{}-mr{key}", self.inner.node));
+        let path = dir.join(format!("n{}-mr{key}", self.inner.node));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -335,8 +375,16 @@ impl ShmFabric {
         if let Some(r) = cache.get(&(node, rkey)) {
             return Some(r.clone());
         }
-        let path = self.inner.dir.join(format!("n{node}-mr{rkey}"));
-        let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
+        let name = format!("n{node}-mr{rkey}");
+        let open = |d: &Path| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(d.join(&name))
+        };
+        let file = open(&self.inner.mr_dir)
+            .or_else(|_| open(&self.inner.dir))
+            .ok()?;
         let file_len = file.metadata().ok()?.len() as usize;
         if file_len < MR_HEADER_BYTES {
             return None;
