@@ -19,4 +19,6 @@ pub mod node;
 pub mod rocket;
 pub mod runtime;
 pub mod server;
+#[cfg(feature = "service")]
+pub mod service;
 pub mod wire;

@@ -46,6 +46,8 @@ impl Handlers {
 }
 
 struct ServerConn {
+    /// Stable id carried in `wr_id`: indices shift when dead channels are removed.
+    id: u64,
     qp: QueuePair,
     peer: u32,
     req_ring: MemoryRegion,
@@ -120,7 +122,8 @@ impl RpcServer {
                 resp_ring.len, cfg.buckets, cfg.bucket_size
             )));
         }
-        let w = self.next.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let w = id % self.workers.len();
         let (tx, cq) = &self.workers[w];
         let mut qp = self.fabric.create_qp(cq, 1024)?;
         qp.connect(&endpoint)?;
@@ -133,6 +136,7 @@ impl RpcServer {
             resp_credit: words.desc().at(0),
         };
         let conn = ServerConn {
+            id: id as u64,
             qp,
             peer: endpoint.node,
             req_ring,
@@ -176,7 +180,7 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
             conns.push(c);
         }
         let mut work = false;
-        for (ci, c) in conns.iter_mut().enumerate() {
+        for c in conns.iter_mut() {
             if c.dead {
                 continue;
             }
@@ -275,7 +279,7 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
             wrs.clear();
             for s in &spans {
                 wrs.push(SendWr {
-                    wr_id: ci as u64,
+                    wr_id: c.id,
                     opcode: WrOpcode::Write,
                     sge: c.resp_staging.sge(s.offset, s.len),
                     remote: c.resp_ring.at(s.offset as u64),
@@ -286,7 +290,7 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
             if let Some(credit) = c.req_rx.credit_due(credit_every(&c.cfg)) {
                 c.words.store_u64(8, credit);
                 wrs.push(SendWr {
-                    wr_id: ci as u64,
+                    wr_id: c.id,
                     opcode: WrOpcode::Write,
                     sge: c.words.sge(8, 8),
                     remote: c.req_credit,
@@ -306,7 +310,7 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
         cq.poll(&mut wcs, 256);
         for wc in &wcs {
             if wc.status != crate::fabric::WcStatus::Success {
-                if let Some(c) = conns.get_mut(wc.wr_id as usize) {
+                if let Some(c) = conns.iter_mut().find(|c| c.id == wc.wr_id) {
                     tracing::debug!(peer = c.peer, status = ?wc.status, "WR failed; dropping channel");
                     c.dead = true;
                 }

@@ -1,14 +1,13 @@
 //! The `tso` binary: a timestamp oracle (Scythe 4.5) on an rrpc node.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use rrpc::fabric::{DmPlacement, Fabric, FabricConfig, FabricKind};
+use rrpc::fabric::DmPlacement;
 use rrpc::node::{Node, NodeConfig};
+use rrpc::service::{self, NodeArgs};
 use tso::oracle::describe_placement;
 use tso::{Oracle, EXPORT_NAME};
 
@@ -21,67 +20,17 @@ use tso::{Oracle, EXPORT_NAME};
 #[derive(Parser, Debug)]
 #[command(name = "tso", version)]
 struct Cli {
-    /// Cluster name (shm files live under <shm root>/rrpc-<cluster>/).
-    #[arg(long, value_name = "NAME", default_value = "default")]
-    cluster: String,
-    /// This node's id, unique in the cluster.
-    #[arg(long, value_name = "ID")]
-    node: u32,
-    /// Bootstrap (control-plane) listen address; port 0 picks a free port.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
-    listen: SocketAddr,
-    /// Fabric backend.
-    #[arg(long, value_name = "KIND", default_value = "shm", value_parser = parse_fabric)]
-    fabric: FabricKind,
-}
-
-fn parse_fabric(s: &str) -> Result<FabricKind, String> {
-    s.parse()
+    #[command(flatten)]
+    node: NodeArgs,
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            let msg = e.to_string();
-            let line = msg.lines().next().unwrap_or("bad arguments");
-            eprintln!("tso: {} (see --help)", line.trim_start_matches("error: "));
-            return ExitCode::from(1);
-        }
-    };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tso: error: {e:#}");
-            ExitCode::from(1)
-        }
-    }
+    service::main_with("tso", run)
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = stop_tx.send(());
-    })
-    .context("installing the SIGINT/SIGTERM handler")?;
-    let fabric = Fabric::open(&FabricConfig {
-        kind: cli.fabric,
-        cluster: cli.cluster.clone(),
-        node: cli.node,
-    })
-    .context("opening the fabric")?;
+    let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
+    let fabric = cli.node.open_fabric().context("opening the fabric")?;
     let oracle = Oracle::new(&fabric)?;
     let placement = describe_placement(oracle.placement());
     if let DmPlacement::HostFallback { reason } = oracle.placement() {
@@ -93,27 +42,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         fabric.clone(),
         NodeConfig {
             role: "tso".into(),
-            listen: cli.listen,
+            listen: cli.node.listen,
             exports,
             rpc: None,
         },
     )
     .context("starting the node")?;
     tracing::info!(
-        cluster = %cli.cluster,
-        node = cli.node,
+        cluster = %cli.node.cluster,
+        node = cli.node.node,
         addr = %node.addr(),
         fabric = %fabric.describe(),
         placement = %placement,
         "tso serving"
     );
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "PLACEMENT {placement}").context("writing to stdout")?;
-        writeln!(out, "READY {}", node.addr()).context("writing to stdout")?;
-        out.flush().context("writing to stdout")?;
-    }
-    let _ = stop_rx.recv();
+    service::announce_ready(node.addr(), &[format!("PLACEMENT {placement}")])
+        .context("writing to stdout")?;
+    let _ = stop.recv();
     tracing::info!(
         last_timestamp = oracle.current(),
         "signal received; shutting down"

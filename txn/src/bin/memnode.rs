@@ -3,51 +3,31 @@
 //! one-sided operations, so this process's CPU takes no part in transactions.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
+use rrpc::service::{self, NodeArgs};
 
 /// Memory node: tables in registered memory, read and written by compute nodes with one-sided RDMA.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
-    /// Cluster name (shm files live under /dev/shm/rrpc-<cluster>/ or a hugetlbfs mount).
-    #[arg(long, default_value = "default")]
-    cluster: String,
-    /// This node's id, unique in the cluster.
-    #[arg(long)]
-    node: u32,
-    /// Bootstrap (control-plane) listen address; port 0 picks a free port.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    listen: SocketAddr,
-    /// Fabric backend.
-    #[arg(long, default_value = "shm")]
-    fabric: FabricKind,
+    #[command(flatten)]
+    node: NodeArgs,
     /// Load the SmallBank tables (savings, checking) with this many accounts.
     #[arg(long)]
     smallbank_accounts: Option<u64>,
 }
 
-fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
-    let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = tx.send(());
-    })
-    .context("installing the signal handler")?;
-    let fabric = Fabric::open(&FabricConfig {
-        kind: args.fabric,
-        cluster: args.cluster.clone(),
-        node: args.node,
-    })?;
+fn main() -> ExitCode {
+    service::main_with("memnode", run)
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
+    let fabric = args.node.open_fabric().context("opening the fabric")?;
     let mut regions = Vec::new();
     let mut tables = Vec::new();
     if let Some(n) = args.smallbank_accounts {
@@ -71,20 +51,22 @@ fn main() -> anyhow::Result<()> {
         fabric,
         NodeConfig {
             role: "memnode".into(),
-            listen: args.listen,
+            listen: args.node.listen,
             exports,
             rpc: None,
         },
     )?;
-    eprintln!(
-        "memnode {} on {}: {} tables",
-        args.node,
-        node.fabric().describe(),
-        tables.len()
+    tracing::info!(
+        cluster = %args.node.cluster,
+        node = args.node.node,
+        addr = %node.addr(),
+        fabric = %node.fabric().describe(),
+        tables = tables.len(),
+        "memnode serving"
     );
-    println!("READY {}", node.addr());
-    std::io::stdout().flush()?;
-    let _ = rx.recv();
+    service::announce_ready(node.addr(), &[]).context("writing READY")?;
+    let _ = stop.recv();
+    tracing::info!("signal received; shutting down");
     drop(node);
     drop(regions);
     Ok(())
