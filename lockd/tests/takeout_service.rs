@@ -31,11 +31,11 @@ impl Cluster {
         Self(c)
     }
     fn open(&self, node: u32) -> Fabric {
-        Fabric::open(&FabricConfig {
-            kind: FabricKind::Shm,
-            cluster: self.0.clone(),
+        Fabric::open(&FabricConfig::new(
+            FabricKind::from_env().unwrap(),
+            &self.0,
             node,
-        })
+        ))
         .unwrap()
     }
 }

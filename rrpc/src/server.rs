@@ -316,9 +316,9 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
                 }
             }
         }
-        if conns.iter().any(|c| c.dead) && conns.iter().all(|c| c.qp.outstanding() == 0) {
-            conns.retain(|c| !c.dead);
-        }
+        // Dropping a channel destroys its QP first (field order), which flushes any WR
+        // still in flight, then frees its rings.
+        conns.retain(|c| !c.dead);
         if work {
             idle = 0;
         } else {

@@ -21,9 +21,15 @@ pub struct NodeArgs {
     /// Bootstrap (control-plane) listen address; port 0 picks a free port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
-    /// Fabric backend.
-    #[arg(long, value_name = "KIND", default_value = "shm", value_parser = parse_fabric)]
+    /// Fabric backend: shm (one host) or verbs (RDMA NICs, Soft-RoCE).
+    #[arg(long, value_name = "KIND", env = "RRPC_FABRIC", default_value = "shm", value_parser = parse_fabric)]
     pub fabric: FabricKind,
+    /// RDMA device for --fabric verbs (default: $RRPC_RDMA_DEVICE, else the first device).
+    #[arg(long, value_name = "NAME", env = "RRPC_RDMA_DEVICE")]
+    pub rdma_device: Option<String>,
+    /// GID index for --fabric verbs (default: $RRPC_GID_INDEX, else the RoCEv2 IPv4-mapped GID).
+    #[arg(long, value_name = "INDEX", env = "RRPC_GID_INDEX")]
+    pub gid_index: Option<u32>,
 }
 
 fn parse_fabric(s: &str) -> Result<FabricKind, String> {
@@ -35,11 +41,10 @@ impl NodeArgs {
     ///
     /// Errors: [`FabricError::NodeInUse`] when a live process is this node; I/O errors.
     pub fn open_fabric(&self) -> Result<Fabric, FabricError> {
-        Fabric::open(&FabricConfig {
-            kind: self.fabric,
-            cluster: self.cluster.clone(),
-            node: self.node,
-        })
+        let mut cfg = FabricConfig::new(self.fabric, &self.cluster, self.node);
+        cfg.device = self.rdma_device.clone();
+        cfg.gid_index = self.gid_index;
+        Fabric::open(&cfg)
     }
 }
 

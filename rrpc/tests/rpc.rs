@@ -23,11 +23,11 @@ impl Drop for Cluster {
 }
 
 fn fabric(cluster: &str, node: u32) -> Fabric {
-    Fabric::open(&FabricConfig {
-        kind: FabricKind::Shm,
-        cluster: cluster.into(),
+    Fabric::open(&FabricConfig::new(
+        FabricKind::from_env().unwrap(),
+        cluster,
         node,
-    })
+    ))
     .unwrap()
 }
 

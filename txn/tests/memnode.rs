@@ -34,11 +34,11 @@ fn memnode_serves_smallbank_through_its_index() {
         .expect("memnode prints READY");
     let addr = line["READY ".len()..].parse().unwrap();
 
-    let fabric = Fabric::open(&FabricConfig {
-        kind: FabricKind::Shm,
-        cluster: cluster.clone(),
-        node: 50,
-    })
+    let fabric = Fabric::open(&FabricConfig::new(
+        FabricKind::from_env().unwrap(),
+        &cluster,
+        50,
+    ))
     .unwrap();
     let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
     let info = ctx.connect(addr).unwrap();

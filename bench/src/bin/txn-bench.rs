@@ -49,9 +49,16 @@ struct Args {
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Fabric backend.
-    #[arg(long, default_value = "shm")]
+    /// Fabric backend: shm, or verbs (RDMA NICs, Soft-RoCE; needs a build with
+    /// `--features rrpc/verbs`).
+    #[arg(long, env = "RRPC_FABRIC", default_value = "shm")]
     fabric: FabricKind,
+    /// RDMA device for --fabric verbs (default: $RRPC_RDMA_DEVICE, else the first).
+    #[arg(long, env = "RRPC_RDMA_DEVICE")]
+    rdma_device: Option<String>,
+    /// GID index for --fabric verbs (default: $RRPC_GID_INDEX, else RoCEv2 IPv4-mapped).
+    #[arg(long, env = "RRPC_GID_INDEX")]
+    gid_index: Option<u32>,
     /// Cluster name (default: txn-bench-<pid>).
     #[arg(long)]
     cluster: Option<String>,
@@ -139,46 +146,45 @@ fn run(mut args: Args) -> anyhow::Result<Outcome> {
         &cluster_name,
         args.bin_dir.clone().unwrap_or_else(default_bin_dir),
     )?;
-    let fab = args.fabric.to_string();
+    // This process's fabric first: a missing RDMA device fails here, in one line.
+    let mut fcfg = FabricConfig::new(args.fabric, &cluster_name, NODE_CN);
+    fcfg.device = args.rdma_device.clone();
+    fcfg.gid_index = args.gid_index;
+    let fabric = Fabric::open(&fcfg)?;
+    let mut common = vec!["--fabric".to_string(), args.fabric.to_string()];
+    if let Some(d) = &args.rdma_device {
+        common.extend(["--rdma-device".into(), d.clone()]);
+    }
+    if let Some(g) = args.gid_index {
+        common.extend(["--gid-index".into(), g.to_string()]);
+    }
+    let with = |extra: &[String]| -> Vec<String> { common.iter().chain(extra).cloned().collect() };
     let t = Duration::from_secs(60);
-    let accounts = args.accounts.to_string();
     eprintln!("starting local cluster {cluster_name}: memnode, lockd, tso");
     let memnode = cluster.start(
         "memnode",
         NODE_MEMNODE,
-        &[
-            "--fabric".into(),
-            fab.clone(),
-            "--smallbank-accounts".into(),
-            accounts,
-        ],
+        &with(&["--smallbank-accounts".into(), args.accounts.to_string()]),
         t,
     )?;
     let lockd = cluster.start(
         "lockd",
         NODE_LOCKD,
-        &[
-            "--fabric".into(),
-            fab.clone(),
+        &with(&[
             "--locks".into(),
             (2 * args.accounts).to_string(),
             "--threads".into(),
             args.lockd_threads.to_string(),
-        ],
+        ]),
         t,
     )?;
-    let tso = cluster.start("tso", NODE_TSO, &["--fabric".into(), fab], t)?;
+    let tso = cluster.start("tso", NODE_TSO, &with(&[]), t)?;
     let addrs = ServiceAddrs {
         memnode,
         lockd,
         tso,
     };
 
-    let fabric = Fabric::open(&FabricConfig {
-        kind: args.fabric,
-        cluster: cluster_name.clone(),
-        node: NODE_CN,
-    })?;
     println!(
         "SmallBank | fabric: {} | timing model: none | {} thread(s) x {} coroutines | {} accounts | Zipf theta {} | {} s",
         fabric.describe(),

@@ -9,9 +9,11 @@
 //! Backends sit behind enums ([`Fabric`], [`MemoryRegion`], [`QueuePair`],
 //! [`CompletionQueue`]) so that a binary chooses one at run time while the layers
 //! above stay unchanged; a `match` over the variant is the only dispatch on the hot
-//! path. Today the only backend is [`shm`]; the libibverbs backend adds variants.
+//! path. Backends: [`shm`] (always) and [`verbs`] (feature `verbs`).
 
 pub mod shm;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use std::sync::atomic::AtomicU64;
 
@@ -125,6 +127,8 @@ pub enum WcStatus {
     RetryExceeded,
     /// Flushed because the QP was already in error (`IBV_WC_WR_FLUSH_ERR`).
     Flushed,
+    /// Another `ibv_wc_status` code.
+    Other(u32),
 }
 
 /// A work completion.
@@ -214,6 +218,23 @@ pub enum FabricError {
         /// Path of the liveness file.
         path: String,
     },
+    /// No usable RDMA device (libibverbs missing, no RDMA in the kernel, no device).
+    #[error("{why}")]
+    NoDevice {
+        /// The message, starting "no RDMA device found".
+        why: String,
+    },
+    /// A verb failed; `op` names it.
+    #[error("{op}: {what}")]
+    Verbs {
+        /// The verb, e.g. `ibv_reg_mr`.
+        op: &'static str,
+        /// Its error (with errno meaning).
+        what: String,
+    },
+    /// The backend was not compiled in.
+    #[error("this build has no {0} backend (build with --features verbs)")]
+    NotBuilt(&'static str),
     /// The send queue is full; nothing of the list was posted.
     #[error("send queue full: {posted} outstanding + {asked} asked > depth {depth}")]
     SendQueueFull {
@@ -236,6 +257,8 @@ pub enum FabricKind {
     /// Shared memory on one host (the default).
     #[default]
     Shm,
+    /// libibverbs: RDMA NICs and Soft-RoCE.
+    Verbs,
 }
 
 impl std::str::FromStr for FabricKind {
@@ -243,8 +266,19 @@ impl std::str::FromStr for FabricKind {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "shm" => Ok(Self::Shm),
-            "verbs" => Err("the verbs backend is not built yet; use --fabric shm".into()),
-            other => Err(format!("unknown fabric {other:?}; expected shm")),
+            "verbs" => Ok(Self::Verbs),
+            other => Err(format!("unknown fabric {other:?}; expected shm or verbs")),
+        }
+    }
+}
+
+impl FabricKind {
+    /// The backend named by `$RRPC_FABRIC` (`shm` when unset), as binaries and the test
+    /// suites choose it. Errors: the variable names no backend.
+    pub fn from_env() -> std::result::Result<Self, String> {
+        match std::env::var("RRPC_FABRIC") {
+            Ok(s) if !s.is_empty() => s.parse(),
+            _ => Ok(Self::Shm),
         }
     }
 }
@@ -253,6 +287,7 @@ impl std::fmt::Display for FabricKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Shm => f.write_str("shm"),
+            Self::Verbs => f.write_str("verbs"),
         }
     }
 }
@@ -266,6 +301,23 @@ pub struct FabricConfig {
     pub cluster: String,
     /// This node's id, unique in the cluster.
     pub node: u32,
+    /// RDMA device name (verbs; default: `RRPC_RDMA_DEVICE`, else the first device).
+    pub device: Option<String>,
+    /// GID index (verbs; default: `RRPC_GID_INDEX`, else the RoCEv2 IPv4-mapped GID).
+    pub gid_index: Option<u32>,
+}
+
+impl FabricConfig {
+    /// A config for `kind` with device and GID from the environment or defaults.
+    pub fn new(kind: FabricKind, cluster: &str, node: u32) -> Self {
+        Self {
+            kind,
+            cluster: cluster.into(),
+            node,
+            device: None,
+            gid_index: None,
+        }
+    }
 }
 
 /// A process's handle on the fabric (verbs: device context + protection domain).
@@ -273,6 +325,9 @@ pub struct FabricConfig {
 pub enum Fabric {
     /// Shared-memory backend.
     Shm(shm::ShmFabric),
+    /// libibverbs backend.
+    #[cfg(feature = "verbs")]
+    Verbs(verbs::VerbsFabric),
 }
 
 impl Fabric {
@@ -282,6 +337,17 @@ impl Fabric {
     pub fn open(cfg: &FabricConfig) -> Result<Self> {
         match cfg.kind {
             FabricKind::Shm => Ok(Self::Shm(shm::ShmFabric::open(&cfg.cluster, cfg.node)?)),
+            #[cfg(feature = "verbs")]
+            FabricKind::Verbs => {
+                let opts = verbs::VerbsOptions {
+                    device: cfg.device.clone(),
+                    gid_index: cfg.gid_index,
+                }
+                .with_env();
+                Ok(Self::Verbs(verbs::VerbsFabric::open(cfg.node, &opts)?))
+            }
+            #[cfg(not(feature = "verbs"))]
+            FabricKind::Verbs => Err(FabricError::NotBuilt("verbs")),
         }
     }
 
@@ -289,6 +355,8 @@ impl Fabric {
     pub fn node(&self) -> u32 {
         match self {
             Self::Shm(f) => f.node(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(f) => f.node(),
         }
     }
 
@@ -296,6 +364,8 @@ impl Fabric {
     pub fn kind(&self) -> FabricKind {
         match self {
             Self::Shm(_) => FabricKind::Shm,
+            #[cfg(feature = "verbs")]
+            Self::Verbs(_) => FabricKind::Verbs,
         }
     }
 
@@ -303,6 +373,8 @@ impl Fabric {
     pub fn describe(&self) -> String {
         match self {
             Self::Shm(f) => f.describe(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(f) => f.describe(),
         }
     }
 
@@ -310,6 +382,8 @@ impl Fabric {
     pub fn alloc_mr(&self, len: usize) -> Result<MemoryRegion> {
         match self {
             Self::Shm(f) => Ok(MemoryRegion::Shm(f.alloc_mr(len)?)),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(f) => Ok(MemoryRegion::Verbs(f.alloc_mr(len)?)),
         }
     }
 
@@ -326,6 +400,11 @@ impl Fabric {
                     },
                 ))
             }
+            #[cfg(feature = "verbs")]
+            Self::Verbs(f) => {
+                let (mr, placement) = f.alloc_dm(len)?;
+                Ok((MemoryRegion::Verbs(mr), placement))
+            }
         }
     }
 
@@ -333,6 +412,8 @@ impl Fabric {
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue> {
         match self {
             Self::Shm(f) => Ok(CompletionQueue::Shm(f.create_cq(depth))),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(f) => Ok(CompletionQueue::Verbs(f.create_cq(depth)?)),
         }
     }
 
@@ -343,6 +424,15 @@ impl Fabric {
             (Self::Shm(f), CompletionQueue::Shm(cq)) => {
                 Ok(QueuePair::Shm(f.create_qp(cq.clone(), sq_depth)))
             }
+            #[cfg(feature = "verbs")]
+            (Self::Verbs(f), CompletionQueue::Verbs(cq)) => {
+                Ok(QueuePair::Verbs(f.create_qp(cq, sq_depth)?))
+            }
+            #[cfg(feature = "verbs")]
+            _ => Err(FabricError::InvalidArgument {
+                op: "create_qp",
+                what: "CQ of another backend".into(),
+            }),
         }
     }
 }
@@ -351,6 +441,9 @@ impl Fabric {
 pub enum MemoryRegion {
     /// Shared-memory backend.
     Shm(shm::ShmMr),
+    /// libibverbs backend.
+    #[cfg(feature = "verbs")]
+    Verbs(verbs::VerbsMr),
 }
 
 impl MemoryRegion {
@@ -358,12 +451,16 @@ impl MemoryRegion {
     pub fn addr(&self) -> u64 {
         match self {
             Self::Shm(m) => m.addr(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(m) => m.addr(),
         }
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
         match self {
             Self::Shm(m) => m.len(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(m) => m.len(),
         }
     }
     /// Whether the region has zero length.
@@ -374,12 +471,16 @@ impl MemoryRegion {
     pub fn lkey(&self) -> u32 {
         match self {
             Self::Shm(m) => m.key(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(m) => m.lkey(),
         }
     }
     /// Remote key.
     pub fn rkey(&self) -> u32 {
         match self {
             Self::Shm(m) => m.key(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(m) => m.rkey(),
         }
     }
     /// Descriptor for peers.
@@ -405,6 +506,8 @@ impl MemoryRegion {
     pub fn as_ptr(&self) -> *mut u8 {
         match self {
             Self::Shm(m) => m.as_ptr(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(m) => m.as_ptr(),
         }
     }
     /// The 8-byte word at `offset` as an atomic, for CPU-side access by the owner.
@@ -460,6 +563,9 @@ impl RingMem for MemoryRegion {
 pub enum CompletionQueue {
     /// Shared-memory backend.
     Shm(shm::ShmCq),
+    /// libibverbs backend.
+    #[cfg(feature = "verbs")]
+    Verbs(verbs::VerbsCq),
 }
 
 impl CompletionQueue {
@@ -467,6 +573,8 @@ impl CompletionQueue {
     pub fn poll(&self, out: &mut Vec<Wc>, max: usize) -> usize {
         match self {
             Self::Shm(c) => c.poll(out, max),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(c) => c.poll(out, max),
         }
     }
 }
@@ -475,6 +583,9 @@ impl CompletionQueue {
 pub enum QueuePair {
     /// Shared-memory backend.
     Shm(shm::ShmQp),
+    /// libibverbs backend.
+    #[cfg(feature = "verbs")]
+    Verbs(verbs::VerbsQp),
 }
 
 impl QueuePair {
@@ -482,18 +593,24 @@ impl QueuePair {
     pub fn endpoint(&self) -> QpEndpoint {
         match self {
             Self::Shm(q) => q.endpoint(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(q) => q.endpoint(),
         }
     }
     /// Connect to the peer's endpoint (verbs: INIT -> RTR -> RTS).
     pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
         match self {
             Self::Shm(q) => q.connect(remote),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(q) => q.connect(remote),
         }
     }
     /// Peer node id (after connect).
     pub fn peer(&self) -> u32 {
         match self {
             Self::Shm(q) => q.peer(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(q) => q.peer(),
         }
     }
     /// Post a list of WRs with one doorbell. On error nothing of the list was posted.
@@ -503,18 +620,16 @@ impl QueuePair {
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
         match self {
             Self::Shm(q) => q.post_send(wrs),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(q) => q.post_send(wrs),
         }
     }
     /// Current state; on shm this also notices a peer that has exited.
     pub fn state(&mut self) -> QpState {
         match self {
             Self::Shm(q) => q.state(),
-        }
-    }
-    /// Number of WRs posted but not yet completed (send-queue occupancy).
-    pub fn outstanding(&self) -> usize {
-        match self {
-            Self::Shm(q) => q.outstanding(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(q) => q.state(),
         }
     }
 }

@@ -537,11 +537,6 @@ impl ShmQp {
         self.peer.as_ref().map_or(u32::MAX, |p| p.node)
     }
 
-    /// Always 0: shm WRs complete during `post_send`.
-    pub fn outstanding(&self) -> usize {
-        0
-    }
-
     /// State, probing the peer's liveness at most once a millisecond.
     pub fn state(&mut self) -> QpState {
         if self.state == QpState::ReadyToSend && self.last_probe.elapsed() >= LIVENESS_PERIOD {
