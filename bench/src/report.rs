@@ -133,6 +133,8 @@ pub struct Report {
     pub wrs_per_doorbell: f64,
     /// RPC requests per Rocket bucket (msg batching).
     pub msgs_per_bucket: f64,
+    /// Posts deferred because a send queue was full.
+    pub sq_full: u64,
     /// Service failures.
     pub fatal_errors: usize,
     /// First few fatal error messages.
@@ -207,8 +209,9 @@ impl Report {
             })
             .filter(|(n, c)| *c > 0 && n != "user")
             .collect();
-        let (mut wrs, mut doorbells, mut msgs, mut buckets) = (0, 0, 0, 0);
+        let (mut wrs, mut doorbells, mut msgs, mut buckets, mut sq_full) = (0, 0, 0, 0, 0);
         for w in workers {
+            sq_full += w.rpc.sq_full;
             wrs += w.rpc.wrs;
             doorbells += w.rpc.doorbells;
             msgs += w.rpc.messages;
@@ -240,6 +243,7 @@ impl Report {
             abort_reasons: reasons,
             wrs_per_doorbell: wrs as f64 / doorbells.max(1) as f64,
             msgs_per_bucket: msgs as f64 / buckets.max(1) as f64,
+            sq_full,
             fatal_errors: fatal.len(),
             fatal_samples: fatal.into_iter().take(5).collect(),
             initial_total: 0,
@@ -305,8 +309,8 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "batching: {:.2} WRs per doorbell, {:.2} RPC messages per Rocket bucket",
-            self.wrs_per_doorbell, self.msgs_per_bucket
+            "batching: {:.2} WRs per doorbell, {:.2} RPC messages per Rocket bucket, {} posts deferred (send queue full)",
+            self.wrs_per_doorbell, self.msgs_per_bucket, self.sq_full
         );
         for f in &self.fatal_samples {
             let _ = writeln!(s, "service failure: {f}");

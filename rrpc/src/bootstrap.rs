@@ -609,6 +609,13 @@ pub struct BootstrapClient {
 }
 
 impl BootstrapClient {
+    /// Give up the connection for use as a liveness channel (see
+    /// [`crate::fabric::QueuePair::watch_peer`]): the server keeps it open until its
+    /// process exits, when the kernel closes it.
+    pub fn into_stream(self) -> std::net::TcpStream {
+        self.stream
+    }
+
     /// Connects to `addr`, waiting at most `timeout` for the connection to be
     /// established. The same `timeout` later bounds each whole
     /// [`call`](Self::call) (send plus receive).

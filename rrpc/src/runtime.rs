@@ -141,6 +141,8 @@ pub struct Stats {
     pub credit_stalls: u64,
     /// Payload bytes moved by one-sided ops and RPC requests.
     pub bytes: u64,
+    /// Posts refused because the send queue was full (retried the next round).
+    pub sq_full: u64,
 }
 
 const SMALL_CHUNK: usize = 256;
@@ -306,15 +308,14 @@ impl ThreadCtx {
             return Ok(info);
         }
         let mut qp = self.fabric.create_qp(&self.cq, 4096)?;
-        let ep: crate::fabric::QpEndpoint = bootstrap::call_with_retry(
+        let (ep, ctrl): (crate::fabric::QpEndpoint, _) = self.ctrl_call(
             addr,
             &CtrlRequest::ConnectQp {
                 endpoint: qp.endpoint(),
             },
-            Instant::now() + self.cfg.connect_timeout,
-        )
-        .map_err(|e| RpcError::Connect(e.to_string()))?;
+        )?;
         qp.connect(&ep)?;
+        qp.watch_peer(ctrl)?;
         self.add_conn(info.node, qp, None);
         Ok(info)
     }
@@ -337,7 +338,7 @@ impl ThreadCtx {
         let staging = self.fabric.alloc_mr(cfg.ring_bytes())?;
         let resp_ring = self.fabric.alloc_mr(cfg.ring_bytes())?;
         let words = self.fabric.alloc_mr(16)?;
-        let accept: RpcAccept = bootstrap::call_with_retry(
+        let (accept, ctrl): (RpcAccept, _) = self.ctrl_call(
             addr,
             &CtrlRequest::ConnectRpc {
                 endpoint: qp.endpoint(),
@@ -345,10 +346,9 @@ impl ThreadCtx {
                 resp_ring: resp_ring.desc(),
                 req_credit: words.desc().at(0),
             },
-            Instant::now() + self.cfg.connect_timeout,
-        )
-        .map_err(|e| RpcError::Connect(e.to_string()))?;
+        )?;
         qp.connect(&accept.endpoint)?;
+        qp.watch_peer(ctrl)?;
         let chan = RpcChan {
             cfg,
             tx: RocketSender::new(cfg).map_err(|e| RpcError::Connect(e.to_string()))?,
@@ -361,6 +361,20 @@ impl ThreadCtx {
         };
         self.add_conn(info.node, qp, Some(chan));
         Ok(info)
+    }
+
+    /// One control-plane request on a new connection, which is returned to serve as the
+    /// QP's liveness channel ([`QueuePair::watch_peer`]).
+    fn ctrl_call<R: serde::de::DeserializeOwned>(
+        &self,
+        addr: SocketAddr,
+        req: &CtrlRequest,
+    ) -> Result<(R, std::net::TcpStream), RpcError> {
+        let connect = |e: bootstrap::BootstrapError| RpcError::Connect(format!("{addr}: {e}"));
+        let mut c =
+            bootstrap::BootstrapClient::connect(addr, self.cfg.connect_timeout).map_err(connect)?;
+        let r = c.call_typed(req).map_err(connect)?;
+        Ok((r, c.into_stream()))
     }
 
     fn add_conn(&self, node: u32, qp: QueuePair, rpc: Option<RpcChan>) {
@@ -618,6 +632,8 @@ impl ThreadCtx {
                 continue;
             }
             inner.wrs.clear();
+            // WRs refused last round (send queue full) and one-sided ops issued since.
+            inner.wrs.append(&mut conn.pending);
             if let Some(chan) = conn.rpc.as_mut() {
                 let _ = chan.tx.on_credit(chan.words.load_u64(0));
                 chan.tx.seal(&chan.staging);
@@ -677,7 +693,6 @@ impl ThreadCtx {
                     });
                 }
             }
-            inner.wrs.append(&mut conn.pending);
             if !inner.wrs.is_empty() {
                 work = true;
                 let seq = conn.next_seq;
@@ -685,6 +700,7 @@ impl ThreadCtx {
                 let tag = ((ci as u64) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
                 for w in inner.wrs.iter_mut() {
                     w.wr_id = tag;
+                    w.signaled = false;
                 }
                 inner.wrs.last_mut().expect("non-empty").signaled = true;
                 inner.stats.doorbells += 1;
@@ -692,7 +708,15 @@ impl ThreadCtx {
                 let ops = std::mem::take(&mut conn.pending_ops);
                 match conn.qp.post_send(&inner.wrs) {
                     Ok(()) => conn.inflight.push_back((seq, ops)),
+                    // Back-pressure, not failure: unsignaled WRs hold send-queue slots
+                    // until a later signaled one completes. Retry next round.
+                    Err(FabricError::SendQueueFull { .. }) => {
+                        inner.stats.sq_full += 1;
+                        conn.pending.append(&mut inner.wrs);
+                        conn.pending_ops = ops;
+                    }
                     Err(e) => {
+                        tracing::warn!(node = conn.node, error = %e, "post failed; connection broken");
                         conn.broken = Some(e.to_string());
                         conn.inflight.push_back((seq, ops));
                     }

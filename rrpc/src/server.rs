@@ -59,6 +59,8 @@ struct ServerConn {
     /// Word 0: response credits written by the client. Word 1: source of credit WRITEs.
     words: MemoryRegion,
     cfg: RocketConfig,
+    /// WRs refused by a full send queue, posted first next round.
+    unposted: Vec<SendWr>,
     backlog: VecDeque<(MsgHeader, Vec<u8>)>,
     dead: bool,
 }
@@ -147,6 +149,7 @@ impl RpcServer {
             resp_ring,
             words,
             cfg,
+            unposted: Vec::new(),
             backlog: VecDeque::new(),
             dead: false,
         };
@@ -277,6 +280,7 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
             spans.clear();
             c.resp_tx.take_ready(&mut spans);
             wrs.clear();
+            wrs.append(&mut c.unposted);
             for s in &spans {
                 wrs.push(SendWr {
                     wr_id: c.id,
@@ -298,11 +302,20 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
                     inline: true,
                 });
             }
+            for w in wrs.iter_mut() {
+                w.signaled = false;
+            }
             if let Some(last) = wrs.last_mut() {
                 last.signaled = true;
-                if let Err(e) = c.qp.post_send(&wrs) {
-                    tracing::debug!(peer = c.peer, error = %e, "post failed; dropping channel");
-                    c.dead = true;
+                match c.qp.post_send(&wrs) {
+                    Ok(()) => {}
+                    // Back-pressure: unsignaled WRs hold slots until a later signaled one
+                    // completes. Retry next round; nothing is lost.
+                    Err(FabricError::SendQueueFull { .. }) => c.unposted.append(&mut wrs),
+                    Err(e) => {
+                        tracing::warn!(peer = c.peer, error = %e, "post failed; dropping channel");
+                        c.dead = true;
+                    }
                 }
             }
         }

@@ -421,12 +421,12 @@ impl Fabric {
     /// [`QueuePair::connect`] to the endpoint the peer returns.
     pub fn create_qp(&self, cq: &CompletionQueue, sq_depth: usize) -> Result<QueuePair> {
         match (self, cq) {
-            (Self::Shm(f), CompletionQueue::Shm(cq)) => {
-                Ok(QueuePair::Shm(f.create_qp(cq.clone(), sq_depth)))
-            }
+            (Self::Shm(f), CompletionQueue::Shm(cq)) => Ok(QueuePair::new(QpInner::Shm(
+                f.create_qp(cq.clone(), sq_depth),
+            ))),
             #[cfg(feature = "verbs")]
             (Self::Verbs(f), CompletionQueue::Verbs(cq)) => {
-                Ok(QueuePair::Verbs(f.create_qp(cq, sq_depth)?))
+                Ok(QueuePair::new(QpInner::Verbs(f.create_qp(cq, sq_depth)?)))
             }
             #[cfg(feature = "verbs")]
             _ => Err(FabricError::InvalidArgument {
@@ -580,56 +580,150 @@ impl CompletionQueue {
 }
 
 /// An RC queue pair.
-pub enum QueuePair {
-    /// Shared-memory backend.
+pub struct QueuePair {
+    inner: QpInner,
+    watch: Option<PeerWatch>,
+    /// The liveness channel closed: the peer is gone for good.
+    peer_dead: bool,
+}
+
+enum QpInner {
     Shm(shm::ShmQp),
-    /// libibverbs backend.
     #[cfg(feature = "verbs")]
     Verbs(verbs::VerbsQp),
 }
 
+/// The control-plane connection a QP was set up over, kept open as a liveness channel,
+/// like an rdma_cm connection: when the peer process dies the kernel closes it. Transport
+/// retries cannot be relied on for this (Soft-RoCE on Linux 6.1 never completes WRs to a
+/// QP whose process died with `RETRY_EXC_ERR`; they stay outstanding).
+struct PeerWatch {
+    stream: std::net::TcpStream,
+    last: std::time::Instant,
+}
+
+/// How often a watched QP probes its liveness channel.
+const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
+
+impl PeerWatch {
+    /// Whether the peer closed the connection (a non-blocking peek reads end of stream).
+    fn peer_closed(&mut self) -> bool {
+        if self.last.elapsed() < WATCH_PERIOD {
+            return false;
+        }
+        self.last = std::time::Instant::now();
+        let mut b = [0u8; 1];
+        match self.stream.peek(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(_) => true,
+        }
+    }
+}
+
 impl QueuePair {
+    /// Watch the peer through `stream`, the control-plane connection this QP was set up
+    /// over (keep it open on both sides): once the peer closes it (its process exited,
+    /// however), the QP enters the error state: [`QueuePair::state`] says so and posts are
+    /// refused. Errors: the socket cannot be made non-blocking.
+    pub fn watch_peer(&mut self, stream: std::net::TcpStream) -> Result<()> {
+        stream
+            .set_nonblocking(true)
+            .map_err(|source| FabricError::Io {
+                op: "watch peer",
+                source,
+            })?;
+        self.watch = Some(PeerWatch {
+            stream,
+            last: std::time::Instant::now(),
+        });
+        Ok(())
+    }
+
+    fn peer_gone(&mut self) -> bool {
+        if !self.peer_dead && self.watch.as_mut().is_some_and(PeerWatch::peer_closed) {
+            self.peer_dead = true;
+        }
+        self.peer_dead
+    }
+
+    fn new(inner: QpInner) -> Self {
+        Self {
+            inner,
+            watch: None,
+            peer_dead: false,
+        }
+    }
+
     /// This QP's endpoint, to send to the peer.
     pub fn endpoint(&self) -> QpEndpoint {
-        match self {
-            Self::Shm(q) => q.endpoint(),
+        match &self.inner {
+            QpInner::Shm(q) => q.endpoint(),
             #[cfg(feature = "verbs")]
-            Self::Verbs(q) => q.endpoint(),
+            QpInner::Verbs(q) => q.endpoint(),
         }
     }
     /// Connect to the peer's endpoint (verbs: INIT -> RTR -> RTS).
     pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
-        match self {
-            Self::Shm(q) => q.connect(remote),
+        match &mut self.inner {
+            QpInner::Shm(q) => q.connect(remote),
             #[cfg(feature = "verbs")]
-            Self::Verbs(q) => q.connect(remote),
+            QpInner::Verbs(q) => q.connect(remote),
         }
     }
     /// Peer node id (after connect).
     pub fn peer(&self) -> u32 {
-        match self {
-            Self::Shm(q) => q.peer(),
+        match &self.inner {
+            QpInner::Shm(q) => q.peer(),
             #[cfg(feature = "verbs")]
-            Self::Verbs(q) => q.peer(),
+            QpInner::Verbs(q) => q.peer(),
         }
     }
     /// Post a list of WRs with one doorbell. On error nothing of the list was posted.
     ///
-    /// Errors: [`FabricError::QpError`] when the QP is in error, [`FabricError::SendQueueFull`].
-    /// Per-WR failures (bad rkey, misaligned atomic, dead peer) arrive as error [`Wc`]s.
+    /// Errors: [`FabricError::QpError`] when the QP is in error, [`FabricError::SendQueueFull`],
+    /// [`FabricError::InvalidArgument`] for an atomic that is not 8 bytes at an 8-byte
+    /// aligned address. Remote failures (bad rkey, out of range, dead peer) arrive as error
+    /// [`Wc`]s and put the QP in error.
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
-        match self {
-            Self::Shm(q) => q.post_send(wrs),
+        // Providers differ on where a malformed atomic fails (rxe: EINVAL at post; a NIC:
+        // an error completion); refuse it here, the same on every backend.
+        if let Some(w) = wrs.iter().find(|w| {
+            matches!(
+                w.opcode,
+                WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. }
+            ) && (!w.remote.addr.is_multiple_of(8) || w.sge.len != 8)
+        }) {
+            return Err(FabricError::InvalidArgument {
+                op: "post_send",
+                what: format!(
+                    "atomic WR {} must be 8 bytes at an 8-byte aligned address (remote {:#x}, {} bytes)",
+                    w.wr_id, w.remote.addr, w.sge.len
+                ),
+            });
+        }
+        if self.peer_gone() {
+            return Err(FabricError::QpError {
+                peer: self.peer(),
+                why: "the peer closed its control connection (process gone)",
+            });
+        }
+        match &mut self.inner {
+            QpInner::Shm(q) => q.post_send(wrs),
             #[cfg(feature = "verbs")]
-            Self::Verbs(q) => q.post_send(wrs),
+            QpInner::Verbs(q) => q.post_send(wrs),
         }
     }
     /// Current state; on shm this also notices a peer that has exited.
     pub fn state(&mut self) -> QpState {
-        match self {
-            Self::Shm(q) => q.state(),
+        if self.peer_gone() {
+            return QpState::Error;
+        }
+        match &mut self.inner {
+            QpInner::Shm(q) => q.state(),
             #[cfg(feature = "verbs")]
-            Self::Verbs(q) => q.state(),
+            QpInner::Verbs(q) => q.state(),
         }
     }
 }

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs INSIDE the Soft-RoCE VM (started by deploy/vm/softroce-vm.sh): the project's test
+# executables, built on the host with `--features rrpc/verbs`, on the verbs backend.
+#
+#   verbs-tests.sh TEST_EXECUTABLE...
+#
+# Every executable runs on the loopback device (rxe0). The fabric conformance suite also
+# runs across two "hosts": this process on rxeA, its peer process on rxeB, with the
+# traffic crossing a veth pair (see deploy/vm/README.md for why not two namespaces).
+set -u
+export RRPC_FABRIC=verbs
+export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
+failed=()
+ran=0
+run() { # label command...
+  local label=$1; shift
+  echo "=== verbs: $label"
+  local t0=$SECONDS
+  if "$@"; then
+    echo "=== verbs: $label: ok ($((SECONDS - t0)) s)"
+  else
+    echo "=== verbs: $label: FAILED ($((SECONDS - t0)) s)"
+    failed+=("$label")
+  fi
+  ran=$((ran + 1))
+}
+ibv_devices || true
+for exe in "$@"; do
+  name=$(basename "$exe"); name=${name%-*}
+  run "$name on $RXE_LOOPBACK_DEV" env RRPC_RDMA_DEVICE="$RXE_LOOPBACK_DEV" "$exe" --test-threads=1
+  if [ "$name" = fabric_conformance ]; then
+    run "$name across $RXE_DEV_A -> $RXE_DEV_B" env RRPC_RDMA_DEVICE="$RXE_DEV_A" \
+      RRPC_TEST_PEER_DEVICE="$RXE_DEV_B" RRPC_TEST_PEER_LISTEN="$RXE_IP_B:0" "$exe" --test-threads=1
+  fi
+done
+echo "=== verbs: $ran suites run, ${#failed[@]} failed"
+for f in "${failed[@]}"; do echo "=== verbs: FAILED: $f"; done
+[ ${#failed[@]} -eq 0 ]
