@@ -40,8 +40,9 @@ if [ "${RRPC_SKIP_VM:-0}" = 1 ]; then
   exit 0
 fi
 echo "== verbs backend: integration tests inside the Soft-RoCE VM"
+# The integration-test targets (kind "test") among the build's executables.
 mapfile -t exes < <(cargo test --workspace --features rrpc/verbs --no-run --message-format=json 2>/dev/null |
-  grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
+  grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
   grep -E '/deps/(fabric_conformance|rpc|takeout_service|oracle|memnode|smallbank)-[0-9a-f]+$')
 if [ ${#exes[@]} -ne 6 ]; then
   echo "expected 6 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2

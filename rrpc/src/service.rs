@@ -30,6 +30,9 @@ pub struct NodeArgs {
     /// GID index for --fabric verbs (default: $RRPC_GID_INDEX, else the RoCEv2 IPv4-mapped GID).
     #[arg(long, value_name = "INDEX", env = "RRPC_GID_INDEX")]
     pub gid_index: Option<u32>,
+    /// RDMA port for --fabric verbs (default: 1).
+    #[arg(long, value_name = "PORT", env = "RRPC_RDMA_PORT")]
+    pub rdma_port: Option<u8>,
 }
 
 fn parse_fabric(s: &str) -> Result<FabricKind, String> {
@@ -44,6 +47,7 @@ impl NodeArgs {
         let mut cfg = FabricConfig::new(self.fabric, &self.cluster, self.node);
         cfg.device = self.rdma_device.clone();
         cfg.gid_index = self.gid_index;
+        cfg.port = self.rdma_port;
         Fabric::open(&cfg)
     }
 }

@@ -108,7 +108,8 @@ pub struct SendWr {
     pub remote: RemoteAddr,
     /// Generate a completion on success (selective signaling). Errors always complete.
     pub signaled: bool,
-    /// Send the payload inline (small WRITEs; the local buffer may be reused at once).
+    /// Send the payload inline: the local buffer may be reused as soon as `post_send`
+    /// returns. Backends may inline small WRITEs unasked (verbs: up to 64 bytes).
     pub inline: bool,
 }
 
@@ -178,6 +179,13 @@ pub struct QpEndpoint {
     pub gid: [u8; 16],
     /// Port LID (InfiniBand) or 0.
     pub lid: u16,
+    /// GID index the owner sends from (informational; each side uses its own).
+    #[serde(default)]
+    pub gid_index: u32,
+    /// Active path MTU of the owner's port in bytes (0: not RDMA); the connection uses
+    /// the smaller of the two sides'.
+    #[serde(default)]
+    pub mtu: u32,
 }
 
 /// Errors of fabric operations.
@@ -305,6 +313,8 @@ pub struct FabricConfig {
     pub device: Option<String>,
     /// GID index (verbs; default: `RRPC_GID_INDEX`, else the RoCEv2 IPv4-mapped GID).
     pub gid_index: Option<u32>,
+    /// Port number (verbs; default: `RRPC_RDMA_PORT`, else 1).
+    pub port: Option<u8>,
 }
 
 impl FabricConfig {
@@ -316,6 +326,7 @@ impl FabricConfig {
             node,
             device: None,
             gid_index: None,
+            port: None,
         }
     }
 }
@@ -342,6 +353,7 @@ impl Fabric {
                 let opts = verbs::VerbsOptions {
                     device: cfg.device.clone(),
                     gid_index: cfg.gid_index,
+                    port: cfg.port,
                 }
                 .with_env();
                 Ok(Self::Verbs(verbs::VerbsFabric::open(cfg.node, &opts)?))

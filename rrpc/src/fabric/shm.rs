@@ -510,6 +510,8 @@ impl ShmQp {
             psn: 0,
             gid: [0; 16],
             lid: 0,
+            gid_index: 0,
+            mtu: 0,
         }
     }
 

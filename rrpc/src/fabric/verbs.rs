@@ -38,13 +38,16 @@ pub const MAX_INLINE_BYTES: u32 = 64;
 const STATE_PERIOD: Duration = Duration::from_millis(1);
 
 /// Which device, port and GID to use. Defaults: the first device (or `RRPC_RDMA_DEVICE`),
-/// port 1, the RoCEv2 IPv4-mapped GID (or `RRPC_GID_INDEX`), else GID 0 (InfiniBand).
+/// port 1 (or `RRPC_RDMA_PORT`), the port's RoCEv2 IPv4-mapped GID (or `RRPC_GID_INDEX`),
+/// else its first GID (InfiniBand).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VerbsOptions {
     /// Device name, e.g. `mlx5_0` or `rxe0`.
     pub device: Option<String>,
-    /// GID index on port 1.
+    /// GID index on the port.
     pub gid_index: Option<u32>,
+    /// Port number (from 1).
+    pub port: Option<u8>,
 }
 
 impl VerbsOptions {
@@ -137,13 +140,22 @@ impl VerbsFabric {
         let pd = ctx
             .alloc_pd()
             .map_err(|e| verbs_err("ibv_alloc_pd", source_msg(&e)))?;
-        let port = 1u8;
-        let port_attr = ctx
-            .query_port(port)
-            .map_err(|e| verbs_err("ibv_query_port", source_msg(&e)))?;
+        let port = opts.port.unwrap_or(1);
         let dev_attr = ctx
             .query_device()
             .map_err(|e| verbs_err("ibv_query_device", source_msg(&e)))?;
+        if port == 0 || port > dev_attr.phys_port_cnt() {
+            return Err(FabricError::InvalidArgument {
+                op: "open verbs fabric",
+                what: format!(
+                    "{dev_name} has ports 1..={}, not {port}",
+                    dev_attr.phys_port_cnt()
+                ),
+            });
+        }
+        let port_attr = ctx
+            .query_port(port)
+            .map_err(|e| verbs_err("ibv_query_port", source_msg(&e)))?;
         let table = ctx
             .query_gid_table()
             .map_err(|e| verbs_err("ibv_query_gid_table", source_msg(&e)))?;
@@ -355,6 +367,16 @@ fn mtu_bytes(m: Mtu) -> u32 {
     }
 }
 
+fn mtu_from_bytes(b: u32) -> Mtu {
+    match b {
+        0..=256 => Mtu::Mtu256,
+        257..=512 => Mtu::Mtu512,
+        513..=1024 => Mtu::Mtu1024,
+        1025..=2048 => Mtu::Mtu2048,
+        _ => Mtu::Mtu4096,
+    }
+}
+
 /// The innermost message of an error chain (sideway wraps `io::Error`s).
 fn source_msg(e: &(dyn std::error::Error + 'static)) -> String {
     let mut msg = e.to_string();
@@ -478,6 +500,8 @@ impl VerbsQp {
             psn: self.psn,
             gid: self.fabric.gid,
             lid: self.fabric.lid,
+            gid_index: self.fabric.gid_index,
+            mtu: mtu_bytes(self.fabric.mtu),
         }
     }
 
@@ -503,8 +527,12 @@ impl VerbsQp {
             .map_err(|e| verbs_err("ibv_modify_qp(INIT)", source_msg(&e)))?;
 
         let mut attr = QueuePairAttribute::new();
+        let mtu = match remote.mtu {
+            0 => f.mtu,
+            m => mtu_from_bytes(m.min(mtu_bytes(f.mtu))),
+        };
         attr.setup_state(QueuePairState::ReadyToReceive)
-            .setup_path_mtu(f.mtu)
+            .setup_path_mtu(mtu)
             .setup_dest_qp_num(remote.qpn)
             .setup_rq_psn(remote.psn)
             .setup_max_dest_read_atomic(f.max_rd_atomic)
@@ -581,7 +609,9 @@ impl VerbsQp {
             if wr.signaled {
                 flags |= WorkRequestFlags::Signaled;
             }
-            let inline = wr.inline && wr.sge.len <= MAX_INLINE_BYTES;
+            // Inline when asked, and for every small WRITE: the NIC then need not DMA the
+            // payload from host memory (one PCIe read less).
+            let inline = matches!(wr.opcode, WrOpcode::Write) && wr.sge.len <= MAX_INLINE_BYTES;
             if inline {
                 flags |= WorkRequestFlags::Inline;
             }
@@ -595,7 +625,7 @@ impl VerbsQp {
                 }
                 WrOpcode::FetchAdd { add } => h.setup_atomic_fetch_add(rkey, raddr, add),
             };
-            if inline && matches!(wr.opcode, WrOpcode::Write) {
+            if inline {
                 // SAFETY: the caller's SGE names `len` readable bytes of a registered MR.
                 let data = unsafe {
                     std::slice::from_raw_parts(wr.sge.addr as *const u8, wr.sge.len as usize)
