@@ -48,6 +48,10 @@ if [ ${#exes[@]} -ne 6 ]; then
   echo "expected 6 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
   exit 1
 fi
+# The guest runs the script from the target directory, which it can see even when the
+# checkout itself lives under /tmp.
+runner="$(dirname "$(dirname "$(dirname "${exes[0]}")")")/verbs-tests.sh"
+cp deploy/vm/verbs-tests.sh "$runner"
 t0=$SECONDS
-deploy/vm/softroce-vm.sh --timeout "${RRPC_VM_TIMEOUT:-1500}" -- "$PWD/deploy/vm/verbs-tests.sh" "${exes[@]}"
+deploy/vm/softroce-vm.sh --timeout "${RRPC_VM_TIMEOUT:-1500}" -- "$runner" "${exes[@]}"
 echo "== Soft-RoCE VM run: $((SECONDS - t0)) s wall"

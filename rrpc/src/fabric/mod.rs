@@ -715,10 +715,30 @@ impl QueuePair {
                 ),
             });
         }
-        if self.peer_gone() {
+        let why = match self.state() {
+            QpState::ReadyToSend => None,
+            QpState::Init => Some("not connected"),
+            QpState::Error if self.peer_dead => {
+                Some("the peer closed its control connection (process gone)")
+            }
+            QpState::Error => Some("peer gone or an earlier work request failed"),
+        };
+        if let Some(why) = why {
             return Err(FabricError::QpError {
                 peer: self.peer(),
-                why: "the peer closed its control connection (process gone)",
+                why,
+            });
+        }
+        let depth = match &self.inner {
+            QpInner::Shm(q) => q.sq_depth(),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.sq_depth(),
+        };
+        if wrs.len() > depth {
+            return Err(FabricError::SendQueueFull {
+                posted: 0,
+                asked: wrs.len(),
+                depth,
             });
         }
         match &mut self.inner {

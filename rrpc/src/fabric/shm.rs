@@ -556,26 +556,14 @@ impl ShmQp {
         }
     }
 
-    /// Execute the list in order; see [`super::QueuePair::post_send`].
+    /// Send-queue depth in WRs.
+    pub fn sq_depth(&self) -> usize {
+        self.sq_depth
+    }
+
+    /// Execute the list in order (the caller checked state and depth); see
+    /// [`super::QueuePair::post_send`].
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
-        let peer_node = self.peer();
-        if self.state() != QpState::ReadyToSend {
-            return Err(FabricError::QpError {
-                peer: peer_node,
-                why: if self.state == QpState::Init {
-                    "not connected"
-                } else {
-                    "peer gone or an earlier work request failed"
-                },
-            });
-        }
-        if wrs.len() > self.sq_depth {
-            return Err(FabricError::SendQueueFull {
-                posted: 0,
-                asked: wrs.len(),
-                depth: self.sq_depth,
-            });
-        }
         for wr in wrs {
             let status = if self.state == QpState::Error {
                 WcStatus::Flushed

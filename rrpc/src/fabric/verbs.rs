@@ -584,25 +584,13 @@ impl VerbsQp {
         self.state
     }
 
-    /// Post the list with one `ibv_post_send`.
+    /// Send-queue depth in WRs.
+    pub fn sq_depth(&self) -> usize {
+        self.sq_depth
+    }
+
+    /// Post the list with one `ibv_post_send` (the caller checked state and depth).
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
-        if self.state() != QpState::ReadyToSend {
-            return Err(FabricError::QpError {
-                peer: self.peer,
-                why: if self.state == QpState::Init {
-                    "not connected"
-                } else {
-                    "peer gone or an earlier work request failed"
-                },
-            });
-        }
-        if wrs.len() > self.sq_depth {
-            return Err(FabricError::SendQueueFull {
-                posted: 0,
-                asked: wrs.len(),
-                depth: self.sq_depth,
-            });
-        }
         let mut guard = self.qp.start_post_send();
         for wr in wrs {
             let mut flags = WorkRequestFlags::none();
