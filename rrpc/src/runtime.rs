@@ -45,6 +45,9 @@ pub struct RuntimeConfig {
     pub call_timeout: Duration,
     /// How long connection setup waits for a node's control plane (default 10 s).
     pub connect_timeout: Duration,
+    /// Send-queue depth of each QP, in WRs (default 512). A polling round's WRs beyond
+    /// the room left wait for the next round.
+    pub sq_depth: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -53,6 +56,7 @@ impl Default for RuntimeConfig {
             rocket: RocketConfig::default(),
             call_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
+            sq_depth: 512,
         }
     }
 }
@@ -141,7 +145,7 @@ pub struct Stats {
     pub credit_stalls: u64,
     /// Payload bytes moved by one-sided ops and RPC requests.
     pub bytes: u64,
-    /// Posts refused because the send queue was full (retried the next round).
+    /// Rounds in which some WRs waited for send-queue room (posted the next round).
     pub sq_full: u64,
 }
 
@@ -220,9 +224,15 @@ struct RpcChan {
 struct Conn {
     node: u32,
     qp: QueuePair,
+    /// WRs not yet posted, and the op each belongs to (Rocket buckets and credits: none).
     pending: Vec<SendWr>,
-    pending_ops: Vec<usize>,
-    inflight: VecDeque<(u64, Vec<usize>)>,
+    pending_ops: Vec<Option<usize>>,
+    /// Posted lists: (sequence, ops, WRs). A list's send-queue slots free up when its
+    /// signaled last WR completes.
+    inflight: VecDeque<(u64, Vec<usize>, usize)>,
+    /// WRs posted and not yet completed: never more than the QP's send queue holds, so a
+    /// post never fails for lack of room (a failed post may have posted part of a list).
+    outstanding: usize,
     next_seq: u64,
     rpc: Option<RpcChan>,
     broken: Option<String>,
@@ -243,6 +253,7 @@ struct Inner {
     next_call: u64,
     stats: Stats,
     wrs: Vec<SendWr>,
+    wr_ops: Vec<Option<usize>>,
     spans: Vec<BucketSpan>,
     batch: Vec<u8>,
     wcs: Vec<Wc>,
@@ -259,6 +270,9 @@ pub struct ThreadCtx {
 }
 
 const SEQ_BITS: u32 = 40;
+/// Posted lists (one signaled completion each) in flight per QP at most: bounds what the
+/// shared CQ (4096 entries) must hold to 64 connections' worth.
+const MAX_LISTS_IN_FLIGHT: usize = 64;
 
 impl ThreadCtx {
     /// A context on `fabric` with no connections yet.
@@ -266,6 +280,9 @@ impl ThreadCtx {
         cfg.rocket
             .validate()
             .map_err(|e| RpcError::Connect(e.to_string()))?;
+        if cfg.sq_depth == 0 {
+            return Err(RpcError::Connect("sq_depth must be at least 1".into()));
+        }
         let cq = fabric.create_cq(4096)?;
         let scratch = Scratch::new(&fabric)?;
         Ok(Rc::new(Self {
@@ -282,6 +299,7 @@ impl ThreadCtx {
                 next_call: 1,
                 stats: Stats::default(),
                 wrs: Vec::new(),
+                wr_ops: Vec::new(),
                 spans: Vec::new(),
                 batch: Vec::new(),
                 wcs: Vec::new(),
@@ -307,7 +325,7 @@ impl ThreadCtx {
         if self.inner.borrow().by_node.contains_key(&info.node) {
             return Ok(info);
         }
-        let mut qp = self.fabric.create_qp(&self.cq, 4096)?;
+        let mut qp = self.fabric.create_qp(&self.cq, self.cfg.sq_depth)?;
         let (ep, ctrl): (crate::fabric::QpEndpoint, _) = self.ctrl_call(
             addr,
             &CtrlRequest::ConnectQp {
@@ -334,7 +352,7 @@ impl ThreadCtx {
             )));
         }
         let cfg = self.cfg.rocket;
-        let mut qp = self.fabric.create_qp(&self.cq, 4096)?;
+        let mut qp = self.fabric.create_qp(&self.cq, self.cfg.sq_depth)?;
         let staging = self.fabric.alloc_mr(cfg.ring_bytes())?;
         let resp_ring = self.fabric.alloc_mr(cfg.ring_bytes())?;
         let words = self.fabric.alloc_mr(16)?;
@@ -386,6 +404,7 @@ impl ThreadCtx {
             pending: Vec::new(),
             pending_ops: Vec::new(),
             inflight: VecDeque::new(),
+            outstanding: 0,
             next_seq: 0,
             rpc,
             broken: None,
@@ -594,7 +613,7 @@ impl ThreadCtx {
             inner.stats.bytes += len as u64;
             let conn = &mut inner.conns[ci];
             conn.pending.push(wr);
-            conn.pending_ops.push(id);
+            conn.pending_ops.push(Some(id));
             Poll::Ready(Ok(id))
         })
     }
@@ -632,8 +651,11 @@ impl ThreadCtx {
                 continue;
             }
             inner.wrs.clear();
-            // WRs refused last round (send queue full) and one-sided ops issued since.
+            inner.wr_ops.clear();
+            // WRs left over last round (no room in the send queue) and one-sided ops
+            // issued since, then this round's Rocket buckets and credit return.
             inner.wrs.append(&mut conn.pending);
+            inner.wr_ops.append(&mut conn.pending_ops);
             if let Some(chan) = conn.rpc.as_mut() {
                 let _ = chan.tx.on_credit(chan.words.load_u64(0));
                 chan.tx.seal(&chan.staging);
@@ -649,6 +671,7 @@ impl ThreadCtx {
                         signaled: false,
                         inline: false,
                     });
+                    inner.wr_ops.push(None);
                 }
                 // Responses.
                 loop {
@@ -691,7 +714,19 @@ impl ThreadCtx {
                         signaled: false,
                         inline: true,
                     });
+                    inner.wr_ops.push(None);
                 }
+            }
+            // Post what fits in the send queue; keep the rest for the next round.
+            let room = if conn.inflight.len() >= MAX_LISTS_IN_FLIGHT {
+                0
+            } else {
+                self.cfg.sq_depth.saturating_sub(conn.outstanding)
+            };
+            if inner.wrs.len() > room {
+                inner.stats.sq_full += 1;
+                conn.pending = inner.wrs.split_off(room);
+                conn.pending_ops = inner.wr_ops.split_off(room);
             }
             if !inner.wrs.is_empty() {
                 work = true;
@@ -705,22 +740,14 @@ impl ThreadCtx {
                 inner.wrs.last_mut().expect("non-empty").signaled = true;
                 inner.stats.doorbells += 1;
                 inner.stats.wrs += inner.wrs.len() as u64;
-                let ops = std::mem::take(&mut conn.pending_ops);
-                match conn.qp.post_send(&inner.wrs) {
-                    Ok(()) => conn.inflight.push_back((seq, ops)),
-                    // Back-pressure, not failure: unsignaled WRs hold send-queue slots
-                    // until a later signaled one completes. Retry next round.
-                    Err(FabricError::SendQueueFull { .. }) => {
-                        inner.stats.sq_full += 1;
-                        conn.pending.append(&mut inner.wrs);
-                        conn.pending_ops = ops;
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = conn.node, error = %e, "post failed; connection broken");
-                        conn.broken = Some(e.to_string());
-                        conn.inflight.push_back((seq, ops));
-                    }
+                let ops: Vec<usize> = inner.wr_ops.drain(..).flatten().collect();
+                let n = inner.wrs.len();
+                if let Err(e) = conn.qp.post_send(&inner.wrs) {
+                    tracing::warn!(node = conn.node, error = %e, "post failed; connection broken");
+                    conn.broken = Some(e.to_string());
                 }
+                conn.outstanding += n;
+                conn.inflight.push_back((seq, ops, n));
             }
             if conn.broken.is_none() && conn.qp.state() == QpState::Error {
                 conn.broken = Some("queue pair in error (peer gone)".into());
@@ -746,11 +773,12 @@ impl ThreadCtx {
                     status: wc.status,
                 })
             };
-            while let Some((s, _)) = inner.conns[ci].inflight.front() {
+            while let Some((s, _, _)) = inner.conns[ci].inflight.front() {
                 if *s & ((1 << SEQ_BITS) - 1) > seq {
                     break;
                 }
-                let (_, ops) = inner.conns[ci].inflight.pop_front().expect("front");
+                let (_, ops, n) = inner.conns[ci].inflight.pop_front().expect("front");
+                inner.conns[ci].outstanding -= n;
                 for id in ops {
                     complete(inner, id, result.clone());
                 }
@@ -766,9 +794,12 @@ impl ThreadCtx {
                 node,
                 why: why.clone(),
             };
-            let mut ops: Vec<usize> = std::mem::take(&mut inner.conns[ci].pending_ops);
+            let mut ops: Vec<usize> = std::mem::take(&mut inner.conns[ci].pending_ops)
+                .into_iter()
+                .flatten()
+                .collect();
             inner.conns[ci].pending.clear();
-            for (_, o) in inner.conns[ci].inflight.drain(..) {
+            for (_, o, _) in inner.conns[ci].inflight.drain(..) {
                 ops.extend(o);
             }
             for id in ops {

@@ -59,8 +59,13 @@ struct ServerConn {
     /// Word 0: response credits written by the client. Word 1: source of credit WRITEs.
     words: MemoryRegion,
     cfg: RocketConfig,
-    /// WRs refused by a full send queue, posted first next round.
+    /// WRs that did not fit in the send queue, posted first next round.
     unposted: Vec<SendWr>,
+    /// WRs posted and not yet completed, and the size of each posted list (a list's
+    /// slots free up when its signaled last WR completes). Never more than
+    /// [`SQ_DEPTH`]: a post that fails may have posted part of its list.
+    outstanding: usize,
+    lists: VecDeque<usize>,
     backlog: VecDeque<(MsgHeader, Vec<u8>)>,
     dead: bool,
 }
@@ -127,7 +132,7 @@ impl RpcServer {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let w = id % self.workers.len();
         let (tx, cq) = &self.workers[w];
-        let mut qp = self.fabric.create_qp(cq, 1024)?;
+        let mut qp = self.fabric.create_qp(cq, SQ_DEPTH)?;
         qp.connect(&endpoint)?;
         let req_ring = self.fabric.alloc_mr(cfg.ring_bytes())?;
         let resp_staging = self.fabric.alloc_mr(cfg.ring_bytes())?;
@@ -150,6 +155,8 @@ impl RpcServer {
             words,
             cfg,
             unposted: Vec::new(),
+            outstanding: 0,
+            lists: VecDeque::new(),
             backlog: VecDeque::new(),
             dead: false,
         };
@@ -302,31 +309,42 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
                     inline: true,
                 });
             }
+            // Post what fits in the send queue; the rest goes first next round.
+            let room = if c.lists.len() >= MAX_LISTS_IN_FLIGHT {
+                0
+            } else {
+                SQ_DEPTH - c.outstanding
+            };
+            if wrs.len() > room {
+                c.unposted = wrs.split_off(room);
+            }
             for w in wrs.iter_mut() {
                 w.signaled = false;
             }
             if let Some(last) = wrs.last_mut() {
                 last.signaled = true;
-                match c.qp.post_send(&wrs) {
-                    Ok(()) => {}
-                    // Back-pressure: unsignaled WRs hold slots until a later signaled one
-                    // completes. Retry next round; nothing is lost.
-                    Err(FabricError::SendQueueFull { .. }) => c.unposted.append(&mut wrs),
-                    Err(e) => {
-                        tracing::warn!(peer = c.peer, error = %e, "post failed; dropping channel");
-                        c.dead = true;
-                    }
+                if let Err(e) = c.qp.post_send(&wrs) {
+                    tracing::warn!(peer = c.peer, error = %e, "post failed; dropping channel");
+                    c.dead = true;
                 }
+                c.outstanding += wrs.len();
+                c.lists.push_back(wrs.len());
             }
         }
         wcs.clear();
         cq.poll(&mut wcs, 256);
         for wc in &wcs {
-            if wc.status != crate::fabric::WcStatus::Success {
-                if let Some(c) = conns.iter_mut().find(|c| c.id == wc.wr_id) {
-                    tracing::debug!(peer = c.peer, status = ?wc.status, "WR failed; dropping channel");
-                    c.dead = true;
+            let Some(c) = conns.iter_mut().find(|c| c.id == wc.wr_id) else {
+                continue;
+            };
+            if wc.status == crate::fabric::WcStatus::Success {
+                // RC completes in order: this is the oldest list's signaled WR.
+                if let Some(n) = c.lists.pop_front() {
+                    c.outstanding -= n;
                 }
+            } else {
+                tracing::debug!(peer = c.peer, status = ?wc.status, "WR failed; dropping channel");
+                c.dead = true;
             }
         }
         // Dropping a channel destroys its QP first (field order), which flushes any WR
@@ -342,6 +360,12 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
         }
     }
 }
+
+/// Send-queue depth of a server QP, in WRs.
+const SQ_DEPTH: usize = 1024;
+/// Posted lists in flight per channel at most: bounds what the thread's CQ (4096 entries)
+/// must hold to 64 channels' worth.
+const MAX_LISTS_IN_FLIGHT: usize = 64;
 
 /// Return credits after a quarter of the ring has been consumed (and at least every bucket
 /// for tiny rings), so the sender rarely stalls and credit WRITEs stay rare.

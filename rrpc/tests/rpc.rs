@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
-use rrpc::rocket::RocketConfig;
+use rrpc::rocket::{RingMem, RocketConfig};
 use rrpc::runtime::{Executor, RpcError, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
 
@@ -194,5 +194,63 @@ fn one_sided_ops_batch_into_one_doorbell() {
     assert_eq!(
         st.doorbells, 4,
         "16 coroutines' ops go out together each round: {st:?}"
+    );
+}
+
+#[test]
+fn full_send_queue_defers_without_loss() {
+    let c = setup("sqfull");
+    let srv = server(&c.0, 1);
+    // A 4-WR send queue: each round's WRs (16 coroutines' ops, buckets, credits) must
+    // wait for room, in order, and nothing may be lost or duplicated.
+    let ctx = ThreadCtx::new(
+        fabric(&c.0, 103),
+        RuntimeConfig {
+            sq_depth: 4,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let info = ctx.connect_rpc(srv.addr()).unwrap();
+    // One-sided ops go to a region of the server node itself.
+    let mem = fabric(&c.0, 2);
+    let mr = mem.alloc_mr(16 * 8).unwrap();
+    let mut exports = BTreeMap::new();
+    exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
+    let mem_node = Node::start(
+        mem,
+        NodeConfig {
+            role: "mem".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: None,
+        },
+    )
+    .unwrap();
+    let minfo = ctx.connect(mem_node.addr()).unwrap();
+    let desc: rrpc::fabric::MrDesc = minfo.export("mr").unwrap();
+    let done = Rc::new(Cell::new(0u32));
+    let mut ex = Executor::new(ctx.clone());
+    for co in 0..16u64 {
+        let (ctx, done) = (ctx.clone(), done.clone());
+        ex.spawn(async move {
+            for i in 0..20u64 {
+                // FAA is not idempotent: a duplicated WR would show in the final count.
+                ctx.faa(minfo.node, desc.at(co * 8), 1).await.unwrap();
+                let req = (co * 1000 + i).to_le_bytes();
+                assert_eq!(ctx.call(info.node, ECHO, &req).await.unwrap(), req);
+                done.set(done.get() + 1);
+            }
+        });
+    }
+    ex.run();
+    assert_eq!(done.get(), 16 * 20);
+    for co in 0..16 {
+        assert_eq!(mr.load_u64(co * 8), 20, "coroutine {co}'s counter");
+    }
+    assert!(
+        ctx.stats().sq_full > 0,
+        "the send queue never filled: {:?}",
+        ctx.stats()
     );
 }
