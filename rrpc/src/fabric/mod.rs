@@ -93,6 +93,20 @@ pub enum WrOpcode {
         /// Amount added (wrapping).
         add: u64,
     },
+    /// SEND of `sge` into the next receive buffer the peer posted (`remote` unused). With
+    /// none posted it fails with [`WcStatus::RnrRetryExceeded`] (on verbs after a few RNR
+    /// retries); a payload longer than that buffer fails with
+    /// [`WcStatus::RemoteInvalidRequest`] here and [`WcStatus::LocalLength`] there.
+    Send,
+}
+
+/// A receive work request: a buffer for the peer's next SEND.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWr {
+    /// Caller's identifier, returned in the receive [`Wc`].
+    pub wr_id: u64,
+    /// Where the message lands (its length is the largest message accepted).
+    pub sge: Sge,
 }
 
 /// A send-queue work request.
@@ -128,6 +142,15 @@ pub enum WcStatus {
     RetryExceeded,
     /// Flushed because the QP was already in error (`IBV_WC_WR_FLUSH_ERR`).
     Flushed,
+    /// A received message was longer than the receive buffer (`IBV_WC_LOC_LEN_ERR`).
+    LocalLength,
+    /// The local QP hit an error it cannot complete the WR with (`IBV_WC_LOC_QP_OP_ERR`;
+    /// Soft-RoCE reports a too-long received message so).
+    LocalQpOperation,
+    /// The responder failed the operation (`IBV_WC_REM_OP_ERR`).
+    RemoteOperation,
+    /// The peer had no receive buffer posted (`IBV_WC_RNR_RETRY_EXC_ERR`).
+    RnrRetryExceeded,
     /// Another `ibv_wc_status` code.
     Other(u32),
 }
@@ -139,8 +162,12 @@ pub struct Wc {
     pub wr_id: u64,
     /// Outcome.
     pub status: WcStatus,
-    /// Bytes transferred (READ/WRITE length, 8 for atomics).
+    /// Bytes transferred (READ/WRITE/SEND length, received bytes, 8 for atomics).
     pub byte_len: u32,
+    /// A receive completion (of a [`RecvWr`]), not a send-queue one. Reliable for
+    /// successful completions; verbs leaves the opcode of error completions undefined, so
+    /// tell those apart by `wr_id`.
+    pub recv: bool,
 }
 
 /// Where device memory was placed.
@@ -186,6 +213,10 @@ pub struct QpEndpoint {
     /// the smaller of the two sides'.
     #[serde(default)]
     pub mtu: u32,
+    /// shm only: the QP's shared receive queue, where the peer finds posted receive
+    /// buffers (a NIC keeps this state itself).
+    #[serde(default)]
+    pub recv_queue: Option<RemoteAddr>,
 }
 
 /// Errors of fabric operations.
@@ -434,7 +465,7 @@ impl Fabric {
     pub fn create_qp(&self, cq: &CompletionQueue, sq_depth: usize) -> Result<QueuePair> {
         match (self, cq) {
             (Self::Shm(f), CompletionQueue::Shm(cq)) => Ok(QueuePair::new(QpInner::Shm(
-                f.create_qp(cq.clone(), sq_depth),
+                f.create_qp(cq.clone(), sq_depth)?,
             ))),
             #[cfg(feature = "verbs")]
             (Self::Verbs(f), CompletionQueue::Verbs(cq)) => {
@@ -747,6 +778,16 @@ impl QueuePair {
             QpInner::Verbs(q) => q.post_send(wrs),
         }
     }
+    /// Post receive buffers for the peer's SENDs, in order. Errors: the receive queue is
+    /// full ([`FabricError::InvalidArgument`]), or the QP is in error.
+    pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
+        match &mut self.inner {
+            QpInner::Shm(q) => q.post_recv(wrs),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.post_recv(wrs),
+        }
+    }
+
     /// Current state; on shm this also notices a peer that has exited.
     pub fn state(&mut self) -> QpState {
         if self.peer_gone() {

@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 
 use memmap2::{MmapMut, MmapOptions};
 
-use super::{FabricError, QpEndpoint, QpState, Result, SendWr, Wc, WcStatus, WrOpcode};
+use super::{
+    FabricError, QpEndpoint, QpState, RecvWr, RemoteAddr, Result, SendWr, Wc, WcStatus, WrOpcode,
+};
 
 /// Bytes of the header at the start of every MR file.
 pub const MR_HEADER_BYTES: usize = 4096;
@@ -353,12 +355,22 @@ impl ShmFabric {
     pub fn create_cq(&self, depth: usize) -> ShmCq {
         ShmCq {
             queue: Arc::new(Mutex::new(VecDeque::with_capacity(depth))),
+            rqs: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
-    /// Create a QP (state Init) completing into `cq`.
-    pub fn create_qp(&self, cq: ShmCq, sq_depth: usize) -> ShmQp {
-        ShmQp {
+    /// Create a QP (state Init) completing into `cq`, with its shared receive queue.
+    pub fn create_qp(&self, cq: ShmCq, sq_depth: usize) -> Result<ShmQp> {
+        let rq = Arc::new(RecvQueue {
+            mr: self.alloc_mr(RQ_BYTES)?,
+            posted: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
+        });
+        cq.rqs
+            .lock()
+            .expect("CQ poisoned")
+            .push(Arc::downgrade(&rq));
+        Ok(ShmQp {
             fabric: self.inner.clone(),
             cq,
             qpn: self.inner.next_qpn.fetch_add(1, Ordering::Relaxed),
@@ -367,7 +379,9 @@ impl ShmFabric {
             state: QpState::Init,
             last_probe: Instant::now(),
             local_cache: HashMap::new(),
-        }
+            rq,
+            peer_rq: None,
+        })
     }
 
     fn map_remote(&self, node: u32, rkey: u32) -> Option<Arc<RemoteMr>> {
@@ -464,16 +478,78 @@ impl RemoteMr {
     }
 }
 
+// Shared receive queue of a shm QP (SEND/RECV). A NIC keeps this state on the card; here
+// it is a small MR of the owner's that the sending peer maps:
+//   [0, 8)     completed: receive completions written, by the sender (its only writer)
+//   [64, ..)   RQ_DEPTH descriptors of 32 bytes: wr_id, addr, len, lkey (owner writes)
+//   [.., ..)   RQ_DEPTH completions of 16 bytes: wr_id, byte_len, status (sender writes)
+// and the count of posted descriptors lives at [8, 16), written only by the owner.
+// Each word has one writer; slots are reused only after their completion was seen.
+const RQ_DEPTH: u64 = 256;
+const RQ_COMPLETED: usize = 0;
+const RQ_POSTED: usize = 8;
+const RQ_DESC: usize = 64;
+const RQ_DESC_BYTES: usize = 32;
+const RQ_CQE: usize = RQ_DESC + RQ_DEPTH as usize * RQ_DESC_BYTES;
+const RQ_CQE_BYTES: usize = 16;
+const RQ_BYTES: usize = RQ_CQE + RQ_DEPTH as usize * RQ_CQE_BYTES;
+
+struct RecvQueue {
+    mr: ShmMr,
+    /// Descriptors posted (the owner's count; mirrored to RQ_POSTED for the sender).
+    posted: AtomicU64,
+    /// Completions moved to the CQ.
+    seen: AtomicU64,
+}
+
+impl RecvQueue {
+    fn word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is one of the 8-byte aligned header words inside the MR.
+        unsafe { &*(self.mr.as_ptr().add(off) as *const AtomicU64) }
+    }
+}
+
 /// A completion queue of the shm backend.
 #[derive(Clone)]
 pub struct ShmCq {
     queue: Arc<Mutex<VecDeque<Wc>>>,
+    /// Receive queues of the QPs completing here: polled for receive completions.
+    rqs: Arc<Mutex<Vec<std::sync::Weak<RecvQueue>>>>,
 }
 
 impl ShmCq {
-    /// Move up to `max` completions into `out`.
+    /// Move up to `max` completions into `out` (receive completions the peers wrote
+    /// into this CQ's QPs' receive queues first).
     pub fn poll(&self, out: &mut Vec<Wc>, max: usize) -> usize {
         let mut q = self.queue.lock().expect("CQ poisoned");
+        self.rqs.lock().expect("CQ poisoned").retain(|w| {
+            let Some(rq) = w.upgrade() else {
+                return false;
+            };
+            let completed = rq.word(RQ_COMPLETED).load(Ordering::Acquire);
+            let mut seen = rq.seen.load(Ordering::Relaxed);
+            while seen < completed {
+                let off = RQ_CQE + (seen % RQ_DEPTH) as usize * RQ_CQE_BYTES;
+                // SAFETY: the completion slot is inside the MR and was published by the
+                // release store of `completed` that the acquire load above saw.
+                let (wr_id, len_status) = unsafe {
+                    let p = rq.mr.as_ptr().add(off) as *const u64;
+                    (p.read(), p.add(1).read())
+                };
+                q.push_back(Wc {
+                    wr_id,
+                    status: match len_status >> 32 {
+                        0 => WcStatus::Success,
+                        _ => WcStatus::LocalLength,
+                    },
+                    byte_len: len_status as u32,
+                    recv: true,
+                });
+                seen += 1;
+            }
+            rq.seen.store(seen, Ordering::Relaxed);
+            true
+        });
         let n = q.len().min(max);
         out.extend(q.drain(..n));
         n
@@ -499,6 +575,10 @@ pub struct ShmQp {
     state: QpState,
     last_probe: Instant,
     local_cache: HashMap<u32, (u64, usize)>,
+    /// This QP's receive queue (the peer SENDs into it).
+    rq: Arc<RecvQueue>,
+    /// The peer's receive queue (we SEND into it).
+    peer_rq: Option<RemoteAddr>,
 }
 
 impl ShmQp {
@@ -512,7 +592,45 @@ impl ShmQp {
             lid: 0,
             gid_index: 0,
             mtu: 0,
+            recv_queue: Some(RemoteAddr {
+                addr: self.rq.mr.addr(),
+                rkey: self.rq.mr.key(),
+            }),
         }
+    }
+
+    /// Post receive buffers. Errors: more than the free slots of the receive queue.
+    pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
+        let rq = &self.rq;
+        let posted = rq.posted.load(Ordering::Relaxed);
+        let completed = rq.word(RQ_COMPLETED).load(Ordering::Acquire);
+        if posted - completed + wrs.len() as u64 > RQ_DEPTH {
+            return Err(FabricError::InvalidArgument {
+                op: "post_recv",
+                what: format!(
+                    "receive queue full: {} posted, {} asked, depth {RQ_DEPTH}",
+                    posted - completed,
+                    wrs.len()
+                ),
+            });
+        }
+        for (i, w) in wrs.iter().enumerate() {
+            let off = RQ_DESC + ((posted + i as u64) % RQ_DEPTH) as usize * RQ_DESC_BYTES;
+            let d = [
+                w.wr_id,
+                w.sge.addr,
+                u64::from(w.sge.len) | u64::from(w.sge.lkey) << 32,
+            ];
+            // SAFETY: the slot is inside the MR and free (its previous completion was
+            // written, checked above); the sender reads it only after `posted` says so.
+            unsafe {
+                std::ptr::copy_nonoverlapping(d.as_ptr(), rq.mr.as_ptr().add(off) as *mut u64, 3)
+            };
+        }
+        let now = posted + wrs.len() as u64;
+        rq.posted.store(now, Ordering::Relaxed);
+        rq.word(RQ_POSTED).store(now, Ordering::Release);
+        Ok(())
     }
 
     /// Connect to the peer's endpoint: open its liveness file.
@@ -530,6 +648,7 @@ impl ShmQp {
             alive,
             remote: HashMap::new(),
         });
+        self.peer_rq = remote.recv_queue;
         self.state = QpState::ReadyToSend;
         Ok(())
     }
@@ -575,13 +694,14 @@ impl ShmQp {
             }
             if wr.signaled || status != WcStatus::Success {
                 let byte_len = match wr.opcode {
-                    WrOpcode::Read | WrOpcode::Write => wr.sge.len,
+                    WrOpcode::Read | WrOpcode::Write | WrOpcode::Send => wr.sge.len,
                     _ => 8,
                 };
                 self.cq.push(Wc {
                     wr_id: wr.wr_id,
                     status,
                     byte_len,
+                    recv: false,
                 });
             }
         }
@@ -622,6 +742,9 @@ impl ShmQp {
             if self.state == QpState::Error {
                 return WcStatus::RetryExceeded;
             }
+        }
+        if wr.opcode == WrOpcode::Send {
+            return self.send(wr);
         }
         let atomic = matches!(
             wr.opcode,
@@ -664,8 +787,60 @@ impl ShmQp {
                 // SAFETY: local holds at least 8 bytes (checked above).
                 unsafe { std::ptr::write_unaligned(local as *mut u64, old) };
             }
+            WrOpcode::Send => unreachable!("handled above"),
         }
         WcStatus::Success
+    }
+
+    /// SEND: copy the payload into the peer's next posted receive buffer and write its
+    /// receive completion.
+    fn send(&mut self, wr: &SendWr) -> WcStatus {
+        let len = wr.sge.len as usize;
+        let Some(local) = self.local_ptr(wr.sge.addr, len, wr.sge.lkey) else {
+            return WcStatus::LocalProtection;
+        };
+        let Some(rq) = self.peer_rq else {
+            return WcStatus::RemoteInvalidRequest;
+        };
+        let Some(base) = self.remote_ptr(rq.addr, RQ_BYTES, rq.rkey) else {
+            return WcStatus::RemoteAccess;
+        };
+        let word = |off: usize| {
+            // SAFETY: `base` maps the peer's whole receive queue (bounds-checked just
+            // above); header words are 8-byte aligned (page-aligned MR).
+            unsafe { &*(base.add(off) as *const AtomicU64) }
+        };
+        let completed = word(RQ_COMPLETED).load(Ordering::Relaxed);
+        if word(RQ_POSTED).load(Ordering::Acquire) <= completed {
+            return WcStatus::RnrRetryExceeded;
+        }
+        let d = base.wrapping_add(RQ_DESC + (completed % RQ_DEPTH) as usize * RQ_DESC_BYTES)
+            as *const u64;
+        // SAFETY: see above; the descriptor was published by the owner's release store.
+        let (wr_id, addr, len_key) = unsafe { (d.read(), d.add(1).read(), d.add(2).read()) };
+        let (cap, lkey) = (len_key as u32 as usize, (len_key >> 32) as u32);
+        let (status, delivered) = if len > cap {
+            (WcStatus::RemoteInvalidRequest, 1u64 << 32)
+        } else {
+            match self.remote_ptr(addr, len, lkey) {
+                Some(dst) => {
+                    // SAFETY: `dst` is bounds-checked against the peer's MR.
+                    unsafe { std::ptr::copy_nonoverlapping(local, dst, len) };
+                    (WcStatus::Success, len as u64)
+                }
+                None => (WcStatus::RemoteAccess, 1u64 << 32),
+            }
+        };
+        let c =
+            base.wrapping_add(RQ_CQE + (completed % RQ_DEPTH) as usize * RQ_CQE_BYTES) as *mut u64;
+        // SAFETY: the completion slot is inside the receive queue; the owner reads it only
+        // after the release store of `completed` below.
+        unsafe {
+            c.write(wr_id);
+            c.add(1).write(delivered);
+        }
+        word(RQ_COMPLETED).store(completed + 1, Ordering::Release);
+        status
     }
 }
 

@@ -29,9 +29,11 @@ use sideway::ibverbs::queue_pair::{
 use sideway::ibverbs::AccessFlags;
 
 use super::{
-    DmPlacement, FabricError, QpEndpoint, QpState, Result, SendWr, Wc, WcStatus, WrOpcode,
+    DmPlacement, FabricError, QpEndpoint, QpState, RecvWr, Result, SendWr, Wc, WcStatus, WrOpcode,
 };
 
+/// Receive-queue depth of a QP, in WRs.
+const RQ_DEPTH: u32 = 256;
 /// Largest payload sent inline (bytes).
 pub const MAX_INLINE_BYTES: u32 = 64;
 /// How often `state()` queries the QP (a syscall) at most.
@@ -314,7 +316,7 @@ impl VerbsFabric {
     pub fn create_qp(&self, cq: &VerbsCq, sq_depth: usize) -> Result<VerbsQp> {
         let mut b = self.inner.pd.create_qp_builder();
         b.setup_max_send_wr(sq_depth.clamp(1, 1 << 14) as u32)
-            .setup_max_recv_wr(1)
+            .setup_max_recv_wr(RQ_DEPTH)
             .setup_max_send_sge(1)
             .setup_max_recv_sge(1)
             .setup_max_inline_data(MAX_INLINE_BYTES)
@@ -451,6 +453,8 @@ impl VerbsCq {
                     wr_id: wc.wr_id(),
                     status: wc_status(wc.status()),
                     byte_len: wc.byte_len(),
+                    // IBV_WC_RECV and IBV_WC_RECV_RDMA_WITH_IMM have bit 7 set.
+                    recv: wc.opcode() & 0x80 != 0,
                 });
                 if out.len() - before >= max {
                     // The poller holds no more than it polled; keep consuming what it has.
@@ -465,11 +469,15 @@ impl VerbsCq {
 fn wc_status(s: u32) -> WcStatus {
     match s {
         0 => WcStatus::Success,
+        1 => WcStatus::LocalLength,
+        2 => WcStatus::LocalQpOperation,
         4 => WcStatus::LocalProtection,
         5 => WcStatus::Flushed,
         9 => WcStatus::RemoteInvalidRequest,
         10 => WcStatus::RemoteAccess,
-        12 | 13 => WcStatus::RetryExceeded,
+        11 => WcStatus::RemoteOperation,
+        12 => WcStatus::RetryExceeded,
+        13 => WcStatus::RnrRetryExceeded,
         other => WcStatus::Other(other),
     }
 }
@@ -502,6 +510,7 @@ impl VerbsQp {
             lid: self.fabric.lid,
             gid_index: self.fabric.gid_index,
             mtu: mtu_bytes(self.fabric.mtu),
+            recv_queue: None,
         }
     }
 
@@ -558,7 +567,8 @@ impl VerbsQp {
             .setup_sq_psn(self.psn)
             .setup_timeout(14)
             .setup_retry_cnt(7)
-            .setup_rnr_retry(7)
+            // 6, not 7 (= forever): a SEND with no receive posted fails, it does not hang.
+            .setup_rnr_retry(6)
             .setup_max_read_atomic(f.max_rd_atomic);
         self.qp
             .modify(&attr)
@@ -589,6 +599,19 @@ impl VerbsQp {
         self.sq_depth
     }
 
+    /// Post receive buffers with one `ibv_post_recv`.
+    pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
+        let mut guard = self.qp.start_post_recv();
+        for w in wrs {
+            let h = guard.construct_wr(w.wr_id);
+            // SAFETY: the caller keeps the buffer registered and alive until completion.
+            unsafe { h.setup_sge(w.sge.lkey, w.sge.addr, w.sge.len) };
+        }
+        guard
+            .post()
+            .map_err(|e| verbs_err("ibv_post_recv", source_msg(&e)))
+    }
+
     /// Post the list with one `ibv_post_send` (the caller checked state and depth).
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
         let mut guard = self.qp.start_post_send();
@@ -599,7 +622,8 @@ impl VerbsQp {
             }
             // Inline when asked, and for every small WRITE: the NIC then need not DMA the
             // payload from host memory (one PCIe read less).
-            let inline = matches!(wr.opcode, WrOpcode::Write) && wr.sge.len <= MAX_INLINE_BYTES;
+            let inline = matches!(wr.opcode, WrOpcode::Write | WrOpcode::Send)
+                && wr.sge.len <= MAX_INLINE_BYTES;
             if inline {
                 flags |= WorkRequestFlags::Inline;
             }
@@ -612,6 +636,7 @@ impl VerbsQp {
                     h.setup_atomic_compare_swap(rkey, raddr, compare, swap)
                 }
                 WrOpcode::FetchAdd { add } => h.setup_atomic_fetch_add(rkey, raddr, add),
+                WrOpcode::Send => h.setup_send(),
             };
             if inline {
                 // SAFETY: the caller's SGE names `len` readable bytes of a registered MR.
