@@ -50,6 +50,25 @@ fn server(cluster: &str, threads: usize) -> Node {
     .unwrap()
 }
 
+/// A node (id `node`) exporting one MR of `bytes` as "mr", for one-sided operations.
+fn mem_node(cluster: &str, node: u32, bytes: usize) -> (Node, rrpc::fabric::MemoryRegion) {
+    let f = fabric(cluster, node);
+    let mr = f.alloc_mr(bytes).unwrap();
+    let mut exports = BTreeMap::new();
+    exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
+    let n = Node::start(
+        f,
+        NodeConfig {
+            role: "mem".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: None,
+        },
+    )
+    .unwrap();
+    (n, mr)
+}
+
 fn setup(name: &str) -> Cluster {
     let c = format!("rpc-{}-{name}", std::process::id());
     rrpc::fabric::shm::prepare_cluster(&c).unwrap();
@@ -154,20 +173,7 @@ fn errors_are_reported_not_hung() {
 #[test]
 fn one_sided_ops_batch_into_one_doorbell() {
     let c = setup("onesided");
-    let f = fabric(&c.0, 1);
-    let mr = f.alloc_mr(4096).unwrap();
-    let mut exports = BTreeMap::new();
-    exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
-    let node = Node::start(
-        f,
-        NodeConfig {
-            role: "mem".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
-    )
-    .unwrap();
+    let (node, _mr) = mem_node(&c.0, 1, 4096);
     let ctx = ThreadCtx::new(fabric(&c.0, 102), RuntimeConfig::default()).unwrap();
     let info = ctx.connect(node.addr()).unwrap();
     let desc: rrpc::fabric::MrDesc = info.export("mr").unwrap();
@@ -212,21 +218,8 @@ fn full_send_queue_defers_without_loss() {
     )
     .unwrap();
     let info = ctx.connect_rpc(srv.addr()).unwrap();
-    // One-sided ops go to a region of the server node itself.
-    let mem = fabric(&c.0, 2);
-    let mr = mem.alloc_mr(16 * 8).unwrap();
-    let mut exports = BTreeMap::new();
-    exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
-    let mem_node = Node::start(
-        mem,
-        NodeConfig {
-            role: "mem".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
-    )
-    .unwrap();
+    // One-sided ops go to a memory node.
+    let (mem_node, mr) = mem_node(&c.0, 2, 16 * 8);
     let minfo = ctx.connect(mem_node.addr()).unwrap();
     let desc: rrpc::fabric::MrDesc = minfo.export("mr").unwrap();
     let done = Rc::new(Cell::new(0u32));
