@@ -523,7 +523,18 @@ pub struct RocketReceiver {
     cfg: RocketConfig,
     consumed: u64,
     last_returned: u64,
+    /// The inconsistent start label last seen and for how many polls in a row.
+    odd_label: u64,
+    odd_polls: u32,
+    corrupt_after: u32,
 }
+
+/// Polls for which a start label may stay inconsistent (wrong sequence or impossible
+/// length) before the ring is declared corrupt. A label is read while the writer may
+/// still be writing it: Soft-RoCE places payloads with a kernel `memcpy`, so an 8-byte
+/// label can be seen half written for a moment; a truly stale or foreign label never
+/// changes. 2^20 polls is a fraction of a second of busy polling.
+pub const CORRUPT_AFTER_POLLS: u32 = 1 << 20;
 
 impl RocketReceiver {
     /// New receiver for the geometry `cfg` (validated).
@@ -534,7 +545,31 @@ impl RocketReceiver {
             cfg,
             consumed: 0,
             last_returned: 0,
+            odd_label: 0,
+            odd_polls: 0,
+            corrupt_after: CORRUPT_AFTER_POLLS,
         })
+    }
+
+    /// Polls an inconsistent label may persist before [`RocketReceiver::poll`] reports
+    /// the ring corrupt (default [`CORRUPT_AFTER_POLLS`], at least 1).
+    pub fn set_corrupt_after(&mut self, polls: u32) {
+        self.corrupt_after = polls.max(1);
+    }
+
+    /// An inconsistent start label: in progress unless it persists.
+    fn odd(&mut self, label: u64, what: &'static str) -> Result<bool, RocketError> {
+        if label == self.odd_label {
+            self.odd_polls += 1;
+        } else {
+            self.odd_label = label;
+            self.odd_polls = 1;
+        }
+        if self.odd_polls >= self.corrupt_after {
+            Err(RocketError::Corrupt { what })
+        } else {
+            Ok(false)
+        }
     }
 
     /// Look at bucket number `consumed`. It is complete when the start label
@@ -546,8 +581,10 @@ impl RocketReceiver {
     ///
     /// Start label zero, or end label not (yet) equal: `Ok(false)`, nothing
     /// delivered. Non-zero start label with a wrong sequence or impossible
-    /// length: `Err(Corrupt)`, nothing delivered. `ring.len() < ring_bytes()`:
-    /// `Err(StagingTooSmall)`.
+    /// length: `Ok(false)` while it may still be being written (a NIC's write
+    /// can be seen half done), `Err(Corrupt)` once the same label persisted for
+    /// [`CORRUPT_AFTER_POLLS`] polls; nothing delivered. `ring.len() <
+    /// ring_bytes()`: `Err(StagingTooSmall)`.
     /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
     pub fn poll(&mut self, ring: &impl RingMem, out: &mut Vec<u8>) -> Result<bool, RocketError> {
         let need = self.cfg.ring_bytes();
@@ -563,15 +600,14 @@ impl RocketReceiver {
             return Ok(false);
         }
         if (start >> 32) as u32 != self.consumed as u32 {
-            return Err(RocketError::Corrupt {
-                what: "bucket label sequence mismatch (stale or foreign label)",
-            });
+            return self.odd(
+                start,
+                "bucket label sequence mismatch (stale or foreign label)",
+            );
         }
         let l = (start & 0xffff_ffff) as usize;
         if l == 0 || l & 7 != 0 || 2 * LABEL_BYTES + l > self.cfg.bucket_size {
-            return Err(RocketError::Corrupt {
-                what: "bucket label has impossible length",
-            });
+            return self.odd(start, "bucket label has impossible length");
         }
         if ring.load_u64(off + LABEL_BYTES + l) != start {
             return Ok(false);
@@ -581,6 +617,7 @@ impl RocketReceiver {
         ring.read(off + LABEL_BYTES, &mut out[at..]);
         ring.zero(off, 2 * LABEL_BYTES + l);
         self.consumed += 1;
+        self.odd_polls = 0;
         Ok(true)
     }
 
@@ -1117,10 +1154,15 @@ mod tests {
         assert_eq!(drain(&mut rx, &ring).len(), cfg.buckets);
         assert_eq!(rx.consumed(), cfg.buckets as u64);
 
-        // Replay bucket 0's image (earlier lap) into slot 0.
+        // Replay bucket 0's image (earlier lap) into slot 0: a label being written can
+        // look like this for a moment, so it is "not yet" until it persists.
+        rx.set_corrupt_after(5);
         let (s0, img) = lap0.unwrap();
         ring.write(s0.offset, &img);
         let mut out = Vec::new();
+        for _ in 0..4 {
+            assert_eq!(rx.poll(&ring, &mut out), Ok(false));
+        }
         assert!(matches!(
             rx.poll(&ring, &mut out),
             Err(RocketError::Corrupt { .. })
@@ -1135,6 +1177,9 @@ mod tests {
             ring.store_u64(0, l);
             if bad_len + 16 <= cfg.bucket_size {
                 ring.store_u64((8 + bad_len) & !7, l);
+            }
+            for _ in 0..4 {
+                assert_eq!(rx.poll(&ring, &mut out), Ok(false), "len {bad_len}");
             }
             assert!(
                 matches!(rx.poll(&ring, &mut out), Err(RocketError::Corrupt { .. })),

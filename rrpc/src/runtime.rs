@@ -657,7 +657,7 @@ impl ThreadCtx {
             inner.wrs.append(&mut conn.pending);
             inner.wr_ops.append(&mut conn.pending_ops);
             if let Some(chan) = conn.rpc.as_mut() {
-                let _ = chan.tx.on_credit(chan.words.load_u64(0));
+                let _ = chan.tx.on_credit(stable_word(&chan.words, 0));
                 chan.tx.seal(&chan.staging);
                 inner.spans.clear();
                 chan.tx.take_ready(&mut inner.spans);
@@ -812,6 +812,19 @@ impl ThreadCtx {
             }
         }
         work
+    }
+}
+
+/// Read an 8-byte word a NIC writes, until two reads agree: Soft-RoCE places data with
+/// `memcpy`, so a word can be seen half written for a moment. Used for credit words.
+pub(crate) fn stable_word(mem: &MemoryRegion, off: usize) -> u64 {
+    let mut a = mem.load_u64(off);
+    loop {
+        let b = mem.load_u64(off);
+        if a == b {
+            return a;
+        }
+        a = b;
     }
 }
 

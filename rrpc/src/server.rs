@@ -199,7 +199,9 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
                 c.dead = true;
                 continue;
             }
-            let _ = c.resp_tx.on_credit(c.words.load_u64(0));
+            let _ = c
+                .resp_tx
+                .on_credit(crate::runtime::stable_word(&c.words, 0));
             while let Some((h, p)) = c.backlog.front() {
                 if c.resp_tx.push(&c.resp_staging, *h, p).is_err() {
                     break;
@@ -216,7 +218,15 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
                     Ok(true) => {}
                     Ok(false) => break,
                     Err(e) => {
-                        tracing::warn!(peer = c.peer, error = %e, "corrupt request ring; dropping channel");
+                        let off =
+                            c.req_rx.consumed() % c.cfg.buckets as u64 * c.cfg.bucket_size as u64;
+                        tracing::warn!(
+                            peer = c.peer,
+                            error = %e,
+                            consumed = c.req_rx.consumed(),
+                            label = format!("{:#x}", c.req_ring.load_u64(off as usize)),
+                            "corrupt request ring; dropping channel"
+                        );
                         c.dead = true;
                         break;
                     }
