@@ -26,11 +26,11 @@ pub struct Service {
 
 /// Child processes of one local cluster, and the cluster's shm directory.
 pub struct LocalCluster {
-    /// Cluster name.
-    pub cluster: String,
     /// Started services, in start order.
     pub services: Vec<Service>,
     bin_dir: PathBuf,
+    /// Last field: the directory is removed after `Drop` stopped the children.
+    dir: rrpc::fabric::shm::ClusterGuard,
 }
 
 /// Directory holding the workspace binaries: the directory of the running executable,
@@ -49,7 +49,8 @@ impl LocalCluster {
     /// Prepare cluster `cluster`: a stale shm directory from a crashed run is removed (and
     /// reported); a directory in use by live nodes is an error.
     pub fn new(cluster: &str, bin_dir: PathBuf) -> anyhow::Result<Self> {
-        match rrpc::fabric::shm::prepare_cluster(cluster)? {
+        let (dir, state) = rrpc::fabric::shm::ClusterGuard::new(cluster)?;
+        match state {
             rrpc::fabric::shm::ClusterDirState::Fresh => {}
             rrpc::fabric::shm::ClusterDirState::RemovedStale { files } => eprintln!(
                 "removed stale cluster directory {} ({files} files) left by a crashed run",
@@ -57,9 +58,9 @@ impl LocalCluster {
             ),
         }
         Ok(Self {
-            cluster: cluster.into(),
             services: Vec::new(),
             bin_dir,
+            dir,
         })
     }
 
@@ -81,7 +82,7 @@ impl LocalCluster {
             );
         }
         let mut cmd = Command::new(&bin);
-        cmd.args(["--cluster", &self.cluster, "--node", &node.to_string()])
+        cmd.args(["--cluster", self.dir.name(), "--node", &node.to_string()])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -150,7 +151,8 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Stop all children: SIGTERM, then SIGKILL after 3 s. Removes the shm directory.
+    /// Stop all children: SIGTERM, then SIGKILL after 3 s. (The shm directory goes when
+    /// the cluster is dropped.)
     pub fn shutdown(&mut self) {
         for s in &self.services {
             // SAFETY: kill(2) with a pid we spawned and have not reaped.
@@ -171,7 +173,6 @@ impl LocalCluster {
             }
         }
         self.services.clear();
-        let _ = rrpc::fabric::shm::remove_cluster(&self.cluster);
     }
 }
 

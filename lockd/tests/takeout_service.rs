@@ -14,36 +14,18 @@ use lockd::client::{LockClient, LockError, LockRequest, Mode, RefuseReason};
 use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::takeout::Watermarks;
 use lockd::wire::LOCK_HANDLER;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::FabricKind;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RpcError, RuntimeConfig, ThreadCtx};
 
 const SERVICE_NODE: u32 = 1;
 const CLIENT_NODE: u32 = 100;
 
-/// Removes the cluster directory when the test ends, however it ends.
-struct Cluster(String);
-
-impl Cluster {
-    fn new(name: &str) -> Self {
-        let c = format!("lockd-test-{}-{name}", std::process::id());
-        rrpc::fabric::shm::prepare_cluster(&c).unwrap();
-        Self(c)
-    }
-    fn open(&self, node: u32) -> Fabric {
-        Fabric::open(&FabricConfig::new(
-            FabricKind::from_env().unwrap(),
-            &self.0,
-            node,
-        ))
-        .unwrap()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = rrpc::fabric::shm::remove_cluster(&self.0);
-    }
+/// This test's cluster, removed when the test ends, however it ends.
+fn cluster(name: &str) -> ClusterGuard {
+    let c = format!("lockd-test-{}-{name}", std::process::id());
+    ClusterGuard::new(&c).unwrap().0
 }
 
 struct Service {
@@ -51,8 +33,8 @@ struct Service {
     node: Node,
 }
 
-fn start_service(cluster: &Cluster, n_locks: u64, threads: usize) -> Service {
-    let fabric = cluster.open(SERVICE_NODE);
+fn start_service(cluster: &ClusterGuard, n_locks: u64, threads: usize) -> Service {
+    let fabric = cluster.open(SERVICE_NODE).unwrap();
     let table = Arc::new(LockTable::new(&fabric, n_locks, Watermarks::default()).unwrap());
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
@@ -69,8 +51,8 @@ fn start_service(cluster: &Cluster, n_locks: u64, threads: usize) -> Service {
     Service { table, node }
 }
 
-fn client(cluster: &Cluster, addr: SocketAddr) -> (Rc<ThreadCtx>, Rc<LockClient>) {
-    let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE), RuntimeConfig::default()).unwrap();
+fn client(cluster: &ClusterGuard, addr: SocketAddr) -> (Rc<ThreadCtx>, Rc<LockClient>) {
+    let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE).unwrap(), RuntimeConfig::default()).unwrap();
     let info = ctx.connect_rpc(addr).unwrap();
     assert_eq!(info.role, "lockd");
     let lc = Rc::new(LockClient::from_info(&info).unwrap());
@@ -98,7 +80,7 @@ fn coroutines_contend_fifo_and_mutually_exclusive() {
     const COROS: u64 = 8;
     const ROUNDS: u64 = 40;
     const LOCK: u64 = 5;
-    let cluster = Cluster::new("contend");
+    let cluster = cluster("contend");
     let svc = start_service(&cluster, 64, 2);
     let (ctx, lc) = client(&cluster, svc.node.addr());
 
@@ -169,7 +151,7 @@ fn coroutines_contend_fifo_and_mutually_exclusive() {
 
 #[test]
 fn refusals_batches_and_malformed_requests() {
-    let cluster = Cluster::new("misc");
+    let cluster = cluster("misc");
     let svc = start_service(&cluster, 16, 1);
     let (ctx, lc) = client(&cluster, svc.node.addr());
     let table = svc.table.clone();
@@ -301,11 +283,11 @@ fn refusals_batches_and_malformed_requests() {
 /// fails instead of hanging.
 #[test]
 fn lockd_binary_serves_and_exits_on_sigterm() {
-    let cluster = Cluster::new("bin");
-    let mut child = LockdProc::spawn(&cluster.0, &["--node", "7", "--locks", "1024"]);
+    let cluster = cluster("bin");
+    let mut child = LockdProc::spawn(cluster.name(), &["--node", "7", "--locks", "1024"]);
     let addr = child.ready();
     let ctx = ThreadCtx::new(
-        cluster.open(CLIENT_NODE),
+        cluster.open(CLIENT_NODE).unwrap(),
         RuntimeConfig {
             call_timeout: Duration::from_secs(2),
             ..RuntimeConfig::default()
@@ -338,7 +320,7 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
     // are registered by the shm fabric's liveness files; verbs has no such registry.)
     if FabricKind::from_env().unwrap() == FabricKind::Shm {
         let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
-            .args(["--cluster", &cluster.0, "--node", "7", "--locks", "8"])
+            .args(["--cluster", cluster.name(), "--node", "7", "--locks", "8"])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(1));

@@ -14,7 +14,7 @@
 //! as a coroutine scheduler yielding on each remote access does. The runtime is
 //! single-threaded by construction (`Rc`, `RefCell`): run one per OS thread.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -266,7 +266,6 @@ pub struct ThreadCtx {
     cfg: RuntimeConfig,
     cq: CompletionQueue,
     inner: RefCell<Inner>,
-    rounds: Cell<u64>,
 }
 
 const SEQ_BITS: u32 = 40;
@@ -304,7 +303,6 @@ impl ThreadCtx {
                 batch: Vec::new(),
                 wcs: Vec::new(),
             }),
-            rounds: Cell::new(0),
         }))
     }
 
@@ -641,7 +639,6 @@ impl ThreadCtx {
     /// One polling round's I/O: post every connection's WRs (one doorbell each), poll the
     /// CQ, receive responses, notice dead peers. Returns whether anything happened.
     pub fn progress(&self) -> bool {
-        self.rounds.set(self.rounds.get() + 1);
         let mut inner = self.inner.borrow_mut();
         let inner = &mut *inner;
         let mut work = false;

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{
     Fabric, FabricConfig, FabricKind, MemoryRegion, MrDesc, QpState, QueuePair, RecvWr, SendWr, Wc,
     WcStatus, WrOpcode,
@@ -119,14 +120,14 @@ struct Setup {
     cq: rrpc::fabric::CompletionQueue,
     local: MemoryRegion,
     remote: MrDesc,
-    cluster: String,
+    /// Held for its drop, last: the directory goes after the peer and the QPs.
+    _cluster: ClusterGuard,
 }
 
 fn setup(name: &str) -> Setup {
-    let cluster = format!("test-{}-{name}", std::process::id());
-    rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(kind(), &cluster, 1)).unwrap();
-    let peer = Peer::spawn(&cluster);
+    let (cluster, _) = ClusterGuard::new(&format!("test-{}-{name}", std::process::id())).unwrap();
+    let fabric = cluster.open(1).unwrap();
+    let peer = Peer::spawn(cluster.name());
     let info = node_info(peer.addr, Duration::from_secs(10)).unwrap();
     assert_eq!(info.node, PEER_NODE);
     let remote: MrDesc = info.export("mr").unwrap();
@@ -140,13 +141,7 @@ fn setup(name: &str) -> Setup {
         cq,
         local,
         remote,
-        cluster,
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = rrpc::fabric::shm::remove_cluster(&self.cluster);
+        _cluster: cluster,
     }
 }
 
@@ -368,9 +363,8 @@ fn peer_that_exits_puts_qp_in_error() {
 
 #[test]
 fn send_recv_between_two_qps() {
-    let cluster = format!("test-{}-sendrecv", std::process::id());
-    rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(kind(), &cluster, 1)).unwrap();
+    let (cluster, _) = ClusterGuard::new(&format!("test-{}-sendrecv", std::process::id())).unwrap();
+    let fabric = cluster.open(1).unwrap();
     let cq = fabric.create_cq(64).unwrap();
     let mut a = fabric.create_qp(&cq, 16).unwrap();
     let mut b = fabric.create_qp(&cq, 16).unwrap();
@@ -450,6 +444,5 @@ fn send_recv_between_two_qps() {
         .find(|w| w.wr_id == 3)
         .unwrap_or_else(|| panic!("no completion for the send: {wcs:?}"));
     assert_ne!(sent.status, WcStatus::Success, "{wcs:?}");
-    drop((a, b));
-    let _ = rrpc::fabric::shm::remove_cluster(&cluster);
+    drop((a, b, fabric, cluster));
 }

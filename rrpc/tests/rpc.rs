@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
+use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
 use rrpc::rocket::{RingMem, RocketConfig};
@@ -14,13 +15,6 @@ use rrpc::server::Handlers;
 
 const ECHO: u16 = 1;
 const FAIL: u16 = 2;
-
-struct Cluster(String);
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = rrpc::fabric::shm::remove_cluster(&self.0);
-    }
-}
 
 fn fabric(cluster: &str, node: u32) -> Fabric {
     Fabric::open(&FabricConfig::new(
@@ -69,16 +63,16 @@ fn mem_node(cluster: &str, node: u32, bytes: usize) -> (Node, rrpc::fabric::Memo
     (n, mr)
 }
 
-fn setup(name: &str) -> Cluster {
+/// This test's cluster, removed when the test ends, however it ends.
+fn setup(name: &str) -> ClusterGuard {
     let c = format!("rpc-{}-{name}", std::process::id());
-    rrpc::fabric::shm::prepare_cluster(&c).unwrap();
-    Cluster(c)
+    ClusterGuard::new(&c).unwrap().0
 }
 
 #[test]
 fn many_coroutines_echo_through_small_rings() {
     let c = setup("echo");
-    let srv = server(&c.0, 1);
+    let srv = server(c.name(), 1);
     // A tiny ring forces wrap-around and credit stalls.
     let cfg = RuntimeConfig {
         rocket: RocketConfig {
@@ -87,7 +81,7 @@ fn many_coroutines_echo_through_small_rings() {
         },
         ..Default::default()
     };
-    let ctx = ThreadCtx::new(fabric(&c.0, 100), cfg).unwrap();
+    let ctx = ThreadCtx::new(fabric(c.name(), 100), cfg).unwrap();
     let info = ctx.connect_rpc(srv.addr()).unwrap();
     let done = Rc::new(Cell::new(0u32));
     let mut ex = Executor::new(ctx.clone());
@@ -119,9 +113,9 @@ fn many_coroutines_echo_through_small_rings() {
 #[test]
 fn errors_are_reported_not_hung() {
     let c = setup("errors");
-    let srv = server(&c.0, 2);
+    let srv = server(c.name(), 2);
     let ctx = ThreadCtx::new(
-        fabric(&c.0, 101),
+        fabric(c.name(), 101),
         RuntimeConfig {
             call_timeout: Duration::from_millis(300),
             ..Default::default()
@@ -173,8 +167,8 @@ fn errors_are_reported_not_hung() {
 #[test]
 fn one_sided_ops_batch_into_one_doorbell() {
     let c = setup("onesided");
-    let (node, _mr) = mem_node(&c.0, 1, 4096);
-    let ctx = ThreadCtx::new(fabric(&c.0, 102), RuntimeConfig::default()).unwrap();
+    let (node, _mr) = mem_node(c.name(), 1, 4096);
+    let ctx = ThreadCtx::new(fabric(c.name(), 102), RuntimeConfig::default()).unwrap();
     let info = ctx.connect(node.addr()).unwrap();
     let desc: rrpc::fabric::MrDesc = info.export("mr").unwrap();
     let mut ex = Executor::new(ctx.clone());
@@ -206,11 +200,11 @@ fn one_sided_ops_batch_into_one_doorbell() {
 #[test]
 fn full_send_queue_defers_without_loss() {
     let c = setup("sqfull");
-    let srv = server(&c.0, 1);
+    let srv = server(c.name(), 1);
     // A 4-WR send queue: each round's WRs (16 coroutines' ops, buckets, credits) must
     // wait for room, in order, and nothing may be lost or duplicated.
     let ctx = ThreadCtx::new(
-        fabric(&c.0, 103),
+        fabric(c.name(), 103),
         RuntimeConfig {
             sq_depth: 4,
             ..Default::default()
@@ -219,7 +213,7 @@ fn full_send_queue_defers_without_loss() {
     .unwrap();
     let info = ctx.connect_rpc(srv.addr()).unwrap();
     // One-sided ops go to a memory node.
-    let (mem_node, mr) = mem_node(&c.0, 2, 16 * 8);
+    let (mem_node, mr) = mem_node(c.name(), 2, 16 * 8);
     let minfo = ctx.connect(mem_node.addr()).unwrap();
     let desc: rrpc::fabric::MrDesc = minfo.export("mr").unwrap();
     let done = Rc::new(Cell::new(0u32));

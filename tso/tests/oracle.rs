@@ -9,33 +9,16 @@ use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use rrpc::fabric::{DmPlacement, Fabric, FabricConfig, FabricKind};
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::DmPlacement;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use tso::{Oracle, TsoClient, TsoError, EXPORT_NAME};
 
-struct Cluster(String);
-
-impl Cluster {
-    fn new(name: &str) -> Self {
-        let c = format!("tso-test-{}-{name}", std::process::id());
-        rrpc::fabric::shm::prepare_cluster(&c).unwrap();
-        Self(c)
-    }
-    fn open(&self, node: u32) -> Fabric {
-        Fabric::open(&FabricConfig::new(
-            FabricKind::from_env().unwrap(),
-            &self.0,
-            node,
-        ))
-        .unwrap()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = rrpc::fabric::shm::remove_cluster(&self.0);
-    }
+/// This test's cluster, removed when the test ends, however it ends.
+fn cluster(name: &str) -> ClusterGuard {
+    let c = format!("tso-test-{}-{name}", std::process::id());
+    ClusterGuard::new(&c).unwrap().0
 }
 
 #[test]
@@ -44,8 +27,8 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
     const COROS: usize = 8;
     const ROUNDS: u64 = 200;
     const BATCH: u64 = 5;
-    let cluster = Cluster::new("conc");
-    let fabric = cluster.open(1);
+    let cluster = cluster("conc");
+    let fabric = cluster.open(1).unwrap();
     let oracle = Oracle::new(&fabric).unwrap();
     assert!(matches!(
         oracle.placement(),
@@ -64,7 +47,7 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
     )
     .unwrap();
     let addr = node.addr();
-    let client_fabric = cluster.open(100);
+    let client_fabric = cluster.open(100).unwrap();
 
     let per_thread: Vec<Vec<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
@@ -124,9 +107,9 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
 
 #[test]
 fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
-    let cluster = Cluster::new("bin");
+    let cluster = cluster("bin");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tso"))
-        .args(["--cluster", &cluster.0, "--node", "3"])
+        .args(["--cluster", cluster.name(), "--node", "3"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -147,7 +130,7 @@ fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
     assert!(placement.starts_with("host-fallback: "), "{placement}");
     let addr = addr.expect("tso printed READY");
 
-    let ctx = ThreadCtx::new(cluster.open(100), RuntimeConfig::default()).unwrap();
+    let ctx = ThreadCtx::new(cluster.open(100).unwrap(), RuntimeConfig::default()).unwrap();
     let info = ctx.connect(addr).unwrap();
     assert_eq!((info.node, info.role.as_str()), (3, "tso"));
     let tc = Rc::new(TsoClient::from_info(&info).unwrap());

@@ -150,6 +150,42 @@ pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
     Ok(ClusterDirState::RemovedStale { files })
 }
 
+/// A cluster directory owned for a scope: prepared on creation (a stale directory from a
+/// crashed run is removed, one in use is an error; see [`prepare_cluster`]) and removed on
+/// drop, however the scope ends. Launchers and test suites hold one per cluster.
+pub struct ClusterGuard {
+    name: String,
+}
+
+impl ClusterGuard {
+    /// Prepare cluster `name`; also says what was found there.
+    pub fn new(name: &str) -> Result<(Self, ClusterDirState)> {
+        let state = prepare_cluster(name)?;
+        Ok((Self { name: name.into() }, state))
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Open node `node` of this cluster on the backend `$RRPC_FABRIC` names (shm when
+    /// unset), as binaries and test suites choose it.
+    pub fn open(&self, node: u32) -> Result<super::Fabric> {
+        let kind = super::FabricKind::from_env().map_err(|what| FabricError::InvalidArgument {
+            op: "open fabric",
+            what,
+        })?;
+        super::Fabric::open(&super::FabricConfig::new(kind, &self.name, node))
+    }
+}
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        let _ = remove_cluster(&self.name);
+    }
+}
+
 /// Remove cluster `name`'s directory (after all its nodes exited).
 pub fn remove_cluster(name: &str) -> Result<()> {
     for dir in [mr_dir(name).0, cluster_dir(name)] {
