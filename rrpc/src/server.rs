@@ -43,6 +43,32 @@ impl Handlers {
         self.map.insert(id, Arc::new(f));
         self
     }
+
+    /// Run handler `id` on `req`, replacing `out` with its response payload. Returns
+    /// [`MsgKind::Response`] on success; otherwise [`MsgKind::Error`] with a UTF-8 message in
+    /// `out`: the handler's own error, "no handler N", or "handler N panicked" (a panicking
+    /// handler fails its call, not the thread serving every connection assigned to it).
+    pub fn call(&self, id: u16, req: &[u8], out: &mut Vec<u8>) -> MsgKind {
+        out.clear();
+        let Some(h) = self.map.get(&id) else {
+            out.extend_from_slice(format!("no handler {id}").as_bytes());
+            return MsgKind::Error;
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h(req, out))) {
+            Ok(Ok(())) => MsgKind::Response,
+            Ok(Err(msg)) => {
+                out.clear();
+                out.extend_from_slice(msg.as_bytes());
+                MsgKind::Error
+            }
+            Err(_) => {
+                tracing::error!(handler = id, "RPC handler panicked");
+                out.clear();
+                out.extend_from_slice(format!("handler {id} panicked").as_bytes());
+                MsgKind::Error
+            }
+        }
+    }
 }
 
 struct ServerConn {
@@ -238,36 +264,7 @@ fn serve(rx: Receiver<ServerConn>, cq: CompletionQueue, handlers: Handlers, stop
                         c.dead = true;
                         break;
                     };
-                    out.clear();
-                    let kind = match handlers.map.get(&hdr.handler) {
-                        // A panicking handler fails its call, not the thread serving
-                        // every connection assigned to it.
-                        Some(h) => {
-                            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                h(payload, &mut out)
-                            })) {
-                                Ok(Ok(())) => MsgKind::Response,
-                                Ok(Err(msg)) => {
-                                    out.clear();
-                                    out.extend_from_slice(msg.as_bytes());
-                                    MsgKind::Error
-                                }
-                                Err(_) => {
-                                    tracing::error!(handler = hdr.handler, "RPC handler panicked");
-                                    out.clear();
-                                    out.extend_from_slice(
-                                        format!("handler {} panicked", hdr.handler).as_bytes(),
-                                    );
-                                    MsgKind::Error
-                                }
-                            }
-                        }
-                        None => {
-                            out.clear();
-                            out.extend_from_slice(format!("no handler {}", hdr.handler).as_bytes());
-                            MsgKind::Error
-                        }
-                    };
+                    let kind = handlers.call(hdr.handler, payload, &mut out);
                     if out.len() > c.resp_tx.max_payload() {
                         let msg = format!(
                             "response of {} bytes exceeds the {}-byte message limit",
