@@ -7,12 +7,14 @@
 //! - [`bootstrap`]: the TCP control plane that exchanges QP endpoints and MR descriptors;
 //! - [`rocket`]: the Rocket message ring (bucketed msg batching + doorbell batching,
 //!   labels at both ends of a bucket, credits), a sans-IO state machine;
+//! - [`straw`]: RdmaStraws, per-node QP pools shared by a process's threads;
 //! - [`runtime`]: a per-thread executor running many coroutines whose WRs are posted
 //!   together once per polling round, with one-sided helpers and RPC calls;
 //! - [`server`]: RPC server threads polling Rockets and dispatching registered handlers;
 //! - [`node`]: a process's presence in a cluster (fabric + bootstrap + exported regions).
 #![warn(missing_docs)]
 
+pub mod arena;
 pub mod bootstrap;
 pub mod fabric;
 pub mod node;
@@ -21,4 +23,5 @@ pub mod runtime;
 pub mod server;
 #[cfg(feature = "service")]
 pub mod service;
+pub mod straw;
 pub mod wire;

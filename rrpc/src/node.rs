@@ -4,7 +4,7 @@
 //! Control-plane requests ([`CtrlRequest`]) are JSON over the bootstrap service; the
 //! data path never touches it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +15,8 @@ use crate::bootstrap::{self, BootstrapError, BootstrapServer};
 use crate::fabric::{Fabric, FabricError, MrDesc, QpEndpoint, QueuePair, RemoteAddr};
 use crate::rocket::RocketConfig;
 use crate::server::{Handlers, RpcServer};
+use crate::straw::QpKind;
+use crate::wire::Batching;
 
 /// Rocket geometry as exchanged on the control plane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,23 +51,63 @@ impl From<RocketGeometry> for RocketConfig {
 pub enum CtrlRequest {
     /// Describe the node: id, role, exported regions.
     Info,
-    /// Create a passive QP connected to `endpoint` (one-sided traffic only) and return its endpoint.
+    /// Create this node's end of QP `qp_id` of the requester's straw `straw`, connected to
+    /// `endpoint`, and return its endpoint. One-sided QPs are passive here; RPC QPs carry
+    /// this node's responses back to the requester.
     ConnectQp {
         /// The requester's QP endpoint.
         endpoint: QpEndpoint,
+        /// The requester's straw pool id.
+        straw: u64,
+        /// The pair's id within that pool.
+        qp_id: u64,
+        /// RPC or one-sided.
+        kind: QpKind,
     },
-    /// Open an RPC channel: a QP plus a request Rocket (ring in the server's memory) and a
-    /// response Rocket (ring in the client's memory, `resp_ring`).
-    ConnectRpc {
-        /// The requester's QP endpoint.
+    /// Destroy this node's end of QP `qp_id` (so nothing of the old QP can land any more),
+    /// create a new one connected to `endpoint`, and return its endpoint. Work this node
+    /// had outstanding on the old end is replayed on the pool's QPs.
+    ReconnectQp {
+        /// The requester's new QP endpoint.
         endpoint: QpEndpoint,
+        /// The requester's straw pool id.
+        straw: u64,
+        /// The pair's id within that pool.
+        qp_id: u64,
+    },
+    /// Destroy this node's end of QP `qp_id` once it has drained (the pool shrank).
+    ReleaseQp {
+        /// The requester's straw pool id.
+        straw: u64,
+        /// The pair's id within that pool.
+        qp_id: u64,
+    },
+    /// Open a Rocket pair for one requester thread: a request ring in this node's memory
+    /// and a response ring in the requester's (`resp_ring`). Its traffic uses the QPs of
+    /// straw `straw`.
+    ConnectRocket {
+        /// The requester's node id.
+        node: u32,
+        /// The requester's straw pool id.
+        straw: u64,
         /// Geometry of both rings.
         geometry: RocketGeometry,
-        /// The client's response ring.
+        /// Batching of the response direction (the requester uses the same).
+        #[serde(default)]
+        batching: Batching,
+        /// Largest reply in bytes sent inline to a [`crate::wire::ReplyMode::Auto`]
+        /// request; larger ones go by RPC + READ.
+        #[serde(default = "default_threshold")]
+        mode_threshold: usize,
+        /// The requester's response ring.
         resp_ring: MrDesc,
-        /// The client's 8-byte word where the server writes request-ring credits.
+        /// The requester's 8-byte word where this node writes request-ring credits.
         req_credit: RemoteAddr,
     },
+}
+
+fn default_threshold() -> usize {
+    512
 }
 
 /// Answer to [`CtrlRequest::Info`].
@@ -83,11 +125,9 @@ pub struct NodeInfo {
     pub exports: BTreeMap<String, serde_json::Value>,
 }
 
-/// Answer to [`CtrlRequest::ConnectRpc`].
+/// Answer to [`CtrlRequest::ConnectRocket`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RpcAccept {
-    /// The server's QP endpoint.
-    pub endpoint: QpEndpoint,
     /// The request ring in the server's memory.
     pub req_ring: MrDesc,
     /// The server's word where the client writes response-ring credits.
@@ -119,7 +159,8 @@ struct Shared {
     fabric: Fabric,
     role: String,
     exports: BTreeMap<String, serde_json::Value>,
-    passive: Mutex<Vec<QueuePair>>,
+    /// Passive ends of requesters' one-sided QPs, by (straw, qp id).
+    passive: Mutex<HashMap<(u64, u64), QueuePair>>,
     rpc: Option<Arc<RpcServer>>,
 }
 
@@ -156,7 +197,7 @@ impl Node {
             fabric,
             role: cfg.role,
             exports: cfg.exports,
-            passive: Mutex::new(Vec::new()),
+            passive: Mutex::new(HashMap::new()),
             rpc,
         });
         let s = shared.clone();
@@ -200,28 +241,98 @@ fn handle_ctrl(s: &Shared, req: serde_json::Value) -> Result<serde_json::Value, 
             fabric: s.fabric.describe(),
             exports: s.exports.clone(),
         }),
-        CtrlRequest::ConnectQp { endpoint } => {
-            let cq = s.fabric.create_cq(16).map_err(|e| e.to_string())?;
-            let mut qp = s.fabric.create_qp(&cq, 16).map_err(|e| e.to_string())?;
-            qp.connect(&endpoint).map_err(|e| e.to_string())?;
+        CtrlRequest::ConnectQp {
+            endpoint,
+            straw,
+            qp_id,
+            kind: QpKind::OneSided,
+        } => {
+            let qp = passive_qp(s, &endpoint)?;
             let ep = qp.endpoint();
-            s.passive.lock().map_err(|_| "poisoned")?.push(qp);
+            s.passive
+                .lock()
+                .map_err(|_| "poisoned")?
+                .insert((straw, qp_id), qp);
             serde_json::to_value(ep)
         }
-        CtrlRequest::ConnectRpc {
+        CtrlRequest::ConnectQp {
             endpoint,
+            straw,
+            qp_id,
+            kind: QpKind::Rpc,
+        } => {
+            let rpc = s.rpc.as_ref().ok_or("this node serves no RPCs")?;
+            let ep = rpc
+                .add_qp(straw, qp_id, &endpoint)
+                .map_err(|e| e.to_string())?;
+            serde_json::to_value(ep)
+        }
+        CtrlRequest::ReconnectQp {
+            endpoint,
+            straw,
+            qp_id,
+        } => {
+            let mut passive = s.passive.lock().map_err(|_| "poisoned")?;
+            if let Some(old) = passive.remove(&(straw, qp_id)) {
+                drop(old); // destroyed before its successor exists
+                let qp = passive_qp(s, &endpoint)?;
+                let ep = qp.endpoint();
+                passive.insert((straw, qp_id), qp);
+                serde_json::to_value(ep)
+            } else {
+                drop(passive);
+                let rpc = s.rpc.as_ref().ok_or("no such QP")?;
+                let ep = rpc
+                    .reconnect_qp(straw, qp_id, &endpoint)
+                    .map_err(|e| e.to_string())?;
+                serde_json::to_value(ep)
+            }
+        }
+        CtrlRequest::ReleaseQp { straw, qp_id } => {
+            let found = s
+                .passive
+                .lock()
+                .map_err(|_| "poisoned")?
+                .remove(&(straw, qp_id))
+                .is_some()
+                || s.rpc
+                    .as_ref()
+                    .is_some_and(|rpc| rpc.release_qp(straw, qp_id));
+            serde_json::to_value(found)
+        }
+        CtrlRequest::ConnectRocket {
+            node,
+            straw,
             geometry,
+            batching,
+            mode_threshold,
             resp_ring,
             req_credit,
         } => {
             let rpc = s.rpc.as_ref().ok_or("this node serves no RPCs")?;
             let accept = rpc
-                .accept(endpoint, geometry.into(), resp_ring, req_credit)
+                .accept(
+                    node,
+                    straw,
+                    geometry.into(),
+                    batching,
+                    mode_threshold,
+                    resp_ring,
+                    req_credit,
+                )
                 .map_err(|e| e.to_string())?;
             serde_json::to_value(accept)
         }
     };
     out.map_err(|e| e.to_string())
+}
+
+/// A passive QP (one-sided traffic only) connected to `endpoint`.
+fn passive_qp(s: &Shared, endpoint: &QpEndpoint) -> Result<QueuePair, String> {
+    let cq = s.fabric.create_cq(16).map_err(|e| e.to_string())?;
+    let mut qp = s.fabric.create_qp(&cq, 16).map_err(|e| e.to_string())?;
+    qp.connect(endpoint).map_err(|e| e.to_string())?;
+    Ok(qp)
 }
 
 /// Ask the node at `addr` for its [`NodeInfo`], retrying until `timeout` while it starts.

@@ -399,15 +399,24 @@ impl RocketSender {
     pub fn push(
         &mut self,
         staging: &impl RingMem,
-        mut hdr: MsgHeader,
+        hdr: MsgHeader,
         payload: &[u8],
     ) -> Result<(), RocketError> {
+        self.push_parts(staging, hdr, &[payload])
+    }
+
+    /// [`RocketSender::push`] of a payload given as consecutive parts (e.g. a mode
+    /// prefix and the request), copied straight into the bucket.
+    pub fn push_parts(
+        &mut self,
+        staging: &impl RingMem,
+        mut hdr: MsgHeader,
+        parts: &[&[u8]],
+    ) -> Result<(), RocketError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         let max = self.max_payload();
-        if payload.len() > max {
-            return Err(RocketError::TooLarge {
-                len: payload.len(),
-                max,
-            });
+        if len > max {
+            return Err(RocketError::TooLarge { len, max });
         }
         let need = self.cfg.ring_bytes();
         if staging.len() < need {
@@ -416,7 +425,7 @@ impl RocketSender {
                 need,
             });
         }
-        let msg = Self::msg_bytes(payload.len());
+        let msg = Self::msg_bytes(len);
         if !self.fits_open(msg) {
             if !self.slot_free(self.next_open()) {
                 return Err(RocketError::RingFull);
@@ -424,14 +433,17 @@ impl RocketSender {
             self.seal(staging);
         }
         // Now bucket `self.sealed` is the open (possibly still empty) bucket.
-        hdr.len = payload.len() as u32;
+        hdr.len = len as u32;
         let mut off = self.cfg.slot_offset(self.sealed) + LABEL_BYTES + self.fill;
         staging.write(off, &hdr.to_bytes());
         off += MSG_HEADER_BYTES;
-        staging.write(off, payload);
-        let pad = pad8(payload.len()) - payload.len();
+        for p in parts {
+            staging.write(off, p);
+            off += p.len();
+        }
+        let pad = pad8(len) - len;
         if pad > 0 {
-            staging.write(off + payload.len(), &[0u8; 8][..pad]);
+            staging.write(off, &[0u8; 8][..pad]);
         }
         self.fill += msg;
         Ok(())
@@ -597,6 +609,12 @@ impl RocketReceiver {
         let off = self.cfg.slot_offset(self.consumed);
         let start = ring.load_u64(off);
         if start == 0 {
+            return Ok(false);
+        }
+        let lap = (self.consumed as u32).wrapping_sub((start >> 32) as u32);
+        if lap != 0 && lap < 1 << 31 && (lap as u64).is_multiple_of(self.cfg.buckets as u64) {
+            // A bucket of an earlier lap, written again after it was consumed (a replay
+            // after a QP failure): empty until the expected bucket overwrites it.
             return Ok(false);
         }
         if (start >> 32) as u32 != self.consumed as u32 {
@@ -1154,12 +1172,35 @@ mod tests {
         assert_eq!(drain(&mut rx, &ring).len(), cfg.buckets);
         assert_eq!(rx.consumed(), cfg.buckets as u64);
 
-        // Replay bucket 0's image (earlier lap) into slot 0: a label being written can
-        // look like this for a moment, so it is "not yet" until it persists.
+        // Replay bucket 0's image (an earlier lap) into slot 0, as a sender replaying
+        // after a QP failure does when the first WRITE had landed after all: it is
+        // never delivered and never reported corrupt, however long it stays.
         rx.set_corrupt_after(5);
         let (s0, img) = lap0.unwrap();
         ring.write(s0.offset, &img);
         let mut out = Vec::new();
+        for _ in 0..50 {
+            assert_eq!(rx.poll(&ring, &mut out), Ok(false));
+        }
+        assert!(out.is_empty());
+        assert_eq!(rx.consumed(), cfg.buckets as u64);
+        // The bucket of this lap overwrites it and is delivered.
+        tx.on_credit(rx.consumed()).unwrap();
+        let next = cfg.buckets as u64;
+        tx.push(&staging, hdr(next), &payload(next, 8)).unwrap();
+        tx.seal(&staging);
+        spans.clear();
+        tx.take_ready(&mut spans);
+        post(&staging, &ring, spans[0]);
+        let got = drain(&mut rx, &ring);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1, payload(next, 8));
+
+        // A label of a sequence that is not an earlier lap of this slot is foreign: "not
+        // yet" until it persists, then corrupt.
+        let foreign = ((rx.consumed() as u32 as u64 + 1) << 32) | 8;
+        let off = (rx.consumed() % cfg.buckets as u64) as usize * cfg.bucket_size;
+        ring.store_u64(off, foreign);
         for _ in 0..4 {
             assert_eq!(rx.poll(&ring, &mut out), Ok(false));
         }
@@ -1167,16 +1208,17 @@ mod tests {
             rx.poll(&ring, &mut out),
             Err(RocketError::Corrupt { .. })
         ));
-        assert!(out.is_empty());
-        assert_eq!(rx.consumed(), cfg.buckets as u64);
+        ring.zero(off, cfg.bucket_size);
+        rx.set_corrupt_after(5);
 
-        let seq = cfg.buckets as u64;
+        let seq = rx.consumed();
+        let base = off;
         for bad_len in [cfg.bucket_size - 8, 12, 0] {
-            ring.zero(0, cfg.bucket_size);
+            ring.zero(base, cfg.bucket_size);
             let l = ((seq as u32 as u64) << 32) | bad_len as u64;
-            ring.store_u64(0, l);
+            ring.store_u64(base, l);
             if bad_len + 16 <= cfg.bucket_size {
-                ring.store_u64((8 + bad_len) & !7, l);
+                ring.store_u64(base + ((8 + bad_len) & !7), l);
             }
             for _ in 0..4 {
                 assert_eq!(rx.poll(&ring, &mut out), Ok(false), "len {bad_len}");
@@ -1190,7 +1232,7 @@ mod tests {
         }
 
         // A correct bucket in the same slot is accepted afterwards.
-        ring.zero(0, cfg.bucket_size);
+        ring.zero(base, cfg.bucket_size);
         tx.on_credit(rx.consumed()).unwrap();
         tx.push(&staging, hdr(7), b"ok").unwrap();
         tx.seal(&staging);

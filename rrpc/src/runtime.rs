@@ -1,18 +1,25 @@
 //! The per-thread runtime: an executor running many coroutines (async tasks, one
-//! transaction coordinator each) over one [`ThreadCtx`].
+//! transaction coordinator each) over one [`ThreadCtx`], and [`Runtime`], which starts T
+//! such threads x C coroutines sharing one process-wide set of QP pools
+//! ([`crate::straw`]).
 //!
 //! Coroutines issue one-sided operations ([`ThreadCtx::read`], [`ThreadCtx::write`],
-//! [`ThreadCtx::cas`], [`ThreadCtx::faa`]) and RPC calls ([`ThreadCtx::call`]). Nothing is
-//! posted when they are issued: at the end of each polling round the executor posts, for
-//! each remote node, every WR issued since the last round plus every sealed Rocket bucket
-//! and credit return as **one WR list with one doorbell**, only the last WR signaled
-//! (selective signaling; an RC QP completes in order, so the last completion covers the
-//! list). It then polls the CQ and the response Rockets. This is the coroutine model of
-//! FaRM/FORD and Scythe's RRPC (000_f3dba2ed893b246b.txt, 4.4 Fig. 16 and 4.6).
+//! [`ThreadCtx::cas`], [`ThreadCtx::faa`]) and RPC calls ([`ThreadCtx::call`],
+//! [`ThreadCtx::call_with`]). Nothing is posted when they are issued: at the end of each
+//! polling round the executor posts, per remote node, the round's one-sided WRs as one
+//! list on a one-sided QP and the round's sealed Rocket buckets plus credit return as one
+//! list on an RPC QP, each with one doorbell and only its last WR signaled (selective
+//! signaling; an RC QP completes in order). It then polls the QPs and the response
+//! Rockets. This is the coroutine model of FaRM/FORD and Scythe's RRPC
+//! (000_f3dba2ed893b246b.txt, 4.4 Fig. 16 and 4.6).
+//!
+//! Replies travel in one of Scythe's three modes (4.6 (2), Fig. 20), chosen per call
+//! ([`Mode`]): pure RPC, RPC + one-sided READ, or RPC zero-copy; [`Mode::Auto`] picks by
+//! size around [`RuntimeConfig::mode_threshold`] (512 B).
 //!
 //! Tasks are polled round robin with a no-op waker: every round polls every live task,
-//! as a coroutine scheduler yielding on each remote access does. The runtime is
-//! single-threaded by construction (`Rc`, `RefCell`): run one per OS thread.
+//! as a coroutine scheduler yielding on each remote access does. A [`ThreadCtx`] is
+//! single-threaded by construction (`Rc`, `RefCell`): one per OS thread.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -20,13 +27,13 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::bootstrap;
+use crate::arena::{Arena, Chunk};
 use crate::fabric::{
-    CompletionQueue, Fabric, FabricError, MemoryRegion, MrDesc, QpState, QueuePair, RemoteAddr,
-    SendWr, Wc, WcStatus, WrOpcode,
+    Fabric, FabricError, MemoryRegion, MrDesc, RemoteAddr, SendWr, WcStatus, WrOpcode,
 };
 use crate::node::{node_info, CtrlRequest, NodeError, NodeInfo, RpcAccept};
 use crate::rocket::{
@@ -34,29 +41,101 @@ use crate::rocket::{
     RocketSender,
 };
 use crate::server::credit_every;
-use crate::wire::{MsgKind, IDLE_SPINS};
+use crate::straw::{Mailbox, QpKind, SharedQp, Straw, StrawConfig, Straws};
+use crate::wire::{Batching, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix, IDLE_SPINS};
 
 /// Runtime settings.
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
-    /// Geometry of the request and response Rockets of each RPC channel.
+    /// Geometry of the request and response Rockets of each RPC channel (default 64
+    /// buckets of 512 B).
     pub rocket: RocketConfig,
-    /// Deadline of an RPC call, from issue to response (default 2 s).
+    /// Batching of RPC traffic, both directions (default [`Batching::Combined`]).
+    pub batching: Batching,
+    /// Default deadline of an RPC call, from issue to response (default 2 s);
+    /// [`CallOpts::timeout`] overrides it per call.
     pub call_timeout: Duration,
     /// How long connection setup waits for a node's control plane (default 10 s).
     pub connect_timeout: Duration,
     /// Send-queue depth of each QP, in WRs (default 512). A polling round's WRs beyond
     /// the room left wait for the next round.
     pub sq_depth: usize,
+    /// Threads per QP before a straw adds a QP (default 4); see [`StrawConfig`].
+    pub threads_per_qp: usize,
+    /// [`Mode::Auto`] sends replies up to this many bytes inline and larger ones by
+    /// RPC + READ or zero-copy (default 512, Scythe 4.6 (2)).
+    pub mode_threshold: usize,
+    /// Registered buffer bytes per thread for one-sided ops and zero-copy replies
+    /// (default 32 MiB; untouched pages cost nothing).
+    pub buffer_bytes: usize,
+    /// Largest single one-sided op, READ-mode reply or zero-copy reply in bytes (default
+    /// 4 MiB).
+    pub max_transfer: usize,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             rocket: RocketConfig::default(),
+            batching: Batching::Combined,
             call_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
             sq_depth: 512,
+            threads_per_qp: 4,
+            mode_threshold: 512,
+            buffer_bytes: 32 << 20,
+            max_transfer: 4 << 20,
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// The straw settings these imply.
+    pub fn straw_config(&self) -> StrawConfig {
+        StrawConfig {
+            threads_per_qp: self.threads_per_qp.max(1),
+            sq_depth: self.sq_depth,
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
+/// How a call's reply travels (Scythe 4.6 (2), Fig. 20).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// By size: a reply expected ([`CallOpts::reply_len`]) above the threshold goes
+    /// zero-copy; otherwise the server sends it inline when it is at most the threshold,
+    /// else by RPC + READ.
+    #[default]
+    Auto,
+    /// Pure RPC: the reply rides in the response Rocket (at most `bucket_size - 32` bytes;
+    /// a larger one is an error).
+    Rpc,
+    /// RPC + one-sided READ: the reply carries the server buffer's address and length; the
+    /// caller READs it and then releases the buffer.
+    Read,
+    /// RPC zero-copy: the request carries a registered buffer of [`CallOpts::reply_len`]
+    /// bytes (default [`RuntimeConfig::max_transfer`]); the server WRITEs the reply into it.
+    ZeroCopy,
+}
+
+/// Per-call options.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallOpts {
+    /// Reply mode.
+    pub mode: Mode,
+    /// Expected (for [`Mode::ZeroCopy`]: largest) reply size in bytes, if known.
+    pub reply_len: Option<usize>,
+    /// Deadline from issue to reply; `None` uses [`RuntimeConfig::call_timeout`].
+    pub timeout: Option<Duration>,
+}
+
+impl CallOpts {
+    /// Options forcing `mode`.
+    pub fn mode(mode: Mode) -> Self {
+        Self {
+            mode,
+            ..Self::default()
         }
     }
 }
@@ -70,7 +149,8 @@ pub enum RpcError {
         /// Node id.
         node: u32,
     },
-    /// The WR completed with an error status.
+    /// The WR completed with an error status (a one-sided op whose QP failed; the QP is
+    /// reconnected, later ops go through).
     #[error("work request to node {node} failed: {status:?}")]
     Completion {
         /// Node id.
@@ -78,7 +158,7 @@ pub enum RpcError {
         /// Completion status.
         status: WcStatus,
     },
-    /// The peer is gone or its QP is in error; pending work to it fails with this.
+    /// The peer is gone; pending work to it fails with this.
     #[error("node {node} is unreachable: {why}")]
     PeerGone {
         /// Node id.
@@ -96,7 +176,7 @@ pub enum RpcError {
         /// The deadline that passed.
         after: Duration,
     },
-    /// A request payload larger than one Rocket bucket can carry.
+    /// A payload larger than the mode or operation can carry (nothing was sent).
     #[error("payload of {len} bytes exceeds the {max}-byte limit")]
     TooLarge {
         /// Payload bytes.
@@ -104,7 +184,7 @@ pub enum RpcError {
         /// Limit in bytes.
         max: usize,
     },
-    /// The handler answered with an error.
+    /// The handler answered with an error (including a reply too large for the mode).
     #[error("node {node} handler {handler}: {msg}")]
     Remote {
         /// Node id.
@@ -113,6 +193,14 @@ pub enum RpcError {
         handler: u16,
         /// The handler's message.
         msg: String,
+    },
+    /// A reply that breaks the protocol (e.g. a READ reply descriptor of the wrong size).
+    #[error("node {node}: malformed reply: {what}")]
+    Protocol {
+        /// Node id.
+        node: u32,
+        /// What is wrong.
+        what: String,
     },
     /// Setting up a connection failed.
     #[error("connecting: {0}")]
@@ -147,50 +235,38 @@ pub struct Stats {
     pub bytes: u64,
     /// Rounds in which some WRs waited for send-queue room (posted the next round).
     pub sq_full: u64,
+    /// Lists reported failed by a QP and replayed (Rocket buckets) or failed (one-sided).
+    pub failed_lists: u64,
+    /// Times a Rocket or the one-sided traffic moved to another QP of its straw.
+    pub qp_switches: u64,
 }
 
-const SMALL_CHUNK: usize = 256;
-const SMALL_CHUNKS: usize = 4096;
-const BIG_CHUNK: usize = 64 << 10;
-const BIG_CHUNKS: usize = 32;
-/// Largest one-sided READ/WRITE a single op may move, in bytes.
-pub const MAX_ONE_SIDED_BYTES: usize = BIG_CHUNK;
-
-/// Local registered buffers for one-sided ops: fixed chunks in two size classes.
-struct Scratch {
-    mr: MemoryRegion,
-    small: Vec<usize>,
-    big: Vec<usize>,
-}
-
-impl Scratch {
-    fn new(fabric: &Fabric) -> Result<Self, FabricError> {
-        let mr = fabric.alloc_mr(SMALL_CHUNK * SMALL_CHUNKS + BIG_CHUNK * BIG_CHUNKS)?;
-        let small = (0..SMALL_CHUNKS).rev().map(|i| i * SMALL_CHUNK).collect();
-        let base = SMALL_CHUNK * SMALL_CHUNKS;
-        let big = (0..BIG_CHUNKS)
-            .rev()
-            .map(|i| base + i * BIG_CHUNK)
-            .collect();
-        Ok(Self { mr, small, big })
+impl Stats {
+    /// Messages per bucket WRITE (msg batching factor).
+    pub fn messages_per_write(&self) -> f64 {
+        self.messages as f64 / self.buckets.max(1) as f64
     }
-    fn alloc(&mut self, len: usize) -> Option<usize> {
-        if len <= SMALL_CHUNK {
-            self.small.pop()
-        } else if len <= BIG_CHUNK {
-            self.big.pop()
-        } else {
-            None
-        }
+    /// WRs per doorbell (doorbell batching factor).
+    pub fn wrs_per_doorbell(&self) -> f64 {
+        self.wrs as f64 / self.doorbells.max(1) as f64
     }
-    fn free(&mut self, off: usize) {
-        if off < SMALL_CHUNK * SMALL_CHUNKS {
-            self.small.push(off)
-        } else {
-            self.big.push(off)
-        }
+    /// Counter-wise sum (for totals over threads).
+    pub fn add(&mut self, o: &Stats) {
+        self.doorbells += o.doorbells;
+        self.wrs += o.wrs;
+        self.buckets += o.buckets;
+        self.messages += o.messages;
+        self.credit_stalls += o.credit_stalls;
+        self.bytes += o.bytes;
+        self.sq_full += o.sq_full;
+        self.failed_lists += o.failed_lists;
+        self.qp_switches += o.qp_switches;
     }
 }
+
+/// Largest one-sided READ/WRITE a single op may move with the default configuration, in
+/// bytes ([`RuntimeConfig::max_transfer`]).
+pub const MAX_ONE_SIDED_BYTES: usize = 4 << 20;
 
 enum OpState {
     Free,
@@ -204,13 +280,12 @@ enum OpState {
 
 struct OpSlot {
     state: OpState,
-    buf: usize,
+    chunk: Option<Chunk>,
     len: usize,
     abandoned: bool,
 }
 
 struct RpcChan {
-    cfg: RocketConfig,
     tx: RocketSender,
     staging: MemoryRegion,
     req_ring: MrDesc,
@@ -219,28 +294,58 @@ struct RpcChan {
     /// Word 0: request credits written by the server. Word 1: source of credit WRITEs.
     words: MemoryRegion,
     resp_credit: RemoteAddr,
+    credit_every: u64,
+    /// Sealed buckets to post (replays first).
+    spans: VecDeque<BucketSpan>,
+    force_credit: bool,
+    /// The QP this Rocket's lists are outstanding on, and how many.
+    qp: Option<Arc<SharedQp>>,
+    lists: usize,
+    /// READ-mode reply buffers to release at the server.
+    releases: Vec<u64>,
 }
 
 struct Conn {
     node: u32,
-    qp: QueuePair,
-    /// WRs not yet posted, and the op each belongs to (Rocket buckets and credits: none).
-    pending: Vec<SendWr>,
-    pending_ops: Vec<Option<usize>>,
-    /// Posted lists: (sequence, ops, WRs). A list's send-queue slots free up when its
-    /// signaled last WR completes.
-    inflight: VecDeque<(u64, Vec<usize>, usize)>,
-    /// WRs posted and not yet completed: never more than the QP's send queue holds, so a
-    /// post never fails for lack of room (a failed post may have posted part of a list).
-    outstanding: usize,
-    next_seq: u64,
+    straw: Arc<Straw>,
+    /// One-sided WRs not yet posted, and the op each belongs to.
+    os_pending: Vec<SendWr>,
+    os_ops: Vec<usize>,
+    os_qp: Option<Arc<SharedQp>>,
+    os_lists: usize,
     rpc: Option<RpcChan>,
+    attached: Vec<QpKind>,
     broken: Option<String>,
+}
+
+enum Reply {
+    Inline(Result<Vec<u8>, RpcError>),
+    Read(ReadReply),
+    ZeroCopy(usize),
 }
 
 struct CallSlot {
     node: u32,
-    result: Option<Result<Vec<u8>, RpcError>>,
+    result: Option<Reply>,
+    chunk: Option<Chunk>,
+}
+
+/// What one posted list carried, to finish or replay it when its completion arrives.
+enum Rec {
+    OneSided {
+        conn: usize,
+        ops: Vec<usize>,
+    },
+    Rocket {
+        conn: usize,
+        spans: Vec<BucketSpan>,
+        credit: bool,
+    },
+}
+
+enum Item {
+    Span(BucketSpan),
+    Credit,
 }
 
 struct Inner {
@@ -248,67 +353,89 @@ struct Inner {
     by_node: HashMap<u32, usize>,
     ops: Vec<OpSlot>,
     free_ops: Vec<usize>,
-    scratch: Scratch,
+    arena: Arena,
     calls: HashMap<u64, CallSlot>,
+    /// Zero-copy buffers of calls that ended without their reply: the server may still
+    /// WRITE into them, so they are freed when the late reply arrives or at the deadline.
+    zombies: HashMap<u64, (Chunk, Instant)>,
     next_call: u64,
     stats: Stats,
+    recs: Vec<Option<Rec>>,
+    free_recs: Vec<usize>,
     wrs: Vec<SendWr>,
-    wr_ops: Vec<Option<usize>>,
-    spans: Vec<BucketSpan>,
+    items: Vec<Item>,
     batch: Vec<u8>,
-    wcs: Vec<Wc>,
+    done: Vec<(u64, WcStatus)>,
+    rounds: u64,
 }
 
 /// One thread's connections, buffers and in-flight work. Shared by the thread's
 /// coroutines through `Rc`.
 pub struct ThreadCtx {
-    fabric: Fabric,
+    straws: Arc<Straws>,
     cfg: RuntimeConfig,
-    cq: CompletionQueue,
+    mailbox: Arc<Mailbox>,
     inner: RefCell<Inner>,
 }
 
-const SEQ_BITS: u32 = 40;
-/// Posted lists (one signaled completion each) in flight per QP at most: bounds what the
-/// shared CQ (4096 entries) must hold to 64 connections' worth.
-const MAX_LISTS_IN_FLIGHT: usize = 64;
+/// How long a zero-copy buffer of an abandoned call stays reserved.
+const ZOMBIE_GRACE: Duration = Duration::from_secs(30);
 
 impl ThreadCtx {
-    /// A context on `fabric` with no connections yet.
+    /// A context on `fabric` with its own straws (QPs not shared with other threads).
+    /// Use [`Runtime`] to share QP pools among threads.
     pub fn new(fabric: Fabric, cfg: RuntimeConfig) -> Result<Rc<Self>, RpcError> {
+        let straws = Straws::new(fabric, cfg.straw_config());
+        Self::with_straws(straws, cfg)
+    }
+
+    /// A context whose QPs come from the process-wide `straws`.
+    pub fn with_straws(straws: Arc<Straws>, cfg: RuntimeConfig) -> Result<Rc<Self>, RpcError> {
         cfg.rocket
             .validate()
             .map_err(|e| RpcError::Connect(e.to_string()))?;
         if cfg.sq_depth == 0 {
             return Err(RpcError::Connect("sq_depth must be at least 1".into()));
         }
-        let cq = fabric.create_cq(4096)?;
-        let scratch = Scratch::new(&fabric)?;
+        let arena = Arena::new(straws.fabric(), cfg.buffer_bytes, cfg.max_transfer)?;
         Ok(Rc::new(Self {
-            fabric,
+            straws,
             cfg,
-            cq,
+            mailbox: Mailbox::new(),
             inner: RefCell::new(Inner {
                 conns: Vec::new(),
                 by_node: HashMap::new(),
                 ops: Vec::new(),
                 free_ops: Vec::new(),
-                scratch,
+                arena,
                 calls: HashMap::new(),
+                zombies: HashMap::new(),
                 next_call: 1,
                 stats: Stats::default(),
+                recs: Vec::new(),
+                free_recs: Vec::new(),
                 wrs: Vec::new(),
-                wr_ops: Vec::new(),
-                spans: Vec::new(),
+                items: Vec::new(),
                 batch: Vec::new(),
-                wcs: Vec::new(),
+                done: Vec::new(),
+                rounds: 0,
             }),
         }))
     }
 
     /// The fabric this context runs on.
     pub fn fabric(&self) -> &Fabric {
-        &self.fabric
+        self.straws.fabric()
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.cfg
+    }
+
+    /// The straws this thread's QPs come from.
+    pub fn straws(&self) -> &Arc<Straws> {
+        &self.straws
     }
 
     /// Counters so far.
@@ -316,57 +443,44 @@ impl ThreadCtx {
         self.inner.borrow().stats
     }
 
-    /// Connect a QP for one-sided operations to the node whose control plane is at `addr`.
-    /// Returns the node's [`NodeInfo`]. Blocking; call before running coroutines.
+    /// Attach to the straw of the node at `addr` for one-sided operations. Returns the
+    /// node's [`NodeInfo`]. Blocking; call before running coroutines. Errors: the node's
+    /// control plane is unreachable or refuses; QPs cannot be created.
     pub fn connect(&self, addr: SocketAddr) -> Result<NodeInfo, RpcError> {
         let info = node_info(addr, self.cfg.connect_timeout)?;
-        if self.inner.borrow().by_node.contains_key(&info.node) {
-            return Ok(info);
-        }
-        let mut qp = self.fabric.create_qp(&self.cq, self.cfg.sq_depth)?;
-        let (ep, ctrl): (crate::fabric::QpEndpoint, _) = self.ctrl_call(
-            addr,
-            &CtrlRequest::ConnectQp {
-                endpoint: qp.endpoint(),
-            },
-        )?;
-        qp.connect(&ep)?;
-        qp.watch_peer(ctrl)?;
-        self.add_conn(info.node, qp, None);
+        self.attach(&info, addr, QpKind::OneSided)?;
         Ok(info)
     }
 
-    /// Connect a QP plus an RPC channel (request and response Rockets) to the node at `addr`.
-    /// One-sided operations to that node use the same QP.
+    /// Attach for one-sided operations and RPC: also opens this thread's Rocket pair (a
+    /// request ring at the node, a response ring here). Errors as [`ThreadCtx::connect`],
+    /// and a node that serves no RPCs.
     pub fn connect_rpc(&self, addr: SocketAddr) -> Result<NodeInfo, RpcError> {
         let info = node_info(addr, self.cfg.connect_timeout)?;
-        if let Some(&i) = self.inner.borrow().by_node.get(&info.node) {
-            if self.inner.borrow().conns[i].rpc.is_some() {
-                return Ok(info);
-            }
-            return Err(RpcError::Connect(format!(
-                "node {} already connected without RPC on this thread",
-                info.node
-            )));
+        let ci = self.attach(&info, addr, QpKind::OneSided)?;
+        if self.inner.borrow().conns[ci].rpc.is_some() {
+            return Ok(info);
         }
+        self.attach(&info, addr, QpKind::Rpc)?;
         let cfg = self.cfg.rocket;
-        let mut qp = self.fabric.create_qp(&self.cq, self.cfg.sq_depth)?;
-        let staging = self.fabric.alloc_mr(cfg.ring_bytes())?;
-        let resp_ring = self.fabric.alloc_mr(cfg.ring_bytes())?;
-        let words = self.fabric.alloc_mr(16)?;
-        let (accept, ctrl): (RpcAccept, _) = self.ctrl_call(
-            addr,
-            &CtrlRequest::ConnectRpc {
-                endpoint: qp.endpoint(),
+        let fabric = self.straws.fabric();
+        let staging = fabric.alloc_mr(cfg.ring_bytes())?;
+        let resp_ring = fabric.alloc_mr(cfg.ring_bytes())?;
+        let words = fabric.alloc_mr(16)?;
+        let mut c = crate::bootstrap::BootstrapClient::connect(addr, self.cfg.connect_timeout)
+            .map_err(|e| RpcError::Connect(format!("{addr}: {e}")))?;
+        let accept: RpcAccept = c
+            .call_typed(&CtrlRequest::ConnectRocket {
+                node: fabric.node(),
+                straw: self.straws.id(),
                 geometry: cfg.into(),
+                batching: self.cfg.batching,
+                mode_threshold: self.cfg.mode_threshold,
                 resp_ring: resp_ring.desc(),
                 req_credit: words.desc().at(0),
-            },
-        )?;
-        qp.connect(&accept.endpoint)?;
-        qp.watch_peer(ctrl)?;
+            })
+            .map_err(|e| RpcError::Connect(format!("{addr}: {e}")))?;
         let chan = RpcChan {
-            cfg,
             tx: RocketSender::new(cfg).map_err(|e| RpcError::Connect(e.to_string()))?,
             staging,
             req_ring: accept.req_ring,
@@ -374,44 +488,55 @@ impl ThreadCtx {
             resp_ring,
             words,
             resp_credit: accept.resp_credit,
+            credit_every: credit_every(&cfg),
+            spans: VecDeque::new(),
+            force_credit: false,
+            qp: None,
+            lists: 0,
+            releases: Vec::new(),
         };
-        self.add_conn(info.node, qp, Some(chan));
+        self.inner.borrow_mut().conns[ci].rpc = Some(chan);
         Ok(info)
     }
 
-    /// One control-plane request on a new connection, which is returned to serve as the
-    /// QP's liveness channel ([`QueuePair::watch_peer`]).
-    fn ctrl_call<R: serde::de::DeserializeOwned>(
-        &self,
-        addr: SocketAddr,
-        req: &CtrlRequest,
-    ) -> Result<(R, std::net::TcpStream), RpcError> {
-        let connect = |e: bootstrap::BootstrapError| RpcError::Connect(format!("{addr}: {e}"));
-        let mut c =
-            bootstrap::BootstrapClient::connect(addr, self.cfg.connect_timeout).map_err(connect)?;
-        let r = c.call_typed(req).map_err(connect)?;
-        Ok((r, c.into_stream()))
-    }
-
-    fn add_conn(&self, node: u32, qp: QueuePair, rpc: Option<RpcChan>) {
-        let mut inner = self.inner.borrow_mut();
-        let idx = inner.conns.len();
-        inner.conns.push(Conn {
-            node,
-            qp,
-            pending: Vec::new(),
-            pending_ops: Vec::new(),
-            inflight: VecDeque::new(),
-            outstanding: 0,
-            next_seq: 0,
-            rpc,
-            broken: None,
-        });
-        inner.by_node.insert(node, idx);
+    /// Attach this thread to the straw of `info.node` for `kind`; returns the conn index.
+    fn attach(&self, info: &NodeInfo, addr: SocketAddr, kind: QpKind) -> Result<usize, RpcError> {
+        let existing = self.inner.borrow().by_node.get(&info.node).copied();
+        let ci = match existing {
+            Some(ci) => ci,
+            None => {
+                let straw = self.straws.straw(info.node, addr);
+                let mut inner = self.inner.borrow_mut();
+                let ci = inner.conns.len();
+                inner.conns.push(Conn {
+                    node: info.node,
+                    straw,
+                    os_pending: Vec::new(),
+                    os_ops: Vec::new(),
+                    os_qp: None,
+                    os_lists: 0,
+                    rpc: None,
+                    attached: Vec::new(),
+                    broken: None,
+                });
+                inner.by_node.insert(info.node, ci);
+                ci
+            }
+        };
+        let straw = {
+            let inner = self.inner.borrow();
+            if inner.conns[ci].attached.contains(&kind) {
+                return Ok(ci);
+            }
+            inner.conns[ci].straw.clone()
+        };
+        straw.attach(kind)?;
+        self.inner.borrow_mut().conns[ci].attached.push(kind);
+        Ok(ci)
     }
 
     /// RDMA READ of `len` bytes at `remote` on `node`. Errors: [`RpcError::TooLarge`] past
-    /// [`MAX_ONE_SIDED_BYTES`], [`RpcError::Completion`], [`RpcError::PeerGone`].
+    /// [`RuntimeConfig::max_transfer`], [`RpcError::Completion`], [`RpcError::PeerGone`].
     pub async fn read(
         &self,
         node: u32,
@@ -457,12 +582,51 @@ impl ThreadCtx {
         Ok(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
     }
 
-    /// Call handler `handler` on `node` with `req`; resolves to the response payload.
-    /// Errors: [`RpcError::TooLarge`], [`RpcError::Timeout`] after the configured deadline,
-    /// [`RpcError::PeerGone`], [`RpcError::Remote`] when the handler failed.
+    /// Call handler `handler` on `node` with `req` in [`Mode::Auto`] with the default
+    /// deadline; resolves to the reply payload. See [`ThreadCtx::call_with`].
     pub async fn call(&self, node: u32, handler: u16, req: &[u8]) -> Result<Vec<u8>, RpcError> {
-        let deadline = Instant::now() + self.cfg.call_timeout;
+        self.call_with(node, handler, req, CallOpts::default())
+            .await
+    }
+
+    /// Call handler `handler` on `node` with `req`; the reply travels as `opts.mode`
+    /// says. Requests ride in the request Rocket, so `req` plus the mode's prefix (0, 8
+    /// or 16 bytes) must fit one bucket (`bucket_size - 32` bytes). Errors:
+    /// [`RpcError::TooLarge`] for such a request or a zero-copy buffer above
+    /// [`RuntimeConfig::max_transfer`]; [`RpcError::Timeout`] after the deadline;
+    /// [`RpcError::PeerGone`]; [`RpcError::Remote`] when the handler failed or its reply is
+    /// too large for the mode (never truncated); [`RpcError::Completion`] when the READ of
+    /// a READ-mode reply failed.
+    pub async fn call_with(
+        &self,
+        node: u32,
+        handler: u16,
+        req: &[u8],
+        opts: CallOpts,
+    ) -> Result<Vec<u8>, RpcError> {
+        let timeout = opts.timeout.unwrap_or(self.cfg.call_timeout);
+        let deadline = Instant::now() + timeout;
+        let threshold = self.cfg.mode_threshold;
+        let (mode, zc_len) = match opts.mode {
+            Mode::Rpc => (ReplyMode::Inline, 0),
+            Mode::Read => (ReplyMode::Read, 0),
+            Mode::ZeroCopy => (
+                ReplyMode::ZeroCopy,
+                opts.reply_len.unwrap_or(self.cfg.max_transfer),
+            ),
+            Mode::Auto => match opts.reply_len {
+                Some(n) if n > threshold => (ReplyMode::ZeroCopy, n),
+                _ => (ReplyMode::Auto, 0),
+            },
+        };
+        if mode == ReplyMode::ZeroCopy && zc_len > self.cfg.max_transfer {
+            return Err(RpcError::TooLarge {
+                len: zc_len,
+                max: self.cfg.max_transfer,
+            });
+        }
         let mut stalled = false;
+        let mut chunk: Option<Chunk> = None;
         let id = std::future::poll_fn(|_| {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
@@ -479,24 +643,67 @@ impl ThreadCtx {
             let Some(chan) = conn.rpc.as_mut() else {
                 return Poll::Ready(Err(RpcError::NotConnected { node }));
             };
+            let max = chan.tx.max_payload();
+            if req.len() + mode.prefix_bytes() > max {
+                return Poll::Ready(Err(RpcError::TooLarge {
+                    len: req.len() + mode.prefix_bytes(),
+                    max,
+                }));
+            }
+            if mode == ReplyMode::ZeroCopy && chunk.is_none() {
+                match inner.arena.alloc(zc_len) {
+                    Some(c) => chunk = Some(c),
+                    None if Instant::now() < deadline => return Poll::Pending,
+                    None => {
+                        return Poll::Ready(Err(RpcError::Timeout {
+                            node,
+                            handler,
+                            after: timeout,
+                        }))
+                    }
+                }
+            }
             let call_id = inner.next_call;
             let hdr = MsgHeader {
-                len: req.len() as u32,
+                len: 0,
                 handler,
                 kind: MsgKind::Request as u8,
-                flags: 0,
+                flags: mode as u8,
                 call_id,
             };
-            match chan.tx.push(&chan.staging, hdr, req) {
+            let mut pre = [0u8; 16];
+            let pre: &[u8] = match mode {
+                ReplyMode::Inline | ReplyMode::Auto | ReplyMode::Read => &[],
+                ReplyMode::ZeroCopy => {
+                    let c = chunk.expect("allocated above");
+                    pre.copy_from_slice(
+                        &ZeroCopyPrefix {
+                            addr: inner.arena.mr().addr() + c.off as u64,
+                            rkey: inner.arena.mr().rkey(),
+                            capacity: zc_len as u32,
+                        }
+                        .to_bytes(),
+                    );
+                    &pre[..]
+                }
+            };
+            match chan.tx.push_parts(&chan.staging, hdr, &[pre, req]) {
                 Ok(()) => {
+                    if !self.cfg.batching.msg() {
+                        chan.tx.seal(&chan.staging);
+                    }
                     inner.next_call += 1;
                     inner.stats.messages += 1;
                     inner.stats.bytes += req.len() as u64;
-                    inner.calls.insert(call_id, CallSlot { node, result: None });
+                    inner.calls.insert(
+                        call_id,
+                        CallSlot {
+                            node,
+                            result: None,
+                            chunk: chunk.take(),
+                        },
+                    );
                     Poll::Ready(Ok(call_id))
-                }
-                Err(RocketError::TooLarge { len, max }) => {
-                    Poll::Ready(Err(RpcError::TooLarge { len, max }))
                 }
                 Err(RocketError::RingFull) if Instant::now() < deadline => {
                     if !stalled {
@@ -508,20 +715,72 @@ impl ThreadCtx {
                 Err(RocketError::RingFull) => Poll::Ready(Err(RpcError::Timeout {
                     node,
                     handler,
-                    after: self.cfg.call_timeout,
+                    after: timeout,
                 })),
+                Err(RocketError::TooLarge { len, max }) => {
+                    Poll::Ready(Err(RpcError::TooLarge { len, max }))
+                }
                 Err(e) => Poll::Ready(Err(RpcError::Connect(e.to_string()))),
             }
         })
-        .await?;
-        CallWait {
+        .await;
+        if let Some(c) = chunk {
+            // Failed before the request went out: nobody will write into it.
+            self.inner.borrow_mut().arena.free(c);
+        }
+        let id = id?;
+        let reply = CallWait {
             ctx: self,
             id,
             node,
             handler,
             deadline,
+            after: timeout,
         }
-        .await
+        .await;
+        match reply? {
+            Reply::Inline(r) => r,
+            Reply::ZeroCopy(len) => {
+                let mut inner = self.inner.borrow_mut();
+                let c = inner
+                    .calls
+                    .remove(&id)
+                    .and_then(|s| s.chunk)
+                    .expect("zero-copy call keeps its chunk");
+                let r = if len > c.bytes() {
+                    Err(RpcError::Protocol {
+                        node,
+                        what: format!("zero-copy reply of {len} bytes overruns the buffer"),
+                    })
+                } else {
+                    let mut out = vec![0u8; len];
+                    inner.arena.mr().read(c.off, &mut out);
+                    Ok(out)
+                };
+                inner.arena.free(c);
+                r
+            }
+            Reply::Read(r) => {
+                self.inner.borrow_mut().calls.remove(&id);
+                let remote = RemoteAddr {
+                    addr: r.addr,
+                    rkey: r.rkey,
+                };
+                let data = self.read(node, remote, r.len as usize).await;
+                self.release(node, r.handle);
+                data
+            }
+        }
+    }
+
+    /// Queue a Release of READ-mode reply buffer `handle` at `node` (sent next round).
+    fn release(&self, node: u32, handle: u64) {
+        let mut inner = self.inner.borrow_mut();
+        if let Some(&ci) = inner.by_node.get(&node) {
+            if let Some(chan) = inner.conns[ci].rpc.as_mut() {
+                chan.releases.push(handle);
+            }
+        }
     }
 
     /// A future that is ready once `d` has passed (polled by the executor; no timer thread).
@@ -560,10 +819,10 @@ impl ThreadCtx {
         std::future::poll_fn(move |_| {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
-            if len > MAX_ONE_SIDED_BYTES {
+            if len > inner.arena.max_chunk() {
                 return Poll::Ready(Err(RpcError::TooLarge {
                     len,
-                    max: MAX_ONE_SIDED_BYTES,
+                    max: inner.arena.max_chunk(),
                 }));
             }
             let Some(&ci) = inner.by_node.get(&node) else {
@@ -576,18 +835,18 @@ impl ThreadCtx {
                 }));
             }
             // No local buffer free: wait for in-flight ops to complete.
-            let Some(buf) = inner.scratch.alloc(len) else {
+            let Some(chunk) = inner.arena.alloc(len) else {
                 return Poll::Pending;
             };
             if let Some(d) = data {
-                inner.scratch.mr.write(buf, d);
+                inner.arena.mr().write(chunk.off, d);
             }
             let id = match inner.free_ops.pop() {
                 Some(id) => id,
                 None => {
                     inner.ops.push(OpSlot {
                         state: OpState::Free,
-                        buf: 0,
+                        chunk: None,
                         len: 0,
                         abandoned: false,
                     });
@@ -596,22 +855,22 @@ impl ThreadCtx {
             };
             inner.ops[id] = OpSlot {
                 state: OpState::Waiting,
-                buf,
+                chunk: Some(chunk),
                 len,
                 abandoned: false,
             };
             let wr = SendWr {
                 wr_id: 0,
                 opcode,
-                sge: inner.scratch.mr.sge(buf, len),
+                sge: inner.arena.mr().sge(chunk.off, len),
                 remote,
                 signaled: false,
                 inline: false,
             };
             inner.stats.bytes += len as u64;
             let conn = &mut inner.conns[ci];
-            conn.pending.push(wr);
-            conn.pending_ops.push(Some(id));
+            conn.os_pending.push(wr);
+            conn.os_ops.push(id);
             Poll::Ready(Ok(id))
         })
     }
@@ -627,161 +886,136 @@ impl ThreadCtx {
 
     fn take_buf(&self, id: usize) -> Vec<u8> {
         let mut inner = self.inner.borrow_mut();
-        let (buf, len) = (inner.ops[id].buf, inner.ops[id].len);
+        let inner = &mut *inner;
+        let slot = &mut inner.ops[id];
+        let len = slot.len;
+        let chunk = slot.chunk.take();
+        slot.state = OpState::Free;
         let mut out = vec![0u8; len];
-        inner.scratch.mr.read(buf, &mut out);
-        inner.scratch.free(buf);
-        inner.ops[id].state = OpState::Free;
+        if let Some(c) = chunk {
+            inner.arena.mr().read(c.off, &mut out);
+            inner.arena.free(c);
+        }
         inner.free_ops.push(id);
         out
     }
 
-    /// One polling round's I/O: post every connection's WRs (one doorbell each), poll the
-    /// CQ, receive responses, notice dead peers. Returns whether anything happened.
+    /// Inject a transport failure into the QPs of `kind` of this thread's straw to `node`
+    /// (they go to the error state and are reconnected by the next thread that posts).
+    /// For fault tests and benchmarks. Errors: not connected; the verbs call failed.
+    pub fn inject_qp_error(&self, node: u32, kind: QpKind) -> Result<usize, RpcError> {
+        let inner = self.inner.borrow();
+        let &ci = inner
+            .by_node
+            .get(&node)
+            .ok_or(RpcError::NotConnected { node })?;
+        let qps = inner.conns[ci].straw.list(kind);
+        for q in &qps {
+            q.inject_error()?;
+        }
+        Ok(qps.len())
+    }
+
+    /// One polling round's I/O: post every node's pending WRs (one doorbell per QP used),
+    /// poll the QPs and the response Rockets, replay what failed, notice dead peers.
+    /// Returns whether anything happened.
     pub fn progress(&self) -> bool {
         let mut inner = self.inner.borrow_mut();
         let inner = &mut *inner;
+        inner.rounds += 1;
+        let check = inner.rounds.is_multiple_of(64);
         let mut work = false;
         for ci in 0..inner.conns.len() {
-            let conn = &mut inner.conns[ci];
-            if conn.broken.is_some() {
+            if inner.conns[ci].broken.is_none() {
+                if let Some(why) = inner.conns[ci].straw.dead() {
+                    inner.conns[ci].broken = Some(why);
+                }
+            }
+            if inner.conns[ci].broken.is_some() {
                 continue;
             }
-            inner.wrs.clear();
-            inner.wr_ops.clear();
-            // WRs left over last round (no room in the send queue) and one-sided ops
-            // issued since, then this round's Rocket buckets and credit return.
-            inner.wrs.append(&mut conn.pending);
-            inner.wr_ops.append(&mut conn.pending_ops);
-            if let Some(chan) = conn.rpc.as_mut() {
-                let _ = chan.tx.on_credit(stable_word(&chan.words, 0));
-                chan.tx.seal(&chan.staging);
-                inner.spans.clear();
-                chan.tx.take_ready(&mut inner.spans);
-                inner.stats.buckets += inner.spans.len() as u64;
-                for s in &inner.spans {
-                    inner.wrs.push(SendWr {
-                        wr_id: 0,
-                        opcode: WrOpcode::Write,
-                        sge: chan.staging.sge(s.offset, s.len),
-                        remote: chan.req_ring.at(s.offset as u64),
-                        signaled: false,
-                        inline: false,
-                    });
-                    inner.wr_ops.push(None);
-                }
-                // Responses.
-                loop {
-                    inner.batch.clear();
-                    match chan.rx.poll(&chan.resp_ring, &mut inner.batch) {
-                        Ok(true) => {}
-                        Ok(false) => break,
-                        Err(e) => {
-                            conn.broken = Some(format!("corrupt response ring: {e}"));
-                            break;
-                        }
-                    }
-                    work = true;
-                    for m in decode_batch(&inner.batch) {
-                        let Ok((h, payload)) = m else {
-                            conn.broken = Some("corrupt response batch".into());
-                            break;
-                        };
-                        // A response to a call that timed out is dropped here.
-                        if let Some(slot) = inner.calls.get_mut(&h.call_id) {
-                            slot.result = Some(if h.kind == MsgKind::Error as u8 {
-                                Err(RpcError::Remote {
-                                    node: conn.node,
-                                    handler: h.handler,
-                                    msg: String::from_utf8_lossy(payload).into_owned(),
-                                })
-                            } else {
-                                Ok(payload.to_vec())
-                            });
-                        }
-                    }
-                }
-                if let Some(c) = chan.rx.credit_due(credit_every(&chan.cfg)) {
-                    chan.words.store_u64(8, c);
-                    inner.wrs.push(SendWr {
-                        wr_id: 0,
-                        opcode: WrOpcode::Write,
-                        sge: chan.words.sge(8, 8),
-                        remote: chan.resp_credit,
-                        signaled: false,
-                        inline: true,
-                    });
-                    inner.wr_ops.push(None);
-                }
-            }
-            // Post what fits in the send queue; keep the rest for the next round.
-            let room = if conn.inflight.len() >= MAX_LISTS_IN_FLIGHT {
-                0
-            } else {
-                self.cfg.sq_depth.saturating_sub(conn.outstanding)
-            };
-            if inner.wrs.len() > room {
-                inner.stats.sq_full += 1;
-                conn.pending = inner.wrs.split_off(room);
-                conn.pending_ops = inner.wr_ops.split_off(room);
-            }
-            if !inner.wrs.is_empty() {
+            if !inner.conns[ci].os_pending.is_empty() {
                 work = true;
-                let seq = conn.next_seq;
-                conn.next_seq += 1;
-                let tag = ((ci as u64) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1));
-                for w in inner.wrs.iter_mut() {
-                    w.wr_id = tag;
-                    w.signaled = false;
-                }
-                inner.wrs.last_mut().expect("non-empty").signaled = true;
-                inner.stats.doorbells += 1;
-                inner.stats.wrs += inner.wrs.len() as u64;
-                let ops: Vec<usize> = inner.wr_ops.drain(..).flatten().collect();
-                let n = inner.wrs.len();
-                if let Err(e) = conn.qp.post_send(&inner.wrs) {
-                    tracing::warn!(node = conn.node, error = %e, "post failed; connection broken");
-                    conn.broken = Some(e.to_string());
-                }
-                conn.outstanding += n;
-                conn.inflight.push_back((seq, ops, n));
+                self.post_one_sided(inner, ci);
             }
-            if conn.broken.is_none() && conn.qp.state() == QpState::Error {
-                conn.broken = Some("queue pair in error (peer gone)".into());
+            if inner.conns[ci].rpc.is_some() {
+                work |= self.rocket_round(inner, ci);
+            }
+            let conn = &inner.conns[ci];
+            if conn.os_lists > 0 {
+                if let Some(q) = &conn.os_qp {
+                    q.poll();
+                }
+            }
+            if let Some(chan) = &conn.rpc {
+                if let Some(q) = &chan.qp {
+                    if chan.lists > 0 || (check && !inner.calls.is_empty()) {
+                        q.poll();
+                        if check && q.is_broken() {
+                            conn.straw.reconnect(q);
+                        }
+                    }
+                }
             }
         }
-        // Completions.
-        inner.wcs.clear();
-        self.cq.poll(&mut inner.wcs, 1024);
-        for i in 0..inner.wcs.len() {
+        // Completions routed here by whichever thread polled the QPs.
+        inner.done.clear();
+        self.mailbox.drain(&mut inner.done);
+        for i in 0..inner.done.len() {
             work = true;
-            let wc = inner.wcs[i];
-            let ci = (wc.wr_id >> SEQ_BITS) as usize;
-            let seq = wc.wr_id & ((1 << SEQ_BITS) - 1);
-            let node = inner.conns[ci].node;
-            let result = if wc.status == WcStatus::Success {
-                Ok(())
-            } else {
-                inner.conns[ci]
-                    .broken
-                    .get_or_insert_with(|| format!("work request failed: {:?}", wc.status));
-                Err(RpcError::Completion {
-                    node,
-                    status: wc.status,
-                })
+            let (token, status) = inner.done[i];
+            let Some(rec) = inner.recs[token as usize].take() else {
+                continue;
             };
-            while let Some((s, _, _)) = inner.conns[ci].inflight.front() {
-                if *s & ((1 << SEQ_BITS) - 1) > seq {
-                    break;
+            inner.free_recs.push(token as usize);
+            if status != WcStatus::Success {
+                inner.stats.failed_lists += 1;
+            }
+            match rec {
+                Rec::OneSided { conn, ops } => {
+                    let c = &mut inner.conns[conn];
+                    c.os_lists -= 1;
+                    let node = c.node;
+                    for id in ops {
+                        let r = if status == WcStatus::Success {
+                            Ok(())
+                        } else {
+                            Err(RpcError::Completion { node, status })
+                        };
+                        complete(inner, id, r);
+                    }
                 }
-                let (_, ops, n) = inner.conns[ci].inflight.pop_front().expect("front");
-                inner.conns[ci].outstanding -= n;
-                for id in ops {
-                    complete(inner, id, result.clone());
+                Rec::Rocket {
+                    conn,
+                    spans,
+                    credit,
+                } => {
+                    let Some(chan) = inner.conns[conn].rpc.as_mut() else {
+                        continue;
+                    };
+                    chan.lists -= 1;
+                    if status != WcStatus::Success {
+                        for s in spans.into_iter().rev() {
+                            chan.spans.push_front(s);
+                        }
+                        chan.force_credit |= credit;
+                    }
                 }
             }
         }
-        // Fail everything aimed at broken connections.
+        if check && !inner.zombies.is_empty() {
+            let now = Instant::now();
+            let arena = &mut inner.arena;
+            inner.zombies.retain(|_, (c, until)| {
+                if *until <= now {
+                    arena.free(*c);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        // Fail everything aimed at unreachable nodes.
         for ci in 0..inner.conns.len() {
             let Some(why) = inner.conns[ci].broken.clone() else {
                 continue;
@@ -791,24 +1025,297 @@ impl ThreadCtx {
                 node,
                 why: why.clone(),
             };
-            let mut ops: Vec<usize> = std::mem::take(&mut inner.conns[ci].pending_ops)
-                .into_iter()
-                .flatten()
-                .collect();
-            inner.conns[ci].pending.clear();
-            for (_, o, _) in inner.conns[ci].inflight.drain(..) {
-                ops.extend(o);
+            let mut ops: Vec<usize> = std::mem::take(&mut inner.conns[ci].os_ops);
+            inner.conns[ci].os_pending.clear();
+            for r in inner.recs.iter_mut() {
+                if let Some(Rec::OneSided { conn, ops: o }) = r {
+                    if *conn == ci {
+                        ops.append(o);
+                    }
+                }
             }
             for id in ops {
                 complete(inner, id, Err(gone()));
             }
             for slot in inner.calls.values_mut() {
                 if slot.node == node && slot.result.is_none() {
-                    slot.result = Some(Err(gone()));
+                    slot.result = Some(Reply::Inline(Err(gone())));
                 }
             }
         }
         work
+    }
+
+    /// Post a node's pending one-sided WRs on a one-sided QP of its straw.
+    fn post_one_sided(&self, inner: &mut Inner, ci: usize) {
+        let conn = &mut inner.conns[ci];
+        let qp = if conn.os_lists > 0 {
+            // Stick while lists are outstanding: a coroutine's later WRs must not pass
+            // its earlier ones on another QP.
+            match &conn.os_qp {
+                Some(q) if !q.is_broken() => q.clone(),
+                _ => return,
+            }
+        } else {
+            match conn.straw.pick(QpKind::OneSided) {
+                Some(q) => q,
+                None => return,
+            }
+        };
+        if conn
+            .os_qp
+            .as_ref()
+            .is_some_and(|old| !Arc::ptr_eq(old, &qp))
+        {
+            inner.stats.qp_switches += 1;
+        }
+        let per_list = if self.cfg.batching.doorbell() {
+            usize::MAX
+        } else {
+            1
+        };
+        let mut posted = 0;
+        let total = conn.os_pending.len();
+        while posted < total {
+            let end = posted.saturating_add(per_list).min(total);
+            let token = alloc_rec(&mut inner.recs, &mut inner.free_recs);
+            let n = qp
+                .post(
+                    &mut conn.os_pending[posted..end],
+                    &self.mailbox,
+                    token as u64,
+                )
+                .unwrap_or(0);
+            if n == 0 {
+                inner.free_recs.push(token);
+                break;
+            }
+            inner.recs[token] = Some(Rec::OneSided {
+                conn: ci,
+                ops: conn.os_ops[posted..posted + n].to_vec(),
+            });
+            inner.stats.doorbells += 1;
+            inner.stats.wrs += n as u64;
+            conn.os_lists += 1;
+            posted += n;
+        }
+        if posted > 0 {
+            conn.os_qp = Some(qp);
+            conn.os_pending.drain(..posted);
+            conn.os_ops.drain(..posted);
+        }
+        if posted < total {
+            inner.stats.sq_full += 1;
+        }
+    }
+
+    /// A Rocket's round: credits in, releases out, seal and post buckets and credit,
+    /// receive responses. Returns whether anything happened.
+    fn rocket_round(&self, inner: &mut Inner, ci: usize) -> bool {
+        let mut work = false;
+        let node = inner.conns[ci].node;
+        let batching = self.cfg.batching;
+        let conn = &mut inner.conns[ci];
+        let chan = conn.rpc.as_mut().expect("rpc");
+        let _ = chan.tx.on_credit(stable_word(&chan.words, 0));
+        while let Some(&h) = chan.releases.last() {
+            let hdr = MsgHeader {
+                len: 0,
+                handler: 0,
+                kind: MsgKind::Release as u8,
+                flags: 0,
+                call_id: 0,
+            };
+            if chan.tx.push(&chan.staging, hdr, &h.to_le_bytes()).is_err() {
+                break; // ring full: next round
+            }
+            if !batching.msg() {
+                chan.tx.seal(&chan.staging);
+            }
+            chan.releases.pop();
+        }
+        chan.tx.seal(&chan.staging);
+        let before = chan.spans.len();
+        let mut ready = Vec::new();
+        chan.tx.take_ready(&mut ready);
+        chan.spans.extend(ready);
+        inner.stats.buckets += (chan.spans.len() - before) as u64;
+        // Responses.
+        loop {
+            inner.batch.clear();
+            match chan.rx.poll(&chan.resp_ring, &mut inner.batch) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    conn.broken = Some(format!("corrupt response ring: {e}"));
+                    return true;
+                }
+            }
+            work = true;
+            for m in decode_batch(&inner.batch) {
+                let Ok((h, payload)) = m else {
+                    conn.broken = Some("corrupt response batch".into());
+                    return true;
+                };
+                let reply = match MsgKind::from_u8(h.kind) {
+                    Some(MsgKind::Response) => Reply::Inline(Ok(payload.to_vec())),
+                    Some(MsgKind::Error) => Reply::Inline(Err(RpcError::Remote {
+                        node,
+                        handler: h.handler,
+                        msg: String::from_utf8_lossy(payload).into_owned(),
+                    })),
+                    Some(MsgKind::ReadReply) => match ReadReply::from_bytes(payload) {
+                        Some(r) => Reply::Read(r),
+                        None => Reply::Inline(Err(RpcError::Protocol {
+                            node,
+                            what: format!("READ reply of {} bytes", payload.len()),
+                        })),
+                    },
+                    Some(MsgKind::ZeroCopyDone) => match payload.get(..8) {
+                        Some(b) => {
+                            Reply::ZeroCopy(u64::from_le_bytes(b.try_into().expect("8")) as usize)
+                        }
+                        None => Reply::Inline(Err(RpcError::Protocol {
+                            node,
+                            what: "zero-copy reply without a length".into(),
+                        })),
+                    },
+                    _ => continue,
+                };
+                match inner.calls.get_mut(&h.call_id) {
+                    Some(slot) => slot.result = Some(reply),
+                    // A reply to a call that ended (deadline): release what it holds.
+                    None => match reply {
+                        Reply::Read(r) => chan.releases.push(r.handle),
+                        Reply::ZeroCopy(_) => {
+                            if let Some((c, _)) = inner.zombies.remove(&h.call_id) {
+                                inner.arena.free(c);
+                            }
+                        }
+                        Reply::Inline(_) => {
+                            if let Some((c, _)) = inner.zombies.remove(&h.call_id) {
+                                inner.arena.free(c);
+                            }
+                        }
+                    },
+                }
+            }
+        }
+        if chan.rx.credit_due(chan.credit_every).is_some() {
+            chan.force_credit = true;
+        }
+        if chan.spans.is_empty() && !chan.force_credit {
+            return work;
+        }
+        work = true;
+        let qp = if chan.lists > 0 {
+            match &chan.qp {
+                Some(q) if !q.is_broken() => q.clone(),
+                _ => return work,
+            }
+        } else {
+            match conn.straw.pick(QpKind::Rpc) {
+                Some(q) => q,
+                None => return work,
+            }
+        };
+        if chan.qp.as_ref().is_some_and(|old| !Arc::ptr_eq(old, &qp)) {
+            inner.stats.qp_switches += 1;
+        }
+        let wrs = &mut inner.wrs;
+        let items = &mut inner.items;
+        wrs.clear();
+        items.clear();
+        let consumed = chan.tx.consumed();
+        for s in chan.spans.drain(..) {
+            // A replayed bucket the server has already consumed needs no WRITE.
+            if s.seq < consumed {
+                continue;
+            }
+            wrs.push(SendWr {
+                wr_id: 0,
+                opcode: WrOpcode::Write,
+                sge: chan.staging.sge(s.offset, s.len),
+                remote: chan.req_ring.at(s.offset as u64),
+                signaled: false,
+                inline: false,
+            });
+            items.push(Item::Span(s));
+        }
+        if chan.force_credit {
+            chan.force_credit = false;
+            chan.words.store_u64(8, chan.rx.consumed());
+            wrs.push(SendWr {
+                wr_id: 0,
+                opcode: WrOpcode::Write,
+                sge: chan.words.sge(8, 8),
+                remote: chan.resp_credit,
+                signaled: false,
+                inline: true,
+            });
+            items.push(Item::Credit);
+        }
+        let per_list = if batching.doorbell() { usize::MAX } else { 1 };
+        let mut at = 0;
+        while at < wrs.len() {
+            let end = at.saturating_add(per_list).min(wrs.len());
+            let token = alloc_rec(&mut inner.recs, &mut inner.free_recs);
+            let n = qp
+                .post(&mut wrs[at..end], &self.mailbox, token as u64)
+                .unwrap_or(0);
+            if n == 0 {
+                inner.free_recs.push(token);
+                inner.stats.sq_full += 1;
+                break;
+            }
+            let mut spans = Vec::with_capacity(n);
+            let mut credit = false;
+            for it in items.drain(..n) {
+                match it {
+                    Item::Span(s) => spans.push(s),
+                    Item::Credit => credit = true,
+                }
+            }
+            inner.recs[token] = Some(Rec::Rocket {
+                conn: ci,
+                spans,
+                credit,
+            });
+            inner.stats.doorbells += 1;
+            inner.stats.wrs += n as u64;
+            chan.lists += 1;
+            chan.qp = Some(qp.clone());
+            at += n;
+        }
+        // What did not fit waits for the next round, in order.
+        for it in items.drain(..) {
+            match it {
+                Item::Span(s) => chan.spans.push_back(s),
+                Item::Credit => chan.force_credit = true,
+            }
+        }
+        work
+    }
+}
+
+impl Drop for ThreadCtx {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut();
+        for c in &inner.conns {
+            for &k in &c.attached {
+                c.straw.detach(k);
+            }
+        }
+    }
+}
+
+fn alloc_rec(recs: &mut Vec<Option<Rec>>, free: &mut Vec<usize>) -> usize {
+    match free.pop() {
+        Some(t) => t,
+        None => {
+            recs.push(None);
+            recs.len() - 1
+        }
     }
 }
 
@@ -828,11 +1335,13 @@ pub(crate) fn stable_word(mem: &MemoryRegion, off: usize) -> u64 {
 fn complete(inner: &mut Inner, id: usize, r: Result<(), RpcError>) {
     let slot = &mut inner.ops[id];
     if slot.abandoned {
-        let buf = slot.buf;
+        if let Some(c) = slot.chunk.take() {
+            inner.arena.free(c);
+        }
         slot.state = OpState::Free;
-        inner.scratch.free(buf);
+        slot.abandoned = false;
         inner.free_ops.push(id);
-    } else {
+    } else if matches!(slot.state, OpState::Waiting) {
         slot.state = OpState::Done(r);
     }
 }
@@ -867,9 +1376,10 @@ impl Drop for OpWait<'_> {
             OpState::Waiting => slot.abandoned = true,
             // Completed but never looked at (or failed): free now.
             OpState::Done(_) => {
-                let buf = slot.buf;
+                if let Some(c) = slot.chunk.take() {
+                    inner.arena.free(c);
+                }
                 slot.state = OpState::Free;
-                inner.scratch.free(buf);
                 inner.free_ops.push(self.id);
             }
             _ => {}
@@ -883,22 +1393,27 @@ struct CallWait<'a> {
     node: u32,
     handler: u16,
     deadline: Instant,
+    after: Duration,
 }
 
 impl Future for CallWait<'_> {
-    type Output = Result<Vec<u8>, RpcError>;
+    type Output = Result<Reply, RpcError>;
     fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
         let mut inner = self.ctx.inner.borrow_mut();
         if let Some(r) = inner.calls.get_mut(&self.id).and_then(|s| s.result.take()) {
-            inner.calls.remove(&self.id);
-            return Poll::Ready(r);
+            // Zero-copy replies keep the slot (and its buffer) for the caller.
+            if !matches!(r, Reply::ZeroCopy(_)) {
+                if let Some(c) = inner.calls.remove(&self.id).and_then(|s| s.chunk) {
+                    inner.arena.free(c);
+                }
+            }
+            return Poll::Ready(Ok(r));
         }
         if Instant::now() >= self.deadline {
-            inner.calls.remove(&self.id);
             return Poll::Ready(Err(RpcError::Timeout {
                 node: self.node,
                 handler: self.handler,
-                after: self.ctx.cfg.call_timeout,
+                after: self.after,
             }));
         }
         Poll::Pending
@@ -907,7 +1422,100 @@ impl Future for CallWait<'_> {
 
 impl Drop for CallWait<'_> {
     fn drop(&mut self) {
-        self.ctx.inner.borrow_mut().calls.remove(&self.id);
+        let mut inner = self.ctx.inner.borrow_mut();
+        let inner = &mut *inner;
+        if let Some(slot) = inner.calls.get(&self.id) {
+            if matches!(slot.result, Some(Reply::ZeroCopy(_))) {
+                return; // the caller is about to copy out and free it
+            }
+            let slot = inner.calls.remove(&self.id).expect("present");
+            if let Some(c) = slot.chunk {
+                // The server may still WRITE into it: hold it until its reply comes.
+                inner
+                    .zombies
+                    .insert(self.id, (c, Instant::now() + ZOMBIE_GRACE));
+            }
+        }
+    }
+}
+
+/// A process's RPC runtime: straws (QP pools) shared by the threads it starts.
+///
+/// ```no_run
+/// use rrpc::runtime::{Runtime, RuntimeConfig};
+/// # fn f(fabric: rrpc::fabric::Fabric, server: std::net::SocketAddr) -> Result<(), rrpc::runtime::RpcError> {
+/// let rt = Runtime::new(fabric, RuntimeConfig::default());
+/// // 2 threads x 8 coroutines, each calling handler 1 on the server.
+/// rt.run(2, 8, move |ctx, _thread| {
+///     let node = ctx.connect_rpc(server)?.node;
+///     Ok(move |ctx: std::rc::Rc<rrpc::runtime::ThreadCtx>, _coroutine| async move {
+///         let reply = ctx.call(node, 1, b"ping").await;
+///         assert!(reply.is_ok());
+///     })
+/// })?;
+/// # Ok(()) }
+/// ```
+pub struct Runtime {
+    straws: Arc<Straws>,
+    cfg: RuntimeConfig,
+}
+
+impl Runtime {
+    /// A runtime on `fabric`; threads created through it share QPs per remote node.
+    pub fn new(fabric: Fabric, cfg: RuntimeConfig) -> Self {
+        Self {
+            straws: Straws::new(fabric, cfg.straw_config()),
+            cfg,
+        }
+    }
+
+    /// The shared straws.
+    pub fn straws(&self) -> &Arc<Straws> {
+        &self.straws
+    }
+
+    /// A [`ThreadCtx`] for the calling thread, sharing this runtime's straws.
+    pub fn thread_ctx(&self) -> Result<Rc<ThreadCtx>, RpcError> {
+        ThreadCtx::with_straws(self.straws.clone(), self.cfg.clone())
+    }
+
+    /// Run `threads` OS threads with `coroutines` coroutines each and wait for all of
+    /// them. On each thread `setup(ctx, thread)` runs first (connect here) and returns the
+    /// coroutine body, called as `body(ctx, coroutine)` for each coroutine. Errors: the
+    /// first setup error, or a thread that panicked.
+    pub fn run<S, B, F>(&self, threads: usize, coroutines: usize, setup: S) -> Result<(), RpcError>
+    where
+        S: Fn(&Rc<ThreadCtx>, usize) -> Result<B, RpcError> + Send + Sync,
+        B: Fn(Rc<ThreadCtx>, usize) -> F,
+        F: Future<Output = ()> + 'static,
+    {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads.max(1))
+                .map(|t| {
+                    let setup = &setup;
+                    s.spawn(move || -> Result<(), RpcError> {
+                        let ctx = self.thread_ctx()?;
+                        let body = setup(&ctx, t)?;
+                        let mut ex = Executor::new(ctx.clone());
+                        for c in 0..coroutines.max(1) {
+                            ex.spawn(body(ctx.clone(), c));
+                        }
+                        ex.run();
+                        Ok(())
+                    })
+                })
+                .collect();
+            let mut first = Ok(());
+            for h in handles {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(RpcError::Connect("runtime thread panicked".into())));
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+            first
+        })
     }
 }
 

@@ -1,17 +1,234 @@
-//! Small shared constants of the RPC wire protocol.
+//! Small shared definitions of the RPC wire protocol: message kinds, reply modes and the
+//! fixed-layout prefixes the hybrid modes add to a message (Scythe 000_f3dba2ed893b246b.txt,
+//! 4.6 (2) and Fig. 20).
+
+use serde::{Deserialize, Serialize};
 
 /// Kind byte of a message header ([`crate::rocket::MsgHeader::kind`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum MsgKind {
-    /// A request to handler `handler`.
+    /// A request to handler `handler`; `flags` holds its [`ReplyMode`].
     Request = 1,
     /// A successful response; payload is the handler's output.
     Response = 2,
     /// A failed request; payload is a UTF-8 error message.
     Error = 3,
+    /// RPC + one-sided READ: payload is a [`ReadReply`]; the caller READs the reply from
+    /// the server's buffer and then sends [`MsgKind::Release`].
+    ReadReply = 4,
+    /// RPC zero-copy: the server has WRITten the reply into the caller's buffer; payload
+    /// is its length in bytes (u64, little-endian).
+    ZeroCopyDone = 5,
+    /// Caller to server: the [`ReadReply`] buffer with this handle (u64) may be reused.
+    /// No response.
+    Release = 6,
+}
+
+impl MsgKind {
+    /// The kind with byte value `b`, if any.
+    pub fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => Self::Request,
+            2 => Self::Response,
+            3 => Self::Error,
+            4 => Self::ReadReply,
+            5 => Self::ZeroCopyDone,
+            6 => Self::Release,
+            _ => return None,
+        })
+    }
+}
+
+/// How the reply to a request travels, carried in the request header's `flags`
+/// (Scythe 4.6 (2), Fig. 20).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReplyMode {
+    /// Pure RPC: the reply rides in the response Rocket; a reply larger than a bucket can
+    /// carry is an error.
+    Inline = 0,
+    /// The server chooses by the reply's size: inline up to the caller's threshold
+    /// (given once per Rocket when it is opened), else RPC + one-sided READ.
+    Auto = 1,
+    /// RPC + one-sided READ whatever the size.
+    Read = 2,
+    /// RPC zero-copy: the request starts with a [`ZeroCopyPrefix`] naming the caller's
+    /// buffer; the server WRITEs the reply there, then answers [`MsgKind::ZeroCopyDone`].
+    ZeroCopy = 3,
+}
+
+impl ReplyMode {
+    /// The mode with byte value `b`, if any.
+    pub fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            0 => Self::Inline,
+            1 => Self::Auto,
+            2 => Self::Read,
+            3 => Self::ZeroCopy,
+            _ => return None,
+        })
+    }
+    /// Bytes the mode's prefix adds in front of the request payload.
+    pub fn prefix_bytes(self) -> usize {
+        match self {
+            Self::Inline | Self::Auto | Self::Read => 0,
+            Self::ZeroCopy => ZeroCopyPrefix::BYTES,
+        }
+    }
+}
+
+/// Prefix of a [`ReplyMode::ZeroCopy`] request: 16 bytes, `addr` (u64 LE), `rkey` (u32
+/// LE), `capacity` (u32 LE, bytes) of the caller's registered buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZeroCopyPrefix {
+    /// Buffer address in the caller's address space.
+    pub addr: u64,
+    /// Remote key of the buffer's MR.
+    pub rkey: u32,
+    /// Buffer size in bytes.
+    pub capacity: u32,
+}
+
+impl ZeroCopyPrefix {
+    /// Encoded size in bytes.
+    pub const BYTES: usize = 16;
+    /// Encode.
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..].copy_from_slice(&self.capacity.to_le_bytes());
+        b
+    }
+    /// Decode the first 16 bytes of `b`; `None` when shorter.
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        let b = b.get(..Self::BYTES)?;
+        Some(Self {
+            addr: u64::from_le_bytes(b[..8].try_into().ok()?),
+            rkey: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            capacity: u32::from_le_bytes(b[12..].try_into().ok()?),
+        })
+    }
+}
+
+/// Payload of [`MsgKind::ReadReply`]: 24 bytes, `addr` (u64 LE), `rkey` (u32 LE), `len`
+/// (u32 LE, bytes), `handle` (u64 LE) to release the buffer with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadReply {
+    /// Reply address in the server's address space.
+    pub addr: u64,
+    /// Remote key of the server's buffer MR.
+    pub rkey: u32,
+    /// Reply length in bytes.
+    pub len: u32,
+    /// Handle for [`MsgKind::Release`].
+    pub handle: u64,
+}
+
+impl ReadReply {
+    /// Encoded size in bytes.
+    pub const BYTES: usize = 24;
+    /// Encode.
+    pub fn to_bytes(self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..].copy_from_slice(&self.handle.to_le_bytes());
+        b
+    }
+    /// Decode exactly 24 bytes; `None` otherwise.
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::BYTES {
+            return None;
+        }
+        Some(Self {
+            addr: u64::from_le_bytes(b[..8].try_into().ok()?),
+            rkey: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            len: u32::from_le_bytes(b[12..16].try_into().ok()?),
+            handle: u64::from_le_bytes(b[16..].try_into().ok()?),
+        })
+    }
+}
+
+/// Batching of a Rocket's traffic (Scythe 3.4 guideline (2), Fig. 9, and 4.6 (3)).
+/// Message batching packs the messages of a polling round into shared buckets (one WRITE
+/// each); doorbell batching posts a round's WRs as one list (one `ibv_post_send`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Batching {
+    /// One message per bucket, one doorbell per WR.
+    None,
+    /// One message per bucket; a round's buckets posted as one list.
+    Doorbell,
+    /// Messages share buckets; one doorbell per bucket.
+    Msg,
+    /// Messages share buckets and a round's buckets are posted as one list (RRPC).
+    #[default]
+    Combined,
+}
+
+impl Batching {
+    /// All four, in the order benchmarks print them.
+    pub const ALL: [Batching; 4] = [Self::None, Self::Doorbell, Self::Msg, Self::Combined];
+    /// Whether messages share buckets.
+    pub fn msg(self) -> bool {
+        matches!(self, Self::Msg | Self::Combined)
+    }
+    /// Whether a round's WRs are posted with one doorbell.
+    pub fn doorbell(self) -> bool {
+        matches!(self, Self::Doorbell | Self::Combined)
+    }
+    /// Kebab-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Doorbell => "doorbell",
+            Self::Msg => "msg",
+            Self::Combined => "combined",
+        }
+    }
+}
+
+impl std::str::FromStr for Batching {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| format!("unknown batching {s:?} (none, doorbell, msg, combined)"))
+    }
 }
 
 /// Polling rounds without work before a polling thread starts yielding its core
 /// (the machines this runs on are often oversubscribed).
 pub const IDLE_SPINS: u32 = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_round_trip_and_reject_short_input() {
+        let z = ZeroCopyPrefix {
+            addr: 0x1122_3344_5566_7788,
+            rkey: 7,
+            capacity: 1 << 20,
+        };
+        assert_eq!(ZeroCopyPrefix::from_bytes(&z.to_bytes()), Some(z));
+        assert_eq!(ZeroCopyPrefix::from_bytes(&[0; 15]), None);
+        let r = ReadReply {
+            addr: 1,
+            rkey: 2,
+            len: 3,
+            handle: 4,
+        };
+        assert_eq!(ReadReply::from_bytes(&r.to_bytes()), Some(r));
+        assert_eq!(ReadReply::from_bytes(&[0; 23]), None);
+        for b in Batching::ALL {
+            assert_eq!(b.name().parse::<Batching>(), Ok(b));
+        }
+        assert!("both".parse::<Batching>().is_err());
+    }
+}

@@ -267,6 +267,8 @@ fn misaligned_atomic_and_bad_rkey_are_errors() {
     s.peer.exit();
 }
 
+static NEXT_QP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// A new QP connected to a new passive QP of the peer.
 fn connect_qp(s: &Setup) -> QueuePair {
     connect_qp_to(&s.fabric, &s.cq, s.peer.addr)
@@ -284,6 +286,9 @@ fn connect_qp_to(
     let ep: rrpc::fabric::QpEndpoint = ctrl
         .call_typed(&CtrlRequest::ConnectQp {
             endpoint: qp.endpoint(),
+            straw: std::process::id() as u64,
+            qp_id: NEXT_QP.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            kind: rrpc::straw::QpKind::OneSided,
         })
         .unwrap();
     qp.connect(&ep).unwrap();

@@ -715,6 +715,14 @@ impl QueuePair {
             QpInner::Verbs(q) => q.connect(remote),
         }
     }
+    /// Send-queue depth in WRs.
+    pub fn sq_depth(&self) -> usize {
+        match &self.inner {
+            QpInner::Shm(q) => q.sq_depth(),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.sq_depth(),
+        }
+    }
     /// Peer node id (after connect).
     pub fn peer(&self) -> u32 {
         match &self.inner {
@@ -760,11 +768,7 @@ impl QueuePair {
                 why,
             });
         }
-        let depth = match &self.inner {
-            QpInner::Shm(q) => q.sq_depth(),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.sq_depth(),
-        };
+        let depth = self.sq_depth();
         if wrs.len() > depth {
             return Err(FabricError::SendQueueFull {
                 posted: 0,
@@ -786,6 +790,26 @@ impl QueuePair {
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.post_recv(wrs),
         }
+    }
+
+    /// Move the QP to the error state, as a transport failure would (verbs:
+    /// `ibv_modify_qp` to ERR, outstanding WRs complete with [`WcStatus::Flushed`]).
+    /// Used for fault injection in tests and benchmarks. Errors: the verbs call failed.
+    pub fn to_error(&mut self) -> Result<()> {
+        match &mut self.inner {
+            QpInner::Shm(q) => {
+                q.to_error();
+                Ok(())
+            }
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.to_error(),
+        }
+    }
+
+    /// Whether the liveness channel ([`QueuePair::watch_peer`]) says the peer process is
+    /// gone (as opposed to this QP alone being in error).
+    pub fn peer_closed(&mut self) -> bool {
+        self.peer_gone()
     }
 
     /// Current state; on shm this also notices a peer that has exited.

@@ -716,6 +716,12 @@ impl ShmQp {
         self.sq_depth
     }
 
+    /// Move the QP to the error state. Work already posted was executed at post time
+    /// (the requester executes it), so nothing is flushed; later posts are refused.
+    pub fn to_error(&mut self) {
+        self.state = QpState::Error;
+    }
+
     /// Execute the list in order (the caller checked state and depth); see
     /// [`super::QueuePair::post_send`].
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {

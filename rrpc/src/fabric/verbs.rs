@@ -599,6 +599,18 @@ impl VerbsQp {
         self.sq_depth
     }
 
+    /// Move the QP to the error state (`ibv_modify_qp` to ERR): outstanding WRs complete
+    /// with `WR_FLUSH_ERR`.
+    pub fn to_error(&mut self) -> Result<()> {
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Error);
+        self.qp
+            .modify(&attr)
+            .map_err(|e| verbs_err("ibv_modify_qp(ERR)", source_msg(&e)))?;
+        self.state = QpState::Error;
+        Ok(())
+    }
+
     /// Post receive buffers with one `ibv_post_recv`.
     pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
         let mut guard = self.qp.start_post_recv();

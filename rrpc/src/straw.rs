@@ -1,0 +1,623 @@
+//! RdmaStraws: per remote node, a pool of RC QPs shared by all threads of a process,
+//! split into QPs for RPC traffic (Rocket buckets, credits) and QPs for one-sided
+//! operations, sized by the number of threads they serve (Scythe 000_f3dba2ed893b246b.txt,
+//! 4.6 (1) and Fig. 19: "Decoupling the RDMA QPs and ring buffers").
+//!
+//! Rockets (rings) belong to threads; QPs belong to the pool. A thread posts a round's WRs
+//! for a node on the least-loaded usable QP of the right kind and *sticks* to that QP while
+//! any of its lists there is still outstanding, so its WRITEs to one ring land in the
+//! order they were posted (RC orders a QP's WRs; two QPs are not ordered). With nothing
+//! outstanding it may move: everything it posted before has completed, so has landed.
+//!
+//! A [`SharedQp`] is one QP with its own CQ behind a mutex. Whichever thread polls it
+//! routes each list's completion to the posting thread's [`Mailbox`]. A QP that fails
+//! (error completion, or the state machine in error) is marked broken, every outstanding
+//! list is reported failed to its owner (which replays Rocket buckets and fails one-sided
+//! ops), and the pool reconnects it over the control plane: the peer destroys its end
+//! first, so nothing from the old QP can land after the replay. If the peer's control
+//! plane cannot be reached the node is dead and every user fails with `PeerGone`.
+//!
+//! The pool grows when threads attach and the average number of threads per QP would
+//! exceed [`StrawConfig::threads_per_qp`], and shrinks when they detach: a retired QP takes
+//! no new lists, and is released (both ends) once its outstanding lists have completed.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bootstrap::BootstrapClient;
+use crate::fabric::{
+    CompletionQueue, Fabric, FabricError, QpEndpoint, QpState, QueuePair, SendWr, Wc, WcStatus,
+};
+use crate::node::CtrlRequest;
+
+/// Entries of each shared QP's CQ; also the most lists one QP may have outstanding
+/// (one signaled completion per list).
+pub const QP_CQ_DEPTH: usize = 1024;
+
+/// The two kinds of QPs in a straw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QpKind {
+    /// Rocket bucket WRITEs and credit WRITEs.
+    Rpc,
+    /// One-sided READ/WRITE/CAS/FAA issued by coroutines.
+    OneSided,
+}
+
+/// Where completions of one thread's lists are delivered: `(token, status)` pairs, one per
+/// posted list, in completion order per QP.
+#[derive(Default)]
+pub struct Mailbox {
+    done: Mutex<Vec<(u64, WcStatus)>>,
+}
+
+impl Mailbox {
+    /// An empty mailbox.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+    fn push(&self, token: u64, status: WcStatus) {
+        lock(&self.done).push((token, status));
+    }
+    /// Move the delivered completions into `out` (appending).
+    pub fn drain(&self, out: &mut Vec<(u64, WcStatus)>) {
+        let mut d = lock(&self.done);
+        if !d.is_empty() {
+            out.append(&mut d);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves plain data behind; go on.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Posted {
+    seq: u64,
+    n: usize,
+    mailbox: Arc<Mailbox>,
+    token: u64,
+}
+
+struct Slot {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    sq_depth: usize,
+    outstanding: usize,
+    lists: VecDeque<Posted>,
+    next_seq: u64,
+    wcs: Vec<Wc>,
+}
+
+/// One RC QP (and its own CQ) shared by the threads of a process. See the module docs.
+pub struct SharedQp {
+    id: u64,
+    kind: QpKind,
+    load: AtomicUsize,
+    retiring: AtomicBool,
+    broken: AtomicBool,
+    fixing: AtomicBool,
+    slot: Mutex<Slot>,
+}
+
+impl SharedQp {
+    /// Wrap a connected `qp` completing into `cq` (used by nothing else).
+    pub fn new(id: u64, kind: QpKind, qp: QueuePair, cq: CompletionQueue) -> Arc<Self> {
+        let sq_depth = qp.sq_depth();
+        Arc::new(Self {
+            id,
+            kind,
+            load: AtomicUsize::new(0),
+            retiring: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            fixing: AtomicBool::new(false),
+            slot: Mutex::new(Slot {
+                qp,
+                cq,
+                sq_depth,
+                outstanding: 0,
+                lists: VecDeque::new(),
+                next_seq: 0,
+                wcs: Vec::with_capacity(64),
+            }),
+        })
+    }
+
+    /// The pair's id (chosen by the side that created it; the same at both ends).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    /// RPC or one-sided.
+    pub fn kind(&self) -> QpKind {
+        self.kind
+    }
+    /// WRs posted and not yet completed: the load a Rocket compares when it picks a QP.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
+    }
+    /// Neither retiring nor broken: new lists may go here.
+    pub fn usable(&self) -> bool {
+        !self.retiring.load(Ordering::Relaxed) && !self.broken.load(Ordering::Relaxed)
+    }
+    /// Failed and not yet reconnected.
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+    /// Take no new lists; release once drained.
+    pub fn retire(&self) {
+        self.retiring.store(true, Ordering::Relaxed);
+    }
+    /// This end's endpoint.
+    pub fn endpoint(&self) -> QpEndpoint {
+        lock(&self.slot).qp.endpoint()
+    }
+    /// Whether the peer process is known to be gone (liveness channel closed, or on shm
+    /// its liveness lock released).
+    pub fn peer_closed(&self) -> bool {
+        lock(&self.slot).qp.peer_closed()
+    }
+
+    /// Post the longest prefix of `wrs` the send queue has room for as one list (one
+    /// doorbell, only its last WR signaled; `wr_id`s are overwritten). Its completion is
+    /// delivered to `mailbox` as `(token, status)`. Returns how many WRs were posted (0 when
+    /// the send queue is full). Errors: the QP refused the post (it is in error); it is then
+    /// marked broken, its outstanding lists are reported failed, and nothing was posted.
+    pub fn post(
+        &self,
+        wrs: &mut [SendWr],
+        mailbox: &Arc<Mailbox>,
+        token: u64,
+    ) -> Result<usize, FabricError> {
+        let mut s = lock(&self.slot);
+        let s = &mut *s;
+        if self.broken.load(Ordering::Relaxed) {
+            return Err(FabricError::QpError {
+                peer: s.qp.peer(),
+                why: "shared QP is broken, reconnecting",
+            });
+        }
+        let room = if s.lists.len() >= QP_CQ_DEPTH {
+            0
+        } else {
+            s.sq_depth - s.outstanding
+        };
+        let n = wrs.len().min(room);
+        if n == 0 {
+            return Ok(0);
+        }
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        for w in wrs[..n].iter_mut() {
+            w.wr_id = seq;
+            w.signaled = false;
+        }
+        wrs[n - 1].signaled = true;
+        if let Err(e) = s.qp.post_send(&wrs[..n]) {
+            self.fail(s);
+            return Err(e);
+        }
+        s.outstanding += n;
+        self.load.fetch_add(n, Ordering::Relaxed);
+        s.lists.push_back(Posted {
+            seq,
+            n,
+            mailbox: mailbox.clone(),
+            token,
+        });
+        Ok(n)
+    }
+
+    /// Poll this QP's CQ and route completions to their owners' mailboxes; notice a QP
+    /// in error. Non-blocking: returns `false` at once when another thread is polling or
+    /// posting. Returns whether anything was delivered.
+    pub fn poll(&self) -> bool {
+        let Ok(mut s) = self.slot.try_lock() else {
+            return false;
+        };
+        let s = &mut *s;
+        let mut any = self.drain_cq(s);
+        if !self.broken.load(Ordering::Relaxed) && s.qp.state() == QpState::Error {
+            // Completions that raced with the transition are still good.
+            any |= self.drain_cq(s);
+            if !self.broken.load(Ordering::Relaxed) {
+                self.fail(s);
+                any = true;
+            }
+        }
+        any
+    }
+
+    fn drain_cq(&self, s: &mut Slot) -> bool {
+        s.wcs.clear();
+        s.cq.poll(&mut s.wcs, 256);
+        let mut any = false;
+        for i in 0..s.wcs.len() {
+            let wc = s.wcs[i];
+            if wc.recv {
+                continue;
+            }
+            any = true;
+            if wc.status != WcStatus::Success {
+                tracing::debug!(qp = self.id, status = ?wc.status, "shared QP failed");
+                self.fail(s);
+                return true;
+            }
+            // RC completes a QP's lists in order: this completion covers every list up
+            // to its own sequence number.
+            while s.lists.front().is_some_and(|p| p.seq <= wc.wr_id) {
+                let p = s.lists.pop_front().expect("front");
+                s.outstanding -= p.n;
+                self.load.fetch_sub(p.n, Ordering::Relaxed);
+                p.mailbox.push(p.token, WcStatus::Success);
+            }
+        }
+        any
+    }
+
+    /// Mark broken and report every outstanding list failed (`Flushed`) to its owner.
+    fn fail(&self, s: &mut Slot) {
+        self.broken.store(true, Ordering::Relaxed);
+        for p in s.lists.drain(..) {
+            p.mailbox.push(p.token, WcStatus::Flushed);
+        }
+        s.outstanding = 0;
+        self.load.store(0, Ordering::Relaxed);
+    }
+
+    /// Put this QP in the error state, as a transport failure would (fault injection).
+    /// Errors: the verbs transition failed.
+    pub fn inject_error(&self) -> Result<(), FabricError> {
+        lock(&self.slot).qp.to_error()
+    }
+
+    /// Swap in a new connected QP and CQ (after a reconnect): lists still outstanding on
+    /// the old one are reported failed to their owners; the old QP is destroyed.
+    pub fn replace(&self, qp: QueuePair, cq: CompletionQueue) {
+        let mut s = lock(&self.slot);
+        let s = &mut *s;
+        self.fail(s);
+        s.sq_depth = qp.sq_depth();
+        s.qp = qp;
+        s.cq = cq;
+        self.broken.store(false, Ordering::Relaxed);
+    }
+
+    /// Wait up to `timeout` for the outstanding lists to complete, polling meanwhile.
+    /// Returns whether it drained.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while self.load() > 0 && !self.is_broken() {
+            if Instant::now() >= end {
+                return false;
+            }
+            if !self.poll() {
+                std::thread::yield_now();
+            }
+        }
+        true
+    }
+}
+
+/// Settings of a process's straws.
+#[derive(Clone, Debug)]
+pub struct StrawConfig {
+    /// Threads one QP of each kind serves on average before the pool adds a QP (default
+    /// 4, at least 1). With T attached threads a straw holds `ceil(T / threads_per_qp)`
+    /// QPs of each kind, at least one.
+    pub threads_per_qp: usize,
+    /// Send-queue depth of each QP, in WRs (default 512).
+    pub sq_depth: usize,
+    /// Deadline of control-plane calls made to create, reconnect or release QPs.
+    pub connect_timeout: Duration,
+}
+
+impl Default for StrawConfig {
+    fn default() -> Self {
+        Self {
+            threads_per_qp: 4,
+            sq_depth: 512,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The straws of one process: one [`Straw`] per remote node, shared by all threads.
+pub struct Straws {
+    fabric: Fabric,
+    cfg: StrawConfig,
+    id: u64,
+    next_qp: AtomicU64,
+    nodes: Mutex<HashMap<u32, Arc<Straw>>>,
+}
+
+impl Straws {
+    /// Straws for this process on `fabric`. `id` tells this pool apart at the servers:
+    /// random per pool.
+    pub fn new(fabric: Fabric, cfg: StrawConfig) -> Arc<Self> {
+        let id = rand_id();
+        Arc::new(Self {
+            fabric,
+            cfg,
+            id,
+            next_qp: AtomicU64::new(1),
+            nodes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The fabric.
+    pub fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+
+    /// The pool's id as servers know it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Settings.
+    pub fn config(&self) -> &StrawConfig {
+        &self.cfg
+    }
+
+    /// The straw to `node` (control plane at `addr`), creating it on first use.
+    pub fn straw(self: &Arc<Self>, node: u32, addr: SocketAddr) -> Arc<Straw> {
+        lock(&self.nodes)
+            .entry(node)
+            .or_insert_with(|| {
+                Arc::new(Straw {
+                    node,
+                    addr,
+                    pool: self.clone(),
+                    rpc: RwLock::new(Vec::new()),
+                    one_sided: RwLock::new(Vec::new()),
+                    threads: [AtomicUsize::new(0), AtomicUsize::new(0)],
+                    resize: Mutex::new(()),
+                    dead: Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+
+    /// The straw to `node`, if some thread attached to it.
+    pub fn get(&self, node: u32) -> Option<Arc<Straw>> {
+        lock(&self.nodes).get(&node).cloned()
+    }
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() | 1
+}
+
+/// The QP pool to one remote node. See the module docs.
+pub struct Straw {
+    node: u32,
+    addr: SocketAddr,
+    pool: Arc<Straws>,
+    rpc: RwLock<Vec<Arc<SharedQp>>>,
+    one_sided: RwLock<Vec<Arc<SharedQp>>>,
+    threads: [AtomicUsize; 2],
+    resize: Mutex<()>,
+    dead: Mutex<Option<String>>,
+}
+
+fn kind_index(k: QpKind) -> usize {
+    match k {
+        QpKind::Rpc => 0,
+        QpKind::OneSided => 1,
+    }
+}
+
+impl Straw {
+    /// The remote node's id.
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+
+    /// The pool this straw belongs to.
+    pub fn pool(&self) -> &Arc<Straws> {
+        &self.pool
+    }
+
+    fn qps(&self, kind: QpKind) -> &RwLock<Vec<Arc<SharedQp>>> {
+        match kind {
+            QpKind::Rpc => &self.rpc,
+            QpKind::OneSided => &self.one_sided,
+        }
+    }
+
+    /// The QPs of `kind` now in the pool.
+    pub fn list(&self, kind: QpKind) -> Vec<Arc<SharedQp>> {
+        self.qps(kind)
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Threads attached for `kind`.
+    pub fn threads(&self, kind: QpKind) -> usize {
+        self.threads[kind_index(kind)].load(Ordering::Relaxed)
+    }
+
+    /// Why the node is unreachable, once it is.
+    pub fn dead(&self) -> Option<String> {
+        lock(&self.dead).clone()
+    }
+
+    /// A thread starts using QPs of `kind`: grows the pool if the average number of
+    /// threads per QP now exceeds the threshold. Errors: a QP could not be created (the
+    /// node's control plane or the fabric failed).
+    pub fn attach(&self, kind: QpKind) -> Result<(), FabricError> {
+        self.threads[kind_index(kind)].fetch_add(1, Ordering::Relaxed);
+        self.resize(kind)
+    }
+
+    /// A thread stops using QPs of `kind`: shrinks the pool when fewer QPs serve the
+    /// remaining threads within the threshold (at least one QP stays).
+    pub fn detach(&self, kind: QpKind) {
+        let _ = self.threads[kind_index(kind)].fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |t| t.checked_sub(1),
+        );
+        if let Err(e) = self.resize(kind) {
+            tracing::debug!(node = self.node, error = %e, "shrinking straw");
+        }
+    }
+
+    fn target(&self, kind: QpKind) -> usize {
+        let t = self.threads(kind);
+        t.div_ceil(self.pool.cfg.threads_per_qp.max(1)).max(1)
+    }
+
+    fn resize(&self, kind: QpKind) -> Result<(), FabricError> {
+        let _g = lock(&self.resize);
+        loop {
+            let (len, last) = {
+                let v = self.qps(kind).read().unwrap_or_else(|p| p.into_inner());
+                (v.len(), v.last().cloned())
+            };
+            let target = self.target(kind);
+            if len < target {
+                let qp = self.create(kind)?;
+                self.qps(kind)
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(qp);
+            } else if len > target {
+                let qp = last.expect("len > 0");
+                qp.retire();
+                if !qp.drain(Duration::from_secs(1)) {
+                    tracing::warn!(node = self.node, qp = qp.id, "retired QP did not drain");
+                }
+                self.qps(kind)
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|q| !Arc::ptr_eq(q, &qp));
+                // Best effort: a peer that is gone has nothing left to release.
+                let _ = self.ctrl::<serde_json::Value>(&CtrlRequest::ReleaseQp {
+                    straw: self.pool.id,
+                    qp_id: qp.id,
+                });
+            } else {
+                return Ok(());
+            }
+        }
+    }
+
+    fn ctrl<R: serde::de::DeserializeOwned>(
+        &self,
+        req: &CtrlRequest,
+    ) -> Result<(R, TcpStream), FabricError> {
+        let io = |what: String| FabricError::InvalidArgument {
+            op: "straw control plane",
+            what,
+        };
+        let mut c = BootstrapClient::connect(self.addr, self.pool.cfg.connect_timeout)
+            .map_err(|e| io(format!("{}: {e}", self.addr)))?;
+        let r = c
+            .call_typed(req)
+            .map_err(|e| io(format!("{}: {e}", self.addr)))?;
+        Ok((r, c.into_stream()))
+    }
+
+    fn new_qp(&self) -> Result<(QueuePair, CompletionQueue), FabricError> {
+        let f = &self.pool.fabric;
+        let cq = f.create_cq(QP_CQ_DEPTH)?;
+        let qp = f.create_qp(&cq, self.pool.cfg.sq_depth)?;
+        Ok((qp, cq))
+    }
+
+    fn create(&self, kind: QpKind) -> Result<Arc<SharedQp>, FabricError> {
+        let (mut qp, cq) = self.new_qp()?;
+        let qp_id = self.pool.next_qp.fetch_add(1, Ordering::Relaxed);
+        let (ep, stream): (QpEndpoint, _) = self.ctrl(&CtrlRequest::ConnectQp {
+            endpoint: qp.endpoint(),
+            straw: self.pool.id,
+            qp_id,
+            kind,
+        })?;
+        qp.connect(&ep)?;
+        qp.watch_peer(stream)?;
+        tracing::debug!(node = self.node, qp = qp_id, ?kind, "straw QP created");
+        Ok(SharedQp::new(qp_id, kind, qp, cq))
+    }
+
+    /// Reconnect a broken QP of this straw: the peer destroys its end and creates a new
+    /// one; lists outstanding on the old QP are reported failed to their owners. Only
+    /// one thread reconnects a QP at a time; others return at once. When the peer's
+    /// control plane cannot be reached, the node is marked dead.
+    pub fn reconnect(&self, qp: &SharedQp) {
+        if !qp.is_broken() || qp.fixing.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let r = (|| {
+            let (mut new, cq) = self.new_qp()?;
+            let (ep, stream): (QpEndpoint, _) = self.ctrl(&CtrlRequest::ReconnectQp {
+                endpoint: new.endpoint(),
+                straw: self.pool.id,
+                qp_id: qp.id,
+            })?;
+            new.connect(&ep)?;
+            new.watch_peer(stream)?;
+            Ok::<_, FabricError>((new, cq))
+        })();
+        match r {
+            Ok((new, cq)) => {
+                tracing::info!(node = self.node, qp = qp.id, kind = ?qp.kind, "QP reconnected");
+                qp.replace(new, cq);
+            }
+            Err(e) => {
+                tracing::warn!(node = self.node, error = %e, "reconnect failed; node unreachable");
+                lock(&self.dead).get_or_insert_with(|| format!("reconnect failed: {e}"));
+            }
+        }
+        qp.fixing.store(false, Ordering::Release);
+    }
+
+    /// The QP of `kind` a Rocket (or a thread's one-sided traffic) should post on now:
+    /// the least-loaded usable one. A broken QP met on the way is reconnected first (the
+    /// caller's thread does it, blocking for a control-plane round trip). `None` when no
+    /// QP is usable (all broken and not reconnectable yet, or the node is dead).
+    pub fn pick(&self, kind: QpKind) -> Option<Arc<SharedQp>> {
+        let v = self.qps(kind).read().unwrap_or_else(|p| p.into_inner());
+        let mut best: Option<&Arc<SharedQp>> = None;
+        let mut broken: Option<Arc<SharedQp>> = None;
+        for q in v.iter() {
+            if q.is_broken() {
+                broken.get_or_insert_with(|| q.clone());
+                continue;
+            }
+            if !q.usable() {
+                continue;
+            }
+            if best.is_none_or(|b| q.load() < b.load()) {
+                best = Some(q);
+            }
+        }
+        let best = best.cloned();
+        drop(v);
+        if let Some(b) = broken {
+            if self.dead().is_none() {
+                self.reconnect(&b);
+            }
+            if best.is_none() && b.usable() {
+                return Some(b);
+            }
+        }
+        best
+    }
+}
