@@ -43,9 +43,9 @@ echo "== verbs backend: integration tests inside the Soft-RoCE VM"
 # The integration-test targets (kind "test") among the build's executables.
 mapfile -t exes < <(cargo test --workspace --features rrpc/verbs --no-run --message-format=json 2>/dev/null |
   grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
-  grep -E '/deps/(fabric_conformance|rpc|takeout_service|oracle|memnode|smallbank)-[0-9a-f]+$')
-if [ ${#exes[@]} -ne 6 ]; then
-  echo "expected 6 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
+  grep -E '/deps/(fabric_conformance|rpc|modes|straws|takeout_service|oracle|memnode|smallbank)-[0-9a-f]+$')
+if [ ${#exes[@]} -ne 8 ]; then
+  echo "expected 8 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
   exit 1
 fi
 # The guest runs the script from the target directory, which it can see even when the

@@ -2,5 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod launcher;
+pub mod peers;
+pub mod plot;
 pub mod report;
 pub mod smallbank;

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::bootstrap::{self, BootstrapError, BootstrapServer};
 use crate::fabric::{Fabric, FabricError, MrDesc, QpEndpoint, QueuePair, RemoteAddr};
 use crate::rocket::RocketConfig;
-use crate::server::{Handlers, RpcServer};
+use crate::server::{Handlers, RocketOffer, RpcServer, ServerConfig};
 use crate::straw::QpKind;
 use crate::wire::Batching;
 
@@ -185,11 +185,21 @@ pub struct NodeConfig {
 impl Node {
     /// Start the node's services on `fabric`.
     pub fn start(fabric: Fabric, cfg: NodeConfig) -> Result<Self, NodeError> {
+        Self::start_with(fabric, cfg, ServerConfig::default())
+    }
+
+    /// Start the node's services on `fabric`, its RPC server (if `cfg.rpc` asks for one,
+    /// whose thread count wins) configured by `server`.
+    pub fn start_with(
+        fabric: Fabric,
+        cfg: NodeConfig,
+        server: ServerConfig,
+    ) -> Result<Self, NodeError> {
         let rpc = match cfg.rpc {
-            Some((handlers, threads)) => Some(Arc::new(RpcServer::start(
+            Some((handlers, threads)) => Some(Arc::new(RpcServer::with_config(
                 fabric.clone(),
                 handlers,
-                threads,
+                ServerConfig { threads, ..server },
             )?)),
             None => None,
         };
@@ -311,15 +321,15 @@ fn handle_ctrl(s: &Shared, req: serde_json::Value) -> Result<serde_json::Value, 
         } => {
             let rpc = s.rpc.as_ref().ok_or("this node serves no RPCs")?;
             let accept = rpc
-                .accept(
-                    node,
+                .accept(RocketOffer {
+                    peer: node,
                     straw,
-                    geometry.into(),
+                    cfg: geometry.into(),
                     batching,
                     mode_threshold,
                     resp_ring,
                     req_credit,
-                )
+                })
                 .map_err(|e| e.to_string())?;
             serde_json::to_value(accept)
         }

@@ -239,6 +239,12 @@ pub struct Stats {
     pub failed_lists: u64,
     /// Times a Rocket or the one-sided traffic moved to another QP of its straw.
     pub qp_switches: u64,
+    /// Replies received inline in the response Rocket (pure RPC).
+    pub inline_replies: u64,
+    /// Replies fetched with a one-sided READ (RPC + READ mode).
+    pub read_replies: u64,
+    /// Replies the server WRITEs into the caller's buffer (zero-copy mode).
+    pub zero_copy_replies: u64,
 }
 
 impl Stats {
@@ -261,6 +267,9 @@ impl Stats {
         self.sq_full += o.sq_full;
         self.failed_lists += o.failed_lists;
         self.qp_switches += o.qp_switches;
+        self.inline_replies += o.inline_replies;
+        self.read_replies += o.read_replies;
+        self.zero_copy_replies += o.zero_copy_replies;
     }
 }
 
@@ -354,7 +363,7 @@ struct Inner {
     ops: Vec<OpSlot>,
     free_ops: Vec<usize>,
     arena: Arena,
-    calls: HashMap<u64, CallSlot>,
+    calls: HashMap<u64, CallSlot, IdHash>,
     /// Zero-copy buffers of calls that ended without their reply: the server may still
     /// WRITE into them, so they are freed when the late reply arrives or at the deadline.
     zombies: HashMap<u64, (Chunk, Instant)>,
@@ -377,6 +386,26 @@ pub struct ThreadCtx {
     mailbox: Arc<Mailbox>,
     inner: RefCell<Inner>,
 }
+
+/// Hasher for call ids (sequential u64s chosen here, not by a peer): a multiply, not SipHash.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type IdHash = std::hash::BuildHasherDefault<IdHasher>;
 
 /// How long a zero-copy buffer of an abandoned call stays reserved.
 const ZOMBIE_GRACE: Duration = Duration::from_secs(30);
@@ -408,7 +437,7 @@ impl ThreadCtx {
                 ops: Vec::new(),
                 free_ops: Vec::new(),
                 arena,
-                calls: HashMap::new(),
+                calls: HashMap::default(),
                 zombies: HashMap::new(),
                 next_call: 1,
                 stats: Stats::default(),
@@ -731,6 +760,7 @@ impl ThreadCtx {
         let id = id?;
         let reply = CallWait {
             ctx: self,
+            polls: 0,
             id,
             node,
             handler,
@@ -738,15 +768,21 @@ impl ThreadCtx {
             after: timeout,
         }
         .await;
-        match reply? {
+        let (reply, chunk) = reply?;
+        if let (Some(c), false) = (chunk, matches!(reply, Reply::ZeroCopy(_))) {
+            // Not written through after all (e.g. an error reply): free it.
+            self.inner.borrow_mut().arena.free(c);
+        }
+        match reply {
             Reply::Inline(r) => r,
             Reply::ZeroCopy(len) => {
                 let mut inner = self.inner.borrow_mut();
-                let c = inner
-                    .calls
-                    .remove(&id)
-                    .and_then(|s| s.chunk)
-                    .expect("zero-copy call keeps its chunk");
+                let Some(c) = chunk else {
+                    return Err(RpcError::Protocol {
+                        node,
+                        what: "zero-copy reply to a call without a buffer".into(),
+                    });
+                };
                 let r = if len > c.bytes() {
                     Err(RpcError::Protocol {
                         node,
@@ -761,7 +797,6 @@ impl ThreadCtx {
                 r
             }
             Reply::Read(r) => {
-                self.inner.borrow_mut().calls.remove(&id);
                 let remote = RemoteAddr {
                     addr: r.addr,
                     rkey: r.rkey,
@@ -1057,7 +1092,7 @@ impl ThreadCtx {
                 _ => return,
             }
         } else {
-            match conn.straw.pick(QpKind::OneSided) {
+            match conn.straw.pick(QpKind::OneSided, conn.os_qp.as_ref()) {
                 Some(q) => q,
                 None => return,
             }
@@ -1069,6 +1104,7 @@ impl ThreadCtx {
         {
             inner.stats.qp_switches += 1;
         }
+        conn.os_qp = Some(qp.clone());
         let per_list = if self.cfg.batching.doorbell() {
             usize::MAX
         } else {
@@ -1100,7 +1136,6 @@ impl ThreadCtx {
             posted += n;
         }
         if posted > 0 {
-            conn.os_qp = Some(qp);
             conn.os_pending.drain(..posted);
             conn.os_ops.drain(..posted);
         }
@@ -1182,6 +1217,12 @@ impl ThreadCtx {
                     },
                     _ => continue,
                 };
+                match &reply {
+                    Reply::Inline(Ok(_)) => inner.stats.inline_replies += 1,
+                    Reply::Read(_) => inner.stats.read_replies += 1,
+                    Reply::ZeroCopy(_) => inner.stats.zero_copy_replies += 1,
+                    Reply::Inline(Err(_)) => {}
+                }
                 match inner.calls.get_mut(&h.call_id) {
                     Some(slot) => slot.result = Some(reply),
                     // A reply to a call that ended (deadline): release what it holds.
@@ -1214,7 +1255,7 @@ impl ThreadCtx {
                 _ => return work,
             }
         } else {
-            match conn.straw.pick(QpKind::Rpc) {
+            match conn.straw.pick(QpKind::Rpc, chan.qp.as_ref()) {
                 Some(q) => q,
                 None => return work,
             }
@@ -1222,6 +1263,7 @@ impl ThreadCtx {
         if chan.qp.as_ref().is_some_and(|old| !Arc::ptr_eq(old, &qp)) {
             inner.stats.qp_switches += 1;
         }
+        chan.qp = Some(qp.clone());
         let wrs = &mut inner.wrs;
         let items = &mut inner.items;
         wrs.clear();
@@ -1284,7 +1326,6 @@ impl ThreadCtx {
             inner.stats.doorbells += 1;
             inner.stats.wrs += n as u64;
             chan.lists += 1;
-            chan.qp = Some(qp.clone());
             at += n;
         }
         // What did not fit waits for the next round, in order.
@@ -1302,6 +1343,12 @@ impl Drop for ThreadCtx {
     fn drop(&mut self) {
         let inner = self.inner.get_mut();
         for c in &inner.conns {
+            if let Some(q) = &c.os_qp {
+                crate::straw::unbind(q);
+            }
+            if let Some(q) = c.rpc.as_ref().and_then(|r| r.qp.as_ref()) {
+                crate::straw::unbind(q);
+            }
             for &k in &c.attached {
                 c.straw.detach(k);
             }
@@ -1389,6 +1436,7 @@ impl Drop for OpWait<'_> {
 
 struct CallWait<'a> {
     ctx: &'a ThreadCtx,
+    polls: u32,
     id: u64,
     node: u32,
     handler: u16,
@@ -1397,19 +1445,17 @@ struct CallWait<'a> {
 }
 
 impl Future for CallWait<'_> {
-    type Output = Result<Reply, RpcError>;
-    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+    type Output = Result<(Reply, Option<Chunk>), RpcError>;
+    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        self.polls = self.polls.wrapping_add(1);
         let mut inner = self.ctx.inner.borrow_mut();
         if let Some(r) = inner.calls.get_mut(&self.id).and_then(|s| s.result.take()) {
-            // Zero-copy replies keep the slot (and its buffer) for the caller.
-            if !matches!(r, Reply::ZeroCopy(_)) {
-                if let Some(c) = inner.calls.remove(&self.id).and_then(|s| s.chunk) {
-                    inner.arena.free(c);
-                }
-            }
-            return Poll::Ready(Ok(r));
+            // The slot goes; a zero-copy buffer goes to the caller, which copies out.
+            let chunk = inner.calls.remove(&self.id).and_then(|s| s.chunk);
+            return Poll::Ready(Ok((r, chunk)));
         }
-        if Instant::now() >= self.deadline {
+        // The clock is read every 16th poll: a deadline is late by at most 16 rounds.
+        if self.polls.is_multiple_of(16) && Instant::now() >= self.deadline {
             return Poll::Ready(Err(RpcError::Timeout {
                 node: self.node,
                 handler: self.handler,
@@ -1424,11 +1470,7 @@ impl Drop for CallWait<'_> {
     fn drop(&mut self) {
         let mut inner = self.ctx.inner.borrow_mut();
         let inner = &mut *inner;
-        if let Some(slot) = inner.calls.get(&self.id) {
-            if matches!(slot.result, Some(Reply::ZeroCopy(_))) {
-                return; // the caller is about to copy out and free it
-            }
-            let slot = inner.calls.remove(&self.id).expect("present");
+        if let Some(slot) = inner.calls.remove(&self.id) {
             if let Some(c) = slot.chunk {
                 // The server may still WRITE into it: hold it until its reply comes.
                 inner

@@ -134,6 +134,8 @@ pub struct ServerConfig {
     /// How long an RPC+READ reply buffer is held for a caller that never releases it
     /// (default 5 s).
     pub read_hold: Duration,
+    /// CPU cores to pin the threads to, round robin (default none: not pinned).
+    pub cores: Vec<usize>,
 }
 
 impl Default for ServerConfig {
@@ -143,6 +145,7 @@ impl Default for ServerConfig {
             buffer_bytes: 64 << 20,
             max_reply_bytes: 4 << 20,
             read_hold: Duration::from_secs(5),
+            cores: Vec::new(),
         }
     }
 }
@@ -154,12 +157,9 @@ struct ServerStraw {
 }
 
 impl ServerStraw {
-    fn pick(&self) -> Option<Arc<SharedQp>> {
+    fn pick(&self, current: Option<&Arc<SharedQp>>) -> Option<Arc<SharedQp>> {
         let v = self.qps.read().unwrap_or_else(|p| p.into_inner());
-        v.iter()
-            .filter(|q| q.usable())
-            .min_by_key(|q| q.load())
-            .cloned()
+        crate::straw::rebind(&v, current)
     }
     fn find(&self, qp_id: u64) -> Option<Arc<SharedQp>> {
         let v = self.qps.read().unwrap_or_else(|p| p.into_inner());
@@ -218,6 +218,25 @@ pub struct RpcServer {
     straws: Arc<Mutex<HashMap<u64, Arc<ServerStraw>>>>,
 }
 
+/// A requester thread's offer of a Rocket pair ([`crate::node::CtrlRequest::ConnectRocket`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RocketOffer {
+    /// The requester's node id.
+    pub peer: u32,
+    /// The requester's straw pool id.
+    pub straw: u64,
+    /// Geometry of both rings.
+    pub cfg: RocketConfig,
+    /// Batching of the response direction.
+    pub batching: Batching,
+    /// Largest reply in bytes sent inline to an Auto-mode request.
+    pub mode_threshold: usize,
+    /// The requester's response ring.
+    pub resp_ring: MrDesc,
+    /// The requester's word for request-ring credits.
+    pub req_credit: RemoteAddr,
+}
+
 /// Send-queue depth of a server QP, in WRs.
 const SQ_DEPTH: usize = 1024;
 /// How long a Rocket may find none of its straw's QPs usable before it is dropped (the
@@ -263,10 +282,16 @@ impl RpcServer {
                 straws: straws.clone(),
             };
             let s = stop.clone();
+            let core = (!cfg.cores.is_empty()).then(|| cfg.cores[i % cfg.cores.len()]);
             joins.push(
                 std::thread::Builder::new()
                     .name(format!("rpc-server-{i}"))
-                    .spawn(move || serve(rx, w, s))
+                    .spawn(move || {
+                        if let Some(c) = core {
+                            pin_to(c);
+                        }
+                        serve(rx, w, s)
+                    })
                     .map_err(|e| FabricError::Io {
                         op: "spawn RPC server thread",
                         source: e,
@@ -357,18 +382,19 @@ impl RpcServer {
         true
     }
 
-    /// Accept a Rocket pair from a requester thread whose straw `straw` has at least one
-    /// RPC QP here (called by the control plane).
-    pub fn accept(
-        &self,
-        peer: u32,
-        straw: u64,
-        cfg: RocketConfig,
-        batching: Batching,
-        mode_threshold: usize,
-        resp_ring: MrDesc,
-        req_credit: RemoteAddr,
-    ) -> Result<RpcAccept, FabricError> {
+    /// Accept a Rocket pair from a requester thread whose straw has at least one RPC QP
+    /// here (called by the control plane). Errors: no RPC QP of that straw yet, a bad
+    /// geometry, a response ring smaller than the geometry, memory exhausted.
+    pub fn accept(&self, offer: RocketOffer) -> Result<RpcAccept, FabricError> {
+        let RocketOffer {
+            peer,
+            straw,
+            cfg,
+            batching,
+            mode_threshold,
+            resp_ring,
+            req_credit,
+        } = offer;
         let bad = |what: String| FabricError::InvalidArgument {
             op: "accept Rocket",
             what,
@@ -432,6 +458,24 @@ impl RpcServer {
     }
 }
 
+/// Pin the calling thread to `core` (best effort: a core that does not exist is logged).
+fn pin_to(core: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it for any
+    // core below CPU_SETSIZE, checked first.
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if core >= libc::CPU_SETSIZE as usize {
+            -1
+        } else {
+            libc::CPU_SET(core, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        }
+    };
+    if r != 0 {
+        tracing::warn!(core, "could not pin RPC server thread");
+    }
+}
+
 fn poisoned() -> FabricError {
     FabricError::InvalidArgument {
         op: "RPC server",
@@ -484,11 +528,15 @@ fn serve(rx: Receiver<ServerConn>, mut w: Worker, stop: Arc<AtomicBool>) {
     let mut wrs: Vec<SendWr> = Vec::new();
     let mut items: Vec<Item> = Vec::new();
     let mut idle = 0u32;
-    let mut last_sweep = Instant::now();
+    let mut rounds = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        while let Ok(c) = rx.try_recv() {
-            tracing::debug!(peer = c.peer, "Rocket accepted");
-            conns.push(c);
+        rounds = rounds.wrapping_add(1);
+        // New Rockets are rare: look for them every 64 rounds (and when idle).
+        if rounds.is_multiple_of(64) || idle > 0 {
+            while let Ok(c) = rx.try_recv() {
+                tracing::debug!(peer = c.peer, "Rocket accepted");
+                conns.push(c);
+            }
         }
         let mut work = false;
         // Phase 1: requests.
@@ -574,8 +622,7 @@ fn serve(rx: Receiver<ServerConn>, mut w: Worker, stop: Arc<AtomicBool>) {
         if !deferred.is_empty() {
             run_sorted(&mut w, &mut conns, &mut deferred);
         }
-        if last_sweep.elapsed() >= Duration::from_millis(10) {
-            last_sweep = Instant::now();
+        if rounds.is_multiple_of(4096) && !w.holds.is_empty() {
             let now = Instant::now();
             let arena = &mut w.arena;
             w.holds.retain(|_, (chunk, until)| {
@@ -663,6 +710,9 @@ fn serve(rx: Receiver<ServerConn>, mut w: Worker, stop: Arc<AtomicBool>) {
                 for d in &c.data {
                     w.arena.free(d.chunk);
                 }
+                if let Some(q) = &c.qp {
+                    crate::straw::unbind(q);
+                }
             }
             let gone: Vec<u64> = conns
                 .iter()
@@ -732,7 +782,7 @@ fn flush(w: &mut Worker, c: &mut ServerConn, wrs: &mut Vec<SendWr>, items: &mut 
     let qp = if c.lists > 0 {
         c.qp.clone().filter(|q| !q.is_broken())
     } else {
-        c.straw.pick()
+        c.straw.pick(c.qp.as_ref())
     };
     let Some(qp) = qp else {
         if c.lists == 0 {
@@ -741,6 +791,7 @@ fn flush(w: &mut Worker, c: &mut ServerConn, wrs: &mut Vec<SendWr>, items: &mut 
         return;
     };
     c.stuck_since = None;
+    c.qp = Some(qp.clone());
     wrs.clear();
     items.clear();
     let consumed = c.resp_tx.consumed();
@@ -820,7 +871,6 @@ fn flush(w: &mut Worker, c: &mut ServerConn, wrs: &mut Vec<SendWr>, items: &mut 
         }
         w.recs[token] = Some(rec);
         c.lists += 1;
-        c.qp = Some(qp.clone());
         at += n;
     }
     // What did not fit waits for the next round, in order.

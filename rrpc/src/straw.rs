@@ -54,6 +54,8 @@ pub enum QpKind {
 #[derive(Default)]
 pub struct Mailbox {
     done: Mutex<Vec<(u64, WcStatus)>>,
+    /// Set when `done` may be non-empty: lets an idle owner skip the lock.
+    full: AtomicBool,
 }
 
 impl Mailbox {
@@ -63,10 +65,15 @@ impl Mailbox {
     }
     fn push(&self, token: u64, status: WcStatus) {
         lock(&self.done).push((token, status));
+        self.full.store(true, Ordering::Release);
     }
     /// Move the delivered completions into `out` (appending).
     pub fn drain(&self, out: &mut Vec<(u64, WcStatus)>) {
+        if !self.full.load(Ordering::Acquire) {
+            return;
+        }
         let mut d = lock(&self.done);
+        self.full.store(false, Ordering::Relaxed);
         if !d.is_empty() {
             out.append(&mut d);
         }
@@ -103,6 +110,8 @@ pub struct SharedQp {
     retiring: AtomicBool,
     broken: AtomicBool,
     fixing: AtomicBool,
+    posted: AtomicU64,
+    users: AtomicUsize,
     slot: Mutex<Slot>,
 }
 
@@ -117,6 +126,8 @@ impl SharedQp {
             retiring: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             fixing: AtomicBool::new(false),
+            posted: AtomicU64::new(0),
+            users: AtomicUsize::new(0),
             slot: Mutex::new(Slot {
                 qp,
                 cq,
@@ -140,6 +151,14 @@ impl SharedQp {
     /// WRs posted and not yet completed: the load a Rocket compares when it picks a QP.
     pub fn load(&self) -> usize {
         self.load.load(Ordering::Relaxed)
+    }
+    /// Rockets (and threads' one-sided traffic) bound to this QP now.
+    pub fn users(&self) -> usize {
+        self.users.load(Ordering::Relaxed)
+    }
+    /// Lists posted on this QP so far (all its incarnations).
+    pub fn lists_posted(&self) -> u64 {
+        self.posted.load(Ordering::Relaxed)
     }
     /// Neither retiring nor broken: new lists may go here.
     pub fn usable(&self) -> bool {
@@ -199,9 +218,14 @@ impl SharedQp {
         }
         wrs[n - 1].signaled = true;
         if let Err(e) = s.qp.post_send(&wrs[..n]) {
-            self.fail(s);
+            // Lists whose completions are already queued did complete.
+            self.drain_cq(s);
+            if !self.broken.load(Ordering::Relaxed) {
+                self.fail(s);
+            }
             return Err(e);
         }
+        self.posted.fetch_add(1, Ordering::Relaxed);
         s.outstanding += n;
         self.load.fetch_add(n, Ordering::Relaxed);
         s.lists.push_back(Posted {
@@ -304,12 +328,38 @@ impl SharedQp {
     }
 }
 
+/// Rebind a user (a Rocket, or a thread's one-sided traffic) from `current` to the
+/// least-loaded usable QP of `qps`: fewest outstanding WRs, then fewest users, `current`
+/// winning ties (no needless moves). Returns the QP now bound, if any is usable.
+pub fn rebind(qps: &[Arc<SharedQp>], current: Option<&Arc<SharedQp>>) -> Option<Arc<SharedQp>> {
+    let is_cur = |q: &Arc<SharedQp>| current.is_some_and(|c| Arc::ptr_eq(c, q));
+    let key = |q: &Arc<SharedQp>| {
+        let users = q.users().saturating_sub(usize::from(is_cur(q)));
+        (q.load(), users, !is_cur(q))
+    };
+    let best = qps.iter().filter(|q| q.usable()).min_by_key(|q| key(q))?;
+    if !is_cur(best) {
+        if let Some(c) = current {
+            unbind(c);
+        }
+        best.users.fetch_add(1, Ordering::Relaxed);
+    }
+    Some(best.clone())
+}
+
+/// Drop a user's binding to `qp` (the user goes away or moves).
+pub fn unbind(qp: &SharedQp) {
+    let _ = qp
+        .users
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| u.checked_sub(1));
+}
+
 /// Settings of a process's straws.
 #[derive(Clone, Debug)]
 pub struct StrawConfig {
     /// Threads one QP of each kind serves on average before the pool adds a QP (default
     /// 4, at least 1). With T attached threads a straw holds `ceil(T / threads_per_qp)`
-    /// QPs of each kind, at least one.
+    /// QPs of each kind.
     pub threads_per_qp: usize,
     /// Send-queue depth of each QP, in WRs (default 512).
     pub sq_depth: usize,
@@ -377,8 +427,10 @@ impl Straws {
                     rpc: RwLock::new(Vec::new()),
                     one_sided: RwLock::new(Vec::new()),
                     threads: [AtomicUsize::new(0), AtomicUsize::new(0)],
+                    reconnects: AtomicU64::new(0),
                     resize: Mutex::new(()),
                     dead: Mutex::new(None),
+                    is_dead: AtomicBool::new(false),
                 })
             })
             .clone()
@@ -410,8 +462,10 @@ pub struct Straw {
     rpc: RwLock<Vec<Arc<SharedQp>>>,
     one_sided: RwLock<Vec<Arc<SharedQp>>>,
     threads: [AtomicUsize; 2],
+    reconnects: AtomicU64,
     resize: Mutex<()>,
     dead: Mutex<Option<String>>,
+    is_dead: AtomicBool,
 }
 
 fn kind_index(k: QpKind) -> usize {
@@ -452,8 +506,16 @@ impl Straw {
         self.threads[kind_index(kind)].load(Ordering::Relaxed)
     }
 
+    /// QPs of this straw reconnected after a failure so far.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
     /// Why the node is unreachable, once it is.
     pub fn dead(&self) -> Option<String> {
+        if !self.is_dead.load(Ordering::Acquire) {
+            return None;
+        }
         lock(&self.dead).clone()
     }
 
@@ -466,7 +528,7 @@ impl Straw {
     }
 
     /// A thread stops using QPs of `kind`: shrinks the pool when fewer QPs serve the
-    /// remaining threads within the threshold (at least one QP stays).
+    /// remaining threads within the threshold (none once the last thread detached).
     pub fn detach(&self, kind: QpKind) {
         let _ = self.threads[kind_index(kind)].fetch_update(
             Ordering::Relaxed,
@@ -478,9 +540,10 @@ impl Straw {
         }
     }
 
+    /// `ceil(threads / threads_per_qp)`: no QP once no thread is attached.
     fn target(&self, kind: QpKind) -> usize {
         let t = self.threads(kind);
-        t.div_ceil(self.pool.cfg.threads_per_qp.max(1)).max(1)
+        t.div_ceil(self.pool.cfg.threads_per_qp.max(1))
     }
 
     fn resize(&self, kind: QpKind) -> Result<(), FabricError> {
@@ -579,45 +642,31 @@ impl Straw {
             Ok((new, cq)) => {
                 tracing::info!(node = self.node, qp = qp.id, kind = ?qp.kind, "QP reconnected");
                 qp.replace(new, cq);
+                self.reconnects.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 tracing::warn!(node = self.node, error = %e, "reconnect failed; node unreachable");
                 lock(&self.dead).get_or_insert_with(|| format!("reconnect failed: {e}"));
+                self.is_dead.store(true, Ordering::Release);
             }
         }
         qp.fixing.store(false, Ordering::Release);
     }
 
-    /// The QP of `kind` a Rocket (or a thread's one-sided traffic) should post on now:
-    /// the least-loaded usable one. A broken QP met on the way is reconnected first (the
-    /// caller's thread does it, blocking for a control-plane round trip). `None` when no
-    /// QP is usable (all broken and not reconnectable yet, or the node is dead).
-    pub fn pick(&self, kind: QpKind) -> Option<Arc<SharedQp>> {
+    /// The QP of `kind` a Rocket (or a thread's one-sided traffic) bound to `current`
+    /// should post on now: see [`rebind`]. A broken QP met on the way is reconnected first
+    /// (the caller's thread does it, blocking for a control-plane round trip). `None` when
+    /// no QP is usable (all broken and not reconnectable yet, or the node is dead).
+    pub fn pick(&self, kind: QpKind, current: Option<&Arc<SharedQp>>) -> Option<Arc<SharedQp>> {
         let v = self.qps(kind).read().unwrap_or_else(|p| p.into_inner());
-        let mut best: Option<&Arc<SharedQp>> = None;
-        let mut broken: Option<Arc<SharedQp>> = None;
-        for q in v.iter() {
-            if q.is_broken() {
-                broken.get_or_insert_with(|| q.clone());
-                continue;
-            }
-            if !q.usable() {
-                continue;
-            }
-            if best.is_none_or(|b| q.load() < b.load()) {
-                best = Some(q);
-            }
-        }
-        let best = best.cloned();
-        drop(v);
-        if let Some(b) = broken {
+        if let Some(b) = v.iter().find(|q| q.is_broken()).cloned() {
+            drop(v);
             if self.dead().is_none() {
                 self.reconnect(&b);
             }
-            if best.is_none() && b.usable() {
-                return Some(b);
-            }
+            let v = self.qps(kind).read().unwrap_or_else(|p| p.into_inner());
+            return rebind(&v, current);
         }
-        best
+        rebind(&v, current)
     }
 }

@@ -155,7 +155,9 @@ impl ReadReply {
 /// Batching of a Rocket's traffic (Scythe 3.4 guideline (2), Fig. 9, and 4.6 (3)).
 /// Message batching packs the messages of a polling round into shared buckets (one WRITE
 /// each); doorbell batching posts a round's WRs as one list (one `ibv_post_send`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Batching {
     /// One message per bucket, one doorbell per WR.

@@ -2,71 +2,17 @@
 //! (distinct node ids, real shared-memory rings, real server threads).
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
-use rrpc::node::{Node, NodeConfig};
 use rrpc::rocket::{RingMem, RocketConfig};
 use rrpc::runtime::{Executor, RpcError, RuntimeConfig, ThreadCtx};
-use rrpc::server::Handlers;
 
-const ECHO: u16 = 1;
-const FAIL: u16 = 2;
+mod common;
+use common::{fabric, mem_node, server, ECHO, FAIL};
 
-fn fabric(cluster: &str, node: u32) -> Fabric {
-    Fabric::open(&FabricConfig::new(
-        FabricKind::from_env().unwrap(),
-        cluster,
-        node,
-    ))
-    .unwrap()
-}
-
-fn server(cluster: &str, threads: usize) -> Node {
-    let mut h = Handlers::new();
-    h.register(ECHO, |req, out| {
-        out.extend_from_slice(req);
-        Ok(())
-    });
-    h.register(FAIL, |_, _| Err("refused on purpose".into()));
-    Node::start(
-        fabric(cluster, 1),
-        NodeConfig {
-            role: "echo".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports: BTreeMap::new(),
-            rpc: Some((h, threads)),
-        },
-    )
-    .unwrap()
-}
-
-/// A node (id `node`) exporting one MR of `bytes` as "mr", for one-sided operations.
-fn mem_node(cluster: &str, node: u32, bytes: usize) -> (Node, rrpc::fabric::MemoryRegion) {
-    let f = fabric(cluster, node);
-    let mr = f.alloc_mr(bytes).unwrap();
-    let mut exports = BTreeMap::new();
-    exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
-    let n = Node::start(
-        f,
-        NodeConfig {
-            role: "mem".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
-    )
-    .unwrap();
-    (n, mr)
-}
-
-/// This test's cluster, removed when the test ends, however it ends.
-fn setup(name: &str) -> ClusterGuard {
-    let c = format!("rpc-{}-{name}", std::process::id());
-    ClusterGuard::new(&c).unwrap().0
+fn setup(name: &str) -> rrpc::fabric::shm::ClusterGuard {
+    common::setup("rpc", name)
 }
 
 #[test]

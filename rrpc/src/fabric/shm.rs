@@ -28,7 +28,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use memmap2::{MmapMut, MmapOptions};
 
@@ -413,7 +413,7 @@ impl ShmFabric {
             sq_depth: sq_depth.max(1),
             peer: None,
             state: QpState::Init,
-            last_probe: Instant::now(),
+            last_probe: super::Probe::new(),
             local_cache: HashMap::new(),
             rq,
             peer_rq: None,
@@ -609,7 +609,7 @@ pub struct ShmQp {
     sq_depth: usize,
     peer: Option<Peer>,
     state: QpState,
-    last_probe: Instant,
+    last_probe: super::Probe,
     local_cache: HashMap<u32, (u64, usize)>,
     /// This QP's receive queue (the peer SENDs into it).
     rq: Arc<RecvQueue>,
@@ -696,14 +696,13 @@ impl ShmQp {
 
     /// State, probing the peer's liveness at most once a millisecond.
     pub fn state(&mut self) -> QpState {
-        if self.state == QpState::ReadyToSend && self.last_probe.elapsed() >= LIVENESS_PERIOD {
+        if self.state == QpState::ReadyToSend && self.last_probe.due(LIVENESS_PERIOD) {
             self.probe();
         }
         self.state
     }
 
     fn probe(&mut self) {
-        self.last_probe = Instant::now();
         if let Some(p) = &self.peer {
             if try_lock(&p.alive, libc::LOCK_SH) {
                 self.state = QpState::Error;
@@ -779,7 +778,7 @@ impl ShmQp {
     }
 
     fn execute(&mut self, wr: &SendWr) -> WcStatus {
-        if self.last_probe.elapsed() >= LIVENESS_PERIOD {
+        if self.last_probe.due(LIVENESS_PERIOD) {
             self.probe();
             if self.state == QpState::Error {
                 return WcStatus::RetryExceeded;

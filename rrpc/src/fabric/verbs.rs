@@ -12,7 +12,7 @@
 //! LID exchanged over the bootstrap service.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use memmap2::{MmapMut, MmapOptions};
 use sideway::ibverbs::address::{AddressHandleAttribute, GidType};
@@ -340,7 +340,7 @@ impl VerbsFabric {
             psn,
             peer: u32::MAX,
             state: QpState::Init,
-            last_query: Instant::now(),
+            last_query: super::Probe::new(),
             sq_depth: sq_depth.max(1),
         })
     }
@@ -489,7 +489,7 @@ pub struct VerbsQp {
     psn: u32,
     peer: u32,
     state: QpState,
-    last_query: Instant,
+    last_query: super::Probe,
     sq_depth: usize,
 }
 
@@ -580,8 +580,7 @@ impl VerbsQp {
 
     /// Current state, from `ibv_query_qp` (at most once a millisecond).
     pub fn state(&mut self) -> QpState {
-        if self.state == QpState::ReadyToSend && self.last_query.elapsed() >= STATE_PERIOD {
-            self.last_query = Instant::now();
+        if self.state == QpState::ReadyToSend && self.last_query.due(STATE_PERIOD) {
             if let Ok((attr, _)) = self.qp.query(QueuePairAttributeMask::State) {
                 if matches!(
                     attr.state(),

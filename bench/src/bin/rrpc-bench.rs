@@ -1,0 +1,880 @@
+//! `rrpc-bench`: microbenchmarks of rrpc (Scythe 000_f3dba2ed893b246b.txt 3.4 and 4.6):
+//! batching modes (Fig. 9), communication modes (Fig. 10), round-trip latency, and rrpc
+//! against peer libraries (iceoryx2, tonic) and the cache-line ping-pong floor.
+//!
+//! Every experiment runs its variants side by side in one invocation (the machine is
+//! shared and absolute numbers drift), prints a table, and with `--json` / `--plot` writes
+//! JSON and a chart. Server and client run in this process as two nodes of a local shm
+//! (or verbs) cluster, the server thread pinned to `--server-core`, the client thread(s)
+//! from `--client-core` on.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+use bench::peers::{self, PeerConfig, RttSamples};
+use bench::plot::{LineChart, Scale, Series};
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::rocket::RocketConfig;
+use rrpc::runtime::{CallOpts, Executor, Mode, RuntimeConfig, Stats, ThreadCtx};
+use rrpc::server::{Handlers, ServerConfig};
+use rrpc::wire::Batching;
+
+/// Handler: reply with `u32 LE` bytes (the request's first 4 bytes); the request may be
+/// longer (its size is the request payload under test).
+const GEN: u16 = 1;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rrpc-bench",
+    about = "rrpc microbenchmarks: batching modes, communication modes, latency, peers",
+    long_about = "rrpc microbenchmarks (Scythe 3.4 and 4.6). Each subcommand runs its variants side \
+                  by side in one invocation and prints a table; --json writes the results, --plot \
+                  draws an SVG or PNG chart. Server and client are two nodes of a local cluster in \
+                  this process, pinned to --server-core and --client-core."
+)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct Common {
+    /// Measured time per data point, milliseconds.
+    #[arg(long, global = true, default_value_t = 1000)]
+    duration_ms: u64,
+    /// Warm-up per data point, milliseconds (not measured).
+    #[arg(long, global = true, default_value_t = 200)]
+    warmup_ms: u64,
+    /// Write the results as JSON to this file.
+    #[arg(long, global = true)]
+    json: Option<PathBuf>,
+    /// Draw a chart to this file (.svg or .png). With `all`, a directory: one chart each.
+    #[arg(long, global = true)]
+    plot: Option<PathBuf>,
+    /// Fabric backend: shm or verbs (default: $RRPC_FABRIC, else shm).
+    #[arg(long, global = true)]
+    fabric: Option<String>,
+    /// Core the server thread is pinned to.
+    #[arg(long, global = true, default_value_t = 1)]
+    server_core: usize,
+    /// Core the (first) client thread is pinned to.
+    #[arg(long, global = true, default_value_t = 0)]
+    client_core: usize,
+    /// Coroutines per client thread for throughput points.
+    #[arg(long, global = true, default_value_t = 32)]
+    coroutines: usize,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Fig. 9: RPC throughput of none / doorbell / msg / combined batching, messages 8 B to 8 KiB.
+    Batching {
+        /// Message (request payload) sizes, bytes.
+        #[arg(long, value_delimiter = ',', default_values_t = [8usize, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])]
+        sizes: Vec<usize>,
+        /// Bucket size, bytes (grown per point to fit one message).
+        #[arg(long, default_value_t = 512)]
+        bucket_size: usize,
+    },
+    /// Fig. 10: throughput and latency of pure RPC, RPC + READ and zero-copy, payloads 64 B to 1 MiB.
+    Modes {
+        /// Reply payload sizes, bytes.
+        #[arg(long, value_delimiter = ',', default_values_t = [64usize, 128, 256, 512, 1024, 2048, 4096, 16384, 65536, 262144, 1048576])]
+        sizes: Vec<usize>,
+        /// Coroutines for the mode points (large payloads need few).
+        #[arg(long, default_value_t = 8)]
+        mode_coroutines: usize,
+    },
+    /// Round trip p50/p99 for 32 B requests and 32 B / 4 KiB / 64 KiB replies with 1 and 2
+    /// client threads, and small-RPC throughput per core.
+    Latency,
+    /// rrpc against iceoryx2 request-response, tonic gRPC (loopback TCP) and the cache-line
+    /// ping-pong floor: 32 B request and reply, two pinned busy-polling endpoints.
+    Peers,
+    /// All of the above.
+    All,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("rrpc-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let c = &args.common;
+    let cores = core_affinity::get_core_ids().map_or(0, |v| v.len());
+    if c.server_core >= cores.max(1) || c.client_core >= cores.max(1) {
+        bail!(
+            "--server-core {} / --client-core {} but this machine has {cores} cores",
+            c.server_core,
+            c.client_core
+        );
+    }
+    if c.duration_ms == 0 {
+        bail!("--duration-ms must be at least 1");
+    }
+    let kind = match &c.fabric {
+        Some(f) => f.parse::<FabricKind>().map_err(anyhow::Error::msg)?,
+        None => FabricKind::from_env().map_err(anyhow::Error::msg)?,
+    };
+    let mut out = BTreeMap::new();
+    let plot_for = |name: &str| -> Option<PathBuf> {
+        let p = c.plot.as_ref()?;
+        Some(match args.cmd {
+            Cmd::All => p.join(format!("{name}.svg")),
+            _ => p.clone(),
+        })
+    };
+    if let (Cmd::All, Some(dir)) = (&args.cmd, &c.plot) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    println!(
+        "rrpc-bench | fabric: {kind} | timing model: none | server core {} | client core {} | {} ms per point ({} ms warm-up) | {} cores",
+        c.server_core, c.client_core, c.duration_ms, c.warmup_ms, cores
+    );
+    let all = matches!(args.cmd, Cmd::All);
+    match &args.cmd {
+        Cmd::Batching { sizes, bucket_size } => {
+            out.insert(
+                "batching",
+                batching(c, kind, sizes, *bucket_size, plot_for("batching"))?,
+            );
+        }
+        Cmd::Modes {
+            sizes,
+            mode_coroutines,
+        } => {
+            out.insert(
+                "modes",
+                modes(c, kind, sizes, *mode_coroutines, plot_for("modes"))?,
+            );
+        }
+        Cmd::Latency => {
+            out.insert("latency", latency(c, kind)?);
+        }
+        Cmd::Peers => {
+            out.insert("peers", peers_cmp(c, kind, plot_for("peers"))?);
+        }
+        Cmd::All => {}
+    }
+    if all {
+        let sizes = [8usize, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
+        out.insert(
+            "batching",
+            batching(c, kind, &sizes, 512, plot_for("batching"))?,
+        );
+        let msizes = [
+            64usize, 128, 256, 512, 1024, 2048, 4096, 16384, 65536, 262144, 1048576,
+        ];
+        out.insert("modes", modes(c, kind, &msizes, 8, plot_for("modes"))?);
+        out.insert("latency", latency(c, kind)?);
+        out.insert("peers", peers_cmp(c, kind, plot_for("peers"))?);
+    }
+    if let Some(p) = &c.json {
+        let doc = json!({
+            "fabric": kind.to_string(),
+            "timing_model": "none",
+            "duration_ms": c.duration_ms,
+            "warmup_ms": c.warmup_ms,
+            "server_core": c.server_core,
+            "client_core": c.client_core,
+            "results": out,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// A server node and the fabric for clients, in a cluster directory removed on drop.
+struct Bed {
+    node: Node,
+    kind: FabricKind,
+    cluster: ClusterGuard,
+    next_node: std::sync::atomic::AtomicU32,
+}
+
+impl Bed {
+    fn new(kind: FabricKind, server_core: usize, tag: &str) -> Result<Self> {
+        let name = format!("rrpc-bench-{}-{tag}", std::process::id());
+        let (cluster, _) = ClusterGuard::new(&name)?;
+        let f = Fabric::open(&FabricConfig::new(kind, &name, 1))?;
+        let mut h = Handlers::new();
+        h.register(GEN, |req, out| {
+            let n = req
+                .get(..4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+                .ok_or("request shorter than 4 bytes")?;
+            out.resize(n, 0xab);
+            if n >= 8 {
+                out[..8].copy_from_slice(
+                    &req.get(4..12)
+                        .unwrap_or(&[0; 8])
+                        .try_into()
+                        .unwrap_or([0; 8]),
+                );
+            }
+            Ok(())
+        });
+        let node = Node::start_with(
+            f,
+            NodeConfig {
+                role: "rrpc-bench".into(),
+                listen: "127.0.0.1:0".parse()?,
+                exports: BTreeMap::new(),
+                rpc: Some((h, 1)),
+            },
+            ServerConfig {
+                cores: vec![server_core],
+                ..ServerConfig::default()
+            },
+        )?;
+        Ok(Self {
+            node,
+            kind,
+            cluster,
+            next_node: std::sync::atomic::AtomicU32::new(100),
+        })
+    }
+
+    /// A client context (a new node id, so new QPs and Rockets) connected to the server.
+    fn client(&self, cfg: RuntimeConfig) -> Result<(Rc<ThreadCtx>, u32)> {
+        let id = self
+            .next_node
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let f = Fabric::open(&FabricConfig::new(self.kind, self.cluster.name(), id))?;
+        let ctx = ThreadCtx::new(f, cfg).map_err(anyhow::Error::msg)?;
+        let node = ctx
+            .connect_rpc(self.node.addr())
+            .map_err(anyhow::Error::msg)?
+            .node;
+        Ok((ctx, node))
+    }
+}
+
+fn pin(core: usize) {
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        eprintln!("rrpc-bench: could not pin to core {core}");
+    }
+}
+
+/// Run `f` on a new thread pinned to `core` (the main thread stays unpinned, so later
+/// experiments and peers can use every core).
+fn on_core<T: Send>(core: usize, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            pin(core);
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("benchmark thread panicked")))
+    })
+}
+
+/// Request payload of `len` bytes (at least 4) asking for a `reply`-byte reply.
+fn request(len: usize, reply: usize) -> Vec<u8> {
+    let mut r = vec![0x5a; len.max(4)];
+    r[..4].copy_from_slice(&(reply as u32).to_le_bytes());
+    r
+}
+
+/// One measured point.
+struct Point {
+    calls: u64,
+    secs: f64,
+    hist: Histogram<u64>,
+    stats: Stats,
+}
+
+impl Point {
+    fn rate(&self) -> f64 {
+        self.calls as f64 / self.secs
+    }
+    fn p(&self, q: f64) -> f64 {
+        self.hist.value_at_quantile(q) as f64
+    }
+}
+
+/// `coroutines` coroutines on `ctx` calling GEN with `req` in `opts` mode for the
+/// warm-up, then the measured time (the `(warm-up, measured)` window). Per-call latency in ns goes to the histogram.
+fn drive(
+    ctx: &Rc<ThreadCtx>,
+    node: u32,
+    coroutines: usize,
+    req: Vec<u8>,
+    opts: CallOpts,
+    expect: usize,
+    (warmup, measure): (Duration, Duration),
+) -> Result<Point> {
+    let clock = quanta::Clock::new();
+    let start = Instant::now();
+    let m0 = start + warmup;
+    let end = m0 + measure;
+    let hist = Rc::new(RefCell::new(Histogram::<u64>::new_with_bounds(
+        1,
+        60_000_000_000,
+        3,
+    )?));
+    let calls = Rc::new(Cell::new(0u64));
+    let failed = Rc::new(RefCell::new(None::<String>));
+    let stats0 = Rc::new(Cell::new(None::<Stats>));
+    let req = Rc::new(req);
+    let mut ex = Executor::new(ctx.clone());
+    for _ in 0..coroutines.max(1) {
+        let (ctx, hist, calls, failed, req, clock, stats0) = (
+            ctx.clone(),
+            hist.clone(),
+            calls.clone(),
+            failed.clone(),
+            req.clone(),
+            clock.clone(),
+            stats0.clone(),
+        );
+        ex.spawn(async move {
+            loop {
+                let now = Instant::now();
+                if now >= end || failed.borrow().is_some() {
+                    break;
+                }
+                let t0 = clock.raw();
+                let r = ctx.call_with(node, GEN, &req, opts).await;
+                let ns = clock.delta_as_nanos(t0, clock.raw());
+                match r {
+                    Ok(v) if v.len() == expect => {}
+                    Ok(v) => {
+                        *failed.borrow_mut() =
+                            Some(format!("reply of {} bytes, want {expect}", v.len()));
+                        break;
+                    }
+                    Err(e) => {
+                        *failed.borrow_mut() = Some(e.to_string());
+                        break;
+                    }
+                }
+                if now >= m0 {
+                    if stats0.get().is_none() {
+                        stats0.set(Some(ctx.stats()));
+                    }
+                    calls.set(calls.get() + 1);
+                    let _ = hist.borrow_mut().record(ns.max(1));
+                }
+            }
+        });
+    }
+    ex.run();
+    if let Some(e) = failed.borrow_mut().take() {
+        bail!("call failed: {e}");
+    }
+    let s0 = stats0.get().unwrap_or_default();
+    let s1 = ctx.stats();
+    let stats = Stats {
+        doorbells: s1.doorbells - s0.doorbells,
+        wrs: s1.wrs - s0.wrs,
+        buckets: s1.buckets - s0.buckets,
+        messages: s1.messages - s0.messages,
+        credit_stalls: s1.credit_stalls - s0.credit_stalls,
+        bytes: s1.bytes - s0.bytes,
+        ..Stats::default()
+    };
+    let hist = hist.borrow().clone();
+    Ok(Point {
+        calls: calls.get(),
+        secs: measure.as_secs_f64(),
+        hist,
+        stats,
+    })
+}
+
+fn bucket_for(bucket_size: usize, msg: usize) -> usize {
+    bucket_size.max((msg + 32).next_multiple_of(64))
+}
+
+fn human(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}KiB", b >> 10),
+        b => format!("{b}B"),
+    }
+}
+
+fn batching(
+    c: &Common,
+    kind: FabricKind,
+    sizes: &[usize],
+    bucket_size: usize,
+    plot: Option<PathBuf>,
+) -> Result<serde_json::Value> {
+    println!(
+        "\n== batching (Scythe Fig. 9): RPC throughput by batching mode | 1 client thread x {} coroutines | reply 8 B | bucket {} B (grown to fit one message)",
+        c.coroutines, bucket_size
+    );
+    on_core(c.client_core, || {
+        batching_on(c, kind, sizes, bucket_size, plot)
+    })
+}
+
+fn batching_on(
+    c: &Common,
+    kind: FabricKind,
+    sizes: &[usize],
+    bucket_size: usize,
+    plot: Option<PathBuf>,
+) -> Result<serde_json::Value> {
+    let bed = Bed::new(kind, c.server_core, "batching")?;
+    let (warm, meas) = (
+        Duration::from_millis(c.warmup_ms),
+        Duration::from_millis(c.duration_ms),
+    );
+    println!(
+        "{:>8} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9}",
+        "size", "mode", "Mcalls/s", "MB/s", "p50(us)", "msg/WRITE", "WR/dbell"
+    );
+    let mut rows = Vec::new();
+    let mut series: BTreeMap<Batching, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut ratio64 = None;
+    for &size in sizes {
+        let mut rates = BTreeMap::new();
+        for b in Batching::ALL {
+            let cfg = RuntimeConfig {
+                batching: b,
+                rocket: RocketConfig {
+                    bucket_size: bucket_for(bucket_size, size),
+                    buckets: if size > 4096 { 32 } else { 64 },
+                },
+                ..RuntimeConfig::default()
+            };
+            let (ctx, node) = bed.client(cfg)?;
+            let p = drive(
+                &ctx,
+                node,
+                c.coroutines,
+                request(size, 8),
+                CallOpts::mode(Mode::Rpc),
+                8,
+                (warm, meas),
+            )
+            .with_context(|| format!("batching {} {size} B", b.name()))?;
+            let r = p.rate();
+            println!(
+                "{:>8} {:>10} {:>12.3} {:>8.1} {:>8.1} {:>9.2} {:>9.2}",
+                human(size),
+                b.name(),
+                r / 1e6,
+                r * size as f64 / 1e6,
+                p.p(0.5) / 1e3,
+                p.stats.messages_per_write(),
+                p.stats.wrs_per_doorbell()
+            );
+            rows.push(json!({
+                "size": size, "mode": b.name(), "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
+                "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
+                "messages_per_write": p.stats.messages_per_write(), "wrs_per_doorbell": p.stats.wrs_per_doorbell(),
+                "credit_stalls": p.stats.credit_stalls,
+            }));
+            series.entry(b).or_default().push((size as f64, r / 1e6));
+            rates.insert(b, r);
+        }
+        let ratio = rates[&Batching::Combined] / rates[&Batching::Doorbell];
+        println!(
+            "{:>8} ratio combined/doorbell = {:.2}, combined/none = {:.2}, combined/msg = {:.2}",
+            human(size),
+            ratio,
+            rates[&Batching::Combined] / rates[&Batching::None],
+            rates[&Batching::Combined] / rates[&Batching::Msg]
+        );
+        if size == 64 {
+            ratio64 = Some(ratio);
+        }
+    }
+    if let Some(r) = ratio64 {
+        println!("ratio throughput combined/doorbell at 64 B = {r:.2}");
+    }
+    if let Some(p) = plot {
+        let s: Vec<Series> = series
+            .into_iter()
+            .map(|(b, points)| Series {
+                name: b.name().into(),
+                points,
+            })
+            .collect();
+        draw(
+            &p,
+            "RPC throughput by batching mode (Scythe Fig. 9)",
+            "message size (bytes)",
+            "Mcalls/s",
+            Scale::Log2,
+            Scale::Log10,
+            &s,
+        )?;
+    }
+    Ok(
+        json!({ "coroutines": c.coroutines, "bucket_size": bucket_size, "points": rows, "ratio_combined_doorbell_64": ratio64 }),
+    )
+}
+
+fn draw(
+    path: &Path,
+    title: &str,
+    x: &str,
+    y: &str,
+    xs: Scale,
+    ys: Scale,
+    series: &[Series],
+) -> Result<()> {
+    LineChart {
+        title,
+        x_label: x,
+        y_label: y,
+        x_scale: xs,
+        y_scale: ys,
+        series,
+    }
+    .draw(path)?;
+    println!("plot: {}", path.display());
+    Ok(())
+}
+
+fn modes(
+    c: &Common,
+    kind: FabricKind,
+    sizes: &[usize],
+    coroutines: usize,
+    plot: Option<PathBuf>,
+) -> Result<serde_json::Value> {
+    println!(
+        "\n== modes (Scythe Fig. 10): reply payload by pure RPC, RPC + READ, zero-copy | 1 client thread x {coroutines} coroutines | request 8 B | pure RPC uses buckets grown to fit the reply"
+    );
+    on_core(c.client_core, || modes_on(c, kind, sizes, coroutines, plot))
+}
+
+fn modes_on(
+    c: &Common,
+    kind: FabricKind,
+    sizes: &[usize],
+    coroutines: usize,
+    plot: Option<PathBuf>,
+) -> Result<serde_json::Value> {
+    let bed = Bed::new(kind, c.server_core, "modes")?;
+    let (warm, meas) = (
+        Duration::from_millis(c.warmup_ms),
+        Duration::from_millis(c.duration_ms),
+    );
+    println!(
+        "{:>8} {:>10} {:>11} {:>9} {:>9} {:>9}",
+        "size", "mode", "Kcalls/s", "MB/s", "p50(us)", "p99(us)"
+    );
+    let modes = [
+        ("rpc", Mode::Rpc),
+        ("read", Mode::Read),
+        ("zero-copy", Mode::ZeroCopy),
+    ];
+    let mut rows = Vec::new();
+    let mut series: Vec<Series> = modes
+        .iter()
+        .map(|(n, _)| Series {
+            name: (*n).into(),
+            points: vec![],
+        })
+        .collect();
+    let mut best_hybrid_wins = Vec::new();
+    for &size in sizes {
+        let mut rates = Vec::new();
+        for (i, (name, mode)) in modes.iter().enumerate() {
+            let bucket = if *mode == Mode::Rpc {
+                bucket_for(512, size)
+            } else {
+                512
+            };
+            let cfg = RuntimeConfig {
+                rocket: RocketConfig {
+                    bucket_size: bucket,
+                    buckets: if bucket > 64 << 10 {
+                        8
+                    } else if bucket > 4096 {
+                        16
+                    } else {
+                        64
+                    },
+                },
+                ..RuntimeConfig::default()
+            };
+            let (ctx, node) = bed.client(cfg)?;
+            let opts = CallOpts {
+                mode: *mode,
+                reply_len: Some(size),
+                timeout: Some(Duration::from_secs(10)),
+            };
+            let p = drive(
+                &ctx,
+                node,
+                coroutines,
+                request(8, size),
+                opts,
+                size,
+                (warm, meas),
+            )
+            .with_context(|| format!("mode {name} {size} B"))?;
+            let r = p.rate();
+            println!(
+                "{:>8} {:>10} {:>11.1} {:>9.1} {:>9.1} {:>9.1}",
+                human(size),
+                name,
+                r / 1e3,
+                r * size as f64 / 1e6,
+                p.p(0.5) / 1e3,
+                p.p(0.99) / 1e3
+            );
+            rows.push(json!({
+                "size": size, "mode": name, "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
+                "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
+            }));
+            series[i].points.push((size as f64, r * size as f64 / 1e6));
+            rates.push(r);
+        }
+        let hybrid = rates[1].max(rates[2]);
+        println!(
+            "{:>8} ratio read/rpc = {:.2}, zero-copy/rpc = {:.2}",
+            human(size),
+            rates[1] / rates[0],
+            rates[2] / rates[0]
+        );
+        best_hybrid_wins.push((size, hybrid > rates[0]));
+    }
+    // Crossover: the smallest size from which a hybrid mode beats pure RPC at every
+    // larger size measured.
+    let crossover = (0..best_hybrid_wins.len())
+        .find(|&i| best_hybrid_wins[i..].iter().all(|&(_, w)| w))
+        .map(|i| best_hybrid_wins[i].0);
+    match crossover {
+        Some(s) => println!(
+            "crossover: hybrid modes beat pure RPC from {} up (Scythe's threshold: 512 B)",
+            human(s)
+        ),
+        None => println!("crossover: pure RPC was never overtaken for good in this range"),
+    }
+    if let Some(p) = plot {
+        draw(
+            &p,
+            "Reply throughput by communication mode (Scythe Fig. 10)",
+            "reply size (bytes)",
+            "MB/s",
+            Scale::Log2,
+            Scale::Log10,
+            &series,
+        )?;
+    }
+    Ok(json!({ "coroutines": coroutines, "points": rows, "crossover_bytes": crossover }))
+}
+
+fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
+    println!("\n== latency: round trip of 32 B requests, 1 coroutine per client thread, Mode::Auto with the reply size known");
+    let bed = Bed::new(kind, c.server_core, "latency")?;
+    let (warm, meas) = (
+        Duration::from_millis(c.warmup_ms),
+        Duration::from_millis(c.duration_ms),
+    );
+    let cores = core_affinity::get_core_ids().map_or(1, |v| v.len());
+    println!(
+        "{:>8} {:>8} {:>9} {:>9} {:>9} {:>10}",
+        "reply", "threads", "p50(us)", "p99(us)", "mean(us)", "calls/s"
+    );
+    let mut rows = Vec::new();
+    for threads in [1usize, 2] {
+        for reply in [32usize, 4096, 65536] {
+            let addr = bed.node.addr();
+            let (kind, cluster) = (bed.kind, bed.cluster.name().to_string());
+            let base = bed
+                .next_node
+                .fetch_add(threads as u32, std::sync::atomic::Ordering::Relaxed);
+            let results: Vec<Result<Point>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let cluster = cluster.clone();
+                        s.spawn(move || -> Result<Point> {
+                                pin((c.client_core + t * cores.saturating_sub(1).max(1))
+                                    % cores.max(1));
+                                let f = Fabric::open(&FabricConfig::new(
+                                    kind,
+                                    &cluster,
+                                    base + t as u32,
+                                ))?;
+                                let ctx = ThreadCtx::new(f, RuntimeConfig::default())
+                                    .map_err(anyhow::Error::msg)?;
+                                let node = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?.node;
+                                let opts = CallOpts {
+                                    reply_len: Some(reply),
+                                    ..CallOpts::default()
+                                };
+                                drive(&ctx, node, 1, request(32, reply), opts, reply, (warm, meas))
+                            })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
+                    })
+                    .collect()
+            });
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+            let mut calls = 0;
+            for r in results {
+                let p = r?;
+                hist.add(&p.hist)?;
+                calls += p.calls;
+            }
+            let rate = calls as f64 / meas.as_secs_f64();
+            println!(
+                "{:>8} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>10.0}",
+                human(reply),
+                threads,
+                hist.value_at_quantile(0.5) as f64 / 1e3,
+                hist.value_at_quantile(0.99) as f64 / 1e3,
+                hist.mean() / 1e3,
+                rate
+            );
+            rows.push(json!({
+                "reply": reply, "threads": threads, "p50_ns": hist.value_at_quantile(0.5),
+                "p99_ns": hist.value_at_quantile(0.99), "mean_ns": hist.mean(), "calls_per_s": rate,
+            }));
+        }
+    }
+    // Small-RPC throughput: one client thread with many coroutines against one server
+    // thread; two cores busy.
+    let p = on_core(c.client_core, || {
+        let (ctx, node) = bed.client(RuntimeConfig::default())?;
+        drive(
+            &ctx,
+            node,
+            c.coroutines,
+            request(32, 32),
+            CallOpts::mode(Mode::Rpc),
+            32,
+            (warm, meas),
+        )
+    })?;
+    let per_core = p.rate() / 2.0;
+    println!(
+        "small-RPC throughput (32 B / 32 B, 1 client thread x {} coroutines, 1 server thread): {:.0} calls/s = {:.0} calls/s per core (2 cores busy); p50 {:.1} us, {:.2} msgs per WRITE",
+        c.coroutines, p.rate(), per_core, p.p(0.5) / 1e3, p.stats.messages_per_write()
+    );
+    Ok(
+        json!({ "points": rows, "small_rpc_calls_per_s": p.rate(), "small_rpc_calls_per_s_per_core": per_core, "coroutines": c.coroutines }),
+    )
+}
+
+/// rrpc's round trip measured like the peers': one client coroutine, 32 B each way.
+fn rrpc_rtt(c: &Common, kind: FabricKind, cfg: &PeerConfig) -> Result<RttSamples> {
+    let bed = Bed::new(kind, c.server_core, "peers")?;
+    let p = on_core(cfg.client_core, || {
+        let (ctx, node) = bed.client(RuntimeConfig::default())?;
+        drive(
+            &ctx,
+            node,
+            1,
+            request(cfg.request_bytes, cfg.reply_bytes),
+            CallOpts::mode(Mode::Rpc),
+            cfg.reply_bytes,
+            (cfg.warmup, cfg.duration),
+        )
+    })?;
+    Ok(RttSamples {
+        hist: p.hist,
+        round_trips: p.calls,
+        elapsed: cfg.duration,
+    })
+}
+
+fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serde_json::Value> {
+    let cfg = PeerConfig {
+        request_bytes: 32,
+        reply_bytes: 32,
+        warmup: Duration::from_millis(c.warmup_ms),
+        duration: Duration::from_millis(c.duration_ms),
+        client_core: c.client_core,
+        server_core: c.server_core,
+    };
+    println!(
+        "\n== peers: round trip, 32 B request and 32 B reply, one request in flight, client core {} / server core {}, busy polling (tonic: tokio current-thread runtimes)",
+        cfg.client_core, cfg.server_core
+    );
+    let runs: Vec<(&str, Result<RttSamples>)> = vec![
+        ("floor", peers::floor_rtt(&cfg)),
+        ("rrpc", rrpc_rtt(c, kind, &cfg)),
+        ("iceoryx2", peers::iceoryx2_rtt(&cfg)),
+        ("tonic", peers::tonic_rtt(&cfg)),
+    ];
+    println!(
+        "{:>10} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "peer", "p50(ns)", "p99(ns)", "mean(ns)", "one-way(ns)", "round trips"
+    );
+    let mut p50 = BTreeMap::new();
+    let mut rows = Vec::new();
+    for (name, r) in runs {
+        let s = r.with_context(|| format!("peer {name}"))?;
+        let (a, b) = (
+            s.hist.value_at_quantile(0.5),
+            s.hist.value_at_quantile(0.99),
+        );
+        println!(
+            "{:>10} {:>10} {:>10} {:>10.0} {:>12.0} {:>12}",
+            name,
+            a,
+            b,
+            s.mean_ns(),
+            s.mean_ns() / 2.0,
+            s.round_trips
+        );
+        rows.push(json!({ "peer": name, "p50_ns": a, "p99_ns": b, "mean_ns": s.mean_ns(), "one_way_mean_ns": s.mean_ns() / 2.0, "round_trips": s.round_trips }));
+        p50.insert(name, a as f64);
+    }
+    let ratio = |peer: &str| p50["rrpc"] / p50[peer];
+    println!("ratio rtt rrpc/iceoryx2 = {:.2}", ratio("iceoryx2"));
+    println!("ratio rtt rrpc/tonic = {:.3}", ratio("tonic"));
+    println!("ratio rtt rrpc/floor = {:.2}", ratio("floor"));
+    if let Some(p) = plot {
+        let s: Vec<Series> = p50
+            .iter()
+            .enumerate()
+            .map(|(i, (n, v))| Series {
+                name: (*n).into(),
+                points: vec![(i as f64 + 1.0, *v)],
+            })
+            .collect();
+        draw(
+            &p,
+            "Round trip p50, 32 B / 32 B",
+            "peer (index)",
+            "ns",
+            Scale::Linear,
+            Scale::Log10,
+            &s,
+        )?;
+    }
+    Ok(json!({
+        "request_bytes": 32, "reply_bytes": 32, "points": rows,
+        "ratio_rtt_rrpc_iceoryx2": ratio("iceoryx2"), "ratio_rtt_rrpc_tonic": ratio("tonic"), "ratio_rtt_rrpc_floor": ratio("floor"),
+    }))
+}

@@ -1,0 +1,80 @@
+//! Helpers shared by the RPC integration tests: nodes on the fabric `$RRPC_FABRIC` names
+//! (shm when unset), in a cluster directory removed when the test ends.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::collections::BTreeMap;
+
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind, MemoryRegion};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::server::Handlers;
+
+/// Echo handler id: the reply is the request.
+pub const ECHO: u16 = 1;
+/// A handler that always fails.
+pub const FAIL: u16 = 2;
+
+/// Node `node` of `cluster` on the fabric the environment names.
+pub fn fabric(cluster: &str, node: u32) -> Fabric {
+    Fabric::open(&FabricConfig::new(
+        FabricKind::from_env().unwrap(),
+        cluster,
+        node,
+    ))
+    .unwrap()
+}
+
+/// Handlers ECHO and FAIL.
+pub fn echo_handlers() -> Handlers {
+    let mut h = Handlers::new();
+    h.register(ECHO, |req, out| {
+        out.extend_from_slice(req);
+        Ok(())
+    });
+    h.register(FAIL, |_, _| Err("refused on purpose".into()));
+    h
+}
+
+/// An RPC server node (id 1) with `handlers` on `threads` threads.
+pub fn server_with(cluster: &str, handlers: Handlers, threads: usize) -> Node {
+    Node::start(
+        fabric(cluster, 1),
+        NodeConfig {
+            role: "echo".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports: BTreeMap::new(),
+            rpc: Some((handlers, threads)),
+        },
+    )
+    .unwrap()
+}
+
+/// An RPC server node (id 1) with [`echo_handlers`].
+pub fn server(cluster: &str, threads: usize) -> Node {
+    server_with(cluster, echo_handlers(), threads)
+}
+
+/// A node (id `node`) exporting one MR of `bytes` as "mr", for one-sided operations.
+pub fn mem_node(cluster: &str, node: u32, bytes: usize) -> (Node, MemoryRegion) {
+    let f = fabric(cluster, node);
+    let mr = f.alloc_mr(bytes).unwrap();
+    let mut exports = BTreeMap::new();
+    exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
+    let n = Node::start(
+        f,
+        NodeConfig {
+            role: "mem".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: None,
+        },
+    )
+    .unwrap();
+    (n, mr)
+}
+
+/// This test's cluster, removed when the test ends, however it ends.
+pub fn setup(suite: &str, name: &str) -> ClusterGuard {
+    let c = format!("{suite}-{}-{name}", std::process::id());
+    ClusterGuard::new(&c).unwrap().0
+}
