@@ -474,7 +474,7 @@ impl RocketSender {
     /// Append the sealed buckets not yet handed out, oldest first, to `out`
     /// as (ring byte offset, span bytes, bucket number), and count them as posted.
     /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
-    pub fn take_ready(&mut self, out: &mut Vec<BucketSpan>) {
+    pub fn take_ready(&mut self, out: &mut impl Extend<BucketSpan>) {
         self.posted += self.ready.len() as u64;
         out.extend(self.ready.drain(..));
     }

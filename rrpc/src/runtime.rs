@@ -376,6 +376,9 @@ struct Inner {
     batch: Vec<u8>,
     done: Vec<(u64, WcStatus)>,
     rounds: u64,
+    /// Emptied op and span lists of finished records, reused (no allocation per list).
+    vec_pool: Vec<Vec<usize>>,
+    span_pool: Vec<Vec<BucketSpan>>,
 }
 
 /// One thread's connections, buffers and in-flight work. Shared by the thread's
@@ -448,6 +451,8 @@ impl ThreadCtx {
                 batch: Vec::new(),
                 done: Vec::new(),
                 rounds: 0,
+                vec_pool: Vec::new(),
+                span_pool: Vec::new(),
             }),
         }))
     }
@@ -1007,11 +1012,11 @@ impl ThreadCtx {
                 inner.stats.failed_lists += 1;
             }
             match rec {
-                Rec::OneSided { conn, ops } => {
+                Rec::OneSided { conn, mut ops } => {
                     let c = &mut inner.conns[conn];
                     c.os_lists -= 1;
                     let node = c.node;
-                    for id in ops {
+                    for &id in &ops {
                         let r = if status == WcStatus::Success {
                             Ok(())
                         } else {
@@ -1019,10 +1024,12 @@ impl ThreadCtx {
                         };
                         complete(inner, id, r);
                     }
+                    ops.clear();
+                    inner.vec_pool.push(ops);
                 }
                 Rec::Rocket {
                     conn,
-                    spans,
+                    mut spans,
                     credit,
                 } => {
                     let Some(chan) = inner.conns[conn].rpc.as_mut() else {
@@ -1030,11 +1037,13 @@ impl ThreadCtx {
                     };
                     chan.lists -= 1;
                     if status != WcStatus::Success {
-                        for s in spans.into_iter().rev() {
+                        for s in spans.drain(..).rev() {
                             chan.spans.push_front(s);
                         }
                         chan.force_credit |= credit;
                     }
+                    spans.clear();
+                    inner.span_pool.push(spans);
                 }
             }
         }
@@ -1128,7 +1137,11 @@ impl ThreadCtx {
             }
             inner.recs[token] = Some(Rec::OneSided {
                 conn: ci,
-                ops: conn.os_ops[posted..posted + n].to_vec(),
+                ops: {
+                    let mut v = inner.vec_pool.pop().unwrap_or_default();
+                    v.extend_from_slice(&conn.os_ops[posted..posted + n]);
+                    v
+                },
             });
             inner.stats.doorbells += 1;
             inner.stats.wrs += n as u64;
@@ -1171,9 +1184,7 @@ impl ThreadCtx {
         }
         chan.tx.seal(&chan.staging);
         let before = chan.spans.len();
-        let mut ready = Vec::new();
-        chan.tx.take_ready(&mut ready);
-        chan.spans.extend(ready);
+        chan.tx.take_ready(&mut chan.spans);
         inner.stats.buckets += (chan.spans.len() - before) as u64;
         // Responses.
         loop {
@@ -1310,7 +1321,7 @@ impl ThreadCtx {
                 inner.stats.sq_full += 1;
                 break;
             }
-            let mut spans = Vec::with_capacity(n);
+            let mut spans = inner.span_pool.pop().unwrap_or_default();
             let mut credit = false;
             for it in items.drain(..n) {
                 match it {

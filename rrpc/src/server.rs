@@ -54,11 +54,31 @@ pub type KeyFn = Arc<dyn Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync>;
 /// per request, in the order given.
 pub type BatchFn = Arc<dyn Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync>;
 
+/// Hasher for handler ids (small integers chosen by the service, looked up per message).
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type IdHash = std::hash::BuildHasherDefault<IdHasher>;
+
 /// Handlers by id.
 #[derive(Clone, Default)]
 pub struct Handlers {
-    map: HashMap<u16, Handler>,
-    sorted: HashMap<u16, (KeyFn, BatchFn)>,
+    map: HashMap<u16, Handler, IdHash>,
+    sorted: HashMap<u16, (KeyFn, BatchFn), IdHash>,
 }
 
 impl Handlers {
@@ -279,6 +299,7 @@ impl RpcServer {
                 mailbox: Mailbox::new(),
                 recs: Vec::new(),
                 free_recs: Vec::new(),
+                span_pool: Vec::new(),
                 straws: straws.clone(),
             };
             let s = stop.clone();
@@ -501,6 +522,8 @@ struct Worker {
     mailbox: Arc<Mailbox>,
     recs: Vec<Option<Rec>>,
     free_recs: Vec<usize>,
+    /// Emptied span lists of finished records, reused (no allocation per posted list).
+    span_pool: Vec<Vec<BucketSpan>>,
     straws: Arc<Mutex<HashMap<u64, Arc<ServerStraw>>>>,
 }
 
@@ -642,9 +665,7 @@ fn serve(rx: Receiver<ServerConn>, mut w: Worker, stop: Arc<AtomicBool>) {
             if c.batching.msg() {
                 c.resp_tx.seal(&c.resp_staging);
             }
-            let mut ready = Vec::new();
-            c.resp_tx.take_ready(&mut ready);
-            c.spans.extend(ready);
+            c.resp_tx.take_ready(&mut c.spans);
             if let Some(credit) = c.req_rx.credit_due(credit_every(&c.cfg)) {
                 let _ = credit;
                 c.force_credit = true;
@@ -678,6 +699,7 @@ fn serve(rx: Receiver<ServerConn>, mut w: Worker, stop: Arc<AtomicBool>) {
                 continue;
             };
             c.lists -= 1;
+            let mut spans = rec.spans;
             if status == WcStatus::Success {
                 for d in rec.data {
                     w.arena.free(d.chunk);
@@ -688,11 +710,13 @@ fn serve(rx: Receiver<ServerConn>, mut w: Worker, stop: Arc<AtomicBool>) {
                 for d in rec.data.into_iter().rev() {
                     c.data.push_front(d);
                 }
-                for s in rec.spans.into_iter().rev() {
+                for s in spans.drain(..).rev() {
                     c.spans.push_front(s);
                 }
                 c.force_credit |= rec.credit;
             }
+            spans.clear();
+            w.span_pool.push(spans);
         }
         // Drop Rockets whose requester is gone: no QP of its straw usable for a while.
         for c in conns.iter_mut() {
@@ -858,7 +882,7 @@ fn flush(w: &mut Worker, c: &mut ServerConn, wrs: &mut Vec<SendWr>, items: &mut 
         }
         let mut rec = Rec {
             conn: c.id,
-            spans: Vec::new(),
+            spans: w.span_pool.pop().unwrap_or_default(),
             credit: false,
             data: Vec::new(),
         };

@@ -625,6 +625,7 @@ impl CompletionQueue {
 /// An RC queue pair.
 pub struct QueuePair {
     inner: QpInner,
+    probe: Probe,
     watch: Option<PeerWatch>,
     /// The liveness channel closed: the peer is gone for good.
     peer_dead: bool,
@@ -642,7 +643,6 @@ enum QpInner {
 /// QP whose process died with `RETRY_EXC_ERR`; they stay outstanding).
 struct PeerWatch {
     stream: std::net::TcpStream,
-    probe: Probe,
 }
 
 /// Rate limit for liveness and state probes on hot paths: due at most once per period,
@@ -686,9 +686,6 @@ const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
 impl PeerWatch {
     /// Whether the peer closed the connection (a non-blocking peek reads end of stream).
     fn peer_closed(&mut self) -> bool {
-        if !self.probe.due(WATCH_PERIOD) {
-            return false;
-        }
         let mut b = [0u8; 1];
         match self.stream.peek(&mut b) {
             Ok(0) => true,
@@ -711,23 +708,36 @@ impl QueuePair {
                 op: "watch peer",
                 source,
             })?;
-        self.watch = Some(PeerWatch {
-            stream,
-            probe: Probe::new(),
-        });
+        self.watch = Some(PeerWatch { stream });
         Ok(())
     }
 
     fn peer_gone(&mut self) -> bool {
+        self.refresh();
+        self.peer_dead
+    }
+
+    /// At most once per [`WATCH_PERIOD`]: look at the liveness channel and let the backend
+    /// probe its state (shm: the peer's liveness lock; verbs: `ibv_query_qp`). One coarse
+    /// clock read per call otherwise.
+    fn refresh(&mut self) {
+        if !self.probe.due(WATCH_PERIOD) {
+            return;
+        }
         if !self.peer_dead && self.watch.as_mut().is_some_and(PeerWatch::peer_closed) {
             self.peer_dead = true;
         }
-        self.peer_dead
+        match &mut self.inner {
+            QpInner::Shm(q) => q.probe(),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.refresh(),
+        }
     }
 
     fn new(inner: QpInner) -> Self {
         Self {
             inner,
+            probe: Probe::new(),
             watch: None,
             peer_dead: false,
         }
@@ -846,7 +856,8 @@ impl QueuePair {
         self.peer_gone()
     }
 
-    /// Current state; on shm this also notices a peer that has exited.
+    /// Current state; also notices a peer that has exited (probed at most once a
+    /// millisecond).
     pub fn state(&mut self) -> QpState {
         if self.peer_gone() {
             return QpState::Error;

@@ -28,7 +28,6 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use memmap2::{MmapMut, MmapOptions};
 
@@ -41,8 +40,6 @@ pub const MR_HEADER_BYTES: usize = 4096;
 const MR_MAGIC: u64 = u64::from_le_bytes(*b"RRPCMR01");
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 const PAGE_BYTES: usize = 4096;
-/// How often a QP probes its peer's liveness lock.
-const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
 
 fn io_err(op: &'static str) -> impl FnOnce(std::io::Error) -> FabricError {
     move |source| FabricError::Io { op, source }
@@ -413,7 +410,6 @@ impl ShmFabric {
             sq_depth: sq_depth.max(1),
             peer: None,
             state: QpState::Init,
-            last_probe: super::Probe::new(),
             local_cache: HashMap::new(),
             rq,
             peer_rq: None,
@@ -609,7 +605,6 @@ pub struct ShmQp {
     sq_depth: usize,
     peer: Option<Peer>,
     state: QpState,
-    last_probe: super::Probe,
     local_cache: HashMap<u32, (u64, usize)>,
     /// This QP's receive queue (the peer SENDs into it).
     rq: Arc<RecvQueue>,
@@ -694,15 +689,17 @@ impl ShmQp {
         self.peer.as_ref().map_or(u32::MAX, |p| p.node)
     }
 
-    /// State, probing the peer's liveness at most once a millisecond.
+    /// State as last probed ([`ShmQp::probe`]; the QP wrapper probes at most once a
+    /// millisecond).
     pub fn state(&mut self) -> QpState {
-        if self.state == QpState::ReadyToSend && self.last_probe.due(LIVENESS_PERIOD) {
-            self.probe();
-        }
         self.state
     }
 
-    fn probe(&mut self) {
+    /// Check the peer's liveness lock now: a peer that exited puts the QP in error.
+    pub fn probe(&mut self) {
+        if self.state != QpState::ReadyToSend {
+            return;
+        }
         if let Some(p) = &self.peer {
             if try_lock(&p.alive, libc::LOCK_SH) {
                 self.state = QpState::Error;
@@ -778,12 +775,6 @@ impl ShmQp {
     }
 
     fn execute(&mut self, wr: &SendWr) -> WcStatus {
-        if self.last_probe.due(LIVENESS_PERIOD) {
-            self.probe();
-            if self.state == QpState::Error {
-                return WcStatus::RetryExceeded;
-            }
-        }
         if wr.opcode == WrOpcode::Send {
             return self.send(wr);
         }

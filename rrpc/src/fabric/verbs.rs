@@ -12,7 +12,6 @@
 //! LID exchanged over the bootstrap service.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use memmap2::{MmapMut, MmapOptions};
 use sideway::ibverbs::address::{AddressHandleAttribute, GidType};
@@ -36,8 +35,6 @@ use super::{
 const RQ_DEPTH: u32 = 256;
 /// Largest payload sent inline (bytes).
 pub const MAX_INLINE_BYTES: u32 = 64;
-/// How often `state()` queries the QP (a syscall) at most.
-const STATE_PERIOD: Duration = Duration::from_millis(1);
 
 /// Which device, port and GID to use. Defaults: the first device (or `RRPC_RDMA_DEVICE`),
 /// port 1 (or `RRPC_RDMA_PORT`), the port's RoCEv2 IPv4-mapped GID (or `RRPC_GID_INDEX`),
@@ -340,7 +337,6 @@ impl VerbsFabric {
             psn,
             peer: u32::MAX,
             state: QpState::Init,
-            last_query: super::Probe::new(),
             sq_depth: sq_depth.max(1),
         })
     }
@@ -489,7 +485,6 @@ pub struct VerbsQp {
     psn: u32,
     peer: u32,
     state: QpState,
-    last_query: super::Probe,
     sq_depth: usize,
 }
 
@@ -578,9 +573,15 @@ impl VerbsQp {
         Ok(())
     }
 
-    /// Current state, from `ibv_query_qp` (at most once a millisecond).
+    /// State as last queried ([`VerbsQp::refresh`]).
     pub fn state(&mut self) -> QpState {
-        if self.state == QpState::ReadyToSend && self.last_query.due(STATE_PERIOD) {
+        self.state
+    }
+
+    /// Query the state with `ibv_query_qp` (the QP wrapper does so at most once a
+    /// millisecond).
+    pub fn refresh(&mut self) {
+        if self.state == QpState::ReadyToSend {
             if let Ok((attr, _)) = self.qp.query(QueuePairAttributeMask::State) {
                 if matches!(
                     attr.state(),
@@ -590,7 +591,6 @@ impl VerbsQp {
                 }
             }
         }
-        self.state
     }
 
     /// Send-queue depth in WRs.
