@@ -17,7 +17,7 @@ use lockd::wire::LOCK_HANDLER;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::FabricKind;
 use rrpc::node::{Node, NodeConfig};
-use rrpc::runtime::{Executor, RpcError, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, Executor, RpcError, RuntimeConfig, ThreadCtx};
 
 const SERVICE_NODE: u32 = 1;
 const CLIENT_NODE: u32 = 100;
@@ -57,22 +57,6 @@ fn client(cluster: &ClusterGuard, addr: SocketAddr) -> (Rc<ThreadCtx>, Rc<LockCl
     assert_eq!(info.role, "lockd");
     let lc = Rc::new(LockClient::from_info(&info).unwrap());
     (ctx, lc)
-}
-
-/// Run one coroutine to completion and return its output.
-fn block_on<T: 'static>(
-    ctx: &Rc<ThreadCtx>,
-    f: impl std::future::Future<Output = T> + 'static,
-) -> T {
-    let out = Rc::new(RefCell::new(None));
-    let o = out.clone();
-    let mut ex = Executor::new(ctx.clone());
-    ex.spawn(async move {
-        *o.borrow_mut() = Some(f.await);
-    });
-    ex.run();
-    let v = out.borrow_mut().take().expect("coroutine finished");
-    v
 }
 
 #[test]

@@ -1279,35 +1279,21 @@ impl ThreadCtx {
         let items = &mut inner.items;
         wrs.clear();
         items.clear();
-        let consumed = chan.tx.consumed();
-        for s in chan.spans.drain(..) {
-            // A replayed bucket the server has already consumed needs no WRITE.
-            if s.seq < consumed {
-                continue;
-            }
-            wrs.push(SendWr {
-                wr_id: 0,
-                opcode: WrOpcode::Write,
-                sge: chan.staging.sge(s.offset, s.len),
-                remote: chan.req_ring.at(s.offset as u64),
-                signaled: false,
-                inline: false,
-            });
-            items.push(Item::Span(s));
-        }
-        if chan.force_credit {
-            chan.force_credit = false;
-            chan.words.store_u64(8, chan.rx.consumed());
-            wrs.push(SendWr {
-                wr_id: 0,
-                opcode: WrOpcode::Write,
-                sge: chan.words.sge(8, 8),
-                remote: chan.resp_credit,
-                signaled: false,
-                inline: true,
-            });
-            items.push(Item::Credit);
-        }
+        let credit = chan.force_credit.then(|| chan.rx.consumed());
+        chan.force_credit = false;
+        rocket_wrs(
+            RocketOut {
+                spans: &mut chan.spans,
+                consumed: chan.tx.consumed(),
+                staging: &chan.staging,
+                ring: &chan.req_ring,
+                credit,
+                words: &chan.words,
+                credit_to: chan.resp_credit,
+            },
+            wrs,
+            |s| items.push(s.map_or(Item::Credit, Item::Span)),
+        );
         let per_list = if batching.doorbell() { usize::MAX } else { 1 };
         let mut at = 0;
         while at < wrs.len() {
@@ -1364,6 +1350,62 @@ impl Drop for ThreadCtx {
                 c.straw.detach(k);
             }
         }
+    }
+}
+
+/// One direction of a Rocket pair, ready to flush: its sealed buckets and a credit to
+/// return.
+pub(crate) struct RocketOut<'a> {
+    /// Sealed buckets to post (replays first).
+    pub spans: &'a mut VecDeque<BucketSpan>,
+    /// Buckets the receiver has consumed: a replayed bucket below needs no WRITE.
+    pub consumed: u64,
+    /// The sender's staging copy of the ring.
+    pub staging: &'a MemoryRegion,
+    /// The receiver's ring.
+    pub ring: &'a MrDesc,
+    /// Credit (buckets consumed of the other direction's ring) to return, if due.
+    pub credit: Option<u64>,
+    /// Word 1 of this is the source of the credit WRITE.
+    pub words: &'a MemoryRegion,
+    /// Where the peer reads credits.
+    pub credit_to: RemoteAddr,
+}
+
+/// Append a Rocket's bucket WRITEs and credit WRITE to `wrs`, calling `item` with each
+/// bucket (and `None` for the credit) in the same order, so the caller can record what
+/// each posted list carried. Shared by the runtime and the server.
+pub(crate) fn rocket_wrs(
+    out: RocketOut<'_>,
+    wrs: &mut Vec<SendWr>,
+    mut item: impl FnMut(Option<BucketSpan>),
+) {
+    for s in out.spans.drain(..) {
+        // A replayed bucket the receiver has already consumed needs no WRITE.
+        if s.seq < out.consumed {
+            continue;
+        }
+        wrs.push(SendWr {
+            wr_id: 0,
+            opcode: WrOpcode::Write,
+            sge: out.staging.sge(s.offset, s.len),
+            remote: out.ring.at(s.offset as u64),
+            signaled: false,
+            inline: false,
+        });
+        item(Some(s));
+    }
+    if let Some(c) = out.credit {
+        out.words.store_u64(8, c);
+        wrs.push(SendWr {
+            wr_id: 0,
+            opcode: WrOpcode::Write,
+            sge: out.words.sge(8, 8),
+            remote: out.credit_to,
+            signaled: false,
+            inline: true,
+        });
+        item(None);
     }
 }
 
@@ -1619,6 +1661,23 @@ impl Executor {
         }
         self.tasks.clear();
     }
+}
+
+/// Run one coroutine on `ctx` to completion and return its output (setup code, tests,
+/// simple clients).
+pub fn block_on<T: 'static>(ctx: &Rc<ThreadCtx>, f: impl Future<Output = T> + 'static) -> T {
+    let out = Rc::new(RefCell::new(None));
+    let o = out.clone();
+    let mut ex = Executor::new(ctx.clone());
+    ex.spawn(async move {
+        *o.borrow_mut() = Some(f.await);
+    });
+    ex.run();
+    let v = out
+        .borrow_mut()
+        .take()
+        .expect("the coroutine ran to completion");
+    v
 }
 
 /// Run `futs` concurrently within one coroutine; outputs in input order. Their WRs are

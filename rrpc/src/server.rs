@@ -830,34 +830,21 @@ fn flush(w: &mut Worker, c: &mut ServerConn, wrs: &mut Vec<SendWr>, items: &mut 
         });
         items.push(Item::Data(d));
     }
-    for s in c.spans.drain(..) {
-        // A replayed bucket the requester has already consumed needs no WRITE.
-        if s.seq < consumed {
-            continue;
-        }
-        wrs.push(SendWr {
-            wr_id: 0,
-            opcode: WrOpcode::Write,
-            sge: c.resp_staging.sge(s.offset, s.len),
-            remote: c.resp_ring.at(s.offset as u64),
-            signaled: false,
-            inline: false,
-        });
-        items.push(Item::Span(s));
-    }
-    if c.force_credit {
-        c.force_credit = false;
-        c.words.store_u64(8, c.req_rx.consumed());
-        wrs.push(SendWr {
-            wr_id: 0,
-            opcode: WrOpcode::Write,
-            sge: c.words.sge(8, 8),
-            remote: c.req_credit,
-            signaled: false,
-            inline: true,
-        });
-        items.push(Item::Credit);
-    }
+    let credit = c.force_credit.then(|| c.req_rx.consumed());
+    c.force_credit = false;
+    crate::runtime::rocket_wrs(
+        crate::runtime::RocketOut {
+            spans: &mut c.spans,
+            consumed,
+            staging: &c.resp_staging,
+            ring: &c.resp_ring,
+            credit,
+            words: &c.words,
+            credit_to: c.req_credit,
+        },
+        wrs,
+        |s| items.push(s.map_or(Item::Credit, Item::Span)),
+    );
     let per_list = if c.batching.doorbell() { wrs.len() } else { 1 };
     let mut at = 0;
     while at < wrs.len() {

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rrpc::runtime::{CallOpts, Executor, Mode, RpcError, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, CallOpts, Executor, Mode, RpcError, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
 
 mod common;
@@ -63,22 +63,6 @@ fn handlers(batches: Batches) -> Handlers {
         },
     );
     h
-}
-
-/// Run one coroutine to completion on `ctx`.
-fn block_on<T: 'static>(
-    ctx: &Rc<ThreadCtx>,
-    f: impl std::future::Future<Output = T> + 'static,
-) -> T {
-    let out = Rc::new(RefCell::new(None));
-    let o = out.clone();
-    let mut ex = Executor::new(ctx.clone());
-    ex.spawn(async move {
-        *o.borrow_mut() = Some(f.await);
-    });
-    ex.run();
-    let v = out.borrow_mut().take().expect("finished");
-    v
 }
 
 #[test]
