@@ -82,6 +82,11 @@ pub enum CtrlRequest {
         /// The pair's id within that pool.
         qp_id: u64,
     },
+    /// Close Rocket pair `rocket` (its requester thread is leaving).
+    CloseRocket {
+        /// The id [`RpcAccept::rocket`] gave.
+        rocket: u64,
+    },
     /// Open a Rocket pair for one requester thread: a request ring in this node's memory
     /// and a response ring in the requester's (`resp_ring`). Its traffic uses the QPs of
     /// straw `straw`.
@@ -128,6 +133,9 @@ pub struct NodeInfo {
 /// Answer to [`CtrlRequest::ConnectRocket`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RpcAccept {
+    /// The Rocket pair's id, for [`CtrlRequest::CloseRocket`].
+    #[serde(default)]
+    pub rocket: u64,
     /// The request ring in the server's memory.
     pub req_ring: MrDesc,
     /// The server's word where the client writes response-ring credits.
@@ -309,6 +317,10 @@ fn handle_ctrl(s: &Shared, req: serde_json::Value) -> Result<serde_json::Value, 
                     .as_ref()
                     .is_some_and(|rpc| rpc.release_qp(straw, qp_id));
             serde_json::to_value(found)
+        }
+        CtrlRequest::CloseRocket { rocket } => {
+            let rpc = s.rpc.as_ref().ok_or("this node serves no RPCs")?;
+            serde_json::to_value(rpc.close(rocket))
         }
         CtrlRequest::ConnectRocket {
             node,

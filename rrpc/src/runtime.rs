@@ -312,6 +312,9 @@ struct RpcChan {
     lists: usize,
     /// READ-mode reply buffers to release at the server.
     releases: Vec<u64>,
+    /// The server's id of this Rocket pair, and its control plane (to close it).
+    rocket: u64,
+    addr: SocketAddr,
 }
 
 struct Conn {
@@ -528,6 +531,8 @@ impl ThreadCtx {
             qp: None,
             lists: 0,
             releases: Vec::new(),
+            rocket: accept.rocket,
+            addr,
         };
         self.inner.borrow_mut().conns[ci].rpc = Some(chan);
         Ok(info)
@@ -1338,8 +1343,18 @@ impl ThreadCtx {
 
 impl Drop for ThreadCtx {
     fn drop(&mut self) {
+        let timeout = self.cfg.connect_timeout.min(Duration::from_secs(1));
         let inner = self.inner.get_mut();
         for c in &inner.conns {
+            // Best effort: tell the server this thread's Rockets are gone, so it stops
+            // polling them (a server that is gone has nothing to close).
+            if let (Some(chan), None) = (&c.rpc, &c.broken) {
+                if let Ok(mut b) = crate::bootstrap::BootstrapClient::connect(chan.addr, timeout) {
+                    let _ = b.call_typed::<_, serde_json::Value>(&CtrlRequest::CloseRocket {
+                        rocket: chan.rocket,
+                    });
+                }
+            }
             if let Some(q) = &c.os_qp {
                 crate::straw::unbind(q);
             }

@@ -231,7 +231,7 @@ struct ServerConn {
 /// requesters' RPC QPs.
 pub struct RpcServer {
     fabric: Fabric,
-    workers: Vec<Sender<ServerConn>>,
+    workers: Vec<Sender<Cmd>>,
     next: AtomicUsize,
     stop: Arc<AtomicBool>,
     joins: Mutex<Vec<JoinHandle<()>>>,
@@ -439,6 +439,7 @@ impl RpcServer {
         let accept = RpcAccept {
             req_ring: req_ring.desc(),
             resp_credit: words.desc().at(0),
+            rocket: id as u64,
         };
         let conn = ServerConn {
             id: id as u64,
@@ -463,9 +464,17 @@ impl RpcServer {
             stuck_since: None,
             dead: false,
         };
-        tx.send(conn)
+        tx.send(Cmd::Add(Box::new(conn)))
             .map_err(|_| bad("server is stopping".into()))?;
         Ok(accept)
+    }
+
+    /// Close Rocket pair `rocket` (its requester thread is leaving); its server thread
+    /// drops it at its next look at the command channel. Returns whether such a Rocket
+    /// could exist.
+    pub fn close(&self, rocket: u64) -> bool {
+        let tx = &self.workers[rocket as usize % self.workers.len()];
+        tx.send(Cmd::Close(rocket)).is_ok()
     }
 
     /// Ask the threads to stop and join them.
@@ -542,7 +551,13 @@ enum Item {
     Credit,
 }
 
-fn serve(rx: Receiver<ServerConn>, mut w: Worker, stop: Arc<AtomicBool>) {
+/// Commands from the control plane to a server thread.
+enum Cmd {
+    Add(Box<ServerConn>),
+    Close(u64),
+}
+
+fn serve(rx: Receiver<Cmd>, mut w: Worker, stop: Arc<AtomicBool>) {
     let mut conns: Vec<ServerConn> = Vec::new();
     let mut batch = Vec::with_capacity(4096);
     let mut out = Vec::with_capacity(4096);
@@ -556,9 +571,23 @@ fn serve(rx: Receiver<ServerConn>, mut w: Worker, stop: Arc<AtomicBool>) {
         rounds = rounds.wrapping_add(1);
         // New Rockets are rare: look for them every 64 rounds (and when idle).
         if rounds.is_multiple_of(64) || idle > 0 {
-            while let Ok(c) = rx.try_recv() {
-                tracing::debug!(peer = c.peer, "Rocket accepted");
-                conns.push(c);
+            while let Ok(cmd) = rx.try_recv() {
+                match cmd {
+                    Cmd::Add(c) => {
+                        tracing::debug!(peer = c.peer, "Rocket accepted");
+                        conns.push(*c);
+                    }
+                    Cmd::Close(id) => {
+                        if let Some(c) = conns.iter_mut().find(|c| c.id == id) {
+                            tracing::debug!(peer = c.peer, "Rocket closed by its requester");
+                            c.dead = true;
+                        }
+                    }
+                }
+            }
+            // Requesters that vanished without closing are noticed here too.
+            if rounds.is_multiple_of(1 << 16) {
+                check_requesters(&mut conns);
             }
         }
         let mut work = false;
