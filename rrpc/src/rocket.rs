@@ -479,6 +479,16 @@ impl RocketSender {
         out.extend(self.ready.drain(..));
     }
 
+    /// [`RocketSender::take_ready`] into a `VecDeque` (moves the spans without iterating
+    /// when there are none, the common case on a polling thread).
+    pub fn take_ready_deque(&mut self, out: &mut VecDeque<BucketSpan>) {
+        if self.ready.is_empty() {
+            return;
+        }
+        self.posted += self.ready.len() as u64;
+        out.append(&mut self.ready);
+    }
+
     /// Credit from the receiver: total buckets consumed so far. Stale
     /// (not larger) values are ignored; a value larger than the number of
     /// buckets posted is rejected with `Corrupt` and ignored.

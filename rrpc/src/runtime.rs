@@ -1189,7 +1189,7 @@ impl ThreadCtx {
         }
         chan.tx.seal(&chan.staging);
         let before = chan.spans.len();
-        chan.tx.take_ready(&mut chan.spans);
+        chan.tx.take_ready_deque(&mut chan.spans);
         inner.stats.buckets += (chan.spans.len() - before) as u64;
         // Responses.
         loop {

@@ -54,7 +54,8 @@ pub type KeyFn = Arc<dyn Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync>;
 /// per request, in the order given.
 pub type BatchFn = Arc<dyn Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync>;
 
-/// Hasher for handler ids (small integers chosen by the service, looked up per message).
+/// Hasher for handler ids and reply-buffer handles (integers this side chooses, looked up
+/// per message; not SipHash, since no peer picks them).
 #[derive(Default, Clone, Copy)]
 struct IdHasher(u64);
 
@@ -69,6 +70,9 @@ impl std::hash::Hasher for IdHasher {
     }
     fn write_u16(&mut self, v: u16) {
         self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
@@ -294,7 +298,7 @@ impl RpcServer {
                 handlers: handlers.clone(),
                 arena,
                 read_hold: cfg.read_hold,
-                holds: HashMap::new(),
+                holds: HashMap::default(),
                 next_handle: 1,
                 mailbox: Mailbox::new(),
                 recs: Vec::new(),
@@ -526,7 +530,7 @@ struct Worker {
     arena: Arena,
     read_hold: Duration,
     /// RPC+READ reply buffers by handle, with their expiry.
-    holds: HashMap<u64, (Chunk, Instant)>,
+    holds: HashMap<u64, (Chunk, Instant), IdHash>,
     next_handle: u64,
     mailbox: Arc<Mailbox>,
     recs: Vec<Option<Rec>>,
@@ -569,8 +573,8 @@ fn serve(rx: Receiver<Cmd>, mut w: Worker, stop: Arc<AtomicBool>) {
     let mut rounds = 0u64;
     while !stop.load(Ordering::Relaxed) {
         rounds = rounds.wrapping_add(1);
-        // New Rockets are rare: look for them every 64 rounds (and when idle).
-        if rounds.is_multiple_of(64) || idle > 0 {
+        // Commands (new or closed Rockets) are rare: look every 64 rounds.
+        if rounds.is_multiple_of(64) {
             while let Ok(cmd) = rx.try_recv() {
                 match cmd {
                     Cmd::Add(c) => {
@@ -694,7 +698,7 @@ fn serve(rx: Receiver<Cmd>, mut w: Worker, stop: Arc<AtomicBool>) {
             if c.batching.msg() {
                 c.resp_tx.seal(&c.resp_staging);
             }
-            c.resp_tx.take_ready(&mut c.spans);
+            c.resp_tx.take_ready_deque(&mut c.spans);
             if let Some(credit) = c.req_rx.credit_due(credit_every(&c.cfg)) {
                 let _ = credit;
                 c.force_credit = true;
