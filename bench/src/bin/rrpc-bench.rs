@@ -12,7 +12,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -328,10 +328,12 @@ fn drive(
     expect: usize,
     (warmup, measure): (Duration, Duration),
 ) -> Result<Point> {
+    // One TSC-based clock for the loop and the samples: a precise system clock read per
+    // call would cost more than some of the calls measured.
     let clock = quanta::Clock::new();
-    let start = Instant::now();
-    let m0 = start + warmup;
-    let end = m0 + measure;
+    let r0 = clock.raw();
+    let m0 = warmup.as_nanos() as u64;
+    let end = m0 + measure.as_nanos() as u64;
     let hist = Rc::new(RefCell::new(Histogram::<u64>::new_with_bounds(
         1,
         60_000_000_000,
@@ -354,11 +356,11 @@ fn drive(
         );
         ex.spawn(async move {
             loop {
-                let now = Instant::now();
+                let t0 = clock.raw();
+                let now = clock.delta_as_nanos(r0, t0);
                 if now >= end || failed.borrow().is_some() {
                     break;
                 }
-                let t0 = clock.raw();
                 let r = ctx.call_with(node, GEN, &req, opts).await;
                 let ns = clock.delta_as_nanos(t0, clock.raw());
                 match r {
