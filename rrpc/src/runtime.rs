@@ -273,10 +273,6 @@ impl Stats {
     }
 }
 
-/// Largest one-sided READ/WRITE a single op may move with the default configuration, in
-/// bytes ([`RuntimeConfig::max_transfer`]).
-pub const MAX_ONE_SIDED_BYTES: usize = 4 << 20;
-
 enum OpState {
     Free,
     /// Posted or queued; no completion yet.
@@ -312,9 +308,8 @@ struct RpcChan {
     lists: usize,
     /// READ-mode reply buffers to release at the server.
     releases: Vec<u64>,
-    /// The server's id of this Rocket pair, and its control plane (to close it).
+    /// The server's id of this Rocket pair (to close it).
     rocket: u64,
-    addr: SocketAddr,
 }
 
 struct Conn {
@@ -532,7 +527,6 @@ impl ThreadCtx {
             lists: 0,
             releases: Vec::new(),
             rocket: accept.rocket,
-            addr,
         };
         self.inner.borrow_mut().conns[ci].rpc = Some(chan);
         Ok(info)
@@ -1343,13 +1337,30 @@ impl ThreadCtx {
 
 impl Drop for ThreadCtx {
     fn drop(&mut self) {
+        // This thread's rings and buffers are deregistered below; wait (up to 1 s) until
+        // its lists on the shared QPs have completed, so no NIC still reads them.
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            let busy = {
+                let inner = self.inner.borrow();
+                inner.conns.iter().any(|c| {
+                    c.broken.is_none()
+                        && (c.os_lists > 0 || c.rpc.as_ref().is_some_and(|r| r.lists > 0))
+                })
+            };
+            if !busy {
+                break;
+            }
+            self.progress();
+        }
         let timeout = self.cfg.connect_timeout.min(Duration::from_secs(1));
         let inner = self.inner.get_mut();
         for c in &inner.conns {
             // Best effort: tell the server this thread's Rockets are gone, so it stops
             // polling them (a server that is gone has nothing to close).
             if let (Some(chan), None) = (&c.rpc, &c.broken) {
-                if let Ok(mut b) = crate::bootstrap::BootstrapClient::connect(chan.addr, timeout) {
+                let addr = c.straw.addr();
+                if let Ok(mut b) = crate::bootstrap::BootstrapClient::connect(addr, timeout) {
                     let _ = b.call_typed::<_, serde_json::Value>(&CtrlRequest::CloseRocket {
                         rocket: chan.rocket,
                     });

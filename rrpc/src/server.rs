@@ -699,8 +699,7 @@ fn serve(rx: Receiver<Cmd>, mut w: Worker, stop: Arc<AtomicBool>) {
                 c.resp_tx.seal(&c.resp_staging);
             }
             c.resp_tx.take_ready_deque(&mut c.spans);
-            if let Some(credit) = c.req_rx.credit_due(credit_every(&c.cfg)) {
-                let _ = credit;
+            if c.req_rx.credit_due(credit_every(&c.cfg)).is_some() {
                 c.force_credit = true;
             }
             if c.data.is_empty() && c.spans.is_empty() && !c.force_credit {
@@ -763,12 +762,14 @@ fn serve(rx: Receiver<Cmd>, mut w: Worker, stop: Arc<AtomicBool>) {
             c.dead = true;
         }
         if conns.iter().any(|c| c.dead) {
-            for c in conns.iter().filter(|c| c.dead) {
-                for d in &c.data {
+            for c in conns.iter_mut().filter(|c| c.dead) {
+                for d in c.data.drain(..) {
                     w.arena.free(d.chunk);
                 }
-                if let Some(q) = &c.qp {
-                    crate::straw::unbind(q);
+                if c.lists == 0 {
+                    if let Some(q) = c.qp.take() {
+                        crate::straw::unbind(&q);
+                    }
                 }
             }
             let gone: Vec<u64> = conns
@@ -776,7 +777,11 @@ fn serve(rx: Receiver<Cmd>, mut w: Worker, stop: Arc<AtomicBool>) {
                 .filter(|c| c.dead)
                 .map(|c| c.straw.id)
                 .collect();
-            conns.retain(|c| !c.dead);
+            // A dead Rocket's rings stay registered until its lists on the shared QP have
+            // completed (or failed): a NIC may still be reading them.
+            conns.retain(|c| {
+                !c.dead || (c.lists > 0 && c.qp.as_ref().is_some_and(|q| !q.is_broken()))
+            });
             if let Ok(mut m) = w.straws.lock() {
                 for s in gone {
                     let dead = m.get(&s).is_some_and(|st| {

@@ -176,11 +176,6 @@ impl SharedQp {
     pub fn endpoint(&self) -> QpEndpoint {
         lock(&self.slot).qp.endpoint()
     }
-    /// Whether the peer process is known to be gone (liveness channel closed, or on shm
-    /// its liveness lock released).
-    pub fn peer_closed(&self) -> bool {
-        lock(&self.slot).qp.peer_closed()
-    }
 
     /// Post the longest prefix of `wrs` the send queue has room for as one list (one
     /// doorbell, only its last WR signaled; `wr_id`s are overwritten). Its completion is
@@ -479,6 +474,11 @@ impl Straw {
     /// The remote node's id.
     pub fn node(&self) -> u32 {
         self.node
+    }
+
+    /// The remote node's control plane.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// The pool this straw belongs to.

@@ -850,12 +850,6 @@ impl QueuePair {
         }
     }
 
-    /// Whether the liveness channel ([`QueuePair::watch_peer`]) says the peer process is
-    /// gone (as opposed to this QP alone being in error).
-    pub fn peer_closed(&mut self) -> bool {
-        self.peer_gone()
-    }
-
     /// Current state; also notices a peer that has exited (probed at most once a
     /// millisecond).
     pub fn state(&mut self) -> QpState {
