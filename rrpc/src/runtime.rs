@@ -42,7 +42,7 @@ use crate::rocket::{
 };
 use crate::server::credit_every;
 use crate::straw::{Mailbox, QpKind, SharedQp, Straw, StrawConfig, Straws};
-use crate::wire::{Batching, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix, IDLE_SPINS};
+use crate::wire::{Batching, IdHash, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix, IDLE_SPINS};
 
 /// Runtime settings.
 #[derive(Clone, Debug)]
@@ -387,26 +387,6 @@ pub struct ThreadCtx {
     mailbox: Arc<Mailbox>,
     inner: RefCell<Inner>,
 }
-
-/// Hasher for call ids (sequential u64s chosen here, not by a peer): a multiply, not SipHash.
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type IdHash = std::hash::BuildHasherDefault<IdHasher>;
 
 /// How long a zero-copy buffer of an abandoned call stays reserved.
 const ZOMBIE_GRACE: Duration = Duration::from_secs(30);

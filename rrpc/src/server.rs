@@ -31,7 +31,7 @@ use crate::rocket::{
     decode_batch, BucketSpan, MsgHeader, RingMem, RocketConfig, RocketReceiver, RocketSender,
 };
 use crate::straw::{Mailbox, QpKind, SharedQp, QP_CQ_DEPTH};
-use crate::wire::{Batching, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix, IDLE_SPINS};
+use crate::wire::{Batching, IdHash, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix, IDLE_SPINS};
 
 /// A request handler: reads the request payload, appends the response payload to `out`.
 /// An `Err` is sent back to the caller as [`crate::runtime::RpcError::Remote`].
@@ -53,30 +53,6 @@ pub type KeyFn = Arc<dyn Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync>;
 /// Handles a polling round's requests, sorted by (key, timestamp): pushes one result
 /// per request, in the order given.
 pub type BatchFn = Arc<dyn Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync>;
-
-/// Hasher for handler ids and reply-buffer handles (integers this side chooses, looked up
-/// per message; not SipHash, since no peer picks them).
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u16(&mut self, v: u16) {
-        self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type IdHash = std::hash::BuildHasherDefault<IdHasher>;
 
 /// Handlers by id.
 #[derive(Clone, Default)]

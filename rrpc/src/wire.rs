@@ -203,6 +203,30 @@ impl std::str::FromStr for Batching {
     }
 }
 
+/// Hasher for ids this side chooses and looks up per message (call ids, handler ids,
+/// reply-buffer handles): a multiply, not SipHash, since no peer picks the keys.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+pub(crate) type IdHash = std::hash::BuildHasherDefault<IdHasher>;
+
 /// Polling rounds without work before a polling thread starts yielding its core
 /// (the machines this runs on are often oversubscribed).
 pub const IDLE_SPINS: u32 = 256;
