@@ -386,7 +386,12 @@ pub struct ThreadCtx {
     cfg: RuntimeConfig,
     mailbox: Arc<Mailbox>,
     inner: RefCell<Inner>,
+    /// Coroutines spawned by [`ThreadCtx::spawn`], not yet taken by the executor.
+    spawned: RefCell<Vec<Task>>,
 }
+
+/// A coroutine as the executor holds it.
+type Task = Pin<Box<dyn Future<Output = ()>>>;
 
 /// How long a zero-copy buffer of an abandoned call stays reserved.
 const ZOMBIE_GRACE: Duration = Duration::from_secs(30);
@@ -432,6 +437,7 @@ impl ThreadCtx {
                 vec_pool: Vec::new(),
                 span_pool: Vec::new(),
             }),
+            spawned: RefCell::new(Vec::new()),
         }))
     }
 
@@ -812,6 +818,21 @@ impl ThreadCtx {
                 Poll::Pending
             }
         })
+    }
+
+    /// Run `f` as a coroutine of its own on this thread's [`Executor`]: the one running
+    /// now picks it up after its current pass, otherwise the next one to run. For work
+    /// that must finish although its owner is gone, such as passing on a lock whose
+    /// guard was dropped (drop cannot await). The executor's `run` returns only after
+    /// spawned coroutines have finished too. A context dropped with coroutines never
+    /// run logs a warning; `f` should hold a `Weak` of the context, not an `Rc`, so that
+    /// such a context can be dropped at all.
+    pub fn spawn(&self, f: impl Future<Output = ()> + 'static) {
+        self.spawned.borrow_mut().push(Box::pin(f));
+    }
+
+    fn take_spawned(&self) -> Vec<Task> {
+        std::mem::take(&mut *self.spawned.borrow_mut())
     }
 
     /// Give other coroutines of this thread one turn.
@@ -1317,6 +1338,13 @@ impl ThreadCtx {
 
 impl Drop for ThreadCtx {
     fn drop(&mut self) {
+        let never_ran = self.spawned.get_mut().len();
+        if never_ran > 0 {
+            tracing::warn!(
+                never_ran,
+                "thread context dropped with spawned coroutines no executor ran"
+            );
+        }
         // This thread's rings and buffers are deregistered below; wait (up to 1 s) until
         // its lists on the shared QPs have completed, so no NIC still reads them.
         let until = Instant::now() + Duration::from_secs(1);
@@ -1623,7 +1651,7 @@ impl Runtime {
 /// Runs a thread's coroutines to completion over its [`ThreadCtx`].
 pub struct Executor {
     ctx: Rc<ThreadCtx>,
-    tasks: Vec<Option<Pin<Box<dyn Future<Output = ()>>>>>,
+    tasks: Vec<Option<Task>>,
 }
 
 impl Executor {
@@ -1641,13 +1669,14 @@ impl Executor {
     }
 
     /// Poll all coroutines round robin, with one I/O round ([`ThreadCtx::progress`])
-    /// after each pass, until every coroutine has finished.
+    /// after each pass, until every coroutine has finished, including those spawned
+    /// meanwhile through [`ThreadCtx::spawn`].
     pub fn run(&mut self) {
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
         let mut live = self.tasks.iter().filter(|t| t.is_some()).count();
         let mut idle = 0u32;
-        while live > 0 {
+        loop {
             for slot in self.tasks.iter_mut() {
                 if let Some(t) = slot {
                     if t.as_mut().poll(&mut cx).is_ready() {
@@ -1655,6 +1684,15 @@ impl Executor {
                         live -= 1;
                     }
                 }
+            }
+            let spawned = self.ctx.take_spawned();
+            if !spawned.is_empty() {
+                live += spawned.len();
+                self.tasks.retain(Option::is_some);
+                self.tasks.extend(spawned.into_iter().map(Some));
+            }
+            if live == 0 {
+                break;
             }
             if self.ctx.progress() {
                 idle = 0;

@@ -187,3 +187,48 @@ fn full_send_queue_defers_without_loss() {
         ctx.stats()
     );
 }
+
+/// Coroutines spawned through the context (by a coroutine, or outside any executor) run
+/// on the executor, which returns only once they have finished too.
+#[test]
+fn spawned_coroutines_run_to_completion() {
+    let c = setup("spawn");
+    let srv = server(c.name(), 1);
+    let ctx = ThreadCtx::new(fabric(c.name(), 100), RuntimeConfig::default()).unwrap();
+    let info = ctx.connect_rpc(srv.addr()).unwrap();
+    let log: Rc<std::cell::RefCell<Vec<String>>> = Rc::default();
+    // Spawned before any executor runs: the first one picks it up.
+    {
+        let (c2, log) = (ctx.clone(), log.clone());
+        ctx.spawn(async move {
+            let r = c2.call(info.node, ECHO, b"early").await.unwrap();
+            log.borrow_mut().push(String::from_utf8(r).unwrap());
+        });
+    }
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, log) = (ctx.clone(), log.clone());
+        ex.spawn(async move {
+            for i in 0..3 {
+                let (c2, log) = (ctx.clone(), log.clone());
+                // The spawning coroutine finishes first; its children outlive it.
+                ctx.spawn(async move {
+                    c2.sleep(Duration::from_millis(5)).await;
+                    let r = c2
+                        .call(info.node, ECHO, format!("child {i}").as_bytes())
+                        .await;
+                    log.borrow_mut()
+                        .push(String::from_utf8(r.unwrap()).unwrap());
+                });
+            }
+            log.borrow_mut().push("parent done".into());
+        });
+    }
+    ex.run();
+    let mut got = log.borrow().clone();
+    got.sort();
+    assert_eq!(
+        got,
+        ["child 0", "child 1", "child 2", "early", "parent done"]
+    );
+}
