@@ -6,3 +6,4 @@ pub mod peers;
 pub mod plot;
 pub mod report;
 pub mod smallbank;
+pub mod txnbench;

@@ -53,11 +53,13 @@ pub struct WorkerStats {
     /// Net money added by committed transactions, cents.
     pub net: i64,
     /// Aborts by reason, in [`AbortReason::ALL`] order.
-    pub abort_reasons: [u64; 8],
+    pub abort_reasons: [u64; AbortReason::ALL.len()],
     /// Service failures (fatal errors).
     pub fatal: Vec<String>,
     /// The thread's RPC/fabric counters.
     pub rpc: rrpc::runtime::Stats,
+    /// The thread's committed transactions, when recorded for the serializability check.
+    pub history: Option<txn::history::History>,
 }
 
 impl WorkerStats {
@@ -66,9 +68,10 @@ impl WorkerStats {
         Self {
             types: TxnType::ALL.iter().map(|_| TypeStats::new()).collect(),
             net: 0,
-            abort_reasons: [0; 8],
+            abort_reasons: [0; AbortReason::ALL.len()],
             fatal: Vec::new(),
             rpc: Default::default(),
+            history: None,
         }
     }
 }
@@ -147,8 +150,22 @@ pub struct Report {
     pub net_committed: i64,
     /// Locks still held or queued after the run.
     pub locks_held: u64,
-    /// final == initial + net and no lock held.
+    /// Transaction types with no committed transaction (a run must commit every type).
+    pub types_never_committed: Vec<String>,
+    /// final == initial + net, no lock held, and every type committed.
     pub invariant_holds: bool,
+    /// The serializability check's line (`None` with `--no-check`).
+    pub serializability: Option<String>,
+    /// The check's verdict: true when acyclic (`None` with `--no-check`).
+    pub serializable: Option<bool>,
+    /// Committed transactions the check covered.
+    pub checked_committed: u64,
+    /// Edges of the dependency graph.
+    pub dependency_edges: u64,
+    /// Bytes of recorded history per committed transaction checked.
+    pub history_bytes_per_txn: f64,
+    /// Seconds the check took.
+    pub check_seconds: f64,
 }
 
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
@@ -250,16 +267,59 @@ impl Report {
             final_total: 0,
             net_committed: workers.iter().map(|w| w.net).sum(),
             locks_held: 0,
+            types_never_committed: Vec::new(),
             invariant_holds: false,
+            serializability: None,
+            serializable: None,
+            checked_committed: 0,
+            dependency_edges: 0,
+            history_bytes_per_txn: 0.0,
+            check_seconds: 0.0,
         }
     }
 
-    /// Record the audit and decide the invariant.
+    /// Record the audit and decide the invariant: money conserved, no lock held, and at
+    /// least one committed transaction of every type (a run in which a type never
+    /// commits has not tested it).
     pub fn audit(&mut self, initial: i64, final_total: i64, locks_held: u64) {
         self.initial_total = initial;
         self.final_total = final_total;
         self.locks_held = locks_held;
-        self.invariant_holds = final_total == initial + self.net_committed && locks_held == 0;
+        self.types_never_committed = self
+            .types
+            .iter()
+            .filter(|t| t.committed == 0)
+            .map(|t| t.name.clone())
+            .collect();
+        self.invariant_holds = final_total == initial + self.net_committed
+            && locks_held == 0
+            && self.types_never_committed.is_empty();
+    }
+
+    /// Record the serializability check of the run's history (`history_bytes` recorded,
+    /// checked in `took`).
+    pub fn serializability(
+        &mut self,
+        v: &txn::serializability::Verdict,
+        history_bytes: usize,
+        took: Duration,
+    ) {
+        self.serializability = Some(v.line(&|k| {
+            TxnType::ALL
+                .get(k as usize)
+                .map_or_else(|| format!("type {k}"), |t| t.name().to_string())
+        }));
+        self.serializable = Some(v.is_serializable());
+        self.checked_committed = v.committed as u64;
+        self.dependency_edges = v.edges as u64;
+        self.history_bytes_per_txn = history_bytes as f64 / v.committed.max(1) as f64;
+        self.check_seconds = took.as_secs_f64();
+    }
+
+    /// True when every check passed: the invariant, no service failure, and a
+    /// serializable history (when checked).
+    pub fn passed(&self) -> bool {
+        self.invariant_holds && self.fatal_errors == 0 && self.serializable != Some(false)
     }
 
     /// The human-readable table.
@@ -324,15 +384,106 @@ impl Report {
             self.final_total,
             self.locks_held
         );
-        let _ = writeln!(
-            s,
-            "{}",
-            if self.invariant_holds {
-                "invariant holds"
-            } else {
-                "INVARIANT VIOLATED"
-            }
-        );
+        if let Some(line) = &self.serializability {
+            let _ = writeln!(s, "{line}");
+        }
+        if self.invariant_holds {
+            let _ = writeln!(s, "invariant holds");
+        } else if !self.types_never_committed.is_empty() {
+            let _ = writeln!(
+                s,
+                "INVARIANT VIOLATED: no committed transaction of type {} (a run must commit every type; run longer or with less contention)",
+                self.types_never_committed.join(", ")
+            );
+        } else {
+            let _ = writeln!(s, "INVARIANT VIOLATED");
+        }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use txn::history::{Access, History};
+
+    fn report_with_commits(per_type: &[u64]) -> Report {
+        let mut w = WorkerStats::new();
+        for (t, &n) in w.types.iter_mut().zip(per_type) {
+            for _ in 0..n {
+                t.attempts += 1;
+                t.record_commit(Duration::from_micros(50));
+            }
+        }
+        Report::new("shm".into(), 1, 1, 100, 0.99, Duration::from_secs(1), &[w])
+    }
+
+    #[test]
+    fn a_type_that_never_committed_breaks_the_invariant() {
+        let mut r = report_with_commits(&[3, 3, 3, 3, 3, 3]);
+        r.audit(1000, 1000, 0);
+        assert!(r.invariant_holds && r.passed());
+        assert!(r.render().ends_with("invariant holds\n"));
+
+        let mut r = report_with_commits(&[3, 0, 3, 3, 3, 0]);
+        r.audit(1000, 1000, 0);
+        assert!(!r.invariant_holds && !r.passed());
+        assert_eq!(r.types_never_committed, ["Balance", "WriteCheck"]);
+        let out = r.render();
+        assert!(
+            out.contains(
+                "INVARIANT VIOLATED: no committed transaction of type Balance, WriteCheck"
+            ),
+            "{out}"
+        );
+        // Money and locks still decide on their own.
+        let mut r = report_with_commits(&[1; 6]);
+        r.audit(1000, 999, 0);
+        assert!(!r.invariant_holds);
+        let mut r = report_with_commits(&[1; 6]);
+        r.audit(1000, 1000, 1);
+        assert!(!r.invariant_holds);
+    }
+
+    #[test]
+    fn the_serializability_line_follows_the_money_line_and_a_cycle_fails_the_run() {
+        let mut h = History::new(usize::MAX);
+        h.record(4, &[Access::read(0, 1, 1), Access::write(0, 1, 2)]);
+        h.record(5, &[Access::read(0, 1, 2), Access::write(0, 1, 3)]);
+        let mut r = report_with_commits(&[1; 6]);
+        r.audit(1000, 1000, 0);
+        r.serializability(
+            &txn::serializability::check(&h),
+            h.bytes(),
+            Duration::from_millis(1),
+        );
+        let out = r.render();
+        let lines: Vec<&str> = out.lines().collect();
+        let money = lines.iter().position(|l| l.starts_with("money: ")).unwrap();
+        assert_eq!(
+            lines[money + 1],
+            "serializability: 2 committed, 2 edges, acyclic"
+        );
+        assert!(r.passed());
+
+        // A lost update: both read version 1 and installed version 2.
+        let mut h = History::new(usize::MAX);
+        h.record(2, &[Access::read(1, 9, 1), Access::write(1, 9, 2)]);
+        h.record(3, &[Access::read(1, 9, 1), Access::write(1, 9, 2)]);
+        r.serializability(&txn::serializability::check(&h), h.bytes(), Duration::ZERO);
+        assert_eq!(r.serializable, Some(false));
+        assert!(
+            !r.passed(),
+            "a cycle fails the run even when the money adds up"
+        );
+        let out = r.render();
+        assert!(
+            out.contains("serializability: CYCLE of 2 transactions:"),
+            "{out}"
+        );
+        assert!(
+            out.contains("(DepositChecking)") && out.contains("(SendPayment)"),
+            "{out}"
+        );
     }
 }

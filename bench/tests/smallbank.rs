@@ -31,6 +31,10 @@ fn smallbank_short_run_keeps_the_money_invariant() {
         out.status
     );
     assert!(stdout.contains("invariant holds"), "{stdout}");
+    assert!(
+        stdout.contains("serializability: ") && stdout.contains(" edges, acyclic"),
+        "{stdout}"
+    );
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
     let committed: u64 = report["types"]
@@ -51,6 +55,58 @@ fn smallbank_short_run_keeps_the_money_invariant() {
     for t in report["types"].as_array().unwrap() {
         assert!(t["committed"].as_u64().unwrap() > 0, "{t}");
     }
+    assert_eq!(report["serializable"], true);
+    assert_eq!(
+        report["checked_committed"].as_u64().unwrap(),
+        committed,
+        "every committed transaction was checked"
+    );
+}
+
+/// At the high-contention setting, with a lock wait so short that waits time
+/// out: the timed-out transactions abort, their tickets are released in the background
+/// when their turn comes, and the run still passes every check.
+#[test]
+fn lock_wait_timeouts_release_their_tickets() {
+    let json = std::env::temp_dir().join(format!("txn-bench-wait-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args([
+            "--accounts",
+            "100",
+            "--theta",
+            "1.2",
+            "--threads",
+            "2",
+            "--coroutines",
+            "16",
+            "--duration",
+            "2",
+            "--lock-wait-us",
+            "1",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run txn-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "txn-bench failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let timeouts = report["abort_reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[0] == "lock-wait-timeout")
+        .map_or(0, |r| r[1].as_u64().unwrap());
+    assert!(timeouts > 0, "no wait timed out: {stdout}");
+    assert_eq!(report["locks_held"], 0, "{stdout}");
+    assert_eq!(report["invariant_holds"], true, "{stdout}");
+    assert_eq!(report["serializable"], true, "{stdout}");
 }
 
 #[test]

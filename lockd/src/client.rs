@@ -2,23 +2,31 @@
 //! (Scythe 4.3, Fig. 14, client side).
 //!
 //! Locking is two steps: [`LockClient::lock`] takes tickets with one Lock RPC for all of a
-//! transaction's locks on the node (step 1), then [`LockClient::wait_granted`] waits for
-//! each ticket to be served with Hangout waits and one-sided READs of `upper` (step 2).
-//! [`LockClient::unlock`] is one one-sided FAA of +1 on `upper`.
+//! transaction's locks on the node (step 1); each [`Ticket`] then waits to be served with
+//! Hangout waits and one-sided READs of `upper` ([`Ticket::wait`], step 2). Unlocking is
+//! [`Ticket::release`], one one-sided FAA of +1 on `upper`; a ticket dropped unreleased is
+//! released by a coroutine of its own when its turn comes (see [`crate::ticket`]).
 
 use std::cell::Cell;
-use std::time::{Duration, Instant};
+use std::rc::Rc;
+use std::time::Duration;
 
 use rrpc::fabric::RemoteAddr;
 use rrpc::node::NodeInfo;
 use rrpc::runtime::{RpcError, ThreadCtx};
 
 use crate::service::{LocksExport, EXPORT_NAME};
-use crate::takeout::{hangout, SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
+use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
+use crate::ticket::Shared;
 use crate::wire::{decode_reply, encode_request, LOCK_HANDLER, MAX_ENTRIES};
 
 pub use crate::takeout::{LockReply, Mode, RefuseReason};
+pub use crate::ticket::Ticket;
 pub use crate::wire::LockRequest;
+
+/// How long a release waits for its ticket's turn before it reports the lock lost
+/// (default of [`LockClient::set_release_wait`]).
+pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 /// Errors of lock-client operations.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +38,8 @@ pub enum LockError {
     /// contradict the protocol (e.g. `upper` passed our ticket).
     #[error("lock protocol: {0}")]
     Protocol(String),
-    /// The ticket was not served before the deadline. The ticket stays queued: the lock
-    /// stalls at it until it is served and released, so the caller must still release it.
+    /// The ticket was not served before the deadline. The [`Ticket`] keeps its place in
+    /// the queue: wait again, or release it (which waits for its turn).
     #[error("lock {id}: ticket {ticket} not served before the deadline (upper {upper})")]
     WaitTimeout {
         /// Lock id.
@@ -40,6 +48,19 @@ pub enum LockError {
         ticket: u64,
         /// The last `upper` read.
         upper: u64,
+    },
+    /// A release could not pass the lock on: waiting for the ticket's turn or the FAA
+    /// of `upper` failed. The lock may stay stalled at this ticket until the service
+    /// recovers it.
+    #[error("lock {id}: ticket {ticket} lost, the lock was not passed on")]
+    Lost {
+        /// Lock id.
+        id: u64,
+        /// The ticket.
+        ticket: u64,
+        /// Why.
+        #[source]
+        cause: Box<LockError>,
     },
     /// The node exports no usable lock table.
     #[error("lock service export: {0}")]
@@ -69,12 +90,39 @@ impl LockState {
     }
 }
 
+/// The outcome of one entry of a Lock RPC.
+#[must_use = "a queued ticket must be released"]
+#[derive(Debug)]
+pub enum Grant {
+    /// A ticket was taken (the caller may already hold the lock: [`Ticket::is_served`]).
+    Queued(Ticket),
+    /// The request was refused ([`LockReply::reason`] says why); nothing to release.
+    Refused(LockReply),
+}
+
+impl Grant {
+    /// The ticket, or `None` for a refusal.
+    pub fn ticket(self) -> Option<Ticket> {
+        match self {
+            Self::Queued(t) => Some(t),
+            Self::Refused(_) => None,
+        }
+    }
+
+    /// The service's reply for this entry.
+    pub fn reply(&self) -> &LockReply {
+        match self {
+            Self::Queued(t) => t.reply(),
+            Self::Refused(r) => r,
+        }
+    }
+}
+
 /// A thread's handle on one lock service node. Not `Sync`: one per runtime thread,
 /// shared by its coroutines (e.g. through `Rc`).
 pub struct LockClient {
-    node: u32,
     export: LocksExport,
-    srtt: Cell<SmoothedRtt>,
+    shared: Shared,
 }
 
 impl LockClient {
@@ -103,15 +151,36 @@ impl LockClient {
             )));
         }
         Ok(Self {
-            node: info.node,
             export,
-            srtt: Cell::new(SmoothedRtt::default()),
+            shared: Shared {
+                node: info.node,
+                srtt: Rc::new(Cell::new(SmoothedRtt::default())),
+                lost: Rc::new(Cell::new(0)),
+                release_wait: DEFAULT_RELEASE_WAIT,
+            },
         })
     }
 
     /// Node id of the lock service.
     pub fn node(&self) -> u32 {
-        self.node
+        self.shared.node
+    }
+
+    /// How long a release waits for its ticket's turn before it reports the lock lost
+    /// (for tickets taken after this call).
+    pub fn set_release_wait(&mut self, d: Duration) {
+        self.shared.release_wait = d;
+    }
+
+    /// See [`Self::set_release_wait`]; default [`DEFAULT_RELEASE_WAIT`].
+    pub fn release_wait(&self) -> Duration {
+        self.shared.release_wait
+    }
+
+    /// Tickets dropped unreleased whose lock could not be passed on (their coroutine
+    /// logged the cause).
+    pub fn lost(&self) -> u64 {
+        self.shared.lost.get()
     }
 
     /// Number of locks in the service's table.
@@ -140,17 +209,18 @@ impl LockClient {
         Ok(())
     }
 
-    /// Step 1: one Lock RPC for all entries (1 to 15, distinct ids); replies in the same
-    /// order. A reply with `granted_queue` holds a ticket that must eventually be released
-    /// with [`Self::unlock`] after it is served.
+    /// Step 1: one Lock RPC for all entries (1 to 15, distinct ids); one [`Grant`] per
+    /// entry, in request order. Each queued [`Ticket`] must be released; if it is
+    /// dropped instead, a coroutine spawned on `ctx`'s executor releases it when its
+    /// turn comes.
     ///
     /// Errors: [`LockError::InvalidRequest`], [`LockError::Rpc`] (including the RPC
     /// timeout of the thread's runtime), [`LockError::Protocol`] for a malformed reply.
     pub async fn lock(
         &self,
-        ctx: &ThreadCtx,
+        ctx: &Rc<ThreadCtx>,
         reqs: &[LockRequest],
-    ) -> Result<Vec<LockReply>, LockError> {
+    ) -> Result<Vec<Grant>, LockError> {
         if reqs.is_empty() || reqs.len() > MAX_ENTRIES {
             return Err(LockError::InvalidRequest(format!(
                 "{} entries; a Lock RPC carries 1 to {MAX_ENTRIES}",
@@ -168,63 +238,27 @@ impl LockClient {
         }
         let mut buf = Vec::with_capacity(reqs.len() * crate::wire::REQ_ENTRY_BYTES);
         encode_request(reqs, &mut buf).map_err(|e| LockError::InvalidRequest(e.to_string()))?;
-        let resp = ctx.call(self.node, LOCK_HANDLER, &buf).await?;
-        decode_reply(&resp, reqs.len()).map_err(|e| LockError::Protocol(e.to_string()))
-    }
-
-    /// Step 2: wait until lock `id` serves `ticket` (`upper == ticket`), starting from the
-    /// `upper_seen` of the Lock RPC's reply. Each round sleeps a Hangout of
-    /// (tickets ahead) x (smoothed RTT), capped at the deadline, then READs `upper`; every
-    /// READ's round trip updates the smoothed RTT (alpha 0.9).
-    ///
-    /// Errors: [`LockError::WaitTimeout`] once `deadline` passes (the ticket stays queued;
-    /// see the variant), [`LockError::Rpc`] when a READ fails, [`LockError::Protocol`]
-    /// when `upper` is already past `ticket`, [`LockError::InvalidRequest`] for a bad id.
-    pub async fn wait_granted(
-        &self,
-        ctx: &ThreadCtx,
-        id: u64,
-        ticket: u64,
-        upper_seen: u64,
-        deadline: Instant,
-    ) -> Result<(), LockError> {
-        self.check_id(id)?;
-        let addr = self.lock_addr(id).offset(UPPER_OFF);
-        let mut upper = upper_seen;
-        loop {
-            let ahead = ticket.wrapping_sub(upper);
-            if ahead == 0 {
-                return Ok(());
-            }
-            if ahead > u64::MAX / 2 {
-                return Err(LockError::Protocol(format!(
-                    "lock {id}: upper {upper} is past our ticket {ticket}"
-                )));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(LockError::WaitTimeout { id, ticket, upper });
-            }
-            let wait = hangout(ahead, self.srtt.get().get()).min(deadline - now);
-            if !wait.is_zero() {
-                ctx.sleep(wait).await;
-            }
-            let start = quanta::Instant::now();
-            let bytes = ctx.read(self.node, addr, 8).await?;
-            self.sample_rtt(start.elapsed());
-            upper = word(&bytes, 0)?;
-        }
-    }
-
-    /// Unlock: one one-sided FAA of +1 on lock `id`'s `upper`. Only the holder (the
-    /// ticket being served) may call it, exactly once per served ticket.
-    ///
-    /// Errors: [`LockError::Rpc`] when the FAA fails, [`LockError::InvalidRequest`].
-    pub async fn unlock(&self, ctx: &ThreadCtx, id: u64) -> Result<(), LockError> {
-        self.check_id(id)?;
-        ctx.faa(self.node, self.lock_addr(id).offset(UPPER_OFF), 1)
-            .await?;
-        Ok(())
+        let resp = ctx.call(self.node(), LOCK_HANDLER, &buf).await?;
+        let replies =
+            decode_reply(&resp, reqs.len()).map_err(|e| LockError::Protocol(e.to_string()))?;
+        Ok(replies
+            .into_iter()
+            .zip(reqs)
+            .map(|(r, q)| {
+                if r.granted_queue {
+                    let upper = self.lock_addr(q.id).offset(UPPER_OFF);
+                    Grant::Queued(Ticket::new(
+                        ctx.clone(),
+                        self.shared.clone(),
+                        q.id,
+                        upper,
+                        r,
+                    ))
+                } else {
+                    Grant::Refused(r)
+                }
+            })
+            .collect())
     }
 
     /// One READ of lock `id`'s lower, upper and queued_ts (24 bytes), as validation uses
@@ -235,9 +269,13 @@ impl LockClient {
         self.check_id(id)?;
         let start = quanta::Instant::now();
         let b = ctx
-            .read(self.node, self.lock_addr(id), (QUEUED_TS_OFF + 8) as usize)
+            .read(
+                self.node(),
+                self.lock_addr(id),
+                (QUEUED_TS_OFF + 8) as usize,
+            )
             .await?;
-        self.sample_rtt(start.elapsed());
+        self.shared.sample_rtt(start.elapsed());
         Ok(LockState {
             lower: word(&b, 0)?,
             upper: word(&b, 8)?,
@@ -247,17 +285,11 @@ impl LockClient {
 
     /// The current smoothed one-sided RTT to the service (zero before the first READ).
     pub fn srtt(&self) -> Duration {
-        self.srtt.get().get()
-    }
-
-    fn sample_rtt(&self, d: Duration) {
-        let mut s = self.srtt.get();
-        s.update(d);
-        self.srtt.set(s);
+        self.shared.srtt.get().get()
     }
 }
 
-fn word(b: &[u8], off: usize) -> Result<u64, LockError> {
+pub(crate) fn word(b: &[u8], off: usize) -> Result<u64, LockError> {
     b.get(off..off + 8)
         .and_then(|w| w.try_into().ok())
         .map(u64::from_le_bytes)

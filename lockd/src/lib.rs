@@ -8,8 +8,9 @@
 //!   Hangout), tested without a fabric;
 //! - [`wire`]: the fixed-layout Lock RPC messages;
 //! - [`service`]: the lock table in registered memory and its RPC handler;
-//! - [`client`]: the per-thread client coordinators use (Lock RPC, Hangout + READ polling,
-//!   FAA unlock, state READ).
+//! - [`client`]: the per-thread client coordinators use (Lock RPC, state READ);
+//! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
+//!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own).
 //!
 //! The `lockd` binary serves a table over an `rrpc` node; the same [`service::LockTable`]
 //! can be embedded in any process that runs an `rrpc` node. Not here yet: the CAS-lock
@@ -20,4 +21,5 @@
 pub mod client;
 pub mod service;
 pub mod takeout;
+pub mod ticket;
 pub mod wire;

@@ -10,14 +10,14 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockd::client::{LockClient, LockError, LockRequest, Mode, RefuseReason};
+use lockd::client::{Grant, LockClient, LockError, LockRequest, Mode, RefuseReason, Ticket};
 use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::takeout::Watermarks;
 use lockd::wire::LOCK_HANDLER;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::FabricKind;
 use rrpc::node::{Node, NodeConfig};
-use rrpc::runtime::{block_on, Executor, RpcError, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, join_all, Executor, RpcError, RuntimeConfig, ThreadCtx};
 
 const SERVICE_NODE: u32 = 1;
 const CLIENT_NODE: u32 = 100;
@@ -93,12 +93,13 @@ fn coroutines_contend_fifo_and_mutually_exclusive() {
                     ts,
                     mode: Mode::Hot,
                 };
-                let r = lc.lock(&ctx, &[req]).await.expect("lock RPC")[0];
-                if !r.granted_queue {
-                    // Only the hot watermark can refuse: 8 coroutines never queue 11 deep,
-                    // and timestamps taken in order reach the service in order on one thread.
-                    panic!("refused: {r:?}");
-                }
+                let g = lc.lock(&ctx, &[req]).await.expect("lock RPC").remove(0);
+                let r = *g.reply();
+                // Only the hot watermark can refuse: 8 coroutines never queue 11 deep,
+                // and timestamps taken in order reach the service in order on one thread.
+                let Grant::Queued(mut t) = g else {
+                    panic!("refused: {r:?}")
+                };
                 assert!(
                     r.ahead() < COROS,
                     "at most the other coroutines ahead: {r:?}"
@@ -107,16 +108,15 @@ fn coroutines_contend_fifo_and_mutually_exclusive() {
                     behind.set(behind.get() + 1);
                 }
                 let deadline = Instant::now() + Duration::from_secs(20);
-                lc.wait_granted(&ctx, LOCK, r.ticket, r.upper, deadline)
-                    .await
-                    .expect("granted");
+                t.wait(deadline).await.expect("granted");
+                assert!(t.is_served());
                 assert!(!inside.get(), "two holders at once");
                 inside.set(true);
                 grants.borrow_mut().push(r.ticket);
                 ctx.sleep(Duration::from_micros(3)).await;
                 inside.set(false);
                 acq.set(acq.get() + 1);
-                lc.unlock(&ctx, LOCK).await.expect("unlock");
+                t.release().await.expect("unlock");
                 done += 1;
             }
         });
@@ -145,33 +145,33 @@ fn refusals_batches_and_malformed_requests() {
         let (ctx, lc) = (c, lc2);
         let req = |id, ts, mode| LockRequest { id, ts, mode };
         // Newer timestamp queued first; an older one is refused and changes nothing.
-        let r = lc.lock(&ctx, &[req(3, 50, Mode::Cold)]).await.unwrap()[0];
-        assert!(r.granted_queue && r.holds_now());
+        let t1 = queued(lc.lock(&ctx, &[req(3, 50, Mode::Cold)]).await.unwrap());
+        assert!(t1.is_served());
         let before = table.words(3);
-        let r = lc.lock(&ctx, &[req(3, 49, Mode::Hot)]).await.unwrap()[0];
-        assert!(!r.granted_queue);
+        let g = lc
+            .lock(&ctx, &[req(3, 49, Mode::Hot)])
+            .await
+            .unwrap()
+            .remove(0);
+        let Grant::Refused(r) = g else {
+            panic!("older timestamp granted")
+        };
         assert_eq!(r.reason, Some(RefuseReason::Timestamp));
         assert_eq!(r.queued_ts, 50);
         assert_eq!(r.ahead(), 1, "heat reported with the refusal");
         assert_eq!(table.words(3), before);
         // An equal timestamp queues behind us.
-        let r2 = lc.lock(&ctx, &[req(3, 50, Mode::Hot)]).await.unwrap()[0];
-        assert!(r2.granted_queue && !r2.holds_now());
-        assert_eq!(r2.ahead(), 1);
+        let mut t2 = queued(lc.lock(&ctx, &[req(3, 50, Mode::Hot)]).await.unwrap());
+        assert!(!t2.is_served());
+        assert_eq!(t2.reply().ahead(), 1);
         let st = lc.read_state(&ctx, 3).await.unwrap();
         assert_eq!(
             (st.lower, st.upper, st.queued_ts, st.queued()),
             (2, 0, 50, 2)
         );
-        // A waiter times out while the holder does not unlock.
-        let e = lc
-            .wait_granted(
-                &ctx,
-                3,
-                r2.ticket,
-                r2.upper,
-                Instant::now() + Duration::from_millis(5),
-            )
+        // A waiter times out while the holder does not unlock, and keeps its place.
+        let e = t2
+            .wait(Instant::now() + Duration::from_millis(5))
             .await
             .unwrap_err();
         assert!(
@@ -185,37 +185,56 @@ fn refusals_batches_and_malformed_requests() {
             ),
             "{e}"
         );
-        lc.unlock(&ctx, 3).await.unwrap();
-        lc.wait_granted(
-            &ctx,
-            3,
-            r2.ticket,
-            r2.upper,
-            Instant::now() + Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-        lc.unlock(&ctx, 3).await.unwrap();
+        assert_eq!(lc.read_state(&ctx, 3).await.unwrap().queued(), 2);
+        t1.release().await.unwrap();
+        t2.wait(Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(t2.is_served());
+        t2.release().await.unwrap();
+        assert_eq!(lc.read_state(&ctx, 3).await.unwrap().queued(), 0);
 
         // A batch of several locks in one RPC, replies in request order.
         let batch: Vec<_> = (4..10).map(|id| req(id, 60, Mode::Cold)).collect();
-        let rs = lc.lock(&ctx, &batch).await.unwrap();
+        let rs: Vec<Ticket> = lc
+            .lock(&ctx, &batch)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|g| g.ticket().expect("granted"))
+            .collect();
         assert_eq!(rs.len(), 6);
-        assert!(rs.iter().all(|r| r.granted_queue && r.holds_now()));
+        assert!(rs.iter().all(Ticket::is_served));
+        assert_eq!(
+            rs.iter().map(Ticket::id).collect::<Vec<_>>(),
+            (4..10).collect::<Vec<_>>()
+        );
         // Lock 4 is now held: queue three more cold, then cold mode is refused at 4.
+        let mut more = Vec::new();
         for i in 1..=3 {
-            let r = lc.lock(&ctx, &[req(4, 60 + i, Mode::Cold)]).await.unwrap()[0];
-            assert!(r.granted_queue, "queue {i}");
+            more.push(queued(
+                lc.lock(&ctx, &[req(4, 60 + i, Mode::Cold)]).await.unwrap(),
+            ));
         }
-        let mixed = lc
+        let mut mixed = lc
             .lock(&ctx, &[req(4, 70, Mode::Cold), req(10, 70, Mode::Cold)])
             .await
             .unwrap();
-        assert_eq!(mixed[0].reason, Some(RefuseReason::ColdWatermark));
-        assert_eq!(mixed[0].ahead(), 4);
-        assert!(mixed[1].granted_queue);
+        assert_eq!(mixed[0].reply().reason, Some(RefuseReason::ColdWatermark));
+        assert_eq!(mixed[0].reply().ahead(), 4);
+        let t10 = mixed.pop().unwrap().ticket().expect("lock 10 granted");
+        // Releasing everything, the queued ones included: each release waits for its
+        // ticket's turn, so all of them can be released at once.
+        let all = rs.into_iter().chain(more).chain([t10]).map(Ticket::release);
+        for r in join_all(all.collect()).await {
+            r.unwrap();
+        }
         for id in 4..=10 {
-            lc.unlock(&ctx, id).await.unwrap();
+            assert_eq!(
+                lc.read_state(&ctx, id).await.unwrap().queued(),
+                0,
+                "lock {id}"
+            );
         }
 
         // Client-side validation.
@@ -256,9 +275,9 @@ fn refusals_batches_and_malformed_requests() {
                 "{e}"
             );
         }
-        let r = lc.lock(&ctx, &[req(0, 200, Mode::Hot)]).await.unwrap()[0];
-        assert!(r.holds_now(), "server still serving");
-        lc.unlock(&ctx, 0).await.unwrap();
+        let t = queued(lc.lock(&ctx, &[req(0, 200, Mode::Hot)]).await.unwrap());
+        assert!(t.is_served(), "server still serving");
+        t.release().await.unwrap();
     });
     assert_eq!(svc.table.words(0), (1, 1, 200));
 }
@@ -284,8 +303,8 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
     assert_eq!(lc.n_locks(), 1024);
     let (c, l) = (ctx.clone(), lc.clone());
     block_on(&ctx, async move {
-        let r = l
-            .lock(
+        let t = queued(
+            l.lock(
                 &c,
                 &[LockRequest {
                     id: 1023,
@@ -294,11 +313,25 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
                 }],
             )
             .await
-            .unwrap()[0];
-        assert!(r.holds_now());
-        l.unlock(&c, 1023).await.unwrap();
+            .unwrap(),
+        );
+        assert!(t.is_served());
+        t.release().await.unwrap();
         assert_eq!(l.read_state(&c, 1023).await.unwrap().queued(), 0);
     });
+    // A held ticket and a queued one, kept across the service's death.
+    let (c, l) = (ctx.clone(), lc.clone());
+    let (held, waiting) = block_on(&ctx, async move {
+        let req = |ts| LockRequest {
+            id: 5,
+            ts,
+            mode: Mode::Cold,
+        };
+        let held = queued(l.lock(&c, &[req(3)]).await.unwrap());
+        let waiting = queued(l.lock(&c, &[req(4)]).await.unwrap());
+        (held, waiting)
+    });
+    assert!(held.is_served() && !waiting.is_served());
 
     // Bad flags and a node id in use are one-line errors with exit status 1. (Node ids
     // are registered by the shm fabric's liveness files; verbs has no such registry.)
@@ -342,11 +375,99 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
     );
     // Bounded by the call deadline (2 s) plus slack; never a hang.
     assert!(started.elapsed() < Duration::from_secs(30));
-    let res = block_on(&ctx, {
-        let (c, l) = (ctx.clone(), lc.clone());
-        async move { l.unlock(&c, 1).await }
-    });
-    assert!(matches!(res, Err(LockError::Rpc(_))), "{res:?}");
+    // Releasing into a dead service says the lock is lost, with the cause; a dropped
+    // ticket's release coroutine counts it.
+    let res = block_on(&ctx, held.release());
+    match res {
+        Err(LockError::Lost {
+            id: 5,
+            ticket: 0,
+            cause,
+        }) => {
+            assert!(matches!(*cause, LockError::Rpc(_)), "{cause}")
+        }
+        r => panic!("expected a lost lock, got {r:?}"),
+    }
+    assert_eq!(lc.lost(), 0);
+    drop(waiting);
+    block_on(&ctx, async {});
+    assert_eq!(
+        lc.lost(),
+        1,
+        "the dropped ticket's release failed and was counted"
+    );
+}
+
+/// The one grant of a single-entry Lock RPC, which must be a ticket.
+fn queued(mut grants: Vec<Grant>) -> Ticket {
+    assert_eq!(grants.len(), 1);
+    match grants.remove(0) {
+        Grant::Queued(t) => t,
+        Grant::Refused(r) => panic!("refused: {r:?}"),
+    }
+}
+
+/// Every path a ticket can leave by passes the lock on: a queued ticket dropped (released
+/// when its turn comes), a held ticket dropped by an early return with `?`, and a
+/// release of a queued ticket (waits for its turn).
+#[test]
+fn dropped_and_early_returned_tickets_pass_the_lock_on() {
+    const LOCK: u64 = 2;
+    let cluster = cluster("drops");
+    let svc = start_service(&cluster, 8, 1);
+    let (ctx, lc) = client(&cluster, svc.node.addr());
+    let order: Rc<RefCell<Vec<&'static str>>> = Rc::default();
+    let req = |ts| LockRequest {
+        id: LOCK,
+        ts,
+        mode: Mode::Hot,
+    };
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, lc, order) = (ctx.clone(), lc.clone(), order.clone());
+        ex.spawn(async move {
+            // A holds; B and C queue behind it.
+            let a = queued(lc.lock(&ctx, &[req(1)]).await.unwrap());
+            let b = queued(lc.lock(&ctx, &[req(2)]).await.unwrap());
+            let mut c = queued(lc.lock(&ctx, &[req(3)]).await.unwrap());
+            assert_eq!(lc.read_state(&ctx, LOCK).await.unwrap().queued(), 3);
+            // B is dropped while queued: its coroutine waits for its turn.
+            drop(b);
+            order.borrow_mut().push("b dropped");
+            // An early return with `?` drops A, which holds the lock.
+            let early: Result<(), LockError> = async {
+                let _a = a;
+                Err(LockError::Protocol("planted".into()))?;
+                unreachable!()
+            }
+            .await;
+            assert!(early.is_err());
+            // C gets the lock once A's and B's releases ran, in ticket order.
+            c.wait(Instant::now() + Duration::from_secs(10))
+                .await
+                .unwrap();
+            order.borrow_mut().push("c served");
+            // D queues behind C and releases before its turn: it waits for C.
+            let d = queued(lc.lock(&ctx, &[req(4)]).await.unwrap());
+            let (dr, cr) = rrpc::runtime::join(d.release(), async {
+                ctx.sleep(Duration::from_millis(2)).await;
+                order.borrow_mut().push("c releases");
+                c.release().await
+            })
+            .await;
+            dr.unwrap();
+            cr.unwrap();
+            order.borrow_mut().push("d released");
+        });
+    }
+    ex.run();
+    assert_eq!(
+        *order.borrow(),
+        ["b dropped", "c served", "c releases", "d released"]
+    );
+    assert_eq!(svc.table.words(LOCK).0, 4, "four tickets taken");
+    assert_eq!(svc.table.words(LOCK).1, 4, "and all four passed on");
+    assert_eq!(lc.lost(), 0);
 }
 
 struct LockdProc {

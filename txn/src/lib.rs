@@ -3,9 +3,18 @@
 //! - [`store`]: the memory node's layout (records with versions at both ends, hash index);
 //! - [`smallbank`]: the SmallBank tables and loader;
 //! - [`occ`]: the coordinator running Scythe's low-heat OCC (000_f3dba2ed893b246b.txt,
-//!   4.2.1) on Takeout Locks.
+//!   4.2.1) on Takeout Locks;
+//! - [`validation`]: OCC read-set validation as a state machine (lock free first, then
+//!   version unchanged);
+//! - [`history`] and [`serializability`]: committed transactions recorded with the
+//!   versions they read and wrote, and the check that their dependency graph is acyclic.
 #![warn(missing_docs)]
 
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+pub mod history;
 pub mod occ;
+pub mod serializability;
 pub mod smallbank;
 pub mod store;
+pub mod validation;

@@ -9,13 +9,21 @@
 //! - **Lock**: the coordinator takes a timestamp from the TSO (one FAA) and sends one Lock
 //!   RPC for the whole write set (cold mode: refused past ColdWatermark or behind a newer
 //!   timestamp). Tickets are then waited for in parallel with Hangout polling.
-//! - **Validate**: the read set is re-read (record and lock words, all in one doorbell per
-//!   node): each version must be unchanged, and objects only read must be neither locked
-//!   nor queued by another transaction.
+//! - **Validate** ([`crate::validation`]): each version read must be unchanged, and
+//!   objects only read must be neither locked nor queued by another transaction. For an
+//!   object only read, the lock words are READ first and the record only after they were
+//!   seen free (the record and the lock live on two nodes; the other order lets write
+//!   skew commit). Records of objects under our own locks go out in the first round.
 //! - **Commit**: records are written back with one-sided WRITEs (version + 1 at both
 //!   ends), then every lock is released with a one-sided FAA of `upper`.
-//! - **Abort after locking**: a ticket cannot be cancelled, so the coordinator waits for
-//!   each granted ticket's turn and releases it (a ticket lock's release is `upper += 1`).
+//! - **Abort after locking**: a ticket cannot be cancelled, so each granted ticket is
+//!   released when its turn comes ([`lockd::client::Ticket::release`]). Tickets are
+//!   values that must be released: on every path out of `commit`, errors included, they
+//!   are released or, when dropped, released by a coroutine of their own.
+//!
+//! With [`OccConfig::history_limit_bytes`] set, each committed transaction's reads and
+//! writes (with versions) are recorded for the serializability check
+//! ([`crate::serializability`]).
 //!
 //! Deadlock freedom: a lock queue only admits timestamps at least its `queued_ts`, so each
 //! queue is ordered by timestamp and a transaction only ever waits for holders with
@@ -27,16 +35,18 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use lockd::client::{LockClient, LockRequest};
+use lockd::client::{Grant, LockClient, LockError, LockRequest, Ticket};
 use lockd::takeout::{Mode, RefuseReason};
 use rrpc::fabric::RemoteAddr;
 use rrpc::runtime::{join, join_all, RpcError, ThreadCtx};
 use tso::TsoClient;
 
+use crate::history::{Access, History};
 use crate::store::{
     decode_record, encode_record, search_bucket, BucketLookup, RecordError, TableExport,
     BUCKET_BYTES,
 };
+use crate::validation::{self, RecordSeen, Step, Validation};
 
 /// Why a transaction aborted. Aborts are expected under contention; callers retry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,13 +65,16 @@ pub enum AbortReason {
     ValidationVersion,
     /// Validation found an object of the read set locked or queued by another transaction.
     ValidationLocked,
+    /// A granted ticket was not served within [`OccConfig::lock_wait`]; the tickets are
+    /// released in the background when their turn comes.
+    LockWaitTimeout,
     /// The transaction's own logic gave up (e.g. insufficient funds).
     User,
 }
 
 impl AbortReason {
     /// Every reason, for reports.
-    pub const ALL: [AbortReason; 8] = [
+    pub const ALL: [AbortReason; 9] = [
         Self::LockedOnRead,
         Self::TornRead,
         Self::LockRefusedTimestamp,
@@ -69,6 +82,7 @@ impl AbortReason {
         Self::LockRefusedHot,
         Self::ValidationVersion,
         Self::ValidationLocked,
+        Self::LockWaitTimeout,
         Self::User,
     ];
     /// Short name for reports.
@@ -81,6 +95,7 @@ impl AbortReason {
             Self::LockRefusedHot => "lock-refused-hot",
             Self::ValidationVersion => "validation-version",
             Self::ValidationLocked => "validation-locked",
+            Self::LockWaitTimeout => "lock-wait-timeout",
             Self::User => "user",
         }
     }
@@ -103,8 +118,9 @@ pub enum TxnError {
     /// Misuse of the API (unknown table, write without read, value size).
     #[error("{0}")]
     Usage(String),
-    /// A service failed (peer gone, timeout). The transaction's outcome is decided
-    /// (aborted unless the failure hit after write-back), but locks may stay held.
+    /// A service failed (peer gone, timeout). The transaction aborted unless the failure
+    /// hit during or after write-back. Its tickets were released, or the message says
+    /// which lock was lost.
     #[error("service failure: {0}")]
     Fatal(String),
 }
@@ -128,14 +144,20 @@ impl From<tso::TsoError> for TxnError {
 /// Coordinator settings.
 #[derive(Clone, Debug)]
 pub struct OccConfig {
-    /// How long to wait for a granted ticket's turn before giving up (default 2 s).
+    /// How long to wait for a granted ticket's turn before aborting with
+    /// [`AbortReason::LockWaitTimeout`] (default 2 s).
     pub lock_wait: Duration,
+    /// Record committed transactions for the serializability check, up to this many
+    /// bytes per thread (see [`crate::history`] for the cost per transaction); `None`
+    /// (the default) records nothing.
+    pub history_limit_bytes: Option<usize>,
 }
 
 impl Default for OccConfig {
     fn default() -> Self {
         Self {
             lock_wait: Duration::from_secs(2),
+            history_limit_bytes: None,
         }
     }
 }
@@ -161,6 +183,7 @@ pub struct TxnClient {
     tso: TsoClient,
     addr_cache: RefCell<HashMap<(u32, u64), u64>>,
     cfg: OccConfig,
+    history: RefCell<Option<History>>,
 }
 
 struct ReadEntry {
@@ -174,6 +197,8 @@ struct ReadEntry {
 /// A transaction in progress (one coordinator's current transaction).
 pub struct Txn<'a> {
     c: &'a TxnClient,
+    /// The workload's transaction type, recorded with the history.
+    kind: u16,
     reads: Vec<ReadEntry>,
     /// Index into `reads` and the new value.
     writes: Vec<(usize, Vec<u8>)>,
@@ -213,8 +238,16 @@ impl TxnClient {
             locks,
             tso,
             addr_cache: RefCell::new(HashMap::new()),
+            history: RefCell::new(cfg.history_limit_bytes.map(History::new)),
             cfg,
         })
+    }
+
+    /// The committed transactions recorded so far, leaving an empty history with the same
+    /// limit; `None` when the client does not record ([`OccConfig::history_limit_bytes`]).
+    pub fn take_history(&self) -> Option<History> {
+        let limit = self.cfg.history_limit_bytes?;
+        self.history.borrow_mut().replace(History::new(limit))
     }
 
     /// The tables of the memory node.
@@ -234,8 +267,15 @@ impl TxnClient {
 
     /// Start a transaction.
     pub fn begin(&self) -> Txn<'_> {
+        self.begin_as(0)
+    }
+
+    /// Start a transaction of the workload's type `kind` (recorded with the history, so
+    /// a reported cycle names the types on it).
+    pub fn begin_as(&self, kind: u16) -> Txn<'_> {
         Txn {
             c: self,
+            kind,
             reads: Vec::new(),
             writes: Vec::new(),
         }
@@ -277,36 +317,56 @@ impl TxnClient {
         Err(TxnError::NotFound { table, key })
     }
 
-    /// Read a record and, in the same round, its lock words. Returns (addr, version, value).
-    async fn read_object(
+    /// READ a record: its address, and the decoded record or `None` when it was torn.
+    async fn read_record(
         &self,
         table: u32,
         key: u64,
-        check_lock: bool,
-    ) -> Result<ReadEntry, TxnError> {
+    ) -> Result<(u64, Option<crate::store::Record>), TxnError> {
         let t = self.table(table)?;
         let addr = self.record_addr(table, key).await?;
         let remote = RemoteAddr {
             addr,
             rkey: t.records.rkey,
         };
-        let rec = self.ctx.read(self.mem, remote, t.record_bytes as usize);
-        let lock = self.locks.read_state(&self.ctx, self.lock_id(table, key));
-        let (img, lock) = if check_lock {
-            let (a, b) = join(rec, lock).await;
-            (a?, Some(b?))
-        } else {
-            (rec.await?, None)
-        };
-        let r = match decode_record(&img, key, t.value_bytes as usize) {
-            Ok(r) => r,
-            Err(RecordError::Torn { .. }) => return Err(TxnError::Abort(AbortReason::TornRead)),
+        let img = self
+            .ctx
+            .read(self.mem, remote, t.record_bytes as usize)
+            .await?;
+        match decode_record(&img, key, t.value_bytes as usize) {
+            Ok(r) => Ok((addr, Some(r))),
+            Err(RecordError::Torn { .. }) => Ok((addr, None)),
             Err(e @ RecordError::WrongKey { .. }) => {
                 self.addr_cache.borrow_mut().remove(&(table, key));
-                return Err(TxnError::Fatal(e.to_string()));
+                Err(TxnError::Fatal(e.to_string()))
             }
+        }
+    }
+
+    /// True when lock `id` is held or queued (by anyone).
+    async fn lock_busy(&self, id: u64) -> Result<bool, TxnError> {
+        Ok(self.locks.read_state(&self.ctx, id).await?.queued() > 0)
+    }
+
+    /// Read a record and, with `check_lock`, its lock words in the same round (the
+    /// execution read: a busy lock aborts early, 4.2.1 (3)).
+    async fn read_object(
+        &self,
+        table: u32,
+        key: u64,
+        check_lock: bool,
+    ) -> Result<ReadEntry, TxnError> {
+        let rec = self.read_record(table, key);
+        let (rec, busy) = if check_lock {
+            let (a, b) = join(rec, self.lock_busy(self.lock_id(table, key))).await;
+            (a?, b?)
+        } else {
+            (rec.await?, false)
         };
-        if lock.is_some_and(|l| l.queued() > 0) {
+        let (addr, Some(r)) = rec else {
+            return Err(TxnError::Abort(AbortReason::TornRead));
+        };
+        if busy {
             return Err(TxnError::Abort(AbortReason::LockedOnRead));
         }
         Ok(ReadEntry {
@@ -409,9 +469,13 @@ impl Txn<'_> {
     }
 
     /// Lock, validate, write back, unlock. `Ok` means committed and visible.
+    ///
+    /// Errors: [`TxnError::Abort`] (nothing written; retry), [`TxnError::Fatal`] when a
+    /// service failed. Every ticket taken is released on every path, or, when its turn
+    /// cannot be awaited here (a lock wait that timed out, a failed RPC), by a coroutine
+    /// of its own when its turn comes.
     pub async fn commit(self) -> Result<(), TxnError> {
         let c = self.c;
-        let ctx = &*c.ctx;
         // Locks of the write set, deduplicated (two objects may share a lock).
         let mut lock_ids: Vec<u64> = self
             .writes
@@ -421,25 +485,52 @@ impl Txn<'_> {
         lock_ids.sort_unstable();
         lock_ids.dedup();
 
-        let mut held: Vec<(u64, u64, u64)> = Vec::new(); // (lock id, ticket, upper seen)
-        if !lock_ids.is_empty() {
-            let ts = c.timestamp().await?;
-            let mut refused = None;
-            for chunk in lock_ids.chunks(lockd::wire::MAX_ENTRIES) {
-                let reqs: Vec<LockRequest> = chunk
-                    .iter()
-                    .map(|&id| LockRequest {
-                        id,
-                        ts,
-                        mode: Mode::Cold,
-                    })
-                    .collect();
-                let replies = c.locks.lock(ctx, &reqs).await?;
-                for (r, &id) in replies.iter().zip(chunk) {
-                    if r.granted_queue {
-                        held.push((id, r.ticket, r.upper));
-                    } else if refused.is_none() {
-                        refused = Some(match r.reason {
+        let tickets = self.lock(&lock_ids).await?;
+        if let Err(e) = self.validate(&lock_ids).await {
+            release_all(tickets).await?;
+            return Err(e);
+        }
+        if !self.writes.is_empty() {
+            if let Err(e) = self.write_back().await {
+                // The write-back's outcome is unknown; pass the locks on all the same.
+                let released = release_all(tickets).await;
+                return Err(match released {
+                    Ok(()) => e,
+                    Err(r) => TxnError::Fatal(format!("{e}; and {r}")),
+                });
+            }
+        }
+        self.record();
+        release_all(tickets).await
+    }
+
+    /// Take the write set's tickets (one Lock RPC per 15 locks, cold mode) and wait until
+    /// each is served. On a refusal, every ticket taken is released (each when its turn
+    /// comes) and the transaction aborts.
+    async fn lock(&self, lock_ids: &[u64]) -> Result<Vec<Ticket>, TxnError> {
+        let c = self.c;
+        let mut tickets = Vec::with_capacity(lock_ids.len());
+        if lock_ids.is_empty() {
+            return Ok(tickets);
+        }
+        let ts = c.timestamp().await?;
+        let mut refused = None;
+        for chunk in lock_ids.chunks(lockd::wire::MAX_ENTRIES) {
+            let reqs: Vec<LockRequest> = chunk
+                .iter()
+                .map(|&id| LockRequest {
+                    id,
+                    ts,
+                    mode: Mode::Cold,
+                })
+                .collect();
+            // An error here drops the tickets taken so far: each is released when its
+            // turn comes.
+            for g in c.locks.lock(&c.ctx, &reqs).await? {
+                match g {
+                    Grant::Queued(t) => tickets.push(t),
+                    Grant::Refused(r) => {
+                        refused.get_or_insert(match r.reason {
                             Some(RefuseReason::Timestamp) => AbortReason::LockRefusedTimestamp,
                             Some(RefuseReason::HotWatermark) => AbortReason::LockRefusedHot,
                             _ => AbortReason::LockRefusedCold,
@@ -447,59 +538,83 @@ impl Txn<'_> {
                     }
                 }
             }
-            // Wait for every granted ticket's turn (also when aborting: see module docs).
-            let deadline = Instant::now() + c.cfg.lock_wait;
-            let waits = join_all(
-                held.iter()
-                    .map(|&(id, t, u)| c.locks.wait_granted(ctx, id, t, u, deadline))
-                    .collect(),
-            )
-            .await;
-            if let Some(e) = waits.into_iter().find_map(Result::err) {
-                return Err(e.into());
-            }
-            if let Some(reason) = refused {
-                release(c, &held).await?;
-                return Err(TxnError::Abort(reason));
-            }
         }
+        if let Some(reason) = refused {
+            release_all(tickets).await?;
+            return Err(TxnError::Abort(reason));
+        }
+        let deadline = Instant::now() + c.cfg.lock_wait;
+        let waits = join_all(tickets.iter_mut().map(|t| t.wait(deadline)).collect()).await;
+        if let Some(e) = waits.into_iter().find_map(Result::err) {
+            // The tickets keep their places; dropping them hands each to a coroutine that
+            // releases it when its turn comes, so this coordinator can go on.
+            drop(tickets);
+            return Err(match e {
+                LockError::WaitTimeout { .. } => TxnError::Abort(AbortReason::LockWaitTimeout),
+                e => e.into(),
+            });
+        }
+        Ok(tickets)
+    }
 
-        // Validate the read set: versions unchanged; objects only read neither locked nor
-        // queued (objects we hold are ours).
-        let checks = join_all(
-            self.reads
-                .iter()
-                .enumerate()
-                .map(|(i, e)| {
-                    let written = self.writes.iter().any(|&(j, _)| j == i);
-                    let mine = lock_ids.binary_search(&c.lock_id(e.table, e.key)).is_ok();
-                    async move {
-                        let r = c.read_object(e.table, e.key, !written && !mine).await;
-                        match r {
-                            Ok(now) if now.version == e.version => Ok(()),
-                            Ok(_) => Err(TxnError::Abort(AbortReason::ValidationVersion)),
-                            Err(TxnError::Abort(AbortReason::LockedOnRead)) => {
-                                Err(TxnError::Abort(AbortReason::ValidationLocked))
-                            }
-                            Err(TxnError::Abort(AbortReason::TornRead)) => {
-                                Err(TxnError::Abort(AbortReason::ValidationVersion))
-                            }
-                            Err(e) => Err(e),
-                        }
-                    }
+    /// Validate the read set with the write set's locks held (see [`crate::validation`]).
+    async fn validate(&self, lock_ids: &[u64]) -> Result<(), TxnError> {
+        let c = self.c;
+        // Entry `k` of the validation is read-set entry `index[k]`.
+        let mut index = Vec::with_capacity(self.reads.len());
+        let mut entries = Vec::with_capacity(self.reads.len());
+        for (i, e) in self.reads.iter().enumerate() {
+            let written = self.writes.iter().any(|&(j, _)| j == i);
+            let locked_by_me =
+                written || lock_ids.binary_search(&c.lock_id(e.table, e.key)).is_ok();
+            #[cfg(feature = "fault-injection")]
+            if !locked_by_me && crate::fault::skipping_read_only_validation() {
+                continue;
+            }
+            index.push(i);
+            entries.push(validation::Entry {
+                version: e.version,
+                locked_by_me,
+            });
+        }
+        let mut v = Validation::new(entries);
+        let mut step = v.start();
+        loop {
+            let round = match step {
+                Step::Done(r) => return r.map_err(TxnError::Abort),
+                Step::Read(round) => round,
+            };
+            let entry = |k: usize| &self.reads[index[k]];
+            let locks = round.locks.iter().map(|&k| {
+                let e = entry(k);
+                c.lock_busy(c.lock_id(e.table, e.key))
+            });
+            let records = round.records.iter().map(|&k| {
+                let e = entry(k);
+                c.read_record(e.table, e.key)
+            });
+            let (busy, seen) = join(join_all(locks.collect()), join_all(records.collect())).await;
+            let busy = busy.into_iter().collect::<Result<Vec<bool>, _>>()?;
+            let seen = seen
+                .into_iter()
+                .map(|r| {
+                    r.map(|(_, rec)| match rec {
+                        Some(rec) => RecordSeen::Version(rec.version),
+                        None => RecordSeen::Torn,
+                    })
                 })
-                .collect(),
-        )
-        .await;
-        if let Some(e) = checks.into_iter().find_map(Result::err) {
-            release(c, &held).await?;
-            return Err(e);
+                .collect::<Result<Vec<_>, _>>()?;
+            step = v.observe(&round, &busy, &seen);
         }
-        if self.writes.is_empty() {
-            return Ok(());
-        }
+    }
 
-        // Write back: whole records, version + 1 at both ends, one doorbell.
+    /// Write back whole records, version + 1 at both ends, one doorbell.
+    async fn write_back(&self) -> Result<(), TxnError> {
+        let c = self.c;
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::failing_write_back() {
+            return Err(TxnError::Fatal("write-back failed (injected)".into()));
+        }
         let images: Vec<(RemoteAddr, Vec<u8>)> = self
             .writes
             .iter()
@@ -520,25 +635,41 @@ impl Txn<'_> {
         let wrote = join_all(
             images
                 .iter()
-                .map(|(a, img)| ctx.write(c.mem, *a, img))
+                .map(|(a, img)| c.ctx.write(c.mem, *a, img))
                 .collect(),
         )
         .await;
-        if let Some(e) = wrote.into_iter().find_map(Result::err) {
-            return Err(e.into());
+        match wrote.into_iter().find_map(Result::err) {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
-        release(c, &held).await
+    }
+
+    /// Record this committed transaction, if the client records.
+    fn record(&self) {
+        let mut h = self.c.history.borrow_mut();
+        let Some(h) = h.as_mut() else { return };
+        let mut acc: Vec<Access> = self
+            .reads
+            .iter()
+            .map(|e| Access::read(e.table, e.key, e.version))
+            .collect();
+        acc.extend(self.writes.iter().map(|&(i, _)| {
+            let e = &self.reads[i];
+            Access::write(e.table, e.key, e.version + 1)
+        }));
+        h.record(self.kind, &acc);
     }
 }
 
-/// Unlock every held lock (FAA of `upper`), all in one round.
-async fn release(c: &TxnClient, held: &[(u64, u64, u64)]) -> Result<(), TxnError> {
-    let r = join_all(
-        held.iter()
-            .map(|&(id, _, _)| c.locks.unlock(&c.ctx, id))
-            .collect(),
-    )
-    .await;
+/// Release every ticket (each waits for its turn if it has not come), all in one round.
+///
+/// Errors: [`TxnError::Fatal`] naming the first lock that could not be passed on.
+async fn release_all(tickets: Vec<Ticket>) -> Result<(), TxnError> {
+    if tickets.is_empty() {
+        return Ok(());
+    }
+    let r = join_all(tickets.into_iter().map(Ticket::release).collect()).await;
     match r.into_iter().find_map(Result::err) {
         Some(e) => Err(e.into()),
         None => Ok(()),

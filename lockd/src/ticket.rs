@@ -1,0 +1,227 @@
+//! A taken Takeout ticket as a value that must be released (Scythe 4.3, Fig. 14, client
+//! side: wait for `upper == ticket`, then unlock with a one-sided FAA of `upper`).
+//!
+//! A ticket lock serves tickets in order, so a ticket that is taken and never passed on
+//! stalls its lock forever, and every ticket behind it. A [`Ticket`] therefore leaves
+//! only by [`Ticket::release`] (wait for its turn if it has not come, then FAA `upper`)
+//! or, on any other path (an early return, an error, a panic unwinding a coroutine), by
+//! its `Drop`, which cannot await and so hands the same release to a coroutine of its
+//! own on the thread's executor ([`ThreadCtx::spawn`]). A wait that times out keeps the
+//! ticket, and its place in the queue, with the caller. A release that cannot pass the
+//! lock on (the service is gone, or the turn never comes within
+//! [`crate::client::LockClient::release_wait`]) says so: [`LockError::Lost`], or for a
+//! dropped ticket an error log and the client's [`crate::client::LockClient::lost`]
+//! count.
+
+use std::cell::Cell;
+use std::rc::{Rc, Weak};
+use std::time::{Duration, Instant};
+
+use rrpc::fabric::RemoteAddr;
+use rrpc::runtime::ThreadCtx;
+
+use crate::client::LockError;
+use crate::takeout::{hangout, LockReply, SmoothedRtt};
+
+/// What a ticket and its client share: where `upper` is, the smoothed RTT that sizes
+/// Hangouts, and the count of tickets whose lock could not be passed on.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) node: u32,
+    pub(crate) srtt: Rc<Cell<SmoothedRtt>>,
+    pub(crate) lost: Rc<Cell<u64>>,
+    pub(crate) release_wait: Duration,
+}
+
+impl Shared {
+    pub(crate) fn sample_rtt(&self, d: Duration) {
+        let mut s = self.srtt.get();
+        s.update(d);
+        self.srtt.set(s);
+    }
+}
+
+/// A ticket taken on lock `id`: the lock's queue holds this place until the ticket is
+/// served and released. Not `Send` (it belongs to its thread's runtime).
+#[must_use = "a ticket that is never released stalls its lock; call release()"]
+pub struct Ticket {
+    /// `None` once released (or handed to a release coroutine).
+    state: Option<State>,
+}
+
+struct State {
+    ctx: Rc<ThreadCtx>,
+    shared: Shared,
+    id: u64,
+    /// Remote address of the lock's `upper` word.
+    upper_addr: RemoteAddr,
+    reply: LockReply,
+    /// The last `upper` seen.
+    upper: u64,
+}
+
+impl Ticket {
+    pub(crate) fn new(
+        ctx: Rc<ThreadCtx>,
+        shared: Shared,
+        id: u64,
+        upper_addr: RemoteAddr,
+        reply: LockReply,
+    ) -> Self {
+        debug_assert!(reply.granted_queue);
+        Self {
+            state: Some(State {
+                ctx,
+                shared,
+                id,
+                upper_addr,
+                upper: reply.upper,
+                reply,
+            }),
+        }
+    }
+
+    fn st(&self) -> &State {
+        self.state.as_ref().expect("a live ticket has state")
+    }
+
+    /// The lock id.
+    pub fn id(&self) -> u64 {
+        self.st().id
+    }
+
+    /// The ticket number (`lower` when it was taken).
+    pub fn number(&self) -> u64 {
+        self.st().reply.ticket
+    }
+
+    /// The Lock RPC's reply that granted this ticket.
+    pub fn reply(&self) -> &LockReply {
+        &self.st().reply
+    }
+
+    /// True once `upper` was seen at this ticket: this ticket holds the lock.
+    pub fn is_served(&self) -> bool {
+        let s = self.st();
+        s.upper == s.reply.ticket
+    }
+
+    /// Wait until this ticket holds the lock (`upper == ticket`). Each round sleeps a
+    /// Hangout of (tickets ahead) x (smoothed RTT), capped at the deadline, then READs
+    /// `upper`; every READ's round trip updates the smoothed RTT (alpha 0.9).
+    ///
+    /// Errors: [`LockError::WaitTimeout`] once `deadline` passes: the ticket keeps its
+    /// place, so wait again or release it (which waits for its turn);
+    /// [`LockError::Rpc`] when a READ fails; [`LockError::Protocol`] when `upper` is
+    /// already past the ticket. The ticket stays with the caller in every case.
+    pub async fn wait(&mut self, deadline: Instant) -> Result<(), LockError> {
+        let s = self.state.as_mut().expect("a live ticket has state");
+        wait_served(s, Some(deadline)).await
+    }
+
+    /// Pass the lock on: wait for this ticket's turn if it has not come (up to the
+    /// client's release wait), then FAA `upper` by one. Consumes the ticket.
+    ///
+    /// Errors: [`LockError::Lost`] when the lock could not be passed on (the service is
+    /// unreachable, the FAA failed, or the turn did not come in time); the cause is
+    /// kept. The lock may then stay stalled at this ticket until the service recovers
+    /// it.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let s = self.state.take().expect("a live ticket has state");
+        release(s).await
+    }
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.state {
+            Some(s) => f
+                .debug_struct("Ticket")
+                .field("id", &s.id)
+                .field("ticket", &s.reply.ticket)
+                .field("upper_seen", &s.upper)
+                .finish(),
+            None => f.write_str("Ticket(released)"),
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let Some(s) = self.state.take() else { return };
+        // Drop cannot await: a coroutine of its own waits for the turn and releases.
+        // It holds the context weakly, so a context whose executor never runs again can
+        // still be dropped (it logs the coroutine it never ran).
+        let ctx: Weak<ThreadCtx> = Rc::downgrade(&s.ctx);
+        let (shared, id, upper_addr, reply, upper) =
+            (s.shared.clone(), s.id, s.upper_addr, s.reply, s.upper);
+        s.ctx.spawn(async move {
+            let Some(ctx) = ctx.upgrade() else { return };
+            let lost = shared.lost.clone();
+            let st = State {
+                ctx,
+                shared,
+                id,
+                upper_addr,
+                reply,
+                upper,
+            };
+            if let Err(e) = release(st).await {
+                lost.set(lost.get() + 1);
+                tracing::error!(lock = id, ticket = reply.ticket, error = %e, "dropped ticket: lock lost");
+            }
+        });
+        drop(s.ctx);
+    }
+}
+
+async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), LockError> {
+    let (id, ticket) = (s.id, s.reply.ticket);
+    loop {
+        let ahead = ticket.wrapping_sub(s.upper);
+        if ahead == 0 {
+            return Ok(());
+        }
+        if ahead > u64::MAX / 2 {
+            return Err(LockError::Protocol(format!(
+                "lock {id}: upper {} is past our ticket {ticket}",
+                s.upper
+            )));
+        }
+        let now = Instant::now();
+        let mut wait = hangout(ahead, s.shared.srtt.get().get());
+        if let Some(d) = deadline {
+            if now >= d {
+                return Err(LockError::WaitTimeout {
+                    id,
+                    ticket,
+                    upper: s.upper,
+                });
+            }
+            wait = wait.min(d - now);
+        }
+        if !wait.is_zero() {
+            s.ctx.sleep(wait).await;
+        }
+        let start = quanta::Instant::now();
+        let bytes = s.ctx.read(s.shared.node, s.upper_addr, 8).await?;
+        s.shared.sample_rtt(start.elapsed());
+        s.upper = crate::client::word(&bytes, 0)?;
+    }
+}
+
+async fn release(mut s: State) -> Result<(), LockError> {
+    let (id, ticket) = (s.id, s.reply.ticket);
+    let lost = |cause: LockError| LockError::Lost {
+        id,
+        ticket,
+        cause: Box::new(cause),
+    };
+    let deadline = Instant::now() + s.shared.release_wait;
+    wait_served(&mut s, Some(deadline)).await.map_err(lost)?;
+    s.ctx
+        .faa(s.shared.node, s.upper_addr, 1)
+        .await
+        .map_err(|e| lost(e.into()))?;
+    Ok(())
+}
