@@ -92,13 +92,30 @@ impl History {
     /// transaction as dropped, when recording it would pass the byte limit (or 2^32
     /// accesses).
     pub fn record(&mut self, kind: u16, accesses: &[Access]) -> bool {
-        let after = self.bytes() + TXN_BYTES + accesses.len() * ACCESS_BYTES;
-        let end = self.accesses.len() + accesses.len();
+        self.record_iter(kind, accesses.len(), accesses.iter().copied())
+    }
+
+    /// Record a committed transaction of kind `kind` from `n` accesses given by an
+    /// iterator (no intermediate buffer); as [`Self::record`]. Panics if the iterator
+    /// yields other than `n` accesses.
+    pub fn record_iter(
+        &mut self,
+        kind: u16,
+        n: usize,
+        accesses: impl Iterator<Item = Access>,
+    ) -> bool {
+        let after = self.bytes() + TXN_BYTES + n * ACCESS_BYTES;
+        let end = self.accesses.len() + n;
         if self.dropped > 0 || after > self.limit_bytes || end > u32::MAX as usize {
             self.dropped += 1;
             return false;
         }
-        self.accesses.extend_from_slice(accesses);
+        self.accesses.extend(accesses);
+        assert_eq!(
+            self.accesses.len(),
+            end,
+            "record_iter: {n} accesses announced"
+        );
         self.ends.push(end as u32);
         self.kinds.push(kind);
         true

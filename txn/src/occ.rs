@@ -649,16 +649,19 @@ impl Txn<'_> {
     fn record(&self) {
         let mut h = self.c.history.borrow_mut();
         let Some(h) = h.as_mut() else { return };
-        let mut acc: Vec<Access> = self
+        let reads = self
             .reads
             .iter()
-            .map(|e| Access::read(e.table, e.key, e.version))
-            .collect();
-        acc.extend(self.writes.iter().map(|&(i, _)| {
+            .map(|e| Access::read(e.table, e.key, e.version));
+        let writes = self.writes.iter().map(|&(i, _)| {
             let e = &self.reads[i];
             Access::write(e.table, e.key, e.version + 1)
-        }));
-        h.record(self.kind, &acc);
+        });
+        h.record_iter(
+            self.kind,
+            self.reads.len() + self.writes.len(),
+            reads.chain(writes),
+        );
     }
 }
 
