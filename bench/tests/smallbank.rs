@@ -3,11 +3,33 @@
 
 use std::process::Command;
 
+/// Run the real `txn-bench` with `args`; it must succeed. Returns its stdout and JSON
+/// report.
+fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run txn-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "txn-bench failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    (stdout, report)
+}
+
 #[test]
 fn smallbank_short_run_keeps_the_money_invariant() {
-    let json = std::env::temp_dir().join(format!("txn-bench-test-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
-        .args([
+    let (stdout, report) = txn_bench(
+        "short",
+        &[
             "--threads",
             "2",
             "--coroutines",
@@ -18,25 +40,13 @@ fn smallbank_short_run_keeps_the_money_invariant() {
             "10000",
             "--duration",
             "3",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run txn-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "txn-bench failed: {}\n{stdout}\n{stderr}",
-        out.status
+        ],
     );
     assert!(stdout.contains("invariant holds"), "{stdout}");
     assert!(
         stdout.contains("serializability: ") && stdout.contains(" edges, acyclic"),
         "{stdout}"
     );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
     let committed: u64 = report["types"]
         .as_array()
         .unwrap()
@@ -68,9 +78,9 @@ fn smallbank_short_run_keeps_the_money_invariant() {
 /// when their turn comes, and the run still passes every check.
 #[test]
 fn lock_wait_timeouts_release_their_tickets() {
-    let json = std::env::temp_dir().join(format!("txn-bench-wait-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
-        .args([
+    let (stdout, report) = txn_bench(
+        "wait",
+        &[
             "--accounts",
             "100",
             "--theta",
@@ -83,20 +93,8 @@ fn lock_wait_timeouts_release_their_tickets() {
             "2",
             "--lock-wait-us",
             "1",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run txn-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "txn-bench failed: {}\n{stdout}\n{stderr}",
-        out.status
+        ],
     );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
     let timeouts = report["abort_reasons"]
         .as_array()
         .unwrap()

@@ -149,17 +149,28 @@ fn qp_error_mid_stream_reconnects_without_losing_messages() {
         });
     }
     {
-        let (ctx, stop) = (ctx.clone(), stop.clone());
+        // Failures are injected as calls progress, not on a clock, so a slow machine (a
+        // VM under load) sees the same stream: 15 calls between failures, 30 after.
+        let (ctx, stop, done) = (ctx.clone(), stop.clone(), done.clone());
         ex.spawn(async move {
+            let progress = |n: u32| {
+                let (ctx, done) = (ctx.clone(), done.clone());
+                async move {
+                    let from = done.get();
+                    while done.get() < from + n {
+                        ctx.sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            };
             for k in 0..6 {
-                ctx.sleep(Duration::from_millis(20)).await;
+                progress(15).await;
                 if k % 2 == 0 {
                     ctx.inject_qp_error(node, QpKind::Rpc).unwrap();
                 } else {
                     ctx.inject_qp_error(minfo.node, QpKind::OneSided).unwrap();
                 }
             }
-            ctx.sleep(Duration::from_millis(20)).await;
+            progress(30).await;
             stop.set(true);
         });
     }
