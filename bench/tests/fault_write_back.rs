@@ -29,7 +29,7 @@ fn failed_write_back_releases_its_locks() {
         report
             .fatal_samples
             .iter()
-            .any(|f| f.contains("write-back failed (injected)")),
+            .any(|f| f.contains("write-back failed: service failure: node 1 is unreachable: injected write-back failure")),
         "{:?}",
         report.fatal_samples
     );

@@ -101,7 +101,7 @@ impl AbortReason {
     }
 }
 
-/// Errors of transactions.
+/// Errors of transactions. Every variant but [`TxnError::Abort`] keeps its cause.
 #[derive(Debug, thiserror::Error)]
 pub enum TxnError {
     /// The transaction aborted; nothing it wrote is visible. Retry it.
@@ -118,27 +118,36 @@ pub enum TxnError {
     /// Misuse of the API (unknown table, write without read, value size).
     #[error("{0}")]
     Usage(String),
-    /// A service failed (peer gone, timeout). The transaction aborted unless the failure
-    /// hit during or after write-back. Its tickets were released, or the message says
-    /// which lock was lost.
+    /// A one-sided operation or RPC failed (peer gone, timeout, completion error). The
+    /// transaction aborted unless the failure hit during write-back
+    /// ([`TxnError::WriteBack`] then). Its tickets were released, or are being released
+    /// in the background when their turn comes.
     #[error("service failure: {0}")]
-    Fatal(String),
-}
-
-impl From<RpcError> for TxnError {
-    fn from(e: RpcError) -> Self {
-        Self::Fatal(e.to_string())
-    }
-}
-impl From<lockd::client::LockError> for TxnError {
-    fn from(e: lockd::client::LockError) -> Self {
-        Self::Fatal(e.to_string())
-    }
-}
-impl From<tso::TsoError> for TxnError {
-    fn from(e: tso::TsoError) -> Self {
-        Self::Fatal(e.to_string())
-    }
+    Rpc(#[from] RpcError),
+    /// The lock service failed or a lock was lost ([`LockError::Lost`]: a ticket that
+    /// could not be passed on).
+    #[error("lock service: {0}")]
+    Lock(#[from] LockError),
+    /// The timestamp oracle failed.
+    #[error("timestamp oracle: {0}")]
+    Tso(#[from] tso::TsoError),
+    /// A record is not what the index said (a stale cached address); the cache entry
+    /// was dropped.
+    #[error("memory node: {0}")]
+    Record(#[from] RecordError),
+    /// The memory node's exports are missing or inconsistent.
+    #[error("memory node export: {0}")]
+    Export(String),
+    /// Write-back failed: the transaction's writes may be partly visible. Its locks were
+    /// passed on all the same, unless `release` says otherwise.
+    #[error("write-back failed: {cause}{}", .release.as_ref().map(|r| format!("; and {r}")).unwrap_or_default())]
+    WriteBack {
+        /// Why the write-back failed.
+        #[source]
+        cause: Box<TxnError>,
+        /// A lock that could not be passed on afterwards.
+        release: Option<LockError>,
+    },
 }
 
 /// Coordinator settings.
@@ -215,10 +224,10 @@ impl TxnClient {
         let mem = ctx.connect(addrs.memnode)?;
         let mut tables: Vec<TableExport> = mem
             .export("tables")
-            .map_err(|e| TxnError::Fatal(e.to_string()))?;
+            .map_err(|e| TxnError::Export(e.to_string()))?;
         tables.sort_by_key(|t| t.id);
         if tables.iter().enumerate().any(|(i, t)| t.id as usize != i) {
-            return Err(TxnError::Fatal("table ids must be 0..n".into()));
+            return Err(TxnError::Export("table ids must be 0..n".into()));
         }
         let lk = ctx.connect_rpc(addrs.lockd)?;
         let locks = LockClient::from_info(&lk)?;
@@ -338,7 +347,7 @@ impl TxnClient {
             Err(RecordError::Torn { .. }) => Ok((addr, None)),
             Err(e @ RecordError::WrongKey { .. }) => {
                 self.addr_cache.borrow_mut().remove(&(table, key));
-                Err(TxnError::Fatal(e.to_string()))
+                Err(e.into())
             }
         }
     }
@@ -493,15 +502,14 @@ impl Txn<'_> {
         if !self.writes.is_empty() {
             if let Err(e) = self.write_back().await {
                 // The write-back's outcome is unknown; pass the locks on all the same.
-                let released = release_all(tickets).await;
-                return Err(match released {
-                    Ok(()) => e,
-                    Err(r) => TxnError::Fatal(format!("{e}; and {r}")),
+                return Err(TxnError::WriteBack {
+                    cause: Box::new(e),
+                    release: release_all(tickets).await.err(),
                 });
             }
         }
         self.record();
-        release_all(tickets).await
+        Ok(release_all(tickets).await?)
     }
 
     /// Take the write set's tickets (one Lock RPC per 15 locks, cold mode) and wait until
@@ -613,7 +621,10 @@ impl Txn<'_> {
         let c = self.c;
         #[cfg(feature = "fault-injection")]
         if crate::fault::failing_write_back() {
-            return Err(TxnError::Fatal("write-back failed (injected)".into()));
+            return Err(TxnError::Rpc(RpcError::PeerGone {
+                node: c.mem,
+                why: "injected write-back failure".into(),
+            }));
         }
         let images: Vec<(RemoteAddr, Vec<u8>)> = self
             .writes
@@ -667,14 +678,14 @@ impl Txn<'_> {
 
 /// Release every ticket (each waits for its turn if it has not come), all in one round.
 ///
-/// Errors: [`TxnError::Fatal`] naming the first lock that could not be passed on.
-async fn release_all(tickets: Vec<Ticket>) -> Result<(), TxnError> {
+/// Errors: the first [`LockError::Lost`]: a lock that could not be passed on.
+async fn release_all(tickets: Vec<Ticket>) -> Result<(), LockError> {
     if tickets.is_empty() {
         return Ok(());
     }
     let r = join_all(tickets.into_iter().map(Ticket::release).collect()).await;
     match r.into_iter().find_map(Result::err) {
-        Some(e) => Err(e.into()),
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }
