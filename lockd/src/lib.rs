@@ -9,6 +9,8 @@
 //! - [`wire`]: the fixed-layout Lock RPC messages;
 //! - [`service`]: the lock table in registered memory and its RPC handler;
 //! - [`client`]: the per-thread client coordinators use (Lock RPC, state READ);
+//! - [`lock_table`]: Lotus's lock table (read and write locks in 8-byte slots, a lock
+//!   state of holders) as a library, not yet served over RPC;
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
 //!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own).
 //!
@@ -19,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod lock_table;
 pub mod service;
 pub mod takeout;
 pub mod ticket;
