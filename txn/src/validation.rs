@@ -387,6 +387,7 @@ mod tests {
     fn lock_then_version_never_lets_write_skew_commit() {
         let (schedules, both) = explore(Order::LockThenVersion);
         assert!(schedules > 100, "explored {schedules} schedules");
+        eprintln!("explored {schedules} schedules of the write-skew pair");
         assert!(both.is_empty(), "both committed in {:?}", both[0]);
     }
 
@@ -394,7 +395,8 @@ mod tests {
     fn concurrent_reads_let_write_skew_commit_and_the_exploration_finds_it() {
         // The hole of the first coordinator: without the order, some schedule commits
         // both, so the test above would fail on it.
-        let (_, both) = explore(Order::Concurrent);
+        let (schedules, both) = explore(Order::Concurrent);
+        eprintln!("{} of {schedules} schedules commit both", both.len());
         assert!(!both.is_empty(), "the exploration must find the hole");
     }
 
