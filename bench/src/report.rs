@@ -108,7 +108,7 @@ pub struct Report {
     pub workload: String,
     /// Fabric description.
     pub fabric: String,
-    /// Timing model ("none").
+    /// Timing model with its parameters ("none" without one).
     pub timing_model: String,
     /// Coordinator threads.
     pub threads: usize,

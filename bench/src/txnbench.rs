@@ -62,6 +62,10 @@ pub struct Args {
     /// GID index for --fabric verbs (default: $RRPC_GID_INDEX, else RoCEv2 IPv4-mapped).
     #[arg(long, env = "RRPC_GID_INDEX")]
     pub gid_index: Option<u32>,
+    /// Timing model of the shm fabric, for this process and every service it starts:
+    /// none, cx5, cx6, rxe (built-in RNIC profiles) or the path of a TOML profile.
+    #[arg(long, env = "RRPC_MODEL", default_value = "none", value_name = "MODEL")]
+    pub model: String,
     /// Cluster name (default: txn-bench-<pid>).
     #[arg(long)]
     pub cluster: Option<String>,
@@ -145,8 +149,14 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     let mut fcfg = FabricConfig::new(args.fabric, &cluster_name, NODE_CN);
     fcfg.device = args.rdma_device.clone();
     fcfg.gid_index = args.gid_index;
+    fcfg.model = Some(args.model.clone());
     let fabric = Fabric::open(&fcfg)?;
-    let mut common = vec!["--fabric".to_string(), args.fabric.to_string()];
+    let mut common = vec![
+        "--fabric".to_string(),
+        args.fabric.to_string(),
+        "--model".into(),
+        args.model.clone(),
+    ];
     if let Some(d) = &args.rdma_device {
         common.extend(["--rdma-device".into(), d.clone()]);
     }
@@ -181,9 +191,11 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     };
 
     let fabric_desc = fabric.describe();
+    let model_desc = fabric.model_description();
     println!(
-        "SmallBank | fabric: {} | timing model: none | {} thread(s) x {} coroutines | {} accounts | Zipf theta {} | {} s | serializability check: {}",
+        "SmallBank | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} accounts | Zipf theta {} | {} s | serializability check: {}",
         fabric_desc,
+        model_desc,
         threads,
         args.coroutines,
         args.accounts,
@@ -267,6 +279,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
         elapsed,
         &workers,
     );
+    report.timing_model = model_desc;
     report.audit(initial, final_total, locks_held);
     if !args.no_check {
         let mut history = txn::history::History::new(usize::MAX);

@@ -33,6 +33,11 @@ pub struct NodeArgs {
     /// RDMA port for --fabric verbs (default: 1).
     #[arg(long, value_name = "PORT", env = "RRPC_RDMA_PORT")]
     pub rdma_port: Option<u8>,
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe (built-in RNIC profiles) or
+    /// the path of a TOML profile. Delays each work request by what an RNIC charges
+    /// (latency, bandwidth, message rate, atomics, doorbells).
+    #[arg(long, value_name = "MODEL", env = "RRPC_MODEL", default_value = "none")]
+    pub model: String,
 }
 
 fn parse_fabric(s: &str) -> Result<FabricKind, String> {
@@ -48,6 +53,7 @@ impl NodeArgs {
         cfg.device = self.rdma_device.clone();
         cfg.gid_index = self.gid_index;
         cfg.port = self.rdma_port;
+        cfg.model = Some(self.model.clone());
         Fabric::open(&cfg)
     }
 }

@@ -72,6 +72,10 @@ struct Common {
     /// Core the (first) client thread is pinned to.
     #[arg(long, global = true, default_value_t = 0)]
     client_core: usize,
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe (built-in RNIC profiles) or
+    /// the path of a TOML profile (default: $RRPC_MODEL, else none).
+    #[arg(long, global = true, value_name = "MODEL")]
+    model: Option<String>,
     /// Coroutines per client thread for throughput points.
     #[arg(long, global = true, default_value_t = 32)]
     coroutines: usize,
@@ -138,6 +142,17 @@ fn run(args: Args) -> Result<()> {
         Some(f) => f.parse::<FabricKind>().map_err(anyhow::Error::msg)?,
         None => FabricKind::from_env().map_err(anyhow::Error::msg)?,
     };
+    let model = {
+        let mut cfg = FabricConfig::new(kind, "probe", 0);
+        cfg.model = c.model.clone();
+        cfg.timing_model()?
+    };
+    let model_desc = model
+        .as_ref()
+        .map_or_else(|| "none".to_string(), |m| m.describe());
+    let model_name = model
+        .as_ref()
+        .map_or_else(|| "none".to_string(), |m| m.params().name.clone());
     let mut out = BTreeMap::new();
     let plot_for = |name: &str| -> Option<PathBuf> {
         let p = c.plot.as_ref()?;
@@ -150,7 +165,7 @@ fn run(args: Args) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     println!(
-        "rrpc-bench | fabric: {kind} | timing model: none | server core {} | client core {} | {} ms per point ({} ms warm-up) | {} cores",
+        "rrpc-bench | fabric: {kind} | timing model: {model_desc} | server core {} | client core {} | {} ms per point ({} ms warm-up) | {} cores",
         c.server_core, c.client_core, c.duration_ms, c.warmup_ms, cores
     );
     let all = matches!(args.cmd, Cmd::All);
@@ -194,7 +209,8 @@ fn run(args: Args) -> Result<()> {
     if let Some(p) = &c.json {
         let doc = json!({
             "fabric": kind.to_string(),
-            "timing_model": "none",
+            "timing_model": model_name,
+            "timing_model_params": model.as_ref().map(|m| m.describe()),
             "duration_ms": c.duration_ms,
             "warmup_ms": c.warmup_ms,
             "server_core": c.server_core,
@@ -212,15 +228,18 @@ fn run(args: Args) -> Result<()> {
 struct Bed {
     node: Node,
     kind: FabricKind,
+    /// `--model`, for every node's fabric.
+    model: Option<String>,
     cluster: ClusterGuard,
     next_node: std::sync::atomic::AtomicU32,
 }
 
 impl Bed {
-    fn new(kind: FabricKind, server_core: usize, tag: &str) -> Result<Self> {
+    fn new(c: &Common, kind: FabricKind, tag: &str) -> Result<Self> {
+        let server_core = c.server_core;
         let name = format!("rrpc-bench-{}-{tag}", std::process::id());
         let (cluster, _) = ClusterGuard::new(&name)?;
-        let f = Fabric::open(&FabricConfig::new(kind, &name, 1))?;
+        let f = open_fabric(kind, &name, 1, &c.model)?;
         let mut h = Handlers::new();
         h.register(GEN, |req, out| {
             let n = req
@@ -254,6 +273,7 @@ impl Bed {
         Ok(Self {
             node,
             kind,
+            model: c.model.clone(),
             cluster,
             next_node: std::sync::atomic::AtomicU32::new(100),
         })
@@ -264,7 +284,7 @@ impl Bed {
         let id = self
             .next_node
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let f = Fabric::open(&FabricConfig::new(self.kind, self.cluster.name(), id))?;
+        let f = open_fabric(self.kind, self.cluster.name(), id, &self.model)?;
         let ctx = ThreadCtx::new(f, cfg).map_err(anyhow::Error::msg)?;
         let node = ctx
             .connect_rpc(self.node.addr())
@@ -272,6 +292,13 @@ impl Bed {
             .node;
         Ok((ctx, node))
     }
+}
+
+/// Node `id` of cluster `cluster` on `kind`, under the timing model `model` names.
+fn open_fabric(kind: FabricKind, cluster: &str, id: u32, model: &Option<String>) -> Result<Fabric> {
+    let mut cfg = FabricConfig::new(kind, cluster, id);
+    cfg.model = model.clone();
+    Ok(Fabric::open(&cfg)?)
 }
 
 fn pin(core: usize) {
@@ -444,7 +471,7 @@ fn batching_on(
     bucket_size: usize,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
-    let bed = Bed::new(kind, c.server_core, "batching")?;
+    let bed = Bed::new(c, kind, "batching")?;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -511,7 +538,7 @@ fn batching_on(
         }
     }
     if let Some(r) = ratio64 {
-        println!("ratio throughput combined/doorbell at 64 B = {r:.2}");
+        println!("ratio combined/doorbell @64B = {r:.2}");
     }
     if let Some(p) = plot {
         let s: Vec<Series> = series
@@ -578,7 +605,7 @@ fn modes_on(
     coroutines: usize,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
-    let bed = Bed::new(kind, c.server_core, "modes")?;
+    let bed = Bed::new(c, kind, "modes")?;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -671,10 +698,10 @@ fn modes_on(
         .map(|i| best_hybrid_wins[i].0);
     match crossover {
         Some(s) => println!(
-            "crossover: hybrid modes beat pure RPC from {} up (Scythe's threshold: 512 B)",
+            "crossover = {s} B (hybrid modes beat pure RPC from {} up; Scythe's threshold: 512 B)",
             human(s)
         ),
-        None => println!("crossover: pure RPC was never overtaken for good in this range"),
+        None => println!("crossover = none (pure RPC was never overtaken for good in this range)"),
     }
     if let Some(p) = plot {
         draw(
@@ -692,7 +719,7 @@ fn modes_on(
 
 fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
     println!("\n== latency: round trip of 32 B requests, 1 coroutine per client thread, Mode::Auto with the reply size known");
-    let bed = Bed::new(kind, c.server_core, "latency")?;
+    let bed = Bed::new(c, kind, "latency")?;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -717,11 +744,7 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
                         s.spawn(move || -> Result<Point> {
                                 pin((c.client_core + t * cores.saturating_sub(1).max(1))
                                     % cores.max(1));
-                                let f = Fabric::open(&FabricConfig::new(
-                                    kind,
-                                    &cluster,
-                                    base + t as u32,
-                                ))?;
+                                let f = open_fabric(kind, &cluster, base + t as u32, &c.model)?;
                                 let ctx = ThreadCtx::new(f, RuntimeConfig::default())
                                     .map_err(anyhow::Error::msg)?;
                                 let node = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?.node;
@@ -789,7 +812,7 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
 
 /// rrpc's round trip measured like the peers': one client coroutine, 32 B each way.
 fn rrpc_rtt(c: &Common, kind: FabricKind, cfg: &PeerConfig) -> Result<RttSamples> {
-    let bed = Bed::new(kind, c.server_core, "peers")?;
+    let bed = Bed::new(c, kind, "peers")?;
     let p = on_core(cfg.client_core, || {
         let (ctx, node) = bed.client(RuntimeConfig::default())?;
         drive(

@@ -11,6 +11,7 @@
 //! above stay unchanged; a `match` over the variant is the only dispatch on the hot
 //! path. Backends: [`shm`] (always) and [`verbs`] (feature `verbs`).
 
+pub mod model;
 pub mod shm;
 #[cfg(feature = "verbs")]
 pub mod verbs;
@@ -346,6 +347,9 @@ pub struct FabricConfig {
     pub gid_index: Option<u32>,
     /// Port number (verbs; default: `RRPC_RDMA_PORT`, else 1).
     pub port: Option<u8>,
+    /// Timing model of the shm backend ([`model`]): `none`, `cx5`, `cx6`, `rxe` or the
+    /// path of a TOML profile. `None`: `$RRPC_MODEL`, else none.
+    pub model: Option<String>,
 }
 
 impl FabricConfig {
@@ -358,7 +362,22 @@ impl FabricConfig {
             device: None,
             gid_index: None,
             port: None,
+            model: None,
         }
+    }
+
+    /// The timing model this config asks for (`model`, else `$RRPC_MODEL`), loaded.
+    ///
+    /// Errors: [`FabricError::InvalidArgument`] naming what is wrong with the profile.
+    pub fn timing_model(&self) -> Result<Option<model::TimingModel>> {
+        let loaded = match &self.model {
+            Some(spec) => model::TimingModel::load(spec),
+            None => model::TimingModel::from_env(),
+        };
+        loaded.map_err(|e| FabricError::InvalidArgument {
+            op: "open fabric",
+            what: e.to_string(),
+        })
     }
 }
 
@@ -376,9 +395,25 @@ impl Fabric {
     /// Open the fabric for node `cfg.node`.
     ///
     /// Errors: [`FabricError::NodeInUse`] when a live process holds the node id; I/O errors.
+    /// Errors: [`FabricError::InvalidArgument`] for a timing model that does not load, or
+    /// one asked for on the verbs backend (the model stands in for a NIC; verbs has one).
     pub fn open(cfg: &FabricConfig) -> Result<Self> {
+        let model = cfg.timing_model()?;
         match cfg.kind {
-            FabricKind::Shm => Ok(Self::Shm(shm::ShmFabric::open(&cfg.cluster, cfg.node)?)),
+            FabricKind::Shm => Ok(Self::Shm(shm::ShmFabric::open_with_model(
+                &cfg.cluster,
+                cfg.node,
+                model.map(std::sync::Arc::new),
+            )?)),
+            _ if model.is_some() => Err(FabricError::InvalidArgument {
+                op: "open fabric",
+                what: format!(
+                    "timing model {} asked for on the {} backend: the model stands in for an \
+                     RNIC on shm only (unset RRPC_MODEL or pass --model none)",
+                    model.map_or_else(String::new, |m| m.params().name.clone()),
+                    cfg.kind
+                ),
+            }),
             #[cfg(feature = "verbs")]
             FabricKind::Verbs => {
                 let opts = verbs::VerbsOptions {
@@ -412,6 +447,27 @@ impl Fabric {
         }
     }
 
+    /// The timing model in one line with its parameters (`none` without one), for
+    /// benchmark headers.
+    pub fn model_description(&self) -> String {
+        match self {
+            Self::Shm(f) => f.model().map_or_else(|| "none".into(), |m| m.describe()),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(_) => "none (real NIC)".into(),
+        }
+    }
+
+    /// The timing model's name (`none` without one).
+    pub fn model_name(&self) -> String {
+        match self {
+            Self::Shm(f) => f
+                .model()
+                .map_or_else(|| "none".into(), |m| m.params().name.clone()),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(_) => "none".into(),
+        }
+    }
+
     /// A one-line description of the backend for benchmark headers and logs.
     pub fn describe(&self) -> String {
         match self {
@@ -435,13 +491,16 @@ impl Fabric {
     pub fn alloc_dm(&self, len: usize) -> Result<(MemoryRegion, DmPlacement)> {
         match self {
             Self::Shm(f) => {
-                let mr = f.alloc_mr(len)?;
-                Ok((
-                    MemoryRegion::Shm(mr),
-                    DmPlacement::HostFallback {
-                        reason: "the shm fabric has no device memory".into(),
-                    },
-                ))
+                let mr = f.alloc_dm(len)?;
+                let reason = match f.model() {
+                    Some(m) => format!(
+                        "the shm fabric has no device memory; timing model {} charges atomics on \
+                         it at device-memory rates",
+                        m.params().name
+                    ),
+                    None => "the shm fabric has no device memory".into(),
+                };
+                Ok((MemoryRegion::Shm(mr), DmPlacement::HostFallback { reason }))
             }
             #[cfg(feature = "verbs")]
             Self::Verbs(f) => {

@@ -20,7 +20,8 @@
 //! lock (at most once a millisecond) and enters the error state when the peer is gone,
 //! as an RC QP does after its retry count is exhausted.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::os::fd::AsRawFd;
@@ -31,6 +32,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use memmap2::{MmapMut, MmapOptions};
 
+use super::model::{self, ModelOp, Nic, TimingModel, NIC_BYTES, NIC_WORDS};
 use super::{
     FabricError, QpEndpoint, QpState, RecvWr, RemoteAddr, Result, SendWr, Wc, WcStatus, WrOpcode,
 };
@@ -38,6 +40,8 @@ use super::{
 /// Bytes of the header at the start of every MR file.
 pub const MR_HEADER_BYTES: usize = 4096;
 const MR_MAGIC: u64 = u64::from_le_bytes(*b"RRPCMR01");
+/// Header word 4 (flags): the MR was allocated as device memory.
+const HEADER_DM: u64 = 1;
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 const PAGE_BYTES: usize = 4096;
 
@@ -230,6 +234,10 @@ struct FabricInner {
     next_qpn: AtomicU32,
     local: RwLock<HashMap<u32, LocalMr>>,
     remote: Mutex<HashMap<(u32, u32), Arc<RemoteMr>>>,
+    /// The timing model, if one was chosen ([`ShmFabric::open_with_model`]).
+    model: Option<Arc<TimingModel>>,
+    /// NIC state files mapped so far, by node (this node's own included).
+    nics: Mutex<HashMap<u32, Arc<NicMap>>>,
 }
 
 impl Drop for FabricInner {
@@ -250,6 +258,20 @@ impl ShmFabric {
     ///
     /// Errors: [`FabricError::NodeInUse`] if a live process is node `node`; I/O errors.
     pub fn open(cluster: &str, node: u32) -> Result<Self> {
+        Self::open_with_model(cluster, node, None)
+    }
+
+    /// [`ShmFabric::open`] under a timing model (see [`super::model`]): WRs take effect
+    /// and complete at their modeled times, doorbells cost the posting CPU, and the rate
+    /// caps of each node's NIC are shared by all processes through `n<node>.nic` in the
+    /// cluster directory. `None` is the plain backend, at no cost.
+    ///
+    /// Errors: as [`ShmFabric::open`]; the NIC state file cannot be created.
+    pub fn open_with_model(
+        cluster: &str,
+        node: u32,
+        model: Option<Arc<TimingModel>>,
+    ) -> Result<Self> {
         if cluster.is_empty() || cluster.contains('/') || cluster.contains("..") {
             return Err(FabricError::InvalidArgument {
                 op: "open fabric",
@@ -306,8 +328,33 @@ impl ShmFabric {
                 next_qpn: AtomicU32::new(1),
                 local: RwLock::new(HashMap::new()),
                 remote: Mutex::new(HashMap::new()),
+                model,
+                nics: Mutex::new(HashMap::new()),
             }),
         })
+        .and_then(|f| {
+            if f.inner.model.is_some() {
+                f.nic(node)?;
+            }
+            Ok(f)
+        })
+    }
+
+    /// The timing model this fabric runs under, if any.
+    pub fn model(&self) -> Option<&Arc<TimingModel>> {
+        self.inner.model.as_ref()
+    }
+
+    /// Node `node`'s NIC state, mapped once per process (created if the node has not
+    /// created it yet: a node without the model still has a NIC others reserve).
+    fn nic(&self, node: u32) -> Result<Arc<NicMap>> {
+        let mut nics = self.inner.nics.lock().expect("NIC table poisoned");
+        if let Some(n) = nics.get(&node) {
+            return Ok(n.clone());
+        }
+        let n = Arc::new(NicMap::open(&self.inner.dir.join(format!("n{node}.nic")))?);
+        nics.insert(node, n.clone());
+        Ok(n)
     }
 
     /// Node id.
@@ -318,19 +365,34 @@ impl ShmFabric {
     /// One-line description.
     pub fn describe(&self) -> String {
         format!(
-            "shm (cluster {}, {}, {})",
+            "shm (cluster {}, {}, {}, timing model {})",
             self.inner.cluster,
             self.inner.mr_dir.display(),
             if self.inner.huge {
                 "hugepages"
             } else {
                 "4 KiB pages"
-            }
+            },
+            self.inner
+                .model
+                .as_ref()
+                .map_or("none", |m| &m.params().name)
         )
     }
 
     /// Allocate a zeroed MR of `len` bytes backed by a new shared file.
     pub fn alloc_mr(&self, len: usize) -> Result<ShmMr> {
+        self.alloc_region(len, false)
+    }
+
+    /// Allocate "device memory": host memory like [`ShmFabric::alloc_mr`] (the shm fabric
+    /// has no NIC), marked so that the timing model charges atomics on it at the NIC's
+    /// device-memory rates.
+    pub fn alloc_dm(&self, len: usize) -> Result<ShmMr> {
+        self.alloc_region(len, true)
+    }
+
+    fn alloc_region(&self, len: usize, dm: bool) -> Result<ShmMr> {
         if len == 0 {
             return Err(FabricError::InvalidArgument {
                 op: "alloc_mr",
@@ -367,9 +429,10 @@ impl ShmFabric {
             u64::from(self.inner.node) << 32 | u64::from(key),
             data,
             len as u64,
+            if dm { HEADER_DM } else { 0 },
         ];
         // SAFETY: the header page is inside the mapping, page aligned, and not yet shared.
-        unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_ptr() as *mut u64, 4) };
+        unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_ptr() as *mut u64, 5) };
         self.inner
             .local
             .write()
@@ -389,6 +452,14 @@ impl ShmFabric {
         ShmCq {
             queue: Arc::new(Mutex::new(VecDeque::with_capacity(depth))),
             rqs: Arc::new(Mutex::new(Vec::new())),
+            timed: self.inner.model.as_ref().map(|_| {
+                Arc::new(Mutex::new(Timed {
+                    fabric: self.inner.clone(),
+                    seq: 0,
+                    exec: BinaryHeap::new(),
+                    done: BinaryHeap::new(),
+                }))
+            }),
         }
     }
 
@@ -413,6 +484,16 @@ impl ShmFabric {
             local_cache: HashMap::new(),
             rq,
             peer_rq: None,
+            timing: match &self.inner.model {
+                Some(m) => Some(QpTiming {
+                    model: m.clone(),
+                    local_nic: self.nic(self.inner.node)?,
+                    peer_nic: None,
+                    last: (0, 0),
+                    error: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                }),
+                None => None,
+            },
         })
     }
 
@@ -438,9 +519,9 @@ impl ShmFabric {
         // SAFETY: a peer's MR file, shared by design; accessed only through raw pointers
         // and atomics after the bounds checks in `ShmQp::remote_ptr`.
         let map = unsafe { MmapOptions::new().len(file_len).map_mut(&file) }.ok()?;
-        let mut h = [0u64; 4];
+        let mut h = [0u64; 5];
         // SAFETY: the header is at the start of the mapping, which is page aligned.
-        unsafe { std::ptr::copy_nonoverlapping(map.as_ptr() as *const u64, h.as_mut_ptr(), 4) };
+        unsafe { std::ptr::copy_nonoverlapping(map.as_ptr() as *const u64, h.as_mut_ptr(), 5) };
         let (magic, id, base, len) = (h[0], h[1], h[2], h[3] as usize);
         if magic != MR_MAGIC
             || id != (u64::from(node) << 32 | u64::from(rkey))
@@ -448,7 +529,8 @@ impl ShmFabric {
         {
             return None;
         }
-        let r = Arc::new(RemoteMr { map, base, len });
+        let dm = h[4] & HEADER_DM != 0;
+        let r = Arc::new(RemoteMr { map, base, len, dm });
         cache.insert((node, rkey), r.clone());
         Some(r)
     }
@@ -499,6 +581,8 @@ struct RemoteMr {
     map: MmapMut,
     base: u64,
     len: usize,
+    /// Allocated as device memory (`alloc_dm`): the timing model charges its atomics so.
+    dm: bool,
 }
 
 impl RemoteMr {
@@ -547,12 +631,19 @@ pub struct ShmCq {
     queue: Arc<Mutex<VecDeque<Wc>>>,
     /// Receive queues of the QPs completing here: polled for receive completions.
     rqs: Arc<Mutex<Vec<std::sync::Weak<RecvQueue>>>>,
+    /// Under a timing model: WRs of this CQ's QPs waiting for their modeled times.
+    timed: Option<Arc<Mutex<Timed>>>,
 }
 
 impl ShmCq {
     /// Move up to `max` completions into `out` (receive completions the peers wrote
     /// into this CQ's QPs' receive queues first).
     pub fn poll(&self, out: &mut Vec<Wc>, max: usize) -> usize {
+        if let Some(t) = &self.timed {
+            t.lock()
+                .expect("CQ poisoned")
+                .drive(model::now_ns(), &self.queue);
+        }
         let mut q = self.queue.lock().expect("CQ poisoned");
         self.rqs.lock().expect("CQ poisoned").retain(|w| {
             let Some(rq) = w.upgrade() else {
@@ -610,6 +701,19 @@ pub struct ShmQp {
     rq: Arc<RecvQueue>,
     /// The peer's receive queue (we SEND into it).
     peer_rq: Option<RemoteAddr>,
+    /// Under a timing model: the NICs and the QP's RC order.
+    timing: Option<QpTiming>,
+}
+
+/// A QP's part of the timing model.
+struct QpTiming {
+    model: Arc<TimingModel>,
+    local_nic: Arc<NicMap>,
+    peer_nic: Option<Arc<NicMap>>,
+    /// Execution and completion times of the last WR posted: the next is no earlier.
+    last: (u64, u64),
+    /// Set when the QP enters the error state: WRs still waiting are flushed.
+    error: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ShmQp {
@@ -680,6 +784,12 @@ impl ShmQp {
             remote: HashMap::new(),
         });
         self.peer_rq = remote.recv_queue;
+        if let Some(t) = &mut self.timing {
+            let fabric = ShmFabric {
+                inner: self.fabric.clone(),
+            };
+            t.peer_nic = Some(fabric.nic(remote.node)?);
+        }
         self.state = QpState::ReadyToSend;
         Ok(())
     }
@@ -692,7 +802,21 @@ impl ShmQp {
     /// State as last probed ([`ShmQp::probe`]; the QP wrapper probes at most once a
     /// millisecond).
     pub fn state(&mut self) -> QpState {
+        if self
+            .timing
+            .as_ref()
+            .is_some_and(|t| t.error.load(Ordering::Relaxed))
+        {
+            self.state = QpState::Error;
+        }
         self.state
+    }
+
+    fn set_error(&mut self) {
+        self.state = QpState::Error;
+        if let Some(t) = &self.timing {
+            t.error.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Check the peer's liveness lock now: a peer that exited puts the QP in error.
@@ -702,7 +826,7 @@ impl ShmQp {
         }
         if let Some(p) = &self.peer {
             if try_lock(&p.alive, libc::LOCK_SH) {
-                self.state = QpState::Error;
+                self.set_error();
             }
         }
     }
@@ -712,15 +836,21 @@ impl ShmQp {
         self.sq_depth
     }
 
-    /// Move the QP to the error state. Work already posted was executed at post time
-    /// (the requester executes it), so nothing is flushed; later posts are refused.
+    /// Move the QP to the error state; later posts are refused. Without a timing model
+    /// work already posted was executed at post time (the requester executes it), so
+    /// nothing is flushed; under one, WRs not yet executed complete with
+    /// [`WcStatus::Flushed`].
     pub fn to_error(&mut self) {
-        self.state = QpState::Error;
+        self.set_error();
     }
 
     /// Execute the list in order (the caller checked state and depth); see
     /// [`super::QueuePair::post_send`].
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+        if self.timing.is_some() {
+            self.post_timed(wrs);
+            return Ok(());
+        }
         for wr in wrs {
             let status = if self.state == QpState::Error {
                 WcStatus::Flushed
@@ -774,6 +904,145 @@ impl ShmQp {
         p
     }
 
+    /// Where a WR's remote side is, resolved at post time (a NIC resolves the rkey when
+    /// the request arrives; mapping it early only saves the lookup later).
+    fn resolve(&mut self, wr: &SendWr) -> Target {
+        if wr.opcode == WrOpcode::Send {
+            let Some(rq) = self.peer_rq else {
+                return Target::Failed(WcStatus::RemoteInvalidRequest);
+            };
+            let Some(peer) = self.peer.as_ref().map(|p| p.node) else {
+                return Target::Failed(WcStatus::RemoteAccess);
+            };
+            let fabric = ShmFabric {
+                inner: self.fabric.clone(),
+            };
+            return match fabric.map_remote(peer, rq.rkey) {
+                Some(map) => match map.ptr(rq.addr, RQ_BYTES) {
+                    Some(base) => Target::Send {
+                        _map: map,
+                        base,
+                        peer,
+                    },
+                    None => Target::Failed(WcStatus::RemoteAccess),
+                },
+                None => Target::Failed(WcStatus::RemoteAccess),
+            };
+        }
+        let atomic = matches!(
+            wr.opcode,
+            WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. }
+        );
+        if atomic && (wr.sge.len < 8 || !wr.remote.addr.is_multiple_of(8)) {
+            return Target::Failed(WcStatus::RemoteInvalidRequest);
+        }
+        let len = if atomic { 8 } else { wr.sge.len as usize };
+        let Some(peer) = self.peer.as_ref().map(|p| p.node) else {
+            return Target::Failed(WcStatus::RemoteAccess);
+        };
+        let fabric = ShmFabric {
+            inner: self.fabric.clone(),
+        };
+        match fabric.map_remote(peer, wr.remote.rkey) {
+            Some(map) => match map.ptr(wr.remote.addr, len) {
+                Some(ptr) => Target::Remote { map, ptr },
+                None => Target::Failed(WcStatus::RemoteAccess),
+            },
+            None => Target::Failed(WcStatus::RemoteAccess),
+        }
+    }
+
+    /// Under the timing model: pay the doorbell, plan each WR and queue it on the CQ, to
+    /// execute and complete at its modeled times (the CQ's poll drives them).
+    fn post_timed(&mut self, wrs: &[SendWr]) {
+        let t = self.timing.as_ref().expect("timed QP");
+        let posted = model::now_ns() + t.model.doorbell_ns();
+        model::spin_until(posted);
+        let mut queued = Vec::with_capacity(wrs.len());
+        for wr in wrs {
+            let len = match wr.opcode {
+                WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => 8,
+                _ => wr.sge.len as usize,
+            };
+            let target = if self.state == QpState::Error {
+                Target::Failed(WcStatus::Flushed)
+            } else if self.local_ptr(wr.sge.addr, len, wr.sge.lkey).is_none() {
+                Target::Failed(WcStatus::LocalProtection)
+            } else {
+                self.resolve(wr)
+            };
+            // WRITE and SEND payloads the caller may reuse at once: inline ones, and small
+            // ones (the verbs backend inlines up to 64 bytes unasked).
+            let data = match (&target, wr.opcode) {
+                (Target::Remote { .. } | Target::Send { .. }, WrOpcode::Write | WrOpcode::Send)
+                    if wr.inline || len <= 64 =>
+                {
+                    let src = self
+                        .local_ptr(wr.sge.addr, len, wr.sge.lkey)
+                        .expect("checked above");
+                    // SAFETY: bounds-checked against the local MR just above.
+                    Some(unsafe { std::slice::from_raw_parts(src, len) }.into())
+                }
+                _ => None,
+            };
+            let t = self.timing.as_mut().expect("timed QP");
+            let local_failure = matches!(
+                target,
+                Target::Failed(WcStatus::Flushed | WcStatus::LocalProtection)
+            );
+            let plan = match &t.peer_nic {
+                Some(peer) if !local_failure => {
+                    let op = match (wr.opcode, &target) {
+                        (WrOpcode::Read, _) => ModelOp::Read(len as u64),
+                        (
+                            WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. },
+                            Target::Remote { map, .. },
+                        ) => ModelOp::Atomic {
+                            dm: map.dm,
+                            slot: model::addr_slot(wr.remote.rkey, wr.remote.addr),
+                        },
+                        _ => ModelOp::Write(len as u64),
+                    };
+                    t.model
+                        .plan(op, posted, t.local_nic.nic(), peer.nic(), t.last)
+                }
+                // Fails in the requester: after the WRs before it, without a round trip.
+                _ => model::Plan {
+                    exec_ns: posted.max(t.last.0),
+                    complete_ns: posted.max(t.last.1),
+                },
+            };
+            t.last = (plan.exec_ns, plan.complete_ns);
+            if local_failure {
+                // Later WRs of the list are flushed; the error flag is set when this one
+                // executes, after the WRs before it.
+                self.state = QpState::Error;
+            }
+            let t = self.timing.as_ref().expect("timed QP");
+            queued.push(Pending {
+                exec_ns: plan.exec_ns,
+                complete_ns: plan.complete_ns,
+                seq: 0,
+                wr: *wr,
+                data,
+                target,
+                error: t.error.clone(),
+            });
+        }
+        let timed = self
+            .cq
+            .timed
+            .as_ref()
+            .expect("a timed QP completes into a timed CQ");
+        let mut timed = timed.lock().expect("CQ poisoned");
+        for mut p in queued {
+            p.seq = timed.seq;
+            timed.seq += 1;
+            timed.exec.push(Reverse(p));
+        }
+        timed.drive(model::now_ns(), &self.cq.queue);
+    }
+
     fn execute(&mut self, wr: &SendWr) -> WcStatus {
         if wr.opcode == WrOpcode::Send {
             return self.send(wr);
@@ -792,35 +1061,10 @@ impl ShmQp {
         let Some(remote) = self.remote_ptr(wr.remote.addr, len, wr.remote.rkey) else {
             return WcStatus::RemoteAccess;
         };
-        // Both ranges were bounds-checked against their MRs above; the mappings stay
-        // alive while cached; atomics target 8-byte aligned words (checked above, and
+        // SAFETY: both ranges were bounds-checked against their MRs above; the mappings
+        // stay alive while cached; atomics target 8-byte aligned words (checked above, and
         // mappings are page aligned).
-        match wr.opcode {
-            // SAFETY: see above; local and remote buffers may alias only if the caller
-            // READs its own MR, which `copy` (memmove) tolerates.
-            WrOpcode::Read => unsafe { std::ptr::copy(remote, local, len) },
-            // SAFETY: see above.
-            WrOpcode::Write => unsafe { write_last_word_last(local, remote, len) },
-            WrOpcode::CmpSwap { compare, swap } => {
-                // SAFETY: see above; AtomicU64 has u64's layout.
-                let word = unsafe { &*(remote as *const AtomicU64) };
-                let old =
-                    match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire)
-                    {
-                        Ok(v) | Err(v) => v,
-                    };
-                // SAFETY: local holds at least 8 bytes (checked above).
-                unsafe { std::ptr::write_unaligned(local as *mut u64, old) };
-            }
-            WrOpcode::FetchAdd { add } => {
-                // SAFETY: see above; AtomicU64 has u64's layout.
-                let word = unsafe { &*(remote as *const AtomicU64) };
-                let old = word.fetch_add(add, Ordering::AcqRel);
-                // SAFETY: local holds at least 8 bytes (checked above).
-                unsafe { std::ptr::write_unaligned(local as *mut u64, old) };
-            }
-            WrOpcode::Send => unreachable!("handled above"),
-        }
+        unsafe { perform(wr.opcode, local, remote, len) };
         WcStatus::Success
     }
 
@@ -837,42 +1081,315 @@ impl ShmQp {
         let Some(base) = self.remote_ptr(rq.addr, RQ_BYTES, rq.rkey) else {
             return WcStatus::RemoteAccess;
         };
-        let word = |off: usize| {
-            // SAFETY: `base` maps the peer's whole receive queue (bounds-checked just
-            // above); header words are 8-byte aligned (page-aligned MR).
-            unsafe { &*(base.add(off) as *const AtomicU64) }
-        };
-        let completed = word(RQ_COMPLETED).load(Ordering::Relaxed);
-        if word(RQ_POSTED).load(Ordering::Acquire) <= completed {
-            return WcStatus::RnrRetryExceeded;
+        // SAFETY: `base` maps the peer's whole receive queue and `local` holds `len` bytes
+        // (both bounds-checked just above); destinations come from `remote_ptr`, whose
+        // mappings stay cached while the QP lives.
+        unsafe {
+            deliver_send(base, local, len, |addr, n, key| {
+                self.remote_ptr(addr, n, key)
+            })
         }
-        let d = base.wrapping_add(RQ_DESC + (completed % RQ_DEPTH) as usize * RQ_DESC_BYTES)
-            as *const u64;
-        // SAFETY: see above; the descriptor was published by the owner's release store.
-        let (wr_id, addr, len_key) = unsafe { (d.read(), d.add(1).read(), d.add(2).read()) };
-        let (cap, lkey) = (len_key as u32 as usize, (len_key >> 32) as u32);
-        let (status, delivered) = if len > cap {
-            (WcStatus::RemoteInvalidRequest, 1u64 << 32)
-        } else {
-            match self.remote_ptr(addr, len, lkey) {
-                Some(dst) => {
-                    // SAFETY: `dst` is bounds-checked against the peer's MR.
-                    unsafe { std::ptr::copy_nonoverlapping(local, dst, len) };
-                    (WcStatus::Success, len as u64)
+    }
+}
+
+/// Execute a READ, WRITE or atomic between `local` and `remote` (`len` bytes; 8 for
+/// atomics).
+///
+/// # Safety
+/// `local..local+len` and `remote..remote+len` are valid mappings (they may be shared with
+/// other processes); atomics' `remote` is 8-byte aligned and `local` holds 8 bytes.
+unsafe fn perform(opcode: WrOpcode, local: *mut u8, remote: *mut u8, len: usize) {
+    match opcode {
+        // SAFETY: caller's contract; local and remote buffers may alias only if the caller
+        // READs its own MR, which `copy` (memmove) tolerates.
+        WrOpcode::Read => unsafe { std::ptr::copy(remote, local, len) },
+        // SAFETY: caller's contract.
+        WrOpcode::Write => unsafe { write_last_word_last(local, remote, len) },
+        WrOpcode::CmpSwap { compare, swap } => {
+            // SAFETY: caller's contract; AtomicU64 has u64's layout.
+            let word = unsafe { &*(remote as *const AtomicU64) };
+            let old =
+                match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(v) | Err(v) => v,
+                };
+            // SAFETY: local holds at least 8 bytes (caller's contract).
+            unsafe { std::ptr::write_unaligned(local as *mut u64, old) };
+        }
+        WrOpcode::FetchAdd { add } => {
+            // SAFETY: caller's contract; AtomicU64 has u64's layout.
+            let word = unsafe { &*(remote as *const AtomicU64) };
+            let old = word.fetch_add(add, Ordering::AcqRel);
+            // SAFETY: local holds at least 8 bytes (caller's contract).
+            unsafe { std::ptr::write_unaligned(local as *mut u64, old) };
+        }
+        WrOpcode::Send => unreachable!("SEND goes through deliver_send"),
+    }
+}
+
+/// SEND's responder side: take the next receive descriptor of the receive queue at `base`,
+/// copy `len` bytes from `local` into its buffer (found through `dst(addr, len, lkey)`) and
+/// write the receive completion.
+///
+/// # Safety
+/// `base..base+RQ_BYTES` maps a receive queue, `local..local+len` is readable, and the
+/// pointers `dst` returns stay valid until this returns.
+unsafe fn deliver_send(
+    base: *mut u8,
+    local: *const u8,
+    len: usize,
+    mut dst: impl FnMut(u64, usize, u32) -> Option<*mut u8>,
+) -> WcStatus {
+    let word = |off: usize| {
+        // SAFETY: `base` maps the whole receive queue (caller's contract); header words are
+        // 8-byte aligned (page-aligned MR).
+        unsafe { &*(base.add(off) as *const AtomicU64) }
+    };
+    let completed = word(RQ_COMPLETED).load(Ordering::Relaxed);
+    if word(RQ_POSTED).load(Ordering::Acquire) <= completed {
+        return WcStatus::RnrRetryExceeded;
+    }
+    let d =
+        base.wrapping_add(RQ_DESC + (completed % RQ_DEPTH) as usize * RQ_DESC_BYTES) as *const u64;
+    // SAFETY: see above; the descriptor was published by the owner's release store.
+    let (wr_id, addr, len_key) = unsafe { (d.read(), d.add(1).read(), d.add(2).read()) };
+    let (cap, lkey) = (len_key as u32 as usize, (len_key >> 32) as u32);
+    let (status, delivered) = if len > cap {
+        (WcStatus::RemoteInvalidRequest, 1u64 << 32)
+    } else {
+        match dst(addr, len, lkey) {
+            Some(to) => {
+                // SAFETY: `to` is bounds-checked against the peer's MR by `dst`.
+                unsafe { std::ptr::copy_nonoverlapping(local, to, len) };
+                (WcStatus::Success, len as u64)
+            }
+            None => (WcStatus::RemoteAccess, 1u64 << 32),
+        }
+    };
+    let c = base.wrapping_add(RQ_CQE + (completed % RQ_DEPTH) as usize * RQ_CQE_BYTES) as *mut u64;
+    // SAFETY: the completion slot is inside the receive queue; the owner reads it only
+    // after the release store of `completed` below.
+    unsafe {
+        c.write(wr_id);
+        c.add(1).write(delivered);
+    }
+    word(RQ_COMPLETED).store(completed + 1, Ordering::Release);
+    status
+}
+
+/// A node's NIC state under the timing model: [`NIC_WORDS`] words in `n<node>.nic`, mapped
+/// by every process that posts to or from that node.
+struct NicMap {
+    map: MmapMut,
+}
+
+impl NicMap {
+    fn open(path: &Path) -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(io_err("open NIC state file"))?;
+        let len = file
+            .metadata()
+            .map_err(io_err("open NIC state file"))?
+            .len();
+        if len < NIC_BYTES as u64 {
+            // Zeroes: every resource free since boot. Two processes racing here both set
+            // the same length.
+            file.set_len(NIC_BYTES as u64)
+                .map_err(io_err("size NIC state file"))?;
+        }
+        // SAFETY: a file of this cluster's shared memory, accessed only as atomics.
+        let map = unsafe { MmapOptions::new().len(NIC_BYTES).map_mut(&file) }
+            .map_err(io_err("mmap NIC state file"))?;
+        Ok(Self { map })
+    }
+
+    fn nic(&self) -> Nic<'_> {
+        // SAFETY: the mapping holds NIC_WORDS words, is page aligned, lives as long as
+        // `self`, and AtomicU64 has u64's layout with every bit pattern valid.
+        let words =
+            unsafe { std::slice::from_raw_parts(self.map.as_ptr() as *const AtomicU64, NIC_WORDS) };
+        Nic::new(words)
+    }
+}
+
+/// Where a queued WR goes.
+enum Target {
+    /// READ, WRITE or atomic: this pointer in the peer's mapped MR.
+    Remote { map: Arc<RemoteMr>, ptr: *mut u8 },
+    /// SEND into the receive queue mapped at `base` (kept alive by `map`) of node `peer`.
+    Send {
+        _map: Arc<RemoteMr>,
+        base: *mut u8,
+        peer: u32,
+    },
+    /// Fails with this status when its time comes.
+    Failed(WcStatus),
+}
+
+/// A WR waiting for its modeled execution.
+struct Pending {
+    exec_ns: u64,
+    complete_ns: u64,
+    seq: u64,
+    wr: SendWr,
+    /// The payload, copied at post time (inline and small WRITEs and SENDs).
+    data: Option<Box<[u8]>>,
+    target: Target,
+    /// The QP's error flag.
+    error: Arc<std::sync::atomic::AtomicBool>,
+}
+
+// SAFETY: the raw pointers point into mappings owned by the `Arc<RemoteMr>` beside them
+// (shared memory, valid from any thread); the local buffer is looked up again, under the
+// MR table's lock, when the WR executes.
+unsafe impl Send for Pending {}
+
+impl PartialEq for Pending {
+    fn eq(&self, o: &Self) -> bool {
+        (self.exec_ns, self.seq) == (o.exec_ns, o.seq)
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.exec_ns, self.seq).cmp(&(o.exec_ns, o.seq))
+    }
+}
+
+/// The timed WRs of one CQ: executed in order of their modeled execution times (RC order
+/// per QP holds: a QP's times never decrease and ties keep posting order), completed in
+/// order of their completion times.
+struct Timed {
+    fabric: Arc<FabricInner>,
+    seq: u64,
+    exec: BinaryHeap<Reverse<Pending>>,
+    /// (completion time, seq, completion) of executed WRs that produce one.
+    done: BinaryHeap<Reverse<(u64, u64, WcKey)>>,
+}
+
+/// A [`Wc`] ordered by nothing (the heap orders by time and sequence).
+#[derive(Clone, Copy)]
+struct WcKey(Wc);
+impl PartialEq for WcKey {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for WcKey {}
+impl PartialOrd for WcKey {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for WcKey {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+impl Timed {
+    /// Execute the WRs due by `now` and move the completions due by `now` to `queue`.
+    fn drive(&mut self, now: u64, queue: &Mutex<VecDeque<Wc>>) {
+        while self.exec.peek().is_some_and(|p| p.0.exec_ns <= now) {
+            let Reverse(p) = self.exec.pop().expect("peeked");
+            let status = self.run(&p);
+            if status != WcStatus::Success {
+                p.error.store(true, Ordering::Relaxed);
+            }
+            if p.wr.signaled || status != WcStatus::Success {
+                let byte_len = match p.wr.opcode {
+                    WrOpcode::Read | WrOpcode::Write | WrOpcode::Send => p.wr.sge.len,
+                    _ => 8,
+                };
+                let wc = Wc {
+                    wr_id: p.wr.wr_id,
+                    status,
+                    byte_len,
+                    recv: false,
+                };
+                self.done.push(Reverse((p.complete_ns, p.seq, WcKey(wc))));
+            }
+        }
+        if self.done.peek().is_some_and(|d| d.0 .0 <= now) {
+            let mut q = queue.lock().expect("CQ poisoned");
+            while self.done.peek().is_some_and(|d| d.0 .0 <= now) {
+                q.push_back(self.done.pop().expect("peeked").0 .2 .0);
+            }
+        }
+    }
+
+    /// Execute one WR now.
+    fn run(&self, p: &Pending) -> WcStatus {
+        if p.error.load(Ordering::Relaxed) {
+            return WcStatus::Flushed;
+        }
+        let len = match p.wr.opcode {
+            WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => 8,
+            _ => p.wr.sge.len as usize,
+        };
+        // The local MR must still be registered; holding the table's read lock keeps its
+        // owner from unmapping it until the WR is done.
+        let table = self.fabric.local.read().expect("MR table poisoned");
+        let local = match &p.data {
+            Some(d) => d.as_ptr() as *mut u8,
+            None => {
+                let Some(m) = table.get(&p.wr.sge.lkey) else {
+                    return WcStatus::LocalProtection;
+                };
+                match p.wr.sge.addr.checked_sub(m.base) {
+                    Some(off) if off as usize + len <= m.len => p.wr.sge.addr as *mut u8,
+                    _ => return WcStatus::LocalProtection,
                 }
-                None => (WcStatus::RemoteAccess, 1u64 << 32),
             }
         };
-        let c =
-            base.wrapping_add(RQ_CQE + (completed % RQ_DEPTH) as usize * RQ_CQE_BYTES) as *mut u64;
-        // SAFETY: the completion slot is inside the receive queue; the owner reads it only
-        // after the release store of `completed` below.
-        unsafe {
-            c.write(wr_id);
-            c.add(1).write(delivered);
+        match &p.target {
+            Target::Failed(s) => *s,
+            Target::Remote { ptr, .. } => {
+                // SAFETY: `ptr..ptr+len` was bounds-checked against the remote MR, whose
+                // mapping `p` keeps alive; `local` is either `p`'s own copy (never a READ or
+                // atomic destination: those have no copy) or inside a registered local MR
+                // (checked above, kept mapped by the lock held).
+                unsafe { perform(p.wr.opcode, local, *ptr, len) };
+                WcStatus::Success
+            }
+            Target::Send { base, peer, .. } => {
+                let fabric = ShmFabric {
+                    inner: self.fabric.clone(),
+                };
+                let mut keep = None;
+                // SAFETY: `base` maps the peer's receive queue (kept alive by `p`); `local`
+                // as above; `keep` holds the destination's mapping until the copy is done.
+                unsafe {
+                    deliver_send(*base, local, len, |addr, n, key| {
+                        let m = fabric.map_remote(*peer, key)?;
+                        let to = m.ptr(addr, n);
+                        keep = Some(m);
+                        to
+                    })
+                }
+            }
         }
-        word(RQ_COMPLETED).store(completed + 1, Ordering::Release);
-        status
+    }
+}
+
+impl Drop for Timed {
+    /// The CQ is gone with WRs still waiting: a NIC would still carry them out, so they
+    /// execute at their times (microseconds away); their completions have nowhere to go.
+    fn drop(&mut self) {
+        while let Some(Reverse(p)) = self.exec.pop() {
+            model::spin_until(p.exec_ns);
+            let _ = self.run(&p);
+        }
     }
 }
 

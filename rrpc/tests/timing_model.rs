@@ -1,0 +1,228 @@
+//! The shm fabric under a timing model: what late completions must not break. RC order
+//! on a QP, every signaled WR completing exactly once, flushes after an error, atomics
+//! from several fabrics (separate mappings of one NIC state) staying atomic, and clear
+//! errors for models that cannot run. No test here asserts a duration.
+
+use std::time::{Duration, Instant};
+
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{
+    CompletionQueue, Fabric, FabricConfig, FabricError, FabricKind, MemoryRegion, QueuePair,
+    SendWr, Wc, WcStatus, WrOpcode,
+};
+
+fn open(cluster: &str, node: u32, model: &str) -> Fabric {
+    let mut cfg = FabricConfig::new(FabricKind::Shm, cluster, node);
+    cfg.model = Some(model.into());
+    Fabric::open(&cfg).unwrap()
+}
+
+/// A connected pair of QPs between fabrics `a` and `b`; `a`'s QP and CQ are returned.
+fn connect(a: &Fabric, b: &Fabric) -> (QueuePair, CompletionQueue, QueuePair, CompletionQueue) {
+    let (cqa, cqb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
+    let mut qa = a.create_qp(&cqa, 1024).unwrap();
+    let mut qb = b.create_qp(&cqb, 1024).unwrap();
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    qa.connect(&eb).unwrap();
+    qb.connect(&ea).unwrap();
+    (qa, cqa, qb, cqb)
+}
+
+fn wait_wcs(cq: &CompletionQueue, n: usize) -> Vec<Wc> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut v = Vec::new();
+    while v.len() < n && Instant::now() < deadline {
+        cq.poll(&mut v, 1024);
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+fn wr(
+    id: u64,
+    op: WrOpcode,
+    local: &MemoryRegion,
+    off: usize,
+    len: usize,
+    remote: &MemoryRegion,
+    roff: u64,
+    signaled: bool,
+) -> SendWr {
+    SendWr {
+        wr_id: id,
+        opcode: op,
+        sge: local.sge(off, len),
+        remote: remote.desc().at(roff),
+        signaled,
+        inline: false,
+    }
+}
+
+#[test]
+fn writes_to_one_word_land_in_posting_order_and_each_signaled_wr_completes_once() {
+    let g = ClusterGuard::new(&format!("model-{}-order", std::process::id()))
+        .unwrap()
+        .0;
+    for model in ["cx5", "rxe"] {
+        let (a, b) = (open(g.name(), 1, model), open(g.name(), 2, model));
+        let (local, remote) = (a.alloc_mr(8 * 256).unwrap(), b.alloc_mr(4096).unwrap());
+        let (mut qa, cqa, _qb, _cqb) = connect(&a, &b);
+        for i in 0..256usize {
+            local
+                .atomic_u64(8 * i)
+                .store(i as u64 + 1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // Four lists of 64 WRITEs of 8 bytes to one word; every 8th signaled.
+        let mut signaled = Vec::new();
+        for list in 0..4usize {
+            let wrs: Vec<SendWr> = (0..64usize)
+                .map(|j| {
+                    let i = list * 64 + j;
+                    let s = j % 8 == 7;
+                    if s {
+                        signaled.push(i as u64);
+                    }
+                    wr(i as u64, WrOpcode::Write, &local, 8 * i, 8, &remote, 0, s)
+                })
+                .collect();
+            qa.post_send(&wrs).unwrap();
+        }
+        let wcs = wait_wcs(&cqa, signaled.len());
+        assert_eq!(
+            wcs.len(),
+            signaled.len(),
+            "{model}: every signaled WR completes"
+        );
+        assert!(
+            wcs.iter().all(|w| w.status == WcStatus::Success),
+            "{model}: {wcs:?}"
+        );
+        let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+        assert_eq!(ids, signaled, "{model}: completions in posting order");
+        assert_eq!(
+            remote
+                .atomic_u64(0)
+                .load(std::sync::atomic::Ordering::Acquire),
+            256,
+            "{model}: the last WRITE posted is the last applied"
+        );
+        // Nothing more arrives.
+        let mut more = Vec::new();
+        std::thread::sleep(Duration::from_millis(5));
+        cqa.poll(&mut more, 16);
+        assert!(more.is_empty(), "{model}: extra completions {more:?}");
+    }
+}
+
+#[test]
+fn a_qp_put_in_error_flushes_what_has_not_executed() {
+    let g = ClusterGuard::new(&format!("model-{}-flush", std::process::id()))
+        .unwrap()
+        .0;
+    let (a, b) = (open(g.name(), 1, "cx5"), open(g.name(), 2, "cx5"));
+    let (local, remote) = (a.alloc_mr(64 << 10).unwrap(), b.alloc_mr(64 << 10).unwrap());
+    let (mut qa, cqa, _qb, _cqb) = connect(&a, &b);
+    // 64 READs of 64 KiB (about 5 us each on the line): most still wait when the QP fails.
+    let wrs: Vec<SendWr> = (0..64)
+        .map(|i| wr(i, WrOpcode::Read, &local, 0, 64 << 10, &remote, 0, true))
+        .collect();
+    qa.post_send(&wrs).unwrap();
+    qa.to_error().unwrap();
+    let wcs = wait_wcs(&cqa, 64);
+    assert_eq!(wcs.len(), 64, "every WR completes, flushed or not");
+    let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (0..64).collect::<Vec<_>>(), "in order");
+    // Successes, then flushes: never a success after a flush.
+    let first_flush = wcs
+        .iter()
+        .position(|w| w.status == WcStatus::Flushed)
+        .unwrap_or(64);
+    assert!(
+        wcs[first_flush..]
+            .iter()
+            .all(|w| w.status == WcStatus::Flushed),
+        "{wcs:?}"
+    );
+    assert!(wcs[..first_flush]
+        .iter()
+        .all(|w| w.status == WcStatus::Success));
+    assert!(matches!(
+        qa.post_send(&wrs[..1]),
+        Err(FabricError::QpError { .. })
+    ));
+}
+
+#[test]
+fn atomics_through_separate_mappings_of_one_nic_stay_atomic() {
+    let g = ClusterGuard::new(&format!("model-{}-faa", std::process::id()))
+        .unwrap()
+        .0;
+    let owner = open(g.name(), 1, "cx5");
+    let (word, dm) = (
+        owner.alloc_mr(4096).unwrap(),
+        owner.alloc_dm(4096).unwrap().0,
+    );
+    let descs = [word.desc(), dm.desc()];
+    const PER_THREAD: u64 = 2000;
+    std::thread::scope(|s| {
+        for t in 0..3u32 {
+            let name = g.name().to_string();
+            s.spawn(move || {
+                // Each fabric maps node 1's NIC state itself: three mappings of one file.
+                let f = open(&name, 10 + t, "cx5");
+                let cq = f.create_cq(1024).unwrap();
+                let mut qp = f.create_qp(&cq, 1024).unwrap();
+                // The owner's QP side: a fabric of node 1 cannot be opened twice, so
+                // connect to an endpoint naming node 1 (shm QPs need only the node id).
+                let mut ep = qp.endpoint();
+                ep.node = 1;
+                ep.recv_queue = None;
+                qp.connect(&ep).unwrap();
+                let local = f.alloc_mr(4096).unwrap();
+                for round in 0..PER_THREAD / 50 {
+                    let wrs: Vec<SendWr> = (0..50u64)
+                        .map(|i| SendWr {
+                            wr_id: round * 50 + i,
+                            opcode: WrOpcode::FetchAdd { add: 1 },
+                            sge: local.sge(8 * i as usize, 8),
+                            remote: descs[(i % 2) as usize].at(0),
+                            signaled: i == 49,
+                            inline: false,
+                        })
+                        .collect();
+                    qp.post_send(&wrs).unwrap();
+                    let wcs = wait_wcs(&cq, 1);
+                    assert_eq!(wcs.len(), 1);
+                    assert_eq!(wcs[0].status, WcStatus::Success);
+                }
+            });
+        }
+    });
+    let total = |m: &MemoryRegion| m.atomic_u64(0).load(std::sync::atomic::Ordering::Acquire);
+    assert_eq!(total(&word) + total(&dm), 3 * PER_THREAD);
+    assert_eq!(total(&word), 3 * PER_THREAD / 2);
+}
+
+#[test]
+fn models_that_cannot_run_are_clear_errors() {
+    let g = ClusterGuard::new(&format!("model-{}-bad", std::process::id()))
+        .unwrap()
+        .0;
+    let mut cfg = FabricConfig::new(FabricKind::Shm, g.name(), 1);
+    cfg.model = Some("cx9".into());
+    let e = Fabric::open(&cfg).err().expect("unknown profile");
+    assert!(
+        e.to_string().contains("cx9") && e.to_string().contains("cx5"),
+        "{e}"
+    );
+    let mut cfg = FabricConfig::new(FabricKind::Verbs, g.name(), 1);
+    cfg.model = Some("cx5".into());
+    let e = Fabric::open(&cfg).err().expect("model on verbs");
+    assert!(matches!(e, FabricError::InvalidArgument { .. }), "{e}");
+    assert!(e.to_string().contains("shm only"), "{e}");
+    let f = open(g.name(), 2, "cx6");
+    assert!(f.model_description().starts_with("cx6"));
+    assert!(f.describe().contains("timing model cx6"));
+    let f = open(g.name(), 3, "none");
+    assert_eq!(f.model_description(), "none");
+}
