@@ -377,7 +377,7 @@ pub struct Straws {
     fabric: Fabric,
     cfg: StrawConfig,
     id: u64,
-    next_qp: AtomicU64,
+    next_qp: Arc<AtomicU64>,
     nodes: Mutex<HashMap<u32, Arc<Straw>>>,
 }
 
@@ -390,7 +390,7 @@ impl Straws {
             fabric,
             cfg,
             id,
-            next_qp: AtomicU64::new(1),
+            next_qp: Arc::new(AtomicU64::new(1)),
             nodes: Mutex::new(HashMap::new()),
         })
     }
@@ -418,7 +418,12 @@ impl Straws {
                 Arc::new(Straw {
                     node,
                     addr,
-                    pool: self.clone(),
+                    pool: PoolRef {
+                        fabric: self.fabric.clone(),
+                        cfg: self.cfg.clone(),
+                        id: self.id,
+                        next_qp: self.next_qp.clone(),
+                    },
                     rpc: RwLock::new(Vec::new()),
                     one_sided: RwLock::new(Vec::new()),
                     threads: [AtomicUsize::new(0), AtomicUsize::new(0)],
@@ -449,11 +454,22 @@ fn rand_id() -> u64 {
     h.finish() | 1
 }
 
+/// A straw's copy of its pool's settings.
+struct PoolRef {
+    fabric: Fabric,
+    cfg: StrawConfig,
+    id: u64,
+    next_qp: Arc<AtomicU64>,
+}
+
 /// The QP pool to one remote node. See the module docs.
 pub struct Straw {
     node: u32,
     addr: SocketAddr,
-    pool: Arc<Straws>,
+    /// What the straw needs of its pool. Not the pool itself: the pool holds its straws,
+    /// and a straw holding the pool would keep both (and the fabric, with its node id)
+    /// alive after the process dropped them.
+    pool: PoolRef,
     rpc: RwLock<Vec<Arc<SharedQp>>>,
     one_sided: RwLock<Vec<Arc<SharedQp>>>,
     threads: [AtomicUsize; 2],
@@ -481,9 +497,9 @@ impl Straw {
         self.addr
     }
 
-    /// The pool this straw belongs to.
-    pub fn pool(&self) -> &Arc<Straws> {
-        &self.pool
+    /// The id of the pool this straw belongs to, as servers know it.
+    pub fn pool_id(&self) -> u64 {
+        self.pool.id
     }
 
     fn qps(&self, kind: QpKind) -> &RwLock<Vec<Arc<SharedQp>>> {

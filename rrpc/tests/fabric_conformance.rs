@@ -53,8 +53,14 @@ fn peer_process() {
     for i in 0..MR_BYTES {
         mr.write(i, &[(i % 251) as u8]);
     }
+    // A second MR the parent can have deregistered ("dereg" on stdin).
+    let mut mr2 = Some(fabric.alloc_mr(4096).unwrap());
     let mut exports = BTreeMap::new();
     exports.insert("mr".to_string(), serde_json::to_value(mr.desc()).unwrap());
+    exports.insert(
+        "mr2".to_string(),
+        serde_json::to_value(mr2.as_ref().unwrap().desc()).unwrap(),
+    );
     let node = Node::start(
         fabric,
         NodeConfig {
@@ -70,9 +76,17 @@ fn peer_process() {
     .unwrap();
     println!("ADDR={}", node.addr());
     std::io::stdout().flush().unwrap();
-    // Serve until the parent closes stdin or says "exit"; bounded so it never lingers.
-    let mut line = String::new();
-    let _ = std::io::stdin().read_line(&mut line);
+    // Serve until the parent closes stdin or says "exit"; "dereg" deregisters mr2.
+    for line in std::io::stdin().lock().lines() {
+        match line.as_deref() {
+            Ok("dereg") => {
+                drop(mr2.take());
+                println!("DEREGISTERED");
+                std::io::stdout().flush().unwrap();
+            }
+            _ => break,
+        }
+    }
     // Exit without unwinding, like a process that simply stops.
     std::process::exit(0);
 }
@@ -80,6 +94,7 @@ fn peer_process() {
 struct Peer {
     child: Child,
     addr: SocketAddr,
+    out: std::io::Lines<BufReader<std::process::ChildStdout>>,
 }
 
 impl Peer {
@@ -92,13 +107,31 @@ impl Peer {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
         let addr = out
-            .lines()
+            .by_ref()
             .map_while(Result::ok)
             .find_map(|l| l.split("ADDR=").nth(1).map(|a| a.trim().parse().unwrap()))
             .expect("peer printed its address");
-        Self { child, addr }
+        Self { child, addr, out }
+    }
+    /// Have the peer deregister its MR "mr2"; returns once it has.
+    fn dereg(&mut self) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(b"dereg\n").unwrap();
+        stdin.flush().unwrap();
+        assert!(
+            self.out
+                .by_ref()
+                .map_while(Result::ok)
+                .any(|l| l.contains("DEREGISTERED")),
+            "peer did not deregister"
+        );
+    }
+    /// Kill the peer with SIGKILL, as a crash would.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
     fn exit(&mut self) {
         let _ = self.child.stdin.take().unwrap().write_all(b"exit\n");
@@ -364,6 +397,108 @@ fn peer_that_exits_puts_qp_in_error() {
         std::thread::sleep(Duration::from_millis(2));
     }
     assert_eq!(s.qp.state(), QpState::Error);
+}
+
+#[test]
+fn deregistered_mr_is_a_remote_access_error() {
+    let mut s = setup("dereg");
+    let info = node_info(s.peer.addr, Duration::from_secs(10)).unwrap();
+    let mr2: MrDesc = info.export("mr2").unwrap();
+    assert_ne!(mr2.rkey, s.remote.rkey, "two MRs, two rkeys");
+    assert_ne!(mr2.rkey, s.local.rkey(), "MRs of two processes, two rkeys");
+    let read2 = |id| SendWr {
+        wr_id: id,
+        opcode: WrOpcode::Read,
+        sge: s.local.sge(0, 64),
+        remote: mr2.at(0),
+        signaled: true,
+        inline: false,
+    };
+    s.qp.post_send(&[read2(1)]).unwrap();
+    assert_eq!(poll_all(&s)[0].status, WcStatus::Success);
+    s.peer.dereg();
+    // The same (addr, rkey), used before through this QP: the MR is gone.
+    s.qp.post_send(&[read2(2)]).unwrap();
+    assert_eq!(poll_all(&s)[0].status, WcStatus::RemoteAccess);
+    // A fresh QP, which never mapped it, fails the same way; the other MR still works.
+    let mut qp = connect_qp(&s);
+    qp.post_send(&[read2(3)]).unwrap();
+    assert_eq!(poll_all(&s)[0].status, WcStatus::RemoteAccess);
+    let mut qp = connect_qp(&s);
+    qp.post_send(&[wr(4, WrOpcode::Read, &s, 0, 64, 0)])
+        .unwrap();
+    assert_eq!(poll_all(&s)[0].status, WcStatus::Success);
+    s.peer.exit();
+}
+
+#[test]
+fn restarted_peer_is_reached_anew_and_never_through_a_stale_rkey() {
+    let mut s = setup("restart");
+    s.qp.post_send(&[wr(1, WrOpcode::Read, &s, 0, 64, 0)])
+        .unwrap();
+    assert_eq!(poll_all(&s)[0].status, WcStatus::Success);
+    let old = s.remote;
+    s.peer.kill();
+    // The old QP notices (bounded): its posts are refused or fail.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.qp.state() != QpState::Error && Instant::now() < deadline {
+        if s.qp
+            .post_send(&[wr(2, WrOpcode::Read, &s, 0, 8, 0)])
+            .is_ok()
+        {
+            let mut wcs = Vec::new();
+            s.cq.poll(&mut wcs, 16);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        s.qp.state(),
+        QpState::Error,
+        "the dead incarnation's QP is in error"
+    );
+    // The same node id again, in a new process.
+    s.peer = Peer::spawn(s._cluster.name());
+    let info = node_info(s.peer.addr, Duration::from_secs(10)).unwrap();
+    assert_eq!(info.node, PEER_NODE);
+    let new: MrDesc = info.export("mr").unwrap();
+    let cq = s.fabric.create_cq(64).unwrap();
+    let mut qp = connect_qp_to(&s.fabric, &cq, s.peer.addr);
+    // The new incarnation through the new QP.
+    qp.post_send(&[SendWr {
+        wr_id: 3,
+        opcode: WrOpcode::Read,
+        sge: s.local.sge(0, 256),
+        remote: new.at(0),
+        signaled: true,
+        inline: false,
+    }])
+    .unwrap();
+    assert_eq!(wait_wcs(&cq, 1)[0].status, WcStatus::Success);
+    let mut got = vec![0u8; 256];
+    s.local.read(0, &mut got);
+    assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    if new.rkey != old.rkey {
+        // The old incarnation's rkey names nothing now (verbs may reuse an rkey value for
+        // a new MR; shm never does, see below).
+        let mut qp = connect_qp_to(&s.fabric, &cq, s.peer.addr);
+        qp.post_send(&[SendWr {
+            wr_id: 4,
+            opcode: WrOpcode::Read,
+            sge: s.local.sge(0, 64),
+            remote: old.at(0),
+            signaled: true,
+            inline: false,
+        }])
+        .unwrap();
+        assert_eq!(wait_wcs(&cq, 1)[0].status, WcStatus::RemoteAccess);
+    }
+    if kind() == FabricKind::Shm {
+        assert_ne!(
+            new.rkey, old.rkey,
+            "shm rkeys are unique per MR incarnation"
+        );
+    }
+    s.peer.exit();
 }
 
 #[test]

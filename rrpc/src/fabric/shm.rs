@@ -42,6 +42,15 @@ pub const MR_HEADER_BYTES: usize = 4096;
 const MR_MAGIC: u64 = u64::from_le_bytes(*b"RRPCMR01");
 /// Header word 4 (flags): the MR was allocated as device memory.
 const HEADER_DM: u64 = 1;
+/// Byte offset in the header of the live word: 1 while the MR is registered, 0 once its
+/// owner deregistered it (or a restarted node retired it). A requester checks it on every
+/// access through its mapping, as a NIC looks the rkey up in its translation table.
+const HEADER_LIVE: usize = 64;
+/// MRs up to this size are prefaulted at registration (rings, control words: no page
+/// fault on the data path); larger ones (arenas, tables) commit memory as it is touched.
+const PREFAULT_MAX_BYTES: usize = 1 << 20;
+/// Remote MRs one QP keeps mapped; past it the QP drops its mappings and maps again on use.
+const QP_MAPPINGS_MAX: usize = 256;
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 const PAGE_BYTES: usize = 4096;
 
@@ -230,10 +239,16 @@ struct FabricInner {
     huge: bool,
     alive_path: PathBuf,
     _alive: File,
-    next_key: AtomicU32,
+    /// The cluster-wide rkey counter (`rkeys` in the control directory), shared by every
+    /// process of the cluster, so that an rkey names one MR incarnation for the cluster's
+    /// lifetime, across processes and restarts of a node id.
+    rkeys: MmapMut,
     next_qpn: AtomicU32,
     local: RwLock<HashMap<u32, LocalMr>>,
-    remote: Mutex<HashMap<(u32, u32), Arc<RemoteMr>>>,
+    /// Mappings of remote MRs by (node, rkey), shared by this process's QPs. Weak: a
+    /// mapping lives as long as a QP (or a queued WR) holds it, so the memory of a
+    /// departed peer is not pinned here.
+    remote: Mutex<RemoteCache>,
     /// The timing model, if one was chosen ([`ShmFabric::open_with_model`]).
     model: Option<Arc<TimingModel>>,
     /// NIC state files mapped so far, by node (this node's own included).
@@ -306,15 +321,34 @@ impl ShmFabric {
         }
         alive.set_len(0).map_err(io_err("write liveness file"))?;
         writeln!(alive, "{}", std::process::id()).map_err(io_err("write liveness file"))?;
-        // Files left by an earlier incarnation of this node id would shadow new rkeys.
+        // Files left by an earlier incarnation of this node id (a process that was killed):
+        // retire each (clear its live word, so peers still holding a mapping get a remote
+        // access error instead of the dead process's memory), then remove it.
         let prefix = format!("n{node}-mr");
         for d in [&dir, &mr_dir] {
             for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
                 if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    retire_mr_file(&e.path());
                     let _ = std::fs::remove_file(e.path());
                 }
             }
         }
+        let rkeys = {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(dir.join("rkeys"))
+                .map_err(io_err("open rkey counter"))?;
+            if f.metadata().map_err(io_err("open rkey counter"))?.len() < 8 {
+                // Zero: no rkey handed out yet. Racing openers set the same length.
+                f.set_len(8).map_err(io_err("size rkey counter"))?;
+            }
+            // SAFETY: a file of the cluster's control directory, used only as one atomic word.
+            unsafe { MmapOptions::new().len(8).map_mut(&f) }.map_err(io_err("mmap rkey counter"))?
+        };
         Ok(Self {
             inner: Arc::new(FabricInner {
                 node,
@@ -324,10 +358,10 @@ impl ShmFabric {
                 huge,
                 alive_path,
                 _alive: alive,
-                next_key: AtomicU32::new(1),
+                rkeys,
                 next_qpn: AtomicU32::new(1),
                 local: RwLock::new(HashMap::new()),
-                remote: Mutex::new(HashMap::new()),
+                remote: Mutex::new(RemoteCache::default()),
                 model,
                 nics: Mutex::new(HashMap::new()),
             }),
@@ -399,7 +433,7 @@ impl ShmFabric {
                 what: "length 0".into(),
             });
         }
-        let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
+        let key = self.next_rkey();
         // Regions smaller than a huge page stay on 4 KiB pages: a 16-byte credit word
         // would otherwise pin 2 MiB. Peers look in both directories.
         let huge = self.inner.huge && MR_HEADER_BYTES + len >= HUGE_PAGE_BYTES;
@@ -421,8 +455,15 @@ impl ShmFabric {
             .map_err(io_err("size MR file"))?;
         // SAFETY: the file is ours, freshly created with mode 0600; peers map it too,
         // which is the point: all access to the data goes through raw pointers or atomics.
-        let map = unsafe { MmapOptions::new().len(file_len).populate().map_mut(&file) }
-            .map_err(io_err("mmap MR file"))?;
+        let map = unsafe {
+            let mut o = MmapOptions::new();
+            o.len(file_len);
+            if len <= PREFAULT_MAX_BYTES {
+                o.populate();
+            }
+            o.map_mut(&file)
+        }
+        .map_err(io_err("mmap MR file"))?;
         let data = map.as_ptr() as u64 + MR_HEADER_BYTES as u64;
         let header = [
             MR_MAGIC,
@@ -433,6 +474,7 @@ impl ShmFabric {
         ];
         // SAFETY: the header page is inside the mapping, page aligned, and not yet shared.
         unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), map.as_ptr() as *mut u64, 5) };
+        live_word(&map).store(1, Ordering::Release);
         self.inner
             .local
             .write()
@@ -497,10 +539,33 @@ impl ShmFabric {
         })
     }
 
+    /// The next rkey of the cluster (never 0; wraps after 2^32 - 1 registrations).
+    fn next_rkey(&self) -> u32 {
+        // SAFETY: the mapping is 8 bytes, page aligned, lives as long as `self.inner`, and
+        // is only ever accessed as this atomic word.
+        let word = unsafe { &*(self.inner.rkeys.as_ptr() as *const AtomicU64) };
+        loop {
+            let k = word.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u32;
+            if k != 0 {
+                return k;
+            }
+        }
+    }
+
+    /// Map node `node`'s MR `rkey` (or share this process's live mapping of it). `None`:
+    /// no such MR, or it was deregistered.
     fn map_remote(&self, node: u32, rkey: u32) -> Option<Arc<RemoteMr>> {
         let mut cache = self.inner.remote.lock().expect("remote MR cache poisoned");
-        if let Some(r) = cache.get(&(node, rkey)) {
-            return Some(r.clone());
+        if let Some(r) = cache
+            .map
+            .get(&(node, rkey))
+            .and_then(std::sync::Weak::upgrade)
+        {
+            if r.live() {
+                return Some(r);
+            }
+            cache.map.remove(&(node, rkey));
+            return None;
         }
         let name = format!("n{node}-mr{rkey}");
         let open = |d: &Path| {
@@ -531,7 +596,10 @@ impl ShmFabric {
         }
         let dm = h[4] & HEADER_DM != 0;
         let r = Arc::new(RemoteMr { map, base, len, dm });
-        cache.insert((node, rkey), r.clone());
+        if !r.live() {
+            return None;
+        }
+        cache.insert((node, rkey), &r);
         Some(r)
     }
 }
@@ -570,6 +638,8 @@ impl ShmMr {
 
 impl Drop for ShmMr {
     fn drop(&mut self) {
+        // Deregistered: peers' later accesses fail (they check this word on every access).
+        live_word(&self.map).store(0, Ordering::Release);
         if let Ok(mut t) = self.fabric.local.write() {
             t.remove(&self.key);
         }
@@ -586,11 +656,64 @@ struct RemoteMr {
 }
 
 impl RemoteMr {
+    /// Whether the owner still has the MR registered.
+    fn live(&self) -> bool {
+        live_word(&self.map).load(Ordering::Acquire) == 1
+    }
+
+    /// The local pointer of `addr..addr+len` in this MR; `None` if out of range or the MR
+    /// was deregistered.
     fn ptr(&self, addr: u64, len: usize) -> Option<*mut u8> {
+        if !self.live() {
+            return None;
+        }
         let off = addr.checked_sub(self.base)? as usize;
         (off.checked_add(len)? <= self.len)
             // SAFETY: off + len <= len of the data, which follows the header in the mapping.
             .then(|| unsafe { (self.map.as_ptr() as *mut u8).add(MR_HEADER_BYTES + off) })
+    }
+}
+
+/// The live word of an MR file's mapping (see [`HEADER_LIVE`]).
+fn live_word(map: &MmapMut) -> &AtomicU64 {
+    // SAFETY: every MR mapping starts with the 4 KiB header; HEADER_LIVE is 8-byte aligned
+    // inside it; AtomicU64 has u64's layout.
+    unsafe { &*(map.as_ptr().add(HEADER_LIVE) as *const AtomicU64) }
+}
+
+/// Clear the live word of the MR file at `path` (of a dead incarnation of this node).
+fn retire_mr_file(path: &Path) {
+    let Ok(file) = OpenOptions::new().read(true).write(true).open(path) else {
+        return;
+    };
+    if file
+        .metadata()
+        .map_or(true, |m| (m.len() as usize) < MR_HEADER_BYTES)
+    {
+        return;
+    }
+    // SAFETY: an MR file of this cluster; only its header's live word is touched, atomically.
+    if let Ok(map) = unsafe { MmapOptions::new().len(MR_HEADER_BYTES).map_mut(&file) } {
+        live_word(&map).store(0, Ordering::Release);
+    }
+}
+
+/// This process's mappings of remote MRs, by (node, rkey): weak, so the QPs (and queued
+/// WRs) that use a mapping keep it alive and nothing else does. Entries whose mapping is
+/// gone are pruned whenever the table has doubled since the last pruning.
+#[derive(Default)]
+struct RemoteCache {
+    map: HashMap<(u32, u32), std::sync::Weak<RemoteMr>>,
+    prune_at: usize,
+}
+
+impl RemoteCache {
+    fn insert(&mut self, key: (u32, u32), r: &Arc<RemoteMr>) {
+        if self.map.len() >= self.prune_at {
+            self.map.retain(|_, w| w.strong_count() > 0);
+            self.prune_at = (2 * self.map.len()).max(64);
+        }
+        self.map.insert(key, Arc::downgrade(r));
     }
 }
 
@@ -890,18 +1013,33 @@ impl ShmQp {
         (off.checked_add(len)? <= mr_len).then_some(addr as *mut u8)
     }
 
-    fn remote_ptr(&mut self, addr: u64, len: usize, rkey: u32) -> Option<*mut u8> {
+    /// The peer's MR `rkey`, through this QP's mappings (bounded by [`QP_MAPPINGS_MAX`]).
+    /// `None`: no such MR, or deregistered (then its mapping is dropped).
+    fn remote_mr(&mut self, rkey: u32) -> Option<Arc<RemoteMr>> {
         let peer = self.peer.as_mut()?;
         if let Some(r) = peer.remote.get(&rkey) {
-            return r.ptr(addr, len);
+            if r.live() {
+                return Some(r.clone());
+            }
+            peer.remote.remove(&rkey);
+            return None;
         }
         let fabric = ShmFabric {
             inner: self.fabric.clone(),
         };
         let r = fabric.map_remote(peer.node, rkey)?;
-        let p = r.ptr(addr, len);
-        peer.remote.insert(rkey, r);
-        p
+        if peer.remote.len() >= QP_MAPPINGS_MAX {
+            peer.remote.retain(|_, m| m.live());
+            if peer.remote.len() >= QP_MAPPINGS_MAX {
+                peer.remote.clear();
+            }
+        }
+        peer.remote.insert(rkey, r.clone());
+        Some(r)
+    }
+
+    fn remote_ptr(&mut self, addr: u64, len: usize, rkey: u32) -> Option<*mut u8> {
+        self.remote_mr(rkey)?.ptr(addr, len)
     }
 
     /// Where a WR's remote side is, resolved at post time (a NIC resolves the rkey when
@@ -914,10 +1052,7 @@ impl ShmQp {
             let Some(peer) = self.peer.as_ref().map(|p| p.node) else {
                 return Target::Failed(WcStatus::RemoteAccess);
             };
-            let fabric = ShmFabric {
-                inner: self.fabric.clone(),
-            };
-            return match fabric.map_remote(peer, rq.rkey) {
+            return match self.remote_mr(rq.rkey) {
                 Some(map) => match map.ptr(rq.addr, RQ_BYTES) {
                     Some(base) => Target::Send {
                         _map: map,
@@ -937,13 +1072,7 @@ impl ShmQp {
             return Target::Failed(WcStatus::RemoteInvalidRequest);
         }
         let len = if atomic { 8 } else { wr.sge.len as usize };
-        let Some(peer) = self.peer.as_ref().map(|p| p.node) else {
-            return Target::Failed(WcStatus::RemoteAccess);
-        };
-        let fabric = ShmFabric {
-            inner: self.fabric.clone(),
-        };
-        match fabric.map_remote(peer, wr.remote.rkey) {
+        match self.remote_mr(wr.remote.rkey) {
             Some(map) => match map.ptr(wr.remote.addr, len) {
                 Some(ptr) => Target::Remote { map, ptr },
                 None => Target::Failed(WcStatus::RemoteAccess),
@@ -1354,6 +1483,7 @@ impl Timed {
         };
         match &p.target {
             Target::Failed(s) => *s,
+            Target::Remote { map, .. } if !map.live() => WcStatus::RemoteAccess,
             Target::Remote { ptr, .. } => {
                 // SAFETY: `ptr..ptr+len` was bounds-checked against the remote MR, whose
                 // mapping `p` keeps alive; `local` is either `p`'s own copy (never a READ or
