@@ -1084,6 +1084,9 @@ impl ShmQp {
     /// Under the timing model: pay the doorbell, plan each WR and queue it on the CQ, to
     /// execute and complete at its modeled times (the CQ's poll drives them).
     fn post_timed(&mut self, wrs: &[SendWr]) {
+        if wrs.is_empty() {
+            return;
+        }
         let t = self.timing.as_ref().expect("timed QP");
         let posted = model::now_ns() + t.model.doorbell_ns();
         model::spin_until(posted);
