@@ -151,7 +151,13 @@ fn every_mode_at_and_around_the_threshold_and_bucket_boundaries() {
 fn payloads_too_large_for_a_mode_are_errors_not_truncations() {
     let c = setup("modes", "limits");
     let srv = server_with(c.name(), handlers(Batches::default()), 1);
-    let ctx = ThreadCtx::new(fabric(c.name(), 101), RuntimeConfig::default()).unwrap();
+    // Replies of 4 MiB are generated and refused here: generous deadlines, since the
+    // Soft-RoCE VM runs under emulation on a loaded host (a 2 s default has expired there).
+    let cfg = RuntimeConfig {
+        call_timeout: Duration::from_secs(60),
+        ..RuntimeConfig::default()
+    };
+    let ctx = ThreadCtx::new(fabric(c.name(), 101), cfg).unwrap();
     let node = ctx.connect_rpc(srv.addr()).unwrap().node;
     let c2 = ctx.clone();
     block_on(&ctx, async move {
