@@ -203,9 +203,9 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
         if !wait.is_zero() {
             s.ctx.sleep(wait).await;
         }
-        let start = quanta::Instant::now();
-        let bytes = s.ctx.read(s.shared.node, s.upper_addr, 8).await?;
-        s.shared.sample_rtt(start.elapsed());
+        // The network's round trip, not the time this coroutine waited to run.
+        let (bytes, rtt) = s.ctx.read_timed(s.shared.node, s.upper_addr, 8).await?;
+        s.shared.sample_rtt(rtt);
         s.upper = crate::client::word(&bytes, 0)?;
     }
 }

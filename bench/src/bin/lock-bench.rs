@@ -1,0 +1,504 @@
+//! `lock-bench`: lock fairness and latency under contention (Scythe
+//! 000_f3dba2ed893b246b.txt 3.1 Fig. 7 and 5 Fig. 27), the lock kinds side by side in one
+//! invocation, on the shm fabric under a timing model (`--model cx5` by default: on
+//! instant shared memory contention measures cache lines, not a network).
+//!
+//! A lock service node and the client threads run in this process as nodes of a local
+//! cluster. Each client coroutine repeatedly picks a lock (Zipf theta over `--locks`),
+//! acquires it, holds it for `--hold-us`, releases it and starts over. The latency of an
+//! acquisition runs from its first request to the grant, retries after refusals included.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use hdrhistogram::Histogram;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde_json::json;
+
+use lockd::client::{Grant, LockClient, LockRequest, Mode};
+use lockd::service::{LockTable, EXPORT_NAME};
+use lockd::takeout::Watermarks;
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lock-bench",
+    about = "Lock fairness and latency under contention: Takeout Lock and baselines side by side",
+    long_about = "Lock fairness and latency under contention (Scythe Fig. 7 and 27). Every \
+                  experiment runs the lock kinds side by side in one invocation on a local shm \
+                  cluster under a timing model (--model cx5 by default), prints a table and \
+                  ratios, and with --json writes the results."
+)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct Common {
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe or the path of a TOML profile.
+    #[arg(long, global = true, default_value = "cx5", value_name = "MODEL")]
+    model: String,
+    /// Measured time per data point, milliseconds.
+    #[arg(long, global = true, default_value_t = 2000)]
+    duration_ms: u64,
+    /// Warm-up per data point, milliseconds (not measured).
+    #[arg(long, global = true, default_value_t = 300)]
+    warmup_ms: u64,
+    /// Client threads (each its own node and runtime, polling without pause). Default:
+    /// one less than the cores, leaving one to the lock service's thread: more busy
+    /// threads than cores measure the OS scheduler's time slices instead of the locks.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    /// Client coroutines per thread (clients = threads x coroutines). Default: 64 clients
+    /// in all, as in Scythe's set-up.
+    #[arg(long, global = true)]
+    coroutines: Option<usize>,
+    /// How long a client holds a lock, microseconds.
+    #[arg(long, global = true, default_value_t = 25)]
+    hold_us: u64,
+    /// Lock kinds to compare.
+    #[arg(long, global = true, value_delimiter = ',', default_value = "takeout")]
+    kinds: Vec<Kind>,
+    /// Takeout: the heat mode requests use (hot: HotWatermark, as TOCC locks; cold:
+    /// ColdWatermark, as OCC locks).
+    #[arg(long, global = true, default_value = "hot")]
+    takeout_mode: TakeoutMode,
+    /// Takeout: ColdWatermark (cold-mode requests are refused past this many queued).
+    #[arg(long, global = true, default_value_t = 3)]
+    cold_watermark: u64,
+    /// Takeout: HotWatermark (every request is refused past this many queued).
+    #[arg(long, global = true, default_value_t = 10)]
+    hot_watermark: u64,
+    /// RNG seed.
+    #[arg(long, global = true, default_value_t = 1)]
+    seed: u64,
+    /// Write the results as JSON to this file.
+    #[arg(long, global = true)]
+    json: Option<PathBuf>,
+}
+
+impl Common {
+    fn threads(&self) -> usize {
+        self.threads.unwrap_or(1)
+    }
+    fn coroutines(&self) -> usize {
+        self.coroutines.unwrap_or(64)
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Scythe Fig. 27: clients over --locks locks at each Zipf theta, per lock kind.
+    Fairness {
+        /// Locks.
+        #[arg(long, default_value_t = 1000)]
+        locks: u64,
+        /// Zipf thetas.
+        #[arg(long, value_delimiter = ',', default_values_t = [0.5, 0.7, 0.9, 0.99, 1.2])]
+        thetas: Vec<f64>,
+    },
+    /// All clients on one lock: per-client acquisitions, Jain's fairness index, the
+    /// longest wait.
+    Single,
+}
+
+/// A lock algorithm under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+enum Kind {
+    /// Scythe's Takeout Lock: Lock RPC for a ticket, Hangout and READ for its turn, FAA to
+    /// release.
+    Takeout,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Takeout => "takeout",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TakeoutMode {
+    Hot,
+    Cold,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("lock-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(mut args: Args) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = *args
+        .common
+        .threads
+        .get_or_insert(cores.saturating_sub(1).max(1));
+    args.common
+        .coroutines
+        .get_or_insert(64usize.div_ceil(threads));
+    let c = &args.common;
+    if threads == 0 || c.coroutines() == 0 || c.duration_ms == 0 {
+        bail!("--threads, --coroutines and --duration-ms must be at least 1");
+    }
+    let model = {
+        let mut cfg = FabricConfig::new(FabricKind::Shm, "probe", 0);
+        cfg.model = Some(c.model.clone());
+        cfg.timing_model()?
+    };
+    println!(
+        "lock-bench | fabric: shm | timing model: {} | {} thread(s) x {} coroutines = {} clients | hold {} us | takeout mode {:?}, watermarks cold {} hot {} | {} ms per point ({} ms warm-up)",
+        model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),
+        c.threads(),
+        c.coroutines(),
+        c.threads() * c.coroutines(),
+        c.hold_us,
+        c.takeout_mode,
+        c.cold_watermark,
+        c.hot_watermark,
+        c.duration_ms,
+        c.warmup_ms
+    );
+    let out = match &args.cmd {
+        Cmd::Fairness { locks, thetas } => fairness(c, *locks, thetas)?,
+        Cmd::Single => single(c)?,
+    };
+    if let Some(p) = &c.json {
+        let doc = json!({
+            "timing_model": model.as_ref().map(|m| m.describe()),
+            "threads": c.threads(), "coroutines": c.coroutines(), "hold_us": c.hold_us,
+            "duration_ms": c.duration_ms, "results": out,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// What one point measured.
+struct Point {
+    hist: Histogram<u64>,
+    acquisitions: u64,
+    refusals: u64,
+    per_client: Vec<u64>,
+    max_wait_ns: u64,
+    secs: f64,
+}
+
+impl Point {
+    fn jain(&self) -> f64 {
+        let n = self.per_client.len() as f64;
+        let sum: f64 = self.per_client.iter().map(|&x| x as f64).sum();
+        let sq: f64 = self.per_client.iter().map(|&x| (x as f64).powi(2)).sum();
+        if sq == 0.0 {
+            0.0
+        } else {
+            sum * sum / (n * sq)
+        }
+    }
+    fn us(&self, q: f64) -> f64 {
+        self.hist.value_at_quantile(q) as f64 / 1e3
+    }
+}
+
+const HEADER: &str =
+    "    lock  theta   p50(us)   p99(us)  p999(us)   acq/s  refusals    jain  maxwait(us)";
+
+fn print_row(kind: Kind, theta: Option<f64>, p: &Point) {
+    println!(
+        "{:>8} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>7.0} {:>9} {:>7.3} {:>12.1}",
+        kind.name(),
+        theta.map_or_else(|| "-".into(), |t| format!("{t}")),
+        p.us(0.5),
+        p.us(0.99),
+        p.us(0.999),
+        p.acquisitions as f64 / p.secs,
+        p.refusals,
+        p.jain(),
+        p.max_wait_ns as f64 / 1e3
+    );
+}
+
+fn row_json(kind: Kind, theta: Option<f64>, p: &Point) -> serde_json::Value {
+    json!({
+        "lock": kind.name(), "theta": theta, "p50_us": p.us(0.5), "p99_us": p.us(0.99),
+        "p999_us": p.us(0.999), "acquisitions_per_s": p.acquisitions as f64 / p.secs,
+        "refusals": p.refusals, "jain": p.jain(), "max_wait_us": p.max_wait_ns as f64 / 1e3,
+        "per_client": p.per_client,
+    })
+}
+
+fn fairness(c: &Common, locks: u64, thetas: &[f64]) -> Result<serde_json::Value> {
+    println!(
+        "\n== fairness (Scythe Fig. 27): {} clients over {locks} locks, hold {} us, re-acquire after release",
+        c.threads() * c.coroutines(),
+        c.hold_us
+    );
+    println!("{HEADER}");
+    let mut rows = Vec::new();
+    let mut p99 = BTreeMap::new();
+    for &theta in thetas {
+        for &kind in &c.kinds {
+            let p = measure(c, kind, locks, theta)?;
+            print_row(kind, Some(theta), &p);
+            rows.push(row_json(kind, Some(theta), &p));
+            p99.insert((kind, (theta * 100.0).round() as i64), p.us(0.99));
+        }
+    }
+    Ok(json!({ "locks": locks, "rows": rows }))
+}
+
+fn single(c: &Common) -> Result<serde_json::Value> {
+    println!(
+        "\n== single: {} clients on one lock, hold {} us",
+        c.threads() * c.coroutines(),
+        c.hold_us
+    );
+    println!("{HEADER}");
+    let mut rows = Vec::new();
+    for &kind in &c.kinds {
+        let p = measure(c, kind, 1, 0.0)?;
+        print_row(kind, None, &p);
+        let (lo, hi) = (
+            p.per_client.iter().min().copied().unwrap_or(0),
+            p.per_client.iter().max().copied().unwrap_or(0),
+        );
+        println!(
+            "{:>8} per-client acquisitions: min {lo}, max {hi}, Jain {:.3}",
+            kind.name(),
+            p.jain()
+        );
+        rows.push(row_json(kind, None, &p));
+    }
+    Ok(json!({ "rows": rows }))
+}
+
+/// Start a lock service, run the clients for warm-up + duration, collect.
+fn measure(c: &Common, kind: Kind, locks: u64, theta: f64) -> Result<Point> {
+    let name = format!(
+        "lock-bench-{}-{}-{}",
+        std::process::id(),
+        kind.name(),
+        (theta * 100.0) as u64
+    );
+    let (cluster, _) = ClusterGuard::new(&name)?;
+    let open = |id: u32| -> Result<Fabric> {
+        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, id);
+        cfg.model = Some(c.model.clone());
+        Ok(Fabric::open(&cfg)?)
+    };
+    let f = open(1)?;
+    let wm = Watermarks {
+        cold: c.cold_watermark,
+        hot: c.hot_watermark,
+    };
+    wm.validate().map_err(anyhow::Error::msg)?;
+    let table = Arc::new(LockTable::new(&f, locks, wm)?);
+    let mut exports = BTreeMap::new();
+    exports.insert(EXPORT_NAME.to_string(), table.export());
+    let node = Node::start(
+        f,
+        NodeConfig {
+            role: "lockd".into(),
+            listen: "127.0.0.1:0".parse()?,
+            exports,
+            rpc: Some((table.handlers(), 1)),
+        },
+    )?;
+    let addr = node.addr();
+    let ts = Arc::new(AtomicU64::new(1));
+    let t0 = Instant::now();
+    let (warm, meas) = (
+        t0 + Duration::from_millis(c.warmup_ms),
+        t0 + Duration::from_millis(c.warmup_ms + c.duration_ms),
+    );
+    let results: Vec<Result<Point>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..c.threads())
+            .map(|t| {
+                let (ts, open) = (ts.clone(), &open);
+                s.spawn(move || -> Result<Point> {
+                    let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
+                        .map_err(anyhow::Error::msg)?;
+                    let info = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?;
+                    let lc = Rc::new(LockClient::from_info(&info)?);
+                    client_thread(c, &ctx, kind, lc, locks, theta, ts, t as u64, (warm, meas))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
+            })
+            .collect()
+    });
+    drop(node);
+    drop(cluster);
+    let mut all = Point {
+        hist: new_hist(),
+        acquisitions: 0,
+        refusals: 0,
+        per_client: Vec::new(),
+        max_wait_ns: 0,
+        secs: c.duration_ms as f64 / 1e3,
+    };
+    for r in results {
+        let p = r?;
+        all.hist.add(&p.hist).expect("same bounds");
+        all.acquisitions += p.acquisitions;
+        all.refusals += p.refusals;
+        all.per_client.extend(p.per_client);
+        all.max_wait_ns = all.max_wait_ns.max(p.max_wait_ns);
+    }
+    Ok(all)
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn client_thread(
+    c: &Common,
+    ctx: &Rc<ThreadCtx>,
+    kind: Kind,
+    lc: Rc<LockClient>,
+    locks: u64,
+    theta: f64,
+    ts: Arc<AtomicU64>,
+    thread: u64,
+    (warm, end): (Instant, Instant),
+) -> Result<Point> {
+    let hist = Rc::new(RefCell::new(new_hist()));
+    let refusals = Rc::new(Cell::new(0u64));
+    let max_wait = Rc::new(Cell::new(0u64));
+    let per_client = Rc::new(RefCell::new(vec![0u64; c.coroutines()]));
+    let failed = Rc::new(RefCell::new(None::<String>));
+    let zipf = if locks > 1 && theta > 0.0 {
+        Some(Zipf::new(locks as f64, theta).context("Zipf distribution")?)
+    } else {
+        None
+    };
+    let hold = Duration::from_micros(c.hold_us);
+    let mode = match c.takeout_mode {
+        TakeoutMode::Hot => Mode::Hot,
+        TakeoutMode::Cold => Mode::Cold,
+    };
+    let mut ex = Executor::new(ctx.clone());
+    for co in 0..c.coroutines() {
+        let (ctx, lc, ts, hist, refusals, max_wait, per_client, failed) = (
+            ctx.clone(),
+            lc.clone(),
+            ts.clone(),
+            hist.clone(),
+            refusals.clone(),
+            max_wait.clone(),
+            per_client.clone(),
+            failed.clone(),
+        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(c.seed ^ (thread << 32 | co as u64));
+        ex.spawn(async move {
+            while Instant::now() < end && failed.borrow().is_none() {
+                let id = match zipf {
+                    Some(z) => (z.sample(&mut rng) as u64 - 1).min(locks - 1),
+                    None => rng.random_range(0..locks),
+                };
+                let start = Instant::now();
+                let measured = start >= warm;
+                let r: Result<(), String> = async {
+                    match kind {
+                        Kind::Takeout => loop {
+                            let req = LockRequest {
+                                id,
+                                ts: ts.fetch_add(1, Ordering::Relaxed),
+                                mode,
+                            };
+                            let grants = lc.lock(&ctx, &[req]).await.map_err(|e| e.to_string())?;
+                            match grants.into_iter().next() {
+                                Some(Grant::Queued(mut t)) => {
+                                    t.wait(Instant::now() + Duration::from_secs(30))
+                                        .await
+                                        .map_err(|e| e.to_string())?;
+                                    record(&hist, &max_wait, start, measured);
+                                    ctx.sleep(hold).await;
+                                    t.release().await.map_err(|e| e.to_string())?;
+                                    break Ok(());
+                                }
+                                Some(Grant::Refused(_)) => {
+                                    if measured {
+                                        refusals.set(refusals.get() + 1);
+                                    }
+                                    // Retry after a Hangout's worth: the queue is long.
+                                    ctx.sleep(lc.srtt().max(Duration::from_micros(2))).await;
+                                }
+                                None => break Err("empty Lock RPC reply".into()),
+                            }
+                        },
+                    }
+                }
+                .await;
+                match r {
+                    Ok(()) if measured && Instant::now() <= end => {
+                        per_client.borrow_mut()[co] += 1;
+                    }
+                    Ok(()) => {}
+                    Err(e) => *failed.borrow_mut() = Some(e),
+                }
+            }
+        });
+    }
+    ex.run();
+    eprintln!(
+        "{} client thread {thread}: smoothed one-sided RTT to the lock service {:?}",
+        kind.name(),
+        lc.srtt()
+    );
+    if let Some(e) = failed.borrow_mut().take() {
+        bail!("{} client failed: {e}", kind.name());
+    }
+    let per_client = per_client.borrow().clone();
+    let hist = hist.borrow().clone();
+    Ok(Point {
+        acquisitions: per_client.iter().sum(),
+        refusals: refusals.get(),
+        per_client,
+        max_wait_ns: max_wait.get(),
+        hist,
+        secs: c.duration_ms as f64 / 1e3,
+    })
+}
+
+/// Record an acquisition's latency (first request to grant) if in the measured window.
+fn record(hist: &RefCell<Histogram<u64>>, max_wait: &Cell<u64>, start: Instant, measured: bool) {
+    if !measured {
+        return;
+    }
+    let ns = start.elapsed().as_nanos() as u64;
+    let _ = hist.borrow_mut().record(ns.max(1));
+    max_wait.set(max_wait.get().max(ns));
+}
