@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::bootstrap::{self, BootstrapError, BootstrapServer};
-use crate::fabric::{Fabric, FabricError, MrDesc, QpEndpoint, QueuePair, RemoteAddr};
+use crate::fabric::{Fabric, FabricError, MrDesc, QpEndpoint, QpState, QueuePair, RemoteAddr};
 use crate::rocket::RocketConfig;
 use crate::server::{Handlers, RocketOffer, RpcServer, ServerConfig};
 use crate::straw::QpKind;
@@ -267,10 +267,11 @@ fn handle_ctrl(s: &Shared, req: serde_json::Value) -> Result<serde_json::Value, 
         } => {
             let qp = passive_qp(s, &endpoint)?;
             let ep = qp.endpoint();
-            s.passive
-                .lock()
-                .map_err(|_| "poisoned")?
-                .insert((straw, qp_id), qp);
+            let mut passive = s.passive.lock().map_err(|_| "poisoned")?;
+            // Requesters that died without releasing their QPs: drop their ends (and the
+            // mappings of their memory) when the next requester connects.
+            passive.retain(|_, q| q.state() != QpState::Error);
+            passive.insert((straw, qp_id), qp);
             serde_json::to_value(ep)
         }
         CtrlRequest::ConnectQp {

@@ -380,6 +380,15 @@ impl RpcServer {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|x| x.id() != qp_id);
+        // The requester released its last QP here (its threads closed their Rockets
+        // first): forget its straw; a later QP of the same pool starts a new one. Under the
+        // map's lock, which `add_qp` holds while adding a QP.
+        if let Ok(mut m) = self.straws.lock() {
+            let empty = s.qps.read().unwrap_or_else(|p| p.into_inner()).is_empty();
+            if empty && m.get(&straw).is_some_and(|x| Arc::ptr_eq(x, &s)) {
+                m.remove(&straw);
+            }
+        }
         true
     }
 
