@@ -5,8 +5,8 @@
 #    libclang-dev) and to load libibverbs (libibverbs1, ibverbs-providers).
 # 2. Builds everything with the verbs backend compiled in and runs all tests on the shm
 #    fabric (cargo test --workspace).
-# 3. Runs the fabric conformance suite and the RPC, modes and straws suites again on shm
-#    under the cx5 timing model (RRPC_MODEL=cx5).
+# 3. Runs the fabric conformance suite and the RPC, modes, straws and shm-cluster suites
+#    again on shm under the cx5 timing model (RRPC_MODEL=cx5).
 # 4. Runs the fabric conformance suite and the RPC, lock, TSO, memnode and SmallBank
 #    integration tests again on the verbs backend, against the Linux kernel's RDMA stack
 #    (Soft-RoCE), inside a qemu VM (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
@@ -40,7 +40,7 @@ cargo test --workspace --features rrpc/verbs
 # Completions that arrive late exercise paths that instant completion never does.
 echo "== timing model cx5: the fabric conformance, RPC, modes and straws suites again"
 RRPC_MODEL=cx5 cargo test --workspace --features rrpc/verbs \
-  --test fabric_conformance --test rpc --test modes --test straws
+  --test fabric_conformance --test rpc --test modes --test straws --test shm_cluster
 
 if [ "${RRPC_SKIP_VM:-0}" = 1 ]; then
   echo "== RRPC_SKIP_VM=1: verbs tests in the Soft-RoCE VM skipped"

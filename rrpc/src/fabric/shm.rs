@@ -245,18 +245,26 @@ struct FabricInner {
     rkeys: MmapMut,
     next_qpn: AtomicU32,
     local: RwLock<HashMap<u32, LocalMr>>,
+    /// Bumped at every deregistration: QPs' lkey caches filled before it may be stale.
+    local_gen: AtomicU64,
     /// Mappings of remote MRs by (node, rkey), shared by this process's QPs. Weak: a
     /// mapping lives as long as a QP (or a queued WR) holds it, so the memory of a
     /// departed peer is not pinned here.
     remote: Mutex<RemoteCache>,
     /// The timing model, if one was chosen ([`ShmFabric::open_with_model`]).
     model: Option<Arc<TimingModel>>,
-    /// NIC state files mapped so far, by node (this node's own included).
-    nics: Mutex<HashMap<u32, Arc<NicMap>>>,
+    /// NIC state files mapped, by node (this node's own included). Weak: the QPs that
+    /// post to or from a node keep its mapping, so a departed node's is not kept here.
+    nics: Mutex<HashMap<u32, std::sync::Weak<NicMap>>>,
 }
 
 impl Drop for FabricInner {
     fn drop(&mut self) {
+        // The timing model's NIC state of this node: peers still mapping it keep their
+        // copy; a later incarnation starts a fresh one.
+        if self.model.is_some() {
+            let _ = std::fs::remove_file(self.dir.join(format!("n{}.nic", self.node)));
+        }
         // Unlink before the lock is released so nobody sees a dead node's file.
         let _ = std::fs::remove_file(&self.alive_path);
     }
@@ -361,6 +369,7 @@ impl ShmFabric {
                 rkeys,
                 next_qpn: AtomicU32::new(1),
                 local: RwLock::new(HashMap::new()),
+                local_gen: AtomicU64::new(0),
                 remote: Mutex::new(RemoteCache::default()),
                 model,
                 nics: Mutex::new(HashMap::new()),
@@ -383,11 +392,12 @@ impl ShmFabric {
     /// created it yet: a node without the model still has a NIC others reserve).
     fn nic(&self, node: u32) -> Result<Arc<NicMap>> {
         let mut nics = self.inner.nics.lock().expect("NIC table poisoned");
-        if let Some(n) = nics.get(&node) {
-            return Ok(n.clone());
+        if let Some(n) = nics.get(&node).and_then(std::sync::Weak::upgrade) {
+            return Ok(n);
         }
+        nics.retain(|_, w| w.strong_count() > 0);
         let n = Arc::new(NicMap::open(&self.inner.dir.join(format!("n{node}.nic")))?);
-        nics.insert(node, n.clone());
+        nics.insert(node, Arc::downgrade(&n));
         Ok(n)
     }
 
@@ -524,6 +534,7 @@ impl ShmFabric {
             peer: None,
             state: QpState::Init,
             local_cache: HashMap::new(),
+            local_gen: 0,
             rq,
             peer_rq: None,
             timing: match &self.inner.model {
@@ -643,6 +654,7 @@ impl Drop for ShmMr {
         if let Ok(mut t) = self.fabric.local.write() {
             t.remove(&self.key);
         }
+        self.fabric.local_gen.fetch_add(1, Ordering::Release);
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -820,6 +832,8 @@ pub struct ShmQp {
     peer: Option<Peer>,
     state: QpState,
     local_cache: HashMap<u32, (u64, usize)>,
+    /// The fabric's `local_gen` when `local_cache` was last checked.
+    local_gen: u64,
     /// This QP's receive queue (the peer SENDs into it).
     rq: Arc<RecvQueue>,
     /// The peer's receive queue (we SEND into it).
@@ -943,13 +957,22 @@ impl ShmQp {
     }
 
     /// Check the peer's liveness lock now: a peer that exited puts the QP in error.
+    /// Also lets go of mappings of MRs their owners deregistered (all of them once the QP
+    /// is in error), so that a mapping unused since does not pin the memory.
     pub fn probe(&mut self) {
-        if self.state != QpState::ReadyToSend {
-            return;
+        if self.state == QpState::ReadyToSend {
+            if let Some(p) = &self.peer {
+                if try_lock(&p.alive, libc::LOCK_SH) {
+                    self.set_error();
+                }
+            }
         }
-        if let Some(p) = &self.peer {
-            if try_lock(&p.alive, libc::LOCK_SH) {
-                self.set_error();
+        let error = self.state() == QpState::Error;
+        if let Some(p) = &mut self.peer {
+            if error {
+                p.remote.clear();
+            } else {
+                p.remote.retain(|_, m| m.live());
             }
         }
     }
@@ -1000,6 +1023,13 @@ impl ShmQp {
     }
 
     fn local_ptr(&mut self, addr: u64, len: usize, lkey: u32) -> Option<*mut u8> {
+        // A deregistration since the cache was filled may have made an entry stale (a
+        // pointer into an unmapped region): start over.
+        let gen = self.fabric.local_gen.load(Ordering::Acquire);
+        if gen != self.local_gen {
+            self.local_cache.clear();
+            self.local_gen = gen;
+        }
         let (base, mr_len) = match self.local_cache.get(&lkey) {
             Some(&v) => v,
             None => {
