@@ -212,6 +212,7 @@ impl CasClient {
                             addr,
                             id,
                             holder,
+                            failures: acq.failures(),
                             release: self.c.cfg.cas_release,
                             lost: self.c.lost.clone(),
                         }),
@@ -238,6 +239,8 @@ struct CasState {
     addr: RemoteAddr,
     id: u64,
     holder: HolderId,
+    /// Failed CASes before the one that acquired.
+    failures: u32,
     release: Release,
     lost: Rc<Cell<u64>>,
 }
@@ -255,6 +258,11 @@ impl CasGuard {
     /// Our holder id, as the lock word holds it.
     pub fn holder(&self) -> HolderId {
         self.st().holder
+    }
+
+    /// Failed CASes (each followed by a backoff) before the one that acquired.
+    pub fn failures(&self) -> u32 {
+        self.st().failures
     }
 
     /// Release: one-sided WRITE of 0, or CAS `holder -> 0` ([`Release`]).
@@ -465,6 +473,12 @@ impl DslrGuard {
     /// The ticket (mode, snapshot, reset duty).
     pub fn ticket(&self) -> Ticket {
         self.st().ticket
+    }
+
+    /// Whether the ticket had to wait: tickets ahead of it were unreleased when drawn.
+    pub fn waited(&self) -> bool {
+        let s = self.st();
+        s.ticket.check(s.ticket.snapshot().encode()) != Ok(Wait::Go)
     }
 
     /// Release (DSLR Algorithm 3): one FAA of +1 on `n_x` or `n_s`; the resetter then

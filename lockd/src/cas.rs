@@ -8,7 +8,8 @@
 //! identifiable from the word alone). Acquire is one one-sided CAS `0 -> id`; a CAS that
 //! returns anything else failed, and the client retries after a randomized exponential
 //! backoff ([`crate::backoff`]). There is no queue and no refusal: a waiter only ever
-//! retries, so the lock is not fair (a lucky client can win every time).
+//! retries, so the lock is not fair: a client that releases and locks again usually beats
+//! the waiters sitting out their backoff, and can keep the lock for many rounds in a row.
 //!
 //! Release ([`Release`]) is one one-sided WRITE of 0 by default, as FORD does. Why a
 //! WRITE is safe against concurrent CAS attempts: while we hold the lock the word holds our

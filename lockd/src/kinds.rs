@@ -212,6 +212,16 @@ impl LockGuard {
         }
     }
 
+    /// Whether the acquisition met contention: the Takeout ticket or DSLR ticket had
+    /// tickets ahead of it, or a CAS failed before the one that acquired.
+    pub fn contended(&self) -> bool {
+        match self {
+            Self::Takeout(t) => !t.reply().holds_now(),
+            Self::Cas(g) => g.failures() > 0,
+            Self::Dslr(g) => g.waited(),
+        }
+    }
+
     /// Release the lock (one one-sided op, plus DSLR's counter reset when this ticket is
     /// the resetter).
     ///

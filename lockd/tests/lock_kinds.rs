@@ -122,6 +122,8 @@ struct Outcome {
     writes: Vec<u64>,
     /// Shared acquisitions in total.
     reads: u64,
+    /// Acquisitions that met contention ([`LockGuard::contended`]).
+    contended: u64,
 }
 
 /// Run `h` against `svc` from a client runtime on `client`; returns the counts and checks
@@ -129,6 +131,7 @@ struct Outcome {
 fn hammer(svc: &Service, client: Fabric, h: &Hammer) -> Outcome {
     let writes: Arc<Vec<AtomicU64>> = Arc::new((0..N_LOCKS).map(|_| AtomicU64::new(0)).collect());
     let reads = Arc::new(AtomicU64::new(0));
+    let contended = Arc::new(AtomicU64::new(0));
     let addr = svc.node.addr();
     let rt = Runtime::new(client, RuntimeConfig::default());
     rt.run(h.threads, h.coroutines, |ctx, thread| {
@@ -138,13 +141,16 @@ fn hammer(svc: &Service, client: Fabric, h: &Hammer) -> Outcome {
         cfg.seed = cfg.seed.wrapping_add(thread as u64);
         cfg.client = Some(thread as u16);
         let lc = Rc::new(AnyLockClient::from_info(h.kind, ctx, &info, &cfg).unwrap());
-        let (writes, reads) = (writes.clone(), reads.clone());
+        let (writes, reads, contended) = (writes.clone(), reads.clone(), contended.clone());
         let (rounds, locks, shared_every, node) = (h.rounds, h.locks, h.shared_every, info.node);
         Ok(move |ctx: Rc<ThreadCtx>, coro: usize| {
-            let (lc, writes, reads) = (lc.clone(), writes.clone(), reads.clone());
+            let (lc, writes, reads, contended) =
+                (lc.clone(), writes.clone(), reads.clone(), contended.clone());
             async move {
                 for r in 0..rounds {
-                    let id = (r + coro as u64 * 3 + thread as u64) % locks;
+                    // A thread's coroutines start on the same lock, so they contend from
+                    // their first acquisition on, whatever the threads' timing.
+                    let id = (r + thread as u64) % locks;
                     let n = r * 7 + coro as u64 + thread as u64;
                     let shared = shared_every > 0 && n.is_multiple_of(shared_every);
                     let access = if shared {
@@ -154,6 +160,9 @@ fn hammer(svc: &Service, client: Fabric, h: &Hammer) -> Outcome {
                     };
                     let g = lc.lock(&ctx, id, access).await.expect("lock");
                     assert_eq!(g.id(), id);
+                    if g.contended() {
+                        contended.fetch_add(1, Ordering::Relaxed);
+                    }
                     let at = counters.at(id * 8);
                     let read = |ctx: Rc<ThreadCtx>| async move {
                         let b = ctx.read(node, at, 8).await.expect("READ counter");
@@ -161,7 +170,7 @@ fn hammer(svc: &Service, client: Fabric, h: &Hammer) -> Outcome {
                     };
                     let v = read(ctx.clone()).await;
                     // Stay inside long enough for the others to pile up.
-                    ctx.yield_now().await;
+                    ctx.sleep(Duration::from_micros(5)).await;
                     if shared {
                         assert_eq!(read(ctx.clone()).await, v, "a writer inside a read lock");
                         reads.fetch_add(1, Ordering::Relaxed);
@@ -181,7 +190,13 @@ fn hammer(svc: &Service, client: Fabric, h: &Hammer) -> Outcome {
     let out = Outcome {
         writes: writes.iter().map(|w| w.load(Ordering::Relaxed)).collect(),
         reads: reads.load(Ordering::Relaxed),
+        contended: contended.load(Ordering::Relaxed),
     };
+    assert!(
+        out.contended > 0,
+        "{}: the clients actually contended",
+        h.kind
+    );
     let total: u64 = out.writes.iter().sum::<u64>() + out.reads;
     assert_eq!(total, h.threads as u64 * h.coroutines as u64 * h.rounds);
     for id in 0..N_LOCKS {
@@ -215,6 +230,7 @@ fn hammer_kind(kind: LockKind, name: &str, model: Option<&str>, rounds: u64) {
     };
     let svc = start_service(sf);
     let cf = open(&cluster, CLIENT_NODE, model).unwrap();
+    let fabric_model = cf.model_name();
     let h = Hammer {
         kind,
         threads: 3,
@@ -229,9 +245,12 @@ fn hammer_kind(kind: LockKind, name: &str, model: Option<&str>, rounds: u64) {
     };
     let out = hammer(&svc, cf, &h);
     eprintln!(
-        "{kind} (model {model:?}): {:?} writes, {} reads",
-        out.writes, out.reads
+        "{kind} (timing model {fabric_model}): {:?} writes, {} reads, {} contended",
+        out.writes, out.reads, out.contended
     );
+    if let Some(m) = model {
+        assert_eq!(fabric_model, m);
+    }
     if kind == LockKind::Dslr {
         assert!(out.reads > 0, "shared mode exercised");
     }
@@ -293,14 +312,15 @@ fn cas_release_by_cas_is_exclusive_too() {
         threads: 2,
         coroutines: 3,
         rounds: 80,
-        locks: 2,
+        locks: 1,
         shared_every: 0,
         cfg: BaselineConfig {
             cas_release: Release::Cas,
             ..BaselineConfig::default()
         },
     };
-    hammer(&svc, cluster.open(CLIENT_NODE).unwrap(), &h);
+    let out = hammer(&svc, cluster.open(CLIENT_NODE).unwrap(), &h);
+    eprintln!("cas, released by CAS: {out:?}");
 }
 
 /// Guards dropped unreleased (an early return, or a held guard simply dropped) are
