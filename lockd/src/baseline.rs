@@ -390,8 +390,11 @@ impl DslrClient {
     /// Errors: [`LockError::InvalidRequest`] for an id outside the table;
     /// [`LockError::Timeout`] after the acquire timeout (a ticket already drawn is
     /// released by a coroutine of its own when its turn comes); [`LockError::Rpc`] when a
-    /// one-sided operation fails; [`LockError::Protocol`] when the word contradicts the
-    /// protocol.
+    /// one-sided operation fails (a failed ticket or undo FAA has an unknown outcome and
+    /// may leave the lock stalled or frozen: recovery is out of scope);
+    /// [`LockError::Protocol`] when the word contradicts the protocol. Dropping the future
+    /// between the ticket FAA and its return leaks the ticket, as it would a Takeout
+    /// ticket in flight.
     pub async fn lock(
         &self,
         ctx: &Rc<ThreadCtx>,
