@@ -332,17 +332,24 @@ fn dropped_guards_and_timeouts_pass_the_lock_on() {
     let svc = start_service(cluster.open(SERVICE_NODE).unwrap());
     let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE).unwrap(), RuntimeConfig::default()).unwrap();
     let info = ctx.connect(svc.node.addr()).unwrap();
-    let cfg = BaselineConfig {
+    // Acquires expected to succeed use the default timeout (10 s), so a loaded machine
+    // cannot fail them; the one expected to time out uses a client with 20 ms.
+    let short = BaselineConfig {
         acquire_timeout: Duration::from_millis(20),
         ..BaselineConfig::default()
     };
-    let cas = Rc::new(AnyLockClient::from_info(LockKind::Cas, &ctx, &info, &cfg).unwrap());
-    let dslr = Rc::new(AnyLockClient::from_info(LockKind::Dslr, &ctx, &info, &cfg).unwrap());
+    let client = |kind, cfg: &BaselineConfig| {
+        Rc::new(AnyLockClient::from_info(kind, &ctx, &info, cfg).unwrap())
+    };
+    let pairs: Vec<(Rc<AnyLockClient>, Rc<AnyLockClient>)> = [LockKind::Cas, LockKind::Dslr]
+        .into_iter()
+        .map(|k| (client(k, &BaselineConfig::default()), client(k, &short)))
+        .collect();
     let timeouts = Rc::new(Cell::new(0));
-    let (c, cas2, dslr2, t2) = (ctx.clone(), cas.clone(), dslr.clone(), timeouts.clone());
+    let (c, p2, t2) = (ctx.clone(), pairs.clone(), timeouts.clone());
     block_on(&ctx, async move {
         let ctx = c;
-        for lc in [&cas2, &dslr2] {
+        for (lc, impatient) in &p2 {
             // A held guard dropped by an early return.
             let early: Result<(), LockError> = async {
                 let _g = lc.lock(&ctx, 4, Access::Exclusive).await?;
@@ -354,7 +361,7 @@ fn dropped_guards_and_timeouts_pass_the_lock_on() {
             // Its release coroutine runs on this thread's executor; acquiring again works.
             let g = lc.lock(&ctx, 4, Access::Exclusive).await.unwrap();
             // A second acquire times out while we hold the lock.
-            match lc.lock(&ctx, 4, Access::Exclusive).await {
+            match impatient.lock(&ctx, 4, Access::Exclusive).await {
                 Err(LockError::Timeout { id: 4, .. }) => t2.set(t2.get() + 1),
                 r => panic!("{}: expected a timeout, got {r:?}", lc.kind()),
             }
@@ -370,7 +377,9 @@ fn dropped_guards_and_timeouts_pass_the_lock_on() {
         }
     });
     assert_eq!(timeouts.get(), 2);
-    assert_eq!((cas.lost(), dslr.lost()), (0, 0));
+    for (lc, impatient) in &pairs {
+        assert_eq!((lc.lost(), impatient.lost()), (0, 0), "{}", lc.kind());
+    }
     assert_eq!(svc.cas.word(4), 0);
     let w = DslrWord::decode(svc.dslr.word(4));
     // Three exclusive tickets (early, g, the timed-out one) and one shared, all released.
