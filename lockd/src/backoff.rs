@@ -15,7 +15,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 /// Backoff policy: the first delay's ceiling and the largest ceiling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, rename_all = "kebab-case")]
 pub struct Backoff {
     /// Ceiling of the first delay (default 1 us). Must be nonzero.
     pub base: Duration,

@@ -26,8 +26,10 @@ use crate::dslr::{self, Access, Draw, ResetStep, Ticket, Wait};
 use crate::words::{WordsExport, CAS_EXPORT, DSLR_EXPORT, WORD_STRIDE};
 
 /// Client settings of the baseline locks (and of Takeout through
-/// [`crate::kinds::AnyLockClient`]).
-#[derive(Clone, Debug, PartialEq)]
+/// [`crate::kinds::AnyLockClient`]); kebab-case fields, each defaulted, durations as
+/// serde writes them (`{secs, nanos}`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, rename_all = "kebab-case")]
 pub struct BaselineConfig {
     /// Backoff after a failed CAS (CAS lock) and after drawing from a frozen word (DSLR).
     pub backoff: Backoff,
@@ -598,5 +600,36 @@ async fn dslr_release(mut s: DslrState) -> Result<(), LockError> {
                     .map_err(|()| lost(timeout(id, start)))?
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_roundtrips_and_defaults_missing_fields() {
+        let c = BaselineConfig {
+            seed: 9,
+            cas_release: Release::Cas,
+            dslr_count_max: 5,
+            ..BaselineConfig::default()
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["cas-release"], "cas");
+        assert_eq!(v["dslr-count-max"], 5);
+        assert_eq!(serde_json::from_value::<BaselineConfig>(v).unwrap(), c);
+        let partial: BaselineConfig =
+            serde_json::from_str(r#"{"seed": 3, "backoff": {"cap": {"secs": 0, "nanos": 5000}}}"#)
+                .unwrap();
+        assert_eq!(partial.seed, 3);
+        assert_eq!(partial.backoff.base, Backoff::default().base);
+        assert_eq!(partial.backoff.cap, Duration::from_micros(5));
+        assert!(partial.validate().is_ok());
+        let bad = BaselineConfig {
+            dslr_count_max: dslr::COUNT_MAX + 1,
+            ..BaselineConfig::default()
+        };
+        assert!(bad.validate().is_err());
     }
 }

@@ -99,8 +99,11 @@ impl IdSource {
     }
 }
 
-/// How a CAS lock is released.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// How a CAS lock is released (`write` or `cas` in configs).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum Release {
     /// One-sided WRITE of [`FREE`] (FORD); see the module docs for why it is safe.
     #[default]
