@@ -50,17 +50,39 @@ pub enum LockError {
         upper: u64,
     },
     /// A release could not pass the lock on: waiting for the ticket's turn or the FAA
-    /// of `upper` failed. The lock may stay stalled at this ticket until the service
-    /// recovers it.
+    /// of `upper` failed (Takeout), the release WRITE or CAS failed (CAS lock), or the
+    /// release FAA or the counter reset failed (DSLR). The lock may stay stalled at this
+    /// ticket until the service recovers it.
     #[error("lock {id}: ticket {ticket} lost, the lock was not passed on")]
     Lost {
         /// Lock id.
         id: u64,
-        /// The ticket.
+        /// The ticket (Takeout), the holder id (CAS lock) or the ticket's snapshot word
+        /// (DSLR).
         ticket: u64,
         /// Why.
         #[source]
         cause: Box<LockError>,
+    },
+    /// A baseline lock ([`crate::cas`], [`crate::dslr`]) or a Takeout ticket taken through
+    /// [`crate::kinds::AnyLockClient`] was not acquired within the acquire timeout. A DSLR
+    /// or Takeout ticket already drawn is released by a coroutine of its own when its turn
+    /// comes.
+    #[error("lock {id}: not acquired within {waited:?}")]
+    Timeout {
+        /// Lock id.
+        id: u64,
+        /// How long the acquire tried.
+        waited: Duration,
+    },
+    /// The Lock RPC refused a Takeout ticket requested through
+    /// [`crate::kinds::AnyLockClient`] (the reply says why); nothing to release.
+    #[error("lock {}: Takeout ticket refused ({:?})", .id, .reply.reason)]
+    Refused {
+        /// Lock id.
+        id: u64,
+        /// The service's reply.
+        reply: LockReply,
     },
     /// The node exports no usable lock table.
     #[error("lock service export: {0}")]

@@ -14,15 +14,32 @@
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
 //!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own).
 //!
-//! The `lockd` binary serves a table over an `rrpc` node; the same [`service::LockTable`]
-//! can be embedded in any process that runs an `rrpc` node. Not here yet: the CAS-lock
-//! baseline, Lotus lock tables and sharding, and recovery of tickets abandoned by crashed
-//! clients (a crashed holder or waiter stalls its lock).
+//! Two baselines for comparison use one-sided verbs only, with no lock-service CPU:
+//!
+//! - [`cas`]: the CAS spinlock of FORD and FaRM (one word, CAS to acquire with randomized
+//!   exponential [`backoff`], WRITE of 0 to release);
+//! - [`dslr`]: DSLR (Yoon et al., SIGMOD'18), a bakery lock of four 16-bit counters in one
+//!   word driven by FAA, with shared and exclusive modes and counter resets;
+//! - [`words`]: their lock words in registered memory; [`baseline`]: their clients;
+//! - [`kinds`]: one client API over the three locks ([`kinds::LockKind`]), so a benchmark
+//!   can swap them by name.
+//!
+//! The `lockd` binary serves a table over an `rrpc` node (and, with `--cas-locks` /
+//! `--dslr-locks`, the baselines' word tables); the same [`service::LockTable`] can be
+//! embedded in any process that runs an `rrpc` node. Not here yet: Lotus lock tables and
+//! sharding, and recovery of locks abandoned by crashed clients (a crashed holder or waiter
+//! stalls its lock).
 #![warn(missing_docs)]
 
+pub mod backoff;
+pub mod baseline;
+pub mod cas;
 pub mod client;
+pub mod dslr;
+pub mod kinds;
 pub mod lock_table;
 pub mod service;
 pub mod takeout;
 pub mod ticket;
 pub mod wire;
+pub mod words;

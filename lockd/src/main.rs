@@ -1,4 +1,5 @@
-//! The `lockd` binary: serves a table of Takeout Locks (Scythe 4.3) on an rrpc node.
+//! The `lockd` binary: serves a table of Takeout Locks (Scythe 4.3) on an rrpc node, and
+//! optionally tables of the one-sided baseline locks (CAS spinlock, DSLR).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -8,6 +9,7 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::takeout::Watermarks;
+use lockd::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
 use rrpc::node::{Node, NodeConfig};
 use rrpc::service::{self, NodeArgs};
 
@@ -33,6 +35,14 @@ struct Cli {
     /// HotWatermark: all Lock RPCs are refused above this many queued tickets (>= cold).
     #[arg(long, value_name = "TICKETS", default_value_t = 10)]
     hot_watermark: u64,
+    /// Also export this many CAS spinlocks (8 bytes of registered memory each; 0: none).
+    /// Clients lock them with one-sided CAS only, without this process's CPU.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    cas_locks: u64,
+    /// Also export this many DSLR locks (8 bytes of registered memory each; 0: none).
+    /// Clients lock them with one-sided FAA, READ and CAS only.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    dslr_locks: u64,
 }
 
 fn main() -> ExitCode {
@@ -53,6 +63,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let table = Arc::new(LockTable::new(&fabric, cli.locks, wm)?);
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
+    // The word tables live as long as the node serves; nothing but clients touches them.
+    let mut word_tables = Vec::new();
+    for (name, n) in [(CAS_EXPORT, cli.cas_locks), (DSLR_EXPORT, cli.dslr_locks)] {
+        if n > 0 {
+            let t = WordTable::new(&fabric, n).with_context(|| format!("--{name} {n}"))?;
+            exports.insert(name.to_string(), t.export());
+            word_tables.push(t);
+        }
+    }
     let node = Node::start(
         fabric.clone(),
         NodeConfig {
@@ -73,6 +92,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         threads = cli.threads,
         cold_watermark = wm.cold,
         hot_watermark = wm.hot,
+        cas_locks = cli.cas_locks,
+        dslr_locks = cli.dslr_locks,
         "lockd serving"
     );
     service::announce_ready(node.addr(), &[]).context("writing READY")?;
@@ -80,5 +101,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     tracing::info!("signal received; shutting down");
     drop(node);
     drop(table);
+    drop(word_tables);
     Ok(())
 }
