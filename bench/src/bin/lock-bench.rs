@@ -23,9 +23,13 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde_json::json;
 
+use lockd::backoff::Backoff;
+use lockd::baseline::BaselineConfig;
 use lockd::client::{Grant, LockClient, LockRequest, Mode};
+use lockd::kinds::{Access, AnyLockClient, LockKind};
 use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::takeout::Watermarks;
+use lockd::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
@@ -71,8 +75,22 @@ struct Common {
     #[arg(long, global = true, default_value_t = 25)]
     hold_us: u64,
     /// Lock kinds to compare.
-    #[arg(long, global = true, value_delimiter = ',', default_value = "takeout")]
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "takeout,cas,dslr"
+    )]
     kinds: Vec<Kind>,
+    /// CAS spinlock: the backoff caps to sweep, microseconds (first delay 1 us, doubling
+    /// up to the cap, randomized); each is a row, and the ratio uses CAS's best p99.
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "10,100,1000"
+    )]
+    cas_backoff_caps_us: Vec<u64>,
     /// Takeout: the heat mode requests use (hot: HotWatermark, as TOCC locks; cold:
     /// ColdWatermark, as OCC locks).
     #[arg(long, global = true, default_value = "hot")]
@@ -122,13 +140,60 @@ enum Kind {
     /// Scythe's Takeout Lock: Lock RPC for a ticket, Hangout and READ for its turn, FAA to
     /// release.
     Takeout,
+    /// CAS spinlock (FORD, FaRM): one-sided CAS with randomized exponential backoff,
+    /// released by a WRITE of 0.
+    Cas,
+    /// DSLR (Yoon et al., SIGMOD'18): one-sided FAA tickets in a 64-bit word, READ
+    /// polling, FAA release.
+    Dslr,
 }
 
 impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Takeout => "takeout",
+            Kind::Cas => "cas",
+            Kind::Dslr => "dslr",
         }
+    }
+}
+
+/// One lock configuration under test: a kind, and for CAS a backoff cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Variant {
+    kind: Kind,
+    cas_cap_us: u64,
+}
+
+impl Variant {
+    fn label(self) -> String {
+        match self.kind {
+            Kind::Cas => format!("cas/{}us", self.cas_cap_us),
+            k => k.name().into(),
+        }
+    }
+}
+
+impl Common {
+    /// The variants to run: each kind, CAS once per backoff cap.
+    fn variants(&self) -> Vec<Variant> {
+        let mut v = Vec::new();
+        for &kind in &self.kinds {
+            if kind == Kind::Cas {
+                for &cap in &self.cas_backoff_caps_us {
+                    v.push(Variant {
+                        kind,
+                        cas_cap_us: cap,
+                    });
+                }
+            } else {
+                v.push(Variant {
+                    kind,
+                    cas_cap_us: 0,
+                });
+            }
+        }
+        v
     }
 }
 
@@ -227,12 +292,12 @@ impl Point {
 }
 
 const HEADER: &str =
-    "    lock  theta   p50(us)   p99(us)  p999(us)   acq/s  refusals    jain  maxwait(us)";
+    "      lock  theta   p50(us)   p99(us)  p999(us)   acq/s  refusals    jain  maxwait(us)";
 
-fn print_row(kind: Kind, theta: Option<f64>, p: &Point) {
+fn print_row(v: Variant, theta: Option<f64>, p: &Point) {
     println!(
-        "{:>8} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>7.0} {:>9} {:>7.3} {:>12.1}",
-        kind.name(),
+        "{:>10} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>7.0} {:>9} {:>7.3} {:>12.1}",
+        v.label(),
         theta.map_or_else(|| "-".into(), |t| format!("{t}")),
         p.us(0.5),
         p.us(0.99),
@@ -244,9 +309,9 @@ fn print_row(kind: Kind, theta: Option<f64>, p: &Point) {
     );
 }
 
-fn row_json(kind: Kind, theta: Option<f64>, p: &Point) -> serde_json::Value {
+fn row_json(v: Variant, theta: Option<f64>, p: &Point) -> serde_json::Value {
     json!({
-        "lock": kind.name(), "theta": theta, "p50_us": p.us(0.5), "p99_us": p.us(0.99),
+        "lock": v.label(), "kind": v.kind.name(), "theta": theta, "p50_us": p.us(0.5), "p99_us": p.us(0.99),
         "p999_us": p.us(0.999), "acquisitions_per_s": p.acquisitions as f64 / p.secs,
         "refusals": p.refusals, "jain": p.jain(), "max_wait_us": p.max_wait_ns as f64 / 1e3,
         "per_client": p.per_client,
@@ -261,16 +326,26 @@ fn fairness(c: &Common, locks: u64, thetas: &[f64]) -> Result<serde_json::Value>
     );
     println!("{HEADER}");
     let mut rows = Vec::new();
-    let mut p99 = BTreeMap::new();
+    let mut best: BTreeMap<(Kind, i64), f64> = BTreeMap::new();
     for &theta in thetas {
-        for &kind in &c.kinds {
-            let p = measure(c, kind, locks, theta)?;
-            print_row(kind, Some(theta), &p);
-            rows.push(row_json(kind, Some(theta), &p));
-            p99.insert((kind, (theta * 100.0).round() as i64), p.us(0.99));
+        for v in c.variants() {
+            let p = measure(c, v, locks, theta)?;
+            print_row(v, Some(theta), &p);
+            rows.push(row_json(v, Some(theta), &p));
+            let e = best
+                .entry((v.kind, (theta * 100.0).round() as i64))
+                .or_insert(f64::INFINITY);
+            *e = e.min(p.us(0.99));
         }
     }
-    Ok(json!({ "locks": locks, "rows": rows }))
+    let ratio = match (best.get(&(Kind::Takeout, 99)), best.get(&(Kind::Cas, 99))) {
+        (Some(t), Some(c)) => Some(t / c),
+        _ => None,
+    };
+    if let Some(r) = ratio {
+        println!("ratio p99 takeout/cas @0.99 = {r:.2} (CAS: its best backoff)");
+    }
+    Ok(json!({ "locks": locks, "rows": rows, "ratio_p99_takeout_cas_099": ratio }))
 }
 
 fn single(c: &Common) -> Result<serde_json::Value> {
@@ -281,29 +356,31 @@ fn single(c: &Common) -> Result<serde_json::Value> {
     );
     println!("{HEADER}");
     let mut rows = Vec::new();
-    for &kind in &c.kinds {
-        let p = measure(c, kind, 1, 0.0)?;
-        print_row(kind, None, &p);
+    for v in c.variants() {
+        let p = measure(c, v, 1, 0.0)?;
+        print_row(v, None, &p);
         let (lo, hi) = (
             p.per_client.iter().min().copied().unwrap_or(0),
             p.per_client.iter().max().copied().unwrap_or(0),
         );
         println!(
-            "{:>8} per-client acquisitions: min {lo}, max {hi}, Jain {:.3}",
-            kind.name(),
+            "{:>10} per-client acquisitions: min {lo}, max {hi}, Jain {:.3}",
+            v.label(),
             p.jain()
         );
-        rows.push(row_json(kind, None, &p));
+        rows.push(row_json(v, None, &p));
     }
     Ok(json!({ "rows": rows }))
 }
 
 /// Start a lock service, run the clients for warm-up + duration, collect.
-fn measure(c: &Common, kind: Kind, locks: u64, theta: f64) -> Result<Point> {
+fn measure(c: &Common, v: Variant, locks: u64, theta: f64) -> Result<Point> {
+    let kind = v.kind;
     let name = format!(
-        "lock-bench-{}-{}-{}",
+        "lock-bench-{}-{}-{}-{}",
         std::process::id(),
         kind.name(),
+        v.cas_cap_us,
         (theta * 100.0) as u64
     );
     let (cluster, _) = ClusterGuard::new(&name)?;
@@ -319,8 +396,12 @@ fn measure(c: &Common, kind: Kind, locks: u64, theta: f64) -> Result<Point> {
     };
     wm.validate().map_err(anyhow::Error::msg)?;
     let table = Arc::new(LockTable::new(&f, locks, wm)?);
+    // The baselines' lock words: one-sided only, in the same node's memory.
+    let (cas, dslr) = (WordTable::new(&f, locks)?, WordTable::new(&f, locks)?);
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
+    exports.insert(CAS_EXPORT.to_string(), cas.export());
+    exports.insert(DSLR_EXPORT.to_string(), dslr.export());
     let node = Node::start(
         f,
         NodeConfig {
@@ -346,7 +427,33 @@ fn measure(c: &Common, kind: Kind, locks: u64, theta: f64) -> Result<Point> {
                         .map_err(anyhow::Error::msg)?;
                     let info = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?;
                     let lc = Rc::new(LockClient::from_info(&info)?);
-                    client_thread(c, &ctx, kind, lc, locks, theta, ts, t as u64, (warm, meas))
+                    let cfg = BaselineConfig {
+                        backoff: Backoff {
+                            base: Duration::from_micros(1),
+                            cap: Duration::from_micros(v.cas_cap_us.max(1)),
+                        },
+                        seed: c.seed,
+                        client: Some(t as u16),
+                        ..BaselineConfig::default()
+                    };
+                    let any = match kind {
+                        Kind::Takeout => None,
+                        Kind::Cas => Some(LockKind::Cas),
+                        Kind::Dslr => Some(LockKind::Dslr),
+                    }
+                    .map(|k| AnyLockClient::from_info(k, &ctx, &info, &cfg))
+                    .transpose()?
+                    .map(Rc::new);
+                    client_thread(
+                        c,
+                        &ctx,
+                        (kind, lc, any),
+                        locks,
+                        theta,
+                        ts,
+                        t as u64,
+                        (warm, meas),
+                    )
                 })
             })
             .collect();
@@ -358,6 +465,7 @@ fn measure(c: &Common, kind: Kind, locks: u64, theta: f64) -> Result<Point> {
             .collect()
     });
     drop(node);
+    drop((cas, dslr));
     drop(cluster);
     let mut all = Point {
         hist: new_hist(),
@@ -386,8 +494,7 @@ fn new_hist() -> Histogram<u64> {
 fn client_thread(
     c: &Common,
     ctx: &Rc<ThreadCtx>,
-    kind: Kind,
-    lc: Rc<LockClient>,
+    (kind, lc, any): (Kind, Rc<LockClient>, Option<Rc<AnyLockClient>>),
     locks: u64,
     theta: f64,
     ts: Arc<AtomicU64>,
@@ -411,6 +518,7 @@ fn client_thread(
     };
     let mut ex = Executor::new(ctx.clone());
     for co in 0..c.coroutines() {
+        let any = any.clone();
         let (ctx, lc, ts, hist, refusals, max_wait, per_client, failed) = (
             ctx.clone(),
             lc.clone(),
@@ -449,16 +557,30 @@ fn client_thread(
                                     t.release().await.map_err(|e| e.to_string())?;
                                     break Ok(());
                                 }
-                                Some(Grant::Refused(_)) => {
+                                Some(Grant::Refused(r)) => {
                                     if measured {
                                         refusals.set(refusals.get() + 1);
                                     }
-                                    // Retry after a Hangout's worth: the queue is long.
-                                    ctx.sleep(lc.srtt().max(Duration::from_micros(2))).await;
+                                    // Retry after the Hangout of the queue that refused
+                                    // us (Equation 3 with its length): sooner is refused
+                                    // again, and floods the Lock RPC.
+                                    let wait = lockd::takeout::hangout(r.ahead().max(1), lc.srtt());
+                                    ctx.sleep(wait.max(Duration::from_micros(2))).await;
                                 }
                                 None => break Err("empty Lock RPC reply".into()),
                             }
                         },
+                        Kind::Cas | Kind::Dslr => {
+                            let any = any.as_ref().ok_or("no baseline client")?;
+                            let g = any
+                                .lock(&ctx, id, Access::Exclusive)
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            record(&hist, &max_wait, start, measured);
+                            ctx.sleep(hold).await;
+                            g.release().await.map_err(|e| e.to_string())?;
+                            Ok(())
+                        }
                     }
                 }
                 .await;
