@@ -7,3 +7,19 @@ pub mod plot;
 pub mod report;
 pub mod smallbank;
 pub mod txnbench;
+
+/// The body of a benchmark binary's `main`: logs to stderr at `warn` unless `RUST_LOG`
+/// says otherwise, parses the arguments, and on an error prints `<name>: <error chain>`
+/// and exits 1.
+pub fn bench_main<A: clap::Parser>(name: &str, run: impl FnOnce(A) -> anyhow::Result<()>) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(A::parse()) {
+        eprintln!("{name}: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -204,17 +204,7 @@ enum TakeoutMode {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
-    if let Err(e) = run(args) {
-        eprintln!("lock-bench: {e:#}");
-        std::process::exit(1);
-    }
+    bench::bench_main::<Args>("lock-bench", run);
 }
 
 fn run(mut args: Args) -> Result<()> {

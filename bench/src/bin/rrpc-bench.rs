@@ -112,17 +112,7 @@ enum Cmd {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
-    if let Err(e) = run(args) {
-        eprintln!("rrpc-bench: {e:#}");
-        std::process::exit(1);
-    }
+    bench::bench_main::<Args>("rrpc-bench", run);
 }
 
 fn run(args: Args) -> Result<()> {
