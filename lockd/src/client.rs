@@ -289,14 +289,15 @@ impl LockClient {
     /// Errors: [`LockError::Rpc`], [`LockError::InvalidRequest`].
     pub async fn read_state(&self, ctx: &ThreadCtx, id: u64) -> Result<LockState, LockError> {
         self.check_id(id)?;
-        let (b, rtt) = ctx
-            .read_timed(
+        let start = quanta::Instant::now();
+        let b = ctx
+            .read(
                 self.node(),
                 self.lock_addr(id),
                 (QUEUED_TS_OFF + 8) as usize,
             )
             .await?;
-        self.shared.sample_rtt(rtt);
+        self.shared.sample_rtt(start.elapsed());
         Ok(LockState {
             lower: word(&b, 0)?,
             upper: word(&b, 8)?,
