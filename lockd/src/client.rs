@@ -179,6 +179,7 @@ impl LockClient {
                 srtt: Rc::new(Cell::new(SmoothedRtt::default())),
                 lost: Rc::new(Cell::new(0)),
                 release_wait: DEFAULT_RELEASE_WAIT,
+                heat: Rc::default(),
             },
         })
     }
@@ -267,6 +268,9 @@ impl LockClient {
             .into_iter()
             .zip(reqs)
             .map(|(r, q)| {
+                // Queued or holding after this request (ours included if granted).
+                self.shared
+                    .observe_heat(q.id, r.ahead() + u64::from(r.granted_queue));
                 if r.granted_queue {
                     let upper = self.lock_addr(q.id).offset(UPPER_OFF);
                     Grant::Queued(Ticket::new(
@@ -298,11 +302,21 @@ impl LockClient {
             )
             .await?;
         self.shared.sample_rtt(start.elapsed());
-        Ok(LockState {
+        let st = LockState {
             lower: word(&b, 0)?,
             upper: word(&b, 8)?,
             queued_ts: word(&b, 16)?,
-        })
+        };
+        self.shared.observe_heat(id, st.queued());
+        Ok(st)
+    }
+
+    /// Lock `id`'s heat as this client last observed it: tickets queued or holding
+    /// (`lower - upper`), from a Lock RPC reply, a ticket's poll or [`Self::read_state`].
+    /// `None` if never observed. A hint for the transaction layer (TOCC chooses hot mode
+    /// by it), as old as the last observation.
+    pub fn heat(&self, id: u64) -> Option<u64> {
+        self.shared.heat.borrow().get(&id).copied()
     }
 
     /// The current smoothed one-sided RTT to the service (zero before the first READ).

@@ -31,9 +31,25 @@ pub(crate) struct Shared {
     pub(crate) srtt: Rc<Cell<SmoothedRtt>>,
     pub(crate) lost: Rc<Cell<u64>>,
     pub(crate) release_wait: Duration,
+    /// Per lock id, the queue length (`lower - upper`: tickets queued or holding) last
+    /// observed by a Lock RPC reply or a poll: the object's heat (Scythe 4.3, Equation 1).
+    pub(crate) heat: Rc<std::cell::RefCell<std::collections::HashMap<u64, u64>>>,
 }
 
+/// Objects whose heat a client remembers; past it the oldest observations are forgotten
+/// all at once (heat is a hint, not state).
+const HEAT_ENTRIES_MAX: usize = 1 << 16;
+
 impl Shared {
+    /// Record lock `id`'s observed queue length.
+    pub(crate) fn observe_heat(&self, id: u64, queued: u64) {
+        let mut h = self.heat.borrow_mut();
+        if h.len() >= HEAT_ENTRIES_MAX && !h.contains_key(&id) {
+            h.clear();
+        }
+        h.insert(id, queued);
+    }
+
     pub(crate) fn sample_rtt(&self, d: Duration) {
         let mut s = self.srtt.get();
         s.update(d);
@@ -207,10 +223,18 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
         // run, which throttles polling when the thread is busy. `ThreadCtx::read_timed`
         // measures the network alone; Hangouts sized by it poll several times as often,
         // which cost SmallBank a third of its throughput on 2 cores. Not switched yet.
+        // `lower` and `upper` in one 16-byte READ (the words stay separate for their
+        // writers): the turn and the queue length behind it, the lock's heat.
+        let lower_addr = RemoteAddr {
+            addr: s.upper_addr.addr - crate::takeout::UPPER_OFF + crate::takeout::LOWER_OFF,
+            rkey: s.upper_addr.rkey,
+        };
         let start = quanta::Instant::now();
-        let bytes = s.ctx.read(s.shared.node, s.upper_addr, 8).await?;
+        let bytes = s.ctx.read(s.shared.node, lower_addr, 16).await?;
         s.shared.sample_rtt(start.elapsed());
-        s.upper = crate::client::word(&bytes, 0)?;
+        let lower = crate::client::word(&bytes, 0)?;
+        s.upper = crate::client::word(&bytes, 8)?;
+        s.shared.observe_heat(id, lower.wrapping_sub(s.upper));
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lockd::client::{Grant, LockClient, LockError, LockRequest, Mode, RefuseReason, Ticket};
 use lockd::service::{LockTable, EXPORT_NAME};
-use lockd::takeout::Watermarks;
+use lockd::takeout::{Watermarks, UPPER_OFF};
 use lockd::wire::LOCK_HANDLER;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::FabricKind;
@@ -522,4 +522,52 @@ impl Drop for LockdProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Every observation of a lock tells the client its heat: a Lock RPC reply, a waiting
+/// ticket's poll (one 16-byte READ of `lower` and `upper`), a state READ.
+#[test]
+fn replies_and_polls_report_the_heat() {
+    const LOCK: u64 = 3;
+    let cluster = cluster("heat");
+    let svc = start_service(&cluster, 8, 1);
+    let (ctx, lc) = client(&cluster, svc.node.addr());
+    let req = |ts| LockRequest {
+        id: LOCK,
+        ts,
+        mode: Mode::Hot,
+    };
+    let (c2, lc2, table) = (ctx.clone(), lc.clone(), svc.table.clone());
+    block_on(&ctx, async move {
+        assert_eq!(lc2.heat(LOCK), None, "never observed");
+        let a = queued(lc2.lock(&c2, &[req(1)]).await.unwrap());
+        assert_eq!(lc2.heat(LOCK), Some(1), "the reply: A alone, holding");
+        let mut b = queued(lc2.lock(&c2, &[req(2)]).await.unwrap());
+        assert_eq!(lc2.heat(LOCK), Some(2), "the reply: A holds, B queued");
+        let c = queued(lc2.lock(&c2, &[req(3)]).await.unwrap());
+        assert_eq!(lc2.heat(LOCK), Some(3));
+        // C leaves (its release coroutine passes the lock on in its turn), and a fourth
+        // ticket is taken behind the client's back: only a poll can see it.
+        drop(c);
+        let d = table.lock_local(&req(4));
+        assert!(d.granted_queue);
+        let r = b.wait(Instant::now() + Duration::from_millis(20)).await;
+        assert!(matches!(r, Err(LockError::WaitTimeout { .. })), "{r:?}");
+        assert_eq!(lc2.heat(LOCK), Some(4), "B's poll: lower 4 - upper 0");
+        a.release().await.unwrap();
+        b.wait(Instant::now() + Duration::from_secs(10))
+            .await
+            .unwrap();
+        b.release().await.unwrap();
+        // After C's release the fourth ticket is served; pass it on by hand.
+        while lc2.read_state(&c2, LOCK).await.unwrap().upper != 3 {
+            c2.sleep(Duration::from_micros(50)).await;
+        }
+        c2.faa(lc2.node(), lc2.lock_addr(LOCK).offset(UPPER_OFF), 1)
+            .await
+            .unwrap();
+        assert_eq!(lc2.read_state(&c2, LOCK).await.unwrap().queued(), 0);
+        assert_eq!(lc2.heat(LOCK), Some(0), "the state READ: cold again");
+    });
+    assert_eq!(svc.table.words(LOCK), (4, 4, 4));
 }
