@@ -219,16 +219,16 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
         if !wait.is_zero() {
             s.ctx.sleep(wait).await;
         }
-        // A clock around the await: the round trip plus the time this coroutine waited to
-        // run, which throttles polling when the thread is busy. `ThreadCtx::read_timed`
-        // measures the network alone; Hangouts sized by it poll several times as often,
-        // which cost SmallBank a third of its throughput on 2 cores. Not switched yet.
         // `lower` and `upper` in one 16-byte READ (the words stay separate for their
         // writers): the turn and the queue length behind it, the lock's heat.
         let lower_addr = RemoteAddr {
             addr: s.upper_addr.addr - crate::takeout::UPPER_OFF + crate::takeout::LOWER_OFF,
             rkey: s.upper_addr.rkey,
         };
+        // A clock around the await: the round trip plus the time this coroutine waited to
+        // run, which throttles polling when the thread is busy. A network-only round trip
+        // (doorbell to completion) made Hangouts poll several times as often and cost
+        // SmallBank a third of its throughput on 2 cores; not adopted.
         let start = quanta::Instant::now();
         let bytes = s.ctx.read(s.shared.node, lower_addr, 16).await?;
         s.shared.sample_rtt(start.elapsed());

@@ -288,10 +288,6 @@ struct OpSlot {
     chunk: Option<Chunk>,
     len: usize,
     abandoned: bool,
-    /// From the doorbell of the op's list to the polling round that saw its completion:
-    /// the network's share of the op's latency, without the time the op waited for its
-    /// round's flush or its coroutine waited to be resumed.
-    rtt: Duration,
 }
 
 struct RpcChan {
@@ -346,8 +342,6 @@ enum Rec {
     OneSided {
         conn: usize,
         ops: Vec<usize>,
-        /// When the list was posted (its doorbell).
-        posted: Instant,
     },
     Rocket {
         conn: usize,
@@ -571,23 +565,6 @@ impl ThreadCtx {
         let id = self.submit(node, WrOpcode::Read, remote, len, None).await?;
         self.wait_op(id).await?;
         Ok(self.take_buf(id))
-    }
-
-    /// [`ThreadCtx::read`], also returning the op's network round trip: from the doorbell
-    /// of its list to the polling round that saw its completion. Unlike a clock around the
-    /// `.await`, it leaves out the wait for the round's flush and for the coroutine to be
-    /// resumed (with many coroutines per thread, those dominate), and the set-up of a QP on
-    /// first use. Lock waits size their Hangouts with it.
-    pub async fn read_timed(
-        &self,
-        node: u32,
-        remote: RemoteAddr,
-        len: usize,
-    ) -> Result<(Vec<u8>, Duration), RpcError> {
-        let id = self.submit(node, WrOpcode::Read, remote, len, None).await?;
-        self.wait_op(id).await?;
-        let rtt = self.inner.borrow().ops[id].rtt;
-        Ok((self.take_buf(id), rtt))
     }
 
     /// RDMA WRITE of `data` to `remote` on `node`. Completes when the data is written.
@@ -912,7 +889,6 @@ impl ThreadCtx {
                         chunk: None,
                         len: 0,
                         abandoned: false,
-                        rtt: Duration::ZERO,
                     });
                     inner.ops.len() - 1
                 }
@@ -922,7 +898,6 @@ impl ThreadCtx {
                 chunk: Some(chunk),
                 len,
                 abandoned: false,
-                rtt: Duration::ZERO,
             };
             let wr = SendWr {
                 wr_id: 0,
@@ -1037,17 +1012,11 @@ impl ThreadCtx {
                 inner.stats.failed_lists += 1;
             }
             match rec {
-                Rec::OneSided {
-                    conn,
-                    mut ops,
-                    posted,
-                } => {
+                Rec::OneSided { conn, mut ops } => {
                     let c = &mut inner.conns[conn];
                     c.os_lists -= 1;
                     let node = c.node;
-                    let rtt = posted.elapsed();
                     for &id in &ops {
-                        inner.ops[id].rtt = rtt;
                         let r = if status == WcStatus::Success {
                             Ok(())
                         } else {
@@ -1103,7 +1072,7 @@ impl ThreadCtx {
             let mut ops: Vec<usize> = std::mem::take(&mut inner.conns[ci].os_ops);
             inner.conns[ci].os_pending.clear();
             for r in inner.recs.iter_mut() {
-                if let Some(Rec::OneSided { conn, ops: o, .. }) = r {
+                if let Some(Rec::OneSided { conn, ops: o }) = r {
                     if *conn == ci {
                         ops.append(o);
                     }
@@ -1167,7 +1136,6 @@ impl ThreadCtx {
                 break;
             }
             inner.recs[token] = Some(Rec::OneSided {
-                posted: Instant::now(),
                 conn: ci,
                 ops: {
                     let mut v = inner.vec_pool.pop().unwrap_or_default();

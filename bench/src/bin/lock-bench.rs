@@ -220,11 +220,7 @@ fn run(mut args: Args) -> Result<()> {
     if threads == 0 || c.coroutines() == 0 || c.duration_ms == 0 {
         bail!("--threads, --coroutines and --duration-ms must be at least 1");
     }
-    let model = {
-        let mut cfg = FabricConfig::new(FabricKind::Shm, "probe", 0);
-        cfg.model = Some(c.model.clone());
-        cfg.timing_model()?
-    };
+    let model = rrpc::fabric::model::TimingModel::load(&c.model)?;
     println!(
         "lock-bench | fabric: shm | timing model: {} | {} thread(s) x {} coroutines = {} clients | hold {} us | takeout mode {:?}, watermarks cold {} hot {} | {} ms per point ({} ms warm-up)",
         model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),

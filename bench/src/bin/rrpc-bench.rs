@@ -132,11 +132,7 @@ fn run(args: Args) -> Result<()> {
         Some(f) => f.parse::<FabricKind>().map_err(anyhow::Error::msg)?,
         None => FabricKind::from_env().map_err(anyhow::Error::msg)?,
     };
-    let model = {
-        let mut cfg = FabricConfig::new(kind, "probe", 0);
-        cfg.model = c.model.clone();
-        cfg.timing_model()?
-    };
+    let model = rrpc::fabric::model::TimingModel::load_or_env(c.model.as_deref())?;
     let model_desc = model
         .as_ref()
         .map_or_else(|| "none".to_string(), |m| m.describe());

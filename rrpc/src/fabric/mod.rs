@@ -370,13 +370,11 @@ impl FabricConfig {
     ///
     /// Errors: [`FabricError::InvalidArgument`] naming what is wrong with the profile.
     pub fn timing_model(&self) -> Result<Option<model::TimingModel>> {
-        let loaded = match &self.model {
-            Some(spec) => model::TimingModel::load(spec),
-            None => model::TimingModel::from_env(),
-        };
-        loaded.map_err(|e| FabricError::InvalidArgument {
-            op: "open fabric",
-            what: e.to_string(),
+        model::TimingModel::load_or_env(self.model.as_deref()).map_err(|e| {
+            FabricError::InvalidArgument {
+                op: "open fabric",
+                what: e.to_string(),
+            }
         })
     }
 }

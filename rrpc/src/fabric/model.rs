@@ -265,6 +265,15 @@ impl TimingModel {
         Self::load(&std::env::var("RRPC_MODEL").unwrap_or_default())
     }
 
+    /// The model `spec` names, else the one `$RRPC_MODEL` names (none when both are
+    /// unset), as binaries choose it. Errors: as [`TimingModel::load`].
+    pub fn load_or_env(spec: Option<&str>) -> Result<Option<Self>, ModelError> {
+        match spec {
+            Some(spec) => Self::load(spec),
+            None => Self::from_env(),
+        }
+    }
+
     /// A model from parameters; `origin` says where they came from. Errors: a rate or
     /// size that is not positive and finite.
     pub fn new(params: ModelParams, origin: String) -> Result<Self, String> {
@@ -425,6 +434,12 @@ mod tests {
         (0..NIC_WORDS).map(|_| AtomicU64::new(0)).collect()
     }
 
+    /// `op` posted at 0 between two idle NICs.
+    fn plan_idle(m: &TimingModel, op: ModelOp) -> Plan {
+        let (a, b) = (nic(), nic());
+        m.plan(op, 0, Nic::new(&a), Nic::new(&b), (0, 0))
+    }
+
     #[test]
     fn reserve_is_fifo_and_never_starts_early() {
         let w = AtomicU64::new(0);
@@ -457,8 +472,7 @@ mod tests {
     #[test]
     fn an_idle_write_takes_one_round_trip_plus_its_bytes() {
         let m = model();
-        let (a, b) = (nic(), nic());
-        let p = m.plan(ModelOp::Write(64), 0, Nic::new(&a), Nic::new(&b), (0, 0));
+        let p = plan_idle(&m, ModelOp::Write(64));
         let req = m.line_ns(64 + 16 + 58);
         let ack = m.line_ns(4 + 58);
         // Requester WR (10 ns), the wire, the bytes once (cut-through: the last bit
@@ -470,16 +484,8 @@ mod tests {
     #[test]
     fn a_read_pays_its_bytes_on_the_way_back() {
         let m = model();
-        let (a, b) = (nic(), nic());
-        let small = m.plan(ModelOp::Read(8), 0, Nic::new(&a), Nic::new(&b), (0, 0));
-        let (a, b) = (nic(), nic());
-        let big = m.plan(
-            ModelOp::Read(1 << 20),
-            0,
-            Nic::new(&a),
-            Nic::new(&b),
-            (0, 0),
-        );
+        let small = plan_idle(&m, ModelOp::Read(8));
+        let big = plan_idle(&m, ModelOp::Read(1 << 20));
         assert_eq!(small.exec_ns, big.exec_ns, "the request is the same size");
         let extra = big.complete_ns - small.complete_ns;
         let data = m.line_ns(m.wire_bytes(1 << 20, 4)) - m.line_ns(m.wire_bytes(8, 4));

@@ -341,22 +341,8 @@ impl ShmFabric {
                 }
             }
         }
-        let rkeys = {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(dir.join("rkeys"))
-                .map_err(io_err("open rkey counter"))?;
-            if f.metadata().map_err(io_err("open rkey counter"))?.len() < 8 {
-                // Zero: no rkey handed out yet. Racing openers set the same length.
-                f.set_len(8).map_err(io_err("size rkey counter"))?;
-            }
-            // SAFETY: a file of the cluster's control directory, used only as one atomic word.
-            unsafe { MmapOptions::new().len(8).map_mut(&f) }.map_err(io_err("mmap rkey counter"))?
-        };
+        // Zero: no rkey handed out yet.
+        let rkeys = map_shared_words(&dir.join("rkeys"), 8, "rkey counter")?;
         Ok(Self {
             inner: Arc::new(FabricInner {
                 node,
@@ -1007,16 +993,7 @@ impl ShmQp {
                 self.state = QpState::Error;
             }
             if wr.signaled || status != WcStatus::Success {
-                let byte_len = match wr.opcode {
-                    WrOpcode::Read | WrOpcode::Write | WrOpcode::Send => wr.sge.len,
-                    _ => 8,
-                };
-                self.cq.push(Wc {
-                    wr_id: wr.wr_id,
-                    status,
-                    byte_len,
-                    recv: false,
-                });
+                self.cq.push(send_wc(wr, status));
             }
         }
         Ok(())
@@ -1094,16 +1071,11 @@ impl ShmQp {
                 None => Target::Failed(WcStatus::RemoteAccess),
             };
         }
-        let atomic = matches!(
-            wr.opcode,
-            WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. }
-        );
-        if atomic && (wr.sge.len < 8 || !wr.remote.addr.is_multiple_of(8)) {
+        if malformed_atomic(wr) {
             return Target::Failed(WcStatus::RemoteInvalidRequest);
         }
-        let len = if atomic { 8 } else { wr.sge.len as usize };
         match self.remote_mr(wr.remote.rkey) {
-            Some(map) => match map.ptr(wr.remote.addr, len) {
+            Some(map) => match map.ptr(wr.remote.addr, op_len(wr)) {
                 Some(ptr) => Target::Remote { map, ptr },
                 None => Target::Failed(WcStatus::RemoteAccess),
             },
@@ -1122,27 +1094,22 @@ impl ShmQp {
         model::spin_until(posted);
         let mut queued = Vec::with_capacity(wrs.len());
         for wr in wrs {
-            let len = match wr.opcode {
-                WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => 8,
-                _ => wr.sge.len as usize,
-            };
-            let target = if self.state == QpState::Error {
-                Target::Failed(WcStatus::Flushed)
-            } else if self.local_ptr(wr.sge.addr, len, wr.sge.lkey).is_none() {
-                Target::Failed(WcStatus::LocalProtection)
-            } else {
-                self.resolve(wr)
+            let len = op_len(wr);
+            let local = self.local_ptr(wr.sge.addr, len, wr.sge.lkey);
+            let target = match local {
+                _ if self.state == QpState::Error => Target::Failed(WcStatus::Flushed),
+                None => Target::Failed(WcStatus::LocalProtection),
+                Some(_) => self.resolve(wr),
             };
             // WRITE and SEND payloads the caller may reuse at once: inline ones, and small
             // ones (the verbs backend inlines up to 64 bytes unasked).
-            let data = match (&target, wr.opcode) {
-                (Target::Remote { .. } | Target::Send { .. }, WrOpcode::Write | WrOpcode::Send)
-                    if wr.inline || len <= 64 =>
-                {
-                    let src = self
-                        .local_ptr(wr.sge.addr, len, wr.sge.lkey)
-                        .expect("checked above");
-                    // SAFETY: bounds-checked against the local MR just above.
+            let data = match (&target, wr.opcode, local) {
+                (
+                    Target::Remote { .. } | Target::Send { .. },
+                    WrOpcode::Write | WrOpcode::Send,
+                    Some(src),
+                ) if wr.inline || len <= 64 => {
+                    // SAFETY: bounds-checked against the local MR by `local_ptr` above.
                     Some(unsafe { std::slice::from_raw_parts(src, len) }.into())
                 }
                 _ => None,
@@ -1209,12 +1176,8 @@ impl ShmQp {
         if wr.opcode == WrOpcode::Send {
             return self.send(wr);
         }
-        let atomic = matches!(
-            wr.opcode,
-            WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. }
-        );
-        let len = if atomic { 8 } else { wr.sge.len as usize };
-        if atomic && (wr.sge.len < 8 || !wr.remote.addr.is_multiple_of(8)) {
+        let len = op_len(wr);
+        if malformed_atomic(wr) {
             return WcStatus::RemoteInvalidRequest;
         }
         let Some(local) = self.local_ptr(wr.sge.addr, len, wr.sge.lkey) else {
@@ -1251,6 +1214,34 @@ impl ShmQp {
                 self.remote_ptr(addr, n, key)
             })
         }
+    }
+}
+
+fn is_atomic(op: WrOpcode) -> bool {
+    matches!(op, WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. })
+}
+
+/// Bytes a WR moves: 8 for atomics, the SGE's length otherwise.
+fn op_len(wr: &SendWr) -> usize {
+    if is_atomic(wr.opcode) {
+        8
+    } else {
+        wr.sge.len as usize
+    }
+}
+
+/// An atomic the responder must refuse: not 8 bytes at an 8-byte aligned address.
+fn malformed_atomic(wr: &SendWr) -> bool {
+    is_atomic(wr.opcode) && (wr.sge.len < 8 || !wr.remote.addr.is_multiple_of(8))
+}
+
+/// The completion of a send-queue WR.
+fn send_wc(wr: &SendWr, status: WcStatus) -> Wc {
+    Wc {
+        wr_id: wr.wr_id,
+        status,
+        byte_len: op_len(wr) as u32,
+        recv: false,
     }
 }
 
@@ -1338,6 +1329,25 @@ unsafe fn deliver_send(
     status
 }
 
+/// Map `bytes` of the cluster file at `path`, creating it zeroed if it does not exist yet
+/// (openers racing to create it set the same length). For words shared by every process
+/// of the cluster and accessed only as atomics; `what` names the file in errors.
+fn map_shared_words(path: &Path, bytes: usize, what: &'static str) -> Result<MmapMut> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(what))?;
+    if file.metadata().map_err(io_err(what))?.len() < bytes as u64 {
+        file.set_len(bytes as u64).map_err(io_err(what))?;
+    }
+    // SAFETY: a file of this cluster's shared memory, accessed only through atomics.
+    unsafe { MmapOptions::new().len(bytes).map_mut(&file) }.map_err(io_err(what))
+}
+
 /// A node's NIC state under the timing model: [`NIC_WORDS`] words in `n<node>.nic`, mapped
 /// by every process that posts to or from that node.
 struct NicMap {
@@ -1346,27 +1356,8 @@ struct NicMap {
 
 impl NicMap {
     fn open(path: &Path) -> Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .map_err(io_err("open NIC state file"))?;
-        let len = file
-            .metadata()
-            .map_err(io_err("open NIC state file"))?
-            .len();
-        if len < NIC_BYTES as u64 {
-            // Zeroes: every resource free since boot. Two processes racing here both set
-            // the same length.
-            file.set_len(NIC_BYTES as u64)
-                .map_err(io_err("size NIC state file"))?;
-        }
-        // SAFETY: a file of this cluster's shared memory, accessed only as atomics.
-        let map = unsafe { MmapOptions::new().len(NIC_BYTES).map_mut(&file) }
-            .map_err(io_err("mmap NIC state file"))?;
+        // Zeroes: every resource free since boot.
+        let map = map_shared_words(path, NIC_BYTES, "NIC state file")?;
         Ok(Self { map })
     }
 
@@ -1469,16 +1460,7 @@ impl Timed {
                 p.error.store(true, Ordering::Relaxed);
             }
             if p.wr.signaled || status != WcStatus::Success {
-                let byte_len = match p.wr.opcode {
-                    WrOpcode::Read | WrOpcode::Write | WrOpcode::Send => p.wr.sge.len,
-                    _ => 8,
-                };
-                let wc = Wc {
-                    wr_id: p.wr.wr_id,
-                    status,
-                    byte_len,
-                    recv: false,
-                };
+                let wc = send_wc(&p.wr, status);
                 self.done.push(Reverse((p.complete_ns, p.seq, WcKey(wc))));
             }
         }
@@ -1495,10 +1477,7 @@ impl Timed {
         if p.error.load(Ordering::Relaxed) {
             return WcStatus::Flushed;
         }
-        let len = match p.wr.opcode {
-            WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => 8,
-            _ => p.wr.sge.len as usize,
-        };
+        let len = op_len(&p.wr);
         // The local MR must still be registered; holding the table's read lock keeps its
         // owner from unmapping it until the WR is done.
         let table = self.fabric.local.read().expect("MR table poisoned");
