@@ -16,7 +16,9 @@
 
 pub mod arena;
 pub mod bootstrap;
+pub mod ctrl;
 pub mod fabric;
+pub mod mem;
 pub mod node;
 pub mod rocket;
 pub mod runtime;

@@ -32,13 +32,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::arena::{Arena, Chunk};
+use crate::ctrl::{node_info, CtrlRequest, NodeError, NodeInfo, RocketOffer, RpcAccept};
 use crate::fabric::{
     Fabric, FabricError, MemoryRegion, MrDesc, RemoteAddr, SendWr, WcStatus, WrOpcode,
 };
-use crate::node::{node_info, CtrlRequest, NodeError, NodeInfo, RpcAccept};
 use crate::rocket::{
-    decode_batch, BucketSpan, MsgHeader, RingMem, RocketConfig, RocketError, RocketReceiver,
-    RocketSender,
+    decode_batch, BucketSpan, MsgHeader, RocketConfig, RocketError, RocketReceiver, RocketSender,
 };
 use crate::server::credit_every;
 use crate::straw::{Mailbox, QpKind, SharedQp, Straw, StrawConfig, Straws};
@@ -488,15 +487,15 @@ impl ThreadCtx {
         let mut c = crate::bootstrap::BootstrapClient::connect(addr, self.cfg.connect_timeout)
             .map_err(|e| RpcError::Connect(format!("{addr}: {e}")))?;
         let accept: RpcAccept = c
-            .call_typed(&CtrlRequest::ConnectRocket {
+            .call_typed(&CtrlRequest::ConnectRocket(RocketOffer {
                 node: fabric.node(),
                 straw: self.straws.id(),
-                geometry: cfg.into(),
+                geometry: cfg,
                 batching: self.cfg.batching,
                 mode_threshold: self.cfg.mode_threshold,
                 resp_ring: resp_ring.desc(),
                 req_credit: words.desc().at(0),
-            })
+            }))
             .map_err(|e| RpcError::Connect(format!("{addr}: {e}")))?;
         let chan = RpcChan {
             tx: RocketSender::new(cfg).map_err(|e| RpcError::Connect(e.to_string()))?,

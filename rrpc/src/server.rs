@@ -23,12 +23,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::arena::{Arena, Chunk};
+use crate::ctrl::{RocketOffer, RpcAccept};
 use crate::fabric::{
     Fabric, FabricError, MemoryRegion, MrDesc, QpEndpoint, RemoteAddr, SendWr, WcStatus, WrOpcode,
 };
-use crate::node::RpcAccept;
 use crate::rocket::{
-    decode_batch, BucketSpan, MsgHeader, RingMem, RocketConfig, RocketReceiver, RocketSender,
+    decode_batch, BucketSpan, MsgHeader, RocketConfig, RocketReceiver, RocketSender,
 };
 use crate::straw::{Mailbox, QpKind, SharedQp, QP_CQ_DEPTH};
 use crate::wire::{Batching, IdHash, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix, IDLE_SPINS};
@@ -218,25 +218,6 @@ pub struct RpcServer {
     straws: Arc<Mutex<HashMap<u64, Arc<ServerStraw>>>>,
 }
 
-/// A requester thread's offer of a Rocket pair ([`crate::node::CtrlRequest::ConnectRocket`]).
-#[derive(Clone, Copy, Debug)]
-pub struct RocketOffer {
-    /// The requester's node id.
-    pub peer: u32,
-    /// The requester's straw pool id.
-    pub straw: u64,
-    /// Geometry of both rings.
-    pub cfg: RocketConfig,
-    /// Batching of the response direction.
-    pub batching: Batching,
-    /// Largest reply in bytes sent inline to an Auto-mode request.
-    pub mode_threshold: usize,
-    /// The requester's response ring.
-    pub resp_ring: MrDesc,
-    /// The requester's word for request-ring credits.
-    pub req_credit: RemoteAddr,
-}
-
 /// Send-queue depth of a server QP, in WRs.
 const SQ_DEPTH: usize = 1024;
 /// How long a Rocket may find none of its straw's QPs usable before it is dropped (the
@@ -397,9 +378,9 @@ impl RpcServer {
     /// geometry, a response ring smaller than the geometry, memory exhausted.
     pub fn accept(&self, offer: RocketOffer) -> Result<RpcAccept, FabricError> {
         let RocketOffer {
-            peer,
+            node: peer,
             straw,
-            cfg,
+            geometry: cfg,
             batching,
             mode_threshold,
             resp_ring,

@@ -27,27 +27,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::bootstrap::BootstrapClient;
+use crate::ctrl::CtrlRequest;
+pub use crate::ctrl::QpKind;
 use crate::fabric::{
     CompletionQueue, Fabric, FabricError, QpEndpoint, QpState, QueuePair, SendWr, Wc, WcStatus,
 };
-use crate::node::CtrlRequest;
 
 /// Entries of each shared QP's CQ; also the most lists one QP may have outstanding
 /// (one signaled completion per list).
 pub const QP_CQ_DEPTH: usize = 1024;
-
-/// The two kinds of QPs in a straw.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QpKind {
-    /// Rocket bucket WRITEs and credit WRITEs.
-    Rpc,
-    /// One-sided READ/WRITE/CAS/FAA issued by coroutines.
-    OneSided,
-}
 
 /// Where completions of one thread's lists are delivered: `(token, status)` pairs, one per
 /// posted list, in completion order per QP.

@@ -34,7 +34,6 @@ fn wait_wcs(cq: &rrpc::fabric::CompletionQueue, n: usize) -> Vec<Wc> {
     v
 }
 use rrpc::node::{node_info, CtrlRequest, Node, NodeConfig};
-use rrpc::rocket::RingMem;
 
 const PEER_NODE: u32 = 2;
 const MR_BYTES: usize = 64 << 10;

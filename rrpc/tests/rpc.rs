@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use rrpc::rocket::{RingMem, RocketConfig};
+use rrpc::rocket::RocketConfig;
 use rrpc::runtime::{Executor, RpcError, RuntimeConfig, ThreadCtx};
 
 mod common;

@@ -23,7 +23,6 @@
 use serde::{Deserialize, Serialize};
 
 use rrpc::fabric::{MemoryRegion, MrDesc, RemoteAddr};
-use rrpc::rocket::RingMem;
 
 /// Slots per index bucket.
 pub const SLOTS_PER_BUCKET: usize = 8;

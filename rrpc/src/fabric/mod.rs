@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::{Deserialize, Serialize};
 
-use crate::rocket::RingMem;
+use crate::mem::RingMem;
 
 /// A remote memory location: an address in the owner's virtual address space and
 /// the rkey of the MR that contains it, exactly as an RDMA WR names it.
@@ -626,19 +626,19 @@ impl MemoryRegion {
     }
 }
 
-impl RingMem for MemoryRegion {
-    fn len(&self) -> usize {
-        MemoryRegion::len(self)
-    }
-    fn load_u64(&self, off: usize) -> u64 {
+impl MemoryRegion {
+    /// 8-byte load with Acquire ordering at byte `off` (8-byte aligned; panics otherwise).
+    pub fn load_u64(&self, off: usize) -> u64 {
         self.atomic_u64(off)
             .load(std::sync::atomic::Ordering::Acquire)
     }
-    fn store_u64(&self, off: usize, v: u64) {
+    /// 8-byte store with Release ordering at byte `off` (8-byte aligned; panics otherwise).
+    pub fn store_u64(&self, off: usize, v: u64) {
         self.atomic_u64(off)
             .store(v, std::sync::atomic::Ordering::Release)
     }
-    fn read(&self, off: usize, dst: &mut [u8]) {
+    /// Copy `dst.len()` bytes at byte `off` out of the region (panics when out of range).
+    pub fn read(&self, off: usize, dst: &mut [u8]) {
         assert!(off + dst.len() <= self.len(), "read outside the MR");
         // SAFETY: range checked; peers may write concurrently, which the ring protocol
         // tolerates by checking labels with acquire loads before and after copying.
@@ -646,15 +646,38 @@ impl RingMem for MemoryRegion {
             std::ptr::copy_nonoverlapping(self.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
         }
     }
-    fn write(&self, off: usize, src: &[u8]) {
+    /// Copy `src` into the region at byte `off` (panics when out of range).
+    pub fn write(&self, off: usize, src: &[u8]) {
         assert!(off + src.len() <= self.len(), "write outside the MR");
         // SAFETY: range checked; the mapping is writable and lives as long as `self`.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(off), src.len()) }
     }
-    fn zero(&self, off: usize, len: usize) {
+    /// Zero `len` bytes at byte `off` (panics when out of range).
+    pub fn zero(&self, off: usize, len: usize) {
         assert!(off + len <= self.len(), "zero outside the MR");
         // SAFETY: range checked; the mapping is writable.
         unsafe { std::ptr::write_bytes(self.as_ptr().add(off), 0, len) }
+    }
+}
+
+impl RingMem for MemoryRegion {
+    fn len(&self) -> usize {
+        MemoryRegion::len(self)
+    }
+    fn load_u64(&self, off: usize) -> u64 {
+        MemoryRegion::load_u64(self, off)
+    }
+    fn store_u64(&self, off: usize, v: u64) {
+        MemoryRegion::store_u64(self, off, v)
+    }
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        MemoryRegion::read(self, off, dst)
+    }
+    fn write(&self, off: usize, src: &[u8]) {
+        MemoryRegion::write(self, off, src)
+    }
+    fn zero(&self, off: usize, len: usize) {
+        MemoryRegion::zero(self, off, len)
     }
 }
 
