@@ -440,13 +440,8 @@ fn audit(fabric: &Fabric, addrs: ServiceAddrs, accounts: u64) -> anyhow::Result<
                 let tables: Vec<u32> = client.tables().iter().map(|t| t.id).collect();
                 for &table in &tables {
                     for chunk in (0..accounts).collect::<Vec<_>>().chunks(256) {
-                        let vals = join_all(
-                            chunk
-                                .iter()
-                                .map(|&k| client.read_committed(table, k))
-                                .collect(),
-                        )
-                        .await;
+                        let vals =
+                            join_all(chunk.iter().map(|&k| client.read_committed(table, k))).await;
                         for v in vals {
                             let (_, v) = v?;
                             total += i64::from_le_bytes(v.as_slice().try_into()?);
@@ -457,13 +452,8 @@ fn audit(fabric: &Fabric, addrs: ServiceAddrs, accounts: u64) -> anyhow::Result<
                 let locks = client.locks();
                 let n = locks.n_locks().min(2 * accounts);
                 for chunk in (0..n).collect::<Vec<_>>().chunks(256) {
-                    let st = join_all(
-                        chunk
-                            .iter()
-                            .map(|&id| locks.read_state(client.ctx(), id))
-                            .collect(),
-                    )
-                    .await;
+                    let st =
+                        join_all(chunk.iter().map(|&id| locks.read_state(client.ctx(), id))).await;
                     for s in st {
                         held += u64::from(s?.queued() > 0);
                     }

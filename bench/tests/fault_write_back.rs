@@ -26,10 +26,9 @@ fn failed_write_back_releases_its_locks() {
     assert_eq!(outcome, Outcome::Failed);
     assert!(report.fatal_errors > 0, "the failure is reported");
     assert!(
-        report
-            .fatal_samples
-            .iter()
-            .any(|f| f.contains("write-back failed: service failure: node 1 is unreachable: injected write-back failure")),
+        report.fatal_samples.iter().any(|f| f.contains(
+            "write-back failed: service failure: work request to node 1 failed: RemoteAccess"
+        )),
         "{:?}",
         report.fatal_samples
     );

@@ -17,7 +17,7 @@ use lockd::wire::LOCK_HANDLER;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::FabricKind;
 use rrpc::node::{Node, NodeConfig};
-use rrpc::runtime::{block_on, join_all, Executor, RpcError, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, join_all, CallError, Executor, RuntimeConfig, ThreadCtx};
 
 const SERVICE_NODE: u32 = 1;
 const CLIENT_NODE: u32 = 100;
@@ -226,7 +226,7 @@ fn refusals_batches_and_malformed_requests() {
         // Releasing everything, the queued ones included: each release waits for its
         // ticket's turn, so all of them can be released at once.
         let all = rs.into_iter().chain(more).chain([t10]).map(Ticket::release);
-        for r in join_all(all.collect()).await {
+        for r in join_all(all).await {
             r.unwrap();
         }
         for id in 4..=10 {
@@ -267,7 +267,7 @@ fn refusals_batches_and_malformed_requests() {
             assert!(
                 matches!(
                     e,
-                    RpcError::Remote {
+                    CallError::Remote {
                         handler: LOCK_HANDLER,
                         ..
                     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
-use rrpc::runtime::{CallOpts, Mode, Runtime, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{CallOpts, ReplyMode, Runtime, RuntimeConfig, ThreadCtx};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let calls = calls.clone();
             async move {
                 for i in 0..1000u32 {
-                    // Pure RPC for small payloads (Mode::Auto picks it by size).
+                    // Pure RPC for small payloads (ReplyMode::Auto picks it by size).
                     let msg = format!("thread {thread} coroutine {co} call {i}");
                     let r = ctx.call(node, 1, msg.as_bytes()).await.expect("echo");
                     assert_eq!(r, msg.as_bytes());
@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // A 64 KiB reply three ways: RPC + one-sided READ, zero-copy, and Auto
                 // (which picks zero-copy since the size is known and above 512 B).
                 let len = (64u32 << 10).to_le_bytes();
-                for mode in [Mode::Read, Mode::ZeroCopy, Mode::Auto] {
+                for mode in [ReplyMode::Read, ReplyMode::ZeroCopy, ReplyMode::Auto] {
                     let opts = CallOpts {
                         mode,
                         reply_len: Some(64 << 10),

@@ -16,7 +16,9 @@
 
 pub mod arena;
 pub mod bootstrap;
+pub(crate) mod channel;
 pub mod ctrl;
+pub mod exec;
 pub mod fabric;
 pub mod mem;
 pub mod node;

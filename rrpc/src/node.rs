@@ -6,13 +6,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use crate::bootstrap::BootstrapServer;
 use crate::ctrl::QpKind;
 pub use crate::ctrl::{node_info, CtrlRequest, NodeError, NodeInfo, RpcAccept};
 use crate::fabric::{Fabric, QpEndpoint, QpState, QueuePair};
-use crate::server::{Handlers, RpcServer, ServerConfig};
+use crate::runtime::{ConnectError, RuntimeConfig, ThreadCtx};
+use crate::server::{Handlers, RpcServer, ServerConfig, ThreadHook};
+use crate::straw::Straws;
 
 struct Shared {
     fabric: Fabric,
@@ -48,17 +51,40 @@ impl Node {
     }
 
     /// Start the node's services on `fabric`, its RPC server (if `cfg.rpc` asks for one,
-    /// whose thread count wins) configured by `server`.
+    /// whose thread count wins) configured by `server`. When some handler is async,
+    /// each server thread gets a runtime context with [`RuntimeConfig::default`] (see
+    /// [`Node::start_with_runtime`]).
     pub fn start_with(
         fabric: Fabric,
         cfg: NodeConfig,
         server: ServerConfig,
     ) -> Result<Self, NodeError> {
+        let runtime = cfg
+            .rpc
+            .as_ref()
+            .is_some_and(|(h, _)| h.has_async())
+            .then(|| ServerRuntime::new(RuntimeConfig::default()));
+        Self::start_with_runtime(fabric, cfg, server, runtime)
+    }
+
+    /// Start the node's services on `fabric`, with a runtime context on each RPC server
+    /// thread if `runtime` asks for one: the thread's async handlers reach it through
+    /// [`ThreadCtx::current`] and make calls and one-sided operations with it, posted
+    /// and polled in the thread's own rounds. Errors: the fabric, the control plane, a
+    /// server thread's start (including `runtime`'s per-thread setup).
+    pub fn start_with_runtime(
+        fabric: Fabric,
+        cfg: NodeConfig,
+        server: ServerConfig,
+        runtime: Option<ServerRuntime>,
+    ) -> Result<Self, NodeError> {
+        let hook = runtime.map(|rt| rt.hook(&fabric));
         let rpc = match cfg.rpc {
-            Some((handlers, threads)) => Some(Arc::new(RpcServer::with_config(
+            Some((handlers, threads)) => Some(Arc::new(RpcServer::with_hook(
                 fabric.clone(),
                 handlers,
                 ServerConfig { threads, ..server },
+                hook,
             )?)),
             None => None,
         };
@@ -85,6 +111,52 @@ impl Node {
     /// The node's fabric.
     pub fn fabric(&self) -> &Fabric {
         &self.shared.fabric
+    }
+}
+
+/// Per-thread setup run on each RPC server thread after its runtime context exists
+/// (for example connecting to the nodes its async handlers call). Errors fail the
+/// node's start.
+pub type ThreadSetup = Arc<dyn Fn(&Rc<ThreadCtx>) -> Result<(), ConnectError> + Send + Sync>;
+
+/// The runtime context of a node's RPC server threads (see
+/// [`Node::start_with_runtime`]): its settings, shared QP pools, and an optional
+/// per-thread setup.
+#[derive(Clone)]
+pub struct ServerRuntime {
+    cfg: RuntimeConfig,
+    setup: Option<ThreadSetup>,
+}
+
+impl ServerRuntime {
+    /// Server threads get contexts with `cfg`.
+    pub fn new(cfg: RuntimeConfig) -> Self {
+        Self { cfg, setup: None }
+    }
+
+    /// Run `f` on each server thread once its context exists.
+    pub fn with_setup(
+        mut self,
+        f: impl Fn(&Rc<ThreadCtx>) -> Result<(), ConnectError> + Send + Sync + 'static,
+    ) -> Self {
+        self.setup = Some(Arc::new(f));
+        self
+    }
+
+    fn hook(self, fabric: &Fabric) -> ThreadHook {
+        let straws = Straws::new(fabric.clone(), self.cfg.straw_config());
+        Arc::new(move |_thread, handle| {
+            let ctx = ThreadCtx::with_handle(straws.clone(), self.cfg.clone(), handle.clone())
+                .map_err(|e| e.to_string())?;
+            if let Some(f) = &self.setup {
+                f(&ctx).map_err(|e| e.to_string())?;
+            }
+            let guard = ctx.enter();
+            Ok(Box::new(move || {
+                let _ = &guard;
+                ctx.progress()
+            }) as Box<dyn FnMut() -> bool>)
+        })
     }
 }
 

@@ -85,6 +85,7 @@ pub use crate::mem::{HeapRing, RingMem};
 /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21. Also the geometry a requester
 /// offers on the control plane ([`crate::ctrl::RocketOffer`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct RocketConfig {
     /// Bytes per bucket; a multiple of 64 and at least 64.
     pub bucket_size: usize,

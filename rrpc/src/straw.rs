@@ -17,6 +17,11 @@
 //! first, so nothing from the old QP can land after the replay. If the peer's control
 //! plane cannot be reached the node is dead and every user fails with `PeerGone`.
 //!
+//! Reconnecting runs on the pool's control thread, never on a runtime thread: a runtime
+//! thread that finds a QP broken asks for the reconnect ([`Straw::request_reconnect`])
+//! and posts on the straw's other QPs, or waits, meanwhile. Fire-and-forget control
+//! requests (closing a departed thread's Rockets) go the same way ([`Straw::request`]).
+//!
 //! The pool grows when threads attach and the average number of threads per QP would
 //! exceed [`StrawConfig::threads_per_qp`], and shrinks when they detach: a retired QP takes
 //! no new lists, and is released (both ends) once its outstanding lists have completed.
@@ -24,7 +29,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::BootstrapClient;
@@ -368,6 +374,50 @@ pub struct Straws {
     id: u64,
     next_qp: Arc<AtomicU64>,
     nodes: Mutex<HashMap<u32, Arc<Straw>>>,
+    ctl: Control,
+}
+
+/// Work for a pool's control thread.
+enum Job {
+    Reconnect(Arc<Straw>, Arc<SharedQp>),
+    Request(SocketAddr, std::time::Duration, CtrlRequest),
+}
+
+/// The pool's control thread, started on first use; it ends when the pool and all its
+/// straws are gone (the last sender drops).
+#[derive(Clone, Default)]
+struct Control {
+    tx: Arc<OnceLock<Mutex<Sender<Job>>>>,
+}
+
+impl Control {
+    fn send(&self, job: Job) {
+        let tx = self.tx.get_or_init(|| {
+            let (tx, rx) = channel::<Job>();
+            let spawned = std::thread::Builder::new()
+                .name("rrpc-straw-ctl".into())
+                .spawn(move || {
+                    for job in rx {
+                        match job {
+                            Job::Reconnect(straw, qp) => straw.reconnect(&qp),
+                            Job::Request(addr, timeout, req) => {
+                                // Best effort: a peer that is gone has nothing to close.
+                                if let Ok(mut c) = BootstrapClient::connect(addr, timeout) {
+                                    let _ = c.call_typed::<_, serde_json::Value>(&req);
+                                }
+                            }
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start the straws' control thread");
+            }
+            Mutex::new(tx)
+        });
+        if lock(tx).send(job).is_err() {
+            tracing::warn!("straws' control thread is gone; control request dropped");
+        }
+    }
 }
 
 impl Straws {
@@ -381,6 +431,7 @@ impl Straws {
             id,
             next_qp: Arc::new(AtomicU64::new(1)),
             nodes: Mutex::new(HashMap::new()),
+            ctl: Control::default(),
         })
     }
 
@@ -412,6 +463,7 @@ impl Straws {
                         cfg: self.cfg.clone(),
                         id: self.id,
                         next_qp: self.next_qp.clone(),
+                        ctl: self.ctl.clone(),
                     },
                     rpc: RwLock::new(Vec::new()),
                     one_sided: RwLock::new(Vec::new()),
@@ -449,6 +501,7 @@ struct PoolRef {
     cfg: StrawConfig,
     id: u64,
     next_qp: Arc<AtomicU64>,
+    ctl: Control,
 }
 
 /// The QP pool to one remote node. See the module docs.
@@ -464,7 +517,7 @@ pub struct Straw {
     threads: [AtomicUsize; 2],
     reconnects: AtomicU64,
     resize: Mutex<()>,
-    dead: Mutex<Option<String>>,
+    dead: Mutex<Option<Arc<FabricError>>>,
     is_dead: AtomicBool,
 }
 
@@ -516,8 +569,8 @@ impl Straw {
         self.reconnects.load(Ordering::Relaxed)
     }
 
-    /// Why the node is unreachable, once it is.
-    pub fn dead(&self) -> Option<String> {
+    /// Why the node is unreachable, once it is: the reconnect that failed.
+    pub fn dead(&self) -> Option<Arc<FabricError>> {
         if !self.is_dead.load(Ordering::Acquire) {
             return None;
         }
@@ -624,12 +677,30 @@ impl Straw {
         Ok(SharedQp::new(qp_id, kind, qp, cq))
     }
 
-    /// Reconnect a broken QP of this straw: the peer destroys its end and creates a new
-    /// one; lists outstanding on the old QP are reported failed to their owners. Only
-    /// one thread reconnects a QP at a time; others return at once. When the peer's
-    /// control plane cannot be reached, the node is marked dead.
-    pub fn reconnect(&self, qp: &SharedQp) {
-        if !qp.is_broken() || qp.fixing.swap(true, Ordering::Acquire) {
+    /// Ask the control thread to reconnect broken QP `qp` of this straw (once: a
+    /// reconnect already asked for or under way is not asked again). Non-blocking.
+    pub fn request_reconnect(self: &Arc<Self>, qp: &Arc<SharedQp>) {
+        if !qp.is_broken() || self.dead().is_some() || qp.fixing.swap(true, Ordering::Acquire) {
+            return;
+        }
+        self.pool.ctl.send(Job::Reconnect(self.clone(), qp.clone()));
+    }
+
+    /// Send `req` to the node's control plane from the control thread, ignoring the
+    /// answer (best effort, non-blocking).
+    pub fn request(&self, req: CtrlRequest) {
+        self.pool
+            .ctl
+            .send(Job::Request(self.addr, self.pool.cfg.connect_timeout, req));
+    }
+
+    /// Reconnect a broken QP of this straw (on the control thread): the peer destroys
+    /// its end and creates a new one; lists outstanding on the old QP are reported
+    /// failed to their owners. When the peer's control plane cannot be reached, the
+    /// node is marked dead.
+    fn reconnect(&self, qp: &SharedQp) {
+        if !qp.is_broken() {
+            qp.fixing.store(false, Ordering::Release);
             return;
         }
         let r = (|| {
@@ -651,7 +722,7 @@ impl Straw {
             }
             Err(e) => {
                 tracing::warn!(node = self.node, error = %e, "reconnect failed; node unreachable");
-                lock(&self.dead).get_or_insert_with(|| format!("reconnect failed: {e}"));
+                lock(&self.dead).get_or_insert_with(|| Arc::new(e));
                 self.is_dead.store(true, Ordering::Release);
             }
         }
@@ -659,18 +730,17 @@ impl Straw {
     }
 
     /// The QP of `kind` a Rocket (or a thread's one-sided traffic) bound to `current`
-    /// should post on now: see [`rebind`]. A broken QP met on the way is reconnected first
-    /// (the caller's thread does it, blocking for a control-plane round trip). `None` when
-    /// no QP is usable (all broken and not reconnectable yet, or the node is dead).
-    pub fn pick(&self, kind: QpKind, current: Option<&Arc<SharedQp>>) -> Option<Arc<SharedQp>> {
+    /// should post on now: see [`rebind`]. Broken QPs met on the way are handed to the
+    /// control thread to reconnect; this never blocks. `None` when no QP is usable now
+    /// (all broken and not reconnected yet, or the node is dead).
+    pub fn pick(
+        self: &Arc<Self>,
+        kind: QpKind,
+        current: Option<&Arc<SharedQp>>,
+    ) -> Option<Arc<SharedQp>> {
         let v = self.qps(kind).read().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = v.iter().find(|q| q.is_broken()).cloned() {
-            drop(v);
-            if self.dead().is_none() {
-                self.reconnect(&b);
-            }
-            let v = self.qps(kind).read().unwrap_or_else(|p| p.into_inner());
-            return rebind(&v, current);
+        for b in v.iter().filter(|q| q.is_broken()) {
+            self.request_reconnect(b);
         }
         rebind(&v, current)
     }

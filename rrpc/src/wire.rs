@@ -23,6 +23,13 @@ pub enum MsgKind {
     /// Caller to server: the [`ReadReply`] buffer with this handle (u64) may be reused.
     /// No response.
     Release = 6,
+    /// Caller to server: call `call_id` ended (deadline) while its zero-copy buffer is
+    /// still reserved; do not WRITE into it. The server answers [`MsgKind::Cancelled`]
+    /// if it had not answered yet, else its answer (already on its way) stands. Either
+    /// tells the caller no WRITE for that call can land any more.
+    Cancel = 7,
+    /// Server to caller: the cancelled call was dropped without a reply WRITE.
+    Cancelled = 8,
 }
 
 impl MsgKind {
@@ -35,26 +42,35 @@ impl MsgKind {
             4 => Self::ReadReply,
             5 => Self::ZeroCopyDone,
             6 => Self::Release,
+            7 => Self::Cancel,
+            8 => Self::Cancelled,
             _ => return None,
         })
     }
 }
 
-/// How the reply to a request travels, carried in the request header's `flags`
-/// (Scythe 4.6 (2), Fig. 20).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the reply to a call travels (Scythe 4.6 (2), Fig. 20): chosen per call
+/// ([`crate::runtime::CallOpts::mode`]) and carried in the request header's `flags`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 #[repr(u8)]
 pub enum ReplyMode {
     /// Pure RPC: the reply rides in the response Rocket; a reply larger than a bucket can
-    /// carry is an error.
-    Inline = 0,
-    /// The server chooses by the reply's size: inline up to the caller's threshold
-    /// (given once per Rocket when it is opened), else RPC + one-sided READ.
+    /// carry (`bucket_size - 32` bytes) is an error, never truncated.
+    Rpc = 0,
+    /// By size. The caller sends a call whose expected reply
+    /// ([`crate::runtime::CallOpts::reply_len`]) is above its threshold as zero-copy;
+    /// otherwise the server sends the reply inline up to the caller's threshold (given
+    /// once per Rocket when it is opened), else by RPC + one-sided READ.
+    #[default]
     Auto = 1,
-    /// RPC + one-sided READ whatever the size.
+    /// RPC + one-sided READ whatever the size: the reply names a server buffer, the
+    /// caller READs it and releases it.
     Read = 2,
     /// RPC zero-copy: the request starts with a [`ZeroCopyPrefix`] naming the caller's
-    /// buffer; the server WRITEs the reply there, then answers [`MsgKind::ZeroCopyDone`].
+    /// buffer; the server WRITEs the reply there followed by the call id (8 bytes, the
+    /// buffer's generation), then answers [`MsgKind::ZeroCopyDone`] in the same ordered
+    /// WR list.
     ZeroCopy = 3,
 }
 
@@ -62,7 +78,7 @@ impl ReplyMode {
     /// The mode with byte value `b`, if any.
     pub fn from_u8(b: u8) -> Option<Self> {
         Some(match b {
-            0 => Self::Inline,
+            0 => Self::Rpc,
             1 => Self::Auto,
             2 => Self::Read,
             3 => Self::ZeroCopy,
@@ -72,7 +88,7 @@ impl ReplyMode {
     /// Bytes the mode's prefix adds in front of the request payload.
     pub fn prefix_bytes(self) -> usize {
         match self {
-            Self::Inline | Self::Auto | Self::Read => 0,
+            Self::Rpc | Self::Auto | Self::Read => 0,
             Self::ZeroCopy => ZeroCopyPrefix::BYTES,
         }
     }
@@ -112,17 +128,64 @@ impl ZeroCopyPrefix {
     }
 }
 
+/// Prefix of a request too large for a bucket, sent by reference (the mirror of RPC +
+/// READ): 16 bytes, `addr` (u64 LE), `rkey` (u32 LE), `len` (u32 LE, bytes) of the
+/// caller's registered buffer holding the request. It follows the mode's own prefix,
+/// and [`FetchPrefix::FLAG`] is set in the header's `flags` next to the
+/// [`ReplyMode`]. The server READs the request, then runs the handler; the caller keeps
+/// the buffer until the call's answer (or, for a call that ended first, the server's
+/// answer to its `Cancel`) arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FetchPrefix {
+    /// Buffer address in the caller's address space.
+    pub addr: u64,
+    /// Remote key of the buffer's MR.
+    pub rkey: u32,
+    /// Request length in bytes.
+    pub len: u32,
+}
+
+impl FetchPrefix {
+    /// Encoded size in bytes.
+    pub const BYTES: usize = 16;
+    /// Bit of the request header's `flags` saying the request is sent by reference.
+    pub const FLAG: u8 = 0x80;
+    /// Encode.
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+    /// Decode the first 16 bytes of `b`; `None` when shorter.
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        let b = b.get(..Self::BYTES)?;
+        Some(Self {
+            addr: u64::from_le_bytes(b[..8].try_into().ok()?),
+            rkey: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            len: u32::from_le_bytes(b[12..].try_into().ok()?),
+        })
+    }
+}
+
 /// Payload of [`MsgKind::ReadReply`]: 24 bytes, `addr` (u64 LE), `rkey` (u32 LE), `len`
 /// (u32 LE, bytes), `handle` (u64 LE) to release the buffer with.
+///
+/// The buffer at `addr` holds `handle` (8 bytes), the `len` reply bytes, and `handle`
+/// again: the handle is the buffer's generation. The caller READs all `len + 16` bytes
+/// and accepts the reply only if both words equal the handle, so a READ that comes
+/// after the server expired the buffer (its words are cleared) or reused it (another
+/// handle) fails its call instead of returning another call's data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadReply {
     /// Reply address in the server's address space.
     pub addr: u64,
     /// Remote key of the server's buffer MR.
     pub rkey: u32,
-    /// Reply length in bytes.
+    /// Reply length in bytes (without the two generation words).
     pub len: u32,
-    /// Handle for [`MsgKind::Release`].
+    /// Handle for [`MsgKind::Release`], and the buffer's generation.
     pub handle: u64,
 }
 

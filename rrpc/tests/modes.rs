@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rrpc::runtime::{block_on, CallOpts, Executor, Mode, RpcError, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, CallError, CallOpts, Executor, ReplyMode, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
 
 mod common;
@@ -101,12 +101,12 @@ fn every_mode_at_and_around_the_threshold_and_bucket_boundaries() {
                         ..CallOpts::default()
                     },
                 ),
-                ("rpc", CallOpts::mode(Mode::Rpc)),
-                ("read", CallOpts::mode(Mode::Read)),
+                ("rpc", CallOpts::mode(ReplyMode::Rpc)),
+                ("read", CallOpts::mode(ReplyMode::Read)),
                 (
                     "zero-copy",
                     CallOpts {
-                        mode: Mode::ZeroCopy,
+                        mode: ReplyMode::ZeroCopy,
                         reply_len: Some(len),
                         ..CallOpts::default()
                     },
@@ -117,7 +117,7 @@ fn every_mode_at_and_around_the_threshold_and_bucket_boundaries() {
                 let r = c2.call_with(node, GEN, &req, opts).await;
                 let after = c2.stats();
                 if name == "rpc" && len > 480 {
-                    let Err(RpcError::Remote { msg, .. }) = &r else {
+                    let Err(CallError::Remote { msg, .. }) = &r else {
                         panic!("{name} {len}: {r:?}");
                     };
                     assert!(msg.contains("exceeds the 480-byte limit"), "{msg}");
@@ -161,14 +161,28 @@ fn payloads_too_large_for_a_mode_are_errors_not_truncations() {
     let node = ctx.connect_rpc(srv.addr()).unwrap().node;
     let c2 = ctx.clone();
     block_on(&ctx, async move {
-        // Requests ride in a bucket: 480 bytes, 464 with the zero-copy prefix.
+        // Requests ride in a bucket up to 480 bytes (464 with the zero-copy prefix);
+        // larger ones, up to the largest transfer, go by reference and the server
+        // READs them. Past that, nothing is sent.
         assert!(c2.call(node, ECHO, &[1u8; 480]).await.is_ok());
+        let fetched = c2.stats().fetched_requests;
+        let big: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let r = c2
+            .call_with(node, ECHO, &big, CallOpts::mode(ReplyMode::Read))
+            .await
+            .unwrap();
+        assert_eq!(r, big);
+        assert_eq!(
+            c2.call(node, ECHO, &[1u8; 481]).await.unwrap(),
+            vec![1u8; 481]
+        );
+        assert_eq!(c2.stats().fetched_requests, fetched + 2);
         assert!(matches!(
-            c2.call(node, ECHO, &[1u8; 481]).await,
-            Err(RpcError::TooLarge { len: 481, max: 480 })
+            c2.call(node, ECHO, &vec![1u8; (4 << 20) + 1]).await,
+            Err(CallError::TooLarge { max, .. }) if max == 4 << 20
         ));
         let zc = |n| CallOpts {
-            mode: Mode::ZeroCopy,
+            mode: ReplyMode::ZeroCopy,
             reply_len: Some(n),
             ..CallOpts::default()
         };
@@ -178,23 +192,26 @@ fn payloads_too_large_for_a_mode_are_errors_not_truncations() {
                 .unwrap(),
             vec![2u8; 464]
         );
-        assert!(matches!(
-            c2.call_with(node, ECHO, &[2u8; 465], zc(465)).await,
-            Err(RpcError::TooLarge { len: 481, max: 480 })
-        ));
+        // Both a zero-copy reply and a request sent by reference.
+        assert_eq!(
+            c2.call_with(node, ECHO, &[3u8; 5000], zc(5000))
+                .await
+                .unwrap(),
+            vec![3u8; 5000]
+        );
         // A reply larger than the caller's zero-copy buffer.
         let r = c2
             .call_with(node, GEN, &1000u32.to_le_bytes(), zc(999))
             .await;
         assert!(
-            matches!(&r, Err(RpcError::Remote { msg, .. }) if msg.contains("999-byte zero-copy buffer")),
+            matches!(&r, Err(CallError::Remote { msg, .. }) if msg.contains("999-byte zero-copy buffer")),
             "{r:?}"
         );
         // A zero-copy buffer beyond the runtime's largest transfer.
         assert!(matches!(
             c2.call_with(node, GEN, &8u32.to_le_bytes(), zc((4 << 20) + 1))
                 .await,
-            Err(RpcError::TooLarge { .. })
+            Err(CallError::TooLarge { .. })
         ));
         // A READ-mode reply beyond the server's limit (4 MiB).
         let r = c2
@@ -202,11 +219,11 @@ fn payloads_too_large_for_a_mode_are_errors_not_truncations() {
                 node,
                 GEN,
                 &((4u32 << 20) + 1).to_le_bytes(),
-                CallOpts::mode(Mode::Read),
+                CallOpts::mode(ReplyMode::Read),
             )
             .await;
         assert!(
-            matches!(&r, Err(RpcError::Remote { msg, .. }) if msg.contains("exceeds the server's")),
+            matches!(&r, Err(CallError::Remote { msg, .. }) if msg.contains("exceeds the server's")),
             "{r:?}"
         );
         // The channel still works afterwards.
@@ -237,7 +254,7 @@ fn deadlines_expire_and_late_replies_are_dropped() {
         // Default deadline (100 ms) against a 300 ms handler.
         let t0 = std::time::Instant::now();
         let r = c2.call(node, SLOW, &slow(300, 16)).await;
-        assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+        assert!(matches!(r, Err(CallError::Timeout { .. })), "{r:?}");
         assert!(t0.elapsed() < Duration::from_millis(290));
         // A per-call deadline overrides it.
         let long = CallOpts {
@@ -252,12 +269,12 @@ fn deadlines_expire_and_late_replies_are_dropped() {
         );
         // A zero-copy call that times out: its buffer stays reserved for the late WRITE.
         let zc = CallOpts {
-            mode: Mode::ZeroCopy,
+            mode: ReplyMode::ZeroCopy,
             reply_len: Some(8192),
             timeout: Some(Duration::from_millis(50)),
         };
         let r = c2.call_with(node, SLOW, &slow(200, 8192), zc).await;
-        assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+        assert!(matches!(r, Err(CallError::Timeout { .. })), "{r:?}");
         // Late replies of both are dropped; later calls get their own replies.
         for i in 0..20u32 {
             let req = i.to_le_bytes();
@@ -297,7 +314,7 @@ fn sorted_batch_hook_sees_a_rounds_requests_in_key_timestamp_order() {
         ex.spawn(async move {
             let r = ctx.call(node, SORTED, b"short").await;
             assert!(
-                matches!(&r, Err(RpcError::Remote { msg, .. }) if msg.contains("malformed")),
+                matches!(&r, Err(CallError::Remote { msg, .. }) if msg.contains("malformed")),
                 "{r:?}"
             );
         });

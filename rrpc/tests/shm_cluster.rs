@@ -49,7 +49,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use rrpc::runtime::{block_on, CallOpts, Mode, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, CallOpts, ReplyMode, RuntimeConfig, ThreadCtx};
 
 /// Handler id of [`gen_handlers`]' generator: the request is a little-endian u32 length,
 /// the reply that many bytes of a pattern.
@@ -173,12 +173,17 @@ fn visit(cluster: &str, node: u32, server: std::net::SocketAddr) {
         assert_eq!(c.call(srv, common::ECHO, b"hi").await.unwrap(), b"hi");
         let want: Vec<u8> = (0..4096).map(|i| (i % 253) as u8).collect();
         let read = c
-            .call_with(srv, GEN, &4096u32.to_le_bytes(), CallOpts::mode(Mode::Read))
+            .call_with(
+                srv,
+                GEN,
+                &4096u32.to_le_bytes(),
+                CallOpts::mode(ReplyMode::Read),
+            )
             .await
             .unwrap();
         assert_eq!(read, want);
         let zc = CallOpts {
-            mode: Mode::ZeroCopy,
+            mode: ReplyMode::ZeroCopy,
             reply_len: Some(4096),
             ..CallOpts::default()
         };
@@ -322,7 +327,7 @@ fn client_process() {
     let c = ctx.clone();
     block_on(&ctx, async move {
         let zc = CallOpts {
-            mode: Mode::ZeroCopy,
+            mode: ReplyMode::ZeroCopy,
             reply_len: Some(4096),
             ..CallOpts::default()
         };

@@ -47,6 +47,24 @@ pub enum TsoError {
     },
 }
 
+impl From<rrpc::runtime::OneSidedError> for TsoError {
+    fn from(e: rrpc::runtime::OneSidedError) -> Self {
+        Self::Rpc(e.into())
+    }
+}
+
+impl From<rrpc::runtime::ConnectError> for TsoError {
+    fn from(e: rrpc::runtime::ConnectError) -> Self {
+        Self::Rpc(e.into())
+    }
+}
+
+impl From<rrpc::runtime::CallError> for TsoError {
+    fn from(e: rrpc::runtime::CallError) -> Self {
+        Self::Rpc(e.into())
+    }
+}
+
 /// Human-readable form of a placement, as exported and printed at start.
 pub fn describe_placement(p: &DmPlacement) -> String {
     match p {

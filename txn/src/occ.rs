@@ -150,6 +150,24 @@ pub enum TxnError {
     },
 }
 
+impl From<rrpc::runtime::OneSidedError> for TxnError {
+    fn from(e: rrpc::runtime::OneSidedError) -> Self {
+        Self::Rpc(e.into())
+    }
+}
+
+impl From<rrpc::runtime::ConnectError> for TxnError {
+    fn from(e: rrpc::runtime::ConnectError) -> Self {
+        Self::Rpc(e.into())
+    }
+}
+
+impl From<rrpc::runtime::CallError> for TxnError {
+    fn from(e: rrpc::runtime::CallError) -> Self {
+        Self::Rpc(e.into())
+    }
+}
+
 /// Coordinator settings.
 #[derive(Clone, Debug)]
 pub struct OccConfig {
@@ -410,13 +428,7 @@ impl Txn<'_> {
             .filter(|&(t, k)| self.find(t, k).is_none())
             .collect();
         let c = self.c;
-        let got = join_all(
-            missing
-                .iter()
-                .map(|&(t, k)| c.read_object(t, k, true))
-                .collect(),
-        )
-        .await;
+        let got = join_all(missing.iter().map(|&(t, k)| c.read_object(t, k, true))).await;
         for e in got {
             let e = e?;
             if self.find(e.table, e.key).is_none() {
@@ -552,7 +564,7 @@ impl Txn<'_> {
             return Err(TxnError::Abort(reason));
         }
         let deadline = Instant::now() + c.cfg.lock_wait;
-        let waits = join_all(tickets.iter_mut().map(|t| t.wait(deadline)).collect()).await;
+        let waits = join_all(tickets.iter_mut().map(|t| t.wait(deadline))).await;
         if let Some(e) = waits.into_iter().find_map(Result::err) {
             // The tickets keep their places; dropping them hands each to a coroutine that
             // releases it when its turn comes, so this coordinator can go on.
@@ -601,7 +613,7 @@ impl Txn<'_> {
                 let e = entry(k);
                 c.read_record(e.table, e.key)
             });
-            let (busy, seen) = join(join_all(locks.collect()), join_all(records.collect())).await;
+            let (busy, seen) = join(join_all(locks), join_all(records)).await;
             let busy = busy.into_iter().collect::<Result<Vec<bool>, _>>()?;
             let seen = seen
                 .into_iter()
@@ -621,10 +633,13 @@ impl Txn<'_> {
         let c = self.c;
         #[cfg(feature = "fault-injection")]
         if crate::fault::failing_write_back() {
-            return Err(TxnError::Rpc(RpcError::PeerGone {
-                node: c.mem,
-                why: "injected write-back failure".into(),
-            }));
+            // As the memory node's NIC would answer a WRITE to a deregistered region.
+            return Err(TxnError::Rpc(RpcError::OneSided(
+                rrpc::runtime::OneSidedError::Completion {
+                    node: c.mem,
+                    status: rrpc::fabric::WcStatus::RemoteAccess,
+                },
+            )));
         }
         let images: Vec<(RemoteAddr, Vec<u8>)> = self
             .writes
@@ -643,13 +658,7 @@ impl Txn<'_> {
                 )
             })
             .collect();
-        let wrote = join_all(
-            images
-                .iter()
-                .map(|(a, img)| c.ctx.write(c.mem, *a, img))
-                .collect(),
-        )
-        .await;
+        let wrote = join_all(images.iter().map(|(a, img)| c.ctx.write(c.mem, *a, img))).await;
         match wrote.into_iter().find_map(Result::err) {
             Some(e) => Err(e.into()),
             None => Ok(()),
@@ -683,7 +692,7 @@ async fn release_all(tickets: Vec<Ticket>) -> Result<(), LockError> {
     if tickets.is_empty() {
         return Ok(());
     }
-    let r = join_all(tickets.into_iter().map(Ticket::release).collect()).await;
+    let r = join_all(tickets.into_iter().map(Ticket::release)).await;
     match r.into_iter().find_map(Result::err) {
         Some(e) => Err(e),
         None => Ok(()),

@@ -81,7 +81,7 @@ fn memnode_serves_smallbank_through_its_index() {
                         }
                     }
                 });
-                for r in join_all(lookups.collect()).await {
+                for r in join_all(lookups).await {
                     assert_eq!(r.version, 1);
                     let want = initial_balance(if t.id == 0 { SAVINGS } else { CHECKING }, r.key);
                     assert_eq!(i64::from_le_bytes(r.value.try_into().unwrap()), want);

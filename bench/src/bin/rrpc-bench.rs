@@ -25,7 +25,7 @@ use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
 use rrpc::rocket::RocketConfig;
-use rrpc::runtime::{CallOpts, Executor, Mode, RuntimeConfig, Stats, ThreadCtx};
+use rrpc::runtime::{CallOpts, Executor, ReplyMode, RuntimeConfig, Stats, ThreadCtx};
 use rrpc::server::{Handlers, ServerConfig};
 use rrpc::wire::Batching;
 
@@ -486,7 +486,7 @@ fn batching_on(
                 node,
                 c.coroutines,
                 request(size, 8),
-                CallOpts::mode(Mode::Rpc),
+                CallOpts::mode(ReplyMode::Rpc),
                 8,
                 (warm, meas),
             )
@@ -601,9 +601,9 @@ fn modes_on(
         "size", "mode", "Kcalls/s", "MB/s", "p50(us)", "p99(us)"
     );
     let modes = [
-        ("rpc", Mode::Rpc),
-        ("read", Mode::Read),
-        ("zero-copy", Mode::ZeroCopy),
+        ("rpc", ReplyMode::Rpc),
+        ("read", ReplyMode::Read),
+        ("zero-copy", ReplyMode::ZeroCopy),
     ];
     let mut rows = Vec::new();
     let mut series: Vec<Series> = modes
@@ -617,7 +617,7 @@ fn modes_on(
     for &size in sizes {
         let mut rates = Vec::new();
         for (i, (name, mode)) in modes.iter().enumerate() {
-            let bucket = if *mode == Mode::Rpc {
+            let bucket = if *mode == ReplyMode::Rpc {
                 bucket_for(512, size)
             } else {
                 512
@@ -704,7 +704,7 @@ fn modes_on(
 }
 
 fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
-    println!("\n== latency: round trip of 32 B requests, 1 coroutine per client thread, Mode::Auto with the reply size known");
+    println!("\n== latency: round trip of 32 B requests, 1 coroutine per client thread, ReplyMode::Auto with the reply size known");
     let bed = Bed::new(c, kind, "latency")?;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
@@ -781,7 +781,7 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
             node,
             c.coroutines,
             request(32, 32),
-            CallOpts::mode(Mode::Rpc),
+            CallOpts::mode(ReplyMode::Rpc),
             32,
             (warm, meas),
         )
@@ -806,7 +806,7 @@ fn rrpc_rtt(c: &Common, kind: FabricKind, cfg: &PeerConfig) -> Result<RttSamples
             node,
             1,
             request(cfg.request_bytes, cfg.reply_bytes),
-            CallOpts::mode(Mode::Rpc),
+            CallOpts::mode(ReplyMode::Rpc),
             cfg.reply_bytes,
             (cfg.warmup, cfg.duration),
         )

@@ -1,0 +1,433 @@
+//! The caller's table of calls in flight: a plain state machine that takes the time as an
+//! argument (no clock, no I/O), so deadlines, late replies and cancellation are tested
+//! without a fabric.
+//!
+//! A call is opened when its request is pushed into the Rocket, gets its reply (or an
+//! error) delivered by the polling round, or expires at its deadline; the future
+//! waiting for it is woken in each case. A call whose future is dropped first, or that
+//! expired, is *abandoned*. If it reserved a buffer the server may still WRITE into (a
+//! zero-copy reply target) or READ from (a large request), that buffer becomes a
+//! *zombie*: it is not reused until the server's late answer (its reply, `Done`, or
+//! `Cancelled` after the caller's `Cancel`) says nothing more can touch it, or the node
+//! is gone. No timer frees it: a slow server must never WRITE into a reused buffer.
+
+use std::collections::{BTreeSet, HashMap};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::arena::Chunk;
+use crate::wire::{IdHash, ReadReply};
+
+use super::CallError;
+
+/// What the server answered.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Inline payload, or an error.
+    Inline(Result<Vec<u8>, CallError>),
+    /// RPC + READ: where the reply waits.
+    Read(ReadReply),
+    /// Zero-copy: the reply's length in the call's buffer.
+    ZeroCopy(usize),
+}
+
+struct Slot {
+    node: u32,
+    handler: u16,
+    after: Duration,
+    deadline: Instant,
+    result: Option<Reply>,
+    /// Buffers the server may touch: the zero-copy target, the large request.
+    chunks: Held,
+    waker: Option<Waker>,
+}
+
+/// What to do with a reply that arrived ([`CallTable::deliver`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Late {
+    /// Delivered to a waiting call.
+    Delivered,
+    /// The call was abandoned; free its buffers now that the server is done with them.
+    Free(Held),
+}
+
+/// The buffers a call holds that its server may touch: the zero-copy reply target and
+/// the buffer of a request sent by reference.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// Zero-copy reply target (reply bytes plus the 8-byte generation trailer).
+    pub zc: Option<Chunk>,
+    /// A request too large for a bucket, READ by the server.
+    pub req: Option<Chunk>,
+}
+
+impl Held {
+    /// Whether it holds nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.zc.is_none() && self.req.is_none()
+    }
+    /// The buffers held.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Chunk> + '_ {
+        self.zc.iter().chain(self.req.iter()).copied()
+    }
+}
+
+/// What to do about an abandoned call ([`CallTable::abandon`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Abandoned {
+    /// Free these buffers now.
+    pub free: Held,
+    /// Send `Cancel` for the call.
+    pub cancel: bool,
+    /// Release this READ-mode reply buffer at the server.
+    pub release: Option<u64>,
+}
+
+/// Calls in flight on one thread. See the module docs.
+#[derive(Default)]
+pub(crate) struct CallTable {
+    calls: HashMap<u64, Slot, IdHash>,
+    /// (deadline, id) of calls without a result yet: expiry scans the front only.
+    deadlines: BTreeSet<(Instant, u64)>,
+    /// Buffers of abandoned calls the server may still touch, by call id, with the node.
+    zombies: HashMap<u64, (u32, Held), IdHash>,
+    next: u64,
+}
+
+impl CallTable {
+    /// The id the next [`CallTable::open`] returns (call ids start at 1).
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next + 1
+    }
+
+    /// Open call `next_id()` to `node`'s `handler` with a deadline of `now + after`,
+    /// holding `chunks` until it ends.
+    pub(crate) fn open(
+        &mut self,
+        node: u32,
+        handler: u16,
+        now: Instant,
+        after: Duration,
+        chunks: Held,
+    ) -> u64 {
+        self.next += 1;
+        let id = self.next;
+        let deadline = now + after;
+        self.calls.insert(
+            id,
+            Slot {
+                node,
+                handler,
+                after,
+                deadline,
+                result: None,
+                chunks,
+                waker: None,
+            },
+        );
+        self.deadlines.insert((deadline, id));
+        id
+    }
+
+    /// Calls in flight (not yet taken by their futures).
+    pub(crate) fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether nothing is in flight.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Buffers held for abandoned calls.
+    pub(crate) fn zombies(&self) -> usize {
+        self.zombies.len()
+    }
+
+    /// The reply to call `id` arrived (in the response ring, so the server is done with
+    /// the call's buffer once `reply` is final).
+    pub(crate) fn deliver(&mut self, id: u64, reply: Reply) -> Late {
+        match self.calls.get_mut(&id) {
+            Some(s) if s.result.is_none() => {
+                self.deadlines.remove(&(s.deadline, id));
+                s.result = Some(reply);
+                if let Some(w) = s.waker.take() {
+                    w.wake();
+                }
+                Late::Delivered
+            }
+            Some(_) => Late::Delivered, // a duplicate: the first answer stands
+            None => Late::Free(self.zombies.remove(&id).map(|(_, c)| c).unwrap_or_default()),
+        }
+    }
+
+    /// Poll call `id` for its result, registering `waker` to be woken when it comes.
+    /// Ready with the reply and the call's buffer (which the caller frees after copying
+    /// out), or with the call's deadline error.
+    pub(crate) fn poll(&mut self, id: u64, waker: &Waker) -> Poll<(Reply, Held)> {
+        let Some(s) = self.calls.get_mut(&id) else {
+            let e = CallError::Protocol {
+                node: 0,
+                what: "call polled after it ended",
+            };
+            return Poll::Ready((Reply::Inline(Err(e)), Held::default()));
+        };
+        if s.result.is_some() {
+            let s = self.calls.remove(&id).expect("present");
+            let r = s.result.expect("checked");
+            // An expired call with a buffer the server may still touch keeps it.
+            if matches!(r, Reply::Inline(Err(CallError::Timeout { .. }))) {
+                if !s.chunks.is_empty() {
+                    self.zombies.insert(id, (s.node, s.chunks));
+                }
+                return Poll::Ready((r, Held::default()));
+            }
+            return Poll::Ready((r, s.chunks));
+        }
+        match &s.waker {
+            Some(w) if w.will_wake(waker) => {}
+            _ => s.waker = Some(waker.clone()),
+        }
+        Poll::Pending
+    }
+
+    /// The future of call `id` was dropped before taking its result. Says what the
+    /// runtime must do about it: free its buffer (the server's final answer came),
+    /// cancel it at the server (no answer yet; the buffer is held as a zombie), and/or
+    /// release a READ-mode reply buffer at the server.
+    pub(crate) fn abandon(&mut self, id: u64) -> Abandoned {
+        let mut out = Abandoned::default();
+        let Some(s) = self.calls.remove(&id) else {
+            return out;
+        };
+        self.deadlines.remove(&(s.deadline, id));
+        if let Some(Reply::Read(r)) = &s.result {
+            out.release = Some(r.handle);
+        }
+        let c = s.chunks;
+        if c.is_empty() {
+            return out;
+        }
+        match s.result {
+            // No answer yet: the server may still touch the buffer.
+            None => {
+                self.zombies.insert(id, (s.node, c));
+                out.cancel = true;
+            }
+            // Expired: `expire` asked for the cancel already.
+            Some(Reply::Inline(Err(CallError::Timeout { .. }))) => {
+                self.zombies.insert(id, (s.node, c));
+            }
+            // A final answer (or a gone node): nothing touches it any more.
+            Some(_) => out.free = c,
+        }
+        out
+    }
+
+    /// Expire every call whose deadline is at or before `now`: its result becomes
+    /// [`CallError::Timeout`] and its future is woken. Returns the ids of expired calls
+    /// that hold a buffer the server may touch (the caller sends them `Cancel`).
+    pub(crate) fn expire(&mut self, now: Instant, cancel: &mut Vec<(u32, u64)>) {
+        while let Some(&(d, id)) = self.deadlines.first() {
+            if d > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(s) = self.calls.get_mut(&id) else {
+                continue;
+            };
+            s.result = Some(Reply::Inline(Err(CallError::Timeout {
+                node: s.node,
+                handler: s.handler,
+                after: s.after,
+            })));
+            if !s.chunks.is_empty() {
+                cancel.push((s.node, id));
+            }
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// The earliest deadline of a call still waiting.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(d, _)| d)
+    }
+
+    /// Fail every waiting call to `node` with `err(handler)`, and give back the buffers
+    /// of its abandoned calls: a gone node touches nothing any more.
+    pub(crate) fn fail_node(
+        &mut self,
+        node: u32,
+        err: impl Fn(u16) -> CallError,
+        freed: &mut Vec<Chunk>,
+    ) {
+        for (&id, s) in self.calls.iter_mut() {
+            if s.node == node && s.result.is_none() {
+                self.deadlines.remove(&(s.deadline, id));
+                s.result = Some(Reply::Inline(Err(err(s.handler))));
+                if let Some(w) = s.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+        self.zombies.retain(|_, (n, c)| {
+            if *n == node {
+                freed.extend(c.iter());
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn waker() -> (Arc<Count>, Waker) {
+        let c = Arc::new(Count(AtomicUsize::new(0)));
+        (c.clone(), Waker::from(c))
+    }
+
+    fn chunk(off: usize) -> Held {
+        Held {
+            zc: Some(Chunk { off, class: 0 }),
+            req: None,
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn reply_wakes_and_is_taken_once() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let id = t.open(3, 9, now, MS, Held::default());
+        let (c, w) = waker();
+        assert!(t.poll(id, &w).is_pending());
+        assert_eq!(t.deliver(id, Reply::Inline(Ok(vec![1]))), Late::Delivered);
+        assert_eq!(c.0.load(Ordering::Relaxed), 1);
+        let Poll::Ready((Reply::Inline(Ok(v)), _)) = t.poll(id, &w) else {
+            panic!("no reply")
+        };
+        assert_eq!(v, vec![1]);
+        assert!(t.is_empty());
+        // The deadline of a delivered call is gone: nothing expires later.
+        let mut cancel = Vec::new();
+        t.expire(now + 10 * MS, &mut cancel);
+        assert!(cancel.is_empty() && t.next_deadline().is_none());
+    }
+
+    #[test]
+    fn deadlines_expire_in_order_and_only_when_due() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let a = t.open(1, 1, now, 2 * MS, Held::default());
+        let b = t.open(1, 1, now, MS, Held::default());
+        let (c, w) = waker();
+        assert!(t.poll(a, &w).is_pending() && t.poll(b, &w).is_pending());
+        let mut cancel = Vec::new();
+        t.expire(now, &mut cancel);
+        assert_eq!(c.0.load(Ordering::Relaxed), 0);
+        t.expire(now + MS, &mut cancel);
+        assert_eq!(c.0.load(Ordering::Relaxed), 1);
+        assert!(matches!(
+            t.poll(b, &w),
+            Poll::Ready((Reply::Inline(Err(CallError::Timeout { .. })), _))
+        ));
+        assert!(t.poll(a, &w).is_pending());
+        assert_eq!(t.next_deadline(), Some(now + 2 * MS));
+    }
+
+    #[test]
+    fn expired_zero_copy_buffer_is_held_until_the_late_answer() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let id = t.open(4, 2, now, MS, chunk(64));
+        let (_c, w) = waker();
+        assert!(t.poll(id, &w).is_pending());
+        let mut cancel = Vec::new();
+        t.expire(now + MS, &mut cancel);
+        assert_eq!(cancel, vec![(4, id)]);
+        // The caller gets its timeout but not the buffer.
+        assert!(matches!(t.poll(id, &w), Poll::Ready((_, h)) if h.is_empty()));
+        assert_eq!(t.zombies(), 1);
+        // Much later, still held: no timer frees it.
+        t.expire(now + Duration::from_secs(3600), &mut cancel);
+        assert_eq!(t.zombies(), 1);
+        // The server's late Done (or Cancelled) frees it.
+        assert_eq!(t.deliver(id, Reply::ZeroCopy(8)), Late::Free(chunk(64)));
+        assert_eq!(t.zombies(), 0);
+    }
+
+    #[test]
+    fn dropped_future_with_buffer_asks_to_cancel_and_node_failure_frees() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let a = t.open(5, 2, now, MS, chunk(0));
+        let b = t.open(6, 2, now, MS, chunk(64));
+        let c = t.open(6, 2, now, MS, Held::default());
+        assert!(t.abandon(a).cancel);
+        assert!(t.abandon(b).cancel);
+        assert_eq!(t.abandon(c), Abandoned::default());
+        assert_eq!(t.zombies(), 2);
+        let mut freed = Vec::new();
+        t.fail_node(6, |_| CallError::NotConnected { node: 6 }, &mut freed);
+        assert_eq!(freed, chunk(64).iter().collect::<Vec<_>>());
+        assert_eq!(t.zombies(), 1);
+    }
+
+    #[test]
+    fn dropped_future_after_final_answer_frees_and_releases() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let a = t.open(5, 2, now, MS, chunk(0));
+        t.deliver(a, Reply::ZeroCopy(3));
+        assert_eq!(
+            t.abandon(a),
+            Abandoned {
+                free: chunk(0),
+                cancel: false,
+                release: None
+            }
+        );
+        let r = ReadReply {
+            addr: 0,
+            rkey: 1,
+            len: 2,
+            handle: 77,
+        };
+        let b = t.open(5, 2, now, MS, Held::default());
+        t.deliver(b, Reply::Read(r));
+        assert_eq!(t.abandon(b).release, Some(77));
+        assert_eq!(t.zombies(), 0);
+    }
+
+    #[test]
+    fn node_failure_wakes_waiting_calls() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let id = t.open(7, 2, now, MS, Held::default());
+        let (c, w) = waker();
+        assert!(t.poll(id, &w).is_pending());
+        t.fail_node(7, |_| CallError::NotConnected { node: 7 }, &mut Vec::new());
+        assert_eq!(c.0.load(Ordering::Relaxed), 1);
+        assert!(matches!(
+            t.poll(id, &w),
+            Poll::Ready((Reply::Inline(Err(CallError::NotConnected { node: 7 })), _))
+        ));
+    }
+}

@@ -1,0 +1,207 @@
+//! The runtime's settings ([`RuntimeConfig`]), per-call options ([`CallOpts`]) and
+//! per-thread counters ([`Stats`]).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::rocket::RocketConfig;
+use crate::straw::StrawConfig;
+use crate::wire::{Batching, ReplyMode};
+
+use super::ConnectError;
+
+/// Runtime settings. As a TOML table the keys are kebab-case, durations are integer
+/// milliseconds (`call-timeout-ms`), and every key may be left out for its default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Geometry of the request and response Rockets of each RPC channel (default 64
+    /// buckets of 512 B; at most what the server admits, see
+    /// [`crate::server::ServerConfig::max_ring_bytes`]).
+    pub rocket: RocketConfig,
+    /// Batching of RPC traffic, both directions (default [`Batching::Combined`]).
+    pub batching: Batching,
+    /// Default deadline of an RPC call, from issue to response (default 2 s, at least
+    /// 1 ms); [`CallOpts::timeout`] overrides it per call.
+    #[serde(rename = "call-timeout-ms", with = "crate::ctrl::millis")]
+    pub call_timeout: Duration,
+    /// How long connection setup waits for a node's control plane (default 10 s).
+    #[serde(rename = "connect-timeout-ms", with = "crate::ctrl::millis")]
+    pub connect_timeout: Duration,
+    /// Send-queue depth of each QP, in WRs (default 512, at least 1). A polling round's
+    /// WRs beyond the room left wait for the next round.
+    pub sq_depth: usize,
+    /// Threads per QP before a straw adds a QP (default 4, at least 1); see
+    /// [`StrawConfig`].
+    pub threads_per_qp: usize,
+    /// [`ReplyMode::Auto`] sends replies up to this many bytes inline and larger ones by
+    /// RPC + READ or zero-copy (default 512, Scythe 4.6 (2)).
+    pub mode_threshold: usize,
+    /// Registered buffer bytes per thread for one-sided ops, zero-copy replies and
+    /// large requests (default 32 MiB; untouched pages cost nothing). At least
+    /// `max_transfer`.
+    pub buffer_bytes: usize,
+    /// Largest single one-sided op, READ-mode reply, zero-copy reply or request in
+    /// bytes (default 4 MiB).
+    pub max_transfer: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            rocket: RocketConfig::default(),
+            batching: Batching::Combined,
+            call_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(10),
+            sq_depth: 512,
+            threads_per_qp: 4,
+            mode_threshold: 512,
+            buffer_bytes: 32 << 20,
+            max_transfer: 4 << 20,
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// Check the settings. Errors: [`ConnectError::Config`] naming the field and rule.
+    pub fn validate(&self) -> Result<(), ConnectError> {
+        self.rocket.validate().map_err(ConnectError::Rocket)?;
+        let bad = |what: &'static str| Err(ConnectError::Config(what));
+        if self.sq_depth == 0 {
+            return bad("sq-depth must be at least 1");
+        }
+        if self.threads_per_qp == 0 {
+            return bad("threads-per-qp must be at least 1");
+        }
+        if self.call_timeout < Duration::from_millis(1) {
+            return bad("call-timeout-ms must be at least 1");
+        }
+        if self.max_transfer == 0 || self.max_transfer > u32::MAX as usize {
+            return bad("max-transfer must be between 1 byte and 4 GiB");
+        }
+        if self.buffer_bytes < self.max_transfer.next_power_of_two() {
+            return bad(
+                "buffer-bytes must hold one max-transfer chunk (rounded up to a power of two)",
+            );
+        }
+        Ok(())
+    }
+
+    /// The straw settings these imply.
+    pub fn straw_config(&self) -> StrawConfig {
+        StrawConfig {
+            threads_per_qp: self.threads_per_qp.max(1),
+            sq_depth: self.sq_depth,
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
+/// Per-call options.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallOpts {
+    /// How the reply travels (default [`ReplyMode::Auto`]).
+    pub mode: ReplyMode,
+    /// Expected (for [`ReplyMode::ZeroCopy`]: largest) reply size in bytes, if known.
+    pub reply_len: Option<usize>,
+    /// Deadline from issue to reply; `None` uses [`RuntimeConfig::call_timeout`].
+    pub timeout: Option<Duration>,
+}
+
+impl CallOpts {
+    /// Options forcing `mode`.
+    pub fn mode(mode: ReplyMode) -> Self {
+        Self {
+            mode,
+            ..Self::default()
+        }
+    }
+}
+
+/// Per-thread counters, readable by benchmarks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// `post_send` calls (doorbells rung).
+    pub doorbells: u64,
+    /// WRs posted.
+    pub wrs: u64,
+    /// Rocket buckets written (one WRITE each).
+    pub buckets: u64,
+    /// RPC requests sent.
+    pub messages: u64,
+    /// Times a call waited because its Rocket had no free bucket (credit stall).
+    pub credit_stalls: u64,
+    /// Payload bytes moved by one-sided ops and RPC requests.
+    pub bytes: u64,
+    /// Rounds in which some WRs waited for send-queue room (posted the next round).
+    pub sq_full: u64,
+    /// Lists reported failed by a QP and replayed (Rocket buckets) or failed (one-sided).
+    pub failed_lists: u64,
+    /// Times a Rocket or the one-sided traffic moved to another QP of its straw.
+    pub qp_switches: u64,
+    /// Replies received inline in the response Rocket (pure RPC).
+    pub inline_replies: u64,
+    /// Replies fetched with a one-sided READ (RPC + READ mode).
+    pub read_replies: u64,
+    /// Replies the server WRITEs into the caller's buffer (zero-copy mode).
+    pub zero_copy_replies: u64,
+    /// Requests too large for a bucket, sent by reference for the server to READ.
+    pub fetched_requests: u64,
+    /// Calls whose reply buffer was found expired or reused (READ mode) or whose
+    /// zero-copy trailer did not match: failed with [`super::CallError::Expired`].
+    pub expired_replies: u64,
+}
+
+impl Stats {
+    /// Messages per bucket WRITE (msg batching factor).
+    pub fn messages_per_write(&self) -> f64 {
+        self.messages as f64 / self.buckets.max(1) as f64
+    }
+    /// WRs per doorbell (doorbell batching factor).
+    pub fn wrs_per_doorbell(&self) -> f64 {
+        self.wrs as f64 / self.doorbells.max(1) as f64
+    }
+    /// Counter-wise sum (for totals over threads).
+    pub fn add(&mut self, o: &Stats) {
+        self.doorbells += o.doorbells;
+        self.wrs += o.wrs;
+        self.buckets += o.buckets;
+        self.messages += o.messages;
+        self.credit_stalls += o.credit_stalls;
+        self.bytes += o.bytes;
+        self.sq_full += o.sq_full;
+        self.failed_lists += o.failed_lists;
+        self.qp_switches += o.qp_switches;
+        self.inline_replies += o.inline_replies;
+        self.read_replies += o.read_replies;
+        self.zero_copy_replies += o.zero_copy_replies;
+        self.fetched_requests += o.fetched_requests;
+        self.expired_replies += o.expired_replies;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_defaults_and_validation() {
+        let c: RuntimeConfig = toml::from_str("call-timeout-ms = 250\nbatching = \"msg\"").unwrap();
+        assert_eq!(c.call_timeout, Duration::from_millis(250));
+        assert_eq!(c.batching, Batching::Msg);
+        assert_eq!(c.rocket, RocketConfig::default());
+        c.validate().unwrap();
+        assert!(toml::from_str::<RuntimeConfig>("no-such-key = 1").is_err());
+        let bad = RuntimeConfig {
+            sq_depth: 0,
+            ..RuntimeConfig::default()
+        };
+        assert!(matches!(bad.validate(), Err(ConnectError::Config(m)) if m.contains("sq-depth")));
+        let bad = RuntimeConfig {
+            buffer_bytes: 1 << 20,
+            ..RuntimeConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

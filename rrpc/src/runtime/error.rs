@@ -1,0 +1,176 @@
+//! Errors of the runtime, one type per operation, each keeping its cause.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::ctrl::NodeError;
+use crate::fabric::{FabricError, WcStatus};
+use crate::rocket::RocketError;
+
+/// Why a node counts as gone: pending and later work to it fails with this.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GoneReason {
+    /// A failed QP could not be reconnected (the node's control plane is unreachable).
+    #[error("reconnect failed: {0}")]
+    Reconnect(#[source] Arc<FabricError>),
+    /// The node's response ring broke the protocol.
+    #[error("corrupt response ring: {0}")]
+    CorruptRing(#[source] RocketError),
+    /// A response batch did not decode.
+    #[error("corrupt response batch: {0}")]
+    CorruptBatch(#[source] RocketError),
+}
+
+/// Errors of connection setup ([`super::ThreadCtx::connect`],
+/// [`super::ThreadCtx::connect_rpc`]) and of building a context.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The node's control plane failed or answered with an error.
+    #[error("control plane of {addr}: {source}")]
+    Control {
+        /// The node's bootstrap address.
+        addr: std::net::SocketAddr,
+        /// What failed.
+        #[source]
+        source: NodeError,
+    },
+    /// Registering rings or buffers, or creating QPs, failed.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// The Rocket geometry is unusable.
+    #[error(transparent)]
+    Rocket(#[from] RocketError),
+    /// A setting is out of range (the text names the field and the rule).
+    #[error("runtime config: {0}")]
+    Config(&'static str),
+    /// A runtime thread panicked ([`super::Runtime::run`]).
+    #[error("runtime thread {0} panicked")]
+    Panicked(usize),
+}
+
+/// Errors of one-sided operations ([`super::ThreadCtx::read`], `write`, `cas`, `faa`).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OneSidedError {
+    /// No connection to the node was set up on this thread.
+    #[error("node {node} is not connected on this thread")]
+    NotConnected {
+        /// Node id.
+        node: u32,
+    },
+    /// More bytes than [`super::RuntimeConfig::max_transfer`] (nothing was sent).
+    #[error("one-sided op of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge {
+        /// Bytes asked for.
+        len: usize,
+        /// Limit in bytes.
+        max: usize,
+    },
+    /// The WR completed with an error status (its QP failed and is reconnected on the
+    /// control thread; later ops go through).
+    #[error("work request to node {node} failed: {status:?}")]
+    Completion {
+        /// Node id.
+        node: u32,
+        /// Completion status.
+        status: WcStatus,
+    },
+    /// The node is gone.
+    #[error("node {node} is unreachable: {why}")]
+    PeerGone {
+        /// Node id.
+        node: u32,
+        /// Why.
+        #[source]
+        why: GoneReason,
+    },
+}
+
+/// Errors of RPC calls ([`super::ThreadCtx::call`], [`super::ThreadCtx::call_with`]).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    /// No RPC channel to the node was set up on this thread.
+    #[error("node {node} is not connected for RPC on this thread")]
+    NotConnected {
+        /// Node id.
+        node: u32,
+    },
+    /// A request or reply buffer larger than the call can carry (nothing was sent).
+    #[error("payload of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge {
+        /// Bytes.
+        len: usize,
+        /// Limit in bytes.
+        max: usize,
+    },
+    /// No reply before the deadline.
+    #[error("call to handler {handler} on node {node} timed out after {after:?}")]
+    Timeout {
+        /// Node id.
+        node: u32,
+        /// Handler id.
+        handler: u16,
+        /// The deadline that passed.
+        after: Duration,
+    },
+    /// The node is gone.
+    #[error("node {node} is unreachable: {why}")]
+    PeerGone {
+        /// Node id.
+        node: u32,
+        /// Why.
+        #[source]
+        why: GoneReason,
+    },
+    /// The handler answered with an error (including a reply too large for the mode);
+    /// `msg` is the server's text.
+    #[error("node {node} handler {handler}: {msg}")]
+    Remote {
+        /// Node id.
+        node: u32,
+        /// Handler id.
+        handler: u16,
+        /// The server's message.
+        msg: String,
+    },
+    /// A reply that breaks the protocol.
+    #[error("node {node}: malformed reply: {what}")]
+    Protocol {
+        /// Node id.
+        node: u32,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The reply's buffer was expired or reused before this call read it (READ mode), or
+    /// a zero-copy reply's generation did not match: the call fails rather than return
+    /// another call's data.
+    #[error("node {node} handler {handler}: reply buffer expired or reused before it was read")]
+    Expired {
+        /// Node id.
+        node: u32,
+        /// Handler id.
+        handler: u16,
+    },
+    /// The one-sided READ of a READ-mode reply failed.
+    #[error("fetching the reply: {0}")]
+    Fetch(#[source] OneSidedError),
+}
+
+/// Any error of the runtime, for code that mixes operations and uses `?`.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// Connection setup.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// A one-sided operation.
+    #[error(transparent)]
+    OneSided(#[from] OneSidedError),
+    /// An RPC call.
+    #[error(transparent)]
+    Call(#[from] CallError),
+}
+
+impl From<FabricError> for RpcError {
+    fn from(e: FabricError) -> Self {
+        Self::Connect(e.into())
+    }
+}

@@ -1,0 +1,1405 @@
+//! The per-thread runtime: a waker-driven executor ([`crate::exec`]) running many
+//! coroutines (async tasks, one transaction coordinator each) over one [`ThreadCtx`],
+//! and [`Runtime`], which starts T such threads x C coroutines sharing one process-wide
+//! set of QP pools ([`crate::straw`]).
+//!
+//! Coroutines issue one-sided operations ([`ThreadCtx::read`], [`ThreadCtx::write`],
+//! [`ThreadCtx::cas`], [`ThreadCtx::faa`]) and RPC calls ([`ThreadCtx::call`],
+//! [`ThreadCtx::call_with`]). Nothing is posted when they are issued: once the round's
+//! ready coroutines have run, the executor calls [`ThreadCtx::progress`], which posts,
+//! per remote node, the round's one-sided WRs as one list on a one-sided QP and the
+//! round's Rocket buckets plus credit return as one list on an RPC QP, each with one
+//! doorbell and only its last WR signaled (selective signaling; an RC QP completes in
+//! order). It then polls the QPs and the response Rockets and wakes the coroutines whose
+//! operations finished. This is the coroutine model of FaRM/FORD and Scythe's RRPC
+//! (000_f3dba2ed893b246b.txt, 4.4 Fig. 16 and 4.6).
+//!
+//! Replies travel in one of Scythe's three modes (4.6 (2), Fig. 20), chosen per call
+//! ([`ReplyMode`]): pure RPC, RPC + one-sided READ, or RPC zero-copy; [`ReplyMode::Auto`]
+//! picks by size around [`RuntimeConfig::mode_threshold`] (512 B). A request larger than
+//! a bucket travels by reference: the server READs it from the caller's registered
+//! buffer (the mirror of RPC + READ).
+//!
+//! Inside: [`config`] (settings, per-call options, counters), `calls` (the call table,
+//! a state machine taking the time as an argument), `onesided` (op slots), the
+//! per-node connection state and the polling round in this file. A [`ThreadCtx`] is
+//! single-threaded by construction (`Rc`, `RefCell`): one per OS thread. Control-plane
+//! work (reconnecting a failed QP) runs on the straws' control thread; a runtime
+//! thread never blocks on TCP after connecting.
+
+mod calls;
+pub mod config;
+mod error;
+mod onesided;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+pub use futures::future::{join, join_all};
+
+use self::calls::{CallTable, Held, Late, Reply};
+pub use self::config::{CallOpts, RuntimeConfig, Stats};
+pub use self::error::{CallError, ConnectError, GoneReason, OneSidedError, RpcError};
+use self::onesided::OpTable;
+use crate::arena::{Arena, Chunk};
+use crate::channel::{post_items, Channel, Item, Lists};
+use crate::ctrl::{node_info, CtrlRequest, NodeInfo, QpKind, RocketOffer, RpcAccept};
+use crate::exec;
+use crate::fabric::{Fabric, RemoteAddr, SendWr, WcStatus, WrOpcode};
+use crate::rocket::{decode_batch, MsgHeader, RocketError};
+use crate::straw::{Mailbox, SharedQp, Straw, Straws};
+pub use crate::wire::ReplyMode;
+use crate::wire::{FetchPrefix, MsgKind, ReadReply, ZeroCopyPrefix};
+
+/// The RPC half of a connection: this thread's Rocket pair with the node.
+struct RpcChan {
+    chan: Channel,
+    /// Control messages to send next round: READ-mode buffers to release, calls to
+    /// cancel.
+    control: Vec<(MsgKind, u64)>,
+    /// The server's id of this Rocket pair (to close it).
+    rocket: u64,
+}
+
+/// This thread's state towards one node.
+struct Conn {
+    node: u32,
+    straw: Arc<Straw>,
+    /// One-sided WRs not yet posted, and the op each belongs to.
+    os_pending: Vec<SendWr>,
+    os_ops: Vec<usize>,
+    os_qp: Option<Arc<SharedQp>>,
+    os_lists: usize,
+    rpc: Option<RpcChan>,
+    attached: Vec<QpKind>,
+    broken: Option<GoneReason>,
+}
+
+/// What one posted list carried, to finish or replay it when its completion arrives.
+enum Rec {
+    OneSided { conn: usize, ops: Vec<usize> },
+    Rocket { conn: usize, items: Vec<Item> },
+}
+
+struct Inner {
+    conns: Vec<Conn>,
+    by_node: HashMap<u32, usize>,
+    ops: OpTable,
+    arena: Arena,
+    calls: CallTable,
+    stats: Stats,
+    lists: Lists<Rec>,
+    wrs: Vec<SendWr>,
+    items: Vec<Item>,
+    freed: Vec<Chunk>,
+    batch: Vec<u8>,
+    done: Vec<(u64, WcStatus)>,
+    cancels: Vec<(u32, u64)>,
+    /// Coroutines waiting for room (a free buffer, ring credit): woken every round.
+    stalled: Vec<Waker>,
+    rounds: u64,
+    /// Emptied op lists of finished records, reused (no allocation per list).
+    vec_pool: Vec<Vec<usize>>,
+}
+
+/// One thread's connections, buffers and in-flight work, and its executor's handle.
+/// Shared by the thread's coroutines through `Rc`.
+pub struct ThreadCtx {
+    straws: Arc<Straws>,
+    cfg: RuntimeConfig,
+    exec: exec::Handle,
+    mailbox: Arc<Mailbox>,
+    inner: RefCell<Inner>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Weak<ThreadCtx>>> = const { RefCell::new(None) };
+}
+
+/// Restores the previous current context when dropped ([`ThreadCtx::enter`]).
+pub struct EnterGuard {
+    prev: Option<Weak<ThreadCtx>>,
+}
+
+impl Drop for EnterGuard {
+    fn drop(&mut self) {
+        let prev = self.prev.take();
+        CURRENT.with(|c| *c.borrow_mut() = prev);
+    }
+}
+
+impl ThreadCtx {
+    /// A context on `fabric` with its own straws (QPs not shared with other threads).
+    /// Use [`Runtime`] to share QP pools among threads. Errors: the config does not
+    /// validate; the thread's buffer cannot be registered.
+    pub fn new(fabric: Fabric, cfg: RuntimeConfig) -> Result<Rc<Self>, ConnectError> {
+        let straws = Straws::new(fabric, cfg.straw_config());
+        Self::with_straws(straws, cfg)
+    }
+
+    /// A context whose QPs come from the process-wide `straws`, with an executor handle
+    /// of its own.
+    pub fn with_straws(straws: Arc<Straws>, cfg: RuntimeConfig) -> Result<Rc<Self>, ConnectError> {
+        Self::with_handle(straws, cfg, exec::Handle::new())
+    }
+
+    /// A context whose coroutines run on the executor of `handle` (a server thread
+    /// shares its executor between its handlers and this context).
+    pub fn with_handle(
+        straws: Arc<Straws>,
+        cfg: RuntimeConfig,
+        handle: exec::Handle,
+    ) -> Result<Rc<Self>, ConnectError> {
+        cfg.validate()?;
+        let arena = Arena::new(straws.fabric(), cfg.buffer_bytes, cfg.max_transfer + 16)?;
+        Ok(Rc::new(Self {
+            straws,
+            cfg,
+            exec: handle,
+            mailbox: Mailbox::new(),
+            inner: RefCell::new(Inner {
+                conns: Vec::new(),
+                by_node: HashMap::new(),
+                ops: OpTable::default(),
+                arena,
+                calls: CallTable::default(),
+                stats: Stats::default(),
+                lists: Lists::default(),
+                wrs: Vec::new(),
+                items: Vec::new(),
+                freed: Vec::new(),
+                batch: Vec::new(),
+                done: Vec::new(),
+                cancels: Vec::new(),
+                stalled: Vec::new(),
+                rounds: 0,
+                vec_pool: Vec::new(),
+            }),
+        }))
+    }
+
+    /// The context of the coroutine running now on this thread: set while an
+    /// [`Executor`] of this module runs and on the server threads of a
+    /// [`crate::node::Node`], whose async handlers use it to make calls and one-sided
+    /// operations. `None` elsewhere.
+    pub fn current() -> Option<Rc<ThreadCtx>> {
+        CURRENT.with(|c| c.borrow().as_ref().and_then(Weak::upgrade))
+    }
+
+    /// Make `self` this thread's [`ThreadCtx::current`] until the guard drops.
+    pub fn enter(self: &Rc<Self>) -> EnterGuard {
+        let prev = CURRENT.with(|c| c.borrow_mut().replace(Rc::downgrade(self)));
+        EnterGuard { prev }
+    }
+
+    /// The fabric this context runs on.
+    pub fn fabric(&self) -> &Fabric {
+        self.straws.fabric()
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.cfg
+    }
+
+    /// The straws this thread's QPs come from.
+    pub fn straws(&self) -> &Arc<Straws> {
+        &self.straws
+    }
+
+    /// The executor handle this context's coroutines run on.
+    pub fn exec(&self) -> &exec::Handle {
+        &self.exec
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.inner.borrow().stats
+    }
+
+    /// Calls in flight, and buffers held for abandoned calls the server may still touch.
+    pub fn calls_in_flight(&self) -> (usize, usize) {
+        let inner = self.inner.borrow();
+        (inner.calls.len(), inner.calls.zombies())
+    }
+
+    /// Attach to the straw of the node at `addr` for one-sided operations. Returns the
+    /// node's [`NodeInfo`]. Blocking (control plane); call before running coroutines.
+    /// Errors: the node's control plane is unreachable or refuses; QPs cannot be
+    /// created.
+    pub fn connect(&self, addr: SocketAddr) -> Result<NodeInfo, ConnectError> {
+        let info = node_info(addr, self.cfg.connect_timeout)
+            .map_err(|source| ConnectError::Control { addr, source })?;
+        self.attach(&info, addr, QpKind::OneSided)?;
+        Ok(info)
+    }
+
+    /// Attach for one-sided operations and RPC: also opens this thread's Rocket pair (a
+    /// request ring at the node, a response ring here). Errors as
+    /// [`ThreadCtx::connect`], and a node that serves no RPCs or refuses the geometry.
+    pub fn connect_rpc(&self, addr: SocketAddr) -> Result<NodeInfo, ConnectError> {
+        let info = node_info(addr, self.cfg.connect_timeout)
+            .map_err(|source| ConnectError::Control { addr, source })?;
+        let ci = self.attach(&info, addr, QpKind::OneSided)?;
+        if self.inner.borrow().conns[ci].rpc.is_some() {
+            return Ok(info);
+        }
+        self.attach(&info, addr, QpKind::Rpc)?;
+        let geometry = self.cfg.rocket;
+        let fabric = self.straws.fabric();
+        let staging = fabric.alloc_mr(geometry.ring_bytes())?;
+        let resp_ring = fabric.alloc_mr(geometry.ring_bytes())?;
+        let words = fabric.alloc_mr(16)?;
+        let control = |source| ConnectError::Control { addr, source };
+        let mut c = crate::bootstrap::BootstrapClient::connect(addr, self.cfg.connect_timeout)
+            .map_err(|e| control(e.into()))?;
+        let accept: RpcAccept = c
+            .call_typed(&CtrlRequest::ConnectRocket(RocketOffer {
+                node: fabric.node(),
+                straw: self.straws.id(),
+                geometry,
+                batching: self.cfg.batching,
+                mode_threshold: self.cfg.mode_threshold,
+                resp_ring: resp_ring.desc(),
+                req_credit: words.desc().at(0),
+            }))
+            .map_err(|e| control(e.into()))?;
+        let chan = Channel::new(
+            geometry,
+            self.cfg.batching,
+            staging,
+            resp_ring,
+            words,
+            accept.req_ring,
+            accept.resp_credit,
+        )?;
+        self.inner.borrow_mut().conns[ci].rpc = Some(RpcChan {
+            chan,
+            control: Vec::new(),
+            rocket: accept.rocket,
+        });
+        Ok(info)
+    }
+
+    /// Attach this thread to the straw of `info.node` for `kind`; returns the conn index.
+    fn attach(
+        &self,
+        info: &NodeInfo,
+        addr: SocketAddr,
+        kind: QpKind,
+    ) -> Result<usize, ConnectError> {
+        let existing = self.inner.borrow().by_node.get(&info.node).copied();
+        let ci = match existing {
+            Some(ci) => ci,
+            None => {
+                let straw = self.straws.straw(info.node, addr);
+                let mut inner = self.inner.borrow_mut();
+                let ci = inner.conns.len();
+                inner.conns.push(Conn {
+                    node: info.node,
+                    straw,
+                    os_pending: Vec::new(),
+                    os_ops: Vec::new(),
+                    os_qp: None,
+                    os_lists: 0,
+                    rpc: None,
+                    attached: Vec::new(),
+                    broken: None,
+                });
+                inner.by_node.insert(info.node, ci);
+                ci
+            }
+        };
+        let straw = {
+            let inner = self.inner.borrow();
+            if inner.conns[ci].attached.contains(&kind) {
+                return Ok(ci);
+            }
+            inner.conns[ci].straw.clone()
+        };
+        straw.attach(kind)?;
+        self.inner.borrow_mut().conns[ci].attached.push(kind);
+        Ok(ci)
+    }
+
+    /// RDMA READ of `len` bytes at `remote` on `node`. Errors:
+    /// [`OneSidedError::TooLarge`] past [`RuntimeConfig::max_transfer`],
+    /// [`OneSidedError::Completion`], [`OneSidedError::PeerGone`],
+    /// [`OneSidedError::NotConnected`].
+    pub async fn read(
+        &self,
+        node: u32,
+        remote: RemoteAddr,
+        len: usize,
+    ) -> Result<Vec<u8>, OneSidedError> {
+        self.one_sided(node, WrOpcode::Read, remote, len, None)
+            .await
+    }
+
+    /// RDMA WRITE of `data` to `remote` on `node`. Completes when the data is written.
+    /// Errors as [`ThreadCtx::read`].
+    pub async fn write(
+        &self,
+        node: u32,
+        remote: RemoteAddr,
+        data: &[u8],
+    ) -> Result<(), OneSidedError> {
+        self.one_sided(node, WrOpcode::Write, remote, data.len(), Some(data))
+            .await
+            .map(drop)
+    }
+
+    /// 8-byte RDMA compare-and-swap at `remote` (8-byte aligned); returns the old value.
+    /// Errors as [`ThreadCtx::read`].
+    pub async fn cas(
+        &self,
+        node: u32,
+        remote: RemoteAddr,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, OneSidedError> {
+        self.atomic(node, WrOpcode::CmpSwap { compare, swap }, remote)
+            .await
+    }
+
+    /// 8-byte RDMA fetch-and-add at `remote` (8-byte aligned); returns the old value.
+    /// Errors as [`ThreadCtx::read`].
+    pub async fn faa(&self, node: u32, remote: RemoteAddr, add: u64) -> Result<u64, OneSidedError> {
+        self.atomic(node, WrOpcode::FetchAdd { add }, remote).await
+    }
+
+    async fn atomic(
+        &self,
+        node: u32,
+        op: WrOpcode,
+        remote: RemoteAddr,
+    ) -> Result<u64, OneSidedError> {
+        let b = self.one_sided(node, op, remote, 8, None).await?;
+        Ok(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+    }
+
+    /// Queue one one-sided WR and wait for it; returns the local buffer's bytes.
+    async fn one_sided(
+        &self,
+        node: u32,
+        opcode: WrOpcode,
+        remote: RemoteAddr,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> Result<Vec<u8>, OneSidedError> {
+        self.one_sided_up_to(node, opcode, remote, len, data, self.cfg.max_transfer)
+            .await
+    }
+
+    /// [`ThreadCtx::one_sided`] with a limit of `max` bytes (READ-mode replies add their
+    /// 16 bytes of generation words to the largest transfer).
+    async fn one_sided_up_to(
+        &self,
+        node: u32,
+        opcode: WrOpcode,
+        remote: RemoteAddr,
+        len: usize,
+        data: Option<&[u8]>,
+        max: usize,
+    ) -> Result<Vec<u8>, OneSidedError> {
+        let id = std::future::poll_fn(|cx| {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            if len > max {
+                return Poll::Ready(Err(OneSidedError::TooLarge { len, max }));
+            }
+            let Some(&ci) = inner.by_node.get(&node) else {
+                return Poll::Ready(Err(OneSidedError::NotConnected { node }));
+            };
+            if let Some(why) = &inner.conns[ci].broken {
+                return Poll::Ready(Err(OneSidedError::PeerGone {
+                    node,
+                    why: why.clone(),
+                }));
+            }
+            // No local buffer free: wait for in-flight ops to complete.
+            let Some(chunk) = inner.arena.alloc(len) else {
+                inner.stalled.push(cx.waker().clone());
+                return Poll::Pending;
+            };
+            if let Some(d) = data {
+                inner.arena.mr().write(chunk.off, d);
+            }
+            let id = inner.ops.open(chunk, len);
+            let wr = SendWr {
+                wr_id: 0,
+                opcode,
+                sge: inner.arena.mr().sge(chunk.off, len),
+                remote,
+                signaled: false,
+                inline: false,
+            };
+            inner.stats.bytes += len as u64;
+            let conn = &mut inner.conns[ci];
+            conn.os_pending.push(wr);
+            conn.os_ops.push(id);
+            Poll::Ready(Ok(id))
+        })
+        .await?;
+        let r = OpWait {
+            ctx: self,
+            id,
+            done: false,
+        }
+        .await;
+        let out = {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            match inner.ops.finish(id) {
+                Some((c, len)) => {
+                    let mut out = vec![0u8; len];
+                    if r.is_ok() {
+                        inner.arena.mr().read(c.off, &mut out);
+                    }
+                    inner.arena.free(c);
+                    out
+                }
+                None => Vec::new(),
+            }
+        };
+        r.map(|()| out)
+    }
+
+    /// Call handler `handler` on `node` with `req` in [`ReplyMode::Auto`] with the
+    /// default deadline; resolves to the reply payload. See [`ThreadCtx::call_with`].
+    pub async fn call(&self, node: u32, handler: u16, req: &[u8]) -> Result<Vec<u8>, CallError> {
+        self.call_with(node, handler, req, CallOpts::default())
+            .await
+    }
+
+    /// Call handler `handler` on `node` with `req`; the reply travels as `opts.mode`
+    /// says. A request that fits a bucket with its mode's prefix (`bucket_size - 32`
+    /// bytes) rides in the request Rocket; a larger one (up to
+    /// [`RuntimeConfig::max_transfer`]) is sent by reference and READ by the server.
+    ///
+    /// Errors: [`CallError::TooLarge`] for a request or zero-copy buffer above
+    /// `max_transfer`; [`CallError::Timeout`] after the deadline;
+    /// [`CallError::PeerGone`]; [`CallError::Remote`] when the handler failed or its
+    /// reply is too large for the mode (never truncated); [`CallError::Fetch`] when the
+    /// READ of a READ-mode reply failed; [`CallError::Expired`] when that buffer was
+    /// expired or reused first.
+    pub async fn call_with(
+        &self,
+        node: u32,
+        handler: u16,
+        req: &[u8],
+        opts: CallOpts,
+    ) -> Result<Vec<u8>, CallError> {
+        let after = opts.timeout.unwrap_or(self.cfg.call_timeout);
+        let start = Instant::now();
+        let deadline = start + after;
+        let threshold = self.cfg.mode_threshold;
+        let max = self.cfg.max_transfer;
+        let (mode, zc_len) = match opts.mode {
+            ReplyMode::ZeroCopy => (ReplyMode::ZeroCopy, opts.reply_len.unwrap_or(max)),
+            ReplyMode::Auto => match opts.reply_len {
+                Some(n) if n > threshold => (ReplyMode::ZeroCopy, n),
+                _ => (ReplyMode::Auto, 0),
+            },
+            m => (m, 0),
+        };
+        if zc_len > max {
+            return Err(CallError::TooLarge { len: zc_len, max });
+        }
+        if req.len() > max {
+            return Err(CallError::TooLarge {
+                len: req.len(),
+                max,
+            });
+        }
+        let mut stalled = false;
+        // The zero-copy target (data + 8-byte generation trailer) and, for a request
+        // too large for a bucket, the buffer the server READs it from.
+        let mut bufs: [Option<Chunk>; 2] = [None, None];
+        let id = std::future::poll_fn(|cx| {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            let Some(&ci) = inner.by_node.get(&node) else {
+                return Poll::Ready(Err(CallError::NotConnected { node }));
+            };
+            let conn = &mut inner.conns[ci];
+            if let Some(why) = &conn.broken {
+                return Poll::Ready(Err(CallError::PeerGone {
+                    node,
+                    why: why.clone(),
+                }));
+            }
+            let Some(rpc) = conn.rpc.as_mut() else {
+                return Poll::Ready(Err(CallError::NotConnected { node }));
+            };
+            let inline_max = rpc.chan.max_payload();
+            let fetch = req.len() + mode.prefix_bytes() > inline_max;
+            let timeout = || CallError::Timeout {
+                node,
+                handler,
+                after,
+            };
+            let mut need = [
+                (mode == ReplyMode::ZeroCopy).then_some(zc_len + 8),
+                fetch.then_some(req.len()),
+            ];
+            for (slot, need) in bufs.iter_mut().zip(need.iter_mut()) {
+                if let (None, Some(n)) = (&slot, *need) {
+                    match inner.arena.alloc(n.max(1)) {
+                        Some(c) => *slot = Some(c),
+                        None if Instant::now() < deadline => {
+                            inner.stalled.push(cx.waker().clone());
+                            return Poll::Pending;
+                        }
+                        None => return Poll::Ready(Err(timeout())),
+                    }
+                }
+            }
+            let call_id = inner.calls.next_id();
+            let mut flags = mode as u8;
+            let mut pre = [0u8; ZeroCopyPrefix::BYTES + FetchPrefix::BYTES];
+            let mut pre_len = 0;
+            let mr = inner.arena.mr();
+            if let Some(c) = bufs[0] {
+                pre[..ZeroCopyPrefix::BYTES].copy_from_slice(
+                    &ZeroCopyPrefix {
+                        addr: mr.addr() + c.off as u64,
+                        rkey: mr.rkey(),
+                        capacity: zc_len as u32,
+                    }
+                    .to_bytes(),
+                );
+                pre_len = ZeroCopyPrefix::BYTES;
+            }
+            let body: &[u8] = if let Some(c) = bufs[1] {
+                if !stalled {
+                    mr.write(c.off, req);
+                }
+                pre[pre_len..pre_len + FetchPrefix::BYTES].copy_from_slice(
+                    &FetchPrefix {
+                        addr: mr.addr() + c.off as u64,
+                        rkey: mr.rkey(),
+                        len: req.len() as u32,
+                    }
+                    .to_bytes(),
+                );
+                pre_len += FetchPrefix::BYTES;
+                flags |= FetchPrefix::FLAG;
+                &[]
+            } else {
+                req
+            };
+            let hdr = MsgHeader {
+                len: 0,
+                handler,
+                kind: MsgKind::Request as u8,
+                flags,
+                call_id,
+            };
+            match rpc.chan.push(hdr, &[&pre[..pre_len], body]) {
+                Ok(()) => {
+                    inner.stats.messages += 1;
+                    inner.stats.bytes += req.len() as u64;
+                    if fetch {
+                        inner.stats.fetched_requests += 1;
+                    }
+                    // The call owns the buffers the server may touch until its end.
+                    let held = Held {
+                        zc: bufs[0].take(),
+                        req: bufs[1].take(),
+                    };
+                    let id = inner.calls.open(node, handler, start, after, held);
+                    debug_assert_eq!(id, call_id);
+                    Poll::Ready(Ok(id))
+                }
+                Err(RocketError::RingFull) if Instant::now() < deadline => {
+                    if !stalled {
+                        stalled = true;
+                        inner.stats.credit_stalls += 1;
+                    }
+                    inner.stalled.push(cx.waker().clone());
+                    Poll::Pending
+                }
+                Err(RocketError::RingFull) => Poll::Ready(Err(timeout())),
+                Err(RocketError::TooLarge { len, max }) => {
+                    Poll::Ready(Err(CallError::TooLarge { len, max }))
+                }
+                Err(_) => Poll::Ready(Err(CallError::Protocol {
+                    node,
+                    what: "request ring refused the message",
+                })),
+            }
+        })
+        .await;
+        {
+            // Failed before the request went out: nobody will touch these.
+            let mut inner = self.inner.borrow_mut();
+            for c in bufs.into_iter().flatten() {
+                inner.arena.free(c);
+            }
+        }
+        let id = id?;
+        let (reply, held) = CallWait {
+            ctx: self,
+            id,
+            node,
+            done: false,
+        }
+        .await;
+        self.finish_call(node, handler, id, reply, held).await
+    }
+
+    /// Turn a call's reply into its payload: copy a zero-copy reply out of the call's
+    /// buffer (checking its generation), or READ a READ-mode reply (checking the
+    /// server buffer's generation) and release it.
+    async fn finish_call(
+        &self,
+        node: u32,
+        handler: u16,
+        id: u64,
+        reply: Reply,
+        held: Held,
+    ) -> Result<Vec<u8>, CallError> {
+        // The server is done with the request buffer; a zero-copy target not written
+        // through (an error reply) is free too.
+        let zc = match (&reply, held.zc) {
+            (Reply::ZeroCopy(len), Some(c)) => Some((*len, c)),
+            (_, c) => {
+                if let Some(c) = c {
+                    self.inner.borrow_mut().arena.free(c);
+                }
+                None
+            }
+        };
+        if let Some(c) = held.req {
+            self.inner.borrow_mut().arena.free(c);
+        }
+        match reply {
+            Reply::Inline(r) => r,
+            Reply::ZeroCopy(len) => {
+                let Some((_, c)) = zc else {
+                    return Err(CallError::Protocol {
+                        node,
+                        what: "zero-copy reply to a call without a buffer",
+                    });
+                };
+                let mut inner = self.inner.borrow_mut();
+                let inner = &mut *inner;
+                let r = if len + 8 > c.bytes() {
+                    Err(CallError::Protocol {
+                        node,
+                        what: "zero-copy reply overruns the buffer",
+                    })
+                } else {
+                    let mut out = vec![0u8; len + 8];
+                    inner.arena.mr().read(c.off, &mut out);
+                    let gen = u64::from_le_bytes(out[len..].try_into().expect("8 bytes"));
+                    out.truncate(len);
+                    if gen == id {
+                        Ok(out)
+                    } else {
+                        inner.stats.expired_replies += 1;
+                        Err(CallError::Expired { node, handler })
+                    }
+                };
+                inner.arena.free(c);
+                r
+            }
+            Reply::Read(r) => {
+                let remote = RemoteAddr {
+                    addr: r.addr,
+                    rkey: r.rkey,
+                };
+                let max = self.cfg.max_transfer;
+                if r.len as usize > max {
+                    self.queue_control(node, MsgKind::Release, r.handle);
+                    return Err(CallError::TooLarge {
+                        len: r.len as usize,
+                        max,
+                    });
+                }
+                let n = r.len as usize + 16;
+                let data = self
+                    .one_sided_up_to(node, WrOpcode::Read, remote, n, None, max + 16)
+                    .await;
+                self.queue_control(node, MsgKind::Release, r.handle);
+                let mut data = data.map_err(CallError::Fetch)?;
+                let n = r.len as usize;
+                let head = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
+                let tail = u64::from_le_bytes(data[8 + n..].try_into().expect("8 bytes"));
+                if head != r.handle || tail != r.handle {
+                    self.inner.borrow_mut().stats.expired_replies += 1;
+                    return Err(CallError::Expired { node, handler });
+                }
+                data.truncate(8 + n);
+                data.drain(..8);
+                Ok(data)
+            }
+        }
+    }
+
+    /// Queue a control message (Release, Cancel) to `node` (sent next round).
+    fn queue_control(&self, node: u32, kind: MsgKind, arg: u64) {
+        let mut inner = self.inner.borrow_mut();
+        if let Some(&ci) = inner.by_node.get(&node) {
+            if let Some(rpc) = inner.conns[ci].rpc.as_mut() {
+                rpc.control.push((kind, arg));
+            }
+        }
+    }
+
+    /// A future that is ready once `d` has passed (a timer of this thread's executor).
+    pub fn sleep(&self, d: Duration) -> exec::Sleep {
+        self.exec.sleep(d)
+    }
+
+    /// Run `f` as a coroutine of its own on this thread's executor: for work that must
+    /// finish although its owner is gone, such as passing on a lock whose guard was
+    /// dropped (drop cannot await). The executor's `run` returns only after spawned
+    /// coroutines have finished too. `f` should hold a `Weak` of the context, not an
+    /// `Rc`, so that the context can be dropped.
+    pub fn spawn(&self, f: impl Future<Output = ()> + 'static) {
+        self.exec.spawn(f);
+    }
+
+    /// Give other coroutines of this thread one turn.
+    pub fn yield_now(&self) -> exec::YieldNow {
+        self.exec.yield_now()
+    }
+
+    /// Inject a transport failure into the QPs of `kind` of this thread's straw to `node`
+    /// (they go to the error state and are reconnected on the control thread). For
+    /// fault tests and benchmarks. Returns how many QPs. Errors: not connected; the
+    /// verbs call failed.
+    pub fn inject_qp_error(&self, node: u32, kind: QpKind) -> Result<usize, RpcError> {
+        let inner = self.inner.borrow();
+        let &ci = inner
+            .by_node
+            .get(&node)
+            .ok_or(OneSidedError::NotConnected { node })?;
+        let qps = inner.conns[ci].straw.list(kind);
+        for q in &qps {
+            q.inject_error()?;
+        }
+        Ok(qps.len())
+    }
+
+    /// One polling round's I/O: post every node's pending WRs (one doorbell per QP
+    /// used), poll the QPs and the response Rockets, replay what failed, expire calls
+    /// past their deadline, notice dead peers, and wake the coroutines whose work
+    /// finished. Returns whether anything happened.
+    pub fn progress(&self) -> bool {
+        let mut inner = self.inner.borrow_mut();
+        let inner = &mut *inner;
+        inner.rounds += 1;
+        let check = inner.rounds.is_multiple_of(64);
+        let mut work = false;
+        for ci in 0..inner.conns.len() {
+            if inner.conns[ci].broken.is_none() {
+                if let Some(e) = inner.conns[ci].straw.dead() {
+                    inner.conns[ci].broken = Some(GoneReason::Reconnect(e));
+                }
+            }
+            if inner.conns[ci].broken.is_some() {
+                continue;
+            }
+            if !inner.conns[ci].os_pending.is_empty() {
+                work = true;
+                self.post_one_sided(inner, ci);
+            }
+            if inner.conns[ci].rpc.is_some() {
+                work |= self.rocket_round(inner, ci);
+            }
+            let conn = &inner.conns[ci];
+            if conn.os_lists > 0 {
+                if let Some(q) = &conn.os_qp {
+                    q.poll();
+                }
+            }
+            if let Some(rpc) = &conn.rpc {
+                if let Some(q) = &rpc.chan.qp {
+                    if rpc.chan.lists > 0 || (check && !inner.calls.is_empty()) {
+                        q.poll();
+                        if check && q.is_broken() {
+                            conn.straw.request_reconnect(q);
+                        }
+                    }
+                }
+            }
+        }
+        // Completions routed here by whichever thread polled the QPs.
+        inner.done.clear();
+        self.mailbox.drain(&mut inner.done);
+        for i in 0..inner.done.len() {
+            work = true;
+            let (token, status) = inner.done[i];
+            let Some(rec) = inner.lists.take(token) else {
+                continue;
+            };
+            if status != WcStatus::Success {
+                inner.stats.failed_lists += 1;
+            }
+            match rec {
+                Rec::OneSided { conn, mut ops } => {
+                    let c = &mut inner.conns[conn];
+                    c.os_lists -= 1;
+                    let node = c.node;
+                    for &id in &ops {
+                        let r = if status == WcStatus::Success {
+                            Ok(())
+                        } else {
+                            Err(OneSidedError::Completion { node, status })
+                        };
+                        if let Some(c) = inner.ops.complete(id, r) {
+                            inner.arena.free(c);
+                        }
+                    }
+                    ops.clear();
+                    inner.vec_pool.push(ops);
+                }
+                Rec::Rocket { conn, mut items } => {
+                    if let Some(rpc) = inner.conns[conn].rpc.as_mut() {
+                        rpc.chan.lists -= 1;
+                        if status != WcStatus::Success {
+                            rpc.chan.failed(items.drain(..));
+                        }
+                    }
+                    items.clear();
+                    inner.lists.pool.push(items);
+                }
+            }
+        }
+        // Deadlines, on the round's clock; expired calls that hold a buffer the
+        // server may touch are cancelled there.
+        if inner
+            .calls
+            .next_deadline()
+            .is_some_and(|d| d <= self.exec.now())
+        {
+            inner.cancels.clear();
+            inner.calls.expire(self.exec.now(), &mut inner.cancels);
+            for k in 0..inner.cancels.len() {
+                let (node, id) = inner.cancels[k];
+                if let Some(&ci) = inner.by_node.get(&node) {
+                    if let Some(rpc) = inner.conns[ci].rpc.as_mut() {
+                        rpc.control.push((MsgKind::Cancel, id));
+                    }
+                }
+            }
+            work = true;
+        }
+        // Fail everything aimed at unreachable nodes.
+        for ci in 0..inner.conns.len() {
+            let Some(why) = inner.conns[ci].broken.clone() else {
+                continue;
+            };
+            let node = inner.conns[ci].node;
+            let mut ops: Vec<usize> = std::mem::take(&mut inner.conns[ci].os_ops);
+            inner.conns[ci].os_pending.clear();
+            for r in inner.lists.iter_mut() {
+                if let Rec::OneSided { conn, ops: o } = r {
+                    if *conn == ci {
+                        ops.append(o);
+                    }
+                }
+            }
+            for id in ops {
+                let e = OneSidedError::PeerGone {
+                    node,
+                    why: why.clone(),
+                };
+                if let Some(c) = inner.ops.complete(id, Err(e)) {
+                    inner.arena.free(c);
+                }
+            }
+            inner.freed.clear();
+            let w = why.clone();
+            inner.calls.fail_node(
+                node,
+                |_| CallError::PeerGone {
+                    node,
+                    why: w.clone(),
+                },
+                &mut inner.freed,
+            );
+            for c in inner.freed.drain(..) {
+                inner.arena.free(c);
+            }
+        }
+        // Coroutines waiting for room look again every round: credit arrives as a
+        // plain word write, which no completion announces.
+        for w in inner.stalled.drain(..) {
+            w.wake();
+        }
+        work
+    }
+
+    /// Post a node's pending one-sided WRs on a one-sided QP of its straw.
+    fn post_one_sided(&self, inner: &mut Inner, ci: usize) {
+        let conn = &mut inner.conns[ci];
+        let qp = if conn.os_lists > 0 {
+            // Stick while lists are outstanding: a coroutine's later WRs must not pass
+            // its earlier ones on another QP.
+            match &conn.os_qp {
+                Some(q) if !q.is_broken() => q.clone(),
+                _ => return,
+            }
+        } else {
+            match conn.straw.pick(QpKind::OneSided, conn.os_qp.as_ref()) {
+                Some(q) => q,
+                None => return,
+            }
+        };
+        if conn
+            .os_qp
+            .as_ref()
+            .is_some_and(|old| !Arc::ptr_eq(old, &qp))
+        {
+            inner.stats.qp_switches += 1;
+        }
+        conn.os_qp = Some(qp.clone());
+        let per_list = if self.cfg.batching.doorbell() {
+            usize::MAX
+        } else {
+            1
+        };
+        let mut posted = 0;
+        let total = conn.os_pending.len();
+        while posted < total {
+            let end = posted.saturating_add(per_list).min(total);
+            let token = inner.lists.alloc();
+            let n = qp
+                .post(
+                    &mut conn.os_pending[posted..end],
+                    &self.mailbox,
+                    token as u64,
+                )
+                .unwrap_or(0);
+            if n == 0 {
+                inner.lists.unused(token);
+                break;
+            }
+            let mut ops = inner.vec_pool.pop().unwrap_or_default();
+            ops.extend_from_slice(&conn.os_ops[posted..posted + n]);
+            inner.lists.set(token, Rec::OneSided { conn: ci, ops });
+            inner.stats.doorbells += 1;
+            inner.stats.wrs += n as u64;
+            conn.os_lists += 1;
+            posted += n;
+        }
+        if posted > 0 {
+            conn.os_pending.drain(..posted);
+            conn.os_ops.drain(..posted);
+        }
+        if posted < total {
+            inner.stats.sq_full += 1;
+        }
+    }
+
+    /// A Rocket's round: credits in, control messages out, responses in, then the
+    /// round's buckets and credit posted as one list. Returns whether anything happened.
+    fn rocket_round(&self, inner: &mut Inner, ci: usize) -> bool {
+        let mut work = false;
+        let node = inner.conns[ci].node;
+        let conn = &mut inner.conns[ci];
+        let rpc = conn.rpc.as_mut().expect("rpc");
+        let _ = rpc.chan.take_credit();
+        while let Some(&(kind, arg)) = rpc.control.last() {
+            let hdr = MsgHeader {
+                len: 0,
+                handler: 0,
+                kind: kind as u8,
+                flags: 0,
+                call_id: arg,
+            };
+            if rpc.chan.push(hdr, &[&arg.to_le_bytes()]).is_err() {
+                break; // ring full: next round
+            }
+            rpc.control.pop();
+        }
+        // Responses.
+        loop {
+            inner.batch.clear();
+            match rpc.chan.poll(&mut inner.batch) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    conn.broken = Some(GoneReason::CorruptRing(e));
+                    return true;
+                }
+            }
+            work = true;
+            for m in decode_batch(&inner.batch) {
+                let (h, payload) = match m {
+                    Ok(m) => m,
+                    Err(e) => {
+                        conn.broken = Some(GoneReason::CorruptBatch(e));
+                        return true;
+                    }
+                };
+                let reply = match MsgKind::from_u8(h.kind) {
+                    Some(MsgKind::Response) => {
+                        inner.stats.inline_replies += 1;
+                        Reply::Inline(Ok(payload.to_vec()))
+                    }
+                    Some(MsgKind::Error) => Reply::Inline(Err(CallError::Remote {
+                        node,
+                        handler: h.handler,
+                        msg: String::from_utf8_lossy(payload).into_owned(),
+                    })),
+                    Some(MsgKind::Cancelled) => Reply::Inline(Err(CallError::Protocol {
+                        node,
+                        what: "call cancelled",
+                    })),
+                    Some(MsgKind::ReadReply) => match ReadReply::from_bytes(payload) {
+                        Some(r) => {
+                            inner.stats.read_replies += 1;
+                            Reply::Read(r)
+                        }
+                        None => Reply::Inline(Err(CallError::Protocol {
+                            node,
+                            what: "READ reply descriptor of the wrong size",
+                        })),
+                    },
+                    Some(MsgKind::ZeroCopyDone) => match payload.get(..8) {
+                        Some(b) => {
+                            inner.stats.zero_copy_replies += 1;
+                            Reply::ZeroCopy(u64::from_le_bytes(b.try_into().expect("8")) as usize)
+                        }
+                        None => Reply::Inline(Err(CallError::Protocol {
+                            node,
+                            what: "zero-copy reply without a length",
+                        })),
+                    },
+                    _ => continue,
+                };
+                let read = if let Reply::Read(r) = &reply {
+                    Some(r.handle)
+                } else {
+                    None
+                };
+                match inner.calls.deliver(h.call_id, reply) {
+                    Late::Delivered => {}
+                    // A reply to a call that ended: free what it held.
+                    Late::Free(held) => {
+                        for c in held.iter() {
+                            inner.arena.free(c);
+                        }
+                        if let Some(handle) = read {
+                            rpc.control.push((MsgKind::Release, handle));
+                        }
+                    }
+                }
+            }
+        }
+        if !rpc.chan.has_work() {
+            return work;
+        }
+        let qp = if rpc.chan.lists > 0 {
+            match &rpc.chan.qp {
+                Some(q) if !q.is_broken() => q.clone(),
+                _ => return work,
+            }
+        } else {
+            match conn.straw.pick(QpKind::Rpc, rpc.chan.qp.as_ref()) {
+                Some(q) => q,
+                None => return work,
+            }
+        };
+        if rpc
+            .chan
+            .qp
+            .as_ref()
+            .is_some_and(|old| !Arc::ptr_eq(old, &qp))
+        {
+            inner.stats.qp_switches += 1;
+        }
+        rpc.chan.qp = Some(qp.clone());
+        inner.items.clear();
+        inner.freed.clear();
+        rpc.chan.plan(&mut inner.items, &mut inner.freed);
+        if inner.items.is_empty() {
+            return work;
+        }
+        work = true;
+        inner.stats.buckets += inner
+            .items
+            .iter()
+            .filter(|i| matches!(i, Item::Span(_)))
+            .count() as u64;
+        let per_list = if self.cfg.batching.doorbell() {
+            usize::MAX
+        } else {
+            1
+        };
+        let p = post_items(
+            &mut rpc.chan,
+            &qp,
+            &mut inner.items,
+            None,
+            per_list,
+            &self.mailbox,
+            &mut inner.lists,
+            &mut inner.wrs,
+            |items| Rec::Rocket { conn: ci, items },
+        );
+        inner.stats.doorbells += p.lists as u64;
+        inner.stats.wrs += p.wrs as u64;
+        if p.sq_full {
+            inner.stats.sq_full += 1;
+        }
+        work
+    }
+}
+
+impl Drop for ThreadCtx {
+    fn drop(&mut self) {
+        // This thread's rings and buffers are deregistered below; wait (up to 1 s) until
+        // its lists on the shared QPs have completed, so no NIC still reads them.
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            let busy = {
+                let inner = self.inner.borrow();
+                inner.conns.iter().any(|c| {
+                    c.broken.is_none()
+                        && (c.os_lists > 0 || c.rpc.as_ref().is_some_and(|r| r.chan.lists > 0))
+                })
+            };
+            if !busy {
+                break;
+            }
+            self.progress();
+        }
+        let inner = self.inner.get_mut();
+        for c in &inner.conns {
+            // Tell the server this thread's Rockets are gone (on the control thread: a
+            // server that is gone has nothing to close).
+            if let (Some(rpc), None) = (&c.rpc, &c.broken) {
+                c.straw
+                    .request(CtrlRequest::CloseRocket { rocket: rpc.rocket });
+            }
+            if let Some(q) = &c.os_qp {
+                crate::straw::unbind(q);
+            }
+            if let Some(q) = c.rpc.as_ref().and_then(|r| r.chan.qp.as_ref()) {
+                crate::straw::unbind(q);
+            }
+            for &k in &c.attached {
+                c.straw.detach(k);
+            }
+        }
+    }
+}
+
+struct OpWait<'a> {
+    ctx: &'a ThreadCtx,
+    id: usize,
+    done: bool,
+}
+
+impl Future for OpWait<'_> {
+    type Output = Result<(), OneSidedError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let r = self.ctx.inner.borrow_mut().ops.poll(self.id, cx.waker());
+        self.done = r.is_ready();
+        r
+    }
+}
+
+impl Drop for OpWait<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return; // the caller's `finish` frees the slot
+        }
+        // Dropped before its result was taken: free now, or at completion.
+        let mut inner = self.ctx.inner.borrow_mut();
+        let inner = &mut *inner;
+        if let Some((c, _)) = inner.ops.finish(self.id) {
+            inner.arena.free(c);
+        }
+    }
+}
+
+struct CallWait<'a> {
+    ctx: &'a ThreadCtx,
+    id: u64,
+    node: u32,
+    done: bool,
+}
+
+impl Future for CallWait<'_> {
+    type Output = (Reply, Held);
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let r = self.ctx.inner.borrow_mut().calls.poll(self.id, cx.waker());
+        if r.is_ready() {
+            self.done = true;
+        }
+        r
+    }
+}
+
+impl Drop for CallWait<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut inner = self.ctx.inner.borrow_mut();
+        let inner = &mut *inner;
+        let a = inner.calls.abandon(self.id);
+        for c in a.free.iter() {
+            inner.arena.free(c);
+        }
+        let Some(rpc) = inner
+            .by_node
+            .get(&self.node)
+            .copied()
+            .and_then(|ci| inner.conns[ci].rpc.as_mut())
+        else {
+            return;
+        };
+        if a.cancel {
+            rpc.control.push((MsgKind::Cancel, self.id));
+        }
+        if let Some(h) = a.release {
+            rpc.control.push((MsgKind::Release, h));
+        }
+    }
+}
+
+/// A process's RPC runtime: straws (QP pools) shared by the threads it starts.
+///
+/// ```no_run
+/// use rrpc::runtime::{Runtime, RuntimeConfig};
+/// # fn f(fabric: rrpc::fabric::Fabric, server: std::net::SocketAddr) -> Result<(), rrpc::runtime::RpcError> {
+/// let rt = Runtime::new(fabric, RuntimeConfig::default());
+/// // 2 threads x 8 coroutines, each calling handler 1 on the server.
+/// rt.run(2, 8, move |ctx, _thread| {
+///     let node = ctx.connect_rpc(server)?.node;
+///     Ok(move |ctx: std::rc::Rc<rrpc::runtime::ThreadCtx>, _coroutine| async move {
+///         let reply = ctx.call(node, 1, b"ping").await;
+///         assert!(reply.is_ok());
+///     })
+/// })?;
+/// # Ok(()) }
+/// ```
+pub struct Runtime {
+    straws: Arc<Straws>,
+    cfg: RuntimeConfig,
+}
+
+impl Runtime {
+    /// A runtime on `fabric`; threads created through it share QPs per remote node.
+    pub fn new(fabric: Fabric, cfg: RuntimeConfig) -> Self {
+        Self {
+            straws: Straws::new(fabric, cfg.straw_config()),
+            cfg,
+        }
+    }
+
+    /// The shared straws.
+    pub fn straws(&self) -> &Arc<Straws> {
+        &self.straws
+    }
+
+    /// A [`ThreadCtx`] for the calling thread, sharing this runtime's straws.
+    pub fn thread_ctx(&self) -> Result<Rc<ThreadCtx>, ConnectError> {
+        ThreadCtx::with_straws(self.straws.clone(), self.cfg.clone())
+    }
+
+    /// Run `threads` OS threads with `coroutines` coroutines each and wait for all of
+    /// them. On each thread `setup(ctx, thread)` runs first (connect here) and returns
+    /// the coroutine body, called as `body(ctx, coroutine)` for each coroutine. Errors:
+    /// the first setup error, or a thread that panicked.
+    pub fn run<S, B, F>(&self, threads: usize, coroutines: usize, setup: S) -> Result<(), RpcError>
+    where
+        S: Fn(&Rc<ThreadCtx>, usize) -> Result<B, RpcError> + Send + Sync,
+        B: Fn(Rc<ThreadCtx>, usize) -> F,
+        F: Future<Output = ()> + 'static,
+    {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads.max(1))
+                .map(|t| {
+                    let setup = &setup;
+                    s.spawn(move || -> Result<(), RpcError> {
+                        let ctx = self.thread_ctx()?;
+                        let body = setup(&ctx, t)?;
+                        let mut ex = Executor::new(ctx.clone());
+                        for c in 0..coroutines.max(1) {
+                            ex.spawn(body(ctx.clone(), c));
+                        }
+                        ex.run();
+                        Ok(())
+                    })
+                })
+                .collect();
+            let mut first = Ok(());
+            for (t, h) in handles.into_iter().enumerate() {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(ConnectError::Panicked(t).into()));
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+            first
+        })
+    }
+}
+
+/// Runs a thread's coroutines to completion over its [`ThreadCtx`]: the thread's
+/// [`exec::Executor`] with [`ThreadCtx::progress`] as its I/O, and the context as
+/// [`ThreadCtx::current`] meanwhile.
+pub struct Executor {
+    ctx: Rc<ThreadCtx>,
+    core: exec::Executor,
+}
+
+impl Executor {
+    /// An executor for `ctx`'s thread.
+    pub fn new(ctx: Rc<ThreadCtx>) -> Self {
+        let core = exec::Executor::new(ctx.exec.clone());
+        Self { ctx, core }
+    }
+
+    /// Add a coroutine.
+    pub fn spawn(&mut self, f: impl Future<Output = ()> + 'static) {
+        self.core.spawn(f);
+    }
+
+    /// Run until every coroutine has finished, including those spawned meanwhile
+    /// through [`ThreadCtx::spawn`].
+    pub fn run(&mut self) {
+        let _g = self.ctx.enter();
+        let ctx = self.ctx.clone();
+        self.core.run(&mut || ctx.progress());
+    }
+
+    /// Executor counters (rounds, task polls, idle rounds).
+    pub fn stats(&self) -> exec::ExecStats {
+        self.core.stats()
+    }
+}
+
+/// Run one coroutine on `ctx` to completion and return its output (setup code, tests,
+/// simple clients).
+pub fn block_on<T: 'static>(ctx: &Rc<ThreadCtx>, f: impl Future<Output = T> + 'static) -> T {
+    let out = Rc::new(RefCell::new(None));
+    let o = out.clone();
+    let mut ex = Executor::new(ctx.clone());
+    ex.spawn(async move {
+        *o.borrow_mut() = Some(f.await);
+    });
+    ex.run();
+    let v = out
+        .borrow_mut()
+        .take()
+        .expect("the coroutine ran to completion");
+    v
+}

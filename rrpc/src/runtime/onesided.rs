@@ -1,0 +1,145 @@
+//! One-sided operations in flight on one thread: a slot per READ, WRITE, CAS or FAA
+//! holding its local buffer until the WR completes, and the waker of the coroutine
+//! waiting for it. Plain state, no I/O: the runtime posts the WRs and reports
+//! completions here.
+
+use std::task::{Poll, Waker};
+
+use crate::arena::Chunk;
+
+use super::OneSidedError;
+
+enum State {
+    Free,
+    /// Posted or queued; no completion yet.
+    Waiting,
+    /// Completed; the waiting future has not looked yet.
+    Done(Result<(), OneSidedError>),
+}
+
+struct Slot {
+    state: State,
+    chunk: Option<Chunk>,
+    len: usize,
+    /// The future was dropped before completion: the completion frees the slot.
+    abandoned: bool,
+    waker: Option<Waker>,
+}
+
+/// The one-sided operations of a thread. See the module docs.
+#[derive(Default)]
+pub(crate) struct OpTable {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+}
+
+impl OpTable {
+    /// A slot for an op of `len` bytes using local buffer `chunk`.
+    pub(crate) fn open(&mut self, chunk: Chunk, len: usize) -> usize {
+        let slot = Slot {
+            state: State::Waiting,
+            chunk: Some(chunk),
+            len,
+            abandoned: false,
+            waker: None,
+        };
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id] = slot;
+                id
+            }
+            None => {
+                self.slots.push(slot);
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// Op `id` completed with `r`: wake its future, or, if the future is gone, return
+    /// the buffer to free.
+    pub(crate) fn complete(&mut self, id: usize, r: Result<(), OneSidedError>) -> Option<Chunk> {
+        let s = &mut self.slots[id];
+        if s.abandoned {
+            let c = s.chunk.take();
+            s.state = State::Free;
+            s.abandoned = false;
+            self.free.push(id);
+            return c;
+        }
+        if matches!(s.state, State::Waiting) {
+            s.state = State::Done(r);
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        }
+        None
+    }
+
+    /// Poll op `id`, registering `waker`. Ready with its outcome.
+    pub(crate) fn poll(&mut self, id: usize, waker: &Waker) -> Poll<Result<(), OneSidedError>> {
+        let s = &mut self.slots[id];
+        match std::mem::replace(&mut s.state, State::Waiting) {
+            State::Done(r) => {
+                s.state = State::Done(Ok(()));
+                Poll::Ready(r)
+            }
+            other => {
+                s.state = other;
+                match &s.waker {
+                    Some(w) if w.will_wake(waker) => {}
+                    _ => s.waker = Some(waker.clone()),
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// End op `id` after its result was taken (or its future dropped): returns its buffer
+    /// and length to copy out and free, or `None` when it is still in flight (then the
+    /// completion frees it).
+    pub(crate) fn finish(&mut self, id: usize) -> Option<(Chunk, usize)> {
+        let s = &mut self.slots[id];
+        match s.state {
+            State::Waiting => {
+                s.abandoned = true;
+                s.waker = None;
+                None
+            }
+            State::Done(_) => {
+                let out = s.chunk.take().map(|c| (c, s.len));
+                s.state = State::Free;
+                self.free.push(id);
+                out
+            }
+            State::Free => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn complete_then_finish_returns_the_buffer_once() {
+        let mut t = OpTable::default();
+        let c = Chunk { off: 64, class: 0 };
+        let id = t.open(c, 8);
+        let w = Waker::noop();
+        assert!(t.poll(id, w).is_pending());
+        assert_eq!(t.complete(id, Ok(())), None);
+        assert!(matches!(t.poll(id, w), Poll::Ready(Ok(()))));
+        assert_eq!(t.finish(id), Some((c, 8)));
+        assert_eq!(t.open(c, 8), id, "the slot is reused");
+    }
+
+    #[test]
+    fn abandoned_op_frees_at_completion() {
+        let mut t = OpTable::default();
+        let c = Chunk { off: 0, class: 1 };
+        let id = t.open(c, 100);
+        assert_eq!(t.finish(id), None);
+        assert_eq!(t.complete(id, Ok(())), Some(c));
+        assert_eq!(t.open(c, 1), id);
+    }
+}

@@ -1,0 +1,147 @@
+//! The registry of RPC handlers by id: plain (synchronous) handlers, async handlers that
+//! may await calls and one-sided operations on their server thread's runtime, and
+//! sorted-batch handlers (Scythe 000_f3dba2ed893b246b.txt, 4.4, Fig. 16).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::wire::{IdHash, MsgKind};
+
+/// A request handler: reads the request payload, appends the response payload to `out`.
+/// An `Err` is sent back to the caller as [`crate::runtime::CallError::Remote`].
+pub type Handler = Arc<dyn Fn(&[u8], &mut Vec<u8>) -> Result<(), String> + Send + Sync>;
+
+/// The future an async handler returns: runs on its server thread's executor (it need
+/// not be `Send`) and resolves to the response payload or an error message.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>>>>;
+
+/// An async handler: called on a server thread with the request payload.
+pub type AsyncHandler = Arc<dyn Fn(Vec<u8>) -> HandlerFuture + Send + Sync>;
+
+/// One request of a sorted batch.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchReq<'a> {
+    /// Object key the request is sorted by first.
+    pub key: u64,
+    /// Timestamp it is sorted by second.
+    pub ts: u64,
+    /// The request payload.
+    pub payload: &'a [u8],
+}
+
+/// Extracts `(key, timestamp)` from a request payload; `None` rejects it as malformed.
+pub type KeyFn = Arc<dyn Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync>;
+/// Handles a batch of requests sorted by (key, timestamp): pushes one result per
+/// request, in the order given.
+pub type BatchFn = Arc<dyn Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync>;
+
+/// What is registered under one id.
+#[derive(Clone)]
+pub(crate) enum Entry {
+    Sync(Handler),
+    Async(AsyncHandler),
+    Sorted(KeyFn, BatchFn),
+}
+
+/// Handlers by id.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    map: HashMap<u16, Entry, IdHash>,
+}
+
+impl Handlers {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register `f` as handler `id`, replacing any earlier one. It runs inline in the
+    /// server thread's polling round: keep it short and non-blocking.
+    pub fn register(
+        &mut self,
+        id: u16,
+        f: impl Fn(&[u8], &mut Vec<u8>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.map.insert(id, Entry::Sync(Arc::new(f)));
+        self
+    }
+
+    /// Register an async handler `id`, replacing any earlier one. `f` is called on a
+    /// server thread with the request payload; the future it returns runs as a
+    /// coroutine of that thread's executor and may await RPC calls and one-sided
+    /// operations through [`crate::runtime::ThreadCtx::current`] (the server thread's
+    /// runtime context, see [`crate::node::Node`]), for example a TSO proxy's FAA on
+    /// the oracle. Its requests are answered when their futures end, in any order.
+    pub fn register_async<F, Fut>(&mut self, id: u16, f: F) -> &mut Self
+    where
+        F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<u8>, String>> + 'static,
+    {
+        self.map
+            .insert(id, Entry::Async(Arc::new(move |req| Box::pin(f(req)))));
+        self
+    }
+
+    /// Register a sorted-batch handler `id` (Scythe 4.4, Fig. 16): the requests for `id`
+    /// that the server's threads received since the batch last ran, from all their
+    /// Rockets, are sorted by `key(payload)` = (object key, timestamp) (stable, so equal
+    /// pairs keep arrival order) and handed to `f` at once, by one thread at a time.
+    /// `f` pushes one result per request in batch order; a missing result fails that
+    /// request, a request `key` rejects gets an error reply. Replaces any earlier
+    /// handler `id`.
+    pub fn register_sorted(
+        &mut self,
+        id: u16,
+        key: impl Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync + 'static,
+        f: impl Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.map
+            .insert(id, Entry::Sorted(Arc::new(key), Arc::new(f)));
+        self
+    }
+
+    /// Whether some handler is async (its server threads then need a runtime).
+    pub fn has_async(&self) -> bool {
+        self.map.values().any(|e| matches!(e, Entry::Async(_)))
+    }
+
+    pub(crate) fn get(&self, id: u16) -> Option<&Entry> {
+        self.map.get(&id)
+    }
+
+    /// Run plain handler `id` on `req`, replacing `out` with its response payload.
+    /// Returns [`MsgKind::Response`] on success; otherwise [`MsgKind::Error`] with a
+    /// UTF-8 message in `out`: the handler's own error, "no handler N", or "handler N
+    /// panicked" (a panicking handler fails its call, not the thread serving every
+    /// connection assigned to it). Async and sorted handlers are not run here.
+    pub fn call(&self, id: u16, req: &[u8], out: &mut Vec<u8>) -> MsgKind {
+        out.clear();
+        let h = match self.map.get(&id) {
+            Some(Entry::Sync(h)) => h,
+            Some(_) => {
+                out.extend_from_slice(format!("handler {id} is not a plain handler").as_bytes());
+                return MsgKind::Error;
+            }
+            None => {
+                out.extend_from_slice(format!("no handler {id}").as_bytes());
+                return MsgKind::Error;
+            }
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h(req, out))) {
+            Ok(Ok(())) => MsgKind::Response,
+            Ok(Err(msg)) => {
+                out.clear();
+                out.extend_from_slice(msg.as_bytes());
+                MsgKind::Error
+            }
+            Err(_) => {
+                tracing::error!(handler = id, "RPC handler panicked");
+                out.clear();
+                out.extend_from_slice(format!("handler {id} panicked").as_bytes());
+                MsgKind::Error
+            }
+        }
+    }
+}

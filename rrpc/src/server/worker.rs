@@ -1,0 +1,870 @@
+//! One server thread: its Rocket pairs, reply buffers, in-flight async handlers and
+//! fetches, and the polling round (see the module docs of [`crate::server`]).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::handlers::{BatchReq, Entry, Handlers};
+use super::mode::{route, Route};
+use super::{ServerStraw, StrawMap};
+use crate::arena::{Arena, Chunk};
+use crate::channel::{post_items, Channel, DataWrite, Item, Lists, ReadFetch};
+use crate::exec;
+use crate::fabric::{RemoteAddr, SendWr, WcStatus};
+use crate::rocket::{decode_batch, MsgHeader};
+use crate::straw::Mailbox;
+use crate::wire::{FetchPrefix, IdHash, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix, IDLE_SPINS};
+
+/// How long a Rocket may find none of its straw's QPs usable before it is dropped (the
+/// requester reconnects a failed QP within milliseconds; a dead one never does).
+const STUCK_LIMIT: Duration = Duration::from_secs(2);
+
+/// Commands from the control plane to a server thread.
+pub(crate) enum Cmd {
+    Add(Box<ServerConn>),
+    Close(u64),
+}
+
+/// The server end of one Rocket pair.
+pub(crate) struct ServerConn {
+    /// Stable id: indices shift when dead channels are removed.
+    id: u64,
+    straw: Arc<ServerStraw>,
+    peer: u32,
+    chan: Channel,
+    /// The requester's [`ReplyMode::Auto`] threshold, bytes.
+    mode_threshold: usize,
+    /// Since when no QP of the straw was usable while work waited.
+    stuck_since: Option<Instant>,
+    dead: bool,
+}
+
+impl ServerConn {
+    pub(crate) fn new(
+        id: u64,
+        straw: Arc<ServerStraw>,
+        peer: u32,
+        chan: Channel,
+        mode_threshold: usize,
+    ) -> Self {
+        Self {
+            id,
+            straw,
+            peer,
+            chan,
+            mode_threshold,
+            stuck_since: None,
+            dead: false,
+        }
+    }
+}
+
+/// A request whose answer is not decided in the round that received it: an async
+/// handler's, a sorted batch's, or one whose payload is still being fetched.
+#[derive(Clone, Debug)]
+struct Pending {
+    conn: u64,
+    hdr: MsgHeader,
+    mode: ReplyMode,
+    /// The mode's prefix (zero-copy target).
+    prefix: Vec<u8>,
+}
+
+/// A request's identity on a server thread: (Rocket id, call id).
+type Tag = (u64, u64);
+/// A later answer: the request it answers and the handler's result.
+type Answer = (Tag, Result<Vec<u8>, String>);
+
+/// A request handed to the sorted-batch hub.
+pub(crate) struct SortedReq {
+    worker: usize,
+    key: u64,
+    ts: u64,
+    id: u16,
+    tag: (u64, u64),
+    payload: Vec<u8>,
+}
+
+/// Requests of sorted-batch handlers from all server threads, combined by whichever
+/// thread gets to them first (flat combining): a batch holds everything received since
+/// the previous one, sorted by (key, timestamp), and its results go back to each
+/// request's thread.
+pub(crate) struct SortedHub {
+    pending: Mutex<Vec<SortedReq>>,
+    any: AtomicBool,
+    combine: Mutex<()>,
+    /// Per thread: ((conn, call), result) of its requests.
+    outbox: Vec<Mutex<Vec<Answer>>>,
+    mail: Vec<AtomicBool>,
+}
+
+impl SortedHub {
+    pub(crate) fn new(threads: usize) -> Self {
+        Self {
+            pending: Mutex::new(Vec::new()),
+            any: AtomicBool::new(false),
+            combine: Mutex::new(()),
+            outbox: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
+            mail: (0..threads).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    fn submit(&self, reqs: &mut Vec<SortedReq>) {
+        if reqs.is_empty() {
+            return;
+        }
+        lock(&self.pending).append(reqs);
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Run the sorted handlers over everything pending, unless another thread is at it.
+    fn combine(&self, handlers: &Handlers) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(_g) = self.combine.try_lock() else {
+            return;
+        };
+        let mut reqs = {
+            let mut p = lock(&self.pending);
+            self.any.store(false, Ordering::Release);
+            std::mem::take(&mut *p)
+        };
+        // By handler, then (key, timestamp); stable, so equal pairs keep arrival order.
+        reqs.sort_by_key(|r| (r.id, r.key, r.ts));
+        let mut results = Vec::new();
+        let mut start = 0;
+        while start < reqs.len() {
+            let id = reqs[start].id;
+            let end = start + reqs[start..].partition_point(|r| r.id == id);
+            let group = &reqs[start..end];
+            let batch: Vec<BatchReq<'_>> = group
+                .iter()
+                .map(|r| BatchReq {
+                    key: r.key,
+                    ts: r.ts,
+                    payload: &r.payload,
+                })
+                .collect();
+            results.clear();
+            let ok = match handlers.get(id) {
+                Some(Entry::Sorted(_, f)) => {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        f(&batch, &mut results)
+                    }))
+                    .is_ok()
+                }
+                _ => false,
+            };
+            for (j, r) in group.iter().enumerate() {
+                let res = match results.get_mut(j) {
+                    Some(x) if ok => std::mem::replace(x, Ok(Vec::new())),
+                    _ if !ok => Err(format!("handler {id} panicked")),
+                    _ => Err(format!("sorted-batch handler {id} returned no result")),
+                };
+                lock(&self.outbox[r.worker]).push((r.tag, res));
+                self.mail[r.worker].store(true, Ordering::Release);
+            }
+            start = end;
+        }
+    }
+
+    fn take(&self, worker: usize, out: &mut Vec<Answer>) {
+        if self.mail[worker].swap(false, Ordering::Acquire) {
+            out.append(&mut lock(&self.outbox[worker]));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What one posted list carried.
+struct Rec {
+    conn: u64,
+    items: Vec<Item>,
+}
+
+/// Results of async handlers, pushed by their coroutines: ((conn, call), result).
+type Finished = Rc<RefCell<Vec<Answer>>>;
+
+/// A server thread's state.
+pub(crate) struct Worker {
+    index: usize,
+    handlers: Handlers,
+    arena: Arena,
+    /// Largest READ-mode or zero-copy reply, or fetched request, in bytes.
+    max_reply: usize,
+    read_hold: Duration,
+    /// RPC+READ reply buffers by handle (their generation), with their expiry.
+    holds: HashMap<u64, (Chunk, Instant), IdHash>,
+    next_handle: u64,
+    mailbox: Arc<Mailbox>,
+    lists: Lists<Rec>,
+    straws: StrawMap,
+    hub: Arc<SortedHub>,
+    rx: Receiver<Cmd>,
+    conns: Vec<ServerConn>,
+    /// Requests answered later, by (conn, call id), and whether the caller cancelled.
+    pending: HashMap<(u64, u64), (Pending, bool)>,
+    /// Fetches of requests sent by reference, by tag.
+    fetches: HashMap<u64, ((u64, u64), Chunk, usize)>,
+    next_tag: u64,
+    finished: Finished,
+    sorted_out: Vec<SortedReq>,
+    sorted_in: Vec<Answer>,
+    // Scratch.
+    batch: Vec<u8>,
+    out: Vec<u8>,
+    done: Vec<(u64, WcStatus)>,
+    wrs: Vec<SendWr>,
+    items: Vec<Item>,
+    freed: Vec<Chunk>,
+}
+
+impl Worker {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        index: usize,
+        handlers: Handlers,
+        arena: Arena,
+        max_reply: usize,
+        read_hold: Duration,
+        straws: StrawMap,
+        hub: Arc<SortedHub>,
+        rx: Receiver<Cmd>,
+    ) -> Self {
+        Self {
+            index,
+            handlers,
+            arena,
+            max_reply,
+            read_hold,
+            holds: HashMap::default(),
+            next_handle: 1,
+            mailbox: Mailbox::new(),
+            lists: Lists::default(),
+            straws,
+            hub,
+            rx,
+            conns: Vec::new(),
+            pending: HashMap::new(),
+            fetches: HashMap::new(),
+            next_tag: 1,
+            finished: Rc::new(RefCell::new(Vec::new())),
+            sorted_out: Vec::new(),
+            sorted_in: Vec::new(),
+            batch: Vec::with_capacity(4096),
+            out: Vec::with_capacity(4096),
+            done: Vec::new(),
+            wrs: Vec::new(),
+            items: Vec::new(),
+            freed: Vec::new(),
+        }
+    }
+
+    /// Serve until `stop`: the thread's executor runs the async handlers' coroutines,
+    /// and each round this worker's I/O and `extra` (the node's runtime).
+    pub(crate) fn run(
+        mut self,
+        handle: exec::Handle,
+        mut extra: Option<Box<dyn FnMut() -> bool>>,
+        stop: &AtomicBool,
+    ) {
+        let mut ex = exec::Executor::new(handle.clone());
+        let mut rounds = 0u64;
+        let mut idle = 0u32;
+        let mut io = || {
+            rounds = rounds.wrapping_add(1);
+            let mut work = self.round(rounds, &handle);
+            if let Some(x) = extra.as_mut() {
+                work |= x();
+            }
+            if work {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+                if idle > IDLE_SPINS && idle.is_multiple_of(1024) {
+                    // Idle: look at the QPs in use now and then, so a requester that
+                    // died is noticed (the QP's state probe) and its Rockets dropped.
+                    self.check_requesters();
+                }
+            }
+            work
+        };
+        let mut n = 0u32;
+        ex.run_until(&mut io, &mut || {
+            n = n.wrapping_add(1);
+            n.is_multiple_of(64) && stop.load(Ordering::Relaxed)
+        });
+        drop(ex);
+        for c in self.conns.drain(..) {
+            c.straw.rockets.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// One polling round. Returns whether anything happened.
+    fn round(&mut self, rounds: u64, handle: &exec::Handle) -> bool {
+        // Commands (new or closed Rockets) are rare: look every 64 rounds.
+        if rounds.is_multiple_of(64) {
+            while let Ok(cmd) = self.rx.try_recv() {
+                match cmd {
+                    Cmd::Add(c) => {
+                        tracing::debug!(peer = c.peer, "Rocket accepted");
+                        self.conns.push(*c);
+                    }
+                    Cmd::Close(id) => {
+                        if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
+                            tracing::debug!(peer = c.peer, "Rocket closed by its requester");
+                            c.dead = true;
+                        }
+                    }
+                }
+            }
+            // Requesters that vanished without closing are noticed here too.
+            if rounds.is_multiple_of(1 << 16) {
+                self.check_requesters();
+            }
+        }
+        let mut work = false;
+        // Phase 1: requests.
+        for ci in 0..self.conns.len() {
+            if self.conns[ci].dead {
+                continue;
+            }
+            let c = &mut self.conns[ci];
+            let _ = c.chan.take_credit();
+            c.chan.drain_backlog();
+            // At most one ring's worth per round, so one client cannot starve others.
+            for _ in 0..c.chan.config().buckets {
+                let c = &mut self.conns[ci];
+                if c.chan.backlogged() > 0 {
+                    break; // back-pressure: stop consuming until responses fit
+                }
+                self.batch.clear();
+                match c.chan.poll(&mut self.batch) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(peer = c.peer, error = %e, "corrupt request ring; dropping Rocket");
+                        c.dead = true;
+                        break;
+                    }
+                }
+                work = true;
+                let batch = std::mem::take(&mut self.batch);
+                for m in decode_batch(&batch) {
+                    let Ok((hdr, payload)) = m else {
+                        tracing::warn!(peer = self.conns[ci].peer, "corrupt request batch");
+                        self.conns[ci].dead = true;
+                        break;
+                    };
+                    self.on_message(ci, hdr, payload, handle);
+                }
+                self.batch = batch;
+            }
+        }
+        // Answers that came in from coroutines and the sorted hub.
+        let fin = std::mem::take(&mut *self.finished.borrow_mut());
+        for (tag, res) in fin {
+            work = true;
+            self.answer(tag, res);
+        }
+        // Phase 2: sorted batches (Scythe 4.4, Fig. 16), across the server's threads.
+        self.hub.submit(&mut self.sorted_out);
+        self.hub.combine(&self.handlers);
+        let mut sorted = std::mem::take(&mut self.sorted_in);
+        self.hub.take(self.index, &mut sorted);
+        for (tag, res) in sorted.drain(..) {
+            work = true;
+            self.answer(tag, res);
+        }
+        self.sorted_in = sorted;
+        if rounds.is_multiple_of(4096) && !self.holds.is_empty() {
+            let now = Instant::now();
+            let arena = &mut self.arena;
+            self.holds.retain(|_, (chunk, until)| {
+                if *until <= now {
+                    free_read_buffer(arena, *chunk);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        // Phase 3: flush.
+        for ci in 0..self.conns.len() {
+            if self.conns[ci].dead || !self.conns[ci].chan.has_work() {
+                continue;
+            }
+            work = true;
+            self.flush(ci);
+        }
+        // Completions.
+        for c in &self.conns {
+            if let Some(q) = &c.chan.qp {
+                if c.chan.lists > 0 {
+                    q.poll();
+                }
+            }
+        }
+        self.done.clear();
+        self.mailbox.drain(&mut self.done);
+        for k in 0..self.done.len() {
+            work = true;
+            let (token, status) = self.done[k];
+            let Some(mut rec) = self.lists.take(token) else {
+                continue;
+            };
+            let Some(ci) = self.conns.iter().position(|c| c.id == rec.conn) else {
+                // The Rocket is gone: only the buffers are left to free.
+                for it in rec.items.drain(..) {
+                    match it {
+                        Item::Data(d) => self.arena.free(d.chunk),
+                        Item::Read(r) => self.drop_fetch(r.tag),
+                        _ => {}
+                    }
+                }
+                self.lists.pool.push(rec.items);
+                continue;
+            };
+            self.conns[ci].chan.lists -= 1;
+            if status == WcStatus::Success {
+                for it in rec.items.drain(..) {
+                    match it {
+                        Item::Data(d) => self.arena.free(d.chunk),
+                        Item::Read(r) => self.fetched(r.tag, handle),
+                        _ => {}
+                    }
+                }
+            } else {
+                // Replay, oldest first, ahead of anything newer.
+                self.conns[ci].chan.failed(rec.items.drain(..));
+            }
+            self.lists.pool.push(rec.items);
+        }
+        self.reap();
+        work
+    }
+
+    /// Handle one message from Rocket `ci`.
+    fn on_message(&mut self, ci: usize, hdr: MsgHeader, payload: &[u8], handle: &exec::Handle) {
+        let conn = self.conns[ci].id;
+        match MsgKind::from_u8(hdr.kind) {
+            Some(MsgKind::Release) => {
+                if let Some(h) = payload.get(..8) {
+                    let h = u64::from_le_bytes(h.try_into().expect("8 bytes"));
+                    if let Some((chunk, _)) = self.holds.remove(&h) {
+                        free_read_buffer(&mut self.arena, chunk);
+                    }
+                }
+            }
+            Some(MsgKind::Cancel) => {
+                // Only a call not answered yet can be cancelled; an answer already on
+                // its way tells the caller as much.
+                if let Some((_, cancelled)) = self.pending.get_mut(&(conn, hdr.call_id)) {
+                    *cancelled = true;
+                }
+            }
+            Some(MsgKind::Request) => {
+                let Some(mode) = ReplyMode::from_u8(hdr.flags & !FetchPrefix::FLAG) else {
+                    let msg = format!("unknown reply mode {}", hdr.flags);
+                    self.push_msg(ci, reply_hdr(&hdr, MsgKind::Error), msg.as_bytes());
+                    return;
+                };
+                let fetch = hdr.flags & FetchPrefix::FLAG != 0;
+                let pre = mode.prefix_bytes() + if fetch { FetchPrefix::BYTES } else { 0 };
+                if payload.len() < pre {
+                    let msg = format!("request shorter than its {pre}-byte prefix");
+                    self.push_msg(ci, reply_hdr(&hdr, MsgKind::Error), msg.as_bytes());
+                    return;
+                }
+                let (prefix, body) = payload.split_at(mode.prefix_bytes());
+                let p = Pending {
+                    conn,
+                    hdr,
+                    mode,
+                    prefix: prefix.to_vec(),
+                };
+                if fetch {
+                    let f = FetchPrefix::from_bytes(body).expect("length checked");
+                    self.start_fetch(ci, p, f);
+                    return;
+                }
+                self.dispatch(ci, p, body, handle);
+            }
+            _ => tracing::debug!(
+                peer = self.conns[ci].peer,
+                kind = hdr.kind,
+                "unexpected message"
+            ),
+        }
+    }
+
+    /// Run the handler of request `p` with payload `body`, or queue it for later.
+    fn dispatch(&mut self, ci: usize, p: Pending, body: &[u8], handle: &exec::Handle) {
+        let tag = (p.conn, p.hdr.call_id);
+        match self.handlers.get(p.hdr.handler) {
+            Some(Entry::Async(f)) => {
+                let fut = f(body.to_vec());
+                let finished = self.finished.clone();
+                self.pending.insert(tag, (p, false));
+                handle.spawn(async move {
+                    let r = fut.await;
+                    finished.borrow_mut().push((tag, r));
+                });
+            }
+            Some(Entry::Sorted(key, _)) => match key(body) {
+                Some((k, ts)) => {
+                    self.sorted_out.push(SortedReq {
+                        worker: self.index,
+                        key: k,
+                        ts,
+                        id: p.hdr.handler,
+                        tag,
+                        payload: body.to_vec(),
+                    });
+                    self.pending.insert(tag, (p, false));
+                }
+                None => {
+                    let msg = b"malformed request for a sorted-batch handler";
+                    self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg);
+                }
+            },
+            _ => {
+                let mut out = std::mem::take(&mut self.out);
+                let kind = self.handlers.call(p.hdr.handler, body, &mut out);
+                self.respond(ci, &p, kind, &out);
+                self.out = out;
+            }
+        }
+    }
+
+    /// A later answer to request `tag` came (async handler, sorted batch).
+    fn answer(&mut self, tag: (u64, u64), res: Result<Vec<u8>, String>) {
+        let Some((p, cancelled)) = self.pending.remove(&tag) else {
+            return;
+        };
+        let Some(ci) = self.conns.iter().position(|c| c.id == tag.0 && !c.dead) else {
+            return; // the requester left
+        };
+        if cancelled {
+            self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Cancelled), &[]);
+            return;
+        }
+        match res {
+            Ok(v) => self.respond(ci, &p, MsgKind::Response, &v),
+            Err(e) => self.respond(ci, &p, MsgKind::Error, e.as_bytes()),
+        }
+    }
+
+    /// READ a request sent by reference into the arena, then dispatch it.
+    fn start_fetch(&mut self, ci: usize, p: Pending, f: FetchPrefix) {
+        let len = f.len as usize;
+        let chunk = (len <= self.max_reply)
+            .then(|| self.arena.alloc(len.max(1)))
+            .flatten();
+        let Some(chunk) = chunk else {
+            let msg = buffer_error(len, self.max_reply, &self.arena);
+            self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg.as_bytes());
+            return;
+        };
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let key = (p.conn, p.hdr.call_id);
+        self.fetches.insert(tag, (key, chunk, len));
+        self.pending.insert(key, (p, false));
+        self.conns[ci].chan.push_read(ReadFetch {
+            chunk,
+            len,
+            remote: RemoteAddr {
+                addr: f.addr,
+                rkey: f.rkey,
+            },
+            tag,
+        });
+    }
+
+    /// The READ of fetch `tag` completed: run its request.
+    fn fetched(&mut self, tag: u64, handle: &exec::Handle) {
+        let Some((key, chunk, len)) = self.fetches.remove(&tag) else {
+            return;
+        };
+        let mut body = vec![0u8; len];
+        self.arena.mr().read(chunk.off, &mut body);
+        self.arena.free(chunk);
+        let Some((p, cancelled)) = self.pending.remove(&key) else {
+            return;
+        };
+        let Some(ci) = self.conns.iter().position(|c| c.id == key.0 && !c.dead) else {
+            return;
+        };
+        if cancelled {
+            self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Cancelled), &[]);
+            return;
+        }
+        self.dispatch(ci, p, &body, handle);
+    }
+
+    fn drop_fetch(&mut self, tag: u64) {
+        if let Some((key, chunk, _)) = self.fetches.remove(&tag) {
+            self.arena.free(chunk);
+            self.pending.remove(&key);
+        }
+    }
+
+    /// Queue a response message; a full ring defers it to the backlog (nothing is
+    /// lost). A message too large for a bucket is cut (only error texts can be).
+    fn push_msg(&mut self, ci: usize, hdr: MsgHeader, payload: &[u8]) {
+        let c = &mut self.conns[ci];
+        let max = c.chan.max_payload();
+        let payload = &payload[..payload.len().min(max)];
+        if let Err(e) = c.chan.push_or_queue(hdr, payload) {
+            tracing::warn!(peer = c.peer, error = %e, "response dropped");
+        }
+    }
+
+    /// Send a handler's result in the mode the request asked for.
+    fn respond(&mut self, ci: usize, p: &Pending, kind: MsgKind, out: &[u8]) {
+        if kind == MsgKind::Error {
+            return self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), out);
+        }
+        let c = &self.conns[ci];
+        let r = route(
+            p.mode,
+            &p.prefix,
+            out.len(),
+            c.chan.max_payload(),
+            c.mode_threshold,
+        );
+        match r {
+            Err(e) => self.push_msg(
+                ci,
+                reply_hdr(&p.hdr, MsgKind::Error),
+                e.to_string().as_bytes(),
+            ),
+            Ok(Route::Inline) => self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Response), out),
+            Ok(Route::ZeroCopy(z)) => self.zero_copy(ci, p, z, out),
+            Ok(Route::Read) => {
+                // [handle | reply | handle]: the handle is the buffer's generation.
+                let chunk = (out.len() <= self.max_reply)
+                    .then(|| self.arena.alloc(out.len() + 16))
+                    .flatten();
+                let Some(chunk) = chunk else {
+                    let msg = buffer_error(out.len(), self.max_reply, &self.arena);
+                    return self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg.as_bytes());
+                };
+                let handle = self.next_handle;
+                self.next_handle += 1;
+                let mr = self.arena.mr();
+                mr.write(chunk.off + 8, out);
+                mr.write(chunk.off + 8 + out.len(), &handle.to_le_bytes());
+                mr.write(chunk.off, &handle.to_le_bytes());
+                self.holds
+                    .insert(handle, (chunk, Instant::now() + self.read_hold));
+                let r = ReadReply {
+                    addr: mr.addr() + chunk.off as u64,
+                    rkey: mr.rkey(),
+                    len: out.len() as u32,
+                    handle,
+                };
+                self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::ReadReply), &r.to_bytes());
+            }
+        }
+    }
+
+    /// WRITE the reply and its generation (the call id) into the caller's buffer; the
+    /// Done message follows in the same ordered list.
+    fn zero_copy(&mut self, ci: usize, p: &Pending, z: ZeroCopyPrefix, out: &[u8]) {
+        let chunk = (out.len() <= self.max_reply)
+            .then(|| self.arena.alloc(out.len() + 8))
+            .flatten();
+        let Some(chunk) = chunk else {
+            let msg = buffer_error(out.len(), self.max_reply, &self.arena);
+            return self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg.as_bytes());
+        };
+        let mr = self.arena.mr();
+        mr.write(chunk.off, out);
+        mr.write(chunk.off + out.len(), &p.hdr.call_id.to_le_bytes());
+        let mut done_payload = [0u8; 16];
+        done_payload[..8].copy_from_slice(&(out.len() as u64).to_le_bytes());
+        self.conns[ci].chan.push_data(DataWrite {
+            chunk,
+            len: out.len() + 8,
+            remote: RemoteAddr {
+                addr: z.addr,
+                rkey: z.rkey,
+            },
+            done: reply_hdr(&p.hdr, MsgKind::ZeroCopyDone),
+            done_payload,
+            done_seq: None,
+        });
+    }
+
+    /// Post Rocket `ci`'s fetch READs, zero-copy WRITEs, response buckets and credit on
+    /// its QP.
+    fn flush(&mut self, ci: usize) {
+        let c = &mut self.conns[ci];
+        let qp = if c.chan.lists > 0 {
+            c.chan.qp.clone().filter(|q| !q.is_broken())
+        } else {
+            c.straw.pick(c.chan.qp.as_ref())
+        };
+        let Some(qp) = qp else {
+            if c.chan.lists == 0 {
+                c.stuck_since.get_or_insert_with(Instant::now);
+            }
+            return;
+        };
+        c.stuck_since = None;
+        c.chan.qp = Some(qp.clone());
+        self.items.clear();
+        self.freed.clear();
+        c.chan.plan(&mut self.items, &mut self.freed);
+        for f in self.freed.drain(..) {
+            self.arena.free(f);
+        }
+        if self.items.is_empty() {
+            return;
+        }
+        let per_list = if c.chan.batching().doorbell() {
+            usize::MAX
+        } else {
+            1
+        };
+        let conn = c.id;
+        post_items(
+            &mut c.chan,
+            &qp,
+            &mut self.items,
+            Some(self.arena.mr()),
+            per_list,
+            &self.mailbox,
+            &mut self.lists,
+            &mut self.wrs,
+            |items| Rec { conn, items },
+        );
+    }
+
+    /// Look at the QPs of the requesters' straws (their state probe notices a requester
+    /// that died) and start the clock on Rockets left with no usable QP.
+    fn check_requesters(&mut self) {
+        for c in self.conns.iter_mut() {
+            let qps = c
+                .straw
+                .qps
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            for q in &qps {
+                q.poll();
+            }
+            if qps.iter().any(|q| q.usable()) {
+                c.stuck_since = None;
+            } else {
+                c.stuck_since.get_or_insert_with(Instant::now);
+            }
+        }
+    }
+
+    /// Drop Rockets that are closed or whose requester is gone, once no NIC may still
+    /// read their rings.
+    fn reap(&mut self) {
+        for c in self.conns.iter_mut() {
+            if !c.dead && c.stuck_since.is_some_and(|t| t.elapsed() >= STUCK_LIMIT) {
+                tracing::debug!(
+                    peer = c.peer,
+                    "no usable QP to the requester; dropping Rocket"
+                );
+                c.dead = true;
+            }
+        }
+        if !self.conns.iter().any(|c| c.dead) {
+            return;
+        }
+        let gone: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|c| c.dead)
+            .map(|c| c.straw.id)
+            .collect();
+        let mut freed = Vec::new();
+        self.conns.retain_mut(|c| {
+            if !c.dead {
+                return true;
+            }
+            // A dead Rocket's rings stay registered until its lists on the shared QP
+            // have completed (or failed): a NIC may still be reading them.
+            if c.chan.lists > 0 && c.chan.qp.as_ref().is_some_and(|q| !q.is_broken()) {
+                return true;
+            }
+            if let Some(q) = c.chan.qp.take() {
+                crate::straw::unbind(&q);
+            }
+            let mut items = Vec::new();
+            c.chan.plan(&mut items, &mut freed);
+            for it in items {
+                if let Item::Data(d) = it {
+                    freed.push(d.chunk);
+                }
+            }
+            c.straw
+                .rockets
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            false
+        });
+        for f in freed {
+            self.arena.free(f);
+        }
+        let live: Vec<u64> = self.conns.iter().map(|c| c.id).collect();
+        self.pending.retain(|(conn, _), _| live.contains(conn));
+        if let Ok(mut m) = self.straws.lock() {
+            for s in gone {
+                let dead = m.get(&s).is_some_and(|st| {
+                    st.qps
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .all(|q| q.is_broken())
+                });
+                if dead && !self.conns.iter().any(|c| c.straw.id == s) {
+                    m.remove(&s);
+                }
+            }
+        }
+    }
+}
+
+/// Clear an expired or released READ-mode buffer's generation words before it can be
+/// reused, so a late READ of it fails its call instead of returning other data.
+fn free_read_buffer(arena: &mut Arena, chunk: Chunk) {
+    arena.mr().store_u64(chunk.off, 0);
+    arena.free(chunk);
+}
+
+fn reply_hdr(req: &MsgHeader, kind: MsgKind) -> MsgHeader {
+    MsgHeader {
+        len: 0,
+        handler: req.handler,
+        kind: kind as u8,
+        flags: 0,
+        call_id: req.call_id,
+    }
+}
+
+fn buffer_error(len: usize, max: usize, arena: &Arena) -> String {
+    if len > max {
+        format!("reply of {len} bytes exceeds the server's {max}-byte limit for READ and zero-copy replies")
+    } else {
+        format!(
+            "server reply buffers exhausted ({} held); retry later",
+            arena.in_use()
+        )
+    }
+}
