@@ -5,11 +5,12 @@
 #    libclang-dev) and to load libibverbs (libibverbs1, ibverbs-providers).
 # 2. Builds everything with the verbs backend compiled in and runs all tests on the shm
 #    fabric (cargo test --workspace).
-# 3. Runs the fabric conformance suite and the RPC, modes, straws and shm-cluster suites
-#    again on shm under the cx5 timing model (RRPC_MODEL=cx5).
-# 4. Runs the fabric conformance suite and the RPC, lock, TSO, memnode and SmallBank
-#    integration tests again on the verbs backend, against the Linux kernel's RDMA stack
-#    (Soft-RoCE), inside a qemu VM (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
+# 3. Runs the fabric conformance suite and the RPC, modes, straws, shm-cluster and
+#    async-handler suites again on shm under the cx5 timing model (RRPC_MODEL=cx5).
+# 4. Runs the fabric conformance suite and the RPC (calls, modes, straws, async
+#    handlers), lock, TSO, memnode and SmallBank integration tests again on the verbs
+#    backend, against the Linux kernel's RDMA stack (Soft-RoCE), inside a qemu VM
+#    (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -38,9 +39,9 @@ echo "== cargo test --workspace (shm fabric; verbs backend compiled in)"
 cargo test --workspace --features rrpc/verbs
 
 # Completions that arrive late exercise paths that instant completion never does.
-echo "== timing model cx5: the fabric conformance, RPC, modes and straws suites again"
+echo "== timing model cx5: the fabric conformance, RPC, modes, straws, shm-cluster and async-handler suites again"
 RRPC_MODEL=cx5 cargo test --workspace --features rrpc/verbs \
-  --test fabric_conformance --test rpc --test modes --test straws --test shm_cluster
+  --test fabric_conformance --test rpc --test modes --test straws --test shm_cluster --test async_handlers
 
 if [ "${RRPC_SKIP_VM:-0}" = 1 ]; then
   echo "== RRPC_SKIP_VM=1: verbs tests in the Soft-RoCE VM skipped"
@@ -50,9 +51,9 @@ echo "== verbs backend: integration tests inside the Soft-RoCE VM"
 # The integration-test targets (kind "test") among the build's executables.
 mapfile -t exes < <(cargo test --workspace --features rrpc/verbs --no-run --message-format=json 2>/dev/null |
   grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
-  grep -E '/deps/(fabric_conformance|rpc|modes|straws|takeout_service|oracle|memnode|smallbank)-[0-9a-f]+$')
-if [ ${#exes[@]} -ne 8 ]; then
-  echo "expected 8 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
+  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|oracle|memnode|smallbank)-[0-9a-f]+$')
+if [ ${#exes[@]} -ne 9 ]; then
+  echo "expected 9 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
   exit 1
 fi
 # The guest runs the script from the target directory, which it can see even when the
