@@ -8,6 +8,7 @@
 //! - [`rocket`]: the Rocket message ring (bucketed msg batching + doorbell batching,
 //!   labels at both ends of a bucket, credits), a sans-IO state machine;
 //! - [`straw`]: RdmaStraws, per-node QP pools shared by a process's threads;
+//! - [`exec`]: a waker-driven single-thread executor (polls only woken coroutines, timers);
 //! - [`runtime`]: a per-thread executor running many coroutines whose WRs are posted
 //!   together once per polling round, with one-sided helpers and RPC calls;
 //! - [`server`]: RPC server threads polling Rockets and dispatching registered handlers;
@@ -16,6 +17,7 @@
 
 pub mod arena;
 pub mod bootstrap;
+pub mod exec;
 pub mod fabric;
 pub mod node;
 pub mod rocket;
