@@ -48,8 +48,8 @@
 //!   polled queues it for the next round.
 //! - **thread safety**: wakers are `Send + Sync` ([`std::task::Wake`]); a wake from
 //!   another OS thread pushes the key into the executor's queue, a `Mutex<Vec<u64>>` with
-//!   an `AtomicBool` "non-empty" flag that the executor reads (one relaxed-cost load)
-//!   before it takes the lock. The vector keeps its capacity, so pushing does not
+//!   an `AtomicBool` "non-empty" flag that the executor reads (one atomic load) before
+//!   it takes the lock. The vector keeps its capacity, so pushing does not
 //!   allocate in the steady state (a lock-free segmented queue such as
 //!   `crossbeam-queue`'s `SegQueue` allocates a block every few dozen pushes, and the
 //!   lock is uncontended unless another thread wakes a task).
@@ -846,12 +846,11 @@ mod tests {
                 order.borrow_mut().push(id);
             });
         }
-        // Same deadline: registration order.
-        let t = h.now() + Duration::from_millis(4);
+        // Same deadline (both computed in the first round): registration order.
         for id in [3, 4] {
             let (h, order) = (h.clone(), order.clone());
             ex.spawn(async move {
-                h.sleep_until(t).await;
+                h.sleep_until(h.now() + Duration::from_millis(4)).await;
                 order.borrow_mut().push(id);
             });
         }
