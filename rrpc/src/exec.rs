@@ -52,7 +52,8 @@
 //!   it takes the lock. The vector keeps its capacity, so pushing does not
 //!   allocate in the steady state (a lock-free segmented queue such as
 //!   `crossbeam-queue`'s `SegQueue` allocates a block every few dozen pushes, and the
-//!   lock is uncontended unless another thread wakes a task).
+//!   lock is uncontended unless another thread wakes a task; wakes from the executor's
+//!   own thread, from tasks or `io()`, take the same uncontended lock).
 //! - **stale wakes are harmless**: a task's slot gets a new generation when the task
 //!   finishes, so the key of a finished task no longer matches; the executor drops such
 //!   keys, and a reused slot's new task is not polled because of its predecessor's
@@ -146,7 +147,10 @@ impl Handle {
 
     /// Run `f` as a task of its own: the executor running on this handle picks it up at
     /// the start of its next round (if none runs yet, the first one to run). Works from
-    /// inside tasks, from `io()`, and before any [`Executor`] exists.
+    /// inside tasks, from `io()`, and before any [`Executor`] exists. A task waiting in
+    /// this queue that holds a clone of the handle keeps the scheduler state alive (a
+    /// reference cycle) until an executor takes it; tasks still in an executor are
+    /// dropped with it.
     pub fn spawn(&self, f: impl Future<Output = ()> + 'static) {
         self.shared.spawned.borrow_mut().push(Box::pin(f));
     }
