@@ -15,5 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod oracle;
+pub mod timestamp;
 
 pub use oracle::{Oracle, TsoClient, TsoError, TsoExport, EXPORT_NAME};
+pub use timestamp::{Timestamp, TimestampRange};

@@ -1,12 +1,12 @@
 //! The oracle's counter and the client that takes timestamps from it with one-sided FAA
 //! (Scythe 4.5, Fig. 18, the "TSO service" box).
 
-use std::ops::Range;
-
 use rrpc::fabric::{DmPlacement, Fabric, FabricError, MemoryRegion, RemoteAddr};
 use rrpc::node::NodeInfo;
 use rrpc::runtime::{RpcError, ThreadCtx};
 use serde::{Deserialize, Serialize};
+
+use crate::timestamp::{Timestamp, TimestampRange};
 
 /// Name under which [`Oracle::export`] is published in a node's exports.
 pub const EXPORT_NAME: &str = "tso";
@@ -142,8 +142,8 @@ impl TsoClient {
     /// One timestamp (`>= 1`): one FAA of +1, returning the old value + 1.
     ///
     /// Errors: [`TsoError::Rpc`] when the FAA fails, [`TsoError::Exhausted`].
-    pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<u64, TsoError> {
-        Ok(self.timestamps(ctx, 1).await?.start)
+    pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<Timestamp, TsoError> {
+        Ok(self.timestamps(ctx, 1).await?.first())
     }
 
     /// `n` consecutive timestamps `old + 1 .. old + 1 + n` with one FAA of `n`.
@@ -151,7 +151,7 @@ impl TsoClient {
     /// Errors: [`TsoError::ZeroCount`] for `n == 0` (no FAA is issued),
     /// [`TsoError::Rpc`] when the FAA fails, [`TsoError::Exhausted`] when the range
     /// would pass `u64::MAX`.
-    pub async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<Range<u64>, TsoError> {
+    pub async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<TimestampRange, TsoError> {
         if n == 0 {
             return Err(TsoError::ZeroCount);
         }
@@ -159,9 +159,9 @@ impl TsoClient {
         let start = old
             .checked_add(1)
             .ok_or(TsoError::Exhausted { at: old, n })?;
-        let end = start
+        start
             .checked_add(n)
             .ok_or(TsoError::Exhausted { at: old, n })?;
-        Ok(start..end)
+        Ok(TimestampRange::new(Timestamp(start), n))
     }
 }

@@ -13,7 +13,7 @@ use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::DmPlacement;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
-use tso::{Oracle, TsoClient, TsoError, EXPORT_NAME};
+use tso::{Oracle, Timestamp, TsoClient, TsoError, EXPORT_NAME};
 
 /// This test's cluster, removed when the test ends, however it ends.
 fn cluster(name: &str) -> ClusterGuard {
@@ -67,10 +67,11 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
                             for i in 0..ROUNDS {
                                 if i % 4 == 3 {
                                     let r = tc.timestamps(&ctx, BATCH).await.unwrap();
-                                    assert_eq!(r.end - r.start, BATCH, "contiguous range of n");
-                                    mine.extend(r);
+                                    let (first, last) = (r.first(), r.last_ts().unwrap());
+                                    assert_eq!(last.get() - first.get() + 1, BATCH, "contiguous");
+                                    mine.extend(r.map(Timestamp::get));
                                 } else {
-                                    mine.push(tc.timestamp(&ctx).await.unwrap());
+                                    mine.push(tc.timestamp(&ctx).await.unwrap().get());
                                 }
                             }
                             assert!(
@@ -140,9 +141,9 @@ fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
         let (ctx, tc, got) = (ctx.clone(), tc.clone(), got.clone());
         ex.spawn(async move {
             let t = tc.timestamp(&ctx).await.unwrap();
-            got.borrow_mut().push(t);
+            got.borrow_mut().push(t.get());
             let r = tc.timestamps(&ctx, 10).await.unwrap();
-            got.borrow_mut().extend(r);
+            got.borrow_mut().extend(r.map(Timestamp::get));
         });
     }
     ex.run();
