@@ -6,6 +6,9 @@ use rrpc::node::NodeInfo;
 use rrpc::runtime::{RpcError, ThreadCtx};
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
+use crate::group::{GroupFailure, GroupStats, TsoGroup};
 use crate::timestamp::{Timestamp, TimestampRange};
 
 /// Name under which [`Oracle::export`] is published in a node's exports.
@@ -34,6 +37,9 @@ pub enum TsoError {
     /// The node exports no usable `"tso"` entry.
     #[error("TSO export: {0}")]
     Export(String),
+    /// The TSO group's leader got no range for this request's group.
+    #[error("TSO group")]
+    Group(#[from] GroupFailure<Arc<TsoError>>),
     /// A request for zero timestamps.
     #[error("asked for zero timestamps")]
     ZeroCount,
@@ -163,5 +169,53 @@ impl TsoClient {
             .checked_add(n)
             .ok_or(TsoError::Exhausted { at: old, n })?;
         Ok(TimestampRange::new(Timestamp(start), n))
+    }
+}
+
+/// A process's TSO group over one oracle (Scythe 4.5 (2)): concurrent requests of the
+/// process's threads and coroutines are combined into one FAA of the group's size
+/// ([`crate::group`]). Share it in an `Arc`; each thread passes its own [`ThreadCtx`],
+/// connected to the oracle, and a leader's FAA goes out on its own thread's context.
+pub struct GroupedTso {
+    client: TsoClient,
+    group: TsoGroup<Arc<TsoError>>,
+}
+
+impl GroupedTso {
+    /// A group instance taking its ranges through `client`.
+    pub fn new(client: TsoClient) -> Self {
+        Self {
+            client,
+            group: TsoGroup::new(),
+        }
+    }
+
+    /// The per-request client underneath.
+    pub fn client(&self) -> &TsoClient {
+        &self.client
+    }
+
+    /// One timestamp through the group: a leader takes its group's range with one FAA,
+    /// a follower waits for at most two FAAs (the one in flight and its group's).
+    ///
+    /// Errors: [`TsoError::Group`] when the leader's FAA failed (its error is the
+    /// source) or the leader was cancelled.
+    pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<Timestamp, TsoError> {
+        let client = &self.client;
+        Ok(self
+            .group
+            .take(|n| async move {
+                client
+                    .timestamps(ctx, n)
+                    .await
+                    .map(|r| r.first())
+                    .map_err(Arc::new)
+            })
+            .await?)
+    }
+
+    /// Groups formed and members served so far.
+    pub fn stats(&self) -> GroupStats {
+        self.group.stats()
     }
 }
