@@ -10,12 +10,13 @@
 //! A process's concurrent requests can be combined into one FAA per group
 //! ([`group`], [`GroupedTso`]).
 //!
-//! Guarantees today: timestamps are `>= 1`, unique and strictly increasing in real time
-//! while one oracle process lives. **Not yet implemented** (later issues): TSO proxies, and a
-//! durable high-water mark so that a restarted oracle resumes above every timestamp it
-//! handed out. A restarted oracle today starts again at 0.
+//! Guarantees: timestamps are `>= 1`, unique and strictly increasing in real time, across
+//! restarts of an oracle that keeps a state directory: each start persists a larger epoch
+//! before serving and puts it in the timestamps' high bits ([`epoch`], [`timestamp`]).
+//! **Not yet implemented**: TSO proxies.
 #![warn(missing_docs)]
 
+pub mod epoch;
 pub mod group;
 pub mod oracle;
 pub mod timestamp;

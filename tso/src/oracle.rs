@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::group::{GroupFailure, GroupStats, TsoGroup};
-use crate::timestamp::{Timestamp, TimestampRange};
+use crate::timestamp::{Timestamp, TimestampRange, EPOCH_SHIFT};
 
 /// Name under which [`Oracle::export`] is published in a node's exports.
 pub const EXPORT_NAME: &str = "tso";
@@ -23,6 +23,10 @@ pub struct TsoExport {
     pub counter: RemoteAddr,
     /// Where the counter lives: `"device"` or `"host-fallback: <reason>"`.
     pub placement: String,
+    /// The incarnation ([`crate::epoch`]): every timestamp this oracle hands out has it
+    /// in its high 16 bits. Absent in exports of older oracles: 0.
+    #[serde(default)]
+    pub epoch: u16,
 }
 
 /// Errors of the oracle and its clients.
@@ -43,9 +47,13 @@ pub enum TsoError {
     /// A request for zero timestamps.
     #[error("asked for zero timestamps")]
     ZeroCount,
-    /// The 64-bit counter would wrap: no timestamps are left.
-    #[error("timestamp counter exhausted at {at} (asked for {n})")]
+    /// The range would leave the oracle's epoch (more than `2^48 - 1` timestamps in one
+    /// incarnation): refused, because a later incarnation may hand those values out.
+    /// Restart the oracle to open a new epoch.
+    #[error("timestamp counter of epoch {epoch} exhausted at {at:#x} (asked for {n})")]
     Exhausted {
+        /// The oracle's epoch.
+        epoch: u16,
         /// Counter value before the FAA.
         at: u64,
         /// Timestamps asked for.
@@ -61,20 +69,49 @@ pub fn describe_placement(p: &DmPlacement) -> String {
     }
 }
 
-/// The oracle: a zeroed 8-byte counter in device memory (or its reported host fallback).
+/// The oracle: an 8-byte counter in device memory (or its reported host fallback),
+/// starting at `epoch << 48`.
 pub struct Oracle {
     counter: MemoryRegion,
     placement: DmPlacement,
+    epoch: u16,
 }
 
 impl Oracle {
-    /// Allocate the counter on `fabric` with `alloc_dm`. The counter starts at 0, so the
-    /// first timestamp handed out is 1.
+    /// Allocate the counter on `fabric` with `alloc_dm`, in epoch 0: the counter starts
+    /// at 0, so the first timestamp handed out is 1. Volatile: a restarted oracle made
+    /// this way goes back (tests and embedded use); the `tso` binary uses
+    /// [`Oracle::with_epoch`] with [`crate::epoch::advance`].
     ///
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn new(fabric: &Fabric) -> Result<Self, TsoError> {
+        Self::with_epoch(fabric, 0)
+    }
+
+    /// Allocate the counter and set it to `epoch << 48` (the first timestamp is
+    /// `epoch << 48 | 1`). `epoch` must be durable already ([`crate::epoch::advance`])
+    /// and larger than every earlier incarnation's.
+    ///
+    /// The CPU writes the word once, before it is exported: no RDMA atomic can reach it
+    /// yet, so DESIGN.md's rule for shared words holds.
+    ///
+    /// Errors: [`TsoError::Fabric`] when allocation fails.
+    pub fn with_epoch(fabric: &Fabric, epoch: u16) -> Result<Self, TsoError> {
         let (counter, placement) = fabric.alloc_dm(COUNTER_BYTES)?;
-        Ok(Self { counter, placement })
+        counter.atomic_u64(0).store(
+            (epoch as u64) << EPOCH_SHIFT,
+            std::sync::atomic::Ordering::Release,
+        );
+        Ok(Self {
+            counter,
+            placement,
+            epoch,
+        })
+    }
+
+    /// This incarnation's epoch.
+    pub fn epoch(&self) -> u16 {
+        self.epoch
     }
 
     /// Where the counter lives. Services print this at start; a host fallback is never
@@ -88,6 +125,7 @@ impl Oracle {
         TsoExport {
             counter: self.counter.desc().at(0),
             placement: describe_placement(&self.placement),
+            epoch: self.epoch,
         }
     }
 
@@ -96,12 +134,14 @@ impl Oracle {
         serde_json::to_value(self.tso_export()).expect("TsoExport serializes")
     }
 
-    /// The last timestamp handed out (0 before the first), read by this CPU. A plain
-    /// load: the oracle never modifies the counter itself.
-    pub fn current(&self) -> u64 {
-        self.counter
-            .atomic_u64(0)
-            .load(std::sync::atomic::Ordering::Acquire)
+    /// The counter's value (the last timestamp taken, `epoch << 48` before the first),
+    /// read by this CPU. A plain load: the oracle modifies the counter only before export.
+    pub fn current(&self) -> Timestamp {
+        Timestamp(
+            self.counter
+                .atomic_u64(0)
+                .load(std::sync::atomic::Ordering::Acquire),
+        )
     }
 }
 
@@ -112,6 +152,7 @@ pub struct TsoClient {
     node: u32,
     counter: RemoteAddr,
     placement: String,
+    epoch: u16,
 }
 
 impl TsoClient {
@@ -132,12 +173,18 @@ impl TsoClient {
             node: info.node,
             counter: e.counter,
             placement: e.placement,
+            epoch: e.epoch,
         })
     }
 
     /// Node id of the oracle.
     pub fn node(&self) -> u32 {
         self.node
+    }
+
+    /// The oracle's epoch as it exported it.
+    pub fn epoch(&self) -> u16 {
+        self.epoch
     }
 
     /// The oracle's counter placement as it exported it.
@@ -156,19 +203,24 @@ impl TsoClient {
     ///
     /// Errors: [`TsoError::ZeroCount`] for `n == 0` (no FAA is issued),
     /// [`TsoError::Rpc`] when the FAA fails, [`TsoError::Exhausted`] when the range
-    /// would pass `u64::MAX`.
+    /// leaves the oracle's epoch (its values are then never handed out).
     pub async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<TimestampRange, TsoError> {
         if n == 0 {
             return Err(TsoError::ZeroCount);
         }
         let old = ctx.faa(self.node, self.counter, n).await?;
-        let start = old
-            .checked_add(1)
-            .ok_or(TsoError::Exhausted { at: old, n })?;
-        start
-            .checked_add(n)
-            .ok_or(TsoError::Exhausted { at: old, n })?;
-        Ok(TimestampRange::new(Timestamp(start), n))
+        let exhausted = TsoError::Exhausted {
+            epoch: self.epoch,
+            at: old,
+            n,
+        };
+        let Some(last) = old.checked_add(n) else {
+            return Err(exhausted);
+        };
+        if Timestamp(old).epoch() != self.epoch || Timestamp(last).epoch() != self.epoch {
+            return Err(exhausted);
+        }
+        Ok(TimestampRange::new(Timestamp(old + 1), n))
     }
 }
 

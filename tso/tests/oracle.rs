@@ -102,7 +102,7 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
     // Nothing lost: exactly 1..=total were handed out.
     assert_eq!(unique.iter().min(), Some(&1));
     assert_eq!(unique.iter().max(), Some(&(total as u64)));
-    assert_eq!(oracle.current(), total as u64);
+    assert_eq!(oracle.current().get(), total as u64);
     drop(node);
 }
 
@@ -253,7 +253,7 @@ fn grouped_timestamps_over_the_fabric_are_unique_and_contiguous() {
     let st = grouped.stats();
     assert_eq!(st.members, total);
     assert_eq!(
-        oracle.current(),
+        oracle.current().get(),
         total,
         "one FAA per group, of the group's size"
     );
