@@ -344,6 +344,17 @@ impl LockFamily for StdLock {
 /// put it in an `Arc`. `E` is the error of the range request.
 pub struct TsoGroup<E: Send, L: LockFamily = StdLock> {
     core: L::Lock<GroupCore<E>>,
+    /// Test-only protocol break: leaders take this many extra timestamps and later
+    /// requests are served from the surplus (the prefetching the protocol forbids).
+    #[cfg(any(test, feature = "fault-injection"))]
+    prefetch: Option<Prefetch>,
+}
+
+/// The surplus of a prefetching (broken) leader: `extra` per range, cached.
+#[cfg(any(test, feature = "fault-injection"))]
+struct Prefetch {
+    extra: u64,
+    cache: std::sync::Mutex<std::collections::VecDeque<Timestamp>>,
 }
 
 impl<E: Clone + Send, L: LockFamily> Default for TsoGroup<E, L> {
@@ -357,6 +368,24 @@ impl<E: Clone + Send, L: LockFamily> TsoGroup<E, L> {
     pub fn new() -> Self {
         Self {
             core: L::new(GroupCore::default()),
+            #[cfg(any(test, feature = "fault-injection"))]
+            prefetch: None,
+        }
+    }
+
+    /// **Broken on purpose** (test builds and feature `fault-injection` only): a group
+    /// whose leaders take `extra` timestamps more than their group needs and serve later
+    /// requests from the surplus without a range request. Timestamps stay unique but a
+    /// request can get a timestamp older than one another client already received, which
+    /// the linearizability checker ([`crate::history`]) must report.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn prefetching(extra: u64) -> Self {
+        Self {
+            prefetch: Some(Prefetch {
+                extra,
+                cache: Default::default(),
+            }),
+            ..Self::new()
         }
     }
 
@@ -377,6 +406,12 @@ impl<E: Clone + Send, L: LockFamily> TsoGroup<E, L> {
         F: FnOnce(u64) -> Fut,
         Fut: Future<Output = Result<Timestamp, E>>,
     {
+        #[cfg(any(test, feature = "fault-injection"))]
+        if let Some(p) = &self.prefetch {
+            if let Some(t) = p.cache.lock().unwrap().pop_front() {
+                return Ok(t);
+            }
+        }
         let (id, group) = match L::with(&self.core, |c| c.join()) {
             Joined::Lead(id, g) => (id, g),
             Joined::Follow(id) => {
@@ -405,6 +440,18 @@ impl<E: Clone + Send, L: LockFamily> TsoGroup<E, L> {
             group: self,
             closed: Some(group),
         };
+        #[cfg(any(test, feature = "fault-injection"))]
+        if let Some(p) = &self.prefetch {
+            let first = take(n + p.extra).await.map_err(GroupFailure::Take);
+            if let Ok(t) = &first {
+                let surplus = (n..n + p.extra).map(|i| Timestamp(t.0 + i));
+                p.cache.lock().unwrap().extend(surplus);
+            }
+            let closed = leading.closed.take().expect("completed once");
+            let (mine, wakers) = L::with(&self.core, |c| c.complete(closed, first));
+            wakers.into_iter().for_each(Waker::wake);
+            return mine;
+        }
         let first = take(n).await.map_err(GroupFailure::Take);
         let closed = leading.closed.take().expect("completed once");
         let (mine, wakers) = L::with(&self.core, |c| c.complete(closed, first));
@@ -447,7 +494,7 @@ impl<E: Clone + Send, L: LockFamily> Drop for Leading<'_, E, L> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
@@ -624,7 +671,7 @@ mod tests {
 
     /// Blocks a std thread on a future, parking until woken (a real waker, so a lost
     /// wake-up hangs; the test's watchdog turns that into a failure).
-    fn block_on<F: Future>(f: F) -> F::Output {
+    pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
         struct Unpark(std::thread::Thread);
         impl Wake for Unpark {
             fn wake(self: Arc<Self>) {

@@ -18,6 +18,7 @@
 
 pub mod epoch;
 pub mod group;
+pub mod history;
 pub mod oracle;
 pub mod timestamp;
 
