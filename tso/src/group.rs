@@ -10,9 +10,12 @@
 //!    group at once (a group of one when the oracle is idle): no waiting for company.
 //! 2. A request that finds one in flight joins the **open** group, in arrival order.
 //! 3. When the in-flight range request returns, its leader hands `base + i` to the `i`-th
-//!    member of its group, then closes the open group (if any) and makes its first member
-//!    the next leader, which takes one range of exactly the group's size (one FAA of
-//!    `n`). Members arriving after that wait for the group after it.
+//!    member of its group, then closes the open group (if any) and wakes its members; the
+//!    first of them to run leads it and takes one range of exactly the group's size (one
+//!    FAA of `n`). Members arriving after that wait for the group after it. (Scythe makes
+//!    the list's head the leader; letting whichever member runs first lead keeps a group
+//!    from waiting for one particular thread to be scheduled, which on a machine with
+//!    more busy threads than cores cost tso-bench's group mode most of its throughput.)
 //!
 //! **No prefetching, no caching.** Every timestamp comes from a range taken after its
 //! request arrived: the closed group's members had all arrived when their leader took
@@ -56,12 +59,13 @@ pub enum GroupFailure<E> {
     LeaderCancelled,
 }
 
-/// A group closed by its leader: the members, in arrival order, the first being the
-/// leader. Its leader must pass it to [`GroupCore::complete`] exactly once.
+/// A closed group: its members in arrival order, and the one of them that leads it. Its
+/// leader must pass it to [`GroupCore::complete`] exactly once.
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a closed group must be completed, or its members wait forever"]
 pub struct ClosedGroup {
     members: Vec<MemberId>,
+    leader: MemberId,
 }
 
 impl ClosedGroup {
@@ -70,9 +74,9 @@ impl ClosedGroup {
         self.members.len() as u64
     }
 
-    /// The leader (first arrival of the group).
+    /// The member that takes the group's range.
     pub fn leader(&self) -> MemberId {
-        self.members[0]
+        self.leader
     }
 }
 
@@ -119,8 +123,6 @@ impl GroupStats {
 enum Slot<E> {
     /// In the open group or a closed one, waiting for its timestamp or a promotion.
     Waiting(Option<Waker>),
-    /// Promoted to leader of this group, not yet seen by the member.
-    Promoted(ClosedGroup),
     /// Leading (its range request is in flight).
     Leading,
     /// Has its result, not yet seen by the member.
@@ -136,6 +138,10 @@ pub struct GroupCore<E> {
     in_flight: bool,
     /// The open group, in arrival order. Non-empty only while `in_flight`.
     open: Vec<MemberId>,
+    /// A closed group whose range nobody has started to take yet: the first of its
+    /// members to poll leads it (whichever thread runs first, so that a group never waits
+    /// for one particular thread to be scheduled). Counts as in flight.
+    pending: Option<Vec<MemberId>>,
     slots: HashMap<MemberId, Slot<E>>,
     next_id: MemberId,
     stats: GroupStats,
@@ -146,6 +152,7 @@ impl<E> Default for GroupCore<E> {
         Self {
             in_flight: false,
             open: Vec::new(),
+            pending: None,
             slots: HashMap::new(),
             next_id: 0,
             stats: GroupStats::default(),
@@ -167,7 +174,13 @@ impl<E: Clone> GroupCore<E> {
             debug_assert!(self.open.is_empty());
             self.in_flight = true;
             self.slots.insert(id, Slot::Leading);
-            Joined::Lead(id, ClosedGroup { members: vec![id] })
+            Joined::Lead(
+                id,
+                ClosedGroup {
+                    members: vec![id],
+                    leader: id,
+                },
+            )
         }
     }
 
@@ -178,6 +191,14 @@ impl<E: Clone> GroupCore<E> {
     pub fn poll(&mut self, id: MemberId, waker: Option<&Waker>) -> Polled<E> {
         let slot = self.slots.get_mut(&id).expect("poll of an unknown member");
         match slot {
+            Slot::Waiting(_) if self.pending.as_ref().is_some_and(|p| p.contains(&id)) => {
+                *slot = Slot::Leading;
+                let members = self.pending.take().expect("checked");
+                Polled::Lead(ClosedGroup {
+                    members,
+                    leader: id,
+                })
+            }
             Slot::Waiting(w) => {
                 if let Some(new) = waker {
                     match w {
@@ -187,10 +208,6 @@ impl<E: Clone> GroupCore<E> {
                 }
                 Polled::Pending
             }
-            Slot::Promoted(_) => match std::mem::replace(slot, Slot::Leading) {
-                Slot::Promoted(g) => Polled::Lead(g),
-                _ => unreachable!(),
-            },
             Slot::Done(_) => match self.slots.remove(&id) {
                 Some(Slot::Done(r)) => Polled::Done(r),
                 _ => unreachable!(),
@@ -201,7 +218,8 @@ impl<E: Clone> GroupCore<E> {
 
     /// The leader's range request for `group` returned `first` (the first of
     /// `group.size()` consecutive timestamps) or failed. Hands `first + i` to the `i`-th
-    /// member, closes the open group and promotes its first member. Returns the leader's
+    /// member, closes the open group and lets the first of its members to poll lead it.
+    /// Returns the leader's
     /// own result and the wakers to wake once the lock is released.
     pub fn complete(
         &mut self,
@@ -235,34 +253,26 @@ impl<E: Clone> GroupCore<E> {
     }
 
     /// A waiting member's future was dropped. Its timestamp, if one comes, is discarded;
-    /// if it had been promoted, leadership passes to the next member of its group.
-    /// Returns wakers to wake once the lock is released.
+    /// if it is in the open group or a closed group nobody leads yet, it leaves it without
+    /// costing a timestamp. Returns wakers to wake once the lock is released.
     pub fn abandon(&mut self, id: MemberId) -> Vec<Waker> {
         let mut wakers = Vec::new();
         match self.slots.remove(&id) {
             Some(Slot::Waiting(_)) => {
                 if let Some(pos) = self.open.iter().position(|&m| m == id) {
-                    // Not in a closed group yet: leave without costing a timestamp.
+                    // Not in a closed group yet.
                     self.open.remove(pos);
-                } else {
-                    self.slots.insert(id, Slot::Abandoned);
-                }
-            }
-            Some(Slot::Promoted(g)) => {
-                // Abandoned members of the group have no future left to lead it.
-                let mut rest = Vec::with_capacity(g.members.len());
-                for m in g.members.into_iter().skip(1) {
-                    if matches!(self.slots.get(&m), Some(Slot::Abandoned)) {
-                        self.slots.remove(&m);
-                    } else {
-                        rest.push(m);
+                } else if let Some(p) = self.pending.as_mut().filter(|p| p.contains(&id)) {
+                    // In a closed group whose range is not taken yet.
+                    p.retain(|&m| m != id);
+                    if p.is_empty() {
+                        self.pending = None;
+                        self.in_flight = false;
+                        self.start_next(&mut wakers);
                     }
-                }
-                if rest.is_empty() {
-                    self.in_flight = false;
-                    self.start_next(&mut wakers);
                 } else {
-                    self.promote(ClosedGroup { members: rest }, &mut wakers);
+                    // Its group's range is being taken: the timestamp will be discarded.
+                    self.slots.insert(id, Slot::Abandoned);
                 }
             }
             Some(Slot::Done(_)) | None => {}
@@ -288,25 +298,21 @@ impl<E: Clone> GroupCore<E> {
         self.in_flight
     }
 
-    /// With nothing in flight: close the open group and promote its first member.
+    /// With nothing in flight: close the open group and wake its members; the first to
+    /// poll leads it.
     fn start_next(&mut self, wakers: &mut Vec<Waker>) {
-        debug_assert!(!self.in_flight);
+        debug_assert!(!self.in_flight && self.pending.is_none());
         if self.open.is_empty() {
             return;
         }
-        let g = ClosedGroup {
-            members: std::mem::take(&mut self.open),
-        };
-        self.promote(g, wakers);
-    }
-
-    fn promote(&mut self, g: ClosedGroup, wakers: &mut Vec<Waker>) {
-        self.in_flight = true;
-        let head = g.leader();
-        match self.slots.insert(head, Slot::Promoted(g)) {
-            Some(Slot::Waiting(w)) => wakers.extend(w),
-            _ => unreachable!("a group's first member is waiting"),
+        let members = std::mem::take(&mut self.open);
+        for m in &members {
+            if let Some(Slot::Waiting(w)) = self.slots.get_mut(m) {
+                wakers.extend(w.take());
+            }
         }
+        self.pending = Some(members);
+        self.in_flight = true;
     }
 }
 
