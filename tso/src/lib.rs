@@ -7,13 +7,21 @@
 //! never touches the counter (DESIGN.md's rule for shared words). Backends without device
 //! memory (shm, Soft-RoCE) fall back to host memory and say so ([`oracle::Oracle::placement`]).
 //!
-//! Guarantees today: timestamps are `>= 1`, unique and strictly increasing in real time
-//! while one oracle process lives. **Not yet implemented** (later issues): TSO groups
-//! (leader/follower combining of a process's concurrent requests), TSO proxies, and a
-//! durable high-water mark so that a restarted oracle resumes above every timestamp it
-//! handed out. A restarted oracle today starts again at 0.
+//! A process's concurrent requests can be combined into one FAA per group
+//! ([`group`], [`GroupedTso`]).
+//!
+//! Guarantees: timestamps are `>= 1`, unique and strictly increasing in real time, across
+//! restarts of an oracle that keeps a state directory: each start persists a larger epoch
+//! before serving and puts it in the timestamps' high bits ([`epoch`], [`timestamp`]).
+//! **Not yet implemented**: TSO proxies.
 #![warn(missing_docs)]
 
+pub mod epoch;
+pub mod group;
+pub mod history;
 pub mod oracle;
+pub mod timestamp;
 
-pub use oracle::{Oracle, TsoClient, TsoError, TsoExport, EXPORT_NAME};
+pub use group::{GroupFailure, GroupStats, TsoGroup};
+pub use oracle::{GroupedTso, Oracle, TsoClient, TsoError, TsoExport, EXPORT_NAME};
+pub use timestamp::{Timestamp, TimestampRange};

@@ -1,12 +1,15 @@
 //! The oracle's counter and the client that takes timestamps from it with one-sided FAA
 //! (Scythe 4.5, Fig. 18, the "TSO service" box).
 
-use std::ops::Range;
-
 use rrpc::fabric::{DmPlacement, Fabric, FabricError, MemoryRegion, RemoteAddr};
 use rrpc::node::NodeInfo;
 use rrpc::runtime::{RpcError, ThreadCtx};
 use serde::{Deserialize, Serialize};
+
+use std::sync::Arc;
+
+use crate::group::{GroupFailure, GroupStats, TsoGroup};
+use crate::timestamp::{Timestamp, TimestampRange, EPOCH_SHIFT};
 
 /// Name under which [`Oracle::export`] is published in a node's exports.
 pub const EXPORT_NAME: &str = "tso";
@@ -20,6 +23,10 @@ pub struct TsoExport {
     pub counter: RemoteAddr,
     /// Where the counter lives: `"device"` or `"host-fallback: <reason>"`.
     pub placement: String,
+    /// The incarnation ([`crate::epoch`]): every timestamp this oracle hands out has it
+    /// in its high 16 bits. Absent in exports of older oracles: 0.
+    #[serde(default)]
+    pub epoch: u16,
 }
 
 /// Errors of the oracle and its clients.
@@ -34,12 +41,19 @@ pub enum TsoError {
     /// The node exports no usable `"tso"` entry.
     #[error("TSO export: {0}")]
     Export(String),
+    /// The TSO group's leader got no range for this request's group.
+    #[error("TSO group")]
+    Group(#[from] GroupFailure<Arc<TsoError>>),
     /// A request for zero timestamps.
     #[error("asked for zero timestamps")]
     ZeroCount,
-    /// The 64-bit counter would wrap: no timestamps are left.
-    #[error("timestamp counter exhausted at {at} (asked for {n})")]
+    /// The range would leave the oracle's epoch (more than `2^48 - 1` timestamps in one
+    /// incarnation): refused, because a later incarnation may hand those values out.
+    /// Restart the oracle to open a new epoch.
+    #[error("timestamp counter of epoch {epoch} exhausted at {at:#x} (asked for {n})")]
     Exhausted {
+        /// The oracle's epoch.
+        epoch: u16,
         /// Counter value before the FAA.
         at: u64,
         /// Timestamps asked for.
@@ -73,20 +87,49 @@ pub fn describe_placement(p: &DmPlacement) -> String {
     }
 }
 
-/// The oracle: a zeroed 8-byte counter in device memory (or its reported host fallback).
+/// The oracle: an 8-byte counter in device memory (or its reported host fallback),
+/// starting at `epoch << 48`.
 pub struct Oracle {
     counter: MemoryRegion,
     placement: DmPlacement,
+    epoch: u16,
 }
 
 impl Oracle {
-    /// Allocate the counter on `fabric` with `alloc_dm`. The counter starts at 0, so the
-    /// first timestamp handed out is 1.
+    /// Allocate the counter on `fabric` with `alloc_dm`, in epoch 0: the counter starts
+    /// at 0, so the first timestamp handed out is 1. Volatile: a restarted oracle made
+    /// this way goes back (tests and embedded use); the `tso` binary uses
+    /// [`Oracle::with_epoch`] with [`crate::epoch::advance`].
     ///
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn new(fabric: &Fabric) -> Result<Self, TsoError> {
+        Self::with_epoch(fabric, 0)
+    }
+
+    /// Allocate the counter and set it to `epoch << 48` (the first timestamp is
+    /// `epoch << 48 | 1`). `epoch` must be durable already ([`crate::epoch::advance`])
+    /// and larger than every earlier incarnation's.
+    ///
+    /// The CPU writes the word once, before it is exported: no RDMA atomic can reach it
+    /// yet, so DESIGN.md's rule for shared words holds.
+    ///
+    /// Errors: [`TsoError::Fabric`] when allocation fails.
+    pub fn with_epoch(fabric: &Fabric, epoch: u16) -> Result<Self, TsoError> {
         let (counter, placement) = fabric.alloc_dm(COUNTER_BYTES)?;
-        Ok(Self { counter, placement })
+        counter.atomic_u64(0).store(
+            (epoch as u64) << EPOCH_SHIFT,
+            std::sync::atomic::Ordering::Release,
+        );
+        Ok(Self {
+            counter,
+            placement,
+            epoch,
+        })
+    }
+
+    /// This incarnation's epoch.
+    pub fn epoch(&self) -> u16 {
+        self.epoch
     }
 
     /// Where the counter lives. Services print this at start; a host fallback is never
@@ -100,6 +143,7 @@ impl Oracle {
         TsoExport {
             counter: self.counter.desc().at(0),
             placement: describe_placement(&self.placement),
+            epoch: self.epoch,
         }
     }
 
@@ -108,12 +152,14 @@ impl Oracle {
         serde_json::to_value(self.tso_export()).expect("TsoExport serializes")
     }
 
-    /// The last timestamp handed out (0 before the first), read by this CPU. A plain
-    /// load: the oracle never modifies the counter itself.
-    pub fn current(&self) -> u64 {
-        self.counter
-            .atomic_u64(0)
-            .load(std::sync::atomic::Ordering::Acquire)
+    /// The counter's value (the last timestamp taken, `epoch << 48` before the first),
+    /// read by this CPU. A plain load: the oracle modifies the counter only before export.
+    pub fn current(&self) -> Timestamp {
+        Timestamp(
+            self.counter
+                .atomic_u64(0)
+                .load(std::sync::atomic::Ordering::Acquire),
+        )
     }
 }
 
@@ -124,6 +170,7 @@ pub struct TsoClient {
     node: u32,
     counter: RemoteAddr,
     placement: String,
+    epoch: u16,
 }
 
 impl TsoClient {
@@ -144,12 +191,18 @@ impl TsoClient {
             node: info.node,
             counter: e.counter,
             placement: e.placement,
+            epoch: e.epoch,
         })
     }
 
     /// Node id of the oracle.
     pub fn node(&self) -> u32 {
         self.node
+    }
+
+    /// The oracle's epoch as it exported it.
+    pub fn epoch(&self) -> u16 {
+        self.epoch
     }
 
     /// The oracle's counter placement as it exported it.
@@ -160,26 +213,79 @@ impl TsoClient {
     /// One timestamp (`>= 1`): one FAA of +1, returning the old value + 1.
     ///
     /// Errors: [`TsoError::Rpc`] when the FAA fails, [`TsoError::Exhausted`].
-    pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<u64, TsoError> {
-        Ok(self.timestamps(ctx, 1).await?.start)
+    pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<Timestamp, TsoError> {
+        Ok(self.timestamps(ctx, 1).await?.first())
     }
 
     /// `n` consecutive timestamps `old + 1 .. old + 1 + n` with one FAA of `n`.
     ///
     /// Errors: [`TsoError::ZeroCount`] for `n == 0` (no FAA is issued),
     /// [`TsoError::Rpc`] when the FAA fails, [`TsoError::Exhausted`] when the range
-    /// would pass `u64::MAX`.
-    pub async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<Range<u64>, TsoError> {
+    /// leaves the oracle's epoch (its values are then never handed out).
+    pub async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<TimestampRange, TsoError> {
         if n == 0 {
             return Err(TsoError::ZeroCount);
         }
         let old = ctx.faa(self.node, self.counter, n).await?;
-        let start = old
-            .checked_add(1)
-            .ok_or(TsoError::Exhausted { at: old, n })?;
-        let end = start
-            .checked_add(n)
-            .ok_or(TsoError::Exhausted { at: old, n })?;
-        Ok(start..end)
+        let exhausted = TsoError::Exhausted {
+            epoch: self.epoch,
+            at: old,
+            n,
+        };
+        let Some(last) = old.checked_add(n) else {
+            return Err(exhausted);
+        };
+        if Timestamp(old).epoch() != self.epoch || Timestamp(last).epoch() != self.epoch {
+            return Err(exhausted);
+        }
+        Ok(TimestampRange::new(Timestamp(old + 1), n))
+    }
+}
+
+/// A process's TSO group over one oracle (Scythe 4.5 (2)): concurrent requests of the
+/// process's threads and coroutines are combined into one FAA of the group's size
+/// ([`crate::group`]). Share it in an `Arc`; each thread passes its own [`ThreadCtx`],
+/// connected to the oracle, and a leader's FAA goes out on its own thread's context.
+pub struct GroupedTso {
+    client: TsoClient,
+    group: TsoGroup<Arc<TsoError>>,
+}
+
+impl GroupedTso {
+    /// A group instance taking its ranges through `client`.
+    pub fn new(client: TsoClient) -> Self {
+        Self {
+            client,
+            group: TsoGroup::new(),
+        }
+    }
+
+    /// The per-request client underneath.
+    pub fn client(&self) -> &TsoClient {
+        &self.client
+    }
+
+    /// One timestamp through the group: a leader takes its group's range with one FAA,
+    /// a follower waits for at most two FAAs (the one in flight and its group's).
+    ///
+    /// Errors: [`TsoError::Group`] when the leader's FAA failed (its error is the
+    /// source) or the leader was cancelled.
+    pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<Timestamp, TsoError> {
+        let client = &self.client;
+        Ok(self
+            .group
+            .take(|n| async move {
+                client
+                    .timestamps(ctx, n)
+                    .await
+                    .map(|r| r.first())
+                    .map_err(Arc::new)
+            })
+            .await?)
+    }
+
+    /// Groups formed and members served so far.
+    pub fn stats(&self) -> GroupStats {
+        self.group.stats()
     }
 }

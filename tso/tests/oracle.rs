@@ -13,7 +13,7 @@ use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::DmPlacement;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
-use tso::{Oracle, TsoClient, TsoError, EXPORT_NAME};
+use tso::{GroupedTso, Oracle, Timestamp, TsoClient, TsoError, EXPORT_NAME};
 
 /// This test's cluster, removed when the test ends, however it ends.
 fn cluster(name: &str) -> ClusterGuard {
@@ -67,10 +67,11 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
                             for i in 0..ROUNDS {
                                 if i % 4 == 3 {
                                     let r = tc.timestamps(&ctx, BATCH).await.unwrap();
-                                    assert_eq!(r.end - r.start, BATCH, "contiguous range of n");
-                                    mine.extend(r);
+                                    let (first, last) = (r.first(), r.last_ts().unwrap());
+                                    assert_eq!(last.get() - first.get() + 1, BATCH, "contiguous");
+                                    mine.extend(r.map(Timestamp::get));
                                 } else {
-                                    mine.push(tc.timestamp(&ctx).await.unwrap());
+                                    mine.push(tc.timestamp(&ctx).await.unwrap().get());
                                 }
                             }
                             assert!(
@@ -101,7 +102,7 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
     // Nothing lost: exactly 1..=total were handed out.
     assert_eq!(unique.iter().min(), Some(&1));
     assert_eq!(unique.iter().max(), Some(&(total as u64)));
-    assert_eq!(oracle.current(), total as u64);
+    assert_eq!(oracle.current().get(), total as u64);
     drop(node);
 }
 
@@ -140,9 +141,9 @@ fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
         let (ctx, tc, got) = (ctx.clone(), tc.clone(), got.clone());
         ex.spawn(async move {
             let t = tc.timestamp(&ctx).await.unwrap();
-            got.borrow_mut().push(t);
+            got.borrow_mut().push(t.get());
             let r = tc.timestamps(&ctx, 10).await.unwrap();
-            got.borrow_mut().extend(r);
+            got.borrow_mut().extend(r.map(Timestamp::get));
         });
     }
     ex.run();
@@ -184,4 +185,77 @@ impl Drop for KillOnDrop<'_> {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+#[test]
+fn grouped_timestamps_over_the_fabric_are_unique_and_contiguous() {
+    const THREADS: usize = 2;
+    const COROS: usize = 8;
+    const ROUNDS: usize = 300;
+    let cluster = cluster("group");
+    let fabric = cluster.open(1).unwrap();
+    let oracle = Oracle::new(&fabric).unwrap();
+    let mut exports = BTreeMap::new();
+    exports.insert(EXPORT_NAME.to_string(), oracle.export());
+    let node = Node::start(
+        fabric,
+        NodeConfig {
+            role: "tso".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: None,
+        },
+    )
+    .unwrap();
+    let addr = node.addr();
+    let client_fabric = cluster.open(100).unwrap();
+    let probe = ThreadCtx::new(client_fabric.clone(), RuntimeConfig::default()).unwrap();
+    let grouped = std::sync::Arc::new(GroupedTso::new(
+        TsoClient::from_info(&probe.connect(addr).unwrap()).unwrap(),
+    ));
+    let all: Vec<u64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (f, g) = (client_fabric.clone(), grouped.clone());
+                s.spawn(move || {
+                    let ctx = ThreadCtx::new(f, RuntimeConfig::default()).unwrap();
+                    ctx.connect(addr).unwrap();
+                    let got = Rc::new(RefCell::new(Vec::new()));
+                    let mut ex = Executor::new(ctx.clone());
+                    for _ in 0..COROS {
+                        let (ctx, g, got) = (ctx.clone(), g.clone(), got.clone());
+                        ex.spawn(async move {
+                            let mut last = Timestamp::ZERO;
+                            for _ in 0..ROUNDS {
+                                let t = g.timestamp(&ctx).await.unwrap();
+                                assert!(t > last, "a coroutine's timestamps increase");
+                                last = t;
+                                got.borrow_mut().push(t.get());
+                            }
+                        });
+                    }
+                    ex.run();
+                    let v = got.borrow().clone();
+                    v
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let total = (THREADS * COROS * ROUNDS) as u64;
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        (1..=total).collect::<Vec<u64>>(),
+        "unique, none lost"
+    );
+    let st = grouped.stats();
+    assert_eq!(st.members, total);
+    assert_eq!(
+        oracle.current().get(),
+        total,
+        "one FAA per group, of the group's size"
+    );
+    drop(node);
 }

@@ -414,7 +414,7 @@ impl TxnClient {
 
     /// Take one timestamp from the TSO.
     pub async fn timestamp(&self) -> Result<u64, TxnError> {
-        Ok(self.tso.timestamp(&self.ctx).await?)
+        Ok(self.tso.timestamp(&self.ctx).await?.get())
     }
 }
 

@@ -1,0 +1,352 @@
+//! `tso-bench`: timestamp throughput and latency of the TSO designs side by side in one
+//! invocation (Scythe 000_f3dba2ed893b246b.txt 4.5 and 5.4 Fig. 28), on the shm fabric
+//! under a timing model (`--model cx5` by default; on instant shared memory an FAA is a
+//! cache line, not a network round trip).
+//!
+//! Modes, each one timestamp per request:
+//!
+//! - `faa`: every request is one one-sided FAA of 1 on the oracle's counter (Scythe's
+//!   RDMA-friendly TSO without groups);
+//! - `group`: the process's concurrent requests are combined, one FAA of `n` per group
+//!   (`tso::GroupedTso`, Scythe 4.5 (2));
+//! - `rpc-oracle`: an rrpc call to a handler whose CPU does `fetch_add(1)` on a local
+//!   counter (the TiDB PD design: the oracle's CPU serves every request).
+//!
+//! The oracle node and the client threads run in this process as nodes of a local
+//! cluster; clients are coroutines spread over `--threads` threads.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
+use rrpc::server::Handlers;
+use tso::{GroupedTso, Oracle, Timestamp, TsoClient, EXPORT_NAME};
+
+/// Handler id of the RPC oracle.
+const RPC_ORACLE_HANDLER: u16 = 40;
+/// Node id of the oracle.
+const ORACLE_NODE: u32 = 1;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tso-bench",
+    about = "Timestamp oracle designs side by side: per-request FAA, TSO groups, an RPC oracle",
+    long_about = "Timestamp throughput and latency (Scythe 4.5, Fig. 28). Runs per-request FAA on \
+                  the oracle's counter, TSO groups (one FAA per group of concurrent requests) \
+                  and an RPC oracle whose CPU increments a counter (TiDB PD) side by side on a \
+                  local shm cluster under a timing model, for each client count; prints a \
+                  table and the group/faa throughput ratio at the largest client count, and \
+                  with --json writes the results."
+)]
+struct Args {
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe or the path of a TOML profile.
+    #[arg(long, default_value = "cx5", value_name = "MODEL")]
+    model: String,
+    /// Client counts to run (clients = coroutines spread over --threads threads).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    clients: Vec<usize>,
+    /// Client threads (each its own node and runtime).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Modes to compare.
+    #[arg(long, value_delimiter = ',', default_value = "faa,group,rpc-oracle")]
+    modes: Vec<Mode>,
+    /// Measured time per data point, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    duration_ms: u64,
+    /// Warm-up per data point, milliseconds (not measured).
+    #[arg(long, default_value_t = 200)]
+    warmup_ms: u64,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// A TSO design under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// One one-sided FAA of 1 per request.
+    Faa,
+    /// TSO groups: one FAA of n per group of concurrent requests of the process.
+    Group,
+    /// An RPC to the oracle's CPU, which increments a local counter (TiDB PD).
+    RpcOracle,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Faa => "faa",
+            Mode::Group => "group",
+            Mode::RpcOracle => "rpc-oracle",
+        }
+    }
+}
+
+/// What one point measured.
+struct Point {
+    hist: Histogram<u64>,
+    requests: u64,
+    secs: f64,
+    /// Mean requests per range request (group mode), 1 otherwise.
+    mean_group: f64,
+}
+
+impl Point {
+    fn us(&self, q: f64) -> f64 {
+        self.hist.value_at_quantile(q) as f64 / 1e3
+    }
+    fn rate(&self) -> f64 {
+        self.requests as f64 / self.secs
+    }
+}
+
+fn main() {
+    bench::bench_main::<Args>("tso-bench", run);
+}
+
+fn run(a: Args) -> Result<()> {
+    if a.threads == 0 || a.duration_ms == 0 || a.clients.contains(&0) || a.modes.is_empty() {
+        bail!("--threads, --duration-ms, every --clients value and --modes must be non-zero");
+    }
+    let model = rrpc::fabric::model::TimingModel::load(&a.model)?;
+    println!(
+        "tso-bench | fabric: shm | timing model: {} | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up)",
+        model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),
+        a.threads,
+        a.duration_ms,
+        a.warmup_ms
+    );
+    println!(
+        "{:>10} {:>7} {:>12} {:>9} {:>9} {:>15}",
+        "mode", "clients", "req/s", "p50(us)", "p99(us)", "mean-group-size"
+    );
+    let mut rows = Vec::new();
+    let mut rate: BTreeMap<(&'static str, usize), f64> = BTreeMap::new();
+    for &clients in &a.clients {
+        for &mode in &a.modes {
+            let p = measure(&a, mode, clients)
+                .with_context(|| format!("{} with {clients} clients", mode.name()))?;
+            println!(
+                "{:>10} {:>7} {:>12.0} {:>9.2} {:>9.2} {:>15.2}",
+                mode.name(),
+                clients,
+                p.rate(),
+                p.us(0.5),
+                p.us(0.99),
+                p.mean_group
+            );
+            rate.insert((mode.name(), clients), p.rate());
+            rows.push(json!({
+                "mode": mode.name(), "clients": clients, "req_per_s": p.rate(),
+                "p50_us": p.us(0.5), "p99_us": p.us(0.99), "mean_us": p.hist.mean() / 1e3,
+                "mean_group_size": p.mean_group, "requests": p.requests,
+            }));
+        }
+    }
+    let top = *a.clients.iter().max().expect("non-empty");
+    let ratio = match (rate.get(&("group", top)), rate.get(&("faa", top))) {
+        (Some(g), Some(f)) if *f > 0.0 => Some(g / f),
+        _ => None,
+    };
+    if let Some(p) = &a.json {
+        let doc = json!({
+            "timing_model": model.as_ref().map(|m| m.describe()),
+            "model_arg": a.model, "threads": a.threads, "duration_ms": a.duration_ms,
+            "warmup_ms": a.warmup_ms, "rows": rows,
+            "ratio_group_faa_at_max_clients": ratio, "max_clients": top,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        println!("wrote {}", p.display());
+    }
+    match ratio {
+        Some(r) => println!("ratio group/faa @{top} = {r:.2}"),
+        None => println!("ratio group/faa @{top} = n/a (run both faa and group)"),
+    }
+    Ok(())
+}
+
+/// Start an oracle node (counter export, and the RPC oracle's handler), run `clients`
+/// coroutines over the client threads for warm-up + duration, collect.
+fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
+    let name = format!("tso-bench-{}-{}-{clients}", std::process::id(), mode.name());
+    let (cluster, _) = ClusterGuard::new(&name)?;
+    let open = |id: u32| -> Result<Fabric> {
+        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, id);
+        cfg.model = Some(a.model.clone());
+        Ok(Fabric::open(&cfg)?)
+    };
+    let f = open(ORACLE_NODE)?;
+    let oracle = Oracle::new(&f)?;
+    let mut exports = BTreeMap::new();
+    exports.insert(EXPORT_NAME.to_string(), oracle.export());
+    // The RPC oracle's counter: a CPU-local word, never touched by RDMA.
+    let cpu_counter = Arc::new(AtomicU64::new(0));
+    let rpc = (mode == Mode::RpcOracle).then(|| {
+        let mut h = Handlers::new();
+        let c = cpu_counter.clone();
+        h.register(RPC_ORACLE_HANDLER, move |_req, out| {
+            let t = c.fetch_add(1, Ordering::Relaxed) + 1;
+            out.extend_from_slice(&t.to_le_bytes());
+            Ok(())
+        });
+        (h, 1)
+    });
+    let node = Node::start(
+        f,
+        NodeConfig {
+            role: "tso".into(),
+            listen: "127.0.0.1:0".parse()?,
+            exports,
+            rpc,
+        },
+    )?;
+    let addr = node.addr();
+    let threads = a.threads.min(clients);
+    // The process's one TSO group, shared by the client threads (group mode).
+    let probe = ThreadCtx::new(open(99)?, RuntimeConfig::default()).map_err(anyhow::Error::msg)?;
+    let grouped = Arc::new(GroupedTso::new(TsoClient::from_info(
+        &probe.connect(addr).map_err(anyhow::Error::msg)?,
+    )?));
+    let t0 = Instant::now();
+    let window = (
+        t0 + Duration::from_millis(a.warmup_ms),
+        t0 + Duration::from_millis(a.warmup_ms + a.duration_ms),
+    );
+    let results: Vec<Result<(Histogram<u64>, u64)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let coros = clients / threads + usize::from(t < clients % threads);
+                let (open, grouped) = (&open, grouped.clone());
+                s.spawn(move || -> Result<(Histogram<u64>, u64)> {
+                    let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
+                        .map_err(anyhow::Error::msg)?;
+                    let info = if mode == Mode::RpcOracle {
+                        ctx.connect_rpc(addr)
+                    } else {
+                        ctx.connect(addr)
+                    }
+                    .map_err(anyhow::Error::msg)?;
+                    let tc = TsoClient::from_info(&info)?;
+                    client_thread(&ctx, mode, tc, grouped, coros, window)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
+            })
+            .collect()
+    });
+    let st = grouped.stats();
+    drop(probe);
+    drop(node);
+    drop(oracle);
+    drop(cluster);
+    let mut p = Point {
+        hist: new_hist(),
+        requests: 0,
+        secs: a.duration_ms as f64 / 1e3,
+        mean_group: if mode == Mode::Group {
+            st.mean_group_size()
+        } else {
+            1.0
+        },
+    };
+    for r in results {
+        let (h, n) = r?;
+        p.hist.add(&h).expect("same bounds");
+        p.requests += n;
+    }
+    Ok(p)
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+/// One client thread: `coros` coroutines taking one timestamp per request until the end
+/// of `window`, recording latencies and counting requests inside it. Each coroutine
+/// checks that its timestamps strictly increase.
+fn client_thread(
+    ctx: &Rc<ThreadCtx>,
+    mode: Mode,
+    tc: TsoClient,
+    grouped: Arc<GroupedTso>,
+    coros: usize,
+    (warm, end): (Instant, Instant),
+) -> Result<(Histogram<u64>, u64)> {
+    let tc = Rc::new(tc);
+    let hist = Rc::new(RefCell::new(new_hist()));
+    let count = Rc::new(RefCell::new(0u64));
+    let failure: Rc<RefCell<Option<anyhow::Error>>> = Rc::new(RefCell::new(None));
+    let mut ex = Executor::new(ctx.clone());
+    for _ in 0..coros {
+        let (ctx, tc, grouped) = (ctx.clone(), tc.clone(), grouped.clone());
+        let (hist, count, failure) = (hist.clone(), count.clone(), failure.clone());
+        ex.spawn(async move {
+            let mut last = Timestamp::ZERO;
+            loop {
+                let start = Instant::now();
+                if start >= end || failure.borrow().is_some() {
+                    break;
+                }
+                let r: Result<Timestamp> = match mode {
+                    Mode::Faa => tc.timestamp(&ctx).await.map_err(Into::into),
+                    Mode::Group => grouped.timestamp(&ctx).await.map_err(Into::into),
+                    Mode::RpcOracle => ctx
+                        .call(ORACLE_NODE, RPC_ORACLE_HANDLER, &[])
+                        .await
+                        .map_err(anyhow::Error::from)
+                        .and_then(|b| {
+                            let w: [u8; 8] = b.as_slice().try_into().context("reply size")?;
+                            Ok(Timestamp(u64::from_le_bytes(w)))
+                        }),
+                };
+                let done = Instant::now();
+                let t = match r {
+                    Ok(t) => t,
+                    Err(e) => {
+                        *failure.borrow_mut() = Some(e);
+                        break;
+                    }
+                };
+                if t <= last {
+                    *failure.borrow_mut() = Some(anyhow::anyhow!(
+                        "timestamp {t} after {last}: not increasing"
+                    ));
+                    break;
+                }
+                last = t;
+                if start >= warm && done <= end {
+                    let _ = hist
+                        .borrow_mut()
+                        .record((done - start).as_nanos().max(1) as u64);
+                    *count.borrow_mut() += 1;
+                }
+            }
+        });
+    }
+    ex.run();
+    if let Some(e) = failure.borrow_mut().take() {
+        return Err(e);
+    }
+    let h = hist.borrow().clone();
+    let n = *count.borrow();
+    Ok((h, n))
+}

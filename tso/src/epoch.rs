@@ -1,0 +1,181 @@
+//! Restarts that never go back: the oracle's epoch, persisted before it serves (this
+//! crate's answer to Scythe 4.5's open question of TSO recovery; DESIGN.md, "tso",
+//! "Guarantee").
+//!
+//! **The problem.** Clients advance the counter with one-sided FAA; the oracle's CPU
+//! never sees a request. TiDB PD's trick (persist a high-water mark ahead of the counter,
+//! stop serving at it, persist the next one) needs the server to refuse requests past
+//! the mark, which an RNIC executing FAAs cannot do. And the counter's last value dies
+//! with the process (it lives in NIC or host memory, not on disk).
+//!
+//! **The scheme.** A timestamp carries the oracle's *epoch* in its high 16 bits
+//! ([`crate::timestamp`]). At every start the oracle, before it exports the counter:
+//!
+//! 1. reads the last epoch `e` from `<state-dir>/epoch` (absent: `e = 0`);
+//! 2. writes `e + 1` to a temporary file, fsyncs it, renames it over `epoch`, and fsyncs
+//!    the directory, so that the new epoch is durable before anything depends on it;
+//! 3. sets its fresh counter to `(e + 1) << 48`, and only then exports it; clients learn
+//!    the epoch from the export.
+//!
+//! **Why it holds.** Every timestamp incarnation `e` handed out has epoch bits `e`:
+//! clients check the bits of every range they take and refuse a range that ran into the
+//! next epoch ([`crate::TsoError::Exhausted`]). A later incarnation `e' > e` (guaranteed
+//! by step 2: it read a value `>= e` from a file that was durable before `e` served)
+//! hands out only values `>= e' << 48 + 1`, larger than every value of `e`. A client's FAA
+//! aimed at the old incarnation cannot land in the new one: the old counter's MR died
+//! with the old process (its QPs error out; on shm the dead peer is detected), and the
+//! new counter is a different MR that a client reaches only through a new export
+//! (reconnect), which carries the new epoch. A crash between step 2 and serving only
+//! skips an epoch.
+//!
+//! **Limits.** The epoch file must survive (a lost or rolled-back state directory breaks
+//! the guarantee: point `--state-dir` at durable storage, not tmpfs); two oracles must not
+//! share a state directory at the same time; a client holding an old export must
+//! reconnect; an incarnation serves at most `2^48 - 1` timestamps (then clients refuse
+//! and the oracle must be restarted to open a new epoch); at most 65 535 starts per state
+//! directory ([`EpochError::Exhausted`]), after which the oracle refuses to start.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+use crate::timestamp::MAX_EPOCH;
+
+/// Name of the epoch file inside the state directory (decimal epoch and a newline).
+pub const EPOCH_FILE: &str = "epoch";
+
+/// Errors of [`advance`].
+#[derive(Debug, thiserror::Error)]
+pub enum EpochError {
+    /// The state directory could not be created.
+    #[error("creating the TSO state directory {path}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The epoch file exists but could not be read.
+    #[error("reading the TSO epoch file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The epoch file does not hold a decimal epoch in `0 ..= 65535`.
+    #[error("the TSO epoch file {path} does not hold an epoch (0..=65535)")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why parsing failed.
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// The last epoch is [`MAX_EPOCH`]: no larger one exists, so the oracle must not
+    /// serve (it could only repeat timestamps).
+    #[error("the TSO epoch in {path} is exhausted (65535 starts); timestamps cannot grow past it")]
+    Exhausted {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Writing or syncing the new epoch failed; the oracle must not serve.
+    #[error("persisting the TSO epoch to {path}")]
+    Persist {
+        /// The file or directory being written or synced.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The epoch stored in `dir`, 0 when there is none yet (nothing is written).
+///
+/// Errors: [`EpochError::Read`], [`EpochError::Parse`].
+pub fn load(dir: &Path) -> Result<u16, EpochError> {
+    let path = dir.join(EPOCH_FILE);
+    match fs::read_to_string(&path) {
+        Ok(s) => s
+            .trim()
+            .parse::<u16>()
+            .map_err(|source| EpochError::Parse { path, source }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(source) => Err(EpochError::Read { path, source }),
+    }
+}
+
+/// Start a new incarnation: read the last epoch in `dir` (created if missing), persist
+/// the next one durably (file written to a temporary, fsynced, renamed, directory
+/// fsynced) and return it. Call before exporting the counter.
+///
+/// Errors: [`EpochError::CreateDir`], [`EpochError::Read`], [`EpochError::Parse`],
+/// [`EpochError::Exhausted`] at epoch 65535, [`EpochError::Persist`].
+pub fn advance(dir: &Path) -> Result<u16, EpochError> {
+    fs::create_dir_all(dir).map_err(|source| EpochError::CreateDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let path = dir.join(EPOCH_FILE);
+    let last = load(dir)?;
+    if last == MAX_EPOCH {
+        return Err(EpochError::Exhausted { path });
+    }
+    let next = last + 1;
+    let tmp = dir.join(format!("{EPOCH_FILE}.tmp"));
+    let persist = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| EpochError::Persist { path: p, source }
+    };
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(persist(&tmp))?;
+    writeln!(f, "{next}").map_err(persist(&tmp))?;
+    f.sync_all().map_err(persist(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, &path).map_err(persist(&path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(persist(dir))?;
+    Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tso-epoch-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn each_start_persists_a_larger_epoch() {
+        let d = scratch("grow");
+        assert_eq!(load(&d).unwrap(), 0);
+        assert_eq!(advance(&d).unwrap(), 1);
+        assert_eq!(advance(&d).unwrap(), 2);
+        assert_eq!(load(&d).unwrap(), 2);
+        assert_eq!(fs::read_to_string(d.join(EPOCH_FILE)).unwrap(), "2\n");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn exhausted_and_corrupt_files_refuse_to_start() {
+        let d = scratch("bad");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(EPOCH_FILE), "65535\n").unwrap();
+        assert!(matches!(advance(&d), Err(EpochError::Exhausted { .. })));
+        fs::write(d.join(EPOCH_FILE), "65536\n").unwrap();
+        assert!(matches!(advance(&d), Err(EpochError::Parse { .. })));
+        fs::write(d.join(EPOCH_FILE), "").unwrap();
+        assert!(matches!(advance(&d), Err(EpochError::Parse { .. })));
+        fs::remove_dir_all(&d).unwrap();
+    }
+}
