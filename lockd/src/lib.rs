@@ -11,6 +11,8 @@
 //! - [`client`]: the per-thread client coordinators use (Lock RPC, state READ);
 //! - [`lock_table`]: Lotus's lock table (read and write locks in 8-byte slots, a lock
 //!   state of holders) as a library, not yet served over RPC;
+//! - [`shard`]: Lotus's lock keys (shard in the low 12 bits), the versioned shard-to-node
+//!   map, and pass-by-range resharding as plain state machines (Lotus 4.2, 4.3);
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
 //!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own).
 //!
@@ -39,6 +41,7 @@ pub mod dslr;
 pub mod kinds;
 pub mod lock_table;
 pub mod service;
+pub mod shard;
 pub mod takeout;
 pub mod ticket;
 pub mod wire;
