@@ -10,7 +10,12 @@
 //! - [`service`]: the lock table in registered memory and its RPC handler;
 //! - [`client`]: the per-thread client coordinators use (Lock RPC, state READ);
 //! - [`lock_table`]: Lotus's lock table (read and write locks in 8-byte slots, a lock
-//!   state of holders) as a library, not yet served over RPC;
+//!   state of holders);
+//! - [`table_service`], [`table_wire`]: the lock table served over rrpc for a node's
+//!   shards with batched messages, its client (grouping by node, wrong-shard retries),
+//!   release of a failed node's locks, and the driver of a resharding move;
+//! - [`shard`]: Lotus's lock keys (shard in the low 12 bits), the versioned shard-to-node
+//!   map, and pass-by-range resharding as plain state machines (Lotus 4.2, 4.3);
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
 //!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own).
 //!
@@ -26,9 +31,12 @@
 //!
 //! The `lockd` binary serves a table over an `rrpc` node (and, with `--cas-locks` /
 //! `--dslr-locks`, the baselines' word tables); the same [`service::LockTable`] can be
-//! embedded in any process that runs an `rrpc` node. Not here yet: Lotus lock tables and
-//! sharding, and recovery of locks abandoned by crashed clients (a crashed holder or waiter
-//! stalls its lock).
+//! embedded in any process that runs an `rrpc` node; it also serves a Lotus lock table for
+//! the shards given by `--shards` (Lotus's own placement, the table embedded in a compute
+//! node, is [`table_service::TableService`] called directly). Not here yet: a periodic
+//! resharding loop fed by measured latencies (the decision and the move exist), and
+//! recovery of Takeout Locks abandoned by crashed clients (a crashed holder or waiter
+//! stalls its lock; Lotus locks have [`table_service::TableClient::release_node`]).
 #![warn(missing_docs)]
 
 pub mod backoff;
@@ -39,6 +47,9 @@ pub mod dslr;
 pub mod kinds;
 pub mod lock_table;
 pub mod service;
+pub mod shard;
+pub mod table_service;
+pub mod table_wire;
 pub mod takeout;
 pub mod ticket;
 pub mod wire;

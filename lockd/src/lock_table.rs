@@ -362,6 +362,21 @@ impl LockTable {
             .count()
     }
 
+    /// How many (key, holder) pairs are held on keys for which `pred(key)` is true (a
+    /// draining shard range asks how many locks it still holds).
+    pub fn count_held(&self, mut pred: impl FnMut(u64) -> bool) -> usize {
+        self.state
+            .iter()
+            .map(|shard| {
+                let st = shard.lock().unwrap_or_else(|e| e.into_inner());
+                st.iter()
+                    .filter(|(&k, _)| pred(k))
+                    .map(|(_, hs)| hs.len())
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
     /// The holders of `key`.
     pub fn holders(&self, key: u64) -> Vec<Holder> {
         self.shard(key).get(&key).cloned().unwrap_or_default()

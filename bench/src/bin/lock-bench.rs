@@ -132,6 +132,38 @@ enum Cmd {
     /// All clients on one lock: per-client acquisitions, Jain's fairness index, the
     /// longest wait.
     Single,
+    /// Lotus lock table (Lotus 4.1, 4.2): lock/unlock throughput and lock-set latency,
+    /// embedded (local) vs over rrpc (remote), one message per node (batched) vs one per
+    /// operation, read+write locks (SR) vs write locks only (SI).
+    Table {
+        /// Keys, chosen uniformly (conflicts stay rare).
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Records a transaction reads (read-locked under SR, not locked under SI).
+        #[arg(long, default_value_t = 6)]
+        reads: usize,
+        /// Records a transaction writes (write-locked under both).
+        #[arg(long, default_value_t = 2)]
+        writes: usize,
+        /// Lock-table bytes (Lotus evaluates 32 MiB).
+        #[arg(long, default_value_t = 32 << 20)]
+        table_bytes: usize,
+    },
+    /// Scythe Table 2: Takeout queues of the clients (128 by default) over 100,000
+    /// objects at each Zipf theta: the longest and second-longest queue, the mean of the
+    /// others, the access rates of the top objects.
+    Queues {
+        /// Objects (Takeout Locks).
+        #[arg(long, default_value_t = 100_000)]
+        locks: u64,
+        /// Zipf thetas.
+        #[arg(long, value_delimiter = ',', default_values_t = [0.9, 0.95, 0.99, 1.2])]
+        thetas: Vec<f64>,
+        /// Queue-length samples per second (each reads every lock's words on the
+        /// service's CPU).
+        #[arg(long, default_value_t = 200)]
+        samples_per_s: u64,
+    },
 }
 
 /// A lock algorithm under test.
@@ -213,9 +245,15 @@ fn run(mut args: Args) -> Result<()> {
         .common
         .threads
         .get_or_insert(cores.saturating_sub(1).max(1));
+    // Scythe's set-ups: 64 clients for the lock experiments, 128 for Table 2.
+    let clients: usize = if matches!(args.cmd, Cmd::Queues { .. }) {
+        128
+    } else {
+        64
+    };
     args.common
         .coroutines
-        .get_or_insert(64usize.div_ceil(threads));
+        .get_or_insert(clients.div_ceil(threads));
     let c = &args.common;
     if threads == 0 || c.coroutines() == 0 || c.duration_ms == 0 {
         bail!("--threads, --coroutines and --duration-ms must be at least 1");
@@ -237,6 +275,17 @@ fn run(mut args: Args) -> Result<()> {
     let out = match &args.cmd {
         Cmd::Fairness { locks, thetas } => fairness(c, *locks, thetas)?,
         Cmd::Single => single(c)?,
+        Cmd::Table {
+            keys,
+            reads,
+            writes,
+            table_bytes,
+        } => table(c, *keys, *reads, *writes, *table_bytes)?,
+        Cmd::Queues {
+            locks,
+            thetas,
+            samples_per_s,
+        } => queues(c, *locks, thetas, *samples_per_s)?,
     };
     if let Some(p) = &c.json {
         let doc = json!({
@@ -361,6 +410,30 @@ fn single(c: &Common) -> Result<serde_json::Value> {
 
 /// Start a lock service, run the clients for warm-up + duration, collect.
 fn measure(c: &Common, v: Variant, locks: u64, theta: f64) -> Result<Point> {
+    measure_probed(c, v, locks, theta, None)
+}
+
+/// Queue lengths of every Takeout Lock, sampled on the service's CPU during the measured
+/// window, and the tickets each lock handed out (warm-up included).
+struct QueueProbe {
+    every: Duration,
+    /// Per lock: sum over samples of `lower - upper`.
+    sums: Vec<u64>,
+    /// Per lock: the longest queue sampled.
+    maxes: Vec<u64>,
+    samples: u64,
+    /// Per lock: `lower` at the end (tickets taken).
+    tickets: Vec<u64>,
+}
+
+/// [`measure`], sampling queues into `probe` when given.
+fn measure_probed(
+    c: &Common,
+    v: Variant,
+    locks: u64,
+    theta: f64,
+    probe: Option<&mut QueueProbe>,
+) -> Result<Point> {
     let kind = v.kind;
     let name = format!(
         "lock-bench-{}-{}-{}-{}",
@@ -404,7 +477,27 @@ fn measure(c: &Common, v: Variant, locks: u64, theta: f64) -> Result<Point> {
         t0 + Duration::from_millis(c.warmup_ms),
         t0 + Duration::from_millis(c.warmup_ms + c.duration_ms),
     );
+    let mut probe = probe;
     let results: Vec<Result<Point>> = std::thread::scope(|s| {
+        if let Some(p) = probe.as_deref_mut() {
+            let table = &table;
+            s.spawn(move || {
+                while Instant::now() < meas {
+                    std::thread::sleep(p.every);
+                    let now = Instant::now();
+                    if now < warm || now >= meas {
+                        continue;
+                    }
+                    for id in 0..locks {
+                        let (lower, upper, _) = table.words(id);
+                        let q = lower.wrapping_sub(upper);
+                        p.sums[id as usize] += q;
+                        p.maxes[id as usize] = p.maxes[id as usize].max(q);
+                    }
+                    p.samples += 1;
+                }
+            });
+        }
         let hs: Vec<_> = (0..c.threads())
             .map(|t| {
                 let (ts, open) = (ts.clone(), &open);
@@ -450,6 +543,9 @@ fn measure(c: &Common, v: Variant, locks: u64, theta: f64) -> Result<Point> {
             })
             .collect()
     });
+    if let Some(p) = probe {
+        p.tickets = (0..locks).map(|id| table.words(id).0).collect();
+    }
     drop(node);
     drop((cas, dslr));
     drop(cluster);
@@ -609,4 +705,363 @@ fn record(hist: &RefCell<Histogram<u64>>, max_wait: &Cell<u64>, start: Instant, 
     let ns = start.elapsed().as_nanos() as u64;
     let _ = hist.borrow_mut().record(ns.max(1));
     max_wait.set(max_wait.get().max(ns));
+}
+
+/// Placement of the lock table relative to its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// The table in the client's process, called directly (Lotus's placement).
+    Local,
+    /// The table on another node, over rrpc.
+    Remote,
+}
+
+/// What a transaction locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Iso {
+    /// Serializable: read locks on reads, write locks on writes.
+    Sr,
+    /// Snapshot isolation: write locks only.
+    Si,
+}
+
+/// One `table` row's measurements.
+struct TablePoint {
+    /// Latency of a transaction's lock call (its whole lock set), ns.
+    hist: Histogram<u64>,
+    /// Lock + unlock pairs completed in the measured window.
+    pairs: u64,
+    /// Transactions whose lock set was refused in part (then released).
+    aborts: u64,
+    secs: f64,
+}
+
+fn table(
+    c: &Common,
+    keys: u64,
+    reads: usize,
+    writes: usize,
+    table_bytes: usize,
+) -> Result<serde_json::Value> {
+    use lockd::table_wire::MAX_OPS;
+    if keys < 2 * (reads + writes) as u64 || reads + writes == 0 {
+        bail!("--keys must be at least twice --reads + --writes, and a transaction must lock something");
+    }
+    println!(
+        "\n== table (Lotus 4.1, 4.2): {} clients, {reads} reads + {writes} writes per transaction over {keys} keys, {} MiB table; lock set then unlock set, no hold",
+        c.threads() * c.coroutines(),
+        table_bytes >> 20
+    );
+    println!(
+        "{:>7} {:>10} {:>4} {:>9} {:>11} {:>11} {:>8}",
+        "place", "batching", "iso", "Mops/s", "p50 set(us)", "p99 set(us)", "aborts"
+    );
+    let mut rows = Vec::new();
+    let mut mops = BTreeMap::new();
+    for place in [Placement::Local, Placement::Remote] {
+        for batch in [MAX_OPS, 1] {
+            for iso in [Iso::Sr, Iso::Si] {
+                let p = measure_table(c, place, batch, iso, keys, reads, writes, table_bytes)?;
+                let m = p.pairs as f64 / p.secs / 1e6;
+                let us = |q| p.hist.value_at_quantile(q) as f64 / 1e3;
+                let batching = if batch == 1 { "one-per-op" } else { "batched" };
+                println!(
+                    "{:>7} {:>10} {:>4} {:>9.3} {:>11.1} {:>11.1} {:>8}",
+                    format!("{place:?}").to_lowercase(),
+                    batching,
+                    format!("{iso:?}").to_uppercase(),
+                    m,
+                    us(0.5),
+                    us(0.99),
+                    p.aborts
+                );
+                mops.insert((place == Placement::Remote, batch, iso == Iso::Sr), m);
+                rows.push(json!({
+                    "placement": format!("{place:?}").to_lowercase(), "batching": batching,
+                    "ops_per_message": batch, "iso": format!("{iso:?}").to_uppercase(),
+                    "mops": m, "p50_lock_set_us": us(0.5), "p99_lock_set_us": us(0.99),
+                    "aborts": p.aborts, "pairs": p.pairs,
+                }));
+            }
+        }
+    }
+    let ratio = mops[&(true, MAX_OPS, true)] / mops[&(true, 1, true)];
+    println!("ratio remote batched/unbatched = {ratio:.2} (SR)");
+    Ok(json!({
+        "keys": keys, "reads": reads, "writes": writes, "table_bytes": table_bytes,
+        "rows": rows, "ratio_remote_batched_unbatched_sr": ratio,
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn measure_table(
+    c: &Common,
+    place: Placement,
+    batch: usize,
+    iso: Iso,
+    keys: u64,
+    reads: usize,
+    writes: usize,
+    table_bytes: usize,
+) -> Result<TablePoint> {
+    use lockd::lock_table::{LockMode, LockTable as LotusTable};
+    use lockd::shard::{LockKey, Ownership, ShardMap};
+    use lockd::table_service::{TableClient, TableClientConfig, TableService};
+    use lockd::table_wire::{OpKind, OpOutcome, TableOp};
+
+    let name = format!(
+        "lock-bench-table-{}-{place:?}-{batch}-{iso:?}",
+        std::process::id()
+    );
+    let (cluster, _) = ClusterGuard::new(&name)?;
+    let open = |id: u32| -> Result<Fabric> {
+        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, id);
+        cfg.model = Some(c.model.clone());
+        Ok(Fabric::open(&cfg)?)
+    };
+    let map = ShardMap::uniform(&[1])?;
+    let svc = Arc::new(TableService::new(
+        Arc::new(LotusTable::with_bytes(table_bytes)),
+        Ownership::new(1, map.clone()),
+    ));
+    let node = Node::start(
+        open(1)?,
+        NodeConfig {
+            role: "lockd".into(),
+            listen: "127.0.0.1:0".parse()?,
+            exports: BTreeMap::new(),
+            rpc: Some((svc.handlers(), 1)),
+        },
+    )?;
+    let addr = node.addr();
+    let t0 = Instant::now();
+    let (warm, end) = (
+        t0 + Duration::from_millis(c.warmup_ms),
+        t0 + Duration::from_millis(c.warmup_ms + c.duration_ms),
+    );
+    let results: Vec<Result<TablePoint>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..c.threads())
+            .map(|t| {
+                let (open, svc, map) = (&open, svc.clone(), map.clone());
+                s.spawn(move || -> Result<TablePoint> {
+                    let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
+                        .map_err(anyhow::Error::msg)?;
+                    let local = match place {
+                        Placement::Local => Some(svc),
+                        Placement::Remote => {
+                            ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?;
+                            None
+                        }
+                    };
+                    let cfg = TableClientConfig {
+                        batch,
+                        ..TableClientConfig::default()
+                    };
+                    let tc = Rc::new(TableClient::new(map, local, cfg));
+                    let hist = Rc::new(RefCell::new(new_hist()));
+                    let (pairs, aborts) = (Rc::new(Cell::new(0u64)), Rc::new(Cell::new(0u64)));
+                    let failed = Rc::new(RefCell::new(None::<String>));
+                    let mut ex = Executor::new(ctx.clone());
+                    for co in 0..c.coroutines() {
+                        let (ctx, tc, hist, pairs, aborts, failed) = (
+                            ctx.clone(),
+                            tc.clone(),
+                            hist.clone(),
+                            pairs.clone(),
+                            aborts.clone(),
+                            failed.clone(),
+                        );
+                        let mut rng = rand::rngs::StdRng::seed_from_u64(
+                            c.seed ^ ((t as u64) << 32 | co as u64),
+                        );
+                        ex.spawn(async move {
+                            let mut txn = (t as u64) << 40 | (co as u64) << 24;
+                            let mut ks: Vec<u64> = Vec::new();
+                            while Instant::now() < end && failed.borrow().is_none() {
+                                txn += 1;
+                                ks.clear();
+                                while ks.len() < reads + writes {
+                                    let k = rng.random_range(0..keys);
+                                    if !ks.contains(&k) {
+                                        ks.push(k);
+                                    }
+                                }
+                                let ops: Vec<TableOp> = ks
+                                    .iter()
+                                    .enumerate()
+                                    .filter(|&(i, _)| iso == Iso::Sr || i >= reads)
+                                    .map(|(i, &k)| TableOp {
+                                        key: LockKey::compose(0, k, k >> 12)
+                                            .expect("keys below 2^56"),
+                                        txn,
+                                        node: 100 + t as u32,
+                                        kind: OpKind::Lock(if i < reads {
+                                            LockMode::Read
+                                        } else {
+                                            LockMode::Write
+                                        }),
+                                    })
+                                    .collect();
+                                let start = Instant::now();
+                                let r = match tc.execute(&ctx, &ops).await {
+                                    Ok(r) => r,
+                                    Err(e) => {
+                                        *failed.borrow_mut() = Some(format!("{e:#}"));
+                                        break;
+                                    }
+                                };
+                                let measured = start >= warm;
+                                if measured {
+                                    let _ = hist
+                                        .borrow_mut()
+                                        .record((start.elapsed().as_nanos() as u64).max(1));
+                                }
+                                let held: Vec<TableOp> = ops
+                                    .iter()
+                                    .zip(&r)
+                                    .filter(|(_, o)| **o == OpOutcome::Granted)
+                                    .map(|(o, _)| TableOp {
+                                        kind: OpKind::Unlock,
+                                        ..*o
+                                    })
+                                    .collect();
+                                if held.len() < ops.len() && measured {
+                                    aborts.set(aborts.get() + 1);
+                                }
+                                if held.is_empty() {
+                                    continue;
+                                }
+                                if let Err(e) = tc.execute(&ctx, &held).await {
+                                    *failed.borrow_mut() = Some(format!("{e:#}"));
+                                    break;
+                                }
+                                if measured && Instant::now() <= end {
+                                    pairs.set(pairs.get() + held.len() as u64);
+                                }
+                            }
+                        });
+                    }
+                    ex.run();
+                    if let Some(e) = failed.borrow_mut().take() {
+                        bail!("lock-table client failed: {e}");
+                    }
+                    let hist = hist.borrow().clone();
+                    Ok(TablePoint {
+                        hist,
+                        pairs: pairs.get(),
+                        aborts: aborts.get(),
+                        secs: c.duration_ms as f64 / 1e3,
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
+            })
+            .collect()
+    });
+    drop(node);
+    drop(cluster);
+    let mut all = TablePoint {
+        hist: new_hist(),
+        pairs: 0,
+        aborts: 0,
+        secs: c.duration_ms as f64 / 1e3,
+    };
+    for r in results {
+        let p = r?;
+        all.hist.add(&p.hist).expect("same bounds");
+        all.pairs += p.pairs;
+        all.aborts += p.aborts;
+    }
+    if svc.table().slots_in_use() != 0 {
+        bail!(
+            "{} lock-table slots still held after the run",
+            svc.table().slots_in_use()
+        );
+    }
+    Ok(all)
+}
+
+/// Scythe Table 2: the Takeout queues of the clients over `locks` objects per theta.
+fn queues(c: &Common, locks: u64, thetas: &[f64], samples_per_s: u64) -> Result<serde_json::Value> {
+    if locks < 4 || samples_per_s == 0 {
+        bail!("--locks must be at least 4 and --samples-per-s at least 1");
+    }
+    println!(
+        "\n== queues (Scythe Table 2): {} clients over {locks} objects, Takeout ({:?} mode), hold {} us; queue = lower - upper sampled {samples_per_s}/s; access rate = share of tickets",
+        c.threads() * c.coroutines(),
+        c.takeout_mode,
+        c.hold_us
+    );
+    println!(
+        "{:>6} {:>8} {:>16} {:>16} {:>13} {:>9} {:>9} {:>9} {:>8}",
+        "theta",
+        "samples",
+        "longest(obj:q)",
+        "second(obj:q)",
+        "others mean",
+        "top1 %",
+        "top2 %",
+        "top3 %",
+        "maxq"
+    );
+    let v = Variant {
+        kind: Kind::Takeout,
+        cas_cap_us: 0,
+    };
+    let mut rows = Vec::new();
+    for &theta in thetas {
+        let mut probe = QueueProbe {
+            every: Duration::from_nanos(1_000_000_000 / samples_per_s),
+            sums: vec![0; locks as usize],
+            maxes: vec![0; locks as usize],
+            samples: 0,
+            tickets: Vec::new(),
+        };
+        let p = measure_probed(c, v, locks, theta, Some(&mut probe))?;
+        let n = probe.samples.max(1) as f64;
+        let mean = |i: usize| probe.sums[i] as f64 / n;
+        // Objects by mean queue length, longest first.
+        let mut by_q: Vec<usize> = (0..locks as usize).collect();
+        by_q.sort_by(|&a, &b| mean(b).total_cmp(&mean(a)).then(a.cmp(&b)));
+        let (first, second) = (by_q[0], by_q[1]);
+        // The others: every other object that took at least one ticket.
+        let others: Vec<usize> = by_q[2..]
+            .iter()
+            .copied()
+            .filter(|&i| probe.tickets[i] > 0)
+            .collect();
+        let others_mean = others.iter().map(|&i| mean(i)).sum::<f64>() / others.len().max(1) as f64;
+        let total: u64 = probe.tickets.iter().sum();
+        let mut by_access: Vec<usize> = (0..locks as usize).collect();
+        by_access.sort_by(|&a, &b| probe.tickets[b].cmp(&probe.tickets[a]).then(a.cmp(&b)));
+        let rate = |i: usize| 100.0 * probe.tickets[i] as f64 / total.max(1) as f64;
+        let top: Vec<(usize, f64)> = by_access[..3].iter().map(|&i| (i, rate(i))).collect();
+        let maxq = probe.maxes.iter().copied().max().unwrap_or(0);
+        println!(
+            "{:>6} {:>8} {:>16} {:>16} {:>13.3} {:>9.2} {:>9.2} {:>9.2} {:>8}",
+            theta,
+            probe.samples,
+            format!("{first}:{:.2}", mean(first)),
+            format!("{second}:{:.2}", mean(second)),
+            others_mean,
+            top[0].1,
+            top[1].1,
+            top[2].1,
+            maxq
+        );
+        rows.push(json!({
+            "theta": theta, "samples": probe.samples,
+            "longest": {"object": first, "mean_queue": mean(first), "max_queue": probe.maxes[first], "access_pct": rate(first)},
+            "second": {"object": second, "mean_queue": mean(second), "max_queue": probe.maxes[second], "access_pct": rate(second)},
+            "others_mean_queue": others_mean, "others_objects": others.len(),
+            "top_access": top.iter().map(|&(i, r)| json!({"object": i, "access_pct": r, "mean_queue": mean(i)})).collect::<Vec<_>>(),
+            "max_queue": maxq, "acquisitions_per_s": p.acquisitions as f64 / p.secs,
+            "refusals": p.refusals,
+        }));
+    }
+    Ok(json!({ "locks": locks, "rows": rows }))
 }

@@ -1,0 +1,877 @@
+//! Lotus's lock sharding and pass-by-range resharding as plain state machines, without
+//! any fabric (Lotus, `shared/seeds/001_4d6ef391cb29e8eb.txt`, 4.2 and 4.3).
+//!
+//! **Lock keys** (4.2, Fig. 7). A [`LockKey`] is 64 bits whose low 12 bits are the *shard
+//! number*, taken from the low 12 bits of the table's *critical field* (TPC-C's warehouse
+//! id, TATP's subscriber id), so records a transaction touches together land in one shard
+//! and can be locked with one batched request:
+//!
+//! | bits   | field                                                           |
+//! |--------|-----------------------------------------------------------------|
+//! | 0..12  | shard: `critical_field & 0xfff`                                 |
+//! | 12..56 | `rest`: 44 bits, unique within (table, shard) (the other fields) |
+//! | 56..64 | `table`: the DB table id                                        |
+//!
+//! The paper derives the 52 high bits from all primary-key fields by an application hash;
+//! here they are the table id and 44 bits the application supplies, so [`LockKey::compose`]
+//! is injective and two records never share a key (a wider primary key is hashed to 44
+//! bits by the caller, accepting the rare false conflict a hash brings).
+//!
+//! **Shard map** (4.2). [`ShardMap`] maps the [`N_SHARDS`] shards to lock-table node ids
+//! and carries a version. A node serves only keys whose shard its map gives it; others
+//! are refused with its current map version, and the client refetches the map and
+//! retries. A node may know only its own shards ([`NO_NODE`] elsewhere); clients merge
+//! the maps of the nodes they know with [`ShardMap::merge`].
+//!
+//! **Pass-by-range resharding** (4.3). Each interval (100 ms in Lotus) every node reports
+//! its latency; a node whose latency stays above [`ReshardConfig::factor`] (1.5) times the
+//! cluster average for [`ReshardConfig::intervals`] (3) consecutive intervals is
+//! overloaded, and a contiguous range of its shards around its hottest one moves to the
+//! coolest node ([`Resharder::observe`]). A [`Move`] passes through three states:
+//!
+//! 1. [`MoveState::Draining`]: the source refuses new locks on the range (releases are
+//!    still served) and waits until no lock on the range is held.
+//! 2. [`MoveState::Transferring`]: ownership passes to the destination. Since the range
+//!    was drained, no lock state moves: Lotus's locks are ephemeral and the holders' table
+//!    of the range is empty.
+//! 3. [`MoveState::Published`]: the map with version + 1 is installed (destination first,
+//!    then the source, then everyone).
+//!
+//! **Locks held during a move are never granted twice**: a held lock delays the move
+//! until it is released; if the range does not drain within
+//! [`ReshardConfig::drain_timeout`], the move is [`MoveState::Cancelled`] and the source
+//! serves the range again, unchanged. (Lotus instead aborts the holders' transactions
+//! after 10 ms; taking a lock away from a running coordinator needs the transaction
+//! layer's cooperation, which a lock service alone cannot give.) The destination starts
+//! serving only after the drain completed, so at no moment do two nodes grant a lock on
+//! one key.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Bits of a key that hold the shard (Lotus 4.2).
+pub const SHARD_BITS: u32 = 12;
+/// Number of shards (`1 << SHARD_BITS`).
+pub const N_SHARDS: usize = 1 << SHARD_BITS;
+/// Bits of a key that hold `rest` ([`LockKey::compose`]).
+pub const REST_BITS: u32 = 44;
+/// A shard no known node owns, in a map that knows only part of the cluster.
+pub const NO_NODE: u32 = u32::MAX;
+
+/// A lock key: shard in the low 12 bits (layout in the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LockKey(pub u64);
+
+/// Errors composing a [`LockKey`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// `rest` does not fit its 44 bits.
+    #[error("rest {rest:#x} does not fit {REST_BITS} bits")]
+    RestTooWide {
+        /// The value given.
+        rest: u64,
+    },
+}
+
+impl LockKey {
+    /// The key of a record of DB table `table` whose critical field is `critical` (its
+    /// low 12 bits become the shard) and whose other primary-key fields are `rest`
+    /// (unique within the table and shard, below `2^44`).
+    ///
+    /// Errors: [`KeyError::RestTooWide`].
+    pub fn compose(table: u8, critical: u64, rest: u64) -> Result<Self, KeyError> {
+        if rest >> REST_BITS != 0 {
+            return Err(KeyError::RestTooWide { rest });
+        }
+        Ok(Self(
+            u64::from(table) << (SHARD_BITS + REST_BITS)
+                | rest << SHARD_BITS
+                | (critical & (N_SHARDS as u64 - 1)),
+        ))
+    }
+
+    /// The shard number (low 12 bits).
+    pub fn shard(self) -> u16 {
+        (self.0 & (N_SHARDS as u64 - 1)) as u16
+    }
+
+    /// The table id (high 8 bits).
+    pub fn table(self) -> u8 {
+        (self.0 >> (SHARD_BITS + REST_BITS)) as u8
+    }
+
+    /// The `rest` field (bits 12..56).
+    pub fn rest(self) -> u64 {
+        (self.0 >> SHARD_BITS) & ((1 << REST_BITS) - 1)
+    }
+}
+
+/// A versioned map of the [`N_SHARDS`] shards to lock-table node ids (Lotus 4.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMap {
+    version: u64,
+    /// Owner of each shard ([`NO_NODE`]: unknown).
+    owners: Vec<u32>,
+}
+
+/// Errors building a [`ShardMap`] or parsing a shard list.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    /// No nodes to spread the shards over.
+    #[error("no nodes to map shards to")]
+    NoNodes,
+    /// A shard range past [`N_SHARDS`] or empty.
+    #[error("shard range {start}..{end} is empty or past {N_SHARDS}")]
+    BadRange {
+        /// First shard.
+        start: usize,
+        /// One past the last.
+        end: usize,
+    },
+    /// A shard list that does not parse (`"0-2047,4000"`).
+    #[error("shard list {0:?}: expected comma-separated shards or ranges a-b (inclusive)")]
+    Parse(String),
+    /// An encoded map of the wrong length.
+    #[error("encoded shard map of {0} bytes")]
+    Encoding(usize),
+}
+
+impl ShardMap {
+    /// Version 1: the shards split into `nodes.len()` contiguous, near-equal ranges, in
+    /// order (Lotus's initial even distribution).
+    ///
+    /// Errors: [`MapError::NoNodes`].
+    pub fn uniform(nodes: &[u32]) -> Result<Self, MapError> {
+        if nodes.is_empty() {
+            return Err(MapError::NoNodes);
+        }
+        let owners = (0..N_SHARDS)
+            .map(|s| nodes[s * nodes.len() / N_SHARDS])
+            .collect();
+        Ok(Self { version: 1, owners })
+    }
+
+    /// A map at `version` in which `node` owns `shards` and every other shard is
+    /// [`NO_NODE`] (what a node started with `--shards` knows).
+    ///
+    /// Errors: [`MapError::BadRange`].
+    pub fn partial(node: u32, shards: &[Range<usize>], version: u64) -> Result<Self, MapError> {
+        let mut owners = vec![NO_NODE; N_SHARDS];
+        for r in shards {
+            if r.start >= r.end || r.end > N_SHARDS {
+                return Err(MapError::BadRange {
+                    start: r.start,
+                    end: r.end,
+                });
+            }
+            owners[r.clone()].iter_mut().for_each(|o| *o = node);
+        }
+        Ok(Self { version, owners })
+    }
+
+    /// The map version (starts at 1; +1 per published move).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The owner of `shard` ([`NO_NODE`] if unknown).
+    pub fn owner(&self, shard: u16) -> u32 {
+        self.owners[usize::from(shard)]
+    }
+
+    /// The node serving `key` ([`NO_NODE`] if unknown).
+    pub fn node_of(&self, key: LockKey) -> u32 {
+        self.owner(key.shard())
+    }
+
+    /// The shards `node` owns.
+    pub fn shards_of(&self, node: u32) -> Vec<u16> {
+        (0..N_SHARDS as u16)
+            .filter(|&s| self.owner(s) == node)
+            .collect()
+    }
+
+    /// The distinct known nodes, ascending.
+    pub fn nodes(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .owners
+            .iter()
+            .copied()
+            .filter(|&n| n != NO_NODE)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// This map with `range` given to `to` and the version + 1 (the published map of a
+    /// move).
+    pub fn with_move(&self, range: Range<u16>, to: u32) -> Self {
+        let mut m = self.clone();
+        for s in range {
+            m.owners[usize::from(s)] = to;
+        }
+        m.version += 1;
+        m
+    }
+
+    /// Merge what two nodes know: the newer map's owners win, its [`NO_NODE`] shards are
+    /// filled from the older one; the version is the newer one's.
+    pub fn merge(&self, other: &Self) -> Self {
+        let (new, old) = if other.version > self.version {
+            (other, self)
+        } else {
+            (self, other)
+        };
+        let owners = new
+            .owners
+            .iter()
+            .zip(&old.owners)
+            .map(|(&n, &o)| if n == NO_NODE { o } else { n })
+            .collect();
+        Self {
+            version: new.version,
+            owners,
+        }
+    }
+
+    /// Compact encoding for the control RPCs: version (8 bytes LE), then runs of
+    /// `(start: u16, len: u16, node: u32)` LE covering every shard in order.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.version.to_le_bytes());
+        let mut s = 0;
+        while s < N_SHARDS {
+            let n = self.owners[s];
+            let mut e = s + 1;
+            while e < N_SHARDS && self.owners[e] == n {
+                e += 1;
+            }
+            out.extend_from_slice(&(s as u16).to_le_bytes());
+            out.extend_from_slice(&((e - s) as u16).to_le_bytes());
+            out.extend_from_slice(&n.to_le_bytes());
+            s = e;
+        }
+    }
+
+    /// Decode [`Self::encode`]'s output.
+    ///
+    /// Errors: [`MapError::Encoding`] unless the runs cover every shard exactly once.
+    pub fn decode(b: &[u8]) -> Result<Self, MapError> {
+        let bad = || MapError::Encoding(b.len());
+        if b.len() < 8 || b.len() & 7 != 0 {
+            return Err(bad());
+        }
+        let version = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+        let mut owners = Vec::with_capacity(N_SHARDS);
+        for r in b[8..].chunks_exact(8) {
+            let start = usize::from(u16::from_le_bytes([r[0], r[1]]));
+            let len = usize::from(u16::from_le_bytes([r[2], r[3]]));
+            let node = u32::from_le_bytes(r[4..8].try_into().expect("4 bytes"));
+            if start != owners.len() || len == 0 || start + len > N_SHARDS {
+                return Err(bad());
+            }
+            owners.resize(start + len, node);
+        }
+        if owners.len() != N_SHARDS {
+            return Err(bad());
+        }
+        Ok(Self { version, owners })
+    }
+}
+
+/// Where a node sends one lock operation, by its own view of the map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// This node owns the key's shard: serve.
+    Serve,
+    /// Another node owns it (or none known): refuse with this node's map version.
+    WrongShard {
+        /// The node's current map version.
+        version: u64,
+    },
+    /// The key's shard is draining for a move: refuse new locks (try again shortly).
+    Moving,
+}
+
+/// A node's view of the sharding (Lotus 4.2, 4.3): its id, its map, the range it is
+/// draining. Decides, for each request, whether the node serves it.
+#[derive(Clone, Debug)]
+pub struct Ownership {
+    me: u32,
+    map: ShardMap,
+    draining: Option<Range<u16>>,
+}
+
+impl Ownership {
+    /// Node `me` with `map`.
+    pub fn new(me: u32, map: ShardMap) -> Self {
+        Self {
+            me,
+            map,
+            draining: None,
+        }
+    }
+
+    /// This node's id.
+    pub fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// The node's current map.
+    pub fn map(&self) -> &ShardMap {
+        &self.map
+    }
+
+    /// The range being drained, if any.
+    pub fn draining(&self) -> Option<Range<u16>> {
+        self.draining.clone()
+    }
+
+    /// Route a lock (acquire) of `key`.
+    pub fn route_lock(&self, key: LockKey) -> Route {
+        if self.map.node_of(key) != self.me {
+            Route::WrongShard {
+                version: self.map.version,
+            }
+        } else if self
+            .draining
+            .as_ref()
+            .is_some_and(|r| r.contains(&key.shard()))
+        {
+            Route::Moving
+        } else {
+            Route::Serve
+        }
+    }
+
+    /// Route a release of `key` that this node's table does not hold: served (as a
+    /// no-op) when the node owns the shard, draining or not, else refused. (A release of
+    /// a lock the table holds is always served, whatever the map says.)
+    pub fn route_release(&self, key: LockKey) -> Route {
+        if self.map.node_of(key) == self.me {
+            Route::Serve
+        } else {
+            Route::WrongShard {
+                version: self.map.version,
+            }
+        }
+    }
+
+    /// Start draining `range` (a move's source): new locks on it are refused.
+    ///
+    /// Errors: [`MapError::BadRange`] when this node does not own all of `range` or
+    /// another range is draining.
+    pub fn begin_drain(&mut self, range: Range<u16>) -> Result<(), MapError> {
+        let bad = MapError::BadRange {
+            start: usize::from(range.start),
+            end: usize::from(range.end),
+        };
+        if range.is_empty()
+            || usize::from(range.end) > N_SHARDS
+            || self.draining.is_some()
+            || range.clone().any(|s| self.map.owner(s) != self.me)
+        {
+            return Err(bad);
+        }
+        self.draining = Some(range);
+        Ok(())
+    }
+
+    /// Stop draining (a cancelled move): the range is served again.
+    pub fn cancel_drain(&mut self) {
+        self.draining = None;
+    }
+
+    /// Install `map` if it is newer than the current one (merging what this node knows
+    /// of shards the new map leaves unknown); a draining range this node no longer owns
+    /// ends its drain. Returns whether the map changed.
+    pub fn install(&mut self, map: &ShardMap) -> bool {
+        if map.version <= self.map.version {
+            return false;
+        }
+        self.map = self.map.merge(map);
+        if let Some(r) = &self.draining {
+            if r.clone().any(|s| self.map.owner(s) != self.me) {
+                self.draining = None;
+            }
+        }
+        true
+    }
+}
+
+/// Parse a shard list: comma-separated shards or inclusive ranges (`"0-2047,4095"`).
+///
+/// Errors: [`MapError::Parse`], [`MapError::BadRange`].
+pub fn parse_shards(s: &str) -> Result<Vec<Range<usize>>, MapError> {
+    let perr = || MapError::Parse(s.to_string());
+    s.split(',')
+        .map(|part| {
+            let part = part.trim();
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let a: usize = a.trim().parse().map_err(|_| perr())?;
+            let b: usize = b.trim().parse().map_err(|_| perr())?;
+            if a > b || b >= N_SHARDS {
+                return Err(MapError::BadRange {
+                    start: a,
+                    end: b + 1,
+                });
+            }
+            Ok(a..b + 1)
+        })
+        .collect()
+}
+
+/// Resharding policy (Lotus 4.3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReshardConfig {
+    /// A node is over when its latency is strictly above `factor` x the cluster average
+    /// (default 1.5).
+    pub factor: f64,
+    /// Consecutive intervals over before a move (default 3).
+    pub intervals: u32,
+    /// How long the source waits for the range to drain before the move is cancelled
+    /// (default 10 ms, Lotus's proactive-abort bound).
+    pub drain_timeout: Duration,
+}
+
+impl Default for ReshardConfig {
+    fn default() -> Self {
+        Self {
+            factor: 1.5,
+            intervals: 3,
+            drain_timeout: Duration::from_millis(10),
+        }
+    }
+}
+
+/// The state of a [`Move`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveState {
+    /// The source refuses new locks on the range and waits for held ones to be released.
+    Draining {
+        /// When draining began.
+        since: Instant,
+    },
+    /// Drained: ownership passes to the destination (no lock state moves).
+    Transferring,
+    /// The map of this version is installed.
+    Published {
+        /// The new map version.
+        version: u64,
+    },
+    /// The range did not drain in time; the source serves it again, unchanged.
+    Cancelled,
+}
+
+/// One pass-by-range move of a contiguous shard range (Lotus 4.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Move {
+    /// The overloaded node.
+    pub from: u32,
+    /// The coolest node.
+    pub to: u32,
+    /// The shards moved (all owned by `from`).
+    pub range: Range<u16>,
+    /// The map version the move starts from.
+    pub base_version: u64,
+    state: MoveState,
+}
+
+/// What a [`Move`] asks its driver to do next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MoveStep {
+    /// Still draining: ask again later how many locks the range holds.
+    Wait,
+    /// Drained: install `map` at the destination, then at the source, then everywhere,
+    /// and call [`Move::published`].
+    Transfer {
+        /// The map to publish (version `base_version + 1`).
+        map: ShardMap,
+    },
+    /// Cancelled: tell the source to serve the range again.
+    Cancel,
+}
+
+impl Move {
+    /// A move of `range` from `from` to `to`, draining from `now`.
+    pub fn new(from: u32, to: u32, range: Range<u16>, base_version: u64, now: Instant) -> Self {
+        Self {
+            from,
+            to,
+            range,
+            base_version,
+            state: MoveState::Draining { since: now },
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> MoveState {
+        self.state
+    }
+
+    /// Feed the number of locks the source still holds on the range at `now`. Draining
+    /// with `held == 0` becomes Transferring; past `timeout` with locks still held, the
+    /// move is Cancelled. Other states answer what they answered before.
+    pub fn on_held(
+        &mut self,
+        held: usize,
+        map: &ShardMap,
+        now: Instant,
+        timeout: Duration,
+    ) -> MoveStep {
+        match self.state {
+            MoveState::Draining { .. } if held == 0 => {
+                self.state = MoveState::Transferring;
+                self.on_held(0, map, now, timeout)
+            }
+            MoveState::Draining { since } if now.saturating_duration_since(since) > timeout => {
+                self.state = MoveState::Cancelled;
+                MoveStep::Cancel
+            }
+            MoveState::Draining { .. } => MoveStep::Wait,
+            MoveState::Transferring => MoveStep::Transfer {
+                map: map.with_move(self.range.clone(), self.to),
+            },
+            MoveState::Published { .. } => MoveStep::Wait,
+            MoveState::Cancelled => MoveStep::Cancel,
+        }
+    }
+
+    /// The map of `version` is installed everywhere.
+    pub fn published(&mut self, version: u64) {
+        debug_assert_eq!(self.state, MoveState::Transferring);
+        self.state = MoveState::Published { version };
+    }
+}
+
+/// Decides pass-by-range moves from per-interval latencies (Lotus 4.3). One move at a
+/// time: after a decision, [`Self::observe`] decides nothing until [`Self::finished`].
+#[derive(Clone, Debug, Default)]
+pub struct Resharder {
+    cfg: ReshardConfig,
+    /// Consecutive intervals each node has been over.
+    streak: BTreeMap<u32, u32>,
+    busy: bool,
+}
+
+impl Resharder {
+    /// A resharder with policy `cfg`.
+    pub fn new(cfg: ReshardConfig) -> Self {
+        Self {
+            cfg,
+            ..Self::default()
+        }
+    }
+
+    /// The policy.
+    pub fn config(&self) -> ReshardConfig {
+        self.cfg
+    }
+
+    /// Consecutive intervals `node` has been over the threshold.
+    pub fn streak(&self, node: u32) -> u32 {
+        self.streak.get(&node).copied().unwrap_or(0)
+    }
+
+    /// One interval: each node's mean latency (`latency_ns`, nanoseconds; nodes absent
+    /// reported nothing and lose their streak) and the requests each shard received
+    /// (`shard_load`, [`N_SHARDS`] counts, or empty if unknown). Returns a [`Move`]
+    /// (Draining from `now`) when a node has been over for the configured number of
+    /// intervals; the most loaded such node moves first.
+    pub fn observe(
+        &mut self,
+        map: &ShardMap,
+        latency_ns: &BTreeMap<u32, u64>,
+        shard_load: &[u64],
+        now: Instant,
+    ) -> Option<Move> {
+        if latency_ns.is_empty() {
+            self.streak.clear();
+            return None;
+        }
+        let avg = latency_ns.values().map(|&l| l as f64).sum::<f64>() / latency_ns.len() as f64;
+        self.streak.retain(|n, _| latency_ns.contains_key(n));
+        for (&n, &l) in latency_ns {
+            let s = self.streak.entry(n).or_insert(0);
+            if l as f64 > self.cfg.factor * avg {
+                *s += 1;
+            } else {
+                *s = 0;
+            }
+        }
+        if self.busy {
+            return None;
+        }
+        let hot = latency_ns
+            .iter()
+            .filter(|(n, _)| self.streak(**n) >= self.cfg.intervals)
+            .max_by_key(|(_, &l)| l)
+            .map(|(&n, _)| n)?;
+        let cool = latency_ns
+            .iter()
+            .filter(|(&n, _)| n != hot)
+            .min_by_key(|(_, &l)| l)
+            .map(|(&n, _)| n)?;
+        let range = choose_range(map, hot, cool, shard_load)?;
+        self.busy = true;
+        Some(Move::new(hot, cool, range, map.version(), now))
+    }
+
+    /// The current move ended (published or cancelled): streaks restart from zero,
+    /// since the load just changed hands (or the next attempt should wait as long).
+    pub fn finished(&mut self) {
+        self.busy = false;
+        self.streak.clear();
+    }
+}
+
+/// The range to move from `hot` to `cool`: the hot node's hottest shard, extended over
+/// neighbouring shards `hot` owns (the hotter neighbour first; idle ones are left) while
+/// the moved load stays within half the load difference of the two nodes, and never all
+/// of `hot`'s shards.
+/// `None` when `hot` owns fewer than two shards. Without load figures (`shard_load`
+/// empty) the hottest shard is the hot node's first.
+pub fn choose_range(map: &ShardMap, hot: u32, cool: u32, shard_load: &[u64]) -> Option<Range<u16>> {
+    let load = |s: u16| shard_load.get(usize::from(s)).copied().unwrap_or(0);
+    let mine = map.shards_of(hot);
+    if mine.len() < 2 {
+        return None;
+    }
+    let hot_load: u64 = mine.iter().map(|&s| load(s)).sum();
+    let cool_load: u64 = map.shards_of(cool).iter().map(|&s| load(s)).sum();
+    let budget = hot_load.saturating_sub(cool_load) / 2;
+    // The hottest shard (first among equals).
+    let h = *mine.iter().rev().max_by_key(|&&s| load(s))?;
+    let (mut lo, mut hi) = (h, h + 1);
+    let mut moved = load(h);
+    let owned = |s: u16| map.owner(s) == hot;
+    while usize::from(hi - lo) + 1 < mine.len() {
+        let left = (lo > 0 && owned(lo - 1)).then(|| load(lo - 1));
+        let right = (usize::from(hi) < N_SHARDS && owned(hi)).then(|| load(hi));
+        let (take_left, l) = match (left, right) {
+            (Some(a), Some(b)) if a >= b => (true, a),
+            (_, Some(b)) => (false, b),
+            (Some(a), None) => (true, a),
+            (None, None) => break,
+        };
+        if l == 0 || moved + l > budget {
+            break;
+        }
+        moved += l;
+        if take_left {
+            lo -= 1;
+        } else {
+            hi += 1;
+        }
+    }
+    Some(lo..hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_layout() {
+        let k = LockKey::compose(3, 0x1_2345, 0xabc).unwrap();
+        assert_eq!(k.shard(), 0x345, "low 12 bits of the critical field");
+        assert_eq!(k.table(), 3);
+        assert_eq!(k.rest(), 0xabc);
+        assert_eq!(k.0, 3 << 56 | 0xabc << 12 | 0x345);
+        assert_eq!(
+            LockKey::compose(0, 0, 1 << 44),
+            Err(KeyError::RestTooWide { rest: 1 << 44 })
+        );
+        // Same rest, different table or shard: different keys.
+        let a = LockKey::compose(1, 7, 9).unwrap();
+        assert_ne!(a, LockKey::compose(2, 7, 9).unwrap());
+        assert_ne!(a, LockKey::compose(1, 8, 9).unwrap());
+        assert_eq!(
+            a,
+            LockKey::compose(1, 7 + 4096, 9).unwrap(),
+            "only 12 bits count"
+        );
+    }
+
+    #[test]
+    fn uniform_map_partial_maps_merge_and_encoding() {
+        let m = ShardMap::uniform(&[10, 20]).unwrap();
+        assert_eq!(m.version(), 1);
+        assert_eq!(m.owner(0), 10);
+        assert_eq!(m.owner(2047), 10);
+        assert_eq!(m.owner(2048), 20);
+        assert_eq!(m.shards_of(20).len(), 2048);
+        assert_eq!(m.nodes(), [10, 20]);
+        assert_eq!(ShardMap::uniform(&[]), Err(MapError::NoNodes));
+
+        let a = ShardMap::partial(1, &parse_shards("0-2047").unwrap(), 1).unwrap();
+        let b = ShardMap::partial(2, &parse_shards("2048-4095").unwrap(), 1).unwrap();
+        assert_eq!(a.owner(4000), NO_NODE);
+        let ab = a.merge(&b);
+        assert_eq!((ab.owner(5), ab.owner(4000), ab.version()), (1, 2, 1));
+        let moved = ab.with_move(0..16, 2);
+        assert_eq!(moved.version(), 2);
+        assert_eq!(moved.owner(15), 2);
+        assert_eq!(moved.owner(16), 1);
+        // An old partial view never overrides a newer map.
+        assert_eq!(a.merge(&moved), moved);
+        assert_eq!(moved.merge(&a), moved);
+
+        let mut buf = Vec::new();
+        moved.encode(&mut buf);
+        assert_eq!(buf.len(), 8 + 3 * 8, "three runs");
+        assert_eq!(ShardMap::decode(&buf).unwrap(), moved);
+        assert!(
+            ShardMap::decode(&buf[..buf.len() - 8]).is_err(),
+            "shards missing"
+        );
+        assert!(ShardMap::decode(&buf[..5]).is_err());
+        assert_eq!(parse_shards("0-1,7").unwrap(), vec![0..2, 7..8]);
+        assert!(parse_shards("5-4").is_err());
+        assert!(parse_shards("4096").is_err());
+        assert!(parse_shards("x").is_err());
+    }
+
+    fn lat(v: &[(u32, u64)]) -> BTreeMap<u32, u64> {
+        v.iter().copied().collect()
+    }
+
+    #[test]
+    fn trigger_needs_three_intervals_above_one_and_a_half() {
+        let map = ShardMap::uniform(&[1, 2, 3]).unwrap();
+        let now = Instant::now();
+        let mut r = Resharder::new(ReshardConfig::default());
+        // Average (160 + 100 + 40) / 3 = 100: 160 is 1.6x.
+        let hot = lat(&[(1, 160), (2, 100), (3, 40)]);
+        assert_eq!(r.observe(&map, &hot, &[], now), None);
+        assert_eq!(
+            r.observe(&map, &hot, &[], now),
+            None,
+            "two intervals are not three"
+        );
+        assert_eq!(r.streak(1), 2);
+        let m = r
+            .observe(&map, &hot, &[], now)
+            .expect("third interval moves");
+        assert_eq!((m.from, m.to), (1, 3), "to the coolest node");
+        assert_eq!(m.base_version, 1);
+        assert!(matches!(m.state(), MoveState::Draining { .. }));
+
+        // 1.4x for three intervals (then more) never triggers.
+        let mut r = Resharder::new(ReshardConfig::default());
+        let warm = lat(&[(1, 140), (2, 100), (3, 60)]);
+        for _ in 0..10 {
+            assert_eq!(r.observe(&map, &warm, &[], now), None);
+        }
+        // An interval below the threshold restarts the count.
+        let mut r = Resharder::new(ReshardConfig::default());
+        for l in [&hot, &hot, &warm, &hot, &hot] {
+            assert_eq!(r.observe(&map, l, &[], now), None);
+        }
+        assert!(r.observe(&map, &hot, &[], now).is_some());
+        // One move at a time; streaks restart when it ends.
+        assert_eq!(r.observe(&map, &hot, &[], now), None, "busy");
+        r.finished();
+        assert_eq!(r.streak(1), 0);
+        assert_eq!(r.observe(&map, &hot, &[], now), None);
+    }
+
+    #[test]
+    fn range_is_contiguous_around_the_hottest_shard_within_half_the_difference() {
+        let map = ShardMap::uniform(&[1, 2]).unwrap(); // 1: 0..2048, 2: 2048..4096
+        let mut load = vec![0u64; N_SHARDS];
+        // Node 1's load: shard 100 hottest (50), neighbours 99 (20) and 101 (10), 102
+        // (10); node 2 idle. Budget = (50+20+10+10+5) / 2 = 47: only shard 100 fits.
+        load[100] = 50;
+        load[99] = 20;
+        load[101] = 10;
+        load[102] = 10;
+        load[500] = 5;
+        assert_eq!(choose_range(&map, 1, 2, &load), Some(100..101));
+        // A flatter load: 100 (30), then the hotter neighbour 99 (20) is taken before
+        // 101: budget (30+20+10+10+5+25)/2 = 50: 100, then 99 (50); 101 would be 60.
+        load[100] = 30;
+        load[1000] = 25;
+        assert_eq!(choose_range(&map, 1, 2, &load), Some(99..101));
+        // Never the whole of the hot node's shards; a one-shard node moves nothing.
+        let two = ShardMap::partial(1, &parse_shards("0-1").unwrap(), 1)
+            .unwrap()
+            .merge(&ShardMap::partial(2, &parse_shards("2-4095").unwrap(), 1).unwrap());
+        let mut big = vec![0u64; N_SHARDS];
+        big[0] = 1000;
+        big[1] = 1000;
+        assert_eq!(choose_range(&two, 1, 2, &big), Some(0..1));
+        let one = two.with_move(0..1, 2);
+        assert_eq!(choose_range(&one, 1, 2, &big), None);
+        // Without load figures: the hot node's first shard.
+        assert_eq!(choose_range(&map, 2, 1, &[]), Some(2048..2049));
+    }
+
+    #[test]
+    fn move_states_drain_transfer_publish_or_cancel() {
+        let map = ShardMap::uniform(&[1, 2]).unwrap();
+        let t0 = Instant::now();
+        let to = Duration::from_millis(10);
+        let mut m = Move::new(1, 2, 0..4, 1, t0);
+        // Locks held: the move waits (the source keeps refusing new ones meanwhile).
+        assert_eq!(m.on_held(2, &map, t0, to), MoveStep::Wait);
+        assert_eq!(
+            m.on_held(1, &map, t0 + Duration::from_millis(5), to),
+            MoveStep::Wait
+        );
+        assert!(matches!(m.state(), MoveState::Draining { .. }));
+        // Drained: transfer with the next version.
+        let step = m.on_held(0, &map, t0 + Duration::from_millis(6), to);
+        let MoveStep::Transfer { map: next } = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(m.state(), MoveState::Transferring);
+        assert_eq!(next.version(), 2);
+        assert_eq!(next.owner(3), 2);
+        assert_eq!(next.owner(4), 1);
+        m.published(next.version());
+        assert_eq!(m.state(), MoveState::Published { version: 2 });
+
+        // A lock held past the drain timeout cancels the move: never granted twice.
+        let mut m = Move::new(1, 2, 0..4, 1, t0);
+        assert_eq!(m.on_held(1, &map, t0 + to, to), MoveStep::Wait);
+        assert_eq!(
+            m.on_held(1, &map, t0 + to + Duration::from_millis(1), to),
+            MoveStep::Cancel
+        );
+        assert_eq!(m.state(), MoveState::Cancelled);
+        assert_eq!(
+            m.on_held(0, &map, t0, to),
+            MoveStep::Cancel,
+            "stays cancelled"
+        );
+    }
+
+    #[test]
+    fn keys_outside_a_nodes_shards_are_refused_with_the_current_version() {
+        let map = ShardMap::uniform(&[1, 2]).unwrap();
+        let mut o = Ownership::new(1, map.clone());
+        let mine = LockKey::compose(0, 5, 1).unwrap();
+        let theirs = LockKey::compose(0, 3000, 1).unwrap();
+        assert_eq!(o.route_lock(mine), Route::Serve);
+        assert_eq!(o.route_lock(theirs), Route::WrongShard { version: 1 });
+        assert_eq!(o.route_release(theirs), Route::WrongShard { version: 1 });
+        // Draining shard 5: locks refused as moving, releases still served.
+        assert!(o.begin_drain(4..6).is_ok());
+        assert_eq!(o.route_lock(mine), Route::Moving);
+        assert_eq!(o.route_release(mine), Route::Serve);
+        assert!(o.begin_drain(0..1).is_err(), "one drain at a time");
+        o.cancel_drain();
+        assert!(o.begin_drain(2040..2050).is_err(), "2048.. is not ours");
+        // Publish: the shard is gone, refused with version 2; an old map is ignored.
+        o.begin_drain(4..6).unwrap();
+        assert!(o.install(&map.with_move(4..6, 2)));
+        assert_eq!(o.draining(), None);
+        assert_eq!(o.route_lock(mine), Route::WrongShard { version: 2 });
+        assert!(!o.install(&map));
+        assert_eq!(o.map().version(), 2);
+    }
+}

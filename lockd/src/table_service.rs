@@ -1,0 +1,680 @@
+//! Lotus's lock tables served over rrpc, and their client (Lotus 4.1, 4.2, 4.3, 6).
+//!
+//! A [`TableService`] is one node's [`LockTable`] plus its [`Ownership`] (which shards it
+//! serves). Its handlers answer batched messages ([`crate::table_wire`]): one message
+//! carries up to 20 lock or unlock operations for the node, each answered granted,
+//! released, not held, refused (why), wrong shard (with the node's map version) or moving.
+//! The same service is called directly by coordinators in the same process
+//! ([`TableService::apply`], Lotus's placement: locks on compute nodes) or through RPC
+//! by remote ones.
+//!
+//! A [`TableClient`] (one per runtime thread) groups a transaction's operations by
+//! destination node with its [`ShardMap`], sends one message per node (per 20
+//! operations) in parallel, runs those for its own node directly when it has a local
+//! service, and on wrong-shard refetches the refusing node's map and retries; moving
+//! shards are retried after a short pause. Retries are bounded: what is still wrong-shard
+//! or moving after [`TableClientConfig::max_retries`] is returned as such, and the
+//! transaction aborts.
+//!
+//! [`run_move`] drives a [`Move`] (pass-by-range resharding) over the control RPCs:
+//! drain at the source, poll until no lock on the range is held (or cancel), install the
+//! new map at the destination, then the source, then every other node.
+//!
+//! Concurrency: a batch runs under a read lock of the ownership and a drain begins under
+//! its write lock, so once [`TableService::begin_drain`] returns, every lock granted on
+//! the range before it is in the lock state and counted by [`TableService::held_in`].
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use rrpc::runtime::{join_all, CallError, ThreadCtx};
+
+use crate::lock_table::LockTable;
+use crate::shard::{
+    LockKey, MapError, Move, MoveState, MoveStep, Ownership, Route, ShardMap, NO_NODE,
+};
+use crate::table_wire::{
+    decode_ops, decode_outcomes, encode_ops, encode_outcomes, DrainReq, OpKind, OpOutcome, TableOp,
+    TableWireError, MAX_OPS, TABLE_DRAIN_HANDLER, TABLE_INSTALL_HANDLER, TABLE_MAP_HANDLER,
+    TABLE_OPS_HANDLER, TABLE_RELEASE_NODE_HANDLER,
+};
+
+/// Name under which a node's table is described in its exports ([`TableService::export`]).
+pub const TABLE_EXPORT: &str = "lock-table";
+
+/// A node's lock table and the shards it serves. `Sync`: shared by the node's RPC
+/// threads and local coordinators.
+pub struct TableService {
+    table: Arc<LockTable>,
+    own: RwLock<Ownership>,
+}
+
+impl TableService {
+    /// Serve `table` for the shards `own` gives this node.
+    pub fn new(table: Arc<LockTable>, own: Ownership) -> Self {
+        Self {
+            table,
+            own: RwLock::new(own),
+        }
+    }
+
+    /// The lock table.
+    pub fn table(&self) -> &Arc<LockTable> {
+        &self.table
+    }
+
+    fn own(&self) -> std::sync::RwLockReadGuard<'_, Ownership> {
+        // A poisoned lock means a panic elsewhere; Ownership is replaced whole, so it is
+        // consistent: keep serving.
+        self.own.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn own_mut(&self) -> std::sync::RwLockWriteGuard<'_, Ownership> {
+        self.own.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> u32 {
+        self.own().me()
+    }
+
+    /// A copy of the node's current map.
+    pub fn map(&self) -> ShardMap {
+        self.own().map().clone()
+    }
+
+    /// Run `ops` in order on this node, pushing one outcome each to `out`; returns the
+    /// map version they were routed by (the reply header). Locks on shards the node does
+    /// not own are [`OpOutcome::WrongShard`], on a draining range [`OpOutcome::Moving`];
+    /// an unlock the table holds is served whatever the map says.
+    pub fn apply(&self, ops: &[TableOp], out: &mut Vec<OpOutcome>) -> u64 {
+        let own = self.own();
+        let version = own.map().version();
+        for op in ops {
+            out.push(match op.kind {
+                OpKind::Lock(mode) => match own.route_lock(op.key) {
+                    Route::Serve => match self.table.acquire(op.key.0, mode, op.txn, op.node) {
+                        Ok(()) => OpOutcome::Granted,
+                        Err(r) => OpOutcome::Refused(r),
+                    },
+                    Route::WrongShard { version } => OpOutcome::WrongShard { version },
+                    Route::Moving => OpOutcome::Moving,
+                },
+                OpKind::Unlock => {
+                    if self.table.release(op.key.0, op.txn, op.node) {
+                        OpOutcome::Released
+                    } else {
+                        match own.route_release(op.key) {
+                            Route::WrongShard { version } => OpOutcome::WrongShard { version },
+                            _ => OpOutcome::NotHeld,
+                        }
+                    }
+                }
+            });
+        }
+        version
+    }
+
+    /// Start draining `range` for a move: new locks on it are refused as moving. Returns
+    /// the locks held on it.
+    ///
+    /// Errors: [`MapError::BadRange`] when the node does not own all of it or another
+    /// range is draining.
+    pub fn begin_drain(&self, range: Range<u16>) -> Result<usize, MapError> {
+        self.own_mut().begin_drain(range.clone())?;
+        Ok(self.held_in(range))
+    }
+
+    /// Locks held on keys of shards `range`.
+    pub fn held_in(&self, range: Range<u16>) -> usize {
+        self.table
+            .count_held(|k| range.contains(&LockKey(k).shard()))
+    }
+
+    /// Serve the draining range again (a cancelled move).
+    pub fn cancel_drain(&self) {
+        self.own_mut().cancel_drain();
+    }
+
+    /// Install `map` if newer (see [`Ownership::install`]); returns the version after.
+    pub fn install(&self, map: &ShardMap) -> u64 {
+        let mut own = self.own_mut();
+        own.install(map);
+        own.map().version()
+    }
+
+    /// Release every lock held by transactions of compute node `node` (Lotus 6).
+    pub fn release_node(&self, node: u32) -> usize {
+        self.table.release_node(node)
+    }
+
+    /// The export describing this node's table (JSON: node id, map version).
+    pub fn export(&self) -> serde_json::Value {
+        let own = self.own();
+        serde_json::json!({ "node": own.me(), "map_version": own.map().version() })
+    }
+
+    /// Handler body of [`TABLE_OPS_HANDLER`].
+    pub fn handle_ops(&self, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        let mut ops = Vec::with_capacity(MAX_OPS);
+        decode_ops(req, &mut ops).map_err(|e| format!("lock-table RPC: {e}"))?;
+        let mut outs = Vec::with_capacity(ops.len());
+        let v = self.apply(&ops, &mut outs);
+        encode_outcomes(v, &outs, out);
+        Ok(())
+    }
+
+    /// Register this service's handlers ([`TABLE_OPS_HANDLER`] and the control ones) on
+    /// `h`.
+    pub fn register(self: &Arc<Self>, h: &mut rrpc::server::Handlers) {
+        let me = self.clone();
+        h.register(TABLE_OPS_HANDLER, move |req, out| me.handle_ops(req, out));
+        let me = self.clone();
+        h.register(TABLE_MAP_HANDLER, move |_req, out| {
+            me.map().encode(out);
+            Ok(())
+        });
+        let me = self.clone();
+        h.register(TABLE_INSTALL_HANDLER, move |req, out| {
+            let m = ShardMap::decode(req).map_err(|e| e.to_string())?;
+            out.extend_from_slice(&me.install(&m).to_le_bytes());
+            Ok(())
+        });
+        let me = self.clone();
+        h.register(TABLE_DRAIN_HANDLER, move |req, out| {
+            let held = match DrainReq::decode(req).ok_or("malformed drain request")? {
+                DrainReq::Begin { start, end } => {
+                    me.begin_drain(start..end).map_err(|e| e.to_string())?
+                }
+                DrainReq::Held { start, end } => me.held_in(start..end),
+                DrainReq::Cancel => {
+                    me.cancel_drain();
+                    0
+                }
+            };
+            out.extend_from_slice(&(held as u64).to_le_bytes());
+            Ok(())
+        });
+        let me = self.clone();
+        h.register(TABLE_RELEASE_NODE_HANDLER, move |req, out| {
+            let node = u32::from_le_bytes(req.try_into().map_err(|_| "expected a u32 node id")?);
+            out.extend_from_slice(&(me.release_node(node) as u64).to_le_bytes());
+            Ok(())
+        });
+    }
+
+    /// A handler set with only this service's handlers.
+    pub fn handlers(self: &Arc<Self>) -> rrpc::server::Handlers {
+        let mut h = rrpc::server::Handlers::new();
+        self.register(&mut h);
+        h
+    }
+}
+
+/// Errors of [`TableClient`] operations.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// An RPC to a lock-table node failed.
+    #[error("lock-table node {node}")]
+    Rpc {
+        /// The node.
+        node: u32,
+        /// Why.
+        #[source]
+        cause: CallError,
+    },
+    /// A node answered something this client cannot decode.
+    #[error("lock-table node {node}: malformed reply")]
+    Reply {
+        /// The node.
+        node: u32,
+        /// Why.
+        #[source]
+        cause: TableWireError,
+    },
+    /// A node sent a map this client cannot decode.
+    #[error("lock-table node {node}: shard map")]
+    Map {
+        /// The node.
+        node: u32,
+        /// Why.
+        #[source]
+        cause: MapError,
+    },
+    /// No known node owns the key's shard.
+    #[error("no node owns shard {shard} (map version {version})")]
+    NoOwner {
+        /// The shard.
+        shard: u16,
+        /// The client's map version.
+        version: u64,
+    },
+    /// A control reply of the wrong size.
+    #[error("lock-table node {node}: control reply of {len} bytes")]
+    ControlReply {
+        /// The node.
+        node: u32,
+        /// Its length.
+        len: usize,
+    },
+}
+
+/// Retry policy of a [`TableClient`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableClientConfig {
+    /// Rounds of retries for wrong-shard and moving outcomes (default 64).
+    pub max_retries: u32,
+    /// Pause before retrying moving operations, or wrong-shard ones whose node has an
+    /// older map than the client's (default 50 us).
+    pub retry_pause: Duration,
+    /// Operations per message (1 to [`MAX_OPS`], default [`MAX_OPS`]; 1 sends one message
+    /// per operation, for comparison).
+    pub batch: usize,
+}
+
+impl Default for TableClientConfig {
+    fn default() -> Self {
+        Self {
+            max_retries: 64,
+            retry_pause: Duration::from_micros(50),
+            batch: MAX_OPS,
+        }
+    }
+}
+
+/// A runtime thread's client of the lock-table nodes. Not `Sync`: one per thread.
+pub struct TableClient {
+    map: RefCell<ShardMap>,
+    local: Option<Arc<TableService>>,
+    cfg: TableClientConfig,
+}
+
+/// Fetch node `node`'s shard map over RPC.
+///
+/// Errors: [`TableError::Rpc`], [`TableError::Map`].
+pub async fn fetch_map(ctx: &ThreadCtx, node: u32) -> Result<ShardMap, TableError> {
+    let b = ctx
+        .call(node, TABLE_MAP_HANDLER, &[])
+        .await
+        .map_err(|cause| TableError::Rpc { node, cause })?;
+    ShardMap::decode(&b).map_err(|cause| TableError::Map { node, cause })
+}
+
+async fn control(ctx: &ThreadCtx, node: u32, handler: u16, req: &[u8]) -> Result<u64, TableError> {
+    let b = ctx
+        .call(node, handler, req)
+        .await
+        .map_err(|cause| TableError::Rpc { node, cause })?;
+    let w: [u8; 8] = b
+        .as_slice()
+        .try_into()
+        .map_err(|_| TableError::ControlReply { node, len: b.len() })?;
+    Ok(u64::from_le_bytes(w))
+}
+
+impl TableClient {
+    /// A client routing by `map`, with `local` as the service of its own process
+    /// (operations for `local`'s node run directly, without RPC).
+    pub fn new(map: ShardMap, local: Option<Arc<TableService>>, cfg: TableClientConfig) -> Self {
+        Self {
+            map: RefCell::new(map),
+            local,
+            cfg,
+        }
+    }
+
+    /// A client of the nodes `nodes` (already connected on `ctx` with
+    /// `ThreadCtx::connect_rpc`): their maps, merged.
+    ///
+    /// Errors: [`TableError::Rpc`], [`TableError::Map`].
+    pub async fn connect(
+        ctx: &ThreadCtx,
+        nodes: &[u32],
+        local: Option<Arc<TableService>>,
+        cfg: TableClientConfig,
+    ) -> Result<Self, TableError> {
+        let mut map: Option<ShardMap> = local.as_ref().map(|l| l.map());
+        for r in join_all(nodes.iter().map(|&n| fetch_map(ctx, n))).await {
+            let m = r?;
+            map = Some(match map {
+                Some(old) => old.merge(&m),
+                None => m,
+            });
+        }
+        let map = map.unwrap_or_else(|| {
+            ShardMap::partial(NO_NODE, &[], 0).expect("an empty shard list is valid")
+        });
+        Ok(Self::new(map, local, cfg))
+    }
+
+    /// The client's current map.
+    pub fn map(&self) -> ShardMap {
+        self.map.borrow().clone()
+    }
+
+    /// The retry policy.
+    pub fn config(&self) -> TableClientConfig {
+        self.cfg
+    }
+
+    /// Refetch node `node`'s map and merge it into the client's.
+    ///
+    /// Errors: those of [`fetch_map`].
+    pub async fn refresh_map(&self, ctx: &ThreadCtx, node: u32) -> Result<u64, TableError> {
+        let m = match &self.local {
+            Some(l) if l.node() == node => l.map(),
+            _ => fetch_map(ctx, node).await?,
+        };
+        let merged = self.map.borrow().merge(&m);
+        let v = merged.version();
+        *self.map.borrow_mut() = merged;
+        Ok(v)
+    }
+
+    /// Run `ops` (any number, any nodes): one message per destination node and
+    /// [`TableClientConfig::batch`] operations, all in parallel; outcomes in `ops`'
+    /// order. Wrong-shard and moving outcomes are retried as the module docs say.
+    ///
+    /// Errors: [`TableError::NoOwner`], [`TableError::Rpc`], [`TableError::Reply`],
+    /// [`TableError::Map`]. After an error some operations may have run: their
+    /// transaction should release what it may hold (releases are idempotent).
+    pub async fn execute(
+        &self,
+        ctx: &ThreadCtx,
+        ops: &[TableOp],
+    ) -> Result<Vec<OpOutcome>, TableError> {
+        let mut outs: Vec<Option<OpOutcome>> = vec![None; ops.len()];
+        let mut pending: Vec<usize> = (0..ops.len()).collect();
+        for round in 0..=self.cfg.max_retries {
+            let by_node = self.group(ops, &pending)?;
+            let mut remote = Vec::new();
+            for (node, idx) in &by_node {
+                for chunk in idx.chunks(self.cfg.batch.clamp(1, MAX_OPS)) {
+                    let batch: Vec<TableOp> = chunk.iter().map(|&i| ops[i]).collect();
+                    match &self.local {
+                        Some(l) if l.node() == *node => {
+                            let mut o = Vec::with_capacity(batch.len());
+                            l.apply(&batch, &mut o);
+                            for (&i, r) in chunk.iter().zip(o) {
+                                outs[i] = Some(r);
+                            }
+                        }
+                        _ => remote.push((*node, chunk.to_vec(), batch)),
+                    }
+                }
+            }
+            let replies = join_all(
+                remote
+                    .iter()
+                    .map(|(node, _, batch)| send(ctx, *node, batch)),
+            )
+            .await;
+            for ((_, chunk, _), r) in remote.iter().zip(replies) {
+                for (&i, o) in chunk.iter().zip(r?) {
+                    outs[i] = Some(o);
+                }
+            }
+            // What to retry, and whose maps to refetch.
+            let mine = self.map.borrow().version();
+            let mut refetch = BTreeMap::new();
+            let mut pause = false;
+            pending.clear();
+            for (i, o) in outs.iter().enumerate() {
+                match o {
+                    Some(OpOutcome::WrongShard { version }) => {
+                        pending.push(i);
+                        if *version > mine {
+                            let node = self.map.borrow().node_of(ops[i].key);
+                            refetch.insert(node, ());
+                        } else {
+                            pause = true;
+                        }
+                    }
+                    Some(OpOutcome::Moving) => {
+                        pending.push(i);
+                        pause = true;
+                    }
+                    _ => {}
+                }
+            }
+            if pending.is_empty() || round == self.cfg.max_retries {
+                break;
+            }
+            for node in refetch.into_keys() {
+                self.refresh_map(ctx, node).await?;
+            }
+            if pause {
+                ctx.sleep(self.cfg.retry_pause).await;
+            }
+        }
+        Ok(outs
+            .into_iter()
+            .map(|o| o.expect("every operation was answered"))
+            .collect())
+    }
+
+    fn group(
+        &self,
+        ops: &[TableOp],
+        idx: &[usize],
+    ) -> Result<BTreeMap<u32, Vec<usize>>, TableError> {
+        let map = self.map.borrow();
+        let mut by: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for &i in idx {
+            let node = map.node_of(ops[i].key);
+            if node == NO_NODE {
+                return Err(TableError::NoOwner {
+                    shard: ops[i].key.shard(),
+                    version: map.version(),
+                });
+            }
+            by.entry(node).or_default().push(i);
+        }
+        Ok(by)
+    }
+
+    /// Release every lock of compute node `dead` on every node of the map (Lotus 6).
+    /// Returns how many were released.
+    ///
+    /// Errors: [`TableError::Rpc`], [`TableError::ControlReply`].
+    pub async fn release_node(&self, ctx: &ThreadCtx, dead: u32) -> Result<u64, TableError> {
+        let nodes = self.map.borrow().nodes();
+        let mut n = 0;
+        let mut remote = Vec::new();
+        for node in nodes {
+            match &self.local {
+                Some(l) if l.node() == node => n += l.release_node(dead) as u64,
+                _ => remote.push(node),
+            }
+        }
+        let req = dead.to_le_bytes();
+        for r in join_all(
+            remote
+                .iter()
+                .map(|&node| control(ctx, node, TABLE_RELEASE_NODE_HANDLER, &req)),
+        )
+        .await
+        {
+            n += r?;
+        }
+        Ok(n)
+    }
+}
+
+async fn send(ctx: &ThreadCtx, node: u32, batch: &[TableOp]) -> Result<Vec<OpOutcome>, TableError> {
+    let mut buf = Vec::with_capacity(batch.len() * crate::table_wire::OP_BYTES);
+    encode_ops(batch, &mut buf).map_err(|cause| TableError::Reply { node, cause })?;
+    let r = ctx
+        .call(node, TABLE_OPS_HANDLER, &buf)
+        .await
+        .map_err(|cause| TableError::Rpc { node, cause })?;
+    decode_outcomes(&r, batch.len())
+        .map(|(_, o)| o)
+        .map_err(|cause| TableError::Reply { node, cause })
+}
+
+/// Drive `mv` to its end over the control RPCs (all nodes of `others` plus the move's
+/// two must be connected on `ctx`): begin draining at the source, poll the locks held
+/// on the range every `poll` until none (then publish the next map at the destination,
+/// the source and `others`, in that order) or until `timeout` (then cancel the drain).
+/// Returns the final state ([`MoveState::Published`] or [`MoveState::Cancelled`]).
+///
+/// Errors: [`TableError::Rpc`] (a node refused to drain, e.g. a range it does not own,
+/// arrives as a remote error), [`TableError::Map`], [`TableError::ControlReply`].
+pub async fn run_move(
+    ctx: &ThreadCtx,
+    mv: &mut Move,
+    others: &[u32],
+    poll: Duration,
+    timeout: Duration,
+) -> Result<MoveState, TableError> {
+    let (start, end) = (mv.range.start, mv.range.end);
+    let map = fetch_map(ctx, mv.from).await?;
+    let mut held = control(
+        ctx,
+        mv.from,
+        TABLE_DRAIN_HANDLER,
+        &DrainReq::Begin { start, end }.encode(),
+    )
+    .await?;
+    loop {
+        match mv.on_held(held as usize, &map, Instant::now(), timeout) {
+            MoveStep::Wait => {
+                ctx.sleep(poll).await;
+                held = control(
+                    ctx,
+                    mv.from,
+                    TABLE_DRAIN_HANDLER,
+                    &DrainReq::Held { start, end }.encode(),
+                )
+                .await?;
+            }
+            MoveStep::Cancel => {
+                control(
+                    ctx,
+                    mv.from,
+                    TABLE_DRAIN_HANDLER,
+                    &DrainReq::Cancel.encode(),
+                )
+                .await?;
+                return Ok(mv.state());
+            }
+            MoveStep::Transfer { map: next } => {
+                let mut enc = Vec::new();
+                next.encode(&mut enc);
+                for &n in [mv.to, mv.from].iter().chain(others) {
+                    control(ctx, n, TABLE_INSTALL_HANDLER, &enc).await?;
+                }
+                mv.published(next.version());
+                return Ok(mv.state());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock_table::{LockMode, Refusal};
+    use crate::shard::ShardMap;
+
+    fn svc(me: u32, map: &ShardMap) -> TableService {
+        TableService::new(
+            Arc::new(LockTable::with_bytes(1 << 16)),
+            Ownership::new(me, map.clone()),
+        )
+    }
+
+    fn op(key: LockKey, txn: u64, kind: OpKind) -> TableOp {
+        TableOp {
+            key,
+            txn,
+            node: 100,
+            kind,
+        }
+    }
+
+    const W: OpKind = OpKind::Lock(LockMode::Write);
+
+    /// A lock held when the move starts: new locks on the range are refused as moving
+    /// at the source and wrong-shard at the destination until the holder releases; then
+    /// the destination alone grants it.
+    #[test]
+    fn a_lock_held_during_a_move_is_never_granted_twice() {
+        let map = ShardMap::uniform(&[1, 2]).unwrap();
+        let (a, b) = (svc(1, &map), svc(2, &map));
+        let k = LockKey::compose(0, 7, 1).unwrap();
+        let mut o = Vec::new();
+        a.apply(&[op(k, 1, W)], &mut o);
+        assert_eq!(o, [OpOutcome::Granted]);
+        let now = Instant::now();
+        let mut mv = Move::new(1, 2, 0..16, 1, now);
+        assert_eq!(a.begin_drain(0..16).unwrap(), 1);
+        let t = Duration::from_secs(3600);
+        assert_eq!(mv.on_held(a.held_in(0..16), &map, now, t), MoveStep::Wait);
+        let mut o = Vec::new();
+        a.apply(&[op(k, 2, W)], &mut o);
+        b.apply(&[op(k, 2, W)], &mut o);
+        assert_eq!(o, [OpOutcome::Moving, OpOutcome::WrongShard { version: 1 }]);
+        // A key outside the range is still served by the source.
+        let other = LockKey::compose(0, 100, 1).unwrap();
+        let mut o = Vec::new();
+        a.apply(&[op(other, 2, W), op(other, 2, OpKind::Unlock)], &mut o);
+        assert_eq!(o, [OpOutcome::Granted, OpOutcome::Released]);
+        // The holder releases at the source (served while draining).
+        let mut o = Vec::new();
+        a.apply(&[op(k, 1, OpKind::Unlock)], &mut o);
+        assert_eq!(o, [OpOutcome::Released]);
+        let MoveStep::Transfer { map: next } = mv.on_held(a.held_in(0..16), &map, now, t) else {
+            panic!("drained")
+        };
+        assert_eq!(b.install(&next), 2);
+        assert_eq!(a.install(&next), 2);
+        mv.published(2);
+        let mut o = Vec::new();
+        a.apply(&[op(k, 2, W)], &mut o);
+        b.apply(&[op(k, 2, W)], &mut o);
+        b.apply(&[op(k, 3, W)], &mut o);
+        assert_eq!(
+            o,
+            [
+                OpOutcome::WrongShard { version: 2 },
+                OpOutcome::Granted,
+                OpOutcome::Refused(Refusal::Conflict)
+            ]
+        );
+    }
+
+    #[test]
+    fn unlocks_are_idempotent_and_routed() {
+        let map = ShardMap::uniform(&[1, 2]).unwrap();
+        let a = svc(1, &map);
+        let k = LockKey::compose(0, 7, 1).unwrap();
+        let far = LockKey::compose(0, 4000, 1).unwrap();
+        let mut o = Vec::new();
+        let v = a.apply(
+            &[
+                op(k, 1, W),
+                op(k, 1, W),
+                op(k, 1, OpKind::Unlock),
+                op(k, 1, OpKind::Unlock),
+                op(far, 1, OpKind::Unlock),
+            ],
+            &mut o,
+        );
+        assert_eq!(v, 1);
+        assert_eq!(
+            o,
+            [
+                OpOutcome::Granted,
+                OpOutcome::Granted,
+                OpOutcome::Released,
+                OpOutcome::NotHeld,
+                OpOutcome::WrongShard { version: 1 }
+            ]
+        );
+    }
+}

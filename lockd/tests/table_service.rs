@@ -1,0 +1,406 @@
+//! Lotus lock tables over rrpc on the shm fabric: two lock-table nodes in this process
+//! (nodes 1 and 2, half the shards each) and a client runtime (node 100), then the real
+//! `lockd` binary as two processes.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockd::lock_table::{LockMode, LockTable, Refusal};
+use lockd::shard::{LockKey, Move, MoveState, Ownership, ShardMap};
+use lockd::table_service::{run_move, TableClient, TableClientConfig, TableService, TABLE_EXPORT};
+use lockd::table_wire::{OpKind, OpOutcome, TableOp, TABLE_OPS_HANDLER};
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::node::{Node, NodeConfig};
+use rrpc::runtime::{block_on, CallError, RuntimeConfig, ThreadCtx};
+
+const CLIENT: u32 = 100;
+const R: OpKind = OpKind::Lock(LockMode::Read);
+const W: OpKind = OpKind::Lock(LockMode::Write);
+const U: OpKind = OpKind::Unlock;
+
+fn cluster(name: &str) -> ClusterGuard {
+    let c = format!("lockd-table-{}-{name}", std::process::id());
+    ClusterGuard::new(&c).unwrap().0
+}
+
+fn start(cluster: &ClusterGuard, me: u32, map: &ShardMap) -> (Arc<TableService>, Node) {
+    let fabric = cluster.open(me).unwrap();
+    let svc = Arc::new(TableService::new(
+        Arc::new(LockTable::with_bytes(1 << 16)),
+        Ownership::new(me, map.clone()),
+    ));
+    let mut exports = BTreeMap::new();
+    exports.insert(TABLE_EXPORT.to_string(), svc.export());
+    let node = Node::start(
+        fabric,
+        NodeConfig {
+            role: "lockd".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            exports,
+            rpc: Some((svc.handlers(), 1)),
+        },
+    )
+    .unwrap();
+    (svc, node)
+}
+
+fn ctx(cluster: &ClusterGuard, addrs: &[SocketAddr]) -> Rc<ThreadCtx> {
+    let ctx = ThreadCtx::new(
+        cluster.open(CLIENT).unwrap(),
+        RuntimeConfig {
+            call_timeout: Duration::from_secs(5),
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    for &a in addrs {
+        ctx.connect_rpc(a).unwrap();
+    }
+    ctx
+}
+
+fn key(shard: u64, rest: u64) -> LockKey {
+    LockKey::compose(1, shard, rest).unwrap()
+}
+
+fn op(key: LockKey, txn: u64, kind: OpKind) -> TableOp {
+    TableOp {
+        key,
+        txn,
+        node: CLIENT,
+        kind,
+    }
+}
+
+#[test]
+fn batched_ops_across_two_nodes_are_idempotent() {
+    let cl = cluster("idem");
+    let map = ShardMap::uniform(&[1, 2]).unwrap();
+    let (s1, n1) = start(&cl, 1, &map);
+    let (s2, n2) = start(&cl, 2, &map);
+    let ctx = ctx(&cl, &[n1.addr(), n2.addr()]);
+    let c = ctx.clone();
+    let (s1c, s2c) = (s1.clone(), s2.clone());
+    block_on(&ctx, async move {
+        let tc = TableClient::connect(&c, &[1, 2], None, TableClientConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(tc.map(), map);
+        // 30 keys on node 1 and 30 on node 2: two messages each (20 + 10).
+        let keys: Vec<LockKey> = (0..60)
+            .map(|i| key(if i < 30 { 5 } else { 3000 }, i))
+            .collect();
+        let lock: Vec<TableOp> = keys.iter().map(|&k| op(k, 1, W)).collect();
+        let o = tc.execute(&c, &lock).await.unwrap();
+        assert!(o.iter().all(|&x| x == OpOutcome::Granted), "{o:?}");
+        // A retried request: granted again, nothing changes.
+        let o = tc.execute(&c, &lock).await.unwrap();
+        assert!(o.iter().all(|&x| x == OpOutcome::Granted));
+        assert_eq!(s1c.table().slots_in_use() + s2c.table().slots_in_use(), 60);
+        // Another transaction conflicts; read locks of a third share a key.
+        let o = tc
+            .execute(
+                &c,
+                &[
+                    op(keys[0], 2, R),
+                    op(keys[59], 2, W),
+                    op(key(6, 0), 2, R),
+                    op(key(6, 0), 3, R),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            o,
+            [
+                OpOutcome::Refused(Refusal::Conflict),
+                OpOutcome::Refused(Refusal::Conflict),
+                OpOutcome::Granted,
+                OpOutcome::Granted
+            ]
+        );
+        let unlock: Vec<TableOp> = keys.iter().map(|&k| op(k, 1, U)).collect();
+        let o = tc.execute(&c, &unlock).await.unwrap();
+        assert!(o.iter().all(|&x| x == OpOutcome::Released));
+        let o = tc.execute(&c, &unlock).await.unwrap();
+        assert!(
+            o.iter().all(|&x| x == OpOutcome::NotHeld),
+            "second release: no-op"
+        );
+        // One message per op gives the same answers.
+        let one = TableClient::new(
+            tc.map(),
+            None,
+            TableClientConfig {
+                batch: 1,
+                ..TableClientConfig::default()
+            },
+        );
+        let o = one.execute(&c, &lock[..25]).await.unwrap();
+        assert!(o.iter().all(|&x| x == OpOutcome::Granted));
+        let o = one.execute(&c, &unlock[..25]).await.unwrap();
+        assert!(o.iter().all(|&x| x == OpOutcome::Released));
+        // A malformed message is a remote error; the node keeps serving.
+        let e = c.call(1, TABLE_OPS_HANDLER, &[0u8; 23]).await.unwrap_err();
+        assert!(matches!(e, CallError::Remote { .. }), "{e}");
+        // release_node over RPC passes on every lock of a failed compute node.
+        let dead: Vec<TableOp> = keys
+            .iter()
+            .map(|&k| TableOp {
+                node: 55,
+                ..op(k, 9, W)
+            })
+            .collect();
+        assert!(tc
+            .execute(&c, &dead)
+            .await
+            .unwrap()
+            .iter()
+            .all(|&x| x == OpOutcome::Granted));
+        assert_eq!(tc.release_node(&c, 55).await.unwrap(), 60);
+        assert_eq!(tc.release_node(&c, 55).await.unwrap(), 0);
+        let o = tc.execute(&c, &lock).await.unwrap();
+        assert!(o.iter().all(|&x| x == OpOutcome::Granted), "free again");
+        tc.execute(&c, &unlock).await.unwrap();
+    });
+    assert_eq!(
+        s1.table().slots_in_use() + s2.table().slots_in_use(),
+        1,
+        "key 6's readers"
+    );
+}
+
+/// A move of shards 0..64 from node 1 to node 2 with a lock held: the move waits for
+/// the release; meanwhile others are refused (moving); after it, a client with the old
+/// map is told wrong-shard, refetches, and is served by node 2.
+#[test]
+fn resharding_with_a_lock_held_and_client_retry_after_the_map_change() {
+    let cl = cluster("move");
+    let map = ShardMap::uniform(&[1, 2]).unwrap();
+    let (s1, n1) = start(&cl, 1, &map);
+    let (s2, n2) = start(&cl, 2, &map);
+    let ctx = ctx(&cl, &[n1.addr(), n2.addr()]);
+    let c = ctx.clone();
+    let (s1c, s2c) = (s1.clone(), s2.clone());
+    let state = block_on(&ctx, async move {
+        let cfg = TableClientConfig {
+            max_retries: 3,
+            ..TableClientConfig::default()
+        };
+        let holder = TableClient::connect(&c, &[1, 2], None, cfg).await.unwrap();
+        let stale = TableClient::connect(&c, &[1, 2], None, cfg).await.unwrap();
+        let k = key(7, 1);
+        assert_eq!(
+            holder.execute(&c, &[op(k, 1, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        let mut mv = Move::new(1, 2, 0..64, 1, Instant::now());
+        let (c2, s1d) = (c.clone(), s1c.clone());
+        let (state, ()) = rrpc::runtime::join(
+            async {
+                run_move(
+                    &c,
+                    &mut mv,
+                    &[],
+                    Duration::from_millis(1),
+                    Duration::from_secs(30),
+                )
+                .await
+                .unwrap()
+            },
+            async move {
+                // Wait until the drain began, then try to take the held lock: refused
+                // (moving) at node 1, never granted by node 2 either.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while s1d.map().version() == 1
+                    && holder.execute(&c2, &[op(k, 2, W)]).await.unwrap() != [OpOutcome::Moving]
+                {
+                    assert!(Instant::now() < deadline, "drain never began");
+                    c2.sleep(Duration::from_micros(200)).await;
+                }
+                assert_eq!(s2c.held_in(0..64), 0, "node 2 granted nothing");
+                c2.sleep(Duration::from_millis(5)).await;
+                assert_eq!(s1d.map().version(), 1, "the held lock delays the move");
+                assert_eq!(
+                    holder.execute(&c2, &[op(k, 1, U)]).await.unwrap(),
+                    [OpOutcome::Released]
+                );
+            },
+        )
+        .await;
+        // The stale client (map version 1) goes to node 1, is told wrong-shard with
+        // version 2, refetches and is served by node 2.
+        assert_eq!(stale.map().version(), 1);
+        assert_eq!(
+            stale.execute(&c, &[op(k, 3, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        assert_eq!(stale.map().version(), 2);
+        assert_eq!(stale.map().owner(7), 2);
+        stale.execute(&c, &[op(k, 3, U)]).await.unwrap();
+        state
+    });
+    assert_eq!(state, MoveState::Published { version: 2 });
+    assert_eq!(s1.map().version(), 2);
+    assert_eq!(s2.map().owner(63), 2);
+    assert_eq!(s2.map().owner(64), 1);
+
+    // A lock held past the drain timeout cancels the move: node 1 serves the range again.
+    let c = ctx.clone();
+    let state = block_on(&ctx, async move {
+        let tc = TableClient::connect(&c, &[1, 2], None, TableClientConfig::default())
+            .await
+            .unwrap();
+        let k = key(100, 1);
+        assert_eq!(
+            tc.execute(&c, &[op(k, 1, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        let mut mv = Move::new(1, 2, 100..101, 2, Instant::now());
+        let st = run_move(
+            &c,
+            &mut mv,
+            &[],
+            Duration::from_millis(1),
+            Duration::from_millis(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            tc.execute(&c, &[op(k, 1, U)]).await.unwrap(),
+            [OpOutcome::Released]
+        );
+        assert_eq!(
+            tc.execute(&c, &[op(k, 2, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        st
+    });
+    assert_eq!(state, MoveState::Cancelled);
+    assert_eq!(s1.map().version(), 2);
+    assert_eq!(s1.map().owner(100), 1);
+}
+
+/// The embedded placement: a client whose process runs node 1's service calls it
+/// directly, and node 2 over RPC, in one `execute`.
+#[test]
+fn embedded_service_and_remote_node_in_one_batch() {
+    let cl = cluster("embed");
+    let map = ShardMap::uniform(&[1, 2]).unwrap();
+    let local = Arc::new(TableService::new(
+        Arc::new(LockTable::with_bytes(1 << 16)),
+        Ownership::new(1, map.clone()),
+    ));
+    let (s2, n2) = start(&cl, 2, &map);
+    let ctx = ctx(&cl, &[n2.addr()]);
+    let c = ctx.clone();
+    let l = local.clone();
+    block_on(&ctx, async move {
+        let tc = TableClient::connect(&c, &[2], Some(l), TableClientConfig::default())
+            .await
+            .unwrap();
+        let ops = [op(key(1, 1), 1, W), op(key(4000, 1), 1, W)];
+        assert_eq!(
+            tc.execute(&c, &ops).await.unwrap(),
+            [OpOutcome::Granted, OpOutcome::Granted]
+        );
+        assert_eq!(tc.release_node(&c, CLIENT).await.unwrap(), 2);
+    });
+    assert_eq!(local.table().slots_in_use(), 0);
+    assert_eq!(s2.table().slots_in_use(), 0);
+}
+
+struct Proc(Child);
+
+impl Proc {
+    fn spawn(cluster: &str, args: &[&str]) -> (Self, SocketAddr) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args(["--cluster", cluster])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let line = out
+            .lines()
+            .map_while(Result::ok)
+            .next()
+            .expect("a READY line");
+        let addr = line
+            .strip_prefix("READY ")
+            .unwrap_or_else(|| panic!("{line:?}"))
+            .trim()
+            .parse()
+            .unwrap();
+        (Self(child), addr)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two real `lockd` processes, half the shards each (one from a TOML file): the client
+/// merges their partial maps, locks on both in one call, and release_node frees them.
+#[test]
+fn two_lockd_processes_serve_their_shards() {
+    let cl = cluster("procs");
+    let dir = std::env::temp_dir().join(format!("lockd-table-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = dir.join("lockd-12.toml");
+    std::fs::write(&toml, "lock-table-slots = 4096\nshards = \"2048-4095\"\n").unwrap();
+    let (_a, a) = Proc::spawn(
+        cl.name(),
+        &[
+            "--node",
+            "11",
+            "--locks",
+            "8",
+            "--lock-table-slots",
+            "4096",
+            "--shards",
+            "0-2047",
+        ],
+    );
+    let (_b, b) = Proc::spawn(
+        cl.name(),
+        &[
+            "--node",
+            "12",
+            "--locks",
+            "8",
+            "--config",
+            toml.to_str().unwrap(),
+        ],
+    );
+    let ctx = ctx(&cl, &[a, b]);
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let tc = TableClient::connect(&c, &[11, 12], None, TableClientConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(tc.map().owner(0), 11);
+        assert_eq!(tc.map().owner(4095), 12);
+        let ops: Vec<TableOp> = (0..40u64).map(|i| op(key(i * 100, i), 1, W)).collect();
+        let o = tc.execute(&c, &ops).await.unwrap();
+        assert!(o.iter().all(|&x| x == OpOutcome::Granted), "{o:?}");
+        let o = tc.execute(&c, &[op(key(0, 0), 2, W)]).await.unwrap();
+        assert_eq!(o, [OpOutcome::Refused(Refusal::Conflict)]);
+        assert_eq!(tc.release_node(&c, CLIENT).await.unwrap(), 40);
+        let o = tc
+            .execute(&c, &[op(key(0, 0), 2, W), op(key(0, 0), 2, U)])
+            .await
+            .unwrap();
+        assert_eq!(o, [OpOutcome::Granted, OpOutcome::Released]);
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
