@@ -8,7 +8,8 @@ use rrpc::rocket::{
     decode_batch, HeapRing, MsgHeader, RingMem, RocketConfig, RocketError, RocketReceiver,
     RocketSender,
 };
-use rrpc::wire::{MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix};
+use rrpc::server::mode::{parse_request, RequestError};
+use rrpc::wire::{FetchPrefix, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix};
 
 const CFG: RocketConfig = RocketConfig {
     bucket_size: 128,
@@ -129,5 +130,49 @@ proptest! {
         prop_assert_eq!(ZeroCopyPrefix::from_bytes(&z.to_bytes()), Some(z));
         let r = ReadReply { addr, rkey, len: n, handle };
         prop_assert_eq!(ReadReply::from_bytes(&r.to_bytes()), Some(r));
+    }
+
+    /// Request headers a peer sends (mode bits, the fetch flag, prefixes): parsed or
+    /// refused, never a panic; the parts tile the payload; what a caller encodes parses
+    /// back.
+    #[test]
+    fn request_headers_parse_or_refuse(flags in any::<u8>(), bytes in proptest::collection::vec(any::<u8>(), 0..80),
+                                       addr in any::<u64>(), rkey in any::<u32>(), len in any::<u32>(),
+                                       zc in any::<bool>(), body in proptest::collection::vec(any::<u8>(), 0..40)) {
+        match parse_request(flags, &bytes) {
+            Ok(r) => {
+                prop_assert_eq!(r.prefix.len(), r.mode.prefix_bytes());
+                prop_assert_eq!(r.fetch.is_some(), flags & FetchPrefix::FLAG != 0);
+                let fetched = if r.fetch.is_some() { FetchPrefix::BYTES } else { 0 };
+                prop_assert_eq!(r.prefix.len() + fetched + r.body.len(), bytes.len());
+            }
+            Err(RequestError::UnknownMode(f)) => {
+                prop_assert_eq!(f, flags);
+                prop_assert!(ReplyMode::from_u8(flags & !FetchPrefix::FLAG).is_none());
+            }
+            Err(RequestError::Short { need, have }) => {
+                prop_assert!(have < need);
+                prop_assert_eq!(have, bytes.len());
+            }
+        }
+        // As a caller builds one: [zero-copy prefix][fetch prefix] with no body, or a body.
+        let mode = if zc { ReplyMode::ZeroCopy } else { ReplyMode::Read };
+        let z = ZeroCopyPrefix { addr, rkey, capacity: len };
+        let f = FetchPrefix { addr: addr ^ 1, rkey, len };
+        let mut msg = Vec::new();
+        if zc {
+            msg.extend_from_slice(&z.to_bytes());
+        }
+        msg.extend_from_slice(&f.to_bytes());
+        let r = parse_request(mode as u8 | FetchPrefix::FLAG, &msg).unwrap();
+        prop_assert_eq!(r.mode, mode);
+        prop_assert_eq!(r.fetch, Some(f));
+        prop_assert!(r.body.is_empty());
+        if zc {
+            prop_assert_eq!(ZeroCopyPrefix::from_bytes(r.prefix), Some(z));
+        }
+        let r = parse_request(ReplyMode::Auto as u8, &body).unwrap();
+        prop_assert_eq!(r.body, &body[..]);
+        prop_assert_eq!(r.fetch, None);
     }
 }

@@ -1,7 +1,67 @@
-//! How a reply travels, decided from the request's mode and the reply's size: a pure
-//! function (Scythe 000_f3dba2ed893b246b.txt, 4.6 (2), Fig. 20).
+//! What a request asks for and how its reply travels, as pure functions: parsing a
+//! request's header flags and prefixes (bytes a peer controls), and deciding the reply's
+//! route from the request's mode and the reply's size (Scythe 000_f3dba2ed893b246b.txt,
+//! 4.6 (2), Fig. 20).
 
-use crate::wire::{ReplyMode, ZeroCopyPrefix};
+use crate::wire::{FetchPrefix, ReplyMode, ZeroCopyPrefix};
+
+/// A request's parts, borrowed from its message payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    /// How the reply travels.
+    pub mode: ReplyMode,
+    /// The mode's prefix ([`ZeroCopyPrefix`] for zero-copy, else empty).
+    pub prefix: &'a [u8],
+    /// Where to READ the request from, when it was sent by reference.
+    pub fetch: Option<FetchPrefix>,
+    /// The request payload (empty when sent by reference).
+    pub body: &'a [u8],
+}
+
+/// Why a request message is malformed; the text goes back to the caller.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The reply-mode bits name no mode.
+    #[error("unknown reply mode {0}")]
+    UnknownMode(u8),
+    /// The payload is shorter than its prefixes.
+    #[error("request of {have} bytes is shorter than its {need}-byte prefix")]
+    Short {
+        /// Bytes the prefixes need.
+        need: usize,
+        /// Bytes there are.
+        have: usize,
+    },
+}
+
+/// Parse a request message: `flags` from its header (the [`ReplyMode`] in the low bits,
+/// [`FetchPrefix::FLAG`]), `payload` its bytes: the mode's prefix, then a
+/// [`FetchPrefix`] if flagged, then the body. Never panics on any input.
+pub fn parse_request(flags: u8, payload: &[u8]) -> Result<Request<'_>, RequestError> {
+    let mode =
+        ReplyMode::from_u8(flags & !FetchPrefix::FLAG).ok_or(RequestError::UnknownMode(flags))?;
+    let fetch = flags & FetchPrefix::FLAG != 0;
+    let need = mode.prefix_bytes() + if fetch { FetchPrefix::BYTES } else { 0 };
+    if payload.len() < need {
+        return Err(RequestError::Short {
+            need,
+            have: payload.len(),
+        });
+    }
+    let (prefix, rest) = payload.split_at(mode.prefix_bytes());
+    let (fetch, body) = if fetch {
+        let (f, body) = rest.split_at(FetchPrefix::BYTES);
+        (FetchPrefix::from_bytes(f), body)
+    } else {
+        (None, rest)
+    };
+    Ok(Request {
+        mode,
+        prefix,
+        fetch,
+        body,
+    })
+}
 
 /// Where a reply goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

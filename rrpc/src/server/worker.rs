@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::handlers::{BatchReq, Entry, Handlers};
-use super::mode::{route, Route};
+use super::mode::{parse_request, route, Route};
 use super::{ServerStraw, StrawMap};
 use crate::arena::{Arena, Chunk};
 use crate::channel::{post_items, Channel, DataWrite, Item, Lists, ReadFetch};
@@ -204,6 +204,8 @@ pub(crate) struct Worker {
     read_hold: Duration,
     /// RPC+READ reply buffers by handle (their generation), with their expiry.
     holds: HashMap<u64, (Chunk, Instant), IdHash>,
+    /// The earliest expiry in `holds`.
+    next_expiry: Option<Instant>,
     next_handle: u64,
     mailbox: Arc<Mailbox>,
     lists: Lists<Rec>,
@@ -247,6 +249,7 @@ impl Worker {
             max_reply,
             read_hold,
             holds: HashMap::default(),
+            next_expiry: None,
             next_handle: 1,
             mailbox: Mailbox::new(),
             lists: Lists::default(),
@@ -386,17 +389,21 @@ impl Worker {
             self.answer(tag, res);
         }
         self.sorted_in = sorted;
-        if rounds.is_multiple_of(4096) && !self.holds.is_empty() {
-            let now = Instant::now();
+        // READ-mode buffers past their hold, on the round's clock.
+        if self.next_expiry.is_some_and(|t| t <= handle.now()) {
+            let now = handle.now();
             let arena = &mut self.arena;
+            let mut next = None::<Instant>;
             self.holds.retain(|_, (chunk, until)| {
                 if *until <= now {
                     free_read_buffer(arena, *chunk);
                     false
                 } else {
+                    next = Some(next.map_or(*until, |n| n.min(*until)));
                     true
                 }
             });
+            self.next_expiry = next;
         }
         // Phase 3: flush.
         for ci in 0..self.conns.len() {
@@ -473,31 +480,24 @@ impl Worker {
                 }
             }
             Some(MsgKind::Request) => {
-                let Some(mode) = ReplyMode::from_u8(hdr.flags & !FetchPrefix::FLAG) else {
-                    let msg = format!("unknown reply mode {}", hdr.flags);
-                    self.push_msg(ci, reply_hdr(&hdr, MsgKind::Error), msg.as_bytes());
-                    return;
+                let r = match parse_request(hdr.flags, payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let msg = e.to_string();
+                        self.push_msg(ci, reply_hdr(&hdr, MsgKind::Error), msg.as_bytes());
+                        return;
+                    }
                 };
-                let fetch = hdr.flags & FetchPrefix::FLAG != 0;
-                let pre = mode.prefix_bytes() + if fetch { FetchPrefix::BYTES } else { 0 };
-                if payload.len() < pre {
-                    let msg = format!("request shorter than its {pre}-byte prefix");
-                    self.push_msg(ci, reply_hdr(&hdr, MsgKind::Error), msg.as_bytes());
-                    return;
-                }
-                let (prefix, body) = payload.split_at(mode.prefix_bytes());
                 let p = Pending {
                     conn,
                     hdr,
-                    mode,
-                    prefix: prefix.to_vec(),
+                    mode: r.mode,
+                    prefix: r.prefix.to_vec(),
                 };
-                if fetch {
-                    let f = FetchPrefix::from_bytes(body).expect("length checked");
-                    self.start_fetch(ci, p, f);
-                    return;
+                match r.fetch {
+                    Some(f) => self.start_fetch(ci, p, f),
+                    None => self.dispatch(ci, p, r.body, handle),
                 }
-                self.dispatch(ci, p, body, handle);
             }
             _ => tracing::debug!(
                 peer = self.conns[ci].peer,
@@ -666,8 +666,9 @@ impl Worker {
                 mr.write(chunk.off + 8, out);
                 mr.write(chunk.off + 8 + out.len(), &handle.to_le_bytes());
                 mr.write(chunk.off, &handle.to_le_bytes());
-                self.holds
-                    .insert(handle, (chunk, Instant::now() + self.read_hold));
+                let until = Instant::now() + self.read_hold;
+                self.holds.insert(handle, (chunk, until));
+                self.next_expiry = Some(self.next_expiry.map_or(until, |n| n.min(until)));
                 let r = ReadReply {
                     addr: mr.addr() + chunk.off as u64,
                     rkey: mr.rkey(),
