@@ -276,7 +276,9 @@ fn a_read_mode_reply_read_after_its_buffer_expired_fails_the_call() {
         back.addr(),
         1,
         ServerConfig {
-            read_hold: Duration::from_millis(1),
+            // Long enough for a READ in time even in an emulated VM, short against the
+            // stall below.
+            read_hold: Duration::from_millis(300),
             ..ServerConfig::default()
         },
     );
@@ -303,7 +305,7 @@ fn a_read_mode_reply_read_after_its_buffer_expired_fails_the_call() {
             while ctx.stats().read_replies == 0 {
                 ctx.yield_now().await;
             }
-            std::thread::sleep(Duration::from_millis(300));
+            std::thread::sleep(Duration::from_millis(3000));
         });
     }
     ex.run();
