@@ -191,10 +191,13 @@ impl<M: RingMem> Channel<M> {
         self.tx.max_payload()
     }
 
-    /// Take the credit the peer wrote into word 0. A word that runs ahead of what was
-    /// posted is corrupt and ignored (the error says so).
-    pub(crate) fn take_credit(&mut self) -> Result<(), RocketError> {
-        self.tx.on_credit(stable_word(&self.words, 0))
+    /// Take the credit the peer wrote into word 0; returns whether it freed buckets. A
+    /// word that runs ahead of what was posted is corrupt and ignored (the error says
+    /// so).
+    pub(crate) fn take_credit(&mut self) -> Result<bool, RocketError> {
+        let before = self.tx.consumed();
+        self.tx.on_credit(stable_word(&self.words, 0))?;
+        Ok(self.tx.consumed() > before)
     }
 
     /// Append one message made of `parts`; sealed at once without msg batching. Errors

@@ -40,6 +40,9 @@ struct Slot {
     /// Buffers the server may touch: the zero-copy target, the large request.
     chunks: Held,
     waker: Option<Waker>,
+    /// The call expired, then its answer came (or its node died) before its future
+    /// looked: the server is done with its buffers after all.
+    settled: bool,
 }
 
 /// What to do with a reply that arrived ([`CallTable::deliver`]).
@@ -123,6 +126,7 @@ impl CallTable {
                 result: None,
                 chunks,
                 waker: None,
+                settled: false,
             },
         );
         self.deadlines.insert((deadline, id));
@@ -156,7 +160,12 @@ impl CallTable {
                 }
                 Late::Delivered
             }
-            Some(_) => Late::Delivered, // a duplicate: the first answer stands
+            // Expired, not yet looked at: the timeout stands, but the server is done
+            // with the buffers (a READ-mode buffer is released by the caller).
+            Some(s) => {
+                s.settled = true;
+                Late::Free(Held::default())
+            }
             None => Late::Free(self.zombies.remove(&id).map(|(_, c)| c).unwrap_or_default()),
         }
     }
@@ -176,7 +185,7 @@ impl CallTable {
             let s = self.calls.remove(&id).expect("present");
             let r = s.result.expect("checked");
             // An expired call with a buffer the server may still touch keeps it.
-            if matches!(r, Reply::Inline(Err(CallError::Timeout { .. }))) {
+            if matches!(r, Reply::Inline(Err(CallError::Timeout { .. }))) && !s.settled {
                 if !s.chunks.is_empty() {
                     self.zombies.insert(id, (s.node, s.chunks));
                 }
@@ -215,7 +224,7 @@ impl CallTable {
                 out.cancel = true;
             }
             // Expired: `expire` asked for the cancel already.
-            Some(Reply::Inline(Err(CallError::Timeout { .. }))) => {
+            Some(Reply::Inline(Err(CallError::Timeout { .. }))) if !s.settled => {
                 self.zombies.insert(id, (s.node, c));
             }
             // A final answer (or a gone node): nothing touches it any more.
@@ -264,6 +273,9 @@ impl CallTable {
         freed: &mut Vec<Chunk>,
     ) {
         for (&id, s) in self.calls.iter_mut() {
+            if s.node == node {
+                s.settled = true;
+            }
             if s.node == node && s.result.is_none() {
                 self.deadlines.remove(&(s.deadline, id));
                 s.result = Some(Reply::Inline(Err(err(s.handler))));
@@ -370,6 +382,32 @@ mod tests {
         assert_eq!(t.zombies(), 1);
         // The server's late Done (or Cancelled) frees it.
         assert_eq!(t.deliver(id, Reply::ZeroCopy(8)), Late::Free(chunk(64)));
+        assert_eq!(t.zombies(), 0);
+    }
+
+    #[test]
+    fn answer_after_expiry_but_before_the_future_looked_frees_the_buffer() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let id = t.open(4, 2, now, MS, chunk(64));
+        let mut cancel = Vec::new();
+        t.expire(now + MS, &mut cancel);
+        assert_eq!(cancel, vec![(4, id)]);
+        // The Done arrives before the caller's future runs again.
+        assert_eq!(
+            t.deliver(id, Reply::ZeroCopy(8)),
+            Late::Free(Held::default())
+        );
+        let (_c, w) = waker();
+        let Poll::Ready((Reply::Inline(Err(CallError::Timeout { .. })), held)) = t.poll(id, &w)
+        else {
+            panic!("want the timeout")
+        };
+        assert_eq!(
+            held,
+            chunk(64),
+            "the caller frees it: no answer is coming any more"
+        );
         assert_eq!(t.zombies(), 0);
     }
 

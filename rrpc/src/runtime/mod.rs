@@ -102,7 +102,8 @@ struct Inner {
     batch: Vec<u8>,
     done: Vec<(u64, WcStatus)>,
     cancels: Vec<(u32, u64)>,
-    /// Coroutines waiting for room (a free buffer, ring credit): woken every round.
+    /// Coroutines waiting for room (a free buffer, ring credit): woken after a round
+    /// with work.
     stalled: Vec<Waker>,
     rounds: u64,
     /// Emptied op lists of finished records, reused (no allocation per list).
@@ -933,10 +934,13 @@ impl ThreadCtx {
                 inner.arena.free(c);
             }
         }
-        // Coroutines waiting for room look again every round: credit arrives as a
-        // plain word write, which no completion announces.
-        for w in inner.stalled.drain(..) {
-            w.wake();
+        // Coroutines waiting for room look again after any round that freed some
+        // (completions free buffers, credit frees buckets); otherwise the thread is
+        // idle and its executor may yield the core.
+        if work {
+            for w in inner.stalled.drain(..) {
+                w.wake();
+            }
         }
         work
     }
@@ -1010,7 +1014,8 @@ impl ThreadCtx {
         let node = inner.conns[ci].node;
         let conn = &mut inner.conns[ci];
         let rpc = conn.rpc.as_mut().expect("rpc");
-        let _ = rpc.chan.take_credit();
+        // Freed buckets count as work: they wake the coroutines stalled on credit.
+        work |= rpc.chan.take_credit().unwrap_or(false);
         while let Some(&(kind, arg)) = rpc.control.last() {
             let hdr = MsgHeader {
                 len: 0,

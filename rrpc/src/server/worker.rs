@@ -342,8 +342,10 @@ impl Worker {
                 continue;
             }
             let c = &mut self.conns[ci];
-            let _ = c.chan.take_credit();
-            c.chan.drain_backlog();
+            work |= c.chan.take_credit().unwrap_or(false);
+            if c.chan.backlogged() > 0 {
+                c.chan.drain_backlog();
+            }
             // At most one ring's worth per round, so one client cannot starve others.
             for _ in 0..c.chan.config().buckets {
                 let c = &mut self.conns[ci];
