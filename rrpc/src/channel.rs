@@ -3,22 +3,22 @@
 //! (through a staging copy here) and receives on a ring in this process's memory that
 //! the peer writes.
 //!
-//! A [`Channel`] owns everything that happens between "a message is pushed" and "its
+//! A `Channel` owns everything that happens between "a message is pushed" and "its
 //! bucket has landed": the open bucket and sealing (msg batching), the order of a
 //! flush's WRs (doorbell batching: a round's data WRITEs, then its buckets, then the
 //! credit return, as one list), credits in both directions, a backlog for messages
 //! that find the ring full, and the replay of lists that a failed QP flushed. The caller
-//! ([`crate::runtime`]) and the server ([`crate::server`]) each hold one per Rocket pair
+//! (`crate::runtime`) and the server (`crate::server`) each hold one per Rocket pair
 //! and differ only in what they put in it.
 //!
-//! The protocol part is sans-IO: [`Channel::plan`] produces the list to post as
-//! [`Item`]s, [`Channel::failed`] takes back what a failed list carried, and the ring
-//! memories are any [`RingMem`]; the unit tests below run two channels against each
-//! other over heap memory, with torn, duplicated and lost WRITEs. [`post_items`] is
+//! The protocol part is sans-IO: `Channel::plan` produces the list to post as
+//! `Item`s, `Channel::failed` takes back what a failed list carried, and the ring
+//! memories are any `RingMem`; the unit tests below run two channels against each
+//! other over heap memory, with torn, duplicated and lost WRITEs. `post_items` is
 //! the I/O edge that turns items into verbs WRs on a shared QP.
 //!
 //! **Zero-copy data and its Done message travel in one ordered list.** A server's reply
-//! WRITE into the caller's buffer ([`DataWrite`]) is queued with the message that tells
+//! WRITE into the caller's buffer (`DataWrite`) is queued with the message that tells
 //! the caller it is there. At plan time the Done message is pushed into the ring and the
 //! WRITE is placed ahead of every bucket of the list; RC executes a QP's WRs in order,
 //! so the caller sees Done only after the data landed, with no completion round trip in

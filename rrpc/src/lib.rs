@@ -1,22 +1,31 @@
 //! `rrpc`: RDMA RPC for disaggregated-memory transaction systems (Scythe's RRPC,
 //! `shared/seeds/000_f3dba2ed893b246b.txt` sections 3.4 and 4.6).
 //!
-//! Layers, bottom up:
+//! Layers, bottom up; a module imports only from those above it in this list:
+//! - [`mem`]: the byte-addressed memory interface rings are read and written through;
 //! - [`fabric`]: a verbs-like API (MRs with rkeys, RC QPs, CQs, WR lists posted with one
-//!   doorbell, selective signaling, device memory) and its backends;
-//! - [`bootstrap`]: the TCP control plane that exchanges QP endpoints and MR descriptors;
+//!   doorbell, selective signaling, device memory), its backends and the timing model;
 //! - [`rocket`]: the Rocket message ring (bucketed msg batching + doorbell batching,
 //!   labels at both ends of a bucket, credits), a sans-IO state machine;
-//! - [`straw`]: RdmaStraws, per-node QP pools shared by a process's threads;
-//! - [`runtime`]: a per-thread executor running many coroutines whose WRs are posted
-//!   together once per polling round, with one-sided helpers and RPC calls;
-//! - [`server`]: RPC server threads polling Rockets and dispatching registered handlers;
-//! - [`node`]: a process's presence in a cluster (fabric + bootstrap + exported regions).
+//! - [`wire`]: message kinds, reply modes and their fixed-layout prefixes;
+//! - [`bootstrap`] and [`ctrl`]: the TCP control plane and its messages;
+//! - [`arena`]: registered buffers carved into chunks;
+//! - [`straw`]: RdmaStraws, per-node QP pools shared by a process's threads, with a
+//!   control thread for reconnects;
+//! - [`channel`]: one end of a Rocket pair (credits, sealing, the order of a list,
+//!   backlog, replay), used by callers and servers alike; sans-IO but for its posting
+//!   edge;
+//! - [`exec`]: the waker-driven single-thread executor;
+//! - [`runtime`] and [`server`], which never import each other: the per-thread runtime
+//!   of coroutines making one-sided ops and calls, and the server threads running
+//!   plain, async and sorted-batch handlers;
+//! - [`node`]: a process's presence in a cluster (fabric + bootstrap + exported regions
+//!   + server threads, optionally with a runtime for async handlers).
 #![warn(missing_docs)]
 
 pub mod arena;
 pub mod bootstrap;
-pub(crate) mod channel;
+pub mod channel;
 pub mod ctrl;
 pub mod exec;
 pub mod fabric;
