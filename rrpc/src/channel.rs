@@ -660,6 +660,28 @@ mod tests {
         );
     }
 
+    /// Regression: without msg batching `push` seals the bucket at once, so the only
+    /// sign of work is a sealed bucket not yet taken; `has_work` must see it.
+    #[test]
+    fn has_work_sees_a_bucket_sealed_by_push() {
+        for batching in [Batching::None, Batching::Doorbell] {
+            let (mut a, mut b) = (chan(batching), chan(batching));
+            assert!(!a.has_work(), "{batching:?}: a fresh channel");
+            a.push(hdr(0), &[&[1u8; 8][..]]).unwrap();
+            assert!(a.has_work(), "{batching:?}: a sealed bucket waits");
+            let items = plan(&mut a);
+            assert!(
+                matches!(items.as_slice(), [Item::Span(_)]),
+                "{batching:?}: {items:?}"
+            );
+            for it in &items {
+                land(&a, &b, it, Land::Whole);
+            }
+            assert_eq!(recv(&mut b), vec![0], "{batching:?}");
+            assert!(!a.has_work(), "{batching:?}: all posted");
+        }
+    }
+
     #[test]
     fn failed_list_is_replayed_in_order_and_torn_bucket_is_not_delivered() {
         let (mut a, mut b) = (chan(Batching::Combined), chan(Batching::Combined));
