@@ -17,6 +17,8 @@
 pub mod arena;
 pub mod bootstrap;
 pub(crate) mod channel;
+#[cfg(all(test, loom))]
+mod channel_loom;
 pub mod ctrl;
 pub mod exec;
 pub mod fabric;
