@@ -36,7 +36,8 @@
 //! `has_work` is false.
 //!
 //! Not modeled: the NIC reading staging asynchronously after the post (here a span is
-//! copied when it is planned), and several lists failing at once.
+//! copied when it is planned), and several lists failing at once (their order is a unit
+//! test in `channel.rs`).
 //!
 //! Run (release: loom is slow in debug; `deploy/test.sh` runs it):
 //! `RUSTFLAGS="--cfg loom" cargo test -p rrpc --lib --release channel_loom`.
