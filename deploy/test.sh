@@ -7,7 +7,10 @@
 #    fabric (cargo test --workspace).
 # 3. Runs the fabric conformance suite and the RPC, modes, straws, shm-cluster and
 #    async-handler suites again on shm under the cx5 timing model (RRPC_MODEL=cx5).
-# 4. Runs the fabric conformance suite and the RPC (calls, modes, straws, async
+# 4. Runs the loom models of the Rocket channel (rrpc/src/channel_loom.rs, compiled only
+#    with the rrpc feature loom-models), in release (loom is slow unoptimized); the loom
+#    model of the bare ring (rrpc/tests/loom_rocket.rs) runs in step 2.
+# 5. Runs the fabric conformance suite and the RPC (calls, modes, straws, async
 #    handlers), lock, TSO, memnode and SmallBank integration tests again on the verbs
 #    backend, against the Linux kernel's RDMA stack (Soft-RoCE), inside a qemu VM
 #    (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
@@ -42,6 +45,12 @@ cargo test --workspace --features rrpc/verbs
 echo "== timing model cx5: the fabric conformance, RPC, modes, straws, shm-cluster and async-handler suites again"
 RRPC_MODEL=cx5 cargo test --workspace --features rrpc/verbs \
   --test fabric_conformance --test rpc --test modes --test straws --test shm_cluster --test async_handlers
+
+# Release profile: builds rrpc's dependencies once more, optimized.
+echo "== loom models of the Rocket channel: credit return across wraps, replay"
+t0=$SECONDS
+cargo test -p rrpc --lib --release --features loom-models channel_loom
+echo "== loom models: $((SECONDS - t0)) s wall"
 
 if [ "${RRPC_SKIP_VM:-0}" = 1 ]; then
   echo "== RRPC_SKIP_VM=1: verbs tests in the Soft-RoCE VM skipped"

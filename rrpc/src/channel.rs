@@ -347,10 +347,20 @@ impl<M: RingMem> Channel<M> {
     }
 
     fn requeue(&mut self, items: impl DoubleEndedIterator<Item = Item>) {
+        // Between plans `spans` and `data_ready` hold only items taken back. Several lists
+        // fail together (a QP error flushes all of them) and come back oldest first, so
+        // each goes in by bucket number rather than simply in front, which would post
+        // the newest list's buckets first.
         for it in items.rev() {
             match it {
-                Item::Data(d) => self.data_ready.push_front(d),
-                Item::Span(s) => self.spans.push_front(s),
+                Item::Data(d) => {
+                    let at = self.data_ready.partition_point(|q| q.done_seq < d.done_seq);
+                    self.data_ready.insert(at, d);
+                }
+                Item::Span(s) => {
+                    let at = self.spans.partition_point(|q| q.seq < s.seq);
+                    self.spans.insert(at, s);
+                }
                 Item::Credit(_) => self.force_credit = true,
                 Item::Read(r) => self.reads.push_front(r),
             }
@@ -663,6 +673,28 @@ mod tests {
         );
     }
 
+    /// Regression: without msg batching `push` seals the bucket at once, so the only
+    /// sign of work is a sealed bucket not yet taken; `has_work` must see it.
+    #[test]
+    fn has_work_sees_a_bucket_sealed_by_push() {
+        for batching in [Batching::None, Batching::Doorbell] {
+            let (mut a, mut b) = (chan(batching), chan(batching));
+            assert!(!a.has_work(), "{batching:?}: a fresh channel");
+            a.push(hdr(0), &[&[1u8; 8][..]]).unwrap();
+            assert!(a.has_work(), "{batching:?}: a sealed bucket waits");
+            let items = plan(&mut a);
+            assert!(
+                matches!(items.as_slice(), [Item::Span(_)]),
+                "{batching:?}: {items:?}"
+            );
+            for it in &items {
+                land(&a, &b, it, Land::Whole);
+            }
+            assert_eq!(recv(&mut b), vec![0], "{batching:?}");
+            assert!(!a.has_work(), "{batching:?}: all posted");
+        }
+    }
+
     #[test]
     fn failed_list_is_replayed_in_order_and_torn_bucket_is_not_delivered() {
         let (mut a, mut b) = (chan(Batching::Combined), chan(Batching::Combined));
@@ -785,5 +817,25 @@ mod tests {
         a.plan(&mut again, &mut freed);
         assert!(again.is_empty(), "{again:?}");
         assert_eq!(freed.len(), 2);
+    }
+
+    #[test]
+    fn lists_failing_together_are_replayed_oldest_first() {
+        let mut a = chan(Batching::None);
+        a.push(hdr(0), &[&[1u8; 8][..]]).unwrap();
+        let l1 = plan(&mut a);
+        a.push(hdr(1), &[&[1u8; 8][..]]).unwrap();
+        let l2 = plan(&mut a);
+        // Both lists were on one QP that failed; their completions arrive in order.
+        a.failed(l1.into_iter());
+        a.failed(l2.into_iter());
+        let seqs: Vec<u64> = plan(&mut a)
+            .iter()
+            .map(|i| match i {
+                Item::Span(s) => s.seq,
+                _ => u64::MAX,
+            })
+            .collect();
+        assert_eq!(seqs, vec![0, 1]);
     }
 }

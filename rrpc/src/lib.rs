@@ -26,6 +26,8 @@
 pub mod arena;
 pub mod bootstrap;
 pub mod channel;
+#[cfg(all(test, feature = "loom-models"))]
+mod channel_loom;
 pub mod ctrl;
 pub mod exec;
 pub mod fabric;
