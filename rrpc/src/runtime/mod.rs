@@ -66,6 +66,62 @@ struct RpcChan {
     control: Vec<(MsgKind, u64)>,
     /// The server's id of this Rocket pair (to close it).
     rocket: u64,
+    /// Calls waiting for ring credit, served first come, first served: a call that
+    /// finds the ring full, or others already waiting, takes the next ticket and pushes
+    /// only when its ticket is the head. Without it, calls woken by their replies
+    /// (which run first in a round) refill the ring each round and a waiting call can
+    /// starve past its deadline.
+    credit_q: TicketQueue,
+}
+
+/// A first-come, first-served queue of coroutines waiting for ring credit.
+#[derive(Default)]
+struct TicketQueue {
+    /// The next ticket to hand out.
+    next: u64,
+    /// The ticket allowed to push now.
+    head: u64,
+    /// Wakers of the waiting tickets, and tickets whose calls gave up (skipped).
+    waiting: std::collections::BTreeMap<u64, Option<Waker>>,
+}
+
+impl TicketQueue {
+    fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+    fn take(&mut self, w: &Waker) -> u64 {
+        let t = self.next;
+        self.next += 1;
+        self.waiting.insert(t, Some(w.clone()));
+        t
+    }
+    fn wait(&mut self, t: u64, w: &Waker) {
+        if let Some(slot) = self.waiting.get_mut(&t) {
+            *slot = Some(w.clone());
+        }
+    }
+    /// Ticket `t` is done (pushed, or gave up): the head moves past finished tickets,
+    /// and a new head is woken to try (the ring may have room left).
+    fn done(&mut self, t: u64) {
+        self.waiting.remove(&t);
+        let old = self.head;
+        while self.head < self.next && !self.waiting.contains_key(&self.head) {
+            self.head += 1;
+        }
+        if self.head != old {
+            if let Some(Some(w)) = self.waiting.get_mut(&self.head).map(Option::take) {
+                w.wake();
+            }
+        }
+    }
+    /// Wake every waiter, in ticket order (the executor polls them in that order).
+    fn wake_all(&mut self) {
+        for w in self.waiting.values_mut() {
+            if let Some(w) = w.take() {
+                w.wake();
+            }
+        }
+    }
 }
 
 /// This thread's state towards one node.
@@ -285,6 +341,7 @@ impl ThreadCtx {
             chan,
             control: Vec::new(),
             rocket: accept.rocket,
+            credit_q: TicketQueue::default(),
         });
         Ok(info)
     }
@@ -521,10 +578,19 @@ impl ThreadCtx {
             });
         }
         let mut stalled = false;
+        // A ticket of the credit queue, given back if the call is dropped while waiting.
+        let mut guard = TicketGuard {
+            ctx: self,
+            node,
+            ticket: None,
+        };
+        // Ends a wait for credit or buffers at the call's deadline.
+        let mut timer = self.exec.sleep_until(deadline);
         // The zero-copy target (data + 8-byte generation trailer) and, for a request
         // too large for a bucket, the buffer the server READs it from.
         let mut bufs: [Option<Chunk>; 2] = [None, None];
         let id = std::future::poll_fn(|cx| {
+            let ticket = &mut guard.ticket;
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
             let Some(&ci) = inner.by_node.get(&node) else {
@@ -540,6 +606,26 @@ impl ThreadCtx {
             let Some(rpc) = conn.rpc.as_mut() else {
                 return Poll::Ready(Err(CallError::NotConnected { node }));
             };
+            let expired = Pin::new(&mut timer).poll(cx).is_ready();
+            // First come, first served while calls wait for credit.
+            if ticket.is_none() && !rpc.credit_q.is_empty() {
+                *ticket = Some(rpc.credit_q.take(cx.waker()));
+            }
+            if let Some(t) = *ticket {
+                if t != rpc.credit_q.head {
+                    if expired {
+                        rpc.credit_q.done(t);
+                        *ticket = None;
+                        return Poll::Ready(Err(CallError::Timeout {
+                            node,
+                            handler,
+                            after,
+                        }));
+                    }
+                    rpc.credit_q.wait(t, cx.waker());
+                    return Poll::Pending;
+                }
+            }
             let inline_max = rpc.chan.max_payload();
             let fetch = req.len() + mode.prefix_bytes() > inline_max;
             let timeout = || CallError::Timeout {
@@ -555,11 +641,16 @@ impl ThreadCtx {
                 if let (None, Some(n)) = (&slot, *need) {
                     match inner.arena.alloc(n.max(1)) {
                         Some(c) => *slot = Some(c),
-                        None if Instant::now() < deadline => {
+                        None if !expired => {
                             inner.stalled.push(cx.waker().clone());
                             return Poll::Pending;
                         }
-                        None => return Poll::Ready(Err(timeout())),
+                        None => {
+                            if let Some(t) = ticket.take() {
+                                rpc.credit_q.done(t);
+                            }
+                            return Poll::Ready(Err(timeout()));
+                        }
                     }
                 }
             }
@@ -616,26 +707,37 @@ impl ThreadCtx {
                         zc: bufs[0].take(),
                         req: bufs[1].take(),
                     };
+                    if let Some(t) = ticket.take() {
+                        rpc.credit_q.done(t);
+                    }
                     let id = inner.calls.open(node, handler, start, after, held);
                     debug_assert_eq!(id, call_id);
                     Poll::Ready(Ok(id))
                 }
-                Err(RocketError::RingFull) if Instant::now() < deadline => {
+                Err(RocketError::RingFull) if !expired => {
                     if !stalled {
                         stalled = true;
                         inner.stats.credit_stalls += 1;
                     }
-                    inner.stalled.push(cx.waker().clone());
+                    match *ticket {
+                        Some(t) => rpc.credit_q.wait(t, cx.waker()),
+                        None => *ticket = Some(rpc.credit_q.take(cx.waker())),
+                    }
                     Poll::Pending
                 }
-                Err(RocketError::RingFull) => Poll::Ready(Err(timeout())),
-                Err(RocketError::TooLarge { len, max }) => {
-                    Poll::Ready(Err(CallError::TooLarge { len, max }))
+                Err(e) => {
+                    if let Some(t) = ticket.take() {
+                        rpc.credit_q.done(t);
+                    }
+                    Poll::Ready(Err(match e {
+                        RocketError::RingFull => timeout(),
+                        RocketError::TooLarge { len, max } => CallError::TooLarge { len, max },
+                        _ => CallError::Protocol {
+                            node,
+                            what: "request ring refused the message",
+                        },
+                    }))
                 }
-                Err(_) => Poll::Ready(Err(CallError::Protocol {
-                    node,
-                    what: "request ring refused the message",
-                })),
             }
         })
         .await;
@@ -1014,8 +1116,11 @@ impl ThreadCtx {
         let node = inner.conns[ci].node;
         let conn = &mut inner.conns[ci];
         let rpc = conn.rpc.as_mut().expect("rpc");
-        // Freed buckets count as work: they wake the coroutines stalled on credit.
-        work |= rpc.chan.take_credit().unwrap_or(false);
+        // Freed buckets count as work and wake the calls waiting for credit, in order.
+        if rpc.chan.take_credit().unwrap_or(false) {
+            work = true;
+            rpc.credit_q.wake_all();
+        }
         while let Some(&(kind, arg)) = rpc.control.last() {
             let hdr = MsgHeader {
                 len: 0,
@@ -1199,6 +1304,32 @@ impl Drop for ThreadCtx {
             for &k in &c.attached {
                 c.straw.detach(k);
             }
+        }
+    }
+}
+
+/// Gives a call's credit ticket back if the call is dropped while waiting.
+struct TicketGuard<'a> {
+    ctx: &'a ThreadCtx,
+    node: u32,
+    ticket: Option<u64>,
+}
+
+impl Drop for TicketGuard<'_> {
+    fn drop(&mut self) {
+        let Some(t) = self.ticket.take() else {
+            return;
+        };
+        let mut inner = self.ctx.inner.borrow_mut();
+        let inner = &mut *inner;
+        if let Some(rpc) = inner
+            .by_node
+            .get(&self.node)
+            .copied()
+            .and_then(|ci| inner.conns[ci].rpc.as_mut())
+        {
+            rpc.credit_q.done(t);
+            rpc.credit_q.wake_all();
         }
     }
 }
@@ -1407,4 +1538,45 @@ pub fn block_on<T: 'static>(ctx: &Rc<ThreadCtx>, f: impl Future<Output = T> + 's
         .take()
         .expect("the coroutine ran to completion");
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TicketQueue;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn credit_queue_serves_in_order_and_skips_calls_that_gave_up() {
+        let mut q = TicketQueue::default();
+        let c: Vec<Arc<Count>> = (0..3)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let w: Vec<Waker> = c.iter().map(|c| Waker::from(c.clone())).collect();
+        let t: Vec<u64> = w.iter().map(|w| q.take(w)).collect();
+        assert_eq!(q.head, t[0]);
+        // The second gives up first: the head stays on the first.
+        q.done(t[1]);
+        assert_eq!(q.head, t[0]);
+        // The first pushes: the head skips the second and wakes the third.
+        q.done(t[0]);
+        assert_eq!(q.head, t[2]);
+        assert_eq!(c[2].0.load(Ordering::Relaxed), 1);
+        q.done(t[2]);
+        assert!(q.is_empty());
+        // An empty queue hands the next ticket the head at once.
+        let t3 = q.take(&w[0]);
+        assert_eq!(q.head, t3);
+        q.wait(t3, &w[1]);
+        q.wake_all();
+        assert_eq!(c[1].0.load(Ordering::Relaxed), 1);
+    }
 }
