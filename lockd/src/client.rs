@@ -93,23 +93,7 @@ pub enum LockError {
     InvalidRequest(String),
 }
 
-impl From<rrpc::runtime::OneSidedError> for LockError {
-    fn from(e: rrpc::runtime::OneSidedError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
-
-impl From<rrpc::runtime::ConnectError> for LockError {
-    fn from(e: rrpc::runtime::ConnectError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
-
-impl From<rrpc::runtime::CallError> for LockError {
-    fn from(e: rrpc::runtime::CallError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
+rrpc::from_rpc_errors!(LockError, LockError::Rpc);
 
 /// A snapshot of a lock's three words, read by one 24-byte READ. Each word is read
 /// atomically; the three are not one atomic snapshot.

@@ -99,20 +99,42 @@ fn front(
     .unwrap()
 }
 
-#[test]
-fn async_handlers_await_one_sided_ops_and_calls_on_their_thread() {
-    let c = setup("async", "proxy");
+/// A front node (id 3) with the async handlers over a back server (id 1) and a memory
+/// node (id 2), and a client context (node 100) connected to it for RPC.
+struct Setup {
+    ctx: Rc<ThreadCtx>,
+    /// The front's node id.
+    node: u32,
+    _front: Node,
+    _back: Node,
+    _mem: Node,
+    /// The counter's region: the memory node's exported MR lives as long as the test.
+    _mr: rrpc::fabric::MemoryRegion,
+    _cluster: rrpc::fabric::shm::ClusterGuard,
+}
+
+fn start(name: &str, threads: usize, server_cfg: ServerConfig) -> Setup {
+    let c = setup("async", name);
     let back = server(c.name(), 1);
-    let (mem, _mr) = mem_node(c.name(), 2, 4096);
-    let front = front(
-        c.name(),
-        mem.addr(),
-        back.addr(),
-        2,
-        ServerConfig::default(),
-    );
+    let (mem, mr) = mem_node(c.name(), 2, 4096);
+    let front = front(c.name(), mem.addr(), back.addr(), threads, server_cfg);
     let ctx = ThreadCtx::new(fabric(c.name(), 100), RuntimeConfig::default()).unwrap();
     let node = ctx.connect_rpc(front.addr()).unwrap().node;
+    Setup {
+        ctx,
+        node,
+        _front: front,
+        _back: back,
+        _mem: mem,
+        _mr: mr,
+        _cluster: c,
+    }
+}
+
+#[test]
+fn async_handlers_await_one_sided_ops_and_calls_on_their_thread() {
+    let s = start("proxy", 2, ServerConfig::default());
+    let (ctx, node) = (s.ctx.clone(), s.node);
     let seen = Rc::new(RefCell::new(Vec::new()));
     let mut ex = Executor::new(ctx.clone());
     for _ in 0..16 {
@@ -133,19 +155,9 @@ fn async_handlers_await_one_sided_ops_and_calls_on_their_thread() {
 
 #[test]
 fn a_slow_async_handler_does_not_hold_up_its_server_thread() {
-    let c = setup("async", "slow");
-    let back = server(c.name(), 1);
-    let (mem, _mr) = mem_node(c.name(), 2, 4096);
     // One server thread: the echo calls can only be answered if the naps yield it.
-    let front = front(
-        c.name(),
-        mem.addr(),
-        back.addr(),
-        1,
-        ServerConfig::default(),
-    );
-    let ctx = ThreadCtx::new(fabric(c.name(), 100), RuntimeConfig::default()).unwrap();
-    let node = ctx.connect_rpc(front.addr()).unwrap().node;
+    let s = start("slow", 1, ServerConfig::default());
+    let (ctx, node) = (s.ctx.clone(), s.node);
     let order = Rc::new(RefCell::new(Vec::new()));
     let mut ex = Executor::new(ctx.clone());
     for i in 0..8u64 {
@@ -204,18 +216,8 @@ async fn eventually(ctx: &ThreadCtx, mut f: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn expired_zero_copy_call_holds_its_buffer_until_the_server_cancels() {
-    let c = setup("async", "cancel");
-    let back = server(c.name(), 1);
-    let (mem, _mr) = mem_node(c.name(), 2, 4096);
-    let front = front(
-        c.name(),
-        mem.addr(),
-        back.addr(),
-        1,
-        ServerConfig::default(),
-    );
-    let ctx = ThreadCtx::new(fabric(c.name(), 100), RuntimeConfig::default()).unwrap();
-    let node = ctx.connect_rpc(front.addr()).unwrap().node;
+    let s = start("cancel", 1, ServerConfig::default());
+    let (ctx, node) = (s.ctx.clone(), s.node);
     let c2 = ctx.clone();
     block_on(&ctx, async move {
         let mut req = 200u64.to_le_bytes().to_vec();
@@ -267,13 +269,8 @@ fn expired_zero_copy_call_holds_its_buffer_until_the_server_cancels() {
 
 #[test]
 fn a_read_mode_reply_read_after_its_buffer_expired_fails_the_call() {
-    let c = setup("async", "expired");
-    let back = server(c.name(), 1);
-    let (mem, _mr) = mem_node(c.name(), 2, 4096);
-    let front = front(
-        c.name(),
-        mem.addr(),
-        back.addr(),
+    let s = start(
+        "expired",
         1,
         ServerConfig {
             // Long enough for a READ in time even in an emulated VM, short against the
@@ -282,8 +279,7 @@ fn a_read_mode_reply_read_after_its_buffer_expired_fails_the_call() {
             ..ServerConfig::default()
         },
     );
-    let ctx = ThreadCtx::new(fabric(c.name(), 100), RuntimeConfig::default()).unwrap();
-    let node = ctx.connect_rpc(front.addr()).unwrap().node;
+    let (ctx, node) = (s.ctx.clone(), s.node);
     let result = Rc::new(RefCell::new(None));
     let mut ex = Executor::new(ctx.clone());
     {

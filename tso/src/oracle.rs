@@ -61,23 +61,7 @@ pub enum TsoError {
     },
 }
 
-impl From<rrpc::runtime::OneSidedError> for TsoError {
-    fn from(e: rrpc::runtime::OneSidedError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
-
-impl From<rrpc::runtime::ConnectError> for TsoError {
-    fn from(e: rrpc::runtime::ConnectError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
-
-impl From<rrpc::runtime::CallError> for TsoError {
-    fn from(e: rrpc::runtime::CallError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
+rrpc::from_rpc_errors!(TsoError, TsoError::Rpc);
 
 /// Human-readable form of a placement, as exported and printed at start.
 pub fn describe_placement(p: &DmPlacement) -> String {

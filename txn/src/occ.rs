@@ -150,23 +150,7 @@ pub enum TxnError {
     },
 }
 
-impl From<rrpc::runtime::OneSidedError> for TxnError {
-    fn from(e: rrpc::runtime::OneSidedError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
-
-impl From<rrpc::runtime::ConnectError> for TxnError {
-    fn from(e: rrpc::runtime::ConnectError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
-
-impl From<rrpc::runtime::CallError> for TxnError {
-    fn from(e: rrpc::runtime::CallError) -> Self {
-        Self::Rpc(e.into())
-    }
-}
+rrpc::from_rpc_errors!(TxnError, TxnError::Rpc);
 
 /// Coordinator settings.
 #[derive(Clone, Debug)]

@@ -174,3 +174,36 @@ impl From<FabricError> for RpcError {
         Self::Connect(e.into())
     }
 }
+
+/// Implements `From` of [`ConnectError`], [`OneSidedError`] and [`CallError`] for an
+/// error type `$t` whose variant `$v` holds an [`RpcError`], so that `?` works on every
+/// runtime operation in a crate with its own error type (`?` applies one `From` only).
+///
+/// ```
+/// #[derive(Debug, thiserror::Error)]
+/// enum MyError {
+///     #[error(transparent)]
+///     Rpc(#[from] rrpc::runtime::RpcError),
+/// }
+/// rrpc::from_rpc_errors!(MyError, MyError::Rpc);
+/// ```
+#[macro_export]
+macro_rules! from_rpc_errors {
+    ($t:ty, $v:path) => {
+        impl From<$crate::runtime::ConnectError> for $t {
+            fn from(e: $crate::runtime::ConnectError) -> Self {
+                $v(e.into())
+            }
+        }
+        impl From<$crate::runtime::OneSidedError> for $t {
+            fn from(e: $crate::runtime::OneSidedError) -> Self {
+                $v(e.into())
+            }
+        }
+        impl From<$crate::runtime::CallError> for $t {
+            fn from(e: $crate::runtime::CallError) -> Self {
+                $v(e.into())
+            }
+        }
+    };
+}
