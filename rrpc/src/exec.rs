@@ -481,15 +481,12 @@ impl Executor {
 
     /// Move the tasks spawned on the handle into the slab.
     fn take_spawned(&mut self) {
-        let mut spawned = std::mem::take(&mut self.spawn_buf);
-        {
-            let mut queue = self.handle.shared.spawned.borrow_mut();
-            if queue.is_empty() {
-                self.spawn_buf = spawned;
-                return;
-            }
-            std::mem::swap(&mut *queue, &mut spawned);
+        // Nearly every round: nothing spawned, so no buffer swap.
+        if self.handle.shared.spawned.borrow().is_empty() {
+            return;
         }
+        let mut spawned = std::mem::take(&mut self.spawn_buf);
+        std::mem::swap(&mut *self.handle.shared.spawned.borrow_mut(), &mut spawned);
         for f in spawned.drain(..) {
             self.insert(f);
         }
@@ -534,8 +531,10 @@ impl Executor {
         self.handle.shared.now.set(now);
 
         let fired = self.handle.take_due(now, &mut self.fired);
-        for w in self.fired.drain(..) {
-            w.wake();
+        if fired > 0 {
+            for w in self.fired.drain(..) {
+                w.wake();
+            }
         }
 
         self.take_spawned();

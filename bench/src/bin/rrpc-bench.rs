@@ -102,7 +102,8 @@ enum Cmd {
         mode_coroutines: usize,
     },
     /// Round trip p50/p99 for 32 B requests and 32 B / 4 KiB / 64 KiB replies with 1 and 2
-    /// client threads, and small-RPC throughput per core.
+    /// client threads, 1 caller among 63 idle coroutines against 1 alone, and small-RPC
+    /// throughput per core.
     Latency,
     /// rrpc against iceoryx2 request-response, tonic gRPC (loopback TCP) and the cache-line
     /// ping-pong floor: 32 B request and reply, two pinned busy-polling endpoints.
@@ -339,6 +340,63 @@ fn drive(
     req: Vec<u8>,
     opts: CallOpts,
     expect: usize,
+    window: (Duration, Duration),
+) -> Result<Point> {
+    drive_with_idle(ctx, node, coroutines, 0, req, opts, expect, window)
+}
+
+/// Coroutines that wait without work until the gate opens: stand-ins for a thread's idle
+/// tasks (a caller waiting for a lock, a server task waiting for a request). Each stores
+/// its waker once; `open` wakes them all, so an executor that polls only woken tasks
+/// never polls them before.
+#[derive(Default)]
+struct IdleGate {
+    open: Cell<bool>,
+    wakers: RefCell<Vec<std::task::Waker>>,
+}
+
+impl IdleGate {
+    async fn wait(&self) {
+        let mut slot = None::<usize>;
+        std::future::poll_fn(|cx| {
+            if self.open.get() {
+                return std::task::Poll::Ready(());
+            }
+            let mut wakers = self.wakers.borrow_mut();
+            match slot {
+                Some(i) if wakers[i].will_wake(cx.waker()) => {}
+                Some(i) => wakers[i] = cx.waker().clone(),
+                None => {
+                    slot = Some(wakers.len());
+                    wakers.push(cx.waker().clone());
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
+    fn open(&self) {
+        self.open.set(true);
+        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// [`drive`] with `idle` more coroutines on the same executor that wait, from the start
+/// until every calling coroutine has finished, on an [`IdleGate`] (never ready during
+/// the warm-up and the measured time).
+#[allow(clippy::too_many_arguments)]
+fn drive_with_idle(
+    ctx: &Rc<ThreadCtx>,
+    node: u32,
+    coroutines: usize,
+    idle: usize,
+    req: Vec<u8>,
+    opts: CallOpts,
+    expect: usize,
     (warmup, measure): (Duration, Duration),
 ) -> Result<Point> {
     // One TSC-based clock for the loop and the samples: a precise system clock read per
@@ -356,9 +414,11 @@ fn drive(
     let failed = Rc::new(RefCell::new(None::<String>));
     let stats0 = Rc::new(Cell::new(None::<Stats>));
     let req = Rc::new(req);
+    let gate = Rc::new(IdleGate::default());
+    let active = Rc::new(Cell::new(coroutines.max(1)));
     let mut ex = Executor::new(ctx.clone());
     for _ in 0..coroutines.max(1) {
-        let (ctx, hist, calls, failed, req, clock, stats0) = (
+        let (ctx, hist, calls, failed, req, clock, stats0, gate, active) = (
             ctx.clone(),
             hist.clone(),
             calls.clone(),
@@ -366,6 +426,8 @@ fn drive(
             req.clone(),
             clock.clone(),
             stats0.clone(),
+            gate.clone(),
+            active.clone(),
         );
         ex.spawn(async move {
             loop {
@@ -396,7 +458,15 @@ fn drive(
                     let _ = hist.borrow_mut().record(ns.max(1));
                 }
             }
+            active.set(active.get() - 1);
+            if active.get() == 0 {
+                gate.open();
+            }
         });
+    }
+    for _ in 0..idle {
+        let gate = gate.clone();
+        ex.spawn(async move { gate.wait().await });
     }
     ex.run();
     if let Some(e) = failed.borrow_mut().take() {
@@ -772,6 +842,65 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
             }));
         }
     }
+    // One caller among idle coroutines: 1 calling coroutine and 63 waiting ones on one
+    // client thread against the caller alone, same request and options as the 1-thread
+    // 32 B row, alternated twice (half the measured time each) since absolute numbers
+    // drift. The idle coroutines wait on a gate opened when the caller is done.
+    const IDLE: usize = 63;
+    let (alone, crowd) = on_core(c.client_core, || {
+        let (ctx, node) = bed.client(RuntimeConfig::default())?;
+        let opts = CallOpts {
+            reply_len: Some(32),
+            ..CallOpts::default()
+        };
+        let half = (warm, meas / 2);
+        let mut alone = (
+            Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?,
+            0u64,
+        );
+        let mut crowd = (
+            Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?,
+            0u64,
+        );
+        for _ in 0..2 {
+            for (idle, acc) in [(0, &mut alone), (IDLE, &mut crowd)] {
+                let p = drive_with_idle(&ctx, node, 1, idle, request(32, 32), opts, 32, half)?;
+                acc.0.add(&p.hist)?;
+                acc.1 += p.calls;
+            }
+        }
+        Ok((alone, crowd))
+    })?;
+    println!("\n1 caller among idle coroutines (32 B / 32 B, one client thread, alternated 2x):");
+    println!(
+        "{:>20} {:>9} {:>9} {:>9} {:>10}",
+        "caller", "p50(us)", "p99(us)", "mean(us)", "calls/s"
+    );
+    let mut idle_rows = serde_json::Map::new();
+    for (name, (h, calls)) in [("1-alone", &alone), ("1-of-64", &crowd)] {
+        let rate = *calls as f64 / meas.as_secs_f64();
+        println!(
+            "{:>20} {:>9.2} {:>9.2} {:>9.2} {:>10.0}",
+            if name == "1-alone" {
+                "1 alone"
+            } else {
+                "1 + 63 idle"
+            },
+            h.value_at_quantile(0.5) as f64 / 1e3,
+            h.value_at_quantile(0.99) as f64 / 1e3,
+            h.mean() / 1e3,
+            rate
+        );
+        idle_rows.insert(
+            name.into(),
+            json!({ "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99), "mean_ns": h.mean(), "calls_per_s": rate }),
+        );
+    }
+    let idle_ratio =
+        crowd.0.value_at_quantile(0.5) as f64 / alone.0.value_at_quantile(0.5).max(1) as f64;
+    println!("ratio p50 1-of-64/1-alone = {idle_ratio:.3}");
+    idle_rows.insert("idle_coroutines".into(), json!(IDLE));
+    idle_rows.insert("ratio_p50_1_of_64_1_alone".into(), json!(idle_ratio));
     // Small-RPC throughput: one client thread with many coroutines against one server
     // thread; two cores busy.
     let p = on_core(c.client_core, || {
@@ -792,7 +921,7 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
         c.coroutines, p.rate(), per_core, p.p(0.5) / 1e3, p.stats.messages_per_write()
     );
     Ok(
-        json!({ "points": rows, "small_rpc_calls_per_s": p.rate(), "small_rpc_calls_per_s_per_core": per_core, "coroutines": c.coroutines }),
+        json!({ "points": rows, "idle": idle_rows, "small_rpc_calls_per_s": p.rate(), "small_rpc_calls_per_s_per_core": per_core, "coroutines": c.coroutines }),
     )
 }
 
