@@ -6,8 +6,9 @@
 //!
 //! [`Executor::run`] repeats rounds; one round is:
 //!
-//! 1. read the clock once ([`Instant::now`], one vDSO call) into the [`Handle`]; tasks
-//!    read it back for free through [`Handle::now`], and it is what timers compare
+//! 1. start the round's clock: [`Handle::now`] reads [`Instant::now`] (one vDSO call)
+//!    on its first use in the round and returns that value for the rest of it; it is
+//!    read at once only when timers are pending, and it is what timers compare
 //!    against;
 //! 2. fire the timers due at that instant (wake their wakers), so that their tasks run in
 //!    this round's pass;
@@ -108,7 +109,8 @@ type TimerKey = (Instant, u64);
 /// One thread's scheduler state shared by its [`Handle`]s.
 struct Shared {
     /// The clock read at the start of the current round.
-    now: Cell<Instant>,
+    /// The round's clock, read on first use in the round (`None` until then).
+    now: Cell<Option<Instant>>,
     /// Tasks spawned through a [`Handle`], not yet in an executor's slab.
     spawned: RefCell<Vec<BoxFuture>>,
     /// Pending timers.
@@ -137,7 +139,7 @@ impl Handle {
     pub fn new() -> Self {
         Self {
             shared: Rc::new(Shared {
-                now: Cell::new(Instant::now()),
+                now: Cell::new(None),
                 spawned: RefCell::new(Vec::new()),
                 timers: RefCell::new(BTreeMap::new()),
                 next_seq: Cell::new(0),
@@ -187,7 +189,14 @@ impl Handle {
 
     /// The clock read at the start of the current round (a memory read, not a clock read).
     pub fn now(&self) -> Instant {
-        self.shared.now.get()
+        match self.shared.now.get() {
+            Some(t) => t,
+            None => {
+                let t = Instant::now();
+                self.shared.now.set(Some(t));
+                t
+            }
+        }
     }
 
     /// Pending timers (registered by polled, not yet fired, not dropped sleeps and
@@ -527,10 +536,15 @@ impl Executor {
     fn round(&mut self, io: &mut dyn FnMut() -> bool, exit_when_done: bool) -> bool {
         self.stats.rounds += 1;
         let round = self.stats.rounds;
-        let now = Instant::now();
-        self.handle.shared.now.set(now);
-
-        let fired = self.handle.take_due(now, &mut self.fired);
+        // The clock is read lazily: at most once a round, and not at all in a round
+        // that has no timer to fire and whose tasks and I/O do not ask for it.
+        self.handle.shared.now.set(None);
+        let fired = if self.handle.shared.timers.borrow().is_empty() {
+            0
+        } else {
+            let now = self.handle.now();
+            self.handle.take_due(now, &mut self.fired)
+        };
         if fired > 0 {
             for w in self.fired.drain(..) {
                 w.wake();

@@ -11,7 +11,7 @@
 //! `Cancelled` after the caller's `Cancel`) says nothing more can touch it, or the node
 //! is gone. No timer frees it: a slow server must never WRITE into a reused buffer.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -89,9 +89,10 @@ pub(crate) struct Abandoned {
 /// Calls in flight on one thread. See the module docs.
 #[derive(Default)]
 pub(crate) struct CallTable {
+    /// Calls in flight. Few (about one per coroutine), so expiry scans them all,
+    /// every few rounds, instead of keeping an ordered index that every call would pay
+    /// an insert and a remove into.
     calls: HashMap<u64, Slot, IdHash>,
-    /// (deadline, id) of calls without a result yet: expiry scans the front only.
-    deadlines: BTreeSet<(Instant, u64)>,
     /// Buffers of abandoned calls the server may still touch, by call id, with the node.
     zombies: HashMap<u64, (u32, Held), IdHash>,
     next: u64,
@@ -129,7 +130,6 @@ impl CallTable {
                 settled: false,
             },
         );
-        self.deadlines.insert((deadline, id));
         id
     }
 
@@ -153,7 +153,6 @@ impl CallTable {
     pub(crate) fn deliver(&mut self, id: u64, reply: Reply) -> Late {
         match self.calls.get_mut(&id) {
             Some(s) if s.result.is_none() => {
-                self.deadlines.remove(&(s.deadline, id));
                 s.result = Some(reply);
                 if let Some(w) = s.waker.take() {
                     w.wake();
@@ -209,7 +208,6 @@ impl CallTable {
         let Some(s) = self.calls.remove(&id) else {
             return out;
         };
-        self.deadlines.remove(&(s.deadline, id));
         if let Some(Reply::Read(r)) = &s.result {
             out.release = Some(r.handle);
         }
@@ -237,14 +235,10 @@ impl CallTable {
     /// [`CallError::Timeout`] and its future is woken. Returns the ids of expired calls
     /// that hold a buffer the server may touch (the caller sends them `Cancel`).
     pub(crate) fn expire(&mut self, now: Instant, cancel: &mut Vec<(u32, u64)>) {
-        while let Some(&(d, id)) = self.deadlines.first() {
-            if d > now {
-                break;
-            }
-            self.deadlines.pop_first();
-            let Some(s) = self.calls.get_mut(&id) else {
+        for (&id, s) in self.calls.iter_mut() {
+            if s.result.is_some() || s.deadline > now {
                 continue;
-            };
+            }
             s.result = Some(Reply::Inline(Err(CallError::Timeout {
                 node: s.node,
                 handler: s.handler,
@@ -260,8 +254,13 @@ impl CallTable {
     }
 
     /// The earliest deadline of a call still waiting.
+    #[cfg(test)]
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.first().map(|&(d, _)| d)
+        self.calls
+            .values()
+            .filter(|s| s.result.is_none())
+            .map(|s| s.deadline)
+            .min()
     }
 
     /// Fail every waiting call to `node` with `err(handler)`, and give back the buffers
@@ -272,12 +271,11 @@ impl CallTable {
         err: impl Fn(u16) -> CallError,
         freed: &mut Vec<Chunk>,
     ) {
-        for (&id, s) in self.calls.iter_mut() {
+        for s in self.calls.values_mut() {
             if s.node == node {
                 s.settled = true;
             }
             if s.node == node && s.result.is_none() {
-                self.deadlines.remove(&(s.deadline, id));
                 s.result = Some(Reply::Inline(Err(err(s.handler))));
                 if let Some(w) = s.waker.take() {
                     w.wake();
