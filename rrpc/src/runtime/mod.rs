@@ -556,7 +556,8 @@ impl ThreadCtx {
         opts: CallOpts,
     ) -> Result<Vec<u8>, CallError> {
         let after = opts.timeout.unwrap_or(self.cfg.call_timeout);
-        let start = Instant::now();
+        // The round's clock: one read serves every call issued in the round.
+        let start = self.exec.now();
         let deadline = start + after;
         let threshold = self.cfg.mode_threshold;
         let max = self.cfg.max_transfer;
@@ -606,14 +607,18 @@ impl ThreadCtx {
             let Some(rpc) = conn.rpc.as_mut() else {
                 return Poll::Ready(Err(CallError::NotConnected { node }));
             };
-            let expired = Pin::new(&mut timer).poll(cx).is_ready();
+            // Polled (and so registered) only by a call about to wait: the common call
+            // that goes out at once costs no timer.
+            fn expired(timer: &mut exec::Sleep, cx: &mut Context<'_>) -> bool {
+                Pin::new(timer).poll(cx).is_ready()
+            }
             // First come, first served while calls wait for credit.
             if ticket.is_none() && !rpc.credit_q.is_empty() {
                 *ticket = Some(rpc.credit_q.take(cx.waker()));
             }
             if let Some(t) = *ticket {
                 if t != rpc.credit_q.head {
-                    if expired {
+                    if expired(&mut timer, cx) {
                         rpc.credit_q.done(t);
                         *ticket = None;
                         return Poll::Ready(Err(CallError::Timeout {
@@ -641,7 +646,7 @@ impl ThreadCtx {
                 if let (None, Some(n)) = (&slot, *need) {
                     match inner.arena.alloc(n.max(1)) {
                         Some(c) => *slot = Some(c),
-                        None if !expired => {
+                        None if !expired(&mut timer, cx) => {
                             inner.stalled.push(cx.waker().clone());
                             return Poll::Pending;
                         }
@@ -714,7 +719,7 @@ impl ThreadCtx {
                     debug_assert_eq!(id, call_id);
                     Poll::Ready(Ok(id))
                 }
-                Err(RocketError::RingFull) if !expired => {
+                Err(RocketError::RingFull) if !expired(&mut timer, cx) => {
                     if !stalled {
                         stalled = true;
                         inner.stats.credit_stalls += 1;
