@@ -373,8 +373,18 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
         res,
         started.elapsed()
     );
-    // Bounded by the call deadline (2 s) plus slack; never a hang.
-    assert!(started.elapsed() < Duration::from_secs(30));
+    // Ended by the call's own deadline or the dead-peer check, never a hang.
+    assert!(
+        matches!(
+            &res,
+            Err(lockd::client::LockError::Rpc(
+                rrpc::runtime::RpcError::Call(
+                    CallError::Timeout { .. } | CallError::PeerGone { .. }
+                )
+            ))
+        ),
+        "{res:?}"
+    );
     // Releasing into a dead service says the lock is lost, with the cause; a dropped
     // ticket's release coroutine counts it.
     let res = block_on(&ctx, held.release());
