@@ -556,8 +556,7 @@ impl ThreadCtx {
         opts: CallOpts,
     ) -> Result<Vec<u8>, CallError> {
         let after = opts.timeout.unwrap_or(self.cfg.call_timeout);
-        // The round's clock: one read serves every call issued in the round.
-        let start = self.exec.now();
+        let start = Instant::now();
         let deadline = start + after;
         let threshold = self.cfg.mode_threshold;
         let max = self.cfg.max_transfer;
@@ -990,7 +989,7 @@ impl ThreadCtx {
         // thread, and a call pays nothing for its deadline.)
         if inner.rounds.is_multiple_of(32) && !inner.calls.is_empty() {
             inner.cancels.clear();
-            inner.calls.expire(self.exec.now(), &mut inner.cancels);
+            inner.calls.expire(Instant::now(), &mut inner.cancels);
             for k in 0..inner.cancels.len() {
                 let (node, id) = inner.cancels[k];
                 if let Some(&ci) = inner.by_node.get(&node) {
