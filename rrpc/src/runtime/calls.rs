@@ -232,9 +232,11 @@ impl CallTable {
     }
 
     /// Expire every call whose deadline is at or before `now`: its result becomes
-    /// [`CallError::Timeout`] and its future is woken. Returns the ids of expired calls
-    /// that hold a buffer the server may touch (the caller sends them `Cancel`).
-    pub(crate) fn expire(&mut self, now: Instant, cancel: &mut Vec<(u32, u64)>) {
+    /// [`CallError::Timeout`] and its future is woken. Appends to `cancel` the expired
+    /// calls that hold a buffer the server may touch (the caller sends them `Cancel`);
+    /// returns how many calls expired.
+    pub(crate) fn expire(&mut self, now: Instant, cancel: &mut Vec<(u32, u64)>) -> usize {
+        let mut n = 0;
         for (&id, s) in self.calls.iter_mut() {
             if s.result.is_some() || s.deadline > now {
                 continue;
@@ -250,7 +252,9 @@ impl CallTable {
             if let Some(w) = s.waker.take() {
                 w.wake();
             }
+            n += 1;
         }
+        n
     }
 
     /// The earliest deadline of a call still waiting.

@@ -989,7 +989,9 @@ impl ThreadCtx {
         // thread, and a call pays nothing for its deadline.)
         if inner.rounds.is_multiple_of(32) && !inner.calls.is_empty() {
             inner.cancels.clear();
-            inner.calls.expire(Instant::now(), &mut inner.cancels);
+            // Only an expiry is work: a scan that finds nothing leaves the round idle,
+            // so a thread waiting for replies still yields its core.
+            work |= inner.calls.expire(Instant::now(), &mut inner.cancels) > 0;
             for k in 0..inner.cancels.len() {
                 let (node, id) = inner.cancels[k];
                 if let Some(&ci) = inner.by_node.get(&node) {
@@ -998,7 +1000,6 @@ impl ThreadCtx {
                     }
                 }
             }
-            work = true;
         }
         // Fail everything aimed at unreachable nodes.
         for ci in 0..inner.conns.len() {
