@@ -798,6 +798,7 @@ impl Worker {
             .map(|c| c.straw.id)
             .collect();
         let mut freed = Vec::new();
+        let mut fetches = Vec::new();
         self.conns.retain_mut(|c| {
             if !c.dead {
                 return true;
@@ -812,9 +813,12 @@ impl Worker {
             }
             let mut items = Vec::new();
             c.chan.plan(&mut items, &mut freed);
+            // What was never posted: reply data and fetches of requests.
             for it in items {
-                if let Item::Data(d) = it {
-                    freed.push(d.chunk);
+                match it {
+                    Item::Data(d) => freed.push(d.chunk),
+                    Item::Read(r) => fetches.push(r.tag),
+                    _ => {}
                 }
             }
             c.straw
@@ -822,6 +826,9 @@ impl Worker {
                 .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             false
         });
+        for tag in fetches {
+            self.drop_fetch(tag);
+        }
         for f in freed {
             self.arena.free(f);
         }
