@@ -120,6 +120,12 @@ pub(crate) struct Channel<M: RingMem = MemoryRegion> {
     force_credit: bool,
     /// Messages that found the ring full, in order (nothing is lost).
     backlog: VecDeque<(MsgHeader, Vec<u8>)>,
+    /// The highest bucket a failed list gave back (a replay), if any.
+    replay_upto: Option<u64>,
+    /// Replayed buckets whose WRITE is posted and not yet completed: the sender must
+    /// not reuse their slots while the NIC may still read their staging bytes (the
+    /// receiver may have consumed them already, from the first WRITE).
+    replays_in_flight: std::collections::BTreeSet<u64>,
     /// Lists outstanding on `qp`, and the QP they are on.
     pub(crate) lists: usize,
     pub(crate) qp: Option<Arc<SharedQp>>,
@@ -171,6 +177,8 @@ impl<M: RingMem> Channel<M> {
             reads: VecDeque::new(),
             force_credit: false,
             backlog: VecDeque::new(),
+            replay_upto: None,
+            replays_in_flight: std::collections::BTreeSet::new(),
             lists: 0,
             qp: None,
         })
@@ -340,10 +348,54 @@ impl<M: RingMem> Channel<M> {
         self.requeue(items);
     }
 
+    /// Note planned items as posted (in a list now outstanding).
+    pub(crate) fn posted(&mut self, items: &[Item]) {
+        let Some(upto) = self.replay_upto else {
+            return;
+        };
+        let before = self.replays_in_flight.len();
+        for it in items {
+            if let Item::Span(s) = it {
+                if s.seq <= upto {
+                    self.replays_in_flight.insert(s.seq);
+                }
+            }
+        }
+        if self.replays_in_flight.len() != before {
+            self.tx
+                .set_write_floor(self.replays_in_flight.first().copied());
+        }
+    }
+
+    /// A list posted with `items` completed (or failed): its WRITEs read no more
+    /// staging bytes. Returns whether that freed a slot held back for a replay (callers
+    /// waiting for ring space should look again).
+    pub(crate) fn list_done(&mut self, items: &[Item]) -> bool {
+        if self.replays_in_flight.is_empty() {
+            return false;
+        }
+        let before = self.replays_in_flight.first().copied();
+        for it in items {
+            if let Item::Span(s) = it {
+                self.replays_in_flight.remove(&s.seq);
+            }
+        }
+        let after = self.replays_in_flight.first().copied();
+        self.tx.set_write_floor(after);
+        after != before
+    }
+
     /// Take back what a failed list carried (its QP was flushed): everything is posted
-    /// again, in the original order, ahead of anything newer.
+    /// again, in the original order, ahead of anything newer. Call
+    /// [`Channel::list_done`] for it first.
     pub(crate) fn failed(&mut self, items: impl DoubleEndedIterator<Item = Item>) {
-        self.requeue(items);
+        let items: Vec<Item> = items.collect();
+        for it in &items {
+            if let Item::Span(s) = it {
+                self.replay_upto = Some(self.replay_upto.map_or(s.seq, |u| u.max(s.seq)));
+            }
+        }
+        self.requeue(items.into_iter());
     }
 
     fn requeue(&mut self, items: impl DoubleEndedIterator<Item = Item>) {
@@ -539,6 +591,7 @@ pub(crate) fn post_items<R>(
             out.sq_full = true;
             break;
         }
+        chan.posted(&items[..n]);
         let mut v = lists.pool.pop().unwrap_or_default();
         v.extend(items.drain(..n));
         taken += n;
@@ -743,6 +796,45 @@ mod tests {
         a.take_credit().unwrap();
         a.failed(items.into_iter());
         assert!(plan(&mut a).is_empty());
+    }
+
+    #[test]
+    fn a_replay_in_flight_holds_its_slot_after_credit_covers_it() {
+        let (mut a, mut b) = (chan(Batching::None), chan(Batching::None));
+        for i in 0..4 {
+            a.push(hdr(i), &[&[1u8; 40][..]]).unwrap();
+        }
+        let first = plan(&mut a);
+        a.posted(&first);
+        for it in &first {
+            land(&a, &b, it, Land::Whole);
+        }
+        assert_eq!(recv(&mut b), vec![0, 1, 2, 3]);
+        // The QP fails before A saw the completions or the credit: the list comes back
+        // and is posted again, a replay of buckets B already consumed.
+        assert!(!a.list_done(&first));
+        a.failed(first.into_iter());
+        let replay = plan(&mut a);
+        assert_eq!(replay.len(), 4);
+        a.posted(&replay);
+        // Now the credit for all four arrives.
+        b.force_credit = true;
+        for it in plan(&mut b) {
+            land(&b, &a, &it, Land::Whole);
+        }
+        assert!(a.take_credit().unwrap());
+        // Bucket 4 would reuse bucket 0's slot while the replay may still read it.
+        assert_eq!(
+            a.push(hdr(4), &[&[1u8; 40][..]]),
+            Err(RocketError::RingFull)
+        );
+        assert!(a.list_done(&replay), "the held slot is free again");
+        a.push(hdr(4), &[&[1u8; 40][..]]).unwrap();
+        let next = plan(&mut a);
+        assert!(
+            matches!(next.as_slice(), [Item::Span(s)] if s.seq == 4),
+            "{next:?}"
+        );
     }
 
     #[test]

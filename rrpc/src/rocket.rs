@@ -223,6 +223,8 @@ pub struct RocketSender {
     posted: u64,
     /// Buckets the receiver reported consumed.
     consumed: u64,
+    /// See [`RocketSender::set_write_floor`].
+    write_floor: Option<u64>,
     /// Sealed, not yet posted spans, oldest first.
     ready: VecDeque<BucketSpan>,
 }
@@ -238,6 +240,7 @@ impl RocketSender {
             sealed: 0,
             posted: 0,
             consumed: 0,
+            write_floor: None,
             ready: VecDeque::new(),
         })
     }
@@ -267,9 +270,23 @@ impl RocketSender {
         }
     }
 
-    /// Whether bucket number `seq` may be opened (its slot has been freed).
+    /// Whether bucket number `seq` may be opened: its slot has been freed by the
+    /// receiver, and no WRITE of an older bucket of that slot is still reading the
+    /// staging copy (see [`RocketSender::set_write_floor`]).
     fn slot_free(&self, seq: u64) -> bool {
-        seq < self.consumed.saturating_add(self.cfg.buckets as u64)
+        let base = self
+            .write_floor
+            .map_or(self.consumed, |f| f.min(self.consumed));
+        seq < base.saturating_add(self.cfg.buckets as u64)
+    }
+
+    /// The oldest bucket whose WRITE may still be reading the staging copy, if the I/O
+    /// layer knows of one below the credit: a replayed bucket the receiver had already
+    /// consumed from its first WRITE. Until it is cleared (`None`) or raised, the
+    /// sender does not reuse that bucket's slot, so the replay cannot carry a newer
+    /// bucket's bytes.
+    pub fn set_write_floor(&mut self, floor: Option<u64>) {
+        self.write_floor = floor;
     }
 
     /// Append one message to the open bucket in `staging` (`staging.len()`

@@ -974,6 +974,9 @@ impl ThreadCtx {
                 Rec::Rocket { conn, mut items } => {
                     if let Some(rpc) = inner.conns[conn].rpc.as_mut() {
                         rpc.chan.lists -= 1;
+                        if rpc.chan.list_done(&items) {
+                            rpc.credit_q.wake_all();
+                        }
                         if status != WcStatus::Success {
                             rpc.chan.failed(items.drain(..));
                         }

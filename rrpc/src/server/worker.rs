@@ -444,6 +444,8 @@ impl Worker {
                 continue;
             };
             self.conns[ci].chan.lists -= 1;
+            // (A freed replay slot lets the backlog drain, which it tries every round.)
+            self.conns[ci].chan.list_done(&rec.items);
             if status == WcStatus::Success {
                 for it in rec.items.drain(..) {
                     match it {
