@@ -23,3 +23,16 @@ pub fn bench_main<A: clap::Parser>(name: &str, run: impl FnOnce(A) -> anyhow::Re
         std::process::exit(1);
     }
 }
+
+/// Join scoped client threads in order: each thread's result, a thread that panicked
+/// as an error (the benchmark fails instead of aborting without a report).
+pub fn join_clients<T>(
+    hs: Vec<std::thread::ScopedJoinHandle<'_, anyhow::Result<T>>>,
+) -> Vec<anyhow::Result<T>> {
+    hs.into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
+        })
+        .collect()
+}

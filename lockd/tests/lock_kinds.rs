@@ -25,8 +25,11 @@ use lockd::takeout::Watermarks;
 use lockd::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind, MemoryRegion, MrDesc};
-use rrpc::node::{Node, NodeConfig};
+use rrpc::node::Node;
 use rrpc::runtime::{block_on, Runtime, RuntimeConfig, ThreadCtx};
+
+mod common;
+use common::lockd_node;
 
 const SERVICE_NODE: u32 = 1;
 const CLIENT_NODE: u32 = 100;
@@ -84,16 +87,7 @@ fn start_service(fabric: Fabric) -> Service {
         COUNTERS.to_string(),
         serde_json::to_value(counters.desc()).unwrap(),
     );
-    let node = Node::start(
-        fabric,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: Some((table.handlers(), 2)),
-        },
-    )
-    .unwrap();
+    let node = lockd_node(fabric, exports, table.handlers(), 2);
     Service {
         table,
         cas,
@@ -437,16 +431,7 @@ fn missing_word_tables_are_export_errors() {
     let table = Arc::new(LockTable::new(&fabric, 4, Watermarks::default()).unwrap());
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
-    let node = Node::start(
-        fabric,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: Some((table.handlers(), 1)),
-        },
-    )
-    .unwrap();
+    let node = lockd_node(fabric, exports, table.handlers(), 1);
     let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE).unwrap(), RuntimeConfig::default()).unwrap();
     let info = ctx.connect(node.addr()).unwrap();
     for kind in [LockKind::Cas, LockKind::Dslr] {

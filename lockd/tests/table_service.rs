@@ -15,8 +15,11 @@ use lockd::shard::{LockKey, Move, MoveState, Ownership, ShardMap};
 use lockd::table_service::{run_move, TableClient, TableClientConfig, TableService, TABLE_EXPORT};
 use lockd::table_wire::{OpKind, OpOutcome, TableOp, TABLE_OPS_HANDLER};
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::node::{Node, NodeConfig};
+use rrpc::node::Node;
 use rrpc::runtime::{block_on, CallError, RuntimeConfig, ThreadCtx};
+
+mod common;
+use common::lockd_node;
 
 const CLIENT: u32 = 100;
 const R: OpKind = OpKind::Lock(LockMode::Read);
@@ -36,16 +39,7 @@ fn start(cluster: &ClusterGuard, me: u32, map: &ShardMap) -> (Arc<TableService>,
     ));
     let mut exports = BTreeMap::new();
     exports.insert(TABLE_EXPORT.to_string(), svc.export());
-    let node = Node::start(
-        fabric,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: Some((svc.handlers(), 1)),
-        },
-    )
-    .unwrap();
+    let node = lockd_node(fabric, exports, svc.handlers(), 1);
     (svc, node)
 }
 

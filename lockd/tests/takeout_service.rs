@@ -16,8 +16,11 @@ use lockd::takeout::{Watermarks, UPPER_OFF};
 use lockd::wire::LOCK_HANDLER;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::FabricKind;
-use rrpc::node::{Node, NodeConfig};
+use rrpc::node::Node;
 use rrpc::runtime::{block_on, join_all, CallError, Executor, RuntimeConfig, ThreadCtx};
+
+mod common;
+use common::lockd_node;
 
 const SERVICE_NODE: u32 = 1;
 const CLIENT_NODE: u32 = 100;
@@ -38,16 +41,7 @@ fn start_service(cluster: &ClusterGuard, n_locks: u64, threads: usize) -> Servic
     let table = Arc::new(LockTable::new(&fabric, n_locks, Watermarks::default()).unwrap());
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
-    let node = Node::start(
-        fabric,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: Some((table.handlers(), threads)),
-        },
-    )
-    .unwrap();
+    let node = lockd_node(fabric, exports, table.handlers(), threads);
     Service { table, node }
 }
 

@@ -536,12 +536,7 @@ fn measure_probed(
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
-            })
-            .collect()
+        bench::join_clients(hs)
     });
     if let Some(p) = probe {
         p.tickets = (0..locks).map(|id| table.words(id).0).collect();
@@ -955,12 +950,7 @@ fn measure_table(
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
-            })
-            .collect()
+        bench::join_clients(hs)
     });
     drop(node);
     drop(cluster);

@@ -812,12 +812,7 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
                             })
                     })
                     .collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
-                    })
-                    .collect()
+                bench::join_clients(hs)
             });
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
             let mut calls = 0;

@@ -246,12 +246,7 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
-            })
-            .collect()
+        bench::join_clients(hs)
     });
     let st = grouped.stats();
     drop(probe);
