@@ -9,6 +9,7 @@
 //! transaction type must have committed, and (unless `--no-check`) the recorded history
 //! of committed transactions must be serializable.
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -146,7 +147,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
         args.bin_dir.clone().unwrap_or_else(default_bin_dir),
     )?;
     // This process's fabric first: a missing RDMA device fails here, in one line.
-    let mut fcfg = FabricConfig::new(args.fabric, &cluster_name, NODE_CN);
+    let mut fcfg = FabricConfig::new(args.fabric, &cluster_name, NodeId(NODE_CN));
     fcfg.device = args.rdma_device.clone();
     fcfg.gid_index = args.gid_index;
     fcfg.model = Some(args.model.clone());

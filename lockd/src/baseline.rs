@@ -10,6 +10,7 @@
 //! `lost()` count); the lock then stays held (CAS) or stalled (DSLR): recovery from crashed
 //! or cut-off holders is out of scope, as for Takeout.
 
+use rrpc::NodeId;
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -81,7 +82,7 @@ static NEXT_CLIENT: AtomicU16 = AtomicU16::new(0);
 
 /// What every baseline client needs: the table, where it lives, its settings.
 struct Common {
-    node: u32,
+    node: NodeId,
     export: WordsExport,
     cfg: BaselineConfig,
     client: u16,
@@ -172,7 +173,7 @@ impl CasClient {
         cfg: &BaselineConfig,
     ) -> Result<Self, LockError> {
         let c = Common::new(info, CAS_EXPORT, cfg)?;
-        let ids = RefCell::new(IdSource::new(ctx.fabric().node(), c.client));
+        let ids = RefCell::new(IdSource::new(ctx.fabric().node().get(), c.client));
         Ok(Self { c, ids })
     }
 
@@ -237,7 +238,7 @@ pub struct CasGuard {
 
 struct CasState {
     ctx: Rc<ThreadCtx>,
-    node: u32,
+    node: NodeId,
     addr: RemoteAddr,
     id: u64,
     holder: HolderId,
@@ -322,7 +323,7 @@ impl CasState {
 
 /// A CAS release without the strong context reference (for the drop coroutine).
 struct CasDetached {
-    node: u32,
+    node: NodeId,
     addr: RemoteAddr,
     id: u64,
     holder: HolderId,
@@ -454,7 +455,7 @@ pub struct DslrGuard {
 
 struct DslrState {
     ctx: Rc<ThreadCtx>,
-    node: u32,
+    node: NodeId,
     addr: RemoteAddr,
     id: u64,
     ticket: Ticket,

@@ -7,6 +7,7 @@
 //! [`Ticket::release`], one one-sided FAA of +1 on `upper`; a ticket dropped unreleased is
 //! released by a coroutine of its own when its turn comes (see [`crate::ticket`]).
 
+use rrpc::NodeId;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -187,7 +188,7 @@ impl LockClient {
     }
 
     /// Node id of the lock service.
-    pub fn node(&self) -> u32 {
+    pub fn node(&self) -> NodeId {
         self.shared.node
     }
 

@@ -179,10 +179,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .ok()
         .and_then(|n| n.checked_mul(SLOT_BYTES))
         .context("lock-table-slots overflow the address space")?;
-    let map = ShardMap::partial(cli.node.node, &parse_shards(&cfg.shards)?, cfg.map_version)?;
+    let map = ShardMap::partial(
+        cli.node.node.get(),
+        &parse_shards(&cfg.shards)?,
+        cfg.map_version,
+    )?;
     let lotus = Arc::new(TableService::new(
         Arc::new(lock_table::LockTable::with_bytes(slots_bytes)),
-        Ownership::new(cli.node.node, map),
+        Ownership::new(cli.node.node.get(), map),
     ));
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
@@ -210,7 +214,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     .context("starting the node")?;
     tracing::info!(
         cluster = %cli.node.cluster,
-        node = cli.node.node,
+        node = %cli.node.node,
         addr = %node.addr(),
         fabric = %fabric.describe(),
         locks = cfg.locks,

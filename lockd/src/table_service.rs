@@ -24,6 +24,7 @@
 //! its write lock, so once [`TableService::begin_drain`] returns, every lock granted on
 //! the range before it is in the lock state and counted by [`TableService::held_in`].
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -297,7 +298,7 @@ pub struct TableClient {
 /// Errors: [`TableError::Rpc`], [`TableError::Map`].
 pub async fn fetch_map(ctx: &ThreadCtx, node: u32) -> Result<ShardMap, TableError> {
     let b = ctx
-        .call(node, TABLE_MAP_HANDLER, &[])
+        .call(NodeId(node), TABLE_MAP_HANDLER, &[])
         .await
         .map_err(|cause| TableError::Rpc { node, cause })?;
     ShardMap::decode(&b).map_err(|cause| TableError::Map { node, cause })
@@ -305,7 +306,7 @@ pub async fn fetch_map(ctx: &ThreadCtx, node: u32) -> Result<ShardMap, TableErro
 
 async fn control(ctx: &ThreadCtx, node: u32, handler: u16, req: &[u8]) -> Result<u64, TableError> {
     let b = ctx
-        .call(node, handler, req)
+        .call(NodeId(node), handler, req)
         .await
         .map_err(|cause| TableError::Rpc { node, cause })?;
     let w: [u8; 8] = b
@@ -508,7 +509,7 @@ async fn send(ctx: &ThreadCtx, node: u32, batch: &[TableOp]) -> Result<Vec<OpOut
     let mut buf = Vec::with_capacity(batch.len() * crate::table_wire::OP_BYTES);
     encode_ops(batch, &mut buf).map_err(|cause| TableError::Reply { node, cause })?;
     let r = ctx
-        .call(node, TABLE_OPS_HANDLER, &buf)
+        .call(NodeId(node), TABLE_OPS_HANDLER, &buf)
         .await
         .map_err(|cause| TableError::Rpc { node, cause })?;
     decode_outcomes(&r, batch.len())

@@ -13,6 +13,7 @@
 //! dropped ticket an error log and the client's [`crate::client::LockClient::lost`]
 //! count.
 
+use rrpc::NodeId;
 use std::cell::Cell;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
@@ -27,7 +28,7 @@ use crate::takeout::{hangout, LockReply, SmoothedRtt};
 /// Hangouts, and the count of tickets whose lock could not be passed on.
 #[derive(Clone)]
 pub(crate) struct Shared {
-    pub(crate) node: u32,
+    pub(crate) node: NodeId,
     pub(crate) srtt: Rc<Cell<SmoothedRtt>>,
     pub(crate) lost: Rc<Cell<u64>>,
     pub(crate) release_wait: Duration,

@@ -5,6 +5,7 @@
 //! overlap of two holders loses an increment, so the final counts must be exact. DSLR
 //! readers also check that no writer changes the counter while they hold the lock.
 
+use rrpc::NodeId;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -46,12 +47,12 @@ fn cluster(name: &str) -> ClusterGuard {
 /// timing model `model` when given (`None` when that is impossible: verbs).
 fn open(cluster: &ClusterGuard, node: u32, model: Option<&str>) -> Option<Fabric> {
     match model {
-        None => Some(cluster.open(node).unwrap()),
+        None => Some(cluster.open(NodeId(node)).unwrap()),
         Some(m) => {
             if FabricKind::from_env().unwrap() != FabricKind::Shm {
                 return None;
             }
-            let mut cfg = FabricConfig::new(FabricKind::Shm, cluster.name(), node);
+            let mut cfg = FabricConfig::new(FabricKind::Shm, cluster.name(), NodeId(node));
             cfg.model = Some(m.into());
             Some(Fabric::open(&cfg).unwrap())
         }
@@ -277,7 +278,7 @@ fn all_kinds_mutually_exclusive_under_the_cx5_model() {
 #[test]
 fn dslr_counter_resets_under_contention() {
     let cluster = cluster("dslr-reset");
-    let svc = start_service(cluster.open(SERVICE_NODE).unwrap());
+    let svc = start_service(cluster.open(NodeId(SERVICE_NODE)).unwrap());
     let h = Hammer {
         kind: LockKind::Dslr,
         threads: 3,
@@ -291,7 +292,7 @@ fn dslr_counter_resets_under_contention() {
             ..BaselineConfig::default()
         },
     };
-    let out = hammer(&svc, cluster.open(CLIENT_NODE).unwrap(), &h);
+    let out = hammer(&svc, cluster.open(NodeId(CLIENT_NODE)).unwrap(), &h);
     // 720 tickets on 2 locks with a limit of 5: well over a hundred resets happened, and
     // every word ended below the limit (checked by `hammer`).
     assert_eq!(out.writes.iter().sum::<u64>() + out.reads, 720);
@@ -300,7 +301,7 @@ fn dslr_counter_resets_under_contention() {
 #[test]
 fn cas_release_by_cas_is_exclusive_too() {
     let cluster = cluster("cas-by-cas");
-    let svc = start_service(cluster.open(SERVICE_NODE).unwrap());
+    let svc = start_service(cluster.open(NodeId(SERVICE_NODE)).unwrap());
     let h = Hammer {
         kind: LockKind::Cas,
         threads: 2,
@@ -313,7 +314,7 @@ fn cas_release_by_cas_is_exclusive_too() {
             ..BaselineConfig::default()
         },
     };
-    let out = hammer(&svc, cluster.open(CLIENT_NODE).unwrap(), &h);
+    let out = hammer(&svc, cluster.open(NodeId(CLIENT_NODE)).unwrap(), &h);
     eprintln!("cas, released by CAS: {out:?}");
 }
 
@@ -323,8 +324,12 @@ fn cas_release_by_cas_is_exclusive_too() {
 #[test]
 fn dropped_guards_and_timeouts_pass_the_lock_on() {
     let cluster = cluster("drops");
-    let svc = start_service(cluster.open(SERVICE_NODE).unwrap());
-    let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE).unwrap(), RuntimeConfig::default()).unwrap();
+    let svc = start_service(cluster.open(NodeId(SERVICE_NODE)).unwrap());
+    let ctx = ThreadCtx::new(
+        cluster.open(NodeId(CLIENT_NODE)).unwrap(),
+        RuntimeConfig::default(),
+    )
+    .unwrap();
     let info = ctx.connect(svc.node.addr()).unwrap();
     // Acquires expected to succeed use the default timeout (10 s), so a loaded machine
     // cannot fail them; the one expected to time out uses a client with 20 ms.
@@ -402,7 +407,11 @@ fn lockd_binary_exports_word_tables() {
         .unwrap();
     let mut child = Reap(child);
     let addr = ready(&mut child.0);
-    let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE).unwrap(), RuntimeConfig::default()).unwrap();
+    let ctx = ThreadCtx::new(
+        cluster.open(NodeId(CLIENT_NODE)).unwrap(),
+        RuntimeConfig::default(),
+    )
+    .unwrap();
     let info = ctx.connect_rpc(addr).unwrap();
     let cfg = BaselineConfig::default();
     for (kind, n) in [
@@ -427,12 +436,16 @@ fn lockd_binary_exports_word_tables() {
 #[test]
 fn missing_word_tables_are_export_errors() {
     let cluster = cluster("noexport");
-    let fabric = cluster.open(SERVICE_NODE).unwrap();
+    let fabric = cluster.open(NodeId(SERVICE_NODE)).unwrap();
     let table = Arc::new(LockTable::new(&fabric, 4, Watermarks::default()).unwrap());
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
     let node = lockd_node(fabric, exports, table.handlers(), 1);
-    let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE).unwrap(), RuntimeConfig::default()).unwrap();
+    let ctx = ThreadCtx::new(
+        cluster.open(NodeId(CLIENT_NODE)).unwrap(),
+        RuntimeConfig::default(),
+    )
+    .unwrap();
     let info = ctx.connect(node.addr()).unwrap();
     for kind in [LockKind::Cas, LockKind::Dslr] {
         assert!(matches!(

@@ -2,6 +2,7 @@
 //! (nodes 1 and 2, half the shards each) and a client runtime (node 100), then the real
 //! `lockd` binary as two processes.
 
+use rrpc::NodeId;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -32,7 +33,7 @@ fn cluster(name: &str) -> ClusterGuard {
 }
 
 fn start(cluster: &ClusterGuard, me: u32, map: &ShardMap) -> (Arc<TableService>, Node) {
-    let fabric = cluster.open(me).unwrap();
+    let fabric = cluster.open(NodeId(me)).unwrap();
     let svc = Arc::new(TableService::new(
         Arc::new(LockTable::with_bytes(1 << 16)),
         Ownership::new(me, map.clone()),
@@ -45,7 +46,7 @@ fn start(cluster: &ClusterGuard, me: u32, map: &ShardMap) -> (Arc<TableService>,
 
 fn ctx(cluster: &ClusterGuard, addrs: &[SocketAddr]) -> Rc<ThreadCtx> {
     let ctx = ThreadCtx::new(
-        cluster.open(CLIENT).unwrap(),
+        cluster.open(NodeId(CLIENT)).unwrap(),
         RuntimeConfig {
             call_timeout: Duration::from_secs(5),
             ..RuntimeConfig::default()
@@ -140,7 +141,10 @@ fn batched_ops_across_two_nodes_are_idempotent() {
         let o = one.execute(&c, &unlock[..25]).await.unwrap();
         assert!(o.iter().all(|&x| x == OpOutcome::Released));
         // A malformed message is a remote error; the node keeps serving.
-        let e = c.call(1, TABLE_OPS_HANDLER, &[0u8; 23]).await.unwrap_err();
+        let e = c
+            .call(NodeId(1), TABLE_OPS_HANDLER, &[0u8; 23])
+            .await
+            .unwrap_err();
         assert!(matches!(e, CallError::Remote { .. }), "{e}");
         // release_node over RPC passes on every lock of a failed compute node.
         let dead: Vec<TableOp> = keys

@@ -1,6 +1,7 @@
 //! Takeout Lock service over the shm fabric: an in-process lock service (node 1) and
 //! client runtime (node 100), plus the real `lockd` binary.
 
+use rrpc::NodeId;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -37,7 +38,7 @@ struct Service {
 }
 
 fn start_service(cluster: &ClusterGuard, n_locks: u64, threads: usize) -> Service {
-    let fabric = cluster.open(SERVICE_NODE).unwrap();
+    let fabric = cluster.open(NodeId(SERVICE_NODE)).unwrap();
     let table = Arc::new(LockTable::new(&fabric, n_locks, Watermarks::default()).unwrap());
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
@@ -46,7 +47,11 @@ fn start_service(cluster: &ClusterGuard, n_locks: u64, threads: usize) -> Servic
 }
 
 fn client(cluster: &ClusterGuard, addr: SocketAddr) -> (Rc<ThreadCtx>, Rc<LockClient>) {
-    let ctx = ThreadCtx::new(cluster.open(CLIENT_NODE).unwrap(), RuntimeConfig::default()).unwrap();
+    let ctx = ThreadCtx::new(
+        cluster.open(NodeId(CLIENT_NODE)).unwrap(),
+        RuntimeConfig::default(),
+    )
+    .unwrap();
     let info = ctx.connect_rpc(addr).unwrap();
     assert_eq!(info.role, "lockd");
     let lc = Rc::new(LockClient::from_info(&info).unwrap());
@@ -284,7 +289,7 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
     let mut child = LockdProc::spawn(cluster.name(), &["--node", "7", "--locks", "1024"]);
     let addr = child.ready();
     let ctx = ThreadCtx::new(
-        cluster.open(CLIENT_NODE).unwrap(),
+        cluster.open(NodeId(CLIENT_NODE)).unwrap(),
         RuntimeConfig {
             call_timeout: Duration::from_secs(2),
             ..RuntimeConfig::default()
@@ -292,7 +297,7 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
     )
     .unwrap();
     let info = ctx.connect_rpc(addr).unwrap();
-    assert_eq!(info.node, 7);
+    assert_eq!(info.node, NodeId(7));
     let lc = Rc::new(LockClient::from_info(&info).unwrap());
     assert_eq!(lc.n_locks(), 1024);
     let (c, l) = (ctx.clone(), lc.clone());

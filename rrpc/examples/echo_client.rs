@@ -5,6 +5,7 @@
 //! cargo run --release -p rrpc --example echo_client -- demo 127.0.0.1:7400
 //! ```
 
+use rrpc::NodeId;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,7 +21,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .next()
         .unwrap_or_else(|| "127.0.0.1:7400".into())
         .parse()?;
-    let fabric = Fabric::open(&FabricConfig::new(FabricKind::from_env()?, &cluster, 2))?;
+    let fabric = Fabric::open(&FabricConfig::new(
+        FabricKind::from_env()?,
+        &cluster,
+        NodeId(2),
+    ))?;
     let rt = Runtime::new(fabric, RuntimeConfig::default());
     let t0 = Instant::now();
     let calls = Arc::new(AtomicU64::new(0));

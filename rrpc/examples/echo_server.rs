@@ -9,6 +9,7 @@
 //! Arguments: cluster name (shm: the directory under /dev/shm), listen address. The
 //! fabric is `$RRPC_FABRIC` (shm by default; `verbs` with `RRPC_RDMA_DEVICE`).
 
+use rrpc::NodeId;
 use std::collections::BTreeMap;
 
 use rrpc::fabric::{shm, Fabric, FabricConfig, FabricKind};
@@ -24,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A leftover directory of a crashed run is removed; a live one is an error.
         shm::prepare_cluster(&cluster)?;
     }
-    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, 1))?;
+    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, NodeId(1)))?;
 
     let mut handlers = Handlers::new();
     // Handler 1: echo the request.

@@ -111,12 +111,13 @@ impl Arena {
 mod tests {
     use super::*;
     use crate::fabric::{FabricConfig, FabricKind};
+    use crate::NodeId;
 
     #[test]
     fn classes_reuse_and_limits() {
         let cluster = format!("arena-test-{}", std::process::id());
         let _g = crate::fabric::shm::ClusterGuard::new(&cluster).unwrap();
-        let f = Fabric::open(&FabricConfig::new(FabricKind::Shm, &cluster, 0)).unwrap();
+        let f = Fabric::open(&FabricConfig::new(FabricKind::Shm, &cluster, NodeId(0))).unwrap();
         let mut a = Arena::new(&f, 1 << 20, 256 << 10).unwrap();
         assert_eq!(a.max_chunk(), 256 << 10);
         let c1 = a.alloc(1).unwrap();

@@ -4,6 +4,7 @@
 //! node), so none of those imports another for a message type. The data path never
 //! touches any of this.
 
+use crate::NodeId;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -77,7 +78,7 @@ pub enum CtrlRequest {
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct RocketOffer {
     /// The requester's node id.
-    pub node: u32,
+    pub node: NodeId,
     /// The requester's straw pool id.
     pub straw: u64,
     /// Geometry of both rings (the server refuses one beyond its limits).
@@ -103,7 +104,7 @@ fn default_threshold() -> usize {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NodeInfo {
     /// Node id in the cluster.
-    pub node: u32,
+    pub node: NodeId,
     /// Role name ("memnode", "lockd", "tso", ...).
     pub role: String,
     /// Process id.
@@ -139,7 +140,7 @@ pub enum NodeError {
     #[error("node {node}: export {name:?}: {what}")]
     Export {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// Export name.
         name: String,
         /// What is wrong.

@@ -33,6 +33,7 @@ pub mod exec;
 pub mod fabric;
 pub mod mem;
 pub mod node;
+mod node_id;
 pub mod rocket;
 pub mod runtime;
 pub mod server;
@@ -40,3 +41,5 @@ pub mod server;
 pub mod service;
 pub mod straw;
 pub mod wire;
+
+pub use node_id::NodeId;

@@ -3,6 +3,7 @@
 //! wait for, and waiting for SIGINT/SIGTERM. Behind the `service` feature so that
 //! embedders of `rrpc` do not pull in clap, ctrlc and tracing-subscriber.
 
+use crate::NodeId;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
@@ -17,7 +18,7 @@ pub struct NodeArgs {
     pub cluster: String,
     /// This node's id, unique in the cluster.
     #[arg(long, value_name = "ID")]
-    pub node: u32,
+    pub node: NodeId,
     /// Bootstrap (control-plane) listen address; port 0 picks a free port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,

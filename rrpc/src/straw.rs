@@ -26,6 +26,7 @@
 //! exceed [`StrawConfig::threads_per_qp`], and shrinks when they detach: a retired QP takes
 //! no new lists, and is released (both ends) once its outstanding lists have completed.
 
+use crate::NodeId;
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -373,7 +374,7 @@ pub struct Straws {
     cfg: StrawConfig,
     id: u64,
     next_qp: Arc<AtomicU64>,
-    nodes: Mutex<HashMap<u32, Arc<Straw>>>,
+    nodes: Mutex<HashMap<NodeId, Arc<Straw>>>,
     ctl: Control,
 }
 
@@ -451,7 +452,7 @@ impl Straws {
     }
 
     /// The straw to `node` (control plane at `addr`), creating it on first use.
-    pub fn straw(self: &Arc<Self>, node: u32, addr: SocketAddr) -> Arc<Straw> {
+    pub fn straw(self: &Arc<Self>, node: NodeId, addr: SocketAddr) -> Arc<Straw> {
         lock(&self.nodes)
             .entry(node)
             .or_insert_with(|| {
@@ -478,7 +479,7 @@ impl Straws {
     }
 
     /// The straw to `node`, if some thread attached to it.
-    pub fn get(&self, node: u32) -> Option<Arc<Straw>> {
+    pub fn get(&self, node: NodeId) -> Option<Arc<Straw>> {
         lock(&self.nodes).get(&node).cloned()
     }
 }
@@ -506,7 +507,7 @@ struct PoolRef {
 
 /// The QP pool to one remote node. See the module docs.
 pub struct Straw {
-    node: u32,
+    node: NodeId,
     addr: SocketAddr,
     /// What the straw needs of its pool. Not the pool itself: the pool holds its straws,
     /// and a straw holding the pool would keep both (and the fabric, with its node id)
@@ -530,7 +531,7 @@ fn kind_index(k: QpKind) -> usize {
 
 impl Straw {
     /// The remote node's id.
-    pub fn node(&self) -> u32 {
+    pub fn node(&self) -> NodeId {
         self.node
     }
 
@@ -594,7 +595,7 @@ impl Straw {
             |t| t.checked_sub(1),
         );
         if let Err(e) = self.resize(kind) {
-            tracing::debug!(node = self.node, error = %e, "shrinking straw");
+            tracing::debug!(node = %self.node, error = %e, "shrinking straw");
         }
     }
 
@@ -622,7 +623,7 @@ impl Straw {
                 let qp = last.expect("len > 0");
                 qp.retire();
                 if !qp.drain(Duration::from_secs(1)) {
-                    tracing::warn!(node = self.node, qp = qp.id, "retired QP did not drain");
+                    tracing::warn!(node = %self.node, qp = qp.id, "retired QP did not drain");
                 }
                 self.qps(kind)
                     .write()
@@ -673,7 +674,7 @@ impl Straw {
         })?;
         qp.connect(&ep)?;
         qp.watch_peer(stream)?;
-        tracing::debug!(node = self.node, qp = qp_id, ?kind, "straw QP created");
+        tracing::debug!(node = %self.node, qp = qp_id, ?kind, "straw QP created");
         Ok(SharedQp::new(qp_id, kind, qp, cq))
     }
 
@@ -716,12 +717,12 @@ impl Straw {
         })();
         match r {
             Ok((new, cq)) => {
-                tracing::info!(node = self.node, qp = qp.id, kind = ?qp.kind, "QP reconnected");
+                tracing::info!(node = %self.node, qp = qp.id, kind = ?qp.kind, "QP reconnected");
                 qp.replace(new, cq);
                 self.reconnects.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
-                tracing::warn!(node = self.node, error = %e, "reconnect failed; node unreachable");
+                tracing::warn!(node = %self.node, error = %e, "reconnect failed; node unreachable");
                 lock(&self.dead).get_or_insert_with(|| Arc::new(e));
                 self.is_dead.store(true, Ordering::Release);
             }

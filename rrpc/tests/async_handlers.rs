@@ -2,6 +2,7 @@
 //! thread's runtime, and the expiry paths of the hybrid modes (generations,
 //! cancellation), over real server threads on `$RRPC_FABRIC`.
 
+use rrpc::NodeId;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
@@ -26,9 +27,9 @@ const NAP: u16 = 21;
 
 /// What a proxy thread needs: the memory node's counter and the back server's node id.
 struct Targets {
-    mem: u32,
+    mem: NodeId,
     counter: RemoteAddr,
-    back: u32,
+    back: NodeId,
 }
 
 fn nap_handlers(h: &mut Handlers) {
@@ -104,7 +105,7 @@ fn front(
 struct Setup {
     ctx: Rc<ThreadCtx>,
     /// The front's node id.
-    node: u32,
+    node: NodeId,
     _front: Node,
     _back: Node,
     _mem: Node,
@@ -358,7 +359,7 @@ fn server_refuses_rings_beyond_its_limits() {
     // The admitted one works (the front is node 3).
     let a2 = a.clone();
     assert_eq!(
-        block_on(&a, async move { a2.call(3, ECHO, b"x").await }).unwrap(),
+        block_on(&a, async move { a2.call(NodeId(3), ECHO, b"x").await }).unwrap(),
         b"x"
     );
 }

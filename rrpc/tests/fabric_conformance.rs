@@ -7,6 +7,7 @@
 //! `RRPC_TEST_PEER_LISTEN`, the peer uses another RDMA device and listens on that device's
 //! address: a second "host" (in the VM, `rxeB` behind a veth pair, see `deploy/vm/`).
 
+use rrpc::NodeId;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -45,7 +46,7 @@ fn peer_process() {
         return;
     }
     let cluster = std::env::var("RRPC_TEST_CLUSTER").unwrap();
-    let mut cfg = FabricConfig::new(kind(), &cluster, PEER_NODE);
+    let mut cfg = FabricConfig::new(kind(), &cluster, NodeId(PEER_NODE));
     cfg.device = std::env::var("RRPC_TEST_PEER_DEVICE").ok();
     let fabric = Fabric::open(&cfg).unwrap();
     let mr = fabric.alloc_mr(MR_BYTES).unwrap();
@@ -158,10 +159,10 @@ struct Setup {
 
 fn setup(name: &str) -> Setup {
     let (cluster, _) = ClusterGuard::new(&format!("test-{}-{name}", std::process::id())).unwrap();
-    let fabric = cluster.open(1).unwrap();
+    let fabric = cluster.open(NodeId(1)).unwrap();
     let peer = Peer::spawn(cluster.name());
     let info = node_info(peer.addr, Duration::from_secs(10)).unwrap();
-    assert_eq!(info.node, PEER_NODE);
+    assert_eq!(info.node, NodeId(PEER_NODE));
     let remote: MrDesc = info.export("mr").unwrap();
     let cq = fabric.create_cq(64).unwrap();
     let qp = connect_qp_to(&fabric, &cq, peer.addr);
@@ -458,7 +459,7 @@ fn restarted_peer_is_reached_anew_and_never_through_a_stale_rkey() {
     // The same node id again, in a new process.
     s.peer = Peer::spawn(s._cluster.name());
     let info = node_info(s.peer.addr, Duration::from_secs(10)).unwrap();
-    assert_eq!(info.node, PEER_NODE);
+    assert_eq!(info.node, NodeId(PEER_NODE));
     let new: MrDesc = info.export("mr").unwrap();
     let cq = s.fabric.create_cq(64).unwrap();
     let mut qp = connect_qp_to(&s.fabric, &cq, s.peer.addr);
@@ -503,7 +504,7 @@ fn restarted_peer_is_reached_anew_and_never_through_a_stale_rkey() {
 #[test]
 fn send_recv_between_two_qps() {
     let (cluster, _) = ClusterGuard::new(&format!("test-{}-sendrecv", std::process::id())).unwrap();
-    let fabric = cluster.open(1).unwrap();
+    let fabric = cluster.open(NodeId(1)).unwrap();
     let cq = fabric.create_cq(64).unwrap();
     let mut a = fabric.create_qp(&cq, 16).unwrap();
     let mut b = fabric.create_qp(&cq, 16).unwrap();

@@ -1,6 +1,7 @@
 //! RPC over Rockets on the shm fabric: a server node and client threads in one process
 //! (distinct node ids, real shared-memory rings, real server threads).
 
+use rrpc::NodeId;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -78,7 +79,7 @@ fn errors_are_reported_not_hung() {
             let a = ctx.call(node, FAIL, b"x").await;
             let b = ctx.call(node, 999, b"x").await;
             let c = ctx.call(node, ECHO, &[0u8; 4096]).await;
-            let d = ctx.call(node + 1, ECHO, b"x").await;
+            let d = ctx.call(NodeId(node.0 + 1), ECHO, b"x").await;
             results.borrow_mut().extend([a, b, c, d]);
         });
     }

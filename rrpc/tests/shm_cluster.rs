@@ -6,16 +6,20 @@
 //! (`RRPC_TEST_CLIENT=1`, see [`client_process`]).
 
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::NodeId;
 
 #[test]
 fn node_id_in_use_and_stale_cluster_dir() {
     let cluster = format!("test-{}-stale", std::process::id());
     let cfg = |node| FabricConfig::new(FabricKind::Shm, &cluster, node);
-    let a = Fabric::open(&cfg(5)).unwrap();
+    let a = Fabric::open(&cfg(NodeId(5))).unwrap();
     let _mr = a.alloc_mr(4096).unwrap();
     assert!(matches!(
-        Fabric::open(&cfg(5)),
-        Err(rrpc::fabric::FabricError::NodeInUse { node: 5, .. })
+        Fabric::open(&cfg(NodeId(5))),
+        Err(rrpc::fabric::FabricError::NodeInUse {
+            node: NodeId(5),
+            ..
+        })
     ));
     // A live node makes the directory "in use".
     assert!(rrpc::fabric::shm::prepare_cluster(&cluster).is_err());
@@ -29,7 +33,7 @@ fn node_id_in_use_and_stale_cluster_dir() {
     assert!(matches!(st, rrpc::fabric::shm::ClusterDirState::RemovedStale { files } if files >= 2));
     assert!(!dir.exists());
     // Files are created with mode 0600.
-    let b = Fabric::open(&cfg(6)).unwrap();
+    let b = Fabric::open(&cfg(NodeId(6))).unwrap();
     let mr = b.alloc_mr(100).unwrap();
     use std::os::unix::fs::PermissionsExt;
     // (a small MR stays in the control directory even when hugepages are reserved)

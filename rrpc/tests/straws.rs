@@ -2,6 +2,7 @@
 //! process's threads, growing and shrinking with them; a QP failing mid-stream is
 //! reconnected without losing messages; every batching mode delivers. On `$RRPC_FABRIC`.
 
+use rrpc::NodeId;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::{Arc, Barrier};
@@ -58,7 +59,7 @@ fn pool_grows_and_shrinks_with_the_threads_it_serves() {
         }));
     }
     attached.wait();
-    let straw = rt.straws().get(1).unwrap();
+    let straw = rt.straws().get(NodeId(1)).unwrap();
     // 5 threads at 2 per QP: 3 QPs of each kind, and the Rockets spread over them.
     assert_eq!(straw.threads(QpKind::Rpc), 5);
     let rpc = straw.list(QpKind::Rpc);
@@ -85,7 +86,7 @@ fn pool_grows_and_shrinks_with_the_threads_it_serves() {
 }
 
 /// `coroutines` x `calls` echo calls with unique payloads, checked.
-fn echo_rounds(ctx: &Rc<ThreadCtx>, node: u32, coroutines: u32, calls: u32, tag: u32) {
+fn echo_rounds(ctx: &Rc<ThreadCtx>, node: NodeId, coroutines: u32, calls: u32, tag: u32) {
     let done = Rc::new(Cell::new(0u32));
     let mut ex = Executor::new(ctx.clone());
     for co in 0..coroutines {

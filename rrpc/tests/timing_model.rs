@@ -3,6 +3,7 @@
 //! from several fabrics (separate mappings of one NIC state) staying atomic, and clear
 //! errors for models that cannot run. No test here asserts a duration.
 
+use rrpc::NodeId;
 use std::time::{Duration, Instant};
 
 use rrpc::fabric::shm::ClusterGuard;
@@ -12,7 +13,7 @@ use rrpc::fabric::{
 };
 
 fn open(cluster: &str, node: u32, model: &str) -> Fabric {
-    let mut cfg = FabricConfig::new(FabricKind::Shm, cluster, node);
+    let mut cfg = FabricConfig::new(FabricKind::Shm, cluster, NodeId(node));
     cfg.model = Some(model.into());
     Fabric::open(&cfg).unwrap()
 }
@@ -175,7 +176,7 @@ fn atomics_through_separate_mappings_of_one_nic_stay_atomic() {
                 // The owner's QP side: a fabric of node 1 cannot be opened twice, so
                 // connect to an endpoint naming node 1 (shm QPs need only the node id).
                 let mut ep = qp.endpoint();
-                ep.node = 1;
+                ep.node = NodeId(1);
                 ep.recv_queue = None;
                 qp.connect(&ep).unwrap();
                 let local = f.alloc_mr(4096).unwrap();
@@ -208,14 +209,14 @@ fn models_that_cannot_run_are_clear_errors() {
     let g = ClusterGuard::new(&format!("model-{}-bad", std::process::id()))
         .unwrap()
         .0;
-    let mut cfg = FabricConfig::new(FabricKind::Shm, g.name(), 1);
+    let mut cfg = FabricConfig::new(FabricKind::Shm, g.name(), NodeId(1));
     cfg.model = Some("cx9".into());
     let e = Fabric::open(&cfg).err().expect("unknown profile");
     assert!(
         e.to_string().contains("cx9") && e.to_string().contains("cx5"),
         "{e}"
     );
-    let mut cfg = FabricConfig::new(FabricKind::Verbs, g.name(), 1);
+    let mut cfg = FabricConfig::new(FabricKind::Verbs, g.name(), NodeId(1));
     cfg.model = Some("cx5".into());
     let e = Fabric::open(&cfg).err().expect("model on verbs");
     assert!(matches!(e, FabricError::InvalidArgument { .. }), "{e}");

@@ -71,7 +71,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     .context("starting the node")?;
     tracing::info!(
         cluster = %cli.node.cluster,
-        node = cli.node.node,
+        node = %cli.node.node,
         addr = %node.addr(),
         fabric = %fabric.describe(),
         placement = %placement,

@@ -4,6 +4,7 @@
 use rrpc::fabric::{DmPlacement, Fabric, FabricError, MemoryRegion, RemoteAddr};
 use rrpc::node::NodeInfo;
 use rrpc::runtime::{RpcError, ThreadCtx};
+use rrpc::NodeId;
 use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
@@ -151,7 +152,7 @@ impl Oracle {
 /// `ThreadCtx::connect` (one-sided only; the oracle serves no RPCs).
 #[derive(Clone, Debug)]
 pub struct TsoClient {
-    node: u32,
+    node: NodeId,
     counter: RemoteAddr,
     placement: String,
     epoch: u16,
@@ -180,7 +181,7 @@ impl TsoClient {
     }
 
     /// Node id of the oracle.
-    pub fn node(&self) -> u32 {
+    pub fn node(&self) -> NodeId {
         self.node
     }
 

@@ -3,6 +3,7 @@
 //! `CLOCK_MONOTONIC` invoke and response times; the merged histories pass the checker
 //! (`tso::history`). Clients mix per-request FAA and TSO groups over two threads.
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -111,7 +112,12 @@ fn client_process() {
     };
     let addr: SocketAddr = addr.parse().unwrap();
     let me: u32 = me.parse().unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(FabricKind::Shm, &cluster, 200 + me)).unwrap();
+    let fabric = Fabric::open(&FabricConfig::new(
+        FabricKind::Shm,
+        &cluster,
+        NodeId(200 + me),
+    ))
+    .unwrap();
     let probe = ThreadCtx::new(fabric.clone(), RuntimeConfig::default()).unwrap();
     let client = TsoClient::from_info(&probe.connect(addr).unwrap()).unwrap();
     let grouped = Arc::new(GroupedTso::new(client.clone()));

@@ -1,6 +1,7 @@
 //! The oracle over the shm fabric: concurrent clients in-process, and the real `tso`
 //! binary.
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -28,7 +29,7 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
     const ROUNDS: u64 = 200;
     const BATCH: u64 = 5;
     let cluster = cluster("conc");
-    let fabric = cluster.open(1).unwrap();
+    let fabric = cluster.open(NodeId(1)).unwrap();
     let oracle = Oracle::new(&fabric).unwrap();
     assert!(matches!(
         oracle.placement(),
@@ -47,7 +48,7 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
     )
     .unwrap();
     let addr = node.addr();
-    let client_fabric = cluster.open(100).unwrap();
+    let client_fabric = cluster.open(NodeId(100)).unwrap();
 
     let per_thread: Vec<Vec<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
@@ -131,9 +132,9 @@ fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
     assert!(placement.starts_with("host-fallback: "), "{placement}");
     let addr = addr.expect("tso printed READY");
 
-    let ctx = ThreadCtx::new(cluster.open(100).unwrap(), RuntimeConfig::default()).unwrap();
+    let ctx = ThreadCtx::new(cluster.open(NodeId(100)).unwrap(), RuntimeConfig::default()).unwrap();
     let info = ctx.connect(addr).unwrap();
-    assert_eq!((info.node, info.role.as_str()), (3, "tso"));
+    assert_eq!((info.node, info.role.as_str()), (NodeId(3), "tso"));
     let tc = Rc::new(TsoClient::from_info(&info).unwrap());
     let got = Rc::new(RefCell::new(Vec::new()));
     let mut ex = Executor::new(ctx.clone());
@@ -193,7 +194,7 @@ fn grouped_timestamps_over_the_fabric_are_unique_and_contiguous() {
     const COROS: usize = 8;
     const ROUNDS: usize = 300;
     let cluster = cluster("group");
-    let fabric = cluster.open(1).unwrap();
+    let fabric = cluster.open(NodeId(1)).unwrap();
     let oracle = Oracle::new(&fabric).unwrap();
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), oracle.export());
@@ -208,7 +209,7 @@ fn grouped_timestamps_over_the_fabric_are_unique_and_contiguous() {
     )
     .unwrap();
     let addr = node.addr();
-    let client_fabric = cluster.open(100).unwrap();
+    let client_fabric = cluster.open(NodeId(100)).unwrap();
     let probe = ThreadCtx::new(client_fabric.clone(), RuntimeConfig::default()).unwrap();
     let grouped = std::sync::Arc::new(GroupedTso::new(
         TsoClient::from_info(&probe.connect(addr).unwrap()).unwrap(),

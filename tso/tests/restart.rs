@@ -2,6 +2,7 @@
 //! under load, SIGKILL, restart with the same state directory and node id, and every
 //! timestamp after the restart is larger than every one before (tso::epoch).
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -97,7 +98,7 @@ fn sigkilled_oracle_restarts_above_every_timestamp_it_handed_out() {
     // Load from a client thread; SIGKILL the oracle while it runs (no stop count).
     let taken = Arc::new(AtomicU64::new(0));
     let client = {
-        let (f, t) = (cluster.open(100).unwrap(), taken.clone());
+        let (f, t) = (cluster.open(NodeId(100)).unwrap(), taken.clone());
         std::thread::spawn(move || load(f, addr, 4, u64::MAX, t))
     };
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -120,7 +121,7 @@ fn sigkilled_oracle_restarts_above_every_timestamp_it_handed_out() {
     let (_second, e2, addr) = start(cluster.name(), &state);
     assert_eq!(e2, 2);
     let after = load(
-        cluster.open(101).unwrap(),
+        cluster.open(NodeId(101)).unwrap(),
         addr,
         4,
         2_000,

@@ -29,6 +29,7 @@
 //! queue is ordered by timestamp and a transaction only ever waits for holders with
 //! smaller timestamps (Scythe 4.4 (1)).
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -187,7 +188,7 @@ pub struct ServiceAddrs {
 /// One thread's handle on the cluster, shared by the thread's coordinators (coroutines).
 pub struct TxnClient {
     ctx: Rc<ThreadCtx>,
-    mem: u32,
+    mem: NodeId,
     tables: Vec<TableExport>,
     lock_base: Vec<u64>,
     locks: LockClient,

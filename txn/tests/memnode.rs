@@ -1,6 +1,7 @@
 //! The real `memnode` binary: loads SmallBank, and a compute node finds every account
 //! through the hash index with one-sided READs and reads its initial balance.
 
+use rrpc::NodeId;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::rc::Rc;
@@ -37,7 +38,7 @@ fn memnode_serves_smallbank_through_its_index() {
     let fabric = Fabric::open(&FabricConfig::new(
         FabricKind::from_env().unwrap(),
         &cluster,
-        50,
+        NodeId(50),
     ))
     .unwrap();
     let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();

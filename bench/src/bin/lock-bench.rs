@@ -8,6 +8,7 @@
 //! acquires it, holds it for `--hold-us`, releases it and starts over. The latency of an
 //! acquisition runs from its first request to the grant, retries after refusals included.
 
+use rrpc::NodeId;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -444,7 +445,7 @@ fn measure_probed(
     );
     let (cluster, _) = ClusterGuard::new(&name)?;
     let open = |id: u32| -> Result<Fabric> {
-        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, id);
+        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, NodeId(id));
         cfg.model = Some(c.model.clone());
         Ok(Fabric::open(&cfg)?)
     };
@@ -810,7 +811,7 @@ fn measure_table(
     );
     let (cluster, _) = ClusterGuard::new(&name)?;
     let open = |id: u32| -> Result<Fabric> {
-        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, id);
+        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, NodeId(id));
         cfg.model = Some(c.model.clone());
         Ok(Fabric::open(&cfg)?)
     };

@@ -8,6 +8,7 @@
 //! (or verbs) cluster, the server thread pinned to `--server-core`, the client thread(s)
 //! from `--client-core` on.
 
+use rrpc::NodeId;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -267,7 +268,7 @@ impl Bed {
     }
 
     /// A client context (a new node id, so new QPs and Rockets) connected to the server.
-    fn client(&self, cfg: RuntimeConfig) -> Result<(Rc<ThreadCtx>, u32)> {
+    fn client(&self, cfg: RuntimeConfig) -> Result<(Rc<ThreadCtx>, NodeId)> {
         let id = self
             .next_node
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -283,7 +284,7 @@ impl Bed {
 
 /// Node `id` of cluster `cluster` on `kind`, under the timing model `model` names.
 fn open_fabric(kind: FabricKind, cluster: &str, id: u32, model: &Option<String>) -> Result<Fabric> {
-    let mut cfg = FabricConfig::new(kind, cluster, id);
+    let mut cfg = FabricConfig::new(kind, cluster, NodeId(id));
     cfg.model = model.clone();
     Ok(Fabric::open(&cfg)?)
 }
@@ -335,7 +336,7 @@ impl Point {
 /// warm-up, then the measured time (the `(warm-up, measured)` window). Per-call latency in ns goes to the histogram.
 fn drive(
     ctx: &Rc<ThreadCtx>,
-    node: u32,
+    node: NodeId,
     coroutines: usize,
     req: Vec<u8>,
     opts: CallOpts,
@@ -391,7 +392,7 @@ impl IdleGate {
 #[allow(clippy::too_many_arguments)]
 fn drive_with_idle(
     ctx: &Rc<ThreadCtx>,
-    node: u32,
+    node: NodeId,
     coroutines: usize,
     idle: usize,
     req: Vec<u8>,
@@ -794,10 +795,11 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
                 .next_node
                 .fetch_add(threads as u32, std::sync::atomic::Ordering::Relaxed);
             let results: Vec<Result<Point>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let cluster = cluster.clone();
-                        s.spawn(move || -> Result<Point> {
+                let hs: Vec<_> =
+                    (0..threads)
+                        .map(|t| {
+                            let cluster = cluster.clone();
+                            s.spawn(move || -> Result<Point> {
                                 pin((c.client_core + t * cores.saturating_sub(1).max(1))
                                     % cores.max(1));
                                 let f = open_fabric(kind, &cluster, base + t as u32, &c.model)?;
@@ -810,8 +812,8 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
                                 };
                                 drive(&ctx, node, 1, request(32, reply), opts, reply, (warm, meas))
                             })
-                    })
-                    .collect();
+                        })
+                        .collect();
                 bench::join_clients(hs)
             });
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;

@@ -15,6 +15,7 @@
 //! The oracle node and the client threads run in this process as nodes of a local
 //! cluster; clients are coroutines spread over `--threads` threads.
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -186,7 +187,7 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
     let name = format!("tso-bench-{}-{}-{clients}", std::process::id(), mode.name());
     let (cluster, _) = ClusterGuard::new(&name)?;
     let open = |id: u32| -> Result<Fabric> {
-        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, id);
+        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, NodeId(id));
         cfg.model = Some(a.model.clone());
         Ok(Fabric::open(&cfg)?)
     };
@@ -305,7 +306,7 @@ fn client_thread(
                     Mode::Faa => tc.timestamp(&ctx).await.map_err(Into::into),
                     Mode::Group => grouped.timestamp(&ctx).await.map_err(Into::into),
                     Mode::RpcOracle => ctx
-                        .call(ORACLE_NODE, RPC_ORACLE_HANDLER, &[])
+                        .call(NodeId(ORACLE_NODE), RPC_ORACLE_HANDLER, &[])
                         .await
                         .map_err(anyhow::Error::from)
                         .and_then(|b| {

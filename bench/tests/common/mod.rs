@@ -6,6 +6,7 @@
 //! account that write different balances form the textbook write skew when the balance
 //! a transaction only read is not validated.
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -56,8 +57,12 @@ pub fn write_skew(
     let kind = FabricKind::from_env().unwrap();
     let handles: Vec<_> = (0..threads)
         .map(|tid| {
-            let fabric =
-                Fabric::open(&FabricConfig::new(kind, &cluster_name, 100 + tid as u32)).unwrap();
+            let fabric = Fabric::open(&FabricConfig::new(
+                kind,
+                &cluster_name,
+                NodeId(100 + tid as u32),
+            ))
+            .unwrap();
             std::thread::spawn(move || {
                 coordinator(fabric, addrs, accounts, coroutines, run_for, tid)
             })

@@ -16,6 +16,7 @@ pub mod shm;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+use crate::NodeId;
 use std::sync::atomic::AtomicU64;
 
 use serde::{Deserialize, Serialize};
@@ -198,7 +199,7 @@ pub enum QpState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QpEndpoint {
     /// Cluster node id of the owner.
-    pub node: u32,
+    pub node: NodeId,
     /// Queue pair number.
     pub qpn: u32,
     /// Initial packet sequence number.
@@ -244,7 +245,7 @@ pub enum FabricError {
     #[error("queue pair to node {peer} is in error state: {why}")]
     QpError {
         /// Peer node id.
-        peer: u32,
+        peer: NodeId,
         /// Why it entered the error state.
         why: &'static str,
     },
@@ -252,7 +253,7 @@ pub enum FabricError {
     #[error("node {node} of cluster {cluster} is already running (pid file {path})")]
     NodeInUse {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// Cluster name.
         cluster: String,
         /// Path of the liveness file.
@@ -340,7 +341,7 @@ pub struct FabricConfig {
     /// Cluster name; shm files live under `<shm root>/rrpc-<cluster>/`.
     pub cluster: String,
     /// This node's id, unique in the cluster.
-    pub node: u32,
+    pub node: NodeId,
     /// RDMA device name (verbs; default: `RRPC_RDMA_DEVICE`, else the first device).
     pub device: Option<String>,
     /// GID index (verbs; default: `RRPC_GID_INDEX`, else the RoCEv2 IPv4-mapped GID).
@@ -354,7 +355,7 @@ pub struct FabricConfig {
 
 impl FabricConfig {
     /// A config for `kind` with device and GID from the environment or defaults.
-    pub fn new(kind: FabricKind, cluster: &str, node: u32) -> Self {
+    pub fn new(kind: FabricKind, cluster: &str, node: NodeId) -> Self {
         Self {
             kind,
             cluster: cluster.into(),
@@ -428,7 +429,7 @@ impl Fabric {
     }
 
     /// This node's id.
-    pub fn node(&self) -> u32 {
+    pub fn node(&self) -> NodeId {
         match self {
             Self::Shm(f) => f.node(),
             #[cfg(feature = "verbs")]
@@ -848,7 +849,7 @@ impl QueuePair {
         }
     }
     /// Peer node id (after connect).
-    pub fn peer(&self) -> u32 {
+    pub fn peer(&self) -> NodeId {
         match &self.inner {
             QpInner::Shm(q) => q.peer(),
             #[cfg(feature = "verbs")]

@@ -20,6 +20,7 @@
 //! lock (at most once a millisecond) and enters the error state when the peer is gone,
 //! as an RC QP does after its retry count is exhausted.
 
+use crate::NodeId;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -144,7 +145,7 @@ pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
             if let Ok(f) = File::open(&path) {
                 if !try_lock(&f, libc::LOCK_SH) {
                     return Err(FabricError::NodeInUse {
-                        node: node_of_alive_file(&path).unwrap_or(u32::MAX),
+                        node: node_of_alive_file(&path).unwrap_or(NodeId::MAX),
                         cluster: name.to_string(),
                         path: path.display().to_string(),
                     });
@@ -181,7 +182,7 @@ impl ClusterGuard {
 
     /// Open node `node` of this cluster on the backend `$RRPC_FABRIC` names (shm when
     /// unset), as binaries and test suites choose it.
-    pub fn open(&self, node: u32) -> Result<super::Fabric> {
+    pub fn open(&self, node: NodeId) -> Result<super::Fabric> {
         let kind = super::FabricKind::from_env().map_err(|what| FabricError::InvalidArgument {
             op: "open fabric",
             what,
@@ -209,7 +210,7 @@ pub fn remove_cluster(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn node_of_alive_file(p: &Path) -> Option<u32> {
+fn node_of_alive_file(p: &Path) -> Option<NodeId> {
     p.file_stem()?.to_str()?.strip_prefix('n')?.parse().ok()
 }
 
@@ -230,7 +231,7 @@ struct LocalMr {
 }
 
 struct FabricInner {
-    node: u32,
+    node: NodeId,
     cluster: String,
     /// Liveness files.
     dir: PathBuf,
@@ -255,7 +256,7 @@ struct FabricInner {
     model: Option<Arc<TimingModel>>,
     /// NIC state files mapped, by node (this node's own included). Weak: the QPs that
     /// post to or from a node keep its mapping, so a departed node's is not kept here.
-    nics: Mutex<HashMap<u32, std::sync::Weak<NicMap>>>,
+    nics: Mutex<HashMap<NodeId, std::sync::Weak<NicMap>>>,
 }
 
 impl Drop for FabricInner {
@@ -280,7 +281,7 @@ impl ShmFabric {
     /// Join cluster `cluster` as node `node`, creating the cluster directory if needed.
     ///
     /// Errors: [`FabricError::NodeInUse`] if a live process is node `node`; I/O errors.
-    pub fn open(cluster: &str, node: u32) -> Result<Self> {
+    pub fn open(cluster: &str, node: NodeId) -> Result<Self> {
         Self::open_with_model(cluster, node, None)
     }
 
@@ -292,7 +293,7 @@ impl ShmFabric {
     /// Errors: as [`ShmFabric::open`]; the NIC state file cannot be created.
     pub fn open_with_model(
         cluster: &str,
-        node: u32,
+        node: NodeId,
         model: Option<Arc<TimingModel>>,
     ) -> Result<Self> {
         if cluster.is_empty() || cluster.contains('/') || cluster.contains("..") {
@@ -376,7 +377,7 @@ impl ShmFabric {
 
     /// Node `node`'s NIC state, mapped once per process (created if the node has not
     /// created it yet: a node without the model still has a NIC others reserve).
-    fn nic(&self, node: u32) -> Result<Arc<NicMap>> {
+    fn nic(&self, node: NodeId) -> Result<Arc<NicMap>> {
         let mut nics = self.inner.nics.lock().expect("NIC table poisoned");
         if let Some(n) = nics.get(&node).and_then(std::sync::Weak::upgrade) {
             return Ok(n);
@@ -388,7 +389,7 @@ impl ShmFabric {
     }
 
     /// Node id.
-    pub fn node(&self) -> u32 {
+    pub fn node(&self) -> NodeId {
         self.inner.node
     }
 
@@ -463,7 +464,7 @@ impl ShmFabric {
         let data = map.as_ptr() as u64 + MR_HEADER_BYTES as u64;
         let header = [
             MR_MAGIC,
-            u64::from(self.inner.node) << 32 | u64::from(key),
+            u64::from(self.inner.node.get()) << 32 | u64::from(key),
             data,
             len as u64,
             if dm { HEADER_DM } else { 0 },
@@ -551,7 +552,7 @@ impl ShmFabric {
 
     /// Map node `node`'s MR `rkey` (or share this process's live mapping of it). `None`:
     /// no such MR, or it was deregistered.
-    fn map_remote(&self, node: u32, rkey: u32) -> Option<Arc<RemoteMr>> {
+    fn map_remote(&self, node: NodeId, rkey: u32) -> Option<Arc<RemoteMr>> {
         let mut cache = self.inner.remote.lock().expect("remote MR cache poisoned");
         if let Some(r) = cache
             .map
@@ -586,7 +587,7 @@ impl ShmFabric {
         unsafe { std::ptr::copy_nonoverlapping(map.as_ptr() as *const u64, h.as_mut_ptr(), 5) };
         let (magic, id, base, len) = (h[0], h[1], h[2], h[3] as usize);
         if magic != MR_MAGIC
-            || id != (u64::from(node) << 32 | u64::from(rkey))
+            || id != (u64::from(node.get()) << 32 | u64::from(rkey))
             || MR_HEADER_BYTES + len > file_len
         {
             return None;
@@ -701,12 +702,12 @@ fn retire_mr_file(path: &Path) {
 /// gone are pruned whenever the table has doubled since the last pruning.
 #[derive(Default)]
 struct RemoteCache {
-    map: HashMap<(u32, u32), std::sync::Weak<RemoteMr>>,
+    map: HashMap<(NodeId, u32), std::sync::Weak<RemoteMr>>,
     prune_at: usize,
 }
 
 impl RemoteCache {
-    fn insert(&mut self, key: (u32, u32), r: &Arc<RemoteMr>) {
+    fn insert(&mut self, key: (NodeId, u32), r: &Arc<RemoteMr>) {
         if self.map.len() >= self.prune_at {
             self.map.retain(|_, w| w.strong_count() > 0);
             self.prune_at = (2 * self.map.len()).max(64);
@@ -804,7 +805,7 @@ impl ShmCq {
 }
 
 struct Peer {
-    node: u32,
+    node: NodeId,
     alive: File,
     remote: HashMap<u32, Arc<RemoteMr>>,
 }
@@ -917,9 +918,9 @@ impl ShmQp {
         Ok(())
     }
 
-    /// Peer node id, or `u32::MAX` before connect.
-    pub fn peer(&self) -> u32 {
-        self.peer.as_ref().map_or(u32::MAX, |p| p.node)
+    /// Peer node id, or `NodeId::MAX` before connect.
+    pub fn peer(&self) -> NodeId {
+        self.peer.as_ref().map_or(NodeId::MAX, |p| p.node)
     }
 
     /// State as last probed ([`ShmQp::probe`]; the QP wrapper probes at most once a
@@ -1378,7 +1379,7 @@ enum Target {
     Send {
         _map: Arc<RemoteMr>,
         base: *mut u8,
-        peer: u32,
+        peer: NodeId,
     },
     /// Fails with this status when its time comes.
     Failed(WcStatus),

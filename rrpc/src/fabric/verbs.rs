@@ -11,6 +11,7 @@
 //! access flags. Connection: RC, RoCEv2 with the IPv4-mapped GID by default, QPN/PSN/GID/
 //! LID exchanged over the bootstrap service.
 
+use crate::NodeId;
 use std::sync::Arc;
 
 use memmap2::{MmapMut, MmapOptions};
@@ -77,7 +78,7 @@ fn verbs_err(op: &'static str, e: impl std::fmt::Display) -> FabricError {
 }
 
 struct Inner {
-    node: u32,
+    node: NodeId,
     ctx: Arc<DeviceContext>,
     pd: Arc<ProtectionDomain>,
     dev_name: String,
@@ -107,7 +108,7 @@ impl VerbsFabric {
     /// Errors: [`FabricError::NoDevice`] when libibverbs is missing, the kernel has no RDMA
     /// support, or no device exists ("no RDMA device found; use --fabric shm or load
     /// rdma_rxe"); [`FabricError::Verbs`] naming the failing verb otherwise.
-    pub fn open(node: u32, opts: &VerbsOptions) -> Result<Self> {
+    pub fn open(node: NodeId, opts: &VerbsOptions) -> Result<Self> {
         let list = DeviceList::new().map_err(|e| FabricError::NoDevice {
             why: format!("{NO_DEVICE} (ibv_get_device_list: {})", source_msg(&e)),
         })?;
@@ -208,7 +209,7 @@ impl VerbsFabric {
     }
 
     /// Node id.
-    pub fn node(&self) -> u32 {
+    pub fn node(&self) -> NodeId {
         self.inner.node
     }
 
@@ -335,7 +336,7 @@ impl VerbsFabric {
             fabric: self.inner.clone(),
             qp,
             psn,
-            peer: u32::MAX,
+            peer: NodeId::MAX,
             state: QpState::Init,
             sq_depth: sq_depth.max(1),
         })
@@ -483,7 +484,7 @@ pub struct VerbsQp {
     fabric: Arc<Inner>,
     qp: BasicQueuePair,
     psn: u32,
-    peer: u32,
+    peer: NodeId,
     state: QpState,
     sq_depth: usize,
 }
@@ -509,8 +510,8 @@ impl VerbsQp {
         }
     }
 
-    /// Peer node id, or `u32::MAX` before connect.
-    pub fn peer(&self) -> u32 {
+    /// Peer node id, or `NodeId::MAX` before connect.
+    pub fn peer(&self) -> NodeId {
         self.peer
     }
 

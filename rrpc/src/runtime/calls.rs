@@ -11,6 +11,7 @@
 //! `Cancelled` after the caller's `Cancel`) says nothing more can touch it, or the node
 //! is gone. No timer frees it: a slow server must never WRITE into a reused buffer.
 
+use crate::NodeId;
 use std::collections::HashMap;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ pub(crate) enum Reply {
 }
 
 struct Slot {
-    node: u32,
+    node: NodeId,
     handler: u16,
     after: Duration,
     deadline: Instant,
@@ -94,7 +95,7 @@ pub(crate) struct CallTable {
     /// an insert and a remove into.
     calls: HashMap<u64, Slot, IdHash>,
     /// Buffers of abandoned calls the server may still touch, by call id, with the node.
-    zombies: HashMap<u64, (u32, Held), IdHash>,
+    zombies: HashMap<u64, (NodeId, Held), IdHash>,
     next: u64,
 }
 
@@ -108,7 +109,7 @@ impl CallTable {
     /// holding `chunks` until it ends.
     pub(crate) fn open(
         &mut self,
-        node: u32,
+        node: NodeId,
         handler: u16,
         now: Instant,
         after: Duration,
@@ -175,7 +176,7 @@ impl CallTable {
     pub(crate) fn poll(&mut self, id: u64, waker: &Waker) -> Poll<(Reply, Held)> {
         let Some(s) = self.calls.get_mut(&id) else {
             let e = CallError::Protocol {
-                node: 0,
+                node: NodeId::MAX,
                 what: "call polled after it ended",
             };
             return Poll::Ready((Reply::Inline(Err(e)), Held::default()));
@@ -235,7 +236,7 @@ impl CallTable {
     /// [`CallError::Timeout`] and its future is woken. Appends to `cancel` the expired
     /// calls that hold a buffer the server may touch (the caller sends them `Cancel`);
     /// returns how many calls expired.
-    pub(crate) fn expire(&mut self, now: Instant, cancel: &mut Vec<(u32, u64)>) -> usize {
+    pub(crate) fn expire(&mut self, now: Instant, cancel: &mut Vec<(NodeId, u64)>) -> usize {
         let mut n = 0;
         for (&id, s) in self.calls.iter_mut() {
             if s.result.is_some() || s.deadline > now {
@@ -271,7 +272,7 @@ impl CallTable {
     /// of its abandoned calls: a gone node touches nothing any more.
     pub(crate) fn fail_node(
         &mut self,
-        node: u32,
+        node: NodeId,
         err: impl Fn(u16) -> CallError,
         freed: &mut Vec<Chunk>,
     ) {
@@ -329,7 +330,7 @@ mod tests {
     fn reply_wakes_and_is_taken_once() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(3, 9, now, MS, Held::default());
+        let id = t.open(NodeId(3), 9, now, MS, Held::default());
         let (c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
         assert_eq!(t.deliver(id, Reply::Inline(Ok(vec![1]))), Late::Delivered);
@@ -349,8 +350,8 @@ mod tests {
     fn deadlines_expire_in_order_and_only_when_due() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let a = t.open(1, 1, now, 2 * MS, Held::default());
-        let b = t.open(1, 1, now, MS, Held::default());
+        let a = t.open(NodeId(1), 1, now, 2 * MS, Held::default());
+        let b = t.open(NodeId(1), 1, now, MS, Held::default());
         let (c, w) = waker();
         assert!(t.poll(a, &w).is_pending() && t.poll(b, &w).is_pending());
         let mut cancel = Vec::new();
@@ -370,12 +371,12 @@ mod tests {
     fn expired_zero_copy_buffer_is_held_until_the_late_answer() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(4, 2, now, MS, chunk(64));
+        let id = t.open(NodeId(4), 2, now, MS, chunk(64));
         let (_c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
         let mut cancel = Vec::new();
         t.expire(now + MS, &mut cancel);
-        assert_eq!(cancel, vec![(4, id)]);
+        assert_eq!(cancel, vec![(NodeId(4), id)]);
         // The caller gets its timeout but not the buffer.
         assert!(matches!(t.poll(id, &w), Poll::Ready((_, h)) if h.is_empty()));
         assert_eq!(t.zombies(), 1);
@@ -391,10 +392,10 @@ mod tests {
     fn answer_after_expiry_but_before_the_future_looked_frees_the_buffer() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(4, 2, now, MS, chunk(64));
+        let id = t.open(NodeId(4), 2, now, MS, chunk(64));
         let mut cancel = Vec::new();
         t.expire(now + MS, &mut cancel);
-        assert_eq!(cancel, vec![(4, id)]);
+        assert_eq!(cancel, vec![(NodeId(4), id)]);
         // The Done arrives before the caller's future runs again.
         assert_eq!(
             t.deliver(id, Reply::ZeroCopy(8)),
@@ -417,15 +418,19 @@ mod tests {
     fn dropped_future_with_buffer_asks_to_cancel_and_node_failure_frees() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let a = t.open(5, 2, now, MS, chunk(0));
-        let b = t.open(6, 2, now, MS, chunk(64));
-        let c = t.open(6, 2, now, MS, Held::default());
+        let a = t.open(NodeId(5), 2, now, MS, chunk(0));
+        let b = t.open(NodeId(6), 2, now, MS, chunk(64));
+        let c = t.open(NodeId(6), 2, now, MS, Held::default());
         assert!(t.abandon(a).cancel);
         assert!(t.abandon(b).cancel);
         assert_eq!(t.abandon(c), Abandoned::default());
         assert_eq!(t.zombies(), 2);
         let mut freed = Vec::new();
-        t.fail_node(6, |_| CallError::NotConnected { node: 6 }, &mut freed);
+        t.fail_node(
+            NodeId(6),
+            |_| CallError::NotConnected { node: NodeId(6) },
+            &mut freed,
+        );
         assert_eq!(freed, chunk(64).iter().collect::<Vec<_>>());
         assert_eq!(t.zombies(), 1);
     }
@@ -434,7 +439,7 @@ mod tests {
     fn dropped_future_after_final_answer_frees_and_releases() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let a = t.open(5, 2, now, MS, chunk(0));
+        let a = t.open(NodeId(5), 2, now, MS, chunk(0));
         t.deliver(a, Reply::ZeroCopy(3));
         assert_eq!(
             t.abandon(a),
@@ -450,7 +455,7 @@ mod tests {
             len: 2,
             handle: 77,
         };
-        let b = t.open(5, 2, now, MS, Held::default());
+        let b = t.open(NodeId(5), 2, now, MS, Held::default());
         t.deliver(b, Reply::Read(r));
         assert_eq!(t.abandon(b).release, Some(77));
         assert_eq!(t.zombies(), 0);
@@ -460,14 +465,21 @@ mod tests {
     fn node_failure_wakes_waiting_calls() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(7, 2, now, MS, Held::default());
+        let id = t.open(NodeId(7), 2, now, MS, Held::default());
         let (c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
-        t.fail_node(7, |_| CallError::NotConnected { node: 7 }, &mut Vec::new());
+        t.fail_node(
+            NodeId(7),
+            |_| CallError::NotConnected { node: NodeId(7) },
+            &mut Vec::new(),
+        );
         assert_eq!(c.0.load(Ordering::Relaxed), 1);
         assert!(matches!(
             t.poll(id, &w),
-            Poll::Ready((Reply::Inline(Err(CallError::NotConnected { node: 7 })), _))
+            Poll::Ready((
+                Reply::Inline(Err(CallError::NotConnected { node: NodeId(7) })),
+                _
+            ))
         ));
     }
 }

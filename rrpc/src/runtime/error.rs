@@ -1,5 +1,6 @@
 //! Errors of the runtime, one type per operation, each keeping its cause.
 
+use crate::NodeId;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,7 +56,7 @@ pub enum OneSidedError {
     #[error("node {node} is not connected on this thread")]
     NotConnected {
         /// Node id.
-        node: u32,
+        node: NodeId,
     },
     /// More bytes than [`super::RuntimeConfig::max_transfer`] (nothing was sent).
     #[error("one-sided op of {len} bytes exceeds the {max}-byte limit")]
@@ -70,7 +71,7 @@ pub enum OneSidedError {
     #[error("work request to node {node} failed: {status:?}")]
     Completion {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// Completion status.
         status: WcStatus,
     },
@@ -78,7 +79,7 @@ pub enum OneSidedError {
     #[error("node {node} is unreachable: {why}")]
     PeerGone {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// Why.
         #[source]
         why: GoneReason,
@@ -92,7 +93,7 @@ pub enum CallError {
     #[error("node {node} is not connected for RPC on this thread")]
     NotConnected {
         /// Node id.
-        node: u32,
+        node: NodeId,
     },
     /// A request or reply buffer larger than the call can carry (nothing was sent).
     #[error("payload of {len} bytes exceeds the {max}-byte limit")]
@@ -106,7 +107,7 @@ pub enum CallError {
     #[error("call to handler {handler} on node {node} timed out after {after:?}")]
     Timeout {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// Handler id.
         handler: u16,
         /// The deadline that passed.
@@ -116,7 +117,7 @@ pub enum CallError {
     #[error("node {node} is unreachable: {why}")]
     PeerGone {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// Why.
         #[source]
         why: GoneReason,
@@ -126,7 +127,7 @@ pub enum CallError {
     #[error("node {node} handler {handler}: {msg}")]
     Remote {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// Handler id.
         handler: u16,
         /// The server's message.
@@ -136,7 +137,7 @@ pub enum CallError {
     #[error("node {node}: malformed reply: {what}")]
     Protocol {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// What is wrong.
         what: &'static str,
     },
@@ -146,7 +147,7 @@ pub enum CallError {
     #[error("node {node} handler {handler}: reply buffer expired or reused before it was read")]
     Expired {
         /// Node id.
-        node: u32,
+        node: NodeId,
         /// Handler id.
         handler: u16,
     },

@@ -32,6 +32,7 @@ pub mod config;
 mod error;
 mod onesided;
 
+use crate::NodeId;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::Future;
@@ -126,7 +127,7 @@ impl TicketQueue {
 
 /// This thread's state towards one node.
 struct Conn {
-    node: u32,
+    node: NodeId,
     straw: Arc<Straw>,
     /// One-sided WRs not yet posted, and the op each belongs to.
     os_pending: Vec<SendWr>,
@@ -146,7 +147,7 @@ enum Rec {
 
 struct Inner {
     conns: Vec<Conn>,
-    by_node: HashMap<u32, usize>,
+    by_node: HashMap<NodeId, usize>,
     ops: OpTable,
     arena: Arena,
     calls: CallTable,
@@ -157,7 +158,7 @@ struct Inner {
     freed: Vec<Chunk>,
     batch: Vec<u8>,
     done: Vec<(u64, WcStatus)>,
-    cancels: Vec<(u32, u64)>,
+    cancels: Vec<(NodeId, u64)>,
     /// Coroutines waiting for room (a free buffer, ring credit): woken after a round
     /// with work.
     stalled: Vec<Waker>,
@@ -393,7 +394,7 @@ impl ThreadCtx {
     /// [`OneSidedError::NotConnected`].
     pub async fn read(
         &self,
-        node: u32,
+        node: NodeId,
         remote: RemoteAddr,
         len: usize,
     ) -> Result<Vec<u8>, OneSidedError> {
@@ -405,7 +406,7 @@ impl ThreadCtx {
     /// Errors as [`ThreadCtx::read`].
     pub async fn write(
         &self,
-        node: u32,
+        node: NodeId,
         remote: RemoteAddr,
         data: &[u8],
     ) -> Result<(), OneSidedError> {
@@ -418,7 +419,7 @@ impl ThreadCtx {
     /// Errors as [`ThreadCtx::read`].
     pub async fn cas(
         &self,
-        node: u32,
+        node: NodeId,
         remote: RemoteAddr,
         compare: u64,
         swap: u64,
@@ -429,13 +430,18 @@ impl ThreadCtx {
 
     /// 8-byte RDMA fetch-and-add at `remote` (8-byte aligned); returns the old value.
     /// Errors as [`ThreadCtx::read`].
-    pub async fn faa(&self, node: u32, remote: RemoteAddr, add: u64) -> Result<u64, OneSidedError> {
+    pub async fn faa(
+        &self,
+        node: NodeId,
+        remote: RemoteAddr,
+        add: u64,
+    ) -> Result<u64, OneSidedError> {
         self.atomic(node, WrOpcode::FetchAdd { add }, remote).await
     }
 
     async fn atomic(
         &self,
-        node: u32,
+        node: NodeId,
         op: WrOpcode,
         remote: RemoteAddr,
     ) -> Result<u64, OneSidedError> {
@@ -446,7 +452,7 @@ impl ThreadCtx {
     /// Queue one one-sided WR and wait for it; returns the local buffer's bytes.
     async fn one_sided(
         &self,
-        node: u32,
+        node: NodeId,
         opcode: WrOpcode,
         remote: RemoteAddr,
         len: usize,
@@ -460,7 +466,7 @@ impl ThreadCtx {
     /// 16 bytes of generation words to the largest transfer).
     async fn one_sided_up_to(
         &self,
-        node: u32,
+        node: NodeId,
         opcode: WrOpcode,
         remote: RemoteAddr,
         len: usize,
@@ -532,7 +538,7 @@ impl ThreadCtx {
 
     /// Call handler `handler` on `node` with `req` in [`ReplyMode::Auto`] with the
     /// default deadline; resolves to the reply payload. See [`ThreadCtx::call_with`].
-    pub async fn call(&self, node: u32, handler: u16, req: &[u8]) -> Result<Vec<u8>, CallError> {
+    pub async fn call(&self, node: NodeId, handler: u16, req: &[u8]) -> Result<Vec<u8>, CallError> {
         self.call_with(node, handler, req, CallOpts::default())
             .await
     }
@@ -550,7 +556,7 @@ impl ThreadCtx {
     /// expired or reused first.
     pub async fn call_with(
         &self,
-        node: u32,
+        node: NodeId,
         handler: u16,
         req: &[u8],
         opts: CallOpts,
@@ -768,7 +774,7 @@ impl ThreadCtx {
     /// server buffer's generation) and release it.
     async fn finish_call(
         &self,
-        node: u32,
+        node: NodeId,
         handler: u16,
         id: u64,
         reply: Reply,
@@ -853,7 +859,7 @@ impl ThreadCtx {
     }
 
     /// Queue a control message (Release, Cancel) to `node` (sent next round).
-    fn queue_control(&self, node: u32, kind: MsgKind, arg: u64) {
+    fn queue_control(&self, node: NodeId, kind: MsgKind, arg: u64) {
         let mut inner = self.inner.borrow_mut();
         if let Some(&ci) = inner.by_node.get(&node) {
             if let Some(rpc) = inner.conns[ci].rpc.as_mut() {
@@ -885,7 +891,7 @@ impl ThreadCtx {
     /// (they go to the error state and are reconnected on the control thread). For
     /// fault tests and benchmarks. Returns how many QPs. Errors: not connected; the
     /// verbs call failed.
-    pub fn inject_qp_error(&self, node: u32, kind: QpKind) -> Result<usize, RpcError> {
+    pub fn inject_qp_error(&self, node: NodeId, kind: QpKind) -> Result<usize, RpcError> {
         let inner = self.inner.borrow();
         let &ci = inner
             .by_node
@@ -1317,7 +1323,7 @@ impl Drop for ThreadCtx {
 /// Gives a call's credit ticket back if the call is dropped while waiting.
 struct TicketGuard<'a> {
     ctx: &'a ThreadCtx,
-    node: u32,
+    node: NodeId,
     ticket: Option<u64>,
 }
 
@@ -1372,7 +1378,7 @@ impl Drop for OpWait<'_> {
 struct CallWait<'a> {
     ctx: &'a ThreadCtx,
     id: u64,
-    node: u32,
+    node: NodeId,
     done: bool,
 }
 

@@ -1,6 +1,7 @@
 //! One server thread: its Rocket pairs, reply buffers, in-flight async handlers and
 //! fetches, and the polling round (see the module docs of [`crate::server`]).
 
+use crate::NodeId;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -35,7 +36,7 @@ pub(crate) struct ServerConn {
     /// Stable id: indices shift when dead channels are removed.
     id: u64,
     straw: Arc<ServerStraw>,
-    peer: u32,
+    peer: NodeId,
     chan: Channel,
     /// The requester's [`ReplyMode::Auto`] threshold, bytes.
     mode_threshold: usize,
@@ -48,7 +49,7 @@ impl ServerConn {
     pub(crate) fn new(
         id: u64,
         straw: Arc<ServerStraw>,
-        peer: u32,
+        peer: NodeId,
         chan: Channel,
         mode_threshold: usize,
     ) -> Self {
@@ -319,12 +320,12 @@ impl Worker {
             while let Ok(cmd) = self.rx.try_recv() {
                 match cmd {
                     Cmd::Add(c) => {
-                        tracing::debug!(peer = c.peer, "Rocket accepted");
+                        tracing::debug!(peer = %c.peer, "Rocket accepted");
                         self.conns.push(*c);
                     }
                     Cmd::Close(id) => {
                         if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
-                            tracing::debug!(peer = c.peer, "Rocket closed by its requester");
+                            tracing::debug!(peer = %c.peer, "Rocket closed by its requester");
                             c.dead = true;
                         }
                     }
@@ -357,7 +358,7 @@ impl Worker {
                     Ok(true) => {}
                     Ok(false) => break,
                     Err(e) => {
-                        tracing::warn!(peer = c.peer, error = %e, "corrupt request ring; dropping Rocket");
+                        tracing::warn!(peer = %c.peer, error = %e, "corrupt request ring; dropping Rocket");
                         c.dead = true;
                         break;
                     }
@@ -366,7 +367,7 @@ impl Worker {
                 let batch = std::mem::take(&mut self.batch);
                 for m in decode_batch(&batch) {
                     let Ok((hdr, payload)) = m else {
-                        tracing::warn!(peer = self.conns[ci].peer, "corrupt request batch");
+                        tracing::warn!(peer = %self.conns[ci].peer, "corrupt request batch");
                         self.conns[ci].dead = true;
                         break;
                     };
@@ -504,7 +505,7 @@ impl Worker {
                 }
             }
             _ => tracing::debug!(
-                peer = self.conns[ci].peer,
+                peer = %self.conns[ci].peer,
                 kind = hdr.kind,
                 "unexpected message"
             ),
@@ -630,7 +631,7 @@ impl Worker {
         let max = c.chan.max_payload();
         let payload = &payload[..payload.len().min(max)];
         if let Err(e) = c.chan.push_or_queue(hdr, payload) {
-            tracing::warn!(peer = c.peer, error = %e, "response dropped");
+            tracing::warn!(peer = %c.peer, error = %e, "response dropped");
         }
     }
 
@@ -784,7 +785,7 @@ impl Worker {
         for c in self.conns.iter_mut() {
             if !c.dead && c.stuck_since.is_some_and(|t| t.elapsed() >= STUCK_LIMIT) {
                 tracing::debug!(
-                    peer = c.peer,
+                    peer = %c.peer,
                     "no usable QP to the requester; dropping Rocket"
                 );
                 c.dead = true;

@@ -2,6 +2,7 @@
 //! (shm when unset), in a cluster directory removed when the test ends.
 #![allow(dead_code)] // each test binary uses a different subset
 
+use rrpc::NodeId;
 use std::collections::BTreeMap;
 
 use rrpc::fabric::shm::ClusterGuard;
@@ -19,7 +20,7 @@ pub fn fabric(cluster: &str, node: u32) -> Fabric {
     Fabric::open(&FabricConfig::new(
         FabricKind::from_env().unwrap(),
         cluster,
-        node,
+        NodeId(node),
     ))
     .unwrap()
 }

@@ -58,7 +58,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     )?;
     tracing::info!(
         cluster = %args.node.cluster,
-        node = args.node.node,
+        node = %args.node.node,
         addr = %node.addr(),
         fabric = %node.fabric().describe(),
         tables = tables.len(),
