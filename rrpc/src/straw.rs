@@ -25,6 +25,9 @@
 //! The pool grows when threads attach and the average number of threads per QP would
 //! exceed [`StrawConfig::threads_per_qp`], and shrinks when they detach: a retired QP takes
 //! no new lists, and is released (both ends) once its outstanding lists have completed.
+//! Both run on the control thread too. The one exception is a thread attaching to a pool
+//! with no usable QP of the kind it needs: it creates the first QP itself, since it has
+//! nothing to send on meanwhile (this happens inside `connect`, a control call).
 
 use crate::NodeId;
 use std::collections::{HashMap, VecDeque};
@@ -381,6 +384,7 @@ pub struct Straws {
 /// Work for a pool's control thread.
 enum Job {
     Reconnect(Arc<Straw>, Arc<SharedQp>),
+    Resize(Arc<Straw>, QpKind),
     Request(SocketAddr, std::time::Duration, CtrlRequest),
 }
 
@@ -401,6 +405,7 @@ impl Control {
                     for job in rx {
                         match job {
                             Job::Reconnect(straw, qp) => straw.reconnect(&qp),
+                            Job::Resize(straw, kind) => straw.resize(kind),
                             Job::Request(addr, timeout, req) => {
                                 // Best effort: a peer that is gone has nothing to close.
                                 if let Ok(mut c) = BootstrapClient::connect(addr, timeout) {
@@ -578,24 +583,50 @@ impl Straw {
         lock(&self.dead).clone()
     }
 
-    /// A thread starts using QPs of `kind`: grows the pool if the average number of
-    /// threads per QP now exceeds the threshold. Errors: a QP could not be created (the
-    /// node's control plane or the fabric failed).
-    pub fn attach(&self, kind: QpKind) -> Result<(), FabricError> {
+    /// A thread starts using QPs of `kind`. When the pool has no usable QP of that kind,
+    /// creates one now (the caller needs it to send anything); otherwise asks the control
+    /// thread to grow the pool if the average number of threads per QP now exceeds the
+    /// threshold, and the thread shares an existing QP meanwhile. Blocks on the peer's
+    /// control plane only in the first case, and for at most a running shrink's drain
+    /// (one second). Errors: the first QP could not be created (the node's control plane
+    /// or the fabric failed).
+    pub fn attach(self: &Arc<Self>, kind: QpKind) -> Result<(), FabricError> {
+        // Under the resize lock, so a shrink on the control thread either saw this thread
+        // in its target or finished before the check of usable QPs below.
+        let g = lock(&self.resize);
         self.threads[kind_index(kind)].fetch_add(1, Ordering::Relaxed);
-        self.resize(kind)
+        let usable = self
+            .qps(kind)
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|q| q.usable());
+        if usable {
+            drop(g);
+            self.pool.ctl.send(Job::Resize(self.clone(), kind));
+            Ok(())
+        } else {
+            self.resize_locked(kind)
+        }
     }
 
-    /// A thread stops using QPs of `kind`: shrinks the pool when fewer QPs serve the
-    /// remaining threads within the threshold (none once the last thread detached).
-    pub fn detach(&self, kind: QpKind) {
+    /// A thread stops using QPs of `kind`: the control thread shrinks the pool when fewer
+    /// QPs serve the remaining threads within the threshold (none once the last thread
+    /// detached), draining the retired QP and releasing it at the peer. Non-blocking.
+    pub fn detach(self: &Arc<Self>, kind: QpKind) {
         let _ = self.threads[kind_index(kind)].fetch_update(
             Ordering::Relaxed,
             Ordering::Relaxed,
             |t| t.checked_sub(1),
         );
-        if let Err(e) = self.resize(kind) {
-            tracing::debug!(node = %self.node, error = %e, "shrinking straw");
+        self.pool.ctl.send(Job::Resize(self.clone(), kind));
+    }
+
+    /// Bring the pool of `kind` to its target size (on the control thread).
+    fn resize(&self, kind: QpKind) {
+        let _g = lock(&self.resize);
+        if let Err(e) = self.resize_locked(kind) {
+            tracing::debug!(node = %self.node, ?kind, error = %e, "resizing straw");
         }
     }
 
@@ -605,8 +636,8 @@ impl Straw {
         t.div_ceil(self.pool.cfg.threads_per_qp.max(1))
     }
 
-    fn resize(&self, kind: QpKind) -> Result<(), FabricError> {
-        let _g = lock(&self.resize);
+    /// [`Self::resize`] with the resize lock held by the caller.
+    fn resize_locked(&self, kind: QpKind) -> Result<(), FabricError> {
         loop {
             let (len, last) = {
                 let v = self.qps(kind).read().unwrap_or_else(|p| p.into_inner());

@@ -51,7 +51,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rrpc::runtime::{block_on, CallOpts, ReplyMode, RuntimeConfig, ThreadCtx};
 
@@ -200,21 +200,6 @@ fn visit(cluster: &str, node: u32, server: std::net::SocketAddr) {
     drop(Rc::try_unwrap(ctx).ok().expect("the only handle"));
 }
 
-/// Poll `f` until it holds or `limit` passes; returns whether it held (never asserts a
-/// duration: the limit only bounds a hang).
-fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// What a default server thread and a default client thread commit in the shm
 /// filesystem: the arenas are registered in full but committed only where touched.
 #[test]
@@ -287,7 +272,7 @@ fn client_churn_leaves_no_files_or_mappings() {
         );
     }
     eprintln!("peak between batches: {:?}, {} mappings", peak.0, peak.1);
-    let back = eventually(Duration::from_secs(20), || {
+    let back = common::eventually(Duration::from_secs(20), || {
         let u = usage(c.name(), None);
         client_files(c.name()) == 0
             && u.files == base.files
@@ -398,7 +383,7 @@ fn server_drops_what_it_held_for_killed_clients() {
     }
     // A client that comes and goes after them.
     visit(c.name(), 400, srv.addr());
-    let back = eventually(Duration::from_secs(20), || {
+    let back = common::eventually(Duration::from_secs(20), || {
         usage(c.name(), Some(1)).files == base.files && mappings(c.name()) == base_maps
     });
     let (u, m) = (usage(c.name(), Some(1)), mappings(c.name()));
@@ -488,7 +473,7 @@ fn deregistered_mr_is_unmapped_by_its_users() {
     assert_eq!(wcs[0].status, WcStatus::RemoteAccess);
     assert_eq!(uqps[0].state(), QpState::Error);
     // QP 1 lets go at its next liveness probe (at most once a millisecond).
-    let gone = eventually(Duration::from_secs(5), || {
+    let gone = common::eventually(Duration::from_secs(5), || {
         let _ = uqps[1].state();
         maps_of(&name) == 0
     });

@@ -13,7 +13,7 @@ use rrpc::straw::QpKind;
 use rrpc::wire::Batching;
 
 mod common;
-use common::{fabric, mem_node, server, setup, ECHO};
+use common::{eventually, fabric, mem_node, server, setup, ECHO};
 
 #[test]
 fn pool_grows_and_shrinks_with_the_threads_it_serves() {
@@ -60,8 +60,12 @@ fn pool_grows_and_shrinks_with_the_threads_it_serves() {
     }
     attached.wait();
     let straw = rt.straws().get(NodeId(1)).unwrap();
-    // 5 threads at 2 per QP: 3 QPs of each kind, and the Rockets spread over them.
+    // 5 threads at 2 per QP: 3 QPs of each kind, and the Rockets spread over them. The
+    // control thread grows the pool behind the first QP; the threads' calls above ran
+    // meanwhile.
     assert_eq!(straw.threads(QpKind::Rpc), 5);
+    let grown = || straw.list(QpKind::Rpc).len() == 3 && straw.list(QpKind::OneSided).len() == 3;
+    assert!(eventually(Duration::from_secs(20), grown));
     let rpc = straw.list(QpKind::Rpc);
     assert_eq!(rpc.len(), 3);
     assert_eq!(straw.list(QpKind::OneSided).len(), 3);
@@ -71,18 +75,22 @@ fn pool_grows_and_shrinks_with_the_threads_it_serves() {
         "least-loaded pick spreads Rockets over the QPs ({used} used)"
     );
     counted.wait();
+    // 4, 3, 2, 1, 0 threads left: ceil(t / 2) QPs, once the control thread has shrunk
+    // the pool (the leaving thread detached before the barrier released).
+    let want = [2, 2, 1, 1, 0];
     let mut sizes = Vec::new();
-    for (left, read) in steps.iter() {
+    for ((left, read), w) in steps.iter().zip(want) {
         left.wait();
-        // The leaving thread detached before the barrier released.
+        eventually(Duration::from_secs(20), || {
+            straw.list(QpKind::Rpc).len() == w
+        });
         sizes.push(straw.list(QpKind::Rpc).len());
         read.wait();
     }
     for j in joins {
         j.join().unwrap();
     }
-    // 4, 3, 2, 1, 0 threads left: ceil(t / 2) QPs.
-    assert_eq!(sizes, vec![2, 2, 1, 1, 0]);
+    assert_eq!(sizes, want);
 }
 
 /// `coroutines` x `calls` echo calls with unique payloads, checked.

@@ -795,11 +795,10 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
                 .next_node
                 .fetch_add(threads as u32, std::sync::atomic::Ordering::Relaxed);
             let results: Vec<Result<Point>> = std::thread::scope(|s| {
-                let hs: Vec<_> =
-                    (0..threads)
-                        .map(|t| {
-                            let cluster = cluster.clone();
-                            s.spawn(move || -> Result<Point> {
+                let hs: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let cluster = cluster.clone();
+                        s.spawn(move || -> Result<Point> {
                                 pin((c.client_core + t * cores.saturating_sub(1).max(1))
                                     % cores.max(1));
                                 let f = open_fabric(kind, &cluster, base + t as u32, &c.model)?;
@@ -812,8 +811,8 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
                                 };
                                 drive(&ctx, node, 1, request(32, reply), opts, reply, (warm, meas))
                             })
-                        })
-                        .collect();
+                    })
+                    .collect();
                 bench::join_clients(hs)
             });
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;

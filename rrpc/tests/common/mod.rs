@@ -79,3 +79,18 @@ pub fn setup(suite: &str, name: &str) -> ClusterGuard {
     let c = format!("{suite}-{}-{name}", std::process::id());
     ClusterGuard::new(&c).unwrap().0
 }
+
+/// Poll `f` until it holds or `limit` passes; returns whether it held (never asserts a
+/// duration: the limit only bounds a hang).
+pub fn eventually(limit: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
