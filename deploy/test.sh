@@ -10,7 +10,10 @@
 # 4. Runs the loom models of the Rocket channel (rrpc/src/channel_loom.rs, compiled only
 #    with the rrpc feature loom-models), in release (loom is slow unoptimized); the loom
 #    model of the bare ring (rrpc/tests/loom_rocket.rs) runs in step 2.
-# 5. Runs the fabric conformance suite and the RPC (calls, modes, straws, async
+# 5. Runs the Rocket ring's, the channel's and the wire format's unit tests under Miri
+#    (nightly; installed with rustup if missing), which checks the ring's unsafe memory
+#    accesses for undefined behaviour. RRPC_SKIP_MIRI=1 skips this.
+# 6. Runs the fabric conformance suite and the RPC (calls, modes, straws, async
 #    handlers), lock, TSO, memnode and SmallBank integration tests again on the verbs
 #    backend, against the Linux kernel's RDMA stack (Soft-RoCE), inside a qemu VM
 #    (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
@@ -51,6 +54,20 @@ echo "== loom models of the Rocket channel: credit return across wraps, replay"
 t0=$SECONDS
 cargo test -p rrpc --lib --release --features loom-models channel_loom
 echo "== loom models: $((SECONDS - t0)) s wall"
+
+if [ "${RRPC_SKIP_MIRI:-0}" = 1 ]; then
+  echo "== RRPC_SKIP_MIRI=1: Miri run skipped"
+else
+  echo "== Miri: the Rocket ring, channel and wire unit tests"
+  if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    echo "== installing the nightly toolchain's miri and rust-src components"
+    rustup toolchain install nightly --profile minimal --component miri,rust-src
+  fi
+  t0=$SECONDS
+  # Miri builds into its own directory (target/miri). The filters are module paths.
+  cargo +nightly miri test -p rrpc --lib -- rocket:: channel:: wire::
+  echo "== Miri: $((SECONDS - t0)) s wall"
+fi
 
 if [ "${RRPC_SKIP_VM:-0}" = 1 ]; then
   echo "== RRPC_SKIP_VM=1: verbs tests in the Soft-RoCE VM skipped"
