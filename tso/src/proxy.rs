@@ -187,7 +187,7 @@ struct ProxyState {
     oracle: TsoClient,
     combiner: Combiner<Arc<TsoError>>,
     /// Last timestamp of the highest range taken from the oracle.
-    highest: AtomicU64,
+    highest: Highest,
     regressions: AtomicU64,
     max_range: u64,
     /// The server threads' QP pools (one, shared), for counting QPs on the oracle.
@@ -226,21 +226,42 @@ impl ProxyState {
     async fn take(&self, ctx: &ThreadCtx, total: u64) -> Result<Timestamp, Arc<TsoError>> {
         let r = self.oracle.timestamps(ctx, total).await.map_err(Arc::new)?;
         let (first, last) = (r.first(), r.last_ts().expect("total >= 1"));
-        let prev = self.highest.fetch_max(last.get(), Ordering::AcqRel);
-        if first.get() <= prev {
+        self.highest.admit(first, last).inspect_err(|e| {
             self.regressions.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
-                highest = %Timestamp(prev),
-                got = %first,
-                "the oracle returned a range not above the highest timestamp this proxy \
-                 issued (restarted without its epoch?): refused"
+                error = %e,
+                "refused a range from the oracle (restarted without its epoch?)"
             );
+        })?;
+        Ok(first)
+    }
+}
+
+/// The highest timestamp a proxy issued (raw value; 0 before the first range), and the
+/// check that a new range from the oracle starts above it. The proxy's FAAs are issued
+/// one at a time ([`Combiner`]), so each range must start above the previous ones.
+#[derive(Debug, Default)]
+pub struct Highest(AtomicU64);
+
+impl Highest {
+    /// Record the range `first ..= last` and check it starts above every range recorded
+    /// before. The maximum is raised either way.
+    ///
+    /// Errors: [`TsoError::Regression`] when `first` is not above the highest so far.
+    pub fn admit(&self, first: Timestamp, last: Timestamp) -> Result<(), Arc<TsoError>> {
+        let prev = self.0.fetch_max(last.get(), Ordering::AcqRel);
+        if first.get() <= prev {
             return Err(Arc::new(TsoError::Regression {
                 highest: Timestamp(prev),
                 got: first,
             }));
         }
-        Ok(first)
+        Ok(())
+    }
+
+    /// The highest timestamp recorded.
+    pub fn get(&self) -> Timestamp {
+        Timestamp(self.0.load(Ordering::Acquire))
     }
 }
 
@@ -312,7 +333,7 @@ impl Proxy {
         let state = Arc::new(ProxyState {
             oracle: client.clone(),
             combiner,
-            highest: AtomicU64::new(0),
+            highest: Highest::default(),
             regressions: AtomicU64::new(0),
             max_range: cfg.max_range,
             straws: Mutex::new(None),
@@ -379,7 +400,7 @@ impl Proxy {
             .map_or(0, |straw| straw.list(QpKind::OneSided).len());
         ProxyStats {
             combine: s.combiner.stats(),
-            highest: Timestamp(s.highest.load(Ordering::Acquire)),
+            highest: s.highest.get(),
             regressions: s.regressions.load(Ordering::Relaxed),
             oracle_qps,
         }
@@ -470,6 +491,25 @@ mod tests {
         assert_eq!((b[0], b[8]), (7, 3));
         assert_eq!(RangeReply::decode(&b), Some(r));
         assert_eq!(RangeReply::decode(&b[..15]), None);
+    }
+
+    #[test]
+    fn a_range_not_above_the_highest_issued_is_refused() {
+        let h = Highest::default();
+        assert_eq!(h.get(), Timestamp::ZERO);
+        h.admit(Timestamp(1), Timestamp(4)).unwrap();
+        h.admit(Timestamp(5), Timestamp(5)).unwrap();
+        // An oracle that restarted at 1 (no epoch) is caught, and so is an overlap.
+        for (f, l) in [(1, 3), (5, 9), (3, 20)] {
+            match h.admit(Timestamp(f), Timestamp(l)).as_deref() {
+                Err(TsoError::Regression { got, .. }) => assert_eq!(got.get(), f),
+                r => panic!("({f}, {l}) admitted: {r:?}"),
+            }
+        }
+        // A later epoch is above everything.
+        let next = Timestamp::compose(1, 1).unwrap();
+        h.admit(next, next).unwrap();
+        assert_eq!(h.get(), next);
     }
 
     #[test]
