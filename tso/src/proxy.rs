@@ -479,6 +479,106 @@ impl ProxyClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::group::tests::with_watchdog;
+    use crate::history::{check, now_ns, Op, Violation};
+    use crate::oracle::{Oracle, EXPORT_NAME};
+    use rrpc::fabric::shm::ClusterGuard;
+    use rrpc::runtime::Executor;
+    use std::cell::RefCell;
+
+    /// An oracle, proxy A (prefetching `extra` timestamps per FAA when `extra > 0`) and
+    /// an honest proxy B in-process; two client nodes of three coroutines each take
+    /// timestamps through A, through B and directly by FAA, recording a history.
+    fn history_through_proxies(extra: u64) -> Result<usize, Violation> {
+        with_watchdog(move || {
+            let name = format!("tso-unit-{}-pf{extra}", std::process::id());
+            let (c, _) = ClusterGuard::new(&name).unwrap();
+            let of = c.open(1).unwrap();
+            let oracle = Oracle::new(&of).unwrap();
+            let mut exports = BTreeMap::new();
+            exports.insert(EXPORT_NAME.to_string(), oracle.export());
+            let onode = Node::start(
+                of,
+                NodeConfig {
+                    role: "tso".into(),
+                    listen: "127.0.0.1:0".parse().unwrap(),
+                    exports,
+                    rpc: None,
+                },
+            )
+            .unwrap();
+            let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            let cfg = ProxyConfig::default();
+            let a = if extra > 0 {
+                Proxy::start_prefetching(c.open(10).unwrap(), listen, onode.addr(), &cfg, extra)
+            } else {
+                Proxy::start(c.open(10).unwrap(), listen, onode.addr(), &cfg)
+            }
+            .unwrap();
+            let b = Proxy::start(c.open(11).unwrap(), listen, onode.addr(), &cfg).unwrap();
+            let (oa, aa, ba) = (onode.addr(), a.addr(), b.addr());
+            let ops: Vec<Op> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..2u32)
+                    .map(|t| {
+                        let f = c.open(100 + t).unwrap();
+                        s.spawn(move || {
+                            let ctx = ThreadCtx::new(f, RuntimeConfig::default()).unwrap();
+                            let direct = TsoClient::from_info(&ctx.connect(oa).unwrap()).unwrap();
+                            let timeout = Duration::from_secs(10);
+                            let pa = ProxyClient::from_info(&ctx.connect_rpc(aa).unwrap(), timeout)
+                                .unwrap();
+                            let pb = ProxyClient::from_info(&ctx.connect_rpc(ba).unwrap(), timeout)
+                                .unwrap();
+                            let ops = Rc::new(RefCell::new(Vec::new()));
+                            let mut ex = Executor::new(ctx.clone());
+                            for k in 0..3u32 {
+                                let (ctx, ops) = (ctx.clone(), ops.clone());
+                                let (direct, pa, pb) = (direct.clone(), pa.clone(), pb.clone());
+                                ex.spawn(async move {
+                                    for _ in 0..300 {
+                                        let invoke_ns = now_ns();
+                                        let r = match k {
+                                            0 => pa.timestamps(&ctx, 1).await,
+                                            1 => pb.timestamps(&ctx, 1).await,
+                                            _ => direct.timestamps(&ctx, 1).await,
+                                        };
+                                        ops.borrow_mut().push(Op {
+                                            client: t * 10 + k,
+                                            invoke_ns,
+                                            response_ns: now_ns(),
+                                            ts: r.unwrap().first(),
+                                        });
+                                    }
+                                });
+                            }
+                            ex.run();
+                            let v = ops.borrow().clone();
+                            v
+                        })
+                    })
+                    .collect();
+                hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(ops.len(), 2 * 3 * 300);
+            drop((a, b, onode, oracle));
+            check(&ops)
+        })
+    }
+
+    #[test]
+    fn honest_proxies_and_direct_faa_pass_the_checker() {
+        assert_eq!(history_through_proxies(0), Ok(1800));
+    }
+
+    #[test]
+    fn a_prefetching_proxy_is_caught_by_the_checker() {
+        match history_through_proxies(16) {
+            Err(Violation::RealTime { later, .. }) => {
+                assert_eq!(later.client % 10, 0, "the stale one came through proxy A");
+            }
+            r => panic!("the checker missed the prefetching proxy: {r:?}"),
+        }
+    }
 
     #[test]
     fn wire_layouts_round_trip_and_reject_wrong_sizes() {
@@ -501,7 +601,11 @@ mod tests {
         h.admit(Timestamp(5), Timestamp(5)).unwrap();
         // An oracle that restarted at 1 (no epoch) is caught, and so is an overlap.
         for (f, l) in [(1, 3), (5, 9), (3, 20)] {
-            match h.admit(Timestamp(f), Timestamp(l)).as_deref() {
+            match h
+                .admit(Timestamp(f), Timestamp(l))
+                .as_ref()
+                .map_err(|e| &**e)
+            {
                 Err(TsoError::Regression { got, .. }) => assert_eq!(got.get(), f),
                 r => panic!("({f}, {l}) admitted: {r:?}"),
             }
