@@ -28,10 +28,9 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
 use std::task::{Poll, Waker};
 
-use crate::group::GroupFailure;
+use crate::group::{GroupFailure, LockFamily, StdLock};
 use crate::timestamp::Timestamp;
 
 /// Identifies one request within a combiner.
@@ -298,9 +297,10 @@ impl<E: Clone> CombineCore<E> {
 }
 
 /// A combiner shared by the threads of a process (`Send + Sync`; put it in an `Arc`).
-/// `E` is the error of the range request.
-pub struct Combiner<E: Send> {
-    core: Mutex<CombineCore<E>>,
+/// `E` is the error of the range request; `L` the mutex its state lives in (std's in
+/// production, loom's in `tests/loom_combine.rs`).
+pub struct Combiner<E: Send, L: LockFamily = StdLock> {
+    core: L::Lock<CombineCore<E>>,
     /// Test-only protocol break: leaders take extra timestamps and later requests are
     /// served from the surplus (the prefetching a proxy must never do).
     #[cfg(any(test, feature = "fault-injection"))]
@@ -312,20 +312,20 @@ pub struct Combiner<E: Send> {
 struct Prefetch {
     extra: u64,
     /// `(next, end)` of the cached surplus.
-    cache: Mutex<(u64, u64)>,
+    cache: std::sync::Mutex<(u64, u64)>,
 }
 
-impl<E: Clone + Send> Default for Combiner<E> {
+impl<E: Clone + Send, L: LockFamily> Default for Combiner<E, L> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<E: Clone + Send> Combiner<E> {
+impl<E: Clone + Send, L: LockFamily> Combiner<E, L> {
     /// An idle combiner.
     pub fn new() -> Self {
         Self {
-            core: Mutex::new(CombineCore::default()),
+            core: L::new(CombineCore::default()),
             #[cfg(any(test, feature = "fault-injection"))]
             prefetch: None,
         }
@@ -341,17 +341,14 @@ impl<E: Clone + Send> Combiner<E> {
         Self {
             prefetch: Some(Prefetch {
                 extra,
-                cache: Mutex::new((0, 0)),
+                cache: std::sync::Mutex::new((0, 0)),
             }),
             ..Self::new()
         }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut CombineCore<E>) -> R) -> R {
-        f(&mut self
-            .core
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner))
+        L::with(&self.core, f)
     }
 
     /// Counters so far.
@@ -423,12 +420,12 @@ impl<E: Clone + Send> Combiner<E> {
 }
 
 /// A follower's registration; dropping it before the result arrived abandons the slot.
-struct Waiting<'a, E: Clone + Send> {
-    combiner: &'a Combiner<E>,
+struct Waiting<'a, E: Clone + Send, L: LockFamily> {
+    combiner: &'a Combiner<E, L>,
     id: Option<RequestId>,
 }
 
-impl<E: Clone + Send> Drop for Waiting<'_, E> {
+impl<E: Clone + Send, L: LockFamily> Drop for Waiting<'_, E, L> {
     fn drop(&mut self) {
         if let Some(id) = self.id {
             let wakers = self.combiner.with(|c| c.abandon(id));
@@ -439,12 +436,12 @@ impl<E: Clone + Send> Drop for Waiting<'_, E> {
 
 /// A leader's batch; dropping it before the FAA returned fails the batch with
 /// [`GroupFailure::LeaderCancelled`] so that no request waits forever.
-struct Leading<'a, E: Clone + Send> {
-    combiner: &'a Combiner<E>,
+struct Leading<'a, E: Clone + Send, L: LockFamily> {
+    combiner: &'a Combiner<E, L>,
     batch: Option<Batch>,
 }
 
-impl<E: Clone + Send> Drop for Leading<'_, E> {
+impl<E: Clone + Send, L: LockFamily> Drop for Leading<'_, E, L> {
     fn drop(&mut self) {
         if let Some(b) = self.batch.take() {
             let (_, wakers) = self
