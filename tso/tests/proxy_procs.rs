@@ -295,7 +295,7 @@ fn client_process() {
                             loop {
                                 assert!(Instant::now() < deadline, "client deadline");
                                 if failover {
-                                    if r % 32 == 0 && stop.exists() {
+                                    if r.is_multiple_of(32) && stop.exists() {
                                         break;
                                     }
                                 } else if r == ROUNDS {

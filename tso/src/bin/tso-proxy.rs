@@ -21,7 +21,8 @@ use tso::proxy::{Proxy, ProxyConfig, DEFAULT_MAX_RANGE};
 /// (an oracle restarted without its state directory) is refused and logged.
 ///
 /// Prints `ORACLE <node> EPOCH <n>` and then `READY <bootstrap address>` on stdout once
-/// serving; runs until SIGINT or SIGTERM, then prints its counters.
+/// serving; runs until SIGINT or SIGTERM, then logs its counters (FAAs, requests,
+/// timestamps, highest issued, refused ranges) on stderr.
 #[derive(Parser, Debug)]
 #[command(name = "tso-proxy", version)]
 struct Cli {
