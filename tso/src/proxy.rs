@@ -22,6 +22,14 @@
 //! timestamps that go back. Scythe also uses this maximum to recover the oracle quickly;
 //! this crate restarts the oracle from its epoch instead.
 //!
+//! **Limits.** A proxy does not follow an oracle restart: its QPs to the dead oracle fail,
+//! rrpc marks the node gone, and every later request gets an error (clients then fail
+//! over to other sources, [`crate::source`]); restart the proxies after the oracle. So
+//! today the highest-issued check can fire only within one proxy's lifetime against one
+//! oracle connection; it is kept because it costs one atomic per FAA and turns any future
+//! reconnecting path into a refusal rather than a silent regression. The maximum lives in
+//! memory only: a restarted proxy starts from 0.
+//!
 //! Wire format of the range RPC ([`RANGE_HANDLER`]): request [`RangeRequest`] (8 bytes),
 //! reply [`RangeReply`] (16 bytes), little-endian fixed layouts.
 
