@@ -102,10 +102,25 @@ fn start(cluster: &ClusterGuard, mix: Mix) -> Procs {
             "2",
         ],
     );
+    // Proxy B takes its settings from a config file.
+    let conf = std::env::temp_dir().join(format!("{c}-proxy-b.toml"));
+    std::fs::write(
+        &conf,
+        format!("oracle = \"{oracle_s}\"\nthreads = 2\noracle-qps = 1\n"),
+    )
+    .unwrap();
     let (pb, b) = spawn_service(
         env!("CARGO_BIN_EXE_tso-proxy"),
-        &["--cluster", c, "--node", "11", "--oracle", &oracle_s],
+        &[
+            "--cluster",
+            c,
+            "--node",
+            "11",
+            "--config",
+            conf.to_str().unwrap(),
+        ],
     );
+    let _ = std::fs::remove_file(&conf);
     let stop = std::env::temp_dir().join(format!("{c}-stop"));
     let _ = std::fs::remove_file(&stop);
     let clients = (0..CLIENTS)
