@@ -36,7 +36,10 @@ use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
-use tso::{GroupedTso, Oracle, Proxy, ProxyConfig, SourceConfig, Timestamp, TsoClient, TsoSources, EXPORT_NAME};
+use tso::{
+    GroupedTso, Oracle, Proxy, ProxyConfig, SourceConfig, Timestamp, TsoClient, TsoSources,
+    EXPORT_NAME,
+};
 
 /// Handler id of the RPC oracle.
 const RPC_ORACLE_HANDLER: u16 = 40;
@@ -70,7 +73,11 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// Modes to compare.
-    #[arg(long, value_delimiter = ',', default_value = "faa,group,proxy,rpc-oracle")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "faa,group,proxy,rpc-oracle"
+    )]
     modes: Vec<Mode>,
     /// Measured time per data point, milliseconds.
     #[arg(long, default_value_t = 1000)]
