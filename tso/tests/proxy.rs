@@ -222,3 +222,55 @@ fn clients_fail_over_when_a_proxy_stops_answering() {
     assert!(sources.failovers() >= 1, "nobody failed over");
     assert!(p2.stats().combine.timestamps > 0);
 }
+
+#[test]
+fn choice_oracle_bypasses_proxies_and_no_live_source_is_an_error_not_a_hang() {
+    let c = cluster("choice");
+    let (oracle, onode) = oracle(&c);
+    let p = proxy(&c, 10, onode.addr(), 1, 1);
+    let cfg = SourceConfig {
+        choice: Choice::Oracle,
+        call_timeout_ms: 200,
+        retry_after_ms: 1000,
+    };
+    let sources = Arc::new(TsoSources::discover(Some(onode.addr()), &[p.addr()], &cfg).unwrap());
+    let per_coro = grouped_clients(&c, sources.clone(), 1, 4, 100, Arc::new(|_| {}));
+    assert_eq!(assert_unique_and_increasing(&per_coro), 400);
+    assert_eq!(
+        p.stats().combine.timestamps,
+        0,
+        "the oracle answered every range"
+    );
+    assert!(oracle.current().get() >= 400);
+
+    // Only a proxy, which stops: requests fail with the source's error after the call
+    // deadline, never hang.
+    let only = Rc::new(
+        TsoSources::discover(
+            None,
+            &[p.addr()],
+            &SourceConfig {
+                call_timeout_ms: 200,
+                retry_after_ms: 0,
+                ..SourceConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let ctx = ThreadCtx::new(c.open(110).unwrap(), RuntimeConfig::default()).unwrap();
+    only.connect_thread(&ctx).unwrap();
+    let (c2, o2) = (ctx.clone(), only.clone());
+    let ok = block_on(
+        &ctx,
+        async move { o2.timestamps(&c2, 3).await.map(|r| r.len()) },
+    );
+    assert_eq!(ok.unwrap(), 3);
+    drop(p);
+    let (c2, o2) = (ctx.clone(), only.clone());
+    match block_on(&ctx, async move { o2.timestamps(&c2, 1).await }) {
+        Err(TsoError::NoSource { tried: 1, last }) => {
+            assert!(matches!(*last, TsoError::Rpc(_)), "{last}")
+        }
+        r => panic!("{r:?}"),
+    }
+}
