@@ -1,5 +1,6 @@
 //! TSO proxies as real processes (Scythe 4.5 (3)): the `tso` binary, two `tso-proxy`
-//! binaries and several client processes (this test binary re-run as clients), each
+//! binaries and several client processes (this test binary re-run as clients; all on the
+//! backend `$RRPC_FABRIC` names, shm by default), each
 //! recording its requests with `CLOCK_MONOTONIC` invoke and response times; the merged
 //! histories pass the linearizability checker (`tso::history`):
 //!
@@ -254,7 +255,9 @@ fn client_process() {
     let me: u32 = me.parse().unwrap();
     let failover = mix == "failover";
     let stop = PathBuf::from(stop);
-    let fabric = Fabric::open(&FabricConfig::new(FabricKind::Shm, &cluster, 200 + me)).unwrap();
+    // The backend $RRPC_FABRIC names (shm when unset), as the service binaries choose it.
+    let kind = FabricKind::from_env().unwrap();
+    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, 200 + me)).unwrap();
     let cfg = SourceConfig {
         choice: if failover {
             Choice::Random

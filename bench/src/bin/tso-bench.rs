@@ -143,7 +143,7 @@ fn run(a: Args) -> Result<()> {
     }
     let model = rrpc::fabric::model::TimingModel::load(&a.model)?;
     println!(
-        "tso-bench | fabric: shm | timing model: {} | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up)",
+        "tso-bench | fabric: shm | timing model: {} | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | proxy: 1 server thread, 1 QP on the oracle",
         model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),
         a.threads,
         a.duration_ms,
