@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Start a memnode, a lockd and a tso as standalone processes of one cluster over the
-# shm fabric, print their bootstrap addresses, and stop them all on Ctrl-C.
+# Start a memnode, a lockd, a tso and a tso-proxy as standalone processes of one cluster
+# over the shm fabric, print their bootstrap addresses, and stop them all on Ctrl-C.
 #
 #   deploy/local-cluster.sh [CLUSTER] [ACCOUNTS]
 #
@@ -9,7 +9,7 @@ set -euo pipefail
 cluster=${1:-local}
 accounts=${2:-100000}
 bin=${BIN_DIR:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
-for b in memnode lockd tso; do
+for b in memnode lockd tso tso-proxy; do
   [ -x "$bin/$b" ] || { echo "missing $bin/$b: run cargo build --release --workspace" >&2; exit 1; }
 done
 pids=()
@@ -21,7 +21,10 @@ start() { # name node args...
   "$bin/$name" --cluster "$cluster" --node "$node" "$@" >"$out" &
   pids+=($!)
   for _ in $(seq 1 600); do
-    if grep -q '^READY ' "$out"; then echo "$name node $node: $(grep '^READY ' "$out" | cut -d' ' -f2)"; rm -f "$out"; return; fi
+    if grep -q '^READY ' "$out"; then
+      last_addr=$(grep '^READY ' "$out" | cut -d' ' -f2)
+      echo "$name node $node: $last_addr"; rm -f "$out"; return
+    fi
     kill -0 "${pids[-1]}" 2>/dev/null || { echo "$name exited" >&2; exit 1; }
     sleep 0.1
   done
@@ -30,5 +33,6 @@ start() { # name node args...
 start memnode 1 --smallbank-accounts "$accounts"
 start lockd 2 --locks $((2 * accounts))
 start tso 3
+start tso-proxy 4 --oracle "$last_addr"
 echo "cluster $cluster running; Ctrl-C stops it"
 wait

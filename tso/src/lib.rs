@@ -13,15 +13,23 @@
 //! Guarantees: timestamps are `>= 1`, unique and strictly increasing in real time, across
 //! restarts of an oracle that keeps a state directory: each start persists a larger epoch
 //! before serving and puts it in the timestamps' high bits ([`epoch`], [`timestamp`]).
-//! **Not yet implemented**: TSO proxies.
+//!
+//! TSO proxies ([`proxy`], the `tso-proxy` binary) merge the range requests of many
+//! compute nodes into one FAA and limit the QPs on the oracle; clients choose among
+//! proxies and the oracle and fail over ([`source`]).
 #![warn(missing_docs)]
 
+pub mod combine;
 pub mod epoch;
 pub mod group;
 pub mod history;
 pub mod oracle;
+pub mod proxy;
+pub mod source;
 pub mod timestamp;
 
 pub use group::{GroupFailure, GroupStats, TsoGroup};
 pub use oracle::{GroupedTso, Oracle, TsoClient, TsoError, TsoExport, EXPORT_NAME};
+pub use proxy::{Proxy, ProxyClient, ProxyConfig};
+pub use source::{Choice, SourceConfig, TsoSources};
 pub use timestamp::{Timestamp, TimestampRange};

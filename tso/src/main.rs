@@ -1,4 +1,5 @@
-//! The `tso` binary: a timestamp oracle (Scythe 4.5) on an rrpc node.
+//! The `tso` binary: a timestamp oracle (Scythe 4.5) on an rrpc node. Settings come from
+//! `--config FILE.toml` (kebab-case keys, every one optional) and flags, flags winning.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,11 +29,47 @@ use tso::{Oracle, EXPORT_NAME};
 struct Cli {
     #[command(flatten)]
     node: NodeArgs,
+    /// TOML file of settings: `state-dir` (the flag below without its dashes; unknown
+    /// keys are an error). Flags win over the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Directory of the durable epoch file (`<dir>/epoch`, created if missing). Must be
     /// on durable storage and used by one oracle at a time; losing it loses the
-    /// guarantee that restarts never go back.
+    /// guarantee that restarts never go back. Default: none (epoch 0).
     #[arg(long, value_name = "DIR", env = "TSO_STATE_DIR")]
     state_dir: Option<PathBuf>,
+}
+
+/// The settings file of `tso`.
+#[derive(Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+struct Config {
+    /// Directory of the durable epoch file (default: none, epoch 0).
+    state_dir: Option<PathBuf>,
+}
+
+impl Config {
+    /// The file's settings, then the flags given.
+    fn load(cli: &Cli) -> anyhow::Result<Self> {
+        let mut c: Self = match &cli.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
+            }
+            None => Self::default(),
+        };
+        if let Some(d) = &cli.state_dir {
+            c.state_dir = Some(d.clone());
+        }
+        if c.state_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            anyhow::bail!("state-dir: empty path");
+        }
+        Ok(c)
+    }
 }
 
 fn main() -> ExitCode {
@@ -40,9 +77,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let cfg = Config::load(&cli)?;
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
     let fabric = cli.node.open_fabric().context("opening the fabric")?;
-    let epoch = match &cli.state_dir {
+    let epoch = match &cfg.state_dir {
         Some(dir) => epoch::advance(dir)
             .with_context(|| format!("opening a new epoch in {}", dir.display()))?,
         None => {
@@ -91,4 +129,38 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     drop(node);
     drop(oracle);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut v = vec!["tso", "--node", "3"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let dir = std::env::temp_dir().join(format!("tso-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("tso.toml");
+        std::fs::write(&p, "state-dir = \"/var/lib/tso\"\n").unwrap();
+        let ps = p.to_str().unwrap();
+        let c = Config::load(&cli(&["--config", ps])).unwrap();
+        assert_eq!(
+            c.state_dir.as_deref(),
+            Some(std::path::Path::new("/var/lib/tso"))
+        );
+        let c = Config::load(&cli(&["--config", ps, "--state-dir", "/tmp/x"])).unwrap();
+        assert_eq!(c.state_dir.as_deref(), Some(std::path::Path::new("/tmp/x")));
+        assert_eq!(Config::load(&cli(&[])).unwrap(), Config::default());
+        std::fs::write(&p, "state_dir = \"/x\"\n").unwrap();
+        let e = Config::load(&cli(&["--config", ps])).unwrap_err();
+        assert!(format!("{e:#}").contains("state_dir"), "{e:#}");
+        std::fs::write(&p, "state-dir = \"\"\n").unwrap();
+        assert!(Config::load(&cli(&["--config", ps])).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

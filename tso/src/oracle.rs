@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::group::{GroupFailure, GroupStats, TsoGroup};
+use crate::source::TsoSources;
 use crate::timestamp::{Timestamp, TimestampRange, EPOCH_SHIFT};
 
 /// Name under which [`Oracle::export`] is published in a node's exports.
@@ -48,6 +49,38 @@ pub enum TsoError {
     /// A request for zero timestamps.
     #[error("asked for zero timestamps")]
     ZeroCount,
+    /// A setting is out of range (the text names the key and the rule).
+    #[error("config: {0}")]
+    Config(String),
+    /// Starting a node (a TSO proxy's) failed.
+    #[error("starting the node")]
+    Start(#[source] rrpc::node::NodeError),
+    /// A TSO proxy got a range from the oracle that does not start above the highest
+    /// timestamp it issued (an oracle restarted without its epoch): refused.
+    #[error("the oracle went back: range starting at {got} after {highest} was issued")]
+    Regression {
+        /// Highest timestamp the proxy had issued.
+        highest: Timestamp,
+        /// First timestamp of the range the oracle returned.
+        got: Timestamp,
+    },
+    /// A TSO proxy's reply is malformed or not what was asked for.
+    #[error("TSO proxy node {node}: bad reply: {what}")]
+    BadReply {
+        /// The proxy's node id.
+        node: u32,
+        /// What is wrong.
+        what: String,
+    },
+    /// Every timestamp source (proxies and oracle) failed this request.
+    #[error("all {tried} timestamp source(s) failed; the last")]
+    NoSource {
+        /// Sources tried.
+        tried: usize,
+        /// The last source's error.
+        #[source]
+        last: Box<TsoError>,
+    },
     /// The range would leave the oracle's epoch (more than `2^48 - 1` timestamps in one
     /// incarnation): refused, because a later incarnation may hand those values out.
     /// Restart the oracle to open a new epoch.
@@ -228,43 +261,63 @@ impl TsoClient {
 }
 
 /// A process's TSO group over one oracle (Scythe 4.5 (2)): concurrent requests of the
-/// process's threads and coroutines are combined into one FAA of the group's size
-/// ([`crate::group`]). Share it in an `Arc`; each thread passes its own [`ThreadCtx`],
-/// connected to the oracle, and a leader's FAA goes out on its own thread's context.
+/// process's threads and coroutines are combined into one range request of the group's
+/// size ([`crate::group`]): one FAA on the oracle ([`GroupedTso::new`]), or one range RPC
+/// to a TSO proxy chosen and failed over by [`TsoSources`] ([`GroupedTso::with_sources`]).
+/// Share it in an `Arc`; each thread passes its own [`ThreadCtx`], connected to the
+/// sources, and a leader's range request goes out on its own thread's context.
 pub struct GroupedTso {
-    client: TsoClient,
+    source: RangeSource,
     group: TsoGroup<Arc<TsoError>>,
 }
 
+enum RangeSource {
+    Oracle(TsoClient),
+    Sources(Arc<TsoSources>),
+}
+
 impl GroupedTso {
-    /// A group instance taking its ranges through `client`.
+    /// A group instance taking its ranges by FAA through `client`.
     pub fn new(client: TsoClient) -> Self {
         Self {
-            client,
+            source: RangeSource::Oracle(client),
             group: TsoGroup::new(),
         }
     }
 
-    /// The per-request client underneath.
-    pub fn client(&self) -> &TsoClient {
-        &self.client
+    /// A group instance taking its ranges from `sources` (proxies or the oracle, with
+    /// failover): a proxy RPC replaces the FAA as the leader's range request.
+    pub fn with_sources(sources: Arc<TsoSources>) -> Self {
+        Self {
+            source: RangeSource::Sources(sources),
+            group: TsoGroup::new(),
+        }
     }
 
-    /// One timestamp through the group: a leader takes its group's range with one FAA,
-    /// a follower waits for at most two FAAs (the one in flight and its group's).
+    /// The per-request oracle client underneath, when ranges come from the oracle only.
+    pub fn client(&self) -> Option<&TsoClient> {
+        match &self.source {
+            RangeSource::Oracle(c) => Some(c),
+            RangeSource::Sources(_) => None,
+        }
+    }
+
+    /// One timestamp through the group: a leader takes its group's range with one range
+    /// request, a follower waits for at most two (the one in flight and its group's).
     ///
-    /// Errors: [`TsoError::Group`] when the leader's FAA failed (its error is the
-    /// source) or the leader was cancelled.
+    /// Errors: [`TsoError::Group`] when the leader's range request failed (its error is
+    /// the source) or the leader was cancelled.
     pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<Timestamp, TsoError> {
-        let client = &self.client;
+        let source = &self.source;
         Ok(self
             .group
             .take(|n| async move {
-                client
-                    .timestamps(ctx, n)
-                    .await
-                    .map(|r| r.first())
-                    .map_err(Arc::new)
+                match source {
+                    RangeSource::Oracle(c) => c.timestamps(ctx, n).await,
+                    RangeSource::Sources(s) => s.timestamps(ctx, n).await,
+                }
+                .map(|r| r.first())
+                .map_err(Arc::new)
             })
             .await?)
     }

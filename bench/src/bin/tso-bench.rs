@@ -9,6 +9,9 @@
 //!   RDMA-friendly TSO without groups);
 //! - `group`: the process's concurrent requests are combined, one FAA of `n` per group
 //!   (`tso::GroupedTso`, Scythe 4.5 (2));
+//! - `proxy`: groups whose range request is an RPC to a TSO proxy, which merges the
+//!   groups of all client threads into one FAA on the oracle (`tso::Proxy`, Scythe 4.5
+//!   (3)); the proxy is a node of the local cluster with one server thread;
 //! - `rpc-oracle`: an rrpc call to a handler whose CPU does `fetch_add(1)` on a local
 //!   counter (the TiDB PD design: the oracle's CPU serves every request).
 //!
@@ -34,23 +37,31 @@ use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
-use tso::{GroupedTso, Oracle, Timestamp, TsoClient, EXPORT_NAME};
+use tso::{
+    GroupedTso, Oracle, Proxy, ProxyConfig, SourceConfig, Timestamp, TsoClient, TsoSources,
+    EXPORT_NAME,
+};
 
 /// Handler id of the RPC oracle.
 const RPC_ORACLE_HANDLER: u16 = 40;
 /// Node id of the oracle.
 const ORACLE_NODE: u32 = 1;
+/// Node id of the proxy (proxy mode).
+const PROXY_NODE: u32 = 2;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "tso-bench",
-    about = "Timestamp oracle designs side by side: per-request FAA, TSO groups, an RPC oracle",
+    about = "Timestamp oracle designs side by side: per-request FAA, TSO groups, groups through a TSO proxy, an RPC oracle",
     long_about = "Timestamp throughput and latency (Scythe 4.5, Fig. 28). Runs per-request FAA on \
                   the oracle's counter, TSO groups (one FAA per group of concurrent requests) \
-                  and an RPC oracle whose CPU increments a counter (TiDB PD) side by side on a \
-                  local shm cluster under a timing model, for each client count; prints a \
-                  table and the group/faa throughput ratio at the largest client count, and \
-                  with --json writes the results."
+                  TSO groups whose range request goes to a TSO proxy that merges them into \
+                  one FAA, and an RPC oracle whose CPU increments a counter (TiDB PD) side by \
+                  side on a local shm cluster under a timing model, for each client count; \
+                  prints a table and the group/faa and proxy/faa throughput ratios at the \
+                  largest client count, and with --json writes the results. \
+                  mean-group-size is timestamps per FAA on the oracle (1 for faa and \
+                  rpc-oracle)."
 )]
 struct Args {
     /// Timing model of the shm fabric: none, cx5, cx6, rxe or the path of a TOML profile.
@@ -63,7 +74,11 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// Modes to compare.
-    #[arg(long, value_delimiter = ',', default_value = "faa,group,rpc-oracle")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "faa,group,proxy,rpc-oracle"
+    )]
     modes: Vec<Mode>,
     /// Measured time per data point, milliseconds.
     #[arg(long, default_value_t = 1000)]
@@ -83,6 +98,9 @@ enum Mode {
     Faa,
     /// TSO groups: one FAA of n per group of concurrent requests of the process.
     Group,
+    /// TSO groups whose range request is an RPC to a TSO proxy, which merges them into
+    /// one FAA on the oracle.
+    Proxy,
     /// An RPC to the oracle's CPU, which increments a local counter (TiDB PD).
     RpcOracle,
 }
@@ -92,6 +110,7 @@ impl Mode {
         match self {
             Mode::Faa => "faa",
             Mode::Group => "group",
+            Mode::Proxy => "proxy",
             Mode::RpcOracle => "rpc-oracle",
         }
     }
@@ -102,7 +121,7 @@ struct Point {
     hist: Histogram<u64>,
     requests: u64,
     secs: f64,
-    /// Mean requests per range request (group mode), 1 otherwise.
+    /// Mean timestamps per FAA on the oracle (group and proxy modes), 1 otherwise.
     mean_group: f64,
 }
 
@@ -125,7 +144,7 @@ fn run(a: Args) -> Result<()> {
     }
     let model = rrpc::fabric::model::TimingModel::load(&a.model)?;
     println!(
-        "tso-bench | fabric: shm | timing model: {} | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up)",
+        "tso-bench | fabric: shm | timing model: {} | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | proxy: 1 server thread, 1 QP on the oracle",
         model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),
         a.threads,
         a.duration_ms,
@@ -159,24 +178,28 @@ fn run(a: Args) -> Result<()> {
         }
     }
     let top = *a.clients.iter().max().expect("non-empty");
-    let ratio = match (rate.get(&("group", top)), rate.get(&("faa", top))) {
+    let ratio = |m: &'static str| match (rate.get(&(m, top)), rate.get(&("faa", top))) {
         (Some(g), Some(f)) if *f > 0.0 => Some(g / f),
         _ => None,
     };
+    let (group_ratio, proxy_ratio) = (ratio("group"), ratio("proxy"));
     if let Some(p) = &a.json {
         let doc = json!({
             "timing_model": model.as_ref().map(|m| m.describe()),
             "model_arg": a.model, "threads": a.threads, "duration_ms": a.duration_ms,
             "warmup_ms": a.warmup_ms, "rows": rows,
-            "ratio_group_faa_at_max_clients": ratio, "max_clients": top,
+            "ratio_group_faa_at_max_clients": group_ratio,
+            "ratio_proxy_faa_at_max_clients": proxy_ratio, "max_clients": top,
         });
         std::fs::write(p, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", p.display()))?;
         println!("wrote {}", p.display());
     }
-    match ratio {
-        Some(r) => println!("ratio group/faa @{top} = {r:.2}"),
-        None => println!("ratio group/faa @{top} = n/a (run both faa and group)"),
+    for (m, r) in [("proxy", proxy_ratio), ("group", group_ratio)] {
+        match r {
+            Some(r) => println!("ratio {m}/faa @{top} = {r:.2}"),
+            None => println!("ratio {m}/faa @{top} = n/a (run both faa and {m})"),
+        }
     }
     Ok(())
 }
@@ -218,11 +241,34 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
     )?;
     let addr = node.addr();
     let threads = a.threads.min(clients);
-    // The process's one TSO group, shared by the client threads (group mode).
+    // Proxy mode: a proxy node of this cluster, one server thread, one QP on the oracle.
+    let proxy = (mode == Mode::Proxy)
+        .then(|| {
+            Proxy::start(
+                open(PROXY_NODE)?,
+                "127.0.0.1:0".parse()?,
+                addr,
+                &ProxyConfig::default(),
+            )
+            .context("starting the proxy")
+        })
+        .transpose()?;
+    let sources = match &proxy {
+        Some(p) => Some(Arc::new(TsoSources::discover(
+            None,
+            &[p.addr()],
+            &SourceConfig::default(),
+        )?)),
+        None => None,
+    };
+    // The process's one TSO group, shared by the client threads (group and proxy modes).
     let probe = ThreadCtx::new(open(99)?, RuntimeConfig::default()).map_err(anyhow::Error::msg)?;
-    let grouped = Arc::new(GroupedTso::new(TsoClient::from_info(
-        &probe.connect(addr).map_err(anyhow::Error::msg)?,
-    )?));
+    let grouped = Arc::new(match &sources {
+        Some(s) => GroupedTso::with_sources(s.clone()),
+        None => GroupedTso::new(TsoClient::from_info(
+            &probe.connect(addr).map_err(anyhow::Error::msg)?,
+        )?),
+    });
     let t0 = Instant::now();
     let window = (
         t0 + Duration::from_millis(a.warmup_ms),
@@ -232,7 +278,7 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let coros = clients / threads + usize::from(t < clients % threads);
-                let (open, grouped) = (&open, grouped.clone());
+                let (open, grouped, sources) = (&open, grouped.clone(), sources.clone());
                 s.spawn(move || -> Result<(Histogram<u64>, u64)> {
                     let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
                         .map_err(anyhow::Error::msg)?;
@@ -242,6 +288,9 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
                         ctx.connect(addr)
                     }
                     .map_err(anyhow::Error::msg)?;
+                    if let Some(s) = &sources {
+                        s.connect_thread(&ctx)?;
+                    }
                     let tc = TsoClient::from_info(&info)?;
                     client_thread(&ctx, mode, tc, grouped, coros, window)
                 })
@@ -249,8 +298,17 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
             .collect();
         bench::join_clients(hs)
     });
-    let st = grouped.stats();
+    let mean_group = match (mode, &proxy) {
+        (Mode::Group, _) => grouped.stats().mean_group_size(),
+        // Timestamps per FAA on the oracle: the proxy merges the client groups.
+        (Mode::Proxy, Some(p)) => {
+            let s = p.stats().combine;
+            s.timestamps as f64 / s.batches.max(1) as f64
+        }
+        _ => 1.0,
+    };
     drop(probe);
+    drop(proxy);
     drop(node);
     drop(oracle);
     drop(cluster);
@@ -258,11 +316,7 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
         hist: new_hist(),
         requests: 0,
         secs: a.duration_ms as f64 / 1e3,
-        mean_group: if mode == Mode::Group {
-            st.mean_group_size()
-        } else {
-            1.0
-        },
+        mean_group,
     };
     for r in results {
         let (h, n) = r?;
@@ -304,7 +358,7 @@ fn client_thread(
                 }
                 let r: Result<Timestamp> = match mode {
                     Mode::Faa => tc.timestamp(&ctx).await.map_err(Into::into),
-                    Mode::Group => grouped.timestamp(&ctx).await.map_err(Into::into),
+                    Mode::Group | Mode::Proxy => grouped.timestamp(&ctx).await.map_err(Into::into),
                     Mode::RpcOracle => ctx
                         .call(NodeId(ORACLE_NODE), RPC_ORACLE_HANDLER, &[])
                         .await

@@ -1,0 +1,184 @@
+//! The `tso-proxy` binary: a TSO proxy (Scythe 4.5 (3)) on an rrpc node. Settings come
+//! from `--config FILE.toml` (kebab-case keys, every one optional) and flags, flags
+//! winning.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _};
+use clap::Parser;
+use rrpc::service::{self, NodeArgs};
+use tso::proxy::{Proxy, ProxyConfig, DEFAULT_MAX_RANGE};
+
+/// TSO proxy: serves timestamp ranges to compute nodes over rrpc and merges concurrent
+/// requests, from all its threads and all compute nodes, into one fetch-and-add on the
+/// oracle (Scythe's RDMA-friendly TSO, section 4.5 (3)).
+///
+/// It never prefetches or caches ranges: every range is taken from the oracle after its
+/// request arrived. It holds at most --oracle-qps QPs on the oracle, and remembers the
+/// highest timestamp it issued: a range from the oracle that does not start above it
+/// (an oracle restarted without its state directory) is refused and logged.
+///
+/// Prints `ORACLE <node> EPOCH <n>` and then `READY <bootstrap address>` on stdout once
+/// serving; runs until SIGINT or SIGTERM, then logs its counters (FAAs, requests,
+/// timestamps, highest issued, refused ranges) on stderr.
+#[derive(Parser, Debug)]
+#[command(name = "tso-proxy", version)]
+struct Cli {
+    #[command(flatten)]
+    node: NodeArgs,
+    /// TOML file of settings: `oracle`, `threads`, `oracle-qps`, `max-range` (the flags
+    /// below without their dashes; unknown keys are an error). Flags win over the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Bootstrap (control-plane) address of the `tso` oracle to take ranges from
+    /// (required, here or in the file).
+    #[arg(long, value_name = "ADDR")]
+    oracle: Option<SocketAddr>,
+    /// RPC server threads serving range requests (1 to 256; default 1).
+    #[arg(long, value_name = "T")]
+    threads: Option<usize>,
+    /// Most QPs this proxy opens on the oracle, shared by its server threads (1 to
+    /// --threads; default 1).
+    #[arg(long, value_name = "N")]
+    oracle_qps: Option<usize>,
+    /// Largest number of timestamps one request may ask for (>= 1; default 1048576).
+    #[arg(long, value_name = "N")]
+    max_range: Option<u64>,
+}
+
+/// The settings file of `tso-proxy`.
+#[derive(Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+struct File {
+    /// The oracle's bootstrap address.
+    oracle: Option<SocketAddr>,
+    /// Server threads (default 1).
+    threads: Option<usize>,
+    /// QPs on the oracle (default 1).
+    oracle_qps: Option<usize>,
+    /// Largest request, timestamps (default 2^20).
+    max_range: Option<u64>,
+}
+
+/// The oracle's address and the proxy's settings: the file's, then the flags given.
+fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
+    let f: File = match &cli.config {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
+        }
+        None => File::default(),
+    };
+    let d = ProxyConfig::default();
+    let cfg = ProxyConfig {
+        threads: cli.threads.or(f.threads).unwrap_or(d.threads),
+        oracle_qps: cli.oracle_qps.or(f.oracle_qps).unwrap_or(d.oracle_qps),
+        max_range: cli.max_range.or(f.max_range).unwrap_or(DEFAULT_MAX_RANGE),
+    };
+    cfg.validate()?;
+    let Some(oracle) = cli.oracle.or(f.oracle) else {
+        bail!("no oracle: give --oracle ADDR or `oracle = \"ADDR\"` in --config");
+    };
+    Ok((oracle, cfg))
+}
+
+fn main() -> ExitCode {
+    service::main_with("tso-proxy", run)
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let (oracle, cfg) = load(&cli)?;
+    let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
+    let fabric = cli.node.open_fabric().context("opening the fabric")?;
+    let proxy = Proxy::start(fabric.clone(), cli.node.listen, oracle, &cfg)
+        .with_context(|| format!("starting the proxy of the oracle at {oracle}"))?;
+    let o = proxy.oracle();
+    tracing::info!(
+        cluster = %cli.node.cluster,
+        node = cli.node.node,
+        addr = %proxy.addr(),
+        fabric = %fabric.describe(),
+        oracle = %oracle,
+        oracle_node = o.node(),
+        epoch = o.epoch(),
+        placement = o.placement(),
+        threads = cfg.threads,
+        oracle_qps = cfg.oracle_qps,
+        max_range = cfg.max_range,
+        "tso-proxy serving"
+    );
+    service::announce_ready(
+        proxy.addr(),
+        &[format!("ORACLE {} EPOCH {}", o.node(), o.epoch())],
+    )
+    .context("writing to stdout")?;
+    let _ = stop.recv();
+    let s = proxy.stats();
+    tracing::info!(
+        faas = s.combine.batches,
+        requests = s.combine.requests,
+        timestamps = s.combine.timestamps,
+        mean_batch = s.combine.mean_batch(),
+        highest = %s.highest,
+        regressions = s.regressions,
+        oracle_qps = s.oracle_qps,
+        "signal received; shutting down"
+    );
+    drop(proxy);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut v = vec!["tso-proxy", "--node", "5"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn file_then_flags_then_validation() {
+        let dir = std::env::temp_dir().join(format!("tso-proxy-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("proxy.toml");
+        std::fs::write(
+            &p,
+            "oracle = \"127.0.0.1:7000\"\nthreads = 4\noracle-qps = 2\n",
+        )
+        .unwrap();
+        let ps = p.to_str().unwrap();
+        let (o, c) = load(&cli(&["--config", ps])).unwrap();
+        assert_eq!(o, "127.0.0.1:7000".parse().unwrap());
+        assert_eq!(
+            (c.threads, c.oracle_qps, c.max_range),
+            (4, 2, DEFAULT_MAX_RANGE)
+        );
+        // Flags win over the file.
+        let (o, c) = load(&cli(&[
+            "--config",
+            ps,
+            "--oracle",
+            "127.0.0.1:7001",
+            "--oracle-qps",
+            "1",
+        ]))
+        .unwrap();
+        assert_eq!((o.port(), c.threads, c.oracle_qps), (7001, 4, 1));
+        // Validation of the merged settings.
+        let e = load(&cli(&["--config", ps, "--threads", "1"])).unwrap_err();
+        assert!(format!("{e:#}").contains("oracle-qps"), "{e:#}");
+        // No oracle anywhere.
+        let e = load(&cli(&[])).unwrap_err();
+        assert!(e.to_string().contains("no oracle"), "{e}");
+        // Unknown keys are refused.
+        std::fs::write(&p, "oracle = \"127.0.0.1:7000\"\nthreadz = 4\n").unwrap();
+        let e = load(&cli(&["--config", ps])).unwrap_err();
+        assert!(format!("{e:#}").contains("threadz"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

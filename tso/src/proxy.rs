@@ -1,0 +1,654 @@
+//! TSO proxy (Scythe, `shared/seeds/000_f3dba2ed893b246b.txt` section 4.5 (3) and
+//! Fig. 18): a process between the compute nodes and the oracle. Compute nodes' TSO group
+//! leaders send it range requests over rrpc; it merges the concurrent ones, from all its
+//! server threads and all compute nodes, into one FAA on the oracle ([`crate::combine`]),
+//! and answers each with its sub-range.
+//!
+//! Why: every compute node that FAAs the oracle directly holds RC QPs on the oracle's
+//! RNIC, whose QP state competes for the NIC's small on-chip memory. A proxy holds at
+//! most [`ProxyConfig::oracle_qps`] QPs on the oracle however many compute nodes it
+//! serves.
+//!
+//! **Never prefetches, never caches**: the FAA that serves a request is issued after the
+//! request arrived, so a request that starts after another one finished (at any proxy,
+//! or directly at the oracle) gets a larger timestamp. A proxy that kept a range for
+//! later requests would break that ([`Proxy::start_prefetching`] exists in test builds to
+//! show the checker catching it).
+//!
+//! **Highest timestamp issued**: the proxy remembers the last timestamp of every range it
+//! took and refuses a range from the oracle that does not start above it
+//! ([`TsoError::Regression`]), logging an error: an oracle restarted without its durable
+//! epoch ([`crate::epoch`]) is detected there as a second check rather than serving
+//! timestamps that go back. Scythe also uses this maximum to recover the oracle quickly;
+//! this crate restarts the oracle from its epoch instead.
+//!
+//! **Limits.** A proxy does not follow an oracle restart: its QPs to the dead oracle fail,
+//! rrpc marks the node gone, and every later request gets an error (clients then fail
+//! over to other sources, [`crate::source`]); restart the proxies after the oracle. So
+//! today the highest-issued check can fire only within one proxy's lifetime against one
+//! oracle connection; it is kept because it costs one atomic per FAA and turns any future
+//! reconnecting path into a refusal rather than a silent regression. The maximum lives in
+//! memory only: a restarted proxy starts from 0.
+//!
+//! Wire format of the range RPC ([`RANGE_HANDLER`]): request [`RangeRequest`] (8 bytes),
+//! reply [`RangeReply`] (16 bytes), little-endian fixed layouts.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rrpc::ctrl::QpKind;
+use rrpc::fabric::Fabric;
+use rrpc::node::{node_info, Node, NodeConfig, ServerRuntime};
+use rrpc::runtime::{CallOpts, RuntimeConfig, ThreadCtx};
+use rrpc::server::{Handlers, ServerConfig};
+use rrpc::straw::Straws;
+use serde::{Deserialize, Serialize};
+
+use crate::combine::{CombineStats, Combiner};
+use crate::oracle::{TsoClient, TsoError};
+use crate::timestamp::{Timestamp, TimestampRange};
+
+/// Name under which a proxy publishes its [`ProxyExport`].
+pub const PROXY_EXPORT: &str = "tso-proxy";
+/// Handler id of the range RPC on a proxy.
+pub const RANGE_HANDLER: u16 = 60;
+/// Largest count one range request may ask for (default of [`ProxyConfig::max_range`]).
+pub const DEFAULT_MAX_RANGE: u64 = 1 << 20;
+
+/// Range request: `count` consecutive timestamps (`1 ..= max_range`). Wire layout: one
+/// little-endian u64 at offset 0, 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeRequest {
+    /// Timestamps asked for.
+    pub count: u64,
+}
+
+/// Range reply: the timestamps `first .. first + count`. Wire layout: `first` at offset
+/// 0, `count` at offset 8, little-endian u64s, 16 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeReply {
+    /// First timestamp of the range (raw value).
+    pub first: u64,
+    /// Timestamps in the range (the request's count).
+    pub count: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<RangeRequest>() == 8);
+const _: () = assert!(std::mem::size_of::<RangeReply>() == 16);
+const _: () = assert!(std::mem::offset_of!(RangeReply, count) == 8);
+
+impl RangeRequest {
+    /// The 8 wire bytes.
+    pub fn encode(&self) -> [u8; 8] {
+        self.count.to_le_bytes()
+    }
+
+    /// Parse the wire bytes; `None` unless exactly 8.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        Some(Self {
+            count: u64::from_le_bytes(b.try_into().ok()?),
+        })
+    }
+}
+
+impl RangeReply {
+    /// The 16 wire bytes.
+    pub fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.first.to_le_bytes());
+        b[8..].copy_from_slice(&self.count.to_le_bytes());
+        b
+    }
+
+    /// Parse the wire bytes; `None` unless exactly 16.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != 16 {
+            return None;
+        }
+        Some(Self {
+            first: u64::from_le_bytes(b[..8].try_into().ok()?),
+            count: u64::from_le_bytes(b[8..].try_into().ok()?),
+        })
+    }
+}
+
+/// What a proxy exports to its clients (JSON on the control plane).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyExport {
+    /// Node id of the oracle the proxy takes its ranges from.
+    pub oracle_node: u32,
+    /// That oracle's epoch ([`crate::epoch`]) when the proxy started.
+    pub epoch: u16,
+    /// Handler id of the range RPC.
+    pub handler: u16,
+    /// Largest count one request may ask for.
+    pub max_range: u64,
+}
+
+/// Settings of a proxy. As TOML (the `tso-proxy` binary's `--config`), keys are
+/// kebab-case and each may be left out for its default.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// RPC server threads serving range requests (default 1; 1 to 256).
+    pub threads: usize,
+    /// Largest number of QPs the proxy opens on the oracle (default 1; 1 to `threads`).
+    /// The server threads share them: `ceil(threads / oracle_qps)` threads per QP.
+    pub oracle_qps: usize,
+    /// Largest count one range request may ask for (default 2^20; at least 1).
+    /// Larger requests are refused.
+    pub max_range: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            threads: 1,
+            oracle_qps: 1,
+            max_range: DEFAULT_MAX_RANGE,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Check the settings. Errors: [`TsoError::Config`] naming the key and the rule.
+    pub fn validate(&self) -> Result<(), TsoError> {
+        let bad = |s: String| Err(TsoError::Config(s));
+        if !(1..=256).contains(&self.threads) {
+            return bad(format!("threads: {} is not in 1..=256", self.threads));
+        }
+        if !(1..=self.threads).contains(&self.oracle_qps) {
+            return bad(format!(
+                "oracle-qps: {} is not in 1..=threads ({})",
+                self.oracle_qps, self.threads
+            ));
+        }
+        if self.max_range == 0 {
+            return bad("max-range: at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Counters of a running proxy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyStats {
+    /// FAAs on the oracle, requests they served and timestamps they took.
+    pub combine: CombineStats,
+    /// The last timestamp of the highest range taken from the oracle ([`Timestamp::ZERO`]
+    /// before the first).
+    pub highest: Timestamp,
+    /// Ranges refused because the oracle returned one not above `highest`.
+    pub regressions: u64,
+    /// One-sided QPs the proxy holds on the oracle now.
+    pub oracle_qps: usize,
+}
+
+/// The state the proxy's server threads share.
+struct ProxyState {
+    oracle: TsoClient,
+    combiner: Combiner<Arc<TsoError>>,
+    /// Last timestamp of the highest range taken from the oracle.
+    highest: Highest,
+    regressions: AtomicU64,
+    max_range: u64,
+    /// The server threads' QP pools (one, shared), for counting QPs on the oracle.
+    straws: Mutex<Option<Arc<Straws>>>,
+}
+
+impl ProxyState {
+    /// Serve one range request on the current server thread.
+    async fn serve(self: Arc<Self>, req: Vec<u8>) -> Result<Vec<u8>, String> {
+        let count = RangeRequest::decode(&req)
+            .ok_or_else(|| format!("range request of {} bytes, want 8", req.len()))?
+            .count;
+        if count == 0 || count > self.max_range {
+            return Err(format!(
+                "range request for {count} timestamps: want 1 ..= {}",
+                self.max_range
+            ));
+        }
+        let ctx = ThreadCtx::current().ok_or("no runtime on this proxy server thread")?;
+        let me = &self;
+        let ctx = &ctx;
+        let first = self
+            .combiner
+            .take(count, |total| async move { me.take(ctx, total).await })
+            .await
+            .map_err(|e| error_chain(&e))?;
+        Ok(RangeReply {
+            first: first.get(),
+            count,
+        }
+        .encode()
+        .to_vec())
+    }
+
+    /// One FAA of `total` on the oracle, checked against the highest timestamp issued.
+    async fn take(&self, ctx: &ThreadCtx, total: u64) -> Result<Timestamp, Arc<TsoError>> {
+        let r = self.oracle.timestamps(ctx, total).await.map_err(Arc::new)?;
+        let (first, last) = (r.first(), r.last_ts().expect("total >= 1"));
+        self.highest.admit(first, last).inspect_err(|e| {
+            self.regressions.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                error = %e,
+                "refused a range from the oracle (restarted without its epoch?)"
+            );
+        })?;
+        Ok(first)
+    }
+}
+
+/// The highest timestamp a proxy issued (raw value; 0 before the first range), and the
+/// check that a new range from the oracle starts above it. The proxy's FAAs are issued
+/// one at a time ([`Combiner`]), so each range must start above the previous ones.
+#[derive(Debug, Default)]
+pub struct Highest(AtomicU64);
+
+impl Highest {
+    /// Record the range `first ..= last` and check it starts above every range recorded
+    /// before. The maximum is raised either way.
+    ///
+    /// Errors: [`TsoError::Regression`] when `first` is not above the highest so far.
+    pub fn admit(&self, first: Timestamp, last: Timestamp) -> Result<(), Arc<TsoError>> {
+        let prev = self.0.fetch_max(last.get(), Ordering::AcqRel);
+        if first.get() <= prev {
+            return Err(Arc::new(TsoError::Regression {
+                highest: Timestamp(prev),
+                got: first,
+            }));
+        }
+        Ok(())
+    }
+
+    /// The highest timestamp recorded.
+    pub fn get(&self) -> Timestamp {
+        Timestamp(self.0.load(Ordering::Acquire))
+    }
+}
+
+/// `e` and its sources, `: `-separated.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+/// A running proxy: an rrpc node serving [`RANGE_HANDLER`] with async handlers that FAA
+/// the oracle on their server thread's runtime. Dropping it stops serving.
+pub struct Proxy {
+    node: Node,
+    state: Arc<ProxyState>,
+}
+
+impl Proxy {
+    /// Start a proxy on `fabric` for the oracle whose bootstrap address is `oracle`,
+    /// listening for its own control plane on `listen`. Each server thread connects to
+    /// the oracle (one-sided) before serving.
+    ///
+    /// Errors: [`TsoError::Config`], [`TsoError::Export`] (the oracle's control plane is
+    /// unreachable or exports no counter), [`TsoError::Start`] (the node or a server
+    /// thread failed to start).
+    pub fn start(
+        fabric: Fabric,
+        listen: SocketAddr,
+        oracle: SocketAddr,
+        cfg: &ProxyConfig,
+    ) -> Result<Self, TsoError> {
+        Self::start_with(fabric, listen, oracle, cfg, Combiner::new())
+    }
+
+    /// **Broken on purpose** (test builds and feature `fault-injection` only): a proxy
+    /// that takes `extra` timestamps more per FAA and serves later requests from the
+    /// surplus, which the linearizability checker must catch.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn start_prefetching(
+        fabric: Fabric,
+        listen: SocketAddr,
+        oracle: SocketAddr,
+        cfg: &ProxyConfig,
+        extra: u64,
+    ) -> Result<Self, TsoError> {
+        Self::start_with(fabric, listen, oracle, cfg, Combiner::prefetching(extra))
+    }
+
+    fn start_with(
+        fabric: Fabric,
+        listen: SocketAddr,
+        oracle: SocketAddr,
+        cfg: &ProxyConfig,
+        combiner: Combiner<Arc<TsoError>>,
+    ) -> Result<Self, TsoError> {
+        cfg.validate()?;
+        let rt_cfg = RuntimeConfig {
+            threads_per_qp: cfg.threads.div_ceil(cfg.oracle_qps),
+            ..RuntimeConfig::default()
+        };
+        let info = node_info(oracle, rt_cfg.connect_timeout)
+            .map_err(|e| TsoError::Export(format!("oracle at {oracle}: {e}")))?;
+        let client = TsoClient::from_info(&info)?;
+        let state = Arc::new(ProxyState {
+            oracle: client.clone(),
+            combiner,
+            highest: Highest::default(),
+            regressions: AtomicU64::new(0),
+            max_range: cfg.max_range,
+            straws: Mutex::new(None),
+        });
+        let mut handlers = Handlers::new();
+        let st = state.clone();
+        handlers.register_async(RANGE_HANDLER, move |req| st.clone().serve(req));
+        let st = state.clone();
+        let runtime = ServerRuntime::new(rt_cfg).with_setup(move |ctx: &Rc<ThreadCtx>| {
+            ctx.connect(oracle)?;
+            *st.straws.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.straws().clone());
+            Ok(())
+        });
+        let export = ProxyExport {
+            oracle_node: client.node(),
+            epoch: client.epoch(),
+            handler: RANGE_HANDLER,
+            max_range: cfg.max_range,
+        };
+        let mut exports = BTreeMap::new();
+        exports.insert(
+            PROXY_EXPORT.to_string(),
+            serde_json::to_value(&export).expect("ProxyExport serializes"),
+        );
+        let node = Node::start_with_runtime(
+            fabric,
+            NodeConfig {
+                role: "tso-proxy".into(),
+                listen,
+                exports,
+                rpc: Some((handlers, cfg.threads)),
+            },
+            ServerConfig::default(),
+            Some(runtime),
+        )
+        .map_err(TsoError::Start)?;
+        Ok(Self { node, state })
+    }
+
+    /// The proxy's bootstrap address (clients connect here for RPC).
+    pub fn addr(&self) -> SocketAddr {
+        self.node.addr()
+    }
+
+    /// The proxy's node.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// The oracle this proxy serves.
+    pub fn oracle(&self) -> &TsoClient {
+        &self.state.oracle
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ProxyStats {
+        let s = &self.state;
+        let oracle_qps = s
+            .straws
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|st| st.get(s.oracle.node()))
+            .map_or(0, |straw| straw.list(QpKind::OneSided).len());
+        ProxyStats {
+            combine: s.combiner.stats(),
+            highest: s.highest.get(),
+            regressions: s.regressions.load(Ordering::Relaxed),
+            oracle_qps,
+        }
+    }
+}
+
+/// A compute node's handle on one proxy: takes ranges with the range RPC. The thread's
+/// context must be connected for RPC (`ThreadCtx::connect_rpc`) to the proxy.
+#[derive(Clone, Debug)]
+pub struct ProxyClient {
+    node: u32,
+    export: ProxyExport,
+    timeout: Duration,
+}
+
+impl ProxyClient {
+    /// A client for the proxy described by `info`, whose calls fail after `timeout`
+    /// (a dead proxy gives [`TsoError::Rpc`] with a timeout, never a hang).
+    ///
+    /// Errors: [`TsoError::Export`] when the `"tso-proxy"` export is missing or
+    /// malformed.
+    pub fn from_info(info: &rrpc::node::NodeInfo, timeout: Duration) -> Result<Self, TsoError> {
+        let export: ProxyExport = info
+            .export(PROXY_EXPORT)
+            .map_err(|e| TsoError::Export(e.to_string()))?;
+        Ok(Self {
+            node: info.node,
+            export,
+            timeout,
+        })
+    }
+
+    /// Node id of the proxy.
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+
+    /// What the proxy exported (its oracle and that oracle's epoch).
+    pub fn export(&self) -> &ProxyExport {
+        &self.export
+    }
+
+    /// `n` consecutive timestamps with one range RPC, taken by the proxy after the
+    /// request arrived.
+    ///
+    /// Errors: [`TsoError::ZeroCount`]; [`TsoError::Rpc`] when the call fails (timeout,
+    /// proxy gone, or the proxy's error, e.g. the oracle failed or regressed);
+    /// [`TsoError::BadReply`] when the reply is malformed or not the count asked for.
+    pub async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<TimestampRange, TsoError> {
+        if n == 0 {
+            return Err(TsoError::ZeroCount);
+        }
+        let req = RangeRequest { count: n }.encode();
+        let opts = CallOpts {
+            timeout: Some(self.timeout),
+            ..CallOpts::default()
+        };
+        let b = ctx
+            .call_with(self.node, self.export.handler, &req, opts)
+            .await?;
+        let bad = |what: String| TsoError::BadReply {
+            node: self.node,
+            what,
+        };
+        let r = RangeReply::decode(&b).ok_or_else(|| bad(format!("{} bytes, want 16", b.len())))?;
+        if r.count != n {
+            return Err(bad(format!("{} timestamps, asked for {n}", r.count)));
+        }
+        if r.first == 0 || r.first.checked_add(n).is_none() {
+            return Err(bad(format!("range {} + {n} is not valid", r.first)));
+        }
+        Ok(TimestampRange::new(Timestamp(r.first), n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::group::tests::with_watchdog;
+    use crate::history::{check, now_ns, Op, Violation};
+    use crate::oracle::{Oracle, EXPORT_NAME};
+    use rrpc::fabric::shm::ClusterGuard;
+    use rrpc::runtime::Executor;
+    use std::cell::RefCell;
+
+    /// An oracle, proxy A (prefetching `extra` timestamps per FAA when `extra > 0`) and
+    /// an honest proxy B in-process; two client nodes of three coroutines each take
+    /// timestamps through A, through B and directly by FAA, recording a history.
+    fn history_through_proxies(extra: u64) -> Result<usize, Violation> {
+        with_watchdog(move || {
+            let name = format!("tso-unit-{}-pf{extra}", std::process::id());
+            let (c, _) = ClusterGuard::new(&name).unwrap();
+            let of = c.open(1).unwrap();
+            let oracle = Oracle::new(&of).unwrap();
+            let mut exports = BTreeMap::new();
+            exports.insert(EXPORT_NAME.to_string(), oracle.export());
+            let onode = Node::start(
+                of,
+                NodeConfig {
+                    role: "tso".into(),
+                    listen: "127.0.0.1:0".parse().unwrap(),
+                    exports,
+                    rpc: None,
+                },
+            )
+            .unwrap();
+            let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            let cfg = ProxyConfig::default();
+            let a = if extra > 0 {
+                Proxy::start_prefetching(c.open(10).unwrap(), listen, onode.addr(), &cfg, extra)
+            } else {
+                Proxy::start(c.open(10).unwrap(), listen, onode.addr(), &cfg)
+            }
+            .unwrap();
+            let b = Proxy::start(c.open(11).unwrap(), listen, onode.addr(), &cfg).unwrap();
+            let (oa, aa, ba) = (onode.addr(), a.addr(), b.addr());
+            let ops: Vec<Op> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..2u32)
+                    .map(|t| {
+                        let f = c.open(100 + t).unwrap();
+                        s.spawn(move || {
+                            let ctx = ThreadCtx::new(f, RuntimeConfig::default()).unwrap();
+                            let direct = TsoClient::from_info(&ctx.connect(oa).unwrap()).unwrap();
+                            let timeout = Duration::from_secs(10);
+                            let pa = ProxyClient::from_info(&ctx.connect_rpc(aa).unwrap(), timeout)
+                                .unwrap();
+                            let pb = ProxyClient::from_info(&ctx.connect_rpc(ba).unwrap(), timeout)
+                                .unwrap();
+                            let ops = Rc::new(RefCell::new(Vec::new()));
+                            let mut ex = Executor::new(ctx.clone());
+                            for k in 0..3u32 {
+                                let (ctx, ops) = (ctx.clone(), ops.clone());
+                                let (direct, pa, pb) = (direct.clone(), pa.clone(), pb.clone());
+                                ex.spawn(async move {
+                                    for _ in 0..300 {
+                                        let invoke_ns = now_ns();
+                                        let r = match k {
+                                            0 => pa.timestamps(&ctx, 1).await,
+                                            1 => pb.timestamps(&ctx, 1).await,
+                                            _ => direct.timestamps(&ctx, 1).await,
+                                        };
+                                        ops.borrow_mut().push(Op {
+                                            client: t * 10 + k,
+                                            invoke_ns,
+                                            response_ns: now_ns(),
+                                            ts: r.unwrap().first(),
+                                        });
+                                    }
+                                });
+                            }
+                            ex.run();
+                            let v = ops.borrow().clone();
+                            v
+                        })
+                    })
+                    .collect();
+                hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(ops.len(), 2 * 3 * 300);
+            drop((a, b, onode, oracle));
+            check(&ops)
+        })
+    }
+
+    #[test]
+    fn honest_proxies_and_direct_faa_pass_the_checker() {
+        assert_eq!(history_through_proxies(0), Ok(1800));
+    }
+
+    #[test]
+    fn a_prefetching_proxy_is_caught_by_the_checker() {
+        match history_through_proxies(16) {
+            Err(Violation::RealTime { later, .. }) => {
+                assert_eq!(later.client % 10, 0, "the stale one came through proxy A");
+            }
+            r => panic!("the checker missed the prefetching proxy: {r:?}"),
+        }
+    }
+
+    #[test]
+    fn wire_layouts_round_trip_and_reject_wrong_sizes() {
+        let q = RangeRequest { count: 0x0102 };
+        assert_eq!(q.encode(), [2, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(RangeRequest::decode(&q.encode()), Some(q));
+        assert_eq!(RangeRequest::decode(&[1, 2, 3]), None);
+        let r = RangeReply { first: 7, count: 3 };
+        let b = r.encode();
+        assert_eq!((b[0], b[8]), (7, 3));
+        assert_eq!(RangeReply::decode(&b), Some(r));
+        assert_eq!(RangeReply::decode(&b[..15]), None);
+    }
+
+    #[test]
+    fn a_range_not_above_the_highest_issued_is_refused() {
+        let h = Highest::default();
+        assert_eq!(h.get(), Timestamp::ZERO);
+        h.admit(Timestamp(1), Timestamp(4)).unwrap();
+        h.admit(Timestamp(5), Timestamp(5)).unwrap();
+        // An oracle that restarted at 1 (no epoch) is caught, and so is an overlap.
+        for (f, l) in [(1, 3), (5, 9), (3, 20)] {
+            match h
+                .admit(Timestamp(f), Timestamp(l))
+                .as_ref()
+                .map_err(|e| &**e)
+            {
+                Err(TsoError::Regression { got, .. }) => assert_eq!(got.get(), f),
+                r => panic!("({f}, {l}) admitted: {r:?}"),
+            }
+        }
+        // A later epoch is above everything.
+        let next = Timestamp::compose(1, 1).unwrap();
+        h.admit(next, next).unwrap();
+        assert_eq!(h.get(), next);
+    }
+
+    #[test]
+    fn config_validation_names_the_key() {
+        assert!(ProxyConfig::default().validate().is_ok());
+        let e = ProxyConfig {
+            threads: 2,
+            oracle_qps: 3,
+            ..ProxyConfig::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("oracle-qps"), "{e}");
+        let e = ProxyConfig {
+            max_range: 0,
+            ..ProxyConfig::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("max-range"), "{e}");
+        let c: ProxyConfig = toml::from_str("threads = 4\noracle-qps = 2\n").unwrap();
+        assert_eq!(
+            (c.threads, c.oracle_qps, c.max_range),
+            (4, 2, DEFAULT_MAX_RANGE)
+        );
+        assert!(toml::from_str::<ProxyConfig>("thread = 4\n").is_err());
+    }
+}
