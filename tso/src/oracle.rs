@@ -68,7 +68,7 @@ pub enum TsoError {
     #[error("TSO proxy node {node}: bad reply: {what}")]
     BadReply {
         /// The proxy's node id.
-        node: u32,
+        node: NodeId,
         /// What is wrong.
         what: String,
     },

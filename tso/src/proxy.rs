@@ -33,6 +33,7 @@
 //! Wire format of the range RPC ([`RANGE_HANDLER`]): request [`RangeRequest`] (8 bytes),
 //! reply [`RangeReply`] (16 bytes), little-endian fixed layouts.
 
+use rrpc::NodeId;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -122,7 +123,7 @@ impl RangeReply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProxyExport {
     /// Node id of the oracle the proxy takes its ranges from.
-    pub oracle_node: u32,
+    pub oracle_node: NodeId,
     /// That oracle's epoch ([`crate::epoch`]) when the proxy started.
     pub epoch: u16,
     /// Handler id of the range RPC.
@@ -419,7 +420,7 @@ impl Proxy {
 /// context must be connected for RPC (`ThreadCtx::connect_rpc`) to the proxy.
 #[derive(Clone, Debug)]
 pub struct ProxyClient {
-    node: u32,
+    node: NodeId,
     export: ProxyExport,
     timeout: Duration,
 }
@@ -442,7 +443,7 @@ impl ProxyClient {
     }
 
     /// Node id of the proxy.
-    pub fn node(&self) -> u32 {
+    pub fn node(&self) -> NodeId {
         self.node
     }
 
@@ -501,7 +502,7 @@ mod tests {
         with_watchdog(move || {
             let name = format!("tso-unit-{}-pf{extra}", std::process::id());
             let (c, _) = ClusterGuard::new(&name).unwrap();
-            let of = c.open(1).unwrap();
+            let of = c.open(NodeId(1)).unwrap();
             let oracle = Oracle::new(&of).unwrap();
             let mut exports = BTreeMap::new();
             exports.insert(EXPORT_NAME.to_string(), oracle.export());
@@ -518,17 +519,23 @@ mod tests {
             let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
             let cfg = ProxyConfig::default();
             let a = if extra > 0 {
-                Proxy::start_prefetching(c.open(10).unwrap(), listen, onode.addr(), &cfg, extra)
+                Proxy::start_prefetching(
+                    c.open(NodeId(10)).unwrap(),
+                    listen,
+                    onode.addr(),
+                    &cfg,
+                    extra,
+                )
             } else {
-                Proxy::start(c.open(10).unwrap(), listen, onode.addr(), &cfg)
+                Proxy::start(c.open(NodeId(10)).unwrap(), listen, onode.addr(), &cfg)
             }
             .unwrap();
-            let b = Proxy::start(c.open(11).unwrap(), listen, onode.addr(), &cfg).unwrap();
+            let b = Proxy::start(c.open(NodeId(11)).unwrap(), listen, onode.addr(), &cfg).unwrap();
             let (oa, aa, ba) = (onode.addr(), a.addr(), b.addr());
             let ops: Vec<Op> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..2u32)
                     .map(|t| {
-                        let f = c.open(100 + t).unwrap();
+                        let f = c.open(NodeId(100 + t)).unwrap();
                         s.spawn(move || {
                             let ctx = ThreadCtx::new(f, RuntimeConfig::default()).unwrap();
                             let direct = TsoClient::from_info(&ctx.connect(oa).unwrap()).unwrap();

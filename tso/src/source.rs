@@ -13,6 +13,7 @@
 //! Retrying is safe for linearizability: a range taken by a request whose reply was lost
 //! is never handed out (a gap), and the retry's range is taken after the retry started.
 
+use rrpc::NodeId;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -88,7 +89,7 @@ pub enum Source {
 
 impl Source {
     /// Node id of the source.
-    pub fn node(&self) -> u32 {
+    pub fn node(&self) -> NodeId {
         match self {
             Source::Oracle(c) => c.node(),
             Source::Proxy(p) => p.node(),

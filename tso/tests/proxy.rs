@@ -2,6 +2,7 @@
 //! one FAA, the QP limit on the oracle, refused requests, compute-node TSO groups whose
 //! range request is a proxy RPC, and failover when a proxy stops answering.
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -26,7 +27,7 @@ fn cluster(name: &str) -> ClusterGuard {
 
 /// An oracle (node 1) serving one-sided FAA only.
 fn oracle(c: &ClusterGuard) -> (Oracle, Node) {
-    let fabric = c.open(1).unwrap();
+    let fabric = c.open(NodeId(1)).unwrap();
     let oracle = Oracle::new(&fabric).unwrap();
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), oracle.export());
@@ -50,7 +51,7 @@ fn proxy(c: &ClusterGuard, node: u32, oracle: SocketAddr, threads: usize, qps: u
         ..ProxyConfig::default()
     };
     Proxy::start(
-        c.open(node).unwrap(),
+        c.open(NodeId(node)).unwrap(),
         "127.0.0.1:0".parse().unwrap(),
         oracle,
         &cfg,
@@ -77,7 +78,7 @@ fn grouped_clients(
             .map(|t| {
                 let (sources, grouped, between) =
                     (sources.clone(), grouped.clone(), between.clone());
-                let fabric = c.open(100 + t).unwrap();
+                let fabric = c.open(NodeId(100 + t)).unwrap();
                 s.spawn(move || {
                     let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
                     sources.connect_thread(&ctx).unwrap();
@@ -151,13 +152,13 @@ fn proxy_range_requests_are_served_whole_and_bad_ones_refused() {
         ..ProxyConfig::default()
     };
     let p = Proxy::start(
-        c.open(10).unwrap(),
+        c.open(NodeId(10)).unwrap(),
         "127.0.0.1:0".parse().unwrap(),
         onode.addr(),
         &cfg,
     )
     .unwrap();
-    let ctx = ThreadCtx::new(c.open(100).unwrap(), RuntimeConfig::default()).unwrap();
+    let ctx = ThreadCtx::new(c.open(NodeId(100)).unwrap(), RuntimeConfig::default()).unwrap();
     let info = ctx.connect_rpc(p.addr()).unwrap();
     assert_eq!(info.role, "tso-proxy");
     let pc = ProxyClient::from_info(&info, Duration::from_secs(10)).unwrap();
@@ -257,7 +258,7 @@ fn choice_oracle_bypasses_proxies_and_no_live_source_is_an_error_not_a_hang() {
         )
         .unwrap(),
     );
-    let ctx = ThreadCtx::new(c.open(110).unwrap(), RuntimeConfig::default()).unwrap();
+    let ctx = ThreadCtx::new(c.open(NodeId(110)).unwrap(), RuntimeConfig::default()).unwrap();
     only.connect_thread(&ctx).unwrap();
     let (c2, o2) = (ctx.clone(), only.clone());
     let ok = block_on(

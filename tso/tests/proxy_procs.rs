@@ -8,6 +8,7 @@
 //! - a proxy killed with SIGKILL mid-load: clients fail over to the other proxy or the
 //!   oracle, keep getting timestamps, and the history stays linearizable.
 
+use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Lines};
 use std::net::SocketAddr;
@@ -257,7 +258,7 @@ fn client_process() {
     let stop = PathBuf::from(stop);
     // The backend $RRPC_FABRIC names (shm when unset), as the service binaries choose it.
     let kind = FabricKind::from_env().unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, 200 + me)).unwrap();
+    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, NodeId(200 + me))).unwrap();
     let cfg = SourceConfig {
         choice: if failover {
             Choice::Random

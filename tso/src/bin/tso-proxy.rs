@@ -98,11 +98,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let o = proxy.oracle();
     tracing::info!(
         cluster = %cli.node.cluster,
-        node = cli.node.node,
+        node = %cli.node.node,
         addr = %proxy.addr(),
         fabric = %fabric.describe(),
         oracle = %oracle,
-        oracle_node = o.node(),
+        oracle_node = %o.node(),
         epoch = o.epoch(),
         placement = o.placement(),
         threads = cfg.threads,
