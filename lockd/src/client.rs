@@ -18,7 +18,10 @@ use rrpc::runtime::{RpcError, ThreadCtx};
 use crate::service::{LocksExport, EXPORT_NAME};
 use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
 use crate::ticket::Shared;
-use crate::wire::{decode_reply, encode_request, LOCK_HANDLER, MAX_ENTRIES};
+use crate::wire::{
+    decode_node_tickets, decode_reply, encode_release_node, encode_request, LOCK_HANDLER,
+    MAX_ENTRIES, RELEASE_NODE_HANDLER,
+};
 
 pub use crate::takeout::{LockReply, Mode, RefuseReason};
 pub use crate::ticket::Ticket;
@@ -27,6 +30,9 @@ pub use crate::wire::LockRequest;
 /// How long a release waits for its ticket's turn before it reports the lock lost
 /// (default of [`LockClient::set_release_wait`]).
 pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Most tickets of a failed node handed over by one release-node RPC (16 bytes each).
+pub const RELEASE_NODE_BATCH: usize = 256;
 
 /// Errors of lock-client operations.
 #[derive(Debug, thiserror::Error)]
@@ -262,7 +268,8 @@ impl LockClient {
             }
         }
         let mut buf = Vec::with_capacity(reqs.len() * crate::wire::REQ_ENTRY_BYTES);
-        encode_request(reqs, &mut buf).map_err(|e| LockError::InvalidRequest(e.to_string()))?;
+        encode_request(reqs, ctx.fabric().node(), &mut buf)
+            .map_err(|e| LockError::InvalidRequest(e.to_string()))?;
         let resp = ctx.call(self.node(), LOCK_HANDLER, &buf).await?;
         let replies =
             decode_reply(&resp, reqs.len()).map_err(|e| LockError::Protocol(e.to_string()))?;
@@ -287,6 +294,64 @@ impl LockClient {
                 }
             })
             .collect())
+    }
+
+    /// Pass on every outstanding ticket (held or queued) that node `dead` took on this
+    /// lock service: the service hands them over ([`crate::wire::RELEASE_NODE_HANDLER`],
+    /// at most [`RELEASE_NODE_BATCH`] per RPC until none are left) and this client
+    /// releases each as its own [`Ticket`] would: wait for its turn (Hangout + READ of
+    /// `upper`, up to [`Self::release_wait`]), then FAA `upper` by one. Scythe 4.3's
+    /// Takeout Lock with recovery in the manner of Lotus section 6. Returns the number
+    /// of tickets passed on; a second call for the same node passes on none.
+    ///
+    /// Call it only for a node that is dead and cut off from the service (its process
+    /// killed, its QPs gone): a live node would release its tickets too, advancing
+    /// `upper` twice for one ticket. When several nodes died, release them concurrently
+    /// or in any order within the release wait: a queued ticket of one waits for the
+    /// held ticket of another.
+    ///
+    /// Errors: [`LockError::Rpc`] when the service cannot be asked,
+    /// [`LockError::Protocol`] for a malformed reply, [`LockError::Lost`] for the first
+    /// ticket that could not be passed on (the others were still attempted; handed-over
+    /// tickets are not handed over again).
+    pub async fn release_node(&self, ctx: &Rc<ThreadCtx>, dead: u32) -> Result<u64, LockError> {
+        let mut passed = 0;
+        loop {
+            let req = encode_release_node(dead, RELEASE_NODE_BATCH as u32);
+            let resp = ctx.call(self.node(), RELEASE_NODE_HANDLER, &req).await?;
+            let taken =
+                decode_node_tickets(&resp).map_err(|e| LockError::Protocol(e.to_string()))?;
+            let n = taken.len();
+            let releases = taken.into_iter().map(|nt| {
+                // The ticket is outstanding, so `upper <= ticket`; claiming one ticket
+                // ahead makes the first round READ `upper` rather than assume the turn.
+                let reply = LockReply {
+                    granted_queue: true,
+                    reason: None,
+                    ticket: nt.ticket,
+                    upper: nt.ticket.wrapping_sub(1),
+                    queued_ts: 0,
+                };
+                let upper = self.lock_addr(nt.id).offset(UPPER_OFF);
+                Ticket::new(ctx.clone(), self.shared.clone(), nt.id, upper, reply).release()
+            });
+            let mut first_err = None;
+            for r in rrpc::runtime::join_all(releases).await {
+                match r {
+                    Ok(()) => passed += 1,
+                    Err(e) => {
+                        tracing::error!(node = dead, error = %e, "release_node: ticket lost");
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            if n < RELEASE_NODE_BATCH {
+                return Ok(passed);
+            }
+        }
     }
 
     /// One READ of lock `id`'s lower, upper and queued_ts (24 bytes), as validation uses

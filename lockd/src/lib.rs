@@ -17,7 +17,9 @@
 //! - [`shard`]: Lotus's lock keys (shard in the low 12 bits), the versioned shard-to-node
 //!   map, and pass-by-range resharding as plain state machines (Lotus 4.2, 4.3);
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
-//!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own).
+//!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own);
+//! - [`owners`]: which node took each outstanding ticket, so a survivor can pass on a
+//!   failed node's tickets ([`client::LockClient::release_node`]).
 //!
 //! Two baselines for comparison use one-sided verbs only, with no lock-service CPU:
 //!
@@ -33,10 +35,9 @@
 //! `--dslr-locks`, the baselines' word tables); the same [`service::LockTable`] can be
 //! embedded in any process that runs an `rrpc` node; it also serves a Lotus lock table for
 //! the shards given by `--shards` (Lotus's own placement, the table embedded in a compute
-//! node, is [`table_service::TableService`] called directly). Not here yet: a periodic
-//! resharding loop fed by measured latencies (the decision and the move exist), and
-//! recovery of Takeout Locks abandoned by crashed clients (a crashed holder or waiter
-//! stalls its lock; Lotus locks have [`table_service::TableClient::release_node`]).
+//! node, is [`table_service::TableService`] called directly). Locks of a crashed client are
+//! passed on by [`client::LockClient::release_node`] (Takeout) and
+//! [`table_service::TableClient::release_node`] (Lotus lock tables).
 #![warn(missing_docs)]
 
 pub mod backoff;
@@ -46,6 +47,7 @@ pub mod client;
 pub mod dslr;
 pub mod kinds;
 pub mod lock_table;
+pub mod owners;
 pub mod service;
 pub mod shard;
 pub mod table_service;

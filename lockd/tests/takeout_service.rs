@@ -553,7 +553,7 @@ fn replies_and_polls_report_the_heat() {
         // C leaves (its release coroutine passes the lock on in its turn), and a fourth
         // ticket is taken behind the client's back: only a poll can see it.
         drop(c);
-        let d = table.lock_local(&req(4));
+        let d = table.lock_local(&req(4), 0);
         assert!(d.granted_queue);
         let r = b.wait(Instant::now() + Duration::from_millis(20)).await;
         assert!(matches!(r, Err(LockError::WaitTimeout { .. })), "{r:?}");

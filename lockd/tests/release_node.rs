@@ -1,0 +1,322 @@
+//! Recovery of locks held or queued by client processes killed with SIGKILL, over the
+//! shm fabric: the lock service runs in this process (node 1), the clients are child
+//! processes (this test binary run again as `child_process`), and a survivor in this
+//! process (node 100) gets the lock once `release_node` passed the dead nodes' locks on.
+//!
+//! Takeout (Scythe 4.3) through `LockClient::release_node`; Lotus lock tables (Lotus 6)
+//! through `TableClient::release_node`. No test waits without a deadline: children exit
+//! by themselves after a minute, and every wait and call has a timeout.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockd::client::{Grant, LockClient, LockError, LockRequest, Mode, Ticket};
+use lockd::lock_table::{LockMode, LockTable as SlotTable, Refusal};
+use lockd::service::{LockTable, EXPORT_NAME};
+use lockd::shard::{LockKey, Ownership, ShardMap};
+use lockd::table_service::{TableClient, TableClientConfig, TableService, TABLE_EXPORT};
+use lockd::table_wire::{OpKind, OpOutcome, TableOp};
+use lockd::takeout::Watermarks;
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
+
+mod common;
+use common::lockd_node;
+
+const SERVICE: u32 = 1;
+const SURVIVOR: u32 = 100;
+const LOCK: u64 = 3;
+
+fn cluster(name: &str) -> ClusterGuard {
+    let c = format!("lockd-rn-{}-{name}", std::process::id());
+    ClusterGuard::new(&c).unwrap().0
+}
+
+fn runtime() -> RuntimeConfig {
+    RuntimeConfig {
+        call_timeout: Duration::from_secs(5),
+        ..RuntimeConfig::default()
+    }
+}
+
+/// A child process running [`child_process`] in `role`; killed (SIGKILL) when dropped.
+struct ChildProc(Child);
+
+impl ChildProc {
+    /// Start the child and wait for its `READY <n>` line; returns it and `n`.
+    fn spawn(cluster: &str, role: &str, node: u32, server: SocketAddr, ts: u64) -> (Self, u64) {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("LOCKD_CHILD_ROLE", role)
+            .env("LOCKD_CHILD_CLUSTER", cluster)
+            .env("LOCKD_CHILD_NODE", node.to_string())
+            .env("LOCKD_CHILD_SERVER", server.to_string())
+            .env("LOCKD_CHILD_TS", ts.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        // The harness may print "test child_process ... " on the same line. The child
+        // exits on its own after a minute, which ends this loop if it never gets ready.
+        let n = out.lines().map_while(Result::ok).find_map(|l| {
+            let i = l.find("READY ")?;
+            l[i + 6..].trim().parse::<u64>().ok()
+        });
+        let mut me = Self(child);
+        let Some(n) = n else {
+            me.kill();
+            panic!("child {role} (node {node}) did not get ready");
+        };
+        (me, n)
+    }
+
+    /// SIGKILL, and reap.
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The child process body; a no-op unless run by [`ChildProc::spawn`]. Roles:
+/// `takeout` takes a ticket on [`LOCK`] with timestamp `LOCKD_CHILD_TS` and prints
+/// `READY <ticket>`; `table` write-locks key (7, 1) and read-locks key (7, 2) as
+/// transaction 1 of its node and prints `READY 2`. Then it holds them until killed (or
+/// a minute passes, or its stdin closes).
+#[test]
+fn child_process() {
+    let Ok(role) = std::env::var("LOCKD_CHILD_ROLE") else {
+        return;
+    };
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(60));
+        std::process::exit(1);
+    });
+    let var = |k: &str| std::env::var(k).unwrap();
+    let node: u32 = var("LOCKD_CHILD_NODE").parse().unwrap();
+    let server: SocketAddr = var("LOCKD_CHILD_SERVER").parse().unwrap();
+    let ts: u64 = var("LOCKD_CHILD_TS").parse().unwrap();
+    let kind = FabricKind::from_env().unwrap();
+    let fabric = Fabric::open(&FabricConfig::new(kind, &var("LOCKD_CHILD_CLUSTER"), node)).unwrap();
+    let ctx = ThreadCtx::new(fabric, runtime()).unwrap();
+    let info = ctx.connect_rpc(server).unwrap();
+    let c = ctx.clone();
+    // What the child holds lives until the process dies.
+    let held: Box<dyn std::any::Any> = match role.as_str() {
+        "takeout" => {
+            let lc = LockClient::from_info(&info).unwrap();
+            let t = block_on(&ctx, async move {
+                let req = LockRequest {
+                    id: LOCK,
+                    ts,
+                    mode: Mode::Hot,
+                };
+                match lc.lock(&c, &[req]).await.unwrap().remove(0) {
+                    Grant::Queued(t) => t,
+                    Grant::Refused(r) => panic!("refused: {r:?}"),
+                }
+            });
+            println!("READY {}", t.number());
+            Box::new(t)
+        }
+        "table" => {
+            let n = block_on(&ctx, async move {
+                let tc = TableClient::connect(&c, &[info.node], None, TableClientConfig::default())
+                    .await
+                    .unwrap();
+                let ops = [
+                    table_op(7, 1, 1, node, OpKind::Lock(LockMode::Write)),
+                    table_op(7, 2, 1, node, OpKind::Lock(LockMode::Read)),
+                ];
+                let o = tc.execute(&c, &ops).await.unwrap();
+                assert_eq!(o, [OpOutcome::Granted, OpOutcome::Granted]);
+                o.len()
+            });
+            println!("READY {n}");
+            Box::new(())
+        }
+        other => panic!("unknown child role {other}"),
+    };
+    std::io::stdout().flush().unwrap();
+    let _ = std::io::stdin().read_line(&mut String::new());
+    drop(held);
+    std::process::exit(0);
+}
+
+fn table_op(shard: u64, rest: u64, txn: u64, node: u32, kind: OpKind) -> TableOp {
+    TableOp {
+        key: LockKey::compose(1, shard, rest).unwrap(),
+        txn,
+        node,
+        kind,
+    }
+}
+
+/// A holder (node 201) and a waiter queued behind it (node 202) are killed with SIGKILL;
+/// the lock stays stalled until `release_node` passes both tickets on, then the
+/// survivor queued third gets it.
+#[test]
+fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
+    let cl = cluster("takeout");
+    let fabric = cl.open(SERVICE).unwrap();
+    let table = Arc::new(LockTable::new(&fabric, 16, Watermarks::default()).unwrap());
+    let mut exports = BTreeMap::new();
+    exports.insert(EXPORT_NAME.to_string(), table.export());
+    let node = lockd_node(fabric, exports, table.handlers(), 1);
+
+    let (mut holder, t0) = ChildProc::spawn(cl.name(), "takeout", 201, node.addr(), 10);
+    let (mut waiter, t1) = ChildProc::spawn(cl.name(), "takeout", 202, node.addr(), 20);
+    assert_eq!((t0, t1), (0, 1));
+
+    let ctx = ThreadCtx::new(cl.open(SURVIVOR).unwrap(), runtime()).unwrap();
+    let info = ctx.connect_rpc(node.addr()).unwrap();
+    let lc = Rc::new(LockClient::from_info(&info).unwrap());
+    let (c, l) = (ctx.clone(), lc.clone());
+    let mut mine: Ticket = block_on(&ctx, async move {
+        let req = LockRequest {
+            id: LOCK,
+            ts: 30,
+            mode: Mode::Hot,
+        };
+        l.lock(&c, &[req])
+            .await
+            .unwrap()
+            .remove(0)
+            .ticket()
+            .unwrap()
+    });
+    assert_eq!(mine.number(), 2);
+    assert_eq!(
+        table.ticket_owners(LOCK),
+        vec![(0, 201), (1, 202), (2, SURVIVOR)]
+    );
+
+    holder.kill();
+    waiter.kill();
+
+    let (c, l, tbl) = (ctx.clone(), lc.clone(), table.clone());
+    let (mine, passed) = block_on(&ctx, async move {
+        // Stalled: nobody passes the dead tickets on by themselves.
+        let e = mine
+            .wait(Instant::now() + Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LockError::WaitTimeout { upper: 0, .. }), "{e}");
+        // Asking for a node with no tickets passes nothing on.
+        assert_eq!(l.release_node(&c, 999).await.unwrap(), 0);
+        // The waiter first: its release waits for the holder's, released alongside.
+        let (a, b) = futures_join(l.release_node(&c, 202), l.release_node(&c, 201)).await;
+        let passed = (a.unwrap(), b.unwrap());
+        mine.wait(Instant::now() + Duration::from_secs(20))
+            .await
+            .expect("the survivor gets the lock");
+        assert!(mine.is_served());
+        assert_eq!(tbl.ticket_owners(LOCK), vec![(2, SURVIVOR)]);
+        assert_eq!(l.release_node(&c, 201).await.unwrap(), 0, "taken once");
+        (mine, passed)
+    });
+    assert_eq!(passed, (1, 1));
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        mine.release().await.unwrap();
+        drop(c);
+    });
+    assert_eq!(table.words(LOCK).0, 3);
+    assert_eq!(table.words(LOCK).1, 3, "every ticket passed exactly once");
+    assert_eq!(table.ticket_owners(LOCK), vec![]);
+}
+
+/// Await two futures concurrently on the current coroutine.
+async fn futures_join<A: std::future::Future, B: std::future::Future>(
+    a: A,
+    b: B,
+) -> (A::Output, B::Output) {
+    use std::pin::pin;
+    use std::task::Poll;
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(|cx| {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        if ra.is_some() && rb.is_some() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    (ra.unwrap(), rb.unwrap())
+}
+
+/// A client process holding a write lock and a read lock of a Lotus lock table is killed
+/// with SIGKILL; a survivor is refused until `release_node` releases them.
+#[test]
+fn lock_table_locks_of_a_killed_client_are_released() {
+    let cl = cluster("table");
+    let fabric = cl.open(SERVICE).unwrap();
+    let map = ShardMap::uniform(&[SERVICE]).unwrap();
+    let svc = Arc::new(TableService::new(
+        Arc::new(SlotTable::with_bytes(1 << 16)),
+        Ownership::new(SERVICE, map),
+    ));
+    let mut exports = BTreeMap::new();
+    exports.insert(TABLE_EXPORT.to_string(), svc.export());
+    let node = lockd_node(fabric, exports, svc.handlers(), 1);
+
+    let (mut child, n) = ChildProc::spawn(cl.name(), "table", 203, node.addr(), 0);
+    assert_eq!(n, 2);
+    assert_eq!(svc.table().slots_in_use(), 2);
+    child.kill();
+
+    let ctx = ThreadCtx::new(cl.open(SURVIVOR).unwrap(), runtime()).unwrap();
+    ctx.connect_rpc(node.addr()).unwrap();
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let tc = TableClient::connect(&c, &[SERVICE], None, TableClientConfig::default())
+            .await
+            .unwrap();
+        let want = [
+            table_op(7, 1, 5, SURVIVOR, OpKind::Lock(LockMode::Write)),
+            table_op(7, 2, 5, SURVIVOR, OpKind::Lock(LockMode::Write)),
+        ];
+        let o = tc.execute(&c, &want).await.unwrap();
+        assert_eq!(
+            o,
+            [
+                OpOutcome::Refused(Refusal::Conflict),
+                OpOutcome::Refused(Refusal::Conflict)
+            ],
+            "the dead client's locks are still held"
+        );
+        assert_eq!(tc.release_node(&c, 203).await.unwrap(), 2);
+        assert_eq!(tc.release_node(&c, 203).await.unwrap(), 0, "idempotent");
+        let o = tc.execute(&c, &want).await.unwrap();
+        assert_eq!(o, [OpOutcome::Granted, OpOutcome::Granted]);
+    });
+    assert_eq!(svc.table().slots_in_use(), 2, "the survivor's two locks");
+}
