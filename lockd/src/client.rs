@@ -386,6 +386,17 @@ impl LockClient {
         self.shared.heat.borrow().get(&id).copied()
     }
 
+    /// The heat mode to lock `id` in, by its heat as this client last observed it
+    /// ([`Self::heat`]; Scythe 4.2 and 4.3): [`Mode::Hot`] (TOCC) once more than the
+    /// service's ColdWatermark tickets were queued, as a cold request would then be
+    /// refused; [`Mode::Cold`] (OCC) otherwise, including a lock never observed.
+    pub fn mode_for(&self, id: u64) -> Mode {
+        match self.heat(id) {
+            Some(h) if h > self.export.cold_watermark => Mode::Hot,
+            _ => Mode::Cold,
+        }
+    }
+
     /// The current smoothed one-sided RTT to the service (zero before the first READ).
     pub fn srtt(&self) -> Duration {
         self.shared.srtt.get().get()

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use clap::Parser;
 use lockd::lock_table::{self, SLOTS_PER_BUCKET, SLOT_BYTES};
-use lockd::service::{LockTable, EXPORT_NAME};
+use lockd::service::{LockOrder, LockTable, EXPORT_NAME};
 use lockd::shard::{parse_shards, Ownership, ShardMap};
 use lockd::table_service::{TableService, TABLE_EXPORT};
 use lockd::takeout::Watermarks;
@@ -66,6 +66,10 @@ struct Cli {
     /// Version of the shard map the node starts with (>= 1; default 1).
     #[arg(long, value_name = "V")]
     map_version: Option<u64>,
+    /// Order of serving Lock RPCs that arrive together: "timestamp" (sorted by lock id
+    /// and timestamp, Scythe 4.4 Fig. 16; default) or "arrival".
+    #[arg(long, value_name = "ORDER")]
+    lock_order: Option<LockOrder>,
 }
 
 /// Settings of `lockd`, from `--config` (each field's default in its doc), overridden by
@@ -91,6 +95,8 @@ struct Config {
     shards: String,
     /// Initial shard-map version (default 1; >= 1).
     map_version: u64,
+    /// Lock RPC order, "timestamp" or "arrival" (default "timestamp").
+    lock_order: LockOrder,
 }
 
 impl Default for Config {
@@ -105,6 +111,7 @@ impl Default for Config {
             lock_table_slots: 1 << 20,
             shards: "0-4095".into(),
             map_version: 1,
+            lock_order: LockOrder::Timestamp,
         }
     }
 }
@@ -131,7 +138,7 @@ impl Config {
             cas_locks,
             dslr_locks
         );
-        flag!(lock_table_slots, shards, map_version);
+        flag!(lock_table_slots, shards, map_version, lock_order);
         c.validate()?;
         Ok(c)
     }
@@ -196,7 +203,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             word_tables.push(t);
         }
     }
-    let mut handlers = table.handlers();
+    let mut handlers = rrpc::server::Handlers::new();
+    table.register(&mut handlers, cfg.lock_order);
     lotus.register(&mut handlers);
     let node = Node::start(
         fabric.clone(),
@@ -223,6 +231,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         lock_table_buckets = lotus.table().n_buckets(),
         shards = %cfg.shards,
         map_version = cfg.map_version,
+        lock_order = ?cfg.lock_order,
         "lockd serving"
     );
     service::announce_ready(node.addr(), &[]).context("writing READY")?;
@@ -246,7 +255,7 @@ mod tests {
         let p = dir.join("lockd.toml");
         std::fs::write(
             &p,
-            "lock-table-slots = 4096\nshards = \"0-99\"\nthreads = 2\n",
+            "lock-table-slots = 4096\nshards = \"0-99\"\nthreads = 2\nlock-order = \"arrival\"\n",
         )
         .unwrap();
         let cli = Cli::parse_from([
@@ -264,6 +273,7 @@ mod tests {
             (4096, "0-99", 4)
         );
         assert_eq!(c.locks, 1 << 20, "default kept");
+        assert_eq!(c.lock_order, LockOrder::Arrival);
         std::fs::write(&p, "no-such-key = 1\n").unwrap();
         assert!(Config::load(&cli).is_err(), "unknown keys are errors");
         let bad = Cli::parse_from(["lockd", "--node", "3", "--shards", "0-5000"]);

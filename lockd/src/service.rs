@@ -45,6 +45,36 @@ pub struct LocksExport {
     pub hot_watermark: u64,
 }
 
+/// The order in which the Lock RPCs that reach the service together are served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockOrder {
+    /// As they arrive, each on the server thread that received it.
+    Arrival,
+    /// Scythe 4.4, Fig. 16: the Lock RPCs all server threads received since the last
+    /// batch are sorted by (lock id, timestamp) and served in that order, so tickets of
+    /// one lock go out in timestamp order and a request whose timestamp is older than a
+    /// concurrent one's is not refused by `queued_ts` (Fig. 14, line 5) only because it
+    /// arrived second. A request with several entries is sorted by its first entry.
+    #[default]
+    Timestamp,
+}
+
+impl std::str::FromStr for LockOrder {
+    type Err = String;
+
+    /// `arrival` or `timestamp`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "arrival" => Ok(Self::Arrival),
+            "timestamp" => Ok(Self::Timestamp),
+            _ => Err(format!(
+                "unknown lock order {s:?}: expected arrival or timestamp"
+            )),
+        }
+    }
+}
+
 /// Errors creating a [`LockTable`].
 #[derive(Debug, thiserror::Error)]
 pub enum LockTableError {
@@ -54,6 +84,14 @@ pub enum LockTableError {
     /// Registering the table memory failed.
     #[error("allocating the lock table: {0}")]
     Fabric(#[from] FabricError),
+}
+
+/// The (lock id, timestamp) of a Lock RPC's first entry, which [`LockOrder::Timestamp`]
+/// sorts by; `None` (an error reply) for a request too short to have one.
+fn sort_key(req: &[u8]) -> Option<(u64, u64)> {
+    let id = u64::from_le_bytes(req.get(0..8)?.try_into().ok()?);
+    let ts = u64::from_le_bytes(req.get(8..16)?.try_into().ok()?);
+    Some((id, ts))
 }
 
 /// One cache line per stripe so neighbouring stripes do not share a line. The mutex
@@ -229,17 +267,34 @@ impl LockTable {
         Ok(())
     }
 
-    /// RPC handlers serving this table ([`LOCK_HANDLER`], [`RELEASE_NODE_HANDLER`]).
+    /// RPC handlers serving this table ([`LOCK_HANDLER`] in [`LockOrder::Arrival`],
+    /// [`RELEASE_NODE_HANDLER`]).
     pub fn handlers(self: &Arc<Self>) -> rrpc::server::Handlers {
         let mut h = rrpc::server::Handlers::new();
-        self.register(&mut h);
+        self.register(&mut h, LockOrder::Arrival);
         h
     }
 
-    /// Register this table's handlers on `h` (to serve it beside other services).
-    pub fn register(self: &Arc<Self>, h: &mut rrpc::server::Handlers) {
+    /// Register this table's handlers on `h` (to serve it beside other services), the
+    /// Lock RPC served in `order`.
+    pub fn register(self: &Arc<Self>, h: &mut rrpc::server::Handlers, order: LockOrder) {
         let me = self.clone();
-        h.register(LOCK_HANDLER, move |req, out| me.handle(req, out));
+        match order {
+            LockOrder::Arrival => {
+                h.register(LOCK_HANDLER, move |req, out| me.handle(req, out));
+            }
+            LockOrder::Timestamp => {
+                h.register_sorted(LOCK_HANDLER, sort_key, move |batch, results| {
+                    for r in batch {
+                        let mut out = Vec::with_capacity(
+                            r.payload.len() / crate::wire::REQ_ENTRY_BYTES
+                                * crate::wire::REPLY_ENTRY_BYTES,
+                        );
+                        results.push(me.handle(r.payload, &mut out).map(|()| out));
+                    }
+                });
+            }
+        }
         let me = self.clone();
         h.register(RELEASE_NODE_HANDLER, move |req, out| {
             me.handle_release_node(req, out)
