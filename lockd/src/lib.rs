@@ -14,6 +14,8 @@
 //! - [`table_service`], [`table_wire`]: the lock table served over rrpc for a node's
 //!   shards with batched messages, its client (grouping by node, wrong-shard retries),
 //!   release of a failed node's locks, and the driver of a resharding move;
+//! - [`reshard`]: the periodic resharding loop (per-node load meters, the decision over
+//!   intervals as a plain state machine, and the coroutine that drives moves);
 //! - [`shard`]: Lotus's lock keys (shard in the low 12 bits), the versioned shard-to-node
 //!   map, and pass-by-range resharding as plain state machines (Lotus 4.2, 4.3);
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
@@ -48,6 +50,7 @@ pub mod dslr;
 pub mod kinds;
 pub mod lock_table;
 pub mod owners;
+pub mod reshard;
 pub mod service;
 pub mod shard;
 pub mod table_service;
