@@ -157,6 +157,11 @@ impl TableService {
             .count_held(|k| range.contains(&LockKey(k).shard()))
     }
 
+    /// The range being drained for a move, if any.
+    pub fn draining(&self) -> Option<Range<u16>> {
+        self.own().draining()
+    }
+
     /// Serve the draining range again (a cancelled move).
     pub fn cancel_drain(&self) {
         self.own_mut().cancel_drain();

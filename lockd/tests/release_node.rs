@@ -8,14 +8,11 @@
 //! by themselves after a minute, and every wait and call has a timeout.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockd::client::{Grant, LockClient, LockError, LockRequest, Mode, Ticket};
+use lockd::client::{LockClient, LockError, LockRequest, Mode, Ticket};
 use lockd::lock_table::{LockMode, LockTable as SlotTable, Refusal};
 use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::shard::{LockKey, Ownership, ShardMap};
@@ -23,15 +20,13 @@ use lockd::table_service::{TableClient, TableClientConfig, TableService, TABLE_E
 use lockd::table_wire::{OpKind, OpOutcome, TableOp};
 use lockd::takeout::Watermarks;
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
 
 mod common;
-use common::lockd_node;
+use common::{lockd_node, ChildProc, CHILD_LOCK as LOCK, CHILD_SHARD};
 
 const SERVICE: u32 = 1;
 const SURVIVOR: u32 = 100;
-const LOCK: u64 = 3;
 
 fn cluster(name: &str) -> ClusterGuard {
     let c = format!("lockd-rn-{}-{name}", std::process::id());
@@ -45,128 +40,10 @@ fn runtime() -> RuntimeConfig {
     }
 }
 
-/// A child process running [`child_process`] in `role`; killed (SIGKILL) when dropped.
-struct ChildProc(Child);
-
-impl ChildProc {
-    /// Start the child and wait for its `READY <n>` line; returns it and `n`.
-    fn spawn(cluster: &str, role: &str, node: u32, server: SocketAddr, ts: u64) -> (Self, u64) {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_process",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("LOCKD_CHILD_ROLE", role)
-            .env("LOCKD_CHILD_CLUSTER", cluster)
-            .env("LOCKD_CHILD_NODE", node.to_string())
-            .env("LOCKD_CHILD_SERVER", server.to_string())
-            .env("LOCKD_CHILD_TS", ts.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        // The harness may print "test child_process ... " on the same line. The child
-        // exits on its own after a minute, which ends this loop if it never gets ready.
-        let n = out.lines().map_while(Result::ok).find_map(|l| {
-            let i = l.find("READY ")?;
-            l[i + 6..].trim().parse::<u64>().ok()
-        });
-        let mut me = Self(child);
-        let Some(n) = n else {
-            me.kill();
-            panic!("child {role} (node {node}) did not get ready");
-        };
-        (me, n)
-    }
-
-    /// SIGKILL, and reap.
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for ChildProc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The child process body; a no-op unless run by [`ChildProc::spawn`]. Roles:
-/// `takeout` takes a ticket on [`LOCK`] with timestamp `LOCKD_CHILD_TS` and prints
-/// `READY <ticket>`; `table` write-locks key (7, 1) and read-locks key (7, 2) as
-/// transaction 1 of its node and prints `READY 2`. Then it holds them until killed (or
-/// a minute passes, or its stdin closes).
+/// The child process body (see [`common::child_main`]); a no-op unless run as a child.
 #[test]
 fn child_process() {
-    let Ok(role) = std::env::var("LOCKD_CHILD_ROLE") else {
-        return;
-    };
-    std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(60));
-        std::process::exit(1);
-    });
-    let var = |k: &str| std::env::var(k).unwrap();
-    let node: u32 = var("LOCKD_CHILD_NODE").parse().unwrap();
-    let server: SocketAddr = var("LOCKD_CHILD_SERVER").parse().unwrap();
-    let ts: u64 = var("LOCKD_CHILD_TS").parse().unwrap();
-    let kind = FabricKind::from_env().unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(kind, &var("LOCKD_CHILD_CLUSTER"), node)).unwrap();
-    let ctx = ThreadCtx::new(fabric, runtime()).unwrap();
-    let info = ctx.connect_rpc(server).unwrap();
-    let c = ctx.clone();
-    // What the child holds lives until the process dies.
-    let held: Box<dyn std::any::Any> = match role.as_str() {
-        "takeout" => {
-            let lc = LockClient::from_info(&info).unwrap();
-            let t = block_on(&ctx, async move {
-                let req = LockRequest {
-                    id: LOCK,
-                    ts,
-                    mode: Mode::Hot,
-                };
-                match lc.lock(&c, &[req]).await.unwrap().remove(0) {
-                    Grant::Queued(t) => t,
-                    Grant::Refused(r) => panic!("refused: {r:?}"),
-                }
-            });
-            println!("READY {}", t.number());
-            Box::new(t)
-        }
-        "table" => {
-            let n = block_on(&ctx, async move {
-                let tc = TableClient::connect(&c, &[info.node], None, TableClientConfig::default())
-                    .await
-                    .unwrap();
-                let ops = [
-                    table_op(7, 1, 1, node, OpKind::Lock(LockMode::Write)),
-                    table_op(7, 2, 1, node, OpKind::Lock(LockMode::Read)),
-                ];
-                let o = tc.execute(&c, &ops).await.unwrap();
-                assert_eq!(o, [OpOutcome::Granted, OpOutcome::Granted]);
-                o.len()
-            });
-            println!("READY {n}");
-            Box::new(())
-        }
-        other => panic!("unknown child role {other}"),
-    };
-    std::io::stdout().flush().unwrap();
-    let _ = std::io::stdin().read_line(&mut String::new());
-    drop(held);
-    std::process::exit(0);
-}
-
-fn table_op(shard: u64, rest: u64, txn: u64, node: u32, kind: OpKind) -> TableOp {
-    TableOp {
-        key: LockKey::compose(1, shard, rest).unwrap(),
-        txn,
-        node,
-        kind,
-    }
+    common::child_main();
 }
 
 /// A holder (node 201) and a waiter queued behind it (node 202) are killed with SIGKILL;
@@ -301,8 +178,8 @@ fn lock_table_locks_of_a_killed_client_are_released() {
             .await
             .unwrap();
         let want = [
-            table_op(7, 1, 5, SURVIVOR, OpKind::Lock(LockMode::Write)),
-            table_op(7, 2, 5, SURVIVOR, OpKind::Lock(LockMode::Write)),
+            table_op(CHILD_SHARD, 1, 5, SURVIVOR, OpKind::Lock(LockMode::Write)),
+            table_op(CHILD_SHARD, 2, 5, SURVIVOR, OpKind::Lock(LockMode::Write)),
         ];
         let o = tc.execute(&c, &want).await.unwrap();
         assert_eq!(
@@ -319,4 +196,13 @@ fn lock_table_locks_of_a_killed_client_are_released() {
         assert_eq!(o, [OpOutcome::Granted, OpOutcome::Granted]);
     });
     assert_eq!(svc.table().slots_in_use(), 2, "the survivor's two locks");
+}
+
+fn table_op(shard: u64, rest: u64, txn: u64, node: u32, kind: OpKind) -> TableOp {
+    TableOp {
+        key: LockKey::compose(1, shard, rest).unwrap(),
+        txn,
+        node,
+        kind,
+    }
 }

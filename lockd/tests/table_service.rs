@@ -19,7 +19,7 @@ use rrpc::node::Node;
 use rrpc::runtime::{block_on, CallError, RuntimeConfig, ThreadCtx};
 
 mod common;
-use common::lockd_node;
+use common::{lockd_node, ChildProc, CHILD_SHARD};
 
 const CLIENT: u32 = 100;
 const R: OpKind = OpKind::Lock(LockMode::Read);
@@ -397,4 +397,140 @@ fn two_lockd_processes_serve_their_shards() {
         assert_eq!(o, [OpOutcome::Granted, OpOutcome::Released]);
     });
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The child process body (see [`common::child_main`]); a no-op unless run as a child.
+#[test]
+fn child_process() {
+    common::child_main();
+}
+
+/// The resharding loop (Lotus 4.3) across processes: node 1's coordinators report high
+/// latencies and lock on shard 7 while node 2 idles, so after three intervals over the
+/// loop moves shard 7 to node 2. A client process holds locks on shard 7 meanwhile: the
+/// move drains (node 1 refuses new locks there, node 2 grants none) until the child
+/// releases, then publishes the map, and a client is served by node 2.
+#[test]
+fn resharding_loop_moves_a_hot_shard_with_locks_held_by_another_process() {
+    use lockd::reshard::{run_loop, LoopConfig, MoveReport};
+    use lockd::shard::ReshardConfig;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    let cl = cluster("loop");
+    let map = ShardMap::uniform(&[1, 2]).unwrap();
+    let (s1, n1) = start(&cl, 1, &map);
+    let (s2, n2) = start(&cl, 2, &map);
+    let (mut child, held) = ChildProc::spawn(cl.name(), "table", 203, n1.addr(), 0);
+    assert_eq!(held, 2);
+    assert_eq!(s1.held_in(CHILD_SHARD as u16..CHILD_SHARD as u16 + 1), 2);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reports: Arc<Mutex<Vec<MoveReport>>> = Arc::default();
+    // Node 1's own coordinators (the embedded placement): lock and unlock keys of shard
+    // 7 and report slow transactions.
+    let feeder = {
+        let (s1, stop) = (s1.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::Acquire) {
+                let k = key(CHILD_SHARD, 100 + i % 50);
+                let mut o = Vec::new();
+                s1.apply(
+                    &[
+                        TableOp {
+                            key: k,
+                            txn: 99,
+                            node: 1,
+                            kind: W,
+                        },
+                        TableOp {
+                            key: k,
+                            txn: 99,
+                            node: 1,
+                            kind: U,
+                        },
+                    ],
+                    &mut o,
+                );
+                s1.meter().record_latency(Duration::from_millis(5));
+                i += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let looper = {
+        let (fabric, addrs, stop, reports) = (
+            cl.open(CLIENT).unwrap(),
+            [n1.addr(), n2.addr()],
+            stop.clone(),
+            reports.clone(),
+        );
+        std::thread::spawn(move || {
+            let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
+            for a in addrs {
+                ctx.connect_rpc(a).unwrap();
+            }
+            let cfg = LoopConfig {
+                policy: ReshardConfig {
+                    // Long enough that the held locks delay the move, never cancel it.
+                    drain_timeout: Duration::from_secs(30),
+                    ..ReshardConfig::default()
+                },
+                interval: Duration::from_millis(20),
+                drain_poll: Duration::from_millis(1),
+            };
+            let c = ctx.clone();
+            block_on(&ctx, async move {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let stop_fn = || stop.load(Ordering::Acquire) || Instant::now() > deadline;
+                let mut on_move = |r: &MoveReport| {
+                    reports.lock().unwrap().push(r.clone());
+                    stop.store(true, Ordering::Release);
+                };
+                run_loop(&c, &[1, 2], cfg, &stop_fn, &mut on_move).await
+            })
+        })
+    };
+    // The loop decides and begins draining a range holding shard 7.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let range = loop {
+        if let Some(r) = s1.draining() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the loop never began a move");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(range.contains(&(CHILD_SHARD as u16)), "{range:?}");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(s1.map().version(), 1, "the held locks delay the move");
+    assert_eq!(s2.held_in(range.clone()), 0, "node 2 granted nothing");
+    child.release();
+    let r = looper.join().unwrap();
+    stop.store(true, Ordering::Release);
+    feeder.join().unwrap();
+    r.unwrap();
+    let reports = reports.lock().unwrap().clone();
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(
+        (reports[0].from, reports[0].to, reports[0].state),
+        (1, 2, MoveState::Published { version: 2 })
+    );
+    assert_eq!((s1.map().version(), s2.map().version()), (2, 2));
+    assert_eq!(s2.map().owner(CHILD_SHARD as u16), 2);
+    // A client with the old map is sent to node 2, which grants the child's old key.
+    let ctx = ThreadCtx::new(cl.open(CLIENT + 1).unwrap(), RuntimeConfig::default()).unwrap();
+    ctx.connect_rpc(n1.addr()).unwrap();
+    ctx.connect_rpc(n2.addr()).unwrap();
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let tc = TableClient::new(map, None, TableClientConfig::default());
+        let k = key(CHILD_SHARD, 1);
+        assert_eq!(
+            tc.execute(&c, &[op(k, 5, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        assert_eq!(tc.map().version(), 2);
+    });
+    assert_eq!(s2.held_in(range), 1);
 }
