@@ -33,6 +33,10 @@
 //! - [`kinds`]: one client API over the three locks ([`kinds::LockKind`]), so a benchmark
 //!   can swap them by name.
 //!
+//! [`embed::LockService`] is the whole service as one value (Takeout table, Lotus table,
+//! word tables, resharding loop), configured by [`embed::LockServiceConfig`] (the TOML
+//! file): the `lockd` binary runs one, and a compute-node process can embed one.
+//!
 //! The `lockd` binary serves a table over an `rrpc` node (and, with `--cas-locks` /
 //! `--dslr-locks`, the baselines' word tables); the same [`service::LockTable`] can be
 //! embedded in any process that runs an `rrpc` node; it also serves a Lotus lock table for
@@ -47,6 +51,7 @@ pub mod baseline;
 pub mod cas;
 pub mod client;
 pub mod dslr;
+pub mod embed;
 pub mod kinds;
 pub mod lock_table;
 pub mod owners;
