@@ -185,6 +185,7 @@ impl LockClient {
             shared: Shared {
                 node: info.node,
                 srtt: Rc::new(Cell::new(SmoothedRtt::default())),
+                lag: Rc::new(Cell::new(SmoothedRtt::default())),
                 lost: Rc::new(Cell::new(0)),
                 release_wait: DEFAULT_RELEASE_WAIT,
                 heat: Rc::default(),
@@ -355,20 +356,22 @@ impl LockClient {
     }
 
     /// One READ of lock `id`'s lower, upper and queued_ts (24 bytes), as validation uses
-    /// to detect "locked or queued by another". Its round trip updates the smoothed RTT.
+    /// to detect "locked or queued by another". Its network round trip updates the
+    /// smoothed RTT, the rest of its time the scheduling lag (see [`Self::srtt`]).
     ///
     /// Errors: [`LockError::Rpc`], [`LockError::InvalidRequest`].
     pub async fn read_state(&self, ctx: &ThreadCtx, id: u64) -> Result<LockState, LockError> {
         self.check_id(id)?;
-        let start = quanta::Instant::now();
-        let b = ctx
-            .read(
+        let issued = std::time::Instant::now();
+        let (b, timing) = ctx
+            .read_timed(
                 self.node(),
                 self.lock_addr(id),
                 (QUEUED_TS_OFF + 8) as usize,
             )
             .await?;
-        self.shared.sample_rtt(start.elapsed());
+        self.shared
+            .sample_poll(issued, timing, std::time::Instant::now());
         let st = LockState {
             lower: word(&b, 0)?,
             upper: word(&b, 8)?,
@@ -397,9 +400,19 @@ impl LockClient {
         }
     }
 
-    /// The current smoothed one-sided RTT to the service (zero before the first READ).
+    /// The current smoothed one-sided RTT to the service (Scythe 4.3, Equation 2, alpha
+    /// 0.9; zero before the first READ): network only, from each READ's doorbell to the
+    /// polling round that took its completion (`rrpc::runtime::ThreadCtx::read_timed`),
+    /// without the time the polling coroutine waited to be scheduled.
     pub fn srtt(&self) -> Duration {
         self.shared.srtt.get().get()
+    }
+
+    /// The smoothed time a READ of this client spent waiting for the thread's scheduler
+    /// (before its doorbell and after its completion), smoothed as [`Self::srtt`]. A
+    /// Hangout is (tickets ahead) x (`srtt` + `sched_lag`): see [`crate::ticket`].
+    pub fn sched_lag(&self) -> Duration {
+        self.shared.lag.get().get()
     }
 }
 

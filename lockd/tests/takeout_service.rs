@@ -718,3 +718,47 @@ fn heat_moves_a_lock_between_cold_and_hot_mode() {
         assert_eq!(lc.mode_for(LOCK), Mode::Cold, "drained: cold again");
     });
 }
+
+/// The smoothed RTT is the network's (doorbell to completion), not the time a poll waits
+/// for its coroutine to run: with a coroutine that blocks its thread for a millisecond
+/// every round, the READs' scheduling lag grows and their RTT does not. (shm only: there a
+/// READ completes in the round that posts it; a slower fabric would fold the blocked
+/// round into the network time.)
+#[test]
+fn srtt_measures_the_network_not_the_scheduler() {
+    if FabricKind::from_env().unwrap() != FabricKind::Shm {
+        return;
+    }
+    let cluster = cluster("srtt");
+    let svc = start_service(&cluster, 8, 1);
+    let (ctx, lc) = client(&cluster, svc.node.addr());
+    let done = Rc::new(Cell::new(false));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, lc, done) = (ctx.clone(), lc.clone(), done.clone());
+        ex.spawn(async move {
+            for _ in 0..20 {
+                lc.read_state(&ctx, 1).await.unwrap();
+            }
+            done.set(true);
+        });
+    }
+    {
+        let (ctx, done) = (ctx.clone(), done.clone());
+        ex.spawn(async move {
+            while !done.get() {
+                // Hog the thread: every other coroutine of the round waits.
+                std::thread::sleep(Duration::from_millis(1));
+                ctx.yield_now().await;
+            }
+        });
+    }
+    ex.run();
+    let (srtt, lag) = (lc.srtt(), lc.sched_lag());
+    eprintln!("srtt {srtt:?}, scheduling lag {lag:?}");
+    assert!(srtt > Duration::ZERO);
+    assert!(
+        lag > srtt,
+        "the hog's millisecond per round is scheduling lag, not network: {srtt:?} vs {lag:?}"
+    );
+}
