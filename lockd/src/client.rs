@@ -408,6 +408,13 @@ impl LockClient {
         self.shared.srtt.get().get()
     }
 
+    /// The Hangout (Scythe 4.3, Equation 3) for `ahead` tickets ahead, as this client's
+    /// tickets wait between polls: `ahead x (srtt + sched_lag)` (see [`crate::ticket`]).
+    /// Also a sensible pause before retrying a refused Lock RPC, with the refusal's queue.
+    pub fn hangout(&self, ahead: u64) -> Duration {
+        self.shared.hangout(ahead)
+    }
+
     /// The smoothed time a READ of this client spent waiting for the thread's scheduler
     /// (before its doorbell and after its completion), smoothed as [`Self::srtt`]. A
     /// Hangout is (tickets ahead) x (`srtt` + `sched_lag`): see [`crate::ticket`].

@@ -21,9 +21,27 @@ pub struct NodeTicket {
 }
 
 /// Outstanding tickets per lock, each with the node that took it, in ticket order.
-#[derive(Debug, Default)]
+///
+/// Memory stays proportional to the locks with outstanding tickets: a lock's record is
+/// pruned when it is locked again, and once the record spans more than twice the locks
+/// it held after the last sweep (at least [`SWEEP_MIN_LOCKS`]), [`Self::sweep_if_large`]
+/// prunes them all (amortized O(1) per ticket).
+#[derive(Debug)]
 pub struct TicketOwners {
     by_lock: HashMap<u64, VecDeque<(u64, u32)>>,
+    sweep_at: usize,
+}
+
+/// Locks a record may span before its first sweep.
+pub const SWEEP_MIN_LOCKS: usize = 64;
+
+impl Default for TicketOwners {
+    fn default() -> Self {
+        Self {
+            by_lock: HashMap::new(),
+            sweep_at: SWEEP_MIN_LOCKS,
+        }
+    }
 }
 
 /// Whether ticket `t` is still queued or holding on a lock whose words are
@@ -86,6 +104,21 @@ impl TicketOwners {
         out
     }
 
+    /// When the record spans more locks than the sweep threshold, forget every ticket no
+    /// longer outstanding (`words(id)` gives lock `id`'s current `(lower, upper)`) and
+    /// set the threshold to twice the locks left (at least [`SWEEP_MIN_LOCKS`]).
+    pub fn sweep_if_large(&mut self, mut words: impl FnMut(u64) -> (u64, u64)) {
+        if self.by_lock.len() <= self.sweep_at {
+            return;
+        }
+        self.by_lock.retain(|&id, q| {
+            let (lower, upper) = words(id);
+            q.retain(|&(t, _)| outstanding(t, lower, upper));
+            !q.is_empty()
+        });
+        self.sweep_at = (2 * self.by_lock.len()).max(SWEEP_MIN_LOCKS);
+    }
+
     /// Lock `id`'s recorded tickets with their nodes, in ticket order (for monitoring and
     /// tests; may include tickets already passed if the record was not pruned since).
     pub fn of_lock(&self, id: u64) -> Vec<(u64, u32)> {
@@ -146,6 +179,27 @@ mod tests {
             vec![NodeTicket { id: 1, ticket: 11 }]
         );
         assert_eq!(o.locks(), 0);
+    }
+
+    #[test]
+    fn sweeps_keep_the_record_to_the_locks_still_queued() {
+        let mut o = TicketOwners::new();
+        // 1,000 locks each locked once and released (upper 1), lock 5 still held.
+        let words = |id: u64| if id == 5 { (1, 0) } else { (1, 1) };
+        for id in 0..1000 {
+            o.record(id, 0, 1, 1, 0);
+            o.sweep_if_large(words);
+            assert!(
+                o.locks() <= SWEEP_MIN_LOCKS + 1,
+                "{} locks recorded",
+                o.locks()
+            );
+        }
+        assert_eq!(
+            o.of_lock(5),
+            vec![(0, 1)],
+            "the held ticket survives sweeps"
+        );
     }
 
     #[test]

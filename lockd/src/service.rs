@@ -182,6 +182,7 @@ impl LockTable {
         );
         if r.granted_queue {
             owners.record(req.id, r.ticket, node, r.ticket.wrapping_add(1), r.upper);
+            owners.sweep_if_large(|id| self.lower_upper(id));
         }
         r
     }
@@ -196,7 +197,6 @@ impl LockTable {
     /// Only for a node known to be dead and cut off: a live node would release its
     /// tickets too, and `upper` would advance twice for one ticket.
     pub fn take_node_tickets(&self, node: u32, max: usize) -> Vec<NodeTicket> {
-        use std::sync::atomic::Ordering::Acquire;
         let mut out = Vec::new();
         for stripe in self.stripes.iter() {
             let mut owners = stripe.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -206,16 +206,20 @@ impl LockTable {
             if owners.locks() == 0 {
                 continue;
             }
-            out.extend(owners.take_node(node, max - out.len(), |id| {
-                let base = (id * LOCK_STRIDE) as usize;
-                (
-                    self.mr.atomic_u64(base + LOWER_OFF as usize).load(Acquire),
-                    self.mr.atomic_u64(base + UPPER_OFF as usize).load(Acquire),
-                )
-            }));
+            out.extend(owners.take_node(node, max - out.len(), |id| self.lower_upper(id)));
         }
         out.sort_unstable();
         out
+    }
+
+    /// Lock `id`'s `(lower, upper)`.
+    fn lower_upper(&self, id: u64) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Acquire;
+        let base = (id * LOCK_STRIDE) as usize;
+        (
+            self.mr.atomic_u64(base + LOWER_OFF as usize).load(Acquire),
+            self.mr.atomic_u64(base + UPPER_OFF as usize).load(Acquire),
+        )
     }
 
     /// The nodes recorded for lock `id`'s tickets, in ticket order, after forgetting the
