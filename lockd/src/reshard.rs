@@ -155,7 +155,8 @@ impl LoadSample {
     ///
     /// Errors: [`SampleError`] for a bad length or shard.
     pub fn decode(b: &[u8]) -> Result<Self, SampleError> {
-        if b.len() < SAMPLE_HEADER_BYTES || (b.len() - SAMPLE_HEADER_BYTES) % SHARD_ENTRY_BYTES != 0
+        if b.len() < SAMPLE_HEADER_BYTES
+            || !(b.len() - SAMPLE_HEADER_BYTES).is_multiple_of(SHARD_ENTRY_BYTES)
         {
             return Err(SampleError::BadLength(b.len()));
         }

@@ -315,7 +315,7 @@ pub fn encode_node_tickets(t: &[NodeTicket], out: &mut Vec<u8>) {
 ///
 /// Errors: [`WireError::BadLength`] for a length that is not a whole number of entries.
 pub fn decode_node_tickets(b: &[u8]) -> Result<Vec<NodeTicket>, WireError> {
-    if b.len() % NODE_TICKET_BYTES != 0 {
+    if !b.len().is_multiple_of(NODE_TICKET_BYTES) {
         return Err(WireError::BadLength {
             len: b.len(),
             entry: NODE_TICKET_BYTES,

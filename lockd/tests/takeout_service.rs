@@ -587,6 +587,9 @@ fn replies_and_polls_report_the_heat() {
     assert_eq!(svc.table.words(LOCK), (4, 4, 4));
 }
 
+/// A request's timestamp and the ticket it got (`None`: refused).
+type Outcome = (u64, Option<u64>);
+
 /// Lock RPCs sent together by coroutines of one thread (one doorbell batch), newest
 /// timestamp first. Served in timestamp order (Scythe 4.4, Fig. 16) they all queue, in
 /// timestamp order; served in arrival order, every one behind the newest is refused by
@@ -599,7 +602,7 @@ fn timestamp_order_queues_a_round_by_timestamp() {
         let cluster = cluster(&format!("order-{order:?}"));
         let svc = start_ordered(&cluster, 8, 2, order);
         let (ctx, lc) = client(&cluster, svc.node.addr());
-        let replies: Rc<RefCell<Vec<(u64, Option<u64>)>>> = Rc::default();
+        let replies: Rc<RefCell<Vec<Outcome>>> = Rc::default();
         let tickets: Rc<RefCell<Vec<Ticket>>> = Rc::default();
         let mut ex = Executor::new(ctx.clone());
         for i in 0..N {
@@ -629,8 +632,7 @@ fn timestamp_order_queues_a_round_by_timestamp() {
         got.sort_unstable();
         match order {
             LockOrder::Timestamp => {
-                let want: Vec<(u64, Option<u64>)> =
-                    (0..N).map(|i| (50 + 10 * i, Some(i))).collect();
+                let want: Vec<Outcome> = (0..N).map(|i| (50 + 10 * i, Some(i))).collect();
                 assert_eq!(
                     got, want,
                     "every request queued, tickets in timestamp order"
