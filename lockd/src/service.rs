@@ -311,3 +311,27 @@ impl LockTable {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::takeout::Mode;
+    use crate::wire::encode_request;
+
+    #[test]
+    fn timestamp_order_sorts_by_timestamp_alone() {
+        let req = |id, ts| LockRequest {
+            id,
+            ts,
+            mode: Mode::Hot,
+        };
+        let mut a = Vec::new();
+        encode_request(&[req(9, 10), req(2, 10)], 1, &mut a).unwrap();
+        let mut b = Vec::new();
+        encode_request(&[req(2, 12)], 1, &mut b).unwrap();
+        // Sorted by first lock, b (lock 2) would go before a (lock 9) and a's entry on
+        // lock 2 would be refused: by timestamp, a goes first.
+        assert!(sort_key(&a).unwrap() < sort_key(&b).unwrap());
+        assert_eq!(sort_key(&a[..15]), None, "too short to have a timestamp");
+    }
+}
