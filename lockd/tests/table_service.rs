@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use lockd::lock_table::{LockMode, LockTable, Refusal};
 use lockd::shard::{LockKey, Move, MoveState, Ownership, ShardMap};
-use lockd::table_service::{run_move, TableClient, TableClientConfig, TableService, TABLE_EXPORT};
+use lockd::table_service::{
+    fetch_map, run_move, TableClient, TableClientConfig, TableService, TABLE_EXPORT,
+};
 use lockd::table_wire::{OpKind, OpOutcome, TableOp, TABLE_OPS_HANDLER};
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::node::Node;
@@ -533,4 +535,81 @@ fn resharding_loop_moves_a_hot_shard_with_locks_held_by_another_process() {
         assert_eq!(tc.map().version(), 2);
     });
     assert_eq!(s2.held_in(range), 1);
+}
+
+/// The resharding loop in a real `lockd` process (`--reshard-nodes`): node 11 runs it over
+/// itself and node 12. Clients lock only on node 12's shard 3000, so node 12 is the one
+/// with latency while node 11 idles; after three intervals over, the loop moves a range
+/// around shard 3000 to node 11, and the clients follow the new map. SIGTERM then stops
+/// node 11, its loop thread included, cleanly.
+#[test]
+fn a_lockd_process_runs_the_resharding_loop() {
+    let cl = cluster("procloop");
+    let common = ["--locks", "8", "--lock-table-slots", "4096"];
+    let (_b, b) = Proc::spawn(
+        cl.name(),
+        &[&["--node", "12", "--shards", "2048-4095"][..], &common].concat(),
+    );
+    let b_addr = b.to_string();
+    let (mut a_proc, a) = Proc::spawn(
+        cl.name(),
+        &[
+            &[
+                "--node",
+                "11",
+                "--shards",
+                "0-2047",
+                "--reshard-nodes",
+                &b_addr,
+                "--reshard-interval-ms",
+                "10",
+            ][..],
+            &common,
+        ]
+        .concat(),
+    );
+    let ctx = ctx(&cl, &[a, b]);
+    let c = ctx.clone();
+    let moved = block_on(&ctx, async move {
+        let tc = TableClient::connect(&c, &[11, 12], None, TableClientConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(tc.map().owner(3000), 12);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut i = 0u64;
+        while Instant::now() < deadline {
+            let k = key(3000, i % 1000);
+            // Lock, then unlock (one `execute` may reorder what it retries).
+            match tc.execute(&c, &[op(k, 1, W)]).await.unwrap()[..] {
+                [OpOutcome::Granted] => {
+                    let o = tc.execute(&c, &[op(k, 1, U)]).await.unwrap();
+                    assert_eq!(o, [OpOutcome::Released]);
+                }
+                [OpOutcome::Moving] => {}
+                ref o => panic!("{o:?}"),
+            }
+            i += 1;
+            if i % 64 == 0 {
+                let m = fetch_map(&c, 11).await.unwrap();
+                if m.owner(3000) == 11 {
+                    return Some(m.version());
+                }
+            }
+        }
+        None
+    });
+    let version = moved.expect("the loop never moved shard 3000 to the idle node");
+    assert!(version >= 2);
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is our own child's.
+    let rc = unsafe { libc::kill(a_proc.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = a_proc.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "lockd did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
 }
