@@ -589,7 +589,7 @@ fn a_lockd_process_runs_the_resharding_loop() {
                 ref o => panic!("{o:?}"),
             }
             i += 1;
-            if i % 64 == 0 {
+            if i.is_multiple_of(64) {
                 let m = fetch_map(&c, 11).await.unwrap();
                 if m.owner(3000) == 11 {
                     return Some(m.version());
