@@ -19,7 +19,10 @@ use rrpc::runtime::{RpcError, ThreadCtx};
 use crate::service::{LocksExport, EXPORT_NAME};
 use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
 use crate::ticket::Shared;
-use crate::wire::{decode_reply, encode_request, LOCK_HANDLER, MAX_ENTRIES};
+use crate::wire::{
+    decode_node_tickets, decode_reply, encode_release_node, encode_request, LOCK_HANDLER,
+    MAX_ENTRIES, RELEASE_NODE_HANDLER,
+};
 
 pub use crate::takeout::{LockReply, Mode, RefuseReason};
 pub use crate::ticket::Ticket;
@@ -28,6 +31,9 @@ pub use crate::wire::LockRequest;
 /// How long a release waits for its ticket's turn before it reports the lock lost
 /// (default of [`LockClient::set_release_wait`]).
 pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Most tickets of a failed node handed over by one release-node RPC (16 bytes each).
+pub const RELEASE_NODE_BATCH: usize = 256;
 
 /// Errors of lock-client operations.
 #[derive(Debug, thiserror::Error)]
@@ -180,6 +186,7 @@ impl LockClient {
             shared: Shared {
                 node: info.node,
                 srtt: Rc::new(Cell::new(SmoothedRtt::default())),
+                lag: Rc::new(Cell::new(SmoothedRtt::default())),
                 lost: Rc::new(Cell::new(0)),
                 release_wait: DEFAULT_RELEASE_WAIT,
                 heat: Rc::default(),
@@ -263,7 +270,8 @@ impl LockClient {
             }
         }
         let mut buf = Vec::with_capacity(reqs.len() * crate::wire::REQ_ENTRY_BYTES);
-        encode_request(reqs, &mut buf).map_err(|e| LockError::InvalidRequest(e.to_string()))?;
+        encode_request(reqs, ctx.fabric().node().get(), &mut buf)
+            .map_err(|e| LockError::InvalidRequest(e.to_string()))?;
         let resp = ctx.call(self.node(), LOCK_HANDLER, &buf).await?;
         let replies =
             decode_reply(&resp, reqs.len()).map_err(|e| LockError::Protocol(e.to_string()))?;
@@ -290,21 +298,81 @@ impl LockClient {
             .collect())
     }
 
+    /// Pass on every outstanding ticket (held or queued) that node `dead` took on this
+    /// lock service: the service hands them over ([`crate::wire::RELEASE_NODE_HANDLER`],
+    /// at most [`RELEASE_NODE_BATCH`] per RPC until none are left) and this client
+    /// releases each as its own [`Ticket`] would: wait for its turn (Hangout + READ of
+    /// `upper`, up to [`Self::release_wait`]), then FAA `upper` by one. Scythe 4.3's
+    /// Takeout Lock with recovery in the manner of Lotus section 6. Returns the number
+    /// of tickets passed on; a second call for the same node passes on none.
+    ///
+    /// Call it only for a node that is dead and cut off from the service (its process
+    /// killed, its QPs gone): a live node would release its tickets too, advancing
+    /// `upper` twice for one ticket. When several nodes died, release them concurrently
+    /// or in any order within the release wait: a queued ticket of one waits for the
+    /// held ticket of another.
+    ///
+    /// Errors: [`LockError::Rpc`] when the service cannot be asked,
+    /// [`LockError::Protocol`] for a malformed reply, [`LockError::Lost`] for the first
+    /// ticket that could not be passed on (the others were still attempted; handed-over
+    /// tickets are not handed over again).
+    pub async fn release_node(&self, ctx: &Rc<ThreadCtx>, dead: u32) -> Result<u64, LockError> {
+        let mut passed = 0;
+        loop {
+            let req = encode_release_node(dead, RELEASE_NODE_BATCH as u32);
+            let resp = ctx.call(self.node(), RELEASE_NODE_HANDLER, &req).await?;
+            let taken =
+                decode_node_tickets(&resp).map_err(|e| LockError::Protocol(e.to_string()))?;
+            let n = taken.len();
+            let releases = taken.into_iter().map(|nt| {
+                // The ticket is outstanding, so `upper <= ticket`; claiming one ticket
+                // ahead makes the first round READ `upper` rather than assume the turn.
+                let reply = LockReply {
+                    granted_queue: true,
+                    reason: None,
+                    ticket: nt.ticket,
+                    upper: nt.ticket.wrapping_sub(1),
+                    queued_ts: 0,
+                };
+                let upper = self.lock_addr(nt.id).offset(UPPER_OFF);
+                Ticket::new(ctx.clone(), self.shared.clone(), nt.id, upper, reply).release()
+            });
+            let mut first_err = None;
+            for r in rrpc::runtime::join_all(releases).await {
+                match r {
+                    Ok(()) => passed += 1,
+                    Err(e) => {
+                        tracing::error!(node = dead, error = %e, "release_node: ticket lost");
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            if n < RELEASE_NODE_BATCH {
+                return Ok(passed);
+            }
+        }
+    }
+
     /// One READ of lock `id`'s lower, upper and queued_ts (24 bytes), as validation uses
-    /// to detect "locked or queued by another". Its round trip updates the smoothed RTT.
+    /// to detect "locked or queued by another". Its network round trip updates the
+    /// smoothed RTT, the rest of its time the scheduling lag (see [`Self::srtt`]).
     ///
     /// Errors: [`LockError::Rpc`], [`LockError::InvalidRequest`].
     pub async fn read_state(&self, ctx: &ThreadCtx, id: u64) -> Result<LockState, LockError> {
         self.check_id(id)?;
-        let start = quanta::Instant::now();
-        let b = ctx
-            .read(
+        let issued = std::time::Instant::now();
+        let (b, timing) = ctx
+            .read_timed(
                 self.node(),
                 self.lock_addr(id),
                 (QUEUED_TS_OFF + 8) as usize,
             )
             .await?;
-        self.shared.sample_rtt(start.elapsed());
+        self.shared
+            .sample_poll(issued, timing, std::time::Instant::now());
         let st = LockState {
             lower: word(&b, 0)?,
             upper: word(&b, 8)?,
@@ -322,9 +390,37 @@ impl LockClient {
         self.shared.heat.borrow().get(&id).copied()
     }
 
-    /// The current smoothed one-sided RTT to the service (zero before the first READ).
+    /// The heat mode to lock `id` in, by its heat as this client last observed it
+    /// ([`Self::heat`]; Scythe 4.2 and 4.3): [`Mode::Hot`] (TOCC) once more than the
+    /// service's ColdWatermark tickets were queued, as a cold request would then be
+    /// refused; [`Mode::Cold`] (OCC) otherwise, including a lock never observed.
+    pub fn mode_for(&self, id: u64) -> Mode {
+        match self.heat(id) {
+            Some(h) if h > self.export.cold_watermark => Mode::Hot,
+            _ => Mode::Cold,
+        }
+    }
+
+    /// The current smoothed one-sided RTT to the service (Scythe 4.3, Equation 2, alpha
+    /// 0.9; zero before the first READ): network only, from each READ's doorbell to the
+    /// polling round that took its completion (`rrpc::runtime::ThreadCtx::read_timed`),
+    /// without the time the polling coroutine waited to be scheduled.
     pub fn srtt(&self) -> Duration {
         self.shared.srtt.get().get()
+    }
+
+    /// The Hangout (Scythe 4.3, Equation 3) for `ahead` tickets ahead, as this client's
+    /// tickets wait between polls: `ahead x (srtt + sched_lag)` (see [`crate::ticket`]).
+    /// Also a sensible pause before retrying a refused Lock RPC, with the refusal's queue.
+    pub fn hangout(&self, ahead: u64) -> Duration {
+        self.shared.hangout(ahead)
+    }
+
+    /// The smoothed time a READ of this client spent waiting for the thread's scheduler
+    /// (before its doorbell and after its completion), smoothed as [`Self::srtt`]. A
+    /// Hangout is (tickets ahead) x (`srtt` + `sched_lag`): see [`crate::ticket`].
+    pub fn sched_lag(&self) -> Duration {
+        self.shared.lag.get().get()
     }
 }
 

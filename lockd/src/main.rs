@@ -3,21 +3,16 @@
 //! one-sided baseline locks (CAS spinlock, DSLR). Settings come from `--config FILE.toml`
 //! (kebab-case keys, every one optional) and flags, flags winning.
 
-use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use clap::Parser;
-use lockd::lock_table::{self, SLOTS_PER_BUCKET, SLOT_BYTES};
-use lockd::service::{LockTable, EXPORT_NAME};
-use lockd::shard::{parse_shards, Ownership, ShardMap};
-use lockd::table_service::{TableService, TABLE_EXPORT};
-use lockd::takeout::Watermarks;
-use lockd::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
-use rrpc::node::{Node, NodeConfig};
+use lockd::embed::{LockService, LockServiceConfig};
+use lockd::service::LockOrder;
 use rrpc::service::{self, NodeArgs};
+use serde::Deserialize as _;
 
 /// Lock service serving Scythe's Takeout Locks (fair, heat-aware ticket locks) over rrpc.
 ///
@@ -29,7 +24,9 @@ use rrpc::service::{self, NodeArgs};
 struct Cli {
     #[command(flatten)]
     node: NodeArgs,
-    /// TOML file of settings (kebab-case keys as the flags below; flags win).
+    /// TOML file of settings: kebab-case keys as the flags below, a [reshard] table
+    /// (nodes, interval-ms, factor, intervals, drain-timeout-ms) and a [fabric] table
+    /// (cluster, kind, listen, model, rdma-device, gid-index, rdma-port); flags win.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Number of Takeout Locks in the table (32 bytes of registered memory each; >= 1;
@@ -66,102 +63,125 @@ struct Cli {
     /// Version of the shard map the node starts with (>= 1; default 1).
     #[arg(long, value_name = "V")]
     map_version: Option<u64>,
+    /// Order of serving Lock RPCs that arrive together: "timestamp" (sorted by lock id
+    /// and timestamp, Scythe 4.4 Fig. 16; default) or "arrival".
+    #[arg(long, value_name = "ORDER")]
+    lock_order: Option<LockOrder>,
+    /// Run the resharding loop (Lotus 4.3) over this node and the lock-table nodes at
+    /// these comma-separated bootstrap addresses (default: no loop; one per cluster).
+    #[arg(long, value_name = "ADDRS", value_delimiter = ',')]
+    reshard_nodes: Option<Vec<SocketAddr>>,
+    /// Length of a resharding interval, milliseconds (default 100).
+    #[arg(long, value_name = "MS")]
+    reshard_interval_ms: Option<u64>,
 }
 
-/// Settings of `lockd`, from `--config` (each field's default in its doc), overridden by
-/// flags.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+/// The `[fabric]` table of the config file: the node flags' settings (a flag given on
+/// the command line or through its environment variable wins). The node id is a flag
+/// only (`--node`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-struct Config {
-    /// Takeout Locks (default 1048576; >= 1).
-    locks: u64,
-    /// RPC server threads (default 1; 1 to 1024).
-    threads: u64,
-    /// ColdWatermark, queued tickets (default 3; <= hot-watermark).
-    cold_watermark: u64,
-    /// HotWatermark, queued tickets (default 10).
-    hot_watermark: u64,
-    /// CAS spinlocks exported (default 0).
-    cas_locks: u64,
-    /// DSLR locks exported (default 0).
-    dslr_locks: u64,
-    /// Lotus lock-table slots (default 1048576; >= 8).
-    lock_table_slots: u64,
-    /// Shards served (default "0-4095").
-    shards: String,
-    /// Initial shard-map version (default 1; >= 1).
-    map_version: u64,
+struct FabricSettings {
+    /// Cluster name (as `--cluster`).
+    cluster: Option<String>,
+    /// Backend, "shm" or "verbs" (as `--fabric`).
+    kind: Option<String>,
+    /// Bootstrap listen address (as `--listen`).
+    listen: Option<std::net::SocketAddr>,
+    /// Timing model of the shm fabric (as `--model`).
+    model: Option<String>,
+    /// RDMA device for verbs (as `--rdma-device`).
+    rdma_device: Option<String>,
+    /// GID index for verbs (as `--gid-index`).
+    gid_index: Option<u32>,
+    /// RDMA port for verbs (as `--rdma-port`).
+    rdma_port: Option<u8>,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            locks: 1 << 20,
-            threads: 1,
-            cold_watermark: 3,
-            hot_watermark: 10,
-            cas_locks: 0,
-            dslr_locks: 0,
-            lock_table_slots: 1 << 20,
-            shards: "0-4095".into(),
-            map_version: 1,
+impl FabricSettings {
+    /// Apply the file's settings to `args` where `explicit(flag id)` says the flag was
+    /// not given.
+    fn apply(&self, args: &mut NodeArgs, explicit: &dyn Fn(&str) -> bool) -> anyhow::Result<()> {
+        if let (Some(v), false) = (&self.cluster, explicit("cluster")) {
+            args.cluster = v.clone();
         }
-    }
-}
-
-impl Config {
-    /// The file's settings, then the flags given.
-    fn load(cli: &Cli) -> anyhow::Result<Self> {
-        let mut c = match &cli.config {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("reading {}", p.display()))?;
-                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
-            }
-            None => Self::default(),
-        };
-        macro_rules! flag {
-            ($($f:ident),*) => { $( if let Some(v) = &cli.$f { c.$f = v.clone(); } )* };
+        if let (Some(v), false) = (&self.kind, explicit("fabric")) {
+            args.fabric = v.parse().map_err(|e| anyhow::anyhow!("fabric.kind: {e}"))?;
         }
-        flag!(
-            locks,
-            threads,
-            cold_watermark,
-            hot_watermark,
-            cas_locks,
-            dslr_locks
-        );
-        flag!(lock_table_slots, shards, map_version);
-        c.validate()?;
-        Ok(c)
-    }
-
-    fn validate(&self) -> anyhow::Result<()> {
-        if self.locks == 0 {
-            bail!("locks: at least one lock is needed");
+        if let (Some(v), false) = (self.listen, explicit("listen")) {
+            args.listen = v;
         }
-        if !(1..=1024).contains(&self.threads) {
-            bail!("threads: {} is not in 1..=1024", self.threads);
+        if let (Some(v), false) = (&self.model, explicit("model")) {
+            args.model = v.clone();
         }
-        self.watermarks()
-            .validate()
-            .map_err(|e| anyhow::anyhow!("cold-watermark/hot-watermark: {e}"))?;
-        if self.lock_table_slots < SLOTS_PER_BUCKET as u64 {
-            bail!("lock-table-slots: at least {SLOTS_PER_BUCKET}");
+        if let (Some(v), false) = (&self.rdma_device, explicit("rdma_device")) {
+            args.rdma_device = Some(v.clone());
         }
-        if self.map_version == 0 {
-            bail!("map-version: at least 1");
+        if let (Some(v), false) = (self.gid_index, explicit("gid_index")) {
+            args.gid_index = Some(v);
         }
-        parse_shards(&self.shards).context("shards")?;
+        if let (Some(v), false) = (self.rdma_port, explicit("rdma_port")) {
+            args.rdma_port = Some(v);
+        }
         Ok(())
     }
+}
 
-    fn watermarks(&self) -> Watermarks {
-        Watermarks {
-            cold: self.cold_watermark,
-            hot: self.hot_watermark,
+/// The service's settings and the node flags, from `--config` then flags.
+fn load(
+    cli: &Cli,
+    explicit: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<(LockServiceConfig, NodeArgs)> {
+    let mut node = cli.node.clone();
+    let mut c = match &cli.config {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let mut table: toml::Table =
+                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+            if let Some(f) = table.remove("fabric") {
+                let f: FabricSettings = f
+                    .try_into()
+                    .with_context(|| format!("{}: [fabric]", p.display()))?;
+                f.apply(&mut node, explicit)?;
+            }
+            LockServiceConfig::deserialize(table)
+                .with_context(|| format!("parsing {}", p.display()))?
         }
+        None => LockServiceConfig::default(),
+    };
+    macro_rules! flag {
+        ($($f:ident),*) => { $( if let Some(v) = &cli.$f { c.$f = v.clone(); } )* };
     }
+    flag!(
+        locks,
+        threads,
+        cold_watermark,
+        hot_watermark,
+        cas_locks,
+        dslr_locks
+    );
+    flag!(lock_table_slots, shards, map_version, lock_order);
+    if let Some(v) = &cli.reshard_nodes {
+        c.reshard.nodes = v.clone();
+    }
+    if let Some(v) = cli.reshard_interval_ms {
+        c.reshard.interval_ms = v;
+    }
+    c.validate()?;
+    Ok((c, node))
+}
+
+/// Whether the node flag with clap id `id` was given on the command line or through its
+/// environment variable (rather than defaulted).
+fn given(id: &str) -> bool {
+    use clap::parser::ValueSource;
+    use clap::CommandFactory as _;
+    Cli::command()
+        .try_get_matches_from(std::env::args_os())
+        .ok()
+        .and_then(|m| m.value_source(id))
+        .is_some_and(|s| matches!(s, ValueSource::CommandLine | ValueSource::EnvVariable))
 }
 
 fn main() -> ExitCode {
@@ -169,79 +189,41 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let cfg = Config::load(&cli)?;
-    let wm = cfg.watermarks();
+    let (cfg, node_args) = load(&cli, &given)?;
     // Install the signal handler first so a signal during start-up is not lost.
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
-    let fabric = cli.node.open_fabric().context("opening the fabric")?;
-    let table = Arc::new(LockTable::new(&fabric, cfg.locks, wm)?);
-    let slots_bytes = usize::try_from(cfg.lock_table_slots)
-        .ok()
-        .and_then(|n| n.checked_mul(SLOT_BYTES))
-        .context("lock-table-slots overflow the address space")?;
-    let map = ShardMap::partial(
-        cli.node.node.get(),
-        &parse_shards(&cfg.shards)?,
-        cfg.map_version,
-    )?;
-    let lotus = Arc::new(TableService::new(
-        Arc::new(lock_table::LockTable::with_bytes(slots_bytes)),
-        Ownership::new(cli.node.node.get(), map),
-    ));
-    let mut exports = BTreeMap::new();
-    exports.insert(EXPORT_NAME.to_string(), table.export());
-    exports.insert(TABLE_EXPORT.to_string(), lotus.export());
-    // The word tables live as long as the node serves; nothing but clients touches them.
-    let mut word_tables = Vec::new();
-    for (name, n) in [(CAS_EXPORT, cfg.cas_locks), (DSLR_EXPORT, cfg.dslr_locks)] {
-        if n > 0 {
-            let t = WordTable::new(&fabric, n).with_context(|| format!("--{name} {n}"))?;
-            exports.insert(name.to_string(), t.export());
-            word_tables.push(t);
-        }
-    }
-    let mut handlers = table.handlers();
-    lotus.register(&mut handlers);
-    let node = Node::start(
-        fabric.clone(),
-        NodeConfig {
-            role: "lockd".into(),
-            listen: cli.node.listen,
-            exports,
-            rpc: Some((handlers, cfg.threads as usize)),
-        },
-    )
-    .context("starting the node")?;
+    let fabric = node_args.open_fabric().context("opening the fabric")?;
+    let svc = LockService::start(fabric.clone(), node_args.listen, &cfg)?;
     tracing::info!(
-        cluster = %cli.node.cluster,
-        node = %cli.node.node,
-        addr = %node.addr(),
+        cluster = %node_args.cluster,
+        node = %node_args.node,
+        addr = %svc.addr(),
         fabric = %fabric.describe(),
         locks = cfg.locks,
         table_bytes = cfg.locks * lockd::takeout::LOCK_STRIDE,
         threads = cfg.threads,
-        cold_watermark = wm.cold,
-        hot_watermark = wm.hot,
+        cold_watermark = cfg.cold_watermark,
+        hot_watermark = cfg.hot_watermark,
+        lock_order = ?cfg.lock_order,
         cas_locks = cfg.cas_locks,
         dslr_locks = cfg.dslr_locks,
-        lock_table_buckets = lotus.table().n_buckets(),
+        lock_table_buckets = svc.lotus().table().n_buckets(),
         shards = %cfg.shards,
         map_version = cfg.map_version,
+        reshard_loop = svc.runs_reshard_loop(),
         "lockd serving"
     );
-    service::announce_ready(node.addr(), &[]).context("writing READY")?;
+    service::announce_ready(svc.addr(), &[]).context("writing READY")?;
     let _ = stop.recv();
     tracing::info!("signal received; shutting down");
-    drop(node);
-    drop(table);
-    drop(lotus);
-    drop(word_tables);
+    drop(svc);
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rrpc::NodeId;
 
     #[test]
     fn config_file_then_flags_then_validation() {
@@ -250,7 +232,10 @@ mod tests {
         let p = dir.join("lockd.toml");
         std::fs::write(
             &p,
-            "lock-table-slots = 4096\nshards = \"0-99\"\nthreads = 2\n",
+            "lock-table-slots = 4096\nshards = \"0-99\"\nthreads = 2\nlock-order = \"arrival\"\n\
+             hot-watermark = 12\n\
+             [reshard]\nnodes = [\"127.0.0.1:7000\"]\nfactor = 2.0\n\
+             [fabric]\ncluster = \"from-file\"\nmodel = \"cx5\"\nlisten = \"127.0.0.1:7100\"\n",
         )
         .unwrap();
         let cli = Cli::parse_from([
@@ -261,19 +246,51 @@ mod tests {
             p.to_str().unwrap(),
             "--threads",
             "4",
+            "--model",
+            "none",
         ]);
-        let c = Config::load(&cli).unwrap();
+        // As if --model was given and the other node flags defaulted.
+        let explicit = |id: &str| id == "model";
+        let (c, node) = load(&cli, &explicit).unwrap();
         assert_eq!(
             (c.lock_table_slots, c.shards.as_str(), c.threads),
             (4096, "0-99", 4)
         );
         assert_eq!(c.locks, 1 << 20, "default kept");
-        std::fs::write(&p, "no-such-key = 1\n").unwrap();
-        assert!(Config::load(&cli).is_err(), "unknown keys are errors");
+        assert_eq!((c.cold_watermark, c.hot_watermark), (3, 12));
+        assert_eq!(c.lock_order, LockOrder::Arrival);
+        assert_eq!(c.reshard.nodes, vec!["127.0.0.1:7000".parse().unwrap()]);
+        assert_eq!((c.reshard.factor, c.reshard.intervals), (2.0, 3));
+        assert_eq!(node.cluster, "from-file");
+        assert_eq!(node.model, "none", "the flag wins over the file");
+        assert_eq!(node.listen, "127.0.0.1:7100".parse().unwrap());
+        assert_eq!(node.node, NodeId(3));
+        for bad in [
+            "no-such-key = 1\n",
+            "[fabric]\nkind = \"carrier-pigeon\"\n",
+            "[fabric]\nnode = 4\n",
+            "[reshard]\nfactor = 0.5\n",
+            "[reshard]\nintervals = 0\n",
+        ] {
+            std::fs::write(&p, bad).unwrap();
+            assert!(load(&cli, &explicit).is_err(), "{bad}");
+        }
+        let none = |_: &str| false;
         let bad = Cli::parse_from(["lockd", "--node", "3", "--shards", "0-5000"]);
-        assert!(Config::load(&bad).is_err());
+        assert!(load(&bad, &none).is_err());
         let bad = Cli::parse_from(["lockd", "--node", "3", "--cold-watermark", "11"]);
-        assert!(Config::load(&bad).is_err());
+        assert!(load(&bad, &none).is_err());
+        let ok = Cli::parse_from([
+            "lockd",
+            "--node",
+            "3",
+            "--reshard-nodes",
+            "127.0.0.1:1,127.0.0.1:2",
+            "--reshard-interval-ms",
+            "50",
+        ]);
+        let (c, _) = load(&ok, &none).unwrap();
+        assert_eq!((c.reshard.nodes.len(), c.reshard.interval_ms), (2, 50));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

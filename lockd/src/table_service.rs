@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use rrpc::runtime::{join_all, CallError, ThreadCtx};
 
 use crate::lock_table::LockTable;
+use crate::reshard::{LoadMeter, TABLE_STATS_HANDLER};
 use crate::shard::{
     LockKey, MapError, Move, MoveState, MoveStep, Ownership, Route, ShardMap, NO_NODE,
 };
@@ -51,6 +52,7 @@ pub const TABLE_EXPORT: &str = "lock-table";
 pub struct TableService {
     table: Arc<LockTable>,
     own: RwLock<Ownership>,
+    meter: LoadMeter,
 }
 
 impl TableService {
@@ -59,7 +61,15 @@ impl TableService {
         Self {
             table,
             own: RwLock::new(own),
+            meter: LoadMeter::new(),
         }
+    }
+
+    /// This node's load counters for the current resharding interval (Lotus 4.3): every
+    /// batch [`Self::apply`] serves is counted (requests per shard, time per operation);
+    /// coordinators of the same process may add their latencies.
+    pub fn meter(&self) -> &LoadMeter {
+        &self.meter
     }
 
     /// The lock table.
@@ -92,6 +102,19 @@ impl TableService {
     /// not own are [`OpOutcome::WrongShard`], on a draining range [`OpOutcome::Moving`];
     /// an unlock the table holds is served whatever the map says.
     pub fn apply(&self, ops: &[TableOp], out: &mut Vec<OpOutcome>) -> u64 {
+        let start = quanta::Instant::now();
+        let version = self.apply_inner(ops, out);
+        for op in ops {
+            self.meter.record_op(op.key.shard());
+        }
+        if !ops.is_empty() {
+            self.meter
+                .record_latency_n(start.elapsed(), ops.len() as u64);
+        }
+        version
+    }
+
+    fn apply_inner(&self, ops: &[TableOp], out: &mut Vec<OpOutcome>) -> u64 {
         let own = self.own();
         let version = own.map().version();
         for op in ops {
@@ -133,6 +156,11 @@ impl TableService {
     pub fn held_in(&self, range: Range<u16>) -> usize {
         self.table
             .count_held(|k| range.contains(&LockKey(k).shard()))
+    }
+
+    /// The range being drained for a move, if any.
+    pub fn draining(&self) -> Option<Range<u16>> {
+        self.own().draining()
     }
 
     /// Serve the draining range again (a cancelled move).
@@ -197,6 +225,11 @@ impl TableService {
                 }
             };
             out.extend_from_slice(&(held as u64).to_le_bytes());
+            Ok(())
+        });
+        let me = self.clone();
+        h.register(TABLE_STATS_HANDLER, move |_req, out| {
+            me.meter.take().encode(out);
             Ok(())
         });
         let me = self.clone();

@@ -392,6 +392,67 @@ mod tests {
         );
     }
 
+    /// Scythe 4.4, Fig. 16: requests that reach the service together, served sorted by
+    /// timestamp, all queue in timestamp order; served in arrival order, the older ones
+    /// behind a newer one are refused by the `queued_ts` rule (Fig. 14, line 5).
+    #[test]
+    fn timestamp_order_queues_what_arrival_order_refuses() {
+        let arrivals = [30u64, 10, 20, 25];
+        let w = Words::default();
+        let refused = arrivals
+            .iter()
+            .filter(|&&ts| !w.lock(ts, Mode::Hot, WIDE).granted_queue)
+            .count();
+        assert_eq!(refused, 3, "10, 20 and 25 arrive after 30");
+        let w = Words::default();
+        let mut sorted = arrivals;
+        sorted.sort_unstable();
+        let tickets: Vec<(u64, u64)> = sorted
+            .iter()
+            .map(|&ts| {
+                let r = w.lock(ts, Mode::Hot, WIDE);
+                assert!(r.granted_queue, "{ts}: {r:?}");
+                (ts, r.ticket)
+            })
+            .collect();
+        assert_eq!(tickets, vec![(10, 0), (20, 1), (25, 2), (30, 3)]);
+        assert_eq!(w.snapshot(), (4, 0, 30), "queued_ts is the newest");
+    }
+
+    /// A lock's queue moves it between the modes (Scythe 4.3): cold requests queue up to
+    /// ColdWatermark, then only hot ones up to HotWatermark; as holders unlock, cold
+    /// requests are accepted again.
+    #[test]
+    fn watermarks_move_a_lock_between_cold_and_hot() {
+        let w = Words::default();
+        let wm = Watermarks::default();
+        let mut ts = 0;
+        let mut lock = |mode| {
+            ts += 1;
+            w.lock(ts, mode, wm)
+        };
+        for _ in 0..=wm.cold {
+            assert!(lock(Mode::Cold).granted_queue);
+        }
+        let r = lock(Mode::Cold);
+        assert_eq!(r.reason, Some(RefuseReason::ColdWatermark));
+        assert_eq!(r.ahead(), wm.cold + 1, "the refusal reports the heat");
+        while lock(Mode::Hot).granted_queue {}
+        assert_eq!(
+            w.snapshot().0,
+            wm.hot + 1,
+            "hot requests queued to HotWatermark"
+        );
+        for _ in 0..(wm.hot - wm.cold) {
+            w.unlock();
+            assert!(!lock(Mode::Cold).granted_queue, "still hot");
+        }
+        w.unlock();
+        let r = lock(Mode::Cold);
+        assert!(r.granted_queue, "cold again: {r:?}");
+        assert_eq!(r.ahead(), wm.cold);
+    }
+
     #[test]
     fn reply_reports_heat_and_old_words() {
         let w = Words::default();

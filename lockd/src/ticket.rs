@@ -12,6 +12,30 @@
 //! [`crate::client::LockClient::release_wait`]) says so: [`LockError::Lost`], or for a
 //! dropped ticket an error log and the client's [`crate::client::LockClient::lost`]
 //! count.
+//!
+//! ## Round-trip samples
+//!
+//! How a poll's round trip is sampled (Scythe 4.3, Equations 2 and 3).
+//!
+//! A READ of `upper` goes through the thread's runtime: the coroutine queues the WR, the
+//! executor runs the round's other coroutines and then posts every queued WR with one
+//! doorbell, a later round takes the completion, and the coroutine resumes once the
+//! executor gets to it. A clock read around the `await` measures all of that, and on a
+//! busy thread most of it is time spent waiting for the scheduler, not the network.
+//! `ThreadCtx::read_timed` returns when the doorbell rang and when the thread took the
+//! completion ([`OpTiming`]), so each poll is split in two samples:
+//!
+//! - the **network round trip** `completed - posted` feeds the smoothed RTT of
+//!   Equation 2 (alpha 0.9): [`crate::client::LockClient::srtt`] is the network's;
+//! - the **scheduling lag**, the rest of `resumed - issued`, feeds a second estimate
+//!   smoothed the same way ([`crate::client::LockClient::sched_lag`]).
+//!
+//! The Hangout of Equation 3 is `ahead x (srtt + lag)`: with an idle thread the lag is
+//! near zero and this is the paper's `ahead x RTT`; on a busy thread a poll cannot
+//! complete faster than the thread schedules it, so polling more often would only cost
+//! READs and CPU. (This is why the lag term stays in the Hangout: a Hangout on the
+//! network round trip alone polled several times as often and cost SmallBank a third of
+//! its throughput on 2 cores.)
 
 use rrpc::NodeId;
 use std::cell::Cell;
@@ -19,17 +43,20 @@ use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 use rrpc::fabric::RemoteAddr;
-use rrpc::runtime::ThreadCtx;
+use rrpc::runtime::{OpTiming, ThreadCtx};
 
 use crate::client::LockError;
 use crate::takeout::{hangout, LockReply, SmoothedRtt};
 
-/// What a ticket and its client share: where `upper` is, the smoothed RTT that sizes
-/// Hangouts, and the count of tickets whose lock could not be passed on.
+/// What a ticket and its client share: where `upper` is, the smoothed RTT and scheduling
+/// lag that size Hangouts, and the count of tickets whose lock could not be passed on.
 #[derive(Clone)]
 pub(crate) struct Shared {
     pub(crate) node: NodeId,
+    /// Smoothed network round trip of one-sided READs (Equation 2).
     pub(crate) srtt: Rc<Cell<SmoothedRtt>>,
+    /// Smoothed time a poll spent waiting for its coroutine to run (module docs).
+    pub(crate) lag: Rc<Cell<SmoothedRtt>>,
     pub(crate) lost: Rc<Cell<u64>>,
     pub(crate) release_wait: Duration,
     /// Per lock id, the queue length (`lower - upper`: tickets queued or holding) last
@@ -51,10 +78,22 @@ impl Shared {
         h.insert(id, queued);
     }
 
-    pub(crate) fn sample_rtt(&self, d: Duration) {
+    /// Fold in one READ: its network round trip into the smoothed RTT, and the rest of
+    /// the time from the call to the coroutine's resumption into the scheduling lag.
+    pub(crate) fn sample_poll(&self, issued: Instant, timing: OpTiming, resumed: Instant) {
+        let net = timing.network();
+        let total = resumed.saturating_duration_since(issued);
         let mut s = self.srtt.get();
-        s.update(d);
+        s.update(net);
         self.srtt.set(s);
+        let mut l = self.lag.get();
+        l.update(total.saturating_sub(net));
+        self.lag.set(l);
+    }
+
+    /// The wait before the next poll with `ahead` tickets ahead (module docs).
+    pub(crate) fn hangout(&self, ahead: u64) -> Duration {
+        hangout(ahead, self.srtt.get().get() + self.lag.get().get())
     }
 }
 
@@ -206,7 +245,7 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
             )));
         }
         let now = Instant::now();
-        let mut wait = hangout(ahead, s.shared.srtt.get().get());
+        let mut wait = s.shared.hangout(ahead);
         if let Some(d) = deadline {
             if now >= d {
                 return Err(LockError::WaitTimeout {
@@ -226,13 +265,10 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
             addr: s.upper_addr.addr - crate::takeout::UPPER_OFF + crate::takeout::LOWER_OFF,
             rkey: s.upper_addr.rkey,
         };
-        // A clock around the await: the round trip plus the time this coroutine waited to
-        // run, which throttles polling when the thread is busy. A network-only round trip
-        // (doorbell to completion) made Hangouts poll several times as often and cost
-        // SmallBank a third of its throughput on 2 cores; not adopted.
-        let start = quanta::Instant::now();
-        let bytes = s.ctx.read(s.shared.node, lower_addr, 16).await?;
-        s.shared.sample_rtt(start.elapsed());
+        // The network round trip and the scheduling lag, apart (module docs).
+        let issued = Instant::now();
+        let (bytes, timing) = s.ctx.read_timed(s.shared.node, lower_addr, 16).await?;
+        s.shared.sample_poll(issued, timing, Instant::now());
         let lower = crate::client::word(&bytes, 0)?;
         s.upper = crate::client::word(&bytes, 8)?;
         s.shared.observe_heat(id, lower.wrapping_sub(s.upper));

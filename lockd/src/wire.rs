@@ -8,7 +8,12 @@
 //! | 0..8   | `lock_id: u64`                     |
 //! | 8..16  | `ts: u64` (TSO timestamp)          |
 //! | 16     | `mode: u8` (0 cold, 1 hot)         |
-//! | 17..24 | padding (zero)                     |
+//! | 17..20 | padding (zero)                     |
+//! | 20..24 | `node: u32` (the caller's node id) |
+//!
+//! Every entry of one request carries the same `node`: the service records it as the
+//! owner of the tickets taken, so `release_node` can pass on a failed node's tickets
+//! ([`crate::owners`]).
 //!
 //! The reply has one entry of [`REPLY_ENTRY_BYTES`] bytes per request entry, same order:
 //!
@@ -24,10 +29,18 @@
 //! Decoding never panics: bad lengths, zero or too many entries, unknown mode, status or
 //! reason bytes and lock ids outside the table are [`WireError`]s.
 
+use crate::owners::NodeTicket;
 use crate::takeout::{LockReply, Mode, RefuseReason};
 
 /// RPC handler id of the Lock RPC.
 pub const LOCK_HANDLER: u16 = 1;
+/// RPC handler id of "release node": hand the caller a failed node's outstanding
+/// tickets to pass on. Request: `node: u32`, `max: u32` (little-endian; `max` at least
+/// 1). Reply: up to `max` entries of [`NODE_TICKET_BYTES`]: `lock_id: u64`,
+/// `ticket: u64`.
+pub const RELEASE_NODE_HANDLER: u16 = 2;
+/// Bytes per entry of a release-node reply.
+pub const NODE_TICKET_BYTES: usize = 16;
 /// Bytes per request entry.
 pub const REQ_ENTRY_BYTES: usize = 24;
 /// Bytes per reply entry.
@@ -106,6 +119,16 @@ pub enum WireError {
         /// The lock id.
         id: u64,
     },
+    /// Entries of one request that name different caller nodes.
+    #[error("entry {index}: node {node} differs from the first entry's {first}")]
+    NodeMismatch {
+        /// Entry index.
+        index: usize,
+        /// The entry's node id.
+        node: u32,
+        /// The first entry's node id.
+        first: u32,
+    },
     /// A reply whose entry count differs from the request's.
     #[error("reply has {got} entries, request had {want}")]
     CountMismatch {
@@ -156,31 +179,40 @@ fn count(len: usize, entry: usize) -> Result<usize, WireError> {
     Ok(n)
 }
 
-/// Append the encoding of `reqs` to `out`.
+/// Append the encoding of `reqs`, sent by node `node`, to `out`.
 ///
 /// Errors: [`WireError::Empty`], [`WireError::TooMany`].
-pub fn encode_request(reqs: &[LockRequest], out: &mut Vec<u8>) -> Result<(), WireError> {
+pub fn encode_request(reqs: &[LockRequest], node: u32, out: &mut Vec<u8>) -> Result<(), WireError> {
     count(reqs.len(), 1)?;
     for r in reqs {
         out.extend_from_slice(&r.id.to_le_bytes());
         out.extend_from_slice(&r.ts.to_le_bytes());
         out.push(mode_byte(r.mode));
-        out.extend_from_slice(&[0; 7]);
+        out.extend_from_slice(&[0; 3]);
+        out.extend_from_slice(&node.to_le_bytes());
     }
     Ok(())
 }
 
-/// Decode a request for a table of `n_locks` locks into `out` (cleared first).
+/// Decode a request for a table of `n_locks` locks into `out` (cleared first); returns
+/// the caller's node id.
 ///
-/// Errors: every malformed input listed on [`WireError`], including duplicate lock ids.
+/// Errors: every malformed input listed on [`WireError`], including duplicate lock ids
+/// and entries naming different nodes.
 pub fn decode_request(
     buf: &[u8],
     n_locks: u64,
     out: &mut Vec<LockRequest>,
-) -> Result<(), WireError> {
+) -> Result<u32, WireError> {
     out.clear();
     let n = count(buf.len(), REQ_ENTRY_BYTES)?;
+    let node_at = |e: &[u8]| u32::from_le_bytes([e[20], e[21], e[22], e[23]]);
+    let first = node_at(buf);
     for (index, e) in buf.chunks_exact(REQ_ENTRY_BYTES).enumerate() {
+        let node = node_at(e);
+        if node != first {
+            return Err(WireError::NodeMismatch { index, node, first });
+        }
         let id = u64_at(e, 0);
         let ts = u64_at(e, 8);
         let mode = match e[16] {
@@ -197,7 +229,7 @@ pub fn decode_request(
         out.push(LockRequest { id, ts, mode });
     }
     debug_assert_eq!(out.len(), n);
-    Ok(())
+    Ok(first)
 }
 
 /// Append the encoding of one reply entry to `out`.
@@ -247,6 +279,56 @@ pub fn decode_reply(buf: &[u8], want: usize) -> Result<Vec<LockReply>, WireError
         .collect()
 }
 
+/// Encode a release-node request: the failed node and the most tickets to hand over.
+pub fn encode_release_node(node: u32, max: u32) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&node.to_le_bytes());
+    b[4..].copy_from_slice(&max.to_le_bytes());
+    b
+}
+
+/// Decode a release-node request into `(node, max)`.
+///
+/// Errors: [`WireError::BadLength`] unless 8 bytes; [`WireError::Empty`] for `max == 0`.
+pub fn decode_release_node(b: &[u8]) -> Result<(u32, usize), WireError> {
+    let b: [u8; 8] = b.try_into().map_err(|_| WireError::BadLength {
+        len: b.len(),
+        entry: 8,
+    })?;
+    let node = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let max = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    if max == 0 {
+        return Err(WireError::Empty);
+    }
+    Ok((node, max as usize))
+}
+
+/// Append the encoding of a release-node reply to `out`.
+pub fn encode_node_tickets(t: &[NodeTicket], out: &mut Vec<u8>) {
+    for nt in t {
+        out.extend_from_slice(&nt.id.to_le_bytes());
+        out.extend_from_slice(&nt.ticket.to_le_bytes());
+    }
+}
+
+/// Decode a release-node reply (possibly empty).
+///
+/// Errors: [`WireError::BadLength`] for a length that is not a whole number of entries.
+pub fn decode_node_tickets(b: &[u8]) -> Result<Vec<NodeTicket>, WireError> {
+    if !b.len().is_multiple_of(NODE_TICKET_BYTES) {
+        return Err(WireError::BadLength {
+            len: b.len(),
+            entry: NODE_TICKET_BYTES,
+        });
+    }
+    Ok(b.chunks_exact(NODE_TICKET_BYTES)
+        .map(|e| NodeTicket {
+            id: u64_at(e, 0),
+            ticket: u64_at(e, 8),
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,22 +344,55 @@ mod tests {
             req(0, 1, Mode::Cold),
         ];
         let mut buf = Vec::new();
-        encode_request(&reqs, &mut buf).unwrap();
+        encode_request(&reqs, 0x0a0b_0c0d, &mut buf).unwrap();
         assert_eq!(buf.len(), 48);
         assert_eq!(&buf[0..8], &7u64.to_le_bytes());
         assert_eq!(buf[8], 0x08, "little endian");
         assert_eq!(buf[16], 1);
-        assert_eq!(&buf[17..24], &[0; 7]);
+        assert_eq!(&buf[17..20], &[0; 3]);
+        assert_eq!(&buf[20..24], &[0x0d, 0x0c, 0x0b, 0x0a]);
         let mut out = Vec::new();
-        decode_request(&buf, 8, &mut out).unwrap();
+        assert_eq!(decode_request(&buf, 8, &mut out), Ok(0x0a0b_0c0d));
         assert_eq!(out, reqs);
+        // Entries naming different nodes are refused.
+        buf[44] ^= 1;
+        assert_eq!(
+            decode_request(&buf, 8, &mut out),
+            Err(WireError::NodeMismatch {
+                index: 1,
+                node: 0x0a0b_0c0c,
+                first: 0x0a0b_0c0d
+            })
+        );
+    }
+
+    #[test]
+    fn release_node_messages_round_trip_and_refuse_garbage() {
+        assert_eq!(decode_release_node(&encode_release_node(7, 3)), Ok((7, 3)));
+        assert_eq!(
+            decode_release_node(&encode_release_node(7, 0)),
+            Err(WireError::Empty)
+        );
+        assert!(decode_release_node(&[1, 2, 3]).is_err());
+        let t = [
+            NodeTicket { id: 1, ticket: 9 },
+            NodeTicket {
+                id: u64::MAX,
+                ticket: 0,
+            },
+        ];
+        let mut b = Vec::new();
+        encode_node_tickets(&t, &mut b);
+        assert_eq!(decode_node_tickets(&b).unwrap(), t);
+        assert_eq!(decode_node_tickets(&[]).unwrap(), vec![]);
+        assert!(decode_node_tickets(&b[..17]).is_err());
     }
 
     #[test]
     fn bad_requests_are_errors() {
         let mut out = Vec::new();
         let mut buf = Vec::new();
-        encode_request(&[req(1, 1, Mode::Cold)], &mut buf).unwrap();
+        encode_request(&[req(1, 1, Mode::Cold)], 1, &mut buf).unwrap();
         assert!(matches!(
             decode_request(&buf[..23], 8, &mut out),
             Err(WireError::BadLength { len: 23, .. })
@@ -299,23 +414,26 @@ mod tests {
         ));
         let many: Vec<_> = (0..16).map(|i| req(i, 1, Mode::Hot)).collect();
         assert!(matches!(
-            encode_request(&many, &mut Vec::new()),
+            encode_request(&many, 1, &mut Vec::new()),
             Err(WireError::TooMany { n: 16, max: 15 })
         ));
         let mut big = Vec::new();
-        encode_request(&many[..15], &mut big).unwrap();
-        encode_request(&many[15..], &mut big).unwrap();
+        encode_request(&many[..15], 1, &mut big).unwrap();
+        encode_request(&many[15..], 1, &mut big).unwrap();
         assert!(matches!(
             decode_request(&big, 100, &mut out),
             Err(WireError::TooMany { n: 16, .. })
         ));
         let mut dup = Vec::new();
-        encode_request(&[req(3, 1, Mode::Hot), req(3, 2, Mode::Hot)], &mut dup).unwrap();
+        encode_request(&[req(3, 1, Mode::Hot), req(3, 2, Mode::Hot)], 1, &mut dup).unwrap();
         assert_eq!(
             decode_request(&dup, 8, &mut out),
             Err(WireError::Duplicate { index: 1, id: 3 })
         );
-        assert_eq!(encode_request(&[], &mut Vec::new()), Err(WireError::Empty));
+        assert_eq!(
+            encode_request(&[], 1, &mut Vec::new()),
+            Err(WireError::Empty)
+        );
     }
 
     #[test]

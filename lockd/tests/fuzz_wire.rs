@@ -26,16 +26,16 @@ proptest! {
 
     #[test]
     fn requests_and_replies_roundtrip(ids in proptest::collection::btree_set(0u64..500, 1..=MAX_ENTRIES),
-                                      ts in any::<u64>(), hot in any::<bool>(),
+                                      ts in any::<u64>(), hot in any::<bool>(), node in any::<u32>(),
                                       words in proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), 0u8..4), 1..=MAX_ENTRIES)) {
         let reqs: Vec<LockRequest> = ids
             .iter()
             .map(|&id| LockRequest { id, ts, mode: if hot { Mode::Hot } else { Mode::Cold } })
             .collect();
         let mut buf = Vec::new();
-        encode_request(&reqs, &mut buf).unwrap();
+        encode_request(&reqs, node, &mut buf).unwrap();
         let mut back = Vec::new();
-        decode_request(&buf, 500, &mut back).unwrap();
+        prop_assert_eq!(decode_request(&buf, 500, &mut back), Ok(node));
         prop_assert_eq!(&back, &reqs);
 
         let replies: Vec<LockReply> = words

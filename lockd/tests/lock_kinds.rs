@@ -486,3 +486,97 @@ fn ready(child: &mut Child) -> SocketAddr {
         .parse()
         .unwrap()
 }
+
+/// For every kind: a guard held by client A (node 100, its own thread) and dropped
+/// without `release` while client B (node 101, another thread) waits for the same lock;
+/// A's drop posts the release from a coroutine of its own (`Drop` cannot await), and B
+/// acquires. Every wait has a deadline, so a lost release fails the test, never hangs it.
+#[test]
+fn a_dropped_guard_is_acquired_by_another_client() {
+    use std::sync::atomic::AtomicU8;
+    const LOCK: u64 = 6;
+    // Steps: 0 start, 1 A holds, 2 B is acquiring, 3 A dropped its guard, 4 B holds.
+    let cluster = cluster("drop-other");
+    let svc = start_service(cluster.open(NodeId(SERVICE_NODE)).unwrap());
+    for kind in LockKind::ALL {
+        let step = Arc::new(AtomicU8::new(0));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        // Wait on this thread's executor until `step` reaches `s` (false at the deadline).
+        async fn until(
+            ctx: &ThreadCtx,
+            step: &AtomicU8,
+            s: u8,
+            deadline: std::time::Instant,
+        ) -> bool {
+            while step.load(Ordering::Acquire) < s {
+                if std::time::Instant::now() > deadline {
+                    return false;
+                }
+                ctx.sleep(Duration::from_micros(200)).await;
+            }
+            true
+        }
+        let spawn_client = |node: u32, is_a: bool| {
+            let (fabric, addr, step) = (
+                cluster.open(NodeId(node)).unwrap(),
+                svc.node.addr(),
+                step.clone(),
+            );
+            std::thread::spawn(move || -> Result<(), String> {
+                let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
+                let info = ctx.connect_rpc(addr).unwrap();
+                let lc = AnyLockClient::from_info(kind, &ctx, &info, &BaselineConfig::default())
+                    .unwrap();
+                let c = ctx.clone();
+                block_on(&ctx, async move {
+                    let ctx = c;
+                    if is_a {
+                        let g = lc
+                            .lock(&ctx, LOCK, Access::Exclusive)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        step.store(1, Ordering::Release);
+                        if !until(&ctx, &step, 2, deadline).await {
+                            return Err("B never started".into());
+                        }
+                        // B is acquiring (or about to); give it time to queue or spin.
+                        ctx.sleep(Duration::from_millis(5)).await;
+                        drop(g);
+                        step.store(3, Ordering::Release);
+                        // Keep the executor running (it runs the release coroutine).
+                        if !until(&ctx, &step, 4, deadline).await {
+                            return Err(format!("{kind}: B never acquired the dropped lock"));
+                        }
+                        if lc.lost() != 0 {
+                            return Err(format!("{kind}: the dropped guard's release failed"));
+                        }
+                        Ok(())
+                    } else {
+                        if !until(&ctx, &step, 1, deadline).await {
+                            return Err("A never held".into());
+                        }
+                        step.store(2, Ordering::Release);
+                        let g = lc
+                            .lock(&ctx, LOCK, Access::Exclusive)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let after_drop = step.load(Ordering::Acquire) >= 3;
+                        step.store(4, Ordering::Release);
+                        g.release().await.map_err(|e| e.to_string())?;
+                        if !after_drop {
+                            return Err(format!("{kind}: B held while A's guard was live"));
+                        }
+                        Ok(())
+                    }
+                })
+            })
+        };
+        let a = spawn_client(CLIENT_NODE, true);
+        let b = spawn_client(CLIENT_NODE + 1, false);
+        let (ra, rb) = (a.join().unwrap(), b.join().unwrap());
+        assert_eq!((ra, rb), (Ok(()), Ok(())), "{kind}");
+    }
+    assert_eq!(svc.cas.word(LOCK), 0, "CAS lock free");
+    let (lower, upper, _) = svc.table.words(LOCK);
+    assert_eq!((lower, upper), (2, 2), "Takeout: both tickets passed on");
+}

@@ -13,14 +13,16 @@ use std::time::{Duration, Instant};
 
 use lockd::lock_table::{LockMode, LockTable, Refusal};
 use lockd::shard::{LockKey, Move, MoveState, Ownership, ShardMap};
-use lockd::table_service::{run_move, TableClient, TableClientConfig, TableService, TABLE_EXPORT};
+use lockd::table_service::{
+    fetch_map, run_move, TableClient, TableClientConfig, TableService, TABLE_EXPORT,
+};
 use lockd::table_wire::{OpKind, OpOutcome, TableOp, TABLE_OPS_HANDLER};
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::node::Node;
 use rrpc::runtime::{block_on, CallError, RuntimeConfig, ThreadCtx};
 
 mod common;
-use common::lockd_node;
+use common::{lockd_node, ChildProc, CHILD_SHARD};
 
 const CLIENT: u32 = 100;
 const R: OpKind = OpKind::Lock(LockMode::Read);
@@ -401,4 +403,221 @@ fn two_lockd_processes_serve_their_shards() {
         assert_eq!(o, [OpOutcome::Granted, OpOutcome::Released]);
     });
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The child process body (see [`common::child_main`]); a no-op unless run as a child.
+#[test]
+fn child_process() {
+    common::child_main();
+}
+
+/// The resharding loop (Lotus 4.3) across processes: node 1's coordinators report high
+/// latencies and lock on shard 7 while node 2 idles, so after three intervals over the
+/// loop moves shard 7 to node 2. A client process holds locks on shard 7 meanwhile: the
+/// move drains (node 1 refuses new locks there, node 2 grants none) until the child
+/// releases, then publishes the map, and a client is served by node 2.
+#[test]
+fn resharding_loop_moves_a_hot_shard_with_locks_held_by_another_process() {
+    use lockd::reshard::{run_loop, LoopConfig, MoveReport};
+    use lockd::shard::ReshardConfig;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    let cl = cluster("loop");
+    let map = ShardMap::uniform(&[1, 2]).unwrap();
+    let (s1, n1) = start(&cl, 1, &map);
+    let (s2, n2) = start(&cl, 2, &map);
+    let (mut child, held) = ChildProc::spawn(cl.name(), "table", 203, n1.addr(), 0);
+    assert_eq!(held, 2);
+    assert_eq!(s1.held_in(CHILD_SHARD as u16..CHILD_SHARD as u16 + 1), 2);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reports: Arc<Mutex<Vec<MoveReport>>> = Arc::default();
+    // Node 1's own coordinators (the embedded placement): lock and unlock keys of shard
+    // 7 and report slow transactions.
+    let feeder = {
+        let (s1, stop) = (s1.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::Acquire) {
+                let k = key(CHILD_SHARD, 100 + i % 50);
+                let mut o = Vec::new();
+                s1.apply(
+                    &[
+                        TableOp {
+                            key: k,
+                            txn: 99,
+                            node: 1,
+                            kind: W,
+                        },
+                        TableOp {
+                            key: k,
+                            txn: 99,
+                            node: 1,
+                            kind: U,
+                        },
+                    ],
+                    &mut o,
+                );
+                s1.meter().record_latency(Duration::from_millis(5));
+                i += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let looper = {
+        let (fabric, addrs, stop, reports) = (
+            cl.open(NodeId(CLIENT)).unwrap(),
+            [n1.addr(), n2.addr()],
+            stop.clone(),
+            reports.clone(),
+        );
+        std::thread::spawn(move || {
+            let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
+            for a in addrs {
+                ctx.connect_rpc(a).unwrap();
+            }
+            let cfg = LoopConfig {
+                policy: ReshardConfig {
+                    // Long enough that the held locks delay the move, never cancel it.
+                    drain_timeout: Duration::from_secs(30),
+                    ..ReshardConfig::default()
+                },
+                interval: Duration::from_millis(20),
+                drain_poll: Duration::from_millis(1),
+            };
+            let c = ctx.clone();
+            block_on(&ctx, async move {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let stop_fn = || stop.load(Ordering::Acquire) || Instant::now() > deadline;
+                let mut on_move = |r: &MoveReport| {
+                    reports.lock().unwrap().push(r.clone());
+                    stop.store(true, Ordering::Release);
+                };
+                run_loop(&c, &[NodeId(1), NodeId(2)], cfg, &stop_fn, &mut on_move).await
+            })
+        })
+    };
+    // The loop decides and begins draining a range holding shard 7.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let range = loop {
+        if let Some(r) = s1.draining() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the loop never began a move");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(range.contains(&(CHILD_SHARD as u16)), "{range:?}");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(s1.map().version(), 1, "the held locks delay the move");
+    assert_eq!(s2.held_in(range.clone()), 0, "node 2 granted nothing");
+    child.release();
+    let r = looper.join().unwrap();
+    stop.store(true, Ordering::Release);
+    feeder.join().unwrap();
+    r.unwrap();
+    let reports = reports.lock().unwrap().clone();
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(
+        (reports[0].from, reports[0].to, reports[0].state),
+        (1, 2, MoveState::Published { version: 2 })
+    );
+    assert_eq!((s1.map().version(), s2.map().version()), (2, 2));
+    assert_eq!(s2.map().owner(CHILD_SHARD as u16), 2);
+    // A client with the old map is sent to node 2, which grants the child's old key.
+    let ctx = ThreadCtx::new(
+        cl.open(NodeId(CLIENT + 1)).unwrap(),
+        RuntimeConfig::default(),
+    )
+    .unwrap();
+    ctx.connect_rpc(n1.addr()).unwrap();
+    ctx.connect_rpc(n2.addr()).unwrap();
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let tc = TableClient::new(map, None, TableClientConfig::default());
+        let k = key(CHILD_SHARD, 1);
+        assert_eq!(
+            tc.execute(&c, &[op(k, 5, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        assert_eq!(tc.map().version(), 2);
+    });
+    assert_eq!(s2.held_in(range), 1);
+}
+
+/// The resharding loop in a real `lockd` process (`--reshard-nodes`): node 11 runs it over
+/// itself and node 12. Clients lock only on node 12's shard 3000, so node 12 is the one
+/// with latency while node 11 idles; after three intervals over, the loop moves a range
+/// around shard 3000 to node 11, and the clients follow the new map. SIGTERM then stops
+/// node 11, its loop thread included, cleanly.
+#[test]
+fn a_lockd_process_runs_the_resharding_loop() {
+    let cl = cluster("procloop");
+    let common = ["--locks", "8", "--lock-table-slots", "4096"];
+    let (_b, b) = Proc::spawn(
+        cl.name(),
+        &[&["--node", "12", "--shards", "2048-4095"][..], &common].concat(),
+    );
+    let b_addr = b.to_string();
+    let (mut a_proc, a) = Proc::spawn(
+        cl.name(),
+        &[
+            &[
+                "--node",
+                "11",
+                "--shards",
+                "0-2047",
+                "--reshard-nodes",
+                &b_addr,
+                "--reshard-interval-ms",
+                "10",
+            ][..],
+            &common,
+        ]
+        .concat(),
+    );
+    let ctx = ctx(&cl, &[a, b]);
+    let c = ctx.clone();
+    let moved = block_on(&ctx, async move {
+        let tc = TableClient::connect(&c, &[11, 12], None, TableClientConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(tc.map().owner(3000), 12);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut i = 0u64;
+        while Instant::now() < deadline {
+            let k = key(3000, i % 1000);
+            // Lock, then unlock (one `execute` may reorder what it retries).
+            match tc.execute(&c, &[op(k, 1, W)]).await.unwrap()[..] {
+                [OpOutcome::Granted] => {
+                    let o = tc.execute(&c, &[op(k, 1, U)]).await.unwrap();
+                    assert_eq!(o, [OpOutcome::Released]);
+                }
+                [OpOutcome::Moving] => {}
+                ref o => panic!("{o:?}"),
+            }
+            i += 1;
+            if i.is_multiple_of(64) {
+                let m = fetch_map(&c, 11).await.unwrap();
+                if m.owner(3000) == 11 {
+                    return Some(m.version());
+                }
+            }
+        }
+        None
+    });
+    let version = moved.expect("the loop never moved shard 3000 to the idle node");
+    assert!(version >= 2);
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is our own child's.
+    let rc = unsafe { libc::kill(a_proc.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = a_proc.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "lockd did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockd::client::{Grant, LockClient, LockError, LockRequest, Mode, RefuseReason, Ticket};
-use lockd::service::{LockTable, EXPORT_NAME};
+use lockd::service::{LockOrder, LockTable, EXPORT_NAME};
 use lockd::takeout::{Watermarks, UPPER_OFF};
 use lockd::wire::LOCK_HANDLER;
 use rrpc::fabric::shm::ClusterGuard;
@@ -38,11 +38,22 @@ struct Service {
 }
 
 fn start_service(cluster: &ClusterGuard, n_locks: u64, threads: usize) -> Service {
+    start_ordered(cluster, n_locks, threads, LockOrder::Arrival)
+}
+
+fn start_ordered(
+    cluster: &ClusterGuard,
+    n_locks: u64,
+    threads: usize,
+    order: LockOrder,
+) -> Service {
     let fabric = cluster.open(NodeId(SERVICE_NODE)).unwrap();
     let table = Arc::new(LockTable::new(&fabric, n_locks, Watermarks::default()).unwrap());
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
-    let node = lockd_node(fabric, exports, table.handlers(), threads);
+    let mut handlers = rrpc::server::Handlers::new();
+    table.register(&mut handlers, order);
+    let node = lockd_node(fabric, exports, handlers, threads);
     Service { table, node }
 }
 
@@ -558,7 +569,7 @@ fn replies_and_polls_report_the_heat() {
         // C leaves (its release coroutine passes the lock on in its turn), and a fourth
         // ticket is taken behind the client's back: only a poll can see it.
         drop(c);
-        let d = table.lock_local(&req(4));
+        let d = table.lock_local(&req(4), 0);
         assert!(d.granted_queue);
         let r = b.wait(Instant::now() + Duration::from_millis(20)).await;
         assert!(matches!(r, Err(LockError::WaitTimeout { .. })), "{r:?}");
@@ -579,4 +590,182 @@ fn replies_and_polls_report_the_heat() {
         assert_eq!(lc2.heat(LOCK), Some(0), "the state READ: cold again");
     });
     assert_eq!(svc.table.words(LOCK), (4, 4, 4));
+}
+
+/// A request's timestamp and the ticket it got (`None`: refused).
+type Outcome = (u64, Option<u64>);
+
+/// Lock RPCs sent together by coroutines of one thread (one doorbell batch), newest
+/// timestamp first. Served in timestamp order (Scythe 4.4, Fig. 16) they all queue, in
+/// timestamp order; served in arrival order, every one behind the newest is refused by
+/// the `queued_ts` rule.
+#[test]
+fn timestamp_order_queues_a_round_by_timestamp() {
+    const LOCK: u64 = 2;
+    const N: u64 = 6;
+    for order in [LockOrder::Timestamp, LockOrder::Arrival] {
+        let cluster = cluster(&format!("order-{order:?}"));
+        let svc = start_ordered(&cluster, 8, 2, order);
+        let (ctx, lc) = client(&cluster, svc.node.addr());
+        let replies: Rc<RefCell<Vec<Outcome>>> = Rc::default();
+        let tickets: Rc<RefCell<Vec<Ticket>>> = Rc::default();
+        let mut ex = Executor::new(ctx.clone());
+        for i in 0..N {
+            let (ctx, lc, replies, tickets) =
+                (ctx.clone(), lc.clone(), replies.clone(), tickets.clone());
+            ex.spawn(async move {
+                let ts = 100 - 10 * i;
+                let req = LockRequest {
+                    id: LOCK,
+                    ts,
+                    mode: Mode::Hot,
+                };
+                match lc.lock(&ctx, &[req]).await.unwrap().remove(0) {
+                    Grant::Queued(t) => {
+                        replies.borrow_mut().push((ts, Some(t.number())));
+                        tickets.borrow_mut().push(t);
+                    }
+                    Grant::Refused(r) => {
+                        assert_eq!(r.reason, Some(RefuseReason::Timestamp), "{r:?}");
+                        replies.borrow_mut().push((ts, None));
+                    }
+                }
+            });
+        }
+        ex.run();
+        let mut got = replies.borrow().clone();
+        got.sort_unstable();
+        match order {
+            LockOrder::Timestamp => {
+                let want: Vec<Outcome> = (0..N).map(|i| (50 + 10 * i, Some(i))).collect();
+                assert_eq!(
+                    got, want,
+                    "every request queued, tickets in timestamp order"
+                );
+            }
+            LockOrder::Arrival => {
+                let granted: Vec<u64> = got.iter().filter(|r| r.1.is_some()).map(|r| r.0).collect();
+                assert_eq!(granted, vec![100], "only the first to arrive queues");
+            }
+        }
+        // Pass every ticket on, in ticket order, before the service goes.
+        let mut ts: Vec<Ticket> = tickets.borrow_mut().drain(..).collect();
+        ts.sort_by_key(|t| t.number());
+        let c = ctx.clone();
+        block_on(&ctx, async move {
+            for mut t in ts {
+                t.wait(Instant::now() + Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                t.release().await.unwrap();
+            }
+            drop(c);
+        });
+        let (lower, upper, _) = svc.table.words(LOCK);
+        assert_eq!(lower, upper);
+    }
+}
+
+/// The client's heat estimate moves a lock between the modes (Scythe 4.2, 4.3): a cold
+/// request refused above ColdWatermark makes [`LockClient::mode_for`] say hot; hot
+/// requests queue up to HotWatermark; once the queue drains, cold again.
+#[test]
+fn heat_moves_a_lock_between_cold_and_hot_mode() {
+    const LOCK: u64 = 6;
+    let cluster = cluster("modes");
+    let svc = start_service(&cluster, 8, 1);
+    let (ctx, lc) = client(&cluster, svc.node.addr());
+    let wm = svc.table.watermarks();
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let mut ts = 0;
+        let mut held = Vec::new();
+        assert_eq!(lc.mode_for(LOCK), Mode::Cold, "never observed");
+        // Each request locks in the mode the client's heat estimate chooses.
+        let refusal = loop {
+            ts += 1;
+            let mode = lc.mode_for(LOCK);
+            let req = LockRequest { id: LOCK, ts, mode };
+            match lc.lock(&c, &[req]).await.unwrap().remove(0) {
+                Grant::Queued(t) => held.push((mode, t)),
+                Grant::Refused(r) => break r,
+            }
+        };
+        assert_eq!(refusal.reason, Some(RefuseReason::HotWatermark));
+        let modes: Vec<Mode> = held.iter().map(|(m, _)| *m).collect();
+        let cold = (wm.cold + 1) as usize;
+        assert_eq!(
+            &modes[..cold],
+            &vec![Mode::Cold; cold][..],
+            "cold while <= cold watermark"
+        );
+        assert!(modes[cold..].iter().all(|&m| m == Mode::Hot), "{modes:?}");
+        assert_eq!(held.len() as u64, wm.hot + 1);
+        assert_eq!(lc.mode_for(LOCK), Mode::Hot);
+        // A cold request is refused at this heat, whatever the client thinks.
+        ts += 1;
+        let r = *lc
+            .lock(
+                &c,
+                &[LockRequest {
+                    id: LOCK,
+                    ts,
+                    mode: Mode::Cold,
+                }],
+            )
+            .await
+            .unwrap()[0]
+            .reply();
+        assert_eq!(r.reason, Some(RefuseReason::ColdWatermark));
+        // Drain: each release, then a state READ, lowers the heat.
+        for (_, t) in held.drain(..) {
+            t.release().await.unwrap();
+        }
+        lc.read_state(&c, LOCK).await.unwrap();
+        assert_eq!(lc.mode_for(LOCK), Mode::Cold, "drained: cold again");
+    });
+}
+
+/// The smoothed RTT is the network's (doorbell to completion), not the time a poll waits
+/// for its coroutine to run: with a coroutine that blocks its thread for a millisecond
+/// every round, the READs' scheduling lag grows and their RTT does not. (shm only: there a
+/// READ completes in the round that posts it; a slower fabric would fold the blocked
+/// round into the network time.)
+#[test]
+fn srtt_measures_the_network_not_the_scheduler() {
+    if FabricKind::from_env().unwrap() != FabricKind::Shm {
+        return;
+    }
+    let cluster = cluster("srtt");
+    let svc = start_service(&cluster, 8, 1);
+    let (ctx, lc) = client(&cluster, svc.node.addr());
+    let done = Rc::new(Cell::new(false));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, lc, done) = (ctx.clone(), lc.clone(), done.clone());
+        ex.spawn(async move {
+            for _ in 0..20 {
+                lc.read_state(&ctx, 1).await.unwrap();
+            }
+            done.set(true);
+        });
+    }
+    {
+        let (ctx, done) = (ctx.clone(), done.clone());
+        ex.spawn(async move {
+            while !done.get() {
+                // Hog the thread: every other coroutine of the round waits.
+                std::thread::sleep(Duration::from_millis(1));
+                ctx.yield_now().await;
+            }
+        });
+    }
+    ex.run();
+    let (srtt, lag) = (lc.srtt(), lc.sched_lag());
+    eprintln!("srtt {srtt:?}, scheduling lag {lag:?}");
+    assert!(srtt > Duration::ZERO);
+    assert!(
+        lag > srtt,
+        "the hog's millisecond per round is scheduling lag, not network: {srtt:?} vs {lag:?}"
+    );
 }

@@ -642,7 +642,7 @@ fn client_thread(
                                     // Retry after the Hangout of the queue that refused
                                     // us (Equation 3 with its length): sooner is refused
                                     // again, and floods the Lock RPC.
-                                    let wait = lockd::takeout::hangout(r.ahead().max(1), lc.srtt());
+                                    let wait = lc.hangout(r.ahead().max(1));
                                     ctx.sleep(wait.max(Duration::from_micros(2))).await;
                                 }
                                 None => break Err("empty Lock RPC reply".into()),
@@ -674,9 +674,10 @@ fn client_thread(
     }
     ex.run();
     eprintln!(
-        "{} client thread {thread}: smoothed one-sided RTT to the lock service {:?}",
+        "{} client thread {thread}: smoothed one-sided RTT to the lock service {:?} (network), scheduling lag {:?}",
         kind.name(),
-        lc.srtt()
+        lc.srtt(),
+        lc.sched_lag()
     );
     if let Some(e) = failed.borrow_mut().take() {
         bail!("{} client failed: {e}", kind.name());

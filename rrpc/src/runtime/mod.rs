@@ -49,6 +49,7 @@ use self::calls::{CallTable, Held, Late, Reply};
 pub use self::config::{CallOpts, RuntimeConfig, Stats};
 pub use self::error::{CallError, ConnectError, GoneReason, OneSidedError, RpcError};
 use self::onesided::OpTable;
+pub use self::onesided::OpTiming;
 use crate::arena::{Arena, Chunk};
 use crate::channel::{post_items, Channel, Item, Lists};
 use crate::ctrl::{node_info, CtrlRequest, NodeInfo, QpKind, RocketOffer, RpcAccept};
@@ -402,6 +403,37 @@ impl ThreadCtx {
             .await
     }
 
+    /// [`ThreadCtx::read`], also returning when its WR was posted and when this thread
+    /// took its completion ([`OpTiming::network`]: the round trip without the time the
+    /// calling coroutine waited to run). Errors as [`ThreadCtx::read`].
+    pub async fn read_timed(
+        &self,
+        node: NodeId,
+        remote: RemoteAddr,
+        len: usize,
+    ) -> Result<(Vec<u8>, OpTiming), OneSidedError> {
+        let mut timing = None;
+        let out = self
+            .one_sided_timed(
+                node,
+                WrOpcode::Read,
+                remote,
+                len,
+                None,
+                self.cfg.max_transfer,
+                &mut timing,
+            )
+            .await?;
+        let now = Instant::now();
+        Ok((
+            out,
+            timing.unwrap_or(OpTiming {
+                posted: now,
+                completed: now,
+            }),
+        ))
+    }
+
     /// RDMA WRITE of `data` to `remote` on `node`. Completes when the data is written.
     /// Errors as [`ThreadCtx::read`].
     pub async fn write(
@@ -473,6 +505,22 @@ impl ThreadCtx {
         data: Option<&[u8]>,
         max: usize,
     ) -> Result<Vec<u8>, OneSidedError> {
+        self.one_sided_timed(node, opcode, remote, len, data, max, &mut None)
+            .await
+    }
+
+    /// [`ThreadCtx::one_sided_up_to`], setting `timing` when the op completed.
+    #[allow(clippy::too_many_arguments)]
+    async fn one_sided_timed(
+        &self,
+        node: NodeId,
+        opcode: WrOpcode,
+        remote: RemoteAddr,
+        len: usize,
+        data: Option<&[u8]>,
+        max: usize,
+        timing: &mut Option<OpTiming>,
+    ) -> Result<Vec<u8>, OneSidedError> {
         let id = std::future::poll_fn(|cx| {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
@@ -521,6 +569,7 @@ impl ThreadCtx {
         let out = {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
+            *timing = inner.ops.timing(id);
             match inner.ops.finish(id) {
                 Some((c, len)) => {
                     let mut out = vec![0u8; len];
@@ -1106,6 +1155,10 @@ impl ThreadCtx {
             }
             let mut ops = inner.vec_pool.pop().unwrap_or_default();
             ops.extend_from_slice(&conn.os_ops[posted..posted + n]);
+            let now = Instant::now();
+            for &id in &ops {
+                inner.ops.posted(id, now);
+            }
             inner.lists.set(token, Rec::OneSided { conn: ci, ops });
             inner.stats.doorbells += 1;
             inner.stats.wrs += n as u64;

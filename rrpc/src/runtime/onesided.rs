@@ -4,6 +4,7 @@
 //! completions here.
 
 use std::task::{Poll, Waker};
+use std::time::Instant;
 
 use crate::arena::Chunk;
 
@@ -24,6 +25,28 @@ struct Slot {
     /// The future was dropped before completion: the completion frees the slot.
     abandoned: bool,
     waker: Option<Waker>,
+    /// When the WR was posted (its doorbell) and when this thread saw its completion.
+    posted: Option<Instant>,
+    completed: Option<Instant>,
+}
+
+/// When a one-sided operation's WR was posted (doorbell rung) and when the thread that
+/// issued it saw its completion: their difference is the operation's time on the
+/// network and the remote NIC, without the time the issuing coroutine waited to be
+/// scheduled before the post or after the completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpTiming {
+    /// The doorbell that posted the WR.
+    pub posted: Instant,
+    /// The polling round in which the issuing thread took the completion.
+    pub completed: Instant,
+}
+
+impl OpTiming {
+    /// `completed - posted`.
+    pub fn network(&self) -> std::time::Duration {
+        self.completed.saturating_duration_since(self.posted)
+    }
 }
 
 /// The one-sided operations of a thread. See the module docs.
@@ -42,6 +65,8 @@ impl OpTable {
             len,
             abandoned: false,
             waker: None,
+            posted: None,
+            completed: None,
         };
         match self.free.pop() {
             Some(id) => {
@@ -67,12 +92,29 @@ impl OpTable {
             return c;
         }
         if matches!(s.state, State::Waiting) {
+            s.completed = Some(Instant::now());
             s.state = State::Done(r);
             if let Some(w) = s.waker.take() {
                 w.wake();
             }
         }
         None
+    }
+
+    /// Op `id`'s WR was posted at `t`.
+    pub(crate) fn posted(&mut self, id: usize, t: Instant) {
+        if let Some(s) = self.slots.get_mut(id) {
+            s.posted = Some(t);
+        }
+    }
+
+    /// Op `id`'s post and completion times, once it completed (before [`Self::finish`]).
+    pub(crate) fn timing(&self, id: usize) -> Option<OpTiming> {
+        let s = self.slots.get(id)?;
+        Some(OpTiming {
+            posted: s.posted?,
+            completed: s.completed?,
+        })
     }
 
     /// Poll op `id`, registering `waker`. Ready with its outcome.
@@ -131,6 +173,26 @@ mod tests {
         assert!(matches!(t.poll(id, w), Poll::Ready(Ok(()))));
         assert_eq!(t.finish(id), Some((c, 8)));
         assert_eq!(t.open(c, 8), id, "the slot is reused");
+    }
+
+    #[test]
+    fn timing_spans_post_to_completion_and_restarts_with_the_slot() {
+        let mut t = OpTable::default();
+        let c = Chunk { off: 0, class: 0 };
+        let id = t.open(c, 8);
+        assert_eq!(t.timing(id), None, "not posted");
+        let posted = Instant::now();
+        t.posted(id, posted);
+        assert_eq!(t.timing(id), None, "not completed");
+        t.complete(id, Ok(()));
+        let tm = t.timing(id).unwrap();
+        assert_eq!(tm.posted, posted);
+        assert!(tm.completed >= posted);
+        assert_eq!(tm.network(), tm.completed - posted);
+        t.finish(id);
+        let id2 = t.open(c, 8);
+        assert_eq!(id2, id);
+        assert_eq!(t.timing(id2), None, "a reused slot starts over");
     }
 
     #[test]

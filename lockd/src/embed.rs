@@ -1,0 +1,396 @@
+//! The whole lock service as one value, [`LockService`]: what the `lockd` binary serves,
+//! and what a compute-node process embeds to serve locks itself (Lotus 4.1's placement,
+//! `shared/seeds/001_4d6ef391cb29e8eb.txt`: lock tables on compute nodes; DESIGN.md,
+//! "Served by a `lockd` process, or embedded in a compute node process, with the same
+//! code").
+//!
+//! [`LockService::start`] takes a fabric and a [`LockServiceConfig`] (the `lockd` TOML
+//! file's settings) and starts an rrpc node (role `"lockd"`) serving:
+//!
+//! - the Takeout Lock table (Scythe 4.3; [`crate::service::LockTable`]) with the Lock RPC
+//!   in the configured [`LockOrder`] and release-node;
+//! - the Lotus lock table for the configured shards ([`TableService`]);
+//! - optionally the CAS and DSLR word tables (one-sided only);
+//! - optionally the resharding loop (Lotus 4.3; [`crate::reshard::run_loop`]) on a thread
+//!   of its own, when [`ReshardSettings::nodes`] lists the lock-table nodes.
+//!
+//! **Embedded placement.** A compute node starts a [`LockService`] on its own fabric
+//! handle (its node id) and keeps running its coordinators beside it: they reach the
+//! Lotus table without RPC through [`LockService::lotus`] (pass it as the `local` service
+//! of [`crate::table_service::TableClient::new`]) and the Takeout table like any client
+//! (a runtime thread of the process may `connect_rpc` to [`LockService::addr`], its own
+//! node), while other nodes' coordinators reach both over the fabric. Nothing else
+//! differs from a `lockd` process.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rrpc::fabric::Fabric;
+use rrpc::node::{Node, NodeConfig, NodeError};
+use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
+use serde::Deserialize;
+
+use crate::lock_table::{self, SLOTS_PER_BUCKET, SLOT_BYTES};
+use crate::reshard::{run_loop, LoopConfig};
+use crate::service::{LockOrder, LockTable, LockTableError, EXPORT_NAME};
+use crate::shard::{parse_shards, MapError, Ownership, ReshardConfig, ShardMap};
+use crate::table_service::{TableService, TABLE_EXPORT};
+use crate::takeout::Watermarks;
+use crate::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
+
+/// Settings of a lock service (the `lockd` TOML file; kebab-case keys, every one
+/// optional with the default in its doc).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct LockServiceConfig {
+    /// Takeout Locks in the table, 32 bytes of registered memory each (default 1048576;
+    /// at least 1).
+    pub locks: u64,
+    /// RPC server threads (default 1; 1 to 1024).
+    pub threads: u64,
+    /// ColdWatermark, queued tickets (default 3; at most `hot-watermark`; Scythe 4.3).
+    pub cold_watermark: u64,
+    /// HotWatermark, queued tickets (default 10; Scythe 4.3).
+    pub hot_watermark: u64,
+    /// Order of serving Lock RPCs that arrive together (default `timestamp`, Scythe 4.4
+    /// Fig. 16; or `arrival`).
+    pub lock_order: LockOrder,
+    /// CAS spinlocks exported, 8 bytes each (default 0: none).
+    pub cas_locks: u64,
+    /// DSLR locks exported, 8 bytes each (default 0: none).
+    pub dslr_locks: u64,
+    /// Lotus lock-table slots, 8 bytes each, rounded up to whole 8-slot buckets of a
+    /// power of two (default 1048576; at least 8).
+    pub lock_table_slots: u64,
+    /// Lotus shards served: comma-separated shards or inclusive ranges of 0..4095
+    /// (default "0-4095": all).
+    pub shards: String,
+    /// Version of the shard map the node starts with (default 1; at least 1).
+    pub map_version: u64,
+    /// The resharding loop (Lotus 4.3), table `[reshard]`.
+    pub reshard: ReshardSettings,
+}
+
+impl Default for LockServiceConfig {
+    fn default() -> Self {
+        Self {
+            locks: 1 << 20,
+            threads: 1,
+            cold_watermark: 3,
+            hot_watermark: 10,
+            lock_order: LockOrder::Timestamp,
+            cas_locks: 0,
+            dslr_locks: 0,
+            lock_table_slots: 1 << 20,
+            shards: "0-4095".into(),
+            map_version: 1,
+            reshard: ReshardSettings::default(),
+        }
+    }
+}
+
+/// Settings of the resharding loop (Lotus 4.3), the `[reshard]` table.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ReshardSettings {
+    /// Bootstrap addresses of the other lock-table nodes (this node is added). Empty
+    /// (the default): this service runs no loop. Run one loop per cluster.
+    pub nodes: Vec<SocketAddr>,
+    /// Interval length, milliseconds (default 100; at least 1).
+    pub interval_ms: u64,
+    /// A node is over when its latency is above this many times the cluster average
+    /// (default 1.5; above 1).
+    pub factor: f64,
+    /// Consecutive intervals over before a move (default 3; at least 1).
+    pub intervals: u32,
+    /// How long a move waits for the range's locks to be released before it is
+    /// cancelled, milliseconds (default 10).
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ReshardSettings {
+    fn default() -> Self {
+        let p = ReshardConfig::default();
+        Self {
+            nodes: Vec::new(),
+            interval_ms: 100,
+            factor: p.factor,
+            intervals: p.intervals,
+            drain_timeout_ms: p.drain_timeout.as_millis() as u64,
+        }
+    }
+}
+
+impl ReshardSettings {
+    /// The loop's configuration.
+    pub fn loop_config(&self) -> LoopConfig {
+        LoopConfig {
+            policy: ReshardConfig {
+                factor: self.factor,
+                intervals: self.intervals,
+                drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            },
+            interval: Duration::from_millis(self.interval_ms),
+            ..LoopConfig::default()
+        }
+    }
+}
+
+/// An invalid [`LockServiceConfig`], naming the key.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{key}: {what}")]
+pub struct ConfigError {
+    /// The kebab-case key.
+    pub key: &'static str,
+    /// What is wrong.
+    pub what: String,
+}
+
+impl LockServiceConfig {
+    /// Check every bound in the field docs.
+    ///
+    /// Errors: the first [`ConfigError`] found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key, what: String| Err(ConfigError { key, what });
+        if self.locks == 0 {
+            return err("locks", "at least one lock is needed".into());
+        }
+        if !(1..=1024).contains(&self.threads) {
+            return err("threads", format!("{} is not in 1..=1024", self.threads));
+        }
+        if let Err(e) = self.watermarks().validate() {
+            return err("cold-watermark", e);
+        }
+        if self.lock_table_slots < SLOTS_PER_BUCKET as u64 {
+            return err("lock-table-slots", format!("at least {SLOTS_PER_BUCKET}"));
+        }
+        if self.map_version == 0 {
+            return err("map-version", "at least 1".into());
+        }
+        if let Err(e) = parse_shards(&self.shards) {
+            return err("shards", e.to_string());
+        }
+        let r = &self.reshard;
+        if r.interval_ms == 0 {
+            return err("reshard.interval-ms", "at least 1".into());
+        }
+        if r.factor.is_nan() || r.factor <= 1.0 {
+            return err("reshard.factor", format!("{} is not above 1", r.factor));
+        }
+        if r.intervals == 0 {
+            return err("reshard.intervals", "at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The Takeout watermarks.
+    pub fn watermarks(&self) -> Watermarks {
+        Watermarks {
+            cold: self.cold_watermark,
+            hot: self.hot_watermark,
+        }
+    }
+}
+
+/// Why a [`LockService`] did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The Takeout table or a word table could not be created.
+    #[error("creating a lock table: {0}")]
+    Table(#[from] LockTableError),
+    /// The shard map could not be built.
+    #[error("shard map: {0}")]
+    Map(#[from] MapError),
+    /// The rrpc node did not start.
+    #[error("starting the node: {0}")]
+    Node(#[from] NodeError),
+    /// The resharding thread could not be started.
+    #[error("starting the resharding thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// A running lock service (see the module docs). Dropping it stops the resharding loop
+/// (within an interval, plus a move under way) and the node.
+pub struct LockService {
+    takeout: Arc<LockTable>,
+    lotus: Arc<TableService>,
+    words: Vec<WordTable>,
+    stop: Arc<AtomicBool>,
+    reshard: Option<JoinHandle<()>>,
+    // Last, so the node stops after the loop that calls it.
+    node: Node,
+}
+
+impl LockService {
+    /// Start the service as node `fabric.node()`, its control plane on `listen`.
+    ///
+    /// Errors: [`StartError`].
+    pub fn start(
+        fabric: Fabric,
+        listen: SocketAddr,
+        cfg: &LockServiceConfig,
+    ) -> Result<Self, StartError> {
+        cfg.validate()?;
+        let me = fabric.node();
+        let takeout = Arc::new(LockTable::new(&fabric, cfg.locks, cfg.watermarks())?);
+        let slots_bytes = usize::try_from(cfg.lock_table_slots)
+            .ok()
+            .and_then(|n| n.checked_mul(SLOT_BYTES))
+            .ok_or_else(|| ConfigError {
+                key: "lock-table-slots",
+                what: "overflows the address space".into(),
+            })?;
+        let map = ShardMap::partial(me.get(), &parse_shards(&cfg.shards)?, cfg.map_version)?;
+        let lotus = Arc::new(TableService::new(
+            Arc::new(lock_table::LockTable::with_bytes(slots_bytes)),
+            Ownership::new(me.get(), map),
+        ));
+        let mut exports = BTreeMap::new();
+        exports.insert(EXPORT_NAME.to_string(), takeout.export());
+        exports.insert(TABLE_EXPORT.to_string(), lotus.export());
+        let mut words = Vec::new();
+        for (name, n) in [(CAS_EXPORT, cfg.cas_locks), (DSLR_EXPORT, cfg.dslr_locks)] {
+            if n > 0 {
+                let t = WordTable::new(&fabric, n)?;
+                exports.insert(name.to_string(), t.export());
+                words.push(t);
+            }
+        }
+        let mut handlers = rrpc::server::Handlers::new();
+        takeout.register(&mut handlers, cfg.lock_order);
+        lotus.register(&mut handlers);
+        let node = Node::start(
+            fabric.clone(),
+            NodeConfig {
+                role: "lockd".into(),
+                listen,
+                exports,
+                rpc: Some((handlers, cfg.threads as usize)),
+            },
+        )?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let reshard = if cfg.reshard.nodes.is_empty() {
+            None
+        } else {
+            let mut addrs = vec![node.addr()];
+            addrs.extend(
+                cfg.reshard
+                    .nodes
+                    .iter()
+                    .copied()
+                    .filter(|&a| a != node.addr()),
+            );
+            Some(spawn_loop(
+                fabric,
+                addrs,
+                cfg.reshard.loop_config(),
+                stop.clone(),
+            )?)
+        };
+        Ok(Self {
+            takeout,
+            lotus,
+            words,
+            stop,
+            reshard,
+            node,
+        })
+    }
+
+    /// The node's bootstrap (control-plane) address.
+    pub fn addr(&self) -> SocketAddr {
+        self.node.addr()
+    }
+
+    /// The rrpc node.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// The Takeout Lock table.
+    pub fn takeout(&self) -> &Arc<LockTable> {
+        &self.takeout
+    }
+
+    /// The Lotus lock table service (call it directly from coordinators of this process).
+    pub fn lotus(&self) -> &Arc<TableService> {
+        &self.lotus
+    }
+
+    /// The CAS and DSLR word tables exported, in that order, those configured.
+    pub fn word_tables(&self) -> &[WordTable] {
+        &self.words
+    }
+
+    /// Whether the resharding loop runs here.
+    pub fn runs_reshard_loop(&self) -> bool {
+        self.reshard.is_some()
+    }
+}
+
+impl Drop for LockService {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.reshard.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The resharding loop's thread: a runtime of its own on this node's fabric, connected
+/// to every lock-table node at `addrs` (this one first), until `stop`.
+fn spawn_loop(
+    fabric: Fabric,
+    addrs: Vec<SocketAddr>,
+    cfg: LoopConfig,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, StartError> {
+    std::thread::Builder::new()
+        .name("lockd-reshard".into())
+        .spawn(move || {
+            let ctx = match ThreadCtx::new(fabric, RuntimeConfig::default()) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "resharding loop: no runtime");
+                    return;
+                }
+            };
+            let mut nodes = Vec::new();
+            for a in &addrs {
+                // Peers may start after us: retry until they answer or we stop.
+                loop {
+                    match ctx.connect_rpc(*a) {
+                        Ok(info) => {
+                            nodes.push(info.node);
+                            break;
+                        }
+                        Err(e) if !stop.load(Ordering::Acquire) => {
+                            tracing::debug!(addr = %a, error = %e, "resharding loop: connecting");
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }
+            tracing::info!(?nodes, interval = ?cfg.interval, "resharding loop running");
+            let c = ctx.clone();
+            let r = block_on(&ctx, async move {
+                let stop_fn = || stop.load(Ordering::Acquire);
+                let mut on_move = |r: &crate::reshard::MoveReport| {
+                    tracing::info!(from = r.from, to = r.to, range = ?r.range, state = ?r.state, "resharding move");
+                };
+                run_loop(&c, &nodes, cfg, &stop_fn, &mut on_move).await
+            });
+            if let Err(e) = r {
+                tracing::error!(error = %e, "resharding loop stopped");
+            }
+        })
+        .map_err(StartError::Thread)
+}
