@@ -7,6 +7,9 @@
 //! never touches the counter (DESIGN.md's rule for shared words). Backends without device
 //! memory (shm, Soft-RoCE) fall back to host memory and say so ([`oracle::Oracle::placement`]).
 //!
+//! A thread that must survive oracle restarts takes its timestamps through a [`TsoConn`]
+//! ([`conn`]), which switches to the restarted oracle's new epoch.
+//!
 //! A process's concurrent requests can be combined into one FAA per group
 //! ([`group`], [`GroupedTso`]).
 //!
@@ -16,12 +19,14 @@
 //! **Not yet implemented**: TSO proxies.
 #![warn(missing_docs)]
 
+pub mod conn;
 pub mod epoch;
 pub mod group;
 pub mod history;
 pub mod oracle;
 pub mod timestamp;
 
+pub use conn::{ReconnectConfig, TsoConn};
 pub use group::{GroupFailure, GroupStats, TsoGroup};
 pub use oracle::{GroupedTso, Oracle, TsoClient, TsoError, TsoExport, EXPORT_NAME};
 pub use timestamp::{Timestamp, TimestampRange};

@@ -44,6 +44,30 @@ pub enum TsoError {
     /// The TSO group's leader got no range for this request's group.
     #[error("TSO group")]
     Group(#[from] GroupFailure<Arc<TsoError>>),
+    /// The oracle stopped answering and did not come back within the reconnect wait
+    /// ([`crate::conn::ReconnectConfig::wait`]).
+    #[error("TSO oracle at {addr} unavailable for {waited:?}")]
+    Unavailable {
+        /// The oracle's bootstrap address.
+        addr: std::net::SocketAddr,
+        /// How long the request waited.
+        waited: std::time::Duration,
+        /// The last failure (the FAA's, or reaching the control plane).
+        #[source]
+        source: Box<RpcError>,
+    },
+    /// The oracle came back with an epoch that is not larger than the one this client
+    /// used (restarted without `--state-dir`, or its state directory was lost or rolled
+    /// back): its timestamps could go back, so none is taken.
+    #[error("TSO oracle at {addr} restarted in epoch {new}, not after epoch {old}: timestamps would go back (is its --state-dir durable?)")]
+    WentBack {
+        /// The oracle's bootstrap address.
+        addr: std::net::SocketAddr,
+        /// Epoch the client used.
+        old: u16,
+        /// Epoch of the restarted oracle.
+        new: u16,
+    },
     /// A request for zero timestamps.
     #[error("asked for zero timestamps")]
     ZeroCount,
@@ -182,6 +206,11 @@ impl TsoClient {
     /// Node id of the oracle.
     pub fn node(&self) -> u32 {
         self.node
+    }
+
+    /// The counter word of this incarnation.
+    pub fn counter(&self) -> RemoteAddr {
+        self.counter
     }
 
     /// The oracle's epoch as it exported it.
