@@ -28,5 +28,5 @@ pub mod timestamp;
 
 pub use conn::{ReconnectConfig, TsoConn};
 pub use group::{GroupFailure, GroupStats, TsoGroup};
-pub use oracle::{GroupedTso, Oracle, TsoClient, TsoError, TsoExport, EXPORT_NAME};
+pub use oracle::{GroupedTso, Oracle, ThreadTso, TsoClient, TsoError, TsoExport, EXPORT_NAME};
 pub use timestamp::{Timestamp, TimestampRange};

@@ -7,8 +7,8 @@
 //!
 //! - `faa`: every request is one one-sided FAA of 1 on the oracle's counter (Scythe's
 //!   RDMA-friendly TSO without groups);
-//! - `group`: the process's concurrent requests are combined, one FAA of `n` per group
-//!   (`tso::GroupedTso`, Scythe 4.5 (2));
+//! - `group`: concurrent requests of a thread's coroutines are combined, one FAA of `n`
+//!   per group (Scythe 4.5 (2); `tso::ThreadTso`); mean-group-size is timestamps per FAA;
 //! - `rpc-oracle`: an rrpc call to a handler whose CPU does `fetch_add(1)` on a local
 //!   counter (the TiDB PD design: the oracle's CPU serves every request).
 //!
@@ -33,7 +33,7 @@ use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
-use tso::{GroupedTso, Oracle, Timestamp, TsoClient, EXPORT_NAME};
+use tso::{GroupStats, Oracle, ThreadTso, Timestamp, TsoClient, EXPORT_NAME};
 
 /// Handler id of the RPC oracle.
 const RPC_ORACLE_HANDLER: u16 = 40;
@@ -217,22 +217,17 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
     )?;
     let addr = node.addr();
     let threads = a.threads.min(clients);
-    // The process's one TSO group, shared by the client threads (group mode).
-    let probe = ThreadCtx::new(open(99)?, RuntimeConfig::default()).map_err(anyhow::Error::msg)?;
-    let grouped = Arc::new(GroupedTso::new(TsoClient::from_info(
-        &probe.connect(addr).map_err(anyhow::Error::msg)?,
-    )?));
     let t0 = Instant::now();
     let window = (
         t0 + Duration::from_millis(a.warmup_ms),
         t0 + Duration::from_millis(a.warmup_ms + a.duration_ms),
     );
-    let results: Vec<Result<(Histogram<u64>, u64)>> = std::thread::scope(|s| {
+    let results: Vec<Result<(Histogram<u64>, u64, GroupStats)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let coros = clients / threads + usize::from(t < clients % threads);
-                let (open, grouped) = (&open, grouped.clone());
-                s.spawn(move || -> Result<(Histogram<u64>, u64)> {
+                let open = &open;
+                s.spawn(move || -> Result<(Histogram<u64>, u64, GroupStats)> {
                     let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
                         .map_err(anyhow::Error::msg)?;
                     let info = if mode == Mode::RpcOracle {
@@ -242,14 +237,12 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
                     }
                     .map_err(anyhow::Error::msg)?;
                     let tc = TsoClient::from_info(&info)?;
-                    client_thread(&ctx, mode, tc, grouped, coros, window)
+                    client_thread(&ctx, mode, tc, coros, window)
                 })
             })
             .collect();
         bench::join_clients(hs)
     });
-    let st = grouped.stats();
-    drop(probe);
     drop(node);
     drop(oracle);
     drop(cluster);
@@ -257,16 +250,18 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
         hist: new_hist(),
         requests: 0,
         secs: a.duration_ms as f64 / 1e3,
-        mean_group: if mode == Mode::Group {
-            st.mean_group_size()
-        } else {
-            1.0
-        },
+        mean_group: 1.0,
     };
+    let mut st = GroupStats::default();
     for r in results {
-        let (h, n) = r?;
+        let (h, n, s) = r?;
         p.hist.add(&h).expect("same bounds");
         p.requests += n;
+        st.groups += s.groups;
+        st.members += s.members;
+    }
+    if mode == Mode::Group {
+        p.mean_group = st.mean_group_size();
     }
     Ok(p)
 }
@@ -277,33 +272,44 @@ fn new_hist() -> Histogram<u64> {
 
 /// One client thread: `coros` coroutines taking one timestamp per request until the end
 /// of `window`, recording latencies and counting requests inside it. Each coroutine
-/// checks that its timestamps strictly increase.
+/// checks that its timestamps strictly increase. Returns the histogram, the requests in
+/// the window and the thread's group counters (group mode).
 fn client_thread(
     ctx: &Rc<ThreadCtx>,
     mode: Mode,
     tc: TsoClient,
-    grouped: Arc<GroupedTso>,
     coros: usize,
     (warm, end): (Instant, Instant),
-) -> Result<(Histogram<u64>, u64)> {
+) -> Result<(Histogram<u64>, u64, GroupStats)> {
+    // This thread's TSO group (its coroutines combine without atomics).
+    let local = Rc::new(ThreadTso::new(tc.clone()));
     let tc = Rc::new(tc);
+    // The clock read twice per request is quanta's (TSC): the vDSO's clock_gettime cost a
+    // seventh of a group-mode run's cycles in this VM.
+    let (warm, end) = {
+        let (q, s) = (quanta::Instant::now(), Instant::now());
+        (
+            q + warm.saturating_duration_since(s),
+            q + end.saturating_duration_since(s),
+        )
+    };
     let hist = Rc::new(RefCell::new(new_hist()));
     let count = Rc::new(RefCell::new(0u64));
     let failure: Rc<RefCell<Option<anyhow::Error>>> = Rc::new(RefCell::new(None));
     let mut ex = Executor::new(ctx.clone());
     for _ in 0..coros {
-        let (ctx, tc, grouped) = (ctx.clone(), tc.clone(), grouped.clone());
+        let (ctx, tc, local) = (ctx.clone(), tc.clone(), local.clone());
         let (hist, count, failure) = (hist.clone(), count.clone(), failure.clone());
         ex.spawn(async move {
             let mut last = Timestamp::ZERO;
             loop {
-                let start = Instant::now();
+                let start = quanta::Instant::now();
                 if start >= end || failure.borrow().is_some() {
                     break;
                 }
                 let r: Result<Timestamp> = match mode {
                     Mode::Faa => tc.timestamp(&ctx).await.map_err(Into::into),
-                    Mode::Group => grouped.timestamp(&ctx).await.map_err(Into::into),
+                    Mode::Group => local.timestamp(&ctx).await.map_err(Into::into),
                     Mode::RpcOracle => ctx
                         .call(ORACLE_NODE, RPC_ORACLE_HANDLER, &[])
                         .await
@@ -313,7 +319,7 @@ fn client_thread(
                             Ok(Timestamp(u64::from_le_bytes(w)))
                         }),
                 };
-                let done = Instant::now();
+                let done = quanta::Instant::now();
                 let t = match r {
                     Ok(t) => t,
                     Err(e) => {
@@ -343,5 +349,5 @@ fn client_thread(
     }
     let h = hist.borrow().clone();
     let n = *count.borrow();
-    Ok((h, n))
+    Ok((h, n, local.stats()))
 }
