@@ -944,7 +944,8 @@ pub(crate) mod tests {
                 process
                     .take_n(n, |m| async move {
                         // The first range request waits for the gate: the others pile up.
-                        if let Some(rx) = gate.borrow_mut().take() {
+                        let rx = gate.borrow_mut().take();
+                        if let Some(rx) = rx {
                             std::future::poll_fn(|_| match rx.try_recv() {
                                 Ok(()) => Poll::Ready(()),
                                 Err(_) => Poll::Pending,

@@ -10,8 +10,9 @@
 //! A thread that must survive oracle restarts takes its timestamps through a [`TsoConn`]
 //! ([`conn`]), which switches to the restarted oracle's new epoch.
 //!
-//! A process's concurrent requests can be combined into one FAA per group
-//! ([`group`], [`GroupedTso`]).
+//! Concurrent requests can be combined into one FAA per group ([`group`]): a thread's
+//! coroutines without locks or atomics ([`ThreadTso`]), a process's threads under a
+//! mutex ([`GroupedTso`]).
 //!
 //! Guarantees: timestamps are `>= 1`, unique and strictly increasing in real time, across
 //! restarts of an oracle that keeps a state directory: each start persists a larger epoch
