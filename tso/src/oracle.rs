@@ -124,10 +124,8 @@ impl Oracle {
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn with_epoch(fabric: &Fabric, epoch: u16) -> Result<Self, TsoError> {
         let (counter, placement) = fabric.alloc_dm(COUNTER_BYTES)?;
-        counter.atomic_u64(0).store(
-            (epoch as u64) << EPOCH_SHIFT,
-            std::sync::atomic::Ordering::Release,
-        );
+        // A release store (a memcpy to the NIC on device memory).
+        counter.store_u64(0, (epoch as u64) << EPOCH_SHIFT);
         Ok(Self {
             counter,
             placement,
@@ -163,11 +161,7 @@ impl Oracle {
     /// The counter's value (the last timestamp taken, `epoch << 48` before the first),
     /// read by this CPU. A plain load: the oracle modifies the counter only before export.
     pub fn current(&self) -> Timestamp {
-        Timestamp(
-            self.counter
-                .atomic_u64(0)
-                .load(std::sync::atomic::Ordering::Acquire),
-        )
+        Timestamp(self.counter.load_u64(0))
     }
 }
 
