@@ -141,6 +141,27 @@ impl LocalCluster {
         Ok(addr)
     }
 
+    /// Fault injection: SIGKILL node `node`'s process and reap it (it leaves
+    /// [`LocalCluster::services`]). Returns its role name and bootstrap address, to
+    /// restart it with [`LocalCluster::start`] (`--listen <addr>` keeps the address).
+    ///
+    /// Errors: no such node; the signal could not be sent.
+    pub fn kill(&mut self, node: u32) -> anyhow::Result<(String, SocketAddr)> {
+        let i = self
+            .services
+            .iter()
+            .position(|s| s.node == node)
+            .ok_or_else(|| anyhow!("no service runs as node {node}"))?;
+        let mut s = self.services.remove(i);
+        s.child
+            .kill()
+            .with_context(|| format!("SIGKILL to {} (node {node})", s.name))?;
+        s.child
+            .wait()
+            .with_context(|| format!("reaping {} (node {node})", s.name))?;
+        Ok((s.name, s.addr))
+    }
+
     /// Whether every child is still running; the first one that exited, otherwise.
     pub fn check_alive(&mut self) -> Result<(), String> {
         for s in &mut self.services {

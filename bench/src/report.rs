@@ -60,6 +60,10 @@ pub struct WorkerStats {
     pub rpc: rrpc::runtime::Stats,
     /// The thread's committed transactions, when recorded for the serializability check.
     pub history: Option<txn::history::History>,
+    /// Epoch of the TSO incarnation the thread used last, and restarts it survived.
+    pub tso_epoch: u16,
+    /// Switches of the thread's TSO connection to a restarted oracle.
+    pub tso_reconnects: u64,
 }
 
 impl WorkerStats {
@@ -72,6 +76,8 @@ impl WorkerStats {
             fatal: Vec::new(),
             rpc: Default::default(),
             history: None,
+            tso_epoch: 0,
+            tso_reconnects: 0,
         }
     }
 }
@@ -166,6 +172,37 @@ pub struct Report {
     pub history_bytes_per_txn: f64,
     /// Seconds the check took.
     pub check_seconds: f64,
+    /// The oracle restart of `--kill-tso-after`, when one was injected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tso_restart: Option<TsoRestart>,
+}
+
+/// What happened around an injected oracle restart (SIGKILL, restart with the same state
+/// directory and address).
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct TsoRestart {
+    /// Seconds into the measured run of the SIGKILL.
+    pub killed_at_s: f64,
+    /// Epoch of the killed incarnation.
+    pub epoch_before: u16,
+    /// Epoch of the restarted incarnation (must be larger).
+    pub epoch_after: u16,
+    /// Commits counted when the restarted oracle was ready.
+    pub committed_before_ready: u64,
+    /// Commits after the restarted oracle was ready (must be more than 0).
+    pub committed_after_ready: u64,
+    /// Epoch each coordinator thread used last (each must be `epoch_after`).
+    pub thread_epochs: Vec<u16>,
+}
+
+impl TsoRestart {
+    /// The restart was survived: a larger epoch, commits after it, and every thread on
+    /// the new incarnation.
+    pub fn survived(&self) -> bool {
+        self.epoch_after > self.epoch_before
+            && self.committed_after_ready > 0
+            && self.thread_epochs.iter().all(|&e| e == self.epoch_after)
+    }
 }
 
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
@@ -275,6 +312,7 @@ impl Report {
             dependency_edges: 0,
             history_bytes_per_txn: 0.0,
             check_seconds: 0.0,
+            tso_restart: None,
         }
     }
 
@@ -319,7 +357,10 @@ impl Report {
     /// True when every check passed: the invariant, no service failure, and a
     /// serializable history (when checked).
     pub fn passed(&self) -> bool {
-        self.invariant_holds && self.fatal_errors == 0 && self.serializable != Some(false)
+        self.invariant_holds
+            && self.fatal_errors == 0
+            && self.serializable != Some(false)
+            && self.tso_restart.as_ref().is_none_or(TsoRestart::survived)
     }
 
     /// The human-readable table.
@@ -386,6 +427,19 @@ impl Report {
         );
         if let Some(line) = &self.serializability {
             let _ = writeln!(s, "{line}");
+        }
+        if let Some(r) = &self.tso_restart {
+            let _ = writeln!(
+                s,
+                "tso restart: SIGKILL at {:.1} s, epoch {} -> {}, {} committed before the restarted oracle was ready, {} after; thread epochs {:?}: {}",
+                r.killed_at_s,
+                r.epoch_before,
+                r.epoch_after,
+                r.committed_before_ready,
+                r.committed_after_ready,
+                r.thread_epochs,
+                if r.survived() { "survived" } else { "NOT SURVIVED" }
+            );
         }
         if self.invariant_holds {
             let _ = writeln!(s, "invariant holds");

@@ -25,7 +25,7 @@ use rrpc::runtime::{join_all, Executor, RuntimeConfig, ThreadCtx};
 use txn::occ::{AbortReason, OccConfig, ServiceAddrs, TxnClient, TxnError};
 
 use crate::launcher::{default_bin_dir, LocalCluster};
-use crate::report::{Report, TypeStats, WorkerStats};
+use crate::report::{Report, TsoRestart, TypeStats, WorkerStats};
 use crate::smallbank::{self, Generator};
 
 /// SmallBank on a local cluster (memnode + lockd + tso child processes) over the shm fabric,
@@ -93,6 +93,15 @@ pub struct Args {
     /// 300 while it runs).
     #[arg(long)]
     pub no_check: bool,
+    /// Fault injection: SIGKILL the timestamp oracle this many seconds into the measured
+    /// run and restart it with the same state directory and address after
+    /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run
+    /// passes only if commits continue after the restart (reported as `tso restart`).
+    #[arg(long, value_name = "SECONDS")]
+    pub kill_tso_after: Option<f64>,
+    /// With `--kill-tso-after`: milliseconds the oracle stays down before its restart.
+    #[arg(long, default_value_t = 300, value_name = "MS")]
+    pub tso_down_ms: u64,
     /// History memory for the serializability check, MiB over all threads; past it,
     /// later commits are not recorded and the check says it was partial. The check
     /// itself needs about 3.5x this at its peak.
@@ -132,6 +141,12 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     }
     if !(args.duration > 0.0 && args.duration.is_finite()) {
         bail!("--duration must be a positive number of seconds");
+    }
+    if args
+        .kill_tso_after
+        .is_some_and(|k| !(k >= 0.0 && k < args.duration))
+    {
+        bail!("--kill-tso-after must lie within the run (0 <= SECONDS < --duration)");
     }
     if !args.no_check && args.check_memory_mb == 0 {
         bail!("--check-memory-mb must be at least 1 (or pass --no-check)");
@@ -184,7 +199,19 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
         ]),
         t,
     )?;
-    let tso = cluster.start("tso", NODE_TSO, &with(&[]), t)?;
+    // The oracle's epoch file: each (re)start persists a larger epoch there, so
+    // timestamps never go back (tso::epoch). Per run, removed at the end.
+    let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
+    let _ = std::fs::remove_dir_all(&tso_state);
+    let tso_args = |listen: &str| {
+        with(&[
+            "--state-dir".into(),
+            tso_state.display().to_string(),
+            "--listen".into(),
+            listen.to_string(),
+        ])
+    };
+    let tso = cluster.start("tso", NODE_TSO, &tso_args("127.0.0.1:0"), t)?;
     let addrs = ServiceAddrs {
         memnode,
         lockd,
@@ -238,7 +265,30 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     let dur = Duration::from_secs_f64(args.duration);
     let mut last = 0;
     let mut crashed = None;
+    let mut tso_restart = None;
     while started.elapsed() < dur && !stop.load(Ordering::Relaxed) {
+        if tso_restart.is_none()
+            && args
+                .kill_tso_after
+                .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
+        {
+            let r = restart_tso(
+                &mut cluster,
+                &tso_state,
+                &tso_args(&tso.to_string()),
+                Duration::from_millis(args.tso_down_ms),
+                &committed,
+                started,
+            );
+            match r {
+                Ok(r) => tso_restart = Some(r),
+                Err(e) => {
+                    crashed = Some(format!("restarting the oracle: {e:#}"));
+                    stop.store(true, Ordering::SeqCst);
+                    break;
+                }
+            }
+        }
         std::thread::sleep(Duration::from_millis(200).min(dur.saturating_sub(started.elapsed())));
         let s = started.elapsed().as_secs();
         if s > last {
@@ -271,6 +321,11 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     let (final_total, locks_held) = audit(&fabric, addrs, args.accounts)?;
     drop(fabric);
     cluster.shutdown();
+    let _ = std::fs::remove_dir_all(&tso_state);
+    if let Some(r) = &mut tso_restart {
+        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
+    }
     let mut report = Report::new(
         fabric_desc,
         threads,
@@ -281,6 +336,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
         &workers,
     );
     report.timing_model = model_desc;
+    report.tso_restart = tso_restart;
     report.audit(initial, final_total, locks_held);
     if !args.no_check {
         let mut history = txn::history::History::new(usize::MAX);
@@ -329,6 +385,7 @@ fn worker(
     let occ = OccConfig {
         history_limit_bytes: (!args.no_check).then(|| (args.check_memory_mb << 20) / threads),
         lock_wait: Duration::from_micros(args.lock_wait_us),
+        ..OccConfig::default()
     };
     let connected = (|| {
         let ctx = ThreadCtx::new(fabric, RuntimeConfig::default())?;
@@ -413,6 +470,8 @@ fn worker(
         .map_err(|_| anyhow::anyhow!("stats still shared"))?
         .into_inner();
     s.rpc = ctx.stats();
+    s.tso_epoch = client.tso().client().epoch();
+    s.tso_reconnects = client.tso().reconnects();
     s.history = client.take_history();
     let lost = client.locks().lost();
     if lost > 0 {
@@ -421,6 +480,39 @@ fn worker(
         ));
     }
     Ok(s)
+}
+
+/// `--kill-tso-after`: SIGKILL the oracle, keep it down for `down`, restart it with the
+/// same state directory and address (`args`), and record the epochs and the commits so
+/// far (the rest of the record is filled in after the run).
+fn restart_tso(
+    cluster: &mut LocalCluster,
+    state: &std::path::Path,
+    args: &[String],
+    down: Duration,
+    committed: &AtomicU64,
+    started: std::time::Instant,
+) -> anyhow::Result<TsoRestart> {
+    let epoch_before = tso::epoch::load(state)?;
+    let killed_at_s = started.elapsed().as_secs_f64();
+    cluster.kill(NODE_TSO)?;
+    eprintln!("[{killed_at_s:.1}s] SIGKILLed the timestamp oracle (epoch {epoch_before})");
+    std::thread::sleep(down);
+    cluster.start("tso", NODE_TSO, args, Duration::from_secs(60))?;
+    let epoch_after = tso::epoch::load(state)?;
+    let committed_before_ready = committed.load(Ordering::Relaxed);
+    eprintln!(
+        "[{:.1}s] timestamp oracle restarted in epoch {epoch_after}",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(TsoRestart {
+        killed_at_s,
+        epoch_before,
+        epoch_after,
+        committed_before_ready,
+        committed_after_ready: 0,
+        thread_epochs: Vec::new(),
+    })
 }
 
 /// Sum all balances and count held locks with one-sided READs from a fresh thread context.

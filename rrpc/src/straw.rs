@@ -456,31 +456,39 @@ impl Straws {
         &self.cfg
     }
 
-    /// The straw to `node` (control plane at `addr`), creating it on first use.
+    /// The straw to `node` (control plane at `addr`), creating it on first use, and
+    /// again once the old one is dead (the node was unreachable; a restarted node under
+    /// the same id gets a fresh straw, while threads still holding the dead one keep
+    /// failing with `PeerGone` until they reconnect).
     pub fn straw(self: &Arc<Self>, node: NodeId, addr: SocketAddr) -> Arc<Straw> {
-        lock(&self.nodes)
-            .entry(node)
-            .or_insert_with(|| {
-                Arc::new(Straw {
-                    node,
-                    addr,
-                    pool: PoolRef {
-                        fabric: self.fabric.clone(),
-                        cfg: self.cfg.clone(),
-                        id: self.id,
-                        next_qp: self.next_qp.clone(),
-                        ctl: self.ctl.clone(),
-                    },
-                    rpc: RwLock::new(Vec::new()),
-                    one_sided: RwLock::new(Vec::new()),
-                    threads: [AtomicUsize::new(0), AtomicUsize::new(0)],
-                    reconnects: AtomicU64::new(0),
-                    resize: Mutex::new(()),
-                    dead: Mutex::new(None),
-                    is_dead: AtomicBool::new(false),
-                })
-            })
-            .clone()
+        let mut nodes = lock(&self.nodes);
+        if let Some(s) = nodes.get(&node) {
+            if s.dead().is_none() {
+                return s.clone();
+            }
+        }
+        nodes.insert(
+            node,
+            Arc::new(Straw {
+                node,
+                addr,
+                pool: PoolRef {
+                    fabric: self.fabric.clone(),
+                    cfg: self.cfg.clone(),
+                    id: self.id,
+                    next_qp: self.next_qp.clone(),
+                    ctl: self.ctl.clone(),
+                },
+                rpc: RwLock::new(Vec::new()),
+                one_sided: RwLock::new(Vec::new()),
+                threads: [AtomicUsize::new(0), AtomicUsize::new(0)],
+                reconnects: AtomicU64::new(0),
+                resize: Mutex::new(()),
+                dead: Mutex::new(None),
+                is_dead: AtomicBool::new(false),
+            }),
+        );
+        nodes[&node].clone()
     }
 
     /// The straw to `node`, if some thread attached to it.

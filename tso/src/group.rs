@@ -8,6 +8,8 @@
 //!
 //! 1. A request that finds no range request in flight becomes a **leader** and closes its
 //!    group at once (a group of one when the oracle is idle): no waiting for company.
+//!    (With [`TsoGroup::with_limit`] `k`, a request leads while fewer than `k` are in
+//!    flight; the thread tier, [`crate::ThreadTso`], lets two be in flight.)
 //! 2. A request that finds one in flight joins the **open** group, in arrival order.
 //! 3. When the in-flight range request returns, its leader hands `base + i` to the `i`-th
 //!    member of its group, then closes the open group (if any) and wakes its members; the
@@ -24,8 +26,8 @@
 //! process's request finished could get a smaller timestamp); `crate::history`'s tests
 //! show the checker catching exactly that.
 //!
-//! **Bounded wait.** A member waits for at most two range requests: the one in flight
-//! when it arrived, and its own group's. No member is ever passed over: groups close
+//! **Bounded wait.** A member waits for at most two range requests: the first of those
+//! in flight when it arrived to return, and its own group's. No member is ever passed over: groups close
 //! in arrival order, and the open group is closed as soon as the in-flight one returns.
 //!
 //! **No lost wake-ups.** The state lives under one mutex; a follower registers its waker
@@ -37,8 +39,9 @@
 //! `tests/loom_group.rs`) and runs the leader's range request, a caller-supplied async
 //! closure (one-sided FAA on the oracle in [`crate::GroupedTso`]; a proxy RPC later).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::task::{Poll, Waker};
 
 use crate::timestamp::Timestamp;
@@ -64,14 +67,16 @@ pub enum GroupFailure<E> {
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a closed group must be completed, or its members wait forever"]
 pub struct ClosedGroup {
-    members: Vec<MemberId>,
+    /// Members in arrival order, each with the timestamps it asked for.
+    members: Vec<(MemberId, u64)>,
     leader: MemberId,
 }
 
 impl ClosedGroup {
-    /// Timestamps the leader must take (members, the leader included).
+    /// Timestamps the leader must take: the sum of its members' requests (one each for
+    /// single requests; a thread-tier group asks for its own size, see [`LocalLock`]).
     pub fn size(&self) -> u64 {
-        self.members.len() as u64
+        self.members.iter().map(|&(_, n)| n).sum()
     }
 
     /// The member that takes the group's range.
@@ -105,12 +110,13 @@ pub enum Polled<E> {
 pub struct GroupStats {
     /// Groups completed (range requests issued and returned).
     pub groups: u64,
-    /// Members of completed groups (timestamps requested through the group).
+    /// Timestamps handed out by completed groups (one per member for single requests;
+    /// a member asking for `n` counts `n`).
     pub members: u64,
 }
 
 impl GroupStats {
-    /// Mean members per range request; 0 before the first group.
+    /// Mean timestamps per range request; 0 before the first group.
     pub fn mean_group_size(&self) -> f64 {
         if self.groups == 0 {
             0.0
@@ -120,9 +126,30 @@ impl GroupStats {
     }
 }
 
+/// Hashes a [`MemberId`] (a counter) by Fibonacci multiplication: one multiply instead of
+/// SipHash's rounds on the group's hot path (ids are not attacker-chosen), spreading
+/// consecutive ids over the high bits the hash table's tags use.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 enum Slot<E> {
-    /// In the open group or a closed one, waiting for its timestamp or a promotion.
-    Waiting(Option<Waker>),
+    /// In the open group or a closed one, waiting for its timestamp or a promotion; with
+    /// the number of the batch (open group) it joined.
+    Waiting(Option<Waker>, u64),
     /// Leading (its range request is in flight).
     Leading,
     /// Has its result, not yet seen by the member.
@@ -134,26 +161,44 @@ enum Slot<E> {
 /// The combining state machine of one group instance: plain data, no locking, no IO.
 /// Wakers it returns are to be woken after the caller's lock is released.
 pub struct GroupCore<E> {
-    /// Whether a range request is in flight (some member leads).
-    in_flight: bool,
-    /// The open group, in arrival order. Non-empty only while `in_flight`.
-    open: Vec<MemberId>,
-    /// A closed group whose range nobody has started to take yet: the first of its
-    /// members to poll leads it (whichever thread runs first, so that a group never waits
-    /// for one particular thread to be scheduled). Counts as in flight.
-    pending: Option<Vec<MemberId>>,
-    slots: HashMap<MemberId, Slot<E>>,
+    /// Range requests in flight (groups led, and closed groups awaiting their leader).
+    in_flight: usize,
+    /// Most range requests in flight at once (1: Scythe's one group at a time).
+    limit: usize,
+    /// The open group, in arrival order, with each member's count. Non-empty only while
+    /// `in_flight == limit`.
+    open: Vec<(MemberId, u64)>,
+    /// Closed groups whose range nobody has started to take yet, with their batch
+    /// numbers: the first of a group's members to poll leads it (whichever thread runs
+    /// first, so that a group never waits for one particular thread to be scheduled).
+    /// Each counts as in flight.
+    pending: VecDeque<(u64, Vec<(MemberId, u64)>)>,
+    /// Batch number of the open group: members record it when they join, so a member
+    /// finds out that its group was closed and awaits a leader without scanning it.
+    open_batch: u64,
+    slots: HashMap<MemberId, Slot<E>, BuildHasherDefault<IdHasher>>,
     next_id: MemberId,
     stats: GroupStats,
 }
 
 impl<E> Default for GroupCore<E> {
     fn default() -> Self {
+        Self::with_limit(1)
+    }
+}
+
+impl<E> GroupCore<E> {
+    /// An idle core letting up to `limit` (at least 1) range requests be in flight at
+    /// once: a request that finds fewer in flight leads at once, so with few concurrent
+    /// requests nobody waits for another's range; with many, groups form as with one.
+    pub fn with_limit(limit: usize) -> Self {
         Self {
-            in_flight: false,
+            in_flight: 0,
+            limit: limit.max(1),
             open: Vec::new(),
-            pending: None,
-            slots: HashMap::new(),
+            pending: VecDeque::new(),
+            open_batch: 0,
+            slots: HashMap::default(),
             next_id: 0,
             stats: GroupStats::default(),
         }
@@ -161,23 +206,30 @@ impl<E> Default for GroupCore<E> {
 }
 
 impl<E: Clone> GroupCore<E> {
-    /// A request arrives: it leads a group of one if no range request is in flight,
-    /// else it joins the open group.
+    /// A request for one timestamp arrives ([`GroupCore::join_n`] with 1).
     pub fn join(&mut self) -> Joined {
+        self.join_n(1)
+    }
+
+    /// A request for `n >= 1` consecutive timestamps arrives: it leads a group of one if
+    /// no range request is in flight, else it joins the open group. Its result is the
+    /// first of its `n`.
+    pub fn join_n(&mut self, n: u64) -> Joined {
+        debug_assert!(n >= 1);
         let id = self.next_id;
         self.next_id += 1;
-        if self.in_flight {
-            self.slots.insert(id, Slot::Waiting(None));
-            self.open.push(id);
+        if self.in_flight >= self.limit {
+            self.slots.insert(id, Slot::Waiting(None, self.open_batch));
+            self.open.push((id, n));
             Joined::Follow(id)
         } else {
             debug_assert!(self.open.is_empty());
-            self.in_flight = true;
+            self.in_flight += 1;
             self.slots.insert(id, Slot::Leading);
             Joined::Lead(
                 id,
                 ClosedGroup {
-                    members: vec![id],
+                    members: vec![(id, n)],
                     leader: id,
                 },
             )
@@ -190,16 +242,24 @@ impl<E: Clone> GroupCore<E> {
     /// Panics if `id` is not a waiting member (a caller bug).
     pub fn poll(&mut self, id: MemberId, waker: Option<&Waker>) -> Polled<E> {
         let slot = self.slots.get_mut(&id).expect("poll of an unknown member");
+        // In a closed group nobody leads yet (found by batch number, not by member).
+        let pending = match slot {
+            Slot::Waiting(_, batch) => self.pending.iter().position(|(b, _)| b == batch),
+            _ => None,
+        };
         match slot {
-            Slot::Waiting(_) if self.pending.as_ref().is_some_and(|p| p.contains(&id)) => {
+            Slot::Waiting(..) if pending.is_some() => {
                 *slot = Slot::Leading;
-                let members = self.pending.take().expect("checked");
+                let (_, members) = self
+                    .pending
+                    .remove(pending.expect("checked"))
+                    .expect("in range");
                 Polled::Lead(ClosedGroup {
                     members,
                     leader: id,
                 })
             }
-            Slot::Waiting(w) => {
+            Slot::Waiting(w, _) => {
                 if let Some(new) = waker {
                     match w {
                         Some(old) if old.will_wake(new) => {}
@@ -217,8 +277,10 @@ impl<E: Clone> GroupCore<E> {
     }
 
     /// The leader's range request for `group` returned `first` (the first of
-    /// `group.size()` consecutive timestamps) or failed. Hands `first + i` to the `i`-th
-    /// member, closes the open group and lets the first of its members to poll lead it.
+    /// `group.size()` consecutive timestamps) or failed. Hands each member the first of
+    /// its range, `first` plus the counts of the members before it (`first + i` for the
+    /// `i`-th when each asked for one), closes the open group and lets the first of its
+    /// members to poll lead it.
     /// Returns the leader's
     /// own result and the wakers to wake once the lock is released.
     pub fn complete(
@@ -226,28 +288,30 @@ impl<E: Clone> GroupCore<E> {
         group: ClosedGroup,
         first: Result<Timestamp, GroupFailure<E>>,
     ) -> (Result<Timestamp, GroupFailure<E>>, Vec<Waker>) {
-        debug_assert!(self.in_flight);
+        debug_assert!(self.in_flight > 0);
         let mut wakers = Vec::with_capacity(group.members.len());
         self.stats.groups += 1;
         self.stats.members += group.size();
         let leader = group.leader();
         let mut mine = None;
-        for (i, id) in group.members.into_iter().enumerate() {
-            let r = first.clone().map(|t| Timestamp(t.0 + i as u64));
+        let mut offset = 0u64;
+        for (id, n) in group.members {
+            let r = first.clone().map(|t| Timestamp(t.0 + offset));
+            offset += n;
             if id == leader {
                 self.slots.remove(&id);
                 mine = Some(r);
                 continue;
             }
             match self.slots.insert(id, Slot::Done(r)) {
-                Some(Slot::Waiting(w)) => wakers.extend(w),
+                Some(Slot::Waiting(w, _)) => wakers.extend(w),
                 Some(Slot::Abandoned) => {
                     self.slots.remove(&id);
                 }
                 _ => unreachable!("a closed group's follower is waiting or abandoned"),
             }
         }
-        self.in_flight = false;
+        self.in_flight -= 1;
         self.start_next(&mut wakers);
         (mine.expect("the leader is a member"), wakers)
     }
@@ -258,16 +322,21 @@ impl<E: Clone> GroupCore<E> {
     pub fn abandon(&mut self, id: MemberId) -> Vec<Waker> {
         let mut wakers = Vec::new();
         match self.slots.remove(&id) {
-            Some(Slot::Waiting(_)) => {
-                if let Some(pos) = self.open.iter().position(|&m| m == id) {
+            Some(Slot::Waiting(..)) => {
+                if let Some(pos) = self.open.iter().position(|&(m, _)| m == id) {
                     // Not in a closed group yet.
                     self.open.remove(pos);
-                } else if let Some(p) = self.pending.as_mut().filter(|p| p.contains(&id)) {
+                } else if let Some(pos) = self
+                    .pending
+                    .iter()
+                    .position(|(_, p)| p.iter().any(|&(m, _)| m == id))
+                {
                     // In a closed group whose range is not taken yet.
-                    p.retain(|&m| m != id);
+                    let p = &mut self.pending[pos].1;
+                    p.retain(|&(m, _)| m != id);
                     if p.is_empty() {
-                        self.pending = None;
-                        self.in_flight = false;
+                        self.pending.remove(pos);
+                        self.in_flight -= 1;
                         self.start_next(&mut wakers);
                     }
                 } else {
@@ -295,32 +364,34 @@ impl<E: Clone> GroupCore<E> {
 
     /// Whether a range request is in flight.
     pub fn in_flight(&self) -> bool {
-        self.in_flight
+        self.in_flight > 0
     }
 
-    /// With nothing in flight: close the open group and wake its members; the first to
-    /// poll leads it.
+    /// Below the limit: close the open group and wake its members; the first to poll
+    /// leads it.
     fn start_next(&mut self, wakers: &mut Vec<Waker>) {
-        debug_assert!(!self.in_flight && self.pending.is_none());
+        debug_assert!(self.in_flight < self.limit);
         if self.open.is_empty() {
             return;
         }
         let members = std::mem::take(&mut self.open);
-        for m in &members {
-            if let Some(Slot::Waiting(w)) = self.slots.get_mut(m) {
+        for (m, _) in &members {
+            if let Some(Slot::Waiting(w, _)) = self.slots.get_mut(m) {
                 wakers.extend(w.take());
             }
         }
-        self.pending = Some(members);
-        self.in_flight = true;
+        self.pending.push_back((self.open_batch, members));
+        self.open_batch += 1;
+        self.in_flight += 1;
     }
 }
 
-/// The kind of mutex a [`TsoGroup`] keeps its [`GroupCore`] in: [`StdLock`] in
-/// production; the loom model checks supply loom's.
+/// The kind of mutex a [`TsoGroup`] keeps its [`GroupCore`] in: [`StdLock`] for the
+/// process tier (threads), [`LocalLock`] for the thread tier (coroutines of one thread);
+/// the loom model checks supply loom's. A group is `Sync` exactly when its lock is.
 pub trait LockFamily: 'static {
     /// The mutex type.
-    type Lock<T: Send>: Send + Sync;
+    type Lock<T: Send>;
     /// A mutex holding `t`.
     fn new<T: Send>(t: T) -> Self::Lock<T>;
     /// Run `f` under the lock.
@@ -343,6 +414,26 @@ impl LockFamily for StdLock {
         f(&mut lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
+/// A `RefCell`: the thread tier's lock. A [`TsoGroup`] over it is `!Sync`, so only the
+/// coroutines of one thread share it, and their combining needs no atomic instruction
+/// (no cache line moves between cores): [`crate::ThreadTso`].
+#[derive(Debug)]
+pub struct LocalLock;
+
+impl LockFamily for LocalLock {
+    type Lock<T: Send> = std::cell::RefCell<T>;
+
+    fn new<T: Send>(t: T) -> Self::Lock<T> {
+        std::cell::RefCell::new(t)
+    }
+
+    fn with<T: Send, R>(lock: &Self::Lock<T>, f: impl FnOnce(&mut T) -> R) -> R {
+        // Never re-entered: the core's calls do not call back, and wakers are woken
+        // after `f` returns.
+        f(&mut lock.borrow_mut())
     }
 }
 
@@ -370,10 +461,16 @@ impl<E: Clone + Send, L: LockFamily> Default for TsoGroup<E, L> {
 }
 
 impl<E: Clone + Send, L: LockFamily> TsoGroup<E, L> {
-    /// An idle group instance.
+    /// An idle group instance, one range request in flight at a time.
     pub fn new() -> Self {
+        Self::with_limit(1)
+    }
+
+    /// An idle group instance letting up to `limit` range requests be in flight at once
+    /// ([`GroupCore::with_limit`]).
+    pub fn with_limit(limit: usize) -> Self {
         Self {
-            core: L::new(GroupCore::default()),
+            core: L::new(GroupCore::with_limit(limit)),
             #[cfg(any(test, feature = "fault-injection"))]
             prefetch: None,
         }
@@ -412,13 +509,28 @@ impl<E: Clone + Send, L: LockFamily> TsoGroup<E, L> {
         F: FnOnce(u64) -> Fut,
         Fut: Future<Output = Result<Timestamp, E>>,
     {
+        self.take_n(1, take).await
+    }
+
+    /// `n >= 1` consecutive timestamps through the group (one member asking for `n`):
+    /// returns the first. A thread-tier leader asks the process tier for its group's size
+    /// this way. `take` as in [`TsoGroup::take`]; the leader's range covers every
+    /// member's count.
+    ///
+    /// Errors as [`TsoGroup::take`]. Panics if `n == 0`.
+    pub async fn take_n<F, Fut>(&self, n: u64, take: F) -> Result<Timestamp, GroupFailure<E>>
+    where
+        F: FnOnce(u64) -> Fut,
+        Fut: Future<Output = Result<Timestamp, E>>,
+    {
+        assert!(n >= 1, "take_n of zero timestamps");
         #[cfg(any(test, feature = "fault-injection"))]
-        if let Some(p) = &self.prefetch {
+        if let Some(p) = self.prefetch.as_ref().filter(|_| n == 1) {
             if let Some(t) = p.cache.lock().unwrap().pop_front() {
                 return Ok(t);
             }
         }
-        let (id, group) = match L::with(&self.core, |c| c.join()) {
+        let (id, group) = match L::with(&self.core, |c| c.join_n(n)) {
             Joined::Lead(id, g) => (id, g),
             Joined::Follow(id) => {
                 let mut waiting = Waiting {
@@ -745,6 +857,139 @@ pub(crate) mod tests {
         assert_eq!(flat, (1..=THREADS * EACH).collect::<Vec<u64>>());
         assert_eq!(stats.members, THREADS * EACH);
         assert!(stats.groups <= stats.members);
+    }
+
+    #[test]
+    fn with_a_limit_of_two_the_second_request_leads_and_the_third_waits() {
+        let mut c = Core::with_limit(2);
+        let Joined::Lead(_, g1) = c.join() else {
+            panic!("first leads")
+        };
+        let Joined::Lead(_, g2) = c.join() else {
+            panic!("second leads: one range in flight is below the limit")
+        };
+        let [x, y] = [0; 2].map(|_| match c.join() {
+            Joined::Follow(id) => id,
+            j => panic!("{j:?}"),
+        });
+        // The second range returns first: the open group closes behind it.
+        let (r, _) = c.complete(g2, Ok(Timestamp(20)));
+        assert_eq!(ts(r), 20);
+        let Joined::Follow(z) = c.join() else {
+            panic!("x and y's closed group and g1 fill the limit")
+        };
+        let g = lead(&mut c, y);
+        assert_eq!(g.size(), 2);
+        let (r, _) = c.complete(g1, Ok(Timestamp(10)));
+        assert_eq!(ts(r), 10);
+        let gz = lead(&mut c, z);
+        assert_eq!(gz.size(), 1);
+        let (r, _) = c.complete(g, Ok(Timestamp(30)));
+        assert_eq!(ts(r), 31, "y leads; x arrived first and gets the first");
+        assert_eq!(ts(done(&mut c, x)), 30);
+        let (r, _) = c.complete(gz, Ok(Timestamp(40)));
+        assert_eq!(ts(r), 40);
+        assert!(!c.in_flight());
+        assert_eq!(c.stats().groups, 4);
+    }
+
+    #[test]
+    fn counted_members_get_the_first_of_their_own_range() {
+        let mut c = Core::default();
+        let Joined::Lead(_, g) = c.join_n(3) else {
+            panic!()
+        };
+        assert_eq!(g.size(), 3);
+        let Joined::Follow(b) = c.join_n(5) else {
+            panic!()
+        };
+        let Joined::Follow(d) = c.join() else {
+            panic!()
+        };
+        let Joined::Follow(e) = c.join_n(2) else {
+            panic!()
+        };
+        let (r, _) = c.complete(g, Ok(Timestamp(10)));
+        assert_eq!(ts(r), 10);
+        let g = lead(&mut c, b);
+        assert_eq!(g.size(), 8, "one FAA covering every member's count");
+        // d leaves once its group's leader has it: its timestamp is discarded, and e's
+        // range stays where the leader's FAA of 8 puts it.
+        let _ = c.abandon(d);
+        assert_eq!(g.size(), 8);
+        let (r, _) = c.complete(g, Ok(Timestamp(100)));
+        assert_eq!(ts(r), 100, "b: 100..105");
+        assert_eq!(
+            ts(done(&mut c, e)),
+            106,
+            "e after b's 5 and d's 1: 106..108"
+        );
+        assert_eq!(c.stats().members, 3 + 8);
+    }
+
+    /// The thread tier: coroutines of one thread combine in a `LocalLock` group whose
+    /// leader asks the process group for its whole group's count.
+    #[test]
+    fn thread_tier_groups_combine_into_one_process_request() {
+        let process = TsoGroup::<&'static str>::new();
+        let local = TsoGroup::<&'static str, LocalLock>::new();
+        let counter = AtomicU64::new(0);
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let gate = std::cell::RefCell::new(Some(rx));
+        let take = |n: u64| {
+            let (process, counter, gate) = (&process, &counter, &gate);
+            async move {
+                process
+                    .take_n(n, |m| async move {
+                        // The first range request waits for the gate: the others pile up.
+                        let rx = gate.borrow_mut().take();
+                        if let Some(rx) = rx {
+                            std::future::poll_fn(|_| match rx.try_recv() {
+                                Ok(()) => Poll::Ready(()),
+                                Err(_) => Poll::Pending,
+                            })
+                            .await;
+                        }
+                        Ok(Timestamp(counter.fetch_add(m, Ordering::SeqCst) + 1))
+                    })
+                    .await
+                    .map_err(|_| "process tier failed")
+            }
+        };
+        let mut futs: Vec<_> = (0..5).map(|_| Box::pin(local.take(take))).collect();
+        for f in futs.iter_mut() {
+            assert!(f.as_mut().poll(&mut cx).is_pending());
+        }
+        tx.send(()).unwrap();
+        let mut got = vec![None; 5];
+        for _ in 0..4 {
+            for (i, f) in futs.iter_mut().enumerate() {
+                if got[i].is_none() {
+                    if let Poll::Ready(r) = f.as_mut().poll(&mut cx) {
+                        got[i] = Some(r.unwrap().get());
+                    }
+                }
+            }
+        }
+        let got: Vec<u64> = got.into_iter().map(Option::unwrap).collect();
+        assert_eq!(got, vec![1, 2, 3, 4, 5], "arrival order, contiguous");
+        assert_eq!(
+            local.stats(),
+            GroupStats {
+                groups: 2,
+                members: 5
+            }
+        );
+        assert_eq!(
+            process.stats(),
+            GroupStats {
+                groups: 2,
+                members: 5
+            },
+            "one process request (and one FAA) per thread group: 1, then the other 4"
+        );
     }
 
     #[test]

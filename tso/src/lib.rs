@@ -7,8 +7,12 @@
 //! never touches the counter (DESIGN.md's rule for shared words). Backends without device
 //! memory (shm, Soft-RoCE) fall back to host memory and say so ([`oracle::Oracle::placement`]).
 //!
-//! A process's concurrent requests can be combined into one FAA per group
-//! ([`group`], [`GroupedTso`]).
+//! A thread that must survive oracle restarts takes its timestamps through a [`TsoConn`]
+//! ([`conn`]), which switches to the restarted oracle's new epoch.
+//!
+//! Concurrent requests can be combined into one FAA per group ([`group`]): a thread's
+//! coroutines without locks or atomics ([`ThreadTso`]), a process's threads under a
+//! mutex ([`GroupedTso`]).
 //!
 //! Guarantees: timestamps are `>= 1`, unique and strictly increasing in real time, across
 //! restarts of an oracle that keeps a state directory: each start persists a larger epoch
@@ -20,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod combine;
+pub mod conn;
 pub mod epoch;
 pub mod group;
 pub mod history;
@@ -28,8 +33,9 @@ pub mod proxy;
 pub mod source;
 pub mod timestamp;
 
+pub use conn::{ReconnectConfig, TsoConn};
 pub use group::{GroupFailure, GroupStats, TsoGroup};
-pub use oracle::{GroupedTso, Oracle, TsoClient, TsoError, TsoExport, EXPORT_NAME};
+pub use oracle::{GroupedTso, Oracle, ThreadTso, TsoClient, TsoError, TsoExport, EXPORT_NAME};
 pub use proxy::{Proxy, ProxyClient, ProxyConfig};
 pub use source::{Choice, SourceConfig, TsoSources};
 pub use timestamp::{Timestamp, TimestampRange};

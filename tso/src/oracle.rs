@@ -46,6 +46,30 @@ pub enum TsoError {
     /// The TSO group's leader got no range for this request's group.
     #[error("TSO group")]
     Group(#[from] GroupFailure<Arc<TsoError>>),
+    /// The oracle stopped answering and did not come back within the reconnect wait
+    /// ([`crate::conn::ReconnectConfig::wait`]).
+    #[error("TSO oracle at {addr} unavailable for {waited:?}")]
+    Unavailable {
+        /// The oracle's bootstrap address.
+        addr: std::net::SocketAddr,
+        /// How long the request waited.
+        waited: std::time::Duration,
+        /// The last failure (the FAA's, or reaching the control plane).
+        #[source]
+        source: Box<RpcError>,
+    },
+    /// The oracle came back with an epoch that is not larger than the one this client
+    /// used (restarted without `--state-dir`, or its state directory was lost or rolled
+    /// back): its timestamps could go back, so none is taken.
+    #[error("TSO oracle at {addr} restarted in epoch {new}, not after epoch {old}: timestamps would go back (is its --state-dir durable?)")]
+    WentBack {
+        /// The oracle's bootstrap address.
+        addr: std::net::SocketAddr,
+        /// Epoch the client used.
+        old: u16,
+        /// Epoch of the restarted oracle.
+        new: u16,
+    },
     /// A request for zero timestamps.
     #[error("asked for zero timestamps")]
     ZeroCount,
@@ -134,10 +158,8 @@ impl Oracle {
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn with_epoch(fabric: &Fabric, epoch: u16) -> Result<Self, TsoError> {
         let (counter, placement) = fabric.alloc_dm(COUNTER_BYTES)?;
-        counter.atomic_u64(0).store(
-            (epoch as u64) << EPOCH_SHIFT,
-            std::sync::atomic::Ordering::Release,
-        );
+        // A release store (a memcpy to the NIC on device memory).
+        counter.store_u64(0, (epoch as u64) << EPOCH_SHIFT);
         Ok(Self {
             counter,
             placement,
@@ -173,11 +195,7 @@ impl Oracle {
     /// The counter's value (the last timestamp taken, `epoch << 48` before the first),
     /// read by this CPU. A plain load: the oracle modifies the counter only before export.
     pub fn current(&self) -> Timestamp {
-        Timestamp(
-            self.counter
-                .atomic_u64(0)
-                .load(std::sync::atomic::Ordering::Acquire),
-        )
+        Timestamp(self.counter.load_u64(0))
     }
 }
 
@@ -216,6 +234,11 @@ impl TsoClient {
     /// Node id of the oracle.
     pub fn node(&self) -> NodeId {
         self.node
+    }
+
+    /// The counter word of this incarnation.
+    pub fn counter(&self) -> RemoteAddr {
+        self.counter
     }
 
     /// The oracle's epoch as it exported it.
@@ -322,8 +345,70 @@ impl GroupedTso {
             .await?)
     }
 
-    /// Groups formed and members served so far.
+    /// Process-tier groups formed (FAAs issued) and timestamps they served so far.
     pub fn stats(&self) -> GroupStats {
         self.group.stats()
+    }
+}
+
+/// FAAs a [`ThreadTso`] lets be in flight at once ([`TsoGroup::with_limit`]).
+pub const THREAD_RANGES_IN_FLIGHT: usize = 2;
+
+/// One thread's TSO group (Scythe 4.5 (2), the coroutines of a thread): the thread's
+/// concurrent requests combine with no lock and no atomic instruction
+/// ([`crate::group::LocalLock`]), and the leader takes the group's range with one FAA of
+/// its size on the thread's own context. Give one to each thread (it is not `Send`).
+///
+/// Threads do not wait for each other here: each thread's groups FAA the oracle
+/// directly. (Stacking this tier on the process's [`GroupedTso`], one request of `n` per
+/// thread group through [`TsoGroup::take_n`], combines threads too, but makes a thread
+/// wait until another thread is scheduled to finish its FAA: on a machine with more busy
+/// threads than cores that cost more than the FAAs it saved; see the README's TSO
+/// section.)
+///
+/// Up to [`THREAD_RANGES_IN_FLIGHT`] groups' FAAs are in flight at once: with two
+/// coroutines each leads its own FAA (as without groups), with many they wait in the open
+/// group and one FAA serves it all.
+///
+/// Guarantees as [`TsoGroup`]: no prefetching (a group's FAA is issued after its members
+/// arrived), bounded wait (at most two FAAs), no lost wake-ups (the group's wakers belong
+/// to the thread's own executor), unique timestamps increasing per coroutine.
+pub struct ThreadTso {
+    client: TsoClient,
+    local: TsoGroup<Arc<TsoError>, crate::group::LocalLock>,
+}
+
+impl ThreadTso {
+    /// A thread group taking its ranges through `client`, up to
+    /// [`THREAD_RANGES_IN_FLIGHT`] FAAs in flight.
+    pub fn new(client: TsoClient) -> Self {
+        Self {
+            client,
+            local: TsoGroup::with_limit(THREAD_RANGES_IN_FLIGHT),
+        }
+    }
+
+    /// One timestamp through the thread's group: a leader takes its group's range with
+    /// one FAA, a follower waits for at most two FAAs.
+    ///
+    /// Errors: [`TsoError::Group`] when the leader's FAA failed (its error is the source)
+    /// or the leader was cancelled.
+    pub async fn timestamp(&self, ctx: &ThreadCtx) -> Result<Timestamp, TsoError> {
+        let client = &self.client;
+        Ok(self
+            .local
+            .take(|n| async move {
+                client
+                    .timestamps(ctx, n)
+                    .await
+                    .map(|r| r.first())
+                    .map_err(Arc::new)
+            })
+            .await?)
+    }
+
+    /// Thread-tier groups formed (FAAs issued) and timestamps served.
+    pub fn stats(&self) -> GroupStats {
+        self.local.stats()
     }
 }

@@ -67,10 +67,15 @@ fn take(group: &Group, counter: &AtomicU64, rounds: usize) -> Vec<u64> {
 }
 
 fn model(threads: usize, rounds: usize) {
+    model_limit(threads, rounds, 1)
+}
+
+/// [`model`] with up to `limit` range requests in flight at once.
+fn model_limit(threads: usize, rounds: usize, limit: usize) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
     b.check(move || {
-        let group = Arc::new(Group::new());
+        let group = Arc::new(Group::with_limit(limit));
         let counter = Arc::new(AtomicU64::new(0));
         let hs: Vec<_> = (1..threads)
             .map(|_| {
@@ -108,4 +113,72 @@ fn loom_two_threads_two_requests_each() {
 #[test]
 fn loom_three_threads_one_request_each() {
     model(3, 1);
+}
+
+#[test]
+fn loom_two_ranges_in_flight_three_threads() {
+    model_limit(3, 1, 2);
+}
+
+#[test]
+fn loom_two_ranges_in_flight_two_threads_two_requests_each() {
+    model_limit(2, 2, 2);
+}
+
+/// Thread `i` asks for `i + 1` consecutive timestamps per request (`take_n`, as a
+/// thread-tier leader does for its thread's group): every request gets a contiguous range
+/// of its size, ranges never overlap, and together they are exactly what was taken from
+/// the counter (none lost, none prefetched).
+fn model_counted(threads: usize, rounds: usize) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(move || {
+        let group = Arc::new(Group::new());
+        let counter = Arc::new(AtomicU64::new(0));
+        fn take_ranges(g: &Group, c: &AtomicU64, n: u64, rounds: usize) -> Vec<u64> {
+            let mut got = Vec::new();
+            for _ in 0..rounds {
+                let first = block_on(g.take_n(n, |m| async move {
+                    Ok(Timestamp(c.fetch_add(m, Ordering::AcqRel) + 1))
+                }))
+                .expect("the range request cannot fail here")
+                .get();
+                got.extend(first..first + n);
+            }
+            got
+        }
+        let hs: Vec<_> = (1..threads)
+            .map(|i| {
+                let (g, c) = (group.clone(), counter.clone());
+                thread::spawn(move || take_ranges(&g, &c, i as u64 + 1, rounds))
+            })
+            .collect();
+        let mut all = take_ranges(&group, &counter, 1, rounds);
+        for h in hs {
+            all.extend(h.join().unwrap());
+        }
+        let total: u64 = (1..=threads as u64).map(|n| n * rounds as u64).sum();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (1..=total).collect::<Vec<u64>>(),
+            "ranges contiguous, disjoint, none skipped"
+        );
+        assert_eq!(
+            counter.load(Ordering::Acquire),
+            total,
+            "no range prefetched"
+        );
+        assert_eq!(group.stats().members, total, "members count timestamps");
+    });
+}
+
+#[test]
+fn loom_counted_requests_two_threads() {
+    model_counted(2, 2);
+}
+
+#[test]
+fn loom_counted_requests_three_threads() {
+    model_counted(3, 1);
 }

@@ -40,7 +40,7 @@ use lockd::client::{Grant, LockClient, LockError, LockRequest, Ticket};
 use lockd::takeout::{Mode, RefuseReason};
 use rrpc::fabric::RemoteAddr;
 use rrpc::runtime::{join, join_all, RpcError, ThreadCtx};
-use tso::TsoClient;
+use tso::{ReconnectConfig, TsoConn};
 
 use crate::history::{Access, History};
 use crate::store::{
@@ -163,6 +163,9 @@ pub struct OccConfig {
     /// bytes per thread (see [`crate::history`] for the cost per transaction); `None`
     /// (the default) records nothing.
     pub history_limit_bytes: Option<usize>,
+    /// How long a timestamp request waits for a restarted oracle, and how often it looks
+    /// for it (default: [`ReconnectConfig::default`], 30 s and 10 ms).
+    pub tso_reconnect: ReconnectConfig,
 }
 
 impl Default for OccConfig {
@@ -170,6 +173,7 @@ impl Default for OccConfig {
         Self {
             lock_wait: Duration::from_secs(2),
             history_limit_bytes: None,
+            tso_reconnect: ReconnectConfig::default(),
         }
     }
 }
@@ -192,7 +196,7 @@ pub struct TxnClient {
     tables: Vec<TableExport>,
     lock_base: Vec<u64>,
     locks: LockClient,
-    tso: TsoClient,
+    tso: TsoConn,
     addr_cache: RefCell<HashMap<(u32, u64), u64>>,
     cfg: OccConfig,
     history: RefCell<Option<History>>,
@@ -234,8 +238,7 @@ impl TxnClient {
         }
         let lk = ctx.connect_rpc(addrs.lockd)?;
         let locks = LockClient::from_info(&lk)?;
-        let ts = ctx.connect(addrs.tso)?;
-        let tso = TsoClient::from_info(&ts)?;
+        let tso = TsoConn::connect(ctx.clone(), addrs.tso, cfg.tso_reconnect)?;
         let mut lock_base = Vec::new();
         let mut base = 0;
         for t in &tables {
@@ -397,9 +400,15 @@ impl TxnClient {
         Ok((e.version, e.value))
     }
 
-    /// Take one timestamp from the TSO.
+    /// Take one timestamp from the TSO (waiting for a restarted oracle, see
+    /// [`tso::conn`]).
     pub async fn timestamp(&self) -> Result<u64, TxnError> {
-        Ok(self.tso.timestamp(&self.ctx).await?.get())
+        Ok(self.tso.timestamp().await?.get())
+    }
+
+    /// The TSO connection (its epoch in use, restarts it survived).
+    pub fn tso(&self) -> &TsoConn {
+        &self.tso
     }
 }
 

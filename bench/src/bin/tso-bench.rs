@@ -7,8 +7,8 @@
 //!
 //! - `faa`: every request is one one-sided FAA of 1 on the oracle's counter (Scythe's
 //!   RDMA-friendly TSO without groups);
-//! - `group`: the process's concurrent requests are combined, one FAA of `n` per group
-//!   (`tso::GroupedTso`, Scythe 4.5 (2));
+//! - `group`: concurrent requests of a thread's coroutines are combined, one FAA of `n`
+//!   per group (Scythe 4.5 (2); `tso::ThreadTso`); mean-group-size is timestamps per FAA;
 //! - `proxy`: groups whose range request is an RPC to a TSO proxy, which merges the
 //!   groups of all client threads into one FAA on the oracle (`tso::Proxy`, Scythe 4.5
 //!   (3)); the proxy is a node of the local cluster with one server thread;
@@ -38,8 +38,8 @@ use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
 use tso::{
-    GroupedTso, Oracle, Proxy, ProxyConfig, SourceConfig, Timestamp, TsoClient, TsoSources,
-    EXPORT_NAME,
+    GroupStats, GroupedTso, Oracle, Proxy, ProxyConfig, SourceConfig, ThreadTso, Timestamp,
+    TsoClient, TsoSources, EXPORT_NAME,
 };
 
 /// Handler id of the RPC oracle.
@@ -261,25 +261,21 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
         )?)),
         None => None,
     };
-    // The process's one TSO group, shared by the client threads (group and proxy modes).
-    let probe = ThreadCtx::new(open(99)?, RuntimeConfig::default()).map_err(anyhow::Error::msg)?;
-    let grouped = Arc::new(match &sources {
-        Some(s) => GroupedTso::with_sources(s.clone()),
-        None => GroupedTso::new(TsoClient::from_info(
-            &probe.connect(addr).map_err(anyhow::Error::msg)?,
-        )?),
-    });
+    // Proxy mode: the process's one TSO group, whose range request goes to the proxy.
+    let grouped = sources
+        .as_ref()
+        .map(|s| Arc::new(GroupedTso::with_sources(s.clone())));
     let t0 = Instant::now();
     let window = (
         t0 + Duration::from_millis(a.warmup_ms),
         t0 + Duration::from_millis(a.warmup_ms + a.duration_ms),
     );
-    let results: Vec<Result<(Histogram<u64>, u64)>> = std::thread::scope(|s| {
+    let results: Vec<Result<(Histogram<u64>, u64, GroupStats)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let coros = clients / threads + usize::from(t < clients % threads);
                 let (open, grouped, sources) = (&open, grouped.clone(), sources.clone());
-                s.spawn(move || -> Result<(Histogram<u64>, u64)> {
+                s.spawn(move || -> Result<(Histogram<u64>, u64, GroupStats)> {
                     let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
                         .map_err(anyhow::Error::msg)?;
                     let info = if mode == Mode::RpcOracle {
@@ -298,16 +294,12 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
             .collect();
         bench::join_clients(hs)
     });
-    let mean_group = match (mode, &proxy) {
-        (Mode::Group, _) => grouped.stats().mean_group_size(),
-        // Timestamps per FAA on the oracle: the proxy merges the client groups.
-        (Mode::Proxy, Some(p)) => {
-            let s = p.stats().combine;
-            s.timestamps as f64 / s.batches.max(1) as f64
-        }
-        _ => 1.0,
-    };
-    drop(probe);
+    // Proxy mode: timestamps per FAA on the oracle (the proxy merges the client groups).
+    let proxy_mean = proxy.as_ref().map(|p| {
+        let s = p.stats().combine;
+        s.timestamps as f64 / s.batches.max(1) as f64
+    });
+    drop(grouped);
     drop(proxy);
     drop(node);
     drop(oracle);
@@ -316,12 +308,18 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
         hist: new_hist(),
         requests: 0,
         secs: a.duration_ms as f64 / 1e3,
-        mean_group,
+        mean_group: proxy_mean.unwrap_or(1.0),
     };
+    let mut st = GroupStats::default();
     for r in results {
-        let (h, n) = r?;
+        let (h, n, s) = r?;
         p.hist.add(&h).expect("same bounds");
         p.requests += n;
+        st.groups += s.groups;
+        st.members += s.members;
+    }
+    if mode == Mode::Group {
+        p.mean_group = st.mean_group_size();
     }
     Ok(p)
 }
@@ -332,33 +330,49 @@ fn new_hist() -> Histogram<u64> {
 
 /// One client thread: `coros` coroutines taking one timestamp per request until the end
 /// of `window`, recording latencies and counting requests inside it. Each coroutine
-/// checks that its timestamps strictly increase.
+/// checks that its timestamps strictly increase. Returns the histogram, the requests in
+/// the window and the thread's group counters (group mode).
 fn client_thread(
     ctx: &Rc<ThreadCtx>,
     mode: Mode,
     tc: TsoClient,
-    grouped: Arc<GroupedTso>,
+    grouped: Option<Arc<GroupedTso>>,
     coros: usize,
     (warm, end): (Instant, Instant),
-) -> Result<(Histogram<u64>, u64)> {
+) -> Result<(Histogram<u64>, u64, GroupStats)> {
+    // This thread's TSO group (its coroutines combine without atomics).
+    let local = Rc::new(ThreadTso::new(tc.clone()));
     let tc = Rc::new(tc);
+    // The clock read twice per request is quanta's (TSC): the vDSO's clock_gettime cost a
+    // seventh of a group-mode run's cycles in this VM.
+    let (warm, end) = {
+        let (q, s) = (quanta::Instant::now(), Instant::now());
+        (
+            q + warm.saturating_duration_since(s),
+            q + end.saturating_duration_since(s),
+        )
+    };
     let hist = Rc::new(RefCell::new(new_hist()));
     let count = Rc::new(RefCell::new(0u64));
     let failure: Rc<RefCell<Option<anyhow::Error>>> = Rc::new(RefCell::new(None));
     let mut ex = Executor::new(ctx.clone());
     for _ in 0..coros {
-        let (ctx, tc, grouped) = (ctx.clone(), tc.clone(), grouped.clone());
+        let (ctx, tc, local, grouped) = (ctx.clone(), tc.clone(), local.clone(), grouped.clone());
         let (hist, count, failure) = (hist.clone(), count.clone(), failure.clone());
         ex.spawn(async move {
             let mut last = Timestamp::ZERO;
             loop {
-                let start = Instant::now();
+                let start = quanta::Instant::now();
                 if start >= end || failure.borrow().is_some() {
                     break;
                 }
                 let r: Result<Timestamp> = match mode {
                     Mode::Faa => tc.timestamp(&ctx).await.map_err(Into::into),
-                    Mode::Group | Mode::Proxy => grouped.timestamp(&ctx).await.map_err(Into::into),
+                    Mode::Group => local.timestamp(&ctx).await.map_err(Into::into),
+                    Mode::Proxy => match &grouped {
+                        Some(g) => g.timestamp(&ctx).await.map_err(Into::into),
+                        None => Err(anyhow::anyhow!("proxy mode without a proxy group")),
+                    },
                     Mode::RpcOracle => ctx
                         .call(NodeId(ORACLE_NODE), RPC_ORACLE_HANDLER, &[])
                         .await
@@ -368,7 +382,7 @@ fn client_thread(
                             Ok(Timestamp(u64::from_le_bytes(w)))
                         }),
                 };
-                let done = Instant::now();
+                let done = quanta::Instant::now();
                 let t = match r {
                     Ok(t) => t,
                     Err(e) => {
@@ -398,5 +412,5 @@ fn client_thread(
     }
     let h = hist.borrow().clone();
     let n = *count.borrow();
-    Ok((h, n))
+    Ok((h, n, local.stats()))
 }

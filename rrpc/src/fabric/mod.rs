@@ -503,8 +503,12 @@ impl Fabric {
             }
             #[cfg(feature = "verbs")]
             Self::Verbs(f) => {
-                let (mr, placement) = f.alloc_dm(len)?;
-                Ok((MemoryRegion::Verbs(mr), placement))
+                let (mem, placement) = f.alloc_dm(len)?;
+                let mr = match mem {
+                    verbs::DmOrHost::Device(dm) => MemoryRegion::VerbsDm(dm),
+                    verbs::DmOrHost::Host(mr) => MemoryRegion::Verbs(mr),
+                };
+                Ok((mr, placement))
             }
         }
     }
@@ -545,6 +549,13 @@ pub enum MemoryRegion {
     /// libibverbs backend.
     #[cfg(feature = "verbs")]
     Verbs(verbs::VerbsMr),
+    /// libibverbs device memory ([`Fabric::alloc_dm`] on a NIC that has it): a zero-based
+    /// MR (its `addr` is 0) without a local mapping. The CPU reaches it only through
+    /// [`MemoryRegion::read`], [`MemoryRegion::write`], [`MemoryRegion::load_u64`] and
+    /// [`MemoryRegion::store_u64`] (memcpy calls, not atomic with respect to the NIC);
+    /// [`MemoryRegion::as_ptr`] and [`MemoryRegion::atomic_u64`] panic on it.
+    #[cfg(feature = "verbs")]
+    VerbsDm(verbs::VerbsDm),
 }
 
 impl MemoryRegion {
@@ -554,6 +565,9 @@ impl MemoryRegion {
             Self::Shm(m) => m.addr(),
             #[cfg(feature = "verbs")]
             Self::Verbs(m) => m.addr(),
+            // Zero-based: remote addresses are offsets.
+            #[cfg(feature = "verbs")]
+            Self::VerbsDm(_) => 0,
         }
     }
     /// Length in bytes.
@@ -562,6 +576,8 @@ impl MemoryRegion {
             Self::Shm(m) => m.len(),
             #[cfg(feature = "verbs")]
             Self::Verbs(m) => m.len(),
+            #[cfg(feature = "verbs")]
+            Self::VerbsDm(m) => m.len(),
         }
     }
     /// Whether the region has zero length.
@@ -574,6 +590,8 @@ impl MemoryRegion {
             Self::Shm(m) => m.key(),
             #[cfg(feature = "verbs")]
             Self::Verbs(m) => m.lkey(),
+            #[cfg(feature = "verbs")]
+            Self::VerbsDm(m) => m.lkey(),
         }
     }
     /// Remote key.
@@ -582,6 +600,8 @@ impl MemoryRegion {
             Self::Shm(m) => m.key(),
             #[cfg(feature = "verbs")]
             Self::Verbs(m) => m.rkey(),
+            #[cfg(feature = "verbs")]
+            Self::VerbsDm(m) => m.rkey(),
         }
     }
     /// Descriptor for peers.
@@ -604,12 +624,33 @@ impl MemoryRegion {
         }
     }
     /// Base pointer of the local mapping.
+    ///
+    /// Panics on device memory ([`MemoryRegion::VerbsDm`]), which has none.
     pub fn as_ptr(&self) -> *mut u8 {
         match self {
             Self::Shm(m) => m.as_ptr(),
             #[cfg(feature = "verbs")]
             Self::Verbs(m) => m.as_ptr(),
+            #[cfg(feature = "verbs")]
+            Self::VerbsDm(_) => {
+                panic!("device memory has no local mapping: use read/write/load_u64/store_u64")
+            }
         }
+    }
+
+    /// Device memory reached through memcpy calls, if this is such a region.
+    #[cfg(feature = "verbs")]
+    fn device(&self) -> Option<&verbs::VerbsDm> {
+        match self {
+            Self::VerbsDm(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Device memory reached through memcpy calls, if this is such a region.
+    #[cfg(not(feature = "verbs"))]
+    fn device(&self) -> Option<&std::convert::Infallible> {
+        None
     }
     /// The 8-byte word at `offset` as an atomic, for CPU-side access by the owner.
     ///
@@ -629,18 +670,35 @@ impl MemoryRegion {
 
 impl MemoryRegion {
     /// 8-byte load with Acquire ordering at byte `off` (8-byte aligned; panics otherwise).
+    /// On device memory, a memcpy from the NIC.
     pub fn load_u64(&self, off: usize) -> u64 {
+        if self.device().is_some() {
+            let mut b = [0u8; 8];
+            self.read(off, &mut b);
+            return u64::from_le_bytes(b);
+        }
         self.atomic_u64(off)
             .load(std::sync::atomic::Ordering::Acquire)
     }
     /// 8-byte store with Release ordering at byte `off` (8-byte aligned; panics otherwise).
+    /// On device memory, a memcpy to the NIC.
     pub fn store_u64(&self, off: usize, v: u64) {
+        if self.device().is_some() {
+            self.write(off, &v.to_le_bytes());
+            return;
+        }
         self.atomic_u64(off)
             .store(v, std::sync::atomic::Ordering::Release)
     }
-    /// Copy `dst.len()` bytes at byte `off` out of the region (panics when out of range).
+    /// Copy `dst.len()` bytes at byte `off` out of the region (panics when out of range,
+    /// or when the provider refuses a device-memory copy).
     pub fn read(&self, off: usize, dst: &mut [u8]) {
         assert!(off + dst.len() <= self.len(), "read outside the MR");
+        #[cfg(feature = "verbs")]
+        if let Some(d) = self.device() {
+            d.read(off, dst).expect("ibv_memcpy_from_dm");
+            return;
+        }
         // SAFETY: range checked; peers may write concurrently, which the ring protocol
         // tolerates by checking labels with acquire loads before and after copying.
         unsafe {
@@ -650,12 +708,21 @@ impl MemoryRegion {
     /// Copy `src` into the region at byte `off` (panics when out of range).
     pub fn write(&self, off: usize, src: &[u8]) {
         assert!(off + src.len() <= self.len(), "write outside the MR");
+        #[cfg(feature = "verbs")]
+        if let Some(d) = self.device() {
+            d.write(off, src).expect("ibv_memcpy_to_dm");
+            return;
+        }
         // SAFETY: range checked; the mapping is writable and lives as long as `self`.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(off), src.len()) }
     }
     /// Zero `len` bytes at byte `off` (panics when out of range).
     pub fn zero(&self, off: usize, len: usize) {
         assert!(off + len <= self.len(), "zero outside the MR");
+        if self.device().is_some() {
+            self.write(off, &vec![0u8; len]);
+            return;
+        }
         // SAFETY: range checked; the mapping is writable.
         unsafe { std::ptr::write_bytes(self.as_ptr().add(off), 0, len) }
     }

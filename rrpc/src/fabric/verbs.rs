@@ -272,9 +272,31 @@ impl VerbsFabric {
         Ok(VerbsMr { mr, map, len })
     }
 
-    /// Device memory: tries `ibv_alloc_dm`. Devices without it (Soft-RoCE reports
-    /// `max_dm_size` 0) fall back to host memory, and the reason says why.
-    pub fn alloc_dm(&self, len: usize) -> Result<(VerbsMr, DmPlacement)> {
+    /// Device memory: `ibv_alloc_dm` of `len` bytes (8-byte aligned), registered with
+    /// `ibv_reg_dm_mr` as a zero-based MR (`IBV_ACCESS_ZERO_BASED`: remote addresses are
+    /// offsets from 0) for local write and remote read, write and atomics, and zeroed.
+    /// Devices without device memory (Soft-RoCE reports `max_dm_size` 0) or whose
+    /// provider cannot register it fall back to host memory ([`VerbsFabric::alloc_mr`]),
+    /// and the reason says why.
+    pub fn alloc_dm(&self, len: usize) -> Result<(DmOrHost, DmPlacement)> {
+        match self.try_alloc_dm(len) {
+            Ok(dm) => Ok((DmOrHost::Device(dm), DmPlacement::Device)),
+            Err(reason) => Ok((
+                DmOrHost::Host(self.alloc_mr(len)?),
+                DmPlacement::HostFallback {
+                    reason: format!("{}: {reason}", self.inner.dev_name),
+                },
+            )),
+        }
+    }
+
+    /// Device memory or why not.
+    fn try_alloc_dm(&self, len: usize) -> std::result::Result<VerbsDm, String> {
+        if len == 0 || !len.is_multiple_of(8) {
+            return Err(format!(
+                "device memory of {len} bytes (a multiple of 8 is needed)"
+            ));
+        }
         let mut attr = rdma_mummy_sys::ibv_alloc_dm_attr {
             length: len,
             log_align_req: 3,
@@ -283,21 +305,35 @@ impl VerbsFabric {
         // SAFETY: a valid open context and an initialized attribute struct.
         let dm =
             unsafe { rdma_mummy_sys::ibv_alloc_dm(self.inner.ctx.context().as_ptr(), &mut attr) };
-        let reason = if dm.is_null() {
-            format!(
-                "{}: ibv_alloc_dm: {}",
-                self.inner.dev_name,
-                std::io::Error::last_os_error()
-            )
-        } else {
-            // SAFETY: `dm` was just allocated on this context and is not used after.
-            unsafe { rdma_mummy_sys::ibv_free_dm(dm) };
-            format!(
-                "{} has device memory, but mapping it (zero-based MR, memcpy access) is not implemented yet",
-                self.inner.dev_name
-            )
+        let Some(dm) = std::ptr::NonNull::new(dm) else {
+            return Err(format!("ibv_alloc_dm: {}", std::io::Error::last_os_error()));
         };
-        Ok((self.alloc_mr(len)?, DmPlacement::HostFallback { reason }))
+        let access = rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_ZERO_BASED.0
+            | rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+            | rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+            | rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            | rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+        // SAFETY: `pd` and `dm` belong to this open context; the MR covers `0..len` of
+        // the `len` bytes allocated; `VerbsDm` deregisters it before freeing `dm`.
+        let mr = unsafe {
+            rdma_mummy_sys::ibv_reg_dm_mr(self.inner.pd.pd().as_ptr(), dm.as_ptr(), 0, len, access)
+        };
+        let Some(mr) = std::ptr::NonNull::new(mr) else {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: `dm` was allocated above, nothing refers to it, it is not used after.
+            unsafe { rdma_mummy_sys::ibv_free_dm(dm.as_ptr()) };
+            return Err(format!("ibv_reg_dm_mr (zero-based): {e}"));
+        };
+        let dm = VerbsDm {
+            dm,
+            mr,
+            len,
+            _ctx: self.inner.clone(),
+        };
+        // Device memory is not zeroed by the device.
+        dm.write(0, &vec![0u8; len])
+            .map_err(|e| format!("ibv_memcpy_to_dm: {e}"))?;
+        Ok(dm)
     }
 
     /// Create a basic CQ of `depth` entries.
@@ -425,6 +461,118 @@ impl VerbsMr {
     /// Pointer to the data.
     pub fn as_ptr(&self) -> *mut u8 {
         self.map.as_ptr() as *mut u8
+    }
+}
+
+/// What [`VerbsFabric::alloc_dm`] got: device memory, or host memory in its place.
+pub enum DmOrHost {
+    /// On the NIC.
+    Device(VerbsDm),
+    /// The host fallback.
+    Host(VerbsMr),
+}
+
+/// Device memory on the NIC (`ibv_alloc_dm`) with a zero-based MR over it: remote
+/// addresses are offsets (`addr()` is 0), and the CPU reaches it only through
+/// `ibv_memcpy_to_dm` / `ibv_memcpy_from_dm` (there is no pointer to it).
+pub struct VerbsDm {
+    dm: std::ptr::NonNull<rdma_mummy_sys::ibv_dm>,
+    mr: std::ptr::NonNull<rdma_mummy_sys::ibv_mr>,
+    len: usize,
+    /// Keeps the context and PD alive while the DM and its MR exist.
+    _ctx: Arc<Inner>,
+}
+
+// SAFETY: the DM and MR handles are immutable after creation; libibverbs allows its
+// objects to be used from any thread, and the memcpy calls take no Rust references into
+// the device memory.
+unsafe impl Send for VerbsDm {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsDm {}
+
+impl VerbsDm {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the length is zero (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: `mr` is a live registration owned by `self`.
+        unsafe { self.mr.as_ref().lkey }
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { self.mr.as_ref().rkey }
+    }
+    /// Copy `dst.len()` bytes at byte `off` out of device memory.
+    ///
+    /// Errors: out of range, or the provider's error (mlx5 wants 4-byte multiples).
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> std::io::Result<()> {
+        self.check(off, dst.len())?;
+        // SAFETY: `dm` is live; `dst` is a valid writable buffer of `dst.len()` bytes and
+        // `off + dst.len()` is within the allocation (checked).
+        let rc = unsafe {
+            rdma_mummy_sys::ibv_memcpy_from_dm(
+                dst.as_mut_ptr().cast(),
+                self.dm.as_ptr(),
+                off as u64,
+                dst.len(),
+            )
+        };
+        errno(rc)
+    }
+    /// Copy `src` into device memory at byte `off`.
+    ///
+    /// Errors as [`VerbsDm::read`].
+    pub fn write(&self, off: usize, src: &[u8]) -> std::io::Result<()> {
+        self.check(off, src.len())?;
+        // SAFETY: `dm` is live; `src` is valid for reads of `src.len()` bytes and the
+        // range is within the allocation (checked).
+        let rc = unsafe {
+            rdma_mummy_sys::ibv_memcpy_to_dm(
+                self.dm.as_ptr(),
+                off as u64,
+                src.as_ptr().cast(),
+                src.len(),
+            )
+        };
+        errno(rc)
+    }
+    fn check(&self, off: usize, len: usize) -> std::io::Result<()> {
+        if off.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{len} bytes at {off} outside {} bytes of device memory",
+                    self.len
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A verbs return code (0 or an errno value, as the DM calls return them) as a result.
+fn errno(rc: i32) -> std::io::Result<()> {
+    match rc {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e.abs())),
+    }
+}
+
+impl Drop for VerbsDm {
+    fn drop(&mut self) {
+        // SAFETY: the MR was registered over `dm` by `alloc_dm` and is deregistered once,
+        // before the DM is freed; nothing uses either afterwards.
+        unsafe {
+            rdma_mummy_sys::ibv_dereg_mr(self.mr.as_ptr());
+            rdma_mummy_sys::ibv_free_dm(self.dm.as_ptr());
+        }
     }
 }
 

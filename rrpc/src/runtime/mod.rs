@@ -138,6 +138,10 @@ struct Conn {
     rpc: Option<RpcChan>,
     attached: Vec<QpKind>,
     broken: Option<GoneReason>,
+    /// Replaced by a newer connection to the same node id ([`ThreadCtx::reconnect`]):
+    /// kept only so that lists still naming its index complete; its calls were failed
+    /// when it was retired (calls are keyed by node id, which now names the successor).
+    retired: bool,
 }
 
 /// What one posted list carried, to finish or replay it when its completion arrives.
@@ -348,6 +352,52 @@ impl ThreadCtx {
         Ok(info)
     }
 
+    /// Attach again, for one-sided operations, to the node now at `addr`: for a node that
+    /// restarted (a new process under the same node id, possibly at a new address) or
+    /// whose connection failed. Fetches the node's current [`NodeInfo`] (its exports may
+    /// have changed: a restarted node registers new memory). If this thread's connection
+    /// to that node id is broken (its pool found the node unreachable), it is retired and
+    /// a new one is made over a fresh straw; its pending calls fail with
+    /// [`CallError::PeerGone`]. A healthy connection is kept (a failed QP alone is
+    /// repaired by its pool). Blocking (control plane, bounded by
+    /// [`RuntimeConfig::connect_timeout`]). Errors as [`ThreadCtx::connect`].
+    pub fn reconnect(&self, addr: SocketAddr) -> Result<NodeInfo, ConnectError> {
+        let info = node_info(addr, self.cfg.connect_timeout)
+            .map_err(|source| ConnectError::Control { addr, source })?;
+        {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            if let Some(&ci) = inner.by_node.get(&info.node) {
+                let c = &mut inner.conns[ci];
+                if c.broken.is_none() {
+                    if let Some(e) = c.straw.dead() {
+                        c.broken = Some(GoneReason::Reconnect(e));
+                    }
+                }
+                if let Some(why) = c.broken.clone() {
+                    c.retired = true;
+                    let node = info.node;
+                    inner.freed.clear();
+                    inner.calls.fail_node(
+                        node,
+                        |_| CallError::PeerGone {
+                            node,
+                            why: why.clone(),
+                        },
+                        &mut inner.freed,
+                    );
+                    for c in inner.freed.drain(..) {
+                        inner.arena.free(c);
+                    }
+                    inner.by_node.remove(&node);
+                }
+            }
+        }
+        // A dead straw is replaced by `Straws::straw`.
+        self.attach(&info, addr, QpKind::OneSided)?;
+        Ok(info)
+    }
+
     /// Attach this thread to the straw of `info.node` for `kind`; returns the conn index.
     fn attach(
         &self,
@@ -372,6 +422,7 @@ impl ThreadCtx {
                     rpc: None,
                     attached: Vec::new(),
                     broken: None,
+                    retired: false,
                 });
                 inner.by_node.insert(info.node, ci);
                 ci
@@ -1084,6 +1135,10 @@ impl ThreadCtx {
                 }
             }
             inner.freed.clear();
+            if inner.conns[ci].retired {
+                // Its calls were failed at retirement; the node id now names its successor.
+                continue;
+            }
             let w = why.clone();
             inner.calls.fail_node(
                 node,
