@@ -472,7 +472,7 @@ impl ThreadCtx {
                 len,
                 None,
                 self.cfg.max_transfer,
-                &mut timing,
+                Some(&mut timing),
             )
             .await?;
         let now = Instant::now();
@@ -556,11 +556,12 @@ impl ThreadCtx {
         data: Option<&[u8]>,
         max: usize,
     ) -> Result<Vec<u8>, OneSidedError> {
-        self.one_sided_timed(node, opcode, remote, len, data, max, &mut None)
+        self.one_sided_timed(node, opcode, remote, len, data, max, None)
             .await
     }
 
-    /// [`ThreadCtx::one_sided_up_to`], setting `timing` when the op completed.
+    /// [`ThreadCtx::one_sided_up_to`], setting `*timing` when the op completed. Only ops
+    /// that ask for their timing read the clock (at their post and their completion).
     #[allow(clippy::too_many_arguments)]
     async fn one_sided_timed(
         &self,
@@ -570,8 +571,9 @@ impl ThreadCtx {
         len: usize,
         data: Option<&[u8]>,
         max: usize,
-        timing: &mut Option<OpTiming>,
+        timing: Option<&mut Option<OpTiming>>,
     ) -> Result<Vec<u8>, OneSidedError> {
+        let timed = timing.is_some();
         let id = std::future::poll_fn(|cx| {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
@@ -595,7 +597,7 @@ impl ThreadCtx {
             if let Some(d) = data {
                 inner.arena.mr().write(chunk.off, d);
             }
-            let id = inner.ops.open(chunk, len);
+            let id = inner.ops.open(chunk, len, timed);
             let wr = SendWr {
                 wr_id: 0,
                 opcode,
@@ -620,7 +622,9 @@ impl ThreadCtx {
         let out = {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
-            *timing = inner.ops.timing(id);
+            if let Some(t) = timing {
+                *t = inner.ops.timing(id);
+            }
             match inner.ops.finish(id) {
                 Some((c, len)) => {
                     let mut out = vec![0u8; len];
@@ -1210,9 +1214,9 @@ impl ThreadCtx {
             }
             let mut ops = inner.vec_pool.pop().unwrap_or_default();
             ops.extend_from_slice(&conn.os_ops[posted..posted + n]);
-            let now = Instant::now();
+            let mut now = None;
             for &id in &ops {
-                inner.ops.posted(id, now);
+                inner.ops.posted(id, &mut now);
             }
             inner.lists.set(token, Rec::OneSided { conn: ci, ops });
             inner.stats.doorbells += 1;

@@ -25,6 +25,8 @@ struct Slot {
     /// The future was dropped before completion: the completion frees the slot.
     abandoned: bool,
     waker: Option<Waker>,
+    /// Whether the op's issuer asked for its timing: only then is the clock read.
+    timed: bool,
     /// When the WR was posted (its doorbell) and when this thread saw its completion.
     posted: Option<Instant>,
     completed: Option<Instant>,
@@ -57,14 +59,16 @@ pub(crate) struct OpTable {
 }
 
 impl OpTable {
-    /// A slot for an op of `len` bytes using local buffer `chunk`.
-    pub(crate) fn open(&mut self, chunk: Chunk, len: usize) -> usize {
+    /// A slot for an op of `len` bytes using local buffer `chunk`; `timed`: record when it
+    /// was posted and completed ([`Self::timing`]).
+    pub(crate) fn open(&mut self, chunk: Chunk, len: usize, timed: bool) -> usize {
         let slot = Slot {
             state: State::Waiting,
             chunk: Some(chunk),
             len,
             abandoned: false,
             waker: None,
+            timed,
             posted: None,
             completed: None,
         };
@@ -92,7 +96,9 @@ impl OpTable {
             return c;
         }
         if matches!(s.state, State::Waiting) {
-            s.completed = Some(Instant::now());
+            if s.timed {
+                s.completed = Some(Instant::now());
+            }
             s.state = State::Done(r);
             if let Some(w) = s.waker.take() {
                 w.wake();
@@ -101,10 +107,13 @@ impl OpTable {
         None
     }
 
-    /// Op `id`'s WR was posted at `t`.
-    pub(crate) fn posted(&mut self, id: usize, t: Instant) {
+    /// Op `id`'s WR was posted. A timed op records the time, read once per list: `now`
+    /// is the list's clock, read by its first timed op.
+    pub(crate) fn posted(&mut self, id: usize, now: &mut Option<Instant>) {
         if let Some(s) = self.slots.get_mut(id) {
-            s.posted = Some(t);
+            if s.timed {
+                s.posted = Some(*now.get_or_insert_with(Instant::now));
+            }
         }
     }
 
@@ -166,23 +175,24 @@ mod tests {
     fn complete_then_finish_returns_the_buffer_once() {
         let mut t = OpTable::default();
         let c = Chunk { off: 64, class: 0 };
-        let id = t.open(c, 8);
+        let id = t.open(c, 8, false);
         let w = Waker::noop();
         assert!(t.poll(id, w).is_pending());
         assert_eq!(t.complete(id, Ok(())), None);
         assert!(matches!(t.poll(id, w), Poll::Ready(Ok(()))));
         assert_eq!(t.finish(id), Some((c, 8)));
-        assert_eq!(t.open(c, 8), id, "the slot is reused");
+        assert_eq!(t.open(c, 8, false), id, "the slot is reused");
     }
 
     #[test]
     fn timing_spans_post_to_completion_and_restarts_with_the_slot() {
         let mut t = OpTable::default();
         let c = Chunk { off: 0, class: 0 };
-        let id = t.open(c, 8);
+        let id = t.open(c, 8, true);
         assert_eq!(t.timing(id), None, "not posted");
-        let posted = Instant::now();
-        t.posted(id, posted);
+        let mut now = None;
+        t.posted(id, &mut now);
+        let posted = now.expect("a timed op reads the list's clock");
         assert_eq!(t.timing(id), None, "not completed");
         t.complete(id, Ok(()));
         let tm = t.timing(id).unwrap();
@@ -190,18 +200,23 @@ mod tests {
         assert!(tm.completed >= posted);
         assert_eq!(tm.network(), tm.completed - posted);
         t.finish(id);
-        let id2 = t.open(c, 8);
+        let id2 = t.open(c, 8, false);
         assert_eq!(id2, id);
         assert_eq!(t.timing(id2), None, "a reused slot starts over");
+        // An untimed op never reads the clock.
+        let mut now = None;
+        t.posted(id2, &mut now);
+        t.complete(id2, Ok(()));
+        assert_eq!((now, t.timing(id2)), (None, None));
     }
 
     #[test]
     fn abandoned_op_frees_at_completion() {
         let mut t = OpTable::default();
         let c = Chunk { off: 0, class: 1 };
-        let id = t.open(c, 100);
+        let id = t.open(c, 100, false);
         assert_eq!(t.finish(id), None);
         assert_eq!(t.complete(id, Ok(())), Some(c));
-        assert_eq!(t.open(c, 1), id);
+        assert_eq!(t.open(c, 1, false), id);
     }
 }
