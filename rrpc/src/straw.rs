@@ -25,9 +25,11 @@
 //! The pool grows when threads attach and the average number of threads per QP would
 //! exceed [`StrawConfig::threads_per_qp`], and shrinks when they detach: a retired QP takes
 //! no new lists, and is released (both ends) once its outstanding lists have completed.
-//! Both run on the control thread too. The one exception is a thread attaching to a pool
-//! with no usable QP of the kind it needs: it creates the first QP itself, since it has
-//! nothing to send on meanwhile (this happens inside `connect`, a control call).
+//! Both run on the control thread too, with two exceptions at the ends of a pool's life:
+//! a thread attaching to a pool with no usable QP of the kind it needs creates the first
+//! QP itself, since it has nothing to send on meanwhile (inside `connect`, a control
+//! call), and the last thread to detach tears the QPs down itself (at its teardown), so
+//! no control job keeps the fabric and its node id alive after the process let go.
 
 use crate::NodeId;
 use std::collections::{HashMap, VecDeque};
@@ -384,7 +386,9 @@ pub struct Straws {
 /// Work for a pool's control thread.
 enum Job {
     Reconnect(Arc<Straw>, Arc<SharedQp>),
-    Resize(Arc<Straw>, QpKind),
+    /// Weak: a straw its process dropped has nothing left to resize, and the job must
+    /// not keep it (and its fabric, which holds the node id) alive.
+    Resize(std::sync::Weak<Straw>, QpKind),
     Request(SocketAddr, std::time::Duration, CtrlRequest),
 }
 
@@ -405,7 +409,11 @@ impl Control {
                     for job in rx {
                         match job {
                             Job::Reconnect(straw, qp) => straw.reconnect(&qp),
-                            Job::Resize(straw, kind) => straw.resize(kind),
+                            Job::Resize(straw, kind) => {
+                                if let Some(s) = straw.upgrade() {
+                                    s.resize(kind);
+                                }
+                            }
                             Job::Request(addr, timeout, req) => {
                                 // Best effort: a peer that is gone has nothing to close.
                                 if let Ok(mut c) = BootstrapClient::connect(addr, timeout) {
@@ -611,26 +619,33 @@ impl Straw {
             .any(|q| q.usable());
         if usable {
             drop(g);
-            self.pool.ctl.send(Job::Resize(self.clone(), kind));
+            self.pool.ctl.send(Job::Resize(Arc::downgrade(self), kind));
             Ok(())
         } else {
             self.resize_locked(kind)
         }
     }
 
-    /// A thread stops using QPs of `kind`: the control thread shrinks the pool when fewer
-    /// QPs serve the remaining threads within the threshold (none once the last thread
-    /// detached), draining the retired QP and releasing it at the peer. Non-blocking.
+    /// A thread stops using QPs of `kind`. While other threads still use them, the
+    /// control thread shrinks the pool when fewer QPs serve them within the threshold
+    /// (draining the retired QP and releasing it at the peer), and this call does not
+    /// block. The last thread to leave tears the kind's QPs down itself (draining them
+    /// for at most a second each and releasing them at the peer), so that once the
+    /// process has dropped its runtimes nothing holds the fabric and its node id can be
+    /// opened again at once.
     pub fn detach(self: &Arc<Self>, kind: QpKind) {
-        let _ = self.threads[kind_index(kind)].fetch_update(
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-            |t| t.checked_sub(1),
-        );
-        self.pool.ctl.send(Job::Resize(self.clone(), kind));
+        let left = self.threads[kind_index(kind)]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| t.checked_sub(1))
+            .map_or(0, |t| t - 1);
+        if left == 0 {
+            self.resize(kind);
+        } else {
+            self.pool.ctl.send(Job::Resize(Arc::downgrade(self), kind));
+        }
     }
 
-    /// Bring the pool of `kind` to its target size (on the control thread).
+    /// Bring the pool of `kind` to its target size (on the control thread, or on the last
+    /// thread to detach).
     fn resize(&self, kind: QpKind) {
         let _g = lock(&self.resize);
         if let Err(e) = self.resize_locked(kind) {
