@@ -197,6 +197,18 @@ impl Oracle {
     pub fn current(&self) -> Timestamp {
         Timestamp(self.counter.load_u64(0))
     }
+
+    /// **Broken on purpose** (test builds and feature `fault-injection` only): set the
+    /// counter back to `to` under the same export. That is how an oracle restarted
+    /// without its state directory looks to a client if its new counter got the old one's
+    /// address and key (verbs device memory is zero-based, keys can repeat): the epoch
+    /// check of [`crate::conn`] takes it for the same incarnation, and only a TSO
+    /// proxy's highest-issued check ([`crate::proxy::Highest`]) can catch it. Call only
+    /// while no client FAAs the counter (the CPU must not race the NIC's atomics).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn rewind(&self, to: Timestamp) {
+        self.counter.store_u64(0, to.get());
+    }
 }
 
 /// A thread's handle on an oracle: takes timestamps with one-sided FAA. Connect with
