@@ -153,43 +153,20 @@ impl OracleFollower {
             // host after the runtime's connect timeout.
             match ctx.reconnect(self.addr) {
                 Ok(info) => {
-                    let new = TsoClient::from_info(&info)?;
-                    let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-                    if new.epoch() > cur.epoch() {
-                        tracing::info!(
-                            addr = %self.addr,
-                            old_epoch = cur.epoch(),
-                            new_epoch = new.epoch(),
-                            "TSO oracle restarted; switched to its new epoch"
-                        );
-                        *cur = Arc::new(new);
-                        self.generation.fetch_add(1, Ordering::AcqRel);
+                    if !self.adopt(TsoClient::from_info(&info)?, old, qp_failed)? {
                         return Ok(());
                     }
-                    if new.epoch() == cur.epoch() && new.counter() == cur.counter() {
-                        if !Arc::ptr_eq(&cur, old) || !qp_failed {
-                            // Another thread switched, or this thread's dead connection
-                            // was replaced: retry now.
-                            return Ok(());
-                        }
-                        drop(cur);
-                        // Same incarnation, reached again after a QP failure: retry the
-                        // FAA after a pause (its pool reconnects the failed QP meanwhile).
-                        if first_failure.elapsed() >= self.cfg.wait {
-                            return Err(TsoError::Unavailable {
-                                addr: self.addr,
-                                waited: first_failure.elapsed(),
-                                source: Box::new(last),
-                            });
-                        }
-                        ctx.sleep(self.cfg.retry_interval).await;
-                        return Ok(());
+                    // Same incarnation, reached again after a QP failure: retry the FAA
+                    // after a pause (its pool reconnects the failed QP meanwhile).
+                    if first_failure.elapsed() >= self.cfg.wait {
+                        return Err(TsoError::Unavailable {
+                            addr: self.addr,
+                            waited: first_failure.elapsed(),
+                            source: Box::new(last),
+                        });
                     }
-                    return Err(TsoError::WentBack {
-                        addr: self.addr,
-                        old: cur.epoch(),
-                        new: new.epoch(),
-                    });
+                    ctx.sleep(self.cfg.retry_interval).await;
+                    return Ok(());
                 }
                 Err(e) => last = RpcError::Connect(e),
             }
@@ -202,6 +179,45 @@ impl OracleFollower {
             }
             ctx.sleep(self.cfg.retry_interval).await;
         }
+    }
+}
+
+impl OracleFollower {
+    /// Compare the export `new` just read with the incarnation in use, after an FAA on
+    /// `old` failed (`qp_failed`: a QP failure, not a dead connection). Switches to `new`
+    /// if its epoch is larger. Returns whether to pause before retrying (the same
+    /// incarnation after a QP failure); `false`: retry now.
+    ///
+    /// Errors: [`TsoError::WentBack`] when `new` is neither a later epoch nor the
+    /// incarnation in use.
+    fn adopt(
+        &self,
+        new: TsoClient,
+        old: &Arc<TsoClient>,
+        qp_failed: bool,
+    ) -> Result<bool, TsoError> {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if new.epoch() > cur.epoch() {
+            tracing::info!(
+                addr = %self.addr,
+                old_epoch = cur.epoch(),
+                new_epoch = new.epoch(),
+                "TSO oracle restarted; switched to its new epoch"
+            );
+            *cur = Arc::new(new);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            return Ok(false);
+        }
+        if new.epoch() == cur.epoch() && new.counter() == cur.counter() {
+            // Another thread switched, or this thread's dead connection was replaced:
+            // retry now. The same incarnation after a QP failure: pause first.
+            return Ok(Arc::ptr_eq(&cur, old) && qp_failed);
+        }
+        Err(TsoError::WentBack {
+            addr: self.addr,
+            old: cur.epoch(),
+            new: new.epoch(),
+        })
     }
 }
 

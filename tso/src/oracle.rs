@@ -80,7 +80,9 @@ pub enum TsoError {
     #[error("starting the node")]
     Start(#[source] rrpc::node::NodeError),
     /// A TSO proxy got a range from the oracle that does not start above the highest
-    /// timestamp it issued (an oracle restarted without its epoch): refused.
+    /// timestamp it issued, or of an epoch in which that happened before (an oracle
+    /// that went back under an export the epoch check could not tell apart): refused
+    /// ([`crate::proxy::Highest`]).
     #[error("the oracle went back: range starting at {got} after {highest} was issued")]
     Regression {
         /// Highest timestamp the proxy had issued.

@@ -15,20 +15,37 @@
 //! later requests would break that ([`Proxy::start_prefetching`] exists in test builds to
 //! show the checker catching it).
 //!
-//! **Highest timestamp issued**: the proxy remembers the last timestamp of every range it
-//! took and refuses a range from the oracle that does not start above it
-//! ([`TsoError::Regression`]), logging an error: an oracle restarted without its durable
-//! epoch ([`crate::epoch`]) is detected there as a second check rather than serving
-//! timestamps that go back. Scythe also uses this maximum to recover the oracle quickly;
-//! this crate restarts the oracle from its epoch instead.
+//! **Following an oracle restart.** The server threads take their ranges through one
+//! [`OracleFollower`] (the mechanism of [`crate::TsoConn`], shared by the threads): when
+//! an FAA fails because the oracle died, the thread re-reads the oracle's export at its
+//! bootstrap address (every [`ProxyConfig::oracle_retry_ms`], for at most
+//! [`ProxyConfig::oracle_wait_ms`]) and switches every thread to the new incarnation if
+//! its epoch is larger ([`crate::epoch`]); then it retries the FAA. Requests arriving
+//! meanwhile queue behind that FAA (no range is kept for them: the retried FAA, too, is
+//! issued after they arrived). An oracle that came back with an epoch that is not larger
+//! is refused ([`TsoError::WentBack`], logged and counted in [`ProxyStats::went_back`]):
+//! no range is taken from it.
 //!
-//! **Limits.** A proxy does not follow an oracle restart: its QPs to the dead oracle fail,
-//! rrpc marks the node gone, and every later request gets an error (clients then fail
-//! over to other sources, [`crate::source`]); restart the proxies after the oracle. So
-//! today the highest-issued check can fire only within one proxy's lifetime against one
-//! oracle connection; it is kept because it costs one atomic per FAA and turns any future
-//! reconnecting path into a refusal rather than a silent regression. The maximum lives in
-//! memory only: a restarted proxy starts from 0.
+//! **Highest timestamp issued** (Scythe: the proxy "maintains the currently maximum
+//! timestamps assigned"). The proxy remembers the last timestamp of every range it took
+//! ([`Highest`]) and refuses a range from the oracle that does not start above it
+//! ([`TsoError::Regression`], logged and counted in [`ProxyStats::regressions`]), and
+//! from then on every range of that epoch. This is the second check after the epoch: it
+//! catches an oracle that went back under an export the epoch check takes for the
+//! running incarnation (same epoch, counter address and key: verbs device memory is
+//! zero-based, so an oracle run without `--state-dir` can produce that). Scythe also
+//! uses this maximum to recover the oracle; this crate restarts the oracle from its
+//! durable epoch instead.
+//!
+//! **Limits.** The maximum lives in memory only: a proxy restarted together with an
+//! oracle that lost its state starts from 0 and cannot catch the regression (neither can
+//! clients that FAA the oracle directly); the durable epoch is the guarantee, the maximum
+//! a second check for this proxy's clients. The oracle must come back at the same
+//! bootstrap address. Re-reading the export is a blocking control-plane call on the
+//! server thread (a refused connection, the usual case while the oracle is down, returns
+//! at once; an unreachable host takes the runtime's connect timeout), during which that
+//! thread serves nothing else. Clients whose call deadline passes while the proxy waits
+//! fail over to other sources ([`crate::source`]).
 //!
 //! Wire format of the range RPC ([`RANGE_HANDLER`]): request [`RangeRequest`] (8 bytes),
 //! reply [`RangeReply`] (16 bytes), little-endian fixed layouts.
