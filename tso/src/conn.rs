@@ -19,11 +19,23 @@
 //! then never handed out (gaps are allowed, duplicates are not). The retried FAA is
 //! issued after the request arrived, so real-time order holds.
 //!
+//! **Shared by threads.** The following itself is an [`OracleFollower`]: `Sync`, given
+//! the calling thread's context at each request, so that every thread of a process can
+//! follow the oracle through one shared view of its current incarnation (a TSO proxy's
+//! server threads do, [`crate::proxy`]). A thread whose FAA failed re-attaches its own
+//! context ([`ThreadCtx::reconnect`]) and compares the export it gets with the shared
+//! one: once any thread switched to an epoch, no thread accepts a smaller one.
+//! [`TsoConn`] is a follower bound to one thread's context.
+//!
 //! The bootstrap address is fixed: restart the oracle at the same `--listen` address.
+//! Re-reading the export is a blocking control-plane call, bounded by the runtime's
+//! connect timeout (a refused connection, the usual case while the oracle is down,
+//! returns at once); it stalls the calling thread's other coroutines meanwhile.
 
-use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rrpc::runtime::{OneSidedError, RpcError, ThreadCtx};
@@ -50,16 +62,171 @@ impl Default for ReconnectConfig {
     }
 }
 
-/// One thread's handle on the oracle at a bootstrap address, reconnecting to a restarted
-/// oracle (see the module docs). Shared by the thread's coroutines through `&self`.
-pub struct TsoConn {
-    ctx: Rc<ThreadCtx>,
+/// The oracle at a bootstrap address, followed across restarts (see the module docs):
+/// its current incarnation, shared by every thread that takes timestamps through it.
+/// Each request runs on the caller's thread context, which must have been connected to
+/// the oracle (`ThreadCtx::connect`) or reconnect on the first failure.
+pub struct OracleFollower {
     addr: SocketAddr,
     cfg: ReconnectConfig,
-    current: RefCell<TsoClient>,
-    /// Bumped at every switch to a new incarnation: a coroutine whose FAA failed on an
-    /// older one retries at once instead of reconnecting again.
-    generation: Cell<u64>,
+    current: Mutex<Arc<TsoClient>>,
+    /// Bumped at every switch to a new incarnation.
+    generation: AtomicU64,
+}
+
+impl OracleFollower {
+    /// Follow the oracle at `addr`, whose incarnation in use now is `client` (from its
+    /// export, read by a thread's `ThreadCtx::connect`).
+    pub fn new(addr: SocketAddr, client: TsoClient, cfg: ReconnectConfig) -> Self {
+        Self {
+            addr,
+            cfg,
+            current: Mutex::new(Arc::new(client)),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// The oracle's bootstrap address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The incarnation in use now.
+    pub fn client(&self) -> Arc<TsoClient> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Incarnations switched to after the first (restarts survived).
+    pub fn reconnects(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// `n` consecutive timestamps with one FAA issued on `ctx`; after a failed FAA,
+    /// waits for the oracle (at most [`ReconnectConfig::wait`]) and retries on its
+    /// current incarnation.
+    ///
+    /// Errors: [`TsoError::ZeroCount`], [`TsoError::Exhausted`]; [`TsoError::Unavailable`]
+    /// when the oracle did not come back in time; [`TsoError::WentBack`] when it came
+    /// back with an epoch that is not larger than the current one; [`TsoError::Export`].
+    pub async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<TimestampRange, TsoError> {
+        let mut since: Option<Instant> = None;
+        loop {
+            let generation = self.generation.load(Ordering::Acquire);
+            let client = self.client();
+            let cause = match client.timestamps(ctx, n).await {
+                Ok(r) => return Ok(r),
+                Err(TsoError::Rpc(RpcError::OneSided(
+                    e @ (OneSidedError::Completion { .. }
+                    | OneSidedError::PeerGone { .. }
+                    | OneSidedError::NotConnected { .. }),
+                ))) => e,
+                Err(e) => return Err(e),
+            };
+            let first_failure = *since.get_or_insert_with(Instant::now);
+            if self.generation.load(Ordering::Acquire) != generation {
+                continue; // another coroutine or thread switched already
+            }
+            self.recover(ctx, &client, first_failure, cause).await?;
+        }
+    }
+
+    /// After an FAA on `old` failed with `cause`: re-attach `ctx` to the oracle and
+    /// switch to its current incarnation if it is a later one, or return to retry when
+    /// it is the one in use (the pool repairs a failed QP; or another thread switched
+    /// and this thread only had to re-attach).
+    async fn recover(
+        &self,
+        ctx: &ThreadCtx,
+        old: &Arc<TsoClient>,
+        first_failure: Instant,
+        cause: OneSidedError,
+    ) -> Result<(), TsoError> {
+        // A failed QP is repaired by its pool in the background: pause before retrying.
+        // A connection found dead is replaced by `reconnect` itself: retry at once.
+        let qp_failed = matches!(cause, OneSidedError::Completion { .. });
+        let mut last = RpcError::OneSided(cause);
+        loop {
+            // Blocking, but bounded: a refused connection returns at once, an unreachable
+            // host after the runtime's connect timeout.
+            match ctx.reconnect(self.addr) {
+                Ok(info) => {
+                    if !self.adopt(TsoClient::from_info(&info)?, old, qp_failed)? {
+                        return Ok(());
+                    }
+                    // Same incarnation, reached again after a QP failure: retry the FAA
+                    // after a pause (its pool reconnects the failed QP meanwhile).
+                    if first_failure.elapsed() >= self.cfg.wait {
+                        return Err(TsoError::Unavailable {
+                            addr: self.addr,
+                            waited: first_failure.elapsed(),
+                            source: Box::new(last),
+                        });
+                    }
+                    ctx.sleep(self.cfg.retry_interval).await;
+                    return Ok(());
+                }
+                Err(e) => last = RpcError::Connect(e),
+            }
+            if first_failure.elapsed() >= self.cfg.wait {
+                return Err(TsoError::Unavailable {
+                    addr: self.addr,
+                    waited: first_failure.elapsed(),
+                    source: Box::new(last),
+                });
+            }
+            ctx.sleep(self.cfg.retry_interval).await;
+        }
+    }
+}
+
+impl OracleFollower {
+    /// Compare the export `new` just read with the incarnation in use, after an FAA on
+    /// `old` failed (`qp_failed`: a QP failure, not a dead connection). Switches to `new`
+    /// if its epoch is larger. Returns whether to pause before retrying (the same
+    /// incarnation after a QP failure); `false`: retry now.
+    ///
+    /// Errors: [`TsoError::WentBack`] when `new` is neither a later epoch nor the
+    /// incarnation in use.
+    fn adopt(
+        &self,
+        new: TsoClient,
+        old: &Arc<TsoClient>,
+        qp_failed: bool,
+    ) -> Result<bool, TsoError> {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if new.epoch() > cur.epoch() {
+            tracing::info!(
+                addr = %self.addr,
+                old_epoch = cur.epoch(),
+                new_epoch = new.epoch(),
+                "TSO oracle restarted; switched to its new epoch"
+            );
+            *cur = Arc::new(new);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            return Ok(false);
+        }
+        if new.epoch() == cur.epoch() && new.counter() == cur.counter() {
+            // Another thread switched, or this thread's dead connection was replaced:
+            // retry now. The same incarnation after a QP failure: pause first.
+            return Ok(Arc::ptr_eq(&cur, old) && qp_failed);
+        }
+        Err(TsoError::WentBack {
+            addr: self.addr,
+            old: cur.epoch(),
+            new: new.epoch(),
+        })
+    }
+}
+
+/// One thread's handle on the oracle at a bootstrap address, reconnecting to a restarted
+/// oracle (see the module docs): an [`OracleFollower`] bound to the thread's context.
+/// Shared by the thread's coroutines through `&self`.
+pub struct TsoConn {
+    ctx: Rc<ThreadCtx>,
+    follower: OracleFollower,
 }
 
 impl TsoConn {
@@ -76,21 +243,18 @@ impl TsoConn {
         let client = TsoClient::from_info(&info)?;
         Ok(Self {
             ctx,
-            addr,
-            cfg,
-            current: RefCell::new(client),
-            generation: Cell::new(0),
+            follower: OracleFollower::new(addr, client, cfg),
         })
     }
 
     /// The incarnation in use now.
     pub fn client(&self) -> TsoClient {
-        self.current.borrow().clone()
+        (*self.follower.client()).clone()
     }
 
     /// Incarnations switched to after the first (restarts survived by this thread).
     pub fn reconnects(&self) -> u64 {
-        self.generation.get()
+        self.follower.reconnects()
     }
 
     /// One timestamp (see [`TsoConn::timestamps`]).
@@ -105,88 +269,6 @@ impl TsoConn {
     /// when the oracle did not come back in time; [`TsoError::WentBack`] when it came
     /// back with an epoch that is not larger; [`TsoError::Export`].
     pub async fn timestamps(&self, n: u64) -> Result<TimestampRange, TsoError> {
-        let mut since: Option<Instant> = None;
-        loop {
-            let client = self.current.borrow().clone();
-            let generation = self.generation.get();
-            let cause = match client.timestamps(&self.ctx, n).await {
-                Ok(r) => return Ok(r),
-                Err(TsoError::Rpc(RpcError::OneSided(
-                    e @ (OneSidedError::Completion { .. }
-                    | OneSidedError::PeerGone { .. }
-                    | OneSidedError::NotConnected { .. }),
-                ))) => e,
-                Err(e) => return Err(e),
-            };
-            let first_failure = *since.get_or_insert_with(Instant::now);
-            if self.generation.get() != generation {
-                continue; // another coroutine of this thread switched already
-            }
-            self.recover(&client, generation, first_failure, cause)
-                .await?;
-        }
-    }
-
-    /// After an FAA on `old` (taken at `generation`) failed with `cause`: switch to the
-    /// oracle's current incarnation, or return when `old` is still current (the pool
-    /// repairs its QP) or another coroutine switched meanwhile.
-    async fn recover(
-        &self,
-        old: &TsoClient,
-        generation: u64,
-        first_failure: Instant,
-        cause: OneSidedError,
-    ) -> Result<(), TsoError> {
-        let mut last = RpcError::OneSided(cause);
-        loop {
-            if self.generation.get() != generation {
-                return Ok(());
-            }
-            // Blocking, but bounded: a refused connection returns at once, an unreachable
-            // host after the runtime's connect timeout.
-            match self.ctx.reconnect(self.addr) {
-                Ok(info) => {
-                    let new = TsoClient::from_info(&info)?;
-                    if new.epoch() > old.epoch() {
-                        tracing::info!(
-                            addr = %self.addr,
-                            old_epoch = old.epoch(),
-                            new_epoch = new.epoch(),
-                            "TSO oracle restarted; switched to its new epoch"
-                        );
-                        *self.current.borrow_mut() = new;
-                        self.generation.set(self.generation.get() + 1);
-                        return Ok(());
-                    }
-                    if new.epoch() == old.epoch() && new.counter() == old.counter() {
-                        // Same incarnation, reached again: retry the FAA after a pause
-                        // (its pool reconnects the failed QP meanwhile).
-                        if first_failure.elapsed() >= self.cfg.wait {
-                            return Err(TsoError::Unavailable {
-                                addr: self.addr,
-                                waited: first_failure.elapsed(),
-                                source: Box::new(last),
-                            });
-                        }
-                        self.ctx.sleep(self.cfg.retry_interval).await;
-                        return Ok(());
-                    }
-                    return Err(TsoError::WentBack {
-                        addr: self.addr,
-                        old: old.epoch(),
-                        new: new.epoch(),
-                    });
-                }
-                Err(e) => last = RpcError::Connect(e),
-            }
-            if first_failure.elapsed() >= self.cfg.wait {
-                return Err(TsoError::Unavailable {
-                    addr: self.addr,
-                    waited: first_failure.elapsed(),
-                    source: Box::new(last),
-                });
-            }
-            self.ctx.sleep(self.cfg.retry_interval).await;
-        }
+        self.follower.timestamps(&self.ctx, n).await
     }
 }

@@ -33,7 +33,7 @@ pub mod proxy;
 pub mod source;
 pub mod timestamp;
 
-pub use conn::{ReconnectConfig, TsoConn};
+pub use conn::{OracleFollower, ReconnectConfig, TsoConn};
 pub use group::{GroupFailure, GroupStats, TsoGroup};
 pub use oracle::{GroupedTso, Oracle, ThreadTso, TsoClient, TsoError, TsoExport, EXPORT_NAME};
 pub use proxy::{Proxy, ProxyClient, ProxyConfig};

@@ -80,7 +80,9 @@ pub enum TsoError {
     #[error("starting the node")]
     Start(#[source] rrpc::node::NodeError),
     /// A TSO proxy got a range from the oracle that does not start above the highest
-    /// timestamp it issued (an oracle restarted without its epoch): refused.
+    /// timestamp it issued, or of an epoch in which that happened before (an oracle
+    /// that went back under an export the epoch check could not tell apart): refused
+    /// ([`crate::proxy::Highest`]).
     #[error("the oracle went back: range starting at {got} after {highest} was issued")]
     Regression {
         /// Highest timestamp the proxy had issued.
@@ -196,6 +198,18 @@ impl Oracle {
     /// read by this CPU. A plain load: the oracle modifies the counter only before export.
     pub fn current(&self) -> Timestamp {
         Timestamp(self.counter.load_u64(0))
+    }
+
+    /// **Broken on purpose** (test builds and feature `fault-injection` only): set the
+    /// counter back to `to` under the same export. That is how an oracle restarted
+    /// without its state directory looks to a client if its new counter got the old one's
+    /// address and key (verbs device memory is zero-based, keys can repeat): the epoch
+    /// check of [`crate::conn`] takes it for the same incarnation, and only a TSO
+    /// proxy's highest-issued check ([`crate::proxy::Highest`]) can catch it. Call only
+    /// while no client FAAs the counter (the CPU must not race the NIC's atomics).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn rewind(&self, to: Timestamp) {
+        self.counter.store_u64(0, to.get());
     }
 }
 

@@ -15,20 +15,37 @@
 //! later requests would break that ([`Proxy::start_prefetching`] exists in test builds to
 //! show the checker catching it).
 //!
-//! **Highest timestamp issued**: the proxy remembers the last timestamp of every range it
-//! took and refuses a range from the oracle that does not start above it
-//! ([`TsoError::Regression`]), logging an error: an oracle restarted without its durable
-//! epoch ([`crate::epoch`]) is detected there as a second check rather than serving
-//! timestamps that go back. Scythe also uses this maximum to recover the oracle quickly;
-//! this crate restarts the oracle from its epoch instead.
+//! **Following an oracle restart.** The server threads take their ranges through one
+//! [`OracleFollower`] (the mechanism of [`crate::TsoConn`], shared by the threads): when
+//! an FAA fails because the oracle died, the thread re-reads the oracle's export at its
+//! bootstrap address (every [`ProxyConfig::oracle_retry_ms`], for at most
+//! [`ProxyConfig::oracle_wait_ms`]) and switches every thread to the new incarnation if
+//! its epoch is larger ([`crate::epoch`]); then it retries the FAA. Requests arriving
+//! meanwhile queue behind that FAA (no range is kept for them: the retried FAA, too, is
+//! issued after they arrived). An oracle that came back with an epoch that is not larger
+//! is refused ([`TsoError::WentBack`], logged and counted in [`ProxyStats::went_back`]):
+//! no range is taken from it.
 //!
-//! **Limits.** A proxy does not follow an oracle restart: its QPs to the dead oracle fail,
-//! rrpc marks the node gone, and every later request gets an error (clients then fail
-//! over to other sources, [`crate::source`]); restart the proxies after the oracle. So
-//! today the highest-issued check can fire only within one proxy's lifetime against one
-//! oracle connection; it is kept because it costs one atomic per FAA and turns any future
-//! reconnecting path into a refusal rather than a silent regression. The maximum lives in
-//! memory only: a restarted proxy starts from 0.
+//! **Highest timestamp issued** (Scythe: the proxy "maintains the currently maximum
+//! timestamps assigned"). The proxy remembers the last timestamp of every range it took
+//! ([`Highest`]) and refuses a range from the oracle that does not start above it
+//! ([`TsoError::Regression`], logged and counted in [`ProxyStats::regressions`]), and
+//! from then on every range of that epoch. This is the second check after the epoch: it
+//! catches an oracle that went back under an export the epoch check takes for the
+//! running incarnation (same epoch, counter address and key: verbs device memory is
+//! zero-based, so an oracle run without `--state-dir` can produce that). Scythe also
+//! uses this maximum to recover the oracle; this crate restarts the oracle from its
+//! durable epoch instead.
+//!
+//! **Limits.** The maximum lives in memory only: a proxy restarted together with an
+//! oracle that lost its state starts from 0 and cannot catch the regression (neither can
+//! clients that FAA the oracle directly); the durable epoch is the guarantee, the maximum
+//! a second check for this proxy's clients. The oracle must come back at the same
+//! bootstrap address. Re-reading the export is a blocking control-plane call on the
+//! server thread (a refused connection, the usual case while the oracle is down, returns
+//! at once; an unreachable host takes the runtime's connect timeout), during which that
+//! thread serves nothing else. Clients whose call deadline passes while the proxy waits
+//! fail over to other sources ([`crate::source`]).
 //!
 //! Wire format of the range RPC ([`RANGE_HANDLER`]): request [`RangeRequest`] (8 bytes),
 //! reply [`RangeReply`] (16 bytes), little-endian fixed layouts.
@@ -50,6 +67,7 @@ use rrpc::straw::Straws;
 use serde::{Deserialize, Serialize};
 
 use crate::combine::{CombineStats, Combiner};
+use crate::conn::{OracleFollower, ReconnectConfig};
 use crate::oracle::{TsoClient, TsoError};
 use crate::timestamp::{Timestamp, TimestampRange};
 
@@ -124,7 +142,8 @@ impl RangeReply {
 pub struct ProxyExport {
     /// Node id of the oracle the proxy takes its ranges from.
     pub oracle_node: NodeId,
-    /// That oracle's epoch ([`crate::epoch`]) when the proxy started.
+    /// That oracle's epoch ([`crate::epoch`]) when the proxy started (the proxy follows
+    /// later incarnations; [`ProxyStats::oracle_epoch`] is the one in use).
     pub epoch: u16,
     /// Handler id of the range RPC.
     pub handler: u16,
@@ -145,6 +164,14 @@ pub struct ProxyConfig {
     /// Largest count one range request may ask for (default 2^20; at least 1).
     /// Larger requests are refused.
     pub max_range: u64,
+    /// Longest time, in milliseconds, the proxy waits for a dead oracle to come back
+    /// (at its bootstrap address) before failing the FAA it was issuing, and with it the
+    /// requests merged into it (default 30 000; 1 to 3 600 000). Requests that arrive
+    /// meanwhile queue behind that FAA. Clients usually time out sooner and fail over.
+    pub oracle_wait_ms: u64,
+    /// Pause, in milliseconds, between two attempts to read a restarted oracle's export
+    /// (default 10; 1 to 10 000).
+    pub oracle_retry_ms: u64,
 }
 
 impl Default for ProxyConfig {
@@ -153,6 +180,8 @@ impl Default for ProxyConfig {
             threads: 1,
             oracle_qps: 1,
             max_range: DEFAULT_MAX_RANGE,
+            oracle_wait_ms: 30_000,
+            oracle_retry_ms: 10,
         }
     }
 }
@@ -173,7 +202,27 @@ impl ProxyConfig {
         if self.max_range == 0 {
             return bad("max-range: at least 1".into());
         }
+        if !(1..=3_600_000).contains(&self.oracle_wait_ms) {
+            return bad(format!(
+                "oracle-wait-ms: {} is not in 1..=3600000",
+                self.oracle_wait_ms
+            ));
+        }
+        if !(1..=10_000).contains(&self.oracle_retry_ms) {
+            return bad(format!(
+                "oracle-retry-ms: {} is not in 1..=10000",
+                self.oracle_retry_ms
+            ));
+        }
         Ok(())
+    }
+
+    /// How the proxy follows a restarted oracle.
+    pub fn reconnect(&self) -> ReconnectConfig {
+        ReconnectConfig {
+            wait: Duration::from_millis(self.oracle_wait_ms),
+            retry_interval: Duration::from_millis(self.oracle_retry_ms),
+        }
     }
 }
 
@@ -187,17 +236,28 @@ pub struct ProxyStats {
     pub highest: Timestamp,
     /// Ranges refused because the oracle returned one not above `highest`.
     pub regressions: u64,
+    /// FAAs refused because the oracle came back in an epoch that is not larger than
+    /// the one in use ([`TsoError::WentBack`]; no range was taken).
+    pub went_back: u64,
+    /// Epoch of the oracle incarnation in use now.
+    pub oracle_epoch: u16,
+    /// Oracle restarts followed (incarnations switched to after the first).
+    pub oracle_reconnects: u64,
     /// One-sided QPs the proxy holds on the oracle now.
     pub oracle_qps: usize,
 }
 
 /// The state the proxy's server threads share.
 struct ProxyState {
-    oracle: TsoClient,
+    /// The oracle's current incarnation, shared by the server threads.
+    oracle: OracleFollower,
+    /// The oracle's node id (the same across its restarts).
+    oracle_node: NodeId,
     combiner: Combiner<Arc<TsoError>>,
     /// Last timestamp of the highest range taken from the oracle.
     highest: Highest,
     regressions: AtomicU64,
+    went_back: AtomicU64,
     max_range: u64,
     /// The server threads' QP pools (one, shared), for counting QPs on the oracle.
     straws: Mutex<Option<Arc<Straws>>>,
@@ -231,35 +291,67 @@ impl ProxyState {
         .to_vec())
     }
 
-    /// One FAA of `total` on the oracle, checked against the highest timestamp issued.
+    /// One FAA of `total` on the oracle's current incarnation (following it across a
+    /// restart), checked against the highest timestamp issued.
     async fn take(&self, ctx: &ThreadCtx, total: u64) -> Result<Timestamp, Arc<TsoError>> {
-        let r = self.oracle.timestamps(ctx, total).await.map_err(Arc::new)?;
+        let r = match self.oracle.timestamps(ctx, total).await {
+            Ok(r) => r,
+            Err(e @ TsoError::WentBack { .. }) => {
+                let n = self.went_back.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::error!(
+                        error = %e,
+                        refused = n,
+                        "refusing the restarted oracle: its epoch is not larger"
+                    );
+                }
+                return Err(Arc::new(e));
+            }
+            Err(e) => return Err(Arc::new(e)),
+        };
         let (first, last) = (r.first(), r.last_ts().expect("total >= 1"));
         self.highest.admit(first, last).inspect_err(|e| {
-            self.regressions.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(
-                error = %e,
-                "refused a range from the oracle (restarted without its epoch?)"
-            );
+            let n = self.regressions.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::error!(
+                    error = %e,
+                    refused = n,
+                    "refused a range from the oracle: not above the highest timestamp issued"
+                );
+            }
         })?;
         Ok(first)
     }
 }
 
 /// The highest timestamp a proxy issued (raw value; 0 before the first range), and the
-/// check that a new range from the oracle starts above it. The proxy's FAAs are issued
+/// check that a new range from the oracle starts above it (Scythe 4.5 (3): the proxy
+/// "maintains the currently maximum timestamps assigned"). The proxy's FAAs are issued
 /// one at a time ([`Combiner`]), so each range must start above the previous ones.
+///
+/// Once a range of epoch `e` was refused, every later range of an epoch `<= e` is
+/// refused too, even one above the maximum: that incarnation went back, so values it
+/// hands out may repeat ones other clients took from it by direct FAA. Only a later
+/// epoch (a restart from the state directory, [`crate::epoch`]) is served again.
 #[derive(Debug, Default)]
-pub struct Highest(AtomicU64);
+pub struct Highest {
+    /// Last timestamp of the highest range recorded (raw value).
+    max: AtomicU64,
+    /// 1 + the largest epoch that went back; 0 when none did.
+    bad_epoch: AtomicU64,
+}
 
 impl Highest {
     /// Record the range `first ..= last` and check it starts above every range recorded
-    /// before. The maximum is raised either way.
+    /// before and is not of an epoch that went back. The maximum is raised either way.
     ///
-    /// Errors: [`TsoError::Regression`] when `first` is not above the highest so far.
+    /// Errors: [`TsoError::Regression`] when `first` is not above the highest so far, or
+    /// its epoch is one in which an earlier range was refused.
     pub fn admit(&self, first: Timestamp, last: Timestamp) -> Result<(), Arc<TsoError>> {
-        let prev = self.0.fetch_max(last.get(), Ordering::AcqRel);
-        if first.get() <= prev {
+        let prev = self.max.fetch_max(last.get(), Ordering::AcqRel);
+        let epoch = u64::from(first.epoch());
+        if first.get() <= prev || epoch < self.bad_epoch.load(Ordering::Acquire) {
+            self.bad_epoch.fetch_max(epoch + 1, Ordering::AcqRel);
             return Err(Arc::new(TsoError::Regression {
                 highest: Timestamp(prev),
                 got: first,
@@ -270,7 +362,7 @@ impl Highest {
 
     /// The highest timestamp recorded.
     pub fn get(&self) -> Timestamp {
-        Timestamp(self.0.load(Ordering::Acquire))
+        Timestamp(self.max.load(Ordering::Acquire))
     }
 }
 
@@ -340,10 +432,12 @@ impl Proxy {
             .map_err(|e| TsoError::Export(format!("oracle at {oracle}: {e}")))?;
         let client = TsoClient::from_info(&info)?;
         let state = Arc::new(ProxyState {
-            oracle: client.clone(),
+            oracle: OracleFollower::new(oracle, client.clone(), cfg.reconnect()),
+            oracle_node: client.node(),
             combiner,
             highest: Highest::default(),
             regressions: AtomicU64::new(0),
+            went_back: AtomicU64::new(0),
             max_range: cfg.max_range,
             straws: Mutex::new(None),
         });
@@ -352,6 +446,8 @@ impl Proxy {
         handlers.register_async(RANGE_HANDLER, move |req| st.clone().serve(req));
         let st = state.clone();
         let runtime = ServerRuntime::new(rt_cfg).with_setup(move |ctx: &Rc<ThreadCtx>| {
+            // An oracle that restarted since `node_info` above is followed at the
+            // thread's first failed FAA.
             ctx.connect(oracle)?;
             *st.straws.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.straws().clone());
             Ok(())
@@ -392,9 +488,9 @@ impl Proxy {
         &self.node
     }
 
-    /// The oracle this proxy serves.
-    pub fn oracle(&self) -> &TsoClient {
-        &self.state.oracle
+    /// The oracle incarnation this proxy takes its ranges from now.
+    pub fn oracle(&self) -> Arc<TsoClient> {
+        self.state.oracle.client()
     }
 
     /// Counters so far.
@@ -405,12 +501,15 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .and_then(|st| st.get(s.oracle.node()))
+            .and_then(|st| st.get(s.oracle_node))
             .map_or(0, |straw| straw.list(QpKind::OneSided).len());
         ProxyStats {
             combine: s.combiner.stats(),
             highest: s.highest.get(),
             regressions: s.regressions.load(Ordering::Relaxed),
+            went_back: s.went_back.load(Ordering::Relaxed),
+            oracle_epoch: s.oracle.client().epoch(),
+            oracle_reconnects: s.oracle.reconnects(),
             oracle_qps,
         }
     }
@@ -492,7 +591,7 @@ mod tests {
     use crate::history::{check, now_ns, Op, Violation};
     use crate::oracle::{Oracle, EXPORT_NAME};
     use rrpc::fabric::shm::ClusterGuard;
-    use rrpc::runtime::Executor;
+    use rrpc::runtime::{block_on, Executor};
     use std::cell::RefCell;
 
     /// An oracle, proxy A (prefetching `extra` timestamps per FAA when `extra > 0`) and
@@ -595,6 +694,65 @@ mod tests {
         }
     }
 
+    /// The highest-issued check end to end: an oracle whose counter goes back under an
+    /// unchanged export (so the epoch check cannot tell, see [`Oracle::rewind`]) gets
+    /// its ranges refused by the proxy, and clients get the error, never a timestamp.
+    #[test]
+    fn an_oracle_that_went_back_under_the_same_export_is_refused_end_to_end() {
+        with_watchdog(|| {
+            let name = format!("tso-unit-{}-back", std::process::id());
+            let (c, _) = ClusterGuard::new(&name).unwrap();
+            let of = c.open(NodeId(1)).unwrap();
+            let oracle = Oracle::new(&of).unwrap();
+            let mut exports = BTreeMap::new();
+            exports.insert(EXPORT_NAME.to_string(), oracle.export());
+            let onode = Node::start(
+                of,
+                NodeConfig {
+                    role: "tso".into(),
+                    listen: "127.0.0.1:0".parse().unwrap(),
+                    exports,
+                    rpc: None,
+                },
+            )
+            .unwrap();
+            let p = Proxy::start(
+                c.open(NodeId(10)).unwrap(),
+                "127.0.0.1:0".parse().unwrap(),
+                onode.addr(),
+                &ProxyConfig::default(),
+            )
+            .unwrap();
+            let ctx =
+                ThreadCtx::new(c.open(NodeId(100)).unwrap(), RuntimeConfig::default()).unwrap();
+            let pc = ProxyClient::from_info(
+                &ctx.connect_rpc(p.addr()).unwrap(),
+                Duration::from_secs(10),
+            )
+            .unwrap();
+            let refused = |r: Result<TimestampRange, TsoError>| match r {
+                Err(TsoError::Rpc(rrpc::runtime::RpcError::Call(
+                    rrpc::runtime::CallError::Remote { msg, .. },
+                ))) => assert!(msg.contains("the oracle went back"), "{msg}"),
+                r => panic!("served: {r:?}"),
+            };
+            let c2 = ctx.clone();
+            block_on(&ctx, async move {
+                let a = pc.timestamps(&c2, 10).await.unwrap();
+                assert_eq!((a.first().get(), a.len()), (1, 10));
+                // The counter goes back below what the proxy issued: refused.
+                oracle.rewind(Timestamp(3));
+                refused(pc.timestamps(&c2, 1).await);
+                // Past the proxy's maximum but in the epoch that went back: refused too.
+                oracle.rewind(Timestamp(1000));
+                refused(pc.timestamps(&c2, 1).await);
+            });
+            let s = p.stats();
+            assert_eq!((s.regressions, s.went_back), (2, 0), "{s:?}");
+            assert_eq!(s.combine.timestamps, 12);
+        });
+    }
+
     #[test]
     fn wire_layouts_round_trip_and_reject_wrong_sizes() {
         let q = RangeRequest { count: 0x0102 };
@@ -625,6 +783,8 @@ mod tests {
                 r => panic!("({f}, {l}) admitted: {r:?}"),
             }
         }
+        // Epoch 0 went back: even a range above the maximum is refused in it.
+        assert!(h.admit(Timestamp(100), Timestamp(100)).is_err());
         // A later epoch is above everything.
         let next = Timestamp::compose(1, 1).unwrap();
         h.admit(next, next).unwrap();

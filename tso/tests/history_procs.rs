@@ -1,7 +1,9 @@
 //! Linearizability across processes: the real `tso` binary, several client processes
 //! (this test binary re-run as clients), each recording its requests with
 //! `CLOCK_MONOTONIC` invoke and response times; the merged histories pass the checker
-//! (`tso::history`). Clients mix per-request FAA and TSO groups over two threads.
+//! (`tso::history`). Clients mix per-request FAA and TSO groups over two threads. Every
+//! process uses the backend `$RRPC_FABRIC` names (shm by default), so the test also runs
+//! on verbs (Soft-RoCE).
 
 use rrpc::NodeId;
 use std::cell::RefCell;
@@ -112,12 +114,9 @@ fn client_process() {
     };
     let addr: SocketAddr = addr.parse().unwrap();
     let me: u32 = me.parse().unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(
-        FabricKind::Shm,
-        &cluster,
-        NodeId(200 + me),
-    ))
-    .unwrap();
+    // The backend $RRPC_FABRIC names (shm when unset), as the `tso` binary chooses it.
+    let kind = FabricKind::from_env().unwrap();
+    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, NodeId(200 + me))).unwrap();
     let probe = ThreadCtx::new(fabric.clone(), RuntimeConfig::default()).unwrap();
     let client = TsoClient::from_info(&probe.connect(addr).unwrap()).unwrap();
     let grouped = Arc::new(GroupedTso::new(client.clone()));

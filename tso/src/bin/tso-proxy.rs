@@ -16,19 +16,25 @@ use tso::proxy::{Proxy, ProxyConfig, DEFAULT_MAX_RANGE};
 /// oracle (Scythe's RDMA-friendly TSO, section 4.5 (3)).
 ///
 /// It never prefetches or caches ranges: every range is taken from the oracle after its
-/// request arrived. It holds at most --oracle-qps QPs on the oracle, and remembers the
-/// highest timestamp it issued: a range from the oracle that does not start above it
-/// (an oracle restarted without its state directory) is refused and logged.
+/// request arrived. It holds at most --oracle-qps QPs on the oracle.
+///
+/// It follows an oracle restarted at the same address: when an FAA fails, it re-reads
+/// the oracle's export (every --oracle-retry-ms, for at most --oracle-wait-ms) and
+/// switches to the new incarnation if its epoch is larger; an oracle that came back with
+/// an epoch that is not larger (restarted without its --state-dir) is refused. As a
+/// second check it remembers the highest timestamp it issued (in memory): a range from
+/// the oracle that does not start above it is refused and logged, never served.
 ///
 /// Prints `ORACLE <node> EPOCH <n>` and then `READY <bootstrap address>` on stdout once
 /// serving; runs until SIGINT or SIGTERM, then logs its counters (FAAs, requests,
-/// timestamps, highest issued, refused ranges) on stderr.
+/// timestamps, highest issued, refused ranges and epochs, restarts followed) on stderr.
 #[derive(Parser, Debug)]
 #[command(name = "tso-proxy", version)]
 struct Cli {
     #[command(flatten)]
     node: NodeArgs,
-    /// TOML file of settings: `oracle`, `threads`, `oracle-qps`, `max-range` (the flags
+    /// TOML file of settings: `oracle`, `threads`, `oracle-qps`, `max-range`,
+    /// `oracle-wait-ms`, `oracle-retry-ms` (the flags
     /// below without their dashes; unknown keys are an error). Flags win over the file.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -46,6 +52,14 @@ struct Cli {
     /// Largest number of timestamps one request may ask for (>= 1; default 1048576).
     #[arg(long, value_name = "N")]
     max_range: Option<u64>,
+    /// Longest wait, in milliseconds, for a dead oracle to come back before the FAA in
+    /// progress (and the requests merged into it) fails (1 to 3600000; default 30000).
+    #[arg(long, value_name = "MS")]
+    oracle_wait_ms: Option<u64>,
+    /// Pause, in milliseconds, between attempts to reach a restarted oracle (1 to
+    /// 10000; default 10).
+    #[arg(long, value_name = "MS")]
+    oracle_retry_ms: Option<u64>,
 }
 
 /// The settings file of `tso-proxy`.
@@ -60,6 +74,10 @@ struct File {
     oracle_qps: Option<usize>,
     /// Largest request, timestamps (default 2^20).
     max_range: Option<u64>,
+    /// Wait for a dead oracle, milliseconds (default 30 000).
+    oracle_wait_ms: Option<u64>,
+    /// Pause between reconnect attempts, milliseconds (default 10).
+    oracle_retry_ms: Option<u64>,
 }
 
 /// The oracle's address and the proxy's settings: the file's, then the flags given.
@@ -77,6 +95,14 @@ fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
         threads: cli.threads.or(f.threads).unwrap_or(d.threads),
         oracle_qps: cli.oracle_qps.or(f.oracle_qps).unwrap_or(d.oracle_qps),
         max_range: cli.max_range.or(f.max_range).unwrap_or(DEFAULT_MAX_RANGE),
+        oracle_wait_ms: cli
+            .oracle_wait_ms
+            .or(f.oracle_wait_ms)
+            .unwrap_or(d.oracle_wait_ms),
+        oracle_retry_ms: cli
+            .oracle_retry_ms
+            .or(f.oracle_retry_ms)
+            .unwrap_or(d.oracle_retry_ms),
     };
     cfg.validate()?;
     let Some(oracle) = cli.oracle.or(f.oracle) else {
@@ -108,6 +134,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         threads = cfg.threads,
         oracle_qps = cfg.oracle_qps,
         max_range = cfg.max_range,
+        oracle_wait_ms = cfg.oracle_wait_ms,
         "tso-proxy serving"
     );
     service::announce_ready(
@@ -124,6 +151,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         mean_batch = s.combine.mean_batch(),
         highest = %s.highest,
         regressions = s.regressions,
+        went_back = s.went_back,
+        oracle_epoch = s.oracle_epoch,
+        oracle_reconnects = s.oracle_reconnects,
         oracle_qps = s.oracle_qps,
         "signal received; shutting down"
     );
@@ -169,6 +199,11 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((o.port(), c.threads, c.oracle_qps), (7001, 4, 1));
+        assert_eq!((c.oracle_wait_ms, c.oracle_retry_ms), (30_000, 10));
+        let (_, c) = load(&cli(&["--config", ps, "--oracle-wait-ms", "500"])).unwrap();
+        assert_eq!(c.oracle_wait_ms, 500);
+        let e = load(&cli(&["--config", ps, "--oracle-retry-ms", "0"])).unwrap_err();
+        assert!(format!("{e:#}").contains("oracle-retry-ms"), "{e:#}");
         // Validation of the merged settings.
         let e = load(&cli(&["--config", ps, "--threads", "1"])).unwrap_err();
         assert!(format!("{e:#}").contains("oracle-qps"), "{e:#}");
