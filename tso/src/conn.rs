@@ -10,7 +10,7 @@
 //!
 //! **What it accepts.** A new export is taken only if its epoch is larger than the one
 //! the client used (a new incarnation, which by [`crate::epoch`] hands out only larger
-//! timestamps), or if it is the very same incarnation (same epoch and counter: the QP
+//! timestamps), or if it is the very same incarnation (same epoch, counter and random incarnation id: the QP
 //! failed but the oracle lives; the pool repairs the QP). Anything else (an oracle
 //! restarted without `--state-dir`, a rolled-back state directory) would hand out
 //! timestamps that go back: [`TsoError::WentBack`], never a timestamp.
@@ -208,7 +208,10 @@ impl OracleFollower {
             self.generation.fetch_add(1, Ordering::AcqRel);
             return Ok(false);
         }
-        if new.epoch() == cur.epoch() && new.counter() == cur.counter() {
+        if new.epoch() == cur.epoch()
+            && new.counter() == cur.counter()
+            && new.incarnation() == cur.incarnation()
+        {
             // Another thread switched, or this thread's dead connection was replaced:
             // retry now. The same incarnation after a QP failure: pause first.
             return Ok(Arc::ptr_eq(&cur, old) && qp_failed);
@@ -270,5 +273,48 @@ impl TsoConn {
     /// back with an epoch that is not larger; [`TsoError::Export`].
     pub async fn timestamps(&self, n: u64) -> Result<TimestampRange, TsoError> {
         self.follower.timestamps(&self.ctx, n).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rrpc::fabric::RemoteAddr;
+    use rrpc::NodeId;
+
+    fn client(epoch: u16, incarnation: u64) -> TsoClient {
+        TsoClient {
+            node: NodeId(3),
+            counter: RemoteAddr { addr: 0, rkey: 7 },
+            placement: "device".into(),
+            epoch,
+            incarnation,
+        }
+    }
+
+    #[test]
+    fn adopts_a_later_epoch_keeps_the_same_incarnation_and_refuses_the_rest() {
+        let f = OracleFollower::new(
+            "127.0.0.1:1".parse().unwrap(),
+            client(2, 11),
+            ReconnectConfig::default(),
+        );
+        let old = f.client();
+        // The same incarnation after a QP failure: pause, keep it.
+        assert!(f.adopt(client(2, 11), &old, true).unwrap());
+        assert_eq!(f.reconnects(), 0);
+        // Same epoch and counter word, another process (restarted without its state dir
+        // on zero-based device memory): would go back.
+        assert!(matches!(
+            f.adopt(client(2, 12), &old, false),
+            Err(TsoError::WentBack { old: 2, new: 2, .. })
+        ));
+        assert!(matches!(
+            f.adopt(client(1, 13), &old, false),
+            Err(TsoError::WentBack { old: 2, new: 1, .. })
+        ));
+        // A later epoch is adopted by everyone.
+        assert!(!f.adopt(client(3, 14), &old, false).unwrap());
+        assert_eq!((f.client().epoch(), f.reconnects()), (3, 1));
     }
 }

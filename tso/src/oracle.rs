@@ -29,6 +29,12 @@ pub struct TsoExport {
     /// in its high 16 bits. Absent in exports of older oracles: 0.
     #[serde(default)]
     pub epoch: u16,
+    /// A random id of this oracle process, drawn at its start: tells two incarnations
+    /// apart when their epochs and counter words are the same (an oracle restarted
+    /// without its state dir, on zero-based device memory whose address and key repeat).
+    /// Absent in exports of older oracles: 0.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// Errors of the oracle and its clients.
@@ -137,6 +143,7 @@ pub struct Oracle {
     counter: MemoryRegion,
     placement: DmPlacement,
     epoch: u16,
+    incarnation: u64,
 }
 
 impl Oracle {
@@ -166,6 +173,8 @@ impl Oracle {
             counter,
             placement,
             epoch,
+            // Never 0, the value of exports without the field.
+            incarnation: rand::random::<u64>() | 1,
         })
     }
 
@@ -186,6 +195,7 @@ impl Oracle {
             counter: self.counter.desc().at(0),
             placement: describe_placement(&self.placement),
             epoch: self.epoch,
+            incarnation: self.incarnation,
         }
     }
 
@@ -217,10 +227,11 @@ impl Oracle {
 /// `ThreadCtx::connect` (one-sided only; the oracle serves no RPCs).
 #[derive(Clone, Debug)]
 pub struct TsoClient {
-    node: NodeId,
-    counter: RemoteAddr,
-    placement: String,
-    epoch: u16,
+    pub(crate) node: NodeId,
+    pub(crate) counter: RemoteAddr,
+    pub(crate) placement: String,
+    pub(crate) epoch: u16,
+    pub(crate) incarnation: u64,
 }
 
 impl TsoClient {
@@ -242,6 +253,7 @@ impl TsoClient {
             counter: e.counter,
             placement: e.placement,
             epoch: e.epoch,
+            incarnation: e.incarnation,
         })
     }
 
@@ -258,6 +270,12 @@ impl TsoClient {
     /// The oracle's epoch as it exported it.
     pub fn epoch(&self) -> u16 {
         self.epoch
+    }
+
+    /// The oracle process's random id ([`TsoExport::incarnation`]; 0 from an older
+    /// oracle).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// The oracle's counter placement as it exported it.
