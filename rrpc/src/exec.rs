@@ -199,6 +199,14 @@ impl Handle {
         }
     }
 
+    /// Forget the clock read cached for this round: the next [`Handle::now`] reads the
+    /// clock. The executor does this at the start of each round; I/O driven without it
+    /// (a `ThreadCtx` polled by hand or by another executor) does it after each poll, so
+    /// the cached time is never older than one round of whoever drives it.
+    pub fn tick(&self) {
+        self.shared.now.set(None);
+    }
+
     /// Pending timers (registered by polled, not yet fired, not dropped sleeps and
     /// timeouts).
     pub fn timers(&self) -> usize {

@@ -228,3 +228,33 @@ fn spawned_coroutines_run_to_completion() {
         ["child 0", "child 1", "child 2", "early", "parent done"]
     );
 }
+
+/// A context driven by an executor other than its own (whose rounds never touch the
+/// context's cached round clock) still starts each call on a fresh clock: after a long
+/// sleep, a call with a short deadline that the server answers at once succeeds. With a
+/// clock cached before the sleep, its deadline would lie in the past and it would time out.
+#[test]
+fn calls_on_a_context_driven_by_another_executor_start_on_a_fresh_clock() {
+    let c = setup("foreign-exec");
+    let srv = server(c.name(), 1);
+    let ctx = ThreadCtx::new(fabric(c.name(), 100), RuntimeConfig::default()).unwrap();
+    let node = ctx.connect_rpc(srv.addr()).unwrap().node;
+    let foreign = rrpc::exec::Handle::new();
+    let mut ex = rrpc::exec::Executor::new(foreign.clone());
+    let out = Rc::new(Cell::new(None));
+    let (c2, o2) = (ctx.clone(), out.clone());
+    ex.spawn(async move {
+        // Reads (and caches) the context's clock.
+        c2.call(node, ECHO, b"first").await.unwrap();
+        foreign.sleep(Duration::from_millis(300)).await;
+        let opts = rrpc::runtime::CallOpts {
+            timeout: Some(Duration::from_millis(100)),
+            ..Default::default()
+        };
+        o2.set(Some(
+            c2.call_with(node, ECHO, b"second", opts).await.is_ok(),
+        ));
+    });
+    ex.run(&mut || ctx.progress());
+    assert_eq!(out.get(), Some(true));
+}

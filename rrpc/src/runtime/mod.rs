@@ -666,7 +666,9 @@ impl ThreadCtx {
         opts: CallOpts,
     ) -> Result<Vec<u8>, CallError> {
         let after = opts.timeout.unwrap_or(self.cfg.call_timeout);
-        let start = Instant::now();
+        // The round's clock: one clock read per polling round for all the calls it starts
+        // (progress forgets it after each poll, so it is never older than a round).
+        let start = self.exec.now();
         let deadline = start + after;
         let threshold = self.cfg.mode_threshold;
         let max = self.cfg.max_transfer;
@@ -1164,6 +1166,8 @@ impl ThreadCtx {
                 w.wake();
             }
         }
+        // Calls started before the next poll read a fresh clock (see `call_with`).
+        self.exec.tick();
         work
     }
 
