@@ -525,9 +525,13 @@ impl<E: Clone + Send, L: LockFamily> TsoGroup<E, L> {
     {
         assert!(n >= 1, "take_n of zero timestamps");
         #[cfg(any(test, feature = "fault-injection"))]
-        if let Some(p) = self.prefetch.as_ref().filter(|_| n == 1) {
-            if let Some(t) = p.cache.lock().unwrap().pop_front() {
-                return Ok(t);
+        if let Some(p) = &self.prefetch {
+            // The surplus is one consecutive range: `n` from its front are consecutive.
+            let mut c = p.cache.lock().unwrap();
+            if c.len() as u64 >= n {
+                let first = c.pop_front().expect("n >= 1");
+                c.drain(..(n - 1) as usize);
+                return Ok(first);
             }
         }
         let (id, group) = match L::with(&self.core, |c| c.join_n(n)) {

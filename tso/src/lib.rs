@@ -23,7 +23,6 @@
 //! proxies and the oracle and fail over ([`source`]).
 #![warn(missing_docs)]
 
-pub mod combine;
 pub mod conn;
 pub mod epoch;
 pub mod group;

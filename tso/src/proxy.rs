@@ -1,7 +1,7 @@
 //! TSO proxy (Scythe, `shared/seeds/000_f3dba2ed893b246b.txt` section 4.5 (3) and
 //! Fig. 18): a process between the compute nodes and the oracle. Compute nodes' TSO group
 //! leaders send it range requests over rrpc; it merges the concurrent ones, from all its
-//! server threads and all compute nodes, into one FAA on the oracle ([`crate::combine`]),
+//! server threads and all compute nodes, into one FAA on the oracle ([`crate::group`]: a TSO group whose members ask for ranges),
 //! and answers each with its sub-range.
 //!
 //! Why: every compute node that FAAs the oracle directly holds RC QPs on the oracle's
@@ -66,8 +66,8 @@ use rrpc::server::{Handlers, ServerConfig};
 use rrpc::straw::Straws;
 use serde::{Deserialize, Serialize};
 
-use crate::combine::{CombineStats, Combiner};
 use crate::conn::{OracleFollower, ReconnectConfig};
+use crate::group::{GroupStats, TsoGroup};
 use crate::oracle::{TsoClient, TsoError};
 use crate::timestamp::{Timestamp, TimestampRange};
 
@@ -229,8 +229,9 @@ impl ProxyConfig {
 /// Counters of a running proxy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProxyStats {
-    /// FAAs on the oracle, requests they served and timestamps they took.
-    pub combine: CombineStats,
+    /// FAAs on the oracle (`groups`) and the timestamps they took (`members`: a request
+    /// for `n` counts `n`).
+    pub group: GroupStats,
     /// The last timestamp of the highest range taken from the oracle ([`Timestamp::ZERO`]
     /// before the first).
     pub highest: Timestamp,
@@ -253,7 +254,7 @@ struct ProxyState {
     oracle: OracleFollower,
     /// The oracle's node id (the same across its restarts).
     oracle_node: NodeId,
-    combiner: Combiner<Arc<TsoError>>,
+    group: TsoGroup<Arc<TsoError>>,
     /// Last timestamp of the highest range taken from the oracle.
     highest: Highest,
     regressions: AtomicU64,
@@ -279,8 +280,8 @@ impl ProxyState {
         let me = &self;
         let ctx = &ctx;
         let first = self
-            .combiner
-            .take(count, |total| async move { me.take(ctx, total).await })
+            .group
+            .take_n(count, |total| async move { me.take(ctx, total).await })
             .await
             .map_err(|e| error_chain(&e))?;
         Ok(RangeReply {
@@ -327,7 +328,7 @@ impl ProxyState {
 /// The highest timestamp a proxy issued (raw value; 0 before the first range), and the
 /// check that a new range from the oracle starts above it (Scythe 4.5 (3): the proxy
 /// "maintains the currently maximum timestamps assigned"). The proxy's FAAs are issued
-/// one at a time ([`Combiner`]), so each range must start above the previous ones.
+/// one at a time ([`TsoGroup`] with one range request in flight), so each range must start above the previous ones.
 ///
 /// Once a range of epoch `e` was refused, every later range of an epoch `<= e` is
 /// refused too, even one above the maximum: that incarnation went back, so values it
@@ -399,7 +400,7 @@ impl Proxy {
         oracle: SocketAddr,
         cfg: &ProxyConfig,
     ) -> Result<Self, TsoError> {
-        Self::start_with(fabric, listen, oracle, cfg, Combiner::new())
+        Self::start_with(fabric, listen, oracle, cfg, TsoGroup::new())
     }
 
     /// **Broken on purpose** (test builds and feature `fault-injection` only): a proxy
@@ -413,7 +414,7 @@ impl Proxy {
         cfg: &ProxyConfig,
         extra: u64,
     ) -> Result<Self, TsoError> {
-        Self::start_with(fabric, listen, oracle, cfg, Combiner::prefetching(extra))
+        Self::start_with(fabric, listen, oracle, cfg, TsoGroup::prefetching(extra))
     }
 
     fn start_with(
@@ -421,7 +422,7 @@ impl Proxy {
         listen: SocketAddr,
         oracle: SocketAddr,
         cfg: &ProxyConfig,
-        combiner: Combiner<Arc<TsoError>>,
+        group: TsoGroup<Arc<TsoError>>,
     ) -> Result<Self, TsoError> {
         cfg.validate()?;
         let rt_cfg = RuntimeConfig {
@@ -434,7 +435,7 @@ impl Proxy {
         let state = Arc::new(ProxyState {
             oracle: OracleFollower::new(oracle, client.clone(), cfg.reconnect()),
             oracle_node: client.node(),
-            combiner,
+            group,
             highest: Highest::default(),
             regressions: AtomicU64::new(0),
             went_back: AtomicU64::new(0),
@@ -504,7 +505,7 @@ impl Proxy {
             .and_then(|st| st.get(s.oracle_node))
             .map_or(0, |straw| straw.list(QpKind::OneSided).len());
         ProxyStats {
-            combine: s.combiner.stats(),
+            group: s.group.stats(),
             highest: s.highest.get(),
             regressions: s.regressions.load(Ordering::Relaxed),
             went_back: s.went_back.load(Ordering::Relaxed),
@@ -749,7 +750,7 @@ mod tests {
             });
             let s = p.stats();
             assert_eq!((s.regressions, s.went_back), (2, 0), "{s:?}");
-            assert_eq!(s.combine.timestamps, 12);
+            assert_eq!(s.group.members, 12);
         });
     }
 

@@ -295,10 +295,7 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
         bench::join_clients(hs)
     });
     // Proxy mode: timestamps per FAA on the oracle (the proxy merges the client groups).
-    let proxy_mean = proxy.as_ref().map(|p| {
-        let s = p.stats().combine;
-        s.timestamps as f64 / s.batches.max(1) as f64
-    });
+    let proxy_mean = proxy.as_ref().map(|p| p.stats().group.mean_group_size());
     drop(grouped);
     drop(proxy);
     drop(node);

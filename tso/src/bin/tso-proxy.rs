@@ -145,10 +145,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let _ = stop.recv();
     let s = proxy.stats();
     tracing::info!(
-        faas = s.combine.batches,
-        requests = s.combine.requests,
-        timestamps = s.combine.timestamps,
-        mean_batch = s.combine.mean_batch(),
+        faas = s.group.groups,
+        timestamps = s.group.members,
+        timestamps_per_faa = s.group.mean_group_size(),
         highest = %s.highest,
         regressions = s.regressions,
         went_back = s.went_back,
