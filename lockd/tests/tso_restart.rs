@@ -32,7 +32,7 @@ use lockd::client::{Grant, LockClient, LockRequest, Mode, RefuseReason, Ticket};
 use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::takeout::Watermarks;
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::node::{Node, NodeConfig};
+use rrpc::node::Node;
 use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
 use tso::{Oracle, ReconnectConfig, Timestamp, TsoClient, TsoConn, TsoError};
 
@@ -62,18 +62,7 @@ fn start_oracle(
     let fabric = cluster.open(NodeId(TSO_NODE)).unwrap();
     let epoch = epoch.unwrap_or_else(|| tso::epoch::advance(state).unwrap());
     let oracle = Oracle::with_epoch(&fabric, epoch).unwrap();
-    let mut exports = BTreeMap::new();
-    exports.insert(tso::EXPORT_NAME.to_string(), oracle.export());
-    let node = Node::start(
-        fabric,
-        NodeConfig {
-            role: "tso".into(),
-            listen,
-            exports,
-            rpc: None,
-        },
-    )
-    .unwrap();
+    let node = oracle.serve(fabric, listen).unwrap();
     Incarnation {
         node,
         _oracle: oracle,

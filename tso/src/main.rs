@@ -1,18 +1,16 @@
 //! The `tso` binary: a timestamp oracle (Scythe 4.5) on an rrpc node. Settings come from
 //! `--config FILE.toml` (kebab-case keys, every one optional) and flags, flags winning.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
 use rrpc::fabric::DmPlacement;
-use rrpc::node::{Node, NodeConfig};
 use rrpc::service::{self, NodeArgs};
 use tso::epoch;
 use tso::oracle::describe_placement;
-use tso::{Oracle, EXPORT_NAME};
+use tso::Oracle;
 
 /// Timestamp oracle: a 64-bit counter in device memory that clients advance with
 /// one-sided RDMA fetch-and-add (Scythe's RDMA-friendly TSO).
@@ -95,18 +93,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if let DmPlacement::HostFallback { reason } = oracle.placement() {
         tracing::warn!(%reason, "no device memory: the TSO counter lives in host memory");
     }
-    let mut exports = BTreeMap::new();
-    exports.insert(EXPORT_NAME.to_string(), oracle.export());
-    let node = Node::start(
-        fabric.clone(),
-        NodeConfig {
-            role: "tso".into(),
-            listen: cli.node.listen,
-            exports,
-            rpc: None,
-        },
-    )
-    .context("starting the node")?;
+    let node = oracle
+        .serve(fabric.clone(), cli.node.listen)
+        .context("starting the node")?;
     tracing::info!(
         cluster = %cli.node.cluster,
         node = %cli.node.node,

@@ -2,11 +2,13 @@
 //! (Scythe 4.5, Fig. 18, the "TSO service" box).
 
 use rrpc::fabric::{DmPlacement, Fabric, FabricError, MemoryRegion, RemoteAddr};
-use rrpc::node::NodeInfo;
+use rrpc::node::{Node, NodeConfig, NodeInfo};
 use rrpc::runtime::{RpcError, ThreadCtx};
 use rrpc::NodeId;
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::group::{GroupFailure, GroupStats, TsoGroup};
@@ -197,6 +199,27 @@ impl Oracle {
             epoch: self.epoch,
             incarnation: self.incarnation,
         }
+    }
+
+    /// Start the node that serves this oracle on `fabric` (the fabric the counter was
+    /// allocated on), its control plane listening on `listen`: role `"tso"`, the export
+    /// under [`EXPORT_NAME`], no RPC handlers (clients take timestamps with one-sided
+    /// FAA). The returned node serves until dropped; keep the oracle alive as long.
+    ///
+    /// Errors: [`TsoError::Start`] when the node cannot start (the address is taken).
+    pub fn serve(&self, fabric: Fabric, listen: SocketAddr) -> Result<Node, TsoError> {
+        let mut exports = BTreeMap::new();
+        exports.insert(EXPORT_NAME.to_string(), self.export());
+        Node::start(
+            fabric,
+            NodeConfig {
+                role: "tso".into(),
+                listen,
+                exports,
+                rpc: None,
+            },
+        )
+        .map_err(TsoError::Start)
     }
 
     /// The export as JSON, to publish under [`EXPORT_NAME`] in the node's exports.

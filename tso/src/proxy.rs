@@ -590,7 +590,7 @@ mod tests {
     use super::*;
     use crate::group::tests::with_watchdog;
     use crate::history::{check, now_ns, Op, Violation};
-    use crate::oracle::{Oracle, EXPORT_NAME};
+    use crate::oracle::Oracle;
     use rrpc::fabric::shm::ClusterGuard;
     use rrpc::runtime::{block_on, Executor};
     use std::cell::RefCell;
@@ -604,18 +604,7 @@ mod tests {
             let (c, _) = ClusterGuard::new(&name).unwrap();
             let of = c.open(NodeId(1)).unwrap();
             let oracle = Oracle::new(&of).unwrap();
-            let mut exports = BTreeMap::new();
-            exports.insert(EXPORT_NAME.to_string(), oracle.export());
-            let onode = Node::start(
-                of,
-                NodeConfig {
-                    role: "tso".into(),
-                    listen: "127.0.0.1:0".parse().unwrap(),
-                    exports,
-                    rpc: None,
-                },
-            )
-            .unwrap();
+            let onode = oracle.serve(of, "127.0.0.1:0".parse().unwrap()).unwrap();
             let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
             let cfg = ProxyConfig::default();
             let a = if extra > 0 {
@@ -705,18 +694,7 @@ mod tests {
             let (c, _) = ClusterGuard::new(&name).unwrap();
             let of = c.open(NodeId(1)).unwrap();
             let oracle = Oracle::new(&of).unwrap();
-            let mut exports = BTreeMap::new();
-            exports.insert(EXPORT_NAME.to_string(), oracle.export());
-            let onode = Node::start(
-                of,
-                NodeConfig {
-                    role: "tso".into(),
-                    listen: "127.0.0.1:0".parse().unwrap(),
-                    exports,
-                    rpc: None,
-                },
-            )
-            .unwrap();
+            let onode = oracle.serve(of, "127.0.0.1:0".parse().unwrap()).unwrap();
             let p = Proxy::start(
                 c.open(NodeId(10)).unwrap(),
                 "127.0.0.1:0".parse().unwrap(),

@@ -5,11 +5,13 @@
 //! process uses the backend `$RRPC_FABRIC` names (shm by default), so the test also runs
 //! on verbs (Soft-RoCE).
 
+mod common;
+use common::{wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,27 +26,6 @@ const CLIENTS: u32 = 3;
 const THREADS: u32 = 2;
 const COROS: u32 = 4;
 const ROUNDS: u32 = 300;
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Wait for `child` to exit, failing (not hanging) after `secs`.
-fn wait(child: &mut KillOnDrop, secs: u64) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(st) = child.0.try_wait().unwrap() {
-            return st;
-        }
-        assert!(Instant::now() < deadline, "a child process did not finish");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 #[test]
 fn merged_histories_of_client_processes_are_linearizable() {

@@ -3,7 +3,7 @@
 
 use rrpc::NodeId;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::DmPlacement;
-use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
-use tso::{GroupedTso, Oracle, Timestamp, TsoClient, TsoError, EXPORT_NAME};
+use tso::{GroupedTso, Oracle, Timestamp, TsoClient, TsoError};
 
 /// This test's cluster, removed when the test ends, however it ends.
 fn cluster(name: &str) -> ClusterGuard {
@@ -35,18 +34,9 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
         oracle.placement(),
         DmPlacement::HostFallback { .. }
     ));
-    let mut exports = BTreeMap::new();
-    exports.insert(EXPORT_NAME.to_string(), oracle.export());
-    let node = Node::start(
-        fabric,
-        NodeConfig {
-            role: "tso".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
-    )
-    .unwrap();
+    let node = oracle
+        .serve(fabric, "127.0.0.1:0".parse().unwrap())
+        .unwrap();
     let addr = node.addr();
     let client_fabric = cluster.open(NodeId(100)).unwrap();
 
@@ -196,18 +186,9 @@ fn grouped_timestamps_over_the_fabric_are_unique_and_contiguous() {
     let cluster = cluster("group");
     let fabric = cluster.open(NodeId(1)).unwrap();
     let oracle = Oracle::new(&fabric).unwrap();
-    let mut exports = BTreeMap::new();
-    exports.insert(EXPORT_NAME.to_string(), oracle.export());
-    let node = Node::start(
-        fabric,
-        NodeConfig {
-            role: "tso".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
-    )
-    .unwrap();
+    let node = oracle
+        .serve(fabric, "127.0.0.1:0".parse().unwrap())
+        .unwrap();
     let addr = node.addr();
     let client_fabric = cluster.open(NodeId(100)).unwrap();
     let probe = ThreadCtx::new(client_fabric.clone(), RuntimeConfig::default()).unwrap();

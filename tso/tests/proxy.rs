@@ -4,19 +4,18 @@
 
 use rrpc::NodeId;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::node::{Node, NodeConfig};
+use rrpc::node::Node;
 use rrpc::runtime::{block_on, CallError, Executor, RpcError, RuntimeConfig, ThreadCtx};
 use tso::proxy::{ProxyClient, RANGE_HANDLER};
 use tso::{
     Choice, GroupedTso, Oracle, Proxy, ProxyConfig, SourceConfig, Timestamp, TsoError, TsoSources,
-    EXPORT_NAME,
 };
 
 /// This test's cluster, removed when the test ends, however it ends.
@@ -29,18 +28,9 @@ fn cluster(name: &str) -> ClusterGuard {
 fn oracle(c: &ClusterGuard) -> (Oracle, Node) {
     let fabric = c.open(NodeId(1)).unwrap();
     let oracle = Oracle::new(&fabric).unwrap();
-    let mut exports = BTreeMap::new();
-    exports.insert(EXPORT_NAME.to_string(), oracle.export());
-    let node = Node::start(
-        fabric,
-        NodeConfig {
-            role: "tso".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
-    )
-    .unwrap();
+    let node = oracle
+        .serve(fabric, "127.0.0.1:0".parse().unwrap())
+        .unwrap();
     (oracle, node)
 }
 

@@ -8,12 +8,14 @@
 //! - a proxy killed with SIGKILL mid-load: clients fail over to the other proxy or the
 //!   oracle, keep getting timestamps, and the history stays linearizable.
 
+mod common;
+use common::{read_until, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Lines};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,27 +30,6 @@ use tso::{Choice, GroupedTso, SourceConfig, TsoClient, TsoSources};
 const CLIENTS: u32 = 3;
 const THREADS: u32 = 2;
 const COROS: u32 = 4;
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Wait for `child` to exit, failing (not hanging) after `secs`.
-fn wait(child: &mut KillOnDrop, secs: u64) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(st) = child.0.try_wait().unwrap() {
-            return st;
-        }
-        assert!(Instant::now() < deadline, "a child process did not finish");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// Spawn `bin` with `args` and read its stdout up to `READY <addr>`.
 fn spawn_service(bin: &str, args: &[&str]) -> (KillOnDrop, SocketAddr) {
@@ -163,17 +144,6 @@ fn start(cluster: &ClusterGuard, mix: Mix) -> Procs {
         clients,
         stop,
     }
-}
-
-/// Read a client's stdout until a line containing `tag`; returns the rest of that line.
-fn read_until(lines: &mut Lines<BufReader<ChildStdout>>, tag: &str) -> String {
-    for l in lines.map_while(Result::ok) {
-        // libtest may print "test client_process ... " on the same line.
-        if let Some((_, rest)) = l.split_once(tag) {
-            return rest.to_string();
-        }
-    }
-    panic!("a client exited before printing {tag}");
 }
 
 /// Every client's ops and failover count.

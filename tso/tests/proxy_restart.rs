@@ -15,12 +15,14 @@
 //!   again): the proxy refuses it and logs so; its clients get errors and never a
 //!   timestamp that is not above every one issued before.
 
+mod common;
+use common::{read_until, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Lines};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -36,27 +38,6 @@ const THREADS: u32 = 2;
 const COROS: u32 = 3;
 /// A client process gives up (and fails) after this long: no test waits forever on it.
 const CLIENT_DEADLINE: Duration = Duration::from_secs(90);
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Wait for `child` to exit, failing (not hanging) after `secs`.
-fn wait(child: &mut KillOnDrop, secs: u64) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(st) = child.0.try_wait().unwrap() {
-            return st;
-        }
-        assert!(Instant::now() < deadline, "a child process did not finish");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// SIGKILL (or SIGTERM) our own child `c` and reap it.
 fn signal(c: &mut KillOnDrop, sig: libc::c_int) {
@@ -240,17 +221,6 @@ fn chain(e: &dyn std::error::Error) -> String {
         src = x.source();
     }
     s
-}
-
-/// Read a client's stdout until a line containing `tag`; returns the rest of that line.
-fn read_until(lines: &mut Lines<BufReader<ChildStdout>>, tag: &str) -> String {
-    for l in lines.map_while(Result::ok) {
-        // libtest may print "test client_process ... " on the same line.
-        if let Some((_, rest)) = l.split_once(tag) {
-            return rest.to_string();
-        }
-    }
-    panic!("a client exited before printing {tag}");
 }
 
 #[test]

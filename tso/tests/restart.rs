@@ -2,12 +2,14 @@
 //! under load, SIGKILL, restart with the same state directory and node id, and every
 //! timestamp after the restart is larger than every one before (tso::epoch).
 
+mod common;
+use common::KillOnDrop;
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,15 +21,6 @@ use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use tso::{Timestamp, TsoClient};
 
 const NODE: &str = "3";
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Start `tso` and wait for `EPOCH` and `READY`.
 fn start(cluster: &str, state: &Path) -> (KillOnDrop, u16, SocketAddr) {
