@@ -266,8 +266,9 @@ impl std::str::FromStr for Batching {
     }
 }
 
-/// Hasher for ids this side chooses and looks up per message (call ids, handler ids,
-/// reply-buffer handles): a multiply, not SipHash, since no peer picks the keys.
+/// Hasher for ids this side chooses or connects to and looks up per message (call ids,
+/// handler ids, reply-buffer handles, the node ids of a thread's connections): a
+/// multiply, not SipHash, since no peer can flood the table with keys.
 #[derive(Default, Clone, Copy)]
 pub(crate) struct IdHasher(u64);
 
@@ -281,6 +282,9 @@ impl std::hash::Hasher for IdHasher {
         }
     }
     fn write_u16(&mut self, v: u16) {
+        self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, v: u32) {
         self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
     fn write_u64(&mut self, v: u64) {

@@ -18,6 +18,7 @@
 //! The oracle node and the client threads run in this process as nodes of a local
 //! cluster; clients are coroutines spread over `--threads` threads.
 
+use bench::plot::{LineChart, Scale, Series};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -89,6 +90,9 @@ struct Args {
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw throughput against clients, one line per mode, to this file (.svg or .png).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// A TSO design under test.
@@ -194,6 +198,34 @@ fn run(a: Args) -> Result<()> {
         std::fs::write(p, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", p.display()))?;
         println!("wrote {}", p.display());
+    }
+    if let Some(path) = &a.plot {
+        let series: Vec<Series> = a
+            .modes
+            .iter()
+            .map(|m| Series {
+                name: m.name().to_string(),
+                points: a
+                    .clients
+                    .iter()
+                    .filter_map(|&c| rate.get(&(m.name(), c)).map(|&r| (c as f64, r)))
+                    .collect(),
+            })
+            .collect();
+        let title = format!(
+            "timestamps per second (timing model: {})",
+            model.as_ref().map_or("none", |m| m.params().name.as_str())
+        );
+        LineChart {
+            title: &title,
+            x_label: "clients",
+            y_label: "timestamps/s",
+            x_scale: Scale::Log2,
+            y_scale: Scale::Log10,
+            series: &series,
+        }
+        .draw(path)?;
+        println!("plot: {}", path.display());
     }
     for (m, r) in [("proxy", proxy_ratio), ("group", group_ratio)] {
         match r {

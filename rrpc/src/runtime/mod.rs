@@ -152,7 +152,7 @@ enum Rec {
 
 struct Inner {
     conns: Vec<Conn>,
-    by_node: HashMap<NodeId, usize>,
+    by_node: HashMap<NodeId, usize, crate::wire::IdHash>,
     ops: OpTable,
     arena: Arena,
     calls: CallTable,
@@ -229,7 +229,7 @@ impl ThreadCtx {
             mailbox: Mailbox::new(),
             inner: RefCell::new(Inner {
                 conns: Vec::new(),
-                by_node: HashMap::new(),
+                by_node: HashMap::default(),
                 ops: OpTable::default(),
                 arena,
                 calls: CallTable::default(),
