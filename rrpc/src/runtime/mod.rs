@@ -172,6 +172,24 @@ struct Inner {
     vec_pool: Vec<Vec<usize>>,
 }
 
+impl Inner {
+    /// Fail every call to `node` with [`CallError::PeerGone`] (`why`) and free the
+    /// buffers the calls held that no server can touch any more.
+    fn fail_calls(&mut self, node: NodeId, why: &GoneReason) {
+        self.calls.fail_node(
+            node,
+            |_| CallError::PeerGone {
+                node,
+                why: why.clone(),
+            },
+            &mut self.freed,
+        );
+        for c in self.freed.drain(..) {
+            self.arena.free(c);
+        }
+    }
+}
+
 /// One thread's connections, buffers and in-flight work, and its executor's handle.
 /// Shared by the thread's coroutines through `Rc`.
 pub struct ThreadCtx {
@@ -376,20 +394,9 @@ impl ThreadCtx {
                 }
                 if let Some(why) = c.broken.clone() {
                     c.retired = true;
-                    let node = info.node;
                     inner.freed.clear();
-                    inner.calls.fail_node(
-                        node,
-                        |_| CallError::PeerGone {
-                            node,
-                            why: why.clone(),
-                        },
-                        &mut inner.freed,
-                    );
-                    for c in inner.freed.drain(..) {
-                        inner.arena.free(c);
-                    }
-                    inner.by_node.remove(&node);
+                    inner.fail_calls(info.node, &why);
+                    inner.by_node.remove(&info.node);
                 }
             }
         }
@@ -1145,18 +1152,7 @@ impl ThreadCtx {
                 // Its calls were failed at retirement; the node id now names its successor.
                 continue;
             }
-            let w = why.clone();
-            inner.calls.fail_node(
-                node,
-                |_| CallError::PeerGone {
-                    node,
-                    why: w.clone(),
-                },
-                &mut inner.freed,
-            );
-            for c in inner.freed.drain(..) {
-                inner.arena.free(c);
-            }
+            inner.fail_calls(node, &why);
         }
         // Coroutines waiting for room look again after any round that freed some
         // (completions free buffers, credit frees buckets); otherwise the thread is
