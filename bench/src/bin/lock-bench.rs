@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use bench::plot::{LineChart, Scale, Series};
 use clap::{Parser, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
@@ -108,6 +109,12 @@ struct Common {
     /// Write the results as JSON to this file.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
+    /// Draw the experiment's chart to this file (.svg or .png): fairness: p99 against
+    /// Zipf theta per lock; single: acquisitions per client (sorted) per lock; queues:
+    /// mean queue of the longest, second and other objects against theta; table:
+    /// throughput against operations per message.
+    #[arg(long, global = true)]
+    plot: Option<PathBuf>,
 }
 
 impl Common {
@@ -288,6 +295,10 @@ fn run(mut args: Args) -> Result<()> {
             samples_per_s,
         } => queues(c, *locks, thetas, *samples_per_s)?,
     };
+    if let Some(path) = &c.plot {
+        let name = model.as_ref().map_or("none", |m| m.params().name.as_str());
+        draw(&args.cmd, &out, name, path)?;
+    }
     if let Some(p) = &c.json {
         let doc = json!({
             "timing_model": model.as_ref().map(|m| m.describe()),
@@ -352,6 +363,125 @@ fn row_json(v: Variant, theta: Option<f64>, p: &Point) -> serde_json::Value {
         "refusals": p.refusals, "jain": p.jain(), "max_wait_us": p.max_wait_ns as f64 / 1e3,
         "per_client": p.per_client,
     })
+}
+
+/// The chart of an experiment, drawn from the rows it returned (see `--plot`).
+fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path) -> Result<()> {
+    let rows = out["rows"].as_array().cloned().unwrap_or_default();
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+    // Points of the series named by `key` in each row, in row order.
+    let by = |key: &str, x: &dyn Fn(&serde_json::Value) -> f64, y: &str| {
+        let mut series: Vec<Series> = Vec::new();
+        for r in &rows {
+            let name = r[key].as_str().unwrap_or("?").to_string();
+            let pt = (x(r), f(&r[y]));
+            match series.iter_mut().find(|s| s.name == name) {
+                Some(s) => s.points.push(pt),
+                None => series.push(Series {
+                    name,
+                    points: vec![pt],
+                }),
+            }
+        }
+        series
+    };
+    let (title, x_label, y_label, x_scale, y_scale, series) = match cmd {
+        Cmd::Fairness { .. } => (
+            "lock p99 against Zipf theta",
+            "Zipf theta",
+            "p99 (us)",
+            Scale::Linear,
+            Scale::Log10,
+            by("lock", &|r| f(&r["theta"]), "p99_us"),
+        ),
+        Cmd::Single => {
+            let series = rows
+                .iter()
+                .map(|r| {
+                    let mut n: Vec<f64> = r["per_client"]
+                        .as_array()
+                        .map(|a| a.iter().map(f).collect())
+                        .unwrap_or_default();
+                    n.sort_by(|a, b| b.total_cmp(a));
+                    Series {
+                        name: r["lock"].as_str().unwrap_or("?").to_string(),
+                        points: n
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &v)| (i as f64 + 1.0, v))
+                            .collect(),
+                    }
+                })
+                .collect();
+            (
+                "acquisitions per client on one lock",
+                "client (most acquisitions first)",
+                "acquisitions",
+                Scale::Linear,
+                Scale::Linear,
+                series,
+            )
+        }
+        Cmd::Queues { .. } => {
+            let line = |name: &str, y: &dyn Fn(&serde_json::Value) -> f64| Series {
+                name: name.to_string(),
+                points: rows.iter().map(|r| (f(&r["theta"]), y(r))).collect(),
+            };
+            (
+                "Takeout queues against Zipf theta",
+                "Zipf theta",
+                "mean queue length",
+                Scale::Linear,
+                Scale::Linear,
+                vec![
+                    line("longest", &|r| f(&r["longest"]["mean_queue"])),
+                    line("second", &|r| f(&r["second"]["mean_queue"])),
+                    line("others (mean)", &|r| f(&r["others_mean_queue"])),
+                ],
+            )
+        }
+        Cmd::Table { .. } => {
+            let mut series: Vec<Series> = Vec::new();
+            for r in &rows {
+                let name = format!(
+                    "{} {}",
+                    r["placement"].as_str().unwrap_or("?"),
+                    r["iso"].as_str().unwrap_or("?")
+                );
+                let pt = (f(&r["ops_per_message"]), f(&r["mops"]));
+                match series.iter_mut().find(|s| s.name == name) {
+                    Some(s) => s.points.push(pt),
+                    None => series.push(Series {
+                        name,
+                        points: vec![pt],
+                    }),
+                }
+            }
+            for s in &mut series {
+                s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+            (
+                "lock-table throughput against batching",
+                "lock operations per message",
+                "M ops/s",
+                Scale::Log2,
+                Scale::Linear,
+                series,
+            )
+        }
+    };
+    let title = format!("{title} (timing model: {model})");
+    LineChart {
+        title: &title,
+        x_label,
+        y_label,
+        x_scale,
+        y_scale,
+        series: &series,
+    }
+    .draw(path)?;
+    println!("plot: {}", path.display());
+    Ok(())
 }
 
 fn fairness(c: &Common, locks: u64, thetas: &[f64]) -> Result<serde_json::Value> {
