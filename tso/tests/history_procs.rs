@@ -6,7 +6,7 @@
 //! on verbs (Soft-RoCE).
 
 mod common;
-use common::{wait, KillOnDrop};
+use common::{client_command, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
@@ -49,18 +49,10 @@ fn merged_histories_of_client_processes_are_linearizable() {
     let mut clients: Vec<KillOnDrop> = (0..CLIENTS)
         .map(|i| {
             KillOnDrop(
-                Command::new(std::env::current_exe().unwrap())
-                    .args([
-                        "--exact",
-                        "client_process",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
+                client_command()
                     .env("TSO_HIST_CLUSTER", cluster.name())
                     .env("TSO_HIST_ADDR", &addr)
                     .env("TSO_HIST_CLIENT", i.to_string())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
                     .spawn()
                     .unwrap(),
             )

@@ -9,7 +9,7 @@
 //!   oracle, keep getting timestamps, and the history stays linearizable.
 
 mod common;
-use common::{read_until, wait, KillOnDrop};
+use common::{client_command, read_until, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Lines};
@@ -109,13 +109,7 @@ fn start(cluster: &ClusterGuard, mix: Mix) -> Procs {
     let clients = (0..CLIENTS)
         .map(|i| {
             let mut child = KillOnDrop(
-                Command::new(std::env::current_exe().unwrap())
-                    .args([
-                        "--exact",
-                        "client_process",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
+                client_command()
                     .env("TSO_PX_CLUSTER", c)
                     .env("TSO_PX_ORACLE", &oracle_s)
                     .env("TSO_PX_PROXIES", format!("{a},{b}"))
@@ -129,8 +123,6 @@ fn start(cluster: &ClusterGuard, mix: Mix) -> Procs {
                         },
                     )
                     .env("TSO_PX_STOP", &stop)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
                     .spawn()
                     .unwrap(),
             );

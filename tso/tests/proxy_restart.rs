@@ -16,7 +16,7 @@
 //!   timestamp that is not above every one issued before.
 
 mod common;
-use common::{read_until, wait, KillOnDrop};
+use common::{client_command, read_until, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Lines};
@@ -121,19 +121,11 @@ fn start(tag: &str) -> Run {
     let clients = (0..CLIENTS)
         .map(|i| {
             let mut child = KillOnDrop(
-                Command::new(std::env::current_exe().unwrap())
-                    .args([
-                        "--exact",
-                        "client_process",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
+                client_command()
                     .env("TSO_PR_CLUSTER", &c)
                     .env("TSO_PR_PROXY", proxy_addr.to_string())
                     .env("TSO_PR_CLIENT", i.to_string())
                     .env("TSO_PR_STOP", &stop)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
                     .spawn()
                     .unwrap(),
             );

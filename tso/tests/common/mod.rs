@@ -38,3 +38,19 @@ pub fn read_until(lines: &mut Lines<BufReader<ChildStdout>>, tag: &str) -> Strin
     }
     panic!("a client exited before printing {tag}");
 }
+
+/// This test executable re-run as a client process: only its `client_process` test, with
+/// stdout piped (the client prints its tagged lines there) and stderr discarded. The
+/// caller adds the environment that tells `client_process` what to do, and spawns it.
+pub fn client_command() -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "client_process",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::null());
+    cmd
+}
