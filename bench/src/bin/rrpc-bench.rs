@@ -106,6 +106,9 @@ enum Cmd {
     /// client threads, 1 caller among 63 idle coroutines against 1 alone, and small-RPC
     /// throughput per core.
     Latency,
+    /// Only the small-RPC throughput line of `latency`: 32 B calls from one client thread
+    /// with --coroutines coroutines to one server thread, calls/s per busy core.
+    Throughput,
     /// rrpc against iceoryx2 request-response, tonic gRPC (loopback TCP) and the cache-line
     /// ping-pong floor: 32 B request and reply, two pinned busy-polling endpoints.
     Peers,
@@ -175,6 +178,15 @@ fn run(args: Args) -> Result<()> {
         }
         Cmd::Latency => {
             out.insert("latency", latency(c, kind)?);
+        }
+        Cmd::Throughput => {
+            println!("\n== small-RPC throughput");
+            let bed = Bed::new(c, kind, "throughput")?;
+            let (rate, per_core) = small_rpc(c, &bed)?;
+            out.insert(
+                "throughput",
+                json!({ "small_rpc_calls_per_s": rate, "small_rpc_calls_per_s_per_core": per_core, "coroutines": c.coroutines }),
+            );
         }
         Cmd::Peers => {
             out.insert("peers", peers_cmp(c, kind, plot_for("peers"))?);
@@ -897,8 +909,19 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
     println!("ratio p50 1-of-64/1-alone = {idle_ratio:.3}");
     idle_rows.insert("idle_coroutines".into(), json!(IDLE));
     idle_rows.insert("ratio_p50_1_of_64_1_alone".into(), json!(idle_ratio));
-    // Small-RPC throughput: one client thread with many coroutines against one server
-    // thread; two cores busy.
+    let (rate, per_core) = small_rpc(c, &bed)?;
+    Ok(
+        json!({ "points": rows, "idle": idle_rows, "small_rpc_calls_per_s": rate, "small_rpc_calls_per_s_per_core": per_core, "coroutines": c.coroutines }),
+    )
+}
+
+/// Small-RPC throughput: one client thread with `--coroutines` coroutines against one
+/// server thread, both cores busy. Returns calls/s and calls/s per busy core.
+fn small_rpc(c: &Common, bed: &Bed) -> Result<(f64, f64)> {
+    let (warm, meas) = (
+        Duration::from_millis(c.warmup_ms),
+        Duration::from_millis(c.duration_ms),
+    );
     let p = on_core(c.client_core, || {
         let (ctx, node) = bed.client(RuntimeConfig::default())?;
         drive(
@@ -916,9 +939,7 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
         "small-RPC throughput (32 B / 32 B, 1 client thread x {} coroutines, 1 server thread): {:.0} calls/s = {:.0} calls/s per core (2 cores busy); p50 {:.1} us, {:.2} msgs per WRITE",
         c.coroutines, p.rate(), per_core, p.p(0.5) / 1e3, p.stats.messages_per_write()
     );
-    Ok(
-        json!({ "points": rows, "idle": idle_rows, "small_rpc_calls_per_s": p.rate(), "small_rpc_calls_per_s_per_core": per_core, "coroutines": c.coroutines }),
-    )
+    Ok((p.rate(), per_core))
 }
 
 /// rrpc's round trip measured like the peers': one client coroutine, 32 B each way.

@@ -520,7 +520,7 @@ impl ShmFabric {
             sq_depth: sq_depth.max(1),
             peer: None,
             state: QpState::Init,
-            local_cache: HashMap::new(),
+            local_cache: HashMap::default(),
             local_gen: 0,
             rq,
             peer_rq: None,
@@ -807,7 +807,9 @@ impl ShmCq {
 struct Peer {
     node: NodeId,
     alive: File,
-    remote: HashMap<u32, Arc<RemoteMr>>,
+    /// The peer's MRs by rkey. A multiplicative hash: at most [`QP_MAPPINGS_MAX`]
+    /// entries, and only rkeys the peer registered get one, so no flood of colliding keys.
+    remote: HashMap<u32, Arc<RemoteMr>, crate::wire::IdHash>,
 }
 
 /// An RC queue pair of the shm backend.
@@ -818,7 +820,7 @@ pub struct ShmQp {
     sq_depth: usize,
     peer: Option<Peer>,
     state: QpState,
-    local_cache: HashMap<u32, (u64, usize)>,
+    local_cache: HashMap<u32, (u64, usize), crate::wire::IdHash>,
     /// The fabric's `local_gen` when `local_cache` was last checked.
     local_gen: u64,
     /// This QP's receive queue (the peer SENDs into it).
@@ -905,7 +907,7 @@ impl ShmQp {
         self.peer = Some(Peer {
             node: remote.node,
             alive,
-            remote: HashMap::new(),
+            remote: HashMap::default(),
         });
         self.peer_rq = remote.recv_queue;
         if let Some(t) = &mut self.timing {
@@ -1047,6 +1049,12 @@ impl ShmQp {
     }
 
     fn remote_ptr(&mut self, addr: u64, len: usize, rkey: u32) -> Option<*mut u8> {
+        // A mapping already cached: no reference count taken (the map keeps it alive).
+        if let Some(r) = self.peer.as_ref().and_then(|p| p.remote.get(&rkey)) {
+            if let Some(p) = r.ptr(addr, len) {
+                return Some(p);
+            }
+        }
         self.remote_mr(rkey)?.ptr(addr, len)
     }
 

@@ -88,21 +88,41 @@ pub(crate) struct Abandoned {
 }
 
 /// Calls in flight on one thread. See the module docs.
+///
+/// A slab: a call's id is its slot's index (low 32 bits) and the slot's generation
+/// (high 32 bits, from 1, so no id is 0), bumped each time the slot is freed. A lookup
+/// is an index and a compare, not a hash; a late reply to an ended call names an old
+/// generation and finds nothing (ids repeat only after 2^32 calls through one slot).
 #[derive(Default)]
 pub(crate) struct CallTable {
     /// Calls in flight. Few (about one per coroutine), so expiry scans them all,
     /// every few rounds, instead of keeping an ordered index that every call would pay
     /// an insert and a remove into.
-    calls: HashMap<u64, Slot, IdHash>,
+    slots: Vec<Entry>,
+    /// Indices of free slots, reused last freed first (its lines are warm).
+    free: Vec<u32>,
+    /// Calls in `slots`.
+    live: usize,
     /// Buffers of abandoned calls the server may still touch, by call id, with the node.
     zombies: HashMap<u64, (NodeId, Held), IdHash>,
-    next: u64,
+}
+
+struct Entry {
+    generation: u32,
+    call: Option<Slot>,
+}
+
+fn call_id(generation: u32, idx: usize) -> u64 {
+    (u64::from(generation) << 32) | idx as u64
 }
 
 impl CallTable {
-    /// The id the next [`CallTable::open`] returns (call ids start at 1).
+    /// The id the next [`CallTable::open`] returns (never 0).
     pub(crate) fn next_id(&self) -> u64 {
-        self.next + 1
+        match self.free.last() {
+            Some(&i) => call_id(self.slots[i as usize].generation, i as usize),
+            None => call_id(1, self.slots.len()),
+        }
     }
 
     /// Open call `next_id()` to `node`'s `handler` with a deadline of `now + after`,
@@ -115,33 +135,82 @@ impl CallTable {
         after: Duration,
         chunks: Held,
     ) -> u64 {
-        self.next += 1;
-        let id = self.next;
-        let deadline = now + after;
-        self.calls.insert(
-            id,
-            Slot {
-                node,
-                handler,
-                after,
-                deadline,
-                result: None,
-                chunks,
-                waker: None,
-                settled: false,
-            },
-        );
-        id
+        let idx = match self.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                assert!(
+                    self.slots.len() < u32::MAX as usize,
+                    "fewer than 2^32 calls in flight"
+                );
+                self.slots.push(Entry {
+                    generation: 1,
+                    call: None,
+                });
+                self.slots.len() - 1
+            }
+        };
+        let e = &mut self.slots[idx];
+        e.call = Some(Slot {
+            node,
+            handler,
+            after,
+            deadline: now + after,
+            result: None,
+            chunks,
+            waker: None,
+            settled: false,
+        });
+        self.live += 1;
+        call_id(e.generation, idx)
+    }
+
+    /// The call of `id`, if it is still in the table.
+    fn get_mut(&mut self, id: u64) -> Option<&mut Slot> {
+        let e = self.slots.get_mut((id & u64::from(u32::MAX)) as usize)?;
+        if u64::from(e.generation) != id >> 32 {
+            return None;
+        }
+        e.call.as_mut()
+    }
+
+    /// Take the call of `id` out of the table, freeing its slot for a new generation.
+    fn remove(&mut self, id: u64) -> Option<Slot> {
+        let idx = (id & u64::from(u32::MAX)) as usize;
+        let e = self.slots.get_mut(idx)?;
+        if u64::from(e.generation) != id >> 32 {
+            return None;
+        }
+        let s = e.call.take()?;
+        self.release(idx);
+        Some(s)
+    }
+
+    /// Empty slot `idx` (dropping what is left of its call in place) and free it under
+    /// the next generation (0 is skipped, so that no id is 0).
+    fn release(&mut self, idx: usize) {
+        let e = &mut self.slots[idx];
+        e.call = None;
+        e.generation = e.generation.checked_add(1).unwrap_or(1);
+        self.free.push(idx as u32);
+        self.live -= 1;
+    }
+
+    /// Every call in the table, with its id.
+    fn iter_mut(&mut self) -> impl Iterator<Item = (u64, &mut Slot)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, e)| Some((call_id(e.generation, i), e.call.as_mut()?)))
     }
 
     /// Calls in flight (not yet taken by their futures).
     pub(crate) fn len(&self) -> usize {
-        self.calls.len()
+        self.live
     }
 
     /// Whether nothing is in flight.
     pub(crate) fn is_empty(&self) -> bool {
-        self.calls.is_empty()
+        self.live == 0
     }
 
     /// Buffers held for abandoned calls.
@@ -152,7 +221,7 @@ impl CallTable {
     /// The reply to call `id` arrived (in the response ring, so the server is done with
     /// the call's buffer once `reply` is final).
     pub(crate) fn deliver(&mut self, id: u64, reply: Reply) -> Late {
-        match self.calls.get_mut(&id) {
+        match self.get_mut(id) {
             Some(s) if s.result.is_none() => {
                 s.result = Some(reply);
                 if let Some(w) = s.waker.take() {
@@ -174,24 +243,25 @@ impl CallTable {
     /// Ready with the reply and the call's buffer (which the caller frees after copying
     /// out), or with the call's deadline error.
     pub(crate) fn poll(&mut self, id: u64, waker: &Waker) -> Poll<(Reply, Held)> {
-        let Some(s) = self.calls.get_mut(&id) else {
+        let Some(s) = self.get_mut(id) else {
             let e = CallError::Protocol {
                 node: NodeId::MAX,
                 what: "call polled after it ended",
             };
             return Poll::Ready((Reply::Inline(Err(e)), Held::default()));
         };
-        if s.result.is_some() {
-            let s = self.calls.remove(&id).expect("present");
-            let r = s.result.expect("checked");
+        if let Some(r) = s.result.take() {
+            // Taken field by field: moving the whole slot out costs a copy per call.
+            let (node, chunks, settled) = (s.node, s.chunks, s.settled);
+            self.release((id & u64::from(u32::MAX)) as usize);
             // An expired call with a buffer the server may still touch keeps it.
-            if matches!(r, Reply::Inline(Err(CallError::Timeout { .. }))) && !s.settled {
-                if !s.chunks.is_empty() {
-                    self.zombies.insert(id, (s.node, s.chunks));
+            if matches!(r, Reply::Inline(Err(CallError::Timeout { .. }))) && !settled {
+                if !chunks.is_empty() {
+                    self.zombies.insert(id, (node, chunks));
                 }
                 return Poll::Ready((r, Held::default()));
             }
-            return Poll::Ready((r, s.chunks));
+            return Poll::Ready((r, chunks));
         }
         match &s.waker {
             Some(w) if w.will_wake(waker) => {}
@@ -206,7 +276,7 @@ impl CallTable {
     /// release a READ-mode reply buffer at the server.
     pub(crate) fn abandon(&mut self, id: u64) -> Abandoned {
         let mut out = Abandoned::default();
-        let Some(s) = self.calls.remove(&id) else {
+        let Some(s) = self.remove(id) else {
             return out;
         };
         if let Some(Reply::Read(r)) = &s.result {
@@ -238,7 +308,7 @@ impl CallTable {
     /// returns how many calls expired.
     pub(crate) fn expire(&mut self, now: Instant, cancel: &mut Vec<(NodeId, u64)>) -> usize {
         let mut n = 0;
-        for (&id, s) in self.calls.iter_mut() {
+        for (id, s) in self.iter_mut() {
             if s.result.is_some() || s.deadline > now {
                 continue;
             }
@@ -261,8 +331,9 @@ impl CallTable {
     /// The earliest deadline of a call still waiting.
     #[cfg(test)]
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.calls
-            .values()
+        self.slots
+            .iter()
+            .filter_map(|e| e.call.as_ref())
             .filter(|s| s.result.is_none())
             .map(|s| s.deadline)
             .min()
@@ -276,7 +347,7 @@ impl CallTable {
         err: impl Fn(u16) -> CallError,
         freed: &mut Vec<Chunk>,
     ) {
-        for s in self.calls.values_mut() {
+        for (_, s) in self.iter_mut() {
             if s.node == node {
                 s.settled = true;
             }
@@ -344,6 +415,40 @@ mod tests {
         let mut cancel = Vec::new();
         t.expire(now + 10 * MS, &mut cancel);
         assert!(cancel.is_empty() && t.next_deadline().is_none());
+    }
+
+    #[test]
+    fn a_reused_slot_gets_a_new_id_and_a_late_reply_misses_it() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let (_c, w) = waker();
+        assert_ne!(t.next_id(), 0);
+        let a = t.open(NodeId(1), 1, now, MS, Held::default());
+        assert_eq!(t.deliver(a, Reply::Inline(Ok(vec![1]))), Late::Delivered);
+        assert!(t.poll(a, &w).is_ready());
+        // The slot is free again: the next call reuses it under another id.
+        let next = t.next_id();
+        let b = t.open(NodeId(1), 1, now, MS, chunk(64));
+        assert_eq!(b, next);
+        assert_ne!(a, b);
+        assert_eq!(a & u64::from(u32::MAX), b & u64::from(u32::MAX));
+        // A duplicate of `a`'s reply is not `b`'s.
+        assert_eq!(
+            t.deliver(a, Reply::Inline(Ok(vec![9]))),
+            Late::Free(Held::default())
+        );
+        assert!(t.poll(b, &w).is_pending());
+        assert_eq!(t.len(), 1);
+        // `b` abandoned before its answer: its buffer is a zombie under its own id, and
+        // the slot's next call cannot take its late reply.
+        assert!(t.abandon(b).cancel);
+        let c = t.open(NodeId(1), 1, now, MS, Held::default());
+        assert_ne!(c, b);
+        assert_eq!(
+            t.deliver(b, Reply::Inline(Ok(vec![2]))),
+            Late::Free(chunk(64))
+        );
+        assert!(t.poll(c, &w).is_pending());
     }
 
     #[test]
