@@ -1,11 +1,13 @@
 //! The shm fabric under a timing model: what late completions must not break. RC order
 //! on a QP, every signaled WR completing exactly once, flushes after an error, atomics
-//! from several fabrics (separate mappings of one NIC state) staying atomic, and clear
-//! errors for models that cannot run. No test here asserts a duration.
+//! from several fabrics (separate mappings of one NIC state) staying atomic and queuing
+//! at the target's NIC, and clear errors for models that cannot run. No test here asserts
+//! a maximum duration (one asserts the minimum its modeled reservations imply).
 
 use rrpc::NodeId;
 use std::time::{Duration, Instant};
 
+use rrpc::fabric::model;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{
     CompletionQueue, Fabric, FabricConfig, FabricError, FabricKind, MemoryRegion, QueuePair,
@@ -202,6 +204,109 @@ fn atomics_through_separate_mappings_of_one_nic_stay_atomic() {
     let total = |m: &MemoryRegion| m.atomic_u64(0).load(std::sync::atomic::Ordering::Acquire);
     assert_eq!(total(&word) + total(&dm), 3 * PER_THREAD);
     assert_eq!(total(&word), 3 * PER_THREAD / 2);
+}
+
+/// A snapshot of node `node`'s NIC state (its `n<node>.nic` file, which exists while
+/// the node's fabric is open).
+fn nic_snapshot(cluster: &str, node: u32) -> Vec<std::sync::atomic::AtomicU64> {
+    let b = std::fs::read(rrpc::fabric::shm::cluster_dir(cluster).join(format!("n{node}.nic")))
+        .unwrap();
+    assert_eq!(b.len(), model::NIC_BYTES);
+    b.chunks_exact(8)
+        .map(|w| std::sync::atomic::AtomicU64::new(u64::from_le_bytes(w.try_into().unwrap())))
+        .collect()
+}
+
+/// FAAs to one host-memory word from four requester nodes (four fabrics, each mapping
+/// the target's NIC state itself, as separate processes do) are charged at the *target's*
+/// NIC: its address slot for the word is reserved for all of them, one after the other
+/// (busy until at least their number times the same-address hold after the first was
+/// posted, and no wall-clock completion comes earlier), while the requesters' atomic
+/// units and slots are never taken.
+#[test]
+fn atomics_from_four_requesters_to_one_word_queue_at_the_target() {
+    let g = ClusterGuard::new(&format!("model-{}-slot", std::process::id()))
+        .unwrap()
+        .0;
+    const REQUESTERS: u32 = 4;
+    const PER_REQUESTER: u64 = 40;
+    let hold_ns = model::TimingModel::load("cx5")
+        .unwrap()
+        .unwrap()
+        .params()
+        .atomic
+        .same_addr_host_ns;
+    let owner = open(g.name(), 1, "cx5");
+    let word = owner.alloc_mr(4096).unwrap();
+    let desc = word.desc();
+    let slot = model::addr_slot(desc.rkey, desc.addr);
+    // Twice: the requesters are set up; then the start is taken and they post.
+    let go = std::sync::Barrier::new(REQUESTERS as usize + 1);
+    let (start, start_ns) = std::thread::scope(|s| {
+        for t in 0..REQUESTERS {
+            let (name, go) = (g.name().to_string(), &go);
+            s.spawn(move || {
+                let node = 10 + t;
+                let f = open(&name, node, "cx5");
+                let cq = f.create_cq(1024).unwrap();
+                let mut qp = f.create_qp(&cq, 1024).unwrap();
+                let mut ep = qp.endpoint();
+                ep.node = NodeId(1);
+                ep.recv_queue = None;
+                qp.connect(&ep).unwrap();
+                let local = f.alloc_mr(8 * PER_REQUESTER as usize).unwrap();
+                let wrs: Vec<SendWr> = (0..PER_REQUESTER)
+                    .map(|i| SendWr {
+                        wr_id: i,
+                        opcode: WrOpcode::FetchAdd { add: 1 },
+                        sge: local.sge(8 * i as usize, 8),
+                        remote: desc.at(0),
+                        signaled: i == PER_REQUESTER - 1,
+                        inline: false,
+                    })
+                    .collect();
+                go.wait();
+                go.wait();
+                qp.post_send(&wrs).unwrap();
+                let wcs = wait_wcs(&cq, 1);
+                assert_eq!(wcs.len(), 1);
+                assert_eq!(wcs[0].status, WcStatus::Success);
+                // This requester's NIC (its file exists while `f` is open).
+                let mine = nic_snapshot(&name, node);
+                let mine = model::Nic::new(&mine);
+                assert_eq!(
+                    (mine.atomic_free_ns(), mine.slot_free_ns(slot)),
+                    (0, 0),
+                    "node {node}: a requester's atomic unit and slot are never taken"
+                );
+            });
+        }
+        go.wait();
+        let start = (Instant::now(), model::now_ns());
+        go.wait();
+        start
+    });
+    let elapsed = start.elapsed();
+    let n = u64::from(REQUESTERS) * PER_REQUESTER;
+    assert_eq!(
+        word.atomic_u64(0)
+            .load(std::sync::atomic::Ordering::Acquire),
+        n
+    );
+    let target = nic_snapshot(g.name(), 1);
+    let target = model::Nic::new(&target);
+    assert!(
+        target.slot_free_ns(slot) >= start_ns + n * hold_ns,
+        "the target's slot is busy until {} ns, want >= {} + {n} x {hold_ns}",
+        target.slot_free_ns(slot),
+        start_ns
+    );
+    assert!(target.atomic_free_ns() > start_ns);
+    let floor = Duration::from_nanos(n * hold_ns);
+    assert!(
+        elapsed >= floor,
+        "{n} FAAs to one word took {elapsed:?}, less than {floor:?} of the target's slot"
+    );
 }
 
 #[test]

@@ -169,15 +169,33 @@ impl Oracle {
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn with_epoch(fabric: &Fabric, epoch: u16) -> Result<Self, TsoError> {
         let (counter, placement) = fabric.alloc_dm(COUNTER_BYTES)?;
+        Ok(Self::over(counter, placement, epoch))
+    }
+
+    /// [`Oracle::new`] with the counter in host memory even where the NIC has device
+    /// memory, reported as a host placement: for benchmarks that compare the two
+    /// (`tso-bench --counter host`; on host memory every atomic on the counter needs the
+    /// responder's PCIe read and write back, Scythe 2.3 and Table 1).
+    ///
+    /// Errors: [`TsoError::Fabric`] when allocation fails.
+    pub fn in_host_memory(fabric: &Fabric) -> Result<Self, TsoError> {
+        let counter = fabric.alloc_mr(COUNTER_BYTES)?;
+        let placement = DmPlacement::HostFallback {
+            reason: "host memory asked for".into(),
+        };
+        Ok(Self::over(counter, placement, 0))
+    }
+
+    fn over(counter: MemoryRegion, placement: DmPlacement, epoch: u16) -> Self {
         // A release store (a memcpy to the NIC on device memory).
         counter.store_u64(0, (epoch as u64) << EPOCH_SHIFT);
-        Ok(Self {
+        Self {
             counter,
             placement,
             epoch,
             // Never 0, the value of exports without the field.
             incarnation: rand::random::<u64>() | 1,
-        })
+        }
     }
 
     /// This incarnation's epoch.

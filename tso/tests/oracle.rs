@@ -241,3 +241,33 @@ fn grouped_timestamps_over_the_fabric_are_unique_and_contiguous() {
     );
     drop(node);
 }
+
+#[test]
+fn an_oracle_in_host_memory_says_so_and_counts_the_same() {
+    let cluster = cluster("host");
+    let fabric = cluster.open(NodeId(1)).unwrap();
+    let oracle = Oracle::in_host_memory(&fabric).unwrap();
+    assert!(
+        matches!(oracle.placement(), DmPlacement::HostFallback { reason } if reason.contains("asked for")),
+        "{:?}",
+        oracle.placement()
+    );
+    let node = oracle
+        .serve(fabric, "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let ctx = ThreadCtx::new(cluster.open(NodeId(100)).unwrap(), RuntimeConfig::default()).unwrap();
+    let tc = TsoClient::from_info(&ctx.connect(node.addr()).unwrap()).unwrap();
+    assert!(
+        tc.placement().contains("host memory asked for"),
+        "{}",
+        tc.placement()
+    );
+    let c = ctx.clone();
+    let got = rrpc::runtime::block_on(&ctx, async move {
+        let a = tc.timestamp(&c).await.unwrap().get();
+        let r = tc.timestamps(&c, 3).await.unwrap();
+        (a, r.first().get(), r.last_ts().unwrap().get())
+    });
+    assert_eq!(got, (1, 2, 4));
+    assert_eq!(oracle.current().get(), 4);
+}

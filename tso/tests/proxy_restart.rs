@@ -216,7 +216,6 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 #[test]
-#[ignore = "flaky: in about one run in six the clients get no timestamp through the proxy before the restart (a start-up stall, not the restart path); run with --ignored"]
 fn the_proxy_follows_a_sigkilled_oracle_restarted_from_its_state_dir() {
     let mut run = start("pxrs");
     let killed_ns = run.kill_oracle();
@@ -256,7 +255,6 @@ fn the_proxy_follows_a_sigkilled_oracle_restarted_from_its_state_dir() {
 }
 
 #[test]
-#[ignore = "flaky: in about one run in six the clients get no timestamp through the proxy before the restart (a start-up stall, not the restart path); run with --ignored"]
 fn the_proxy_refuses_an_oracle_restarted_without_its_state_dir() {
     let mut run = start("pxrb");
     run.kill_oracle();
@@ -381,6 +379,9 @@ fn client_process() {
                             }
                         });
                     }
+                    // Connected; then wait until `STARTED` is out before taking any
+                    // timestamp, so that `EPOCH_SEEN` can only follow it.
+                    started.wait();
                     started.wait();
                     ex.run();
                     let v = ops.borrow().clone();
@@ -389,8 +390,14 @@ fn client_process() {
                 })
             })
             .collect();
+        // Every thread is connected: say so, then let them run. The test reads a
+        // client's tagged lines in order and skips what comes before the one it waits
+        // for, so `STARTED` must be out before a thread can print `EPOCH_SEEN` (which
+        // it prints once): printed after the threads ran, it made the test skip
+        // `EPOCH_SEEN 1` and wait forever for it.
         started.wait();
         println!("STARTED");
+        started.wait();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let ops: Vec<Op> = results

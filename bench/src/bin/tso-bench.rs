@@ -16,7 +16,10 @@
 //!   counter (the TiDB PD design: the oracle's CPU serves every request).
 //!
 //! The oracle node and the client threads run in this process as nodes of a local
-//! cluster; clients are coroutines spread over `--threads` threads.
+//! cluster; clients are coroutines spread over `--threads` threads. The counter is in
+//! (the shm fabric's stand-in for) device memory, or with `--counter host` in host
+//! memory, where the timing model holds its address at the oracle's NIC for a PCIe read
+//! and write back per atomic, shared by all clients.
 
 use bench::plot::{LineChart, Scale, Series};
 use rrpc::NodeId;
@@ -74,6 +77,11 @@ struct Args {
     /// Client threads (each its own node and runtime).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Where the oracle's counter lives: `device` (the NIC's memory, `alloc_dm`; the
+    /// oracle's default) or `host` (host memory: every atomic on it needs the oracle
+    /// NIC's PCIe read and write back, which the timing model charges per address).
+    #[arg(long, value_enum, default_value = "device")]
+    counter: Counter,
     /// Modes to compare.
     #[arg(
         long,
@@ -93,6 +101,16 @@ struct Args {
     /// Draw throughput against clients, one line per mode, to this file (.svg or .png).
     #[arg(long)]
     plot: Option<PathBuf>,
+}
+
+/// Where the oracle's counter lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Counter {
+    /// Device memory (`Oracle::new`; the shm fabric's stand-in, charged by the timing
+    /// model at device-memory rates).
+    Device,
+    /// Host memory (`Oracle::in_host_memory`).
+    Host,
 }
 
 /// A TSO design under test.
@@ -148,8 +166,12 @@ fn run(a: Args) -> Result<()> {
     }
     let model = rrpc::fabric::model::TimingModel::load(&a.model)?;
     println!(
-        "tso-bench | fabric: shm | timing model: {} | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | proxy: 1 server thread, 1 QP on the oracle",
+        "tso-bench | fabric: shm | timing model: {} | counter: {} memory | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | proxy: 1 server thread, 1 QP on the oracle",
         model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),
+        match a.counter {
+            Counter::Device => "device",
+            Counter::Host => "host",
+        },
         a.threads,
         a.duration_ms,
         a.warmup_ms
@@ -190,7 +212,8 @@ fn run(a: Args) -> Result<()> {
     if let Some(p) = &a.json {
         let doc = json!({
             "timing_model": model.as_ref().map(|m| m.describe()),
-            "model_arg": a.model, "threads": a.threads, "duration_ms": a.duration_ms,
+            "model_arg": a.model, "counter": format!("{:?}", a.counter).to_lowercase(),
+            "threads": a.threads, "duration_ms": a.duration_ms,
             "warmup_ms": a.warmup_ms, "rows": rows,
             "ratio_group_faa_at_max_clients": group_ratio,
             "ratio_proxy_faa_at_max_clients": proxy_ratio, "max_clients": top,
@@ -213,8 +236,9 @@ fn run(a: Args) -> Result<()> {
             })
             .collect();
         let title = format!(
-            "timestamps per second (timing model: {})",
-            model.as_ref().map_or("none", |m| m.params().name.as_str())
+            "timestamps per second (timing model: {}, counter in {} memory)",
+            model.as_ref().map_or("none", |m| m.params().name.as_str()),
+            format!("{:?}", a.counter).to_lowercase()
         );
         LineChart {
             title: &title,
@@ -247,7 +271,10 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
         Ok(Fabric::open(&cfg)?)
     };
     let f = open(ORACLE_NODE)?;
-    let oracle = Oracle::new(&f)?;
+    let oracle = match a.counter {
+        Counter::Device => Oracle::new(&f)?,
+        Counter::Host => Oracle::in_host_memory(&f)?,
+    };
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), oracle.export());
     // The RPC oracle's counter: a CPU-local word, never touched by RDMA.

@@ -181,6 +181,18 @@ impl<'a> Nic<'a> {
     fn take(&self, word: usize, at: u64, service: u64) -> u64 {
         reserve(&self.words[word], at, service)
     }
+
+    /// When the atomic unit is next free (ns, `CLOCK_MONOTONIC`; 0 if never taken): for
+    /// tests and diagnostics.
+    pub fn atomic_free_ns(&self) -> u64 {
+        self.words[W_ATOMIC].load(Ordering::Acquire)
+    }
+
+    /// When address slot `slot` (see [`addr_slot`]) is next free (ns; 0 if never taken):
+    /// for tests and diagnostics.
+    pub fn slot_free_ns(&self, slot: usize) -> u64 {
+        self.words[W_SLOTS + slot % ADDR_SLOTS].load(Ordering::Acquire)
+    }
 }
 
 /// Take a resource for `service` ns no earlier than `at`: returns the start, which is
@@ -529,6 +541,59 @@ mod tests {
         // Device memory: 100 Mops unit, 10 ns per address.
         assert_eq!(run(true, true), 99 * 10);
         assert!(run(true, false) <= 99 * 10);
+    }
+
+    /// The atomic unit and the address slots are the responder's: FAAs that two
+    /// requesters (two NICs, so two QPs of two nodes, or of two processes mapping their
+    /// NIC files) post at the same instant to one word of the target queue at the target
+    /// one behind the other, while the requesters' own atomic state is never touched.
+    /// Different words serialize only on the target's atomic unit.
+    #[test]
+    fn atomics_from_different_requesters_queue_at_the_responder() {
+        let m = model();
+        let run = |same: bool| {
+            let (a, b, target) = (nic(), nic(), nic());
+            let mut execs: Vec<u64> = (0..100u64)
+                .map(|i| {
+                    // Alternate requesters; one word, or a word per FAA.
+                    let req = if i % 2 == 0 { &a } else { &b };
+                    let slot = if same { 7 } else { addr_slot(1, 8 * i) };
+                    m.plan(
+                        ModelOp::Atomic { dm: false, slot },
+                        0,
+                        Nic::new(req),
+                        Nic::new(&target),
+                        (0, 0),
+                    )
+                    .exec_ns
+                })
+                .collect();
+            for req in [&a, &b] {
+                assert!(
+                    req[W_ATOMIC..]
+                        .iter()
+                        .all(|w| w.load(Ordering::Relaxed) == 0),
+                    "a requester's atomic unit and slots stay idle"
+                );
+            }
+            execs.sort_unstable();
+            // Two requesters posting at once: one of each pair waits for the other.
+            assert!(execs.windows(2).all(|w| w[1] > w[0]), "no two at once");
+            execs[99] - execs[0]
+        };
+        // One word: the 800 ns address hold, whichever NIC the FAA came from.
+        assert_eq!(run(true), 99 * 800);
+        // A word each: only the target's atomic unit (2 Mops, 500 ns), not the address.
+        assert_eq!(run(false), 99 * 500);
+        // Two targets, one requester: each target's unit and word are its own.
+        let (a, t1, t2) = (nic(), nic(), nic());
+        let op = ModelOp::Atomic { dm: false, slot: 7 };
+        let p1 = m.plan(op, 0, Nic::new(&a), Nic::new(&t1), (0, 0));
+        let p2 = m.plan(op, 0, Nic::new(&a), Nic::new(&t2), (0, 0));
+        assert!(
+            p2.exec_ns < p1.exec_ns + 500,
+            "another target's word does not wait for this one's: {p1:?} {p2:?}"
+        );
     }
 
     #[test]

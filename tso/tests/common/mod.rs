@@ -29,6 +29,9 @@ pub fn wait(child: &mut KillOnDrop, secs: u64) -> ExitStatus {
 }
 
 /// Read a child's stdout until a line containing `tag`; returns the rest of that line.
+/// Lines before it are consumed and dropped, tagged or not: a child must print its tags
+/// in the order the test reads them (a tag printed once, from another thread, can race
+/// ahead of the one read before it and be lost, leaving the test waiting for it).
 pub fn read_until(lines: &mut Lines<BufReader<ChildStdout>>, tag: &str) -> String {
     for l in lines.map_while(Result::ok) {
         // libtest may print "test client_process ... " on the same line.
