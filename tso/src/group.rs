@@ -39,14 +39,14 @@
 //! `tests/loom_group.rs`) and runs the leader's range request, a caller-supplied async
 //! closure (one-sided FAA on the oracle in [`crate::GroupedTso`]; a proxy RPC later).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::task::{Poll, Waker};
 
 use crate::timestamp::Timestamp;
 
-/// Identifies one request (member) within a group instance.
+/// Identifies one request (member) within a group instance (opaque: its entry's index
+/// and generation in the core's slab).
 pub type MemberId = u64;
 
 /// Why a member got no timestamp.
@@ -126,26 +126,6 @@ impl GroupStats {
     }
 }
 
-/// Hashes a [`MemberId`] (a counter) by Fibonacci multiplication: one multiply instead of
-/// SipHash's rounds on the group's hot path (ids are not attacker-chosen), spreading
-/// consecutive ids over the high bits the hash table's tags use.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, id: u64) {
-        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
 enum Slot<E> {
     /// In the open group or a closed one, waiting for its timestamp or a promotion; with
     /// the number of the batch (open group) it joined.
@@ -176,9 +156,18 @@ pub struct GroupCore<E> {
     /// Batch number of the open group: members record it when they join, so a member
     /// finds out that its group was closed and awaits a leader without scanning it.
     open_batch: u64,
-    slots: HashMap<MemberId, Slot<E>, BuildHasherDefault<IdHasher>>,
-    next_id: MemberId,
+    /// Members, in a slab: a member id is its entry's index (low 32 bits) and the
+    /// entry's generation (high 32 bits), bumped when the member leaves, so a lookup is an
+    /// index and a compare, not a hash, and a stale id finds nothing.
+    slots: Vec<Entry<E>>,
+    /// Free entries, last freed first.
+    free: Vec<u32>,
     stats: GroupStats,
+}
+
+struct Entry<E> {
+    generation: u32,
+    slot: Option<Slot<E>>,
 }
 
 impl<E> Default for GroupCore<E> {
@@ -198,10 +187,53 @@ impl<E> GroupCore<E> {
             open: Vec::new(),
             pending: VecDeque::new(),
             open_batch: 0,
-            slots: HashMap::default(),
-            next_id: 0,
+            slots: Vec::new(),
+            free: Vec::new(),
             stats: GroupStats::default(),
         }
+    }
+}
+
+impl<E> GroupCore<E> {
+    /// A new member in `slot`; returns its id.
+    fn add(&mut self, slot: Slot<E>) -> MemberId {
+        let idx = match self.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                let i = self.slots.len();
+                assert!(i < u32::MAX as usize, "fewer than 2^32 members at once");
+                self.slots.push(Entry {
+                    generation: 0,
+                    slot: None,
+                });
+                i
+            }
+        };
+        let e = &mut self.slots[idx];
+        e.slot = Some(slot);
+        (u64::from(e.generation) << 32) | idx as u64
+    }
+
+    /// The entry of member `id`, if it is still one.
+    fn entry(&mut self, id: MemberId) -> Option<&mut Option<Slot<E>>> {
+        let e = self.slots.get_mut((id & u64::from(u32::MAX)) as usize)?;
+        (u64::from(e.generation) == id >> 32 && e.slot.is_some()).then_some(&mut e.slot)
+    }
+
+    /// The slot of member `id`.
+    fn slot(&mut self, id: MemberId) -> Option<&mut Slot<E>> {
+        self.entry(id)?.as_mut()
+    }
+
+    /// Member `id` leaves: its slot is returned and its entry freed under a new
+    /// generation.
+    fn remove(&mut self, id: MemberId) -> Option<Slot<E>> {
+        let s = self.entry(id)?.take()?;
+        let idx = (id & u64::from(u32::MAX)) as usize;
+        let e = &mut self.slots[idx];
+        e.generation = e.generation.wrapping_add(1);
+        self.free.push(idx as u32);
+        Some(s)
     }
 }
 
@@ -216,16 +248,14 @@ impl<E: Clone> GroupCore<E> {
     /// first of its `n`.
     pub fn join_n(&mut self, n: u64) -> Joined {
         debug_assert!(n >= 1);
-        let id = self.next_id;
-        self.next_id += 1;
         if self.in_flight >= self.limit {
-            self.slots.insert(id, Slot::Waiting(None, self.open_batch));
+            let id = self.add(Slot::Waiting(None, self.open_batch));
             self.open.push((id, n));
             Joined::Follow(id)
         } else {
             debug_assert!(self.open.is_empty());
             self.in_flight += 1;
-            self.slots.insert(id, Slot::Leading);
+            let id = self.add(Slot::Leading);
             Joined::Lead(
                 id,
                 ClosedGroup {
@@ -241,12 +271,13 @@ impl<E: Clone> GroupCore<E> {
     ///
     /// Panics if `id` is not a waiting member (a caller bug).
     pub fn poll(&mut self, id: MemberId, waker: Option<&Waker>) -> Polled<E> {
-        let slot = self.slots.get_mut(&id).expect("poll of an unknown member");
         // In a closed group nobody leads yet (found by batch number, not by member).
-        let pending = match slot {
-            Slot::Waiting(_, batch) => self.pending.iter().position(|(b, _)| b == batch),
+        let batch = match self.slot(id).expect("poll of an unknown member") {
+            Slot::Waiting(_, batch) => Some(*batch),
             _ => None,
         };
+        let pending = batch.and_then(|batch| self.pending.iter().position(|&(b, _)| b == batch));
+        let slot = self.slot(id).expect("checked");
         match slot {
             Slot::Waiting(..) if pending.is_some() => {
                 *slot = Slot::Leading;
@@ -268,7 +299,7 @@ impl<E: Clone> GroupCore<E> {
                 }
                 Polled::Pending
             }
-            Slot::Done(_) => match self.slots.remove(&id) {
+            Slot::Done(_) => match self.remove(id) {
                 Some(Slot::Done(r)) => Polled::Done(r),
                 _ => unreachable!(),
             },
@@ -299,14 +330,15 @@ impl<E: Clone> GroupCore<E> {
             let r = first.clone().map(|t| Timestamp(t.0 + offset));
             offset += n;
             if id == leader {
-                self.slots.remove(&id);
+                self.remove(id);
                 mine = Some(r);
                 continue;
             }
-            match self.slots.insert(id, Slot::Done(r)) {
+            let slot = self.slot(id);
+            match slot.map(|s| std::mem::replace(s, Slot::Done(r))) {
                 Some(Slot::Waiting(w, _)) => wakers.extend(w),
                 Some(Slot::Abandoned) => {
-                    self.slots.remove(&id);
+                    self.remove(id);
                 }
                 _ => unreachable!("a closed group's follower is waiting or abandoned"),
             }
@@ -321,17 +353,19 @@ impl<E: Clone> GroupCore<E> {
     /// costing a timestamp. Returns wakers to wake once the lock is released.
     pub fn abandon(&mut self, id: MemberId) -> Vec<Waker> {
         let mut wakers = Vec::new();
-        match self.slots.remove(&id) {
+        match self.slot(id) {
             Some(Slot::Waiting(..)) => {
                 if let Some(pos) = self.open.iter().position(|&(m, _)| m == id) {
                     // Not in a closed group yet.
                     self.open.remove(pos);
+                    self.remove(id);
                 } else if let Some(pos) = self
                     .pending
                     .iter()
                     .position(|(_, p)| p.iter().any(|&(m, _)| m == id))
                 {
                     // In a closed group whose range is not taken yet.
+                    self.remove(id);
                     let p = &mut self.pending[pos].1;
                     p.retain(|&(m, _)| m != id);
                     if p.is_empty() {
@@ -340,11 +374,15 @@ impl<E: Clone> GroupCore<E> {
                         self.start_next(&mut wakers);
                     }
                 } else {
-                    // Its group's range is being taken: the timestamp will be discarded.
-                    self.slots.insert(id, Slot::Abandoned);
+                    // Its group's range is being taken: the timestamp will be discarded
+                    // (`complete` frees the entry).
+                    *self.slot(id).expect("checked") = Slot::Abandoned;
                 }
             }
-            Some(Slot::Done(_)) | None => {}
+            Some(Slot::Done(_)) => {
+                self.remove(id);
+            }
+            None => {}
             Some(Slot::Leading) | Some(Slot::Abandoned) => {
                 panic!("abandon of a member that is not waiting")
             }
@@ -376,7 +414,7 @@ impl<E: Clone> GroupCore<E> {
         }
         let members = std::mem::take(&mut self.open);
         for (m, _) in &members {
-            if let Some(Slot::Waiting(w, _)) = self.slots.get_mut(m) {
+            if let Some(Slot::Waiting(w, _)) = self.slot(*m) {
                 wakers.extend(w.take());
             }
         }
@@ -640,6 +678,45 @@ pub(crate) mod tests {
             Polled::Lead(g) => g,
             other => panic!("member {id} not promoted: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_finished_members_entry_is_reused_under_a_new_id() {
+        let mut c = Core::default();
+        let Joined::Lead(a, ga) = c.join() else {
+            panic!()
+        };
+        let Joined::Follow(b) = c.join() else {
+            panic!()
+        };
+        // `b` gives up while `a`'s range is being taken: its entry stays until the
+        // group completes, then is freed, and its timestamp is discarded.
+        let Joined::Follow(x) = c.join() else {
+            panic!()
+        };
+        let _ = c.complete(ga, Ok(Timestamp(10)));
+        let g = lead(&mut c, b);
+        c.abandon(x);
+        let (r, _) = c.complete(g, Ok(Timestamp(20)));
+        assert_eq!(ts(r), 20);
+        assert_eq!(entries_in_use(&c), 0);
+        // Every entry is free again: the next members reuse them under other ids.
+        let Joined::Lead(d, gd) = c.join() else {
+            panic!()
+        };
+        assert!(![a, b, x].contains(&d), "a reused entry gets a new id");
+        let Joined::Follow(e) = c.join() else {
+            panic!()
+        };
+        assert!(![a, b, x].contains(&e));
+        let _ = c.complete(gd, Ok(Timestamp(30)));
+        let ge = lead(&mut c, e);
+        let _ = c.complete(ge, Ok(Timestamp(31)));
+    }
+
+    /// Entries in use (members the core still knows).
+    fn entries_in_use(c: &Core) -> usize {
+        c.slots.iter().filter(|e| e.slot.is_some()).count()
     }
 
     #[test]

@@ -34,7 +34,10 @@ pub mod timestamp;
 
 pub use conn::{OracleFollower, ReconnectConfig, TsoConn};
 pub use group::{GroupFailure, GroupStats, TsoGroup};
-pub use oracle::{GroupedTso, Oracle, ThreadTso, TsoClient, TsoError, TsoExport, EXPORT_NAME};
+pub use oracle::{
+    GroupedTso, Oracle, ThreadTso, TsoClient, TsoError, TsoExport, EXPORT_NAME,
+    THREAD_RANGES_IN_FLIGHT,
+};
 pub use proxy::{Proxy, ProxyClient, ProxyConfig};
 pub use source::{Choice, SourceConfig, TsoSources};
 pub use timestamp::{Timestamp, TimestampRange};

@@ -455,9 +455,16 @@ impl ThreadTso {
     /// A thread group taking its ranges through `client`, up to
     /// [`THREAD_RANGES_IN_FLIGHT`] FAAs in flight.
     pub fn new(client: TsoClient) -> Self {
+        Self::with_ranges_in_flight(client, THREAD_RANGES_IN_FLIGHT)
+    }
+
+    /// [`ThreadTso::new`] with up to `n` FAAs in flight (at least 1; 1 is Scythe's one
+    /// group at a time, whose groups are larger but whose second coroutine always waits
+    /// for the first's FAA).
+    pub fn with_ranges_in_flight(client: TsoClient, n: usize) -> Self {
         Self {
             client,
-            local: TsoGroup::with_limit(THREAD_RANGES_IN_FLIGHT),
+            local: TsoGroup::with_limit(n.max(1)),
         }
     }
 

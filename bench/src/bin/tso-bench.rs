@@ -82,6 +82,11 @@ struct Args {
     /// NIC's PCIe read and write back, which the timing model charges per address).
     #[arg(long, value_enum, default_value = "device")]
     counter: Counter,
+    /// Group mode: FAAs a thread's TSO group lets be in flight at once (1 is Scythe's one
+    /// group at a time: larger groups, but two coroutines of a thread wait for each
+    /// other; default tso::THREAD_RANGES_IN_FLIGHT).
+    #[arg(long, default_value_t = tso::THREAD_RANGES_IN_FLIGHT)]
+    ranges_in_flight: usize,
     /// Modes to compare.
     #[arg(
         long,
@@ -161,12 +166,17 @@ fn main() {
 }
 
 fn run(a: Args) -> Result<()> {
-    if a.threads == 0 || a.duration_ms == 0 || a.clients.contains(&0) || a.modes.is_empty() {
-        bail!("--threads, --duration-ms, every --clients value and --modes must be non-zero");
+    if a.threads == 0
+        || a.duration_ms == 0
+        || a.clients.contains(&0)
+        || a.modes.is_empty()
+        || a.ranges_in_flight == 0
+    {
+        bail!("--threads, --duration-ms, every --clients value, --modes and --ranges-in-flight must be non-zero");
     }
     let model = rrpc::fabric::model::TimingModel::load(&a.model)?;
     println!(
-        "tso-bench | fabric: shm | timing model: {} | counter: {} memory | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | proxy: 1 server thread, 1 QP on the oracle",
+        "tso-bench | fabric: shm | timing model: {} | counter: {} memory | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | group: up to {} FAAs in flight per thread | proxy: 1 server thread, 1 QP on the oracle",
         model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),
         match a.counter {
             Counter::Device => "device",
@@ -174,7 +184,8 @@ fn run(a: Args) -> Result<()> {
         },
         a.threads,
         a.duration_ms,
-        a.warmup_ms
+        a.warmup_ms,
+        a.ranges_in_flight
     );
     println!(
         "{:>10} {:>7} {:>12} {:>9} {:>9} {:>15}",
@@ -212,7 +223,7 @@ fn run(a: Args) -> Result<()> {
     if let Some(p) = &a.json {
         let doc = json!({
             "timing_model": model.as_ref().map(|m| m.describe()),
-            "model_arg": a.model, "counter": format!("{:?}", a.counter).to_lowercase(),
+            "model_arg": a.model, "counter": format!("{:?}", a.counter).to_lowercase(), "ranges_in_flight": a.ranges_in_flight,
             "threads": a.threads, "duration_ms": a.duration_ms,
             "warmup_ms": a.warmup_ms, "rows": rows,
             "ratio_group_faa_at_max_clients": group_ratio,
@@ -347,7 +358,8 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
                         s.connect_thread(&ctx)?;
                     }
                     let tc = TsoClient::from_info(&info)?;
-                    client_thread(&ctx, mode, tc, grouped, coros, window)
+                    let local = ThreadTso::with_ranges_in_flight(tc.clone(), a.ranges_in_flight);
+                    client_thread(&ctx, mode, tc, local, grouped, coros, window)
                 })
             })
             .collect();
@@ -392,20 +404,24 @@ fn client_thread(
     ctx: &Rc<ThreadCtx>,
     mode: Mode,
     tc: TsoClient,
+    local: ThreadTso,
     grouped: Option<Arc<GroupedTso>>,
     coros: usize,
     (warm, end): (Instant, Instant),
 ) -> Result<(Histogram<u64>, u64, GroupStats)> {
     // This thread's TSO group (its coroutines combine without atomics).
-    let local = Rc::new(ThreadTso::new(tc.clone()));
+    let local = Rc::new(local);
     let tc = Rc::new(tc);
-    // The clock read twice per request is quanta's (TSC): the vDSO's clock_gettime cost a
-    // seventh of a group-mode run's cycles in this VM.
+    // The clock read twice per request is the raw TSC, scaled only for the differences:
+    // the vDSO's clock_gettime cost a seventh of a group-mode run's cycles in this VM, and
+    // quanta's calibrated `Instant::now` still a tenth.
+    let clock = quanta::Clock::new();
+    let r0 = clock.raw();
     let (warm, end) = {
-        let (q, s) = (quanta::Instant::now(), Instant::now());
+        let s = Instant::now();
         (
-            q + warm.saturating_duration_since(s),
-            q + end.saturating_duration_since(s),
+            warm.saturating_duration_since(s).as_nanos() as u64,
+            end.saturating_duration_since(s).as_nanos() as u64,
         )
     };
     let hist = Rc::new(RefCell::new(new_hist()));
@@ -415,10 +431,12 @@ fn client_thread(
     for _ in 0..coros {
         let (ctx, tc, local, grouped) = (ctx.clone(), tc.clone(), local.clone(), grouped.clone());
         let (hist, count, failure) = (hist.clone(), count.clone(), failure.clone());
+        let clock = clock.clone();
         ex.spawn(async move {
             let mut last = Timestamp::ZERO;
             loop {
-                let start = quanta::Instant::now();
+                let raw_start = clock.raw();
+                let start = clock.delta_as_nanos(r0, raw_start);
                 if start >= end || failure.borrow().is_some() {
                     break;
                 }
@@ -438,7 +456,8 @@ fn client_thread(
                             Ok(Timestamp(u64::from_le_bytes(w)))
                         }),
                 };
-                let done = quanta::Instant::now();
+                let raw_done = clock.raw();
+                let done = start + clock.delta_as_nanos(raw_start, raw_done);
                 let t = match r {
                     Ok(t) => t,
                     Err(e) => {
@@ -454,9 +473,7 @@ fn client_thread(
                 }
                 last = t;
                 if start >= warm && done <= end {
-                    let _ = hist
-                        .borrow_mut()
-                        .record((done - start).as_nanos().max(1) as u64);
+                    let _ = hist.borrow_mut().record((done - start).max(1));
                     *count.borrow_mut() += 1;
                 }
             }
