@@ -31,6 +31,20 @@ fn connect(a: &Fabric, b: &Fabric) -> (QueuePair, CompletionQueue, QueuePair, Co
     (qa, cqa, qb, cqb)
 }
 
+/// Node `node` of `cluster` under the cx5 model with a QP connected to node 1, the
+/// target's owner (a fabric of node 1 cannot be opened twice, so the QP connects to an
+/// endpoint naming node 1: shm QPs need only the node id).
+fn requester_of_node_1(cluster: &str, node: u32) -> (Fabric, CompletionQueue, QueuePair) {
+    let f = open(cluster, node, "cx5");
+    let cq = f.create_cq(1024).unwrap();
+    let mut qp = f.create_qp(&cq, 1024).unwrap();
+    let mut ep = qp.endpoint();
+    ep.node = NodeId(1);
+    ep.recv_queue = None;
+    qp.connect(&ep).unwrap();
+    (f, cq, qp)
+}
+
 fn wait_wcs(cq: &CompletionQueue, n: usize) -> Vec<Wc> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut v = Vec::new();
@@ -172,15 +186,7 @@ fn atomics_through_separate_mappings_of_one_nic_stay_atomic() {
             let name = g.name().to_string();
             s.spawn(move || {
                 // Each fabric maps node 1's NIC state itself: three mappings of one file.
-                let f = open(&name, 10 + t, "cx5");
-                let cq = f.create_cq(1024).unwrap();
-                let mut qp = f.create_qp(&cq, 1024).unwrap();
-                // The owner's QP side: a fabric of node 1 cannot be opened twice, so
-                // connect to an endpoint naming node 1 (shm QPs need only the node id).
-                let mut ep = qp.endpoint();
-                ep.node = NodeId(1);
-                ep.recv_queue = None;
-                qp.connect(&ep).unwrap();
+                let (f, cq, mut qp) = requester_of_node_1(&name, 10 + t);
                 let local = f.alloc_mr(4096).unwrap();
                 for round in 0..PER_THREAD / 50 {
                     let wrs: Vec<SendWr> = (0..50u64)
@@ -247,13 +253,7 @@ fn atomics_from_four_requesters_to_one_word_queue_at_the_target() {
             let (name, go) = (g.name().to_string(), &go);
             s.spawn(move || {
                 let node = 10 + t;
-                let f = open(&name, node, "cx5");
-                let cq = f.create_cq(1024).unwrap();
-                let mut qp = f.create_qp(&cq, 1024).unwrap();
-                let mut ep = qp.endpoint();
-                ep.node = NodeId(1);
-                ep.recv_queue = None;
-                qp.connect(&ep).unwrap();
+                let (f, cq, mut qp) = requester_of_node_1(&name, node);
                 let local = f.alloc_mr(8 * PER_REQUESTER as usize).unwrap();
                 let wrs: Vec<SendWr> = (0..PER_REQUESTER)
                     .map(|i| SendWr {
