@@ -1,5 +1,7 @@
 //! `txn`: a thin transaction layer over `rrpc`, `lockd` and `tso`.
 //!
+//! - [`cvt`]: consecutive version tuples (Motor 4.1, 4.3, 5.1; Lotus 7.1): the
+//!   multi-version layout, version selection, GC's victim, cacheline-version checks;
 //! - [`store`]: the memory node's layout (records with versions at both ends, hash index);
 //! - [`smallbank`]: the SmallBank tables and loader;
 //! - [`occ`]: the coordinator running Scythe's low-heat OCC (000_f3dba2ed893b246b.txt,
@@ -10,6 +12,7 @@
 //!   versions they read and wrote, and the check that their dependency graph is acyclic.
 #![warn(missing_docs)]
 
+pub mod cvt;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod history;
