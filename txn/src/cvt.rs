@@ -7,7 +7,9 @@
 //! A CVT is read with one READ: a header and `n` version cells.
 //! ```text
 //! header (32 B): [0, 4) table id   [4, 8) record length, bytes   [8, 16) key
-//!                [16, 24) lock word (OCC-CAS: 0 free, else the holder)   [24, 32) zero
+//!                [16, 24) lock word (OCC-CAS: 0 free, else the holder)
+//!                [24, 32) slot state (0 free, 1 in use: an insert claims a free slot
+//!                of a hash bucket with a CAS from 0 to 1, see `cvt_index`)
 //! cell (32 B):   [0] head CV   [1] valid (0/1)   [8, 16) version (commit timestamp)
 //!                [16, 24) record address   [31] tail CV   (other bytes zero)
 //! ```
@@ -62,7 +64,18 @@ pub struct Header {
     pub key: u64,
     /// OCC-CAS lock word: 0 when free, else the holder's id.
     pub lock: u64,
+    /// Slot state word: [`SLOT_FREE`] or [`SLOT_IN_USE`].
+    pub state: u64,
 }
+
+/// [`Header::state`] of a slot no record holds.
+pub const SLOT_FREE: u64 = 0;
+/// [`Header::state`] of a slot holding a record.
+pub const SLOT_IN_USE: u64 = 1;
+/// Byte offset of [`Header::lock`] in a CVT (the word OCC-CAS locks with CAS).
+pub const LOCK_OFFSET: usize = 16;
+/// Byte offset of [`Header::state`] in a CVT (the word an insert claims with CAS).
+pub const STATE_OFFSET: usize = 24;
 
 /// A version cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +134,14 @@ pub enum CvtError {
     /// A cell's valid byte is neither 0 nor 1.
     #[error("cell {0} has a valid byte that is neither 0 nor 1")]
     BadValid(usize),
+    /// A hash bucket READ of the wrong size (`cvt_index::search`).
+    #[error("bucket of {have} bytes where {want} were expected")]
+    BucketSize {
+        /// Bytes read.
+        have: usize,
+        /// Bytes of a bucket.
+        want: usize,
+    },
 }
 
 impl Cvt {
@@ -147,7 +168,8 @@ impl Cvt {
         b[0..4].copy_from_slice(&h.table.to_le_bytes());
         b[4..8].copy_from_slice(&h.len.to_le_bytes());
         b[8..16].copy_from_slice(&h.key.to_le_bytes());
-        b[16..24].copy_from_slice(&h.lock.to_le_bytes());
+        b[LOCK_OFFSET..LOCK_OFFSET + 8].copy_from_slice(&h.lock.to_le_bytes());
+        b[STATE_OFFSET..STATE_OFFSET + 8].copy_from_slice(&h.state.to_le_bytes());
         for (i, c) in self.cells.iter().enumerate() {
             let at = HEADER_BYTES + i * CELL_BYTES;
             b[at..at + CELL_BYTES].copy_from_slice(&c.encode());
@@ -169,7 +191,8 @@ impl Cvt {
             table: u32_at(0),
             len: u32_at(4),
             key: u64_at(8),
-            lock: u64_at(16),
+            lock: u64_at(LOCK_OFFSET),
+            state: u64_at(STATE_OFFSET),
         };
         let n = (b.len() - HEADER_BYTES) / CELL_BYTES;
         let mut cells = Vec::with_capacity(n);
@@ -351,6 +374,7 @@ mod tests {
             len: 100,
             key: 42,
             lock: 0,
+            state: SLOT_IN_USE,
         }
     }
 

@@ -2,6 +2,8 @@
 //!
 //! - [`cvt`]: consecutive version tuples (Motor 4.1, 4.3, 5.1; Lotus 7.1): the
 //!   multi-version layout, version selection, GC's victim, cacheline-version checks;
+//! - [`cvt_index`]: the hash index of CVTs (bucket search, insert slot) and the
+//!   compute node's CVT address cache with stale-entry detection;
 //! - [`store`]: the memory node's layout (records with versions at both ends, hash index);
 //! - [`smallbank`]: the SmallBank tables and loader;
 //! - [`occ`]: the coordinator running Scythe's low-heat OCC (000_f3dba2ed893b246b.txt,
@@ -13,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod cvt;
+pub mod cvt_index;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod history;
