@@ -4,6 +4,8 @@
 //!   multi-version layout, version selection, GC's victim, cacheline-version checks;
 //! - [`cvt_index`]: the hash index of CVTs (bucket search, insert slot) and the
 //!   compute node's CVT address cache with stale-entry detection;
+//! - [`cvt_store`]: a memory node's CVT table (index of CVT buckets, value region with
+//!   one record buffer per cell) and its export;
 //! - [`store`]: the memory node's layout (records with versions at both ends, hash index);
 //! - [`smallbank`]: the SmallBank tables and loader;
 //! - [`occ`]: the coordinator running Scythe's low-heat OCC (000_f3dba2ed893b246b.txt,
@@ -16,6 +18,7 @@
 
 pub mod cvt;
 pub mod cvt_index;
+pub mod cvt_store;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod history;
