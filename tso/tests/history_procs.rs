@@ -6,7 +6,7 @@
 //! on verbs (Soft-RoCE).
 
 mod common;
-use common::{client_command, wait, KillOnDrop};
+use common::{client_command, spawn_service, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
@@ -31,20 +31,12 @@ const ROUNDS: u32 = 300;
 fn merged_histories_of_client_processes_are_linearizable() {
     let name = format!("tso-test-{}-hist", std::process::id());
     let (cluster, _) = ClusterGuard::new(&name).unwrap();
-    let mut tso = KillOnDrop(
+    let (_tso, _, addr) = spawn_service(
         Command::new(env!("CARGO_BIN_EXE_tso"))
             .args(["--cluster", cluster.name(), "--node", "3"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     );
-    let out = BufReader::new(tso.0.stdout.take().unwrap());
-    let addr = out
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("READY ").map(|a| a.trim().to_string()))
-        .expect("tso printed READY");
+    let addr = addr.to_string();
 
     let mut clients: Vec<KillOnDrop> = (0..CLIENTS)
         .map(|i| {

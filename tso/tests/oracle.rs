@@ -1,14 +1,14 @@
 //! The oracle over the shm fabric: concurrent clients in-process, and the real `tso`
 //! binary.
 
+mod common;
+use common::{signal, spawn_service, tagged, wait};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::DmPlacement;
@@ -100,27 +100,13 @@ fn concurrent_timestamps_are_unique_increasing_and_contiguous() {
 #[test]
 fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
     let cluster = cluster("bin");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tso"))
-        .args(["--cluster", cluster.name(), "--node", "3"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let guard = KillOnDrop(&mut child);
-    let out = BufReader::new(guard.0.stdout.take().unwrap());
-    let mut placement = None;
-    let mut addr: Option<SocketAddr> = None;
-    for line in out.lines().map_while(Result::ok) {
-        if let Some(p) = line.strip_prefix("PLACEMENT ") {
-            placement = Some(p.to_string());
-        } else if let Some(a) = line.strip_prefix("READY ") {
-            addr = Some(a.trim().parse().unwrap());
-            break;
-        }
-    }
-    let placement = placement.expect("tso printed its placement before READY");
+    let (mut guard, before, addr) = spawn_service(
+        Command::new(env!("CARGO_BIN_EXE_tso"))
+            .args(["--cluster", cluster.name(), "--node", "3"])
+            .stderr(Stdio::null()),
+    );
+    let placement = tagged(&before, "PLACEMENT ").expect("tso printed its placement before READY");
     assert!(placement.starts_with("host-fallback: "), "{placement}");
-    let addr = addr.expect("tso printed READY");
 
     let ctx = ThreadCtx::new(cluster.open(NodeId(100)).unwrap(), RuntimeConfig::default()).unwrap();
     let info = ctx.connect(addr).unwrap();
@@ -140,17 +126,8 @@ fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
     ex.run();
     assert_eq!(*got.borrow(), (1..=11).collect::<Vec<u64>>());
 
-    let pid = guard.0.id() as libc::pid_t;
-    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own unreaped child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(st) = guard.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "tso did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    signal(&mut guard, libc::SIGTERM);
+    let status = wait(&mut guard, 20);
     assert!(status.success(), "{status:?}");
 
     // The oracle is gone: the next FAA fails (no hang).
@@ -167,15 +144,6 @@ fn tso_binary_reports_fallback_serves_and_exits_on_sigterm() {
     ex.run();
     let r = res.borrow_mut().take().unwrap();
     assert!(matches!(r, Err(TsoError::Rpc(_))), "{r:?}");
-}
-
-struct KillOnDrop<'a>(&'a mut Child);
-
-impl Drop for KillOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

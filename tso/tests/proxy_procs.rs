@@ -9,7 +9,7 @@
 //!   oracle, keep getting timestamps, and the history stays linearizable.
 
 mod common;
-use common::{client_command, read_until, wait, KillOnDrop};
+use common::{client_command, read_until, spawn_service, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Lines};
@@ -31,22 +31,9 @@ const CLIENTS: u32 = 3;
 const THREADS: u32 = 2;
 const COROS: u32 = 4;
 
-/// Spawn `bin` with `args` and read its stdout up to `READY <addr>`.
-fn spawn_service(bin: &str, args: &[&str]) -> (KillOnDrop, SocketAddr) {
-    let mut child = KillOnDrop(
-        Command::new(bin)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let out = BufReader::new(child.0.stdout.take().unwrap());
-    let addr = out
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("READY ").map(|a| a.trim().parse().unwrap()))
-        .unwrap_or_else(|| panic!("{bin} exited before READY"));
+/// Spawn `bin` with `args` (stderr discarded) up to its `READY <addr>`.
+fn spawn(bin: &str, args: &[&str]) -> (KillOnDrop, SocketAddr) {
+    let (child, _, addr) = spawn_service(Command::new(bin).args(args).stderr(Stdio::null()));
     (child, addr)
 }
 
@@ -70,9 +57,9 @@ struct Procs {
 
 fn start(cluster: &ClusterGuard, mix: Mix) -> Procs {
     let c = cluster.name();
-    let (tso, oracle) = spawn_service(env!("CARGO_BIN_EXE_tso"), &["--cluster", c, "--node", "3"]);
+    let (tso, oracle) = spawn(env!("CARGO_BIN_EXE_tso"), &["--cluster", c, "--node", "3"]);
     let oracle_s = oracle.to_string();
-    let (pa, a) = spawn_service(
+    let (pa, a) = spawn(
         env!("CARGO_BIN_EXE_tso-proxy"),
         &[
             "--cluster",
@@ -92,7 +79,7 @@ fn start(cluster: &ClusterGuard, mix: Mix) -> Procs {
         format!("oracle = \"{oracle_s}\"\nthreads = 2\noracle-qps = 1\n"),
     )
     .unwrap();
-    let (pb, b) = spawn_service(
+    let (pb, b) = spawn(
         env!("CARGO_BIN_EXE_tso-proxy"),
         &[
             "--cluster",

@@ -16,7 +16,7 @@
 //!   timestamp that is not above every one issued before.
 
 mod common;
-use common::{client_command, read_until, wait, KillOnDrop};
+use common::{client_command, read_until, signal, spawn_service, tagged, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Lines};
@@ -39,29 +39,6 @@ const COROS: u32 = 3;
 /// A client process gives up (and fails) after this long: no test waits forever on it.
 const CLIENT_DEADLINE: Duration = Duration::from_secs(90);
 
-/// SIGKILL (or SIGTERM) our own child `c` and reap it.
-fn signal(c: &mut KillOnDrop, sig: libc::c_int) {
-    let pid = c.0.id() as libc::pid_t;
-    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own unreaped child.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-}
-
-/// Spawn `cmd` and read its stdout up to `READY <addr>`; returns the child, the value
-/// of an `EPOCH <n>` line before it (if any), and the address.
-fn spawn_service(mut cmd: Command) -> (KillOnDrop, Option<u16>, SocketAddr) {
-    let mut child = KillOnDrop(cmd.stdout(Stdio::piped()).spawn().unwrap());
-    let out = BufReader::new(child.0.stdout.take().unwrap());
-    let mut epoch = None;
-    for line in out.lines().map_while(Result::ok) {
-        if let Some(e) = line.strip_prefix("EPOCH ") {
-            epoch = Some(e.trim().parse().unwrap());
-        } else if let Some(a) = line.strip_prefix("READY ") {
-            return (child, epoch, a.trim().parse().unwrap());
-        }
-    }
-    panic!("{cmd:?} exited before READY");
-}
-
 /// The oracle as node 3 at `listen`, with `state` as its state directory if given.
 fn start_oracle(
     cluster: &str,
@@ -74,8 +51,9 @@ fn start_oracle(
     if let Some(s) = state {
         cmd.arg("--state-dir").arg(s);
     }
-    let (child, epoch, addr) = spawn_service(cmd);
-    (child, epoch.expect("tso prints EPOCH"), addr)
+    let (child, before, addr) = spawn_service(&mut cmd);
+    let epoch = tagged(&before, "EPOCH ").expect("tso prints EPOCH before READY");
+    (child, epoch.parse().unwrap(), addr)
 }
 
 struct Run {
@@ -117,7 +95,7 @@ fn start(tag: &str) -> Run {
         .arg(oracle_addr.to_string())
         .env("RUST_LOG", "info")
         .stderr(std::fs::File::create(&proxy_log).unwrap());
-    let (proxy, _, proxy_addr) = spawn_service(cmd);
+    let (proxy, _, proxy_addr) = spawn_service(&mut cmd);
     let clients = (0..CLIENTS)
         .map(|i| {
             let mut child = KillOnDrop(

@@ -3,10 +3,9 @@
 //! timestamp after the restart is larger than every one before (tso::epoch).
 
 mod common;
-use common::KillOnDrop;
+use common::{signal, spawn_service, tagged, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -24,26 +23,14 @@ const NODE: &str = "3";
 
 /// Start `tso` and wait for `EPOCH` and `READY`.
 fn start(cluster: &str, state: &Path) -> (KillOnDrop, u16, SocketAddr) {
-    let mut child = KillOnDrop(
+    let (child, before, addr) = spawn_service(
         Command::new(env!("CARGO_BIN_EXE_tso"))
             .args(["--cluster", cluster, "--node", NODE, "--state-dir"])
             .arg(state)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     );
-    let out = BufReader::new(child.0.stdout.take().unwrap());
-    let mut epoch = None;
-    for line in out.lines().map_while(Result::ok) {
-        if let Some(e) = line.strip_prefix("EPOCH ") {
-            epoch = Some(e.trim().parse().unwrap());
-        } else if let Some(a) = line.strip_prefix("READY ") {
-            let epoch = epoch.expect("EPOCH before READY");
-            return (child, epoch, a.trim().parse().unwrap());
-        }
-    }
-    panic!("tso exited before READY");
+    let epoch = tagged(&before, "EPOCH ").expect("EPOCH before READY");
+    (child, epoch.parse().unwrap(), addr)
 }
 
 /// `coros` coroutines take timestamps from the oracle at `addr` until one fails, `stop`
@@ -103,9 +90,7 @@ fn sigkilled_oracle_restarts_above_every_timestamp_it_handed_out() {
         assert!(!client.is_finished(), "the client stopped before the kill");
         std::thread::sleep(Duration::from_millis(1));
     }
-    let pid = first.0.id() as libc::pid_t;
-    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own unreaped child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    signal(&mut first, libc::SIGKILL);
     let _ = first.0.wait();
     let before = client.join().unwrap();
     assert!(before.len() >= 5_000);

@@ -2,8 +2,9 @@
 //! test, bounded waits for them, and reading their tagged output lines.
 #![allow(dead_code)]
 
-use std::io::{BufReader, Lines};
-use std::process::{Child, ChildStdout, ExitStatus};
+use std::io::{BufRead, BufReader, Lines};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process killed (and reaped) when the test drops it, also on a failed assert.
@@ -56,4 +57,37 @@ pub fn client_command() -> std::process::Command {
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::null());
     cmd
+}
+
+/// Start a service process (`tso`, `tso-proxy`) from `cmd` with stdout piped (stderr as
+/// `cmd` set it) and read its stdout up to its `READY <addr>` line. Returns the child,
+/// the lines it printed before (see [`tagged`]) and the address. Panics if it exits
+/// first.
+pub fn spawn_service(cmd: &mut Command) -> (KillOnDrop, Vec<String>, SocketAddr) {
+    let mut child = KillOnDrop(cmd.stdout(Stdio::piped()).spawn().unwrap());
+    let out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut before = Vec::new();
+    for line in out.lines().map_while(Result::ok) {
+        if let Some(a) = line.strip_prefix("READY ") {
+            return (child, before, a.trim().parse().unwrap());
+        }
+        before.push(line);
+    }
+    panic!("{cmd:?} exited before READY");
+}
+
+/// The rest of the last of `lines` that starts with `tag` (`EPOCH `, `PLACEMENT `).
+pub fn tagged<'a>(lines: &'a [String], tag: &str) -> Option<&'a str> {
+    lines
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix(tag))
+        .map(str::trim)
+}
+
+/// Send `sig` to the child.
+pub fn signal(c: &mut KillOnDrop, sig: libc::c_int) {
+    let pid = c.0.id() as libc::pid_t;
+    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own unreaped child.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
 }
