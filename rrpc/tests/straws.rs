@@ -28,6 +28,8 @@ fn pool_grows_and_shrinks_with_the_threads_it_serves() {
         },
     ));
     let attached = Arc::new(Barrier::new(6));
+    let grown = Arc::new(Barrier::new(6));
+    let called = Arc::new(Barrier::new(6));
     let counted = Arc::new(Barrier::new(6));
     let mut joins = Vec::new();
     // Thread t leaves after step t; the main thread counts QPs in between.
@@ -38,13 +40,25 @@ fn pool_grows_and_shrinks_with_the_threads_it_serves() {
         .collect();
     let steps = Arc::new(steps);
     for t in 0..5u32 {
-        let (rt, attached, counted, steps) =
-            (rt.clone(), attached.clone(), counted.clone(), steps.clone());
+        let (rt, attached, grown, called, counted, steps) = (
+            rt.clone(),
+            attached.clone(),
+            grown.clone(),
+            called.clone(),
+            counted.clone(),
+            steps.clone(),
+        );
         joins.push(std::thread::spawn(move || {
             let ctx = rt.thread_ctx().unwrap();
             let node = ctx.connect_rpc(addr).unwrap().node;
             echo_rounds(&ctx, node, 4, 50, t);
             attached.wait();
+            // Calls again once the pool has grown: their flushes pick the least-loaded
+            // QPs. (Calls made before may all have gone out on the first QP, if the
+            // control thread grew the pool only after them.)
+            grown.wait();
+            echo_rounds(&ctx, node, 4, 50, t);
+            called.wait();
             counted.wait();
             for (i, (left, read)) in steps.iter().enumerate() {
                 if i == t as usize {
@@ -61,11 +75,13 @@ fn pool_grows_and_shrinks_with_the_threads_it_serves() {
     attached.wait();
     let straw = rt.straws().get(NodeId(1)).unwrap();
     // 5 threads at 2 per QP: 3 QPs of each kind, and the Rockets spread over them. The
-    // control thread grows the pool behind the first QP; the threads' calls above ran
-    // meanwhile.
+    // control thread grows the pool behind the first QP; the threads' first calls ran
+    // meanwhile, their second ones after it.
     assert_eq!(straw.threads(QpKind::Rpc), 5);
-    let grown = || straw.list(QpKind::Rpc).len() == 3 && straw.list(QpKind::OneSided).len() == 3;
-    assert!(eventually(Duration::from_secs(20), grown));
+    let full = || straw.list(QpKind::Rpc).len() == 3 && straw.list(QpKind::OneSided).len() == 3;
+    assert!(eventually(Duration::from_secs(20), full));
+    grown.wait();
+    called.wait();
     let rpc = straw.list(QpKind::Rpc);
     assert_eq!(rpc.len(), 3);
     assert_eq!(straw.list(QpKind::OneSided).len(), 3);
