@@ -151,25 +151,21 @@ impl OracleFollower {
         loop {
             // Blocking, but bounded: a refused connection returns at once, an unreachable
             // host after the runtime's connect timeout.
-            match ctx.reconnect(self.addr) {
+            // Same incarnation, reached again after a QP failure: retry the FAA after a
+            // pause (its pool reconnects the failed QP meanwhile). Unreachable: try to
+            // reconnect again after the pause.
+            let retry_faa = match ctx.reconnect(self.addr) {
                 Ok(info) => {
                     if !self.adopt(TsoClient::from_info(&info)?, old, qp_failed)? {
                         return Ok(());
                     }
-                    // Same incarnation, reached again after a QP failure: retry the FAA
-                    // after a pause (its pool reconnects the failed QP meanwhile).
-                    if first_failure.elapsed() >= self.cfg.wait {
-                        return Err(TsoError::Unavailable {
-                            addr: self.addr,
-                            waited: first_failure.elapsed(),
-                            source: Box::new(last),
-                        });
-                    }
-                    ctx.sleep(self.cfg.retry_interval).await;
-                    return Ok(());
+                    true
                 }
-                Err(e) => last = RpcError::Connect(e),
-            }
+                Err(e) => {
+                    last = RpcError::Connect(e);
+                    false
+                }
+            };
             if first_failure.elapsed() >= self.cfg.wait {
                 return Err(TsoError::Unavailable {
                     addr: self.addr,
@@ -178,6 +174,9 @@ impl OracleFollower {
                 });
             }
             ctx.sleep(self.cfg.retry_interval).await;
+            if retry_faa {
+                return Ok(());
+            }
         }
     }
 }

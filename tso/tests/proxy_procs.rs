@@ -9,10 +9,10 @@
 //!   oracle, keep getting timestamps, and the history stays linearizable.
 
 mod common;
-use common::{client_command, read_until, spawn_service, wait, KillOnDrop};
+use common::{client_command, read_until, spawn_client, spawn_service, wait, KillOnDrop};
 use rrpc::NodeId;
 use std::cell::RefCell;
-use std::io::{BufRead, BufReader, Lines};
+use std::io::{BufReader, Lines};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{ChildStdout, Command, Stdio};
@@ -95,7 +95,7 @@ fn start(cluster: &ClusterGuard, mix: Mix) -> Procs {
     let _ = std::fs::remove_file(&stop);
     let clients = (0..CLIENTS)
         .map(|i| {
-            let mut child = KillOnDrop(
+            spawn_client(
                 client_command()
                     .env("TSO_PX_CLUSTER", c)
                     .env("TSO_PX_ORACLE", &oracle_s)
@@ -109,12 +109,8 @@ fn start(cluster: &ClusterGuard, mix: Mix) -> Procs {
                             "across"
                         },
                     )
-                    .env("TSO_PX_STOP", &stop)
-                    .spawn()
-                    .unwrap(),
-            );
-            let lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-            (child, lines)
+                    .env("TSO_PX_STOP", &stop),
+            )
         })
         .collect();
     Procs {

@@ -16,10 +16,12 @@
 //!   timestamp that is not above every one issued before.
 
 mod common;
-use common::{client_command, read_until, signal, spawn_service, tagged, wait, KillOnDrop};
+use common::{
+    client_command, read_until, signal, spawn_client, spawn_service, tagged, wait, KillOnDrop,
+};
 use rrpc::NodeId;
 use std::cell::RefCell;
-use std::io::{BufRead, BufReader, Lines};
+use std::io::{BufReader, Lines};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdout, Command, Stdio};
@@ -98,17 +100,13 @@ fn start(tag: &str) -> Run {
     let (proxy, _, proxy_addr) = spawn_service(&mut cmd);
     let clients = (0..CLIENTS)
         .map(|i| {
-            let mut child = KillOnDrop(
+            spawn_client(
                 client_command()
                     .env("TSO_PR_CLUSTER", &c)
                     .env("TSO_PR_PROXY", proxy_addr.to_string())
                     .env("TSO_PR_CLIENT", i.to_string())
-                    .env("TSO_PR_STOP", &stop)
-                    .spawn()
-                    .unwrap(),
-            );
-            let lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-            (child, lines)
+                    .env("TSO_PR_STOP", &stop),
+            )
         })
         .collect();
     let mut run = Run {

@@ -91,3 +91,11 @@ pub fn signal(c: &mut KillOnDrop, sig: libc::c_int) {
     // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own unreaped child.
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
 }
+
+/// Spawn a client process from `cmd` (see [`client_command`]) and take its stdout as
+/// lines, for [`read_until`].
+pub fn spawn_client(cmd: &mut Command) -> (KillOnDrop, Lines<BufReader<ChildStdout>>) {
+    let mut child = KillOnDrop(cmd.spawn().unwrap());
+    let lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    (child, lines)
+}
