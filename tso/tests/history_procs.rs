@@ -6,8 +6,7 @@
 //! on verbs (Soft-RoCE).
 
 mod common;
-use common::{client_command, spawn_service, wait, KillOnDrop};
-use rrpc::NodeId;
+use common::{client_command, client_fabric, spawn_service, wait, KillOnDrop};
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -17,7 +16,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use tso::history::{check, now_ns, Op};
 use tso::{GroupedTso, TsoClient};
@@ -79,9 +77,7 @@ fn client_process() {
     };
     let addr: SocketAddr = addr.parse().unwrap();
     let me: u32 = me.parse().unwrap();
-    // The backend $RRPC_FABRIC names (shm when unset), as the `tso` binary chooses it.
-    let kind = FabricKind::from_env().unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, NodeId(200 + me))).unwrap();
+    let fabric = client_fabric(&cluster, me);
     let probe = ThreadCtx::new(fabric.clone(), RuntimeConfig::default()).unwrap();
     let client = TsoClient::from_info(&probe.connect(addr).unwrap()).unwrap();
     let grouped = Arc::new(GroupedTso::new(client.clone()));

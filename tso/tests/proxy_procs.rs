@@ -9,8 +9,9 @@
 //!   oracle, keep getting timestamps, and the history stays linearizable.
 
 mod common;
-use common::{client_command, read_until, spawn_client, spawn_service, wait, KillOnDrop};
-use rrpc::NodeId;
+use common::{
+    client_command, client_fabric, read_until, spawn_client, spawn_service, wait, KillOnDrop,
+};
 use std::cell::RefCell;
 use std::io::{BufReader, Lines};
 use std::net::SocketAddr;
@@ -21,7 +22,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use tso::history::{check, now_ns, Op};
 use tso::proxy::ProxyClient;
@@ -201,9 +201,7 @@ fn client_process() {
     let me: u32 = me.parse().unwrap();
     let failover = mix == "failover";
     let stop = PathBuf::from(stop);
-    // The backend $RRPC_FABRIC names (shm when unset), as the service binaries choose it.
-    let kind = FabricKind::from_env().unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, NodeId(200 + me))).unwrap();
+    let fabric = client_fabric(&cluster, me);
     let cfg = SourceConfig {
         choice: if failover {
             Choice::Random

@@ -17,9 +17,9 @@
 
 mod common;
 use common::{
-    client_command, read_until, signal, spawn_client, spawn_service, tagged, wait, KillOnDrop,
+    client_command, client_fabric, read_until, signal, spawn_client, spawn_service, tagged, wait,
+    KillOnDrop,
 };
-use rrpc::NodeId;
 use std::cell::RefCell;
 use std::io::{BufReader, Lines};
 use std::net::SocketAddr;
@@ -30,7 +30,6 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use tso::history::{check, now_ns, Op};
 use tso::proxy::ProxyClient;
@@ -284,9 +283,7 @@ fn client_process() {
     let proxy: SocketAddr = proxy.parse().unwrap();
     let me: u32 = me.parse().unwrap();
     let stop = PathBuf::from(stop);
-    // The backend $RRPC_FABRIC names (shm when unset), as the service binaries choose it.
-    let kind = FabricKind::from_env().unwrap();
-    let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, NodeId(200 + me))).unwrap();
+    let fabric = client_fabric(&cluster, me);
     let deadline = Instant::now() + CLIENT_DEADLINE;
     // One client process per run of this function: its counters can be statics.
     static EPOCH_SEEN: AtomicU16 = AtomicU16::new(0);

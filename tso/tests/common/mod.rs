@@ -99,3 +99,11 @@ pub fn spawn_client(cmd: &mut Command) -> (KillOnDrop, Lines<BufReader<ChildStdo
     let lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
     (child, lines)
 }
+
+/// Client process `me`'s fabric: node 200 + `me` of `cluster`, on the backend
+/// $RRPC_FABRIC names (shm when unset), as the service binaries choose theirs.
+pub fn client_fabric(cluster: &str, me: u32) -> rrpc::fabric::Fabric {
+    let kind = rrpc::fabric::FabricKind::from_env().unwrap();
+    let cfg = rrpc::fabric::FabricConfig::new(kind, cluster, rrpc::NodeId(200 + me));
+    rrpc::fabric::Fabric::open(&cfg).unwrap()
+}
