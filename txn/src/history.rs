@@ -1,5 +1,6 @@
 //! Histories of committed transactions, recorded for the serializability check
-//! ([`crate::serializability`]).
+//! ([`crate::serializability`]) and, with timestamps, the snapshot-isolation check
+//! ([`crate::snapshot_isolation`]).
 //!
 //! Each committed transaction is recorded as the objects it read, with the version it
 //! read, and the objects it wrote, with the version it installed. Versions are totally
@@ -8,10 +9,17 @@
 //! timing or guessing (Adya's direct serialization graph, the check Elle makes for
 //! Jepsen).
 //!
+//! A transaction may also carry its start and commit timestamps
+//! ([`History::record_timed`]), for multi-versioned runs whose versions are commit
+//! timestamps (Motor, 004_578a5719f81c1e65.txt, 5.1).
+//!
 //! Memory: an access takes [`ACCESS_BYTES`] bytes and a transaction [`TXN_BYTES`] more, so
-//! a SmallBank transaction (3.25 accesses on average) costs about 84 bytes. A history
-//! stops recording at its byte limit and counts what it left out, so a long run stays
-//! bounded and the check says it was partial.
+//! a SmallBank transaction (3.25 accesses on average) costs about 84 bytes. Timestamps
+//! cost nothing in a history that has none; once one timed transaction is recorded every
+//! transaction of the history takes [`TIMES_BYTES`] more (100 bytes for SmallBank), an
+//! untimed one holding a marker, so a history that mixes both stays one flat array. A
+//! history stops recording at its byte limit and counts what it left out, so a long run
+//! stays bounded and the check says it was partial.
 
 /// Whether an access read or wrote the object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -62,7 +70,18 @@ pub const ACCESS_BYTES: usize = std::mem::size_of::<Access>();
 /// Bytes one recorded transaction takes besides its accesses (end offset and kind).
 pub const TXN_BYTES: usize = std::mem::size_of::<u32>() + std::mem::size_of::<u16>();
 
+/// Bytes a transaction's (start, commit) timestamps take, for every transaction of a
+/// history that holds at least one timed transaction.
+pub const TIMES_BYTES: usize = std::mem::size_of::<(u64, u64)>();
+
 const _: () = assert!(ACCESS_BYTES == 24);
+const _: () = assert!(TIMES_BYTES == 16);
+
+/// The (start, commit) slot of an untimed transaction in a history that holds timed ones:
+/// a commit before the start at the extremes of the range, which no valid transaction
+/// has. Recording exactly this pair with [`History::record_timed`] reads back as untimed
+/// (and the snapshot-isolation check reports it as such, an error either way).
+const UNTIMED: (u64, u64) = (u64::MAX, 0);
 
 /// A sequence of committed transactions, each with its accesses and a kind (the
 /// workload's transaction type, for reports). Transaction `i` is the `i`-th recorded;
@@ -73,6 +92,9 @@ pub struct History {
     /// End of each transaction's accesses in `accesses`.
     ends: Vec<u32>,
     kinds: Vec<u16>,
+    /// (start, commit) timestamps of each transaction ([`UNTIMED`] for one recorded
+    /// without them); empty while no transaction has them.
+    times: Vec<(u64, u64)>,
     limit_bytes: usize,
     /// Committed transactions not recorded because the limit was reached.
     dropped: u64,
@@ -104,7 +126,40 @@ impl History {
         n: usize,
         accesses: impl Iterator<Item = Access>,
     ) -> bool {
-        let after = self.bytes() + TXN_BYTES + n * ACCESS_BYTES;
+        self.push(kind, None, n, accesses)
+    }
+
+    /// Record a committed transaction of kind `kind` that started at `start_ts` and
+    /// committed at `commit_ts` (a read-only transaction commits at its start: pass the
+    /// same value), from `n` accesses given by an iterator; as [`Self::record_iter`]. The
+    /// first timed transaction gives every transaction recorded before it an untimed
+    /// slot (see the module docs for the cost); it counts against the byte limit.
+    pub fn record_timed(
+        &mut self,
+        kind: u16,
+        start_ts: u64,
+        commit_ts: u64,
+        n: usize,
+        accesses: impl Iterator<Item = Access>,
+    ) -> bool {
+        self.push(kind, Some((start_ts, commit_ts)), n, accesses)
+    }
+
+    fn push(
+        &mut self,
+        kind: u16,
+        times: Option<(u64, u64)>,
+        n: usize,
+        accesses: impl Iterator<Item = Access>,
+    ) -> bool {
+        // Slots this transaction adds to `times`: its own once the history is timed, and
+        // one for each earlier transaction when it is the first timed one.
+        let time_slots = match (times.is_some(), self.times.is_empty()) {
+            (_, false) => 1,
+            (true, true) => self.len() + 1,
+            (false, true) => 0,
+        };
+        let after = self.bytes() + TXN_BYTES + n * ACCESS_BYTES + time_slots * TIMES_BYTES;
         let end = self.accesses.len() + n;
         if self.dropped > 0 || after > self.limit_bytes || end > u32::MAX as usize {
             self.dropped += 1;
@@ -118,6 +173,10 @@ impl History {
         );
         self.ends.push(end as u32);
         self.kinds.push(kind);
+        if time_slots > 0 {
+            self.times.resize(self.ends.len() - 1, UNTIMED);
+            self.times.push(times.unwrap_or(UNTIMED));
+        }
         true
     }
 
@@ -132,6 +191,16 @@ impl History {
         self.accesses.extend_from_slice(&other.accesses);
         self.ends
             .extend(other.ends.iter().map(|&e| e + base as u32));
+        if !self.times.is_empty() || !other.times.is_empty() {
+            // Either side may be untimed throughout (no slots): give it untimed slots.
+            self.times.resize(self.kinds.len(), UNTIMED);
+            if other.times.is_empty() {
+                self.times
+                    .resize(self.kinds.len() + other.kinds.len(), UNTIMED);
+            } else {
+                self.times.extend_from_slice(&other.times);
+            }
+        }
         self.kinds.extend_from_slice(&other.kinds);
         self.dropped += other.dropped;
     }
@@ -153,13 +222,22 @@ impl History {
 
     /// Bytes the history holds (accesses and per-transaction data, not spare capacity).
     pub fn bytes(&self) -> usize {
-        self.accesses.len() * ACCESS_BYTES + self.ends.len() * TXN_BYTES
+        self.accesses.len() * ACCESS_BYTES
+            + self.ends.len() * TXN_BYTES
+            + self.times.len() * TIMES_BYTES
     }
 
     /// Transaction `i`'s kind and accesses. Panics when `i >= len()`.
     pub fn txn(&self, i: usize) -> (u16, &[Access]) {
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         (self.kinds[i], &self.accesses[start..self.ends[i] as usize])
+    }
+
+    /// Transaction `i`'s (start, commit) timestamps, `None` when it was recorded without
+    /// them ([`Self::record`], [`Self::record_iter`]). Panics when `i >= len()`.
+    pub fn times(&self, i: usize) -> Option<(u64, u64)> {
+        assert!(i < self.len(), "times({i}) of {} transactions", self.len());
+        self.times.get(i).copied().filter(|&t| t != UNTIMED)
     }
 
     /// Every access with the index of its transaction.
@@ -197,5 +275,90 @@ mod tests {
         let flat: Vec<usize> = all.iter_accesses().map(|(i, _)| i).collect();
         assert_eq!(flat, vec![0, 1, 1, 2]);
         assert_eq!(all.bytes(), 3 * TXN_BYTES + 4 * ACCESS_BYTES);
+        assert_eq!(all.times(2), None, "an untimed history has no times");
+    }
+
+    #[test]
+    fn timed_transactions_keep_their_times_through_append_and_the_limit() {
+        let a = [Access::read(0, 1, 1), Access::write(0, 1, 7)];
+        let one = |h: &mut History, t: Option<(u64, u64)>| match t {
+            Some((s, c)) => h.record_timed(1, s, c, a.len(), a.iter().copied()),
+            None => h.record(1, &a),
+        };
+        let per = TXN_BYTES + 2 * ACCESS_BYTES;
+
+        // Untimed, then timed: the first timed transaction gives the earlier one a slot,
+        // and the untimed one after it takes a slot too.
+        let mut h = History::new(usize::MAX);
+        one(&mut h, None);
+        assert_eq!(
+            h.bytes(),
+            per,
+            "no time slots before the first timed transaction"
+        );
+        one(&mut h, Some((5, 7)));
+        one(&mut h, None);
+        one(&mut h, Some((9, 9)));
+        assert_eq!(
+            (0..4).map(|i| h.times(i)).collect::<Vec<_>>(),
+            vec![None, Some((5, 7)), None, Some((9, 9))]
+        );
+        assert_eq!(h.bytes(), 4 * (per + TIMES_BYTES));
+        assert_eq!(h.txn(1), (1, &a[..]));
+
+        // Append in every combination of timed and untimed sides.
+        let mut untimed = History::new(usize::MAX);
+        one(&mut untimed, None);
+        let mut timed = History::new(usize::MAX);
+        one(&mut timed, Some((20, 21)));
+        let mut all = untimed.clone();
+        all.append(untimed.clone());
+        assert_eq!(
+            all.bytes(),
+            2 * per,
+            "untimed + untimed stays without slots"
+        );
+        all.append(timed.clone());
+        all.append(untimed.clone());
+        all.append(h);
+        all.append(timed);
+        let times: Vec<_> = (0..all.len()).map(|i| all.times(i)).collect();
+        assert_eq!(
+            times,
+            vec![
+                None,
+                None,
+                Some((20, 21)),
+                None,
+                None,
+                Some((5, 7)),
+                None,
+                Some((9, 9)),
+                Some((20, 21)),
+            ]
+        );
+        assert_eq!(all.bytes(), 9 * (per + TIMES_BYTES));
+
+        // The limit counts the slots: room for three untimed transactions is not room for
+        // two untimed and a timed one (the timed one adds three slots); once a history is
+        // timed, an untimed transaction takes its slot too.
+        let mut h = History::new(3 * per);
+        one(&mut h, None);
+        one(&mut h, None);
+        assert!(
+            !one(&mut h, Some((1, 2))),
+            "3 slots of TIMES_BYTES do not fit"
+        );
+        assert_eq!((h.len(), h.dropped(), h.bytes()), (2, 1, 2 * per));
+        let mut h = History::new(2 * (per + TIMES_BYTES));
+        assert!(one(&mut h, Some((1, 2))));
+        assert!(one(&mut h, None), "its slot fits exactly");
+        assert!(!one(&mut h, None));
+        assert_eq!((h.len(), h.dropped()), (2, 1));
+
+        // The marker pair reads back as untimed.
+        let mut h = History::new(usize::MAX);
+        one(&mut h, Some(UNTIMED));
+        assert_eq!(h.times(0), None);
     }
 }

@@ -13,7 +13,10 @@
 //! - [`validation`]: OCC read-set validation as a state machine (lock free first, then
 //!   version unchanged);
 //! - [`history`] and [`serializability`]: committed transactions recorded with the
-//!   versions they read and wrote, and the check that their dependency graph is acyclic.
+//!   versions they read and wrote, and the check that their dependency graph is acyclic;
+//! - [`snapshot_isolation`]: the check of a history with start and commit timestamps for
+//!   snapshot isolation (writes install their commit timestamp, first committer wins,
+//!   reads see the snapshot at the start timestamp).
 #![warn(missing_docs)]
 
 pub mod cvt;
@@ -25,5 +28,6 @@ pub mod history;
 pub mod occ;
 pub mod serializability;
 pub mod smallbank;
+pub mod snapshot_isolation;
 pub mod store;
 pub mod validation;
