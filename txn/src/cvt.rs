@@ -10,7 +10,8 @@
 //!                [16, 24) lock word (OCC-CAS: 0 free, else the holder)
 //!                [24, 32) slot state (0 free, 1 in use: an insert claims a free slot
 //!                of a hash bucket with a CAS from 0 to 1, see `cvt_index`)
-//! cell (32 B):   [0] head CV   [1] valid (0/1)   [8, 16) version (commit timestamp)
+//! cell (32 B):   [0] head CV   [1] valid (0/1)   [2] tombstone (0/1: the version is a
+//!                delete)   [8, 16) version (commit timestamp)
 //!                [16, 24) record address   [31] tail CV   (other bytes zero)
 //! ```
 //! A version's record lives in the value region, cut into 64-byte lines whose first byte
@@ -64,7 +65,7 @@ pub struct Header {
     pub key: u64,
     /// OCC-CAS lock word: 0 when free, else the holder's id.
     pub lock: u64,
-    /// Slot state word: [`SLOT_FREE`] or [`SLOT_IN_USE`].
+    /// Slot state word: [`SLOT_FREE`], [`SLOT_CLAIMED`] or [`SLOT_IN_USE`].
     pub state: u64,
 }
 
@@ -72,6 +73,10 @@ pub struct Header {
 pub const SLOT_FREE: u64 = 0;
 /// [`Header::state`] of a slot holding a record.
 pub const SLOT_IN_USE: u64 = 1;
+/// [`Header::state`] of a slot an insert claimed (CAS from [`SLOT_FREE`]) and is still
+/// writing the header of: searches skip it; it becomes [`SLOT_IN_USE`] once the header
+/// (key, and the lock held by the inserter) is written.
+pub const SLOT_CLAIMED: u64 = 2;
 /// Byte offset of [`Header::lock`] in a CVT (the word OCC-CAS locks with CAS).
 pub const LOCK_OFFSET: usize = 16;
 /// Byte offset of [`Header::state`] in a CVT (the word an insert claims with CAS).
@@ -84,6 +89,9 @@ pub struct Cell {
     pub cv: u8,
     /// Whether the cell holds a version.
     pub valid: bool,
+    /// Whether the version is a delete (a tombstone: the key does not exist from this
+    /// version on, until a later version inserts it again).
+    pub deleted: bool,
     /// Commit timestamp of the version.
     pub version: Timestamp,
     /// Address of the version's record in the value region.
@@ -96,6 +104,7 @@ impl Cell {
         let mut b = [0u8; CELL_BYTES];
         b[0] = self.cv;
         b[1] = u8::from(self.valid);
+        b[2] = u8::from(self.deleted);
         b[8..16].copy_from_slice(&self.version.get().to_le_bytes());
         b[16..24].copy_from_slice(&self.addr.to_le_bytes());
         b[CELL_BYTES - 1] = self.cv;
@@ -131,8 +140,8 @@ pub enum CvtError {
         /// Its tail CV.
         tail: u8,
     },
-    /// A cell's valid byte is neither 0 nor 1.
-    #[error("cell {0} has a valid byte that is neither 0 nor 1")]
+    /// A cell's valid or tombstone byte is neither 0 nor 1.
+    #[error("cell {0} has a valid or tombstone byte that is neither 0 nor 1")]
     BadValid(usize),
     /// A hash bucket READ of the wrong size (`cvt_index::search`).
     #[error("bucket of {have} bytes where {want} were expected")]
@@ -153,6 +162,7 @@ impl Cvt {
                 Cell {
                     cv: 0,
                     valid: false,
+                    deleted: false,
                     version: Timestamp::ZERO,
                     addr: 0,
                 };
@@ -206,14 +216,16 @@ impl Cvt {
                     tail,
                 });
             }
-            let valid = match b[at + 1] {
-                0 => false,
-                1 => true,
-                _ => return Err(CvtError::BadValid(i)),
+            let flag = |o: usize| match b[at + o] {
+                0 => Ok(false),
+                1 => Ok(true),
+                _ => Err(CvtError::BadValid(i)),
             };
+            let (valid, deleted) = (flag(1)?, flag(2)?);
             cells.push(Cell {
                 cv: head,
                 valid,
+                deleted,
                 version: Timestamp(u64_at(at + 8)),
                 addr: u64_at(at + 16),
             });
@@ -266,14 +278,15 @@ impl Cvt {
     }
 
     /// Install `version` at `addr` in cell `slot` (the writer's local copy; it then
-    /// WRITEs the record and the returned cell in that order). The CV is the slot's
-    /// previous CV plus one, so a reader holding the slot's old cell sees the record's CV
-    /// change. Returns the new cell.
-    pub fn install(&mut self, slot: usize, version: Timestamp, addr: u64) -> Cell {
+    /// WRITEs the record and the returned cell in that order), a tombstone when
+    /// `deleted`. The CV is the slot's previous CV plus one, so a reader holding the
+    /// slot's old cell sees the record's CV change. Returns the new cell.
+    pub fn install(&mut self, slot: usize, version: Timestamp, addr: u64, deleted: bool) -> Cell {
         let c = &mut self.cells[slot];
         *c = Cell {
             cv: c.cv.wrapping_add(1),
             valid: true,
+            deleted,
             version,
             addr,
         };
@@ -382,7 +395,7 @@ mod tests {
         let mut t = Cvt::new(header(), versions.len());
         for (i, v) in versions.iter().enumerate() {
             if let Some(v) = v {
-                t.install(i, Timestamp(*v), 0x1000 * (i as u64 + 1));
+                t.install(i, Timestamp(*v), 0x1000 * (i as u64 + 1), false);
             }
         }
         t
@@ -432,17 +445,17 @@ mod tests {
         for (k, v) in [5u64, 6, 7].iter().enumerate() {
             let s = t.victim();
             assert_eq!(s, k, "empty cells first, in slot order");
-            t.install(s, Timestamp(*v), 0);
+            t.install(s, Timestamp(*v), 0, false);
         }
         // Full: the oldest (5, slot 0) goes, then 6 (slot 1), then the 8 written into 0
         // outlives 7, so 7's slot (2) is next.
         let s = t.victim();
         assert_eq!(s, 0);
         let old_cv = t.cells[0].cv;
-        let c = t.install(s, Timestamp(8), 0x2000);
+        let c = t.install(s, Timestamp(8), 0x2000, false);
         assert_eq!(c.cv, old_cv.wrapping_add(1), "a reused slot's CV moves on");
         assert_eq!(t.victim(), 1);
-        t.install(1, Timestamp(9), 0);
+        t.install(1, Timestamp(9), 0, false);
         assert_eq!(t.victim(), 2);
         assert_eq!(t.select(Timestamp(100)), Some(1));
     }
@@ -527,7 +540,7 @@ mod tests {
         let old_cells = t.encode();
         let slot = t.victim();
         assert_eq!(slot, 0);
-        let cell = t.install(slot, Timestamp(30), 0x1000);
+        let cell = t.install(slot, Timestamp(30), 0x1000, false);
         let v30 = encode_record(&[2u8; 90], cell.cv);
         let new_cells = t.encode();
         // Record fully rewritten, cell not yet: the reader selects version 10 through the

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::cvt::{cvt_bytes, Cvt, CvtError, SLOT_FREE, STATE_OFFSET};
+use crate::cvt::{cvt_bytes, Cvt, CvtError, SLOT_CLAIMED, SLOT_FREE, STATE_OFFSET};
 use crate::store::hash_key;
 
 /// CVT slots per hash bucket.
@@ -62,6 +62,10 @@ pub fn search(bucket: &[u8], versions: usize, table: u32, key: u64) -> Result<Fo
         let state = u64::from_le_bytes(b[STATE_OFFSET..STATE_OFFSET + 8].try_into().expect("8"));
         if state == SLOT_FREE {
             free.get_or_insert(slot);
+            continue;
+        }
+        if state == SLOT_CLAIMED {
+            // An insert is writing this slot's header: not free, and not yet anyone's.
             continue;
         }
         let (t, k) = (
@@ -186,7 +190,7 @@ mod tests {
             N,
         );
         if state != SLOT_FREE {
-            c.install(0, Timestamp(5), 0x4000 + key);
+            c.install(0, Timestamp(5), 0x4000 + key, false);
         }
         c
     }

@@ -38,6 +38,9 @@ pub struct CvtTableExport {
     pub n_buckets: u64,
     /// The value region.
     pub values: MrDesc,
+    /// Insert guards: one 8-byte word per bucket (0 free, else an inserter's id), taken
+    /// with CAS by inserts of keys whose home bucket it is (`cvt_remote`).
+    pub guards: MrDesc,
 }
 
 impl CvtTableExport {
@@ -62,6 +65,10 @@ impl CvtTableExport {
     pub fn cvt_addr(&self, b: u64, slot: usize) -> RemoteAddr {
         self.bucket_addr(b).offset((slot * self.cvt_bytes()) as u64)
     }
+    /// Remote address of bucket `b`'s insert guard word.
+    pub fn guard_addr(&self, b: u64) -> RemoteAddr {
+        self.guards.at((b % self.n_buckets) * 8)
+    }
     /// Remote address of the record buffer of `cell` of the CVT in `slot` of bucket `b`.
     pub fn record_addr(&self, b: u64, slot: usize, cell: usize) -> RemoteAddr {
         let i = ((b % self.n_buckets) * CVTS_PER_BUCKET as u64 + slot as u64)
@@ -76,6 +83,7 @@ pub struct CvtTableBuilder {
     export: CvtTableExport,
     index: MemoryRegion,
     values: MemoryRegion,
+    guards: MemoryRegion,
     records: u64,
 }
 
@@ -98,6 +106,7 @@ impl CvtTableBuilder {
         let slots = n_buckets as usize * CVTS_PER_BUCKET;
         let index = fabric.alloc_mr(slots * cvt_bytes(versions))?;
         let values = fabric.alloc_mr(slots * versions * record_bytes(len))?;
+        let guards = fabric.alloc_mr(n_buckets as usize * 8)?;
         Ok(Self {
             export: CvtTableExport {
                 id,
@@ -107,9 +116,11 @@ impl CvtTableBuilder {
                 index: index.desc(),
                 n_buckets,
                 values: values.desc(),
+                guards: guards.desc(),
             },
             index,
             values,
+            guards,
             records: 0,
         })
     }
@@ -145,7 +156,7 @@ impl CvtTableBuilder {
                         },
                         e.versions,
                     );
-                    let cell = cvt.install(0, version, rec.addr);
+                    let cell = cvt.install(0, version, rec.addr, false);
                     self.values.write(
                         (rec.addr - e.values.addr) as usize,
                         &encode_record(value, cell.cv),
@@ -167,9 +178,10 @@ impl CvtTableBuilder {
         self.records
     }
 
-    /// The export, and the two regions (which must outlive serving).
-    pub fn finish(self) -> (CvtTableExport, MemoryRegion, MemoryRegion) {
-        (self.export, self.index, self.values)
+    /// The export, and the regions (index, values, insert guards), which must outlive
+    /// serving.
+    pub fn finish(self) -> (CvtTableExport, [MemoryRegion; 3]) {
+        (self.export, [self.index, self.values, self.guards])
     }
 }
 
@@ -199,7 +211,7 @@ mod tests {
             Err(StoreError::ValueSize { .. })
         ));
         assert_eq!(t.records(), 40);
-        let (e, index, values) = t.finish();
+        let (e, [index, values, _guards]) = t.finish();
         // What a compute node does with two READs: the bucket (probing on), then the record.
         let mut bucket = vec![0u8; e.bucket_bytes()];
         for k in 0..40u64 {

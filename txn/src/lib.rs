@@ -1,4 +1,4 @@
-//! `txn`: a thin transaction layer over `rrpc`, `lockd` and `tso`.
+//! `txn`: distributed transactions on disaggregated memory over `rrpc`, `lockd` and `tso`.
 //!
 //! - [`cvt`]: consecutive version tuples (Motor 4.1, 4.3, 5.1; Lotus 7.1): the
 //!   multi-version layout, version selection, GC's victim, cacheline-version checks;
@@ -6,10 +6,16 @@
 //!   compute node's CVT address cache with stale-entry detection;
 //! - [`cvt_store`]: a memory node's CVT table (index of CVT buckets, value region with
 //!   one record buffer per cell) and its export;
-//! - [`store`]: the memory node's layout (records with versions at both ends, hash index);
+//! - [`store`]: the key hash and table-building errors;
 //! - [`smallbank`]: the SmallBank tables and loader;
-//! - [`occ`]: the coordinator running Scythe's low-heat OCC (000_f3dba2ed893b246b.txt,
-//!   4.2.1) on Takeout Locks;
+//! - [`cvt_remote`]: a compute thread's one-sided access to the CVT tables of every
+//!   memory node (lookup through the address cache, version READ, lock CAS, install,
+//!   insert), tables partitioned across memory nodes by key;
+//! - [`coordinator`]: the one coordinator API (`begin`, `read`, `read_for_update`,
+//!   `insert`, `delete`, `commit`, `abort`) and the protocol chosen by name:
+//!   [`occ_cas`] (FaRM/FORD OCC with CAS locks in the CVT header), [`scythe`] (Scythe's
+//!   hot-aware OCC/TOCC on Takeout Locks, 000_f3dba2ed893b246b.txt 4.2 to 4.4) and
+//!   [`mvcc`] (Motor's MVCC, 004_578a5719f81c1e65.txt 5.1 and 5.2, SR or SI);
 //! - [`validation`]: OCC read-set validation as a state machine (lock free first, then
 //!   version unchanged);
 //! - [`history`] and [`serializability`]: committed transactions recorded with the
@@ -19,13 +25,17 @@
 //!   reads see the snapshot at the start timestamp).
 #![warn(missing_docs)]
 
+pub mod coordinator;
 pub mod cvt;
 pub mod cvt_index;
+pub mod cvt_remote;
 pub mod cvt_store;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod history;
-pub mod occ;
+pub mod mvcc;
+pub mod occ_cas;
+pub mod scythe;
 pub mod serializability;
 pub mod smallbank;
 pub mod snapshot_isolation;

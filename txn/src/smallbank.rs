@@ -4,7 +4,11 @@
 
 use rrpc::fabric::{Fabric, MemoryRegion};
 
-use crate::store::{hash_key, StoreError, TableBuilder, TableExport};
+use tso::Timestamp;
+
+use crate::cvt_remote::partition_of;
+use crate::cvt_store::{CvtTableBuilder, CvtTableExport};
+use crate::store::{hash_key, StoreError};
 
 /// Table id of savings balances.
 pub const SAVINGS: u32 = 0;
@@ -25,17 +29,32 @@ pub fn initial_total(accounts: u64) -> i64 {
         .sum()
 }
 
-/// Build and fill both tables for `accounts` accounts (keys 0..accounts).
+/// CVT cells per record when none is configured (Motor 7.3: SmallBank peaks at 3 to 4).
+pub const DEFAULT_VERSIONS: usize = 4;
+
+/// The version loaded data carries: below every timestamp the oracle hands out.
+pub const LOAD_VERSION: Timestamp = Timestamp(1);
+
+/// Build both tables of partition `partition` of `partitions` for `accounts` accounts
+/// (keys `0..accounts`, each loaded on the partition [`partition_of`] gives it) as CVT
+/// tables of `versions` cells, loaded at [`LOAD_VERSION`]. Each index has room for about
+/// twice its share of accounts, so keys can be inserted at run time.
+///
+/// Errors: registering memory failed; a table filled up (cannot happen at this sizing).
 pub fn load(
     fabric: &Fabric,
     accounts: u64,
-) -> Result<Vec<(TableExport, MemoryRegion, MemoryRegion)>, StoreError> {
+    versions: usize,
+    partition: u32,
+    partitions: u32,
+) -> Result<Vec<(CvtTableExport, [MemoryRegion; 3])>, StoreError> {
+    let share = accounts.div_ceil(u64::from(partitions.max(1))) * 5 / 4 + 16;
     [(SAVINGS, "savings"), (CHECKING, "checking")]
         .into_iter()
         .map(|(id, name)| {
-            let mut t = TableBuilder::new(fabric, id, name, BALANCE_BYTES, accounts)?;
-            for a in 0..accounts {
-                t.insert(a, &initial_balance(id, a).to_le_bytes())?;
+            let mut t = CvtTableBuilder::new(fabric, id, name, versions, BALANCE_BYTES, share)?;
+            for a in (0..accounts).filter(|&a| partition_of(id, a, partitions) == partition) {
+                t.insert(a, &initial_balance(id, a).to_le_bytes(), LOAD_VERSION)?;
             }
             Ok(t.finish())
         })

@@ -1,30 +1,31 @@
-//! The real `memnode` binary: loads SmallBank, and a compute node finds every account
-//! through the hash index with one-sided READs and reads its initial balance.
+//! The real `memnode` binary: two of them load SmallBank's partitions, and a compute node
+//! finds every account through the CVT index of the right node with one-sided READs and
+//! reads its initial balance at its load version.
 
-use rrpc::NodeId;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind, RemoteAddr};
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::runtime::{join_all, Executor, RuntimeConfig, ThreadCtx};
-use txn::smallbank::{initial_balance, CHECKING, SAVINGS};
-use txn::store::{decode_record, search_bucket, BucketLookup, TableExport, BUCKET_BYTES};
+use rrpc::NodeId;
+use txn::cvt_remote::{partition_of, CvtRemote, MemnodeExport, EXPORT_KEY};
+use txn::smallbank::{initial_balance, LOAD_VERSION};
 
-#[test]
-fn memnode_serves_smallbank_through_its_index() {
-    let cluster = format!("memnode-test-{}", std::process::id());
-    rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
+const ACCOUNTS: u64 = 5000;
+
+fn spawn(cluster: &str, node: u32, partition: u32) -> (Child, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_memnode"))
+        .args(["--cluster", cluster, "--node", &node.to_string()])
         .args([
-            "--cluster",
-            &cluster,
-            "--node",
-            "1",
             "--smallbank-accounts",
-            "5000",
+            &ACCOUNTS.to_string(),
+            "--versions",
+            "3",
         ])
+        .args(["--partition", &partition.to_string(), "--partitions", "2"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -34,66 +35,10 @@ fn memnode_serves_smallbank_through_its_index() {
         .find(|l| l.starts_with("READY "))
         .expect("memnode prints READY");
     let addr = line["READY ".len()..].parse().unwrap();
+    (child, addr)
+}
 
-    let fabric = Fabric::open(&FabricConfig::new(
-        FabricKind::from_env().unwrap(),
-        &cluster,
-        NodeId(50),
-    ))
-    .unwrap();
-    let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
-    let info = ctx.connect(addr).unwrap();
-    assert_eq!(info.role, "memnode");
-    let tables: Vec<TableExport> = info.export("tables").unwrap();
-    assert_eq!(tables.len(), 2);
-    assert!(tables
-        .iter()
-        .all(|t| t.n_records == 5000 && t.value_bytes == 8));
-    let checked = Rc::new(std::cell::Cell::new(0u32));
-    let mut ex = Executor::new(ctx.clone());
-    {
-        let (ctx, checked) = (ctx.clone(), checked.clone());
-        ex.spawn(async move {
-            for t in &tables {
-                let lookups = (0..5000u64).map(|key| {
-                    let ctx = ctx.clone();
-                    async move {
-                        let mut b = t.home_bucket(key);
-                        loop {
-                            let img = ctx
-                                .read(info.node, t.bucket_addr(b), BUCKET_BYTES)
-                                .await
-                                .unwrap();
-                            match search_bucket(&img, key) {
-                                BucketLookup::Found(a) => {
-                                    let r = RemoteAddr {
-                                        addr: a,
-                                        rkey: t.records.rkey,
-                                    };
-                                    let rec = ctx
-                                        .read(info.node, r, t.record_bytes as usize)
-                                        .await
-                                        .unwrap();
-                                    return decode_record(&rec, key, 8).unwrap();
-                                }
-                                BucketLookup::Next => b += 1,
-                                BucketLookup::Absent => panic!("key {key} missing"),
-                            }
-                        }
-                    }
-                });
-                for r in join_all(lookups).await {
-                    assert_eq!(r.version, 1);
-                    let want = initial_balance(if t.id == 0 { SAVINGS } else { CHECKING }, r.key);
-                    assert_eq!(i64::from_le_bytes(r.value.try_into().unwrap()), want);
-                    checked.set(checked.get() + 1);
-                }
-            }
-        });
-    }
-    ex.run();
-    assert_eq!(checked.get(), 10_000);
-    // SIGTERM: clean exit removes its files.
+fn stop(mut child: Child) {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -105,15 +50,71 @@ fn memnode_serves_smallbank_through_its_index() {
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(status.success(), "memnode exit: {status}");
+}
+
+#[test]
+fn two_memnodes_serve_their_smallbank_partitions_through_the_cvt_index() {
+    let cluster = format!("memnode-test-{}", std::process::id());
+    rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
+    let (c0, a0) = spawn(&cluster, 1, 0);
+    let (c1, a1) = spawn(&cluster, 2, 1);
+    let fabric = Fabric::open(&FabricConfig::new(
+        FabricKind::from_env().unwrap(),
+        &cluster,
+        NodeId(50),
+    ))
+    .unwrap();
+    let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
+    let info = ctx.connect(a1).unwrap();
+    assert_eq!(info.role, "memnode");
+    let e: MemnodeExport = info.export(EXPORT_KEY).unwrap();
+    assert_eq!((e.partition, e.partitions, e.tables.len()), (1, 2, 2));
+    assert!(e.tables.iter().all(|t| t.len == 8 && t.versions == 3));
+    // Given in the other order: the nodes say which partition they are.
+    let store = Rc::new(CvtRemote::connect(ctx.clone(), &[a1, a0], 1024).unwrap());
+    let checked = Rc::new(std::cell::Cell::new([0u32; 2]));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (store, checked) = (store.clone(), checked.clone());
+        ex.spawn(async move {
+            for table in 0..2u32 {
+                let reads = (0..ACCOUNTS).map(|key| {
+                    let store = store.clone();
+                    async move {
+                        let (loc, cvt) = store.lookup(table, key).await.unwrap().expect("loaded");
+                        assert_eq!(loc.part, partition_of(table, key, 2));
+                        let cell = cvt.cells[cvt.newest().expect("one version")];
+                        assert_eq!(cell.version, LOAD_VERSION);
+                        let v = store.read_version(loc, &cell).await.unwrap().unwrap();
+                        (key, loc.part, i64::from_le_bytes(v.try_into().unwrap()))
+                    }
+                });
+                for (key, part, bal) in join_all(reads).await {
+                    assert_eq!(bal, initial_balance(table, key));
+                    let mut c = checked.get();
+                    c[part as usize] += 1;
+                    checked.set(c);
+                }
+                assert!(store.lookup(table, ACCOUNTS + 7).await.unwrap().is_none());
+            }
+        });
+    }
+    ex.run();
+    let [p0, p1] = checked.get();
+    assert_eq!(p0 + p1, 2 * ACCOUNTS as u32);
+    assert!(p0 > 4000 && p1 > 4000, "partitions unbalanced: {p0} / {p1}");
+    stop(c0);
+    stop(c1);
     if FabricKind::from_env().unwrap() == FabricKind::Shm {
         let left: Vec<_> = std::fs::read_dir(rrpc::fabric::shm::cluster_dir(&cluster))
             .unwrap()
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("n1"))
+            .filter(|n| n.starts_with("n1") || n.starts_with("n2"))
             .collect();
-        assert!(left.is_empty(), "memnode left files: {left:?}");
+        assert!(left.is_empty(), "memnodes left files: {left:?}");
     }
+    drop(store);
     drop(ctx);
     rrpc::fabric::shm::remove_cluster(&cluster).unwrap();
 }

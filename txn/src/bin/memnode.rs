@@ -1,6 +1,7 @@
-//! `memnode`: a memory node. Holds tables in registered memory behind a hash index and
-//! serves nothing but its control plane: compute nodes read and write records with
-//! one-sided operations, so this process's CPU takes no part in transactions.
+//! `memnode`: a memory node. Holds its partition of the CVT tables in registered memory
+//! behind a hash index and serves nothing but its control plane: compute nodes read and
+//! write records with one-sided operations, so this process's CPU takes no part in
+//! transactions.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -16,9 +17,19 @@ use rrpc::service::{self, NodeArgs};
 struct Args {
     #[command(flatten)]
     node: NodeArgs,
-    /// Load the SmallBank tables (savings, checking) with this many accounts.
+    /// Load the SmallBank tables (savings, checking) with this many accounts (this
+    /// node's partition of them).
     #[arg(long)]
     smallbank_accounts: Option<u64>,
+    /// Version cells per CVT (Motor's VNum: how many versions each record keeps).
+    #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS)]
+    versions: usize,
+    /// This node's partition of the tables, 0 to --partitions - 1.
+    #[arg(long, default_value_t = 0)]
+    partition: u32,
+    /// Memory nodes the tables are partitioned over (by key).
+    #[arg(long, default_value_t = 1)]
+    partitions: u32,
 }
 
 fn main() -> ExitCode {
@@ -27,6 +38,16 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
+    if args.partitions == 0 || args.partition >= args.partitions {
+        bail!(
+            "--partition {} of --partitions {}: need 0 <= partition < partitions",
+            args.partition,
+            args.partitions
+        );
+    }
+    if !(1..=64).contains(&args.versions) {
+        bail!("--versions must be 1 to 64 (got {})", args.versions);
+    }
     let fabric = args.node.open_fabric().context("opening the fabric")?;
     let mut regions = Vec::new();
     let mut tables = Vec::new();
@@ -35,9 +56,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             bail!("--smallbank-accounts must be at least 2 (got {n})");
         }
         let t0 = std::time::Instant::now();
-        for (export, index, records) in txn::smallbank::load(&fabric, n)? {
+        for (export, mrs) in
+            txn::smallbank::load(&fabric, n, args.versions, args.partition, args.partitions)?
+        {
             tables.push(export);
-            regions.push((index, records));
+            regions.push(mrs);
         }
         tracing::info!(
             accounts = n,
@@ -46,7 +69,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let mut exports = BTreeMap::new();
-    exports.insert("tables".to_string(), serde_json::to_value(&tables)?);
+    let export = txn::cvt_remote::MemnodeExport {
+        partition: args.partition,
+        partitions: args.partitions,
+        tables,
+    };
+    exports.insert(
+        txn::cvt_remote::EXPORT_KEY.to_string(),
+        serde_json::to_value(&export)?,
+    );
     let node = Node::start(
         fabric,
         NodeConfig {
@@ -61,7 +92,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         node = %args.node.node,
         addr = %node.addr(),
         fabric = %node.fabric().describe(),
-        tables = tables.len(),
+        tables = export.tables.len(),
+        partition = args.partition,
+        partitions = args.partitions,
         "memnode serving"
     );
     service::announce_ready(node.addr(), &[]).context("writing READY")?;

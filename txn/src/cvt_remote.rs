@@ -1,0 +1,450 @@
+//! The compute node's side of the CVT store: one thread's one-sided access to the CVT
+//! tables of every memory node (Motor 4.1; the memory nodes' CPUs take no part).
+//!
+//! Tables are partitioned across memory nodes by key ([`partition_of`]); every memory
+//! node holds every table with the same geometry. A key's CVT is found through the
+//! thread's CVT address cache ([`AddrCache`]: one READ of the CVT, the key checked in
+//! it) or, on a miss or a stale entry, by READing its hash buckets.
+//!
+//! Operations and their order of one-sided verbs:
+//! - [`CvtRemote::lookup`]: READ the CVT (cached address) or the buckets of its chain;
+//! - [`CvtRemote::read_version`]: READ one version's record (anchors checked against the
+//!   cell, Lotus 7.1);
+//! - [`CvtRemote::lock`] / [`CvtRemote::unlock`]: CAS / WRITE of the header's lock word
+//!   (OCC-CAS and MVCC);
+//! - [`CvtRemote::install`]: WRITE the record into the victim cell's buffer, then WRITE the
+//!   cell (Motor 4.4's order; the second waits for the first's completion, as the two may
+//!   travel on different QPs);
+//! - [`CvtRemote::create`]: an insert of a key with no CVT: the home bucket's insert guard
+//!   word serializes inserters of its keys (CAS), a free slot of the chain is claimed
+//!   (CAS of its state word, since chains of other home buckets may probe into it), the
+//!   header written, the slot marked in use.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use rrpc::fabric::RemoteAddr;
+use rrpc::runtime::ThreadCtx;
+use rrpc::NodeId;
+use serde::{Deserialize, Serialize};
+use tso::Timestamp;
+
+use crate::coordinator::{AbortReason, TxnError};
+use crate::cvt::{
+    cvt_bytes, decode_record, encode_record, Cell, Cvt, CvtError, Header, RecordError, CELL_BYTES,
+    HEADER_BYTES, LOCK_OFFSET, SLOT_CLAIMED, SLOT_FREE, SLOT_IN_USE, STATE_OFFSET,
+};
+use crate::cvt_index::{search, AddrCache, CacheStats, Found, CVTS_PER_BUCKET};
+use crate::cvt_store::CvtTableExport;
+use crate::store::hash_key;
+
+/// What a memory node exports under [`EXPORT_KEY`]: its partition and its CVT tables.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemnodeExport {
+    /// This node's partition, `0..partitions`.
+    pub partition: u32,
+    /// Partitions (memory nodes) the tables are spread over.
+    pub partitions: u32,
+    /// Its tables, ids `0..n` in order.
+    pub tables: Vec<CvtTableExport>,
+}
+
+/// The export key a memory node publishes its [`MemnodeExport`] under.
+pub const EXPORT_KEY: &str = "cvt";
+
+/// The partition (memory node) that holds `(table, key)` among `partitions`: bits of the
+/// key's hash that the bucket index does not use, so each node's buckets fill evenly.
+pub fn partition_of(table: u32, key: u64, partitions: u32) -> u32 {
+    ((hash_key(table, key) >> 40) % u64::from(partitions.max(1))) as u32
+}
+
+/// Where a key's CVT lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CvtLoc {
+    /// Partition (index into the memory nodes).
+    pub part: u32,
+    /// Table id.
+    pub table: u32,
+    /// Address of the CVT in the index region.
+    pub addr: u64,
+}
+
+/// How many times a torn CVT is READ again before the transaction aborts.
+const TORN_RETRIES: usize = 3;
+
+/// One thread's access to the CVT store of all memory nodes. Shared by the thread's
+/// coordinators through `&self`.
+pub struct CvtRemote {
+    ctx: Rc<ThreadCtx>,
+    nodes: Vec<NodeId>,
+    /// `[partition][table]`.
+    tables: Vec<Vec<CvtTableExport>>,
+    cache: RefCell<AddrCache>,
+}
+
+impl CvtRemote {
+    /// Connect to the memory nodes at `addrs` (blocking; before coroutines run), in any
+    /// order, and check that they are the partitions `0..n` of one set of tables. The
+    /// address cache holds at most `cache_entries` CVT addresses.
+    ///
+    /// Errors: [`TxnError::Rpc`] when a node cannot be reached, [`TxnError::Export`] when
+    /// the exports are missing or do not fit together.
+    pub fn connect(
+        ctx: Rc<ThreadCtx>,
+        addrs: &[SocketAddr],
+        cache_entries: usize,
+    ) -> Result<Self, TxnError> {
+        if addrs.is_empty() {
+            return Err(TxnError::Export("no memory node address given".into()));
+        }
+        let mut found: Vec<Option<(NodeId, Vec<CvtTableExport>)>> = vec![None; addrs.len()];
+        for a in addrs {
+            let info = ctx.connect(*a)?;
+            let e: MemnodeExport = info
+                .export(EXPORT_KEY)
+                .map_err(|e| TxnError::Export(format!("memory node {a}: {e}")))?;
+            if e.partitions as usize != addrs.len() {
+                return Err(TxnError::Export(format!(
+                    "memory node {a} is partition {} of {}, but {} memory nodes were given",
+                    e.partition,
+                    e.partitions,
+                    addrs.len()
+                )));
+            }
+            let slot = found
+                .get_mut(e.partition as usize)
+                .ok_or_else(|| TxnError::Export(format!("memory node {a}: bad partition")))?;
+            if slot.is_some() {
+                return Err(TxnError::Export(format!(
+                    "two memory nodes are partition {}",
+                    e.partition
+                )));
+            }
+            if e.tables.iter().enumerate().any(|(i, t)| t.id as usize != i) {
+                return Err(TxnError::Export(format!(
+                    "memory node {a}: table ids must be 0..n in order"
+                )));
+            }
+            *slot = Some((info.node, e.tables));
+        }
+        let (nodes, tables): (Vec<_>, Vec<_>) = found.into_iter().map(|f| f.expect("all")).unzip();
+        let shape = |ts: &[CvtTableExport]| {
+            ts.iter()
+                .map(|t| (t.id, t.len, t.versions))
+                .collect::<Vec<_>>()
+        };
+        if tables.iter().any(|t| shape(t) != shape(&tables[0])) {
+            return Err(TxnError::Export(
+                "memory nodes disagree on the tables (ids, record lengths, versions)".into(),
+            ));
+        }
+        Ok(Self {
+            ctx,
+            nodes,
+            tables,
+            cache: RefCell::new(AddrCache::new(cache_entries)),
+        })
+    }
+
+    /// The thread context.
+    pub fn ctx(&self) -> &Rc<ThreadCtx> {
+        &self.ctx
+    }
+
+    /// The tables (as partition 0 exports them; all partitions have the same shape).
+    pub fn tables(&self) -> &[CvtTableExport] {
+        &self.tables[0]
+    }
+
+    /// Memory nodes (partitions).
+    pub fn partitions(&self) -> u32 {
+        self.nodes.len() as u32
+    }
+
+    /// Address cache counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.borrow().stats()
+    }
+
+    /// Table `table` of partition `part`. Errors: [`TxnError::Usage`] for an unknown table.
+    pub fn table(&self, part: u32, table: u32) -> Result<&CvtTableExport, TxnError> {
+        self.tables[part as usize]
+            .get(table as usize)
+            .ok_or_else(|| TxnError::Usage(format!("no table {table}")))
+    }
+
+    fn node(&self, loc: CvtLoc) -> NodeId {
+        self.nodes[loc.part as usize]
+    }
+
+    fn cvt_remote(&self, loc: CvtLoc) -> Result<RemoteAddr, TxnError> {
+        let t = self.table(loc.part, loc.table)?;
+        Ok(RemoteAddr {
+            addr: loc.addr,
+            rkey: t.index.rkey,
+        })
+    }
+
+    /// The key's CVT: `None` when the table has no CVT for it (never inserted). A
+    /// CVT with no visible version is still returned (an aborted insert or a delete
+    /// leaves one).
+    ///
+    /// Errors: [`TxnError::Abort`] ([`AbortReason::TornRead`]) when the CVT stayed torn
+    /// over a few READs; [`TxnError::Rpc`]; [`TxnError::Usage`] for an unknown table;
+    /// [`TxnError::Export`] for a malformed bucket.
+    pub async fn lookup(&self, table: u32, key: u64) -> Result<Option<(CvtLoc, Cvt)>, TxnError> {
+        let part = partition_of(table, key, self.partitions());
+        let t = self.table(part, table)?;
+        let cached = self.cache.borrow_mut().get(table, key);
+        if let Some(addr) = cached {
+            let loc = CvtLoc { part, table, addr };
+            let cvt = self.read_cvt(loc).await?;
+            if self.cache.borrow_mut().confirm(table, key, &cvt) {
+                return Ok(Some((loc, cvt)));
+            }
+        }
+        let node = self.nodes[part as usize];
+        let home = t.home_bucket(key);
+        for probe in 0..t.n_buckets {
+            let b = home + probe;
+            let mut tries = 0;
+            let found = loop {
+                let img = self
+                    .ctx
+                    .read(node, t.bucket_addr(b), t.bucket_bytes())
+                    .await?;
+                match search(&img, t.versions, table, key) {
+                    Ok(f) => break f,
+                    Err(CvtError::TornCell { .. }) if tries < TORN_RETRIES => tries += 1,
+                    Err(CvtError::TornCell { .. }) => {
+                        return Err(TxnError::Abort(AbortReason::TornRead))
+                    }
+                    Err(e) => return Err(TxnError::Export(e.to_string())),
+                }
+            };
+            match found {
+                Found::At { slot, cvt } => {
+                    let addr = t.cvt_addr(b, slot).addr;
+                    self.cache.borrow_mut().insert(table, key, addr);
+                    return Ok(Some((CvtLoc { part, table, addr }, cvt)));
+                }
+                Found::Absent { .. } => return Ok(None),
+                Found::Next => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// READ the CVT at `loc` again. Errors: as [`Self::lookup`].
+    pub async fn read_cvt(&self, loc: CvtLoc) -> Result<Cvt, TxnError> {
+        let t = self.table(loc.part, loc.table)?;
+        let remote = self.cvt_remote(loc)?;
+        for _ in 0..=TORN_RETRIES {
+            let img = self.ctx.read(self.node(loc), remote, t.cvt_bytes()).await?;
+            match Cvt::decode(&img) {
+                Ok(c) => return Ok(c),
+                Err(CvtError::TornCell { .. }) => continue,
+                Err(e) => return Err(TxnError::Export(e.to_string())),
+            }
+        }
+        Err(TxnError::Abort(AbortReason::TornRead))
+    }
+
+    /// READ the record of `cell` (a cell of the CVT at `loc`) and check its anchors against
+    /// the cell. The inner `Err` says the record was torn or is another version's (GC
+    /// reused the buffer): the caller aborts or reads again.
+    ///
+    /// Errors: [`TxnError::Rpc`], [`TxnError::Usage`].
+    pub async fn read_version(
+        &self,
+        loc: CvtLoc,
+        cell: &Cell,
+    ) -> Result<Result<Vec<u8>, RecordError>, TxnError> {
+        let t = self.table(loc.part, loc.table)?;
+        let remote = RemoteAddr {
+            addr: cell.addr,
+            rkey: t.values.rkey,
+        };
+        let img = self
+            .ctx
+            .read(self.node(loc), remote, crate::cvt::record_bytes(t.len))
+            .await?;
+        Ok(decode_record(&img, t.len, cell.cv))
+    }
+
+    /// CAS the lock word of the CVT at `loc` from `expect` to `new`; returns the word
+    /// before (the CAS took effect exactly when it equals `expect`). Errors:
+    /// [`TxnError::Rpc`].
+    pub async fn lock(&self, loc: CvtLoc, expect: u64, new: u64) -> Result<u64, TxnError> {
+        let at = self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64);
+        Ok(self.ctx.cas(self.node(loc), at, expect, new).await?)
+    }
+
+    /// The node and remote address of the lock word of the CVT at `loc` (for a release
+    /// that must outlive its transaction). Errors: [`TxnError::Usage`].
+    pub fn lock_target(&self, loc: CvtLoc) -> Result<(NodeId, RemoteAddr), TxnError> {
+        Ok((
+            self.node(loc),
+            self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64),
+        ))
+    }
+
+    /// WRITE 0 (free) to the lock word of the CVT at `loc` (the holder releasing it).
+    /// Errors: [`TxnError::Rpc`].
+    pub async fn unlock(&self, loc: CvtLoc) -> Result<(), TxnError> {
+        let at = self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64);
+        Ok(self
+            .ctx
+            .write(self.node(loc), at, &0u64.to_le_bytes())
+            .await?)
+    }
+
+    /// Install `version` in the CVT at `loc` whose current content is `cvt` (read under
+    /// its lock): the victim cell ([`Cvt::victim`], Motor 4.3's coordinator-active GC)
+    /// gets the version, `value` (`None`: a tombstone, the key deleted). WRITEs the record,
+    /// waits for it, then WRITEs the cell. `cvt` is updated to what was written.
+    ///
+    /// The caller holds the CVT's lock (a CVT lock word or the Takeout Lock of the key).
+    ///
+    /// Errors: [`TxnError::Usage`] for a value of the wrong size; [`TxnError::Rpc`].
+    pub async fn install(
+        &self,
+        loc: CvtLoc,
+        cvt: &mut Cvt,
+        version: Timestamp,
+        value: Option<&[u8]>,
+    ) -> Result<(), TxnError> {
+        let t = self.table(loc.part, loc.table)?;
+        let payload = match value {
+            Some(v) if v.len() != t.len => {
+                return Err(TxnError::Usage(format!(
+                    "value of {} bytes, table {} holds {}",
+                    v.len(),
+                    loc.table,
+                    t.len
+                )))
+            }
+            Some(v) => v.to_vec(),
+            None => vec![0; t.len],
+        };
+        let slot_index = (loc.addr - t.index.addr) / t.cvt_bytes() as u64;
+        let (b, slot) = (
+            slot_index / CVTS_PER_BUCKET as u64,
+            (slot_index % CVTS_PER_BUCKET as u64) as usize,
+        );
+        let victim = cvt.victim();
+        let rec = t.record_addr(b, slot, victim);
+        let cell = cvt.install(victim, version, rec.addr, value.is_none());
+        let node = self.node(loc);
+        self.ctx
+            .write(node, rec, &encode_record(&payload, cell.cv))
+            .await?;
+        let at = self
+            .cvt_remote(loc)?
+            .offset((HEADER_BYTES + victim * CELL_BYTES) as u64);
+        self.ctx.write(node, at, &cell.encode()).await?;
+        Ok(())
+    }
+
+    /// Create a CVT for `(table, key)`, which has none, locked with `lock_word` (0 for
+    /// a protocol that locks elsewhere) and with no version; returns it. Inserters of
+    /// the keys of one home bucket take turns on the bucket's insert guard word
+    /// ([`CvtTableExport::guard_addr`]; `guard` is this inserter's nonzero id); an insert that finds it taken, or
+    /// finds that the key got a CVT meanwhile, aborts ([`AbortReason::InsertRace`]) and
+    /// the caller retries.
+    ///
+    /// Errors: [`TxnError::Abort`], [`TxnError::TableFull`] when the chain has no free
+    /// slot, [`TxnError::Rpc`], [`TxnError::Usage`].
+    pub async fn create(
+        &self,
+        table: u32,
+        key: u64,
+        lock_word: u64,
+        guard: u64,
+    ) -> Result<(CvtLoc, Cvt), TxnError> {
+        let part = partition_of(table, key, self.partitions());
+        let t = self.table(part, table)?.clone();
+        let node = self.nodes[part as usize];
+        let home = t.home_bucket(key);
+        let guard_at = t.guard_addr(home);
+        let prev = self.ctx.cas(node, guard_at, 0, guard).await?;
+        if prev != 0 {
+            return Err(TxnError::Abort(AbortReason::InsertRace));
+        }
+        let r = self.create_guarded(&t, node, part, key, lock_word).await;
+        // The guard is released on every path (a failed WRITE leaves it to be seen as
+        // held; the node is then unreachable anyway).
+        let unguard = self.ctx.cas(node, guard_at, guard, 0).await;
+        let made = r?;
+        unguard?;
+        Ok(made)
+    }
+
+    async fn create_guarded(
+        &self,
+        t: &CvtTableExport,
+        node: NodeId,
+        part: u32,
+        key: u64,
+        lock_word: u64,
+    ) -> Result<(CvtLoc, Cvt), TxnError> {
+        let home = t.home_bucket(key);
+        for probe in 0..t.n_buckets {
+            let b = home + probe;
+            let img = self
+                .ctx
+                .read(node, t.bucket_addr(b), t.bucket_bytes())
+                .await?;
+            let free = match search(&img, t.versions, t.id, key) {
+                Ok(Found::At { .. }) => return Err(TxnError::Abort(AbortReason::InsertRace)),
+                Ok(Found::Next) => continue,
+                Ok(Found::Absent { free }) => free,
+                Err(CvtError::TornCell { .. }) => {
+                    return Err(TxnError::Abort(AbortReason::TornRead))
+                }
+                Err(e) => return Err(TxnError::Export(e.to_string())),
+            };
+            // Claim the slot: another home bucket's insert may be after it too.
+            let at = t.cvt_addr(b, free);
+            let state = at.offset(STATE_OFFSET as u64);
+            if self.ctx.cas(node, state, SLOT_FREE, SLOT_CLAIMED).await? != SLOT_FREE {
+                return Err(TxnError::Abort(AbortReason::InsertRace));
+            }
+            let cvt = Cvt::new(
+                Header {
+                    table: t.id,
+                    len: t.len as u32,
+                    key,
+                    lock: lock_word,
+                    state: SLOT_IN_USE,
+                },
+                t.versions,
+            );
+            let bytes = cvt.encode();
+            // Header words (key, lock) and the (empty) cells first, the state last: a
+            // search sees the slot as in use only with its key in place.
+            self.ctx.write(node, at, &bytes[..STATE_OFFSET]).await?;
+            self.ctx
+                .write(
+                    node,
+                    at.offset(HEADER_BYTES as u64),
+                    &bytes[HEADER_BYTES..cvt_bytes(t.versions)],
+                )
+                .await?;
+            self.ctx
+                .write(node, state, &SLOT_IN_USE.to_le_bytes())
+                .await?;
+            self.cache.borrow_mut().insert(t.id, key, at.addr);
+            return Ok((
+                CvtLoc {
+                    part,
+                    table: t.id,
+                    addr: at.addr,
+                },
+                cvt,
+            ));
+        }
+        Err(TxnError::TableFull { table: t.id })
+    }
+}

@@ -1,0 +1,275 @@
+//! Motor's MVCC over CVTs (004_578a5719f81c1e65.txt, 5.1 and 5.2), serializable (SR) or
+//! snapshot isolation (SI).
+//!
+//! - **Start**: a start timestamp `s` from the TSO (the thread's group) at the first read.
+//! - **Read-only data**: READ the CVT, select the largest valid version below `s`
+//!   ([`crate::cvt::Cvt::select`]), READ its record, check the anchors against the cell.
+//!   No version below `s` while some cell is empty: the key did not exist at `s`; no
+//!   version below `s` with every cell full: GC took it ([`AbortReason::VersionGone`]).
+//! - **Read-write data** (`for_update`, inserts, deletes): CAS the CVT's lock word, then
+//!   READ the CVT under the lock. A version newer than `s` aborts
+//!   ([`AbortReason::NewerVersion`]): under SR Motor's early abort (the validation would
+//!   fail), under SI first-committer-wins (installing over it would lose its update).
+//!   An object read as read-only data and then written is locked at commit and must still
+//!   show the version read.
+//! - **Commit**: a commit timestamp `c`; under SR the read-only data of a read-write
+//!   transaction is validated: its CVT must be unlocked and [`Cvt::select`]`(c)` must be
+//!   the version read (Motor 5.1, phase 2); under SI nothing is validated. Each write
+//!   goes to the victim cell (coordinator-active GC, Motor 4.3) as version `c`, then the
+//!   locks are released. Read-only transactions commit at once, without validation.
+//!
+//! **Locked CVTs and read-only data.** Motor lets reads ignore locks. That is unsafe for
+//! reads that are never validated (read-only transactions, and SI): a writer that took
+//! its commit timestamp `c < s` may have installed some of its versions and not yet
+//! others, and a reader ignoring the lock would see half of it (a fractured read, a
+//! cycle in the serialization graph and a snapshot violation under SI). So a read that
+//! finds the CVT locked by another transaction waits for the lock to be released
+//! (READing the CVT again, up to [`crate::coordinator::TxnConfig::read_wait`]) when its
+//! transaction holds no lock, and aborts ([`AbortReason::LockedOnRead`]) when it holds
+//! one (waiting while holding could deadlock). Writers hold locks only from their
+//! execution to their write-back, so the wait is short.
+//!
+//! [`Cvt::select`]: crate::cvt::Cvt::select
+
+use std::time::{Duration, Instant};
+
+use rrpc::runtime::join_all;
+use tso::Timestamp;
+
+use crate::coordinator::{AbortReason, Isolation, Obj, Protocol, Txn, TxnClient, TxnError};
+use crate::cvt::Cvt;
+use crate::cvt_remote::CvtLoc;
+use crate::occ_cas::write_back;
+
+fn isolation(c: &TxnClient) -> Isolation {
+    match c.cfg.protocol {
+        Protocol::Mvcc(i) => i,
+        _ => unreachable!("mvcc called for {}", c.cfg.protocol),
+    }
+}
+
+/// The version of the CVT visible at `ts` (ZERO for none), and whether the CVT could
+/// still hold an older one (some cell empty): `(version, cell)`, or `Err` when every
+/// version is at or after `ts` and every cell is full (GC took the one wanted).
+fn visible(cvt: &Cvt, ts: Timestamp) -> Result<Option<usize>, AbortReason> {
+    match cvt.select(ts) {
+        Some(i) => Ok(Some(i)),
+        None if cvt.cells.iter().any(|c| !c.valid) => Ok(None),
+        None => Err(AbortReason::VersionGone),
+    }
+}
+
+/// Fill `o` from `cvt` as seen at `ts`: version, value (READ of the record).
+async fn read_at(
+    c: &TxnClient,
+    o: &mut Obj,
+    loc: CvtLoc,
+    cvt: Cvt,
+    ts: Timestamp,
+) -> Result<(), TxnError> {
+    o.loc = Some(loc);
+    if let Some(i) = visible(&cvt, ts).map_err(TxnError::Abort)? {
+        let cell = cvt.cells[i];
+        o.version = cell.version;
+        if !cell.deleted {
+            match c.store.read_version(loc, &cell).await? {
+                Ok(v) => o.value = Some(v),
+                Err(_) => return Err(TxnError::Abort(AbortReason::TornRead)),
+            }
+        }
+    }
+    o.cvt = Some(cvt);
+    Ok(())
+}
+
+/// A read of read-only data at `s` (see the module docs on locked CVTs).
+async fn read_snapshot(
+    c: &TxnClient,
+    table: u32,
+    key: u64,
+    s: Timestamp,
+    holds_locks: bool,
+    early_abort: bool,
+) -> Result<Obj, TxnError> {
+    let mut o = Obj::absent(table, key);
+    let Some((loc, mut cvt)) = c.store.lookup(table, key).await? else {
+        return Ok(o);
+    };
+    let deadline = Instant::now() + c.cfg.read_wait;
+    let mut pause = Duration::from_micros(2);
+    while cvt.header.lock != 0 {
+        if holds_locks || Instant::now() >= deadline {
+            return Err(TxnError::Abort(AbortReason::LockedOnRead));
+        }
+        c.store.ctx().sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_micros(50));
+        cvt = c.store.read_cvt(loc).await?;
+    }
+    if early_abort && cvt.newer_than(s) {
+        return Err(TxnError::Abort(AbortReason::NewerVersion));
+    }
+    read_at(c, &mut o, loc, cvt, s).await?;
+    Ok(o)
+}
+
+/// Lock `(table, key)`'s CVT (creating it, locked, if the key has none) and read it under
+/// the lock at `s`: the newest version must be older than `s`. Returns the object
+/// (`locked` when the lock was taken, so that the caller releases it on every path) and
+/// the outcome.
+async fn lock_and_read(
+    c: &TxnClient,
+    id: u64,
+    table: u32,
+    key: u64,
+    loc: Option<CvtLoc>,
+    s: Timestamp,
+) -> (Obj, Result<(), TxnError>) {
+    let mut o = Obj::absent(table, key);
+    let r = async {
+        let loc = match loc {
+            Some(l) => Some(l),
+            None => c.store.lookup(table, key).await?.map(|(l, _)| l),
+        };
+        let (loc, cvt) = match loc {
+            Some(loc) => {
+                if c.store.lock(loc, 0, id).await? != 0 {
+                    return Err(TxnError::Abort(AbortReason::LockCas));
+                }
+                o.loc = Some(loc);
+                o.locked = true;
+                (loc, c.store.read_cvt(loc).await?)
+            }
+            None => {
+                let (loc, cvt) = c.store.create(table, key, id, id).await?;
+                o.loc = Some(loc);
+                o.locked = true;
+                (loc, cvt)
+            }
+        };
+        if cvt.newer_than(s) {
+            // Committed after this transaction began.
+            return Err(TxnError::Abort(AbortReason::NewerVersion));
+        }
+        read_at(c, &mut o, loc, cvt, s).await
+    }
+    .await;
+    (o, r)
+}
+
+/// Execution reads of `want` (read-only data read at `s`, read-write data locked), in one
+/// round.
+pub(crate) async fn fetch(t: &mut Txn<'_>, want: &[(u32, u64, bool)]) -> Result<(), TxnError> {
+    let c = t.c;
+    let s = match t.start {
+        Some(s) => s,
+        None => *t.start.insert(c.timestamp().await?),
+    };
+    let sr = isolation(c) == Isolation::Serializable;
+    let holds = t.objs.iter().any(|o| o.locked) || want.iter().any(|w| w.2);
+    let id = t.id;
+    let existing: Vec<Option<usize>> = want.iter().map(|&(tb, k, _)| t.find(tb, k)).collect();
+    let got = join_all(want.iter().zip(&existing).map(|(&(tb, k, upd), &ex)| {
+        let loc = ex.and_then(|i| t.objs[i].loc);
+        async move {
+            if upd {
+                lock_and_read(c, id, tb, k, loc, s).await
+            } else {
+                // SR aborts early on newer versions only in a transaction that writes.
+                match read_snapshot(c, tb, k, s, holds, sr && holds).await {
+                    Ok(o) => (o, Ok(())),
+                    Err(e) => (Obj::absent(tb, k), Err(e)),
+                }
+            }
+        }
+    }))
+    .await;
+    // Keep every lock taken before reporting any failure, so that it is released.
+    let mut failed = None;
+    for ((o, r), ex) in got.into_iter().zip(existing) {
+        if let Err(e) = r {
+            failed.get_or_insert(e);
+        }
+        match ex {
+            Some(i) => {
+                // Read before as read-only data, locked now: it must be unchanged.
+                let prev = &mut t.objs[i];
+                prev.locked |= o.locked;
+                if o.locked {
+                    prev.loc = o.loc;
+                    if o.cvt.is_some() && o.version != prev.version {
+                        failed.get_or_insert(TxnError::Abort(AbortReason::NewerVersion));
+                    }
+                    prev.cvt = o.cvt;
+                }
+            }
+            None if o.locked || failed.is_none() => t.objs.push(o),
+            None => {}
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Commit (the caller releases the locks).
+pub(crate) async fn commit(t: &mut Txn<'_>) -> Result<(), TxnError> {
+    let c = t.c;
+    let Some(s) = t.start else {
+        return Ok(()); // Nothing read, nothing written.
+    };
+    if t.objs.iter().all(|o| o.write.is_none()) {
+        // Read-only: a snapshot at `s` (Motor 5.1, "Processing Read-Only Transactions").
+        t.record(Some((s, s)), Timestamp::ZERO);
+        return Ok(());
+    }
+    // Written objects read as read-only data: lock them now.
+    let late: Vec<(u32, u64, bool)> = t
+        .objs
+        .iter()
+        .filter(|o| o.write.is_some() && !o.locked)
+        .map(|o| (o.table, o.key, true))
+        .collect();
+    if !late.is_empty() {
+        fetch(t, &late).await?;
+    }
+    let commit_ts = c.timestamp().await?;
+    if isolation(c) == Isolation::Serializable {
+        validate(t, commit_ts).await?;
+    }
+    write_back(t, |_| commit_ts).await?;
+    t.record(Some((s, commit_ts)), commit_ts);
+    Ok(())
+}
+
+/// SR validation of read-only data at the commit timestamp (Motor 5.1, phase 2).
+async fn validate(t: &mut Txn<'_>, commit_ts: Timestamp) -> Result<(), TxnError> {
+    let c = t.c;
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::skipping_read_only_validation() {
+        return Ok(());
+    }
+    let seen = join_all(t.objs.iter().filter(|o| !o.locked).map(|o| {
+        let (table, key, loc) = (o.table, o.key, o.loc);
+        async move {
+            match loc {
+                Some(loc) => c.store.read_cvt(loc).await.map(Some),
+                None => Ok(c.store.lookup(table, key).await?.map(|(_, cvt)| cvt)),
+            }
+        }
+    }))
+    .await;
+    for (o, cvt) in t.objs.iter().filter(|o| !o.locked).zip(seen) {
+        let Some(cvt) = cvt? else { continue };
+        if cvt.header.lock != 0 {
+            return Err(TxnError::Abort(AbortReason::ValidationLocked));
+        }
+        let now = cvt
+            .select(commit_ts)
+            .map_or(Timestamp::ZERO, |i| cvt.cells[i].version);
+        if now != o.version {
+            return Err(TxnError::Abort(AbortReason::ValidationVersion));
+        }
+    }
+    Ok(())
+}
