@@ -1,0 +1,417 @@
+//! The three protocols on an in-process cluster over the shm fabric (memory nodes, a lock
+//! service and a timestamp oracle in this process, each on its own fabric node):
+//! inserts, deletes, lost updates, MVCC snapshots and GC, concurrent inserts of one key.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use lockd::embed::{LockService, LockServiceConfig};
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind, MemoryRegion};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::runtime::{block_on, join_all, RuntimeConfig, ThreadCtx};
+use rrpc::NodeId;
+use txn::coordinator::{
+    AbortReason, ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig, TxnError,
+};
+use txn::cvt_remote::{MemnodeExport, EXPORT_KEY};
+use txn::smallbank::{initial_balance, CHECKING, SAVINGS};
+
+const ACCOUNTS: u64 = 200;
+const ALL: [Protocol; 4] = [
+    Protocol::OccCas,
+    Protocol::Scythe,
+    Protocol::Mvcc(Isolation::Serializable),
+    Protocol::Mvcc(Isolation::Snapshot),
+];
+
+struct Cluster {
+    guard: ClusterGuard,
+    addrs: ClusterAddrs,
+    next_node: Cell<u32>,
+    _mem: Vec<(Node, Vec<[MemoryRegion; 3]>)>,
+    _lockd: LockService,
+    _tso: (tso::Oracle, Node),
+}
+
+fn fabric(name: &str, node: u32) -> Fabric {
+    Fabric::open(&FabricConfig::new(FabricKind::Shm, name, NodeId(node))).unwrap()
+}
+
+/// SmallBank's tables with `versions` cells, over `partitions` memory nodes.
+fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
+    let (guard, _) = ClusterGuard::new(&format!("proto-{test}-{}", std::process::id())).unwrap();
+    let name = guard.name().to_string();
+    let mut mem = Vec::new();
+    let mut memnodes = Vec::new();
+    for p in 0..partitions {
+        let f = fabric(&name, 1 + p);
+        let loaded = txn::smallbank::load(&f, ACCOUNTS, versions, p, partitions).unwrap();
+        let (tables, regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+        let export = MemnodeExport {
+            partition: p,
+            partitions,
+            tables,
+        };
+        let mut exports = BTreeMap::new();
+        exports.insert(EXPORT_KEY.into(), serde_json::to_value(&export).unwrap());
+        let node = Node::start(
+            f,
+            NodeConfig {
+                role: "memnode".into(),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                exports,
+                rpc: None,
+            },
+        )
+        .unwrap();
+        memnodes.push(node.addr());
+        mem.push((node, regions));
+    }
+    let lockd = LockService::start(
+        fabric(&name, 20),
+        "127.0.0.1:0".parse().unwrap(),
+        &LockServiceConfig {
+            locks: 4 * ACCOUNTS,
+            ..LockServiceConfig::default()
+        },
+    )
+    .unwrap();
+    let tf = fabric(&name, 21);
+    // Epoch 1: every timestamp lies above the loaded version.
+    let oracle = tso::Oracle::with_epoch(&tf, 1).unwrap();
+    let tso_node = oracle.serve(tf, "127.0.0.1:0".parse().unwrap()).unwrap();
+    Cluster {
+        addrs: ClusterAddrs {
+            memnodes,
+            lockd: Some(lockd.addr()),
+            tso: tso_node.addr(),
+        },
+        guard,
+        next_node: Cell::new(100),
+        _mem: mem,
+        _lockd: lockd,
+        _tso: (oracle, tso_node),
+    }
+}
+
+impl Cluster {
+    /// A client thread context on a node of its own.
+    fn client(&self, protocol: Protocol) -> Rc<TxnClient> {
+        let n = self.next_node.get();
+        self.next_node.set(n + 1);
+        let ctx = ThreadCtx::new(fabric(self.guard.name(), n), RuntimeConfig::default()).unwrap();
+        let cfg = TxnConfig {
+            protocol,
+            history_limit_bytes: Some(64 << 20),
+            read_wait: Duration::from_millis(5),
+            ..TxnConfig::default()
+        };
+        Rc::new(TxnClient::connect(ctx, &self.addrs, cfg).unwrap())
+    }
+}
+
+fn run<T: 'static>(c: &Rc<TxnClient>, f: impl Future<Output = T> + 'static) -> T {
+    block_on(&c.ctx().clone(), f)
+}
+
+fn bal(v: &[u8]) -> i64 {
+    i64::from_le_bytes(v.try_into().unwrap())
+}
+
+/// Retry `body` on aborts (with a short randomized pause) until it commits or fails.
+async fn retry<F, Fut>(c: &TxnClient, mut body: F) -> Result<u32, TxnError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), TxnError>>,
+{
+    let mut aborts = 0;
+    loop {
+        match body().await {
+            Ok(()) => return Ok(aborts),
+            Err(TxnError::Abort(r)) if r != AbortReason::User => {
+                aborts += 1;
+                let pause = 1 + (aborts as u64 * 7919) % 40;
+                c.ctx().sleep(Duration::from_micros(pause)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[test]
+fn every_protocol_inserts_reads_deletes_and_inserts_again() {
+    for (i, p) in ALL.into_iter().enumerate() {
+        let cl = cluster(&format!("ins{i}"), 2, 3);
+        let c = cl.client(p);
+        let c2 = c.clone();
+        run(&c, async move {
+            let c = &*c2;
+            let key = ACCOUNTS + 17;
+            // Absent at first.
+            let mut t = c.begin();
+            assert!(matches!(
+                t.read(SAVINGS, key).await,
+                Err(TxnError::NotFound { .. })
+            ));
+            assert_eq!(t.get_many(&[(SAVINGS, key)]).await.unwrap(), vec![None]);
+            t.commit().await.unwrap();
+            // An insert that aborts leaves nothing behind.
+            retry(c, || async {
+                let mut t = c.begin();
+                t.insert(SAVINGS, key, 5i64.to_le_bytes().to_vec()).await?;
+                let _ = t.abort().await;
+                Ok(())
+            })
+            .await
+            .unwrap();
+            let mut t = c.begin();
+            assert_eq!(
+                t.get_many(&[(SAVINGS, key)]).await.unwrap(),
+                vec![None],
+                "{p}"
+            );
+            t.commit().await.unwrap();
+            // Insert, then read it back in a new transaction.
+            retry(c, || async {
+                let mut t = c.begin();
+                t.insert(SAVINGS, key, 7i64.to_le_bytes().to_vec()).await?;
+                t.commit().await
+            })
+            .await
+            .unwrap();
+            let mut t = c.begin();
+            assert_eq!(bal(&t.read(SAVINGS, key).await.unwrap()), 7, "{p}");
+            assert!(matches!(
+                t.insert(SAVINGS, key, vec![0; 8]).await,
+                Err(TxnError::Exists { .. })
+            ));
+            drop(t);
+            // Delete, then it is gone; insert again.
+            retry(c, || async {
+                let mut t = c.begin();
+                t.delete(SAVINGS, key).await?;
+                t.commit().await
+            })
+            .await
+            .unwrap();
+            let mut t = c.begin();
+            assert!(matches!(
+                t.read(SAVINGS, key).await,
+                Err(TxnError::NotFound { .. })
+            ));
+            t.commit().await.unwrap();
+            assert_eq!(c.read_committed(SAVINGS, key).await.unwrap(), None);
+            retry(c, || async {
+                let mut t = c.begin();
+                t.insert(SAVINGS, key, 9i64.to_le_bytes().to_vec()).await?;
+                t.commit().await
+            })
+            .await
+            .unwrap();
+            let (_, v) = c.read_committed(SAVINGS, key).await.unwrap().unwrap();
+            assert_eq!(bal(&v), 9, "{p}");
+            assert!(
+                !c.cvt_locked(SAVINGS, key).await.unwrap(),
+                "{p}: lock left held"
+            );
+            // The loaded data is untouched.
+            let (_, v) = c.read_committed(CHECKING, 3).await.unwrap().unwrap();
+            assert_eq!(bal(&v), initial_balance(CHECKING, 3));
+        });
+        let h = c.take_history().unwrap();
+        assert!(txn::serializability::check(&h).is_serializable(), "{p}");
+    }
+}
+
+/// Two threads of coroutines increment three hot balances; every committed increment
+/// must be in the final balances (no lost update), and the histories must pass the
+/// checks of the protocol's isolation level.
+#[test]
+fn concurrent_increments_lose_no_update() {
+    for (i, p) in ALL.into_iter().enumerate() {
+        let cl = cluster(&format!("inc{i}"), 2, 2);
+        let cl = Rc::new(cl);
+        let commits = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let histories = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|tid| {
+                    let addrs = cl.addrs.clone();
+                    let name = cl.guard.name().to_string();
+                    let commits = commits.clone();
+                    s.spawn(move || {
+                        let ctx =
+                            ThreadCtx::new(fabric(&name, 200 + tid), RuntimeConfig::default())
+                                .unwrap();
+                        let cfg = TxnConfig {
+                            protocol: p,
+                            history_limit_bytes: Some(64 << 20),
+                            ..TxnConfig::default()
+                        };
+                        let c = Rc::new(TxnClient::connect(ctx.clone(), &addrs, cfg).unwrap());
+                        let c2 = c.clone();
+                        block_on(&ctx, async move {
+                            let until = Instant::now() + Duration::from_millis(300);
+                            let done = Rc::new(Cell::new(0u64));
+                            join_all((0..8u64).map(|co| {
+                                let (c, done) = (c2.clone(), done.clone());
+                                async move {
+                                    let mut n = co;
+                                    while Instant::now() < until {
+                                        n += 1;
+                                        let key = n % 3;
+                                        let r = retry(&c, || async {
+                                            let mut t = c.begin();
+                                            let v = t.read_for_update(CHECKING, key).await?;
+                                            // A read-only read of another hot object.
+                                            t.read(SAVINGS, (key + 1) % 3).await?;
+                                            t.write(
+                                                CHECKING,
+                                                key,
+                                                (bal(&v) + 1).to_le_bytes().to_vec(),
+                                            )?;
+                                            t.commit().await
+                                        })
+                                        .await;
+                                        r.unwrap();
+                                        done.set(done.get() + 1);
+                                    }
+                                }
+                            }))
+                            .await;
+                            commits.fetch_add(done.get(), std::sync::atomic::Ordering::Relaxed);
+                        });
+                        c.take_history().unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        let c = cl.client(p);
+        let c2 = c.clone();
+        let total = run(&c, async move {
+            let mut sum = 0;
+            for k in 0..3 {
+                let (_, v) = c2.read_committed(CHECKING, k).await.unwrap().unwrap();
+                sum += bal(&v) - initial_balance(CHECKING, k);
+                assert!(!c2.cvt_locked(CHECKING, k).await.unwrap(), "lock left held");
+            }
+            sum
+        });
+        let n = commits.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(n > 20, "{p}: only {n} commits");
+        assert_eq!(total as u64, n, "{p}: increments lost");
+        let mut h = txn::history::History::new(usize::MAX);
+        for x in histories {
+            h.append(x);
+        }
+        assert_eq!(h.len() as u64, n);
+        match p {
+            Protocol::Mvcc(Isolation::Snapshot) => {
+                let v = txn::snapshot_isolation::check(&h);
+                assert!(v.holds(), "{p}: {v}");
+            }
+            _ => {
+                let v = txn::serializability::check(&h);
+                assert!(v.is_serializable(), "{p}: {v}");
+            }
+        }
+        if let Protocol::Mvcc(_) = p {
+            let v = txn::snapshot_isolation::check(&h);
+            assert!(v.holds(), "{p}: {v}");
+        }
+    }
+}
+
+/// MVCC: a transaction keeps reading its snapshot while newer versions commit, and a
+/// snapshot older than every kept version aborts (GC reused its cell).
+#[test]
+fn mvcc_reads_its_snapshot_and_aborts_once_gc_took_it() {
+    let cl = cluster("snap", 1, 2);
+    // One client runs both transactions (a thread's executor drives one client).
+    let old = cl.client(Protocol::Mvcc(Isolation::Snapshot));
+    let (o2, w2) = (old.clone(), old.clone());
+    run(&old, async move {
+        let mut reader = o2.begin();
+        let a0 = bal(&reader.read(SAVINGS, 1).await.unwrap());
+        // A writer updates both balances of account 1.
+        let write = |d: i64| {
+            let w = w2.clone();
+            async move {
+                let mut t = w.begin();
+                let v = t
+                    .read_many_for_update(&[(SAVINGS, 1), (CHECKING, 1)])
+                    .await?;
+                t.write(SAVINGS, 1, (bal(&v[0]) + d).to_le_bytes().to_vec())?;
+                t.write(CHECKING, 1, (bal(&v[1]) + d).to_le_bytes().to_vec())?;
+                t.commit().await
+            }
+        };
+        write(100).await.unwrap();
+        // The reader's snapshot predates it: old checking balance, same savings.
+        let c0 = bal(&reader.read(CHECKING, 1).await.unwrap());
+        assert_eq!(c0, initial_balance(CHECKING, 1));
+        assert_eq!(bal(&reader.read(SAVINGS, 1).await.unwrap()), a0);
+        reader.commit().await.unwrap();
+        // Two versions per CVT: after two more writes the loaded version is gone.
+        let mut stale = o2.begin();
+        stale.read(SAVINGS, 2).await.unwrap(); // takes the start timestamp
+        write(1).await.unwrap();
+        write(1).await.unwrap();
+        assert!(matches!(
+            stale.read(CHECKING, 1).await,
+            Err(TxnError::Abort(AbortReason::VersionGone))
+        ));
+        // A fresh reader sees the newest.
+        let mut t = o2.begin();
+        assert_eq!(
+            bal(&t.read(CHECKING, 1).await.unwrap()),
+            initial_balance(CHECKING, 1) + 102
+        );
+        t.commit().await.unwrap();
+    });
+    let v = txn::snapshot_isolation::check(&old.take_history().unwrap());
+    assert!(v.holds(), "{v}");
+}
+
+/// Many coordinators insert the same new key at once: exactly one insert commits, the
+/// others see it (Exists) or abort and retry into Exists, and the key has one CVT.
+#[test]
+fn concurrent_inserts_of_one_key_commit_once() {
+    for (i, p) in ALL.into_iter().enumerate() {
+        let cl = cluster(&format!("race{i}"), 1, 2);
+        let c = cl.client(p);
+        let c2 = c.clone();
+        let wins = run(&c, async move {
+            let wins = Rc::new(RefCell::new(Vec::new()));
+            join_all((0..16i64).map(|co| {
+                let (c, wins) = (c2.clone(), wins.clone());
+                async move {
+                    let r = retry(&c, || async {
+                        let mut t = c.begin();
+                        t.insert(CHECKING, 5000, co.to_le_bytes().to_vec()).await?;
+                        t.commit().await
+                    })
+                    .await;
+                    match r {
+                        Ok(_) => wins.borrow_mut().push(co),
+                        Err(TxnError::Exists { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }))
+            .await;
+            let (_, v) = c2.read_committed(CHECKING, 5000).await.unwrap().unwrap();
+            let w = wins.borrow().clone();
+            assert_eq!(w.len(), 1, "{w:?}");
+            assert_eq!(bal(&v), w[0]);
+            w
+        });
+        assert_eq!(wins.len(), 1, "{p}");
+    }
+}
