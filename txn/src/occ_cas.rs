@@ -9,12 +9,15 @@
 //!   so no deadlock). A key with no CVT yet (an insert) gets one, locked, now.
 //! - **Validate**: one READ per object of the whole CVT: the newest version must be the
 //!   one read, and an object only read must not be locked. The lock word and the cells
-//!   travel in one READ of one CVT; a writer holds the lock from before it installs until
-//!   after, so a READ that sees the lock free and the old cell saw both at a moment
-//!   when the object was unlocked and unchanged, after this transaction's locks were
-//!   taken: the safe order (lock word no later than version) holds inside one READ.
-//!   (The Scythe protocol keeps its locks on another node and needs two rounds.)
-//!   Objects under our own lock are checked too: their CVT was read before the lock.
+//!   travel in one READ of one CVT, as in Motor's validation (5.1, phase 2). That is the
+//!   safe order (lock word no later than version) when a READ takes the CVT's bytes in
+//!   ascending address order (the lock word sits below the cells): a writer holds the
+//!   lock from before it installs until after, so a READ that sees the lock free and then
+//!   the old cell saw a moment, after this transaction's locks were taken, when the
+//!   object was unlocked and unchanged. The shm fabric copies in ascending order; RNICs
+//!   fetch a small READ's cache lines in order in practice, which Motor relies on too.
+//!   (Scythe keeps its locks on another node and needs two rounds.) Objects under our
+//!   own lock are checked too: their CVT was read before the lock was taken.
 //! - **Write back**: the new version (old + 1) in the victim cell (record, then cell),
 //!   then every lock word WRITTEN back to 0.
 

@@ -1,6 +1,6 @@
 //! Validation of an OCC transaction's read set, as a plain state machine: it says which
 //! one-sided READs to issue in which round and judges what they return; the coordinator
-//! ([`crate::occ`]) does the I/O.
+//! ([`crate::scythe`]) does the I/O.
 //!
 //! The rule (FaRM, SOSP'15, 4; FORD, FAST'22, 4.3; Scythe 4.2.1): after the
 //! transaction holds the locks of its write set, every object it read must still be at
