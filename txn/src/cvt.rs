@@ -18,15 +18,17 @@
 //! is the version's cacheline version (CV); the record's last byte is the CV again (its
 //! end anchor). A record of `len` bytes takes [`record_bytes`]`(len)` bytes.
 //!
-//! Write order (Motor 4.4, R1 and R2; RDMA WRITEs of one QP land in order): a writer
-//! holding the CVT's lock picks a cell ([`Cvt::victim`]), takes CV = the cell's CV + 1,
-//! WRITEs the record with that CV on every line, then WRITEs the cell (head CV, content,
-//! tail CV). A reader that READs a cell and then its record checks:
+//! Writes (Motor 4.4): a writer holding the CVT's lock picks a cell ([`Cvt::victim`]),
+//! takes CV = the cell's CV + 1, and WRITEs the record with that CV on every line and
+//! the cell (head CV, content, tail CV). The two WRITEs may land in either order (they
+//! go out in one round, possibly on different QPs): a reader that READs a cell and then
+//! its record checks:
 //! - head CV = tail CV, else the cell was being written ([`CvtError::TornCell`]);
 //! - every CV of the record equal, else the record was being written
 //!   ([`RecordError::Torn`]);
 //! - the record's CV = the cell's CV, else the record is another version's: its buffer was
-//!   reused by GC after the cell was read ([`RecordError::Mismatch`]).
+//!   reused by GC after the cell was read, or the cell and the record of an install
+//!   were seen one before and one after it ([`RecordError::Mismatch`]).
 //!
 //! CVs are one byte and wrap: a reader whose record was rewritten exactly 256 times
 //! between its two READs would not notice. The protocols also validate versions (or

@@ -12,9 +12,9 @@
 //!   cell, Lotus 7.1);
 //! - [`CvtRemote::lock`] / [`CvtRemote::unlock`]: CAS / WRITE of the header's lock word
 //!   (OCC-CAS and MVCC);
-//! - [`CvtRemote::install`]: WRITE the record into the victim cell's buffer, then WRITE the
-//!   cell (Motor 4.4's order; the second waits for the first's completion, as the two may
-//!   travel on different QPs);
+//! - [`CvtRemote::install`]: WRITE the record into the victim cell's buffer and WRITE the
+//!   cell, in one round (the two may land in either order: a reader catches the
+//!   in-between state by the CVs of cell and record, Lotus 7.1);
 //! - [`CvtRemote::create`]: an insert of a key with no CVT: the home bucket's insert guard
 //!   word serializes inserters of its keys (CAS), a free slot of the chain is claimed
 //!   (CAS of its state word, since chains of other home buckets may probe into it), the
@@ -302,8 +302,8 @@ impl CvtRemote {
 
     /// Install `version` in the CVT at `loc` whose current content is `cvt` (read under
     /// its lock): the victim cell ([`Cvt::victim`], Motor 4.3's coordinator-active GC)
-    /// gets the version, `value` (`None`: a tombstone, the key deleted). WRITEs the record,
-    /// waits for it, then WRITEs the cell. `cvt` is updated to what was written.
+    /// gets the version, `value` (`None`: a tombstone, the key deleted). WRITEs the record
+    /// and the cell in one round. `cvt` is updated to what was written.
     ///
     /// The caller holds the CVT's lock (a CVT lock word or the Takeout Lock of the key).
     ///
@@ -337,13 +337,21 @@ impl CvtRemote {
         let rec = t.record_addr(b, slot, victim);
         let cell = cvt.install(victim, version, rec.addr, value.is_none());
         let node = self.node(loc);
-        self.ctx
-            .write(node, rec, &encode_record(&payload, cell.cv))
-            .await?;
         let at = self
             .cvt_remote(loc)?
             .offset((HEADER_BYTES + victim * CELL_BYTES) as u64);
-        self.ctx.write(node, at, &cell.encode()).await?;
+        let record = encode_record(&payload, cell.cv);
+        let cell_bytes = cell.encode();
+        // Both WRITEs in one round: a reader that sees the new cell before the record has
+        // landed (or the old cell with the new record) finds the CVs differ and does not
+        // use the record (`decode_record`'s mismatch), which is what the CVs are for.
+        let (a, b) = rrpc::runtime::join(
+            self.ctx.write(node, rec, &record),
+            self.ctx.write(node, at, &cell_bytes),
+        )
+        .await;
+        a?;
+        b?;
         Ok(())
     }
 
