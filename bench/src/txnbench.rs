@@ -671,12 +671,13 @@ fn run_one(
 
     let fabric_desc = fabric.describe();
     let model_desc = fabric.model_description();
-    let checks = if args.no_check {
-        "off"
-    } else if protocol == Protocol::Mvcc(Isolation::Snapshot) {
-        "snapshot isolation"
-    } else {
-        "serializability"
+    let checks = match protocol {
+        _ if args.no_check => "off",
+        Protocol::Mvcc(Isolation::Snapshot) => "snapshot isolation (serializability informative)",
+        Protocol::Mvcc(Isolation::Serializable) => {
+            "serializability (snapshot isolation informative)"
+        }
+        _ => "serializability",
     };
     println!(
         "SmallBank | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} accounts | Zipf theta {} | {} memnode(s), {} versions | {} s | check: {checks}",
