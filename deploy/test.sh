@@ -16,9 +16,11 @@
 # 6. Runs the fabric conformance suite and the RPC (calls, modes, straws, async
 #    handlers), lock (Takeout service, release of a killed node's locks, embedded
 #    service), TSO (oracle, proxies, multi-process histories, the oracle SIGKILLed and
-#    restarted, alone and behind a proxy), memnode and SmallBank integration tests
-#    again on the verbs backend, against the Linux kernel's RDMA stack (Soft-RoCE),
-#    inside a qemu VM (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
+#    restarted, alone and behind a proxy) and memnode integration tests again on the
+#    verbs backend, and a short SmallBank `txn-bench --protocol all` run (occ-cas,
+#    scythe, mvcc, each audited and checked; the smallbank suite's other runs are
+#    shm-only), against the Linux kernel's RDMA stack (Soft-RoCE), inside a qemu VM
+#    (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use txn::occ::AbortReason;
+use txn::coordinator::AbortReason;
 
 use crate::smallbank::TxnType;
 
@@ -107,11 +107,16 @@ pub struct TypeRow {
     pub p99_us: f64,
 }
 
-/// A whole run.
+/// A whole run (one protocol on one freshly loaded cluster).
 #[derive(Serialize, Debug)]
 pub struct Report {
     /// Workload name.
     pub workload: String,
+    /// Concurrency-control protocol (`occ-cas`, `scythe`, `mvcc`, `mvcc-si`).
+    pub protocol: String,
+    /// The sweep point this run measured (`theta=0.5`, `clients=16`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub point: Option<String>,
     /// Fabric description.
     pub fabric: String,
     /// Timing model with its parameters ("none" without one).
@@ -124,6 +129,10 @@ pub struct Report {
     pub accounts: u64,
     /// Zipf theta.
     pub theta: f64,
+    /// Memory nodes the tables were partitioned over.
+    pub memnodes: u32,
+    /// Version cells per CVT.
+    pub versions: usize,
     /// Measured seconds.
     pub seconds: f64,
     /// Committed transactions per second.
@@ -154,8 +163,15 @@ pub struct Report {
     pub final_total: i64,
     /// Net of committed deposits and withdrawals, cents.
     pub net_committed: i64,
-    /// Locks still held or queued after the run.
+    /// Locks still held or queued after the run: CVT lock words plus, for Scythe, lock
+    /// service locks.
     pub locks_held: u64,
+    /// CVT lock words still held after the run (every protocol; only OCC-CAS and MVCC
+    /// take them).
+    pub cvt_locks_held: u64,
+    /// Lock service locks still held or queued after the run (Scythe; `None` without a
+    /// lock service).
+    pub lockd_locks_held: Option<u64>,
     /// Transaction types with no committed transaction (a run must commit every type).
     pub types_never_committed: Vec<String>,
     /// final == initial + net, no lock held, and every type committed.
@@ -164,6 +180,17 @@ pub struct Report {
     pub serializability: Option<String>,
     /// The check's verdict: true when acyclic (`None` with `--no-check`).
     pub serializable: Option<bool>,
+    /// Whether the run must be serializable to pass (every protocol but `mvcc-si`, for
+    /// which the serializability line is informative: SI allows write skew).
+    pub serializability_required: bool,
+    /// The snapshot-isolation check's line (MVCC runs, which record start and commit
+    /// timestamps; `None` otherwise and with `--no-check`).
+    pub snapshot_isolation: Option<String>,
+    /// The SI check's verdict (`None` when not checked).
+    pub snapshot_isolation_holds: Option<bool>,
+    /// Whether the run must satisfy the SI check to pass (`mvcc-si`; for `mvcc` the SI
+    /// line is informative).
+    pub snapshot_isolation_required: bool,
     /// Committed transactions the check covered.
     pub checked_committed: u64,
     /// Edges of the dependency graph.
@@ -203,6 +230,13 @@ impl TsoRestart {
             && self.committed_after_ready > 0
             && self.thread_epochs.iter().all(|&e| e == self.epoch_after)
     }
+}
+
+/// A history's transaction kind as a report names it (the SmallBank type).
+fn kind_name(k: u16) -> String {
+    TxnType::ALL
+        .get(k as usize)
+        .map_or_else(|| format!("type {k}"), |t| t.name().to_string())
 }
 
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
@@ -278,12 +312,16 @@ impl Report {
         let secs = elapsed.as_secs_f64();
         Self {
             workload: "SmallBank".into(),
+            protocol: String::new(),
+            point: None,
             fabric,
             timing_model: "none".into(),
             threads,
             coroutines,
             accounts,
             theta,
+            memnodes: 1,
+            versions: txn::smallbank::DEFAULT_VERSIONS,
             seconds: secs,
             throughput_tps: commits as f64 / secs,
             p50_us: us(&all, 0.5),
@@ -304,10 +342,16 @@ impl Report {
             final_total: 0,
             net_committed: workers.iter().map(|w| w.net).sum(),
             locks_held: 0,
+            cvt_locks_held: 0,
+            lockd_locks_held: None,
             types_never_committed: Vec::new(),
             invariant_holds: false,
             serializability: None,
             serializable: None,
+            serializability_required: true,
+            snapshot_isolation: None,
+            snapshot_isolation_holds: None,
+            snapshot_isolation_required: false,
             checked_committed: 0,
             dependency_edges: 0,
             history_bytes_per_txn: 0.0,
@@ -316,12 +360,22 @@ impl Report {
         }
     }
 
-    /// Record the audit and decide the invariant: money conserved, no lock held, and at
-    /// least one committed transaction of every type (a run in which a type never
-    /// commits has not tested it).
-    pub fn audit(&mut self, initial: i64, final_total: i64, locks_held: u64) {
+    /// Record the audit and decide the invariant: money conserved, no lock held (CVT lock
+    /// words, and the lock service's locks when there is one), and at least one
+    /// committed transaction of every type (a run in which a type never commits has not
+    /// tested it).
+    pub fn audit(
+        &mut self,
+        initial: i64,
+        final_total: i64,
+        cvt_locks_held: u64,
+        lockd_locks_held: Option<u64>,
+    ) {
+        let locks_held = cvt_locks_held + lockd_locks_held.unwrap_or(0);
         self.initial_total = initial;
         self.final_total = final_total;
+        self.cvt_locks_held = cvt_locks_held;
+        self.lockd_locks_held = lockd_locks_held;
         self.locks_held = locks_held;
         self.types_never_committed = self
             .types
@@ -342,11 +396,7 @@ impl Report {
         history_bytes: usize,
         took: Duration,
     ) {
-        self.serializability = Some(v.line(&|k| {
-            TxnType::ALL
-                .get(k as usize)
-                .map_or_else(|| format!("type {k}"), |t| t.name().to_string())
-        }));
+        self.serializability = Some(v.line(&kind_name));
         self.serializable = Some(v.is_serializable());
         self.checked_committed = v.committed as u64;
         self.dependency_edges = v.edges as u64;
@@ -354,13 +404,39 @@ impl Report {
         self.check_seconds = took.as_secs_f64();
     }
 
-    /// True when every check passed: the invariant, no service failure, and a
-    /// serializable history (when checked).
+    /// Record the snapshot-isolation check of the run's (timed) history.
+    pub fn snapshot_isolation(&mut self, v: &txn::snapshot_isolation::SiVerdict) {
+        self.snapshot_isolation = Some(v.line(&kind_name));
+        self.snapshot_isolation_holds = Some(v.holds());
+    }
+
+    /// True when every check passed: the invariant, no service failure, a serializable
+    /// history where required (when checked), a history that satisfies snapshot
+    /// isolation where required (when checked), and a survived oracle restart.
     pub fn passed(&self) -> bool {
         self.invariant_holds
             && self.fatal_errors == 0
-            && self.serializable != Some(false)
+            && self.sr_passed()
+            && self.si_passed()
             && self.tso_restart.as_ref().is_none_or(TsoRestart::survived)
+    }
+
+    fn sr_passed(&self) -> bool {
+        !self.serializability_required || self.serializable != Some(false)
+    }
+
+    fn si_passed(&self) -> bool {
+        !self.snapshot_isolation_required || self.snapshot_isolation_holds != Some(false)
+    }
+
+    /// The line of the isolation check this run is judged by (serializability, or
+    /// snapshot isolation for `mvcc-si`), `None` when not checked.
+    pub fn check_line(&self) -> Option<&str> {
+        if self.snapshot_isolation_required {
+            self.snapshot_isolation.as_deref()
+        } else {
+            self.serializability.as_deref()
+        }
     }
 
     /// The human-readable table.
@@ -416,17 +492,38 @@ impl Report {
         for f in &self.fatal_samples {
             let _ = writeln!(s, "service failure: {f}");
         }
+        let lockd = match self.lockd_locks_held {
+            Some(n) => format!(", lock service {n}"),
+            None => String::new(),
+        };
         let _ = writeln!(
             s,
-            "money: initial {} + net committed {} = {} expected, {} found; locks held after run: {}",
+            "money: initial {} + net committed {} = {} expected, {} found; locks held after run: {} (CVT lock words {}{lockd})",
             self.initial_total,
             self.net_committed,
             self.initial_total + self.net_committed,
             self.final_total,
-            self.locks_held
+            self.locks_held,
+            self.cvt_locks_held,
         );
-        if let Some(line) = &self.serializability {
+        // The check the run is judged by first, then the informative one.
+        let sr = self.serializability.as_deref();
+        let si = self.snapshot_isolation.as_deref();
+        let (judged, informative) = if self.snapshot_isolation_required {
+            (si, sr)
+        } else {
+            (sr, si)
+        };
+        if let Some(line) = judged {
             let _ = writeln!(s, "{line}");
+        }
+        if let Some(line) = informative {
+            let why = if self.snapshot_isolation_required {
+                "informative, SI allows write skew"
+            } else {
+                "informative"
+            };
+            let _ = writeln!(s, "({why}) {line}");
         }
         if let Some(r) = &self.tso_restart {
             let _ = writeln!(
@@ -441,6 +538,12 @@ impl Report {
                 if r.survived() { "survived" } else { "NOT SURVIVED" }
             );
         }
+        if !self.sr_passed() {
+            let _ = writeln!(s, "CHECK FAILED: the history is not serializable");
+        }
+        if !self.si_passed() {
+            let _ = writeln!(s, "CHECK FAILED: the history violates snapshot isolation");
+        }
         if self.invariant_holds {
             let _ = writeln!(s, "invariant holds");
         } else if !self.types_never_committed.is_empty() {
@@ -454,6 +557,190 @@ impl Report {
         }
         s
     }
+}
+
+/// A ratio of two protocols' results at one point of a comparison.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct Ratio {
+    /// What is compared: `p99 scythe/occ-cas` or `throughput mvcc/occ-cas` (`mvcc-si`
+    /// when MVCC ran at snapshot isolation).
+    pub name: String,
+    /// The sweep point (`None` without a sweep).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub point: Option<String>,
+    /// The ratio; `None` when the denominator is zero.
+    pub value: Option<f64>,
+}
+
+impl Ratio {
+    /// `ratio <name> = <value>` (two decimals, `n/a` without a value), followed by
+    /// ` (<point>)` in a sweep.
+    pub fn line(&self) -> String {
+        let v = self
+            .value
+            .map_or_else(|| "n/a".to_string(), |v| format!("{v:.2}"));
+        match &self.point {
+            Some(p) => format!("ratio {} = {v} ({p})", self.name),
+            None => format!("ratio {} = {v}", self.name),
+        }
+    }
+}
+
+/// The ratios the comparison reports, per point (in the order the runs came): p99 of
+/// `scythe` over `occ-cas`, and throughput of MVCC (`mvcc` or `mvcc-si`) over `occ-cas`,
+/// wherever both protocols of a ratio ran.
+pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
+    let mut points: Vec<&Option<String>> = Vec::new();
+    for r in runs {
+        if !points.contains(&&r.point) {
+            points.push(&r.point);
+        }
+    }
+    let div = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+    let mut out = Vec::new();
+    for p in points {
+        let find = |f: &dyn Fn(&str) -> bool| runs.iter().find(|r| &r.point == p && f(&r.protocol));
+        let Some(occ) = find(&|n| n == "occ-cas") else {
+            continue;
+        };
+        if let Some(sc) = find(&|n| n == "scythe") {
+            out.push(Ratio {
+                name: "p99 scythe/occ-cas".into(),
+                point: p.clone(),
+                value: div(sc.p99_us, occ.p99_us),
+            });
+        }
+        if let Some(mv) = find(&|n| n.starts_with("mvcc")) {
+            out.push(Ratio {
+                name: format!("throughput {}/occ-cas", mv.protocol),
+                point: p.clone(),
+                value: div(mv.throughput_tps, occ.throughput_tps),
+            });
+        }
+    }
+    out
+}
+
+/// The first `n` abort reasons by count, each with its share of the conflict aborts.
+fn top_reasons(r: &Report, n: usize) -> String {
+    let total: u64 = r.abort_reasons.iter().map(|(_, c)| c).sum();
+    let mut v: Vec<&(String, u64)> = r.abort_reasons.iter().collect();
+    v.sort_by_key(|r| std::cmp::Reverse(r.1));
+    if v.is_empty() {
+        return "none".into();
+    }
+    v.iter()
+        .take(n)
+        .map(|(name, c)| format!("{name} {:.0}%", 100.0 * *c as f64 / total.max(1) as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A serializability line cut to its verdict: `serializability: CYCLE of 3
+/// transactions` (the cycle itself is in the run's report).
+fn short_line(line: &str) -> &str {
+    match line.match_indices(':').nth(1) {
+        Some((i, _)) => &line[..i],
+        None => line,
+    }
+}
+
+/// The comparison table of several runs: per run (and sweep point) committed/s, p50,
+/// p99, abort rate, the top abort reasons, the money audit's invariant, whether the run
+/// passed, and the line of the isolation check the run is judged by (serializability;
+/// snapshot isolation for `mvcc-si`), followed by the other check's verdict where it is
+/// informative.
+pub fn comparison(runs: &[Report]) -> String {
+    let sweep = runs.iter().any(|r| r.point.is_some());
+    let mut header = vec![];
+    if sweep {
+        header.push("point");
+    }
+    header.extend([
+        "protocol",
+        "committed/s",
+        "p50(us)",
+        "p99(us)",
+        "abort-rate",
+        "top abort reasons",
+        "invariant (money audit)",
+        "result",
+        "isolation check",
+    ]);
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    for r in runs {
+        let mut row = Vec::new();
+        if sweep {
+            row.push(r.point.clone().unwrap_or_default());
+        }
+        let mut check = r
+            .check_line()
+            .map_or_else(|| "not checked (--no-check)".to_string(), str::to_string);
+        let informative = if r.snapshot_isolation_required {
+            r.serializability
+                .as_deref()
+                .map(|l| short_line(l).to_string())
+        } else {
+            r.snapshot_isolation_holds.map(|h| {
+                format!(
+                    "snapshot isolation {}",
+                    if h { "holds" } else { "VIOLATED" }
+                )
+            })
+        };
+        if let Some(l) = informative {
+            check.push_str(&format!(" | informative: {l}"));
+        }
+        row.extend([
+            r.protocol.clone(),
+            format!("{:.0}", r.throughput_tps),
+            format!("{:.1}", r.p50_us),
+            format!("{:.1}", r.p99_us),
+            format!("{:.2}%", 100.0 * r.abort_rate),
+            top_reasons(r, 3),
+            if r.invariant_holds {
+                "invariant holds".into()
+            } else {
+                "INVARIANT VIOLATED".into()
+            },
+            if r.passed() {
+                "passed".into()
+            } else if r.fatal_errors > 0 {
+                format!("FAILED ({} service failures)", r.fatal_errors)
+            } else {
+                "FAILED".into()
+            },
+            check,
+        ]);
+        rows.push(row);
+    }
+    let cols = rows[0].len();
+    let width: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    // Numbers right-aligned, text left-aligned; the last column unpadded.
+    let numeric = |c: usize| {
+        let c = if sweep { c.wrapping_sub(1) } else { c };
+        (1..=4).contains(&c)
+    };
+    let mut s = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c > 0 {
+                line.push_str(" | ");
+            }
+            if c + 1 == cols {
+                line.push_str(cell);
+            } else if numeric(c) {
+                let _ = write!(line, "{cell:>w$}", w = width[c]);
+            } else {
+                let _ = write!(line, "{cell:<w$}", w = width[c]);
+            }
+        }
+        let _ = writeln!(s, "{}", line.trim_end());
+    }
+    s
 }
 
 #[cfg(test)]
@@ -475,12 +762,12 @@ mod tests {
     #[test]
     fn a_type_that_never_committed_breaks_the_invariant() {
         let mut r = report_with_commits(&[3, 3, 3, 3, 3, 3]);
-        r.audit(1000, 1000, 0);
+        r.audit(1000, 1000, 0, None);
         assert!(r.invariant_holds && r.passed());
         assert!(r.render().ends_with("invariant holds\n"));
 
         let mut r = report_with_commits(&[3, 0, 3, 3, 3, 0]);
-        r.audit(1000, 1000, 0);
+        r.audit(1000, 1000, 0, None);
         assert!(!r.invariant_holds && !r.passed());
         assert_eq!(r.types_never_committed, ["Balance", "WriteCheck"]);
         let out = r.render();
@@ -492,11 +779,21 @@ mod tests {
         );
         // Money and locks still decide on their own.
         let mut r = report_with_commits(&[1; 6]);
-        r.audit(1000, 999, 0);
+        r.audit(1000, 999, 0, None);
         assert!(!r.invariant_holds);
         let mut r = report_with_commits(&[1; 6]);
-        r.audit(1000, 1000, 1);
+        r.audit(1000, 1000, 1, None);
         assert!(!r.invariant_holds);
+        let mut r = report_with_commits(&[1; 6]);
+        r.audit(1000, 1000, 0, Some(1));
+        assert!(!r.invariant_holds);
+        assert_eq!(r.locks_held, 1);
+        assert!(
+            r.render()
+                .contains("locks held after run: 1 (CVT lock words 0, lock service 1)"),
+            "{}",
+            r.render()
+        );
     }
 
     #[test]
@@ -505,7 +802,7 @@ mod tests {
         h.record(4, &[Access::read(0, 1, 1), Access::write(0, 1, 2)]);
         h.record(5, &[Access::read(0, 1, 2), Access::write(0, 1, 3)]);
         let mut r = report_with_commits(&[1; 6]);
-        r.audit(1000, 1000, 0);
+        r.audit(1000, 1000, 0, None);
         r.serializability(
             &txn::serializability::check(&h),
             h.bytes(),
@@ -539,5 +836,137 @@ mod tests {
             out.contains("(DepositChecking)") && out.contains("(SendPayment)"),
             "{out}"
         );
+    }
+
+    fn run_of(protocol: &str, tps: f64, p99: f64) -> Report {
+        let mut r = report_with_commits(&[1; 6]);
+        r.protocol = protocol.into();
+        r.throughput_tps = tps;
+        r.p99_us = p99;
+        r.audit(1000, 1000, 0, None);
+        r
+    }
+
+    #[test]
+    fn comparison_gives_the_ratios_and_judges_mvcc_si_by_its_si_line() {
+        let mut h = History::new(usize::MAX);
+        h.record(4, &[Access::read(0, 1, 1), Access::write(0, 1, 2)]);
+        let sr = txn::serializability::check(&h);
+        // A write skew: acyclic under SI's check, a cycle for serializability.
+        let mut skew = History::new(usize::MAX);
+        skew.record_timed(
+            0,
+            10,
+            20,
+            3,
+            [
+                Access::read(0, 1, 1),
+                Access::read(1, 1, 1),
+                Access::write(0, 1, 20),
+            ]
+            .into_iter(),
+        );
+        skew.record_timed(
+            1,
+            11,
+            21,
+            3,
+            [
+                Access::read(0, 1, 1),
+                Access::read(1, 1, 1),
+                Access::write(1, 1, 21),
+            ]
+            .into_iter(),
+        );
+        let mut runs = vec![
+            run_of("occ-cas", 1000.0, 400.0),
+            run_of("scythe", 1500.0, 200.0),
+            run_of("mvcc-si", 3000.0, 100.0),
+        ];
+        for r in &mut runs[..2] {
+            r.serializability(&sr, h.bytes(), Duration::ZERO);
+        }
+        let si = &mut runs[2];
+        si.serializability_required = false;
+        si.snapshot_isolation_required = true;
+        si.serializability(
+            &txn::serializability::check(&skew),
+            skew.bytes(),
+            Duration::ZERO,
+        );
+        si.snapshot_isolation(&txn::snapshot_isolation::check(&skew));
+        assert_eq!(si.serializable, Some(false));
+        assert_eq!(
+            si.snapshot_isolation_holds,
+            Some(true),
+            "{:?}",
+            si.snapshot_isolation
+        );
+        assert!(si.passed(), "the SR line is informative for mvcc-si");
+
+        let lines: Vec<String> = ratios(&runs).iter().map(Ratio::line).collect();
+        assert_eq!(
+            lines,
+            [
+                "ratio p99 scythe/occ-cas = 0.50",
+                "ratio throughput mvcc-si/occ-cas = 3.00"
+            ]
+        );
+        let table = comparison(&runs);
+        let rows: Vec<&str> = table.lines().collect();
+        assert_eq!(rows.len(), 4, "{table}");
+        assert!(rows[0].starts_with("protocol "), "{table}");
+        assert!(
+            rows[1].contains("serializability: 1 committed, 0 edges, acyclic"),
+            "{table}"
+        );
+        assert!(rows[2].contains("| passed |"), "{table}");
+        assert!(
+            rows[3].contains("snapshot isolation: 2 committed")
+                && rows[3].contains("informative: serializability: CYCLE of 2 transactions"),
+            "{table}"
+        );
+        // The same mvcc-si history judged as serializable fails the run.
+        runs[2].serializability_required = true;
+        runs[2].snapshot_isolation_required = false;
+        assert!(!runs[2].passed());
+        assert!(comparison(&runs)
+            .lines()
+            .nth(3)
+            .unwrap()
+            .contains("| FAILED |"));
+        assert!(runs[2]
+            .render()
+            .contains("CHECK FAILED: the history is not serializable"));
+    }
+
+    #[test]
+    fn ratios_per_sweep_point_and_only_where_both_ran() {
+        let mut runs = vec![
+            run_of("occ-cas", 1000.0, 400.0),
+            run_of("mvcc", 500.0, 100.0),
+            run_of("occ-cas", 0.0, 0.0),
+            run_of("scythe", 10.0, 300.0),
+            run_of("scythe", 10.0, 300.0),
+        ];
+        for (r, p) in
+            runs.iter_mut()
+                .zip(["theta=0", "theta=0", "theta=1.2", "theta=1.2", "theta=2"])
+        {
+            r.point = Some(p.into());
+        }
+        let lines: Vec<String> = ratios(&runs).iter().map(Ratio::line).collect();
+        assert_eq!(
+            lines,
+            [
+                "ratio throughput mvcc/occ-cas = 0.50 (theta=0)",
+                "ratio p99 scythe/occ-cas = n/a (theta=1.2)"
+            ]
+        );
+        assert!(comparison(&runs)
+            .lines()
+            .next()
+            .unwrap()
+            .starts_with("point "));
     }
 }

@@ -9,7 +9,7 @@
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
-use txn::occ::{Txn, TxnError};
+use txn::coordinator::{Txn, TxnError};
 use txn::smallbank::{CHECKING, SAVINGS};
 
 /// The six SmallBank transaction types.
@@ -133,14 +133,16 @@ fn enc(v: i64) -> Vec<u8> {
 }
 
 /// Run one attempt of `args` in `t`, commit it, and return the net money it added.
-/// Aborts come back as `Err(TxnError::Abort(_))`; `AbortReason::User` means the
-/// transaction's own logic declined (e.g. insufficient funds), which is final.
+/// Every object the transaction writes is read for update (MVCC locks those at once, the
+/// other protocols at commit); objects only read are read plainly. Aborts come back as
+/// `Err(TxnError::Abort(_))`; `AbortReason::User` means the transaction's own logic
+/// declined (e.g. insufficient funds), which is final.
 pub async fn run(mut t: Txn<'_>, args: TxnArgs) -> Result<i64, TxnError> {
     let TxnArgs { ty, a, b } = args;
     let net = match ty {
         TxnType::Amalgamate => {
             let v = t
-                .read_many(&[(SAVINGS, a), (CHECKING, a), (CHECKING, b)])
+                .read_mixed(&[(SAVINGS, a, true), (CHECKING, a, true), (CHECKING, b, true)])
                 .await?;
             let total = bal(&v[0]) + bal(&v[1]);
             t.write(SAVINGS, a, enc(0))?;
@@ -153,26 +155,30 @@ pub async fn run(mut t: Txn<'_>, args: TxnArgs) -> Result<i64, TxnError> {
             0
         }
         TxnType::DepositChecking => {
-            let v = t.read(CHECKING, a).await?;
+            let v = t.read_for_update(CHECKING, a).await?;
             t.write(CHECKING, a, enc(bal(&v) + DEPOSIT_CHECKING))?;
             DEPOSIT_CHECKING
         }
         TxnType::SendPayment => {
-            let v = t.read_many(&[(CHECKING, a), (CHECKING, b)]).await?;
+            let v = t
+                .read_many_for_update(&[(CHECKING, a), (CHECKING, b)])
+                .await?;
             if bal(&v[0]) < SEND_PAYMENT {
-                return Err(t.abort());
+                return Err(t.abort().await);
             }
             t.write(CHECKING, a, enc(bal(&v[0]) - SEND_PAYMENT))?;
             t.write(CHECKING, b, enc(bal(&v[1]) + SEND_PAYMENT))?;
             0
         }
         TxnType::TransactSaving => {
-            let v = t.read(SAVINGS, a).await?;
+            let v = t.read_for_update(SAVINGS, a).await?;
             t.write(SAVINGS, a, enc(bal(&v) + TRANSACT_SAVING))?;
             TRANSACT_SAVING
         }
         TxnType::WriteCheck => {
-            let v = t.read_many(&[(SAVINGS, a), (CHECKING, a)]).await?;
+            let v = t
+                .read_mixed(&[(SAVINGS, a, false), (CHECKING, a, true)])
+                .await?;
             let amount = if bal(&v[0]) + bal(&v[1]) < WRITE_CHECK {
                 WRITE_CHECK + OVERDRAFT_PENALTY
             } else {

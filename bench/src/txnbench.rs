@@ -1,38 +1,82 @@
-//! `txn-bench`'s run: SmallBank on a local cluster over the shm fabric (the binary in
+//! `txn-bench`'s run: SmallBank on local clusters over the shm fabric (the binary in
 //! `src/bin/txn-bench.rs` parses flags and handles signals; tests call [`run`] directly).
 //!
-//! Starts a memory node, a lock service and a timestamp oracle as child processes, loads
-//! SmallBank, runs `threads x coroutines` OCC coordinators for a fixed duration, prints
-//! committed throughput, p50/p99 latency of committed transactions and abort rates per
-//! transaction type, then checks the run: total money must equal the initial total plus
-//! the net of committed deposits and withdrawals, no lock may be left held, every
-//! transaction type must have committed, and (unless `--no-check`) the recorded history
-//! of committed transactions must be serializable.
+//! Each run starts `--memnodes` memory nodes (the tables partitioned across them by
+//! key), a timestamp oracle and, for Scythe, a lock service as child processes, loads
+//! SmallBank, runs `threads x coroutines` coordinators of one protocol
+//! ([`txn::coordinator::Protocol`]) for a fixed duration, prints committed throughput,
+//! p50/p99 latency of committed transactions and abort rates per transaction type, then
+//! checks the run: total money must equal the initial total plus the net of committed
+//! deposits and withdrawals, no lock may be left held (CVT lock words, and the lock
+//! service's locks for Scythe), every transaction type must have committed, and (unless
+//! `--no-check`) the recorded history of committed transactions must be serializable
+//! (`occ-cas`, `scythe`, `mvcc`) or satisfy snapshot isolation (`mvcc-si`).
+//!
+//! `--protocol all` runs `occ-cas`, `scythe` and `mvcc` (at `--isolation`) one after
+//! another, each on a freshly started and loaded cluster with the same seed, backoff and
+//! timing model, and prints a comparison table and the ratios of p99 (`scythe` over
+//! `occ-cas`) and throughput (MVCC over `occ-cas`). `--sweep theta=...` or `--sweep
+//! clients=...` repeats that at each point; `--chart` draws throughput against p99.
 
 use rrpc::NodeId;
 use std::cell::RefCell;
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::runtime::{join_all, Executor, RuntimeConfig, ThreadCtx};
-use txn::occ::{AbortReason, OccConfig, ServiceAddrs, TxnClient, TxnError};
+use serde::Serialize;
+use txn::coordinator::{
+    AbortReason, ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig, TxnError,
+};
 
 use crate::launcher::{default_bin_dir, LocalCluster};
-use crate::report::{Report, TsoRestart, TypeStats, WorkerStats};
+use crate::plot::{LineChart, Scale, Series};
+use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, TypeStats, WorkerStats};
 use crate::smallbank::{self, Generator};
 
-/// SmallBank on a local cluster (memnode + lockd + tso child processes) over the shm fabric,
-/// with Scythe's low-heat OCC on Takeout Locks.
+/// SmallBank on a local cluster (memnode, tso and lockd child processes) over the shm
+/// fabric, with one transaction protocol or all of them side by side.
 #[derive(Parser, Debug, Clone)]
 #[command(version, about, long_about = None)]
 pub struct Args {
+    /// Concurrency control: occ-cas (OCC with CAS locks in the CVT header), scythe
+    /// (hot-aware OCC/TOCC on Takeout Locks), mvcc (Motor's MVCC at --isolation), mvcc-si,
+    /// or all (occ-cas, scythe and mvcc one after another, each on a fresh cluster, then
+    /// a comparison).
+    #[arg(long, default_value = "scythe", value_name = "PROTOCOL")]
+    pub protocol: ProtocolArg,
+    /// Isolation of mvcc (and of the mvcc run of --protocol all): sr (serializable) or si
+    /// (snapshot isolation). Default sr.
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    pub isolation: Option<IsolationArg>,
+    /// Memory nodes to start; the tables are partitioned across them by key.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub memnodes: u32,
+    /// Version cells per CVT (how many versions each record keeps; 1 to 64).
+    #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS, value_name = "V")]
+    pub versions: usize,
+    /// Scythe's TOCC heuristic wait before a hot-mode lock request on a warm object, in
+    /// microseconds (0 turns it off).
+    #[arg(long, default_value_t = 20, value_name = "US")]
+    pub tocc_wait_us: u64,
+    /// Repeat the run(s) at each point: theta=0,0.5,0.99 (Zipf theta) or clients=8,16,32
+    /// (coroutines per thread); prints a table, and with --chart draws throughput
+    /// against p99, one line per protocol.
+    #[arg(long, value_name = "PARAM=V1,V2,...")]
+    pub sweep: Option<Sweep>,
+    /// Draw throughput against p99 per protocol to this .svg or .png file (with --sweep,
+    /// one line per protocol through the sweep's points).
+    #[arg(long, value_name = "PATH")]
+    pub chart: Option<PathBuf>,
     /// Coordinator threads (each runs its own executor; pinned to cores when possible).
     /// Default: one less than the cores available (at least 1), leaving a core to the
     /// lock service's polling thread.
@@ -47,10 +91,11 @@ pub struct Args {
     /// Zipf theta of account choice (0 = uniform).
     #[arg(long, default_value_t = 0.99)]
     pub theta: f64,
-    /// Measured run time in seconds.
+    /// Measured run time of each run (each protocol, each sweep point) in seconds.
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
-    /// Write the report as JSON to this file.
+    /// Write every run's report, the comparison's ratios and the verdict as JSON to this
+    /// file.
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Fabric backend: shm, or verbs (RDMA NICs, Soft-RoCE; needs a build with
@@ -67,7 +112,8 @@ pub struct Args {
     /// none, cx5, cx6, rxe (built-in RNIC profiles) or the path of a TOML profile.
     #[arg(long, env = "RRPC_MODEL", default_value = "none", value_name = "MODEL")]
     pub model: String,
-    /// Cluster name (default: txn-bench-<pid>).
+    /// Cluster name (default: txn-bench-<pid>; with several runs, each run's cluster
+    /// gets a suffix -<run>).
     #[arg(long)]
     pub cluster: Option<String>,
     /// Directory of the memnode, lockd and tso binaries (default: next to this binary).
@@ -80,21 +126,21 @@ pub struct Args {
     /// (0 retries at once).
     #[arg(long, default_value_t = 100)]
     pub max_backoff_us: u64,
-    /// How long a coordinator waits for a granted lock's turn before it aborts the
-    /// transaction (lock-wait-timeout); its tickets are then released in the background
-    /// when their turn comes. Microseconds.
+    /// How long a Scythe coordinator waits for a granted lock's turn before it aborts
+    /// the transaction (lock-wait-timeout); its tickets are then released in the
+    /// background when their turn comes. Microseconds.
     #[arg(long, default_value_t = 2_000_000, value_name = "US")]
     pub lock_wait_us: u64,
-    /// RNG seed (each coroutine derives its own).
+    /// RNG seed (each coroutine derives its own; every run uses the same seeds).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Do not record committed transactions or check serializability (for long runs;
-    /// the check holds about 84 bytes per committed SmallBank transaction and needs about
-    /// 300 while it runs).
+    /// Do not record committed transactions or check serializability / snapshot
+    /// isolation (for long runs; the check holds about 84 bytes per committed SmallBank
+    /// transaction and needs about 300 while it runs).
     #[arg(long)]
     pub no_check: bool,
-    /// Fault injection: SIGKILL the timestamp oracle this many seconds into the measured
-    /// run and restart it with the same state directory and address after
+    /// Fault injection: SIGKILL the timestamp oracle this many seconds into each
+    /// measured run and restart it with the same state directory and address after
     /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run
     /// passes only if commits continue after the restart (reported as `tso restart`).
     #[arg(long, value_name = "SECONDS")]
@@ -102,35 +148,217 @@ pub struct Args {
     /// With `--kill-tso-after`: milliseconds the oracle stays down before its restart.
     #[arg(long, default_value_t = 300, value_name = "MS")]
     pub tso_down_ms: u64,
-    /// History memory for the serializability check, MiB over all threads; past it,
-    /// later commits are not recorded and the check says it was partial. The check
-    /// itself needs about 3.5x this at its peak.
+    /// History memory for the checks, MiB over all threads of a run; past it, later
+    /// commits are not recorded and the check says it was partial. The check itself
+    /// needs about 3.5x this at its peak.
     #[arg(long, default_value_t = 2048, value_name = "MIB")]
     pub check_memory_mb: usize,
 }
 
-const NODE_MEMNODE: u32 = 1;
+/// The `--protocol` flag: one protocol, or all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProtocolArg {
+    /// One protocol (`mvcc` at the isolation of `--isolation`).
+    One(Protocol),
+    /// `occ-cas`, `scythe` and `mvcc` (at `--isolation`), one after another.
+    All,
+}
+
+impl FromStr for ProtocolArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "all" {
+            return Ok(Self::All);
+        }
+        s.parse::<Protocol>()
+            .map(Self::One)
+            .map_err(|_| format!("unknown protocol {s:?}: occ-cas, scythe, mvcc, mvcc-si or all"))
+    }
+}
+
+/// The `--isolation` flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum IsolationArg {
+    /// Serializability.
+    Sr,
+    /// Snapshot isolation.
+    Si,
+}
+
+/// The `--sweep` flag: a parameter and its points.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sweep {
+    /// Zipf theta values.
+    Theta(Vec<f64>),
+    /// Coroutines per thread.
+    Clients(Vec<usize>),
+}
+
+impl FromStr for Sweep {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let Some((param, values)) = s.split_once('=') else {
+            return Err(format!(
+                "--sweep {s:?}: expected theta=V1,V2,... or clients=N1,N2,..."
+            ));
+        };
+        let values: Vec<&str> = values.split(',').map(str::trim).collect();
+        if values.iter().any(|v| v.is_empty()) {
+            return Err(format!("--sweep {s:?}: empty value in the list"));
+        }
+        match param.trim() {
+            "theta" => values
+                .iter()
+                .map(|v| match v.parse::<f64>() {
+                    Ok(t) if t >= 0.0 && t.is_finite() => Ok(t),
+                    _ => Err(format!(
+                        "--sweep theta: {v:?} is not a Zipf theta (a number >= 0)"
+                    )),
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::Theta),
+            "clients" => values
+                .iter()
+                .map(|v| match v.parse::<usize>() {
+                    Ok(n) if n >= 1 => Ok(n),
+                    _ => Err(format!(
+                        "--sweep clients: {v:?} is not a number of coroutines per thread (>= 1)"
+                    )),
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::Clients),
+            p => Err(format!(
+                "--sweep: unknown parameter {p:?}: theta or clients"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Sweep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let join = |v: Vec<String>| v.join(",");
+        match self {
+            Self::Theta(v) => write!(f, "theta={}", join(v.iter().map(f64::to_string).collect())),
+            Self::Clients(v) => write!(
+                f,
+                "clients={}",
+                join(v.iter().map(usize::to_string).collect())
+            ),
+        }
+    }
+}
+
+/// One point of a run plan: the workload parameters a sweep varies.
+#[derive(Clone, Debug)]
+struct Point {
+    theta: f64,
+    coroutines: usize,
+    /// `theta=0.5`, `clients=16`; `None` without a sweep.
+    label: Option<String>,
+}
+
+impl Args {
+    /// The protocols to run, in order, after checking `--protocol` against
+    /// `--isolation`.
+    pub fn protocols(&self) -> anyhow::Result<Vec<Protocol>> {
+        let iso = match self.isolation {
+            None | Some(IsolationArg::Sr) => Isolation::Serializable,
+            Some(IsolationArg::Si) => Isolation::Snapshot,
+        };
+        Ok(match (self.protocol, self.isolation) {
+            (ProtocolArg::All, _) => vec![Protocol::OccCas, Protocol::Scythe, Protocol::Mvcc(iso)],
+            (ProtocolArg::One(Protocol::Mvcc(Isolation::Serializable)), _) => {
+                vec![Protocol::Mvcc(iso)]
+            }
+            (ProtocolArg::One(Protocol::Mvcc(Isolation::Snapshot)), Some(IsolationArg::Sr)) => {
+                bail!("--protocol mvcc-si contradicts --isolation sr (use --protocol mvcc --isolation sr)")
+            }
+            (ProtocolArg::One(p @ Protocol::Mvcc(_)), _) => vec![p],
+            (ProtocolArg::One(p), Some(IsolationArg::Si)) => bail!(
+                "--isolation si applies to mvcc (and to the mvcc run of --protocol all), not to {p}"
+            ),
+            (ProtocolArg::One(p), _) => vec![p],
+        })
+    }
+
+    fn points(&self) -> Vec<Point> {
+        match &self.sweep {
+            None => vec![Point {
+                theta: self.theta,
+                coroutines: self.coroutines,
+                label: None,
+            }],
+            Some(Sweep::Theta(v)) => v
+                .iter()
+                .map(|&theta| Point {
+                    theta,
+                    coroutines: self.coroutines,
+                    label: Some(format!("theta={theta}")),
+                })
+                .collect(),
+            Some(Sweep::Clients(v)) => v
+                .iter()
+                .map(|&coroutines| Point {
+                    theta: self.theta,
+                    coroutines,
+                    label: Some(format!("clients={coroutines}")),
+                })
+                .collect(),
+        }
+    }
+}
+
 const NODE_LOCKD: u32 = 2;
 const NODE_TSO: u32 = 3;
+/// Memory node `i` is node `NODE_MEMNODE + i`.
+const NODE_MEMNODE: u32 = 10;
 const NODE_CN: u32 = 100;
+/// Most memory nodes a run starts (their node ids stay below the compute node's).
+pub const MAX_MEMNODES: u32 = NODE_CN - NODE_MEMNODE;
 
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Every check passed (the run may have been stopped early through `stop`).
+    /// Every check of every run passed (the runs may have been stopped early through
+    /// `stop`).
     Passed,
-    /// A check failed (money, locks, a type that never committed, serializability) or
-    /// a coordinator hit a service failure.
+    /// A check failed in some run (money, locks, a type that never committed,
+    /// serializability or snapshot isolation) or a coordinator hit a service failure.
     Failed,
 }
 
+/// Everything one invocation measured: each run's report, the ratios of the comparison,
+/// and the verdict (what `--json` writes).
+#[derive(Serialize, Debug)]
+pub struct Summary {
+    /// Workload name.
+    pub workload: String,
+    /// Timing model with its parameters (of the first run; every run uses the same).
+    pub timing_model: String,
+    /// The protocols run, in order.
+    pub protocols: Vec<String>,
+    /// The sweep (`theta=0,0.5`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<String>,
+    /// Each run's report, in the order run (sweep points outer, protocols inner).
+    pub runs: Vec<Report>,
+    /// `p99 scythe/occ-cas` and `throughput mvcc/occ-cas` (per sweep point) wherever
+    /// both protocols ran.
+    pub ratios: Vec<Ratio>,
+    /// Every run passed all of its checks.
+    pub passed: bool,
+    /// Runs left out because the invocation was interrupted.
+    pub skipped_runs: usize,
+}
+
 /// Run the benchmark as `args` say, printing the configuration, progress (stderr) and
-/// the report. Setting `stop` ends the measured run early (Ctrl-C); the checks still run.
+/// the reports, then (several runs) the comparison. Setting `stop` ends the measured run
+/// in progress early (Ctrl-C; its checks still run) and skips the runs not started.
 ///
 /// Errors: bad arguments, a cluster that does not start, a service that dies, a
-/// coordinator thread that panics; a failed check is not an error but
-/// [`Outcome::Failed`].
-pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Outcome)> {
+/// coordinator thread that panics, a chart or JSON file that cannot be written; a failed
+/// check is not an error but [`Outcome::Failed`].
+pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Outcome)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = *args.threads.get_or_insert(cores.saturating_sub(1).max(1));
     if threads == 0 || args.coroutines == 0 {
@@ -142,6 +370,15 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     if !(args.duration > 0.0 && args.duration.is_finite()) {
         bail!("--duration must be a positive number of seconds");
     }
+    if !(1..=MAX_MEMNODES).contains(&args.memnodes) {
+        bail!(
+            "--memnodes must be 1 to {MAX_MEMNODES} (got {})",
+            args.memnodes
+        );
+    }
+    if !(1..=64).contains(&args.versions) {
+        bail!("--versions must be 1 to 64 (got {})", args.versions);
+    }
     if args
         .kill_tso_after
         .is_some_and(|k| !(k >= 0.0 && k < args.duration))
@@ -151,18 +388,208 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     if !args.no_check && args.check_memory_mb == 0 {
         bail!("--check-memory-mb must be at least 1 (or pass --no-check)");
     }
-    let gen = Arc::new(Generator::new(args.accounts, args.theta)?);
+    if let Some(c) = &args.chart {
+        match c.extension().and_then(|e| e.to_str()) {
+            Some("svg" | "png") => {}
+            _ => bail!("--chart {} must end in .svg or .png", c.display()),
+        }
+    }
+    let protocols = args.protocols()?;
+    let points = args.points();
+    // Every point's generator now: a bad theta fails before any cluster starts.
+    let gens = points
+        .iter()
+        .map(|p| {
+            Generator::new(args.accounts, p.theta)
+                .map(Arc::new)
+                .with_context(|| format!("--theta {}", p.theta))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
 
-    let cluster_name = args
+    let plan: Vec<(usize, Protocol)> = (0..points.len())
+        .flat_map(|i| protocols.iter().map(move |&p| (i, p)))
+        .collect();
+    let base = args
         .cluster
         .clone()
         .unwrap_or_else(|| format!("txn-bench-{}", std::process::id()));
+    let mut runs = Vec::new();
+    for (k, &(pi, protocol)) in plan.iter().enumerate() {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let point = &points[pi];
+        let what = match &point.label {
+            Some(l) => format!("{protocol} at {l}"),
+            None => protocol.to_string(),
+        };
+        if plan.len() > 1 {
+            eprintln!("== run {}/{}: {what}", k + 1, plan.len());
+        }
+        let cluster = if plan.len() > 1 {
+            format!("{base}-{}", k + 1)
+        } else {
+            base.clone()
+        };
+        let report = run_one(&args, protocol, point, gens[pi].clone(), &cluster, &stop)
+            .with_context(|| format!("run of {what}"))?;
+        print!("{}", report.render());
+        runs.push(report);
+    }
+    let skipped_runs = plan.len() - runs.len();
+    if skipped_runs > 0 {
+        eprintln!("interrupted: {skipped_runs} run(s) not started");
+    }
+
+    let ratios = ratios(&runs);
+    let passed = !runs.is_empty() && runs.iter().all(Report::passed);
+    let summary = Summary {
+        workload: "SmallBank".into(),
+        timing_model: runs
+            .first()
+            .map_or_else(|| args.model.clone(), |r| r.timing_model.clone()),
+        protocols: protocols.iter().map(|p| p.name().to_string()).collect(),
+        sweep: args.sweep.as_ref().map(Sweep::to_string),
+        runs,
+        ratios,
+        passed,
+        skipped_runs,
+    };
+    if plan.len() > 1 {
+        print!("{}", render_comparison(&args, &summary));
+    }
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&summary)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &args.chart {
+        if !summary.runs.is_empty() {
+            draw_chart(p, &args, &summary)?;
+            eprintln!("wrote {}", p.display());
+        }
+    }
+    Ok(if passed {
+        (summary, Outcome::Passed)
+    } else {
+        (summary, Outcome::Failed)
+    })
+}
+
+/// The comparison: a header with the configuration (timing model first), the table,
+/// the ratios and the verdict.
+fn render_comparison(args: &Args, sum: &Summary) -> String {
+    let threads = args.threads.unwrap_or(1);
+    let workload = match &args.sweep {
+        Some(Sweep::Theta(_)) => format!(
+            "{threads} thread(s) x {} coroutines | {} accounts | sweep {}",
+            args.coroutines,
+            args.accounts,
+            args.sweep.as_ref().expect("a sweep")
+        ),
+        Some(Sweep::Clients(_)) => format!(
+            "{threads} thread(s) x clients coroutines | {} accounts | Zipf theta {} | sweep {}",
+            args.accounts,
+            args.theta,
+            args.sweep.as_ref().expect("a sweep")
+        ),
+        None => format!(
+            "{threads} thread(s) x {} coroutines | {} accounts | Zipf theta {}",
+            args.coroutines, args.accounts, args.theta
+        ),
+    };
+    let mut s = format!(
+        "\ncomparison: SmallBank | timing model: {} | fabric: {} | {workload} | {} memnode(s), {} versions | {} s per run | seed {} | backoff up to {} us\n",
+        sum.timing_model,
+        args.fabric,
+        args.memnodes,
+        args.versions,
+        args.duration,
+        args.seed,
+        args.max_backoff_us
+    );
+    s.push_str(&comparison(&sum.runs));
+    for r in &sum.ratios {
+        s.push_str(&r.line());
+        s.push('\n');
+    }
+    let failed: Vec<String> = sum
+        .runs
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| match &r.point {
+            Some(p) => format!("{} ({p})", r.protocol),
+            None => r.protocol.clone(),
+        })
+        .collect();
+    if failed.is_empty() && sum.skipped_runs == 0 {
+        s.push_str("every run passed its checks\n");
+    } else if failed.is_empty() {
+        s.push_str(&format!(
+            "every run passed its checks; {} run(s) skipped (interrupted)\n",
+            sum.skipped_runs
+        ));
+    } else {
+        s.push_str(&format!("FAILED: {}\n", failed.join(", ")));
+    }
+    s
+}
+
+/// `--chart`: throughput (x) against p99 (y), one series per protocol through the sweep's
+/// points (one point each without a sweep).
+fn draw_chart(path: &Path, args: &Args, sum: &Summary) -> anyhow::Result<()> {
+    let mut series: Vec<Series> = Vec::new();
+    for r in &sum.runs {
+        let pt = (r.throughput_tps, r.p99_us);
+        match series.iter_mut().find(|s| s.name == r.protocol) {
+            Some(s) => s.points.push(pt),
+            None => series.push(Series {
+                name: r.protocol.clone(),
+                points: vec![pt],
+            }),
+        }
+    }
+    let title = match &args.sweep {
+        Some(sw) => format!(
+            "SmallBank: throughput vs p99, sweep {sw} (model {})",
+            args.model
+        ),
+        None => format!(
+            "SmallBank: throughput vs p99, theta {}, {} x {} clients (model {})",
+            args.theta,
+            args.threads.unwrap_or(1),
+            args.coroutines,
+            args.model
+        ),
+    };
+    LineChart {
+        title: &title,
+        x_label: "committed transactions/s",
+        y_label: "p99 latency of committed transactions (us)",
+        x_scale: Scale::Linear,
+        y_scale: Scale::Linear,
+        series: &series,
+    }
+    .draw(path)
+    .with_context(|| format!("drawing {}", path.display()))
+}
+
+/// One run: `protocol` at `point` on a fresh cluster named `cluster_name`.
+fn run_one(
+    args: &Args,
+    protocol: Protocol,
+    point: &Point,
+    gen: Arc<Generator>,
+    cluster_name: &str,
+    stop: &AtomicBool,
+) -> anyhow::Result<Report> {
+    let threads = args.threads.unwrap_or(1).max(1);
     let mut cluster = LocalCluster::new(
-        &cluster_name,
+        cluster_name,
         args.bin_dir.clone().unwrap_or_else(default_bin_dir),
     )?;
     // This process's fabric first: a missing RDMA device fails here, in one line.
-    let mut fcfg = FabricConfig::new(args.fabric, &cluster_name, NodeId(NODE_CN));
+    let mut fcfg = FabricConfig::new(args.fabric, cluster_name, NodeId(NODE_CN));
     fcfg.device = args.rdma_device.clone();
     fcfg.gid_index = args.gid_index;
     fcfg.model = Some(args.model.clone());
@@ -181,24 +608,48 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     }
     let with = |extra: &[String]| -> Vec<String> { common.iter().chain(extra).cloned().collect() };
     let t = Duration::from_secs(60);
-    eprintln!("starting local cluster {cluster_name}: memnode, lockd, tso");
-    let memnode = cluster.start(
-        "memnode",
-        NODE_MEMNODE,
-        &with(&["--smallbank-accounts".into(), args.accounts.to_string()]),
-        t,
-    )?;
-    let lockd = cluster.start(
-        "lockd",
-        NODE_LOCKD,
-        &with(&[
-            "--locks".into(),
-            (2 * args.accounts).to_string(),
-            "--threads".into(),
-            args.lockd_threads.to_string(),
-        ]),
-        t,
-    )?;
+    eprintln!(
+        "starting local cluster {cluster_name}: {} memnode(s), tso{}",
+        args.memnodes,
+        if protocol.needs_lockd() {
+            ", lockd"
+        } else {
+            ""
+        }
+    );
+    let mut memnodes = Vec::new();
+    for i in 0..args.memnodes {
+        memnodes.push(cluster.start(
+            "memnode",
+            NODE_MEMNODE + i,
+            &with(&[
+                "--smallbank-accounts".into(),
+                args.accounts.to_string(),
+                "--versions".into(),
+                args.versions.to_string(),
+                "--partition".into(),
+                i.to_string(),
+                "--partitions".into(),
+                args.memnodes.to_string(),
+            ]),
+            t,
+        )?);
+    }
+    let lockd = if protocol.needs_lockd() {
+        Some(cluster.start(
+            "lockd",
+            NODE_LOCKD,
+            &with(&[
+                "--locks".into(),
+                (2 * args.accounts).to_string(),
+                "--threads".into(),
+                args.lockd_threads.to_string(),
+            ]),
+            t,
+        )?)
+    } else {
+        None
+    };
     // The oracle's epoch file: each (re)start persists a larger epoch there, so
     // timestamps never go back (tso::epoch). Per run, removed at the end.
     let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
@@ -212,52 +663,80 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
         ])
     };
     let tso = cluster.start("tso", NODE_TSO, &tso_args("127.0.0.1:0"), t)?;
-    let addrs = ServiceAddrs {
-        memnode,
+    let addrs = ClusterAddrs {
+        memnodes,
         lockd,
         tso,
     };
 
     let fabric_desc = fabric.describe();
     let model_desc = fabric.model_description();
+    let checks = match protocol {
+        _ if args.no_check => "off",
+        Protocol::Mvcc(Isolation::Snapshot) => "snapshot isolation (serializability informative)",
+        Protocol::Mvcc(Isolation::Serializable) => {
+            "serializability (snapshot isolation informative)"
+        }
+        _ => "serializability",
+    };
     println!(
-        "SmallBank | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} accounts | Zipf theta {} | {} s | serializability check: {}",
+        "SmallBank | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} accounts | Zipf theta {} | {} memnode(s), {} versions | {} s | check: {checks}",
         fabric_desc,
         model_desc,
         threads,
-        args.coroutines,
+        point.coroutines,
         args.accounts,
-        args.theta,
+        point.theta,
+        args.memnodes,
+        args.versions,
         args.duration,
-        if args.no_check { "off" } else { "on" }
     );
 
     // Audit before: the loaded bank must hold the expected money.
-    let (initial, _) = audit(&fabric, addrs, args.accounts)?;
+    let before = audit(&fabric, &addrs, protocol, args.accounts)?;
     let expected_initial = txn::smallbank::initial_total(args.accounts);
-    if initial != expected_initial {
-        bail!("loaded bank holds {initial} cents, expected {expected_initial}");
+    if before.total != expected_initial {
+        bail!(
+            "loaded bank holds {} cents, expected {expected_initial}",
+            before.total
+        );
     }
 
-    // Workers connect, then start together.
+    let cfg = TxnConfig {
+        protocol,
+        lock_wait: Duration::from_micros(args.lock_wait_us),
+        history_limit_bytes: (!args.no_check).then(|| (args.check_memory_mb << 20) / threads),
+        tocc_wait: Duration::from_micros(args.tocc_wait_us),
+        ..TxnConfig::default()
+    };
+    // Workers connect, then start together. `run_stop` ends this run (its deadline, a
+    // service failure, or `stop`).
+    let run_stop = Arc::new(AtomicBool::new(false));
     let committed = Arc::new(AtomicU64::new(0));
     let start_gate = Arc::new(Barrier::new(threads + 1));
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let mut handles = Vec::new();
     for tid in 0..threads {
+        let w = WorkerPlan {
+            tid,
+            coroutines: point.coroutines,
+            seed: args.seed,
+            max_backoff_us: args.max_backoff_us,
+            cfg: cfg.clone(),
+            addrs: addrs.clone(),
+            core: (!cores.is_empty()).then(|| cores[tid % cores.len()]),
+        };
         let (fabric, gen, stop, committed, gate) = (
             fabric.clone(),
             gen.clone(),
-            stop.clone(),
+            run_stop.clone(),
             committed.clone(),
             start_gate.clone(),
         );
-        let core = (!cores.is_empty()).then(|| cores[tid % cores.len()]);
-        let a = args.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("coordinator-{tid}"))
-                .spawn(move || worker(tid, a, fabric, addrs, gen, stop, committed, gate, core))?,
+                .spawn(move || worker(w, fabric, gen, stop, committed, gate))?,
         );
     }
     start_gate.wait();
@@ -266,7 +745,11 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     let mut last = 0;
     let mut crashed = None;
     let mut tso_restart = None;
-    while started.elapsed() < dur && !stop.load(Ordering::Relaxed) {
+    while started.elapsed() < dur && !run_stop.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Relaxed) {
+            run_stop.store(true, Ordering::SeqCst);
+            break;
+        }
         if tso_restart.is_none()
             && args
                 .kill_tso_after
@@ -284,7 +767,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
                 Ok(r) => tso_restart = Some(r),
                 Err(e) => {
                     crashed = Some(format!("restarting the oracle: {e:#}"));
-                    stop.store(true, Ordering::SeqCst);
+                    run_stop.store(true, Ordering::SeqCst);
                     break;
                 }
             }
@@ -295,17 +778,17 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
             last = s;
             let c = committed.load(Ordering::Relaxed);
             eprintln!(
-                "[{s:>4}s / {:.0}s] committed {c} ({:.0} txn/s)",
+                "[{protocol} {s:>3}s / {:.0}s] committed {c} ({:.0} txn/s)",
                 args.duration,
                 c as f64 / started.elapsed().as_secs_f64()
             );
         }
         if let Err(e) = cluster.check_alive() {
             crashed = Some(e);
-            stop.store(true, Ordering::SeqCst);
+            run_stop.store(true, Ordering::SeqCst);
         }
     }
-    stop.store(true, Ordering::SeqCst);
+    run_stop.store(true, Ordering::SeqCst);
     let mut workers = Vec::new();
     for h in handles {
         workers.push(
@@ -318,7 +801,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
         bail!("a service died during the run: {e}");
     }
 
-    let (final_total, locks_held) = audit(&fabric, addrs, args.accounts)?;
+    let after = audit(&fabric, &addrs, protocol, args.accounts)?;
     drop(fabric);
     cluster.shutdown();
     let _ = std::fs::remove_dir_all(&tso_state);
@@ -329,67 +812,75 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Report, Out
     let mut report = Report::new(
         fabric_desc,
         threads,
-        args.coroutines,
+        point.coroutines,
         args.accounts,
-        args.theta,
+        point.theta,
         elapsed,
         &workers,
     );
+    report.protocol = protocol.name().into();
+    report.point = point.label.clone();
+    report.memnodes = args.memnodes;
+    report.versions = args.versions;
     report.timing_model = model_desc;
     report.tso_restart = tso_restart;
-    report.audit(initial, final_total, locks_held);
+    report.serializability_required = protocol != Protocol::Mvcc(Isolation::Snapshot);
+    report.snapshot_isolation_required = protocol == Protocol::Mvcc(Isolation::Snapshot);
+    report.audit(
+        before.total,
+        after.total,
+        after.cvt_locked,
+        after.lockd_held,
+    );
     if !args.no_check {
         let mut history = txn::history::History::new(usize::MAX);
         for w in &mut workers {
             history.append(w.history.take().context("a worker recorded no history")?);
         }
         eprintln!(
-            "checking serializability: {} committed transactions, {:.1} MiB of history",
+            "checking {checks}: {} committed transactions, {:.1} MiB of history",
             history.len(),
             history.bytes() as f64 / (1 << 20) as f64
         );
         let t0 = std::time::Instant::now();
         let verdict = txn::serializability::check(&history);
-        eprintln!("checked in {:.2} s", t0.elapsed().as_secs_f64());
         report.serializability(&verdict, history.bytes(), t0.elapsed());
+        // MVCC records start and commit timestamps: the SI check applies (and is the
+        // one mvcc-si is judged by; for mvcc it is informative).
+        if let Protocol::Mvcc(_) = protocol {
+            report.snapshot_isolation(&txn::snapshot_isolation::check(&history));
+        }
+        eprintln!("checked in {:.2} s", t0.elapsed().as_secs_f64());
     }
-    print!("{}", report.render());
-    if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", p.display()))?;
-        eprintln!("wrote {}", p.display());
-    }
-    Ok(if report.passed() {
-        (report, Outcome::Passed)
-    } else {
-        (report, Outcome::Failed)
-    })
+    Ok(report)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn worker(
+/// What one coordinator thread runs.
+struct WorkerPlan {
     tid: usize,
-    args: Args,
+    coroutines: usize,
+    seed: u64,
+    max_backoff_us: u64,
+    cfg: TxnConfig,
+    addrs: ClusterAddrs,
+    core: Option<core_affinity::CoreId>,
+}
+
+fn worker(
+    w: WorkerPlan,
     fabric: Fabric,
-    addrs: ServiceAddrs,
     gen: Arc<Generator>,
     stop: Arc<AtomicBool>,
     committed: Arc<AtomicU64>,
     gate: Arc<Barrier>,
-    core: Option<core_affinity::CoreId>,
 ) -> anyhow::Result<WorkerStats> {
-    if let Some(c) = core {
+    let tid = w.tid;
+    if let Some(c) = w.core {
         core_affinity::set_for_current(c);
     }
-    let threads = args.threads.unwrap_or(1).max(1);
-    let occ = OccConfig {
-        history_limit_bytes: (!args.no_check).then(|| (args.check_memory_mb << 20) / threads),
-        lock_wait: Duration::from_micros(args.lock_wait_us),
-        ..OccConfig::default()
-    };
     let connected = (|| {
         let ctx = ThreadCtx::new(fabric, RuntimeConfig::default())?;
-        let client = Rc::new(TxnClient::connect(ctx.clone(), addrs, occ)?);
+        let client = Rc::new(TxnClient::connect(ctx.clone(), &w.addrs, w.cfg.clone())?);
         anyhow::Ok((ctx, client))
     })();
     gate.wait();
@@ -397,7 +888,7 @@ fn worker(
         connected.with_context(|| format!("coordinator thread {tid} connecting"))?;
     let stats = Rc::new(RefCell::new(WorkerStats::new()));
     let mut ex = Executor::new(ctx.clone());
-    for co in 0..args.coroutines {
+    for co in 0..w.coroutines {
         let (client, stats, gen, stop, committed) = (
             client.clone(),
             stats.clone(),
@@ -405,8 +896,8 @@ fn worker(
             stop.clone(),
             committed.clone(),
         );
-        let seed = args.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let max_backoff = args.max_backoff_us;
+        let seed = w.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let max_backoff = w.max_backoff_us;
         ex.spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             while !stop.load(Ordering::Relaxed) {
@@ -434,10 +925,10 @@ fn worker(
                             }
                             Err(TxnError::Abort(reason)) => {
                                 ts.aborts += 1;
-                                s.abort_reasons[AbortReason::ALL
-                                    .iter()
-                                    .position(|&x| x == reason)
-                                    .expect("listed")] += 1;
+                                if let Some(i) = AbortReason::ALL.iter().position(|&x| x == reason)
+                                {
+                                    s.abort_reasons[i] += 1;
+                                }
                                 // At the end of the run an unfinished transaction has no effect.
                                 !stop.load(Ordering::Relaxed)
                             }
@@ -473,7 +964,7 @@ fn worker(
     s.tso_epoch = client.tso().client().epoch();
     s.tso_reconnects = client.tso().reconnects();
     s.history = client.take_history();
-    let lost = client.locks().lost();
+    let lost = client.locks().map_or(0, |l| l.lost());
     if lost > 0 {
         s.fatal.push(format!(
             "{lost} lock(s) lost: dropped tickets could not be released"
@@ -515,49 +1006,96 @@ fn restart_tso(
     })
 }
 
-/// Sum all balances and count held locks with one-sided READs from a fresh thread context.
-fn audit(fabric: &Fabric, addrs: ServiceAddrs, accounts: u64) -> anyhow::Result<(i64, u64)> {
+/// What an audit found.
+struct Audit {
+    /// Sum of every balance, cents.
+    total: i64,
+    /// CVT lock words held.
+    cvt_locked: u64,
+    /// Lock service locks held or queued (`None` without a lock service).
+    lockd_held: Option<u64>,
+}
+
+/// Sum all balances (the newest committed version of every account's savings and
+/// checking) and count held locks (every CVT lock word; every lock service lock when
+/// `protocol` has one) with one-sided READs from a fresh thread context.
+fn audit(
+    fabric: &Fabric,
+    addrs: &ClusterAddrs,
+    protocol: Protocol,
+    accounts: u64,
+) -> anyhow::Result<Audit> {
     let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
-    let client = Rc::new(TxnClient::connect(
-        ctx.clone(),
-        addrs,
-        OccConfig::default(),
-    )?);
-    let out: Rc<RefCell<anyhow::Result<(i64, u64)>>> = Rc::new(RefCell::new(Ok((0, 0))));
+    let cfg = TxnConfig {
+        protocol,
+        ..TxnConfig::default()
+    };
+    let client = Rc::new(TxnClient::connect(ctx.clone(), addrs, cfg).context("audit: connecting")?);
+    type Out = Rc<RefCell<Option<anyhow::Result<Audit>>>>;
+    let out: Out = Rc::new(RefCell::new(None));
     let mut ex = Executor::new(ctx);
     {
         let (client, out) = (client.clone(), out.clone());
         ex.spawn(async move {
-            let r: anyhow::Result<(i64, u64)> = async {
+            let r: anyhow::Result<Audit> = async {
                 let mut total = 0i64;
+                let mut cvt_locked = 0;
                 let tables: Vec<u32> = client.tables().iter().map(|t| t.id).collect();
+                let keys: Vec<u64> = (0..accounts).collect();
                 for &table in &tables {
-                    for chunk in (0..accounts).collect::<Vec<_>>().chunks(256) {
-                        let vals =
-                            join_all(chunk.iter().map(|&k| client.read_committed(table, k))).await;
-                        for v in vals {
-                            let (_, v) = v?;
-                            total += i64::from_le_bytes(v.as_slice().try_into()?);
+                    for chunk in keys.chunks(256) {
+                        let vals = join_all(chunk.iter().map(|&k| {
+                            let client = &client;
+                            async move {
+                                let v = client.read_committed(table, k).await?;
+                                let l = client.cvt_locked(table, k).await?;
+                                Ok::<_, TxnError>((v, l))
+                            }
+                        }))
+                        .await;
+                        for (&k, v) in chunk.iter().zip(vals) {
+                            let (v, locked) = v.with_context(|| {
+                                format!("audit: reading table {table} account {k}")
+                            })?;
+                            let Some((_, v)) = v else {
+                                bail!("audit: table {table} has no account {k}");
+                            };
+                            total +=
+                                i64::from_le_bytes(v.as_slice().try_into().with_context(|| {
+                                    format!("audit: table {table} account {k}: {} bytes", v.len())
+                                })?);
+                            cvt_locked += u64::from(locked);
                         }
                     }
                 }
-                let mut held = 0;
-                let locks = client.locks();
-                let n = locks.n_locks().min(2 * accounts);
-                for chunk in (0..n).collect::<Vec<_>>().chunks(256) {
-                    let st =
-                        join_all(chunk.iter().map(|&id| locks.read_state(client.ctx(), id))).await;
-                    for s in st {
-                        held += u64::from(s?.queued() > 0);
+                let lockd_held = match client.locks() {
+                    None => None,
+                    Some(locks) => {
+                        let mut held = 0;
+                        let ids: Vec<u64> = (0..locks.n_locks()).collect();
+                        for chunk in ids.chunks(256) {
+                            let st = join_all(
+                                chunk.iter().map(|&id| locks.read_state(client.ctx(), id)),
+                            )
+                            .await;
+                            for s in st {
+                                held += u64::from(s.context("audit: reading a lock")?.queued() > 0);
+                            }
+                        }
+                        Some(held)
                     }
-                }
-                Ok((total, held))
+                };
+                Ok(Audit {
+                    total,
+                    cvt_locked,
+                    lockd_held,
+                })
             }
             .await;
-            *out.borrow_mut() = r;
+            *out.borrow_mut() = Some(r);
         });
     }
     ex.run();
-    let r = std::mem::replace(&mut *out.borrow_mut(), Ok((0, 0)));
-    r
+    let r = out.borrow_mut().take();
+    r.unwrap_or_else(|| bail!("audit: the audit coroutine did not finish"))
 }

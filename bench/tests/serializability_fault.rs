@@ -1,7 +1,7 @@
-//! The serializability check catches what a broken protocol lets through. With the
-//! validation of objects a transaction only read switched off (a fault switch that exists
-//! only in test builds), committed histories stop being serializable, and the check must
-//! report a cycle:
+//! The serializability check catches what a broken protocol lets through: OCC-CAS. With
+//! the validation of objects a transaction only read switched off (a fault switch that
+//! exists only in test builds), committed histories stop being serializable, and the
+//! check must report a cycle:
 //!
 //! the write-skew workload (`common`) commits both halves of a write skew whenever two of
 //! its transactions on one account overlap, so every run shows a cycle.
@@ -12,19 +12,34 @@
 //! WriteCheck -rw-> TransactSaving) need three transactions to meet within a few polling
 //! rounds: measured, one cycle in tens to hundreds of thousands of commits.
 //!
-//! The switch is process-wide, so this test lives in a test binary of its own;
+//! The switch is process-wide, so each protocol's test lives in a test binary of its
+//! own (`serializability_fault_mvcc.rs`, `serializability_fault_scythe.rs`);
 //! `write_skew.rs` is the control with the switch off.
 
 mod common;
 
 use std::time::Duration;
 
+use txn::coordinator::Protocol;
+
 #[test]
-fn write_skew_commits_a_cycle_when_read_only_validation_is_skipped() {
+fn occ_cas_commits_a_cycle_when_read_only_validation_is_skipped() {
     txn::fault::skip_read_only_validation(true);
-    let (v, commits) = common::write_skew("ws-fault", 4, 2, 16, Duration::from_secs(2));
-    eprintln!("{v} ({commits} commits)");
-    assert!(!v.is_serializable(), "no cycle in {commits} commits: {v}");
+    let run = common::write_skew(
+        "ws-fault-occ",
+        Protocol::OccCas,
+        4,
+        2,
+        16,
+        Duration::from_secs(2),
+    );
+    let v = txn::serializability::check(&run.history);
+    eprintln!("{v} ({} commits)", run.commits);
+    assert!(
+        !v.is_serializable(),
+        "no cycle in {} commits: {v}",
+        run.commits
+    );
     let line = v.to_string();
     assert!(line.contains("CYCLE of "), "{line}");
 }

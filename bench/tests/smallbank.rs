@@ -1,11 +1,25 @@
-//! End to end: the real `txn-bench` starts memnode, lockd and tso as processes over the
-//! shm fabric, runs SmallBank with Zipf 0.99 for a few seconds, and audits the bank.
+//! End to end: the real `txn-bench` starts memory nodes, a timestamp oracle and (for
+//! Scythe) a lock service as processes over the shm fabric, runs SmallBank with each
+//! protocol for a short while, and every check must pass: money audit, no lock left
+//! held, every transaction type committed, a serializable history (snapshot isolation
+//! for `mvcc-si`).
+//!
+//! The Soft-RoCE VM (deploy/test.sh) runs only
+//! `all_protocols_pass_every_check_at_theta_0_99` from this file, on verbs.
 
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+/// One `txn-bench` at a time: each spins coordinator threads.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Run the real `txn-bench` with `args`; it must succeed. Returns its stdout and JSON
-/// report.
+/// summary.
 fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let _one = serial();
     let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
         .args(args)
@@ -20,18 +34,107 @@ fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
         "txn-bench failed: {}\n{stdout}\n{stderr}",
         out.status
     );
-    let report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
-    (stdout, report)
+    (stdout, summary)
+}
+
+/// Every check of one run's report, as the JSON has it.
+fn assert_run_passed(r: &serde_json::Value, stdout: &str) {
+    let p = r["protocol"].as_str().unwrap();
+    let committed: u64 = r["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["committed"].as_u64().unwrap())
+        .sum();
+    assert!(committed > 0, "{p}: no transaction committed: {stdout}");
+    for t in r["types"].as_array().unwrap() {
+        assert!(t["committed"].as_u64().unwrap() > 0, "{p}: {t}\n{stdout}");
+    }
+    assert_eq!(r["invariant_holds"], true, "{p}: {stdout}");
+    assert_eq!(r["locks_held"], 0, "{p}: {stdout}");
+    assert_eq!(r["cvt_locks_held"], 0, "{p}: {stdout}");
+    assert_eq!(r["fatal_errors"], 0, "{p}: {stdout}");
+    assert_eq!(
+        r["final_total"].as_i64().unwrap(),
+        r["initial_total"].as_i64().unwrap() + r["net_committed"].as_i64().unwrap(),
+        "{p}"
+    );
+    if p == "scythe" {
+        assert_eq!(r["lockd_locks_held"], 0, "{p}: {stdout}");
+    } else {
+        assert!(r["lockd_locks_held"].is_null(), "{p}: {r}");
+    }
+    if p == "mvcc-si" {
+        assert_eq!(r["snapshot_isolation_holds"], true, "{p}: {stdout}");
+        assert_eq!(r["serializability_required"], false);
+    } else {
+        assert_eq!(r["serializable"], true, "{p}: {stdout}");
+        assert_eq!(
+            r["checked_committed"].as_u64().unwrap(),
+            committed,
+            "{p}: every committed transaction was checked"
+        );
+    }
+    if p.starts_with("mvcc") {
+        assert!(r["snapshot_isolation"].is_string(), "{p}: {r}");
+    }
+}
+
+/// `--protocol all` at `args`: three passing runs in order, the comparison and both
+/// ratios.
+fn all_protocols(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let mut a = vec!["--protocol", "all", "--threads", "2"];
+    a.extend_from_slice(args);
+    let (stdout, s) = txn_bench(name, &a);
+    let runs = s["runs"].as_array().unwrap();
+    let names: Vec<&str> = runs
+        .iter()
+        .map(|r| r["protocol"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["occ-cas", "scythe", "mvcc"], "{stdout}");
+    for r in runs {
+        assert_run_passed(r, &stdout);
+    }
+    assert_eq!(s["passed"], true, "{stdout}");
+    assert!(
+        stdout.contains("\ncomparison: SmallBank | timing model: "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("ratio p99 scythe/occ-cas = "), "{stdout}");
+    assert!(
+        stdout.contains("ratio throughput mvcc/occ-cas = "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("every run passed its checks"), "{stdout}");
+    let ratios: Vec<&str> = s["ratios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(ratios, ["p99 scythe/occ-cas", "throughput mvcc/occ-cas"]);
+    // One table row per protocol, each with its verdicts.
+    for p in ["occ-cas", "scythe", "mvcc"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{p} ")))
+            .unwrap_or_else(|| panic!("no row for {p}: {stdout}"));
+        assert!(
+            row.contains("invariant holds") && row.contains("| passed |"),
+            "{row}"
+        );
+        assert!(row.contains(" edges, acyclic"), "{row}");
+    }
+    (stdout, s)
 }
 
 #[test]
-fn smallbank_short_run_keeps_the_money_invariant() {
-    let (stdout, report) = txn_bench(
-        "short",
+fn all_protocols_pass_every_check_at_theta_0_99() {
+    all_protocols(
+        "all-099",
         &[
-            "--threads",
-            "2",
             "--coroutines",
             "4",
             "--theta",
@@ -39,48 +142,103 @@ fn smallbank_short_run_keeps_the_money_invariant() {
             "--accounts",
             "10000",
             "--duration",
-            "3",
+            "1.5",
         ],
-    );
-    assert!(stdout.contains("invariant holds"), "{stdout}");
-    assert!(
-        stdout.contains("serializability: ") && stdout.contains(" edges, acyclic"),
-        "{stdout}"
-    );
-    let committed: u64 = report["types"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["committed"].as_u64().unwrap())
-        .sum();
-    assert!(committed > 0, "no transaction committed: {stdout}");
-    assert_eq!(report["invariant_holds"], true);
-    assert_eq!(report["locks_held"], 0);
-    assert_eq!(report["fatal_errors"], 0);
-    assert_eq!(
-        report["final_total"].as_i64().unwrap(),
-        report["initial_total"].as_i64().unwrap() + report["net_committed"].as_i64().unwrap()
-    );
-    // Every type ran and Zipf 0.99 over 10k accounts produces some contention.
-    for t in report["types"].as_array().unwrap() {
-        assert!(t["committed"].as_u64().unwrap() > 0, "{t}");
-    }
-    assert_eq!(report["serializable"], true);
-    assert_eq!(
-        report["checked_committed"].as_u64().unwrap(),
-        committed,
-        "every committed transaction was checked"
     );
 }
 
-/// At the high-contention setting, with a lock wait so short that waits time
-/// out: the timed-out transactions abort, their tickets are released in the background
-/// when their turn comes, and the run still passes every check.
+#[test]
+fn all_protocols_pass_every_check_uniform_on_two_memnodes() {
+    let (_, s) = all_protocols(
+        "all-0",
+        &[
+            "--coroutines",
+            "4",
+            "--theta",
+            "0",
+            "--accounts",
+            "10000",
+            "--memnodes",
+            "2",
+            "--versions",
+            "2",
+            "--duration",
+            "1",
+        ],
+    );
+    for r in s["runs"].as_array().unwrap() {
+        assert_eq!(
+            (r["memnodes"].as_u64(), r["versions"].as_u64()),
+            (Some(2), Some(2))
+        );
+    }
+}
+
+/// The high-contention setting of the protocol comparison: 100 accounts, Zipf 1.2.
+#[test]
+fn all_protocols_pass_every_check_on_100_accounts_at_theta_1_2() {
+    all_protocols(
+        "all-12",
+        &[
+            "--coroutines",
+            "8",
+            "--theta",
+            "1.2",
+            "--accounts",
+            "100",
+            "--duration",
+            "1.5",
+        ],
+    );
+}
+
+/// MVCC at snapshot isolation is judged by the SI check; its serializability line is
+/// informative (SI allows write skew).
+#[test]
+fn mvcc_si_passes_the_snapshot_isolation_check() {
+    let (stdout, s) = txn_bench(
+        "si",
+        &[
+            "--protocol",
+            "mvcc",
+            "--isolation",
+            "si",
+            "--threads",
+            "2",
+            "--coroutines",
+            "4",
+            "--accounts",
+            "1000",
+            "--theta",
+            "0.99",
+            "--duration",
+            "1.5",
+        ],
+    );
+    let r = &s["runs"][0];
+    assert_eq!(r["protocol"], "mvcc-si");
+    assert_run_passed(r, &stdout);
+    assert!(
+        stdout.contains("snapshot isolation: ")
+            && stdout.contains("checked: no lost update, no snapshot read violation"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(informative, SI allows write skew) serializability: "),
+        "{stdout}"
+    );
+}
+
+/// At high contention, with a lock wait so short that waits time out: the timed-out
+/// Scythe transactions abort, their tickets are released in the background when their
+/// turn comes, and the run still passes every check.
 #[test]
 fn lock_wait_timeouts_release_their_tickets() {
-    let (stdout, report) = txn_bench(
+    let (stdout, s) = txn_bench(
         "wait",
         &[
+            "--protocol",
+            "scythe",
             "--accounts",
             "100",
             "--theta",
@@ -90,31 +248,119 @@ fn lock_wait_timeouts_release_their_tickets() {
             "--coroutines",
             "16",
             "--duration",
-            "2",
+            "1.5",
             "--lock-wait-us",
             "1",
         ],
     );
-    let timeouts = report["abort_reasons"]
+    let r = &s["runs"][0];
+    let timeouts = r["abort_reasons"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| r[0] == "lock-wait-timeout")
         .map_or(0, |r| r[1].as_u64().unwrap());
     assert!(timeouts > 0, "no wait timed out: {stdout}");
-    assert_eq!(report["locks_held"], 0, "{stdout}");
-    assert_eq!(report["invariant_holds"], true, "{stdout}");
-    assert_eq!(report["serializable"], true, "{stdout}");
+    assert_run_passed(r, &stdout);
+}
+
+/// A sweep runs each protocol at each point, prints the table with a point column and
+/// per-point ratios, and draws the chart.
+#[test]
+fn a_clients_sweep_prints_a_table_and_draws_a_chart() {
+    let chart = std::env::temp_dir().join(format!("txn-bench-sweep-{}.svg", std::process::id()));
+    let (stdout, s) = txn_bench(
+        "sweep",
+        &[
+            "--protocol",
+            "all",
+            "--sweep",
+            "clients=1,4",
+            "--threads",
+            "1",
+            "--accounts",
+            "1000",
+            "--theta",
+            "0.5",
+            "--duration",
+            "0.7",
+            "--chart",
+            chart.to_str().unwrap(),
+        ],
+    );
+    let runs = s["runs"].as_array().unwrap();
+    let got: Vec<(&str, &str)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["point"].as_str().unwrap(),
+                r["protocol"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("clients=1", "occ-cas"),
+            ("clients=1", "scythe"),
+            ("clients=1", "mvcc"),
+            ("clients=4", "occ-cas"),
+            ("clients=4", "scythe"),
+            ("clients=4", "mvcc"),
+        ]
+    );
+    assert_eq!(runs[3]["coroutines"], 4);
+    assert_eq!(s["sweep"], "clients=1,4");
+    assert!(
+        stdout.contains("ratio p99 scythe/occ-cas = ") && stdout.contains(" (clients=4)\n"),
+        "{stdout}"
+    );
+    assert_eq!(s["ratios"].as_array().unwrap().len(), 4);
+    let svg = std::fs::read_to_string(&chart).expect("chart written");
+    let _ = std::fs::remove_file(&chart);
+    assert!(
+        svg.starts_with("<svg") && svg.contains("occ-cas") && svg.contains("mvcc"),
+        "{svg:.200}"
+    );
 }
 
 #[test]
 fn bad_arguments_fail_cleanly() {
-    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
-        .args(["--threads", "0"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--threads"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    for (args, want) in [
+        (&["--threads", "0"][..], "--threads"),
+        (&["--protocol", "2pl"], "unknown protocol \"2pl\""),
+        (
+            &["--protocol", "occ-cas", "--isolation", "si"],
+            "--isolation si applies to mvcc",
+        ),
+        (
+            &["--protocol", "mvcc-si", "--isolation", "sr"],
+            "contradicts --isolation sr",
+        ),
+        (&["--isolation", "rc"], "--isolation"),
+        (
+            &["--sweep", "theta"],
+            "expected theta=V1,V2,... or clients=N1,N2,...",
+        ),
+        (&["--sweep", "theta=0,x"], "is not a Zipf theta"),
+        (&["--sweep", "clients=0"], "is not a number of coroutines"),
+        (
+            &["--sweep", "accounts=1,2"],
+            "unknown parameter \"accounts\"",
+        ),
+        (&["--memnodes", "0"], "--memnodes must be 1 to"),
+        (&["--versions", "0"], "--versions must be 1 to 64"),
+        (&["--chart", "x.pdf"], "must end in .svg or .png"),
+        (&["--theta=-1"], "theta must be >= 0"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing ran");
+    }
 }

@@ -1,6 +1,7 @@
-//! A SmallBank run survives a restart of its timestamp oracle (issue 12: "a short
-//! `txn-bench` keeps committing across a TSO restart"): the real `txn-bench` starts
-//! memnode, lockd and tso as processes over the shm fabric, SIGKILLs the oracle mid-run,
+//! A SmallBank run survives a restart of its timestamp oracle ("a short `txn-bench`
+//! keeps committing across a TSO restart"): the real `txn-bench` starts memnode, lockd
+//! and tso as processes over the shm fabric (Scythe, the default protocol, which takes
+//! its timestamps from the oracle at commit), SIGKILLs the oracle mid-run,
 //! restarts it with the same state directory and address, and every check must pass:
 //! commits after the restart, a larger epoch, every coordinator thread on the new
 //! incarnation, money conserved, no lock held, a serializable history.
@@ -39,8 +40,11 @@ fn smallbank_keeps_committing_across_a_sigkilled_oracle() {
         "txn-bench failed: {}\n{stdout}\n{stderr}",
         out.status
     );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
+    assert_eq!(summary["runs"].as_array().unwrap().len(), 1);
+    let report = &summary["runs"][0];
 
     let r = &report["tso_restart"];
     assert!(r.is_object(), "no restart was injected: {stdout}");

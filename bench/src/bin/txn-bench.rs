@@ -1,7 +1,8 @@
-//! `txn-bench`: SmallBank on a local cluster over the shm fabric (see
-//! [`bench::txnbench`]). Exits 0 when every check passed, 1 when a check failed (money,
-//! locks, a transaction type that never committed, serializability) or a coordinator hit
-//! a service failure, 2 on an error, 130 when interrupted.
+//! `txn-bench`: SmallBank on a local cluster over the shm fabric, one protocol or all of
+//! them compared (see [`bench::txnbench`]). Exits 0 when every check of every run passed,
+//! 1 when a check failed (money, locks, a transaction type that never committed,
+//! serializability, snapshot isolation for `mvcc-si`) or a coordinator hit a service
+//! failure, 2 on an error (bad flags included), 130 when interrupted.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
