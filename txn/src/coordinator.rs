@@ -259,9 +259,9 @@ pub struct TxnConfig {
     /// HotWatermark, wait this long so requests with smaller timestamps arrive first
     /// (default 20 us; zero turns it off).
     pub tocc_wait: Duration,
-    /// MVCC: how long a transaction that holds no lock waits for a locked CVT to be
-    /// released before it aborts ([`AbortReason::LockedOnRead`]); see [`crate::mvcc`]
-    /// (default 1 ms).
+    /// MVCC: how long a read-only transaction waits at commit for a CVT that was locked
+    /// when it read it to be released, before it aborts
+    /// ([`AbortReason::ValidationLocked`]); see [`crate::mvcc`] (default 1 ms).
     pub read_wait: Duration,
     /// CVT addresses each thread caches (default 2^20).
     pub cache_entries: usize,
@@ -544,6 +544,9 @@ pub(crate) struct Obj {
     pub write: Option<Write>,
     /// This transaction holds the CVT's lock word (OCC-CAS, MVCC).
     pub locked: bool,
+    /// MVCC: the CVT was locked by another transaction when this one read it (see
+    /// [`crate::mvcc`], locked CVTs).
+    pub seen_locked: bool,
 }
 
 impl Obj {
@@ -557,6 +560,7 @@ impl Obj {
             value: None,
             write: None,
             locked: false,
+            seen_locked: false,
         }
     }
 }

@@ -236,6 +236,22 @@ impl CvtRemote {
         Ok(None)
     }
 
+    /// The cached location of `(table, key)`'s CVT, without a READ (`None` on a miss).
+    /// The caller must check the key in what it then reads there.
+    pub fn cached(&self, table: u32, key: u64) -> Option<CvtLoc> {
+        let addr = self.cache.borrow_mut().get(table, key)?;
+        Some(CvtLoc {
+            part: partition_of(table, key, self.partitions()),
+            table,
+            addr,
+        })
+    }
+
+    /// Forget the cached location of `(table, key)` (it held another key's CVT).
+    pub fn forget(&self, table: u32, key: u64) {
+        self.cache.borrow_mut().remove(table, key);
+    }
+
     /// READ the CVT at `loc` again. Errors: as [`Self::lookup`].
     pub async fn read_cvt(&self, loc: CvtLoc) -> Result<Cvt, TxnError> {
         let t = self.table(loc.part, loc.table)?;

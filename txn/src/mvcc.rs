@@ -6,8 +6,9 @@
 //!   ([`crate::cvt::Cvt::select`]), READ its record, check the anchors against the cell.
 //!   No version below `s` while some cell is empty: the key did not exist at `s`; no
 //!   version below `s` with every cell full: GC took it ([`AbortReason::VersionGone`]).
-//! - **Read-write data** (`for_update`, inserts, deletes): CAS the CVT's lock word, then
-//!   READ the CVT under the lock. A version newer than `s` aborts
+//! - **Read-write data** (`for_update`, inserts, deletes): CAS the CVT's lock word and
+//!   READ the CVT in one round (Motor's CAS+READ; a READ that did not see our lock word
+//!   came before the CAS and is repeated), then READ the record. A version newer than `s` aborts
 //!   ([`AbortReason::NewerVersion`]): under SR Motor's early abort (the validation would
 //!   fail), under SI first-committer-wins (installing over it would lose its update).
 //!   An object read as read-only data and then written is locked at commit and must still
@@ -18,16 +19,22 @@
 //!   goes to the victim cell (coordinator-active GC, Motor 4.3) as version `c`, then the
 //!   locks are released. Read-only transactions commit at once, without validation.
 //!
-//! **Locked CVTs and read-only data.** Motor lets reads ignore locks. That is unsafe for
-//! reads that are never validated (read-only transactions, and SI): a writer that took
-//! its commit timestamp `c < s` may have installed some of its versions and not yet
-//! others, and a reader ignoring the lock would see half of it (a fractured read, a
-//! cycle in the serialization graph and a snapshot violation under SI). So a read that
-//! finds the CVT locked by another transaction waits for the lock to be released
-//! (READing the CVT again, up to [`crate::coordinator::TxnConfig::read_wait`]) when its
-//! transaction holds no lock, and aborts ([`AbortReason::LockedOnRead`]) when it holds
-//! one (waiting while holding could deadlock). Writers hold locks only from their
-//! execution to their write-back, so the wait is short.
+//! **Locked CVTs and read-only data.** Motor lets reads ignore locks. Alone, that is
+//! unsafe for reads that are never validated (read-only transactions, and read-write
+//! transactions under SI): a writer that took its commit timestamp `c < s` may have
+//! installed some of its versions and not yet others, and a reader would see half of it
+//! (a fractured read: a cycle in the serialization graph, a snapshot violation under
+//! SI). Reads here ignore locks too, but remember that the CVT was locked (by another
+//! transaction). Such a read, unless the SR validation at `c` covers it anyway, is
+//! checked at commit: the CVT is READ again, and must be unlocked (a read-only
+//! transaction, which holds no lock, waits up to
+//! [`crate::coordinator::TxnConfig::read_wait`] for that; one holding locks aborts at
+//! once, [`AbortReason::ValidationLocked`]) and must still show the version read at `s`
+//! ([`AbortReason::ValidationVersion`] otherwise: a version below `s` landed after the
+//! read). A read that saw the CVT unlocked needs no check: a writer takes its commit
+//! timestamp after its lock, so one that locked later commits after `s`, and one that
+//! unlocked earlier had installed everything (the lock word lies below the cells in the
+//! one READ of the CVT, see [`crate::occ_cas`] on that order).
 //!
 //! [`Cvt::select`]: crate::cvt::Cvt::select
 
@@ -88,23 +95,13 @@ async fn read_snapshot(
     table: u32,
     key: u64,
     s: Timestamp,
-    holds_locks: bool,
     early_abort: bool,
 ) -> Result<Obj, TxnError> {
     let mut o = Obj::absent(table, key);
-    let Some((loc, mut cvt)) = c.store.lookup(table, key).await? else {
+    let Some((loc, cvt)) = c.store.lookup(table, key).await? else {
         return Ok(o);
     };
-    let deadline = Instant::now() + c.cfg.read_wait;
-    let mut pause = Duration::from_micros(2);
-    while cvt.header.lock != 0 {
-        if holds_locks || Instant::now() >= deadline {
-            return Err(TxnError::Abort(AbortReason::LockedOnRead));
-        }
-        c.store.ctx().sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_micros(50));
-        cvt = c.store.read_cvt(loc).await?;
-    }
+    o.seen_locked = cvt.header.lock != 0;
     if early_abort && cvt.newer_than(s) {
         return Err(TxnError::Abort(AbortReason::NewerVersion));
     }
@@ -126,18 +123,35 @@ async fn lock_and_read(
 ) -> (Obj, Result<(), TxnError>) {
     let mut o = Obj::absent(table, key);
     let r = async {
-        let loc = match loc {
+        let loc = match loc.or_else(|| c.store.cached(table, key)) {
             Some(l) => Some(l),
             None => c.store.lookup(table, key).await?.map(|(l, _)| l),
         };
         let (loc, cvt) = match loc {
             Some(loc) => {
-                if c.store.lock(loc, 0, id).await? != 0 {
+                // CAS and READ in one round (Motor's doorbell-batched CAS+READ); a READ
+                // that did not see our lock word saw the CVT before the CAS and is
+                // repeated.
+                let (prev, cvt) =
+                    rrpc::runtime::join(c.store.lock(loc, 0, id), c.store.read_cvt(loc)).await;
+                if prev? != 0 {
                     return Err(TxnError::Abort(AbortReason::LockCas));
                 }
                 o.loc = Some(loc);
                 o.locked = true;
-                (loc, c.store.read_cvt(loc).await?)
+                let mut cvt = cvt?;
+                if cvt.header.lock != id {
+                    cvt = c.store.read_cvt(loc).await?;
+                }
+                if (cvt.header.table, cvt.header.key) != (table, key) {
+                    // A stale cache entry: we locked another key's CVT. Give it back
+                    // and abort; the retry searches the index.
+                    o.locked = false;
+                    c.store.lock(loc, id, 0).await?;
+                    c.store.forget(table, key);
+                    return Err(TxnError::Abort(AbortReason::TornRead));
+                }
+                (loc, cvt)
             }
             None => {
                 let (loc, cvt) = c.store.create(table, key, id, id).await?;
@@ -175,7 +189,7 @@ pub(crate) async fn fetch(t: &mut Txn<'_>, want: &[(u32, u64, bool)]) -> Result<
                 lock_and_read(c, id, tb, k, loc, s).await
             } else {
                 // SR aborts early on newer versions only in a transaction that writes.
-                match read_snapshot(c, tb, k, s, holds, sr && holds).await {
+                match read_snapshot(c, tb, k, s, sr && holds).await {
                     Ok(o) => (o, Ok(())),
                     Err(e) => (Obj::absent(tb, k), Err(e)),
                 }
@@ -219,7 +233,9 @@ pub(crate) async fn commit(t: &mut Txn<'_>) -> Result<(), TxnError> {
         return Ok(()); // Nothing read, nothing written.
     };
     if t.objs.iter().all(|o| o.write.is_none()) {
-        // Read-only: a snapshot at `s` (Motor 5.1, "Processing Read-Only Transactions").
+        // Read-only: a snapshot at `s` (Motor 5.1, "Processing Read-Only Transactions"),
+        // once the reads that met a lock are known not to be fractured.
+        check_locked_reads(t, s, true).await?;
         t.record(Some((s, s)), Timestamp::ZERO);
         return Ok(());
     }
@@ -234,12 +250,47 @@ pub(crate) async fn commit(t: &mut Txn<'_>) -> Result<(), TxnError> {
         fetch(t, &late).await?;
     }
     let commit_ts = c.timestamp().await?;
-    if isolation(c) == Isolation::Serializable {
-        validate(t, commit_ts).await?;
+    match isolation(c) {
+        Isolation::Serializable => validate(t, commit_ts).await?,
+        Isolation::Snapshot => check_locked_reads(t, s, false).await?,
     }
     write_back(t, |_| commit_ts).await?;
     t.record(Some((s, commit_ts)), commit_ts);
     Ok(())
+}
+
+/// The commit-time check of reads that met a locked CVT (module docs): READ the CVT
+/// again until it is unlocked (waiting only with `wait`, up to the read wait), then the
+/// version visible at `s` must be the one read.
+async fn check_locked_reads(t: &mut Txn<'_>, s: Timestamp, wait: bool) -> Result<(), TxnError> {
+    let c = t.c;
+    let checks = t
+        .objs
+        .iter()
+        .filter(|o| o.seen_locked && !o.locked)
+        .filter_map(|o| o.loc.map(|l| (l, o.version)));
+    let results = join_all(checks.map(|(loc, version)| async move {
+        let deadline = Instant::now() + c.cfg.read_wait;
+        let mut pause = Duration::from_micros(2);
+        let mut cvt = c.store.read_cvt(loc).await?;
+        while cvt.header.lock != 0 {
+            if !wait || Instant::now() >= deadline {
+                return Err(TxnError::Abort(AbortReason::ValidationLocked));
+            }
+            c.store.ctx().sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_micros(50));
+            cvt = c.store.read_cvt(loc).await?;
+        }
+        let now = cvt
+            .select(s)
+            .map_or(Timestamp::ZERO, |i| cvt.cells[i].version);
+        if now != version {
+            return Err(TxnError::Abort(AbortReason::ValidationVersion));
+        }
+        Ok(())
+    }))
+    .await;
+    results.into_iter().collect()
 }
 
 /// SR validation of read-only data at the commit timestamp (Motor 5.1, phase 2).
