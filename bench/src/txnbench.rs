@@ -158,8 +158,10 @@ pub struct Args {
 /// The `--protocol` flag: one protocol, or all of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProtocolArg {
-    /// One protocol (`mvcc` at the isolation of `--isolation`).
+    /// One protocol named with its isolation (`mvcc-sr`, `mvcc-si`) or without one.
     One(Protocol),
+    /// `mvcc`: MVCC at the isolation of `--isolation`.
+    Mvcc,
     /// `occ-cas`, `scythe` and `mvcc` (at `--isolation`), one after another.
     All,
 }
@@ -167,12 +169,13 @@ pub enum ProtocolArg {
 impl FromStr for ProtocolArg {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        if s == "all" {
-            return Ok(Self::All);
+        match s {
+            "all" => Ok(Self::All),
+            "mvcc" => Ok(Self::Mvcc),
+            _ => s.parse::<Protocol>().map(Self::One).map_err(|_| {
+                format!("unknown protocol {s:?}: occ-cas, scythe, mvcc (mvcc-sr), mvcc-si or all")
+            }),
         }
-        s.parse::<Protocol>()
-            .map(Self::One)
-            .map_err(|_| format!("unknown protocol {s:?}: occ-cas, scythe, mvcc, mvcc-si or all"))
     }
 }
 
@@ -267,11 +270,12 @@ impl Args {
         };
         Ok(match (self.protocol, self.isolation) {
             (ProtocolArg::All, _) => vec![Protocol::OccCas, Protocol::Scythe, Protocol::Mvcc(iso)],
-            (ProtocolArg::One(Protocol::Mvcc(Isolation::Serializable)), _) => {
-                vec![Protocol::Mvcc(iso)]
-            }
-            (ProtocolArg::One(Protocol::Mvcc(Isolation::Snapshot)), Some(IsolationArg::Sr)) => {
-                bail!("--protocol mvcc-si contradicts --isolation sr (use --protocol mvcc --isolation sr)")
+            (ProtocolArg::Mvcc, _) => vec![Protocol::Mvcc(iso)],
+            (ProtocolArg::One(p @ Protocol::Mvcc(i)), Some(_)) if i != iso => {
+                bail!(
+                "--protocol {p} contradicts --isolation {} (use --protocol mvcc --isolation LEVEL)",
+                if iso == Isolation::Snapshot { "si" } else { "sr" }
+            )
             }
             (ProtocolArg::One(p @ Protocol::Mvcc(_)), _) => vec![p],
             (ProtocolArg::One(p), Some(IsolationArg::Si)) => bail!(
@@ -1098,4 +1102,85 @@ fn audit(
     ex.run();
     let r = out.borrow_mut().take();
     r.unwrap_or_else(|| bail!("audit: the audit coroutine did not finish"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Args {
+        Args::parse_from(std::iter::once("txn-bench").chain(a.iter().copied()))
+    }
+
+    fn names(a: &[&str]) -> Result<Vec<&'static str>, String> {
+        args(a)
+            .protocols()
+            .map(|v| v.iter().map(|p| p.name()).collect())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn protocol_and_isolation_flags() {
+        assert_eq!(names(&[]).unwrap(), ["scythe"]);
+        assert_eq!(
+            names(&["--protocol", "all"]).unwrap(),
+            ["occ-cas", "scythe", "mvcc"]
+        );
+        assert_eq!(
+            names(&["--protocol", "all", "--isolation", "si"]).unwrap(),
+            ["occ-cas", "scythe", "mvcc-si"]
+        );
+        assert_eq!(names(&["--protocol", "mvcc"]).unwrap(), ["mvcc"]);
+        assert_eq!(
+            names(&["--protocol", "mvcc", "--isolation", "si"]).unwrap(),
+            ["mvcc-si"]
+        );
+        assert_eq!(names(&["--protocol", "mvcc-si"]).unwrap(), ["mvcc-si"]);
+        assert_eq!(
+            names(&["--protocol", "mvcc-sr", "--isolation", "sr"]).unwrap(),
+            ["mvcc"]
+        );
+        let e = names(&["--protocol", "mvcc-sr", "--isolation", "si"]).unwrap_err();
+        assert!(e.contains("contradicts --isolation si"), "{e}");
+        let e = names(&["--protocol", "mvcc-si", "--isolation", "sr"]).unwrap_err();
+        assert!(e.contains("contradicts --isolation sr"), "{e}");
+        let e = names(&["--protocol", "scythe", "--isolation", "si"]).unwrap_err();
+        assert!(e.contains("--isolation si applies to mvcc"), "{e}");
+        let e = Args::try_parse_from(["txn-bench", "--protocol", "2pl"]).unwrap_err();
+        assert!(e.to_string().contains("unknown protocol \"2pl\""), "{e}");
+    }
+
+    #[test]
+    fn sweeps_parse_and_name_their_points() {
+        assert_eq!(
+            "theta=0, 0.5,0.99".parse::<Sweep>(),
+            Ok(Sweep::Theta(vec![0.0, 0.5, 0.99]))
+        );
+        assert_eq!(
+            "clients=8,16".parse::<Sweep>(),
+            Ok(Sweep::Clients(vec![8, 16]))
+        );
+        assert_eq!(Sweep::Theta(vec![0.0, 0.5]).to_string(), "theta=0,0.5");
+        for bad in [
+            "theta",
+            "theta=",
+            "theta=1,,2",
+            "theta=-1",
+            "theta=inf",
+            "clients=0",
+            "clients=1.5",
+            "x=1",
+        ] {
+            assert!(bad.parse::<Sweep>().is_err(), "{bad}");
+        }
+        let a = args(&["--sweep", "clients=2,4", "--theta", "0.7"]);
+        let p = a.points();
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[1].coroutines, p[1].theta), (4, 0.7));
+        assert_eq!(p[1].label.as_deref(), Some("clients=4"));
+        let p = args(&["--sweep", "theta=0,1.2", "--coroutines", "3"]).points();
+        assert_eq!((p[1].coroutines, p[1].theta), (3, 1.2));
+        assert_eq!(p[0].label.as_deref(), Some("theta=0"));
+        assert_eq!(args(&[]).points()[0].label, None);
+    }
 }
