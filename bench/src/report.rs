@@ -609,6 +609,11 @@ pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
                 point: p.clone(),
                 value: div(sc.p99_us, occ.p99_us),
             });
+            out.push(Ratio {
+                name: "throughput scythe/occ-cas".into(),
+                point: p.clone(),
+                value: div(sc.throughput_tps, occ.throughput_tps),
+            });
         }
         if let Some(mv) = find(&|n| n.starts_with("mvcc")) {
             out.push(Ratio {
@@ -909,6 +914,7 @@ mod tests {
             lines,
             [
                 "ratio p99 scythe/occ-cas = 0.50",
+                "ratio throughput scythe/occ-cas = 1.50",
                 "ratio throughput mvcc-si/occ-cas = 3.00"
             ]
         );
@@ -960,7 +966,8 @@ mod tests {
             lines,
             [
                 "ratio throughput mvcc/occ-cas = 0.50 (theta=0)",
-                "ratio p99 scythe/occ-cas = n/a (theta=1.2)"
+                "ratio p99 scythe/occ-cas = n/a (theta=1.2)",
+                "ratio throughput scythe/occ-cas = n/a (theta=1.2)"
             ]
         );
         assert!(comparison(&runs)

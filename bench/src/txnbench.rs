@@ -122,6 +122,13 @@ pub struct Args {
     /// Server threads of the lock service.
     #[arg(long, default_value_t = 1)]
     pub lockd_threads: usize,
+    /// Scythe's ColdWatermark (queued tickets above which a cold-mode Lock RPC is
+    /// refused and the retry runs TOCC).
+    #[arg(long, default_value_t = 3, value_name = "TICKETS")]
+    pub cold_watermark: u64,
+    /// Scythe's HotWatermark (queued tickets above which every Lock RPC is refused).
+    #[arg(long, default_value_t = 10, value_name = "TICKETS")]
+    pub hot_watermark: u64,
     /// Longest randomized exponential backoff after a conflict abort, in microseconds
     /// (0 retries at once).
     #[arg(long, default_value_t = 100)]
@@ -648,6 +655,10 @@ fn run_one(
                 (2 * args.accounts).to_string(),
                 "--threads".into(),
                 args.lockd_threads.to_string(),
+                "--cold-watermark".into(),
+                args.cold_watermark.to_string(),
+                "--hot-watermark".into(),
+                args.hot_watermark.to_string(),
             ]),
             t,
         )?)

@@ -32,8 +32,9 @@ pub fn initial_total(accounts: u64) -> i64 {
 /// CVT cells per record when none is configured (Motor 7.3: SmallBank peaks at 3 to 4).
 pub const DEFAULT_VERSIONS: usize = 4;
 
-/// The version loaded data carries: below every timestamp the oracle hands out.
-pub const LOAD_VERSION: Timestamp = Timestamp(1);
+/// The version loaded data carries: [`Timestamp::ZERO`], below every timestamp the
+/// oracle hands out (its first is 1, even in epoch 0), so every snapshot sees it.
+pub const LOAD_VERSION: Timestamp = Timestamp::ZERO;
 
 /// Build both tables of partition `partition` of `partitions` for `accounts` accounts
 /// (keys `0..accounts`, each loaded on the partition [`partition_of`] gives it) as CVT
