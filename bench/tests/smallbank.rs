@@ -114,7 +114,14 @@ fn all_protocols(name: &str, args: &[&str]) -> (String, serde_json::Value) {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    assert_eq!(ratios, ["p99 scythe/occ-cas", "throughput mvcc/occ-cas"]);
+    assert_eq!(
+        ratios,
+        [
+            "p99 scythe/occ-cas",
+            "throughput scythe/occ-cas",
+            "throughput mvcc/occ-cas"
+        ]
+    );
     // One table row per protocol, each with its verdicts.
     for p in ["occ-cas", "scythe", "mvcc"] {
         let row = stdout
@@ -315,7 +322,7 @@ fn a_clients_sweep_prints_a_table_and_draws_a_chart() {
         stdout.contains("ratio p99 scythe/occ-cas = ") && stdout.contains(" (clients=4)\n"),
         "{stdout}"
     );
-    assert_eq!(s["ratios"].as_array().unwrap().len(), 4);
+    assert_eq!(s["ratios"].as_array().unwrap().len(), 6);
     let svg = std::fs::read_to_string(&chart).expect("chart written");
     let _ = std::fs::remove_file(&chart);
     assert!(
