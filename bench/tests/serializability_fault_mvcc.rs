@@ -7,27 +7,12 @@
 
 mod common;
 
-use std::time::Duration;
-
 use txn::coordinator::{Isolation, Protocol};
 
 #[test]
 fn mvcc_commits_a_cycle_when_read_only_validation_is_skipped() {
-    txn::fault::skip_read_only_validation(true);
-    let run = common::write_skew(
+    common::assert_cycle_without_read_only_validation(
         "ws-fault-mvcc",
         Protocol::Mvcc(Isolation::Serializable),
-        4,
-        2,
-        16,
-        Duration::from_secs(2),
     );
-    let v = txn::serializability::check(&run.history);
-    eprintln!("{v} ({} commits)", run.commits);
-    assert!(
-        !v.is_serializable(),
-        "no cycle in {} commits: {v}",
-        run.commits
-    );
-    assert!(v.to_string().contains("CYCLE of "), "{v}");
 }

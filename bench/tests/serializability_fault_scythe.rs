@@ -8,27 +8,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use txn::coordinator::Protocol;
 
 #[test]
 fn scythe_commits_a_cycle_when_read_only_validation_is_skipped() {
-    txn::fault::skip_read_only_validation(true);
-    let run = common::write_skew(
-        "ws-fault-scythe",
-        Protocol::Scythe,
-        4,
-        2,
-        16,
-        Duration::from_secs(2),
-    );
-    let v = txn::serializability::check(&run.history);
-    eprintln!("{v} ({} commits)", run.commits);
-    assert!(
-        !v.is_serializable(),
-        "no cycle in {} commits: {v}",
-        run.commits
-    );
-    assert!(v.to_string().contains("CYCLE of "), "{v}");
+    common::assert_cycle_without_read_only_validation("ws-fault-scythe", Protocol::Scythe);
 }

@@ -471,8 +471,24 @@ impl TxnClient {
             return Err(TxnError::Abort(AbortReason::LockedOnRead));
         }
         let mut o = Obj::absent(table, key);
+        let newest = cvt.newest();
+        self.fill(&mut o, loc, cvt, newest).await?;
+        Ok(o)
+    }
+
+    /// Fill `o` from its CVT at `loc` as read (`cvt`) and the version in `cell` (`None`:
+    /// no version visible): the version, and the value READ from its record (none for a
+    /// tombstone). Errors: [`AbortReason::TornRead`] when the record does not match its
+    /// cell; service failures.
+    pub(crate) async fn fill(
+        &self,
+        o: &mut Obj,
+        loc: CvtLoc,
+        cvt: Cvt,
+        cell: Option<usize>,
+    ) -> Result<(), TxnError> {
         o.loc = Some(loc);
-        if let Some(i) = cvt.newest() {
+        if let Some(i) = cell {
             let cell = cvt.cells[i];
             o.version = cell.version;
             if !cell.deleted {
@@ -483,7 +499,7 @@ impl TxnClient {
             }
         }
         o.cvt = Some(cvt);
-        Ok(o)
+        Ok(())
     }
 
     /// Whether `(table, key)`'s CVT lock word is held (OCC-CAS, MVCC), for audits.

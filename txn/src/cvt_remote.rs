@@ -267,6 +267,21 @@ impl CvtRemote {
         Err(TxnError::Abort(AbortReason::TornRead))
     }
 
+    /// READ the CVT of `(table, key)` again: at `loc` when the key had one, else by
+    /// searching its bucket chain (`None` while it still has none). Errors: as
+    /// [`Self::lookup`].
+    pub async fn reread(
+        &self,
+        table: u32,
+        key: u64,
+        loc: Option<CvtLoc>,
+    ) -> Result<Option<Cvt>, TxnError> {
+        match loc {
+            Some(loc) => self.read_cvt(loc).await.map(Some),
+            None => Ok(self.lookup(table, key).await?.map(|(_, cvt)| cvt)),
+        }
+    }
+
     /// READ the record of `cell` (a cell of the CVT at `loc`) and check its anchors against
     /// the cell. The inner `Err` says the record was torn or is another version's (GC
     /// reused the buffer): the caller aborts or reads again.

@@ -74,19 +74,8 @@ async fn read_at(
     cvt: Cvt,
     ts: Timestamp,
 ) -> Result<(), TxnError> {
-    o.loc = Some(loc);
-    if let Some(i) = visible(&cvt, ts).map_err(TxnError::Abort)? {
-        let cell = cvt.cells[i];
-        o.version = cell.version;
-        if !cell.deleted {
-            match c.store.read_version(loc, &cell).await? {
-                Ok(v) => o.value = Some(v),
-                Err(_) => return Err(TxnError::Abort(AbortReason::TornRead)),
-            }
-        }
-    }
-    o.cvt = Some(cvt);
-    Ok(())
+    let cell = visible(&cvt, ts).map_err(TxnError::Abort)?;
+    c.fill(o, loc, cvt, cell).await
 }
 
 /// A read of read-only data at `s` (see the module docs on locked CVTs).
@@ -300,15 +289,12 @@ async fn validate(t: &mut Txn<'_>, commit_ts: Timestamp) -> Result<(), TxnError>
     if crate::fault::skipping_read_only_validation() {
         return Ok(());
     }
-    let seen = join_all(t.objs.iter().filter(|o| !o.locked).map(|o| {
-        let (table, key, loc) = (o.table, o.key, o.loc);
-        async move {
-            match loc {
-                Some(loc) => c.store.read_cvt(loc).await.map(Some),
-                None => Ok(c.store.lookup(table, key).await?.map(|(_, cvt)| cvt)),
-            }
-        }
-    }))
+    let seen = join_all(
+        t.objs
+            .iter()
+            .filter(|o| !o.locked)
+            .map(|o| c.store.reread(o.table, o.key, o.loc)),
+    )
     .await;
     for (o, cvt) in t.objs.iter().filter(|o| !o.locked).zip(seen) {
         let Some(cvt) = cvt? else { continue };

@@ -96,16 +96,7 @@ pub(crate) fn newest_version(cvt: &crate::cvt::Cvt) -> Timestamp {
 /// The CVTs of locked objects are kept for the write-back.
 pub(crate) async fn validate(t: &mut Txn<'_>) -> Result<(), TxnError> {
     let c = t.c;
-    let seen = join_all(t.objs.iter().map(|o| {
-        let (table, key, loc) = (o.table, o.key, o.loc);
-        async move {
-            match loc {
-                Some(loc) => c.store.read_cvt(loc).await.map(Some),
-                None => Ok(c.store.lookup(table, key).await?.map(|(_, cvt)| cvt)),
-            }
-        }
-    }))
-    .await;
+    let seen = join_all(t.objs.iter().map(|o| c.store.reread(o.table, o.key, o.loc))).await;
     let mut reason = None;
     #[cfg(feature = "fault-injection")]
     let skip = crate::fault::skipping_read_only_validation();

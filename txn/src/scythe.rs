@@ -237,13 +237,7 @@ async fn validate(t: &mut Txn<'_>) -> Result<(), TxnError> {
         });
         let records = round.records.iter().map(|&k| {
             let o = &objs[index[k]];
-            let (table, key, loc) = (o.table, o.key, o.loc);
-            async move {
-                match loc {
-                    Some(loc) => c.store.read_cvt(loc).await.map(Some),
-                    None => Ok(c.store.lookup(table, key).await?.map(|(_, cvt)| cvt)),
-                }
-            }
+            c.store.reread(o.table, o.key, o.loc)
         });
         let (busy, seen) = join(join_all(busy), join_all(records)).await;
         let busy = busy.into_iter().collect::<Result<Vec<bool>, _>>()?;

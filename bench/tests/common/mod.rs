@@ -40,6 +40,23 @@ pub struct Run {
     pub commits: u64,
 }
 
+/// The fault tests' body: with the validation of read-only objects switched off (the
+/// fault switch of test builds, process-wide: call this from a test binary of its own),
+/// the write-skew workload under `protocol` (4 accounts, 2 x 16 coordinators, 2 s) must
+/// commit a history in which the serializability check reports a cycle.
+pub fn assert_cycle_without_read_only_validation(name: &str, protocol: Protocol) {
+    txn::fault::skip_read_only_validation(true);
+    let run = write_skew(name, protocol, 4, 2, 16, Duration::from_secs(2));
+    let v = txn::serializability::check(&run.history);
+    eprintln!("{v} ({} commits)", run.commits);
+    assert!(
+        !v.is_serializable(),
+        "no cycle in {} commits: {v}",
+        run.commits
+    );
+    assert!(v.to_string().contains("CYCLE of "), "{v}");
+}
+
 /// Run the workload with `protocol` on `accounts` accounts with `threads` x
 /// `coroutines` coordinators for `run_for`, recording the committed history.
 pub fn write_skew(
