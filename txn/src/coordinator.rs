@@ -847,7 +847,10 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    /// Record this committed transaction (`versions[i]`: what write `i` installed).
+    /// Record this committed transaction: each object read at its version, each write at
+    /// the version it installed: `new_version` (MVCC's commit timestamp), or for
+    /// [`Timestamp::ZERO`] the version read + 1 (the single-version protocols); with
+    /// `times` (start, commit) for the snapshot-isolation check.
     pub(crate) fn record(&self, times: Option<(Timestamp, Timestamp)>, new_version: Timestamp) {
         if self.c.cfg.history_limit_bytes.is_none() {
             return;
