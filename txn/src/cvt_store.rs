@@ -41,6 +41,9 @@ pub struct CvtTableExport {
     /// Insert guards: one 8-byte word per bucket (0 free, else an inserter's id), taken
     /// with CAS by inserts of keys whose home bucket it is (`cvt_remote`).
     pub guards: MrDesc,
+    /// Records loaded (inserts at run time are not counted).
+    #[serde(default)]
+    pub records_loaded: u64,
 }
 
 impl CvtTableExport {
@@ -117,6 +120,7 @@ impl CvtTableBuilder {
                 n_buckets,
                 values: values.desc(),
                 guards: guards.desc(),
+                records_loaded: 0,
             },
             index,
             values,
@@ -180,7 +184,8 @@ impl CvtTableBuilder {
 
     /// The export, and the regions (index, values, insert guards), which must outlive
     /// serving.
-    pub fn finish(self) -> (CvtTableExport, [MemoryRegion; 3]) {
+    pub fn finish(mut self) -> (CvtTableExport, [MemoryRegion; 3]) {
+        self.export.records_loaded = self.records;
         (self.export, [self.index, self.values, self.guards])
     }
 }

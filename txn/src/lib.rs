@@ -7,7 +7,8 @@
 //! - [`cvt_store`]: a memory node's CVT table (index of CVT buckets, value region with
 //!   one record buffer per cell) and its export;
 //! - [`store`]: the key hash and table-building errors;
-//! - [`smallbank`]: the SmallBank tables and loader;
+//! - [`smallbank`]: the SmallBank tables and loader; [`tatp`]: TATP's four tables, their
+//!   generated population and loader, and the consistency check after a run;
 //! - [`cvt_remote`]: a compute thread's one-sided access to the CVT tables of every
 //!   memory node (lookup through the address cache, version READ, lock CAS, install,
 //!   insert), tables partitioned across memory nodes by key;
@@ -40,4 +41,5 @@ pub mod serializability;
 pub mod smallbank;
 pub mod snapshot_isolation;
 pub mod store;
+pub mod tatp;
 pub mod validation;
