@@ -46,6 +46,11 @@ pub fn default_bin_dir() -> PathBuf {
 }
 
 impl LocalCluster {
+    /// The cluster's name (what child processes and fabrics open).
+    pub fn name(&self) -> &str {
+        self.dir.name()
+    }
+
     /// Prepare cluster `cluster`: a stale shm directory from a crashed run is removed (and
     /// reported); a directory in use by live nodes is an error.
     pub fn new(cluster: &str, bin_dir: PathBuf) -> anyhow::Result<Self> {

@@ -6,6 +6,7 @@ pub mod peers;
 pub mod plot;
 pub mod report;
 pub mod smallbank;
+pub mod tatp;
 pub mod txnbench;
 
 /// The body of a benchmark binary's `main`: logs to stderr at `warn` unless `RUST_LOG`

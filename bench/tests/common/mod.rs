@@ -67,44 +67,13 @@ pub fn write_skew(
     coroutines: usize,
     run_for: Duration,
 ) -> Run {
-    let cluster_name = format!("{name}-{}", std::process::id());
-    let mut cluster = LocalCluster::new(&cluster_name, default_bin_dir()).unwrap();
-    let t = Duration::from_secs(60);
-    let memnode = cluster
-        .start(
-            "memnode",
-            10,
-            &["--smallbank-accounts".into(), accounts.to_string()],
-            t,
-        )
-        .unwrap();
-    let lockd = protocol.needs_lockd().then(|| {
-        cluster
-            .start(
-                "lockd",
-                2,
-                &["--locks".into(), (2 * accounts).to_string()],
-                t,
-            )
-            .unwrap()
-    });
-    // With a state directory the oracle runs in epoch 1 or later: its timestamps are
-    // then above the loaded data's version (`txn::smallbank::LOAD_VERSION`), which an
-    // epoch-0 oracle's first timestamps are not (MVCC would not see the loaded data).
-    let tso_state = tempfile::tempdir().unwrap();
-    let tso = cluster
-        .start(
-            "tso",
-            3,
-            &["--state-dir".into(), tso_state.path().display().to_string()],
-            t,
-        )
-        .unwrap();
-    let addrs = ClusterAddrs {
-        memnodes: vec![memnode],
-        lockd,
-        tso,
-    };
+    let (cluster, addrs, _tso_state) = start_cluster(
+        name,
+        protocol,
+        &["--smallbank-accounts".into(), accounts.to_string()],
+        2 * accounts,
+    );
+    let cluster_name = cluster.name().to_string();
     let kind = FabricKind::from_env().unwrap();
     let handles: Vec<_> = (0..threads)
         .map(|tid| {
@@ -127,8 +96,44 @@ pub fn write_skew(
         history.append(hist);
         commits += c;
     }
-    cluster.shutdown();
+    drop(cluster);
     Run { history, commits }
+}
+
+/// A local cluster for `protocol`: a memory node (node 10) loaded as `memnode_args`
+/// say, a lock service with `locks` locks when the protocol needs one, and a timestamp
+/// oracle with a state directory (kept alive by the returned guard). With a state
+/// directory the oracle runs in epoch 1 or later.
+pub fn start_cluster(
+    name: &str,
+    protocol: Protocol,
+    memnode_args: &[String],
+    locks: u64,
+) -> (LocalCluster, ClusterAddrs, tempfile::TempDir) {
+    let cluster_name = format!("{name}-{}", std::process::id());
+    let mut cluster = LocalCluster::new(&cluster_name, default_bin_dir()).unwrap();
+    let t = Duration::from_secs(60);
+    let memnode = cluster.start("memnode", 10, memnode_args, t).unwrap();
+    let lockd = protocol.needs_lockd().then(|| {
+        cluster
+            .start("lockd", 2, &["--locks".into(), locks.to_string()], t)
+            .unwrap()
+    });
+    let tso_state = tempfile::tempdir().unwrap();
+    let tso = cluster
+        .start(
+            "tso",
+            3,
+            &["--state-dir".into(), tso_state.path().display().to_string()],
+            t,
+        )
+        .unwrap();
+    let addrs = ClusterAddrs {
+        memnodes: vec![memnode],
+        lockd,
+        tso,
+    };
+    (cluster, addrs, tso_state)
 }
 
 fn coordinator(

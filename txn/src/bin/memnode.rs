@@ -21,6 +21,13 @@ struct Args {
     /// node's partition of them).
     #[arg(long)]
     smallbank_accounts: Option<u64>,
+    /// Load the TATP tables (subscriber, access_info, special_facility,
+    /// call_forwarding) for this many subscribers (this node's partition of them).
+    #[arg(long, conflicts_with = "smallbank_accounts")]
+    tatp_subscribers: Option<u64>,
+    /// Seed of the TATP population (every memory node of a cluster must use the same).
+    #[arg(long, default_value_t = 1)]
+    tatp_seed: u64,
     /// Version cells per CVT (Motor's VNum: how many versions each record keeps).
     #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS)]
     versions: usize,
@@ -66,6 +73,28 @@ fn run(args: Args) -> anyhow::Result<()> {
             accounts = n,
             ms = t0.elapsed().as_millis() as u64,
             "loaded SmallBank"
+        );
+    }
+    if let Some(n) = args.tatp_subscribers {
+        if n < 1 {
+            bail!("--tatp-subscribers must be at least 1");
+        }
+        let t0 = std::time::Instant::now();
+        for (export, mrs) in txn::tatp::load(
+            &fabric,
+            n,
+            args.tatp_seed,
+            args.versions,
+            args.partition,
+            args.partitions,
+        )? {
+            tables.push(export);
+            regions.push(mrs);
+        }
+        tracing::info!(
+            subscribers = n,
+            ms = t0.elapsed().as_millis() as u64,
+            "loaded TATP"
         );
     }
     let mut exports = BTreeMap::new();
