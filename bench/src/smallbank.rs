@@ -85,10 +85,13 @@ pub struct TxnArgs {
     pub b: u64,
 }
 
-/// Draws transaction types and Zipf-distributed accounts.
+/// Draws transaction types and Zipf-distributed accounts, optionally with a hot set.
 pub struct Generator {
     zipf: Zipf<f64>,
     accounts: u64,
+    /// FORD's hot accounts: `(n, fraction)`, accounts `0..n` drawn uniformly for
+    /// `fraction` of the draws.
+    hot: Option<(u64, f64)>,
 }
 
 impl Generator {
@@ -97,10 +100,36 @@ impl Generator {
         anyhow::ensure!(accounts >= 2, "need at least 2 accounts");
         anyhow::ensure!(theta >= 0.0 && theta.is_finite(), "theta must be >= 0");
         let zipf = Zipf::new(accounts as f64, theta).map_err(|e| anyhow::anyhow!("zipf: {e}"))?;
-        Ok(Self { zipf, accounts })
+        Ok(Self {
+            zipf,
+            accounts,
+            hot: None,
+        })
+    }
+
+    /// FORD's hot-account option: for `fraction` (0 to 1) of the draws the account is
+    /// drawn uniformly from the `hot` accounts `0..hot` (at least 2, at most all), the
+    /// rest as [`Generator::new`] draws them. Errors: bad `hot` or `fraction`.
+    pub fn with_hot(mut self, hot: u64, fraction: f64) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            (2..=self.accounts).contains(&hot),
+            "hot accounts must be 2 to the number of accounts ({}), got {hot}",
+            self.accounts
+        );
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&fraction),
+            "the hot fraction must lie in 0..=1, got {fraction}"
+        );
+        self.hot = Some((hot, fraction));
+        Ok(self)
     }
 
     fn account(&self, rng: &mut impl Rng) -> u64 {
+        if let Some((n, f)) = self.hot {
+            if rng.random_bool(f) {
+                return rng.random_range(0..n);
+            }
+        }
         (self.zipf.sample(rng) as u64 - 1).min(self.accounts - 1)
     }
 
@@ -217,6 +246,12 @@ mod tests {
         }
         // Zipf 0.99 over 1000 keys: the hottest key gets about 13% of draws, far above 0.1%.
         assert!(hot > 8_000, "hottest account drawn {hot} times");
+        // FORD's hot set: 90% of draws on accounts 0..10, uniform among them.
+        let h = Generator::new(1000, 0.0).unwrap().with_hot(10, 0.9).unwrap();
+        let in_hot = (0..100_000).filter(|_| h.next(&mut rng).a < 10).count();
+        assert!((89_000..91_500).contains(&in_hot), "{in_hot} draws in the hot set");
+        assert!(Generator::new(1000, 0.0).unwrap().with_hot(1, 0.5).is_err());
+        assert!(Generator::new(1000, 0.0).unwrap().with_hot(10, 1.5).is_err());
         let u = Generator::new(1000, 0.0).unwrap();
         let hot_u = (0..100_000).filter(|_| u.next(&mut rng).a == 0).count();
         assert!(hot_u < 300, "uniform draw too skewed: {hot_u}");
