@@ -403,17 +403,17 @@ impl CvtRemote {
         guard: u64,
     ) -> Result<(CvtLoc, Cvt), TxnError> {
         let part = partition_of(table, key, self.partitions());
-        let t = self.table(part, table)?.clone();
+        let t = self.table(part, table)?;
         let node = self.nodes[part as usize];
-        let home = t.home_bucket(key);
-        let guard_at = t.guard_addr(home);
+        let guard_at = t.guard_addr(t.home_bucket(key));
         let prev = self.ctx.cas(node, guard_at, 0, guard).await?;
         if prev != 0 {
             return Err(TxnError::Abort(AbortReason::InsertRace));
         }
-        let r = self.create_guarded(&t, node, part, key, lock_word).await;
-        // The guard is released on every path (a failed WRITE leaves it to be seen as
-        // held; the node is then unreachable anyway).
+        let r = self.create_guarded(t, node, part, key, lock_word).await;
+        // The guard is released on every path out (if this CAS fails too, the memory
+        // node is unreachable and the guard stays held: inserts into this bucket then
+        // abort with `InsertRace` until it comes back; there is no lease).
         let unguard = self.ctx.cas(node, guard_at, guard, 0).await;
         let made = r?;
         unguard?;
