@@ -873,27 +873,24 @@ impl<'a> Txn<'a> {
 
 impl Drop for Txn<'_> {
     fn drop(&mut self) {
-        // Tickets release themselves when dropped; CVT lock words need a WRITE.
-        let locs: Vec<CvtLoc> = self
+        // Tickets release themselves when dropped; CVT lock words need a WRITE, from a
+        // coroutine of their own since a drop cannot wait.
+        let targets: Vec<_> = self
             .objs
             .iter()
             .filter(|o| o.locked)
-            .filter_map(|o| o.loc)
+            .filter_map(|o| self.c.store.lock_target(o.loc?).ok())
             .collect();
-        if locs.is_empty() {
+        if targets.is_empty() {
             return;
         }
-        let targets: Vec<_> = locs
-            .iter()
-            .filter_map(|&l| self.c.store.lock_target(l).ok())
-            .collect();
         let ctx = self.c.store.ctx().clone();
-        let ctx2 = ctx.clone();
-        ctx.spawn(async move {
-            for (node, at) in targets {
-                if let Err(e) = ctx2.write(node, at, &0u64.to_le_bytes()).await {
-                    tracing::warn!(error = %e, "releasing a dropped transaction's CVT lock");
-                }
+        self.c.store.ctx().spawn(async move {
+            const FREE: [u8; 8] = [0; 8];
+            let wrote =
+                join_all(targets.iter().map(|&(node, at)| ctx.write(node, at, &FREE))).await;
+            for e in wrote.into_iter().filter_map(Result::err) {
+                tracing::warn!(error = %e, "releasing a dropped transaction's CVT lock");
             }
         });
     }
