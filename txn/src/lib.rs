@@ -8,7 +8,9 @@
 //!   one record buffer per cell) and its export;
 //! - [`store`]: the key hash and table-building errors;
 //! - [`smallbank`]: the SmallBank tables and loader; [`tatp`]: TATP's four tables, their
-//!   generated population and loader, and the consistency check after a run;
+//!   generated population and loader, and the consistency check after a run; [`tpcc`]:
+//!   TPC-C's nine tables and a last-name index, the initial population, the loader and
+//!   the consistency conditions 1 to 4;
 //! - [`cvt_remote`]: a compute thread's one-sided access to the CVT tables of every
 //!   memory node (lookup through the address cache, version READ, lock CAS, install,
 //!   insert), tables partitioned across memory nodes by key;
@@ -42,4 +44,5 @@ pub mod smallbank;
 pub mod snapshot_isolation;
 pub mod store;
 pub mod tatp;
+pub mod tpcc;
 pub mod validation;
