@@ -1,5 +1,6 @@
 //! TPC-C (standard specification 5.11): its nine tables as CVT tables, the initial
-//! population of clause 4.3.3.1, a secondary index of customers by last name, and the
+//! population of clause 4.3.3.1, two secondary indexes (customers by last name, each
+//! customer's last order), and the
 //! consistency conditions 1 to 4 of clause 3.3.2 checked after a run. The transaction
 //! profiles live in the `bench` crate.
 //!
@@ -48,6 +49,9 @@ pub const ITEM: u32 = 7;
 pub const STOCK: u32 = 8;
 /// CUSTOMER_BY_NAME (the last-name index).
 pub const CUSTOMER_BY_NAME: u32 = 9;
+/// CUSTOMER_LAST_ORDER: each customer's most recent order id (the index ORDER-STATUS
+/// needs, clause 2.6.2.2; NEW-ORDER maintains it).
+pub const CUSTOMER_LAST_ORDER: u32 = 10;
 
 /// Districts per warehouse.
 pub const DISTRICTS: u8 = 10;
@@ -66,7 +70,9 @@ pub const NAME_INDEX_SLOTS: usize = 128;
 
 /// WAREHOUSE row: `w_ytd` i64 cents @0, `w_tax` u32 (1/10000) @8, filler to 96.
 pub const WAREHOUSE_BYTES: usize = 96;
-/// DISTRICT row: `d_ytd` i64 @0, `d_tax` u32 @8, `d_next_o_id` u32 @12, filler to 96.
+/// DISTRICT row: `d_ytd` i64 @0, `d_tax` u32 @8, `d_next_o_id` u32 @12, the oldest
+/// undelivered order u32 @16 (DELIVERY's cursor, clause 2.7.4.2: the NEW_ORDER rows of
+/// the district are exactly this one to `d_next_o_id - 1`), filler to 96.
 pub const DISTRICT_BYTES: usize = 96;
 /// CUSTOMER row: `c_balance` i64 @0, `c_ytd_payment` i64 @8, `c_payment_cnt` u32 @16,
 /// `c_delivery_cnt` u32 @20, `c_discount` u32 (1/10000) @24, `c_credit` 2 bytes @28
@@ -94,6 +100,9 @@ pub const STOCK_BYTES: usize = 320;
 /// CUSTOMER_BY_NAME row: count u16 @0, then up to [`NAME_INDEX_SLOTS`] `c_id`s (u16),
 /// sorted by first name.
 pub const CUSTOMER_BY_NAME_BYTES: usize = 2 + 2 * NAME_INDEX_SLOTS;
+
+/// CUSTOMER_LAST_ORDER row: `o_id` u32 @0.
+pub const CUSTOMER_LAST_ORDER_BYTES: usize = 8;
 
 /// The loaded data's version: below every timestamp.
 pub const LOAD_VERSION: Timestamp = Timestamp::ZERO;
@@ -252,6 +261,7 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
             Draws::new(seed, DISTRICT, district_key(w, d)).range(0, 2000) as u32,
         );
         put_u32(&mut r, 12, ORDERS + 1);
+        put_u32(&mut r, 16, FIRST_NEW_ORDER);
         emit(DISTRICT, district_key(w, d), r);
         let mut by_name: Vec<Vec<([u8; 16], u16)>> = vec![Vec::new(); 1000];
         for c in 1..=CUSTOMERS {
@@ -296,7 +306,11 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
             let delivered = o < FIRST_NEW_ORDER;
             let ol_cnt = g.range(5, 15) as u8;
             let mut r = vec![0u8; ORDER_BYTES];
-            put_u16(&mut r, 0, order_customer(seed, w, d, o));
+            let customer = order_customer(seed, w, d, o);
+            put_u16(&mut r, 0, customer);
+            let mut last = vec![0u8; CUSTOMER_LAST_ORDER_BYTES];
+            put_u32(&mut last, 0, o);
+            emit(CUSTOMER_LAST_ORDER, customer_key(w, d, customer), last);
             r[2] = if delivered { g.range(1, 10) as u8 } else { 0 };
             r[3] = ol_cnt;
             r[4] = 1;
@@ -330,38 +344,23 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
 /// Each table's name, row size and capacity (records) per partition for `warehouses`,
 /// with room for the rows a run inserts: twice the loaded orders and their lines, three
 /// times the loaded history.
-fn tables(warehouses: u16, partitions: u32) -> [(u32, &'static str, usize, u64); 10] {
+fn tables(warehouses: u16, partitions: u32) -> [(u32, &'static str, usize, u64); 11] {
     let w = u64::from(warehouses);
     let p = u64::from(partitions.max(1));
     let share = |n: u64| n.div_ceil(p) * 5 / 4 + 64;
-    let districts = w * u64::from(DISTRICTS);
+    let dists = w * u64::from(DISTRICTS);
     [
         (WAREHOUSE, "warehouse", WAREHOUSE_BYTES, share(w)),
-        (DISTRICT, "district", DISTRICT_BYTES, share(districts)),
-        (
-            CUSTOMER,
-            "customer",
-            CUSTOMER_BYTES,
-            share(districts * 3000),
-        ),
-        (
-            HISTORY,
-            "history",
-            HISTORY_BYTES,
-            share(districts * 3000 * 3),
-        ),
-        (
-            NEW_ORDER,
-            "new_order",
-            NEW_ORDER_BYTES,
-            share(districts * 3000),
-        ),
-        (ORDER, "order", ORDER_BYTES, share(districts * 9000)),
+        (DISTRICT, "district", DISTRICT_BYTES, share(dists)),
+        (CUSTOMER, "customer", CUSTOMER_BYTES, share(dists * 3000)),
+        (HISTORY, "history", HISTORY_BYTES, share(dists * 9000)),
+        (NEW_ORDER, "new_order", NEW_ORDER_BYTES, share(dists * 3000)),
+        (ORDER, "order", ORDER_BYTES, share(dists * 6000)),
         (
             ORDER_LINE,
             "order_line",
             ORDER_LINE_BYTES,
-            share(districts * 9000 * 10),
+            share(dists * 60_000),
         ),
         (ITEM, "item", ITEM_BYTES, u64::from(ITEMS) * 5 / 4 + 64),
         (STOCK, "stock", STOCK_BYTES, share(w * u64::from(ITEMS))),
@@ -369,12 +368,18 @@ fn tables(warehouses: u16, partitions: u32) -> [(u32, &'static str, usize, u64);
             CUSTOMER_BY_NAME,
             "customer_by_name",
             CUSTOMER_BY_NAME_BYTES,
-            share(districts * 1000),
+            share(dists * 1000),
+        ),
+        (
+            CUSTOMER_LAST_ORDER,
+            "customer_last_order",
+            CUSTOMER_LAST_ORDER_BYTES,
+            share(dists * 3000),
         ),
     ]
 }
 
-/// Build the ten tables of partition `partition` of `partitions` for warehouses
+/// Build the eleven tables of partition `partition` of `partitions` for warehouses
 /// `1..=warehouses` generated with `seed`, as CVT tables of `versions` cells. ITEM is
 /// replicated on every memory node (it is read-only). Errors: registering memory failed.
 pub fn load(
@@ -460,7 +465,10 @@ impl Consistency {
 /// 2. `D_NEXT_O_ID - 1` = max `O_ID` = max `NO_O_ID` of the district (the latter when it
 ///    has new orders);
 /// 3. max `NO_O_ID` - min `NO_O_ID` + 1 = the district's NEW_ORDER rows;
-/// 4. sum of `O_OL_CNT` = the district's ORDER_LINE rows.
+/// 4. sum of `O_OL_CNT` = the district's ORDER_LINE rows;
+///
+/// and this implementation's own: DELIVERY's cursor is the oldest new order (reported
+/// under condition 3).
 ///
 /// Walks orders `1..D_NEXT_O_ID` and one past, each order's 15 possible lines.
 pub fn check(warehouses: u16, mut row: impl FnMut(u32, u64) -> Option<Vec<u8>>) -> Consistency {
@@ -499,6 +507,16 @@ pub fn check(warehouses: u16, mut row: impl FnMut(u32, u64) -> Option<Vec<u8>>) 
                     2,
                     format!(
                         "district ({w}, {d}): next order {next}, max order {max_o}, max new order {max_no:?}"
+                    ),
+                );
+            }
+            let cursor = get_u32(&dr, 16);
+            if no.first().is_some_and(|&lo| lo != cursor) || (no.is_empty() && cursor != next) {
+                c.flag(
+                    3,
+                    format!(
+                        "district ({w}, {d}): delivery cursor {cursor}, oldest new order {:?}",
+                        no.first()
                     ),
                 );
             }
@@ -566,6 +584,7 @@ mod tests {
         assert_eq!(count(CUSTOMER), 30_000);
         assert_eq!(count(ORDER), 30_000);
         assert_eq!(count(NEW_ORDER), 9_000);
+        assert_eq!(count(CUSTOMER_LAST_ORDER), 30_000);
         let lines = count(ORDER_LINE) as f64 / 30_000.0;
         assert!((lines - 10.0).abs() < 0.1, "{lines} lines per order");
         // Every o_c_id of a district is a distinct customer.
@@ -609,6 +628,18 @@ mod tests {
         let mut bad = m.clone();
         bad.remove(&(NEW_ORDER, order_key(1, 6, 2500)));
         assert_eq!(run(&bad).counts, [0, 0, 1, 0], "{}", run(&bad).line());
+        // 3: DELIVERY's cursor past an undelivered order.
+        let mut bad = m.clone();
+        put_u32(
+            bad.get_mut(&(DISTRICT, district_key(1, 8))).unwrap(),
+            16,
+            FIRST_NEW_ORDER + 1,
+        );
+        assert!(
+            run(&bad).line().contains("delivery cursor 2102"),
+            "{}",
+            run(&bad).line()
+        );
         // 4: an order line lost.
         let mut bad = m.clone();
         bad.remove(&(ORDER_LINE, order_line_key(1, 7, 10, 1)));
