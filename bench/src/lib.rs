@@ -7,6 +7,7 @@ pub mod plot;
 pub mod report;
 pub mod smallbank;
 pub mod tatp;
+pub mod tpcc;
 pub mod txnbench;
 
 /// The body of a benchmark binary's `main`: logs to stderr at `warn` unless `RUST_LOG`

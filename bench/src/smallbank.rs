@@ -247,11 +247,20 @@ mod tests {
         // Zipf 0.99 over 1000 keys: the hottest key gets about 13% of draws, far above 0.1%.
         assert!(hot > 8_000, "hottest account drawn {hot} times");
         // FORD's hot set: 90% of draws on accounts 0..10, uniform among them.
-        let h = Generator::new(1000, 0.0).unwrap().with_hot(10, 0.9).unwrap();
+        let h = Generator::new(1000, 0.0)
+            .unwrap()
+            .with_hot(10, 0.9)
+            .unwrap();
         let in_hot = (0..100_000).filter(|_| h.next(&mut rng).a < 10).count();
-        assert!((89_000..91_500).contains(&in_hot), "{in_hot} draws in the hot set");
+        assert!(
+            (89_000..91_500).contains(&in_hot),
+            "{in_hot} draws in the hot set"
+        );
         assert!(Generator::new(1000, 0.0).unwrap().with_hot(1, 0.5).is_err());
-        assert!(Generator::new(1000, 0.0).unwrap().with_hot(10, 1.5).is_err());
+        assert!(Generator::new(1000, 0.0)
+            .unwrap()
+            .with_hot(10, 1.5)
+            .is_err());
         let u = Generator::new(1000, 0.0).unwrap();
         let hot_u = (0..100_000).filter(|_| u.next(&mut rng).a == 0).count();
         assert!(hot_u < 300, "uniform draw too skewed: {hot_u}");

@@ -140,13 +140,17 @@ pub enum AbortReason {
     LockWaitTimeout,
     /// Two inserts of keys of one hash bucket met; one retries.
     InsertRace,
+    /// The workload met a state that cannot be (a row its earlier reads say exists is
+    /// gone, or one they say is free is taken): an optimistic read was stale, and
+    /// validation would fail. Declared by the workload.
+    Inconsistent,
     /// The transaction's own logic gave up (e.g. insufficient funds).
     User,
 }
 
 impl AbortReason {
     /// Every reason, for reports.
-    pub const ALL: [AbortReason; 13] = [
+    pub const ALL: [AbortReason; 14] = [
         Self::LockedOnRead,
         Self::TornRead,
         Self::LockCas,
@@ -159,6 +163,7 @@ impl AbortReason {
         Self::VersionGone,
         Self::LockWaitTimeout,
         Self::InsertRace,
+        Self::Inconsistent,
         Self::User,
     ];
     /// Short name for reports.
@@ -176,6 +181,7 @@ impl AbortReason {
             Self::VersionGone => "version-gone",
             Self::LockWaitTimeout => "lock-wait-timeout",
             Self::InsertRace => "insert-race",
+            Self::Inconsistent => "inconsistent-read",
             Self::User => "user",
         }
     }
@@ -603,6 +609,13 @@ impl<'a> Txn<'a> {
         self.c
     }
 
+    /// This transaction's id: unique among the attempts of the process's clients (the
+    /// lock word OCC-CAS and MVCC write; never 0). A workload may key rows it inserts by
+    /// it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     pub(crate) fn find(&self, table: u32, key: u64) -> Option<usize> {
         self.objs
             .iter()
@@ -769,12 +782,25 @@ impl<'a> Txn<'a> {
     /// insert. Errors: [`TxnError::Exists`] when the key is visible (the transaction goes
     /// on), [`TxnError::Usage`], and as [`Self::get_many`].
     pub async fn insert(&mut self, table: u32, key: u64, value: Vec<u8>) -> Result<(), TxnError> {
-        self.check_len(table, &value)?;
-        if self.get_many_for_update(&[(table, key)]).await?[0].is_some() {
+        self.insert_many(vec![(table, key, value)]).await
+    }
+
+    /// Insert several rows, their keys read for update in one round. Errors: as
+    /// [`Self::insert`], for the first key that exists (nothing is buffered then).
+    pub async fn insert_many(&mut self, rows: Vec<(u32, u64, Vec<u8>)>) -> Result<(), TxnError> {
+        for (t, _, v) in &rows {
+            self.check_len(*t, v)?;
+        }
+        let keys: Vec<(u32, u64)> = rows.iter().map(|&(t, k, _)| (t, k)).collect();
+        let seen = self.get_many_for_update(&keys).await?;
+        if let Some(i) = seen.iter().position(Option::is_some) {
+            let (table, key) = keys[i];
             return Err(TxnError::Exists { table, key });
         }
-        let i = self.find(table, key).expect("fetched");
-        self.objs[i].write = Some(Write::Put(value));
+        for (t, k, v) in rows {
+            let i = self.find(t, k).expect("fetched");
+            self.objs[i].write = Some(Write::Put(v));
+        }
         Ok(())
     }
 

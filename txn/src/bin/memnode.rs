@@ -25,7 +25,12 @@ struct Args {
     /// call_forwarding) for this many subscribers (this node's partition of them).
     #[arg(long, conflicts_with = "smallbank_accounts")]
     tatp_subscribers: Option<u64>,
-    /// Seed of the TATP population (every memory node of a cluster must use the same).
+    /// Load the TPC-C tables for this many warehouses (this node's partition of them;
+    /// ITEM on every node).
+    #[arg(long, conflicts_with_all = ["smallbank_accounts", "tatp_subscribers"])]
+    tpcc_warehouses: Option<u16>,
+    /// Seed of the TATP and TPC-C populations (every memory node of a cluster must use
+    /// the same).
     #[arg(long, default_value_t = 1)]
     tatp_seed: u64,
     /// Version cells per CVT (Motor's VNum: how many versions each record keeps).
@@ -95,6 +100,28 @@ fn run(args: Args) -> anyhow::Result<()> {
             subscribers = n,
             ms = t0.elapsed().as_millis() as u64,
             "loaded TATP"
+        );
+    }
+    if let Some(n) = args.tpcc_warehouses {
+        if n < 1 {
+            bail!("--tpcc-warehouses must be at least 1");
+        }
+        let t0 = std::time::Instant::now();
+        for (export, mrs) in txn::tpcc::load(
+            &fabric,
+            n,
+            args.tatp_seed,
+            args.versions,
+            args.partition,
+            args.partitions,
+        )? {
+            tables.push(export);
+            regions.push(mrs);
+        }
+        tracing::info!(
+            warehouses = n,
+            ms = t0.elapsed().as_millis() as u64,
+            "loaded TPC-C"
         );
     }
     let mut exports = BTreeMap::new();

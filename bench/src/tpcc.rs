@@ -1,0 +1,534 @@
+//! TPC-C transaction profiles (standard specification 5.11, clause 2; the tables, their
+//! population and the consistency conditions are `txn::tpcc`): NEW-ORDER, PAYMENT,
+//! ORDER-STATUS, DELIVERY and STOCK-LEVEL in the standard mix (45/43/4/4/4), each
+//! coordinator bound to a home warehouse.
+//!
+//! Deviations, all standard practice among the disaggregated-memory systems (FORD,
+//! Motor, Lotus): DELIVERY runs as one transaction delivering one order per district in
+//! the foreground (no deferred queue); ORDER-STATUS finds the customer's last order
+//! through an index table NEW-ORDER maintains; `c_data` of bad-credit customers is
+//! updated in place (its first 100 bytes), not shifted; dates are a counter.
+
+use rand::Rng;
+use serde::Serialize;
+use txn::coordinator::{AbortReason, Txn, TxnError};
+use txn::tpcc::{
+    customer_key, district_key, get_i64, get_u16, get_u32, name_key, order_key, order_line_key,
+    stock_key, CUSTOMER, CUSTOMER_BY_NAME, CUSTOMER_LAST_ORDER, CUSTOMER_LAST_ORDER_BYTES,
+    DISTRICT, DISTRICTS, HISTORY, HISTORY_BYTES, ITEM, ITEMS, NEW_ORDER, NEW_ORDER_BYTES, ORDER,
+    ORDER_BYTES, ORDER_LINE, ORDER_LINE_BYTES, STOCK, WAREHOUSE,
+};
+
+/// The five TPC-C transaction types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum TxnType {
+    /// Enter an order of 5 to 15 lines (45%).
+    NewOrder,
+    /// Record a customer's payment (43%).
+    Payment,
+    /// Read a customer's last order (4%).
+    OrderStatus,
+    /// Deliver the oldest new order of each district (4%).
+    Delivery,
+    /// Count recently sold items low in stock (4%).
+    StockLevel,
+}
+
+impl TxnType {
+    /// All types, in report order.
+    pub const ALL: [TxnType; 5] = [
+        Self::NewOrder,
+        Self::Payment,
+        Self::OrderStatus,
+        Self::Delivery,
+        Self::StockLevel,
+    ];
+    /// Share of the mix, percent.
+    pub fn percent(self) -> u32 {
+        match self {
+            Self::NewOrder => 45,
+            Self::Payment => 43,
+            _ => 4,
+        }
+    }
+    /// Index in [`Self::ALL`].
+    pub fn index(self) -> usize {
+        Self::ALL.iter().position(|&t| t == self).expect("listed")
+    }
+    /// The specification's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NewOrder => "NewOrder",
+            Self::Payment => "Payment",
+            Self::OrderStatus => "OrderStatus",
+            Self::Delivery => "Delivery",
+            Self::StockLevel => "StockLevel",
+        }
+    }
+}
+
+/// `NURand` constants at run time (clause 2.1.6): `C` for last names differs from the
+/// load's by 70 (allowed: 65 to 119, not 96 or 112).
+const C_LAST_RUN: u64 = txn::tpcc::C_LAST_LOAD + 70;
+const C_ID: u64 = 259;
+const C_OL_I_ID: u64 = 7911;
+
+fn nurand(rng: &mut impl Rng, a: u64, c: u64, lo: u64, hi: u64) -> u64 {
+    ((rng.random_range(0..=a) | rng.random_range(lo..=hi)) + c) % (hi - lo + 1) + lo
+}
+
+/// A customer, by id or (60% of PAYMENT and ORDER-STATUS) by last name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CustomerRef {
+    /// `c_id`.
+    Id(u16),
+    /// Last name number (0 to 999).
+    Name(u16),
+}
+
+/// One order line of a NEW-ORDER.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Line {
+    /// Item; `ITEMS + 1` (unused) marks the 1% rollback.
+    pub item: u32,
+    /// Supplying warehouse.
+    pub supply_w: u16,
+    /// Quantity, 1 to 10.
+    pub quantity: u8,
+}
+
+/// One transaction's parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxnArgs {
+    /// Type.
+    pub ty: TxnType,
+    /// Home warehouse.
+    pub w: u16,
+    /// District, 1 to 10.
+    pub d: u8,
+    /// The customer's warehouse and district (PAYMENT may pick a remote one).
+    pub c_w: u16,
+    /// The customer's district.
+    pub c_d: u8,
+    /// The customer.
+    pub customer: CustomerRef,
+    /// NEW-ORDER's lines.
+    pub lines: Vec<Line>,
+    /// PAYMENT's amount, cents; DELIVERY's carrier; STOCK-LEVEL's threshold.
+    pub amount: i64,
+}
+
+/// Draws transactions by clause 2 for `warehouses` warehouses.
+#[derive(Clone, Debug)]
+pub struct Generator {
+    warehouses: u16,
+}
+
+impl Generator {
+    /// Errors: no warehouse.
+    pub fn new(warehouses: u16) -> anyhow::Result<Self> {
+        anyhow::ensure!(warehouses >= 1, "need at least 1 warehouse");
+        Ok(Self { warehouses })
+    }
+
+    fn other_warehouse(&self, rng: &mut impl Rng, w: u16) -> u16 {
+        if self.warehouses == 1 {
+            return w;
+        }
+        let o = rng.random_range(1..self.warehouses);
+        if o >= w {
+            o + 1
+        } else {
+            o
+        }
+    }
+
+    fn customer(rng: &mut impl Rng) -> CustomerRef {
+        if rng.random_range(0..100) < 60 {
+            CustomerRef::Name(nurand(rng, 255, C_LAST_RUN, 0, 999) as u16)
+        } else {
+            CustomerRef::Id(nurand(rng, 1023, C_ID, 1, 3000) as u16)
+        }
+    }
+
+    /// The next transaction of a coordinator whose home warehouse is `w`.
+    pub fn next(&self, rng: &mut impl Rng, w: u16) -> TxnArgs {
+        let mut p = rng.random_range(0..100u32);
+        let mut ty = TxnType::StockLevel;
+        for t in TxnType::ALL {
+            if p < t.percent() {
+                ty = t;
+                break;
+            }
+            p -= t.percent();
+        }
+        self.next_of(rng, w, ty)
+    }
+
+    /// A transaction of type `ty` with its parameters drawn as [`Self::next`] would.
+    pub fn next_of(&self, rng: &mut impl Rng, w: u16, ty: TxnType) -> TxnArgs {
+        let d = rng.random_range(1..=DISTRICTS);
+        let mut a = TxnArgs {
+            ty,
+            w,
+            d,
+            c_w: w,
+            c_d: d,
+            customer: CustomerRef::Id(nurand(rng, 1023, C_ID, 1, 3000) as u16),
+            lines: Vec::new(),
+            amount: 0,
+        };
+        match ty {
+            TxnType::NewOrder => {
+                let n = rng.random_range(5..=15);
+                let rollback = rng.random_range(0..100) == 0;
+                for i in 0..n {
+                    // Distinct items (a repeated item would update its stock twice).
+                    let item = if rollback && i == n - 1 {
+                        ITEMS + 1
+                    } else {
+                        loop {
+                            let it = nurand(rng, 8191, C_OL_I_ID, 1, u64::from(ITEMS)) as u32;
+                            if a.lines.iter().all(|l: &Line| l.item != it) {
+                                break it;
+                            }
+                        }
+                    };
+                    let remote = rng.random_range(0..100) == 0;
+                    a.lines.push(Line {
+                        item,
+                        supply_w: if remote {
+                            self.other_warehouse(rng, w)
+                        } else {
+                            w
+                        },
+                        quantity: rng.random_range(1..=10),
+                    });
+                }
+            }
+            TxnType::Payment => {
+                if rng.random_range(0..100) >= 85 {
+                    a.c_w = self.other_warehouse(rng, w);
+                    a.c_d = rng.random_range(1..=DISTRICTS);
+                }
+                a.customer = Self::customer(rng);
+                a.amount = rng.random_range(100..=500_000);
+            }
+            TxnType::OrderStatus => a.customer = Self::customer(rng),
+            TxnType::Delivery => a.amount = rng.random_range(1..=10),
+            TxnType::StockLevel => a.amount = rng.random_range(10..=20),
+        }
+        a
+    }
+}
+
+/// How a transaction ended besides committing normally.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Committed.
+    Done,
+    /// NEW-ORDER's 1% rolled back on its unused item (clause 2.4.2.3).
+    RolledBack,
+}
+
+fn set_u32(r: &mut [u8], at: usize, v: u32) {
+    r[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn set_i64(r: &mut [u8], at: usize, v: i64) {
+    r[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn add_i64(r: &mut [u8], at: usize, delta: i64) {
+    let v = get_i64(r, at);
+    set_i64(r, at, v + delta);
+}
+fn add_u32(r: &mut [u8], at: usize, delta: u32) {
+    let v = get_u32(r, at);
+    set_u32(r, at, v + delta);
+}
+
+/// The customer id a reference names: by last name, the middle of the index row's list
+/// (sorted by first name; clause 2.5.2.2). `None` when no customer has that name.
+async fn resolve(t: &mut Txn<'_>, w: u16, d: u8, c: CustomerRef) -> Result<Option<u16>, TxnError> {
+    match c {
+        CustomerRef::Id(id) => Ok(Some(id)),
+        CustomerRef::Name(n) => {
+            let row = t.get_many(&[(CUSTOMER_BY_NAME, name_key(w, d, n))]).await?;
+            Ok(row[0].as_ref().map(|r| {
+                let count = get_u16(r, 0) as usize;
+                get_u16(r, 2 + 2 * (count.div_ceil(2) - 1))
+            }))
+        }
+    }
+}
+
+/// Run one attempt of `args` in `t` and commit it. Conflict aborts come back as
+/// `Err(TxnError::Abort(_))`; NEW-ORDER's rollback as `Ok(Outcome::RolledBack)`.
+///
+/// A row that is missing where the transaction's reads say it must exist (DELIVERY's
+/// oldest new order, taken by a concurrent DELIVERY after this one read the district),
+/// or present where they say it must not (NEW-ORDER's order id, taken after it read
+/// `d_next_o_id`), means an optimistic read was stale: the attempt aborts as
+/// [`AbortReason::Inconsistent`] and is retried, as its validation would have failed.
+pub async fn run(t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
+    match attempt(t, a).await {
+        Err(TxnError::NotFound { .. } | TxnError::Exists { .. }) => {
+            Err(TxnError::Abort(AbortReason::Inconsistent))
+        }
+        r => r,
+    }
+}
+
+async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
+    let (w, d) = (a.w, a.d);
+    match a.ty {
+        TxnType::NewOrder => {
+            let CustomerRef::Id(c) = a.customer else {
+                unreachable!("NEW-ORDER names its customer by id")
+            };
+            let head = t
+                .read_mixed(&[
+                    (WAREHOUSE, u64::from(w), false),
+                    (DISTRICT, district_key(w, d), true),
+                    (CUSTOMER, customer_key(w, d, c), false),
+                ])
+                .await?;
+            let mut dist = head[1].clone();
+            let o = get_u32(&dist, 12);
+            set_u32(&mut dist, 12, o + 1);
+            t.write(DISTRICT, district_key(w, d), dist)?;
+            // Items and their stocks in one round (the rollback's unused item has none).
+            let mut wanted: Vec<(u32, u64, bool)> = a
+                .lines
+                .iter()
+                .map(|l| (ITEM, u64::from(l.item), false))
+                .collect();
+            wanted.extend(
+                a.lines
+                    .iter()
+                    .map(|l| (STOCK, stock_key(l.supply_w, l.item), true)),
+            );
+            let mut got = t.get_mixed(&wanted).await?;
+            let stocks = got.split_off(a.lines.len());
+            let items = got;
+            if items.iter().chain(&stocks).any(Option::is_none) {
+                // The unused item: roll back (an outcome, not a conflict).
+                return match t.abort().await {
+                    TxnError::Abort(AbortReason::User) => Ok(Outcome::RolledBack),
+                    e => Err(e),
+                };
+            }
+            let mut rows = vec![
+                (ORDER, order_key(w, d, o), {
+                    let mut r = vec![0u8; ORDER_BYTES];
+                    r[0..2].copy_from_slice(&c.to_le_bytes());
+                    r[3] = a.lines.len() as u8;
+                    r[4] = u8::from(a.lines.iter().all(|l| l.supply_w == w));
+                    r
+                }),
+                (NEW_ORDER, order_key(w, d, o), vec![0u8; NEW_ORDER_BYTES]),
+            ];
+            for (i, ((l, item), stock)) in a.lines.iter().zip(&items).zip(stocks).enumerate() {
+                let price = get_i64(item.as_ref().expect("checked"), 0);
+                let mut s = stock.expect("checked");
+                let q = get_u32(&s, 0) as i64;
+                let need = i64::from(l.quantity);
+                let q = if q >= need + 10 {
+                    q - need
+                } else {
+                    q - need + 91
+                };
+                set_u32(&mut s, 0, q as u32);
+                add_i64(&mut s, 8, need);
+                add_u32(&mut s, 16, 1);
+                if l.supply_w != w {
+                    add_u32(&mut s, 20, 1);
+                }
+                let dist_info = s[24 + 24 * (d as usize - 1)..48 + 24 * (d as usize - 1)].to_vec();
+                t.write(STOCK, stock_key(l.supply_w, l.item), s)?;
+                let mut r = vec![0u8; ORDER_LINE_BYTES];
+                set_u32(&mut r, 0, l.item);
+                r[4..6].copy_from_slice(&l.supply_w.to_le_bytes());
+                r[6] = l.quantity;
+                set_i64(&mut r, 8, need * price);
+                r[24..48].copy_from_slice(&dist_info);
+                rows.push((ORDER_LINE, order_line_key(w, d, o, i as u8 + 1), r));
+            }
+            t.insert_many(rows).await?;
+            // The customer's last-order index (updated, or created for a new customer).
+            let last = customer_key(w, d, c);
+            let mut r = vec![0u8; CUSTOMER_LAST_ORDER_BYTES];
+            set_u32(&mut r, 0, o);
+            match t
+                .get_many_for_update(&[(CUSTOMER_LAST_ORDER, last)])
+                .await?[0]
+            {
+                Some(_) => t.write(CUSTOMER_LAST_ORDER, last, r)?,
+                None => t.insert(CUSTOMER_LAST_ORDER, last, r).await?,
+            }
+        }
+        TxnType::Payment => {
+            let Some(c) = resolve(&mut t, a.c_w, a.c_d, a.customer).await? else {
+                return Err(t.abort().await);
+            };
+            let ck = customer_key(a.c_w, a.c_d, c);
+            let v = t
+                .read_mixed(&[
+                    (WAREHOUSE, u64::from(w), true),
+                    (DISTRICT, district_key(w, d), true),
+                    (CUSTOMER, ck, true),
+                ])
+                .await?;
+            let (mut wr, mut dr, mut cr) = (v[0].clone(), v[1].clone(), v[2].clone());
+            add_i64(&mut wr, 0, a.amount);
+            add_i64(&mut dr, 0, a.amount);
+            add_i64(&mut cr, 0, -a.amount);
+            add_i64(&mut cr, 8, a.amount);
+            add_u32(&mut cr, 16, 1);
+            if &cr[28..30] == b"BC" {
+                let note = format!("{c} {} {} {d} {w} {}", a.c_d, a.c_w, a.amount);
+                let n = note.len().min(100);
+                cr[48..48 + n].copy_from_slice(&note.as_bytes()[..n]);
+            }
+            t.write(WAREHOUSE, u64::from(w), wr)?;
+            t.write(DISTRICT, district_key(w, d), dr)?;
+            t.write(CUSTOMER, ck, cr)?;
+            let mut h = vec![0u8; HISTORY_BYTES];
+            set_i64(&mut h, 0, a.amount);
+            h[8..10].copy_from_slice(&c.to_le_bytes());
+            h[10] = a.c_d;
+            h[12..14].copy_from_slice(&a.c_w.to_le_bytes());
+            h[14] = d;
+            h[16..18].copy_from_slice(&w.to_le_bytes());
+            let key = 1 << 63 | (t.id() & !(1 << 63));
+            t.insert(HISTORY, key, h).await?;
+        }
+        TxnType::OrderStatus => {
+            let Some(c) = resolve(&mut t, w, d, a.customer).await? else {
+                return Err(t.abort().await);
+            };
+            let v = t
+                .get_many(&[
+                    (CUSTOMER, customer_key(w, d, c)),
+                    (CUSTOMER_LAST_ORDER, customer_key(w, d, c)),
+                ])
+                .await?;
+            if let Some(last) = &v[1] {
+                let o = get_u32(last, 0);
+                let order = t.read(ORDER, order_key(w, d, o)).await?;
+                let lines: Vec<(u32, u64)> = (1..=order[3])
+                    .map(|ol| (ORDER_LINE, order_line_key(w, d, o, ol)))
+                    .collect();
+                t.read_many(&lines).await?;
+            }
+        }
+        TxnType::Delivery => {
+            let carrier = a.amount as u8;
+            let dists: Vec<(u32, u64, bool)> = (1..=DISTRICTS)
+                .map(|d| (DISTRICT, district_key(w, d), true))
+                .collect();
+            let drs = t.read_mixed(&dists).await?;
+            for (i, mut dr) in drs.into_iter().enumerate() {
+                let d = i as u8 + 1;
+                let (cursor, next) = (get_u32(&dr, 16), get_u32(&dr, 12));
+                if cursor >= next {
+                    continue; // No undelivered order in this district.
+                }
+                t.delete(NEW_ORDER, order_key(w, d, cursor)).await?;
+                set_u32(&mut dr, 16, cursor + 1);
+                t.write(DISTRICT, district_key(w, d), dr)?;
+                let mut order = t.read_for_update(ORDER, order_key(w, d, cursor)).await?;
+                order[2] = carrier;
+                let c = get_u16(&order, 0);
+                t.write(ORDER, order_key(w, d, cursor), order.clone())?;
+                let keys: Vec<(u32, u64)> = (1..=order[3])
+                    .map(|ol| (ORDER_LINE, order_line_key(w, d, cursor, ol)))
+                    .collect();
+                let lines = t.read_many_for_update(&keys).await?;
+                let mut total = 0;
+                for ((_, k), mut l) in keys.into_iter().zip(lines) {
+                    total += get_i64(&l, 8);
+                    l[16..24].copy_from_slice(&1u64.to_le_bytes());
+                    t.write(ORDER_LINE, k, l)?;
+                }
+                let ck = customer_key(w, d, c);
+                let mut cr = t.read_for_update(CUSTOMER, ck).await?;
+                add_i64(&mut cr, 0, total);
+                add_u32(&mut cr, 20, 1);
+                t.write(CUSTOMER, ck, cr)?;
+            }
+        }
+        TxnType::StockLevel => {
+            let dr = t.read(DISTRICT, district_key(w, d)).await?;
+            let next = get_u32(&dr, 12);
+            let from = next.saturating_sub(20).max(1);
+            let orders: Vec<(u32, u64)> =
+                (from..next).map(|o| (ORDER, order_key(w, d, o))).collect();
+            let os = t.get_many(&orders).await?;
+            let mut keys = Vec::new();
+            for (o, row) in (from..next).zip(os) {
+                let Some(row) = row else { continue };
+                keys.extend((1..=row[3]).map(|ol| (ORDER_LINE, order_line_key(w, d, o, ol))));
+            }
+            let lines = t.get_many(&keys).await?;
+            let mut items: Vec<u32> = lines.iter().flatten().map(|l| get_u32(l, 0)).collect();
+            items.sort_unstable();
+            items.dedup();
+            let stocks: Vec<(u32, u64)> = items.iter().map(|&i| (STOCK, stock_key(w, i))).collect();
+            // The count is the transaction's output; nothing consumes it here.
+            let _low_stock = t
+                .get_many(&stocks)
+                .await?
+                .iter()
+                .flatten()
+                .filter(|s| i64::from(get_u32(s, 0) as i32) < a.amount)
+                .count();
+        }
+    }
+    t.commit().await?;
+    Ok(Outcome::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn mix_lines_and_remote_shares() {
+        let g = Generator::new(4).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let (mut counts, mut lines, mut remote, mut rollbacks, mut by_name) =
+            ([0u32; 5], 0, 0, 0, 0);
+        let n = 100_000;
+        for _ in 0..n {
+            let a = g.next(&mut rng, 2);
+            counts[a.ty.index()] += 1;
+            assert!((1..=DISTRICTS).contains(&a.d));
+            match a.ty {
+                TxnType::NewOrder => {
+                    assert!((5..=15).contains(&a.lines.len()));
+                    lines += a.lines.len();
+                    remote += a.lines.iter().filter(|l| l.supply_w != 2).count();
+                    rollbacks += usize::from(a.lines.last().unwrap().item == ITEMS + 1);
+                }
+                TxnType::Payment => {
+                    assert!((100..=500_000).contains(&a.amount));
+                    by_name += usize::from(matches!(a.customer, CustomerRef::Name(_)));
+                }
+                _ => {}
+            }
+        }
+        for t in TxnType::ALL {
+            let pct = f64::from(counts[t.index()]) * 100.0 / f64::from(n);
+            assert!((pct - f64::from(t.percent())).abs() < 0.6, "{t:?}: {pct}%");
+        }
+        let orders = counts[0] as f64;
+        assert!((lines as f64 / orders - 10.0).abs() < 0.1);
+        assert!((remote as f64 / lines as f64 - 0.01).abs() < 0.002);
+        assert!((rollbacks as f64 / orders - 0.01).abs() < 0.003);
+        assert!((by_name as f64 / f64::from(counts[1]) - 0.6).abs() < 0.02);
+        // One warehouse: nothing is remote.
+        let one = Generator::new(1).unwrap();
+        assert!((0..1000).all(|_| one.next(&mut rng, 1).c_w == 1));
+    }
+}
