@@ -8,6 +8,7 @@
 //!   one record buffer per cell) and its export;
 //! - [`store`]: the key hash and table-building errors;
 //! - [`smallbank`]: the SmallBank tables and loader;
+//! - [`kvs`]: the KVS / YCSB table, its loader and its self-checking values;
 //! - [`cvt_remote`]: a compute thread's one-sided access to the CVT tables of every
 //!   memory node (lookup through the address cache, version READ, lock CAS, install,
 //!   insert), tables partitioned across memory nodes by key;
@@ -33,6 +34,7 @@ pub mod cvt_store;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod history;
+pub mod kvs;
 pub mod mvcc;
 pub mod occ_cas;
 pub mod scythe;

@@ -21,6 +21,14 @@ struct Args {
     /// node's partition of them).
     #[arg(long)]
     smallbank_accounts: Option<u64>,
+    /// Load the KVS / YCSB table (table 0, "kvs", keys 0..N, this node's partition of
+    /// them), each value carrying a checksum of its key and update counter. Excludes
+    /// --smallbank-accounts.
+    #[arg(long, value_name = "N")]
+    kvs_records: Option<u64>,
+    /// Bytes of a KVS value (at least 16: the counter and the checksum).
+    #[arg(long, default_value_t = txn::kvs::DEFAULT_VALUE_BYTES, value_name = "BYTES")]
+    kvs_value_bytes: usize,
     /// Version cells per CVT (Motor's VNum: how many versions each record keeps).
     #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS)]
     versions: usize,
@@ -48,6 +56,18 @@ fn run(args: Args) -> anyhow::Result<()> {
     if !(1..=64).contains(&args.versions) {
         bail!("--versions must be 1 to 64 (got {})", args.versions);
     }
+    if args.smallbank_accounts.is_some() && args.kvs_records.is_some() {
+        bail!(
+            "--smallbank-accounts and --kvs-records exclude each other (one workload per memnode)"
+        );
+    }
+    if args.kvs_value_bytes < txn::kvs::MIN_VALUE_BYTES {
+        bail!(
+            "--kvs-value-bytes must be at least {} (got {})",
+            txn::kvs::MIN_VALUE_BYTES,
+            args.kvs_value_bytes
+        );
+    }
     let fabric = args.node.open_fabric().context("opening the fabric")?;
     let mut regions = Vec::new();
     let mut tables = Vec::new();
@@ -66,6 +86,28 @@ fn run(args: Args) -> anyhow::Result<()> {
             accounts = n,
             ms = t0.elapsed().as_millis() as u64,
             "loaded SmallBank"
+        );
+    }
+    if let Some(n) = args.kvs_records {
+        if n == 0 {
+            bail!("--kvs-records must be at least 1");
+        }
+        let t0 = std::time::Instant::now();
+        let (export, mrs) = txn::kvs::load(
+            &fabric,
+            n,
+            args.kvs_value_bytes,
+            args.versions,
+            args.partition,
+            args.partitions,
+        )?;
+        tables.push(export);
+        regions.push(mrs);
+        tracing::info!(
+            records = n,
+            value_bytes = args.kvs_value_bytes,
+            ms = t0.elapsed().as_millis() as u64,
+            "loaded KVS"
         );
     }
     let mut exports = BTreeMap::new();
