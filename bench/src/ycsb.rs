@@ -59,9 +59,11 @@ impl FromStr for Workload {
                             ycsb-d, ycsb-f or kvs"
                     .into())
             }
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "unknown workload {s:?}: smallbank, kvs, ycsb-a, ycsb-b, ycsb-c, ycsb-d or ycsb-f"
-            )),
+            ))
+            }
         })
     }
 }
