@@ -133,7 +133,7 @@ pub struct Report {
     pub threads: usize,
     /// Coroutines per thread.
     pub coroutines: usize,
-    /// Accounts.
+    /// Accounts (SmallBank) or loaded records (KVS / YCSB).
     pub accounts: u64,
     /// Zipf theta.
     pub theta: f64,

@@ -97,8 +97,8 @@ pub fn check_value(key: u64, value: &[u8]) -> Result<u64, String> {
 /// `value_bytes` bytes as a CVT table of `versions` cells, loaded at [`LOAD_VERSION`].
 /// The index has room for twice its share plus 64 Ki keys, for inserts (YCSB D).
 ///
-/// Errors: `value_bytes` below [`MIN_VALUE_BYTES`] ([`StoreError`] cannot say it, so
-/// it panics: the caller validates); registering memory failed; the table filled up.
+/// Errors: [`StoreError::ValueSize`] when `value_bytes` is below [`MIN_VALUE_BYTES`];
+/// registering memory failed; the table filled up.
 pub fn load(
     fabric: &Fabric,
     records: u64,
@@ -107,7 +107,13 @@ pub fn load(
     partition: u32,
     partitions: u32,
 ) -> Result<(CvtTableExport, [MemoryRegion; 3]), StoreError> {
-    assert!(value_bytes >= MIN_VALUE_BYTES, "validated by the caller");
+    if value_bytes < MIN_VALUE_BYTES {
+        return Err(StoreError::ValueSize {
+            table: TABLE_NAME.into(),
+            got: value_bytes,
+            want: MIN_VALUE_BYTES,
+        });
+    }
     let share = records.div_ceil(u64::from(partitions.max(1))) * 2 + 65_536;
     let mut t = CvtTableBuilder::new(fabric, TABLE, TABLE_NAME, versions, value_bytes, share)?;
     for k in (0..records).filter(|&k| partition_of(TABLE, k, partitions) == partition) {
