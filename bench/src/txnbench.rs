@@ -45,7 +45,7 @@ use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
 use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, TypeStats, WorkerStats};
 use crate::smallbank::{self, Generator};
-use crate::ycsb::{self, KvsError, KvsGenerator, Workload};
+use crate::ycsb::{self, KvsGenerator, RunError, Workload};
 
 /// SmallBank, KVS or YCSB on a local cluster (memnode, tso and lockd child processes)
 /// over the shm fabric, with one transaction protocol or all of them side by side.
@@ -1075,11 +1075,11 @@ fn worker(
                 loop {
                     let txn = client.begin_as(kind as u16);
                     // Net money (SmallBank) or updates (KVS), and the keys inserted.
-                    let r: Result<(i64, Vec<u64>), KvsError> = match &drawn {
+                    let r: Result<(i64, Vec<u64>), RunError> = match &drawn {
                         Drawn::SmallBank(t) => smallbank::run(txn, *t)
                             .await
                             .map(|net| (net, Vec::new()))
-                            .map_err(KvsError::Txn),
+                            .map_err(RunError::Txn),
                         Drawn::Kvs(t) => ycsb::run(txn, t, records, value_bytes)
                             .await
                             .map(|d| (d.updates as i64, d.inserted)),
@@ -1098,11 +1098,11 @@ fn worker(
                                 committed.fetch_add(1, Ordering::Relaxed);
                                 false
                             }
-                            Err(KvsError::Txn(TxnError::Abort(AbortReason::User))) => {
+                            Err(RunError::Txn(TxnError::Abort(AbortReason::User))) => {
                                 ts.user_aborts += 1;
                                 false
                             }
-                            Err(KvsError::Txn(TxnError::Abort(reason))) => {
+                            Err(RunError::Txn(TxnError::Abort(reason))) => {
                                 ts.aborts += 1;
                                 if let Some(i) = AbortReason::ALL.iter().position(|&x| x == reason)
                                 {
@@ -1111,12 +1111,12 @@ fn worker(
                                 // At the end of the run an unfinished transaction has no effect.
                                 !stop.load(Ordering::Relaxed)
                             }
-                            Err(KvsError::Txn(e)) => {
+                            Err(RunError::Txn(e)) => {
                                 s.fatal.push(format!("{}: {e}", kinds[kind]));
                                 stop.store(true, Ordering::SeqCst);
                                 false
                             }
-                            Err(KvsError::Check(e)) => {
+                            Err(RunError::Check(e)) => {
                                 s.fatal
                                     .push(format!("{}: value check failed: {e}", kinds[kind]));
                                 stop.store(true, Ordering::SeqCst);

@@ -10,7 +10,7 @@
 //! start; `ycsb-d` draws ranks from the newest key down (YCSB's "latest"), unscrambled.
 //!
 //! Every update reads its value for update and writes `counter + 1`; every value read
-//! is checked ([`txn::kvs::check_value`]), and a bad one is a [`KvsError::Check`].
+//! is checked ([`txn::kvs::check_value`]), and a bad one is a [`RunError::Check`].
 //! Transactions return how many updates they committed, so after a run the sum of all
 //! counters must equal the sum over committed transactions.
 
@@ -224,16 +224,17 @@ impl KvsGenerator {
     }
 }
 
-/// Why a KVS transaction did not commit.
+/// Why a transaction attempt did not commit (a KVS one, or in `txn-bench` any: SmallBank's
+/// errors are all [`RunError::Txn`]).
 #[derive(Debug)]
-pub enum KvsError {
+pub enum RunError {
     /// The transaction aborted or a service failed.
     Txn(TxnError),
     /// A value read failed its check (or a loaded key was missing): fatal.
     Check(String),
 }
 
-impl From<TxnError> for KvsError {
+impl From<TxnError> for RunError {
     fn from(e: TxnError) -> Self {
         Self::Txn(e)
     }
@@ -258,7 +259,7 @@ pub async fn run(
     t: &KvsTxn,
     records: u64,
     value_bytes: usize,
-) -> Result<Done, KvsError> {
+) -> Result<Done, RunError> {
     let items: Vec<(u32, u64, bool)> = t
         .ops
         .iter()
@@ -279,9 +280,9 @@ pub async fn run(
             if !update && key >= records {
                 continue;
             }
-            return Err(KvsError::Check(format!("key {key} not found")));
+            return Err(RunError::Check(format!("key {key} not found")));
         };
-        let counter = check_value(key, &v).map_err(KvsError::Check)?;
+        let counter = check_value(key, &v).map_err(RunError::Check)?;
         if update {
             txn.write(TABLE, key, encode_value(key, counter + 1, value_bytes))?;
             done.updates += 1;
