@@ -1,4 +1,4 @@
-//! Benchmarks: a local-cluster launcher, SmallBank, and run reports.
+//! Benchmarks: a local-cluster launcher, SmallBank, KVS / YCSB, and run reports.
 #![warn(missing_docs)]
 
 pub mod launcher;
@@ -9,6 +9,7 @@ pub mod smallbank;
 pub mod tatp;
 pub mod tpcc;
 pub mod txnbench;
+pub mod ycsb;
 
 /// The body of a benchmark binary's `main`: logs to stderr at `warn` unless `RUST_LOG`
 /// says otherwise, parses the arguments, and on an error prints `<name>: <error chain>`

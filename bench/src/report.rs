@@ -48,10 +48,12 @@ impl TypeStats {
 
 /// One coordinator thread's results.
 pub struct WorkerStats {
-    /// Per type, in [`TxnType::ALL`] order.
+    /// Per type, in [`TxnType::ALL`] order (KVS / YCSB: the workload's kinds).
     pub types: Vec<TypeStats>,
-    /// Net money added by committed transactions, cents.
+    /// Net money added by committed transactions, cents (KVS / YCSB: committed updates).
     pub net: i64,
+    /// Keys inserted by committed transactions (YCSB D).
+    pub inserted: Vec<u64>,
     /// Aborts by reason, in [`AbortReason::ALL`] order.
     pub abort_reasons: [u64; AbortReason::ALL.len()],
     /// Service failures (fatal errors).
@@ -67,11 +69,17 @@ pub struct WorkerStats {
 }
 
 impl WorkerStats {
-    /// Empty counters.
+    /// Empty counters of the SmallBank types.
     pub fn new() -> Self {
+        Self::with_kinds(TxnType::ALL.len())
+    }
+
+    /// Empty counters of `kinds` transaction kinds.
+    pub fn with_kinds(kinds: usize) -> Self {
         Self {
-            types: TxnType::ALL.iter().map(|_| TypeStats::new()).collect(),
+            types: (0..kinds).map(|_| TypeStats::new()).collect(),
             net: 0,
+            inserted: Vec::new(),
             abort_reasons: [0; AbortReason::ALL.len()],
             fatal: Vec::new(),
             rpc: Default::default(),
@@ -125,7 +133,7 @@ pub struct Report {
     pub threads: usize,
     /// Coroutines per thread.
     pub coroutines: usize,
-    /// Accounts.
+    /// Accounts (SmallBank) or loaded records (KVS / YCSB).
     pub accounts: u64,
     /// Zipf theta.
     pub theta: f64,
@@ -202,6 +210,10 @@ pub struct Report {
     /// The oracle restart of `--kill-tso-after`, when one was injected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tso_restart: Option<TsoRestart>,
+    /// The workload's check line when it is not SmallBank's money audit (KVS / YCSB:
+    /// `kvs check: ...`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload_check: Option<String>,
 }
 
 /// What happened around an injected oracle restart (SIGKILL, restart with the same state
@@ -232,13 +244,6 @@ impl TsoRestart {
     }
 }
 
-/// A history's transaction kind as a report names it (the SmallBank type).
-fn kind_name(k: u16) -> String {
-    TxnType::ALL
-        .get(k as usize)
-        .map_or_else(|| format!("type {k}"), |t| t.name().to_string())
-}
-
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
     if h.is_empty() {
         0.0
@@ -248,8 +253,27 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
 }
 
 impl Report {
-    /// Merge the workers' statistics.
+    /// Merge the workers' statistics (SmallBank).
     pub fn new(
+        fabric: String,
+        threads: usize,
+        coroutines: usize,
+        accounts: u64,
+        theta: f64,
+        elapsed: Duration,
+        workers: &[WorkerStats],
+    ) -> Self {
+        let kinds: Vec<&str> = TxnType::ALL.iter().map(|t| t.name()).collect();
+        Self::with_kinds(
+            &kinds, fabric, threads, coroutines, accounts, theta, elapsed, workers,
+        )
+    }
+
+    /// Merge the workers' statistics of transaction kinds named `kinds` (the workers'
+    /// [`WorkerStats::types`] in this order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_kinds(
+        kinds: &[&str],
         fabric: String,
         threads: usize,
         coroutines: usize,
@@ -261,11 +285,11 @@ impl Report {
         let mut all = new_hist();
         let mut rows = Vec::new();
         let (mut attempts, mut aborts, mut commits) = (0u64, 0u64, 0u64);
-        for t in TxnType::ALL {
+        for (i, name) in kinds.iter().enumerate() {
             let mut h = new_hist();
             let (mut a, mut ab, mut c, mut u) = (0, 0, 0, 0);
             for w in workers {
-                let s = &w.types[t.index()];
+                let s = &w.types[i];
                 h.add(&s.hist).expect("same bounds");
                 a += s.attempts;
                 ab += s.aborts;
@@ -277,7 +301,7 @@ impl Report {
             aborts += ab;
             commits += c;
             rows.push(TypeRow {
-                name: t.name().into(),
+                name: name.to_string(),
                 committed: c,
                 aborts: ab,
                 user_aborts: u,
@@ -357,7 +381,22 @@ impl Report {
             history_bytes_per_txn: 0.0,
             check_seconds: 0.0,
             tso_restart: None,
+            workload_check: None,
         }
+    }
+
+    /// A history's transaction kind as this report names it.
+    fn kind_name(&self, k: u16) -> String {
+        self.types
+            .get(k as usize)
+            .map_or_else(|| format!("type {k}"), |t| t.name.clone())
+    }
+
+    /// Record the workload's own check (KVS / YCSB: checksums and update count) as
+    /// `line`; the invariant holds only if `ok` (call after [`Self::audit`]).
+    pub fn workload_check(&mut self, line: String, ok: bool) {
+        self.workload_check = Some(line);
+        self.invariant_holds &= ok;
     }
 
     /// Record the audit and decide the invariant: money conserved, no lock held (CVT lock
@@ -396,7 +435,7 @@ impl Report {
         history_bytes: usize,
         took: Duration,
     ) {
-        self.serializability = Some(v.line(&kind_name));
+        self.serializability = Some(v.line(&|k| self.kind_name(k)));
         self.serializable = Some(v.is_serializable());
         self.checked_committed = v.committed as u64;
         self.dependency_edges = v.edges as u64;
@@ -406,7 +445,7 @@ impl Report {
 
     /// Record the snapshot-isolation check of the run's (timed) history.
     pub fn snapshot_isolation(&mut self, v: &txn::snapshot_isolation::SiVerdict) {
-        self.snapshot_isolation = Some(v.line(&kind_name));
+        self.snapshot_isolation = Some(v.line(&|k| self.kind_name(k)));
         self.snapshot_isolation_holds = Some(v.holds());
     }
 
@@ -496,16 +535,27 @@ impl Report {
             Some(n) => format!(", lock service {n}"),
             None => String::new(),
         };
-        let _ = writeln!(
-            s,
-            "money: initial {} + net committed {} = {} expected, {} found; locks held after run: {} (CVT lock words {}{lockd})",
-            self.initial_total,
-            self.net_committed,
-            self.initial_total + self.net_committed,
-            self.final_total,
-            self.locks_held,
-            self.cvt_locks_held,
-        );
+        match &self.workload_check {
+            Some(line) => {
+                let _ = writeln!(
+                    s,
+                    "{line}; locks held after run: {} (CVT lock words {}{lockd})",
+                    self.locks_held, self.cvt_locks_held,
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "money: initial {} + net committed {} = {} expected, {} found; locks held after run: {} (CVT lock words {}{lockd})",
+                    self.initial_total,
+                    self.net_committed,
+                    self.initial_total + self.net_committed,
+                    self.final_total,
+                    self.locks_held,
+                    self.cvt_locks_held,
+                );
+            }
+        }
         // The check the run is judged by first, then the informative one.
         let sr = self.serializability.as_deref();
         let si = self.snapshot_isolation.as_deref();
@@ -651,7 +701,8 @@ fn short_line(line: &str) -> &str {
 }
 
 /// The comparison table of several runs: per run (and sweep point) committed/s, p50,
-/// p99, abort rate, the top abort reasons, the money audit's invariant, whether the run
+/// p99, abort rate, the top abort reasons, the invariant of the workload's check (SmallBank's
+/// money audit, KVS's checksums and update count), whether the run
 /// passed, and the line of the isolation check the run is judged by (serializability;
 /// snapshot isolation for `mvcc-si`), followed by the other check's verdict where it is
 /// informative.
@@ -668,7 +719,7 @@ pub fn comparison(runs: &[Report]) -> String {
         "p99(us)",
         "abort-rate",
         "top abort reasons",
-        "invariant (money audit)",
+        "invariant (workload check)",
         "result",
         "isolation check",
     ]);

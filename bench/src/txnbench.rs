@@ -1,4 +1,4 @@
-//! `txn-bench`'s run: SmallBank on local clusters over the shm fabric (the binary in
+//! `txn-bench`'s run: SmallBank, KVS or YCSB (`--workload`, [`crate::ycsb`]) on local clusters over the shm fabric (the binary in
 //! `src/bin/txn-bench.rs` parses flags and handles signals; tests call [`run`] directly).
 //!
 //! Each run starts `--memnodes` memory nodes (the tables partitioned across them by
@@ -10,7 +10,10 @@
 //! deposits and withdrawals, no lock may be left held (CVT lock words, and the lock
 //! service's locks for Scythe), every transaction type must have committed, and (unless
 //! `--no-check`) the recorded history of committed transactions must be serializable
-//! (`occ-cas`, `scythe`, `mvcc`) or satisfy snapshot isolation (`mvcc-si`).
+//! (`occ-cas`, `scythe`, `mvcc`) or satisfy snapshot isolation (`mvcc-si`). KVS and
+//! YCSB replace the money audit by their own check: every key (loaded and inserted) read
+//! after the run carries a valid checksum, and the sum of the keys' update counters
+//! equals the updates of committed transactions.
 //!
 //! `--protocol all` runs `occ-cas`, `scythe` and `mvcc` (at `--isolation`) one after
 //! another, each on a freshly started and loaded cluster with the same seed, backoff and
@@ -42,12 +45,29 @@ use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
 use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, TypeStats, WorkerStats};
 use crate::smallbank::{self, Generator};
+use crate::ycsb::{self, KvsGenerator, RunError, Workload};
 
-/// SmallBank on a local cluster (memnode, tso and lockd child processes) over the shm
-/// fabric, with one transaction protocol or all of them side by side.
+/// SmallBank, KVS or YCSB on a local cluster (memnode, tso and lockd child processes)
+/// over the shm fabric, with one transaction protocol or all of them side by side.
 #[derive(Parser, Debug, Clone)]
 #[command(version, about, long_about = None)]
 pub struct Args {
+    /// Workload: smallbank, kvs (one read or update per transaction, half each), ycsb-a
+    /// (50% reads / 50% updates), ycsb-b (95/5), ycsb-c (reads), ycsb-d (95% reads of
+    /// the latest keys / 5% inserts), ycsb-f (50% reads / 50% read-modify-writes).
+    /// ycsb-e is refused: no protocol here offers range scans.
+    #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
+    pub workload: Workload,
+    /// KVS / YCSB records (keys 0..N loaded).
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    pub records: u64,
+    /// KVS / YCSB operations per transaction, on distinct keys (default 1 for kvs, 4
+    /// for ycsb-*).
+    #[arg(long, value_name = "N")]
+    pub ops_per_txn: Option<usize>,
+    /// KVS / YCSB value size in bytes (at least 16: update counter and checksum).
+    #[arg(long, default_value_t = txn::kvs::DEFAULT_VALUE_BYTES, value_name = "BYTES")]
+    pub value_bytes: usize,
     /// Concurrency control: occ-cas (OCC with CAS locks in the CVT header), scythe
     /// (hot-aware OCC/TOCC on Takeout Locks), mvcc (Motor's MVCC at --isolation), mvcc-si,
     /// or all (occ-cas, scythe and mvcc one after another, each on a fresh cluster, then
@@ -88,7 +108,7 @@ pub struct Args {
     /// SmallBank accounts.
     #[arg(long, default_value_t = 100_000)]
     pub accounts: u64,
-    /// Zipf theta of account choice (0 = uniform).
+    /// Zipf theta of account (key) choice (0 = uniform).
     #[arg(long, default_value_t = 0.99)]
     pub theta: f64,
     /// Measured run time of each run (each protocol, each sweep point) in seconds.
@@ -267,7 +287,60 @@ struct Point {
     label: Option<String>,
 }
 
+/// A point's transaction generator.
+enum Gen {
+    SmallBank(Generator),
+    Kvs(KvsGenerator),
+}
+
 impl Args {
+    /// Keys per table: SmallBank's accounts or the KVS records.
+    fn keys(&self) -> u64 {
+        if self.workload.is_kvs() {
+            self.records
+        } else {
+            self.accounts
+        }
+    }
+
+    /// Transaction kinds, in the order of the report (and of the history's kinds).
+    fn kinds(&self) -> Vec<&'static str> {
+        if self.workload.is_kvs() {
+            self.workload.kinds().to_vec()
+        } else {
+            smallbank::TxnType::ALL.iter().map(|t| t.name()).collect()
+        }
+    }
+
+    /// The workload as the reports name it.
+    fn workload_label(&self) -> String {
+        if self.workload.is_kvs() {
+            self.workload.name().into()
+        } else {
+            "SmallBank".into()
+        }
+    }
+
+    /// Size of the data: `N accounts`, or records, value size and operations per
+    /// transaction.
+    fn scale(&self) -> String {
+        if self.workload.is_kvs() {
+            format!(
+                "{} records x {} B, {} ops/txn",
+                self.records,
+                self.value_bytes,
+                self.ops_per_txn()
+            )
+        } else {
+            format!("{} accounts", self.accounts)
+        }
+    }
+
+    fn ops_per_txn(&self) -> usize {
+        self.ops_per_txn
+            .unwrap_or_else(|| self.workload.default_ops())
+    }
+
     /// The protocols to run, in order, after checking `--protocol` against
     /// `--isolation`.
     pub fn protocols(&self) -> anyhow::Result<Vec<Protocol>> {
@@ -378,6 +451,13 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     if args.accounts < 2 {
         bail!("--accounts must be at least 2");
     }
+    if args.workload.is_kvs() && args.value_bytes < txn::kvs::MIN_VALUE_BYTES {
+        bail!(
+            "--value-bytes must be at least {} (got {})",
+            txn::kvs::MIN_VALUE_BYTES,
+            args.value_bytes
+        );
+    }
     if !(args.duration > 0.0 && args.duration.is_finite()) {
         bail!("--duration must be a positive number of seconds");
     }
@@ -411,8 +491,13 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     let gens = points
         .iter()
         .map(|p| {
-            Generator::new(args.accounts, p.theta)
-                .map(Arc::new)
+            let g = if args.workload.is_kvs() {
+                KvsGenerator::new(args.workload, args.records, p.theta, args.ops_per_txn())
+                    .map(Gen::Kvs)
+            } else {
+                Generator::new(args.accounts, p.theta).map(Gen::SmallBank)
+            };
+            g.map(Arc::new)
                 .with_context(|| format!("--theta {}", p.theta))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -455,7 +540,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     let ratios = ratios(&runs);
     let passed = !runs.is_empty() && runs.iter().all(Report::passed);
     let summary = Summary {
-        workload: "SmallBank".into(),
+        workload: args.workload_label(),
         timing_model: runs
             .first()
             .map_or_else(|| args.model.clone(), |r| r.timing_model.clone()),
@@ -493,24 +578,27 @@ fn render_comparison(args: &Args, sum: &Summary) -> String {
     let threads = args.threads.unwrap_or(1);
     let workload = match &args.sweep {
         Some(Sweep::Theta(_)) => format!(
-            "{threads} thread(s) x {} coroutines | {} accounts | sweep {}",
+            "{threads} thread(s) x {} coroutines | {} | sweep {}",
             args.coroutines,
-            args.accounts,
+            args.scale(),
             args.sweep.as_ref().expect("a sweep")
         ),
         Some(Sweep::Clients(_)) => format!(
-            "{threads} thread(s) x clients coroutines | {} accounts | Zipf theta {} | sweep {}",
-            args.accounts,
+            "{threads} thread(s) x clients coroutines | {} | Zipf theta {} | sweep {}",
+            args.scale(),
             args.theta,
             args.sweep.as_ref().expect("a sweep")
         ),
         None => format!(
-            "{threads} thread(s) x {} coroutines | {} accounts | Zipf theta {}",
-            args.coroutines, args.accounts, args.theta
+            "{threads} thread(s) x {} coroutines | {} | Zipf theta {}",
+            args.coroutines,
+            args.scale(),
+            args.theta
         ),
     };
     let mut s = format!(
-        "\ncomparison: SmallBank | timing model: {} | fabric: {} | {workload} | {} memnode(s), {} versions | {} s per run | seed {} | backoff up to {} us\n",
+        "\ncomparison: {} | timing model: {} | fabric: {} | {workload} | {} memnode(s), {} versions | {} s per run | seed {} | backoff up to {} us\n",
+        args.workload_label(),
         sum.timing_model,
         args.fabric,
         args.memnodes,
@@ -562,11 +650,13 @@ fn draw_chart(path: &Path, args: &Args, sum: &Summary) -> anyhow::Result<()> {
     }
     let title = match &args.sweep {
         Some(sw) => format!(
-            "SmallBank: throughput vs p99, sweep {sw} (model {})",
+            "{}: throughput vs p99, sweep {sw} (model {})",
+            args.workload_label(),
             args.model
         ),
         None => format!(
-            "SmallBank: throughput vs p99, theta {}, {} x {} clients (model {})",
+            "{}: throughput vs p99, theta {}, {} x {} clients (model {})",
+            args.workload_label(),
             args.theta,
             args.threads.unwrap_or(1),
             args.coroutines,
@@ -590,7 +680,7 @@ fn run_one(
     args: &Args,
     protocol: Protocol,
     point: &Point,
-    gen: Arc<Generator>,
+    gen: Arc<Gen>,
     cluster_name: &str,
     stop: &AtomicBool,
 ) -> anyhow::Result<Report> {
@@ -629,22 +719,38 @@ fn run_one(
         }
     );
     let mut memnodes = Vec::new();
+    let data: Vec<String> = if args.workload.is_kvs() {
+        vec![
+            "--kvs-records".into(),
+            args.records.to_string(),
+            "--kvs-value-bytes".into(),
+            args.value_bytes.to_string(),
+        ]
+    } else {
+        vec!["--smallbank-accounts".into(), args.accounts.to_string()]
+    };
     for i in 0..args.memnodes {
-        memnodes.push(cluster.start(
-            "memnode",
-            NODE_MEMNODE + i,
-            &with(&[
-                "--smallbank-accounts".into(),
-                args.accounts.to_string(),
-                "--versions".into(),
-                args.versions.to_string(),
-                "--partition".into(),
-                i.to_string(),
-                "--partitions".into(),
-                args.memnodes.to_string(),
-            ]),
-            t,
-        )?);
+        memnodes.push(
+            cluster.start(
+                "memnode",
+                NODE_MEMNODE + i,
+                &with(
+                    &[
+                        data.clone(),
+                        vec![
+                            "--versions".into(),
+                            args.versions.to_string(),
+                            "--partition".into(),
+                            i.to_string(),
+                            "--partitions".into(),
+                            args.memnodes.to_string(),
+                        ],
+                    ]
+                    .concat(),
+                ),
+                t,
+            )?,
+        );
     }
     let lockd = if protocol.needs_lockd() {
         Some(cluster.start(
@@ -652,7 +758,7 @@ fn run_one(
             NODE_LOCKD,
             &with(&[
                 "--locks".into(),
-                (2 * args.accounts).to_string(),
+                (2 * args.keys()).to_string(),
                 "--threads".into(),
                 args.lockd_threads.to_string(),
                 "--cold-watermark".into(),
@@ -695,27 +801,41 @@ fn run_one(
         _ => "serializability",
     };
     println!(
-        "SmallBank | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} accounts | Zipf theta {} | {} memnode(s), {} versions | {} s | check: {checks}",
+        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} | Zipf theta {} | {} memnode(s), {} versions | {} s | check: {checks}",
+        args.workload_label(),
         fabric_desc,
         model_desc,
         threads,
         point.coroutines,
-        args.accounts,
+        args.scale(),
         point.theta,
         args.memnodes,
         args.versions,
         args.duration,
     );
 
-    // Audit before: the loaded bank must hold the expected money.
-    let before = audit(&fabric, &addrs, protocol, args.accounts)?;
-    let expected_initial = txn::smallbank::initial_total(args.accounts);
-    if before.total != expected_initial {
-        bail!(
-            "loaded bank holds {} cents, expected {expected_initial}",
-            before.total
-        );
-    }
+    // Audit before: the loaded bank must hold the expected money; every loaded KVS
+    // value must be valid at counter 0.
+    let loaded = if args.workload.is_kvs() {
+        kvs_items(args.records, &[])
+    } else {
+        smallbank_items(args.accounts)
+    };
+    let before = audit(&fabric, &addrs, protocol, &loaded)?;
+    let initial_total = if args.workload.is_kvs() {
+        let c = kvs_check(&before, &loaded, args.records, 0);
+        if !c.ok() || c.found != 0 {
+            bail!("loaded KVS table: {}", c.line());
+        }
+        0
+    } else {
+        let expected_initial = txn::smallbank::initial_total(args.accounts);
+        let total = money(&before, &loaded)?;
+        if total != expected_initial {
+            bail!("loaded bank holds {total} cents, expected {expected_initial}");
+        }
+        total
+    };
 
     let cfg = TxnConfig {
         protocol,
@@ -737,6 +857,9 @@ fn run_one(
             coroutines: point.coroutines,
             seed: args.seed,
             max_backoff_us: args.max_backoff_us,
+            kinds: args.kinds(),
+            records: args.records,
+            value_bytes: args.value_bytes,
             cfg: cfg.clone(),
             addrs: addrs.clone(),
             core: (!cores.is_empty()).then(|| cores[tid % cores.len()]),
@@ -816,7 +939,16 @@ fn run_one(
         bail!("a service died during the run: {e}");
     }
 
-    let after = audit(&fabric, &addrs, protocol, args.accounts)?;
+    let inserted: Vec<u64> = workers
+        .iter()
+        .flat_map(|w| w.inserted.iter().copied())
+        .collect();
+    let items = if args.workload.is_kvs() {
+        kvs_items(args.records, &inserted)
+    } else {
+        loaded
+    };
+    let after = audit(&fabric, &addrs, protocol, &items)?;
     drop(fabric);
     cluster.shutdown();
     let _ = std::fs::remove_dir_all(&tso_state);
@@ -824,16 +956,19 @@ fn run_one(
         r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
     }
-    let mut report = Report::new(
+    let kinds = args.kinds();
+    let mut report = Report::with_kinds(
+        &kinds,
         fabric_desc,
         threads,
         point.coroutines,
-        args.accounts,
+        args.keys(),
         point.theta,
         elapsed,
         &workers,
     );
     report.protocol = protocol.name().into();
+    report.workload = args.workload_label();
     report.point = point.label.clone();
     report.memnodes = args.memnodes;
     report.versions = args.versions;
@@ -841,12 +976,15 @@ fn run_one(
     report.tso_restart = tso_restart;
     report.serializability_required = protocol != Protocol::Mvcc(Isolation::Snapshot);
     report.snapshot_isolation_required = protocol == Protocol::Mvcc(Isolation::Snapshot);
-    report.audit(
-        before.total,
-        after.total,
-        after.cvt_locked,
-        after.lockd_held,
-    );
+    if args.workload.is_kvs() {
+        let updates = u64::try_from(report.net_committed).unwrap_or(0);
+        let c = kvs_check(&after, &items, args.records, updates);
+        report.audit(0, c.found as i64, after.cvt_locked, after.lockd_held);
+        report.workload_check(c.line(), c.ok() && c.found == updates);
+    } else {
+        let total = money(&after, &items)?;
+        report.audit(initial_total, total, after.cvt_locked, after.lockd_held);
+    }
     if !args.no_check {
         let mut history = txn::history::History::new(usize::MAX);
         for w in &mut workers {
@@ -876,6 +1014,11 @@ struct WorkerPlan {
     coroutines: usize,
     seed: u64,
     max_backoff_us: u64,
+    /// Names of the transaction kinds (SmallBank types, or the KVS workload's kinds).
+    kinds: Vec<&'static str>,
+    /// KVS: loaded records and value size.
+    records: u64,
+    value_bytes: usize,
     cfg: TxnConfig,
     addrs: ClusterAddrs,
     core: Option<core_affinity::CoreId>,
@@ -884,7 +1027,7 @@ struct WorkerPlan {
 fn worker(
     w: WorkerPlan,
     fabric: Fabric,
-    gen: Arc<Generator>,
+    gen: Arc<Gen>,
     stop: Arc<AtomicBool>,
     committed: Arc<AtomicU64>,
     gate: Arc<Barrier>,
@@ -901,44 +1044,65 @@ fn worker(
     gate.wait();
     let (ctx, client) =
         connected.with_context(|| format!("coordinator thread {tid} connecting"))?;
-    let stats = Rc::new(RefCell::new(WorkerStats::new()));
+    let stats = Rc::new(RefCell::new(WorkerStats::with_kinds(w.kinds.len())));
+    let kinds: Rc<[&'static str]> = w.kinds.clone().into();
+    let (records, value_bytes) = (w.records, w.value_bytes);
     let mut ex = Executor::new(ctx.clone());
     for co in 0..w.coroutines {
-        let (client, stats, gen, stop, committed) = (
+        let (client, stats, gen, stop, committed, kinds) = (
             client.clone(),
             stats.clone(),
             gen.clone(),
             stop.clone(),
             committed.clone(),
+            kinds.clone(),
         );
         let seed = w.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let max_backoff = w.max_backoff_us;
         ex.spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             while !stop.load(Ordering::Relaxed) {
-                let t = gen.next(&mut rng);
+                let drawn = match &*gen {
+                    Gen::SmallBank(g) => Drawn::SmallBank(g.next(&mut rng)),
+                    Gen::Kvs(g) => Drawn::Kvs(g.next(&mut rng)),
+                };
+                let kind = match &drawn {
+                    Drawn::SmallBank(t) => t.ty.index(),
+                    Drawn::Kvs(t) => t.kind,
+                };
                 let begin = quanta::Instant::now();
                 let mut backoff_us = 1u64;
                 loop {
-                    let r = smallbank::run(client.begin_as(t.ty.index() as u16), t).await;
+                    let txn = client.begin_as(kind as u16);
+                    // Net money (SmallBank) or updates (KVS), and the keys inserted.
+                    let r: Result<(i64, Vec<u64>), RunError> = match &drawn {
+                        Drawn::SmallBank(t) => smallbank::run(txn, *t)
+                            .await
+                            .map(|net| (net, Vec::new()))
+                            .map_err(RunError::Txn),
+                        Drawn::Kvs(t) => ycsb::run(txn, t, records, value_bytes)
+                            .await
+                            .map(|d| (d.updates as i64, d.inserted)),
+                    };
                     // What to do next, decided while the stats are borrowed (never across an await).
                     let retry = {
                         let mut s = stats.borrow_mut();
                         let s = &mut *s;
-                        let ts: &mut TypeStats = &mut s.types[t.ty.index()];
+                        let ts: &mut TypeStats = &mut s.types[kind];
                         ts.attempts += 1;
                         match r {
-                            Ok(net) => {
+                            Ok((net, inserted)) => {
                                 ts.record_commit(begin.elapsed());
                                 s.net += net;
+                                s.inserted.extend(inserted);
                                 committed.fetch_add(1, Ordering::Relaxed);
                                 false
                             }
-                            Err(TxnError::Abort(AbortReason::User)) => {
+                            Err(RunError::Txn(TxnError::Abort(AbortReason::User))) => {
                                 ts.user_aborts += 1;
                                 false
                             }
-                            Err(TxnError::Abort(reason)) => {
+                            Err(RunError::Txn(TxnError::Abort(reason))) => {
                                 ts.aborts += 1;
                                 if let Some(i) = AbortReason::ALL.iter().position(|&x| x == reason)
                                 {
@@ -947,8 +1111,14 @@ fn worker(
                                 // At the end of the run an unfinished transaction has no effect.
                                 !stop.load(Ordering::Relaxed)
                             }
-                            Err(e) => {
-                                s.fatal.push(format!("{}: {e}", t.ty.name()));
+                            Err(RunError::Txn(e)) => {
+                                s.fatal.push(format!("{}: {e}", kinds[kind]));
+                                stop.store(true, Ordering::SeqCst);
+                                false
+                            }
+                            Err(RunError::Check(e)) => {
+                                s.fatal
+                                    .push(format!("{}: value check failed: {e}", kinds[kind]));
                                 stop.store(true, Ordering::SeqCst);
                                 false
                             }
@@ -1023,22 +1193,139 @@ fn restart_tso(
 
 /// What an audit found.
 struct Audit {
-    /// Sum of every balance, cents.
-    total: i64,
+    /// The newest committed value of each item audited, in order (`None`: absent).
+    values: Vec<Option<Vec<u8>>>,
     /// CVT lock words held.
     cvt_locked: u64,
     /// Lock service locks held or queued (`None` without a lock service).
     lockd_held: Option<u64>,
 }
 
-/// Sum all balances (the newest committed version of every account's savings and
-/// checking) and count held locks (every CVT lock word; every lock service lock when
-/// `protocol` has one) with one-sided READs from a fresh thread context.
+/// SmallBank's items: savings and checking of every account.
+fn smallbank_items(accounts: u64) -> Vec<(u32, u64)> {
+    [txn::smallbank::SAVINGS, txn::smallbank::CHECKING]
+        .into_iter()
+        .flat_map(|t| (0..accounts).map(move |a| (t, a)))
+        .collect()
+}
+
+/// KVS items: the loaded records and the keys `inserted`.
+fn kvs_items(records: u64, inserted: &[u64]) -> Vec<(u32, u64)> {
+    (0..records)
+        .chain(inserted.iter().copied())
+        .map(|k| (txn::kvs::TABLE, k))
+        .collect()
+}
+
+/// Sum of all balances in `a` (SmallBank), cents. Errors: an account absent or not a
+/// balance.
+fn money(a: &Audit, items: &[(u32, u64)]) -> anyhow::Result<i64> {
+    let mut total = 0i64;
+    for (&(table, k), v) in items.iter().zip(&a.values) {
+        let Some(v) = v else {
+            bail!("audit: table {table} has no account {k}");
+        };
+        total += i64::from_le_bytes(
+            v.as_slice()
+                .try_into()
+                .with_context(|| format!("audit: table {table} account {k}: {} bytes", v.len()))?,
+        );
+    }
+    Ok(total)
+}
+
+/// The KVS check of an audit.
+struct KvsCheck {
+    /// Keys audited.
+    keys: usize,
+    /// Keys inserted among them.
+    inserted: usize,
+    /// Keys absent.
+    missing: Vec<u64>,
+    /// Values that failed their check.
+    bad: Vec<String>,
+    /// Committed updates counted by the coordinators.
+    counted: u64,
+    /// Sum of the keys' update counters.
+    found: u64,
+}
+
+impl KvsCheck {
+    fn ok(&self) -> bool {
+        self.missing.is_empty() && self.bad.is_empty()
+    }
+
+    /// `kvs check: N records, checksums ok, updates counted C = found C`, or what failed.
+    fn line(&self) -> String {
+        let mut s = format!("kvs check: {} records", self.keys - self.inserted);
+        if self.inserted > 0 {
+            s.push_str(&format!(" + {} inserted", self.inserted));
+        }
+        if self.bad.is_empty() {
+            s.push_str(", checksums ok");
+        } else {
+            s.push_str(&format!(
+                ", {} BAD VALUES (first: {})",
+                self.bad.len(),
+                self.bad[0]
+            ));
+        }
+        if !self.missing.is_empty() {
+            s.push_str(&format!(
+                ", {} KEYS MISSING (first: {})",
+                self.missing.len(),
+                self.missing[0]
+            ));
+        }
+        let rel = if self.counted == self.found {
+            "="
+        } else {
+            "!="
+        };
+        s.push_str(&format!(
+            ", updates counted {} {rel} found {}",
+            self.counted, self.found
+        ));
+        if self.counted != self.found || !self.ok() {
+            s.push_str(" (FAILED)");
+        }
+        s
+    }
+}
+
+/// Check every KVS value of `a` ([`txn::kvs::check_value`]) and sum the update
+/// counters; `counted` is what the coordinators committed. Keys from `records` on are
+/// inserted ones.
+fn kvs_check(a: &Audit, items: &[(u32, u64)], records: u64, counted: u64) -> KvsCheck {
+    let mut c = KvsCheck {
+        keys: items.len(),
+        inserted: 0,
+        missing: Vec::new(),
+        bad: Vec::new(),
+        counted,
+        found: 0,
+    };
+    for (&(_, k), v) in items.iter().zip(&a.values) {
+        c.inserted += usize::from(k >= records);
+        match v {
+            None => c.missing.push(k),
+            Some(v) => match txn::kvs::check_value(k, v) {
+                Ok(n) => c.found += n,
+                Err(e) => c.bad.push(e),
+            },
+        }
+    }
+    c
+}
+
+/// Read the newest committed version of every item, and count held locks (every CVT
+/// lock word of the items; every lock service lock when `protocol` has one), with
+/// one-sided READs from a fresh thread context.
 fn audit(
     fabric: &Fabric,
     addrs: &ClusterAddrs,
     protocol: Protocol,
-    accounts: u64,
+    items: &[(u32, u64)],
 ) -> anyhow::Result<Audit> {
     let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
     let cfg = TxnConfig {
@@ -1051,36 +1338,26 @@ fn audit(
     let mut ex = Executor::new(ctx);
     {
         let (client, out) = (client.clone(), out.clone());
+        let items = items.to_vec();
         ex.spawn(async move {
             let r: anyhow::Result<Audit> = async {
-                let mut total = 0i64;
+                let mut values = Vec::with_capacity(items.len());
                 let mut cvt_locked = 0;
-                let tables: Vec<u32> = client.tables().iter().map(|t| t.id).collect();
-                let keys: Vec<u64> = (0..accounts).collect();
-                for &table in &tables {
-                    for chunk in keys.chunks(256) {
-                        let vals = join_all(chunk.iter().map(|&k| {
-                            let client = &client;
-                            async move {
-                                let v = client.read_committed(table, k).await?;
-                                let l = client.cvt_locked(table, k).await?;
-                                Ok::<_, TxnError>((v, l))
-                            }
-                        }))
-                        .await;
-                        for (&k, v) in chunk.iter().zip(vals) {
-                            let (v, locked) = v.with_context(|| {
-                                format!("audit: reading table {table} account {k}")
-                            })?;
-                            let Some((_, v)) = v else {
-                                bail!("audit: table {table} has no account {k}");
-                            };
-                            total +=
-                                i64::from_le_bytes(v.as_slice().try_into().with_context(|| {
-                                    format!("audit: table {table} account {k}: {} bytes", v.len())
-                                })?);
-                            cvt_locked += u64::from(locked);
+                for chunk in items.chunks(256) {
+                    let vals = join_all(chunk.iter().map(|&(table, k)| {
+                        let client = &client;
+                        async move {
+                            let v = client.read_committed(table, k).await?;
+                            let l = client.cvt_locked(table, k).await?;
+                            Ok::<_, TxnError>((v, l))
                         }
+                    }))
+                    .await;
+                    for (&(table, k), v) in chunk.iter().zip(vals) {
+                        let (v, locked) =
+                            v.with_context(|| format!("audit: reading table {table} key {k}"))?;
+                        values.push(v.map(|(_, v)| v));
+                        cvt_locked += u64::from(locked);
                     }
                 }
                 let lockd_held = match client.locks() {
@@ -1101,7 +1378,7 @@ fn audit(
                     }
                 };
                 Ok(Audit {
-                    total,
+                    values,
                     cvt_locked,
                     lockd_held,
                 })
@@ -1113,6 +1390,12 @@ fn audit(
     ex.run();
     let r = out.borrow_mut().take();
     r.unwrap_or_else(|| bail!("audit: the audit coroutine did not finish"))
+}
+
+/// A drawn transaction, retried until it commits.
+enum Drawn {
+    SmallBank(smallbank::TxnArgs),
+    Kvs(ycsb::KvsTxn),
 }
 
 #[cfg(test)]
@@ -1193,5 +1476,60 @@ mod tests {
         assert_eq!((p[1].coroutines, p[1].theta), (3, 1.2));
         assert_eq!(p[0].label.as_deref(), Some("theta=0"));
         assert_eq!(args(&[]).points()[0].label, None);
+    }
+
+    #[test]
+    fn the_kvs_check_catches_bad_missing_and_uncounted_values() {
+        use txn::kvs::encode_value;
+        let items = kvs_items(3, &[7]);
+        let good = |counters: [u64; 4]| Audit {
+            values: items
+                .iter()
+                .zip(counters)
+                .map(|(&(_, k), c)| Some(encode_value(k, c, 40)))
+                .collect(),
+            cvt_locked: 0,
+            lockd_held: None,
+        };
+        let c = kvs_check(&good([1, 0, 2, 0]), &items, 3, 3);
+        assert!(c.ok() && c.found == 3);
+        assert_eq!(
+            c.line(),
+            "kvs check: 3 records + 1 inserted, checksums ok, updates counted 3 = found 3"
+        );
+        // An update lost (or counted twice).
+        let c = kvs_check(&good([1, 0, 2, 0]), &items, 3, 4);
+        assert!(c.line().ends_with("updates counted 4 != found 3 (FAILED)"));
+        // A planted corruption, another key's value, a missing key.
+        let mut a = good([1, 0, 2, 0]);
+        a.values[0].as_mut().unwrap()[12] ^= 1;
+        a.values[1] = Some(encode_value(2, 0, 40));
+        a.values[3] = None;
+        let c = kvs_check(&a, &items, 3, 3);
+        assert!(!c.ok());
+        let line = c.line();
+        assert!(
+            line.contains("2 BAD VALUES (first: key 0: checksum"),
+            "{line}"
+        );
+        assert!(line.contains("1 KEYS MISSING (first: 7)"), "{line}");
+        assert!(line.ends_with("(FAILED)"), "{line}");
+    }
+
+    #[test]
+    fn workload_flags() {
+        let a = args(&["--workload", "ycsb-b", "--records", "500"]);
+        assert_eq!(a.scale(), "500 records x 40 B, 4 ops/txn");
+        assert_eq!(a.kinds(), ["read-only", "update"]);
+        assert_eq!(a.keys(), 500);
+        let a = args(&["--workload", "kvs"]);
+        assert_eq!(a.ops_per_txn(), 1);
+        let a = args(&[]);
+        assert_eq!(
+            (a.workload_label().as_str(), a.kinds().len()),
+            ("SmallBank", 6)
+        );
+        let e = Args::try_parse_from(["txn-bench", "--workload", "ycsb-e"]).unwrap_err();
+        assert!(e.to_string().contains("range scans"), "{e}");
     }
 }

@@ -60,12 +60,19 @@ fn coordinator(
                 };
                 loop {
                     let r = run(client.begin_as(args.ty.index() as u16), &args).await;
-                    let mut s = outcomes.borrow_mut();
-                    let e = &mut s[args.ty.index()];
-                    match r {
-                        Ok(Outcome::Done) => e.0 += 1,
-                        Ok(Outcome::RolledBack) | Err(TxnError::Abort(AbortReason::User)) => {
+                    let slot = |i: usize| {
+                        let mut s = outcomes.borrow_mut();
+                        let e = &mut s[args.ty.index()];
+                        if i == 0 {
+                            e.0 += 1
+                        } else {
                             e.1 += 1
+                        }
+                    };
+                    match r {
+                        Ok(Outcome::Done) => slot(0),
+                        Ok(Outcome::RolledBack) | Err(TxnError::Abort(AbortReason::User)) => {
+                            slot(1)
                         }
                         Err(TxnError::Abort(r)) => {
                             // A transaction that cannot commit in seconds is a livelock:
@@ -76,7 +83,6 @@ fn coordinator(
                                 args.ty.name(),
                                 r.name()
                             );
-                            drop(s);
                             client.ctx().sleep(Duration::from_micros(5)).await;
                             continue;
                         }

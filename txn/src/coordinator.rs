@@ -676,10 +676,20 @@ impl<'a> Txn<'a> {
         items: &[(u32, u64, bool)],
     ) -> Result<Vec<Option<Vec<u8>>>, TxnError> {
         self.fetch(items).await?;
-        Ok(items
+        #[allow(unused_mut)]
+        let mut vals: Vec<Option<Vec<u8>>> = items
             .iter()
             .map(|&(t, k, _)| self.value_of(self.find(t, k).expect("fetched")))
-            .collect())
+            .collect();
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::corrupting_reads() {
+            for v in vals.iter_mut().flatten() {
+                if let Some(b) = v.last_mut() {
+                    *b ^= 1;
+                }
+            }
+        }
+        Ok(vals)
     }
 
     /// [`Self::get_mixed`] with every item read only.

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static SKIP_READ_ONLY_VALIDATION: AtomicBool = AtomicBool::new(false);
 static FAIL_WRITE_BACK: AtomicBool = AtomicBool::new(false);
+static CORRUPT_READS: AtomicBool = AtomicBool::new(false);
 
 /// Validation checks nothing for objects a transaction only read (neither lock nor
 /// version): read skew and write skew can then commit.
@@ -28,4 +29,15 @@ pub fn fail_write_back(on: bool) {
 
 pub(crate) fn failing_write_back() -> bool {
     FAIL_WRITE_BACK.load(Ordering::Relaxed)
+}
+
+/// Every value a transaction reads ([`crate::coordinator::Txn::get_mixed`] and the reads
+/// built on it) comes back with its last byte flipped, as a torn or misdirected READ
+/// would deliver it; the data in memory stays intact.
+pub fn corrupt_reads(on: bool) {
+    CORRUPT_READS.store(on, Ordering::SeqCst);
+}
+
+pub(crate) fn corrupting_reads() -> bool {
+    CORRUPT_READS.load(Ordering::Relaxed)
 }

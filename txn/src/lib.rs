@@ -9,8 +9,9 @@
 //! - [`store`]: the key hash and table-building errors;
 //! - [`smallbank`]: the SmallBank tables and loader; [`tatp`]: TATP's four tables, their
 //!   generated population and loader, and the consistency check after a run; [`tpcc`]:
-//!   TPC-C's nine tables and a last-name index, the initial population, the loader and
-//!   the consistency conditions 1 to 4;
+//!   TPC-C's nine tables and two indexes, the initial population, the loader and the
+//!   consistency conditions 1 to 4;
+//! - [`kvs`]: the KVS / YCSB table, its loader and its self-checking values;
 //! - [`cvt_remote`]: a compute thread's one-sided access to the CVT tables of every
 //!   memory node (lookup through the address cache, version READ, lock CAS, install,
 //!   insert), tables partitioned across memory nodes by key;
@@ -36,6 +37,7 @@ pub mod cvt_store;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod history;
+pub mod kvs;
 pub mod mvcc;
 pub mod occ_cas;
 pub mod scythe;

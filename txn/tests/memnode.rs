@@ -118,3 +118,30 @@ fn two_memnodes_serve_their_smallbank_partitions_through_the_cvt_index() {
     drop(ctx);
     rrpc::fabric::shm::remove_cluster(&cluster).unwrap();
 }
+
+#[test]
+fn smallbank_and_kvs_exclude_each_other_and_kvs_values_need_16_bytes() {
+    for (extra, want) in [
+        (
+            &["--smallbank-accounts", "10", "--kvs-records", "10"][..],
+            "exclude each other (one workload per memnode)",
+        ),
+        (
+            &["--tatp-subscribers", "10", "--tpcc-warehouses", "1"][..],
+            "exclude each other (one workload per memnode)",
+        ),
+        (
+            &["--kvs-records", "10", "--kvs-value-bytes", "15"][..],
+            "--kvs-value-bytes must be at least 16",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_memnode"))
+            .args(["--cluster", "memnode-flags-test", "--node", "1"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+}

@@ -23,16 +23,23 @@ struct Args {
     smallbank_accounts: Option<u64>,
     /// Load the TATP tables (subscriber, access_info, special_facility,
     /// call_forwarding) for this many subscribers (this node's partition of them).
-    #[arg(long, conflicts_with = "smallbank_accounts")]
+    #[arg(long)]
     tatp_subscribers: Option<u64>,
     /// Load the TPC-C tables for this many warehouses (this node's partition of them;
     /// ITEM on every node).
-    #[arg(long, conflicts_with_all = ["smallbank_accounts", "tatp_subscribers"])]
+    #[arg(long)]
     tpcc_warehouses: Option<u16>,
     /// Seed of the TATP and TPC-C populations (every memory node of a cluster must use
     /// the same).
     #[arg(long, default_value_t = 1)]
     tatp_seed: u64,
+    /// Load the KVS / YCSB table (table 0, "kvs", keys 0..N, this node's partition of
+    /// them), each value carrying a checksum of its key and update counter.
+    #[arg(long, value_name = "N")]
+    kvs_records: Option<u64>,
+    /// Bytes of a KVS value (at least 16: the counter and the checksum).
+    #[arg(long, default_value_t = txn::kvs::DEFAULT_VALUE_BYTES, value_name = "BYTES")]
+    kvs_value_bytes: usize,
     /// Version cells per CVT (Motor's VNum: how many versions each record keeps).
     #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS)]
     versions: usize,
@@ -59,6 +66,25 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if !(1..=64).contains(&args.versions) {
         bail!("--versions must be 1 to 64 (got {})", args.versions);
+    }
+    let workloads = [
+        args.smallbank_accounts.is_some(),
+        args.kvs_records.is_some(),
+        args.tatp_subscribers.is_some(),
+        args.tpcc_warehouses.is_some(),
+    ];
+    if workloads.iter().filter(|&&w| w).count() > 1 {
+        bail!(
+            "--smallbank-accounts, --kvs-records, --tatp-subscribers and --tpcc-warehouses \
+             exclude each other (one workload per memnode)"
+        );
+    }
+    if args.kvs_value_bytes < txn::kvs::MIN_VALUE_BYTES {
+        bail!(
+            "--kvs-value-bytes must be at least {} (got {})",
+            txn::kvs::MIN_VALUE_BYTES,
+            args.kvs_value_bytes
+        );
     }
     let fabric = args.node.open_fabric().context("opening the fabric")?;
     let mut regions = Vec::new();
@@ -122,6 +148,28 @@ fn run(args: Args) -> anyhow::Result<()> {
             warehouses = n,
             ms = t0.elapsed().as_millis() as u64,
             "loaded TPC-C"
+        );
+    }
+    if let Some(n) = args.kvs_records {
+        if n == 0 {
+            bail!("--kvs-records must be at least 1");
+        }
+        let t0 = std::time::Instant::now();
+        let (export, mrs) = txn::kvs::load(
+            &fabric,
+            n,
+            args.kvs_value_bytes,
+            args.versions,
+            args.partition,
+            args.partitions,
+        )?;
+        tables.push(export);
+        regions.push(mrs);
+        tracing::info!(
+            records = n,
+            value_bytes = args.kvs_value_bytes,
+            ms = t0.elapsed().as_millis() as u64,
+            "loaded KVS"
         );
     }
     let mut exports = BTreeMap::new();

@@ -1,0 +1,397 @@
+//! KVS and YCSB workloads over the KVS table ([`txn::kvs`]): presets `ycsb-a` (50%
+//! reads / 50% updates), `ycsb-b` (95/5), `ycsb-c` (reads only), `ycsb-d` (95% reads of
+//! the latest keys / 5% inserts of new keys), `ycsb-f` (50% reads / 50%
+//! read-modify-writes) and `kvs` (the papers' KVS: one operation per transaction, a read
+//! or an update, half each). `ycsb-e` needs range scans, which no protocol here offers,
+//! and is refused.
+//!
+//! Keys are drawn with YCSB's scrambled Zipfian: a Zipf rank hashed (FNV-1a 64) into
+//! the key space, so the hot keys are spread over the table rather than packed at its
+//! start; `ycsb-d` draws ranks from the newest key down (YCSB's "latest"), unscrambled.
+//!
+//! Every update reads its value for update and writes `counter + 1`; every value read
+//! is checked ([`txn::kvs::check_value`]), and a bad one is a [`RunError::Check`].
+//! Transactions return how many updates they committed, so after a run the sum of all
+//! counters must equal the sum over committed transactions.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rand::Rng;
+use rand_distr::{Distribution, Zipf};
+use txn::coordinator::{Txn, TxnError};
+use txn::kvs::{check_value, encode_value, fnv64, TABLE};
+
+/// The `--workload` flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// SmallBank (the default).
+    SmallBank,
+    /// The papers' KVS: one read or update per transaction, half each.
+    Kvs,
+    /// YCSB A: 50% reads, 50% updates.
+    YcsbA,
+    /// YCSB B: 95% reads, 5% updates.
+    YcsbB,
+    /// YCSB C: reads only.
+    YcsbC,
+    /// YCSB D: 95% reads of the latest keys, 5% inserts of new keys.
+    YcsbD,
+    /// YCSB F: 50% reads, 50% read-modify-writes.
+    YcsbF,
+}
+
+impl FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "smallbank" => Self::SmallBank,
+            "kvs" => Self::Kvs,
+            "ycsb-a" => Self::YcsbA,
+            "ycsb-b" => Self::YcsbB,
+            "ycsb-c" => Self::YcsbC,
+            "ycsb-d" => Self::YcsbD,
+            "ycsb-f" => Self::YcsbF,
+            "ycsb-e" => {
+                return Err("ycsb-e needs range scans, which none of the protocols \
+                            (occ-cas, scythe, mvcc) supports: use ycsb-a, ycsb-b, ycsb-c, \
+                            ycsb-d, ycsb-f or kvs"
+                    .into())
+            }
+            _ => {
+                return Err(format!(
+                "unknown workload {s:?}: smallbank, kvs, ycsb-a, ycsb-b, ycsb-c, ycsb-d or ycsb-f"
+            ))
+            }
+        })
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Workload {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SmallBank => "smallbank",
+            Self::Kvs => "kvs",
+            Self::YcsbA => "ycsb-a",
+            Self::YcsbB => "ycsb-b",
+            Self::YcsbC => "ycsb-c",
+            Self::YcsbD => "ycsb-d",
+            Self::YcsbF => "ycsb-f",
+        }
+    }
+
+    /// Whether the workload runs on the KVS table (every one but SmallBank).
+    pub fn is_kvs(self) -> bool {
+        self != Self::SmallBank
+    }
+
+    /// Transaction kinds as the report lists them (index = the history's kind):
+    /// read-only transactions first, then those that write.
+    pub fn kinds(self) -> &'static [&'static str] {
+        match self {
+            Self::SmallBank => &[],
+            Self::Kvs => &["read", "update"],
+            Self::YcsbA | Self::YcsbB => &["read-only", "update"],
+            Self::YcsbC => &["read-only"],
+            Self::YcsbD => &["read-only", "insert"],
+            Self::YcsbF => &["read-only", "read-modify-write"],
+        }
+    }
+
+    /// Percent of operations that write (update, read-modify-write or insert).
+    pub fn write_percent(self) -> u32 {
+        match self {
+            Self::SmallBank | Self::YcsbC => 0,
+            Self::Kvs | Self::YcsbA | Self::YcsbF => 50,
+            Self::YcsbB | Self::YcsbD => 5,
+        }
+    }
+
+    /// Operations per transaction without `--ops-per-txn`: 1 for kvs, 4 for YCSB.
+    pub fn default_ops(self) -> usize {
+        if self == Self::Kvs {
+            1
+        } else {
+            4
+        }
+    }
+}
+
+/// One operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Read the key (may be absent only in `ycsb-d`, whose latest keys may be in flight).
+    Read(u64),
+    /// Read the key for update and write its counter + 1.
+    Update(u64),
+    /// Insert the (new) key with counter 0.
+    Insert(u64),
+}
+
+impl Op {
+    fn key(self) -> u64 {
+        match self {
+            Self::Read(k) | Self::Update(k) | Self::Insert(k) => k,
+        }
+    }
+}
+
+/// One transaction's inputs.
+#[derive(Clone, Debug)]
+pub struct KvsTxn {
+    /// Kind: index into [`Workload::kinds`].
+    pub kind: usize,
+    /// Operations, on distinct keys.
+    pub ops: Vec<Op>,
+}
+
+/// Draws KVS / YCSB transactions.
+pub struct KvsGenerator {
+    workload: Workload,
+    zipf: Zipf<f64>,
+    records: u64,
+    ops: usize,
+    /// Next key `ycsb-d` inserts (keys above the loaded records).
+    next_insert: AtomicU64,
+}
+
+impl KvsGenerator {
+    /// `workload` over keys `0..records` with Zipf exponent `theta` (0 = uniform),
+    /// `ops` distinct keys per transaction (1 to `records / 2`).
+    pub fn new(workload: Workload, records: u64, theta: f64, ops: usize) -> anyhow::Result<Self> {
+        anyhow::ensure!(workload.is_kvs(), "{workload} is not a KVS workload");
+        anyhow::ensure!(records >= 2, "need at least 2 records");
+        anyhow::ensure!(
+            ops >= 1 && ops as u64 <= records / 2,
+            "--ops-per-txn must be 1 to records / 2 (got {ops} with {records} records)"
+        );
+        anyhow::ensure!(theta >= 0.0 && theta.is_finite(), "theta must be >= 0");
+        let zipf = Zipf::new(records as f64, theta).map_err(|e| anyhow::anyhow!("zipf: {e}"))?;
+        Ok(Self {
+            workload,
+            zipf,
+            records,
+            ops,
+            next_insert: AtomicU64::new(records),
+        })
+    }
+
+    fn rank(&self, rng: &mut impl Rng) -> u64 {
+        (self.zipf.sample(rng) as u64).saturating_sub(1)
+    }
+
+    /// A key: scrambled Zipfian over the records, or for `ycsb-d` the latest keys first.
+    fn key(&self, rng: &mut impl Rng) -> u64 {
+        let r = self.rank(rng);
+        if self.workload == Workload::YcsbD {
+            let top = self.next_insert.load(Ordering::Relaxed);
+            top.saturating_sub(1 + r)
+        } else {
+            fnv64(r) % self.records
+        }
+    }
+
+    /// Next transaction.
+    pub fn next(&self, rng: &mut impl Rng) -> KvsTxn {
+        let mut ops: Vec<Op> = Vec::with_capacity(self.ops);
+        while ops.len() < self.ops {
+            let write = rng.random_range(0..100u32) < self.workload.write_percent();
+            let op = if write && self.workload == Workload::YcsbD {
+                Op::Insert(self.next_insert.fetch_add(1, Ordering::Relaxed))
+            } else {
+                let k = self.key(rng);
+                if ops.iter().any(|o| o.key() == k) {
+                    continue;
+                }
+                if write {
+                    Op::Update(k)
+                } else {
+                    Op::Read(k)
+                }
+            };
+            ops.push(op);
+        }
+        let kind = usize::from(ops.iter().any(|o| !matches!(o, Op::Read(_))));
+        KvsTxn { kind, ops }
+    }
+}
+
+/// Why a transaction attempt did not commit (a KVS one, or in `txn-bench` any: SmallBank's
+/// errors are all [`RunError::Txn`]).
+#[derive(Debug)]
+pub enum RunError {
+    /// The transaction aborted or a service failed.
+    Txn(TxnError),
+    /// A value read failed its check (or a loaded key was missing): fatal.
+    Check(String),
+}
+
+impl From<TxnError> for RunError {
+    fn from(e: TxnError) -> Self {
+        Self::Txn(e)
+    }
+}
+
+/// What a committed KVS transaction did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Done {
+    /// Updates committed (each added 1 to a counter).
+    pub updates: u64,
+    /// Keys inserted.
+    pub inserted: Vec<u64>,
+}
+
+/// Run one attempt of `t` in `txn` and commit it: reads and updates in one round
+/// (updates read for update), each value checked, updates written as counter + 1 at
+/// `value_bytes`, then inserts. Keys below `records` (the loaded ones) must exist; a
+/// read of a key above them (`ycsb-d`'s latest keys, which include inserts in flight or
+/// aborted) may find it absent.
+pub async fn run(
+    mut txn: Txn<'_>,
+    t: &KvsTxn,
+    records: u64,
+    value_bytes: usize,
+) -> Result<Done, RunError> {
+    let items: Vec<(u32, u64, bool)> = t
+        .ops
+        .iter()
+        .filter_map(|&o| match o {
+            Op::Read(k) => Some((TABLE, k, false)),
+            Op::Update(k) => Some((TABLE, k, true)),
+            Op::Insert(_) => None,
+        })
+        .collect();
+    let vals = if items.is_empty() {
+        Vec::new()
+    } else {
+        txn.get_mixed(&items).await?
+    };
+    let mut done = Done::default();
+    for (&(_, key, update), v) in items.iter().zip(vals) {
+        let Some(v) = v else {
+            if !update && key >= records {
+                continue;
+            }
+            return Err(RunError::Check(format!("key {key} not found")));
+        };
+        let counter = check_value(key, &v).map_err(RunError::Check)?;
+        if update {
+            txn.write(TABLE, key, encode_value(key, counter + 1, value_bytes))?;
+            done.updates += 1;
+        }
+    }
+    for &o in &t.ops {
+        if let Op::Insert(k) = o {
+            txn.insert(TABLE, k, encode_value(k, 0, value_bytes))
+                .await?;
+            done.inserted.push(k);
+        }
+    }
+    txn.commit().await?;
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn presets_mix_and_skew() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for (w, pct) in [
+            (Workload::YcsbA, 50.0),
+            (Workload::YcsbB, 5.0),
+            (Workload::YcsbC, 0.0),
+            (Workload::YcsbF, 50.0),
+            (Workload::Kvs, 50.0),
+        ] {
+            let g = KvsGenerator::new(w, 1000, 0.99, w.default_ops()).unwrap();
+            let (mut writes, mut ops, mut hot) = (0u64, 0u64, 0u64);
+            let hottest = fnv64(0) % 1000;
+            for _ in 0..20_000 {
+                let t = g.next(&mut rng);
+                assert_eq!(t.ops.len(), w.default_ops());
+                let mut keys: Vec<u64> = t.ops.iter().map(|o| o.key()).collect();
+                keys.sort_unstable();
+                keys.dedup();
+                assert_eq!(keys.len(), t.ops.len(), "distinct keys");
+                assert!(keys.iter().all(|&k| k < 1000));
+                let w_ops = t.ops.iter().filter(|o| matches!(o, Op::Update(_))).count();
+                assert_eq!(t.kind, usize::from(w_ops > 0));
+                assert!(t.kind < w.kinds().len());
+                writes += w_ops as u64;
+                ops += t.ops.len() as u64;
+                hot += keys.iter().filter(|&&k| k == hottest).count() as u64;
+            }
+            let got = 100.0 * writes as f64 / ops as f64;
+            assert!((got - pct).abs() < 2.0, "{w}: {got}% writes");
+            // The hottest rank lands on fnv64(0) % records, far above a uniform share.
+            assert!(
+                hot as f64 > 0.05 * 20_000.0,
+                "{w}: hottest key drawn {hot} times"
+            );
+        }
+    }
+
+    #[test]
+    fn ycsb_d_inserts_new_keys_and_reads_the_latest() {
+        let g = KvsGenerator::new(Workload::YcsbD, 1000, 0.99, 4).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        let mut inserted = Vec::new();
+        let mut recent = 0;
+        for _ in 0..10_000 {
+            let t = g.next(&mut rng);
+            for o in &t.ops {
+                match *o {
+                    Op::Insert(k) => inserted.push(k),
+                    Op::Read(k) => {
+                        recent += u64::from(k + 100 >= g.next_insert.load(Ordering::Relaxed))
+                    }
+                    Op::Update(_) => panic!("ycsb-d does not update"),
+                }
+            }
+            assert_eq!(
+                t.kind,
+                usize::from(t.ops.iter().any(|o| matches!(o, Op::Insert(_))))
+            );
+        }
+        let n = inserted.len() as u64;
+        assert!(n > 1000, "{n} inserts");
+        assert_eq!(
+            inserted,
+            (1000..1000 + n).collect::<Vec<_>>(),
+            "new, unique keys"
+        );
+        assert!(recent > 20_000, "reads favour the latest keys: {recent}");
+    }
+
+    #[test]
+    fn workload_flag() {
+        assert_eq!("ycsb-a".parse::<Workload>(), Ok(Workload::YcsbA));
+        assert_eq!("kvs".parse::<Workload>().unwrap().default_ops(), 1);
+        let e = "ycsb-e".parse::<Workload>().unwrap_err();
+        assert!(e.contains("range scans"), "{e}");
+        assert!("ycsb-z".parse::<Workload>().is_err());
+        for w in [
+            "smallbank",
+            "kvs",
+            "ycsb-a",
+            "ycsb-b",
+            "ycsb-c",
+            "ycsb-d",
+            "ycsb-f",
+        ] {
+            assert_eq!(w.parse::<Workload>().unwrap().name(), w);
+        }
+        assert!(KvsGenerator::new(Workload::YcsbA, 6, 0.9, 4).is_err());
+    }
+}

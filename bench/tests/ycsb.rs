@@ -1,0 +1,122 @@
+//! End to end: the real `txn-bench` runs KVS / YCSB workloads on a local cluster over
+//! the shm fabric for a short while at Zipf theta 0.99, and every check must pass: each
+//! value read and each key after the run carries a valid checksum, the update counters
+//! add up to the committed updates, no lock is left held, every kind committed, and the
+//! history is serializable. `ycsb-e` is refused.
+
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+/// One `txn-bench` at a time: each spins coordinator threads.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Run the real `txn-bench` with `args` and a small, skewed KVS; it must succeed.
+/// Returns its stdout and JSON summary.
+fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let _one = serial();
+    let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(args)
+        .args([
+            "--records",
+            "1000",
+            "--theta",
+            "0.99",
+            "--duration",
+            "1",
+            "--threads",
+            "2",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run txn-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "txn-bench failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    (stdout, summary)
+}
+
+/// Every check of one run, as the JSON and the report have them.
+fn assert_run_passed(r: &serde_json::Value, kinds: &[&str], stdout: &str) {
+    let p = r["protocol"].as_str().unwrap();
+    let names: Vec<&str> = r["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, kinds, "{p}");
+    for t in r["types"].as_array().unwrap() {
+        assert!(t["committed"].as_u64().unwrap() > 0, "{p}: {t}\n{stdout}");
+    }
+    assert_eq!(r["invariant_holds"], true, "{p}: {stdout}");
+    assert_eq!(r["locks_held"], 0, "{p}: {stdout}");
+    assert_eq!(r["fatal_errors"], 0, "{p}: {stdout}");
+    assert_eq!(r["serializable"], true, "{p}: {stdout}");
+    // The counters found add up to the committed updates.
+    assert_eq!(r["final_total"], r["net_committed"], "{p}: {stdout}");
+    let check = r["workload_check"].as_str().unwrap();
+    assert!(check.starts_with("kvs check: 1000 records"), "{check}");
+    assert!(check.contains("checksums ok"), "{check}");
+    assert!(!check.contains("FAILED"), "{check}");
+    assert!(stdout.contains(check), "{stdout}");
+}
+
+#[test]
+fn ycsb_a_passes_every_check_with_every_protocol() {
+    let (stdout, s) = txn_bench("ycsb-a", &["--workload", "ycsb-a", "--protocol", "all"]);
+    assert_eq!(s["workload"], "ycsb-a");
+    assert_eq!(s["passed"], true, "{stdout}");
+    let runs = s["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    for r in runs {
+        assert_run_passed(r, &["read-only", "update"], &stdout);
+        assert!(r["net_committed"].as_i64().unwrap() > 0, "{stdout}");
+    }
+    assert!(stdout.contains("comparison: ycsb-a"), "{stdout}");
+    assert!(stdout.contains("invariant (workload check)"), "{stdout}");
+    assert!(stdout.contains("every run passed its checks"), "{stdout}");
+}
+
+#[test]
+fn ycsb_d_inserts_and_passes_with_mvcc() {
+    let (stdout, s) = txn_bench("ycsb-d", &["--workload", "ycsb-d", "--protocol", "mvcc"]);
+    let r = &s["runs"][0];
+    assert_run_passed(r, &["read-only", "insert"], &stdout);
+    let check = r["workload_check"].as_str().unwrap();
+    assert!(check.contains(" inserted, checksums ok"), "{check}");
+    assert_eq!(r["net_committed"], 0, "ycsb-d does not update");
+}
+
+#[test]
+fn kvs_passes_with_scythe() {
+    let (stdout, s) = txn_bench("kvs", &["--workload", "kvs", "--protocol", "scythe"]);
+    let r = &s["runs"][0];
+    assert_run_passed(r, &["read", "update"], &stdout);
+    assert_eq!(r["lockd_locks_held"], 0, "{stdout}");
+    assert!(
+        stdout.contains("1000 records x 40 B, 1 ops/txn"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn ycsb_e_is_refused_clearly() {
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(["--workload", "ycsb-e"])
+        .output()
+        .expect("run txn-bench");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ycsb-e needs range scans"), "{err}");
+}
