@@ -120,41 +120,19 @@ fn tatp_on(protocol: Protocol) {
         &["--tatp-subscribers".into(), SUBSCRIBERS.to_string()],
         16 * SUBSCRIBERS,
     );
+    let addrs2 = addrs.clone();
+    let (history, outcomes) = common::run_coordinators(&cluster, 2, move |f, tid| {
+        coordinator(f, addrs2.clone(), protocol, tid, Duration::from_secs(1))
+    });
     let kind = FabricKind::from_env().unwrap();
-    let fabric =
-        |n: u32| Fabric::open(&FabricConfig::new(kind, cluster.name(), NodeId(n))).unwrap();
-    let handles: Vec<_> = (0..2u64)
-        .map(|tid| {
-            let (f, addrs) = (fabric(100 + tid as u32), addrs.clone());
-            std::thread::spawn(move || coordinator(f, addrs, protocol, tid, Duration::from_secs(1)))
-        })
-        .collect();
-    let mut history = History::new(usize::MAX);
-    let mut outcomes = [(0u64, 0u64); 7];
-    for h in handles {
-        let (hist, o) = h.join().expect("coordinator thread");
-        history.append(hist);
-        for (a, b) in outcomes.iter_mut().zip(o) {
-            a.0 += b.0;
-            a.1 += b.1;
-        }
-    }
-    let rows = snapshot(fabric(150), &addrs);
+    let audit = Fabric::open(&FabricConfig::new(kind, cluster.name(), NodeId(150))).unwrap();
+    let rows = snapshot(audit, &addrs);
     drop(cluster);
 
     let c = txn::tatp::check(SUBSCRIBERS, 1, |t, k| rows.get(&(t, k)).cloned());
     eprintln!("{protocol}: {}", c.line());
     assert!(c.holds(), "{protocol}: {}", c.line());
-    match protocol {
-        Protocol::Mvcc(Isolation::Snapshot) => {
-            let v = txn::snapshot_isolation::check(&history);
-            assert!(v.holds(), "{protocol}: {v}");
-        }
-        _ => {
-            let v = txn::serializability::check(&history);
-            assert!(v.is_serializable(), "{protocol}: {v}");
-        }
-    }
+    common::assert_isolation(protocol, &history);
     for t in TxnType::ALL {
         let (done, missed) = outcomes[t.index()];
         eprintln!("{protocol}: {} done {done}, not found {missed}", t.name());

@@ -192,3 +192,52 @@ fn coordinator(
     let c = *commits.borrow();
     (h, c)
 }
+
+/// Run `coordinator(fabric, tid)` on `threads` threads, each with a fabric of its own
+/// (nodes 100 and up) of `cluster`, and gather their histories and per-type outcome
+/// counts `(first, second)` (summed per type).
+pub fn run_coordinators<const N: usize>(
+    cluster: &LocalCluster,
+    threads: u64,
+    coordinator: impl Fn(Fabric, u64) -> (History, [(u64, u64); N]) + Send + Clone + 'static,
+) -> (History, [(u64, u64); N]) {
+    let kind = FabricKind::from_env().unwrap();
+    let handles: Vec<_> = (0..threads)
+        .map(|tid| {
+            let f = Fabric::open(&FabricConfig::new(
+                kind,
+                cluster.name(),
+                NodeId(100 + tid as u32),
+            ))
+            .unwrap();
+            let coordinator = coordinator.clone();
+            std::thread::spawn(move || coordinator(f, tid))
+        })
+        .collect();
+    let mut history = History::new(usize::MAX);
+    let mut outcomes = [(0u64, 0u64); N];
+    for h in handles {
+        let (hist, o) = h.join().expect("coordinator thread");
+        history.append(hist);
+        for (a, b) in outcomes.iter_mut().zip(o) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
+    }
+    (history, outcomes)
+}
+
+/// The isolation check of `protocol` on `history`: snapshot isolation for `mvcc-si`,
+/// serializability (an acyclic graph) for the others.
+pub fn assert_isolation(protocol: Protocol, history: &History) {
+    match protocol {
+        Protocol::Mvcc(txn::coordinator::Isolation::Snapshot) => {
+            let v = txn::snapshot_isolation::check(history);
+            assert!(v.holds(), "{protocol}: {v}");
+        }
+        _ => {
+            let v = txn::serializability::check(history);
+            assert!(v.is_serializable(), "{protocol}: {v}");
+        }
+    }
+}

@@ -87,91 +87,42 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let fabric = args.node.open_fabric().context("opening the fabric")?;
-    let mut regions = Vec::new();
-    let mut tables = Vec::new();
-    if let Some(n) = args.smallbank_accounts {
+    // The one workload given (they exclude each other, checked above), loaded as this
+    // node's partition.
+    let (v, p, ps) = (args.versions, args.partition, args.partitions);
+    let t0 = std::time::Instant::now();
+    let (what, loaded) = if let Some(n) = args.smallbank_accounts {
         if n < 2 {
             bail!("--smallbank-accounts must be at least 2 (got {n})");
         }
-        let t0 = std::time::Instant::now();
-        for (export, mrs) in
-            txn::smallbank::load(&fabric, n, args.versions, args.partition, args.partitions)?
-        {
-            tables.push(export);
-            regions.push(mrs);
-        }
-        tracing::info!(
-            accounts = n,
-            ms = t0.elapsed().as_millis() as u64,
-            "loaded SmallBank"
-        );
-    }
-    if let Some(n) = args.tatp_subscribers {
+        (
+            format!("SmallBank, {n} accounts"),
+            txn::smallbank::load(&fabric, n, v, p, ps)?,
+        )
+    } else if let Some(n) = args.tatp_subscribers {
         if n < 1 {
             bail!("--tatp-subscribers must be at least 1");
         }
-        let t0 = std::time::Instant::now();
-        for (export, mrs) in txn::tatp::load(
-            &fabric,
-            n,
-            args.tatp_seed,
-            args.versions,
-            args.partition,
-            args.partitions,
-        )? {
-            tables.push(export);
-            regions.push(mrs);
-        }
-        tracing::info!(
-            subscribers = n,
-            ms = t0.elapsed().as_millis() as u64,
-            "loaded TATP"
-        );
-    }
-    if let Some(n) = args.tpcc_warehouses {
+        let t = txn::tatp::load(&fabric, n, args.tatp_seed, v, p, ps)?;
+        (format!("TATP, {n} subscribers"), t)
+    } else if let Some(n) = args.tpcc_warehouses {
         if n < 1 {
             bail!("--tpcc-warehouses must be at least 1");
         }
-        let t0 = std::time::Instant::now();
-        for (export, mrs) in txn::tpcc::load(
-            &fabric,
-            n,
-            args.tatp_seed,
-            args.versions,
-            args.partition,
-            args.partitions,
-        )? {
-            tables.push(export);
-            regions.push(mrs);
-        }
-        tracing::info!(
-            warehouses = n,
-            ms = t0.elapsed().as_millis() as u64,
-            "loaded TPC-C"
-        );
-    }
-    if let Some(n) = args.kvs_records {
+        let t = txn::tpcc::load(&fabric, n, args.tatp_seed, v, p, ps)?;
+        (format!("TPC-C, {n} warehouses"), t)
+    } else if let Some(n) = args.kvs_records {
         if n == 0 {
             bail!("--kvs-records must be at least 1");
         }
-        let t0 = std::time::Instant::now();
-        let (export, mrs) = txn::kvs::load(
-            &fabric,
-            n,
-            args.kvs_value_bytes,
-            args.versions,
-            args.partition,
-            args.partitions,
-        )?;
-        tables.push(export);
-        regions.push(mrs);
-        tracing::info!(
-            records = n,
-            value_bytes = args.kvs_value_bytes,
-            ms = t0.elapsed().as_millis() as u64,
-            "loaded KVS"
-        );
-    }
+        let t = txn::kvs::load(&fabric, n, args.kvs_value_bytes, v, p, ps)?;
+        let what = format!("KVS, {n} records of {} bytes", args.kvs_value_bytes);
+        (what, vec![t])
+    } else {
+        (String::from("no tables"), Vec::new())
+    };
+    let (tables, regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+    tracing::info!(ms = t0.elapsed().as_millis() as u64, "loaded {what}");
     let mut exports = BTreeMap::new();
     let export = txn::cvt_remote::MemnodeExport {
         partition: args.partition,
