@@ -7,37 +7,11 @@
 //! The Soft-RoCE VM (deploy/test.sh) runs only
 //! `all_protocols_pass_every_check_at_theta_0_99` from this file, on verbs.
 
+mod common;
+
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 
-/// One `txn-bench` at a time: each spins coordinator threads.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Run the real `txn-bench` with `args`; it must succeed. Returns its stdout and JSON
-/// summary.
-fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
-    let _one = serial();
-    let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run txn-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "txn-bench failed: {}\n{stdout}\n{stderr}",
-        out.status
-    );
-    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
-    (stdout, summary)
-}
+use common::txn_bench;
 
 /// Every check of one run's report, as the JSON has it.
 fn assert_run_passed(r: &serde_json::Value, stdout: &str) {

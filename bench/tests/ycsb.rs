@@ -4,46 +4,25 @@
 //! add up to the committed updates, no lock is left held, every kind committed, and the
 //! history is serializable. `ycsb-e` is refused.
 
-use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
+mod common;
 
-/// One `txn-bench` at a time: each spins coordinator threads.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
+use std::process::Command;
 
 /// Run the real `txn-bench` with `args` and a small, skewed KVS; it must succeed.
 /// Returns its stdout and JSON summary.
 fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
-    let _one = serial();
-    let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
-        .args(args)
-        .args([
-            "--records",
-            "1000",
-            "--theta",
-            "0.99",
-            "--duration",
-            "1",
-            "--threads",
-            "2",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run txn-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "txn-bench failed: {}\n{stdout}\n{stderr}",
-        out.status
-    );
-    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
-    (stdout, summary)
+    let mut all = args.to_vec();
+    all.extend([
+        "--records",
+        "1000",
+        "--theta",
+        "0.99",
+        "--duration",
+        "1",
+        "--threads",
+        "2",
+    ]);
+    common::txn_bench(name, &all)
 }
 
 /// Every check of one run, as the JSON and the report have them.

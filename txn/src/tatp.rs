@@ -26,7 +26,7 @@ use tso::Timestamp;
 
 use crate::cvt_remote::partition_of;
 use crate::cvt_store::{CvtTableBuilder, CvtTableExport};
-use crate::store::{hash_key, StoreError};
+use crate::store::{KeyDraws, StoreError};
 
 /// Table id of SUBSCRIBER.
 pub const SUBSCRIBER: u32 = 0;
@@ -82,48 +82,23 @@ pub fn sub_nbr(s_id: u64) -> String {
     format!("{s_id:015}")
 }
 
-/// A deterministic stream of pseudo-random numbers for one (seed, table, s_id).
-struct Draws(u64);
-
-impl Draws {
-    fn new(seed: u64, table: u32, s_id: u64) -> Self {
-        Self(hash_key(table + 200, s_id ^ seed.rotate_left(17)))
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = hash_key(250, self.0);
-        self.0
-    }
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-    /// A uniformly drawn `k`-subset of `0..n` (`k <= n`), as flags.
-    fn subset(&mut self, n: usize, k: u64) -> Vec<bool> {
-        let mut chosen = vec![false; n];
-        let mut left = k.min(n as u64);
-        while left > 0 {
-            let i = (self.next() % n as u64) as usize;
-            if !chosen[i] {
-                chosen[i] = true;
-                left -= 1;
-            }
-        }
-        chosen
-    }
+/// The draws of one (seed, table, `s_id`): [`KeyDraws`] in TATP's domain.
+fn draws(seed: u64, table: u32, s_id: u64) -> KeyDraws {
+    KeyDraws::new(200, 17, seed, table, s_id)
 }
 
 /// A subscriber's generated SUBSCRIBER row.
 pub fn subscriber_row(seed: u64, s_id: u64) -> Vec<u8> {
-    let mut d = Draws::new(seed, SUBSCRIBER, s_id);
+    let mut d = draws(seed, SUBSCRIBER, s_id);
     let mut r = vec![0u8; SUBSCRIBER_BYTES];
     r[0..8].copy_from_slice(&s_id.to_le_bytes());
-    r[8..10].copy_from_slice(&((d.next() & 0x3ff) as u16).to_le_bytes());
-    r[10..18].copy_from_slice(&(d.next() & 0xff_ffff_ffff).to_le_bytes());
+    r[8..10].copy_from_slice(&((d.draw() & 0x3ff) as u16).to_le_bytes());
+    r[10..18].copy_from_slice(&(d.draw() & 0xff_ffff_ffff).to_le_bytes());
     for b in &mut r[18..28] {
-        *b = d.next() as u8;
+        *b = d.draw() as u8;
     }
-    r[28..32].copy_from_slice(&(d.next() as u32).to_le_bytes());
-    r[32..36].copy_from_slice(&(d.next() as u32).to_le_bytes());
+    r[28..32].copy_from_slice(&(d.draw() as u32).to_le_bytes());
+    r[32..36].copy_from_slice(&(d.draw() as u32).to_le_bytes());
     r
 }
 
@@ -136,23 +111,23 @@ pub fn row_sub_nbr(row: &[u8]) -> u64 {
 /// `(table, key, row)`.
 pub fn subscriber_rows(seed: u64, s_id: u64) -> Vec<(u32, u64, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut d = Draws::new(seed, ACCESS_INFO, s_id);
+    let mut d = draws(seed, ACCESS_INFO, s_id);
     let n = d.range(1, 4);
     for (i, _) in d.subset(4, n).iter().enumerate().filter(|c| *c.1) {
         let mut r = vec![0u8; ACCESS_INFO_BYTES];
         for b in &mut r[..10] {
-            *b = d.next() as u8;
+            *b = d.draw() as u8;
         }
         out.push((ACCESS_INFO, ai_key(s_id, i as u8 + 1), r));
     }
-    let mut d = Draws::new(seed, SPECIAL_FACILITY, s_id);
+    let mut d = draws(seed, SPECIAL_FACILITY, s_id);
     let n = d.range(1, 4);
     for (i, _) in d.subset(4, n).iter().enumerate().filter(|c| *c.1) {
         let sf_type = i as u8 + 1;
         let mut r = vec![0u8; SPECIAL_FACILITY_BYTES];
-        r[0] = u8::from(d.next() % 100 < 85);
+        r[0] = u8::from(d.draw() % 100 < 85);
         for b in &mut r[1..] {
-            *b = d.next() as u8;
+            *b = d.draw() as u8;
         }
         out.push((SPECIAL_FACILITY, sf_key(s_id, sf_type), r));
         let n_cf = d.range(0, 3);
@@ -162,7 +137,7 @@ pub fn subscriber_rows(seed: u64, s_id: u64) -> Vec<(u32, u64, Vec<u8>)> {
                 out.push((
                     CALL_FORWARDING,
                     cf_key(s_id, sf_type, start),
-                    call_forwarding_row(start, d.range(1, 8) as u8, d.next()),
+                    call_forwarding_row(start, d.range(1, 8) as u8, d.draw()),
                 ));
             }
         }

@@ -27,7 +27,7 @@ use tso::Timestamp;
 
 use crate::cvt_remote::partition_of;
 use crate::cvt_store::{CvtTableBuilder, CvtTableExport};
-use crate::store::{hash_key, StoreError};
+use crate::store::{KeyDraws, StoreError};
 
 /// Table ids.
 pub const WAREHOUSE: u32 = 0;
@@ -151,23 +151,9 @@ pub fn last_name(n: u16) -> String {
 /// The constant `C` of `NURand(255, 0, 999)` for last names at load (clause 2.1.6).
 pub const C_LAST_LOAD: u64 = 157;
 
-/// A deterministic stream for one (seed, table, key).
-struct Draws(u64);
-
-impl Draws {
-    fn new(seed: u64, table: u32, key: u64) -> Self {
-        Self(hash_key(table + 300, key ^ seed.rotate_left(23)))
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = hash_key(350, self.0);
-        self.0
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-    fn nurand(&mut self, a: u64, c: u64, lo: u64, hi: u64) -> u64 {
-        ((self.range(0, a) | self.range(lo, hi)) + c) % (hi - lo + 1) + lo
-    }
+/// The draws of one (seed, table, key): [`KeyDraws`] in TPC-C's domain.
+fn draws(seed: u64, table: u32, key: u64) -> KeyDraws {
+    KeyDraws::new(300, 23, seed, table, key)
 }
 
 /// Last name number of customer `c` of `(w, d)`: `c - 1` for the first 1000, else
@@ -176,17 +162,16 @@ pub fn customer_last_name(seed: u64, w: u16, d: u8, c: u16) -> u16 {
     if c <= 1000 {
         c - 1
     } else {
-        Draws::new(seed, CUSTOMER_BY_NAME, customer_key(w, d, c)).nurand(255, C_LAST_LOAD, 0, 999)
-            as u16
+        draws(seed, CUSTOMER_BY_NAME, customer_key(w, d, c)).nurand(255, C_LAST_LOAD, 0, 999) as u16
     }
 }
 
 /// Customer `c`'s first name (16 bytes, for the index's order).
 fn first_name(seed: u64, w: u16, d: u8, c: u16) -> [u8; 16] {
-    let mut r = Draws::new(seed, CUSTOMER, customer_key(w, d, c) ^ 0xf1);
+    let mut r = draws(seed, CUSTOMER, customer_key(w, d, c) ^ 0xf1);
     let mut f = [0u8; 16];
     for b in &mut f {
-        *b = b'a' + (r.next() % 26) as u8;
+        *b = b'a' + (r.draw() % 26) as u8;
     }
     f
 }
@@ -216,7 +201,7 @@ pub fn get_i64(r: &[u8], at: usize) -> i64 {
 /// The initial `o_c_id` of order `o` of `(w, d)`: a permutation of 1..=3000 per district.
 fn order_customer(seed: u64, w: u16, d: u8, o: u32) -> u16 {
     // An affine permutation of 0..3000 with a multiplier coprime to 3000.
-    let k = Draws::new(seed, ORDER, district_key(w, d)).range(0, 2999);
+    let k = draws(seed, ORDER, district_key(w, d)).range(0, 2999);
     ((u64::from(o - 1) * 7 + k) % 3000 + 1) as u16
 }
 
@@ -226,7 +211,7 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
     if items {
         for i in 1..=ITEMS {
             let mut r = vec![0u8; ITEM_BYTES];
-            let mut g = Draws::new(seed, ITEM, u64::from(i));
+            let mut g = draws(seed, ITEM, u64::from(i));
             put_i64(&mut r, 0, g.range(100, 10_000) as i64);
             put_u32(&mut r, 8, g.range(1, 10_000) as u32);
             if g.range(1, 10) == 1 {
@@ -240,15 +225,15 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
     put_u32(
         &mut r,
         8,
-        Draws::new(seed, WAREHOUSE, u64::from(w)).range(0, 2000) as u32,
+        draws(seed, WAREHOUSE, u64::from(w)).range(0, 2000) as u32,
     );
     emit(WAREHOUSE, u64::from(w), r);
     for i in 1..=ITEMS {
         let mut r = vec![0u8; STOCK_BYTES];
-        let mut g = Draws::new(seed, STOCK, stock_key(w, i));
+        let mut g = draws(seed, STOCK, stock_key(w, i));
         put_u32(&mut r, 0, g.range(10, 100) as u32);
         for b in &mut r[24..264] {
-            *b = b'a' + (g.next() % 26) as u8;
+            *b = b'a' + (g.draw() % 26) as u8;
         }
         emit(STOCK, stock_key(w, i), r);
     }
@@ -258,7 +243,7 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
         put_u32(
             &mut r,
             8,
-            Draws::new(seed, DISTRICT, district_key(w, d)).range(0, 2000) as u32,
+            draws(seed, DISTRICT, district_key(w, d)).range(0, 2000) as u32,
         );
         put_u32(&mut r, 12, ORDERS + 1);
         put_u32(&mut r, 16, FIRST_NEW_ORDER);
@@ -266,7 +251,7 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
         let mut by_name: Vec<Vec<([u8; 16], u16)>> = vec![Vec::new(); 1000];
         for c in 1..=CUSTOMERS {
             let key = customer_key(w, d, c);
-            let mut g = Draws::new(seed, CUSTOMER, key);
+            let mut g = draws(seed, CUSTOMER, key);
             let mut r = vec![0u8; CUSTOMER_BYTES];
             put_i64(&mut r, 0, -1000);
             put_i64(&mut r, 8, 1000);
@@ -302,7 +287,7 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
             emit(CUSTOMER_BY_NAME, name_key(w, d, n as u16), r);
         }
         for o in 1..=ORDERS {
-            let mut g = Draws::new(seed, ORDER, order_key(w, d, o));
+            let mut g = draws(seed, ORDER, order_key(w, d, o));
             let delivered = o < FIRST_NEW_ORDER;
             let ol_cnt = g.range(5, 15) as u8;
             let mut r = vec![0u8; ORDER_BYTES];

@@ -241,3 +241,26 @@ pub fn assert_isolation(protocol: Protocol, history: &History) {
         }
     }
 }
+
+/// Run the real `txn-bench` with `args` and `--json` to a temporary file, one at a time
+/// per test binary ([`serial`]); it must succeed. Returns its stdout and JSON summary.
+pub fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let _one = serial();
+    let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run txn-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "txn-bench failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    (stdout, summary)
+}
