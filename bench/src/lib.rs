@@ -1,6 +1,9 @@
-//! Benchmarks: a local-cluster launcher, SmallBank, KVS / YCSB, and run reports.
+//! Benchmarks: a local-cluster launcher, SmallBank, KVS / YCSB, TATP, TPC-C, and run
+//! reports.
 #![warn(missing_docs)]
 
+mod audit;
+pub mod config_file;
 pub mod launcher;
 pub mod peers;
 pub mod plot;
@@ -9,6 +12,7 @@ pub mod smallbank;
 pub mod tatp;
 pub mod tpcc;
 pub mod txnbench;
+pub mod workload;
 pub mod ycsb;
 
 /// The body of a benchmark binary's `main`: logs to stderr at `warn` unless `RUST_LOG`

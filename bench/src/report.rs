@@ -25,6 +25,12 @@ pub struct TypeStats {
     pub aborts: u64,
     /// Aborts decided by the transaction's logic (not retried, no effect).
     pub user_aborts: u64,
+    /// Transactions whose lookup found nothing (TATP: a read-only one that committed
+    /// without a result, or an update rolled back; counted in `commits` or
+    /// `user_aborts` too).
+    pub failed_lookups: u64,
+    /// Conflict aborts by reason, in [`AbortReason::ALL`] order.
+    pub abort_reasons: [u64; AbortReason::ALL.len()],
     /// Latency of committed transactions from first attempt to commit, ns.
     pub hist: Histogram<u64>,
 }
@@ -36,7 +42,16 @@ impl TypeStats {
             commits: 0,
             aborts: 0,
             user_aborts: 0,
+            failed_lookups: 0,
+            abort_reasons: [0; AbortReason::ALL.len()],
             hist: new_hist(),
+        }
+    }
+    /// Count a conflict abort for `reason`.
+    pub fn record_abort(&mut self, reason: AbortReason) {
+        self.aborts += 1;
+        if let Some(i) = AbortReason::ALL.iter().position(|&x| x == reason) {
+            self.abort_reasons[i] += 1;
         }
     }
     /// Count a commit that took `d` since its first attempt.
@@ -101,12 +116,19 @@ impl Default for WorkerStats {
 pub struct TypeRow {
     /// Transaction type.
     pub name: String,
+    /// Attempts (each retry counts).
+    pub attempts: u64,
     /// Commits.
     pub committed: u64,
     /// Conflict aborts.
     pub aborts: u64,
+    /// Conflict aborts by reason (name, count), most frequent first.
+    pub abort_reasons: Vec<(String, u64)>,
     /// Aborts by the transaction's logic.
     pub user_aborts: u64,
+    /// Lookups that found nothing (TATP's expected failures; among the commits or the
+    /// user aborts).
+    pub failed_lookups: u64,
     /// aborts / attempts.
     pub abort_rate: f64,
     /// Median latency of committed transactions, µs.
@@ -214,6 +236,10 @@ pub struct Report {
     /// `kvs check: ...`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workload_check: Option<String>,
+    /// The workload's outcomes beside commits and aborts (TATP: failed lookups per type
+    /// against the specification's expected rates).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcomes: Option<String>,
 }
 
 /// What happened around an injected oracle restart (SIGKILL, restart with the same state
@@ -287,7 +313,8 @@ impl Report {
         let (mut attempts, mut aborts, mut commits) = (0u64, 0u64, 0u64);
         for (i, name) in kinds.iter().enumerate() {
             let mut h = new_hist();
-            let (mut a, mut ab, mut c, mut u) = (0, 0, 0, 0);
+            let (mut a, mut ab, mut c, mut u, mut f) = (0, 0, 0, 0, 0);
+            let mut by_reason = [0u64; AbortReason::ALL.len()];
             for w in workers {
                 let s = &w.types[i];
                 h.add(&s.hist).expect("same bounds");
@@ -295,16 +322,30 @@ impl Report {
                 ab += s.aborts;
                 c += s.commits;
                 u += s.user_aborts;
+                f += s.failed_lookups;
+                for (t, x) in by_reason.iter_mut().zip(s.abort_reasons) {
+                    *t += x;
+                }
             }
+            let mut type_reasons: Vec<(String, u64)> = AbortReason::ALL
+                .iter()
+                .zip(by_reason)
+                .filter(|&(_, n)| n > 0)
+                .map(|(r, n)| (r.name().to_string(), n))
+                .collect();
+            type_reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
             all.add(&h).expect("same bounds");
             attempts += a;
             aborts += ab;
             commits += c;
             rows.push(TypeRow {
                 name: name.to_string(),
+                attempts: a,
                 committed: c,
                 aborts: ab,
+                abort_reasons: type_reasons,
                 user_aborts: u,
+                failed_lookups: f,
                 abort_rate: if a == 0 { 0.0 } else { ab as f64 / a as f64 },
                 p50_us: us(&h, 0.5),
                 p99_us: us(&h, 0.99),
@@ -382,6 +423,7 @@ impl Report {
             check_seconds: 0.0,
             tso_restart: None,
             workload_check: None,
+            outcomes: None,
         }
     }
 
@@ -481,23 +523,50 @@ impl Report {
     /// The human-readable table.
     pub fn render(&self) -> String {
         let mut s = String::new();
+        // The failed-lookups column only where lookups can fail (TATP).
+        let failed = self.types.iter().any(|r| r.failed_lookups > 0);
+        let _ = write!(
+            s,
+            "{:<20} {:>10} {:>10} {:>9} {:>6} ",
+            "type", "attempts", "committed", "aborts", "user"
+        );
+        if failed {
+            let _ = write!(s, "{:>8} ", "failed");
+        }
         let _ = writeln!(
             s,
-            "{:<16} {:>10} {:>9} {:>6} {:>10} {:>9} {:>9}",
-            "type", "committed", "aborts", "user", "abort-rate", "p50(us)", "p99(us)"
+            "{:>10} {:>9} {:>9}  top abort reasons",
+            "abort-rate", "p50(us)", "p99(us)"
         );
         for r in &self.types {
+            let _ = write!(
+                s,
+                "{:<20} {:>10} {:>10} {:>9} {:>6} ",
+                r.name, r.attempts, r.committed, r.aborts, r.user_aborts
+            );
+            if failed {
+                let _ = write!(s, "{:>8} ", r.failed_lookups);
+            }
+            let reasons = if r.abort_reasons.is_empty() {
+                "-".to_string()
+            } else {
+                r.abort_reasons
+                    .iter()
+                    .take(2)
+                    .map(|(n, c)| format!("{n} {:.0}%", 100.0 * *c as f64 / r.aborts.max(1) as f64))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             let _ = writeln!(
                 s,
-                "{:<16} {:>10} {:>9} {:>6} {:>9.2}% {:>9.1} {:>9.1}",
-                r.name,
-                r.committed,
-                r.aborts,
-                r.user_aborts,
+                "{:>9.2}% {:>9.1} {:>9.1}  {reasons}",
                 100.0 * r.abort_rate,
                 r.p50_us,
                 r.p99_us
             );
+        }
+        if let Some(o) = &self.outcomes {
+            let _ = writeln!(s, "{o}");
         }
         let committed: u64 = self.types.iter().map(|r| r.committed).sum();
         let _ = writeln!(
@@ -671,6 +740,17 @@ pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
                 point: p.clone(),
                 value: div(mv.throughput_tps, occ.throughput_tps),
             });
+        }
+        // TPC-C's headline type (tpmC counts NEW-ORDER): its own p99 ratio.
+        let p99_of = |r: &Report, ty: &str| r.types.iter().find(|t| t.name == ty).map(|t| t.p99_us);
+        if let (Some(sc), Some(o)) = (find(&|n| n == "scythe"), p99_of(occ, "NewOrder")) {
+            if let Some(s99) = p99_of(sc, "NewOrder") {
+                out.push(Ratio {
+                    name: "p99 NewOrder scythe/occ-cas".into(),
+                    point: p.clone(),
+                    value: div(s99, o),
+                });
+            }
         }
     }
     out

@@ -78,6 +78,20 @@ impl TxnType {
         }
     }
 
+    /// Percent of this type's transactions whose lookup fails, by the specification's
+    /// population (TATP 1.0, 4.1 and 4.2): GET_NEW_DESTINATION 76.1 (a facility active
+    /// with a matching forwarding), GET_ACCESS_DATA and UPDATE_SUBSCRIBER_DATA 37.5 (2.5
+    /// of 4 types present), INSERT_CALL_FORWARDING and DELETE_CALL_FORWARDING 68.75, the
+    /// others 0.
+    pub fn expected_failure_percent(self) -> f64 {
+        match self {
+            Self::GetSubscriberData | Self::UpdateLocation => 0.0,
+            Self::GetNewDestination => 76.1,
+            Self::GetAccessData | Self::UpdateSubscriberData => 37.5,
+            Self::InsertCallForwarding | Self::DeleteCallForwarding => 68.75,
+        }
+    }
+
     /// Whether the type only reads.
     pub fn read_only(self) -> bool {
         matches!(

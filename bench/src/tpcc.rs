@@ -15,8 +15,9 @@ use txn::coordinator::{AbortReason, Txn, TxnError};
 use txn::tpcc::{
     customer_key, district_key, get_i64, get_u16, get_u32, name_key, order_key, order_line_key,
     stock_key, CUSTOMER, CUSTOMER_BY_NAME, CUSTOMER_LAST_ORDER, CUSTOMER_LAST_ORDER_BYTES,
-    DISTRICT, DISTRICTS, HISTORY, HISTORY_BYTES, ITEM, ITEMS, NEW_ORDER, NEW_ORDER_BYTES, ORDER,
-    ORDER_BYTES, ORDER_LINE, ORDER_LINE_BYTES, STOCK, WAREHOUSE,
+    DELIVERY_CURSOR, DELIVERY_CURSOR_BYTES, DISTRICT, DISTRICTS, DISTRICT_YTD, HISTORY,
+    HISTORY_BYTES, ITEM, ITEMS, NEW_ORDER, NEW_ORDER_BYTES, ORDER, ORDER_BYTES, ORDER_LINE,
+    ORDER_LINE_BYTES, STOCK, WAREHOUSE, WAREHOUSE_YTD,
 };
 
 /// The five TPC-C transaction types.
@@ -371,14 +372,18 @@ async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
                 return Err(t.abort().await);
             };
             let ck = customer_key(a.c_w, a.c_d, c);
+            // The warehouse's and district's rows are read (their names and addresses
+            // go to the terminal), their year-to-date rows updated.
             let v = t
                 .read_mixed(&[
-                    (WAREHOUSE, u64::from(w), true),
-                    (DISTRICT, district_key(w, d), true),
+                    (WAREHOUSE, u64::from(w), false),
+                    (DISTRICT, district_key(w, d), false),
+                    (WAREHOUSE_YTD, u64::from(w), true),
+                    (DISTRICT_YTD, district_key(w, d), true),
                     (CUSTOMER, ck, true),
                 ])
                 .await?;
-            let (mut wr, mut dr, mut cr) = (v[0].clone(), v[1].clone(), v[2].clone());
+            let (mut wr, mut dr, mut cr) = (v[2].clone(), v[3].clone(), v[4].clone());
             add_i64(&mut wr, 0, a.amount);
             add_i64(&mut dr, 0, a.amount);
             add_i64(&mut cr, 0, -a.amount);
@@ -389,8 +394,8 @@ async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
                 let n = note.len().min(100);
                 cr[48..48 + n].copy_from_slice(&note.as_bytes()[..n]);
             }
-            t.write(WAREHOUSE, u64::from(w), wr)?;
-            t.write(DISTRICT, district_key(w, d), dr)?;
+            t.write(WAREHOUSE_YTD, u64::from(w), wr)?;
+            t.write(DISTRICT_YTD, district_key(w, d), dr)?;
             t.write(CUSTOMER, ck, cr)?;
             let mut h = vec![0u8; HISTORY_BYTES];
             set_i64(&mut h, 0, a.amount);
@@ -422,39 +427,67 @@ async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
             }
         }
         TxnType::Delivery => {
+            // One order per district, the ten districts side by side: five rounds (the
+            // cursors, their new orders, the orders, the lines, the customers).
             let carrier = a.amount as u8;
-            let dists: Vec<(u32, u64, bool)> = (1..=DISTRICTS)
-                .map(|d| (DISTRICT, district_key(w, d), true))
+            let cursors: Vec<(u32, u64, bool)> = (1..=DISTRICTS)
+                .map(|d| (DELIVERY_CURSOR, district_key(w, d), true))
                 .collect();
-            let drs = t.read_mixed(&dists).await?;
-            for (i, mut dr) in drs.into_iter().enumerate() {
-                let d = i as u8 + 1;
-                let (cursor, next) = (get_u32(&dr, 16), get_u32(&dr, 12));
-                if cursor >= next {
-                    continue; // No undelivered order in this district.
-                }
-                t.delete(NEW_ORDER, order_key(w, d, cursor)).await?;
-                set_u32(&mut dr, 16, cursor + 1);
-                t.write(DISTRICT, district_key(w, d), dr)?;
-                let mut order = t.read_for_update(ORDER, order_key(w, d, cursor)).await?;
+            let cursors = t.read_mixed(&cursors).await?;
+            let oldest: Vec<(u8, u32)> = cursors
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (i as u8 + 1, get_u32(r, 0)))
+                .collect();
+            let keys: Vec<(u32, u64)> = oldest
+                .iter()
+                .map(|&(d, o)| (NEW_ORDER, order_key(w, d, o)))
+                .collect();
+            let found = t.get_many_for_update(&keys).await?;
+            // Districts without an undelivered order are skipped (clause 2.7.4.2).
+            let todo: Vec<(u8, u32)> = oldest
+                .into_iter()
+                .zip(&found)
+                .filter(|(_, n)| n.is_some())
+                .map(|(x, _)| x)
+                .collect();
+            for &(d, o) in &todo {
+                t.delete(NEW_ORDER, order_key(w, d, o)).await?;
+                let mut cur = vec![0u8; DELIVERY_CURSOR_BYTES];
+                set_u32(&mut cur, 0, o + 1);
+                t.write(DELIVERY_CURSOR, district_key(w, d), cur)?;
+            }
+            let order_keys: Vec<(u32, u64)> = todo
+                .iter()
+                .map(|&(d, o)| (ORDER, order_key(w, d, o)))
+                .collect();
+            let orders = t.read_many_for_update(&order_keys).await?;
+            let mut line_keys = Vec::new();
+            for (&(d, o), order) in todo.iter().zip(&orders) {
+                line_keys
+                    .extend((1..=order[3]).map(|ol| (ORDER_LINE, order_line_key(w, d, o, ol))));
+            }
+            let lines = t.read_many_for_update(&line_keys).await?;
+            let mut lines = line_keys.into_iter().zip(lines);
+            let mut customers = Vec::new();
+            for ((&(d, _), (_, ok)), mut order) in todo.iter().zip(order_keys).zip(orders) {
                 order[2] = carrier;
-                let c = get_u16(&order, 0);
-                t.write(ORDER, order_key(w, d, cursor), order.clone())?;
-                let keys: Vec<(u32, u64)> = (1..=order[3])
-                    .map(|ol| (ORDER_LINE, order_line_key(w, d, cursor, ol)))
-                    .collect();
-                let lines = t.read_many_for_update(&keys).await?;
+                let (c, n) = (get_u16(&order, 0), order[3]);
+                t.write(ORDER, ok, order)?;
                 let mut total = 0;
-                for ((_, k), mut l) in keys.into_iter().zip(lines) {
+                for ((_, k), mut l) in lines.by_ref().take(usize::from(n)) {
                     total += get_i64(&l, 8);
                     l[16..24].copy_from_slice(&1u64.to_le_bytes());
                     t.write(ORDER_LINE, k, l)?;
                 }
-                let ck = customer_key(w, d, c);
-                let mut cr = t.read_for_update(CUSTOMER, ck).await?;
+                customers.push((customer_key(w, d, c), total));
+            }
+            let ckeys: Vec<(u32, u64)> = customers.iter().map(|&(k, _)| (CUSTOMER, k)).collect();
+            let crs = t.read_many_for_update(&ckeys).await?;
+            for ((k, total), mut cr) in customers.into_iter().zip(crs) {
                 add_i64(&mut cr, 0, total);
                 add_u32(&mut cr, 20, 1);
-                t.write(CUSTOMER, ck, cr)?;
+                t.write(CUSTOMER, k, cr)?;
             }
         }
         TxnType::StockLevel => {

@@ -35,29 +35,58 @@ use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
-use rrpc::runtime::{join_all, Executor, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use serde::Serialize;
 use txn::coordinator::{
     AbortReason, ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig, TxnError,
 };
 
+use crate::audit::{self, audit, kvs_check, kvs_items, money, smallbank_items, Audit};
+use crate::config_file::config_flags;
+pub use crate::config_file::ConfigError;
 use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
 use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, TypeStats, WorkerStats};
 use crate::smallbank::{self, Generator};
-use crate::ycsb::{self, KvsGenerator, RunError, Workload};
+use crate::workload::Workload;
+use crate::ycsb::{self, KvsGenerator, RunError};
+use crate::{tatp, tpcc};
 
-/// SmallBank, KVS or YCSB on a local cluster (memnode, tso and lockd child processes)
-/// over the shm fabric, with one transaction protocol or all of them side by side.
+/// SmallBank, KVS, YCSB, TATP or TPC-C on a local cluster (memnode, tso and lockd child
+/// processes) over the shm fabric, with one transaction protocol or all of them side by
+/// side.
 #[derive(Parser, Debug, Clone)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about = None, args_override_self = true)]
 pub struct Args {
+    /// Read the experiment's settings from this TOML file: its keys are this command's
+    /// long flags (`workload = "tpcc"`, `warehouses = 4`, `protocol = "all"`,
+    /// `no-check = true`); flags on the command line win over the file.
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
     /// Workload: smallbank, kvs (one read or update per transaction, half each), ycsb-a
     /// (50% reads / 50% updates), ycsb-b (95/5), ycsb-c (reads), ycsb-d (95% reads of
-    /// the latest keys / 5% inserts), ycsb-f (50% reads / 50% read-modify-writes).
-    /// ycsb-e is refused: no protocol here offers range scans.
+    /// the latest keys / 5% inserts), ycsb-f (50% reads / 50% read-modify-writes), tatp
+    /// (seven types, 80% reads, the specification's NURand subscriber ids) or tpcc (five
+    /// types, 45/43/4/4/4, each coordinator bound to a home warehouse). ycsb-e is
+    /// refused: no protocol here offers range scans.
     #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
     pub workload: Workload,
+    /// TATP subscribers (s_id 1..=N; about 10 rows each over the four tables).
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    pub subscribers: u64,
+    /// TPC-C warehouses (about 100 MB of rows each with 4 versions). Default: one per
+    /// coordinator thread. Coordinator coroutine g (over all threads) has home
+    /// warehouse g mod N + 1.
+    #[arg(long, value_name = "N")]
+    pub warehouses: Option<u16>,
+    /// SmallBank: a fixed set of hot accounts 0..N drawn uniformly for --hot-fraction of
+    /// the account draws (FORD's hot-account option); the rest follow --theta.
+    #[arg(long, value_name = "N")]
+    pub hot_accounts: Option<u64>,
+    /// SmallBank with --hot-accounts: the fraction of account draws that go to the hot
+    /// set (0 to 1).
+    #[arg(long, default_value_t = 0.9, value_name = "FRACTION")]
+    pub hot_fraction: f64,
     /// KVS / YCSB records (keys 0..N loaded).
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     pub records: u64,
@@ -291,48 +320,111 @@ struct Point {
 enum Gen {
     SmallBank(Generator),
     Kvs(KvsGenerator),
+    Tatp(tatp::Generator),
+    Tpcc(tpcc::Generator),
 }
 
 impl Args {
-    /// Keys per table: SmallBank's accounts or the KVS records.
+    /// Parse `argv` (program name first) after expanding `--config FILE.toml` into
+    /// flags placed before the command line's own, so that the command line wins.
+    ///
+    /// Errors: clap's (bad flags, `--help`, `--version`: print them with
+    /// `clap::Error::exit`), a file that cannot be read or parsed, or a key whose value
+    /// is not a string, number or boolean.
+    pub fn parse_with_config<I, T>(argv: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+        let first = Self::try_parse_from(&argv).map_err(ConfigError::Clap)?;
+        let Some(path) = &first.config else {
+            return Ok(first);
+        };
+        let flags = config_flags(path)?;
+        let mut expanded = argv[..1].to_vec();
+        expanded.extend(flags.into_iter().map(Into::into));
+        expanded.extend(argv[1..].iter().cloned());
+        Self::try_parse_from(expanded).map_err(|e| match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                ConfigError::Clap(e)
+            }
+            _ => ConfigError::File {
+                path: path.clone(),
+                why: e.to_string(),
+            },
+        })
+    }
+
+    /// Keys the report names as the workload's size: SmallBank's accounts, the KVS
+    /// records, TATP's subscribers, TPC-C's warehouses.
     fn keys(&self) -> u64 {
-        if self.workload.is_kvs() {
-            self.records
-        } else {
-            self.accounts
+        match self.workload {
+            Workload::SmallBank => self.accounts,
+            Workload::Tatp => self.subscribers,
+            Workload::Tpcc => u64::from(self.warehouses()),
+            _ => self.records,
         }
+    }
+
+    /// Locks of the lock service (Scythe): about one per row a transaction can lock.
+    /// Objects share a lock past that (`TxnClient::lock_id`), which only adds false
+    /// conflicts.
+    fn lockd_locks(&self) -> u64 {
+        match self.workload {
+            Workload::SmallBank => 2 * self.accounts,
+            // Up to 21 rows per subscriber (1 + 4 + 4 + 12).
+            Workload::Tatp => 21 * self.subscribers,
+            // Customers, stock, districts and a window of the growing order tables.
+            Workload::Tpcc => u64::from(self.warehouses()) << 20,
+            _ => 2 * self.records,
+        }
+    }
+
+    /// TPC-C warehouses: `--warehouses`, else one per coordinator thread.
+    fn warehouses(&self) -> u16 {
+        self.warehouses
+            .unwrap_or_else(|| self.threads.unwrap_or(1).clamp(1, usize::from(u16::MAX)) as u16)
     }
 
     /// Transaction kinds, in the order of the report (and of the history's kinds).
     fn kinds(&self) -> Vec<&'static str> {
-        if self.workload.is_kvs() {
-            self.workload.kinds().to_vec()
-        } else {
-            smallbank::TxnType::ALL.iter().map(|t| t.name()).collect()
-        }
+        self.workload.kinds()
     }
 
     /// The workload as the reports name it.
     fn workload_label(&self) -> String {
-        if self.workload.is_kvs() {
-            self.workload.name().into()
-        } else {
-            "SmallBank".into()
-        }
+        self.workload.label().into()
     }
 
-    /// Size of the data: `N accounts`, or records, value size and operations per
-    /// transaction.
+    /// Size of the data: accounts, records, subscribers or warehouses.
     fn scale(&self) -> String {
-        if self.workload.is_kvs() {
-            format!(
+        match self.workload {
+            Workload::SmallBank => match self.hot_accounts {
+                Some(h) => format!(
+                    "{} accounts, {h} hot for {}% of draws",
+                    self.accounts,
+                    100.0 * self.hot_fraction
+                ),
+                None => format!("{} accounts", self.accounts),
+            },
+            Workload::Tatp => format!("{} subscribers", self.subscribers),
+            Workload::Tpcc => format!("{} warehouse(s)", self.warehouses()),
+            _ => format!(
                 "{} records x {} B, {} ops/txn",
                 self.records,
                 self.value_bytes,
                 self.ops_per_txn()
-            )
-        } else {
-            format!("{} accounts", self.accounts)
+            ),
+        }
+    }
+
+    /// How keys are drawn at `theta`: `Zipf theta 0.99`, or the specification's rule.
+    fn skew(&self, theta: f64) -> String {
+        match self.workload {
+            Workload::Tatp => "keys by TATP's NURand".into(),
+            Workload::Tpcc => "keys by TPC-C's NURand and home warehouses".into(),
+            _ => format!("Zipf theta {theta}"),
         }
     }
 
@@ -485,17 +577,41 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
             _ => bail!("--chart {} must end in .svg or .png", c.display()),
         }
     }
+    if !args.workload.uses_theta() && matches!(args.sweep, Some(Sweep::Theta(_))) {
+        bail!(
+            "--sweep theta does not apply to {}: its keys follow the specification's \
+             NURand, not Zipf theta (sweep clients=... instead)",
+            args.workload
+        );
+    }
+    if args.workload == Workload::Tatp && args.subscribers == 0 {
+        bail!("--subscribers must be at least 1");
+    }
+    if args.workload == Workload::Tpcc && args.warehouses() == 0 {
+        bail!("--warehouses must be at least 1");
+    }
+    if args.hot_accounts.is_some() && args.workload != Workload::SmallBank {
+        bail!("--hot-accounts applies to smallbank only");
+    }
     let protocols = args.protocols()?;
     let points = args.points();
     // Every point's generator now: a bad theta fails before any cluster starts.
     let gens = points
         .iter()
         .map(|p| {
-            let g = if args.workload.is_kvs() {
-                KvsGenerator::new(args.workload, args.records, p.theta, args.ops_per_txn())
-                    .map(Gen::Kvs)
-            } else {
-                Generator::new(args.accounts, p.theta).map(Gen::SmallBank)
+            let g = match args.workload {
+                Workload::SmallBank => Generator::new(args.accounts, p.theta).and_then(|g| {
+                    match args.hot_accounts {
+                        Some(h) => g
+                            .with_hot(h, args.hot_fraction)
+                            .context("--hot-accounts / --hot-fraction"),
+                        None => Ok(g),
+                    }
+                    .map(Gen::SmallBank)
+                }),
+                Workload::Tatp => tatp::Generator::new(args.subscribers).map(Gen::Tatp),
+                Workload::Tpcc => tpcc::Generator::new(args.warehouses()).map(Gen::Tpcc),
+                w => KvsGenerator::new(w, args.records, p.theta, args.ops_per_txn()).map(Gen::Kvs),
             };
             g.map(Arc::new)
                 .with_context(|| format!("--theta {}", p.theta))
@@ -584,16 +700,16 @@ fn render_comparison(args: &Args, sum: &Summary) -> String {
             args.sweep.as_ref().expect("a sweep")
         ),
         Some(Sweep::Clients(_)) => format!(
-            "{threads} thread(s) x clients coroutines | {} | Zipf theta {} | sweep {}",
+            "{threads} thread(s) x clients coroutines | {} | {} | sweep {}",
             args.scale(),
-            args.theta,
+            args.skew(args.theta),
             args.sweep.as_ref().expect("a sweep")
         ),
         None => format!(
-            "{threads} thread(s) x {} coroutines | {} | Zipf theta {}",
+            "{threads} thread(s) x {} coroutines | {} | {}",
             args.coroutines,
             args.scale(),
-            args.theta
+            args.skew(args.theta)
         ),
     };
     let mut s = format!(
@@ -655,9 +771,9 @@ fn draw_chart(path: &Path, args: &Args, sum: &Summary) -> anyhow::Result<()> {
             args.model
         ),
         None => format!(
-            "{}: throughput vs p99, theta {}, {} x {} clients (model {})",
+            "{}: throughput vs p99, {}, {} x {} clients (model {})",
             args.workload_label(),
-            args.theta,
+            args.skew(args.theta),
             args.threads.unwrap_or(1),
             args.coroutines,
             args.model
@@ -719,15 +835,26 @@ fn run_one(
         }
     );
     let mut memnodes = Vec::new();
-    let data: Vec<String> = if args.workload.is_kvs() {
-        vec![
+    let data: Vec<String> = match args.workload {
+        Workload::SmallBank => vec!["--smallbank-accounts".into(), args.accounts.to_string()],
+        Workload::Tatp => vec![
+            "--tatp-subscribers".into(),
+            args.subscribers.to_string(),
+            "--tatp-seed".into(),
+            args.seed.to_string(),
+        ],
+        Workload::Tpcc => vec![
+            "--tpcc-warehouses".into(),
+            args.warehouses().to_string(),
+            "--tatp-seed".into(),
+            args.seed.to_string(),
+        ],
+        _ => vec![
             "--kvs-records".into(),
             args.records.to_string(),
             "--kvs-value-bytes".into(),
             args.value_bytes.to_string(),
-        ]
-    } else {
-        vec!["--smallbank-accounts".into(), args.accounts.to_string()]
+        ],
     };
     for i in 0..args.memnodes {
         memnodes.push(
@@ -758,7 +885,7 @@ fn run_one(
             NODE_LOCKD,
             &with(&[
                 "--locks".into(),
-                (2 * args.keys()).to_string(),
+                args.lockd_locks().to_string(),
                 "--threads".into(),
                 args.lockd_threads.to_string(),
                 "--cold-watermark".into(),
@@ -801,40 +928,43 @@ fn run_one(
         _ => "serializability",
     };
     println!(
-        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} | Zipf theta {} | {} memnode(s), {} versions | {} s | check: {checks}",
+        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} | {} | {} memnode(s), {} versions | {} s | check: {checks}",
         args.workload_label(),
         fabric_desc,
         model_desc,
         threads,
         point.coroutines,
         args.scale(),
-        point.theta,
+        args.skew(point.theta),
         args.memnodes,
         args.versions,
         args.duration,
     );
 
     // Audit before: the loaded bank must hold the expected money; every loaded KVS
-    // value must be valid at counter 0.
-    let loaded = if args.workload.is_kvs() {
-        kvs_items(args.records, &[])
-    } else {
-        smallbank_items(args.accounts)
-    };
-    let before = audit(&fabric, &addrs, protocol, &loaded)?;
-    let initial_total = if args.workload.is_kvs() {
-        let c = kvs_check(&before, &loaded, args.records, 0);
-        if !c.ok() || c.found != 0 {
-            bail!("loaded KVS table: {}", c.line());
+    // value must be valid at counter 0. (TATP's and TPC-C's populations are checked by
+    // their loaders' tests; their checks run after the run.)
+    let initial_total = match args.workload {
+        Workload::SmallBank => {
+            let loaded = smallbank_items(args.accounts);
+            let before = audit(&fabric, &addrs, protocol, &loaded)?;
+            let expected_initial = txn::smallbank::initial_total(args.accounts);
+            let total = money(&before, &loaded)?;
+            if total != expected_initial {
+                bail!("loaded bank holds {total} cents, expected {expected_initial}");
+            }
+            total
         }
-        0
-    } else {
-        let expected_initial = txn::smallbank::initial_total(args.accounts);
-        let total = money(&before, &loaded)?;
-        if total != expected_initial {
-            bail!("loaded bank holds {total} cents, expected {expected_initial}");
+        Workload::Tatp | Workload::Tpcc => 0,
+        _ => {
+            let loaded = kvs_items(args.records, &[]);
+            let before = audit(&fabric, &addrs, protocol, &loaded)?;
+            let c = kvs_check(&before, &loaded, args.records, 0);
+            if !c.ok() || c.found != 0 {
+                bail!("loaded KVS table: {}", c.line());
+            }
+            0
         }
-        total
     };
 
     let cfg = TxnConfig {
@@ -859,6 +989,7 @@ fn run_one(
             max_backoff_us: args.max_backoff_us,
             kinds: args.kinds(),
             records: args.records,
+            warehouses: args.warehouses(),
             value_bytes: args.value_bytes,
             cfg: cfg.clone(),
             addrs: addrs.clone(),
@@ -943,12 +1074,35 @@ fn run_one(
         .iter()
         .flat_map(|w| w.inserted.iter().copied())
         .collect();
-    let items = if args.workload.is_kvs() {
-        kvs_items(args.records, &inserted)
-    } else {
-        loaded
+    let t_audit = std::time::Instant::now();
+    let after = match args.workload {
+        Workload::SmallBank => {
+            let items = smallbank_items(args.accounts);
+            let a = audit(&fabric, &addrs, protocol, &items)?;
+            let total = money(&a, &items)?;
+            AfterRun::Money(total, a.cvt_locked, a.lockd_held)
+        }
+        Workload::Tatp => AfterRun::Checked(audit::tatp(
+            &fabric,
+            &addrs,
+            protocol,
+            args.subscribers,
+            args.seed,
+        )?),
+        Workload::Tpcc => {
+            AfterRun::Checked(audit::tpcc(&fabric, &addrs, protocol, args.warehouses())?)
+        }
+        _ => {
+            let items = kvs_items(args.records, &inserted);
+            let a = audit(&fabric, &addrs, protocol, &items)?;
+            AfterRun::Kvs(a, items)
+        }
     };
-    let after = audit(&fabric, &addrs, protocol, &items)?;
+    eprintln!(
+        "audited the {} rows in {:.1} s",
+        args.workload_label(),
+        t_audit.elapsed().as_secs_f64()
+    );
     drop(fabric);
     cluster.shutdown();
     let _ = std::fs::remove_dir_all(&tso_state);
@@ -976,14 +1130,23 @@ fn run_one(
     report.tso_restart = tso_restart;
     report.serializability_required = protocol != Protocol::Mvcc(Isolation::Snapshot);
     report.snapshot_isolation_required = protocol == Protocol::Mvcc(Isolation::Snapshot);
-    if args.workload.is_kvs() {
-        let updates = u64::try_from(report.net_committed).unwrap_or(0);
-        let c = kvs_check(&after, &items, args.records, updates);
-        report.audit(0, c.found as i64, after.cvt_locked, after.lockd_held);
-        report.workload_check(c.line(), c.ok() && c.found == updates);
-    } else {
-        let total = money(&after, &items)?;
-        report.audit(initial_total, total, after.cvt_locked, after.lockd_held);
+    match after {
+        AfterRun::Money(total, cvt_locked, lockd_held) => {
+            report.audit(initial_total, total, cvt_locked, lockd_held);
+        }
+        AfterRun::Kvs(a, items) => {
+            let updates = u64::try_from(report.net_committed).unwrap_or(0);
+            let c = kvs_check(&a, &items, args.records, updates);
+            report.audit(0, c.found as i64, a.cvt_locked, a.lockd_held);
+            report.workload_check(c.line(), c.ok() && c.found == updates);
+        }
+        AfterRun::Checked(c) => {
+            report.audit(0, report.net_committed, c.cvt_locked, c.lockd_held);
+            report.workload_check(c.line, c.ok);
+        }
+    }
+    if args.workload == Workload::Tatp {
+        report.outcomes = Some(tatp_failures(&report));
     }
     if !args.no_check {
         let mut history = txn::history::History::new(usize::MAX);
@@ -1008,6 +1171,30 @@ fn run_one(
     Ok(report)
 }
 
+/// How a transaction that will not be retried ended.
+enum Finished {
+    /// Committed with this net money (SmallBank) or these updates (KVS), the keys it
+    /// inserted (YCSB D), and whether its lookup found nothing (TATP).
+    Committed {
+        net: i64,
+        inserted: Vec<u64>,
+        failed_lookup: bool,
+    },
+    /// Rolled back by its own logic (TPC-C NEW-ORDER's 1%, a TATP update whose lookup
+    /// failed).
+    RolledBack { failed_lookup: bool },
+}
+
+impl Finished {
+    fn net(net: i64) -> Self {
+        Self::Committed {
+            net,
+            inserted: Vec::new(),
+            failed_lookup: false,
+        }
+    }
+}
+
 /// What one coordinator thread runs.
 struct WorkerPlan {
     tid: usize,
@@ -1016,6 +1203,8 @@ struct WorkerPlan {
     max_backoff_us: u64,
     /// Names of the transaction kinds (SmallBank types, or the KVS workload's kinds).
     kinds: Vec<&'static str>,
+    /// TPC-C warehouses (home warehouse of coroutine g over all threads: g mod N + 1).
+    warehouses: u16,
     /// KVS: loaded records and value size.
     records: u64,
     value_bytes: usize,
@@ -1059,30 +1248,60 @@ fn worker(
         );
         let seed = w.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let max_backoff = w.max_backoff_us;
+        let home = ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1;
         ex.spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             while !stop.load(Ordering::Relaxed) {
                 let drawn = match &*gen {
                     Gen::SmallBank(g) => Drawn::SmallBank(g.next(&mut rng)),
                     Gen::Kvs(g) => Drawn::Kvs(g.next(&mut rng)),
+                    Gen::Tatp(g) => Drawn::Tatp(g.next(&mut rng)),
+                    Gen::Tpcc(g) => Drawn::Tpcc(g.next(&mut rng, home)),
                 };
                 let kind = match &drawn {
                     Drawn::SmallBank(t) => t.ty.index(),
                     Drawn::Kvs(t) => t.kind,
+                    Drawn::Tatp(t) => t.ty.index(),
+                    Drawn::Tpcc(t) => t.ty.index(),
                 };
                 let begin = quanta::Instant::now();
                 let mut backoff_us = 1u64;
                 loop {
                     let txn = client.begin_as(kind as u16);
-                    // Net money (SmallBank) or updates (KVS), and the keys inserted.
-                    let r: Result<(i64, Vec<u64>), RunError> = match &drawn {
+                    let r: Result<Finished, RunError> = match &drawn {
                         Drawn::SmallBank(t) => smallbank::run(txn, *t)
                             .await
-                            .map(|net| (net, Vec::new()))
+                            .map(Finished::net)
                             .map_err(RunError::Txn),
-                        Drawn::Kvs(t) => ycsb::run(txn, t, records, value_bytes)
-                            .await
-                            .map(|d| (d.updates as i64, d.inserted)),
+                        Drawn::Kvs(t) => ycsb::run(txn, t, records, value_bytes).await.map(|d| {
+                            Finished::Committed {
+                                net: d.updates as i64,
+                                inserted: d.inserted,
+                                failed_lookup: false,
+                            }
+                        }),
+                        Drawn::Tatp(t) => match tatp::run(txn, *t).await {
+                            Ok(tatp::Outcome::Done) => Ok(Finished::net(0)),
+                            // A read-only type commits without a result; an update rolled back.
+                            Ok(tatp::Outcome::NotFound) if t.ty.read_only() => {
+                                Ok(Finished::Committed {
+                                    net: 0,
+                                    inserted: Vec::new(),
+                                    failed_lookup: true,
+                                })
+                            }
+                            Ok(tatp::Outcome::NotFound) => Ok(Finished::RolledBack {
+                                failed_lookup: true,
+                            }),
+                            Err(e) => Err(RunError::Txn(e)),
+                        },
+                        Drawn::Tpcc(t) => match tpcc::run(txn, t).await {
+                            Ok(tpcc::Outcome::Done) => Ok(Finished::net(0)),
+                            Ok(tpcc::Outcome::RolledBack) => Ok(Finished::RolledBack {
+                                failed_lookup: false,
+                            }),
+                            Err(e) => Err(RunError::Txn(e)),
+                        },
                     };
                     // What to do next, decided while the stats are borrowed (never across an await).
                     let retry = {
@@ -1091,11 +1310,21 @@ fn worker(
                         let ts: &mut TypeStats = &mut s.types[kind];
                         ts.attempts += 1;
                         match r {
-                            Ok((net, inserted)) => {
+                            Ok(Finished::Committed {
+                                net,
+                                inserted,
+                                failed_lookup,
+                            }) => {
                                 ts.record_commit(begin.elapsed());
+                                ts.failed_lookups += u64::from(failed_lookup);
                                 s.net += net;
                                 s.inserted.extend(inserted);
                                 committed.fetch_add(1, Ordering::Relaxed);
+                                false
+                            }
+                            Ok(Finished::RolledBack { failed_lookup }) => {
+                                ts.user_aborts += 1;
+                                ts.failed_lookups += u64::from(failed_lookup);
                                 false
                             }
                             Err(RunError::Txn(TxnError::Abort(AbortReason::User))) => {
@@ -1103,7 +1332,7 @@ fn worker(
                                 false
                             }
                             Err(RunError::Txn(TxnError::Abort(reason))) => {
-                                ts.aborts += 1;
+                                ts.record_abort(reason);
                                 if let Some(i) = AbortReason::ALL.iter().position(|&x| x == reason)
                                 {
                                     s.abort_reasons[i] += 1;
@@ -1191,211 +1420,42 @@ fn restart_tso(
     })
 }
 
-/// What an audit found.
-struct Audit {
-    /// The newest committed value of each item audited, in order (`None`: absent).
-    values: Vec<Option<Vec<u8>>>,
-    /// CVT lock words held.
-    cvt_locked: u64,
-    /// Lock service locks held or queued (`None` without a lock service).
-    lockd_held: Option<u64>,
+/// What the audit after a run found, per kind of check.
+enum AfterRun {
+    /// SmallBank: money (cents), CVT lock words held, lock service locks held.
+    Money(i64, u64, Option<u64>),
+    /// KVS / YCSB: the audit of these items.
+    Kvs(Audit, Vec<(u32, u64)>),
+    /// TATP, TPC-C: their consistency checks.
+    Checked(audit::Checked),
 }
 
-/// SmallBank's items: savings and checking of every account.
-fn smallbank_items(accounts: u64) -> Vec<(u32, u64)> {
-    [txn::smallbank::SAVINGS, txn::smallbank::CHECKING]
-        .into_iter()
-        .flat_map(|t| (0..accounts).map(move |a| (t, a)))
-        .collect()
-}
-
-/// KVS items: the loaded records and the keys `inserted`.
-fn kvs_items(records: u64, inserted: &[u64]) -> Vec<(u32, u64)> {
-    (0..records)
-        .chain(inserted.iter().copied())
-        .map(|k| (txn::kvs::TABLE, k))
-        .collect()
-}
-
-/// Sum of all balances in `a` (SmallBank), cents. Errors: an account absent or not a
-/// balance.
-fn money(a: &Audit, items: &[(u32, u64)]) -> anyhow::Result<i64> {
-    let mut total = 0i64;
-    for (&(table, k), v) in items.iter().zip(&a.values) {
-        let Some(v) = v else {
-            bail!("audit: table {table} has no account {k}");
-        };
-        total += i64::from_le_bytes(
-            v.as_slice()
-                .try_into()
-                .with_context(|| format!("audit: table {table} account {k}: {} bytes", v.len()))?,
-        );
-    }
-    Ok(total)
-}
-
-/// The KVS check of an audit.
-struct KvsCheck {
-    /// Keys audited.
-    keys: usize,
-    /// Keys inserted among them.
-    inserted: usize,
-    /// Keys absent.
-    missing: Vec<u64>,
-    /// Values that failed their check.
-    bad: Vec<String>,
-    /// Committed updates counted by the coordinators.
-    counted: u64,
-    /// Sum of the keys' update counters.
-    found: u64,
-}
-
-impl KvsCheck {
-    fn ok(&self) -> bool {
-        self.missing.is_empty() && self.bad.is_empty()
-    }
-
-    /// `kvs check: N records, checksums ok, updates counted C = found C`, or what failed.
-    fn line(&self) -> String {
-        let mut s = format!("kvs check: {} records", self.keys - self.inserted);
-        if self.inserted > 0 {
-            s.push_str(&format!(" + {} inserted", self.inserted));
-        }
-        if self.bad.is_empty() {
-            s.push_str(", checksums ok");
-        } else {
-            s.push_str(&format!(
-                ", {} BAD VALUES (first: {})",
-                self.bad.len(),
-                self.bad[0]
-            ));
-        }
-        if !self.missing.is_empty() {
-            s.push_str(&format!(
-                ", {} KEYS MISSING (first: {})",
-                self.missing.len(),
-                self.missing[0]
-            ));
-        }
-        let rel = if self.counted == self.found {
-            "="
-        } else {
-            "!="
-        };
-        s.push_str(&format!(
-            ", updates counted {} {rel} found {}",
-            self.counted, self.found
-        ));
-        if self.counted != self.found || !self.ok() {
-            s.push_str(" (FAILED)");
-        }
-        s
-    }
-}
-
-/// Check every KVS value of `a` ([`txn::kvs::check_value`]) and sum the update
-/// counters; `counted` is what the coordinators committed. Keys from `records` on are
-/// inserted ones.
-fn kvs_check(a: &Audit, items: &[(u32, u64)], records: u64, counted: u64) -> KvsCheck {
-    let mut c = KvsCheck {
-        keys: items.len(),
-        inserted: 0,
-        missing: Vec::new(),
-        bad: Vec::new(),
-        counted,
-        found: 0,
-    };
-    for (&(_, k), v) in items.iter().zip(&a.values) {
-        c.inserted += usize::from(k >= records);
-        match v {
-            None => c.missing.push(k),
-            Some(v) => match txn::kvs::check_value(k, v) {
-                Ok(n) => c.found += n,
-                Err(e) => c.bad.push(e),
-            },
-        }
-    }
-    c
-}
-
-/// Read the newest committed version of every item, and count held locks (every CVT
-/// lock word of the items; every lock service lock when `protocol` has one), with
-/// one-sided READs from a fresh thread context.
-fn audit(
-    fabric: &Fabric,
-    addrs: &ClusterAddrs,
-    protocol: Protocol,
-    items: &[(u32, u64)],
-) -> anyhow::Result<Audit> {
-    let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
-    let cfg = TxnConfig {
-        protocol,
-        ..TxnConfig::default()
-    };
-    let client = Rc::new(TxnClient::connect(ctx.clone(), addrs, cfg).context("audit: connecting")?);
-    type Out = Rc<RefCell<Option<anyhow::Result<Audit>>>>;
-    let out: Out = Rc::new(RefCell::new(None));
-    let mut ex = Executor::new(ctx);
-    {
-        let (client, out) = (client.clone(), out.clone());
-        let items = items.to_vec();
-        ex.spawn(async move {
-            let r: anyhow::Result<Audit> = async {
-                let mut values = Vec::with_capacity(items.len());
-                let mut cvt_locked = 0;
-                for chunk in items.chunks(256) {
-                    let vals = join_all(chunk.iter().map(|&(table, k)| {
-                        let client = &client;
-                        async move {
-                            let v = client.read_committed(table, k).await?;
-                            let l = client.cvt_locked(table, k).await?;
-                            Ok::<_, TxnError>((v, l))
-                        }
-                    }))
-                    .await;
-                    for (&(table, k), v) in chunk.iter().zip(vals) {
-                        let (v, locked) =
-                            v.with_context(|| format!("audit: reading table {table} key {k}"))?;
-                        values.push(v.map(|(_, v)| v));
-                        cvt_locked += u64::from(locked);
-                    }
-                }
-                let lockd_held = match client.locks() {
-                    None => None,
-                    Some(locks) => {
-                        let mut held = 0;
-                        let ids: Vec<u64> = (0..locks.n_locks()).collect();
-                        for chunk in ids.chunks(256) {
-                            let st = join_all(
-                                chunk.iter().map(|&id| locks.read_state(client.ctx(), id)),
-                            )
-                            .await;
-                            for s in st {
-                                held += u64::from(s.context("audit: reading a lock")?.queued() > 0);
-                            }
-                        }
-                        Some(held)
-                    }
-                };
-                Ok(Audit {
-                    values,
-                    cvt_locked,
-                    lockd_held,
-                })
-            }
-            .await;
-            *out.borrow_mut() = Some(r);
-        });
-    }
-    ex.run();
-    let r = out.borrow_mut().take();
-    r.unwrap_or_else(|| bail!("audit: the audit coroutine did not finish"))
+/// TATP's failed lookups per type against the specification's expected rates (TATP
+/// 1.0, 4.1: failures are outcomes, not aborts), e.g. `failed lookups (expected):
+/// GetNewDestination 76.2% (76.1%), ...`.
+fn tatp_failures(r: &Report) -> String {
+    let parts: Vec<String> = tatp::TxnType::ALL
+        .iter()
+        .zip(&r.types)
+        .map(|(t, row)| {
+            let done = row.committed + row.user_aborts;
+            format!(
+                "{} {:.1}% ({:.1}%)",
+                row.name,
+                100.0 * row.failed_lookups as f64 / done.max(1) as f64,
+                t.expected_failure_percent()
+            )
+        })
+        .collect();
+    format!("failed lookups (expected): {}", parts.join(", "))
 }
 
 /// A drawn transaction, retried until it commits.
 enum Drawn {
     SmallBank(smallbank::TxnArgs),
     Kvs(ycsb::KvsTxn),
+    Tatp(tatp::TxnArgs),
+    Tpcc(tpcc::TxnArgs),
 }
 
 #[cfg(test)]
@@ -1479,44 +1539,6 @@ mod tests {
     }
 
     #[test]
-    fn the_kvs_check_catches_bad_missing_and_uncounted_values() {
-        use txn::kvs::encode_value;
-        let items = kvs_items(3, &[7]);
-        let good = |counters: [u64; 4]| Audit {
-            values: items
-                .iter()
-                .zip(counters)
-                .map(|(&(_, k), c)| Some(encode_value(k, c, 40)))
-                .collect(),
-            cvt_locked: 0,
-            lockd_held: None,
-        };
-        let c = kvs_check(&good([1, 0, 2, 0]), &items, 3, 3);
-        assert!(c.ok() && c.found == 3);
-        assert_eq!(
-            c.line(),
-            "kvs check: 3 records + 1 inserted, checksums ok, updates counted 3 = found 3"
-        );
-        // An update lost (or counted twice).
-        let c = kvs_check(&good([1, 0, 2, 0]), &items, 3, 4);
-        assert!(c.line().ends_with("updates counted 4 != found 3 (FAILED)"));
-        // A planted corruption, another key's value, a missing key.
-        let mut a = good([1, 0, 2, 0]);
-        a.values[0].as_mut().unwrap()[12] ^= 1;
-        a.values[1] = Some(encode_value(2, 0, 40));
-        a.values[3] = None;
-        let c = kvs_check(&a, &items, 3, 3);
-        assert!(!c.ok());
-        let line = c.line();
-        assert!(
-            line.contains("2 BAD VALUES (first: key 0: checksum"),
-            "{line}"
-        );
-        assert!(line.contains("1 KEYS MISSING (first: 7)"), "{line}");
-        assert!(line.ends_with("(FAILED)"), "{line}");
-    }
-
-    #[test]
     fn workload_flags() {
         let a = args(&["--workload", "ycsb-b", "--records", "500"]);
         assert_eq!(a.scale(), "500 records x 40 B, 4 ops/txn");
@@ -1531,5 +1553,58 @@ mod tests {
         );
         let e = Args::try_parse_from(["txn-bench", "--workload", "ycsb-e"]).unwrap_err();
         assert!(e.to_string().contains("range scans"), "{e}");
+        let a = args(&["--workload", "tatp", "--subscribers", "5000"]);
+        assert_eq!(
+            (a.workload_label(), a.scale()),
+            ("TATP".into(), "5000 subscribers".into())
+        );
+        assert_eq!((a.kinds().len(), a.lockd_locks()), (7, 21 * 5000));
+        // TPC-C: one warehouse per coordinator thread unless --warehouses says.
+        let a = args(&["--workload", "tpcc", "--threads", "3"]);
+        assert_eq!((a.warehouses(), a.scale().as_str()), (3, "3 warehouse(s)"));
+        assert_eq!(a.skew(0.99), "keys by TPC-C's NURand and home warehouses");
+        let a = args(&["--workload", "tpcc", "--warehouses", "4", "--threads", "1"]);
+        assert_eq!((a.warehouses(), a.keys()), (4, 4));
+        let a = args(&["--hot-accounts", "100", "--hot-fraction", "0.5"]);
+        assert_eq!(a.scale(), "100000 accounts, 100 hot for 50% of draws");
+    }
+
+    #[test]
+    fn bad_workload_combinations_are_refused_before_any_cluster_starts() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let err = |a: &[&str]| run(args(a), stop.clone()).unwrap_err().to_string();
+        assert!(err(&["--workload", "tatp", "--sweep", "theta=0,0.5"]).contains("NURand"));
+        assert!(err(&["--workload", "tatp", "--subscribers", "0"]).contains("--subscribers"));
+        assert!(err(&["--workload", "tpcc", "--warehouses", "0"]).contains("--warehouses"));
+        assert!(err(&["--workload", "tpcc", "--hot-accounts", "10"]).contains("smallbank only"));
+        let e = format!(
+            "{:#}",
+            run(args(&["--hot-accounts", "1"]), stop.clone()).unwrap_err()
+        );
+        assert!(e.contains("hot accounts must be 2"), "{e}");
+    }
+
+    #[test]
+    fn a_config_file_holds_an_experiment_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("exp.toml");
+        std::fs::write(
+            &f,
+            "workload = \"tpcc\"\nwarehouses = 4\nprotocol = \"all\"\nmodel = \"cx5\"\nno-check = true\n",
+        )
+        .unwrap();
+        let path = f.to_str().unwrap();
+        let a =
+            Args::parse_with_config(["txn-bench", "--config", path, "--warehouses", "2"]).unwrap();
+        assert_eq!(a.workload, Workload::Tpcc);
+        assert_eq!((a.warehouses(), a.protocol), (2, ProtocolArg::All));
+        assert!(a.no_check && a.model == "cx5");
+        std::fs::write(&f, "warehouse = 4\n").unwrap();
+        let e = Args::parse_with_config(["txn-bench", "--config", path]).unwrap_err();
+        assert!(matches!(e, ConfigError::File { .. }), "{e}");
+        assert!(e.to_string().contains("--warehouse"), "{e}");
+        std::fs::write(&f, "theta = \"high\"\n").unwrap();
+        let e = Args::parse_with_config(["txn-bench", "--config", path]).unwrap_err();
+        assert!(e.to_string().contains("exp.toml"), "{e}");
     }
 }

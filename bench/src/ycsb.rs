@@ -14,8 +14,6 @@
 //! Transactions return how many updates they committed, so after a run the sum of all
 //! counters must equal the sum over committed transactions.
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rand::Rng;
@@ -23,107 +21,7 @@ use rand_distr::{Distribution, Zipf};
 use txn::coordinator::{Txn, TxnError};
 use txn::kvs::{check_value, encode_value, fnv64, TABLE};
 
-/// The `--workload` flag.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Workload {
-    /// SmallBank (the default).
-    SmallBank,
-    /// The papers' KVS: one read or update per transaction, half each.
-    Kvs,
-    /// YCSB A: 50% reads, 50% updates.
-    YcsbA,
-    /// YCSB B: 95% reads, 5% updates.
-    YcsbB,
-    /// YCSB C: reads only.
-    YcsbC,
-    /// YCSB D: 95% reads of the latest keys, 5% inserts of new keys.
-    YcsbD,
-    /// YCSB F: 50% reads, 50% read-modify-writes.
-    YcsbF,
-}
-
-impl FromStr for Workload {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "smallbank" => Self::SmallBank,
-            "kvs" => Self::Kvs,
-            "ycsb-a" => Self::YcsbA,
-            "ycsb-b" => Self::YcsbB,
-            "ycsb-c" => Self::YcsbC,
-            "ycsb-d" => Self::YcsbD,
-            "ycsb-f" => Self::YcsbF,
-            "ycsb-e" => {
-                return Err("ycsb-e needs range scans, which none of the protocols \
-                            (occ-cas, scythe, mvcc) supports: use ycsb-a, ycsb-b, ycsb-c, \
-                            ycsb-d, ycsb-f or kvs"
-                    .into())
-            }
-            _ => {
-                return Err(format!(
-                "unknown workload {s:?}: smallbank, kvs, ycsb-a, ycsb-b, ycsb-c, ycsb-d or ycsb-f"
-            ))
-            }
-        })
-    }
-}
-
-impl fmt::Display for Workload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl Workload {
-    /// The flag's spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::SmallBank => "smallbank",
-            Self::Kvs => "kvs",
-            Self::YcsbA => "ycsb-a",
-            Self::YcsbB => "ycsb-b",
-            Self::YcsbC => "ycsb-c",
-            Self::YcsbD => "ycsb-d",
-            Self::YcsbF => "ycsb-f",
-        }
-    }
-
-    /// Whether the workload runs on the KVS table (every one but SmallBank).
-    pub fn is_kvs(self) -> bool {
-        self != Self::SmallBank
-    }
-
-    /// Transaction kinds as the report lists them (index = the history's kind):
-    /// read-only transactions first, then those that write.
-    pub fn kinds(self) -> &'static [&'static str] {
-        match self {
-            Self::SmallBank => &[],
-            Self::Kvs => &["read", "update"],
-            Self::YcsbA | Self::YcsbB => &["read-only", "update"],
-            Self::YcsbC => &["read-only"],
-            Self::YcsbD => &["read-only", "insert"],
-            Self::YcsbF => &["read-only", "read-modify-write"],
-        }
-    }
-
-    /// Percent of operations that write (update, read-modify-write or insert).
-    pub fn write_percent(self) -> u32 {
-        match self {
-            Self::SmallBank | Self::YcsbC => 0,
-            Self::Kvs | Self::YcsbA | Self::YcsbF => 50,
-            Self::YcsbB | Self::YcsbD => 5,
-        }
-    }
-
-    /// Operations per transaction without `--ops-per-txn`: 1 for kvs, 4 for YCSB.
-    pub fn default_ops(self) -> usize {
-        if self == Self::Kvs {
-            1
-        } else {
-            4
-        }
-    }
-}
+pub use crate::workload::Workload;
 
 /// One operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -375,23 +273,8 @@ mod tests {
     }
 
     #[test]
-    fn workload_flag() {
-        assert_eq!("ycsb-a".parse::<Workload>(), Ok(Workload::YcsbA));
-        assert_eq!("kvs".parse::<Workload>().unwrap().default_ops(), 1);
-        let e = "ycsb-e".parse::<Workload>().unwrap_err();
-        assert!(e.contains("range scans"), "{e}");
-        assert!("ycsb-z".parse::<Workload>().is_err());
-        for w in [
-            "smallbank",
-            "kvs",
-            "ycsb-a",
-            "ycsb-b",
-            "ycsb-c",
-            "ycsb-d",
-            "ycsb-f",
-        ] {
-            assert_eq!(w.parse::<Workload>().unwrap().name(), w);
-        }
+    fn generator_refuses_non_kvs_workloads_and_tiny_tables() {
+        assert!(KvsGenerator::new(Workload::SmallBank, 1000, 0.9, 4).is_err());
         assert!(KvsGenerator::new(Workload::YcsbA, 6, 0.9, 4).is_err());
     }
 }

@@ -4,6 +4,14 @@
 //! consistency conditions 1 to 4 of clause 3.3.2 checked after a run. The transaction
 //! profiles live in the `bench` crate.
 //!
+//! Three fields live in rows of their own (vertical partitioning, which clause 1.6
+//! allows): `w_ytd` (WAREHOUSE_YTD), `d_ytd` (DISTRICT_YTD) and DELIVERY's cursor, the
+//! oldest undelivered order of a district (DELIVERY_CURSOR, standing in for the ordered
+//! scan of NEW_ORDER of clause 2.7.4.2). PAYMENT writes only the YTD rows, NEW-ORDER only
+//! `d_next_o_id`, DELIVERY only the cursor, so a transaction conflicts with another only
+//! over data both really use (the specification's rows would make every PAYMENT conflict
+//! with every NEW-ORDER of its district over the one DISTRICT row).
+//!
 //! Rows are fixed-size byte records with the fields the five transactions and the
 //! consistency conditions use at fixed offsets (see each `*_BYTES` constant); text
 //! fields the transactions never read are filler of the specification's length, so
@@ -52,6 +60,15 @@ pub const CUSTOMER_BY_NAME: u32 = 9;
 /// CUSTOMER_LAST_ORDER: each customer's most recent order id (the index ORDER-STATUS
 /// needs, clause 2.6.2.2; NEW-ORDER maintains it).
 pub const CUSTOMER_LAST_ORDER: u32 = 10;
+/// WAREHOUSE_YTD: `w_ytd` of a warehouse (key `w`).
+pub const WAREHOUSE_YTD: u32 = 11;
+/// DISTRICT_YTD: `d_ytd` of a district (key [`district_key`]).
+pub const DISTRICT_YTD: u32 = 12;
+/// DELIVERY_CURSOR: a district's oldest undelivered order (key [`district_key`]); the
+/// district's NEW_ORDER rows are exactly this one to `d_next_o_id - 1`.
+pub const DELIVERY_CURSOR: u32 = 13;
+/// Tables, ids `0..TABLES`.
+pub const TABLES: usize = 14;
 
 /// Districts per warehouse.
 pub const DISTRICTS: u8 = 10;
@@ -68,12 +85,15 @@ pub const FIRST_NEW_ORDER: u32 = 2101;
 /// be cut, which the population test would notice.
 pub const NAME_INDEX_SLOTS: usize = 128;
 
-/// WAREHOUSE row: `w_ytd` i64 cents @0, `w_tax` u32 (1/10000) @8, filler to 96.
+/// WAREHOUSE row: `w_tax` u32 (1/10000) @8, filler to 96 (`w_ytd` is in WAREHOUSE_YTD).
 pub const WAREHOUSE_BYTES: usize = 96;
-/// DISTRICT row: `d_ytd` i64 @0, `d_tax` u32 @8, `d_next_o_id` u32 @12, the oldest
-/// undelivered order u32 @16 (DELIVERY's cursor, clause 2.7.4.2: the NEW_ORDER rows of
-/// the district are exactly this one to `d_next_o_id - 1`), filler to 96.
+/// DISTRICT row: `d_tax` u32 @8, `d_next_o_id` u32 @12, filler to 96 (`d_ytd` is in
+/// DISTRICT_YTD, DELIVERY's cursor in DELIVERY_CURSOR).
 pub const DISTRICT_BYTES: usize = 96;
+/// WAREHOUSE_YTD and DISTRICT_YTD rows: the year-to-date balance i64 cents @0.
+pub const YTD_BYTES: usize = 8;
+/// DELIVERY_CURSOR row: the oldest undelivered order id u32 @0.
+pub const DELIVERY_CURSOR_BYTES: usize = 8;
 /// CUSTOMER row: `c_balance` i64 @0, `c_ytd_payment` i64 @8, `c_payment_cnt` u32 @16,
 /// `c_delivery_cnt` u32 @20, `c_discount` u32 (1/10000) @24, `c_credit` 2 bytes @28
 /// ("GC"/"BC"), last name number u16 @30, `c_first` 16 bytes @32, `c_data` 500 bytes
@@ -220,8 +240,10 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
             emit(ITEM, u64::from(i), r);
         }
     }
+    let mut ytd = vec![0u8; YTD_BYTES];
+    put_i64(&mut ytd, 0, 30_000_000);
+    emit(WAREHOUSE_YTD, u64::from(w), ytd);
     let mut r = vec![0u8; WAREHOUSE_BYTES];
-    put_i64(&mut r, 0, 30_000_000);
     put_u32(
         &mut r,
         8,
@@ -239,15 +261,19 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
     }
     for d in 1..=DISTRICTS {
         let mut r = vec![0u8; DISTRICT_BYTES];
-        put_i64(&mut r, 0, 3_000_000);
         put_u32(
             &mut r,
             8,
             draws(seed, DISTRICT, district_key(w, d)).range(0, 2000) as u32,
         );
         put_u32(&mut r, 12, ORDERS + 1);
-        put_u32(&mut r, 16, FIRST_NEW_ORDER);
         emit(DISTRICT, district_key(w, d), r);
+        let mut ytd = vec![0u8; YTD_BYTES];
+        put_i64(&mut ytd, 0, 3_000_000);
+        emit(DISTRICT_YTD, district_key(w, d), ytd);
+        let mut cursor = vec![0u8; DELIVERY_CURSOR_BYTES];
+        put_u32(&mut cursor, 0, FIRST_NEW_ORDER);
+        emit(DELIVERY_CURSOR, district_key(w, d), cursor);
         let mut by_name: Vec<Vec<([u8; 16], u16)>> = vec![Vec::new(); 1000];
         for c in 1..=CUSTOMERS {
             let key = customer_key(w, d, c);
@@ -329,7 +355,7 @@ pub fn generate(seed: u64, w: u16, items: bool, mut emit: impl FnMut(u32, u64, V
 /// Each table's name, row size and capacity (records) per partition for `warehouses`,
 /// with room for the rows a run inserts: twice the loaded orders and their lines, three
 /// times the loaded history.
-fn tables(warehouses: u16, partitions: u32) -> [(u32, &'static str, usize, u64); 11] {
+fn tables(warehouses: u16, partitions: u32) -> [(u32, &'static str, usize, u64); TABLES] {
     let w = u64::from(warehouses);
     let p = u64::from(partitions.max(1));
     let share = |n: u64| n.div_ceil(p) * 5 / 4 + 64;
@@ -361,10 +387,18 @@ fn tables(warehouses: u16, partitions: u32) -> [(u32, &'static str, usize, u64);
             CUSTOMER_LAST_ORDER_BYTES,
             share(dists * 3000),
         ),
+        (WAREHOUSE_YTD, "warehouse_ytd", YTD_BYTES, share(w)),
+        (DISTRICT_YTD, "district_ytd", YTD_BYTES, share(dists)),
+        (
+            DELIVERY_CURSOR,
+            "delivery_cursor",
+            DELIVERY_CURSOR_BYTES,
+            share(dists),
+        ),
     ]
 }
 
-/// Build the eleven tables of partition `partition` of `partitions` for warehouses
+/// Build the fourteen tables of partition `partition` of `partitions` for warehouses
 /// `1..=warehouses` generated with `seed`, as CVT tables of `versions` cells. ITEM is
 /// replicated on every memory node (it is read-only). Errors: registering memory failed.
 pub fn load(
@@ -459,18 +493,26 @@ impl Consistency {
 pub fn check(warehouses: u16, mut row: impl FnMut(u32, u64) -> Option<Vec<u8>>) -> Consistency {
     let mut c = Consistency::default();
     for w in 1..=warehouses {
-        let Some(wr) = row(WAREHOUSE, u64::from(w)) else {
+        let (Some(_), Some(w_ytd)) = (
+            row(WAREHOUSE, u64::from(w)),
+            row(WAREHOUSE_YTD, u64::from(w)),
+        ) else {
             c.flag(1, format!("warehouse {w} missing"));
             continue;
         };
         let mut d_ytd = 0;
         for d in 1..=DISTRICTS {
             c.districts += 1;
-            let Some(dr) = row(DISTRICT, district_key(w, d)) else {
+            let dk = district_key(w, d);
+            let (Some(dr), Some(ytd), Some(cursor)) = (
+                row(DISTRICT, dk),
+                row(DISTRICT_YTD, dk),
+                row(DELIVERY_CURSOR, dk),
+            ) else {
                 c.flag(1, format!("district ({w}, {d}) missing"));
                 continue;
             };
-            d_ytd += get_i64(&dr, 0);
+            d_ytd += get_i64(&ytd, 0);
             let next = get_u32(&dr, 12);
             let (mut max_o, mut no) = (0u32, Vec::new());
             let (mut ol_cnt, mut lines) = (0u64, 0u64);
@@ -495,7 +537,7 @@ pub fn check(warehouses: u16, mut row: impl FnMut(u32, u64) -> Option<Vec<u8>>) 
                     ),
                 );
             }
-            let cursor = get_u32(&dr, 16);
+            let cursor = get_u32(&cursor, 0);
             if no.first().is_some_and(|&lo| lo != cursor) || (no.is_empty() && cursor != next) {
                 c.flag(
                     3,
@@ -523,12 +565,12 @@ pub fn check(warehouses: u16, mut row: impl FnMut(u32, u64) -> Option<Vec<u8>>) 
                 );
             }
         }
-        if get_i64(&wr, 0) != d_ytd {
+        if get_i64(&w_ytd, 0) != d_ytd {
             c.flag(
                 1,
                 format!(
                     "warehouse {w}: w_ytd {} but districts sum {d_ytd}",
-                    get_i64(&wr, 0)
+                    get_i64(&w_ytd, 0)
                 ),
             );
         }
@@ -601,7 +643,7 @@ mod tests {
         let run = |m: &HashMap<(u32, u64), Vec<u8>>| check(1, |t, k| m.get(&(t, k)).cloned());
         // 1: a payment that updated the district but not the warehouse.
         let mut bad = m.clone();
-        let r = bad.get_mut(&(DISTRICT, district_key(1, 3))).unwrap();
+        let r = bad.get_mut(&(DISTRICT_YTD, district_key(1, 3))).unwrap();
         let ytd = get_i64(r, 0);
         put_i64(r, 0, ytd + 500);
         assert_eq!(run(&bad).counts, [1, 0, 0, 0], "{}", run(&bad).line());
@@ -616,8 +658,8 @@ mod tests {
         // 3: DELIVERY's cursor past an undelivered order.
         let mut bad = m.clone();
         put_u32(
-            bad.get_mut(&(DISTRICT, district_key(1, 8))).unwrap(),
-            16,
+            bad.get_mut(&(DELIVERY_CURSOR, district_key(1, 8))).unwrap(),
+            0,
             FIRST_NEW_ORDER + 1,
         );
         assert!(

@@ -1,5 +1,6 @@
-//! `txn-bench`: SmallBank on a local cluster over the shm fabric, one protocol or all of
-//! them compared (see [`bench::txnbench`]). Exits 0 when every check of every run passed,
+//! `txn-bench`: SmallBank, KVS / YCSB, TATP or TPC-C on a local cluster over the shm
+//! fabric, one protocol or all of them compared (see [`bench::txnbench`]); settings from
+//! flags and `--config FILE.toml`. Exits 0 when every check of every run passed,
 //! 1 when a check failed (money, locks, a transaction type that never committed,
 //! serializability, snapshot isolation for `mvcc-si`) or a coordinator hit a service
 //! failure, 2 on an error (bad flags included), 130 when interrupted.
@@ -7,15 +8,21 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use bench::txnbench::{run, Args, Outcome};
-use clap::Parser;
+use bench::txnbench::{run, Args, ConfigError, Outcome};
 
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let args = match Args::parse_with_config(std::env::args_os()) {
+        Ok(a) => a,
+        Err(ConfigError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("txn-bench: error: {e}");
+            std::process::exit(2);
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));
     {

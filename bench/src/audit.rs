@@ -1,0 +1,416 @@
+//! Post-run audits of `txn-bench`: the newest committed version of a workload's rows
+//! and the lock words left held, read with one-sided READs from a fresh thread context
+//! (`TxnClient::read_committed`, `TxnClient::cvt_locked`), plus the lock service's
+//! queues; then each workload's own check: SmallBank's money, KVS checksums and update
+//! counts, TATP's referential consistency (`txn::tatp::check`), TPC-C's consistency
+//! conditions 1 to 4 (`txn::tpcc::check`).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use anyhow::{bail, Context};
+use rrpc::fabric::Fabric;
+use rrpc::runtime::{block_on, join_all, RuntimeConfig, ThreadCtx};
+use txn::coordinator::{ClusterAddrs, Protocol, TxnClient, TxnConfig, TxnError};
+
+/// Rows read per round of one-sided READs (each row: its CVT, its version, its lock
+/// word).
+const CHUNK: usize = 512;
+
+/// What an audit found.
+pub(crate) struct Audit {
+    /// The newest committed value of each item audited, in order (`None`: absent).
+    pub(crate) values: Vec<Option<Vec<u8>>>,
+    /// CVT lock words held.
+    pub(crate) cvt_locked: u64,
+    /// Lock service locks held or queued (`None` without a lock service).
+    pub(crate) lockd_held: Option<u64>,
+}
+
+/// SmallBank's items: savings and checking of every account.
+pub(crate) fn smallbank_items(accounts: u64) -> Vec<(u32, u64)> {
+    [txn::smallbank::SAVINGS, txn::smallbank::CHECKING]
+        .into_iter()
+        .flat_map(|t| (0..accounts).map(move |a| (t, a)))
+        .collect()
+}
+
+/// KVS items: the loaded records and the keys `inserted`.
+pub(crate) fn kvs_items(records: u64, inserted: &[u64]) -> Vec<(u32, u64)> {
+    (0..records)
+        .chain(inserted.iter().copied())
+        .map(|k| (txn::kvs::TABLE, k))
+        .collect()
+}
+
+/// Sum of all balances in `a` (SmallBank), cents. Errors: an account absent or not a
+/// balance.
+pub(crate) fn money(a: &Audit, items: &[(u32, u64)]) -> anyhow::Result<i64> {
+    let mut total = 0i64;
+    for (&(table, k), v) in items.iter().zip(&a.values) {
+        let Some(v) = v else {
+            bail!("audit: table {table} has no account {k}");
+        };
+        total += i64::from_le_bytes(
+            v.as_slice()
+                .try_into()
+                .with_context(|| format!("audit: table {table} account {k}: {} bytes", v.len()))?,
+        );
+    }
+    Ok(total)
+}
+
+/// The KVS check of an audit.
+pub(crate) struct KvsCheck {
+    /// Keys audited.
+    pub(crate) keys: usize,
+    /// Keys inserted among them.
+    inserted: usize,
+    /// Keys absent.
+    missing: Vec<u64>,
+    /// Values that failed their check.
+    bad: Vec<String>,
+    /// Committed updates counted by the coordinators.
+    counted: u64,
+    /// Sum of the keys' update counters.
+    pub(crate) found: u64,
+}
+
+impl KvsCheck {
+    pub(crate) fn ok(&self) -> bool {
+        self.missing.is_empty() && self.bad.is_empty()
+    }
+
+    /// `kvs check: N records, checksums ok, updates counted C = found C`, or what failed.
+    pub(crate) fn line(&self) -> String {
+        let mut s = format!("kvs check: {} records", self.keys - self.inserted);
+        if self.inserted > 0 {
+            s.push_str(&format!(" + {} inserted", self.inserted));
+        }
+        if self.bad.is_empty() {
+            s.push_str(", checksums ok");
+        } else {
+            s.push_str(&format!(
+                ", {} BAD VALUES (first: {})",
+                self.bad.len(),
+                self.bad[0]
+            ));
+        }
+        if !self.missing.is_empty() {
+            s.push_str(&format!(
+                ", {} KEYS MISSING (first: {})",
+                self.missing.len(),
+                self.missing[0]
+            ));
+        }
+        let rel = if self.counted == self.found {
+            "="
+        } else {
+            "!="
+        };
+        s.push_str(&format!(
+            ", updates counted {} {rel} found {}",
+            self.counted, self.found
+        ));
+        if self.counted != self.found || !self.ok() {
+            s.push_str(" (FAILED)");
+        }
+        s
+    }
+}
+
+/// Check every KVS value of `a` ([`txn::kvs::check_value`]) and sum the update
+/// counters; `counted` is what the coordinators committed. Keys from `records` on are
+/// inserted ones.
+pub(crate) fn kvs_check(a: &Audit, items: &[(u32, u64)], records: u64, counted: u64) -> KvsCheck {
+    let mut c = KvsCheck {
+        keys: items.len(),
+        inserted: 0,
+        missing: Vec::new(),
+        bad: Vec::new(),
+        counted,
+        found: 0,
+    };
+    for (&(_, k), v) in items.iter().zip(&a.values) {
+        c.inserted += usize::from(k >= records);
+        match v {
+            None => c.missing.push(k),
+            Some(v) => match txn::kvs::check_value(k, v) {
+                Ok(n) => c.found += n,
+                Err(e) => c.bad.push(e),
+            },
+        }
+    }
+    c
+}
+
+/// A thread context and client for audits (no transactions: committed reads only).
+pub(crate) struct Auditor {
+    ctx: Rc<ThreadCtx>,
+    client: Rc<TxnClient>,
+}
+
+impl Auditor {
+    /// Connect to the cluster's memory nodes (and lock service when `protocol` has
+    /// one).
+    pub(crate) fn connect(
+        fabric: &Fabric,
+        addrs: &ClusterAddrs,
+        protocol: Protocol,
+    ) -> anyhow::Result<Self> {
+        let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
+        let cfg = TxnConfig {
+            protocol,
+            ..TxnConfig::default()
+        };
+        let client =
+            Rc::new(TxnClient::connect(ctx.clone(), addrs, cfg).context("audit: connecting")?);
+        Ok(Self { ctx, client })
+    }
+
+    /// The newest committed value of each item (`None`: absent; all `None` unless
+    /// `keep`), and how many of the items' CVT lock words are held.
+    pub(crate) fn rows(
+        &self,
+        items: &[(u32, u64)],
+        keep: bool,
+    ) -> anyhow::Result<(Vec<Option<Vec<u8>>>, u64)> {
+        let (client, items) = (self.client.clone(), items.to_vec());
+        block_on(&self.ctx, async move {
+            let mut values = Vec::with_capacity(items.len());
+            let mut cvt_locked = 0;
+            for chunk in items.chunks(CHUNK) {
+                let got = join_all(chunk.iter().map(|&(table, k)| {
+                    let client = &client;
+                    async move {
+                        let v = client.read_committed(table, k).await?;
+                        let l = client.cvt_locked(table, k).await?;
+                        Ok::<_, TxnError>((v, l))
+                    }
+                }))
+                .await;
+                for (&(table, k), v) in chunk.iter().zip(got) {
+                    let (v, locked) =
+                        v.with_context(|| format!("audit: reading table {table} key {k}"))?;
+                    values.push(if keep { v.map(|(_, v)| v) } else { None });
+                    cvt_locked += u64::from(locked);
+                }
+            }
+            Ok((values, cvt_locked))
+        })
+    }
+
+    /// Locks of the lock service held or queued, `None` without a lock service.
+    pub(crate) fn lockd_held(&self) -> anyhow::Result<Option<u64>> {
+        let client = self.client.clone();
+        block_on(&self.ctx, async move {
+            let Some(locks) = client.locks() else {
+                return Ok(None);
+            };
+            let mut held = 0;
+            let ids: Vec<u64> = (0..locks.n_locks()).collect();
+            for chunk in ids.chunks(CHUNK) {
+                let st = join_all(chunk.iter().map(|&id| locks.read_state(client.ctx(), id))).await;
+                for s in st {
+                    held += u64::from(s.context("audit: reading a lock")?.queued() > 0);
+                }
+            }
+            Ok(Some(held))
+        })
+    }
+}
+
+/// Read the newest committed version of every item, and count held locks (every CVT
+/// lock word of the items; every lock service lock when `protocol` has one).
+pub(crate) fn audit(
+    fabric: &Fabric,
+    addrs: &ClusterAddrs,
+    protocol: Protocol,
+    items: &[(u32, u64)],
+) -> anyhow::Result<Audit> {
+    let a = Auditor::connect(fabric, addrs, protocol)?;
+    let (values, cvt_locked) = a.rows(items, true)?;
+    Ok(Audit {
+        values,
+        cvt_locked,
+        lockd_held: a.lockd_held()?,
+    })
+}
+
+/// A workload check's verdict, its line, and the locks the walk found held.
+pub(crate) struct Checked {
+    /// `tatp consistency: ...` / `consistency 1-4: ...`.
+    pub(crate) line: String,
+    /// The check passed.
+    pub(crate) ok: bool,
+    /// CVT lock words held among the rows walked.
+    pub(crate) cvt_locked: u64,
+    /// Lock service locks held or queued (`None` without one).
+    pub(crate) lockd_held: Option<u64>,
+}
+
+/// TATP after a run: every key a subscriber can have (21 per subscriber: the
+/// subscriber, 4 ACCESS_INFO, 4 SPECIAL_FACILITY, 12 CALL_FORWARDING), then
+/// [`txn::tatp::check`] over them; `seed` is the population's.
+pub(crate) fn tatp(
+    fabric: &Fabric,
+    addrs: &ClusterAddrs,
+    protocol: Protocol,
+    subscribers: u64,
+    seed: u64,
+) -> anyhow::Result<Checked> {
+    use txn::tatp::{
+        ai_key, cf_key, sf_key, ACCESS_INFO, CALL_FORWARDING, SPECIAL_FACILITY, START_TIMES,
+        SUBSCRIBER,
+    };
+    let a = Auditor::connect(fabric, addrs, protocol)?;
+    let mut rows = HashMap::new();
+    let mut cvt_locked = 0;
+    // A slice of subscribers at a time keeps the key list small.
+    let ids: Vec<u64> = (1..=subscribers).collect();
+    for slice in ids.chunks(8192) {
+        let mut keys = Vec::with_capacity(slice.len() * 21);
+        for &s in slice {
+            keys.push((SUBSCRIBER, s));
+            for t in 1..=4u8 {
+                keys.push((ACCESS_INFO, ai_key(s, t)));
+                keys.push((SPECIAL_FACILITY, sf_key(s, t)));
+                keys.extend(
+                    START_TIMES
+                        .iter()
+                        .map(|&st| (CALL_FORWARDING, cf_key(s, t, st))),
+                );
+            }
+        }
+        let (values, locked) = a.rows(&keys, true)?;
+        cvt_locked += locked;
+        rows.extend(
+            keys.into_iter()
+                .zip(values)
+                .filter_map(|(k, v)| Some((k, v?))),
+        );
+    }
+    let c = txn::tatp::check(subscribers, seed, |t, k| rows.get(&(t, k)).cloned());
+    Ok(Checked {
+        line: c.line(),
+        ok: c.holds(),
+        cvt_locked,
+        lockd_held: a.lockd_held()?,
+    })
+}
+
+/// TPC-C after a run: the warehouses and districts (with their YTD and delivery-cursor
+/// rows), each district's orders up to
+/// `D_NEXT_O_ID` (its ORDER, NEW_ORDER and 15 possible ORDER_LINE rows), then
+/// [`txn::tpcc::check`]'s conditions 1 to 4; the lock words of every CUSTOMER, STOCK
+/// and CUSTOMER_LAST_ORDER row are counted too (HISTORY rows, keyed by transaction id,
+/// are not walked).
+pub(crate) fn tpcc(
+    fabric: &Fabric,
+    addrs: &ClusterAddrs,
+    protocol: Protocol,
+    warehouses: u16,
+) -> anyhow::Result<Checked> {
+    use txn::tpcc::{
+        customer_key, district_key, get_u32, order_key, order_line_key, stock_key, CUSTOMER,
+        CUSTOMERS, CUSTOMER_LAST_ORDER, DELIVERY_CURSOR, DISTRICT, DISTRICTS, DISTRICT_YTD, ITEMS,
+        NEW_ORDER, ORDER, ORDER_LINE, STOCK, WAREHOUSE, WAREHOUSE_YTD,
+    };
+    let a = Auditor::connect(fabric, addrs, protocol)?;
+    let mut rows = HashMap::new();
+    let mut cvt_locked = 0;
+    let mut read = |rows: &mut HashMap<_, _>, keys: Vec<(u32, u64)>, keep: bool| {
+        let (values, locked) = a.rows(&keys, keep)?;
+        cvt_locked += locked;
+        rows.extend(
+            keys.into_iter()
+                .zip(values)
+                .filter_map(|(k, v)| Some((k, v?))),
+        );
+        anyhow::Ok(())
+    };
+    for w in 1..=warehouses {
+        let mut head = vec![(WAREHOUSE, u64::from(w)), (WAREHOUSE_YTD, u64::from(w))];
+        for d in 1..=DISTRICTS {
+            let k = district_key(w, d);
+            head.extend([(DISTRICT, k), (DISTRICT_YTD, k), (DELIVERY_CURSOR, k)]);
+        }
+        read(&mut rows, head, true)?;
+    }
+    let next: Vec<(u16, u8, u32)> = (1..=warehouses)
+        .flat_map(|w| (1..=DISTRICTS).map(move |d| (w, d)))
+        .filter_map(|(w, d)| {
+            rows.get(&(DISTRICT, district_key(w, d)))
+                .map(|r| (w, d, get_u32(r, 12)))
+        })
+        .collect();
+    for (w, d, next) in next {
+        let mut keys = Vec::new();
+        for o in 1..=next {
+            keys.push((ORDER, order_key(w, d, o)));
+            keys.push((NEW_ORDER, order_key(w, d, o)));
+            keys.extend((1..=15).map(|ol| (ORDER_LINE, order_line_key(w, d, o, ol))));
+        }
+        read(&mut rows, keys, true)?;
+        let mut locks_only: Vec<(u32, u64)> = (1..=CUSTOMERS)
+            .flat_map(|c| {
+                let k = customer_key(w, d, c);
+                [(CUSTOMER, k), (CUSTOMER_LAST_ORDER, k)]
+            })
+            .collect();
+        if d == 1 {
+            locks_only.extend((1..=ITEMS).map(|i| (STOCK, stock_key(w, i))));
+        }
+        read(&mut rows, locks_only, false)?;
+    }
+    let c = txn::tpcc::check(warehouses, |t, k| rows.get(&(t, k)).cloned());
+    Ok(Checked {
+        line: c.line(),
+        ok: c.holds(),
+        cvt_locked,
+        lockd_held: a.lockd_held()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kvs_check_catches_bad_missing_and_uncounted_values() {
+        use txn::kvs::encode_value;
+        let items = kvs_items(3, &[7]);
+        let good = |counters: [u64; 4]| Audit {
+            values: items
+                .iter()
+                .zip(counters)
+                .map(|(&(_, k), c)| Some(encode_value(k, c, 40)))
+                .collect(),
+            cvt_locked: 0,
+            lockd_held: None,
+        };
+        let c = kvs_check(&good([1, 0, 2, 0]), &items, 3, 3);
+        assert!(c.ok() && c.found == 3);
+        assert_eq!(
+            c.line(),
+            "kvs check: 3 records + 1 inserted, checksums ok, updates counted 3 = found 3"
+        );
+        // An update lost (or counted twice).
+        let c = kvs_check(&good([1, 0, 2, 0]), &items, 3, 4);
+        assert!(c.line().ends_with("updates counted 4 != found 3 (FAILED)"));
+        // A planted corruption, another key's value, a missing key.
+        let mut a = good([1, 0, 2, 0]);
+        a.values[0].as_mut().unwrap()[12] ^= 1;
+        a.values[1] = Some(encode_value(2, 0, 40));
+        a.values[3] = None;
+        let c = kvs_check(&a, &items, 3, 3);
+        assert!(!c.ok());
+        let line = c.line();
+        assert!(
+            line.contains("2 BAD VALUES (first: key 0: checksum"),
+            "{line}"
+        );
+        assert!(line.contains("1 KEYS MISSING (first: 7)"), "{line}");
+        assert!(line.ends_with("(FAILED)"), "{line}");
+    }
+}
