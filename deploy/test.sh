@@ -17,9 +17,10 @@
 #    handlers), lock (Takeout service, release of a killed node's locks, embedded
 #    service), TSO (oracle, proxies, multi-process histories, the oracle SIGKILLed and
 #    restarted, alone and behind a proxy) and memnode integration tests again on the
-#    verbs backend, and a short SmallBank `txn-bench --protocol all` run (occ-cas,
-#    scythe, mvcc, each audited and checked; the smallbank suite's other runs are
-#    shm-only), against the Linux kernel's RDMA stack (Soft-RoCE), inside a qemu VM
+#    verbs backend, and one short `txn-bench` run per workload (SmallBank and YCSB A
+#    with --protocol all, TATP with scythe, TPC-C with occ-cas; each audited and
+#    checked; the workload suites' other runs are shm-only), against the Linux kernel's
+#    RDMA stack (Soft-RoCE), inside a qemu VM
 #    (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,10 +82,10 @@ echo "== verbs backend: integration tests inside the Soft-RoCE VM"
 # The integration-test targets (kind "test") among the build's executables.
 mapfile -t exes < <(cargo test --workspace --features rrpc/verbs --no-run --message-format=json 2>/dev/null |
   grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
-  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank)-[0-9a-f]+$')
-# 16 executables; the VM runs 17 suites (the conformance suite twice: one device, two).
-if [ ${#exes[@]} -ne 16 ]; then
-  echo "expected 16 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
+  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank|ycsb|tatp|tpcc)-[0-9a-f]+$')
+# 19 executables; the VM runs 20 suites (the conformance suite twice: one device, two).
+if [ ${#exes[@]} -ne 19 ]; then
+  echo "expected 19 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
   exit 1
 fi
 # The guest runs the script from the target directory, which it can see even when the

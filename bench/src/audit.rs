@@ -1,6 +1,6 @@
 //! Post-run audits of `txn-bench`: the newest committed version of a workload's rows
 //! and the lock words left held, read with one-sided READs from a fresh thread context
-//! (`TxnClient::read_committed`, `TxnClient::cvt_locked`), plus the lock service's
+//! (`TxnClient::audit_row`), plus the lock service's
 //! queues; then each workload's own check: SmallBank's money, KVS checksums and update
 //! counts, TATP's referential consistency (`txn::tatp::check`), TPC-C's consistency
 //! conditions 1 to 4 (`txn::tpcc::check`).
@@ -11,7 +11,7 @@ use std::rc::Rc;
 use anyhow::{bail, Context};
 use rrpc::fabric::Fabric;
 use rrpc::runtime::{block_on, join_all, RuntimeConfig, ThreadCtx};
-use txn::coordinator::{ClusterAddrs, Protocol, TxnClient, TxnConfig, TxnError};
+use txn::coordinator::{ClusterAddrs, Protocol, TxnClient, TxnConfig};
 
 /// Rows read per round of one-sided READs (each row: its CVT, its version, its lock
 /// word).
@@ -180,19 +180,16 @@ impl Auditor {
             let mut values = Vec::with_capacity(items.len());
             let mut cvt_locked = 0;
             for chunk in items.chunks(CHUNK) {
-                let got = join_all(chunk.iter().map(|&(table, k)| {
-                    let client = &client;
-                    async move {
-                        let v = client.read_committed(table, k).await?;
-                        let l = client.cvt_locked(table, k).await?;
-                        Ok::<_, TxnError>((v, l))
-                    }
-                }))
+                let got = join_all(
+                    chunk
+                        .iter()
+                        .map(|&(table, k)| client.audit_row(table, k, keep)),
+                )
                 .await;
                 for (&(table, k), v) in chunk.iter().zip(got) {
                     let (v, locked) =
                         v.with_context(|| format!("audit: reading table {table} key {k}"))?;
-                    values.push(if keep { v.map(|(_, v)| v) } else { None });
+                    values.push(v.map(|(_, v)| v));
                     cvt_locked += u64::from(locked);
                 }
             }

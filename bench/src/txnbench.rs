@@ -1,25 +1,29 @@
-//! `txn-bench`'s run: SmallBank, KVS or YCSB (`--workload`, [`crate::ycsb`]) on local clusters over the shm fabric (the binary in
-//! `src/bin/txn-bench.rs` parses flags and handles signals; tests call [`run`] directly).
+//! `txn-bench`'s run: SmallBank, KVS / YCSB ([`crate::ycsb`]), TATP ([`crate::tatp`]) or
+//! TPC-C ([`crate::tpcc`]) (`--workload`, [`crate::workload`]) on local clusters over the
+//! shm fabric (the binary in `src/bin/txn-bench.rs` parses flags and `--config`
+//! files and handles signals; tests call [`run`] directly).
 //!
 //! Each run starts `--memnodes` memory nodes (the tables partitioned across them by
 //! key), a timestamp oracle and, for Scythe, a lock service as child processes, loads
-//! SmallBank, runs `threads x coroutines` coordinators of one protocol
-//! ([`txn::coordinator::Protocol`]) for a fixed duration, prints committed throughput,
-//! p50/p99 latency of committed transactions and abort rates per transaction type, then
-//! checks the run: total money must equal the initial total plus the net of committed
-//! deposits and withdrawals, no lock may be left held (CVT lock words, and the lock
-//! service's locks for Scythe), every transaction type must have committed, and (unless
-//! `--no-check`) the recorded history of committed transactions must be serializable
-//! (`occ-cas`, `scythe`, `mvcc`) or satisfy snapshot isolation (`mvcc-si`). KVS and
-//! YCSB replace the money audit by their own check: every key (loaded and inserted) read
-//! after the run carries a valid checksum, and the sum of the keys' update counters
-//! equals the updates of committed transactions.
+//! the workload's data on the memory nodes, runs `threads x coroutines` coordinators of
+//! one protocol ([`txn::coordinator::Protocol`]) for a fixed duration, prints committed
+//! throughput, p50/p99 latency of committed transactions and abort rates per
+//! transaction type, then checks the run ([`crate::audit`]): the workload's own check
+//! (SmallBank: total money equals the initial total plus the net of committed deposits
+//! and withdrawals; KVS / YCSB: every key read after the run carries a valid checksum,
+//! and the update counters add up to the committed updates; TATP: referential
+//! consistency of its four tables; TPC-C: the consistency conditions 1 to 4), no lock
+//! left held (CVT lock words, and the lock service's locks for Scythe), every
+//! transaction type committed, and (unless `--no-check`) the recorded history of
+//! committed transactions must be serializable (`occ-cas`, `scythe`, `mvcc`) or satisfy
+//! snapshot isolation (`mvcc-si`).
 //!
 //! `--protocol all` runs `occ-cas`, `scythe` and `mvcc` (at `--isolation`) one after
 //! another, each on a freshly started and loaded cluster with the same seed, backoff and
-//! timing model, and prints a comparison table and the ratios of p99 (`scythe` over
-//! `occ-cas`) and throughput (MVCC over `occ-cas`). `--sweep theta=...` or `--sweep
-//! clients=...` repeats that at each point; `--chart` draws throughput against p99.
+//! timing model, and prints a comparison table and the ratios to `occ-cas` (p99 and
+//! throughput of `scythe`, throughput of MVCC, and for TPC-C the p99 of NEW-ORDER).
+//! `--sweep theta=...` or `--sweep clients=...` repeats that at each point; `--chart`
+//! draws throughput against p99.
 
 use rrpc::NodeId;
 use std::cell::RefCell;

@@ -4,7 +4,7 @@
 //! held, every transaction type committed, a serializable history (snapshot isolation
 //! for `mvcc-si`).
 //!
-//! The Soft-RoCE VM (deploy/test.sh) runs only
+//! The Soft-RoCE VM (deploy/vm/verbs-tests.sh) runs only
 //! `all_protocols_pass_every_check_at_theta_0_99` from this file, on verbs.
 
 mod common;
@@ -171,6 +171,40 @@ fn all_protocols_pass_every_check_on_100_accounts_at_theta_1_2() {
             "1.5",
         ],
     );
+}
+
+/// FORD's hot-account option: 20 hot accounts take 90% of the draws over a uniform
+/// rest; the run shows the contention (aborts) and passes every check.
+#[test]
+fn hot_accounts_concentrate_the_conflicts_and_pass_every_check() {
+    let (stdout, s) = txn_bench(
+        "hot",
+        &[
+            "--protocol",
+            "occ-cas",
+            "--threads",
+            "2",
+            "--coroutines",
+            "8",
+            "--accounts",
+            "10000",
+            "--theta",
+            "0",
+            "--hot-accounts",
+            "20",
+            "--hot-fraction",
+            "0.9",
+            "--duration",
+            "1.5",
+        ],
+    );
+    let r = &s["runs"][0];
+    assert_run_passed(r, &stdout);
+    assert!(
+        stdout.contains("| 10000 accounts, 20 hot for 90% of draws |"),
+        "{stdout}"
+    );
+    assert!(r["abort_rate"].as_f64().unwrap() > 0.0, "{stdout}");
 }
 
 /// MVCC at snapshot isolation is judged by the SI check; its serializability line is

@@ -1,171 +1,86 @@
-//! TATP's seven transaction profiles end to end on every protocol: a memory node loaded
-//! with the TATP population, the lock service for Scythe, the oracle; two coordinator
-//! threads run the standard mix for a second; then the four tables must pass the
-//! consistency check (`txn::tatp::check`), the history the protocol's isolation check,
-//! and the outcomes must follow the specification's success rates.
+//! TATP end to end on every protocol: the real `txn-bench` loads 2,000 subscribers on a
+//! local cluster over the shm fabric, runs the standard mix for a second, and every
+//! check must pass: the four tables' referential consistency (`txn::tatp::check`), no
+//! lock left, every type committed, the protocol's isolation check; the failed lookups
+//! must follow the specification's rates where the population fixes them.
+//!
+//! The Soft-RoCE VM (deploy/vm/verbs-tests.sh) runs only `tatp_on_scythe` from this file,
+//! on verbs.
 
 mod common;
 
-use std::cell::RefCell;
-use std::rc::Rc;
-use std::time::{Duration, Instant};
-
-use bench::tatp::{run, Generator, Outcome, TxnType};
-use rand::SeedableRng;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
-use rrpc::runtime::{block_on, join_all, Executor, RuntimeConfig, ThreadCtx};
-use rrpc::NodeId;
-use txn::coordinator::{
-    AbortReason, ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig, TxnError,
-};
-use txn::history::History;
-use txn::tatp::{
-    ai_key, cf_key, sf_key, ACCESS_INFO, CALL_FORWARDING, SPECIAL_FACILITY, SUBSCRIBER,
-};
-
-const SUBSCRIBERS: u64 = 2000;
-
-/// Per type: (done, not found).
-type Outcomes = [(u64, u64); 7];
-
-fn coordinator(
-    fabric: Fabric,
-    addrs: ClusterAddrs,
-    protocol: Protocol,
-    tid: u64,
-    run_for: Duration,
-) -> (History, Outcomes) {
-    let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
-    let cfg = TxnConfig {
-        protocol,
-        history_limit_bytes: Some(64 << 20),
-        ..TxnConfig::default()
-    };
-    let client = Rc::new(TxnClient::connect(ctx.clone(), &addrs, cfg).unwrap());
-    let gen = Rc::new(Generator::new(SUBSCRIBERS).unwrap());
-    let outcomes = Rc::new(RefCell::new([(0u64, 0u64); 7]));
-    let until = Instant::now() + run_for;
-    let mut ex = Executor::new(ctx);
-    for co in 0..8u64 {
-        let (client, gen, outcomes) = (client.clone(), gen.clone(), outcomes.clone());
-        ex.spawn(async move {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(tid * 100 + co);
-            while Instant::now() < until {
-                let args = gen.next(&mut rng);
-                loop {
-                    match run(client.begin_as(args.ty.index() as u16), args).await {
-                        Ok(o) => {
-                            let mut s = outcomes.borrow_mut();
-                            let e = &mut s[args.ty.index()];
-                            match o {
-                                Outcome::Done => e.0 += 1,
-                                Outcome::NotFound => e.1 += 1,
-                            }
-                            break;
-                        }
-                        Err(TxnError::Abort(r)) => {
-                            assert_ne!(r, AbortReason::User, "rollbacks are outcomes");
-                            client.ctx().sleep(Duration::from_micros(5)).await;
-                        }
-                        Err(e) => panic!("{}: {e}", args.ty.name()),
-                    }
-                }
-            }
-        });
-    }
-    ex.run();
-    let h = client.take_history().unwrap();
-    let o = *outcomes.borrow();
-    (h, o)
-}
-
-/// Every row of the four tables as committed now, through a fresh client.
-fn snapshot(
-    fabric: Fabric,
-    addrs: &ClusterAddrs,
-) -> std::collections::HashMap<(u32, u64), Vec<u8>> {
-    let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
-    let client = Rc::new(TxnClient::connect(ctx.clone(), addrs, TxnConfig::default()).unwrap());
-    block_on(&ctx, async move {
-        let mut keys = Vec::new();
-        for s in 1..=SUBSCRIBERS {
-            keys.push((SUBSCRIBER, s));
-            for ty in 1..=4u8 {
-                keys.push((ACCESS_INFO, ai_key(s, ty)));
-                keys.push((SPECIAL_FACILITY, sf_key(s, ty)));
-                for st in txn::tatp::START_TIMES {
-                    keys.push((CALL_FORWARDING, cf_key(s, ty, st)));
-                }
-            }
-        }
-        let mut rows = std::collections::HashMap::new();
-        for chunk in keys.chunks(256) {
-            let got = join_all(chunk.iter().map(|&(t, k)| client.read_committed(t, k))).await;
-            for (&(t, k), r) in chunk.iter().zip(got) {
-                if let Some((_, v)) = r.unwrap() {
-                    rows.insert((t, k), v);
-                }
-            }
-        }
-        rows
-    })
-}
-
-fn tatp_on(protocol: Protocol) {
-    let _one = common::serial();
-    let name = format!("tatp-{}", protocol.name());
-    let (cluster, addrs, _tso) = common::start_cluster(
-        &name,
-        protocol,
-        &["--tatp-subscribers".into(), SUBSCRIBERS.to_string()],
-        16 * SUBSCRIBERS,
+fn tatp_on(protocol: &str) {
+    let (stdout, s) = common::txn_bench(
+        &format!("tatp-{protocol}"),
+        &[
+            "--workload",
+            "tatp",
+            "--subscribers",
+            "2000",
+            "--protocol",
+            protocol,
+            "--duration",
+            "1",
+            "--threads",
+            "2",
+            "--coroutines",
+            "8",
+        ],
     );
-    let addrs2 = addrs.clone();
-    let (history, outcomes) = common::run_coordinators(&cluster, 2, move |f, tid| {
-        coordinator(f, addrs2.clone(), protocol, tid, Duration::from_secs(1))
-    });
-    let kind = FabricKind::from_env().unwrap();
-    let audit = Fabric::open(&FabricConfig::new(kind, cluster.name(), NodeId(150))).unwrap();
-    let rows = snapshot(audit, &addrs);
-    drop(cluster);
-
-    let c = txn::tatp::check(SUBSCRIBERS, 1, |t, k| rows.get(&(t, k)).cloned());
-    eprintln!("{protocol}: {}", c.line());
-    assert!(c.holds(), "{protocol}: {}", c.line());
-    common::assert_isolation(protocol, &history);
-    for t in TxnType::ALL {
-        let (done, missed) = outcomes[t.index()];
-        eprintln!("{protocol}: {} done {done}, not found {missed}", t.name());
-        assert!(done > 0, "{protocol}: {} never succeeded", t.name());
-    }
-    // The specification's 62.5% for GetAccessData (1 to 4 of 4 types present).
-    let (d, m) = outcomes[TxnType::GetAccessData.index()];
-    let rate = d as f64 / (d + m) as f64;
+    assert_eq!(s["workload"], "TATP");
+    assert_eq!(s["passed"], true, "{stdout}");
+    let r = &s["runs"][0];
+    let kinds: Vec<&str> = bench::tatp::TxnType::ALL.iter().map(|t| t.name()).collect();
+    common::assert_checked_run(r, &kinds, &stdout);
+    let check = r["workload_check"].as_str().unwrap();
     assert!(
-        (rate - 0.625).abs() < 0.06,
-        "{protocol}: GetAccessData succeeded {rate}"
+        check.starts_with("tatp consistency: 2000 subscribers") && check.ends_with(": ok"),
+        "{check}"
     );
-    // Read-only types and UpdateLocation never fail their lookup.
-    assert_eq!(outcomes[TxnType::GetSubscriberData.index()].1, 0);
-    assert_eq!(outcomes[TxnType::UpdateLocation.index()].1, 0);
+    let row = |name: &str| {
+        r["types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    // Lookups that cannot fail never do; GetAccessData finds 1 to 4 of 4 types: 62.5%.
+    for t in ["GetSubscriberData", "UpdateLocation"] {
+        assert_eq!(row(t)["failed_lookups"], 0, "{t}: {stdout}");
+    }
+    // Within 4 standard deviations of the binomial (a slow machine commits few).
+    let g = row("GetAccessData");
+    let n = g["committed"].as_f64().unwrap();
+    let rate = g["failed_lookups"].as_f64().unwrap() / n;
+    let sd = (0.375f64 * 0.625 / n).sqrt();
+    assert!(
+        (rate - 0.375).abs() < 4.0 * sd + 0.01,
+        "GetAccessData failed {rate} of {n}"
+    );
+    // A failed update lookup rolls back: a user abort, not a conflict.
+    let u = row("InsertCallForwarding");
+    assert_eq!(u["failed_lookups"], u["user_aborts"], "{stdout}");
+    assert!(stdout.contains("failed lookups (expected): "), "{stdout}");
 }
 
 #[test]
 fn tatp_on_occ_cas() {
-    tatp_on(Protocol::OccCas);
+    tatp_on("occ-cas");
 }
 
 #[test]
 fn tatp_on_scythe() {
-    tatp_on(Protocol::Scythe);
+    tatp_on("scythe");
 }
 
 #[test]
 fn tatp_on_mvcc() {
-    tatp_on(Protocol::Mvcc(Isolation::Serializable));
+    tatp_on("mvcc");
 }
 
 #[test]
 fn tatp_on_mvcc_si() {
-    tatp_on(Protocol::Mvcc(Isolation::Snapshot));
+    tatp_on("mvcc-si");
 }

@@ -443,18 +443,33 @@ impl TxnClient {
         table: u32,
         key: u64,
     ) -> Result<Option<(Timestamp, Vec<u8>)>, TxnError> {
+        Ok(self.audit_row(table, key, true).await?.0)
+    }
+
+    /// For audits after a run, from one lookup of `(table, key)`'s CVT: its newest
+    /// committed value when `value` (`None` when absent or deleted, or not asked for),
+    /// and whether its CVT lock word is held (OCC-CAS and MVCC lock there).
+    ///
+    /// Errors: as [`Self::read_committed`].
+    pub async fn audit_row(
+        &self,
+        table: u32,
+        key: u64,
+        value: bool,
+    ) -> Result<(Option<(Timestamp, Vec<u8>)>, bool), TxnError> {
         let Some((loc, cvt)) = self.store.lookup(table, key).await? else {
-            return Ok(None);
+            return Ok((None, false));
         };
-        let Some(i) = cvt.newest() else {
-            return Ok(None);
+        let locked = cvt.header.lock != 0;
+        let Some(i) = cvt.newest().filter(|_| value) else {
+            return Ok((None, locked));
         };
         let cell = cvt.cells[i];
         if cell.deleted {
-            return Ok(None);
+            return Ok((None, locked));
         }
         match self.store.read_version(loc, &cell).await? {
-            Ok(v) => Ok(Some((cell.version, v))),
+            Ok(v) => Ok((Some((cell.version, v)), locked)),
             Err(_) => Err(TxnError::Abort(AbortReason::TornRead)),
         }
     }
@@ -512,10 +527,7 @@ impl TxnClient {
     ///
     /// Errors: as [`Self::read_committed`].
     pub async fn cvt_locked(&self, table: u32, key: u64) -> Result<bool, TxnError> {
-        Ok(match self.store.lookup(table, key).await? {
-            Some((_, cvt)) => cvt.header.lock != 0,
-            None => false,
-        })
+        Ok(self.audit_row(table, key, false).await?.1)
     }
 
     /// Lock id of (table, key) in the lock service: keys of all tables interleaved

@@ -264,3 +264,31 @@ pub fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
     let _ = std::fs::remove_file(&json);
     (stdout, summary)
 }
+
+/// The checks every `txn-bench` run must pass, as its JSON report (`r`) has them: the
+/// transaction kinds in order, each committed, the workload's invariant, no lock left,
+/// no service failure, and the isolation check the protocol is judged by.
+pub fn assert_checked_run(r: &serde_json::Value, kinds: &[&str], stdout: &str) {
+    let p = r["protocol"].as_str().unwrap();
+    let names: Vec<&str> = r["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, kinds, "{p}");
+    for t in r["types"].as_array().unwrap() {
+        assert!(t["committed"].as_u64().unwrap() > 0, "{p}: {t}\n{stdout}");
+    }
+    assert_eq!(r["invariant_holds"], true, "{p}: {stdout}");
+    assert_eq!(r["locks_held"], 0, "{p}: {stdout}");
+    assert_eq!(r["fatal_errors"], 0, "{p}: {stdout}");
+    if p == "mvcc-si" {
+        assert_eq!(r["snapshot_isolation_holds"], true, "{p}: {stdout}");
+    } else {
+        assert_eq!(r["serializable"], true, "{p}: {stdout}");
+    }
+    if let Some(check) = r["workload_check"].as_str() {
+        assert!(stdout.contains(check), "{stdout}");
+    }
+}
