@@ -197,22 +197,19 @@ impl Auditor {
         })
     }
 
-    /// Locks of the lock service held or queued, `None` without a lock service.
+    /// Locks of the lock service held or queued, `None` without a lock service (the
+    /// table read in READs of 1 MiB).
     pub(crate) fn lockd_held(&self) -> anyhow::Result<Option<u64>> {
         let client = self.client.clone();
         block_on(&self.ctx, async move {
             let Some(locks) = client.locks() else {
                 return Ok(None);
             };
-            let mut held = 0;
-            let ids: Vec<u64> = (0..locks.n_locks()).collect();
-            for chunk in ids.chunks(CHUNK) {
-                let st = join_all(chunk.iter().map(|&id| locks.read_state(client.ctx(), id))).await;
-                for s in st {
-                    held += u64::from(s.context("audit: reading a lock")?.queued() > 0);
-                }
-            }
-            Ok(Some(held))
+            let n = locks
+                .count_busy(client.ctx(), 0..locks.n_locks(), 1 << 20)
+                .await
+                .context("audit: reading the lock table")?;
+            Ok(Some(n))
         })
     }
 }

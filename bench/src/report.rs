@@ -155,7 +155,8 @@ pub struct Report {
     pub threads: usize,
     /// Coroutines per thread.
     pub coroutines: usize,
-    /// Accounts (SmallBank) or loaded records (KVS / YCSB).
+    /// Accounts (SmallBank), loaded records (KVS / YCSB), subscribers (TATP) or
+    /// warehouses (TPC-C).
     pub accounts: u64,
     /// Zipf theta.
     pub theta: f64,

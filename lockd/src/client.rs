@@ -382,6 +382,41 @@ impl LockClient {
         Ok(st)
     }
 
+    /// How many of the locks `ids` are held or queued (`lower != upper`), read in READs
+    /// of up to `max_bytes` of the table each (whole locks, at least one): for audits
+    /// after a run, a table of millions of locks in a few hundred READs. Heat is not
+    /// recorded.
+    ///
+    /// Errors: [`LockError::InvalidRequest`] for ids past the table, [`LockError::Rpc`].
+    pub async fn count_busy(
+        &self,
+        ctx: &ThreadCtx,
+        ids: std::ops::Range<u64>,
+        max_bytes: usize,
+    ) -> Result<u64, LockError> {
+        if ids.end > self.export.n_locks {
+            return Err(LockError::InvalidRequest(format!(
+                "locks {ids:?} outside a table of {} locks",
+                self.export.n_locks
+            )));
+        }
+        let per_read = (max_bytes as u64 / LOCK_STRIDE).max(1);
+        let mut busy = 0;
+        let mut id = ids.start;
+        while id < ids.end {
+            let n = per_read.min(ids.end - id);
+            let b = ctx
+                .read(self.node(), self.lock_addr(id), (n * LOCK_STRIDE) as usize)
+                .await?;
+            for l in 0..n as usize {
+                let at = l * LOCK_STRIDE as usize;
+                busy += u64::from(word(&b, at)? != word(&b, at + UPPER_OFF as usize)?);
+            }
+            id += n;
+        }
+        Ok(busy)
+    }
+
     /// Lock `id`'s heat as this client last observed it: tickets queued or holding
     /// (`lower - upper`), from a Lock RPC reply, a ticket's poll or [`Self::read_state`].
     /// `None` if never observed. A hint for the transaction layer (TOCC chooses hot mode

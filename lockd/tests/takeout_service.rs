@@ -566,6 +566,13 @@ fn replies_and_polls_report_the_heat() {
         assert_eq!(lc2.heat(LOCK), Some(2), "the reply: A holds, B queued");
         let c = queued(lc2.lock(&c2, &[req(3)]).await.unwrap());
         assert_eq!(lc2.heat(LOCK), Some(3));
+        // An audit's count of busy locks, two locks per READ: lock 3 alone.
+        assert_eq!(lc2.count_busy(&c2, 0..8, 64).await.unwrap(), 1);
+        assert_eq!(lc2.count_busy(&c2, 4..8, 1 << 20).await.unwrap(), 0);
+        assert!(
+            lc2.count_busy(&c2, 0..9, 64).await.is_err(),
+            "past the table"
+        );
         // C leaves (its release coroutine passes the lock on in its turn), and a fourth
         // ticket is taken behind the client's back: only a poll can see it.
         drop(c);
@@ -588,6 +595,7 @@ fn replies_and_polls_report_the_heat() {
             .unwrap();
         assert_eq!(lc2.read_state(&c2, LOCK).await.unwrap().queued(), 0);
         assert_eq!(lc2.heat(LOCK), Some(0), "the state READ: cold again");
+        assert_eq!(lc2.count_busy(&c2, 0..8, 64).await.unwrap(), 0);
     });
     assert_eq!(svc.table.words(LOCK), (4, 4, 4));
 }
