@@ -213,6 +213,11 @@ pub struct Args {
     /// needs about 3.5x this at its peak.
     #[arg(long, default_value_t = 2048, value_name = "MIB")]
     pub check_memory_mb: usize,
+    /// Each coroutine runs one transaction of every type (in the report's order) before
+    /// the standard mix, so that a short run on a slow machine still commits every type
+    /// (a run that does not fails its coverage check).
+    #[arg(long)]
+    pub each_type_first: bool,
 }
 
 /// The `--protocol` flag: one protocol, or all of them.
@@ -994,6 +999,7 @@ fn run_one(
             kinds: args.kinds(),
             records: args.records,
             warehouses: args.warehouses(),
+            each_type_first: args.each_type_first,
             value_bytes: args.value_bytes,
             cfg: cfg.clone(),
             addrs: addrs.clone(),
@@ -1209,6 +1215,8 @@ struct WorkerPlan {
     kinds: Vec<&'static str>,
     /// TPC-C warehouses (home warehouse of coroutine g over all threads: g mod N + 1).
     warehouses: u16,
+    /// Each coroutine runs one transaction of every kind before the mix.
+    each_type_first: bool,
     /// KVS: loaded records and value size.
     records: u64,
     value_bytes: usize,
@@ -1253,20 +1261,30 @@ fn worker(
         let seed = w.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let max_backoff = w.max_backoff_us;
         let home = ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1;
+        let (each_type_first, n_kinds) = (w.each_type_first, w.kinds.len());
         ex.spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            // With --each-type-first, kind 0, 1, ... first (drawn until the mix gives
+            // one of that kind), then the mix.
+            let mut first = if each_type_first { 0..n_kinds } else { 0..0 };
             while !stop.load(Ordering::Relaxed) {
-                let drawn = match &*gen {
-                    Gen::SmallBank(g) => Drawn::SmallBank(g.next(&mut rng)),
-                    Gen::Kvs(g) => Drawn::Kvs(g.next(&mut rng)),
-                    Gen::Tatp(g) => Drawn::Tatp(g.next(&mut rng)),
-                    Gen::Tpcc(g) => Drawn::Tpcc(g.next(&mut rng, home)),
-                };
-                let kind = match &drawn {
-                    Drawn::SmallBank(t) => t.ty.index(),
-                    Drawn::Kvs(t) => t.kind,
-                    Drawn::Tatp(t) => t.ty.index(),
-                    Drawn::Tpcc(t) => t.ty.index(),
+                let want = first.next();
+                let (drawn, kind) = loop {
+                    let drawn = match &*gen {
+                        Gen::SmallBank(g) => Drawn::SmallBank(g.next(&mut rng)),
+                        Gen::Kvs(g) => Drawn::Kvs(g.next(&mut rng)),
+                        Gen::Tatp(g) => Drawn::Tatp(g.next(&mut rng)),
+                        Gen::Tpcc(g) => Drawn::Tpcc(g.next(&mut rng, home)),
+                    };
+                    let kind = match &drawn {
+                        Drawn::SmallBank(t) => t.ty.index(),
+                        Drawn::Kvs(t) => t.kind,
+                        Drawn::Tatp(t) => t.ty.index(),
+                        Drawn::Tpcc(t) => t.ty.index(),
+                    };
+                    if want.is_none_or(|k| k == kind) {
+                        break (drawn, kind);
+                    }
                 };
                 let begin = quanta::Instant::now();
                 let mut backoff_us = 1u64;

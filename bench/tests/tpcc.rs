@@ -1,8 +1,10 @@
 //! TPC-C end to end on every protocol: the real `txn-bench` loads one warehouse (two
 //! versions per record) on a local cluster over the shm fabric, runs the standard mix
-//! for two seconds, and every check must pass: the consistency conditions 1 to 4
+//! for three seconds, and every check must pass: the consistency conditions 1 to 4
 //! (`txn::tpcc::check`), no lock left, every type committed, the protocol's isolation
-//! check. `--config` carries the experiment.
+//! check. `--config` carries the experiment; each coroutine runs every type once
+//! before the mix (`each-type-first`), so that a slow machine (the Soft-RoCE VM, which
+//! emulates its CPU) still commits every type.
 //!
 //! The Soft-RoCE VM (deploy/vm/verbs-tests.sh) runs only `tpcc_on_occ_cas` from this file,
 //! on verbs.
@@ -14,7 +16,7 @@ fn tpcc_on(protocol: &str) {
     let config = dir.path().join("tpcc.toml");
     std::fs::write(
         &config,
-        "workload = \"tpcc\"\nwarehouses = 1\nversions = 2\nduration = 2\nthreads = 2\ncoroutines = 4\n",
+        "workload = \"tpcc\"\nwarehouses = 1\nversions = 2\nduration = 3\nthreads = 2\ncoroutines = 2\neach-type-first = true\n",
     )
     .unwrap();
     let (stdout, s) = common::txn_bench(
