@@ -222,13 +222,48 @@ pub(crate) fn audit(
     protocol: Protocol,
     items: &[(u32, u64)],
 ) -> anyhow::Result<Audit> {
-    let a = Auditor::connect(fabric, addrs, protocol)?;
-    let (values, cvt_locked) = a.rows(items, true)?;
+    let (values, cvt_locked) = rows_parallel(fabric, addrs, protocol, items, true)?;
     Ok(Audit {
         values,
         cvt_locked,
-        lockd_held: a.lockd_held()?,
+        lockd_held: Auditor::connect(fabric, addrs, protocol)?.lockd_held()?,
     })
+}
+
+/// [`Auditor::rows`] over `keys` split across one thread per core (each with its own
+/// thread context and client), in order.
+pub(crate) fn rows_parallel(
+    fabric: &Fabric,
+    addrs: &ClusterAddrs,
+    protocol: Protocol,
+    keys: &[(u32, u64)],
+    keep: bool,
+) -> anyhow::Result<(Vec<Option<Vec<u8>>>, u64)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = keys.len().div_ceil(threads).max(CHUNK);
+    let parts: Vec<anyhow::Result<(Vec<Option<Vec<u8>>>, u64)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = keys
+            .chunks(per)
+            .map(|part| {
+                let fabric = fabric.clone();
+                s.spawn(move || Auditor::connect(&fabric, addrs, protocol)?.rows(part, keep))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("an audit thread panicked")))
+            })
+            .collect()
+    });
+    let mut values = Vec::with_capacity(keys.len());
+    let mut locked = 0;
+    for p in parts {
+        let (v, l) = p?;
+        values.extend(v);
+        locked += l;
+    }
+    Ok((values, locked))
 }
 
 /// A workload check's verdict, its line, and the locks the walk found held.
@@ -241,6 +276,25 @@ pub(crate) struct Checked {
     pub(crate) cvt_locked: u64,
     /// Lock service locks held or queued (`None` without one).
     pub(crate) lockd_held: Option<u64>,
+}
+
+/// The rows of `keys` that exist, read by [`rows_parallel`] (values only when `keep`),
+/// added to `rows`; returns the CVT lock words held among them.
+fn collect(
+    fabric: &Fabric,
+    addrs: &ClusterAddrs,
+    protocol: Protocol,
+    rows: &mut HashMap<(u32, u64), Vec<u8>>,
+    keys: Vec<(u32, u64)>,
+    keep: bool,
+) -> anyhow::Result<u64> {
+    let (values, locked) = rows_parallel(fabric, addrs, protocol, &keys, keep)?;
+    rows.extend(
+        keys.into_iter()
+            .zip(values)
+            .filter_map(|(k, v)| Some((k, v?))),
+    );
+    Ok(locked)
 }
 
 /// TATP after a run: every key a subscriber can have (21 per subscriber: the
@@ -257,48 +311,35 @@ pub(crate) fn tatp(
         ai_key, cf_key, sf_key, ACCESS_INFO, CALL_FORWARDING, SPECIAL_FACILITY, START_TIMES,
         SUBSCRIBER,
     };
-    let a = Auditor::connect(fabric, addrs, protocol)?;
-    let mut rows = HashMap::new();
-    let mut cvt_locked = 0;
-    // A slice of subscribers at a time keeps the key list small.
-    let ids: Vec<u64> = (1..=subscribers).collect();
-    for slice in ids.chunks(8192) {
-        let mut keys = Vec::with_capacity(slice.len() * 21);
-        for &s in slice {
-            keys.push((SUBSCRIBER, s));
-            for t in 1..=4u8 {
-                keys.push((ACCESS_INFO, ai_key(s, t)));
-                keys.push((SPECIAL_FACILITY, sf_key(s, t)));
-                keys.extend(
-                    START_TIMES
-                        .iter()
-                        .map(|&st| (CALL_FORWARDING, cf_key(s, t, st))),
-                );
-            }
+    let mut keys = Vec::with_capacity(subscribers as usize * 21);
+    for s in 1..=subscribers {
+        keys.push((SUBSCRIBER, s));
+        for t in 1..=4u8 {
+            keys.push((ACCESS_INFO, ai_key(s, t)));
+            keys.push((SPECIAL_FACILITY, sf_key(s, t)));
+            keys.extend(
+                START_TIMES
+                    .iter()
+                    .map(|&st| (CALL_FORWARDING, cf_key(s, t, st))),
+            );
         }
-        let (values, locked) = a.rows(&keys, true)?;
-        cvt_locked += locked;
-        rows.extend(
-            keys.into_iter()
-                .zip(values)
-                .filter_map(|(k, v)| Some((k, v?))),
-        );
     }
+    let mut rows = HashMap::new();
+    let cvt_locked = collect(fabric, addrs, protocol, &mut rows, keys, true)?;
     let c = txn::tatp::check(subscribers, seed, |t, k| rows.get(&(t, k)).cloned());
     Ok(Checked {
         line: c.line(),
         ok: c.holds(),
         cvt_locked,
-        lockd_held: a.lockd_held()?,
+        lockd_held: Auditor::connect(fabric, addrs, protocol)?.lockd_held()?,
     })
 }
 
 /// TPC-C after a run: the warehouses and districts (with their YTD and delivery-cursor
-/// rows), each district's orders up to
-/// `D_NEXT_O_ID` (its ORDER, NEW_ORDER and 15 possible ORDER_LINE rows), then
-/// [`txn::tpcc::check`]'s conditions 1 to 4; the lock words of every CUSTOMER, STOCK
-/// and CUSTOMER_LAST_ORDER row are counted too (HISTORY rows, keyed by transaction id,
-/// are not walked).
+/// rows), each district's orders up to `D_NEXT_O_ID` (its ORDER, NEW_ORDER and 15
+/// possible ORDER_LINE rows), then [`txn::tpcc::check`]'s conditions 1 to 4; the lock
+/// words of every CUSTOMER, STOCK and CUSTOMER_LAST_ORDER row are counted too (HISTORY
+/// rows, keyed by transaction id, are not walked).
 pub(crate) fn tpcc(
     fabric: &Fabric,
     addrs: &ClusterAddrs,
@@ -310,59 +351,45 @@ pub(crate) fn tpcc(
         CUSTOMERS, CUSTOMER_LAST_ORDER, DELIVERY_CURSOR, DISTRICT, DISTRICTS, DISTRICT_YTD, ITEMS,
         NEW_ORDER, ORDER, ORDER_LINE, STOCK, WAREHOUSE, WAREHOUSE_YTD,
     };
-    let a = Auditor::connect(fabric, addrs, protocol)?;
     let mut rows = HashMap::new();
-    let mut cvt_locked = 0;
-    let mut read = |rows: &mut HashMap<_, _>, keys: Vec<(u32, u64)>, keep: bool| {
-        let (values, locked) = a.rows(&keys, keep)?;
-        cvt_locked += locked;
-        rows.extend(
-            keys.into_iter()
-                .zip(values)
-                .filter_map(|(k, v)| Some((k, v?))),
-        );
-        anyhow::Ok(())
-    };
+    let mut head = Vec::new();
     for w in 1..=warehouses {
-        let mut head = vec![(WAREHOUSE, u64::from(w)), (WAREHOUSE_YTD, u64::from(w))];
+        head.extend([(WAREHOUSE, u64::from(w)), (WAREHOUSE_YTD, u64::from(w))]);
         for d in 1..=DISTRICTS {
             let k = district_key(w, d);
             head.extend([(DISTRICT, k), (DISTRICT_YTD, k), (DELIVERY_CURSOR, k)]);
         }
-        read(&mut rows, head, true)?;
     }
-    let next: Vec<(u16, u8, u32)> = (1..=warehouses)
-        .flat_map(|w| (1..=DISTRICTS).map(move |d| (w, d)))
-        .filter_map(|(w, d)| {
-            rows.get(&(DISTRICT, district_key(w, d)))
-                .map(|r| (w, d, get_u32(r, 12)))
-        })
-        .collect();
-    for (w, d, next) in next {
-        let mut keys = Vec::new();
-        for o in 1..=next {
-            keys.push((ORDER, order_key(w, d, o)));
-            keys.push((NEW_ORDER, order_key(w, d, o)));
-            keys.extend((1..=15).map(|ol| (ORDER_LINE, order_line_key(w, d, o, ol))));
-        }
-        read(&mut rows, keys, true)?;
-        let mut locks_only: Vec<(u32, u64)> = (1..=CUSTOMERS)
-            .flat_map(|c| {
+    let mut cvt_locked = collect(fabric, addrs, protocol, &mut rows, head, true)?;
+    let (mut orders, mut locks_only) = (Vec::new(), Vec::new());
+    for w in 1..=warehouses {
+        locks_only.extend((1..=ITEMS).map(|i| (STOCK, stock_key(w, i))));
+        for d in 1..=DISTRICTS {
+            let Some(next) = rows
+                .get(&(DISTRICT, district_key(w, d)))
+                .map(|r| get_u32(r, 12))
+            else {
+                continue; // The check reports the missing district.
+            };
+            for o in 1..=next {
+                orders.push((ORDER, order_key(w, d, o)));
+                orders.push((NEW_ORDER, order_key(w, d, o)));
+                orders.extend((1..=15).map(|ol| (ORDER_LINE, order_line_key(w, d, o, ol))));
+            }
+            locks_only.extend((1..=CUSTOMERS).flat_map(|c| {
                 let k = customer_key(w, d, c);
                 [(CUSTOMER, k), (CUSTOMER_LAST_ORDER, k)]
-            })
-            .collect();
-        if d == 1 {
-            locks_only.extend((1..=ITEMS).map(|i| (STOCK, stock_key(w, i))));
+            }));
         }
-        read(&mut rows, locks_only, false)?;
     }
+    cvt_locked += collect(fabric, addrs, protocol, &mut rows, orders, true)?;
+    cvt_locked += collect(fabric, addrs, protocol, &mut rows, locks_only, false)?;
     let c = txn::tpcc::check(warehouses, |t, k| rows.get(&(t, k)).cloned());
     Ok(Checked {
         line: c.line(),
         ok: c.holds(),
         cvt_locked,
-        lockd_held: a.lockd_held()?,
+        lockd_held: Auditor::connect(fabric, addrs, protocol)?.lockd_held()?,
     })
 }
 
