@@ -174,7 +174,7 @@ impl Auditor {
         &self,
         items: &[(u32, u64)],
         keep: bool,
-    ) -> anyhow::Result<(Vec<Option<Vec<u8>>>, u64)> {
+    ) -> anyhow::Result<Rows> {
         let (client, items) = (self.client.clone(), items.to_vec());
         block_on(&self.ctx, async move {
             let mut values = Vec::with_capacity(items.len());
@@ -230,6 +230,9 @@ pub(crate) fn audit(
     })
 }
 
+/// What [`Auditor::rows`] returns: the values (or `None`s) and the held lock words.
+type Rows = (Vec<Option<Vec<u8>>>, u64);
+
 /// [`Auditor::rows`] over `keys` split across one thread per core (each with its own
 /// thread context and client), in order.
 pub(crate) fn rows_parallel(
@@ -238,10 +241,10 @@ pub(crate) fn rows_parallel(
     protocol: Protocol,
     keys: &[(u32, u64)],
     keep: bool,
-) -> anyhow::Result<(Vec<Option<Vec<u8>>>, u64)> {
+) -> anyhow::Result<Rows> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = keys.len().div_ceil(threads).max(CHUNK);
-    let parts: Vec<anyhow::Result<(Vec<Option<Vec<u8>>>, u64)>> = std::thread::scope(|s| {
+    let parts: Vec<anyhow::Result<Rows>> = std::thread::scope(|s| {
         let hs: Vec<_> = keys
             .chunks(per)
             .map(|part| {
