@@ -21,8 +21,8 @@ use txn::coordinator::{
 };
 use txn::history::History;
 use txn::tpcc::{
-    district_key, get_u32, order_key, order_line_key, DISTRICT, DISTRICTS, NEW_ORDER, ORDER,
-    ORDER_LINE, WAREHOUSE,
+    district_key, get_u32, order_key, order_line_key, DELIVERY_CURSOR, DISTRICT, DISTRICTS,
+    DISTRICT_YTD, NEW_ORDER, ORDER, ORDER_LINE, WAREHOUSE, WAREHOUSE_YTD,
 };
 
 /// Per type: (committed, rolled back or declined).
@@ -121,8 +121,11 @@ fn snapshot(fabric: Fabric, addrs: &ClusterAddrs) -> HashMap<(u32, u64), Vec<u8>
                 out
             }
         };
-        let mut head = vec![(WAREHOUSE, 1)];
-        head.extend((1..=DISTRICTS).map(|d| (DISTRICT, district_key(1, d))));
+        let mut head = vec![(WAREHOUSE, 1), (WAREHOUSE_YTD, 1)];
+        for d in 1..=DISTRICTS {
+            let k = district_key(1, d);
+            head.extend([(DISTRICT, k), (DISTRICT_YTD, k), (DELIVERY_CURSOR, k)]);
+        }
         rows.extend(get(head).await);
         let mut keys = Vec::new();
         for d in 1..=DISTRICTS {
