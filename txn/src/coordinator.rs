@@ -584,6 +584,11 @@ pub(crate) struct Obj {
     /// MVCC: the CVT was locked by another transaction when this one read it (see
     /// [`crate::mvcc`], locked CVTs).
     pub seen_locked: bool,
+    /// Read for update (the transaction declared it will write the object).
+    pub for_update: bool,
+    /// Scythe: read, or checked unchanged, under this transaction's served Takeout ticket,
+    /// which it holds until commit: needs no validation ([`crate::scythe`]).
+    pub ticketed: bool,
 }
 
 impl Obj {
@@ -598,6 +603,8 @@ impl Obj {
             write: None,
             locked: false,
             seen_locked: false,
+            for_update: false,
+            ticketed: false,
         }
     }
 }
@@ -629,6 +636,13 @@ impl<'a> Txn<'a> {
     /// it.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Scythe: whether this attempt runs TOCC, the high-heat mode (000_f3dba2ed893b246b.txt,
+    /// 4.2.2): it switched at the first round that met an object the lock service reported
+    /// hot ([`crate::scythe`]). Always false for the other protocols.
+    pub fn hot_mode(&self) -> bool {
+        self.tocc
     }
 
     pub(crate) fn find(&self, table: u32, key: u64) -> Option<usize> {

@@ -1,6 +1,7 @@
 //! The three protocols on an in-process cluster over the shm fabric (memory nodes, a lock
 //! service and a timestamp oracle in this process, each on its own fabric node):
-//! inserts, deletes, lost updates, MVCC snapshots and GC, concurrent inserts of one key.
+//! inserts, deletes, lost updates, MVCC snapshots and GC, concurrent inserts of one key,
+//! Scythe's switch to TOCC at the round that meets a hot object.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -8,7 +9,9 @@ use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use lockd::client::LockRequest;
 use lockd::embed::{LockService, LockServiceConfig};
+use lockd::takeout::Mode;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind, MemoryRegion};
 use rrpc::node::{Node, NodeConfig};
@@ -414,4 +417,83 @@ fn concurrent_inserts_of_one_key_commit_once() {
         });
         assert_eq!(wins.len(), 1, "{p}");
     }
+}
+
+/// Queue four tickets on lock `id` (more than ColdWatermark, 3), with timestamps of the
+/// oracle:
+/// `c` then sees the object hot and its lock held. The tickets are released in the
+/// background after `hold`.
+async fn hold_hot(c: &TxnClient, id: u64, hold: Duration) {
+    let lc = c.locks().expect("a Scythe client");
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let req = LockRequest {
+            id,
+            ts: c.timestamp().await.unwrap().get(),
+            mode: Mode::Hot,
+        };
+        let g = lc.lock(c.ctx(), &[req]).await.unwrap().pop().unwrap();
+        held.push(g.ticket().expect("queued"));
+    }
+    assert_eq!(lc.mode_for(id), Mode::Hot);
+    let ctx = c.ctx().clone();
+    c.ctx().spawn(async move {
+        ctx.sleep(hold).await;
+        for t in held {
+            t.release().await.unwrap();
+        }
+    });
+}
+
+/// Scythe (000_f3dba2ed893b246b.txt, 4.2.1 (1), 4.3 (3)): an attempt whose first round is
+/// cold and whose second round meets an object the lock service reported hot switches
+/// to TOCC at that round: it queues behind the object's holders instead of aborting on
+/// locked-on-read, and commits at its first attempt. An object read in OCC before the
+/// switch and written by another transaction meanwhile aborts the switch.
+#[test]
+fn scythe_switches_to_tocc_at_the_round_that_meets_a_hot_object() {
+    let cl = cluster("tocc-switch", 1, 2);
+    let c = cl.client(Protocol::Scythe);
+    let c2 = c.clone();
+    run(&c, async move {
+        let c = &*c2;
+        let (cold, hot) = ((SAVINGS, 7u64), (CHECKING, 9u64));
+        assert_eq!(
+            c.locks().unwrap().mode_for(c.lock_id(cold.0, cold.1)),
+            Mode::Cold
+        );
+        hold_hot(c, c.lock_id(hot.0, hot.1), Duration::from_millis(20)).await;
+        let mut t = c.begin();
+        let s = t.read(cold.0, cold.1).await.unwrap();
+        assert!(!t.hot_mode(), "the first round is cold: OCC");
+        let v = t
+            .read_for_update(hot.0, hot.1)
+            .await
+            .expect("TOCC queues for the held hot object");
+        assert!(t.hot_mode(), "the second round met a hot object: TOCC");
+        t.write(hot.0, hot.1, (bal(&v) + bal(&s)).to_le_bytes().to_vec())
+            .unwrap();
+        t.commit().await.unwrap();
+        let (_, now) = c.read_committed(hot.0, hot.1).await.unwrap().unwrap();
+        let want = initial_balance(CHECKING, 9) + initial_balance(SAVINGS, 7);
+        assert_eq!(bal(&now), want);
+
+        // The switch checks what OCC read before it: `cold` is read for update, then
+        // another transaction writes it, then the hot round aborts the attempt.
+        hold_hot(c, c.lock_id(hot.0, hot.1), Duration::from_millis(20)).await;
+        let mut t = c.begin();
+        t.read_for_update(cold.0, cold.1).await.unwrap();
+        let mut other = c.begin();
+        let x = other.read_for_update(cold.0, cold.1).await.unwrap();
+        other
+            .write(cold.0, cold.1, (bal(&x) + 1).to_le_bytes().to_vec())
+            .unwrap();
+        other.commit().await.unwrap();
+        assert!(matches!(
+            t.read(hot.0, hot.1).await,
+            Err(TxnError::Abort(AbortReason::ValidationVersion))
+        ));
+    });
+    let v = txn::serializability::check(&c.take_history().unwrap());
+    assert!(v.is_serializable(), "{v}");
 }
