@@ -170,11 +170,7 @@ impl Auditor {
 
     /// The newest committed value of each item (`None`: absent; all `None` unless
     /// `keep`), and how many of the items' CVT lock words are held.
-    pub(crate) fn rows(
-        &self,
-        items: &[(u32, u64)],
-        keep: bool,
-    ) -> anyhow::Result<Rows> {
+    pub(crate) fn rows(&self, items: &[(u32, u64)], keep: bool) -> anyhow::Result<Rows> {
         let (client, items) = (self.client.clone(), items.to_vec());
         block_on(&self.ctx, async move {
             let mut values = Vec::with_capacity(items.len());
