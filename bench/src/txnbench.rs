@@ -413,7 +413,8 @@ impl Args {
                 Some(h) => format!(
                     "{} accounts, {h} hot for {}% of draws",
                     self.accounts,
-                    100.0 * self.hot_fraction
+                    // Rounded to 0.01%, so that 0.7 prints as 70, not 70.00000000000001.
+                    (self.hot_fraction * 1e4).round() / 100.0
                 ),
                 None => format!("{} accounts", self.accounts),
             },
@@ -1587,8 +1588,8 @@ mod tests {
         assert_eq!(a.skew(0.99), "keys by TPC-C's NURand and home warehouses");
         let a = args(&["--workload", "tpcc", "--warehouses", "4", "--threads", "1"]);
         assert_eq!((a.warehouses(), a.keys()), (4, 4));
-        let a = args(&["--hot-accounts", "100", "--hot-fraction", "0.5"]);
-        assert_eq!(a.scale(), "100000 accounts, 100 hot for 50% of draws");
+        let a = args(&["--hot-accounts", "100", "--hot-fraction", "0.7"]);
+        assert_eq!(a.scale(), "100000 accounts, 100 hot for 70% of draws");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `txn-bench`: SmallBank, KVS / YCSB, TATP or TPC-C on a local cluster over the shm
 //! fabric, one protocol or all of them compared (see [`bench::txnbench`]); settings from
 //! flags and `--config FILE.toml`. Exits 0 when every check of every run passed,
-//! 1 when a check failed (money, locks, a transaction type that never committed,
-//! serializability, snapshot isolation for `mvcc-si`) or a coordinator hit a service
+//! 1 when a check failed (the workload's own: money, KVS checksums, TATP's or TPC-C's
+//! consistency; locks, a transaction type that never committed, serializability,
+//! snapshot isolation for `mvcc-si`) or a coordinator hit a service
 //! failure, 2 on an error (bad flags included), 130 when interrupted.
 
 use std::sync::atomic::{AtomicBool, Ordering};
