@@ -1152,6 +1152,8 @@ fn run_one(
             report.workload_check(c.line(), c.ok() && c.found == updates);
         }
         AfterRun::Checked(c) => {
+            // No money to conserve (final = net): the locks and coverage clauses of the
+            // audit, then the consistency check decides.
             report.audit(0, report.net_committed, c.cvt_locked, c.lockd_held);
             report.workload_check(c.line, c.ok);
         }

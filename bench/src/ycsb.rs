@@ -21,7 +21,7 @@ use rand_distr::{Distribution, Zipf};
 use txn::coordinator::{Txn, TxnError};
 use txn::kvs::{check_value, encode_value, fnv64, TABLE};
 
-pub use crate::workload::Workload;
+use crate::workload::Workload;
 
 /// One operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
