@@ -129,7 +129,14 @@ pub(crate) struct Channel<M: RingMem = MemoryRegion> {
     /// Lists outstanding on `qp`, and the QP they are on.
     pub(crate) lists: usize,
     pub(crate) qp: Option<Arc<SharedQp>>,
+    /// Posts on a usable QP since the straw last chose one (see [`Channel::take_qp`]).
+    kept: u32,
 }
+
+/// How many times in a row an idle channel keeps its usable QP before it asks the straw
+/// again: a re-pick costs the straw's lock and two reference counts, more than the rest
+/// of a small RPC's post, and the straw's balance only shifts when threads come and go.
+const REPICK_EVERY: u32 = 64;
 
 impl<M: RingMem> Channel<M> {
     /// A channel sending into `peer_ring` (through `staging`, which must have the ring's
@@ -181,7 +188,39 @@ impl<M: RingMem> Channel<M> {
             replays_in_flight: std::collections::BTreeSet::new(),
             lists: 0,
             qp: None,
+            kept: 0,
         })
+    }
+
+    /// Take the QP to post this channel's next lists on out of `self.qp`; the caller puts
+    /// it back (`self.qp = Some(qp)`) once it has posted. Returns it and whether it differs
+    /// from the previous one, or `None` (then `self.qp` is untouched) when nothing can be
+    /// posted: lists are outstanding on a broken QP (they stay on theirs, for RC order)
+    /// or `pick` found no usable QP.
+    ///
+    /// With lists outstanding the channel stays on its QP. Idle, it keeps a usable QP for
+    /// [`REPICK_EVERY`] posts and otherwise asks `pick` (the straw's load-balancing
+    /// choice, RdmaStraw: Scythe 000_f3dba2ed893b246b.txt, 4.6) with the current QP.
+    pub(crate) fn take_qp(
+        &mut self,
+        pick: impl FnOnce(Option<&Arc<SharedQp>>) -> Option<Arc<SharedQp>>,
+    ) -> Option<(Arc<SharedQp>, bool)> {
+        if self.lists > 0 {
+            return match &self.qp {
+                Some(q) if !q.is_broken() => self.qp.take().map(|q| (q, false)),
+                _ => None,
+            };
+        }
+        if let Some(q) = &self.qp {
+            if q.usable() && self.kept < REPICK_EVERY {
+                self.kept += 1;
+                return self.qp.take().map(|q| (q, false));
+            }
+        }
+        let q = pick(self.qp.as_ref())?;
+        self.kept = 0;
+        let switched = self.qp.take().is_some_and(|old| !Arc::ptr_eq(&old, &q));
+        Some((q, switched))
     }
 
     /// Geometry of both rings.

@@ -146,6 +146,15 @@ pub enum NodeError {
         /// What is wrong.
         what: String,
     },
+    /// A thread of the node (its reaper) could not be started.
+    #[error("start the node's {what} thread")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Ask the node at `addr` for its [`NodeInfo`], retrying until `timeout` while it starts.

@@ -7,7 +7,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::bootstrap::BootstrapServer;
 use crate::ctrl::QpKind;
@@ -30,6 +33,22 @@ struct Shared {
 pub struct Node {
     shared: Arc<Shared>,
     bootstrap: Option<BootstrapServer>,
+    /// The reaper thread and the channel whose closing stops it.
+    reaper: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+}
+
+/// How often a node drops the passive ends of one-sided QPs whose requester died
+/// without releasing them (and with them the mappings of its memory): a memory node
+/// whose coordinators crash must not keep their shared-memory files alive until the
+/// next requester connects.
+pub const REAP_PERIOD: Duration = Duration::from_millis(100);
+
+/// Drop the passive QPs in the error state (their requester is gone). `state` probes
+/// the peer's liveness at most once a millisecond per QP.
+fn reap(s: &Shared) {
+    if let Ok(mut passive) = s.passive.lock() {
+        passive.retain(|_, q| q.state() != QpState::Error);
+    }
 }
 
 /// How to start a [`Node`].
@@ -97,9 +116,24 @@ impl Node {
         });
         let s = shared.clone();
         let bootstrap = BootstrapServer::start(cfg.listen, move |req| handle_ctrl(&s, req))?;
+        let (stop, stopped) = mpsc::channel::<()>();
+        let s = shared.clone();
+        let reaper = std::thread::Builder::new()
+            .name("rrpc-reaper".into())
+            .spawn(move || {
+                // Sends never come: the Node's drop closes the channel.
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(REAP_PERIOD) {
+                    reap(&s);
+                }
+            })
+            .map_err(|source| NodeError::Thread {
+                what: "reaper",
+                source,
+            })?;
         Ok(Self {
             shared,
             bootstrap: Some(bootstrap),
+            reaper: Some((stop, reaper)),
         })
     }
 
@@ -165,6 +199,10 @@ impl Drop for Node {
         if let Some(b) = self.bootstrap.take() {
             b.shutdown();
         }
+        if let Some((stop, reaper)) = self.reaper.take() {
+            drop(stop);
+            let _ = reaper.join();
+        }
         if let Some(rpc) = &self.shared.rpc {
             rpc.stop();
         }
@@ -192,7 +230,7 @@ fn handle_ctrl(s: &Shared, req: serde_json::Value) -> Result<serde_json::Value, 
             let ep = qp.endpoint();
             let mut passive = s.passive.lock().map_err(|_| "poisoned")?;
             // Requesters that died without releasing their QPs: drop their ends (and the
-            // mappings of their memory) when the next requester connects.
+            // mappings of their memory) now as well as every REAP_PERIOD.
             passive.retain(|_, q| q.state() != QpState::Error);
             passive.insert((straw, qp_id), qp);
             serde_json::to_value(ep)

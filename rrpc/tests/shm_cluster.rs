@@ -340,8 +340,9 @@ fn client_process() {
 
 /// Clients killed with SIGKILL while connected: the server drops its QPs, Rockets and
 /// mappings of their memory (their RPC QPs fail their liveness probe and their Rockets
-/// are dropped; their one-sided QPs go when the next client connects), so its files and
-/// mappings return to what they were before.
+/// are dropped; the node's reaper drops the passive ends of their one-sided QPs within
+/// `REAP_PERIOD`), so its files and mappings return to what they were before, with no
+/// other client coming; and a client that comes and goes after them leaves nothing.
 #[test]
 fn server_drops_what_it_held_for_killed_clients() {
     use std::io::BufRead as _;
@@ -381,11 +382,17 @@ fn server_drops_what_it_held_for_killed_clients() {
         ch.kill().unwrap();
         let _ = ch.wait();
     }
+    let is_back =
+        || usage(c.name(), Some(1)).files == base.files && mappings(c.name()) == base_maps;
+    let reaped = common::eventually(Duration::from_secs(20), is_back);
+    assert!(
+        reaped,
+        "with no client coming, the server still holds files or mappings for killed clients: {:?}",
+        listing(c.name())
+    );
     // A client that comes and goes after them.
     visit(c.name(), 400, srv.addr());
-    let back = common::eventually(Duration::from_secs(20), || {
-        usage(c.name(), Some(1)).files == base.files && mappings(c.name()) == base_maps
-    });
+    let back = common::eventually(Duration::from_secs(20), is_back);
     let (u, m) = (usage(c.name(), Some(1)), mappings(c.name()));
     eprintln!("server before clients {base:?}, {base_maps} mappings; with 3 clients {held:?}; after they were killed {u:?}, {m} mappings");
     assert!(

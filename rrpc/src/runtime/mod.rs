@@ -1336,30 +1336,18 @@ impl ThreadCtx {
         if !rpc.chan.has_work() {
             return work;
         }
-        let qp = if rpc.chan.lists > 0 {
-            match &rpc.chan.qp {
-                Some(q) if !q.is_broken() => q.clone(),
-                _ => return work,
-            }
-        } else {
-            match conn.straw.pick(QpKind::Rpc, rpc.chan.qp.as_ref()) {
-                Some(q) => q,
-                None => return work,
-            }
+        let straw = &conn.straw;
+        let Some((qp, switched)) = rpc.chan.take_qp(|cur| straw.pick(QpKind::Rpc, cur)) else {
+            return work;
         };
-        if rpc
-            .chan
-            .qp
-            .as_ref()
-            .is_some_and(|old| !Arc::ptr_eq(old, &qp))
-        {
+        if switched {
             inner.stats.qp_switches += 1;
         }
-        rpc.chan.qp = Some(qp.clone());
         inner.items.clear();
         inner.freed.clear();
         rpc.chan.plan(&mut inner.items, &mut inner.freed);
         if inner.items.is_empty() {
+            rpc.chan.qp = Some(qp);
             return work;
         }
         work = true;
@@ -1384,6 +1372,7 @@ impl ThreadCtx {
             &mut inner.wrs,
             |items| Rec::Rocket { conn: ci, items },
         );
+        rpc.chan.qp = Some(qp);
         inner.stats.doorbells += p.lists as u64;
         inner.stats.wrs += p.wrs as u64;
         if p.sq_full {

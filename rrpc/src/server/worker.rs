@@ -730,19 +730,14 @@ impl Worker {
     /// its QP.
     fn flush(&mut self, ci: usize) {
         let c = &mut self.conns[ci];
-        let qp = if c.chan.lists > 0 {
-            c.chan.qp.clone().filter(|q| !q.is_broken())
-        } else {
-            c.straw.pick(c.chan.qp.as_ref())
-        };
-        let Some(qp) = qp else {
+        let straw = &c.straw;
+        let Some((qp, _)) = c.chan.take_qp(|cur| straw.pick(cur)) else {
             if c.chan.lists == 0 {
                 c.stuck_since.get_or_insert_with(Instant::now);
             }
             return;
         };
         c.stuck_since = None;
-        c.chan.qp = Some(qp.clone());
         self.items.clear();
         self.freed.clear();
         c.chan.plan(&mut self.items, &mut self.freed);
@@ -750,6 +745,7 @@ impl Worker {
             self.arena.free(f);
         }
         if self.items.is_empty() {
+            c.chan.qp = Some(qp);
             return;
         }
         let per_list = if c.chan.batching().doorbell() {
@@ -769,6 +765,7 @@ impl Worker {
             &mut self.wrs,
             |items| Rec { conn, items },
         );
+        c.chan.qp = Some(qp);
     }
 
     /// Look at the QPs of the requesters' straws (their state probe notices a requester
