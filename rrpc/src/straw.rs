@@ -221,9 +221,12 @@ impl SharedQp {
             }
             return Err(e);
         }
-        self.posted.fetch_add(1, Ordering::Relaxed);
+        // Both counters change only under the slot's lock: plain stores, no locked
+        // read-modify-write on every post (readers only want a recent value).
+        self.posted
+            .store(self.posted.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         s.outstanding += n;
-        self.load.fetch_add(n, Ordering::Relaxed);
+        self.load.store(s.outstanding, Ordering::Relaxed);
         s.lists.push_back(Posted {
             seq,
             n,
@@ -273,7 +276,7 @@ impl SharedQp {
             while s.lists.front().is_some_and(|p| p.seq <= wc.wr_id) {
                 let p = s.lists.pop_front().expect("front");
                 s.outstanding -= p.n;
-                self.load.fetch_sub(p.n, Ordering::Relaxed);
+                self.load.store(s.outstanding, Ordering::Relaxed);
                 p.mailbox.push(p.token, WcStatus::Success);
             }
         }
