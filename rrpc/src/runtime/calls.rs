@@ -36,7 +36,8 @@ struct Slot {
     node: NodeId,
     handler: u16,
     after: Duration,
-    deadline: Instant,
+    /// `None` until the first expiry scan after the call opened without one.
+    deadline: Option<Instant>,
     result: Option<Reply>,
     /// Buffers the server may touch: the zero-copy target, the large request.
     chunks: Held,
@@ -125,13 +126,18 @@ impl CallTable {
         }
     }
 
-    /// Open call `next_id()` to `node`'s `handler` with a deadline of `now + after`,
-    /// holding `chunks` until it ends.
+    /// Open call `next_id()` to `node`'s `handler`, holding `chunks` until it ends.
+    ///
+    /// Its deadline is `deadline`, or, if `None`, `after` past the first
+    /// [`CallTable::expire`] scan that sees it: the caller then opens the call without
+    /// reading the clock (a clock read is a fair share of a small RPC on shared memory),
+    /// and the deadline is late by at most the interval between scans, which already
+    /// bounds how late an expiry is seen.
     pub(crate) fn open(
         &mut self,
         node: NodeId,
         handler: u16,
-        now: Instant,
+        deadline: Option<Instant>,
         after: Duration,
         chunks: Held,
     ) -> u64 {
@@ -154,7 +160,7 @@ impl CallTable {
             node,
             handler,
             after,
-            deadline: now + after,
+            deadline,
             result: None,
             chunks,
             waker: None,
@@ -303,13 +309,18 @@ impl CallTable {
     }
 
     /// Expire every call whose deadline is at or before `now`: its result becomes
-    /// [`CallError::Timeout`] and its future is woken. Appends to `cancel` the expired
+    /// [`CallError::Timeout`] and its future is woken. A call opened without a deadline
+    /// gets `now + after` (see [`CallTable::open`]). Appends to `cancel` the expired
     /// calls that hold a buffer the server may touch (the caller sends them `Cancel`);
     /// returns how many calls expired.
     pub(crate) fn expire(&mut self, now: Instant, cancel: &mut Vec<(NodeId, u64)>) -> usize {
         let mut n = 0;
         for (id, s) in self.iter_mut() {
-            if s.result.is_some() || s.deadline > now {
+            if s.result.is_some() {
+                continue;
+            }
+            let deadline = *s.deadline.get_or_insert(now + s.after);
+            if deadline > now {
                 continue;
             }
             s.result = Some(Reply::Inline(Err(CallError::Timeout {
@@ -328,14 +339,15 @@ impl CallTable {
         n
     }
 
-    /// The earliest deadline of a call still waiting.
+    /// The earliest deadline of a call still waiting (calls whose deadline no scan
+    /// has set yet are left out).
     #[cfg(test)]
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.slots
             .iter()
             .filter_map(|e| e.call.as_ref())
             .filter(|s| s.result.is_none())
-            .map(|s| s.deadline)
+            .filter_map(|s| s.deadline)
             .min()
     }
 
@@ -401,7 +413,7 @@ mod tests {
     fn reply_wakes_and_is_taken_once() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(NodeId(3), 9, now, MS, Held::default());
+        let id = t.open(NodeId(3), 9, Some(now + MS), MS, Held::default());
         let (c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
         assert_eq!(t.deliver(id, Reply::Inline(Ok(vec![1]))), Late::Delivered);
@@ -423,12 +435,12 @@ mod tests {
         let now = Instant::now();
         let (_c, w) = waker();
         assert_ne!(t.next_id(), 0);
-        let a = t.open(NodeId(1), 1, now, MS, Held::default());
+        let a = t.open(NodeId(1), 1, Some(now + MS), MS, Held::default());
         assert_eq!(t.deliver(a, Reply::Inline(Ok(vec![1]))), Late::Delivered);
         assert!(t.poll(a, &w).is_ready());
         // The slot is free again: the next call reuses it under another id.
         let next = t.next_id();
-        let b = t.open(NodeId(1), 1, now, MS, chunk(64));
+        let b = t.open(NodeId(1), 1, Some(now + MS), MS, chunk(64));
         assert_eq!(b, next);
         assert_ne!(a, b);
         assert_eq!(a & u64::from(u32::MAX), b & u64::from(u32::MAX));
@@ -442,7 +454,7 @@ mod tests {
         // `b` abandoned before its answer: its buffer is a zombie under its own id, and
         // the slot's next call cannot take its late reply.
         assert!(t.abandon(b).cancel);
-        let c = t.open(NodeId(1), 1, now, MS, Held::default());
+        let c = t.open(NodeId(1), 1, Some(now + MS), MS, Held::default());
         assert_ne!(c, b);
         assert_eq!(
             t.deliver(b, Reply::Inline(Ok(vec![2]))),
@@ -455,8 +467,8 @@ mod tests {
     fn deadlines_expire_in_order_and_only_when_due() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let a = t.open(NodeId(1), 1, now, 2 * MS, Held::default());
-        let b = t.open(NodeId(1), 1, now, MS, Held::default());
+        let a = t.open(NodeId(1), 1, Some(now + 2 * MS), 2 * MS, Held::default());
+        let b = t.open(NodeId(1), 1, Some(now + MS), MS, Held::default());
         let (c, w) = waker();
         assert!(t.poll(a, &w).is_pending() && t.poll(b, &w).is_pending());
         let mut cancel = Vec::new();
@@ -473,10 +485,36 @@ mod tests {
     }
 
     #[test]
+    fn a_call_opened_without_a_deadline_counts_it_from_the_first_scan() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let id = t.open(NodeId(2), 1, None, MS, Held::default());
+        let (c, w) = waker();
+        assert!(t.poll(id, &w).is_pending());
+        assert_eq!(t.next_deadline(), None);
+        let mut cancel = Vec::new();
+        // The first scan, however late, only sets the deadline.
+        let scan = now + Duration::from_secs(3600);
+        assert_eq!(t.expire(scan, &mut cancel), 0);
+        assert_eq!(t.next_deadline(), Some(scan + MS));
+        assert_eq!(
+            t.expire(scan + MS - Duration::from_nanos(1), &mut cancel),
+            0
+        );
+        assert_eq!(c.0.load(Ordering::Relaxed), 0);
+        assert_eq!(t.expire(scan + MS, &mut cancel), 1);
+        assert_eq!(c.0.load(Ordering::Relaxed), 1);
+        assert!(matches!(
+            t.poll(id, &w),
+            Poll::Ready((Reply::Inline(Err(CallError::Timeout { .. })), _))
+        ));
+    }
+
+    #[test]
     fn expired_zero_copy_buffer_is_held_until_the_late_answer() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(NodeId(4), 2, now, MS, chunk(64));
+        let id = t.open(NodeId(4), 2, Some(now + MS), MS, chunk(64));
         let (_c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
         let mut cancel = Vec::new();
@@ -497,7 +535,7 @@ mod tests {
     fn answer_after_expiry_but_before_the_future_looked_frees_the_buffer() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(NodeId(4), 2, now, MS, chunk(64));
+        let id = t.open(NodeId(4), 2, Some(now + MS), MS, chunk(64));
         let mut cancel = Vec::new();
         t.expire(now + MS, &mut cancel);
         assert_eq!(cancel, vec![(NodeId(4), id)]);
@@ -523,9 +561,9 @@ mod tests {
     fn dropped_future_with_buffer_asks_to_cancel_and_node_failure_frees() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let a = t.open(NodeId(5), 2, now, MS, chunk(0));
-        let b = t.open(NodeId(6), 2, now, MS, chunk(64));
-        let c = t.open(NodeId(6), 2, now, MS, Held::default());
+        let a = t.open(NodeId(5), 2, Some(now + MS), MS, chunk(0));
+        let b = t.open(NodeId(6), 2, Some(now + MS), MS, chunk(64));
+        let c = t.open(NodeId(6), 2, Some(now + MS), MS, Held::default());
         assert!(t.abandon(a).cancel);
         assert!(t.abandon(b).cancel);
         assert_eq!(t.abandon(c), Abandoned::default());
@@ -544,7 +582,7 @@ mod tests {
     fn dropped_future_after_final_answer_frees_and_releases() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let a = t.open(NodeId(5), 2, now, MS, chunk(0));
+        let a = t.open(NodeId(5), 2, Some(now + MS), MS, chunk(0));
         t.deliver(a, Reply::ZeroCopy(3));
         assert_eq!(
             t.abandon(a),
@@ -560,7 +598,7 @@ mod tests {
             len: 2,
             handle: 77,
         };
-        let b = t.open(NodeId(5), 2, now, MS, Held::default());
+        let b = t.open(NodeId(5), 2, Some(now + MS), MS, Held::default());
         t.deliver(b, Reply::Read(r));
         assert_eq!(t.abandon(b).release, Some(77));
         assert_eq!(t.zombies(), 0);
@@ -570,7 +608,7 @@ mod tests {
     fn node_failure_wakes_waiting_calls() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(NodeId(7), 2, now, MS, Held::default());
+        let id = t.open(NodeId(7), 2, Some(now + MS), MS, Held::default());
         let (c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
         t.fail_node(

@@ -23,7 +23,9 @@ pub struct RuntimeConfig {
     /// Batching of RPC traffic, both directions (default [`Batching::Combined`]).
     pub batching: Batching,
     /// Default deadline of an RPC call, from issue to response (default 2 s, at least
-    /// 1 ms); [`CallOpts::timeout`] overrides it per call.
+    /// 1 ms); [`CallOpts::timeout`] overrides it per call. A call that goes out at once
+    /// reads no clock: its deadline counts from the thread's next deadline scan (every
+    /// 32 polling rounds), so it may end that many rounds late.
     #[serde(rename = "call-timeout-ms", with = "crate::ctrl::millis")]
     pub call_timeout: Duration,
     /// How long connection setup waits for a node's control plane (default 10 s).

@@ -673,10 +673,6 @@ impl ThreadCtx {
         opts: CallOpts,
     ) -> Result<Vec<u8>, CallError> {
         let after = opts.timeout.unwrap_or(self.cfg.call_timeout);
-        // The round's clock: one clock read per polling round for all the calls it starts
-        // (progress forgets it after each poll, so it is never older than a round).
-        let start = self.exec.now();
-        let deadline = start + after;
         let threshold = self.cfg.mode_threshold;
         let max = self.cfg.max_transfer;
         let (mode, zc_len) = match opts.mode {
@@ -703,8 +699,11 @@ impl ThreadCtx {
             node,
             ticket: None,
         };
-        // Ends a wait for credit or buffers at the call's deadline.
-        let mut timer = self.exec.sleep_until(deadline);
+        // Ends a wait for credit or buffers at the call's deadline. Made, and the clock
+        // read, only by a call that has to wait: a call that goes out at once reads no
+        // clock, and its deadline is counted from the next expiry scan instead (at most
+        // 32 rounds later; see `CallTable::open`).
+        let mut timer: Option<exec::Sleep> = None;
         // The zero-copy target (data + 8-byte generation trailer) and, for a request
         // too large for a bucket, the buffer the server READs it from.
         let mut bufs: [Option<Chunk>; 2] = [None, None];
@@ -725,11 +724,13 @@ impl ThreadCtx {
             let Some(rpc) = conn.rpc.as_mut() else {
                 return Poll::Ready(Err(CallError::NotConnected { node }));
             };
-            // Polled (and so registered) only by a call about to wait: the common call
-            // that goes out at once costs no timer.
-            fn expired(timer: &mut exec::Sleep, cx: &mut Context<'_>) -> bool {
-                Pin::new(timer).poll(cx).is_ready()
-            }
+            // Made and polled (and so registered) only by a call about to wait: the
+            // common call that goes out at once costs no timer and no clock read.
+            let exec = &self.exec;
+            let expired = |timer: &mut Option<exec::Sleep>, cx: &mut Context<'_>| {
+                let t = timer.get_or_insert_with(|| exec.sleep_until(exec.now() + after));
+                Pin::new(t).poll(cx).is_ready()
+            };
             // First come, first served while calls wait for credit.
             if ticket.is_none() && !rpc.credit_q.is_empty() {
                 *ticket = Some(rpc.credit_q.take(cx.waker()));
@@ -833,7 +834,9 @@ impl ThreadCtx {
                     if let Some(t) = ticket.take() {
                         rpc.credit_q.done(t);
                     }
-                    let id = inner.calls.open(node, handler, start, after, held);
+                    // A call that waited keeps its timer's deadline.
+                    let deadline = timer.as_ref().map(exec::Sleep::deadline);
+                    let id = inner.calls.open(node, handler, deadline, after, held);
                     debug_assert_eq!(id, call_id);
                     Poll::Ready(Ok(id))
                 }
