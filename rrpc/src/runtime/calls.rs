@@ -113,6 +113,14 @@ struct Entry {
     call: Option<Slot>,
 }
 
+/// `now + after`, or about a century past `now` when that does not fit the clock: a
+/// timeout too large to represent never ends, rather than panicking in the caller's
+/// polling round (where the deadline scan runs).
+pub(crate) fn deadline_after(now: Instant, after: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(after).unwrap_or_else(|| now + CENTURY)
+}
+
 fn call_id(generation: u32, idx: usize) -> u64 {
     (u64::from(generation) << 32) | idx as u64
 }
@@ -319,7 +327,9 @@ impl CallTable {
             if s.result.is_some() {
                 continue;
             }
-            let deadline = *s.deadline.get_or_insert(now + s.after);
+            let deadline = *s
+                .deadline
+                .get_or_insert_with(|| deadline_after(now, s.after));
             if deadline > now {
                 continue;
             }
@@ -508,6 +518,19 @@ mod tests {
             t.poll(id, &w),
             Poll::Ready((Reply::Inline(Err(CallError::Timeout { .. })), _))
         ));
+    }
+
+    #[test]
+    fn a_timeout_too_large_for_the_clock_never_ends_and_does_not_panic() {
+        let mut t = CallTable::default();
+        let now = Instant::now();
+        let id = t.open(NodeId(2), 1, None, Duration::MAX, Held::default());
+        let (_c, w) = waker();
+        assert!(t.poll(id, &w).is_pending());
+        let mut cancel = Vec::new();
+        assert_eq!(t.expire(now, &mut cancel), 0);
+        assert_eq!(t.expire(now + Duration::from_secs(3600), &mut cancel), 0);
+        assert!(t.poll(id, &w).is_pending());
     }
 
     #[test]

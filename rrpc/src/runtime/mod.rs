@@ -728,7 +728,9 @@ impl ThreadCtx {
             // common call that goes out at once costs no timer and no clock read.
             let exec = &self.exec;
             let expired = |timer: &mut Option<exec::Sleep>, cx: &mut Context<'_>| {
-                let t = timer.get_or_insert_with(|| exec.sleep_until(exec.now() + after));
+                let t = timer.get_or_insert_with(|| {
+                    exec.sleep_until(calls::deadline_after(exec.now(), after))
+                });
                 Pin::new(t).poll(cx).is_ready()
             };
             // First come, first served while calls wait for credit.
