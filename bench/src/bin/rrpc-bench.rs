@@ -942,6 +942,14 @@ fn small_rpc(c: &Common, bed: &Bed) -> Result<(f64, f64)> {
     Ok((p.rate(), per_core))
 }
 
+/// The fabric's own round trip (one WRITE each way between two QPs of a fresh cluster,
+/// no RPC protocol), on the same backend and timing model as rrpc's.
+fn fabric_floor_rtt(c: &Common, kind: FabricKind, cfg: &PeerConfig) -> Result<RttSamples> {
+    let name = format!("rrpc-bench-{}-fabric", std::process::id());
+    let (_cluster, _) = ClusterGuard::new(&name)?;
+    peers::fabric_rtt(cfg, &|id| open_fabric(kind, &name, id, &c.model))
+}
+
 /// rrpc's round trip measured like the peers': one client coroutine, 32 B each way.
 fn rrpc_rtt(c: &Common, kind: FabricKind, cfg: &PeerConfig) -> Result<RttSamples> {
     let bed = Bed::new(c, kind, "peers")?;
@@ -979,6 +987,7 @@ fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serd
     );
     let runs: Vec<(&str, Result<RttSamples>)> = vec![
         ("floor", peers::floor_rtt(&cfg)),
+        ("fabric", fabric_floor_rtt(c, kind, &cfg)),
         ("rrpc", rrpc_rtt(c, kind, &cfg)),
         ("iceoryx2", peers::iceoryx2_rtt(&cfg)),
         ("tonic", peers::tonic_rtt(&cfg)),
@@ -1011,6 +1020,11 @@ fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serd
     println!("ratio rtt rrpc/iceoryx2 = {:.2}", ratio("iceoryx2"));
     println!("ratio rtt rrpc/tonic = {:.3}", ratio("tonic"));
     println!("ratio rtt rrpc/floor = {:.2}", ratio("floor"));
+    println!("ratio rtt rrpc/fabric = {:.2}", ratio("fabric"));
+    println!(
+        "ratio rtt fabric/floor = {:.2}",
+        p50["fabric"] / p50["floor"]
+    );
     if let Some(p) = plot {
         let s: Vec<Series> = p50
             .iter()
@@ -1032,6 +1046,6 @@ fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serd
     }
     Ok(json!({
         "request_bytes": 32, "reply_bytes": 32, "points": rows,
-        "ratio_rtt_rrpc_iceoryx2": ratio("iceoryx2"), "ratio_rtt_rrpc_tonic": ratio("tonic"), "ratio_rtt_rrpc_floor": ratio("floor"),
+        "ratio_rtt_rrpc_iceoryx2": ratio("iceoryx2"), "ratio_rtt_rrpc_tonic": ratio("tonic"), "ratio_rtt_rrpc_floor": ratio("floor"), "ratio_rtt_rrpc_fabric": ratio("fabric"),
     }))
 }

@@ -18,16 +18,20 @@
 //! Peers:
 //! * [`floor_rtt`]: cache-line ping-pong between the two cores, the hardware
 //!   floor of any shared-memory round trip.
+//! * [`fabric_rtt`]: one RDMA WRITE each way through the fabric's QPs (no RPC
+//!   protocol), the floor of any RPC built on that fabric.
 //! * [`iceoryx2_rtt`] / [`iceoryx2_slice_rtt`]: iceoryx2 request-response over
 //!   shared memory (`ipc::Service`), busy polling, following iceoryx2's own
 //!   `benchmarks/request-response` (and `benchmarks/publish-subscribe`).
 //! * [`tonic_rtt`]: tonic unary gRPC over loopback TCP, one current-thread
 //!   tokio runtime per side.
 
+mod fabric;
 mod floor;
 mod iceoryx2;
 mod tonic;
 
+pub use self::fabric::fabric_rtt;
 pub use self::floor::floor_rtt;
 pub use self::iceoryx2::{iceoryx2_rtt, iceoryx2_slice_rtt};
 pub use self::tonic::tonic_rtt;
@@ -399,6 +403,41 @@ mod tests {
         })
     }
 
+    /// The fabric peer on the shm fabric, in its own cluster.
+    fn shm_fabric_rtt(cfg: &PeerConfig, tag: &str) -> Result<RttSamples> {
+        use rrpc::fabric::{shm::ClusterGuard, Fabric, FabricConfig, FabricKind};
+        let name = format!("bench-peers-{}-{tag}", std::process::id());
+        let (_cluster, _) = ClusterGuard::new(&name)?;
+        fabric_rtt(cfg, &|id| {
+            let c = FabricConfig {
+                model: Some("none".into()),
+                ..FabricConfig::new(FabricKind::Shm, &name, rrpc::NodeId(id))
+            };
+            Ok(Fabric::open(&c)?)
+        })
+    }
+
+    #[test]
+    fn the_fabric_peer_runs_under_a_timing_model_and_with_odd_sizes() {
+        use rrpc::fabric::{shm::ClusterGuard, Fabric, FabricConfig, FabricKind};
+        let Some(cfg) = short_cfg(40, 200) else {
+            return;
+        };
+        check(shm_fabric_rtt(&cfg, "odd"));
+        // Under a model, WRs execute only as the CQ is polled: a peer that did not poll
+        // would never see its WRITE land and fail with a timeout.
+        let name = format!("bench-peers-{}-cx5", std::process::id());
+        let (_cluster, _) = ClusterGuard::new(&name).unwrap();
+        let r = fabric_rtt(&cfg, &|id| {
+            let c = FabricConfig {
+                model: Some("cx5".into()),
+                ..FabricConfig::new(FabricKind::Shm, &name, rrpc::NodeId(id))
+            };
+            Ok(Fabric::open(&c)?)
+        });
+        check(r);
+    }
+
     fn check(r: Result<RttSamples>) {
         let r = r.expect("peer run failed");
         assert!(r.round_trips > 0);
@@ -428,6 +467,7 @@ mod tests {
             },
         ] {
             assert!(floor_rtt(&bad).is_err());
+            assert!(fabric_rtt(&bad, &|_| bail!("a bad config must fail before opening")).is_err());
             assert!(iceoryx2_rtt(&bad).is_err());
             assert!(tonic_rtt(&bad).is_err());
         }
@@ -437,6 +477,7 @@ mod tests {
     fn all_peers_run() {
         let Some(cfg) = short_cfg(32, 32) else { return };
         check(floor_rtt(&cfg));
+        check(shm_fabric_rtt(&cfg, "all-peers"));
         check(iceoryx2_rtt(&cfg));
         check(iceoryx2_slice_rtt(&cfg));
         check(tonic_rtt(&cfg));

@@ -1,0 +1,187 @@
+//! Fabric floor: one RDMA WRITE each way through the fabric's own QPs, no RPC protocol.
+
+use super::{run_pair, Meter, Patience, PeerConfig, RttSamples};
+use anyhow::{bail, Context as _, Result};
+use rrpc::fabric::{CompletionQueue, Fabric, MemoryRegion, QueuePair, SendWr, Wc, WrOpcode};
+
+/// Every this many WRITEs one is signaled, so a real NIC's send queue is drained
+/// (selective signaling, as rrpc's channels do).
+const SIGNAL_EVERY: u64 = 32;
+
+/// Send-queue depth of each QP (more than the WRITEs between two signaled ones).
+const SQ_DEPTH: usize = 128;
+
+/// Bytes of a message in flight: the payload, then an 8-byte sequence word written
+/// last, which the receiver spins on.
+fn message_bytes(payload: usize) -> usize {
+    payload.next_multiple_of(8) + 8
+}
+
+/// One side: its fabric (kept alive), a send buffer, the MR the peer WRITEs into, and
+/// one QP connected to the peer's.
+struct Side {
+    _fabric: Fabric,
+    send: MemoryRegion,
+    recv: MemoryRegion,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    /// Signaled WRITEs not yet seen on the CQ.
+    unreaped: u64,
+    /// WRITEs posted.
+    posted: u64,
+    /// Whether the fabric runs a timing model, whose WRs execute only as the CQ is polled.
+    timed: bool,
+    wcs: Vec<Wc>,
+}
+
+impl Side {
+    fn new(fabric: Fabric, bytes: usize) -> Result<Self> {
+        let send = fabric.alloc_mr(bytes).context("allocate the send buffer")?;
+        let recv = fabric
+            .alloc_mr(bytes)
+            .context("allocate the receive buffer")?;
+        let cq = fabric.create_cq(SQ_DEPTH).context("create the CQ")?;
+        let qp = fabric.create_qp(&cq, SQ_DEPTH).context("create the QP")?;
+        let timed = fabric.model_name() != "none";
+        Ok(Self {
+            _fabric: fabric,
+            send,
+            recv,
+            cq,
+            qp,
+            unreaped: 0,
+            posted: 0,
+            timed,
+            wcs: Vec::with_capacity(SQ_DEPTH),
+        })
+    }
+
+    /// WRITE `msg` (its last 8 bytes the sequence word) into the peer's receive buffer.
+    fn write(&mut self, peer: &rrpc::fabric::MrDesc, msg: &[u8]) -> Result<()> {
+        self.send.write(0, msg);
+        self.posted += 1;
+        let signaled = self.posted.is_multiple_of(SIGNAL_EVERY);
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: self.posted,
+                opcode: WrOpcode::Write,
+                sge: self.send.sge(0, msg.len()),
+                remote: peer.at(0),
+                signaled,
+                // Rewritten only after the peer answered, when the WRITE has landed;
+                // the backend inlines small WRITEs on its own.
+                inline: false,
+            }])
+            .context("post the WRITE")?;
+        self.unreaped += u64::from(signaled);
+        Ok(())
+    }
+
+    /// Reap completions while waiting (and, under a timing model, let the posted WRs
+    /// execute). Errors on a failed WR.
+    fn reap(&mut self) -> Result<()> {
+        if self.unreaped == 0 && !self.timed {
+            return Ok(());
+        }
+        self.wcs.clear();
+        self.cq.poll(&mut self.wcs, SQ_DEPTH);
+        for wc in &self.wcs {
+            if wc.status != rrpc::fabric::WcStatus::Success {
+                bail!("WRITE {} failed: {:?}", wc.wr_id, wc.status);
+            }
+            self.unreaped = self.unreaped.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// The sequence word of the message in the receive buffer.
+    fn seq(&self, at: usize) -> u64 {
+        self.recv.load_u64(at)
+    }
+}
+
+/// Round-trip time of the fabric alone: the client WRITEs `request_bytes` plus an 8-byte
+/// sequence word into the server's MR through a connected QP; the server spins on that
+/// word, copies the counter into its reply and WRITEs `reply_bytes` plus the word back.
+/// No ring, call table, executor or credit: the cost of any RPC built on this fabric
+/// includes this. `open(n)` opens node `n` (1: server, 2: client) of a cluster the caller
+/// prepared; both fabrics are opened and their QPs connected before the threads start.
+///
+/// One WRITE in [`SIGNAL_EVERY`] is signaled and reaped while
+/// spinning. Under a timing model the QP executes WRs as its CQ is polled, so both sides
+/// poll their CQ while spinning.
+pub fn fabric_rtt(cfg: &PeerConfig, open: &dyn Fn(u32) -> Result<Fabric>) -> Result<RttSamples> {
+    cfg.validate().context("fabric: invalid config")?;
+    let (req, rep) = (
+        message_bytes(cfg.request_bytes),
+        message_bytes(cfg.reply_bytes),
+    );
+    let bytes = req.max(rep).next_multiple_of(4096);
+    let mut server = Side::new(open(1).context("fabric: open the server's node")?, bytes)?;
+    let mut client = Side::new(open(2).context("fabric: open the client's node")?, bytes)?;
+    let (s_ep, c_ep) = (server.qp.endpoint(), client.qp.endpoint());
+    server
+        .qp
+        .connect(&c_ep)
+        .context("fabric: connect the server's QP")?;
+    client
+        .qp
+        .connect(&s_ep)
+        .context("fabric: connect the client's QP")?;
+    let (to_server, to_client) = (server.recv.desc(), client.recv.desc());
+    run_pair(
+        "fabric",
+        move |ctx| {
+            ctx.rendezvous(super::pin_current(cfg.server_core))?;
+            let mut msg = vec![0u8; rep];
+            let mut last = 0u64;
+            let mut patience = Patience::new();
+            loop {
+                let v = server.seq(req - 8);
+                if v == last {
+                    server.reap()?;
+                    if patience.server_spin(ctx) {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                let mut head = [0u8; 8];
+                server.recv.read(0, &mut head);
+                if u64::from_le_bytes(head) != v {
+                    bail!("request {v} carries counter {}", u64::from_le_bytes(head));
+                }
+                msg[..8].copy_from_slice(&head);
+                msg[rep - 8..].copy_from_slice(&v.to_le_bytes());
+                server.write(&to_client, &msg)?;
+                last = v;
+            }
+        },
+        move |ctx| {
+            let setup = super::pin_current(cfg.client_core).and_then(|()| Meter::new(cfg));
+            let mut meter = ctx.rendezvous(setup)?;
+            meter.arm();
+            let mut msg = vec![0u8; req];
+            let mut i = 0u64;
+            loop {
+                i += 1;
+                let t0 = meter.now();
+                super::fill_payload(&mut msg[..req - 8], i);
+                msg[req - 8..].copy_from_slice(&i.to_le_bytes());
+                client.write(&to_server, &msg)?;
+                let mut patience = Patience::new();
+                while client.seq(rep - 8) != i {
+                    client.reap()?;
+                    patience.client_spin(ctx, "fabric: wait for the reply")?;
+                }
+                let mut head = [0u8; 8];
+                client.recv.read(0, &mut head);
+                if u64::from_le_bytes(head) != i {
+                    bail!("reply {i} echoes counter {}", u64::from_le_bytes(head));
+                }
+                if meter.record(t0) {
+                    return Ok(meter.finish());
+                }
+            }
+        },
+    )
+}
