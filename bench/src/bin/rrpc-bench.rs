@@ -1046,6 +1046,6 @@ fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serd
     }
     Ok(json!({
         "request_bytes": 32, "reply_bytes": 32, "points": rows,
-        "ratio_rtt_rrpc_iceoryx2": ratio("iceoryx2"), "ratio_rtt_rrpc_tonic": ratio("tonic"), "ratio_rtt_rrpc_floor": ratio("floor"), "ratio_rtt_rrpc_fabric": ratio("fabric"),
+        "ratio_rtt_rrpc_iceoryx2": ratio("iceoryx2"), "ratio_rtt_rrpc_tonic": ratio("tonic"), "ratio_rtt_rrpc_floor": ratio("floor"), "ratio_rtt_rrpc_fabric": ratio("fabric"), "ratio_rtt_fabric_floor": p50["fabric"] / p50["floor"],
     }))
 }
