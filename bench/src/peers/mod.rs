@@ -403,14 +403,14 @@ mod tests {
         })
     }
 
-    /// The fabric peer on the shm fabric, in its own cluster.
-    fn shm_fabric_rtt(cfg: &PeerConfig, tag: &str) -> Result<RttSamples> {
+    /// The fabric peer on the shm fabric with timing model `model`, in its own cluster.
+    fn shm_fabric_rtt(cfg: &PeerConfig, tag: &str, model: &str) -> Result<RttSamples> {
         use rrpc::fabric::{shm::ClusterGuard, Fabric, FabricConfig, FabricKind};
         let name = format!("bench-peers-{}-{tag}", std::process::id());
         let (_cluster, _) = ClusterGuard::new(&name)?;
         fabric_rtt(cfg, &|id| {
             let c = FabricConfig {
-                model: Some("none".into()),
+                model: Some(model.into()),
                 ..FabricConfig::new(FabricKind::Shm, &name, rrpc::NodeId(id))
             };
             Ok(Fabric::open(&c)?)
@@ -419,23 +419,13 @@ mod tests {
 
     #[test]
     fn the_fabric_peer_runs_under_a_timing_model_and_with_odd_sizes() {
-        use rrpc::fabric::{shm::ClusterGuard, Fabric, FabricConfig, FabricKind};
         let Some(cfg) = short_cfg(40, 200) else {
             return;
         };
-        check(shm_fabric_rtt(&cfg, "odd"));
+        check(shm_fabric_rtt(&cfg, "odd", "none"));
         // Under a model, WRs execute only as the CQ is polled: a peer that did not poll
         // would never see its WRITE land and fail with a timeout.
-        let name = format!("bench-peers-{}-cx5", std::process::id());
-        let (_cluster, _) = ClusterGuard::new(&name).unwrap();
-        let r = fabric_rtt(&cfg, &|id| {
-            let c = FabricConfig {
-                model: Some("cx5".into()),
-                ..FabricConfig::new(FabricKind::Shm, &name, rrpc::NodeId(id))
-            };
-            Ok(Fabric::open(&c)?)
-        });
-        check(r);
+        check(shm_fabric_rtt(&cfg, "cx5", "cx5"));
     }
 
     fn check(r: Result<RttSamples>) {
@@ -467,7 +457,9 @@ mod tests {
             },
         ] {
             assert!(floor_rtt(&bad).is_err());
-            assert!(fabric_rtt(&bad, &|_| bail!("a bad config must fail before opening")).is_err());
+            assert!(
+                fabric_rtt(&bad, &|_| panic!("a bad config must fail before opening")).is_err()
+            );
             assert!(iceoryx2_rtt(&bad).is_err());
             assert!(tonic_rtt(&bad).is_err());
         }
@@ -477,7 +469,7 @@ mod tests {
     fn all_peers_run() {
         let Some(cfg) = short_cfg(32, 32) else { return };
         check(floor_rtt(&cfg));
-        check(shm_fabric_rtt(&cfg, "all-peers"));
+        check(shm_fabric_rtt(&cfg, "all-peers", "none"));
         check(iceoryx2_rtt(&cfg));
         check(iceoryx2_slice_rtt(&cfg));
         check(tonic_rtt(&cfg));
