@@ -107,7 +107,7 @@ impl Side {
 /// includes this. `open(n)` opens node `n` (1: server, 2: client) of a cluster the caller
 /// prepared; both fabrics are opened and their QPs connected before the threads start.
 ///
-/// One WRITE in [`SIGNAL_EVERY`] is signaled and reaped while spinning. Under a timing
+/// One WRITE in 32 is signaled and reaped while spinning. Under a timing
 /// model the QP executes WRs as its CQ is polled, so both sides poll their CQ while
 /// spinning. Errors: a bad config (before anything is opened), a fabric that cannot be
 /// opened or connected, a failed WRITE, a counter that does not match, or no reply within
