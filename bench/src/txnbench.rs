@@ -8,7 +8,7 @@
 //! the workload's data on the memory nodes, runs `threads x coroutines` coordinators of
 //! one protocol ([`txn::coordinator::Protocol`]) for a fixed duration, prints committed
 //! throughput, p50/p99 latency of committed transactions and abort rates per
-//! transaction type, then checks the run ([`crate::audit`]): the workload's own check
+//! transaction type, then checks the run (the `audit` module): the workload's own check
 //! (SmallBank: total money equals the initial total plus the net of committed deposits
 //! and withdrawals; KVS / YCSB: every key read after the run carries a valid checksum,
 //! and the update counters add up to the committed updates; TATP: referential
@@ -165,8 +165,8 @@ pub struct Args {
     /// none, cx5, cx6, rxe (built-in RNIC profiles) or the path of a TOML profile.
     #[arg(long, env = "RRPC_MODEL", default_value = "none", value_name = "MODEL")]
     pub model: String,
-    /// Cluster name (default: txn-bench-<pid>; with several runs, each run's cluster
-    /// gets a suffix -<run>).
+    /// Cluster name (default: `txn-bench-<pid>`; with several runs, each run's cluster
+    /// gets a suffix `-<run>`).
     #[arg(long)]
     pub cluster: Option<String>,
     /// Directory of the memnode, lockd and tso binaries (default: next to this binary).

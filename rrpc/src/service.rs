@@ -13,7 +13,7 @@ use crate::fabric::{Fabric, FabricConfig, FabricError, FabricKind};
 /// Flags every service binary takes; `#[command(flatten)]` it into the binary's parser.
 #[derive(clap::Args, Debug, Clone)]
 pub struct NodeArgs {
-    /// Cluster name (shm files live under /dev/shm/rrpc-<cluster>/, or a hugetlbfs mount).
+    /// Cluster name (shm files live under `/dev/shm/rrpc-<cluster>/`, or a hugetlbfs mount).
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub cluster: String,
     /// This node's id, unique in the cluster.

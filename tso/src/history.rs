@@ -13,7 +13,7 @@
 //! before: `O(n log n)`.
 //!
 //! The checker can fail: its tests feed it duplicates and real-time inversions, and catch
-//! a prefetching TSO group leader ([`crate::TsoGroup::prefetching`], test builds only).
+//! a prefetching TSO group leader (`TsoGroup::prefetching`, test builds only).
 
 use serde::{Deserialize, Serialize};
 

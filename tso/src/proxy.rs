@@ -12,7 +12,7 @@
 //! **Never prefetches, never caches**: the FAA that serves a request is issued after the
 //! request arrived, so a request that starts after another one finished (at any proxy,
 //! or directly at the oracle) gets a larger timestamp. A proxy that kept a range for
-//! later requests would break that ([`Proxy::start_prefetching`] exists in test builds to
+//! later requests would break that (`Proxy::start_prefetching` exists in test builds to
 //! show the checker catching it).
 //!
 //! **Following an oracle restart.** The server threads take their ranges through one

@@ -10,7 +10,7 @@
 //! cooled object brings it back. (Choosing only at the first round, as this module once
 //! did, left TPC-C's Payment, whose first round is the customer-by-name index, in OCC on
 //! WAREHOUSE_YTD for ever: it aborted on locked-on-read at its second round.) The switch
-//! ([`to_tocc`]) takes the timestamp and hot tickets on the objects read so far that
+//! (`to_tocc`) takes the timestamp and hot tickets on the objects read so far that
 //! TOCC tickets (below), and once they are served checks that each is still at the
 //! version its OCC read saw (else [`AbortReason::ValidationVersion`]): from then on the
 //! attempt holds them as if it had read them under its tickets.

@@ -9,7 +9,7 @@
 //! Backends sit behind enums ([`Fabric`], [`MemoryRegion`], [`QueuePair`],
 //! [`CompletionQueue`]) so that a binary chooses one at run time while the layers
 //! above stay unchanged; a `match` over the variant is the only dispatch on the hot
-//! path. Backends: [`shm`] (always) and [`verbs`] (feature `verbs`).
+//! path. Backends: [`shm`] (always) and `verbs` (feature `verbs`).
 
 pub mod model;
 pub mod shm;
@@ -625,7 +625,7 @@ impl MemoryRegion {
     }
     /// Base pointer of the local mapping.
     ///
-    /// Panics on device memory ([`MemoryRegion::VerbsDm`]), which has none.
+    /// Panics on device memory (`MemoryRegion::VerbsDm`, feature `verbs`), which has none.
     pub fn as_ptr(&self) -> *mut u8 {
         match self {
             Self::Shm(m) => m.as_ptr(),
