@@ -94,6 +94,14 @@ impl Side {
         Ok(())
     }
 
+    /// The round counter in the first 8 bytes (little endian) of the message in the
+    /// receive buffer.
+    fn counter(&self) -> u64 {
+        let mut head = [0u8; 8];
+        self.recv.read(0, &mut head);
+        u64::from_le_bytes(head)
+    }
+
     /// The sequence word of the message in the receive buffer.
     fn seq(&self, at: usize) -> u64 {
         self.recv.load_u64(at)
@@ -147,12 +155,11 @@ pub fn fabric_rtt(cfg: &PeerConfig, open: &dyn Fn(u32) -> Result<Fabric>) -> Res
                     }
                     continue;
                 }
-                let mut head = [0u8; 8];
-                server.recv.read(0, &mut head);
-                if u64::from_le_bytes(head) != v {
-                    bail!("request {v} carries counter {}", u64::from_le_bytes(head));
+                let c = server.counter();
+                if c != v {
+                    bail!("request {v} carries counter {c}");
                 }
-                msg[..8].copy_from_slice(&head);
+                msg[..8].copy_from_slice(&c.to_le_bytes());
                 msg[rep - 8..].copy_from_slice(&v.to_le_bytes());
                 server.write(&to_client, &msg)?;
                 last = v;
@@ -175,10 +182,9 @@ pub fn fabric_rtt(cfg: &PeerConfig, open: &dyn Fn(u32) -> Result<Fabric>) -> Res
                     client.reap()?;
                     patience.client_spin(ctx, "fabric: wait for the reply")?;
                 }
-                let mut head = [0u8; 8];
-                client.recv.read(0, &mut head);
-                if u64::from_le_bytes(head) != i {
-                    bail!("reply {i} echoes counter {}", u64::from_le_bytes(head));
+                let c = client.counter();
+                if c != i {
+                    bail!("reply {i} echoes counter {c}");
                 }
                 if meter.record(t0) {
                     return Ok(meter.finish());
