@@ -111,7 +111,16 @@ enum Cmd {
     Throughput,
     /// rrpc against iceoryx2 request-response, tonic gRPC (loopback TCP) and the cache-line
     /// ping-pong floor: 32 B request and reply, two pinned busy-polling endpoints.
-    Peers,
+    Peers {
+        /// Then run this many matched rounds (the floor, fabric, rrpc, iceoryx2 and the
+        /// floor again, back to back, one --duration-ms point each) and print each round's
+        /// ratios and their medians per machine speed (rounds grouped by their floor; a
+        /// round whose two floors differ by more than 2x is left out). Use it where the
+        /// machine's speed drifts: one point per peer may pair a floor and an rrpc point
+        /// taken at different speeds. 0: no rounds.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+        rounds: u32,
+    },
     /// All of the above.
     All,
 }
@@ -188,8 +197,11 @@ fn run(args: Args) -> Result<()> {
                 json!({ "small_rpc_calls_per_s": rate, "small_rpc_calls_per_s_per_core": per_core, "coroutines": c.coroutines }),
             );
         }
-        Cmd::Peers => {
+        Cmd::Peers { rounds } => {
             out.insert("peers", peers_cmp(c, kind, plot_for("peers"))?);
+            if *rounds > 0 {
+                out.insert("peers_rounds", matched_rounds(c, kind, *rounds)?);
+            }
         }
         Cmd::All => {}
     }
@@ -972,15 +984,20 @@ fn rrpc_rtt(c: &Common, kind: FabricKind, cfg: &PeerConfig) -> Result<RttSamples
     })
 }
 
-fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serde_json::Value> {
-    let cfg = PeerConfig {
+/// The peers' settings: 32 B each way, the command line's cores and times.
+fn peer_config(c: &Common) -> PeerConfig {
+    PeerConfig {
         request_bytes: 32,
         reply_bytes: 32,
         warmup: Duration::from_millis(c.warmup_ms),
         duration: Duration::from_millis(c.duration_ms),
         client_core: c.client_core,
         server_core: c.server_core,
-    };
+    }
+}
+
+fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serde_json::Value> {
+    let cfg = peer_config(c);
     println!(
         "\n== peers: round trip, 32 B request and 32 B reply, one request in flight, client core {} / server core {}, busy polling (tonic: tokio current-thread runtimes)",
         cfg.client_core, cfg.server_core
@@ -1048,4 +1065,87 @@ fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serd
         "request_bytes": 32, "reply_bytes": 32, "points": rows,
         "ratio_rtt_rrpc_iceoryx2": ratio("iceoryx2"), "ratio_rtt_rrpc_tonic": ratio("tonic"), "ratio_rtt_rrpc_floor": ratio("floor"), "ratio_rtt_rrpc_fabric": ratio("fabric"), "ratio_rtt_fabric_floor": p50["fabric"] / p50["floor"],
     }))
+}
+
+/// `peers --rounds`: `rounds` times the floor, the fabric, rrpc, iceoryx2 and the floor
+/// again back to back (one point each), printing each round's p50s and ratios as it ends,
+/// then the median ratios of each speed's rounds ([`peers::rounds::group_by_floor`]).
+fn matched_rounds(c: &Common, kind: FabricKind, rounds: u32) -> Result<serde_json::Value> {
+    use peers::rounds::{group_by_floor, Round, SPEED_GAP};
+    let cfg = peer_config(c);
+    println!(
+        "\n== peers, {rounds} matched rounds: floor, fabric, rrpc, iceoryx2 and the floor again back to back, p50 in ns, {} ms each ({} ms warm-up); a ratio compares points of one round",
+        c.duration_ms, c.warmup_ms
+    );
+    let head = [
+        "round",
+        "floor",
+        "fabric",
+        "rrpc",
+        "iceoryx2",
+        "floor",
+        "rrpc/floor",
+        "rrpc/fabric",
+        "fabric/floor",
+        "rrpc/iceoryx2",
+    ];
+    println!(
+        "{:>6} {:>7} {:>7} {:>7} {:>9} {:>7} {:>11} {:>12} {:>13} {:>14}",
+        head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8], head[9]
+    );
+    let p50 = |name: &str, r: Result<RttSamples>| -> Result<u64> {
+        Ok(r.with_context(|| format!("peer {name}"))?
+            .hist
+            .value_at_quantile(0.5))
+    };
+    let mut all = Vec::with_capacity(rounds as usize);
+    for i in 1..=rounds {
+        let r = Round {
+            floor: p50("floor", peers::floor_rtt(&cfg))?,
+            fabric: p50("fabric", fabric_floor_rtt(c, kind, &cfg))?,
+            rrpc: p50("rrpc", rrpc_rtt(c, kind, &cfg))?,
+            iceoryx2: p50("iceoryx2", peers::iceoryx2_rtt(&cfg))?,
+            floor_after: p50("floor", peers::floor_rtt(&cfg))?,
+        };
+        let q = r.ratios();
+        let note = if r.mixed(SPEED_GAP) {
+            "  (speed changed: left out)"
+        } else {
+            ""
+        };
+        println!(
+            "{:>6} {:>7} {:>7} {:>7} {:>9} {:>7} {:>11.2} {:>12.2} {:>13.2} {:>14.2}{note}",
+            i,
+            r.floor,
+            r.fabric,
+            r.rrpc,
+            r.iceoryx2,
+            r.floor_after,
+            q.rrpc_floor,
+            q.rrpc_fabric,
+            q.fabric_floor,
+            q.rrpc_iceoryx2
+        );
+        all.push(r);
+    }
+    let grouping = group_by_floor(&all, SPEED_GAP);
+    println!(
+        "rounds by machine speed (floors more than {SPEED_GAP}x apart are different speeds), median ratios:"
+    );
+    for g in &grouping.groups {
+        let m = &g.median;
+        println!(
+            "  floor {}-{} ns, {} rounds: rrpc/floor = {:.2}, rrpc/fabric = {:.2}, fabric/floor = {:.2}, rrpc/iceoryx2 = {:.2}",
+            g.floor_min_ns, g.floor_max_ns, g.rounds, m.rrpc_floor, m.rrpc_fabric, m.fabric_floor, m.rrpc_iceoryx2
+        );
+    }
+    if grouping.mixed > 0 {
+        println!(
+            "  {} round(s) left out: their two floors differ by more than {SPEED_GAP}x, so the speed changed within them",
+            grouping.mixed
+        );
+    }
+    Ok(
+        json!({ "rounds": all, "speed_gap": SPEED_GAP, "groups": grouping.groups, "mixed_rounds_left_out": grouping.mixed }),
+    )
 }

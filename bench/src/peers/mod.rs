@@ -25,10 +25,14 @@
 //!   `benchmarks/request-response` (and `benchmarks/publish-subscribe`).
 //! * [`tonic_rtt`]: tonic unary gRPC over loopback TCP, one current-thread
 //!   tokio runtime per side.
+//!
+//! [`rounds`] pairs the peers' p50s round by round, so ratios hold on a machine whose
+//! speed drifts.
 
 mod fabric;
 mod floor;
 mod iceoryx2;
+pub mod rounds;
 mod tonic;
 
 pub use self::fabric::fabric_rtt;

@@ -1,0 +1,75 @@
+//! End to end: the real `rrpc-bench peers --rounds` over the shm fabric, with short
+//! points. Its JSON carries one entry per round with every peer's p50, and the speed
+//! groups plus the rounds left out as mixed hold every round. A round count out of range
+//! is refused before anything runs. (The figures are the benchmark's business, not this
+//! test's.)
+
+use std::process::Command;
+
+fn rrpc_bench() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rrpc-bench"));
+    c.env("RRPC_FABRIC", "shm").env("RRPC_MODEL", "none");
+    c
+}
+
+#[test]
+fn peers_rounds_reports_every_round_and_groups_them_by_speed() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("peers.json");
+    let out = rrpc_bench()
+        .args([
+            "peers",
+            "--rounds",
+            "2",
+            "--duration-ms",
+            "40",
+            "--warmup-ms",
+            "10",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "rrpc-bench failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("2 matched rounds"), "{stdout}");
+    assert!(stdout.contains("rounds by machine speed"), "{stdout}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let r = &doc["results"]["peers_rounds"];
+    let rounds = r["rounds"].as_array().expect("rounds");
+    assert_eq!(rounds.len(), 2, "{r}");
+    for round in rounds {
+        for peer in ["floor", "fabric", "rrpc", "iceoryx2"] {
+            assert!(
+                round[peer].as_u64().is_some_and(|ns| ns > 0),
+                "{peer}: {round}"
+            );
+        }
+    }
+    let grouped: u64 = r["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| g["rounds"].as_u64().unwrap())
+        .sum();
+    let mixed = r["mixed_rounds_left_out"].as_u64().expect("mixed count");
+    assert_eq!(grouped + mixed, 2, "{r}");
+}
+
+#[test]
+fn peers_refuses_a_round_count_out_of_range() {
+    let out = rrpc_bench()
+        .args(["peers", "--rounds", "1001"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--rounds"), "{err}");
+    // Refused by the argument parser: no benchmark header was printed.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("rrpc-bench |"));
+}
