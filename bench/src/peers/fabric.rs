@@ -106,6 +106,16 @@ impl Side {
     fn seq(&self, at: usize) -> u64 {
         self.recv.load_u64(at)
     }
+
+    /// Whether message `want` has landed whole: its sequence word (at byte `at`) and its
+    /// counter both read `want`. A NIC promises no order in which a WRITE's bytes land,
+    /// and Soft-RoCE places them with `memcpy`, which may store the tail first and can
+    /// tear a word. So a sequence word that reads anything else, or a counter still
+    /// holding the last message's value, means "not yet", not an error; a message that
+    /// never lands whole shows as a reply timeout.
+    fn arrived(&self, at: usize, want: u64) -> bool {
+        self.seq(at) == want && self.counter() == want
+    }
 }
 
 /// Round-trip time of the fabric alone: the client WRITEs `request_bytes` plus an 8-byte
@@ -117,9 +127,11 @@ impl Side {
 ///
 /// One WRITE in 32 is signaled and reaped while spinning. Under a timing
 /// model the QP executes WRs as its CQ is polled, so both sides poll their CQ while
-/// spinning. Errors: a bad config (before anything is opened), a fabric that cannot be
-/// opened or connected, a failed WRITE, a counter that does not match, or no reply within
-/// [`super::REPLY_TIMEOUT`].
+/// spinning. A side takes a message once its sequence word and its counter both hold
+/// the value it expects, since a NIC may place a WRITE's bytes in any order. Errors: a
+/// bad config (before anything is opened), a fabric that cannot be opened or connected,
+/// a failed WRITE, or no whole reply within [`super::REPLY_TIMEOUT`] (the error names the
+/// sequence word and counter the client last saw).
 pub fn fabric_rtt(cfg: &PeerConfig, open: &dyn Fn(u32) -> Result<Fabric>) -> Result<RttSamples> {
     cfg.validate().context("fabric: invalid config")?;
     let (req, rep) = (
@@ -144,25 +156,20 @@ pub fn fabric_rtt(cfg: &PeerConfig, open: &dyn Fn(u32) -> Result<Fabric>) -> Res
         move |ctx| {
             ctx.rendezvous(super::pin_current(cfg.server_core))?;
             let mut msg = vec![0u8; rep];
-            let mut last = 0u64;
+            let mut want = 1u64;
             let mut patience = Patience::new();
             loop {
-                let v = server.seq(req - 8);
-                if v == last {
+                if !server.arrived(req - 8, want) {
                     server.reap()?;
                     if patience.server_spin(ctx) {
                         return Ok(());
                     }
                     continue;
                 }
-                let c = server.counter();
-                if c != v {
-                    bail!("request {v} carries counter {c}");
-                }
-                msg[..8].copy_from_slice(&c.to_le_bytes());
-                msg[rep - 8..].copy_from_slice(&v.to_le_bytes());
+                msg[..8].copy_from_slice(&want.to_le_bytes());
+                msg[rep - 8..].copy_from_slice(&want.to_le_bytes());
                 server.write(&to_client, &msg)?;
-                last = v;
+                want += 1;
             }
         },
         move |ctx| {
@@ -178,13 +185,17 @@ pub fn fabric_rtt(cfg: &PeerConfig, open: &dyn Fn(u32) -> Result<Fabric>) -> Res
                 msg[req - 8..].copy_from_slice(&i.to_le_bytes());
                 client.write(&to_server, &msg)?;
                 let mut patience = Patience::new();
-                while client.seq(rep - 8) != i {
+                while !client.arrived(rep - 8, i) {
                     client.reap()?;
-                    patience.client_spin(ctx, "fabric: wait for the reply")?;
-                }
-                let c = client.counter();
-                if c != i {
-                    bail!("reply {i} echoes counter {c}");
+                    patience
+                        .client_spin(ctx, "fabric: wait for the reply")
+                        .with_context(|| {
+                            format!(
+                                "reply {i}: sequence word {}, counter {}",
+                                client.seq(rep - 8),
+                                client.counter()
+                            )
+                        })?;
                 }
                 if meter.record(t0) {
                     return Ok(meter.finish());
@@ -192,4 +203,43 @@ pub fn fabric_rtt(cfg: &PeerConfig, open: &dyn Fn(u32) -> Result<Fabric>) -> Res
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rrpc::fabric::{shm::ClusterGuard, FabricConfig, FabricKind};
+
+    /// A message counts only once both its words hold the expected value, whichever
+    /// lands first, and a torn sequence word is "not yet". (Seen on Soft-RoCE: the server
+    /// read a sequence word torn between 255 and 256 as 0 beside a counter of 256; taking
+    /// any new sequence word as a whole message failed the run.)
+    #[test]
+    fn a_message_counts_once_both_its_words_landed_in_either_order() {
+        let name = format!("bench-fabric-arrived-{}", std::process::id());
+        let (_cluster, _) = ClusterGuard::new(&name).unwrap();
+        let fabric =
+            Fabric::open(&FabricConfig::new(FabricKind::Shm, &name, rrpc::NodeId(1))).unwrap();
+        let side = Side::new(fabric, 4096).unwrap();
+        let at = message_bytes(32) - 8;
+        let put = |off: usize, v: u64| side.recv.write(off, &v.to_le_bytes());
+        // Message 255 has landed.
+        put(0, 255);
+        put(at, 255);
+        assert!(side.arrived(at, 255));
+        assert!(!side.arrived(at, 256));
+        // 256: the counter lands, then the sequence word is read torn between 255
+        // (ff 00 ..) and 256 (00 01 ..): the new low byte beside the old second byte.
+        put(0, 256);
+        assert!(!side.arrived(at, 256), "counter alone");
+        put(at, 0);
+        assert!(!side.arrived(at, 256), "torn sequence word");
+        put(at, 256);
+        assert!(side.arrived(at, 256));
+        // 257's sequence word first (tail-first placement): the counter still says 256.
+        put(at, 257);
+        assert!(!side.arrived(at, 257), "sequence word alone");
+        put(0, 257);
+        assert!(side.arrived(at, 257));
+    }
 }
