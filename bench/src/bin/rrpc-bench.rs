@@ -1077,7 +1077,8 @@ fn matched_rounds(c: &Common, kind: FabricKind, rounds: u32) -> Result<serde_jso
         "\n== peers, {rounds} matched rounds: floor, fabric, rrpc, iceoryx2 and the floor again back to back, p50 in ns, {} ms each ({} ms warm-up); a ratio compares points of one round",
         c.duration_ms, c.warmup_ms
     );
-    let head = [
+    println!(
+        "{:>6} {:>7} {:>7} {:>7} {:>9} {:>7} {:>11} {:>12} {:>13} {:>14}",
         "round",
         "floor",
         "fabric",
@@ -1087,11 +1088,7 @@ fn matched_rounds(c: &Common, kind: FabricKind, rounds: u32) -> Result<serde_jso
         "rrpc/floor",
         "rrpc/fabric",
         "fabric/floor",
-        "rrpc/iceoryx2",
-    ];
-    println!(
-        "{:>6} {:>7} {:>7} {:>7} {:>9} {:>7} {:>11} {:>12} {:>13} {:>14}",
-        head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8], head[9]
+        "rrpc/iceoryx2"
     );
     let p50 = |name: &str, r: Result<RttSamples>| -> Result<u64> {
         Ok(r.with_context(|| format!("peer {name}"))?
