@@ -5,10 +5,10 @@
 //! On a shared machine the cache-line floor itself drifts: a VM whose two cores move
 //! between nearby and distant physical cores sees its floor change fourfold within one
 //! invocation. One point per peer can then pair a floor taken at one speed with an rrpc
-//! point taken at another, and the ratio means nothing. A round's ratios cannot mix
-//! speeds (unless the speed changes inside the round, which the median over rounds
-//! outvotes), and [`group_by_floor`] reports the rounds of each speed apart, so one
-//! invocation gives the ratio at every speed the machine ran at.
+//! point taken at another, and the ratio means nothing. A round takes its points within
+//! about a second; one whose speed changed inside is seen by its two floors and left out
+//! ([`Round::mixed`]), and [`group_by_floor`] reports the rounds of each speed apart, so
+//! one invocation gives the ratio at every speed the machine ran at.
 
 use serde::Serialize;
 
@@ -59,6 +59,19 @@ impl Round {
             rrpc_iceoryx2: r(self.rrpc, self.iceoryx2),
         }
     }
+
+    /// Whether the machine's speed changed within the round: its two floors, measured
+    /// first and last, are more than `gap` apart (see [`apart`]). (A change and a change
+    /// back between them goes unseen; the median over the group outvotes such a round.)
+    pub fn mixed(&self, gap: f64) -> bool {
+        apart(self.floor, self.floor_after, gap)
+    }
+}
+
+/// Whether two floors (ns) belong to different speeds: the larger is more than `gap`
+/// times the smaller (a floor of 0 ns counts as 1 ns).
+fn apart(a: u64, b: u64, gap: f64) -> bool {
+    a.max(b) as f64 > gap * a.min(b).max(1) as f64
 }
 
 /// Rounds taken at one speed of the machine: their floors lie within [`SPEED_GAP`] of
@@ -86,19 +99,6 @@ pub struct Grouping {
     pub mixed: usize,
 }
 
-impl Round {
-    /// Whether the machine's speed changed within the round: its two floors, measured
-    /// first and last, differ by more than `gap` times. (A change and a change back
-    /// between them goes unseen; the median over the group outvotes such a round.)
-    pub fn mixed(&self, gap: f64) -> bool {
-        let (lo, hi) = (
-            self.floor.min(self.floor_after),
-            self.floor.max(self.floor_after),
-        );
-        hi as f64 > gap * lo.max(1) as f64
-    }
-}
-
 /// Split `rounds` by speed: the rounds that do not mix speeds (by `gap`, see
 /// [`Round::mixed`]), sorted by floor, with a new group where a floor is more than `gap`
 /// times the one before it. Groups come fastest first; no rounds give no groups.
@@ -109,7 +109,7 @@ pub fn group_by_floor(rounds: &[Round], gap: f64) -> Grouping {
     let mut groups = Vec::new();
     let mut start = 0;
     for i in 1..=sorted.len() {
-        let split = i == sorted.len() || sorted[i].floor as f64 > gap * sorted[i - 1].floor as f64;
+        let split = i == sorted.len() || apart(sorted[i - 1].floor, sorted[i].floor, gap);
         if split {
             groups.push(summarize(&sorted[start..i]));
             start = i;
