@@ -61,7 +61,7 @@ impl Round {
     }
 
     /// Whether the machine's speed changed within the round: its two floors, measured
-    /// first and last, are more than `gap` apart (see [`apart`]). (A change and a change
+    /// first and last, are more than `gap` times apart. (A change and a change
     /// back between them goes unseen; the median over the group outvotes such a round.)
     pub fn mixed(&self, gap: f64) -> bool {
         apart(self.floor, self.floor_after, gap)
