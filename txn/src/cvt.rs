@@ -247,6 +247,13 @@ impl Cvt {
             .map(|(i, _)| i)
     }
 
+    /// The version this CVT shows as newest (the tombstone's for a delete),
+    /// [`Timestamp::ZERO`] when it has none.
+    pub fn newest_version(&self) -> Timestamp {
+        self.newest()
+            .map_or(Timestamp::ZERO, |i| self.cells[i].version)
+    }
+
     /// Early abort (Motor 5.1): whether a valid version is larger than `ts` (a
     /// transaction that committed after `ts` started). Under SR a transaction starting at
     /// `ts` that sees one aborts; under SI it reads its snapshot anyway.

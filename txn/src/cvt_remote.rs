@@ -30,13 +30,13 @@ use rrpc::NodeId;
 use serde::{Deserialize, Serialize};
 use tso::Timestamp;
 
-use crate::coordinator::{AbortReason, TxnError};
 use crate::cvt::{
     cvt_bytes, decode_record, encode_record, Cell, Cvt, CvtError, Header, RecordError, CELL_BYTES,
     HEADER_BYTES, LOCK_OFFSET, SLOT_CLAIMED, SLOT_FREE, SLOT_IN_USE, STATE_OFFSET,
 };
 use crate::cvt_index::{search, AddrCache, CacheStats, Found, CVTS_PER_BUCKET};
 use crate::cvt_store::CvtTableExport;
+use crate::error::{AbortReason, TxnError};
 use crate::store::hash_key;
 
 /// What a memory node exports under [`EXPORT_KEY`]: its partition and its CVT tables.

@@ -29,17 +29,22 @@
 //!   reads see the snapshot at the start timestamp).
 #![warn(missing_docs)]
 
+mod attempt;
+mod client_core;
+pub mod config;
 pub mod coordinator;
 pub mod cvt;
 pub mod cvt_index;
 pub mod cvt_remote;
 pub mod cvt_store;
+pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod history;
 pub mod kvs;
 pub mod mvcc;
 pub mod occ_cas;
+mod protocol;
 pub mod scythe;
 pub mod serializability;
 pub mod smallbank;

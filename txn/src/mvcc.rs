@@ -43,15 +43,47 @@ use std::time::{Duration, Instant};
 use rrpc::runtime::join_all;
 use tso::Timestamp;
 
-use crate::coordinator::{AbortReason, Isolation, Obj, Protocol, Txn, TxnClient, TxnError};
+use crate::attempt;
+use crate::client_core::ClientCore;
+use crate::config::Isolation;
 use crate::cvt::Cvt;
 use crate::cvt_remote::CvtLoc;
-use crate::occ_cas::write_back;
+use crate::error::{AbortReason, TxnError};
+use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 
-fn isolation(c: &TxnClient) -> Isolation {
-    match c.cfg.protocol {
-        Protocol::Mvcc(i) => i,
-        _ => unreachable!("mvcc called for {}", c.cfg.protocol),
+/// Motor's MVCC at one isolation level.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mvcc {
+    /// Serializable or snapshot isolation.
+    pub isolation: Isolation,
+}
+
+/// MVCC's state of an object read.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MvccObj {
+    /// The CVT was locked by another transaction when this one read it (module docs,
+    /// locked CVTs).
+    seen_locked: bool,
+}
+
+type Obj = attempt::Obj<MvccObj>;
+type A<'a> = AttemptOf<'a, Mvcc>;
+
+impl ConcurrencyControl for Mvcc {
+    type State = ();
+    type ObjState = MvccObj;
+
+    /// An object read as read-only data and now read for update is locked now.
+    fn refetch(&self, o: &Obj, for_update: bool) -> bool {
+        for_update && !o.locked
+    }
+
+    async fn fetch(&self, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
+        fetch(self.isolation, t, want).await
+    }
+
+    async fn commit(&self, t: &mut A<'_>) -> Result<(), TxnError> {
+        commit(self.isolation, t).await
     }
 }
 
@@ -68,19 +100,19 @@ fn visible(cvt: &Cvt, ts: Timestamp) -> Result<Option<usize>, AbortReason> {
 
 /// Fill `o` from `cvt` as seen at `ts`: version, value (READ of the record).
 async fn read_at(
-    c: &TxnClient,
+    c: &ClientCore,
     o: &mut Obj,
     loc: CvtLoc,
     cvt: Cvt,
     ts: Timestamp,
 ) -> Result<(), TxnError> {
     let cell = visible(&cvt, ts).map_err(TxnError::Abort)?;
-    c.fill(o, loc, cvt, cell).await
+    o.fill(c, loc, cvt, cell).await
 }
 
 /// A read of read-only data at `s` (see the module docs on locked CVTs).
 async fn read_snapshot(
-    c: &TxnClient,
+    c: &ClientCore,
     table: u32,
     key: u64,
     s: Timestamp,
@@ -90,7 +122,7 @@ async fn read_snapshot(
     let Some((loc, cvt)) = c.store.lookup(table, key).await? else {
         return Ok(o);
     };
-    o.seen_locked = cvt.header.lock != 0;
+    o.cc.seen_locked = cvt.header.lock != 0;
     if early_abort && cvt.newer_than(s) {
         return Err(TxnError::Abort(AbortReason::NewerVersion));
     }
@@ -103,7 +135,7 @@ async fn read_snapshot(
 /// (`locked` when the lock was taken, so that the caller releases it on every path) and
 /// the outcome.
 async fn lock_and_read(
-    c: &TxnClient,
+    c: &ClientCore,
     id: u64,
     table: u32,
     key: u64,
@@ -161,13 +193,10 @@ async fn lock_and_read(
 
 /// Execution reads of `want` (read-only data read at `s`, read-write data locked), in one
 /// round.
-pub(crate) async fn fetch(t: &mut Txn<'_>, want: &[(u32, u64, bool)]) -> Result<(), TxnError> {
-    let c = t.c;
-    let s = match t.start {
-        Some(s) => s,
-        None => *t.start.insert(c.timestamp().await?),
-    };
-    let sr = isolation(c) == Isolation::Serializable;
+async fn fetch(iso: Isolation, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
+    let s = t.timestamp().await?;
+    let c = t.core;
+    let sr = iso == Isolation::Serializable;
     let holds = t.objs.iter().any(|o| o.locked) || want.iter().any(|w| w.2);
     let id = t.id;
     let existing: Vec<Option<usize>> = want.iter().map(|&(tb, k, _)| t.find(tb, k)).collect();
@@ -216,8 +245,8 @@ pub(crate) async fn fetch(t: &mut Txn<'_>, want: &[(u32, u64, bool)]) -> Result<
 }
 
 /// Commit (the caller releases the locks).
-pub(crate) async fn commit(t: &mut Txn<'_>) -> Result<(), TxnError> {
-    let c = t.c;
+async fn commit(iso: Isolation, t: &mut A<'_>) -> Result<(), TxnError> {
+    let c = t.core;
     let Some(s) = t.start else {
         return Ok(()); // Nothing read, nothing written.
     };
@@ -236,14 +265,14 @@ pub(crate) async fn commit(t: &mut Txn<'_>) -> Result<(), TxnError> {
         .map(|o| (o.table, o.key, true))
         .collect();
     if !late.is_empty() {
-        fetch(t, &late).await?;
+        fetch(iso, t, &late).await?;
     }
     let commit_ts = c.timestamp().await?;
-    match isolation(c) {
+    match iso {
         Isolation::Serializable => validate(t, commit_ts).await?,
         Isolation::Snapshot => check_locked_reads(t, s, false).await?,
     }
-    write_back(t, |_| commit_ts).await?;
+    t.write_back(|_| commit_ts).await?;
     t.record(Some((s, commit_ts)), commit_ts);
     Ok(())
 }
@@ -251,12 +280,12 @@ pub(crate) async fn commit(t: &mut Txn<'_>) -> Result<(), TxnError> {
 /// The commit-time check of reads that met a locked CVT (module docs): READ the CVT
 /// again until it is unlocked (waiting only with `wait`, up to the read wait), then the
 /// version visible at `s` must be the one read.
-async fn check_locked_reads(t: &mut Txn<'_>, s: Timestamp, wait: bool) -> Result<(), TxnError> {
-    let c = t.c;
+async fn check_locked_reads(t: &mut A<'_>, s: Timestamp, wait: bool) -> Result<(), TxnError> {
+    let c = t.core;
     let checks = t
         .objs
         .iter()
-        .filter(|o| o.seen_locked && !o.locked)
+        .filter(|o| o.cc.seen_locked && !o.locked)
         .filter_map(|o| o.loc.map(|l| (l, o.version)));
     let results = join_all(checks.map(|(loc, version)| async move {
         let deadline = Instant::now() + c.cfg.read_wait;
@@ -283,8 +312,8 @@ async fn check_locked_reads(t: &mut Txn<'_>, s: Timestamp, wait: bool) -> Result
 }
 
 /// SR validation of read-only data at the commit timestamp (Motor 5.1, phase 2).
-async fn validate(t: &mut Txn<'_>, commit_ts: Timestamp) -> Result<(), TxnError> {
-    let c = t.c;
+async fn validate(t: &mut A<'_>, commit_ts: Timestamp) -> Result<(), TxnError> {
+    let c = t.core;
     #[cfg(feature = "fault-injection")]
     if crate::fault::skipping_read_only_validation() {
         return Ok(());

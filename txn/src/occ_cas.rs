@@ -24,22 +24,57 @@
 use rrpc::runtime::join_all;
 use tso::Timestamp;
 
-use crate::coordinator::{AbortReason, Obj, Txn, TxnError, Write};
+use crate::attempt::Obj;
+use crate::error::{AbortReason, TxnError};
+use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 
-/// Execution reads of `want` (already filtered to objects not in the read set), in one
-/// round.
-pub(crate) async fn fetch(t: &mut Txn<'_>, want: &[(u32, u64, bool)]) -> Result<(), TxnError> {
-    let c = t.c;
-    let got = join_all(want.iter().map(|&(tb, k, _)| c.read_newest(tb, k, true))).await;
-    for o in got {
-        t.objs.push(o?);
+/// OCC-CAS. Neither its attempts nor its objects carry state beyond the shared one.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct OccCas;
+
+type A<'a> = AttemptOf<'a, OccCas>;
+
+impl ConcurrencyControl for OccCas {
+    type State = ();
+    type ObjState = ();
+
+    /// Execution reads of `want`, in one round.
+    async fn fetch(&self, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
+        let core = t.core;
+        let got = join_all(
+            want.iter()
+                .map(|&(tb, k, _)| Obj::read_newest(core, tb, k, true)),
+        )
+        .await;
+        for (o, &(_, _, u)) in got.into_iter().zip(want) {
+            let mut o = o?;
+            o.for_update = u;
+            t.objs.push(o);
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Lock, validate, write back (the caller releases the locks).
+    async fn commit(&self, t: &mut A<'_>) -> Result<(), TxnError> {
+        let writes = t.objs.iter().any(|o| o.write.is_some());
+        if !writes && t.objs.len() <= 1 {
+            // One object read once is a consistent snapshot by itself.
+            t.record(None, Timestamp::ZERO);
+            return Ok(());
+        }
+        lock_writes(t).await?;
+        validate(t).await?;
+        if writes {
+            t.write_back(|o| Timestamp(o.version.get() + 1)).await?;
+        }
+        t.record(None, Timestamp::ZERO);
+        Ok(())
+    }
 }
 
 /// Lock the written objects (creating the CVTs of inserted keys), one round.
-pub(crate) async fn lock_writes(t: &mut Txn<'_>) -> Result<(), TxnError> {
-    let (c, id) = (t.c, t.id);
+async fn lock_writes(t: &mut A<'_>) -> Result<(), TxnError> {
+    let (core, id) = (t.core, t.id);
     let todo: Vec<usize> = (0..t.objs.len())
         .filter(|&i| t.objs[i].write.is_some() && !t.objs[i].locked)
         .collect();
@@ -49,11 +84,11 @@ pub(crate) async fn lock_writes(t: &mut Txn<'_>) -> Result<(), TxnError> {
         async move {
             match loc {
                 Some(loc) => {
-                    let prev = c.store.lock(loc, 0, id).await?;
+                    let prev = core.store.lock(loc, 0, id).await?;
                     Ok((loc, None, prev == 0))
                 }
                 None => {
-                    let (loc, cvt) = c.store.create(table, key, id, id).await?;
+                    let (loc, cvt) = core.store.create(table, key, id, id).await?;
                     Ok::<_, TxnError>((loc, Some(cvt), true))
                 }
             }
@@ -85,18 +120,12 @@ pub(crate) async fn lock_writes(t: &mut Txn<'_>) -> Result<(), TxnError> {
     }
 }
 
-/// The version a CVT shows as newest (the tombstone's for a delete), ZERO for none.
-pub(crate) fn newest_version(cvt: &crate::cvt::Cvt) -> Timestamp {
-    cvt.newest()
-        .map_or(Timestamp::ZERO, |i| cvt.cells[i].version)
-}
-
 /// Re-read every object's CVT (for an object without one, its bucket chain) and check
 /// it: the newest version is the one read, and an object not locked by us is not locked.
 /// The CVTs of locked objects are kept for the write-back.
-pub(crate) async fn validate(t: &mut Txn<'_>) -> Result<(), TxnError> {
-    let c = t.c;
-    let seen = join_all(t.objs.iter().map(|o| c.store.reread(o.table, o.key, o.loc))).await;
+async fn validate(t: &mut A<'_>) -> Result<(), TxnError> {
+    let store = &t.core.store;
+    let seen = join_all(t.objs.iter().map(|o| store.reread(o.table, o.key, o.loc))).await;
     let mut reason = None;
     #[cfg(feature = "fault-injection")]
     let skip = crate::fault::skipping_read_only_validation();
@@ -109,7 +138,7 @@ pub(crate) async fn validate(t: &mut Txn<'_>) -> Result<(), TxnError> {
             continue;
         }
         let (version, lock) = match &cvt {
-            Some(cvt) => (newest_version(cvt), cvt.header.lock),
+            Some(cvt) => (cvt.newest_version(), cvt.header.lock),
             None => (Timestamp::ZERO, 0),
         };
         if version != o.version {
@@ -125,63 +154,4 @@ pub(crate) async fn validate(t: &mut Txn<'_>) -> Result<(), TxnError> {
         Some(r) => Err(TxnError::Abort(r)),
         None => Ok(()),
     }
-}
-
-/// Install each write at `version(obj)` in parallel (record, then cell). Errors:
-/// [`TxnError::WriteBack`].
-pub(crate) async fn write_back(
-    t: &mut Txn<'_>,
-    version: impl Fn(&Obj) -> Timestamp,
-) -> Result<(), TxnError> {
-    #[cfg(feature = "fault-injection")]
-    if crate::fault::failing_write_back() {
-        // As the memory node's NIC would answer a WRITE to a deregistered region.
-        return Err(TxnError::WriteBack {
-            cause: Box::new(TxnError::Rpc(rrpc::runtime::RpcError::OneSided(
-                rrpc::runtime::OneSidedError::Completion {
-                    node: rrpc::NodeId(0),
-                    status: rrpc::fabric::WcStatus::RemoteAccess,
-                },
-            ))),
-            release: None,
-        });
-    }
-    let c = t.c;
-    let results = join_all(t.objs.iter_mut().filter(|o| o.write.is_some()).map(|o| {
-        let v = version(o);
-        async move {
-            let loc = o.loc.expect("a written object has a CVT by now");
-            let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
-            let value = match &o.write {
-                Some(Write::Put(v)) => Some(v.as_slice()),
-                _ => None,
-            };
-            c.store.install(loc, cvt, v, value).await
-        }
-    }))
-    .await;
-    match results.into_iter().find_map(Result::err) {
-        Some(e) => Err(TxnError::WriteBack {
-            cause: Box::new(e),
-            release: None,
-        }),
-        None => Ok(()),
-    }
-}
-
-/// Lock, validate, write back (the caller releases the locks).
-pub(crate) async fn commit(t: &mut Txn<'_>) -> Result<(), TxnError> {
-    let writes = t.objs.iter().any(|o| o.write.is_some());
-    if !writes && t.objs.len() <= 1 {
-        // One object read once is a consistent snapshot by itself.
-        t.record(None, Timestamp::ZERO);
-        return Ok(());
-    }
-    lock_writes(t).await?;
-    validate(t).await?;
-    if writes {
-        write_back(t, |o| Timestamp(o.version.get() + 1)).await?;
-    }
-    t.record(None, Timestamp::ZERO);
-    Ok(())
 }

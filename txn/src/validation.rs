@@ -28,7 +28,7 @@
 //! (lock words first, then records). Records of objects under the transaction's own
 //! locks have no ordering constraint and go out in the first round.
 
-use crate::coordinator::AbortReason;
+use crate::error::AbortReason;
 
 /// What validation needs to know of one read-set entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

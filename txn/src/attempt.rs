@@ -1,0 +1,284 @@
+//! The state of one transaction attempt that every protocol shares: its read/write set
+//! ([`Obj`]: the object's CVT, the version and value read, the write buffered, whether
+//! the attempt holds the CVT's lock word), its id and timestamp, and the operations on
+//! that state that do not depend on the protocol (reading an object's newest version,
+//! installing the writes, releasing CVT lock words, recording the committed
+//! transaction). Each protocol keeps its own per-attempt state (`S`) and per-object state
+//! (`O`) beside it; no protocol sees another's.
+
+use rrpc::runtime::join_all;
+use tso::Timestamp;
+
+use crate::client_core::ClientCore;
+use crate::cvt::Cvt;
+use crate::cvt_remote::CvtLoc;
+use crate::error::{AbortReason, TxnError};
+use crate::history::Access;
+
+/// What a transaction does to an object at commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// Install this value (an update, or an insert of an absent key).
+    Put(Vec<u8>),
+    /// Install a tombstone.
+    Delete,
+}
+
+/// An object a transaction read, with the protocol's own state of it (`O`).
+pub(crate) struct Obj<O> {
+    pub table: u32,
+    pub key: u64,
+    /// Its CVT, `None` when the table has none for the key (never inserted).
+    pub loc: Option<CvtLoc>,
+    /// The CVT as last read (under the lock when `locked`).
+    pub cvt: Option<Cvt>,
+    /// Version read: the visible version's timestamp, the tombstone's, or
+    /// [`Timestamp::ZERO`] when no version was visible.
+    pub version: Timestamp,
+    /// Value read; `None` when absent (no version, or a tombstone).
+    pub value: Option<Vec<u8>>,
+    pub write: Option<Write>,
+    /// This attempt holds the CVT's lock word (it wrote its id there): released on every
+    /// path, by [`Attempt::release_cvt_locks`] or, when the attempt is dropped, in the
+    /// background.
+    pub locked: bool,
+    /// Read for update (the transaction declared it will write the object).
+    pub for_update: bool,
+    /// The protocol's state of this object.
+    pub cc: O,
+}
+
+impl<O: Default> Obj<O> {
+    /// An object not read yet (or absent).
+    pub fn absent(table: u32, key: u64) -> Self {
+        Self {
+            table,
+            key,
+            loc: None,
+            cvt: None,
+            version: Timestamp::ZERO,
+            value: None,
+            write: None,
+            locked: false,
+            for_update: false,
+            cc: O::default(),
+        }
+    }
+
+    /// READ `(table, key)`'s CVT and its newest version (the single-version protocols:
+    /// OCC-CAS, Scythe). With `check_lock`, a held CVT lock word aborts at once
+    /// ([`AbortReason::LockedOnRead`]).
+    ///
+    /// Errors: [`TxnError::Abort`] (locked, torn), service failures.
+    pub async fn read_newest(
+        core: &ClientCore,
+        table: u32,
+        key: u64,
+        check_lock: bool,
+    ) -> Result<Self, TxnError> {
+        let Some((loc, cvt)) = core.store.lookup(table, key).await? else {
+            return Ok(Self::absent(table, key));
+        };
+        if check_lock && cvt.header.lock != 0 {
+            return Err(TxnError::Abort(AbortReason::LockedOnRead));
+        }
+        let mut o = Self::absent(table, key);
+        let newest = cvt.newest();
+        o.fill(core, loc, cvt, newest).await?;
+        Ok(o)
+    }
+}
+
+impl<O> Obj<O> {
+    /// Fill this object from its CVT at `loc` as read (`cvt`) and the version in `cell`
+    /// (`None`: no version visible): the version, and the value READ from its record
+    /// (none for a tombstone). Errors: [`AbortReason::TornRead`] when the record does not
+    /// match its cell; service failures.
+    pub async fn fill(
+        &mut self,
+        core: &ClientCore,
+        loc: CvtLoc,
+        cvt: Cvt,
+        cell: Option<usize>,
+    ) -> Result<(), TxnError> {
+        self.loc = Some(loc);
+        if let Some(i) = cell {
+            let cell = cvt.cells[i];
+            self.version = cell.version;
+            if !cell.deleted {
+                match core.store.read_version(loc, &cell).await? {
+                    Ok(v) => self.value = Some(v),
+                    Err(_) => return Err(TxnError::Abort(AbortReason::TornRead)),
+                }
+            }
+        }
+        self.cvt = Some(cvt);
+        Ok(())
+    }
+
+    /// Value as this transaction sees it (its own write first).
+    pub fn seen_value(&self) -> Option<Vec<u8>> {
+        match &self.write {
+            Some(Write::Put(v)) => Some(v.clone()),
+            Some(Write::Delete) => None,
+            None => self.value.clone(),
+        }
+    }
+}
+
+/// One attempt of a transaction: the shared part, with the protocol's per-attempt state
+/// `S` and per-object state `O`.
+pub(crate) struct Attempt<'a, S, O> {
+    pub core: &'a ClientCore,
+    /// The workload's transaction type (recorded with the history).
+    pub kind: u16,
+    /// This attempt's id ([`ClientCore::next_id`]): never 0.
+    pub id: u64,
+    /// Its timestamp once taken (MVCC's start timestamp, Scythe's queue-order token).
+    pub start: Option<Timestamp>,
+    pub objs: Vec<Obj<O>>,
+    /// The protocol's state of this attempt.
+    pub cc: S,
+}
+
+impl<'a, S: Default, O> Attempt<'a, S, O> {
+    /// A new attempt of type `kind`; takes no round trip.
+    pub fn new(core: &'a ClientCore, kind: u16) -> Self {
+        Self {
+            core,
+            kind,
+            id: core.next_id(),
+            start: None,
+            objs: Vec::new(),
+            cc: S::default(),
+        }
+    }
+}
+
+impl<S, O> Attempt<'_, S, O> {
+    /// Index of `(table, key)` in the read set.
+    pub fn find(&self, table: u32, key: u64) -> Option<usize> {
+        self.objs
+            .iter()
+            .position(|o| o.table == table && o.key == key)
+    }
+
+    /// The attempt's timestamp, taken now through the thread's TSO group if it has none.
+    ///
+    /// Errors: [`TxnError::Tso`].
+    pub async fn timestamp(&mut self) -> Result<Timestamp, TxnError> {
+        match self.start {
+            Some(ts) => Ok(ts),
+            None => Ok(*self.start.insert(self.core.timestamp().await?)),
+        }
+    }
+
+    /// Release every CVT lock word the attempt holds, in one round.
+    ///
+    /// Errors: the first failed WRITE (the others were still issued).
+    pub async fn release_cvt_locks(&mut self) -> Result<(), TxnError> {
+        let store = &self.core.store;
+        let locs: Vec<CvtLoc> = self
+            .objs
+            .iter_mut()
+            .filter(|o| o.locked)
+            .map(|o| {
+                o.locked = false;
+                o.loc.expect("a locked object has a CVT")
+            })
+            .collect();
+        let done = join_all(locs.iter().map(|&l| store.unlock(l))).await;
+        done.into_iter().collect()
+    }
+
+    /// Install each write at `version(obj)` in parallel (record, then cell). Errors:
+    /// [`TxnError::WriteBack`].
+    pub async fn write_back(
+        &mut self,
+        version: impl Fn(&Obj<O>) -> Timestamp,
+    ) -> Result<(), TxnError> {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::failing_write_back() {
+            // As the memory node's NIC would answer a WRITE to a deregistered region.
+            return Err(TxnError::WriteBack {
+                cause: Box::new(TxnError::Rpc(rrpc::runtime::RpcError::OneSided(
+                    rrpc::runtime::OneSidedError::Completion {
+                        node: rrpc::NodeId(0),
+                        status: rrpc::fabric::WcStatus::RemoteAccess,
+                    },
+                ))),
+                release: None,
+            });
+        }
+        let store = &self.core.store;
+        let results = join_all(self.objs.iter_mut().filter(|o| o.write.is_some()).map(|o| {
+            let v = version(o);
+            async move {
+                let loc = o.loc.expect("a written object has a CVT by now");
+                let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
+                let value = match &o.write {
+                    Some(Write::Put(v)) => Some(v.as_slice()),
+                    _ => None,
+                };
+                store.install(loc, cvt, v, value).await
+            }
+        }))
+        .await;
+        match results.into_iter().find_map(Result::err) {
+            Some(e) => Err(TxnError::WriteBack {
+                cause: Box::new(e),
+                release: None,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Record this committed transaction: each object read at its version, each write at
+    /// the version it installed: `new_version` (MVCC's commit timestamp), or for
+    /// [`Timestamp::ZERO`] the version read + 1 (the single-version protocols); with
+    /// `times` (start, commit) for the snapshot-isolation check.
+    pub fn record(&self, times: Option<(Timestamp, Timestamp)>, new_version: Timestamp) {
+        if !self.core.records() {
+            return;
+        }
+        let mut acc = Vec::with_capacity(self.objs.len() * 2);
+        for o in &self.objs {
+            acc.push(Access::read(o.table, o.key, o.version.get()));
+        }
+        for o in self.objs.iter().filter(|o| o.write.is_some()) {
+            let v = if new_version == Timestamp::ZERO {
+                Timestamp(o.version.get() + 1)
+            } else {
+                new_version
+            };
+            acc.push(Access::write(o.table, o.key, v.get()));
+        }
+        self.core.record(self.kind, times, &acc);
+    }
+}
+
+impl<S, O> Drop for Attempt<'_, S, O> {
+    fn drop(&mut self) {
+        // CVT lock words need a WRITE, from a coroutine of their own since a drop cannot
+        // wait. (The protocols' own resources, such as Scythe's tickets, release
+        // themselves when dropped.)
+        let targets: Vec<_> = self
+            .objs
+            .iter()
+            .filter(|o| o.locked)
+            .filter_map(|o| self.core.store.lock_target(o.loc?).ok())
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let ctx = self.core.store.ctx().clone();
+        self.core.store.ctx().spawn(async move {
+            const FREE: [u8; 8] = [0; 8];
+            let wrote =
+                join_all(targets.iter().map(|&(node, at)| ctx.write(node, at, &FREE))).await;
+            for e in wrote.into_iter().filter_map(Result::err) {
+                tracing::warn!(error = %e, "releasing a dropped transaction's CVT lock");
+            }
+        });
+    }
+}

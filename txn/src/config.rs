@@ -1,0 +1,132 @@
+//! What a client is told: the protocol by name ([`Protocol`], [`Isolation`]), the
+//! coordinator's settings ([`TxnConfig`]) and where the cluster's services are
+//! ([`ClusterAddrs`]).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use tso::ReconnectConfig;
+
+/// The concurrency-control protocol of a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// OCC with one-sided CAS locks in the CVT header (the FaRM/FORD baseline).
+    OccCas,
+    /// Scythe's hot-aware OCC/TOCC on Takeout Locks (needs a lock service).
+    Scythe,
+    /// Motor's MVCC at the given isolation level.
+    Mvcc(Isolation),
+}
+
+/// Isolation level of [`Protocol::Mvcc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isolation {
+    /// Serializability: read-only data of read-write transactions is validated at the
+    /// commit timestamp (Motor 5.1, phase 2).
+    Serializable,
+    /// Snapshot isolation: no validation; write-write conflicts still abort (first
+    /// committer wins, Motor 5.2).
+    Snapshot,
+}
+
+impl Protocol {
+    /// Every protocol, in report order (MVCC at serializability).
+    pub const ALL: [Protocol; 3] = [
+        Protocol::OccCas,
+        Protocol::Scythe,
+        Protocol::Mvcc(Isolation::Serializable),
+    ];
+
+    /// Short name: `occ-cas`, `scythe`, `mvcc` (serializable) or `mvcc-si`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OccCas => "occ-cas",
+            Self::Scythe => "scythe",
+            Self::Mvcc(Isolation::Serializable) => "mvcc",
+            Self::Mvcc(Isolation::Snapshot) => "mvcc-si",
+        }
+    }
+
+    /// Whether the protocol needs a lock service.
+    pub fn needs_lockd(self) -> bool {
+        self == Self::Scythe
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = String;
+    /// `occ-cas`, `scythe`, `mvcc` (= `mvcc-sr`) or `mvcc-si`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "occ-cas" => Self::OccCas,
+            "scythe" => Self::Scythe,
+            "mvcc" | "mvcc-sr" => Self::Mvcc(Isolation::Serializable),
+            "mvcc-si" => Self::Mvcc(Isolation::Snapshot),
+            _ => {
+                return Err(format!(
+                    "unknown protocol {s:?}: occ-cas, scythe, mvcc (mvcc-sr) or mvcc-si"
+                ))
+            }
+        })
+    }
+}
+
+/// Coordinator settings.
+#[derive(Clone, Debug)]
+pub struct TxnConfig {
+    /// The protocol (default OCC-CAS).
+    pub protocol: Protocol,
+    /// How long to wait for a granted ticket's turn before aborting with
+    /// [`AbortReason::LockWaitTimeout`] (Scythe; default 2 s).
+    pub lock_wait: Duration,
+    /// Record committed transactions for the checkers, up to this many bytes per thread;
+    /// `None` (the default) records nothing.
+    pub history_limit_bytes: Option<usize>,
+    /// How long a timestamp request waits for a restarted oracle, and how often it looks
+    /// for it (default: [`ReconnectConfig::default`]).
+    pub tso_reconnect: ReconnectConfig,
+    /// Scythe's TOCC heuristic wait (4.4 (2), after Aurogon): before a hot-mode lock
+    /// request on an object whose last seen queue lies between ColdWatermark and
+    /// HotWatermark, wait this long so requests with smaller timestamps arrive first
+    /// (default 20 us; zero turns it off).
+    pub tocc_wait: Duration,
+    /// MVCC: how long a read-only transaction waits at commit for a CVT that was locked
+    /// when it read it to be released, before it aborts
+    /// ([`AbortReason::ValidationLocked`]); see [`crate::mvcc`] (default 1 ms).
+    pub read_wait: Duration,
+    /// CVT addresses each thread caches (default 2^20).
+    pub cache_entries: usize,
+}
+
+impl Default for TxnConfig {
+    fn default() -> Self {
+        Self {
+            protocol: Protocol::OccCas,
+            lock_wait: Duration::from_secs(2),
+            history_limit_bytes: None,
+            tso_reconnect: ReconnectConfig::default(),
+            tocc_wait: Duration::from_micros(20),
+            read_wait: Duration::from_millis(1),
+            cache_entries: 1 << 20,
+        }
+    }
+}
+
+/// Addresses of a cluster's services.
+#[derive(Clone, Debug)]
+pub struct ClusterAddrs {
+    /// The memory nodes' bootstrap addresses (any order; they say their partition).
+    pub memnodes: Vec<SocketAddr>,
+    /// The lock service's bootstrap address (needed by [`Protocol::Scythe`]).
+    pub lockd: Option<SocketAddr>,
+    /// The timestamp oracle's bootstrap address.
+    pub tso: SocketAddr,
+}

@@ -1,0 +1,149 @@
+//! Why a transaction failed: [`AbortReason`] for the expected aborts of optimistic
+//! concurrency control (retry the transaction), [`TxnError`] for everything a caller
+//! sees, each variant keeping its cause.
+//!
+//! The bottom of the crate's transaction layer: the store ([`crate::cvt_remote`]), the
+//! validation state machine, the attempt state and every protocol report through these
+//! types.
+
+use lockd::client::LockError;
+use rrpc::runtime::RpcError;
+use tso::TsoError;
+
+/// Why a transaction aborted. Aborts are expected under contention; callers retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AbortReason {
+    /// Execution read an object that was locked or had a queue (Scythe 4.2.1 (3); FaRM).
+    LockedOnRead,
+    /// A CVT or record was read in the middle of a write, or a record's buffer was reused
+    /// by another version between the CVT READ and the record READ.
+    TornRead,
+    /// A CAS on a CVT's lock word found it held (OCC-CAS, MVCC: no waiting, so no
+    /// deadlock).
+    LockCas,
+    /// The Lock RPC refused: a newer timestamp is already queued.
+    LockRefusedTimestamp,
+    /// The Lock RPC refused: the queue is longer than ColdWatermark (a hot object).
+    LockRefusedCold,
+    /// The Lock RPC refused: the queue is longer than HotWatermark.
+    LockRefusedHot,
+    /// Validation found a newer version.
+    ValidationVersion,
+    /// Validation found an object of the read set locked or queued by another transaction.
+    ValidationLocked,
+    /// MVCC: a version newer than the start timestamp exists on data the transaction
+    /// updates (SR early abort, SI first committer wins; Motor 5.1).
+    NewerVersion,
+    /// MVCC: every version of the object is newer than the start timestamp (GC reclaimed
+    /// the one the snapshot needs).
+    VersionGone,
+    /// A granted ticket was not served within the lock wait; the tickets are released
+    /// in the background when their turn comes.
+    LockWaitTimeout,
+    /// Two inserts of keys of one hash bucket met; one retries.
+    InsertRace,
+    /// The workload met a state that cannot be (a row its earlier reads say exists is
+    /// gone, or one they say is free is taken): an optimistic read was stale, and
+    /// validation would fail. Declared by the workload.
+    Inconsistent,
+    /// The transaction's own logic gave up (e.g. insufficient funds).
+    User,
+}
+
+impl AbortReason {
+    /// Every reason, for reports.
+    pub const ALL: [AbortReason; 14] = [
+        Self::LockedOnRead,
+        Self::TornRead,
+        Self::LockCas,
+        Self::LockRefusedTimestamp,
+        Self::LockRefusedCold,
+        Self::LockRefusedHot,
+        Self::ValidationVersion,
+        Self::ValidationLocked,
+        Self::NewerVersion,
+        Self::VersionGone,
+        Self::LockWaitTimeout,
+        Self::InsertRace,
+        Self::Inconsistent,
+        Self::User,
+    ];
+    /// Short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LockedOnRead => "locked-on-read",
+            Self::TornRead => "torn-read",
+            Self::LockCas => "lock-cas",
+            Self::LockRefusedTimestamp => "lock-refused-ts",
+            Self::LockRefusedCold => "lock-refused-cold",
+            Self::LockRefusedHot => "lock-refused-hot",
+            Self::ValidationVersion => "validation-version",
+            Self::ValidationLocked => "validation-locked",
+            Self::NewerVersion => "newer-version",
+            Self::VersionGone => "version-gone",
+            Self::LockWaitTimeout => "lock-wait-timeout",
+            Self::InsertRace => "insert-race",
+            Self::Inconsistent => "inconsistent-read",
+            Self::User => "user",
+        }
+    }
+}
+
+/// Errors of transactions. Every variant but [`TxnError::Abort`] keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum TxnError {
+    /// The transaction aborted; nothing it wrote is visible. Retry it.
+    #[error("aborted: {}", .0.name())]
+    Abort(AbortReason),
+    /// The key does not exist (in the transaction's view). The transaction goes on.
+    #[error("table {table} has no key {key}")]
+    NotFound {
+        /// Table id.
+        table: u32,
+        /// Key.
+        key: u64,
+    },
+    /// An insert of a key that exists. The transaction goes on.
+    #[error("table {table} already has key {key}")]
+    Exists {
+        /// Table id.
+        table: u32,
+        /// Key.
+        key: u64,
+    },
+    /// An insert found no free CVT slot in the key's bucket chain.
+    #[error("table {table} is full")]
+    TableFull {
+        /// Table id.
+        table: u32,
+    },
+    /// Misuse of the API (unknown table, write without read, value size).
+    #[error("{0}")]
+    Usage(String),
+    /// A one-sided operation or RPC failed (peer gone, timeout, completion error). The
+    /// transaction aborted unless the failure hit during write-back
+    /// ([`TxnError::WriteBack`] then).
+    #[error("service failure: {0}")]
+    Rpc(#[from] RpcError),
+    /// The lock service failed or a lock was lost.
+    #[error("lock service: {0}")]
+    Lock(#[from] LockError),
+    /// The timestamp oracle failed.
+    #[error("timestamp oracle: {0}")]
+    Tso(#[from] TsoError),
+    /// The memory nodes' exports are missing or inconsistent, or a read was malformed.
+    #[error("memory node export: {0}")]
+    Export(String),
+    /// Write-back failed: the transaction's writes may be partly visible. Its locks were
+    /// released all the same, unless `release` says otherwise.
+    #[error("write-back failed: {cause}{}", .release.as_ref().map(|r| format!("; and {r}")).unwrap_or_default())]
+    WriteBack {
+        /// Why the write-back failed.
+        #[source]
+        cause: Box<TxnError>,
+        /// A lock that could not be released afterwards.
+        release: Option<Box<TxnError>>,
+    },
+}
+
+rrpc::from_rpc_errors!(TxnError, TxnError::Rpc);
