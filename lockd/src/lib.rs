@@ -52,6 +52,7 @@ pub mod cas;
 pub mod client;
 pub mod dslr;
 pub mod embed;
+pub mod error;
 pub mod kinds;
 pub mod lock_table;
 pub mod owners;
