@@ -54,6 +54,7 @@ pub mod dslr;
 pub mod embed;
 pub mod error;
 pub mod kinds;
+pub mod load;
 pub mod lock_table;
 pub mod owners;
 pub mod reshard;
