@@ -31,6 +31,7 @@ pub mod oracle;
 pub mod proxy;
 pub mod source;
 pub mod timestamp;
+pub mod timestamp_source;
 
 pub use conn::{OracleFollower, ReconnectConfig, TsoConn};
 pub use group::{GroupFailure, GroupStats, TsoGroup};
