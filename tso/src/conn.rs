@@ -40,7 +40,8 @@ use std::time::{Duration, Instant};
 
 use rrpc::runtime::{OneSidedError, RpcError, ThreadCtx};
 
-use crate::oracle::{TsoClient, TsoError};
+use crate::client::TsoClient;
+use crate::error::TsoError;
 use crate::timestamp::{Timestamp, TimestampRange};
 
 /// How long and how often [`TsoConn`] tries to reach a restarted oracle.

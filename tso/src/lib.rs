@@ -23,13 +23,18 @@
 //! proxies and the oracle and fail over ([`source`]).
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod conn;
 pub mod epoch;
+pub mod error;
+pub mod export;
 pub mod group;
+pub mod grouped;
 pub mod history;
 pub mod oracle;
 pub mod proxy;
 pub mod source;
+pub mod thread_tso;
 pub mod timestamp;
 pub mod timestamp_source;
 

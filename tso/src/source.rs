@@ -22,8 +22,9 @@ use rrpc::node::node_info;
 use rrpc::runtime::ThreadCtx;
 use serde::{Deserialize, Serialize};
 
+use crate::client::TsoClient;
+use crate::error::TsoError;
 use crate::history::now_ns;
-use crate::oracle::{TsoClient, TsoError};
 use crate::proxy::ProxyClient;
 use crate::timestamp::TimestampRange;
 
