@@ -10,6 +10,7 @@ use rrpc::NodeId;
 use crate::error::TsoError;
 use crate::export::{TsoExport, EXPORT_NAME};
 use crate::timestamp::{Timestamp, TimestampRange};
+use crate::timestamp_source::TimestampSource;
 
 /// A thread's handle on an oracle: takes timestamps with one-sided FAA. Connect with
 /// `ThreadCtx::connect` (one-sided only; the oracle serves no RPCs).
@@ -100,5 +101,14 @@ impl TsoClient {
             return Err(exhausted);
         }
         Ok(TimestampRange::new(Timestamp(old + 1), n))
+    }
+}
+
+impl TimestampSource for TsoClient {
+    type Error = TsoError;
+
+    /// [`TsoClient::timestamps`]: one FAA of `n` on `ctx`.
+    async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<TimestampRange, TsoError> {
+        TsoClient::timestamps(self, ctx, n).await
     }
 }

@@ -38,12 +38,15 @@ pub mod thread_tso;
 pub mod timestamp;
 pub mod timestamp_source;
 
+pub use client::TsoClient;
 pub use conn::{OracleFollower, ReconnectConfig, TsoConn};
+pub use error::TsoError;
+pub use export::{TsoExport, EXPORT_NAME};
 pub use group::{GroupFailure, GroupStats, TsoGroup};
-pub use oracle::{
-    GroupedTso, Oracle, ThreadTso, TsoClient, TsoError, TsoExport, EXPORT_NAME,
-    THREAD_RANGES_IN_FLIGHT,
-};
+pub use grouped::GroupedTso;
+pub use oracle::Oracle;
 pub use proxy::{Proxy, ProxyClient, ProxyConfig};
 pub use source::{Choice, SourceConfig, TsoSources};
+pub use thread_tso::{LeaderError, ThreadTso, ThreadTsoError, THREAD_RANGES_IN_FLIGHT};
 pub use timestamp::{Timestamp, TimestampRange};
+pub use timestamp_source::TimestampSource;
