@@ -11,8 +11,8 @@
 //! ([`conn`]), which switches to the restarted oracle's new epoch.
 //!
 //! Concurrent requests can be combined into one FAA per group ([`group`]): a thread's
-//! coroutines without locks or atomics ([`ThreadTso`]), a process's threads under a
-//! mutex ([`GroupedTso`]).
+//! coroutines without locks or atomics ([`ThreadTso`], over any [`TimestampSource`]), a
+//! process's threads under a mutex ([`GroupedTso`]).
 //!
 //! Guarantees: timestamps are `>= 1`, unique and strictly increasing in real time, across
 //! restarts of an oracle that keeps a state directory: each start persists a larger epoch
@@ -21,6 +21,24 @@
 //! TSO proxies ([`proxy`], the `tso-proxy` binary) merge the range requests of many
 //! compute nodes into one FAA and limit the QPs on the oracle; clients choose among
 //! proxies and the oracle and fail over ([`source`]).
+//!
+//! Layers, bottom up; a module imports only from those above it in this list (modules on
+//! one line import neither each other nor anything below them):
+//! - [`timestamp`]: a timestamp (epoch in the high 16 bits) and a range of them;
+//! - [`epoch`] (the incarnation persisted before serving), [`history`] (the real-time
+//!   linearizability checker and its clock), [`group`] (leader/follower combining as a
+//!   state machine, and the group around it);
+//! - [`error`]: [`TsoError`], the errors of the oracle, its clients, proxies and sources;
+//! - [`export`]: what an oracle publishes (the counter word, placement, incarnation);
+//! - [`timestamp_source`]: [`TimestampSource`], where a group's leader takes its range;
+//! - [`client`]: [`TsoClient`], one FAA on one oracle incarnation's counter;
+//! - [`conn`]: following the oracle across restarts ([`OracleFollower`], [`TsoConn`]);
+//! - [`proxy`]: the TSO proxy and its client;
+//! - [`source`]: [`TsoSources`], choosing among proxies and the oracle with failover;
+//! - [`grouped`] (the process tier of groups, [`GroupedTso`]) and [`thread_tso`] (the
+//!   thread tier, [`ThreadTso`], generic over its [`TimestampSource`]);
+//! - [`oracle`]: the counter itself ([`Oracle`]); it re-exports the client-side types
+//!   that once lived in it under their old paths.
 #![warn(missing_docs)]
 
 pub mod client;
