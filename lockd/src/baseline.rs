@@ -22,8 +22,9 @@ use rrpc::runtime::ThreadCtx;
 
 use crate::backoff::Backoff;
 use crate::cas::{self, HolderId, IdSource, Release, Step};
-use crate::client::{word, LockError, DEFAULT_RELEASE_WAIT};
+use crate::client::DEFAULT_RELEASE_WAIT;
 use crate::dslr::{self, Access, Draw, ResetStep, Ticket, Wait};
+use crate::error::{word, LockError};
 use crate::words::{WordsExport, CAS_EXPORT, DSLR_EXPORT, WORD_STRIDE};
 
 /// Client settings of the baseline locks (and of Takeout through

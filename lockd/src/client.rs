@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use rrpc::fabric::RemoteAddr;
 use rrpc::node::NodeInfo;
-use rrpc::runtime::{RpcError, ThreadCtx};
+use rrpc::runtime::ThreadCtx;
 
+use crate::error::word;
 use crate::service::{LocksExport, EXPORT_NAME};
 use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
 use crate::ticket::Shared;
@@ -24,6 +25,7 @@ use crate::wire::{
     MAX_ENTRIES, RELEASE_NODE_HANDLER,
 };
 
+pub use crate::error::LockError;
 pub use crate::takeout::{LockReply, Mode, RefuseReason};
 pub use crate::ticket::Ticket;
 pub use crate::wire::LockRequest;
@@ -34,73 +36,6 @@ pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 /// Most tickets of a failed node handed over by one release-node RPC (16 bytes each).
 pub const RELEASE_NODE_BATCH: usize = 256;
-
-/// Errors of lock-client operations.
-#[derive(Debug, thiserror::Error)]
-pub enum LockError {
-    /// The RPC or one-sided operation failed (timeout, peer gone, remote handler error).
-    #[error(transparent)]
-    Rpc(#[from] RpcError),
-    /// The service answered something this client cannot interpret, or the lock's words
-    /// contradict the protocol (e.g. `upper` passed our ticket).
-    #[error("lock protocol: {0}")]
-    Protocol(String),
-    /// The ticket was not served before the deadline. The [`Ticket`] keeps its place in
-    /// the queue: wait again, or release it (which waits for its turn).
-    #[error("lock {id}: ticket {ticket} not served before the deadline (upper {upper})")]
-    WaitTimeout {
-        /// Lock id.
-        id: u64,
-        /// Our ticket.
-        ticket: u64,
-        /// The last `upper` read.
-        upper: u64,
-    },
-    /// A release could not pass the lock on: waiting for the ticket's turn or the FAA
-    /// of `upper` failed (Takeout), the release WRITE or CAS failed (CAS lock), or the
-    /// release FAA or the counter reset failed (DSLR). The lock may stay stalled at this
-    /// ticket until the service recovers it.
-    #[error("lock {id}: ticket {ticket} lost, the lock was not passed on")]
-    Lost {
-        /// Lock id.
-        id: u64,
-        /// The ticket (Takeout), the holder id (CAS lock) or the ticket's snapshot word
-        /// (DSLR).
-        ticket: u64,
-        /// Why.
-        #[source]
-        cause: Box<LockError>,
-    },
-    /// A baseline lock ([`crate::cas`], [`crate::dslr`]) or a Takeout ticket taken through
-    /// [`crate::kinds::AnyLockClient`] was not acquired within the acquire timeout. A DSLR
-    /// or Takeout ticket already drawn is released by a coroutine of its own when its turn
-    /// comes.
-    #[error("lock {id}: not acquired within {waited:?}")]
-    Timeout {
-        /// Lock id.
-        id: u64,
-        /// How long the acquire tried.
-        waited: Duration,
-    },
-    /// The Lock RPC refused a Takeout ticket requested through
-    /// [`crate::kinds::AnyLockClient`] (the reply says why); nothing to release.
-    #[error("lock {}: Takeout ticket refused ({:?})", .id, .reply.reason)]
-    Refused {
-        /// Lock id.
-        id: u64,
-        /// The service's reply.
-        reply: LockReply,
-    },
-    /// The node exports no usable lock table.
-    #[error("lock service export: {0}")]
-    Export(String),
-    /// The caller's request cannot be sent (no entries, more than 15, lock id outside the
-    /// table).
-    #[error("invalid lock request: {0}")]
-    InvalidRequest(String),
-}
-
-rrpc::from_rpc_errors!(LockError, LockError::Rpc);
 
 /// A snapshot of a lock's three words, read by one 24-byte READ. Each word is read
 /// atomically; the three are not one atomic snapshot.
@@ -457,11 +392,4 @@ impl LockClient {
     pub fn sched_lag(&self) -> Duration {
         self.shared.lag.get().get()
     }
-}
-
-pub(crate) fn word(b: &[u8], off: usize) -> Result<u64, LockError> {
-    b.get(off..off + 8)
-        .and_then(|w| w.try_into().ok())
-        .map(u64::from_le_bytes)
-        .ok_or_else(|| LockError::Protocol(format!("short READ of {} bytes", b.len())))
 }

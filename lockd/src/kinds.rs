@@ -21,7 +21,8 @@ use rrpc::node::NodeInfo;
 use rrpc::runtime::ThreadCtx;
 
 use crate::baseline::{BaselineConfig, CasClient, CasGuard, DslrClient, DslrGuard};
-use crate::client::{Grant, LockClient, LockError, LockRequest, Mode};
+use crate::client::{Grant, LockClient, LockRequest, Mode};
+use crate::error::LockError;
 use crate::ticket::Ticket;
 
 pub use crate::dslr::Access;

@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use rrpc::runtime::{join_all, CallError, ThreadCtx};
 
+use crate::load::{LoadMeter, TABLE_STATS_HANDLER};
 use crate::lock_table::LockTable;
-use crate::reshard::{LoadMeter, TABLE_STATS_HANDLER};
 use crate::shard::{
     LockKey, MapError, Move, MoveState, MoveStep, Ownership, Route, ShardMap, NO_NODE,
 };

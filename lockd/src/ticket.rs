@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use rrpc::fabric::RemoteAddr;
 use rrpc::runtime::{OpTiming, ThreadCtx};
 
-use crate::client::LockError;
+use crate::error::{word, LockError};
 use crate::takeout::{hangout, LockReply, SmoothedRtt};
 
 /// What a ticket and its client share: where `upper` is, the smoothed RTT and scheduling
@@ -269,8 +269,8 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
         let issued = Instant::now();
         let (bytes, timing) = s.ctx.read_timed(s.shared.node, lower_addr, 16).await?;
         s.shared.sample_poll(issued, timing, Instant::now());
-        let lower = crate::client::word(&bytes, 0)?;
-        s.upper = crate::client::word(&bytes, 8)?;
+        let lower = word(&bytes, 0)?;
+        s.upper = word(&bytes, 8)?;
         s.shared.observe_heat(id, lower.wrapping_sub(s.upper));
     }
 }

@@ -40,8 +40,10 @@ use std::time::{Duration, Instant};
 
 use rrpc::runtime::{OneSidedError, RpcError, ThreadCtx};
 
-use crate::oracle::{TsoClient, TsoError};
+use crate::client::TsoClient;
+use crate::error::TsoError;
 use crate::timestamp::{Timestamp, TimestampRange};
+use crate::timestamp_source::TimestampSource;
 
 /// How long and how often [`TsoConn`] tries to reach a restarted oracle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,6 +274,16 @@ impl TsoConn {
     /// back with an epoch that is not larger; [`TsoError::Export`].
     pub async fn timestamps(&self, n: u64) -> Result<TimestampRange, TsoError> {
         self.follower.timestamps(&self.ctx, n).await
+    }
+}
+
+impl TimestampSource for TsoConn {
+    type Error = TsoError;
+
+    /// [`TsoConn::timestamps`] on the connection's own context; `_ctx` is ignored (it is
+    /// the same thread's, as a `TsoConn` is not `Send`).
+    async fn timestamps(&self, _ctx: &ThreadCtx, n: u64) -> Result<TimestampRange, TsoError> {
+        TsoConn::timestamps(self, n).await
     }
 }
 

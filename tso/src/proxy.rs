@@ -66,9 +66,10 @@ use rrpc::server::{Handlers, ServerConfig};
 use rrpc::straw::Straws;
 use serde::{Deserialize, Serialize};
 
+use crate::client::TsoClient;
 use crate::conn::{OracleFollower, ReconnectConfig};
+use crate::error::TsoError;
 use crate::group::{GroupStats, TsoGroup};
-use crate::oracle::{TsoClient, TsoError};
 use crate::timestamp::{Timestamp, TimestampRange};
 
 /// Name under which a proxy publishes its [`ProxyExport`].

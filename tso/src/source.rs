@@ -22,10 +22,12 @@ use rrpc::node::node_info;
 use rrpc::runtime::ThreadCtx;
 use serde::{Deserialize, Serialize};
 
+use crate::client::TsoClient;
+use crate::error::TsoError;
 use crate::history::now_ns;
-use crate::oracle::{TsoClient, TsoError};
 use crate::proxy::ProxyClient;
 use crate::timestamp::TimestampRange;
+use crate::timestamp_source::TimestampSource;
 
 /// Which source a request tries first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -319,5 +321,14 @@ impl TsoSources {
             tried,
             last: Box::new(last.expect("at least one source")),
         })
+    }
+}
+
+impl TimestampSource for TsoSources {
+    type Error = TsoError;
+
+    /// [`TsoSources::timestamps`]: the preferred source, failing over to the others.
+    async fn timestamps(&self, ctx: &ThreadCtx, n: u64) -> Result<TimestampRange, TsoError> {
+        TsoSources::timestamps(self, ctx, n).await
     }
 }
