@@ -14,6 +14,7 @@ use crate::cvt::Cvt;
 use crate::cvt_remote::CvtLoc;
 use crate::error::{AbortReason, TxnError};
 use crate::history::Access;
+use crate::phase::{Phase, PhaseClock};
 
 /// What a transaction does to an object at commit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +140,8 @@ pub(crate) struct Attempt<'a, S, O> {
     pub objs: Vec<Obj<O>>,
     /// The protocol's state of this attempt.
     pub cc: S,
+    /// Where the attempt's time went (with [`crate::config::TxnConfig::record_phases`]).
+    clock: Option<PhaseClock>,
 }
 
 impl<'a, S: Default, O> Attempt<'a, S, O> {
@@ -151,11 +154,24 @@ impl<'a, S: Default, O> Attempt<'a, S, O> {
             start: None,
             objs: Vec::new(),
             cc: S::default(),
+            clock: core
+                .cfg
+                .record_phases
+                .then(|| PhaseClock::new(std::time::Instant::now())),
         }
     }
 }
 
 impl<S, O> Attempt<'_, S, O> {
+    /// Enter phase `p` (when phases are measured); returns the phase left, so that a
+    /// nested phase can go back to it.
+    pub fn enter(&mut self, p: Phase) -> Phase {
+        match &mut self.clock {
+            Some(c) => c.enter(p, std::time::Instant::now()),
+            None => Phase::Execute,
+        }
+    }
+
     /// Index of `(table, key)` in the read set.
     pub fn find(&self, table: u32, key: u64) -> Option<usize> {
         self.objs
@@ -167,10 +183,13 @@ impl<S, O> Attempt<'_, S, O> {
     ///
     /// Errors: [`TxnError::Tso`].
     pub async fn timestamp(&mut self) -> Result<Timestamp, TxnError> {
-        match self.start {
-            Some(ts) => Ok(ts),
-            None => Ok(*self.start.insert(self.core.timestamp().await?)),
+        if let Some(ts) = self.start {
+            return Ok(ts);
         }
+        let prev = self.enter(Phase::Timestamp);
+        let ts = self.core.timestamp().await;
+        self.enter(prev);
+        Ok(*self.start.insert(ts?))
     }
 
     /// Release every CVT lock word the attempt holds, in one round.
@@ -259,6 +278,10 @@ impl<S, O> Attempt<'_, S, O> {
 
 impl<S, O> Drop for Attempt<'_, S, O> {
     fn drop(&mut self) {
+        if let Some(c) = &mut self.clock {
+            let times = c.finish(std::time::Instant::now());
+            self.core.put_phases(self.id, times);
+        }
         // CVT lock words need a WRITE, from a coroutine of their own since a drop cannot
         // wait. (The protocols' own resources, such as Scythe's tickets, release
         // themselves when dropped.)

@@ -9,15 +9,13 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rrpc::runtime::ThreadCtx;
-use std::sync::Arc;
-
-use tso::group::LocalLock;
-use tso::{Timestamp, TsoConn, TsoError, TsoGroup};
+use tso::{ThreadTso, ThreadTsoError, Timestamp, TsoConn};
 
 use crate::config::{ClusterAddrs, TxnConfig};
 use crate::cvt_remote::CvtRemote;
 use crate::error::TxnError;
 use crate::history::{Access, History};
+use crate::phase::PhaseTimes;
 
 /// Process-wide counter that gives each client a distinct tag in its lock words.
 static CLIENT_TAGS: AtomicU32 = AtomicU32::new(1);
@@ -26,12 +24,14 @@ static CLIENT_TAGS: AtomicU32 = AtomicU32::new(1);
 pub(crate) struct ClientCore {
     /// The memory nodes' CVT tables, one-sided.
     pub store: CvtRemote,
-    tso: TsoConn,
     /// The thread's TSO group over its oracle connection (Scythe 4.5 (2)).
-    group: TsoGroup<Arc<TsoError>, LocalLock>,
+    tso: ThreadTso<TsoConn>,
     /// The settings the client was connected with.
     pub cfg: TxnConfig,
     history: RefCell<Option<History>>,
+    /// Finished attempts' phase times by attempt id, until taken (with
+    /// [`TxnConfig::record_phases`]).
+    phases: RefCell<Vec<(u64, PhaseTimes)>>,
     /// High 32 bits of this client's transaction ids (node and client tag).
     tag: u64,
     seq: Cell<u32>,
@@ -54,9 +54,9 @@ impl ClientCore {
             | (u64::from(CLIENT_TAGS.fetch_add(1, Ordering::Relaxed) & 0xffff) << 32);
         Ok(Self {
             store,
-            tso: conn,
-            group: TsoGroup::with_limit(tso::oracle::THREAD_RANGES_IN_FLIGHT),
+            tso: ThreadTso::with_ranges_in_flight(conn, tso::THREAD_RANGES_IN_FLIGHT),
             history: RefCell::new(cfg.history_limit_bytes.map(History::new)),
+            phases: RefCell::new(Vec::new()),
             cfg,
             tag,
             seq: Cell::new(0),
@@ -73,27 +73,22 @@ impl ClientCore {
 
     /// The TSO connection.
     pub fn tso_conn(&self) -> &TsoConn {
-        &self.tso
+        self.tso.source()
     }
 
     /// One timestamp through the thread's TSO group (Scythe 4.5 (2)): concurrent
     /// requests of the thread's coroutines share one FAA.
     ///
-    /// Errors: [`TxnError::Tso`] (the oracle did not come back in time, or the group's
-    /// leader failed: the source error is kept).
+    /// Errors: [`TxnError::Tso`] when this coroutine led its group and the oracle
+    /// failed it (did not come back in time), [`TxnError::TsoGroup`] when it followed a
+    /// leader that failed or was cancelled.
     pub async fn timestamp(&self) -> Result<Timestamp, TxnError> {
-        let tso = &self.tso;
-        self.group
-            .take(|n| async move { tso.timestamps(n).await.map(|r| r.first()).map_err(Arc::new) })
+        self.tso
+            .timestamp(self.store.ctx())
             .await
             .map_err(|e| match e {
-                tso::GroupFailure::Take(e) => match Arc::try_unwrap(e) {
-                    Ok(e) => TxnError::Tso(e),
-                    Err(e) => TxnError::Export(format!("timestamp oracle: {e}")),
-                },
-                tso::GroupFailure::LeaderCancelled => {
-                    TxnError::Export("timestamp oracle: the group leader was cancelled".into())
-                }
+                ThreadTsoError::Source(e) => TxnError::Tso(e),
+                follower => TxnError::TsoGroup(follower),
             })
     }
 
@@ -102,6 +97,23 @@ impl ClientCore {
     pub fn take_history(&self) -> Option<History> {
         let limit = self.cfg.history_limit_bytes?;
         self.history.borrow_mut().replace(History::new(limit))
+    }
+
+    /// Keep a finished attempt's phase times until [`Self::take_phases`] takes them. At
+    /// most 4,096 are kept: the oldest goes when nobody takes them.
+    pub fn put_phases(&self, id: u64, times: PhaseTimes) {
+        let mut p = self.phases.borrow_mut();
+        if p.len() >= 4096 {
+            p.remove(0);
+        }
+        p.push((id, times));
+    }
+
+    /// The phase times of finished attempt `id`, once.
+    pub fn take_phases(&self, id: u64) -> Option<PhaseTimes> {
+        let mut p = self.phases.borrow_mut();
+        let i = p.iter().rposition(|&(a, _)| a == id)?;
+        Some(p.swap_remove(i).1)
     }
 
     /// Whether committed transactions are recorded.

@@ -104,6 +104,9 @@ pub struct TxnConfig {
     pub read_wait: Duration,
     /// CVT addresses each thread caches (default 2^20).
     pub cache_entries: usize,
+    /// Measure where each attempt's time goes ([`crate::phase`]) and keep it for
+    /// [`crate::coordinator::TxnClient::take_phases`] (default off: no clock reads).
+    pub record_phases: bool,
 }
 
 impl Default for TxnConfig {
@@ -116,6 +119,7 @@ impl Default for TxnConfig {
             tocc_wait: Duration::from_micros(20),
             read_wait: Duration::from_millis(1),
             cache_entries: 1 << 20,
+            record_phases: false,
         }
     }
 }

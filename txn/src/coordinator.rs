@@ -158,6 +158,13 @@ impl TxnClient {
         self.core.tso_conn()
     }
 
+    /// The phase times of finished attempt `id` ([`Txn::id`]), once, when the client
+    /// measures them ([`TxnConfig::record_phases`]); `None` otherwise, or when taken
+    /// already. An attempt finishes when it commits, aborts or is dropped.
+    pub fn take_phases(&self, id: u64) -> Option<crate::phase::PhaseTimes> {
+        self.core.take_phases(id)
+    }
+
     /// The CVT address cache's counters.
     pub fn cache_stats(&self) -> CacheStats {
         self.core.store.cache_stats()
@@ -464,7 +471,11 @@ impl<'a> Txn<'a> {
     /// Give up: release what the transaction holds; returns
     /// [`TxnError::Abort`]([`AbortReason::User`]) to pass on.
     pub async fn abort(mut self) -> TxnError {
-        match with_protocol!(self, |p, a| p.release(a).await) {
+        let released = with_protocol!(self, |p, a| {
+            a.enter(crate::phase::Phase::Unlock);
+            p.release(a).await
+        });
+        match released {
             Ok(()) => TxnError::Abort(AbortReason::User),
             Err(e) => e,
         }

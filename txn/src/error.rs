@@ -128,9 +128,13 @@ pub enum TxnError {
     /// The lock service failed or a lock was lost.
     #[error("lock service: {0}")]
     Lock(#[from] LockError),
-    /// The timestamp oracle failed.
+    /// The timestamp oracle failed this transaction's request.
     #[error("timestamp oracle: {0}")]
     Tso(#[from] TsoError),
+    /// The transaction waited in its thread's TSO group for a leader whose request
+    /// failed (the leader's error is the source) or was cancelled.
+    #[error("timestamp oracle: {0}")]
+    TsoGroup(#[source] tso::ThreadTsoError<TsoError>),
     /// The memory nodes' exports are missing or inconsistent, or a read was malformed.
     #[error("memory node export: {0}")]
     Export(String),

@@ -44,6 +44,7 @@ pub mod history;
 pub mod kvs;
 pub mod mvcc;
 pub mod occ_cas;
+pub mod phase;
 mod protocol;
 pub mod scythe;
 pub mod serializability;

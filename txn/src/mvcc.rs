@@ -49,6 +49,7 @@ use crate::config::Isolation;
 use crate::cvt::Cvt;
 use crate::cvt_remote::CvtLoc;
 use crate::error::{AbortReason, TxnError};
+use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 
 /// Motor's MVCC at one isolation level.
@@ -253,6 +254,7 @@ async fn commit(iso: Isolation, t: &mut A<'_>) -> Result<(), TxnError> {
     if t.objs.iter().all(|o| o.write.is_none()) {
         // Read-only: a snapshot at `s` (Motor 5.1, "Processing Read-Only Transactions"),
         // once the reads that met a lock are known not to be fractured.
+        t.enter(Phase::Validate);
         check_locked_reads(t, s, true).await?;
         t.record(Some((s, s)), Timestamp::ZERO);
         return Ok(());
@@ -265,13 +267,17 @@ async fn commit(iso: Isolation, t: &mut A<'_>) -> Result<(), TxnError> {
         .map(|o| (o.table, o.key, true))
         .collect();
     if !late.is_empty() {
+        t.enter(Phase::Lock);
         fetch(iso, t, &late).await?;
     }
+    t.enter(Phase::Timestamp);
     let commit_ts = c.timestamp().await?;
+    t.enter(Phase::Validate);
     match iso {
         Isolation::Serializable => validate(t, commit_ts).await?,
         Isolation::Snapshot => check_locked_reads(t, s, false).await?,
     }
+    t.enter(Phase::WriteBack);
     t.write_back(|_| commit_ts).await?;
     t.record(Some((s, commit_ts)), commit_ts);
     Ok(())

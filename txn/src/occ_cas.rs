@@ -26,6 +26,7 @@ use tso::Timestamp;
 
 use crate::attempt::Obj;
 use crate::error::{AbortReason, TxnError};
+use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 
 /// OCC-CAS. Neither its attempts nor its objects carry state beyond the shared one.
@@ -62,9 +63,12 @@ impl ConcurrencyControl for OccCas {
             t.record(None, Timestamp::ZERO);
             return Ok(());
         }
+        t.enter(Phase::Lock);
         lock_writes(t).await?;
+        t.enter(Phase::Validate);
         validate(t).await?;
         if writes {
+            t.enter(Phase::WriteBack);
             t.write_back(|o| Timestamp(o.version.get() + 1)).await?;
         }
         t.record(None, Timestamp::ZERO);

@@ -9,6 +9,7 @@
 
 use crate::attempt::{Attempt, Obj};
 use crate::error::TxnError;
+use crate::phase::Phase;
 
 /// One object an execution round asks for: `(table, key, for_update)`.
 pub(crate) type Want = (u32, u64, bool);
@@ -99,6 +100,7 @@ pub(crate) async fn commit<P: ConcurrencyControl>(
     a: &mut AttemptOf<'_, P>,
 ) -> Result<(), TxnError> {
     let r = p.commit(a).await;
+    a.enter(Phase::Unlock);
     let released = p.release(a).await;
     match r {
         Err(TxnError::WriteBack { cause, release }) => Err(TxnError::WriteBack {

@@ -76,6 +76,7 @@ use tso::Timestamp;
 use crate::attempt;
 use crate::client_core::ClientCore;
 use crate::error::{AbortReason, TxnError};
+use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 use crate::validation::{self, RecordSeen, Step, Validation};
 
@@ -306,6 +307,14 @@ impl Scythe {
     /// transaction's timestamp (taken now if it has none), and wait until each is served.
     /// Tickets taken are kept in the transaction, so that every path releases them.
     async fn take_tickets(&self, t: &mut A<'_>, ids: &[u64], mode: Mode) -> Result<(), TxnError> {
+        let prev = t.enter(Phase::Lock);
+        let r = self.queue_and_wait(t, ids, mode).await;
+        t.enter(prev);
+        r
+    }
+
+    /// [`Self::take_tickets`]'s work, timed as [`Phase::Lock`].
+    async fn queue_and_wait(&self, t: &mut A<'_>, ids: &[u64], mode: Mode) -> Result<(), TxnError> {
         let c = t.core;
         let lc = &self.locks;
         let mut ids: Vec<u64> = ids
