@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 mod audit;
+pub mod breakdown;
 pub mod config_file;
 pub mod launcher;
 pub mod peers;
