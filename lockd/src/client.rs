@@ -116,6 +116,7 @@ impl LockClient {
                 export.n_locks, export.table.len
             )));
         }
+        let keep_above = export.cold_watermark;
         Ok(Self {
             export,
             shared: Shared {
@@ -125,6 +126,7 @@ impl LockClient {
                 lost: Rc::new(Cell::new(0)),
                 release_wait: DEFAULT_RELEASE_WAIT,
                 heat: Rc::default(),
+                keep_above,
             },
         })
     }

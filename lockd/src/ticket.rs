@@ -62,10 +62,26 @@ pub(crate) struct Shared {
     /// Per lock id, the queue length (`lower - upper`: tickets queued or holding) last
     /// observed by a Lock RPC reply or a poll: the object's heat (Scythe 4.3, Equation 1).
     pub(crate) heat: Rc<std::cell::RefCell<std::collections::HashMap<u64, u64>>>,
+    /// Heat above which an observation is kept when the heat map is full: the service's
+    /// ColdWatermark, so hot objects are never forgotten.
+    pub(crate) keep_above: u64,
 }
 
-/// Objects whose heat a client remembers; past it the oldest observations are forgotten
-/// all at once (heat is a hint, not state).
+/// Make room in a full heat map: forget every observation at or below `keep_above`
+/// (cold objects), keep the hot ones; if the hot ones alone fill half the map, keep only
+/// those above twice the threshold, and past that forget everything (heat is a hint).
+fn forget_cold(h: &mut std::collections::HashMap<u64, u64>, keep_above: u64) {
+    h.retain(|_, q| *q > keep_above);
+    if h.len() >= HEAT_ENTRIES_MAX / 2 {
+        h.retain(|_, q| *q > keep_above.saturating_mul(2));
+    }
+    if h.len() >= HEAT_ENTRIES_MAX / 2 {
+        h.clear();
+    }
+}
+
+/// Objects whose heat a client remembers; past it the cold observations are forgotten
+/// all at once (heat is a hint, not state), the hot ones (above ColdWatermark) kept.
 const HEAT_ENTRIES_MAX: usize = 1 << 16;
 
 impl Shared {
@@ -73,7 +89,7 @@ impl Shared {
     pub(crate) fn observe_heat(&self, id: u64, queued: u64) {
         let mut h = self.heat.borrow_mut();
         if h.len() >= HEAT_ENTRIES_MAX && !h.contains_key(&id) {
-            h.clear();
+            forget_cold(&mut h, self.keep_above);
         }
         h.insert(id, queued);
     }
@@ -289,4 +305,30 @@ async fn release(mut s: State) -> Result<(), LockError> {
         .await
         .map_err(|e| lost(e.into()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn a_full_heat_map_forgets_cold_objects_and_keeps_hot_ones() {
+        let mut h: HashMap<u64, u64> = (0..HEAT_ENTRIES_MAX as u64).map(|i| (i, 1)).collect();
+        h.insert(7, 12); // hot: above ColdWatermark 3
+        h.insert(9, 4);
+        h.insert(11, 3); // at the watermark: cold
+        forget_cold(&mut h, 3);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!((h.get(&7), h.get(&9)), (Some(&12), Some(&4)));
+    }
+
+    #[test]
+    fn hot_objects_that_fill_half_the_map_keep_only_the_hottest() {
+        let mut h: HashMap<u64, u64> = (0..HEAT_ENTRIES_MAX as u64).map(|i| (i, 5)).collect();
+        h.insert(1, 20);
+        forget_cold(&mut h, 3);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h.get(&1), Some(&20));
+    }
 }
