@@ -140,6 +140,8 @@ pub(crate) struct Attempt<'a, S, O> {
     pub objs: Vec<Obj<O>>,
     /// The protocol's state of this attempt.
     pub cc: S,
+    /// The attempt committed (set by the commit before the release).
+    pub committed: bool,
     /// Where the attempt's time went (with [`crate::config::TxnConfig::record_phases`]).
     clock: Option<PhaseClock>,
 }
@@ -154,6 +156,7 @@ impl<'a, S: Default, O> Attempt<'a, S, O> {
             start: None,
             objs: Vec::new(),
             cc: S::default(),
+            committed: false,
             clock: core
                 .cfg
                 .record_phases

@@ -74,12 +74,29 @@ macro_rules! with_protocol {
 }
 
 impl Engine {
-    fn begin<'a>(&self, core: &'a ClientCore, kind: u16) -> AttemptIn<'a> {
-        use crate::attempt::Attempt;
+    fn begin<'a>(&self, core: &'a ClientCore, kind: u16, retry_of: Option<u64>) -> AttemptIn<'a> {
+        fn new<'a, P: ConcurrencyControl>(
+            p: &P,
+            core: &'a ClientCore,
+            kind: u16,
+            retry_of: Option<u64>,
+        ) -> AttemptOf<'a, P> {
+            let mut a = crate::attempt::Attempt::new(core, kind);
+            p.begin(&mut a, retry_of);
+            a
+        }
         match self {
-            Self::OccCas(_) => AttemptIn::OccCas(Attempt::new(core, kind)),
-            Self::Scythe(_) => AttemptIn::Scythe(Attempt::new(core, kind)),
-            Self::Mvcc(_) => AttemptIn::Mvcc(Attempt::new(core, kind)),
+            Self::OccCas(p) => AttemptIn::OccCas(new(p, core, kind, retry_of)),
+            Self::Scythe(p) => AttemptIn::Scythe(new(p, core, kind, retry_of)),
+            Self::Mvcc(p) => AttemptIn::Mvcc(new(p, core, kind, retry_of)),
+        }
+    }
+
+    fn tocc_share(&self) -> Vec<(u64, u64)> {
+        match self {
+            Self::OccCas(p) => p.tocc_share(),
+            Self::Scythe(p) => p.tocc_share(),
+            Self::Mvcc(p) => p.tocc_share(),
         }
     }
 }
@@ -176,8 +193,25 @@ impl TxnClient {
     pub fn begin_as(&self, kind: u16) -> Txn<'_> {
         Txn {
             c: self,
-            attempt: self.engine.begin(&self.core, kind),
+            attempt: self.engine.begin(&self.core, kind, None),
         }
+    }
+
+    /// Start the next attempt of a transaction whose attempt `prev` ([`Txn::id`])
+    /// aborted: the protocol may carry what that attempt learned (Scythe treats the rows
+    /// it aborted on, or found queued, as hot: 4.2.1 (1), the mode chosen per
+    /// transaction when it retries). Otherwise as [`Self::begin_as`].
+    pub fn begin_retry(&self, kind: u16, prev: u64) -> Txn<'_> {
+        Txn {
+            c: self,
+            attempt: self.engine.begin(&self.core, kind, Some(prev)),
+        }
+    }
+
+    /// Per table id (index): attempts so far that read the table, and of those the
+    /// attempts that ran TOCC (Scythe's high-heat mode); empty for the other protocols.
+    pub fn tocc_share(&self) -> Vec<(u64, u64)> {
+        self.engine.tocc_share()
     }
 
     /// [`Self::begin_as`] of kind 0.
@@ -479,5 +513,11 @@ impl<'a> Txn<'a> {
             Ok(()) => TxnError::Abort(AbortReason::User),
             Err(e) => e,
         }
+    }
+}
+
+impl Drop for Txn<'_> {
+    fn drop(&mut self) {
+        with_protocol!(self, |p, a| p.finish(a));
     }
 }

@@ -25,6 +25,21 @@ pub(crate) trait ConcurrencyControl {
     /// The protocol's state of one object of the read set.
     type ObjState: Default;
 
+    /// Set up a new attempt; `retry_of` is the id of the same transaction's previous
+    /// attempt when this one retries it (Scythe carries the rows it found hot). Default:
+    /// nothing.
+    fn begin(&self, _a: &mut AttemptOf<'_, Self>, _retry_of: Option<u64>) {}
+
+    /// The attempt ends (committed, aborted or dropped; [`Attempt::committed`] says
+    /// which): the protocol's bookkeeping. Default: nothing.
+    fn finish(&self, _a: &mut AttemptOf<'_, Self>) {}
+
+    /// Per table id: attempts that read the table, and of those the attempts that ran
+    /// in a high-contention mode (Scythe's TOCC). Default: none.
+    fn tocc_share(&self) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
+
     /// Whether an object already in the read set must be fetched again because the
     /// transaction now reads it `for_update` (MVCC locks read-write data at execution);
     /// default no.
@@ -100,6 +115,7 @@ pub(crate) async fn commit<P: ConcurrencyControl>(
     a: &mut AttemptOf<'_, P>,
 ) -> Result<(), TxnError> {
     let r = p.commit(a).await;
+    a.committed = r.is_ok();
     a.enter(Phase::Unlock);
     let released = p.release(a).await;
     match r {

@@ -66,6 +66,8 @@
 //! timestamps at least its `queued_ts`, so each queue is in timestamp order and a
 //! transaction waits only for holders with smaller timestamps.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use lockd::client::{Grant, LockClient, LockError, LockRequest, Ticket};
@@ -85,7 +87,16 @@ pub(crate) struct Scythe {
     locks: LockClient,
     /// Tables of the store (for [`Self::lock_id`]).
     tables: u64,
+    /// Hot rows (lock ids) of aborted attempts, by attempt id, until their transaction's
+    /// retry takes them ([`ConcurrencyControl::begin`]); at most [`CARRY_MAX`] kept.
+    carry: RefCell<VecDeque<(u64, Vec<u64>)>>,
+    /// Per table: attempts that read it, and of those the attempts that ran TOCC.
+    tocc_share: RefCell<Vec<(u64, u64)>>,
 }
+
+/// Aborted attempts whose hot rows wait for a retry; past it the oldest are dropped (a
+/// transaction that is not retried leaves nothing behind for long).
+const CARRY_MAX: usize = 1024;
 
 /// Scythe's state of one attempt.
 #[derive(Default)]
@@ -94,6 +105,18 @@ pub(crate) struct ScytheAttempt {
     tocc: bool,
     /// Takeout Lock tickets held, by lock id. Dropped tickets release themselves.
     tickets: Vec<(u64, Ticket)>,
+    /// Rows (lock ids) this transaction treats as hot (4.2.1 (1)): those on which one of
+    /// its earlier attempts aborted or found a cold lock request queued behind anyone,
+    /// and those this attempt met so.
+    hot_rows: Vec<u64>,
+}
+
+impl ScytheAttempt {
+    fn mark_hot(&mut self, id: u64) {
+        if !self.hot_rows.contains(&id) {
+            self.hot_rows.push(id);
+        }
+    }
 }
 
 /// Scythe's state of an object read.
@@ -111,6 +134,18 @@ impl ConcurrencyControl for Scythe {
     type State = ScytheAttempt;
     type ObjState = ScytheObj;
 
+    /// A retry starts from the hot rows its transaction's earlier attempts met (4.2.1
+    /// (1): the mode is chosen per transaction when it retries after an abort).
+    fn begin(&self, t: &mut A<'_>, retry_of: Option<u64>) {
+        let Some(prev) = retry_of else { return };
+        let mut carry = self.carry.borrow_mut();
+        if let Some(i) = carry.iter().position(|(id, _)| *id == prev) {
+            if let Some((_, rows)) = carry.remove(i) {
+                t.cc.hot_rows = rows;
+            }
+        }
+    }
+
     async fn fetch(&self, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
         self.fetch_round(t, want).await
     }
@@ -119,13 +154,18 @@ impl ConcurrencyControl for Scythe {
         self.commit_attempt(t).await
     }
 
-    /// Release the CVT lock words (none: Scythe's locks are tickets) and every ticket,
-    /// in one round.
+    /// Release the CVT lock words (none: Scythe's locks are tickets) and every ticket:
+    /// served tickets pass the lock on now (one FAA each, in one round); a ticket whose
+    /// turn has not come (an aborted attempt's) is dropped, and a coroutine of its own
+    /// passes it on when its turn comes, so that an abort does not wait in queues.
     async fn release(&self, t: &mut A<'_>) -> Result<(), TxnError> {
-        let tickets = std::mem::take(&mut t.cc.tickets);
+        let (served, queued): (Vec<_>, Vec<_>) = std::mem::take(&mut t.cc.tickets)
+            .into_iter()
+            .partition(|(_, tk)| tk.is_served());
+        drop(queued);
         let (a, b) = join(
             t.release_cvt_locks(),
-            join_all(tickets.into_iter().map(|(_, tk)| tk.release())),
+            join_all(served.into_iter().map(|(_, tk)| tk.release())),
         )
         .await;
         a?;
@@ -135,8 +175,36 @@ impl ConcurrencyControl for Scythe {
         Ok(())
     }
 
+    /// Counts the attempt for the TOCC share of each table it read, and keeps the hot
+    /// rows of an attempt that did not commit for its transaction's retry.
+    fn finish(&self, t: &mut A<'_>) {
+        let mut share = self.tocc_share.borrow_mut();
+        let mut seen: Vec<u32> = t.objs.iter().map(|o| o.table).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for tb in seen {
+            let i = tb as usize;
+            if share.len() <= i {
+                share.resize(i + 1, (0, 0));
+            }
+            share[i].0 += 1;
+            share[i].1 += u64::from(t.cc.tocc);
+        }
+        if !t.committed && !t.cc.hot_rows.is_empty() {
+            let mut carry = self.carry.borrow_mut();
+            if carry.len() >= CARRY_MAX {
+                carry.pop_front();
+            }
+            carry.push_back((t.id, std::mem::take(&mut t.cc.hot_rows)));
+        }
+    }
+
     fn hot_mode(&self, t: &A<'_>) -> bool {
         t.cc.tocc
+    }
+
+    fn tocc_share(&self) -> Vec<(u64, u64)> {
+        self.tocc_share.borrow().clone()
     }
 }
 
@@ -146,6 +214,8 @@ impl Scythe {
         Self {
             locks,
             tables: tables.max(1) as u64,
+            carry: RefCell::new(VecDeque::new()),
+            tocc_share: RefCell::new(Vec::new()),
         }
     }
 
@@ -169,42 +239,67 @@ impl Scythe {
         Ok(self.locks.read_state(core.store.ctx(), id).await?.queued() > 0)
     }
 
-    /// Whether the lock service last reported lock `id` hotter than ColdWatermark
-    /// ([`lockd::client::LockClient::mode_for`], Scythe 4.3 (3)).
-    fn hot(&self, id: u64) -> bool {
-        self.locks.mode_for(id) == Mode::Hot
+    /// Whether lock `id` is hot for this transaction: the lock service last reported it
+    /// hotter than ColdWatermark ([`lockd::client::LockClient::mode_for`], Scythe 4.3
+    /// (3)), or the transaction met it busy before ([`ScytheAttempt::hot_rows`]).
+    fn hot(&self, cc: &ScytheAttempt, id: u64) -> bool {
+        cc.hot_rows.contains(&id) || self.locks.mode_for(id) == Mode::Hot
     }
 
     /// Whether TOCC queues for a ticket on lock `id` of an object it reads (`for_update`:
     /// to be written) (4.2.2 (1), 4.4): objects to be written, and objects only read that
     /// the lock service reports hot. A cold object only read is read lock-free and
     /// validated at commit, as in OCC (module docs: read-only objects).
-    fn needs_ticket(&self, id: u64, for_update: bool) -> bool {
-        for_update || self.hot(id)
+    fn needs_ticket(&self, cc: &ScytheAttempt, id: u64, for_update: bool) -> bool {
+        for_update || self.hot(cc, id)
     }
 
     /// Execution reads of `want` (objects not in the read set yet). The attempt switches to
     /// TOCC at the first round that meets an object the lock service reported hot (4.2.1
     /// (1), 4.3 (3)), whichever round that is ([`to_tocc`]).
+    ///
+    /// The attempt's timestamp is taken with its first round, in parallel with the reads
+    /// (Scythe, Fig. 12: the timestamp at begin), so that commit's Lock RPC does not wait
+    /// for the TSO.
     async fn fetch_round(&self, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
         let core = t.core;
-        if !t.cc.tocc && want.iter().any(|&(tb, k, _)| self.hot(self.lock_id(tb, k))) {
+        if !t.cc.tocc
+            && want
+                .iter()
+                .any(|&(tb, k, _)| self.hot(&t.cc, self.lock_id(tb, k)))
+        {
             self.to_tocc(t).await?;
         }
         if t.cc.tocc {
             return self.fetch_tocc(t, want).await;
         }
-        let got = join_all(
+        let reads = join_all(
             want.iter()
                 .map(|&(tb, k, _)| self.read_optimistic(core, tb, k)),
-        )
-        .await;
-        for (o, &(_, _, u)) in got.into_iter().zip(want) {
-            let mut o = o?;
-            o.for_update = u;
-            t.objs.push(o);
+        );
+        let got = if t.start.is_none() {
+            let (ts, got) = join(core.timestamp(), reads).await;
+            t.start = Some(ts?);
+            got
+        } else {
+            reads.await
+        };
+        let mut failed = None;
+        for (o, &(tb, k, u)) in got.into_iter().zip(want) {
+            match o {
+                Ok(mut o) => {
+                    o.for_update = u;
+                    t.objs.push(o);
+                }
+                Err(e) => {
+                    if matches!(e, TxnError::Abort(AbortReason::LockedOnRead)) {
+                        t.cc.mark_hot(self.lock_id(tb, k));
+                    }
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// An OCC execution read: the CVT and record with the object's Takeout Lock words; a
@@ -234,7 +329,7 @@ impl Scythe {
             .filter(|&i| {
                 let o = &t.objs[i];
                 let id = self.lock_id(o.table, o.key);
-                !o.cc.ticketed && self.needs_ticket(id, o.for_update || o.write.is_some())
+                !o.cc.ticketed && self.needs_ticket(&t.cc, id, o.for_update || o.write.is_some())
             })
             .collect();
         if idx.is_empty() {
@@ -255,6 +350,8 @@ impl Scythe {
             let cvt = cvt?;
             let o = &mut t.objs[i];
             if cvt.as_ref().map_or(Timestamp::ZERO, |c| c.newest_version()) != o.version {
+                let id = self.lock_id(o.table, o.key);
+                t.cc.mark_hot(id);
                 return Err(TxnError::Abort(AbortReason::ValidationVersion));
             }
             if o.loc.is_some() {
@@ -276,7 +373,7 @@ impl Scythe {
             .iter()
             .map(|&(tb, k, u)| {
                 let id = self.lock_id(tb, k);
-                self.needs_ticket(id, u) || held(t, id)
+                self.needs_ticket(&t.cc, id, u) || held(t, id)
             })
             .collect();
         let ids: Vec<u64> = want
@@ -294,13 +391,23 @@ impl Scythe {
             }
         }))
         .await;
-        for ((o, &(_, _, u)), &q) in got.into_iter().zip(want).zip(&queue) {
-            let mut o = o?;
-            o.for_update = u;
-            o.cc.ticketed = q;
-            t.objs.push(o);
+        let mut failed = None;
+        for ((o, &(tb, k, u)), &q) in got.into_iter().zip(want).zip(&queue) {
+            match o {
+                Ok(mut o) => {
+                    o.for_update = u;
+                    o.cc.ticketed = q;
+                    t.objs.push(o);
+                }
+                Err(e) => {
+                    if matches!(e, TxnError::Abort(AbortReason::LockedOnRead)) {
+                        t.cc.mark_hot(self.lock_id(tb, k));
+                    }
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Take tickets on `ids` (those not held yet, deduplicated) in `mode` with the
@@ -328,30 +435,47 @@ impl Scythe {
             return Ok(());
         }
         let ts = t.timestamp().await?;
-        if mode == Mode::Hot && !c.cfg.tocc_wait.is_zero() {
-            let (cold, hot) = (lc.export().cold_watermark, lc.export().hot_watermark);
-            if ids
-                .iter()
-                .any(|&id| lc.heat(id).is_some_and(|h| h > cold && h <= hot))
-            {
-                c.store.ctx().sleep(c.cfg.tocc_wait).await;
-            }
-        }
         let first_new = t.cc.tickets.len();
+        // One Lock RPC per batch of requests, every batch in flight at once.
+        let batches: Vec<Vec<LockRequest>> = ids
+            .chunks(lockd::wire::MAX_ENTRIES)
+            .map(|chunk| {
+                chunk
+                    .iter()
+                    .map(|&id| LockRequest {
+                        id,
+                        ts: ts.get(),
+                        mode,
+                    })
+                    .collect()
+            })
+            .collect();
+        let replies = join_all(batches.iter().map(|reqs| lc.lock(c.store.ctx(), reqs))).await;
+        let (cold, hot) = (lc.export().cold_watermark, lc.export().hot_watermark);
         let mut refused = None;
-        for chunk in ids.chunks(lockd::wire::MAX_ENTRIES) {
-            let reqs: Vec<LockRequest> = chunk
-                .iter()
-                .map(|&id| LockRequest {
-                    id,
-                    ts: ts.get(),
-                    mode,
-                })
-                .collect();
-            for g in lc.lock(c.store.ctx(), &reqs).await? {
+        let mut failed = None;
+        let mut warm_refusal = false;
+        for (reqs, grants) in batches.iter().zip(replies) {
+            let grants = match grants {
+                Ok(g) => g,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            for (req, g) in reqs.iter().zip(grants) {
                 match g {
-                    Grant::Queued(tk) => t.cc.tickets.push((tk.id(), tk)),
+                    Grant::Queued(tk) => {
+                        if mode == Mode::Cold && tk.reply().ahead() > 0 {
+                            // A cold request queued behind anyone: hot for the retries.
+                            t.cc.mark_hot(req.id);
+                        }
+                        t.cc.tickets.push((req.id, tk));
+                    }
                     Grant::Refused(r) => {
+                        let queued = r.ahead();
+                        warm_refusal |= queued > cold && queued < hot;
+                        t.cc.mark_hot(req.id);
                         refused.get_or_insert(match r.reason {
                             Some(RefuseReason::Timestamp) => AbortReason::LockRefusedTimestamp,
                             Some(RefuseReason::HotWatermark) => AbortReason::LockRefusedHot,
@@ -361,7 +485,17 @@ impl Scythe {
                 }
             }
         }
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
         if let Some(reason) = refused {
+            // 4.4 (2), after Aurogon: a refusal on an object whose queue lies between
+            // ColdWatermark and HotWatermark waits about 20 us before the retry, so that
+            // requests with smaller timestamps get there first. (Charged to the lock
+            // phase.)
+            if warm_refusal && !c.cfg.tocc_wait.is_zero() {
+                c.store.ctx().sleep(c.cfg.tocc_wait).await;
+            }
             return Err(TxnError::Abort(reason));
         }
         let deadline = Instant::now() + c.cfg.lock_wait;
@@ -371,6 +505,15 @@ impl Scythe {
                 .map(|(_, tk)| tk.wait(deadline)),
         )
         .await;
+        let timed_out: Vec<u64> = t.cc.tickets[first_new..]
+            .iter()
+            .zip(&waits)
+            .filter(|(_, w)| w.is_err())
+            .map(|((id, _), _)| *id)
+            .collect();
+        for id in timed_out {
+            t.cc.mark_hot(id);
+        }
         if let Some(e) = waits.into_iter().find_map(Result::err) {
             // The tickets keep their places; the caller's release (or the transaction's
             // drop) hands each to a coroutine that releases it when its turn comes.
@@ -402,21 +545,30 @@ impl Scythe {
             .collect();
         let mode = if t.cc.tocc { Mode::Hot } else { Mode::Cold };
         self.take_tickets(t, &ids, mode).await?;
-        // Inserted keys without a CVT get one now, under their ticket (no lock word).
-        for i in 0..t.objs.len() {
-            let o = &t.objs[i];
-            if o.write.is_some() && o.loc.is_none() {
-                let (loc, cvt) = c.store.create(o.table, o.key, 0, t.id).await?;
-                let o = &mut t.objs[i];
-                o.loc = Some(loc);
-                o.cvt = Some(cvt);
-            }
-        }
+        // Inserted keys without a CVT get one now, under their ticket (no lock word), all
+        // in parallel (each create is several dependent one-sided ops).
+        t.enter(Phase::Lock);
+        let id = t.id;
+        let creates = join_all(
+            t.objs
+                .iter_mut()
+                .filter(|o| o.write.is_some() && o.loc.is_none())
+                .map(|o| async move {
+                    let (loc, cvt) = c.store.create(o.table, o.key, 0, id).await?;
+                    o.loc = Some(loc);
+                    o.cvt = Some(cvt);
+                    Ok::<(), TxnError>(())
+                }),
+        )
+        .await;
+        creates.into_iter().collect::<Result<(), _>>()?;
         // Objects read under their served tickets need no validation: their CVTs are current.
         if t.objs.iter().any(|o| !o.cc.ticketed) {
+            t.enter(Phase::Validate);
             self.validate(t).await?;
         }
         if writes {
+            t.enter(Phase::WriteBack);
             t.write_back(|o| Timestamp(o.version.get() + 1)).await?;
         }
         t.record(None, Timestamp::ZERO);
@@ -461,14 +613,23 @@ impl Scythe {
             });
             let (busy, seen) = join(join_all(busy), join_all(records)).await;
             let busy = busy.into_iter().collect::<Result<Vec<bool>, _>>()?;
+            for (&k, &b) in round.locks.iter().zip(&busy) {
+                if b {
+                    let o = &t.objs[index[k]];
+                    let id = self.lock_id(o.table, o.key);
+                    t.cc.mark_hot(id);
+                }
+            }
             let mut versions = Vec::with_capacity(seen.len());
             for (&k, cvt) in round.records.iter().zip(seen) {
                 let cvt = cvt?;
-                versions.push(RecordSeen::Version(
-                    cvt.as_ref()
-                        .map_or(Timestamp::ZERO, |c| c.newest_version())
-                        .get(),
-                ));
+                let now = cvt.as_ref().map_or(Timestamp::ZERO, |c| c.newest_version());
+                versions.push(RecordSeen::Version(now.get()));
+                let o = &t.objs[index[k]];
+                if now != o.version {
+                    let id = self.lock_id(o.table, o.key);
+                    t.cc.mark_hot(id);
+                }
                 let o = &mut t.objs[index[k]];
                 if o.write.is_some() {
                     o.cvt = cvt;

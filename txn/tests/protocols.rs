@@ -479,12 +479,14 @@ fn scythe_switches_to_tocc_at_the_round_that_meets_a_hot_object() {
         assert_eq!(bal(&now), want);
 
         // The switch checks what OCC read before it: `cold` is read for update, then
-        // another transaction writes it, then the hot round aborts the attempt.
+        // another transaction writes it, then the hot round aborts the attempt. (The
+        // other transaction begins first, so that its timestamp, taken with its first
+        // read, is the older one and the switch's ticket on `cold` is granted.)
         hold_hot(c, c.lock_id(hot.0, hot.1), Duration::from_millis(20)).await;
-        let mut t = c.begin();
-        t.read_for_update(cold.0, cold.1).await.unwrap();
         let mut other = c.begin();
         let x = other.read_for_update(cold.0, cold.1).await.unwrap();
+        let mut t = c.begin();
+        t.read_for_update(cold.0, cold.1).await.unwrap();
         other
             .write(cold.0, cold.1, (bal(&x) + 1).to_le_bytes().to_vec())
             .unwrap();
@@ -496,4 +498,63 @@ fn scythe_switches_to_tocc_at_the_round_that_meets_a_hot_object() {
     });
     let v = txn::serializability::check(&c.take_history().unwrap());
     assert!(v.is_serializable(), "{v}");
+}
+
+/// Scythe (000_f3dba2ed893b246b.txt, 4.2.1 (1)): the mode is chosen per transaction when
+/// it retries after an abort. An attempt that aborts on a row held by one other
+/// transaction (not hot by the lock service's watermark) leaves that row hot for its
+/// retry: the retry queues for it in TOCC and commits, where a fresh attempt would abort
+/// on it again.
+#[test]
+fn scythe_retries_in_tocc_on_the_row_an_attempt_aborted_on() {
+    let cl = cluster("tocc-retry", 1, 2);
+    let c = cl.client(Protocol::Scythe);
+    let c2 = c.clone();
+    run(&c, async move {
+        let c = &*c2;
+        let row = (CHECKING, 5u64);
+        let id = c.lock_id(row.0, row.1);
+        let lc = c.locks().unwrap();
+        // One holder: the queue is 1, below ColdWatermark, so the row is not hot.
+        let req = LockRequest {
+            id,
+            ts: c.timestamp().await.unwrap().get(),
+            mode: Mode::Cold,
+        };
+        let held = lc.lock(c.ctx(), &[req]).await.unwrap().pop().unwrap();
+        let held = held.ticket().expect("queued");
+        assert_eq!(lc.mode_for(id), Mode::Cold);
+        let mut t = c.begin();
+        assert!(matches!(
+            t.read_for_update(row.0, row.1).await,
+            Err(TxnError::Abort(AbortReason::LockedOnRead))
+        ));
+        let first = t.id();
+        drop(t);
+        // A fresh transaction still aborts on the held row ...
+        let mut fresh = c.begin();
+        assert!(matches!(
+            fresh.read_for_update(row.0, row.1).await,
+            Err(TxnError::Abort(AbortReason::LockedOnRead))
+        ));
+        drop(fresh);
+        // ... the retry queues for it instead, and commits once the holder is gone.
+        let ctx = c.ctx().clone();
+        c.ctx().spawn(async move {
+            ctx.sleep(Duration::from_millis(5)).await;
+            held.release().await.unwrap();
+        });
+        let mut retry = c.begin_retry(0, first);
+        let v = retry
+            .read_for_update(row.0, row.1)
+            .await
+            .expect("the retry queues behind the holder");
+        assert!(retry.hot_mode(), "the retry runs TOCC");
+        retry
+            .write(row.0, row.1, (bal(&v) + 1).to_le_bytes().to_vec())
+            .unwrap();
+        retry.commit().await.unwrap();
+        let share = c.tocc_share();
+        assert!(share[CHECKING as usize].1 >= 1, "{share:?}");
+    });
 }
