@@ -4,6 +4,7 @@
 
 mod audit;
 pub mod config_file;
+pub mod driver;
 pub mod launcher;
 pub mod peers;
 pub mod plot;
