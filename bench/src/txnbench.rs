@@ -24,6 +24,12 @@
 //! throughput of `scythe`, throughput of MVCC, and for TPC-C the p99 of NEW-ORDER).
 //! `--sweep theta=...` or `--sweep clients=...` repeats that at each point; `--chart`
 //! draws throughput against p99.
+//!
+//! Nothing here knows a workload: [`crate::workload::spec`] picks the implementation of
+//! `--workload` once, and a run asks it for its data, its transactions and its checks
+//! ([`crate::workload::WorkloadSpec`]). A run's steps are `run_one`'s: start the
+//! cluster, audit the loaded data, measure (the coordinator coroutines are
+//! [`crate::driver`]'s), audit after the run, build the report and check the history.
 
 use rrpc::NodeId;
 use std::cell::RefCell;
