@@ -5,6 +5,7 @@
 mod audit;
 pub mod breakdown;
 pub mod config_file;
+pub mod driver;
 pub mod launcher;
 pub mod peers;
 pub mod plot;

@@ -6,11 +6,22 @@
 //! (deposits minus withdrawals), so a run can check that the final total equals the
 //! initial total plus the net of committed transactions.
 
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use rand::rngs::StdRng;
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
 use txn::coordinator::{Txn, TxnError};
 use txn::smallbank::{CHECKING, SAVINGS};
+
+use crate::audit::{audit, money, smallbank_items};
+use crate::driver::Mix;
+use crate::report::WorkerStats;
+use crate::txnbench::Args;
+use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
+use crate::ycsb::RunError;
 
 /// The six SmallBank transaction types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -219,6 +230,115 @@ pub async fn run(mut t: Txn<'_>, args: TxnArgs) -> Result<i64, TxnError> {
     };
     t.commit().await?;
     Ok(net)
+}
+
+/// SmallBank as `txn-bench` runs it (`--workload smallbank`): `--accounts` accounts,
+/// optionally `--hot-accounts` of them drawn for `--hot-fraction` of the draws; the
+/// check is the money audit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SmallBank {
+    accounts: u64,
+    /// `--hot-accounts` and `--hot-fraction`.
+    hot: Option<(u64, f64)>,
+}
+
+impl SmallBank {
+    /// The workload of `args`. Errors: fewer than 2 accounts. (A bad hot set is refused
+    /// by [`WorkloadSpec::profiles`], with the generator's reason.)
+    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
+        if args.accounts < 2 {
+            bail!("--accounts must be at least 2");
+        }
+        Ok(Self {
+            accounts: args.accounts,
+            hot: args.hot_accounts.map(|h| (h, args.hot_fraction)),
+        })
+    }
+}
+
+impl WorkloadSpec for SmallBank {
+    fn workload(&self) -> Workload {
+        Workload::SmallBank
+    }
+
+    fn label(&self) -> &'static str {
+        "SmallBank"
+    }
+
+    fn kinds(&self) -> Vec<&'static str> {
+        TxnType::ALL.iter().map(|t| t.name()).collect()
+    }
+
+    fn keys(&self) -> u64 {
+        self.accounts
+    }
+
+    fn scale(&self) -> String {
+        match self.hot {
+            Some((h, fraction)) => format!(
+                "{} accounts, {h} hot for {}% of draws",
+                self.accounts,
+                // Rounded to 0.01%, so that 0.7 prints as 70, not 70.00000000000001.
+                (fraction * 1e4).round() / 100.0
+            ),
+            None => format!("{} accounts", self.accounts),
+        }
+    }
+
+    fn lockd_locks(&self) -> u64 {
+        2 * self.accounts
+    }
+
+    fn memnode_args(&self) -> Vec<String> {
+        vec!["--smallbank-accounts".into(), self.accounts.to_string()]
+    }
+
+    /// The loaded bank must hold `txn::smallbank::initial_total` cents.
+    fn initial_total(&self, cx: &AuditCx<'_>) -> anyhow::Result<i64> {
+        let loaded = smallbank_items(self.accounts);
+        let before = audit(cx.fabric, cx.addrs, cx.protocol, &loaded)?;
+        let expected = txn::smallbank::initial_total(self.accounts);
+        let total = money(&before, &loaded)?;
+        if total != expected {
+            bail!("loaded bank holds {total} cents, expected {expected}");
+        }
+        Ok(total)
+    }
+
+    fn profiles(&self, theta: f64) -> anyhow::Result<Arc<dyn Mix>> {
+        let g = Generator::new(self.accounts, theta)?;
+        let g = match self.hot {
+            Some((h, fraction)) => g
+                .with_hot(h, fraction)
+                .context("--hot-accounts / --hot-fraction")?,
+            None => g,
+        };
+        Ok(Arc::new(g))
+    }
+
+    fn audit_after(&self, cx: &AuditCx<'_>, _: &[WorkerStats]) -> anyhow::Result<Audited> {
+        let items = smallbank_items(self.accounts);
+        let a = audit(cx.fabric, cx.addrs, cx.protocol, &items)?;
+        Ok(Audited {
+            total: Some(money(&a, &items)?),
+            cvt_locked: a.cvt_locked,
+            lockd_held: a.lockd_held,
+            check: None,
+        })
+    }
+}
+
+impl Profiles for Generator {
+    type Txn = TxnArgs;
+
+    fn draw(&self, rng: &mut StdRng, _home: u16) -> (TxnArgs, usize) {
+        let t = self.next(rng);
+        (t, t.ty.index())
+    }
+
+    async fn run<'t>(&'t self, txn: Txn<'t>, t: &'t TxnArgs) -> Result<Finished, RunError> {
+        run(txn, *t).await.map(Finished::net).map_err(RunError::Txn)
+    }
 }
 
 #[cfg(test)]

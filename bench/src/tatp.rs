@@ -9,6 +9,10 @@
 //! GET_NEW_DESTINATION about 23.9%, GET_ACCESS_DATA 62.5%, UPDATE_SUBSCRIBER_DATA 62.5%,
 //! INSERT_CALL_FORWARDING and DELETE_CALL_FORWARDING 31.25%, the rest 100%.
 
+use std::sync::Arc;
+
+use anyhow::bail;
+use rand::rngs::StdRng;
 use rand::Rng;
 use serde::Serialize;
 use txn::coordinator::{AbortReason, Txn, TxnError};
@@ -16,6 +20,15 @@ use txn::tatp::{
     ai_key, call_forwarding_row, cf_key, sf_key, sub_nbr, ACCESS_INFO, CALL_FORWARDING,
     SPECIAL_FACILITY, START_TIMES, SUBSCRIBER,
 };
+
+use crate::driver::Mix;
+use crate::report::{Report, WorkerStats};
+use crate::txnbench::Args;
+use crate::workload::{
+    refuse_hot_accounts, refuse_theta_sweep, AuditCx, Audited, Finished, Profiles, Workload,
+    WorkloadSpec,
+};
+use crate::ycsb::RunError;
 
 /// The seven TATP transaction types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -294,6 +307,149 @@ async fn rollback(t: Txn<'_>) -> Result<Outcome, TxnError> {
     match t.abort().await {
         TxnError::Abort(AbortReason::User) => Ok(Outcome::NotFound),
         e => Err(e),
+    }
+}
+
+/// TATP as `txn-bench` runs it (`--workload tatp`): `--subscribers` subscribers
+/// populated with `--seed`; the check is the referential consistency of the four
+/// tables (`txn::tatp::check`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tatp {
+    subscribers: u64,
+    /// The population's seed (the check recomputes what the loader drew).
+    seed: u64,
+}
+
+impl Tatp {
+    /// The workload of `args`. Errors: `--sweep theta` (subscribers follow NURand), no
+    /// subscriber, `--hot-accounts`.
+    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
+        refuse_theta_sweep(args)?;
+        if args.subscribers == 0 {
+            bail!("--subscribers must be at least 1");
+        }
+        refuse_hot_accounts(args)?;
+        Ok(Self {
+            subscribers: args.subscribers,
+            seed: args.seed,
+        })
+    }
+}
+
+impl WorkloadSpec for Tatp {
+    fn workload(&self) -> Workload {
+        Workload::Tatp
+    }
+
+    fn label(&self) -> &'static str {
+        "TATP"
+    }
+
+    fn kinds(&self) -> Vec<&'static str> {
+        TxnType::ALL.iter().map(|t| t.name()).collect()
+    }
+
+    fn keys(&self) -> u64 {
+        self.subscribers
+    }
+
+    fn scale(&self) -> String {
+        format!("{} subscribers", self.subscribers)
+    }
+
+    fn skew(&self, _theta: f64) -> String {
+        "keys by TATP's NURand".into()
+    }
+
+    /// Up to 21 rows per subscriber (1 + 4 + 4 + 12).
+    fn lockd_locks(&self) -> u64 {
+        21 * self.subscribers
+    }
+
+    fn memnode_args(&self) -> Vec<String> {
+        vec![
+            "--tatp-subscribers".into(),
+            self.subscribers.to_string(),
+            "--tatp-seed".into(),
+            self.seed.to_string(),
+        ]
+    }
+
+    /// Nothing to audit before the run: the population is checked by the loader's
+    /// tests, and the consistency check runs after the run.
+    fn initial_total(&self, _cx: &AuditCx<'_>) -> anyhow::Result<i64> {
+        Ok(0)
+    }
+
+    fn profiles(&self, _theta: f64) -> anyhow::Result<Arc<dyn Mix>> {
+        Ok(Arc::new(Generator::new(self.subscribers)?))
+    }
+
+    fn audit_after(&self, cx: &AuditCx<'_>, _: &[WorkerStats]) -> anyhow::Result<Audited> {
+        let c = crate::audit::tatp(
+            cx.fabric,
+            cx.addrs,
+            cx.protocol,
+            self.subscribers,
+            self.seed,
+        )?;
+        Ok(Audited {
+            total: None,
+            cvt_locked: c.cvt_locked,
+            lockd_held: c.lockd_held,
+            check: Some((c.line, c.ok)),
+        })
+    }
+
+    /// Failed lookups per type against the specification's expected rates (TATP 1.0,
+    /// 4.1: failures are outcomes, not aborts), e.g. `failed lookups (expected):
+    /// GetNewDestination 76.2% (76.1%), ...`.
+    fn outcomes(&self, report: &Report) -> Option<String> {
+        Some(failed_lookups(report))
+    }
+}
+
+/// [`Tatp::outcomes`]' line from the report's rows (in [`TxnType::ALL`] order).
+fn failed_lookups(r: &Report) -> String {
+    let parts: Vec<String> = TxnType::ALL
+        .iter()
+        .zip(&r.types)
+        .map(|(t, row)| {
+            let done = row.committed + row.user_aborts;
+            format!(
+                "{} {:.1}% ({:.1}%)",
+                row.name,
+                100.0 * row.failed_lookups as f64 / done.max(1) as f64,
+                t.expected_failure_percent()
+            )
+        })
+        .collect();
+    format!("failed lookups (expected): {}", parts.join(", "))
+}
+
+impl Profiles for Generator {
+    type Txn = TxnArgs;
+
+    fn draw(&self, rng: &mut StdRng, _home: u16) -> (TxnArgs, usize) {
+        let t = self.next(rng);
+        (t, t.ty.index())
+    }
+
+    /// A read-only type whose lookup fails commits without a result; an update whose
+    /// lookup fails rolls back.
+    async fn run<'t>(&'t self, txn: Txn<'t>, t: &'t TxnArgs) -> Result<Finished, RunError> {
+        match run(txn, *t).await {
+            Ok(Outcome::Done) => Ok(Finished::net(0)),
+            Ok(Outcome::NotFound) if t.ty.read_only() => Ok(Finished::Committed {
+                net: 0,
+                inserted: Vec::new(),
+                failed_lookup: true,
+            }),
+            Ok(Outcome::NotFound) => Ok(Finished::RolledBack {
+                failed_lookup: true,
+            }),
+            Err(e) => Err(RunError::Txn(e)),
+        }
     }
 }
 

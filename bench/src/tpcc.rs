@@ -9,6 +9,10 @@
 //! through an index table NEW-ORDER maintains; `c_data` of bad-credit customers is
 //! updated in place (its first 100 bytes), not shifted; dates are a counter.
 
+use std::sync::Arc;
+
+use anyhow::bail;
+use rand::rngs::StdRng;
 use rand::Rng;
 use serde::Serialize;
 use txn::coordinator::{AbortReason, Txn, TxnError};
@@ -19,6 +23,15 @@ use txn::tpcc::{
     HISTORY_BYTES, ITEM, ITEMS, NEW_ORDER, NEW_ORDER_BYTES, ORDER, ORDER_BYTES, ORDER_LINE,
     ORDER_LINE_BYTES, STOCK, WAREHOUSE, WAREHOUSE_YTD,
 };
+
+use crate::driver::Mix;
+use crate::report::WorkerStats;
+use crate::txnbench::Args;
+use crate::workload::{
+    refuse_hot_accounts, refuse_theta_sweep, AuditCx, Audited, Finished, Profiles, Workload,
+    WorkloadSpec,
+};
+use crate::ycsb::RunError;
 
 /// The five TPC-C transaction types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -519,6 +532,116 @@ async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
     }
     t.commit().await?;
     Ok(Outcome::Done)
+}
+
+/// TPC-C as `txn-bench` runs it (`--workload tpcc`): `--warehouses` warehouses (one
+/// per coordinator thread by default) populated with `--seed`; coordinator coroutine g
+/// (over all threads) has home warehouse g mod N + 1; the check is the consistency
+/// conditions 1 to 4 (`txn::tpcc::check`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tpcc {
+    warehouses: u16,
+    /// The population's seed.
+    seed: u64,
+}
+
+impl Tpcc {
+    /// The workload of `args` (with `args.threads` resolved, which the default number of
+    /// warehouses follows). Errors: `--sweep theta` (keys follow NURand), no warehouse,
+    /// `--hot-accounts`.
+    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
+        refuse_theta_sweep(args)?;
+        let warehouses = args.warehouses();
+        if warehouses == 0 {
+            bail!("--warehouses must be at least 1");
+        }
+        refuse_hot_accounts(args)?;
+        Ok(Self {
+            warehouses,
+            seed: args.seed,
+        })
+    }
+}
+
+impl WorkloadSpec for Tpcc {
+    fn workload(&self) -> Workload {
+        Workload::Tpcc
+    }
+
+    fn label(&self) -> &'static str {
+        "TPC-C"
+    }
+
+    fn kinds(&self) -> Vec<&'static str> {
+        TxnType::ALL.iter().map(|t| t.name()).collect()
+    }
+
+    fn keys(&self) -> u64 {
+        u64::from(self.warehouses)
+    }
+
+    fn scale(&self) -> String {
+        format!("{} warehouse(s)", self.warehouses)
+    }
+
+    fn skew(&self, _theta: f64) -> String {
+        "keys by TPC-C's NURand and home warehouses".into()
+    }
+
+    /// Customers, stock, districts and a window of the growing order tables.
+    fn lockd_locks(&self) -> u64 {
+        u64::from(self.warehouses) << 20
+    }
+
+    fn memnode_args(&self) -> Vec<String> {
+        vec![
+            "--tpcc-warehouses".into(),
+            self.warehouses.to_string(),
+            "--tatp-seed".into(),
+            self.seed.to_string(),
+        ]
+    }
+
+    /// Nothing to audit before the run: the population is checked by the loader's
+    /// tests, and the consistency check runs after the run.
+    fn initial_total(&self, _cx: &AuditCx<'_>) -> anyhow::Result<i64> {
+        Ok(0)
+    }
+
+    fn profiles(&self, _theta: f64) -> anyhow::Result<Arc<dyn Mix>> {
+        Ok(Arc::new(Generator::new(self.warehouses)?))
+    }
+
+    fn audit_after(&self, cx: &AuditCx<'_>, _: &[WorkerStats]) -> anyhow::Result<Audited> {
+        let c = crate::audit::tpcc(cx.fabric, cx.addrs, cx.protocol, self.warehouses)?;
+        Ok(Audited {
+            total: None,
+            cvt_locked: c.cvt_locked,
+            lockd_held: c.lockd_held,
+            check: Some((c.line, c.ok)),
+        })
+    }
+}
+
+impl Profiles for Generator {
+    type Txn = TxnArgs;
+
+    fn draw(&self, rng: &mut StdRng, home: u16) -> (TxnArgs, usize) {
+        let t = self.next(rng, home);
+        let kind = t.ty.index();
+        (t, kind)
+    }
+
+    /// NEW-ORDER's 1% rolls back (final, no retry).
+    async fn run<'t>(&'t self, txn: Txn<'t>, t: &'t TxnArgs) -> Result<Finished, RunError> {
+        match run(txn, t).await {
+            Ok(Outcome::Done) => Ok(Finished::net(0)),
+            Ok(Outcome::RolledBack) => Ok(Finished::RolledBack {
+                failed_lookup: false,
+            }),
+            Err(e) => Err(RunError::Txn(e)),
+        }
+    }
 }
 
 #[cfg(test)]

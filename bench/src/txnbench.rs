@@ -24,6 +24,12 @@
 //! throughput of `scythe`, throughput of MVCC, and for TPC-C the p99 of NEW-ORDER).
 //! `--sweep theta=...` or `--sweep clients=...` repeats that at each point; `--chart`
 //! draws throughput against p99.
+//!
+//! Nothing here knows a workload: [`crate::workload::spec`] picks the implementation of
+//! `--workload` once, and a run asks it for its data, its transactions and its checks
+//! ([`crate::workload::WorkloadSpec`]). A run's steps are `run_one`'s: start the
+//! cluster, audit the loaded data, measure (the coordinator coroutines are
+//! [`crate::driver`]'s), audit after the run, build the report and check the history.
 
 use rrpc::NodeId;
 use std::cell::RefCell;
@@ -37,24 +43,18 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
-use rand::{Rng, SeedableRng};
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use serde::Serialize;
-use txn::coordinator::{
-    AbortReason, ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig, TxnError,
-};
+use txn::coordinator::{ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig};
 
-use crate::audit::{self, audit, kvs_check, kvs_items, money, smallbank_items, Audit};
 use crate::config_file::config_flags;
 pub use crate::config_file::ConfigError;
+use crate::driver::{Coroutine, Mix};
 use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
-use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, TypeStats, WorkerStats};
-use crate::smallbank::{self, Generator};
-use crate::workload::Workload;
-use crate::ycsb::{self, KvsGenerator, RunError};
-use crate::{tatp, tpcc};
+use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, WorkerStats};
+use crate::workload::{self, AuditCx, Audited, Workload, WorkloadSpec};
 
 /// SmallBank, KVS, YCSB, TATP or TPC-C on a local cluster (memnode, tso and lockd child
 /// processes) over the shm fabric, with one transaction protocol or all of them side by
@@ -325,14 +325,6 @@ struct Point {
     label: Option<String>,
 }
 
-/// A point's transaction generator.
-enum Gen {
-    SmallBank(Generator),
-    Kvs(KvsGenerator),
-    Tatp(tatp::Generator),
-    Tpcc(tpcc::Generator),
-}
-
 impl Args {
     /// Parse `argv` (program name first) after expanding `--config FILE.toml` into
     /// flags placed before the command line's own, so that the command line wins.
@@ -365,82 +357,47 @@ impl Args {
         })
     }
 
-    /// Keys the report names as the workload's size: SmallBank's accounts, the KVS
-    /// records, TATP's subscribers, TPC-C's warehouses.
-    fn keys(&self) -> u64 {
-        match self.workload {
-            Workload::SmallBank => self.accounts,
-            Workload::Tatp => self.subscribers,
-            Workload::Tpcc => u64::from(self.warehouses()),
-            _ => self.records,
-        }
-    }
-
-    /// Locks of the lock service (Scythe): about one per row a transaction can lock.
-    /// Objects share a lock past that (`TxnClient::lock_id`), which only adds false
-    /// conflicts.
-    fn lockd_locks(&self) -> u64 {
-        match self.workload {
-            Workload::SmallBank => 2 * self.accounts,
-            // Up to 21 rows per subscriber (1 + 4 + 4 + 12).
-            Workload::Tatp => 21 * self.subscribers,
-            // Customers, stock, districts and a window of the growing order tables.
-            Workload::Tpcc => u64::from(self.warehouses()) << 20,
-            _ => 2 * self.records,
-        }
-    }
-
     /// TPC-C warehouses: `--warehouses`, else one per coordinator thread.
-    fn warehouses(&self) -> u16 {
+    pub(crate) fn warehouses(&self) -> u16 {
         self.warehouses
             .unwrap_or_else(|| self.threads.unwrap_or(1).clamp(1, usize::from(u16::MAX)) as u16)
     }
 
-    /// Transaction kinds, in the order of the report (and of the history's kinds).
-    fn kinds(&self) -> Vec<&'static str> {
-        self.workload.kinds()
-    }
-
-    /// The workload as the reports name it.
-    fn workload_label(&self) -> String {
-        self.workload.label().into()
-    }
-
-    /// Size of the data: accounts, records, subscribers or warehouses.
-    fn scale(&self) -> String {
-        match self.workload {
-            Workload::SmallBank => match self.hot_accounts {
-                Some(h) => format!(
-                    "{} accounts, {h} hot for {}% of draws",
-                    self.accounts,
-                    // Rounded to 0.01%, so that 0.7 prints as 70, not 70.00000000000001.
-                    (self.hot_fraction * 1e4).round() / 100.0
-                ),
-                None => format!("{} accounts", self.accounts),
-            },
-            Workload::Tatp => format!("{} subscribers", self.subscribers),
-            Workload::Tpcc => format!("{} warehouse(s)", self.warehouses()),
-            _ => format!(
-                "{} records x {} B, {} ops/txn",
-                self.records,
-                self.value_bytes,
-                self.ops_per_txn()
-            ),
+    /// Check the flags every workload shares (the workload's own are checked by its
+    /// constructor, [`workload::spec`]); `threads` must be resolved. Errors: the first
+    /// flag out of range, by name.
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.threads == Some(0) || self.coroutines == 0 {
+            bail!("--threads and --coroutines must be at least 1");
         }
-    }
-
-    /// How keys are drawn at `theta`: `Zipf theta 0.99`, or the specification's rule.
-    fn skew(&self, theta: f64) -> String {
-        match self.workload {
-            Workload::Tatp => "keys by TATP's NURand".into(),
-            Workload::Tpcc => "keys by TPC-C's NURand and home warehouses".into(),
-            _ => format!("Zipf theta {theta}"),
+        if !(self.duration > 0.0 && self.duration.is_finite()) {
+            bail!("--duration must be a positive number of seconds");
         }
-    }
-
-    fn ops_per_txn(&self) -> usize {
-        self.ops_per_txn
-            .unwrap_or_else(|| self.workload.default_ops())
+        if !(1..=MAX_MEMNODES).contains(&self.memnodes) {
+            bail!(
+                "--memnodes must be 1 to {MAX_MEMNODES} (got {})",
+                self.memnodes
+            );
+        }
+        if !(1..=64).contains(&self.versions) {
+            bail!("--versions must be 1 to 64 (got {})", self.versions);
+        }
+        if self
+            .kill_tso_after
+            .is_some_and(|k| !(k >= 0.0 && k < self.duration))
+        {
+            bail!("--kill-tso-after must lie within the run (0 <= SECONDS < --duration)");
+        }
+        if !self.no_check && self.check_memory_mb == 0 {
+            bail!("--check-memory-mb must be at least 1 (or pass --no-check)");
+        }
+        if let Some(c) = &self.chart {
+            match c.extension().and_then(|e| e.to_str()) {
+                Some("svg" | "png") => {}
+                _ => bail!("--chart {} must end in .svg or .png", c.display()),
+            }
+        }
+        Ok(())
     }
 
     /// The protocols to run, in order, after checking `--protocol` against
@@ -546,84 +503,17 @@ pub struct Summary {
 /// check is not an error but [`Outcome::Failed`].
 pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Outcome)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = *args.threads.get_or_insert(cores.saturating_sub(1).max(1));
-    if threads == 0 || args.coroutines == 0 {
-        bail!("--threads and --coroutines must be at least 1");
-    }
-    if args.accounts < 2 {
-        bail!("--accounts must be at least 2");
-    }
-    if args.workload.is_kvs() && args.value_bytes < txn::kvs::MIN_VALUE_BYTES {
-        bail!(
-            "--value-bytes must be at least {} (got {})",
-            txn::kvs::MIN_VALUE_BYTES,
-            args.value_bytes
-        );
-    }
-    if !(args.duration > 0.0 && args.duration.is_finite()) {
-        bail!("--duration must be a positive number of seconds");
-    }
-    if !(1..=MAX_MEMNODES).contains(&args.memnodes) {
-        bail!(
-            "--memnodes must be 1 to {MAX_MEMNODES} (got {})",
-            args.memnodes
-        );
-    }
-    if !(1..=64).contains(&args.versions) {
-        bail!("--versions must be 1 to 64 (got {})", args.versions);
-    }
-    if args
-        .kill_tso_after
-        .is_some_and(|k| !(k >= 0.0 && k < args.duration))
-    {
-        bail!("--kill-tso-after must lie within the run (0 <= SECONDS < --duration)");
-    }
-    if !args.no_check && args.check_memory_mb == 0 {
-        bail!("--check-memory-mb must be at least 1 (or pass --no-check)");
-    }
-    if let Some(c) = &args.chart {
-        match c.extension().and_then(|e| e.to_str()) {
-            Some("svg" | "png") => {}
-            _ => bail!("--chart {} must end in .svg or .png", c.display()),
-        }
-    }
-    if !args.workload.uses_theta() && matches!(args.sweep, Some(Sweep::Theta(_))) {
-        bail!(
-            "--sweep theta does not apply to {}: its keys follow the specification's \
-             NURand, not Zipf theta (sweep clients=... instead)",
-            args.workload
-        );
-    }
-    if args.workload == Workload::Tatp && args.subscribers == 0 {
-        bail!("--subscribers must be at least 1");
-    }
-    if args.workload == Workload::Tpcc && args.warehouses() == 0 {
-        bail!("--warehouses must be at least 1");
-    }
-    if args.hot_accounts.is_some() && args.workload != Workload::SmallBank {
-        bail!("--hot-accounts applies to smallbank only");
-    }
+    args.threads.get_or_insert(cores.saturating_sub(1).max(1));
+    args.validate()?;
+    let workload = workload::spec(&args)?;
     let protocols = args.protocols()?;
     let points = args.points();
-    // Every point's generator now: a bad theta fails before any cluster starts.
-    let gens = points
+    // Every point's profiles now: a bad theta fails before any cluster starts.
+    let mixes = points
         .iter()
         .map(|p| {
-            let g = match args.workload {
-                Workload::SmallBank => Generator::new(args.accounts, p.theta).and_then(|g| {
-                    match args.hot_accounts {
-                        Some(h) => g
-                            .with_hot(h, args.hot_fraction)
-                            .context("--hot-accounts / --hot-fraction"),
-                        None => Ok(g),
-                    }
-                    .map(Gen::SmallBank)
-                }),
-                Workload::Tatp => tatp::Generator::new(args.subscribers).map(Gen::Tatp),
-                Workload::Tpcc => tpcc::Generator::new(args.warehouses()).map(Gen::Tpcc),
-                w => KvsGenerator::new(w, args.records, p.theta, args.ops_per_txn()).map(Gen::Kvs),
-            };
-            g.map(Arc::new)
+            workload
+                .profiles(p.theta)
                 .with_context(|| format!("--theta {}", p.theta))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -653,8 +543,16 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         } else {
             base.clone()
         };
-        let report = run_one(&args, protocol, point, gens[pi].clone(), &cluster, &stop)
-            .with_context(|| format!("run of {what}"))?;
+        let report = run_one(
+            &args,
+            &*workload,
+            protocol,
+            point,
+            mixes[pi].clone(),
+            &cluster,
+            &stop,
+        )
+        .with_context(|| format!("run of {what}"))?;
         print!("{}", report.render());
         runs.push(report);
     }
@@ -666,7 +564,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     let ratios = ratios(&runs);
     let passed = !runs.is_empty() && runs.iter().all(Report::passed);
     let summary = Summary {
-        workload: args.workload_label(),
+        workload: workload.label().into(),
         timing_model: runs
             .first()
             .map_or_else(|| args.model.clone(), |r| r.timing_model.clone()),
@@ -678,7 +576,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         skipped_runs,
     };
     if plan.len() > 1 {
-        print!("{}", render_comparison(&args, &summary));
+        print!("{}", render_comparison(&args, &*workload, &summary));
     }
     if let Some(p) = &args.json {
         std::fs::write(p, serde_json::to_string_pretty(&summary)?)
@@ -687,7 +585,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     }
     if let Some(p) = &args.chart {
         if !summary.runs.is_empty() {
-            draw_chart(p, &args, &summary)?;
+            draw_chart(p, &args, &*workload, &summary)?;
             eprintln!("wrote {}", p.display());
         }
     }
@@ -700,31 +598,31 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
 
 /// The comparison: a header with the configuration (timing model first), the table,
 /// the ratios and the verdict.
-fn render_comparison(args: &Args, sum: &Summary) -> String {
+fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) -> String {
     let threads = args.threads.unwrap_or(1);
-    let workload = match &args.sweep {
+    let setup = match &args.sweep {
         Some(Sweep::Theta(_)) => format!(
             "{threads} thread(s) x {} coroutines | {} | sweep {}",
             args.coroutines,
-            args.scale(),
+            workload.scale(),
             args.sweep.as_ref().expect("a sweep")
         ),
         Some(Sweep::Clients(_)) => format!(
             "{threads} thread(s) x clients coroutines | {} | {} | sweep {}",
-            args.scale(),
-            args.skew(args.theta),
+            workload.scale(),
+            workload.skew(args.theta),
             args.sweep.as_ref().expect("a sweep")
         ),
         None => format!(
             "{threads} thread(s) x {} coroutines | {} | {}",
             args.coroutines,
-            args.scale(),
-            args.skew(args.theta)
+            workload.scale(),
+            workload.skew(args.theta)
         ),
     };
     let mut s = format!(
-        "\ncomparison: {} | timing model: {} | fabric: {} | {workload} | {} memnode(s), {} versions | {} s per run | seed {} | backoff up to {} us\n",
-        args.workload_label(),
+        "\ncomparison: {} | timing model: {} | fabric: {} | {setup} | {} memnode(s), {} versions | {} s per run | seed {} | backoff up to {} us\n",
+        workload.label(),
         sum.timing_model,
         args.fabric,
         args.memnodes,
@@ -762,7 +660,12 @@ fn render_comparison(args: &Args, sum: &Summary) -> String {
 
 /// `--chart`: throughput (x) against p99 (y), one series per protocol through the sweep's
 /// points (one point each without a sweep).
-fn draw_chart(path: &Path, args: &Args, sum: &Summary) -> anyhow::Result<()> {
+fn draw_chart(
+    path: &Path,
+    args: &Args,
+    workload: &dyn WorkloadSpec,
+    sum: &Summary,
+) -> anyhow::Result<()> {
     let mut series: Vec<Series> = Vec::new();
     for r in &sum.runs {
         let pt = (r.throughput_tps, r.p99_us);
@@ -777,13 +680,13 @@ fn draw_chart(path: &Path, args: &Args, sum: &Summary) -> anyhow::Result<()> {
     let title = match &args.sweep {
         Some(sw) => format!(
             "{}: throughput vs p99, sweep {sw} (model {})",
-            args.workload_label(),
+            workload.label(),
             args.model
         ),
         None => format!(
             "{}: throughput vs p99, {}, {} x {} clients (model {})",
-            args.workload_label(),
-            args.skew(args.theta),
+            workload.label(),
+            workload.skew(args.theta),
             args.threads.unwrap_or(1),
             args.coroutines,
             args.model
@@ -801,182 +704,258 @@ fn draw_chart(path: &Path, args: &Args, sum: &Summary) -> anyhow::Result<()> {
     .with_context(|| format!("drawing {}", path.display()))
 }
 
-/// One run: `protocol` at `point` on a fresh cluster named `cluster_name`.
+/// One run: `protocol` at `point` on a fresh cluster named `cluster_name`, with the
+/// transactions of `mix` (the workload's profiles at the point): start the cluster
+/// (the memory nodes load the workload's data), audit the loaded data, run the
+/// coordinators for `--duration`, audit after the run, then build the report and check
+/// the history.
+#[allow(clippy::too_many_arguments)]
 fn run_one(
     args: &Args,
+    workload: &dyn WorkloadSpec,
     protocol: Protocol,
     point: &Point,
-    gen: Arc<Gen>,
+    mix: Arc<dyn Mix>,
     cluster_name: &str,
     stop: &AtomicBool,
 ) -> anyhow::Result<Report> {
-    let threads = args.threads.unwrap_or(1).max(1);
-    let mut cluster = LocalCluster::new(
-        cluster_name,
-        args.bin_dir.clone().unwrap_or_else(default_bin_dir),
-    )?;
-    // This process's fabric first: a missing RDMA device fails here, in one line.
-    let mut fcfg = FabricConfig::new(args.fabric, cluster_name, NodeId(NODE_CN));
-    fcfg.device = args.rdma_device.clone();
-    fcfg.gid_index = args.gid_index;
-    fcfg.model = Some(args.model.clone());
-    let fabric = Fabric::open(&fcfg)?;
-    let mut common = vec![
-        "--fabric".to_string(),
-        args.fabric.to_string(),
-        "--model".into(),
-        args.model.clone(),
-    ];
-    if let Some(d) = &args.rdma_device {
-        common.extend(["--rdma-device".into(), d.clone()]);
-    }
-    if let Some(g) = args.gid_index {
-        common.extend(["--gid-index".into(), g.to_string()]);
-    }
-    let with = |extra: &[String]| -> Vec<String> { common.iter().chain(extra).cloned().collect() };
-    let t = Duration::from_secs(60);
-    eprintln!(
-        "starting local cluster {cluster_name}: {} memnode(s), tso{}",
-        args.memnodes,
-        if protocol.needs_lockd() {
-            ", lockd"
-        } else {
-            ""
-        }
+    let mut cluster = RunCluster::start(args, workload, protocol, cluster_name)?;
+    let checks = checks(args, protocol);
+    print_header(args, workload, protocol, point, &cluster, checks);
+    // Audit before: the data must be as loaded (SmallBank's money, the KVS values).
+    let initial_total = workload.initial_total(&cluster.audit_cx(protocol))?;
+    let mut measured = measure(args, workload, &mut cluster, protocol, point, mix, stop)?;
+    let audited = audit_after_run(workload, &cluster, protocol, &measured.workers)?;
+    let (fabric_desc, model_desc) = cluster.shutdown();
+    let mut report = build_report(
+        args,
+        workload,
+        protocol,
+        point,
+        &measured,
+        (fabric_desc, model_desc),
     );
-    let mut memnodes = Vec::new();
-    let data: Vec<String> = match args.workload {
-        Workload::SmallBank => vec!["--smallbank-accounts".into(), args.accounts.to_string()],
-        Workload::Tatp => vec![
-            "--tatp-subscribers".into(),
-            args.subscribers.to_string(),
-            "--tatp-seed".into(),
-            args.seed.to_string(),
-        ],
-        Workload::Tpcc => vec![
-            "--tpcc-warehouses".into(),
-            args.warehouses().to_string(),
-            "--tatp-seed".into(),
-            args.seed.to_string(),
-        ],
-        _ => vec![
-            "--kvs-records".into(),
-            args.records.to_string(),
-            "--kvs-value-bytes".into(),
-            args.value_bytes.to_string(),
-        ],
-    };
-    for i in 0..args.memnodes {
-        memnodes.push(
-            cluster.start(
-                "memnode",
-                NODE_MEMNODE + i,
-                &with(
-                    &[
-                        data.clone(),
-                        vec![
-                            "--versions".into(),
-                            args.versions.to_string(),
-                            "--partition".into(),
-                            i.to_string(),
-                            "--partitions".into(),
-                            args.memnodes.to_string(),
-                        ],
-                    ]
-                    .concat(),
-                ),
-                t,
-            )?,
-        );
+    audited.judge(initial_total, &mut report);
+    report.outcomes = workload.outcomes(&report);
+    if !args.no_check {
+        check_history(protocol, checks, &mut report, &mut measured.workers)?;
     }
-    let lockd = if protocol.needs_lockd() {
-        Some(cluster.start(
-            "lockd",
-            NODE_LOCKD,
-            &with(&[
+    Ok(report)
+}
+
+/// A run's cluster: this process's fabric, the memory nodes (loaded with the
+/// workload's data), the timestamp oracle and, when the protocol needs one, the lock
+/// service, as child processes.
+struct RunCluster {
+    cluster: LocalCluster,
+    fabric: Fabric,
+    addrs: ClusterAddrs,
+    /// The fabric flags every service gets (`--fabric`, `--model`, ...).
+    common: Vec<String>,
+    /// The oracle's epoch file: each (re)start persists a larger epoch there, so
+    /// timestamps never go back (tso::epoch). Per run, removed at shutdown.
+    tso_state: PathBuf,
+}
+
+impl RunCluster {
+    /// Open this process's fabric (a missing RDMA device fails here, in one line), then
+    /// start `--memnodes` memory nodes loading `workload`'s data, the lock service if
+    /// `protocol` needs one, and the oracle. Errors: a fabric or a service that does
+    /// not come up within a minute.
+    fn start(
+        args: &Args,
+        workload: &dyn WorkloadSpec,
+        protocol: Protocol,
+        cluster_name: &str,
+    ) -> anyhow::Result<Self> {
+        let mut cluster = LocalCluster::new(
+            cluster_name,
+            args.bin_dir.clone().unwrap_or_else(default_bin_dir),
+        )?;
+        let mut fcfg = FabricConfig::new(args.fabric, cluster_name, NodeId(NODE_CN));
+        fcfg.device = args.rdma_device.clone();
+        fcfg.gid_index = args.gid_index;
+        fcfg.model = Some(args.model.clone());
+        let fabric = Fabric::open(&fcfg)?;
+        let mut common = vec![
+            "--fabric".to_string(),
+            args.fabric.to_string(),
+            "--model".into(),
+            args.model.clone(),
+        ];
+        if let Some(d) = &args.rdma_device {
+            common.extend(["--rdma-device".into(), d.clone()]);
+        }
+        if let Some(g) = args.gid_index {
+            common.extend(["--gid-index".into(), g.to_string()]);
+        }
+        eprintln!(
+            "starting local cluster {cluster_name}: {} memnode(s), tso{}",
+            args.memnodes,
+            if protocol.needs_lockd() {
+                ", lockd"
+            } else {
+                ""
+            }
+        );
+        let with =
+            |extra: &[String]| -> Vec<String> { common.iter().chain(extra).cloned().collect() };
+        let data = workload.memnode_args();
+        let mut memnodes = Vec::new();
+        for i in 0..args.memnodes {
+            let partition = [
+                "--versions".into(),
+                args.versions.to_string(),
+                "--partition".into(),
+                i.to_string(),
+                "--partitions".into(),
+                args.memnodes.to_string(),
+            ];
+            let flags = with(&[data.as_slice(), &partition].concat());
+            memnodes.push(cluster.start("memnode", NODE_MEMNODE + i, &flags, START_TIMEOUT)?);
+        }
+        let lockd = if protocol.needs_lockd() {
+            let flags = with(&[
                 "--locks".into(),
-                args.lockd_locks().to_string(),
+                workload.lockd_locks().to_string(),
                 "--threads".into(),
                 args.lockd_threads.to_string(),
                 "--cold-watermark".into(),
                 args.cold_watermark.to_string(),
                 "--hot-watermark".into(),
                 args.hot_watermark.to_string(),
-            ]),
-            t,
-        )?)
-    } else {
-        None
-    };
-    // The oracle's epoch file: each (re)start persists a larger epoch there, so
-    // timestamps never go back (tso::epoch). Per run, removed at the end.
-    let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
-    let _ = std::fs::remove_dir_all(&tso_state);
-    let tso_args = |listen: &str| {
-        with(&[
-            "--state-dir".into(),
-            tso_state.display().to_string(),
-            "--listen".into(),
-            listen.to_string(),
-        ])
-    };
-    let tso = cluster.start("tso", NODE_TSO, &tso_args("127.0.0.1:0"), t)?;
-    let addrs = ClusterAddrs {
-        memnodes,
-        lockd,
-        tso,
-    };
+            ]);
+            Some(cluster.start("lockd", NODE_LOCKD, &flags, START_TIMEOUT)?)
+        } else {
+            None
+        };
+        let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
+        let _ = std::fs::remove_dir_all(&tso_state);
+        let tso = cluster.start(
+            "tso",
+            NODE_TSO,
+            &tso_args(&common, &tso_state, "127.0.0.1:0"),
+            START_TIMEOUT,
+        )?;
+        Ok(Self {
+            cluster,
+            fabric,
+            addrs: ClusterAddrs {
+                memnodes,
+                lockd,
+                tso,
+            },
+            common,
+            tso_state,
+        })
+    }
 
-    let fabric_desc = fabric.describe();
-    let model_desc = fabric.model_description();
-    let checks = match protocol {
+    /// The oracle's flags, listening on `listen`.
+    fn tso_args(&self, listen: &str) -> Vec<String> {
+        tso_args(&self.common, &self.tso_state, listen)
+    }
+
+    /// What an audit of this cluster under `protocol` reads through.
+    fn audit_cx(&self, protocol: Protocol) -> AuditCx<'_> {
+        AuditCx {
+            fabric: &self.fabric,
+            addrs: &self.addrs,
+            protocol,
+        }
+    }
+
+    /// Stop the services and remove the oracle's state; returns the fabric's and the
+    /// timing model's descriptions for the report.
+    fn shutdown(self) -> (String, String) {
+        let descs = (self.fabric.describe(), self.fabric.model_description());
+        let Self {
+            mut cluster,
+            fabric,
+            tso_state,
+            ..
+        } = self;
+        drop(fabric);
+        cluster.shutdown();
+        let _ = std::fs::remove_dir_all(&tso_state);
+        descs
+    }
+}
+
+/// The oracle's flags: the `common` fabric flags, its state directory and `listen`.
+fn tso_args(common: &[String], state: &Path, listen: &str) -> Vec<String> {
+    let mut a = common.to_vec();
+    a.extend([
+        "--state-dir".into(),
+        state.display().to_string(),
+        "--listen".into(),
+        listen.to_string(),
+    ]);
+    a
+}
+
+/// How long a service may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The history check a run is judged by, as the header and the progress name it.
+fn checks(args: &Args, protocol: Protocol) -> &'static str {
+    match protocol {
         _ if args.no_check => "off",
         Protocol::Mvcc(Isolation::Snapshot) => "snapshot isolation (serializability informative)",
         Protocol::Mvcc(Isolation::Serializable) => {
             "serializability (snapshot isolation informative)"
         }
         _ => "serializability",
-    };
+    }
+}
+
+/// The run's header line (stdout).
+fn print_header(
+    args: &Args,
+    workload: &dyn WorkloadSpec,
+    protocol: Protocol,
+    point: &Point,
+    cluster: &RunCluster,
+    checks: &str,
+) {
     println!(
         "{} | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} | {} | {} memnode(s), {} versions | {} s | check: {checks}",
-        args.workload_label(),
-        fabric_desc,
-        model_desc,
-        threads,
+        workload.label(),
+        cluster.fabric.describe(),
+        cluster.fabric.model_description(),
+        args.threads.unwrap_or(1).max(1),
         point.coroutines,
-        args.scale(),
-        args.skew(point.theta),
+        workload.scale(),
+        workload.skew(point.theta),
         args.memnodes,
         args.versions,
         args.duration,
     );
+}
 
-    // Audit before: the loaded bank must hold the expected money; every loaded KVS
-    // value must be valid at counter 0. (TATP's and TPC-C's populations are checked by
-    // their loaders' tests; their checks run after the run.)
-    let initial_total = match args.workload {
-        Workload::SmallBank => {
-            let loaded = smallbank_items(args.accounts);
-            let before = audit(&fabric, &addrs, protocol, &loaded)?;
-            let expected_initial = txn::smallbank::initial_total(args.accounts);
-            let total = money(&before, &loaded)?;
-            if total != expected_initial {
-                bail!("loaded bank holds {total} cents, expected {expected_initial}");
-            }
-            total
-        }
-        Workload::Tatp | Workload::Tpcc => 0,
-        _ => {
-            let loaded = kvs_items(args.records, &[]);
-            let before = audit(&fabric, &addrs, protocol, &loaded)?;
-            let c = kvs_check(&before, &loaded, args.records, 0);
-            if !c.ok() || c.found != 0 {
-                bail!("loaded KVS table: {}", c.line());
-            }
-            0
-        }
-    };
+/// What the measured part of a run left.
+struct Measured {
+    /// Each coordinator thread's counters and history, in thread order.
+    workers: Vec<WorkerStats>,
+    /// From the coordinators' common start to the end of the run.
+    elapsed: Duration,
+    /// `--kill-tso-after`: the restart, complete.
+    tso_restart: Option<TsoRestart>,
+}
 
+/// Run the coordinators for `--duration` (or until `stop`, a service failure or a
+/// fatal error), printing progress each second to stderr and restarting the oracle
+/// once with `--kill-tso-after`. Errors: a thread that does not connect or panics, a
+/// service that died, an oracle that did not restart.
+fn measure(
+    args: &Args,
+    workload: &dyn WorkloadSpec,
+    cluster: &mut RunCluster,
+    protocol: Protocol,
+    point: &Point,
+    mix: Arc<dyn Mix>,
+    stop: &AtomicBool,
+) -> anyhow::Result<Measured> {
+    let threads = args.threads.unwrap_or(1).max(1);
     let cfg = TxnConfig {
         protocol,
         lock_wait: Duration::from_micros(args.lock_wait_us),
@@ -997,18 +976,16 @@ fn run_one(
             coroutines: point.coroutines,
             seed: args.seed,
             max_backoff_us: args.max_backoff_us,
-            kinds: args.kinds(),
-            records: args.records,
+            kinds: workload.kinds(),
             warehouses: args.warehouses(),
             each_type_first: args.each_type_first,
-            value_bytes: args.value_bytes,
             cfg: cfg.clone(),
-            addrs: addrs.clone(),
+            addrs: cluster.addrs.clone(),
             core: (!cores.is_empty()).then(|| cores[tid % cores.len()]),
         };
-        let (fabric, gen, stop, committed, gate) = (
-            fabric.clone(),
-            gen.clone(),
+        let (fabric, mix, stop, committed, gate) = (
+            cluster.fabric.clone(),
+            mix.clone(),
             run_stop.clone(),
             committed.clone(),
             start_gate.clone(),
@@ -1016,14 +993,52 @@ fn run_one(
         handles.push(
             std::thread::Builder::new()
                 .name(format!("coordinator-{tid}"))
-                .spawn(move || worker(w, fabric, gen, stop, committed, gate))?,
+                .spawn(move || worker(w, fabric, mix, stop, committed, gate))?,
         );
     }
     start_gate.wait();
     let started = std::time::Instant::now();
+    let watched = watch(
+        args, cluster, protocol, &run_stop, &committed, stop, started,
+    );
+    run_stop.store(true, Ordering::SeqCst);
+    let mut workers = Vec::new();
+    for h in handles {
+        workers.push(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a coordinator thread panicked"))??,
+        );
+    }
+    let elapsed = started.elapsed();
+    let mut tso_restart =
+        watched.map_err(|e| anyhow::anyhow!("a service died during the run: {e}"))?;
+    if let Some(r) = &mut tso_restart {
+        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
+    }
+    Ok(Measured {
+        workers,
+        elapsed,
+        tso_restart,
+    })
+}
+
+/// The run's control loop, from `started` until the duration is over or `run_stop` is
+/// set: forwards `stop`, restarts the oracle at `--kill-tso-after`, prints progress,
+/// and watches the services. Returns the restart's record (its counts after the
+/// restart still to fill in); `Err` names the service that died (or the failed
+/// restart), after setting `run_stop`.
+fn watch(
+    args: &Args,
+    cluster: &mut RunCluster,
+    protocol: Protocol,
+    run_stop: &AtomicBool,
+    committed: &AtomicU64,
+    stop: &AtomicBool,
+    started: std::time::Instant,
+) -> Result<Option<TsoRestart>, String> {
     let dur = Duration::from_secs_f64(args.duration);
     let mut last = 0;
-    let mut crashed = None;
     let mut tso_restart = None;
     while started.elapsed() < dur && !run_stop.load(Ordering::Relaxed) {
         if stop.load(Ordering::Relaxed) {
@@ -1035,20 +1050,21 @@ fn run_one(
                 .kill_tso_after
                 .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
         {
+            let listen = cluster.addrs.tso.to_string();
+            let tso_args = cluster.tso_args(&listen);
             let r = restart_tso(
-                &mut cluster,
-                &tso_state,
-                &tso_args(&tso.to_string()),
+                &mut cluster.cluster,
+                &cluster.tso_state,
+                &tso_args,
                 Duration::from_millis(args.tso_down_ms),
-                &committed,
+                committed,
                 started,
             );
             match r {
                 Ok(r) => tso_restart = Some(r),
                 Err(e) => {
-                    crashed = Some(format!("restarting the oracle: {e:#}"));
                     run_stop.store(true, Ordering::SeqCst);
-                    break;
+                    return Err(format!("restarting the oracle: {e:#}"));
                 }
             }
         }
@@ -1063,149 +1079,90 @@ fn run_one(
                 c as f64 / started.elapsed().as_secs_f64()
             );
         }
-        if let Err(e) = cluster.check_alive() {
-            crashed = Some(e);
+        if let Err(e) = cluster.cluster.check_alive() {
             run_stop.store(true, Ordering::SeqCst);
+            return Err(e);
         }
     }
-    run_stop.store(true, Ordering::SeqCst);
-    let mut workers = Vec::new();
-    for h in handles {
-        workers.push(
-            h.join()
-                .map_err(|_| anyhow::anyhow!("a coordinator thread panicked"))??,
-        );
-    }
-    let elapsed = started.elapsed();
-    if let Some(e) = crashed {
-        bail!("a service died during the run: {e}");
-    }
+    Ok(tso_restart)
+}
 
-    let inserted: Vec<u64> = workers
-        .iter()
-        .flat_map(|w| w.inserted.iter().copied())
-        .collect();
+/// The workload's audit after the run, timed on stderr.
+fn audit_after_run(
+    workload: &dyn WorkloadSpec,
+    cluster: &RunCluster,
+    protocol: Protocol,
+    workers: &[WorkerStats],
+) -> anyhow::Result<Audited> {
     let t_audit = std::time::Instant::now();
-    let after = match args.workload {
-        Workload::SmallBank => {
-            let items = smallbank_items(args.accounts);
-            let a = audit(&fabric, &addrs, protocol, &items)?;
-            let total = money(&a, &items)?;
-            AfterRun::Money(total, a.cvt_locked, a.lockd_held)
-        }
-        Workload::Tatp => AfterRun::Checked(audit::tatp(
-            &fabric,
-            &addrs,
-            protocol,
-            args.subscribers,
-            args.seed,
-        )?),
-        Workload::Tpcc => {
-            AfterRun::Checked(audit::tpcc(&fabric, &addrs, protocol, args.warehouses())?)
-        }
-        _ => {
-            let items = kvs_items(args.records, &inserted);
-            let a = audit(&fabric, &addrs, protocol, &items)?;
-            AfterRun::Kvs(a, items)
-        }
-    };
+    let audited = workload.audit_after(&cluster.audit_cx(protocol), workers)?;
     eprintln!(
         "audited the {} rows in {:.1} s",
-        args.workload_label(),
+        workload.label(),
         t_audit.elapsed().as_secs_f64()
     );
-    drop(fabric);
-    cluster.shutdown();
-    let _ = std::fs::remove_dir_all(&tso_state);
-    if let Some(r) = &mut tso_restart {
-        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
-        r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
-    }
-    let kinds = args.kinds();
+    Ok(audited)
+}
+
+/// The run's report from what it measured, before the audit's verdict and the history
+/// check; `descs` are the fabric's and the timing model's descriptions.
+fn build_report(
+    args: &Args,
+    workload: &dyn WorkloadSpec,
+    protocol: Protocol,
+    point: &Point,
+    measured: &Measured,
+    descs: (String, String),
+) -> Report {
+    let (fabric_desc, model_desc) = descs;
     let mut report = Report::with_kinds(
-        &kinds,
+        &workload.kinds(),
         fabric_desc,
-        threads,
+        args.threads.unwrap_or(1).max(1),
         point.coroutines,
-        args.keys(),
+        workload.keys(),
         point.theta,
-        elapsed,
-        &workers,
+        measured.elapsed,
+        &measured.workers,
     );
     report.protocol = protocol.name().into();
-    report.workload = args.workload_label();
+    report.workload = workload.label().into();
     report.point = point.label.clone();
     report.memnodes = args.memnodes;
     report.versions = args.versions;
     report.timing_model = model_desc;
-    report.tso_restart = tso_restart;
+    report.tso_restart = measured.tso_restart.clone();
     report.serializability_required = protocol != Protocol::Mvcc(Isolation::Snapshot);
     report.snapshot_isolation_required = protocol == Protocol::Mvcc(Isolation::Snapshot);
-    match after {
-        AfterRun::Money(total, cvt_locked, lockd_held) => {
-            report.audit(initial_total, total, cvt_locked, lockd_held);
-        }
-        AfterRun::Kvs(a, items) => {
-            let updates = u64::try_from(report.net_committed).unwrap_or(0);
-            let c = kvs_check(&a, &items, args.records, updates);
-            report.audit(0, c.found as i64, a.cvt_locked, a.lockd_held);
-            report.workload_check(c.line(), c.ok() && c.found == updates);
-        }
-        AfterRun::Checked(c) => {
-            // No money to conserve (final = net): the locks and coverage clauses of the
-            // audit, then the consistency check decides.
-            report.audit(0, report.net_committed, c.cvt_locked, c.lockd_held);
-            report.workload_check(c.line, c.ok);
-        }
-    }
-    if args.workload == Workload::Tatp {
-        report.outcomes = Some(tatp_failures(&report));
-    }
-    if !args.no_check {
-        let mut history = txn::history::History::new(usize::MAX);
-        for w in &mut workers {
-            history.append(w.history.take().context("a worker recorded no history")?);
-        }
-        eprintln!(
-            "checking {checks}: {} committed transactions, {:.1} MiB of history",
-            history.len(),
-            history.bytes() as f64 / (1 << 20) as f64
-        );
-        let t0 = std::time::Instant::now();
-        let verdict = txn::serializability::check(&history);
-        report.serializability(&verdict, history.bytes(), t0.elapsed());
-        // MVCC records start and commit timestamps: the SI check applies (and is the
-        // one mvcc-si is judged by; for mvcc it is informative).
-        if let Protocol::Mvcc(_) = protocol {
-            report.snapshot_isolation(&txn::snapshot_isolation::check(&history));
-        }
-        eprintln!("checked in {:.2} s", t0.elapsed().as_secs_f64());
-    }
-    Ok(report)
+    report
 }
 
-/// How a transaction that will not be retried ended.
-enum Finished {
-    /// Committed with this net money (SmallBank) or these updates (KVS), the keys it
-    /// inserted (YCSB D), and whether its lookup found nothing (TATP).
-    Committed {
-        net: i64,
-        inserted: Vec<u64>,
-        failed_lookup: bool,
-    },
-    /// Rolled back by its own logic (TPC-C NEW-ORDER's 1%, a TATP update whose lookup
-    /// failed).
-    RolledBack { failed_lookup: bool },
-}
-
-impl Finished {
-    fn net(net: i64) -> Self {
-        Self::Committed {
-            net,
-            inserted: Vec::new(),
-            failed_lookup: false,
-        }
+/// Check the workers' recorded histories (`checks` names the check, for stderr):
+/// serializability, and for MVCC snapshot isolation too (the one `mvcc-si` is judged
+/// by; informative for `mvcc`). Errors: a worker that recorded no history.
+fn check_history(
+    protocol: Protocol,
+    checks: &str,
+    report: &mut Report,
+    workers: &mut [WorkerStats],
+) -> anyhow::Result<()> {
+    let mut history = txn::history::History::new(usize::MAX);
+    for w in workers {
+        history.append(w.history.take().context("a worker recorded no history")?);
     }
+    eprintln!(
+        "checking {checks}: {} committed transactions, {:.1} MiB of history",
+        history.len(),
+        history.bytes() as f64 / (1 << 20) as f64
+    );
+    let t0 = std::time::Instant::now();
+    let verdict = txn::serializability::check(&history);
+    report.serializability(&verdict, history.bytes(), t0.elapsed());
+    if let Protocol::Mvcc(_) = protocol {
+        report.snapshot_isolation(&txn::snapshot_isolation::check(&history));
+    }
+    eprintln!("checked in {:.2} s", t0.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// What one coordinator thread runs.
@@ -1214,24 +1171,23 @@ struct WorkerPlan {
     coroutines: usize,
     seed: u64,
     max_backoff_us: u64,
-    /// Names of the transaction kinds (SmallBank types, or the KVS workload's kinds).
+    /// Names of the transaction kinds.
     kinds: Vec<&'static str>,
     /// TPC-C warehouses (home warehouse of coroutine g over all threads: g mod N + 1).
     warehouses: u16,
     /// Each coroutine runs one transaction of every kind before the mix.
     each_type_first: bool,
-    /// KVS: loaded records and value size.
-    records: u64,
-    value_bytes: usize,
     cfg: TxnConfig,
     addrs: ClusterAddrs,
     core: Option<core_affinity::CoreId>,
 }
 
+/// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
+/// coroutines of `mix` until `stop`, and return the thread's counters and history.
 fn worker(
     w: WorkerPlan,
     fabric: Fabric,
-    gen: Arc<Gen>,
+    mix: Arc<dyn Mix>,
     stop: Arc<AtomicBool>,
     committed: Arc<AtomicU64>,
     gate: Arc<Barrier>,
@@ -1250,150 +1206,20 @@ fn worker(
         connected.with_context(|| format!("coordinator thread {tid} connecting"))?;
     let stats = Rc::new(RefCell::new(WorkerStats::with_kinds(w.kinds.len())));
     let kinds: Rc<[&'static str]> = w.kinds.clone().into();
-    let (records, value_bytes) = (w.records, w.value_bytes);
     let mut ex = Executor::new(ctx.clone());
     for co in 0..w.coroutines {
-        let (client, stats, gen, stop, committed, kinds) = (
-            client.clone(),
-            stats.clone(),
-            gen.clone(),
-            stop.clone(),
-            committed.clone(),
-            kinds.clone(),
-        );
-        let seed = w.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let max_backoff = w.max_backoff_us;
-        let home = ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1;
-        let (each_type_first, n_kinds) = (w.each_type_first, w.kinds.len());
-        ex.spawn(async move {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            // With --each-type-first, kind 0, 1, ... first (drawn until the mix gives
-            // one of that kind), then the mix.
-            let mut first = if each_type_first { 0..n_kinds } else { 0..0 };
-            while !stop.load(Ordering::Relaxed) {
-                let want = first.next();
-                let (drawn, kind) = loop {
-                    let drawn = match &*gen {
-                        Gen::SmallBank(g) => Drawn::SmallBank(g.next(&mut rng)),
-                        Gen::Kvs(g) => Drawn::Kvs(g.next(&mut rng)),
-                        Gen::Tatp(g) => Drawn::Tatp(g.next(&mut rng)),
-                        Gen::Tpcc(g) => Drawn::Tpcc(g.next(&mut rng, home)),
-                    };
-                    let kind = match &drawn {
-                        Drawn::SmallBank(t) => t.ty.index(),
-                        Drawn::Kvs(t) => t.kind,
-                        Drawn::Tatp(t) => t.ty.index(),
-                        Drawn::Tpcc(t) => t.ty.index(),
-                    };
-                    if want.is_none_or(|k| k == kind) {
-                        break (drawn, kind);
-                    }
-                };
-                let begin = quanta::Instant::now();
-                let mut backoff_us = 1u64;
-                loop {
-                    let txn = client.begin_as(kind as u16);
-                    let r: Result<Finished, RunError> = match &drawn {
-                        Drawn::SmallBank(t) => smallbank::run(txn, *t)
-                            .await
-                            .map(Finished::net)
-                            .map_err(RunError::Txn),
-                        Drawn::Kvs(t) => ycsb::run(txn, t, records, value_bytes).await.map(|d| {
-                            Finished::Committed {
-                                net: d.updates as i64,
-                                inserted: d.inserted,
-                                failed_lookup: false,
-                            }
-                        }),
-                        Drawn::Tatp(t) => match tatp::run(txn, *t).await {
-                            Ok(tatp::Outcome::Done) => Ok(Finished::net(0)),
-                            // A read-only type commits without a result; an update rolled back.
-                            Ok(tatp::Outcome::NotFound) if t.ty.read_only() => {
-                                Ok(Finished::Committed {
-                                    net: 0,
-                                    inserted: Vec::new(),
-                                    failed_lookup: true,
-                                })
-                            }
-                            Ok(tatp::Outcome::NotFound) => Ok(Finished::RolledBack {
-                                failed_lookup: true,
-                            }),
-                            Err(e) => Err(RunError::Txn(e)),
-                        },
-                        Drawn::Tpcc(t) => match tpcc::run(txn, t).await {
-                            Ok(tpcc::Outcome::Done) => Ok(Finished::net(0)),
-                            Ok(tpcc::Outcome::RolledBack) => Ok(Finished::RolledBack {
-                                failed_lookup: false,
-                            }),
-                            Err(e) => Err(RunError::Txn(e)),
-                        },
-                    };
-                    // What to do next, decided while the stats are borrowed (never across an await).
-                    let retry = {
-                        let mut s = stats.borrow_mut();
-                        let s = &mut *s;
-                        let ts: &mut TypeStats = &mut s.types[kind];
-                        ts.attempts += 1;
-                        match r {
-                            Ok(Finished::Committed {
-                                net,
-                                inserted,
-                                failed_lookup,
-                            }) => {
-                                ts.record_commit(begin.elapsed());
-                                ts.failed_lookups += u64::from(failed_lookup);
-                                s.net += net;
-                                s.inserted.extend(inserted);
-                                committed.fetch_add(1, Ordering::Relaxed);
-                                false
-                            }
-                            Ok(Finished::RolledBack { failed_lookup }) => {
-                                ts.user_aborts += 1;
-                                ts.failed_lookups += u64::from(failed_lookup);
-                                false
-                            }
-                            Err(RunError::Txn(TxnError::Abort(AbortReason::User))) => {
-                                ts.user_aborts += 1;
-                                false
-                            }
-                            Err(RunError::Txn(TxnError::Abort(reason))) => {
-                                ts.record_abort(reason);
-                                if let Some(i) = AbortReason::ALL.iter().position(|&x| x == reason)
-                                {
-                                    s.abort_reasons[i] += 1;
-                                }
-                                // At the end of the run an unfinished transaction has no effect.
-                                !stop.load(Ordering::Relaxed)
-                            }
-                            Err(RunError::Txn(e)) => {
-                                s.fatal.push(format!("{}: {e}", kinds[kind]));
-                                stop.store(true, Ordering::SeqCst);
-                                false
-                            }
-                            Err(RunError::Check(e)) => {
-                                s.fatal
-                                    .push(format!("{}: value check failed: {e}", kinds[kind]));
-                                stop.store(true, Ordering::SeqCst);
-                                false
-                            }
-                        }
-                    };
-                    if !retry {
-                        break;
-                    }
-                    // Randomized exponential backoff: an object that made us abort is
-                    // busy for at least a commit's round trips; retrying at once mostly
-                    // aborts again and steals polling rounds from the holder.
-                    if max_backoff > 0 {
-                        let d = rng.random_range(0..=backoff_us.min(max_backoff));
-                        backoff_us = (backoff_us * 2).min(max_backoff);
-                        client.ctx().sleep(Duration::from_micros(d)).await;
-                    } else {
-                        client.ctx().yield_now().await;
-                    }
-                }
-            }
-        });
+        let coroutine = Coroutine {
+            client: client.clone(),
+            stats: stats.clone(),
+            stop: stop.clone(),
+            committed: committed.clone(),
+            kinds: kinds.clone(),
+            seed: w.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            max_backoff_us: w.max_backoff_us,
+            home: ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1,
+            each_type_first: w.each_type_first,
+        };
+        mix.clone().spawn(&mut ex, coroutine);
     }
     ex.run();
     let mut s = Rc::try_unwrap(stats)
@@ -1443,44 +1269,6 @@ fn restart_tso(
         committed_after_ready: 0,
         thread_epochs: Vec::new(),
     })
-}
-
-/// What the audit after a run found, per kind of check.
-enum AfterRun {
-    /// SmallBank: money (cents), CVT lock words held, lock service locks held.
-    Money(i64, u64, Option<u64>),
-    /// KVS / YCSB: the audit of these items.
-    Kvs(Audit, Vec<(u32, u64)>),
-    /// TATP, TPC-C: their consistency checks.
-    Checked(audit::Checked),
-}
-
-/// TATP's failed lookups per type against the specification's expected rates (TATP
-/// 1.0, 4.1: failures are outcomes, not aborts), e.g. `failed lookups (expected):
-/// GetNewDestination 76.2% (76.1%), ...`.
-fn tatp_failures(r: &Report) -> String {
-    let parts: Vec<String> = tatp::TxnType::ALL
-        .iter()
-        .zip(&r.types)
-        .map(|(t, row)| {
-            let done = row.committed + row.user_aborts;
-            format!(
-                "{} {:.1}% ({:.1}%)",
-                row.name,
-                100.0 * row.failed_lookups as f64 / done.max(1) as f64,
-                t.expected_failure_percent()
-            )
-        })
-        .collect();
-    format!("failed lookups (expected): {}", parts.join(", "))
-}
-
-/// A drawn transaction, retried until it commits.
-enum Drawn {
-    SmallBank(smallbank::TxnArgs),
-    Kvs(ycsb::KvsTxn),
-    Tatp(tatp::TxnArgs),
-    Tpcc(tpcc::TxnArgs),
 }
 
 #[cfg(test)]
@@ -1563,35 +1351,52 @@ mod tests {
         assert_eq!(args(&[]).points()[0].label, None);
     }
 
+    fn spec(a: &Args) -> Box<dyn WorkloadSpec> {
+        workload::spec(a).unwrap()
+    }
+
     #[test]
     fn workload_flags() {
-        let a = args(&["--workload", "ycsb-b", "--records", "500"]);
-        assert_eq!(a.scale(), "500 records x 40 B, 4 ops/txn");
-        assert_eq!(a.kinds(), ["read-only", "update"]);
-        assert_eq!(a.keys(), 500);
-        let a = args(&["--workload", "kvs"]);
-        assert_eq!(a.ops_per_txn(), 1);
-        let a = args(&[]);
-        assert_eq!(
-            (a.workload_label().as_str(), a.kinds().len()),
-            ("SmallBank", 6)
-        );
+        let w = spec(&args(&["--workload", "ycsb-b", "--records", "500"]));
+        assert_eq!(w.scale(), "500 records x 40 B, 4 ops/txn");
+        assert_eq!(w.kinds(), ["read-only", "update"]);
+        assert_eq!(w.keys(), 500);
+        let w = spec(&args(&["--workload", "kvs"]));
+        assert!(w.scale().ends_with(", 1 ops/txn"), "{}", w.scale());
+        let w = spec(&args(&[]));
+        assert_eq!((w.label(), w.kinds().len()), ("SmallBank", 6));
         let e = Args::try_parse_from(["txn-bench", "--workload", "ycsb-e"]).unwrap_err();
         assert!(e.to_string().contains("range scans"), "{e}");
-        let a = args(&["--workload", "tatp", "--subscribers", "5000"]);
-        assert_eq!(
-            (a.workload_label(), a.scale()),
-            ("TATP".into(), "5000 subscribers".into())
-        );
-        assert_eq!((a.kinds().len(), a.lockd_locks()), (7, 21 * 5000));
+        let w = spec(&args(&["--workload", "tatp", "--subscribers", "5000"]));
+        assert_eq!((w.label(), w.scale()), ("TATP", "5000 subscribers".into()));
+        assert_eq!((w.kinds().len(), w.lockd_locks()), (7, 21 * 5000));
         // TPC-C: one warehouse per coordinator thread unless --warehouses says.
         let a = args(&["--workload", "tpcc", "--threads", "3"]);
-        assert_eq!((a.warehouses(), a.scale().as_str()), (3, "3 warehouse(s)"));
-        assert_eq!(a.skew(0.99), "keys by TPC-C's NURand and home warehouses");
+        let w = spec(&a);
+        assert_eq!((a.warehouses(), w.scale().as_str()), (3, "3 warehouse(s)"));
+        assert_eq!(w.skew(0.99), "keys by TPC-C's NURand and home warehouses");
         let a = args(&["--workload", "tpcc", "--warehouses", "4", "--threads", "1"]);
-        assert_eq!((a.warehouses(), a.keys()), (4, 4));
-        let a = args(&["--hot-accounts", "100", "--hot-fraction", "0.7"]);
-        assert_eq!(a.scale(), "100000 accounts, 100 hot for 70% of draws");
+        assert_eq!((a.warehouses(), spec(&a).keys()), (4, 4));
+        let w = spec(&args(&["--hot-accounts", "100", "--hot-fraction", "0.7"]));
+        assert_eq!(w.scale(), "100000 accounts, 100 hot for 70% of draws");
+    }
+
+    #[test]
+    fn shared_flags_are_checked_before_the_workload() {
+        let err = |a: &[&str]| args(a).validate().unwrap_err().to_string();
+        assert!(err(&["--threads", "0"]).contains("--threads"));
+        assert!(err(&["--coroutines", "0"]).contains("--coroutines"));
+        assert!(err(&["--duration", "0"]).contains("--duration"));
+        assert!(err(&["--memnodes", "0"]).contains("--memnodes must be 1 to"));
+        assert!(err(&["--versions", "65"]).contains("--versions must be 1 to 64"));
+        assert!(err(&["--kill-tso-after", "3", "--duration", "2"]).contains("--kill-tso-after"));
+        assert!(err(&["--check-memory-mb", "0"]).contains("--check-memory-mb"));
+        assert!(err(&["--chart", "x.pdf"]).contains(".svg or .png"));
+        assert!(
+            args(&["--threads", "1", "--no-check", "--check-memory-mb", "0"])
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]

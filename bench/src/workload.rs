@@ -1,8 +1,32 @@
-//! The `--workload` choice of `txn-bench`: SmallBank ([`crate::smallbank`]), the KVS /
+//! The workloads of `txn-bench`: the `--workload` flag ([`Workload`]) and the interface
+//! each workload implements in its own file ([`WorkloadSpec`] for what a run does with
+//! it, [`Profiles`] for its transactions): SmallBank ([`crate::smallbank`]), the KVS /
 //! YCSB family ([`crate::ycsb`]), TATP ([`crate::tatp`]) and TPC-C ([`crate::tpcc`]).
+//!
+//! A run asks the workload, in order: its arguments checked and resolved (the
+//! constructor the registry [`spec`] calls), the flags that make each memory node load
+//! its rows ([`WorkloadSpec::memnode_args`]), the audit of the loaded rows
+//! ([`WorkloadSpec::initial_total`]), a transaction source per sweep point
+//! ([`WorkloadSpec::profiles`], whose [`Profiles`] the coordinators drive with static
+//! dispatch), and the audit after the run ([`WorkloadSpec::audit_after`]), which
+//! [`Audited::judge`] turns into the report's verdict.
+//!
+//! Adding a workload: a file with a type implementing both traits, its flag value in
+//! [`Workload`], and its line in [`spec`].
 
 use std::fmt;
+use std::future::Future;
 use std::str::FromStr;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rrpc::fabric::Fabric;
+use txn::coordinator::{ClusterAddrs, Protocol, Txn};
+
+use crate::driver::Mix;
+use crate::report::{Report, WorkerStats};
+use crate::txnbench::{Args, Sweep};
+use crate::ycsb::RunError;
 
 /// The `--workload` flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,43 +102,9 @@ impl Workload {
         }
     }
 
-    /// The workload as reports name it (`SmallBank`, `ycsb-a`, `TATP`, `TPC-C`).
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::SmallBank => "SmallBank",
-            Self::Tatp => "TATP",
-            Self::Tpcc => "TPC-C",
-            w => w.name(),
-        }
-    }
-
     /// Whether the workload runs on the KVS table (`kvs` and the YCSB presets).
     pub fn is_kvs(self) -> bool {
         !matches!(self, Self::SmallBank | Self::Tatp | Self::Tpcc)
-    }
-
-    /// Whether Zipf theta (`--theta`, `--sweep theta=`) shapes the key choice: TATP and
-    /// TPC-C draw keys by their specifications' non-uniform rules instead.
-    pub fn uses_theta(self) -> bool {
-        !matches!(self, Self::Tatp | Self::Tpcc)
-    }
-
-    /// Transaction kinds as the report lists them (index = the history's kind). KVS /
-    /// YCSB: read-only transactions first, then those that write.
-    pub fn kinds(self) -> Vec<&'static str> {
-        match self {
-            Self::SmallBank => crate::smallbank::TxnType::ALL
-                .iter()
-                .map(|t| t.name())
-                .collect(),
-            Self::Tatp => crate::tatp::TxnType::ALL.iter().map(|t| t.name()).collect(),
-            Self::Tpcc => crate::tpcc::TxnType::ALL.iter().map(|t| t.name()).collect(),
-            Self::Kvs => vec!["read", "update"],
-            Self::YcsbA | Self::YcsbB => vec!["read-only", "update"],
-            Self::YcsbC => vec!["read-only"],
-            Self::YcsbD => vec!["read-only", "insert"],
-            Self::YcsbF => vec!["read-only", "read-modify-write"],
-        }
     }
 
     /// KVS / YCSB: percent of operations that write (update, read-modify-write or
@@ -136,6 +126,202 @@ impl Workload {
             4
         }
     }
+}
+
+/// One workload as a run of `txn-bench` uses it, built from the flags by [`spec`]: its
+/// names, its data, its transaction source and its checks. Everything here is off the
+/// hot path (called a few times per run); the transactions themselves are [`Profiles`].
+pub trait WorkloadSpec: Send + Sync {
+    /// The `--workload` value this implements (for the KVS family, the preset).
+    fn workload(&self) -> Workload;
+
+    /// The workload as reports name it (`SmallBank`, `ycsb-a`, `TATP`, `TPC-C`).
+    fn label(&self) -> &'static str;
+
+    /// Transaction kinds as the report lists them (index = the kind a [`Profiles::draw`]
+    /// returns and the history records).
+    fn kinds(&self) -> Vec<&'static str>;
+
+    /// The size the report records as its key count: accounts, records, subscribers or
+    /// warehouses.
+    fn keys(&self) -> u64;
+
+    /// The size of the data for the report's header (`100000 accounts`, `3
+    /// warehouse(s)`, ...).
+    fn scale(&self) -> String;
+
+    /// How keys are drawn at Zipf `theta`, for the report's header: `Zipf theta 0.99`
+    /// unless the workload follows its specification's own rule.
+    fn skew(&self, theta: f64) -> String {
+        format!("Zipf theta {theta}")
+    }
+
+    /// Locks of the lock service (Scythe): about one per row a transaction can lock.
+    /// Objects share a lock past that (`TxnClient::lock_id`), which only adds false
+    /// conflicts.
+    fn lockd_locks(&self) -> u64;
+
+    /// Population: the `memnode` flags that make each memory node load this workload's
+    /// rows (each node keeps its partition of them).
+    fn memnode_args(&self) -> Vec<String>;
+
+    /// Audit of the loaded data before the run; returns the initial total the run's
+    /// money check starts from (SmallBank's money in cents, 0 where nothing is
+    /// conserved). Errors: the data is not as loaded, or the audit could not read it.
+    fn initial_total(&self, cx: &AuditCx<'_>) -> anyhow::Result<i64>;
+
+    /// The transaction source at Zipf `theta` (one per sweep point, shared by every
+    /// coordinator thread). Errors: a `theta` or a combination of flags the
+    /// workload's generator refuses.
+    fn profiles(&self, theta: f64) -> anyhow::Result<Arc<dyn Mix>>;
+
+    /// Audit after the run, with the coordinators' counters (`workers`): the rows read
+    /// back, the workload's own check, the locks left held. Errors: the audit could not
+    /// read the rows (a failed check is not an error but a verdict in [`Audited`]).
+    fn audit_after(&self, cx: &AuditCx<'_>, workers: &[WorkerStats]) -> anyhow::Result<Audited>;
+
+    /// A line of outcome statistics for the report, if the workload has one (TATP's
+    /// failed lookups against the specification's rates).
+    fn outcomes(&self, _report: &Report) -> Option<String> {
+        None
+    }
+}
+
+/// A workload's transaction profiles at one point: the hot path, called per
+/// transaction by every coordinator coroutine, statically dispatched (the driver is
+/// generic over it; [`WorkloadSpec::profiles`] erases the type once per run).
+pub trait Profiles: Send + Sync + 'static {
+    /// A drawn transaction's inputs; retried as drawn until it commits or is final.
+    type Txn;
+
+    /// Draw the next transaction of a coordinator whose TPC-C home warehouse is `home`
+    /// (1 to the warehouses; the other workloads ignore it). Returns the transaction and
+    /// its kind (an index into [`WorkloadSpec::kinds`]).
+    fn draw(&self, rng: &mut StdRng, home: u16) -> (Self::Txn, usize);
+
+    /// Run one attempt of `t` in `txn` and commit it. `Ok` is final (committed, or
+    /// rolled back by the transaction's own logic); a conflict comes back as
+    /// `Err(RunError::Txn(TxnError::Abort(_)))` and is retried; a failed value check
+    /// as `Err(RunError::Check(_))`, which stops the run.
+    fn run<'t>(
+        &'t self,
+        txn: Txn<'t>,
+        t: &'t Self::Txn,
+    ) -> impl Future<Output = Result<Finished, RunError>> + 't;
+}
+
+/// How a transaction that will not be retried ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finished {
+    /// Committed with this net money (SmallBank, cents) or these updates (KVS), the
+    /// keys it inserted (YCSB D), and whether its lookup found nothing (TATP).
+    Committed {
+        /// Net money added (cents), or updates committed.
+        net: i64,
+        /// Keys inserted.
+        inserted: Vec<u64>,
+        /// The lookup found nothing (a TATP read-only type committed without a
+        /// result).
+        failed_lookup: bool,
+    },
+    /// Rolled back by its own logic (TPC-C NEW-ORDER's 1%, a TATP update whose lookup
+    /// failed).
+    RolledBack {
+        /// The lookup found nothing.
+        failed_lookup: bool,
+    },
+}
+
+impl Finished {
+    /// Committed with `net` and nothing else to say.
+    pub fn net(net: i64) -> Self {
+        Self::Committed {
+            net,
+            inserted: Vec::new(),
+            failed_lookup: false,
+        }
+    }
+}
+
+/// What an audit reads through: the run's fabric, its cluster and the protocol (whose
+/// lock words and lock service the audit inspects).
+#[derive(Clone, Copy)]
+pub struct AuditCx<'a> {
+    /// This process's fabric.
+    pub fabric: &'a Fabric,
+    /// The cluster's services.
+    pub addrs: &'a ClusterAddrs,
+    /// The protocol of the run.
+    pub protocol: Protocol,
+}
+
+/// What a workload's audit after a run found, in the terms the report judges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Audited {
+    /// The total to compare with the initial total plus the net committed: SmallBank's
+    /// money (cents), the KVS update counters summed; `None` when nothing is conserved
+    /// (TATP, TPC-C: their consistency check decides).
+    pub total: Option<i64>,
+    /// CVT lock words held among the rows read.
+    pub cvt_locked: u64,
+    /// Lock service locks held or queued (`None` without a lock service).
+    pub lockd_held: Option<u64>,
+    /// The workload's own check: its line and whether it passed (`None`: the money
+    /// check is the workload's check).
+    pub check: Option<(String, bool)>,
+}
+
+impl Audited {
+    /// Record the audit in `report`, whose run started from `initial_total`: the total
+    /// (or, without one, `initial_total + net committed`), the locks held, then the
+    /// workload's own check ([`Report::audit`], [`Report::workload_check`]).
+    pub fn judge(self, initial_total: i64, report: &mut Report) {
+        let total = self.total.unwrap_or(initial_total + report.net_committed);
+        report.audit(initial_total, total, self.cvt_locked, self.lockd_held);
+        if let Some((line, ok)) = self.check {
+            report.workload_check(line, ok);
+        }
+    }
+}
+
+/// The registry: the implementation of `args.workload`, its arguments checked.
+///
+/// Errors: the workload's own flags out of range or given to a workload they do not
+/// apply to (`--subscribers 0`, `--hot-accounts` outside SmallBank, `--sweep theta`
+/// for a workload whose keys do not follow Zipf theta, ...).
+pub fn spec(args: &Args) -> anyhow::Result<Box<dyn WorkloadSpec>> {
+    Ok(match args.workload {
+        Workload::SmallBank => Box::new(crate::smallbank::SmallBank::from_args(args)?),
+        Workload::Kvs
+        | Workload::YcsbA
+        | Workload::YcsbB
+        | Workload::YcsbC
+        | Workload::YcsbD
+        | Workload::YcsbF => Box::new(crate::ycsb::Ycsb::from_args(args)?),
+        Workload::Tatp => Box::new(crate::tatp::Tatp::from_args(args)?),
+        Workload::Tpcc => Box::new(crate::tpcc::Tpcc::from_args(args)?),
+    })
+}
+
+/// For a workload whose keys follow its specification's `NURand`: refuse
+/// `--sweep theta=...`, which would not change what it runs.
+pub(crate) fn refuse_theta_sweep(args: &Args) -> anyhow::Result<()> {
+    if matches!(args.sweep, Some(Sweep::Theta(_))) {
+        anyhow::bail!(
+            "--sweep theta does not apply to {}: its keys follow the specification's \
+             NURand, not Zipf theta (sweep clients=... instead)",
+            args.workload
+        );
+    }
+    Ok(())
+}
+
+/// For a workload other than SmallBank: refuse SmallBank's `--hot-accounts`.
+pub(crate) fn refuse_hot_accounts(args: &Args) -> anyhow::Result<()> {
+    if args.hot_accounts.is_some() {
+        anyhow::bail!("--hot-accounts applies to smallbank only");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -163,10 +349,120 @@ mod tests {
         ] {
             let parsed = w.parse::<Workload>().unwrap();
             assert_eq!(parsed.name(), w);
-            assert!(!parsed.kinds().is_empty(), "{w} has no kinds");
         }
-        assert_eq!(Workload::Tatp.kinds().len(), 7);
-        assert_eq!(Workload::Tpcc.kinds().len(), 5);
-        assert!(!Workload::Tatp.is_kvs() && !Workload::Tatp.uses_theta());
+        assert!(!Workload::Tatp.is_kvs() && Workload::YcsbD.is_kvs());
+    }
+
+    fn args(a: &[&str]) -> Args {
+        use clap::Parser;
+        Args::parse_from(std::iter::once("txn-bench").chain(a.iter().copied()))
+    }
+
+    fn refusal(a: &[&str]) -> String {
+        format!("{:#}", spec(&args(a)).err().expect("refused"))
+    }
+
+    #[test]
+    fn the_registry_maps_every_flag_value_to_its_implementation() {
+        for (flag, label, kinds) in [
+            ("smallbank", "SmallBank", 6),
+            ("kvs", "kvs", 2),
+            ("ycsb-a", "ycsb-a", 2),
+            ("ycsb-b", "ycsb-b", 2),
+            ("ycsb-c", "ycsb-c", 1),
+            ("ycsb-d", "ycsb-d", 2),
+            ("ycsb-f", "ycsb-f", 2),
+            ("tatp", "TATP", 7),
+            ("tpcc", "TPC-C", 5),
+        ] {
+            let w = spec(&args(&["--workload", flag])).unwrap();
+            assert_eq!(w.workload().name(), flag);
+            assert_eq!(w.workload(), flag.parse().unwrap());
+            assert_eq!((w.label(), w.kinds().len()), (label, kinds), "{flag}");
+            assert!(!w.memnode_args().is_empty(), "{flag} loads nothing");
+            assert!(w.lockd_locks() >= w.keys(), "{flag}");
+            // Every point's profiles build at the default theta.
+            assert!(w.profiles(0.99).is_ok(), "{flag}");
+        }
+    }
+
+    #[test]
+    fn each_workload_refuses_its_bad_arguments() {
+        // SmallBank.
+        assert!(refusal(&["--accounts", "1"]).contains("--accounts must be at least 2"));
+        let w = spec(&args(&["--hot-accounts", "1"])).unwrap();
+        let e = format!("{:#}", w.profiles(0.5).err().unwrap());
+        assert!(e.contains("hot accounts must be 2"), "{e}");
+        let w = spec(&args(&[])).unwrap();
+        let e = format!("{:#}", w.profiles(-1.0).err().unwrap());
+        assert!(e.contains("theta must be >= 0"), "{e}");
+        // KVS / YCSB.
+        for w in ["kvs", "ycsb-a"] {
+            let e = refusal(&["--workload", w, "--value-bytes", "8"]);
+            assert!(
+                e.contains("--value-bytes must be at least 16 (got 8)"),
+                "{e}"
+            );
+            let e = refusal(&["--workload", w, "--hot-accounts", "10"]);
+            assert!(e.contains("smallbank only"), "{e}");
+        }
+        let w = spec(&args(&["--workload", "ycsb-a", "--records", "6"])).unwrap();
+        let e = format!("{:#}", w.profiles(0.5).err().unwrap());
+        assert!(e.contains("--ops-per-txn must be 1 to records / 2"), "{e}");
+        // TATP.
+        let e = refusal(&["--workload", "tatp", "--sweep", "theta=0,0.5"]);
+        assert!(e.contains("--sweep theta does not apply to tatp"), "{e}");
+        assert!(refusal(&["--workload", "tatp", "--subscribers", "0"]).contains("--subscribers"));
+        assert!(refusal(&["--workload", "tatp", "--hot-accounts", "2"]).contains("smallbank only"));
+        assert!(spec(&args(&["--workload", "tatp", "--sweep", "clients=1,2"])).is_ok());
+        // TPC-C.
+        let e = refusal(&["--workload", "tpcc", "--sweep", "theta=0"]);
+        assert!(e.contains("NURand"), "{e}");
+        assert!(refusal(&["--workload", "tpcc", "--warehouses", "0"]).contains("--warehouses"));
+        assert!(refusal(&["--workload", "tpcc", "--hot-accounts", "2"]).contains("smallbank only"));
+    }
+
+    fn report(net: i64) -> Report {
+        let mut w = WorkerStats::with_kinds(1);
+        w.types[0].record_commit(std::time::Duration::from_micros(3));
+        w.net = net;
+        Report::with_kinds(
+            &["t"],
+            "shm".into(),
+            1,
+            1,
+            10,
+            0.0,
+            std::time::Duration::from_secs(1),
+            &[w],
+        )
+    }
+
+    #[test]
+    fn the_verdict_fails_on_lost_money_held_locks_or_a_failed_check() {
+        let audited = |total, cvt_locked, check| Audited {
+            total,
+            cvt_locked,
+            lockd_held: Some(0),
+            check,
+        };
+        // Money conserved: 1000 + 30 committed = 1030 found.
+        let mut r = report(30);
+        audited(Some(1030), 0, None).judge(1000, &mut r);
+        assert!(r.invariant_holds);
+        let mut r = report(30);
+        audited(Some(1029), 0, None).judge(1000, &mut r);
+        assert!(!r.invariant_holds, "a cent lost");
+        let mut r = report(30);
+        audited(Some(1030), 1, None).judge(1000, &mut r);
+        assert!(!r.invariant_holds, "a lock word left held");
+        // Nothing conserved: the workload's check decides.
+        let mut r = report(0);
+        audited(None, 0, Some(("consistent".into(), true))).judge(0, &mut r);
+        assert!(r.invariant_holds);
+        assert_eq!(r.workload_check.as_deref(), Some("consistent"));
+        let mut r = report(0);
+        audited(None, 0, Some(("BROKEN".into(), false))).judge(0, &mut r);
+        assert!(!r.invariant_holds);
     }
 }

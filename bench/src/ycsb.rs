@@ -15,13 +15,22 @@
 //! counters must equal the sum over committed transactions.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use anyhow::bail;
+use rand::rngs::StdRng;
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
 use txn::coordinator::{Txn, TxnError};
 use txn::kvs::{check_value, encode_value, fnv64, TABLE};
 
-use crate::workload::Workload;
+use crate::audit::{audit, kvs_check, kvs_items};
+use crate::driver::Mix;
+use crate::report::WorkerStats;
+use crate::txnbench::Args;
+use crate::workload::{
+    refuse_hot_accounts, AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec,
+};
 
 /// One operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +54,8 @@ impl Op {
 /// One transaction's inputs.
 #[derive(Clone, Debug)]
 pub struct KvsTxn {
-    /// Kind: index into [`Workload::kinds`].
+    /// Kind: index into [`kinds`] (0 for a transaction that only reads, 1 for one that
+    /// writes).
     pub kind: usize,
     /// Operations, on distinct keys.
     pub ops: Vec<Op>,
@@ -197,6 +207,162 @@ pub async fn run(
     Ok(done)
 }
 
+/// Transaction kinds of a KVS / YCSB preset as the report lists them (index = the
+/// history's kind): read-only transactions first, then those that write. Empty for a
+/// workload that is not a KVS one.
+pub fn kinds(preset: Workload) -> Vec<&'static str> {
+    match preset {
+        Workload::Kvs => vec!["read", "update"],
+        Workload::YcsbA | Workload::YcsbB => vec!["read-only", "update"],
+        Workload::YcsbC => vec!["read-only"],
+        Workload::YcsbD => vec!["read-only", "insert"],
+        Workload::YcsbF => vec!["read-only", "read-modify-write"],
+        Workload::SmallBank | Workload::Tatp | Workload::Tpcc => Vec::new(),
+    }
+}
+
+/// The KVS / YCSB family as `txn-bench` runs it (`--workload kvs`, `ycsb-a` ... `ycsb-f`):
+/// `--records` keys of `--value-bytes` bytes, `--ops-per-txn` operations per
+/// transaction; the check is every value's checksum and the update counters against the
+/// committed updates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ycsb {
+    preset: Workload,
+    records: u64,
+    value_bytes: usize,
+    ops: usize,
+}
+
+impl Ycsb {
+    /// The workload of `args` (`args.workload` must be a KVS preset). Errors: a value
+    /// too small for its counter and checksum, `--hot-accounts`. (A bad record or
+    /// operation count is refused by [`WorkloadSpec::profiles`], with the generator's
+    /// reason.)
+    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
+        if !args.workload.is_kvs() {
+            bail!("{} is not a KVS workload", args.workload);
+        }
+        if args.value_bytes < txn::kvs::MIN_VALUE_BYTES {
+            bail!(
+                "--value-bytes must be at least {} (got {})",
+                txn::kvs::MIN_VALUE_BYTES,
+                args.value_bytes
+            );
+        }
+        refuse_hot_accounts(args)?;
+        Ok(Self {
+            preset: args.workload,
+            records: args.records,
+            value_bytes: args.value_bytes,
+            ops: args
+                .ops_per_txn
+                .unwrap_or_else(|| args.workload.default_ops()),
+        })
+    }
+}
+
+impl WorkloadSpec for Ycsb {
+    fn workload(&self) -> Workload {
+        self.preset
+    }
+
+    fn label(&self) -> &'static str {
+        self.preset.name()
+    }
+
+    fn kinds(&self) -> Vec<&'static str> {
+        kinds(self.preset)
+    }
+
+    fn keys(&self) -> u64 {
+        self.records
+    }
+
+    fn scale(&self) -> String {
+        format!(
+            "{} records x {} B, {} ops/txn",
+            self.records, self.value_bytes, self.ops
+        )
+    }
+
+    fn lockd_locks(&self) -> u64 {
+        2 * self.records
+    }
+
+    fn memnode_args(&self) -> Vec<String> {
+        vec![
+            "--kvs-records".into(),
+            self.records.to_string(),
+            "--kvs-value-bytes".into(),
+            self.value_bytes.to_string(),
+        ]
+    }
+
+    /// Every loaded value must be valid at counter 0.
+    fn initial_total(&self, cx: &AuditCx<'_>) -> anyhow::Result<i64> {
+        let loaded = kvs_items(self.records, &[]);
+        let before = audit(cx.fabric, cx.addrs, cx.protocol, &loaded)?;
+        let c = kvs_check(&before, &loaded, self.records, 0);
+        if !c.ok() || c.found != 0 {
+            bail!("loaded KVS table: {}", c.line());
+        }
+        Ok(0)
+    }
+
+    fn profiles(&self, theta: f64) -> anyhow::Result<Arc<dyn Mix>> {
+        Ok(Arc::new(KvsProfiles {
+            gen: KvsGenerator::new(self.preset, self.records, theta, self.ops)?,
+            records: self.records,
+            value_bytes: self.value_bytes,
+        }))
+    }
+
+    /// The loaded and inserted keys: every checksum valid, and the update counters sum
+    /// to the updates the coordinators committed.
+    fn audit_after(&self, cx: &AuditCx<'_>, workers: &[WorkerStats]) -> anyhow::Result<Audited> {
+        let inserted: Vec<u64> = workers
+            .iter()
+            .flat_map(|w| w.inserted.iter().copied())
+            .collect();
+        let items = kvs_items(self.records, &inserted);
+        let a = audit(cx.fabric, cx.addrs, cx.protocol, &items)?;
+        let updates = u64::try_from(workers.iter().map(|w| w.net).sum::<i64>()).unwrap_or(0);
+        let c = kvs_check(&a, &items, self.records, updates);
+        Ok(Audited {
+            total: Some(c.found as i64),
+            cvt_locked: a.cvt_locked,
+            lockd_held: a.lockd_held,
+            check: Some((c.line(), c.ok() && c.found == updates)),
+        })
+    }
+}
+
+/// The KVS profiles at one point: the generator, and what [`run`] needs besides.
+struct KvsProfiles {
+    gen: KvsGenerator,
+    records: u64,
+    value_bytes: usize,
+}
+
+impl Profiles for KvsProfiles {
+    type Txn = KvsTxn;
+
+    fn draw(&self, rng: &mut StdRng, _home: u16) -> (KvsTxn, usize) {
+        let t = self.gen.next(rng);
+        let kind = t.kind;
+        (t, kind)
+    }
+
+    async fn run<'t>(&'t self, txn: Txn<'t>, t: &'t KvsTxn) -> Result<Finished, RunError> {
+        let d = run(txn, t, self.records, self.value_bytes).await?;
+        Ok(Finished::Committed {
+            net: d.updates as i64,
+            inserted: d.inserted,
+            failed_lookup: false,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,7 +391,7 @@ mod tests {
                 assert!(keys.iter().all(|&k| k < 1000));
                 let w_ops = t.ops.iter().filter(|o| matches!(o, Op::Update(_))).count();
                 assert_eq!(t.kind, usize::from(w_ops > 0));
-                assert!(t.kind < w.kinds().len());
+                assert!(t.kind < kinds(w).len());
                 writes += w_ops as u64;
                 ops += t.ops.len() as u64;
                 hot += keys.iter().filter(|&&k| k == hottest).count() as u64;

@@ -1,0 +1,243 @@
+//! The coordinator coroutine of `txn-bench`: draws transactions from a workload's
+//! [`Profiles`], runs each until it commits or ends by its own logic (a conflict abort
+//! is retried after a randomized exponential backoff), and counts what happened in the
+//! thread's [`WorkerStats`].
+//!
+//! The loop is generic over the profiles (static dispatch per transaction); [`Mix`]
+//! erases their type once, where a coordinator thread spawns its coroutines.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rrpc::runtime::Executor;
+use txn::coordinator::{AbortReason, TxnClient, TxnError};
+
+use crate::report::WorkerStats;
+use crate::workload::{Finished, Profiles};
+use crate::ycsb::RunError;
+
+/// What one coordinator coroutine needs besides its profiles.
+pub struct Coroutine {
+    /// The thread's transaction client.
+    pub client: Rc<TxnClient>,
+    /// The thread's counters, shared by its coroutines (never borrowed across an
+    /// await).
+    pub stats: Rc<RefCell<WorkerStats>>,
+    /// Ends the run: the coroutine finishes its transaction (a conflict abort is then
+    /// not retried) and returns. A service failure or a failed value check sets it.
+    pub stop: Arc<AtomicBool>,
+    /// Commits over all threads (for progress lines and the TSO restart record).
+    pub committed: Arc<AtomicU64>,
+    /// Names of the transaction kinds, for fatal errors.
+    pub kinds: Rc<[&'static str]>,
+    /// The coroutine's RNG seed.
+    pub seed: u64,
+    /// Longest backoff after a conflict abort, microseconds (0: yield and retry).
+    pub max_backoff_us: u64,
+    /// TPC-C home warehouse (1 to the warehouses).
+    pub home: u16,
+    /// Run one transaction of every kind, in order, before the mix.
+    pub each_type_first: bool,
+}
+
+/// A workload's profiles with their type erased: what a coordinator thread starts its
+/// coroutines with. Implemented for every [`Profiles`].
+pub trait Mix: Send + Sync {
+    /// Spawn one coordinator coroutine on `ex`, running transactions drawn from these
+    /// profiles until `co.stop` is set.
+    fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine);
+}
+
+impl<P: Profiles> Mix for P {
+    fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine) {
+        ex.spawn(coordinate(self, co));
+    }
+}
+
+/// The coroutine: draw (with `each_type_first`, kind 0, 1, ... first, drawn until the
+/// mix gives one of that kind), run until final, count, repeat until `stop`.
+async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(co.seed);
+    let mut first = if co.each_type_first {
+        0..co.kinds.len()
+    } else {
+        0..0
+    };
+    while !co.stop.load(Ordering::Relaxed) {
+        let want = first.next();
+        let (drawn, kind) = loop {
+            let (drawn, kind) = profiles.draw(&mut rng, co.home);
+            if want.is_none_or(|k| k == kind) {
+                break (drawn, kind);
+            }
+        };
+        let begin = quanta::Instant::now();
+        let mut backoff_us = 1u64;
+        loop {
+            let txn = co.client.begin_as(kind as u16);
+            let r = profiles.run(txn, &drawn).await;
+            // What to do next, decided while the stats are borrowed (never across an
+            // await).
+            let retry = record(
+                &mut co.stats.borrow_mut(),
+                kind,
+                r,
+                begin.elapsed(),
+                &co.kinds,
+                &co.stop,
+                &co.committed,
+            );
+            if !retry {
+                break;
+            }
+            // Randomized exponential backoff: an object that made us abort is busy for
+            // at least a commit's round trips; retrying at once mostly aborts again and
+            // steals polling rounds from the holder.
+            if co.max_backoff_us > 0 {
+                let d = rng.random_range(0..=backoff_us.min(co.max_backoff_us));
+                backoff_us = (backoff_us * 2).min(co.max_backoff_us);
+                co.client.ctx().sleep(Duration::from_micros(d)).await;
+            } else {
+                co.client.ctx().yield_now().await;
+            }
+        }
+    }
+}
+
+/// Count attempt `r` of a transaction of `kind` that began `took` ago, and say whether
+/// to retry it: a conflict abort is retried unless `stop` is set (at the end of the run
+/// an unfinished transaction has no effect); a commit, a rollback by the transaction's
+/// logic and a user abort are final; a service failure or a failed value check is
+/// recorded as fatal and sets `stop`.
+fn record(
+    s: &mut WorkerStats,
+    kind: usize,
+    r: Result<Finished, RunError>,
+    took: Duration,
+    kinds: &[&'static str],
+    stop: &AtomicBool,
+    committed: &AtomicU64,
+) -> bool {
+    let ts = &mut s.types[kind];
+    ts.attempts += 1;
+    match r {
+        Ok(Finished::Committed {
+            net,
+            inserted,
+            failed_lookup,
+        }) => {
+            ts.record_commit(took);
+            ts.failed_lookups += u64::from(failed_lookup);
+            s.net += net;
+            s.inserted.extend(inserted);
+            committed.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+        Ok(Finished::RolledBack { failed_lookup }) => {
+            ts.user_aborts += 1;
+            ts.failed_lookups += u64::from(failed_lookup);
+            false
+        }
+        Err(RunError::Txn(TxnError::Abort(AbortReason::User))) => {
+            ts.user_aborts += 1;
+            false
+        }
+        Err(RunError::Txn(TxnError::Abort(reason))) => {
+            ts.record_abort(reason);
+            if let Some(i) = AbortReason::ALL.iter().position(|&x| x == reason) {
+                s.abort_reasons[i] += 1;
+            }
+            !stop.load(Ordering::Relaxed)
+        }
+        Err(RunError::Txn(e)) => {
+            s.fatal.push(format!("{}: {e}", kinds[kind]));
+            stop.store(true, Ordering::SeqCst);
+            false
+        }
+        Err(RunError::Check(e)) => {
+            s.fatal
+                .push(format!("{}: value check failed: {e}", kinds[kind]));
+            stop.store(true, Ordering::SeqCst);
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: [&str; 2] = ["read", "update"];
+
+    fn rec(
+        s: &mut WorkerStats,
+        kind: usize,
+        r: Result<Finished, RunError>,
+        stop: &AtomicBool,
+    ) -> bool {
+        let committed = AtomicU64::new(0);
+        record(
+            s,
+            kind,
+            r,
+            Duration::from_micros(5),
+            &KINDS,
+            stop,
+            &committed,
+        )
+    }
+
+    #[test]
+    fn commits_and_rollbacks_are_final_and_counted() {
+        let stop = AtomicBool::new(false);
+        let mut s = WorkerStats::with_kinds(2);
+        let done = Finished::Committed {
+            net: 3,
+            inserted: vec![7],
+            failed_lookup: true,
+        };
+        assert!(!rec(&mut s, 1, Ok(done), &stop));
+        assert_eq!((s.types[1].commits, s.types[1].failed_lookups), (1, 1));
+        assert_eq!((s.net, s.inserted.as_slice()), (3, &[7][..]));
+        let mut s = WorkerStats::with_kinds(2);
+        let rolled = Finished::RolledBack {
+            failed_lookup: false,
+        };
+        assert!(!rec(&mut s, 0, Ok(rolled), &stop));
+        let user = Err(RunError::Txn(TxnError::Abort(AbortReason::User)));
+        assert!(!rec(&mut s, 0, user, &stop));
+        assert_eq!((s.types[0].user_aborts, s.types[0].attempts), (2, 2));
+        assert!(!stop.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn a_conflict_is_retried_until_the_run_stops() {
+        let stop = AtomicBool::new(false);
+        let mut s = WorkerStats::with_kinds(2);
+        let reason = *AbortReason::ALL
+            .iter()
+            .find(|&&r| r != AbortReason::User)
+            .expect("a conflict reason");
+        let conflict = || Err(RunError::Txn(TxnError::Abort(reason)));
+        assert!(rec(&mut s, 0, conflict(), &stop));
+        stop.store(true, Ordering::Relaxed);
+        assert!(!rec(&mut s, 0, conflict(), &stop));
+        assert_eq!(s.types[0].aborts, 2);
+        assert_eq!(s.abort_reasons.iter().sum::<u64>(), 2);
+        assert_eq!(s.types[0].commits, 0);
+    }
+
+    #[test]
+    fn a_failed_value_check_is_fatal_and_stops_the_run() {
+        let stop = AtomicBool::new(false);
+        let mut s = WorkerStats::with_kinds(2);
+        let bad = Err(RunError::Check("key 3: checksum".into()));
+        assert!(!rec(&mut s, 1, bad, &stop));
+        assert!(stop.load(Ordering::SeqCst));
+        assert_eq!(s.fatal, ["update: value check failed: key 3: checksum"]);
+    }
+}
