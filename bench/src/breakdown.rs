@@ -104,7 +104,7 @@ impl Breakdown {
         self.types
             .iter()
             .zip(kinds)
-            .filter(|(t, _)| t.hist[TOTAL].len() > 0)
+            .filter(|(t, _)| !t.hist[TOTAL].is_empty())
             .map(|(t, name)| BreakdownRow {
                 kind: (*name).to_string(),
                 committed: t.hist[TOTAL].len(),
@@ -124,27 +124,63 @@ impl Breakdown {
 
     /// The table: one row per type, `mean/p99` in microseconds per column.
     pub fn table(&self, protocol: &str, kinds: &[&str]) -> String {
-        let rows = self.rows(kinds);
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "breakdown ({protocol}): mean/p99 us per committed transaction, summed over its attempts"
-        );
-        let _ = write!(out, "{:<18} {:>9}", "type", "committed");
-        for i in 0..COLUMNS {
-            let _ = write!(out, " {:>15}", column_name(i));
+        render(protocol, &self.rows(kinds))
+    }
+}
+
+/// The breakdown table of `rows`: one row per type, `mean/p99` in microseconds per
+/// column.
+pub fn render(protocol: &str, rows: &[BreakdownRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "breakdown ({protocol}): mean/p99 us per committed transaction, summed over its attempts"
+    );
+    let _ = write!(out, "{:<18} {:>9}", "type", "committed");
+    for i in 0..COLUMNS {
+        let _ = write!(out, " {:>15}", column_name(i));
+    }
+    out.push('\n');
+    for r in rows {
+        let _ = write!(out, "{:<18} {:>9}", r.kind, r.committed);
+        for p in &r.parts {
+            let cell = format!("{:.1}/{:.1}", p.mean_us, p.p99_us);
+            let _ = write!(out, " {cell:>15}");
         }
         out.push('\n');
-        for r in rows {
-            let _ = write!(out, "{:<18} {:>9}", r.kind, r.committed);
-            for p in &r.parts {
-                let cell = format!("{:.1}/{:.1}", p.mean_us, p.p99_us);
-                let _ = write!(out, " {cell:>15}");
-            }
-            out.push('\n');
-        }
-        out
     }
+    out
+}
+
+/// Scythe's share of attempts that ran TOCC, for one table.
+#[derive(Clone, Debug, Serialize)]
+pub struct ToccShare {
+    /// Table name.
+    pub table: String,
+    /// Attempts that read the table.
+    pub attempts: u64,
+    /// Of those, attempts that ran TOCC (the high-heat mode).
+    pub tocc: u64,
+}
+
+/// `tocc share per table: accounts 12.3% of 4567 attempts, ...`.
+pub fn tocc_line(shares: &[ToccShare]) -> String {
+    let parts: Vec<String> = shares
+        .iter()
+        .filter(|s| s.attempts > 0)
+        .map(|s| {
+            format!(
+                "{} {:.1}% of {} attempts",
+                s.table,
+                100.0 * s.tocc as f64 / s.attempts as f64,
+                s.attempts
+            )
+        })
+        .collect();
+    format!(
+        "attempts that ran TOCC, per table read: {}",
+        parts.join(", ")
+    )
 }
 
 /// One type's row of the breakdown.

@@ -15,6 +15,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rrpc::runtime::Executor;
 use txn::coordinator::{AbortReason, TxnClient, TxnError};
+use txn::phase::PhaseTimes;
 
 use crate::report::WorkerStats;
 use crate::workload::{Finished, Profiles};
@@ -77,26 +78,49 @@ async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
         };
         let begin = quanta::Instant::now();
         let mut backoff_us = 1u64;
+        // The previous attempt's id (a retry tells the protocol which attempt it
+        // follows), and with --breakdown the attempts' phases and the backoff summed.
+        let mut prev: Option<u64> = None;
+        let mut phases = PhaseTimes::default();
+        let mut backoff = Duration::ZERO;
         loop {
-            let txn = co.client.begin_as(kind as u16);
+            let txn = match prev {
+                Some(p) => co.client.begin_retry(kind as u16, p),
+                None => co.client.begin_as(kind as u16),
+            };
+            let id = txn.id();
             let r = profiles.run(txn, &drawn).await;
+            let committed = matches!(r, Ok(Finished::Committed { .. }));
+            if let Some(p) = co.client.take_phases(id) {
+                phases.add(&p);
+            }
             // What to do next, decided while the stats are borrowed (never across an
             // await).
-            let retry = record(
-                &mut co.stats.borrow_mut(),
-                kind,
-                r,
-                begin.elapsed(),
-                &co.kinds,
-                &co.stop,
-                &co.committed,
-            );
+            let retry = {
+                let mut s = co.stats.borrow_mut();
+                if committed {
+                    if let Some(b) = &mut s.breakdown {
+                        b.record(kind, &phases, backoff);
+                    }
+                }
+                record(
+                    &mut s,
+                    kind,
+                    r,
+                    begin.elapsed(),
+                    &co.kinds,
+                    &co.stop,
+                    &co.committed,
+                )
+            };
             if !retry {
                 break;
             }
+            prev = Some(id);
             // Randomized exponential backoff: an object that made us abort is busy for
             // at least a commit's round trips; retrying at once mostly aborts again and
             // steals polling rounds from the holder.
+            let slept = quanta::Instant::now();
             if co.max_backoff_us > 0 {
                 let d = rng.random_range(0..=backoff_us.min(co.max_backoff_us));
                 backoff_us = (backoff_us * 2).min(co.max_backoff_us);
@@ -104,6 +128,7 @@ async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
             } else {
                 co.client.ctx().yield_now().await;
             }
+            backoff += slept.elapsed();
         }
     }
 }

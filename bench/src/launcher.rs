@@ -45,6 +45,13 @@ pub fn default_bin_dir() -> PathBuf {
     }
 }
 
+impl Service {
+    /// The child process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl LocalCluster {
     /// The cluster's name (what child processes and fabrics open).
     pub fn name(&self) -> &str {

@@ -81,6 +81,10 @@ pub struct WorkerStats {
     pub tso_epoch: u16,
     /// Switches of the thread's TSO connection to a restarted oracle.
     pub tso_reconnects: u64,
+    /// With `--breakdown`: where the thread's committed transactions spent their time.
+    pub breakdown: Option<crate::breakdown::Breakdown>,
+    /// Scythe: per table, attempts that read it and of those the TOCC ones.
+    pub tocc_share: Vec<crate::breakdown::ToccShare>,
 }
 
 impl WorkerStats {
@@ -101,6 +105,8 @@ impl WorkerStats {
             history: None,
             tso_epoch: 0,
             tso_reconnects: 0,
+            breakdown: None,
+            tocc_share: Vec::new(),
         }
     }
 }
@@ -241,6 +247,16 @@ pub struct Report {
     /// against the specification's expected rates).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcomes: Option<String>,
+    /// With `--breakdown`: per transaction type, the mean and p99 of each phase of the
+    /// committed transactions (`crate::breakdown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<Vec<crate::breakdown::BreakdownRow>>,
+    /// With `--breakdown`: the CPU time of each process of the cluster during the run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cpu: Vec<crate::breakdown::ProcessCpu>,
+    /// Scythe: the share of attempts that ran TOCC, per table read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tocc_share: Vec<crate::breakdown::ToccShare>,
 }
 
 /// What happened around an injected oracle restart (SIGKILL, restart with the same state
@@ -425,6 +441,9 @@ impl Report {
             tso_restart: None,
             workload_check: None,
             outcomes: None,
+            breakdown: None,
+            cpu: Vec::new(),
+            tocc_share: Vec::new(),
         }
     }
 
@@ -598,6 +617,15 @@ impl Report {
             "batching: {:.2} WRs per doorbell, {:.2} RPC messages per Rocket bucket, {} posts deferred (send queue full)",
             self.wrs_per_doorbell, self.msgs_per_bucket, self.sq_full
         );
+        if !self.tocc_share.is_empty() {
+            let _ = writeln!(s, "{}", crate::breakdown::tocc_line(&self.tocc_share));
+        }
+        if !self.cpu.is_empty() {
+            let _ = writeln!(s, "{}", crate::breakdown::cpu_line(&self.cpu));
+        }
+        if let Some(rows) = &self.breakdown {
+            s.push_str(&crate::breakdown::render(&self.protocol, rows));
+        }
         for f in &self.fatal_samples {
             let _ = writeln!(s, "service failure: {f}");
         }

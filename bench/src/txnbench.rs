@@ -48,6 +48,7 @@ use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use serde::Serialize;
 use txn::coordinator::{ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig};
 
+use crate::breakdown::{Breakdown, ProcessCpu, ToccShare};
 use crate::config_file::config_flags;
 pub use crate::config_file::ConfigError;
 use crate::driver::{Coroutine, Mix};
@@ -199,6 +200,12 @@ pub struct Args {
     /// transaction and needs about 300 while it runs).
     #[arg(long)]
     pub no_check: bool,
+    /// Print where the committed transactions' time goes, per type (Scythe's latency
+    /// decomposition): mean and p99 of execution reads, timestamps, lock acquisition and
+    /// waits, validation, commit writes, unlock and backoff, and the CPU time of every
+    /// process of the cluster during the run. Costs a few clock reads per attempt.
+    #[arg(long)]
+    pub breakdown: bool,
     /// Fault injection: SIGKILL the timestamp oracle this many seconds into each
     /// measured run and restart it with the same state directory and address after
     /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run
@@ -758,6 +765,22 @@ struct RunCluster {
 }
 
 impl RunCluster {
+    /// CPU time so far of this process (the coordinators) and of each service, by name
+    /// (`txn-bench`, then `memnode 10`, `lockd 2`, ...); a process whose `/proc` entry
+    /// cannot be read is left out.
+    fn cpu_times(&self) -> Vec<(String, Duration)> {
+        let mut out = Vec::new();
+        if let Ok(t) = crate::breakdown::process_cpu(std::process::id()) {
+            out.push(("txn-bench (coordinators)".to_string(), t));
+        }
+        for s in &self.cluster.services {
+            if let Ok(t) = crate::breakdown::process_cpu(s.pid()) {
+                out.push((format!("{} {}", s.name, s.node), t));
+            }
+        }
+        out
+    }
+
     /// Open this process's fabric (a missing RDMA device fails here, in one line), then
     /// start `--memnodes` memory nodes loading `workload`'s data, the lock service if
     /// `protocol` needs one, and the oracle. Errors: a fabric or a service that does
@@ -940,6 +963,29 @@ struct Measured {
     elapsed: Duration,
     /// `--kill-tso-after`: the restart, complete.
     tso_restart: Option<TsoRestart>,
+    /// With `--breakdown`: each process's CPU time during the run.
+    cpu: Vec<ProcessCpu>,
+}
+
+/// Each process's CPU used between two samples of [`RunCluster::cpu_times`] (a process
+/// missing from either, restarted or gone, is left out), over `wall`.
+fn cpu_spent(
+    before: &[(String, Duration)],
+    after: &[(String, Duration)],
+    wall: Duration,
+) -> Vec<ProcessCpu> {
+    after
+        .iter()
+        .filter_map(|(name, a)| {
+            let (_, b) = before.iter().find(|(n, _)| n == name)?;
+            let cpu_s = a.saturating_sub(*b).as_secs_f64();
+            Some(ProcessCpu {
+                process: name.clone(),
+                cpu_s,
+                cores: cpu_s / wall.as_secs_f64().max(1e-9),
+            })
+        })
+        .collect()
 }
 
 /// Run the coordinators for `--duration` (or until `stop`, a service failure or a
@@ -961,6 +1007,7 @@ fn measure(
         lock_wait: Duration::from_micros(args.lock_wait_us),
         history_limit_bytes: (!args.no_check).then(|| (args.check_memory_mb << 20) / threads),
         tocc_wait: Duration::from_micros(args.tocc_wait_us),
+        record_phases: args.breakdown,
         ..TxnConfig::default()
     };
     // Workers connect, then start together. `run_stop` ends this run (its deadline, a
@@ -996,6 +1043,7 @@ fn measure(
                 .spawn(move || worker(w, fabric, mix, stop, committed, gate))?,
         );
     }
+    let cpu_before = args.breakdown.then(|| cluster.cpu_times());
     start_gate.wait();
     let started = std::time::Instant::now();
     let watched = watch(
@@ -1010,6 +1058,10 @@ fn measure(
         );
     }
     let elapsed = started.elapsed();
+    let cpu = match cpu_before {
+        Some(before) => cpu_spent(&before, &cluster.cpu_times(), elapsed),
+        None => Vec::new(),
+    };
     let mut tso_restart =
         watched.map_err(|e| anyhow::anyhow!("a service died during the run: {e}"))?;
     if let Some(r) = &mut tso_restart {
@@ -1020,6 +1072,7 @@ fn measure(
         workers,
         elapsed,
         tso_restart,
+        cpu,
     })
 }
 
@@ -1132,9 +1185,47 @@ fn build_report(
     report.versions = args.versions;
     report.timing_model = model_desc;
     report.tso_restart = measured.tso_restart.clone();
+    report.cpu = measured.cpu.clone();
+    report.breakdown = breakdown_rows(workload, &measured.workers);
+    report.tocc_share = tocc_share(&measured.workers);
     report.serializability_required = protocol != Protocol::Mvcc(Isolation::Snapshot);
     report.snapshot_isolation_required = protocol == Protocol::Mvcc(Isolation::Snapshot);
     report
+}
+
+/// The workers' breakdowns merged, as rows per type (`None` without `--breakdown`).
+fn breakdown_rows(
+    workload: &dyn WorkloadSpec,
+    workers: &[WorkerStats],
+) -> Option<Vec<crate::breakdown::BreakdownRow>> {
+    let kinds = workload.kinds();
+    let mut all = Breakdown::with_kinds(kinds.len());
+    let mut any = false;
+    for w in workers {
+        if let Some(b) = &w.breakdown {
+            any = true;
+            if let Err(e) = all.merge(b) {
+                eprintln!("breakdown: {e}");
+            }
+        }
+    }
+    any.then(|| all.rows(&kinds))
+}
+
+/// The workers' TOCC shares summed per table (empty unless Scythe ran).
+fn tocc_share(workers: &[WorkerStats]) -> Vec<ToccShare> {
+    let mut all: Vec<ToccShare> = Vec::new();
+    for s in workers.iter().flat_map(|w| &w.tocc_share) {
+        match all.iter_mut().find(|a| a.table == s.table) {
+            Some(a) => {
+                a.attempts += s.attempts;
+                a.tocc += s.tocc;
+            }
+            None => all.push(s.clone()),
+        }
+    }
+    all.retain(|s| s.attempts > 0);
+    all
 }
 
 /// Check the workers' recorded histories (`checks` names the check, for stderr):
@@ -1205,6 +1296,9 @@ fn worker(
     let (ctx, client) =
         connected.with_context(|| format!("coordinator thread {tid} connecting"))?;
     let stats = Rc::new(RefCell::new(WorkerStats::with_kinds(w.kinds.len())));
+    if w.cfg.record_phases {
+        stats.borrow_mut().breakdown = Some(Breakdown::with_kinds(w.kinds.len()));
+    }
     let kinds: Rc<[&'static str]> = w.kinds.clone().into();
     let mut ex = Executor::new(ctx.clone());
     for co in 0..w.coroutines {
@@ -1229,6 +1323,19 @@ fn worker(
     s.tso_epoch = client.tso().client().epoch();
     s.tso_reconnects = client.tso().reconnects();
     s.history = client.take_history();
+    let tables = client.tables();
+    s.tocc_share = client
+        .tocc_share()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (attempts, tocc))| ToccShare {
+            table: tables
+                .get(i)
+                .map_or_else(|| format!("table {i}"), |t| t.name.clone()),
+            attempts,
+            tocc,
+        })
+        .collect();
     let lost = client.locks().map_or(0, |l| l.lost());
     if lost > 0 {
         s.fatal.push(format!(

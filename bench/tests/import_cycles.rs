@@ -121,7 +121,10 @@ fn strip(text: &str) -> String {
             // A char literal ('x', '\n', '\u{..}') or a lifetime ('a): skip only the
             // former.
             let end = if b.get(i + 1) == Some(&b'\\') {
-                b[i + 2..].iter().position(|&c| c == b'\'').map(|p| i + 2 + p)
+                b[i + 2..]
+                    .iter()
+                    .position(|&c| c == b'\'')
+                    .map(|p| i + 2 + p)
             } else if b.get(i + 2) == Some(&b'\'') {
                 Some(i + 2)
             } else {
@@ -448,7 +451,11 @@ fn no_module_imports_another_that_imports_it_back() {
         crates += 1;
         let mods = crate_modules(&src);
         let graph = graph_of(&mods);
-        let name = dir.file_name().expect("name").to_string_lossy().into_owned();
+        let name = dir
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
         for comp in cycles(&graph) {
             found.push(format!(
                 "{name}: {}\n{}",
@@ -457,12 +464,11 @@ fn no_module_imports_another_that_imports_it_back() {
             ));
         }
     }
-    assert!(crates >= 5, "found only {crates} library crates under {root:?}");
     assert!(
-        found.is_empty(),
-        "import circles:\n{}",
-        found.join("\n")
+        crates >= 5,
+        "found only {crates} library crates under {root:?}"
     );
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
 }
 
 fn mods(list: &[(&str, &str)]) -> Modules {
@@ -525,7 +531,10 @@ fn comments_strings_and_test_modules_are_not_imports() {
 #[test]
 fn nested_braces_and_inline_paths_are_followed() {
     let m = mods(&[
-        ("x", "use crate::{y::{self, Y}, z::Z as W};\nfn f() { crate::w::g(); }"),
+        (
+            "x",
+            "use crate::{y::{self, Y}, z::Z as W};\nfn f() { crate::w::g(); }",
+        ),
         ("y", ""),
         ("z", ""),
         ("w", ""),
