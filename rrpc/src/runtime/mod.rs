@@ -160,7 +160,6 @@ struct Inner {
     lists: Lists<Rec>,
     wrs: Vec<SendWr>,
     items: Vec<Item>,
-    freed: Vec<Chunk>,
     batch: Vec<u8>,
     done: Vec<(u64, WcStatus)>,
     cancels: Vec<(NodeId, u64)>,
@@ -176,17 +175,10 @@ impl Inner {
     /// Fail every call to `node` with [`CallError::PeerGone`] (`why`) and free the
     /// buffers the calls held that no server can touch any more.
     fn fail_calls(&mut self, node: NodeId, why: &GoneReason) {
-        self.calls.fail_node(
+        self.calls.fail_node(node, |_| CallError::PeerGone {
             node,
-            |_| CallError::PeerGone {
-                node,
-                why: why.clone(),
-            },
-            &mut self.freed,
-        );
-        for c in self.freed.drain(..) {
-            self.arena.free(c);
-        }
+            why: why.clone(),
+        });
     }
 }
 
@@ -255,7 +247,6 @@ impl ThreadCtx {
                 lists: Lists::default(),
                 wrs: Vec::new(),
                 items: Vec::new(),
-                freed: Vec::new(),
                 batch: Vec::new(),
                 done: Vec::new(),
                 cancels: Vec::new(),
@@ -394,7 +385,6 @@ impl ThreadCtx {
                 }
                 if let Some(why) = c.broken.clone() {
                     c.retired = true;
-                    inner.freed.clear();
                     inner.fail_calls(info.node, &why);
                     inner.by_node.remove(&info.node);
                 }
@@ -602,17 +592,17 @@ impl ThreadCtx {
                 return Poll::Pending;
             };
             if let Some(d) = data {
-                inner.arena.mr().write(chunk.off, d);
+                inner.arena.mr().write(chunk.off(), d);
             }
-            let id = inner.ops.open(chunk, len, timed);
             let wr = SendWr {
                 wr_id: 0,
                 opcode,
-                sge: inner.arena.mr().sge(chunk.off, len),
+                sge: inner.arena.mr().sge(chunk.off(), len),
                 remote,
                 signaled: false,
                 inline: false,
             };
+            let id = inner.ops.open(chunk, len, timed);
             inner.stats.bytes += len as u64;
             let conn = &mut inner.conns[ci];
             conn.os_pending.push(wr);
@@ -636,9 +626,8 @@ impl ThreadCtx {
                 Some((c, len)) => {
                     let mut out = vec![0u8; len];
                     if r.is_ok() {
-                        inner.arena.mr().read(c.off, &mut out);
+                        inner.arena.mr().read(c.off(), &mut out);
                     }
-                    inner.arena.free(c);
                     out
                 }
                 None => Vec::new(),
@@ -785,10 +774,10 @@ impl ThreadCtx {
             let mut pre = [0u8; ZeroCopyPrefix::BYTES + FetchPrefix::BYTES];
             let mut pre_len = 0;
             let mr = inner.arena.mr();
-            if let Some(c) = bufs[0] {
+            if let Some(c) = &bufs[0] {
                 pre[..ZeroCopyPrefix::BYTES].copy_from_slice(
                     &ZeroCopyPrefix {
-                        addr: mr.addr() + c.off as u64,
+                        addr: mr.addr() + c.off() as u64,
                         rkey: mr.rkey(),
                         capacity: zc_len as u32,
                     }
@@ -796,13 +785,13 @@ impl ThreadCtx {
                 );
                 pre_len = ZeroCopyPrefix::BYTES;
             }
-            let body: &[u8] = if let Some(c) = bufs[1] {
+            let body: &[u8] = if let Some(c) = &bufs[1] {
                 if !stalled {
-                    mr.write(c.off, req);
+                    mr.write(c.off(), req);
                 }
                 pre[pre_len..pre_len + FetchPrefix::BYTES].copy_from_slice(
                     &FetchPrefix {
-                        addr: mr.addr() + c.off as u64,
+                        addr: mr.addr() + c.off() as u64,
                         rkey: mr.rkey(),
                         len: req.len() as u32,
                     }
@@ -869,13 +858,8 @@ impl ThreadCtx {
             }
         })
         .await;
-        {
-            // Failed before the request went out: nobody will touch these.
-            let mut inner = self.inner.borrow_mut();
-            for c in bufs.into_iter().flatten() {
-                inner.arena.free(c);
-            }
-        }
+        // Failed before the request went out: nobody will touch these.
+        drop(bufs);
         let id = id?;
         let (reply, held) = CallWait {
             ctx: self,
@@ -900,18 +884,12 @@ impl ThreadCtx {
     ) -> Result<Vec<u8>, CallError> {
         // The server is done with the request buffer; a zero-copy target not written
         // through (an error reply) is free too.
-        let zc = match (&reply, held.zc) {
+        let Held { zc, req } = held;
+        drop(req);
+        let zc = match (&reply, zc) {
             (Reply::ZeroCopy(len), Some(c)) => Some((*len, c)),
-            (_, c) => {
-                if let Some(c) = c {
-                    self.inner.borrow_mut().arena.free(c);
-                }
-                None
-            }
+            _ => None,
         };
-        if let Some(c) = held.req {
-            self.inner.borrow_mut().arena.free(c);
-        }
         match reply {
             Reply::Inline(r) => r,
             Reply::ZeroCopy(len) => {
@@ -930,7 +908,7 @@ impl ThreadCtx {
                     })
                 } else {
                     let mut out = vec![0u8; len + 8];
-                    inner.arena.mr().read(c.off, &mut out);
+                    inner.arena.mr().read(c.off(), &mut out);
                     let gen = u64::from_le_bytes(out[len..].try_into().expect("8 bytes"));
                     out.truncate(len);
                     if gen == id {
@@ -940,7 +918,6 @@ impl ThreadCtx {
                         Err(CallError::Expired { node, handler })
                     }
                 };
-                inner.arena.free(c);
                 r
             }
             Reply::Read(r) => {
@@ -1088,9 +1065,7 @@ impl ThreadCtx {
                         } else {
                             Err(OneSidedError::Completion { node, status })
                         };
-                        if let Some(c) = inner.ops.complete(id, r) {
-                            inner.arena.free(c);
-                        }
+                        inner.ops.complete(id, r);
                     }
                     ops.clear();
                     inner.vec_pool.push(ops);
@@ -1148,11 +1123,8 @@ impl ThreadCtx {
                     node,
                     why: why.clone(),
                 };
-                if let Some(c) = inner.ops.complete(id, Err(e)) {
-                    inner.arena.free(c);
-                }
+                inner.ops.complete(id, Err(e));
             }
-            inner.freed.clear();
             if inner.conns[ci].retired {
                 // Its calls were failed at retirement; the node id now names its successor.
                 continue;
@@ -1327,10 +1299,7 @@ impl ThreadCtx {
                 match inner.calls.deliver(h.call_id, reply) {
                     Late::Delivered => {}
                     // A reply to a call that ended: free what it held.
-                    Late::Free(held) => {
-                        for c in held.iter() {
-                            inner.arena.free(c);
-                        }
+                    Late::Free(_held) => {
                         if let Some(handle) = read {
                             rpc.control.push((MsgKind::Release, handle));
                         }
@@ -1349,8 +1318,7 @@ impl ThreadCtx {
             inner.stats.qp_switches += 1;
         }
         inner.items.clear();
-        inner.freed.clear();
-        rpc.chan.plan(&mut inner.items, &mut inner.freed);
+        rpc.chan.plan(&mut inner.items);
         if inner.items.is_empty() {
             rpc.chan.qp = Some(qp);
             return work;
@@ -1473,11 +1441,7 @@ impl Drop for OpWait<'_> {
             return; // the caller's `finish` frees the slot
         }
         // Dropped before its result was taken: free now, or at completion.
-        let mut inner = self.ctx.inner.borrow_mut();
-        let inner = &mut *inner;
-        if let Some((c, _)) = inner.ops.finish(self.id) {
-            inner.arena.free(c);
-        }
+        self.ctx.inner.borrow_mut().ops.finish(self.id);
     }
 }
 
@@ -1506,10 +1470,8 @@ impl Drop for CallWait<'_> {
         }
         let mut inner = self.ctx.inner.borrow_mut();
         let inner = &mut *inner;
+        // Buffers the server is done with are freed when `a` drops.
         let a = inner.calls.abandon(self.id);
-        for c in a.free.iter() {
-            inner.arena.free(c);
-        }
         let Some(rpc) = inner
             .by_node
             .get(&self.node)
