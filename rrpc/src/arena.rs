@@ -285,6 +285,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens shared-memory files")]
     fn arena_on_a_fabric() {
         let cluster = format!("arena-test-{}", std::process::id());
         let _g = crate::fabric::shm::ClusterGuard::new(&cluster).unwrap();

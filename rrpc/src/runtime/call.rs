@@ -26,7 +26,7 @@ use super::calls::{Held, Reply};
 use super::{CallError, CallOpts, Inner, ReplyMode, RuntimeConfig, ThreadCtx};
 use crate::arena::Chunk;
 use crate::exec;
-use crate::fabric::{RemoteAddr, WrOpcode};
+use crate::fabric::{MemoryRegion, RemoteAddr, WrOpcode};
 use crate::rocket::{MsgHeader, RocketError};
 use crate::wire::{FetchPrefix, MsgKind, ReadReply, ZeroCopyPrefix};
 use crate::NodeId;
@@ -414,7 +414,32 @@ struct Sending<'a> {
     stalled: bool,
 }
 
-impl Sending<'_> {
+impl<'a> Sending<'a> {
+    /// The request's prefix and inline body, once its buffers are held (`mr` is their
+    /// arena's). A request sent by reference is written into its buffer here, once: a
+    /// call that stalled on credit wrote it already.
+    fn encode(&self, mr: &MemoryRegion) -> (RequestPrefix, &'a [u8]) {
+        let addr = |c: &Chunk| mr.addr() + c.off() as u64;
+        let zc = self.bufs.zc.as_ref().map(|c| ZeroCopyPrefix {
+            addr: addr(c),
+            rkey: mr.rkey(),
+            capacity: self.plan.zc_len as u32,
+        });
+        let by_ref = self.bufs.req.as_ref().map(|c| {
+            if !self.stalled {
+                mr.write(c.off(), self.req);
+            }
+            FetchPrefix {
+                addr: addr(c),
+                rkey: mr.rkey(),
+                len: self.req.len() as u32,
+            }
+        });
+        let body = if by_ref.is_some() { &[][..] } else { self.req };
+        (RequestPrefix::new(self.plan.mode, zc, by_ref), body)
+    }
+
+    /// One try to send the call; see [`ThreadCtx::send_request`].
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<u64, CallError>> {
         let ctx = self.ctx;
         let (node, handler, after) = (self.node, self.handler, self.plan.after);
@@ -437,11 +462,10 @@ impl Sending<'_> {
             ..
         } = &mut *inner;
         let rpc = conns[ci].rpc.as_mut().expect("checked by call_conn");
-        let ticket = &mut self.ticket;
         // 1. Its turn at the ring's credit: first come, first served while calls wait.
-        if !rpc.credit_q.my_turn(ticket, cx.waker()) {
+        if !rpc.credit_q.my_turn(&mut self.ticket, cx.waker()) {
             if self.deadline.expired(&ctx.exec, cx) {
-                rpc.credit_q.leave(ticket);
+                rpc.credit_q.leave(&mut self.ticket);
                 return Poll::Ready(Err(timeout()));
             }
             return Poll::Pending;
@@ -457,30 +481,12 @@ impl Sending<'_> {
                 stalled.push(cx.waker().clone());
                 return Poll::Pending;
             }
-            rpc.credit_q.leave(ticket);
+            rpc.credit_q.leave(&mut self.ticket);
             return Poll::Ready(Err(timeout()));
         }
-        // 3. The request: prefixes naming the buffers (a request sent by reference is
-        // written into its buffer once), header.
+        // 3. The request: prefixes naming the buffers, header.
         let call_id = calls.next_id();
-        let mr = arena.mr();
-        let zc = self.bufs.zc.as_ref().map(|c| ZeroCopyPrefix {
-            addr: mr.addr() + c.off() as u64,
-            rkey: mr.rkey(),
-            capacity: self.plan.zc_len as u32,
-        });
-        let by_ref = self.bufs.req.as_ref().map(|c| {
-            if !self.stalled {
-                mr.write(c.off(), self.req);
-            }
-            FetchPrefix {
-                addr: mr.addr() + c.off() as u64,
-                rkey: mr.rkey(),
-                len: self.req.len() as u32,
-            }
-        });
-        let body = if by_ref.is_some() { &[][..] } else { self.req };
-        let prefix = RequestPrefix::new(self.plan.mode, zc, by_ref);
+        let (prefix, body) = self.encode(arena.mr());
         // 4. Push, and open the call: it owns its buffers until its end.
         match rpc
             .chan
@@ -493,7 +499,7 @@ impl Sending<'_> {
                     stats.fetched_requests += 1;
                 }
                 let held = std::mem::take(&mut self.bufs).into_held();
-                rpc.credit_q.leave(ticket);
+                rpc.credit_q.leave(&mut self.ticket);
                 let id = calls.open(node, handler, self.deadline.started(), after, held);
                 debug_assert_eq!(id, call_id);
                 Poll::Ready(Ok(id))
@@ -503,11 +509,11 @@ impl Sending<'_> {
                     self.stalled = true;
                     stats.credit_stalls += 1;
                 }
-                rpc.credit_q.wait_for_credit(ticket, cx.waker());
+                rpc.credit_q.wait_for_credit(&mut self.ticket, cx.waker());
                 Poll::Pending
             }
             Err(e) => {
-                rpc.credit_q.leave(ticket);
+                rpc.credit_q.leave(&mut self.ticket);
                 Poll::Ready(Err(push_error(e, node, handler, after)))
             }
         }

@@ -62,8 +62,8 @@ use crate::exec;
 use crate::fabric::{Fabric, RemoteAddr, SendWr, WcStatus, WrOpcode};
 use crate::rocket::{decode_batch, MsgHeader};
 use crate::straw::{Mailbox, SharedQp, Straw, Straws};
-pub use crate::wire::ReplyMode;
 use crate::wire::MsgKind;
+pub use crate::wire::ReplyMode;
 
 /// The RPC half of a connection: this thread's Rocket pair with the node.
 struct RpcChan {
