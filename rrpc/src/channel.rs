@@ -45,8 +45,9 @@ pub(crate) fn credit_every(cfg: &RocketConfig) -> u64 {
 }
 
 /// A WRITE of reply data from a registered local buffer into the peer's memory, sent
-/// ahead of the message `done` that announces it (zero-copy replies).
-#[derive(Clone, Debug)]
+/// ahead of the message `done` that announces it (zero-copy replies). Owns its buffer:
+/// dropping it (once the data landed, or will never be sent) returns the chunk.
+#[derive(Debug)]
 pub(crate) struct DataWrite {
     /// The local buffer (a chunk of the sender's arena) and the bytes to send from it.
     pub chunk: Chunk,
@@ -62,8 +63,9 @@ pub(crate) struct DataWrite {
     pub done_seq: Option<u64>,
 }
 
-/// One WR of a planned list, in posting order.
-#[derive(Clone, Debug)]
+/// One WR of a planned list, in posting order. Owns the buffers its WR uses, so a
+/// posted list's record keeps them until the list completes.
+#[derive(Debug)]
 pub(crate) enum Item {
     /// A data WRITE (see [`DataWrite`]).
     Data(DataWrite),
@@ -78,8 +80,9 @@ pub(crate) enum Item {
 }
 
 /// A one-sided READ of `len` bytes at `remote` into `chunk` of the reader's arena;
-/// `tag` tells its owner what it was for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `tag` tells its owner what it was for. Owns `chunk` until the READ completed (or
+/// will never be posted).
+#[derive(Debug)]
 pub(crate) struct ReadFetch {
     /// Local buffer.
     pub chunk: Chunk,
@@ -138,10 +141,25 @@ pub(crate) struct Channel<M: RingMem = MemoryRegion> {
 /// of a small RPC's post, and the straw's balance only shifts when threads come and go.
 const REPICK_EVERY: u32 = 64;
 
-impl<M: RingMem> Channel<M> {
+/// A [`Channel`] checked and not yet started: it holds no arena chunk yet, so (unlike a
+/// channel, whose queues own chunks of one thread's arena) it can move to the thread that
+/// will run it ([`ChannelSetup::start`]).
+pub(crate) struct ChannelSetup<M: RingMem = MemoryRegion> {
+    cfg: RocketConfig,
+    batching: Batching,
+    tx: RocketSender,
+    staging: M,
+    rx: RocketReceiver,
+    ring: M,
+    words: M,
+    peer_ring: MrDesc,
+    peer_credit: RemoteAddr,
+}
+
+impl<M: RingMem> ChannelSetup<M> {
     /// A channel sending into `peer_ring` (through `staging`, which must have the ring's
-    /// size) and receiving on `ring`; `words` holds 16 bytes (see the field docs).
-    /// Errors: a bad geometry; memory smaller than the geometry.
+    /// size) and receiving on `ring`; `words` holds 16 bytes (see [`Channel`]'s field
+    /// docs). Errors: a bad geometry; memory smaller than the geometry.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         cfg: RocketConfig,
@@ -177,6 +195,32 @@ impl<M: RingMem> Channel<M> {
             words,
             peer_ring,
             peer_credit,
+        })
+    }
+
+    /// The channel, run on the calling thread.
+    pub(crate) fn start(self) -> Channel<M> {
+        let Self {
+            cfg,
+            batching,
+            tx,
+            staging,
+            rx,
+            ring,
+            words,
+            peer_ring,
+            peer_credit,
+        } = self;
+        Channel {
+            cfg,
+            batching,
+            tx,
+            staging,
+            rx,
+            ring,
+            words,
+            peer_ring,
+            peer_credit,
             credit_every: credit_every(&cfg),
             spans: VecDeque::new(),
             data_new: VecDeque::new(),
@@ -189,7 +233,23 @@ impl<M: RingMem> Channel<M> {
             lists: 0,
             qp: None,
             kept: 0,
-        })
+        }
+    }
+}
+
+impl<M: RingMem> Channel<M> {
+    /// [`ChannelSetup::new`], started on the calling thread. Errors as there.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cfg: RocketConfig,
+        batching: Batching,
+        staging: M,
+        ring: M,
+        words: M,
+        peer_ring: MrDesc,
+        peer_credit: RemoteAddr,
+    ) -> Result<Self, RocketError> {
+        Ok(ChannelSetup::new(cfg, batching, staging, ring, words, peer_ring, peer_credit)?.start())
     }
 
     /// Take the QP to post this channel's next lists on out of `self.qp`; the caller puts
@@ -331,19 +391,14 @@ impl<M: RingMem> Channel<M> {
     /// Plan the list to post now, in posting order: data WRITEs (each Done pushed into
     /// the ring first), the sealed buckets (replays first; ones the peer has consumed
     /// are dropped), then the credit return if a quarter of the receive ring has been
-    /// consumed since the last one (or a replay asks for it). `freed` receives the
-    /// buffers of data WRITEs that need no (re)post because their Done was consumed.
-    pub(crate) fn plan(&mut self, items: &mut Vec<Item>, freed: &mut Vec<Chunk>) {
+    /// consumed since the last one (or a replay asks for it). Data WRITEs that need no
+    /// (re)post because their Done was consumed are dropped, returning their buffers.
+    pub(crate) fn plan(&mut self, items: &mut Vec<Item>) {
         let consumed = self.tx.consumed();
         // Replays whose Done the peer consumed: the data landed (RC order) and the
         // buffer on the peer may be in use again.
-        self.data_ready.retain(|d| {
-            let keep = d.done_seq.is_none_or(|s| s >= consumed);
-            if !keep {
-                freed.push(d.chunk);
-            }
-            keep
-        });
+        self.data_ready
+            .retain(|d| d.done_seq.is_none_or(|s| s >= consumed));
         while let Some(d) = self.data_new.front_mut() {
             if !self.backlog.is_empty() {
                 break; // Done messages go behind the backlog, in order
@@ -469,7 +524,7 @@ impl<M: RingMem> Channel<M> {
                 opcode: WrOpcode::Write,
                 sge: data
                     .expect("data WRITEs need their arena")
-                    .sge(d.chunk.off, d.len),
+                    .sge(d.chunk.off(), d.len),
                 remote: d.remote,
                 signaled: false,
                 inline: false,
@@ -487,7 +542,7 @@ impl<M: RingMem> Channel<M> {
                 opcode: WrOpcode::Read,
                 sge: data
                     .expect("READs need their arena")
-                    .sge(r.chunk.off, r.len),
+                    .sge(r.chunk.off(), r.len),
                 remote: r.remote,
                 signaled: false,
                 inline: false,
@@ -650,6 +705,7 @@ pub(crate) fn post_items<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arena::ChunkPool;
     use crate::mem::HeapRing;
     use crate::rocket::decode_batch;
 
@@ -729,9 +785,7 @@ mod tests {
 
     fn plan(c: &mut Channel<HeapRing>) -> Vec<Item> {
         let mut items = Vec::new();
-        let mut freed = Vec::new();
-        c.plan(&mut items, &mut freed);
-        assert!(freed.is_empty());
+        c.plan(&mut items);
         items
     }
 
@@ -906,11 +960,9 @@ mod tests {
     #[test]
     fn data_goes_before_its_done_and_is_not_replayed_after_done_was_consumed() {
         let (mut a, mut b) = (chan(Batching::Combined), chan(Batching::Combined));
+        let pool = ChunkPool::new(4096, 64);
         let d = |i: u64| DataWrite {
-            chunk: Chunk {
-                off: 64 * i as usize,
-                class: 0,
-            },
+            chunk: pool.alloc(8).unwrap(),
             len: 8,
             remote: RemoteAddr { addr: 0, rkey: 9 },
             done: hdr(100 + i),
@@ -942,12 +994,12 @@ mod tests {
         a.take_credit().unwrap();
         // The list is reported failed after all: nothing is posted again, the buffers
         // are freed.
+        assert_eq!(pool.in_use(), 2);
         a.failed(items.into_iter());
         let mut again = Vec::new();
-        let mut freed = Vec::new();
-        a.plan(&mut again, &mut freed);
+        a.plan(&mut again);
         assert!(again.is_empty(), "{again:?}");
-        assert_eq!(freed.len(), 2);
+        assert_eq!(pool.in_use(), 0);
     }
 
     #[test]

@@ -263,7 +263,6 @@ impl Fabric {
 /// to post. Spins with `yield_now` while waiting for credit.
 fn send(a: &mut Channel<LoomMem>, fabric: &Fabric, mut next: u64, total: u64) {
     let mut items = Vec::new();
-    let mut freed = Vec::new();
     loop {
         // A lower bound of the credit `take_credit` sees (a later load of the same word
         // reads the same store or a newer one); relaxed, so it adds no synchronization.
@@ -282,8 +281,7 @@ fn send(a: &mut Channel<LoomMem>, fabric: &Fabric, mut next: u64, total: u64) {
         }
         if a.has_work() {
             items.clear();
-            a.plan(&mut items, &mut freed);
-            assert!(freed.is_empty());
+            a.plan(&mut items);
             for it in &items {
                 match it {
                     Item::Span(s) => {
@@ -316,7 +314,6 @@ fn receive(b: &mut Channel<LoomMem>, a_words: &LoomMem, b_consumed: &AtomicU64, 
     let mut buckets = 0u64;
     let mut batch = Vec::new();
     let mut items = Vec::new();
-    let mut freed = Vec::new();
     while (got.len() as u64) < total {
         batch.clear();
         match b.poll(&mut batch) {
@@ -335,7 +332,7 @@ fn receive(b: &mut Channel<LoomMem>, a_words: &LoomMem, b_consumed: &AtomicU64, 
             Err(e) => panic!("receiver saw a corrupt ring: {e}"),
         }
         items.clear();
-        b.plan(&mut items, &mut freed);
+        b.plan(&mut items);
         let mut progress = false;
         for it in &items {
             match it {
@@ -411,8 +408,7 @@ fn replay(first: [Option<Land>; 2], preemptions: usize) {
                     .expect("two free buckets");
             }
             let mut items = Vec::new();
-            let mut freed = Vec::new();
-            a.plan(&mut items, &mut freed);
+            a.plan(&mut items);
             assert_eq!(items.len(), 2, "one span per message: {items:?}");
             for (it, how) in items.iter().zip(first) {
                 let Item::Span(s) = it else {

@@ -48,17 +48,19 @@ struct Slot {
 }
 
 /// What to do with a reply that arrived ([`CallTable::deliver`]).
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Late {
     /// Delivered to a waiting call.
     Delivered,
-    /// The call was abandoned; free its buffers now that the server is done with them.
+    /// The call was abandoned; its buffers (dropped with this value) are free now that
+    /// the server is done with them.
     Free(Held),
 }
 
 /// The buffers a call holds that its server may touch: the zero-copy reply target and
-/// the buffer of a request sent by reference.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// the buffer of a request sent by reference. Owns them: dropping it frees them, which
+/// is right only once no server can touch them any more.
+#[derive(Debug, Default)]
 pub(crate) struct Held {
     /// Zero-copy reply target (reply bytes plus the 8-byte generation trailer).
     pub zc: Option<Chunk>,
@@ -71,16 +73,20 @@ impl Held {
     pub(crate) fn is_empty(&self) -> bool {
         self.zc.is_none() && self.req.is_none()
     }
-    /// The buffers held.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = Chunk> + '_ {
-        self.zc.iter().chain(self.req.iter()).copied()
+    /// The offsets of the buffers held (zero-copy target, request), for tests.
+    #[cfg(test)]
+    pub(crate) fn offsets(&self) -> (Option<usize>, Option<usize>) {
+        (
+            self.zc.as_ref().map(Chunk::off),
+            self.req.as_ref().map(Chunk::off),
+        )
     }
 }
 
 /// What to do about an abandoned call ([`CallTable::abandon`]).
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub(crate) struct Abandoned {
-    /// Free these buffers now.
+    /// Buffers free now (dropped with this value).
     pub free: Held,
     /// Send `Cancel` for the call.
     pub cancel: bool,
@@ -266,7 +272,7 @@ impl CallTable {
         };
         if let Some(r) = s.result.take() {
             // Taken field by field: moving the whole slot out costs a copy per call.
-            let (node, chunks, settled) = (s.node, s.chunks, s.settled);
+            let (node, chunks, settled) = (s.node, std::mem::take(&mut s.chunks), s.settled);
             self.release((id & u64::from(u32::MAX)) as usize);
             // An expired call with a buffer the server may still touch keeps it.
             if matches!(r, Reply::Inline(Err(CallError::Timeout { .. }))) && !settled {
@@ -361,14 +367,9 @@ impl CallTable {
             .min()
     }
 
-    /// Fail every waiting call to `node` with `err(handler)`, and give back the buffers
-    /// of its abandoned calls: a gone node touches nothing any more.
-    pub(crate) fn fail_node(
-        &mut self,
-        node: NodeId,
-        err: impl Fn(u16) -> CallError,
-        freed: &mut Vec<Chunk>,
-    ) {
+    /// Fail every waiting call to `node` with `err(handler)`, and drop (free) the
+    /// buffers of its abandoned calls: a gone node touches nothing any more.
+    pub(crate) fn fail_node(&mut self, node: NodeId, err: impl Fn(u16) -> CallError) {
         for (_, s) in self.iter_mut() {
             if s.node == node {
                 s.settled = true;
@@ -380,20 +381,14 @@ impl CallTable {
                 }
             }
         }
-        self.zombies.retain(|_, (n, c)| {
-            if *n == node {
-                freed.extend(c.iter());
-                false
-            } else {
-                true
-            }
-        });
+        self.zombies.retain(|_, (n, _)| *n != node);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arena::ChunkPool;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::task::Wake;
@@ -410,11 +405,22 @@ mod tests {
         (c.clone(), Waker::from(c))
     }
 
-    fn chunk(off: usize) -> Held {
-        Held {
-            zc: Some(Chunk { off, class: 0 }),
-            req: None,
-        }
+    /// A zero-copy target of `pool`, and its offset.
+    fn zc(pool: &ChunkPool) -> (Held, usize) {
+        let c = pool.alloc(8).unwrap();
+        let off = c.off();
+        (
+            Held {
+                zc: Some(c),
+                req: None,
+            },
+            off,
+        )
+    }
+
+    /// Whether `l` frees the zero-copy target at `off` (`None`: frees nothing).
+    fn frees(l: Late, off: Option<usize>) -> bool {
+        matches!(l, Late::Free(h) if h.offsets() == (off, None))
     }
 
     const MS: Duration = Duration::from_millis(1);
@@ -426,7 +432,10 @@ mod tests {
         let id = t.open(NodeId(3), 9, Some(now + MS), MS, Held::default());
         let (c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
-        assert_eq!(t.deliver(id, Reply::Inline(Ok(vec![1]))), Late::Delivered);
+        assert!(matches!(
+            t.deliver(id, Reply::Inline(Ok(vec![1]))),
+            Late::Delivered
+        ));
         assert_eq!(c.0.load(Ordering::Relaxed), 1);
         let Poll::Ready((Reply::Inline(Ok(v)), _)) = t.poll(id, &w) else {
             panic!("no reply")
@@ -446,19 +455,21 @@ mod tests {
         let (_c, w) = waker();
         assert_ne!(t.next_id(), 0);
         let a = t.open(NodeId(1), 1, Some(now + MS), MS, Held::default());
-        assert_eq!(t.deliver(a, Reply::Inline(Ok(vec![1]))), Late::Delivered);
+        assert!(matches!(
+            t.deliver(a, Reply::Inline(Ok(vec![1]))),
+            Late::Delivered
+        ));
         assert!(t.poll(a, &w).is_ready());
         // The slot is free again: the next call reuses it under another id.
         let next = t.next_id();
-        let b = t.open(NodeId(1), 1, Some(now + MS), MS, chunk(64));
+        let pool = ChunkPool::new(4096, 64);
+        let (h, off) = zc(&pool);
+        let b = t.open(NodeId(1), 1, Some(now + MS), MS, h);
         assert_eq!(b, next);
         assert_ne!(a, b);
         assert_eq!(a & u64::from(u32::MAX), b & u64::from(u32::MAX));
         // A duplicate of `a`'s reply is not `b`'s.
-        assert_eq!(
-            t.deliver(a, Reply::Inline(Ok(vec![9]))),
-            Late::Free(Held::default())
-        );
+        assert!(frees(t.deliver(a, Reply::Inline(Ok(vec![9]))), None));
         assert!(t.poll(b, &w).is_pending());
         assert_eq!(t.len(), 1);
         // `b` abandoned before its answer: its buffer is a zombie under its own id, and
@@ -466,10 +477,9 @@ mod tests {
         assert!(t.abandon(b).cancel);
         let c = t.open(NodeId(1), 1, Some(now + MS), MS, Held::default());
         assert_ne!(c, b);
-        assert_eq!(
-            t.deliver(b, Reply::Inline(Ok(vec![2]))),
-            Late::Free(chunk(64))
-        );
+        assert_eq!(pool.in_use(), 1);
+        assert!(frees(t.deliver(b, Reply::Inline(Ok(vec![2]))), Some(off)));
+        assert_eq!(pool.in_use(), 0);
         assert!(t.poll(c, &w).is_pending());
     }
 
@@ -537,7 +547,9 @@ mod tests {
     fn expired_zero_copy_buffer_is_held_until_the_late_answer() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(NodeId(4), 2, Some(now + MS), MS, chunk(64));
+        let pool = ChunkPool::new(4096, 64);
+        let (h, off) = zc(&pool);
+        let id = t.open(NodeId(4), 2, Some(now + MS), MS, h);
         let (_c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
         let mut cancel = Vec::new();
@@ -550,31 +562,31 @@ mod tests {
         t.expire(now + Duration::from_secs(3600), &mut cancel);
         assert_eq!(t.zombies(), 1);
         // The server's late Done (or Cancelled) frees it.
-        assert_eq!(t.deliver(id, Reply::ZeroCopy(8)), Late::Free(chunk(64)));
-        assert_eq!(t.zombies(), 0);
+        assert_eq!(pool.in_use(), 1);
+        assert!(frees(t.deliver(id, Reply::ZeroCopy(8)), Some(off)));
+        assert_eq!((t.zombies(), pool.in_use()), (0, 0));
     }
 
     #[test]
     fn answer_after_expiry_but_before_the_future_looked_frees_the_buffer() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let id = t.open(NodeId(4), 2, Some(now + MS), MS, chunk(64));
+        let pool = ChunkPool::new(4096, 64);
+        let (h, off) = zc(&pool);
+        let id = t.open(NodeId(4), 2, Some(now + MS), MS, h);
         let mut cancel = Vec::new();
         t.expire(now + MS, &mut cancel);
         assert_eq!(cancel, vec![(NodeId(4), id)]);
         // The Done arrives before the caller's future runs again.
-        assert_eq!(
-            t.deliver(id, Reply::ZeroCopy(8)),
-            Late::Free(Held::default())
-        );
+        assert!(frees(t.deliver(id, Reply::ZeroCopy(8)), None));
         let (_c, w) = waker();
         let Poll::Ready((Reply::Inline(Err(CallError::Timeout { .. })), held)) = t.poll(id, &w)
         else {
             panic!("want the timeout")
         };
         assert_eq!(
-            held,
-            chunk(64),
+            held.offsets(),
+            (Some(off), None),
             "the caller frees it: no answer is coming any more"
         );
         assert_eq!(t.zombies(), 0);
@@ -584,37 +596,36 @@ mod tests {
     fn dropped_future_with_buffer_asks_to_cancel_and_node_failure_frees() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let a = t.open(NodeId(5), 2, Some(now + MS), MS, chunk(0));
-        let b = t.open(NodeId(6), 2, Some(now + MS), MS, chunk(64));
+        let pool = ChunkPool::new(4096, 64);
+        let a = t.open(NodeId(5), 2, Some(now + MS), MS, zc(&pool).0);
+        let b = t.open(NodeId(6), 2, Some(now + MS), MS, zc(&pool).0);
         let c = t.open(NodeId(6), 2, Some(now + MS), MS, Held::default());
         assert!(t.abandon(a).cancel);
         assert!(t.abandon(b).cancel);
-        assert_eq!(t.abandon(c), Abandoned::default());
-        assert_eq!(t.zombies(), 2);
-        let mut freed = Vec::new();
-        t.fail_node(
-            NodeId(6),
-            |_| CallError::NotConnected { node: NodeId(6) },
-            &mut freed,
+        let ac = t.abandon(c);
+        assert!(ac.free.is_empty() && !ac.cancel && ac.release.is_none());
+        assert_eq!((t.zombies(), pool.in_use()), (2, 2));
+        t.fail_node(NodeId(6), |_| CallError::NotConnected { node: NodeId(6) });
+        assert_eq!(
+            (t.zombies(), pool.in_use()),
+            (1, 1),
+            "node 6's buffer freed"
         );
-        assert_eq!(freed, chunk(64).iter().collect::<Vec<_>>());
-        assert_eq!(t.zombies(), 1);
     }
 
     #[test]
     fn dropped_future_after_final_answer_frees_and_releases() {
         let mut t = CallTable::default();
         let now = Instant::now();
-        let a = t.open(NodeId(5), 2, Some(now + MS), MS, chunk(0));
+        let pool = ChunkPool::new(4096, 64);
+        let (h, off) = zc(&pool);
+        let a = t.open(NodeId(5), 2, Some(now + MS), MS, h);
         t.deliver(a, Reply::ZeroCopy(3));
-        assert_eq!(
-            t.abandon(a),
-            Abandoned {
-                free: chunk(0),
-                cancel: false,
-                release: None
-            }
-        );
+        let ab = t.abandon(a);
+        assert_eq!(ab.free.offsets(), (Some(off), None));
+        assert!(!ab.cancel && ab.release.is_none());
+        drop(ab);
+        assert_eq!(pool.in_use(), 0);
         let r = ReadReply {
             addr: 0,
             rkey: 1,
@@ -634,11 +645,7 @@ mod tests {
         let id = t.open(NodeId(7), 2, Some(now + MS), MS, Held::default());
         let (c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
-        t.fail_node(
-            NodeId(7),
-            |_| CallError::NotConnected { node: NodeId(7) },
-            &mut Vec::new(),
-        );
+        t.fail_node(NodeId(7), |_| CallError::NotConnected { node: NodeId(7) });
         assert_eq!(c.0.load(Ordering::Relaxed), 1);
         assert!(matches!(
             t.poll(id, &w),

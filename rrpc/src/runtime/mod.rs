@@ -20,15 +20,19 @@
 //! a bucket travels by reference: the server READs it from the caller's registered
 //! buffer (the mirror of RPC + READ).
 //!
-//! Inside: [`config`] (settings, per-call options, counters), `calls` (the call table,
-//! a state machine taking the time as an argument), `onesided` (op slots), the
-//! per-node connection state and the polling round in this file. A [`ThreadCtx`] is
+//! Inside: [`config`] (settings, per-call options, counters), `call` (one call's steps:
+//! plan, credit, buffers, request, reply checks), `calls` (the call table, a state
+//! machine taking the time as an argument), `credit` (the first-come, first-served
+//! queue of calls waiting for ring credit), `onesided` (op slots), the per-node
+//! connection state and the polling round in this file. A [`ThreadCtx`] is
 //! single-threaded by construction (`Rc`, `RefCell`): one per OS thread. Control-plane
 //! work (reconnecting a failed QP) runs on the straws' control thread; a runtime
 //! thread never blocks on TCP after connecting.
 
+mod call;
 mod calls;
 pub mod config;
+mod credit;
 mod error;
 mod onesided;
 
@@ -45,20 +49,21 @@ use std::time::{Duration, Instant};
 
 pub use futures::future::{join, join_all};
 
-use self::calls::{CallTable, Held, Late, Reply};
+use self::calls::{CallTable, Late, Reply};
 pub use self::config::{CallOpts, RuntimeConfig, Stats};
+use self::credit::TicketQueue;
 pub use self::error::{CallError, ConnectError, GoneReason, OneSidedError, RpcError};
 use self::onesided::OpTable;
 pub use self::onesided::OpTiming;
-use crate::arena::{Arena, Chunk};
+use crate::arena::Arena;
 use crate::channel::{post_items, Channel, Item, Lists};
 use crate::ctrl::{node_info, CtrlRequest, NodeInfo, QpKind, RocketOffer, RpcAccept};
 use crate::exec;
 use crate::fabric::{Fabric, RemoteAddr, SendWr, WcStatus, WrOpcode};
-use crate::rocket::{decode_batch, MsgHeader, RocketError};
+use crate::rocket::{decode_batch, MsgHeader};
 use crate::straw::{Mailbox, SharedQp, Straw, Straws};
+use crate::wire::MsgKind;
 pub use crate::wire::ReplyMode;
-use crate::wire::{FetchPrefix, MsgKind, ReadReply, ZeroCopyPrefix};
 
 /// The RPC half of a connection: this thread's Rocket pair with the node.
 struct RpcChan {
@@ -74,56 +79,6 @@ struct RpcChan {
     /// (which run first in a round) refill the ring each round and a waiting call can
     /// starve past its deadline.
     credit_q: TicketQueue,
-}
-
-/// A first-come, first-served queue of coroutines waiting for ring credit.
-#[derive(Default)]
-struct TicketQueue {
-    /// The next ticket to hand out.
-    next: u64,
-    /// The ticket allowed to push now.
-    head: u64,
-    /// Wakers of the waiting tickets, and tickets whose calls gave up (skipped).
-    waiting: std::collections::BTreeMap<u64, Option<Waker>>,
-}
-
-impl TicketQueue {
-    fn is_empty(&self) -> bool {
-        self.waiting.is_empty()
-    }
-    fn take(&mut self, w: &Waker) -> u64 {
-        let t = self.next;
-        self.next += 1;
-        self.waiting.insert(t, Some(w.clone()));
-        t
-    }
-    fn wait(&mut self, t: u64, w: &Waker) {
-        if let Some(slot) = self.waiting.get_mut(&t) {
-            *slot = Some(w.clone());
-        }
-    }
-    /// Ticket `t` is done (pushed, or gave up): the head moves past finished tickets,
-    /// and a new head is woken to try (the ring may have room left).
-    fn done(&mut self, t: u64) {
-        self.waiting.remove(&t);
-        let old = self.head;
-        while self.head < self.next && !self.waiting.contains_key(&self.head) {
-            self.head += 1;
-        }
-        if self.head != old {
-            if let Some(Some(w)) = self.waiting.get_mut(&self.head).map(Option::take) {
-                w.wake();
-            }
-        }
-    }
-    /// Wake every waiter, in ticket order (the executor polls them in that order).
-    fn wake_all(&mut self) {
-        for w in self.waiting.values_mut() {
-            if let Some(w) = w.take() {
-                w.wake();
-            }
-        }
-    }
 }
 
 /// This thread's state towards one node.
@@ -160,7 +115,6 @@ struct Inner {
     lists: Lists<Rec>,
     wrs: Vec<SendWr>,
     items: Vec<Item>,
-    freed: Vec<Chunk>,
     batch: Vec<u8>,
     done: Vec<(u64, WcStatus)>,
     cancels: Vec<(NodeId, u64)>,
@@ -176,17 +130,10 @@ impl Inner {
     /// Fail every call to `node` with [`CallError::PeerGone`] (`why`) and free the
     /// buffers the calls held that no server can touch any more.
     fn fail_calls(&mut self, node: NodeId, why: &GoneReason) {
-        self.calls.fail_node(
+        self.calls.fail_node(node, |_| CallError::PeerGone {
             node,
-            |_| CallError::PeerGone {
-                node,
-                why: why.clone(),
-            },
-            &mut self.freed,
-        );
-        for c in self.freed.drain(..) {
-            self.arena.free(c);
-        }
+            why: why.clone(),
+        });
     }
 }
 
@@ -255,7 +202,6 @@ impl ThreadCtx {
                 lists: Lists::default(),
                 wrs: Vec::new(),
                 items: Vec::new(),
-                freed: Vec::new(),
                 batch: Vec::new(),
                 done: Vec::new(),
                 cancels: Vec::new(),
@@ -394,7 +340,6 @@ impl ThreadCtx {
                 }
                 if let Some(why) = c.broken.clone() {
                     c.retired = true;
-                    inner.freed.clear();
                     inner.fail_calls(info.node, &why);
                     inner.by_node.remove(&info.node);
                 }
@@ -602,17 +547,17 @@ impl ThreadCtx {
                 return Poll::Pending;
             };
             if let Some(d) = data {
-                inner.arena.mr().write(chunk.off, d);
+                inner.arena.mr().write(chunk.off(), d);
             }
-            let id = inner.ops.open(chunk, len, timed);
             let wr = SendWr {
                 wr_id: 0,
                 opcode,
-                sge: inner.arena.mr().sge(chunk.off, len),
+                sge: inner.arena.mr().sge(chunk.off(), len),
                 remote,
                 signaled: false,
                 inline: false,
             };
+            let id = inner.ops.open(chunk, len, timed);
             inner.stats.bytes += len as u64;
             let conn = &mut inner.conns[ci];
             conn.os_pending.push(wr);
@@ -636,344 +581,14 @@ impl ThreadCtx {
                 Some((c, len)) => {
                     let mut out = vec![0u8; len];
                     if r.is_ok() {
-                        inner.arena.mr().read(c.off, &mut out);
+                        inner.arena.mr().read(c.off(), &mut out);
                     }
-                    inner.arena.free(c);
                     out
                 }
                 None => Vec::new(),
             }
         };
         r.map(|()| out)
-    }
-
-    /// Call handler `handler` on `node` with `req` in [`ReplyMode::Auto`] with the
-    /// default deadline; resolves to the reply payload. See [`ThreadCtx::call_with`].
-    pub async fn call(&self, node: NodeId, handler: u16, req: &[u8]) -> Result<Vec<u8>, CallError> {
-        self.call_with(node, handler, req, CallOpts::default())
-            .await
-    }
-
-    /// Call handler `handler` on `node` with `req`; the reply travels as `opts.mode`
-    /// says. A request that fits a bucket with its mode's prefix (`bucket_size - 32`
-    /// bytes) rides in the request Rocket; a larger one (up to
-    /// [`RuntimeConfig::max_transfer`]) is sent by reference and READ by the server.
-    ///
-    /// Errors: [`CallError::TooLarge`] for a request or zero-copy buffer above
-    /// `max_transfer`; [`CallError::Timeout`] after the deadline;
-    /// [`CallError::PeerGone`]; [`CallError::Remote`] when the handler failed or its
-    /// reply is too large for the mode (never truncated); [`CallError::Fetch`] when the
-    /// READ of a READ-mode reply failed; [`CallError::Expired`] when that buffer was
-    /// expired or reused first.
-    pub async fn call_with(
-        &self,
-        node: NodeId,
-        handler: u16,
-        req: &[u8],
-        opts: CallOpts,
-    ) -> Result<Vec<u8>, CallError> {
-        let after = opts.timeout.unwrap_or(self.cfg.call_timeout);
-        let threshold = self.cfg.mode_threshold;
-        let max = self.cfg.max_transfer;
-        let (mode, zc_len) = match opts.mode {
-            ReplyMode::ZeroCopy => (ReplyMode::ZeroCopy, opts.reply_len.unwrap_or(max)),
-            ReplyMode::Auto => match opts.reply_len {
-                Some(n) if n > threshold => (ReplyMode::ZeroCopy, n),
-                _ => (ReplyMode::Auto, 0),
-            },
-            m => (m, 0),
-        };
-        if zc_len > max {
-            return Err(CallError::TooLarge { len: zc_len, max });
-        }
-        if req.len() > max {
-            return Err(CallError::TooLarge {
-                len: req.len(),
-                max,
-            });
-        }
-        let mut stalled = false;
-        // A ticket of the credit queue, given back if the call is dropped while waiting.
-        let mut guard = TicketGuard {
-            ctx: self,
-            node,
-            ticket: None,
-        };
-        // Ends a wait for credit or buffers at the call's deadline. Made, and the clock
-        // read, only by a call that has to wait: a call that goes out at once reads no
-        // clock, and its deadline is counted from the next expiry scan instead (at most
-        // 32 rounds later; see `CallTable::open`).
-        let mut timer: Option<exec::Sleep> = None;
-        // The zero-copy target (data + 8-byte generation trailer) and, for a request
-        // too large for a bucket, the buffer the server READs it from.
-        let mut bufs: [Option<Chunk>; 2] = [None, None];
-        let id = std::future::poll_fn(|cx| {
-            let ticket = &mut guard.ticket;
-            let mut inner = self.inner.borrow_mut();
-            let inner = &mut *inner;
-            let Some(&ci) = inner.by_node.get(&node) else {
-                return Poll::Ready(Err(CallError::NotConnected { node }));
-            };
-            let conn = &mut inner.conns[ci];
-            if let Some(why) = &conn.broken {
-                return Poll::Ready(Err(CallError::PeerGone {
-                    node,
-                    why: why.clone(),
-                }));
-            }
-            let Some(rpc) = conn.rpc.as_mut() else {
-                return Poll::Ready(Err(CallError::NotConnected { node }));
-            };
-            // Made and polled (and so registered) only by a call about to wait: the
-            // common call that goes out at once costs no timer and no clock read.
-            let exec = &self.exec;
-            let expired = |timer: &mut Option<exec::Sleep>, cx: &mut Context<'_>| {
-                let t = timer.get_or_insert_with(|| {
-                    exec.sleep_until(calls::deadline_after(exec.now(), after))
-                });
-                Pin::new(t).poll(cx).is_ready()
-            };
-            // First come, first served while calls wait for credit.
-            if ticket.is_none() && !rpc.credit_q.is_empty() {
-                *ticket = Some(rpc.credit_q.take(cx.waker()));
-            }
-            if let Some(t) = *ticket {
-                if t != rpc.credit_q.head {
-                    if expired(&mut timer, cx) {
-                        rpc.credit_q.done(t);
-                        *ticket = None;
-                        return Poll::Ready(Err(CallError::Timeout {
-                            node,
-                            handler,
-                            after,
-                        }));
-                    }
-                    rpc.credit_q.wait(t, cx.waker());
-                    return Poll::Pending;
-                }
-            }
-            let inline_max = rpc.chan.max_payload();
-            let fetch = req.len() + mode.prefix_bytes() > inline_max;
-            let timeout = || CallError::Timeout {
-                node,
-                handler,
-                after,
-            };
-            let mut need = [
-                (mode == ReplyMode::ZeroCopy).then_some(zc_len + 8),
-                fetch.then_some(req.len()),
-            ];
-            for (slot, need) in bufs.iter_mut().zip(need.iter_mut()) {
-                if let (None, Some(n)) = (&slot, *need) {
-                    match inner.arena.alloc(n.max(1)) {
-                        Some(c) => *slot = Some(c),
-                        None if !expired(&mut timer, cx) => {
-                            inner.stalled.push(cx.waker().clone());
-                            return Poll::Pending;
-                        }
-                        None => {
-                            if let Some(t) = ticket.take() {
-                                rpc.credit_q.done(t);
-                            }
-                            return Poll::Ready(Err(timeout()));
-                        }
-                    }
-                }
-            }
-            let call_id = inner.calls.next_id();
-            let mut flags = mode as u8;
-            let mut pre = [0u8; ZeroCopyPrefix::BYTES + FetchPrefix::BYTES];
-            let mut pre_len = 0;
-            let mr = inner.arena.mr();
-            if let Some(c) = bufs[0] {
-                pre[..ZeroCopyPrefix::BYTES].copy_from_slice(
-                    &ZeroCopyPrefix {
-                        addr: mr.addr() + c.off as u64,
-                        rkey: mr.rkey(),
-                        capacity: zc_len as u32,
-                    }
-                    .to_bytes(),
-                );
-                pre_len = ZeroCopyPrefix::BYTES;
-            }
-            let body: &[u8] = if let Some(c) = bufs[1] {
-                if !stalled {
-                    mr.write(c.off, req);
-                }
-                pre[pre_len..pre_len + FetchPrefix::BYTES].copy_from_slice(
-                    &FetchPrefix {
-                        addr: mr.addr() + c.off as u64,
-                        rkey: mr.rkey(),
-                        len: req.len() as u32,
-                    }
-                    .to_bytes(),
-                );
-                pre_len += FetchPrefix::BYTES;
-                flags |= FetchPrefix::FLAG;
-                &[]
-            } else {
-                req
-            };
-            let hdr = MsgHeader {
-                len: 0,
-                handler,
-                kind: MsgKind::Request as u8,
-                flags,
-                call_id,
-            };
-            match rpc.chan.push(hdr, &[&pre[..pre_len], body]) {
-                Ok(()) => {
-                    inner.stats.messages += 1;
-                    inner.stats.bytes += req.len() as u64;
-                    if fetch {
-                        inner.stats.fetched_requests += 1;
-                    }
-                    // The call owns the buffers the server may touch until its end.
-                    let held = Held {
-                        zc: bufs[0].take(),
-                        req: bufs[1].take(),
-                    };
-                    if let Some(t) = ticket.take() {
-                        rpc.credit_q.done(t);
-                    }
-                    // A call that waited keeps its timer's deadline.
-                    let deadline = timer.as_ref().map(exec::Sleep::deadline);
-                    let id = inner.calls.open(node, handler, deadline, after, held);
-                    debug_assert_eq!(id, call_id);
-                    Poll::Ready(Ok(id))
-                }
-                Err(RocketError::RingFull) if !expired(&mut timer, cx) => {
-                    if !stalled {
-                        stalled = true;
-                        inner.stats.credit_stalls += 1;
-                    }
-                    match *ticket {
-                        Some(t) => rpc.credit_q.wait(t, cx.waker()),
-                        None => *ticket = Some(rpc.credit_q.take(cx.waker())),
-                    }
-                    Poll::Pending
-                }
-                Err(e) => {
-                    if let Some(t) = ticket.take() {
-                        rpc.credit_q.done(t);
-                    }
-                    Poll::Ready(Err(match e {
-                        RocketError::RingFull => timeout(),
-                        RocketError::TooLarge { len, max } => CallError::TooLarge { len, max },
-                        _ => CallError::Protocol {
-                            node,
-                            what: "request ring refused the message",
-                        },
-                    }))
-                }
-            }
-        })
-        .await;
-        {
-            // Failed before the request went out: nobody will touch these.
-            let mut inner = self.inner.borrow_mut();
-            for c in bufs.into_iter().flatten() {
-                inner.arena.free(c);
-            }
-        }
-        let id = id?;
-        let (reply, held) = CallWait {
-            ctx: self,
-            id,
-            node,
-            done: false,
-        }
-        .await;
-        self.finish_call(node, handler, id, reply, held).await
-    }
-
-    /// Turn a call's reply into its payload: copy a zero-copy reply out of the call's
-    /// buffer (checking its generation), or READ a READ-mode reply (checking the
-    /// server buffer's generation) and release it.
-    async fn finish_call(
-        &self,
-        node: NodeId,
-        handler: u16,
-        id: u64,
-        reply: Reply,
-        held: Held,
-    ) -> Result<Vec<u8>, CallError> {
-        // The server is done with the request buffer; a zero-copy target not written
-        // through (an error reply) is free too.
-        let zc = match (&reply, held.zc) {
-            (Reply::ZeroCopy(len), Some(c)) => Some((*len, c)),
-            (_, c) => {
-                if let Some(c) = c {
-                    self.inner.borrow_mut().arena.free(c);
-                }
-                None
-            }
-        };
-        if let Some(c) = held.req {
-            self.inner.borrow_mut().arena.free(c);
-        }
-        match reply {
-            Reply::Inline(r) => r,
-            Reply::ZeroCopy(len) => {
-                let Some((_, c)) = zc else {
-                    return Err(CallError::Protocol {
-                        node,
-                        what: "zero-copy reply to a call without a buffer",
-                    });
-                };
-                let mut inner = self.inner.borrow_mut();
-                let inner = &mut *inner;
-                let r = if len + 8 > c.bytes() {
-                    Err(CallError::Protocol {
-                        node,
-                        what: "zero-copy reply overruns the buffer",
-                    })
-                } else {
-                    let mut out = vec![0u8; len + 8];
-                    inner.arena.mr().read(c.off, &mut out);
-                    let gen = u64::from_le_bytes(out[len..].try_into().expect("8 bytes"));
-                    out.truncate(len);
-                    if gen == id {
-                        Ok(out)
-                    } else {
-                        inner.stats.expired_replies += 1;
-                        Err(CallError::Expired { node, handler })
-                    }
-                };
-                inner.arena.free(c);
-                r
-            }
-            Reply::Read(r) => {
-                let remote = RemoteAddr {
-                    addr: r.addr,
-                    rkey: r.rkey,
-                };
-                let max = self.cfg.max_transfer;
-                if r.len as usize > max {
-                    self.queue_control(node, MsgKind::Release, r.handle);
-                    return Err(CallError::TooLarge {
-                        len: r.len as usize,
-                        max,
-                    });
-                }
-                let n = r.len as usize + 16;
-                let data = self
-                    .one_sided_up_to(node, WrOpcode::Read, remote, n, None, max + 16)
-                    .await;
-                self.queue_control(node, MsgKind::Release, r.handle);
-                let mut data = data.map_err(CallError::Fetch)?;
-                let n = r.len as usize;
-                let head = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
-                let tail = u64::from_le_bytes(data[8 + n..].try_into().expect("8 bytes"));
-                if head != r.handle || tail != r.handle {
-                    self.inner.borrow_mut().stats.expired_replies += 1;
-                    return Err(CallError::Expired { node, handler });
-                }
-                data.truncate(8 + n);
-                data.drain(..8);
-                Ok(data)
-            }
-        }
     }
 
     /// Queue a control message (Release, Cancel) to `node` (sent next round).
@@ -1088,9 +703,7 @@ impl ThreadCtx {
                         } else {
                             Err(OneSidedError::Completion { node, status })
                         };
-                        if let Some(c) = inner.ops.complete(id, r) {
-                            inner.arena.free(c);
-                        }
+                        inner.ops.complete(id, r);
                     }
                     ops.clear();
                     inner.vec_pool.push(ops);
@@ -1148,11 +761,8 @@ impl ThreadCtx {
                     node,
                     why: why.clone(),
                 };
-                if let Some(c) = inner.ops.complete(id, Err(e)) {
-                    inner.arena.free(c);
-                }
+                inner.ops.complete(id, Err(e));
             }
-            inner.freed.clear();
             if inner.conns[ci].retired {
                 // Its calls were failed at retirement; the node id now names its successor.
                 continue;
@@ -1283,42 +893,15 @@ impl ThreadCtx {
                         return true;
                     }
                 };
-                let reply = match MsgKind::from_u8(h.kind) {
-                    Some(MsgKind::Response) => {
-                        inner.stats.inline_replies += 1;
-                        Reply::Inline(Ok(payload.to_vec()))
-                    }
-                    Some(MsgKind::Error) => Reply::Inline(Err(CallError::Remote {
-                        node,
-                        handler: h.handler,
-                        msg: String::from_utf8_lossy(payload).into_owned(),
-                    })),
-                    Some(MsgKind::Cancelled) => Reply::Inline(Err(CallError::Protocol {
-                        node,
-                        what: "call cancelled",
-                    })),
-                    Some(MsgKind::ReadReply) => match ReadReply::from_bytes(payload) {
-                        Some(r) => {
-                            inner.stats.read_replies += 1;
-                            Reply::Read(r)
-                        }
-                        None => Reply::Inline(Err(CallError::Protocol {
-                            node,
-                            what: "READ reply descriptor of the wrong size",
-                        })),
-                    },
-                    Some(MsgKind::ZeroCopyDone) => match payload.get(..8) {
-                        Some(b) => {
-                            inner.stats.zero_copy_replies += 1;
-                            Reply::ZeroCopy(u64::from_le_bytes(b.try_into().expect("8")) as usize)
-                        }
-                        None => Reply::Inline(Err(CallError::Protocol {
-                            node,
-                            what: "zero-copy reply without a length",
-                        })),
-                    },
-                    _ => continue,
+                let Some(reply) = call::decode_reply(node, &h, payload) else {
+                    continue;
                 };
+                match &reply {
+                    Reply::Inline(Ok(_)) => inner.stats.inline_replies += 1,
+                    Reply::Read(_) => inner.stats.read_replies += 1,
+                    Reply::ZeroCopy(_) => inner.stats.zero_copy_replies += 1,
+                    Reply::Inline(Err(_)) => {}
+                }
                 let read = if let Reply::Read(r) = &reply {
                     Some(r.handle)
                 } else {
@@ -1327,10 +910,7 @@ impl ThreadCtx {
                 match inner.calls.deliver(h.call_id, reply) {
                     Late::Delivered => {}
                     // A reply to a call that ended: free what it held.
-                    Late::Free(held) => {
-                        for c in held.iter() {
-                            inner.arena.free(c);
-                        }
+                    Late::Free(_held) => {
                         if let Some(handle) = read {
                             rpc.control.push((MsgKind::Release, handle));
                         }
@@ -1349,8 +929,7 @@ impl ThreadCtx {
             inner.stats.qp_switches += 1;
         }
         inner.items.clear();
-        inner.freed.clear();
-        rpc.chan.plan(&mut inner.items, &mut inner.freed);
+        rpc.chan.plan(&mut inner.items);
         if inner.items.is_empty() {
             rpc.chan.qp = Some(qp);
             return work;
@@ -1426,32 +1005,6 @@ impl Drop for ThreadCtx {
     }
 }
 
-/// Gives a call's credit ticket back if the call is dropped while waiting.
-struct TicketGuard<'a> {
-    ctx: &'a ThreadCtx,
-    node: NodeId,
-    ticket: Option<u64>,
-}
-
-impl Drop for TicketGuard<'_> {
-    fn drop(&mut self) {
-        let Some(t) = self.ticket.take() else {
-            return;
-        };
-        let mut inner = self.ctx.inner.borrow_mut();
-        let inner = &mut *inner;
-        if let Some(rpc) = inner
-            .by_node
-            .get(&self.node)
-            .copied()
-            .and_then(|ci| inner.conns[ci].rpc.as_mut())
-        {
-            rpc.credit_q.done(t);
-            rpc.credit_q.wake_all();
-        }
-    }
-}
-
 struct OpWait<'a> {
     ctx: &'a ThreadCtx,
     id: usize,
@@ -1473,57 +1026,7 @@ impl Drop for OpWait<'_> {
             return; // the caller's `finish` frees the slot
         }
         // Dropped before its result was taken: free now, or at completion.
-        let mut inner = self.ctx.inner.borrow_mut();
-        let inner = &mut *inner;
-        if let Some((c, _)) = inner.ops.finish(self.id) {
-            inner.arena.free(c);
-        }
-    }
-}
-
-struct CallWait<'a> {
-    ctx: &'a ThreadCtx,
-    id: u64,
-    node: NodeId,
-    done: bool,
-}
-
-impl Future for CallWait<'_> {
-    type Output = (Reply, Held);
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let r = self.ctx.inner.borrow_mut().calls.poll(self.id, cx.waker());
-        if r.is_ready() {
-            self.done = true;
-        }
-        r
-    }
-}
-
-impl Drop for CallWait<'_> {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let mut inner = self.ctx.inner.borrow_mut();
-        let inner = &mut *inner;
-        let a = inner.calls.abandon(self.id);
-        for c in a.free.iter() {
-            inner.arena.free(c);
-        }
-        let Some(rpc) = inner
-            .by_node
-            .get(&self.node)
-            .copied()
-            .and_then(|ci| inner.conns[ci].rpc.as_mut())
-        else {
-            return;
-        };
-        if a.cancel {
-            rpc.control.push((MsgKind::Cancel, self.id));
-        }
-        if let Some(h) = a.release {
-            rpc.control.push((MsgKind::Release, h));
-        }
+        self.ctx.inner.borrow_mut().ops.finish(self.id);
     }
 }
 
@@ -1656,45 +1159,4 @@ pub fn block_on<T: 'static>(ctx: &Rc<ThreadCtx>, f: impl Future<Output = T> + 's
         .take()
         .expect("the coroutine ran to completion");
     v
-}
-
-#[cfg(test)]
-mod tests {
-    use super::TicketQueue;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Wake, Waker};
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    #[test]
-    fn credit_queue_serves_in_order_and_skips_calls_that_gave_up() {
-        let mut q = TicketQueue::default();
-        let c: Vec<Arc<Count>> = (0..3)
-            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
-            .collect();
-        let w: Vec<Waker> = c.iter().map(|c| Waker::from(c.clone())).collect();
-        let t: Vec<u64> = w.iter().map(|w| q.take(w)).collect();
-        assert_eq!(q.head, t[0]);
-        // The second gives up first: the head stays on the first.
-        q.done(t[1]);
-        assert_eq!(q.head, t[0]);
-        // The first pushes: the head skips the second and wakes the third.
-        q.done(t[0]);
-        assert_eq!(q.head, t[2]);
-        assert_eq!(c[2].0.load(Ordering::Relaxed), 1);
-        q.done(t[2]);
-        assert!(q.is_empty());
-        // An empty queue hands the next ticket the head at once.
-        let t3 = q.take(&w[0]);
-        assert_eq!(q.head, t3);
-        q.wait(t3, &w[1]);
-        q.wake_all();
-        assert_eq!(c[1].0.load(Ordering::Relaxed), 1);
-    }
 }

@@ -84,16 +84,16 @@ impl OpTable {
         }
     }
 
-    /// Op `id` completed with `r`: wake its future, or, if the future is gone, return
-    /// the buffer to free.
-    pub(crate) fn complete(&mut self, id: usize, r: Result<(), OneSidedError>) -> Option<Chunk> {
+    /// Op `id` completed with `r`: wake its future, or, if the future is gone, free the
+    /// slot (dropping its buffer: no NIC touches it any more).
+    pub(crate) fn complete(&mut self, id: usize, r: Result<(), OneSidedError>) {
         let s = &mut self.slots[id];
         if s.abandoned {
-            let c = s.chunk.take();
+            s.chunk = None;
             s.state = State::Free;
             s.abandoned = false;
             self.free.push(id);
-            return c;
+            return;
         }
         if matches!(s.state, State::Waiting) {
             if s.timed {
@@ -104,7 +104,6 @@ impl OpTable {
                 w.wake();
             }
         }
-        None
     }
 
     /// Op `id`'s WR was posted. A timed op records the time, read once per list: `now`
@@ -146,8 +145,8 @@ impl OpTable {
     }
 
     /// End op `id` after its result was taken (or its future dropped): returns its buffer
-    /// and length to copy out and free, or `None` when it is still in flight (then the
-    /// completion frees it).
+    /// and length to copy out of (dropping the chunk frees it), or `None` when it is
+    /// still in flight (then the completion frees it).
     pub(crate) fn finish(&mut self, id: usize) -> Option<(Chunk, usize)> {
         let s = &mut self.slots[id];
         match s.state {
@@ -170,25 +169,37 @@ impl OpTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arena::ChunkPool;
 
     #[test]
     fn complete_then_finish_returns_the_buffer_once() {
+        let pool = ChunkPool::new(4096, 64);
         let mut t = OpTable::default();
-        let c = Chunk { off: 64, class: 0 };
+        let c = pool.alloc(8).unwrap();
+        let off = c.off();
         let id = t.open(c, 8, false);
         let w = Waker::noop();
         assert!(t.poll(id, w).is_pending());
-        assert_eq!(t.complete(id, Ok(())), None);
+        t.complete(id, Ok(()));
+        assert_eq!(pool.in_use(), 1, "held until the future takes the result");
         assert!(matches!(t.poll(id, w), Poll::Ready(Ok(()))));
-        assert_eq!(t.finish(id), Some((c, 8)));
-        assert_eq!(t.open(c, 8, false), id, "the slot is reused");
+        let (c, len) = t.finish(id).unwrap();
+        assert_eq!((c.off(), len), (off, 8));
+        assert!(t.finish(id).is_none(), "once");
+        drop(c);
+        assert_eq!(pool.in_use(), 0);
+        assert_eq!(
+            t.open(pool.alloc(8).unwrap(), 8, false),
+            id,
+            "the slot is reused"
+        );
     }
 
     #[test]
     fn timing_spans_post_to_completion_and_restarts_with_the_slot() {
+        let pool = ChunkPool::new(4096, 64);
         let mut t = OpTable::default();
-        let c = Chunk { off: 0, class: 0 };
-        let id = t.open(c, 8, true);
+        let id = t.open(pool.alloc(8).unwrap(), 8, true);
         assert_eq!(t.timing(id), None, "not posted");
         let mut now = None;
         t.posted(id, &mut now);
@@ -200,7 +211,7 @@ mod tests {
         assert!(tm.completed >= posted);
         assert_eq!(tm.network(), tm.completed - posted);
         t.finish(id);
-        let id2 = t.open(c, 8, false);
+        let id2 = t.open(pool.alloc(8).unwrap(), 8, false);
         assert_eq!(id2, id);
         assert_eq!(t.timing(id2), None, "a reused slot starts over");
         // An untimed op never reads the clock.
@@ -212,11 +223,13 @@ mod tests {
 
     #[test]
     fn abandoned_op_frees_at_completion() {
+        let pool = ChunkPool::new(4096, 128);
         let mut t = OpTable::default();
-        let c = Chunk { off: 0, class: 1 };
-        let id = t.open(c, 100, false);
-        assert_eq!(t.finish(id), None);
-        assert_eq!(t.complete(id, Ok(())), Some(c));
-        assert_eq!(t.open(c, 1, false), id);
+        let id = t.open(pool.alloc(100).unwrap(), 100, false);
+        assert!(t.finish(id).is_none());
+        assert_eq!(pool.in_use(), 1, "the NIC may still write it");
+        t.complete(id, Ok(()));
+        assert_eq!(pool.in_use(), 0);
+        assert_eq!(t.open(pool.alloc(1).unwrap(), 1, false), id);
     }
 }

@@ -38,9 +38,9 @@ use serde::{Deserialize, Serialize};
 pub use self::handlers::{
     AsyncHandler, BatchFn, BatchReq, Handler, HandlerFuture, Handlers, KeyFn,
 };
-use self::worker::{Cmd, ServerConn, SortedHub, Worker};
-use crate::arena::Arena;
-use crate::channel::Channel;
+use self::worker::{Cmd, NewConn, SortedHub, Worker};
+use crate::arena::UnusedArena;
+use crate::channel::ChannelSetup;
 use crate::ctrl::{QpKind, RocketOffer, RpcAccept};
 use crate::exec;
 use crate::fabric::{Fabric, FabricError, QpEndpoint};
@@ -198,7 +198,8 @@ impl RpcServer {
         let (ready_tx, ready_rx) = channel::<Result<(), String>>();
         for i in 0..cfg.threads {
             let (tx, rx) = channel();
-            let arena = Arena::new(&fabric, cfg.buffer_bytes, cfg.max_reply_bytes + 16)?;
+            // Registered here (errors reach the caller), started on its thread.
+            let arena = UnusedArena::new(&fabric, cfg.buffer_bytes, cfg.max_reply_bytes + 16)?;
             let (handlers, max_reply, read_hold, straws, hub) = (
                 handlers.clone(),
                 cfg.max_reply_bytes,
@@ -227,8 +228,17 @@ impl RpcServer {
                         };
                         let _ = ready.send(Ok(()));
                         drop(ready);
-                        Worker::new(i, handlers, arena, max_reply, read_hold, straws, hub, rx)
-                            .run(handle, extra, &s);
+                        Worker::new(
+                            i,
+                            handlers,
+                            arena.start(),
+                            max_reply,
+                            read_hold,
+                            straws,
+                            hub,
+                            rx,
+                        )
+                        .run(handle, extra, &s);
                     })
                     .map_err(|e| FabricError::Io {
                         op: "spawn RPC server thread",
@@ -416,7 +426,7 @@ impl RpcServer {
             resp_credit: words.desc().at(0),
             rocket: id as u64,
         };
-        let chan = Channel::new(
+        let chan = ChannelSetup::new(
             cfg,
             batching,
             resp_staging,
@@ -426,7 +436,7 @@ impl RpcServer {
             req_credit,
         )
         .map_err(|e| undo(bad(e.to_string())))?;
-        let conn = ServerConn::new(id as u64, s.clone(), peer, chan, mode_threshold);
+        let conn = NewConn::new(id as u64, s.clone(), peer, chan, mode_threshold);
         let tx = &self.workers[id % self.workers.len()];
         if tx.send(Cmd::Add(Box::new(conn))).is_err() {
             return Err(bad("server is stopping".into()));

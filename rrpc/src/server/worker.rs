@@ -14,9 +14,9 @@ use super::handlers::{BatchReq, Entry, Handlers};
 use super::mode::{parse_request, route, Route};
 use super::{ServerStraw, StrawMap};
 use crate::arena::{Arena, Chunk};
-use crate::channel::{post_items, Channel, DataWrite, Item, Lists, ReadFetch};
+use crate::channel::{post_items, Channel, ChannelSetup, DataWrite, Item, Lists, ReadFetch};
 use crate::exec;
-use crate::fabric::{RemoteAddr, SendWr, WcStatus};
+use crate::fabric::{MemoryRegion, RemoteAddr, SendWr, WcStatus};
 use crate::rocket::{decode_batch, MsgHeader};
 use crate::straw::Mailbox;
 use crate::wire::{FetchPrefix, IdHash, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix, IDLE_SPINS};
@@ -27,7 +27,7 @@ const STUCK_LIMIT: Duration = Duration::from_secs(2);
 
 /// Commands from the control plane to a server thread.
 pub(crate) enum Cmd {
-    Add(Box<ServerConn>),
+    Add(Box<NewConn>),
     Close(u64),
 }
 
@@ -45,12 +45,22 @@ pub(crate) struct ServerConn {
     dead: bool,
 }
 
-impl ServerConn {
+/// A Rocket pair accepted by the control plane on its way to its server thread, which
+/// starts its channel (a started channel owns chunks of that thread's arena).
+pub(crate) struct NewConn {
+    id: u64,
+    straw: Arc<ServerStraw>,
+    peer: NodeId,
+    chan: ChannelSetup,
+    mode_threshold: usize,
+}
+
+impl NewConn {
     pub(crate) fn new(
         id: u64,
         straw: Arc<ServerStraw>,
         peer: NodeId,
-        chan: Channel,
+        chan: ChannelSetup,
         mode_threshold: usize,
     ) -> Self {
         Self {
@@ -59,6 +69,17 @@ impl ServerConn {
             peer,
             chan,
             mode_threshold,
+        }
+    }
+
+    /// The server end, run on the calling (server) thread.
+    fn start(self) -> ServerConn {
+        ServerConn {
+            id: self.id,
+            straw: self.straw,
+            peer: self.peer,
+            chan: self.chan.start(),
+            mode_threshold: self.mode_threshold,
             stuck_since: None,
             dead: false,
         }
@@ -219,8 +240,9 @@ pub(crate) struct Worker {
     conns: Vec<ServerConn>,
     /// Requests answered later, by (conn, call id), and whether the caller cancelled.
     pending: HashMap<(u64, u64), (Pending, bool)>,
-    /// Fetches of requests sent by reference, by tag.
-    fetches: HashMap<u64, ((u64, u64), Chunk, usize)>,
+    /// Fetches of requests sent by reference, by tag: the call and the request's length
+    /// (the READ's item owns the buffer).
+    fetches: HashMap<u64, ((u64, u64), usize)>,
     next_tag: u64,
     finished: Finished,
     sorted_out: Vec<SortedReq>,
@@ -231,7 +253,6 @@ pub(crate) struct Worker {
     done: Vec<(u64, WcStatus)>,
     wrs: Vec<SendWr>,
     items: Vec<Item>,
-    freed: Vec<Chunk>,
 }
 
 impl Worker {
@@ -272,7 +293,6 @@ impl Worker {
             done: Vec::new(),
             wrs: Vec::new(),
             items: Vec::new(),
-            freed: Vec::new(),
         }
     }
 
@@ -324,7 +344,7 @@ impl Worker {
                 match cmd {
                     Cmd::Add(c) => {
                         tracing::debug!(peer = %c.peer, "Rocket accepted");
-                        self.conns.push(*c);
+                        self.conns.push(c.start());
                     }
                     Cmd::Close(id) => {
                         if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
@@ -408,11 +428,11 @@ impl Worker {
         // READ-mode buffers past their hold, on the round's clock.
         if self.next_expiry.is_some_and(|t| t <= handle.now()) {
             let now = handle.now();
-            let arena = &mut self.arena;
+            let mr = self.arena.mr();
             let mut next = None::<Instant>;
             self.holds.retain(|_, (chunk, until)| {
                 if *until <= now {
-                    free_read_buffer(arena, *chunk);
+                    clear_read_generation(mr, chunk);
                     false
                 } else {
                     next = Some(next.map_or(*until, |n| n.min(*until)));
@@ -446,12 +466,11 @@ impl Worker {
                 continue;
             };
             let Some(ci) = self.conns.iter().position(|c| c.id == rec.conn) else {
-                // The Rocket is gone: only the buffers are left to free.
+                // The Rocket is gone: only the buffers are left to free (as the items
+                // drop).
                 for it in rec.items.drain(..) {
-                    match it {
-                        Item::Data(d) => self.arena.free(d.chunk),
-                        Item::Read(r) => self.drop_fetch(r.tag),
-                        _ => {}
+                    if let Item::Read(r) = it {
+                        self.drop_fetch(r.tag);
                     }
                 }
                 self.lists.pool.push(rec.items);
@@ -461,11 +480,10 @@ impl Worker {
             // (A freed replay slot lets the backlog drain, which it tries every round.)
             self.conns[ci].chan.list_done(&rec.items);
             if status == WcStatus::Success {
+                // Data WRITEs landed: their buffers go back as the items drop.
                 for it in rec.items.drain(..) {
-                    match it {
-                        Item::Data(d) => self.arena.free(d.chunk),
-                        Item::Read(r) => self.fetched(r.tag, handle),
-                        _ => {}
+                    if let Item::Read(r) = it {
+                        self.fetched(r, handle);
                     }
                 }
             } else {
@@ -486,7 +504,7 @@ impl Worker {
                 if let Some(h) = payload.get(..8) {
                     let h = u64::from_le_bytes(h.try_into().expect("8 bytes"));
                     if let Some((chunk, _)) = self.holds.remove(&h) {
-                        free_read_buffer(&mut self.arena, chunk);
+                        clear_read_generation(self.arena.mr(), &chunk);
                     }
                 }
             }
@@ -596,7 +614,7 @@ impl Worker {
         let tag = self.next_tag;
         self.next_tag += 1;
         let key = (p.conn, p.hdr.call_id);
-        self.fetches.insert(tag, (key, chunk, len));
+        self.fetches.insert(tag, (key, len));
         self.pending.insert(key, (p, false));
         self.conns[ci].chan.push_read(ReadFetch {
             chunk,
@@ -609,14 +627,14 @@ impl Worker {
         });
     }
 
-    /// The READ of fetch `tag` completed: run its request.
-    fn fetched(&mut self, tag: u64, handle: &exec::Handle) {
-        let Some((key, chunk, len)) = self.fetches.remove(&tag) else {
+    /// The READ `r` completed: run its request (its buffer is free once copied out).
+    fn fetched(&mut self, r: ReadFetch, handle: &exec::Handle) {
+        let Some((key, len)) = self.fetches.remove(&r.tag) else {
             return;
         };
         let mut body = vec![0u8; len];
-        self.arena.mr().read(chunk.off, &mut body);
-        self.arena.free(chunk);
+        self.arena.mr().read(r.chunk.off(), &mut body);
+        drop(r);
         let Some((p, cancelled)) = self.pending.remove(&key) else {
             return;
         };
@@ -631,8 +649,7 @@ impl Worker {
     }
 
     fn drop_fetch(&mut self, tag: u64) {
-        if let Some((key, chunk, _)) = self.fetches.remove(&tag) {
-            self.arena.free(chunk);
+        if let Some((key, _)) = self.fetches.remove(&tag) {
             self.pending.remove(&key);
         }
     }
@@ -681,18 +698,18 @@ impl Worker {
                 let handle = self.next_handle;
                 self.next_handle += 1;
                 let mr = self.arena.mr();
-                mr.write(chunk.off + 8, out);
-                mr.write(chunk.off + 8 + out.len(), &handle.to_le_bytes());
-                mr.write(chunk.off, &handle.to_le_bytes());
+                mr.write(chunk.off() + 8, out);
+                mr.write(chunk.off() + 8 + out.len(), &handle.to_le_bytes());
+                mr.write(chunk.off(), &handle.to_le_bytes());
                 let until = Instant::now() + self.read_hold;
-                self.holds.insert(handle, (chunk, until));
-                self.next_expiry = Some(self.next_expiry.map_or(until, |n| n.min(until)));
                 let r = ReadReply {
-                    addr: mr.addr() + chunk.off as u64,
+                    addr: mr.addr() + chunk.off() as u64,
                     rkey: mr.rkey(),
                     len: out.len() as u32,
                     handle,
                 };
+                self.holds.insert(handle, (chunk, until));
+                self.next_expiry = Some(self.next_expiry.map_or(until, |n| n.min(until)));
                 self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::ReadReply), &r.to_bytes());
             }
         }
@@ -709,8 +726,8 @@ impl Worker {
             return self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg.as_bytes());
         };
         let mr = self.arena.mr();
-        mr.write(chunk.off, out);
-        mr.write(chunk.off + out.len(), &p.hdr.call_id.to_le_bytes());
+        mr.write(chunk.off(), out);
+        mr.write(chunk.off() + out.len(), &p.hdr.call_id.to_le_bytes());
         let mut done_payload = [0u8; 16];
         done_payload[..8].copy_from_slice(&(out.len() as u64).to_le_bytes());
         self.conns[ci].chan.push_data(DataWrite {
@@ -739,11 +756,7 @@ impl Worker {
         };
         c.stuck_since = None;
         self.items.clear();
-        self.freed.clear();
-        c.chan.plan(&mut self.items, &mut self.freed);
-        for f in self.freed.drain(..) {
-            self.arena.free(f);
-        }
+        c.chan.plan(&mut self.items);
         if self.items.is_empty() {
             c.chan.qp = Some(qp);
             return;
@@ -810,7 +823,6 @@ impl Worker {
             .filter(|c| c.dead)
             .map(|c| c.straw.id)
             .collect();
-        let mut freed = Vec::new();
         let mut fetches = Vec::new();
         self.conns.retain_mut(|c| {
             if !c.dead {
@@ -825,13 +837,12 @@ impl Worker {
                 crate::straw::unbind(&q);
             }
             let mut items = Vec::new();
-            c.chan.plan(&mut items, &mut freed);
-            // What was never posted: reply data and fetches of requests.
+            c.chan.plan(&mut items);
+            // What was never posted: reply data (its buffers go back as the items drop)
+            // and fetches of requests.
             for it in items {
-                match it {
-                    Item::Data(d) => freed.push(d.chunk),
-                    Item::Read(r) => fetches.push(r.tag),
-                    _ => {}
+                if let Item::Read(r) = it {
+                    fetches.push(r.tag);
                 }
             }
             c.straw
@@ -841,9 +852,6 @@ impl Worker {
         });
         for tag in fetches {
             self.drop_fetch(tag);
-        }
-        for f in freed {
-            self.arena.free(f);
         }
         let live: Vec<u64> = self.conns.iter().map(|c| c.id).collect();
         self.pending.retain(|(conn, _), _| live.contains(conn));
@@ -864,11 +872,11 @@ impl Worker {
     }
 }
 
-/// Clear an expired or released READ-mode buffer's generation words before it can be
-/// reused, so a late READ of it fails its call instead of returning other data.
-fn free_read_buffer(arena: &mut Arena, chunk: Chunk) {
-    arena.mr().store_u64(chunk.off, 0);
-    arena.free(chunk);
+/// Clear an expired or released READ-mode buffer's generation word (`mr` is its arena's)
+/// before it is dropped and can be reused, so a late READ of it fails its call instead
+/// of returning other data.
+fn clear_read_generation(mr: &MemoryRegion, chunk: &Chunk) {
+    mr.store_u64(chunk.off(), 0);
 }
 
 fn reply_hdr(req: &MsgHeader, kind: MsgKind) -> MsgHeader {
