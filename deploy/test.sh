@@ -10,7 +10,7 @@
 # 4. Runs the loom models of the Rocket channel (rrpc/src/channel_loom.rs, compiled only
 #    with the rrpc feature loom-models), in release (loom is slow unoptimized); the loom
 #    model of the bare ring (rrpc/tests/loom_rocket.rs) runs in step 2.
-# 5. Runs the Rocket ring's, the channel's and the wire format's unit tests under Miri
+# 5. Runs the Rocket ring's, the channel's, the wire format's and the arena's unit tests under Miri
 #    (nightly; installed with rustup if missing), which checks the ring's unsafe memory
 #    accesses for undefined behaviour. RRPC_SKIP_MIRI=1 skips this.
 # 6. Runs the fabric conformance suite and the RPC (calls, modes, straws, async
@@ -70,7 +70,7 @@ else
   fi
   t0=$SECONDS
   # Miri builds into its own directory (target/miri). The filters are module paths.
-  cargo +nightly miri test -p rrpc --lib -- rocket:: channel:: wire::
+  cargo +nightly miri test -p rrpc --lib -- rocket:: channel:: wire:: arena::
   echo "== Miri: $((SECONDS - t0)) s wall"
 fi
 

@@ -6,52 +6,17 @@
 //! The loop is generic over the profiles (static dispatch per transaction); [`Mix`]
 //! erases their type once, where a coordinator thread spawns its coroutines.
 
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rrpc::runtime::Executor;
-use txn::coordinator::{AbortReason, TxnClient, TxnError};
+use txn::coordinator::{AbortReason, TxnError};
 use txn::phase::PhaseTimes;
 
 use crate::report::WorkerStats;
-use crate::workload::{Finished, Profiles};
-use crate::ycsb::RunError;
-
-/// What one coordinator coroutine needs besides its profiles.
-pub struct Coroutine {
-    /// The thread's transaction client.
-    pub client: Rc<TxnClient>,
-    /// The thread's counters, shared by its coroutines (never borrowed across an
-    /// await).
-    pub stats: Rc<RefCell<WorkerStats>>,
-    /// Ends the run: the coroutine finishes its transaction (a conflict abort is then
-    /// not retried) and returns. A service failure or a failed value check sets it.
-    pub stop: Arc<AtomicBool>,
-    /// Commits over all threads (for progress lines and the TSO restart record).
-    pub committed: Arc<AtomicU64>,
-    /// Names of the transaction kinds, for fatal errors.
-    pub kinds: Rc<[&'static str]>,
-    /// The coroutine's RNG seed.
-    pub seed: u64,
-    /// Longest backoff after a conflict abort, microseconds (0: yield and retry).
-    pub max_backoff_us: u64,
-    /// TPC-C home warehouse (1 to the warehouses).
-    pub home: u16,
-    /// Run one transaction of every kind, in order, before the mix.
-    pub each_type_first: bool,
-}
-
-/// A workload's profiles with their type erased: what a coordinator thread starts its
-/// coroutines with. Implemented for every [`Profiles`].
-pub trait Mix: Send + Sync {
-    /// Spawn one coordinator coroutine on `ex`, running transactions drawn from these
-    /// profiles until `co.stop` is set.
-    fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine);
-}
+use crate::workload::{Coroutine, Finished, Mix, Profiles, RunError};
 
 impl<P: Profiles> Mix for P {
     fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine) {

@@ -13,6 +13,7 @@ pub mod report;
 pub mod smallbank;
 pub mod tatp;
 pub mod tpcc;
+pub mod txn_args;
 pub mod txnbench;
 pub mod workload;
 pub mod ycsb;

@@ -8,8 +8,6 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use txn::coordinator::AbortReason;
 
-use crate::smallbank::TxnType;
-
 /// Latencies are recorded in nanoseconds, 1 ns to 60 s, 3 significant digits.
 fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
@@ -63,7 +61,7 @@ impl TypeStats {
 
 /// One coordinator thread's results.
 pub struct WorkerStats {
-    /// Per type, in [`TxnType::ALL`] order (KVS / YCSB: the workload's kinds).
+    /// Per type, in the workload's order of kinds (KVS / YCSB: the workload's kinds).
     pub types: Vec<TypeStats>,
     /// Net money added by committed transactions, cents (KVS / YCSB: committed updates).
     pub net: i64,
@@ -88,11 +86,6 @@ pub struct WorkerStats {
 }
 
 impl WorkerStats {
-    /// Empty counters of the SmallBank types.
-    pub fn new() -> Self {
-        Self::with_kinds(TxnType::ALL.len())
-    }
-
     /// Empty counters of `kinds` transaction kinds.
     pub fn with_kinds(kinds: usize) -> Self {
         Self {
@@ -108,12 +101,6 @@ impl WorkerStats {
             breakdown: None,
             tocc_share: Vec::new(),
         }
-    }
-}
-
-impl Default for WorkerStats {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -296,22 +283,6 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
 }
 
 impl Report {
-    /// Merge the workers' statistics (SmallBank).
-    pub fn new(
-        fabric: String,
-        threads: usize,
-        coroutines: usize,
-        accounts: u64,
-        theta: f64,
-        elapsed: Duration,
-        workers: &[WorkerStats],
-    ) -> Self {
-        let kinds: Vec<&str> = TxnType::ALL.iter().map(|t| t.name()).collect();
-        Self::with_kinds(
-            &kinds, fabric, threads, coroutines, accounts, theta, elapsed, workers,
-        )
-    }
-
     /// Merge the workers' statistics of transaction kinds named `kinds` (the workers'
     /// [`WorkerStats::types`] in this order).
     #[allow(clippy::too_many_arguments)]
@@ -910,18 +881,35 @@ pub fn comparison(runs: &[Report]) -> String {
 
 #[cfg(test)]
 mod tests {
+    const SMALLBANK_KINDS: [&str; 6] = [
+        "Amalgamate",
+        "Balance",
+        "DepositChecking",
+        "SendPayment",
+        "TransactSaving",
+        "WriteCheck",
+    ];
     use super::*;
     use txn::history::{Access, History};
 
     fn report_with_commits(per_type: &[u64]) -> Report {
-        let mut w = WorkerStats::new();
+        let mut w = WorkerStats::with_kinds(SMALLBANK_KINDS.len());
         for (t, &n) in w.types.iter_mut().zip(per_type) {
             for _ in 0..n {
                 t.attempts += 1;
                 t.record_commit(Duration::from_micros(50));
             }
         }
-        Report::new("shm".into(), 1, 1, 100, 0.99, Duration::from_secs(1), &[w])
+        Report::with_kinds(
+            &SMALLBANK_KINDS,
+            "shm".into(),
+            1,
+            1,
+            100,
+            0.99,
+            Duration::from_secs(1),
+            &[w],
+        )
     }
 
     #[test]

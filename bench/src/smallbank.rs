@@ -17,11 +17,11 @@ use txn::coordinator::{Txn, TxnError};
 use txn::smallbank::{CHECKING, SAVINGS};
 
 use crate::audit::{audit, money, smallbank_items};
-use crate::driver::Mix;
 use crate::report::WorkerStats;
-use crate::txnbench::Args;
+use crate::txn_args::Args;
+use crate::workload::Mix;
+use crate::workload::RunError;
 use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
-use crate::ycsb::RunError;
 
 /// The six SmallBank transaction types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

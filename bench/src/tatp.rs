@@ -21,14 +21,11 @@ use txn::tatp::{
     SPECIAL_FACILITY, START_TIMES, SUBSCRIBER,
 };
 
-use crate::driver::Mix;
 use crate::report::{Report, WorkerStats};
-use crate::txnbench::Args;
-use crate::workload::{
-    refuse_hot_accounts, refuse_theta_sweep, AuditCx, Audited, Finished, Profiles, Workload,
-    WorkloadSpec,
-};
-use crate::ycsb::RunError;
+use crate::txn_args::Args;
+use crate::workload::Mix;
+use crate::workload::RunError;
+use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
 
 /// The seven TATP transaction types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -324,11 +321,11 @@ impl Tatp {
     /// The workload of `args`. Errors: `--sweep theta` (subscribers follow NURand), no
     /// subscriber, `--hot-accounts`.
     pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        refuse_theta_sweep(args)?;
+        crate::txn_args::refuse_theta_sweep(args)?;
         if args.subscribers == 0 {
             bail!("--subscribers must be at least 1");
         }
-        refuse_hot_accounts(args)?;
+        crate::txn_args::refuse_hot_accounts(args)?;
         Ok(Self {
             subscribers: args.subscribers,
             seed: args.seed,

@@ -24,14 +24,11 @@ use txn::tpcc::{
     ORDER_LINE_BYTES, STOCK, WAREHOUSE, WAREHOUSE_YTD,
 };
 
-use crate::driver::Mix;
 use crate::report::WorkerStats;
-use crate::txnbench::Args;
-use crate::workload::{
-    refuse_hot_accounts, refuse_theta_sweep, AuditCx, Audited, Finished, Profiles, Workload,
-    WorkloadSpec,
-};
-use crate::ycsb::RunError;
+use crate::txn_args::Args;
+use crate::workload::Mix;
+use crate::workload::RunError;
+use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
 
 /// The five TPC-C transaction types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -550,12 +547,12 @@ impl Tpcc {
     /// warehouses follows). Errors: `--sweep theta` (keys follow NURand), no warehouse,
     /// `--hot-accounts`.
     pub fn from_args(args: &Args) -> anyhow::Result<Self> {
-        refuse_theta_sweep(args)?;
+        crate::txn_args::refuse_theta_sweep(args)?;
         let warehouses = args.warehouses();
         if warehouses == 0 {
             bail!("--warehouses must be at least 1");
         }
-        refuse_hot_accounts(args)?;
+        crate::txn_args::refuse_hot_accounts(args)?;
         Ok(Self {
             warehouses,
             seed: args.seed,

@@ -33,438 +33,47 @@
 
 use rrpc::NodeId;
 use std::cell::RefCell;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use clap::{Parser, ValueEnum};
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use anyhow::Context;
+
+use rrpc::fabric::{Fabric, FabricConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use serde::Serialize;
 use txn::coordinator::{ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig};
 
 use crate::breakdown::{Breakdown, ProcessCpu, ToccShare};
-use crate::config_file::config_flags;
 pub use crate::config_file::ConfigError;
-use crate::driver::{Coroutine, Mix};
 use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
 use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, WorkerStats};
-use crate::workload::{self, AuditCx, Audited, Workload, WorkloadSpec};
+pub use crate::txn_args::{Args, IsolationArg, ProtocolArg, Sweep, MAX_MEMNODES};
+pub(crate) use crate::txn_args::{Point, NODE_CN, NODE_LOCKD, NODE_MEMNODE, NODE_TSO};
+use crate::workload::{AuditCx, Audited, Workload, WorkloadSpec};
+use crate::workload::{Coroutine, Mix};
 
-/// SmallBank, KVS, YCSB, TATP or TPC-C on a local cluster (memnode, tso and lockd child
-/// processes) over the shm fabric, with one transaction protocol or all of them side by
-/// side.
-#[derive(Parser, Debug, Clone)]
-#[command(version, about, long_about = None, args_override_self = true)]
-pub struct Args {
-    /// Read the experiment's settings from this TOML file: its keys are this command's
-    /// long flags (`workload = "tpcc"`, `warehouses = 4`, `protocol = "all"`,
-    /// `no-check = true`); flags on the command line win over the file.
-    #[arg(long, value_name = "FILE.toml")]
-    pub config: Option<PathBuf>,
-    /// Workload: smallbank, kvs (one read or update per transaction, half each), ycsb-a
-    /// (50% reads / 50% updates), ycsb-b (95/5), ycsb-c (reads), ycsb-d (95% reads of
-    /// the latest keys / 5% inserts), ycsb-f (50% reads / 50% read-modify-writes), tatp
-    /// (seven types, 80% reads, the specification's NURand subscriber ids) or tpcc (five
-    /// types, 45/43/4/4/4, each coordinator bound to a home warehouse). ycsb-e is
-    /// refused: no protocol here offers range scans.
-    #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
-    pub workload: Workload,
-    /// TATP subscribers (s_id 1..=N; about 10 rows each over the four tables).
-    #[arg(long, default_value_t = 100_000, value_name = "N")]
-    pub subscribers: u64,
-    /// TPC-C warehouses (about 100 MB of rows each with 4 versions). Default: one per
-    /// coordinator thread. Coordinator coroutine g (over all threads) has home
-    /// warehouse g mod N + 1.
-    #[arg(long, value_name = "N")]
-    pub warehouses: Option<u16>,
-    /// SmallBank: a fixed set of hot accounts 0..N drawn uniformly for --hot-fraction of
-    /// the account draws (FORD's hot-account option); the rest follow --theta.
-    #[arg(long, value_name = "N")]
-    pub hot_accounts: Option<u64>,
-    /// SmallBank with --hot-accounts: the fraction of account draws that go to the hot
-    /// set (0 to 1).
-    #[arg(long, default_value_t = 0.9, value_name = "FRACTION")]
-    pub hot_fraction: f64,
-    /// KVS / YCSB records (keys 0..N loaded).
-    #[arg(long, default_value_t = 100_000, value_name = "N")]
-    pub records: u64,
-    /// KVS / YCSB operations per transaction, on distinct keys (default 1 for kvs, 4
-    /// for ycsb-*).
-    #[arg(long, value_name = "N")]
-    pub ops_per_txn: Option<usize>,
-    /// KVS / YCSB value size in bytes (at least 16: update counter and checksum).
-    #[arg(long, default_value_t = txn::kvs::DEFAULT_VALUE_BYTES, value_name = "BYTES")]
-    pub value_bytes: usize,
-    /// Concurrency control: occ-cas (OCC with CAS locks in the CVT header), scythe
-    /// (hot-aware OCC/TOCC on Takeout Locks), mvcc (Motor's MVCC at --isolation), mvcc-si,
-    /// or all (occ-cas, scythe and mvcc one after another, each on a fresh cluster, then
-    /// a comparison).
-    #[arg(long, default_value = "scythe", value_name = "PROTOCOL")]
-    pub protocol: ProtocolArg,
-    /// Isolation of mvcc (and of the mvcc run of --protocol all): sr (serializable) or si
-    /// (snapshot isolation). Default sr.
-    #[arg(long, value_enum, value_name = "LEVEL")]
-    pub isolation: Option<IsolationArg>,
-    /// Memory nodes to start; the tables are partitioned across them by key.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub memnodes: u32,
-    /// Version cells per CVT (how many versions each record keeps; 1 to 64).
-    #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS, value_name = "V")]
-    pub versions: usize,
-    /// Scythe's TOCC heuristic wait before a hot-mode lock request on a warm object, in
-    /// microseconds (0 turns it off).
-    #[arg(long, default_value_t = 20, value_name = "US")]
-    pub tocc_wait_us: u64,
-    /// Repeat the run(s) at each point: theta=0,0.5,0.99 (Zipf theta) or clients=8,16,32
-    /// (coroutines per thread); prints a table, and with --chart draws throughput
-    /// against p99, one line per protocol.
-    #[arg(long, value_name = "PARAM=V1,V2,...")]
-    pub sweep: Option<Sweep>,
-    /// Draw throughput against p99 per protocol to this .svg or .png file (with --sweep,
-    /// one line per protocol through the sweep's points).
-    #[arg(long, value_name = "PATH")]
-    pub chart: Option<PathBuf>,
-    /// Coordinator threads (each runs its own executor; pinned to cores when possible).
-    /// Default: one less than the cores available (at least 1), leaving a core to the
-    /// lock service's polling thread.
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Coordinators (coroutines) per thread.
-    #[arg(long, default_value_t = 8)]
-    pub coroutines: usize,
-    /// SmallBank accounts.
-    #[arg(long, default_value_t = 100_000)]
-    pub accounts: u64,
-    /// Zipf theta of account (key) choice (0 = uniform).
-    #[arg(long, default_value_t = 0.99)]
-    pub theta: f64,
-    /// Measured run time of each run (each protocol, each sweep point) in seconds.
-    #[arg(long, default_value_t = 10.0)]
-    pub duration: f64,
-    /// Write every run's report, the comparison's ratios and the verdict as JSON to this
-    /// file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Fabric backend: shm, or verbs (RDMA NICs, Soft-RoCE; needs a build with
-    /// `--features rrpc/verbs`).
-    #[arg(long, env = "RRPC_FABRIC", default_value = "shm")]
-    pub fabric: FabricKind,
-    /// RDMA device for --fabric verbs (default: $RRPC_RDMA_DEVICE, else the first).
-    #[arg(long, env = "RRPC_RDMA_DEVICE")]
-    pub rdma_device: Option<String>,
-    /// GID index for --fabric verbs (default: $RRPC_GID_INDEX, else RoCEv2 IPv4-mapped).
-    #[arg(long, env = "RRPC_GID_INDEX")]
-    pub gid_index: Option<u32>,
-    /// Timing model of the shm fabric, for this process and every service it starts:
-    /// none, cx5, cx6, rxe (built-in RNIC profiles) or the path of a TOML profile.
-    #[arg(long, env = "RRPC_MODEL", default_value = "none", value_name = "MODEL")]
-    pub model: String,
-    /// Cluster name (default: `txn-bench-<pid>`; with several runs, each run's cluster
-    /// gets a suffix `-<run>`).
-    #[arg(long)]
-    pub cluster: Option<String>,
-    /// Directory of the memnode, lockd and tso binaries (default: next to this binary).
-    #[arg(long)]
-    pub bin_dir: Option<PathBuf>,
-    /// Server threads of the lock service.
-    #[arg(long, default_value_t = 1)]
-    pub lockd_threads: usize,
-    /// Scythe's ColdWatermark (queued tickets above which a cold-mode Lock RPC is
-    /// refused and the retry runs TOCC).
-    #[arg(long, default_value_t = 3, value_name = "TICKETS")]
-    pub cold_watermark: u64,
-    /// Scythe's HotWatermark (queued tickets above which every Lock RPC is refused).
-    #[arg(long, default_value_t = 10, value_name = "TICKETS")]
-    pub hot_watermark: u64,
-    /// Longest randomized exponential backoff after a conflict abort, in microseconds
-    /// (0 retries at once).
-    #[arg(long, default_value_t = 100)]
-    pub max_backoff_us: u64,
-    /// How long a Scythe coordinator waits for a granted lock's turn before it aborts
-    /// the transaction (lock-wait-timeout); its tickets are then released in the
-    /// background when their turn comes. Microseconds.
-    #[arg(long, default_value_t = 2_000_000, value_name = "US")]
-    pub lock_wait_us: u64,
-    /// RNG seed (each coroutine derives its own; every run uses the same seeds).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Do not record committed transactions or check serializability / snapshot
-    /// isolation (for long runs; the check holds about 84 bytes per committed SmallBank
-    /// transaction and needs about 300 while it runs).
-    #[arg(long)]
-    pub no_check: bool,
-    /// Print where the committed transactions' time goes, per type (Scythe's latency
-    /// decomposition): mean and p99 of execution reads, timestamps, lock acquisition and
-    /// waits, validation, commit writes, unlock and backoff, and the CPU time of every
-    /// process of the cluster during the run. Costs a few clock reads per attempt.
-    #[arg(long)]
-    pub breakdown: bool,
-    /// Fault injection: SIGKILL the timestamp oracle this many seconds into each
-    /// measured run and restart it with the same state directory and address after
-    /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run
-    /// passes only if commits continue after the restart (reported as `tso restart`).
-    #[arg(long, value_name = "SECONDS")]
-    pub kill_tso_after: Option<f64>,
-    /// With `--kill-tso-after`: milliseconds the oracle stays down before its restart.
-    #[arg(long, default_value_t = 300, value_name = "MS")]
-    pub tso_down_ms: u64,
-    /// History memory for the checks, MiB over all threads of a run; past it, later
-    /// commits are not recorded and the check says it was partial. The check itself
-    /// needs about 3.5x this at its peak.
-    #[arg(long, default_value_t = 2048, value_name = "MIB")]
-    pub check_memory_mb: usize,
-    /// Each coroutine runs one transaction of every type (in the report's order) before
-    /// the standard mix, so that a short run on a slow machine still commits every type
-    /// (a run that does not fails its coverage check).
-    #[arg(long)]
-    pub each_type_first: bool,
+/// The registry: the implementation of `args.workload`, its arguments checked.
+///
+/// Errors: the workload's own flags out of range or given to a workload they do not
+/// apply to (`--subscribers 0`, `--hot-accounts` outside SmallBank, `--sweep theta`
+/// for a workload whose keys do not follow Zipf theta, ...).
+pub fn workload_spec(args: &Args) -> anyhow::Result<Box<dyn WorkloadSpec>> {
+    Ok(match args.workload {
+        Workload::SmallBank => Box::new(crate::smallbank::SmallBank::from_args(args)?),
+        Workload::Kvs
+        | Workload::YcsbA
+        | Workload::YcsbB
+        | Workload::YcsbC
+        | Workload::YcsbD
+        | Workload::YcsbF => Box::new(crate::ycsb::Ycsb::from_args(args)?),
+        Workload::Tatp => Box::new(crate::tatp::Tatp::from_args(args)?),
+        Workload::Tpcc => Box::new(crate::tpcc::Tpcc::from_args(args)?),
+    })
 }
-
-/// The `--protocol` flag: one protocol, or all of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProtocolArg {
-    /// One protocol named with its isolation (`mvcc-sr`, `mvcc-si`) or without one.
-    One(Protocol),
-    /// `mvcc`: MVCC at the isolation of `--isolation`.
-    Mvcc,
-    /// `occ-cas`, `scythe` and `mvcc` (at `--isolation`), one after another.
-    All,
-}
-
-impl FromStr for ProtocolArg {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "all" => Ok(Self::All),
-            "mvcc" => Ok(Self::Mvcc),
-            _ => s.parse::<Protocol>().map(Self::One).map_err(|_| {
-                format!("unknown protocol {s:?}: occ-cas, scythe, mvcc (mvcc-sr), mvcc-si or all")
-            }),
-        }
-    }
-}
-
-/// The `--isolation` flag.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum IsolationArg {
-    /// Serializability.
-    Sr,
-    /// Snapshot isolation.
-    Si,
-}
-
-/// The `--sweep` flag: a parameter and its points.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Sweep {
-    /// Zipf theta values.
-    Theta(Vec<f64>),
-    /// Coroutines per thread.
-    Clients(Vec<usize>),
-}
-
-impl FromStr for Sweep {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let Some((param, values)) = s.split_once('=') else {
-            return Err(format!(
-                "--sweep {s:?}: expected theta=V1,V2,... or clients=N1,N2,..."
-            ));
-        };
-        let values: Vec<&str> = values.split(',').map(str::trim).collect();
-        if values.iter().any(|v| v.is_empty()) {
-            return Err(format!("--sweep {s:?}: empty value in the list"));
-        }
-        match param.trim() {
-            "theta" => values
-                .iter()
-                .map(|v| match v.parse::<f64>() {
-                    Ok(t) if t >= 0.0 && t.is_finite() => Ok(t),
-                    _ => Err(format!(
-                        "--sweep theta: {v:?} is not a Zipf theta (a number >= 0)"
-                    )),
-                })
-                .collect::<Result<_, _>>()
-                .map(Self::Theta),
-            "clients" => values
-                .iter()
-                .map(|v| match v.parse::<usize>() {
-                    Ok(n) if n >= 1 => Ok(n),
-                    _ => Err(format!(
-                        "--sweep clients: {v:?} is not a number of coroutines per thread (>= 1)"
-                    )),
-                })
-                .collect::<Result<_, _>>()
-                .map(Self::Clients),
-            p => Err(format!(
-                "--sweep: unknown parameter {p:?}: theta or clients"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for Sweep {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let join = |v: Vec<String>| v.join(",");
-        match self {
-            Self::Theta(v) => write!(f, "theta={}", join(v.iter().map(f64::to_string).collect())),
-            Self::Clients(v) => write!(
-                f,
-                "clients={}",
-                join(v.iter().map(usize::to_string).collect())
-            ),
-        }
-    }
-}
-
-/// One point of a run plan: the workload parameters a sweep varies.
-#[derive(Clone, Debug)]
-struct Point {
-    theta: f64,
-    coroutines: usize,
-    /// `theta=0.5`, `clients=16`; `None` without a sweep.
-    label: Option<String>,
-}
-
-impl Args {
-    /// Parse `argv` (program name first) after expanding `--config FILE.toml` into
-    /// flags placed before the command line's own, so that the command line wins.
-    ///
-    /// Errors: clap's (bad flags, `--help`, `--version`: print them with
-    /// `clap::Error::exit`), a file that cannot be read or parsed, or a key whose value
-    /// is not a string, number or boolean.
-    pub fn parse_with_config<I, T>(argv: I) -> Result<Self, ConfigError>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
-        let first = Self::try_parse_from(&argv).map_err(ConfigError::Clap)?;
-        let Some(path) = &first.config else {
-            return Ok(first);
-        };
-        let flags = config_flags(path)?;
-        let mut expanded = argv[..1].to_vec();
-        expanded.extend(flags.into_iter().map(Into::into));
-        expanded.extend(argv[1..].iter().cloned());
-        Self::try_parse_from(expanded).map_err(|e| match e.kind() {
-            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                ConfigError::Clap(e)
-            }
-            _ => ConfigError::File {
-                path: path.clone(),
-                why: e.to_string(),
-            },
-        })
-    }
-
-    /// TPC-C warehouses: `--warehouses`, else one per coordinator thread.
-    pub(crate) fn warehouses(&self) -> u16 {
-        self.warehouses
-            .unwrap_or_else(|| self.threads.unwrap_or(1).clamp(1, usize::from(u16::MAX)) as u16)
-    }
-
-    /// Check the flags every workload shares (the workload's own are checked by its
-    /// constructor, [`workload::spec`]); `threads` must be resolved. Errors: the first
-    /// flag out of range, by name.
-    fn validate(&self) -> anyhow::Result<()> {
-        if self.threads == Some(0) || self.coroutines == 0 {
-            bail!("--threads and --coroutines must be at least 1");
-        }
-        if !(self.duration > 0.0 && self.duration.is_finite()) {
-            bail!("--duration must be a positive number of seconds");
-        }
-        if !(1..=MAX_MEMNODES).contains(&self.memnodes) {
-            bail!(
-                "--memnodes must be 1 to {MAX_MEMNODES} (got {})",
-                self.memnodes
-            );
-        }
-        if !(1..=64).contains(&self.versions) {
-            bail!("--versions must be 1 to 64 (got {})", self.versions);
-        }
-        if self
-            .kill_tso_after
-            .is_some_and(|k| !(k >= 0.0 && k < self.duration))
-        {
-            bail!("--kill-tso-after must lie within the run (0 <= SECONDS < --duration)");
-        }
-        if !self.no_check && self.check_memory_mb == 0 {
-            bail!("--check-memory-mb must be at least 1 (or pass --no-check)");
-        }
-        if let Some(c) = &self.chart {
-            match c.extension().and_then(|e| e.to_str()) {
-                Some("svg" | "png") => {}
-                _ => bail!("--chart {} must end in .svg or .png", c.display()),
-            }
-        }
-        Ok(())
-    }
-
-    /// The protocols to run, in order, after checking `--protocol` against
-    /// `--isolation`.
-    pub fn protocols(&self) -> anyhow::Result<Vec<Protocol>> {
-        let iso = match self.isolation {
-            None | Some(IsolationArg::Sr) => Isolation::Serializable,
-            Some(IsolationArg::Si) => Isolation::Snapshot,
-        };
-        Ok(match (self.protocol, self.isolation) {
-            (ProtocolArg::All, _) => vec![Protocol::OccCas, Protocol::Scythe, Protocol::Mvcc(iso)],
-            (ProtocolArg::Mvcc, _) => vec![Protocol::Mvcc(iso)],
-            (ProtocolArg::One(p @ Protocol::Mvcc(i)), Some(_)) if i != iso => {
-                bail!(
-                "--protocol {p} contradicts --isolation {} (use --protocol mvcc --isolation LEVEL)",
-                if iso == Isolation::Snapshot { "si" } else { "sr" }
-            )
-            }
-            (ProtocolArg::One(p @ Protocol::Mvcc(_)), _) => vec![p],
-            (ProtocolArg::One(p), Some(IsolationArg::Si)) => bail!(
-                "--isolation si applies to mvcc (and to the mvcc run of --protocol all), not to {p}"
-            ),
-            (ProtocolArg::One(p), _) => vec![p],
-        })
-    }
-
-    fn points(&self) -> Vec<Point> {
-        match &self.sweep {
-            None => vec![Point {
-                theta: self.theta,
-                coroutines: self.coroutines,
-                label: None,
-            }],
-            Some(Sweep::Theta(v)) => v
-                .iter()
-                .map(|&theta| Point {
-                    theta,
-                    coroutines: self.coroutines,
-                    label: Some(format!("theta={theta}")),
-                })
-                .collect(),
-            Some(Sweep::Clients(v)) => v
-                .iter()
-                .map(|&coroutines| Point {
-                    theta: self.theta,
-                    coroutines,
-                    label: Some(format!("clients={coroutines}")),
-                })
-                .collect(),
-        }
-    }
-}
-
-const NODE_LOCKD: u32 = 2;
-const NODE_TSO: u32 = 3;
-/// Memory node `i` is node `NODE_MEMNODE + i`.
-const NODE_MEMNODE: u32 = 10;
-const NODE_CN: u32 = 100;
-/// Most memory nodes a run starts (their node ids stay below the compute node's).
-pub const MAX_MEMNODES: u32 = NODE_CN - NODE_MEMNODE;
 
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -512,7 +121,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     args.threads.get_or_insert(cores.saturating_sub(1).max(1));
     args.validate()?;
-    let workload = workload::spec(&args)?;
+    let workload = workload_spec(&args)?;
     let protocols = args.protocols()?;
     let points = args.points();
     // Every point's profiles now: a bad theta fails before any cluster starts.
@@ -1381,6 +990,7 @@ fn restart_tso(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser as _;
 
     fn args(a: &[&str]) -> Args {
         Args::parse_from(std::iter::once("txn-bench").chain(a.iter().copied()))
@@ -1459,7 +1069,7 @@ mod tests {
     }
 
     fn spec(a: &Args) -> Box<dyn WorkloadSpec> {
-        workload::spec(a).unwrap()
+        workload_spec(a).unwrap()
     }
 
     #[test]

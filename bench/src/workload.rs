@@ -14,19 +14,20 @@
 //! Adding a workload: a file with a type implementing both traits, its flag value in
 //! [`Workload`], and its line in [`spec`].
 
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
+use std::rc::Rc;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rrpc::fabric::Fabric;
-use txn::coordinator::{ClusterAddrs, Protocol, Txn};
+use rrpc::runtime::Executor;
+use txn::coordinator::{ClusterAddrs, Protocol, Txn, TxnClient, TxnError};
 
-use crate::driver::Mix;
 use crate::report::{Report, WorkerStats};
-use crate::txnbench::{Args, Sweep};
-use crate::ycsb::RunError;
 
 /// The `--workload` flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,49 +285,59 @@ impl Audited {
     }
 }
 
-/// The registry: the implementation of `args.workload`, its arguments checked.
-///
-/// Errors: the workload's own flags out of range or given to a workload they do not
-/// apply to (`--subscribers 0`, `--hot-accounts` outside SmallBank, `--sweep theta`
-/// for a workload whose keys do not follow Zipf theta, ...).
-pub fn spec(args: &Args) -> anyhow::Result<Box<dyn WorkloadSpec>> {
-    Ok(match args.workload {
-        Workload::SmallBank => Box::new(crate::smallbank::SmallBank::from_args(args)?),
-        Workload::Kvs
-        | Workload::YcsbA
-        | Workload::YcsbB
-        | Workload::YcsbC
-        | Workload::YcsbD
-        | Workload::YcsbF => Box::new(crate::ycsb::Ycsb::from_args(args)?),
-        Workload::Tatp => Box::new(crate::tatp::Tatp::from_args(args)?),
-        Workload::Tpcc => Box::new(crate::tpcc::Tpcc::from_args(args)?),
-    })
+/// Why a transaction attempt did not commit (a KVS one, or in `txn-bench` any: SmallBank's
+/// errors are all [`RunError::Txn`]).
+#[derive(Debug)]
+pub enum RunError {
+    /// The transaction aborted or a service failed.
+    Txn(TxnError),
+    /// A value read failed its check (or a loaded key was missing): fatal.
+    Check(String),
 }
 
-/// For a workload whose keys follow its specification's `NURand`: refuse
-/// `--sweep theta=...`, which would not change what it runs.
-pub(crate) fn refuse_theta_sweep(args: &Args) -> anyhow::Result<()> {
-    if matches!(args.sweep, Some(Sweep::Theta(_))) {
-        anyhow::bail!(
-            "--sweep theta does not apply to {}: its keys follow the specification's \
-             NURand, not Zipf theta (sweep clients=... instead)",
-            args.workload
-        );
+impl From<TxnError> for RunError {
+    fn from(e: TxnError) -> Self {
+        Self::Txn(e)
     }
-    Ok(())
 }
 
-/// For a workload other than SmallBank: refuse SmallBank's `--hot-accounts`.
-pub(crate) fn refuse_hot_accounts(args: &Args) -> anyhow::Result<()> {
-    if args.hot_accounts.is_some() {
-        anyhow::bail!("--hot-accounts applies to smallbank only");
-    }
-    Ok(())
+/// What one coordinator coroutine needs besides its profiles.
+pub struct Coroutine {
+    /// The thread's transaction client.
+    pub client: Rc<TxnClient>,
+    /// The thread's counters, shared by its coroutines (never borrowed across an
+    /// await).
+    pub stats: Rc<RefCell<WorkerStats>>,
+    /// Ends the run: the coroutine finishes its transaction (a conflict abort is then
+    /// not retried) and returns. A service failure or a failed value check sets it.
+    pub stop: Arc<AtomicBool>,
+    /// Commits over all threads (for progress lines and the TSO restart record).
+    pub committed: Arc<AtomicU64>,
+    /// Names of the transaction kinds, for fatal errors.
+    pub kinds: Rc<[&'static str]>,
+    /// The coroutine's RNG seed.
+    pub seed: u64,
+    /// Longest backoff after a conflict abort, microseconds (0: yield and retry).
+    pub max_backoff_us: u64,
+    /// TPC-C home warehouse (1 to the warehouses).
+    pub home: u16,
+    /// Run one transaction of every kind, in order, before the mix.
+    pub each_type_first: bool,
+}
+
+/// A workload's profiles with their type erased: what a coordinator thread starts its
+/// coroutines with. Implemented for every [`Profiles`].
+pub trait Mix: Send + Sync {
+    /// Spawn one coordinator coroutine on `ex`, running transactions drawn from these
+    /// profiles until `co.stop` is set.
+    fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::txn_args::Args;
+    use crate::txnbench::workload_spec as spec;
 
     #[test]
     fn workload_flag() {

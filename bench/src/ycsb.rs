@@ -21,16 +21,14 @@ use anyhow::bail;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
-use txn::coordinator::{Txn, TxnError};
+use txn::coordinator::Txn;
 use txn::kvs::{check_value, encode_value, fnv64, TABLE};
 
 use crate::audit::{audit, kvs_check, kvs_items};
-use crate::driver::Mix;
 use crate::report::WorkerStats;
-use crate::txnbench::Args;
-use crate::workload::{
-    refuse_hot_accounts, AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec,
-};
+use crate::txn_args::Args;
+use crate::workload::Mix;
+use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
 
 /// One operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,21 +130,7 @@ impl KvsGenerator {
     }
 }
 
-/// Why a transaction attempt did not commit (a KVS one, or in `txn-bench` any: SmallBank's
-/// errors are all [`RunError::Txn`]).
-#[derive(Debug)]
-pub enum RunError {
-    /// The transaction aborted or a service failed.
-    Txn(TxnError),
-    /// A value read failed its check (or a loaded key was missing): fatal.
-    Check(String),
-}
-
-impl From<TxnError> for RunError {
-    fn from(e: TxnError) -> Self {
-        Self::Txn(e)
-    }
-}
+pub use crate::workload::RunError;
 
 /// What a committed KVS transaction did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -249,7 +233,7 @@ impl Ycsb {
                 args.value_bytes
             );
         }
-        refuse_hot_accounts(args)?;
+        crate::txn_args::refuse_hot_accounts(args)?;
         Ok(Self {
             preset: args.workload,
             records: args.records,

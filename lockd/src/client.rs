@@ -295,7 +295,8 @@ impl LockClient {
 
     /// One READ of lock `id`'s lower, upper and queued_ts (24 bytes), as validation uses
     /// to detect "locked or queued by another". Its network round trip updates the
-    /// smoothed RTT, the rest of its time the scheduling lag (see [`Self::srtt`]).
+    /// smoothed RTT, the rest of its time the scheduling lag (see [`Self::srtt`]); the
+    /// queue length it shows is recorded as the lock's heat ([`Self::heat`]).
     ///
     /// Errors: [`LockError::Rpc`], [`LockError::InvalidRequest`].
     pub async fn read_state(&self, ctx: &ThreadCtx, id: u64) -> Result<LockState, LockError> {
@@ -310,10 +311,31 @@ impl LockClient {
             .await?;
         self.shared
             .sample_poll(issued, timing, std::time::Instant::now());
+        self.state_of(id, &b)
+    }
+
+    /// [`Self::read_state`] without the RTT sample: a plain READ that reads no clock, for
+    /// the hot path (an OCC execution read checks its object's lock once per object).
+    ///
+    /// Errors: as [`Self::read_state`].
+    pub async fn peek_state(&self, ctx: &ThreadCtx, id: u64) -> Result<LockState, LockError> {
+        self.check_id(id)?;
+        let b = ctx
+            .read(
+                self.node(),
+                self.lock_addr(id),
+                (QUEUED_TS_OFF + 8) as usize,
+            )
+            .await?;
+        self.state_of(id, &b)
+    }
+
+    /// Decode a READ of lock `id`'s words and record its heat.
+    fn state_of(&self, id: u64, b: &[u8]) -> Result<LockState, LockError> {
         let st = LockState {
-            lower: word(&b, 0)?,
-            upper: word(&b, 8)?,
-            queued_ts: word(&b, 16)?,
+            lower: word(b, 0)?,
+            upper: word(b, 8)?,
+            queued_ts: word(b, 16)?,
         };
         self.shared.observe_heat(id, st.queued());
         Ok(st)

@@ -52,6 +52,14 @@ pub struct LockServiceConfig {
     pub locks: u64,
     /// RPC server threads (default 1; 1 to 1024).
     pub threads: u64,
+    /// Sleep of an idle server thread, microseconds (default 0: an idle thread spins,
+    /// then yields; at most 10000). With a value, an idle lock service sleeps and is
+    /// woken by its timer ([`rrpc::server::ServerConfig::idle_sleep_us`]); a Lock RPC
+    /// that arrives while it sleeps waits at most this long. Measured on 2 cores shared
+    /// with 2 busy coordinator threads (SmallBank, cx5, 2 x 32 coroutines): 20 us cost
+    /// Scythe 4% of its throughput and 60% on p99 against yielding, since each wake-up
+    /// preempts a coordinator and the lock service then uses more CPU, not less.
+    pub idle_sleep_us: u64,
     /// ColdWatermark, queued tickets (default 3; at most `hot-watermark`; Scythe 4.3).
     pub cold_watermark: u64,
     /// HotWatermark, queued tickets (default 10; Scythe 4.3).
@@ -80,6 +88,7 @@ impl Default for LockServiceConfig {
         Self {
             locks: 1 << 20,
             threads: 1,
+            idle_sleep_us: 0,
             cold_watermark: 3,
             hot_watermark: 10,
             lock_order: LockOrder::Timestamp,
@@ -161,6 +170,12 @@ impl LockServiceConfig {
         }
         if !(1..=1024).contains(&self.threads) {
             return err("threads", format!("{} is not in 1..=1024", self.threads));
+        }
+        if self.idle_sleep_us > 10_000 {
+            return err(
+                "idle-sleep-us",
+                format!("{} is more than 10000", self.idle_sleep_us),
+            );
         }
         if let Err(e) = self.watermarks().validate() {
             return err("cold-watermark", e);
@@ -266,13 +281,17 @@ impl LockService {
         let mut handlers = rrpc::server::Handlers::new();
         takeout.register(&mut handlers, cfg.lock_order);
         lotus.register(&mut handlers);
-        let node = Node::start(
+        let node = Node::start_with(
             fabric.clone(),
             NodeConfig {
                 role: "lockd".into(),
                 listen,
                 exports,
                 rpc: Some((handlers, cfg.threads as usize)),
+            },
+            rrpc::server::ServerConfig {
+                idle_sleep_us: cfg.idle_sleep_us,
+                ..Default::default()
             },
         )?;
         let stop = Arc::new(AtomicBool::new(false));

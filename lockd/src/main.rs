@@ -36,6 +36,11 @@ struct Cli {
     /// RPC server threads (1 to 1024; default 1).
     #[arg(long, value_name = "T")]
     threads: Option<u64>,
+    /// Sleep of an idle server thread, microseconds (0 to 10000; default 0: an idle
+    /// thread spins, then yields). Sleeping gives the core back to compute threads on
+    /// the same machine; a Lock RPC arriving meanwhile waits at most this long.
+    #[arg(long, value_name = "US")]
+    idle_sleep_us: Option<u64>,
     /// ColdWatermark: cold-mode Lock RPCs are refused above this many queued tickets
     /// (default 3).
     #[arg(long, value_name = "TICKETS")]
@@ -156,6 +161,7 @@ fn load(
     flag!(
         locks,
         threads,
+        idle_sleep_us,
         cold_watermark,
         hot_watermark,
         cas_locks,

@@ -85,9 +85,16 @@ fn forget_cold(h: &mut std::collections::HashMap<u64, u64>, keep_above: u64) {
 const HEAT_ENTRIES_MAX: usize = 1 << 16;
 
 impl Shared {
-    /// Record lock `id`'s observed queue length.
+    /// Record lock `id`'s observed queue length. An idle lock never seen busy is not
+    /// recorded (absent means idle), so that the map holds only locks met busy.
     pub(crate) fn observe_heat(&self, id: u64, queued: u64) {
         let mut h = self.heat.borrow_mut();
+        if queued == 0 {
+            if let Some(q) = h.get_mut(&id) {
+                *q = 0;
+            }
+            return;
+        }
         if h.len() >= HEAT_ENTRIES_MAX && !h.contains_key(&id) {
             forget_cold(&mut h, self.keep_above);
         }

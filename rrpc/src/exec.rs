@@ -511,7 +511,23 @@ pub struct Executor {
     spawn_buf: Vec<BoxFuture>,
     /// Consecutive idle rounds.
     idle: u32,
+    /// Longest sleep of an idle round ([`Executor::set_idle_sleep`]); zero: yield only.
+    idle_sleep: Duration,
     stats: ExecStats,
+}
+
+/// Idle rounds before a thread with an idle sleep ([`Executor::set_idle_sleep`]) sleeps.
+pub const IDLE_SPINS_BEFORE_SLEEP: u32 = 16;
+
+/// How long an idle round sleeps after `idle` consecutive idle rounds, with sleeps of
+/// `max` (zero: never): nothing for the first [`IDLE_SPINS_BEFORE_SLEEP`] rounds, then
+/// `max` each round. A sleeping server answers within `max`, drains what arrived in one
+/// round, and costs its core nothing in between.
+pub fn idle_backoff(idle: u32, max: Duration) -> Duration {
+    if idle <= IDLE_SPINS_BEFORE_SLEEP || max.is_zero() {
+        return Duration::ZERO;
+    }
+    max
 }
 
 impl Executor {
@@ -530,7 +546,26 @@ impl Executor {
             fired: Vec::new(),
             spawn_buf: Vec::new(),
             idle: 0,
+            idle_sleep: Duration::ZERO,
             stats: ExecStats::default(),
+        }
+    }
+
+    /// Give the core back when idle: after [`IDLE_SPINS_BEFORE_SLEEP`] rounds without
+    /// work, sleep `max` in each idle round instead of spinning and yielding
+    /// ([`idle_backoff`]). For server threads on machines with fewer cores than busy
+    /// threads: a thread that only yields stays runnable and is scheduled only when the
+    /// kernel preempts a busy one (milliseconds), while one that sleeps is woken by its
+    /// timer and preempts at once. Zero (the default) only yields. Sets the thread's
+    /// timer slack to 1 us so that short sleeps are short.
+    pub fn set_idle_sleep(&mut self, max: Duration) {
+        self.idle_sleep = max;
+        if !max.is_zero() {
+            // SAFETY: prctl(PR_SET_TIMERSLACK) takes an integer and changes only this
+            // thread's timer slack; no memory is passed.
+            unsafe {
+                libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong);
+            }
         }
     }
 
@@ -657,7 +692,10 @@ impl Executor {
         if polled == 0 && fired == 0 && !did_io {
             self.stats.idle_rounds += 1;
             self.idle = self.idle.saturating_add(1);
-            if self.idle > IDLE_SPINS {
+            let nap = idle_backoff(self.idle, self.idle_sleep);
+            if !nap.is_zero() {
+                std::thread::sleep(nap);
+            } else if self.idle > IDLE_SPINS {
                 std::thread::yield_now();
             }
         } else {

@@ -236,7 +236,7 @@ impl Scythe {
 
     /// True when lock `id` is held or queued (by anyone).
     async fn lock_busy(&self, core: &ClientCore, id: u64) -> Result<bool, TxnError> {
-        Ok(self.locks.read_state(core.store.ctx(), id).await?.queued() > 0)
+        Ok(self.locks.peek_state(core.store.ctx(), id).await?.queued() > 0)
     }
 
     /// Whether lock `id` is hot for this transaction: the lock service last reported it

@@ -71,6 +71,13 @@ pub struct ServerConfig {
     /// Most Rocket pairs one requester process (straw) may hold open at once (default
     /// 1024): one per requester thread.
     pub max_rockets_per_straw: usize,
+    /// Longest sleep of an idle server thread, in microseconds (default 0: an idle thread
+    /// only yields its core). With a value, a thread idle for more than a few hundred
+    /// polling rounds sleeps 1 us, then longer, up to this, so that on a machine with
+    /// fewer cores than busy threads it gives its core back and is woken promptly by its
+    /// timer ([`crate::exec::Executor::set_idle_sleep`]); a request that arrives while it
+    /// sleeps waits at most this long.
+    pub idle_sleep_us: u64,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +90,7 @@ impl Default for ServerConfig {
             cores: Vec::new(),
             max_ring_bytes: 4 << 20,
             max_rockets_per_straw: 1024,
+            idle_sleep_us: 0,
         }
     }
 }
@@ -208,6 +216,7 @@ impl RpcServer {
                 hub.clone(),
             );
             let s = stop.clone();
+            let idle_sleep = Duration::from_micros(cfg.idle_sleep_us);
             let core = (!cfg.cores.is_empty()).then(|| cfg.cores[i % cfg.cores.len()]);
             let hook = hook.clone();
             let ready = ready_tx.clone();
@@ -238,7 +247,7 @@ impl RpcServer {
                             hub,
                             rx,
                         )
-                        .run(handle, extra, &s);
+                        .run(handle, extra, idle_sleep, &s);
                     })
                     .map_err(|e| FabricError::Io {
                         op: "spawn RPC server thread",

@@ -302,9 +302,11 @@ impl Worker {
         mut self,
         handle: exec::Handle,
         mut extra: Option<Box<dyn FnMut() -> bool>>,
+        idle_sleep: Duration,
         stop: &AtomicBool,
     ) {
         let mut ex = exec::Executor::new(handle.clone());
+        ex.set_idle_sleep(idle_sleep);
         let mut rounds = 0u64;
         let mut idle = 0u32;
         let mut io = || {
