@@ -76,7 +76,8 @@ pub struct Args {
     /// Version cells per CVT (how many versions each record keeps; 1 to 64).
     #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS, value_name = "V")]
     pub versions: usize,
-    /// Scythe's TOCC heuristic wait before a hot-mode lock request on a warm object, in
+    /// Scythe's TOCC heuristic wait (Scythe 4.4 (2)) after a Lock RPC refused on a warm
+    /// object (queue between ColdWatermark and HotWatermark), before the retry, in
     /// microseconds (0 turns it off).
     #[arg(long, default_value_t = 20, value_name = "US")]
     pub tocc_wait_us: u64,

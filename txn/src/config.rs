@@ -93,10 +93,10 @@ pub struct TxnConfig {
     /// How long a timestamp request waits for a restarted oracle, and how often it looks
     /// for it (default: [`ReconnectConfig::default`]).
     pub tso_reconnect: ReconnectConfig,
-    /// Scythe's TOCC heuristic wait (4.4 (2), after Aurogon): before a hot-mode lock
-    /// request on an object whose last seen queue lies between ColdWatermark and
-    /// HotWatermark, wait this long so requests with smaller timestamps arrive first
-    /// (default 20 us; zero turns it off).
+    /// Scythe's TOCC heuristic wait (4.4 (2), after Aurogon): after a Lock RPC refused
+    /// on an object whose queue lies between ColdWatermark and HotWatermark, wait this
+    /// long before the attempt aborts (and is retried), so that requests with smaller
+    /// timestamps arrive first (default 20 us; zero turns it off).
     pub tocc_wait: Duration,
     /// MVCC: how long a read-only transaction waits at commit for a CVT that was locked
     /// when it read it to be released, before it aborts

@@ -3,11 +3,19 @@
 //! the locks live in the lock service).
 //!
 //! **Mode choice (4.2.1 (1), 4.3 (3))**: an attempt starts in OCC and switches to TOCC at
-//! the first read round that meets an object the lock service last reported hotter than
+//! the first read round that meets a hot object, whichever round that is. An object is
+//! hot for a transaction when the lock service last reported it hotter than
 //! ColdWatermark ([`lockd::client::LockClient::mode_for`], heat seen by execution reads,
-//! Lock replies and ticket polls), whichever round that is. A refusal past ColdWatermark
-//! therefore sends the retry to TOCC from the round that meets the hot object on, and a
-//! cooled object brings it back. (Choosing only at the first round, as this module once
+//! Lock replies and ticket polls), or when one of the transaction's earlier attempts
+//! aborted on it (held or queued at an OCC read, refused, changed or busy at validation,
+//! a lock wait that timed out) or found its cold lock request queued behind anyone: the
+//! mode is decided per transaction when it retries after an abort
+//! ([`crate::coordinator::TxnClient::begin_retry`] carries those rows from the aborted
+//! attempt to the next). An OCC read aborts on any held or queued lock, so nobody queues
+//! on a hot row in OCC and the lock service's heat alone never passes ColdWatermark
+//! there; the retry's own rows are what sends it to TOCC. A refusal past ColdWatermark
+//! likewise sends the retry to TOCC from the round that meets the hot object on, and a
+//! cooled object brings a new transaction back. (Choosing only at the first round, as this module once
 //! did, left TPC-C's Payment, whose first round is the customer-by-name index, in OCC on
 //! WAREHOUSE_YTD for ever: it aborted on locked-on-read at its second round.) The switch
 //! (`to_tocc`) takes the timestamp and hot tickets on the objects read so far that
@@ -18,24 +26,31 @@
 //! **OCC (low heat, 4.2.1, Fig. 12 (a))**:
 //! - execution reads the CVT and record together with the object's Takeout Lock words;
 //!   a lock held or queued aborts at once (4.2.1 (3));
-//! - at commit, one timestamp (through the thread's TSO group), one cold-mode Lock RPC
-//!   per 15 written objects (parallel locking, 4.2.1 (2)), tickets waited for with
-//!   Hangout polling;
+//! - the attempt's timestamp (through the thread's TSO group) is taken with its first
+//!   read round, in parallel with the reads, not at commit (Fig. 12: the timestamp at
+//!   begin), so commit does not wait for the TSO;
+//! - at commit, one cold-mode Lock RPC per 15 written objects, all in flight at once
+//!   (parallel locking, 4.2.1 (2)), tickets waited for with Hangout polling; inserted
+//!   keys get their CVTs, all in parallel, once their tickets are served;
 //! - validation ([`crate::validation`]): lock words of objects only read first, their
 //!   CVT only after they were seen free (the two live on different nodes; the other order
 //!   lets write skew commit); written objects' CVTs in the first round;
 //! - write-back (version + 1), then every ticket released (FAA of `upper`).
 //!
-//! **TOCC (high heat, 4.2.2, Fig. 12 (b), 4.4)**: the timestamp is taken when the
-//! attempt switches; a read of an object the transaction will write (read for update)
+//! **TOCC (high heat, 4.2.2, Fig. 12 (b), 4.4)**: the attempt's one timestamp (taken
+//! with its first round, or at the switch if it had none) orders its tickets; a read of an object the transaction will write (read for update)
 //! or that the lock service reports hot takes a hot-mode ticket on it (one Lock RPC per
 //! round, the lock service sorting a polling round's requests by (lock, timestamp)) and
 //! reads once the ticket is served; writes are buffered and installed at commit under
 //! the tickets already held (written objects read without a ticket get one at commit).
-//! Before a hot request on an object whose last seen queue lies between ColdWatermark
-//! and HotWatermark the coordinator waits [`crate::config::TxnConfig::tocc_wait`]
-//! (4.4 (2), Aurogon's heuristic wait), so requests with smaller timestamps get there
-//! first. A refusal (a newer timestamp already queued, or past HotWatermark) aborts.
+//! A refusal (a newer timestamp already queued, or past HotWatermark) aborts; one on an
+//! object whose queue lies between ColdWatermark and HotWatermark first waits
+//! [`crate::config::TxnConfig::tocc_wait`] (4.4 (2), Aurogon's heuristic wait: about
+//! 20 us before retrying), so that requests with smaller timestamps get there before
+//! the retry. (Waiting before every hot request on a warm object, as this module once
+//! did, charged the wait to requests that would have been granted.) An attempt that
+//! aborts drops its tickets not yet served: each passes the lock on from a coroutine of
+//! its own when its turn comes, so the abort does not wait in the queues.
 //!
 //! **Read-only objects in TOCC**: an object the transaction only reads takes a ticket
 //! only when the lock service reports it hot. A colder one is read after the round's
