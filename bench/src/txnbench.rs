@@ -25,7 +25,7 @@
 //! `--sweep theta=...` or `--sweep clients=...` repeats that at each point; `--chart`
 //! draws throughput against p99.
 //!
-//! Nothing here knows a workload: [`crate::workload::spec`] picks the implementation of
+//! Nothing here knows a workload: [`workload_spec`] picks the implementation of
 //! `--workload` once, and a run asks it for its data, its transactions and its checks
 //! ([`crate::workload::WorkloadSpec`]). A run's steps are `run_one`'s: start the
 //! cluster, audit the loaded data, measure (the coordinator coroutines are

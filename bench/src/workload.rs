@@ -4,7 +4,7 @@
 //! YCSB family ([`crate::ycsb`]), TATP ([`crate::tatp`]) and TPC-C ([`crate::tpcc`]).
 //!
 //! A run asks the workload, in order: its arguments checked and resolved (the
-//! constructor the registry [`spec`] calls), the flags that make each memory node load
+//! constructor the registry [`crate::txnbench::workload_spec`] calls), the flags that make each memory node load
 //! its rows ([`WorkloadSpec::memnode_args`]), the audit of the loaded rows
 //! ([`WorkloadSpec::initial_total`]), a transaction source per sweep point
 //! ([`WorkloadSpec::profiles`], whose [`Profiles`] the coordinators drive with static
@@ -12,7 +12,7 @@
 //! [`Audited::judge`] turns into the report's verdict.
 //!
 //! Adding a workload: a file with a type implementing both traits, its flag value in
-//! [`Workload`], and its line in [`spec`].
+//! [`Workload`], and its line in [`crate::txnbench::workload_spec`].
 
 use std::cell::RefCell;
 use std::fmt;
@@ -129,7 +129,7 @@ impl Workload {
     }
 }
 
-/// One workload as a run of `txn-bench` uses it, built from the flags by [`spec`]: its
+/// One workload as a run of `txn-bench` uses it, built from the flags by [`crate::txnbench::workload_spec`]: its
 /// names, its data, its transaction source and its checks. Everything here is off the
 /// hot path (called a few times per run); the transactions themselves are [`Profiles`].
 pub trait WorkloadSpec: Send + Sync {

@@ -161,21 +161,28 @@ impl LoadSample {
     }
 }
 
+/// A sample of ten operations of `latency_ns` each, `hot` naming the shards that took
+/// load (for tests of the meter and of the resharding loop).
+#[cfg(test)]
+pub(crate) fn test_sample(latency_ns: u64, hot: &[(u16, u64)]) -> LoadSample {
+    let mut shard_load = vec![0u64; N_SHARDS];
+    for &(s, n) in hot {
+        shard_load[usize::from(s)] = n;
+    }
+    LoadSample {
+        ops: hot.iter().map(|h| h.1).sum(),
+        latency_sum_ns: latency_ns * 10,
+        latency_samples: 10,
+        shard_load,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn sample(latency_ns: u64, hot: &[(u16, u64)]) -> LoadSample {
-        let mut shard_load = vec![0u64; N_SHARDS];
-        for &(s, n) in hot {
-            shard_load[usize::from(s)] = n;
-        }
-        LoadSample {
-            ops: hot.iter().map(|h| h.1).sum(),
-            latency_sum_ns: latency_ns * 10,
-            latency_samples: 10,
-            shard_load,
-        }
+        test_sample(latency_ns, hot)
     }
 
     #[test]

@@ -208,16 +208,7 @@ mod tests {
     use super::*;
 
     fn sample(latency_ns: u64, hot: &[(u16, u64)]) -> LoadSample {
-        let mut shard_load = vec![0u64; N_SHARDS];
-        for &(s, n) in hot {
-            shard_load[usize::from(s)] = n;
-        }
-        LoadSample {
-            ops: hot.iter().map(|h| h.1).sum(),
-            latency_sum_ns: latency_ns * 10,
-            latency_samples: 10,
-            shard_load,
-        }
+        crate::load::test_sample(latency_ns, hot)
     }
 
     /// Lotus 4.3: above 1.5x the average for three consecutive intervals, and only then,

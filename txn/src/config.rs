@@ -85,7 +85,7 @@ pub struct TxnConfig {
     /// The protocol (default OCC-CAS).
     pub protocol: Protocol,
     /// How long to wait for a granted ticket's turn before aborting with
-    /// [`AbortReason::LockWaitTimeout`] (Scythe; default 2 s).
+    /// [`crate::error::AbortReason::LockWaitTimeout`] (Scythe; default 2 s).
     pub lock_wait: Duration,
     /// Record committed transactions for the checkers, up to this many bytes per thread;
     /// `None` (the default) records nothing.
@@ -100,7 +100,7 @@ pub struct TxnConfig {
     pub tocc_wait: Duration,
     /// MVCC: how long a read-only transaction waits at commit for a CVT that was locked
     /// when it read it to be released, before it aborts
-    /// ([`AbortReason::ValidationLocked`]); see [`crate::mvcc`] (default 1 ms).
+    /// ([`crate::error::AbortReason::ValidationLocked`]); see [`crate::mvcc`] (default 1 ms).
     pub read_wait: Duration,
     /// CVT addresses each thread caches (default 2^20).
     pub cache_entries: usize,

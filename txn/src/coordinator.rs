@@ -1,5 +1,5 @@
 //! One coordinator API over the CVT store, the concurrency-control protocols behind it
-//! ([`crate::protocol::ConcurrencyControl`]), chosen by name ([`Protocol`]) once per
+//! (the crate-private `protocol::ConcurrencyControl`), chosen by name ([`Protocol`]) once per
 //! client; the workload code does not change with it.
 //!
 //! A thread connects a [`TxnClient`] (its memory nodes, lock service, timestamp
@@ -16,8 +16,8 @@
 //!   (004_578a5719f81c1e65.txt, 5.1 and 5.2), serializable or snapshot isolation.
 //!
 //! The coordinator is a facade: [`TxnClient`] holds the thread's shared state
-//! ([`crate::client_core`]) and the protocol it picked; [`Txn`] holds that protocol's
-//! attempt ([`crate::attempt`] plus the protocol's own state) and hands each call to it.
+//! (the private `client_core`) and the protocol it picked; [`Txn`] holds that protocol's
+//! attempt (the private `attempt` plus the protocol's own state) and hands each call to it.
 //! Adding a protocol is one file implementing the interface and one line in each
 //! column of the protocol table below (`Engine`, `AttemptIn`, `with_protocol!`).
 //!

@@ -298,11 +298,25 @@ impl Scythe {
                 .map(|&(tb, k, _)| self.read_optimistic(core, tb, k)),
         )
         .await;
+        self.keep_reads(t, got, want, &vec![false; want.len()])
+    }
+
+    /// Push a round's reads into the read set (`ticketed[i]`: read `i` was made under
+    /// a served ticket); a read that aborted on a held or queued lock marks its row hot
+    /// for the transaction's retries. Returns the round's first error.
+    fn keep_reads(
+        &self,
+        t: &mut A<'_>,
+        got: Vec<Result<Obj, TxnError>>,
+        want: &[Want],
+        ticketed: &[bool],
+    ) -> Result<(), TxnError> {
         let mut failed = None;
-        for (o, &(tb, k, u)) in got.into_iter().zip(want) {
+        for ((o, &(tb, k, u)), &q) in got.into_iter().zip(want).zip(ticketed) {
             match o {
                 Ok(mut o) => {
                     o.for_update = u;
+                    o.cc.ticketed = q;
                     t.objs.push(o);
                 }
                 Err(e) => {
@@ -405,23 +419,7 @@ impl Scythe {
             }
         }))
         .await;
-        let mut failed = None;
-        for ((o, &(tb, k, u)), &q) in got.into_iter().zip(want).zip(&queue) {
-            match o {
-                Ok(mut o) => {
-                    o.for_update = u;
-                    o.cc.ticketed = q;
-                    t.objs.push(o);
-                }
-                Err(e) => {
-                    if matches!(e, TxnError::Abort(AbortReason::LockedOnRead)) {
-                        t.cc.mark_hot(self.lock_id(tb, k));
-                    }
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        failed.map_or(Ok(()), Err)
+        self.keep_reads(t, got, want, &queue)
     }
 
     /// Take tickets on `ids` (those not held yet, deduplicated) in `mode` with the
