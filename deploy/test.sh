@@ -63,7 +63,7 @@ echo "== loom models: $((SECONDS - t0)) s wall"
 if [ "${RRPC_SKIP_MIRI:-0}" = 1 ]; then
   echo "== RRPC_SKIP_MIRI=1: Miri run skipped"
 else
-  echo "== Miri: the Rocket ring, channel and wire unit tests"
+  echo "== Miri: the Rocket ring, channel, wire and arena unit tests"
   if ! cargo +nightly miri --version >/dev/null 2>&1; then
     echo "== installing the nightly toolchain's miri and rust-src components"
     rustup toolchain install nightly --profile minimal --component miri,rust-src
