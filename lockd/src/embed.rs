@@ -1,8 +1,6 @@
 //! The whole lock service as one value, [`LockService`]: what the `lockd` binary serves,
-//! and what a compute-node process embeds to serve locks itself (Lotus 4.1's placement,
-//! `shared/seeds/001_4d6ef391cb29e8eb.txt`: lock tables on compute nodes; DESIGN.md,
-//! "Served by a `lockd` process, or embedded in a compute node process, with the same
-//! code").
+//! and what a compute-node process embeds to serve locks itself (Lotus 4.1's placement:
+//! lock tables on compute nodes), with the same code.
 //!
 //! [`LockService::start`] takes a fabric and a [`LockServiceConfig`] (the `lockd` TOML
 //! file's settings) and starts an rrpc node (role `"lockd"`) serving:

@@ -1,8 +1,8 @@
-//! `lockd`: the lock service of the workspace (DESIGN.md, "lockd").
+//! `lockd`: the lock service of the workspace.
 //!
-//! It implements Scythe's **Takeout Lock** (`shared/seeds/000_f3dba2ed893b246b.txt`,
-//! section 4.3, Fig. 13 and 14), a fair, heat-aware ticket lock for disaggregated memory;
-//! Lotus's sharded **lock tables** (`shared/seeds/001_4d6ef391cb29e8eb.txt`, sections 4.1
+//! It implements Scythe's **Takeout Lock** (Scythe, section 4.3,
+//! Fig. 13 and 14), a fair, heat-aware ticket lock for disaggregated memory;
+//! Lotus's sharded **lock tables** (Lotus, sections 4.1
 //! to 4.3); and two baselines for comparison that use one-sided verbs only, with no
 //! lock-service CPU: the CAS spinlock of FORD and FaRM, and DSLR (Yoon et al., SIGMOD'18).
 //!

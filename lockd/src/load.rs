@@ -1,5 +1,5 @@
-//! A node's load over one resharding interval (Lotus 4.3,
-//! `shared/seeds/001_4d6ef391cb29e8eb.txt`): the [`LoadMeter`] that
+//! A node's load over one resharding interval (Lotus 4.3): the
+//! [`LoadMeter`] that
 //! [`crate::table_service::TableService`] feeds for every batch it serves (and a compute
 //! node's coordinators in the embedded placement, [`LoadMeter::record_latency`]), and the
 //! [`LoadSample`] it ends an interval with, as [`TABLE_STATS_HANDLER`] sends it to the

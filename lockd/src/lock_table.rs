@@ -1,4 +1,4 @@
-//! Lotus's lock table (Lotus, 001_4d6ef391cb29e8eb.txt, 4.1, Fig. 6 and Algorithm 1): a
+//! Lotus's lock table (Lotus, 4.1, Fig. 6 and Algorithm 1): a
 //! fixed-size hash table of 8-byte slots, 8 slots to a bucket, with read and write locks,
 //! held by the compute node that owns a shard of the keys and changed only by that node's
 //! CPU (local coordinators directly, remote ones through its RPC handler).

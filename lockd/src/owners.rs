@@ -1,6 +1,6 @@
 //! Which node took each outstanding Takeout ticket, so the tickets of a failed node can be
-//! passed on (Scythe 4.3's Takeout Lock; recovery in the manner of Lotus section 6,
-//! `shared/seeds/001_4d6ef391cb29e8eb.txt`: the lock service keeps who holds what, so a
+//! passed on (Scythe 4.3's Takeout Lock; recovery in the manner of Lotus section 6:
+//! the lock service keeps who holds what, so a
 //! node's failure releases its locks without rebuilding any lock state).
 //!
 //! A ticket lock serves tickets in order, so a ticket whose client died stalls its lock

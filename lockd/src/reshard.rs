@@ -1,4 +1,4 @@
-//! The periodic resharding loop of Lotus 4.3 (`shared/seeds/001_4d6ef391cb29e8eb.txt`):
+//! The periodic resharding loop of Lotus 4.3:
 //! each node measures its lock latency and the requests each shard received over an
 //! interval (100 ms in Lotus); a node whose latency stays above 1.5x the cluster average
 //! for three consecutive intervals passes a range around its hottest shard to the node

@@ -1,5 +1,5 @@
 //! Lotus's lock sharding and pass-by-range resharding as plain state machines, without
-//! any fabric (Lotus, `shared/seeds/001_4d6ef391cb29e8eb.txt`, 4.2 and 4.3).
+//! any fabric (Lotus, 4.2 and 4.3).
 //!
 //! **Lock keys** (4.2, Fig. 7). A [`LockKey`] is 64 bits whose low 12 bits are the *shard
 //! number*, taken from the low 12 bits of the table's *critical field* (TPC-C's warehouse

@@ -1,5 +1,5 @@
 //! The Takeout Lock as a plain state machine, without any fabric (Scythe,
-//! `shared/seeds/000_f3dba2ed893b246b.txt` section 4.3, Fig. 13 and Fig. 14).
+//! Scythe section 4.3, Fig. 13 and Fig. 14).
 //!
 //! A Takeout Lock is a ticket lock split between the lock service and its clients:
 //!
@@ -9,7 +9,7 @@
 //!   fetch-and-add of +1 on unlock;
 //! - `queued_ts` (largest queued timestamp) is written only by the lock service's CPU.
 //!
-//! Each is its own 8-byte word, following DESIGN.md's rule for shared words: a word
+//! Each is its own 8-byte word, following the rule for shared words: a word
 //! modified by RDMA atomics (`upper`) is never modified by CPU atomics, because most
 //! RNICs only guarantee atomicity of RDMA atomics among themselves. The paper packs
 //! `lower` and `upper` into 16-bit halves of one word; this layout does not.

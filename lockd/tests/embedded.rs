@@ -1,4 +1,4 @@
-//! The embedded placement (Lotus 4.1; DESIGN.md "lockd"): the lock service as a value,
+//! The embedded placement (Lotus 4.1): the lock service as a value,
 //! `LockService`, inside compute-node processes (here: this test process) rather than a
 //! `lockd` process. The compute node's own coordinators use it (Takeout through its own
 //! node, Lotus tables by direct calls) while another compute node's coordinators reach

@@ -1,5 +1,5 @@
 //! One end of a Rocket pair, the same for callers and servers (Scythe
-//! 000_f3dba2ed893b246b.txt, 4.6 (3), Fig. 21): it sends on a ring in the peer's memory
+//! Scythe, 4.6 (3), Fig. 21): it sends on a ring in the peer's memory
 //! (through a staging copy here) and receives on a ring in this process's memory that
 //! the peer writes.
 //!
@@ -260,7 +260,7 @@ impl<M: RingMem> Channel<M> {
     ///
     /// With lists outstanding the channel stays on its QP. Idle, it keeps a usable QP for
     /// [`REPICK_EVERY`] posts and otherwise asks `pick` (the straw's load-balancing
-    /// choice, RdmaStraw: Scythe 000_f3dba2ed893b246b.txt, 4.6) with the current QP.
+    /// choice, RdmaStraw: Scythe, 4.6) with the current QP.
     pub(crate) fn take_qp(
         &mut self,
         pick: impl FnOnce(Option<&Arc<SharedQp>>) -> Option<Arc<SharedQp>>,

@@ -1,5 +1,5 @@
 //! `loom` models of [`Channel`]'s credit return and replay (Scythe
-//! 000_f3dba2ed893b246b.txt, 4.6, Fig. 21): two threads, a sender channel A and a
+//! Scythe, 4.6, Fig. 21): two threads, a sender channel A and a
 //! receiver channel B, over every interleaving loom explores within a preemption bound
 //! (given per model below: 3, or 2 and 1 where the state space grows fastest).
 //!

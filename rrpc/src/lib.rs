@@ -1,5 +1,5 @@
 //! `rrpc`: RDMA RPC for disaggregated-memory transaction systems (Scythe's RRPC,
-//! `shared/seeds/000_f3dba2ed893b246b.txt` sections 3.4 and 4.6).
+//! Scythe sections 3.4 and 4.6).
 //!
 //! Layers, bottom up; a module imports only from those above it in this list:
 //! - [`mem`]: the byte-addressed memory interface rings are read and written through;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Byte-addressed memory shared with a remote writer (a peer process or a
 /// NIC). Offsets are in bytes from the start.
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 pub trait RingMem {
     /// Length of the memory in bytes.
     fn len(&self) -> usize;
@@ -30,7 +30,7 @@ pub trait RingMem {
 /// Heap-allocated [`RingMem`] made of `AtomicU64` words; the reference
 /// implementation used by tests. Byte `8 * w + i` is byte `i` of the
 /// little-endian representation of word `w`. All accesses panic when out of
-/// bounds. Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// bounds. Scythe section 4.6, Fig. 21.
 #[derive(Debug)]
 pub struct HeapRing {
     words: Box<[AtomicU64]>,
@@ -38,7 +38,7 @@ pub struct HeapRing {
 
 impl HeapRing {
     /// Zero-filled memory of `len_bytes` bytes rounded up to a multiple of 8.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn new(len_bytes: usize) -> Self {
         let words = (0..len_bytes.div_ceil(8))
             .map(|_| AtomicU64::new(0))

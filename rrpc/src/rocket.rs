@@ -1,7 +1,7 @@
 //! Rocket message ring: a sans-IO state machine for the RRPC message ring
 //! between one sender thread and one receiver.
 //!
-//! Design source: Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+//! Design source: Scythe section 4.6, Fig. 21.
 //!
 //! The ring lives in the receiver's memory and is divided into `buckets`
 //! fixed slots of `bucket_size` bytes. The sender keeps a staging buffer with
@@ -29,11 +29,11 @@ use std::collections::VecDeque;
 use thiserror::Error;
 
 /// Size in bytes of one bucket label (start or end).
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 pub const LABEL_BYTES: usize = 8;
 
 /// Size in bytes of an encoded [`MsgHeader`].
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 pub const MSG_HEADER_BYTES: usize = 16;
 
 /// Round a byte count up to a multiple of 8.
@@ -42,7 +42,7 @@ const fn pad8(n: usize) -> usize {
 }
 
 /// Errors of the Rocket ring state machines.
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RocketError {
     /// A payload of `len` bytes exceeds the per-message maximum of `max` bytes
@@ -82,7 +82,7 @@ pub enum RocketError {
 pub use crate::mem::{HeapRing, RingMem};
 
 /// Ring geometry. Units: `bucket_size` in bytes, `buckets` in bucket count.
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21. Also the geometry a requester
+/// Scythe section 4.6, Fig. 21. Also the geometry a requester
 /// offers on the control plane ([`crate::ctrl::RocketOffer`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -107,7 +107,7 @@ impl RocketConfig {
     /// Check the geometry: `bucket_size` (bytes) a multiple of 64, `>= 64`
     /// and representable in the 32-bit label length; `buckets >= 2`; the ring
     /// size in bytes must not overflow `usize`.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn validate(&self) -> Result<(), RocketError> {
         if self.bucket_size < 64 || self.bucket_size & 63 != 0 {
             return Err(RocketError::BadConfig(
@@ -127,7 +127,7 @@ impl RocketConfig {
     }
 
     /// Ring (and staging buffer) size in bytes: `bucket_size * buckets`.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn ring_bytes(&self) -> usize {
         self.bucket_size * self.buckets
     }
@@ -150,7 +150,7 @@ fn label(seq: u64, batch_len: usize) -> u64 {
 }
 
 /// Per-message header, 16 bytes, encoded little-endian.
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MsgHeader {
@@ -170,7 +170,7 @@ const _: () = assert!(std::mem::size_of::<MsgHeader>() == MSG_HEADER_BYTES);
 
 impl MsgHeader {
     /// Encode as 16 little-endian bytes: len(4) handler(2) kind(1) flags(1) call_id(8).
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn to_bytes(&self) -> [u8; MSG_HEADER_BYTES] {
         let mut b = [0u8; MSG_HEADER_BYTES];
         b[0..4].copy_from_slice(&self.len.to_le_bytes());
@@ -182,7 +182,7 @@ impl MsgHeader {
     }
 
     /// Decode 16 little-endian bytes produced by [`MsgHeader::to_bytes`].
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn from_bytes(b: &[u8; MSG_HEADER_BYTES]) -> Self {
         Self {
             len: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
@@ -197,7 +197,7 @@ impl MsgHeader {
 /// A sealed bucket ready to be posted: copy `len` bytes at byte `offset` of
 /// the staging buffer to the same offset of the remote ring (one RDMA WRITE,
 /// end label last). `seq` is the bucket number (counts from 0 forever).
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BucketSpan {
     /// Byte offset of the bucket in both staging buffer and ring.
@@ -211,7 +211,7 @@ pub struct BucketSpan {
 /// Sender half of the Rocket ring: batches messages into buckets of the
 /// staging buffer, seals them and hands them out for posting, respecting
 /// credit from the receiver. Counters are bucket counts since creation.
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 #[derive(Debug)]
 pub struct RocketSender {
     cfg: RocketConfig,
@@ -231,7 +231,7 @@ pub struct RocketSender {
 
 impl RocketSender {
     /// New sender for the geometry `cfg` (validated).
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn new(cfg: RocketConfig) -> Result<Self, RocketError> {
         cfg.validate()?;
         Ok(Self {
@@ -246,7 +246,7 @@ impl RocketSender {
     }
 
     /// Largest payload in bytes one message may carry: `bucket_size - 32`.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn max_payload(&self) -> usize {
         self.cfg.max_payload()
     }
@@ -298,7 +298,7 @@ impl RocketSender {
     /// Errors (nothing written, state unchanged): `TooLarge` when
     /// `payload.len() > max_payload()`, `StagingTooSmall`, and `RingFull`
     /// when no bucket can be opened (retry after credit arrives).
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn push(
         &mut self,
         staging: &impl RingMem,
@@ -355,7 +355,7 @@ impl RocketSender {
     /// Seal the open bucket if it holds any message: write the start label
     /// (byte 0) and end label (byte `8 + L`) into `staging` and queue its span
     /// for [`RocketSender::take_ready`]. Idempotent: a no-op without an open bucket.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn seal(&mut self, staging: &impl RingMem) {
         if self.fill == 0 {
             return;
@@ -376,7 +376,7 @@ impl RocketSender {
 
     /// Append the sealed buckets not yet handed out, oldest first, to `out`
     /// as (ring byte offset, span bytes, bucket number), and count them as posted.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn take_ready(&mut self, out: &mut impl Extend<BucketSpan>) {
         self.posted += self.ready.len() as u64;
         out.extend(self.ready.drain(..));
@@ -395,7 +395,7 @@ impl RocketSender {
     /// Credit from the receiver: total buckets consumed so far. Stale
     /// (not larger) values are ignored; a value larger than the number of
     /// buckets posted is rejected with `Corrupt` and ignored.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn on_credit(&mut self, consumed: u64) -> Result<(), RocketError> {
         if consumed > self.posted {
             return Err(RocketError::Corrupt {
@@ -407,33 +407,33 @@ impl RocketSender {
     }
 
     /// Buckets sealed so far (count).
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn sealed(&self) -> u64 {
         self.sealed
     }
 
     /// Buckets handed out by `take_ready` so far (count).
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn posted(&self) -> u64 {
         self.posted
     }
 
     /// Buckets the receiver has reported consumed (count, latest credit).
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn consumed(&self) -> u64 {
         self.consumed
     }
 
     /// True when a message of `payload_len` bytes could be pushed now
     /// without `TooLarge` or `RingFull`.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn can_push(&self, payload_len: usize) -> bool {
         payload_len <= self.max_payload()
             && (self.fits_open(Self::msg_bytes(payload_len)) || self.slot_free(self.next_open()))
     }
 
     /// True when the open bucket holds messages not yet sealed.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn has_open(&self) -> bool {
         self.fill > 0
     }
@@ -442,7 +442,7 @@ impl RocketSender {
 /// Receiver half of the Rocket ring: polls the ring for the next bucket,
 /// delivers complete batches, frees their slots and produces credit.
 /// Counters are bucket counts since creation.
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 #[derive(Debug)]
 pub struct RocketReceiver {
     cfg: RocketConfig,
@@ -463,7 +463,7 @@ pub const CORRUPT_AFTER_POLLS: u32 = 1 << 20;
 
 impl RocketReceiver {
     /// New receiver for the geometry `cfg` (validated).
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn new(cfg: RocketConfig) -> Result<Self, RocketError> {
         cfg.validate()?;
         Ok(Self {
@@ -510,7 +510,7 @@ impl RocketReceiver {
     /// can be seen half done), `Err(Corrupt)` once the same label persisted for
     /// [`CORRUPT_AFTER_POLLS`] polls; nothing delivered. `ring.len() <
     /// ring_bytes()`: `Err(StagingTooSmall)`.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn poll(&mut self, ring: &impl RingMem, out: &mut Vec<u8>) -> Result<bool, RocketError> {
         let need = self.cfg.ring_bytes();
         if ring.len() < need {
@@ -553,7 +553,7 @@ impl RocketReceiver {
     }
 
     /// Buckets consumed so far (count).
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn consumed(&self) -> u64 {
         self.consumed
     }
@@ -561,7 +561,7 @@ impl RocketReceiver {
     /// Credit to send back: `Some(consumed)` when at least `every` buckets
     /// (count; 0 is treated as 1) were consumed since the last returned
     /// credit, remembering it as returned; otherwise `None`.
-    /// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+    /// Scythe section 4.6, Fig. 21.
     pub fn credit_due(&mut self, every: u64) -> Option<u64> {
         if self.consumed - self.last_returned >= every.max(1) {
             self.last_returned = self.consumed;
@@ -576,7 +576,7 @@ impl RocketReceiver {
 /// [`RocketReceiver::poll`]): each is a 16-byte header followed by its payload
 /// padded to a multiple of 8 bytes. A truncated or overlong message yields
 /// `Err(Corrupt)` and then the iterator stops.
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 pub fn decode_batch(batch: &[u8]) -> BatchIter<'_> {
     BatchIter {
         rest: batch,
@@ -585,7 +585,7 @@ pub fn decode_batch(batch: &[u8]) -> BatchIter<'_> {
 }
 
 /// Iterator returned by [`decode_batch`]; yields `(header, unpadded payload)`.
-/// Scythe (000_f3dba2ed893b246b.txt) section 4.6, Fig. 21.
+/// Scythe section 4.6, Fig. 21.
 #[derive(Debug, Clone)]
 pub struct BatchIter<'a> {
     rest: &'a [u8],

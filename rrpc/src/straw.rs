@@ -1,6 +1,6 @@
 //! RdmaStraws: per remote node, a pool of RC QPs shared by all threads of a process,
 //! split into QPs for RPC traffic (Rocket buckets, credits) and QPs for one-sided
-//! operations, sized by the number of threads they serve (Scythe 000_f3dba2ed893b246b.txt,
+//! operations, sized by the number of threads they serve (Scythe,
 //! 4.6 (1) and Fig. 19: "Decoupling the RDMA QPs and ring buffers").
 //!
 //! Rockets (rings) belong to threads; QPs belong to the pool. A thread posts a round's WRs

@@ -1,5 +1,5 @@
 //! Small shared definitions of the RPC wire protocol: message kinds, reply modes and the
-//! fixed-layout prefixes the hybrid modes add to a message (Scythe 000_f3dba2ed893b246b.txt,
+//! fixed-layout prefixes the hybrid modes add to a message (Scythe,
 //! 4.6 (2) and Fig. 20).
 
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,5 @@
 //! `loom` model of the Rocket ring between a sender thread and a receiver thread
-//! (Scythe 000_f3dba2ed893b246b.txt, 4.6, Fig. 21), over every interleaving loom
+//! (Scythe, 4.6, Fig. 21), over every interleaving loom
 //! explores (preemption bound 3).
 //!
 //! The ring memory is modeled word by word with loom atomics: a "WRITE" of a bucket

@@ -1,4 +1,4 @@
-//! Hybrid reply modes (Scythe 000_f3dba2ed893b246b.txt 4.6 (2), Fig. 20), deadlines and the
+//! Hybrid reply modes (Scythe, 4.6 (2), Fig. 20), deadlines and the
 //! sorted-batch hook (4.4, Fig. 16), over real server threads on `$RRPC_FABRIC`.
 
 use std::cell::RefCell;

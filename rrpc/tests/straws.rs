@@ -1,4 +1,4 @@
-//! RdmaStraws (Scythe 000_f3dba2ed893b246b.txt 4.6 (1), Fig. 19): QP pools shared by a
+//! RdmaStraws (Scythe, 4.6 (1), Fig. 19): QP pools shared by a
 //! process's threads, growing and shrinking with them; a QP failing mid-stream is
 //! reconnected without losing messages; every batching mode delivers. On `$RRPC_FABRIC`.
 

@@ -1,5 +1,5 @@
 //! A thread's connection to an oracle that follows it across restarts (the client half of
-//! [`crate::epoch`]'s guarantee; Scythe 4.5 leaves TSO recovery open, DESIGN.md "tso").
+//! [`crate::epoch`]'s guarantee; Scythe 4.5 leaves TSO recovery open).
 //!
 //! A [`TsoClient`] names one incarnation of the oracle: its counter's `(addr, rkey)` and
 //! its epoch. When that incarnation dies (SIGKILL, crash), FAAs on its counter fail

@@ -1,6 +1,5 @@
 //! Restarts that never go back: the oracle's epoch, persisted before it serves (this
-//! crate's answer to Scythe 4.5's open question of TSO recovery; DESIGN.md, "tso",
-//! "Guarantee").
+//! crate's answer to Scythe 4.5's open question of TSO recovery).
 //!
 //! **The problem.** Clients advance the counter with one-sided FAA; the oracle's CPU
 //! never sees a request. TiDB PD's trick (persist a high-water mark ahead of the counter,

@@ -1,5 +1,5 @@
 //! TSO group: leader/follower combining of a process's concurrent timestamp requests
-//! (Scythe, `shared/seeds/000_f3dba2ed893b246b.txt` section 4.5 (2) and Fig. 18; the
+//! (Scythe, section 4.5 (2) and Fig. 18; the
 //! shape of tikv's TSO batching: a FIFO of waiters, one request for all, `base + i` in
 //! arrival order).
 //!

@@ -1,5 +1,5 @@
-//! Recorded histories of timestamp requests and their linearizability checker (DESIGN.md,
-//! "tso", "Guarantee"; Scythe 4.5 asks for "monotonically incrementing timestamps").
+//! Recorded histories of timestamp requests and their linearizability checker (the
+//! crate's guarantee, in its docs; Scythe 4.5 asks for "monotonically incrementing timestamps").
 //!
 //! The oracle's specification is that of a counter: timestamps are unique, and a request
 //! that starts after another one finished gets a larger timestamp:

@@ -1,10 +1,11 @@
-//! `tso`: the timestamp oracle of the workspace (DESIGN.md, "tso"; Scythe's RDMA-friendly
-//! TSO, `shared/seeds/000_f3dba2ed893b246b.txt` section 4.5).
+//! `tso`: the timestamp oracle of the workspace (Scythe's RDMA-friendly
+//! TSO, Scythe section 4.5).
 //!
 //! The oracle is one 64-bit counter in device memory (on the NIC, so that FAAs on it cost
 //! no PCIe round trip on the oracle's host). Clients take timestamps with one-sided
 //! fetch-and-add: one FAA of `n` reserves `n` consecutive timestamps. The oracle's CPU
-//! never touches the counter (DESIGN.md's rule for shared words). Backends without device
+//! never touches the counter (the rule for shared words: a word modified by RDMA atomics is never
+//! modified by CPU atomics). Backends without device
 //! memory (shm, Soft-RoCE) fall back to host memory and say so ([`oracle::Oracle::placement`]).
 //!
 //! A thread that must survive oracle restarts takes its timestamps through a [`TsoConn`]

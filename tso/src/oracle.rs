@@ -45,7 +45,8 @@ impl Oracle {
     /// and larger than every earlier incarnation's.
     ///
     /// The CPU writes the word once, before it is exported: no RDMA atomic can reach it
-    /// yet, so DESIGN.md's rule for shared words holds.
+    /// yet, so the rule for shared words (no CPU and RDMA atomics on one
+    /// word) holds.
     ///
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn with_epoch(fabric: &Fabric, epoch: u16) -> Result<Self, TsoError> {

@@ -1,4 +1,4 @@
-//! TSO proxy (Scythe, `shared/seeds/000_f3dba2ed893b246b.txt` section 4.5 (3) and
+//! TSO proxy (Scythe, section 4.5 (3) and
 //! Fig. 18): a process between the compute nodes and the oracle. Compute nodes' TSO group
 //! leaders send it range requests over rrpc; it merges the concurrent ones, from all its
 //! server threads and all compute nodes, into one FAA on the oracle ([`crate::group`]: a TSO group whose members ask for ranges),

@@ -1,6 +1,6 @@
 //! Where a compute node takes its ranges: the oracle directly (one-sided FAA) or a TSO
 //! proxy (range RPC), chosen per request and failed over (Scythe,
-//! `shared/seeds/000_f3dba2ed893b246b.txt` section 4.5, workflow step 2: "the Leader ...
+//! section 4.5, workflow step 2: "the Leader ...
 //! randomly selects a TSO proxy or TSO service to send a batch of TSO requests").
 //!
 //! [`TsoSources`] holds the oracle and the proxies of one oracle. Each request goes to

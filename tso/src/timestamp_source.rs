@@ -15,7 +15,7 @@ use crate::timestamp::TimestampRange;
 
 /// Something that takes `n` consecutive timestamps at once, on the calling thread.
 ///
-/// Contract, which the TSO group's guarantees rest on (DESIGN.md, "tso"):
+/// Contract, which the TSO group's guarantees rest on (the crate docs' guarantee):
 /// - the range is taken *after* the call started (no prefetching, no cache), so that a
 ///   request that starts after another finished gets a larger timestamp;
 /// - it holds exactly `n` timestamps, never handed out by any other call;

@@ -11,9 +11,9 @@
 //! - [`Protocol::OccCas`] ([`crate::occ_cas`]): FaRM's and FORD's OCC with one-sided CAS
 //!   locks in the CVT header, validation by re-reading the CVTs;
 //! - [`Protocol::Scythe`] ([`crate::scythe`]): Scythe's hot-aware OCC/TOCC on Takeout
-//!   Locks (000_f3dba2ed893b246b.txt, 4.2 to 4.4);
+//!   Locks (Scythe, 4.2 to 4.4);
 //! - [`Protocol::Mvcc`] ([`crate::mvcc`]): Motor's MVCC over CVTs
-//!   (004_578a5719f81c1e65.txt, 5.1 and 5.2), serializable or snapshot isolation.
+//!   (Motor, 5.1 and 5.2), serializable or snapshot isolation.
 //!
 //! The coordinator is a facade: [`TxnClient`] holds the thread's shared state
 //! (the private `client_core`) and the protocol it picked; [`Txn`] holds that protocol's

@@ -1,8 +1,8 @@
 //! Consecutive version tuples (CVT): the multi-version record layout of the memory node,
 //! as plain byte layouts and decisions (no fabric, no clock). Motor
-//! (004_578a5719f81c1e65.txt) 4.1 (the CVT), 4.3 (coordinator-active GC) and 5.1 (version
+//! 4.1 (the CVT), 4.3 (coordinator-active GC) and 5.1 (version
 //! selection, early abort); each version a full record with cacheline versions, as in
-//! Lotus (001_4d6ef391cb29e8eb.txt) 7.1.
+//! Lotus 7.1.
 //!
 //! A CVT is read with one READ: a header and `n` version cells.
 //! ```text

@@ -11,7 +11,7 @@
 //!
 //! A transaction may also carry its start and commit timestamps
 //! ([`History::record_timed`]), for multi-versioned runs whose versions are commit
-//! timestamps (Motor, 004_578a5719f81c1e65.txt, 5.1).
+//! timestamps (Motor, 5.1).
 //!
 //! Memory: an access takes [`ACCESS_BYTES`] bytes and a transaction [`TXN_BYTES`] more, so
 //! a SmallBank transaction (3.25 accesses on average) costs about 84 bytes. Timestamps

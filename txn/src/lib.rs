@@ -18,8 +18,8 @@
 //! - [`coordinator`]: the one coordinator API (`begin`, `read`, `read_for_update`,
 //!   `insert`, `delete`, `commit`, `abort`) and the protocol chosen by name:
 //!   [`occ_cas`] (FaRM/FORD OCC with CAS locks in the CVT header), [`scythe`] (Scythe's
-//!   hot-aware OCC/TOCC on Takeout Locks, 000_f3dba2ed893b246b.txt 4.2 to 4.4) and
-//!   [`mvcc`] (Motor's MVCC, 004_578a5719f81c1e65.txt 5.1 and 5.2, SR or SI);
+//!   hot-aware OCC/TOCC on Takeout Locks, Scythe 4.2 to 4.4) and
+//!   [`mvcc`] (Motor's MVCC, 5.1 and 5.2, SR or SI);
 //! - [`validation`]: OCC read-set validation as a state machine (lock free first, then
 //!   version unchanged);
 //! - [`history`] and [`serializability`]: committed transactions recorded with the

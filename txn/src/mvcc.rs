@@ -1,4 +1,4 @@
-//! Motor's MVCC over CVTs (004_578a5719f81c1e65.txt, 5.1 and 5.2), serializable (SR) or
+//! Motor's MVCC over CVTs (Motor, 5.1 and 5.2), serializable (SR) or
 //! snapshot isolation (SI).
 //!
 //! - **Start**: a start timestamp `s` from the TSO (the thread's group) at the first read.

@@ -1,4 +1,4 @@
-//! Scythe's hot-aware concurrency control on Takeout Locks (000_f3dba2ed893b246b.txt,
+//! Scythe's hot-aware concurrency control on Takeout Locks (Scythe,
 //! 4.2 to 4.4), over the CVT store (newest version only; the CVT lock words are unused:
 //! the locks live in the lock service).
 //!

@@ -1,7 +1,7 @@
 //! The snapshot-isolation (SI) check of a recorded [`History`] whose transactions carry
 //! their start and commit timestamps ([`History::record_timed`]).
 //!
-//! The protocol it checks is Motor's multi-versioned one (004_578a5719f81c1e65.txt, 5.1
+//! The protocol it checks is Motor's multi-versioned one (Motor, 5.1
 //! and 5.2, "Supporting SI"): a transaction takes a start timestamp `s`, reads for each
 //! object the largest version below `s`, locks what it writes, takes a commit timestamp
 //! `c` and installs each write as a version equal to `c`; under SI the read-only data is

@@ -445,7 +445,7 @@ async fn hold_hot(c: &TxnClient, id: u64, hold: Duration) {
     });
 }
 
-/// Scythe (000_f3dba2ed893b246b.txt, 4.2.1 (1), 4.3 (3)): an attempt whose first round is
+/// Scythe (4.2.1 (1), 4.3 (3)): an attempt whose first round is
 /// cold and whose second round meets an object the lock service reported hot switches
 /// to TOCC at that round: it queues behind the object's holders instead of aborting on
 /// locked-on-read, and commits at its first attempt. An object read in OCC before the
@@ -500,7 +500,7 @@ fn scythe_switches_to_tocc_at_the_round_that_meets_a_hot_object() {
     assert!(v.is_serializable(), "{v}");
 }
 
-/// Scythe (000_f3dba2ed893b246b.txt, 4.2.1 (1)): the mode is chosen per transaction when
+/// Scythe (4.2.1 (1)): the mode is chosen per transaction when
 /// it retries after an abort. An attempt that aborts on a row held by one other
 /// transaction (not hot by the lock service's watermark) leaves that row hot for its
 /// retry: the retry queues for it in TOCC and commits, where a fresh attempt would abort

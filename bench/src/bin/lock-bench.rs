@@ -1,5 +1,5 @@
 //! `lock-bench`: lock fairness and latency under contention (Scythe
-//! 000_f3dba2ed893b246b.txt 3.1 Fig. 7 and 5 Fig. 27), the lock kinds side by side in one
+//! 3.1 Fig. 7 and 5 Fig. 27), the lock kinds side by side in one
 //! invocation, on the shm fabric under a timing model (`--model cx5` by default: on
 //! instant shared memory contention measures cache lines, not a network).
 //!

@@ -1,4 +1,4 @@
-//! `rrpc-bench`: microbenchmarks of rrpc (Scythe 000_f3dba2ed893b246b.txt 3.4 and 4.6):
+//! `rrpc-bench`: microbenchmarks of rrpc (Scythe, 3.4 and 4.6):
 //! batching modes (Fig. 9), communication modes (Fig. 10), round-trip latency, and rrpc
 //! against peer libraries (iceoryx2, tonic) and the cache-line ping-pong floor.
 //!

@@ -1,5 +1,5 @@
 //! `tso-bench`: timestamp throughput and latency of the TSO designs side by side in one
-//! invocation (Scythe 000_f3dba2ed893b246b.txt 4.5 and 5.4 Fig. 28), on the shm fabric
+//! invocation (Scythe, 4.5 and 5.4 Fig. 28), on the shm fabric
 //! under a timing model (`--model cx5` by default; on instant shared memory an FAA is a
 //! cache line, not a network round trip).
 //!

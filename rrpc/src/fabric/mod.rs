@@ -1,4 +1,4 @@
-//! The verbs-like fabric API (DESIGN.md, "The fabric") and its backends.
+//! The verbs-like fabric API and its backends.
 //!
 //! Terms follow libibverbs: a memory region (MR) has an `lkey` for local use and an
 //! `rkey` that a peer names together with an address in the owner's virtual address
@@ -655,7 +655,7 @@ impl MemoryRegion {
     /// The 8-byte word at `offset` as an atomic, for CPU-side access by the owner.
     ///
     /// Panics if `offset` is not 8-byte aligned or out of range. Remember the rule for
-    /// shared words (DESIGN.md): a word modified by remote RDMA atomics must not also be
+    /// shared words: a word modified by remote RDMA atomics must not also be
     /// modified by CPU atomics.
     pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
         assert!(

@@ -1,6 +1,6 @@
 //! The timing model of the shm fabric: what an RNIC charges per WR, per doorbell, per byte
 //! and per atomic, so that contention experiments on one host behave like a network and
-//! not like a cache line (DESIGN.md, "Backends", 3).
+//! not like a cache line.
 //!
 //! The model is plain arithmetic over *resources*: a resource is one 8-byte word holding
 //! the time (ns, `CLOCK_MONOTONIC`) at which it is next free. Taking it for `service` ns

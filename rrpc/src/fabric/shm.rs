@@ -1,4 +1,4 @@
-//! Shared-memory fabric backend (DESIGN.md, "Backends", 1).
+//! Shared-memory fabric backend (one host, many processes).
 //!
 //! An MR is a file under the cluster's MR directory (`<root>/rrpc-<cluster>/n<node>-mr<rkey>`,
 //! mode 0600), where `<root>` is a mounted hugetlbfs when hugepages are reserved and

@@ -1,4 +1,4 @@
-//! libibverbs backend (DESIGN.md, "Backends", 2), on the `sideway` binding.
+//! libibverbs backend (real RDMA: hardware RNICs and Soft-RoCE), on the `sideway` binding.
 //!
 //! Real RDMA: hardware RNICs (InfiniBand, RoCE) and Soft-RoCE (`rdma_rxe`). `sideway`
 //! loads libibverbs at run time, so a binary built here starts on a machine without RDMA

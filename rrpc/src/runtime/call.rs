@@ -1,4 +1,4 @@
-//! One RPC call on the caller's side (Scythe's RRPC, 000_f3dba2ed893b246b.txt 4.6), as
+//! One RPC call on the caller's side (Scythe's RRPC, 4.6), as
 //! its steps:
 //!
 //! 1. `CallPlan::new`: the reply mode by size and the size limits; no I/O.

@@ -12,7 +12,7 @@
 //! doorbell and only its last WR signaled (selective signaling; an RC QP completes in
 //! order). It then polls the QPs and the response Rockets and wakes the coroutines whose
 //! operations finished. This is the coroutine model of FaRM/FORD and Scythe's RRPC
-//! (000_f3dba2ed893b246b.txt, 4.4 Fig. 16 and 4.6).
+//! (Scythe, 4.4 Fig. 16 and 4.6).
 //!
 //! Replies travel in one of Scythe's three modes (4.6 (2), Fig. 20), chosen per call
 //! ([`ReplyMode`]): pure RPC, RPC + one-sided READ, or RPC zero-copy; [`ReplyMode::Auto`]

@@ -1,6 +1,6 @@
 //! The registry of RPC handlers by id: plain (synchronous) handlers, async handlers that
 //! may await calls and one-sided operations on their server thread's runtime, and
-//! sorted-batch handlers (Scythe 000_f3dba2ed893b246b.txt, 4.4, Fig. 16).
+//! sorted-batch handlers (Scythe, 4.4, Fig. 16).
 
 use std::collections::HashMap;
 use std::future::Future;

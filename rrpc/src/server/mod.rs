@@ -1,4 +1,4 @@
-//! RPC server threads (Scythe 000_f3dba2ed893b246b.txt, 4.6, Fig. 19 and 20).
+//! RPC server threads (Scythe, 4.6, Fig. 19 and 20).
 //!
 //! Each thread polls the request Rockets assigned to it and answers through response
 //! Rockets, each a [`crate::channel`] endpoint, the same one callers use. A thread runs

@@ -1,6 +1,6 @@
 //! What a request asks for and how its reply travels, as pure functions: parsing a
 //! request's header flags and prefixes (bytes a peer controls), and deciding the reply's
-//! route from the request's mode and the reply's size (Scythe 000_f3dba2ed893b246b.txt,
+//! route from the request's mode and the reply's size (Scythe,
 //! 4.6 (2), Fig. 20).
 
 use crate::wire::{FetchPrefix, ReplyMode, ZeroCopyPrefix};
