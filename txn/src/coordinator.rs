@@ -61,8 +61,17 @@ enum AttemptIn<'a> {
     Mvcc(AttemptOf<'a, Mvcc>),
 }
 
-/// Run `$body` with `$p` the transaction's protocol and `$a` its attempt.
+/// Run `$body` with `$p` the transaction's protocol and `$a` its attempt (`&mut`; with
+/// `ref`, shared).
 macro_rules! with_protocol {
+    (ref $txn:expr, |$p:ident, $a:ident| $body:expr) => {
+        match (&$txn.c.engine, &$txn.attempt) {
+            (Engine::OccCas($p), AttemptIn::OccCas($a)) => $body,
+            (Engine::Scythe($p), AttemptIn::Scythe($a)) => $body,
+            (Engine::Mvcc($p), AttemptIn::Mvcc($a)) => $body,
+            _ => unreachable!("an attempt runs its client's protocol"),
+        }
+    };
     ($txn:expr, |$p:ident, $a:ident| $body:expr) => {
         match (&$txn.c.engine, &mut $txn.attempt) {
             (Engine::OccCas($p), AttemptIn::OccCas($a)) => $body,
@@ -89,14 +98,6 @@ impl Engine {
             Self::OccCas(p) => AttemptIn::OccCas(new(p, core, kind, retry_of)),
             Self::Scythe(p) => AttemptIn::Scythe(new(p, core, kind, retry_of)),
             Self::Mvcc(p) => AttemptIn::Mvcc(new(p, core, kind, retry_of)),
-        }
-    }
-
-    fn tocc_share(&self) -> Vec<(u64, u64)> {
-        match self {
-            Self::OccCas(p) => p.tocc_share(),
-            Self::Scythe(p) => p.tocc_share(),
-            Self::Mvcc(p) => p.tocc_share(),
         }
     }
 }
@@ -211,7 +212,10 @@ impl TxnClient {
     /// Per table id (index): attempts so far that read the table, and of those the
     /// attempts that ran TOCC (Scythe's high-heat mode); empty for the other protocols.
     pub fn tocc_share(&self) -> Vec<(u64, u64)> {
-        self.engine.tocc_share()
+        match &self.engine {
+            Engine::Scythe(s) => s.tocc_share(),
+            _ => Vec::new(),
+        }
     }
 
     /// [`Self::begin_as`] of kind 0.
@@ -303,23 +307,14 @@ impl<'a> Txn<'a> {
     /// lock word OCC-CAS and MVCC write; never 0). A workload may key rows it inserts by
     /// it.
     pub fn id(&self) -> u64 {
-        match &self.attempt {
-            AttemptIn::OccCas(a) => a.id,
-            AttemptIn::Scythe(a) => a.id,
-            AttemptIn::Mvcc(a) => a.id,
-        }
+        with_protocol!(ref self, |_p, a| a.id)
     }
 
     /// Whether this attempt runs in a high-contention mode: Scythe's TOCC
     /// (Scythe, 4.2.2), entered at the first round that met an object the lock service
     /// reported hot. Always false for the other protocols.
     pub fn hot_mode(&self) -> bool {
-        match (&self.c.engine, &self.attempt) {
-            (Engine::Scythe(p), AttemptIn::Scythe(a)) => p.hot_mode(a),
-            (Engine::OccCas(p), AttemptIn::OccCas(a)) => p.hot_mode(a),
-            (Engine::Mvcc(p), AttemptIn::Mvcc(a)) => p.hot_mode(a),
-            _ => unreachable!("an attempt runs its client's protocol"),
-        }
+        with_protocol!(ref self, |p, a| p.hot_mode(a))
     }
 
     /// Values of `items` (table, key, for update), read in parallel (one round where the

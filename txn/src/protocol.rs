@@ -34,12 +34,6 @@ pub(crate) trait ConcurrencyControl {
     /// which): the protocol's bookkeeping. Default: nothing.
     fn finish(&self, _a: &mut AttemptOf<'_, Self>) {}
 
-    /// Per table id: attempts that read the table, and of those the attempts that ran
-    /// in a high-contention mode (Scythe's TOCC). Default: none.
-    fn tocc_share(&self) -> Vec<(u64, u64)> {
-        Vec::new()
-    }
-
     /// Whether an object already in the read set must be fetched again because the
     /// transaction now reads it `for_update` (MVCC locks read-write data at execution);
     /// default no.

@@ -114,8 +114,9 @@ pub(crate) struct Scythe {
     /// Hot rows (lock ids) of aborted attempts, by attempt id, until their transaction's
     /// retry takes them ([`ConcurrencyControl::begin`]); at most [`CARRY_MAX`] kept.
     carry: RefCell<VecDeque<(u64, Vec<u64>)>>,
-    /// Per table: attempts that read it, and of those the attempts that ran TOCC.
-    tocc_share: RefCell<Vec<(u64, u64)>>,
+    /// Per table: attempts that read it, of those the attempts that ran TOCC, and the
+    /// id of the last attempt counted (so an attempt counts once per table).
+    tocc_share: RefCell<Vec<(u64, u64, u64)>>,
 }
 
 /// Aborted attempts whose hot rows wait for a retry; past it the oldest are dropped (a
@@ -203,16 +204,16 @@ impl ConcurrencyControl for Scythe {
     /// rows of an attempt that did not commit for its transaction's retry.
     fn finish(&self, t: &mut A<'_>) {
         let mut share = self.tocc_share.borrow_mut();
-        let mut seen: Vec<u32> = t.objs.iter().map(|o| o.table).collect();
-        seen.sort_unstable();
-        seen.dedup();
-        for tb in seen {
-            let i = tb as usize;
+        for o in &t.objs {
+            let i = o.table as usize;
             if share.len() <= i {
-                share.resize(i + 1, (0, 0));
+                share.resize(i + 1, (0, 0, 0));
             }
-            share[i].0 += 1;
-            share[i].1 += u64::from(t.cc.tocc);
+            let s = &mut share[i];
+            if s.2 != t.id {
+                // Attempt ids are never 0, so a fresh entry counts its first attempt.
+                *s = (s.0 + 1, s.1 + u64::from(t.cc.tocc), t.id);
+            }
         }
         if !t.committed && !t.cc.hot_rows.is_empty() {
             let mut carry = self.carry.borrow_mut();
@@ -226,10 +227,6 @@ impl ConcurrencyControl for Scythe {
     fn hot_mode(&self, t: &A<'_>) -> bool {
         t.cc.tocc
     }
-
-    fn tocc_share(&self) -> Vec<(u64, u64)> {
-        self.tocc_share.borrow().clone()
-    }
 }
 
 impl Scythe {
@@ -241,6 +238,16 @@ impl Scythe {
             carry: RefCell::new(VecDeque::new()),
             tocc_share: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Per table id (index): attempts so far that read the table, and of those the
+    /// attempts that ran TOCC.
+    pub(crate) fn tocc_share(&self) -> Vec<(u64, u64)> {
+        self.tocc_share
+            .borrow()
+            .iter()
+            .map(|&(attempts, tocc, _)| (attempts, tocc))
+            .collect()
     }
 
     /// The lock service client.
