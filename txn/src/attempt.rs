@@ -10,11 +10,37 @@ use rrpc::runtime::join_all;
 use tso::Timestamp;
 
 use crate::client_core::ClientCore;
+use crate::commit_log::{CommitLog, LogEntry};
 use crate::cvt::Cvt;
 use crate::cvt_remote::CvtLoc;
 use crate::error::{AbortReason, TxnError};
 use crate::history::Access;
 use crate::phase::{Phase, PhaseClock};
+
+#[cfg(feature = "fault-injection")]
+pub(crate) use crate::fault::{crash_armed, crash_point, CrashPoint};
+
+/// Without fault injection, crash points compile to nothing.
+#[cfg(not(feature = "fault-injection"))]
+#[derive(Clone, Copy)]
+#[allow(dead_code, clippy::enum_variant_names)]
+pub(crate) enum CrashPoint {
+    AfterLock,
+    AfterLog,
+    AfterFirstInstall,
+    AfterInstalls,
+    AfterFirstUnlock,
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub(crate) async fn crash_point(_p: CrashPoint) {}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub(crate) fn crash_armed(_p: CrashPoint) -> bool {
+    false
+}
 
 /// What a transaction does to an object at commit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,11 +221,13 @@ impl<S, O> Attempt<'_, S, O> {
         Ok(*self.start.insert(ts?))
     }
 
-    /// Release every CVT lock word the attempt holds, in one round.
+    /// Release every CVT lock word the attempt holds, in one round (CAS from the
+    /// attempt's id to 0: a word that no longer holds the id, released by recovery
+    /// that presumed this node dead, is left alone).
     ///
-    /// Errors: the first failed WRITE (the others were still issued).
+    /// Errors: the first failed CAS (the others were still issued).
     pub async fn release_cvt_locks(&mut self) -> Result<(), TxnError> {
-        let store = &self.core.store;
+        let (store, id, committed) = (&self.core.store, self.id, self.committed);
         let locs: Vec<CvtLoc> = self
             .objs
             .iter_mut()
@@ -209,8 +237,93 @@ impl<S, O> Attempt<'_, S, O> {
                 o.loc.expect("a locked object has a CVT")
             })
             .collect();
-        let done = join_all(locs.iter().map(|&l| store.unlock(l))).await;
-        done.into_iter().collect()
+        let mut first = true;
+        // The crash point between the first unlock and the others (tests of recovery's
+        // roll-forward rule); armed, the others wait for the first to pass it.
+        let gate = std::cell::Cell::new(!committed || !crash_armed(CrashPoint::AfterFirstUnlock));
+        let gate = &gate;
+        let done = join_all(locs.iter().map(|&l| {
+            let crash = std::mem::take(&mut first) && committed;
+            async move {
+                while !crash && !gate.get() {
+                    store.ctx().yield_now().await;
+                }
+                let r = store.unlock(l, id).await;
+                if crash {
+                    crash_point(CrashPoint::AfterFirstUnlock).await;
+                    gate.set(true);
+                }
+                r
+            }
+        }))
+        .await;
+        done.into_iter().try_for_each(|r| r.map(drop))
+    }
+
+    /// Write this commit's log ([`crate::commit_log`]) to every memory node it installs
+    /// on, naming each write's CVT, victim cell and new version; returns the victims in
+    /// write order. Done before any install, one round earlier (with commit logs off,
+    /// only the victims are chosen).
+    ///
+    /// Errors: [`TxnError::Usage`] for more writes than a log slot holds;
+    /// [`TxnError::Rpc`].
+    async fn write_log(
+        &self,
+        version: &impl Fn(&Obj<O>) -> Timestamp,
+    ) -> Result<Vec<usize>, TxnError> {
+        let written = self.objs.iter().filter(|o| o.write.is_some());
+        let victims: Vec<usize> = written
+            .clone()
+            .map(|o| {
+                o.cvt
+                    .as_ref()
+                    .expect("a written object's CVT was read")
+                    .victim()
+            })
+            .collect();
+        if !self.core.cfg.commit_log {
+            return Ok(victims);
+        }
+        let entries: Vec<LogEntry> = written
+            .zip(&victims)
+            .map(|(o, &cell)| {
+                let loc = o.loc.expect("a written object has a CVT by now");
+                LogEntry {
+                    part: loc.part as u16,
+                    table: loc.table as u16,
+                    cell: cell as u16,
+                    addr: loc.addr,
+                    version: version(o).get(),
+                }
+            })
+            .collect();
+        let store = &self.core.store;
+        let mut parts: Vec<u32> = entries.iter().map(|e| u32::from(e.part)).collect();
+        parts.sort_unstable();
+        parts.dedup();
+        let log = CommitLog {
+            id: self.id,
+            entries,
+        };
+        let owner = self.core.owner();
+        let mut targets = Vec::with_capacity(parts.len());
+        for &p in &parts {
+            let region = store
+                .log(p)
+                .ok_or_else(|| TxnError::Export(format!("memory node {p} keeps no log")))?;
+            let slot = region
+                .slot(owner.node, self.core.client())
+                .ok_or_else(|| TxnError::Usage("no commit-log slot for this client".into()))?;
+            targets.push((store.node_of(p)?, slot, region.geometry.max_entries()));
+        }
+        let max = targets.iter().map(|t| t.2).min().unwrap_or(0);
+        let bytes = log.encode(max).map_err(TxnError::Usage)?;
+        let ctx = store.ctx();
+        let wrote = join_all(targets.iter().map(|&(n, at, _)| ctx.write(n, at, &bytes))).await;
+        for w in wrote {
+            w?;
+        }
+        Ok(victims)
     }
 
     /// Install each write at `version(obj)` in parallel (record, then cell). Errors:
@@ -232,20 +345,48 @@ impl<S, O> Attempt<'_, S, O> {
                 release: None,
             });
         }
+        crash_point(CrashPoint::AfterLock).await;
+        let victims = match self.write_log(&version).await {
+            Ok(v) => v,
+            Err(e) => {
+                return Err(TxnError::WriteBack {
+                    cause: Box::new(e),
+                    release: None,
+                })
+            }
+        };
+        crash_point(CrashPoint::AfterLog).await;
         let store = &self.core.store;
-        let results = join_all(self.objs.iter_mut().filter(|o| o.write.is_some()).map(|o| {
+        let mut first = true;
+        // With the crash point after the first install armed, the other installs wait
+        // for the first to pass it (and so never start if it kills the coordinator),
+        // which makes "some but not all installs landed" happen on every fabric.
+        let gate = std::cell::Cell::new(!crash_armed(CrashPoint::AfterFirstInstall));
+        let gate = &gate;
+        let written = self.objs.iter_mut().filter(|o| o.write.is_some());
+        let results = join_all(written.zip(victims).map(|(o, victim)| {
             let v = version(o);
+            let crash = std::mem::take(&mut first);
             async move {
+                while !crash && !gate.get() {
+                    store.ctx().yield_now().await;
+                }
                 let loc = o.loc.expect("a written object has a CVT by now");
                 let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
                 let value = match &o.write {
                     Some(Write::Put(v)) => Some(v.as_slice()),
                     _ => None,
                 };
-                store.install(loc, cvt, v, value).await
+                let r = store.install_in(loc, cvt, victim, v, value).await;
+                if crash {
+                    crash_point(CrashPoint::AfterFirstInstall).await;
+                    gate.set(true);
+                }
+                r
             }
         }))
         .await;
+        crash_point(CrashPoint::AfterInstalls).await;
         match results.into_iter().find_map(Result::err) {
             Some(e) => Err(TxnError::WriteBack {
                 cause: Box::new(e),
@@ -285,7 +426,7 @@ impl<S, O> Drop for Attempt<'_, S, O> {
             let times = c.finish(std::time::Instant::now());
             self.core.put_phases(self.id, times);
         }
-        // CVT lock words need a WRITE, from a coroutine of their own since a drop cannot
+        // CVT lock words need a CAS, from a coroutine of their own since a drop cannot
         // wait. (The protocols' own resources, such as Scythe's tickets, release
         // themselves when dropped.)
         let targets: Vec<_> = self
@@ -298,10 +439,9 @@ impl<S, O> Drop for Attempt<'_, S, O> {
             return;
         }
         let ctx = self.core.store.ctx().clone();
+        let id = self.id;
         self.core.store.ctx().spawn(async move {
-            const FREE: [u8; 8] = [0; 8];
-            let wrote =
-                join_all(targets.iter().map(|&(node, at)| ctx.write(node, at, &FREE))).await;
+            let wrote = join_all(targets.iter().map(|&(node, at)| ctx.cas(node, at, id, 0))).await;
             for e in wrote.into_iter().filter_map(Result::err) {
                 tracing::warn!(error = %e, "releasing a dropped transaction's CVT lock");
             }

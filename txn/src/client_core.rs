@@ -16,6 +16,35 @@ use crate::cvt_remote::CvtRemote;
 use crate::error::TxnError;
 use crate::history::{Access, History};
 use crate::phase::PhaseTimes;
+use crate::txn_id::{Owner, TxnId};
+
+/// With commit logs on: every memory node keeps a log region with a slot for this
+/// client, and every table keeps at least 2 versions (a roll-back invalidates the
+/// victim cell, which with one version would be the only version).
+fn check_logs(store: &CvtRemote, owner: Owner, client: u16) -> Result<(), TxnError> {
+    for p in 0..store.partitions() {
+        let log = store.log(p).ok_or_else(|| {
+            TxnError::Export(format!(
+                "commit logs are on but memory node {p} keeps no log region"
+            ))
+        })?;
+        if log.slot(owner.node, client).is_none() {
+            return Err(TxnError::Usage(format!(
+                "commit log: client {client} of {owner} has no slot (memory node {p} keeps \
+                 {} per node: start it with a larger --log-clients)",
+                log.geometry.clients
+            )));
+        }
+        if let Some(t) = store.part_tables(p)?.iter().find(|t| t.versions < 2) {
+            return Err(TxnError::Usage(format!(
+                "commit logs need at least 2 versions per CVT (table {} keeps {}): a roll-back \
+                 invalidates the victim cell, which with 1 version is the only one",
+                t.name, t.versions
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// Process-wide counter that gives each client a distinct tag in its lock words.
 static CLIENT_TAGS: AtomicU32 = AtomicU32::new(1);
@@ -32,8 +61,9 @@ pub(crate) struct ClientCore {
     /// Finished attempts' phase times by attempt id, until taken (with
     /// [`TxnConfig::record_phases`]).
     phases: RefCell<Vec<(u64, PhaseTimes)>>,
-    /// High 32 bits of this client's transaction ids (node and client tag).
-    tag: u64,
+    /// This client's node and incarnation, and its number within them.
+    owner: Owner,
+    client: u16,
     seq: Cell<u32>,
 }
 
@@ -49,26 +79,45 @@ impl ClientCore {
     ) -> Result<Self, TxnError> {
         let store = CvtRemote::connect(ctx.clone(), &addrs.memnodes, cfg.cache_entries)?;
         let conn = TsoConn::connect(ctx.clone(), addrs.tso, cfg.tso_reconnect)?;
-        let node = ctx.fabric().node().get();
-        let tag = (u64::from(node & 0xffff) << 48)
-            | (u64::from(CLIENT_TAGS.fetch_add(1, Ordering::Relaxed) & 0xffff) << 32);
+        let owner = Owner::new(ctx.fabric().node().get(), cfg.incarnation);
+        let client = (CLIENT_TAGS.fetch_add(1, Ordering::Relaxed) & 0xfff) as u16;
+        if cfg.commit_log {
+            check_logs(&store, owner, client)?;
+        }
         Ok(Self {
             store,
             tso: ThreadTso::with_ranges_in_flight(conn, tso::THREAD_RANGES_IN_FLIGHT),
             history: RefCell::new(cfg.history_limit_bytes.map(History::new)),
             phases: RefCell::new(Vec::new()),
             cfg,
-            tag,
+            owner,
+            client,
             seq: Cell::new(0),
         })
     }
 
-    /// A new transaction id: unique among the attempts of the process's clients, never 0
-    /// (the word OCC-CAS and MVCC write into a CVT's lock word).
+    /// A new transaction id ([`crate::txn_id`]): unique among the attempts of every
+    /// client of every incarnation of every node, never 0 (the word OCC-CAS and MVCC
+    /// write into a CVT's lock word).
     pub fn next_id(&self) -> u64 {
-        let seq = self.seq.get().wrapping_add(1).max(1);
+        let seq = TxnId::next_seq(self.seq.get());
         self.seq.set(seq);
-        self.tag | u64::from(seq)
+        TxnId {
+            owner: self.owner,
+            client: self.client,
+            seq,
+        }
+        .pack()
+    }
+
+    /// This client's number within its node (its commit-log slot).
+    pub fn client(&self) -> u16 {
+        self.client
+    }
+
+    /// This client's node and incarnation.
+    pub fn owner(&self) -> Owner {
+        self.owner
     }
 
     /// The TSO connection.

@@ -107,6 +107,16 @@ pub struct TxnConfig {
     /// Measure where each attempt's time goes ([`crate::phase`]) and keep it for
     /// [`crate::coordinator::TxnClient::take_phases`] (default off: no clock reads).
     pub record_phases: bool,
+    /// This compute node's incarnation (from the membership service; 0 by default),
+    /// carried in every transaction id ([`crate::txn_id`]) so that a restarted node
+    /// never reuses its previous life's ids and recovery of that life cannot release
+    /// the new one's locks.
+    pub incarnation: u64,
+    /// Write a commit log ([`crate::commit_log`]) to the memory nodes before each
+    /// commit's installs, so that a survivor can finish or undo it if this node dies
+    /// ([`crate::recovery`]); costs one round trip per read-write commit (default off).
+    /// Needs memory nodes with a log region and at least 2 versions per CVT.
+    pub commit_log: bool,
 }
 
 impl Default for TxnConfig {
@@ -120,6 +130,8 @@ impl Default for TxnConfig {
             read_wait: Duration::from_millis(1),
             cache_entries: 1 << 20,
             record_phases: false,
+            incarnation: 0,
+            commit_log: false,
         }
     }
 }

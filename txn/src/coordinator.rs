@@ -280,6 +280,31 @@ impl TxnClient {
         Ok(self.audit_row(table, key, false).await?.1)
     }
 
+    /// Recover dead compute-node life `dead` ([`crate::recovery`]): finish or undo each
+    /// of its logged commits, sweep its CVT lock words and insert guards, then (Scythe)
+    /// release its tickets through the lock service, in that order. Run by one survivor
+    /// once `dead` is fenced; running it again is safe.
+    ///
+    /// Errors: [`TxnError::Rpc`] (recovery incomplete: run it again),
+    /// [`TxnError::Export`], [`TxnError::Lock`] from the ticket release.
+    pub async fn recover(
+        &self,
+        dead: crate::txn_id::Owner,
+    ) -> Result<crate::recovery::RecoveryReport, TxnError> {
+        let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;
+        if let Some(l) = self.locks() {
+            let t0 = std::time::Instant::now();
+            rep.tickets = l.release_node(self.ctx(), u32::from(dead.node)).await? as usize;
+            rep.sweep_time += t0.elapsed();
+        }
+        Ok(rep)
+    }
+
+    /// This client's node and incarnation (the owner in its transaction ids).
+    pub fn owner(&self) -> crate::txn_id::Owner {
+        self.core.owner()
+    }
+
     /// Lock id of `(table, key)` in Scythe's lock service (see the `scythe` module's
     /// lock mapping); 0 for the protocols without one.
     pub fn lock_id(&self, table: u32, key: u64) -> u64 {

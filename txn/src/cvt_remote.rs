@@ -30,6 +30,7 @@ use rrpc::NodeId;
 use serde::{Deserialize, Serialize};
 use tso::Timestamp;
 
+use crate::commit_log::LogExport;
 use crate::cvt::{
     cvt_bytes, decode_record, encode_record, Cell, Cvt, CvtError, Header, RecordError, CELL_BYTES,
     HEADER_BYTES, LOCK_OFFSET, SLOT_CLAIMED, SLOT_FREE, SLOT_IN_USE, STATE_OFFSET,
@@ -48,6 +49,10 @@ pub struct MemnodeExport {
     pub partitions: u32,
     /// Its tables, ids `0..n` in order.
     pub tables: Vec<CvtTableExport>,
+    /// Its commit-log region ([`crate::commit_log`]); `None` from a memory node that
+    /// keeps none.
+    #[serde(default)]
+    pub log: Option<LogExport>,
 }
 
 /// The export key a memory node publishes its [`MemnodeExport`] under.
@@ -80,6 +85,8 @@ pub struct CvtRemote {
     nodes: Vec<NodeId>,
     /// `[partition][table]`.
     tables: Vec<Vec<CvtTableExport>>,
+    /// Each partition's commit-log region, if its memory node keeps one.
+    logs: Vec<Option<LogExport>>,
     cache: RefCell<AddrCache>,
 }
 
@@ -98,7 +105,8 @@ impl CvtRemote {
         if addrs.is_empty() {
             return Err(TxnError::Export("no memory node address given".into()));
         }
-        let mut found: Vec<Option<(NodeId, Vec<CvtTableExport>)>> = vec![None; addrs.len()];
+        type Found = (NodeId, Vec<CvtTableExport>, Option<LogExport>);
+        let mut found: Vec<Option<Found>> = vec![None; addrs.len()];
         for a in addrs {
             let info = ctx.connect(*a)?;
             let e: MemnodeExport = info
@@ -126,9 +134,14 @@ impl CvtRemote {
                     "memory node {a}: table ids must be 0..n in order"
                 )));
             }
-            *slot = Some((info.node, e.tables));
+            *slot = Some((info.node, e.tables, e.log));
         }
-        let (nodes, tables): (Vec<_>, Vec<_>) = found.into_iter().map(|f| f.expect("all")).unzip();
+        let (mut nodes, mut tables, mut logs) = (Vec::new(), Vec::new(), Vec::new());
+        for (n, t, l) in found.into_iter().map(|f| f.expect("all")) {
+            nodes.push(n);
+            tables.push(t);
+            logs.push(l);
+        }
         let shape = |ts: &[CvtTableExport]| {
             ts.iter()
                 .map(|t| (t.id, t.len, t.versions))
@@ -143,6 +156,7 @@ impl CvtRemote {
             ctx,
             nodes,
             tables,
+            logs,
             cache: RefCell::new(AddrCache::new(cache_entries)),
         })
     }
@@ -321,14 +335,35 @@ impl CvtRemote {
         ))
     }
 
-    /// WRITE 0 (free) to the lock word of the CVT at `loc` (the holder releasing it).
-    /// Errors: [`TxnError::Rpc`].
-    pub async fn unlock(&self, loc: CvtLoc) -> Result<(), TxnError> {
+    /// Release the lock word of the CVT at `loc` that holder `id` took: CAS from `id`
+    /// to 0 (free), so that a holder whose lock recovery already released (it was
+    /// presumed dead) cannot free another holder's lock. Returns whether the word held
+    /// `id`. Errors: [`TxnError::Rpc`].
+    pub async fn unlock(&self, loc: CvtLoc, id: u64) -> Result<bool, TxnError> {
         let at = self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64);
-        Ok(self
-            .ctx
-            .write(self.node(loc), at, &0u64.to_le_bytes())
-            .await?)
+        Ok(self.ctx.cas(self.node(loc), at, id, 0).await? == id)
+    }
+
+    /// The memory node of partition `part`. Errors: [`TxnError::Usage`] beyond the
+    /// partitions.
+    pub fn node_of(&self, part: u32) -> Result<NodeId, TxnError> {
+        self.nodes
+            .get(part as usize)
+            .copied()
+            .ok_or_else(|| TxnError::Usage(format!("no partition {part}")))
+    }
+
+    /// Partition `part`'s commit-log region, `None` when its memory node keeps none.
+    pub fn log(&self, part: u32) -> Option<&LogExport> {
+        self.logs.get(part as usize)?.as_ref()
+    }
+
+    /// The tables of partition `part`. Errors: [`TxnError::Usage`] beyond the partitions.
+    pub fn part_tables(&self, part: u32) -> Result<&[CvtTableExport], TxnError> {
+        self.tables
+            .get(part as usize)
+            .map(Vec::as_slice)
+            .ok_or_else(|| TxnError::Usage(format!("no partition {part}")))
     }
 
     /// Install `version` in the CVT at `loc` whose current content is `cvt` (read under
@@ -346,6 +381,28 @@ impl CvtRemote {
         version: Timestamp,
         value: Option<&[u8]>,
     ) -> Result<(), TxnError> {
+        let victim = cvt.victim();
+        self.install_in(loc, cvt, victim, version, value).await
+    }
+
+    /// [`Self::install`] into cell `victim` (chosen before, with [`Cvt::victim`], so that
+    /// a commit log could name it).
+    ///
+    /// Errors: as [`Self::install`]; [`TxnError::Usage`] for a cell beyond the CVT's.
+    pub async fn install_in(
+        &self,
+        loc: CvtLoc,
+        cvt: &mut Cvt,
+        victim: usize,
+        version: Timestamp,
+        value: Option<&[u8]>,
+    ) -> Result<(), TxnError> {
+        if victim >= cvt.cells.len() {
+            return Err(TxnError::Usage(format!(
+                "cell {victim} of a CVT of {}",
+                cvt.cells.len()
+            )));
+        }
         let t = self.table(loc.part, loc.table)?;
         let payload = match value {
             Some(v) if v.len() != t.len => {
@@ -364,7 +421,6 @@ impl CvtRemote {
             slot_index / CVTS_PER_BUCKET as u64,
             (slot_index % CVTS_PER_BUCKET as u64) as usize,
         );
-        let victim = cvt.victim();
         let rec = t.record_addr(b, slot, victim);
         let cell = cvt.install(victim, version, rec.addr, value.is_none());
         let node = self.node(loc);

@@ -3,6 +3,10 @@
 //! feature, which only test builds enable; there is no flag or variable that turns these
 //! on in a binary.
 //!
+//! One exception, for tests that kill a child process at a chosen point of its commit:
+//! in such a (test) build a child reads `TXN_CRASH_AT=<point>:<nth>` (see
+//! [`CrashPoint`]) and aborts itself there.
+//!
 //! The switches are process-wide: a test that sets one should run in a test binary of its
 //! own (one file in `tests/`), so that it cannot affect other tests.
 
@@ -40,4 +44,179 @@ pub fn corrupt_reads(on: bool) {
 
 pub(crate) fn corrupting_reads() -> bool {
     CORRUPT_READS.load(Ordering::Relaxed)
+}
+
+/// A point in a commit where a test can make its coordinator die (the recovery design's
+/// crash points: after locking, after the log, after the first install, after all
+/// installs, after the first unlock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// Locks taken and validated, nothing logged.
+    AfterLock,
+    /// The commit log written, no install issued.
+    AfterLog,
+    /// One install ACKed (others may be in flight).
+    AfterFirstInstall,
+    /// Every install ACKed, no lock released.
+    AfterInstalls,
+    /// One lock word released (others may be in flight).
+    AfterFirstUnlock,
+}
+
+impl CrashPoint {
+    /// Every point, in commit order.
+    pub const ALL: [CrashPoint; 5] = [
+        CrashPoint::AfterLock,
+        CrashPoint::AfterLog,
+        CrashPoint::AfterFirstInstall,
+        CrashPoint::AfterInstalls,
+        CrashPoint::AfterFirstUnlock,
+    ];
+
+    /// The point's name (`after-lock`, `after-log`, ...), as `TXN_CRASH_AT` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CrashPoint::AfterLock => "after-lock",
+            CrashPoint::AfterLog => "after-log",
+            CrashPoint::AfterFirstInstall => "after-first-install",
+            CrashPoint::AfterInstalls => "after-installs",
+            CrashPoint::AfterFirstUnlock => "after-first-unlock",
+        }
+    }
+
+    /// The point named `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// What reaching an armed crash point does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashAction {
+    /// `std::process::abort()`: the process dies as under kill -9 (child processes).
+    Abort,
+    /// The coordinator stops there for good (its future never completes and holds what
+    /// it holds), as a dead node's would, while the process lives on (in-process tests).
+    Freeze,
+}
+
+struct Armed {
+    point: CrashPoint,
+    nth: u64,
+    action: CrashAction,
+}
+
+static CRASH: std::sync::Mutex<Option<Armed>> = std::sync::Mutex::new(None);
+static CRASH_ARMED: AtomicBool = AtomicBool::new(false);
+static CRASH_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static CRASH_ENV: std::sync::Once = std::sync::Once::new();
+static FROZEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether a coordinator froze at a crash point armed with [`CrashAction::Freeze`]
+/// (since the last [`crash_at`]).
+pub fn frozen() -> bool {
+    FROZEN.load(Ordering::SeqCst)
+}
+
+/// Arm `point`: the `nth` time (from 1) a coordinator of this process reaches it,
+/// `action` happens. `None` disarms.
+pub fn crash_at(armed: Option<(CrashPoint, u64, CrashAction)>) {
+    CRASH_ENV.call_once(|| {});
+    FROZEN.store(false, Ordering::SeqCst);
+    let mut c = CRASH.lock().unwrap_or_else(|e| e.into_inner());
+    CRASH_SEEN.store(0, Ordering::SeqCst);
+    *c = armed.map(|(point, nth, action)| Armed {
+        point,
+        nth: nth.max(1),
+        action,
+    });
+    CRASH_ARMED.store(c.is_some(), Ordering::SeqCst);
+}
+
+/// Arm from the environment of a child process: `TXN_CRASH_AT=<point>:<nth>` (e.g.
+/// `after-first-install:50`) aborts the process there. Read once; a malformed value is
+/// reported and ignored.
+fn arm_from_env() {
+    CRASH_ENV.call_once(|| {
+        let Ok(v) = std::env::var("TXN_CRASH_AT") else {
+            return;
+        };
+        let parsed = v
+            .split_once(':')
+            .and_then(|(p, n)| Some((CrashPoint::parse(p)?, n.parse::<u64>().ok()?)));
+        match parsed {
+            Some((p, n)) => {
+                let mut c = CRASH.lock().unwrap_or_else(|e| e.into_inner());
+                *c = Some(Armed {
+                    point: p,
+                    nth: n.max(1),
+                    action: CrashAction::Abort,
+                });
+                CRASH_ARMED.store(true, Ordering::SeqCst);
+            }
+            None => eprintln!("TXN_CRASH_AT={v}: expected <point>:<nth>, ignored"),
+        }
+    });
+}
+
+/// Whether `p` is armed (its `nth` time not reached yet).
+pub(crate) fn crash_armed(p: CrashPoint) -> bool {
+    arm_from_env();
+    if !CRASH_ARMED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let c = CRASH.lock().unwrap_or_else(|e| e.into_inner());
+    matches!(&*c, Some(a) if a.point == p && CRASH_SEEN.load(Ordering::SeqCst) < a.nth)
+}
+
+/// Reached `p`: dies or freezes here if armed for it.
+pub(crate) async fn crash_point(p: CrashPoint) {
+    arm_from_env();
+    if !CRASH_ARMED.load(Ordering::Relaxed) {
+        return;
+    }
+    let action = {
+        let c = CRASH.lock().unwrap_or_else(|e| e.into_inner());
+        match &*c {
+            Some(a) if a.point == p => {
+                let seen = CRASH_SEEN.fetch_add(1, Ordering::SeqCst) + 1;
+                (seen == a.nth).then_some(a.action)
+            }
+            _ => None,
+        }
+    };
+    match action {
+        Some(CrashAction::Abort) => {
+            eprintln!("crash point {} reached: aborting", p.name());
+            std::process::abort();
+        }
+        Some(CrashAction::Freeze) => {
+            FROZEN.store(true, Ordering::SeqCst);
+            std::future::pending::<()>().await
+        }
+        None => {}
+    }
+}
+
+/// Recovery broken on purpose, one way at a time, to show the checks catch each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecoveryBug {
+    /// Every logged transaction is rolled forward (a half install stays visible).
+    NoRollBack,
+    /// Roll forward only when every logged cell holds the logged version, as if a
+    /// later writer could not have reused a cell after the dead node began unlocking.
+    RollBackUnlessAllLanded,
+    /// The dead incarnation's lock words and guards are not swept.
+    NoSweep,
+}
+
+static RECOVERY_BUG: std::sync::Mutex<Option<RecoveryBug>> = std::sync::Mutex::new(None);
+
+/// Plant `bug` in [`crate::recovery`] (`None`: correct recovery).
+pub fn recovery_bug(bug: Option<RecoveryBug>) {
+    *RECOVERY_BUG.lock().unwrap_or_else(|e| e.into_inner()) = bug;
+}
+
+pub(crate) fn planted_recovery_bug() -> Option<RecoveryBug> {
+    *RECOVERY_BUG.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -31,6 +31,7 @@
 
 mod attempt;
 mod client_core;
+pub mod commit_log;
 pub mod config;
 pub mod coordinator;
 pub mod cvt;
@@ -46,6 +47,7 @@ pub mod mvcc;
 pub mod occ_cas;
 pub mod phase;
 mod protocol;
+pub mod recovery;
 pub mod scythe;
 pub mod serializability;
 pub mod smallbank;
@@ -53,4 +55,5 @@ pub mod snapshot_isolation;
 pub mod store;
 pub mod tatp;
 pub mod tpcc;
+pub mod txn_id;
 pub mod validation;

@@ -90,6 +90,7 @@
 //! timestamps at least its `queued_ts`, so each queue is in timestamp order and a
 //! transaction waits only for holders with smaller timestamps.
 
+use crate::attempt::{crash_armed, crash_point, CrashPoint};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -188,9 +189,27 @@ impl ConcurrencyControl for Scythe {
             .into_iter()
             .partition(|(_, tk)| tk.is_served());
         drop(queued);
+        let mut first = t.committed;
+        // Armed, the crash point after the first unlock holds the other releases back
+        // until the first passed it (see `Attempt::write_back`).
+        let gate = std::cell::Cell::new(!first || !crash_armed(CrashPoint::AfterFirstUnlock));
+        let (gate, ctx) = (&gate, t.core.store.ctx());
         let (a, b) = join(
             t.release_cvt_locks(),
-            join_all(served.into_iter().map(|(_, tk)| tk.release())),
+            join_all(served.into_iter().map(|(_, tk)| {
+                let crash = std::mem::take(&mut first);
+                async move {
+                    while !crash && !gate.get() {
+                        ctx.yield_now().await;
+                    }
+                    let r = tk.release().await;
+                    if crash {
+                        crash_point(CrashPoint::AfterFirstUnlock).await;
+                        gate.set(true);
+                    }
+                    r
+                }
+            })),
         )
         .await;
         a?;

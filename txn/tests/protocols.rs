@@ -58,6 +58,7 @@ fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
             partition: p,
             partitions,
             tables,
+            log: None,
         };
         let mut exports = BTreeMap::new();
         exports.insert(EXPORT_KEY.into(), serde_json::to_value(&export).unwrap());

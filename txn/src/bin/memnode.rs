@@ -49,6 +49,18 @@ struct Args {
     /// Memory nodes the tables are partitioned over (by key).
     #[arg(long, default_value_t = 1)]
     partitions: u32,
+    /// Commit-log region: compute-node rows (node n uses row n mod this). Compute nodes
+    /// write a log here before each commit's installs, which recovery reads when one
+    /// dies (0 keeps no log region).
+    #[arg(long, default_value_t = txn::commit_log::LogGeometry::default().nodes)]
+    log_nodes: u32,
+    /// Commit-log region: slots (coordinators) per compute-node row.
+    #[arg(long, default_value_t = txn::commit_log::LogGeometry::default().clients)]
+    log_clients: u32,
+    /// Commit-log region: bytes per slot (bounds the objects one commit may install:
+    /// (bytes - 32) / 24).
+    #[arg(long, default_value_t = txn::commit_log::LogGeometry::default().slot_bytes, value_name = "BYTES")]
+    log_slot_bytes: u32,
 }
 
 fn main() -> ExitCode {
@@ -122,12 +134,30 @@ fn run(args: Args) -> anyhow::Result<()> {
         (String::from("no tables"), Vec::new())
     };
     let (tables, regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+    let geometry = txn::commit_log::LogGeometry {
+        nodes: args.log_nodes,
+        clients: args.log_clients,
+        slot_bytes: args.log_slot_bytes,
+    };
+    let log_region = if args.log_nodes == 0 {
+        None
+    } else {
+        geometry.validate().map_err(anyhow::Error::msg)?;
+        let mr = fabric
+            .alloc_mr(geometry.region_bytes() as usize)
+            .context("allocating the commit-log region")?;
+        Some(mr)
+    };
     tracing::info!(ms = t0.elapsed().as_millis() as u64, "loaded {what}");
     let mut exports = BTreeMap::new();
     let export = txn::cvt_remote::MemnodeExport {
         partition: args.partition,
         partitions: args.partitions,
         tables,
+        log: log_region.as_ref().map(|mr| txn::commit_log::LogExport {
+            region: mr.desc(),
+            geometry,
+        }),
     };
     exports.insert(
         txn::cvt_remote::EXPORT_KEY.to_string(),
@@ -157,5 +187,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("signal received; shutting down");
     drop(node);
     drop(regions);
+    drop(log_region);
     Ok(())
 }

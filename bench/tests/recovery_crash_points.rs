@@ -1,0 +1,365 @@
+//! Recovery of a dead coordinator's commits and locks (txn::recovery), at each crash
+//! point of a commit, for every CVT protocol, in one process over the shm fabric: the
+//! dying coordinator freezes at the point (its future never runs again and holds what
+//! it holds, as a killed node's would), a survivor recovers its incarnation, and then:
+//!
+//! - the group it was writing is uniform (all old values, or all new), and which one
+//!   follows the crash point (rolled back before all installs landed, forward after);
+//! - no CVT lock word, insert guard or ticket of it is held (a survivor can write the
+//!   whole group at once);
+//! - planted bugs (no roll-back, a roll-back that ignores a later writer, no sweep) are
+//!   each caught by these checks.
+//!
+//! The crash switches are process-wide, so the tests take turns (`SERIAL`).
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use lockd::embed::{LockService, LockServiceConfig};
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind, MemoryRegion};
+use rrpc::node::{Node, NodeConfig};
+use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
+use rrpc::NodeId;
+use txn::commit_log::{LogExport, LogGeometry};
+use txn::coordinator::{
+    AbortReason, ClusterAddrs, Isolation, Protocol, TxnClient, TxnConfig, TxnError,
+};
+use txn::cvt_remote::{MemnodeExport, EXPORT_KEY};
+use txn::fault::{CrashAction, CrashPoint, RecoveryBug};
+use txn::smallbank::SAVINGS;
+use txn::txn_id::Owner;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const ACCOUNTS: u64 = 64;
+/// The group: savings accounts spread over both partitions.
+const GROUP: [u64; 3] = [3, 17, 40];
+const PROTOCOLS: [Protocol; 3] = [
+    Protocol::OccCas,
+    Protocol::Scythe,
+    Protocol::Mvcc(Isolation::Serializable),
+];
+
+struct Cluster {
+    guard: ClusterGuard,
+    addrs: ClusterAddrs,
+    _mem: Vec<(Node, Vec<[MemoryRegion; 3]>, MemoryRegion)>,
+    _lockd: LockService,
+    _tso: (tso::Oracle, Node),
+}
+
+fn fabric(name: &str, node: u32) -> Fabric {
+    Fabric::open(&FabricConfig::new(FabricKind::Shm, name, NodeId(node))).unwrap()
+}
+
+fn cluster(test: &str) -> Cluster {
+    let (guard, _) = ClusterGuard::new(&format!("rec-{test}-{}", std::process::id())).unwrap();
+    let name = guard.name().to_string();
+    let geometry = LogGeometry {
+        nodes: 16,
+        clients: 64,
+        slot_bytes: 1024,
+    };
+    let (mut mem, mut memnodes) = (Vec::new(), Vec::new());
+    for p in 0..2 {
+        let f = fabric(&name, 1 + p);
+        let loaded = txn::smallbank::load(&f, ACCOUNTS, 3, p, 2).unwrap();
+        let (tables, regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+        let log = f.alloc_mr(geometry.region_bytes() as usize).unwrap();
+        let export = MemnodeExport {
+            partition: p,
+            partitions: 2,
+            tables,
+            log: Some(LogExport {
+                region: log.desc(),
+                geometry,
+            }),
+        };
+        let mut exports = BTreeMap::new();
+        exports.insert(EXPORT_KEY.into(), serde_json::to_value(&export).unwrap());
+        let node = Node::start(
+            f,
+            NodeConfig {
+                role: "memnode".into(),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                exports,
+                rpc: None,
+            },
+        )
+        .unwrap();
+        memnodes.push(node.addr());
+        mem.push((node, regions, log));
+    }
+    let lockd = LockService::start(
+        fabric(&name, 8),
+        "127.0.0.1:0".parse().unwrap(),
+        &LockServiceConfig {
+            locks: 4 * ACCOUNTS,
+            ..LockServiceConfig::default()
+        },
+    )
+    .unwrap();
+    let tf = fabric(&name, 9);
+    let oracle = tso::Oracle::with_epoch(&tf, 1).unwrap();
+    let tso_node = oracle.serve(tf, "127.0.0.1:0".parse().unwrap()).unwrap();
+    Cluster {
+        addrs: ClusterAddrs {
+            memnodes,
+            lockd: Some(lockd.addr()),
+            tso: tso_node.addr(),
+        },
+        guard,
+        _mem: mem,
+        _lockd: lockd,
+        _tso: (oracle, tso_node),
+    }
+}
+
+impl Cluster {
+    /// A client on node `node`, incarnation `inc`, with commit logs.
+    fn client(&self, protocol: Protocol, node: u32, inc: u64) -> Rc<TxnClient> {
+        client_on(&self.addrs, self.guard.name(), protocol, node, inc)
+    }
+}
+
+fn client_on(
+    addrs: &ClusterAddrs,
+    name: &str,
+    protocol: Protocol,
+    node: u32,
+    inc: u64,
+) -> Rc<TxnClient> {
+    {
+        let ctx = ThreadCtx::new(fabric(name, node), RuntimeConfig::default()).unwrap();
+        let cfg = TxnConfig {
+            protocol,
+            commit_log: true,
+            incarnation: inc,
+            lock_wait: Duration::from_millis(300),
+            ..TxnConfig::default()
+        };
+        Rc::new(TxnClient::connect(ctx, addrs, cfg).unwrap())
+    }
+}
+
+fn val(v: u64) -> Vec<u8> {
+    (v as i64).to_le_bytes().to_vec()
+}
+
+/// Write `v` to every object of the group in one transaction, retried on aborts for up
+/// to 5 s. Errors: the last error when it never committed.
+async fn write_group(c: &TxnClient, keys: &[u64], v: u64) -> Result<(), TxnError> {
+    let t0 = Instant::now();
+    loop {
+        let mut t = c.begin();
+        let r = async {
+            t.read_many_for_update(&keys.iter().map(|&k| (SAVINGS, k)).collect::<Vec<_>>())
+                .await?;
+            for &k in keys {
+                t.write(SAVINGS, k, val(v))?;
+            }
+            t.commit().await
+        }
+        .await;
+        match r {
+            Ok(()) => return Ok(()),
+            Err(TxnError::Abort(r))
+                if r != AbortReason::User && t0.elapsed() < Duration::from_secs(5) =>
+            {
+                c.ctx().sleep(Duration::from_micros(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn group_values(c: &TxnClient) -> Vec<u64> {
+    let mut out = Vec::new();
+    for k in GROUP {
+        let (_, v) = c.read_committed(SAVINGS, k).await.unwrap().unwrap();
+        out.push(i64::from_le_bytes(v.try_into().unwrap()) as u64);
+    }
+    out
+}
+
+/// Run the dying coordinator (node 30, incarnation 1) writing `new` to the group until
+/// it freezes at `point`, on a thread of its own that then parks for good: the frozen
+/// coordinator is never polled again and nothing of it is dropped (a destructor would
+/// release what it holds, which a killed node's cannot).
+fn die_at(cl: &Cluster, protocol: Protocol, point: CrashPoint, new: u64) -> Owner {
+    txn::fault::crash_at(Some((point, 1, CrashAction::Freeze)));
+    let (addrs, name) = (cl.addrs.clone(), cl.guard.name().to_string());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let dying = client_on(&addrs, &name, protocol, 30, 1);
+        let owner = dying.owner();
+        let ctx = dying.ctx().clone();
+        let d = dying.clone();
+        ctx.spawn(async move {
+            let _ = write_group(&d, &GROUP, new).await;
+        });
+        let c = ctx.clone();
+        block_on(&ctx, async move {
+            let t0 = Instant::now();
+            while !txn::fault::frozen() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "never reached {point:?}"
+                );
+                c.sleep(Duration::from_micros(100)).await;
+            }
+            // Dead from here: the thread stops inside its executor, which never polls
+            // the frozen coordinator (or anything) again.
+            tx.send(owner).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+    });
+    let owner = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the dying coordinator reached its crash point");
+    txn::fault::crash_at(None);
+    owner
+}
+
+/// What a survivor sees after recovering: the group's values, and whether it can write
+/// the whole group at once (nothing of the dead coordinator held).
+struct After {
+    values: Vec<u64>,
+    /// The later writer of the first object ran (the dead coordinator had released it).
+    later_ran: bool,
+    rolled: (usize, usize),
+    writable: bool,
+    locked_words: usize,
+}
+
+fn crash_and_recover(
+    name: &str,
+    protocol: Protocol,
+    point: CrashPoint,
+    later_writes: u64,
+) -> After {
+    let cl = cluster(name);
+    let live = cl.client(protocol, 40, 1);
+    let l = live.clone();
+    block_on(&live.ctx().clone(), async move {
+        write_group(&l, &GROUP, 1).await.unwrap()
+    });
+    let dead = die_at(&cl, protocol, point, 2);
+    let l = live.clone();
+    let name = name.to_string();
+    block_on(&live.ctx().clone(), async move {
+        // A later writer of the first object, which the dead coordinator may have
+        // released already (crash after its first unlock): enough writes to reuse the
+        // dead coordinator's cell.
+        let later_ran = later_writes > 0 && !l.cvt_locked(SAVINGS, GROUP[0]).await.unwrap();
+        if later_ran {
+            for i in 0..later_writes {
+                write_group(&l, &GROUP[..1], 100 + i).await.unwrap();
+            }
+        }
+        let rep = l.recover(dead).await.unwrap();
+        println!("{name}: recovery: {}", rep.summary());
+        let values = group_values(&l).await;
+        let mut locked_words = 0;
+        for k in 0..ACCOUNTS {
+            locked_words += usize::from(l.cvt_locked(SAVINGS, k).await.unwrap());
+        }
+        let writable = write_group(&l, &GROUP, 7).await.is_ok();
+        After {
+            values,
+            later_ran,
+            rolled: (rep.forward, rep.back),
+            writable,
+            locked_words,
+        }
+    })
+}
+
+fn expect_after(point: CrashPoint) -> u64 {
+    match point {
+        CrashPoint::AfterLock | CrashPoint::AfterLog | CrashPoint::AfterFirstInstall => 1,
+        CrashPoint::AfterInstalls | CrashPoint::AfterFirstUnlock => 2,
+    }
+}
+
+#[test]
+fn every_protocol_recovers_at_every_crash_point() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (i, p) in PROTOCOLS.into_iter().enumerate() {
+        for (j, point) in CrashPoint::ALL.into_iter().enumerate() {
+            let a = crash_and_recover(&format!("all{i}{j}"), p, point, 0);
+            let want = expect_after(point);
+            assert_eq!(a.values, vec![want; GROUP.len()], "{p} at {point:?}");
+            assert_eq!(a.locked_words, 0, "{p} at {point:?}: lock words left held");
+            assert!(
+                a.writable,
+                "{p} at {point:?}: the group cannot be written after recovery"
+            );
+            if point == CrashPoint::AfterFirstInstall {
+                assert_eq!(a.rolled, (0, 1), "{p}: one log, rolled back");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_later_writer_of_a_released_object_survives_recovery() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (i, p) in [Protocol::OccCas, Protocol::Mvcc(Isolation::Serializable)]
+        .into_iter()
+        .enumerate()
+    {
+        // Three later writes with 3 versions per CVT: the dead coordinator's cell of the
+        // first object is reused.
+        let a = crash_and_recover(&format!("late{i}"), p, CrashPoint::AfterFirstUnlock, 3);
+        // When the dead coordinator had released the first object, its later writer's
+        // last value stands and the others keep the dead commit.
+        if a.later_ran {
+            assert_eq!(a.values, vec![102, 2, 2], "{p}");
+        } else {
+            assert_eq!(a.values, vec![2, 2, 2], "{p}");
+        }
+    }
+}
+
+#[test]
+fn planted_recovery_bugs_are_caught() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = Protocol::OccCas;
+    txn::fault::recovery_bug(Some(RecoveryBug::NoRollBack));
+    let a = crash_and_recover("bug-nrb", p, CrashPoint::AfterFirstInstall, 0);
+    txn::fault::recovery_bug(None);
+    assert_ne!(
+        a.values,
+        vec![a.values[0]; GROUP.len()],
+        "no roll-back leaves a half install"
+    );
+
+    txn::fault::recovery_bug(Some(RecoveryBug::NoSweep));
+    let a = crash_and_recover("bug-nsw", p, CrashPoint::AfterLock, 0);
+    txn::fault::recovery_bug(None);
+    assert!(
+        a.locked_words > 0 && !a.writable,
+        "without the sweep the locks stay held"
+    );
+
+    // Roll back unless every logged cell holds its version: after a later writer reused
+    // the dead coordinator's cell of a released object, that writer's commit is lost.
+    txn::fault::recovery_bug(Some(RecoveryBug::RollBackUnlessAllLanded));
+    let a = crash_and_recover("bug-rb", p, CrashPoint::AfterFirstUnlock, 3);
+    txn::fault::recovery_bug(None);
+    assert!(
+        a.later_ran,
+        "the first object was released before the crash"
+    );
+    assert_ne!(
+        a.values,
+        vec![102, 2, 2],
+        "a roll-back after the first unlock went unnoticed"
+    );
+}
