@@ -216,6 +216,30 @@ struct Rec {
     items: Vec<Item>,
 }
 
+/// An async handler's future, polled inside `catch_unwind`: a panic ends it with
+/// `Err(())` instead of unwinding through the server thread's executor (which would end
+/// the thread, and with it every connection assigned to it).
+struct CatchUnwind<F> {
+    fut: F,
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for CatchUnwind<F> {
+    type Output = Result<F::Output, ()>;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let fut = &mut self.fut;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::pin::Pin::new(fut).poll(cx)
+        })) {
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(_) => std::task::Poll::Ready(Err(())),
+        }
+    }
+}
+
 /// Results of async handlers, pushed by their coroutines: ((conn, call), result).
 type Finished = Rc<RefCell<Vec<Answer>>>;
 
@@ -550,31 +574,49 @@ impl Worker {
         let tag = (p.conn, p.hdr.call_id);
         match self.handlers.get(p.hdr.handler) {
             Some(Entry::Async(f)) => {
-                let fut = f(body.to_vec());
+                let id = p.hdr.handler;
                 let finished = self.finished.clone();
                 self.pending.insert(tag, (p, false));
+                // Both the call that makes the future and each poll of it may panic: the
+                // request fails, the thread keeps serving.
+                let fut =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(body.to_vec())));
                 handle.spawn(async move {
-                    let r = fut.await;
+                    let r = match fut {
+                        Ok(fut) => CatchUnwind { fut }.await.unwrap_or_else(|()| {
+                            tracing::error!(handler = id, "async RPC handler panicked");
+                            Err(format!("handler {id} panicked"))
+                        }),
+                        Err(_) => {
+                            tracing::error!(handler = id, "async RPC handler panicked");
+                            Err(format!("handler {id} panicked"))
+                        }
+                    };
                     finished.borrow_mut().push((tag, r));
                 });
             }
-            Some(Entry::Sorted(key, _)) => match key(body) {
-                Some((k, ts)) => {
-                    self.sorted_out.push(SortedReq {
-                        worker: self.index,
-                        key: k,
-                        ts,
-                        id: p.hdr.handler,
-                        tag,
-                        payload: body.to_vec(),
-                    });
-                    self.pending.insert(tag, (p, false));
+            Some(Entry::Sorted(key, _)) => {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| key(body)))
+                    .ok()
+                    .flatten()
+                {
+                    Some((k, ts)) => {
+                        self.sorted_out.push(SortedReq {
+                            worker: self.index,
+                            key: k,
+                            ts,
+                            id: p.hdr.handler,
+                            tag,
+                            payload: body.to_vec(),
+                        });
+                        self.pending.insert(tag, (p, false));
+                    }
+                    None => {
+                        let msg = b"malformed request for a sorted-batch handler";
+                        self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg);
+                    }
                 }
-                None => {
-                    let msg = b"malformed request for a sorted-batch handler";
-                    self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg);
-                }
-            },
+            }
             _ => {
                 let mut out = std::mem::take(&mut self.out);
                 let kind = self.handlers.call(p.hdr.handler, body, &mut out);
