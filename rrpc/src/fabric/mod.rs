@@ -273,6 +273,16 @@ pub enum FabricError {
         /// Its error (with errno meaning).
         what: String,
     },
+    /// A file or directory of the shm fabric is not what this process creates there (a
+    /// symlink, not a regular file or directory, another user's, or writable by group or
+    /// others): refused rather than mapped, since another local user could plant it.
+    #[error("refusing {path}: {why}")]
+    UnsafeFile {
+        /// The path.
+        path: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The backend was not compiled in.
     #[error("this build has no {0} backend (build with --features verbs)")]
     NotBuilt(&'static str),

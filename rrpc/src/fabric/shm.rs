@@ -59,6 +59,85 @@ fn io_err(op: &'static str) -> impl FnOnce(std::io::Error) -> FabricError {
     move |source| FabricError::Io { op, source }
 }
 
+/// Open `path` with `opts` without following a symlink at its last component
+/// (`O_NOFOLLOW`), then check the file opened (`fstat`, so no race with a swap of the
+/// path): a regular file owned by this process's effective uid and writable by nobody
+/// else. Every file of the shm fabric is created so (mode 0600); anything else was
+/// planted. Errors: [`FabricError::Io`] from the open (`ELOOP` for a symlink, reported
+/// as [`FabricError::UnsafeFile`]), [`FabricError::UnsafeFile`] naming the path.
+fn open_checked(path: &Path, opts: &mut OpenOptions, op: &'static str) -> Result<File> {
+    let file = opts
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                unsafe_file(path, "it is a symbolic link")
+            } else {
+                io_err(op)(e)
+            }
+        })?;
+    let meta = file.metadata().map_err(io_err(op))?;
+    check_owned(path, &meta, false)?;
+    Ok(file)
+}
+
+fn unsafe_file(path: &Path, why: impl Into<String>) -> FabricError {
+    FabricError::UnsafeFile {
+        path: path.display().to_string(),
+        why: why.into(),
+    }
+}
+
+/// Whether `meta` (of `path`) is what this process creates there: a regular file (or a
+/// directory, if `dir`), owned by our effective uid, not writable by group or others.
+fn check_owned(path: &Path, meta: &std::fs::Metadata, dir: bool) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        return Err(unsafe_file(path, "it is a symbolic link"));
+    }
+    if dir && !ft.is_dir() {
+        return Err(unsafe_file(path, "it is not a directory"));
+    }
+    if !dir && !ft.is_file() {
+        return Err(unsafe_file(path, "it is not a regular file"));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid {
+        return Err(unsafe_file(
+            path,
+            format!(
+                "owned by uid {}, not by this process's uid {euid}",
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(unsafe_file(
+            path,
+            format!(
+                "mode {:o} lets group or others write it",
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Create directory `d` (mode 0700) unless it exists; either way check, without
+/// following a symlink, that it is a directory of ours writable by nobody else.
+fn ensure_dir(d: &Path) -> Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(d) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(io_err("create cluster dir")(e))
+        }
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(d).map_err(io_err("create cluster dir"))?;
+    check_owned(d, &meta, true)
+}
+
 /// Where cluster directories live: `RRPC_SHM_ROOT`, else a hugetlbfs mount when
 /// hugepages are reserved, else `/dev/shm`. Returns the root and whether it is hugetlbfs.
 pub fn shm_root() -> (PathBuf, bool) {
@@ -127,6 +206,11 @@ pub enum ClusterDirState {
 pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
     let dir = cluster_dir(name);
     let (mrs, _) = mr_dir(name);
+    for d in [&dir, &mrs] {
+        if let Ok(meta) = std::fs::symlink_metadata(d) {
+            check_owned(d, &meta, true)?;
+        }
+    }
     if !dir.exists() {
         if mrs.exists() {
             // MR files without a control directory: nobody can be alive.
@@ -142,7 +226,8 @@ pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
         files += 1;
         let path = entry.path();
         if path.extension().is_some_and(|e| e == "alive") {
-            if let Ok(f) = File::open(&path) {
+            if let Ok(f) = open_checked(&path, OpenOptions::new().read(true), "open liveness file")
+            {
                 if !try_lock(&f, libc::LOCK_SH) {
                     return Err(FabricError::NodeInUse {
                         node: node_of_alive_file(&path).unwrap_or(NodeId::MAX),
@@ -305,22 +390,19 @@ impl ShmFabric {
         let dir = cluster_dir(cluster);
         let (mr_dir, huge) = mr_dir(cluster);
         for d in [&dir, &mr_dir] {
-            match std::fs::DirBuilder::new().mode(0o700).create(d) {
-                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                    return Err(io_err("create cluster dir")(e))
-                }
-                _ => {}
-            }
+            ensure_dir(d)?;
         }
         let alive_path = dir.join(format!("n{node}.alive"));
-        let mut alive = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&alive_path)
-            .map_err(io_err("create liveness file"))?;
+        let mut alive = open_checked(
+            &alive_path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+            "create liveness file",
+        )?;
         if !try_lock(&alive, libc::LOCK_EX) {
             return Err(FabricError::NodeInUse {
                 node,
@@ -441,13 +523,15 @@ impl ShmFabric {
         };
         let file_len = (MR_HEADER_BYTES + len).div_ceil(page) * page;
         let path = dir.join(format!("n{}-mr{key}", self.inner.node));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err("create MR file"))?;
+        let file = open_checked(
+            &path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600),
+            "create MR file",
+        )?;
         file.set_len(file_len as u64)
             .map_err(io_err("size MR file"))?;
         // SAFETY: the file is ours, freshly created with mode 0600; peers map it too,
@@ -567,10 +651,11 @@ impl ShmFabric {
         }
         let name = format!("n{node}-mr{rkey}");
         let open = |d: &Path| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(d.join(&name))
+            open_checked(
+                &d.join(&name),
+                OpenOptions::new().read(true).write(true),
+                "map peer MR",
+            )
         };
         let file = open(&self.inner.mr_dir)
             .or_else(|_| open(&self.inner.dir))
@@ -682,7 +767,11 @@ fn live_word(map: &MmapMut) -> &AtomicU64 {
 
 /// Clear the live word of the MR file at `path` (of a dead incarnation of this node).
 fn retire_mr_file(path: &Path) {
-    let Ok(file) = OpenOptions::new().read(true).write(true).open(path) else {
+    let Ok(file) = open_checked(
+        path,
+        OpenOptions::new().read(true).write(true),
+        "retire MR file",
+    ) else {
         return;
     };
     if file
@@ -897,7 +986,11 @@ impl ShmQp {
     /// Connect to the peer's endpoint: open its liveness file.
     pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
         let path = self.fabric.dir.join(format!("n{}.alive", remote.node));
-        let alive = File::open(&path).map_err(io_err("connect QP: open peer liveness file"))?;
+        let alive = open_checked(
+            &path,
+            OpenOptions::new().read(true),
+            "connect QP: open peer liveness file",
+        )?;
         if try_lock(&alive, libc::LOCK_SH) {
             return Err(FabricError::QpError {
                 peer: remote.node,
@@ -1342,14 +1435,16 @@ unsafe fn deliver_send(
 /// (openers racing to create it set the same length). For words shared by every process
 /// of the cluster and accessed only as atomics; `what` names the file in errors.
 fn map_shared_words(path: &Path, bytes: usize, what: &'static str) -> Result<MmapMut> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_err(what))?;
+    let file = open_checked(
+        path,
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600),
+        what,
+    )?;
     if file.metadata().map_err(io_err(what))?.len() < bytes as u64 {
         file.set_len(bytes as u64).map_err(io_err(what))?;
     }
