@@ -245,3 +245,100 @@ fn every_batching_mode_delivers_and_batches_as_named() {
         }
     }
 }
+
+/// A node that goes away and comes back (a new process under the same node id, at the
+/// same address): calls fail while it is gone, within the reconnect give-up time and
+/// the call deadline (never hang), and the next calls after it is back reach it again
+/// on the same thread, without the caller asking to reconnect.
+#[test]
+fn a_node_that_restarts_is_reached_again_by_the_next_calls() {
+    use rrpc::node::{Node, NodeConfig};
+    use rrpc::runtime::{block_on, CallError, OneSidedError};
+    let c = setup("straws", "restart");
+    let start_at = |listen: std::net::SocketAddr| {
+        Node::start(
+            fabric(c.name(), 1),
+            NodeConfig {
+                role: "echo".into(),
+                listen,
+                exports: Default::default(),
+                rpc: Some((common::echo_handlers(), 1)),
+            },
+        )
+    };
+    let srv = start_at("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = srv.addr();
+    let ctx = ThreadCtx::new(
+        fabric(c.name(), 100),
+        RuntimeConfig {
+            call_timeout: Duration::from_millis(500),
+            reconnect_give_up: Duration::from_millis(200),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let node = ctx.connect_rpc(addr).unwrap().node;
+    let call = |ctx: &Rc<ThreadCtx>| {
+        let c2 = ctx.clone();
+        block_on(ctx, async move { c2.call(node, ECHO, b"ping").await })
+    };
+    assert_eq!(call(&ctx).unwrap(), b"ping");
+    drop(srv);
+    // Gone: calls fail (the pool finds the node dead, or the deadline passes).
+    assert!(
+        eventually(Duration::from_secs(30), || matches!(
+            call(&ctx),
+            Err(CallError::PeerGone { .. })
+        )),
+        "calls to a stopped node never failed with PeerGone"
+    );
+    assert!(matches!(
+        call(&ctx),
+        Err(CallError::PeerGone { .. } | CallError::Timeout { .. })
+    ));
+    // Back under the same id and address (the old process's fabric is released once
+    // its threads have stopped).
+    let mut again = None;
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            again = start_at(addr).ok();
+            again.is_some()
+        }),
+        "node 1 could not start again"
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || call(&ctx)
+            .is_ok_and(|r| r == b"ping")),
+        "calls never reached the restarted node"
+    );
+    // One-sided ops reach it again as well (the connection was made anew).
+    let c2 = ctx.clone();
+    let r = block_on(&ctx, async move {
+        c2.read(node, rrpc::fabric::RemoteAddr { addr: 0, rkey: 0 }, 8)
+            .await
+    });
+    assert!(
+        matches!(r, Err(OneSidedError::Completion { .. })),
+        "a bad rkey fails its op, not the connection: {r:?}"
+    );
+    assert_eq!(call(&ctx).unwrap(), b"ping");
+    drop(again);
+}
+
+#[test]
+fn reconnect_backoff_doubles_from_1ms_to_100ms() {
+    use rrpc::straw::{next_backoff, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};
+    let mut p = None;
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let d = next_backoff(p);
+        seen.push(d.as_millis());
+        p = Some(d);
+    }
+    assert_eq!(seen, [1, 2, 4, 8, 16, 32, 64, 100, 100, 100]);
+    assert_eq!(next_backoff(None), RECONNECT_BACKOFF_MIN);
+    assert_eq!(
+        next_backoff(Some(Duration::from_secs(5))),
+        RECONNECT_BACKOFF_MAX
+    );
+}

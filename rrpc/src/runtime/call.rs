@@ -58,6 +58,7 @@ impl ThreadCtx {
         opts: CallOpts,
     ) -> Result<Vec<u8>, CallError> {
         let plan = CallPlan::new(&opts, &self.cfg, req.len())?;
+        self.revive(node);
         let id = self.send_request(node, handler, req, plan).await?;
         let (reply, held) = CallWait {
             ctx: self,

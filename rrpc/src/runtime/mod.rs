@@ -350,6 +350,38 @@ impl ThreadCtx {
         Ok(info)
     }
 
+    /// If this thread's connection to `node` failed because its pool found the node
+    /// dead, and the node answers on its control plane again (a restarted process under
+    /// the same id and address, seen by a probe off this thread: [`Straw::revived`]),
+    /// connect anew as [`ThreadCtx::reconnect`] does (and open a Rocket pair again if the
+    /// old connection had one). Blocks for that connection setup only once the node is
+    /// back; otherwise costs an atomic load or two. Called as each call and one-sided op
+    /// starts, so a node that comes back is reached on the next call instead of failing
+    /// forever.
+    fn revive(&self, node: NodeId) {
+        let (addr, had_rpc) = {
+            let inner = self.inner.borrow();
+            let Some(&ci) = inner.by_node.get(&node) else {
+                return;
+            };
+            let c = &inner.conns[ci];
+            if c.straw.dead().is_none() || !c.straw.revived() {
+                return;
+            }
+            (c.straw.addr(), c.rpc.is_some())
+        };
+        let r = self.reconnect(addr).and_then(|info| {
+            if had_rpc && info.node == node {
+                self.connect_rpc(addr)?;
+            }
+            Ok(info)
+        });
+        match r {
+            Ok(_) => tracing::info!(%node, "reconnected to a node that came back"),
+            Err(e) => tracing::debug!(%node, error = %e, "node came back; reconnecting failed"),
+        }
+    }
+
     /// Attach this thread to the straw of `info.node` for `kind`; returns the conn index.
     fn attach(
         &self,
@@ -526,6 +558,7 @@ impl ThreadCtx {
         timing: Option<&mut Option<OpTiming>>,
     ) -> Result<Vec<u8>, OneSidedError> {
         let timed = timing.is_some();
+        self.revive(node);
         let id = std::future::poll_fn(|cx| {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
