@@ -317,6 +317,9 @@ struct LocalMr {
 
 struct FabricInner {
     node: NodeId,
+    /// This process's incarnation of `node`.
+    incarnation: u64,
+    fences: Arc<super::Fences>,
     cluster: String,
     /// Liveness files.
     dir: PathBuf,
@@ -381,6 +384,17 @@ impl ShmFabric {
         node: NodeId,
         model: Option<Arc<TimingModel>>,
     ) -> Result<Self> {
+        Self::open_as(cluster, node, model, super::default_incarnation())
+    }
+
+    /// [`ShmFabric::open_with_model`] as incarnation `incarnation` of `node` (see
+    /// [`super::Fabric::incarnation`]). Errors: as [`ShmFabric::open_with_model`].
+    pub fn open_as(
+        cluster: &str,
+        node: NodeId,
+        model: Option<Arc<TimingModel>>,
+        incarnation: u64,
+    ) -> Result<Self> {
         if cluster.is_empty() || cluster.contains('/') || cluster.contains("..") {
             return Err(FabricError::InvalidArgument {
                 op: "open fabric",
@@ -429,6 +443,8 @@ impl ShmFabric {
         Ok(Self {
             inner: Arc::new(FabricInner {
                 node,
+                incarnation,
+                fences: Arc::default(),
                 cluster: cluster.to_string(),
                 dir,
                 mr_dir,
@@ -473,6 +489,15 @@ impl ShmFabric {
     /// Node id.
     pub fn node(&self) -> NodeId {
         self.inner.node
+    }
+
+    /// This process's incarnation of its node id.
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation
+    }
+
+    pub(super) fn fences(&self) -> &Arc<super::Fences> {
+        &self.inner.fences
     }
 
     /// One-line description.
@@ -608,6 +633,7 @@ impl ShmFabric {
             local_gen: 0,
             rq,
             peer_rq: None,
+            peer_state: None,
             timing: match &self.inner.model {
                 Some(m) => Some(QpTiming {
                     model: m.clone(),
@@ -808,6 +834,7 @@ impl RemoteCache {
 // Shared receive queue of a shm QP (SEND/RECV). A NIC keeps this state on the card; here
 // it is a small MR of the owner's that the sending peer maps:
 //   [0, 8)     completed: receive completions written, by the sender (its only writer)
+//   [16, 24)   the owning QP's state (RQ_STATE), written by the owner
 //   [64, ..)   RQ_DEPTH descriptors of 32 bytes: wr_id, addr, len, lkey (owner writes)
 //   [.., ..)   RQ_DEPTH completions of 16 bytes: wr_id, byte_len, status (sender writes)
 // and the count of posted descriptors lives at [8, 16), written only by the owner.
@@ -815,6 +842,10 @@ impl RemoteCache {
 const RQ_DEPTH: u64 = 256;
 const RQ_COMPLETED: usize = 0;
 const RQ_POSTED: usize = 8;
+/// The owning QP's state word: 0 while it may be used, 1 once it was moved to the error
+/// state by a fence ([`super::Fabric::fence`]). Written only by the owner; the peer reads
+/// it before executing each of its WRs, as a NIC would look at the responder QP's state.
+const RQ_STATE: usize = 16;
 const RQ_DESC: usize = 64;
 const RQ_DESC_BYTES: usize = 32;
 const RQ_CQE: usize = RQ_DESC + RQ_DEPTH as usize * RQ_DESC_BYTES;
@@ -916,6 +947,9 @@ pub struct ShmQp {
     rq: Arc<RecvQueue>,
     /// The peer's receive queue (we SEND into it).
     peer_rq: Option<RemoteAddr>,
+    /// The mapping of the peer's receive queue and the address of its QP's state word
+    /// ([`RQ_STATE`]), checked before each WR.
+    peer_state: Option<(Arc<RemoteMr>, u64)>,
     /// Under a timing model: the NICs and the QP's RC order.
     timing: Option<QpTiming>,
 }
@@ -946,7 +980,34 @@ impl ShmQp {
                 addr: self.rq.mr.addr(),
                 rkey: self.rq.mr.key(),
             }),
+            incarnation: self.fabric.incarnation,
         }
+    }
+
+    /// What a fence calls to move this QP to the error state from any thread: it sets
+    /// the state word in the QP's shared receive queue, which this QP's own state and
+    /// the peer's every WR look at.
+    pub(super) fn kill_handle(&self) -> super::KillQp {
+        let rq = Arc::downgrade(&self.rq);
+        Box::new(move || {
+            if let Some(rq) = rq.upgrade() {
+                rq.word(RQ_STATE).store(1, Ordering::Release);
+            }
+        })
+    }
+
+    /// Whether the peer's end of this QP is down: moved to the error state by a fence,
+    /// or destroyed (its receive queue deregistered; the peer's node reaps fenced and
+    /// failed QPs). A NIC's requests to such a QP go unanswered.
+    fn peer_fenced(&self) -> bool {
+        self.peer_state.as_ref().is_some_and(|(m, addr)| {
+            m.ptr(*addr, 8).is_none_or(|p| {
+                // SAFETY: `p` is 8 bytes inside the peer's live, page-aligned receive
+                // queue mapping (bounds-checked by `ptr`), RQ_STATE is 8-byte aligned,
+                // and AtomicU64 has u64's layout.
+                unsafe { &*(p as *const AtomicU64) }.load(Ordering::Acquire) != 0
+            })
+        })
     }
 
     /// Post receive buffers. Errors: more than the free slots of the receive queue.
@@ -1003,6 +1064,10 @@ impl ShmQp {
             remote: HashMap::default(),
         });
         self.peer_rq = remote.recv_queue;
+        self.peer_state = remote.recv_queue.and_then(|rq| {
+            let m = self.remote_mr(rq.rkey)?;
+            Some((m, rq.addr + RQ_STATE as u64))
+        });
         if let Some(t) = &mut self.timing {
             let fabric = ShmFabric {
                 inner: self.fabric.clone(),
@@ -1025,8 +1090,9 @@ impl ShmQp {
             .timing
             .as_ref()
             .is_some_and(|t| t.error.load(Ordering::Relaxed))
+            || self.rq.word(RQ_STATE).load(Ordering::Acquire) != 0
         {
-            self.state = QpState::Error;
+            self.set_error();
         }
         self.state
     }
@@ -1082,6 +1148,9 @@ impl ShmQp {
         for wr in wrs {
             let status = if self.state == QpState::Error {
                 WcStatus::Flushed
+            } else if self.peer_fenced() {
+                // The responder's QP is in error: a NIC's requests go unanswered.
+                WcStatus::RetryExceeded
             } else {
                 self.execute(wr)
             };
@@ -1200,6 +1269,7 @@ impl ShmQp {
             let local = self.local_ptr(wr.sge.addr, len, wr.sge.lkey);
             let target = match local {
                 _ if self.state == QpState::Error => Target::Failed(WcStatus::Flushed),
+                _ if self.peer_fenced() => Target::Failed(WcStatus::RetryExceeded),
                 None => Target::Failed(WcStatus::LocalProtection),
                 Some(_) => self.resolve(wr),
             };

@@ -290,6 +290,7 @@ impl ThreadCtx {
         let accept: RpcAccept = c
             .call_typed(&CtrlRequest::ConnectRocket(RocketOffer {
                 node: fabric.node(),
+                incarnation: fabric.incarnation(),
                 straw: self.straws.id(),
                 geometry,
                 batching: self.cfg.batching,
