@@ -685,6 +685,13 @@ impl VerbsQp {
         struct Raw(std::ptr::NonNull<rdma_mummy_sys::ibv_qp>);
         // SAFETY: see above; the pointer is only dereferenced by libibverbs.
         unsafe impl Send for Raw {}
+        impl Raw {
+            // A method, so the closure captures the whole `Raw` (which is Send), not
+            // its field.
+            fn ptr(&self) -> *mut rdma_mummy_sys::ibv_qp {
+                self.0.as_ptr()
+            }
+        }
         // SAFETY: the handle is valid while the QP lives, which the caller guarantees.
         let raw = Raw(unsafe { sideway::ibverbs::queue_pair::QueuePair::qp(&self.qp) });
         Box::new(move || {
@@ -696,7 +703,7 @@ impl VerbsQp {
             // and `attr` is a valid, initialised attribute struct.
             let rc = unsafe {
                 rdma_mummy_sys::ibv_modify_qp(
-                    raw.0.as_ptr(),
+                    raw.ptr(),
                     &mut attr,
                     rdma_mummy_sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as _,
                 )
