@@ -194,6 +194,19 @@ impl SharedQp {
         mailbox: &Arc<Mailbox>,
         token: u64,
     ) -> Result<usize, FabricError> {
+        self.post_list(wrs, mailbox, token, false)
+    }
+
+    /// [`SharedQp::post`], and with `whole` all of `wrs` or nothing (0 when the send
+    /// queue has no room for the whole list): for WRs that must go out as one list, on
+    /// one QP, so that RC orders them and an error stops the rest of them.
+    pub fn post_list(
+        &self,
+        wrs: &mut [SendWr],
+        mailbox: &Arc<Mailbox>,
+        token: u64,
+        whole: bool,
+    ) -> Result<usize, FabricError> {
         let mut s = lock(&self.slot);
         let s = &mut *s;
         if self.broken.load(Ordering::Relaxed) {
@@ -208,7 +221,7 @@ impl SharedQp {
             s.sq_depth - s.outstanding
         };
         let n = wrs.len().min(room);
-        if n == 0 {
+        if n == 0 || (whole && n < wrs.len()) {
             return Ok(0);
         }
         let seq = s.next_seq;
