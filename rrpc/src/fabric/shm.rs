@@ -19,6 +19,16 @@
 //! the kernel drops it when the process dies however it dies. A QP probes its peer's
 //! lock (at most once a millisecond) and enters the error state when the peer is gone,
 //! as an RC QP does after its retry count is exhausted.
+//!
+//! Fencing ([`super::Fabric::fence`]): each QP's receive-queue MR holds a state word that
+//! only its owner writes. A fence sets it on every QP of the fenced (node, incarnation);
+//! the owner's QP is then in error, and the peer, which executes its own one-sided WRs
+//! on the owner's memory, reads the word of the owner's end before each WR and fails it
+//! (`RetryExceeded`, as a NIC's unanswered requests end) once it is set or the owner
+//! destroyed that QP. The residual window: a peer paused between that check and its
+//! store still lands that one store after the fence returned; under the timing model
+//! the check is made when the WR is posted, not when it executes. On verbs the NIC
+//! closes the window (our end of the QP is in ERR).
 
 use crate::NodeId;
 use std::cmp::Reverse;
