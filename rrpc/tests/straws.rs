@@ -342,3 +342,108 @@ fn reconnect_backoff_doubles_from_1ms_to_100ms() {
         RECONNECT_BACKOFF_MAX
     );
 }
+
+/// A TCP forwarder to `to` on `port` (0: pick one) that can stop accepting for a while:
+/// the control plane of a node behind a flapping link. Connections already made stay.
+struct Flappy {
+    port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Flappy {
+    fn start(to: std::net::SocketAddr) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (u, s) = (up.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut listener = Some(l);
+            while !s.load(Ordering::Relaxed) {
+                if !u.load(Ordering::Relaxed) {
+                    listener = None; // the port refuses connections
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                let l = listener.get_or_insert_with(|| {
+                    std::net::TcpListener::bind(("127.0.0.1", port)).unwrap()
+                });
+                l.set_nonblocking(true).unwrap();
+                match l.accept() {
+                    Ok((a, _)) => {
+                        a.set_nonblocking(false).unwrap();
+                        let b = std::net::TcpStream::connect(to).unwrap();
+                        for (mut from, mut into) in
+                            [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)]
+                        {
+                            std::thread::spawn(move || {
+                                let _ = std::io::copy(&mut from, &mut into);
+                                let _ = into.shutdown(std::net::Shutdown::Write);
+                            });
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        });
+        Self { port, up, stop }
+    }
+    fn addr(&self) -> std::net::SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+    fn set_up(&self, up: bool) {
+        self.up.store(up, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Flappy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A link flap shorter than the reconnect give-up time: the QPs fail while the node's
+/// control plane refuses connections; the reconnect keeps trying with backoff, and once
+/// the control plane is back the QPs are reconnected and the calls made meanwhile
+/// complete. The node is never reported dead.
+#[test]
+fn a_control_plane_flap_is_bridged_by_reconnect_backoff() {
+    use rrpc::runtime::block_on;
+    let c = setup("straws", "flap");
+    let srv = server(c.name(), 1);
+    let link = Flappy::start(srv.addr());
+    let ctx = ThreadCtx::new(
+        fabric(c.name(), 100),
+        RuntimeConfig {
+            call_timeout: Duration::from_secs(20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let node = ctx.connect_rpc(link.addr()).unwrap().node;
+    let c2 = ctx.clone();
+    assert_eq!(
+        block_on(&ctx, async move { c2.call(node, ECHO, b"a").await }).unwrap(),
+        b"a"
+    );
+    link.set_up(false);
+    std::thread::sleep(Duration::from_millis(20));
+    ctx.inject_qp_error(node, QpKind::Rpc).unwrap();
+    // The link comes back 300 ms later, while the call below waits for a usable QP.
+    let up = {
+        let up = link.up.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            up.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    let c2 = ctx.clone();
+    let r = block_on(&ctx, async move { c2.call(node, ECHO, b"b").await });
+    up.join().unwrap();
+    assert_eq!(r.unwrap(), b"b");
+    let straw = ctx.straws().get(node).unwrap();
+    assert!(straw.dead().is_none(), "the node was reported dead");
+    assert!(straw.reconnects() >= 1);
+}
