@@ -528,8 +528,9 @@ impl Straws {
 
     /// The straw to `node` (control plane at `addr`), creating it on first use, and
     /// again once the old one is dead (the node was unreachable; a restarted node under
-    /// the same id gets a fresh straw, while threads still holding the dead one keep
-    /// failing with `PeerGone` until they reconnect).
+    /// the same id gets a fresh straw, while threads still holding the dead one fail
+    /// with `PeerGone` until they reconnect, which the runtime does on their next call
+    /// once [`Straw::revived`] finds the node back).
     pub fn straw(self: &Arc<Self>, node: NodeId, addr: SocketAddr) -> Arc<Straw> {
         let mut nodes = lock(&self.nodes);
         if let Some(s) = nodes.get(&node) {
