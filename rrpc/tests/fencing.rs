@@ -19,6 +19,8 @@ use common::ECHO;
 const WHO: u16 = 40;
 /// A sorted-batch handler replying with each request's caller, as WHO does.
 const WHO_SORTED: u16 = 41;
+/// An async handler replying with its caller, as WHO does.
+const WHO_ASYNC: u16 = 42;
 
 fn who(node: NodeId, incarnation: u64) -> Vec<u8> {
     let mut v = node.get().to_le_bytes().to_vec();
@@ -44,6 +46,9 @@ fn start_server(cluster: &str) -> (Node, MemoryRegion) {
             }
         },
     );
+    h.register_async_with_caller(WHO_ASYNC, |c, _req| async move {
+        Ok(who(c.node, c.incarnation))
+    });
     let mut exports = BTreeMap::new();
     exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
     let n = Node::start(
@@ -89,14 +94,16 @@ fn handlers_see_the_caller_the_connection_authenticated() {
     let (srv, _mr) = start_server(c.name());
     let ctx = client(c.name(), 0xabc);
     let node = ctx.connect_rpc(srv.addr()).unwrap().node;
-    let (plain, sorted) = run(&ctx, async move |ctx| {
+    let (plain, sorted, asynch) = run(&ctx, async move |ctx| {
         (
             ctx.call(node, WHO, b"I am node 7").await.unwrap(),
             ctx.call(node, WHO_SORTED, b"").await.unwrap(),
+            ctx.call(node, WHO_ASYNC, b"").await.unwrap(),
         )
     });
     assert_eq!(plain, who(NodeId(100), 0xabc));
     assert_eq!(sorted, who(NodeId(100), 0xabc));
+    assert_eq!(asynch, who(NodeId(100), 0xabc));
 }
 
 #[test]

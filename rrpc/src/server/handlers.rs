@@ -43,6 +43,9 @@ pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>>>>;
 /// An async handler: called on a server thread with the request payload.
 pub type AsyncHandler = Arc<dyn Fn(Vec<u8>) -> HandlerFuture + Send + Sync>;
 
+/// An async handler that is told its caller ([`Handlers::register_async_with_caller`]).
+pub type AsyncCallerHandler = Arc<dyn Fn(Caller, Vec<u8>) -> HandlerFuture + Send + Sync>;
+
 /// One request of a sorted batch.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchReq<'a> {
@@ -68,6 +71,7 @@ pub(crate) enum Entry {
     Sync(Handler),
     SyncCaller(CallerHandler),
     Async(AsyncHandler),
+    AsyncCaller(AsyncCallerHandler),
     Sorted(KeyFn, BatchFn),
 }
 
@@ -134,6 +138,20 @@ impl Handlers {
         self
     }
 
+    /// Register an async handler `id` as [`Handlers::register_async`] does, and tell it
+    /// each request's [`Caller`].
+    pub fn register_async_with_caller<F, Fut>(&mut self, id: u16, f: F) -> &mut Self
+    where
+        F: Fn(Caller, Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<u8>, String>> + 'static,
+    {
+        self.map.insert(
+            id,
+            Entry::AsyncCaller(Arc::new(move |c, req| Box::pin(f(c, req)))),
+        );
+        self
+    }
+
     /// Register a sorted-batch handler `id` (Scythe 4.4, Fig. 16): the requests for `id`
     /// that the server's threads received since the batch last ran, from all their
     /// Rockets, are sorted by `key(payload)` = (object key, timestamp) (stable, so equal
@@ -154,7 +172,9 @@ impl Handlers {
 
     /// Whether some handler is async (its server threads then need a runtime).
     pub fn has_async(&self) -> bool {
-        self.map.values().any(|e| matches!(e, Entry::Async(_)))
+        self.map
+            .values()
+            .any(|e| matches!(e, Entry::Async(_) | Entry::AsyncCaller(_)))
     }
 
     pub(crate) fn get(&self, id: u16) -> Option<&Entry> {

@@ -586,14 +586,18 @@ impl Worker {
     fn dispatch(&mut self, ci: usize, p: Pending, body: &[u8], handle: &exec::Handle) {
         let tag = (p.conn, p.hdr.call_id);
         match self.handlers.get(p.hdr.handler) {
-            Some(Entry::Async(f)) => {
+            Some(e @ (Entry::Async(_) | Entry::AsyncCaller(_))) => {
                 let id = p.hdr.handler;
+                let caller = self.conns[ci].caller;
                 let finished = self.finished.clone();
                 self.pending.insert(tag, (p, false));
                 // Both the call that makes the future and each poll of it may panic: the
                 // request fails, the thread keeps serving.
-                let fut =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(body.to_vec())));
+                let fut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match e {
+                    Entry::AsyncCaller(f) => f(caller, body.to_vec()),
+                    Entry::Async(f) => f(body.to_vec()),
+                    _ => unreachable!("matched above"),
+                }));
                 handle.spawn(async move {
                     let r = match fut {
                         Ok(fut) => CatchUnwind { fut }.await.unwrap_or_else(|()| {
