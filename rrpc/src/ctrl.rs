@@ -79,6 +79,11 @@ pub enum CtrlRequest {
 pub struct RocketOffer {
     /// The requester's node id.
     pub node: NodeId,
+    /// The requester's incarnation of that id ([`crate::fabric::Fabric::incarnation`]);
+    /// handlers see it as [`crate::server::Caller::incarnation`] (0 from a requester
+    /// that predates incarnations).
+    #[serde(default)]
+    pub incarnation: u64,
     /// The requester's straw pool id.
     pub straw: u64,
     /// Geometry of both rings (the server refuses one beyond its limits).

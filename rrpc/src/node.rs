@@ -137,6 +137,21 @@ impl Node {
         })
     }
 
+    /// Fence incarnation `incarnation` of node `peer` (FaRM-style: after a membership
+    /// service declared it dead, so that a false suspicion cannot corrupt anything):
+    /// every QP of this node connected to it, passive one-sided ones and RPC ones, moves
+    /// to the error state, so its later one-sided operations complete with an error and
+    /// leave memory untouched (see [`Fabric::fence`] for the shm backend's residual
+    /// window); its Rockets are dropped unanswered; its later connection setups are
+    /// refused. A new incarnation of the same node id connects as usual. Returns how many
+    /// QPs were moved to the error state.
+    pub fn fence(&self, peer: crate::NodeId, incarnation: u64) -> usize {
+        match &self.shared.rpc {
+            Some(rpc) => rpc.fence(peer, incarnation),
+            None => self.shared.fabric.fence(peer, incarnation),
+        }
+    }
+
     /// The bootstrap address peers connect to.
     pub fn addr(&self) -> SocketAddr {
         self.bootstrap.as_ref().expect("running").local_addr()

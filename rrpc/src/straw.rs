@@ -14,8 +14,13 @@
 //! (error completion, or the state machine in error) is marked broken, every outstanding
 //! list is reported failed to its owner (which replays Rocket buckets and fails one-sided
 //! ops), and the pool reconnects it over the control plane: the peer destroys its end
-//! first, so nothing from the old QP can land after the replay. If the peer's control
-//! plane cannot be reached the node is dead and every user fails with `PeerGone`.
+//! first, so nothing from the old QP can land after the replay. While the peer's control
+//! plane cannot be reached the reconnect is retried with exponential backoff (1 ms
+//! doubling to 100 ms) for up to [`StrawConfig::reconnect_give_up`], so a link flap
+//! shorter than that costs a replay, not the node; after it (or at once when the peer
+//! answers but refuses: a restarted process) the node is dead and every user fails
+//! with `PeerGone`, until [`Straw::revived`] finds it answering again and a caller
+//! connects anew over a fresh straw (the runtime does so on its next call to it).
 //!
 //! Reconnecting runs on the pool's control thread, never on a runtime thread: a runtime
 //! thread that finds a QP broken asks for the reconnect ([`Straw::request_reconnect`])
@@ -189,6 +194,19 @@ impl SharedQp {
         mailbox: &Arc<Mailbox>,
         token: u64,
     ) -> Result<usize, FabricError> {
+        self.post_list(wrs, mailbox, token, false)
+    }
+
+    /// [`SharedQp::post`], and with `whole` all of `wrs` or nothing (0 when the send
+    /// queue has no room for the whole list): for WRs that must go out as one list, on
+    /// one QP, so that RC orders them and an error stops the rest of them.
+    pub fn post_list(
+        &self,
+        wrs: &mut [SendWr],
+        mailbox: &Arc<Mailbox>,
+        token: u64,
+        whole: bool,
+    ) -> Result<usize, FabricError> {
         let mut s = lock(&self.slot);
         let s = &mut *s;
         if self.broken.load(Ordering::Relaxed) {
@@ -203,7 +221,7 @@ impl SharedQp {
             s.sq_depth - s.outstanding
         };
         let n = wrs.len().min(room);
-        if n == 0 {
+        if n == 0 || (whole && n < wrs.len()) {
             return Ok(0);
         }
         let seq = s.next_seq;
@@ -364,6 +382,10 @@ pub struct StrawConfig {
     pub sq_depth: usize,
     /// Deadline of control-plane calls made to create, reconnect or release QPs.
     pub connect_timeout: Duration,
+    /// How long a failed QP's reconnect keeps trying while the node's control plane is
+    /// unreachable (default 10 s), before the node is reported dead. Attempts are
+    /// spaced by [`RECONNECT_BACKOFF_MIN`], doubling up to [`RECONNECT_BACKOFF_MAX`].
+    pub reconnect_give_up: Duration,
 }
 
 impl Default for StrawConfig {
@@ -372,8 +394,33 @@ impl Default for StrawConfig {
             threads_per_qp: 4,
             sq_depth: 512,
             connect_timeout: Duration::from_secs(10),
+            reconnect_give_up: Duration::from_secs(10),
         }
     }
+}
+
+/// First pause between reconnect attempts of a failed QP.
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(1);
+/// Longest pause between reconnect attempts of a failed QP.
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(100);
+/// Least time between two probes of a dead node's control plane ([`Straw::revived`]).
+const REVIVE_PROBE_PERIOD: Duration = Duration::from_millis(20);
+
+/// The pause after a failed reconnect attempt that followed a pause of `prev` (`None`:
+/// the first attempt failed): [`RECONNECT_BACKOFF_MIN`], doubling, at most
+/// [`RECONNECT_BACKOFF_MAX`].
+pub fn next_backoff(prev: Option<Duration>) -> Duration {
+    prev.map_or(RECONNECT_BACKOFF_MIN, |d| {
+        (d * 2).clamp(RECONNECT_BACKOFF_MIN, RECONNECT_BACKOFF_MAX)
+    })
+}
+
+/// Why one reconnect attempt failed: the node may come back (its control plane is
+/// unreachable, or the QP could not be set up) or it answered and refused (a restarted
+/// process that never knew this straw).
+enum AttemptError {
+    Unreachable(FabricError),
+    Refused(FabricError),
 }
 
 /// The straws of one process: one [`Straw`] per remote node, shared by all threads.
@@ -411,7 +458,19 @@ impl Control {
                 .spawn(move || {
                     for job in rx {
                         match job {
-                            Job::Reconnect(straw, qp) => straw.reconnect(&qp),
+                            // On a thread of its own: it may retry for seconds, and
+                            // other straws' jobs must not wait behind it.
+                            Job::Reconnect(straw, qp) => {
+                                let spawned = std::thread::Builder::new()
+                                    .name("rrpc-reconnect".into())
+                                    .spawn({
+                                        let (straw, qp) = (straw.clone(), qp.clone());
+                                        move || straw.reconnect(&qp)
+                                    });
+                                if spawned.is_err() {
+                                    straw.reconnect(&qp);
+                                }
+                            }
                             Job::Resize(straw, kind) => {
                                 if let Some(s) = straw.upgrade() {
                                     s.resize(kind);
@@ -469,8 +528,9 @@ impl Straws {
 
     /// The straw to `node` (control plane at `addr`), creating it on first use, and
     /// again once the old one is dead (the node was unreachable; a restarted node under
-    /// the same id gets a fresh straw, while threads still holding the dead one keep
-    /// failing with `PeerGone` until they reconnect).
+    /// the same id gets a fresh straw, while threads still holding the dead one fail
+    /// with `PeerGone` until they reconnect, which the runtime does on their next call
+    /// once [`Straw::revived`] finds the node back).
     pub fn straw(self: &Arc<Self>, node: NodeId, addr: SocketAddr) -> Arc<Straw> {
         let mut nodes = lock(&self.nodes);
         if let Some(s) = nodes.get(&node) {
@@ -497,6 +557,8 @@ impl Straws {
                 resize: Mutex::new(()),
                 dead: Mutex::new(None),
                 is_dead: AtomicBool::new(false),
+                revive: Mutex::new(Revive::default()),
+                revived: Arc::new(AtomicBool::new(false)),
             }),
         );
         nodes[&node].clone()
@@ -544,6 +606,19 @@ pub struct Straw {
     resize: Mutex<()>,
     dead: Mutex<Option<Arc<FabricError>>>,
     is_dead: AtomicBool,
+    /// Probing a dead node's control plane for its return ([`Straw::revived`]).
+    revive: Mutex<Revive>,
+    /// Set by a probe that found the dead node's control plane answering again.
+    revived: Arc<AtomicBool>,
+}
+
+/// The state of [`Straw::revived`]'s probes.
+#[derive(Default)]
+struct Revive {
+    /// A probe is running.
+    probing: Option<Arc<AtomicBool>>,
+    /// No new probe before this.
+    next: Option<Instant>,
 }
 
 fn kind_index(k: QpKind) -> usize {
@@ -752,39 +827,120 @@ impl Straw {
             .send(Job::Request(self.addr, self.pool.cfg.connect_timeout, req));
     }
 
-    /// Reconnect a broken QP of this straw (on the control thread): the peer destroys
+    /// Reconnect a broken QP of this straw (off the runtime threads): the peer destroys
     /// its end and creates a new one; lists outstanding on the old QP are reported
-    /// failed to their owners. When the peer's control plane cannot be reached, the
-    /// node is marked dead.
+    /// failed to their owners. While the peer's control plane is unreachable the
+    /// attempt is repeated with exponential backoff ([`next_backoff`]) for up to
+    /// [`StrawConfig::reconnect_give_up`]; then, or at once when the peer answers but
+    /// refuses (a restarted process that does not know this straw), the node is marked
+    /// dead. A dead node that comes back is found by [`Straw::revived`].
     fn reconnect(&self, qp: &SharedQp) {
-        if !qp.is_broken() {
-            qp.fixing.store(false, Ordering::Release);
-            return;
-        }
-        let r = (|| {
-            let (mut new, cq) = self.new_qp()?;
-            let (ep, stream): (QpEndpoint, _) = self.ctrl(&CtrlRequest::ReconnectQp {
-                endpoint: new.endpoint(),
-                straw: self.pool.id,
-                qp_id: qp.id,
-            })?;
-            new.connect(&ep)?;
-            new.watch_peer(stream)?;
-            Ok::<_, FabricError>((new, cq))
-        })();
-        match r {
-            Ok((new, cq)) => {
-                tracing::info!(node = %self.node, qp = qp.id, kind = ?qp.kind, "QP reconnected");
-                qp.replace(new, cq);
-                self.reconnects.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        let mut pause = None;
+        let failed = loop {
+            if !qp.is_broken() || self.dead().is_some() {
+                break None;
             }
-            Err(e) => {
-                tracing::warn!(node = %self.node, error = %e, "reconnect failed; node unreachable");
-                lock(&self.dead).get_or_insert_with(|| Arc::new(e));
-                self.is_dead.store(true, Ordering::Release);
+            match self.reconnect_once(qp) {
+                Ok((new, cq)) => {
+                    tracing::info!(node = %self.node, qp = qp.id, kind = ?qp.kind, "QP reconnected");
+                    qp.replace(new, cq);
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
+                    break None;
+                }
+                Err(AttemptError::Refused(e)) => break Some(e),
+                Err(AttemptError::Unreachable(e)) => {
+                    let p = next_backoff(pause);
+                    if start.elapsed() + p > self.pool.cfg.reconnect_give_up {
+                        break Some(e);
+                    }
+                    tracing::debug!(node = %self.node, error = %e, pause = ?p, "reconnect failed; retrying");
+                    std::thread::sleep(p);
+                    pause = Some(p);
+                }
             }
+        };
+        if let Some(e) = failed {
+            tracing::warn!(node = %self.node, error = %e, "reconnect failed; node unreachable");
+            lock(&self.dead).get_or_insert_with(|| Arc::new(e));
+            self.is_dead.store(true, Ordering::Release);
         }
         qp.fixing.store(false, Ordering::Release);
+    }
+
+    /// One attempt of [`Self::reconnect`], with the deadline of its control call cut to
+    /// what is left of the give-up time.
+    fn reconnect_once(&self, qp: &SharedQp) -> Result<(QueuePair, CompletionQueue), AttemptError> {
+        let (mut new, cq) = self.new_qp().map_err(AttemptError::Unreachable)?;
+        let req = CtrlRequest::ReconnectQp {
+            endpoint: new.endpoint(),
+            straw: self.pool.id,
+            qp_id: qp.id,
+        };
+        let io = |what: String| FabricError::InvalidArgument {
+            op: "straw control plane",
+            what: format!("{}: {what}", self.addr),
+        };
+        let mut c = BootstrapClient::connect(self.addr, self.pool.cfg.connect_timeout)
+            .map_err(|e| AttemptError::Unreachable(io(e.to_string())))?;
+        let ep: QpEndpoint = c.call_typed(&req).map_err(|e| match e {
+            crate::bootstrap::BootstrapError::Remote(_) => AttemptError::Refused(io(e.to_string())),
+            e => AttemptError::Unreachable(io(e.to_string())),
+        })?;
+        new.connect(&ep).map_err(AttemptError::Unreachable)?;
+        new.watch_peer(c.into_stream())
+            .map_err(AttemptError::Unreachable)?;
+        Ok((new, cq))
+    }
+
+    /// Whether this straw's node, found dead, answers on its control plane again (a
+    /// restarted process under the same id and address): then a caller may connect to it
+    /// anew ([`crate::runtime::ThreadCtx::reconnect`]) over a fresh straw. Never blocks:
+    /// a probe (one `Info` call) runs on a thread of its own, at most one at a time and
+    /// one per 20 ms; this reports what the last one found. `false` for a live straw.
+    pub fn revived(&self) -> bool {
+        if self.dead().is_none() {
+            return false;
+        }
+        if self.revived.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut r = lock(&self.revive);
+        if r.probing
+            .as_ref()
+            .is_some_and(|p| p.load(Ordering::Acquire))
+        {
+            return false;
+        }
+        let now = Instant::now();
+        if r.next.is_some_and(|t| now < t) {
+            return false;
+        }
+        r.next = Some(now + REVIVE_PROBE_PERIOD);
+        let running = Arc::new(AtomicBool::new(true));
+        r.probing = Some(running.clone());
+        let (addr, timeout, revived) = (
+            self.addr,
+            self.pool.cfg.connect_timeout.min(Duration::from_secs(1)),
+            self.revived.clone(),
+        );
+        let probe = move || {
+            let up = BootstrapClient::connect(addr, timeout)
+                .and_then(|mut c| c.call_typed::<_, serde_json::Value>(&CtrlRequest::Info))
+                .is_ok();
+            if up {
+                revived.store(true, Ordering::Release);
+            }
+            running.store(false, Ordering::Release);
+        };
+        if std::thread::Builder::new()
+            .name("rrpc-revive".into())
+            .spawn(probe)
+            .is_err()
+        {
+            r.probing = None;
+        }
+        false
     }
 
     /// The QP of `kind` a Rocket (or a thread's one-sided traffic) bound to `current`

@@ -363,3 +363,46 @@ fn server_refuses_rings_beyond_its_limits() {
         b"x"
     );
 }
+
+/// An async handler that panics (while making its future, or while it runs) fails its
+/// own call with "handler N panicked"; its server thread (the only one) keeps serving.
+#[test]
+fn a_panicking_async_handler_fails_its_call_and_the_thread_serves_on() {
+    const BOOM: u16 = 30;
+    let c = setup("async", "panic");
+    let mut h = common::echo_handlers();
+    h.register_async(BOOM, |req: Vec<u8>| {
+        assert_ne!(req.first(), Some(&2), "panics making the future");
+        async move {
+            if req.first() == Some(&1) {
+                panic!("panics while polled");
+            }
+            Ok(req)
+        }
+    });
+    let srv = common::server_with(c.name(), h, 1);
+    let ctx = ThreadCtx::new(
+        fabric(c.name(), 100),
+        RuntimeConfig {
+            call_timeout: Duration::from_secs(20),
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    let node = ctx.connect_rpc(srv.addr()).unwrap().node;
+    let c2 = ctx.clone();
+    block_on(&ctx, async move {
+        let ctx = c2;
+        for bad in [1u8, 2] {
+            match ctx.call(node, BOOM, &[bad]).await {
+                Err(CallError::Remote { msg, .. }) => {
+                    assert_eq!(msg, format!("handler {BOOM} panicked"))
+                }
+                other => panic!("expected the handler's panic, got {other:?}"),
+            }
+            // The same thread answers the next call, of the async handler and a plain one.
+            assert_eq!(ctx.call(node, BOOM, &[7, 8]).await.unwrap(), vec![7, 8]);
+            assert_eq!(ctx.call(node, ECHO, b"hi").await.unwrap(), b"hi");
+        }
+    });
+}

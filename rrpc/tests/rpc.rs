@@ -258,3 +258,87 @@ fn calls_on_a_context_driven_by_another_executor_start_on_a_fresh_clock() {
     ex.run(&mut || ctx.progress());
     assert_eq!(out.get(), Some(true));
 }
+
+/// `write_ordered` lands its WRITEs in order: a reader at the node that sees the last
+/// one (a flag) sees every earlier one (the payload), across many rounds; and a list
+/// whose middle WRITE fails stops there: the one before it landed, the one after it
+/// did not.
+#[test]
+fn ordered_writes_land_in_order_and_stop_at_a_failure() {
+    use rrpc::fabric::{MrDesc, RemoteAddr};
+    use rrpc::runtime::block_on;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const ROUNDS: u64 = 300;
+    const PAYLOAD: usize = 4096;
+    const FLAG: usize = 8192;
+    let c = setup("ordered");
+    let (mem, mr) = mem_node(c.name(), 2, 16384);
+    let ctx = ThreadCtx::new(fabric(c.name(), 102), RuntimeConfig::default()).unwrap();
+    let info = ctx.connect(mem.addr()).unwrap();
+    let node = info.node;
+    let desc: MrDesc = info.export("mr").unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut checked = 0u64;
+            // Watchdog: the writer sets `stop` when it is done, however it ends.
+            while !stop.load(Ordering::Acquire) {
+                let flag = mr.load_u64(FLAG);
+                if flag == 0 {
+                    continue;
+                }
+                for w in (0..PAYLOAD).step_by(8) {
+                    let v = mr.load_u64(w);
+                    assert!(
+                        v >= flag,
+                        "flag {flag} visible before payload word {w} ({v})"
+                    );
+                }
+                checked += 1;
+            }
+            checked
+        });
+        let c2 = ctx.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            block_on(&ctx, async move {
+                for v in 1..=ROUNDS {
+                    let payload: Vec<u8> = (0..PAYLOAD / 8).flat_map(|_| v.to_le_bytes()).collect();
+                    c2.write_ordered(
+                        node,
+                        &[
+                            (desc.at(0), &payload[..]),
+                            (desc.at(FLAG as u64), &v.to_le_bytes()[..]),
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                }
+            })
+        }));
+        stop.store(true, Ordering::Release);
+        let checked = reader.join().unwrap();
+        r.unwrap();
+        assert!(checked > 0, "the reader never saw a flag");
+    });
+    assert_eq!(mr.load_u64(FLAG), ROUNDS);
+    // A failing WRITE in the middle: no bad rkey is 0xdead_beef in this cluster.
+    let bad = RemoteAddr {
+        addr: desc.addr,
+        rkey: 0xdead_beef,
+    };
+    let c2 = ctx.clone();
+    let r = block_on(&ctx, async move {
+        c2.write_ordered(
+            node,
+            &[
+                (desc.at(16), &7u64.to_le_bytes()[..]),
+                (bad, &8u64.to_le_bytes()[..]),
+                (desc.at(24), &9u64.to_le_bytes()[..]),
+            ],
+        )
+        .await
+    });
+    assert!(r.is_err(), "a WRITE to an unknown rkey succeeded");
+    assert_eq!(mr.load_u64(16), 7, "the WRITE before the failure landed");
+    assert_eq!(mr.load_u64(24), ROUNDS, "a WRITE after the failure landed");
+}

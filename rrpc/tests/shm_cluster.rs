@@ -487,3 +487,71 @@ fn deregistered_mr_is_unmapped_by_its_users() {
     assert!(gone, "a deregistered MR stays mapped");
     drop((uqps, oqps, local, owner, user));
 }
+
+/// Files and directories of the shm fabric that this process did not create as it does
+/// (a symlink, a group- or world-writable file, another user's file, a symlinked cluster
+/// directory) are refused with an error naming the path, and nothing is written through
+/// them.
+#[test]
+fn planted_shm_files_are_refused() {
+    use rrpc::fabric::FabricError;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let cluster = format!("test-{}-planted", std::process::id());
+    let _guard = rrpc::fabric::shm::ClusterGuard::new(&cluster).unwrap().0;
+    let cfg = |node| FabricConfig::new(FabricKind::Shm, &cluster, node);
+    let dir = rrpc::fabric::shm::cluster_dir(&cluster);
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+    let refused = |node: u32, path: &std::path::Path| match Fabric::open(&cfg(NodeId(node))) {
+        Err(FabricError::UnsafeFile { path: p, why }) => {
+            assert_eq!(p, path.display().to_string(), "{why}");
+        }
+        Err(e) => panic!("node {node}: expected UnsafeFile, got {e}"),
+        Ok(_) => panic!("node {node}: a planted file was accepted"),
+    };
+    // A symlink at the liveness file's path, pointing at a file the test owns.
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = dir.join("n5.alive");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    refused(5, &link);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+    // A liveness file writable by others.
+    let open = dir.join("n6.alive");
+    std::fs::write(&open, b"").unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).unwrap();
+    refused(6, &open);
+    // Another user's file (only root can make one).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = dir.join("n7.alive");
+        std::fs::write(&theirs, b"").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        refused(7, &theirs);
+    }
+    // The control files are checked too: a symlinked rkey counter.
+    std::os::unix::fs::symlink(&victim, dir.join("rkeys")).unwrap();
+    refused(8, &dir.join("rkeys"));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+    // A clean node of the same cluster still opens once the planted files are gone.
+    for f in ["n5.alive", "n6.alive", "n7.alive", "rkeys"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    drop(Fabric::open(&cfg(NodeId(5))).unwrap());
+    // A symlinked cluster directory.
+    let other = format!("test-{}-planted2", std::process::id());
+    let _g2 = rrpc::fabric::shm::ClusterGuard::new(&other).unwrap().0;
+    let odir = rrpc::fabric::shm::cluster_dir(&other);
+    std::os::unix::fs::symlink(&dir, &odir).unwrap();
+    match Fabric::open(&FabricConfig::new(FabricKind::Shm, &other, NodeId(1))) {
+        Err(FabricError::UnsafeFile { path, .. }) => assert_eq!(path, odir.display().to_string()),
+        Err(e) => panic!("expected UnsafeFile, got {e}"),
+        Ok(_) => panic!("a symlinked cluster directory was accepted"),
+    }
+    assert!(matches!(
+        rrpc::fabric::shm::prepare_cluster(&other),
+        Err(FabricError::UnsafeFile { .. })
+    ));
+    std::fs::remove_file(&odir).unwrap();
+}

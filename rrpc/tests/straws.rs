@@ -245,3 +245,205 @@ fn every_batching_mode_delivers_and_batches_as_named() {
         }
     }
 }
+
+/// A node that goes away and comes back (a new process under the same node id, at the
+/// same address): calls fail while it is gone, within the reconnect give-up time and
+/// the call deadline (never hang), and the next calls after it is back reach it again
+/// on the same thread, without the caller asking to reconnect.
+#[test]
+fn a_node_that_restarts_is_reached_again_by_the_next_calls() {
+    use rrpc::node::{Node, NodeConfig};
+    use rrpc::runtime::{block_on, CallError, OneSidedError};
+    let c = setup("straws", "restart");
+    let start_at = |listen: std::net::SocketAddr| {
+        Node::start(
+            fabric(c.name(), 1),
+            NodeConfig {
+                role: "echo".into(),
+                listen,
+                exports: Default::default(),
+                rpc: Some((common::echo_handlers(), 1)),
+            },
+        )
+    };
+    let srv = start_at("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = srv.addr();
+    let ctx = ThreadCtx::new(
+        fabric(c.name(), 100),
+        RuntimeConfig {
+            call_timeout: Duration::from_millis(500),
+            reconnect_give_up: Duration::from_millis(200),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let node = ctx.connect_rpc(addr).unwrap().node;
+    let call = |ctx: &Rc<ThreadCtx>| {
+        let c2 = ctx.clone();
+        block_on(ctx, async move { c2.call(node, ECHO, b"ping").await })
+    };
+    assert_eq!(call(&ctx).unwrap(), b"ping");
+    drop(srv);
+    // Gone: calls fail (the pool finds the node dead, or the deadline passes).
+    assert!(
+        eventually(Duration::from_secs(30), || matches!(
+            call(&ctx),
+            Err(CallError::PeerGone { .. })
+        )),
+        "calls to a stopped node never failed with PeerGone"
+    );
+    assert!(matches!(
+        call(&ctx),
+        Err(CallError::PeerGone { .. } | CallError::Timeout { .. })
+    ));
+    // Back under the same id and address (the old process's fabric is released once
+    // its threads have stopped).
+    let mut again = None;
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            again = start_at(addr).ok();
+            again.is_some()
+        }),
+        "node 1 could not start again"
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || call(&ctx)
+            .is_ok_and(|r| r == b"ping")),
+        "calls never reached the restarted node"
+    );
+    // One-sided ops reach it again as well (the connection was made anew).
+    let c2 = ctx.clone();
+    let r = block_on(&ctx, async move {
+        c2.read(node, rrpc::fabric::RemoteAddr { addr: 0, rkey: 0 }, 8)
+            .await
+    });
+    assert!(
+        matches!(r, Err(OneSidedError::Completion { .. })),
+        "a bad rkey fails its op, not the connection: {r:?}"
+    );
+    assert_eq!(call(&ctx).unwrap(), b"ping");
+    drop(again);
+}
+
+#[test]
+fn reconnect_backoff_doubles_from_1ms_to_100ms() {
+    use rrpc::straw::{next_backoff, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};
+    let mut p = None;
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let d = next_backoff(p);
+        seen.push(d.as_millis());
+        p = Some(d);
+    }
+    assert_eq!(seen, [1, 2, 4, 8, 16, 32, 64, 100, 100, 100]);
+    assert_eq!(next_backoff(None), RECONNECT_BACKOFF_MIN);
+    assert_eq!(
+        next_backoff(Some(Duration::from_secs(5))),
+        RECONNECT_BACKOFF_MAX
+    );
+}
+
+/// A TCP forwarder to `to` on `port` (0: pick one) that can stop accepting for a while:
+/// the control plane of a node behind a flapping link. Connections already made stay.
+struct Flappy {
+    port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Flappy {
+    fn start(to: std::net::SocketAddr) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (u, s) = (up.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut listener = Some(l);
+            while !s.load(Ordering::Relaxed) {
+                if !u.load(Ordering::Relaxed) {
+                    listener = None; // the port refuses connections
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                let l = listener.get_or_insert_with(|| {
+                    std::net::TcpListener::bind(("127.0.0.1", port)).unwrap()
+                });
+                l.set_nonblocking(true).unwrap();
+                match l.accept() {
+                    Ok((a, _)) => {
+                        a.set_nonblocking(false).unwrap();
+                        let b = std::net::TcpStream::connect(to).unwrap();
+                        for (mut from, mut into) in
+                            [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)]
+                        {
+                            std::thread::spawn(move || {
+                                let _ = std::io::copy(&mut from, &mut into);
+                                let _ = into.shutdown(std::net::Shutdown::Write);
+                            });
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        });
+        Self { port, up, stop }
+    }
+    fn addr(&self) -> std::net::SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+    fn set_up(&self, up: bool) {
+        self.up.store(up, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Flappy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A link flap shorter than the reconnect give-up time: the QPs fail while the node's
+/// control plane refuses connections; the reconnect keeps trying with backoff, and once
+/// the control plane is back the QPs are reconnected and the calls made meanwhile
+/// complete. The node is never reported dead.
+#[test]
+fn a_control_plane_flap_is_bridged_by_reconnect_backoff() {
+    use rrpc::runtime::block_on;
+    let c = setup("straws", "flap");
+    let srv = server(c.name(), 1);
+    let link = Flappy::start(srv.addr());
+    let ctx = ThreadCtx::new(
+        fabric(c.name(), 100),
+        RuntimeConfig {
+            call_timeout: Duration::from_secs(20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let node = ctx.connect_rpc(link.addr()).unwrap().node;
+    let c2 = ctx.clone();
+    assert_eq!(
+        block_on(&ctx, async move { c2.call(node, ECHO, b"a").await }).unwrap(),
+        b"a"
+    );
+    link.set_up(false);
+    std::thread::sleep(Duration::from_millis(20));
+    ctx.inject_qp_error(node, QpKind::Rpc).unwrap();
+    // The link comes back 300 ms later, while the call below waits for a usable QP.
+    let up = {
+        let up = link.up.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            up.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    let c2 = ctx.clone();
+    let r = block_on(&ctx, async move { c2.call(node, ECHO, b"b").await });
+    up.join().unwrap();
+    assert_eq!(r.unwrap(), b"b");
+    let straw = ctx.straws().get(node).unwrap();
+    assert!(straw.dead().is_none(), "the node was reported dead");
+    assert!(straw.reconnects() >= 1);
+}

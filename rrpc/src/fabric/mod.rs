@@ -219,6 +219,11 @@ pub struct QpEndpoint {
     /// buffers (a NIC keeps this state itself).
     #[serde(default)]
     pub recv_queue: Option<RemoteAddr>,
+    /// The owner's incarnation ([`Fabric::incarnation`]): a QP is connected to one
+    /// (node, incarnation), which [`Fabric::fence`] names (0 from a peer that predates
+    /// incarnations).
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// Errors of fabric operations.
@@ -272,6 +277,24 @@ pub enum FabricError {
         op: &'static str,
         /// Its error (with errno meaning).
         what: String,
+    },
+    /// A file or directory of the shm fabric is not what this process creates there (a
+    /// symlink, not a regular file or directory, another user's, or writable by group or
+    /// others): refused rather than mapped, since another local user could plant it.
+    #[error("refusing {path}: {why}")]
+    UnsafeFile {
+        /// The path.
+        path: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The peer's incarnation was fenced ([`Fabric::fence`]): no QP connects to it.
+    #[error("node {peer} incarnation {incarnation:#x} is fenced")]
+    Fenced {
+        /// Peer node id.
+        peer: NodeId,
+        /// The fenced incarnation.
+        incarnation: u64,
     },
     /// The backend was not compiled in.
     #[error("this build has no {0} backend (build with --features verbs)")]
@@ -351,6 +374,19 @@ pub struct FabricConfig {
     /// Timing model of the shm backend ([`model`]): `none`, `cx5`, `cx6`, `rxe` or the
     /// path of a TOML profile. `None`: `$RRPC_MODEL`, else none.
     pub model: Option<String>,
+    /// This process's incarnation of `node` (see [`Fabric::incarnation`]): by default
+    /// one that differs per process start ([`default_incarnation`]); a membership
+    /// service that hands out incarnations sets its own.
+    pub incarnation: u64,
+}
+
+/// An incarnation that differs per process start: the wall clock in nanoseconds mixed
+/// with the process id (never 0).
+pub fn default_incarnation() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (nanos ^ u64::from(std::process::id()).rotate_left(48)) | 1
 }
 
 impl FabricConfig {
@@ -364,6 +400,7 @@ impl FabricConfig {
             gid_index: None,
             port: None,
             model: None,
+            incarnation: default_incarnation(),
         }
     }
 
@@ -399,10 +436,11 @@ impl Fabric {
     pub fn open(cfg: &FabricConfig) -> Result<Self> {
         let model = cfg.timing_model()?;
         match cfg.kind {
-            FabricKind::Shm => Ok(Self::Shm(shm::ShmFabric::open_with_model(
+            FabricKind::Shm => Ok(Self::Shm(shm::ShmFabric::open_as(
                 &cfg.cluster,
                 cfg.node,
                 model.map(std::sync::Arc::new),
+                cfg.incarnation,
             )?)),
             _ if model.is_some() => Err(FabricError::InvalidArgument {
                 op: "open fabric",
@@ -419,6 +457,7 @@ impl Fabric {
                     device: cfg.device.clone(),
                     gid_index: cfg.gid_index,
                     port: cfg.port,
+                    incarnation: Some(cfg.incarnation),
                 }
                 .with_env();
                 Ok(Self::Verbs(verbs::VerbsFabric::open(cfg.node, &opts)?))
@@ -435,6 +474,43 @@ impl Fabric {
             #[cfg(feature = "verbs")]
             Self::Verbs(f) => f.node(),
         }
+    }
+
+    /// This process's incarnation of its node id ([`FabricConfig::incarnation`]), sent
+    /// to peers in every QP endpoint and Rocket offer.
+    pub fn incarnation(&self) -> u64 {
+        match self {
+            Self::Shm(f) => f.incarnation(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(f) => f.incarnation(),
+        }
+    }
+
+    fn fences(&self) -> &std::sync::Arc<Fences> {
+        match self {
+            Self::Shm(f) => f.fences(),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(f) => f.fences(),
+        }
+    }
+
+    /// Fence incarnation `incarnation` of node `peer` (FaRM-style, after a membership
+    /// service declared it dead): every QP of this fabric connected to it moves to the
+    /// error state now, and no QP connects to it later ([`QueuePair::connect`] fails
+    /// with [`FabricError::Fenced`]); another incarnation of the same node id connects
+    /// as usual. One-sided operations the fenced peer posts afterwards complete with an
+    /// error WC and leave memory untouched: on verbs our end of the QP is in ERR, so the
+    /// NIC drops its requests; on shm the peer executes its operations itself on mapped
+    /// memory, and checks the state word of our end (in shared memory) before each one,
+    /// so a peer paused between that check and its store can still land that one store
+    /// (the residual window, which a NIC closes). Returns how many QPs were moved to error.
+    pub fn fence(&self, peer: NodeId, incarnation: u64) -> usize {
+        self.fences().fence(peer, incarnation)
+    }
+
+    /// Whether `(peer, incarnation)` was fenced on this fabric.
+    pub fn is_fenced(&self, peer: NodeId, incarnation: u64) -> bool {
+        self.fences().is_fenced(peer, incarnation)
     }
 
     /// Backend kind.
@@ -526,13 +602,15 @@ impl Fabric {
     /// [`QueuePair::connect`] to the endpoint the peer returns.
     pub fn create_qp(&self, cq: &CompletionQueue, sq_depth: usize) -> Result<QueuePair> {
         match (self, cq) {
-            (Self::Shm(f), CompletionQueue::Shm(cq)) => Ok(QueuePair::new(QpInner::Shm(
-                f.create_qp(cq.clone(), sq_depth)?,
-            ))),
+            (Self::Shm(f), CompletionQueue::Shm(cq)) => Ok(QueuePair::new(
+                QpInner::Shm(f.create_qp(cq.clone(), sq_depth)?),
+                f.fences().clone(),
+            )),
             #[cfg(feature = "verbs")]
-            (Self::Verbs(f), CompletionQueue::Verbs(cq)) => {
-                Ok(QueuePair::new(QpInner::Verbs(f.create_qp(cq, sq_depth)?)))
-            }
+            (Self::Verbs(f), CompletionQueue::Verbs(cq)) => Ok(QueuePair::new(
+                QpInner::Verbs(f.create_qp(cq, sq_depth)?),
+                f.fences().clone(),
+            )),
             #[cfg(feature = "verbs")]
             _ => Err(FabricError::InvalidArgument {
                 op: "create_qp",
@@ -770,6 +848,78 @@ impl CompletionQueue {
     }
 }
 
+/// The fence registry of one fabric ([`Fabric::fence`]): the fenced (node,
+/// incarnation) pairs, and an entry per connected QP through which a fence moves it to
+/// the error state from any thread.
+#[derive(Default)]
+pub(crate) struct Fences {
+    fenced: std::sync::Mutex<std::collections::HashSet<(NodeId, u64)>>,
+    qps: std::sync::Mutex<Vec<std::sync::Weak<FenceEntry>>>,
+}
+
+/// Moves one QP to the error state; called under its entry's lock, which the QP's drop
+/// takes to clear it before the QP is destroyed.
+pub(crate) type KillQp = Box<dyn FnMut() + Send>;
+
+/// A connected QP's entry in its fabric's [`Fences`].
+pub(crate) struct FenceEntry {
+    peer: NodeId,
+    incarnation: u64,
+    kill: std::sync::Mutex<Option<KillQp>>,
+}
+
+fn lock_ignoring_poison<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Fences {
+    fn is_fenced(&self, peer: NodeId, incarnation: u64) -> bool {
+        lock_ignoring_poison(&self.fenced).contains(&(peer, incarnation))
+    }
+
+    /// Enter a QP connected to `(peer, incarnation)`; refused when that is fenced. Under
+    /// the fenced set's lock, so a concurrent [`Fences::fence`] either sees the entry or
+    /// made this refuse.
+    fn register(
+        &self,
+        peer: NodeId,
+        incarnation: u64,
+        kill: KillQp,
+    ) -> Result<std::sync::Arc<FenceEntry>> {
+        let fenced = lock_ignoring_poison(&self.fenced);
+        if fenced.contains(&(peer, incarnation)) {
+            return Err(FabricError::Fenced { peer, incarnation });
+        }
+        let e = std::sync::Arc::new(FenceEntry {
+            peer,
+            incarnation,
+            kill: std::sync::Mutex::new(Some(kill)),
+        });
+        let mut qps = lock_ignoring_poison(&self.qps);
+        qps.retain(|w| w.strong_count() > 0);
+        qps.push(std::sync::Arc::downgrade(&e));
+        drop(fenced);
+        Ok(e)
+    }
+
+    fn fence(&self, peer: NodeId, incarnation: u64) -> usize {
+        lock_ignoring_poison(&self.fenced).insert((peer, incarnation));
+        let live: Vec<_> = lock_ignoring_poison(&self.qps)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|e| e.peer == peer && e.incarnation == incarnation)
+            .collect();
+        let mut n = 0;
+        for e in live {
+            if let Some(k) = lock_ignoring_poison(&e.kill).as_mut() {
+                k();
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
 /// An RC queue pair.
 pub struct QueuePair {
     inner: QpInner,
@@ -777,6 +927,18 @@ pub struct QueuePair {
     watch: Option<PeerWatch>,
     /// The liveness channel closed: the peer is gone for good.
     peer_dead: bool,
+    fences: std::sync::Arc<Fences>,
+    /// This QP's entry in the fence registry, once connected.
+    fence: Option<std::sync::Arc<FenceEntry>>,
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // Before the backend QP is destroyed: a fence must not touch it any more.
+        if let Some(e) = &self.fence {
+            *lock_ignoring_poison(&e.kill) = None;
+        }
+    }
 }
 
 enum QpInner {
@@ -882,12 +1044,14 @@ impl QueuePair {
         }
     }
 
-    fn new(inner: QpInner) -> Self {
+    fn new(inner: QpInner, fences: std::sync::Arc<Fences>) -> Self {
         Self {
             inner,
             probe: Probe::new(),
             watch: None,
             peer_dead: false,
+            fences,
+            fence: None,
         }
     }
 
@@ -899,13 +1063,43 @@ impl QueuePair {
             QpInner::Verbs(q) => q.endpoint(),
         }
     }
-    /// Connect to the peer's endpoint (verbs: INIT -> RTR -> RTS).
+    /// Connect to the peer's endpoint (verbs: INIT -> RTR -> RTS). Errors:
+    /// [`FabricError::Fenced`] when the endpoint's (node, incarnation) was fenced on this
+    /// fabric (the QP is left in the error state); the backend's errors.
     pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
-        match &mut self.inner {
-            QpInner::Shm(q) => q.connect(remote),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.connect(remote),
+        if self.fences.is_fenced(remote.node, remote.incarnation) {
+            return Err(FabricError::Fenced {
+                peer: remote.node,
+                incarnation: remote.incarnation,
+            });
         }
+        let kill = match &mut self.inner {
+            QpInner::Shm(q) => {
+                q.connect(remote)?;
+                q.kill_handle()
+            }
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => {
+                q.connect(remote)?;
+                q.kill_handle()
+            }
+        };
+        match self.fences.register(remote.node, remote.incarnation, kill) {
+            Ok(e) => {
+                self.fence = Some(e);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.to_error();
+                Err(e)
+            }
+        }
+    }
+
+    /// The incarnation of the peer this QP is connected to (0 before connect, or from a
+    /// peer that sends none).
+    pub fn peer_incarnation(&self) -> u64 {
+        self.fence.as_ref().map_or(0, |e| e.incarnation)
     }
     /// Send-queue depth in WRs.
     pub fn sq_depth(&self) -> usize {

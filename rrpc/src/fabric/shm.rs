@@ -19,6 +19,16 @@
 //! the kernel drops it when the process dies however it dies. A QP probes its peer's
 //! lock (at most once a millisecond) and enters the error state when the peer is gone,
 //! as an RC QP does after its retry count is exhausted.
+//!
+//! Fencing ([`super::Fabric::fence`]): each QP's receive-queue MR holds a state word that
+//! only its owner writes. A fence sets it on every QP of the fenced (node, incarnation);
+//! the owner's QP is then in error, and the peer, which executes its own one-sided WRs
+//! on the owner's memory, reads the word of the owner's end before each WR and fails it
+//! (`RetryExceeded`, as a NIC's unanswered requests end) once it is set or the owner
+//! destroyed that QP. The residual window: a peer paused between that check and its
+//! store still lands that one store after the fence returned; under the timing model
+//! the check is made when the WR is posted, not when it executes. On verbs the NIC
+//! closes the window (our end of the QP is in ERR).
 
 use crate::NodeId;
 use std::cmp::Reverse;
@@ -57,6 +67,85 @@ const PAGE_BYTES: usize = 4096;
 
 fn io_err(op: &'static str) -> impl FnOnce(std::io::Error) -> FabricError {
     move |source| FabricError::Io { op, source }
+}
+
+/// Open `path` with `opts` without following a symlink at its last component
+/// (`O_NOFOLLOW`), then check the file opened (`fstat`, so no race with a swap of the
+/// path): a regular file owned by this process's effective uid and writable by nobody
+/// else. Every file of the shm fabric is created so (mode 0600); anything else was
+/// planted. Errors: [`FabricError::Io`] from the open (`ELOOP` for a symlink, reported
+/// as [`FabricError::UnsafeFile`]), [`FabricError::UnsafeFile`] naming the path.
+fn open_checked(path: &Path, opts: &mut OpenOptions, op: &'static str) -> Result<File> {
+    let file = opts
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                unsafe_file(path, "it is a symbolic link")
+            } else {
+                io_err(op)(e)
+            }
+        })?;
+    let meta = file.metadata().map_err(io_err(op))?;
+    check_owned(path, &meta, false)?;
+    Ok(file)
+}
+
+fn unsafe_file(path: &Path, why: impl Into<String>) -> FabricError {
+    FabricError::UnsafeFile {
+        path: path.display().to_string(),
+        why: why.into(),
+    }
+}
+
+/// Whether `meta` (of `path`) is what this process creates there: a regular file (or a
+/// directory, if `dir`), owned by our effective uid, not writable by group or others.
+fn check_owned(path: &Path, meta: &std::fs::Metadata, dir: bool) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        return Err(unsafe_file(path, "it is a symbolic link"));
+    }
+    if dir && !ft.is_dir() {
+        return Err(unsafe_file(path, "it is not a directory"));
+    }
+    if !dir && !ft.is_file() {
+        return Err(unsafe_file(path, "it is not a regular file"));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid {
+        return Err(unsafe_file(
+            path,
+            format!(
+                "owned by uid {}, not by this process's uid {euid}",
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(unsafe_file(
+            path,
+            format!(
+                "mode {:o} lets group or others write it",
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Create directory `d` (mode 0700) unless it exists; either way check, without
+/// following a symlink, that it is a directory of ours writable by nobody else.
+fn ensure_dir(d: &Path) -> Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(d) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(io_err("create cluster dir")(e))
+        }
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(d).map_err(io_err("create cluster dir"))?;
+    check_owned(d, &meta, true)
 }
 
 /// Where cluster directories live: `RRPC_SHM_ROOT`, else a hugetlbfs mount when
@@ -127,6 +216,11 @@ pub enum ClusterDirState {
 pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
     let dir = cluster_dir(name);
     let (mrs, _) = mr_dir(name);
+    for d in [&dir, &mrs] {
+        if let Ok(meta) = std::fs::symlink_metadata(d) {
+            check_owned(d, &meta, true)?;
+        }
+    }
     if !dir.exists() {
         if mrs.exists() {
             // MR files without a control directory: nobody can be alive.
@@ -142,7 +236,8 @@ pub fn prepare_cluster(name: &str) -> Result<ClusterDirState> {
         files += 1;
         let path = entry.path();
         if path.extension().is_some_and(|e| e == "alive") {
-            if let Ok(f) = File::open(&path) {
+            if let Ok(f) = open_checked(&path, OpenOptions::new().read(true), "open liveness file")
+            {
                 if !try_lock(&f, libc::LOCK_SH) {
                     return Err(FabricError::NodeInUse {
                         node: node_of_alive_file(&path).unwrap_or(NodeId::MAX),
@@ -232,6 +327,9 @@ struct LocalMr {
 
 struct FabricInner {
     node: NodeId,
+    /// This process's incarnation of `node`.
+    incarnation: u64,
+    fences: Arc<super::Fences>,
     cluster: String,
     /// Liveness files.
     dir: PathBuf,
@@ -296,6 +394,17 @@ impl ShmFabric {
         node: NodeId,
         model: Option<Arc<TimingModel>>,
     ) -> Result<Self> {
+        Self::open_as(cluster, node, model, super::default_incarnation())
+    }
+
+    /// [`ShmFabric::open_with_model`] as incarnation `incarnation` of `node` (see
+    /// [`super::Fabric::incarnation`]). Errors: as [`ShmFabric::open_with_model`].
+    pub fn open_as(
+        cluster: &str,
+        node: NodeId,
+        model: Option<Arc<TimingModel>>,
+        incarnation: u64,
+    ) -> Result<Self> {
         if cluster.is_empty() || cluster.contains('/') || cluster.contains("..") {
             return Err(FabricError::InvalidArgument {
                 op: "open fabric",
@@ -305,22 +414,19 @@ impl ShmFabric {
         let dir = cluster_dir(cluster);
         let (mr_dir, huge) = mr_dir(cluster);
         for d in [&dir, &mr_dir] {
-            match std::fs::DirBuilder::new().mode(0o700).create(d) {
-                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                    return Err(io_err("create cluster dir")(e))
-                }
-                _ => {}
-            }
+            ensure_dir(d)?;
         }
         let alive_path = dir.join(format!("n{node}.alive"));
-        let mut alive = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&alive_path)
-            .map_err(io_err("create liveness file"))?;
+        let mut alive = open_checked(
+            &alive_path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+            "create liveness file",
+        )?;
         if !try_lock(&alive, libc::LOCK_EX) {
             return Err(FabricError::NodeInUse {
                 node,
@@ -347,6 +453,8 @@ impl ShmFabric {
         Ok(Self {
             inner: Arc::new(FabricInner {
                 node,
+                incarnation,
+                fences: Arc::default(),
                 cluster: cluster.to_string(),
                 dir,
                 mr_dir,
@@ -391,6 +499,15 @@ impl ShmFabric {
     /// Node id.
     pub fn node(&self) -> NodeId {
         self.inner.node
+    }
+
+    /// This process's incarnation of its node id.
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation
+    }
+
+    pub(super) fn fences(&self) -> &Arc<super::Fences> {
+        &self.inner.fences
     }
 
     /// One-line description.
@@ -441,13 +558,15 @@ impl ShmFabric {
         };
         let file_len = (MR_HEADER_BYTES + len).div_ceil(page) * page;
         let path = dir.join(format!("n{}-mr{key}", self.inner.node));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err("create MR file"))?;
+        let file = open_checked(
+            &path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600),
+            "create MR file",
+        )?;
         file.set_len(file_len as u64)
             .map_err(io_err("size MR file"))?;
         // SAFETY: the file is ours, freshly created with mode 0600; peers map it too,
@@ -524,6 +643,7 @@ impl ShmFabric {
             local_gen: 0,
             rq,
             peer_rq: None,
+            peer_state: None,
             timing: match &self.inner.model {
                 Some(m) => Some(QpTiming {
                     model: m.clone(),
@@ -567,10 +687,11 @@ impl ShmFabric {
         }
         let name = format!("n{node}-mr{rkey}");
         let open = |d: &Path| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(d.join(&name))
+            open_checked(
+                &d.join(&name),
+                OpenOptions::new().read(true).write(true),
+                "map peer MR",
+            )
         };
         let file = open(&self.inner.mr_dir)
             .or_else(|_| open(&self.inner.dir))
@@ -682,7 +803,11 @@ fn live_word(map: &MmapMut) -> &AtomicU64 {
 
 /// Clear the live word of the MR file at `path` (of a dead incarnation of this node).
 fn retire_mr_file(path: &Path) {
-    let Ok(file) = OpenOptions::new().read(true).write(true).open(path) else {
+    let Ok(file) = open_checked(
+        path,
+        OpenOptions::new().read(true).write(true),
+        "retire MR file",
+    ) else {
         return;
     };
     if file
@@ -719,6 +844,7 @@ impl RemoteCache {
 // Shared receive queue of a shm QP (SEND/RECV). A NIC keeps this state on the card; here
 // it is a small MR of the owner's that the sending peer maps:
 //   [0, 8)     completed: receive completions written, by the sender (its only writer)
+//   [16, 24)   the owning QP's state (RQ_STATE), written by the owner
 //   [64, ..)   RQ_DEPTH descriptors of 32 bytes: wr_id, addr, len, lkey (owner writes)
 //   [.., ..)   RQ_DEPTH completions of 16 bytes: wr_id, byte_len, status (sender writes)
 // and the count of posted descriptors lives at [8, 16), written only by the owner.
@@ -726,6 +852,10 @@ impl RemoteCache {
 const RQ_DEPTH: u64 = 256;
 const RQ_COMPLETED: usize = 0;
 const RQ_POSTED: usize = 8;
+/// The owning QP's state word: 0 while it may be used, 1 once it was moved to the error
+/// state by a fence ([`super::Fabric::fence`]). Written only by the owner; the peer reads
+/// it before executing each of its WRs, as a NIC would look at the responder QP's state.
+const RQ_STATE: usize = 16;
 const RQ_DESC: usize = 64;
 const RQ_DESC_BYTES: usize = 32;
 const RQ_CQE: usize = RQ_DESC + RQ_DEPTH as usize * RQ_DESC_BYTES;
@@ -827,6 +957,9 @@ pub struct ShmQp {
     rq: Arc<RecvQueue>,
     /// The peer's receive queue (we SEND into it).
     peer_rq: Option<RemoteAddr>,
+    /// The mapping of the peer's receive queue and the address of its QP's state word
+    /// ([`RQ_STATE`]), checked before each WR.
+    peer_state: Option<(Arc<RemoteMr>, u64)>,
     /// Under a timing model: the NICs and the QP's RC order.
     timing: Option<QpTiming>,
 }
@@ -857,7 +990,34 @@ impl ShmQp {
                 addr: self.rq.mr.addr(),
                 rkey: self.rq.mr.key(),
             }),
+            incarnation: self.fabric.incarnation,
         }
+    }
+
+    /// What a fence calls to move this QP to the error state from any thread: it sets
+    /// the state word in the QP's shared receive queue, which this QP's own state and
+    /// the peer's every WR look at.
+    pub(super) fn kill_handle(&self) -> super::KillQp {
+        let rq = Arc::downgrade(&self.rq);
+        Box::new(move || {
+            if let Some(rq) = rq.upgrade() {
+                rq.word(RQ_STATE).store(1, Ordering::Release);
+            }
+        })
+    }
+
+    /// Whether the peer's end of this QP is down: moved to the error state by a fence,
+    /// or destroyed (its receive queue deregistered; the peer's node reaps fenced and
+    /// failed QPs). A NIC's requests to such a QP go unanswered.
+    fn peer_fenced(&self) -> bool {
+        self.peer_state.as_ref().is_some_and(|(m, addr)| {
+            m.ptr(*addr, 8).is_none_or(|p| {
+                // SAFETY: `p` is 8 bytes inside the peer's live, page-aligned receive
+                // queue mapping (bounds-checked by `ptr`), RQ_STATE is 8-byte aligned,
+                // and AtomicU64 has u64's layout.
+                unsafe { &*(p as *const AtomicU64) }.load(Ordering::Acquire) != 0
+            })
+        })
     }
 
     /// Post receive buffers. Errors: more than the free slots of the receive queue.
@@ -897,7 +1057,11 @@ impl ShmQp {
     /// Connect to the peer's endpoint: open its liveness file.
     pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
         let path = self.fabric.dir.join(format!("n{}.alive", remote.node));
-        let alive = File::open(&path).map_err(io_err("connect QP: open peer liveness file"))?;
+        let alive = open_checked(
+            &path,
+            OpenOptions::new().read(true),
+            "connect QP: open peer liveness file",
+        )?;
         if try_lock(&alive, libc::LOCK_SH) {
             return Err(FabricError::QpError {
                 peer: remote.node,
@@ -910,6 +1074,10 @@ impl ShmQp {
             remote: HashMap::default(),
         });
         self.peer_rq = remote.recv_queue;
+        self.peer_state = remote.recv_queue.and_then(|rq| {
+            let m = self.remote_mr(rq.rkey)?;
+            Some((m, rq.addr + RQ_STATE as u64))
+        });
         if let Some(t) = &mut self.timing {
             let fabric = ShmFabric {
                 inner: self.fabric.clone(),
@@ -932,8 +1100,9 @@ impl ShmQp {
             .timing
             .as_ref()
             .is_some_and(|t| t.error.load(Ordering::Relaxed))
+            || self.rq.word(RQ_STATE).load(Ordering::Acquire) != 0
         {
-            self.state = QpState::Error;
+            self.set_error();
         }
         self.state
     }
@@ -989,6 +1158,9 @@ impl ShmQp {
         for wr in wrs {
             let status = if self.state == QpState::Error {
                 WcStatus::Flushed
+            } else if self.peer_fenced() {
+                // The responder's QP is in error: a NIC's requests go unanswered.
+                WcStatus::RetryExceeded
             } else {
                 self.execute(wr)
             };
@@ -1107,6 +1279,7 @@ impl ShmQp {
             let local = self.local_ptr(wr.sge.addr, len, wr.sge.lkey);
             let target = match local {
                 _ if self.state == QpState::Error => Target::Failed(WcStatus::Flushed),
+                _ if self.peer_fenced() => Target::Failed(WcStatus::RetryExceeded),
                 None => Target::Failed(WcStatus::LocalProtection),
                 Some(_) => self.resolve(wr),
             };
@@ -1342,14 +1515,16 @@ unsafe fn deliver_send(
 /// (openers racing to create it set the same length). For words shared by every process
 /// of the cluster and accessed only as atomics; `what` names the file in errors.
 fn map_shared_words(path: &Path, bytes: usize, what: &'static str) -> Result<MmapMut> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_err(what))?;
+    let file = open_checked(
+        path,
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600),
+        what,
+    )?;
     if file.metadata().map_err(io_err(what))?.len() < bytes as u64 {
         file.set_len(bytes as u64).map_err(io_err(what))?;
     }

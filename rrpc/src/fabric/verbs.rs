@@ -48,6 +48,9 @@ pub struct VerbsOptions {
     pub gid_index: Option<u32>,
     /// Port number (from 1).
     pub port: Option<u8>,
+    /// This process's incarnation of its node id (default: one per process start,
+    /// [`super::default_incarnation`]).
+    pub incarnation: Option<u64>,
 }
 
 impl VerbsOptions {
@@ -79,6 +82,8 @@ fn verbs_err(op: &'static str, e: impl std::fmt::Display) -> FabricError {
 
 struct Inner {
     node: NodeId,
+    incarnation: u64,
+    fences: Arc<super::Fences>,
     ctx: Arc<DeviceContext>,
     pd: Arc<ProtectionDomain>,
     dev_name: String,
@@ -195,6 +200,8 @@ impl VerbsFabric {
         Ok(Self {
             inner: Arc::new(Inner {
                 node,
+                incarnation: opts.incarnation.unwrap_or_else(super::default_incarnation),
+                fences: Arc::default(),
                 ctx,
                 pd,
                 dev_name,
@@ -211,6 +218,15 @@ impl VerbsFabric {
     /// Node id.
     pub fn node(&self) -> NodeId {
         self.inner.node
+    }
+
+    /// This process's incarnation of its node id.
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation
+    }
+
+    pub(super) fn fences(&self) -> &Arc<super::Fences> {
+        &self.inner.fences
     }
 
     /// One-line description.
@@ -655,7 +671,47 @@ impl VerbsQp {
             gid_index: self.fabric.gid_index,
             mtu: mtu_bytes(self.fabric.mtu),
             recv_queue: None,
+            incarnation: self.fabric.incarnation,
         }
+    }
+
+    /// What a fence calls to move this QP to the error state from any thread:
+    /// `ibv_modify_qp` to ERR on our end, so the NIC drops the peer's requests (its
+    /// one-sided operations complete in error there) and our outstanding WRs flush.
+    /// Called only while the QP lives (the wrapper clears it before the QP drops).
+    pub(super) fn kill_handle(&self) -> super::KillQp {
+        /// The QP's handle, used only by `ibv_modify_qp`, which libibverbs allows from
+        /// any thread.
+        struct Raw(std::ptr::NonNull<rdma_mummy_sys::ibv_qp>);
+        // SAFETY: see above; the pointer is only dereferenced by libibverbs.
+        unsafe impl Send for Raw {}
+        impl Raw {
+            // A method, so the closure captures the whole `Raw` (which is Send), not
+            // its field.
+            fn ptr(&self) -> *mut rdma_mummy_sys::ibv_qp {
+                self.0.as_ptr()
+            }
+        }
+        // SAFETY: the handle is valid while the QP lives, which the caller guarantees.
+        let raw = Raw(unsafe { sideway::ibverbs::queue_pair::QueuePair::qp(&self.qp) });
+        Box::new(move || {
+            // SAFETY: an all-zero ibv_qp_attr is valid (plain C data); only qp_state is
+            // read, as the mask says.
+            let mut attr: rdma_mummy_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+            attr.qp_state = rdma_mummy_sys::ibv_qp_state::IBV_QPS_ERR;
+            // SAFETY: the QP is alive (the kill handle is cleared before it is destroyed)
+            // and `attr` is a valid, initialised attribute struct.
+            let rc = unsafe {
+                rdma_mummy_sys::ibv_modify_qp(
+                    raw.ptr(),
+                    &mut attr,
+                    rdma_mummy_sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as _,
+                )
+            };
+            if rc != 0 {
+                tracing::warn!(rc, "fence: ibv_modify_qp(ERR) failed");
+            }
+        })
     }
 
     /// Peer node id, or `NodeId::MAX` before connect.

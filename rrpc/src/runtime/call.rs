@@ -58,6 +58,7 @@ impl ThreadCtx {
         opts: CallOpts,
     ) -> Result<Vec<u8>, CallError> {
         let plan = CallPlan::new(&opts, &self.cfg, req.len())?;
+        self.revive(node);
         let id = self.send_request(node, handler, req, plan).await?;
         let (reply, held) = CallWait {
             ctx: self,
@@ -906,6 +907,51 @@ mod tests {
         );
         assert_eq!(zero_copy_payload(out.clone(), 6, 9), None, "short");
         assert_eq!(zero_copy_payload(out, usize::MAX, 9), None);
+    }
+
+    /// A zero-copy reply whose peer-chosen length is near overflow (u32::MAX, u64::MAX
+    /// as usize, usize::MAX - 7) fails its call with a protocol error on a real context;
+    /// nothing panics and the context keeps working.
+    #[test]
+    fn a_zero_copy_reply_length_near_overflow_fails_the_call_not_the_thread() {
+        use crate::fabric::{Fabric, FabricConfig, FabricKind};
+        let cluster = format!("unit-{}-zc-overflow", std::process::id());
+        let _g = crate::fabric::shm::ClusterGuard::new(&cluster).unwrap();
+        let f = Fabric::open(&FabricConfig::new(FabricKind::Shm, &cluster, NodeId(0))).unwrap();
+        let ctx = ThreadCtx::new(f, cfg()).unwrap();
+        let node = NodeId(1);
+        for len in [
+            u32::MAX as usize,
+            u64::MAX as usize,
+            usize::MAX - 7,
+            usize::MAX,
+        ] {
+            let chunk = ctx.inner.borrow().arena.alloc(64);
+            let done = u64::try_from(len).unwrap().to_le_bytes();
+            let h = MsgHeader {
+                len: 8,
+                handler: 3,
+                kind: MsgKind::ZeroCopyDone as u8,
+                flags: 0,
+                call_id: 1,
+            };
+            let Some(Reply::ZeroCopy(l)) = decode_reply(node, &h, &done) else {
+                panic!("a ZeroCopyDone decodes to a zero-copy reply");
+            };
+            assert!(matches!(
+                ctx.take_zero_copy(node, 3, 1, l, chunk),
+                Err(CallError::Protocol { .. })
+            ));
+        }
+        // The context still serves a well-formed reply.
+        let chunk = ctx.inner.borrow().arena.alloc(64).unwrap();
+        let mut body = b"ok".to_vec();
+        body.extend_from_slice(&1u64.to_le_bytes());
+        ctx.inner.borrow().arena.mr().write(chunk.off(), &body);
+        assert_eq!(
+            ctx.take_zero_copy(node, 3, 1, 2, Some(chunk)).unwrap(),
+            b"ok"
+        );
     }
 
     #[test]

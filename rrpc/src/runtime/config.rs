@@ -47,6 +47,11 @@ pub struct RuntimeConfig {
     /// Largest single one-sided op, READ-mode reply, zero-copy reply or request in
     /// bytes (default 4 MiB).
     pub max_transfer: usize,
+    /// How long a failed QP keeps trying to reconnect while its node's control plane is
+    /// unreachable, with exponential backoff from 1 ms to 100 ms, before the node is
+    /// reported dead (default 10 s); see [`StrawConfig::reconnect_give_up`].
+    #[serde(rename = "reconnect-give-up-ms", with = "crate::ctrl::millis")]
+    pub reconnect_give_up: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -61,6 +66,7 @@ impl Default for RuntimeConfig {
             mode_threshold: 512,
             buffer_bytes: 32 << 20,
             max_transfer: 4 << 20,
+            reconnect_give_up: Duration::from_secs(10),
         }
     }
 }
@@ -96,6 +102,7 @@ impl RuntimeConfig {
             threads_per_qp: self.threads_per_qp.max(1),
             sq_depth: self.sq_depth,
             connect_timeout: self.connect_timeout,
+            reconnect_give_up: self.reconnect_give_up,
         }
     }
 }

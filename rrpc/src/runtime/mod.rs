@@ -88,6 +88,9 @@ struct Conn {
     /// One-sided WRs not yet posted, and the op each belongs to.
     os_pending: Vec<SendWr>,
     os_ops: Vec<usize>,
+    /// Per pending WR: it and the next one must be posted in the same list
+    /// ([`ThreadCtx::write_ordered`]).
+    os_glue: Vec<bool>,
     os_qp: Option<Arc<SharedQp>>,
     os_lists: usize,
     rpc: Option<RpcChan>,
@@ -290,6 +293,7 @@ impl ThreadCtx {
         let accept: RpcAccept = c
             .call_typed(&CtrlRequest::ConnectRocket(RocketOffer {
                 node: fabric.node(),
+                incarnation: fabric.incarnation(),
                 straw: self.straws.id(),
                 geometry,
                 batching: self.cfg.batching,
@@ -350,6 +354,38 @@ impl ThreadCtx {
         Ok(info)
     }
 
+    /// If this thread's connection to `node` failed because its pool found the node
+    /// dead, and the node answers on its control plane again (a restarted process under
+    /// the same id and address, seen by a probe off this thread: [`Straw::revived`]),
+    /// connect anew as [`ThreadCtx::reconnect`] does (and open a Rocket pair again if the
+    /// old connection had one). Blocks for that connection setup only once the node is
+    /// back; otherwise costs an atomic load or two. Called as each call and one-sided op
+    /// starts, so a node that comes back is reached on the next call instead of failing
+    /// forever.
+    fn revive(&self, node: NodeId) {
+        let (addr, had_rpc) = {
+            let inner = self.inner.borrow();
+            let Some(&ci) = inner.by_node.get(&node) else {
+                return;
+            };
+            let c = &inner.conns[ci];
+            if c.straw.dead().is_none() || !c.straw.revived() {
+                return;
+            }
+            (c.straw.addr(), c.rpc.is_some())
+        };
+        let r = self.reconnect(addr).and_then(|info| {
+            if had_rpc && info.node == node {
+                self.connect_rpc(addr)?;
+            }
+            Ok(info)
+        });
+        match r {
+            Ok(_) => tracing::info!(%node, "reconnected to a node that came back"),
+            Err(e) => tracing::debug!(%node, error = %e, "node came back; reconnecting failed"),
+        }
+    }
+
     /// Attach this thread to the straw of `info.node` for `kind`; returns the conn index.
     fn attach(
         &self,
@@ -369,6 +405,7 @@ impl ThreadCtx {
                     straw,
                     os_pending: Vec::new(),
                     os_ops: Vec::new(),
+                    os_glue: Vec::new(),
                     os_qp: None,
                     os_lists: 0,
                     rpc: None,
@@ -450,6 +487,106 @@ impl ThreadCtx {
             .map(drop)
     }
 
+    /// RDMA WRITEs of `writes` (remote address, data) to `node`, in order, as one list on
+    /// one QP, awaited as one operation: RC lands them in order, so once the last one is
+    /// visible at the node every earlier one is (a commit record after its log entries,
+    /// a flag after its payload). On shm they execute in order, each publishing its last
+    /// 8 bytes with release ordering. If one fails the QP stops there: no later WRITE of
+    /// the list lands after a failed one (earlier ones may have). Resolves when all
+    /// have completed. Errors: [`OneSidedError::TooLarge`] when the total exceeds
+    /// [`RuntimeConfig::max_transfer`] or the list is longer than
+    /// [`RuntimeConfig::sq_depth`] WRs (nothing sent); otherwise as
+    /// [`ThreadCtx::write`], the first error of the list.
+    pub async fn write_ordered(
+        &self,
+        node: NodeId,
+        writes: &[(RemoteAddr, &[u8])],
+    ) -> Result<(), OneSidedError> {
+        // Counted in buffer chunks (powers of two), which must all be held at once.
+        let total: usize = writes
+            .iter()
+            .map(|(_, d)| d.len().max(crate::arena::MIN_CHUNK).next_power_of_two())
+            .sum();
+        let max = self.cfg.max_transfer;
+        if total > max {
+            return Err(OneSidedError::TooLarge { len: total, max });
+        }
+        if writes.len() > self.cfg.sq_depth {
+            return Err(OneSidedError::TooLarge {
+                len: writes.len(),
+                max: self.cfg.sq_depth,
+            });
+        }
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.revive(node);
+        let ids = std::future::poll_fn(|cx| {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            let Some(&ci) = inner.by_node.get(&node) else {
+                return Poll::Ready(Err(OneSidedError::NotConnected { node }));
+            };
+            if let Some(why) = &inner.conns[ci].broken {
+                return Poll::Ready(Err(OneSidedError::PeerGone {
+                    node,
+                    why: why.clone(),
+                }));
+            }
+            // All buffers or none (dropping the ones taken frees them).
+            let mut chunks = Vec::with_capacity(writes.len());
+            for (_, d) in writes {
+                match inner.arena.alloc(d.len().max(1)) {
+                    Some(c) => chunks.push(c),
+                    None => {
+                        inner.stalled.push(cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                }
+            }
+            let mut ids = Vec::with_capacity(writes.len());
+            for (i, ((remote, d), chunk)) in writes.iter().zip(chunks).enumerate() {
+                inner.arena.mr().write(chunk.off(), d);
+                let wr = SendWr {
+                    wr_id: 0,
+                    opcode: WrOpcode::Write,
+                    sge: inner.arena.mr().sge(chunk.off(), d.len()),
+                    remote: *remote,
+                    signaled: false,
+                    inline: false,
+                };
+                let id = inner.ops.open(chunk, d.len(), false);
+                inner.stats.bytes += d.len() as u64;
+                let conn = &mut inner.conns[ci];
+                conn.os_pending.push(wr);
+                conn.os_ops.push(id);
+                conn.os_glue.push(i + 1 < writes.len());
+                ids.push(id);
+            }
+            Poll::Ready(Ok(ids))
+        })
+        .await?;
+        // Ops not awaited yet are released if this future is dropped.
+        let mut rest = OpsLeft {
+            ctx: self,
+            ids: ids.into(),
+        };
+        let mut first_err = None;
+        while let Some(id) = rest.ids.pop_front() {
+            let r = OpWait {
+                ctx: self,
+                id,
+                done: false,
+            }
+            .await;
+            self.inner.borrow_mut().ops.finish(id);
+            if let (Err(e), None) = (r, &first_err) {
+                first_err = Some(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
     /// 8-byte RDMA compare-and-swap at `remote` (8-byte aligned); returns the old value.
     /// Errors as [`ThreadCtx::read`].
     pub async fn cas(
@@ -526,6 +663,7 @@ impl ThreadCtx {
         timing: Option<&mut Option<OpTiming>>,
     ) -> Result<Vec<u8>, OneSidedError> {
         let timed = timing.is_some();
+        self.revive(node);
         let id = std::future::poll_fn(|cx| {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
@@ -562,6 +700,7 @@ impl ThreadCtx {
             let conn = &mut inner.conns[ci];
             conn.os_pending.push(wr);
             conn.os_ops.push(id);
+            conn.os_glue.push(false);
             Poll::Ready(Ok(id))
         })
         .await?;
@@ -749,6 +888,7 @@ impl ThreadCtx {
             let node = inner.conns[ci].node;
             let mut ops: Vec<usize> = std::mem::take(&mut inner.conns[ci].os_ops);
             inner.conns[ci].os_pending.clear();
+            inner.conns[ci].os_glue.clear();
             for r in inner.lists.iter_mut() {
                 if let Rec::OneSided { conn, ops: o } = r {
                     if *conn == ci {
@@ -814,13 +954,31 @@ impl ThreadCtx {
         let mut posted = 0;
         let total = conn.os_pending.len();
         while posted < total {
-            let end = posted.saturating_add(per_list).min(total);
+            // A glued run (an ordered WRITE list) goes out whole, as a list of its own;
+            // other WRs up to the next run.
+            let run = glued_run(&conn.os_glue[posted..]);
+            let (end, whole) = if run > 1 {
+                (posted + run, true)
+            } else {
+                let next_run = conn.os_glue[posted..]
+                    .iter()
+                    .position(|&g| g)
+                    .map_or(total, |i| posted + i);
+                (
+                    posted
+                        .saturating_add(per_list)
+                        .min(total)
+                        .min(next_run.max(posted + 1)),
+                    false,
+                )
+            };
             let token = inner.lists.alloc();
             let n = qp
-                .post(
+                .post_list(
                     &mut conn.os_pending[posted..end],
                     &self.mailbox,
                     token as u64,
+                    whole,
                 )
                 .unwrap_or(0);
             if n == 0 {
@@ -842,6 +1000,7 @@ impl ThreadCtx {
         if posted > 0 {
             conn.os_pending.drain(..posted);
             conn.os_ops.drain(..posted);
+            conn.os_glue.drain(..posted);
         }
         if posted < total {
             inner.stats.sq_full += 1;
@@ -1028,6 +1187,28 @@ impl Drop for OpWait<'_> {
         // Dropped before its result was taken: free now, or at completion.
         self.ctx.inner.borrow_mut().ops.finish(self.id);
     }
+}
+
+/// One-sided ops a dropped future still held: each is released as an abandoned
+/// [`OpWait`] is (freed now, or at its completion).
+struct OpsLeft<'a> {
+    ctx: &'a ThreadCtx,
+    ids: std::collections::VecDeque<usize>,
+}
+
+impl Drop for OpsLeft<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.ctx.inner.borrow_mut();
+        for &id in &self.ids {
+            inner.ops.finish(id);
+        }
+    }
+}
+
+/// How many WRs from the start of `glue` must be posted together: a run of glued WRs
+/// and the one that ends it (1 for a WR not glued to the next).
+fn glued_run(glue: &[bool]) -> usize {
+    glue.iter().take_while(|&&g| g).count() + 1
 }
 
 /// A process's RPC runtime: straws (QP pools) shared by the threads it starts.

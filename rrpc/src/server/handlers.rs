@@ -8,6 +8,29 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::wire::{IdHash, MsgKind};
+use crate::NodeId;
+
+/// Who sent a request: the node and incarnation its connection authenticated at setup
+/// (the Rocket offer's, on the control plane), never anything in the payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Caller {
+    /// The requester's node id.
+    pub node: NodeId,
+    /// The requester's incarnation of that id (0 from a requester that sends none).
+    pub incarnation: u64,
+}
+
+impl Caller {
+    /// The caller of a request run outside a connection ([`Handlers::call`]).
+    pub const UNKNOWN: Caller = Caller {
+        node: NodeId::MAX,
+        incarnation: 0,
+    };
+}
+
+/// A request handler that is told its caller ([`Handlers::register_with_caller`]).
+pub type CallerHandler =
+    Arc<dyn Fn(Caller, &[u8], &mut Vec<u8>) -> Result<(), String> + Send + Sync>;
 
 /// A request handler: reads the request payload, appends the response payload to `out`.
 /// An `Err` is sent back to the caller as [`crate::runtime::CallError::Remote`].
@@ -20,6 +43,9 @@ pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>>>>;
 /// An async handler: called on a server thread with the request payload.
 pub type AsyncHandler = Arc<dyn Fn(Vec<u8>) -> HandlerFuture + Send + Sync>;
 
+/// An async handler that is told its caller ([`Handlers::register_async_with_caller`]).
+pub type AsyncCallerHandler = Arc<dyn Fn(Caller, Vec<u8>) -> HandlerFuture + Send + Sync>;
+
 /// One request of a sorted batch.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchReq<'a> {
@@ -29,6 +55,8 @@ pub struct BatchReq<'a> {
     pub ts: u64,
     /// The request payload.
     pub payload: &'a [u8],
+    /// Who sent it.
+    pub caller: Caller,
 }
 
 /// Extracts `(key, timestamp)` from a request payload; `None` rejects it as malformed.
@@ -41,7 +69,9 @@ pub type BatchFn = Arc<dyn Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>
 #[derive(Clone)]
 pub(crate) enum Entry {
     Sync(Handler),
+    SyncCaller(CallerHandler),
     Async(AsyncHandler),
+    AsyncCaller(AsyncCallerHandler),
     Sorted(KeyFn, BatchFn),
 }
 
@@ -68,6 +98,30 @@ impl Handlers {
         self
     }
 
+    /// Register `f` as handler `id`, replacing any earlier one, like
+    /// [`Handlers::register`], and tell it each request's [`Caller`]: the node and
+    /// incarnation the requester's connection authenticated at setup.
+    pub fn register_with_caller(
+        &mut self,
+        id: u16,
+        f: impl Fn(Caller, &[u8], &mut Vec<u8>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.map.insert(id, Entry::SyncCaller(Arc::new(f)));
+        self
+    }
+
+    /// Register a sorted-batch handler `id` as [`Handlers::register_sorted`] does; each
+    /// request's [`BatchReq::caller`] names who sent it (which every sorted handler
+    /// sees; this name says the handler relies on it).
+    pub fn register_sorted_with_caller(
+        &mut self,
+        id: u16,
+        key: impl Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync + 'static,
+        f: impl Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.register_sorted(id, key, f)
+    }
+
     /// Register an async handler `id`, replacing any earlier one. `f` is called on a
     /// server thread with the request payload; the future it returns runs as a
     /// coroutine of that thread's executor and may await RPC calls and one-sided
@@ -81,6 +135,20 @@ impl Handlers {
     {
         self.map
             .insert(id, Entry::Async(Arc::new(move |req| Box::pin(f(req)))));
+        self
+    }
+
+    /// Register an async handler `id` as [`Handlers::register_async`] does, and tell it
+    /// each request's [`Caller`].
+    pub fn register_async_with_caller<F, Fut>(&mut self, id: u16, f: F) -> &mut Self
+    where
+        F: Fn(Caller, Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<u8>, String>> + 'static,
+    {
+        self.map.insert(
+            id,
+            Entry::AsyncCaller(Arc::new(move |c, req| Box::pin(f(c, req)))),
+        );
         self
     }
 
@@ -104,7 +172,9 @@ impl Handlers {
 
     /// Whether some handler is async (its server threads then need a runtime).
     pub fn has_async(&self) -> bool {
-        self.map.values().any(|e| matches!(e, Entry::Async(_)))
+        self.map
+            .values()
+            .any(|e| matches!(e, Entry::Async(_) | Entry::AsyncCaller(_)))
     }
 
     pub(crate) fn get(&self, id: u16) -> Option<&Entry> {
@@ -117,9 +187,17 @@ impl Handlers {
     /// panicked" (a panicking handler fails its call, not the thread serving every
     /// connection assigned to it). Async and sorted handlers are not run here.
     pub fn call(&self, id: u16, req: &[u8], out: &mut Vec<u8>) -> MsgKind {
+        self.call_as(Caller::UNKNOWN, id, req, out)
+    }
+
+    /// [`Handlers::call`] on behalf of `caller`, which handlers registered with
+    /// [`Handlers::register_with_caller`] are told.
+    pub fn call_as(&self, caller: Caller, id: u16, req: &[u8], out: &mut Vec<u8>) -> MsgKind {
         out.clear();
-        let h = match self.map.get(&id) {
-            Some(Entry::Sync(h)) => h,
+        type Run<'a> = &'a dyn Fn(&[u8], &mut Vec<u8>) -> Result<(), String>;
+        let h: Run<'_> = match self.map.get(&id) {
+            Some(Entry::Sync(h)) => &**h,
+            Some(Entry::SyncCaller(h)) => &move |req, out| h(caller, req, out),
             Some(_) => {
                 out.extend_from_slice(format!("handler {id} is not a plain handler").as_bytes());
                 return MsgKind::Error;

@@ -36,7 +36,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use self::handlers::{
-    AsyncHandler, BatchFn, BatchReq, Handler, HandlerFuture, Handlers, KeyFn,
+    AsyncCallerHandler, AsyncHandler, BatchFn, BatchReq, Caller, CallerHandler, Handler,
+    HandlerFuture, Handlers, KeyFn,
 };
 use self::worker::{Cmd, NewConn, SortedHub, Worker};
 use crate::arena::UnusedArena;
@@ -45,6 +46,7 @@ use crate::ctrl::{QpKind, RocketOffer, RpcAccept};
 use crate::exec;
 use crate::fabric::{Fabric, FabricError, QpEndpoint};
 use crate::straw::{SharedQp, QP_CQ_DEPTH};
+use crate::NodeId;
 
 /// Settings of an [`RpcServer`]. As a TOML table the keys are kebab-case, durations
 /// integer milliseconds, and every key may be left out for its default.
@@ -384,6 +386,7 @@ impl RpcServer {
     pub fn accept(&self, offer: RocketOffer) -> Result<RpcAccept, FabricError> {
         let RocketOffer {
             node: peer,
+            incarnation,
             straw,
             geometry: cfg,
             batching,
@@ -395,6 +398,9 @@ impl RpcServer {
             op: "accept Rocket",
             what,
         };
+        if self.fabric.is_fenced(peer, incarnation) {
+            return Err(FabricError::Fenced { peer, incarnation });
+        }
         let s = self
             .straw(straw)
             .ok_or_else(|| bad(format!("straw {straw:#x} has no RPC QP here yet")))?;
@@ -445,7 +451,11 @@ impl RpcServer {
             req_credit,
         )
         .map_err(|e| undo(bad(e.to_string())))?;
-        let conn = NewConn::new(id as u64, s.clone(), peer, chan, mode_threshold);
+        let caller = Caller {
+            node: peer,
+            incarnation,
+        };
+        let conn = NewConn::new(id as u64, s.clone(), caller, chan, mode_threshold);
         let tx = &self.workers[id % self.workers.len()];
         if tx.send(Cmd::Add(Box::new(conn))).is_err() {
             return Err(bad("server is stopping".into()));
@@ -459,6 +469,23 @@ impl RpcServer {
     pub fn close(&self, rocket: u64) -> bool {
         let tx = &self.workers[rocket as usize % self.workers.len()];
         tx.send(Cmd::Close(rocket)).is_ok()
+    }
+
+    /// Stop serving incarnation `incarnation` of node `peer` ([`Fabric::fence`] moves
+    /// its QPs to the error state and refuses new ones; this also refuses its Rocket
+    /// offers and has each server thread drop its Rockets, unanswered, at its next look
+    /// at the command channel). Returns how of this server's QPs were moved to error by
+    /// the fabric's fence.
+    pub fn fence(&self, peer: NodeId, incarnation: u64) -> usize {
+        let n = self.fabric.fence(peer, incarnation);
+        let caller = Caller {
+            node: peer,
+            incarnation,
+        };
+        for tx in &self.workers {
+            let _ = tx.send(Cmd::Fence(caller));
+        }
+        n
     }
 
     /// Ask the threads to stop and join them.

@@ -10,7 +10,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::handlers::{BatchReq, Entry, Handlers};
+use super::handlers::{BatchReq, Caller, Entry, Handlers};
 use super::mode::{parse_request, route, Route};
 use super::{ServerStraw, StrawMap};
 use crate::arena::{Arena, Chunk};
@@ -29,6 +29,8 @@ const STUCK_LIMIT: Duration = Duration::from_secs(2);
 pub(crate) enum Cmd {
     Add(Box<NewConn>),
     Close(u64),
+    /// Drop the Rockets of this caller, unanswered ([`super::RpcServer::fence`]).
+    Fence(Caller),
 }
 
 /// The server end of one Rocket pair.
@@ -37,6 +39,8 @@ pub(crate) struct ServerConn {
     id: u64,
     straw: Arc<ServerStraw>,
     peer: NodeId,
+    /// Who the Rocket's requester authenticated as at setup.
+    caller: Caller,
     chan: Channel,
     /// The requester's [`ReplyMode::Auto`] threshold, bytes.
     mode_threshold: usize,
@@ -50,7 +54,7 @@ pub(crate) struct ServerConn {
 pub(crate) struct NewConn {
     id: u64,
     straw: Arc<ServerStraw>,
-    peer: NodeId,
+    caller: Caller,
     chan: ChannelSetup,
     mode_threshold: usize,
 }
@@ -59,14 +63,14 @@ impl NewConn {
     pub(crate) fn new(
         id: u64,
         straw: Arc<ServerStraw>,
-        peer: NodeId,
+        caller: Caller,
         chan: ChannelSetup,
         mode_threshold: usize,
     ) -> Self {
         Self {
             id,
             straw,
-            peer,
+            caller,
             chan,
             mode_threshold,
         }
@@ -77,7 +81,8 @@ impl NewConn {
         ServerConn {
             id: self.id,
             straw: self.straw,
-            peer: self.peer,
+            peer: self.caller.node,
+            caller: self.caller,
             chan: self.chan.start(),
             mode_threshold: self.mode_threshold,
             stuck_since: None,
@@ -110,6 +115,7 @@ pub(crate) struct SortedReq {
     id: u16,
     tag: (u64, u64),
     payload: Vec<u8>,
+    caller: Caller,
 }
 
 /// Requests of sorted-batch handlers from all server threads, combined by whichever
@@ -171,6 +177,7 @@ impl SortedHub {
                     key: r.key,
                     ts: r.ts,
                     payload: &r.payload,
+                    caller: r.caller,
                 })
                 .collect();
             results.clear();
@@ -214,6 +221,30 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Rec {
     conn: u64,
     items: Vec<Item>,
+}
+
+/// An async handler's future, polled inside `catch_unwind`: a panic ends it with
+/// `Err(())` instead of unwinding through the server thread's executor (which would end
+/// the thread, and with it every connection assigned to it).
+struct CatchUnwind<F> {
+    fut: F,
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for CatchUnwind<F> {
+    type Output = Result<F::Output, ()>;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let fut = &mut self.fut;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::pin::Pin::new(fut).poll(cx)
+        })) {
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(_) => std::task::Poll::Ready(Err(())),
+        }
+    }
 }
 
 /// Results of async handlers, pushed by their coroutines: ((conn, call), result).
@@ -345,8 +376,14 @@ impl Worker {
             while let Ok(cmd) = self.rx.try_recv() {
                 match cmd {
                     Cmd::Add(c) => {
-                        tracing::debug!(peer = %c.peer, "Rocket accepted");
+                        tracing::debug!(peer = %c.caller.node, "Rocket accepted");
                         self.conns.push(c.start());
+                    }
+                    Cmd::Fence(caller) => {
+                        for c in self.conns.iter_mut().filter(|c| c.caller == caller) {
+                            tracing::info!(peer = %c.peer, incarnation = caller.incarnation, "Rocket of a fenced caller dropped");
+                            c.dead = true;
+                        }
                     }
                     Cmd::Close(id) => {
                         if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
@@ -549,35 +586,59 @@ impl Worker {
     fn dispatch(&mut self, ci: usize, p: Pending, body: &[u8], handle: &exec::Handle) {
         let tag = (p.conn, p.hdr.call_id);
         match self.handlers.get(p.hdr.handler) {
-            Some(Entry::Async(f)) => {
-                let fut = f(body.to_vec());
+            Some(e @ (Entry::Async(_) | Entry::AsyncCaller(_))) => {
+                let id = p.hdr.handler;
+                let caller = self.conns[ci].caller;
                 let finished = self.finished.clone();
                 self.pending.insert(tag, (p, false));
+                // Both the call that makes the future and each poll of it may panic: the
+                // request fails, the thread keeps serving.
+                let fut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match e {
+                    Entry::AsyncCaller(f) => f(caller, body.to_vec()),
+                    Entry::Async(f) => f(body.to_vec()),
+                    _ => unreachable!("matched above"),
+                }));
                 handle.spawn(async move {
-                    let r = fut.await;
+                    let r = match fut {
+                        Ok(fut) => CatchUnwind { fut }.await.unwrap_or_else(|()| {
+                            tracing::error!(handler = id, "async RPC handler panicked");
+                            Err(format!("handler {id} panicked"))
+                        }),
+                        Err(_) => {
+                            tracing::error!(handler = id, "async RPC handler panicked");
+                            Err(format!("handler {id} panicked"))
+                        }
+                    };
                     finished.borrow_mut().push((tag, r));
                 });
             }
-            Some(Entry::Sorted(key, _)) => match key(body) {
-                Some((k, ts)) => {
-                    self.sorted_out.push(SortedReq {
-                        worker: self.index,
-                        key: k,
-                        ts,
-                        id: p.hdr.handler,
-                        tag,
-                        payload: body.to_vec(),
-                    });
-                    self.pending.insert(tag, (p, false));
+            Some(Entry::Sorted(key, _)) => {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| key(body)))
+                    .ok()
+                    .flatten()
+                {
+                    Some((k, ts)) => {
+                        self.sorted_out.push(SortedReq {
+                            worker: self.index,
+                            key: k,
+                            ts,
+                            id: p.hdr.handler,
+                            tag,
+                            payload: body.to_vec(),
+                            caller: self.conns[ci].caller,
+                        });
+                        self.pending.insert(tag, (p, false));
+                    }
+                    None => {
+                        let msg = b"malformed request for a sorted-batch handler";
+                        self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg);
+                    }
                 }
-                None => {
-                    let msg = b"malformed request for a sorted-batch handler";
-                    self.push_msg(ci, reply_hdr(&p.hdr, MsgKind::Error), msg);
-                }
-            },
+            }
             _ => {
                 let mut out = std::mem::take(&mut self.out);
-                let kind = self.handlers.call(p.hdr.handler, body, &mut out);
+                let caller = self.conns[ci].caller;
+                let kind = self.handlers.call_as(caller, p.hdr.handler, body, &mut out);
                 self.respond(ci, &p, kind, &out);
                 self.out = out;
             }
