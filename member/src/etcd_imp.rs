@@ -160,7 +160,9 @@ impl Inner {
         let mut c = client.clone();
         let lease = rt
             .call("grant lease", op_timeout, async move {
-                c.lease_grant(ttl_s, None).await.map_err(etcd("grant lease"))
+                c.lease_grant(ttl_s, None)
+                    .await
+                    .map_err(etcd("grant lease"))
             })
             .map_err(|e| match e {
                 MemberError::Timeout { after, .. } => MemberError::Unreachable {
@@ -192,7 +194,13 @@ impl Inner {
             op_timeout,
             live.clone(),
         ));
-        tracing::info!(node, incarnation = me.incarnation, lease = lease_id, ttl_s = lease_ttl.as_secs(), "joined");
+        tracing::info!(
+            node,
+            incarnation = me.incarnation,
+            lease = lease_id,
+            ttl_s = lease_ttl.as_secs(),
+            "joined"
+        );
         Ok(Self {
             rt,
             client,
@@ -242,21 +250,22 @@ impl Inner {
     pub(crate) fn revoke(&self, node: u16, incarnation: u64) -> Result<bool, MemberError> {
         let mut c = self.client.clone();
         let key = self.keys.member(node, incarnation);
-        self.rt.call("revoke a member", self.op_timeout, async move {
-            let resp = c.get(key, None).await.map_err(etcd("read a member"))?;
-            let Some(kv) = resp.kvs().first() else {
-                return Ok(false);
-            };
-            let info = parse_info(kv)?;
-            match c.lease_revoke(info.lease).await {
-                Ok(_) => Ok(true),
-                Err(e) if is_not_found(&e) => Ok(false),
-                Err(source) => Err(MemberError::Etcd {
-                    op: "revoke a lease",
-                    source,
-                }),
-            }
-        })
+        self.rt
+            .call("revoke a member", self.op_timeout, async move {
+                let resp = c.get(key, None).await.map_err(etcd("read a member"))?;
+                let Some(kv) = resp.kvs().first() else {
+                    return Ok(false);
+                };
+                let info = parse_info(kv)?;
+                match c.lease_revoke(info.lease).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if is_not_found(&e) => Ok(false),
+                    Err(source) => Err(MemberError::Etcd {
+                        op: "revoke a lease",
+                        source,
+                    }),
+                }
+            })
     }
 
     pub(crate) fn claim_recovery(&self, node: u16, incarnation: u64) -> Result<bool, MemberError> {
@@ -266,51 +275,54 @@ impl Inner {
         let recovered = self.keys.recovered(node, incarnation);
         let ours = self.claimant_json();
         let lease = self.me.lease;
-        self.rt.call("claim a recovery", self.op_timeout, async move {
-            let txn = Txn::new()
-                .when([
-                    Compare::version(claim.clone(), CompareOp::Equal, 0),
-                    Compare::version(member.clone(), CompareOp::Equal, 0),
-                    Compare::version(recovered.clone(), CompareOp::Equal, 0),
-                ])
-                .and_then([TxnOp::put(
-                    claim.clone(),
-                    ours.clone(),
-                    Some(PutOptions::new().with_lease(lease)),
-                )])
-                .or_else([
-                    TxnOp::get(claim, None),
-                    TxnOp::get(member, None),
-                    TxnOp::get(recovered, None),
-                ]);
-            let resp = match c.txn(txn).await {
-                Ok(r) => r,
-                Err(e) if is_not_found(&e) => return Err(MemberError::LeaseLost),
-                Err(source) => {
-                    return Err(MemberError::Etcd {
-                        op: "claim a recovery",
-                        source,
-                    })
+        self.rt
+            .call("claim a recovery", self.op_timeout, async move {
+                let txn = Txn::new()
+                    .when([
+                        Compare::version(claim.clone(), CompareOp::Equal, 0),
+                        Compare::version(member.clone(), CompareOp::Equal, 0),
+                        Compare::version(recovered.clone(), CompareOp::Equal, 0),
+                    ])
+                    .and_then([TxnOp::put(
+                        claim.clone(),
+                        ours.clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )])
+                    .or_else([
+                        TxnOp::get(claim, None),
+                        TxnOp::get(member, None),
+                        TxnOp::get(recovered, None),
+                    ]);
+                let resp = match c.txn(txn).await {
+                    Ok(r) => r,
+                    Err(e) if is_not_found(&e) => return Err(MemberError::LeaseLost),
+                    Err(source) => {
+                        return Err(MemberError::Etcd {
+                            op: "claim a recovery",
+                            source,
+                        })
+                    }
+                };
+                if resp.succeeded() {
+                    return Ok(true);
                 }
-            };
-            if resp.succeeded() {
-                return Ok(true);
-            }
-            let gets: Vec<Option<Vec<u8>>> = resp
-                .op_responses()
-                .into_iter()
-                .map(|r| match r {
-                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-                    _ => None,
-                })
-                .collect();
-            if gets.get(1).is_some_and(Option::is_some) {
-                return Err(MemberError::StillLive { node, incarnation });
-            }
-            // Already ours (a retried claim) counts as won; anyone else's, or recovered, not.
-            Ok(gets.first().and_then(Option::as_deref) == Some(ours.as_bytes())
-                && gets.get(2).is_none_or(Option::is_none))
-        })
+                let gets: Vec<Option<Vec<u8>>> = resp
+                    .op_responses()
+                    .into_iter()
+                    .map(|r| match r {
+                        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                        _ => None,
+                    })
+                    .collect();
+                if gets.get(1).is_some_and(Option::is_some) {
+                    return Err(MemberError::StillLive { node, incarnation });
+                }
+                // Already ours (a retried claim) counts as won; anyone else's, or recovered, not.
+                Ok(
+                    gets.first().and_then(Option::as_deref) == Some(ours.as_bytes())
+                        && gets.get(2).is_none_or(Option::is_none),
+                )
+            })
     }
 
     pub(crate) fn finish_recovery(
@@ -324,20 +336,21 @@ impl Inner {
         let recovered = self.keys.recovered(node, incarnation);
         let ours = self.claimant_json();
         let summary = summary.to_string();
-        self.rt.call("finish a recovery", self.op_timeout, async move {
-            let txn = Txn::new()
-                .when([Compare::value(claim.clone(), CompareOp::Equal, ours)])
-                .and_then([
-                    TxnOp::put(recovered, summary, None),
-                    TxnOp::delete(claim, None),
-                ]);
-            let resp = c.txn(txn).await.map_err(etcd("finish a recovery"))?;
-            if resp.succeeded() {
-                Ok(())
-            } else {
-                Err(MemberError::NotClaimant { node, incarnation })
-            }
-        })
+        self.rt
+            .call("finish a recovery", self.op_timeout, async move {
+                let txn = Txn::new()
+                    .when([Compare::value(claim.clone(), CompareOp::Equal, ours)])
+                    .and_then([
+                        TxnOp::put(recovered, summary, None),
+                        TxnOp::delete(claim, None),
+                    ]);
+                let resp = c.txn(txn).await.map_err(etcd("finish a recovery"))?;
+                if resp.succeeded() {
+                    Ok(())
+                } else {
+                    Err(MemberError::NotClaimant { node, incarnation })
+                }
+            })
     }
 
     pub(crate) fn recovered(
@@ -347,13 +360,14 @@ impl Inner {
     ) -> Result<Option<String>, MemberError> {
         let mut c = self.client.clone();
         let key = self.keys.recovered(node, incarnation);
-        self.rt.call("read a recovery", self.op_timeout, async move {
-            let resp = c.get(key, None).await.map_err(etcd("read a recovery"))?;
-            Ok(resp
-                .kvs()
-                .first()
-                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
-        })
+        self.rt
+            .call("read a recovery", self.op_timeout, async move {
+                let resp = c.get(key, None).await.map_err(etcd("read a recovery"))?;
+                Ok(resp
+                    .kvs()
+                    .first()
+                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+            })
     }
 
     pub(crate) fn wait_recovered(
@@ -368,7 +382,10 @@ impl Inner {
         let limit = timeout + op_timeout;
         self.rt.call("wait for a recovery", limit, async move {
             let setup = async {
-                let resp = c.get(key.clone(), None).await.map_err(etcd("read a recovery"))?;
+                let resp = c
+                    .get(key.clone(), None)
+                    .await
+                    .map_err(etcd("read a recovery"))?;
                 if let Some(kv) = resp.kvs().first() {
                     return Ok(Err(String::from_utf8_lossy(kv.value()).into_owned()));
                 }
@@ -504,8 +521,7 @@ async fn take_incarnation(
                 Some(PutOptions::new().with_lease(info.lease)),
             ),
         ]);
-        if c
-            .txn(txn)
+        if c.txn(txn)
             .await
             .map_err(etcd("take an incarnation"))?
             .succeeded()

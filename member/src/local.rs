@@ -65,10 +65,12 @@ impl LocalEtcd {
             what: "create etcd.log",
             source,
         })?;
-        let log_err = log_file.try_clone().map_err(|source| MemberError::LocalSetup {
-            what: "open etcd.log",
-            source,
-        })?;
+        let log_err = log_file
+            .try_clone()
+            .map_err(|source| MemberError::LocalSetup {
+                what: "open etcd.log",
+                source,
+            })?;
         let client_port = free_port()?;
         let peer_port = free_port()?;
         let client = format!("http://127.0.0.1:{client_port}");
@@ -165,12 +167,11 @@ fn find_etcd() -> Option<PathBuf> {
 }
 
 fn free_port() -> Result<u16, MemberError> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| {
-        MemberError::LocalSetup {
+    let l =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| MemberError::LocalSetup {
             what: "bind a free loopback port",
             source,
-        }
-    })?;
+        })?;
     l.local_addr()
         .map(|a| a.port())
         .map_err(|source| MemberError::LocalSetup {
@@ -187,8 +188,7 @@ fn healthy(port: u16) -> bool {
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
-    if s
-        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
         .is_err()
     {
         return false;

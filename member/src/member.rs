@@ -75,7 +75,14 @@ impl Member {
         node: u16,
         ttl: Duration,
     ) -> Result<Member, MemberError> {
-        Self::join_with(endpoints, cluster, role, node, ttl, &MemberOptions::default())
+        Self::join_with(
+            endpoints,
+            cluster,
+            role,
+            node,
+            ttl,
+            &MemberOptions::default(),
+        )
     }
 
     /// [`Member::join`] with options.
@@ -255,9 +262,18 @@ mod tests {
     #[cfg(not(feature = "etcd"))]
     #[test]
     fn join_without_the_feature_says_how_to_get_it() {
-        let e = Member::join(&["http://127.0.0.1:1".into()], "c", Role::Cnode, 1, Duration::from_secs(1))
-            .unwrap_err();
+        let e = Member::join(
+            &["http://127.0.0.1:1".into()],
+            "c",
+            Role::Cnode,
+            1,
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
         assert!(matches!(e, MemberError::NoEtcdSupport));
-        assert_eq!(e.to_string(), "built without the etcd feature: rebuild with --features etcd");
+        assert_eq!(
+            e.to_string(),
+            "built without the etcd feature: rebuild with --features etcd"
+        );
     }
 }

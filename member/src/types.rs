@@ -118,13 +118,28 @@ mod tests {
         assert_eq!(k.parse_member("/c1/members/7/3"), Some((7, 3)));
         assert_eq!(k.parse_member("/c2/members/7/3"), None);
         assert!(matches!(Keys::new(""), Err(MemberError::InvalidCluster(_))));
-        assert!(matches!(Keys::new("a/b"), Err(MemberError::InvalidCluster(_))));
+        assert!(matches!(
+            Keys::new("a/b"),
+            Err(MemberError::InvalidCluster(_))
+        ));
     }
 
     #[test]
     fn member_json_round_trip() {
-        for role in [Role::Cnode, Role::Memnode, Role::Lockd, Role::Tso, Role::Other("x".into())] {
-            let m = MemberInfo { role, node: 3, incarnation: 9, pid: 42, lease: 7_000_000_000_000 };
+        for role in [
+            Role::Cnode,
+            Role::Memnode,
+            Role::Lockd,
+            Role::Tso,
+            Role::Other("x".into()),
+        ] {
+            let m = MemberInfo {
+                role,
+                node: 3,
+                incarnation: 9,
+                pid: 42,
+                lease: 7_000_000_000_000,
+            };
             let s = serde_json::to_string(&m).unwrap();
             assert_eq!(serde_json::from_str::<MemberInfo>(&s).unwrap(), m);
         }
