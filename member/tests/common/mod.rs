@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // Each suite uses a part.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use member::{Event, LocalEtcd, MemberError, Receiver};
@@ -33,7 +34,11 @@ pub fn etcd_or_skip(test: &str) -> Option<Env> {
             })
         }
         Err(e @ MemberError::EtcdMissing) if std::env::var_os("RRPC_REQUIRE_ETCD").is_none() => {
-            eprintln!("SKIPPED {test}: {e} (set RRPC_REQUIRE_ETCD=1 to make this a failure)");
+            // Straight to stderr: libtest captures eprintln! of passing tests.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: {e} (set RRPC_REQUIRE_ETCD=1 to make this a failure)"
+            );
             None
         }
         Err(e) => panic!("{test}: local etcd: {e}"),
