@@ -431,6 +431,66 @@ impl Inner {
         })
     }
 
+    pub(crate) fn pending_recoveries(&self) -> Result<Vec<(u16, u64)>, MemberError> {
+        let mut c = self.client.clone();
+        let k = self.keys.clone();
+        self.rt
+            .call("list pending recoveries", self.op_timeout, async move {
+                // One transaction: the four listings are one snapshot.
+                let prefix = || Some(GetOptions::new().with_prefix().with_keys_only());
+                let txn = Txn::new().and_then([
+                    TxnOp::get(
+                        k.incarnation_prefix(),
+                        Some(GetOptions::new().with_prefix()),
+                    ),
+                    TxnOp::get(k.members_prefix(), prefix()),
+                    TxnOp::get(k.recovery_prefix(), prefix()),
+                    TxnOp::get(k.recovered_prefix(), prefix()),
+                ]);
+                let resp = c.txn(txn).await.map_err(etcd("list pending recoveries"))?;
+                let mut lists = resp.op_responses().into_iter().map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().to_vec(),
+                    _ => Vec::new(),
+                });
+                let counters = lists.next().unwrap_or_default();
+                let mut settled = std::collections::HashSet::new();
+                for (list, prefix) in lists.zip([
+                    k.members_prefix(),
+                    k.recovery_prefix(),
+                    k.recovered_prefix(),
+                ]) {
+                    for kv in list {
+                        if let Some(id) = Keys::parse_node_incarnation(&prefix, kv.key()) {
+                            settled.insert(id);
+                        }
+                    }
+                }
+                let mut pending = Vec::new();
+                for kv in counters {
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    let Some(node) = key
+                        .strip_prefix(&k.incarnation_prefix())
+                        .and_then(|n| n.parse::<u16>().ok())
+                    else {
+                        continue;
+                    };
+                    let last: u64 = String::from_utf8_lossy(kv.value()).parse().map_err(|_| {
+                        MemberError::BadValue {
+                            key: key.clone(),
+                            reason: "the incarnation is not a number".into(),
+                        }
+                    })?;
+                    pending.extend(
+                        (1..=last)
+                            .map(|i| (node, i))
+                            .filter(|id| !settled.contains(id)),
+                    );
+                }
+                pending.sort_unstable();
+                Ok(pending)
+            })
+    }
+
     pub(crate) fn put_durable(&self, key: &str, value: Vec<u8>) -> Result<(), MemberError> {
         let mut c = self.client.clone();
         let key = self.keys.user(key);

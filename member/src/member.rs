@@ -216,6 +216,19 @@ impl Member {
         self.inner.wait_recovered(node, incarnation, timeout)
     }
 
+    /// Every dead incarnation that nobody recovers now: each `(node, incarnation)` up to the
+    /// node's incarnation counter that has no live member key, no recovery claim and no
+    /// recovered record, read in one snapshot, sorted. A survivor that lost a claim race calls
+    /// this again on each Down (the winner may die, and its claim with it); a cluster that
+    /// restarts calls it to find the incarnations that died while nobody watched. Clean
+    /// leaves are recorded as recovered and never appear.
+    ///
+    /// # Errors
+    /// [`MemberError::Etcd`], [`MemberError::Timeout`], [`MemberError::BadValue`].
+    pub fn pending_recoveries(&self) -> Result<Vec<(u16, u64)>, MemberError> {
+        self.inner.pending_recoveries()
+    }
+
     /// Puts `/<cluster>/kv/<key>` = `value`, durable (no lease): replica views, epochs and
     /// other configuration that outlives processes.
     ///

@@ -57,6 +57,9 @@ impl Inner {
     ) -> Result<Option<String>, MemberError> {
         match self.0 {}
     }
+    pub(crate) fn pending_recoveries(&self) -> Result<Vec<(u16, u64)>, MemberError> {
+        match self.0 {}
+    }
     pub(crate) fn put_durable(&self, _: &str, _: Vec<u8>) -> Result<(), MemberError> {
         match self.0 {}
     }

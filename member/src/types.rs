@@ -74,6 +74,25 @@ impl Keys {
         format!("{}/incarnation/{node}", self.root)
     }
 
+    pub(crate) fn incarnation_prefix(&self) -> String {
+        format!("{}/incarnation/", self.root)
+    }
+
+    pub(crate) fn recovery_prefix(&self) -> String {
+        format!("{}/recovery/", self.root)
+    }
+
+    pub(crate) fn recovered_prefix(&self) -> String {
+        format!("{}/recovered/", self.root)
+    }
+
+    /// `(node, incarnation)` from `<prefix><node>/<incarnation>`.
+    pub(crate) fn parse_node_incarnation(prefix: &str, key: &[u8]) -> Option<(u16, u64)> {
+        let key = std::str::from_utf8(key).ok()?;
+        let (node, inc) = key.strip_prefix(prefix)?.split_once('/')?;
+        Some((node.parse().ok()?, inc.parse().ok()?))
+    }
+
     pub(crate) fn members_prefix(&self) -> String {
         format!("{}/members/", self.root)
     }
@@ -96,9 +115,7 @@ impl Keys {
 
     /// `(node, incarnation)` from a member key, for a Down whose previous value is unknown.
     pub(crate) fn parse_member(&self, key: &str) -> Option<(u16, u64)> {
-        let rest = key.strip_prefix(&self.members_prefix())?;
-        let (node, inc) = rest.split_once('/')?;
-        Some((node.parse().ok()?, inc.parse().ok()?))
+        Self::parse_node_incarnation(&self.members_prefix(), key.as_bytes())
     }
 }
 
@@ -117,6 +134,11 @@ mod tests {
         assert_eq!(k.user("views/p0"), "/c1/kv/views/p0");
         assert_eq!(k.parse_member("/c1/members/7/3"), Some((7, 3)));
         assert_eq!(k.parse_member("/c2/members/7/3"), None);
+        assert_eq!(k.parse_member("/c1/members/7"), None);
+        assert_eq!(
+            Keys::parse_node_incarnation(&k.recovered_prefix(), b"/c1/recovered/65535/18"),
+            Some((65535, 18))
+        );
         assert!(matches!(Keys::new(""), Err(MemberError::InvalidCluster(_))));
         assert!(matches!(
             Keys::new("a/b"),

@@ -38,6 +38,13 @@ fn incarnations_increase_across_join_leave_join() {
     // A clean leave is recorded as recovered; a crash is not.
     assert_eq!(d.recovered(1, 1).unwrap().as_deref(), Some("clean leave"));
     assert_eq!(d.recovered(1, 2).unwrap(), None);
+    // Once the crashed incarnation's lease has expired, it is the one pending recovery: the
+    // clean leave is recovered, the others are live.
+    let t0 = Instant::now();
+    while d.pending_recoveries().unwrap() != vec![(1, 2)] {
+        assert!(t0.elapsed() < ttl + SLACK, "{:?}", d.pending_recoveries());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Another cluster counts on its own too.
     let e = Member::join(&eps, "other", Role::Cnode, 1, ttl).unwrap();
     assert_eq!(e.incarnation(), 1);

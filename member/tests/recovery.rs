@@ -84,12 +84,19 @@ fn claim_disappears_with_the_claimers_lease() {
     let a = Member::join(&eps, CLUSTER, Role::Cnode, 1, Duration::from_secs(1)).unwrap();
     let b = Member::join(&eps, CLUSTER, Role::Cnode, 2, Duration::from_secs(5)).unwrap();
     let inc = dead_incarnation(&eps, &b, 9);
+    assert_eq!(b.pending_recoveries().unwrap(), vec![(9, inc)]);
     assert!(a.claim_recovery(9, inc).unwrap());
     assert!(!b.claim_recovery(9, inc).unwrap());
+    assert_eq!(
+        b.pending_recoveries().unwrap(),
+        vec![],
+        "claimed is not pending"
+    );
     let t0 = Instant::now();
     drop(a); // The recoverer dies mid-recovery: its lease expires and takes the claim.
+             // The survivor that lost the race finds the claim free again (and the claimer dead too).
     loop {
-        if b.claim_recovery(9, inc).unwrap() {
+        if b.pending_recoveries().unwrap() == vec![(1, 1), (9, inc)] {
             break;
         }
         assert!(
@@ -102,7 +109,11 @@ fn claim_disappears_with_the_claimers_lease() {
         "claim free {:?} after the claimer's drop (TTL 1 s)",
         t0.elapsed()
     );
+    assert!(b.claim_recovery(9, inc).unwrap());
     b.finish_recovery(9, inc, "done by the second").unwrap();
+    assert!(b.claim_recovery(1, 1).unwrap());
+    b.finish_recovery(1, 1, "the claimer, recovered").unwrap();
+    assert_eq!(b.pending_recoveries().unwrap(), vec![]);
 }
 
 #[test]
