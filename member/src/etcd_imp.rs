@@ -25,8 +25,22 @@ fn etcd(op: &'static str) -> impl FnOnce(etcd_client::Error) -> MemberError {
     move |source| MemberError::Etcd { op, source }
 }
 
+fn watch_ended(why: &str) -> MemberError {
+    MemberError::Etcd {
+        op: "watch a recovery",
+        source: etcd_client::Error::WatchError(format!("the watch ended early: {why}")),
+    }
+}
+
 fn is_not_found(e: &etcd_client::Error) -> bool {
     matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::NotFound)
+}
+
+/// etcd's "requested lease not found", or etcd-client's own report of a keepalive stream
+/// opened on a lease whose first refresh came back with TTL 0.
+fn is_lease_gone(e: &etcd_client::Error) -> bool {
+    is_not_found(e)
+        || matches!(e, etcd_client::Error::LeaseKeepAliveError(m) if m == "lease not found")
 }
 
 fn parse_info(kv: &KeyValue) -> Result<MemberInfo, MemberError> {
@@ -412,7 +426,7 @@ impl Inner {
                 loop {
                     let Some(resp) = stream.message().await.map_err(etcd("watch a recovery"))?
                     else {
-                        return Ok(None);
+                        return Err(watch_ended("etcd closed the watch"));
                     };
                     for ev in resp.events() {
                         if let (EventType::Put, Some(kv)) = (ev.event_type(), ev.kv()) {
@@ -420,7 +434,7 @@ impl Inner {
                         }
                     }
                     if resp.canceled() {
-                        return Ok(None);
+                        return Err(watch_ended(resp.cancel_reason()));
                     }
                 }
             };
@@ -614,7 +628,7 @@ async fn keep_alive(
         if stream.is_none() {
             match tokio::time::timeout(op_timeout, c.lease_keep_alive(lease)).await {
                 Ok(Ok(s)) => stream = Some(s),
-                Ok(Err(e)) if is_not_found(&e) => break,
+                Ok(Err(e)) if is_lease_gone(&e) => break,
                 Ok(Err(e)) => {
                     tracing::warn!(lease, error = %e, "lease keepalive: cannot open a stream");
                     continue;
@@ -634,7 +648,7 @@ async fn keep_alive(
         match refreshed {
             Ok(Ok(Some(resp))) if resp.ttl() > 0 => {}
             Ok(Ok(Some(_))) => break,
-            Ok(Err(e)) if is_not_found(&e) => break,
+            Ok(Err(e)) if is_lease_gone(&e) => break,
             other => {
                 tracing::warn!(lease, ?other, "lease keepalive failed; retrying");
                 stream = None;

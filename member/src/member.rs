@@ -48,6 +48,13 @@ pub struct Member {
     inner: Inner,
 }
 
+// Members are shared between threads (a watcher thread, recovery workers).
+const _: fn() = || {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<Member>();
+    send_sync::<MemberError>();
+};
+
 impl std::fmt::Debug for Member {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Member").field("info", self.info()).finish()
@@ -135,7 +142,8 @@ impl Member {
     /// [`Event::Down`] (lease expired or revoked, or a clean leave) after that, in etcd's
     /// order, each once. Each call opens its own etcd watch; the subscription ends when the
     /// receiver is dropped (noticed at the next event) or the member is dropped. A broken
-    /// watch is reopened from the last revision seen.
+    /// watch is reopened from the last revision seen. The channel is unbounded: a subscriber
+    /// that stops reading keeps its events in memory.
     ///
     /// # Errors
     /// [`MemberError::Etcd`] or [`MemberError::Timeout`] if the snapshot or the watch fails.
@@ -205,8 +213,8 @@ impl Member {
     /// incarnations before it serves.
     ///
     /// # Errors
-    /// [`MemberError::Etcd`], [`MemberError::Timeout`] (etcd did not answer the initial read
-    /// or watch within the operation timeout).
+    /// [`MemberError::Etcd`] (also when etcd ends the watch early), [`MemberError::Timeout`]
+    /// (etcd did not answer the initial read or watch within the operation timeout).
     pub fn wait_recovered(
         &self,
         node: u16,

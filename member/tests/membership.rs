@@ -248,3 +248,43 @@ fn unreachable_etcd_is_a_bounded_error() {
         Err(MemberError::InvalidCluster(_))
     ));
 }
+
+#[test]
+fn revoked_member_learns_it_is_dead() {
+    let Some(env) = etcd_or_skip("revoked_member_learns_it_is_dead") else {
+        return;
+    };
+    let eps = env.endpoints();
+    let a = Member::join(&eps, CLUSTER, Role::Cnode, 1, Duration::from_secs(3)).unwrap();
+    let b = Member::join(&eps, CLUSTER, Role::Cnode, 2, Duration::from_secs(3)).unwrap();
+    assert!(b.is_live());
+    assert!(a.revoke(2, 1).unwrap()); // A false suspicion, say: B is fenced all the same.
+                                      // B's next keepalive (every TTL/3) hears that its lease is gone.
+    let t0 = Instant::now();
+    while b.is_live() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3) + SLACK,
+            "B never noticed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // B rejoins with a new incarnation; its old one awaits recovery.
+    drop(b);
+    let b2 = Member::join(&eps, CLUSTER, Role::Cnode, 2, Duration::from_secs(3)).unwrap();
+    assert_eq!(b2.incarnation(), 2);
+    assert_eq!(a.pending_recoveries().unwrap(), vec![(2, 1)]);
+    // Revoked once its keepalive stream is open (above, the lease went before the first
+    // refresh): the refresh answers TTL 0.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(b2.is_live());
+    assert!(a.revoke(2, 2).unwrap());
+    let t0 = Instant::now();
+    while b2.is_live() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3) + SLACK,
+            "B2 never noticed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(a.pending_recoveries().unwrap(), vec![(2, 1), (2, 2)]);
+}
