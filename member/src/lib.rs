@@ -8,6 +8,30 @@
 //! disappearance of a registration is a failure every survivor sees, in the same order,
 //! because etcd decided it once.
 //!
+//! ```no_run
+//! use std::time::Duration;
+//! use member::{Event, Member, Role};
+//!
+//! # fn main() -> Result<(), member::MemberError> {
+//! let etcd = vec!["http://127.0.0.1:2379".to_string()];
+//! let me = Member::join(&etcd, "prod", Role::Cnode, 3, Duration::from_secs(1))?;
+//! // A restarted node serves only once its earlier incarnations are recovered.
+//! for old in 1..me.incarnation() {
+//!     me.wait_recovered(3, old, Duration::from_secs(30))?;
+//! }
+//! let events = me.events()?;
+//! while let Ok(ev) = events.recv() {
+//!     if let Event::Down(dead) = ev {
+//!         if me.claim_recovery(dead.node, dead.incarnation)? {
+//!             // ... roll its transactions forward or back, release its locks ...
+//!             me.finish_recovery(dead.node, dead.incarnation, "rolled back 2")?;
+//!         }
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Key layout
 //!
 //! Everything lives under `/<cluster>/` (the cluster name is non-empty and has no `/`):
