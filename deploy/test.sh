@@ -2,9 +2,12 @@
 # The project's whole test run (the README's test command; CI runs it through .ci/run).
 #
 # 1. Installs what a fresh Debian machine lacks to build the verbs backend (cmake,
-#    libclang-dev) and to load libibverbs (libibverbs1, ibverbs-providers).
-# 2. Builds everything with the verbs backend compiled in and runs all tests on the shm
-#    fabric (cargo test --workspace).
+#    libclang-dev), to load libibverbs (libibverbs1, ibverbs-providers), to build the etcd
+#    client of the member crate (protobuf-compiler: protoc) and to run its tests against a
+#    real etcd (etcd-server: each test starts its own on loopback).
+# 2. Builds everything with the verbs backend and the etcd client compiled in and runs all
+#    tests on the shm fabric (cargo test --workspace); RRPC_REQUIRE_ETCD=1 makes the member
+#    tests fail, not skip, when etcd is missing.
 # 3. Runs the fabric conformance suite and the RPC, modes, straws, shm-cluster and
 #    async-handler suites again on shm under the cx5 timing model (RRPC_MODEL=cx5).
 # 4. Runs the loom models of the Rocket channel (rrpc/src/channel_loom.rs, compiled only
@@ -27,7 +30,7 @@ cd "$(dirname "$0")/.."
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 need=()
-for p in cmake libclang-dev libibverbs1 ibverbs-providers; do
+for p in cmake libclang-dev libibverbs1 ibverbs-providers protobuf-compiler etcd-server; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -46,12 +49,16 @@ case "$PWD" in
     esac;;
 esac
 
-echo "== cargo test --workspace (shm fabric; verbs backend compiled in)"
-cargo test --workspace --features rrpc/verbs
+echo "== cargo test --workspace (shm fabric; verbs backend and etcd client compiled in)"
+export RRPC_REQUIRE_ETCD=1
+# The same features on every workspace-wide line below: etcd-client turns on tonic features
+# that bench leaves off, so a line without member/etcd would rebuild tonic and its dependents.
+features=(--features rrpc/verbs --features member/etcd)
+cargo test --workspace "${features[@]}"
 
 # Completions that arrive late exercise paths that instant completion never does.
 echo "== timing model cx5: the fabric conformance, RPC, modes, straws, shm-cluster and async-handler suites again"
-RRPC_MODEL=cx5 cargo test --workspace --features rrpc/verbs \
+RRPC_MODEL=cx5 cargo test --workspace "${features[@]}" \
   --test fabric_conformance --test rpc --test modes --test straws --test shm_cluster --test async_handlers
 
 # Release profile: builds rrpc's dependencies once more, optimized.
@@ -80,7 +87,7 @@ if [ "${RRPC_SKIP_VM:-0}" = 1 ]; then
 fi
 echo "== verbs backend: integration tests inside the Soft-RoCE VM"
 # The integration-test targets (kind "test") among the build's executables.
-mapfile -t exes < <(cargo test --workspace --features rrpc/verbs --no-run --message-format=json 2>/dev/null |
+mapfile -t exes < <(cargo test --workspace "${features[@]}" --no-run --message-format=json 2>/dev/null |
   grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
   grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank|ycsb|tatp|tpcc)-[0-9a-f]+$')
 # 19 executables; the VM runs 20 suites (the conformance suite twice: one device, two).

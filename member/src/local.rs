@@ -1,0 +1,199 @@
+//! A single-node etcd on loopback for tests and local clusters.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::MemberError;
+
+/// How long [`LocalEtcd::start`] waits for the server to answer.
+const READY_WAIT: Duration = Duration::from_secs(10);
+/// Attempts at starting it (another process may take a port between our probe and etcd's bind).
+const START_ATTEMPTS: u32 = 3;
+
+/// A single-member etcd server started from Debian's `etcd` binary (package `etcd-server`) on
+/// loopback, with free client and peer ports and its data directory under the given directory.
+/// It runs with `--heartbeat-interval 10 --election-timeout 100` (milliseconds): etcd refuses
+/// leases shorter than 1.5 election timeouts, so its defaults (100/1000) would make the
+/// shortest lease 2 s, while these make 1 s leases work (see the crate docs).
+///
+/// Dropping it kills the server (SIGKILL) and waits for it.
+#[derive(Debug)]
+pub struct LocalEtcd {
+    child: Child,
+    client_port: u16,
+    log: PathBuf,
+}
+
+impl LocalEtcd {
+    /// Starts etcd with its data directory and log (`etcd.log`) under `dir` and waits (10 s at
+    /// most) until it answers its health check.
+    ///
+    /// # Errors
+    /// [`MemberError::EtcdMissing`] if there is no `etcd` on `PATH` nor in `/usr/bin`;
+    /// [`MemberError::EtcdExited`] or [`MemberError::EtcdNotReady`] (with the tail of its log)
+    /// if it did not come up.
+    pub fn start(dir: &Path) -> Result<LocalEtcd, MemberError> {
+        let binary = find_etcd().ok_or(MemberError::EtcdMissing)?;
+        let mut last = None;
+        for attempt in 0..START_ATTEMPTS {
+            match Self::start_once(&binary, dir, attempt) {
+                Ok(etcd) => return Ok(etcd),
+                // A port taken between the probe and etcd's bind: try fresh ports.
+                Err(MemberError::EtcdExited { status, log_tail })
+                    if log_tail.contains("address already in use") =>
+                {
+                    last = Some(MemberError::EtcdExited { status, log_tail });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    fn start_once(binary: &Path, dir: &Path, attempt: u32) -> Result<LocalEtcd, MemberError> {
+        let data = dir.join(format!("etcd-data-{attempt}"));
+        std::fs::create_dir_all(dir).map_err(|source| MemberError::LocalSetup {
+            what: "create the directory",
+            source,
+        })?;
+        let log = dir.join("etcd.log");
+        let log_file = File::create(&log).map_err(|source| MemberError::LocalSetup {
+            what: "create etcd.log",
+            source,
+        })?;
+        let log_err = log_file
+            .try_clone()
+            .map_err(|source| MemberError::LocalSetup {
+                what: "open etcd.log",
+                source,
+            })?;
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let mut cmd = Command::new(binary);
+        // etcd reads ETCD_* variables as flags and refuses a flag given twice.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ETCD_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.arg("--name")
+            .arg("local")
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--listen-client-urls")
+            .arg(&client)
+            .arg("--advertise-client-urls")
+            .arg(&client)
+            .arg("--listen-peer-urls")
+            .arg(&peer)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer)
+            .arg("--initial-cluster")
+            .arg(format!("local={peer}"))
+            .arg("--heartbeat-interval")
+            .arg("10")
+            .arg("--election-timeout")
+            .arg("100")
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(log_err);
+        let child = cmd.spawn().map_err(|source| MemberError::EtcdSpawn {
+            binary: binary.display().to_string(),
+            source,
+        })?;
+        let mut etcd = LocalEtcd {
+            child,
+            client_port,
+            log,
+        };
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(status)) = etcd.child.try_wait() {
+                let log_tail = etcd.log_tail();
+                // The child is reaped; dropping only tries to kill a dead pid.
+                return Err(MemberError::EtcdExited { status, log_tail });
+            }
+            if healthy(client_port) {
+                tracing::debug!(endpoint = %etcd.endpoint(), "local etcd is up");
+                return Ok(etcd);
+            }
+            if t0.elapsed() > READY_WAIT {
+                return Err(MemberError::EtcdNotReady {
+                    waited: READY_WAIT,
+                    log_tail: etcd.log_tail(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The client endpoint, `http://127.0.0.1:PORT`, for [`crate::Member::join`].
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The server's process id (a test's watchdog kills it when the test hangs).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last 20 lines of the server's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn find_etcd() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|d| d.join("etcd"))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> Result<u16, MemberError> {
+    let l =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| MemberError::LocalSetup {
+            what: "bind a free loopback port",
+            source,
+        })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| MemberError::LocalSetup {
+            what: "read the free port",
+            source,
+        })
+}
+
+/// etcd's `/health` on the client port answers `{"health":"true"}` once it has a leader.
+fn healthy(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    resp.contains("\"health\":\"true\"")
+}
