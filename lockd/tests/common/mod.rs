@@ -50,6 +50,8 @@ use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
 
 /// The Takeout lock a `takeout` child takes a ticket on.
 pub const CHILD_LOCK: u64 = 3;
+/// The incarnation every child declares (unless `LOCKD_CHILD_INCARNATION` says another).
+pub const CHILD_INCARNATION: u64 = 1;
 /// The shard of the lock-table keys a `table` child locks.
 pub const CHILD_SHARD: u64 = 7;
 
@@ -175,7 +177,10 @@ pub fn child_main() {
     let mut line = String::new();
     match role.as_str() {
         "takeout" => {
-            let lc = LockClient::from_info(&info).unwrap();
+            let mut lc = LockClient::from_info(&info).unwrap();
+            let inc = std::env::var("LOCKD_CHILD_INCARNATION")
+                .map_or(CHILD_INCARNATION, |v| v.parse().unwrap());
+            lc.set_incarnation(inc);
             let t = block_on(&ctx, async move {
                 let req = LockRequest {
                     id: CHILD_LOCK,
