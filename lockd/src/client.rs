@@ -27,7 +27,6 @@ use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use rrpc::fabric::RemoteAddr;
@@ -35,8 +34,9 @@ use rrpc::node::NodeInfo;
 use rrpc::runtime::{CallError, RpcError, ThreadCtx};
 
 use crate::error::word;
+pub use crate::owners::process_incarnation;
 use crate::owners::Owner;
-use crate::service::{clock_epoch, LocksExport, EXPORT_NAME, RESTARTED_TAG};
+use crate::service::{LocksExport, EXPORT_NAME, RESTARTED_TAG};
 use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
 use crate::ticket::Shared;
 use crate::wire::{
@@ -56,14 +56,6 @@ pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 /// Most tickets of a failed node handed over by one release-node RPC (16 bytes each).
 pub const RELEASE_NODE_BATCH: usize = 256;
-
-/// The incarnation this process's lock clients declare until the RPC layer names the
-/// caller: the time of the first call, in microseconds since the Unix epoch (so a process
-/// restarted later under the same node id declares a larger one).
-pub fn process_incarnation() -> u64 {
-    static INC: OnceLock<u64> = OnceLock::new();
-    *INC.get_or_init(clock_epoch)
-}
 
 /// A fresh Lock RPC tag, unique within this process.
 fn next_seq() -> u64 {

@@ -34,6 +34,19 @@ pub struct Owner {
     pub incarnation: u64,
 }
 
+/// The incarnation this process's lock clients declare until the RPC layer names the
+/// caller: the time of the first call, in microseconds since the Unix epoch (at least 1),
+/// so a process restarted later under the same node id declares a larger one (unless the
+/// clock is set back).
+pub fn process_incarnation() -> u64 {
+    static INC: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *INC.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| (d.as_micros() as u64).max(1))
+    })
+}
+
 /// A ticket a node took and has not passed on yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeTicket {

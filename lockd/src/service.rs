@@ -402,15 +402,16 @@ impl LockTable {
         serde_json::to_value(self.locks_export()).expect("LocksExport serializes")
     }
 
-    /// Run the Lock RPC body for one lock on this CPU for a caller on node `node`
-    /// (incarnation 0, request tag 0; also the embedded, Lotus-style placement),
-    /// recording it as the owner of a ticket taken. No timestamp bound or epoch is
+    /// Run the Lock RPC body for one lock on this CPU for a caller on node `node` of this
+    /// process (the embedded, Lotus-style placement: incarnation
+    /// [`crate::owners::process_incarnation`], request tag 0), recording it as the owner
+    /// of a ticket taken. No timestamp bound or epoch is
     /// checked: [`Self::handle_from`] does. Panics if `req.id >= n_locks` (callers decode
     /// with a bound check).
     pub fn lock_local(&self, req: &LockRequest, node: u32) -> LockReply {
         let owner = Owner {
             node,
-            incarnation: 0,
+            incarnation: crate::owners::process_incarnation(),
         };
         self.lock_entry(req, owner, 0)
     }

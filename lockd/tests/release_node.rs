@@ -96,11 +96,11 @@ fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
             .unwrap_err();
         assert!(matches!(e, LockError::WaitTimeout { upper: 0, .. }), "{e}");
         // Asking for a node with no tickets passes nothing on.
-        assert_eq!(l.release_node(&c, child(999)).await.unwrap(), 0);
+        assert_eq!(l.release_node(&c, child_owner(999)).await.unwrap(), 0);
         // The waiter first: its release waits for the holder's, released alongside.
         let (a, b) = futures_join(
-            l.release_node(&c, child(202)),
-            l.release_node(&c, child(201)),
+            l.release_node(&c, child_owner(202)),
+            l.release_node(&c, child_owner(201)),
         )
         .await;
         let passed = (a.unwrap(), b.unwrap());
@@ -110,7 +110,7 @@ fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
         assert!(mine.is_served());
         assert_eq!(nodes(&tbl, LOCK), vec![(2, SURVIVOR)]);
         assert_eq!(
-            l.release_node(&c, child(201)).await.unwrap(),
+            l.release_node(&c, child_owner(201)).await.unwrap(),
             0,
             "taken once"
         );
@@ -128,7 +128,7 @@ fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
 }
 
 /// A child process's owner identity (children declare [`common::CHILD_INCARNATION`]).
-fn child(node: u32) -> Owner {
+fn child_owner(node: u32) -> Owner {
     Owner {
         node,
         incarnation: common::CHILD_INCARNATION,
@@ -214,8 +214,12 @@ fn lock_table_locks_of_a_killed_client_are_released() {
             ],
             "the dead client's locks are still held"
         );
-        assert_eq!(tc.release_node(&c, 203).await.unwrap(), 2);
-        assert_eq!(tc.release_node(&c, 203).await.unwrap(), 0, "idempotent");
+        assert_eq!(tc.release_node(&c, child_owner(203)).await.unwrap(), 2);
+        assert_eq!(
+            tc.release_node(&c, child_owner(203)).await.unwrap(),
+            0,
+            "idempotent"
+        );
         let o = tc.execute(&c, &want).await.unwrap();
         assert_eq!(o, [OpOutcome::Granted, OpOutcome::Granted]);
     });

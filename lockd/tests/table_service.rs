@@ -162,8 +162,8 @@ fn batched_ops_across_two_nodes_are_idempotent() {
             .unwrap()
             .iter()
             .all(|&x| x == OpOutcome::Granted));
-        assert_eq!(tc.release_node(&c, 55).await.unwrap(), 60);
-        assert_eq!(tc.release_node(&c, 55).await.unwrap(), 0);
+        assert_eq!(tc.release_node(&c, me(55)).await.unwrap(), 60);
+        assert_eq!(tc.release_node(&c, me(55)).await.unwrap(), 0);
         let o = tc.execute(&c, &lock).await.unwrap();
         assert!(o.iter().all(|&x| x == OpOutcome::Granted), "free again");
         tc.execute(&c, &unlock).await.unwrap();
@@ -309,7 +309,7 @@ fn embedded_service_and_remote_node_in_one_batch() {
             tc.execute(&c, &ops).await.unwrap(),
             [OpOutcome::Granted, OpOutcome::Granted]
         );
-        assert_eq!(tc.release_node(&c, CLIENT).await.unwrap(), 2);
+        assert_eq!(tc.release_node(&c, me(CLIENT)).await.unwrap(), 2);
     });
     assert_eq!(local.table().slots_in_use(), 0);
     assert_eq!(s2.table().slots_in_use(), 0);
@@ -395,7 +395,7 @@ fn two_lockd_processes_serve_their_shards() {
         assert!(o.iter().all(|&x| x == OpOutcome::Granted), "{o:?}");
         let o = tc.execute(&c, &[op(key(0, 0), 2, W)]).await.unwrap();
         assert_eq!(o, [OpOutcome::Refused(Refusal::Conflict)]);
-        assert_eq!(tc.release_node(&c, CLIENT).await.unwrap(), 40);
+        assert_eq!(tc.release_node(&c, me(CLIENT)).await.unwrap(), 40);
         let o = tc
             .execute(&c, &[op(key(0, 0), 2, W), op(key(0, 0), 2, U)])
             .await
@@ -620,4 +620,93 @@ fn a_lockd_process_runs_the_resharding_loop() {
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// Node `node` as this process's clients declare it.
+fn me(node: u32) -> lockd::owners::Owner {
+    lockd::owners::Owner {
+        node,
+        incarnation: lockd::owners::process_incarnation(),
+    }
+}
+
+/// Node 100 restarted under the same id (incarnation 2) and locked a key with the same
+/// transaction id as its dead predecessor (incarnation 1), whose lock is still held. The
+/// predecessor is refused from then on, to lock or unlock; a late `release_node` of the
+/// predecessor releases only its lock, and the live incarnation's stays. (Before, holders
+/// named the node only: the release took the live lock too.)
+#[test]
+fn release_node_of_a_dead_incarnation_leaves_the_restarted_nodes_locks() {
+    let cl = cluster("inc");
+    let map = ShardMap::uniform(&[1]).unwrap();
+    let (svc, n1) = start(&cl, 1, &map);
+    let ctx = ctx(&cl, &[n1.addr()]);
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let client = |incarnation| {
+            let c = c.clone();
+            async move {
+                let cfg = TableClientConfig {
+                    incarnation,
+                    ..TableClientConfig::default()
+                };
+                TableClient::connect(&c, &[1], None, cfg).await.unwrap()
+            }
+        };
+        let (old, new) = (client(1).await, client(2).await);
+        assert_eq!(
+            old.execute(&c, &[op(key(5, 1), 7, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        assert_eq!(
+            new.execute(&c, &[op(key(5, 2), 7, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        let stale = OpOutcome::Refused(Refusal::StaleIncarnation);
+        assert_eq!(
+            old.execute(&c, &[op(key(5, 3), 8, W), op(key(5, 1), 7, U)])
+                .await
+                .unwrap(),
+            [stale, stale]
+        );
+        let dead = lockd::owners::Owner {
+            node: CLIENT,
+            incarnation: 1,
+        };
+        assert_eq!(new.release_node(&c, dead).await.unwrap(), 1);
+        assert_eq!(new.release_node(&c, dead).await.unwrap(), 0, "idempotent");
+    });
+    assert_eq!(svc.table().holders(key(5, 1).0), []);
+    let live = svc.table().holders(key(5, 2).0);
+    assert_eq!(live.len(), 1, "the live incarnation's lock stays");
+    assert_eq!(live[0].incarnation, 2);
+    assert_eq!(svc.table().holders(key(5, 3).0), []);
+}
+
+/// A lock-table request whose operations name another node than the caller the RPC
+/// layer names is refused, and nothing runs.
+#[test]
+fn ops_naming_another_node_than_the_caller_are_refused() {
+    let svc = TableService::new(
+        Arc::new(LockTable::with_bytes(1 << 16)),
+        Ownership::new(1, ShardMap::uniform(&[1]).unwrap()),
+    );
+    let mut req = Vec::new();
+    lockd::table_wire::encode_ops(&[op(key(5, 1), 7, W)], 1, &mut req).unwrap();
+    let caller = lockd::owners::Owner {
+        node: CLIENT + 1,
+        incarnation: 1,
+    };
+    assert!(svc.handle_ops_from(caller, &req, &mut Vec::new()).is_err());
+    assert_eq!(svc.table().slots_in_use(), 0);
+    let caller = lockd::owners::Owner {
+        node: CLIENT,
+        incarnation: 3,
+    };
+    svc.handle_ops_from(caller, &req, &mut Vec::new()).unwrap();
+    assert_eq!(
+        svc.table().holders(key(5, 1).0)[0].incarnation,
+        3,
+        "the caller's wins"
+    );
 }

@@ -201,14 +201,14 @@ pub fn child_main() {
         "table" => {
             let c2 = c.clone();
             let tc = block_on(&ctx, async move {
-                let tc = TableClient::connect(
-                    &c2,
-                    &[info.node.get()],
-                    None,
-                    TableClientConfig::default(),
-                )
-                .await
-                .unwrap();
+                let cfg = TableClientConfig {
+                    incarnation: std::env::var("LOCKD_CHILD_INCARNATION")
+                        .map_or(CHILD_INCARNATION, |v| v.parse().unwrap()),
+                    ..TableClientConfig::default()
+                };
+                let tc = TableClient::connect(&c2, &[info.node.get()], None, cfg)
+                    .await
+                    .unwrap();
                 let ops = [
                     table_op(CHILD_SHARD, 1, 1, node, OpKind::Lock(LockMode::Write)),
                     table_op(CHILD_SHARD, 2, 1, node, OpKind::Lock(LockMode::Read)),
