@@ -79,6 +79,16 @@ pub struct LockServiceConfig {
     pub map_version: u64,
     /// The resharding loop (Lotus 4.3), table `[reshard]`.
     pub reshard: ReshardSettings,
+    /// Directory where the service persists its epoch before serving
+    /// ([`crate::epoch`]; default none). Each start opens a larger epoch there, so
+    /// clients of an earlier start are refused and reconnect; it is locked while the
+    /// service runs.
+    pub state_dir: Option<std::path::PathBuf>,
+    /// The epoch to serve in, given by the caller's configuration (for example the
+    /// incarnation the cluster's membership gave this process; default none). Wins over
+    /// `state-dir`; must be larger than every earlier start's. Without either the epoch
+    /// is the clock's microseconds at start ([`crate::service::clock_epoch`]).
+    pub epoch: Option<u64>,
 }
 
 impl Default for LockServiceConfig {
@@ -96,6 +106,8 @@ impl Default for LockServiceConfig {
             shards: "0-4095".into(),
             map_version: 1,
             reshard: ReshardSettings::default(),
+            state_dir: None,
+            epoch: None,
         }
     }
 }
@@ -197,6 +209,9 @@ impl LockServiceConfig {
         if r.intervals == 0 {
             return err("reshard.intervals", "at least 1".into());
         }
+        if self.epoch == Some(0) {
+            return err("epoch", "0 is reserved".into());
+        }
         Ok(())
     }
 
@@ -227,6 +242,9 @@ pub enum StartError {
     /// The resharding thread could not be started.
     #[error("starting the resharding thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// The epoch could not be persisted, or the state directory is in use.
+    #[error("opening the service epoch: {0}")]
+    Epoch(#[from] crate::epoch::EpochError),
 }
 
 /// A running lock service (see the module docs). Dropping it stops the resharding loop
@@ -237,8 +255,11 @@ pub struct LockService {
     words: Vec<WordTable>,
     stop: Arc<AtomicBool>,
     reshard: Option<JoinHandle<()>>,
-    // Last, so the node stops after the loop that calls it.
+    // After the loop, so the node stops after the loop that calls it.
     node: Node,
+    /// Held while the service runs (a second service on it fails to start); released
+    /// after the node stopped.
+    _state: Option<crate::epoch::StateDir>,
 }
 
 impl LockService {
@@ -252,7 +273,22 @@ impl LockService {
     ) -> Result<Self, StartError> {
         cfg.validate()?;
         let me = fabric.node();
-        let takeout = Arc::new(LockTable::new(&fabric, cfg.locks, cfg.watermarks())?);
+        let state = cfg
+            .state_dir
+            .as_deref()
+            .map(crate::epoch::StateDir::open)
+            .transpose()?;
+        let epoch = match (cfg.epoch, &state) {
+            (Some(e), _) => e,
+            (None, Some(s)) => s.advance()?,
+            (None, None) => crate::service::clock_epoch(),
+        };
+        let takeout = Arc::new(LockTable::with_epoch(
+            &fabric,
+            cfg.locks,
+            cfg.watermarks(),
+            epoch,
+        )?);
         let slots_bytes = usize::try_from(cfg.lock_table_slots)
             .ok()
             .and_then(|n| n.checked_mul(SLOT_BYTES))
@@ -318,6 +354,7 @@ impl LockService {
             stop,
             reshard,
             node,
+            _state: state,
         })
     }
 

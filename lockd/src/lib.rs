@@ -21,7 +21,9 @@
 //! - [`wire`] (the fixed-layout Takeout Lock RPC messages), [`table_wire`] (the lock
 //!   table's batched messages), [`load`] (a node's load meter for one resharding
 //!   interval and the sample it reports);
-//! - [`error`]: [`error::LockError`], the errors of every lock client;
+//! - [`error`]: [`error::LockError`], the errors of every lock client; [`epoch`]: the
+//!   service's epoch persisted in a state directory (fencing a restarted service's
+//!   predecessor's clients);
 //! - [`service`]: the Takeout lock table in registered memory and its RPC handler;
 //! - [`words`]: the baselines' lock words in registered memory;
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
@@ -56,6 +58,7 @@ pub mod cas;
 pub mod client;
 pub mod dslr;
 pub mod embed;
+pub mod epoch;
 pub mod error;
 pub mod kinds;
 pub mod load;

@@ -459,3 +459,142 @@ fn a_restarted_service_refuses_its_predecessors_clients_until_they_reconnect() {
     });
     assert_eq!(table.words(LOCK), (1, 1, 7));
 }
+
+/// A `lockd` process on the shm fabric, its stdout lines before `READY` kept; SIGKILLed
+/// and reaped when dropped.
+struct Lockd {
+    child: std::process::Child,
+    before: Vec<String>,
+    addr: std::net::SocketAddr,
+}
+
+impl Lockd {
+    /// Start `lockd` with `args`; `None` if it exited before `READY` (its stderr is in
+    /// `err`). The child's output ends when it exits, which ends the wait.
+    fn spawn(cluster: &str, args: &[&str], err: &std::path::Path) -> Option<Self> {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args(["--cluster", cluster])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(err).unwrap())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut before = Vec::new();
+        for l in out.lines().map_while(Result::ok) {
+            if let Some(a) = l.strip_prefix("READY ") {
+                let addr = a.trim().parse().unwrap();
+                return Some(Self {
+                    child,
+                    before,
+                    addr,
+                });
+            }
+            before.push(l);
+        }
+        let _ = child.wait();
+        None
+    }
+
+    fn epoch(&self) -> u64 {
+        let l = self
+            .before
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("EPOCH "));
+        l.expect("an EPOCH line").trim().parse().unwrap()
+    }
+}
+
+impl Drop for Lockd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `lockd` binary with a state directory: each start opens a larger epoch; a second
+/// `lockd` on the directory fails at start; after SIGKILL and restart, the old client is
+/// refused or finds the node gone, reconnects with backoff, and locks in the new table,
+/// which its old ticket never touched.
+#[test]
+fn a_sigkilled_lockd_restarts_in_a_larger_epoch_and_its_clients_reconnect() {
+    let cl = cluster("bin");
+    let dir = std::env::temp_dir().join(format!("lockd-faults-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = dir.with_extension("err");
+    let state = dir.to_str().unwrap();
+    let args = ["--node", "21", "--locks", "8", "--state-dir", state];
+    let first = Lockd::spawn(cl.name(), &args, &err).expect("lockd starts");
+    assert_eq!(first.epoch(), 1);
+    let again = ["--node", "22", "--locks", "8", "--state-dir", state];
+    assert!(
+        Lockd::spawn(cl.name(), &again, &err).is_none(),
+        "a second lockd on the state directory started"
+    );
+    let msg = std::fs::read_to_string(&err).unwrap();
+    assert!(msg.contains("in use"), "{msg}");
+
+    let ctx = ThreadCtx::new(
+        cl.open(NodeId(CLIENT)).unwrap(),
+        runtime(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let mut lc = LockClient::from_info(&ctx.connect_rpc(first.addr).unwrap()).unwrap();
+    lc.set_release_wait(Duration::from_secs(1));
+    assert_eq!(lc.epoch(), 1);
+    let lc = Rc::new(lc);
+    let (c, l) = (ctx.clone(), lc.clone());
+    let held = block_on(&ctx, async move {
+        l.lock(&c, &[req(LOCK, 5)])
+            .await
+            .unwrap()
+            .remove(0)
+            .ticket()
+            .unwrap()
+    });
+    drop(first);
+
+    let second = Lockd::spawn(cl.name(), &args, &err).expect("lockd restarts");
+    assert_eq!(second.epoch(), 2);
+    let (c, l) = (ctx.clone(), lc.clone());
+    let e = block_on(&ctx, async move {
+        l.lock(&c, &[req(LOCK, 6)]).await.unwrap_err()
+    });
+    assert!(
+        matches!(e, LockError::Rpc(_) | LockError::Restarted(_)),
+        "{e}"
+    );
+    let c = ctx.clone();
+    let r = block_on(&ctx, async move {
+        let r = held.release().await;
+        drop(c);
+        r
+    });
+    assert!(r.is_err(), "an old ticket's release succeeded");
+    let mut lc = Rc::try_unwrap(lc).ok().expect("one owner");
+    let (c, addr) = (ctx.clone(), second.addr);
+    let lc = block_on(&ctx, async move {
+        lc.reconnect(&c, addr).await.unwrap();
+        lc
+    });
+    assert_eq!(lc.epoch(), 2);
+    let c = ctx.clone();
+    let st = block_on(&ctx, async move {
+        let t = lc
+            .lock(&c, &[req(LOCK, 7)])
+            .await
+            .unwrap()
+            .remove(0)
+            .ticket()
+            .unwrap();
+        assert_eq!(t.number(), 0, "a fresh table: the old ticket is not in it");
+        t.release().await.unwrap();
+        lc.read_state(&c, LOCK).await.unwrap()
+    });
+    assert_eq!((st.lower, st.upper), (1, 1));
+    drop(second);
+    let _ = std::fs::remove_file(&err);
+    let _ = std::fs::remove_dir_all(&dir);
+}
