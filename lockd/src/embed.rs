@@ -89,6 +89,15 @@ pub struct LockServiceConfig {
     /// `state-dir`; must be larger than every earlier start's. Without either the epoch
     /// is the clock's microseconds at start ([`crate::service::clock_epoch`]).
     pub epoch: Option<u64>,
+    /// Bootstrap address of the timestamp oracle (default none). With it, Lock RPC
+    /// timestamps above what the oracle has issued are refused: the service reads the
+    /// oracle's counter when a timestamp exceeds the last mark it learned
+    /// ([`crate::tso_bound`]); without it, only timestamps above
+    /// [`crate::service::DEFAULT_MAX_TS`] are.
+    pub tso: Option<SocketAddr>,
+    /// Timestamps accepted above the oracle's last learned mark without reading its
+    /// counter again (default 65536; see [`LockTable::set_ts_slack`]).
+    pub ts_slack: u64,
 }
 
 impl Default for LockServiceConfig {
@@ -108,6 +117,8 @@ impl Default for LockServiceConfig {
             reshard: ReshardSettings::default(),
             state_dir: None,
             epoch: None,
+            tso: None,
+            ts_slack: 1 << 16,
         }
     }
 }
@@ -245,6 +256,9 @@ pub enum StartError {
     /// The epoch could not be persisted, or the state directory is in use.
     #[error("opening the service epoch: {0}")]
     Epoch(#[from] crate::epoch::EpochError),
+    /// The timestamp oracle could not be reached.
+    #[error("reaching the timestamp oracle: {0}")]
+    Tso(#[from] crate::tso_bound::TsoBoundError),
 }
 
 /// A running lock service (see the module docs). Dropping it stops the resharding loop
@@ -283,12 +297,17 @@ impl LockService {
             (None, Some(s)) => s.advance()?,
             (None, None) => crate::service::clock_epoch(),
         };
-        let takeout = Arc::new(LockTable::with_epoch(
-            &fabric,
-            cfg.locks,
-            cfg.watermarks(),
-            epoch,
-        )?);
+        let mut takeout = LockTable::with_epoch(&fabric, cfg.locks, cfg.watermarks(), epoch)?;
+        if let Some(addr) = cfg.tso {
+            let bound = crate::tso_bound::TsoBound::start(
+                fabric.clone(),
+                addr,
+                Duration::from_millis(100),
+            )?;
+            takeout.set_ts_bound(Box::new(bound));
+            takeout.set_ts_slack(cfg.ts_slack);
+        }
+        let takeout = Arc::new(takeout);
         let slots_bytes = usize::try_from(cfg.lock_table_slots)
             .ok()
             .and_then(|n| n.checked_mul(SLOT_BYTES))

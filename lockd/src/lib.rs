@@ -25,7 +25,8 @@
 //!   service's epoch persisted in a state directory (fencing a restarted service's
 //!   predecessor's clients);
 //! - [`service`]: the Takeout lock table in registered memory and its RPC handler;
-//! - [`words`]: the baselines' lock words in registered memory;
+//! - [`words`]: the baselines' lock words in registered memory; [`tso_bound`]: the
+//!   oracle's issued high mark, read from its counter, bounding Lock RPC timestamps;
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
 //!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own);
 //! - [`client`]: the per-thread Takeout client coordinators use (Lock RPC, state READ,
@@ -71,5 +72,6 @@ pub mod table_service;
 pub mod table_wire;
 pub mod takeout;
 pub mod ticket;
+pub mod tso_bound;
 pub mod wire;
 pub mod words;

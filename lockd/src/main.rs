@@ -88,6 +88,10 @@ struct Cli {
     /// earlier start's; wins over --state-dir).
     #[arg(long, value_name = "E")]
     epoch: Option<u64>,
+    /// Bootstrap address of the timestamp oracle: Lock RPC timestamps above what it has
+    /// issued are refused (default none: only timestamps of 2^62 and above are).
+    #[arg(long, value_name = "ADDR")]
+    tso: Option<SocketAddr>,
 }
 
 /// The `[fabric]` table of the config file: the node flags' settings (a flag given on
@@ -188,6 +192,9 @@ fn load(
     }
     if let Some(v) = cli.epoch {
         c.epoch = Some(v);
+    }
+    if let Some(v) = cli.tso {
+        c.tso = Some(v);
     }
     c.validate()?;
     Ok((c, node))

@@ -225,6 +225,7 @@ pub struct LockTable {
     ts_bound: Option<Box<dyn TsBound>>,
     /// The largest high mark [`Self::ts_bound`] reported.
     ts_high: AtomicU64,
+    ts_slack: u64,
     /// Newest incarnation seen per node, striped by node id.
     incarnations: Box<[Mutex<HashMap<u32, u64>>]>,
     handover_lease: Duration,
@@ -276,6 +277,7 @@ impl LockTable {
             max_ts: DEFAULT_MAX_TS,
             ts_bound: None,
             ts_high: AtomicU64::new(0),
+            ts_slack: 0,
             incarnations: (0..NODE_STRIPES).map(|_| Mutex::default()).collect(),
             handover_lease: DEFAULT_HANDOVER_LEASE,
         })
@@ -300,6 +302,15 @@ impl LockTable {
         self.ts_bound = Some(bound);
     }
 
+    /// Accept timestamps up to `slack` above the last high mark learned from
+    /// [`Self::set_ts_bound`] without asking again (default 0: ask for every timestamp
+    /// above it). A larger slack asks the oracle less often, and lets a bogus timestamp
+    /// raise a lock's `queued_ts` at most `slack` above the real ones (their requests are
+    /// refused until the oracle has issued that many more).
+    pub fn set_ts_slack(&mut self, slack: u64) {
+        self.ts_slack = slack;
+    }
+
     /// How long a ticket handed over by [`Self::take_node_tickets`] is not handed over
     /// again (default [`DEFAULT_HANDOVER_LEASE`]).
     pub fn set_handover_lease(&mut self, lease: Duration) {
@@ -315,13 +326,18 @@ impl LockTable {
         let Some(src) = &self.ts_bound else {
             return Ok(());
         };
-        if ts <= self.ts_high.load(Ordering::Acquire) {
+        if ts
+            <= self
+                .ts_high
+                .load(Ordering::Acquire)
+                .saturating_add(self.ts_slack)
+        {
             return Ok(());
         }
         match src.issued_high() {
             Some(h) => {
                 let h = self.ts_high.fetch_max(h, Ordering::AcqRel).max(h);
-                if ts <= h {
+                if ts <= h.saturating_add(self.ts_slack) {
                     Ok(())
                 } else {
                     Err(above(h))

@@ -598,3 +598,56 @@ fn a_sigkilled_lockd_restarts_in_a_larger_epoch_and_its_clients_reconnect() {
     let _ = std::fs::remove_file(&err);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The bound learned from a real oracle ([`lockd::tso_bound::TsoBound`] reading its
+/// counter): a timestamp the oracle handed out is accepted, one it has not issued yet is
+/// refused (the lock unchanged), and accepted once the oracle has issued it.
+#[test]
+fn timestamps_the_oracle_has_not_issued_are_refused() {
+    let cl = cluster("tso");
+    let tso_fabric = cl.open(NodeId(30)).unwrap();
+    let oracle = tso::Oracle::new(&tso_fabric).unwrap();
+    let tso_node = oracle
+        .serve(tso_fabric, "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let fabric = cl.open(NodeId(SERVICE)).unwrap();
+    let mut table = LockTable::new(&fabric, 16, Watermarks::default()).unwrap();
+    let bound =
+        lockd::tso_bound::TsoBound::start(fabric.clone(), tso_node.addr(), Duration::from_secs(5))
+            .unwrap();
+    table.set_ts_bound(Box::new(bound));
+
+    let ctx = ThreadCtx::new(
+        cl.open(NodeId(CLIENT)).unwrap(),
+        runtime(Duration::from_secs(5)),
+    )
+    .unwrap();
+    let tc = Rc::new(tso::TsoClient::from_info(&ctx.connect(tso_node.addr()).unwrap()).unwrap());
+    let take = |n: u64| {
+        let (c, t) = (ctx.clone(), tc.clone());
+        block_on(&ctx, async move {
+            t.timestamps(&c, n).await.unwrap().last_ts().unwrap().get()
+        })
+    };
+    let me = owner(7, 1);
+    let mut out = Vec::new();
+    let issued = take(1);
+    table
+        .handle(&payload(me, 1, &[req(LOCK, issued)]), &mut out)
+        .unwrap();
+    assert_eq!(table.words(LOCK).2, issued);
+    let ahead = issued + 1_000;
+    let e = table
+        .handle(&payload(me, 2, &[req(4, ahead)]), &mut out)
+        .unwrap_err();
+    assert!(e.contains("above the issued bound"), "{e}");
+    assert_eq!(table.words(4), (0, 0, 0));
+    assert!(take(1_000) >= ahead);
+    table
+        .handle(&payload(me, 3, &[req(4, ahead)]), &mut out)
+        .unwrap();
+    assert_eq!(table.words(4).0, 1);
+    drop(table);
+    drop(tso_node);
+    drop(oracle);
+}
