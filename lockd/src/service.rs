@@ -23,6 +23,12 @@
 //! - a request from an incarnation of a node older than one already seen
 //!   ([`ServiceRefusal::StaleIncarnation`]).
 //!
+//! **One-sided operations of a predecessor's clients** cannot be refused by this CPU; they
+//! fail instead: a restarted service registers its table as new memory regions, so the
+//! FAA or READ of an old ticket names an rkey this process never registered (on shm, an
+//! MR file of the dead incarnation) and completes in error. The epoch check covers the
+//! RPCs, which would otherwise reach the new table through the same node id.
+//!
 //! **Who called.** Ticket ownership is a parameter of the handler bodies
 //! ([`LockTable::handle_from`] and its siblings); the handlers this table registers take
 //! it from the request's payload until the RPC layer says who called (one registration
