@@ -36,7 +36,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rrpc::fabric::{Fabric, FabricError, MemoryRegion, MrDesc};
@@ -157,7 +157,7 @@ pub fn clock_epoch() -> u64 {
         .map_or(1, |d| (d.as_micros() as u64).max(1))
 }
 
-/// Mutex stripes of the newest incarnation seen per node.
+/// Lock stripes of the newest incarnation seen per node.
 const NODE_STRIPES: usize = 64;
 
 /// The order in which the Lock RPCs that reach the service together are served.
@@ -233,7 +233,7 @@ pub struct LockTable {
     ts_high: AtomicU64,
     ts_slack: u64,
     /// Newest incarnation seen per node, striped by node id.
-    incarnations: Box<[Mutex<HashMap<u32, u64>>]>,
+    incarnations: Box<[RwLock<HashMap<u32, u64>>]>,
     handover_lease: Duration,
 }
 
@@ -284,7 +284,7 @@ impl LockTable {
             ts_bound: None,
             ts_high: AtomicU64::new(0),
             ts_slack: 0,
-            incarnations: (0..NODE_STRIPES).map(|_| Mutex::default()).collect(),
+            incarnations: (0..NODE_STRIPES).map(|_| RwLock::default()).collect(),
             handover_lease: DEFAULT_HANDOVER_LEASE,
         })
     }
@@ -356,7 +356,14 @@ impl LockTable {
     /// Note `owner` as seen; refuse it if a newer incarnation of its node was seen.
     fn check_incarnation(&self, owner: Owner) -> Result<(), ServiceRefusal> {
         let stripe = &self.incarnations[owner.node as usize % NODE_STRIPES];
-        let mut seen = stripe.lock().unwrap_or_else(|p| p.into_inner());
+        // The common case, the node's current incarnation again, under a shared lock
+        // (server threads serving one node do not wait for each other).
+        let seen = stripe.read().unwrap_or_else(|p| p.into_inner());
+        if seen.get(&owner.node) == Some(&owner.incarnation) {
+            return Ok(());
+        }
+        drop(seen);
+        let mut seen = stripe.write().unwrap_or_else(|p| p.into_inner());
         let newest = seen.entry(owner.node).or_insert(owner.incarnation);
         if *newest > owner.incarnation {
             return Err(ServiceRefusal::StaleIncarnation {
