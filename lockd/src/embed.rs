@@ -316,10 +316,13 @@ impl LockService {
                 what: "overflows the address space".into(),
             })?;
         let map = ShardMap::partial(me.get(), &parse_shards(&cfg.shards)?, cfg.map_version)?;
-        let lotus = Arc::new(TableService::new(
-            Arc::new(lock_table::LockTable::with_bytes(slots_bytes)),
-            Ownership::new(me.get(), map),
-        ));
+        let lotus = Arc::new(
+            TableService::new(
+                Arc::new(lock_table::LockTable::with_bytes(slots_bytes)),
+                Ownership::new(me.get(), map),
+            )
+            .with_epoch(epoch),
+        );
         let mut exports = BTreeMap::new();
         exports.insert(EXPORT_NAME.to_string(), takeout.export());
         exports.insert(TABLE_EXPORT.to_string(), lotus.export());

@@ -54,16 +54,32 @@ pub struct TableService {
     table: Arc<LockTable>,
     own: RwLock<Ownership>,
     meter: LoadMeter,
+    epoch: u64,
 }
 
 impl TableService {
-    /// Serve `table` for the shards `own` gives this node.
+    /// Serve `table` for the shards `own` gives this node, in service epoch
+    /// [`crate::service::clock_epoch`] (see [`Self::with_epoch`]).
     pub fn new(table: Arc<LockTable>, own: Ownership) -> Self {
         Self {
             table,
             own: RwLock::new(own),
             meter: LoadMeter::new(),
+            epoch: crate::service::clock_epoch(),
         }
+    }
+
+    /// This service in epoch `epoch`, which must be larger than every earlier start's
+    /// of this node's service: every reply carries it, and a client that sees it change
+    /// knows the locks it took before are gone ([`TableError::Restarted`]).
+    pub fn with_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    /// The service epoch its replies carry.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// This node's load counters for the current resharding interval (Lotus 4.3): every
@@ -244,7 +260,7 @@ impl TableService {
         };
         let mut outs = Vec::with_capacity(ops.len());
         let v = self.apply_as(&ops, inc, &mut outs);
-        encode_outcomes(v, &outs, out);
+        encode_outcomes(v, self.epoch, &outs, out);
         Ok(())
     }
 
@@ -355,6 +371,18 @@ pub enum TableError {
         /// Its length.
         len: usize,
     },
+    /// The node's service restarted: it answered in epoch `now` after `was`. The locks
+    /// taken there before are gone (the new table never held them); the transaction
+    /// must abort.
+    #[error("lock-table node {node} restarted (epoch {was}, now {now}): its locks are gone")]
+    Restarted {
+        /// The node.
+        node: u32,
+        /// The epoch it answered in before.
+        was: u64,
+        /// The epoch it answers in now.
+        now: u64,
+    },
 }
 
 /// Retry policy of a [`TableClient`].
@@ -390,6 +418,8 @@ pub struct TableClient {
     map: RefCell<ShardMap>,
     local: Option<Arc<TableService>>,
     cfg: TableClientConfig,
+    /// The service epoch each node answered in first.
+    epochs: RefCell<std::collections::HashMap<u32, u64>>,
 }
 
 /// Fetch node `node`'s shard map over RPC.
@@ -423,7 +453,19 @@ impl TableClient {
             map: RefCell::new(map),
             local,
             cfg,
+            epochs: RefCell::default(),
         }
+    }
+
+    /// Record that `node` answered in service epoch `epoch`; the error to return if it
+    /// answered in another one before (its service restarted).
+    fn note_epoch(&self, node: u32, epoch: u64) -> Option<TableError> {
+        let was = self.epochs.borrow_mut().insert(node, epoch)?;
+        (was != epoch).then_some(TableError::Restarted {
+            node,
+            was,
+            now: epoch,
+        })
     }
 
     /// A client of the nodes `nodes` (already connected on `ctx` with
@@ -479,7 +521,9 @@ impl TableClient {
     /// order. Wrong-shard and moving outcomes are retried as the module docs say.
     ///
     /// Errors: [`TableError::NoOwner`], [`TableError::Rpc`], [`TableError::Reply`],
-    /// [`TableError::Map`]. After an error some operations may have run: their
+    /// [`TableError::Map`]; [`TableError::Restarted`] when a node answered in another
+    /// service epoch than before (locks taken there earlier are gone; the next call
+    /// goes on in the new epoch). After an error some operations may have run: their
     /// transaction should release what it may hold (releases are idempotent).
     pub async fn execute(
         &self,
@@ -512,10 +556,18 @@ impl TableClient {
                     .map(|(node, _, batch)| send(ctx, *node, batch, self.cfg.incarnation)),
             )
             .await;
-            for ((_, chunk, _), r) in remote.iter().zip(replies) {
-                for (&i, o) in chunk.iter().zip(r?) {
+            let mut restarted = None;
+            for ((node, chunk, _), r) in remote.iter().zip(replies) {
+                let (epoch, o) = r?;
+                if let Some(e) = self.note_epoch(*node, epoch) {
+                    restarted.get_or_insert(e);
+                }
+                for (&i, o) in chunk.iter().zip(o) {
                     outs[i] = Some(o);
                 }
+            }
+            if let Some(e) = restarted {
+                return Err(e);
             }
             // What to retry, and whose maps to refetch.
             let mine = self.map.borrow().version();
@@ -612,7 +664,7 @@ async fn send(
     node: u32,
     batch: &[TableOp],
     incarnation: u64,
-) -> Result<Vec<OpOutcome>, TableError> {
+) -> Result<(u64, Vec<OpOutcome>), TableError> {
     let mut buf = Vec::with_capacity(
         crate::table_wire::OPS_HEADER_BYTES + batch.len() * crate::table_wire::OP_BYTES,
     );
@@ -622,7 +674,7 @@ async fn send(
         .await
         .map_err(|cause| TableError::Rpc { node, cause })?;
     decode_outcomes(&r, batch.len())
-        .map(|(_, o)| o)
+        .map(|(_, epoch, o)| (epoch, o))
         .map_err(|cause| TableError::Reply { node, cause })
 }
 

@@ -15,7 +15,9 @@
 //! Every op's `node` is the sender's, and the header's incarnation that node's (until
 //! the RPC layer names the caller, which then wins).
 //!
-//! Reply: an 8-byte header, the serving node's map version (`u64`), then one
+//! Reply: a 16-byte header, the serving node's map version (`u64`) and its service epoch
+//! (`u64`; a restarted service answers in a larger one, and its table holds none of its
+//! predecessor's locks), then one
 //! [`OUTCOME_BYTES`]-byte entry per request entry, same order: `status: u8` (see
 //! [`OpOutcome`]'s codes), 7 bytes of padding. A wrong-shard outcome's current map
 //! version is the header.
@@ -45,8 +47,8 @@ pub const TABLE_RELEASE_NODE_HANDLER: u16 = 24;
 pub const OP_BYTES: usize = 24;
 /// Bytes per reply entry.
 pub const OUTCOME_BYTES: usize = 8;
-/// Bytes of the reply header (the map version).
-pub const REPLY_HEADER_BYTES: usize = 8;
+/// Bytes of the reply header (the map version and the service epoch).
+pub const REPLY_HEADER_BYTES: usize = 16;
 /// Bytes of a request's header (the sender's incarnation).
 pub const OPS_HEADER_BYTES: usize = 8;
 /// Most operations in one message: a request must fit the 480-byte payload of a default
@@ -232,21 +234,26 @@ fn status(o: &OpOutcome) -> u8 {
     }
 }
 
-/// Append a reply: the node's map `version`, then one entry per outcome.
-pub fn encode_outcomes(version: u64, outcomes: &[OpOutcome], out: &mut Vec<u8>) {
+/// Append a reply: the node's map `version` and service `epoch`, then one entry per
+/// outcome.
+pub fn encode_outcomes(version: u64, epoch: u64, outcomes: &[OpOutcome], out: &mut Vec<u8>) {
     out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
     for o in outcomes {
         out.push(status(o));
         out.extend_from_slice(&[0; 7]);
     }
 }
 
-/// Decode a reply to a request of `want` entries: the node's map version and the
-/// outcomes.
+/// Decode a reply to a request of `want` entries: the node's map version, its service
+/// epoch and the outcomes.
 ///
 /// Errors: [`TableWireError::BadLength`], [`TableWireError::Count`],
 /// [`TableWireError::CountMismatch`], [`TableWireError::BadStatus`].
-pub fn decode_outcomes(buf: &[u8], want: usize) -> Result<(u64, Vec<OpOutcome>), TableWireError> {
+pub fn decode_outcomes(
+    buf: &[u8],
+    want: usize,
+) -> Result<(u64, u64, Vec<OpOutcome>), TableWireError> {
     if buf.len() < REPLY_HEADER_BYTES {
         return Err(TableWireError::BadLength {
             len: buf.len(),
@@ -254,6 +261,7 @@ pub fn decode_outcomes(buf: &[u8], want: usize) -> Result<(u64, Vec<OpOutcome>),
         });
     }
     let version = u64_at(buf, 0);
+    let epoch = u64_at(buf, 8);
     let body = &buf[REPLY_HEADER_BYTES..];
     let n = entries(body.len(), OUTCOME_BYTES)?;
     if n != want {
@@ -279,7 +287,7 @@ pub fn decode_outcomes(buf: &[u8], want: usize) -> Result<(u64, Vec<OpOutcome>),
             })
         })
         .collect::<Result<_, _>>()?;
-    Ok((version, outs))
+    Ok((version, epoch, outs))
 }
 
 /// A drain control request ([`TABLE_DRAIN_HANDLER`]).
@@ -385,18 +393,21 @@ mod tests {
             OpOutcome::Refused(Refusal::StaleIncarnation),
         ];
         let mut r = Vec::new();
-        encode_outcomes(5, &outs, &mut r);
-        assert_eq!(decode_outcomes(&r, outs.len()).unwrap(), (5, outs.to_vec()));
+        encode_outcomes(5, 6, &outs, &mut r);
+        assert_eq!(
+            decode_outcomes(&r, outs.len()).unwrap(),
+            (5, 6, outs.to_vec())
+        );
         assert!(matches!(
             decode_outcomes(&r, 3),
             Err(TableWireError::CountMismatch { got: 11, want: 3 })
         ));
-        r[8] = 11;
+        r[REPLY_HEADER_BYTES] = 11;
         assert!(matches!(
             decode_outcomes(&r, 11),
             Err(TableWireError::BadStatus { index: 0, byte: 11 })
         ));
-        assert!(decode_outcomes(&r[..7], 1).is_err());
+        assert!(decode_outcomes(&r[..REPLY_HEADER_BYTES - 1], 1).is_err());
 
         for d in [
             DrainReq::Begin { start: 3, end: 9 },

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lockd::lock_table::{LockMode, LockTable, Refusal};
 use lockd::shard::{LockKey, Move, MoveState, Ownership, ShardMap};
 use lockd::table_service::{
-    fetch_map, run_move, TableClient, TableClientConfig, TableService, TABLE_EXPORT,
+    fetch_map, run_move, TableClient, TableClientConfig, TableError, TableService, TABLE_EXPORT,
 };
 use lockd::table_wire::{OpKind, OpOutcome, TableOp, TABLE_OPS_HANDLER};
 use rrpc::fabric::shm::ClusterGuard;
@@ -708,5 +708,78 @@ fn ops_naming_another_node_than_the_caller_are_refused() {
         svc.table().holders(key(5, 1).0)[0].incarnation,
         3,
         "the caller's wins"
+    );
+}
+
+/// A lock-table node restarts (a new service, a new epoch): the client's next call
+/// there fails with `TableError::Restarted`, since the locks it took before are gone, and
+/// the call after goes on in the new epoch.
+#[test]
+fn a_restarted_table_node_is_reported_and_its_old_locks_are_not_assumed_held() {
+    let cl = cluster("restart");
+    let map = ShardMap::uniform(&[1]).unwrap();
+    let start = |epoch| {
+        let fabric = cl.open(NodeId(1)).unwrap();
+        let svc = Arc::new(
+            TableService::new(
+                Arc::new(LockTable::with_bytes(1 << 16)),
+                Ownership::new(1, map.clone()),
+            )
+            .with_epoch(epoch),
+        );
+        let mut exports = BTreeMap::new();
+        exports.insert(TABLE_EXPORT.to_string(), svc.export());
+        let node = lockd_node(fabric, exports, svc.handlers(), 1);
+        (svc, node)
+    };
+    let (old, n1) = start(1);
+    let ctx = ctx(&cl, &[n1.addr()]);
+    let c = ctx.clone();
+    let tc = Rc::new(block_on(&ctx, async move {
+        TableClient::connect(&c, &[1], None, TableClientConfig::default())
+            .await
+            .unwrap()
+    }));
+    let (c, t) = (ctx.clone(), tc.clone());
+    let o = block_on(&ctx, async move {
+        t.execute(&c, &[op(key(5, 1), 7, W)]).await.unwrap()
+    });
+    assert_eq!(o, [OpOutcome::Granted]);
+    drop(n1);
+    drop(old);
+    // The thread finds the old node gone.
+    let (c, t) = (ctx.clone(), tc.clone());
+    let gone = block_on(
+        &ctx,
+        async move { t.execute(&c, &[op(key(5, 2), 7, W)]).await },
+    );
+    assert!(matches!(gone, Err(TableError::Rpc { .. })), "{gone:?}");
+    let (new, n1) = start(2);
+    ctx.reconnect(n1.addr()).unwrap();
+    ctx.connect_rpc(n1.addr()).unwrap();
+    let (c, t) = (ctx.clone(), tc.clone());
+    let e = block_on(&ctx, async move {
+        t.execute(&c, &[op(key(5, 2), 7, W)]).await.unwrap_err()
+    });
+    assert!(
+        matches!(
+            e,
+            TableError::Restarted {
+                node: 1,
+                was: 1,
+                now: 2
+            }
+        ),
+        "{e}"
+    );
+    let (c, t) = (ctx.clone(), tc.clone());
+    let o = block_on(&ctx, async move {
+        t.execute(&c, &[op(key(5, 3), 8, W)]).await.unwrap()
+    });
+    assert_eq!(o, [OpOutcome::Granted]);
+    assert_eq!(
+        new.table().holders(key(5, 1).0),
+        [],
+        "the new table never held it"
     );
 }
