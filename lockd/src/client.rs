@@ -257,24 +257,28 @@ impl LockClient {
         ctx: &Rc<ThreadCtx>,
         addr: SocketAddr,
     ) -> Result<(), LockError> {
+        *self = self.reconnected(ctx, addr).await?;
+        Ok(())
+    }
+
+    /// A client of the service now at `addr` with this one's settings (incarnation,
+    /// release wait, retry policy), as [`Self::reconnect`] makes it; this one is left as
+    /// it is. Given-up requests carry over only if the service's epoch did not change.
+    ///
+    /// Errors: as [`Self::reconnect`].
+    pub async fn reconnected(
+        &self,
+        ctx: &Rc<ThreadCtx>,
+        addr: SocketAddr,
+    ) -> Result<LockClient, LockError> {
         let mut k = 0;
-        loop {
+        let info = loop {
             let r = ctx
                 .reconnect(addr)
                 .and_then(|_| ctx.connect_rpc(addr))
-                .map_err(|e| LockError::Rpc(e.into()))
-                .and_then(|info| Self::from_info(&info));
+                .map_err(|e| LockError::Rpc(e.into()));
             match r {
-                Ok(fresh) => {
-                    if fresh.export.epoch != self.export.epoch {
-                        self.given_up.borrow_mut().clear();
-                        self.shared.heat.borrow_mut().clear();
-                    }
-                    self.export = fresh.export;
-                    self.shared.node = fresh.shared.node;
-                    self.shared.keep_above = fresh.shared.keep_above;
-                    return Ok(());
-                }
+                Ok(info) => break info,
                 Err(e) if k + 1 >= self.retry.attempts.max(1) => return Err(e),
                 Err(e) => {
                     tracing::debug!(error = %e, attempt = k, "lock service reconnect failed");
@@ -282,7 +286,17 @@ impl LockClient {
                     k += 1;
                 }
             }
+        };
+        let mut fresh = Self::from_info(&info)?;
+        fresh.incarnation = self.incarnation;
+        fresh.retry = self.retry;
+        fresh.shared.release_wait = self.shared.release_wait;
+        if fresh.export.epoch == self.export.epoch {
+            fresh.given_up = self.given_up.clone();
+            fresh.shared.heat = self.shared.heat.clone();
+            fresh.shared.lost = self.shared.lost.clone();
         }
+        Ok(fresh)
     }
 
     /// Ask the service to abandon every Lock RPC this client gave up on, and pass on the
@@ -750,5 +764,64 @@ impl Settler {
                 }
             }
         });
+    }
+}
+
+/// A thread's lock client that follows the service at one bootstrap address across its
+/// restarts, as `tso::TsoConn` follows an oracle: when a Lock RPC finds the service
+/// restarted ([`LockError::Restarted`]) or gone ([`LockError::Rpc`] with the peer
+/// unreachable, not connected or not answering in time), it reconnects with the client's bounded backoff
+/// ([`LockClient::reconnected`]) and returns the error (the caller's transaction
+/// aborts: its tickets died with the old table); the next call runs on the new service.
+pub struct LockConn {
+    addr: SocketAddr,
+    client: RefCell<Rc<LockClient>>,
+}
+
+impl LockConn {
+    /// Follow the service at `addr`, whose client now is `client`.
+    pub fn new(addr: SocketAddr, client: LockClient) -> Self {
+        Self {
+            addr,
+            client: RefCell::new(Rc::new(client)),
+        }
+    }
+
+    /// The client of the service as it is now (hold it only for one transaction).
+    pub fn client(&self) -> Rc<LockClient> {
+        self.client.borrow().clone()
+    }
+
+    /// [`LockClient::lock`] on the current client; after a restart or a lost service,
+    /// reconnect (see the type's docs) and return the error.
+    ///
+    /// Errors: as [`LockClient::lock`]; a failed reconnect is logged, and retried at the
+    /// next failure.
+    pub async fn lock(
+        &self,
+        ctx: &Rc<ThreadCtx>,
+        reqs: &[LockRequest],
+    ) -> Result<Vec<Grant>, LockError> {
+        let c = self.client();
+        let e = match c.lock(ctx, reqs).await {
+            Ok(g) => return Ok(g),
+            Err(e) => e,
+        };
+        let gone = matches!(
+            &e,
+            LockError::Restarted(_)
+                | LockError::Rpc(RpcError::Call(
+                    CallError::PeerGone { .. }
+                        | CallError::NotConnected { .. }
+                        | CallError::Timeout { .. }
+                ))
+        );
+        if gone {
+            match c.reconnected(ctx, self.addr).await {
+                Ok(fresh) => *self.client.borrow_mut() = Rc::new(fresh),
+                Err(r) => tracing::warn!(error = %r, "lock service reconnect failed"),
+            }
+        }
+        Err(e)
     }
 }

@@ -651,3 +651,75 @@ fn timestamps_the_oracle_has_not_issued_are_refused() {
     drop(tso_node);
     drop(oracle);
 }
+
+/// `LockConn` follows the service at its address across a restart: the first Lock RPC
+/// after it fails (the transaction's tickets died with the old table) and reconnects;
+/// the next one is served by the new service.
+#[test]
+fn a_lock_conn_follows_a_restarted_service_at_its_address() {
+    let cl = cluster("conn");
+    let start = |epoch, listen: std::net::SocketAddr| {
+        let fabric = cl.open(NodeId(SERVICE)).unwrap();
+        let table =
+            Arc::new(LockTable::with_epoch(&fabric, 16, Watermarks::default(), epoch).unwrap());
+        let mut exports = BTreeMap::new();
+        exports.insert(EXPORT_NAME.to_string(), table.export());
+        let node = rrpc::node::Node::start(
+            fabric,
+            rrpc::node::NodeConfig {
+                role: "lockd".into(),
+                listen,
+                exports,
+                rpc: Some((table.handlers(), 1)),
+            },
+        )
+        .unwrap();
+        (table, node)
+    };
+    let (old_table, old_node) = start(1, "127.0.0.1:0".parse().unwrap());
+    let addr = old_node.addr();
+    let ctx = ThreadCtx::new(
+        cl.open(NodeId(CLIENT)).unwrap(),
+        runtime(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let conn = Rc::new(lockd::client::LockConn::new(
+        addr,
+        LockClient::from_info(&ctx.connect_rpc(addr).unwrap()).unwrap(),
+    ));
+    let (c, k) = (ctx.clone(), conn.clone());
+    block_on(&ctx, async move {
+        let t = k
+            .lock(&c, &[req(LOCK, 5)])
+            .await
+            .unwrap()
+            .remove(0)
+            .ticket()
+            .unwrap();
+        t.release().await.unwrap();
+    });
+    drop(old_node);
+    drop(old_table);
+    let (table, _node) = start(2, addr);
+    let (c, k) = (ctx.clone(), conn.clone());
+    let e = block_on(&ctx, async move {
+        k.lock(&c, &[req(LOCK, 6)]).await.unwrap_err()
+    });
+    assert!(
+        matches!(e, LockError::Rpc(_) | LockError::Restarted(_)),
+        "{e}"
+    );
+    assert_eq!(conn.client().epoch(), 2, "reconnected to the new service");
+    let (c, k) = (ctx.clone(), conn.clone());
+    block_on(&ctx, async move {
+        let t = k
+            .lock(&c, &[req(LOCK, 7)])
+            .await
+            .unwrap()
+            .remove(0)
+            .ticket()
+            .unwrap();
+        t.release().await.unwrap();
+    });
+    assert_eq!(table.words(LOCK), (1, 1, 7));
+}
