@@ -13,7 +13,7 @@
 //!   read and write locks in 8-byte slots, a lock state of holders), [`shard`] (Lotus's
 //!   lock keys with the shard in the low 12 bits, the versioned shard-to-node map,
 //!   pass-by-range resharding; Lotus 4.2, 4.3), [`owners`] (which node took each
-//!   outstanding ticket), [`dslr`] (DSLR's four 16-bit counters in one word, driven by
+//!   outstanding ticket, as an [`owners::Owner`]: node and incarnation), [`dslr`] (DSLR's four 16-bit counters in one word, driven by
 //!   FAA, shared and exclusive modes, counter resets), [`backoff`] (randomized
 //!   exponential backoff);
 //! - [`cas`]: the CAS spinlock's word (one word, CAS to acquire with [`backoff`], WRITE
@@ -30,7 +30,9 @@
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
 //!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own);
 //! - [`client`]: the per-thread Takeout client coordinators use (Lock RPC, state READ,
-//!   release of a failed node's tickets, [`client::LockClient::release_node`]);
+//!   release of a failed incarnation's tickets, [`client::LockClient::release_node`];
+//!   abandoning a Lock RPC it gave up on; reconnecting to a restarted service,
+//!   [`client::LockConn`]);
 //! - [`baseline`]: the CAS and DSLR clients;
 //! - [`kinds`]: one client API over the three locks ([`kinds::LockKind`]), so a benchmark
 //!   can swap them by name;
