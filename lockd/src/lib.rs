@@ -12,10 +12,10 @@
 //!   Takeout Lock: layout, Lock RPC body, smoothed RTT, Hangout), [`lock_table`] (Lotus's
 //!   read and write locks in 8-byte slots, a lock state of holders), [`shard`] (Lotus's
 //!   lock keys with the shard in the low 12 bits, the versioned shard-to-node map,
-//!   pass-by-range resharding; Lotus 4.2, 4.3), [`owners`] (which node took each
-//!   outstanding ticket, as an [`owners::Owner`]: node and incarnation), [`dslr`] (DSLR's four 16-bit counters in one word, driven by
-//!   FAA, shared and exclusive modes, counter resets), [`backoff`] (randomized
-//!   exponential backoff);
+//!   pass-by-range resharding; Lotus 4.2, 4.3), [`owners`] (which owner, a node and
+//!   its incarnation, took each outstanding ticket), [`dslr`] (DSLR's four 16-bit
+//!   counters in one word, driven by FAA, shared and exclusive modes, counter resets),
+//!   [`backoff`] (randomized exponential backoff);
 //! - [`cas`]: the CAS spinlock's word (one word, CAS to acquire with [`backoff`], WRITE
 //!   of 0 to release);
 //! - [`wire`] (the fixed-layout Takeout Lock RPC messages), [`table_wire`] (the lock
