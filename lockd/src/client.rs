@@ -13,9 +13,9 @@
 //! lock ids) and asks the service to abandon it ([`crate::wire::ABANDON_HANDLER`]): the
 //! service returns the tickets the request took, which the client passes on as
 //! [`LockClient::release_node`] does (wait for the turn, FAA `upper`), and refuses the
-//! request if it arrives later. The ask is retried by a coroutine with backoff and at
-//! the next [`LockClient::lock`] ([`LockClient::settle_abandoned`]) until the service
-//! answers.
+//! request if it arrives later. The ask is retried by a coroutine with backoff (one per
+//! client; started again by the next [`LockClient::lock`] if it gave up), or at once by
+//! [`LockClient::settle_abandoned`], until the service answers.
 //!
 //! **A restarted service** serves a fresh table under a new epoch; a request naming the
 //! old epoch is refused ([`LockError::Restarted`]) and the client must
@@ -170,6 +170,8 @@ pub struct LockClient {
     incarnation: u64,
     /// Lock RPCs given up on whose tickets the service has not handed back yet.
     given_up: Rc<RefCell<Vec<GivenUp>>>,
+    /// Whether a coroutine retries the abandons of `given_up`.
+    retrying: Rc<Cell<bool>>,
     retry: RetryPolicy,
 }
 
@@ -212,6 +214,7 @@ impl LockClient {
             },
             incarnation: process_incarnation(),
             given_up: Rc::default(),
+            retrying: Rc::default(),
             retry: RetryPolicy::default(),
         })
     }
@@ -293,6 +296,7 @@ impl LockClient {
         fresh.shared.release_wait = self.shared.release_wait;
         if fresh.export.epoch == self.export.epoch {
             fresh.given_up = self.given_up.clone();
+            fresh.retrying = self.retrying.clone();
             fresh.shared.heat = self.shared.heat.clone();
             fresh.shared.lost = self.shared.lost.clone();
         }
@@ -318,6 +322,7 @@ impl LockClient {
                 incarnation: self.incarnation,
             },
             given_up: self.given_up.clone(),
+            retrying: self.retrying.clone(),
         }
     }
 
@@ -397,9 +402,8 @@ impl LockClient {
             }
         }
         if !self.given_up.borrow().is_empty() {
-            if let Err(e) = self.settle_abandoned(ctx).await {
-                tracing::debug!(error = %e, "abandoning given-up Lock RPCs failed; retried later");
-            }
+            // In the background: a slow service is not asked more often for it.
+            self.settler().spawn_retries(ctx, self.retry);
         }
         let hdr = RequestHeader {
             owner: Owner {
@@ -684,6 +688,8 @@ struct Settler {
     /// The client's incarnation (the node is the context's).
     owner: Owner,
     given_up: Rc<RefCell<Vec<GivenUp>>>,
+    /// Whether a retrying coroutine runs ([`Self::spawn_retries`]).
+    retrying: Rc<Cell<bool>>,
 }
 
 impl Settler {
@@ -746,9 +752,22 @@ impl Settler {
 
     /// Retry [`Self::settle`] in a coroutine of its own until nothing is left or the
     /// policy's attempts are used up (the next [`LockClient::lock`] tries again).
+    /// At most one such coroutine runs per client ([`Self::retrying`]).
     fn spawn_retries(self, ctx: &Rc<ThreadCtx>, p: RetryPolicy) {
+        if self.retrying.replace(true) {
+            return;
+        }
+        /// Clears the flag however the coroutine ends (also when it is dropped unrun).
+        struct Running(Rc<Cell<bool>>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let running = Running(self.retrying.clone());
         let weak = Rc::downgrade(ctx);
         ctx.spawn(async move {
+            let _running = running;
             for k in 0..p.attempts.max(1) {
                 let Some(ctx) = weak.upgrade() else { return };
                 if self.given_up.borrow().is_empty() {
