@@ -318,7 +318,10 @@ impl LockTable {
     }
 
     /// How long a ticket handed over by [`Self::take_node_tickets`] is not handed over
-    /// again (default [`DEFAULT_HANDOVER_LEASE`]).
+    /// again (default [`DEFAULT_HANDOVER_LEASE`]). Keep it above the release wait of the
+    /// clients that call `release_node` ([`crate::client::LockClient::release_wait`]): a
+    /// survivor still waiting for a ticket's turn when the lease ends would pass it on
+    /// together with the next one.
     pub fn set_handover_lease(&mut self, lease: Duration) {
         self.handover_lease = lease;
     }
