@@ -6,23 +6,43 @@
 //! Hangout waits and one-sided READs of `upper` ([`Ticket::wait`], step 2). Unlocking is
 //! [`Ticket::release`], one one-sided FAA of +1 on `upper`; a ticket dropped unreleased is
 //! released by a coroutine of its own when its turn comes (see [`crate::ticket`]).
+//!
+//! **A Lock RPC given up on** (timed out, peer unreachable, a reply that cannot be
+//! read) may still have been granted at the service, and then its tickets would be
+//! owned by nobody and stall their locks. The client keeps such a request (its tag and
+//! lock ids) and asks the service to abandon it ([`crate::wire::ABANDON_HANDLER`]): the
+//! service returns the tickets the request took, which the client passes on as
+//! [`LockClient::release_node`] does (wait for the turn, FAA `upper`), and refuses the
+//! request if it arrives later. The ask is retried by a coroutine with backoff (one per
+//! client; started again by the next [`LockClient::lock`] if it gave up), or at once by
+//! [`LockClient::settle_abandoned`], until the service answers.
+//!
+//! **A restarted service** serves a fresh table under a new epoch; a request naming the
+//! old epoch is refused ([`LockError::Restarted`]) and the client must
+//! [`LockClient::reconnect`] (bounded backoff), re-reading the service's export. Tickets
+//! of the old table cannot be passed on (their words died with it; their FAA fails).
 
 use rrpc::NodeId;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rrpc::fabric::RemoteAddr;
 use rrpc::node::NodeInfo;
-use rrpc::runtime::ThreadCtx;
+use rrpc::runtime::{CallError, RpcError, ThreadCtx};
 
 use crate::error::word;
-use crate::service::{LocksExport, EXPORT_NAME};
+pub use crate::owners::process_incarnation;
+use crate::owners::Owner;
+use crate::service::{LocksExport, EXPORT_NAME, RESTARTED_TAG};
 use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
 use crate::ticket::Shared;
 use crate::wire::{
-    decode_node_tickets, decode_reply, encode_release_node, encode_request, LOCK_HANDLER,
-    MAX_ENTRIES, RELEASE_NODE_HANDLER,
+    decode_node_tickets, decode_reply, encode_abandon, encode_release_node, encode_request,
+    AbandonRequest, ReleaseNodeRequest, RequestHeader, ABANDON_HANDLER, LOCK_HANDLER, MAX_ENTRIES,
+    RELEASE_NODE_HANDLER,
 };
 
 pub use crate::error::LockError;
@@ -36,6 +56,64 @@ pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 /// Most tickets of a failed node handed over by one release-node RPC (16 bytes each).
 pub const RELEASE_NODE_BATCH: usize = 256;
+
+/// A fresh Lock RPC tag, unique within this process.
+fn next_seq() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(1);
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A Lock RPC this client gave up on, kept until the service has answered an abandon
+/// for it.
+#[derive(Clone, Debug)]
+struct GivenUp {
+    seq: u64,
+    ids: Vec<u64>,
+}
+
+/// Delays between a client's attempts to abandon a given-up request, then to reconnect
+/// ([`LockClient::reconnect`]): doubling from `first` up to `max`, at most `attempts`
+/// tries in all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// The first delay (default 10 ms).
+    pub first: Duration,
+    /// The largest delay (default 1 s).
+    pub max: Duration,
+    /// Attempts in all, at least 1 (default 10).
+    pub attempts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            first: Duration::from_millis(10),
+            max: Duration::from_secs(1),
+            attempts: 10,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay after failed attempt `k` (0-based).
+    pub fn delay(&self, k: u32) -> Duration {
+        let f = 1u32.checked_shl(k.min(31)).unwrap_or(u32::MAX);
+        self.first
+            .checked_mul(f)
+            .map_or(self.max, |d| d.min(self.max))
+    }
+}
+
+/// The [`LockError`] of a failed call: a [`LockError::Restarted`] for the service's
+/// refusal of another epoch, else [`LockError::Rpc`].
+fn call_error(e: CallError) -> LockError {
+    match &e {
+        CallError::Remote { msg, .. } if msg.contains(RESTARTED_TAG) => {
+            LockError::Restarted(msg.clone())
+        }
+        _ => LockError::Rpc(RpcError::Call(e)),
+    }
+}
 
 /// A snapshot of a lock's three words, read by one 24-byte READ. Each word is read
 /// atomically; the three are not one atomic snapshot.
@@ -89,6 +167,12 @@ impl Grant {
 pub struct LockClient {
     export: LocksExport,
     shared: Shared,
+    incarnation: u64,
+    /// Lock RPCs given up on whose tickets the service has not handed back yet.
+    given_up: Rc<RefCell<Vec<GivenUp>>>,
+    /// Whether a coroutine retries the abandons of `given_up`.
+    retrying: Rc<Cell<bool>>,
+    retry: RetryPolicy,
 }
 
 impl LockClient {
@@ -128,7 +212,118 @@ impl LockClient {
                 heat: Rc::default(),
                 keep_above,
             },
+            incarnation: process_incarnation(),
+            given_up: Rc::default(),
+            retrying: Rc::default(),
+            retry: RetryPolicy::default(),
         })
+    }
+
+    /// The incarnation this client declares in its requests (default
+    /// [`process_incarnation`]); a process that knows its own (from the cluster's
+    /// membership) sets it before its first request.
+    pub fn set_incarnation(&mut self, incarnation: u64) {
+        self.incarnation = incarnation;
+    }
+
+    /// See [`Self::set_incarnation`].
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// How abandons of given-up Lock RPCs and reconnects are retried (default
+    /// [`RetryPolicy::default`]).
+    pub fn set_retry(&mut self, p: RetryPolicy) {
+        self.retry = p;
+    }
+
+    /// Lock RPCs given up on whose tickets the service has not handed back yet (for
+    /// monitoring and tests).
+    pub fn given_up(&self) -> usize {
+        self.given_up.borrow().len()
+    }
+
+    /// The service's epoch, as its export names it.
+    pub fn epoch(&self) -> u64 {
+        self.export.epoch
+    }
+
+    /// Reconnect to the service at `addr` after it restarted (or its connection broke):
+    /// re-read its export and switch to its new table, trying up to the retry policy's
+    /// attempts with its doubling delays. Tickets of the old table are gone with it;
+    /// given-up requests of the old epoch are forgotten, and the heat observed too.
+    ///
+    /// Errors: the last attempt's [`LockError::Rpc`] (the service did not come back in
+    /// time) or [`LockError::Export`].
+    pub async fn reconnect(
+        &mut self,
+        ctx: &Rc<ThreadCtx>,
+        addr: SocketAddr,
+    ) -> Result<(), LockError> {
+        *self = self.reconnected(ctx, addr).await?;
+        Ok(())
+    }
+
+    /// A client of the service now at `addr` with this one's settings (incarnation,
+    /// release wait, retry policy), as [`Self::reconnect`] makes it; this one is left as
+    /// it is. Given-up requests carry over only if the service's epoch did not change.
+    ///
+    /// Errors: as [`Self::reconnect`].
+    pub async fn reconnected(
+        &self,
+        ctx: &Rc<ThreadCtx>,
+        addr: SocketAddr,
+    ) -> Result<LockClient, LockError> {
+        let mut k = 0;
+        let info = loop {
+            let r = ctx
+                .reconnect(addr)
+                .and_then(|_| ctx.connect_rpc(addr))
+                .map_err(|e| LockError::Rpc(e.into()));
+            match r {
+                Ok(info) => break info,
+                Err(e) if k + 1 >= self.retry.attempts.max(1) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(error = %e, attempt = k, "lock service reconnect failed");
+                    ctx.sleep(self.retry.delay(k)).await;
+                    k += 1;
+                }
+            }
+        };
+        let mut fresh = Self::from_info(&info)?;
+        fresh.incarnation = self.incarnation;
+        fresh.retry = self.retry;
+        fresh.shared.release_wait = self.shared.release_wait;
+        if fresh.export.epoch == self.export.epoch {
+            fresh.given_up = self.given_up.clone();
+            fresh.retrying = self.retrying.clone();
+            fresh.shared.heat = self.shared.heat.clone();
+            fresh.shared.lost = self.shared.lost.clone();
+        }
+        Ok(fresh)
+    }
+
+    /// Ask the service to abandon every Lock RPC this client gave up on, and pass on the
+    /// tickets they took (each released by a coroutine of its own when its turn comes).
+    /// Requests whose abandon fails stay for a later call. Returns the tickets handed
+    /// back.
+    ///
+    /// Errors: the first failed abandon's [`LockError`].
+    pub async fn settle_abandoned(&self, ctx: &Rc<ThreadCtx>) -> Result<u64, LockError> {
+        self.settler().settle(ctx).await
+    }
+
+    fn settler(&self) -> Settler {
+        Settler {
+            export: self.export,
+            shared: self.shared.clone(),
+            owner: Owner {
+                node: 0,
+                incarnation: self.incarnation,
+            },
+            given_up: self.given_up.clone(),
+            retrying: self.retrying.clone(),
+        }
     }
 
     /// Node id of the lock service.
@@ -206,12 +401,51 @@ impl LockClient {
                 )));
             }
         }
-        let mut buf = Vec::with_capacity(reqs.len() * crate::wire::REQ_ENTRY_BYTES);
-        encode_request(reqs, ctx.fabric().node().get(), &mut buf)
+        if !self.given_up.borrow().is_empty() {
+            // In the background: a slow service is not asked more often for it.
+            self.settler().spawn_retries(ctx, self.retry);
+        }
+        let hdr = RequestHeader {
+            owner: Owner {
+                node: ctx.fabric().node().get(),
+                incarnation: self.incarnation,
+            },
+            seq: next_seq(),
+            epoch: self.export.epoch,
+        };
+        let mut buf = Vec::with_capacity(
+            crate::wire::REQ_HEADER_BYTES + reqs.len() * crate::wire::REQ_ENTRY_BYTES,
+        );
+        encode_request(reqs, &hdr, &mut buf)
             .map_err(|e| LockError::InvalidRequest(e.to_string()))?;
-        let resp = ctx.call(self.node(), LOCK_HANDLER, &buf).await?;
-        let replies =
-            decode_reply(&resp, reqs.len()).map_err(|e| LockError::Protocol(e.to_string()))?;
+        let give_up = || {
+            self.given_up.borrow_mut().push(GivenUp {
+                seq: hdr.seq,
+                ids: reqs.iter().map(|r| r.id).collect(),
+            });
+            self.settler().spawn_retries(ctx, self.retry);
+        };
+        let resp = match ctx.call(self.node(), LOCK_HANDLER, &buf).await {
+            Ok(r) => r,
+            // The handler ran and refused: nothing was granted.
+            Err(e @ CallError::Remote { .. }) => return Err(call_error(e)),
+            // Not sent at all.
+            Err(e @ (CallError::TooLarge { .. } | CallError::NotConnected { .. })) => {
+                return Err(call_error(e))
+            }
+            // Perhaps granted, the reply lost: claim what it took.
+            Err(e) => {
+                give_up();
+                return Err(call_error(e));
+            }
+        };
+        let replies = match decode_reply(&resp, reqs.len()) {
+            Ok(r) => r,
+            Err(e) => {
+                give_up();
+                return Err(LockError::Protocol(e.to_string()));
+            }
+        };
         Ok(replies
             .into_iter()
             .zip(reqs)
@@ -235,51 +469,57 @@ impl LockClient {
             .collect())
     }
 
-    /// Pass on every outstanding ticket (held or queued) that node `dead` took on this
-    /// lock service: the service hands them over ([`crate::wire::RELEASE_NODE_HANDLER`],
-    /// at most [`RELEASE_NODE_BATCH`] per RPC until none are left) and this client
-    /// releases each as its own [`Ticket`] would: wait for its turn (Hangout + READ of
-    /// `upper`, up to [`Self::release_wait`]), then FAA `upper` by one. Scythe 4.3's
-    /// Takeout Lock with recovery in the manner of Lotus section 6. Returns the number
-    /// of tickets passed on; a second call for the same node passes on none.
+    /// Pass on every outstanding ticket (held or queued) that the incarnation `dead` took
+    /// on this lock service: the service hands them over
+    /// ([`crate::wire::RELEASE_NODE_HANDLER`], at most [`RELEASE_NODE_BATCH`] per RPC
+    /// until none are left) and this client releases each as its own [`Ticket`] would:
+    /// wait for its turn (Hangout + READ of `upper`, up to [`Self::release_wait`]), then
+    /// FAA `upper` by one. Scythe 4.3's Takeout Lock with recovery in the manner of Lotus
+    /// section 6. Returns the number of tickets passed on. Only `dead`'s incarnation is
+    /// affected: a node restarted under the same id keeps its new tickets.
     ///
-    /// Call it only for a node that is dead and cut off from the service (its process
-    /// killed, its QPs gone): a live node would release its tickets too, advancing
+    /// The service keeps a handed-over ticket until `upper` passes it: if a reply is lost
+    /// or a pass-on fails, calling again after the service's handover lease hands it over
+    /// again (a call within the lease does not, so two survivors never both pass one on).
+    ///
+    /// Call it only for an incarnation that is dead and cut off from the service (its
+    /// process killed, its QPs gone): a live one would release its tickets too, advancing
     /// `upper` twice for one ticket. When several nodes died, release them concurrently
     /// or in any order within the release wait: a queued ticket of one waits for the
     /// held ticket of another.
     ///
     /// Errors: [`LockError::Rpc`] when the service cannot be asked,
-    /// [`LockError::Protocol`] for a malformed reply, [`LockError::Lost`] for the first
-    /// ticket that could not be passed on (the others were still attempted; handed-over
-    /// tickets are not handed over again).
-    pub async fn release_node(&self, ctx: &Rc<ThreadCtx>, dead: u32) -> Result<u64, LockError> {
+    /// [`LockError::Restarted`] when it restarted (the dead incarnation's tickets died
+    /// with it), [`LockError::Protocol`] for a malformed reply, [`LockError::Lost`] for
+    /// the first ticket that could not be passed on (the others were still attempted).
+    pub async fn release_node(&self, ctx: &Rc<ThreadCtx>, dead: Owner) -> Result<u64, LockError> {
         let mut passed = 0;
         loop {
-            let req = encode_release_node(dead, RELEASE_NODE_BATCH as u32);
-            let resp = ctx.call(self.node(), RELEASE_NODE_HANDLER, &req).await?;
+            let req = encode_release_node(&ReleaseNodeRequest {
+                dead,
+                max: RELEASE_NODE_BATCH,
+                epoch: self.export.epoch,
+                caller: Owner {
+                    node: ctx.fabric().node().get(),
+                    incarnation: self.incarnation,
+                },
+            });
+            let resp = ctx
+                .call(self.node(), RELEASE_NODE_HANDLER, &req)
+                .await
+                .map_err(call_error)?;
             let taken =
                 decode_node_tickets(&resp).map_err(|e| LockError::Protocol(e.to_string()))?;
             let n = taken.len();
-            let releases = taken.into_iter().map(|nt| {
-                // The ticket is outstanding, so `upper <= ticket`; claiming one ticket
-                // ahead makes the first round READ `upper` rather than assume the turn.
-                let reply = LockReply {
-                    granted_queue: true,
-                    reason: None,
-                    ticket: nt.ticket,
-                    upper: nt.ticket.wrapping_sub(1),
-                    queued_ts: 0,
-                };
-                let upper = self.lock_addr(nt.id).offset(UPPER_OFF);
-                Ticket::new(ctx.clone(), self.shared.clone(), nt.id, upper, reply).release()
-            });
+            let releases = taken
+                .into_iter()
+                .map(|nt| handed_ticket(ctx, &self.export, &self.shared, nt).release());
             let mut first_err = None;
             for r in rrpc::runtime::join_all(releases).await {
                 match r {
                     Ok(()) => passed += 1,
                     Err(e) => {
-                        tracing::error!(node = dead, error = %e, "release_node: ticket lost");
+                        tracing::error!(node = dead.node, error = %e, "release_node: ticket lost");
                         first_err.get_or_insert(e);
                     }
                 }
@@ -415,5 +655,192 @@ impl LockClient {
     /// Hangout is (tickets ahead) x (`srtt` + `sched_lag`): see [`crate::ticket`].
     pub fn sched_lag(&self) -> Duration {
         self.shared.lag.get().get()
+    }
+}
+
+/// A ticket the service handed over to be passed on, as a [`Ticket`] whose release waits
+/// for its turn. The ticket is outstanding, so `upper <= ticket`; claiming one ticket
+/// ahead makes the first round READ `upper` rather than assume the turn.
+fn handed_ticket(
+    ctx: &Rc<ThreadCtx>,
+    export: &LocksExport,
+    shared: &Shared,
+    nt: crate::owners::NodeTicket,
+) -> Ticket {
+    let reply = LockReply {
+        granted_queue: true,
+        reason: None,
+        ticket: nt.ticket,
+        upper: nt.ticket.wrapping_sub(1),
+        queued_ts: 0,
+    };
+    let upper = export
+        .table
+        .at(nt.id.wrapping_mul(LOCK_STRIDE))
+        .offset(UPPER_OFF);
+    Ticket::new(ctx.clone(), shared.clone(), nt.id, upper, reply)
+}
+
+/// What abandoning given-up Lock RPCs needs of a client, owned, so a coroutine can do it.
+struct Settler {
+    export: LocksExport,
+    shared: Shared,
+    /// The client's incarnation (the node is the context's).
+    owner: Owner,
+    given_up: Rc<RefCell<Vec<GivenUp>>>,
+    /// Whether a retrying coroutine runs ([`Self::spawn_retries`]).
+    retrying: Rc<Cell<bool>>,
+}
+
+impl Settler {
+    /// Abandon every given-up request (taken out of the list while its abandon is in
+    /// flight, so no two abandons of one request run at once and its tickets are passed
+    /// on once); put back the ones whose abandon failed.
+    async fn settle(&self, ctx: &Rc<ThreadCtx>) -> Result<u64, LockError> {
+        let pending = std::mem::take(&mut *self.given_up.borrow_mut());
+        let mut handed = 0;
+        let mut first_err = None;
+        for g in pending {
+            match self.abandon(ctx, &g).await {
+                Ok(n) => handed += n,
+                Err(LockError::Restarted(m)) => {
+                    // Its table is gone, and its tickets with it.
+                    tracing::debug!(seq = g.seq, "given-up Lock RPC of a restarted service: {m}");
+                }
+                Err(e) => {
+                    self.given_up.borrow_mut().push(g);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(handed),
+        }
+    }
+
+    /// One abandon RPC; the tickets it hands back are passed on by coroutines of their
+    /// own (dropped [`Ticket`]s).
+    async fn abandon(&self, ctx: &Rc<ThreadCtx>, g: &GivenUp) -> Result<u64, LockError> {
+        let req = AbandonRequest {
+            owner: Owner {
+                node: ctx.fabric().node().get(),
+                ..self.owner
+            },
+            seq: g.seq,
+            epoch: self.export.epoch,
+            ids: g.ids.clone(),
+        };
+        let mut buf = Vec::new();
+        encode_abandon(&req, &mut buf).map_err(|e| LockError::InvalidRequest(e.to_string()))?;
+        let resp = ctx
+            .call(self.shared.node, ABANDON_HANDLER, &buf)
+            .await
+            .map_err(call_error)?;
+        let taken = decode_node_tickets(&resp).map_err(|e| LockError::Protocol(e.to_string()))?;
+        let n = taken.len() as u64;
+        for nt in taken {
+            tracing::debug!(
+                lock = nt.id,
+                ticket = nt.ticket,
+                "passing on a given-up Lock RPC's ticket"
+            );
+            drop(handed_ticket(ctx, &self.export, &self.shared, nt));
+        }
+        Ok(n)
+    }
+
+    /// Retry [`Self::settle`] in a coroutine of its own until nothing is left or the
+    /// policy's attempts are used up (the next [`LockClient::lock`] tries again).
+    /// At most one such coroutine runs per client ([`Self::retrying`]).
+    fn spawn_retries(self, ctx: &Rc<ThreadCtx>, p: RetryPolicy) {
+        if self.retrying.replace(true) {
+            return;
+        }
+        /// Clears the flag however the coroutine ends (also when it is dropped unrun).
+        struct Running(Rc<Cell<bool>>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let running = Running(self.retrying.clone());
+        let weak = Rc::downgrade(ctx);
+        ctx.spawn(async move {
+            let _running = running;
+            for k in 0..p.attempts.max(1) {
+                let Some(ctx) = weak.upgrade() else { return };
+                if self.given_up.borrow().is_empty() {
+                    return;
+                }
+                if k > 0 {
+                    ctx.sleep(p.delay(k - 1)).await;
+                }
+                match self.settle(&ctx).await {
+                    Ok(_) if self.given_up.borrow().is_empty() => return,
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, attempt = k, "abandon failed"),
+                }
+            }
+        });
+    }
+}
+
+/// A thread's lock client that follows the service at one bootstrap address across its
+/// restarts, as `tso::TsoConn` follows an oracle: when a Lock RPC finds the service
+/// restarted ([`LockError::Restarted`]) or gone ([`LockError::Rpc`] with the peer
+/// unreachable, not connected or not answering in time), it reconnects with the client's bounded backoff
+/// ([`LockClient::reconnected`]) and returns the error (the caller's transaction
+/// aborts: its tickets died with the old table); the next call runs on the new service.
+pub struct LockConn {
+    addr: SocketAddr,
+    client: RefCell<Rc<LockClient>>,
+}
+
+impl LockConn {
+    /// Follow the service at `addr`, whose client now is `client`.
+    pub fn new(addr: SocketAddr, client: LockClient) -> Self {
+        Self {
+            addr,
+            client: RefCell::new(Rc::new(client)),
+        }
+    }
+
+    /// The client of the service as it is now (hold it only for one transaction).
+    pub fn client(&self) -> Rc<LockClient> {
+        self.client.borrow().clone()
+    }
+
+    /// [`LockClient::lock`] on the current client; after a restart or a lost service,
+    /// reconnect (see the type's docs) and return the error.
+    ///
+    /// Errors: as [`LockClient::lock`]; a failed reconnect is logged, and retried at the
+    /// next failure.
+    pub async fn lock(
+        &self,
+        ctx: &Rc<ThreadCtx>,
+        reqs: &[LockRequest],
+    ) -> Result<Vec<Grant>, LockError> {
+        let c = self.client();
+        let e = match c.lock(ctx, reqs).await {
+            Ok(g) => return Ok(g),
+            Err(e) => e,
+        };
+        let gone = matches!(
+            &e,
+            LockError::Restarted(_)
+                | LockError::Rpc(RpcError::Call(
+                    CallError::PeerGone { .. }
+                        | CallError::NotConnected { .. }
+                        | CallError::Timeout { .. }
+                ))
+        );
+        if gone {
+            match c.reconnected(ctx, self.addr).await {
+                Ok(fresh) => *self.client.borrow_mut() = Rc::new(fresh),
+                Err(r) => tracing::warn!(error = %r, "lock service reconnect failed"),
+            }
+        }
+        Err(e)
     }
 }

@@ -79,6 +79,25 @@ pub struct LockServiceConfig {
     pub map_version: u64,
     /// The resharding loop (Lotus 4.3), table `[reshard]`.
     pub reshard: ReshardSettings,
+    /// Directory where the service persists its epoch before serving
+    /// ([`crate::epoch`]; default none). Each start opens a larger epoch there, so
+    /// clients of an earlier start are refused and reconnect; it is locked while the
+    /// service runs.
+    pub state_dir: Option<std::path::PathBuf>,
+    /// The epoch to serve in, given by the caller's configuration (for example the
+    /// incarnation the cluster's membership gave this process; default none). Wins over
+    /// `state-dir`; must be larger than every earlier start's. Without either the epoch
+    /// is the clock's microseconds at start ([`crate::service::clock_epoch`]).
+    pub epoch: Option<u64>,
+    /// Bootstrap address of the timestamp oracle (default none). With it, Lock RPC
+    /// timestamps above what the oracle has issued are refused: the service reads the
+    /// oracle's counter when a timestamp exceeds the last mark it learned
+    /// ([`crate::tso_bound`]); without it, only timestamps above
+    /// [`crate::service::DEFAULT_MAX_TS`] are.
+    pub tso: Option<SocketAddr>,
+    /// Timestamps accepted above the oracle's last learned mark without reading its
+    /// counter again (default 65536; see [`LockTable::set_ts_slack`]).
+    pub ts_slack: u64,
 }
 
 impl Default for LockServiceConfig {
@@ -96,6 +115,10 @@ impl Default for LockServiceConfig {
             shards: "0-4095".into(),
             map_version: 1,
             reshard: ReshardSettings::default(),
+            state_dir: None,
+            epoch: None,
+            tso: None,
+            ts_slack: 1 << 16,
         }
     }
 }
@@ -197,6 +220,9 @@ impl LockServiceConfig {
         if r.intervals == 0 {
             return err("reshard.intervals", "at least 1".into());
         }
+        if self.epoch == Some(0) {
+            return err("epoch", "0 is reserved".into());
+        }
         Ok(())
     }
 
@@ -227,6 +253,12 @@ pub enum StartError {
     /// The resharding thread could not be started.
     #[error("starting the resharding thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// The epoch could not be persisted, or the state directory is in use.
+    #[error("opening the service epoch: {0}")]
+    Epoch(#[from] crate::epoch::EpochError),
+    /// The timestamp oracle could not be reached.
+    #[error("reaching the timestamp oracle: {0}")]
+    Tso(#[from] crate::tso_bound::TsoBoundError),
 }
 
 /// A running lock service (see the module docs). Dropping it stops the resharding loop
@@ -237,8 +269,11 @@ pub struct LockService {
     words: Vec<WordTable>,
     stop: Arc<AtomicBool>,
     reshard: Option<JoinHandle<()>>,
-    // Last, so the node stops after the loop that calls it.
+    // After the loop, so the node stops after the loop that calls it.
     node: Node,
+    /// Held while the service runs (a second service on it fails to start); released
+    /// after the node stopped.
+    _state: Option<crate::epoch::StateDir>,
 }
 
 impl LockService {
@@ -252,7 +287,27 @@ impl LockService {
     ) -> Result<Self, StartError> {
         cfg.validate()?;
         let me = fabric.node();
-        let takeout = Arc::new(LockTable::new(&fabric, cfg.locks, cfg.watermarks())?);
+        let state = cfg
+            .state_dir
+            .as_deref()
+            .map(crate::epoch::StateDir::open)
+            .transpose()?;
+        let epoch = match (cfg.epoch, &state) {
+            (Some(e), _) => e,
+            (None, Some(s)) => s.advance()?,
+            (None, None) => crate::service::clock_epoch(),
+        };
+        let mut takeout = LockTable::with_epoch(&fabric, cfg.locks, cfg.watermarks(), epoch)?;
+        if let Some(addr) = cfg.tso {
+            let bound = crate::tso_bound::TsoBound::start(
+                fabric.clone(),
+                addr,
+                Duration::from_millis(100),
+            )?;
+            takeout.set_ts_bound(Box::new(bound));
+            takeout.set_ts_slack(cfg.ts_slack);
+        }
+        let takeout = Arc::new(takeout);
         let slots_bytes = usize::try_from(cfg.lock_table_slots)
             .ok()
             .and_then(|n| n.checked_mul(SLOT_BYTES))
@@ -261,10 +316,13 @@ impl LockService {
                 what: "overflows the address space".into(),
             })?;
         let map = ShardMap::partial(me.get(), &parse_shards(&cfg.shards)?, cfg.map_version)?;
-        let lotus = Arc::new(TableService::new(
-            Arc::new(lock_table::LockTable::with_bytes(slots_bytes)),
-            Ownership::new(me.get(), map),
-        ));
+        let lotus = Arc::new(
+            TableService::new(
+                Arc::new(lock_table::LockTable::with_bytes(slots_bytes)),
+                Ownership::new(me.get(), map),
+            )
+            .with_epoch(epoch),
+        );
         let mut exports = BTreeMap::new();
         exports.insert(EXPORT_NAME.to_string(), takeout.export());
         exports.insert(TABLE_EXPORT.to_string(), lotus.export());
@@ -318,6 +376,7 @@ impl LockService {
             stop,
             reshard,
             node,
+            _state: state,
         })
     }
 

@@ -64,6 +64,11 @@ pub enum LockError {
         /// The service's reply.
         reply: LockReply,
     },
+    /// The lock service restarted: the request named the epoch of a predecessor whose
+    /// table died with it (the service's message). Reconnect
+    /// ([`crate::client::LockClient::reconnect`]); tickets of the old table are gone.
+    #[error("lock service restarted: {0}")]
+    Restarted(String),
     /// The node exports no usable lock table.
     #[error("lock service export: {0}")]
     Export(String),

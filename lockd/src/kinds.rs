@@ -4,11 +4,13 @@
 //! coroutine of its own (a one-sided op posted from [`rrpc::runtime::ThreadCtx::spawn`]).
 //!
 //! - **Takeout** ([`crate::takeout`]) goes through the Lock RPC and a [`Ticket`], as
-//!   [`LockClient`] does: hot mode, and timestamp [`TAKEOUT_TS`] (`u64::MAX`), which the
-//!   timestamp rule never refuses. A refusal (more than the hot watermark queued) is
+//!   [`LockClient`] does: hot mode, and timestamp [`TAKEOUT_TS`] (0) on every request, so
+//!   `queued_ts` stays 0 and the timestamp rule never refuses one (a service refuses
+//!   timestamps above what the oracle issued, so the largest value will not do). A refusal (more than the hot watermark queued) is
 //!   [`LockError::Refused`]. Takeout has no shared mode: [`Access::Shared`] locks
 //!   exclusively. Do not mix this API with timestamped [`LockClient`] users of the same
-//!   lock (`queued_ts` stays at its maximum).
+//!   lock (a timestamped request raises `queued_ts` above 0, and later requests of this
+//!   API are refused by the timestamp rule).
 //! - **CAS** ([`crate::cas`]) and **DSLR** ([`crate::dslr`]) use only one-sided verbs on the
 //!   word tables a node exports ([`crate::words`]); CAS has no shared mode either.
 
@@ -27,9 +29,9 @@ use crate::ticket::Ticket;
 
 pub use crate::dslr::Access;
 
-/// The timestamp Takeout requests carry through [`AnyLockClient`]: never older than
-/// `queued_ts`, so never refused by the timestamp rule.
-pub const TAKEOUT_TS: u64 = u64::MAX;
+/// The timestamp Takeout requests carry through [`AnyLockClient`]: the same on every
+/// request, so `queued_ts` stays at it and the timestamp rule never refuses one.
+pub const TAKEOUT_TS: u64 = 0;
 
 /// Which lock algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -12,22 +12,27 @@
 //!   Takeout Lock: layout, Lock RPC body, smoothed RTT, Hangout), [`lock_table`] (Lotus's
 //!   read and write locks in 8-byte slots, a lock state of holders), [`shard`] (Lotus's
 //!   lock keys with the shard in the low 12 bits, the versioned shard-to-node map,
-//!   pass-by-range resharding; Lotus 4.2, 4.3), [`owners`] (which node took each
-//!   outstanding ticket), [`dslr`] (DSLR's four 16-bit counters in one word, driven by
-//!   FAA, shared and exclusive modes, counter resets), [`backoff`] (randomized
-//!   exponential backoff);
+//!   pass-by-range resharding; Lotus 4.2, 4.3), [`owners`] (which owner, a node and
+//!   its incarnation, took each outstanding ticket), [`dslr`] (DSLR's four 16-bit
+//!   counters in one word, driven by FAA, shared and exclusive modes, counter resets),
+//!   [`backoff`] (randomized exponential backoff);
 //! - [`cas`]: the CAS spinlock's word (one word, CAS to acquire with [`backoff`], WRITE
 //!   of 0 to release);
 //! - [`wire`] (the fixed-layout Takeout Lock RPC messages), [`table_wire`] (the lock
 //!   table's batched messages), [`load`] (a node's load meter for one resharding
 //!   interval and the sample it reports);
-//! - [`error`]: [`error::LockError`], the errors of every lock client;
+//! - [`error`]: [`error::LockError`], the errors of every lock client; [`epoch`]: the
+//!   service's epoch persisted in a state directory (fencing a restarted service's
+//!   predecessor's clients);
 //! - [`service`]: the Takeout lock table in registered memory and its RPC handler;
-//! - [`words`]: the baselines' lock words in registered memory;
+//! - [`words`]: the baselines' lock words in registered memory; [`tso_bound`]: the
+//!   oracle's issued high mark, read from its counter, bounding Lock RPC timestamps;
 //! - [`ticket`]: a taken ticket as a value that must be released (Hangout + READ polling
 //!   for its turn, FAA unlock; a dropped ticket is released by a coroutine of its own);
 //! - [`client`]: the per-thread Takeout client coordinators use (Lock RPC, state READ,
-//!   release of a failed node's tickets, [`client::LockClient::release_node`]);
+//!   release of a failed incarnation's tickets, [`client::LockClient::release_node`];
+//!   abandoning a Lock RPC it gave up on; reconnecting to a restarted service,
+//!   [`client::LockConn`]);
 //! - [`baseline`]: the CAS and DSLR clients;
 //! - [`kinds`]: one client API over the three locks ([`kinds::LockKind`]), so a benchmark
 //!   can swap them by name;
@@ -56,6 +61,7 @@ pub mod cas;
 pub mod client;
 pub mod dslr;
 pub mod embed;
+pub mod epoch;
 pub mod error;
 pub mod kinds;
 pub mod load;
@@ -68,5 +74,6 @@ pub mod table_service;
 pub mod table_wire;
 pub mod takeout;
 pub mod ticket;
+pub mod tso_bound;
 pub mod wire;
 pub mod words;

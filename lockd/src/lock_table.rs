@@ -73,6 +73,10 @@ pub enum Refusal {
     /// The transaction holds the lock in read mode and asked for write (no upgrades).
     #[error("read lock held by this transaction; no upgrade to write")]
     NoUpgrade,
+    /// The operation comes from an incarnation of its node older than one the table has
+    /// seen (the design's failure model: anything from an older incarnation is refused).
+    #[error("an older incarnation of the node than one already seen")]
+    StaleIncarnation,
 }
 
 /// Slot word of `fingerprint` (56 bits, nonzero) and `counter`.
@@ -237,6 +241,8 @@ pub struct Holder {
     pub txn: u64,
     /// Compute node the transaction runs on.
     pub node: u32,
+    /// Incarnation of the node's process (0 for callers that name none).
+    pub incarnation: u64,
     /// Mode held.
     pub mode: LockMode,
 }
@@ -252,6 +258,8 @@ pub struct LockTable {
     /// of its key, so operations on one key are ordered with its state; keys that share
     /// a fingerprint in a bucket meet only in the slots.
     state: Vec<Mutex<HashMap<u64, Vec<Holder>>>>,
+    /// Newest incarnation seen per node, sharded by node id.
+    incarnations: Vec<Mutex<HashMap<u32, u64>>>,
 }
 
 impl LockTable {
@@ -266,6 +274,7 @@ impl LockTable {
                 .collect(),
             n_buckets: n_buckets as u64,
             state: (0..STATE_SHARDS).map(|_| Mutex::default()).collect(),
+            incarnations: (0..STATE_SHARDS).map(|_| Mutex::default()).collect(),
         }
     }
 
@@ -288,16 +297,46 @@ impl LockTable {
         self.state[s].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Acquire `key` in `mode` for transaction `txn` of compute node `node`. Acquiring a
-    /// lock the transaction already holds in that mode (or write when it asks for read)
-    /// succeeds without change.
+    /// Note incarnation `incarnation` of `node` as seen; refuse it if a newer one was.
+    fn admit(&self, node: u32, incarnation: u64) -> Result<(), Refusal> {
+        let shard = &self.incarnations[node as usize % STATE_SHARDS];
+        let mut seen = shard.lock().unwrap_or_else(|e| e.into_inner());
+        let newest = seen.entry(node).or_insert(incarnation);
+        if *newest > incarnation {
+            return Err(Refusal::StaleIncarnation);
+        }
+        *newest = incarnation;
+        Ok(())
+    }
+
+    /// Acquire `key` in `mode` for transaction `txn` of compute node `node` (incarnation
+    /// 0: [`Self::acquire_inc`]).
     ///
-    /// Errors: the [`Refusal`]s of [`acquire`], and [`Refusal::NoUpgrade`] when the
-    /// transaction holds `key` for read and asks for write.
+    /// Errors: as [`Self::acquire_inc`].
     pub fn acquire(&self, key: u64, mode: LockMode, txn: u64, node: u32) -> Result<(), Refusal> {
+        self.acquire_inc(key, mode, txn, node, 0)
+    }
+
+    /// Acquire `key` in `mode` for transaction `txn` of incarnation `incarnation` of
+    /// compute node `node`. Acquiring a lock the transaction already holds in that mode
+    /// (or write when it asks for read) succeeds without change.
+    ///
+    /// Errors: the [`Refusal`]s of [`acquire`]; [`Refusal::NoUpgrade`] when the
+    /// transaction holds `key` for read and asks for write;
+    /// [`Refusal::StaleIncarnation`] when a newer incarnation of `node` was seen.
+    pub fn acquire_inc(
+        &self,
+        key: u64,
+        mode: LockMode,
+        txn: u64,
+        node: u32,
+        incarnation: u64,
+    ) -> Result<(), Refusal> {
+        self.admit(node, incarnation)?;
         let mut st = self.shard(key);
         let holders = st.entry(key).or_default();
-        if let Some(h) = holders.iter().find(|h| h.txn == txn && h.node == node) {
+        let same = |h: &&Holder| h.txn == txn && h.node == node && h.incarnation == incarnation;
+        if let Some(h) = holders.iter().find(same) {
             return match (h.mode, mode) {
                 (LockMode::Read, LockMode::Write) => Err(Refusal::NoUpgrade),
                 _ => Ok(()),
@@ -312,7 +351,12 @@ impl LockTable {
             mode,
         );
         match r {
-            Ok(()) => holders.push(Holder { txn, node, mode }),
+            Ok(()) => holders.push(Holder {
+                txn,
+                node,
+                incarnation,
+                mode,
+            }),
             Err(_) if holders.is_empty() => {
                 st.remove(&key);
             }
@@ -321,14 +365,36 @@ impl LockTable {
         r
     }
 
-    /// Release `key` held by (`txn`, `node`). Returns false when it holds no such lock
-    /// (a repeated release: a no-op).
+    /// Release `key` held by (`txn`, `node`) (incarnation 0: [`Self::release_inc`]).
     pub fn release(&self, key: u64, txn: u64, node: u32) -> bool {
+        self.release_inc(key, txn, node, 0).unwrap_or(false)
+    }
+
+    /// Release `key` held by transaction `txn` of incarnation `incarnation` of `node`.
+    /// Returns false when it holds no such lock (a repeated release: a no-op).
+    ///
+    /// Errors: [`Refusal::StaleIncarnation`] when a newer incarnation of `node` was seen
+    /// (its predecessor's locks are released by [`Self::release_incarnation`]).
+    pub fn release_inc(
+        &self,
+        key: u64,
+        txn: u64,
+        node: u32,
+        incarnation: u64,
+    ) -> Result<bool, Refusal> {
+        self.admit(node, incarnation)?;
+        Ok(self.release_held(key, txn, node, incarnation))
+    }
+
+    fn release_held(&self, key: u64, txn: u64, node: u32, incarnation: u64) -> bool {
         let mut st = self.shard(key);
         let Some(holders) = st.get_mut(&key) else {
             return false;
         };
-        let Some(i) = holders.iter().position(|h| h.txn == txn && h.node == node) else {
+        let Some(i) = holders
+            .iter()
+            .position(|h| h.txn == txn && h.node == node && h.incarnation == incarnation)
+        else {
             return false;
         };
         let h = holders.swap_remove(i);
@@ -347,18 +413,30 @@ impl LockTable {
         released
     }
 
-    /// Release every lock held by transactions of compute node `node` (it failed;
-    /// Lotus 6). Returns how many locks were released.
+    /// Release every lock held by transactions of compute node `node`, of every
+    /// incarnation (it failed; Lotus 6). Returns how many locks were released. Prefer
+    /// [`Self::release_incarnation`]: this one also takes a restarted node's live locks.
     pub fn release_node(&self, node: u32) -> usize {
+        self.release_where(|h| h.node == node)
+    }
+
+    /// Release every lock held by transactions of incarnation `incarnation` of compute
+    /// node `node` (it failed; Lotus 6); a later incarnation's locks stay. Returns how
+    /// many locks were released.
+    pub fn release_incarnation(&self, node: u32, incarnation: u64) -> usize {
+        self.release_where(|h| h.node == node && h.incarnation == incarnation)
+    }
+
+    fn release_where(&self, pred: impl Fn(&Holder) -> bool) -> usize {
         let mut held = Vec::new();
         for shard in &self.state {
             let st = shard.lock().unwrap_or_else(|e| e.into_inner());
             for (&key, hs) in st.iter() {
-                held.extend(hs.iter().filter(|h| h.node == node).map(|h| (key, h.txn)));
+                held.extend(hs.iter().filter(|h| pred(h)).map(|h| (key, *h)));
             }
         }
         held.into_iter()
-            .filter(|&(key, txn)| self.release(key, txn, node))
+            .filter(|&(key, h)| self.release_held(key, h.txn, h.node, h.incarnation))
             .count()
     }
 
@@ -528,10 +606,33 @@ mod tests {
                 [Holder {
                     txn: k,
                     node: 8,
+                    incarnation: 0,
                     mode: LockMode::Read
                 }]
             );
         }
+    }
+
+    #[test]
+    fn a_restarted_nodes_locks_survive_the_release_of_its_predecessor_which_is_refused() {
+        let t = LockTable::with_bytes(1 << 16);
+        // Node 7, incarnation 1, holds key 1; it restarts as incarnation 2 and locks key 2
+        // with the same transaction id (ids restart with the process).
+        t.acquire_inc(1, LockMode::Write, 5, 7, 1).unwrap();
+        t.acquire_inc(2, LockMode::Write, 5, 7, 2).unwrap();
+        // The predecessor (a zombie) is refused: it can neither lock nor unlock.
+        assert_eq!(
+            t.acquire_inc(3, LockMode::Write, 6, 7, 1),
+            Err(Refusal::StaleIncarnation)
+        );
+        assert_eq!(t.release_inc(1, 5, 7, 1), Err(Refusal::StaleIncarnation));
+        assert_eq!(t.holders(3), []);
+        // A late cleanup of the predecessor releases only its lock.
+        assert_eq!(t.release_incarnation(7, 1), 1);
+        assert_eq!(t.holders(1), []);
+        assert_eq!(t.holders(2).len(), 1, "the live incarnation's lock stays");
+        assert_eq!(t.release_inc(2, 5, 7, 2), Ok(true));
+        assert_eq!(t.slots_in_use(), 0);
     }
 
     #[test]

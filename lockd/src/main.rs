@@ -17,8 +17,8 @@ use serde::Deserialize as _;
 /// Lock service serving Scythe's Takeout Locks (fair, heat-aware ticket locks) over rrpc.
 ///
 /// Clients take tickets with the Lock RPC, poll `upper` with one-sided READs and unlock
-/// with a one-sided FAA. Prints `READY <bootstrap address>` on stdout once serving and
-/// runs until SIGINT or SIGTERM.
+/// with a one-sided FAA. Prints `READY <bootstrap address>` on stdout once serving
+/// (preceded by `EPOCH <e>` with --state-dir or --epoch) and runs until SIGINT or SIGTERM.
 #[derive(Parser, Debug)]
 #[command(name = "lockd", version)]
 struct Cli {
@@ -79,6 +79,19 @@ struct Cli {
     /// Length of a resharding interval, milliseconds (default 100).
     #[arg(long, value_name = "MS")]
     reshard_interval_ms: Option<u64>,
+    /// Directory where the service persists its epoch before serving, so that clients of
+    /// an earlier start are refused and reconnect (default none: the epoch is the clock's
+    /// microseconds at start). Locked while the service runs.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// The epoch to serve in, from the cluster's configuration (>= 1, larger than every
+    /// earlier start's; wins over --state-dir).
+    #[arg(long, value_name = "E")]
+    epoch: Option<u64>,
+    /// Bootstrap address of the timestamp oracle: Lock RPC timestamps above what it has
+    /// issued are refused (default none: only timestamps of 2^62 and above are).
+    #[arg(long, value_name = "ADDR")]
+    tso: Option<SocketAddr>,
 }
 
 /// The `[fabric]` table of the config file: the node flags' settings (a flag given on
@@ -174,6 +187,15 @@ fn load(
     if let Some(v) = cli.reshard_interval_ms {
         c.reshard.interval_ms = v;
     }
+    if let Some(v) = &cli.state_dir {
+        c.state_dir = Some(v.clone());
+    }
+    if let Some(v) = cli.epoch {
+        c.epoch = Some(v);
+    }
+    if let Some(v) = cli.tso {
+        c.tso = Some(v);
+    }
     c.validate()?;
     Ok((c, node))
 }
@@ -217,9 +239,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         shards = %cfg.shards,
         map_version = cfg.map_version,
         reshard_loop = svc.runs_reshard_loop(),
+        epoch = svc.takeout().epoch(),
         "lockd serving"
     );
-    service::announce_ready(svc.addr(), &[]).context("writing READY")?;
+    // The epoch before READY when it is durable (a state directory or a configured
+    // epoch), for launchers that track restarts.
+    let lines = match (&cfg.state_dir, cfg.epoch) {
+        (None, None) => vec![],
+        _ => vec![format!("EPOCH {}", svc.takeout().epoch())],
+    };
+    service::announce_ready(svc.addr(), &lines).context("writing READY")?;
     let _ = stop.recv();
     tracing::info!("signal received; shutting down");
     drop(svc);

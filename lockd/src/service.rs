@@ -6,23 +6,49 @@
 //! service's CPU, writes `lower` and `queued_ts`. Lock RPCs for the same lock on different
 //! server threads are serialized by striped mutexes (lock id modulo [`STRIPES`]).
 //!
-//! Each stripe also records which node took each outstanding ticket ([`TicketOwners`]),
-//! so the tickets of a failed node can be handed to a survivor that passes them on
-//! ([`LockTable::take_node_tickets`], the [`RELEASE_NODE_HANDLER`] RPC,
-//! [`crate::client::LockClient::release_node`]).
+//! Each stripe also records which owner (node, incarnation) took each outstanding ticket
+//! ([`TicketOwners`]), so the tickets of a failed incarnation can be handed to a survivor
+//! that passes them on ([`LockTable::take_node_tickets`], the [`RELEASE_NODE_HANDLER`]
+//! RPC, [`crate::client::LockClient::release_node`]), and a client that gave up on a Lock
+//! RPC can claim what it took ([`LockTable::abandon`], [`ABANDON_HANDLER`]).
+//!
+//! **What the service refuses** (an error reply; no lock changes):
+//! - a Lock RPC whose timestamp is above what the oracle can have issued
+//!   ([`LockTable::set_ts_bound`], [`DEFAULT_MAX_TS`]): one such request would raise a
+//!   lock's `queued_ts` past every real timestamp and make it refuse all later requests
+//!   (Fig. 14, line 5);
+//! - a request naming another service epoch ([`LockTable::epoch`]): the caller still
+//!   speaks to a predecessor of this service, whose table died with it
+//!   ([`ServiceRefusal::Restarted`]);
+//! - a request from an incarnation of a node older than one already seen
+//!   ([`ServiceRefusal::StaleIncarnation`]).
+//!
+//! **One-sided operations of a predecessor's clients** cannot be refused by this CPU; they
+//! fail instead: a restarted service registers its table as new memory regions, so the
+//! FAA or READ of an old ticket names an rkey this process never registered (on shm, an
+//! MR file of the dead incarnation) and completes in error. The epoch check covers the
+//! RPCs, which would otherwise reach the new table through the same node id.
+//!
+//! **Who called.** Ticket ownership is a parameter of the handler bodies
+//! ([`LockTable::handle_from`] and its siblings); the handlers this table registers take
+//! it from the request's payload until the RPC layer says who called (one registration
+//! site, [`LockTable::register`]).
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use rrpc::fabric::{Fabric, FabricError, MemoryRegion, MrDesc};
 use serde::{Deserialize, Serialize};
 
-use crate::owners::{NodeTicket, TicketOwners};
+use crate::owners::{Abandoned, NodeTicket, Owner, TicketOwners};
 use crate::takeout::{
     lock_rpc, LockReply, Watermarks, LOCK_STRIDE, LOWER_OFF, QUEUED_TS_OFF, UPPER_OFF,
 };
 use crate::wire::{
-    decode_release_node, decode_request, encode_node_tickets, encode_reply_entry, LockRequest,
-    LOCK_HANDLER, RELEASE_NODE_HANDLER,
+    decode_abandon, decode_release_node, decode_request, encode_node_tickets, encode_reply_entry,
+    first_ts, LockRequest, WireError, ABANDON_HANDLER, LOCK_HANDLER, RELEASE_NODE_HANDLER,
 };
 
 /// Name under which [`LockTable::export`] is published in a node's exports.
@@ -43,7 +69,96 @@ pub struct LocksExport {
     pub cold_watermark: u64,
     /// HotWatermark the service applies (queued tickets).
     pub hot_watermark: u64,
+    /// The service's epoch ([`LockTable::epoch`]); 0 from a service that has none.
+    #[serde(default)]
+    pub epoch: u64,
 }
+
+/// Largest Lock RPC timestamp a table accepts when nothing better is known
+/// ([`LockTable::set_max_ts`]): `2^62 - 1`. The oracle's timestamps carry its epoch in the
+/// high 16 bits (the `tso` crate's timestamp layout), so this admits every timestamp of
+/// epochs below 16 384, i.e. oracles restarted fewer than 16 383 times, and refuses
+/// `u64::MAX` and every value with either top bit set.
+pub const DEFAULT_MAX_TS: u64 = (1 << 62) - 1;
+
+/// How long a ticket handed to a survivor by [`LockTable::take_node_tickets`] is not
+/// handed over again (default of [`LockTable::set_handover_lease`]): longer than a
+/// client's default release wait, so that a survivor still passing it on is not joined
+/// by another.
+pub const DEFAULT_HANDOVER_LEASE: Duration = Duration::from_secs(30);
+
+/// Text that starts the error reply of [`ServiceRefusal::Restarted`], by which a client
+/// recognizes it.
+pub const RESTARTED_TAG: &str = "lock service restarted:";
+
+/// Where a lock service learns the largest timestamp the oracle has issued (its high
+/// mark), to refuse Lock RPC timestamps above it ([`LockTable::set_ts_bound`]).
+pub trait TsBound: Send + Sync {
+    /// The oracle's issued high mark now (for example its counter, read one-sidedly), or
+    /// `None` when it cannot be learned at the moment.
+    fn issued_high(&self) -> Option<u64>;
+}
+
+impl<F: Fn() -> Option<u64> + Send + Sync> TsBound for F {
+    fn issued_high(&self) -> Option<u64> {
+        self()
+    }
+}
+
+/// Why the service refused a request as a whole (an error reply; no lock changed).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceRefusal {
+    /// The request is malformed.
+    #[error("malformed request: {0}")]
+    Wire(#[from] WireError),
+    /// The request names a service epoch that is not this service's: the caller's export
+    /// is from a predecessor that restarted; it must reconnect.
+    #[error("{RESTARTED_TAG} epoch {service}, the request names {request}")]
+    Restarted {
+        /// This service's epoch.
+        service: u64,
+        /// The epoch the request names.
+        request: u64,
+    },
+    /// The caller is an incarnation of its node older than one the service has seen.
+    #[error("node {node}: incarnation {incarnation} is older than {newest}, already seen")]
+    StaleIncarnation {
+        /// Node id.
+        node: u32,
+        /// The caller's incarnation.
+        incarnation: u64,
+        /// The newest incarnation seen for the node.
+        newest: u64,
+    },
+    /// The payload names another node than the caller (the RPC layer's word wins).
+    #[error("the request names node {declared}, the caller is node {caller}")]
+    NodeMismatch {
+        /// The node in the payload.
+        declared: u32,
+        /// The calling node.
+        caller: u32,
+    },
+    /// A timestamp above what the oracle can have issued.
+    #[error("timestamp {ts} is above the issued bound {bound}")]
+    TimestampAboveBound {
+        /// The request's timestamp.
+        ts: u64,
+        /// The bound it exceeds.
+        bound: u64,
+    },
+}
+
+/// Microseconds since the Unix epoch, at least 1: the epoch of a service whose caller
+/// gave none ([`LockTable::new`]); larger at every restart on one host unless the clock
+/// is set back.
+pub fn clock_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| (d.as_micros() as u64).max(1))
+}
+
+/// Lock stripes of the newest incarnation seen per node.
+const NODE_STRIPES: usize = 64;
 
 /// The order in which the Lock RPCs that reach the service together are served.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -96,8 +211,7 @@ pub enum LockTableError {
 /// batch is served in timestamp order alone; `None` (an error reply) for a request too
 /// short to have one.
 fn sort_key(req: &[u8]) -> Option<(u64, u64)> {
-    let ts = u64::from_le_bytes(req.get(8..16)?.try_into().ok()?);
-    Some((0, ts))
+    Some((0, first_ts(req)?))
 }
 
 /// One cache line per stripe so neighbouring stripes do not share a line. The mutex
@@ -112,15 +226,42 @@ pub struct LockTable {
     n_locks: u64,
     wm: Watermarks,
     stripes: Box<[Stripe]>,
+    epoch: u64,
+    max_ts: u64,
+    ts_bound: Option<Box<dyn TsBound>>,
+    /// The largest high mark [`Self::ts_bound`] reported.
+    ts_high: AtomicU64,
+    ts_slack: u64,
+    /// Newest incarnation seen per node, striped by node id.
+    incarnations: Box<[RwLock<HashMap<u32, u64>>]>,
+    handover_lease: Duration,
 }
 
 impl LockTable {
     /// Allocate a zeroed table of `n_locks` (at least 1) locks on `fabric`, taking
-    /// `n_locks * 32` bytes of registered memory.
+    /// `n_locks * 32` bytes of registered memory, in epoch [`clock_epoch`].
     ///
     /// Errors: [`LockTableError::Config`] for zero locks, a size overflow or
     /// `wm.cold > wm.hot`; [`LockTableError::Fabric`] when allocation fails.
     pub fn new(fabric: &Fabric, n_locks: u64, wm: Watermarks) -> Result<Self, LockTableError> {
+        Self::with_epoch(fabric, n_locks, wm, clock_epoch())
+    }
+
+    /// [`Self::new`] in service epoch `epoch` (at least 1), which must be larger than
+    /// every earlier incarnation's of this service (persisted, or from the caller's
+    /// configuration): it goes out in the export and every request must name it, so a
+    /// client of a predecessor is refused instead of acting on this table.
+    ///
+    /// Errors: as [`Self::new`]; [`LockTableError::Config`] for epoch 0.
+    pub fn with_epoch(
+        fabric: &Fabric,
+        n_locks: u64,
+        wm: Watermarks,
+        epoch: u64,
+    ) -> Result<Self, LockTableError> {
+        if epoch == 0 {
+            return Err(LockTableError::Config("epoch 0 is reserved".into()));
+        }
         if n_locks == 0 {
             return Err(LockTableError::Config("at least one lock is needed".into()));
         }
@@ -138,7 +279,132 @@ impl LockTable {
             n_locks,
             wm,
             stripes,
+            epoch,
+            max_ts: DEFAULT_MAX_TS,
+            ts_bound: None,
+            ts_high: AtomicU64::new(0),
+            ts_slack: 0,
+            incarnations: (0..NODE_STRIPES).map(|_| RwLock::default()).collect(),
+            handover_lease: DEFAULT_HANDOVER_LEASE,
         })
+    }
+
+    /// The service epoch every request must name (or 0, unchecked).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Refuse Lock RPC timestamps above `max` whatever the oracle says (default
+    /// [`DEFAULT_MAX_TS`]).
+    pub fn set_max_ts(&mut self, max: u64) {
+        self.max_ts = max;
+    }
+
+    /// Learn the oracle's issued high mark from `bound`: a Lock RPC timestamp above the
+    /// last high mark learned makes the service ask `bound` again, and refuse the request
+    /// if the timestamp is still above it. While `bound` answers `None`, only
+    /// [`Self::set_max_ts`]'s limit applies.
+    pub fn set_ts_bound(&mut self, bound: Box<dyn TsBound>) {
+        self.ts_bound = Some(bound);
+    }
+
+    /// Accept timestamps up to `slack` above the last high mark learned from
+    /// [`Self::set_ts_bound`] without asking again (default 0: ask for every timestamp
+    /// above it). A larger slack asks the oracle less often, and lets a bogus timestamp
+    /// raise a lock's `queued_ts` at most `slack` above the real ones (their requests are
+    /// refused until the oracle has issued that many more).
+    pub fn set_ts_slack(&mut self, slack: u64) {
+        self.ts_slack = slack;
+    }
+
+    /// How long a ticket handed over by [`Self::take_node_tickets`] is not handed over
+    /// again (default [`DEFAULT_HANDOVER_LEASE`]). Keep it above the release wait of the
+    /// clients that call `release_node` ([`crate::client::LockClient::release_wait`]): a
+    /// survivor still waiting for a ticket's turn when the lease ends would pass it on
+    /// together with the next one.
+    pub fn set_handover_lease(&mut self, lease: Duration) {
+        self.handover_lease = lease;
+    }
+
+    /// Whether `ts` is at most what the oracle can have issued.
+    fn check_ts(&self, ts: u64) -> Result<(), ServiceRefusal> {
+        let above = |bound| ServiceRefusal::TimestampAboveBound { ts, bound };
+        if ts > self.max_ts {
+            return Err(above(self.max_ts));
+        }
+        let Some(src) = &self.ts_bound else {
+            return Ok(());
+        };
+        if ts
+            <= self
+                .ts_high
+                .load(Ordering::Acquire)
+                .saturating_add(self.ts_slack)
+        {
+            return Ok(());
+        }
+        match src.issued_high() {
+            Some(h) => {
+                let h = self.ts_high.fetch_max(h, Ordering::AcqRel).max(h);
+                if ts <= h.saturating_add(self.ts_slack) {
+                    Ok(())
+                } else {
+                    Err(above(h))
+                }
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Note `owner` as seen; refuse it if a newer incarnation of its node was seen.
+    fn check_incarnation(&self, owner: Owner) -> Result<(), ServiceRefusal> {
+        let stripe = &self.incarnations[owner.node as usize % NODE_STRIPES];
+        // The common case, the node's current incarnation again, under a shared lock
+        // (server threads serving one node do not wait for each other).
+        let seen = stripe.read().unwrap_or_else(|p| p.into_inner());
+        if seen.get(&owner.node) == Some(&owner.incarnation) {
+            return Ok(());
+        }
+        drop(seen);
+        let mut seen = stripe.write().unwrap_or_else(|p| p.into_inner());
+        let newest = seen.entry(owner.node).or_insert(owner.incarnation);
+        if *newest > owner.incarnation {
+            return Err(ServiceRefusal::StaleIncarnation {
+                node: owner.node,
+                incarnation: owner.incarnation,
+                newest: *newest,
+            });
+        }
+        *newest = owner.incarnation;
+        Ok(())
+    }
+
+    /// The checks every request passes: its payload's node is the caller's (when the
+    /// caller is known), it names this epoch, its incarnation is not stale.
+    fn admit(
+        &self,
+        caller: Option<Owner>,
+        declared: Owner,
+        epoch: u64,
+    ) -> Result<Owner, ServiceRefusal> {
+        let owner = match caller {
+            Some(c) if c.node != declared.node => {
+                return Err(ServiceRefusal::NodeMismatch {
+                    declared: declared.node,
+                    caller: c.node,
+                })
+            }
+            Some(c) => c,
+            None => declared,
+        };
+        if epoch != 0 && epoch != self.epoch {
+            return Err(ServiceRefusal::Restarted {
+                service: self.epoch,
+                request: epoch,
+            });
+        }
+        self.check_incarnation(owner)?;
+        Ok(owner)
     }
 
     /// Number of locks.
@@ -159,6 +425,7 @@ impl LockTable {
             stride: LOCK_STRIDE,
             cold_watermark: self.wm.cold,
             hot_watermark: self.wm.hot,
+            epoch: self.epoch,
         }
     }
 
@@ -167,10 +434,23 @@ impl LockTable {
         serde_json::to_value(self.locks_export()).expect("LocksExport serializes")
     }
 
-    /// Run the Lock RPC body for one lock on this CPU for a caller on node `node` (also
-    /// the embedded, Lotus-style placement), recording `node` as the owner of a ticket
-    /// taken. Panics if `req.id >= n_locks` (callers decode with a bound check).
+    /// Run the Lock RPC body for one lock on this CPU for a caller on node `node` of this
+    /// process (the embedded, Lotus-style placement: incarnation
+    /// [`crate::owners::process_incarnation`], request tag 0), recording it as the owner
+    /// of a ticket taken. No timestamp bound or epoch is
+    /// checked: [`Self::handle_from`] does. Panics if `req.id >= n_locks` (callers decode
+    /// with a bound check).
     pub fn lock_local(&self, req: &LockRequest, node: u32) -> LockReply {
+        let owner = Owner {
+            node,
+            incarnation: crate::owners::process_incarnation(),
+        };
+        self.lock_entry(req, owner, 0)
+    }
+
+    /// One entry of a Lock RPC from `owner`'s request `seq`: refused without a change if
+    /// the owner abandoned that request here already.
+    fn lock_entry(&self, req: &LockRequest, owner: Owner, seq: u64) -> LockReply {
         assert!(req.id < self.n_locks, "lock id {} out of range", req.id);
         let base = (req.id * LOCK_STRIDE) as usize;
         let stripe = &self.stripes[(req.id % STRIPES as u64) as usize];
@@ -178,31 +458,49 @@ impl LockTable {
         // words are still consistent (each store is a single atomic), and the owners'
         // record is at worst missing the ticket being recorded, so keep serving.
         let mut owners = stripe.0.lock().unwrap_or_else(|p| p.into_inner());
-        let r = lock_rpc(
+        let (lower, upper, queued_ts) = (
             self.mr.atomic_u64(base + LOWER_OFF as usize),
             self.mr.atomic_u64(base + UPPER_OFF as usize),
             self.mr.atomic_u64(base + QUEUED_TS_OFF as usize),
-            req.ts,
-            req.mode,
-            self.wm,
         );
+        if owners.take_tombstone(req.id, owner, seq) {
+            // Its caller gave up on it and passed nothing on: refuse it as the reply no
+            // one reads (the reason is moot).
+            let (lo, up) = (lower.load(Ordering::Acquire), upper.load(Ordering::Acquire));
+            return LockReply {
+                granted_queue: false,
+                reason: Some(crate::takeout::RefuseReason::Timestamp),
+                ticket: lo,
+                upper: up,
+                queued_ts: queued_ts.load(Ordering::Acquire),
+            };
+        }
+        let r = lock_rpc(lower, upper, queued_ts, req.ts, req.mode, self.wm);
         if r.granted_queue {
-            owners.record(req.id, r.ticket, node, r.ticket.wrapping_add(1), r.upper);
+            let lo = r.ticket.wrapping_add(1);
+            owners.record(req.id, r.ticket, owner, seq, lo, r.upper);
             owners.sweep_if_large(|id| self.lower_upper(id));
         }
         r
     }
 
-    /// Remove and return the outstanding tickets (queued or holding) that node `node`
-    /// took, at most `max` of them (call again until fewer come), in (lock, ticket)
-    /// order. Whoever calls this must pass each returned ticket
-    /// on, as [`crate::client::LockClient::release_node`] does (wait for its turn, FAA
-    /// `upper`): the service's CPU never writes `upper` (the shared-word rule of
-    /// [`crate::takeout`]). A second call returns none of them again.
+    /// Hand over the outstanding tickets (queued or holding) that `dead` took, at most
+    /// `max` of them (call again until fewer come), in (lock, ticket) order. Whoever calls
+    /// this must pass each returned ticket on, as
+    /// [`crate::client::LockClient::release_node`] does (wait for its turn, FAA `upper`):
+    /// the service's CPU never writes `upper` (the shared-word rule of
+    /// [`crate::takeout`]).
     ///
-    /// Only for a node known to be dead and cut off: a live node would release its
+    /// A ticket stays recorded until `upper` passes it: if the reply carrying it is lost
+    /// or its pass-on fails, a call after the handover lease
+    /// ([`Self::set_handover_lease`]) returns it again; a call within the lease does not
+    /// (so two survivors do not both pass it on). Only `dead`'s incarnation is affected:
+    /// a restarted node's tickets under a newer incarnation stay.
+    ///
+    /// Only for an incarnation known to be dead and cut off: a live one would release its
     /// tickets too, and `upper` would advance twice for one ticket.
-    pub fn take_node_tickets(&self, node: u32, max: usize) -> Vec<NodeTicket> {
+    pub fn take_node_tickets(&self, dead: Owner, max: usize) -> Vec<NodeTicket> {
+        let now = Instant::now();
         let mut out = Vec::new();
         for stripe in self.stripes.iter() {
             let mut owners = stripe.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -212,9 +510,32 @@ impl LockTable {
             if owners.locks() == 0 {
                 continue;
             }
-            out.extend(owners.take_node(node, max - out.len(), |id| self.lower_upper(id)));
+            out.extend(
+                owners.take_node(dead, max - out.len(), now, self.handover_lease, |id| {
+                    self.lower_upper(id)
+                }),
+            );
         }
         out.sort_unstable();
+        out
+    }
+
+    /// `owner` gave up on its Lock RPC tagged `seq`, which named the locks `ids`: return
+    /// the tickets that request took (still outstanding), for the owner to pass on, and
+    /// make the service refuse the request on the locks it has not reached yet. A repeated
+    /// call (after a lost reply) returns the same tickets until they are passed on. Ids
+    /// outside the table are skipped.
+    pub fn abandon(&self, owner: Owner, seq: u64, ids: &[u64]) -> Vec<NodeTicket> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for &id in ids.iter().filter(|&&id| id < self.n_locks) {
+            let stripe = &self.stripes[(id % STRIPES as u64) as usize];
+            let mut owners = stripe.0.lock().unwrap_or_else(|p| p.into_inner());
+            if let Abandoned::Ticket(t) = owners.abandon(id, owner, seq, now, self.lower_upper(id))
+            {
+                out.push(t);
+            }
+        }
         out
     }
 
@@ -228,9 +549,9 @@ impl LockTable {
         )
     }
 
-    /// The nodes recorded for lock `id`'s tickets, in ticket order, after forgetting the
+    /// The owners recorded for lock `id`'s tickets, in ticket order, after forgetting the
     /// tickets already passed (for monitoring and tests). Panics if `id >= n_locks`.
-    pub fn ticket_owners(&self, id: u64) -> Vec<(u64, u32)> {
+    pub fn ticket_owners(&self, id: u64) -> Vec<(u64, Owner)> {
         let (lower, upper, _) = self.words(id);
         let stripe = &self.stripes[(id % STRIPES as u64) as usize];
         let mut owners = stripe.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -253,32 +574,113 @@ impl LockTable {
         )
     }
 
-    /// The Lock RPC handler body: decode `req`, run every entry in order, append one
-    /// reply entry each to `out`. A malformed request is an `Err` (sent back to the
-    /// caller as a remote error) and changes no lock.
+    /// The Lock RPC handler body for a caller the RPC layer does not name: the owner of
+    /// the tickets taken is the one the payload declares. See [`Self::handle_from`].
     pub fn handle(&self, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        self.serve_lock(None, req, out)
+            .map_err(|e| format!("lock RPC: {e}"))
+    }
+
+    /// The Lock RPC handler body for a request from `caller`: decode `req`, check it
+    /// ([`ServiceRefusal`]: the payload's node is `caller`'s, it names this epoch, the
+    /// caller's incarnation is not stale, every timestamp is within the bound), then run
+    /// every entry in order, `caller` owning the tickets taken, and append one reply entry
+    /// each to `out`. A refused request is an `Err` (sent back to the caller as a remote
+    /// error) and changes no lock.
+    pub fn handle_from(&self, caller: Owner, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        self.serve_lock(Some(caller), req, out)
+            .map_err(|e| format!("lock RPC: {e}"))
+    }
+
+    fn serve_lock(
+        &self,
+        caller: Option<Owner>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceRefusal> {
         let mut reqs = Vec::with_capacity(crate::wire::MAX_ENTRIES);
-        let node =
-            decode_request(req, self.n_locks, &mut reqs).map_err(|e| format!("lock RPC: {e}"))?;
+        let hdr = decode_request(req, self.n_locks, &mut reqs)?;
+        let owner = self.admit(caller, hdr.owner, hdr.epoch)?;
         for r in &reqs {
-            encode_reply_entry(&self.lock_local(r, node), out);
+            self.check_ts(r.ts)?;
+        }
+        for r in &reqs {
+            encode_reply_entry(&self.lock_entry(r, owner, hdr.seq), out);
         }
         Ok(())
     }
 
-    /// The [`RELEASE_NODE_HANDLER`] body: take up to the request's limit of the named
-    /// node's outstanding tickets ([`Self::take_node_tickets`]) and encode them.
-    ///
-    /// Errors: a malformed request (nothing is taken).
+    /// The [`RELEASE_NODE_HANDLER`] body for a caller the RPC layer does not name. See
+    /// [`Self::handle_release_node_from`].
     pub fn handle_release_node(&self, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-        let (node, max) = decode_release_node(req).map_err(|e| format!("release node: {e}"))?;
-        let t = self.take_node_tickets(node, max);
-        encode_node_tickets(&t, out);
+        self.serve_release_node(None, req, out)
+            .map_err(|e| format!("release node: {e}"))
+    }
+
+    /// The [`RELEASE_NODE_HANDLER`] body for a request from `caller`: check it as
+    /// [`Self::handle_from`] does (a caller from a stale incarnation is refused), hand
+    /// over up to the request's limit of the named incarnation's outstanding tickets
+    /// ([`Self::take_node_tickets`]) and encode them.
+    ///
+    /// Errors: a refused request (nothing is handed over).
+    pub fn handle_release_node_from(
+        &self,
+        caller: Owner,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        self.serve_release_node(Some(caller), req, out)
+            .map_err(|e| format!("release node: {e}"))
+    }
+
+    fn serve_release_node(
+        &self,
+        caller: Option<Owner>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceRefusal> {
+        let r = decode_release_node(req)?;
+        self.admit(caller, r.caller, r.epoch)?;
+        encode_node_tickets(&self.take_node_tickets(r.dead, r.max), out);
+        Ok(())
+    }
+
+    /// The [`ABANDON_HANDLER`] body for a caller the RPC layer does not name. See
+    /// [`Self::handle_abandon_from`].
+    pub fn handle_abandon(&self, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        self.serve_abandon(None, req, out)
+            .map_err(|e| format!("abandon: {e}"))
+    }
+
+    /// The [`ABANDON_HANDLER`] body for a request from `caller`: check it as
+    /// [`Self::handle_from`] does, then [`Self::abandon`] the named request of `caller`'s
+    /// and encode the tickets it took.
+    ///
+    /// Errors: a refused request (nothing changes).
+    pub fn handle_abandon_from(
+        &self,
+        caller: Owner,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        self.serve_abandon(Some(caller), req, out)
+            .map_err(|e| format!("abandon: {e}"))
+    }
+
+    fn serve_abandon(
+        &self,
+        caller: Option<Owner>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceRefusal> {
+        let r = decode_abandon(req)?;
+        let owner = self.admit(caller, r.owner, r.epoch)?;
+        encode_node_tickets(&self.abandon(owner, r.seq, &r.ids), out);
         Ok(())
     }
 
     /// RPC handlers serving this table ([`LOCK_HANDLER`] in [`LockOrder::Arrival`],
-    /// [`RELEASE_NODE_HANDLER`]).
+    /// [`RELEASE_NODE_HANDLER`], [`ABANDON_HANDLER`]).
     pub fn handlers(self: &Arc<Self>) -> rrpc::server::Handlers {
         let mut h = rrpc::server::Handlers::new();
         self.register(&mut h, LockOrder::Arrival);
@@ -287,6 +689,13 @@ impl LockTable {
 
     /// Register this table's handlers on `h` (to serve it beside other services), the
     /// Lock RPC served in `order`.
+    ///
+    /// The one place where the service learns who called: the handler bodies take the
+    /// caller as a parameter (`*_from`); until the RPC layer passes it, the caller is the
+    /// one each payload declares (the bodies without `_from`).
+    // TODO(merge): register_with_caller (and register_sorted_with_caller), passing the
+    // caller's (node, incarnation) to handle_from, handle_release_node_from and
+    // handle_abandon_from.
     pub fn register(self: &Arc<Self>, h: &mut rrpc::server::Handlers, order: LockOrder) {
         let me = self.clone();
         match order {
@@ -309,6 +718,8 @@ impl LockTable {
         h.register(RELEASE_NODE_HANDLER, move |req, out| {
             me.handle_release_node(req, out)
         });
+        let me = self.clone();
+        h.register(ABANDON_HANDLER, move |req, out| me.handle_abandon(req, out));
     }
 }
 
@@ -325,13 +736,21 @@ mod tests {
             ts,
             mode: Mode::Hot,
         };
+        let hdr = crate::wire::RequestHeader {
+            owner: Owner {
+                node: 1,
+                incarnation: 1,
+            },
+            seq: 0,
+            epoch: 0,
+        };
         let mut a = Vec::new();
-        encode_request(&[req(9, 10), req(2, 10)], 1, &mut a).unwrap();
+        encode_request(&[req(9, 10), req(2, 10)], &hdr, &mut a).unwrap();
         let mut b = Vec::new();
-        encode_request(&[req(2, 12)], 1, &mut b).unwrap();
+        encode_request(&[req(2, 12)], &hdr, &mut b).unwrap();
         // Sorted by first lock, b (lock 2) would go before a (lock 9) and a's entry on
         // lock 2 would be refused: by timestamp, a goes first.
         assert!(sort_key(&a).unwrap() < sort_key(&b).unwrap());
-        assert_eq!(sort_key(&a[..15]), None, "too short to have a timestamp");
+        assert_eq!(sort_key(&a[..39]), None, "too short to have a timestamp");
     }
 }

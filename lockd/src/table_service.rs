@@ -35,6 +35,7 @@ use rrpc::runtime::{join_all, CallError, ThreadCtx};
 
 use crate::load::{LoadMeter, TABLE_STATS_HANDLER};
 use crate::lock_table::LockTable;
+use crate::owners::Owner;
 use crate::shard::{
     LockKey, MapError, Move, MoveState, MoveStep, Ownership, Route, ShardMap, NO_NODE,
 };
@@ -53,16 +54,32 @@ pub struct TableService {
     table: Arc<LockTable>,
     own: RwLock<Ownership>,
     meter: LoadMeter,
+    epoch: u64,
 }
 
 impl TableService {
-    /// Serve `table` for the shards `own` gives this node.
+    /// Serve `table` for the shards `own` gives this node, in service epoch
+    /// [`crate::service::clock_epoch`] (see [`Self::with_epoch`]).
     pub fn new(table: Arc<LockTable>, own: Ownership) -> Self {
         Self {
             table,
             own: RwLock::new(own),
             meter: LoadMeter::new(),
+            epoch: crate::service::clock_epoch(),
         }
+    }
+
+    /// This service in epoch `epoch`, which must be larger than every earlier start's
+    /// of this node's service: every reply carries it, and a client that sees it change
+    /// knows the locks it took before are gone ([`TableError::Restarted`]).
+    pub fn with_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    /// The service epoch its replies carry.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// This node's load counters for the current resharding interval (Lotus 4.3): every
@@ -101,9 +118,19 @@ impl TableService {
     /// map version they were routed by (the reply header). Locks on shards the node does
     /// not own are [`OpOutcome::WrongShard`], on a draining range [`OpOutcome::Moving`];
     /// an unlock the table holds is served whatever the map says.
+    ///
+    /// The operations are this process's (the embedded placement): they run as its
+    /// incarnation, [`crate::owners::process_incarnation`].
     pub fn apply(&self, ops: &[TableOp], out: &mut Vec<OpOutcome>) -> u64 {
+        self.apply_as(ops, crate::owners::process_incarnation(), out)
+    }
+
+    /// [`Self::apply`] for operations of incarnation `incarnation` of their nodes: the
+    /// holders recorded carry it, and operations of an incarnation older than one seen for
+    /// their node are refused ([`crate::lock_table::Refusal::StaleIncarnation`]).
+    pub fn apply_as(&self, ops: &[TableOp], incarnation: u64, out: &mut Vec<OpOutcome>) -> u64 {
         let start = quanta::Instant::now();
-        let version = self.apply_inner(ops, out);
+        let version = self.apply_inner(ops, incarnation, out);
         for op in ops {
             self.meter.record_op(op.key.shard());
         }
@@ -114,29 +141,29 @@ impl TableService {
         version
     }
 
-    fn apply_inner(&self, ops: &[TableOp], out: &mut Vec<OpOutcome>) -> u64 {
+    fn apply_inner(&self, ops: &[TableOp], inc: u64, out: &mut Vec<OpOutcome>) -> u64 {
         let own = self.own();
         let version = own.map().version();
         for op in ops {
             out.push(match op.kind {
                 OpKind::Lock(mode) => match own.route_lock(op.key) {
-                    Route::Serve => match self.table.acquire(op.key.0, mode, op.txn, op.node) {
-                        Ok(()) => OpOutcome::Granted,
-                        Err(r) => OpOutcome::Refused(r),
-                    },
+                    Route::Serve => {
+                        match self.table.acquire_inc(op.key.0, mode, op.txn, op.node, inc) {
+                            Ok(()) => OpOutcome::Granted,
+                            Err(r) => OpOutcome::Refused(r),
+                        }
+                    }
                     Route::WrongShard { version } => OpOutcome::WrongShard { version },
                     Route::Moving => OpOutcome::Moving,
                 },
-                OpKind::Unlock => {
-                    if self.table.release(op.key.0, op.txn, op.node) {
-                        OpOutcome::Released
-                    } else {
-                        match own.route_release(op.key) {
-                            Route::WrongShard { version } => OpOutcome::WrongShard { version },
-                            _ => OpOutcome::NotHeld,
-                        }
-                    }
-                }
+                OpKind::Unlock => match self.table.release_inc(op.key.0, op.txn, op.node, inc) {
+                    Ok(true) => OpOutcome::Released,
+                    Ok(false) => match own.route_release(op.key) {
+                        Route::WrongShard { version } => OpOutcome::WrongShard { version },
+                        _ => OpOutcome::NotHeld,
+                    },
+                    Err(r) => OpOutcome::Refused(r),
+                },
             });
         }
         version
@@ -175,9 +202,16 @@ impl TableService {
         own.map().version()
     }
 
-    /// Release every lock held by transactions of compute node `node` (Lotus 6).
+    /// Release every lock held by transactions of compute node `node`, of every
+    /// incarnation (Lotus 6). Prefer [`Self::release_incarnation`].
     pub fn release_node(&self, node: u32) -> usize {
         self.table.release_node(node)
+    }
+
+    /// Release every lock held by transactions of the failed incarnation `dead` (Lotus
+    /// 6); a restarted node's locks under a newer incarnation stay.
+    pub fn release_incarnation(&self, dead: Owner) -> usize {
+        self.table.release_incarnation(dead.node, dead.incarnation)
     }
 
     /// The export describing this node's table (JSON: node id, map version).
@@ -186,18 +220,54 @@ impl TableService {
         serde_json::json!({ "node": own.me(), "map_version": own.map().version() })
     }
 
-    /// Handler body of [`TABLE_OPS_HANDLER`].
+    /// Handler body of [`TABLE_OPS_HANDLER`] for a caller the RPC layer does not name:
+    /// the incarnation is the one the request declares. See [`Self::handle_ops_from`].
     pub fn handle_ops(&self, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        self.serve_ops(None, req, out)
+    }
+
+    /// Handler body of [`TABLE_OPS_HANDLER`] for a request from `caller`: every
+    /// operation must name `caller`'s node (else the request is refused and nothing
+    /// runs), and runs as `caller`'s incarnation.
+    pub fn handle_ops_from(
+        &self,
+        caller: Owner,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        self.serve_ops(Some(caller), req, out)
+    }
+
+    fn serve_ops(
+        &self,
+        caller: Option<Owner>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
         let mut ops = Vec::with_capacity(MAX_OPS);
-        decode_ops(req, &mut ops).map_err(|e| format!("lock-table RPC: {e}"))?;
+        let declared = decode_ops(req, &mut ops).map_err(|e| format!("lock-table RPC: {e}"))?;
+        let inc = match caller {
+            Some(c) => {
+                if let Some(op) = ops.iter().find(|op| op.node != c.node) {
+                    return Err(format!(
+                        "lock-table RPC: an operation names node {}, the caller is node {}",
+                        op.node, c.node
+                    ));
+                }
+                c.incarnation
+            }
+            None => declared,
+        };
         let mut outs = Vec::with_capacity(ops.len());
-        let v = self.apply(&ops, &mut outs);
-        encode_outcomes(v, &outs, out);
+        let v = self.apply_as(&ops, inc, &mut outs);
+        encode_outcomes(v, self.epoch, &outs, out);
         Ok(())
     }
 
     /// Register this service's handlers ([`TABLE_OPS_HANDLER`] and the control ones) on
-    /// `h`.
+    /// `h`. The caller of [`TABLE_OPS_HANDLER`] is the one the request declares until the
+    /// RPC layer names it.
+    // TODO(merge): register_with_caller for TABLE_OPS_HANDLER (handle_ops_from).
     pub fn register(self: &Arc<Self>, h: &mut rrpc::server::Handlers) {
         let me = self.clone();
         h.register(TABLE_OPS_HANDLER, move |req, out| me.handle_ops(req, out));
@@ -234,8 +304,15 @@ impl TableService {
         });
         let me = self.clone();
         h.register(TABLE_RELEASE_NODE_HANDLER, move |req, out| {
-            let node = u32::from_le_bytes(req.try_into().map_err(|_| "expected a u32 node id")?);
-            out.extend_from_slice(&(me.release_node(node) as u64).to_le_bytes());
+            let n = match req.len() {
+                4 => me.release_node(u32::from_le_bytes(req.try_into().expect("4 bytes"))),
+                12 => me.release_incarnation(Owner {
+                    node: u32::from_le_bytes(req[..4].try_into().expect("4 bytes")),
+                    incarnation: u64::from_le_bytes(req[4..].try_into().expect("8 bytes")),
+                }),
+                len => return Err(format!("release node: {len} bytes, expected 4 or 12")),
+            };
+            out.extend_from_slice(&(n as u64).to_le_bytes());
             Ok(())
         });
     }
@@ -294,6 +371,18 @@ pub enum TableError {
         /// Its length.
         len: usize,
     },
+    /// The node's service restarted: it answered in epoch `now` after `was`. The locks
+    /// taken there before are gone (the new table never held them); the transaction
+    /// must abort.
+    #[error("lock-table node {node} restarted (epoch {was}, now {now}): its locks are gone")]
+    Restarted {
+        /// The node.
+        node: u32,
+        /// The epoch it answered in before.
+        was: u64,
+        /// The epoch it answers in now.
+        now: u64,
+    },
 }
 
 /// Retry policy of a [`TableClient`].
@@ -307,6 +396,10 @@ pub struct TableClientConfig {
     /// Operations per message (1 to [`MAX_OPS`], default [`MAX_OPS`]; 1 sends one message
     /// per operation, for comparison).
     pub batch: usize,
+    /// The incarnation of this process that its operations declare (default
+    /// [`crate::owners::process_incarnation`]): the lock table refuses operations of an
+    /// incarnation older than one it has seen for the node.
+    pub incarnation: u64,
 }
 
 impl Default for TableClientConfig {
@@ -315,6 +408,7 @@ impl Default for TableClientConfig {
             max_retries: 64,
             retry_pause: Duration::from_micros(50),
             batch: MAX_OPS,
+            incarnation: crate::owners::process_incarnation(),
         }
     }
 }
@@ -324,6 +418,8 @@ pub struct TableClient {
     map: RefCell<ShardMap>,
     local: Option<Arc<TableService>>,
     cfg: TableClientConfig,
+    /// The service epoch each node answered in first.
+    epochs: RefCell<std::collections::HashMap<u32, u64>>,
 }
 
 /// Fetch node `node`'s shard map over RPC.
@@ -357,7 +453,19 @@ impl TableClient {
             map: RefCell::new(map),
             local,
             cfg,
+            epochs: RefCell::default(),
         }
+    }
+
+    /// Record that `node` answered in service epoch `epoch`; the error to return if it
+    /// answered in another one before (its service restarted).
+    fn note_epoch(&self, node: u32, epoch: u64) -> Option<TableError> {
+        let was = self.epochs.borrow_mut().insert(node, epoch)?;
+        (was != epoch).then_some(TableError::Restarted {
+            node,
+            was,
+            now: epoch,
+        })
     }
 
     /// A client of the nodes `nodes` (already connected on `ctx` with
@@ -413,7 +521,9 @@ impl TableClient {
     /// order. Wrong-shard and moving outcomes are retried as the module docs say.
     ///
     /// Errors: [`TableError::NoOwner`], [`TableError::Rpc`], [`TableError::Reply`],
-    /// [`TableError::Map`]. After an error some operations may have run: their
+    /// [`TableError::Map`]; [`TableError::Restarted`] when a node answered in another
+    /// service epoch than before (locks taken there earlier are gone; the next call
+    /// goes on in the new epoch). After an error some operations may have run: their
     /// transaction should release what it may hold (releases are idempotent).
     pub async fn execute(
         &self,
@@ -431,7 +541,7 @@ impl TableClient {
                     match &self.local {
                         Some(l) if l.node() == *node => {
                             let mut o = Vec::with_capacity(batch.len());
-                            l.apply(&batch, &mut o);
+                            l.apply_as(&batch, self.cfg.incarnation, &mut o);
                             for (&i, r) in chunk.iter().zip(o) {
                                 outs[i] = Some(r);
                             }
@@ -443,13 +553,21 @@ impl TableClient {
             let replies = join_all(
                 remote
                     .iter()
-                    .map(|(node, _, batch)| send(ctx, *node, batch)),
+                    .map(|(node, _, batch)| send(ctx, *node, batch, self.cfg.incarnation)),
             )
             .await;
-            for ((_, chunk, _), r) in remote.iter().zip(replies) {
-                for (&i, o) in chunk.iter().zip(r?) {
+            let mut restarted = None;
+            for ((node, chunk, _), r) in remote.iter().zip(replies) {
+                let (epoch, o) = r?;
+                if let Some(e) = self.note_epoch(*node, epoch) {
+                    restarted.get_or_insert(e);
+                }
+                for (&i, o) in chunk.iter().zip(o) {
                     outs[i] = Some(o);
                 }
+            }
+            if let Some(e) = restarted {
+                return Err(e);
             }
             // What to retry, and whose maps to refetch.
             let mine = self.map.borrow().version();
@@ -510,21 +628,24 @@ impl TableClient {
         Ok(by)
     }
 
-    /// Release every lock of compute node `dead` on every node of the map (Lotus 6).
-    /// Returns how many were released.
+    /// Release every lock of the failed incarnation `dead` on every node of the map
+    /// (Lotus 6); locks of a later incarnation of the node stay. Returns how many were
+    /// released. Idempotent.
     ///
     /// Errors: [`TableError::Rpc`], [`TableError::ControlReply`].
-    pub async fn release_node(&self, ctx: &ThreadCtx, dead: u32) -> Result<u64, TableError> {
+    pub async fn release_node(&self, ctx: &ThreadCtx, dead: Owner) -> Result<u64, TableError> {
         let nodes = self.map.borrow().nodes();
         let mut n = 0;
         let mut remote = Vec::new();
         for node in nodes {
             match &self.local {
-                Some(l) if l.node() == node => n += l.release_node(dead) as u64,
+                Some(l) if l.node() == node => n += l.release_incarnation(dead) as u64,
                 _ => remote.push(node),
             }
         }
-        let req = dead.to_le_bytes();
+        let mut req = [0u8; 12];
+        req[..4].copy_from_slice(&dead.node.to_le_bytes());
+        req[4..].copy_from_slice(&dead.incarnation.to_le_bytes());
         for r in join_all(
             remote
                 .iter()
@@ -538,15 +659,22 @@ impl TableClient {
     }
 }
 
-async fn send(ctx: &ThreadCtx, node: u32, batch: &[TableOp]) -> Result<Vec<OpOutcome>, TableError> {
-    let mut buf = Vec::with_capacity(batch.len() * crate::table_wire::OP_BYTES);
-    encode_ops(batch, &mut buf).map_err(|cause| TableError::Reply { node, cause })?;
+async fn send(
+    ctx: &ThreadCtx,
+    node: u32,
+    batch: &[TableOp],
+    incarnation: u64,
+) -> Result<(u64, Vec<OpOutcome>), TableError> {
+    let mut buf = Vec::with_capacity(
+        crate::table_wire::OPS_HEADER_BYTES + batch.len() * crate::table_wire::OP_BYTES,
+    );
+    encode_ops(batch, incarnation, &mut buf).map_err(|cause| TableError::Reply { node, cause })?;
     let r = ctx
         .call(NodeId(node), TABLE_OPS_HANDLER, &buf)
         .await
         .map_err(|cause| TableError::Rpc { node, cause })?;
     decode_outcomes(&r, batch.len())
-        .map(|(_, o)| o)
+        .map(|(_, epoch, o)| (epoch, o))
         .map_err(|cause| TableError::Reply { node, cause })
 }
 

@@ -1,7 +1,8 @@
 //! Fixed-layout, little-endian wire format of the lock-table RPCs (Lotus 4.1, 4.2: one
 //! message carries all of a transaction's lock or unlock operations for one node).
 //!
-//! Request of [`TABLE_OPS_HANDLER`]: 1 to [`MAX_OPS`] entries of [`OP_BYTES`] bytes:
+//! Request of [`TABLE_OPS_HANDLER`]: the sender's incarnation (`u64`, [`OPS_HEADER_BYTES`]),
+//! then 1 to [`MAX_OPS`] entries of [`OP_BYTES`] bytes:
 //!
 //! | bytes  | field                                                  |
 //! |--------|--------------------------------------------------------|
@@ -11,7 +12,12 @@
 //! | 20     | `op: u8` (0 lock read, 1 lock write, 2 unlock)         |
 //! | 21..24 | padding (zero)                                         |
 //!
-//! Reply: an 8-byte header, the serving node's map version (`u64`), then one
+//! Every op's `node` is the sender's, and the header's incarnation that node's (until
+//! the RPC layer names the caller, which then wins).
+//!
+//! Reply: a 16-byte header, the serving node's map version (`u64`) and its service epoch
+//! (`u64`; a restarted service answers in a larger one, and its table holds none of its
+//! predecessor's locks), then one
 //! [`OUTCOME_BYTES`]-byte entry per request entry, same order: `status: u8` (see
 //! [`OpOutcome`]'s codes), 7 bytes of padding. A wrong-shard outcome's current map
 //! version is the header.
@@ -32,7 +38,8 @@ pub const TABLE_INSTALL_HANDLER: u16 = 22;
 /// Handler id of the drain control of a move (request [`DrainReq`], 5 bytes; reply: locks
 /// held on the range, `u64`).
 pub const TABLE_DRAIN_HANDLER: u16 = 23;
-/// Handler id of "release every lock of compute node N" (request: `u32`; reply: locks
+/// Handler id of "release every lock of compute node N" (request: `node: u32` for
+/// every incarnation of the node, or `node: u32, incarnation: u64` for one; reply: locks
 /// released, `u64`; Lotus 6).
 pub const TABLE_RELEASE_NODE_HANDLER: u16 = 24;
 
@@ -40,11 +47,14 @@ pub const TABLE_RELEASE_NODE_HANDLER: u16 = 24;
 pub const OP_BYTES: usize = 24;
 /// Bytes per reply entry.
 pub const OUTCOME_BYTES: usize = 8;
-/// Bytes of the reply header (the map version).
-pub const REPLY_HEADER_BYTES: usize = 8;
+/// Bytes of the reply header (the map version and the service epoch).
+pub const REPLY_HEADER_BYTES: usize = 16;
+/// Bytes of a request's header (the sender's incarnation).
+pub const OPS_HEADER_BYTES: usize = 8;
 /// Most operations in one message: a request must fit the 480-byte payload of a default
-/// 512-byte Rocket bucket (480 / 24 = 20).
-pub const MAX_OPS: usize = 20;
+/// 512-byte Rocket bucket ((480 - 8) / 24 = 19).
+pub const MAX_OPS: usize = 19;
+const _: () = assert!(OPS_HEADER_BYTES + MAX_OPS * OP_BYTES <= 480);
 
 /// What to do to a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -79,7 +89,8 @@ pub enum OpOutcome {
     /// Code 2.
     NotHeld,
     /// The lock table refused the acquire (codes 3 to 7: conflict, bucket full, reader
-    /// overflow, contended, no upgrade); the transaction aborts.
+    /// overflow, contended, no upgrade; 10: stale incarnation, also for an unlock); the
+    /// transaction aborts.
     Refused(Refusal),
     /// The node does not own the key's shard; `version` is its map version. Code 8.
     WrongShard {
@@ -149,13 +160,19 @@ fn entries(len: usize, entry: usize) -> Result<usize, TableWireError> {
     Ok(n)
 }
 
-/// Append the encoding of `ops` (1 to [`MAX_OPS`]) to `out`.
+/// Append the encoding of `ops` (1 to [`MAX_OPS`]), sent by incarnation `incarnation`
+/// of their node, to `out`.
 ///
 /// Errors: [`TableWireError::Count`].
-pub fn encode_ops(ops: &[TableOp], out: &mut Vec<u8>) -> Result<(), TableWireError> {
+pub fn encode_ops(
+    ops: &[TableOp],
+    incarnation: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), TableWireError> {
     if ops.is_empty() || ops.len() > MAX_OPS {
         return Err(TableWireError::Count { n: ops.len() });
     }
+    out.extend_from_slice(&incarnation.to_le_bytes());
     for o in ops {
         out.extend_from_slice(&o.key.0.to_le_bytes());
         out.extend_from_slice(&o.txn.to_le_bytes());
@@ -170,12 +187,19 @@ pub fn encode_ops(ops: &[TableOp], out: &mut Vec<u8>) -> Result<(), TableWireErr
     Ok(())
 }
 
-/// Decode a request into `out` (cleared first).
+/// Decode a request into `out` (cleared first); returns the sender's incarnation.
 ///
 /// Errors: [`TableWireError::BadLength`], [`TableWireError::Count`],
 /// [`TableWireError::BadOp`].
-pub fn decode_ops(buf: &[u8], out: &mut Vec<TableOp>) -> Result<(), TableWireError> {
+pub fn decode_ops(buf: &[u8], out: &mut Vec<TableOp>) -> Result<u64, TableWireError> {
     out.clear();
+    if buf.len() < OPS_HEADER_BYTES {
+        return Err(TableWireError::BadLength {
+            len: buf.len(),
+            entry: OP_BYTES,
+        });
+    }
+    let (head, buf) = buf.split_at(OPS_HEADER_BYTES);
     entries(buf.len(), OP_BYTES)?;
     for (index, e) in buf.chunks_exact(OP_BYTES).enumerate() {
         let kind = match e[20] {
@@ -191,7 +215,7 @@ pub fn decode_ops(buf: &[u8], out: &mut Vec<TableOp>) -> Result<(), TableWireErr
             kind,
         });
     }
-    Ok(())
+    Ok(u64_at(head, 0))
 }
 
 fn status(o: &OpOutcome) -> u8 {
@@ -206,24 +230,30 @@ fn status(o: &OpOutcome) -> u8 {
         OpOutcome::Refused(Refusal::NoUpgrade) => 7,
         OpOutcome::WrongShard { .. } => 8,
         OpOutcome::Moving => 9,
+        OpOutcome::Refused(Refusal::StaleIncarnation) => 10,
     }
 }
 
-/// Append a reply: the node's map `version`, then one entry per outcome.
-pub fn encode_outcomes(version: u64, outcomes: &[OpOutcome], out: &mut Vec<u8>) {
+/// Append a reply: the node's map `version` and service `epoch`, then one entry per
+/// outcome.
+pub fn encode_outcomes(version: u64, epoch: u64, outcomes: &[OpOutcome], out: &mut Vec<u8>) {
     out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
     for o in outcomes {
         out.push(status(o));
         out.extend_from_slice(&[0; 7]);
     }
 }
 
-/// Decode a reply to a request of `want` entries: the node's map version and the
-/// outcomes.
+/// Decode a reply to a request of `want` entries: the node's map version, its service
+/// epoch and the outcomes.
 ///
 /// Errors: [`TableWireError::BadLength`], [`TableWireError::Count`],
 /// [`TableWireError::CountMismatch`], [`TableWireError::BadStatus`].
-pub fn decode_outcomes(buf: &[u8], want: usize) -> Result<(u64, Vec<OpOutcome>), TableWireError> {
+pub fn decode_outcomes(
+    buf: &[u8],
+    want: usize,
+) -> Result<(u64, u64, Vec<OpOutcome>), TableWireError> {
     if buf.len() < REPLY_HEADER_BYTES {
         return Err(TableWireError::BadLength {
             len: buf.len(),
@@ -231,6 +261,7 @@ pub fn decode_outcomes(buf: &[u8], want: usize) -> Result<(u64, Vec<OpOutcome>),
         });
     }
     let version = u64_at(buf, 0);
+    let epoch = u64_at(buf, 8);
     let body = &buf[REPLY_HEADER_BYTES..];
     let n = entries(body.len(), OUTCOME_BYTES)?;
     if n != want {
@@ -251,11 +282,12 @@ pub fn decode_outcomes(buf: &[u8], want: usize) -> Result<(u64, Vec<OpOutcome>),
                 7 => OpOutcome::Refused(Refusal::NoUpgrade),
                 8 => OpOutcome::WrongShard { version },
                 9 => OpOutcome::Moving,
+                10 => OpOutcome::Refused(Refusal::StaleIncarnation),
                 byte => return Err(TableWireError::BadStatus { index, byte }),
             })
         })
         .collect::<Result<_, _>>()?;
-    Ok((version, outs))
+    Ok((version, epoch, outs))
 }
 
 /// A drain control request ([`TABLE_DRAIN_HANDLER`]).
@@ -327,15 +359,17 @@ mod tests {
         })
         .collect();
         let mut buf = Vec::new();
-        encode_ops(&ops, &mut buf).unwrap();
-        assert_eq!(buf.len(), 72);
-        assert_eq!(buf[0], 0x08, "little endian");
-        assert_eq!((buf[20], buf[44], buf[68]), (0, 1, 2));
+        encode_ops(&ops, 0x0a0b, &mut buf).unwrap();
+        assert_eq!(buf.len(), 80);
+        assert_eq!(&buf[..8], &0x0a0bu64.to_le_bytes(), "incarnation");
+        let e = &buf[OPS_HEADER_BYTES..];
+        assert_eq!(e[0], 0x08, "little endian");
+        assert_eq!((e[20], e[44], e[68]), (0, 1, 2));
         let mut back = Vec::new();
-        decode_ops(&buf, &mut back).unwrap();
+        assert_eq!(decode_ops(&buf, &mut back), Ok(0x0a0b));
         assert_eq!(back, ops);
         let mut bad = buf.clone();
-        bad[20] = 3;
+        bad[OPS_HEADER_BYTES + 20] = 3;
         assert_eq!(
             decode_ops(&bad, &mut back),
             Err(TableWireError::BadOp { index: 0, byte: 3 })
@@ -343,8 +377,7 @@ mod tests {
         assert!(decode_ops(&buf[..23], &mut back).is_err());
         assert!(decode_ops(&[], &mut back).is_err());
         let many = vec![ops[0]; MAX_OPS + 1];
-        assert!(encode_ops(&many, &mut Vec::new()).is_err());
-        assert_eq!(MAX_OPS * OP_BYTES, 480);
+        assert!(encode_ops(&many, 1, &mut Vec::new()).is_err());
 
         let outs = [
             OpOutcome::Granted,
@@ -357,20 +390,24 @@ mod tests {
             OpOutcome::Refused(Refusal::NoUpgrade),
             OpOutcome::WrongShard { version: 5 },
             OpOutcome::Moving,
+            OpOutcome::Refused(Refusal::StaleIncarnation),
         ];
         let mut r = Vec::new();
-        encode_outcomes(5, &outs, &mut r);
-        assert_eq!(decode_outcomes(&r, outs.len()).unwrap(), (5, outs.to_vec()));
+        encode_outcomes(5, 6, &outs, &mut r);
+        assert_eq!(
+            decode_outcomes(&r, outs.len()).unwrap(),
+            (5, 6, outs.to_vec())
+        );
         assert!(matches!(
             decode_outcomes(&r, 3),
-            Err(TableWireError::CountMismatch { got: 10, want: 3 })
+            Err(TableWireError::CountMismatch { got: 11, want: 3 })
         ));
-        r[8] = 10;
+        r[REPLY_HEADER_BYTES] = 11;
         assert!(matches!(
-            decode_outcomes(&r, 10),
-            Err(TableWireError::BadStatus { index: 0, byte: 10 })
+            decode_outcomes(&r, 11),
+            Err(TableWireError::BadStatus { index: 0, byte: 11 })
         ));
-        assert!(decode_outcomes(&r[..7], 1).is_err());
+        assert!(decode_outcomes(&r[..REPLY_HEADER_BYTES - 1], 1).is_err());
 
         for d in [
             DrainReq::Begin { start: 3, end: 9 },

@@ -3,8 +3,12 @@
 //! back unchanged.
 
 use lockd::client::{LockRequest, Mode};
+use lockd::owners::Owner;
 use lockd::takeout::{LockReply, RefuseReason};
-use lockd::wire::{decode_reply, decode_request, encode_reply_entry, encode_request, MAX_ENTRIES};
+use lockd::wire::{
+    decode_abandon, decode_release_node, decode_reply, decode_request, encode_reply_entry,
+    encode_request, RequestHeader, MAX_ENTRIES,
+};
 use proptest::prelude::*;
 
 proptest! {
@@ -17,6 +21,10 @@ proptest! {
         if decode_request(&bytes, n_locks, &mut out).is_ok() {
             prop_assert!(!out.is_empty() && out.len() <= MAX_ENTRIES);
             prop_assert!(out.iter().all(|r| r.id < n_locks));
+        }
+        let _ = decode_release_node(&bytes);
+        if let Ok(a) = decode_abandon(&bytes) {
+            prop_assert!(!a.ids.is_empty() && a.ids.len() <= MAX_ENTRIES);
         }
         if let Ok(r) = decode_reply(&bytes, want) {
             prop_assert_eq!(r.len(), want);
@@ -33,9 +41,10 @@ proptest! {
             .map(|&id| LockRequest { id, ts, mode: if hot { Mode::Hot } else { Mode::Cold } })
             .collect();
         let mut buf = Vec::new();
-        encode_request(&reqs, node, &mut buf).unwrap();
+        let hdr = RequestHeader { owner: Owner { node, incarnation: ts ^ 1 }, seq: ts / 3, epoch: ts / 5 };
+        encode_request(&reqs, &hdr, &mut buf).unwrap();
         let mut back = Vec::new();
-        prop_assert_eq!(decode_request(&buf, 500, &mut back), Ok(node));
+        prop_assert_eq!(decode_request(&buf, 500, &mut back), Ok(hdr));
         prop_assert_eq!(&back, &reqs);
 
         let replies: Vec<LockReply> = words

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use lockd::client::{LockClient, LockError, LockRequest, Mode, Ticket};
 use lockd::lock_table::{LockMode, LockTable as SlotTable, Refusal};
+use lockd::owners::Owner;
 use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::shard::{LockKey, Ownership, ShardMap};
 use lockd::table_service::{TableClient, TableClientConfig, TableService, TABLE_EXPORT};
@@ -81,10 +82,7 @@ fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
             .unwrap()
     });
     assert_eq!(mine.number(), 2);
-    assert_eq!(
-        table.ticket_owners(LOCK),
-        vec![(0, 201), (1, 202), (2, SURVIVOR)]
-    );
+    assert_eq!(nodes(&table, LOCK), vec![(0, 201), (1, 202), (2, SURVIVOR)]);
 
     holder.kill();
     waiter.kill();
@@ -98,16 +96,24 @@ fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
             .unwrap_err();
         assert!(matches!(e, LockError::WaitTimeout { upper: 0, .. }), "{e}");
         // Asking for a node with no tickets passes nothing on.
-        assert_eq!(l.release_node(&c, 999).await.unwrap(), 0);
+        assert_eq!(l.release_node(&c, child_owner(999)).await.unwrap(), 0);
         // The waiter first: its release waits for the holder's, released alongside.
-        let (a, b) = futures_join(l.release_node(&c, 202), l.release_node(&c, 201)).await;
+        let (a, b) = futures_join(
+            l.release_node(&c, child_owner(202)),
+            l.release_node(&c, child_owner(201)),
+        )
+        .await;
         let passed = (a.unwrap(), b.unwrap());
         mine.wait(Instant::now() + Duration::from_secs(20))
             .await
             .expect("the survivor gets the lock");
         assert!(mine.is_served());
-        assert_eq!(tbl.ticket_owners(LOCK), vec![(2, SURVIVOR)]);
-        assert_eq!(l.release_node(&c, 201).await.unwrap(), 0, "taken once");
+        assert_eq!(nodes(&tbl, LOCK), vec![(2, SURVIVOR)]);
+        assert_eq!(
+            l.release_node(&c, child_owner(201)).await.unwrap(),
+            0,
+            "taken once"
+        );
         (mine, passed)
     });
     assert_eq!(passed, (1, 1));
@@ -119,6 +125,23 @@ fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
     assert_eq!(table.words(LOCK).0, 3);
     assert_eq!(table.words(LOCK).1, 3, "every ticket passed exactly once");
     assert_eq!(table.ticket_owners(LOCK), vec![]);
+}
+
+/// A child process's owner identity (children declare [`common::CHILD_INCARNATION`]).
+fn child_owner(node: u32) -> Owner {
+    Owner {
+        node,
+        incarnation: common::CHILD_INCARNATION,
+    }
+}
+
+/// Lock `id`'s recorded tickets with the nodes that took them.
+fn nodes(table: &LockTable, id: u64) -> Vec<(u64, u32)> {
+    table
+        .ticket_owners(id)
+        .into_iter()
+        .map(|(t, o)| (t, o.node))
+        .collect()
 }
 
 /// Await two futures concurrently on the current coroutine.
@@ -191,8 +214,12 @@ fn lock_table_locks_of_a_killed_client_are_released() {
             ],
             "the dead client's locks are still held"
         );
-        assert_eq!(tc.release_node(&c, 203).await.unwrap(), 2);
-        assert_eq!(tc.release_node(&c, 203).await.unwrap(), 0, "idempotent");
+        assert_eq!(tc.release_node(&c, child_owner(203)).await.unwrap(), 2);
+        assert_eq!(
+            tc.release_node(&c, child_owner(203)).await.unwrap(),
+            0,
+            "idempotent"
+        );
         let o = tc.execute(&c, &want).await.unwrap();
         assert_eq!(o, [OpOutcome::Granted, OpOutcome::Granted]);
     });

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lockd::lock_table::{LockMode, LockTable, Refusal};
 use lockd::shard::{LockKey, Move, MoveState, Ownership, ShardMap};
 use lockd::table_service::{
-    fetch_map, run_move, TableClient, TableClientConfig, TableService, TABLE_EXPORT,
+    fetch_map, run_move, TableClient, TableClientConfig, TableError, TableService, TABLE_EXPORT,
 };
 use lockd::table_wire::{OpKind, OpOutcome, TableOp, TABLE_OPS_HANDLER};
 use rrpc::fabric::shm::ClusterGuard;
@@ -162,8 +162,8 @@ fn batched_ops_across_two_nodes_are_idempotent() {
             .unwrap()
             .iter()
             .all(|&x| x == OpOutcome::Granted));
-        assert_eq!(tc.release_node(&c, 55).await.unwrap(), 60);
-        assert_eq!(tc.release_node(&c, 55).await.unwrap(), 0);
+        assert_eq!(tc.release_node(&c, me(55)).await.unwrap(), 60);
+        assert_eq!(tc.release_node(&c, me(55)).await.unwrap(), 0);
         let o = tc.execute(&c, &lock).await.unwrap();
         assert!(o.iter().all(|&x| x == OpOutcome::Granted), "free again");
         tc.execute(&c, &unlock).await.unwrap();
@@ -309,7 +309,7 @@ fn embedded_service_and_remote_node_in_one_batch() {
             tc.execute(&c, &ops).await.unwrap(),
             [OpOutcome::Granted, OpOutcome::Granted]
         );
-        assert_eq!(tc.release_node(&c, CLIENT).await.unwrap(), 2);
+        assert_eq!(tc.release_node(&c, me(CLIENT)).await.unwrap(), 2);
     });
     assert_eq!(local.table().slots_in_use(), 0);
     assert_eq!(s2.table().slots_in_use(), 0);
@@ -395,7 +395,7 @@ fn two_lockd_processes_serve_their_shards() {
         assert!(o.iter().all(|&x| x == OpOutcome::Granted), "{o:?}");
         let o = tc.execute(&c, &[op(key(0, 0), 2, W)]).await.unwrap();
         assert_eq!(o, [OpOutcome::Refused(Refusal::Conflict)]);
-        assert_eq!(tc.release_node(&c, CLIENT).await.unwrap(), 40);
+        assert_eq!(tc.release_node(&c, me(CLIENT)).await.unwrap(), 40);
         let o = tc
             .execute(&c, &[op(key(0, 0), 2, W), op(key(0, 0), 2, U)])
             .await
@@ -620,4 +620,166 @@ fn a_lockd_process_runs_the_resharding_loop() {
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// Node `node` as this process's clients declare it.
+fn me(node: u32) -> lockd::owners::Owner {
+    lockd::owners::Owner {
+        node,
+        incarnation: lockd::owners::process_incarnation(),
+    }
+}
+
+/// Node 100 restarted under the same id (incarnation 2) and locked a key with the same
+/// transaction id as its dead predecessor (incarnation 1), whose lock is still held. The
+/// predecessor is refused from then on, to lock or unlock; a late `release_node` of the
+/// predecessor releases only its lock, and the live incarnation's stays. (Before, holders
+/// named the node only: the release took the live lock too.)
+#[test]
+fn release_node_of_a_dead_incarnation_leaves_the_restarted_nodes_locks() {
+    let cl = cluster("inc");
+    let map = ShardMap::uniform(&[1]).unwrap();
+    let (svc, n1) = start(&cl, 1, &map);
+    let ctx = ctx(&cl, &[n1.addr()]);
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let client = |incarnation| {
+            let c = c.clone();
+            async move {
+                let cfg = TableClientConfig {
+                    incarnation,
+                    ..TableClientConfig::default()
+                };
+                TableClient::connect(&c, &[1], None, cfg).await.unwrap()
+            }
+        };
+        let (old, new) = (client(1).await, client(2).await);
+        assert_eq!(
+            old.execute(&c, &[op(key(5, 1), 7, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        assert_eq!(
+            new.execute(&c, &[op(key(5, 2), 7, W)]).await.unwrap(),
+            [OpOutcome::Granted]
+        );
+        let stale = OpOutcome::Refused(Refusal::StaleIncarnation);
+        assert_eq!(
+            old.execute(&c, &[op(key(5, 3), 8, W), op(key(5, 1), 7, U)])
+                .await
+                .unwrap(),
+            [stale, stale]
+        );
+        let dead = lockd::owners::Owner {
+            node: CLIENT,
+            incarnation: 1,
+        };
+        assert_eq!(new.release_node(&c, dead).await.unwrap(), 1);
+        assert_eq!(new.release_node(&c, dead).await.unwrap(), 0, "idempotent");
+    });
+    assert_eq!(svc.table().holders(key(5, 1).0), []);
+    let live = svc.table().holders(key(5, 2).0);
+    assert_eq!(live.len(), 1, "the live incarnation's lock stays");
+    assert_eq!(live[0].incarnation, 2);
+    assert_eq!(svc.table().holders(key(5, 3).0), []);
+}
+
+/// A lock-table request whose operations name another node than the caller the RPC
+/// layer names is refused, and nothing runs.
+#[test]
+fn ops_naming_another_node_than_the_caller_are_refused() {
+    let svc = TableService::new(
+        Arc::new(LockTable::with_bytes(1 << 16)),
+        Ownership::new(1, ShardMap::uniform(&[1]).unwrap()),
+    );
+    let mut req = Vec::new();
+    lockd::table_wire::encode_ops(&[op(key(5, 1), 7, W)], 1, &mut req).unwrap();
+    let caller = lockd::owners::Owner {
+        node: CLIENT + 1,
+        incarnation: 1,
+    };
+    assert!(svc.handle_ops_from(caller, &req, &mut Vec::new()).is_err());
+    assert_eq!(svc.table().slots_in_use(), 0);
+    let caller = lockd::owners::Owner {
+        node: CLIENT,
+        incarnation: 3,
+    };
+    svc.handle_ops_from(caller, &req, &mut Vec::new()).unwrap();
+    assert_eq!(
+        svc.table().holders(key(5, 1).0)[0].incarnation,
+        3,
+        "the caller's wins"
+    );
+}
+
+/// A lock-table node restarts (a new service, a new epoch): the client's next call
+/// there fails with `TableError::Restarted`, since the locks it took before are gone, and
+/// the call after goes on in the new epoch.
+#[test]
+fn a_restarted_table_node_is_reported_and_its_old_locks_are_not_assumed_held() {
+    let cl = cluster("restart");
+    let map = ShardMap::uniform(&[1]).unwrap();
+    let start = |epoch| {
+        let fabric = cl.open(NodeId(1)).unwrap();
+        let svc = Arc::new(
+            TableService::new(
+                Arc::new(LockTable::with_bytes(1 << 16)),
+                Ownership::new(1, map.clone()),
+            )
+            .with_epoch(epoch),
+        );
+        let mut exports = BTreeMap::new();
+        exports.insert(TABLE_EXPORT.to_string(), svc.export());
+        let node = lockd_node(fabric, exports, svc.handlers(), 1);
+        (svc, node)
+    };
+    let (old, n1) = start(1);
+    let ctx = ctx(&cl, &[n1.addr()]);
+    let c = ctx.clone();
+    let tc = Rc::new(block_on(&ctx, async move {
+        TableClient::connect(&c, &[1], None, TableClientConfig::default())
+            .await
+            .unwrap()
+    }));
+    let (c, t) = (ctx.clone(), tc.clone());
+    let o = block_on(&ctx, async move {
+        t.execute(&c, &[op(key(5, 1), 7, W)]).await.unwrap()
+    });
+    assert_eq!(o, [OpOutcome::Granted]);
+    drop(n1);
+    drop(old);
+    // The thread finds the old node gone.
+    let (c, t) = (ctx.clone(), tc.clone());
+    let gone = block_on(
+        &ctx,
+        async move { t.execute(&c, &[op(key(5, 2), 7, W)]).await },
+    );
+    assert!(matches!(gone, Err(TableError::Rpc { .. })), "{gone:?}");
+    let (new, n1) = start(2);
+    ctx.reconnect(n1.addr()).unwrap();
+    ctx.connect_rpc(n1.addr()).unwrap();
+    let (c, t) = (ctx.clone(), tc.clone());
+    let e = block_on(&ctx, async move {
+        t.execute(&c, &[op(key(5, 2), 7, W)]).await.unwrap_err()
+    });
+    assert!(
+        matches!(
+            e,
+            TableError::Restarted {
+                node: 1,
+                was: 1,
+                now: 2
+            }
+        ),
+        "{e}"
+    );
+    let (c, t) = (ctx.clone(), tc.clone());
+    let o = block_on(&ctx, async move {
+        t.execute(&c, &[op(key(5, 3), 8, W)]).await.unwrap()
+    });
+    assert_eq!(o, [OpOutcome::Granted]);
+    assert_eq!(
+        new.table().holders(key(5, 1).0),
+        [],
+        "the new table never held it"
+    );
 }

@@ -29,7 +29,8 @@
 //!
 //! **Limits.** The epoch file must survive (a lost or rolled-back state directory breaks
 //! the guarantee: point `--state-dir` at durable storage, not tmpfs); two oracles must not
-//! share a state directory at the same time; a client holding an old export must
+//! share a state directory at the same time, which [`StateDir`] enforces with an
+//! exclusive `flock` on [`LOCK_FILE`] held for the oracle's lifetime; a client holding an old export must
 //! reconnect; an incarnation serves at most `2^48 - 1` timestamps (then clients refuse
 //! and the oracle must be restarted to open a new epoch); at most 65 535 starts per state
 //! directory ([`EpochError::Exhausted`]), after which the oracle refuses to start.
@@ -43,7 +44,11 @@ use crate::timestamp::MAX_EPOCH;
 /// Name of the epoch file inside the state directory (decimal epoch and a newline).
 pub const EPOCH_FILE: &str = "epoch";
 
-/// Errors of [`advance`].
+/// Name of the lock file inside the state directory: [`StateDir::open`] holds an
+/// exclusive `flock` on it for the oracle's lifetime and writes its pid into it.
+pub const LOCK_FILE: &str = "lock";
+
+/// Errors of [`advance`] and [`StateDir::open`].
 #[derive(Debug, thiserror::Error)]
 pub enum EpochError {
     /// The state directory could not be created.
@@ -79,6 +84,26 @@ pub enum EpochError {
     Exhausted {
         /// The file.
         path: PathBuf,
+    },
+    /// The lock file could not be opened or locked for a reason other than another
+    /// holder.
+    #[error("locking the TSO state directory {path}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Another process (or another [`StateDir`] of this one) holds the state directory:
+    /// two oracles on one directory would hand out the same epoch.
+    #[error("the TSO state directory {} is in use by another oracle ({})", .dir.display(),
+        .holder.map_or_else(|| "pid unknown".to_string(), |p| format!("pid {p}")))]
+    InUse {
+        /// The state directory.
+        dir: PathBuf,
+        /// The holder's pid, as it wrote it into [`LOCK_FILE`] (if readable).
+        holder: Option<u32>,
     },
     /// Writing or syncing the new epoch failed; the oracle must not serve.
     #[error("persisting the TSO epoch to {path}")]
@@ -144,6 +169,79 @@ pub fn advance(dir: &Path) -> Result<u16, EpochError> {
     Ok(next)
 }
 
+/// A state directory held by this oracle: an exclusive, non-blocking `flock` on
+/// [`LOCK_FILE`] that lasts until the value is dropped (or the process dies, when the
+/// kernel drops it), so that a second oracle on the same directory fails at start
+/// instead of opening the same epoch (the limit in the module docs).
+#[derive(Debug)]
+pub struct StateDir {
+    dir: PathBuf,
+    /// The locked file; closing it releases the lock.
+    _lock: File,
+}
+
+impl StateDir {
+    /// Create `dir` if missing, take the exclusive lock on its [`LOCK_FILE`] and write
+    /// this process's pid into it.
+    ///
+    /// Errors: [`EpochError::CreateDir`]; [`EpochError::InUse`] when another holder has
+    /// the lock (naming its pid if the file says it); [`EpochError::Lock`] for other
+    /// failures to open, lock or write the file.
+    pub fn open(dir: &Path) -> Result<Self, EpochError> {
+        use std::os::fd::AsRawFd as _;
+        fs::create_dir_all(dir).map_err(|source| EpochError::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(LOCK_FILE);
+        let lock_err = |source| EpochError::Lock {
+            path: path.clone(),
+            source,
+        };
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(lock_err)?;
+        // SAFETY: `f` owns an open descriptor for the duration of the call; flock takes
+        // no pointers.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let holder = fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok());
+                return Err(EpochError::InUse {
+                    dir: dir.to_path_buf(),
+                    holder,
+                });
+            }
+            return Err(lock_err(e));
+        }
+        f.set_len(0).map_err(lock_err)?;
+        writeln!(f, "{}", std::process::id()).map_err(lock_err)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            _lock: f,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// [`advance`] in the held directory.
+    ///
+    /// Errors: as [`advance`].
+    pub fn advance(&self) -> Result<u16, EpochError> {
+        advance(&self.dir)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +273,31 @@ mod tests {
         assert!(matches!(advance(&d), Err(EpochError::Parse { .. })));
         fs::write(d.join(EPOCH_FILE), "").unwrap();
         assert!(matches!(advance(&d), Err(EpochError::Parse { .. })));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_second_holder_of_a_state_dir_is_refused_with_the_first_ones_pid() {
+        let d = scratch("lock");
+        let first = StateDir::open(&d).unwrap();
+        assert_eq!(first.advance().unwrap(), 1);
+        match StateDir::open(&d) {
+            Err(EpochError::InUse { dir, holder }) => {
+                assert_eq!(dir, d);
+                assert_eq!(holder, Some(std::process::id()));
+                let msg = EpochError::InUse { dir, holder }.to_string();
+                assert!(msg.contains(&d.display().to_string()), "{msg}");
+                assert!(
+                    msg.contains(&format!("pid {}", std::process::id())),
+                    "{msg}"
+                );
+            }
+            other => panic!("a second oracle got the directory: {other:?}"),
+        }
+        drop(first);
+        let again = StateDir::open(&d).expect("free once the first is gone");
+        assert_eq!(again.advance().unwrap(), 2);
+        drop(again);
         fs::remove_dir_all(&d).unwrap();
     }
 }

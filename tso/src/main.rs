@@ -78,9 +78,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let cfg = Config::load(&cli)?;
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
     let fabric = cli.node.open_fabric().context("opening the fabric")?;
-    let epoch = match &cfg.state_dir {
-        Some(dir) => epoch::advance(dir)
-            .with_context(|| format!("opening a new epoch in {}", dir.display()))?,
+    // Held until the oracle exits: a second oracle on the same directory fails here.
+    let state = cfg
+        .state_dir
+        .as_deref()
+        .map(epoch::StateDir::open)
+        .transpose()?;
+    let epoch = match &state {
+        Some(dir) => dir
+            .advance()
+            .with_context(|| format!("opening a new epoch in {}", dir.path().display()))?,
         None => {
             tracing::warn!(
                 "no --state-dir: epoch 0, timestamps go back to 1 if this oracle restarts"

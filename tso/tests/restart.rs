@@ -116,3 +116,39 @@ fn sigkilled_oracle_restarts_above_every_timestamp_it_handed_out() {
     assert!(after.iter().all(|t| t.epoch() == 2));
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// Two oracles on one state directory would open the same epoch: the second `tso` fails
+/// at start, naming the directory and the first one's pid, and the epoch file is left
+/// as the first wrote it.
+#[test]
+fn a_second_oracle_on_the_same_state_directory_fails_at_start() {
+    let name = format!("tso-test-{}-twostate", std::process::id());
+    let (cluster, _) = ClusterGuard::new(&name).unwrap();
+    let state = std::env::temp_dir().join(format!("tso-two-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let (first, e1, _addr) = start(cluster.name(), &state);
+    assert_eq!(e1, 1);
+    let out = std::env::temp_dir().join(format!("tso-two-state-{}.err", std::process::id()));
+    let mut second = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_tso"))
+            .args(["--cluster", cluster.name(), "--node", "4", "--state-dir"])
+            .arg(&state)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&out).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let st = common::wait(&mut second, 30);
+    assert!(!st.success(), "the second oracle started");
+    let err = std::fs::read_to_string(&out).unwrap();
+    assert!(err.contains(&state.display().to_string()), "{err}");
+    assert!(err.contains(&format!("pid {}", first.0.id())), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(state.join("epoch")).unwrap(),
+        "1\n",
+        "the second oracle opened no epoch"
+    );
+    drop(first);
+    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_dir_all(&state);
+}

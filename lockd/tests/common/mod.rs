@@ -50,6 +50,8 @@ use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
 
 /// The Takeout lock a `takeout` child takes a ticket on.
 pub const CHILD_LOCK: u64 = 3;
+/// The incarnation every child declares (unless `LOCKD_CHILD_INCARNATION` says another).
+pub const CHILD_INCARNATION: u64 = 1;
 /// The shard of the lock-table keys a `table` child locks.
 pub const CHILD_SHARD: u64 = 7;
 
@@ -175,7 +177,10 @@ pub fn child_main() {
     let mut line = String::new();
     match role.as_str() {
         "takeout" => {
-            let lc = LockClient::from_info(&info).unwrap();
+            let mut lc = LockClient::from_info(&info).unwrap();
+            let inc = std::env::var("LOCKD_CHILD_INCARNATION")
+                .map_or(CHILD_INCARNATION, |v| v.parse().unwrap());
+            lc.set_incarnation(inc);
             let t = block_on(&ctx, async move {
                 let req = LockRequest {
                     id: CHILD_LOCK,
@@ -196,14 +201,14 @@ pub fn child_main() {
         "table" => {
             let c2 = c.clone();
             let tc = block_on(&ctx, async move {
-                let tc = TableClient::connect(
-                    &c2,
-                    &[info.node.get()],
-                    None,
-                    TableClientConfig::default(),
-                )
-                .await
-                .unwrap();
+                let cfg = TableClientConfig {
+                    incarnation: std::env::var("LOCKD_CHILD_INCARNATION")
+                        .map_or(CHILD_INCARNATION, |v| v.parse().unwrap()),
+                    ..TableClientConfig::default()
+                };
+                let tc = TableClient::connect(&c2, &[info.node.get()], None, cfg)
+                    .await
+                    .unwrap();
                 let ops = [
                     table_op(CHILD_SHARD, 1, 1, node, OpKind::Lock(LockMode::Write)),
                     table_op(CHILD_SHARD, 2, 1, node, OpKind::Lock(LockMode::Read)),
