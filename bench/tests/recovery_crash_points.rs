@@ -30,7 +30,6 @@ use txn::coordinator::{
 use txn::cvt_remote::{MemnodeExport, EXPORT_KEY};
 use txn::fault::{CrashAction, CrashPoint, RecoveryBug};
 use txn::smallbank::SAVINGS;
-use txn::txn_id::Owner;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -132,17 +131,18 @@ fn client_on(
     node: u32,
     inc: u64,
 ) -> Rc<TxnClient> {
-    {
-        let ctx = ThreadCtx::new(fabric(name, node), RuntimeConfig::default()).unwrap();
-        let cfg = TxnConfig {
-            protocol,
-            commit_log: true,
-            incarnation: inc,
-            lock_wait: Duration::from_millis(300),
-            ..TxnConfig::default()
-        };
-        Rc::new(TxnClient::connect(ctx, addrs, cfg).unwrap())
-    }
+    // The node's life as the membership service would name it: the fabric's
+    // incarnation, which the transaction ids and the lock service's tickets carry.
+    let mut fcfg = FabricConfig::new(FabricKind::Shm, name, NodeId(node));
+    fcfg.incarnation = inc;
+    let ctx = ThreadCtx::new(Fabric::open(&fcfg).unwrap(), RuntimeConfig::default()).unwrap();
+    let cfg = TxnConfig {
+        protocol,
+        commit_log: true,
+        lock_wait: Duration::from_millis(300),
+        ..TxnConfig::default()
+    };
+    Rc::new(TxnClient::connect(ctx, addrs, cfg).unwrap())
 }
 
 fn val(v: u64) -> Vec<u8> {
@@ -189,13 +189,13 @@ async fn group_values(c: &TxnClient) -> Vec<u64> {
 /// it freezes at `point`, on a thread of its own that then parks for good: the frozen
 /// coordinator is never polled again and nothing of it is dropped (a destructor would
 /// release what it holds, which a killed node's cannot).
-fn die_at(cl: &Cluster, protocol: Protocol, point: CrashPoint, new: u64) -> Owner {
+fn die_at(cl: &Cluster, protocol: Protocol, point: CrashPoint, new: u64) -> (u32, u64) {
     txn::fault::crash_at(Some((point, 1, CrashAction::Freeze)));
     let (addrs, name) = (cl.addrs.clone(), cl.guard.name().to_string());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let dying = client_on(&addrs, &name, protocol, 30, 1);
-        let owner = dying.owner();
+        let owner = (30, 1);
         let ctx = dying.ctx().clone();
         let d = dying.clone();
         ctx.spawn(async move {
@@ -262,7 +262,7 @@ fn crash_and_recover(
                 write_group(&l, &GROUP[..1], 100 + i).await.unwrap();
             }
         }
-        let rep = l.recover(dead).await.unwrap();
+        let rep = l.recover(dead.0, dead.1).await.unwrap();
         println!("{name}: recovery: {}", rep.summary());
         let values = group_values(&l).await;
         let mut locked_words = 0;

@@ -690,36 +690,48 @@ impl LockTable {
     /// Register this table's handlers on `h` (to serve it beside other services), the
     /// Lock RPC served in `order`.
     ///
-    /// The one place where the service learns who called: the handler bodies take the
-    /// caller as a parameter (`*_from`); until the RPC layer passes it, the caller is the
-    /// one each payload declares (the bodies without `_from`).
-    // TODO(merge): register_with_caller (and register_sorted_with_caller), passing the
-    // caller's (node, incarnation) to handle_from, handle_release_node_from and
-    // handle_abandon_from.
+    /// The one place where the service learns who called: the RPC layer names the
+    /// caller the connection authenticated at setup (its node and incarnation), and the
+    /// handler bodies (`*_from`) own tickets by it, never by what a payload declares.
     pub fn register(self: &Arc<Self>, h: &mut rrpc::server::Handlers, order: LockOrder) {
         let me = self.clone();
         match order {
             LockOrder::Arrival => {
-                h.register(LOCK_HANDLER, move |req, out| me.handle(req, out));
+                h.register_with_caller(LOCK_HANDLER, move |c, req, out| {
+                    me.handle_from(caller_owner(c), req, out)
+                });
             }
             LockOrder::Timestamp => {
-                h.register_sorted(LOCK_HANDLER, sort_key, move |batch, results| {
+                h.register_sorted_with_caller(LOCK_HANDLER, sort_key, move |batch, results| {
                     for r in batch {
                         let mut out = Vec::with_capacity(
                             r.payload.len() / crate::wire::REQ_ENTRY_BYTES
                                 * crate::wire::REPLY_ENTRY_BYTES,
                         );
-                        results.push(me.handle(r.payload, &mut out).map(|()| out));
+                        results.push(
+                            me.handle_from(caller_owner(r.caller), r.payload, &mut out)
+                                .map(|()| out),
+                        );
                     }
                 });
             }
         }
         let me = self.clone();
-        h.register(RELEASE_NODE_HANDLER, move |req, out| {
-            me.handle_release_node(req, out)
+        h.register_with_caller(RELEASE_NODE_HANDLER, move |c, req, out| {
+            me.handle_release_node_from(caller_owner(c), req, out)
         });
         let me = self.clone();
-        h.register(ABANDON_HANDLER, move |req, out| me.handle_abandon(req, out));
+        h.register_with_caller(ABANDON_HANDLER, move |c, req, out| {
+            me.handle_abandon_from(caller_owner(c), req, out)
+        });
+    }
+}
+
+/// The owner the RPC layer authenticated for a call.
+pub(crate) fn caller_owner(c: rrpc::server::Caller) -> Owner {
+    Owner {
+        node: c.node.get(),
+        incarnation: c.incarnation,
     }
 }
 

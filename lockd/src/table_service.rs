@@ -265,12 +265,13 @@ impl TableService {
     }
 
     /// Register this service's handlers ([`TABLE_OPS_HANDLER`] and the control ones) on
-    /// `h`. The caller of [`TABLE_OPS_HANDLER`] is the one the request declares until the
-    /// RPC layer names it.
-    // TODO(merge): register_with_caller for TABLE_OPS_HANDLER (handle_ops_from).
+    /// `h`. The caller of [`TABLE_OPS_HANDLER`] is the one the RPC layer authenticated
+    /// for the connection, not what the request declares.
     pub fn register(self: &Arc<Self>, h: &mut rrpc::server::Handlers) {
         let me = self.clone();
-        h.register(TABLE_OPS_HANDLER, move |req, out| me.handle_ops(req, out));
+        h.register_with_caller(TABLE_OPS_HANDLER, move |c, req, out| {
+            me.handle_ops_from(crate::service::caller_owner(c), req, out)
+        });
         let me = self.clone();
         h.register(TABLE_MAP_HANDLER, move |_req, out| {
             me.map().encode(out);

@@ -14,7 +14,7 @@ use etcd_client::{
     TxnOp, TxnOpResponse, WatchOptions,
 };
 
-use crate::member::ttl_secs;
+use crate::types::ttl_secs;
 use crate::types::{Claimant, Keys};
 use crate::{Event, MemberError, MemberInfo, MemberOptions, Role};
 

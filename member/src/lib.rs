@@ -114,5 +114,5 @@ mod types;
 pub use crossbeam_channel::Receiver;
 pub use error::{EtcdError, MemberError};
 pub use local::LocalEtcd;
-pub use member::{Member, MemberOptions};
-pub use types::{Event, MemberInfo, Role};
+pub use member::Member;
+pub use types::{Event, MemberInfo, MemberOptions, Role};

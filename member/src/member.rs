@@ -9,30 +9,8 @@ use crate::etcd_imp::Inner;
 #[cfg(not(feature = "etcd"))]
 use crate::stub_imp::Inner;
 use crate::types::Keys;
+use crate::types::MemberOptions;
 use crate::{Event, MemberError, MemberInfo, Role};
-
-/// Options of [`Member::join_with`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberOptions {
-    /// The longest any one operation (one call of this API, which may be a few etcd calls)
-    /// waits for etcd before it returns [`MemberError::Timeout`]. Default 2 s.
-    pub op_timeout: Duration,
-}
-
-impl Default for MemberOptions {
-    fn default() -> Self {
-        Self {
-            op_timeout: Duration::from_secs(2),
-        }
-    }
-}
-
-/// Whole seconds, rounded up, at least 1 (etcd's unit and minimum).
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // Used by the etcd implementation.
-pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
-    let s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    i64::try_from(s.max(1)).unwrap_or(i64::MAX)
-}
 
 /// One incarnation of one node of a cluster, registered in etcd under a lease that a
 /// background thread keeps alive (see the crate docs for the key layout and the semantics).
@@ -273,11 +251,11 @@ mod tests {
 
     #[test]
     fn ttl_rounds_up_to_whole_seconds() {
-        assert_eq!(ttl_secs(Duration::ZERO), 1);
-        assert_eq!(ttl_secs(Duration::from_millis(300)), 1);
-        assert_eq!(ttl_secs(Duration::from_secs(1)), 1);
-        assert_eq!(ttl_secs(Duration::from_millis(1001)), 2);
-        assert_eq!(ttl_secs(Duration::from_secs(5)), 5);
+        assert_eq!(crate::types::ttl_secs(Duration::ZERO), 1);
+        assert_eq!(crate::types::ttl_secs(Duration::from_millis(300)), 1);
+        assert_eq!(crate::types::ttl_secs(Duration::from_secs(1)), 1);
+        assert_eq!(crate::types::ttl_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(crate::types::ttl_secs(Duration::from_secs(5)), 5);
     }
 
     #[cfg(not(feature = "etcd"))]

@@ -1,5 +1,7 @@
 //! Roles, member records, events and the key layout.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::MemberError;
@@ -168,4 +170,27 @@ mod tests {
         let s = serde_json::to_string(&Role::Cnode).unwrap();
         assert_eq!(s, "\"cnode\"");
     }
+}
+
+/// Options of [`crate::Member::join_with`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberOptions {
+    /// The longest any one operation (one call of this API, which may be a few etcd calls)
+    /// waits for etcd before it returns [`MemberError::Timeout`]. Default 2 s.
+    pub op_timeout: Duration,
+}
+
+impl Default for MemberOptions {
+    fn default() -> Self {
+        Self {
+            op_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Whole seconds, rounded up, at least 1 (etcd's unit and minimum).
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // Used by the etcd implementation.
+pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
+    let s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(s.max(1)).unwrap_or(i64::MAX)
 }

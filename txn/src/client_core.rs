@@ -79,7 +79,11 @@ impl ClientCore {
     ) -> Result<Self, TxnError> {
         let store = CvtRemote::connect(ctx.clone(), &addrs.memnodes, cfg.cache_entries)?;
         let conn = TsoConn::connect(ctx.clone(), addrs.tso, cfg.tso_reconnect)?;
-        let owner = Owner::new(ctx.fabric().node().get(), cfg.incarnation);
+        let incarnation = match cfg.incarnation {
+            0 => ctx.fabric().incarnation(),
+            i => i,
+        };
+        let owner = Owner::new(ctx.fabric().node().get(), incarnation);
         let client = (CLIENT_TAGS.fetch_add(1, Ordering::Relaxed) & 0xfff) as u16;
         if cfg.commit_log {
             check_logs(&store, owner, client)?;

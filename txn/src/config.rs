@@ -107,10 +107,11 @@ pub struct TxnConfig {
     /// Measure where each attempt's time goes ([`crate::phase`]) and keep it for
     /// [`crate::coordinator::TxnClient::take_phases`] (default off: no clock reads).
     pub record_phases: bool,
-    /// This compute node's incarnation (from the membership service; 0 by default),
-    /// carried in every transaction id ([`crate::txn_id`]) so that a restarted node
-    /// never reuses its previous life's ids and recovery of that life cannot release
-    /// the new one's locks.
+    /// This compute node's incarnation, carried in every transaction id
+    /// ([`crate::txn_id`], its low 12 bits) so that a restarted node never reuses its
+    /// previous life's ids and recovery of that life cannot release the new one's
+    /// locks. 0 (the default) takes the fabric's ([`rrpc::fabric::Fabric::incarnation`],
+    /// which a compute node sets from the membership service).
     pub incarnation: u64,
     /// Write a commit log ([`crate::commit_log`]) to the memory nodes before each
     /// commit's installs, so that a survivor can finish or undo it if this node dies

@@ -127,7 +127,12 @@ impl TxnClient {
                     "{protocol} needs a lock service address"
                 )))
             }
-            (true, Some(a)) => Some(LockClient::from_info(&ctx.connect_rpc(a)?)?),
+            (true, Some(a)) => {
+                let mut l = LockClient::from_info(&ctx.connect_rpc(a)?)?;
+                // The service owns tickets by the incarnation the connection declared.
+                l.set_incarnation(ctx.fabric().incarnation());
+                Some(l)
+            }
             (false, _) => None,
         };
         let core = ClientCore::connect(ctx, addrs, cfg)?;
@@ -287,14 +292,20 @@ impl TxnClient {
     ///
     /// Errors: [`TxnError::Rpc`] (recovery incomplete: run it again),
     /// [`TxnError::Export`], [`TxnError::Lock`] from the ticket release.
+    ///
+    /// `node` and `incarnation` name the dead life as its fabric did (the incarnation
+    /// the membership service gave it; its transaction ids carry its low bits).
     pub async fn recover(
         &self,
-        dead: crate::txn_id::Owner,
+        node: u32,
+        incarnation: u64,
     ) -> Result<crate::recovery::RecoveryReport, TxnError> {
+        let dead = crate::txn_id::Owner::new(node, incarnation);
         let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;
         if let Some(l) = self.locks() {
             let t0 = std::time::Instant::now();
-            rep.tickets = l.release_node(self.ctx(), u32::from(dead.node)).await? as usize;
+            let owner = lockd::owners::Owner { node, incarnation };
+            rep.tickets = l.release_node(self.ctx(), owner).await? as usize;
             rep.sweep_time += t0.elapsed();
         }
         Ok(rep)
