@@ -7,6 +7,7 @@ pub mod breakdown;
 pub mod config_file;
 pub mod driver;
 pub mod launcher;
+pub mod pairs;
 pub mod peers;
 pub mod plot;
 pub mod report;

@@ -30,7 +30,9 @@ pub struct Args {
     /// (50% reads / 50% updates), ycsb-b (95/5), ycsb-c (reads), ycsb-d (95% reads of
     /// the latest keys / 5% inserts), ycsb-f (50% reads / 50% read-modify-writes), tatp
     /// (seven types, 80% reads, the specification's NURand subscriber ids) or tpcc (five
-    /// types, 45/43/4/4/4, each coordinator bound to a home warehouse). ycsb-e is
+    /// types, 45/43/4/4/4, each coordinator bound to a home warehouse) or pairs (groups
+    /// of --group-size objects: half the transactions write one fresh value to a whole
+    /// group, half read a group and fail the run if its values differ). ycsb-e is
     /// refused: no protocol here offers range scans.
     #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
     pub workload: Workload,
@@ -50,6 +52,13 @@ pub struct Args {
     /// set (0 to 1).
     #[arg(long, default_value_t = 0.9, value_name = "FRACTION")]
     pub hot_fraction: f64,
+    /// pairs: groups of objects (each written whole by one transaction).
+    #[arg(long, default_value_t = 10_000, value_name = "G")]
+    pub groups: u64,
+    /// pairs: objects per group (2 to 64), on different memory nodes when --memnodes
+    /// is at least this.
+    #[arg(long, default_value_t = 3, value_name = "K")]
+    pub group_size: usize,
     /// KVS / YCSB records (keys 0..N loaded).
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     pub records: u64,

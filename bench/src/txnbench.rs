@@ -72,6 +72,7 @@ pub fn workload_spec(args: &Args) -> anyhow::Result<Box<dyn WorkloadSpec>> {
         | Workload::YcsbF => Box::new(crate::ycsb::Ycsb::from_args(args)?),
         Workload::Tatp => Box::new(crate::tatp::Tatp::from_args(args)?),
         Workload::Tpcc => Box::new(crate::tpcc::Tpcc::from_args(args)?),
+        Workload::Pairs => Box::new(crate::pairs::Pairs::from_args(args)?),
     })
 }
 

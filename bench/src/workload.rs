@@ -1,7 +1,8 @@
 //! The workloads of `txn-bench`: the `--workload` flag ([`Workload`]) and the interface
 //! each workload implements in its own file ([`WorkloadSpec`] for what a run does with
 //! it, [`Profiles`] for its transactions): SmallBank ([`crate::smallbank`]), the KVS /
-//! YCSB family ([`crate::ycsb`]), TATP ([`crate::tatp`]) and TPC-C ([`crate::tpcc`]).
+//! YCSB family ([`crate::ycsb`]), TATP ([`crate::tatp`]), TPC-C ([`crate::tpcc`]) and the
+//! atomicity workload `pairs` ([`crate::pairs`]).
 //!
 //! A run asks the workload, in order: its arguments checked and resolved (the
 //! constructor the registry [`crate::txnbench::workload_spec`] calls), the flags that make each memory node load
@@ -50,6 +51,9 @@ pub enum Workload {
     Tatp,
     /// TPC-C: five transaction types in the standard mix (45/43/4/4/4).
     Tpcc,
+    /// The atomicity workload: groups of objects written whole, read whole
+    /// ([`crate::pairs`]).
+    Pairs,
 }
 
 impl FromStr for Workload {
@@ -65,6 +69,7 @@ impl FromStr for Workload {
             "ycsb-f" => Self::YcsbF,
             "tatp" => Self::Tatp,
             "tpcc" | "tpc-c" => Self::Tpcc,
+            "pairs" => Self::Pairs,
             "ycsb-e" => {
                 return Err("ycsb-e needs range scans, which none of the protocols \
                             (occ-cas, scythe, mvcc) supports: use ycsb-a, ycsb-b, ycsb-c, \
@@ -74,7 +79,7 @@ impl FromStr for Workload {
             _ => {
                 return Err(format!(
                     "unknown workload {s:?}: smallbank, kvs, ycsb-a, ycsb-b, ycsb-c, ycsb-d, \
-                     ycsb-f, tatp or tpcc"
+                     ycsb-f, tatp, tpcc or pairs"
                 ))
             }
         })
@@ -100,19 +105,23 @@ impl Workload {
             Self::YcsbF => "ycsb-f",
             Self::Tatp => "tatp",
             Self::Tpcc => "tpcc",
+            Self::Pairs => "pairs",
         }
     }
 
     /// Whether the workload runs on the KVS table (`kvs` and the YCSB presets).
     pub fn is_kvs(self) -> bool {
-        !matches!(self, Self::SmallBank | Self::Tatp | Self::Tpcc)
+        !matches!(
+            self,
+            Self::SmallBank | Self::Tatp | Self::Tpcc | Self::Pairs
+        )
     }
 
     /// KVS / YCSB: percent of operations that write (update, read-modify-write or
     /// insert); 0 for the other workloads.
     pub fn write_percent(self) -> u32 {
         match self {
-            Self::SmallBank | Self::Tatp | Self::Tpcc | Self::YcsbC => 0,
+            Self::SmallBank | Self::Tatp | Self::Tpcc | Self::Pairs | Self::YcsbC => 0,
             Self::Kvs | Self::YcsbA | Self::YcsbF => 50,
             Self::YcsbB | Self::YcsbD => 5,
         }
@@ -357,6 +366,7 @@ mod tests {
             "ycsb-f",
             "tatp",
             "tpcc",
+            "pairs",
         ] {
             let parsed = w.parse::<Workload>().unwrap();
             assert_eq!(parsed.name(), w);
@@ -385,6 +395,7 @@ mod tests {
             ("ycsb-f", "ycsb-f", 2),
             ("tatp", "TATP", 7),
             ("tpcc", "TPC-C", 5),
+            ("pairs", "pairs", 2),
         ] {
             let w = spec(&args(&["--workload", flag])).unwrap();
             assert_eq!(w.workload().name(), flag);
@@ -431,6 +442,9 @@ mod tests {
         assert!(e.contains("NURand"), "{e}");
         assert!(refusal(&["--workload", "tpcc", "--warehouses", "0"]).contains("--warehouses"));
         assert!(refusal(&["--workload", "tpcc", "--hot-accounts", "2"]).contains("smallbank only"));
+        // pairs.
+        assert!(refusal(&["--workload", "pairs", "--groups", "0"]).contains("--groups"));
+        assert!(refusal(&["--workload", "pairs", "--group-size", "1"]).contains("--group-size"));
     }
 
     fn report(net: i64) -> Report {
