@@ -51,10 +51,11 @@ pub use crate::config_file::ConfigError;
 use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
 use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, WorkerStats};
+use crate::timeline::{CnodeTimeline, Fault, Timeline, TimelineReport};
 pub use crate::txn_args::{Args, IsolationArg, ProtocolArg, Sweep, MAX_MEMNODES};
 pub(crate) use crate::txn_args::{Point, NODE_CN, NODE_LOCKD, NODE_MEMNODE, NODE_TSO};
 use crate::workload::{AuditCx, Audited, Workload, WorkloadSpec};
-use crate::workload::{Coroutine, Mix};
+use crate::workload::{Coroutine, Mix, RunClock};
 
 /// The registry: the implementation of `args.workload`, its arguments checked.
 ///
@@ -138,6 +139,9 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     let plan: Vec<(usize, Protocol)> = (0..points.len())
         .flat_map(|i| protocols.iter().map(move |&p| (i, p)))
         .collect();
+    if plan.len() > 1 && args.history_out.is_some() {
+        anyhow::bail!("--history-out takes one run: not with --protocol all or --sweep");
+    }
     let base = args
         .cluster
         .clone()
@@ -354,24 +358,45 @@ fn run_one(
     );
     audited.judge(initial_total, &mut report);
     report.outcomes = workload.outcomes(&report);
+    if let (Some(path), false) = (&args.history_out, measured.history_written) {
+        write_history(path, &workload.kinds(), &measured.workers)?;
+    }
     if !args.no_check {
         check_history(protocol, checks, &mut report, &mut measured.workers)?;
     }
     Ok(report)
 }
 
+/// `--history-out` of the in-process coordinators (compute node 0, incarnation 0).
+fn write_history(
+    path: &Path,
+    kinds: &[&'static str],
+    workers: &[WorkerStats],
+) -> anyhow::Result<()> {
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    let mut n = 0;
+    for h in workers.iter().filter_map(|w| w.history.as_ref()) {
+        n += crate::history_out::write_lines(&mut w, crate::history_out::lines(h, kinds, 0, 0))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    std::io::Write::flush(&mut w).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {n} committed transactions to {}", path.display());
+    Ok(())
+}
+
 /// A run's cluster: this process's fabric, the memory nodes (loaded with the
 /// workload's data), the timestamp oracle and, when the protocol needs one, the lock
 /// service, as child processes.
-struct RunCluster {
-    cluster: LocalCluster,
-    fabric: Fabric,
-    addrs: ClusterAddrs,
+pub(crate) struct RunCluster {
+    pub(crate) cluster: LocalCluster,
+    pub(crate) fabric: Fabric,
+    pub(crate) addrs: ClusterAddrs,
     /// The fabric flags every service gets (`--fabric`, `--model`, ...).
-    common: Vec<String>,
+    pub(crate) common: Vec<String>,
     /// The oracle's epoch file: each (re)start persists a larger epoch there, so
     /// timestamps never go back (tso::epoch). Per run, removed at shutdown.
-    tso_state: PathBuf,
+    pub(crate) tso_state: PathBuf,
 }
 
 impl RunCluster {
@@ -484,7 +509,7 @@ impl RunCluster {
     }
 
     /// The oracle's flags, listening on `listen`.
-    fn tso_args(&self, listen: &str) -> Vec<String> {
+    pub(crate) fn tso_args(&self, listen: &str) -> Vec<String> {
         tso_args(&self.common, &self.tso_state, listen)
     }
 
@@ -566,15 +591,23 @@ fn print_header(
 }
 
 /// What the measured part of a run left.
-struct Measured {
+pub(crate) struct Measured {
     /// Each coordinator thread's counters and history, in thread order.
-    workers: Vec<WorkerStats>,
+    pub(crate) workers: Vec<WorkerStats>,
     /// From the coordinators' common start to the end of the run.
-    elapsed: Duration,
+    pub(crate) elapsed: Duration,
     /// `--kill-tso-after`: the restart, complete.
-    tso_restart: Option<TsoRestart>,
+    pub(crate) tso_restart: Option<TsoRestart>,
     /// With `--breakdown`: each process's CPU time during the run.
-    cpu: Vec<ProcessCpu>,
+    pub(crate) cpu: Vec<ProcessCpu>,
+    /// Commits and aborts per interval, per compute node (counted with `--timeline-ms`).
+    pub(crate) timelines: Vec<CnodeTimeline>,
+    /// The fault injected, if any (for the timeline's recovery line).
+    pub(crate) fault: Option<Fault>,
+    /// What happened to coordinator processes.
+    pub(crate) cnode_events: Vec<String>,
+    /// `--history-out` was written as the history streamed in.
+    pub(crate) history_written: bool,
 }
 
 /// Each process's CPU used between two samples of [`RunCluster::cpu_times`] (a process
@@ -611,14 +644,16 @@ fn measure(
     mix: Arc<dyn Mix>,
     stop: &AtomicBool,
 ) -> anyhow::Result<Measured> {
+    if args.cnodes > 1 {
+        return crate::cnode::measure(args, workload, cluster, protocol, point, stop);
+    }
     let threads = args.threads.unwrap_or(1).max(1);
-    let cfg = TxnConfig {
-        protocol,
-        lock_wait: Duration::from_micros(args.lock_wait_us),
-        history_limit_bytes: (!args.no_check).then(|| (args.check_memory_mb << 20) / threads),
-        tocc_wait: Duration::from_micros(args.tocc_wait_us),
-        record_phases: args.breakdown,
-        ..TxnConfig::default()
+    let cfg = txn_config(args, protocol, threads);
+    let t0 = Arc::new(AtomicU64::new(0));
+    let clock = RunClock {
+        t0_ns: 0,
+        interval_ns: interval_ns(args),
+        wall: args.history_out.is_some(),
     };
     // Workers connect, then start together. `run_stop` ends this run (its deadline, a
     // service failure, or `stop`).
@@ -639,6 +674,10 @@ fn measure(
             cfg: cfg.clone(),
             addrs: cluster.addrs.clone(),
             core: (!cores.is_empty()).then(|| cores[tid % cores.len()]),
+            clock,
+            t0: t0.clone(),
+            go: None,
+            flush: None,
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -654,6 +693,7 @@ fn measure(
         );
     }
     let cpu_before = args.breakdown.then(|| cluster.cpu_times());
+    t0.store(txn::history::monotonic_ns(), Ordering::SeqCst);
     start_gate.wait();
     let started = std::time::Instant::now();
     let watched = watch(
@@ -678,12 +718,52 @@ fn measure(
         r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
     }
+    let mut timeline = Timeline::default();
+    for w in &workers {
+        timeline.add(&w.timeline);
+    }
     Ok(Measured {
         workers,
         elapsed,
+        fault: tso_fault(tso_restart.as_ref()),
         tso_restart,
         cpu,
+        timelines: vec![CnodeTimeline {
+            cnode: 0,
+            commits: timeline.commits,
+            aborts: timeline.aborts,
+        }],
+        cnode_events: Vec::new(),
+        history_written: false,
     })
+}
+
+/// The oracle's restart as the timeline's fault.
+pub(crate) fn tso_fault(r: Option<&TsoRestart>) -> Option<Fault> {
+    r.map(|r| Fault {
+        what: "tso killed".into(),
+        at_ms: r.killed_at_s * 1e3,
+        cnode: None,
+    })
+}
+
+/// The timeline's interval, ns: `--timeline-ms`, else 0 (nothing counted).
+pub(crate) fn interval_ns(args: &Args) -> u64 {
+    args.timeline_ms.map_or(0, |ms| ms * 1_000_000)
+}
+
+/// The coordinators' settings under `protocol`, the history memory split over
+/// `threads` threads.
+pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> TxnConfig {
+    TxnConfig {
+        protocol,
+        lock_wait: Duration::from_micros(args.lock_wait_us),
+        history_limit_bytes: (!args.no_check)
+            .then(|| (args.check_memory_mb << 20) / threads.max(1)),
+        tocc_wait: Duration::from_micros(args.tocc_wait_us),
+        record_phases: args.breakdown,
+        ..TxnConfig::default()
+    }
 }
 
 /// The run's control loop, from `started` until the duration is over or `run_stop` is
@@ -798,6 +878,17 @@ fn build_report(
     report.cpu = measured.cpu.clone();
     report.breakdown = breakdown_rows(workload, &measured.workers);
     report.tocc_share = tocc_share(&measured.workers);
+    report.cnodes = args.cnodes;
+    report.cnode_events = measured.cnode_events.clone();
+    if let Some(ms) = args.timeline_ms {
+        let intervals = (measured.elapsed.as_nanos() as u64).div_ceil(ms * 1_000_000) as usize;
+        report.timeline = Some(TimelineReport::new(
+            ms,
+            measured.timelines.clone(),
+            intervals,
+            measured.fault.clone(),
+        ));
+    }
     report.serializability_required = protocol != Protocol::Mvcc(Isolation::Snapshot);
     report.snapshot_isolation_required = protocol == Protocol::Mvcc(Isolation::Snapshot);
     report
@@ -867,25 +958,36 @@ fn check_history(
 }
 
 /// What one coordinator thread runs.
-struct WorkerPlan {
-    tid: usize,
-    coroutines: usize,
-    seed: u64,
-    max_backoff_us: u64,
+pub(crate) struct WorkerPlan {
+    /// The thread's index among all coordinator threads of the run (seeds and TPC-C
+    /// home warehouses follow it).
+    pub(crate) tid: usize,
+    pub(crate) coroutines: usize,
+    pub(crate) seed: u64,
+    pub(crate) max_backoff_us: u64,
     /// Names of the transaction kinds.
-    kinds: Vec<&'static str>,
+    pub(crate) kinds: Vec<&'static str>,
     /// TPC-C warehouses (home warehouse of coroutine g over all threads: g mod N + 1).
-    warehouses: u16,
+    pub(crate) warehouses: u16,
     /// Each coroutine runs one transaction of every kind before the mix.
-    each_type_first: bool,
-    cfg: TxnConfig,
-    addrs: ClusterAddrs,
-    core: Option<core_affinity::CoreId>,
+    pub(crate) each_type_first: bool,
+    pub(crate) cfg: TxnConfig,
+    pub(crate) addrs: ClusterAddrs,
+    pub(crate) core: Option<core_affinity::CoreId>,
+    /// The run's clock; its `t0_ns` is read from `t0` once the threads start together.
+    pub(crate) clock: RunClock,
+    pub(crate) t0: Arc<AtomicU64>,
+    /// Coordinator processes: a second barrier after `gate`, passed when the parent
+    /// says go (the run's `t0` is stored by then).
+    pub(crate) go: Option<Arc<Barrier>>,
+    /// Coordinator processes: where the thread streams its stats and history while it
+    /// runs ([`crate::cnode`]).
+    pub(crate) flush: Option<crate::cnode::Flush>,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
 /// coroutines of `mix` until `stop`, and return the thread's counters and history.
-fn worker(
+pub(crate) fn worker(
     w: WorkerPlan,
     fabric: Fabric,
     mix: Arc<dyn Mix>,
@@ -903,6 +1005,9 @@ fn worker(
         anyhow::Ok((ctx, client))
     })();
     gate.wait();
+    if let Some(go) = &w.go {
+        go.wait();
+    }
     let (ctx, client) =
         connected.with_context(|| format!("coordinator thread {tid} connecting"))?;
     let stats = Rc::new(RefCell::new(WorkerStats::with_kinds(w.kinds.len())));
@@ -910,7 +1015,17 @@ fn worker(
         stats.borrow_mut().breakdown = Some(Breakdown::with_kinds(w.kinds.len()));
     }
     let kinds: Rc<[&'static str]> = w.kinds.clone().into();
+    let clock = RunClock {
+        t0_ns: w.t0.load(Ordering::SeqCst),
+        ..w.clock
+    };
     let mut ex = Executor::new(ctx.clone());
+    if let Some(f) = &w.flush {
+        ex.spawn(
+            f.clone()
+                .run(tid, client.clone(), stats.clone(), stop.clone()),
+        );
+    }
     for co in 0..w.coroutines {
         let coroutine = Coroutine {
             client: client.clone(),
@@ -922,6 +1037,7 @@ fn worker(
             max_backoff_us: w.max_backoff_us,
             home: ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1,
             each_type_first: w.each_type_first,
+            clock,
         };
         mix.clone().spawn(&mut ex, coroutine);
     }
@@ -958,7 +1074,7 @@ fn worker(
 /// `--kill-tso-after`: SIGKILL the oracle, keep it down for `down`, restart it with the
 /// same state directory and address (`args`), and record the epochs and the commits so
 /// far (the rest of the record is filled in after the run).
-fn restart_tso(
+pub(crate) fn restart_tso(
     cluster: &mut LocalCluster,
     state: &std::path::Path,
     args: &[String],

@@ -332,6 +332,30 @@ pub struct Coroutine {
     pub home: u16,
     /// Run one transaction of every kind, in order, before the mix.
     pub each_type_first: bool,
+    /// The run's clock: the timeline's intervals and the history's wall-clock times.
+    pub clock: RunClock,
+}
+
+/// What a coordinator coroutine times: commits and aborts per interval of the run
+/// ([`crate::report::Timeline`]) and the wall-clock times of the recorded history.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunClock {
+    /// The run's start, `CLOCK_MONOTONIC` ns ([`txn::history::monotonic_ns`]); interval
+    /// `i` is `[t0 + i * interval, t0 + (i + 1) * interval)`.
+    pub t0_ns: u64,
+    /// Interval length, ns; 0 counts nothing per interval.
+    pub interval_ns: u64,
+    /// Record each committed transaction's `CLOCK_MONOTONIC` start and end in the
+    /// history (`--history-out`, coordinator processes).
+    pub wall: bool,
+}
+
+impl RunClock {
+    /// The interval `now_ns` falls in (0 before the start), `None` when not counting.
+    pub fn interval(&self, now_ns: u64) -> Option<usize> {
+        (self.interval_ns > 0)
+            .then(|| (now_ns.saturating_sub(self.t0_ns) / self.interval_ns) as usize)
+    }
 }
 
 /// A workload's profiles with their type erased: what a coordinator thread starts its
