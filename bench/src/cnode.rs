@@ -8,7 +8,7 @@
 //! as a restarted child does), and runs until a `stop` line on stdin or SIGTERM. While
 //! it runs it streams JSON lines ([`Msg`]) to its parent every 100 ms: each thread's
 //! commits and aborts per interval, its newly committed transactions (the history,
-//! [`crate::history_out::HistoryLine`]), every second its counters with its latency
+//! [`crate::history_out::HistoryLine`]), every 500 ms its counters with its latency
 //! histograms (HDR V2, hex), and at the end all of these once more and `done`. A child
 //! that is killed leaves what it streamed up to its last batch.
 //!
@@ -54,8 +54,8 @@ use crate::workload::{RunClock, WorkloadSpec};
 
 /// How often a child streams its intervals and history.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
-/// Flushes between two snapshots of a thread's counters and histograms (1 s).
-const STATS_EVERY: u32 = 10;
+/// Flushes between two snapshots of a thread's counters and histograms (500 ms).
+const STATS_EVERY: u32 = 5;
 /// The interval a child counts in without `--timeline-ms` (for progress lines).
 const DEFAULT_INTERVAL_MS: u64 = 100;
 /// How long a child may take to connect and say ready, and to finish after `stop`.
@@ -251,17 +251,18 @@ enum Out {
 }
 
 /// A coordinator thread's streaming in a child: every [`FLUSH_EVERY`] its intervals
-/// and history, every second its counters (see the module docs).
+/// and history, every 500 ms its counters (see the module docs).
 #[derive(Clone)]
 pub(crate) struct Flush {
     tx: mpsc::Sender<Out>,
-    clock: RunClock,
 }
 
 impl Flush {
     /// The flusher coroutine of thread `tid`: flush until `stop`, once more after it.
+    /// The thread's `clock` (its `t0_ns` set) finds the interval a flush is in.
     pub(crate) async fn run(
         self,
+        clock: RunClock,
         tid: usize,
         client: Rc<TxnClient>,
         stats: Rc<RefCell<WorkerStats>>,
@@ -275,7 +276,7 @@ impl Flush {
             n += 1;
             {
                 let s = stats.borrow();
-                self.intervals(tid, &s, &mut from);
+                self.intervals(clock, tid, &s, &mut from);
                 if n % STATS_EVERY == 0 {
                     self.stats(tid, &s);
                 }
@@ -292,7 +293,7 @@ impl Flush {
     }
 
     /// Send the intervals from `from` on; the next flush starts at the current one.
-    fn intervals(&self, tid: usize, s: &WorkerStats, from: &mut usize) {
+    fn intervals(&self, clock: RunClock, tid: usize, s: &WorkerStats, from: &mut usize) {
         let t = &s.timeline;
         let start = (*from).min(t.commits.len());
         let _ = self.tx.send(Out::Msg(Msg::Interval {
@@ -301,10 +302,7 @@ impl Flush {
             commits: t.commits[start..].to_vec(),
             aborts: t.aborts[start..].to_vec(),
         }));
-        let now = self
-            .clock
-            .interval(txn::history::monotonic_ns())
-            .unwrap_or(0);
+        let now = clock.interval(txn::history::monotonic_ns()).unwrap_or(0);
         *from = now.min(t.commits.len());
     }
 
@@ -431,10 +429,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             clock,
             t0: t0.clone(),
             go: Some(go.clone()),
-            flush: Some(Flush {
-                tx: tx.clone(),
-                clock,
-            }),
+            flush: Some(Flush { tx: tx.clone() }),
         };
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),

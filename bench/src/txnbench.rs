@@ -576,10 +576,15 @@ fn print_header(
     checks: &str,
 ) {
     println!(
-        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} | {} | {} memnode(s), {} versions | {} s | check: {checks}",
+        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines | {} | {} | {} memnode(s), {} versions | {} s | check: {checks}",
         workload.label(),
         cluster.fabric.describe(),
         cluster.fabric.model_description(),
+        if args.cnodes > 1 {
+            format!("{} coordinator processes x ", args.cnodes)
+        } else {
+            String::new()
+        },
         args.threads.unwrap_or(1).max(1),
         point.coroutines,
         workload.scale(),
@@ -1023,7 +1028,7 @@ pub(crate) fn worker(
     if let Some(f) = &w.flush {
         ex.spawn(
             f.clone()
-                .run(tid, client.clone(), stats.clone(), stop.clone()),
+                .run(clock, tid, client.clone(), stats.clone(), stop.clone()),
         );
     }
     for co in 0..w.coroutines {
@@ -1231,6 +1236,62 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+        // Timeline, history file, coordinator processes and their faults.
+        assert!(err(&["--timeline-ms", "0"]).contains("--timeline-ms must be 1 to 1000"));
+        assert!(err(&["--timeline-ms", "1001"]).contains("--timeline-ms"));
+        assert!(err(&["--history-out", "h", "--no-check"]).contains("drop --no-check"));
+        assert!(err(&["--cnodes", "0"]).contains("--cnodes must be 1 to"));
+        assert!(err(&["--kill-cn-after", "1"]).contains("needs --cnodes 2 or more"));
+        assert!(err(&["--stop-cn-after", "1"]).contains("needs --cnodes 2 or more"));
+        let two = ["--cnodes", "2", "--duration", "2"];
+        let with = |extra: &[&str]| err(&[&two[..], extra].concat());
+        assert!(with(&["--kill-cn-after", "2"]).contains("must lie within the run"));
+        assert!(with(&["--stop-cn-after", "-1"]).contains("must lie within the run"));
+        assert!(with(&["--kill-cn-after", "1", "--cn", "2"])
+            .contains("--cn 2 must be below --cnodes 2"));
+        assert!(with(&["--restart"]).contains("--restart goes with --kill-cn-after"));
+        assert!(with(&["--cn", "0"]).contains("--cn goes with"));
+        assert!(with(&["--stop-cn-after", "1", "--stop-ms", "0"]).contains("--stop-ms"));
+        assert!(with(&["--breakdown"]).contains("--cnodes 1"));
+        let ok = args(
+            &[
+                &two[..],
+                &[
+                    "--threads",
+                    "1",
+                    "--kill-cn-after",
+                    "1",
+                    "--restart",
+                    "--cn",
+                    "0",
+                ],
+            ]
+            .concat(),
+        );
+        assert!(ok.validate().is_ok());
+    }
+
+    #[test]
+    fn the_flags_travel_to_coordinator_processes_as_json() {
+        let a = args(&[
+            "--workload",
+            "pairs",
+            "--protocol",
+            "mvcc-si",
+            "--sweep",
+            "theta=0,0.5",
+            "--groups",
+            "7",
+        ]);
+        let back: Args = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back.workload, Workload::Pairs);
+        assert_eq!(back.protocols().unwrap(), a.protocols().unwrap());
+        assert_eq!(back.sweep, a.sweep);
+        assert_eq!(back.groups, 7);
+        let e = serde_json::from_str::<Args>(
+            &serde_json::to_string(&a).unwrap().replace("mvcc-si", "2pl"),
+        );
+        assert!(e.unwrap_err().to_string().contains("unknown protocol"));
     }
 
     #[test]
