@@ -1246,7 +1246,7 @@ mod tests {
         let two = ["--cnodes", "2", "--duration", "2"];
         let with = |extra: &[&str]| err(&[&two[..], extra].concat());
         assert!(with(&["--kill-cn-after", "2"]).contains("must lie within the run"));
-        assert!(with(&["--stop-cn-after", "-1"]).contains("must lie within the run"));
+        assert!(with(&["--stop-cn-after=-1"]).contains("must lie within the run"));
         assert!(with(&["--kill-cn-after", "1", "--cn", "2"])
             .contains("--cn 2 must be below --cnodes 2"));
         assert!(with(&["--restart"]).contains("--restart goes with --kill-cn-after"));
