@@ -141,7 +141,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         bail!("odd hex length {}", s.len());
     }
     (0..s.len())
@@ -277,7 +277,7 @@ impl Flush {
             {
                 let s = stats.borrow();
                 self.intervals(clock, tid, &s, &mut from);
-                if n % STATS_EVERY == 0 {
+                if n.is_multiple_of(STATS_EVERY) {
                     self.stats(tid, &s);
                 }
             }
@@ -583,16 +583,21 @@ enum Event {
     Eof,
 }
 
-/// The parent's view of every stream: per (compute node, incarnation, thread).
+/// A stream: (compute node, incarnation, thread).
+type StreamKey = (usize, u32, usize);
+
+/// The parent's view of every stream.
 #[derive(Default)]
 struct Streams {
-    timelines: BTreeMap<(usize, u32, usize), (Vec<u64>, Vec<u64>)>,
-    stats: BTreeMap<(usize, u32, usize), WireStats>,
+    /// Commits and aborts per interval.
+    timelines: BTreeMap<StreamKey, (Vec<u64>, Vec<u64>)>,
+    /// The latest counters.
+    stats: BTreeMap<StreamKey, WireStats>,
     commits_by_incarnation: BTreeMap<(usize, u32), u64>,
 }
 
 impl Streams {
-    fn interval(&mut self, key: (usize, u32, usize), from: usize, commits: &[u64], aborts: &[u64]) {
+    fn interval(&mut self, key: StreamKey, from: usize, commits: &[u64], aborts: &[u64]) {
         let (c, a) = self.timelines.entry(key).or_default();
         let end = from + commits.len();
         if c.len() < end {
