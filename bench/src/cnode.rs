@@ -418,7 +418,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         let w = WorkerPlan {
             tid: a.cnode * threads + i,
             coroutines: args.coroutines,
-            seed: args.seed ^ u64::from(a.incarnation).wrapping_mul(0xA076_1D64_78BD_642F),
+            seed: args.seed,
             max_backoff_us: args.max_backoff_us,
             kinds: kinds.clone(),
             warehouses: args.warehouses(),
@@ -430,6 +430,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             t0: t0.clone(),
             go: Some(go.clone()),
             flush: Some(Flush { tx: tx.clone() }),
+            incarnation: a.incarnation,
         };
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),
@@ -718,7 +719,6 @@ pub(crate) fn measure(
     point: &Point,
     stop: &AtomicBool,
 ) -> anyhow::Result<Measured> {
-    let threads = args.threads.unwrap_or(1).max(1);
     let kinds = workload.kinds();
     let mut spec_args = args.clone();
     spec_args.protocol = ProtocolArg::One(protocol);
@@ -1107,7 +1107,6 @@ pub(crate) fn measure(
         r.committed_after_ready = streams.committed().saturating_sub(r.committed_before_ready);
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
     }
-    let _ = threads;
     Ok(Measured {
         workers,
         elapsed,

@@ -39,6 +39,8 @@ use crate::workload::{
 pub const VALUE_BYTES: usize = 16;
 /// Most objects in a group.
 pub const MAX_GROUP_SIZE: usize = 64;
+/// Most objects over all groups (each a KVS record on some memory node).
+pub const MAX_OBJECTS: u64 = 1 << 26;
 /// The transaction kinds, in report order.
 pub const KINDS: [&str; 2] = ["write-group", "read-group"];
 
@@ -206,7 +208,8 @@ pub struct Pairs {
 
 impl Pairs {
     /// The workload of `args`. Errors: `--groups 0`, `--group-size` outside 2 to
-    /// [`MAX_GROUP_SIZE`], SmallBank's `--hot-accounts`.
+    /// [`MAX_GROUP_SIZE`], more than [`MAX_OBJECTS`] objects, SmallBank's
+    /// `--hot-accounts`.
     pub fn from_args(args: &Args) -> anyhow::Result<Self> {
         if args.groups == 0 {
             bail!("--groups must be at least 1");
@@ -214,6 +217,13 @@ impl Pairs {
         if !(2..=MAX_GROUP_SIZE).contains(&args.group_size) {
             bail!(
                 "--group-size must be 2 to {MAX_GROUP_SIZE} (got {})",
+                args.group_size
+            );
+        }
+        if args.groups.saturating_mul(args.group_size as u64) > MAX_OBJECTS {
+            bail!(
+                "--groups x --group-size must be at most {MAX_OBJECTS} objects (got {} x {})",
+                args.groups,
                 args.group_size
             );
         }

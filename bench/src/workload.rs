@@ -469,6 +469,8 @@ mod tests {
         // pairs.
         assert!(refusal(&["--workload", "pairs", "--groups", "0"]).contains("--groups"));
         assert!(refusal(&["--workload", "pairs", "--group-size", "1"]).contains("--group-size"));
+        let e = refusal(&["--workload", "pairs", "--groups", "100000000"]);
+        assert!(e.contains("at most 67108864 objects"), "{e}");
     }
 
     fn report(net: i64) -> Report {
