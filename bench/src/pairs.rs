@@ -126,10 +126,44 @@ pub fn encode(v: u64) -> Vec<u8> {
     b
 }
 
-/// The `v` of a value (its first 8 bytes; 0 for a value as loaded), `None` for a value
-/// of fewer than 8 bytes.
-pub fn decode(b: &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?))
+/// The `v` of `key`'s value `b`: a written one holds `v` twice, one as loaded is
+/// KVS counter 0 with its checksum ([`txn::kvs::check_value`]) and reads as 0.
+///
+/// Errors: a value of another size, two copies that differ, a loaded value whose
+/// checksum does not match.
+pub fn decode(key: u64, b: &[u8]) -> Result<u64, String> {
+    let Ok(b16) = <[u8; VALUE_BYTES]>::try_from(b) else {
+        return Err(format!(
+            "key {key}: value of {} bytes, expected {VALUE_BYTES}",
+            b.len()
+        ));
+    };
+    let v = u64::from_le_bytes(b16[..8].try_into().expect("8 bytes"));
+    let copy = u64::from_le_bytes(b16[8..].try_into().expect("8 bytes"));
+    if v == 0 {
+        return txn::kvs::check_value(key, b).map(|_| 0);
+    }
+    if copy != v {
+        return Err(format!("key {key}: value {v:#x} with a copy {copy:#x}"));
+    }
+    Ok(v)
+}
+
+/// A committed read of a group: every value decodes ([`decode`]) and they are all
+/// equal; the error names the group, its keys and values.
+pub fn check_read(group: usize, keys: &[u64], values: &[Vec<u8>]) -> Result<(), String> {
+    let vals = keys
+        .iter()
+        .zip(values)
+        .map(|(&k, v)| decode(k, v))
+        .collect::<Result<Vec<u64>, String>>()
+        .map_err(|e| format!("pairs: a committed read of group {group}: {e}"))?;
+    if vals.iter().any(|v| *v != vals[0]) {
+        return Err(format!(
+            "pairs: a committed read of group {group} found it NOT UNIFORM: keys {keys:?} values {vals:?}"
+        ));
+    }
+    Ok(())
 }
 
 /// What the audit of the groups found.
@@ -169,7 +203,8 @@ impl PairsCheck {
 }
 
 /// Check that every group's objects hold one value: `values` are the objects' values
-/// in the order of the groups' keys (`None`: absent, which is never uniform).
+/// in the order of the groups' keys (`None`: absent; absent and undecodable values
+/// ([`decode`]) are never uniform).
 pub fn check_groups(groups: &Groups, values: &[Option<Vec<u8>>]) -> PairsCheck {
     let mut c = PairsCheck {
         groups: groups.len(),
@@ -183,7 +218,12 @@ pub fn check_groups(groups: &Groups, values: &[Option<Vec<u8>>]) -> PairsCheck {
             .get(g * groups.size()..(g + 1) * groups.size())
             .map_or_else(
                 || vec![None; groups.size()],
-                |v| v.iter().map(|v| v.as_deref().and_then(decode)).collect(),
+                |v| {
+                    v.iter()
+                        .zip(groups.keys(g))
+                        .map(|(v, &k)| v.as_deref().and_then(|v| decode(k, v).ok()))
+                        .collect()
+                },
             );
         let uniform = vals[0].is_some() && vals.iter().all(|v| *v == vals[0]);
         if !uniform {
@@ -374,13 +414,7 @@ impl Profiles for PairsGen {
                 let vals = txn.read_many(&items).await?;
                 txn.commit().await?;
                 // Committed: the reads were one consistent snapshot.
-                let vals: Vec<Option<u64>> = vals.iter().map(|v| decode(v)).collect();
-                if vals.iter().any(|v| *v != vals[0]) {
-                    return Err(RunError::Check(format!(
-                        "pairs: a committed read of group {} found it NOT UNIFORM: keys {keys:?} values {vals:?}",
-                        t.group
-                    )));
-                }
+                check_read(t.group, keys, &vals).map_err(RunError::Check)?;
             }
         }
         Ok(Finished::net(0))
@@ -454,6 +488,29 @@ mod tests {
             )),
             "{line}"
         );
+    }
+
+    #[test]
+    fn a_committed_read_must_decode_and_be_uniform() {
+        let loaded = |k| txn::kvs::encode_value(k, 0, VALUE_BYTES);
+        assert_eq!(decode(4, &loaded(4)), Ok(0));
+        assert_eq!(decode(4, &encode(9)), Ok(9));
+        assert!(check_read(1, &[4, 5], &[loaded(4), loaded(5)]).is_ok());
+        assert!(check_read(1, &[4, 5], &[encode(9), encode(9)]).is_ok());
+        // Planted: a half-written group, a torn value, another key's loaded value.
+        let e = check_read(1, &[4, 5], &[encode(9), loaded(5)]).unwrap_err();
+        assert!(
+            e.contains("group 1 found it NOT UNIFORM: keys [4, 5] values [9, 0]"),
+            "{e}"
+        );
+        let mut torn = encode(9);
+        torn[15] ^= 1;
+        let e = check_read(1, &[4, 5], &[encode(9), torn]).unwrap_err();
+        assert!(e.contains("key 5: value 0x9 with a copy"), "{e}");
+        let e = check_read(1, &[4, 5], &[loaded(4), loaded(4)]).unwrap_err();
+        assert!(e.contains("key 5: checksum"), "{e}");
+        assert!(decode(4, &[0; 8]).is_err());
+        assert!(decode(4, &[0; 24]).is_err());
     }
 
     #[test]
