@@ -12,7 +12,7 @@
 //! histograms (HDR V2, hex), and at the end all of these once more and `done`. A child
 //! that is killed leaves what it streamed up to its last batch.
 //!
-//! The parent ([`measure`]) starts the children, says go, applies the fault flags
+//! The parent (`measure`, behind `txn-bench --cnodes`) starts the children, says go, applies the fault flags
 //! (`--kill-cn-after [--restart]`, `--stop-cn-after --stop-ms`, `--kill-tso-after`),
 //! reports a child that dies (and calls [`on_cnode_death`]), stops the survivors after
 //! `--duration`, and merges the streams: one set of per-thread counters for the report,

@@ -337,7 +337,7 @@ pub struct Coroutine {
 }
 
 /// What a coordinator coroutine times: commits and aborts per interval of the run
-/// ([`crate::report::Timeline`]) and the wall-clock times of the recorded history.
+/// ([`crate::timeline::Timeline`]) and the wall-clock times of the recorded history.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunClock {
     /// The run's start, `CLOCK_MONOTONIC` ns ([`txn::history::monotonic_ns`]); interval
