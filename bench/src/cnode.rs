@@ -377,6 +377,13 @@ extern "C" fn on_sigterm(_: libc::c_int) {
 /// Errors: a bad run spec, a fabric or a cluster that cannot be reached, a thread that
 /// panicked, stdout closed.
 pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
+    if a.cnode >= crate::txn_args::MAX_CNODES {
+        bail!(
+            "--cnode must be below {} (got {})",
+            crate::txn_args::MAX_CNODES,
+            a.cnode
+        );
+    }
     let mut args: Args = serde_json::from_str(&a.run_spec).context("--run-spec")?;
     let protocol = match args.protocol {
         ProtocolArg::All => bail!("--run-spec names all protocols: one only"),
@@ -594,6 +601,8 @@ struct Streams {
     timelines: BTreeMap<StreamKey, (Vec<u64>, Vec<u64>)>,
     /// The latest counters.
     stats: BTreeMap<StreamKey, WireStats>,
+    /// Threads that failed (fatal: they fail the run).
+    errors: Vec<String>,
     commits_by_incarnation: BTreeMap<(usize, u32), u64>,
 }
 
@@ -800,7 +809,10 @@ pub(crate) fn measure(
                 streams.stats.insert((index, inc, tid), *stats);
             }
             Event::Msg(Msg::Error { error }) => {
-                events.push(format!("cnode {index} (incarnation {inc}): {error}"));
+                let e = format!("cnode {index} (incarnation {inc}): {error}");
+                eprintln!("{e}");
+                streams.errors.push(e.clone());
+                events.push(e);
             }
             Event::Msg(Msg::Done) => {
                 if let Some(c) = cn {
@@ -1084,6 +1096,7 @@ pub(crate) fn measure(
     if workers.is_empty() {
         workers.push(WorkerStats::with_kinds(kinds.len()));
     }
+    workers[0].fatal.append(&mut streams.errors);
     if let Some(h) = history {
         workers[0].history = Some(h);
         for w in &mut workers[1..] {
