@@ -31,6 +31,8 @@
 //! cluster, audit the loaded data, measure (the coordinator coroutines are
 //! [`crate::driver`]'s), audit after the run, build the report and check the history.
 
+pub mod cnodes;
+
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -650,7 +652,7 @@ fn measure(
     stop: &AtomicBool,
 ) -> anyhow::Result<Measured> {
     if args.cnodes > 1 {
-        return crate::cnode::measure(args, workload, cluster, protocol, point, stop);
+        return cnodes::measure(args, workload, cluster, protocol, point, stop);
     }
     let threads = args.threads.unwrap_or(1).max(1);
     let cfg = txn_config(args, protocol, threads);
