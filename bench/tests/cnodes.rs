@@ -1,7 +1,7 @@
 //! Coordinator processes end to end (`txn-bench --cnodes N`): two `cnode` children
-//! running the pairs workload pass every check of the merged report; with one of them
-//! killed and restarted the run still finishes, reports the death, and merges the
-//! commits of both incarnations.
+//! running the pairs workload pass every check of the merged report; one stopped and
+//! continued loses nothing; with one of them killed and restarted the run still
+//! finishes, reports the death, and merges the commits of both incarnations.
 
 mod common;
 
@@ -132,4 +132,56 @@ fn a_killed_and_restarted_cnode_is_reported_and_both_incarnations_count() {
         "{per_incarnation:?}\n{stdout}"
     );
     assert!(committed(r) > 0);
+}
+
+#[test]
+fn a_stopped_and_continued_cnode_loses_nothing() {
+    // SIGSTOP freezes a coordinator with whatever locks it holds; after SIGCONT it
+    // finishes its transactions, so every check must pass, and the timeline says when
+    // throughput came back.
+    let (ok, stdout, sum) = common::txn_bench_watched(
+        "cnodes-stop",
+        &[
+            "--workload",
+            "pairs",
+            "--protocol",
+            "occ-cas",
+            "--cnodes",
+            "2",
+            "--memnodes",
+            "2",
+            "--threads",
+            "1",
+            "--coroutines",
+            "4",
+            "--groups",
+            "5000",
+            "--theta",
+            "0",
+            "--duration",
+            "2",
+            "--stop-cn-after",
+            "0.5",
+            "--stop-ms",
+            "300",
+            "--cn",
+            "0",
+            "--timeline-ms",
+            "50",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stdout}");
+    let r = &sum["runs"][0];
+    common::assert_checked_run(r, &["write-group", "read-group"], &stdout);
+    let events = r["cnode_events"].to_string();
+    assert!(
+        events.contains("cnode 0 (pid ") && events.contains("stopped (SIGSTOP)"),
+        "{events}"
+    );
+    assert!(events.contains("continued (SIGCONT)"), "{events}");
+    assert!(!events.contains("died"), "{events}");
+    let rec = &r["timeline"]["recovery"];
+    assert_eq!(rec["fault"]["cnode"], 0, "{rec}");
+    assert!(rec["survivors_pre_fault"].as_f64().unwrap() > 0.0, "{rec}");
 }
