@@ -6,13 +6,17 @@
 //! The loop is generic over the profiles (static dispatch per transaction); [`Mix`]
 //! erases their type once, where a coordinator thread spawns its coroutines.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rrpc::runtime::Executor;
 use txn::coordinator::{AbortReason, TxnError};
+use txn::history::{monotonic_ns, AttemptStart};
 use txn::phase::PhaseTimes;
 
 use crate::report::WorkerStats;
@@ -54,8 +58,15 @@ async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
                 None => co.client.begin_as(kind as u16),
             };
             let id = txn.id();
-            let r = profiles.run(txn, &drawn).await;
+            let start_ns = if co.clock.wall { monotonic_ns() } else { 0 };
+            let attempt = std::pin::pin!(profiles.run(txn, &drawn));
+            let r = StartedAt { attempt, start_ns }.await;
             let committed = matches!(r, Ok(Finished::Committed { .. }));
+            let interval = co.clock.interval(if co.clock.interval_ns > 0 {
+                monotonic_ns()
+            } else {
+                0
+            });
             if let Some(p) = co.client.take_phases(id) {
                 phases.add(&p);
             }
@@ -67,6 +78,9 @@ async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
                     if let Some(b) = &mut s.breakdown {
                         b.record(kind, &phases, backoff);
                     }
+                }
+                if let Some(i) = interval {
+                    s.timeline.count(i, committed);
                 }
                 record(
                     &mut s,
@@ -95,6 +109,26 @@ async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
             }
             backoff += slept.elapsed();
         }
+    }
+}
+
+/// An attempt's future, polled with its start marked for the history
+/// ([`AttemptStart`]): the coroutines of a thread interleave, so the mark is set around
+/// each poll, not once per attempt.
+struct StartedAt<'a, F> {
+    attempt: Pin<&'a mut F>,
+    /// `CLOCK_MONOTONIC` ns; 0 records no wall-clock times.
+    start_ns: u64,
+}
+
+impl<F: Future> Future for StartedAt<'_, F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        if self.start_ns == 0 {
+            return self.attempt.as_mut().poll(cx);
+        }
+        let _mark = AttemptStart::set(self.start_ns);
+        self.attempt.as_mut().poll(cx)
     }
 }
 

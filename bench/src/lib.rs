@@ -4,14 +4,18 @@
 
 mod audit;
 pub mod breakdown;
+pub mod cnode;
 pub mod config_file;
 pub mod driver;
+pub mod history_out;
 pub mod launcher;
+pub mod pairs;
 pub mod peers;
 pub mod plot;
 pub mod report;
 pub mod smallbank;
 pub mod tatp;
+pub mod timeline;
 pub mod tpcc;
 pub mod txn_args;
 pub mod txnbench;

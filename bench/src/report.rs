@@ -83,6 +83,8 @@ pub struct WorkerStats {
     pub breakdown: Option<crate::breakdown::Breakdown>,
     /// Scythe: per table, attempts that read it and of those the TOCC ones.
     pub tocc_share: Vec<crate::breakdown::ToccShare>,
+    /// With `--timeline-ms`: the thread's commits and aborts per interval.
+    pub timeline: crate::timeline::Timeline,
 }
 
 impl WorkerStats {
@@ -100,6 +102,7 @@ impl WorkerStats {
             tso_reconnects: 0,
             breakdown: None,
             tocc_share: Vec::new(),
+            timeline: Default::default(),
         }
     }
 }
@@ -244,6 +247,16 @@ pub struct Report {
     /// Scythe: the share of attempts that ran TOCC, per table read.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tocc_share: Vec<crate::breakdown::ToccShare>,
+    /// Coordinator processes (`--cnodes`; 1: the coordinators ran in `txn-bench`).
+    pub cnodes: usize,
+    /// What happened to coordinator processes during the run (deaths, kills, restarts,
+    /// stops), in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cnode_events: Vec<String>,
+    /// With `--timeline-ms`: commits per interval per compute node, and the recovery
+    /// after a fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<crate::timeline::TimelineReport>,
 }
 
 /// What happened around an injected oracle restart (SIGKILL, restart with the same state
@@ -415,6 +428,9 @@ impl Report {
             breakdown: None,
             cpu: Vec::new(),
             tocc_share: Vec::new(),
+            cnodes: 1,
+            cnode_events: Vec::new(),
+            timeline: None,
         }
     }
 
@@ -596,6 +612,12 @@ impl Report {
         }
         if let Some(rows) = &self.breakdown {
             s.push_str(&crate::breakdown::render(&self.protocol, rows));
+        }
+        for e in &self.cnode_events {
+            let _ = writeln!(s, "{e}");
+        }
+        if let Some(t) = &self.timeline {
+            s.push_str(&t.render());
         }
         for f in &self.fatal_samples {
             let _ = writeln!(s, "service failure: {f}");

@@ -10,6 +10,7 @@ use std::str::FromStr;
 use anyhow::bail;
 use clap::{Parser, ValueEnum};
 use rrpc::fabric::FabricKind;
+use serde::{Deserialize, Serialize};
 use txn::coordinator::{Isolation, Protocol};
 
 use crate::config_file::{config_flags, ConfigError};
@@ -18,7 +19,9 @@ use crate::workload::Workload;
 /// SmallBank, KVS, YCSB, TATP or TPC-C on a local cluster (memnode, tso and lockd child
 /// processes) over the shm fabric, with one transaction protocol or all of them side by
 /// side.
-#[derive(Parser, Debug, Clone)]
+///
+/// The flags also travel as JSON (serde), to the coordinator processes of `--cnodes`.
+#[derive(Parser, Debug, Clone, Serialize, Deserialize)]
 #[command(version, about, long_about = None, args_override_self = true)]
 pub struct Args {
     /// Read the experiment's settings from this TOML file: its keys are this command's
@@ -30,9 +33,12 @@ pub struct Args {
     /// (50% reads / 50% updates), ycsb-b (95/5), ycsb-c (reads), ycsb-d (95% reads of
     /// the latest keys / 5% inserts), ycsb-f (50% reads / 50% read-modify-writes), tatp
     /// (seven types, 80% reads, the specification's NURand subscriber ids) or tpcc (five
-    /// types, 45/43/4/4/4, each coordinator bound to a home warehouse). ycsb-e is
+    /// types, 45/43/4/4/4, each coordinator bound to a home warehouse) or pairs (groups
+    /// of --group-size objects: half the transactions write one fresh value to a whole
+    /// group, half read a group and fail the run if its values differ). ycsb-e is
     /// refused: no protocol here offers range scans.
     #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
+    #[serde(with = "as_str")]
     pub workload: Workload,
     /// TATP subscribers (s_id 1..=N; about 10 rows each over the four tables).
     #[arg(long, default_value_t = 100_000, value_name = "N")]
@@ -50,6 +56,13 @@ pub struct Args {
     /// set (0 to 1).
     #[arg(long, default_value_t = 0.9, value_name = "FRACTION")]
     pub hot_fraction: f64,
+    /// pairs: groups of objects (each written whole by one transaction).
+    #[arg(long, default_value_t = 10_000, value_name = "G")]
+    pub groups: u64,
+    /// pairs: objects per group (2 to 64), on different memory nodes when --memnodes
+    /// is at least this.
+    #[arg(long, default_value_t = 3, value_name = "K")]
+    pub group_size: usize,
     /// KVS / YCSB records (keys 0..N loaded).
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     pub records: u64,
@@ -65,6 +78,7 @@ pub struct Args {
     /// or all (occ-cas, scythe and mvcc one after another, each on a fresh cluster, then
     /// a comparison).
     #[arg(long, default_value = "scythe", value_name = "PROTOCOL")]
+    #[serde(with = "as_str")]
     pub protocol: ProtocolArg,
     /// Isolation of mvcc (and of the mvcc run of --protocol all): sr (serializable) or si
     /// (snapshot isolation). Default sr.
@@ -85,6 +99,7 @@ pub struct Args {
     /// (coroutines per thread); prints a table, and with --chart draws throughput
     /// against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
+    #[serde(with = "opt_str")]
     pub sweep: Option<Sweep>,
     /// Draw throughput against p99 per protocol to this .svg or .png file (with --sweep,
     /// one line per protocol through the sweep's points).
@@ -171,6 +186,42 @@ pub struct Args {
     /// passes only if commits continue after the restart (reported as `tso restart`).
     #[arg(long, value_name = "SECONDS")]
     pub kill_tso_after: Option<f64>,
+    /// Count committed transactions per interval of this many milliseconds (1 to 1000),
+    /// per coordinator process; print the timeline after the run and put it in the JSON
+    /// report, with, when a fault flag fired, the first interval after the fault whose
+    /// throughput reached 90% of the surviving coordinators' pre-fault share.
+    #[arg(long, value_name = "MS")]
+    pub timeline_ms: Option<u64>,
+    /// Write the run's history to this file as JSON Lines, one committed transaction a
+    /// line: `{"cnode":I,"incarnation":K,"type":"...","start_ns":..,"end_ns":..,
+    /// "reads":[[table,key,version],...],"writes":[[table,key,version],...]}` (times in
+    /// CLOCK_MONOTONIC ns; MVCC adds `"ts":[start,commit]`). One run only.
+    #[arg(long, value_name = "PATH")]
+    pub history_out: Option<PathBuf>,
+    /// Run the coordinators in this many coordinator processes (`cnode`, each with
+    /// --threads threads of --coroutines coordinators, its own node id), started after
+    /// the cluster is up and merged into one report; 1 runs them inside txn-bench.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub cnodes: usize,
+    /// Fault injection (--cnodes 2 or more): SIGKILL coordinator process --cn this many
+    /// seconds into the run; what it streamed before is kept.
+    #[arg(long, value_name = "SECONDS")]
+    pub kill_cn_after: Option<f64>,
+    /// With --kill-cn-after: start a new coordinator process with the same node id and
+    /// the next incarnation right after the kill.
+    #[arg(long)]
+    pub restart: bool,
+    /// Fault injection (--cnodes 2 or more): SIGSTOP coordinator process --cn this many
+    /// seconds into the run, SIGCONT it --stop-ms later.
+    #[arg(long, value_name = "SECONDS")]
+    pub stop_cn_after: Option<f64>,
+    /// With --stop-cn-after: milliseconds the process stays stopped.
+    #[arg(long, default_value_t = 300, value_name = "MS")]
+    pub stop_ms: u64,
+    /// The coordinator process the fault flags hit, 0 to --cnodes - 1 (default: the
+    /// last).
+    #[arg(long, value_name = "I")]
+    pub cn: Option<usize>,
     /// With `--kill-tso-after`: milliseconds the oracle stays down before its restart.
     #[arg(long, default_value_t = 300, value_name = "MS")]
     pub tso_down_ms: u64,
@@ -210,8 +261,63 @@ impl FromStr for ProtocolArg {
     }
 }
 
+impl fmt::Display for ProtocolArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::One(p) => write!(f, "{p}"),
+            Self::Mvcc => f.write_str("mvcc"),
+            Self::All => f.write_str("all"),
+        }
+    }
+}
+
+/// Serde of a flag value through its `Display` and `FromStr` (the flag's spelling).
+mod as_str {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    pub fn serialize<T: Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr<Err = String>,
+        D: serde::Deserializer<'de>,
+    {
+        let s: String = serde::Deserialize::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// [`as_str`] of an optional flag value.
+mod opt_str {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    pub fn serialize<T: Display, S: serde::Serializer>(
+        v: &Option<T>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<Option<T>, D::Error>
+    where
+        T: FromStr<Err = String>,
+        D: serde::Deserializer<'de>,
+    {
+        let s: Option<String> = serde::Deserialize::deserialize(d)?;
+        s.map(|s| s.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 /// The `--isolation` flag.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum IsolationArg {
     /// Serializability.
     Sr,
@@ -356,6 +462,44 @@ impl Args {
         {
             bail!("--kill-tso-after must lie within the run (0 <= SECONDS < --duration)");
         }
+        if self.timeline_ms.is_some_and(|ms| !(1..=1000).contains(&ms)) {
+            bail!("--timeline-ms must be 1 to 1000");
+        }
+        if self.history_out.is_some() && self.no_check {
+            bail!("--history-out needs the recorded history: drop --no-check");
+        }
+        if !(1..=MAX_CNODES).contains(&self.cnodes) {
+            bail!("--cnodes must be 1 to {MAX_CNODES} (got {})", self.cnodes);
+        }
+        let within = |s: Option<f64>| s.is_some_and(|k| !(k >= 0.0 && k < self.duration));
+        for (flag, at) in [
+            ("--kill-cn-after", self.kill_cn_after),
+            ("--stop-cn-after", self.stop_cn_after),
+        ] {
+            if at.is_some() && self.cnodes < 2 {
+                bail!("{flag} needs --cnodes 2 or more (the others keep running)");
+            }
+            if within(at) {
+                bail!("{flag} must lie within the run (0 <= SECONDS < --duration)");
+            }
+        }
+        if self.restart && self.kill_cn_after.is_none() {
+            bail!("--restart goes with --kill-cn-after");
+        }
+        if self.stop_cn_after.is_some() && self.stop_ms == 0 {
+            bail!("--stop-ms must be at least 1");
+        }
+        if let Some(cn) = self.cn {
+            if self.kill_cn_after.is_none() && self.stop_cn_after.is_none() {
+                bail!("--cn goes with --kill-cn-after or --stop-cn-after");
+            }
+            if cn >= self.cnodes {
+                bail!("--cn {cn} must be below --cnodes {}", self.cnodes);
+            }
+        }
+        if self.cnodes > 1 && self.breakdown {
+            bail!("--breakdown runs with the coordinators in txn-bench (--cnodes 1)");
+        }
         if !self.no_check && self.check_memory_mb == 0 {
             bail!("--check-memory-mb must be at least 1 (or pass --no-check)");
         }
@@ -424,6 +568,11 @@ pub(crate) const NODE_TSO: u32 = 3;
 /// Memory node `i` is node `NODE_MEMNODE + i`.
 pub(crate) const NODE_MEMNODE: u32 = 10;
 pub(crate) const NODE_CN: u32 = 100;
+/// Coordinator process `i` (`--cnodes`) is node `NODE_CNODE + i` (txn-bench itself is
+/// [`NODE_CN`]).
+pub(crate) const NODE_CNODE: u32 = NODE_CN + 1;
+/// Most coordinator processes a run starts.
+pub const MAX_CNODES: usize = 64;
 /// Most memory nodes a run starts (their node ids stay below the compute node's).
 pub const MAX_MEMNODES: u32 = NODE_CN - NODE_MEMNODE;
 

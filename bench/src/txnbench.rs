@@ -31,6 +31,8 @@
 //! cluster, audit the loaded data, measure (the coordinator coroutines are
 //! [`crate::driver`]'s), audit after the run, build the report and check the history.
 
+pub mod cnodes;
+
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -51,10 +53,11 @@ pub use crate::config_file::ConfigError;
 use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
 use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, WorkerStats};
+use crate::timeline::{CnodeTimeline, Fault, Timeline, TimelineReport};
 pub use crate::txn_args::{Args, IsolationArg, ProtocolArg, Sweep, MAX_MEMNODES};
 pub(crate) use crate::txn_args::{Point, NODE_CN, NODE_LOCKD, NODE_MEMNODE, NODE_TSO};
 use crate::workload::{AuditCx, Audited, Workload, WorkloadSpec};
-use crate::workload::{Coroutine, Mix};
+use crate::workload::{Coroutine, Mix, RunClock};
 
 /// The registry: the implementation of `args.workload`, its arguments checked.
 ///
@@ -72,6 +75,7 @@ pub fn workload_spec(args: &Args) -> anyhow::Result<Box<dyn WorkloadSpec>> {
         | Workload::YcsbF => Box::new(crate::ycsb::Ycsb::from_args(args)?),
         Workload::Tatp => Box::new(crate::tatp::Tatp::from_args(args)?),
         Workload::Tpcc => Box::new(crate::tpcc::Tpcc::from_args(args)?),
+        Workload::Pairs => Box::new(crate::pairs::Pairs::from_args(args)?),
     })
 }
 
@@ -137,6 +141,9 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     let plan: Vec<(usize, Protocol)> = (0..points.len())
         .flat_map(|i| protocols.iter().map(move |&p| (i, p)))
         .collect();
+    if plan.len() > 1 && args.history_out.is_some() {
+        anyhow::bail!("--history-out takes one run: not with --protocol all or --sweep");
+    }
     let base = args
         .cluster
         .clone()
@@ -353,24 +360,45 @@ fn run_one(
     );
     audited.judge(initial_total, &mut report);
     report.outcomes = workload.outcomes(&report);
+    if let (Some(path), false) = (&args.history_out, measured.history_written) {
+        write_history(path, &workload.kinds(), &measured.workers)?;
+    }
     if !args.no_check {
         check_history(protocol, checks, &mut report, &mut measured.workers)?;
     }
     Ok(report)
 }
 
+/// `--history-out` of the in-process coordinators (compute node 0, incarnation 0).
+fn write_history(
+    path: &Path,
+    kinds: &[&'static str],
+    workers: &[WorkerStats],
+) -> anyhow::Result<()> {
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    let mut n = 0;
+    for h in workers.iter().filter_map(|w| w.history.as_ref()) {
+        n += crate::history_out::write_lines(&mut w, crate::history_out::lines(h, kinds, 0, 0))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    std::io::Write::flush(&mut w).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {n} committed transactions to {}", path.display());
+    Ok(())
+}
+
 /// A run's cluster: this process's fabric, the memory nodes (loaded with the
 /// workload's data), the timestamp oracle and, when the protocol needs one, the lock
 /// service, as child processes.
-struct RunCluster {
-    cluster: LocalCluster,
-    fabric: Fabric,
-    addrs: ClusterAddrs,
+pub(crate) struct RunCluster {
+    pub(crate) cluster: LocalCluster,
+    pub(crate) fabric: Fabric,
+    pub(crate) addrs: ClusterAddrs,
     /// The fabric flags every service gets (`--fabric`, `--model`, ...).
-    common: Vec<String>,
+    pub(crate) common: Vec<String>,
     /// The oracle's epoch file: each (re)start persists a larger epoch there, so
     /// timestamps never go back (tso::epoch). Per run, removed at shutdown.
-    tso_state: PathBuf,
+    pub(crate) tso_state: PathBuf,
 }
 
 impl RunCluster {
@@ -483,7 +511,7 @@ impl RunCluster {
     }
 
     /// The oracle's flags, listening on `listen`.
-    fn tso_args(&self, listen: &str) -> Vec<String> {
+    pub(crate) fn tso_args(&self, listen: &str) -> Vec<String> {
         tso_args(&self.common, &self.tso_state, listen)
     }
 
@@ -550,10 +578,15 @@ fn print_header(
     checks: &str,
 ) {
     println!(
-        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {} thread(s) x {} coroutines | {} | {} | {} memnode(s), {} versions | {} s | check: {checks}",
+        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines | {} | {} | {} memnode(s), {} versions | {} s | check: {checks}",
         workload.label(),
         cluster.fabric.describe(),
         cluster.fabric.model_description(),
+        if args.cnodes > 1 {
+            format!("{} coordinator processes x ", args.cnodes)
+        } else {
+            String::new()
+        },
         args.threads.unwrap_or(1).max(1),
         point.coroutines,
         workload.scale(),
@@ -565,15 +598,23 @@ fn print_header(
 }
 
 /// What the measured part of a run left.
-struct Measured {
+pub(crate) struct Measured {
     /// Each coordinator thread's counters and history, in thread order.
-    workers: Vec<WorkerStats>,
+    pub(crate) workers: Vec<WorkerStats>,
     /// From the coordinators' common start to the end of the run.
-    elapsed: Duration,
+    pub(crate) elapsed: Duration,
     /// `--kill-tso-after`: the restart, complete.
-    tso_restart: Option<TsoRestart>,
+    pub(crate) tso_restart: Option<TsoRestart>,
     /// With `--breakdown`: each process's CPU time during the run.
-    cpu: Vec<ProcessCpu>,
+    pub(crate) cpu: Vec<ProcessCpu>,
+    /// Commits and aborts per interval, per compute node (counted with `--timeline-ms`).
+    pub(crate) timelines: Vec<CnodeTimeline>,
+    /// The fault injected, if any (for the timeline's recovery line).
+    pub(crate) fault: Option<Fault>,
+    /// What happened to coordinator processes.
+    pub(crate) cnode_events: Vec<String>,
+    /// `--history-out` was written as the history streamed in.
+    pub(crate) history_written: bool,
 }
 
 /// Each process's CPU used between two samples of [`RunCluster::cpu_times`] (a process
@@ -610,14 +651,16 @@ fn measure(
     mix: Arc<dyn Mix>,
     stop: &AtomicBool,
 ) -> anyhow::Result<Measured> {
+    if args.cnodes > 1 {
+        return cnodes::measure(args, workload, cluster, protocol, point, stop);
+    }
     let threads = args.threads.unwrap_or(1).max(1);
-    let cfg = TxnConfig {
-        protocol,
-        lock_wait: Duration::from_micros(args.lock_wait_us),
-        history_limit_bytes: (!args.no_check).then(|| (args.check_memory_mb << 20) / threads),
-        tocc_wait: Duration::from_micros(args.tocc_wait_us),
-        record_phases: args.breakdown,
-        ..TxnConfig::default()
+    let cfg = txn_config(args, protocol, threads);
+    let t0 = Arc::new(AtomicU64::new(0));
+    let clock = RunClock {
+        t0_ns: 0,
+        interval_ns: interval_ns(args),
+        wall: args.history_out.is_some(),
     };
     // Workers connect, then start together. `run_stop` ends this run (its deadline, a
     // service failure, or `stop`).
@@ -638,6 +681,11 @@ fn measure(
             cfg: cfg.clone(),
             addrs: cluster.addrs.clone(),
             core: (!cores.is_empty()).then(|| cores[tid % cores.len()]),
+            clock,
+            t0: t0.clone(),
+            go: None,
+            flush: None,
+            incarnation: 0,
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -653,6 +701,7 @@ fn measure(
         );
     }
     let cpu_before = args.breakdown.then(|| cluster.cpu_times());
+    t0.store(txn::history::monotonic_ns(), Ordering::SeqCst);
     start_gate.wait();
     let started = std::time::Instant::now();
     let watched = watch(
@@ -677,12 +726,52 @@ fn measure(
         r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
     }
+    let mut timeline = Timeline::default();
+    for w in &workers {
+        timeline.add(&w.timeline);
+    }
     Ok(Measured {
         workers,
         elapsed,
+        fault: tso_fault(tso_restart.as_ref()),
         tso_restart,
         cpu,
+        timelines: vec![CnodeTimeline {
+            cnode: 0,
+            commits: timeline.commits,
+            aborts: timeline.aborts,
+        }],
+        cnode_events: Vec::new(),
+        history_written: false,
     })
+}
+
+/// The oracle's restart as the timeline's fault.
+pub(crate) fn tso_fault(r: Option<&TsoRestart>) -> Option<Fault> {
+    r.map(|r| Fault {
+        what: "tso killed".into(),
+        at_ms: r.killed_at_s * 1e3,
+        cnode: None,
+    })
+}
+
+/// The timeline's interval, ns: `--timeline-ms`, else 0 (nothing counted).
+pub(crate) fn interval_ns(args: &Args) -> u64 {
+    args.timeline_ms.map_or(0, |ms| ms * 1_000_000)
+}
+
+/// The coordinators' settings under `protocol`, the history memory split over
+/// `threads` threads.
+pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> TxnConfig {
+    TxnConfig {
+        protocol,
+        lock_wait: Duration::from_micros(args.lock_wait_us),
+        history_limit_bytes: (!args.no_check)
+            .then(|| (args.check_memory_mb << 20) / threads.max(1)),
+        tocc_wait: Duration::from_micros(args.tocc_wait_us),
+        record_phases: args.breakdown,
+        ..TxnConfig::default()
+    }
 }
 
 /// The run's control loop, from `started` until the duration is over or `run_stop` is
@@ -797,6 +886,17 @@ fn build_report(
     report.cpu = measured.cpu.clone();
     report.breakdown = breakdown_rows(workload, &measured.workers);
     report.tocc_share = tocc_share(&measured.workers);
+    report.cnodes = args.cnodes;
+    report.cnode_events = measured.cnode_events.clone();
+    if let Some(ms) = args.timeline_ms {
+        let intervals = (measured.elapsed.as_nanos() as u64).div_ceil(ms * 1_000_000) as usize;
+        report.timeline = Some(TimelineReport::new(
+            ms,
+            measured.timelines.clone(),
+            intervals,
+            measured.fault.clone(),
+        ));
+    }
     report.serializability_required = protocol != Protocol::Mvcc(Isolation::Snapshot);
     report.snapshot_isolation_required = protocol == Protocol::Mvcc(Isolation::Snapshot);
     report
@@ -866,25 +966,41 @@ fn check_history(
 }
 
 /// What one coordinator thread runs.
-struct WorkerPlan {
-    tid: usize,
-    coroutines: usize,
-    seed: u64,
-    max_backoff_us: u64,
+pub(crate) struct WorkerPlan {
+    /// The thread's index among all coordinator threads of the run (seeds and TPC-C
+    /// home warehouses follow it).
+    pub(crate) tid: usize,
+    pub(crate) coroutines: usize,
+    pub(crate) seed: u64,
+    pub(crate) max_backoff_us: u64,
     /// Names of the transaction kinds.
-    kinds: Vec<&'static str>,
+    pub(crate) kinds: Vec<&'static str>,
     /// TPC-C warehouses (home warehouse of coroutine g over all threads: g mod N + 1).
-    warehouses: u16,
+    pub(crate) warehouses: u16,
     /// Each coroutine runs one transaction of every kind before the mix.
-    each_type_first: bool,
-    cfg: TxnConfig,
-    addrs: ClusterAddrs,
-    core: Option<core_affinity::CoreId>,
+    pub(crate) each_type_first: bool,
+    pub(crate) cfg: TxnConfig,
+    pub(crate) addrs: ClusterAddrs,
+    pub(crate) core: Option<core_affinity::CoreId>,
+    /// The run's clock; its `t0_ns` is read from `t0` once the threads start together.
+    pub(crate) clock: RunClock,
+    pub(crate) t0: Arc<AtomicU64>,
+    /// Coordinator processes: a second barrier after `gate`, passed when the parent
+    /// says go (the run's `t0` is stored by then).
+    pub(crate) go: Option<Arc<Barrier>>,
+    /// Coordinator processes: where the thread streams its stats and history while it
+    /// runs ([`crate::cnode`]).
+    pub(crate) flush: Option<crate::cnode::Flush>,
+    /// The compute node's incarnation (0 in `txn-bench` itself, +1 per restart of a
+    /// coordinator process). TODO(recovery): into the transaction ids once the txn
+    /// layer takes it (today a restarted compute node's ids repeat its previous
+    /// incarnation's).
+    pub(crate) incarnation: u32,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
 /// coroutines of `mix` until `stop`, and return the thread's counters and history.
-fn worker(
+pub(crate) fn worker(
     w: WorkerPlan,
     fabric: Fabric,
     mix: Arc<dyn Mix>,
@@ -902,6 +1018,9 @@ fn worker(
         anyhow::Ok((ctx, client))
     })();
     gate.wait();
+    if let Some(go) = &w.go {
+        go.wait();
+    }
     let (ctx, client) =
         connected.with_context(|| format!("coordinator thread {tid} connecting"))?;
     let stats = Rc::new(RefCell::new(WorkerStats::with_kinds(w.kinds.len())));
@@ -909,7 +1028,17 @@ fn worker(
         stats.borrow_mut().breakdown = Some(Breakdown::with_kinds(w.kinds.len()));
     }
     let kinds: Rc<[&'static str]> = w.kinds.clone().into();
+    let clock = RunClock {
+        t0_ns: w.t0.load(Ordering::SeqCst),
+        ..w.clock
+    };
     let mut ex = Executor::new(ctx.clone());
+    if let Some(f) = &w.flush {
+        ex.spawn(
+            f.clone()
+                .run(clock, tid, client.clone(), stats.clone(), stop.clone()),
+        );
+    }
     for co in 0..w.coroutines {
         let coroutine = Coroutine {
             client: client.clone(),
@@ -917,10 +1046,14 @@ fn worker(
             stop: stop.clone(),
             committed: committed.clone(),
             kinds: kinds.clone(),
-            seed: w.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            // A restarted compute node draws other transactions than its predecessor.
+            seed: w.seed
+                ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ u64::from(w.incarnation).wrapping_mul(0xA076_1D64_78BD_642F),
             max_backoff_us: w.max_backoff_us,
             home: ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1,
             each_type_first: w.each_type_first,
+            clock,
         };
         mix.clone().spawn(&mut ex, coroutine);
     }
@@ -957,7 +1090,7 @@ fn worker(
 /// `--kill-tso-after`: SIGKILL the oracle, keep it down for `down`, restart it with the
 /// same state directory and address (`args`), and record the epochs and the commits so
 /// far (the rest of the record is filled in after the run).
-fn restart_tso(
+pub(crate) fn restart_tso(
     cluster: &mut LocalCluster,
     state: &std::path::Path,
     args: &[String],
@@ -1114,6 +1247,62 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+        // Timeline, history file, coordinator processes and their faults.
+        assert!(err(&["--timeline-ms", "0"]).contains("--timeline-ms must be 1 to 1000"));
+        assert!(err(&["--timeline-ms", "1001"]).contains("--timeline-ms"));
+        assert!(err(&["--history-out", "h", "--no-check"]).contains("drop --no-check"));
+        assert!(err(&["--cnodes", "0"]).contains("--cnodes must be 1 to"));
+        assert!(err(&["--kill-cn-after", "1"]).contains("needs --cnodes 2 or more"));
+        assert!(err(&["--stop-cn-after", "1"]).contains("needs --cnodes 2 or more"));
+        let two = ["--cnodes", "2", "--duration", "2"];
+        let with = |extra: &[&str]| err(&[&two[..], extra].concat());
+        assert!(with(&["--kill-cn-after", "2"]).contains("must lie within the run"));
+        assert!(with(&["--stop-cn-after=-1"]).contains("must lie within the run"));
+        assert!(with(&["--kill-cn-after", "1", "--cn", "2"])
+            .contains("--cn 2 must be below --cnodes 2"));
+        assert!(with(&["--restart"]).contains("--restart goes with --kill-cn-after"));
+        assert!(with(&["--cn", "0"]).contains("--cn goes with"));
+        assert!(with(&["--stop-cn-after", "1", "--stop-ms", "0"]).contains("--stop-ms"));
+        assert!(with(&["--breakdown"]).contains("--cnodes 1"));
+        let ok = args(
+            &[
+                &two[..],
+                &[
+                    "--threads",
+                    "1",
+                    "--kill-cn-after",
+                    "1",
+                    "--restart",
+                    "--cn",
+                    "0",
+                ],
+            ]
+            .concat(),
+        );
+        assert!(ok.validate().is_ok());
+    }
+
+    #[test]
+    fn the_flags_travel_to_coordinator_processes_as_json() {
+        let a = args(&[
+            "--workload",
+            "pairs",
+            "--protocol",
+            "mvcc-si",
+            "--sweep",
+            "theta=0,0.5",
+            "--groups",
+            "7",
+        ]);
+        let back: Args = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back.workload, Workload::Pairs);
+        assert_eq!(back.protocols().unwrap(), a.protocols().unwrap());
+        assert_eq!(back.sweep, a.sweep);
+        assert_eq!(back.groups, 7);
+        let e = serde_json::from_str::<Args>(
+            &serde_json::to_string(&a).unwrap().replace("mvcc-si", "2pl"),
+        );
+        assert!(e.unwrap_err().to_string().contains("unknown protocol"));
     }
 
     #[test]

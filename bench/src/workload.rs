@@ -1,7 +1,8 @@
 //! The workloads of `txn-bench`: the `--workload` flag ([`Workload`]) and the interface
 //! each workload implements in its own file ([`WorkloadSpec`] for what a run does with
 //! it, [`Profiles`] for its transactions): SmallBank ([`crate::smallbank`]), the KVS /
-//! YCSB family ([`crate::ycsb`]), TATP ([`crate::tatp`]) and TPC-C ([`crate::tpcc`]).
+//! YCSB family ([`crate::ycsb`]), TATP ([`crate::tatp`]), TPC-C ([`crate::tpcc`]) and the
+//! atomicity workload `pairs` ([`crate::pairs`]).
 //!
 //! A run asks the workload, in order: its arguments checked and resolved (the
 //! constructor the registry [`crate::txnbench::workload_spec`] calls), the flags that make each memory node load
@@ -50,6 +51,9 @@ pub enum Workload {
     Tatp,
     /// TPC-C: five transaction types in the standard mix (45/43/4/4/4).
     Tpcc,
+    /// The atomicity workload: groups of objects written whole, read whole
+    /// ([`crate::pairs`]).
+    Pairs,
 }
 
 impl FromStr for Workload {
@@ -65,6 +69,7 @@ impl FromStr for Workload {
             "ycsb-f" => Self::YcsbF,
             "tatp" => Self::Tatp,
             "tpcc" | "tpc-c" => Self::Tpcc,
+            "pairs" => Self::Pairs,
             "ycsb-e" => {
                 return Err("ycsb-e needs range scans, which none of the protocols \
                             (occ-cas, scythe, mvcc) supports: use ycsb-a, ycsb-b, ycsb-c, \
@@ -74,7 +79,7 @@ impl FromStr for Workload {
             _ => {
                 return Err(format!(
                     "unknown workload {s:?}: smallbank, kvs, ycsb-a, ycsb-b, ycsb-c, ycsb-d, \
-                     ycsb-f, tatp or tpcc"
+                     ycsb-f, tatp, tpcc or pairs"
                 ))
             }
         })
@@ -100,19 +105,23 @@ impl Workload {
             Self::YcsbF => "ycsb-f",
             Self::Tatp => "tatp",
             Self::Tpcc => "tpcc",
+            Self::Pairs => "pairs",
         }
     }
 
     /// Whether the workload runs on the KVS table (`kvs` and the YCSB presets).
     pub fn is_kvs(self) -> bool {
-        !matches!(self, Self::SmallBank | Self::Tatp | Self::Tpcc)
+        !matches!(
+            self,
+            Self::SmallBank | Self::Tatp | Self::Tpcc | Self::Pairs
+        )
     }
 
     /// KVS / YCSB: percent of operations that write (update, read-modify-write or
     /// insert); 0 for the other workloads.
     pub fn write_percent(self) -> u32 {
         match self {
-            Self::SmallBank | Self::Tatp | Self::Tpcc | Self::YcsbC => 0,
+            Self::SmallBank | Self::Tatp | Self::Tpcc | Self::Pairs | Self::YcsbC => 0,
             Self::Kvs | Self::YcsbA | Self::YcsbF => 50,
             Self::YcsbB | Self::YcsbD => 5,
         }
@@ -323,6 +332,30 @@ pub struct Coroutine {
     pub home: u16,
     /// Run one transaction of every kind, in order, before the mix.
     pub each_type_first: bool,
+    /// The run's clock: the timeline's intervals and the history's wall-clock times.
+    pub clock: RunClock,
+}
+
+/// What a coordinator coroutine times: commits and aborts per interval of the run
+/// ([`crate::timeline::Timeline`]) and the wall-clock times of the recorded history.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunClock {
+    /// The run's start, `CLOCK_MONOTONIC` ns ([`txn::history::monotonic_ns`]); interval
+    /// `i` is `[t0 + i * interval, t0 + (i + 1) * interval)`.
+    pub t0_ns: u64,
+    /// Interval length, ns; 0 counts nothing per interval.
+    pub interval_ns: u64,
+    /// Record each committed transaction's `CLOCK_MONOTONIC` start and end in the
+    /// history (`--history-out`, coordinator processes).
+    pub wall: bool,
+}
+
+impl RunClock {
+    /// The interval `now_ns` falls in (0 before the start), `None` when not counting.
+    pub fn interval(&self, now_ns: u64) -> Option<usize> {
+        (self.interval_ns > 0)
+            .then(|| (now_ns.saturating_sub(self.t0_ns) / self.interval_ns) as usize)
+    }
 }
 
 /// A workload's profiles with their type erased: what a coordinator thread starts its
@@ -357,6 +390,7 @@ mod tests {
             "ycsb-f",
             "tatp",
             "tpcc",
+            "pairs",
         ] {
             let parsed = w.parse::<Workload>().unwrap();
             assert_eq!(parsed.name(), w);
@@ -385,6 +419,7 @@ mod tests {
             ("ycsb-f", "ycsb-f", 2),
             ("tatp", "TATP", 7),
             ("tpcc", "TPC-C", 5),
+            ("pairs", "pairs", 2),
         ] {
             let w = spec(&args(&["--workload", flag])).unwrap();
             assert_eq!(w.workload().name(), flag);
@@ -431,6 +466,11 @@ mod tests {
         assert!(e.contains("NURand"), "{e}");
         assert!(refusal(&["--workload", "tpcc", "--warehouses", "0"]).contains("--warehouses"));
         assert!(refusal(&["--workload", "tpcc", "--hot-accounts", "2"]).contains("smallbank only"));
+        // pairs.
+        assert!(refusal(&["--workload", "pairs", "--groups", "0"]).contains("--groups"));
+        assert!(refusal(&["--workload", "pairs", "--group-size", "1"]).contains("--group-size"));
+        let e = refusal(&["--workload", "pairs", "--groups", "100000000"]);
+        assert!(e.contains("at most 67108864 objects"), "{e}");
     }
 
     fn report(net: i64) -> Report {

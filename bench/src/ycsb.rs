@@ -201,7 +201,7 @@ pub fn kinds(preset: Workload) -> Vec<&'static str> {
         Workload::YcsbC => vec!["read-only"],
         Workload::YcsbD => vec!["read-only", "insert"],
         Workload::YcsbF => vec!["read-only", "read-modify-write"],
-        Workload::SmallBank | Workload::Tatp | Workload::Tpcc => Vec::new(),
+        Workload::SmallBank | Workload::Tatp | Workload::Tpcc | Workload::Pairs => Vec::new(),
     }
 }
 

@@ -20,6 +20,15 @@
 //! untimed one holding a marker, so a history that mixes both stays one flat array. A
 //! history stops recording at its byte limit and counts what it left out, so a long run
 //! stays bounded and the check says it was partial.
+//!
+//! Wall-clock times: a transaction recorded while the thread's attempt start is set
+//! ([`AttemptStart::set`], by the caller that runs the attempt) also carries
+//! `(start_ns, end_ns)` in `CLOCK_MONOTONIC` nanoseconds ([`monotonic_ns`]): the
+//! attempt's start and the moment it was recorded (its commit, before its locks are
+//! released). They take [`WALL_BYTES`] per transaction, like the timestamps, only once
+//! one transaction of the history has them.
+
+use std::cell::Cell;
 
 /// Whether an access read or wrote the object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -74,6 +83,48 @@ pub const TXN_BYTES: usize = std::mem::size_of::<u32>() + std::mem::size_of::<u1
 /// history that holds at least one timed transaction.
 pub const TIMES_BYTES: usize = std::mem::size_of::<(u64, u64)>();
 
+/// Bytes a transaction's wall-clock `(start_ns, end_ns)` take, for every transaction of a
+/// history that holds at least one with them.
+pub const WALL_BYTES: usize = std::mem::size_of::<(u64, u64)>();
+
+/// The `(start_ns, end_ns)` slot of a transaction recorded without wall-clock times.
+const NO_WALL: (u64, u64) = (0, 0);
+
+/// `CLOCK_MONOTONIC` now, nanoseconds (the clock every process of a host shares, so
+/// times recorded by different processes compare; `rrpc`'s timing model reads the same).
+pub fn monotonic_ns() -> u64 {
+    rrpc::fabric::model::now_ns()
+}
+
+thread_local! {
+    /// The start of the attempt running on this thread right now, `CLOCK_MONOTONIC` ns
+    /// (0: none, or not wanted).
+    static ATTEMPT_START_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// While alive, transactions this thread records carry wall-clock times starting at the
+/// given start (a coroutine sets it around each poll of its attempt, so the coroutines
+/// of one thread never see each other's). Dropping it restores the previous value.
+pub struct AttemptStart {
+    prev: u64,
+}
+
+impl AttemptStart {
+    /// Mark `start_ns` (`CLOCK_MONOTONIC` ns, [`monotonic_ns`]; 0 for none) as the start
+    /// of the attempt this thread runs until the guard is dropped.
+    pub fn set(start_ns: u64) -> Self {
+        Self {
+            prev: ATTEMPT_START_NS.with(|c| c.replace(start_ns)),
+        }
+    }
+}
+
+impl Drop for AttemptStart {
+    fn drop(&mut self) {
+        ATTEMPT_START_NS.with(|c| c.set(self.prev));
+    }
+}
+
 const _: () = assert!(ACCESS_BYTES == 24);
 const _: () = assert!(TIMES_BYTES == 16);
 
@@ -95,6 +146,9 @@ pub struct History {
     /// (start, commit) timestamps of each transaction ([`UNTIMED`] for one recorded
     /// without them); empty while no transaction has them.
     times: Vec<(u64, u64)>,
+    /// Wall-clock `(start_ns, end_ns)` of each transaction ([`NO_WALL`] for one recorded
+    /// without them); empty while no transaction has them.
+    wall: Vec<(u64, u64)>,
     limit_bytes: usize,
     /// Committed transactions not recorded because the limit was reached.
     dropped: u64,
@@ -159,7 +213,17 @@ impl History {
             (true, true) => self.len() + 1,
             (false, true) => 0,
         };
-        let after = self.bytes() + TXN_BYTES + n * ACCESS_BYTES + time_slots * TIMES_BYTES;
+        let start_ns = ATTEMPT_START_NS.with(Cell::get);
+        let wall_slots = match (start_ns != 0, self.wall.is_empty()) {
+            (_, false) => 1,
+            (true, true) => self.len() + 1,
+            (false, true) => 0,
+        };
+        let after = self.bytes()
+            + TXN_BYTES
+            + n * ACCESS_BYTES
+            + time_slots * TIMES_BYTES
+            + wall_slots * WALL_BYTES;
         let end = self.accesses.len() + n;
         if self.dropped > 0 || after > self.limit_bytes || end > u32::MAX as usize {
             self.dropped += 1;
@@ -176,6 +240,14 @@ impl History {
         if time_slots > 0 {
             self.times.resize(self.ends.len() - 1, UNTIMED);
             self.times.push(times.unwrap_or(UNTIMED));
+        }
+        if wall_slots > 0 {
+            self.wall.resize(self.ends.len() - 1, NO_WALL);
+            self.wall.push(if start_ns == 0 {
+                NO_WALL
+            } else {
+                (start_ns, monotonic_ns())
+            });
         }
         true
     }
@@ -199,6 +271,15 @@ impl History {
                     .resize(self.kinds.len() + other.kinds.len(), UNTIMED);
             } else {
                 self.times.extend_from_slice(&other.times);
+            }
+        }
+        if !self.wall.is_empty() || !other.wall.is_empty() {
+            self.wall.resize(self.kinds.len(), NO_WALL);
+            if other.wall.is_empty() {
+                self.wall
+                    .resize(self.kinds.len() + other.kinds.len(), NO_WALL);
+            } else {
+                self.wall.extend_from_slice(&other.wall);
             }
         }
         self.kinds.extend_from_slice(&other.kinds);
@@ -225,6 +306,7 @@ impl History {
         self.accesses.len() * ACCESS_BYTES
             + self.ends.len() * TXN_BYTES
             + self.times.len() * TIMES_BYTES
+            + self.wall.len() * WALL_BYTES
     }
 
     /// Transaction `i`'s kind and accesses. Panics when `i >= len()`.
@@ -238,6 +320,17 @@ impl History {
     pub fn times(&self, i: usize) -> Option<(u64, u64)> {
         assert!(i < self.len(), "times({i}) of {} transactions", self.len());
         self.times.get(i).copied().filter(|&t| t != UNTIMED)
+    }
+
+    /// Transaction `i`'s wall-clock `(start_ns, end_ns)` in `CLOCK_MONOTONIC` ns, `None`
+    /// when it was recorded without an [`AttemptStart`]. Panics when `i >= len()`.
+    pub fn wall_ns(&self, i: usize) -> Option<(u64, u64)> {
+        assert!(
+            i < self.len(),
+            "wall_ns({i}) of {} transactions",
+            self.len()
+        );
+        self.wall.get(i).copied().filter(|&t| t != NO_WALL)
     }
 
     /// Every access with the index of its transaction.
@@ -355,6 +448,26 @@ mod tests {
         assert!(one(&mut h, None), "its slot fits exactly");
         assert!(!one(&mut h, None));
         assert_eq!((h.len(), h.dropped()), (2, 1));
+
+        // Wall-clock times: only while an attempt start is set; kept through append.
+        let mut h = History::new(usize::MAX);
+        one(&mut h, None);
+        let t0 = monotonic_ns();
+        {
+            let _g = AttemptStart::set(t0);
+            one(&mut h, None);
+        }
+        one(&mut h, None);
+        assert_eq!(h.wall_ns(0), None);
+        let (s, e) = h.wall_ns(1).expect("recorded with a start");
+        assert!(s == t0 && e >= t0, "({s}, {e}) from {t0}");
+        assert_eq!(h.wall_ns(2), None, "the guard restored no start");
+        assert_eq!(h.bytes(), 3 * (per + WALL_BYTES));
+        let mut all = History::new(usize::MAX);
+        one(&mut all, None);
+        all.append(h);
+        assert_eq!(all.wall_ns(2), Some((s, e)));
+        assert_eq!((all.wall_ns(0), all.wall_ns(3)), (None, None));
 
         // The marker pair reads back as untimed.
         let mut h = History::new(usize::MAX);

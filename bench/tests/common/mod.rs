@@ -292,3 +292,45 @@ pub fn assert_checked_run(r: &serde_json::Value, kinds: &[&str], stdout: &str) {
         assert!(stdout.contains(check), "{stdout}");
     }
 }
+
+/// Run the real `txn-bench` with `args` (and `--json`), killed after `limit` (a
+/// watchdog: the test fails instead of hanging). Returns whether it exited 0, its
+/// stdout and its JSON summary.
+pub fn txn_bench_watched(
+    name: &str,
+    args: &[&str],
+    limit: Duration,
+) -> (bool, String, serde_json::Value) {
+    let _one = serial();
+    let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run txn-bench");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+        s
+    });
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("txn-bench {args:?} still running after {limit:?}: killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = reader.join().unwrap();
+    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap_or_default())
+        .unwrap_or(serde_json::Value::Null);
+    let _ = std::fs::remove_file(&json);
+    (status.success(), stdout, summary)
+}

@@ -1,0 +1,572 @@
+//! Coordinator processes (`txn-bench --cnodes N`): each compute node's coordinators
+//! (threads x coroutines, the same driver as in `txn-bench`) run in a `cnode` child
+//! process of their own, with their own node id, against the cluster `txn-bench`
+//! started; so one compute node can be killed, stopped or restarted alone.
+//!
+//! The child (`txnbench::cnodes::main`, the `cnode` binary) connects, runs [`before_serving`], says
+//! `ready` on stdout, waits for `go <t0_ns>` on stdin (or starts at once with `--t0-ns`,
+//! as a restarted child does), and runs until a `stop` line on stdin or SIGTERM. While
+//! it runs it streams JSON lines ([`Msg`]) to its parent every 100 ms: each thread's
+//! commits and aborts per interval, its newly committed transactions (the history,
+//! [`crate::history_out::HistoryLine`]), every 500 ms its counters with its latency
+//! histograms (HDR V2, hex), and at the end all of these once more and `done`. A child
+//! that is killed leaves what it streamed up to its last batch.
+//!
+//! The parent (`measure`, behind `txn-bench --cnodes`) starts the children, says go, applies the fault flags
+//! (`--kill-cn-after [--restart]`, `--stop-cn-after --stop-ms`, `--kill-tso-after`),
+//! reports a child that dies (and calls [`on_cnode_death`]), stops the survivors after
+//! `--duration`, and merges the streams: one set of per-thread counters for the report,
+//! one history for the checks (and `--history-out`), one timeline row per compute node
+//! (its incarnations summed).
+//!
+//! Node ids: compute node `i` is node `NODE_CNODE + i` (101, 102, ...: above the
+//! services and `txn-bench`'s own 100), the same for each of its incarnations.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use clap::Parser;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
+use serde::{Deserialize, Serialize};
+use txn::coordinator::{ClusterAddrs, TxnClient};
+use txn::history::History;
+
+use crate::history_out::HistoryLine;
+use crate::report::WorkerStats;
+use crate::txn_args::NODE_CNODE;
+use crate::workload::RunClock;
+
+/// How often a child streams its intervals and history.
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// Flushes between two snapshots of a thread's counters and histograms (500 ms).
+pub(crate) const STATS_EVERY: u32 = 5;
+/// The interval a child counts in without `--timeline-ms` (for progress lines).
+pub(crate) const DEFAULT_INTERVAL_MS: u64 = 100;
+/// How long a child may take to connect and say ready, and to finish after `stop`.
+pub(crate) const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One line of a child's stream.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(tag = "msg", rename_all = "kebab-case")]
+pub enum Msg {
+    /// Connected; waiting for `go` (unless started with `--t0-ns`).
+    Ready {
+        /// Node id.
+        node: u32,
+        /// Incarnation.
+        incarnation: u32,
+        /// Process id.
+        pid: u32,
+    },
+    /// Thread `tid`'s commits and aborts of intervals `from..from + commits.len()`
+    /// (absolute counts; they replace what an earlier line said of those intervals).
+    Interval {
+        /// Thread.
+        tid: usize,
+        /// First interval.
+        from: usize,
+        /// Commits per interval.
+        commits: Vec<u64>,
+        /// Attempts that did not commit, per interval.
+        aborts: Vec<u64>,
+    },
+    /// Transactions committed since the last batch.
+    History {
+        /// One per transaction.
+        lines: Vec<HistoryLine>,
+    },
+    /// Thread `tid`'s counters so far (replacing the last snapshot).
+    Stats {
+        /// Thread.
+        tid: usize,
+        /// Counters and histograms.
+        stats: Box<WireStats>,
+    },
+    /// A thread failed (connecting, or it panicked).
+    Error {
+        /// The error chain.
+        error: String,
+    },
+    /// Every thread finished and said all; the process exits.
+    Done,
+}
+
+/// One transaction type's counters as they travel.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+pub struct WireType {
+    attempts: u64,
+    commits: u64,
+    aborts: u64,
+    user_aborts: u64,
+    failed_lookups: u64,
+    abort_reasons: Vec<u64>,
+    /// Latencies of committed transactions, ns: HDR V2 serialized, hex.
+    hist: String,
+}
+
+/// A thread's [`WorkerStats`] as they travel (its history travels as lines).
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+pub struct WireStats {
+    types: Vec<WireType>,
+    net: i64,
+    inserted: Vec<u64>,
+    abort_reasons: Vec<u64>,
+    fatal: Vec<String>,
+    /// sq_full, wrs, doorbells, messages, buckets.
+    rpc: [u64; 5],
+    tso_epoch: u16,
+    tso_reconnects: u64,
+    /// (table, attempts, tocc).
+    tocc_share: Vec<(String, u64, u64)>,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        bail!("odd hex length {}", s.len());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| anyhow!("bad hex: {e}")))
+        .collect()
+}
+
+impl WireStats {
+    /// `s` as it travels.
+    pub fn from_stats(s: &WorkerStats) -> Self {
+        let types = s
+            .types
+            .iter()
+            .map(|t| {
+                let mut buf = Vec::new();
+                let _ = V2Serializer::new().serialize(&t.hist, &mut buf);
+                WireType {
+                    attempts: t.attempts,
+                    commits: t.commits,
+                    aborts: t.aborts,
+                    user_aborts: t.user_aborts,
+                    failed_lookups: t.failed_lookups,
+                    abort_reasons: t.abort_reasons.to_vec(),
+                    hist: hex(&buf),
+                }
+            })
+            .collect();
+        Self {
+            types,
+            net: s.net,
+            inserted: s.inserted.clone(),
+            abort_reasons: s.abort_reasons.to_vec(),
+            fatal: s.fatal.clone(),
+            rpc: [
+                s.rpc.sq_full,
+                s.rpc.wrs,
+                s.rpc.doorbells,
+                s.rpc.messages,
+                s.rpc.buckets,
+            ],
+            tso_epoch: s.tso_epoch,
+            tso_reconnects: s.tso_reconnects,
+            tocc_share: s
+                .tocc_share
+                .iter()
+                .map(|t| (t.table.clone(), t.attempts, t.tocc))
+                .collect(),
+        }
+    }
+
+    /// Back to counters of `kinds` kinds. Errors: another number of kinds, a histogram
+    /// that does not decode.
+    pub fn into_stats(self, kinds: usize) -> anyhow::Result<WorkerStats> {
+        let mut s = WorkerStats::with_kinds(kinds);
+        if self.types.len() != kinds {
+            bail!("{} transaction types, expected {kinds}", self.types.len());
+        }
+        for (t, w) in s.types.iter_mut().zip(self.types) {
+            t.attempts = w.attempts;
+            t.commits = w.commits;
+            t.aborts = w.aborts;
+            t.user_aborts = w.user_aborts;
+            t.failed_lookups = w.failed_lookups;
+            for (a, b) in t.abort_reasons.iter_mut().zip(&w.abort_reasons) {
+                *a = *b;
+            }
+            let bytes = unhex(&w.hist)?;
+            let h: hdrhistogram::Histogram<u64> = Deserializer::new()
+                .deserialize(&mut bytes.as_slice())
+                .map_err(|e| anyhow!("histogram: {e:?}"))?;
+            t.hist.add(&h).map_err(|e| anyhow!("histogram: {e:?}"))?;
+        }
+        s.net = self.net;
+        s.inserted = self.inserted;
+        for (a, b) in s.abort_reasons.iter_mut().zip(&self.abort_reasons) {
+            *a = *b;
+        }
+        s.fatal = self.fatal;
+        let [sq_full, wrs, doorbells, messages, buckets] = self.rpc;
+        s.rpc.sq_full = sq_full;
+        s.rpc.wrs = wrs;
+        s.rpc.doorbells = doorbells;
+        s.rpc.messages = messages;
+        s.rpc.buckets = buckets;
+        s.tso_epoch = self.tso_epoch;
+        s.tso_reconnects = self.tso_reconnects;
+        s.tocc_share = self
+            .tocc_share
+            .into_iter()
+            .map(|(table, attempts, tocc)| crate::breakdown::ToccShare {
+                table,
+                attempts,
+                tocc,
+            })
+            .collect();
+        Ok(s)
+    }
+}
+
+/// What a child's threads hand its main thread to write.
+pub(crate) enum Out {
+    /// A message to write as it is.
+    Msg(Msg),
+    /// Committed transactions to write as a history batch.
+    History(History),
+}
+
+/// A coordinator thread's streaming in a child: every [`FLUSH_EVERY`] its intervals
+/// and history, every 500 ms its counters (see the module docs).
+#[derive(Clone)]
+pub(crate) struct Flush {
+    pub(crate) tx: mpsc::Sender<Out>,
+}
+
+impl Flush {
+    /// The flusher coroutine of thread `tid`: flush until `stop`, once more after it.
+    /// The thread's `clock` (its `t0_ns` set) finds the interval a flush is in.
+    pub(crate) async fn run(
+        self,
+        clock: RunClock,
+        tid: usize,
+        client: Rc<TxnClient>,
+        stats: Rc<RefCell<WorkerStats>>,
+        stop: Arc<AtomicBool>,
+    ) {
+        let mut from = 0;
+        let mut n = 0u32;
+        loop {
+            client.ctx().sleep(FLUSH_EVERY).await;
+            let last = stop.load(Ordering::Relaxed);
+            n += 1;
+            {
+                let s = stats.borrow();
+                self.intervals(clock, tid, &s, &mut from);
+                if n.is_multiple_of(STATS_EVERY) {
+                    self.stats(tid, &s);
+                }
+            }
+            if let Some(h) = client.take_history() {
+                if !h.is_empty() {
+                    let _ = self.tx.send(Out::History(h));
+                }
+            }
+            if last {
+                return;
+            }
+        }
+    }
+
+    /// Send the intervals from `from` on; the next flush starts at the current one.
+    fn intervals(&self, clock: RunClock, tid: usize, s: &WorkerStats, from: &mut usize) {
+        let t = &s.timeline;
+        let start = (*from).min(t.commits.len());
+        let _ = self.tx.send(Out::Msg(Msg::Interval {
+            tid,
+            from: start,
+            commits: t.commits[start..].to_vec(),
+            aborts: t.aborts[start..].to_vec(),
+        }));
+        let now = clock.interval(txn::history::monotonic_ns()).unwrap_or(0);
+        *from = now.min(t.commits.len());
+    }
+
+    fn stats(&self, tid: usize, s: &WorkerStats) {
+        let _ = self.tx.send(Out::Msg(Msg::Stats {
+            tid,
+            stats: Box::new(WireStats::from_stats(s)),
+        }));
+    }
+}
+
+/// `cnode`: one compute node's coordinators against a running cluster (started by
+/// `txn-bench --cnodes N`, which passes every flag).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+pub struct CnodeArgs {
+    /// Cluster name (the shm fabric's directory).
+    #[arg(long)]
+    pub cluster: String,
+    /// This compute node's index (0 to --cnodes - 1); its node id is 101 + index.
+    #[arg(long, default_value_t = 0)]
+    pub cnode: usize,
+    /// Incarnation of this compute node (0 first, +1 per restart): recorded with its
+    /// history.
+    #[arg(long, default_value_t = 0)]
+    pub incarnation: u32,
+    /// A memory node's bootstrap address (repeat for each).
+    #[arg(long = "memnode", required = true, value_name = "ADDR")]
+    pub memnodes: Vec<SocketAddr>,
+    /// The timestamp oracle's bootstrap address.
+    #[arg(long, value_name = "ADDR")]
+    pub tso: SocketAddr,
+    /// The lock service's bootstrap address (Scythe).
+    #[arg(long, value_name = "ADDR")]
+    pub lockd: Option<SocketAddr>,
+    /// The run's start, CLOCK_MONOTONIC ns: start at once (a restarted compute node)
+    /// instead of waiting for `go <t0_ns>` on stdin.
+    #[arg(long, value_name = "NS")]
+    pub t0_ns: Option<u64>,
+    /// The run's settings: txn-bench's flags as JSON (with one protocol, and the
+    /// point's --theta and --coroutines).
+    #[arg(long, value_name = "JSON")]
+    pub run_spec: String,
+}
+
+/// What a restarted compute node does before it serves: wait until the recovery of
+/// its previous incarnation's transactions is done. Nothing yet.
+pub fn before_serving(node: u32, incarnation: u32) {
+    // TODO(recovery): a restarted compute node (incarnation > 0) waits here until the
+    // recovery of incarnation - 1 (its locks and half-done commits) has finished.
+    let _ = (node, incarnation);
+}
+
+/// Called in `txn-bench` when compute node `node_id` (incarnation `incarnation`) died or
+/// was killed: where the recovery of its transactions will start. For now it only
+/// says so on stderr.
+pub fn on_cnode_death(node_id: u32, incarnation: u32) {
+    // TODO(recovery): start the recovery of the dead coordinator's transactions (clear
+    // its locks, finish or undo its half-done commits) here.
+    eprintln!("on_cnode_death: node {node_id} incarnation {incarnation} (no recovery yet)");
+}
+
+/// Set by SIGTERM in a child.
+pub(crate) static TERMINATED: AtomicBool = AtomicBool::new(false);
+
+pub(crate) extern "C" fn on_sigterm(_: libc::c_int) {
+    TERMINATED.store(true, Ordering::SeqCst);
+}
+
+/// One child as the parent sees it.
+pub(crate) struct Cn {
+    pub(crate) index: usize,
+    pub(crate) incarnation: u32,
+    pub(crate) node: u32,
+    pub(crate) pid: u32,
+    pub(crate) child: Child,
+    pub(crate) stdin: Option<ChildStdin>,
+    /// Asked to stop (or killed on purpose): its exit is not a death to report.
+    pub(crate) stopping: bool,
+    /// Exited and reaped.
+    pub(crate) gone: bool,
+    pub(crate) ready: bool,
+    pub(crate) done: bool,
+}
+
+/// What a child's reader thread passes on.
+pub(crate) enum Event {
+    Msg(Msg),
+    Bad(String),
+    Eof,
+}
+
+/// A stream: (compute node, incarnation, thread).
+pub(crate) type StreamKey = (usize, u32, usize);
+
+/// The parent's view of every stream.
+#[derive(Default)]
+pub(crate) struct Streams {
+    /// Commits and aborts per interval.
+    pub(crate) timelines: BTreeMap<StreamKey, (Vec<u64>, Vec<u64>)>,
+    /// The latest counters.
+    pub(crate) stats: BTreeMap<StreamKey, WireStats>,
+    /// Threads that failed (fatal: they fail the run).
+    pub(crate) errors: Vec<String>,
+    pub(crate) commits_by_incarnation: BTreeMap<(usize, u32), u64>,
+}
+
+impl Streams {
+    pub(crate) fn interval(
+        &mut self,
+        key: StreamKey,
+        from: usize,
+        commits: &[u64],
+        aborts: &[u64],
+    ) {
+        let (c, a) = self.timelines.entry(key).or_default();
+        let end = from + commits.len();
+        if c.len() < end {
+            c.resize(end, 0);
+            a.resize(end, 0);
+        }
+        for (i, &n) in commits.iter().enumerate() {
+            c[from + i] = n;
+            a[from + i] = aborts.get(i).copied().unwrap_or(0);
+        }
+    }
+
+    pub(crate) fn committed(&self) -> u64 {
+        self.timelines
+            .values()
+            .map(|(c, _)| c.iter().sum::<u64>())
+            .sum()
+    }
+}
+
+/// Start compute node `index`, incarnation `incarnation` (with `t0`: running at once).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn spawn(
+    bin: &std::path::Path,
+    cluster_name: &str,
+    addrs: &ClusterAddrs,
+    spec: &str,
+    index: usize,
+    incarnation: u32,
+    t0: Option<u64>,
+    events: &mpsc::Sender<(usize, u32, Event)>,
+) -> anyhow::Result<Cn> {
+    if !bin.exists() {
+        bail!(
+            "{} not found; build it first: cargo build --release -p bench (or pass --bin-dir)",
+            bin.display()
+        );
+    }
+    let mut cmd = Command::new(bin);
+    cmd.args(["--cluster", cluster_name, "--cnode", &index.to_string()])
+        .args(["--incarnation", &incarnation.to_string()])
+        .args(["--tso", &addrs.tso.to_string(), "--run-spec", spec]);
+    for m in &addrs.memnodes {
+        cmd.args(["--memnode", &m.to_string()]);
+    }
+    if let Some(l) = addrs.lockd {
+        cmd.args(["--lockd", &l.to_string()]);
+    }
+    if let Some(t) = t0 {
+        cmd.args(["--t0-ns", &t.to_string()]);
+    }
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stdout = child.stdout.take().expect("piped");
+    let stdin = child.stdin.take();
+    let tx = events.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let ev = match line {
+                Ok(l) => match serde_json::from_str::<Msg>(&l) {
+                    Ok(m) => Event::Msg(m),
+                    Err(e) => {
+                        Event::Bad(format!("{e}: {}", l.chars().take(120).collect::<String>()))
+                    }
+                },
+                Err(_) => break,
+            };
+            if tx.send((index, incarnation, ev)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send((index, incarnation, Event::Eof));
+    });
+    Ok(Cn {
+        index,
+        incarnation,
+        node: NODE_CNODE + index as u32,
+        pid: child.id(),
+        child,
+        stdin,
+        stopping: false,
+        gone: false,
+        ready: false,
+        done: false,
+    })
+}
+
+/// How a child ended, for the report.
+pub(crate) fn status_text(st: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.code(), st.signal()) {
+        (_, Some(sig)) => format!("signal {sig}"),
+        (Some(c), _) => format!("exit status {c}"),
+        _ => st.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_travel_with_their_histograms() {
+        let mut s = WorkerStats::with_kinds(2);
+        s.types[1].record_commit(Duration::from_micros(40));
+        s.types[1].record_commit(Duration::from_micros(60));
+        s.types[0].attempts = 3;
+        s.net = -5;
+        s.fatal.push("x".into());
+        let line = serde_json::to_string(&Msg::Stats {
+            tid: 1,
+            stats: Box::new(WireStats::from_stats(&s)),
+        })
+        .unwrap();
+        let Msg::Stats { tid, stats } = serde_json::from_str(&line).unwrap() else {
+            panic!("not stats: {line}");
+        };
+        let back = stats.into_stats(2).unwrap();
+        assert_eq!(tid, 1);
+        assert_eq!((back.types[0].attempts, back.types[1].commits), (3, 2));
+        assert_eq!(back.types[1].hist.len(), 2);
+        assert_eq!(
+            back.types[1].hist.value_at_quantile(1.0),
+            s.types[1].hist.value_at_quantile(1.0)
+        );
+        assert_eq!(
+            (back.net, back.fatal.as_slice()),
+            (-5, &["x".to_string()][..])
+        );
+        let wrong = WireStats::from_stats(&s).into_stats(3);
+        assert!(wrong.is_err());
+        let mut bad = WireStats::from_stats(&s);
+        bad.types[0].hist = "zz".into();
+        assert!(bad.into_stats(2).is_err());
+    }
+
+    #[test]
+    fn intervals_replace_what_an_earlier_line_said() {
+        let mut st = Streams::default();
+        st.interval((0, 0, 0), 0, &[1, 2], &[0, 0]);
+        st.interval((0, 0, 0), 1, &[5, 7], &[1, 1]);
+        st.interval((1, 0, 0), 0, &[3], &[0]);
+        assert_eq!(st.timelines[&(0, 0, 0)].0, [1, 5, 7]);
+        assert_eq!(st.committed(), 16);
+    }
+}

@@ -1,0 +1,778 @@
+//! The two sides of `txn-bench --cnodes N` that drive the coordinators: the child's run
+//! ([`main`], the `cnode` binary) and the parent's (`measure`, behind `--cnodes`); the
+//! wire types, the streaming and the hooks are [`crate::cnode`]'s (see its docs for the
+//! protocol). A child of `txnbench`: both use its coordinator threads and its cluster.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use rrpc::fabric::{Fabric, FabricConfig};
+use rrpc::NodeId;
+use txn::coordinator::{ClusterAddrs, Protocol};
+use txn::history::History;
+
+use super::{Measured, RunCluster, WorkerPlan};
+use crate::cnode::{
+    before_serving, on_cnode_death, on_sigterm, spawn, status_text, Cn, CnodeArgs, Event, Flush,
+    Msg, Out, Streams, WireStats, CHILD_TIMEOUT, DEFAULT_INTERVAL_MS, TERMINATED,
+};
+use crate::history_out;
+use crate::launcher::default_bin_dir;
+use crate::report::{TsoRestart, WorkerStats};
+use crate::timeline::{CnodeTimeline, Fault};
+use crate::txn_args::{Args, Point, ProtocolArg, NODE_CNODE};
+use crate::workload::{RunClock, WorkloadSpec};
+
+/// The `cnode` binary: run the compute node of `a` until stopped (module docs).
+///
+/// Errors: a bad run spec, a fabric or a cluster that cannot be reached, a thread that
+/// panicked, stdout closed.
+pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
+    if a.cnode >= crate::txn_args::MAX_CNODES {
+        bail!(
+            "--cnode must be below {} (got {})",
+            crate::txn_args::MAX_CNODES,
+            a.cnode
+        );
+    }
+    let mut args: Args = serde_json::from_str(&a.run_spec).context("--run-spec")?;
+    let protocol = match args.protocol {
+        ProtocolArg::All => bail!("--run-spec names all protocols: one only"),
+        _ => args.protocols()?[0],
+    };
+    args.protocol = ProtocolArg::One(protocol);
+    let threads = args.threads.unwrap_or(1).max(1);
+    let workload = crate::txnbench::workload_spec(&args)?;
+    let mix = workload.profiles(args.theta)?;
+    let node = NODE_CNODE + a.cnode as u32;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t) };
+
+    let mut fcfg = FabricConfig::new(args.fabric, &a.cluster, NodeId(node));
+    fcfg.device = args.rdma_device.clone();
+    fcfg.gid_index = args.gid_index;
+    fcfg.model = Some(args.model.clone());
+    let fabric = Fabric::open(&fcfg).context("opening the fabric")?;
+    let addrs = ClusterAddrs {
+        memnodes: a.memnodes.clone(),
+        lockd: a.lockd,
+        tso: a.tso,
+    };
+    let cfg = crate::txnbench::txn_config(&args, protocol, threads);
+    let clock = RunClock {
+        t0_ns: 0,
+        interval_ns: args.timeline_ms.unwrap_or(DEFAULT_INTERVAL_MS) * 1_000_000,
+        wall: !args.no_check,
+    };
+    let (tx, rx) = mpsc::channel::<Out>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(AtomicU64::new(0));
+    let t0 = Arc::new(AtomicU64::new(0));
+    let gate = Arc::new(Barrier::new(threads + 1));
+    let go = Arc::new(Barrier::new(threads + 1));
+    let kinds = workload.kinds();
+    let mut handles = Vec::new();
+    for i in 0..threads {
+        let w = WorkerPlan {
+            tid: a.cnode * threads + i,
+            coroutines: args.coroutines,
+            seed: args.seed,
+            max_backoff_us: args.max_backoff_us,
+            kinds: kinds.clone(),
+            warehouses: args.warehouses(),
+            each_type_first: args.each_type_first,
+            cfg: cfg.clone(),
+            addrs: addrs.clone(),
+            core: None,
+            clock,
+            t0: t0.clone(),
+            go: Some(go.clone()),
+            flush: Some(Flush { tx: tx.clone() }),
+            incarnation: a.incarnation,
+        };
+        let (fabric, mix, stop, committed, gate) = (
+            fabric.clone(),
+            mix.clone(),
+            stop.clone(),
+            committed.clone(),
+            gate.clone(),
+        );
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("coordinator-{i}"))
+                .spawn(move || crate::txnbench::worker(w, fabric, mix, stop, committed, gate))?,
+        );
+    }
+    drop(tx);
+    let out = std::io::stdout();
+    let mut out = std::io::BufWriter::new(out.lock());
+    let say = |m: &Msg, out: &mut std::io::BufWriter<std::io::StdoutLock<'_>>| {
+        serde_json::to_writer(&mut *out, m)?;
+        out.write_all(b"\n")?;
+        out.flush()
+    };
+    gate.wait();
+    before_serving(node, a.incarnation);
+    say(
+        &Msg::Ready {
+            node,
+            incarnation: a.incarnation,
+            pid: std::process::id(),
+        },
+        &mut out,
+    )
+    .context("stdout")?;
+    // Commands on stdin: `go <t0_ns>`, `stop` (EOF: the parent is gone, stop too).
+    let (cmd_tx, cmd_rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if cmd_tx.send(line.trim().to_string()).is_err() {
+                return;
+            }
+        }
+        let _ = cmd_tx.send("stop".into());
+    });
+    let start = match a.t0_ns {
+        Some(t) => t,
+        None => loop {
+            match cmd_rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(c) => match c.strip_prefix("go ").map(str::parse::<u64>) {
+                    Some(Ok(t)) => break t,
+                    _ if c == "stop" => {
+                        // Stopped before it started: release the threads, which stop at once.
+                        stop.store(true, Ordering::SeqCst);
+                        break txn::history::monotonic_ns();
+                    }
+                    _ => bail!("unknown command {c:?} on stdin: go <t0_ns> or stop"),
+                },
+                Err(mpsc::RecvTimeoutError::Timeout) if TERMINATED.load(Ordering::SeqCst) => {
+                    stop.store(true, Ordering::SeqCst);
+                    break txn::history::monotonic_ns();
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    stop.store(true, Ordering::SeqCst);
+                    break txn::history::monotonic_ns();
+                }
+            }
+        },
+    };
+    t0.store(start, Ordering::SeqCst);
+    go.wait();
+    let write_out = |o: Out, out: &mut std::io::BufWriter<std::io::StdoutLock<'_>>| match o {
+        Out::Msg(m) => say(&m, out),
+        Out::History(h) => {
+            let lines = history_out::lines(&h, &kinds, a.cnode, a.incarnation).collect();
+            say(&Msg::History { lines }, out)
+        }
+    };
+    while !handles.iter().all(|h| h.is_finished()) {
+        if TERMINATED.load(Ordering::SeqCst) || cmd_rx.try_recv().is_ok_and(|c| c == "stop") {
+            stop.store(true, Ordering::SeqCst);
+        }
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(o) => write_out(o, &mut out).context("stdout")?,
+            Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
+        }
+    }
+    let results = handles.into_iter().map(|h| {
+        h.join()
+            .unwrap_or_else(|_| Err(anyhow!("coordinator thread panicked")))
+    });
+    for (i, r) in results.enumerate() {
+        match r {
+            Ok(mut s) => {
+                if let Some(h) = s.history.take() {
+                    write_out(Out::History(h), &mut out).context("stdout")?;
+                }
+                let tid = a.cnode * threads + i;
+                say(
+                    &Msg::Interval {
+                        tid,
+                        from: 0,
+                        commits: s.timeline.commits.clone(),
+                        aborts: s.timeline.aborts.clone(),
+                    },
+                    &mut out,
+                )?;
+                say(
+                    &Msg::Stats {
+                        tid,
+                        stats: Box::new(WireStats::from_stats(&s)),
+                    },
+                    &mut out,
+                )?;
+            }
+            Err(e) => say(
+                &Msg::Error {
+                    error: format!("{e:#}"),
+                },
+                &mut out,
+            )?,
+        }
+    }
+    while let Ok(o) = rx.try_recv() {
+        write_out(o, &mut out).context("stdout")?;
+    }
+    say(&Msg::Done, &mut out).context("stdout")?;
+    Ok(())
+}
+
+/// The parent's side of the run with `--cnodes N` (module docs): start the children,
+/// say go, run the fault flags for `--duration` (or until `stop`), stop the children,
+/// merge. Returns the same [`Measured`] as the in-process run, the history already
+/// written to `--history-out`. Errors: a child that does not start or get ready, a
+/// service that dies, an oracle that does not restart, a history file that cannot be
+/// written.
+pub(crate) fn measure(
+    args: &Args,
+    workload: &dyn WorkloadSpec,
+    cluster: &mut RunCluster,
+    protocol: Protocol,
+    point: &Point,
+    stop: &AtomicBool,
+) -> anyhow::Result<Measured> {
+    let mut p = Parent::new(args, workload, cluster, protocol, point)?;
+    for i in 0..args.cnodes {
+        p.spawn(i, 0, None)?;
+    }
+    p.await_ready()?;
+    p.go()?;
+    let mut faults = Faults::new(args);
+    let dur = Duration::from_secs_f64(args.duration);
+    let mut last_progress = 0;
+    let mut service_died = None;
+    while p.started.elapsed() < dur && !stop.load(Ordering::Relaxed) {
+        p.drain(Duration::from_millis(10))?;
+        p.reap_deaths()?;
+        faults.step(&mut p, cluster)?;
+        let s = p.started.elapsed().as_secs();
+        if s > last_progress {
+            last_progress = s;
+            p.progress(protocol);
+        }
+        if let Err(e) = cluster.cluster.check_alive() {
+            service_died = Some(e);
+            break;
+        }
+    }
+    let elapsed = p.started.elapsed();
+    faults.finish(&mut p);
+    p.stop_all()?;
+    if let Some(e) = service_died {
+        bail!("a service died during the run: {e}");
+    }
+    let (workers, timelines, events) = p.merge()?;
+    let mut tso_restart = faults.tso;
+    if let Some(r) = &mut tso_restart {
+        let committed: u64 = timelines.iter().flat_map(|t| &t.commits).sum();
+        r.committed_after_ready = committed.saturating_sub(r.committed_before_ready);
+        r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
+    }
+    Ok(Measured {
+        workers,
+        elapsed,
+        tso_restart,
+        cpu: Vec::new(),
+        timelines,
+        fault: faults.fault,
+        cnode_events: events,
+        history_written: args.history_out.is_some(),
+    })
+}
+
+/// A stream's source: (compute node, incarnation) and what it said.
+type Tagged = (usize, u32, Event);
+
+/// The parent's state: its children (every incarnation), their streams as merged so
+/// far, the history (file and check), and what happened.
+struct Parent<'a> {
+    args: &'a Args,
+    kinds: Vec<&'static str>,
+    /// The `cnode` binary.
+    bin: PathBuf,
+    /// `--run-spec` of every child.
+    spec: String,
+    cluster_name: String,
+    addrs: ClusterAddrs,
+    ev_tx: mpsc::Sender<Tagged>,
+    ev_rx: mpsc::Receiver<Tagged>,
+    cns: Vec<Cn>,
+    streams: Streams,
+    events: Vec<String>,
+    history_file: Option<std::io::BufWriter<std::fs::File>>,
+    history: Option<History>,
+    history_lines: u64,
+    /// The run's start (`go`), `CLOCK_MONOTONIC` ns and as an `Instant`.
+    t0: u64,
+    started: Instant,
+}
+
+impl<'a> Parent<'a> {
+    /// The children's spec (one protocol, the point's theta and coroutines) and the
+    /// history file. Errors: the file cannot be created.
+    fn new(
+        args: &'a Args,
+        workload: &dyn WorkloadSpec,
+        cluster: &RunCluster,
+        protocol: Protocol,
+        point: &Point,
+    ) -> anyhow::Result<Self> {
+        let mut spec = args.clone();
+        spec.protocol = ProtocolArg::One(protocol);
+        spec.isolation = None;
+        spec.sweep = None;
+        spec.theta = point.theta;
+        spec.coroutines = point.coroutines;
+        spec.config = None;
+        let history_file = match &args.history_out {
+            Some(p) => Some(std::io::BufWriter::new(
+                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+            )),
+            None => None,
+        };
+        let (ev_tx, ev_rx) = mpsc::channel();
+        Ok(Self {
+            args,
+            kinds: workload.kinds(),
+            bin: args
+                .bin_dir
+                .clone()
+                .unwrap_or_else(default_bin_dir)
+                .join("cnode"),
+            spec: serde_json::to_string(&spec)?,
+            cluster_name: cluster.cluster.name().to_string(),
+            addrs: cluster.addrs.clone(),
+            ev_tx,
+            ev_rx,
+            cns: Vec::new(),
+            streams: Streams::default(),
+            events: Vec::new(),
+            history_file,
+            history: (!args.no_check).then(|| History::new(args.check_memory_mb << 20)),
+            history_lines: 0,
+            t0: 0,
+            started: Instant::now(),
+        })
+    }
+
+    /// Start compute node `index` as `incarnation` (with `t0`: running at once).
+    /// Returns its pid.
+    fn spawn(&mut self, index: usize, incarnation: u32, t0: Option<u64>) -> anyhow::Result<u32> {
+        let c = spawn(
+            &self.bin,
+            &self.cluster_name,
+            &self.addrs,
+            &self.spec,
+            index,
+            incarnation,
+            t0,
+            &self.ev_tx,
+        )?;
+        let pid = c.pid;
+        self.cns.push(c);
+        Ok(pid)
+    }
+
+    /// Milliseconds since go.
+    fn ms(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() * 1e3
+    }
+
+    /// Say `e` on stderr and keep it for the report.
+    fn event(&mut self, e: String) {
+        eprintln!("{e}");
+        self.events.push(e);
+    }
+
+    /// Take in one line of a child's stream.
+    fn handle(&mut self, (index, inc, ev): Tagged) -> anyhow::Result<()> {
+        let cn = self
+            .cns
+            .iter_mut()
+            .find(|c| c.index == index && c.incarnation == inc);
+        match ev {
+            Event::Msg(Msg::Ready { .. }) => {
+                if let Some(c) = cn {
+                    c.ready = true;
+                }
+            }
+            Event::Msg(Msg::Interval {
+                tid,
+                from,
+                commits,
+                aborts,
+            }) => self
+                .streams
+                .interval((index, inc, tid), from, &commits, &aborts),
+            Event::Msg(Msg::History { lines }) => {
+                *self
+                    .streams
+                    .commits_by_incarnation
+                    .entry((index, inc))
+                    .or_default() += lines.len() as u64;
+                if let Some(f) = &mut self.history_file {
+                    history_out::write_lines(f, lines.iter().cloned())
+                        .context("writing --history-out")?;
+                }
+                self.history_lines += lines.len() as u64;
+                if let Some(h) = &mut self.history {
+                    for l in &lines {
+                        history_out::record(h, &self.kinds, l);
+                    }
+                }
+            }
+            Event::Msg(Msg::Stats { tid, stats }) => {
+                self.streams.stats.insert((index, inc, tid), *stats);
+            }
+            Event::Msg(Msg::Error { error }) => {
+                let e = format!("cnode {index} (incarnation {inc}): {error}");
+                self.streams.errors.push(e.clone());
+                self.event(e);
+            }
+            Event::Msg(Msg::Done) => {
+                if let Some(c) = cn {
+                    c.done = true;
+                }
+            }
+            Event::Bad(l) => {
+                self.event(format!("cnode {index} (incarnation {inc}): bad line: {l}"))
+            }
+            Event::Eof => {}
+        }
+        Ok(())
+    }
+
+    /// Take in what the children said, waiting up to `wait` for the first line.
+    fn drain(&mut self, wait: Duration) -> anyhow::Result<()> {
+        if let Ok(ev) = self.ev_rx.recv_timeout(wait) {
+            self.handle(ev)?;
+            while let Ok(ev) = self.ev_rx.try_recv() {
+                self.handle(ev)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until every child is connected and ready (a watchdog: [`CHILD_TIMEOUT`]).
+    fn await_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + CHILD_TIMEOUT;
+        while !self.cns.iter().all(|c| c.ready) {
+            self.drain(Duration::from_millis(50))?;
+            for c in &mut self.cns {
+                if let Some(st) = c.child.try_wait()? {
+                    c.gone = true;
+                    bail!(
+                        "cnode {} exited before it was ready: {}",
+                        c.index,
+                        status_text(st)
+                    );
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("coordinator processes not ready after {CHILD_TIMEOUT:?}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Start the run: `go <t0>` to every child.
+    fn go(&mut self) -> anyhow::Result<()> {
+        self.t0 = txn::history::monotonic_ns();
+        self.started = Instant::now();
+        for c in &mut self.cns {
+            if let Some(s) = &mut c.stdin {
+                writeln!(s, "go {}", self.t0).context("telling a cnode to go")?;
+            }
+        }
+        eprintln!(
+            "{} coordinator processes running (nodes {}..={})",
+            self.cns.len(),
+            NODE_CNODE,
+            NODE_CNODE + self.cns.len() as u32 - 1
+        );
+        Ok(())
+    }
+
+    /// Report a child that exited without being asked to, and call the recovery hook.
+    fn reap_deaths(&mut self) -> anyhow::Result<()> {
+        let at = self.ms();
+        let mut died = Vec::new();
+        for c in self.cns.iter_mut().filter(|c| !c.gone) {
+            if let Some(st) = c.child.try_wait()? {
+                c.gone = true;
+                if !c.stopping {
+                    died.push((c.index, c.pid, c.node, c.incarnation, status_text(st)));
+                }
+            }
+        }
+        for (index, pid, node, inc, how) in died {
+            self.event(format!(
+                "cnode {index} (pid {pid}) died at {at:.0} ms: {how}"
+            ));
+            on_cnode_death(node, inc);
+        }
+        Ok(())
+    }
+
+    /// `--kill-cn-after`: SIGKILL compute node `target` (and with `restart` start its
+    /// next incarnation at once). Returns the fault, `None` when it was gone already.
+    fn kill(&mut self, target: usize, restart: bool) -> anyhow::Result<Option<Fault>> {
+        let Some(c) = self.cns.iter_mut().find(|c| c.index == target && !c.gone) else {
+            return Ok(None);
+        };
+        c.stopping = true;
+        c.child.kill().context("SIGKILL to a cnode")?;
+        let st = c.child.wait()?;
+        c.gone = true;
+        let (pid, node, inc) = (c.pid, c.node, c.incarnation);
+        let at = self.ms();
+        self.event(format!(
+            "cnode {target} (pid {pid}) died at {at:.0} ms: {} (--kill-cn-after)",
+            status_text(st)
+        ));
+        on_cnode_death(node, inc);
+        if restart {
+            let pid = self.spawn(target, inc + 1, Some(self.t0))?;
+            self.event(format!(
+                "cnode {target} restarted at {:.0} ms as incarnation {} (pid {pid}, node {node})",
+                self.ms(),
+                inc + 1
+            ));
+        }
+        Ok(Some(Fault {
+            what: format!("cnode {target} killed"),
+            at_ms: at,
+            cnode: Some(target),
+        }))
+    }
+
+    /// Send `sig` to compute node `target`'s live incarnation; returns its pid.
+    fn signal(&self, target: usize, sig: libc::c_int) -> Option<u32> {
+        let c = self.cns.iter().find(|c| c.index == target && !c.gone)?;
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(c.pid as libc::pid_t, sig) };
+        Some(c.pid)
+    }
+
+    /// Progress on stderr: commits so far, from the streamed intervals.
+    fn progress(&self, protocol: Protocol) {
+        let c = self.streams.committed();
+        eprintln!(
+            "[{protocol} {:>3}s / {:.0}s] committed {c} ({:.0} txn/s) over {} coordinator process(es)",
+            self.started.elapsed().as_secs(),
+            self.args.duration,
+            c as f64 / self.started.elapsed().as_secs_f64(),
+            self.cns.iter().filter(|c| !c.gone).count()
+        );
+    }
+
+    /// Tell every live child to stop and take in its last words; a child still running
+    /// after [`CHILD_TIMEOUT`] is SIGKILLed (the watchdog).
+    fn stop_all(&mut self) -> anyhow::Result<()> {
+        for c in self.cns.iter_mut().filter(|c| !c.gone) {
+            c.stopping = true;
+            if let Some(mut s) = c.stdin.take() {
+                let _ = writeln!(s, "stop");
+            }
+        }
+        let deadline = Instant::now() + CHILD_TIMEOUT;
+        loop {
+            self.drain(Duration::from_millis(10))?;
+            let mut ended = Vec::new();
+            for c in self.cns.iter_mut().filter(|c| !c.gone) {
+                if let Some(st) = c.child.try_wait()? {
+                    c.gone = true;
+                    if !st.success() {
+                        ended.push(format!(
+                            "cnode {} (pid {}) ended after stop: {}",
+                            c.index,
+                            c.pid,
+                            status_text(st)
+                        ));
+                    }
+                } else if Instant::now() > deadline {
+                    let _ = c.child.kill();
+                    let _ = c.child.wait();
+                    c.gone = true;
+                    ended.push(format!(
+                        "cnode {} (pid {}) did not stop within {CHILD_TIMEOUT:?}: SIGKILLed",
+                        c.index, c.pid
+                    ));
+                }
+            }
+            for e in ended {
+                self.event(e);
+            }
+            if self.cns.iter().all(|c| c.gone) {
+                break;
+            }
+        }
+        // The streams' last lines (their readers end at EOF).
+        while let Ok(ev) = self.ev_rx.recv_timeout(Duration::from_millis(50)) {
+            self.handle(ev)?;
+        }
+        if let Some(f) = &mut self.history_file {
+            f.flush().context("writing --history-out")?;
+        }
+        if let Some(p) = &self.args.history_out {
+            eprintln!(
+                "wrote {} committed transactions to {}",
+                self.history_lines,
+                p.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// The merged run: every thread's counters of every incarnation (the history in the
+    /// first, the others empty), one timeline row per compute node, and the events
+    /// with each incarnation's streamed commits when a compute node was killed.
+    /// Errors: counters that do not decode.
+    fn merge(mut self) -> anyhow::Result<(Vec<WorkerStats>, Vec<CnodeTimeline>, Vec<String>)> {
+        let mut events = std::mem::take(&mut self.events);
+        for c in &self.cns {
+            if c.incarnation > 0 || self.args.kill_cn_after.is_some() {
+                let n = self
+                    .streams
+                    .commits_by_incarnation
+                    .get(&(c.index, c.incarnation))
+                    .copied()
+                    .unwrap_or(0);
+                events.push(format!(
+                    "cnode {} incarnation {}: {n} committed transactions streamed",
+                    c.index, c.incarnation
+                ));
+            }
+        }
+        let kinds = self.kinds.len();
+        let mut workers = std::mem::take(&mut self.streams.stats)
+            .into_values()
+            .map(|w| w.into_stats(kinds))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if workers.is_empty() {
+            workers.push(WorkerStats::with_kinds(kinds));
+        }
+        workers[0].fatal.append(&mut self.streams.errors);
+        if let Some(h) = self.history.take() {
+            workers[0].history = Some(h);
+            for w in &mut workers[1..] {
+                w.history = Some(History::new(0));
+            }
+        }
+        let mut timelines: Vec<CnodeTimeline> = (0..self.args.cnodes)
+            .map(|cnode| CnodeTimeline {
+                cnode,
+                commits: Vec::new(),
+                aborts: Vec::new(),
+            })
+            .collect();
+        for (&(cnode, _, _), (c, a)) in &self.streams.timelines {
+            if let Some(t) = timelines.get_mut(cnode) {
+                crate::timeline::add_into(&mut t.commits, c);
+                crate::timeline::add_into(&mut t.aborts, a);
+            }
+        }
+        Ok((workers, timelines, events))
+    }
+}
+
+/// The fault flags as a run goes: `--kill-cn-after [--restart]`, `--stop-cn-after
+/// --stop-ms`, `--kill-tso-after`, each fired once.
+struct Faults<'a> {
+    args: &'a Args,
+    /// The compute node the flags hit (`--cn`, default the last).
+    target: usize,
+    killed: bool,
+    stopped_at: Option<Instant>,
+    continued: bool,
+    /// The oracle's restart, once done.
+    tso: Option<TsoRestart>,
+    /// The last fault that fired, for the timeline's recovery line.
+    fault: Option<Fault>,
+}
+
+impl<'a> Faults<'a> {
+    fn new(args: &'a Args) -> Self {
+        Self {
+            args,
+            target: args.cn.unwrap_or(args.cnodes - 1),
+            killed: false,
+            stopped_at: None,
+            continued: false,
+            tso: None,
+            fault: None,
+        }
+    }
+
+    /// Fire what is due at this moment of the run. Errors: a kill or restart that
+    /// failed.
+    fn step(&mut self, p: &mut Parent<'_>, cluster: &mut RunCluster) -> anyhow::Result<()> {
+        let (args, target) = (self.args, self.target);
+        let now_s = p.started.elapsed().as_secs_f64();
+        if !self.killed && args.kill_cn_after.is_some_and(|k| now_s >= k) {
+            self.killed = true;
+            if let Some(f) = p.kill(target, args.restart)? {
+                self.fault = Some(f);
+            }
+        }
+        if self.stopped_at.is_none() && args.stop_cn_after.is_some_and(|k| now_s >= k) {
+            self.stopped_at = Some(Instant::now());
+            if let Some(pid) = p.signal(target, libc::SIGSTOP) {
+                let at = p.ms();
+                p.event(format!(
+                    "cnode {target} (pid {pid}) stopped (SIGSTOP) at {at:.0} ms for {} ms",
+                    args.stop_ms
+                ));
+                self.fault = Some(Fault {
+                    what: format!("cnode {target} stopped for {} ms", args.stop_ms),
+                    at_ms: at,
+                    cnode: Some(target),
+                });
+            }
+        }
+        if let (Some(t), false) = (self.stopped_at, self.continued) {
+            if t.elapsed() >= Duration::from_millis(args.stop_ms) {
+                self.continued = true;
+                if let Some(pid) = p.signal(target, libc::SIGCONT) {
+                    let e = format!(
+                        "cnode {target} (pid {pid}) continued (SIGCONT) at {:.0} ms",
+                        p.ms()
+                    );
+                    p.event(e);
+                }
+            }
+        }
+        if self.tso.is_none() && args.kill_tso_after.is_some_and(|k| now_s >= k) {
+            let committed = AtomicU64::new(p.streams.committed());
+            let listen = cluster.addrs.tso.to_string();
+            let tso_args = cluster.tso_args(&listen);
+            let r = super::restart_tso(
+                &mut cluster.cluster,
+                &cluster.tso_state,
+                &tso_args,
+                Duration::from_millis(args.tso_down_ms),
+                &committed,
+                p.started,
+            )
+            .context("restarting the oracle")?;
+            self.fault = super::tso_fault(Some(&r));
+            self.tso = Some(r);
+        }
+        Ok(())
+    }
+
+    /// At the end of the run: a stopped compute node gets its SIGCONT (so it can stop).
+    fn finish(&mut self, p: &mut Parent<'_>) {
+        if let (Some(_), false) = (self.stopped_at, self.continued) {
+            self.continued = true;
+            p.signal(self.target, libc::SIGCONT);
+        }
+    }
+}
