@@ -342,21 +342,11 @@ pub struct CnodeArgs {
     pub run_spec: String,
 }
 
-/// What a restarted compute node does before it serves: wait until the recovery of
-/// its previous incarnation's transactions is done. Nothing yet.
-pub fn before_serving(node: u32, incarnation: u32) {
-    // TODO(recovery): a restarted compute node (incarnation > 0) waits here until the
-    // recovery of incarnation - 1 (its locks and half-done commits) has finished.
-    let _ = (node, incarnation);
-}
-
-/// Called in `txn-bench` when compute node `node_id` (incarnation `incarnation`) died or
-/// was killed: where the recovery of its transactions will start. For now it only
-/// says so on stderr.
-pub fn on_cnode_death(node_id: u32, incarnation: u32) {
-    // TODO(recovery): start the recovery of the dead coordinator's transactions (clear
-    // its locks, finish or undo its half-done commits) here.
-    eprintln!("on_cnode_death: node {node_id} incarnation {incarnation} (no recovery yet)");
+/// The incarnation a compute node's life `incarnation` (0, 1, ... as `txn-bench`
+/// counts its restarts) has on the fabric, in its transaction ids and at the lock
+/// service: one more, so that it is never 0.
+pub fn fabric_incarnation(incarnation: u32) -> u64 {
+    u64::from(incarnation) + 1
 }
 
 /// Set by SIGTERM in a child.

@@ -12,6 +12,7 @@ pub mod launcher;
 pub mod pairs;
 pub mod peers;
 pub mod plot;
+pub mod recoverer;
 pub mod report;
 pub mod smallbank;
 pub mod tatp;

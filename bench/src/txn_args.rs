@@ -497,6 +497,13 @@ impl Args {
                 bail!("--cn {cn} must be below --cnodes {}", self.cnodes);
             }
         }
+        if self.cnodes > 1 && self.versions < 2 {
+            bail!(
+                "--cnodes {} logs commits for recovery, which needs --versions 2 or more (a \
+                 roll-back invalidates the victim cell, with 1 version the only one)",
+                self.cnodes
+            );
+        }
         if self.cnodes > 1 && self.breakdown {
             bail!("--breakdown runs with the coordinators in txn-bench (--cnodes 1)");
         }

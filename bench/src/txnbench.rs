@@ -770,6 +770,9 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
             .then(|| (args.check_memory_mb << 20) / threads.max(1)),
         tocc_wait: Duration::from_micros(args.tocc_wait_us),
         record_phases: args.breakdown,
+        // Coordinators in processes of their own can die alone: their commits are
+        // logged for the survivor that recovers them.
+        commit_log: args.cnodes > 1,
         ..TxnConfig::default()
     }
 }

@@ -286,6 +286,14 @@ impl History {
         self.dropped += other.dropped;
     }
 
+    /// Count `n` committed transactions that exist but were not recorded here, e.g. a
+    /// killed compute node's commits after its last streamed batch, or the commits a
+    /// recovery rolled forward: the history is then incomplete, and the checks do not
+    /// take a read of a version nobody recorded installing as a violation.
+    pub fn note_lost(&mut self, n: u64) {
+        self.dropped += n;
+    }
+
     /// Transactions recorded.
     pub fn len(&self) -> usize {
         self.ends.len()

@@ -18,11 +18,12 @@ use txn::history::History;
 
 use super::{Measured, RunCluster, WorkerPlan};
 use crate::cnode::{
-    before_serving, on_cnode_death, on_sigterm, spawn, status_text, Cn, CnodeArgs, Event, Flush,
-    Msg, Out, Streams, WireStats, CHILD_TIMEOUT, DEFAULT_INTERVAL_MS, TERMINATED,
+    fabric_incarnation, on_sigterm, spawn, status_text, Cn, CnodeArgs, Event, Flush, Msg, Out,
+    Streams, WireStats, CHILD_TIMEOUT, DEFAULT_INTERVAL_MS, TERMINATED,
 };
 use crate::history_out;
 use crate::launcher::default_bin_dir;
+use crate::recoverer::Recoverer;
 use crate::report::{TsoRestart, WorkerStats};
 use crate::timeline::{CnodeTimeline, Fault};
 use crate::txn_args::{Args, Point, ProtocolArg, NODE_CNODE};
@@ -57,6 +58,9 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     fcfg.device = args.rdma_device.clone();
     fcfg.gid_index = args.gid_index;
     fcfg.model = Some(args.model.clone());
+    // The life's incarnation, which its transaction ids and its tickets carry, so that
+    // the recovery of an earlier life cannot touch this one's.
+    fcfg.incarnation = fabric_incarnation(a.incarnation);
     let fabric = Fabric::open(&fcfg).context("opening the fabric")?;
     let addrs = ClusterAddrs {
         memnodes: a.memnodes.clone(),
@@ -116,8 +120,9 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         out.write_all(b"\n")?;
         out.flush()
     };
+    // A restarted life starts only after its predecessor's recovery (the parent
+    // spawns it once recovery answered).
     gate.wait();
-    before_serving(node, a.incarnation);
     say(
         &Msg::Ready {
             node,
@@ -312,6 +317,8 @@ struct Parent<'a> {
     /// The run's start (`go`), `CLOCK_MONOTONIC` ns and as an `Instant`.
     t0: u64,
     started: Instant,
+    /// Recovers a dead compute node before anything else touches its data.
+    recoverer: Recoverer,
 }
 
 impl<'a> Parent<'a> {
@@ -359,7 +366,44 @@ impl<'a> Parent<'a> {
             history_lines: 0,
             t0: 0,
             started: Instant::now(),
+            recoverer: Recoverer::start(cluster.fabric.clone(), cluster.addrs.clone(), protocol)?,
         })
+    }
+
+    /// Recover compute node `index`'s dead life `inc` (node `node`, dead at `at_ms`)
+    /// and print the recovery line. Errors: recovery failed (the run cannot go on
+    /// safely: the dead life's locks may still be held).
+    fn recover_dead(
+        &mut self,
+        index: usize,
+        node: u32,
+        inc: u32,
+        at_ms: f64,
+    ) -> anyhow::Result<()> {
+        let r = self
+            .recoverer
+            .recover(node, fabric_incarnation(inc), Duration::from_secs(30));
+        match r {
+            Ok(r) => {
+                self.event(format!(
+                    "recovery: cn {index} incarnation {inc} dead at {at_ms:.0} ms: {}",
+                    r.summary()
+                ));
+                // Its commits since its last streamed batch, and those recovery rolled
+                // forward, are nowhere in the history: it is incomplete from here (at
+                // least one lost), and the checks say so.
+                if let Some(h) = &mut self.history {
+                    h.note_lost(1 + r.forward as u64);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.event(format!(
+                    "recovery: cn {index} incarnation {inc} dead at {at_ms:.0} ms: FAILED: {e}"
+                ));
+                bail!("recovery of cnode {index} incarnation {inc} failed: {e}")
+            }
+        }
     }
 
     /// Start compute node `index` as `incarnation` (with `t0`: running at once).
@@ -516,7 +560,7 @@ impl<'a> Parent<'a> {
             self.event(format!(
                 "cnode {index} (pid {pid}) died at {at:.0} ms: {how}"
             ));
-            on_cnode_death(node, inc);
+            self.recover_dead(index, node, inc, at)?;
         }
         Ok(())
     }
@@ -537,7 +581,7 @@ impl<'a> Parent<'a> {
             "cnode {target} (pid {pid}) died at {at:.0} ms: {} (--kill-cn-after)",
             status_text(st)
         ));
-        on_cnode_death(node, inc);
+        self.recover_dead(target, node, inc, at)?;
         if restart {
             let pid = self.spawn(target, inc + 1, Some(self.t0))?;
             self.event(format!(
