@@ -323,6 +323,12 @@ pub struct CnodeArgs {
     /// history.
     #[arg(long, default_value_t = 0)]
     pub incarnation: u32,
+    /// The membership service (etcd) to join: the node's fabric incarnation (in its
+    /// transaction ids and tickets) is the one etcd gives, and the process exits when
+    /// its lease is gone (it was declared dead and fenced). Without it the fabric
+    /// incarnation is --incarnation + 1.
+    #[arg(long, value_name = "URL")]
+    pub etcd: Option<String>,
     /// A memory node's bootstrap address (repeat for each).
     #[arg(long = "memnode", required = true, value_name = "ADDR")]
     pub memnodes: Vec<SocketAddr>,
@@ -432,6 +438,7 @@ pub(crate) fn spawn(
     index: usize,
     incarnation: u32,
     t0: Option<u64>,
+    etcd: Option<&str>,
     events: &mpsc::Sender<(usize, u32, Event)>,
 ) -> anyhow::Result<Cn> {
     if !bin.exists() {
@@ -452,6 +459,9 @@ pub(crate) fn spawn(
     }
     if let Some(t) = t0 {
         cmd.args(["--t0-ns", &t.to_string()]);
+    }
+    if let Some(e) = etcd {
+        cmd.args(["--etcd", e]);
     }
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -399,6 +399,10 @@ pub(crate) struct RunCluster {
     /// The oracle's epoch file: each (re)start persists a larger epoch there, so
     /// timestamps never go back (tso::epoch). Per run, removed at shutdown.
     pub(crate) tso_state: PathBuf,
+    /// The membership service (a local etcd) of a run with coordinator processes
+    /// (`--cnodes` 2 or more): they and the memory nodes register there, and the memory
+    /// nodes fence a compute node whose lease ends.
+    pub(crate) etcd: Option<member::LocalEtcd>,
 }
 
 impl RunCluster {
@@ -458,6 +462,21 @@ impl RunCluster {
                 ""
             }
         );
+        let etcd = if args.cnodes > 1 {
+            let dir = std::env::temp_dir().join(format!("{cluster_name}-etcd"));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let e = member::LocalEtcd::start(&dir)
+                .context("--cnodes 2 or more runs the membership service (etcd) on loopback")?;
+            eprintln!("membership: etcd at {} (pid {})", e.endpoint(), e.pid());
+            Some(e)
+        } else {
+            None
+        };
+        let membership: Vec<String> = match &etcd {
+            Some(e) => vec!["--etcd".into(), e.endpoint()],
+            None => Vec::new(),
+        };
         let with =
             |extra: &[String]| -> Vec<String> { common.iter().chain(extra).cloned().collect() };
         let data = workload.memnode_args();
@@ -471,7 +490,7 @@ impl RunCluster {
                 "--partitions".into(),
                 args.memnodes.to_string(),
             ];
-            let flags = with(&[data.as_slice(), &partition].concat());
+            let flags = with(&[data.as_slice(), &partition, &membership].concat());
             memnodes.push(cluster.start("memnode", NODE_MEMNODE + i, &flags, START_TIMEOUT)?);
         }
         let lockd = if protocol.needs_lockd() {
@@ -485,6 +504,7 @@ impl RunCluster {
                 "--hot-watermark".into(),
                 args.hot_watermark.to_string(),
             ]);
+            let flags = [flags, membership.clone()].concat();
             Some(cluster.start("lockd", NODE_LOCKD, &flags, START_TIMEOUT)?)
         } else {
             None
@@ -507,6 +527,7 @@ impl RunCluster {
             },
             common,
             tso_state,
+            etcd,
         })
     }
 
@@ -532,11 +553,13 @@ impl RunCluster {
             mut cluster,
             fabric,
             tso_state,
+            etcd,
             ..
         } = self;
         drop(fabric);
         cluster.shutdown();
         let _ = std::fs::remove_dir_all(&tso_state);
+        drop(etcd);
         descs
     }
 }

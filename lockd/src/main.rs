@@ -92,6 +92,13 @@ struct Cli {
     /// issued are refused (default none: only timestamps of 2^62 and above are).
     #[arg(long, value_name = "ADDR")]
     tso: Option<SocketAddr>,
+    /// Join the cluster's membership in etcd at this endpoint (e.g.
+    /// http://127.0.0.1:2379): register under a lease, and fence a compute node's
+    /// incarnation when it goes down (its queue pairs to the error state, so that its
+    /// late one-sided ticket releases fail) before recovery hands its tickets on. Needs a
+    /// build with the etcd feature (`--features member/etcd`).
+    #[arg(long, value_name = "URL")]
+    etcd: Option<String>,
 }
 
 /// The `[fabric]` table of the config file: the node flags' settings (a flag given on
@@ -247,6 +254,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let lines = match (&cfg.state_dir, cfg.epoch) {
         (None, None) => vec![],
         _ => vec![format!("EPOCH {}", svc.takeout().epoch())],
+    };
+    let _membership = match &cli.etcd {
+        Some(url) => {
+            let me = member::Member::join(
+                std::slice::from_ref(url),
+                &node_args.cluster,
+                member::Role::Lockd,
+                node_args.node.get() as u16,
+                std::time::Duration::from_secs(1),
+            )
+            .context("joining the membership in etcd")?;
+            let me = std::sync::Arc::new(me);
+            let f = fabric.clone();
+            member::spawn_fencer(me.clone(), move |dead| {
+                let qps = f.fence(rrpc::NodeId(u32::from(dead.node)), dead.incarnation);
+                tracing::info!(
+                    node = dead.node,
+                    incarnation = dead.incarnation,
+                    qps,
+                    "fenced a dead compute node"
+                );
+            })
+            .context("watching the membership")?;
+            Some(me)
+        }
+        None => None,
     };
     service::announce_ready(svc.addr(), &lines).context("writing READY")?;
     let _ = stop.recv();

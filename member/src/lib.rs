@@ -105,6 +105,7 @@
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd_imp;
+mod fencer;
 mod local;
 mod member;
 #[cfg(not(feature = "etcd"))]
@@ -113,6 +114,7 @@ mod types;
 
 pub use crossbeam_channel::Receiver;
 pub use error::{EtcdError, MemberError};
+pub use fencer::{spawn_fencer, wait_fenced};
 pub use local::LocalEtcd;
 pub use member::Member;
 pub use types::{Event, MemberInfo, MemberOptions, Role};

@@ -59,8 +59,42 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     fcfg.gid_index = args.gid_index;
     fcfg.model = Some(args.model.clone());
     // The life's incarnation, which its transaction ids and its tickets carry, so that
-    // the recovery of an earlier life cannot touch this one's.
-    fcfg.incarnation = fabric_incarnation(a.incarnation);
+    // the recovery of an earlier life cannot touch this one's: the membership service's
+    // when there is one.
+    let membership = match &a.etcd {
+        Some(url) => {
+            let me = member::Member::join(
+                std::slice::from_ref(url),
+                &a.cluster,
+                member::Role::Cnode,
+                node as u16,
+                Duration::from_secs(1),
+            )
+            .context("joining the membership in etcd")?;
+            fcfg.incarnation = me.incarnation();
+            let me = Arc::new(me);
+            // Declared dead (the lease expired while this process was stopped, or a
+            // survivor revoked it): its memory nodes fenced it and a survivor recovers
+            // its transactions; nothing it does counts any more.
+            let watch = Arc::downgrade(&me);
+            std::thread::spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(5));
+                let Some(watch) = watch.upgrade() else { return };
+                if !watch.is_live() {
+                    eprintln!(
+                        "cnode {node} incarnation {}: lease lost (declared dead and fenced); exiting",
+                        watch.incarnation()
+                    );
+                    std::process::exit(3);
+                }
+            });
+            Some(me)
+        }
+        None => {
+            fcfg.incarnation = fabric_incarnation(a.incarnation);
+            None
+        }
+    };
     let fabric = Fabric::open(&fcfg).context("opening the fabric")?;
     let addrs = ClusterAddrs {
         memnodes: a.memnodes.clone(),
@@ -226,6 +260,23 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         write_out(o, &mut out).context("stdout")?;
     }
     say(&Msg::Done, &mut out).context("stdout")?;
+    // A clean stop: leave, so that nobody takes this incarnation for dead.
+    if let Some(mut m) = membership {
+        for _ in 0..100 {
+            match Arc::try_unwrap(m) {
+                Ok(me) => {
+                    if let Err(e) = me.leave() {
+                        eprintln!("cnode {node}: leaving the membership: {e}");
+                    }
+                    break;
+                }
+                Err(back) => {
+                    m = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
     Ok(())
 }
 
@@ -256,6 +307,7 @@ pub(crate) fn measure(
     while p.started.elapsed() < dur && !stop.load(Ordering::Relaxed) {
         p.drain(Duration::from_millis(10))?;
         p.reap_deaths()?;
+        p.recover_expired()?;
         faults.step(&mut p, cluster)?;
         let s = p.started.elapsed().as_secs();
         if s > last_progress {
@@ -319,6 +371,60 @@ struct Parent<'a> {
     started: Instant,
     /// Recovers a dead compute node before anything else touches its data.
     recoverer: Recoverer,
+    /// The run's membership (etcd), when it has one.
+    membership: Option<Membership>,
+}
+
+/// The parent's view of the membership service: it joins as an observer, learns each
+/// compute node's incarnation from etcd, revokes a life it saw die (the fast path),
+/// and recovers any compute-node life whose lease ended, after every memory node
+/// acknowledged fencing it.
+struct Membership {
+    endpoint: String,
+    me: member::Member,
+    events: member::Receiver<member::Event>,
+    /// Each compute node's last incarnation seen up (node id to etcd incarnation).
+    last: std::collections::HashMap<u16, u64>,
+    /// Down events read while waiting for something else.
+    pending: Vec<member::MemberInfo>,
+    /// Lives recovered (or being recovered) already.
+    done: std::collections::HashSet<(u16, u64)>,
+    /// The memory nodes that must fence a dead life before its recovery.
+    fencers: Vec<u16>,
+}
+
+impl Membership {
+    /// Take in the events so far.
+    fn poll(&mut self) -> Vec<member::MemberInfo> {
+        let mut down = Vec::new();
+        while let Ok(ev) = self.events.try_recv() {
+            match ev {
+                member::Event::Up(i) if i.role == member::Role::Cnode => {
+                    let last = self.last.entry(i.node).or_insert(i.incarnation);
+                    *last = (*last).max(i.incarnation);
+                }
+                member::Event::Down(i) if i.role == member::Role::Cnode => down.push(i),
+                _ => {}
+            }
+        }
+        down
+    }
+
+    /// Wait (at most 10 s) until `node` has been up in etcd; returns its last
+    /// incarnation. The Down events read meanwhile are handed back for later.
+    fn incarnation_of(&mut self, node: u16, later: &mut Vec<member::MemberInfo>) -> Option<u64> {
+        let t0 = Instant::now();
+        loop {
+            later.extend(self.poll());
+            if let Some(&i) = self.last.get(&node) {
+                return Some(i);
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 impl<'a> Parent<'a> {
@@ -367,24 +473,121 @@ impl<'a> Parent<'a> {
             t0: 0,
             started: Instant::now(),
             recoverer: Recoverer::start(cluster.fabric.clone(), cluster.addrs.clone(), protocol)?,
+            membership: match &cluster.etcd {
+                Some(e) => {
+                    let me = member::Member::join(
+                        &[e.endpoint()],
+                        cluster.cluster.name(),
+                        member::Role::Other("txn-bench".into()),
+                        crate::txn_args::NODE_CN as u16,
+                        Duration::from_secs(1),
+                    )
+                    .context("joining the membership in etcd")?;
+                    let events = me.events().context("watching the membership")?;
+                    Some(Membership {
+                        endpoint: e.endpoint(),
+                        me,
+                        events,
+                        last: Default::default(),
+                        pending: Vec::new(),
+                        done: Default::default(),
+                        fencers: (0..args.memnodes)
+                            .map(|i| (crate::txn_args::NODE_MEMNODE + i) as u16)
+                            .chain(
+                                protocol
+                                    .needs_lockd()
+                                    .then_some(crate::txn_args::NODE_LOCKD as u16),
+                            )
+                            .collect(),
+                    })
+                }
+                None => None,
+            },
         })
     }
 
-    /// Recover compute node `index`'s dead life `inc` (node `node`, dead at `at_ms`)
-    /// and print the recovery line. Errors: recovery failed (the run cannot go on
-    /// safely: the dead life's locks may still be held).
+    /// Lives whose lease ended without the parent seeing the process die (a stopped
+    /// process, a false suspicion the fencing makes safe): recover each now.
+    fn recover_expired(&mut self) -> anyhow::Result<()> {
+        let down = match &mut self.membership {
+            Some(m) => {
+                let mut d = std::mem::take(&mut m.pending);
+                d.extend(m.poll());
+                d
+            }
+            None => return Ok(()),
+        };
+        for d in down {
+            let Some(m) = &self.membership else { break };
+            if m.done.contains(&(d.node, d.incarnation))
+                || m.me.recovered(d.node, d.incarnation)?.is_some()
+            {
+                continue;
+            }
+            let Some((index, inc)) = self
+                .cns
+                .iter()
+                .find(|c| c.node as u16 == d.node && !c.gone)
+                .map(|c| (c.index, c.incarnation))
+            else {
+                continue;
+            };
+            let at = self.ms();
+            self.event(format!(
+                "cnode {index} incarnation {inc} (node {} etcd incarnation {}): lease ended at {at:.0} ms",
+                d.node, d.incarnation
+            ));
+            self.recover_dead(index, u32::from(d.node), inc, Some(d.incarnation), at)?;
+        }
+        Ok(())
+    }
+
+    /// Recover compute node `index`'s dead life `inc` (node `node`; `life`: its etcd
+    /// incarnation when known, else the one etcd has live for the node), dead at
+    /// `at_ms`, and print the recovery line. With a membership service: revoke its
+    /// lease (the fast path), wait until every memory node fenced it, claim its
+    /// recovery, recover, record it. Errors: recovery failed or could not be fenced
+    /// (the run cannot go on safely: the dead life's locks may still be held).
     fn recover_dead(
         &mut self,
         index: usize,
         node: u32,
         inc: u32,
+        life: Option<u64>,
         at_ms: f64,
     ) -> anyhow::Result<()> {
-        let r = self
-            .recoverer
-            .recover(node, fabric_incarnation(inc), Duration::from_secs(30));
+        let life = match &mut self.membership {
+            None => fabric_incarnation(inc),
+            Some(m) => {
+                let n = node as u16;
+                let mut later = Vec::new();
+                let life = life.or_else(|| m.incarnation_of(n, &mut later));
+                m.pending.extend(later);
+                let Some(life) = life else {
+                    bail!("cnode {index}: no incarnation of node {n} in the membership");
+                };
+                if !m.done.insert((n, life)) {
+                    return Ok(());
+                }
+                m.me.revoke(n, life).context("revoking a dead lease")?;
+                let missing =
+                    member::wait_fenced(&m.me, n, life, &m.fencers, Duration::from_secs(5))?;
+                if !missing.is_empty() {
+                    bail!("memory nodes {missing:?} did not fence node {n} incarnation {life}");
+                }
+                if !m.me.claim_recovery(n, life)? {
+                    return Ok(()); // another survivor recovers it
+                }
+                life
+            }
+        };
+        let r = self.recoverer.recover(node, life, Duration::from_secs(30));
         match r {
             Ok(r) => {
+                if let Some(m) = &self.membership {
+                    m.me.finish_recovery(node as u16, life, &r.summary())
+                        .context("recording the recovery")?;
+                }
                 self.event(format!(
                     "recovery: cn {index} incarnation {inc} dead at {at_ms:.0} ms: {}",
                     r.summary()
@@ -417,6 +620,7 @@ impl<'a> Parent<'a> {
             index,
             incarnation,
             t0,
+            self.membership.as_ref().map(|m| m.endpoint.as_str()),
             &self.ev_tx,
         )?;
         let pid = c.pid;
@@ -560,7 +764,7 @@ impl<'a> Parent<'a> {
             self.event(format!(
                 "cnode {index} (pid {pid}) died at {at:.0} ms: {how}"
             ));
-            self.recover_dead(index, node, inc, at)?;
+            self.recover_dead(index, node, inc, None, at)?;
         }
         Ok(())
     }
@@ -581,7 +785,7 @@ impl<'a> Parent<'a> {
             "cnode {target} (pid {pid}) died at {at:.0} ms: {} (--kill-cn-after)",
             status_text(st)
         ));
-        self.recover_dead(target, node, inc, at)?;
+        self.recover_dead(target, node, inc, None, at)?;
         if restart {
             let pid = self.spawn(target, inc + 1, Some(self.t0))?;
             self.event(format!(

@@ -61,6 +61,14 @@ struct Args {
     /// (bytes - 32) / 24).
     #[arg(long, default_value_t = txn::commit_log::LogGeometry::default().slot_bytes, value_name = "BYTES")]
     log_slot_bytes: u32,
+    /// Join the cluster's membership in etcd at this endpoint (e.g.
+    /// http://127.0.0.1:2379): the node registers under a lease, and when a compute
+    /// node's incarnation goes down (lease expired or revoked) it fences that
+    /// incarnation (its queue pairs to the error state, so its late one-sided WRITEs and
+    /// CASes fail) and acknowledges, before recovery touches its data. Needs a build
+    /// with the etcd feature (`--features member/etcd`).
+    #[arg(long, value_name = "URL")]
+    etcd: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -182,6 +190,32 @@ fn run(args: Args) -> anyhow::Result<()> {
         partitions = args.partitions,
         "memnode serving"
     );
+    let _membership = match &args.etcd {
+        Some(url) => {
+            let me = member::Member::join(
+                std::slice::from_ref(url),
+                &args.node.cluster,
+                member::Role::Memnode,
+                args.node.node.get() as u16,
+                std::time::Duration::from_secs(1),
+            )
+            .context("joining the membership in etcd")?;
+            let me = std::sync::Arc::new(me);
+            let fabric = node.fabric().clone();
+            member::spawn_fencer(me.clone(), move |dead| {
+                let qps = fabric.fence(rrpc::NodeId(u32::from(dead.node)), dead.incarnation);
+                tracing::info!(
+                    node = dead.node,
+                    incarnation = dead.incarnation,
+                    qps,
+                    "fenced a dead compute node"
+                );
+            })
+            .context("watching the membership")?;
+            Some(me)
+        }
+        None => None,
+    };
     service::announce_ready(node.addr(), &[]).context("writing READY")?;
     let _ = stop.recv();
     tracing::info!("signal received; shutting down");
