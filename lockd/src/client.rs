@@ -167,7 +167,9 @@ impl Grant {
 pub struct LockClient {
     export: LocksExport,
     shared: Shared,
-    incarnation: u64,
+    /// The incarnation its requests declare; `None`: the fabric's of the context each
+    /// request is sent on ([`rrpc::fabric::Fabric::incarnation`]).
+    incarnation: Option<u64>,
     /// Lock RPCs given up on whose tickets the service has not handed back yet.
     given_up: Rc<RefCell<Vec<GivenUp>>>,
     /// Whether a coroutine retries the abandons of `given_up`.
@@ -212,23 +214,37 @@ impl LockClient {
                 heat: Rc::default(),
                 keep_above,
             },
-            incarnation: process_incarnation(),
+            incarnation: None,
             given_up: Rc::default(),
             retrying: Rc::default(),
             retry: RetryPolicy::default(),
         })
     }
 
-    /// The incarnation this client declares in its requests (default
-    /// [`process_incarnation`]); a process that knows its own (from the cluster's
-    /// membership) sets it before its first request.
+    /// The incarnation this client declares in its requests. By default it declares its
+    /// connection's: the incarnation of the fabric of the context a request is sent on
+    /// ([`rrpc::fabric::Fabric::incarnation`], which the RPC layer announces at
+    /// connection setup). The service owns tickets by the connection's identity whatever
+    /// the payload declares ([`crate::service::LockTable::register`]), so setting another
+    /// one changes nothing there; keep it equal to the fabric's.
     pub fn set_incarnation(&mut self, incarnation: u64) {
-        self.incarnation = incarnation;
+        self.incarnation = Some(incarnation);
     }
 
-    /// See [`Self::set_incarnation`].
-    pub fn incarnation(&self) -> u64 {
+    /// The incarnation set by [`Self::set_incarnation`]; `None` when the client declares
+    /// its connection's (the default).
+    pub fn incarnation(&self) -> Option<u64> {
         self.incarnation
+    }
+
+    /// The owner this client's requests on `ctx` declare: `ctx`'s node, and the
+    /// incarnation of [`Self::incarnation`] or else `ctx`'s fabric's.
+    fn owner_on(&self, ctx: &ThreadCtx) -> Owner {
+        let f = ctx.fabric();
+        Owner {
+            node: f.node().get(),
+            incarnation: self.incarnation.unwrap_or_else(|| f.incarnation()),
+        }
     }
 
     /// How abandons of given-up Lock RPCs and reconnects are retried (default
@@ -317,10 +333,7 @@ impl LockClient {
         Settler {
             export: self.export,
             shared: self.shared.clone(),
-            owner: Owner {
-                node: 0,
-                incarnation: self.incarnation,
-            },
+            incarnation: self.incarnation,
             given_up: self.given_up.clone(),
             retrying: self.retrying.clone(),
         }
@@ -406,10 +419,7 @@ impl LockClient {
             self.settler().spawn_retries(ctx, self.retry);
         }
         let hdr = RequestHeader {
-            owner: Owner {
-                node: ctx.fabric().node().get(),
-                incarnation: self.incarnation,
-            },
+            owner: self.owner_on(ctx),
             seq: next_seq(),
             epoch: self.export.epoch,
         };
@@ -499,10 +509,7 @@ impl LockClient {
                 dead,
                 max: RELEASE_NODE_BATCH,
                 epoch: self.export.epoch,
-                caller: Owner {
-                    node: ctx.fabric().node().get(),
-                    incarnation: self.incarnation,
-                },
+                caller: self.owner_on(ctx),
             });
             let resp = ctx
                 .call(self.node(), RELEASE_NODE_HANDLER, &req)
@@ -685,8 +692,9 @@ fn handed_ticket(
 struct Settler {
     export: LocksExport,
     shared: Shared,
-    /// The client's incarnation (the node is the context's).
-    owner: Owner,
+    /// The client's incarnation, if set (see [`LockClient::incarnation`]; the node is the
+    /// context's).
+    incarnation: Option<u64>,
     given_up: Rc<RefCell<Vec<GivenUp>>>,
     /// Whether a retrying coroutine runs ([`Self::spawn_retries`]).
     retrying: Rc<Cell<bool>>,
@@ -722,10 +730,11 @@ impl Settler {
     /// One abandon RPC; the tickets it hands back are passed on by coroutines of their
     /// own (dropped [`Ticket`]s).
     async fn abandon(&self, ctx: &Rc<ThreadCtx>, g: &GivenUp) -> Result<u64, LockError> {
+        let f = ctx.fabric();
         let req = AbandonRequest {
             owner: Owner {
-                node: ctx.fabric().node().get(),
-                ..self.owner
+                node: f.node().get(),
+                incarnation: self.incarnation.unwrap_or_else(|| f.incarnation()),
             },
             seq: g.seq,
             epoch: self.export.epoch,

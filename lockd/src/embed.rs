@@ -321,7 +321,8 @@ impl LockService {
                 Arc::new(lock_table::LockTable::with_bytes(slots_bytes)),
                 Ownership::new(me.get(), map),
             )
-            .with_epoch(epoch),
+            .with_epoch(epoch)
+            .with_host_incarnation(fabric.incarnation()),
         );
         let mut exports = BTreeMap::new();
         exports.insert(EXPORT_NAME.to_string(), takeout.export());

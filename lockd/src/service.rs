@@ -31,8 +31,8 @@
 //!
 //! **Who called.** Ticket ownership is a parameter of the handler bodies
 //! ([`LockTable::handle_from`] and its siblings); the handlers this table registers take
-//! it from the request's payload until the RPC layer says who called (one registration
-//! site, [`LockTable::register`]).
+//! it from the RPC layer: the node and incarnation the caller's connection announced at
+//! setup, never a payload field (one registration site, [`LockTable::register`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

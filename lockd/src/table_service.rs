@@ -55,6 +55,8 @@ pub struct TableService {
     own: RwLock<Ownership>,
     meter: LoadMeter,
     epoch: u64,
+    /// The incarnation [`Self::apply`] runs the host process's operations as.
+    host_incarnation: u64,
 }
 
 impl TableService {
@@ -66,7 +68,25 @@ impl TableService {
             own: RwLock::new(own),
             meter: LoadMeter::new(),
             epoch: crate::service::clock_epoch(),
+            host_incarnation: crate::owners::process_incarnation(),
         }
+    }
+
+    /// Run the host process's operations ([`Self::apply`]) as incarnation `incarnation`
+    /// (default [`crate::owners::process_incarnation`]). A service embedded in a
+    /// process with a fabric sets its fabric's ([`rrpc::fabric::Fabric::incarnation`],
+    /// as [`crate::embed::LockService::start`] does): that is the incarnation the host's
+    /// connections announce, and its [`TableClient`]s run as by default, so a lock
+    /// taken one way is released the other.
+    pub fn with_host_incarnation(mut self, incarnation: u64) -> Self {
+        self.host_incarnation = incarnation;
+        self
+    }
+
+    /// The incarnation [`Self::apply`] runs operations as
+    /// ([`Self::with_host_incarnation`]).
+    pub fn host_incarnation(&self) -> u64 {
+        self.host_incarnation
     }
 
     /// This service in epoch `epoch`, which must be larger than every earlier start's
@@ -119,10 +139,10 @@ impl TableService {
     /// not own are [`OpOutcome::WrongShard`], on a draining range [`OpOutcome::Moving`];
     /// an unlock the table holds is served whatever the map says.
     ///
-    /// The operations are this process's (the embedded placement): they run as its
-    /// incarnation, [`crate::owners::process_incarnation`].
+    /// The operations are the host process's (the embedded placement): they run as its
+    /// incarnation, [`Self::host_incarnation`].
     pub fn apply(&self, ops: &[TableOp], out: &mut Vec<OpOutcome>) -> u64 {
-        self.apply_as(ops, crate::owners::process_incarnation(), out)
+        self.apply_as(ops, self.host_incarnation, out)
     }
 
     /// [`Self::apply`] for operations of incarnation `incarnation` of their nodes: the
@@ -397,10 +417,13 @@ pub struct TableClientConfig {
     /// Operations per message (1 to [`MAX_OPS`], default [`MAX_OPS`]; 1 sends one message
     /// per operation, for comparison).
     pub batch: usize,
-    /// The incarnation of this process that its operations declare (default
-    /// [`crate::owners::process_incarnation`]): the lock table refuses operations of an
-    /// incarnation older than one it has seen for the node.
-    pub incarnation: u64,
+    /// The incarnation its operations declare, and run as on a local service
+    /// ([`TableClient::new`]'s `local`); `None` (the default): the incarnation of the
+    /// fabric of the context they are sent on ([`rrpc::fabric::Fabric::incarnation`]),
+    /// which is what a remote node's service takes from the connection whatever the
+    /// request declares. The lock table refuses operations of an incarnation older than
+    /// one it has seen for the node.
+    pub incarnation: Option<u64>,
 }
 
 impl Default for TableClientConfig {
@@ -409,7 +432,7 @@ impl Default for TableClientConfig {
             max_retries: 64,
             retry_pause: Duration::from_micros(50),
             batch: MAX_OPS,
-            incarnation: crate::owners::process_incarnation(),
+            incarnation: None,
         }
     }
 }
@@ -531,6 +554,10 @@ impl TableClient {
         ctx: &ThreadCtx,
         ops: &[TableOp],
     ) -> Result<Vec<OpOutcome>, TableError> {
+        let inc = self
+            .cfg
+            .incarnation
+            .unwrap_or_else(|| ctx.fabric().incarnation());
         let mut outs: Vec<Option<OpOutcome>> = vec![None; ops.len()];
         let mut pending: Vec<usize> = (0..ops.len()).collect();
         for round in 0..=self.cfg.max_retries {
@@ -542,7 +569,7 @@ impl TableClient {
                     match &self.local {
                         Some(l) if l.node() == *node => {
                             let mut o = Vec::with_capacity(batch.len());
-                            l.apply_as(&batch, self.cfg.incarnation, &mut o);
+                            l.apply_as(&batch, inc, &mut o);
                             for (&i, r) in chunk.iter().zip(o) {
                                 outs[i] = Some(r);
                             }
@@ -554,7 +581,7 @@ impl TableClient {
             let replies = join_all(
                 remote
                     .iter()
-                    .map(|(node, _, batch)| send(ctx, *node, batch, self.cfg.incarnation)),
+                    .map(|(node, _, batch)| send(ctx, *node, batch, inc)),
             )
             .await;
             let mut restarted = None;

@@ -83,6 +83,15 @@ fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
     });
     assert_eq!(mine.number(), 2);
     assert_eq!(nodes(&table, LOCK), vec![(0, 201), (1, 202), (2, SURVIVOR)]);
+    // Each ticket is owned by the (node, incarnation) its connection announced.
+    let survivor = Owner {
+        node: SURVIVOR,
+        incarnation: ctx.fabric().incarnation(),
+    };
+    assert_eq!(
+        table.ticket_owners(LOCK),
+        vec![(0, child_owner(201)), (1, child_owner(202)), (2, survivor)]
+    );
 
     holder.kill();
     waiter.kill();
@@ -127,7 +136,8 @@ fn takeout_tickets_of_killed_holder_and_waiter_are_passed_on() {
     assert_eq!(table.ticket_owners(LOCK), vec![]);
 }
 
-/// A child process's owner identity (children declare [`common::CHILD_INCARNATION`]).
+/// A child process's owner identity (children open their fabric as
+/// [`common::CHILD_INCARNATION`]).
 fn child_owner(node: u32) -> Owner {
     Owner {
         node,

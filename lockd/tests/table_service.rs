@@ -47,8 +47,22 @@ fn start(cluster: &ClusterGuard, me: u32, map: &ShardMap) -> (Arc<TableService>,
 }
 
 fn ctx(cluster: &ClusterGuard, addrs: &[SocketAddr]) -> Rc<ThreadCtx> {
+    ctx_on(cluster.open(NodeId(CLIENT)).unwrap(), addrs)
+}
+
+/// A client runtime of node `node` as incarnation `incarnation` (its own connections).
+fn ctx_as(
+    cluster: &ClusterGuard,
+    node: u32,
+    incarnation: u64,
+    addrs: &[SocketAddr],
+) -> Rc<ThreadCtx> {
+    ctx_on(common::open_as(cluster, node, incarnation), addrs)
+}
+
+fn ctx_on(fabric: rrpc::fabric::Fabric, addrs: &[SocketAddr]) -> Rc<ThreadCtx> {
     let ctx = ThreadCtx::new(
-        cluster.open(NodeId(CLIENT)).unwrap(),
+        fabric,
         RuntimeConfig {
             call_timeout: Duration::from_secs(5),
             ..RuntimeConfig::default()
@@ -83,16 +97,27 @@ fn batched_ops_across_two_nodes_are_idempotent() {
     let ctx = ctx(&cl, &[n1.addr(), n2.addr()]);
     let c = ctx.clone();
     let (s1c, s2c) = (s1.clone(), s2.clone());
-    block_on(&ctx, async move {
+    let keys: Vec<LockKey> = (0..60)
+        .map(|i| key(if i < 30 { 5 } else { 3000 }, i))
+        .collect();
+    let lock: Vec<TableOp> = keys.iter().map(|&k| op(k, 1, W)).collect();
+    let unlock: Vec<TableOp> = keys.iter().map(|&k| op(k, 1, U)).collect();
+    // Transaction 9 of compute node 55 write-locks every key.
+    let dead: Vec<TableOp> = keys
+        .iter()
+        .map(|&k| TableOp {
+            node: 55,
+            ..op(k, 9, W)
+        })
+        .collect();
+    let (ks, lk, ul, dd) = (keys, lock.clone(), unlock.clone(), dead.clone());
+    let tc = block_on(&ctx, async move {
+        let (keys, lock, unlock, dead) = (ks, lk, ul, dd);
         let tc = TableClient::connect(&c, &[1, 2], None, TableClientConfig::default())
             .await
             .unwrap();
         assert_eq!(tc.map(), map);
         // 30 keys on node 1 and 30 on node 2: two messages each (20 + 10).
-        let keys: Vec<LockKey> = (0..60)
-            .map(|i| key(if i < 30 { 5 } else { 3000 }, i))
-            .collect();
-        let lock: Vec<TableOp> = keys.iter().map(|&k| op(k, 1, W)).collect();
         let o = tc.execute(&c, &lock).await.unwrap();
         assert!(o.iter().all(|&x| x == OpOutcome::Granted), "{o:?}");
         // A retried request: granted again, nothing changes.
@@ -121,7 +146,6 @@ fn batched_ops_across_two_nodes_are_idempotent() {
                 OpOutcome::Granted
             ]
         );
-        let unlock: Vec<TableOp> = keys.iter().map(|&k| op(k, 1, U)).collect();
         let o = tc.execute(&c, &unlock).await.unwrap();
         assert!(o.iter().all(|&x| x == OpOutcome::Released));
         let o = tc.execute(&c, &unlock).await.unwrap();
@@ -148,22 +172,52 @@ fn batched_ops_across_two_nodes_are_idempotent() {
             .await
             .unwrap_err();
         assert!(matches!(e, CallError::Remote { .. }), "{e}");
-        // release_node over RPC passes on every lock of a failed compute node.
-        let dead: Vec<TableOp> = keys
-            .iter()
-            .map(|&k| TableOp {
-                node: 55,
-                ..op(k, 9, W)
-            })
-            .collect();
-        assert!(tc
-            .execute(&c, &dead)
+        // Node 100's connection cannot lock for node 55: refused, nothing taken.
+        let e = tc.execute(&c, &dead).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TableError::Rpc {
+                    cause: CallError::Remote { .. },
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            s1c.table().slots_in_use() + s2c.table().slots_in_use(),
+            1,
+            "key 6's readers"
+        );
+        tc
+    });
+    // Compute node 55, on connections of its own, locks every key; then it fails.
+    let ctx55 = ctx_as(&cl, 55, 7, &[n1.addr(), n2.addr()]);
+    let (c, d) = (ctx55.clone(), dead.clone());
+    block_on(&ctx55, async move {
+        let tc55 = TableClient::connect(&c, &[1, 2], None, TableClientConfig::default())
             .await
-            .unwrap()
-            .iter()
-            .all(|&x| x == OpOutcome::Granted));
-        assert_eq!(tc.release_node(&c, me(55)).await.unwrap(), 60);
-        assert_eq!(tc.release_node(&c, me(55)).await.unwrap(), 0);
+            .unwrap();
+        let o = tc55.execute(&c, &d).await.unwrap();
+        assert!(o.iter().all(|&x| x == OpOutcome::Granted), "{o:?}");
+    });
+    drop(ctx55);
+    assert_eq!(s1.table().slots_in_use() + s2.table().slots_in_use(), 61);
+    // release_node over RPC passes on every lock of the failed compute node.
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let o = tc.execute(&c, &lock).await.unwrap();
+        assert!(
+            o.iter()
+                .all(|&x| x == OpOutcome::Refused(Refusal::Conflict)),
+            "node 55 holds them: {o:?}"
+        );
+        let dead55 = lockd::owners::Owner {
+            node: 55,
+            incarnation: 7,
+        };
+        assert_eq!(tc.release_node(&c, dead55).await.unwrap(), 60);
+        assert_eq!(tc.release_node(&c, dead55).await.unwrap(), 0);
         let o = tc.execute(&c, &lock).await.unwrap();
         assert!(o.iter().all(|&x| x == OpOutcome::Granted), "free again");
         tc.execute(&c, &unlock).await.unwrap();
@@ -309,7 +363,7 @@ fn embedded_service_and_remote_node_in_one_batch() {
             tc.execute(&c, &ops).await.unwrap(),
             [OpOutcome::Granted, OpOutcome::Granted]
         );
-        assert_eq!(tc.release_node(&c, me(CLIENT)).await.unwrap(), 2);
+        assert_eq!(tc.release_node(&c, me(&c)).await.unwrap(), 2);
     });
     assert_eq!(local.table().slots_in_use(), 0);
     assert_eq!(s2.table().slots_in_use(), 0);
@@ -395,7 +449,7 @@ fn two_lockd_processes_serve_their_shards() {
         assert!(o.iter().all(|&x| x == OpOutcome::Granted), "{o:?}");
         let o = tc.execute(&c, &[op(key(0, 0), 2, W)]).await.unwrap();
         assert_eq!(o, [OpOutcome::Refused(Refusal::Conflict)]);
-        assert_eq!(tc.release_node(&c, me(CLIENT)).await.unwrap(), 40);
+        assert_eq!(tc.release_node(&c, me(&c)).await.unwrap(), 40);
         let o = tc
             .execute(&c, &[op(key(0, 0), 2, W), op(key(0, 0), 2, U)])
             .await
@@ -536,10 +590,11 @@ fn resharding_loop_moves_a_hot_shard_with_locks_held_by_another_process() {
     block_on(&ctx, async move {
         let tc = TableClient::new(map, None, TableClientConfig::default());
         let k = key(CHILD_SHARD, 1);
-        assert_eq!(
-            tc.execute(&c, &[op(k, 5, W)]).await.unwrap(),
-            [OpOutcome::Granted]
-        );
+        let mine = TableOp {
+            node: CLIENT + 1,
+            ..op(k, 5, W)
+        };
+        assert_eq!(tc.execute(&c, &[mine]).await.unwrap(), [OpOutcome::Granted]);
         assert_eq!(tc.map().version(), 2);
     });
     assert_eq!(s2.held_in(range), 1);
@@ -622,59 +677,63 @@ fn a_lockd_process_runs_the_resharding_loop() {
     assert!(status.success(), "{status:?}");
 }
 
-/// Node `node` as this process's clients declare it.
-fn me(node: u32) -> lockd::owners::Owner {
+/// The owner `ctx`'s connections announce: its fabric's node and incarnation.
+fn me(ctx: &ThreadCtx) -> lockd::owners::Owner {
     lockd::owners::Owner {
-        node,
-        incarnation: lockd::owners::process_incarnation(),
+        node: ctx.fabric().node().get(),
+        incarnation: ctx.fabric().incarnation(),
     }
 }
 
-/// Node 100 restarted under the same id (incarnation 2) and locked a key with the same
-/// transaction id as its dead predecessor (incarnation 1), whose lock is still held. The
-/// predecessor is refused from then on, to lock or unlock; a late `release_node` of the
-/// predecessor releases only its lock, and the live incarnation's stays. (Before, holders
-/// named the node only: the release took the live lock too.)
+/// Node 100 restarted under the same id: its dead predecessor (incarnation 1, a fabric
+/// of its own) holds a lock, and the restarted node (a new fabric of the same id,
+/// incarnation 2) locked a key with the same transaction id. A connection of the
+/// predecessor's incarnation is refused from then on, to lock or unlock; a late
+/// `release_node` of the predecessor releases only its lock, and the live incarnation's
+/// stays. (Before, holders named the node only: the release took the live lock too.)
 #[test]
 fn release_node_of_a_dead_incarnation_leaves_the_restarted_nodes_locks() {
     let cl = cluster("inc");
     let map = ShardMap::uniform(&[1]).unwrap();
     let (svc, n1) = start(&cl, 1, &map);
-    let ctx = ctx(&cl, &[n1.addr()]);
-    let c = ctx.clone();
-    block_on(&ctx, async move {
-        let client = |incarnation| {
-            let c = c.clone();
-            async move {
-                let cfg = TableClientConfig {
-                    incarnation,
-                    ..TableClientConfig::default()
-                };
-                TableClient::connect(&c, &[1], None, cfg).await.unwrap()
-            }
-        };
-        let (old, new) = (client(1).await, client(2).await);
-        assert_eq!(
-            old.execute(&c, &[op(key(5, 1), 7, W)]).await.unwrap(),
-            [OpOutcome::Granted]
-        );
-        assert_eq!(
-            new.execute(&c, &[op(key(5, 2), 7, W)]).await.unwrap(),
-            [OpOutcome::Granted]
-        );
-        let stale = OpOutcome::Refused(Refusal::StaleIncarnation);
-        assert_eq!(
-            old.execute(&c, &[op(key(5, 3), 8, W), op(key(5, 1), 7, U)])
+    // Node 100 as incarnation `inc`, on connections of its own: its runtime and fabric
+    // are dropped after `f`, so that another incarnation can open the node id.
+    let session = |inc: u64, f: &dyn Fn(Rc<ThreadCtx>, TableClient) -> Vec<OpOutcome>| {
+        let ctx = ctx_as(&cl, CLIENT, inc, &[n1.addr()]);
+        let c = ctx.clone();
+        let tc = block_on(&ctx, async move {
+            TableClient::connect(&c, &[1], None, TableClientConfig::default())
                 .await
-                .unwrap(),
-            [stale, stale]
-        );
-        let dead = lockd::owners::Owner {
-            node: CLIENT,
-            incarnation: 1,
-        };
-        assert_eq!(new.release_node(&c, dead).await.unwrap(), 1);
-        assert_eq!(new.release_node(&c, dead).await.unwrap(), 0, "idempotent");
+                .unwrap()
+        });
+        f(ctx, tc)
+    };
+    let run = |inc: u64, ops: Vec<TableOp>| {
+        session(inc, &|ctx, tc| {
+            let (c, ops) = (ctx.clone(), ops.clone());
+            block_on(&ctx, async move { tc.execute(&c, &ops).await.unwrap() })
+        })
+    };
+    assert_eq!(run(1, vec![op(key(5, 1), 7, W)]), [OpOutcome::Granted]);
+    // Incarnation 1 died; the node restarts as incarnation 2.
+    assert_eq!(run(2, vec![op(key(5, 2), 7, W)]), [OpOutcome::Granted]);
+    // A late connection of the dead incarnation is refused, to lock or to unlock.
+    let stale = OpOutcome::Refused(Refusal::StaleIncarnation);
+    assert_eq!(
+        run(1, vec![op(key(5, 3), 8, W), op(key(5, 1), 7, U)]),
+        [stale, stale]
+    );
+    let dead = lockd::owners::Owner {
+        node: CLIENT,
+        incarnation: 1,
+    };
+    session(2, &|ctx, tc| {
+        let c = ctx.clone();
+        block_on(&ctx, async move {
+            assert_eq!(tc.release_node(&c, dead).await.unwrap(), 1);
+            assert_eq!(tc.release_node(&c, dead).await.unwrap(), 0, "idempotent");
+        });
+        Vec::new()
     });
     assert_eq!(svc.table().holders(key(5, 1).0), []);
     let live = svc.table().holders(key(5, 2).0);
@@ -733,7 +792,19 @@ fn a_restarted_table_node_is_reported_and_its_old_locks_are_not_assumed_held() {
         (svc, node)
     };
     let (old, n1) = start(1);
-    let ctx = ctx(&cl, &[n1.addr()]);
+    // The thread's pool gives up reconnecting to the old node soon after it is gone, so
+    // that `reconnect` below replaces the connection (a pool still retrying the old
+    // address would keep it, and the next call would find the node gone).
+    let ctx = ThreadCtx::new(
+        cl.open(NodeId(CLIENT)).unwrap(),
+        RuntimeConfig {
+            call_timeout: Duration::from_secs(5),
+            reconnect_give_up: Duration::from_millis(100),
+            ..RuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    ctx.connect_rpc(n1.addr()).unwrap();
     let c = ctx.clone();
     let tc = Rc::new(block_on(&ctx, async move {
         TableClient::connect(&c, &[1], None, TableClientConfig::default())
@@ -770,7 +841,7 @@ fn a_restarted_table_node_is_reported_and_its_old_locks_are_not_assumed_held() {
                 now: 2
             }
         ),
-        "{e}"
+        "{e:?}"
     );
     let (c, t) = (ctx.clone(), tc.clone());
     let o = block_on(&ctx, async move {

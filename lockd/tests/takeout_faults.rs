@@ -106,11 +106,17 @@ fn a_lock_rpc_granted_after_its_client_gave_up_is_passed_on() {
     let slow = Arc::new(AtomicBool::new(true));
     let mut h = table.handlers();
     let (t, s) = (table.clone(), slow.clone());
-    h.register(LOCK_HANDLER, move |req, out| {
+    // Served as `LockTable::register` serves it: the caller the connection announced
+    // owns the tickets.
+    h.register_with_caller(LOCK_HANDLER, move |caller, req, out| {
         if s.swap(false, Ordering::AcqRel) {
             std::thread::sleep(Duration::from_millis(600));
         }
-        t.handle(req, out)
+        let owner = Owner {
+            node: caller.node.get(),
+            incarnation: caller.incarnation,
+        };
+        t.handle_from(owner, req, out)
     });
     let node = lockd_node(fabric, exports, h, 1);
 

@@ -29,6 +29,20 @@ pub fn lockd_node(
     .unwrap()
 }
 
+/// Open node `node` of `cluster` as incarnation `incarnation` of its id, on the backend
+/// `$RRPC_FABRIC` names (as `ClusterGuard::open` does, which takes a fresh incarnation):
+/// every connection it makes announces that (node, incarnation), and the lock services
+/// own what it takes by it. A restarted node is a new fabric of the same id (the old
+/// one dropped first) with a larger incarnation.
+pub fn open_as(cluster: &rrpc::fabric::shm::ClusterGuard, node: u32, incarnation: u64) -> Fabric {
+    let kind = FabricKind::from_env().unwrap();
+    Fabric::open(&FabricConfig {
+        incarnation,
+        ..FabricConfig::new(kind, cluster.name(), NodeId(node))
+    })
+    .unwrap()
+}
+
 // ---------------------------------------------------------------------------------------
 // Client processes: the test binary run again as its `child_process` test, which calls
 // `child_main`. Every test binary that spawns children defines
@@ -50,7 +64,9 @@ use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
 
 /// The Takeout lock a `takeout` child takes a ticket on.
 pub const CHILD_LOCK: u64 = 3;
-/// The incarnation every child declares (unless `LOCKD_CHILD_INCARNATION` says another).
+/// The incarnation every child's fabric is opened as (unless `LOCKD_CHILD_INCARNATION`
+/// says another): its connections announce it, and the lock services own what it takes
+/// by it.
 pub const CHILD_INCARNATION: u64 = 1;
 /// The shard of the lock-table keys a `table` child locks.
 pub const CHILD_SHARD: u64 = 7;
@@ -161,7 +177,11 @@ pub fn child_main() {
     let server: SocketAddr = var("LOCKD_CHILD_SERVER").parse().unwrap();
     let ts: u64 = var("LOCKD_CHILD_TS").parse().unwrap();
     let kind = FabricKind::from_env().unwrap();
-    let cfg = FabricConfig::new(kind, &var("LOCKD_CHILD_CLUSTER"), NodeId(node));
+    let cfg = FabricConfig {
+        incarnation: std::env::var("LOCKD_CHILD_INCARNATION")
+            .map_or(CHILD_INCARNATION, |v| v.parse().unwrap()),
+        ..FabricConfig::new(kind, &var("LOCKD_CHILD_CLUSTER"), NodeId(node))
+    };
     let fabric = Fabric::open(&cfg).unwrap();
     let ctx = ThreadCtx::new(
         fabric,
@@ -177,10 +197,8 @@ pub fn child_main() {
     let mut line = String::new();
     match role.as_str() {
         "takeout" => {
-            let mut lc = LockClient::from_info(&info).unwrap();
-            let inc = std::env::var("LOCKD_CHILD_INCARNATION")
-                .map_or(CHILD_INCARNATION, |v| v.parse().unwrap());
-            lc.set_incarnation(inc);
+            // Declares its fabric's incarnation, as the service takes it.
+            let lc = LockClient::from_info(&info).unwrap();
             let t = block_on(&ctx, async move {
                 let req = LockRequest {
                     id: CHILD_LOCK,
@@ -201,11 +219,8 @@ pub fn child_main() {
         "table" => {
             let c2 = c.clone();
             let tc = block_on(&ctx, async move {
-                let cfg = TableClientConfig {
-                    incarnation: std::env::var("LOCKD_CHILD_INCARNATION")
-                        .map_or(CHILD_INCARNATION, |v| v.parse().unwrap()),
-                    ..TableClientConfig::default()
-                };
+                // Runs as its fabric's incarnation, as the service takes it.
+                let cfg = TableClientConfig::default();
                 let tc = TableClient::connect(&c2, &[info.node.get()], None, cfg)
                     .await
                     .unwrap();
