@@ -58,10 +58,16 @@ async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
                 None => co.client.begin_as(kind as u16),
             };
             let id = txn.id();
+            if let Some(l) = &co.ledger {
+                l.begin(id);
+            }
             let start_ns = if co.clock.wall { monotonic_ns() } else { 0 };
             let attempt = std::pin::pin!(profiles.run(txn, &drawn));
             let r = StartedAt { attempt, start_ns }.await;
             let committed = matches!(r, Ok(Finished::Committed { .. }));
+            if let (Some(l), Ok(Finished::Committed { net, .. })) = (&co.ledger, &r) {
+                l.committed(id, *net);
+            }
             let interval = co.clock.interval(if co.clock.interval_ns > 0 {
                 monotonic_ns()
             } else {

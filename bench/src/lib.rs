@@ -9,6 +9,7 @@ pub mod config_file;
 pub mod driver;
 pub mod history_out;
 pub mod launcher;
+pub mod ledger;
 pub mod pairs;
 pub mod peers;
 pub mod plot;

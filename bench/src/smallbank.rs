@@ -228,6 +228,9 @@ pub async fn run(mut t: Txn<'_>, args: TxnArgs) -> Result<i64, TxnError> {
             -amount
         }
     };
+    // In the commit log: recovery reports it when it finishes this commit for a
+    // coordinator that died (the money audit counts it then).
+    t.set_log_note(net);
     t.commit().await?;
     Ok(net)
 }

@@ -709,6 +709,7 @@ fn measure(
             go: None,
             flush: None,
             incarnation: 0,
+            ledger: None,
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -1022,6 +1023,9 @@ pub(crate) struct WorkerPlan {
     /// layer takes it (today a restarted compute node's ids repeat its previous
     /// incarnation's).
     pub(crate) incarnation: u32,
+    /// The compute node's ledger and this thread's first slot in it (coordinator
+    /// processes only).
+    pub(crate) ledger: Option<(Arc<crate::ledger::Ledger>, usize)>,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
@@ -1080,6 +1084,7 @@ pub(crate) fn worker(
             home: ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1,
             each_type_first: w.each_type_first,
             clock,
+            ledger: w.ledger.as_ref().map(|(l, base)| l.slot(base + co)),
         };
         mix.clone().spawn(&mut ex, coroutine);
     }

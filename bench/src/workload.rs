@@ -334,6 +334,9 @@ pub struct Coroutine {
     pub each_type_first: bool,
     /// The run's clock: the timeline's intervals and the history's wall-clock times.
     pub clock: RunClock,
+    /// This coroutine's slot in its compute node's ledger (coordinator processes only):
+    /// its commits counted where a `kill -9` cannot erase them.
+    pub ledger: Option<crate::ledger::LedgerSlot>,
 }
 
 /// What a coordinator coroutine times: commits and aborts per interval of the run

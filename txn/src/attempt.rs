@@ -168,6 +168,11 @@ pub(crate) struct Attempt<'a, S, O> {
     pub cc: S,
     /// The attempt committed (set by the commit before the release).
     pub committed: bool,
+    /// The application's note in the commit log ([`crate::coordinator::Txn::set_log_note`]).
+    pub note: i64,
+    /// The commit-log slot this attempt writes its log to, once it logged (held until
+    /// the attempt ends, so no other attempt overwrites the log before its unlocks).
+    log_slot: std::cell::Cell<Option<u16>>,
     /// Where the attempt's time went (with [`crate::config::TxnConfig::record_phases`]).
     clock: Option<PhaseClock>,
 }
@@ -183,6 +188,8 @@ impl<'a, S: Default, O> Attempt<'a, S, O> {
             objs: Vec::new(),
             cc: S::default(),
             committed: false,
+            note: 0,
+            log_slot: std::cell::Cell::new(None),
             clock: core
                 .cfg
                 .record_phases
@@ -303,17 +310,30 @@ impl<S, O> Attempt<'_, S, O> {
         parts.dedup();
         let log = CommitLog {
             id: self.id,
+            note: self.note,
             entries,
         };
         let owner = self.core.owner();
+        let slot_no = match self.log_slot.get() {
+            Some(s) => s,
+            None => {
+                let s = self.core.take_log_slot();
+                self.log_slot.set(Some(s));
+                s
+            }
+        };
         let mut targets = Vec::with_capacity(parts.len());
         for &p in &parts {
             let region = store
                 .log(p)
                 .ok_or_else(|| TxnError::Export(format!("memory node {p} keeps no log")))?;
-            let slot = region
-                .slot(owner.node, self.core.client())
-                .ok_or_else(|| TxnError::Usage("no commit-log slot for this client".into()))?;
+            let slot = region.slot(owner.node, slot_no).ok_or_else(|| {
+                TxnError::Usage(format!(
+                    "commit log: more coordinators in flight on {owner} than the {} log slots \
+                     memory node {p} keeps per node (memnode --log-clients)",
+                    region.geometry.clients
+                ))
+            })?;
             targets.push((store.node_of(p)?, slot, region.geometry.max_entries()));
         }
         let max = targets.iter().map(|t| t.2).min().unwrap_or(0);
@@ -422,6 +442,9 @@ impl<S, O> Attempt<'_, S, O> {
 
 impl<S, O> Drop for Attempt<'_, S, O> {
     fn drop(&mut self) {
+        if let Some(s) = self.log_slot.take() {
+            self.core.put_log_slot(s);
+        }
         if let Some(c) = &mut self.clock {
             let times = c.finish(std::time::Instant::now());
             self.core.put_phases(self.id, times);

@@ -21,18 +21,16 @@ use crate::txn_id::{Owner, TxnId};
 /// With commit logs on: every memory node keeps a log region with a slot for this
 /// client, and every table keeps at least 2 versions (a roll-back invalidates the
 /// victim cell, which with one version would be the only version).
-fn check_logs(store: &CvtRemote, owner: Owner, client: u16) -> Result<(), TxnError> {
+fn check_logs(store: &CvtRemote, owner: Owner) -> Result<(), TxnError> {
     for p in 0..store.partitions() {
         let log = store.log(p).ok_or_else(|| {
             TxnError::Export(format!(
                 "commit logs are on but memory node {p} keeps no log region"
             ))
         })?;
-        if log.slot(owner.node, client).is_none() {
+        if log.slot(owner.node, 0).is_none() {
             return Err(TxnError::Usage(format!(
-                "commit log: client {client} of {owner} has no slot (memory node {p} keeps \
-                 {} per node: start it with a larger --log-clients)",
-                log.geometry.clients
+                "commit log: memory node {p} keeps no slots for {owner}"
             )));
         }
         if let Some(t) = store.part_tables(p)?.iter().find(|t| t.versions < 2) {
@@ -48,6 +46,11 @@ fn check_logs(store: &CvtRemote, owner: Owner, client: u16) -> Result<(), TxnErr
 
 /// Process-wide counter that gives each client a distinct tag in its lock words.
 static CLIENT_TAGS: AtomicU32 = AtomicU32::new(1);
+/// Process-wide counter of commit-log slots handed to clients (each keeps the ones it
+/// took for its coroutines, free ones on a list).
+static LOG_SLOTS: AtomicU32 = AtomicU32::new(0);
+/// Slots of clients that were dropped, for the process's next clients.
+static FREE_LOG_SLOTS: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
 
 /// A thread's connection to the memory nodes and the TSO, shared by its coordinators.
 pub(crate) struct ClientCore {
@@ -65,6 +68,8 @@ pub(crate) struct ClientCore {
     owner: Owner,
     client: u16,
     seq: Cell<u32>,
+    /// Commit-log slots this client took and no attempt holds now.
+    free_log_slots: RefCell<Vec<u16>>,
 }
 
 impl ClientCore {
@@ -86,7 +91,7 @@ impl ClientCore {
         let owner = Owner::new(ctx.fabric().node().get(), incarnation);
         let client = (CLIENT_TAGS.fetch_add(1, Ordering::Relaxed) & 0xfff) as u16;
         if cfg.commit_log {
-            check_logs(&store, owner, client)?;
+            check_logs(&store, owner)?;
         }
         Ok(Self {
             store,
@@ -97,6 +102,7 @@ impl ClientCore {
             owner,
             client,
             seq: Cell::new(0),
+            free_log_slots: RefCell::new(Vec::new()),
         })
     }
 
@@ -114,9 +120,31 @@ impl ClientCore {
         .pack()
     }
 
-    /// This client's number within its node (its commit-log slot).
+    /// This client's number within its node.
+    #[allow(dead_code)]
     pub fn client(&self) -> u16 {
         self.client
+    }
+
+    /// A commit-log slot for one attempt (every attempt in flight has its own: the
+    /// coroutines of a thread share the client), returned with
+    /// [`Self::put_log_slot`].
+    pub fn take_log_slot(&self) -> u16 {
+        self.free_log_slots
+            .borrow_mut()
+            .pop()
+            .or_else(|| {
+                FREE_LOG_SLOTS
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+            })
+            .unwrap_or_else(|| LOG_SLOTS.fetch_add(1, Ordering::Relaxed) as u16)
+    }
+
+    /// Give back a slot of [`Self::take_log_slot`].
+    pub fn put_log_slot(&self, slot: u16) {
+        self.free_log_slots.borrow_mut().push(slot);
     }
 
     /// This client's node and incarnation.
@@ -187,5 +215,15 @@ impl ClientCore {
                 h.record(kind, acc);
             }
         }
+    }
+}
+
+impl Drop for ClientCore {
+    fn drop(&mut self) {
+        let mine = std::mem::take(&mut *self.free_log_slots.borrow_mut());
+        FREE_LOG_SLOTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(mine);
     }
 }

@@ -11,9 +11,11 @@
 //! installs (so that it has landed before any of them: the rule in
 //! [`crate::recovery`] relies on it).
 //!
-//! Slot layout (little-endian): `id:8 | n:4 | pad:4 | checksum:8 | pad:8`, then `n`
+//! Slot layout (little-endian): `id:8 | n:4 | pad:4 | checksum:8 | note:8`, then `n`
 //! entries of [`ENTRY_BYTES`]: `part:2 | table:2 | cell:2 | pad:2 | addr:8 | version:8`.
-//! The checksum (FNV-1a over the header's first 16 bytes and the entries) tells a
+//! The note is the application's word about the commit
+//! ([`crate::coordinator::Txn::set_log_note`]). The checksum (FNV-1a over the header's
+//! id, count and note and the entries) tells a
 //! complete log from one torn by a crash while it was being written; a torn log's
 //! installs never started.
 
@@ -130,6 +132,8 @@ pub struct LogEntry {
 pub struct CommitLog {
     /// The transaction id ([`crate::txn_id`]).
     pub id: u64,
+    /// The application's note ([`crate::coordinator::Txn::set_log_note`]; 0 if none).
+    pub note: i64,
     /// What it installs.
     pub entries: Vec<LogEntry>,
 }
@@ -171,7 +175,8 @@ impl CommitLog {
             b[o + 8..o + 16].copy_from_slice(&e.addr.to_le_bytes());
             b[o + 16..o + 24].copy_from_slice(&e.version.to_le_bytes());
         }
-        let sum = fnv1a(&[&b[0..16], &b[HEADER_BYTES..]]);
+        b[24..32].copy_from_slice(&self.note.to_le_bytes());
+        let sum = fnv1a(&[&b[0..16], &b[24..]]);
         b[16..24].copy_from_slice(&sum.to_le_bytes());
         Ok(b)
     }
@@ -187,9 +192,10 @@ impl CommitLog {
         let n = u32::from_le_bytes(slot.get(8..12)?.try_into().ok()?) as usize;
         let end = n.checked_mul(ENTRY_BYTES)?.checked_add(HEADER_BYTES)?;
         let body = slot.get(HEADER_BYTES..end)?;
-        if word(16)? != fnv1a(&[&slot[0..16], body]) {
+        if word(16)? != fnv1a(&[&slot[0..16], &slot[24..32], body]) {
             return None;
         }
+        let note = word(24)? as i64;
         let le16 = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
         let le64 = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
         let entries = body
@@ -202,7 +208,7 @@ impl CommitLog {
                 version: le64(&e[16..24]),
             })
             .collect();
-        Some(Self { id, entries })
+        Some(Self { id, note, entries })
     }
 }
 
@@ -213,6 +219,7 @@ mod tests {
     fn log(n: usize) -> CommitLog {
         CommitLog {
             id: 0x0070_0300_0000_0009,
+            note: -42,
             entries: (0..n)
                 .map(|i| LogEntry {
                     part: i as u16 % 3,

@@ -346,6 +346,15 @@ impl<'a> Txn<'a> {
         with_protocol!(ref self, |_p, a| a.id)
     }
 
+    /// Attach `note` to this transaction's commit log (with
+    /// [`crate::config::TxnConfig::commit_log`]): an application's word about the
+    /// commit, e.g. SmallBank's net money, which recovery reports for every logged commit
+    /// it rolls forward ([`crate::recovery::RecoveryReport::forward_notes`]), so that an
+    /// application can account for commits whose client died before hearing of them.
+    pub fn set_log_note(&mut self, note: i64) {
+        with_protocol!(self, |_p, a| a.note = note)
+    }
+
     /// Whether this attempt runs in a high-contention mode: Scythe's TOCC
     /// (Scythe, 4.2.2), entered at the first round that met an object the lock service
     /// reported hot. Always false for the other protocols.

@@ -68,6 +68,10 @@ pub struct RecoveryReport {
     pub claims: usize,
     /// Scythe tickets released through the lock service (filled in by the caller).
     pub tickets: usize,
+    /// `(transaction id, note)` of every log rolled forward (a commit that stands,
+    /// perhaps without its client having heard so), for the application's accounting
+    /// ([`crate::coordinator::Txn::set_log_note`]).
+    pub forward_notes: Vec<(u64, i64)>,
     /// Time the logs took.
     pub logs_time: Duration,
     /// Time the sweep took.
@@ -107,6 +111,7 @@ pub async fn recover_store(store: &CvtRemote, dead: Owner) -> Result<RecoveryRep
         let forward = settle(store, log).await?;
         if forward {
             rep.forward += 1;
+            rep.forward_notes.push((log.id, log.note));
         } else {
             rep.back += 1;
         }

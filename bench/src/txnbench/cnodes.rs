@@ -114,6 +114,13 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     let gate = Arc::new(Barrier::new(threads + 1));
     let go = Arc::new(Barrier::new(threads + 1));
     let kinds = workload.kinds();
+    // Every coroutine's commits, where a kill -9 cannot erase them (the parent reads
+    // them if this life dies).
+    let ledger = crate::ledger::Ledger::create(
+        &crate::ledger::Ledger::path(&a.cluster, node, a.incarnation),
+        threads * args.coroutines,
+    )
+    .context("creating the ledger")?;
     let mut handles = Vec::new();
     for i in 0..threads {
         let w = WorkerPlan {
@@ -132,6 +139,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             go: Some(go.clone()),
             flush: Some(Flush { tx: tx.clone() }),
             incarnation: a.incarnation,
+            ledger: Some((ledger.clone(), i * args.coroutines)),
         };
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),
@@ -373,6 +381,11 @@ struct Parent<'a> {
     recoverer: Recoverer,
     /// The run's membership (etcd), when it has one.
     membership: Option<Membership>,
+    /// Lives (compute node index, incarnation) recovered: declared dead.
+    dead_lives: std::collections::HashSet<(usize, u32)>,
+    /// The exact net (SmallBank money) of each dead life, from its ledger and the
+    /// commit-log notes its recovery rolled forward.
+    ledger_net: std::collections::HashMap<(usize, u32), i64>,
 }
 
 /// The parent's view of the membership service: it joins as an observer, learns each
@@ -473,6 +486,8 @@ impl<'a> Parent<'a> {
             t0: 0,
             started: Instant::now(),
             recoverer: Recoverer::start(cluster.fabric.clone(), cluster.addrs.clone(), protocol)?,
+            dead_lives: Default::default(),
+            ledger_net: Default::default(),
             membership: match &cluster.etcd {
                 Some(e) => {
                     let me = member::Member::join(
@@ -581,6 +596,7 @@ impl<'a> Parent<'a> {
                 life
             }
         };
+        self.dead_lives.insert((index, inc));
         let r = self.recoverer.recover(node, life, Duration::from_secs(30));
         match r {
             Ok(r) => {
@@ -597,6 +613,20 @@ impl<'a> Parent<'a> {
                 // least one lost), and the checks say so.
                 if let Some(h) = &mut self.history {
                     h.note_lost(1 + r.forward as u64);
+                }
+                // Its exact net: every commit its coroutines counted, and the one each
+                // was in the middle of if recovery rolled it forward.
+                let path = crate::ledger::Ledger::path(&self.cluster_name, node, inc);
+                match crate::ledger::Ledger::read(&path) {
+                    Ok(slots) => {
+                        let (net, _) = crate::ledger::settle(&slots, &r.forward_notes);
+                        self.ledger_net.insert((index, inc), net);
+                        let _ = std::fs::remove_file(&path);
+                    }
+                    Err(e) => self.event(format!(
+                        "cnode {index} incarnation {inc}: no ledger ({}: {e}); its last commits are not counted",
+                        path.display()
+                    )),
                 }
                 Ok(())
             }
@@ -678,6 +708,13 @@ impl<'a> Parent<'a> {
             }
             Event::Msg(Msg::Stats { tid, stats }) => {
                 self.streams.stats.insert((index, inc, tid), *stats);
+            }
+            Event::Msg(Msg::Error { error }) if self.dead_lives.contains(&(index, inc)) => {
+                // A life declared dead and fenced (a stopped process that woke up): its
+                // late operations fail by design; nothing it does counts.
+                self.event(format!(
+                    "cnode {index} (incarnation {inc}, declared dead and fenced): {error}"
+                ));
             }
             Event::Msg(Msg::Error { error }) => {
                 let e = format!("cnode {index} (incarnation {inc}): {error}");
@@ -900,10 +937,25 @@ impl<'a> Parent<'a> {
             }
         }
         let kinds = self.kinds.len();
-        let mut workers = std::mem::take(&mut self.streams.stats)
-            .into_values()
-            .map(|w| w.into_stats(kinds))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut ledgers = std::mem::take(&mut self.ledger_net);
+        let settled: std::collections::HashSet<(usize, u32)> = ledgers.keys().copied().collect();
+        let stats = std::mem::take(&mut self.streams.stats);
+        let mut workers = Vec::with_capacity(stats.len());
+        for ((index, inc, _tid), w) in stats {
+            let mut s = w.into_stats(kinds)?;
+            // A dead life's net is its ledger's (exact), not its last snapshots': all of
+            // it on the first of its threads seen.
+            if settled.contains(&(index, inc)) {
+                s.net = ledgers.remove(&(index, inc)).unwrap_or(0);
+            }
+            workers.push(s);
+        }
+        // Dead lives that never sent a snapshot.
+        for (_, net) in ledgers {
+            let mut s = WorkerStats::with_kinds(kinds);
+            s.net = net;
+            workers.push(s);
+        }
         if workers.is_empty() {
             workers.push(WorkerStats::with_kinds(kinds));
         }
