@@ -463,6 +463,11 @@ pub(crate) fn spawn(
     if let Some(e) = etcd {
         cmd.args(["--etcd", e]);
     }
+    // A crash point (test builds, `TXN_CRASH_AT`) hits only the compute node
+    // `TXN_CRASH_AT_CN` names, once (not its restarts).
+    if std::env::var("TXN_CRASH_AT_CN").ok() != Some(index.to_string()) || incarnation > 0 {
+        cmd.env_remove("TXN_CRASH_AT");
+    }
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

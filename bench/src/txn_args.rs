@@ -180,6 +180,13 @@ pub struct Args {
     /// process of the cluster during the run. Costs a few clock reads per attempt.
     #[arg(long)]
     pub breakdown: bool,
+    /// Write a commit log to the memory nodes before each commit's installs (one round
+    /// trip more per read-write commit), which a survivor needs to recover a coordinator
+    /// that dies. Always on with --cnodes 2 or more; this turns it on for coordinators
+    /// inside txn-bench too, to measure its cost.
+    #[arg(long)]
+    #[serde(default)]
+    pub commit_log: bool,
     /// Fault injection: SIGKILL the timestamp oracle this many seconds into each
     /// measured run and restart it with the same state directory and address after
     /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run

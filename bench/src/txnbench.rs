@@ -796,7 +796,7 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
         record_phases: args.breakdown,
         // Coordinators in processes of their own can die alone: their commits are
         // logged for the survivor that recovers them.
-        commit_log: args.cnodes > 1,
+        commit_log: args.cnodes > 1 || args.commit_log,
         ..TxnConfig::default()
     }
 }

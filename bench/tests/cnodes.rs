@@ -318,3 +318,64 @@ fn a_cnode_stopped_past_its_lease_is_fenced_and_recovered() {
         assert!(committed(r) > 0);
     }
 }
+
+/// A coordinator process that dies at each crash point of its commit (test builds:
+/// `TXN_CRASH_AT`, aborting the process there, for compute node 1 only), under every
+/// protocol: the recovery rolls its commit forward or back, and every check holds.
+#[test]
+fn a_cnode_killed_at_each_crash_point_is_recovered() {
+    for point in [
+        "after-lock",
+        "after-log",
+        "after-first-install",
+        "after-installs",
+        "after-first-unlock",
+    ] {
+        let crash = format!("{point}:300");
+        let (ok, stdout, sum) = common::txn_bench_watched_env(
+            &format!("cnodes-crash-{point}"),
+            &[
+                "--workload",
+                "pairs",
+                "--protocol",
+                "all",
+                "--cnodes",
+                "2",
+                "--threads",
+                "1",
+                "--coroutines",
+                "4",
+                "--groups",
+                "2000",
+                "--duration",
+                "2",
+            ],
+            &[("TXN_CRASH_AT", &crash), ("TXN_CRASH_AT_CN", "1")],
+            Duration::from_secs(300),
+        );
+        assert!(
+            ok,
+            "{point}: a check failed after the crash and the recovery:\n{stdout}"
+        );
+        for r in sum["runs"].as_array().unwrap() {
+            let events: Vec<&str> = r["cnode_events"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no events: {stdout}"))
+                .iter()
+                .map(|e| e.as_str().unwrap())
+                .collect();
+            assert!(
+                events
+                    .iter()
+                    .any(|e| e.starts_with("cnode 1 (pid ") && e.contains("died")),
+                "{point}: {events:?}"
+            );
+            assert!(
+                events
+                    .iter()
+                    .any(|e| e.starts_with("recovery: cn 1 incarnation 0 dead at")),
+                "{point}: {events:?}"
+            );
+        }
+    }
+}

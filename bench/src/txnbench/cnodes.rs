@@ -383,6 +383,9 @@ struct Parent<'a> {
     membership: Option<Membership>,
     /// Lives (compute node index, incarnation) recovered: declared dead.
     dead_lives: std::collections::HashSet<(usize, u32)>,
+    /// Lives declared dead while their process still ran (a lease that ended): fenced,
+    /// so their late operations fail by design and their failures do not count.
+    fenced_lives: std::collections::HashSet<(usize, u32)>,
     /// The exact net (SmallBank money) of each dead life, from its ledger and the
     /// commit-log notes its recovery rolled forward.
     ledger_net: std::collections::HashMap<(usize, u32), i64>,
@@ -487,6 +490,7 @@ impl<'a> Parent<'a> {
             started: Instant::now(),
             recoverer: Recoverer::start(cluster.fabric.clone(), cluster.addrs.clone(), protocol)?,
             dead_lives: Default::default(),
+            fenced_lives: Default::default(),
             ledger_net: Default::default(),
             membership: match &cluster.etcd {
                 Some(e) => {
@@ -552,6 +556,7 @@ impl<'a> Parent<'a> {
                 "cnode {index} incarnation {inc} (node {} etcd incarnation {}): lease ended at {at:.0} ms",
                 d.node, d.incarnation
             ));
+            self.fenced_lives.insert((index, inc));
             self.recover_dead(index, u32::from(d.node), inc, Some(d.incarnation), at)?;
         }
         Ok(())
@@ -943,6 +948,15 @@ impl<'a> Parent<'a> {
         let mut workers = Vec::with_capacity(stats.len());
         for ((index, inc, _tid), w) in stats {
             let mut s = w.into_stats(kinds)?;
+            if self.fenced_lives.contains(&(index, inc)) && !s.fatal.is_empty() {
+                // Its late operations after it woke up, fenced: they fail by design.
+                events.push(format!(
+                    "cnode {index} incarnation {inc} (declared dead and fenced): {} failed operations after it woke, e.g. {}",
+                    s.fatal.len(),
+                    s.fatal[0]
+                ));
+                s.fatal.clear();
+            }
             // A dead life's net is its ledger's (exact), not its last snapshots': all of
             // it on the first of its threads seen.
             if settled.contains(&(index, inc)) {

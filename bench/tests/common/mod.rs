@@ -301,9 +301,21 @@ pub fn txn_bench_watched(
     args: &[&str],
     limit: Duration,
 ) -> (bool, String, serde_json::Value) {
+    txn_bench_watched_env(name, args, &[], limit)
+}
+
+/// [`txn_bench_watched`] with environment variables `env` for `txn-bench` (and the
+/// processes it starts).
+pub fn txn_bench_watched_env(
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (bool, String, serde_json::Value) {
     let _one = serial();
     let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .envs(env.iter().copied())
         .args(args)
         .arg("--json")
         .arg(&json)
