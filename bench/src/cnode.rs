@@ -3,8 +3,9 @@
 //! process of their own, with their own node id, against the cluster `txn-bench`
 //! started; so one compute node can be killed, stopped or restarted alone.
 //!
-//! The child (`txnbench::cnodes::main`, the `cnode` binary) connects, runs [`before_serving`], says
-//! `ready` on stdout, waits for `go <t0_ns>` on stdin (or starts at once with `--t0-ns`,
+//! The child (`txnbench::cnodes::main`, the `cnode` binary) joins the membership in
+//! etcd (its incarnation comes from there; it exits when its lease is gone), connects,
+//! says `ready` on stdout, waits for `go <t0_ns>` on stdin (or starts at once with `--t0-ns`,
 //! as a restarted child does), and runs until a `stop` line on stdin or SIGTERM. While
 //! it runs it streams JSON lines ([`Msg`]) to its parent every 100 ms: each thread's
 //! commits and aborts per interval, its newly committed transactions (the history,
@@ -14,7 +15,10 @@
 //!
 //! The parent (`measure`, behind `txn-bench --cnodes`) starts the children, says go, applies the fault flags
 //! (`--kill-cn-after [--restart]`, `--stop-cn-after --stop-ms`, `--kill-tso-after`),
-//! reports a child that dies (and calls [`on_cnode_death`]), stops the survivors after
+//! reports a child that dies and recovers it before anything else (its lease revoked,
+//! every memory node's and lockd's fence awaited, then [`crate::recoverer::Recoverer`]:
+//! the recovery line; a restarted life starts only after), recovers a life whose lease
+//! ended while it still ran (a stopped process), stops the survivors after
 //! `--duration`, and merges the streams: one set of per-thread counters for the report,
 //! one history for the checks (and `--history-out`), one timeline row per compute node
 //! (its incarnations summed).

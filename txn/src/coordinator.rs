@@ -48,6 +48,9 @@ pub use crate::error::{AbortReason, TxnError};
 // (`AttemptIn`), and the one dispatch (`with_protocol!`).
 
 /// The protocol a client runs, with what it needs (Scythe: its lock service).
+// One per client (thread), built once and never moved in a hot path: its size does not
+// matter, and boxing would hide the protocol type from the static dispatch below.
+#[allow(clippy::large_enum_variant)]
 enum Engine {
     OccCas(OccCas),
     Scythe(Scythe),
