@@ -15,7 +15,7 @@
 //! holds an exclusive `flock` on [`LOCK_FILE`] for the service's lifetime, so two services
 //! never share a directory (they would open the same epoch).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
@@ -95,44 +95,15 @@ impl StateDir {
     /// Errors: [`EpochError::CreateDir`]; [`EpochError::InUse`] when another holder has
     /// the lock; [`EpochError::Lock`].
     pub fn open(dir: &Path) -> Result<Self, EpochError> {
-        use std::os::fd::AsRawFd as _;
-        fs::create_dir_all(dir).map_err(|source| EpochError::CreateDir {
-            path: dir.to_path_buf(),
-            source,
+        use tso::epoch::DirLockError;
+        let lock = tso::epoch::lock_dir(dir, LOCK_FILE).map_err(|e| match e {
+            DirLockError::CreateDir { path, source } => EpochError::CreateDir { path, source },
+            DirLockError::Lock { path, source } => EpochError::Lock { path, source },
+            DirLockError::InUse { dir, holder } => EpochError::InUse { dir, holder },
         })?;
-        let path = dir.join(LOCK_FILE);
-        let lock_err = |source| EpochError::Lock {
-            path: path.clone(),
-            source,
-        };
-        let mut f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(lock_err)?;
-        // SAFETY: `f` owns an open descriptor for the duration of the call; flock takes
-        // no pointers.
-        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let holder = fs::read_to_string(&path)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok());
-                return Err(EpochError::InUse {
-                    dir: dir.to_path_buf(),
-                    holder,
-                });
-            }
-            return Err(lock_err(e));
-        }
-        f.set_len(0).map_err(lock_err)?;
-        writeln!(f, "{}", std::process::id()).map_err(lock_err)?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            _lock: f,
+            _lock: lock,
         })
     }
 

@@ -257,27 +257,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let _membership = match &cli.etcd {
         Some(url) => {
-            let me = member::Member::join(
+            let (f, id) = (fabric.clone(), node_args.node.get() as u16);
+            let fence = move |d: &member::MemberInfo| {
+                f.fence(rrpc::NodeId(u32::from(d.node)), d.incarnation);
+            };
+            let me = member::join_and_fence(
                 std::slice::from_ref(url),
                 &node_args.cluster,
                 member::Role::Lockd,
-                node_args.node.get() as u16,
-                std::time::Duration::from_secs(1),
-            )
-            .context("joining the membership in etcd")?;
-            let me = std::sync::Arc::new(me);
-            let f = fabric.clone();
-            member::spawn_fencer(me.clone(), move |dead| {
-                let qps = f.fence(rrpc::NodeId(u32::from(dead.node)), dead.incarnation);
-                tracing::info!(
-                    node = dead.node,
-                    incarnation = dead.incarnation,
-                    qps,
-                    "fenced a dead compute node"
-                );
-            })
-            .context("watching the membership")?;
-            Some(me)
+                id,
+                fence,
+            );
+            Some(me.context("joining the membership in etcd")?)
         }
         None => None,
     };

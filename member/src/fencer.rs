@@ -38,6 +38,11 @@ pub fn spawn_fencer(
                     continue;
                 }
                 fence(&info);
+                tracing::info!(
+                    node = info.node,
+                    incarnation = info.incarnation,
+                    "fenced a dead compute node"
+                );
                 if let Err(e) = member.put_durable(&fenced_key(info.node, info.incarnation, by), "")
                 {
                     eprintln!(
@@ -77,4 +82,29 @@ pub fn wait_fenced(
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// What a service that owns memory does at start: join `cluster` at `endpoints` as
+/// `role` node `node` with a 1 s lease and fence every compute node that goes down
+/// ([`spawn_fencer`] with `fence`). Keep the member: dropping it ends the membership
+/// (its lease expires).
+///
+/// # Errors
+/// [`Member::join`]'s, and [`spawn_fencer`]'s.
+pub fn join_and_fence(
+    endpoints: &[String],
+    cluster: &str,
+    role: Role,
+    node: u16,
+    fence: impl Fn(&MemberInfo) + Send + 'static,
+) -> Result<Arc<Member>, MemberError> {
+    let me = Arc::new(Member::join(
+        endpoints,
+        cluster,
+        role,
+        node,
+        Duration::from_secs(1),
+    )?);
+    spawn_fencer(me.clone(), fence)?;
+    Ok(me)
 }

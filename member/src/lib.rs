@@ -114,7 +114,7 @@ mod types;
 
 pub use crossbeam_channel::Receiver;
 pub use error::{EtcdError, MemberError};
-pub use fencer::{spawn_fencer, wait_fenced};
+pub use fencer::{join_and_fence, spawn_fencer, wait_fenced};
 pub use local::LocalEtcd;
 pub use member::Member;
 pub use types::{Event, MemberInfo, MemberOptions, Role};

@@ -188,44 +188,14 @@ impl StateDir {
     /// the lock (naming its pid if the file says it); [`EpochError::Lock`] for other
     /// failures to open, lock or write the file.
     pub fn open(dir: &Path) -> Result<Self, EpochError> {
-        use std::os::fd::AsRawFd as _;
-        fs::create_dir_all(dir).map_err(|source| EpochError::CreateDir {
-            path: dir.to_path_buf(),
-            source,
+        let lock = lock_dir(dir, LOCK_FILE).map_err(|e| match e {
+            DirLockError::CreateDir { path, source } => EpochError::CreateDir { path, source },
+            DirLockError::Lock { path, source } => EpochError::Lock { path, source },
+            DirLockError::InUse { dir, holder } => EpochError::InUse { dir, holder },
         })?;
-        let path = dir.join(LOCK_FILE);
-        let lock_err = |source| EpochError::Lock {
-            path: path.clone(),
-            source,
-        };
-        let mut f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(lock_err)?;
-        // SAFETY: `f` owns an open descriptor for the duration of the call; flock takes
-        // no pointers.
-        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let holder = fs::read_to_string(&path)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok());
-                return Err(EpochError::InUse {
-                    dir: dir.to_path_buf(),
-                    holder,
-                });
-            }
-            return Err(lock_err(e));
-        }
-        f.set_len(0).map_err(lock_err)?;
-        writeln!(f, "{}", std::process::id()).map_err(lock_err)?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            _lock: f,
+            _lock: lock,
         })
     }
 
@@ -240,6 +210,77 @@ impl StateDir {
     pub fn advance(&self) -> Result<u16, EpochError> {
         advance(&self.dir)
     }
+}
+
+/// Why [`lock_dir`] failed.
+#[derive(Debug)]
+pub enum DirLockError {
+    /// The directory could not be created.
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The lock file could not be opened, locked or written.
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Another process holds the lock.
+    InUse {
+        /// The directory.
+        dir: PathBuf,
+        /// The holder's pid as it wrote it into the lock file, if readable.
+        holder: Option<u32>,
+    },
+}
+
+/// Create `dir` if missing and take an exclusive, non-blocking `flock` on its file
+/// `lock_file`, writing this process's pid into it; the lock lasts as long as the
+/// returned file is open (or the process lives). The state directories of the oracle
+/// and of lockd use it, so that two services never share one.
+///
+/// Errors: [`DirLockError`].
+pub fn lock_dir(dir: &Path, lock_file: &str) -> Result<File, DirLockError> {
+    use std::os::fd::AsRawFd as _;
+    fs::create_dir_all(dir).map_err(|source| DirLockError::CreateDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let path = dir.join(lock_file);
+    let lock_err = |source| DirLockError::Lock {
+        path: path.clone(),
+        source,
+    };
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(lock_err)?;
+    // SAFETY: `f` owns an open descriptor for the duration of the call; flock takes no
+    // pointers.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let holder = fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            return Err(DirLockError::InUse {
+                dir: dir.to_path_buf(),
+                holder,
+            });
+        }
+        return Err(lock_err(e));
+    }
+    f.set_len(0).map_err(lock_err)?;
+    writeln!(f, "{}", std::process::id()).map_err(lock_err)?;
+    Ok(f)
 }
 
 #[cfg(test)]

@@ -192,27 +192,19 @@ fn run(args: Args) -> anyhow::Result<()> {
     );
     let _membership = match &args.etcd {
         Some(url) => {
-            let me = member::Member::join(
+            let f = node.fabric().clone();
+            let id = args.node.node.get();
+            let fence = move |d: &member::MemberInfo| {
+                f.fence(rrpc::NodeId(u32::from(d.node)), d.incarnation);
+            };
+            let me = member::join_and_fence(
                 std::slice::from_ref(url),
                 &args.node.cluster,
                 member::Role::Memnode,
-                args.node.node.get() as u16,
-                std::time::Duration::from_secs(1),
-            )
-            .context("joining the membership in etcd")?;
-            let me = std::sync::Arc::new(me);
-            let fabric = node.fabric().clone();
-            member::spawn_fencer(me.clone(), move |dead| {
-                let qps = fabric.fence(rrpc::NodeId(u32::from(dead.node)), dead.incarnation);
-                tracing::info!(
-                    node = dead.node,
-                    incarnation = dead.incarnation,
-                    qps,
-                    "fenced a dead compute node"
-                );
-            })
-            .context("watching the membership")?;
-            Some(me)
+                id as u16,
+                fence,
+            );
+            Some(me.context("joining the membership in etcd")?)
         }
         None => None,
     };
