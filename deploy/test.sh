@@ -22,7 +22,8 @@
 #    restarted, alone and behind a proxy) and memnode integration tests again on the
 #    verbs backend, and one short `txn-bench` run per workload (SmallBank and YCSB A
 #    with --protocol all, TATP with scythe, TPC-C with occ-cas; each audited and
-#    checked; the workload suites' other runs are shm-only), against the Linux kernel's
+#    checked; the workload suites' other runs are shm-only), and a coordinator process
+#    SIGKILLed mid-run and recovered (SmallBank, --protocol all), against the Linux kernel's
 #    RDMA stack (Soft-RoCE), inside a qemu VM
 #    (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
 set -euo pipefail
@@ -89,10 +90,10 @@ echo "== verbs backend: integration tests inside the Soft-RoCE VM"
 # The integration-test targets (kind "test") among the build's executables.
 mapfile -t exes < <(cargo test --workspace "${features[@]}" --no-run --message-format=json 2>/dev/null |
   grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
-  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank|ycsb|tatp|tpcc)-[0-9a-f]+$')
-# 19 executables; the VM runs 20 suites (the conformance suite twice: one device, two).
-if [ ${#exes[@]} -ne 19 ]; then
-  echo "expected 19 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
+  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank|ycsb|tatp|tpcc|cnodes)-[0-9a-f]+$')
+# 20 executables; the VM runs 21 suites (the conformance suite twice: one device, two).
+if [ ${#exes[@]} -ne 20 ]; then
+  echo "expected 20 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
   exit 1
 fi
 # The guest runs the script from the target directory, which it can see even when the

@@ -514,7 +514,7 @@ impl RunCluster {
         let tso = cluster.start(
             "tso",
             NODE_TSO,
-            &tso_args(&common, &tso_state, "127.0.0.1:0"),
+            &[tso_args(&common, &tso_state, "127.0.0.1:0"), membership].concat(),
             START_TIMEOUT,
         )?;
         Ok(Self {
@@ -533,7 +533,11 @@ impl RunCluster {
 
     /// The oracle's flags, listening on `listen`.
     pub(crate) fn tso_args(&self, listen: &str) -> Vec<String> {
-        tso_args(&self.common, &self.tso_state, listen)
+        let mut a = tso_args(&self.common, &self.tso_state, listen);
+        if let Some(e) = &self.etcd {
+            a.extend(["--etcd".into(), e.endpoint()]);
+        }
+        a
     }
 
     /// What an audit of this cluster under `protocol` reads through.

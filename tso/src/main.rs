@@ -36,6 +36,13 @@ struct Cli {
     /// guarantee that restarts never go back. Default: none (epoch 0).
     #[arg(long, value_name = "DIR", env = "TSO_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// Join the cluster's membership in etcd at this endpoint (e.g.
+    /// http://127.0.0.1:2379): the oracle registers under a 1 s lease (its incarnation
+    /// and liveness visible to every member). A dead compute node's late FAAs only
+    /// skip timestamps, so the oracle fences nobody. Needs a build with the etcd feature
+    /// (`--features member/etcd`).
+    #[arg(long, value_name = "URL")]
+    etcd: Option<String>,
 }
 
 /// The settings file of `tso`.
@@ -112,6 +119,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         epoch,
         "tso serving"
     );
+    let _membership = match &cli.etcd {
+        Some(url) => Some(
+            member::Member::join(
+                std::slice::from_ref(url),
+                &cli.node.cluster,
+                member::Role::Tso,
+                cli.node.node.get() as u16,
+                std::time::Duration::from_secs(1),
+            )
+            .context("joining the membership in etcd")?,
+        ),
+        None => None,
+    };
     service::announce_ready(
         node.addr(),
         &[format!("PLACEMENT {placement}"), format!("EPOCH {epoch}")],
