@@ -363,3 +363,82 @@ fn planted_recovery_bugs_are_caught() {
         "a roll-back after the first unlock went unnoticed"
     );
 }
+
+/// Scythe's tickets must be handed on only after the dead node's logs are settled: a
+/// writer waiting on them would otherwise read its half install. The correct order
+/// makes the waiting writer read a uniform group; the planted reverse order is caught
+/// by that writer's read.
+#[test]
+fn tickets_are_handed_on_only_after_the_logs_are_settled() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (name, bug) in [
+        ("order-ok", None),
+        ("order-bug", Some(RecoveryBug::ReleaseTicketsFirst)),
+    ] {
+        let cl = cluster(name);
+        let p = Protocol::Scythe;
+        let live = cl.client(p, 40, 1);
+        let l = live.clone();
+        block_on(&live.ctx().clone(), async move {
+            write_group(&l, &GROUP, 1).await.unwrap()
+        });
+        let dead = die_at(&cl, p, CrashPoint::AfterFirstInstall, 2);
+        txn::fault::recovery_bug(bug);
+        let l = live.clone();
+        let seen = block_on(&live.ctx().clone(), async move {
+            // A writer that waits on the dead node's locks, and records what it read.
+            let seen = Rc::new(std::cell::RefCell::new(Vec::new()));
+            let (w, s) = (l.clone(), seen.clone());
+            l.ctx().spawn(async move {
+                let t0 = Instant::now();
+                loop {
+                    let mut t = w.begin();
+                    let r = async {
+                        let items: Vec<_> = GROUP.iter().map(|&k| (SAVINGS, k)).collect();
+                        let vals = t.read_many_for_update(&items).await?;
+                        for &k in &GROUP {
+                            t.write(SAVINGS, k, val(7))?;
+                        }
+                        t.commit().await?;
+                        Ok::<_, TxnError>(vals)
+                    }
+                    .await;
+                    match r {
+                        Ok(vals) => {
+                            *s.borrow_mut() = vals
+                                .iter()
+                                .map(|v| i64::from_le_bytes(v[..8].try_into().unwrap()) as u64)
+                                .collect();
+                            return;
+                        }
+                        Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                            w.ctx().sleep(Duration::from_micros(200)).await;
+                        }
+                        Err(e) => panic!("the waiting writer failed: {e}"),
+                    }
+                }
+            });
+            l.ctx().sleep(Duration::from_millis(5)).await;
+            l.recover(dead.0, dead.1).await.unwrap();
+            let t0 = Instant::now();
+            while seen.borrow().is_empty() && t0.elapsed() < Duration::from_secs(10) {
+                l.ctx().sleep(Duration::from_millis(1)).await;
+            }
+            let v = seen.borrow().clone();
+            v
+        });
+        txn::fault::recovery_bug(None);
+        eprintln!("{name}: the waiting writer read {seen:?}");
+        let uniform = seen.iter().all(|&v| v == seen[0]);
+        match bug {
+            None => assert!(
+                uniform && seen == vec![1, 1, 1],
+                "{name}: the writer read {seen:?}"
+            ),
+            Some(_) => assert!(
+                !uniform,
+                "{name}: handing tickets on first went unnoticed ({seen:?})"
+            ),
+        }
+    }
+}

@@ -304,6 +304,20 @@ impl TxnClient {
         incarnation: u64,
     ) -> Result<crate::recovery::RecoveryReport, TxnError> {
         let dead = crate::txn_id::Owner::new(node, incarnation);
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::planted_recovery_bug()
+            == Some(crate::fault::RecoveryBug::ReleaseTicketsFirst)
+        {
+            let mut tickets = 0;
+            if let Some(l) = self.locks() {
+                let owner = lockd::owners::Owner { node, incarnation };
+                tickets = l.release_node(self.ctx(), owner).await? as usize;
+            }
+            self.ctx().sleep(std::time::Duration::from_millis(20)).await;
+            let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;
+            rep.tickets = tickets;
+            return Ok(rep);
+        }
         let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;
         if let Some(l) = self.locks() {
             let t0 = std::time::Instant::now();

@@ -208,6 +208,10 @@ pub enum RecoveryBug {
     RollBackUnlessAllLanded,
     /// The dead incarnation's lock words and guards are not swept.
     NoSweep,
+    /// Its tickets are handed on before its logs are settled (the order reversed), and
+    /// recovery then pauses 20 ms, the window in which a waiting writer gets a lock on
+    /// the dead node's half-installed objects.
+    ReleaseTicketsFirst,
 }
 
 static RECOVERY_BUG: std::sync::Mutex<Option<RecoveryBug>> = std::sync::Mutex::new(None);
