@@ -27,7 +27,7 @@ impl std::error::Error for EtcdError {}
 #[derive(Debug, thiserror::Error)]
 pub enum MemberError {
     /// The crate was compiled without its `etcd` feature: it has no etcd client.
-    #[error("built without the etcd feature: rebuild with --features etcd")]
+    #[error("built without the etcd client: rebuild with --features member/etcd (it needs protoc: Debian's protobuf-compiler)")]
     NoEtcdSupport,
     /// [`crate::LocalEtcd::start`] found no `etcd` binary.
     #[error("etcd not found on PATH or in /usr/bin: install Debian's etcd-server (apt-get install etcd-server)")]

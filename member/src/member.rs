@@ -272,7 +272,7 @@ mod tests {
         assert!(matches!(e, MemberError::NoEtcdSupport));
         assert_eq!(
             e.to_string(),
-            "built without the etcd feature: rebuild with --features etcd"
+            "built without the etcd client: rebuild with --features member/etcd (it needs protoc: Debian's protobuf-compiler)"
         );
     }
 }
