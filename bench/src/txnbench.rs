@@ -493,6 +493,19 @@ impl RunCluster {
             let flags = with(&[data.as_slice(), &partition, &membership].concat());
             memnodes.push(cluster.start("memnode", NODE_MEMNODE + i, &flags, START_TIMEOUT)?);
         }
+        // The oracle first: the lock service bounds Lock RPC timestamps by its counter.
+        let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
+        let _ = std::fs::remove_dir_all(&tso_state);
+        let tso = cluster.start(
+            "tso",
+            NODE_TSO,
+            &[
+                tso_args(&common, &tso_state, "127.0.0.1:0"),
+                membership.clone(),
+            ]
+            .concat(),
+            START_TIMEOUT,
+        )?;
         let lockd = if protocol.needs_lockd() {
             let flags = with(&[
                 "--locks".into(),
@@ -503,20 +516,15 @@ impl RunCluster {
                 args.cold_watermark.to_string(),
                 "--hot-watermark".into(),
                 args.hot_watermark.to_string(),
+                // Lock RPC timestamps above what the oracle has issued are refused.
+                "--tso".into(),
+                tso.to_string(),
             ]);
             let flags = [flags, membership.clone()].concat();
             Some(cluster.start("lockd", NODE_LOCKD, &flags, START_TIMEOUT)?)
         } else {
             None
         };
-        let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
-        let _ = std::fs::remove_dir_all(&tso_state);
-        let tso = cluster.start(
-            "tso",
-            NODE_TSO,
-            &[tso_args(&common, &tso_state, "127.0.0.1:0"), membership].concat(),
-            START_TIMEOUT,
-        )?;
         Ok(Self {
             cluster,
             fabric,
