@@ -187,6 +187,13 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub commit_log: bool,
+    /// With --cnodes 2 or more: the lease of each coordinator process in etcd, in
+    /// milliseconds (rounded up to whole seconds, at least 1 s). A process that cannot
+    /// renew it for this long (stopped, or starved on an emulated machine) is declared
+    /// dead, fenced and recovered.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
     /// Fault injection: SIGKILL the timestamp oracle this many seconds into each
     /// measured run and restart it with the same state directory and address after
     /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run
@@ -609,4 +616,8 @@ pub(crate) fn refuse_hot_accounts(args: &Args) -> anyhow::Result<()> {
         anyhow::bail!("--hot-accounts applies to smallbank only");
     }
     Ok(())
+}
+
+fn default_lease_ms() -> u64 {
+    1000
 }

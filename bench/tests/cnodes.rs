@@ -214,9 +214,18 @@ fn a_stopped_and_continued_cnode_loses_nothing() {
 /// holds: money, locks held after the run 0, serializability over every incarnation.
 #[test]
 fn every_protocol_recovers_a_killed_cnode_on_smallbank() {
+    // In the Soft-RoCE VM (verbs, a software-emulated CPU) a process can stall for
+    // most of a second: a 1 s lease would declare live coordinators dead.
+    let lease = if std::env::var("RRPC_FABRIC").as_deref() == Ok("verbs") {
+        "4000"
+    } else {
+        "1000"
+    };
     let (ok, stdout, sum) = common::txn_bench_watched(
         "cnodes-kill-sb",
         &[
+            "--lease-ms",
+            lease,
             "--workload",
             "smallbank",
             "--accounts",

@@ -68,7 +68,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
                 &a.cluster,
                 member::Role::Cnode,
                 node as u16,
-                Duration::from_secs(1),
+                Duration::from_millis(args.lease_ms),
             )
             .context("joining the membership in etcd")?;
             fcfg.incarnation = me.incarnation();
@@ -499,7 +499,7 @@ impl<'a> Parent<'a> {
                         cluster.cluster.name(),
                         member::Role::Other("txn-bench".into()),
                         crate::txn_args::NODE_CN as u16,
-                        Duration::from_secs(1),
+                        Duration::from_millis(args.lease_ms),
                     )
                     .context("joining the membership in etcd")?;
                     let events = me.events().context("watching the membership")?;
