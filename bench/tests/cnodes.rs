@@ -106,12 +106,7 @@ fn a_killed_and_restarted_cnode_is_reported_and_both_incarnations_count() {
     );
     let runs = sum["runs"].as_array().unwrap();
     for r in runs {
-        let events: Vec<&str> = r["cnode_events"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no events: {stdout}"))
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
+        let events = cnode_events(r, &stdout);
         assert!(
             events
                 .iter()
@@ -123,12 +118,7 @@ fn a_killed_and_restarted_cnode_is_reported_and_both_incarnations_count() {
         assert!(committed(r) > 0);
     }
     let r = &runs[0];
-    let events: Vec<&str> = r["cnode_events"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no events: {stdout}"))
-        .iter()
-        .map(|e| e.as_str().unwrap())
-        .collect();
+    let events = cnode_events(r, &stdout);
     assert!(
         events.iter().any(|e| e.starts_with("cnode 1 (pid ")
             && e.contains("died at")
@@ -255,12 +245,7 @@ fn every_protocol_recovers_a_killed_cnode_on_smallbank() {
     let runs = sum["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3, "{stdout}");
     for r in runs {
-        let events: Vec<&str> = r["cnode_events"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no events: {stdout}"))
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
+        let events = cnode_events(r, &stdout);
         assert!(
             events
                 .iter()
@@ -308,12 +293,7 @@ fn a_cnode_stopped_past_its_lease_is_fenced_and_recovered() {
     let runs = sum["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3, "{stdout}");
     for r in runs {
-        let events: Vec<&str> = r["cnode_events"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no events: {stdout}"))
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
+        let events = cnode_events(r, &stdout);
         assert!(
             events.iter().any(|e| e.contains("lease ended at")),
             "{events:?}"
@@ -367,12 +347,7 @@ fn a_cnode_killed_at_each_crash_point_is_recovered() {
             "{point}: a check failed after the crash and the recovery:\n{stdout}"
         );
         for r in sum["runs"].as_array().unwrap() {
-            let events: Vec<&str> = r["cnode_events"]
-                .as_array()
-                .unwrap_or_else(|| panic!("no events: {stdout}"))
-                .iter()
-                .map(|e| e.as_str().unwrap())
-                .collect();
+            let events = cnode_events(r, &stdout);
             assert!(
                 events
                     .iter()
@@ -387,4 +362,14 @@ fn a_cnode_killed_at_each_crash_point_is_recovered() {
             );
         }
     }
+}
+
+/// A run's compute-node events (deaths, restarts, recovery lines) from its JSON report.
+fn cnode_events<'a>(r: &'a serde_json::Value, stdout: &str) -> Vec<&'a str> {
+    r["cnode_events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events: {stdout}"))
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect()
 }
