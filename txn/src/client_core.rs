@@ -120,12 +120,6 @@ impl ClientCore {
         .pack()
     }
 
-    /// This client's number within its node.
-    #[allow(dead_code)]
-    pub fn client(&self) -> u16 {
-        self.client
-    }
-
     /// A commit-log slot for one attempt (every attempt in flight has its own: the
     /// coroutines of a thread share the client), returned with
     /// [`Self::put_log_slot`].
