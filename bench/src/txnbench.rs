@@ -571,7 +571,14 @@ impl RunCluster {
         drop(fabric);
         cluster.shutdown();
         let _ = std::fs::remove_dir_all(&tso_state);
-        drop(etcd);
+        // The local etcd removes its data; its log's directory is this run's.
+        if let Some(dir) = etcd
+            .as_ref()
+            .and_then(|e| e.log_path().parent().map(Path::to_path_buf))
+        {
+            drop(etcd);
+            let _ = std::fs::remove_dir_all(dir);
+        }
         descs
     }
 }

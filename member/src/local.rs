@@ -20,12 +20,15 @@ const START_ATTEMPTS: u32 = 3;
 /// leases shorter than 1.5 election timeouts, so its defaults (100/1000) would make the
 /// shortest lease 2 s, while these make 1 s leases work (see the crate docs).
 ///
-/// Dropping it kills the server (SIGKILL) and waits for it.
+/// Dropping it kills the server (SIGKILL), waits for it and removes its data directory
+/// (etcd preallocates a 64 MiB write-ahead log, so a test suite that left them behind would
+/// fill the disk); the log stays in `dir`.
 #[derive(Debug)]
 pub struct LocalEtcd {
     child: Child,
     client_port: u16,
     log: PathBuf,
+    data: PathBuf,
 }
 
 impl LocalEtcd {
@@ -111,6 +114,7 @@ impl LocalEtcd {
             child,
             client_port,
             log,
+            data,
         };
         let t0 = Instant::now();
         loop {
@@ -143,6 +147,11 @@ impl LocalEtcd {
         self.child.id()
     }
 
+    /// The server's log file, `etcd.log` in the directory given to [`LocalEtcd::start`].
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     /// The last 20 lines of the server's log.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -155,6 +164,7 @@ impl Drop for LocalEtcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data);
     }
 }
 
