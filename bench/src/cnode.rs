@@ -130,6 +130,8 @@ pub struct WireStats {
     rpc: [u64; 5],
     tso_epoch: u16,
     tso_reconnects: u64,
+    #[serde(default)]
+    lock_reconnects: u64,
     /// (table, attempts, tocc).
     tocc_share: Vec<(String, u64, u64)>,
 }
@@ -183,6 +185,7 @@ impl WireStats {
             ],
             tso_epoch: s.tso_epoch,
             tso_reconnects: s.tso_reconnects,
+            lock_reconnects: s.lock_reconnects,
             tocc_share: s
                 .tocc_share
                 .iter()
@@ -227,6 +230,7 @@ impl WireStats {
         s.rpc.buckets = buckets;
         s.tso_epoch = self.tso_epoch;
         s.tso_reconnects = self.tso_reconnects;
+        s.lock_reconnects = self.lock_reconnects;
         s.tocc_share = self
             .tocc_share
             .into_iter()

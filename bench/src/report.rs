@@ -79,6 +79,9 @@ pub struct WorkerStats {
     pub tso_epoch: u16,
     /// Switches of the thread's TSO connection to a restarted oracle.
     pub tso_reconnects: u64,
+    /// Scythe: reconnections of the thread's lock service connection after the
+    /// service died or restarted.
+    pub lock_reconnects: u64,
     /// With `--breakdown`: where the thread's committed transactions spent their time.
     pub breakdown: Option<crate::breakdown::Breakdown>,
     /// Scythe: per table, attempts that read it and of those the TOCC ones.
@@ -100,6 +103,7 @@ impl WorkerStats {
             history: None,
             tso_epoch: 0,
             tso_reconnects: 0,
+            lock_reconnects: 0,
             breakdown: None,
             tocc_share: Vec::new(),
             timeline: Default::default(),
@@ -229,6 +233,9 @@ pub struct Report {
     /// The oracle restart of `--kill-tso-after`, when one was injected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tso_restart: Option<TsoRestart>,
+    /// The lock service restart of `--kill-lockd-after`, when one was injected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lockd_restart: Option<LockdRestart>,
     /// The workload's check line when it is not SmallBank's money audit (KVS / YCSB:
     /// `kvs check: ...`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -284,6 +291,33 @@ impl TsoRestart {
         self.epoch_after > self.epoch_before
             && self.committed_after_ready > 0
             && self.thread_epochs.iter().all(|&e| e == self.epoch_after)
+    }
+}
+
+/// What happened around an injected lock service restart (SIGKILL, restart with the
+/// same state directory and address, grants refused for its grace period).
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct LockdRestart {
+    /// Seconds into the measured run of the SIGKILL.
+    pub killed_at_s: f64,
+    /// Epoch of the killed incarnation.
+    pub epoch_before: u64,
+    /// Epoch of the restarted incarnation (must be larger).
+    pub epoch_after: u64,
+    /// Milliseconds after its start that the restarted service refused Lock RPCs.
+    pub grace_ms: u64,
+    /// Commits counted when the restarted service was ready.
+    pub committed_before_ready: u64,
+    /// Commits after the restarted service was ready (must be more than 0).
+    pub committed_after_ready: u64,
+    /// Reconnections of each coordinator thread's lock service connection.
+    pub thread_reconnects: Vec<u64>,
+}
+
+impl LockdRestart {
+    /// The restart was survived: a larger epoch and commits after it.
+    pub fn survived(&self) -> bool {
+        self.epoch_after > self.epoch_before && self.committed_after_ready > 0
     }
 }
 
@@ -423,6 +457,7 @@ impl Report {
             history_bytes_per_txn: 0.0,
             check_seconds: 0.0,
             tso_restart: None,
+            lockd_restart: None,
             workload_check: None,
             outcomes: None,
             breakdown: None,
@@ -507,6 +542,10 @@ impl Report {
             && self.sr_passed()
             && self.si_passed()
             && self.tso_restart.as_ref().is_none_or(TsoRestart::survived)
+            && self
+                .lockd_restart
+                .as_ref()
+                .is_none_or(LockdRestart::survived)
     }
 
     fn sr_passed(&self) -> bool {
@@ -676,6 +715,20 @@ impl Report {
                 r.committed_before_ready,
                 r.committed_after_ready,
                 r.thread_epochs,
+                if r.survived() { "survived" } else { "NOT SURVIVED" }
+            );
+        }
+        if let Some(r) = &self.lockd_restart {
+            let _ = writeln!(
+                s,
+                "lockd restart: SIGKILL at {:.1} s, epoch {} -> {}, grants refused for {} ms after its start, {} committed before the restarted service was ready, {} after; reconnects per thread {:?}: {}",
+                r.killed_at_s,
+                r.epoch_before,
+                r.epoch_after,
+                r.grace_ms,
+                r.committed_before_ready,
+                r.committed_after_ready,
+                r.thread_reconnects,
                 if r.survived() { "survived" } else { "NOT SURVIVED" }
             );
         }

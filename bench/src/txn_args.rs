@@ -200,6 +200,19 @@ pub struct Args {
     /// passes only if commits continue after the restart (reported as `tso restart`).
     #[arg(long, value_name = "SECONDS")]
     pub kill_tso_after: Option<f64>,
+    /// Fault injection (protocols with a lock service: scythe): SIGKILL the lock
+    /// service this many seconds into each measured run and restart it with the same
+    /// state directory and address after `--lockd-down-ms`. Its new epoch refuses the
+    /// old tickets, and it grants nothing for its restart grace (1 s), longer than the
+    /// coordinators' ticket lease, so no holder of an old ticket still writes when a
+    /// lock is granted anew. Coordinators reconnect; the run passes only if commits
+    /// continue after the restart (reported as `lockd restart`).
+    #[arg(long, value_name = "SECONDS")]
+    pub kill_lockd_after: Option<f64>,
+    /// With `--kill-lockd-after`: milliseconds the lock service stays down before its
+    /// restart.
+    #[arg(long, default_value_t = 300, value_name = "MS")]
+    pub lockd_down_ms: u64,
     /// Count committed transactions per interval of this many milliseconds (1 to 1000),
     /// per coordinator process; print the timeline after the run and put it in the JSON
     /// report, with, when a fault flag fired, the first interval after the fault whose
@@ -486,6 +499,9 @@ impl Args {
             bail!("--cnodes must be 1 to {MAX_CNODES} (got {})", self.cnodes);
         }
         let within = |s: Option<f64>| s.is_some_and(|k| !(k >= 0.0 && k < self.duration));
+        if within(self.kill_lockd_after) {
+            bail!("--kill-lockd-after must lie within the run (0 <= SECONDS < --duration)");
+        }
         for (flag, at) in [
             ("--kill-cn-after", self.kill_cn_after),
             ("--stop-cn-after", self.stop_cn_after),

@@ -52,7 +52,7 @@ use crate::breakdown::{Breakdown, ProcessCpu, ToccShare};
 pub use crate::config_file::ConfigError;
 use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
-use crate::report::{comparison, ratios, Ratio, Report, TsoRestart, WorkerStats};
+use crate::report::{comparison, ratios, LockdRestart, Ratio, Report, TsoRestart, WorkerStats};
 use crate::timeline::{CnodeTimeline, Fault, Timeline, TimelineReport};
 pub use crate::txn_args::{Args, IsolationArg, ProtocolArg, Sweep, MAX_MEMNODES};
 pub(crate) use crate::txn_args::{Point, NODE_CN, NODE_LOCKD, NODE_MEMNODE, NODE_TSO};
@@ -399,6 +399,10 @@ pub(crate) struct RunCluster {
     /// The oracle's epoch file: each (re)start persists a larger epoch there, so
     /// timestamps never go back (tso::epoch). Per run, removed at shutdown.
     pub(crate) tso_state: PathBuf,
+    /// The lock service's flags (without `--listen`) and state directory, where each
+    /// (re)start persists a larger epoch (`lockd::epoch`); per run, removed at shutdown.
+    pub(crate) lockd_flags: Vec<String>,
+    pub(crate) lockd_state: PathBuf,
     /// The membership service (a local etcd) of a run with coordinator processes
     /// (`--cnodes` 2 or more): they and the memory nodes register there, and the memory
     /// nodes fence a compute node whose lease ends.
@@ -506,8 +510,13 @@ impl RunCluster {
             .concat(),
             START_TIMEOUT,
         )?;
+        let lockd_state = std::env::temp_dir().join(format!("{cluster_name}-lockd-state"));
+        let _ = std::fs::remove_dir_all(&lockd_state);
+        let mut lockd_flags = Vec::new();
         let lockd = if protocol.needs_lockd() {
             let flags = with(&[
+                "--state-dir".into(),
+                lockd_state.display().to_string(),
                 "--locks".into(),
                 workload.lockd_locks().to_string(),
                 "--threads".into(),
@@ -520,8 +529,8 @@ impl RunCluster {
                 "--tso".into(),
                 tso.to_string(),
             ]);
-            let flags = [flags, membership.clone()].concat();
-            Some(cluster.start("lockd", NODE_LOCKD, &flags, START_TIMEOUT)?)
+            lockd_flags = [flags, membership.clone()].concat();
+            Some(cluster.start("lockd", NODE_LOCKD, &lockd_flags, START_TIMEOUT)?)
         } else {
             None
         };
@@ -535,6 +544,8 @@ impl RunCluster {
             },
             common,
             tso_state,
+            lockd_flags,
+            lockd_state,
             etcd,
         })
     }
@@ -565,12 +576,14 @@ impl RunCluster {
             mut cluster,
             fabric,
             tso_state,
+            lockd_state,
             etcd,
             ..
         } = self;
         drop(fabric);
         cluster.shutdown();
         let _ = std::fs::remove_dir_all(&tso_state);
+        let _ = std::fs::remove_dir_all(&lockd_state);
         // The local etcd removes its data; its log's directory is this run's.
         if let Some(dir) = etcd
             .as_ref()
@@ -647,6 +660,8 @@ pub(crate) struct Measured {
     pub(crate) elapsed: Duration,
     /// `--kill-tso-after`: the restart, complete.
     pub(crate) tso_restart: Option<TsoRestart>,
+    /// `--kill-lockd-after`: the restart, complete.
+    pub(crate) lockd_restart: Option<LockdRestart>,
     /// With `--breakdown`: each process's CPU time during the run.
     pub(crate) cpu: Vec<ProcessCpu>,
     /// Commits and aborts per interval, per compute node (counted with `--timeline-ms`).
@@ -763,11 +778,15 @@ fn measure(
         Some(before) => cpu_spent(&before, &cluster.cpu_times(), elapsed),
         None => Vec::new(),
     };
-    let mut tso_restart =
+    let (mut tso_restart, mut lockd_restart) =
         watched.map_err(|e| anyhow::anyhow!("a service died during the run: {e}"))?;
     if let Some(r) = &mut tso_restart {
         r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
+    }
+    if let Some(r) = &mut lockd_restart {
+        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.thread_reconnects = workers.iter().map(|w| w.lock_reconnects).collect();
     }
     let mut timeline = Timeline::default();
     for w in &workers {
@@ -776,8 +795,9 @@ fn measure(
     Ok(Measured {
         workers,
         elapsed,
-        fault: tso_fault(tso_restart.as_ref()),
+        fault: tso_fault(tso_restart.as_ref()).or(lockd_fault(lockd_restart.as_ref())),
         tso_restart,
+        lockd_restart,
         cpu,
         timelines: vec![CnodeTimeline {
             cnode: 0,
@@ -833,10 +853,11 @@ fn watch(
     committed: &AtomicU64,
     stop: &AtomicBool,
     started: std::time::Instant,
-) -> Result<Option<TsoRestart>, String> {
+) -> Result<(Option<TsoRestart>, Option<LockdRestart>), String> {
     let dur = Duration::from_secs_f64(args.duration);
     let mut last = 0;
     let mut tso_restart = None;
+    let mut lockd_restart = None;
     while started.elapsed() < dur && !run_stop.load(Ordering::Relaxed) {
         if stop.load(Ordering::Relaxed) {
             run_stop.store(true, Ordering::SeqCst);
@@ -865,6 +886,21 @@ fn watch(
                 }
             }
         }
+        if lockd_restart.is_none()
+            && cluster.addrs.lockd.is_some()
+            && args
+                .kill_lockd_after
+                .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
+        {
+            let down = Duration::from_millis(args.lockd_down_ms);
+            match restart_lockd(cluster, down, committed, started) {
+                Ok(r) => lockd_restart = Some(r),
+                Err(e) => {
+                    run_stop.store(true, Ordering::SeqCst);
+                    return Err(format!("restarting the lock service: {e:#}"));
+                }
+            }
+        }
         std::thread::sleep(Duration::from_millis(200).min(dur.saturating_sub(started.elapsed())));
         let s = started.elapsed().as_secs();
         if s > last {
@@ -881,7 +917,7 @@ fn watch(
             return Err(e);
         }
     }
-    Ok(tso_restart)
+    Ok((tso_restart, lockd_restart))
 }
 
 /// The workload's audit after the run, timed on stderr.
@@ -929,6 +965,7 @@ fn build_report(
     report.versions = args.versions;
     report.timing_model = model_desc;
     report.tso_restart = measured.tso_restart.clone();
+    report.lockd_restart = measured.lockd_restart.clone();
     report.cpu = measured.cpu.clone();
     report.breakdown = breakdown_rows(workload, &measured.workers);
     report.tocc_share = tocc_share(&measured.workers);
@@ -1114,6 +1151,7 @@ pub(crate) fn worker(
     s.rpc = ctx.stats();
     s.tso_epoch = client.tso().client().epoch();
     s.tso_reconnects = client.tso().reconnects();
+    s.lock_reconnects = client.lock_reconnects();
     s.history = client.take_history();
     let tables = client.tables();
     s.tocc_share = client
@@ -1135,6 +1173,56 @@ pub(crate) fn worker(
         ));
     }
     Ok(s)
+}
+
+/// `--kill-lockd-after`: SIGKILL the lock service, keep it down for `down`, restart it
+/// with the same flags, state directory and address, and record the epochs and the
+/// commits so far (the rest of the record is filled in after the run).
+pub(crate) fn restart_lockd(
+    cluster: &mut RunCluster,
+    down: Duration,
+    committed: &AtomicU64,
+    started: std::time::Instant,
+) -> anyhow::Result<LockdRestart> {
+    let addr = cluster
+        .addrs
+        .lockd
+        .context("--kill-lockd-after: this run has no lock service")?;
+    let epoch_before = lockd::epoch::load(&cluster.lockd_state)?;
+    let killed_at_s = started.elapsed().as_secs_f64();
+    cluster.cluster.kill(NODE_LOCKD)?;
+    eprintln!("[{killed_at_s:.1}s] SIGKILLed the lock service (epoch {epoch_before})");
+    std::thread::sleep(down);
+    let mut flags = cluster.lockd_flags.clone();
+    flags.extend(["--listen".into(), addr.to_string()]);
+    cluster
+        .cluster
+        .start("lockd", NODE_LOCKD, &flags, Duration::from_secs(60))?;
+    let epoch_after = lockd::epoch::load(&cluster.lockd_state)?;
+    let committed_before_ready = committed.load(Ordering::Relaxed);
+    let grace_ms = lockd::embed::DEFAULT_RESTART_GRACE_MS;
+    eprintln!(
+        "[{:.1}s] lock service restarted in epoch {epoch_after}; it grants from {grace_ms} ms on",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(LockdRestart {
+        killed_at_s,
+        epoch_before,
+        epoch_after,
+        grace_ms,
+        committed_before_ready,
+        committed_after_ready: 0,
+        thread_reconnects: Vec::new(),
+    })
+}
+
+/// The lock service's restart as the timeline's fault.
+pub(crate) fn lockd_fault(r: Option<&LockdRestart>) -> Option<Fault> {
+    r.map(|r| Fault {
+        what: "lockd killed".into(),
+        at_ms: r.killed_at_s * 1e3,
+        cnode: None,
+    })
 }
 
 /// `--kill-tso-after`: SIGKILL the oracle, keep it down for `down`, restart it with the

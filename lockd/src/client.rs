@@ -36,7 +36,7 @@ use rrpc::runtime::{CallError, RpcError, ThreadCtx};
 use crate::error::word;
 pub use crate::owners::process_incarnation;
 use crate::owners::Owner;
-use crate::service::{LocksExport, EXPORT_NAME, RESTARTED_TAG};
+use crate::service::{LocksExport, EXPORT_NAME, RESTARTED_TAG, RESTARTING_TAG};
 use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
 use crate::ticket::Shared;
 use crate::wire::{
@@ -111,6 +111,9 @@ fn call_error(e: CallError) -> LockError {
         CallError::Remote { msg, .. } if msg.contains(RESTARTED_TAG) => {
             LockError::Restarted(msg.clone())
         }
+        CallError::Remote { msg, .. } if msg.contains(RESTARTING_TAG) => {
+            LockError::Restarting(msg.clone())
+        }
         _ => LockError::Rpc(RpcError::Call(e)),
     }
 }
@@ -175,6 +178,9 @@ pub struct LockClient {
     /// Whether a coroutine retries the abandons of `given_up`.
     retrying: Rc<Cell<bool>>,
     retry: RetryPolicy,
+    /// Until when the service may be in its restart grace (from the export's
+    /// `grace_ms`, counted from when this client was made); cleared once passed.
+    grace_until: Cell<Option<std::time::Instant>>,
 }
 
 impl LockClient {
@@ -203,6 +209,8 @@ impl LockClient {
             )));
         }
         let keep_above = export.cold_watermark;
+        let grace_until = (export.grace_ms > 0)
+            .then(|| std::time::Instant::now() + Duration::from_millis(export.grace_ms));
         Ok(Self {
             export,
             shared: Shared {
@@ -218,6 +226,33 @@ impl LockClient {
             given_up: Rc::default(),
             retrying: Rc::default(),
             retry: RetryPolicy::default(),
+            grace_until: Cell::new(grace_until),
+        })
+    }
+
+    /// [`LockError::Restarting`] while the service may still be in its restart grace
+    /// (see [`LocksExport::grace_ms`]): a Lock RPC would be refused, and a lock seen free
+    /// may be held under a predecessor's ticket.
+    fn check_grace(&self) -> Result<(), LockError> {
+        let Some(until) = self.grace_until.get() else {
+            return Ok(());
+        };
+        let now = std::time::Instant::now();
+        if now >= until {
+            self.grace_until.set(None);
+            return Ok(());
+        }
+        Err(LockError::Restarting(format!(
+            "{RESTARTING_TAG} grants resume in about {} ms (as this client counts)",
+            until.duration_since(now).as_millis() + 1
+        )))
+    }
+
+    /// The restart grace this client still assumes ([`LocksExport::grace_ms`]); zero once
+    /// it has passed.
+    pub fn grace_left(&self) -> Duration {
+        self.grace_until.get().map_or(Duration::ZERO, |t| {
+            t.saturating_duration_since(std::time::Instant::now())
         })
     }
 
@@ -435,6 +470,7 @@ impl LockClient {
             });
             self.settler().spawn_retries(ctx, self.retry);
         };
+        let sent = std::time::Instant::now();
         let resp = match ctx.call(self.node(), LOCK_HANDLER, &buf).await {
             Ok(r) => r,
             // The handler ran and refused: nothing was granted.
@@ -450,7 +486,11 @@ impl LockClient {
             }
         };
         let replies = match decode_reply(&resp, reqs.len()) {
-            Ok(r) => r,
+            Ok(r) => {
+                // The service served it: its grace, if any, is over.
+                self.grace_until.set(None);
+                r
+            }
             Err(e) => {
                 give_up();
                 return Err(LockError::Protocol(e.to_string()));
@@ -471,6 +511,7 @@ impl LockClient {
                         q.id,
                         upper,
                         r,
+                        sent,
                     ))
                 } else {
                     Grant::Refused(r)
@@ -564,9 +605,11 @@ impl LockClient {
     /// [`Self::read_state`] without the RTT sample: a plain READ that reads no clock, for
     /// the hot path (an OCC execution read checks its object's lock once per object).
     ///
-    /// Errors: as [`Self::read_state`].
+    /// Errors: as [`Self::read_state`]; [`LockError::Restarting`] while the service may
+    /// be in its restart grace ([`Self::grace_left`]), when a free lock proves nothing.
     pub async fn peek_state(&self, ctx: &ThreadCtx, id: u64) -> Result<LockState, LockError> {
         self.check_id(id)?;
+        self.check_grace()?;
         let b = ctx
             .read(
                 self.node(),
@@ -685,7 +728,14 @@ fn handed_ticket(
         .table
         .at(nt.id.wrapping_mul(LOCK_STRIDE))
         .offset(UPPER_OFF);
-    Ticket::new(ctx.clone(), shared.clone(), nt.id, upper, reply)
+    Ticket::new(
+        ctx.clone(),
+        shared.clone(),
+        nt.id,
+        upper,
+        reply,
+        std::time::Instant::now(),
+    )
 }
 
 /// What abandoning given-up Lock RPCs needs of a client, owned, so a coroutine can do it.
@@ -796,15 +846,24 @@ impl Settler {
 }
 
 /// A thread's lock client that follows the service at one bootstrap address across its
-/// restarts, as `tso::TsoConn` follows an oracle: when a Lock RPC finds the service
-/// restarted ([`LockError::Restarted`]) or gone ([`LockError::Rpc`] with the peer
-/// unreachable, not connected or not answering in time), it reconnects with the client's bounded backoff
-/// ([`LockClient::reconnected`]) and returns the error (the caller's transaction
-/// aborts: its tickets died with the old table); the next call runs on the new service.
+/// restarts, as `tso::TsoConn` follows an oracle: when a Lock RPC (or a one-sided
+/// operation the caller reports through [`Self::failed`]) finds the service restarted
+/// ([`LockError::Restarted`]) or gone ([`LockError::Rpc`] with the peer unreachable, not
+/// connected or not answering in time), one coroutine reconnects with the client's
+/// bounded backoff ([`LockClient::reconnected`]) while the others wait for it, and the
+/// error goes back to the caller (its transaction aborts: its tickets died with the old
+/// table); the next call runs on the new service. A service in its restart grace
+/// ([`LockError::Restarting`]) is kept; the caller backs off a little before the error
+/// returns, so that retries do not spin on the refusals.
 pub struct LockConn {
     addr: SocketAddr,
     client: RefCell<Rc<LockClient>>,
+    reconnecting: Cell<bool>,
+    reconnects: Cell<u64>,
 }
+
+/// How long [`LockConn`] holds a caller back after a grace refusal.
+const GRACE_BACKOFF: Duration = Duration::from_millis(5);
 
 impl LockConn {
     /// Follow the service at `addr`, whose client now is `client`.
@@ -812,12 +871,38 @@ impl LockConn {
         Self {
             addr,
             client: RefCell::new(Rc::new(client)),
+            reconnecting: Cell::new(false),
+            reconnects: Cell::new(0),
         }
     }
 
     /// The client of the service as it is now (hold it only for one transaction).
     pub fn client(&self) -> Rc<LockClient> {
         self.client.borrow().clone()
+    }
+
+    /// Reconnections that found the service again so far.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.get()
+    }
+
+    /// Whether `e` says the service is gone or restarted, so that the connection must be
+    /// made again (not a refusal, a timeout of a wait, a malformed request).
+    pub fn is_gone(e: &LockError) -> bool {
+        if let LockError::Lost { cause, .. } = e {
+            return Self::is_gone(cause);
+        }
+        matches!(
+            e,
+            LockError::Restarted(_)
+                | LockError::Rpc(
+                    RpcError::Call(
+                        CallError::PeerGone { .. }
+                            | CallError::NotConnected { .. }
+                            | CallError::Timeout { .. }
+                    ) | RpcError::OneSided(_)
+                )
+        )
     }
 
     /// [`LockClient::lock`] on the current client; after a restart or a lost service,
@@ -831,25 +916,50 @@ impl LockConn {
         reqs: &[LockRequest],
     ) -> Result<Vec<Grant>, LockError> {
         let c = self.client();
-        let e = match c.lock(ctx, reqs).await {
-            Ok(g) => return Ok(g),
-            Err(e) => e,
-        };
-        let gone = matches!(
-            &e,
-            LockError::Restarted(_)
-                | LockError::Rpc(RpcError::Call(
-                    CallError::PeerGone { .. }
-                        | CallError::NotConnected { .. }
-                        | CallError::Timeout { .. }
-                ))
-        );
-        if gone {
-            match c.reconnected(ctx, self.addr).await {
-                Ok(fresh) => *self.client.borrow_mut() = Rc::new(fresh),
-                Err(r) => tracing::warn!(error = %r, "lock service reconnect failed"),
+        match c.lock(ctx, reqs).await {
+            Ok(g) => Ok(g),
+            Err(e) => {
+                self.failed(ctx, &c, &e).await;
+                Err(e)
             }
         }
-        Err(e)
+    }
+
+    /// Report that an operation on `used` (a client this connection gave out) failed
+    /// with `e`: if the service is gone or restarted, reconnect now, or wait for the
+    /// coroutine that already does; after a grace refusal, back off briefly. Returns when
+    /// the connection is usable again or the reconnect gave up (logged; the next failure
+    /// tries again).
+    pub async fn failed(&self, ctx: &Rc<ThreadCtx>, used: &Rc<LockClient>, e: &LockError) {
+        if matches!(e, LockError::Restarting(_)) {
+            ctx.sleep(GRACE_BACKOFF).await;
+            return;
+        }
+        if !Self::is_gone(e) || !Rc::ptr_eq(used, &self.client.borrow()) {
+            // Not a loss, or the client was replaced since `used` was taken.
+            return;
+        }
+        if self.reconnecting.replace(true) {
+            while self.reconnecting.get() {
+                ctx.sleep(Duration::from_millis(1)).await;
+            }
+            return;
+        }
+        /// Clears the flag however the reconnect ends (also when its coroutine is dropped).
+        struct Clear<'a>(&'a Cell<bool>);
+        impl Drop for Clear<'_> {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let _clear = Clear(&self.reconnecting);
+        match used.reconnected(ctx, self.addr).await {
+            Ok(fresh) => {
+                tracing::info!(epoch = fresh.epoch(), "lock service reconnected");
+                *self.client.borrow_mut() = Rc::new(fresh);
+                self.reconnects.set(self.reconnects.get() + 1);
+            }
+            Err(r) => tracing::warn!(error = %r, "lock service reconnect failed"),
+        }
     }
 }

@@ -98,7 +98,17 @@ pub struct LockServiceConfig {
     /// Timestamps accepted above the oracle's last learned mark without reading its
     /// counter again (default 65536; see [`LockTable::set_ts_slack`]).
     pub ts_slack: u64,
+    /// After a restart (an epoch above 1 from `state-dir` or `epoch`), Lock RPCs are
+    /// refused for this many milliseconds (default 1000), so that the tickets its
+    /// predecessor granted have expired before a lock is granted again
+    /// ([`LockTable::set_grace`]). It must be at least the coordinators' ticket lease
+    /// (txn's `TxnConfig::ticket_lease`, default 500 ms). 0 turns it off: a holder of a
+    /// predecessor's ticket may then write under a lock granted anew (unsafe).
+    pub restart_grace_ms: u64,
 }
+
+/// Default of [`LockServiceConfig::restart_grace_ms`].
+pub const DEFAULT_RESTART_GRACE_MS: u64 = 1000;
 
 impl Default for LockServiceConfig {
     fn default() -> Self {
@@ -119,6 +129,7 @@ impl Default for LockServiceConfig {
             epoch: None,
             tso: None,
             ts_slack: 1 << 16,
+            restart_grace_ms: DEFAULT_RESTART_GRACE_MS,
         }
     }
 }
@@ -292,12 +303,19 @@ impl LockService {
             .as_deref()
             .map(crate::epoch::StateDir::open)
             .transpose()?;
-        let epoch = match (cfg.epoch, &state) {
-            (Some(e), _) => e,
-            (None, Some(s)) => s.advance()?,
-            (None, None) => crate::service::clock_epoch(),
+        // A restart is known only from a durable epoch: the first start opens epoch 1.
+        let (epoch, restarted) = match (cfg.epoch, &state) {
+            (Some(e), _) => (e, e > 1),
+            (None, Some(s)) => {
+                let e = s.advance()?;
+                (e, e > 1)
+            }
+            (None, None) => (crate::service::clock_epoch(), false),
         };
         let mut takeout = LockTable::with_epoch(&fabric, cfg.locks, cfg.watermarks(), epoch)?;
+        if restarted && cfg.restart_grace_ms > 0 {
+            takeout.set_grace(Duration::from_millis(cfg.restart_grace_ms));
+        }
         if let Some(addr) = cfg.tso {
             let bound = crate::tso_bound::TsoBound::start(
                 fabric.clone(),

@@ -116,17 +116,7 @@ impl StateDir {
     ///
     /// Errors: [`EpochError::Read`], [`EpochError::Parse`].
     pub fn load(&self) -> Result<u64, EpochError> {
-        let path = self.dir.join(EPOCH_FILE);
-        match fs::read_to_string(&path) {
-            Ok(s) => s
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .filter(|&e| e < u64::MAX)
-                .ok_or(EpochError::Parse { path }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-            Err(source) => Err(EpochError::Read { path, source }),
-        }
+        load(&self.dir)
     }
 
     /// Persist the next epoch durably (module docs) and return it (at least 1).
@@ -149,6 +139,24 @@ impl StateDir {
             .and_then(|d| d.sync_all())
             .map_err(persist(&self.dir))?;
         Ok(next)
+    }
+}
+
+/// The last epoch persisted in state directory `dir`, 0 when there is none yet; reads
+/// without taking the directory's lock (a launcher reads a running service's epoch).
+///
+/// Errors: [`EpochError::Read`], [`EpochError::Parse`].
+pub fn load(dir: &Path) -> Result<u64, EpochError> {
+    let path = dir.join(EPOCH_FILE);
+    match fs::read_to_string(&path) {
+        Ok(s) => s
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&e| e < u64::MAX)
+            .ok_or(EpochError::Parse { path }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(source) => Err(EpochError::Read { path, source }),
     }
 }
 

@@ -69,6 +69,11 @@ pub enum LockError {
     /// ([`crate::client::LockClient::reconnect`]); tickets of the old table are gone.
     #[error("lock service restarted: {0}")]
     Restarted(String),
+    /// The lock service restarted and grants nothing during its grace period (the
+    /// service's message says how long is left,
+    /// [`crate::service::LockTable::set_grace`]); nothing was granted. Retry later.
+    #[error("{0}")]
+    Restarting(String),
     /// The node exports no usable lock table.
     #[error("lock service export: {0}")]
     Export(String),

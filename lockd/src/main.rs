@@ -92,6 +92,12 @@ struct Cli {
     /// issued are refused (default none: only timestamps of 2^62 and above are).
     #[arg(long, value_name = "ADDR")]
     tso: Option<SocketAddr>,
+    /// After a restart (a state directory or --epoch that says an earlier start
+    /// existed), refuse Lock RPCs for this many milliseconds, so that every ticket the
+    /// predecessor granted has expired before a lock is granted again (default 1000; at
+    /// least the coordinators' ticket lease, 500 ms by default; 0: off, unsafe).
+    #[arg(long, value_name = "MS")]
+    restart_grace_ms: Option<u64>,
     /// Join the cluster's membership in etcd at this endpoint (e.g.
     /// http://127.0.0.1:2379): register under a lease, and fence a compute node's
     /// incarnation when it goes down (its queue pairs to the error state, so that its
@@ -187,7 +193,13 @@ fn load(
         cas_locks,
         dslr_locks
     );
-    flag!(lock_table_slots, shards, map_version, lock_order);
+    flag!(
+        lock_table_slots,
+        shards,
+        map_version,
+        lock_order,
+        restart_grace_ms
+    );
     if let Some(v) = &cli.reshard_nodes {
         c.reshard.nodes = v.clone();
     }
@@ -247,6 +259,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         map_version = cfg.map_version,
         reshard_loop = svc.runs_reshard_loop(),
         epoch = svc.takeout().epoch(),
+        restart_grace_ms = svc.takeout().grace_left().as_millis() as u64,
         "lockd serving"
     );
     // The epoch before READY when it is durable (a state directory or a configured

@@ -72,6 +72,13 @@ pub struct LocksExport {
     /// The service's epoch ([`LockTable::epoch`]); 0 from a service that has none.
     #[serde(default)]
     pub epoch: u64,
+    /// Milliseconds of the service's restart grace left when the export was made
+    /// ([`LockTable::set_grace`]); 0 without one. A client that reads it treats the
+    /// service as restarting for that long from when it connected (an over-estimate:
+    /// exports are published at start), so that it does not validate against an empty
+    /// table while a predecessor's tickets may still be in use.
+    #[serde(default)]
+    pub grace_ms: u64,
 }
 
 /// Largest Lock RPC timestamp a table accepts when nothing better is known
@@ -90,6 +97,9 @@ pub const DEFAULT_HANDOVER_LEASE: Duration = Duration::from_secs(30);
 /// Text that starts the error reply of [`ServiceRefusal::Restarted`], by which a client
 /// recognizes it.
 pub const RESTARTED_TAG: &str = "lock service restarted:";
+/// Prefix of the error a restarted service sends to a Lock RPC within its grace period
+/// ([`LockTable::set_grace`]); clients retry later ([`crate::client::LockError::Restarting`]).
+pub const RESTARTING_TAG: &str = "lock service restarting:";
 
 /// Where a lock service learns the largest timestamp the oracle has issued (its high
 /// mark), to refuse Lock RPC timestamps above it ([`LockTable::set_ts_bound`]).
@@ -119,6 +129,13 @@ pub enum ServiceRefusal {
         service: u64,
         /// The epoch the request names.
         request: u64,
+    },
+    /// A restarted service grants nothing until its grace period ends
+    /// ([`LockTable::set_grace`]), so that every ticket of its predecessor has expired.
+    #[error("{RESTARTING_TAG} grants resume in {remaining_ms} ms")]
+    Restarting {
+        /// Milliseconds of the grace period left (rounded up).
+        remaining_ms: u64,
     },
     /// The caller is an incarnation of its node older than one the service has seen.
     #[error("node {node}: incarnation {incarnation} is older than {newest}, already seen")]
@@ -235,6 +252,8 @@ pub struct LockTable {
     /// Newest incarnation seen per node, striped by node id.
     incarnations: Box<[RwLock<HashMap<u32, u64>>]>,
     handover_lease: Duration,
+    /// Lock RPCs are refused before this instant ([`Self::set_grace`]).
+    grants_from: Option<Instant>,
 }
 
 impl LockTable {
@@ -286,6 +305,26 @@ impl LockTable {
             ts_slack: 0,
             incarnations: (0..NODE_STRIPES).map(|_| RwLock::default()).collect(),
             handover_lease: DEFAULT_HANDOVER_LEASE,
+            grants_from: None,
+        })
+    }
+
+    /// Refuse every Lock RPC for `grace` from now ([`ServiceRefusal::Restarting`]);
+    /// release-node and abandon requests are served. A restarted service sets it so
+    /// that its predecessor's tickets have expired before it grants a lock again: the
+    /// clients of its predecessor that still hold served tickets cannot be refused (their
+    /// one-sided writes go to the data, not here), but they act on a ticket only within
+    /// its lease from the moment they sent its Lock RPC (txn's `TxnConfig::ticket_lease`,
+    /// checked before a write-back). So the grace must be at least that lease; lockd's
+    /// default is twice the coordinators' default.
+    pub fn set_grace(&mut self, grace: Duration) {
+        self.grants_from = Some(Instant::now() + grace);
+    }
+
+    /// The grace period left ([`Self::set_grace`]); zero once it ended.
+    pub fn grace_left(&self) -> Duration {
+        self.grants_from.map_or(Duration::ZERO, |t| {
+            t.saturating_duration_since(Instant::now())
         })
     }
 
@@ -426,6 +465,7 @@ impl LockTable {
             cold_watermark: self.wm.cold,
             hot_watermark: self.wm.hot,
             epoch: self.epoch,
+            grace_ms: self.grace_left().as_nanos().div_ceil(1_000_000) as u64,
         }
     }
 
@@ -601,6 +641,12 @@ impl LockTable {
         let mut reqs = Vec::with_capacity(crate::wire::MAX_ENTRIES);
         let hdr = decode_request(req, self.n_locks, &mut reqs)?;
         let owner = self.admit(caller, hdr.owner, hdr.epoch)?;
+        let left = self.grace_left();
+        if !left.is_zero() {
+            return Err(ServiceRefusal::Restarting {
+                remaining_ms: left.as_nanos().div_ceil(1_000_000) as u64,
+            });
+        }
         for r in &reqs {
             self.check_ts(r.ts)?;
         }

@@ -137,6 +137,8 @@ struct State {
     reply: LockReply,
     /// The last `upper` seen.
     upper: u64,
+    /// When the Lock RPC that took the ticket was sent.
+    requested: Instant,
 }
 
 impl Ticket {
@@ -146,6 +148,7 @@ impl Ticket {
         id: u64,
         upper_addr: RemoteAddr,
         reply: LockReply,
+        requested: Instant,
     ) -> Self {
         debug_assert!(reply.granted_queue);
         Self {
@@ -156,8 +159,19 @@ impl Ticket {
                 upper_addr,
                 upper: reply.upper,
                 reply,
+                requested,
             }),
         }
+    }
+
+    /// When the Lock RPC that took this ticket was sent (before the service granted
+    /// it). A holder that treats a ticket as a lease counts from here: a restarted
+    /// service grants nothing for its grace period after its start
+    /// ([`crate::service::LockTable::set_grace`]), so a ticket of its predecessor
+    /// excludes others only until `requested + grace`, and one used within a shorter
+    /// lease from `requested` is safe.
+    pub fn requested_at(&self) -> Instant {
+        self.st().requested
     }
 
     fn st(&self) -> &State {
@@ -232,8 +246,14 @@ impl Drop for Ticket {
         // It holds the context weakly, so a context whose executor never runs again can
         // still be dropped (it logs the coroutine it never ran).
         let ctx: Weak<ThreadCtx> = Rc::downgrade(&s.ctx);
-        let (shared, id, upper_addr, reply, upper) =
-            (s.shared.clone(), s.id, s.upper_addr, s.reply, s.upper);
+        let (shared, id, upper_addr, reply, upper, requested) = (
+            s.shared.clone(),
+            s.id,
+            s.upper_addr,
+            s.reply,
+            s.upper,
+            s.requested,
+        );
         s.ctx.spawn(async move {
             let Some(ctx) = ctx.upgrade() else { return };
             let lost = shared.lost.clone();
@@ -244,10 +264,20 @@ impl Drop for Ticket {
                 upper_addr,
                 reply,
                 upper,
+                requested,
             };
-            if let Err(e) = release(st).await {
-                lost.set(lost.get() + 1);
-                tracing::error!(lock = id, ticket = reply.ticket, error = %e, "dropped ticket: lock lost");
+            match release(st).await {
+                Ok(()) => {}
+                // The service died or restarted: the lock died with its table (still
+                // counted: if the service never comes back, the lock is lost).
+                Err(e) if crate::client::LockConn::is_gone(&e) => {
+                    lost.set(lost.get() + 1);
+                    tracing::debug!(lock = id, ticket = reply.ticket, error = %e, "dropped ticket of a lost service");
+                }
+                Err(e) => {
+                    lost.set(lost.get() + 1);
+                    tracing::error!(lock = id, ticket = reply.ticket, error = %e, "dropped ticket: lock lost");
+                }
             }
         });
         drop(s.ctx);

@@ -466,6 +466,73 @@ fn a_restarted_service_refuses_its_predecessors_clients_until_they_reconnect() {
     assert_eq!(table.words(LOCK), (1, 1, 7));
 }
 
+/// A restarted service grants nothing for its grace period (so that its predecessor's
+/// tickets, which a coordinator acts on only within a shorter lease, have expired): a
+/// Lock RPC is refused with [`LockError::Restarting`] and changes no lock, a client made
+/// from its export refuses to read lock words as free, and after the grace both work.
+/// Before the grace existed a restarted lockd granted at once.
+#[test]
+fn a_restarted_service_grants_nothing_during_its_grace() {
+    let cl = cluster("grace");
+    let fabric = cl.open(NodeId(SERVICE)).unwrap();
+    let mut table = LockTable::with_epoch(&fabric, 16, Watermarks::default(), 2).unwrap();
+    let grace = Duration::from_millis(300);
+    table.set_grace(grace);
+    let table = Arc::new(table);
+    assert!(table.export()["grace_ms"].as_u64().unwrap() >= 299);
+    let mut exports = BTreeMap::new();
+    exports.insert(EXPORT_NAME.to_string(), table.export());
+    let node = lockd_node(fabric, exports, table.handlers(), 1);
+    let ctx = ThreadCtx::new(
+        cl.open(NodeId(CLIENT)).unwrap(),
+        runtime(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let lc = Rc::new(LockClient::from_info(&ctx.connect_rpc(node.addr()).unwrap()).unwrap());
+    assert!(lc.grace_left() > Duration::ZERO);
+    let (c, l) = (ctx.clone(), lc.clone());
+    let (refused, peek) = block_on(&ctx, async move {
+        let r = l.lock(&c, &[req(LOCK, 5)]).await.map(|_| ()).unwrap_err();
+        let p = l.peek_state(&c, LOCK).await.map(|_| ()).unwrap_err();
+        (r, p)
+    });
+    assert!(matches!(refused, LockError::Restarting(_)), "{refused}");
+    assert!(
+        refused.to_string().contains("grants resume in"),
+        "{refused}"
+    );
+    assert!(matches!(peek, LockError::Restarting(_)), "{peek}");
+    assert_eq!(
+        table.words(LOCK),
+        (0, 0, 0),
+        "a refused request changed the lock"
+    );
+    // Release-node is served during the grace (recovery of a dead holder needs it).
+    let (c, l) = (ctx.clone(), lc.clone());
+    let dead = Owner {
+        node: 7,
+        incarnation: 1,
+    };
+    let n = block_on(&ctx, async move { l.release_node(&c, dead).await.unwrap() });
+    assert_eq!(n, 0);
+    std::thread::sleep(grace.saturating_sub(t0.elapsed()) + Duration::from_millis(20));
+    let (c, l) = (ctx.clone(), lc.clone());
+    block_on(&ctx, async move {
+        let t = l
+            .lock(&c, &[req(LOCK, 6)])
+            .await
+            .unwrap()
+            .remove(0)
+            .ticket()
+            .unwrap();
+        assert!(t.requested_at() >= t0);
+        assert_eq!(l.peek_state(&c, LOCK).await.unwrap().queued(), 1);
+        t.release().await.unwrap();
+    });
+    assert_eq!(table.words(LOCK), (1, 1, 6));
+}
+
 /// A `lockd` process on the shm fabric, its stdout lines before `READY` kept; SIGKILLed
 /// and reaped when dropped.
 struct Lockd {

@@ -87,6 +87,14 @@ pub struct TxnConfig {
     /// How long to wait for a granted ticket's turn before aborting with
     /// [`crate::error::AbortReason::LockWaitTimeout`] (Scythe; default 2 s).
     pub lock_wait: Duration,
+    /// Scythe: how long after its Lock RPC was sent a Takeout ticket may still be acted
+    /// on. A commit whose oldest ticket is older aborts
+    /// ([`crate::error::AbortReason::TicketExpired`]) before it writes: a lock service
+    /// that died and restarted grants nothing for its grace period (lockd's
+    /// `--restart-grace-ms`, default 1 s), which must exceed this lease plus a commit's
+    /// log round, so that no holder of a dead service's ticket still writes when a lock is
+    /// granted anew (default 500 ms).
+    pub ticket_lease: Duration,
     /// Record committed transactions for the checkers, up to this many bytes per thread;
     /// `None` (the default) records nothing.
     pub history_limit_bytes: Option<usize>,
@@ -125,6 +133,7 @@ impl Default for TxnConfig {
         Self {
             protocol: Protocol::OccCas,
             lock_wait: Duration::from_secs(2),
+            ticket_lease: Duration::from_millis(500),
             history_limit_bytes: None,
             tso_reconnect: ReconnectConfig::default(),
             tocc_wait: Duration::from_micros(20),

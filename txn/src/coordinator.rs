@@ -27,7 +27,7 @@
 
 use std::rc::Rc;
 
-use lockd::client::LockClient;
+use lockd::client::{LockClient, LockConn};
 use rrpc::runtime::ThreadCtx;
 use tso::TsoConn;
 
@@ -134,7 +134,7 @@ impl TxnClient {
                 let mut l = LockClient::from_info(&ctx.connect_rpc(a)?)?;
                 // The service owns tickets by the incarnation the connection declared.
                 l.set_incarnation(ctx.fabric().incarnation());
-                Some(l)
+                Some(LockConn::new(a, l))
             }
             (false, _) => None,
         };
@@ -171,11 +171,21 @@ impl TxnClient {
         self.core.store.ctx()
     }
 
-    /// The lock service client (Scythe only).
-    pub fn locks(&self) -> Option<&LockClient> {
+    /// The lock service client as it is now (Scythe only; a restart of the service
+    /// replaces it).
+    pub fn locks(&self) -> Option<Rc<LockClient>> {
         match &self.engine {
             Engine::Scythe(s) => Some(s.locks()),
             _ => None,
+        }
+    }
+
+    /// How many times the lock service connection was made again after the service
+    /// died or restarted (Scythe; 0 for the others).
+    pub fn lock_reconnects(&self) -> u64 {
+        match &self.engine {
+            Engine::Scythe(s) => s.conn().reconnects(),
+            _ => 0,
         }
     }
 

@@ -42,6 +42,14 @@ pub enum AbortReason {
     LockWaitTimeout,
     /// Two inserts of keys of one hash bucket met; one retries.
     InsertRace,
+    /// The lock service is gone, restarted or in its restart grace (Scythe): the
+    /// attempt's tickets, if any, died with the old table; it retries on the service the
+    /// client reconnects to ([`lockd::client::LockConn`]).
+    LockService,
+    /// A ticket the attempt holds is older than the ticket lease
+    /// ([`crate::TxnConfig::ticket_lease`]) at commit: a restarted lock service may
+    /// already have granted its lock to another, so the attempt must not act on it.
+    TicketExpired,
     /// The workload met a state that cannot be (a row its earlier reads say exists is
     /// gone, or one they say is free is taken): an optimistic read was stale, and
     /// validation would fail. Declared by the workload.
@@ -52,7 +60,7 @@ pub enum AbortReason {
 
 impl AbortReason {
     /// Every reason, for reports.
-    pub const ALL: [AbortReason; 14] = [
+    pub const ALL: [AbortReason; 16] = [
         Self::LockedOnRead,
         Self::TornRead,
         Self::LockCas,
@@ -65,6 +73,8 @@ impl AbortReason {
         Self::VersionGone,
         Self::LockWaitTimeout,
         Self::InsertRace,
+        Self::LockService,
+        Self::TicketExpired,
         Self::Inconsistent,
         Self::User,
     ];
@@ -83,6 +93,8 @@ impl AbortReason {
             Self::VersionGone => "version-gone",
             Self::LockWaitTimeout => "lock-wait-timeout",
             Self::InsertRace => "insert-race",
+            Self::LockService => "lock-service",
+            Self::TicketExpired => "ticket-expired",
             Self::Inconsistent => "inconsistent-read",
             Self::User => "user",
         }

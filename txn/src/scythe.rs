@@ -95,9 +95,10 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use lockd::client::{Grant, LockClient, LockError, LockRequest, Ticket};
+use lockd::client::{Grant, LockClient, LockConn, LockError, LockRequest, Ticket};
 use lockd::takeout::{Mode, RefuseReason};
 use rrpc::runtime::{join, join_all};
+use std::rc::Rc;
 use tso::Timestamp;
 
 use crate::attempt;
@@ -107,9 +108,13 @@ use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 use crate::validation::{self, RecordSeen, Step, Validation};
 
-/// Scythe on a lock service: its client, and how objects map onto its locks.
+/// Scythe on a lock service: its connection (which follows the service across
+/// restarts), and how objects map onto its locks.
 pub(crate) struct Scythe {
-    locks: LockClient,
+    locks: LockConn,
+    /// Locks of the service when the client connected: the object-to-lock mapping stays
+    /// the same across its restarts.
+    n_locks: u64,
     /// Tables of the store (for [`Self::lock_id`]).
     tables: u64,
     /// Hot rows (lock ids) of aborted attempts, by attempt id, until their transaction's
@@ -213,7 +218,14 @@ impl ConcurrencyControl for Scythe {
         )
         .await;
         a?;
-        if let Some(e) = b.into_iter().find_map(Result::err) {
+        // A ticket of a service that died or restarted cannot be passed on, and need not
+        // be: its lock died with the table (the successor grants after its grace).
+        let lc = self.locks.client();
+        for e in b.into_iter().filter_map(Result::err) {
+            if LockConn::is_gone(&e) {
+                self.locks.failed(ctx, &lc, &e).await;
+                continue;
+            }
             return Err(e.into());
         }
         Ok(())
@@ -250,8 +262,9 @@ impl ConcurrencyControl for Scythe {
 
 impl Scythe {
     /// Scythe over `locks` for a store of `tables` tables.
-    pub(crate) fn new(locks: LockClient, tables: usize) -> Self {
+    pub(crate) fn new(locks: LockConn, tables: usize) -> Self {
         Self {
+            n_locks: locks.client().n_locks().max(1),
             locks,
             tables: tables.max(1) as u64,
             carry: RefCell::new(VecDeque::new()),
@@ -269,9 +282,34 @@ impl Scythe {
             .collect()
     }
 
-    /// The lock service client.
-    pub(crate) fn locks(&self) -> &LockClient {
+    /// The lock service client as it is now.
+    pub(crate) fn locks(&self) -> Rc<LockClient> {
+        self.locks.client()
+    }
+
+    /// The connection to the lock service (its reconnects).
+    pub(crate) fn conn(&self) -> &LockConn {
         &self.locks
+    }
+
+    /// The transaction error of a lock-service failure `e` met on `used`: after a
+    /// restart, a lost service or a grace refusal, let the connection reconnect (or back
+    /// off) and abort the attempt ([`AbortReason::LockService`]), to be retried on the
+    /// new service; any other error as it is.
+    async fn lock_failed(
+        &self,
+        ctx: &Rc<rrpc::runtime::ThreadCtx>,
+        used: &Rc<LockClient>,
+        e: LockError,
+    ) -> TxnError {
+        let service = LockConn::is_gone(&e) || matches!(e, LockError::Restarting(_));
+        self.locks.failed(ctx, used, &e).await;
+        if service {
+            tracing::debug!(error = %e, "lock service failure: the attempt aborts");
+            TxnError::Abort(AbortReason::LockService)
+        } else {
+            e.into()
+        }
     }
 
     /// Lock id of `(table, key)` in the lock service: keys of all tables interleaved
@@ -281,19 +319,24 @@ impl Scythe {
     /// conflicts; the hash keeps composite keys (TPC-C's orders of different districts,
     /// which differ only in high bits) from landing on the same locks.
     pub(crate) fn lock_id(&self, table: u32, key: u64) -> u64 {
-        lock_slot(key, table, self.tables, self.locks.n_locks().max(1))
+        lock_slot(key, table, self.tables, self.n_locks)
     }
 
     /// True when lock `id` is held or queued (by anyone).
     async fn lock_busy(&self, core: &ClientCore, id: u64) -> Result<bool, TxnError> {
-        Ok(self.locks.peek_state(core.store.ctx(), id).await?.queued() > 0)
+        let lc = self.locks.client();
+        let ctx = core.store.ctx();
+        match lc.peek_state(ctx, id).await {
+            Ok(st) => Ok(st.queued() > 0),
+            Err(e) => Err(self.lock_failed(ctx, &lc, e).await),
+        }
     }
 
     /// Whether lock `id` is hot for this transaction: the lock service last reported it
     /// hotter than ColdWatermark ([`lockd::client::LockClient::mode_for`], Scythe 4.3
     /// (3)), or the transaction met it busy before ([`ScytheAttempt::hot_rows`]).
     fn hot(&self, cc: &ScytheAttempt, id: u64) -> bool {
-        cc.hot_rows.contains(&id) || self.locks.mode_for(id) == Mode::Hot
+        cc.hot_rows.contains(&id) || self.locks.client().mode_for(id) == Mode::Hot
     }
 
     /// Whether TOCC queues for a ticket on lock `id` of an object it reads (`for_update`:
@@ -461,7 +504,7 @@ impl Scythe {
     /// [`Self::take_tickets`]'s work, timed as [`Phase::Lock`].
     async fn queue_and_wait(&self, t: &mut A<'_>, ids: &[u64], mode: Mode) -> Result<(), TxnError> {
         let c = t.core;
-        let lc = &self.locks;
+        let lc = &self.locks.client();
         let mut ids: Vec<u64> = ids
             .iter()
             .copied()
@@ -524,7 +567,7 @@ impl Scythe {
             }
         }
         if let Some(e) = failed {
-            return Err(e.into());
+            return Err(self.lock_failed(c.store.ctx(), lc, e).await);
         }
         if let Some(reason) = refused {
             // 4.4 (2), after Aurogon: a refusal on an object whose queue lies between
@@ -557,7 +600,7 @@ impl Scythe {
             // drop) hands each to a coroutine that releases it when its turn comes.
             return Err(match e {
                 LockError::WaitTimeout { .. } => TxnError::Abort(AbortReason::LockWaitTimeout),
-                e => e.into(),
+                e => self.lock_failed(c.store.ctx(), lc, e).await,
             });
         }
         Ok(())
@@ -605,11 +648,28 @@ impl Scythe {
             t.enter(Phase::Validate);
             self.validate(t).await?;
         }
+        // Every ticket is still a lease (TxnConfig::ticket_lease): the reads made under
+        // them and the writes about to go out are protected until a restarted lock
+        // service's grace ends.
+        Self::check_ticket_lease(t)?;
         if writes {
             t.enter(Phase::WriteBack);
             t.write_back(|o| Timestamp(o.version.get() + 1)).await?;
         }
         t.record(None, Timestamp::ZERO);
+        Ok(())
+    }
+
+    /// [`AbortReason::TicketExpired`] if a ticket of the attempt was requested longer
+    /// than the ticket lease ago: its lock service may have died and a successor,
+    /// whose grace period outlasts the lease, may have granted the lock anew.
+    fn check_ticket_lease(t: &A<'_>) -> Result<(), TxnError> {
+        let Some(oldest) = t.cc.tickets.iter().map(|(_, tk)| tk.requested_at()).min() else {
+            return Ok(());
+        };
+        if oldest.elapsed() > t.core.cfg.ticket_lease {
+            return Err(TxnError::Abort(AbortReason::TicketExpired));
+        }
         Ok(())
     }
 

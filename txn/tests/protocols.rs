@@ -105,15 +105,19 @@ fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
 impl Cluster {
     /// A client thread context on a node of its own.
     fn client(&self, protocol: Protocol) -> Rc<TxnClient> {
-        let n = self.next_node.get();
-        self.next_node.set(n + 1);
-        let ctx = ThreadCtx::new(fabric(self.guard.name(), n), RuntimeConfig::default()).unwrap();
-        let cfg = TxnConfig {
+        self.client_with(TxnConfig {
             protocol,
             history_limit_bytes: Some(64 << 20),
             read_wait: Duration::from_millis(5),
             ..TxnConfig::default()
-        };
+        })
+    }
+
+    /// A client thread context on a node of its own, with `cfg`.
+    fn client_with(&self, cfg: TxnConfig) -> Rc<TxnClient> {
+        let n = self.next_node.get();
+        self.next_node.set(n + 1);
+        let ctx = ThreadCtx::new(fabric(self.guard.name(), n), RuntimeConfig::default()).unwrap();
         Rc::new(TxnClient::connect(ctx, &self.addrs, cfg).unwrap())
     }
 }
@@ -418,6 +422,53 @@ fn concurrent_inserts_of_one_key_commit_once() {
         });
         assert_eq!(wins.len(), 1, "{p}");
     }
+}
+
+/// Scythe acts on a Takeout ticket only within its lease from the Lock RPC
+/// (`TxnConfig::ticket_lease`; a restarted lock service grants nothing for longer): a
+/// commit whose ticket is older aborts with `ticket-expired` before it writes, and passes
+/// its tickets on. With a zero lease every read-write commit does; with the default one
+/// the same commit goes through.
+#[test]
+fn scythe_does_not_write_under_an_expired_ticket() {
+    let cl = cluster("ticket-lease", 1, 2);
+    let expired = cl.client_with(TxnConfig {
+        protocol: Protocol::Scythe,
+        ticket_lease: Duration::ZERO,
+        ..TxnConfig::default()
+    });
+    let c = cl.client(Protocol::Scythe);
+    let key = 11u64;
+    // Each client runs on its own executor (one `run` each).
+    let c2 = c.clone();
+    let before = run(&c, async move {
+        c2.read_committed(CHECKING, key).await.unwrap().unwrap().1
+    });
+    let e2 = expired.clone();
+    let e = run(&expired, async move {
+        let mut t = e2.begin();
+        let v = t.read(CHECKING, key).await.unwrap();
+        t.write(CHECKING, key, (bal(&v) + 5).to_le_bytes().to_vec())
+            .unwrap();
+        t.commit().await.unwrap_err()
+    });
+    assert!(
+        matches!(e, TxnError::Abort(AbortReason::TicketExpired)),
+        "{e}"
+    );
+    let c2 = c.clone();
+    run(&c, async move {
+        let (_, after) = c2.read_committed(CHECKING, key).await.unwrap().unwrap();
+        assert_eq!(bal(&after), bal(&before), "written under an expired ticket");
+        // The lock was passed on: a client with the default lease commits.
+        let mut t = c2.begin();
+        let v = t.read(CHECKING, key).await.unwrap();
+        t.write(CHECKING, key, (bal(&v) + 5).to_le_bytes().to_vec())
+            .unwrap();
+        t.commit().await.unwrap();
+        let (_, after) = c2.read_committed(CHECKING, key).await.unwrap().unwrap();
+        assert_eq!(bal(&after), bal(&before) + 5);
+    });
 }
 
 /// Queue four tickets on lock `id` (more than ColdWatermark, 3), with timestamps of the

@@ -24,7 +24,7 @@ use crate::cnode::{
 use crate::history_out;
 use crate::launcher::default_bin_dir;
 use crate::recoverer::Recoverer;
-use crate::report::{TsoRestart, WorkerStats};
+use crate::report::{LockdRestart, TsoRestart, WorkerStats};
 use crate::timeline::{CnodeTimeline, Fault};
 use crate::txn_args::{Args, Point, ProtocolArg, NODE_CNODE};
 use crate::workload::{RunClock, WorkloadSpec};
@@ -334,6 +334,12 @@ pub(crate) fn measure(
         bail!("a service died during the run: {e}");
     }
     let (workers, timelines, events) = p.merge()?;
+    let mut lockd_restart = faults.lockd;
+    if let Some(r) = &mut lockd_restart {
+        let committed: u64 = timelines.iter().flat_map(|t| &t.commits).sum();
+        r.committed_after_ready = committed.saturating_sub(r.committed_before_ready);
+        r.thread_reconnects = workers.iter().map(|w| w.lock_reconnects).collect();
+    }
     let mut tso_restart = faults.tso;
     if let Some(r) = &mut tso_restart {
         let committed: u64 = timelines.iter().flat_map(|t| &t.commits).sum();
@@ -344,6 +350,7 @@ pub(crate) fn measure(
         workers,
         elapsed,
         tso_restart,
+        lockd_restart,
         cpu: Vec::new(),
         timelines,
         fault: faults.fault,
@@ -1008,6 +1015,8 @@ struct Faults<'a> {
     continued: bool,
     /// The oracle's restart, once done.
     tso: Option<TsoRestart>,
+    /// The lock service's restart, once done.
+    lockd: Option<LockdRestart>,
     /// The last fault that fired, for the timeline's recovery line.
     fault: Option<Fault>,
 }
@@ -1021,6 +1030,7 @@ impl<'a> Faults<'a> {
             stopped_at: None,
             continued: false,
             tso: None,
+            lockd: None,
             fault: None,
         }
     }
@@ -1078,6 +1088,17 @@ impl<'a> Faults<'a> {
             .context("restarting the oracle")?;
             self.fault = super::tso_fault(Some(&r));
             self.tso = Some(r);
+        }
+        if self.lockd.is_none()
+            && cluster.addrs.lockd.is_some()
+            && args.kill_lockd_after.is_some_and(|k| now_s >= k)
+        {
+            let committed = AtomicU64::new(p.streams.committed());
+            let down = Duration::from_millis(args.lockd_down_ms);
+            let r = super::restart_lockd(cluster, down, &committed, p.started)
+                .context("restarting the lock service")?;
+            self.fault = super::lockd_fault(Some(&r));
+            self.lockd = Some(r);
         }
         Ok(())
     }
