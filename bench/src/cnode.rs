@@ -132,6 +132,10 @@ pub struct WireStats {
     tso_reconnects: u64,
     #[serde(default)]
     lock_reconnects: u64,
+    #[serde(default)]
+    qp_errors: u64,
+    #[serde(default)]
+    transient_retries: u64,
     /// (table, attempts, tocc).
     tocc_share: Vec<(String, u64, u64)>,
 }
@@ -186,6 +190,8 @@ impl WireStats {
             tso_epoch: s.tso_epoch,
             tso_reconnects: s.tso_reconnects,
             lock_reconnects: s.lock_reconnects,
+            qp_errors: s.qp_errors,
+            transient_retries: s.transient_retries,
             tocc_share: s
                 .tocc_share
                 .iter()
@@ -231,6 +237,8 @@ impl WireStats {
         s.tso_epoch = self.tso_epoch;
         s.tso_reconnects = self.tso_reconnects;
         s.lock_reconnects = self.lock_reconnects;
+        s.qp_errors = self.qp_errors;
+        s.transient_retries = self.transient_retries;
         s.tocc_share = self
             .tocc_share
             .into_iter()

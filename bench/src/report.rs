@@ -82,6 +82,11 @@ pub struct WorkerStats {
     /// Scythe: reconnections of the thread's lock service connection after the
     /// service died or restarted.
     pub lock_reconnects: u64,
+    /// `--qp-errors-ms`: QPs this thread moved to the error state.
+    pub qp_errors: u64,
+    /// One-sided operations this thread retried after a transport failure
+    /// (`txn::transient`).
+    pub transient_retries: u64,
     /// With `--breakdown`: where the thread's committed transactions spent their time.
     pub breakdown: Option<crate::breakdown::Breakdown>,
     /// Scythe: per table, attempts that read it and of those the TOCC ones.
@@ -104,6 +109,8 @@ impl WorkerStats {
             tso_epoch: 0,
             tso_reconnects: 0,
             lock_reconnects: 0,
+            qp_errors: 0,
+            transient_retries: 0,
             breakdown: None,
             tocc_share: Vec::new(),
             timeline: Default::default(),
@@ -184,6 +191,12 @@ pub struct Report {
     pub msgs_per_bucket: f64,
     /// Posts deferred because a send queue was full.
     pub sq_full: u64,
+    /// `--qp-errors-ms`: QPs the coordinators moved to the error state.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub qp_errors: u64,
+    /// One-sided operations the coordinators retried after a transport failure.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub transient_retries: u64,
     /// Service failures.
     pub fatal_errors: usize,
     /// First few fatal error messages.
@@ -321,6 +334,10 @@ impl LockdRestart {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
     if h.is_empty() {
         0.0
@@ -436,6 +453,8 @@ impl Report {
             wrs_per_doorbell: wrs as f64 / doorbells.max(1) as f64,
             msgs_per_bucket: msgs as f64 / buckets.max(1) as f64,
             sq_full,
+            qp_errors: workers.iter().map(|w| w.qp_errors).sum(),
+            transient_retries: workers.iter().map(|w| w.transient_retries).sum(),
             fatal_errors: fatal.len(),
             fatal_samples: fatal.into_iter().take(5).collect(),
             initial_total: 0,
@@ -643,6 +662,13 @@ impl Report {
             "batching: {:.2} WRs per doorbell, {:.2} RPC messages per Rocket bucket, {} posts deferred (send queue full)",
             self.wrs_per_doorbell, self.msgs_per_bucket, self.sq_full
         );
+        if self.qp_errors > 0 || self.transient_retries > 0 {
+            let _ = writeln!(
+                s,
+                "transport faults: {} QPs to memory node 0 moved to the error state, {} one-sided operations retried on a new QP",
+                self.qp_errors, self.transient_retries
+            );
+        }
         if !self.tocc_share.is_empty() {
             let _ = writeln!(s, "{}", crate::breakdown::tocc_line(&self.tocc_share));
         }

@@ -209,6 +209,14 @@ pub struct Args {
     /// continue after the restart (reported as `lockd restart`).
     #[arg(long, value_name = "SECONDS")]
     pub kill_lockd_after: Option<f64>,
+    /// Fault injection: every coordinator thread moves its one-sided QPs to memory node 0
+    /// to the error state every this many milliseconds, as a flapping link would. Their
+    /// outstanding operations fail; the thread's QP pool connects new QPs, and the
+    /// coordinators retry reads, installs, locks and unlocks on them
+    /// (`txn::transient`), so no lock stays held and no commit stays half done. The
+    /// report counts the injections and retries (`transport faults:`).
+    #[arg(long, value_name = "MS")]
+    pub qp_errors_ms: Option<u64>,
     /// With `--kill-lockd-after`: milliseconds the lock service stays down before its
     /// restart.
     #[arg(long, default_value_t = 300, value_name = "MS")]
@@ -499,6 +507,12 @@ impl Args {
             bail!("--cnodes must be 1 to {MAX_CNODES} (got {})", self.cnodes);
         }
         let within = |s: Option<f64>| s.is_some_and(|k| !(k >= 0.0 && k < self.duration));
+        if self
+            .qp_errors_ms
+            .is_some_and(|ms| !(1..=60_000).contains(&ms))
+        {
+            bail!("--qp-errors-ms must be 1 to 60000");
+        }
         if within(self.kill_lockd_after) {
             bail!("--kill-lockd-after must lie within the run (0 <= SECONDS < --duration)");
         }

@@ -744,6 +744,7 @@ fn measure(
             flush: None,
             incarnation: 0,
             ledger: None,
+            qp_errors: args.qp_errors_ms.map(Duration::from_millis),
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -1082,6 +1083,8 @@ pub(crate) struct WorkerPlan {
     /// The compute node's ledger and this thread's first slot in it (coordinator
     /// processes only).
     pub(crate) ledger: Option<(Arc<crate::ledger::Ledger>, usize)>,
+    /// `--qp-errors-ms`: inject a QP error to memory node 0 this often.
+    pub(crate) qp_errors: Option<Duration>,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
@@ -1144,6 +1147,27 @@ pub(crate) fn worker(
         };
         mix.clone().spawn(&mut ex, coroutine);
     }
+    if let Some(every) = w.qp_errors {
+        let (ctx, stats, stop) = (ctx.clone(), stats.clone(), stop.clone());
+        ex.spawn(async move {
+            let memnode = NodeId(crate::txn_args::NODE_MEMNODE);
+            while !stop.load(Ordering::Relaxed) {
+                ctx.sleep(every).await;
+                // Break the QPs while WRs are in flight on them (a few rounds at most),
+                // as a link failure meets them.
+                for _ in 0..1000 {
+                    if ctx.one_sided_in_flight(memnode) > 0 {
+                        break;
+                    }
+                    ctx.yield_now().await;
+                }
+                // Not connected (yet, or the node is gone): nothing to break.
+                if let Ok(n) = ctx.inject_qp_error(memnode, rrpc::straw::QpKind::OneSided) {
+                    stats.borrow_mut().qp_errors += n as u64;
+                }
+            }
+        });
+    }
     ex.run();
     let mut s = Rc::try_unwrap(stats)
         .map_err(|_| anyhow::anyhow!("stats still shared"))?
@@ -1152,6 +1176,7 @@ pub(crate) fn worker(
     s.tso_epoch = client.tso().client().epoch();
     s.tso_reconnects = client.tso().reconnects();
     s.lock_reconnects = client.lock_reconnects();
+    s.transient_retries = txn::transient::retries();
     s.history = client.take_history();
     let tables = client.tables();
     s.tocc_share = client

@@ -339,7 +339,12 @@ impl<S, O> Attempt<'_, S, O> {
         let max = targets.iter().map(|t| t.2).min().unwrap_or(0);
         let bytes = log.encode(max).map_err(TxnError::Usage)?;
         let ctx = store.ctx();
-        let wrote = join_all(targets.iter().map(|&(n, at, _)| ctx.write(n, at, &bytes))).await;
+        let wrote = join_all(
+            targets
+                .iter()
+                .map(|&(n, at, _)| crate::transient::write(ctx, n, at, &bytes)),
+        )
+        .await;
         for w in wrote {
             w?;
         }
@@ -464,7 +469,12 @@ impl<S, O> Drop for Attempt<'_, S, O> {
         let ctx = self.core.store.ctx().clone();
         let id = self.id;
         self.core.store.ctx().spawn(async move {
-            let wrote = join_all(targets.iter().map(|&(node, at)| ctx.cas(node, at, id, 0))).await;
+            let wrote = join_all(
+                targets
+                    .iter()
+                    .map(|&(node, at)| crate::transient::cas_owned(&ctx, node, at, id, 0)),
+            )
+            .await;
             for e in wrote.into_iter().filter_map(Result::err) {
                 tracing::warn!(error = %e, "releasing a dropped transaction's CVT lock");
             }

@@ -224,10 +224,9 @@ impl CvtRemote {
             let b = home + probe;
             let mut tries = 0;
             let found = loop {
-                let img = self
-                    .ctx
-                    .read(node, t.bucket_addr(b), t.bucket_bytes())
-                    .await?;
+                let img =
+                    crate::transient::read(&self.ctx, node, t.bucket_addr(b), t.bucket_bytes())
+                        .await?;
                 match search(&img, t.versions, table, key) {
                     Ok(f) => break f,
                     Err(CvtError::TornCell { .. }) if tries < TORN_RETRIES => tries += 1,
@@ -271,7 +270,8 @@ impl CvtRemote {
         let t = self.table(loc.part, loc.table)?;
         let remote = self.cvt_remote(loc)?;
         for _ in 0..=TORN_RETRIES {
-            let img = self.ctx.read(self.node(loc), remote, t.cvt_bytes()).await?;
+            let img =
+                crate::transient::read(&self.ctx, self.node(loc), remote, t.cvt_bytes()).await?;
             match Cvt::decode(&img) {
                 Ok(c) => return Ok(c),
                 Err(CvtError::TornCell { .. }) => continue,
@@ -311,10 +311,13 @@ impl CvtRemote {
             addr: cell.addr,
             rkey: t.values.rkey,
         };
-        let img = self
-            .ctx
-            .read(self.node(loc), remote, crate::cvt::record_bytes(t.len))
-            .await?;
+        let img = crate::transient::read(
+            &self.ctx,
+            self.node(loc),
+            remote,
+            crate::cvt::record_bytes(t.len),
+        )
+        .await?;
         Ok(decode_record(&img, t.len, cell.cv))
     }
 
@@ -323,7 +326,7 @@ impl CvtRemote {
     /// [`TxnError::Rpc`].
     pub async fn lock(&self, loc: CvtLoc, expect: u64, new: u64) -> Result<u64, TxnError> {
         let at = self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64);
-        Ok(self.ctx.cas(self.node(loc), at, expect, new).await?)
+        Ok(crate::transient::cas_owned(&self.ctx, self.node(loc), at, expect, new).await?)
     }
 
     /// The node and remote address of the lock word of the CVT at `loc` (for a release
@@ -341,7 +344,7 @@ impl CvtRemote {
     /// `id`. Errors: [`TxnError::Rpc`].
     pub async fn unlock(&self, loc: CvtLoc, id: u64) -> Result<bool, TxnError> {
         let at = self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64);
-        Ok(self.ctx.cas(self.node(loc), at, id, 0).await? == id)
+        Ok(crate::transient::cas_owned(&self.ctx, self.node(loc), at, id, 0).await? == id)
     }
 
     /// The memory node of partition `part`. Errors: [`TxnError::Usage`] beyond the
@@ -433,8 +436,8 @@ impl CvtRemote {
         // landed (or the old cell with the new record) finds the CVs differ and does not
         // use the record (`decode_record`'s mismatch), which is what the CVs are for.
         let (a, b) = rrpc::runtime::join(
-            self.ctx.write(node, rec, &record),
-            self.ctx.write(node, at, &cell_bytes),
+            crate::transient::write(&self.ctx, node, rec, &record),
+            crate::transient::write(&self.ctx, node, at, &cell_bytes),
         )
         .await;
         a?;
@@ -462,7 +465,7 @@ impl CvtRemote {
         let t = self.table(part, table)?;
         let node = self.nodes[part as usize];
         let guard_at = t.guard_addr(t.home_bucket(key));
-        let prev = self.ctx.cas(node, guard_at, 0, guard).await?;
+        let prev = crate::transient::cas_owned(&self.ctx, node, guard_at, 0, guard).await?;
         if prev != 0 {
             return Err(TxnError::Abort(AbortReason::InsertRace));
         }
@@ -470,7 +473,7 @@ impl CvtRemote {
         // The guard is released on every path out (if this CAS fails too, the memory
         // node is unreachable and the guard stays held: inserts into this bucket then
         // abort with `InsertRace` until it comes back; there is no lease).
-        let unguard = self.ctx.cas(node, guard_at, guard, 0).await;
+        let unguard = crate::transient::cas_owned(&self.ctx, node, guard_at, guard, 0).await;
         let made = r?;
         unguard?;
         Ok(made)
@@ -487,10 +490,8 @@ impl CvtRemote {
         let home = t.home_bucket(key);
         for probe in 0..t.n_buckets {
             let b = home + probe;
-            let img = self
-                .ctx
-                .read(node, t.bucket_addr(b), t.bucket_bytes())
-                .await?;
+            let img =
+                crate::transient::read(&self.ctx, node, t.bucket_addr(b), t.bucket_bytes()).await?;
             let free = match search(&img, t.versions, t.id, key) {
                 Ok(Found::At { .. }) => return Err(TxnError::Abort(AbortReason::InsertRace)),
                 Ok(Found::Next) => continue,
@@ -503,7 +504,9 @@ impl CvtRemote {
             // Claim the slot: another home bucket's insert may be after it too.
             let at = t.cvt_addr(b, free);
             let state = at.offset(STATE_OFFSET as u64);
-            if self.ctx.cas(node, state, SLOT_FREE, SLOT_CLAIMED).await? != SLOT_FREE {
+            if crate::transient::cas(&self.ctx, node, state, SLOT_FREE, SLOT_CLAIMED).await?
+                != SLOT_FREE
+            {
                 return Err(TxnError::Abort(AbortReason::InsertRace));
             }
             let cvt = Cvt::new(
@@ -519,17 +522,15 @@ impl CvtRemote {
             let bytes = cvt.encode();
             // Header words (key, lock) and the (empty) cells first, the state last: a
             // search sees the slot as in use only with its key in place.
-            self.ctx.write(node, at, &bytes[..STATE_OFFSET]).await?;
-            self.ctx
-                .write(
-                    node,
-                    at.offset(HEADER_BYTES as u64),
-                    &bytes[HEADER_BYTES..cvt_bytes(t.versions)],
-                )
-                .await?;
-            self.ctx
-                .write(node, state, &SLOT_IN_USE.to_le_bytes())
-                .await?;
+            crate::transient::write(&self.ctx, node, at, &bytes[..STATE_OFFSET]).await?;
+            crate::transient::write(
+                &self.ctx,
+                node,
+                at.offset(HEADER_BYTES as u64),
+                &bytes[HEADER_BYTES..cvt_bytes(t.versions)],
+            )
+            .await?;
+            crate::transient::write(&self.ctx, node, state, &SLOT_IN_USE.to_le_bytes()).await?;
             self.cache.borrow_mut().insert(t.id, key, at.addr);
             return Ok((
                 CvtLoc {

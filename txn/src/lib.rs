@@ -55,5 +55,6 @@ pub mod snapshot_isolation;
 pub mod store;
 pub mod tatp;
 pub mod tpcc;
+pub mod transient;
 pub mod txn_id;
 pub mod validation;

@@ -140,6 +140,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             flush: Some(Flush { tx: tx.clone() }),
             incarnation: a.incarnation,
             ledger: Some((ledger.clone(), i * args.coroutines)),
+            qp_errors: args.qp_errors_ms.map(Duration::from_millis),
         };
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),

@@ -759,6 +759,17 @@ impl ThreadCtx {
         self.exec.yield_now()
     }
 
+    /// Lists of one-sided WRs this thread has posted to `node` whose completions it has
+    /// not taken yet (0 when not connected). For fault injection that must hit work in
+    /// flight.
+    pub fn one_sided_in_flight(&self, node: NodeId) -> usize {
+        let inner = self.inner.borrow();
+        inner
+            .by_node
+            .get(&node)
+            .map_or(0, |&ci| inner.conns[ci].os_lists)
+    }
+
     /// Inject a transport failure into the QPs of `kind` of this thread's straw to `node`
     /// (they go to the error state and are reconnected on the control thread). For
     /// fault tests and benchmarks. Returns how many QPs. Errors: not connected; the

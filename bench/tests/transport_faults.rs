@@ -1,0 +1,57 @@
+//! A flapping link to a memory node (`txn-bench --qp-errors-ms 50`, under a timing
+//! model, so that WRs are in flight when their QP breaks: the rxe profile's 12 us
+//! one-way latency, since in a debug build a cx5 round trip is over before the thread's
+//! next polling round; `--model cx5` does the same in a release build): every coordinator
+//! thread moves its QPs to memory node 0 to the error state every 50 ms. The QP pool
+//! connects new ones and the coordinators retry their reads, lock CASes, installs and
+//! unlocks on them (`txn::transient`), so for every protocol the run ends with no lock
+//! held, the money exact and the history serializable. Without the retries the first
+//! failed unlock leaves its lock word held and the run stops on a service failure.
+
+mod common;
+
+use std::time::Duration;
+
+#[test]
+fn every_protocol_rides_out_qp_errors_to_a_memnode() {
+    let (ok, stdout, sum) = common::txn_bench_watched(
+        "qp-errors",
+        &[
+            "--protocol",
+            "all",
+            "--model",
+            "rxe",
+            "--coroutines",
+            "8",
+            "--duration",
+            "2.5",
+            "--qp-errors-ms",
+            "50",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stdout}");
+    let runs = sum["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "{stdout}");
+    for r in runs {
+        common::assert_checked_run(
+            r,
+            &[
+                "Amalgamate",
+                "Balance",
+                "DepositChecking",
+                "SendPayment",
+                "TransactSaving",
+                "WriteCheck",
+            ],
+            &stdout,
+        );
+        let p = r["protocol"].as_str().unwrap();
+        assert!(r["qp_errors"].as_u64().unwrap_or(0) >= 10, "{p}: {stdout}");
+        assert!(
+            r["transient_retries"].as_u64().unwrap_or(0) > 0,
+            "{p}: no operation was retried, so no fault hit a WR in flight\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("transport faults: "), "{stdout}");
+}
