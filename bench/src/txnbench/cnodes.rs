@@ -32,6 +32,10 @@ use crate::workload::{RunClock, WorkloadSpec};
 /// The `cnode` binary: run the compute node of `a` until stopped (module docs).
 ///
 /// Errors: a bad run spec, a fabric or a cluster that cannot be reached, a thread that
+/// How long a restarted compute node waits for its earlier lives' recovery before it
+/// gives up (and exits without serving).
+const RECOVERED_WAIT: Duration = Duration::from_secs(30);
+
 /// panicked, stdout closed.
 pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     if a.cnode >= crate::txn_args::MAX_CNODES {
@@ -72,6 +76,21 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             )
             .context("joining the membership in etcd")?;
             fcfg.incarnation = me.incarnation();
+            // Serve only after every earlier life of this node id was recovered (its
+            // commits finished or undone, its locks swept): its transaction ids and
+            // tickets differ from ours, but a half-done commit of its must not be read
+            // as ours to build on (Lotus 6's handshake).
+            for life in 1..me.incarnation() {
+                if me.recovered(node as u16, life)?.is_some() {
+                    continue;
+                }
+                me.wait_recovered(node as u16, life, RECOVERED_WAIT)?
+                    .with_context(|| {
+                        format!(
+                            "node {node}'s earlier life {life} was not recovered within {RECOVERED_WAIT:?}; not serving"
+                        )
+                    })?;
+            }
             let me = Arc::new(me);
             // Declared dead (the lease expired while this process was stopped, or a
             // survivor revoked it): its memory nodes fenced it and a survivor recovers
