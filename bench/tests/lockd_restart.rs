@@ -37,15 +37,12 @@ fn assert_survived(r: &serde_json::Value, threads: usize, stdout: &str) {
 
 #[test]
 fn scythe_survives_a_lockd_restart_inside_txn_bench() {
-    let (ok, stdout, sum) = common::txn_bench_watched(
-        "lockd-restart",
+    let args = [
         &[
             "--protocol",
             "scythe",
             "--workload",
             "smallbank",
-            "--model",
-            "cx5",
             "--coroutines",
             "8",
             "--duration",
@@ -54,9 +51,12 @@ fn scythe_survives_a_lockd_restart_inside_txn_bench() {
             "1",
             "--lockd-down-ms",
             "200",
-        ],
-        Duration::from_secs(300),
-    );
+        ][..],
+        &common::model("cx5"),
+    ]
+    .concat();
+    let (ok, stdout, sum) =
+        common::txn_bench_watched("lockd-restart", &args, Duration::from_secs(300));
     assert!(ok, "{stdout}");
     let r = &sum["runs"][0];
     common::assert_checked_run(

@@ -14,22 +14,21 @@ use std::time::Duration;
 
 #[test]
 fn every_protocol_rides_out_qp_errors_to_a_memnode() {
-    let (ok, stdout, sum) = common::txn_bench_watched(
-        "qp-errors",
+    let args = [
         &[
             "--protocol",
             "all",
-            "--model",
-            "rxe",
             "--coroutines",
             "8",
             "--duration",
             "2.5",
             "--qp-errors-ms",
             "50",
-        ],
-        Duration::from_secs(300),
-    );
+        ][..],
+        &common::model("rxe"),
+    ]
+    .concat();
+    let (ok, stdout, sum) = common::txn_bench_watched("qp-errors", &args, Duration::from_secs(300));
     assert!(ok, "{stdout}");
     let runs = sum["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3, "{stdout}");

@@ -242,6 +242,16 @@ pub fn assert_isolation(protocol: Protocol, history: &History) {
     }
 }
 
+/// `--model <name>` on the shm fabric; nothing on verbs (`RRPC_FABRIC=verbs`, the
+/// Soft-RoCE VM), whose NIC is real and refuses a model.
+pub fn model(name: &'static str) -> Vec<&'static str> {
+    if std::env::var("RRPC_FABRIC").is_ok_and(|f| f == "verbs") {
+        Vec::new()
+    } else {
+        vec!["--model", name]
+    }
+}
+
 /// Run the real `txn-bench` with `args` and `--json` to a temporary file, one at a time
 /// per test binary ([`serial`]); it must succeed. Returns its stdout and JSON summary.
 pub fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
