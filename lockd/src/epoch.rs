@@ -16,7 +16,7 @@
 //! never share a directory (they would open the same epoch).
 
 use std::fs::{self, File};
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// Name of the epoch file in the state directory (decimal epoch and a newline).
@@ -124,20 +124,8 @@ impl StateDir {
     /// Errors: those of [`Self::load`], [`EpochError::Persist`].
     pub fn advance(&self) -> Result<u64, EpochError> {
         let next = self.load()? + 1;
-        let path = self.dir.join(EPOCH_FILE);
-        let tmp = self.dir.join(format!("{EPOCH_FILE}.tmp"));
-        let persist = |p: &Path| {
-            let p = p.to_path_buf();
-            move |source| EpochError::Persist { path: p, source }
-        };
-        let mut f = File::create(&tmp).map_err(persist(&tmp))?;
-        writeln!(f, "{next}").map_err(persist(&tmp))?;
-        f.sync_all().map_err(persist(&tmp))?;
-        drop(f);
-        fs::rename(&tmp, &path).map_err(persist(&path))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(persist(&self.dir))?;
+        tso::epoch::write_durably(&self.dir, EPOCH_FILE, next)
+            .map_err(|(path, source)| EpochError::Persist { path, source })?;
         Ok(next)
     }
 }

@@ -148,25 +148,35 @@ pub fn advance(dir: &Path) -> Result<u16, EpochError> {
         return Err(EpochError::Exhausted { path });
     }
     let next = last + 1;
-    let tmp = dir.join(format!("{EPOCH_FILE}.tmp"));
-    let persist = |p: &Path| {
+    write_durably(dir, EPOCH_FILE, u64::from(next))
+        .map_err(|(path, source)| EpochError::Persist { path, source })?;
+    Ok(next)
+}
+
+/// Replace `dir/file` with `value` (decimal and a newline) durably: written to a
+/// temporary file, fsynced, renamed over `file`, and the directory fsynced, so that
+/// after a crash the file holds either the old value or `value`, never a torn one. The
+/// epoch files of the oracle and of lockd use it.
+///
+/// Errors: the file or directory that failed, with the OS error.
+pub fn write_durably(dir: &Path, file: &str, value: u64) -> Result<(), (PathBuf, io::Error)> {
+    let path = dir.join(file);
+    let tmp = dir.join(format!("{file}.tmp"));
+    let at = |p: &Path| {
         let p = p.to_path_buf();
-        move |source| EpochError::Persist { path: p, source }
+        move |e| (p, e)
     };
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(&tmp)
-        .map_err(persist(&tmp))?;
-    writeln!(f, "{next}").map_err(persist(&tmp))?;
-    f.sync_all().map_err(persist(&tmp))?;
+        .map_err(at(&tmp))?;
+    writeln!(f, "{value}").map_err(at(&tmp))?;
+    f.sync_all().map_err(at(&tmp))?;
     drop(f);
-    fs::rename(&tmp, &path).map_err(persist(&path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(persist(dir))?;
-    Ok(next)
+    fs::rename(&tmp, &path).map_err(at(&path))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(at(dir))
 }
 
 /// A state directory held by this oracle: an exclusive, non-blocking `flock` on
