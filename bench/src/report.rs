@@ -293,17 +293,21 @@ pub struct TsoRestart {
     pub committed_before_ready: u64,
     /// Commits after the restarted oracle was ready (must be more than 0).
     pub committed_after_ready: u64,
-    /// Epoch each coordinator thread used last (each must be `epoch_after`).
+    /// Epoch each coordinator thread used last (each must be `epoch_after` when the
+    /// protocol takes timestamps).
     pub thread_epochs: Vec<u16>,
+    /// Whether the protocol takes timestamps (OCC-CAS takes none: its threads never
+    /// meet the restarted oracle, and their epochs stay the old one).
+    pub uses_tso: bool,
 }
 
 impl TsoRestart {
     /// The restart was survived: a larger epoch, commits after it, and every thread on
-    /// the new incarnation.
+    /// the new incarnation (when the protocol takes timestamps).
     pub fn survived(&self) -> bool {
         self.epoch_after > self.epoch_before
             && self.committed_after_ready > 0
-            && self.thread_epochs.iter().all(|&e| e == self.epoch_after)
+            && (!self.uses_tso || self.thread_epochs.iter().all(|&e| e == self.epoch_after))
     }
 }
 
@@ -734,13 +738,14 @@ impl Report {
         if let Some(r) = &self.tso_restart {
             let _ = writeln!(
                 s,
-                "tso restart: SIGKILL at {:.1} s, epoch {} -> {}, {} committed before the restarted oracle was ready, {} after; thread epochs {:?}: {}",
+                "tso restart: SIGKILL at {:.1} s, epoch {} -> {}, {} committed before the restarted oracle was ready, {} after; thread epochs {:?}{}: {}",
                 r.killed_at_s,
                 r.epoch_before,
                 r.epoch_after,
                 r.committed_before_ready,
                 r.committed_after_ready,
                 r.thread_epochs,
+                if r.uses_tso { "" } else { " (the protocol takes no timestamps)" },
                 if r.survived() { "survived" } else { "NOT SURVIVED" }
             );
         }
@@ -991,6 +996,26 @@ mod tests {
         "WriteCheck",
     ];
     use super::*;
+
+    /// An oracle restart is survived with commits after it and, for a protocol that
+    /// takes timestamps, every thread on the new epoch; OCC-CAS's threads never meet it.
+    #[test]
+    fn a_tso_restart_needs_every_thread_on_the_new_epoch_only_if_it_takes_timestamps() {
+        let mut r = TsoRestart {
+            killed_at_s: 1.0,
+            epoch_before: 1,
+            epoch_after: 2,
+            committed_before_ready: 10,
+            committed_after_ready: 10,
+            thread_epochs: vec![2, 1],
+            uses_tso: true,
+        };
+        assert!(!r.survived());
+        r.uses_tso = false;
+        assert!(r.survived());
+        r.committed_after_ready = 0;
+        assert!(!r.survived());
+    }
     use txn::history::{Access, History};
 
     fn report_with_commits(per_type: &[u64]) -> Report {

@@ -784,6 +784,7 @@ fn measure(
     if let Some(r) = &mut tso_restart {
         r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
+        r.uses_tso = protocol != Protocol::OccCas;
     }
     if let Some(r) = &mut lockd_restart {
         r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
@@ -1280,6 +1281,7 @@ pub(crate) fn restart_tso(
         committed_before_ready,
         committed_after_ready: 0,
         thread_epochs: Vec::new(),
+        uses_tso: true,
     })
 }
 

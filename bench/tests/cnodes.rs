@@ -262,9 +262,18 @@ fn every_protocol_recovers_a_killed_cnode_on_smallbank() {
 /// releases fail, it finds its lease gone and exits, and every check holds.
 #[test]
 fn a_cnode_stopped_past_its_lease_is_fenced_and_recovered() {
+    // In the Soft-RoCE VM a live process can stall for most of a second: a longer lease,
+    // and a stop well past it.
+    let (lease, stop, duration) = if std::env::var("RRPC_FABRIC").as_deref() == Ok("verbs") {
+        ("4000", "9000", "12")
+    } else {
+        ("1000", "3500", "6")
+    };
     let (ok, stdout, sum) = common::txn_bench_watched(
         "cnodes-stop-lease",
         &[
+            "--lease-ms",
+            lease,
             "--workload",
             "pairs",
             "--protocol",
@@ -278,11 +287,11 @@ fn a_cnode_stopped_past_its_lease_is_fenced_and_recovered() {
             "--groups",
             "2000",
             "--duration",
-            "6",
+            duration,
             "--stop-cn-after",
             "1",
             "--stop-ms",
-            "3500",
+            stop,
         ],
         Duration::from_secs(400),
     );

@@ -365,6 +365,7 @@ pub(crate) fn measure(
         let committed: u64 = timelines.iter().flat_map(|t| &t.commits).sum();
         r.committed_after_ready = committed.saturating_sub(r.committed_before_ready);
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
+        r.uses_tso = protocol != Protocol::OccCas;
     }
     Ok(Measured {
         workers,
