@@ -262,18 +262,9 @@ fn every_protocol_recovers_a_killed_cnode_on_smallbank() {
 /// releases fail, it finds its lease gone and exits, and every check holds.
 #[test]
 fn a_cnode_stopped_past_its_lease_is_fenced_and_recovered() {
-    // In the Soft-RoCE VM a live process can stall for most of a second: a longer lease,
-    // and a stop well past it.
-    let (lease, stop, duration) = if std::env::var("RRPC_FABRIC").as_deref() == Ok("verbs") {
-        ("4000", "9000", "12")
-    } else {
-        ("1000", "3500", "6")
-    };
     let (ok, stdout, sum) = common::txn_bench_watched(
         "cnodes-stop-lease",
         &[
-            "--lease-ms",
-            lease,
             "--workload",
             "pairs",
             "--protocol",
@@ -287,11 +278,11 @@ fn a_cnode_stopped_past_its_lease_is_fenced_and_recovered() {
             "--groups",
             "2000",
             "--duration",
-            duration,
+            "6",
             "--stop-cn-after",
             "1",
             "--stop-ms",
-            stop,
+            "3500",
         ],
         Duration::from_secs(400),
     );
