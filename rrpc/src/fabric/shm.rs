@@ -25,10 +25,17 @@
 //! the owner's QP is then in error, and the peer, which executes its own one-sided WRs
 //! on the owner's memory, reads the word of the owner's end before each WR and fails it
 //! (`RetryExceeded`, as a NIC's unanswered requests end) once it is set or the owner
-//! destroyed that QP. The residual window: a peer paused between that check and its
-//! store still lands that one store after the fence returned; under the timing model
-//! the check is made when the WR is posted, not when it executes. On verbs the NIC
-//! closes the window (our end of the QP is in ERR).
+//! destroyed that QP. A peer could be paused (SIGSTOP, preemption) between that check and
+//! its store and land the store after the fence; so the check and the store form a
+//! handshake with the fence: the peer raises a busy word ([`RQ_BUSY`]) in the owner's
+//! receive queue before the check and lowers it after the store (under a timing model,
+//! when the WR executes), and a fence, after setting the state word, waits until the
+//! busy word is down or the peer process is dead. Both sides use sequentially consistent
+//! accesses, so either the peer sees the fence or the fence sees the peer busy and waits
+//! for its store to land: when [`super::Fabric::fence`] returns, no store of the fenced
+//! peer is still to come. (A fence of a peer stopped in the middle of a WR waits until it
+//! is continued or dies.) On verbs the NIC closes the window (our end of the QP is in
+//! ERR).
 
 use crate::NodeId;
 use std::cmp::Reverse;
@@ -310,6 +317,56 @@ fn node_of_alive_file(p: &Path) -> Option<NodeId> {
 }
 
 /// Non-blocking flock; true if taken. A taken shared lock is released at once.
+/// A pause for the next guarded WR, between its fence check and its access (tests).
+static WR_PAUSE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// For tests of the fence handshake: the next one-sided WR this process executes waits
+/// `pause` after its fence check and before it touches the responder's memory, as a
+/// requester descheduled (or SIGSTOPped) there would. One WR only.
+#[doc(hidden)]
+pub fn pause_next_wr(pause: std::time::Duration) {
+    WR_PAUSE_NS.store(pause.as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// The responder's state word ([`RQ_STATE`]) and the requester's busy word
+/// ([`RQ_BUSY`]) of one QP, in the responder's receive queue (mapped by `_map`).
+struct FenceGuard {
+    /// Keeps the mapping alive for a WR that executes later (timing model); `None` when
+    /// the QP, which holds it, executes the WR at once.
+    _map: Option<Arc<RemoteMr>>,
+    state: usize,
+    busy: usize,
+}
+
+/// Run `wr` (one WR's access to the responder's memory) under the fence handshake
+/// (module docs): busy up, the responder's state checked (fenced: `RetryExceeded`, the
+/// WR not run), the WR, busy down. Without a guard the WR just runs.
+fn guard_wr(g: Option<&FenceGuard>, wr: impl FnOnce() -> WcStatus) -> WcStatus {
+    let Some(g) = g else { return wr() };
+    // SAFETY: both words lie in the responder's receive-queue mapping, which `_map` (or
+    // the QP executing the WR now) keeps alive, bounds-checked by `ptr` when the guard
+    // was made; 8-byte aligned
+    // (page-aligned mapping, word offsets), and AtomicU64 has u64's layout.
+    let (state, busy) = unsafe {
+        (
+            &*(g.state as *const AtomicU64),
+            &*(g.busy as *const AtomicU64),
+        )
+    };
+    busy.store(1, Ordering::SeqCst);
+    let status = if state.load(Ordering::SeqCst) != 0 {
+        WcStatus::RetryExceeded
+    } else {
+        let pause = WR_PAUSE_NS.swap(0, Ordering::Relaxed);
+        if pause > 0 {
+            std::thread::sleep(std::time::Duration::from_nanos(pause));
+        }
+        wr()
+    };
+    busy.store(0, Ordering::Release);
+    status
+}
+
 fn try_lock(f: &File, kind: libc::c_int) -> bool {
     // SAFETY: flock on a valid open fd has no memory-safety preconditions.
     let rc = unsafe { libc::flock(f.as_raw_fd(), kind | libc::LOCK_NB) };
@@ -845,6 +902,7 @@ impl RemoteCache {
 // it is a small MR of the owner's that the sending peer maps:
 //   [0, 8)     completed: receive completions written, by the sender (its only writer)
 //   [16, 24)   the owning QP's state (RQ_STATE), written by the owner
+//   [24, 32)   the sender's busy word (RQ_BUSY), written by the sender
 //   [64, ..)   RQ_DEPTH descriptors of 32 bytes: wr_id, addr, len, lkey (owner writes)
 //   [.., ..)   RQ_DEPTH completions of 16 bytes: wr_id, byte_len, status (sender writes)
 // and the count of posted descriptors lives at [8, 16), written only by the owner.
@@ -856,6 +914,10 @@ const RQ_POSTED: usize = 8;
 /// state by a fence ([`super::Fabric::fence`]). Written only by the owner; the peer reads
 /// it before executing each of its WRs, as a NIC would look at the responder QP's state.
 const RQ_STATE: usize = 16;
+/// The peer's busy word: 1 while the peer executes a one-sided WR on the owner's memory
+/// (from its check of [`RQ_STATE`] to its store), else 0. Written only by the peer; a
+/// fence waits for it to be 0 (the module docs' handshake).
+const RQ_BUSY: usize = 24;
 const RQ_DESC: usize = 64;
 const RQ_DESC_BYTES: usize = 32;
 const RQ_CQE: usize = RQ_DESC + RQ_DEPTH as usize * RQ_DESC_BYTES;
@@ -999,10 +1061,38 @@ impl ShmQp {
     /// the peer's every WR look at.
     pub(super) fn kill_handle(&self) -> super::KillQp {
         let rq = Arc::downgrade(&self.rq);
+        let alive = self.peer.as_ref().and_then(|p| p.alive.try_clone().ok());
+        let peer = self.peer.as_ref().map(|p| p.node);
         Box::new(move || {
-            if let Some(rq) = rq.upgrade() {
-                rq.word(RQ_STATE).store(1, Ordering::Release);
+            let Some(rq) = rq.upgrade() else { return };
+            rq.word(RQ_STATE).store(1, Ordering::SeqCst);
+            // The handshake (module docs): a WR the peer began before it could see the
+            // state word lands before the fence returns.
+            let t0 = std::time::Instant::now();
+            let mut said = false;
+            while rq.word(RQ_BUSY).load(Ordering::SeqCst) != 0 {
+                if alive.as_ref().is_none_or(|f| try_lock(f, libc::LOCK_SH)) {
+                    break; // the peer is dead: its store never comes
+                }
+                if !said && t0.elapsed() > std::time::Duration::from_secs(1) {
+                    said = true;
+                    tracing::warn!(?peer, "fence waits for a one-sided WR the fenced peer is executing (is the process stopped?)");
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
             }
+        })
+    }
+
+    /// The peer's state and busy words for [`guard_wr`], `None` without a peer receive
+    /// queue (nothing to fence) or when it is unmapped (then the WR fails on its own).
+    fn fence_guard(&self, keep: bool) -> Option<FenceGuard> {
+        let (m, state) = self.peer_state.as_ref()?;
+        let s = m.ptr(*state, 8)? as usize;
+        let b = m.ptr(*state - RQ_STATE as u64 + RQ_BUSY as u64, 8)? as usize;
+        Some(FenceGuard {
+            _map: keep.then(|| m.clone()),
+            state: s,
+            busy: b,
         })
     }
 
@@ -1158,11 +1248,11 @@ impl ShmQp {
         for wr in wrs {
             let status = if self.state == QpState::Error {
                 WcStatus::Flushed
-            } else if self.peer_fenced() {
-                // The responder's QP is in error: a NIC's requests go unanswered.
-                WcStatus::RetryExceeded
             } else {
-                self.execute(wr)
+                // The responder's QP fenced: a NIC's requests go unanswered
+                // (`RetryExceeded`); else the WR, under the fence handshake.
+                let guard = self.fence_guard(false);
+                guard_wr(guard.as_ref(), || self.execute(wr))
             };
             if status != WcStatus::Success {
                 self.state = QpState::Error;
@@ -1338,6 +1428,7 @@ impl ShmQp {
                 data,
                 target,
                 error: t.error.clone(),
+                guard: self.fence_guard(true),
             });
         }
         let timed = self
@@ -1579,6 +1670,8 @@ struct Pending {
     target: Target,
     /// The QP's error flag.
     error: Arc<std::sync::atomic::AtomicBool>,
+    /// The responder's state and busy words, checked when the WR executes.
+    guard: Option<FenceGuard>,
 }
 
 // SAFETY: the raw pointers point into mappings owned by the `Arc<RemoteMr>` beside them
@@ -1680,14 +1773,14 @@ impl Timed {
         match &p.target {
             Target::Failed(s) => *s,
             Target::Remote { map, .. } if !map.live() => WcStatus::RemoteAccess,
-            Target::Remote { ptr, .. } => {
+            Target::Remote { ptr, .. } => guard_wr(p.guard.as_ref(), || {
                 // SAFETY: `ptr..ptr+len` was bounds-checked against the remote MR, whose
                 // mapping `p` keeps alive; `local` is either `p`'s own copy (never a READ or
                 // atomic destination: those have no copy) or inside a registered local MR
                 // (checked above, kept mapped by the lock held).
                 unsafe { perform(p.wr.opcode, local, *ptr, len) };
                 WcStatus::Success
-            }
+            }),
             Target::Send { base, peer, .. } => {
                 let fabric = ShmFabric {
                     inner: self.fabric.clone(),
