@@ -333,7 +333,7 @@ pub fn pause_next_wr(pause: std::time::Duration) {
 struct FenceGuard {
     /// Keeps the mapping alive for a WR that executes later (timing model); `None` when
     /// the QP, which holds it, executes the WR at once.
-    _map: Option<Arc<RemoteMr>>,
+    map: Option<Arc<RemoteMr>>,
     state: usize,
     busy: usize,
 }
@@ -343,7 +343,11 @@ struct FenceGuard {
 /// WR not run), the WR, busy down. Without a guard the WR just runs.
 fn guard_wr(g: Option<&FenceGuard>, wr: impl FnOnce() -> WcStatus) -> WcStatus {
     let Some(g) = g else { return wr() };
-    // SAFETY: both words lie in the responder's receive-queue mapping, which `_map` (or
+    if g.map.as_ref().is_some_and(|m| !m.live()) {
+        // The peer destroyed its end since the WR was posted: as fenced.
+        return WcStatus::RetryExceeded;
+    }
+    // SAFETY: both words lie in the responder's receive-queue mapping, which `map` (or
     // the QP executing the WR now) keeps alive, bounds-checked by `ptr` when the guard
     // was made; 8-byte aligned
     // (page-aligned mapping, word offsets), and AtomicU64 has u64's layout.
@@ -1083,17 +1087,26 @@ impl ShmQp {
         })
     }
 
-    /// The peer's state and busy words for [`guard_wr`], `None` without a peer receive
-    /// queue (nothing to fence) or when it is unmapped (then the WR fails on its own).
-    fn fence_guard(&self, keep: bool) -> Option<FenceGuard> {
-        let (m, state) = self.peer_state.as_ref()?;
-        let s = m.ptr(*state, 8)? as usize;
-        let b = m.ptr(*state - RQ_STATE as u64 + RQ_BUSY as u64, 8)? as usize;
-        Some(FenceGuard {
-            _map: keep.then(|| m.clone()),
+    /// The peer's state and busy words for [`guard_wr`]: `Ok(None)` without a peer
+    /// receive queue (nothing to fence); `Err(())` when the peer destroyed its end (its
+    /// receive queue is unmapped: a fenced QP the peer's node reaped), which fails the WR
+    /// as a fence does.
+    fn fence_guard(&self, keep: bool) -> std::result::Result<Option<FenceGuard>, ()> {
+        let Some((m, state)) = self.peer_state.as_ref() else {
+            return Ok(None);
+        };
+        if !m.live() {
+            return Err(());
+        }
+        let s = m.ptr(*state, 8).ok_or(())? as usize;
+        let b = m
+            .ptr(*state - RQ_STATE as u64 + RQ_BUSY as u64, 8)
+            .ok_or(())? as usize;
+        Ok(Some(FenceGuard {
+            map: keep.then(|| m.clone()),
             state: s,
             busy: b,
-        })
+        }))
     }
 
     /// Whether the peer's end of this QP is down: moved to the error state by a fence,
@@ -1251,8 +1264,10 @@ impl ShmQp {
             } else {
                 // The responder's QP fenced: a NIC's requests go unanswered
                 // (`RetryExceeded`); else the WR, under the fence handshake.
-                let guard = self.fence_guard(false);
-                guard_wr(guard.as_ref(), || self.execute(wr))
+                match self.fence_guard(false) {
+                    Ok(guard) => guard_wr(guard.as_ref(), || self.execute(wr)),
+                    Err(()) => WcStatus::RetryExceeded,
+                }
             };
             if status != WcStatus::Success {
                 self.state = QpState::Error;
@@ -1428,7 +1443,8 @@ impl ShmQp {
                 data,
                 target,
                 error: t.error.clone(),
-                guard: self.fence_guard(true),
+                // A peer end already gone failed the WR above (`peer_fenced`).
+                guard: self.fence_guard(true).ok().flatten(),
             });
         }
         let timed = self
