@@ -886,23 +886,9 @@ impl LockConn {
         self.reconnects.get()
     }
 
-    /// Whether `e` says the service is gone or restarted, so that the connection must be
-    /// made again (not a refusal, a timeout of a wait, a malformed request).
+    /// Whether `e` says the service is gone or restarted ([`LockError::service_gone`]).
     pub fn is_gone(e: &LockError) -> bool {
-        if let LockError::Lost { cause, .. } = e {
-            return Self::is_gone(cause);
-        }
-        matches!(
-            e,
-            LockError::Restarted(_)
-                | LockError::Rpc(
-                    RpcError::Call(
-                        CallError::PeerGone { .. }
-                            | CallError::NotConnected { .. }
-                            | CallError::Timeout { .. }
-                    ) | RpcError::OneSided(_)
-                )
-        )
+        e.service_gone()
     }
 
     /// [`LockClient::lock`] on the current client; after a restart or a lost service,

@@ -95,3 +95,27 @@ pub(crate) fn word(b: &[u8], off: usize) -> Result<u64, LockError> {
         .map(u64::from_le_bytes)
         .ok_or_else(|| LockError::Protocol(format!("short READ of {} bytes", b.len())))
 }
+
+impl LockError {
+    /// Whether this error says the service is gone or restarted, so that the connection
+    /// must be made again ([`crate::client::LockConn`]): a refusal naming an old epoch, a
+    /// peer unreachable, not connected or not answering in time, a failed one-sided
+    /// operation, or a lost release with such a cause. Not a refusal of the request, a
+    /// timed-out wait or a malformed request.
+    pub fn service_gone(&self) -> bool {
+        use rrpc::runtime::CallError;
+        match self {
+            LockError::Lost { cause, .. } => cause.service_gone(),
+            LockError::Restarted(_) => true,
+            LockError::Rpc(
+                RpcError::Call(
+                    CallError::PeerGone { .. }
+                    | CallError::NotConnected { .. }
+                    | CallError::Timeout { .. },
+                )
+                | RpcError::OneSided(_),
+            ) => true,
+            _ => false,
+        }
+    }
+}

@@ -270,7 +270,7 @@ impl Drop for Ticket {
                 Ok(()) => {}
                 // The service died or restarted: the lock died with its table (still
                 // counted: if the service never comes back, the lock is lost).
-                Err(e) if crate::client::LockConn::is_gone(&e) => {
+                Err(e) if e.service_gone() => {
                     lost.set(lost.get() + 1);
                     tracing::debug!(lock = id, ticket = reply.ticket, error = %e, "dropped ticket of a lost service");
                 }
