@@ -618,8 +618,32 @@ impl<'a> Parent<'a> {
                     return Ok(());
                 }
                 m.me.revoke(n, life).context("revoking a dead lease")?;
-                let missing =
+                let mut missing =
                     member::wait_fenced(&m.me, n, life, &m.fencers, Duration::from_secs(5))?;
+                if !missing.is_empty() {
+                    // On shm a fence waits for a one-sided WR the fenced process is in the
+                    // middle of (the fabric's fence handshake); a process stopped there
+                    // never finishes it. It is declared dead: kill it (its machine is this
+                    // one), and the fence completes.
+                    let c = self.cns.iter().find(|c| c.index == index && !c.gone);
+                    if let Some(pid) = c.map(|c| c.pid) {
+                        // SAFETY: kill(2) on a child we spawned and have not reaped.
+                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                        let at = self.ms();
+                        self.event(format!(
+                            "cnode {index} (pid {pid}) SIGKILLed at {at:.0} ms: declared dead, and its memory nodes could not fence it (stopped in the middle of a one-sided WR)"
+                        ));
+                        let m = self.membership.as_mut().expect("matched above");
+                        missing = member::wait_fenced(
+                            &m.me,
+                            n,
+                            life,
+                            &m.fencers,
+                            Duration::from_secs(5),
+                        )?;
+                    }
+                }
+                let m = self.membership.as_mut().expect("matched above");
                 if !missing.is_empty() {
                     bail!("memory nodes {missing:?} did not fence node {n} incarnation {life}");
                 }
