@@ -552,6 +552,15 @@ fn fairness(c: &Common, locks: u64, thetas: &[f64]) -> Result<serde_json::Value>
             let mut row = row_json(row_v, Some(theta), &p);
             row["hot_watermark"] = json!(v.hot_watermark);
             rows.push(row);
+            if p.acquisitions == 0 {
+                // No acquisition in the measured window (a stalled machine): no p99 to
+                // compare; a ratio against a p99 of 0 would read as a win.
+                println!(
+                    "{:>10} {theta}: no acquisitions measured; left out of the ratios",
+                    row_v.label()
+                );
+                continue;
+            }
             let e = best
                 .entry((label, (theta * 100.0).round() as i64))
                 .or_insert(f64::INFINITY);

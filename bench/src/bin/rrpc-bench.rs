@@ -757,7 +757,6 @@ fn modes_on(
     model: Option<&TimingModel>,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
-    let bed = Bed::new(c, kind, "modes")?;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -781,6 +780,11 @@ fn modes_on(
         .collect();
     let mut best_hybrid_wins = Vec::new();
     for &size in sizes {
+        // A server per size: READ-mode reply buffers that a finished point's caller never
+        // released (calls in flight when it stopped) stay held for the server's read hold
+        // (5 s), and at 1 MiB (2 MiB chunks) they left the next mode's replies without
+        // buffers ("server reply buffers exhausted").
+        let bed = Bed::new(c, kind, &format!("modes-{size}"))?;
         let mut rates = Vec::new();
         for (i, (name, mode)) in modes.iter().enumerate() {
             // Pure RPC carries the reply in the ring: its Rocket is sized at connection
