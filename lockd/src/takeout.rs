@@ -222,6 +222,23 @@ impl SmoothedRtt {
         });
     }
 
+    /// Fold in one measured round trip, counting it as at most `bound` (when the
+    /// estimator already has a sample). Equation 2 trusts every sample; a client's sample
+    /// also holds any time its thread was not running (preempted, a page fault, a busy
+    /// core shared with other processes), and one 20 ms stall in a 2 us round trip left
+    /// a 2 ms estimate behind. Every Hangout is a multiple of the estimate, and polls,
+    /// the only source of new samples, then come milliseconds apart: the estimate decays
+    /// one poll at a time while the lock sits free. With a bound, such a sample moves
+    /// the estimate by at most `(1 - alpha) x bound`, and a real rise still passes
+    /// within a few samples.
+    pub fn update_bounded(&mut self, sample: Duration, bound: Duration) {
+        let s = match self.srtt_ns {
+            Some(_) => sample.min(bound),
+            None => sample,
+        };
+        self.update(s);
+    }
+
     /// The current estimate; zero before the first sample.
     pub fn get(&self) -> Duration {
         Duration::from_nanos(self.srtt_ns.map_or(0, |t| t.round() as u64))
@@ -496,6 +513,23 @@ mod tests {
         fast.update(Duration::from_nanos(7));
         assert_eq!(fast.get(), Duration::from_nanos(7));
         assert_eq!(SmoothedRtt::new(3.0).alpha(), 1.0);
+    }
+
+    #[test]
+    fn a_bounded_update_caps_an_outlier_and_follows_a_real_rise() {
+        let mut s = SmoothedRtt::default();
+        let us = Duration::from_micros;
+        s.update_bounded(us(2), us(1)); // the first sample is taken as it is
+        assert_eq!(s.get(), us(2));
+        // A 20 ms stall counts as 8 us: 0.9 x 2 + 0.1 x 8 = 2.6 us (unbounded: 2 ms).
+        s.update_bounded(us(20_000), us(8));
+        assert_eq!(s.get(), Duration::from_nanos(2600));
+        // A real rise to 10 us gets through, bound by 4x the estimate each time.
+        for _ in 0..30 {
+            let bound = s.get() * 4;
+            s.update_bounded(us(10), bound);
+        }
+        assert!(s.get() > us(9), "{:?}", s.get());
     }
 
     #[test]

@@ -394,6 +394,30 @@ impl<M: RingMem> Channel<M> {
     /// consumed since the last one (or a replay asks for it). Data WRITEs that need no
     /// (re)post because their Done was consumed are dropped, returning their buffers.
     pub(crate) fn plan(&mut self, items: &mut Vec<Item>) {
+        self.plan_with(items, true);
+    }
+
+    /// Whether a bucket filled up (a message did not fit behind it, so it was sealed)
+    /// and has not been planned yet: posting it now loses no message batching, since
+    /// nothing more can join it.
+    pub(crate) fn has_full_bucket(&self) -> bool {
+        self.tx.sealed() > self.tx.posted()
+    }
+
+    /// [`Channel::plan`] without sealing the open bucket: only buckets that are already
+    /// sealed (full) go out, with the reads and the credit due; the open bucket keeps
+    /// collecting messages for a later plan. A server answering a round's requests bucket
+    /// by bucket uses it so that a reply bucket is posted when it is full, not once per
+    /// request bucket: with requests of more than half a bucket every request bucket
+    /// holds one message, and a post per request bucket is a doorbell per reply (msg
+    /// batching lost, doorbell batching too). With data WRITEs waiting (their Done
+    /// messages must ride in the same list) this is [`Channel::plan`].
+    pub(crate) fn plan_full(&mut self, items: &mut Vec<Item>) {
+        let seal_open = !self.data_new.is_empty();
+        self.plan_with(items, seal_open);
+    }
+
+    fn plan_with(&mut self, items: &mut Vec<Item>, seal_open: bool) {
         let consumed = self.tx.consumed();
         // Replays whose Done the peer consumed: the data landed (RC order) and the
         // buffer on the peer may be in use again.
@@ -418,7 +442,9 @@ impl<M: RingMem> Channel<M> {
             let d = self.data_new.pop_front().expect("front");
             self.data_ready.push_back(d);
         }
-        self.tx.seal(&self.staging);
+        if seal_open {
+            self.tx.seal(&self.staging);
+        }
         self.tx.take_ready_deque(&mut self.spans);
         if self.rx.credit_due(self.credit_every).is_some() {
             self.force_credit = true;
@@ -787,6 +813,35 @@ mod tests {
         let mut items = Vec::new();
         c.plan(&mut items);
         items
+    }
+
+    #[test]
+    fn plan_full_posts_only_full_buckets_and_keeps_the_open_one_filling() {
+        let (mut a, mut b) = (chan(Batching::Combined), chan(Batching::Combined));
+        // 128 B buckets hold two 40 B messages (56 B each behind the labels).
+        for i in 0..2 {
+            a.push(hdr(i), &[&[0u8; 40][..]]).unwrap();
+        }
+        assert!(!a.has_full_bucket());
+        let mut items = Vec::new();
+        a.plan_full(&mut items);
+        assert!(items.is_empty(), "a part-full bucket waits");
+        // The third message does not fit: the first bucket is full.
+        a.push(hdr(2), &[&[0u8; 40][..]]).unwrap();
+        assert!(a.has_full_bucket());
+        a.plan_full(&mut items);
+        assert_eq!(items.len(), 1);
+        for it in &items {
+            land(&a, &b, it, Land::Whole);
+        }
+        assert_eq!(recv(&mut b), vec![0, 1]);
+        // The fourth joins the third in the open bucket; a full plan seals it.
+        a.push(hdr(3), &[&[0u8; 40][..]]).unwrap();
+        assert!(!a.has_full_bucket());
+        for it in plan(&mut a) {
+            land(&a, &b, &it, Land::Whole);
+        }
+        assert_eq!(recv(&mut b), vec![2, 3]);
     }
 
     #[test]

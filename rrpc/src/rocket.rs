@@ -126,6 +126,62 @@ impl RocketConfig {
         Ok(())
     }
 
+    /// The geometry for one Rocket whose messages carry up to `payload_bytes` bytes,
+    /// chosen at connection time (a ring's geometry is fixed once the peer admitted it).
+    ///
+    /// A bucket is the default 512 B (Scythe 4.6 (3)), grown in 64 B steps until it
+    /// holds `per_bucket` messages of that size (labels and headers included). The
+    /// size must follow the message: a bucket that holds one message makes every
+    /// message its own WRITE, so message batching adds nothing to doorbell batching and
+    /// only its cost is left (Scythe Fig. 9 has combined batching ahead at every size).
+    /// A bigger bucket delays nothing, since a bucket is sealed at the end of the
+    /// sender's polling round whether or not it is full; it costs ring memory only.
+    ///
+    /// The ring takes as many buckets as fit in `max_ring_bytes` (what the server
+    /// admits, [`crate::server::ServerConfig::max_ring_bytes`]), at most the default 64
+    /// and at least 2. Where two buckets of `per_bucket` messages exceed that, a bucket
+    /// holds as many messages as two buckets leave room for (at least one).
+    ///
+    /// Errors: [`RocketError::BadConfig`] when `per_bucket` is 0, or when two buckets of
+    /// one message each exceed `max_ring_bytes`.
+    pub fn for_messages(
+        payload_bytes: usize,
+        per_bucket: usize,
+        max_ring_bytes: usize,
+    ) -> Result<Self, RocketError> {
+        let base = Self::default();
+        if per_bucket == 0 {
+            return Err(RocketError::BadConfig("per_bucket must be at least 1"));
+        }
+        if payload_bytes > u32::MAX as usize {
+            return Err(RocketError::BadConfig("payload_bytes must fit in u32"));
+        }
+        let msg = MSG_HEADER_BYTES + pad8(payload_bytes);
+        let bucket_for = |k: usize| {
+            k.checked_mul(msg)
+                .and_then(|b| b.checked_add(2 * LABEL_BYTES))
+                .and_then(|b| b.checked_next_multiple_of(64))
+                .map(|b| b.max(base.bucket_size))
+        };
+        // The most messages per bucket that still leave room for two buckets.
+        let fit = (max_ring_bytes / 2).saturating_sub(2 * LABEL_BYTES) / msg;
+        let k = per_bucket.min(fit);
+        let bucket_size = match bucket_for(k) {
+            Some(b) if k >= 1 && 2 * b <= max_ring_bytes => b,
+            _ => {
+                return Err(RocketError::BadConfig(
+                    "two buckets of one message exceed the ring limit",
+                ))
+            }
+        };
+        let cfg = Self {
+            bucket_size,
+            buckets: (max_ring_bytes / bucket_size).clamp(2, base.buckets),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     /// Ring (and staging buffer) size in bytes: `bucket_size * buckets`.
     /// Scythe section 4.6, Fig. 21.
     pub fn ring_bytes(&self) -> usize {
@@ -628,6 +684,70 @@ impl std::iter::FusedIterator for BatchIter<'_> {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Push `n` messages of `payload` bytes and seal: the spans they went out in.
+    fn spans_for(cfg: RocketConfig, payload: usize, n: usize) -> Vec<BucketSpan> {
+        let staging = HeapRing::new(cfg.ring_bytes());
+        let mut tx = RocketSender::new(cfg).unwrap();
+        let body = vec![7u8; payload];
+        for i in 0..n {
+            let hdr = MsgHeader {
+                call_id: i as u64,
+                ..MsgHeader::default()
+            };
+            tx.push(&staging, hdr, &body).unwrap();
+        }
+        tx.seal(&staging);
+        let mut out = Vec::new();
+        tx.take_ready(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_bucket_sized_for_messages_holds_that_many() {
+        // The old rule (512 B, grown to fit one message) put one 256 B message in a
+        // bucket: four messages were four WRITEs, msg batching did nothing.
+        let old = RocketConfig {
+            bucket_size: 512usize.max((256 + 32usize).next_multiple_of(64)),
+            buckets: 64,
+        };
+        assert_eq!(spans_for(old, 256, 4).len(), 4);
+        for payload in [8, 64, 256, 1000, 4096, 8192] {
+            let cfg = RocketConfig::for_messages(payload, 4, 4 << 20).unwrap();
+            assert_eq!(spans_for(cfg, payload, 4).len(), 1, "{payload} B: {cfg:?}");
+            assert!(cfg.bucket_size >= 512 && cfg.bucket_size.is_multiple_of(64));
+            assert!(cfg.ring_bytes() <= 4 << 20);
+            assert!((2..=64).contains(&cfg.buckets));
+        }
+        // Small messages keep Scythe's 512 B bucket and the default ring.
+        assert_eq!(
+            RocketConfig::for_messages(8, 4, 4 << 20).unwrap(),
+            RocketConfig::default()
+        );
+    }
+
+    #[test]
+    fn a_bucket_sized_for_messages_stays_within_the_ring_limit() {
+        // 1 MiB messages in a 4 MiB ring: one per bucket, three buckets.
+        let cfg = RocketConfig::for_messages(1 << 20, 8, 4 << 20).unwrap();
+        assert_eq!(cfg.max_payload(), cfg.bucket_size - 32);
+        assert!(cfg.max_payload() >= 1 << 20);
+        assert_eq!(cfg.buckets, 3);
+        assert_eq!(spans_for(cfg, 1 << 20, 1).len(), 1);
+        // 256 KiB messages: as many per bucket as two buckets leave room for.
+        let cfg = RocketConfig::for_messages(256 << 10, 16, 4 << 20).unwrap();
+        assert_eq!(cfg.buckets, 2);
+        assert_eq!(spans_for(cfg, 256 << 10, 7).len(), 1);
+        // Too large for any ring the server admits, or no message per bucket.
+        assert!(matches!(
+            RocketConfig::for_messages(4 << 20, 1, 4 << 20),
+            Err(RocketError::BadConfig(_))
+        ));
+        assert!(matches!(
+            RocketConfig::for_messages(64, 0, 4 << 20),
+            Err(RocketError::BadConfig(_))
+        ));
+    }
 
     fn small() -> RocketConfig {
         RocketConfig {

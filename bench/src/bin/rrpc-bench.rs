@@ -22,6 +22,7 @@ use serde_json::json;
 
 use bench::peers::{self, PeerConfig, RttSamples};
 use bench::plot::{LineChart, Scale, Series};
+use rrpc::fabric::model::TimingModel;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
@@ -89,9 +90,11 @@ enum Cmd {
         /// Message (request payload) sizes, bytes.
         #[arg(long, value_delimiter = ',', default_values_t = [8usize, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192])]
         sizes: Vec<usize>,
-        /// Bucket size, bytes (grown per point to fit one message).
-        #[arg(long, default_value_t = 512)]
-        bucket_size: usize,
+        /// Messages of the point's size one bucket holds: each point's Rocket is sized at
+        /// connection time for it (512 B, Scythe's default, grown to hold this many;
+        /// `rrpc::rocket::RocketConfig::for_messages`), within the server's ring limit.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        per_bucket: u64,
     },
     /// Fig. 10: throughput and latency of pure RPC, RPC + READ and zero-copy, payloads 64 B to 1 MiB.
     Modes {
@@ -170,10 +173,10 @@ fn run(args: Args) -> Result<()> {
     );
     let all = matches!(args.cmd, Cmd::All);
     match &args.cmd {
-        Cmd::Batching { sizes, bucket_size } => {
+        Cmd::Batching { sizes, per_bucket } => {
             out.insert(
                 "batching",
-                batching(c, kind, sizes, *bucket_size, plot_for("batching"))?,
+                batching(c, kind, sizes, *per_bucket as usize, plot_for("batching"))?,
             );
         }
         Cmd::Modes {
@@ -182,7 +185,14 @@ fn run(args: Args) -> Result<()> {
         } => {
             out.insert(
                 "modes",
-                modes(c, kind, sizes, *mode_coroutines, plot_for("modes"))?,
+                modes(
+                    c,
+                    kind,
+                    sizes,
+                    *mode_coroutines,
+                    model.as_ref(),
+                    plot_for("modes"),
+                )?,
             );
         }
         Cmd::Latency => {
@@ -209,12 +219,15 @@ fn run(args: Args) -> Result<()> {
         let sizes = [8usize, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
         out.insert(
             "batching",
-            batching(c, kind, &sizes, 512, plot_for("batching"))?,
+            batching(c, kind, &sizes, 8, plot_for("batching"))?,
         );
         let msizes = [
             64usize, 128, 256, 512, 1024, 2048, 4096, 16384, 65536, 262144, 1048576,
         ];
-        out.insert("modes", modes(c, kind, &msizes, 8, plot_for("modes"))?);
+        out.insert(
+            "modes",
+            modes(c, kind, &msizes, 8, model.as_ref(), plot_for("modes"))?,
+        );
         out.insert("latency", latency(c, kind)?);
         out.insert("peers", peers_cmp(c, kind, plot_for("peers"))?);
     }
@@ -517,8 +530,10 @@ fn drive_with_idle(
     })
 }
 
-fn bucket_for(bucket_size: usize, msg: usize) -> usize {
-    bucket_size.max((msg + 32).next_multiple_of(64))
+/// Largest Rocket ring the bench's server admits, bytes: every point's geometry stays
+/// within it.
+fn ring_limit() -> usize {
+    ServerConfig::default().max_ring_bytes
 }
 
 fn human(bytes: usize) -> String {
@@ -533,15 +548,18 @@ fn batching(
     c: &Common,
     kind: FabricKind,
     sizes: &[usize],
-    bucket_size: usize,
+    per_bucket: usize,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
     println!(
-        "\n== batching (Scythe Fig. 9): RPC throughput by batching mode | 1 client thread x {} coroutines | reply 8 B | bucket {} B (grown to fit one message)",
-        c.coroutines, bucket_size
+        "\n== batching (Scythe Fig. 9): RPC throughput by batching mode | 1 client thread x {} coroutines | reply 8 B | \
+         Rocket sized per point at connection time: buckets of 512 B grown to hold {per_bucket} messages of the point's size, \
+         at most 64 buckets and {} B per ring (the server's limit), the same geometry for all four modes",
+        c.coroutines,
+        ring_limit()
     );
     on_core(c.client_core, || {
-        batching_on(c, kind, sizes, bucket_size, plot)
+        batching_on(c, kind, sizes, per_bucket, plot)
     })
 }
 
@@ -549,7 +567,7 @@ fn batching_on(
     c: &Common,
     kind: FabricKind,
     sizes: &[usize],
-    bucket_size: usize,
+    per_bucket: usize,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
     let bed = Bed::new(c, kind, "batching")?;
@@ -558,21 +576,20 @@ fn batching_on(
         Duration::from_millis(c.duration_ms),
     );
     println!(
-        "{:>8} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9}",
-        "size", "mode", "Mcalls/s", "MB/s", "p50(us)", "msg/WRITE", "WR/dbell"
+        "{:>8} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>14}",
+        "size", "mode", "Mcalls/s", "MB/s", "p50(us)", "msg/WRITE", "WR/dbell", "ring"
     );
     let mut rows = Vec::new();
     let mut series: BTreeMap<Batching, Vec<(f64, f64)>> = BTreeMap::new();
     let mut ratio64 = None;
     for &size in sizes {
         let mut rates = BTreeMap::new();
+        let rocket = RocketConfig::for_messages(size, per_bucket, ring_limit())
+            .with_context(|| format!("a Rocket for {size} B messages"))?;
         for b in Batching::ALL {
             let cfg = RuntimeConfig {
                 batching: b,
-                rocket: RocketConfig {
-                    bucket_size: bucket_for(bucket_size, size),
-                    buckets: if size > 4096 { 32 } else { 64 },
-                },
+                rocket,
                 ..RuntimeConfig::default()
             };
             let (ctx, node) = bed.client(cfg)?;
@@ -588,17 +605,19 @@ fn batching_on(
             .with_context(|| format!("batching {} {size} B", b.name()))?;
             let r = p.rate();
             println!(
-                "{:>8} {:>10} {:>12.3} {:>8.1} {:>8.1} {:>9.2} {:>9.2}",
+                "{:>8} {:>10} {:>12.3} {:>8.1} {:>8.1} {:>9.2} {:>9.2} {:>14}",
                 human(size),
                 b.name(),
                 r / 1e6,
                 r * size as f64 / 1e6,
                 p.p(0.5) / 1e3,
                 p.stats.messages_per_write(),
-                p.stats.wrs_per_doorbell()
+                p.stats.wrs_per_doorbell(),
+                format!("{}x{}", rocket.buckets, human(rocket.bucket_size))
             );
             rows.push(json!({
                 "size": size, "mode": b.name(), "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
+                "bucket_size": rocket.bucket_size, "buckets": rocket.buckets,
                 "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
                 "messages_per_write": p.stats.messages_per_write(), "wrs_per_doorbell": p.stats.wrs_per_doorbell(),
                 "credit_stalls": p.stats.credit_stalls,
@@ -640,7 +659,7 @@ fn batching_on(
         )?;
     }
     Ok(
-        json!({ "coroutines": c.coroutines, "bucket_size": bucket_size, "points": rows, "ratio_combined_doorbell_64": ratio64 }),
+        json!({ "coroutines": c.coroutines, "messages_per_bucket": per_bucket, "points": rows, "ratio_combined_doorbell_64": ratio64 }),
     )
 }
 
@@ -671,12 +690,63 @@ fn modes(
     kind: FabricKind,
     sizes: &[usize],
     coroutines: usize,
+    model: Option<&TimingModel>,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
     println!(
-        "\n== modes (Scythe Fig. 10): reply payload by pure RPC, RPC + READ, zero-copy | 1 client thread x {coroutines} coroutines | request 8 B | pure RPC uses buckets grown to fit the reply"
+        "\n== modes (Scythe Fig. 10): reply payload by pure RPC, RPC + READ, zero-copy | 1 client thread x {coroutines} coroutines | request 8 B | \
+         pure RPC's Rocket sized per point at connection time for one reply per bucket, at most 64 buckets and {} B per ring (the server's limit)",
+        ring_limit()
     );
-    on_core(c.client_core, || modes_on(c, kind, sizes, coroutines, plot))
+    on_core(c.client_core, || {
+        modes_on(c, kind, sizes, coroutines, model, plot)
+    })
+}
+
+/// What a READ adds to a call under `model`, ns: the round trip of a READ with no data
+/// (its request out, an empty response back, a WR at each NIC), planned on idle NICs. The
+/// reply's bytes cross the line once in either mode (in the ring's WRITE or in the READ's
+/// response), so they are not part of the difference.
+fn read_extra_ns(model: &TimingModel) -> u64 {
+    use rrpc::fabric::model::{ModelOp, Nic, NIC_WORDS};
+    use std::sync::atomic::AtomicU64;
+    let words = || {
+        (0..NIC_WORDS)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (words(), words());
+    model
+        .plan(ModelOp::Read(0), 0, Nic::new(&a), Nic::new(&b), (0, 0))
+        .complete_ns
+}
+
+/// This core's memory copy rate, bytes per ns, for `chunk`-byte copies walking through
+/// `span` bytes of source and destination (the best of three passes of 64 MiB): a ring
+/// of `span` bytes cycles through memory the same way, so a ring larger than the caches
+/// copies at memory speed, not cache speed.
+fn copy_rate(chunk: usize, span: usize) -> f64 {
+    let chunk = chunk.max(1);
+    let span = span.max(chunk);
+    let src = vec![0x5au8; span];
+    let mut dst = vec![0u8; span];
+    let per_pass = (64usize << 20) / chunk;
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let mut off = 0;
+        for _ in 0..per_pass {
+            if off + chunk > span {
+                off = 0;
+            }
+            dst[off..off + chunk].copy_from_slice(std::hint::black_box(&src[off..off + chunk]));
+            std::hint::black_box(&mut dst);
+            off += chunk;
+        }
+        let ns = t.elapsed().as_nanos().max(1) as f64;
+        best = best.max((per_pass * chunk) as f64 / ns);
+    }
+    best
 }
 
 fn modes_on(
@@ -684,9 +754,9 @@ fn modes_on(
     kind: FabricKind,
     sizes: &[usize],
     coroutines: usize,
+    model: Option<&TimingModel>,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
-    let bed = Bed::new(c, kind, "modes")?;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -710,24 +780,24 @@ fn modes_on(
         .collect();
     let mut best_hybrid_wins = Vec::new();
     for &size in sizes {
+        // A server per size: READ-mode reply buffers that a finished point's caller never
+        // released (calls in flight when it stopped) stay held for the server's read hold
+        // (5 s), and at 1 MiB (2 MiB chunks) they left the next mode's replies without
+        // buffers ("server reply buffers exhausted").
+        let bed = Bed::new(c, kind, &format!("modes-{size}"))?;
         let mut rates = Vec::new();
         for (i, (name, mode)) in modes.iter().enumerate() {
-            let bucket = if *mode == ReplyMode::Rpc {
-                bucket_for(512, size)
+            // Pure RPC carries the reply in the ring: its Rocket is sized at connection
+            // time for one reply per bucket, within the server's ring limit (for 1 MiB,
+            // three buckets of 1 MiB + 64 B). The hybrid modes' replies are a few bytes.
+            let rocket = if *mode == ReplyMode::Rpc {
+                RocketConfig::for_messages(size, 1, ring_limit())
+                    .with_context(|| format!("a Rocket for {size} B replies"))?
             } else {
-                512
+                RocketConfig::default()
             };
             let cfg = RuntimeConfig {
-                rocket: RocketConfig {
-                    bucket_size: bucket,
-                    buckets: if bucket > 64 << 10 {
-                        8
-                    } else if bucket > 4096 {
-                        16
-                    } else {
-                        64
-                    },
-                },
+                rocket,
                 ..RuntimeConfig::default()
             };
             let (ctx, node) = bed.client(cfg)?;
@@ -777,12 +847,48 @@ fn modes_on(
     let crossover = (0..best_hybrid_wins.len())
         .find(|&i| best_hybrid_wins[i..].iter().all(|&(_, w)| w))
         .map(|i| best_hybrid_wins[i].0);
+    let model_name = model.map_or("none", |m| m.params().name.as_str());
     match crossover {
         Some(s) => println!(
-            "crossover = {s} B (hybrid modes beat pure RPC from {} up; Scythe's threshold: 512 B)",
+            "crossover = {s} B (model {model_name}; hybrid modes beat pure RPC from {} up; Scythe's threshold: 512 B)",
             human(s)
         ),
-        None => println!("crossover = none (pure RPC was never overtaken for good in this range)"),
+        None => println!(
+            "crossover = none (model {model_name}; pure RPC was never overtaken for good in this range)"
+        ),
+    }
+    // Why it lies there. A READ-mode call pays one more network round trip than pure
+    // RPC; pure RPC pays for carrying the reply in the ring: on shm a WRITE is a memcpy by
+    // the posting CPU, so the server's one thread copies the reply twice (into the
+    // staging bucket, then into the caller's ring) where READ mode copies it once (into
+    // the reply buffer the caller READs with its own CPU). The two costs are equal where
+    // the extra copy takes as long as the extra round trip.
+    let predicted = model.map(|m| {
+        let extra = read_extra_ns(m);
+        let rate = copy_rate(64 << 10, ring_limit());
+        (extra, rate, (extra as f64 * rate) as u64)
+    });
+    if let (Some(m), Some((extra, rate, at))) = (model, predicted) {
+        let p = m.params();
+        println!(
+            "why: a READ adds one round trip, {:.2} us under {} (2 x {} ns one-way, a WR at each NIC at {} Mops, the READ request's {} B on the line); \
+             pure RPC instead costs the server's thread one more copy of the reply (into the caller's ring: shm runs a WRITE as a memcpy on the posting core; \
+             an RNIC would DMA it) at {:.1} GB/s here (64 KiB copies through a ring-sized span), so the two are even at {:.2} us x {:.1} GB/s = {} B: below it the ring is cheaper, above it the READ.",
+            extra as f64 / 1e3,
+            p.name,
+            p.link.one_way_ns,
+            p.nic.msg_rate_mops,
+            m.wire_bytes(0, 16),
+            rate,
+            extra as f64 / 1e3,
+            rate,
+            at
+        );
+    } else {
+        println!(
+            "why: without a timing model a READ's extra round trip is the shm backend's own (a memcpy and a CQ poll), \
+             so the crossover only says where one more copy of the reply on the server's thread outweighs it; run with --model cx5 for the RNIC's terms"
+        );
     }
     if let Some(p) = plot {
         draw(
@@ -795,7 +901,12 @@ fn modes_on(
             &series,
         )?;
     }
-    Ok(json!({ "coroutines": coroutines, "points": rows, "crossover_bytes": crossover }))
+    Ok(json!({
+        "coroutines": coroutines, "points": rows, "crossover_bytes": crossover, "model": model_name,
+        "read_extra_round_trip_ns": predicted.map(|p| p.0),
+        "copy_bytes_per_ns": predicted.map(|p| p.1),
+        "predicted_crossover_bytes": predicted.map(|p| p.2),
+    }))
 }
 
 fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
