@@ -11,6 +11,13 @@ mod common;
 
 use std::time::Duration;
 
+use bench::smallbank::TxnType;
+
+/// SmallBank's transaction types, in report order.
+fn smallbank() -> Vec<&'static str> {
+    TxnType::ALL.iter().map(|t| t.name()).collect()
+}
+
 /// The `lockd restart` record of run `r`: a larger epoch, commits after the restart,
 /// and every coordinator thread reconnected once.
 fn assert_survived(r: &serde_json::Value, threads: usize, stdout: &str) {
@@ -59,18 +66,7 @@ fn scythe_survives_a_lockd_restart_inside_txn_bench() {
         common::txn_bench_watched("lockd-restart", &args, Duration::from_secs(300));
     assert!(ok, "{stdout}");
     let r = &sum["runs"][0];
-    common::assert_checked_run(
-        r,
-        &[
-            "Amalgamate",
-            "Balance",
-            "DepositChecking",
-            "SendPayment",
-            "TransactSaving",
-            "WriteCheck",
-        ],
-        &stdout,
-    );
+    common::assert_checked_run(r, &smallbank(), &stdout);
     assert_survived(r, 1, &stdout);
 }
 
