@@ -501,9 +501,11 @@ impl Fabric {
     /// as usual. One-sided operations the fenced peer posts afterwards complete with an
     /// error WC and leave memory untouched: on verbs our end of the QP is in ERR, so the
     /// NIC drops its requests; on shm the peer executes its operations itself on mapped
-    /// memory, and checks the state word of our end (in shared memory) before each one,
-    /// so a peer paused between that check and its store can still land that one store
-    /// (the residual window, which a NIC closes). Returns how many QPs were moved to error.
+    /// memory and checks the state word of our end (in shared memory) before each one,
+    /// under a handshake: this call waits until a WR the peer began before it could see
+    /// the state word has landed, or the peer process is dead (the `shm` module docs),
+    /// so it blocks while the peer is stopped in the middle of a WR. Returns how many QPs
+    /// were moved to error.
     pub fn fence(&self, peer: NodeId, incarnation: u64) -> usize {
         self.fences().fence(peer, incarnation)
     }
