@@ -27,7 +27,7 @@
 //! (`RetryExceeded`, as a NIC's unanswered requests end) once it is set or the owner
 //! destroyed that QP. A peer could be paused (SIGSTOP, preemption) between that check and
 //! its store and land the store after the fence; so the check and the store form a
-//! handshake with the fence: the peer raises a busy word ([`RQ_BUSY`]) in the owner's
+//! handshake with the fence: the peer raises a busy word (`RQ_BUSY`) in the owner's
 //! receive queue before the check and lowers it after the store (under a timing model,
 //! when the WR executes), and a fence, after setting the state word, waits until the
 //! busy word is down or the peer process is dead. Both sides use sequentially consistent
@@ -329,7 +329,7 @@ pub fn pause_next_wr(pause: std::time::Duration) {
 }
 
 /// The responder's state word ([`RQ_STATE`]) and the requester's busy word
-/// ([`RQ_BUSY`]) of one QP, in the responder's receive queue (mapped by `_map`).
+/// ([`RQ_BUSY`]) of one QP, in the responder's receive queue (kept mapped by `map`, or by the QP).
 struct FenceGuard {
     /// Keeps the mapping alive for a WR that executes later (timing model); `None` when
     /// the QP, which holds it, executes the WR at once.
