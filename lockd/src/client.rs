@@ -275,11 +275,7 @@ impl LockClient {
     /// The owner this client's requests on `ctx` declare: `ctx`'s node, and the
     /// incarnation of [`Self::incarnation`] or else `ctx`'s fabric's.
     fn owner_on(&self, ctx: &ThreadCtx) -> Owner {
-        let f = ctx.fabric();
-        Owner {
-            node: f.node().get(),
-            incarnation: self.incarnation.unwrap_or_else(|| f.incarnation()),
-        }
+        owner_on(self.incarnation, ctx)
     }
 
     /// How abandons of given-up Lock RPCs and reconnects are retried (default
@@ -738,6 +734,16 @@ fn handed_ticket(
     )
 }
 
+/// The owner a request sent on `ctx` declares: `ctx`'s node, and `incarnation` or else
+/// `ctx`'s fabric's (see [`LockClient::incarnation`]).
+fn owner_on(incarnation: Option<u64>, ctx: &ThreadCtx) -> Owner {
+    let f = ctx.fabric();
+    Owner {
+        node: f.node().get(),
+        incarnation: incarnation.unwrap_or_else(|| f.incarnation()),
+    }
+}
+
 /// What abandoning given-up Lock RPCs needs of a client, owned, so a coroutine can do it.
 struct Settler {
     export: LocksExport,
@@ -780,12 +786,8 @@ impl Settler {
     /// One abandon RPC; the tickets it hands back are passed on by coroutines of their
     /// own (dropped [`Ticket`]s).
     async fn abandon(&self, ctx: &Rc<ThreadCtx>, g: &GivenUp) -> Result<u64, LockError> {
-        let f = ctx.fabric();
         let req = AbandonRequest {
-            owner: Owner {
-                node: f.node().get(),
-                incarnation: self.incarnation.unwrap_or_else(|| f.incarnation()),
-            },
+            owner: owner_on(self.incarnation, ctx),
             seq: g.seq,
             epoch: self.export.epoch,
             ids: g.ids.clone(),
@@ -886,11 +888,6 @@ impl LockConn {
         self.reconnects.get()
     }
 
-    /// Whether `e` says the service is gone or restarted ([`LockError::service_gone`]).
-    pub fn is_gone(e: &LockError) -> bool {
-        e.service_gone()
-    }
-
     /// [`LockClient::lock`] on the current client; after a restart or a lost service,
     /// reconnect (see the type's docs) and return the error.
     ///
@@ -921,7 +918,7 @@ impl LockConn {
             ctx.sleep(GRACE_BACKOFF).await;
             return;
         }
-        if !Self::is_gone(e) || !Rc::ptr_eq(used, &self.client.borrow()) {
+        if !e.service_gone() || !Rc::ptr_eq(used, &self.client.borrow()) {
             // Not a loss, or the client was replaced since `used` was taken.
             return;
         }

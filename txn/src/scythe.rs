@@ -219,16 +219,16 @@ impl ConcurrencyControl for Scythe {
         .await;
         a?;
         // A ticket of a service that died or restarted cannot be passed on, and need not
-        // be: its lock died with the table (the successor grants after its grace).
-        let lc = self.locks.client();
-        for e in b.into_iter().filter_map(Result::err) {
-            if LockConn::is_gone(&e) {
-                self.locks.failed(ctx, &lc, &e).await;
-                continue;
-            }
-            return Err(e.into());
+        // be: its lock died with the table (the successor grants after its grace). The
+        // next lock operation reconnects if the service is still the old one.
+        match b
+            .into_iter()
+            .filter_map(Result::err)
+            .find(|e| !e.service_gone())
+        {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Counts the attempt for the TOCC share of each table it read, and keeps the hot
@@ -302,7 +302,7 @@ impl Scythe {
         used: &Rc<LockClient>,
         e: LockError,
     ) -> TxnError {
-        let service = LockConn::is_gone(&e) || matches!(e, LockError::Restarting(_));
+        let service = e.service_gone() || matches!(e, LockError::Restarting(_));
         self.locks.failed(ctx, used, &e).await;
         if service {
             tracing::debug!(error = %e, "lock service failure: the attempt aborts");

@@ -81,9 +81,6 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             // tickets differ from ours, but a half-done commit of its must not be read
             // as ours to build on (Lotus 6's handshake).
             for life in 1..me.incarnation() {
-                if me.recovered(node as u16, life)?.is_some() {
-                    continue;
-                }
                 me.wait_recovered(node as u16, life, RECOVERED_WAIT)?
                     .with_context(|| {
                         format!(
@@ -625,10 +622,7 @@ impl<'a> Parent<'a> {
                     // middle of (the fabric's fence handshake); a process stopped there
                     // never finishes it. It is declared dead: kill it (its machine is this
                     // one), and the fence completes.
-                    let c = self.cns.iter().find(|c| c.index == index && !c.gone);
-                    if let Some(pid) = c.map(|c| c.pid) {
-                        // SAFETY: kill(2) on a child we spawned and have not reaped.
-                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                    if let Some(pid) = self.signal(index, libc::SIGKILL) {
                         let at = self.ms();
                         self.event(format!(
                             "cnode {index} (pid {pid}) SIGKILLed at {at:.0} ms: declared dead, and its memory nodes could not fence it (stopped in the middle of a one-sided WR)"
