@@ -1,15 +1,29 @@
-//! The survivor that recovers a dead compute node in `txn-bench --cnodes N`: a thread
-//! of the parent process with a transaction client of its own, which runs
+//! Who recovers a dead compute node in `txn-bench --cnodes N`, and how.
+//!
+//! A [`Recoverer`] is a thread with a transaction client of its own, which runs
 //! [`txn::coordinator::TxnClient::recover`] (the dead life's commit logs rolled forward
 //! or back, its CVT lock words, insert guards and claims swept, then its Scythe
 //! tickets released) when asked, and answers with what it did.
 //!
-//! The parent asks only for a life it knows is dead (it reaped the process, or the
-//! membership service expired its lease and every memory node fenced it), and starts a
-//! dead node's next incarnation only after the answer: a restarted compute node serves
-//! only after its previous life's recovery.
+//! With a membership service (etcd), the recoverer is a surviving compute node (SPECS
+//! B.6.5, Lotus 6): every `cnode` process runs a [`Survivor`], which watches the
+//! membership; on a compute node's Down event (its lease revoked by the launcher that
+//! reaped it, or expired) each survivor waits until every memory node (and the lock
+//! service) fenced the dead life, and the one whose claim in etcd wins
+//! ([`member::Member::claim_recovery`]) recovers it and records a [`RecoveryRecord`]
+//! ([`member::Member::finish_recovery`]). A survivor that dies mid-recovery takes its
+//! claim with it (the claim lives under its lease), and the others, on that Down,
+//! claim what nobody recovers ([`member::Member::pending_recoveries`]). The launcher
+//! reads the record; it recovers a life itself only when no compute node survives, or
+//! none recorded a recovery in time.
+//!
+//! Recovery starts only for a life known dead (reaped, or its lease ended and every
+//! memory node fenced it), and a restarted compute node serves only after its earlier
+//! lives' records exist ([`member::Member::wait_recovered`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -100,4 +114,174 @@ impl Drop for Recoverer {
             let _ = t.join();
         }
     }
+}
+
+/// What the survivor that recovered a dead life records in etcd
+/// (`/<cluster>/recovered/<node>/<incarnation>`, JSON): who, the recovery line, and
+/// the commits it rolled forward with their notes (the launcher's exact accounting).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RecoveryRecord {
+    /// Node id of the compute node (or launcher) that recovered it.
+    pub by: u16,
+    /// [`RecoveryReport::summary`].
+    pub summary: String,
+    /// Logs rolled forward.
+    pub forward: usize,
+    /// `(transaction id, note)` of each log rolled forward.
+    pub forward_notes: Vec<(u64, i64)>,
+}
+
+impl RecoveryRecord {
+    /// The record of `r`, recovered by node `by`.
+    pub fn of(by: u16, r: &RecoveryReport) -> Self {
+        Self {
+            by,
+            summary: r.summary(),
+            forward: r.forward,
+            forward_notes: r.forward_notes.clone(),
+        }
+    }
+
+    /// The record in etcd's value. Errors: not a record (a clean leave records
+    /// `"clean leave"`).
+    pub fn parse(value: &str) -> Result<Self, String> {
+        serde_json::from_str(value).map_err(|e| format!("recovery record {value:?}: {e}"))
+    }
+
+    /// As etcd stores it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a record serializes")
+    }
+}
+
+/// How long a survivor waits for the memory nodes to fence a dead life before it
+/// leaves the life to others (the launcher kills a stopped process its memory nodes
+/// cannot fence, which then completes).
+const FENCE_WAIT: Duration = Duration::from_secs(10);
+
+/// Attempts of a survivor at a recovery it claimed (running it again is safe); past
+/// them it exits, so that its lease, and its claim with it, end and another recovers.
+const RECOVERY_ATTEMPTS: u32 = 3;
+
+/// A compute node's survivor duty (module docs): a thread that watches the membership
+/// and recovers the dead compute-node lives it wins the claim of. Stops when dropped
+/// (after a recovery in progress finished).
+pub struct Survivor {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Survivor {
+    /// Start watching as `me`, recovering through a [`Recoverer`] on `fabric` connected
+    /// to `addrs` for `protocol` the compute nodes among `cnodes` (node ids; the other
+    /// roles' lives are not this duty's); a life is recovered only after every node in
+    /// `fencers` fenced it.
+    ///
+    /// Errors: the membership watch or the recovery client could not be set up.
+    pub fn start(
+        me: Arc<member::Member>,
+        fabric: Fabric,
+        addrs: ClusterAddrs,
+        protocol: Protocol,
+        cnodes: std::ops::Range<u16>,
+        fencers: Vec<u16>,
+    ) -> anyhow::Result<Self> {
+        let events = me.events().context("watching the membership")?;
+        let recoverer = Recoverer::start(fabric, addrs, protocol)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let halt = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("survivor".into())
+            .spawn(move || {
+                while !halt.load(Ordering::Relaxed) {
+                    let down = match events.recv_timeout(Duration::from_millis(20)) {
+                        Ok(member::Event::Down(i)) if i.role == member::Role::Cnode => i,
+                        Ok(_) | Err(member::RecvTimeoutError::Timeout) => continue,
+                        Err(member::RecvTimeoutError::Disconnected) => return,
+                    };
+                    // This life's own Down: its watchdog ends the process.
+                    if (down.node, down.incarnation) == (me.node(), me.incarnation()) {
+                        continue;
+                    }
+                    // The one that died, and any whose claimant died with a claim.
+                    let mut lives = vec![(down.node, down.incarnation)];
+                    match me.pending_recoveries() {
+                        Ok(p) => {
+                            let first = lives[0];
+                            lives.extend(
+                                p.into_iter()
+                                    .filter(|&(n, _)| cnodes.contains(&n))
+                                    .filter(|&l| l != first),
+                            );
+                        }
+                        Err(e) => eprintln!("survivor: reading pending recoveries: {e}"),
+                    }
+                    for (node, life) in lives {
+                        if let Err(e) = recover_one(&me, &recoverer, &fencers, node, life) {
+                            eprintln!(
+                                "cnode {} incarnation {}: recovering node {node} life {life}: {e:#}; exiting so that another survivor claims it",
+                                me.node(),
+                                me.incarnation()
+                            );
+                            std::process::exit(4);
+                        }
+                    }
+                }
+            })
+            .context("starting the survivor thread")?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Survivor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Recover `node`'s `life` if it is not recovered yet, every fencer fenced it, and our
+/// claim wins. Errors: a recovery we claimed failed [`RECOVERY_ATTEMPTS`] times, or
+/// could not be recorded.
+fn recover_one(
+    me: &member::Member,
+    recoverer: &Recoverer,
+    fencers: &[u16],
+    node: u16,
+    life: u64,
+) -> anyhow::Result<()> {
+    if me.recovered(node, life)?.is_some() {
+        return Ok(());
+    }
+    let missing = member::wait_fenced(me, node, life, fencers, FENCE_WAIT)?;
+    if !missing.is_empty() {
+        eprintln!(
+            "survivor: node {node} life {life} not fenced by {missing:?} within {FENCE_WAIT:?}; left to others"
+        );
+        return Ok(());
+    }
+    match me.claim_recovery(node, life) {
+        Ok(true) => {}
+        Ok(false) => return Ok(()), // another survivor recovers it
+        Err(member::MemberError::StillLive { .. }) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let mut last = String::new();
+    for _ in 0..RECOVERY_ATTEMPTS {
+        match recoverer.recover(u32::from(node), life, Duration::from_secs(30)) {
+            Ok(r) => {
+                let rec = RecoveryRecord::of(me.node(), &r);
+                me.finish_recovery(node, life, &rec.to_json())
+                    .context("recording the recovery")?;
+                return Ok(());
+            }
+            Err(e) => last = e,
+        }
+    }
+    anyhow::bail!("recovery failed {RECOVERY_ATTEMPTS} times: {last}")
 }

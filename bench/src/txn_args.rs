@@ -238,8 +238,10 @@ pub struct Args {
     /// the cluster is up and merged into one report; 1 runs them inside txn-bench.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub cnodes: usize,
-    /// Fault injection (--cnodes 2 or more): SIGKILL coordinator process --cn this many
-    /// seconds into the run; what it streamed before is kept.
+    /// Fault injection: SIGKILL coordinator process --cn this many seconds into the run
+    /// (--cnodes 2 or more, or 1 with --restart: the coordinators then run as a process
+    /// of their own); what it streamed before is kept. A surviving coordinator process
+    /// recovers it (txn-bench when none survives).
     #[arg(long, value_name = "SECONDS")]
     pub kill_cn_after: Option<f64>,
     /// With --kill-cn-after: start a new coordinator process with the same node id and
@@ -520,8 +522,12 @@ impl Args {
             ("--kill-cn-after", self.kill_cn_after),
             ("--stop-cn-after", self.stop_cn_after),
         ] {
-            if at.is_some() && self.cnodes < 2 {
-                bail!("{flag} needs --cnodes 2 or more (the others keep running)");
+            // One coordinator process killed and restarted is a run too (the launcher
+            // recovers it: no other survives); one stopped, or killed for good, leaves
+            // nothing running.
+            let restarted = flag == "--kill-cn-after" && self.restart;
+            if at.is_some() && self.cnodes < 2 && !restarted {
+                bail!("{flag} needs --cnodes 2 or more (the others keep running), or --restart");
             }
             if within(at) {
                 bail!("{flag} must lie within the run (0 <= SECONDS < --duration)");
@@ -541,14 +547,15 @@ impl Args {
                 bail!("--cn {cn} must be below --cnodes {}", self.cnodes);
             }
         }
-        if self.cnodes > 1 && self.versions < 2 {
+        if self.coordinator_processes() && self.versions < 2 {
             bail!(
-                "--cnodes {} logs commits for recovery, which needs --versions 2 or more (a \
-                 roll-back invalidates the victim cell, with 1 version the only one)",
+                "coordinator processes (--cnodes {}) log commits for recovery, which needs \
+                 --versions 2 or more (a roll-back invalidates the victim cell, with 1 version \
+                 the only one)",
                 self.cnodes
             );
         }
-        if self.cnodes > 1 && self.breakdown {
+        if self.coordinator_processes() && self.breakdown {
             bail!("--breakdown runs with the coordinators in txn-bench (--cnodes 1)");
         }
         if !self.no_check && self.check_memory_mb == 0 {
@@ -561,6 +568,12 @@ impl Args {
             }
         }
         Ok(())
+    }
+
+    /// Whether the coordinators run as `cnode` processes of their own (`--cnodes 2` or
+    /// more, or one to be killed and restarted), not as threads of this process.
+    pub fn coordinator_processes(&self) -> bool {
+        self.cnodes > 1 || self.kill_cn_after.is_some()
     }
 
     /// The protocols to run, in order, after checking `--protocol` against

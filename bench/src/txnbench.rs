@@ -466,7 +466,7 @@ impl RunCluster {
                 ""
             }
         );
-        let etcd = if args.cnodes > 1 {
+        let etcd = if args.coordinator_processes() {
             let dir = std::env::temp_dir().join(format!("{cluster_name}-etcd"));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -637,8 +637,8 @@ fn print_header(
         workload.label(),
         cluster.fabric.describe(),
         cluster.fabric.model_description(),
-        if args.cnodes > 1 {
-            format!("{} coordinator processes x ", args.cnodes)
+        if args.coordinator_processes() {
+            format!("{} coordinator process(es) x ", args.cnodes)
         } else {
             String::new()
         },
@@ -708,7 +708,7 @@ fn measure(
     mix: Arc<dyn Mix>,
     stop: &AtomicBool,
 ) -> anyhow::Result<Measured> {
-    if args.cnodes > 1 {
+    if args.coordinator_processes() {
         return cnodes::measure(args, workload, cluster, protocol, point, stop);
     }
     let threads = args.threads.unwrap_or(1).max(1);
@@ -837,7 +837,7 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
         record_phases: args.breakdown,
         // Coordinators in processes of their own can die alone: their commits are
         // logged for the survivor that recovers them.
-        commit_log: args.cnodes > 1 || args.commit_log,
+        commit_log: args.coordinator_processes() || args.commit_log,
         ..TxnConfig::default()
     }
 }

@@ -246,10 +246,13 @@ fn every_protocol_recovers_a_killed_cnode_on_smallbank() {
     assert_eq!(runs.len(), 3, "{stdout}");
     for r in runs {
         let events = cnode_events(r, &stdout);
+        // Recovered by a surviving coordinator process (chosen by its claim in etcd),
+        // not by the launcher.
         assert!(
             events
                 .iter()
-                .any(|e| e.starts_with("recovery: cn 0 incarnation 0 dead at")),
+                .any(|e| e.starts_with("recovery: cn 0 incarnation 0 dead at")
+                    && (e.ends_with(", by cn 1") || e.ends_with(", by cn 2"))),
             "{events:?}"
         );
         assert!(committed(r) > 0);
@@ -301,7 +304,8 @@ fn a_cnode_stopped_past_its_lease_is_fenced_and_recovered() {
         assert!(
             events
                 .iter()
-                .any(|e| e.starts_with("recovery: cn 2 incarnation 0 dead at")),
+                .any(|e| e.starts_with("recovery: cn 2 incarnation 0 dead at")
+                    && (e.ends_with(", by cn 0") || e.ends_with(", by cn 1"))),
             "{events:?}"
         );
         assert!(committed(r) > 0);
@@ -372,4 +376,45 @@ fn cnode_events<'a>(r: &'a serde_json::Value, stdout: &str) -> Vec<&'a str> {
         .iter()
         .map(|e| e.as_str().unwrap())
         .collect()
+}
+
+/// With no other coordinator process alive, nobody can claim a dead life's recovery
+/// but the launcher: it recovers the life itself (its recovery line says so), then
+/// restarts the node, and every check holds.
+#[test]
+fn the_launcher_recovers_when_no_coordinator_survives() {
+    let (ok, stdout, sum) = common::txn_bench_watched(
+        "cnodes-alone",
+        &[
+            "--workload",
+            "pairs",
+            "--protocol",
+            "scythe",
+            "--cnodes",
+            "1",
+            "--threads",
+            "1",
+            "--coroutines",
+            "4",
+            "--groups",
+            "2000",
+            "--duration",
+            "2",
+            "--kill-cn-after",
+            "0.7",
+            "--restart",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stdout}");
+    let r = &sum["runs"][0];
+    common::assert_checked_run(r, &["write-group", "read-group"], &stdout);
+    let events = cnode_events(r, &stdout);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("recovery: cn 0 incarnation 0 dead at")
+                && e.ends_with(", by the launcher")),
+        "{events:?}"
+    );
 }

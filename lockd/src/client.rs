@@ -38,7 +38,7 @@ pub use crate::owners::process_incarnation;
 use crate::owners::Owner;
 use crate::service::{LocksExport, EXPORT_NAME, RESTARTED_TAG, RESTARTING_TAG};
 use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
-use crate::ticket::Shared;
+use crate::ticket::{Shared, RECONNECTING};
 use crate::wire::{
     decode_node_tickets, decode_reply, encode_abandon, encode_release_node, encode_request,
     AbandonRequest, ReleaseNodeRequest, RequestHeader, ABANDON_HANDLER, LOCK_HANDLER, MAX_ENTRIES,
@@ -50,7 +50,8 @@ pub use crate::takeout::{LockReply, Mode, RefuseReason};
 pub use crate::ticket::Ticket;
 pub use crate::wire::LockRequest;
 
-/// How long a release waits for its ticket's turn before it reports the lock lost
+/// How long a release waits with its lock's queue standing still (`upper` not moving)
+/// before it reports the lock lost, and how long it retries after transport failures
 /// (default of [`LockClient::set_release_wait`]).
 pub const DEFAULT_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
@@ -219,6 +220,8 @@ impl LockClient {
                 lag: Rc::new(Cell::new(SmoothedRtt::default())),
                 lost: Rc::new(Cell::new(0)),
                 release_wait: DEFAULT_RELEASE_WAIT,
+                epoch: export.epoch,
+                service_epoch: Rc::new(Cell::new(export.epoch)),
                 heat: Rc::default(),
                 keep_above,
             },
@@ -321,6 +324,19 @@ impl LockClient {
         ctx: &Rc<ThreadCtx>,
         addr: SocketAddr,
     ) -> Result<LockClient, LockError> {
+        // Releases of this lineage's tickets hold off until the epoch is known again;
+        // a reconnect that fails (or is dropped) puts the old epoch back.
+        struct Restore(Rc<Cell<u64>>, u64);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                if self.0.get() == RECONNECTING {
+                    self.0.set(self.1);
+                }
+            }
+        }
+        let service_epoch = self.shared.service_epoch.clone();
+        let before = service_epoch.replace(RECONNECTING);
+        let _restore = Restore(service_epoch.clone(), before);
         let mut k = 0;
         let info = loop {
             let r = ctx
@@ -338,6 +354,8 @@ impl LockClient {
             }
         };
         let mut fresh = Self::from_info(&info)?;
+        service_epoch.set(fresh.export.epoch);
+        fresh.shared.service_epoch = service_epoch;
         fresh.incarnation = self.incarnation;
         fresh.retry = self.retry;
         fresh.shared.release_wait = self.shared.release_wait;
@@ -375,8 +393,9 @@ impl LockClient {
         self.shared.node
     }
 
-    /// How long a release waits for its ticket's turn before it reports the lock lost
-    /// (for tickets taken after this call).
+    /// How long a release waits with its lock's queue standing still before it reports
+    /// the lock lost (a queue that moves is waited for as long as it moves), and how long
+    /// it retries after transport failures (for tickets taken after this call).
     pub fn set_release_wait(&mut self, d: Duration) {
         self.shared.release_wait = d;
     }
@@ -520,7 +539,7 @@ impl LockClient {
     /// on this lock service: the service hands them over
     /// ([`crate::wire::RELEASE_NODE_HANDLER`], at most [`RELEASE_NODE_BATCH`] per RPC
     /// until none are left) and this client releases each as its own [`Ticket`] would:
-    /// wait for its turn (Hangout + READ of `upper`, up to [`Self::release_wait`]), then
+    /// wait for its turn (Hangout + READ of `upper`, see [`Self::release_wait`]), then
     /// FAA `upper` by one. Scythe 4.3's Takeout Lock with recovery in the manner of Lotus
     /// section 6. Returns the number of tickets passed on. Only `dead`'s incarnation is
     /// affected: a node restarted under the same id keeps its new tickets.
@@ -811,8 +830,11 @@ impl Settler {
         Ok(n)
     }
 
-    /// Retry [`Self::settle`] in a coroutine of its own until nothing is left or the
-    /// policy's attempts are used up (the next [`LockClient::lock`] tries again).
+    /// Retry [`Self::settle`] in a coroutine of its own until nothing is left, the
+    /// service's epoch changed (its table and the requests' tickets are gone), or both
+    /// the policy's attempts are used up and the client's release wait has passed since
+    /// the first (the next [`LockClient::lock`] tries again): a given-up request that
+    /// took a ticket stalls its lock until abandoned, also when no later Lock RPC comes.
     /// At most one such coroutine runs per client ([`Self::retrying`]).
     fn spawn_retries(self, ctx: &Rc<ThreadCtx>, p: RetryPolicy) {
         if self.retrying.replace(true) {
@@ -829,9 +851,14 @@ impl Settler {
         let weak = Rc::downgrade(ctx);
         ctx.spawn(async move {
             let _running = running;
-            for k in 0..p.attempts.max(1) {
+            let until = std::time::Instant::now() + self.shared.release_wait;
+            for k in 0.. {
                 let Some(ctx) = weak.upgrade() else { return };
-                if self.given_up.borrow().is_empty() {
+                let epoch = self.shared.service_epoch.get();
+                if self.given_up.borrow().is_empty()
+                    || (epoch != self.export.epoch && epoch != RECONNECTING)
+                    || (k >= p.attempts.max(1) && std::time::Instant::now() >= until)
+                {
                     return;
                 }
                 if k > 0 {

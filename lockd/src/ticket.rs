@@ -7,11 +7,13 @@
 //! or, on any other path (an early return, an error, a panic unwinding a coroutine), by
 //! its `Drop`, which cannot await and so hands the same release to a coroutine of its
 //! own on the thread's executor ([`ThreadCtx::spawn`]). A wait that times out keeps the
-//! ticket, and its place in the queue, with the caller. A release that cannot pass the
-//! lock on (the service is gone, or the turn never comes within
+//! ticket, and its place in the queue, with the caller. A release waits as long as the
+//! queue ahead of it moves and retries transport failures (see `release`); one that
+//! cannot pass the lock on (the service is gone, or `upper` stood still for
 //! [`crate::client::LockClient::release_wait`]) says so: [`LockError::Lost`], or for a
 //! dropped ticket an error log and the client's [`crate::client::LockClient::lost`]
-//! count.
+//! count. A ticket of a service epoch that ended is not released into the new table
+//! that the same addresses name: its release stops with [`LockError::Restarted`].
 //!
 //! ## Round-trip samples
 //!
@@ -42,8 +44,8 @@ use std::cell::Cell;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
-use rrpc::fabric::RemoteAddr;
-use rrpc::runtime::{OpTiming, ThreadCtx};
+use rrpc::fabric::{RemoteAddr, WcStatus};
+use rrpc::runtime::{OneSidedError, OpTiming, RpcError, ThreadCtx};
 
 use crate::error::{word, LockError};
 use crate::takeout::{hangout, LockReply, SmoothedRtt};
@@ -59,6 +61,13 @@ pub(crate) struct Shared {
     pub(crate) lag: Rc<Cell<SmoothedRtt>>,
     pub(crate) lost: Rc<Cell<u64>>,
     pub(crate) release_wait: Duration,
+    /// The service epoch whose table this client's tickets are in.
+    pub(crate) epoch: u64,
+    /// The epoch of the service the thread is connected to now, shared by a client and
+    /// every client reconnected from it ([`crate::client::LockClient::reconnected`]):
+    /// [`RECONNECTING`] while a reconnect is under way. A release goes on only while it
+    /// equals [`Self::epoch`]: after a restart the same addresses name the new table.
+    pub(crate) service_epoch: Rc<Cell<u64>>,
     /// Per lock id, the queue length (`lower - upper`: tickets queued or holding) last
     /// observed by a Lock RPC reply or a poll: the object's heat (Scythe 4.3, Equation 1).
     pub(crate) heat: Rc<std::cell::RefCell<std::collections::HashMap<u64, u64>>>,
@@ -66,6 +75,10 @@ pub(crate) struct Shared {
     /// ColdWatermark, so hot objects are never forgotten.
     pub(crate) keep_above: u64,
 }
+
+/// [`Shared::service_epoch`] while the thread reconnects to the service (no service
+/// serves in this epoch).
+pub(crate) const RECONNECTING: u64 = u64::MAX;
 
 /// Make room in a full heat map: forget every observation at or below `keep_above`
 /// (cold objects), keep the hot ones; if the hot ones alone fill half the map, keep only
@@ -297,6 +310,43 @@ impl Drop for Ticket {
     }
 }
 
+/// Whether a one-sided operation on the service may go through if tried again: its QP
+/// failed (the thread's pool connects another) or the connection is being made again
+/// ([`crate::client::LockClient::reconnected`]). An access error is not: after a restart
+/// the old table's rkey names nothing.
+fn transient(e: &OneSidedError) -> bool {
+    matches!(
+        e,
+        OneSidedError::NotConnected { .. }
+            | OneSidedError::PeerGone { .. }
+            | OneSidedError::Completion {
+                status: WcStatus::Flushed | WcStatus::RetryExceeded,
+                ..
+            }
+    )
+}
+
+/// First and largest pause between a release's tries after a transport failure.
+const RETRY_FIRST: Duration = Duration::from_micros(50);
+const RETRY_MAX: Duration = Duration::from_millis(5);
+
+impl State {
+    /// Whether this ticket's table is the one the thread is connected to: `Ok(true)`,
+    /// `Ok(false)` while a reconnect is under way (wait), or [`LockError::Restarted`]
+    /// once the service serves in another epoch (the ticket died with its table, and the
+    /// same addresses now name the new one).
+    fn table_is_current(&self) -> Result<bool, LockError> {
+        match self.shared.service_epoch.get() {
+            e if e == self.shared.epoch => Ok(true),
+            RECONNECTING => Ok(false),
+            e => Err(LockError::Restarted(format!(
+                "lock {}: ticket {} of epoch {}, the service now serves epoch {e}",
+                self.id, self.reply.ticket, self.shared.epoch
+            ))),
+        }
+    }
+}
+
 async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), LockError> {
     let (id, ticket) = (s.id, s.reply.ticket);
     loop {
@@ -325,6 +375,11 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
         if !wait.is_zero() {
             s.ctx.sleep(wait).await;
         }
+        if !s.table_is_current()? {
+            // Reconnecting: poll again once the epoch is known.
+            s.ctx.sleep(RETRY_MAX).await;
+            continue;
+        }
         // `lower` and `upper` in one 16-byte READ (the words stay separate for their
         // writers): the turn and the queue length behind it, the lock's heat.
         let lower_addr = RemoteAddr {
@@ -341,6 +396,18 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
     }
 }
 
+/// Pass the lock on (Scythe 4.3, Fig. 14: wait for `upper == ticket`, FAA `upper`).
+///
+/// A ticket that is given up stalls its lock and every ticket behind it, so a release
+/// gives up only when it must:
+/// - the wait goes on while the queue moves: it fails only after the client's release
+///   wait passes with `upper` standing still (a slow but moving queue is not a lost
+///   lock);
+/// - a READ or the FAA that fails on a transport error (a broken QP, a reconnect under
+///   way) is tried again, with pauses from 50 us to 5 ms, within the same window; the
+///   FAA is not blindly repeated: only this ticket's holder moves `upper` off
+///   `ticket`, so a READ of `upper` tells whether a failed FAA took effect;
+/// - a ticket of a service epoch that ended stops at once ([`LockError::Restarted`]).
 async fn release(mut s: State) -> Result<(), LockError> {
     let (id, ticket) = (s.id, s.reply.ticket);
     let lost = |cause: LockError| LockError::Lost {
@@ -348,13 +415,74 @@ async fn release(mut s: State) -> Result<(), LockError> {
         ticket,
         cause: Box::new(cause),
     };
-    let deadline = Instant::now() + s.shared.release_wait;
-    wait_served(&mut s, Some(deadline)).await.map_err(lost)?;
-    s.ctx
-        .faa(s.shared.node, s.upper_addr, 1)
-        .await
-        .map_err(|e| lost(e.into()))?;
-    Ok(())
+    let window = s.shared.release_wait;
+    let mut deadline = Instant::now() + window;
+    let mut pause = RETRY_FIRST;
+    let mut seen = s.upper;
+    // 1. The turn.
+    loop {
+        match wait_served(&mut s, Some(deadline)).await {
+            Ok(()) => break,
+            Err(LockError::WaitTimeout { .. }) if s.upper != seen => {
+                seen = s.upper;
+                deadline = Instant::now() + window;
+            }
+            Err(LockError::Rpc(RpcError::OneSided(e)))
+                if transient(&e) && Instant::now() < deadline =>
+            {
+                tracing::debug!(lock = id, ticket, error = %e, "release: poll retried");
+                s.ctx.sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+            }
+            Err(e) => return Err(lost(e)),
+        }
+    }
+    // 2. The FAA, and after a failed one, whether it took effect.
+    loop {
+        if !s.table_is_current().map_err(lost)? {
+            if Instant::now() >= deadline {
+                return Err(lost(LockError::WaitTimeout {
+                    id,
+                    ticket,
+                    upper: s.upper,
+                }));
+            }
+            s.ctx.sleep(RETRY_MAX).await;
+            continue;
+        }
+        let e = match s.ctx.faa(s.shared.node, s.upper_addr, 1).await {
+            Ok(_) => return Ok(()),
+            Err(e) if transient(&e) && Instant::now() < deadline => e,
+            Err(e) => return Err(lost(e.into())),
+        };
+        tracing::debug!(lock = id, ticket, error = %e, "release: FAA retried");
+        loop {
+            s.ctx.sleep(pause).await;
+            pause = (pause * 2).min(RETRY_MAX);
+            if !s.table_is_current().map_err(lost)? {
+                if Instant::now() >= deadline {
+                    return Err(lost(LockError::WaitTimeout {
+                        id,
+                        ticket,
+                        upper: s.upper,
+                    }));
+                }
+                continue;
+            }
+            match s.ctx.read(s.shared.node, s.upper_addr, 8).await {
+                Ok(b) => {
+                    s.upper = word(&b, 0).map_err(lost)?;
+                    break;
+                }
+                Err(e) if transient(&e) && Instant::now() < deadline => {}
+                Err(e) => return Err(lost(e.into())),
+            }
+        }
+        if s.upper != ticket {
+            // Only this ticket's FAA moves `upper` off it: the failed one took effect.
+            return Ok(());
+        }
+    }
 }
 
 #[cfg(test)]

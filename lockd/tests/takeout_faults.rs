@@ -37,6 +37,7 @@ use common::lockd_node;
 const SERVICE: u32 = 1;
 const CLIENT: u32 = 100;
 const LOCK: u64 = 3;
+const LOCK2: u64 = 4;
 
 fn cluster(name: &str) -> ClusterGuard {
     let c = format!("lockd-faults-{}-{name}", std::process::id());
@@ -627,6 +628,16 @@ fn a_sigkilled_lockd_restarts_in_a_larger_epoch_and_its_clients_reconnect() {
             .ticket()
             .unwrap()
     });
+    // A second ticket of the first epoch, still held after the client reconnected.
+    let (c, l) = (ctx.clone(), lc.clone());
+    let stale = block_on(&ctx, async move {
+        l.lock(&c, &[req(LOCK2, 5)])
+            .await
+            .unwrap()
+            .remove(0)
+            .ticket()
+            .unwrap()
+    });
     drop(first);
 
     let second = Lockd::spawn(cl.name(), &args, &err).expect("lockd restarts");
@@ -653,6 +664,18 @@ fn a_sigkilled_lockd_restarts_in_a_larger_epoch_and_its_clients_reconnect() {
         lc
     });
     assert_eq!(lc.epoch(), 2);
+    // The same addresses now name the new table, where lock LOCK2 is free at upper 0:
+    // the stale ticket 0 must not pass it on (an FAA there would break the new queue).
+    let c = ctx.clone();
+    let r = block_on(&ctx, async move {
+        let r = stale.release().await;
+        drop(c);
+        r
+    });
+    assert!(
+        matches!(&r, Err(e) if e.service_gone()),
+        "a stale ticket's release: {r:?}"
+    );
     let c = ctx.clone();
     let st = block_on(&ctx, async move {
         let t = lc
@@ -664,9 +687,18 @@ fn a_sigkilled_lockd_restarts_in_a_larger_epoch_and_its_clients_reconnect() {
             .unwrap();
         assert_eq!(t.number(), 0, "a fresh table: the old ticket is not in it");
         t.release().await.unwrap();
-        lc.read_state(&c, LOCK).await.unwrap()
+        (
+            lc.read_state(&c, LOCK).await.unwrap(),
+            lc.read_state(&c, LOCK2).await.unwrap(),
+        )
     });
+    let (st, st2) = st;
     assert_eq!((st.lower, st.upper), (1, 1));
+    assert_eq!(
+        (st2.lower, st2.upper),
+        (0, 0),
+        "the stale ticket moved the new table"
+    );
     drop(second);
     let _ = std::fs::remove_file(&err);
     let _ = std::fs::remove_dir_all(&dir);

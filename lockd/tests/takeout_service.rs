@@ -16,9 +16,10 @@ use lockd::service::{LockOrder, LockTable, EXPORT_NAME};
 use lockd::takeout::{Watermarks, UPPER_OFF};
 use lockd::wire::LOCK_HANDLER;
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::FabricKind;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
 use rrpc::node::Node;
 use rrpc::runtime::{block_on, join_all, CallError, Executor, RuntimeConfig, ThreadCtx};
+use rrpc::straw::QpKind;
 
 mod common;
 use common::lockd_node;
@@ -488,6 +489,104 @@ fn dropped_and_early_returned_tickets_pass_the_lock_on() {
     assert_eq!(svc.table.words(LOCK).0, 4, "four tickets taken");
     assert_eq!(svc.table.words(LOCK).1, 4, "and all four passed on");
     assert_eq!(lc.lost(), 0);
+}
+
+/// A dropped ticket waits for its turn as long as the queue ahead of it moves: three
+/// holders ahead of it hold 100 ms each, twice the client's release wait of 150 ms, and
+/// its release still passes the lock on (a fixed deadline counted from the drop would
+/// have given it up, and stalled the lock for good).
+#[test]
+fn a_dropped_ticket_waits_while_the_queue_ahead_moves() {
+    const LOCK: u64 = 5;
+    let cluster = cluster("moving-queue");
+    let svc = start_service(&cluster, 8, 1);
+    let (ctx, lc) = client(&cluster, svc.node.addr());
+    let mut lc = Rc::try_unwrap(lc).ok().expect("one owner");
+    lc.set_release_wait(Duration::from_millis(150));
+    let lc = Rc::new(lc);
+    let req = |ts| LockRequest {
+        id: LOCK,
+        ts,
+        mode: Mode::Hot,
+    };
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, lc) = (ctx.clone(), lc.clone());
+        ex.spawn(async move {
+            let mut ahead = Vec::new();
+            for ts in 1..=3 {
+                ahead.push(queued(lc.lock(&ctx, &[req(ts)]).await.unwrap()));
+            }
+            drop(queued(lc.lock(&ctx, &[req(4)]).await.unwrap()));
+            for mut t in ahead {
+                t.wait(Instant::now() + Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                ctx.sleep(Duration::from_millis(100)).await;
+                t.release().await.unwrap();
+            }
+        });
+    }
+    ex.run();
+    assert_eq!(lc.lost(), 0, "the dropped ticket's release gave up");
+    assert_eq!(svc.table.words(LOCK).0, 4, "four tickets taken");
+    assert_eq!(svc.table.words(LOCK).1, 4, "and all four passed on");
+}
+
+/// A dropped ticket's release outlives broken QPs: while it polls, its thread's
+/// one-sided QPs to the service are put into the error state again and again (every
+/// WR on them completes flushed until the control thread connects new ones), and the
+/// release still passes the lock on once the holder lets go.
+#[test]
+fn a_dropped_tickets_release_outlives_broken_qps() {
+    const LOCK: u64 = 6;
+    let cluster = cluster("broken-qps");
+    let svc = start_service(&cluster, 8, 1);
+    // On shm, the rxe timing model keeps WRs in flight long enough to be broken.
+    let kind = FabricKind::from_env().unwrap();
+    let cfg = FabricConfig {
+        model: (kind == FabricKind::Shm).then(|| "rxe".to_string()),
+        ..FabricConfig::new(kind, cluster.name(), NodeId(CLIENT_NODE))
+    };
+    let ctx = ThreadCtx::new(Fabric::open(&cfg).unwrap(), RuntimeConfig::default()).unwrap();
+    let lc = Rc::new(LockClient::from_info(&ctx.connect_rpc(svc.node.addr()).unwrap()).unwrap());
+    let req = |ts| LockRequest {
+        id: LOCK,
+        ts,
+        mode: Mode::Hot,
+    };
+    let injected = Rc::new(Cell::new(0usize));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let (ctx, lc, injected) = (ctx.clone(), lc.clone(), injected.clone());
+        ex.spawn(async move {
+            let mut a = queued(lc.lock(&ctx, &[req(1)]).await.unwrap());
+            drop(queued(lc.lock(&ctx, &[req(2)]).await.unwrap()));
+            a.wait(Instant::now() + Duration::from_secs(10))
+                .await
+                .unwrap();
+            // Break the QPs while the release's polls are in flight on them.
+            let node = NodeId(SERVICE_NODE);
+            for _ in 0..20 {
+                for _ in 0..10_000 {
+                    if ctx.one_sided_in_flight(node) > 0 {
+                        break;
+                    }
+                    ctx.yield_now().await;
+                }
+                if let Ok(n) = ctx.inject_qp_error(node, QpKind::OneSided) {
+                    injected.set(injected.get() + n);
+                }
+                ctx.sleep(Duration::from_millis(2)).await;
+            }
+            a.release().await.unwrap();
+        });
+    }
+    ex.run();
+    assert!(injected.get() > 0, "no QP was broken");
+    assert_eq!(lc.lost(), 0, "the dropped ticket's release gave up");
+    assert_eq!(svc.table.words(LOCK).0, 2, "two tickets taken");
+    assert_eq!(svc.table.words(LOCK).1, 2, "and both passed on");
 }
 
 struct LockdProc {

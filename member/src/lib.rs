@@ -112,7 +112,7 @@ mod member;
 mod stub_imp;
 mod types;
 
-pub use crossbeam_channel::Receiver;
+pub use crossbeam_channel::{Receiver, RecvTimeoutError};
 pub use error::{EtcdError, MemberError};
 pub use fencer::{join_and_fence, spawn_fencer, wait_fenced};
 pub use local::LocalEtcd;

@@ -23,19 +23,57 @@ use crate::cnode::{
 };
 use crate::history_out;
 use crate::launcher::default_bin_dir;
-use crate::recoverer::Recoverer;
+use crate::recoverer::{Recoverer, RecoveryRecord, Survivor};
 use crate::report::{LockdRestart, TsoRestart, WorkerStats};
 use crate::timeline::{CnodeTimeline, Fault};
 use crate::txn_args::{Args, Point, ProtocolArg, NODE_CNODE};
 use crate::workload::{RunClock, WorkloadSpec};
 
-/// The `cnode` binary: run the compute node of `a` until stopped (module docs).
-///
-/// Errors: a bad run spec, a fabric or a cluster that cannot be reached, a thread that
 /// How long a restarted compute node waits for its earlier lives' recovery before it
 /// gives up (and exits without serving).
 const RECOVERED_WAIT: Duration = Duration::from_secs(30);
 
+/// How long the launcher waits for a surviving compute node to record a dead life's
+/// recovery before it recovers the life itself.
+const SURVIVOR_WAIT: Duration = Duration::from_secs(10);
+
+/// The recovery record of `node`'s `life`, waiting up to `wait` for it; `None` if none
+/// came. Errors: etcd failed, or the record is not one (a life that left cleanly is
+/// never declared dead).
+fn record(
+    me: &member::Member,
+    node: u16,
+    life: u64,
+    wait: Duration,
+) -> anyhow::Result<Option<RecoveryRecord>> {
+    match me.wait_recovered(node, life, wait)? {
+        Some(v) => RecoveryRecord::parse(&v).map(Some).map_err(|e| anyhow!(e)),
+        None => Ok(None),
+    }
+}
+
+/// The node ids of the compute-node processes.
+fn cnode_ids() -> std::ops::Range<u16> {
+    NODE_CNODE as u16..(NODE_CNODE as usize + crate::txn_args::MAX_CNODES) as u16
+}
+
+/// The nodes that must fence a dead compute node before its recovery: every memory
+/// node, and the lock service when `protocol` uses one.
+fn fencers(memnodes: usize, protocol: Protocol) -> Vec<u16> {
+    (0..memnodes as u32)
+        .map(|i| (crate::txn_args::NODE_MEMNODE + i) as u16)
+        .chain(
+            protocol
+                .needs_lockd()
+                .then_some(crate::txn_args::NODE_LOCKD as u16),
+        )
+        .collect()
+}
+
+/// The `cnode` binary: run the compute node of `a` until stopped (module docs), and,
+/// with a membership service, recover other compute nodes' dead lives as a survivor.
+///
+/// Errors: a bad run spec, a fabric or a cluster that cannot be reached, a thread that
 /// panicked, stdout closed.
 pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     if a.cnode >= crate::txn_args::MAX_CNODES {
@@ -116,6 +154,22 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         memnodes: a.memnodes.clone(),
         lockd: a.lockd,
         tso: a.tso,
+    };
+    // A survivor of other compute nodes' deaths: it recovers the lives it claims
+    // (recoverer module docs). Stopped when the run ends (after a recovery under way).
+    let survivor = match &membership {
+        Some(me) => Some(
+            Survivor::start(
+                me.clone(),
+                fabric.clone(),
+                addrs.clone(),
+                protocol,
+                cnode_ids(),
+                fencers(a.memnodes.len(), protocol),
+            )
+            .context("starting the survivor duty")?,
+        ),
+        None => None,
     };
     let cfg = crate::txnbench::txn_config(&args, protocol, threads);
     let clock = RunClock {
@@ -285,7 +339,9 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         write_out(o, &mut out).context("stdout")?;
     }
     say(&Msg::Done, &mut out).context("stdout")?;
-    // A clean stop: leave, so that nobody takes this incarnation for dead.
+    // A clean stop: leave, so that nobody takes this incarnation for dead (the survivor
+    // duty ends first: it holds the membership too).
+    drop(survivor);
     if let Some(mut m) = membership {
         for _ in 0..100 {
             match Arc::try_unwrap(m) {
@@ -535,14 +591,7 @@ impl<'a> Parent<'a> {
                         last: Default::default(),
                         pending: Vec::new(),
                         done: Default::default(),
-                        fencers: (0..args.memnodes)
-                            .map(|i| (crate::txn_args::NODE_MEMNODE + i) as u16)
-                            .chain(
-                                protocol
-                                    .needs_lockd()
-                                    .then_some(crate::txn_args::NODE_LOCKD as u16),
-                            )
-                            .collect(),
+                        fencers: fencers(args.memnodes as usize, protocol),
                     })
                 }
                 None => None,
@@ -587,12 +636,16 @@ impl<'a> Parent<'a> {
         Ok(())
     }
 
-    /// Recover compute node `index`'s dead life `inc` (node `node`; `life`: its etcd
+    /// Have compute node `index`'s dead life `inc` (node `node`; `life`: its etcd
     /// incarnation when known, else the one etcd has live for the node), dead at
-    /// `at_ms`, and print the recovery line. With a membership service: revoke its
-    /// lease (the fast path), wait until every memory node fenced it, claim its
-    /// recovery, recover, record it. Errors: recovery failed or could not be fenced
-    /// (the run cannot go on safely: the dead life's locks may still be held).
+    /// `at_ms`, recovered, and print the recovery line. With a membership service:
+    /// revoke its lease (the fast path: every survivor sees it Down now), wait until
+    /// every memory node fenced it (killing a stopped process they cannot fence), then
+    /// wait for the survivor that claimed it to record its recovery (recoverer module
+    /// docs); the launcher recovers it itself only when no compute node survives or
+    /// none recorded it within [`SURVIVOR_WAIT`]. Without one, the launcher recovers.
+    /// Errors: recovery failed or could not be fenced (the run cannot go on safely: the
+    /// dead life's locks may still be held).
     fn recover_dead(
         &mut self,
         index: usize,
@@ -601,6 +654,12 @@ impl<'a> Parent<'a> {
         life: Option<u64>,
         at_ms: f64,
     ) -> anyhow::Result<()> {
+        let survivors = self.cns.iter().any(|c| {
+            c.index != index
+                && !c.gone
+                && !self.dead_lives.contains(&(c.index, c.incarnation))
+                && !self.fenced_lives.contains(&(c.index, c.incarnation))
+        });
         let life = match &mut self.membership {
             None => fabric_incarnation(inc),
             Some(m) => {
@@ -641,45 +700,39 @@ impl<'a> Parent<'a> {
                 if !missing.is_empty() {
                     bail!("memory nodes {missing:?} did not fence node {n} incarnation {life}");
                 }
+                self.dead_lives.insert((index, inc));
+                if survivors {
+                    if let Some(rec) = record(&m.me, n, life, SURVIVOR_WAIT)? {
+                        return self.recovered(index, node, inc, at_ms, rec);
+                    }
+                    let at = self.ms();
+                    self.event(format!(
+                        "cnode {index} incarnation {inc}: no survivor recorded its recovery within {SURVIVOR_WAIT:?} (at {at:.0} ms); the launcher recovers it"
+                    ));
+                }
+                let m = self.membership.as_mut().expect("matched above");
                 if !m.me.claim_recovery(n, life)? {
-                    return Ok(()); // another survivor recovers it
+                    // A survivor holds the claim: its record comes, or its lease ends
+                    // with the claim and the others claim it.
+                    return match record(&m.me, n, life, Duration::from_secs(30))? {
+                        Some(rec) => self.recovered(index, node, inc, at_ms, rec),
+                        None => bail!(
+                            "cnode {index} incarnation {inc}: claimed, never recovered within 30 s"
+                        ),
+                    };
                 }
                 life
             }
         };
         self.dead_lives.insert((index, inc));
-        let r = self.recoverer.recover(node, life, Duration::from_secs(30));
-        match r {
+        match self.recoverer.recover(node, life, Duration::from_secs(30)) {
             Ok(r) => {
+                let rec = RecoveryRecord::of(crate::txn_args::NODE_CN as u16, &r);
                 if let Some(m) = &self.membership {
-                    m.me.finish_recovery(node as u16, life, &r.summary())
+                    m.me.finish_recovery(node as u16, life, &rec.to_json())
                         .context("recording the recovery")?;
                 }
-                self.event(format!(
-                    "recovery: cn {index} incarnation {inc} dead at {at_ms:.0} ms: {}",
-                    r.summary()
-                ));
-                // Its commits since its last streamed batch, and those recovery rolled
-                // forward, are nowhere in the history: it is incomplete from here (at
-                // least one lost), and the checks say so.
-                if let Some(h) = &mut self.history {
-                    h.note_lost(1 + r.forward as u64);
-                }
-                // Its exact net: every commit its coroutines counted, and the one each
-                // was in the middle of if recovery rolled it forward.
-                let path = crate::ledger::Ledger::path(&self.cluster_name, node, inc);
-                match crate::ledger::Ledger::read(&path) {
-                    Ok(slots) => {
-                        let (net, _) = crate::ledger::settle(&slots, &r.forward_notes);
-                        self.ledger_net.insert((index, inc), net);
-                        let _ = std::fs::remove_file(&path);
-                    }
-                    Err(e) => self.event(format!(
-                        "cnode {index} incarnation {inc}: no ledger ({}: {e}); its last commits are not counted",
-                        path.display()
-                    )),
-                }
-                Ok(())
+                self.recovered(index, node, inc, at_ms, rec)
             }
             Err(e) => {
                 self.event(format!(
@@ -688,6 +741,49 @@ impl<'a> Parent<'a> {
                 bail!("recovery of cnode {index} incarnation {inc} failed: {e}")
             }
         }
+    }
+
+    /// Print compute node `index`'s life `inc`'s recovery line (who recovered it, from
+    /// `rec`) and account for it: its commits since its last streamed batch, and those
+    /// recovery rolled forward, are nowhere in the history; its exact net comes from
+    /// its ledger and the notes of the logs rolled forward.
+    fn recovered(
+        &mut self,
+        index: usize,
+        node: u32,
+        inc: u32,
+        at_ms: f64,
+        rec: RecoveryRecord,
+    ) -> anyhow::Result<()> {
+        let by = match u32::from(rec.by) {
+            n if n == crate::txn_args::NODE_CN => "the launcher".to_string(),
+            n => match n.checked_sub(NODE_CNODE) {
+                Some(i) => format!("cn {i}"),
+                None => format!("node {n}"),
+            },
+        };
+        self.event(format!(
+            "recovery: cn {index} incarnation {inc} dead at {at_ms:.0} ms: {}, by {by}",
+            rec.summary
+        ));
+        // The history is incomplete from here (at least one commit lost): the checks
+        // say so.
+        if let Some(h) = &mut self.history {
+            h.note_lost(1 + rec.forward as u64);
+        }
+        let path = crate::ledger::Ledger::path(&self.cluster_name, node, inc);
+        match crate::ledger::Ledger::read(&path) {
+            Ok(slots) => {
+                let (net, _) = crate::ledger::settle(&slots, &rec.forward_notes);
+                self.ledger_net.insert((index, inc), net);
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(e) => self.event(format!(
+                "cnode {index} incarnation {inc}: no ledger ({}: {e}); its last commits are not counted",
+                path.display()
+            )),
+        }
+        Ok(())
     }
 
     /// Start compute node `index` as `incarnation` (with `t0`: running at once).
