@@ -125,6 +125,9 @@ pub struct RecoveryRecord {
     pub by: u16,
     /// [`RecoveryReport::summary`].
     pub summary: String,
+    /// [`RecoveryReport::phases`].
+    #[serde(default)]
+    pub phases: String,
     /// Logs rolled forward.
     pub forward: usize,
     /// `(transaction id, note)` of each log rolled forward.
@@ -137,6 +140,7 @@ impl RecoveryRecord {
         Self {
             by,
             summary: r.summary(),
+            phases: r.phases(),
             forward: r.forward,
             forward_notes: r.forward_notes.clone(),
         }

@@ -79,6 +79,10 @@ pub struct Fault {
     pub at_ms: f64,
     /// The compute node it hit (`None`: a service all compute nodes use).
     pub cnode: Option<usize>,
+    /// When its recovery was done, ms into the run, if known (a dead compute node's:
+    /// when the launcher saw its recovery record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovered_ms: Option<f64>,
 }
 
 /// How throughput came back after a fault.
@@ -92,6 +96,18 @@ pub struct Recovery {
     pub first_recovered_interval: Option<usize>,
     /// Its start, ms after the fault.
     pub recovered_after_ms: Option<f64>,
+    /// Intervals that start after the fault's recovery was done (after the fault when
+    /// that is not known), up to the run's last whole one, in which the survivors
+    /// committed nothing.
+    pub survivors_empty_intervals: usize,
+    /// The first of them, ms after the fault.
+    pub first_empty_after_ms: Option<f64>,
+    /// Mean commits per interval of every compute node before the fault (the first
+    /// interval, a partial start, left out).
+    pub all_pre_fault: f64,
+    /// Mean commits per interval of every compute node (a restarted one included) from
+    /// the first recovered interval to the run's last whole one.
+    pub all_post_recovery: Option<f64>,
 }
 
 /// The run's timeline: commits per interval per compute node, their sum, and the
@@ -193,10 +209,29 @@ impl Recovery {
             "recovery: {} at {:.0} ms; first interval after the fault with throughput >= 90% of the survivors' pre-fault share ({:.1} per {interval_ms} ms)",
             self.fault.what, self.fault.at_ms, self.survivors_pre_fault
         );
-        match (self.first_recovered_interval, self.recovered_after_ms) {
+        let back = match (self.first_recovered_interval, self.recovered_after_ms) {
             (Some(i), Some(ms)) => format!("{head}: interval {i}, {ms:.0} ms after the fault"),
             _ => format!("{head}: none before the run ended"),
-        }
+        };
+        let since = match self.fault.recovered_ms {
+            Some(ms) => format!("the recovery (done at {ms:.0} ms)"),
+            None => "the fault".to_string(),
+        };
+        let empty = match self.first_empty_after_ms {
+            Some(ms) => format!(
+                "{} interval(s) after {since} with no survivor commit, the first {ms:.0} ms after the fault",
+                self.survivors_empty_intervals
+            ),
+            None => format!("no interval after {since} without a survivor commit"),
+        };
+        let ratio = match self.all_post_recovery {
+            Some(post) if self.all_pre_fault > 0.0 => format!(
+                "; throughput after the recovery / before the fault: {:.2}",
+                post / self.all_pre_fault
+            ),
+            _ => String::new(),
+        };
+        format!("{back}; {empty}{ratio}")
     }
 }
 
@@ -229,10 +264,39 @@ pub fn recovery(cnodes: &[CnodeTimeline], interval_ms: u64, fault: Fault) -> Rec
             .sum();
         total as f64 >= 0.9 * survivors_pre_fault
     });
+    // The run's last interval may be partial: left out of what follows.
+    let whole = n.saturating_sub(1);
+    let survivors_at = |i: usize| -> u64 {
+        survivors
+            .iter()
+            .map(|c| c.commits.get(i).copied().unwrap_or(0))
+            .sum()
+    };
+    let all_at = |i: usize| -> u64 {
+        cnodes
+            .iter()
+            .map(|c| c.commits.get(i).copied().unwrap_or(0))
+            .sum()
+    };
+    let quiet_from = fault
+        .recovered_ms
+        .map_or(first_after, |ms| ((ms / iv).ceil() as usize).min(n));
+    let empty: Vec<usize> = (quiet_from..whole)
+        .filter(|&i| survivors_at(i) == 0)
+        .collect();
+    let all_pre_fault =
+        (from..before).map(all_at).sum::<u64>() as f64 / (before - from).max(1) as f64;
+    let all_post_recovery = found
+        .filter(|&i| i < whole)
+        .map(|i| (i..whole).map(all_at).sum::<u64>() as f64 / (whole - i) as f64);
     Recovery {
         recovered_after_ms: found.map(|i| i as f64 * iv - fault.at_ms),
         first_recovered_interval: found,
         survivors_pre_fault,
+        survivors_empty_intervals: empty.len(),
+        first_empty_after_ms: empty.first().map(|&i| i as f64 * iv - fault.at_ms),
+        all_pre_fault,
+        all_post_recovery,
         fault,
     }
 }
@@ -279,6 +343,7 @@ mod tests {
             what: "cnode 1 killed".into(),
             at_ms: 40.0,
             cnode: Some(1),
+            recovered_ms: None,
         };
         let r = recovery(&[c0.clone(), c1.clone()], 10, fault.clone());
         assert_eq!(r.survivors_pre_fault, 10.0);
@@ -289,10 +354,36 @@ mod tests {
             "{}",
             r.line(10)
         );
+        // The survivors committed nothing in interval 5 (50 ms: 10 ms after the fault).
+        assert_eq!(r.survivors_empty_intervals, 1);
+        assert_eq!(r.first_empty_after_ms, Some(10.0));
+        // All nodes: 20 per interval before (intervals 1 to 3), 9.5 after the recovery
+        // (intervals 7 and 8; the last one, 8, is left out as partial: 9).
+        assert_eq!(r.all_pre_fault, 20.0);
+        assert_eq!(r.all_post_recovery, Some(9.0));
+        assert!(
+            r.line(10).contains("1 interval(s) after the fault with no survivor commit, the first 10 ms after the fault; throughput after the recovery / before the fault: 0.45"),
+            "{}",
+            r.line(10)
+        );
+        // Counted from the recovery when it is known: done at 55 ms, interval 5 is not.
+        let done = Fault {
+            recovered_ms: Some(55.0),
+            ..fault.clone()
+        };
+        let r = recovery(&[c0.clone(), c1.clone()], 10, done);
+        assert_eq!(r.survivors_empty_intervals, 0);
+        assert!(
+            r.line(10).contains(
+                "no interval after the recovery (done at 55 ms) without a survivor commit"
+            ),
+            "{}",
+            r.line(10)
+        );
         // Never back: said so.
         let c0 = row(0, &[2, 10, 10, 10, 3, 0, 5, 8, 8]);
         let r = recovery(&[c0, c1], 10, fault);
         assert_eq!(r.first_recovered_interval, None);
-        assert!(r.line(10).ends_with("none before the run ended"));
+        assert!(r.line(10).contains("none before the run ended; "));
     }
 }

@@ -95,9 +95,10 @@ pub struct Args {
     /// microseconds (0 turns it off).
     #[arg(long, default_value_t = 20, value_name = "US")]
     pub tocc_wait_us: u64,
-    /// Repeat the run(s) at each point: theta=0,0.5,0.99 (Zipf theta) or clients=8,16,32
-    /// (coroutines per thread); prints a table, and with --chart draws throughput
-    /// against p99, one line per protocol.
+    /// Repeat the run(s) at each point: theta=0,0.5,0.99 (Zipf theta), clients=8,16,32
+    /// (coroutines per thread) or commit-log=off,on (what the commit logs cost, with the
+    /// coordinators inside txn-bench); prints a table, and with --chart draws
+    /// throughput against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
     pub sweep: Option<Sweep>,
@@ -369,6 +370,9 @@ pub enum Sweep {
     Theta(Vec<f64>),
     /// Coroutines per thread.
     Clients(Vec<usize>),
+    /// Commit logs off or on (`--commit-log`; coordinators inside txn-bench only): what
+    /// the logs cost on the happy path, side by side.
+    CommitLog(Vec<bool>),
 }
 
 impl FromStr for Sweep {
@@ -376,7 +380,7 @@ impl FromStr for Sweep {
     fn from_str(s: &str) -> Result<Self, String> {
         let Some((param, values)) = s.split_once('=') else {
             return Err(format!(
-                "--sweep {s:?}: expected theta=V1,V2,... or clients=N1,N2,..."
+                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,... or commit-log=off,on"
             ));
         };
         let values: Vec<&str> = values.split(',').map(str::trim).collect();
@@ -404,8 +408,17 @@ impl FromStr for Sweep {
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::Clients),
+            "commit-log" => values
+                .iter()
+                .map(|v| match *v {
+                    "off" | "false" => Ok(false),
+                    "on" | "true" => Ok(true),
+                    _ => Err(format!("--sweep commit-log: {v:?} is not off or on")),
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::CommitLog),
             p => Err(format!(
-                "--sweep: unknown parameter {p:?}: theta or clients"
+                "--sweep: unknown parameter {p:?}: theta, clients or commit-log"
             )),
         }
     }
@@ -421,6 +434,11 @@ impl fmt::Display for Sweep {
                 "clients={}",
                 join(v.iter().map(usize::to_string).collect())
             ),
+            Self::CommitLog(v) => write!(
+                f,
+                "commit-log={}",
+                join(v.iter().map(|&b| on_off(b).to_string()).collect())
+            ),
         }
     }
 }
@@ -432,8 +450,19 @@ pub(crate) struct Point {
     pub(crate) theta: f64,
     /// Coroutines per thread at this point.
     pub(crate) coroutines: usize,
-    /// `theta=0.5`, `clients=16`; `None` without a sweep.
+    /// Commit logs at this point (`None`: as `--commit-log` says).
+    pub(crate) commit_log: Option<bool>,
+    /// `theta=0.5`, `clients=16`, `commit-log=on`; `None` without a sweep.
     pub(crate) label: Option<String>,
+}
+
+/// `on` or `off`.
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
 }
 
 impl Args {
@@ -555,6 +584,12 @@ impl Args {
                 self.cnodes
             );
         }
+        if self.coordinator_processes() && matches!(self.sweep, Some(Sweep::CommitLog(_))) {
+            bail!(
+                "--sweep commit-log: coordinator processes always log (their recovery needs \
+                 it); sweep it with the coordinators inside txn-bench (--cnodes 1)"
+            );
+        }
         if self.coordinator_processes() && self.breakdown {
             bail!("--breakdown runs with the coordinators in txn-bench (--cnodes 1)");
         }
@@ -605,6 +640,7 @@ impl Args {
             None => vec![Point {
                 theta: self.theta,
                 coroutines: self.coroutines,
+                commit_log: None,
                 label: None,
             }],
             Some(Sweep::Theta(v)) => v
@@ -612,6 +648,7 @@ impl Args {
                 .map(|&theta| Point {
                     theta,
                     coroutines: self.coroutines,
+                    commit_log: None,
                     label: Some(format!("theta={theta}")),
                 })
                 .collect(),
@@ -620,7 +657,17 @@ impl Args {
                 .map(|&coroutines| Point {
                     theta: self.theta,
                     coroutines,
+                    commit_log: None,
                     label: Some(format!("clients={coroutines}")),
+                })
+                .collect(),
+            Some(Sweep::CommitLog(v)) => v
+                .iter()
+                .map(|&on| Point {
+                    theta: self.theta,
+                    coroutines: self.coroutines,
+                    commit_log: Some(on),
+                    label: Some(format!("commit-log={}", on_off(on))),
                 })
                 .collect(),
         }

@@ -236,6 +236,13 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
             workload.skew(args.theta),
             args.sweep.as_ref().expect("a sweep")
         ),
+        Some(Sweep::CommitLog(_)) => format!(
+            "{threads} thread(s) x {} coroutines | {} | {} | sweep {}",
+            args.coroutines,
+            workload.scale(),
+            workload.skew(args.theta),
+            args.sweep.as_ref().expect("a sweep")
+        ),
         None => format!(
             "{threads} thread(s) x {} coroutines | {} | {}",
             args.coroutines,
@@ -712,7 +719,10 @@ fn measure(
         return cnodes::measure(args, workload, cluster, protocol, point, stop);
     }
     let threads = args.threads.unwrap_or(1).max(1);
-    let cfg = txn_config(args, protocol, threads);
+    let mut cfg = txn_config(args, protocol, threads);
+    if let Some(on) = point.commit_log {
+        cfg.commit_log = on;
+    }
     let t0 = Arc::new(AtomicU64::new(0));
     let clock = RunClock {
         t0_ns: 0,
@@ -817,6 +827,7 @@ pub(crate) fn tso_fault(r: Option<&TsoRestart>) -> Option<Fault> {
         what: "tso killed".into(),
         at_ms: r.killed_at_s * 1e3,
         cnode: None,
+        recovered_ms: None,
     })
 }
 
@@ -1248,6 +1259,7 @@ pub(crate) fn lockd_fault(r: Option<&LockdRestart>) -> Option<Fault> {
         what: "lockd killed".into(),
         at_ms: r.killed_at_s * 1e3,
         cnode: None,
+        recovered_ms: None,
     })
 }
 
@@ -1343,6 +1355,14 @@ mod tests {
             Ok(Sweep::Clients(vec![8, 16]))
         );
         assert_eq!(Sweep::Theta(vec![0.0, 0.5]).to_string(), "theta=0,0.5");
+        assert_eq!(
+            "commit-log=off,on".parse::<Sweep>(),
+            Ok(Sweep::CommitLog(vec![false, true]))
+        );
+        assert_eq!(
+            Sweep::CommitLog(vec![false, true]).to_string(),
+            "commit-log=off,on"
+        );
         for bad in [
             "theta",
             "theta=",
@@ -1351,6 +1371,7 @@ mod tests {
             "theta=inf",
             "clients=0",
             "clients=1.5",
+            "commit-log=maybe",
             "x=1",
         ] {
             assert!(bad.parse::<Sweep>().is_err(), "{bad}");

@@ -97,6 +97,10 @@ fn scythe_coordinator_processes_survive_a_lockd_restart() {
             "200",
             "--timeline-ms",
             "100",
+            // No false suspicion on a loaded machine: a coordinator declared dead would
+            // leave before it reported its reconnects.
+            "--lease-ms",
+            "3000",
         ],
         Duration::from_secs(300),
     );

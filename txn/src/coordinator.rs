@@ -333,7 +333,7 @@ impl TxnClient {
             let t0 = std::time::Instant::now();
             let owner = lockd::owners::Owner { node, incarnation };
             rep.tickets = l.release_node(self.ctx(), owner).await? as usize;
-            rep.sweep_time += t0.elapsed();
+            rep.tickets_time = t0.elapsed();
         }
         Ok(rep)
     }

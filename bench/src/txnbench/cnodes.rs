@@ -403,6 +403,7 @@ pub(crate) fn measure(
     let elapsed = p.started.elapsed();
     faults.finish(&mut p);
     p.stop_all()?;
+    let last_recovered_ms = p.last_recovered_ms;
     if let Some(e) = service_died {
         bail!("a service died during the run: {e}");
     }
@@ -427,7 +428,14 @@ pub(crate) fn measure(
         lockd_restart,
         cpu: Vec::new(),
         timelines,
-        fault: faults.fault,
+        // A stopped compute node's recovery comes after the fault fired (at its lease's
+        // end, if at all).
+        fault: faults.fault.map(|mut f| {
+            if f.cnode.is_some() && f.recovered_ms.is_none() {
+                f.recovered_ms = last_recovered_ms.filter(|&r| r >= f.at_ms);
+            }
+            f
+        }),
         cnode_events: events,
         history_written: args.history_out.is_some(),
     })
@@ -470,6 +478,9 @@ struct Parent<'a> {
     /// The exact net (SmallBank money) of each dead life, from its ledger and the
     /// commit-log notes its recovery rolled forward.
     ledger_net: std::collections::HashMap<(usize, u32), i64>,
+    /// When the last recovery of a compute node was done (its record seen), ms into
+    /// the run.
+    last_recovered_ms: Option<f64>,
 }
 
 /// The parent's view of the membership service: it joins as an observer, learns each
@@ -573,6 +584,7 @@ impl<'a> Parent<'a> {
             dead_lives: Default::default(),
             fenced_lives: Default::default(),
             ledger_net: Default::default(),
+            last_recovered_ms: None,
             membership: match &cluster.etcd {
                 Some(e) => {
                     let me = member::Member::join(
@@ -762,9 +774,10 @@ impl<'a> Parent<'a> {
                 None => format!("node {n}"),
             },
         };
+        self.last_recovered_ms = Some(self.ms());
         self.event(format!(
-            "recovery: cn {index} incarnation {inc} dead at {at_ms:.0} ms: {}, by {by}",
-            rec.summary
+            "recovery: cn {index} incarnation {inc} dead at {at_ms:.0} ms: {} ({}), by {by}",
+            rec.summary, rec.phases
         ));
         // The history is incomplete from here (at least one commit lost): the checks
         // say so.
@@ -982,6 +995,7 @@ impl<'a> Parent<'a> {
             what: format!("cnode {target} killed"),
             at_ms: at,
             cnode: Some(target),
+            recovered_ms: self.last_recovered_ms,
         }))
     }
 
@@ -1193,6 +1207,7 @@ impl<'a> Faults<'a> {
                     what: format!("cnode {target} stopped for {} ms", args.stop_ms),
                     at_ms: at,
                     cnode: Some(target),
+                    recovered_ms: None,
                 });
             }
         }
