@@ -5,7 +5,9 @@
 #    libclang-dev), to load libibverbs (libibverbs1, ibverbs-providers), to build the etcd
 #    client of the member crate (protobuf-compiler: protoc) and to run its tests against a
 #    real etcd (etcd-server: each test starts its own on loopback).
-# 2. Builds everything with the verbs backend and the etcd client compiled in and runs all
+# 2. Checks the formatting (cargo fmt --check), the lints (cargo clippy, warnings denied)
+#    and the docs (cargo doc, warnings denied: no broken links); then builds everything
+#    with the verbs backend and the etcd client compiled in and runs all
 #    tests on the shm fabric (cargo test --workspace); RRPC_REQUIRE_ETCD=1 makes the member
 #    tests fail, not skip, when etcd is missing.
 # 3. Runs the fabric conformance suite and the RPC, modes, straws, shm-cluster and
@@ -51,11 +53,24 @@ case "$PWD" in
     esac;;
 esac
 
-echo "== cargo test --workspace (shm fabric; verbs backend and etcd client compiled in)"
-export RRPC_REQUIRE_ETCD=1
 # The same features on every workspace-wide line below: etcd-client turns on tonic features
 # that bench leaves off, so a line without member/etcd would rebuild tonic and its dependents.
 features=(--features rrpc/verbs --features member/etcd)
+
+echo "== hygiene: cargo fmt --check, cargo clippy -D warnings, cargo doc -D warnings"
+missing=()
+for c in rustfmt clippy; do
+  rustup component list --installed 2>/dev/null | grep "^$c" >/dev/null || missing+=("$c")
+done
+if [ ${#missing[@]} -gt 0 ] && command -v rustup >/dev/null; then
+  rustup component add "${missing[@]}"
+fi
+cargo fmt --all --check
+cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace "${features[@]}"
+
+echo "== cargo test --workspace (shm fabric; verbs backend and etcd client compiled in)"
+export RRPC_REQUIRE_ETCD=1
 cargo test --workspace "${features[@]}"
 
 # Completions that arrive late exercise paths that instant completion never does.

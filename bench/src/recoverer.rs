@@ -5,8 +5,8 @@
 //! or back, its CVT lock words, insert guards and claims swept, then its Scythe
 //! tickets released) when asked, and answers with what it did.
 //!
-//! With a membership service (etcd), the recoverer is a surviving compute node (SPECS
-//! B.6.5, Lotus 6): every `cnode` process runs a [`Survivor`], which watches the
+//! With a membership service (etcd), the recoverer is a surviving compute node (Lotus
+//! 6; Motor 5.3): every `cnode` process runs a [`Survivor`], which watches the
 //! membership; on a compute node's Down event (its lease revoked by the launcher that
 //! reaped it, or expired) each survivor waits until every memory node (and the lock
 //! service) fenced the dead life, and the one whose claim in etcd wins

@@ -183,8 +183,9 @@ pub struct Args {
     pub breakdown: bool,
     /// Write a commit log to the memory nodes before each commit's installs (one round
     /// trip more per read-write commit), which a survivor needs to recover a coordinator
-    /// that dies. Always on with --cnodes 2 or more; this turns it on for coordinators
-    /// inside txn-bench too, to measure its cost.
+    /// that dies. Always on with coordinator processes (--cnodes 2 or more); this turns
+    /// it on for coordinators inside txn-bench too (--sweep commit-log=off,on measures
+    /// its cost side by side).
     #[arg(long)]
     #[serde(default)]
     pub commit_log: bool,

@@ -47,7 +47,7 @@ pub enum AbortReason {
     /// client reconnects to ([`lockd::client::LockConn`]).
     LockService,
     /// A ticket the attempt holds is older than the ticket lease
-    /// ([`crate::TxnConfig::ticket_lease`]) at commit: a restarted lock service may
+    /// ([`crate::config::TxnConfig::ticket_lease`]) at commit: a restarted lock service may
     /// already have granted its lock to another, so the attempt must not act on it.
     TicketExpired,
     /// The workload met a state that cannot be (a row its earlier reads say exists is
