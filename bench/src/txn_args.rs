@@ -96,8 +96,9 @@ pub struct Args {
     #[arg(long, default_value_t = 20, value_name = "US")]
     pub tocc_wait_us: u64,
     /// Repeat the run(s) at each point: theta=0,0.5,0.99 (Zipf theta), clients=8,16,32
-    /// (coroutines per thread) or commit-log=off,on (what the commit logs cost, with the
-    /// coordinators inside txn-bench); prints a table, and with --chart draws
+    /// (coroutines per thread) or commit-log=off,on,ordered (what the commit logs cost,
+    /// placed either way, with the coordinators inside txn-bench); prints a table, and
+    /// with --chart draws
     /// throughput against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
@@ -189,6 +190,13 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub commit_log: bool,
+    /// Where a commit log lands relative to the installs: round-before (its WRITEs
+    /// complete, then the installs start) or ordered (per memory node, the log and the
+    /// installs as one ordered WR list on one QP, which RC lands in order: one round
+    /// trip less).
+    #[arg(long, value_enum, default_value_t = LogPlacementArg::RoundBefore)]
+    #[serde(default)]
+    pub log_placement: LogPlacementArg,
     /// With --cnodes 2 or more: the lease of each coordinator process in etcd, in
     /// milliseconds (rounded up to whole seconds, at least 1 s). A process that cannot
     /// renew it for this long (stopped, or starved on an emulated machine) is declared
@@ -371,9 +379,10 @@ pub enum Sweep {
     Theta(Vec<f64>),
     /// Coroutines per thread.
     Clients(Vec<usize>),
-    /// Commit logs off or on (`--commit-log`; coordinators inside txn-bench only): what
-    /// the logs cost on the happy path, side by side.
-    CommitLog(Vec<bool>),
+    /// Commit logs off, on (a round before the installs) or ordered (in the installs'
+    /// round; `--commit-log`, `--log-placement`; coordinators inside txn-bench only):
+    /// what the logs cost on the happy path, side by side.
+    CommitLog(Vec<LogSetting>),
 }
 
 impl FromStr for Sweep {
@@ -381,7 +390,7 @@ impl FromStr for Sweep {
     fn from_str(s: &str) -> Result<Self, String> {
         let Some((param, values)) = s.split_once('=') else {
             return Err(format!(
-                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,... or commit-log=off,on"
+                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,... or commit-log=off,on,ordered"
             ));
         };
         let values: Vec<&str> = values.split(',').map(str::trim).collect();
@@ -412,9 +421,12 @@ impl FromStr for Sweep {
             "commit-log" => values
                 .iter()
                 .map(|v| match *v {
-                    "off" | "false" => Ok(false),
-                    "on" | "true" => Ok(true),
-                    _ => Err(format!("--sweep commit-log: {v:?} is not off or on")),
+                    "off" | "false" => Ok(LogSetting::Off),
+                    "on" | "true" => Ok(LogSetting::RoundBefore),
+                    "ordered" => Ok(LogSetting::Ordered),
+                    _ => Err(format!(
+                        "--sweep commit-log: {v:?} is not off, on or ordered"
+                    )),
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::CommitLog),
@@ -438,7 +450,7 @@ impl fmt::Display for Sweep {
             Self::CommitLog(v) => write!(
                 f,
                 "commit-log={}",
-                join(v.iter().map(|&b| on_off(b).to_string()).collect())
+                join(v.iter().map(|l| l.name().to_string()).collect())
             ),
         }
     }
@@ -451,19 +463,43 @@ pub(crate) struct Point {
     pub(crate) theta: f64,
     /// Coroutines per thread at this point.
     pub(crate) coroutines: usize,
-    /// Commit logs at this point (`None`: as `--commit-log` says).
-    pub(crate) commit_log: Option<bool>,
+    /// Commit logs at this point (`None`: as `--commit-log` and `--log-placement` say).
+    pub(crate) commit_log: Option<LogSetting>,
     /// `theta=0.5`, `clients=16`, `commit-log=on`; `None` without a sweep.
     pub(crate) label: Option<String>,
 }
 
-/// `on` or `off`.
-fn on_off(b: bool) -> &'static str {
-    if b {
-        "on"
-    } else {
-        "off"
+/// Commit logs at a point of `--sweep commit-log=...`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogSetting {
+    /// No commit log.
+    Off,
+    /// Logs a round before the installs ([`txn::config::LogPlacement::RoundBefore`]).
+    RoundBefore,
+    /// Logs in the installs' round, ahead of them on each memory node's QP
+    /// ([`txn::config::LogPlacement::Ordered`]).
+    Ordered,
+}
+
+impl LogSetting {
+    /// As the sweep names it: `off`, `on`, `ordered`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::RoundBefore => "on",
+            Self::Ordered => "ordered",
+        }
     }
+}
+
+/// The `--log-placement` flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize, Default)]
+pub enum LogPlacementArg {
+    /// The log WRITEs complete, then the installs start (one round trip more).
+    #[default]
+    RoundBefore,
+    /// Per memory node, the log WRITE and the installs as one ordered WR list.
+    Ordered,
 }
 
 impl Args {
@@ -664,11 +700,11 @@ impl Args {
                 .collect(),
             Some(Sweep::CommitLog(v)) => v
                 .iter()
-                .map(|&on| Point {
+                .map(|&l| Point {
                     theta: self.theta,
                     coroutines: self.coroutines,
-                    commit_log: Some(on),
-                    label: Some(format!("commit-log={}", on_off(on))),
+                    commit_log: Some(l),
+                    label: Some(format!("commit-log={}", l.name())),
                 })
                 .collect(),
         }

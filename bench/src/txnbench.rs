@@ -54,7 +54,9 @@ use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
 use crate::report::{comparison, ratios, LockdRestart, Ratio, Report, TsoRestart, WorkerStats};
 use crate::timeline::{CnodeTimeline, Fault, Timeline, TimelineReport};
-pub use crate::txn_args::{Args, IsolationArg, ProtocolArg, Sweep, MAX_MEMNODES};
+pub use crate::txn_args::{
+    Args, IsolationArg, LogPlacementArg, LogSetting, ProtocolArg, Sweep, MAX_MEMNODES,
+};
 pub(crate) use crate::txn_args::{Point, NODE_CN, NODE_LOCKD, NODE_MEMNODE, NODE_TSO};
 use crate::workload::{AuditCx, Audited, Workload, WorkloadSpec};
 use crate::workload::{Coroutine, Mix, RunClock};
@@ -720,8 +722,17 @@ fn measure(
     }
     let threads = args.threads.unwrap_or(1).max(1);
     let mut cfg = txn_config(args, protocol, threads);
-    if let Some(on) = point.commit_log {
-        cfg.commit_log = on;
+    match point.commit_log {
+        None => {}
+        Some(LogSetting::Off) => cfg.commit_log = false,
+        Some(LogSetting::RoundBefore) => {
+            cfg.commit_log = true;
+            cfg.log_placement = txn::config::LogPlacement::RoundBefore;
+        }
+        Some(LogSetting::Ordered) => {
+            cfg.commit_log = true;
+            cfg.log_placement = txn::config::LogPlacement::Ordered;
+        }
     }
     let t0 = Arc::new(AtomicU64::new(0));
     let clock = RunClock {
@@ -849,6 +860,10 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
         // Coordinators in processes of their own can die alone: their commits are
         // logged for the survivor that recovers them.
         commit_log: args.coordinator_processes() || args.commit_log,
+        log_placement: match args.log_placement {
+            LogPlacementArg::RoundBefore => txn::config::LogPlacement::RoundBefore,
+            LogPlacementArg::Ordered => txn::config::LogPlacement::Ordered,
+        },
         ..TxnConfig::default()
     }
 }
@@ -1355,13 +1370,14 @@ mod tests {
             Ok(Sweep::Clients(vec![8, 16]))
         );
         assert_eq!(Sweep::Theta(vec![0.0, 0.5]).to_string(), "theta=0,0.5");
+        use crate::txn_args::LogSetting::{Off, Ordered, RoundBefore};
         assert_eq!(
-            "commit-log=off,on".parse::<Sweep>(),
-            Ok(Sweep::CommitLog(vec![false, true]))
+            "commit-log=off,on,ordered".parse::<Sweep>(),
+            Ok(Sweep::CommitLog(vec![Off, RoundBefore, Ordered]))
         );
         assert_eq!(
-            Sweep::CommitLog(vec![false, true]).to_string(),
-            "commit-log=off,on"
+            Sweep::CommitLog(vec![Off, RoundBefore, Ordered]).to_string(),
+            "commit-log=off,on,ordered"
         );
         for bad in [
             "theta",

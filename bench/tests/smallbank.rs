@@ -351,10 +351,18 @@ fn bad_arguments_fail_cleanly() {
         (&["--isolation", "rc"], "--isolation"),
         (
             &["--sweep", "theta"],
-            "expected theta=V1,V2,... or clients=N1,N2,...",
+            "expected theta=V1,V2,..., clients=N1,N2,... or commit-log=off,on,ordered",
         ),
         (&["--sweep", "theta=0,x"], "is not a Zipf theta"),
         (&["--sweep", "clients=0"], "is not a number of coroutines"),
+        (
+            &["--sweep", "commit-log=maybe"],
+            "is not off, on or ordered",
+        ),
+        (
+            &["--cnodes", "2", "--sweep", "commit-log=off,on"],
+            "coordinator processes always log",
+        ),
         (
             &["--sweep", "accounts=1,2"],
             "unknown parameter \"accounts\"",

@@ -6,13 +6,15 @@
 //! transaction). Each protocol keeps its own per-attempt state (`S`) and per-object state
 //! (`O`) beside it; no protocol sees another's.
 
-use rrpc::runtime::join_all;
+use rrpc::fabric::RemoteAddr;
+use rrpc::runtime::{join_all, OneSidedError};
+use rrpc::NodeId;
 use tso::Timestamp;
 
 use crate::client_core::ClientCore;
 use crate::commit_log::{CommitLog, LogEntry};
 use crate::cvt::Cvt;
-use crate::cvt_remote::CvtLoc;
+use crate::cvt_remote::{CvtLoc, OwnedWrite};
 use crate::error::{AbortReason, TxnError};
 use crate::history::Access;
 use crate::phase::{Phase, PhaseClock};
@@ -278,6 +280,34 @@ impl<S, O> Attempt<'_, S, O> {
         &self,
         version: &impl Fn(&Obj<O>) -> Timestamp,
     ) -> Result<Vec<usize>, TxnError> {
+        let (victims, log) = self.log_plan(version)?;
+        if let Some((bytes, targets)) = log {
+            let ctx = self.core.store.ctx();
+            let wrote = join_all(
+                targets
+                    .iter()
+                    .map(|&(n, at)| crate::transient::write(ctx, n, at, &bytes)),
+            )
+            .await;
+            for w in wrote {
+                w?;
+            }
+        }
+        Ok(victims)
+    }
+
+    /// The victims of this commit's writes, in write order, and with commit logs on
+    /// the encoded log and the log slot on every memory node it installs on (nothing
+    /// is sent).
+    ///
+    /// Errors: [`TxnError::Usage`] for more writes than a log slot holds, or more
+    /// coordinators in flight than a memory node keeps slots for;
+    /// [`TxnError::Export`] for a memory node without a log region.
+    #[allow(clippy::type_complexity)]
+    fn log_plan(
+        &self,
+        version: &impl Fn(&Obj<O>) -> Timestamp,
+    ) -> Result<(Vec<usize>, Option<(Vec<u8>, Vec<(NodeId, RemoteAddr)>)>), TxnError> {
         let written = self.objs.iter().filter(|o| o.write.is_some());
         let victims: Vec<usize> = written
             .clone()
@@ -289,7 +319,7 @@ impl<S, O> Attempt<'_, S, O> {
             })
             .collect();
         if !self.core.cfg.commit_log {
-            return Ok(victims);
+            return Ok((victims, None));
         }
         let entries: Vec<LogEntry> = written
             .zip(&victims)
@@ -323,6 +353,7 @@ impl<S, O> Attempt<'_, S, O> {
             }
         };
         let mut targets = Vec::with_capacity(parts.len());
+        let mut max = usize::MAX;
         for &p in &parts {
             let region = store
                 .log(p)
@@ -334,21 +365,75 @@ impl<S, O> Attempt<'_, S, O> {
                     region.geometry.clients
                 ))
             })?;
-            targets.push((store.node_of(p)?, slot, region.geometry.max_entries()));
+            max = max.min(region.geometry.max_entries());
+            targets.push((store.node_of(p)?, slot));
         }
-        let max = targets.iter().map(|t| t.2).min().unwrap_or(0);
-        let bytes = log.encode(max).map_err(TxnError::Usage)?;
+        let bytes = log
+            .encode(if targets.is_empty() { 0 } else { max })
+            .map_err(TxnError::Usage)?;
+        Ok((victims, Some((bytes, targets))))
+    }
+
+    /// The log and the installs in one round
+    /// ([`crate::config::LogPlacement::Ordered`]): per memory
+    /// node one ordered WR list, its log WRITE first, then its records and cells. A
+    /// list too long for one post goes as the log's round, then the installs'.
+    ///
+    /// Errors: as [`Self::write_log`] and [`crate::cvt_remote::CvtRemote::install_in`].
+    async fn write_ordered_back(
+        &mut self,
+        version: &impl Fn(&Obj<O>) -> Timestamp,
+    ) -> Result<(), TxnError> {
+        let (victims, log) = self.log_plan(version)?;
+        let Some((bytes, targets)) = log else {
+            unreachable!("ordered placement only with commit logs on")
+        };
+        let store = &self.core.store;
+        // Per node: its log slot, then its installs' WRITEs in write order.
+        let mut lists: Vec<(NodeId, Vec<OwnedWrite>)> = targets
+            .iter()
+            .map(|&(n, at)| (n, vec![(at, bytes.clone())]))
+            .collect();
+        let written = self.objs.iter_mut().filter(|o| o.write.is_some());
+        for (o, victim) in written.zip(victims) {
+            let v = version(o);
+            let loc = o.loc.expect("a written object has a CVT by now");
+            let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
+            let value = match &o.write {
+                Some(Write::Put(v)) => Some(v.as_slice()),
+                _ => None,
+            };
+            let (node, ws) = store.install_writes(loc, cvt, victim, v, value)?;
+            let list = match lists.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, l)) => l,
+                None => unreachable!("the log goes to every memory node installed on"),
+            };
+            list.extend(ws);
+        }
         let ctx = store.ctx();
-        let wrote = join_all(
-            targets
-                .iter()
-                .map(|&(n, at, _)| crate::transient::write(ctx, n, at, &bytes)),
-        )
+        let sent = join_all(lists.iter().map(|(n, l)| async move {
+            let writes: Vec<(RemoteAddr, &[u8])> =
+                l.iter().map(|(a, d)| (*a, d.as_slice())).collect();
+            match crate::transient::write_ordered(ctx, *n, &writes).await {
+                // Nothing was sent: the log's round, then the installs'.
+                Err(OneSidedError::TooLarge { .. }) => {
+                    let (first, rest) = writes.split_first().expect("the log is first");
+                    crate::transient::write(ctx, *n, first.0, first.1).await?;
+                    let done = join_all(
+                        rest.iter()
+                            .map(|&(a, d)| crate::transient::write(ctx, *n, a, d)),
+                    )
+                    .await;
+                    done.into_iter().collect::<Result<Vec<()>, _>>().map(drop)
+                }
+                r => r,
+            }
+        }))
         .await;
-        for w in wrote {
-            w?;
+        for r in sent {
+            r?;
         }
-        Ok(victims)
+        Ok(())
     }
 
     /// Install each write at `version(obj)` in parallel (record, then cell). Errors:
@@ -371,6 +456,16 @@ impl<S, O> Attempt<'_, S, O> {
             });
         }
         crash_point(CrashPoint::AfterLock).await;
+        if self.core.cfg.commit_log
+            && self.core.cfg.log_placement == crate::config::LogPlacement::Ordered
+        {
+            let r = self.write_ordered_back(&version).await;
+            crash_point(CrashPoint::AfterInstalls).await;
+            return r.map_err(|e| TxnError::WriteBack {
+                cause: Box::new(e),
+                release: None,
+            });
+        }
         let victims = match self.write_log(&version).await {
             Ok(v) => v,
             Err(e) => {

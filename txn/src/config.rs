@@ -126,6 +126,24 @@ pub struct TxnConfig {
     /// ([`crate::recovery`]); costs one round trip per read-write commit (default off).
     /// Needs memory nodes with a log region and at least 2 versions per CVT.
     pub commit_log: bool,
+    /// Where the commit log goes relative to the installs (default
+    /// [`LogPlacement::RoundBefore`]).
+    pub log_placement: LogPlacement,
+}
+
+/// How a commit's log lands before its installs (the two ways of Motor 5.3's and FORD's
+/// logging that keep "log before data" on RDMA).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogPlacement {
+    /// One round before: the log WRITEs complete at every memory node, then the
+    /// installs start (one round trip more per read-write commit).
+    #[default]
+    RoundBefore,
+    /// In the same round, ahead of the installs: per memory node, the log WRITE and
+    /// then that node's record and cell WRITEs as one ordered WR list on one QP, which
+    /// RC lands in order ([`rrpc::runtime::ThreadCtx::write_ordered`]). A list too long
+    /// for one post falls back to the round before, for that commit.
+    Ordered,
 }
 
 impl Default for TxnConfig {
@@ -142,6 +160,7 @@ impl Default for TxnConfig {
             record_phases: false,
             incarnation: 0,
             commit_log: false,
+            log_placement: LogPlacement::RoundBefore,
         }
     }
 }

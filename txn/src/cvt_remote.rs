@@ -40,6 +40,9 @@ use crate::cvt_store::CvtTableExport;
 use crate::error::{AbortReason, TxnError};
 use crate::store::hash_key;
 
+/// A WRITE not yet sent: where, and its bytes.
+pub type OwnedWrite = (RemoteAddr, Vec<u8>);
+
 /// What a memory node exports under [`EXPORT_KEY`]: its partition and its CVT tables.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemnodeExport {
@@ -400,6 +403,34 @@ impl CvtRemote {
         version: Timestamp,
         value: Option<&[u8]>,
     ) -> Result<(), TxnError> {
+        let (node, [(rec, record), (at, cell_bytes)]) =
+            self.install_writes(loc, cvt, victim, version, value)?;
+        // Both WRITEs in one round: a reader that sees the new cell before the record has
+        // landed (or the old cell with the new record) finds the CVs differ and does not
+        // use the record (`decode_record`'s mismatch), which is what the CVs are for.
+        let (a, b) = rrpc::runtime::join(
+            crate::transient::write(&self.ctx, node, rec, &record),
+            crate::transient::write(&self.ctx, node, at, &cell_bytes),
+        )
+        .await;
+        a?;
+        b?;
+        Ok(())
+    }
+
+    /// The two WRITEs of [`Self::install_in`] (the record, then the cell), with the
+    /// memory node they go to, `cvt` updated as installed; nothing is sent.
+    ///
+    /// Errors: [`TxnError::Usage`] for a victim outside the CVT or a value of the wrong
+    /// length; [`TxnError::Export`] for an unknown table.
+    pub fn install_writes(
+        &self,
+        loc: CvtLoc,
+        cvt: &mut Cvt,
+        victim: usize,
+        version: Timestamp,
+        value: Option<&[u8]>,
+    ) -> Result<(NodeId, [OwnedWrite; 2]), TxnError> {
         if victim >= cvt.cells.len() {
             return Err(TxnError::Usage(format!(
                 "cell {victim} of a CVT of {}",
@@ -431,18 +462,8 @@ impl CvtRemote {
             .cvt_remote(loc)?
             .offset((HEADER_BYTES + victim * CELL_BYTES) as u64);
         let record = encode_record(&payload, cell.cv);
-        let cell_bytes = cell.encode();
-        // Both WRITEs in one round: a reader that sees the new cell before the record has
-        // landed (or the old cell with the new record) finds the CVs differ and does not
-        // use the record (`decode_record`'s mismatch), which is what the CVs are for.
-        let (a, b) = rrpc::runtime::join(
-            crate::transient::write(&self.ctx, node, rec, &record),
-            crate::transient::write(&self.ctx, node, at, &cell_bytes),
-        )
-        .await;
-        a?;
-        b?;
-        Ok(())
+        let cell_bytes = cell.encode().to_vec();
+        Ok((node, [(rec, record), (at, cell_bytes)]))
     }
 
     /// Create a CVT for `(table, key)`, which has none, locked with `lock_word` (0 for

@@ -103,6 +103,16 @@ pub async fn write(
     retried(ctx, |_| ctx.write(node, at, data)).await
 }
 
+/// [`ThreadCtx::write_ordered`], retried as a whole after transport failures (every
+/// WRITE of the list again, with the same bytes: idempotent, and still in order).
+pub async fn write_ordered(
+    ctx: &ThreadCtx,
+    node: NodeId,
+    writes: &[(RemoteAddr, &[u8])],
+) -> Result<(), OneSidedError> {
+    retried(ctx, |_| ctx.write_ordered(node, writes)).await
+}
+
 /// [`ThreadCtx::cas`] of a word from `expect` to `swap`, where `swap` is this caller's
 /// alone (a unique id, or 0 released from the caller's own id): retried after transport
 /// failures, and a retry that finds the word at `swap` returns `expect` (the earlier try
