@@ -109,6 +109,7 @@ fn a_lock_rpc_granted_after_its_client_gave_up_is_passed_on() {
     let (t, s) = (table.clone(), slow.clone());
     // Served as `LockTable::register` serves it: the caller the connection announced
     // owns the tickets.
+    assert!(h.remove(LOCK_HANDLER));
     h.register_with_caller(LOCK_HANDLER, move |caller, req, out| {
         if s.swap(false, Ordering::AcqRel) {
             std::thread::sleep(Duration::from_millis(600));

@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 for i in 0..1000u32 {
                     // Pure RPC for small payloads (ReplyMode::Auto picks it by size).
                     let msg = format!("thread {thread} coroutine {co} call {i}");
-                    let r = ctx.call(node, 1, msg.as_bytes()).await.expect("echo");
+                    let r = ctx.call(node, 100, msg.as_bytes()).await.expect("echo");
                     assert_eq!(r, msg.as_bytes());
                     calls.fetch_add(1, Ordering::Relaxed);
                 }
@@ -55,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         ..CallOpts::default()
                     };
                     let r = ctx
-                        .call_with(node, 2, &len, opts)
+                        .call_with(node, 101, &len, opts)
                         .await
                         .expect("large reply");
                     assert_eq!(r.len(), 64 << 10);

@@ -28,13 +28,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fabric = Fabric::open(&FabricConfig::new(kind, &cluster, NodeId(1)))?;
 
     let mut handlers = Handlers::new();
-    // Handler 1: echo the request.
-    handlers.register(1, |req, out| {
+    // Handler 100 (applications use ids from Handlers::FIRST_APP_ID up): echo the request.
+    handlers.register(100, |req, out| {
         out.extend_from_slice(req);
         Ok(())
     });
-    // Handler 2: a reply of N bytes (request: N as u32 little-endian).
-    handlers.register(2, |req, out| {
+    // Handler 101: a reply of N bytes (request: N as u32 little-endian).
+    handlers.register(101, |req, out| {
         let n: [u8; 4] = req.try_into().map_err(|_| "want a 4-byte length")?;
         out.resize(u32::from_le_bytes(n) as usize, 7);
         Ok(())

@@ -75,39 +75,77 @@ pub(crate) enum Entry {
     Sorted(KeyFn, BatchFn),
 }
 
-/// Handlers by id.
+/// Handlers by id: one handler per id on a node. Registering an id twice is a bug of
+/// the program that does it (two services embedded in one node that chose the same id,
+/// say) and panics at setup, naming the id, rather than leaving one of them silently
+/// unreachable; [`Handlers::contains`] asks first, [`Handlers::remove`] replaces on
+/// purpose.
+///
+/// Ids this project's services use (stay clear of them when embedding one):
+/// - `1..=19`: the lock service (`lockd::wire`: Lock 1, release-node 2, abandon 3);
+/// - `20..=39`: Lotus lock tables (`lockd::table_wire`, `lockd::load`: 20 to 25);
+/// - `40..=59`: benchmarks and transaction services (`tso-bench`'s RPC oracle: 40);
+/// - `60..=99`: the timestamp oracle and its proxies (`tso::proxy`: range 60).
+///
+/// Applications use ids from [`Handlers::FIRST_APP_ID`] (100) up.
 #[derive(Clone, Default)]
 pub struct Handlers {
     map: HashMap<u16, Entry, IdHash>,
 }
 
 impl Handlers {
+    /// The first handler id left to applications (below it: this project's services;
+    /// see the type's docs).
+    pub const FIRST_APP_ID: u16 = 100;
+
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Register `f` as handler `id`, replacing any earlier one. It runs inline in the
+    /// Whether handler `id` is registered.
+    pub fn contains(&self, id: u16) -> bool {
+        self.map.contains_key(&id)
+    }
+
+    /// Unregister handler `id` (so that it can be registered anew); returns whether it
+    /// was registered.
+    pub fn remove(&mut self, id: u16) -> bool {
+        self.map.remove(&id).is_some()
+    }
+
+    /// Put `e` under `id`. Panics if `id` is taken (the type's docs).
+    fn insert(&mut self, id: u16, e: Entry) -> &mut Self {
+        if self.map.contains_key(&id) {
+            panic!(
+                "rrpc: handler id {id} registered twice on one node (one handler per id; \
+                 Handlers::remove replaces on purpose, and ids below {} belong to this \
+                 project's services)",
+                Self::FIRST_APP_ID
+            );
+        }
+        self.map.insert(id, e);
+        self
+    }
+
+    /// Register `f` as handler `id`, panicking if `id` is taken (the type's docs). It runs inline in the
     /// server thread's polling round: keep it short and non-blocking.
     pub fn register(
         &mut self,
         id: u16,
         f: impl Fn(&[u8], &mut Vec<u8>) -> Result<(), String> + Send + Sync + 'static,
     ) -> &mut Self {
-        self.map.insert(id, Entry::Sync(Arc::new(f)));
-        self
+        self.insert(id, Entry::Sync(Arc::new(f)))
     }
 
-    /// Register `f` as handler `id`, replacing any earlier one, like
-    /// [`Handlers::register`], and tell it each request's [`Caller`]: the node and
+    /// Register `f` as handler `id` like [`Handlers::register`], and tell it each request's [`Caller`]: the node and
     /// incarnation the requester's connection authenticated at setup.
     pub fn register_with_caller(
         &mut self,
         id: u16,
         f: impl Fn(Caller, &[u8], &mut Vec<u8>) -> Result<(), String> + Send + Sync + 'static,
     ) -> &mut Self {
-        self.map.insert(id, Entry::SyncCaller(Arc::new(f)));
-        self
+        self.insert(id, Entry::SyncCaller(Arc::new(f)))
     }
 
     /// Register a sorted-batch handler `id` as [`Handlers::register_sorted`] does; each
@@ -122,7 +160,7 @@ impl Handlers {
         self.register_sorted(id, key, f)
     }
 
-    /// Register an async handler `id`, replacing any earlier one. `f` is called on a
+    /// Register an async handler `id` (panicking if `id` is taken). `f` is called on a
     /// server thread with the request payload; the future it returns runs as a
     /// coroutine of that thread's executor and may await RPC calls and one-sided
     /// operations through [`crate::runtime::ThreadCtx::current`] (the server thread's
@@ -133,9 +171,7 @@ impl Handlers {
         F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<u8>, String>> + 'static,
     {
-        self.map
-            .insert(id, Entry::Async(Arc::new(move |req| Box::pin(f(req)))));
-        self
+        self.insert(id, Entry::Async(Arc::new(move |req| Box::pin(f(req)))))
     }
 
     /// Register an async handler `id` as [`Handlers::register_async`] does, and tell it
@@ -145,11 +181,10 @@ impl Handlers {
         F: Fn(Caller, Vec<u8>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<u8>, String>> + 'static,
     {
-        self.map.insert(
+        self.insert(
             id,
             Entry::AsyncCaller(Arc::new(move |c, req| Box::pin(f(c, req)))),
-        );
-        self
+        )
     }
 
     /// Register a sorted-batch handler `id` (Scythe 4.4, Fig. 16): the requests for `id`
@@ -157,17 +192,14 @@ impl Handlers {
     /// Rockets, are sorted by `key(payload)` = (object key, timestamp) (stable, so equal
     /// pairs keep arrival order) and handed to `f` at once, by one thread at a time.
     /// `f` pushes one result per request in batch order; a missing result fails that
-    /// request, a request `key` rejects gets an error reply. Replaces any earlier
-    /// handler `id`.
+    /// request, a request `key` rejects gets an error reply. Panics if `id` is taken.
     pub fn register_sorted(
         &mut self,
         id: u16,
         key: impl Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync + 'static,
         f: impl Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync + 'static,
     ) -> &mut Self {
-        self.map
-            .insert(id, Entry::Sorted(Arc::new(key), Arc::new(f)));
-        self
+        self.insert(id, Entry::Sorted(Arc::new(key), Arc::new(f)))
     }
 
     /// Whether some handler is async (its server threads then need a runtime).
@@ -221,5 +253,37 @@ impl Handlers {
                 MsgKind::Error
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "handler id 7 registered twice")]
+    fn an_id_registered_twice_panics_naming_it() {
+        let mut h = Handlers::new();
+        h.register(7, |_, _| Ok(()));
+        h.register_async(7, |_| async { Ok(Vec::new()) });
+    }
+
+    #[test]
+    fn remove_replaces_on_purpose() {
+        let mut h = Handlers::new();
+        h.register(7, |_, out| {
+            out.push(1);
+            Ok(())
+        });
+        assert!(h.contains(7));
+        assert!(h.remove(7));
+        assert!(!h.contains(7) && !h.remove(7));
+        h.register(7, |_, out| {
+            out.push(2);
+            Ok(())
+        });
+        let mut out = Vec::new();
+        assert_eq!(h.call(7, &[], &mut out), MsgKind::Response);
+        assert_eq!(out, [2]);
     }
 }
