@@ -10,8 +10,9 @@
 #    with the verbs backend and the etcd client compiled in and runs all
 #    tests on the shm fabric (cargo test --workspace); RRPC_REQUIRE_ETCD=1 makes the member
 #    tests fail, not skip, when etcd is missing.
-# 3. Runs the fabric conformance suite and the RPC, modes, straws, shm-cluster and
-#    async-handler suites again on shm under the cx5 timing model (RRPC_MODEL=cx5).
+# 3. Runs rrpc's echo example as a user would (server and client processes), then the
+#    fabric conformance suite and the RPC, modes, straws, shm-cluster and async-handler
+#    suites again on shm under the cx5 timing model (RRPC_MODEL=cx5).
 # 4. Runs the loom models of the Rocket channel (rrpc/src/channel_loom.rs, compiled only
 #    with the rrpc feature loom-models), in release (loom is slow unoptimized); the loom
 #    model of the bare ring (rrpc/tests/loom_rocket.rs) runs in step 2.
@@ -72,6 +73,28 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace "${features[@]}"
 echo "== cargo test --workspace (shm fabric; verbs backend and etcd client compiled in)"
 export RRPC_REQUIRE_ETCD=1
 cargo test --workspace "${features[@]}"
+
+# The examples as a user runs them: the echo server and its client as two processes.
+echo "== the rrpc echo example: server and client processes (shm)"
+cargo build -p rrpc --examples --features rrpc/verbs
+exdir="${CARGO_TARGET_DIR:-target}/debug/examples"
+echo_log=$(mktemp)
+RRPC_FABRIC=shm "$exdir/echo_server" "ci-echo-$$" 127.0.0.1:0 >"$echo_log" 2>&1 &
+echo_pid=$!
+echo_addr=""
+for _ in $(seq 1 100); do
+  echo_addr=$(sed -n 's/^echo server: .* on \([0-9.]*:[0-9]*\);.*/\1/p' "$echo_log")
+  [ -n "$echo_addr" ] && break
+  sleep 0.1
+done
+if [ -z "$echo_addr" ]; then
+  cat "$echo_log" >&2; kill "$echo_pid" 2>/dev/null; echo "the echo server did not start" >&2; exit 1
+fi
+echo_rc=0
+RRPC_FABRIC=shm timeout 120 "$exdir/echo_client" "ci-echo-$$" "$echo_addr" || echo_rc=$?
+kill -INT "$echo_pid"; wait "$echo_pid" || true
+rm -f "$echo_log"
+if [ "$echo_rc" -ne 0 ]; then echo "the echo client failed ($echo_rc)" >&2; exit 1; fi
 
 # Completions that arrive late exercise paths that instant completion never does.
 echo "== timing model cx5: the fabric conformance, RPC, modes, straws, shm-cluster and async-handler suites again"

@@ -396,6 +396,20 @@ async fn wait_served(s: &mut State, deadline: Option<Instant>) -> Result<(), Loc
     }
 }
 
+/// One pause while the thread reconnects to the service; [`LockError::WaitTimeout`]
+/// once `deadline` has passed.
+async fn reconnect_pause(s: &State, deadline: Instant) -> Result<(), LockError> {
+    if Instant::now() >= deadline {
+        return Err(LockError::WaitTimeout {
+            id: s.id,
+            ticket: s.reply.ticket,
+            upper: s.upper,
+        });
+    }
+    s.ctx.sleep(RETRY_MAX).await;
+    Ok(())
+}
+
 /// Pass the lock on (Scythe 4.3, Fig. 14: wait for `upper == ticket`, FAA `upper`).
 ///
 /// A ticket that is given up stalls its lock and every ticket behind it, so a release
@@ -440,14 +454,7 @@ async fn release(mut s: State) -> Result<(), LockError> {
     // 2. The FAA, and after a failed one, whether it took effect.
     loop {
         if !s.table_is_current().map_err(lost)? {
-            if Instant::now() >= deadline {
-                return Err(lost(LockError::WaitTimeout {
-                    id,
-                    ticket,
-                    upper: s.upper,
-                }));
-            }
-            s.ctx.sleep(RETRY_MAX).await;
+            reconnect_pause(&s, deadline).await.map_err(lost)?;
             continue;
         }
         let e = match s.ctx.faa(s.shared.node, s.upper_addr, 1).await {
@@ -460,13 +467,7 @@ async fn release(mut s: State) -> Result<(), LockError> {
             s.ctx.sleep(pause).await;
             pause = (pause * 2).min(RETRY_MAX);
             if !s.table_is_current().map_err(lost)? {
-                if Instant::now() >= deadline {
-                    return Err(lost(LockError::WaitTimeout {
-                        id,
-                        ticket,
-                        upper: s.upper,
-                    }));
-                }
+                reconnect_pause(&s, deadline).await.map_err(lost)?;
                 continue;
             }
             match s.ctx.read(s.shared.node, s.upper_addr, 8).await {

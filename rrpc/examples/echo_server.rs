@@ -1,13 +1,13 @@
-//! An rrpc echo server: one node of a local cluster serving handler 1 (echo) and
-//! handler 2 (a reply of the requested size, to try the hybrid modes).
+//! An rrpc echo server: one node of a local cluster serving handler 100 (echo) and
+//! handler 101 (a reply of the requested size, to try the hybrid modes).
 //!
 //! ```text
 //! cargo run --release -p rrpc --example echo_server -- demo 127.0.0.1:7400
 //! cargo run --release -p rrpc --example echo_client -- demo 127.0.0.1:7400
 //! ```
 //!
-//! Arguments: cluster name (shm: the directory under /dev/shm), listen address. The
-//! fabric is `$RRPC_FABRIC` (shm by default; `verbs` with `RRPC_RDMA_DEVICE`).
+//! Arguments: cluster name (shm: the directory under /dev/shm), listen address (port 0:
+//! any free port; the first line printed names the one bound). The fabric is `$RRPC_FABRIC` (shm by default; `verbs` with `RRPC_RDMA_DEVICE`).
 
 use rrpc::NodeId;
 use std::collections::BTreeMap;
