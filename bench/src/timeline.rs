@@ -257,27 +257,18 @@ pub fn recovery(cnodes: &[CnodeTimeline], interval_ms: u64, fault: Fault) -> Rec
     let survivors_pre_fault = pre_sum as f64 / (before - from).max(1) as f64;
     // Intervals starting at or after the fault.
     let first_after = ((fault.at_ms / iv).ceil() as usize).min(n);
-    let found = (first_after..n).find(|&i| {
-        let total: u64 = cnodes
-            .iter()
+    // Commits in interval `i` of `rows`.
+    let at = |rows: &[&CnodeTimeline], i: usize| -> u64 {
+        rows.iter()
             .map(|c| c.commits.get(i).copied().unwrap_or(0))
-            .sum();
-        total as f64 >= 0.9 * survivors_pre_fault
-    });
+            .sum()
+    };
+    let all: Vec<&CnodeTimeline> = cnodes.iter().collect();
+    let all_at = |i: usize| at(&all, i);
+    let survivors_at = |i: usize| at(&survivors, i);
+    let found = (first_after..n).find(|&i| all_at(i) as f64 >= 0.9 * survivors_pre_fault);
     // The run's last interval may be partial: left out of what follows.
     let whole = n.saturating_sub(1);
-    let survivors_at = |i: usize| -> u64 {
-        survivors
-            .iter()
-            .map(|c| c.commits.get(i).copied().unwrap_or(0))
-            .sum()
-    };
-    let all_at = |i: usize| -> u64 {
-        cnodes
-            .iter()
-            .map(|c| c.commits.get(i).copied().unwrap_or(0))
-            .sum()
-    };
     let quiet_from = fault
         .recovered_ms
         .map_or(first_after, |ms| ((ms / iv).ceil() as usize).min(n));

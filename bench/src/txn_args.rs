@@ -482,6 +482,16 @@ pub enum LogSetting {
 }
 
 impl LogSetting {
+    /// Set `cfg`'s commit log as this point says.
+    pub fn apply(self, cfg: &mut txn::coordinator::TxnConfig) {
+        use txn::config::LogPlacement;
+        (cfg.commit_log, cfg.log_placement) = match self {
+            Self::Off => (false, cfg.log_placement),
+            Self::RoundBefore => (true, LogPlacement::RoundBefore),
+            Self::Ordered => (true, LogPlacement::Ordered),
+        };
+    }
+
     /// As the sweep names it: `off`, `on`, `ordered`.
     pub fn name(self) -> &'static str {
         match self {
@@ -500,6 +510,15 @@ pub enum LogPlacementArg {
     RoundBefore,
     /// Per memory node, the log WRITE and the installs as one ordered WR list.
     Ordered,
+}
+
+impl From<LogPlacementArg> for txn::config::LogPlacement {
+    fn from(a: LogPlacementArg) -> Self {
+        match a {
+            LogPlacementArg::RoundBefore => Self::RoundBefore,
+            LogPlacementArg::Ordered => Self::Ordered,
+        }
+    }
 }
 
 impl Args {

@@ -722,17 +722,8 @@ fn measure(
     }
     let threads = args.threads.unwrap_or(1).max(1);
     let mut cfg = txn_config(args, protocol, threads);
-    match point.commit_log {
-        None => {}
-        Some(LogSetting::Off) => cfg.commit_log = false,
-        Some(LogSetting::RoundBefore) => {
-            cfg.commit_log = true;
-            cfg.log_placement = txn::config::LogPlacement::RoundBefore;
-        }
-        Some(LogSetting::Ordered) => {
-            cfg.commit_log = true;
-            cfg.log_placement = txn::config::LogPlacement::Ordered;
-        }
+    if let Some(l) = point.commit_log {
+        l.apply(&mut cfg);
     }
     let t0 = Arc::new(AtomicU64::new(0));
     let clock = RunClock {
@@ -860,10 +851,7 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
         // Coordinators in processes of their own can die alone: their commits are
         // logged for the survivor that recovers them.
         commit_log: args.coordinator_processes() || args.commit_log,
-        log_placement: match args.log_placement {
-            LogPlacementArg::RoundBefore => txn::config::LogPlacement::RoundBefore,
-            LogPlacementArg::Ordered => txn::config::LogPlacement::Ordered,
-        },
+        log_placement: args.log_placement.into(),
         ..TxnConfig::default()
     }
 }

@@ -211,18 +211,35 @@ async fn read_range(
     len: usize,
 ) -> Result<Vec<u8>, TxnError> {
     let mut out = Vec::with_capacity(len);
-    let starts: Vec<usize> = (0..len).step_by(CHUNK_BYTES).collect();
+    read_chunks(store, node, at, len, CHUNK_BYTES, |_, b| {
+        out.extend_from_slice(b)
+    })
+    .await?;
+    Ok(out)
+}
+
+/// READ `len` bytes at `at` in READs of `per_read` bytes, [`CHUNKS_IN_FLIGHT`] at a
+/// time, handing each to `f` with its offset as it arrives, in order.
+async fn read_chunks(
+    store: &CvtRemote,
+    node: NodeId,
+    at: RemoteAddr,
+    len: usize,
+    per_read: usize,
+    mut f: impl FnMut(usize, &[u8]),
+) -> Result<(), TxnError> {
+    let starts: Vec<usize> = (0..len).step_by(per_read.max(1)).collect();
     for group in starts.chunks(CHUNKS_IN_FLIGHT) {
         let got = join_all(group.iter().map(|&s| {
-            let n = CHUNK_BYTES.min(len - s);
+            let n = per_read.min(len - s);
             store.ctx().read(node, at.offset(s as u64), n)
         }))
         .await;
-        for g in got {
-            out.extend_from_slice(&g?);
+        for (&s, g) in group.iter().zip(got) {
+            f(s, &g?);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The CVT named by a log entry: its node, remote address and current content.
@@ -352,28 +369,22 @@ async fn scan(store: &CvtRemote, dead: Owner) -> Result<Vec<Held>, TxnError> {
             };
             let cvt = t.cvt_bytes();
             let slots = t.n_buckets as usize * crate::cvt_index::CVTS_PER_BUCKET;
+            // Whole CVTs per READ.
             let per_read = (CHUNK_BYTES / cvt).max(1) * cvt;
-            let starts: Vec<usize> = (0..slots * cvt).step_by(per_read).collect();
-            for group in starts.chunks(CHUNKS_IN_FLIGHT) {
-                let got = join_all(group.iter().map(|&s| {
-                    let n = per_read.min(slots * cvt - s);
-                    store.ctx().read(node, t.index.at(s as u64), n)
-                }))
-                .await;
-                for (&s, g) in group.iter().zip(got) {
-                    for (i, c) in g?.chunks_exact(cvt).enumerate() {
-                        let lock = word(c, LOCK_OFFSET);
-                        if !dead.owns(lock) {
-                            continue;
-                        }
-                        let at = t.index.at((s + i * cvt) as u64);
-                        held.locks.push((at.offset(LOCK_OFFSET as u64), lock));
-                        if word(c, STATE_OFFSET) == SLOT_CLAIMED {
-                            held.claims.push(at.offset(STATE_OFFSET as u64));
-                        }
+            read_chunks(store, node, t.index.at(0), slots * cvt, per_read, |s, b| {
+                for (i, c) in b.chunks_exact(cvt).enumerate() {
+                    let lock = word(c, LOCK_OFFSET);
+                    if !dead.owns(lock) {
+                        continue;
+                    }
+                    let at = t.index.at((s + i * cvt) as u64);
+                    held.locks.push((at.offset(LOCK_OFFSET as u64), lock));
+                    if word(c, STATE_OFFSET) == SLOT_CLAIMED {
+                        held.claims.push(at.offset(STATE_OFFSET as u64));
                     }
                 }
-            }
+            })
+            .await?;
             let guards = read_range(store, node, t.guards.at(0), t.n_buckets as usize * 8).await?;
             held.guards = guards
                 .chunks_exact(8)
@@ -385,6 +396,21 @@ async fn scan(store: &CvtRemote, dead: Owner) -> Result<Vec<Held>, TxnError> {
         }
     }
     Ok(out)
+}
+
+/// CAS each `(address, word)` from `word` to 0, all at once; returns how many still
+/// held their word (and are free now).
+async fn clear_words(
+    store: &CvtRemote,
+    node: NodeId,
+    words: &[(RemoteAddr, u64)],
+) -> Result<usize, TxnError> {
+    let released = join_all(words.iter().map(|&(at, w)| store.ctx().cas(node, at, w, 0))).await;
+    let mut n = 0;
+    for (r, &(_, w)) in released.into_iter().zip(words) {
+        n += usize::from(r? == w);
+    }
+    Ok(n)
 }
 
 /// Step 2's CASes, after step 1: each claimed slot freed, then each lock word and
@@ -407,24 +433,8 @@ async fn release_swept(
         for f in freed {
             rep.claims += usize::from(f? == SLOT_CLAIMED);
         }
-        let released = join_all(
-            h.locks
-                .iter()
-                .map(|&(at, w)| store.ctx().cas(node, at, w, 0)),
-        )
-        .await;
-        for (r, &(_, w)) in released.into_iter().zip(&h.locks) {
-            rep.lock_words += usize::from(r? == w);
-        }
-        let released = join_all(
-            h.guards
-                .iter()
-                .map(|&(at, g)| store.ctx().cas(node, at, g, 0)),
-        )
-        .await;
-        for (r, &(_, g)) in released.into_iter().zip(&h.guards) {
-            rep.guards += usize::from(r? == g);
-        }
+        rep.lock_words += clear_words(store, node, &h.locks).await?;
+        rep.guards += clear_words(store, node, &h.guards).await?;
     }
     Ok(())
 }

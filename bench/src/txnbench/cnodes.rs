@@ -672,6 +672,7 @@ impl<'a> Parent<'a> {
                 && !self.dead_lives.contains(&(c.index, c.incarnation))
                 && !self.fenced_lives.contains(&(c.index, c.incarnation))
         });
+        self.dead_lives.insert((index, inc));
         let life = match &mut self.membership {
             None => fabric_incarnation(inc),
             Some(m) => {
@@ -712,7 +713,6 @@ impl<'a> Parent<'a> {
                 if !missing.is_empty() {
                     bail!("memory nodes {missing:?} did not fence node {n} incarnation {life}");
                 }
-                self.dead_lives.insert((index, inc));
                 if survivors {
                     if let Some(rec) = record(&m.me, n, life, SURVIVOR_WAIT)? {
                         return self.recovered(index, node, inc, at_ms, rec);
@@ -736,7 +736,6 @@ impl<'a> Parent<'a> {
                 life
             }
         };
-        self.dead_lives.insert((index, inc));
         match self.recoverer.recover(node, life, Duration::from_secs(30)) {
             Ok(r) => {
                 let rec = RecoveryRecord::of(crate::txn_args::NODE_CN as u16, &r);
