@@ -392,6 +392,30 @@ pub(crate) fn tpcc(
     })
 }
 
+/// The replica audit ([`txn::replica_audit`]) of the cluster's memory nodes, after the
+/// run: every backup compared with its primary. Errors: a memory node unreachable or a
+/// READ failed.
+pub(crate) fn replicas(
+    fabric: &Fabric,
+    addrs: &ClusterAddrs,
+) -> anyhow::Result<txn::replica_audit::ReplicaAudit> {
+    let t0 = std::time::Instant::now();
+    let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
+    let store = txn::cvt_remote::CvtRemote::connect(ctx.clone(), &addrs.memnodes, 16)
+        .context("replica audit: connecting to the memory nodes")?;
+    let a = block_on(&ctx, async move {
+        txn::replica_audit::audit_replicas(&store).await
+    })
+    .context("replica audit")?;
+    eprintln!(
+        "audited {} backup(s) of {} partitions in {:.1} s",
+        a.backups,
+        a.partitions,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(a)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -169,6 +169,14 @@ pub struct Report {
     pub theta: f64,
     /// Memory nodes the tables were partitioned over.
     pub memnodes: u32,
+    /// Copies of each partition (1: no replication).
+    pub replicas: u32,
+    /// The replica audit's line after a replicated run (`replicas: ... identical`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_audit: Option<String>,
+    /// Whether every backup equalled its primary (`None` without replication).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas_identical: Option<bool>,
     /// Version cells per CVT.
     pub versions: usize,
     /// Measured seconds.
@@ -442,6 +450,9 @@ impl Report {
             accounts,
             theta,
             memnodes: 1,
+            replicas: 1,
+            replica_audit: None,
+            replicas_identical: None,
             versions: txn::smallbank::DEFAULT_VERSIONS,
             seconds: secs,
             throughput_tps: commits as f64 / secs,
@@ -497,6 +508,12 @@ impl Report {
         self.types
             .get(k as usize)
             .map_or_else(|| format!("type {k}"), |t| t.name.clone())
+    }
+
+    /// Record the replica audit (the run fails on a difference).
+    pub fn replica_audit(&mut self, a: &txn::replica_audit::ReplicaAudit) {
+        self.replica_audit = Some(a.line());
+        self.replicas_identical = Some(a.ok());
     }
 
     /// Record the workload's own check (KVS / YCSB: checksums and update count) as
@@ -562,6 +579,7 @@ impl Report {
     pub fn passed(&self) -> bool {
         self.invariant_holds
             && self.fatal_errors == 0
+            && self.replicas_identical != Some(false)
             && self.sr_passed()
             && self.si_passed()
             && self.tso_restart.as_ref().is_none_or(TsoRestart::survived)
@@ -715,6 +733,9 @@ impl Report {
                     self.cvt_locks_held,
                 );
             }
+        }
+        if let Some(l) = &self.replica_audit {
+            let _ = writeln!(s, "{l}");
         }
         // The check the run is judged by first, then the informative one.
         let sr = self.serializability.as_deref();

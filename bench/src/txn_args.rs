@@ -87,6 +87,12 @@ pub struct Args {
     /// Memory nodes to start; the tables are partitioned across them by key.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub memnodes: u32,
+    /// Copies of every partition (Motor 5.3, FORD: 1 primary and R - 1 backups, each
+    /// on another memory node; 1 to --memnodes). Commits write every copy in the same
+    /// round and report committed only after all of them ACKed; after the run every
+    /// backup is audited against its primary.
+    #[arg(long, default_value_t = 1, value_name = "R")]
+    pub replicas: u32,
     /// Version cells per CVT (how many versions each record keeps; 1 to 64).
     #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS, value_name = "V")]
     pub versions: usize,
@@ -573,6 +579,14 @@ impl Args {
             bail!(
                 "--memnodes must be 1 to {MAX_MEMNODES} (got {})",
                 self.memnodes
+            );
+        }
+        if !(1..=self.memnodes).contains(&self.replicas) {
+            bail!(
+                "--replicas must be 1 to --memnodes ({}), each copy of a partition on \
+                 another memory node (got {})",
+                self.memnodes,
+                self.replicas
             );
         }
         if !(1..=64).contains(&self.versions) {

@@ -253,12 +253,11 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
         ),
     };
     let mut s = format!(
-        "\ncomparison: {} | timing model: {} | fabric: {} | {setup} | {} memnode(s), {} versions | {} s per run | seed {} | backoff up to {} us\n",
+        "\ncomparison: {} | timing model: {} | fabric: {} | {setup} | {} | {} s per run | seed {} | backoff up to {} us\n",
         workload.label(),
         sum.timing_model,
         args.fabric,
-        args.memnodes,
-        args.versions,
+        storage_desc(args),
         args.duration,
         args.seed,
         args.max_backoff_us
@@ -358,6 +357,9 @@ fn run_one(
     let initial_total = workload.initial_total(&cluster.audit_cx(protocol))?;
     let mut measured = measure(args, workload, &mut cluster, protocol, point, mix, stop)?;
     let audited = audit_after_run(workload, &cluster, protocol, &measured.workers)?;
+    let replicas = (args.replicas > 1)
+        .then(|| crate::audit::replicas(&cluster.fabric, &cluster.addrs))
+        .transpose()?;
     let (fabric_desc, model_desc) = cluster.shutdown();
     let mut report = build_report(
         args,
@@ -368,6 +370,9 @@ fn run_one(
         (fabric_desc, model_desc),
     );
     audited.judge(initial_total, &mut report);
+    if let Some(r) = replicas {
+        report.replica_audit(&r);
+    }
     report.outcomes = workload.outcomes(&report);
     if let (Some(path), false) = (&args.history_out, measured.history_written) {
         write_history(path, &workload.kinds(), &measured.workers)?;
@@ -467,8 +472,13 @@ impl RunCluster {
             common.extend(["--gid-index".into(), g.to_string()]);
         }
         eprintln!(
-            "starting local cluster {cluster_name}: {} memnode(s), tso{}",
+            "starting local cluster {cluster_name}: {} memnode(s){}, tso{}",
             args.memnodes,
+            if args.replicas > 1 {
+                format!(" ({} copies of each partition)", args.replicas)
+            } else {
+                String::new()
+            },
             if protocol.needs_lockd() {
                 ", lockd"
             } else {
@@ -502,6 +512,8 @@ impl RunCluster {
                 i.to_string(),
                 "--partitions".into(),
                 args.memnodes.to_string(),
+                "--replicas".into(),
+                args.replicas.to_string(),
             ];
             let flags = with(&[data.as_slice(), &partition, &membership].concat());
             memnodes.push(cluster.start("memnode", NODE_MEMNODE + i, &flags, START_TIMEOUT)?);
@@ -642,7 +654,7 @@ fn print_header(
     checks: &str,
 ) {
     println!(
-        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines | {} | {} | {} memnode(s), {} versions | {} s | check: {checks}",
+        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines | {} | {} | {} | {} s | check: {checks}",
         workload.label(),
         cluster.fabric.describe(),
         cluster.fabric.model_description(),
@@ -655,10 +667,22 @@ fn print_header(
         point.coroutines,
         workload.scale(),
         workload.skew(point.theta),
-        args.memnodes,
-        args.versions,
+        storage_desc(args),
         args.duration,
     );
+}
+
+/// `N memnode(s), V versions` and, when replicated, `, R replicas`.
+pub(crate) fn storage_desc(args: &Args) -> String {
+    let replicas = if args.replicas > 1 {
+        format!(", {} replicas", args.replicas)
+    } else {
+        String::new()
+    };
+    format!(
+        "{} memnode(s){replicas}, {} versions",
+        args.memnodes, args.versions
+    )
 }
 
 /// What the measured part of a run left.
@@ -978,6 +1002,7 @@ fn build_report(
     report.workload = workload.label().into();
     report.point = point.label.clone();
     report.memnodes = args.memnodes;
+    report.replicas = args.replicas;
     report.versions = args.versions;
     report.timing_model = model_desc;
     report.tso_restart = measured.tso_restart.clone();

@@ -55,6 +55,11 @@ fn fabric(name: &str, node: u32) -> Fabric {
 }
 
 fn cluster(test: &str) -> Cluster {
+    cluster_with(test, 1)
+}
+
+/// Two memory nodes, each partition with `replicas` copies (its backup on the other).
+fn cluster_with(test: &str, replicas: u32) -> Cluster {
     let (guard, _) = ClusterGuard::new(&format!("rec-{test}-{}", std::process::id())).unwrap();
     let name = guard.name().to_string();
     let geometry = LogGeometry {
@@ -66,12 +71,24 @@ fn cluster(test: &str) -> Cluster {
     for p in 0..2 {
         let f = fabric(&name, 1 + p);
         let loaded = txn::smallbank::load(&f, ACCOUNTS, 3, p, 2).unwrap();
-        let (tables, regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+        let (tables, mut regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+        let mut backups = Vec::new();
+        for q in txn::cvt_remote::backup_partitions(p, replicas, 2) {
+            let loaded = txn::smallbank::load(&f, ACCOUNTS, 3, q, 2).unwrap();
+            let (bt, br): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+            regions.extend(br);
+            backups.push(txn::cvt_remote::BackupImage {
+                partition: q,
+                tables: bt,
+            });
+        }
         let log = f.alloc_mr(geometry.region_bytes() as usize).unwrap();
         let export = MemnodeExport {
             partition: p,
             partitions: 2,
             tables,
+            replicas,
+            backups,
             log: Some(LogExport {
                 region: log.desc(),
                 geometry,
@@ -235,6 +252,8 @@ struct After {
     rolled: (usize, usize),
     writable: bool,
     locked_words: usize,
+    /// The replica audit right after recovery.
+    replicas: txn::replica_audit::ReplicaAudit,
 }
 
 fn crash_and_recover(
@@ -243,7 +262,17 @@ fn crash_and_recover(
     point: CrashPoint,
     later_writes: u64,
 ) -> After {
-    let cl = cluster(name);
+    crash_and_recover_with(name, protocol, point, later_writes, 1)
+}
+
+fn crash_and_recover_with(
+    name: &str,
+    protocol: Protocol,
+    point: CrashPoint,
+    later_writes: u64,
+    replicas: u32,
+) -> After {
+    let cl = cluster_with(name, replicas);
     let live = cl.client(protocol, 40, 1);
     let l = live.clone();
     block_on(&live.ctx().clone(), async move {
@@ -252,6 +281,7 @@ fn crash_and_recover(
     let dead = die_at(&cl, protocol, point, 2);
     let l = live.clone();
     let name = name.to_string();
+    let addrs = cl.addrs.memnodes.clone();
     block_on(&live.ctx().clone(), async move {
         // A later writer of the first object, which the dead coordinator may have
         // released already (crash after its first unlock): enough writes to reuse the
@@ -269,6 +299,10 @@ fn crash_and_recover(
         for k in 0..ACCOUNTS {
             locked_words += usize::from(l.cvt_locked(SAVINGS, k).await.unwrap());
         }
+        // The copies after recovery, before anything else writes (a roll-back must
+        // have invalidated the victim cells on the backups too).
+        let store = txn::cvt_remote::CvtRemote::connect(l.ctx().clone(), &addrs, 16).unwrap();
+        let replicas = txn::replica_audit::audit_replicas(&store).await.unwrap();
         let writable = write_group(&l, &GROUP, 7).await.is_ok();
         After {
             values,
@@ -276,6 +310,7 @@ fn crash_and_recover(
             rolled: (rep.forward, rep.back),
             writable,
             locked_words,
+            replicas,
         }
     })
 }
@@ -303,6 +338,27 @@ fn every_protocol_recovers_at_every_crash_point() {
             if point == CrashPoint::AfterFirstInstall {
                 assert_eq!(a.rolled, (0, 1), "{p}: one log, rolled back");
             }
+        }
+    }
+}
+
+#[test]
+fn with_backups_recovery_settles_every_copy() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (i, p) in PROTOCOLS.into_iter().enumerate() {
+        // Rolled back after the first install (which reached the primary and its
+        // backup), rolled forward after all installs.
+        for (j, point) in [CrashPoint::AfterFirstInstall, CrashPoint::AfterInstalls]
+            .into_iter()
+            .enumerate()
+        {
+            let a = crash_and_recover_with(&format!("repl{i}{j}"), p, point, 0, 2);
+            let want = expect_after(point);
+            assert_eq!(a.values, vec![want; GROUP.len()], "{p} at {point:?}");
+            assert!(a.replicas.ok(), "{p} at {point:?}: {}", a.replicas.line());
+            assert_eq!(a.replicas.backups, 1);
+            assert_eq!(a.locked_words, 0, "{p} at {point:?}");
+            assert!(a.writable, "{p} at {point:?}");
         }
     }
 }

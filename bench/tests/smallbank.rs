@@ -151,6 +151,42 @@ fn all_protocols_pass_every_check_uniform_on_two_memnodes() {
     }
 }
 
+/// Three copies of every partition: each run ends with the replica audit, which must
+/// find every backup equal to its primary.
+#[test]
+fn all_protocols_pass_every_check_with_three_replicas() {
+    let (stdout, s) = all_protocols(
+        "all-r3",
+        &[
+            "--coroutines",
+            "4",
+            "--accounts",
+            "10000",
+            "--memnodes",
+            "3",
+            "--replicas",
+            "3",
+            "--duration",
+            "1",
+        ],
+    );
+    assert!(
+        stdout.contains("| 3 memnode(s), 3 replicas, 4 versions |"),
+        "{stdout}"
+    );
+    for r in s["runs"].as_array().unwrap() {
+        assert_eq!(r["replicas"], 3, "{r}");
+        assert_eq!(r["replicas_identical"], true, "{stdout}");
+        let line = r["replica_audit"].as_str().unwrap();
+        assert!(
+            line.starts_with("replicas: 3 partitions x 2 backups, ")
+                && line.ends_with(": identical"),
+            "{line}"
+        );
+        assert!(stdout.contains(line), "{stdout}");
+    }
+}
+
 /// The high-contention setting of the protocol comparison: 100 accounts, Zipf 1.2.
 #[test]
 fn all_protocols_pass_every_check_on_100_accounts_at_theta_1_2() {
@@ -368,6 +404,10 @@ fn bad_arguments_fail_cleanly() {
             "unknown parameter \"accounts\"",
         ),
         (&["--memnodes", "0"], "--memnodes must be 1 to"),
+        (
+            &["--memnodes", "2", "--replicas", "3"],
+            "--replicas must be 1 to --memnodes (2)",
+        ),
         (&["--versions", "0"], "--versions must be 1 to 64"),
         (&["--chart", "x.pdf"], "must end in .svg or .png"),
         (&["--theta=-1"], "theta must be >= 0"),

@@ -335,7 +335,12 @@ impl<S, O> Attempt<'_, S, O> {
             })
             .collect();
         let store = &self.core.store;
-        let mut parts: Vec<u32> = entries.iter().map(|e| u32::from(e.part)).collect();
+        // A copy of the log on every memory node that gets installs: each copy of each
+        // partition written.
+        let mut parts: Vec<u32> = entries
+            .iter()
+            .flat_map(|e| store.replica_memnodes(u32::from(e.part)))
+            .collect();
         parts.sort_unstable();
         parts.dedup();
         let log = CommitLog {
@@ -403,12 +408,13 @@ impl<S, O> Attempt<'_, S, O> {
                 Some(Write::Put(v)) => Some(v.as_slice()),
                 _ => None,
             };
-            let (node, ws) = store.install_writes(loc, cvt, victim, v, value)?;
-            let list = match lists.iter_mut().find(|(n, _)| *n == node) {
-                Some((_, l)) => l,
-                None => unreachable!("the log goes to every memory node installed on"),
-            };
-            list.extend(ws);
+            for (node, ws) in store.install_writes(loc, cvt, victim, v, value)? {
+                let list = match lists.iter_mut().find(|(n, _)| *n == node) {
+                    Some((_, l)) => l,
+                    None => unreachable!("the log goes to every memory node installed on"),
+                };
+                list.extend(ws);
+            }
         }
         let ctx = store.ctx();
         let sent = join_all(lists.iter().map(|(n, l)| async move {

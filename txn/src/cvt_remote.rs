@@ -24,8 +24,8 @@ use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
-use rrpc::fabric::RemoteAddr;
-use rrpc::runtime::ThreadCtx;
+use rrpc::fabric::{MrDesc, RemoteAddr};
+use rrpc::runtime::{join_all, ThreadCtx};
 use rrpc::NodeId;
 use serde::{Deserialize, Serialize};
 use tso::Timestamp;
@@ -43,19 +43,79 @@ use crate::store::hash_key;
 /// A WRITE not yet sent: where, and its bytes.
 pub type OwnedWrite = (RemoteAddr, Vec<u8>);
 
-/// What a memory node exports under [`EXPORT_KEY`]: its partition and its CVT tables.
+/// What a memory node exports under [`EXPORT_KEY`]: the partition it is the primary
+/// of, its CVT tables, and the backup images it hosts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemnodeExport {
-    /// This node's partition, `0..partitions`.
+    /// This node's partition, `0..partitions` (the one it holds the primary image
+    /// of; also its index among the memory nodes).
     pub partition: u32,
     /// Partitions (memory nodes) the tables are spread over.
     pub partitions: u32,
     /// Its tables, ids `0..n` in order.
     pub tables: Vec<CvtTableExport>,
+    /// Copies of every partition (1 = no replication; the primary and `replicas - 1`
+    /// backups, Motor 5.3). Every memory node of a cluster says the same.
+    #[serde(default = "one_replica")]
+    pub replicas: u32,
+    /// The backup images it hosts, of the partitions [`backup_partitions`] names.
+    #[serde(default)]
+    pub backups: Vec<BackupImage>,
     /// Its commit-log region ([`crate::commit_log`]); `None` from a memory node that
     /// keeps none.
     #[serde(default)]
     pub log: Option<LogExport>,
+}
+
+fn one_replica() -> u32 {
+    1
+}
+
+/// A backup image of partition `partition` (Motor 5.3's backups): tables of the same
+/// ids, record lengths, versions and bucket counts as the primary's, loaded with the
+/// same data, in regions of its own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupImage {
+    /// The partition it copies.
+    pub partition: u32,
+    /// Its tables, ids `0..n` in order.
+    pub tables: Vec<CvtTableExport>,
+}
+
+/// The memory nodes holding partition `partition`'s copies, primary first: memory
+/// node `partition`, then the next `replicas - 1` (mod `memnodes`). The placement of
+/// the replication design (1 primary and f backups on other nodes; Motor 5.3, FORD).
+pub fn replica_memnodes(partition: u32, replicas: u32, memnodes: u32) -> Vec<u32> {
+    let m = memnodes.max(1);
+    (0..replicas.clamp(1, m))
+        .map(|k| (partition + k) % m)
+        .collect()
+}
+
+/// The partitions memory node `memnode` holds a backup image of (the inverse of
+/// [`replica_memnodes`]), nearest first.
+pub fn backup_partitions(memnode: u32, replicas: u32, memnodes: u32) -> Vec<u32> {
+    let m = memnodes.max(1);
+    (1..replicas.clamp(1, m))
+        .map(|k| (memnode + m - k) % m)
+        .collect()
+}
+
+/// A backup copy of one partition as a compute node sees it.
+#[derive(Clone, Debug)]
+pub struct Backup {
+    /// Index of the memory node that hosts it.
+    pub memnode: u32,
+    /// That memory node.
+    pub node: NodeId,
+    /// Its tables, ids `0..n`, same geometry as the primary's.
+    pub tables: Vec<CvtTableExport>,
+}
+
+/// The address in region `to` at the offset that `addr` has in region `from` (a
+/// primary's address translated to a backup image of identical geometry).
+pub fn mirror(from: &MrDesc, to: &MrDesc, addr: u64) -> RemoteAddr {
+    to.at(addr - from.addr)
 }
 
 /// The export key a memory node publishes its [`MemnodeExport`] under.
@@ -88,8 +148,11 @@ pub struct CvtRemote {
     nodes: Vec<NodeId>,
     /// `[partition][table]`.
     tables: Vec<Vec<CvtTableExport>>,
-    /// Each partition's commit-log region, if its memory node keeps one.
+    /// Each memory node's commit-log region, if it keeps one (memory node `m` is the
+    /// primary of partition `m`).
     logs: Vec<Option<LogExport>>,
+    /// `[partition]`: its backups, in [`replica_memnodes`] order.
+    backups: Vec<Vec<Backup>>,
     cache: RefCell<AddrCache>,
 }
 
@@ -110,6 +173,8 @@ impl CvtRemote {
         }
         type Found = (NodeId, Vec<CvtTableExport>, Option<LogExport>);
         let mut found: Vec<Option<Found>> = vec![None; addrs.len()];
+        let mut backups: Vec<Vec<Backup>> = vec![Vec::new(); addrs.len()];
+        let mut replicas = None;
         for a in addrs {
             let info = ctx.connect(*a)?;
             let e: MemnodeExport = info
@@ -137,6 +202,32 @@ impl CvtRemote {
                     "memory node {a}: table ids must be 0..n in order"
                 )));
             }
+            if *replicas.get_or_insert(e.replicas) != e.replicas {
+                return Err(TxnError::Export(format!(
+                    "memory node {a} keeps {} replicas, another {}",
+                    e.replicas,
+                    replicas.unwrap_or(0)
+                )));
+            }
+            let want = backup_partitions(e.partition, e.replicas, e.partitions);
+            let mut have: Vec<u32> = e.backups.iter().map(|b| b.partition).collect();
+            have.sort_unstable();
+            let mut want_sorted = want.clone();
+            want_sorted.sort_unstable();
+            if have != want_sorted {
+                return Err(TxnError::Export(format!(
+                    "memory node {a} (partition {} of {}, {} replicas) hosts backups of \
+                     partitions {have:?}, expected {want:?}",
+                    e.partition, e.partitions, e.replicas
+                )));
+            }
+            for b in e.backups {
+                backups[b.partition as usize].push(Backup {
+                    memnode: e.partition,
+                    node: info.node,
+                    tables: b.tables,
+                });
+            }
             *slot = Some((info.node, e.tables, e.log));
         }
         let (mut nodes, mut tables, mut logs) = (Vec::new(), Vec::new(), Vec::new());
@@ -155,11 +246,32 @@ impl CvtRemote {
                 "memory nodes disagree on the tables (ids, record lengths, versions)".into(),
             ));
         }
+        let geometry = |ts: &[CvtTableExport]| {
+            ts.iter()
+                .map(|t| (t.id, t.len, t.versions, t.n_buckets))
+                .collect::<Vec<_>>()
+        };
+        let m = nodes.len() as u32;
+        for (p, bs) in backups.iter_mut().enumerate() {
+            let order = replica_memnodes(p as u32, replicas.unwrap_or(1), m);
+            bs.sort_by_key(|b| order.iter().position(|&x| x == b.memnode));
+            if let Some(b) = bs
+                .iter()
+                .find(|b| geometry(&b.tables) != geometry(&tables[p]))
+            {
+                return Err(TxnError::Export(format!(
+                    "memory node {}'s backup of partition {p} differs from the primary's \
+                     geometry (table ids, record lengths, versions, buckets)",
+                    b.memnode
+                )));
+            }
+        }
         Ok(Self {
             ctx,
             nodes,
             tables,
             logs,
+            backups,
             cache: RefCell::new(AddrCache::new(cache_entries)),
         })
     }
@@ -177,6 +289,45 @@ impl CvtRemote {
     /// Memory nodes (partitions).
     pub fn partitions(&self) -> u32 {
         self.nodes.len() as u32
+    }
+
+    /// Copies of each partition (1: no replication).
+    pub fn replicas(&self) -> u32 {
+        1 + self.backups.first().map_or(0, |b| b.len() as u32)
+    }
+
+    /// Partition `part`'s backups, in placement order (empty beyond the partitions).
+    pub fn backups(&self, part: u32) -> &[Backup] {
+        self.backups.get(part as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// The memory nodes holding a copy of partition `part`, primary first.
+    pub fn replica_memnodes(&self, part: u32) -> Vec<u32> {
+        std::iter::once(part)
+            .chain(self.backups(part).iter().map(|b| b.memnode))
+            .collect()
+    }
+
+    /// Each copy of the index-region address `addr` of table `table` of partition
+    /// `part` (a CVT or a word in it), primary first: `(memory node, address)`.
+    ///
+    /// Errors: [`TxnError::Usage`] for an unknown table or partition.
+    pub fn index_copies(
+        &self,
+        part: u32,
+        table: u32,
+        addr: u64,
+    ) -> Result<Vec<(NodeId, RemoteAddr)>, TxnError> {
+        let primary = self.node_of(part)?;
+        let t = self.table(part, table)?;
+        let mut out = vec![(primary, t.index.at(addr - t.index.addr))];
+        for b in self.backups(part) {
+            let bt = b.tables.get(table as usize).ok_or_else(|| {
+                TxnError::Usage(format!("no table {table} in a backup of {part}"))
+            })?;
+            out.push((b.node, mirror(&t.index, &bt.index, addr)));
+        }
+        Ok(out)
     }
 
     /// Address cache counters.
@@ -392,7 +543,8 @@ impl CvtRemote {
     }
 
     /// [`Self::install`] into cell `victim` (chosen before, with [`Cvt::victim`], so that
-    /// a commit log could name it).
+    /// a commit log could name it), on every copy of the partition at once (Motor's
+    /// one-round commit, 5.3): it returns once every copy ACKed both WRITEs.
     ///
     /// Errors: as [`Self::install`]; [`TxnError::Usage`] for a cell beyond the CVT's.
     pub async fn install_in(
@@ -403,23 +555,25 @@ impl CvtRemote {
         version: Timestamp,
         value: Option<&[u8]>,
     ) -> Result<(), TxnError> {
-        let (node, [(rec, record), (at, cell_bytes)]) =
-            self.install_writes(loc, cvt, victim, version, value)?;
-        // Both WRITEs in one round: a reader that sees the new cell before the record has
+        let copies = self.install_writes(loc, cvt, victim, version, value)?;
+        // All WRITEs in one round: a reader that sees the new cell before the record has
         // landed (or the old cell with the new record) finds the CVs differ and does not
         // use the record (`decode_record`'s mismatch), which is what the CVs are for.
-        let (a, b) = rrpc::runtime::join(
-            crate::transient::write(&self.ctx, node, rec, &record),
-            crate::transient::write(&self.ctx, node, at, &cell_bytes),
-        )
+        let sent = rrpc::runtime::join_all(copies.iter().flat_map(|(node, ws)| {
+            ws.iter()
+                .map(|(at, d)| crate::transient::write(&self.ctx, *node, *at, d))
+        }))
         .await;
-        a?;
-        b?;
+        for r in sent {
+            r?;
+        }
         Ok(())
     }
 
-    /// The two WRITEs of [`Self::install_in`] (the record, then the cell), with the
-    /// memory node they go to, `cvt` updated as installed; nothing is sent.
+    /// The WRITEs of [`Self::install_in`] per copy of the partition, primary first:
+    /// the memory node, then the record and the cell (each backup's cell names the
+    /// record buffer in its own value region); `cvt` updated as installed on the
+    /// primary; nothing is sent.
     ///
     /// Errors: [`TxnError::Usage`] for a victim outside the CVT or a value of the wrong
     /// length; [`TxnError::Export`] for an unknown table.
@@ -430,7 +584,7 @@ impl CvtRemote {
         victim: usize,
         version: Timestamp,
         value: Option<&[u8]>,
-    ) -> Result<(NodeId, [OwnedWrite; 2]), TxnError> {
+    ) -> Result<Vec<(NodeId, [OwnedWrite; 2])>, TxnError> {
         if victim >= cvt.cells.len() {
             return Err(TxnError::Usage(format!(
                 "cell {victim} of a CVT of {}",
@@ -462,8 +616,33 @@ impl CvtRemote {
             .cvt_remote(loc)?
             .offset((HEADER_BYTES + victim * CELL_BYTES) as u64);
         let record = encode_record(&payload, cell.cv);
-        let cell_bytes = cell.encode().to_vec();
-        Ok((node, [(rec, record), (at, cell_bytes)]))
+        let mut out = Vec::with_capacity(1 + self.backups(loc.part).len());
+        #[cfg(feature = "fault-injection")]
+        let backups =
+            match crate::fault::skipping_backup_install(!self.backups(loc.part).is_empty()) {
+                true => &[][..],
+                false => self.backups(loc.part),
+            };
+        #[cfg(not(feature = "fault-injection"))]
+        let backups = self.backups(loc.part);
+        for bk in backups {
+            let bt = bk
+                .tables
+                .get(loc.table as usize)
+                .ok_or_else(|| TxnError::Export(format!("no table {} in a backup", loc.table)))?;
+            let brec = mirror(&t.values, &bt.values, rec.addr);
+            let bcell = Cell {
+                addr: brec.addr,
+                ..cell
+            };
+            let bat = mirror(&t.index, &bt.index, at.addr);
+            out.push((
+                bk.node,
+                [(brec, record.clone()), (bat, bcell.encode().to_vec())],
+            ));
+        }
+        out.insert(0, (node, [(rec, record), (at, cell.encode().to_vec())]));
+        Ok(out)
     }
 
     /// Create a CVT for `(table, key)`, which has none, locked with `lock_word` (0 for
@@ -541,16 +720,33 @@ impl CvtRemote {
                 t.versions,
             );
             let bytes = cvt.encode();
+            // The backups' copies of the slot: the whole CVT, unlocked (lock words
+            // matter at the primary only), before the primary publishes it, so that no
+            // backup lags a slot a search can find.
+            let mut unlocked = cvt.clone();
+            unlocked.header.lock = 0;
+            let copy = unlocked.encode();
+            let copies = self.index_copies(part, t.id, at.addr)?;
+            let backups = join_all(copies[1..].iter().map(|&(n, a)| {
+                crate::transient::write(&self.ctx, n, a, &copy[..cvt_bytes(t.versions)])
+            }));
             // Header words (key, lock) and the (empty) cells first, the state last: a
             // search sees the slot as in use only with its key in place.
-            crate::transient::write(&self.ctx, node, at, &bytes[..STATE_OFFSET]).await?;
-            crate::transient::write(
-                &self.ctx,
-                node,
-                at.offset(HEADER_BYTES as u64),
-                &bytes[HEADER_BYTES..cvt_bytes(t.versions)],
-            )
-            .await?;
+            let primary = async {
+                crate::transient::write(&self.ctx, node, at, &bytes[..STATE_OFFSET]).await?;
+                crate::transient::write(
+                    &self.ctx,
+                    node,
+                    at.offset(HEADER_BYTES as u64),
+                    &bytes[HEADER_BYTES..cvt_bytes(t.versions)],
+                )
+                .await
+            };
+            let (p, bs) = rrpc::runtime::join(primary, backups).await;
+            p?;
+            for b in bs {
+                b?;
+            }
             crate::transient::write(&self.ctx, node, state, &SLOT_IN_USE.to_le_bytes()).await?;
             self.cache.borrow_mut().insert(t.id, key, at.addr);
             return Ok((

@@ -35,6 +35,26 @@ pub(crate) fn failing_write_back() -> bool {
     FAIL_WRITE_BACK.load(Ordering::Relaxed)
 }
 
+static SKIP_BACKUP_EVERY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static INSTALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Every `every`-th install to a replicated partition WRITEs the primary only, skipping
+/// its backups (0: never), as a commit that forgot its backups would: the replica audit
+/// must find the difference.
+pub fn skip_backup_install(every: u64) {
+    INSTALLS.store(0, Ordering::SeqCst);
+    SKIP_BACKUP_EVERY.store(every, Ordering::SeqCst);
+}
+
+/// Whether this install (of a partition with backups when `replicated`) skips them.
+pub(crate) fn skipping_backup_install(replicated: bool) -> bool {
+    let every = SKIP_BACKUP_EVERY.load(Ordering::Relaxed);
+    if every == 0 || !replicated {
+        return false;
+    }
+    (INSTALLS.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every)
+}
+
 /// Every value a transaction reads ([`crate::coordinator::Txn::get_mixed`] and the reads
 /// built on it) comes back with its last byte flipped, as a torn or misdirected READ
 /// would deliver it; the data in memory stays intact.

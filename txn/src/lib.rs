@@ -14,7 +14,11 @@
 //! - [`kvs`]: the KVS / YCSB table, its loader and its self-checking values;
 //! - [`cvt_remote`]: a compute thread's one-sided access to the CVT tables of every
 //!   memory node (lookup through the address cache, version READ, lock CAS, install,
-//!   insert), tables partitioned across memory nodes by key;
+//!   insert), tables partitioned across memory nodes by key, each partition with its
+//!   backups on the next memory nodes (Motor 5.3), installs and inserts written to
+//!   every copy in one round;
+//! - [`replica_audit`]: the check after a replicated run that every backup equals its
+//!   primary;
 //! - [`coordinator`]: the one coordinator API (`begin`, `read`, `read_for_update`,
 //!   `insert`, `delete`, `commit`, `abort`) and the protocol chosen by name:
 //!   [`occ_cas`] (FaRM/FORD OCC with CAS locks in the CVT header), [`scythe`] (Scythe's
@@ -48,6 +52,7 @@ pub mod occ_cas;
 pub mod phase;
 mod protocol;
 pub mod recovery;
+pub mod replica_audit;
 pub mod scythe;
 pub mod serializability;
 pub mod smallbank;

@@ -242,11 +242,12 @@ async fn read_chunks(
     Ok(())
 }
 
-/// The CVT named by a log entry: its node, remote address and current content.
+/// Every copy of the CVT named by a log entry, primary first: its memory node,
+/// remote address and current content.
 async fn read_entry(
     store: &CvtRemote,
     e: &LogEntry,
-) -> Result<(NodeId, RemoteAddr, Cvt), TxnError> {
+) -> Result<Vec<(NodeId, RemoteAddr, Cvt)>, TxnError> {
     let part = u32::from(e.part);
     let t = store
         .part_tables(part)?
@@ -254,25 +255,31 @@ async fn read_entry(
         .ok_or_else(|| {
             TxnError::Export(format!("a log names table {} of partition {part}", e.table))
         })?;
-    let node = store.node_of(part)?;
-    let at = RemoteAddr {
-        addr: e.addr,
-        rkey: t.index.rkey,
-    };
-    let img = store.ctx().read(node, at, t.cvt_bytes()).await?;
-    let cvt = Cvt::decode(&img).map_err(|err| TxnError::Export(format!("a logged CVT: {err}")))?;
-    Ok((node, at, cvt))
+    let copies = store.index_copies(part, u32::from(e.table), e.addr)?;
+    let read = join_all(copies.iter().map(|&(node, at)| async move {
+        let img = store.ctx().read(node, at, t.cvt_bytes()).await?;
+        let cvt =
+            Cvt::decode(&img).map_err(|err| TxnError::Export(format!("a logged CVT: {err}")))?;
+        Ok::<_, TxnError>((node, at, cvt))
+    }))
+    .await;
+    read.into_iter().collect()
 }
 
 /// Decide `log` and undo it if it does not stand; returns whether it rolled forward.
+/// With replication, a log stands only if every copy of every logged object holds its
+/// version (the dead node released nothing before every copy ACKed), and a roll-back
+/// invalidates the victim cell on every copy.
 async fn settle(store: &CvtRemote, log: &CommitLog) -> Result<bool, TxnError> {
     let seen = join_all(log.entries.iter().map(|e| read_entry(store, e))).await;
     let mut cvts = Vec::with_capacity(seen.len());
     for s in seen {
         cvts.push(s?);
     }
-    let landed = |(e, (_, _, cvt)): (&LogEntry, &(NodeId, RemoteAddr, Cvt))| {
-        cvt.newest_version().get() >= e.version
+    let landed = |(e, copies): (&LogEntry, &Vec<(NodeId, RemoteAddr, Cvt)>)| {
+        copies
+            .iter()
+            .all(|(_, _, cvt)| cvt.newest_version().get() >= e.version)
     };
     #[allow(unused_mut)]
     let mut forward = log.entries.iter().zip(&cvts).all(landed);
@@ -280,8 +287,10 @@ async fn settle(store: &CvtRemote, log: &CommitLog) -> Result<bool, TxnError> {
     match crate::fault::planted_recovery_bug() {
         Some(crate::fault::RecoveryBug::NoRollBack) => forward = true,
         Some(crate::fault::RecoveryBug::RollBackUnlessAllLanded) => {
-            forward = log.entries.iter().zip(&cvts).all(|(e, (_, _, cvt))| {
-                cvt.cells
+            forward = log.entries.iter().zip(&cvts).all(|(e, copies)| {
+                copies[0]
+                    .2
+                    .cells
                     .get(usize::from(e.cell))
                     .is_some_and(|c| c.valid && c.version.get() == e.version)
             })
@@ -291,24 +300,30 @@ async fn settle(store: &CvtRemote, log: &CommitLog) -> Result<bool, TxnError> {
     if forward {
         return Ok(true);
     }
-    // Roll back: every victim cell invalid (its CV bumped, so that a record READ
-    // against the old cell image cannot match either).
-    let undo = join_all(log.entries.iter().zip(&cvts).map(|(e, (node, at, cvt))| {
-        let cell_at = at.offset((HEADER_BYTES + usize::from(e.cell) * CELL_BYTES) as u64);
-        let mut cell = cvt.cells.get(usize::from(e.cell)).copied();
-        async move {
-            let Some(c) = cell.as_mut() else {
-                return Err(TxnError::Export(format!(
-                    "a log names cell {} of a CVT of {}",
-                    e.cell,
-                    cvt.cells.len()
-                )));
-            };
-            c.valid = false;
-            c.cv = c.cv.wrapping_add(1);
-            Ok(store.ctx().write(*node, cell_at, &c.encode()).await?)
-        }
-    }))
+    // Roll back: every victim cell invalid on every copy (its CV bumped, so that a
+    // record READ against the old cell image cannot match either).
+    let undo = join_all(
+        log.entries
+            .iter()
+            .zip(&cvts)
+            .flat_map(|(e, copies)| copies.iter().map(move |c| (e, c)))
+            .map(|(e, (node, at, cvt))| {
+                let cell_at = at.offset((HEADER_BYTES + usize::from(e.cell) * CELL_BYTES) as u64);
+                let mut cell = cvt.cells.get(usize::from(e.cell)).copied();
+                async move {
+                    let Some(c) = cell.as_mut() else {
+                        return Err(TxnError::Export(format!(
+                            "a log names cell {} of a CVT of {}",
+                            e.cell,
+                            cvt.cells.len()
+                        )));
+                    };
+                    c.valid = false;
+                    c.cv = c.cv.wrapping_add(1);
+                    Ok(store.ctx().write(*node, cell_at, &c.encode()).await?)
+                }
+            }),
+    )
     .await;
     for u in undo {
         u?;

@@ -58,6 +58,8 @@ fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
             partition: p,
             partitions,
             tables,
+            replicas: 1,
+            backups: Vec::new(),
             log: None,
         };
         let mut exports = BTreeMap::new();

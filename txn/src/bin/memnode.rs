@@ -49,6 +49,12 @@ struct Args {
     /// Memory nodes the tables are partitioned over (by key).
     #[arg(long, default_value_t = 1)]
     partitions: u32,
+    /// Copies of every partition (Motor 5.3's 1 primary and f backups, f = R - 1): this
+    /// node holds the primary image of its partition and a backup image of each of
+    /// the R - 1 partitions before it (mod --partitions), each in regions of its own
+    /// with the same geometry and data. At most --partitions.
+    #[arg(long, default_value_t = 1, value_name = "R")]
+    replicas: u32,
     /// Commit-log region: compute-node rows (node n uses row n mod this). Compute nodes
     /// write a log here before each commit's installs, which recovery reads when one
     /// dies (0 keeps no log region).
@@ -84,6 +90,14 @@ fn run(args: Args) -> anyhow::Result<()> {
             args.partitions
         );
     }
+    if args.replicas == 0 || args.replicas > args.partitions {
+        bail!(
+            "--replicas {} with --partitions {}: need 1 <= replicas <= partitions (each \
+             copy of a partition on another memory node)",
+            args.replicas,
+            args.partitions
+        );
+    }
     if !(1..=64).contains(&args.versions) {
         bail!("--versions must be 1 to 64 (got {})", args.versions);
     }
@@ -107,41 +121,54 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let fabric = args.node.open_fabric().context("opening the fabric")?;
-    // The one workload given (they exclude each other, checked above), loaded as this
-    // node's partition.
-    let (v, p, ps) = (args.versions, args.partition, args.partitions);
-    let t0 = std::time::Instant::now();
-    let (what, loaded) = if let Some(n) = args.smallbank_accounts {
-        if n < 2 {
-            bail!("--smallbank-accounts must be at least 2 (got {n})");
-        }
-        (
-            format!("SmallBank, {n} accounts"),
-            txn::smallbank::load(&fabric, n, v, p, ps)?,
-        )
-    } else if let Some(n) = args.tatp_subscribers {
-        if n < 1 {
-            bail!("--tatp-subscribers must be at least 1");
-        }
-        let t = txn::tatp::load(&fabric, n, args.tatp_seed, v, p, ps)?;
-        (format!("TATP, {n} subscribers"), t)
-    } else if let Some(n) = args.tpcc_warehouses {
-        if n < 1 {
-            bail!("--tpcc-warehouses must be at least 1");
-        }
-        let t = txn::tpcc::load(&fabric, n, args.tatp_seed, v, p, ps)?;
-        (format!("TPC-C, {n} warehouses"), t)
-    } else if let Some(n) = args.kvs_records {
-        if n == 0 {
-            bail!("--kvs-records must be at least 1");
-        }
-        let t = txn::kvs::load(&fabric, n, args.kvs_value_bytes, v, p, ps)?;
-        let what = format!("KVS, {n} records of {} bytes", args.kvs_value_bytes);
-        (what, vec![t])
-    } else {
-        (String::from("no tables"), Vec::new())
+    // The one workload given (they exclude each other, checked above), loaded as
+    // partition `q`: this node's own partition, then each partition it backs up.
+    let (v, ps) = (args.versions, args.partitions);
+    let load = |q: u32| -> anyhow::Result<(String, Vec<_>)> {
+        Ok(if let Some(n) = args.smallbank_accounts {
+            if n < 2 {
+                bail!("--smallbank-accounts must be at least 2 (got {n})");
+            }
+            (
+                format!("SmallBank, {n} accounts"),
+                txn::smallbank::load(&fabric, n, v, q, ps)?,
+            )
+        } else if let Some(n) = args.tatp_subscribers {
+            if n < 1 {
+                bail!("--tatp-subscribers must be at least 1");
+            }
+            let t = txn::tatp::load(&fabric, n, args.tatp_seed, v, q, ps)?;
+            (format!("TATP, {n} subscribers"), t)
+        } else if let Some(n) = args.tpcc_warehouses {
+            if n < 1 {
+                bail!("--tpcc-warehouses must be at least 1");
+            }
+            let t = txn::tpcc::load(&fabric, n, args.tatp_seed, v, q, ps)?;
+            (format!("TPC-C, {n} warehouses"), t)
+        } else if let Some(n) = args.kvs_records {
+            if n == 0 {
+                bail!("--kvs-records must be at least 1");
+            }
+            let t = txn::kvs::load(&fabric, n, args.kvs_value_bytes, v, q, ps)?;
+            let what = format!("KVS, {n} records of {} bytes", args.kvs_value_bytes);
+            (what, vec![t])
+        } else {
+            (String::from("no tables"), Vec::new())
+        })
     };
-    let (tables, regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+    let t0 = std::time::Instant::now();
+    let (what, loaded) = load(args.partition)?;
+    let (tables, mut regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+    let mut backups = Vec::new();
+    for q in txn::cvt_remote::backup_partitions(args.partition, args.replicas, ps) {
+        let (_, loaded) = load(q)?;
+        let (bt, br): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+        regions.extend(br);
+        backups.push(txn::cvt_remote::BackupImage {
+            partition: q,
+            tables: bt,
+        });
+    }
     let geometry = txn::commit_log::LogGeometry {
         nodes: args.log_nodes,
         clients: args.log_clients,
@@ -156,12 +183,18 @@ fn run(args: Args) -> anyhow::Result<()> {
             .context("allocating the commit-log region")?;
         Some(mr)
     };
-    tracing::info!(ms = t0.elapsed().as_millis() as u64, "loaded {what}");
+    tracing::info!(
+        ms = t0.elapsed().as_millis() as u64,
+        images = args.replicas,
+        "loaded {what}"
+    );
     let mut exports = BTreeMap::new();
     let export = txn::cvt_remote::MemnodeExport {
         partition: args.partition,
         partitions: args.partitions,
         tables,
+        replicas: args.replicas,
+        backups,
         log: log_region.as_ref().map(|mr| txn::commit_log::LogExport {
             region: mr.desc(),
             geometry,
@@ -188,6 +221,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         tables = export.tables.len(),
         partition = args.partition,
         partitions = args.partitions,
+        replicas = args.replicas,
         "memnode serving"
     );
     let _membership = match &args.etcd {
