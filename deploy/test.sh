@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The project's whole test run (the README's test command; CI runs it through .ci/run).
+# The project's whole test run (the README's test command; CI runs it through .ci/run;
+# the book's Testing chapter, docs/src/testing.md, describes each step).
 #
 # 1. Installs what a fresh Debian machine lacks to build the verbs backend (cmake,
 #    libclang-dev), to load libibverbs (libibverbs1, ibverbs-providers), to build the etcd
 #    client of the member crate (protobuf-compiler: protoc) and to run its tests against a
 #    real etcd (etcd-server: each test starts its own on loopback).
 # 2. Checks the formatting (cargo fmt --check), the lints (cargo clippy, warnings denied)
-#    and the docs (cargo doc, warnings denied: no broken links); then builds everything
-#    with the verbs backend and the etcd client compiled in and runs all
-#    tests on the shm fabric (cargo test --workspace); RRPC_REQUIRE_ETCD=1 makes the member
-#    tests fail, not skip, when etcd is missing.
+#    and the docs (cargo doc, warnings denied: no broken links); builds the book
+#    (mdbook build docs; mdbook is installed with cargo install if missing) and checks
+#    that every relative link of README.md and docs/src points to an existing file and
+#    heading (deploy/linkcheck.sh); then builds everything with the verbs backend and the
+#    etcd client compiled in and runs all tests on the shm fabric (cargo test --workspace);
+#    RRPC_REQUIRE_ETCD=1 makes the member tests fail, not skip, when etcd is missing.
 # 3. Runs rrpc's echo example as a user would (server and client processes), then the
 #    fabric conformance suite and the RPC, modes, straws, shm-cluster and async-handler
 #    suites again on shm under the cx5 timing model (RRPC_MODEL=cx5).
@@ -69,6 +72,19 @@ fi
 cargo fmt --all --check
 cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace "${features[@]}"
+
+# The book (docs/): mdbook from crates.io when missing (Debian has no package), built with
+# its search and without its server and file watcher, which the build does not need.
+echo "== the book: mdbook build docs; relative links of README.md and docs/src"
+export PATH="$PATH:${CARGO_HOME:-${HOME:-/root}/.cargo}/bin"
+if ! command -v mdbook >/dev/null; then
+  echo "== installing mdbook (cargo install, about two minutes)"
+  t0=$SECONDS
+  cargo install mdbook --version 0.5.4 --locked --no-default-features --features search
+  echo "== mdbook installed: $((SECONDS - t0)) s wall"
+fi
+mdbook build docs
+deploy/linkcheck.sh
 
 echo "== cargo test --workspace (shm fabric; verbs backend and etcd client compiled in)"
 export RRPC_REQUIRE_ETCD=1

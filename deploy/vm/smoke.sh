@@ -1,6 +1,6 @@
 #!/bin/bash
 # Smoke test for the Soft-RoCE VM; runs INSIDE the guest:
-#   deploy/vm/softroce-vm.sh -- /work/main/deploy/vm/smoke.sh
+#   deploy/vm/softroce-vm.sh -- "$PWD/deploy/vm/smoke.sh"     (from the checkout)
 # Lists the devices, then runs ibv_rc_pingpong (RC send/recv over RoCE v2)
 #   1. between two "hosts": server on $RXE_DEV_B, client on $RXE_DEV_A, across the
 #      veth pair (checked: vethA's packet counters must grow by the traffic);

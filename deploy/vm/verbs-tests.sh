@@ -6,7 +6,7 @@
 #
 # Every executable runs on the loopback device (rxe0). The fabric conformance suite also
 # runs across two "hosts": this process on rxeA, its peer process on rxeB, with the
-# traffic crossing a veth pair (see deploy/vm/README.md for why not two namespaces).
+# traffic crossing a veth pair (see docs/src/testing.md for why not two namespaces).
 set -u
 export RRPC_FABRIC=verbs
 export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
