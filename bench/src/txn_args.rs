@@ -203,6 +203,13 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = LogPlacementArg::RoundBefore)]
     #[serde(default)]
     pub log_placement: LogPlacementArg,
+    /// With --replicas above 1: how a commit reaches the copies: coalesced (every copy
+    /// in one round, Motor's one-round commit and FORD's coalescent commit) or
+    /// separate (the backups' round, then the primaries': FaRMv2's two commit rounds,
+    /// the baseline Motor compares against).
+    #[arg(long, value_enum, default_value_t = ReplicaCommitArg::Coalesced)]
+    #[serde(default)]
+    pub replica_commit: ReplicaCommitArg,
     /// With --cnodes 2 or more: the lease of each coordinator process in etcd, in
     /// milliseconds (rounded up to whole seconds, at least 1 s). A process that cannot
     /// renew it for this long (stopped, or starved on an emulated machine) is declared
@@ -527,6 +534,25 @@ impl From<LogPlacementArg> for txn::config::LogPlacement {
     }
 }
 
+/// The `--replica-commit` flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize, Default)]
+pub enum ReplicaCommitArg {
+    /// Every copy in one round.
+    #[default]
+    Coalesced,
+    /// The backups' round, then the primaries'.
+    Separate,
+}
+
+impl From<ReplicaCommitArg> for txn::config::ReplicaCommit {
+    fn from(a: ReplicaCommitArg) -> Self {
+        match a {
+            ReplicaCommitArg::Coalesced => Self::Coalesced,
+            ReplicaCommitArg::Separate => Self::Separate,
+        }
+    }
+}
+
 impl Args {
     /// Parse `argv` (program name first) after expanding `--config FILE.toml` into
     /// flags placed before the command line's own, so that the command line wins.
@@ -587,6 +613,14 @@ impl Args {
                  another memory node (got {})",
                 self.memnodes,
                 self.replicas
+            );
+        }
+        if self.replica_commit == ReplicaCommitArg::Separate
+            && self.log_placement == LogPlacementArg::Ordered
+        {
+            bail!(
+                "--replica-commit separate with --log-placement ordered: the ordered lists \
+                 put a memory node's log and installs in one round; use round-before"
             );
         }
         if !(1..=64).contains(&self.versions) {

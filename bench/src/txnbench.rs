@@ -672,15 +672,24 @@ fn print_header(
     );
 }
 
-/// `N memnode(s), V versions` and, when replicated, `, R replicas`.
+/// `N memnode(s), V versions` and, when replicated, `, R replicas (...)`: the commit
+/// style and what occ-cas does over replicas (FORD's commit).
 pub(crate) fn storage_desc(args: &Args) -> String {
     let replicas = if args.replicas > 1 {
-        format!(", {} replicas", args.replicas)
+        let commit = match args.replica_commit {
+            crate::txn_args::ReplicaCommitArg::Coalesced => "one commit round for all copies",
+            crate::txn_args::ReplicaCommitArg::Separate => "commit rounds: backups, then primaries",
+        };
+        format!(
+            ", {} replicas ({commit}; occ-cas commits as FORD: undo logs to every \
+             memnode, invisible bit, readers wait)",
+            args.replicas
+        )
     } else {
         String::new()
     };
     format!(
-        "{} memnode(s){replicas}, {} versions",
+        "{} memnode(s), {} versions{replicas}",
         args.memnodes, args.versions
     )
 }
@@ -876,6 +885,7 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
         // logged for the survivor that recovers them.
         commit_log: args.coordinator_processes() || args.commit_log,
         log_placement: args.log_placement.into(),
+        replica_commit: args.replica_commit.into(),
         ..TxnConfig::default()
     }
 }

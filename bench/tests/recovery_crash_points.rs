@@ -45,7 +45,7 @@ const PROTOCOLS: [Protocol; 3] = [
 struct Cluster {
     guard: ClusterGuard,
     addrs: ClusterAddrs,
-    _mem: Vec<(Node, Vec<[MemoryRegion; 3]>, MemoryRegion)>,
+    _mem: Vec<(Node, Vec<[MemoryRegion; 3]>, MemoryRegion, MemoryRegion)>,
     _lockd: LockService,
     _tso: (tso::Oracle, Node),
 }
@@ -83,6 +83,8 @@ fn cluster_with(test: &str, replicas: u32) -> Cluster {
             });
         }
         let log = f.alloc_mr(geometry.region_bytes() as usize).unwrap();
+        // FORD's undo logs (occ-cas over replicas) go to every memory node.
+        let undo = f.alloc_mr(geometry.region_bytes() as usize).unwrap();
         let export = MemnodeExport {
             partition: p,
             partitions: 2,
@@ -91,6 +93,10 @@ fn cluster_with(test: &str, replicas: u32) -> Cluster {
             backups,
             log: Some(LogExport {
                 region: log.desc(),
+                geometry,
+            }),
+            undo: (replicas > 1).then(|| LogExport {
+                region: undo.desc(),
                 geometry,
             }),
         };
@@ -107,7 +113,7 @@ fn cluster_with(test: &str, replicas: u32) -> Cluster {
         )
         .unwrap();
         memnodes.push(node.addr());
-        mem.push((node, regions, log));
+        mem.push((node, regions, log, undo));
     }
     let lockd = LockService::start(
         fabric(&name, 8),

@@ -171,7 +171,10 @@ fn all_protocols_pass_every_check_with_three_replicas() {
         ],
     );
     assert!(
-        stdout.contains("| 3 memnode(s), 3 replicas, 4 versions |"),
+        stdout.contains(
+            "| 3 memnode(s), 4 versions, 3 replicas (one commit round for all copies; occ-cas \
+             commits as FORD"
+        ),
         "{stdout}"
     );
     for r in s["runs"].as_array().unwrap() {

@@ -1,5 +1,5 @@
 //! Takeout Lock's `queued_ts` across a restart of the timestamp oracle (Scythe 4.3 and
-//! 4.5; issue 12: "Lockd's `queued_ts` must keep working across a TSO restart").
+//! 4.5: `queued_ts` must keep working across a restart of the oracle).
 //!
 //! A Lock RPC is refused when its timestamp is below the lock's `queued_ts` (the largest
 //! timestamp queued so far). Timestamps come from the oracle; if a restarted oracle

@@ -86,8 +86,8 @@ impl LeaderError {
 /// directly. (Stacking this tier on the process's [`crate::GroupedTso`], one request of
 /// `n` per thread group through [`TsoGroup::take_n`], combines threads too, but makes a
 /// thread wait until another thread is scheduled to finish its FAA: on a machine with
-/// more busy threads than cores that cost more than the FAAs it saved; see the README's
-/// TSO section.)
+/// more busy threads than cores that cost more than the FAAs it saved; see the book's
+/// results chapter, tso-bench.)
 ///
 /// Up to [`THREAD_RANGES_IN_FLIGHT`] groups' range requests are in flight at once (by
 /// default): with two coroutines each leads its own request (as without groups), with

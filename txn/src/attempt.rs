@@ -105,9 +105,19 @@ impl<O: Default> Obj<O> {
         key: u64,
         check_lock: bool,
     ) -> Result<Self, TxnError> {
-        let Some((loc, cvt)) = core.store.lookup(table, key).await? else {
+        let Some((loc, mut cvt)) = core.store.lookup(table, key).await? else {
             return Ok(Self::absent(table, key));
         };
+        // FORD's invisible items (occ-cas over replicas, `crate::ford`): the holder is
+        // installing; READ again until it made them visible (for up to `read_wait`).
+        let t0 = std::time::Instant::now();
+        while check_lock
+            && cvt.header.lock & crate::ford::INVISIBLE != 0
+            && t0.elapsed() < core.cfg.read_wait
+        {
+            core.store.ctx().yield_now().await;
+            cvt = core.store.read_cvt(loc).await?;
+        }
         if check_lock && cvt.header.lock != 0 {
             return Err(TxnError::Abort(AbortReason::LockedOnRead));
         }
@@ -269,6 +279,128 @@ impl<S, O> Attempt<'_, S, O> {
         done.into_iter().try_for_each(|r| r.map(drop))
     }
 
+    /// The log slot of this attempt (taken now if it has none; held until the attempt
+    /// ends): its commit log's and, over replicas under occ-cas, its undo log's.
+    pub fn log_slot_no(&self) -> u16 {
+        match self.log_slot.get() {
+            Some(s) => s,
+            None => {
+                let s = self.core.take_log_slot();
+                self.log_slot.set(Some(s));
+                s
+            }
+        }
+    }
+
+    /// Release every CVT lock word the attempt holds on every copy ([`crate::ford`]'s
+    /// visible-and-unlock round), in one round.
+    ///
+    /// Errors: the first that failed (every release is still issued).
+    pub async fn release_invisible(&mut self) -> Result<(), TxnError> {
+        let locs: Vec<CvtLoc> = self
+            .objs
+            .iter_mut()
+            .filter(|o| o.locked)
+            .map(|o| {
+                o.locked = false;
+                o.loc.expect("a locked object has a CVT")
+            })
+            .collect();
+        crate::ford::release(&self.core.store, &locs, self.id).await
+    }
+
+    /// Send install lists (`(primary?, memory node, ordered WRITEs)`): all in one round
+    /// (Motor's and FORD's one-round commit) or, with
+    /// [`crate::config::ReplicaCommit::Separate`], the backups' round and then the
+    /// primaries' (FaRMv2's two commit rounds). Each list is one ordered WR list on
+    /// one QP.
+    ///
+    /// Errors: the first WRITE that failed.
+    async fn send_installs(
+        &self,
+        lists: &[(bool, NodeId, Vec<OwnedWrite>)],
+    ) -> Result<(), TxnError> {
+        let ctx = self.core.store.ctx();
+        let send = |primaries: Option<bool>| {
+            join_all(
+                lists
+                    .iter()
+                    .filter(move |(p, _, _)| primaries.is_none_or(|want| *p == want))
+                    .map(|(_, n, l)| async move {
+                        let writes: Vec<(RemoteAddr, &[u8])> =
+                            l.iter().map(|(a, d)| (*a, d.as_slice())).collect();
+                        crate::transient::write_ordered(ctx, *n, &writes).await
+                    }),
+            )
+        };
+        let rounds: &[Option<bool>] = match self.core.cfg.replica_commit {
+            crate::config::ReplicaCommit::Coalesced => &[None],
+            crate::config::ReplicaCommit::Separate => &[Some(false), Some(true)],
+        };
+        for &r in rounds {
+            for done in send(r).await {
+                done?;
+            }
+        }
+        Ok(())
+    }
+
+    /// FORD's coalescent commit ([`crate::ford`]): the commit log first when logging
+    /// (the round before), then per object and copy the lock word marked invisible,
+    /// the record and the cell as one ordered list, all copies in one round (or the
+    /// backups' round and then the primaries' with
+    /// [`crate::config::ReplicaCommit::Separate`]). The caller releases with
+    /// [`Self::release_invisible`].
+    ///
+    /// Errors: [`TxnError::WriteBack`].
+    pub async fn write_back_invisible(
+        &mut self,
+        version: impl Fn(&Obj<O>) -> Timestamp,
+    ) -> Result<(), TxnError> {
+        let wb = |e: TxnError| TxnError::WriteBack {
+            cause: Box::new(e),
+            release: None,
+        };
+        crash_point(CrashPoint::AfterLock).await;
+        let victims = self.write_log(&version).await.map_err(wb)?;
+        crash_point(CrashPoint::AfterLog).await;
+        let (store, id) = (&self.core.store, self.id);
+        let mut lists = Vec::new();
+        // Lists of the first object (all its copies).
+        let mut first = 0;
+        let written = self.objs.iter_mut().filter(|o| o.write.is_some());
+        for (o, victim) in written.zip(victims) {
+            let v = version(o);
+            let loc = o.loc.expect("a written object has a CVT by now");
+            let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
+            let value = match &o.write {
+                Some(Write::Put(v)) => Some(v.as_slice()),
+                _ => None,
+            };
+            lists.extend(
+                crate::ford::invisible_install(store, loc, cvt, victim, v, value, id)
+                    .map_err(wb)?,
+            );
+            if first == 0 {
+                first = lists.len();
+            }
+        }
+        // With the crash point after the first install armed, the first object's
+        // copies go first, so that "some but not all installs landed" happens.
+        let r = if crash_armed(CrashPoint::AfterFirstInstall) {
+            let r = self.send_installs(&lists[..first]).await;
+            crash_point(CrashPoint::AfterFirstInstall).await;
+            match r {
+                Ok(()) => self.send_installs(&lists[first..]).await,
+                e => e,
+            }
+        } else {
+            self.send_installs(&lists).await
+        };
+        crash_point(CrashPoint::AfterInstalls).await;
+        r.map_err(wb)
+    }
+
     /// Write this commit's log ([`crate::commit_log`]) to every memory node it installs
     /// on, naming each write's CVT, victim cell and new version; returns the victims in
     /// write order. Done before any install, one round earlier (with commit logs off,
@@ -349,14 +481,7 @@ impl<S, O> Attempt<'_, S, O> {
             entries,
         };
         let owner = self.core.owner();
-        let slot_no = match self.log_slot.get() {
-            Some(s) => s,
-            None => {
-                let s = self.core.take_log_slot();
-                self.log_slot.set(Some(s));
-                s
-            }
-        };
+        let slot_no = self.log_slot_no();
         let mut targets = Vec::with_capacity(parts.len());
         let mut max = usize::MAX;
         for &p in &parts {
@@ -482,6 +607,9 @@ impl<S, O> Attempt<'_, S, O> {
             }
         };
         crash_point(CrashPoint::AfterLog).await;
+        if self.core.cfg.replica_commit == crate::config::ReplicaCommit::Separate {
+            return self.write_back_separate(&version, victims).await;
+        }
         let store = &self.core.store;
         let mut first = true;
         // With the crash point after the first install armed, the other installs wait
@@ -520,6 +648,41 @@ impl<S, O> Attempt<'_, S, O> {
             }),
             None => Ok(()),
         }
+    }
+
+    /// The installs of [`Self::write_back`] in FaRMv2's two rounds: every backup copy,
+    /// then every primary ([`crate::config::ReplicaCommit::Separate`]).
+    async fn write_back_separate(
+        &mut self,
+        version: &impl Fn(&Obj<O>) -> Timestamp,
+        victims: Vec<usize>,
+    ) -> Result<(), TxnError> {
+        let wb = |e: TxnError| TxnError::WriteBack {
+            cause: Box::new(e),
+            release: None,
+        };
+        let store = &self.core.store;
+        let mut lists = Vec::new();
+        let written = self.objs.iter_mut().filter(|o| o.write.is_some());
+        for (o, victim) in written.zip(victims) {
+            let v = version(o);
+            let loc = o.loc.expect("a written object has a CVT by now");
+            let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
+            let value = match &o.write {
+                Some(Write::Put(v)) => Some(v.as_slice()),
+                _ => None,
+            };
+            let copies = store
+                .install_writes(loc, cvt, victim, v, value)
+                .map_err(wb)?;
+            let primary = store.node_of(loc.part).map_err(wb)?;
+            for (i, (n, ws)) in copies.into_iter().enumerate() {
+                lists.push((i == 0 && n == primary, n, ws.to_vec()));
+            }
+        }
+        let r = self.send_installs(&lists).await;
+        crash_point(CrashPoint::AfterInstalls).await;
+        r.map_err(wb)
     }
 
     /// Record this committed transaction: each object read at its version, each write at
@@ -569,6 +732,29 @@ impl<S, O> Drop for Attempt<'_, S, O> {
         }
         let ctx = self.core.store.ctx().clone();
         let id = self.id;
+        if self.core.store.replicas() > 1 {
+            // Over replicas a word may carry FORD's invisible mark, on every copy.
+            let locs: Vec<CvtLoc> = self
+                .objs
+                .iter()
+                .filter(|o| o.locked)
+                .filter_map(|o| o.loc)
+                .collect();
+            let targets = match crate::ford::lock_copies(&self.core.store, &locs) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "releasing a dropped transaction's CVT locks");
+                    return;
+                }
+            };
+            let c = ctx.clone();
+            ctx.spawn(async move {
+                if let Err(e) = crate::ford::release_at(&c, &targets, id).await {
+                    tracing::warn!(error = %e, "releasing a dropped transaction's CVT locks");
+                }
+            });
+            return;
+        }
         self.core.store.ctx().spawn(async move {
             let wrote = join_all(
                 targets

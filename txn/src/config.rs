@@ -129,6 +129,21 @@ pub struct TxnConfig {
     /// Where the commit log goes relative to the installs (default
     /// [`LogPlacement::RoundBefore`]).
     pub log_placement: LogPlacement,
+    /// How a commit reaches the copies of replicated partitions (default
+    /// [`ReplicaCommit::Coalesced`]).
+    pub replica_commit: ReplicaCommit,
+}
+
+/// How a commit's installs reach the primary and the backups of a replicated
+/// partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplicaCommit {
+    /// Every copy in one round (Motor 5.3's one-round commit; FORD's coalescent commit).
+    #[default]
+    Coalesced,
+    /// The backups' round, then the primaries' (FaRMv2 on disaggregated memory, the
+    /// baseline Motor 7.4 compares against: one round trip more per read-write commit).
+    Separate,
 }
 
 /// How a commit's log lands before its installs (the two ways of Motor 5.3's and FORD's
@@ -161,6 +176,7 @@ impl Default for TxnConfig {
             incarnation: 0,
             commit_log: false,
             log_placement: LogPlacement::RoundBefore,
+            replica_commit: ReplicaCommit::Coalesced,
         }
     }
 }

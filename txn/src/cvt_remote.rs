@@ -65,6 +65,12 @@ pub struct MemnodeExport {
     /// keeps none.
     #[serde(default)]
     pub log: Option<LogExport>,
+    /// Its undo-log region, where FORD's commit ([`crate::ford`]: occ-cas over
+    /// replicas) writes the old records of each commit before installing; slots as in
+    /// the commit-log region, larger. `None` from a memory node that keeps none (one
+    /// without replication).
+    #[serde(default)]
+    pub undo: Option<LogExport>,
 }
 
 fn one_replica() -> u32 {
@@ -153,6 +159,8 @@ pub struct CvtRemote {
     logs: Vec<Option<LogExport>>,
     /// `[partition]`: its backups, in [`replica_memnodes`] order.
     backups: Vec<Vec<Backup>>,
+    /// Each memory node's undo-log region, if it keeps one.
+    undos: Vec<Option<LogExport>>,
     cache: RefCell<AddrCache>,
 }
 
@@ -171,7 +179,12 @@ impl CvtRemote {
         if addrs.is_empty() {
             return Err(TxnError::Export("no memory node address given".into()));
         }
-        type Found = (NodeId, Vec<CvtTableExport>, Option<LogExport>);
+        type Found = (
+            NodeId,
+            Vec<CvtTableExport>,
+            Option<LogExport>,
+            Option<LogExport>,
+        );
         let mut found: Vec<Option<Found>> = vec![None; addrs.len()];
         let mut backups: Vec<Vec<Backup>> = vec![Vec::new(); addrs.len()];
         let mut replicas = None;
@@ -228,13 +241,15 @@ impl CvtRemote {
                     tables: b.tables,
                 });
             }
-            *slot = Some((info.node, e.tables, e.log));
+            *slot = Some((info.node, e.tables, e.log, e.undo));
         }
-        let (mut nodes, mut tables, mut logs) = (Vec::new(), Vec::new(), Vec::new());
-        for (n, t, l) in found.into_iter().map(|f| f.expect("all")) {
+        let (mut nodes, mut tables, mut logs, mut undos) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (n, t, l, u) in found.into_iter().map(|f| f.expect("all")) {
             nodes.push(n);
             tables.push(t);
             logs.push(l);
+            undos.push(u);
         }
         let shape = |ts: &[CvtTableExport]| {
             ts.iter()
@@ -272,6 +287,7 @@ impl CvtRemote {
             tables,
             logs,
             backups,
+            undos,
             cache: RefCell::new(AddrCache::new(cache_entries)),
         })
     }
@@ -513,6 +529,11 @@ impl CvtRemote {
     /// Partition `part`'s commit-log region, `None` when its memory node keeps none.
     pub fn log(&self, part: u32) -> Option<&LogExport> {
         self.logs.get(part as usize)?.as_ref()
+    }
+
+    /// Memory node `m`'s undo-log region ([`crate::ford`]), `None` when it keeps none.
+    pub fn undo(&self, m: u32) -> Option<&LogExport> {
+        self.undos.get(m as usize)?.as_ref()
     }
 
     /// The tables of partition `part`. Errors: [`TxnError::Usage`] beyond the partitions.

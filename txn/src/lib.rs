@@ -45,6 +45,7 @@ pub mod cvt_store;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+pub mod ford;
 pub mod history;
 pub mod kvs;
 pub mod mvcc;

@@ -20,6 +20,11 @@
 //!   own lock are checked too: their CVT was read before the lock was taken.
 //! - **Write back**: the new version (old + 1) in the victim cell (record, then cell),
 //!   then every lock word WRITTEN back to 0.
+//!
+//! Over replicated partitions it commits as FORD does ([`crate::ford`]): undo logs of
+//! the old records to every memory node (issued with the lock and validation rounds,
+//! awaited before the installs), the coalescent commit with the invisible bit, and
+//! readers that wait for invisible items.
 
 use rrpc::runtime::join_all;
 use tso::Timestamp;
@@ -63,16 +68,55 @@ impl ConcurrencyControl for OccCas {
             t.record(None, Timestamp::ZERO);
             return Ok(());
         }
+        let version = |o: &Obj<()>| Timestamp(o.version.get() + 1);
+        if writes && t.core.store.replicas() > 1 {
+            // FORD: the undo logs travel while the locks are taken and validated.
+            let core = t.core;
+            let undo = crate::ford::undo_log(
+                t.id,
+                t.objs
+                    .iter()
+                    .filter(|o| o.write.is_some())
+                    .map(|o| (o.table, o.key, o.version, o.value.as_deref()))
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+            );
+            let slot = t.log_slot_no();
+            let checked = async {
+                t.enter(Phase::Lock);
+                lock_writes(t).await?;
+                t.enter(Phase::Validate);
+                validate(t).await
+            };
+            let (checked, logged) =
+                rrpc::runtime::join(checked, crate::ford::write_undo(core, slot, &undo)).await;
+            checked?;
+            logged?;
+            t.enter(Phase::WriteBack);
+            t.write_back_invisible(version).await?;
+            t.record(None, Timestamp::ZERO);
+            return Ok(());
+        }
         t.enter(Phase::Lock);
         lock_writes(t).await?;
         t.enter(Phase::Validate);
         validate(t).await?;
         if writes {
             t.enter(Phase::WriteBack);
-            t.write_back(|o| Timestamp(o.version.get() + 1)).await?;
+            t.write_back(version).await?;
         }
         t.record(None, Timestamp::ZERO);
         Ok(())
+    }
+
+    /// Over replicas, FORD's visible-and-unlock round on every copy; else the lock
+    /// words.
+    async fn release(&self, t: &mut A<'_>) -> Result<(), TxnError> {
+        if t.core.store.replicas() > 1 {
+            t.release_invisible().await
+        } else {
+            t.release_cvt_locks().await
+        }
     }
 }
 

@@ -331,28 +331,38 @@ async fn settle(store: &CvtRemote, log: &CommitLog) -> Result<bool, TxnError> {
     Ok(false)
 }
 
-/// CAS every logged lock word from the log's id to 0; returns how many held it.
+/// Release every logged lock word still holding the log's id (CAS to 0; with FORD's
+/// invisible mark too, and the backups' marks cleared); returns how many held it.
 async fn unlock_logged(store: &CvtRemote, log: &CommitLog) -> Result<usize, TxnError> {
-    let mut targets = Vec::with_capacity(log.entries.len());
+    let mut locs = Vec::with_capacity(log.entries.len());
     for e in &log.entries {
-        let part = u32::from(e.part);
-        let t = store
-            .part_tables(part)?
-            .get(usize::from(e.table))
-            .ok_or_else(|| TxnError::Export(format!("a log names table {}", e.table)))?;
-        let at = RemoteAddr {
-            addr: e.addr + LOCK_OFFSET as u64,
-            rkey: t.index.rkey,
-        };
-        targets.push((store.node_of(part)?, at));
+        locs.push(crate::cvt_remote::CvtLoc {
+            part: u32::from(e.part),
+            table: u32::from(e.table),
+            addr: e.addr,
+        });
     }
-    targets.sort_unstable_by_key(|&(n, a)| (n.get(), a.addr));
-    targets.dedup();
+    locs.sort_unstable_by_key(|l| (l.part, l.addr));
+    locs.dedup();
+    let targets = crate::ford::lock_copies(store, &locs)?;
     let id = log.id;
-    let done = join_all(targets.iter().map(|&(n, at)| store.ctx().cas(n, at, id, 0))).await;
+    let done = join_all(targets.iter().map(|&(primary, n, at)| async move {
+        if primary {
+            crate::ford::release_word(store.ctx(), n, at, id).await
+        } else {
+            // A backup's word holds at most FORD's mark of this commit.
+            store
+                .ctx()
+                .cas(n, at, crate::ford::INVISIBLE, 0)
+                .await
+                .map(|_| false)
+                .map_err(TxnError::from)
+        }
+    }))
+    .await;
     let mut n = 0;
     for d in done {
-        n += usize::from(d? == id);
+        n += usize::from(d?);
     }
     Ok(n)
 }

@@ -2,7 +2,10 @@
 //! insert guards it holds and into its commit log, naming the compute node, its
 //! incarnation, the client (one coroutine's coordinator) and the attempt.
 //!
-//! Layout, high bits first: `node:12 | incarnation:12 | client:12 | seq:28`.
+//! Layout, high bits first: `node:12 | incarnation:12 | client:12 | invisible:1 |
+//! seq:27`. An id never has the [`INVISIBLE`] bit: FORD's commit (occ-cas over
+//! replicas, [`crate::ford`]) sets it in a lock word it holds while its installs are
+//! landing.
 //!
 //! The owner (node, incarnation) sits in the top 24 bits so that recovery can sweep
 //! every lock word a dead incarnation held with one comparison, and a restarted node
@@ -10,7 +13,7 @@
 //! life: recovery of the old incarnation cannot then release the new one's locks
 //! (Lotus 6 and the recovery of Motor 5.3 assume exactly this; the errata of the
 //! project's recovery design make it explicit). An id is never 0, the value of a free
-//! lock word. The sequence wraps after 2^28 attempts of one client; only one attempt of
+//! lock word. The sequence wraps after 2^27 attempts of one client; only one attempt of
 //! a client is in flight at a time, so a wrapped id cannot meet itself.
 
 /// Bits of the node field.
@@ -20,10 +23,15 @@ pub const INCARNATION_BITS: u32 = 12;
 /// Bits of the client field.
 pub const CLIENT_BITS: u32 = 12;
 /// Bits of the sequence field.
-pub const SEQ_BITS: u32 = 28;
+pub const SEQ_BITS: u32 = 27;
+
+/// FORD's invisible bit (FORD, FAST '22, 3.4, the coalescent commit): set in a lock
+/// word whose holder is installing new data (with the holder's id on the primary; alone
+/// on a backup); a reader that meets it reads again until it clears.
+pub const INVISIBLE: u64 = 1 << SEQ_BITS;
 
 const SEQ_SHIFT: u32 = 0;
-const CLIENT_SHIFT: u32 = SEQ_BITS;
+const CLIENT_SHIFT: u32 = SEQ_BITS + 1;
 const INC_SHIFT: u32 = CLIENT_SHIFT + CLIENT_BITS;
 const NODE_SHIFT: u32 = INC_SHIFT + INCARNATION_BITS;
 const _: () = assert!(NODE_SHIFT + NODE_BITS == 64);
@@ -143,6 +151,7 @@ mod tests {
             client: 0xfff,
             seq: (1 << SEQ_BITS) - 1,
         };
-        assert_eq!(id.pack(), u64::MAX);
+        assert_eq!(id.pack(), !INVISIBLE, "every bit but the invisible one");
+        assert_eq!(TxnId::unpack(id.pack() | INVISIBLE), Some(id));
     }
 }

@@ -61,6 +61,7 @@ fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
             replicas: 1,
             backups: Vec::new(),
             log: None,
+            undo: None,
         };
         let mut exports = BTreeMap::new();
         exports.insert(EXPORT_KEY.into(), serde_json::to_value(&export).unwrap());

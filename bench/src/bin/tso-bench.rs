@@ -58,7 +58,7 @@ const PROXY_NODE: u32 = 2;
     name = "tso-bench",
     about = "Timestamp oracle designs side by side: per-request FAA, TSO groups, groups through a TSO proxy, an RPC oracle",
     long_about = "Timestamp throughput and latency (Scythe 4.5, Fig. 28). Runs per-request FAA on \
-                  the oracle's counter, TSO groups (one FAA per group of concurrent requests) \
+                  the oracle's counter, TSO groups (one FAA per group of concurrent requests), \
                   TSO groups whose range request goes to a TSO proxy that merges them into \
                   one FAA, and an RPC oracle whose CPU increments a counter (TiDB PD) side by \
                   side on a local shm cluster under a timing model, for each client count; \

@@ -67,6 +67,12 @@ struct Args {
     /// (bytes - 32) / 24).
     #[arg(long, default_value_t = txn::commit_log::LogGeometry::default().slot_bytes, value_name = "BYTES")]
     log_slot_bytes: u32,
+    /// Undo-log region (with --replicas above 1): bytes per slot, where occ-cas over
+    /// replicas (FORD's commit) writes the old records of each commit to every memory
+    /// node before installing (rows and slots as the commit-log region's). An undo log
+    /// larger than a slot wraps within it.
+    #[arg(long, default_value_t = 32 * 1024, value_name = "BYTES")]
+    undo_slot_bytes: u32,
     /// Join the cluster's membership in etcd at this endpoint (e.g.
     /// http://127.0.0.1:2379): the node registers under a lease, and when a compute
     /// node's incarnation goes down (lease expired or revoked) it fences that
@@ -183,6 +189,19 @@ fn run(args: Args) -> anyhow::Result<()> {
             .context("allocating the commit-log region")?;
         Some(mr)
     };
+    let undo_geometry = txn::commit_log::LogGeometry {
+        slot_bytes: args.undo_slot_bytes,
+        ..geometry
+    };
+    let undo_region = if args.replicas > 1 && args.log_nodes > 0 {
+        undo_geometry.validate().map_err(anyhow::Error::msg)?;
+        let mr = fabric
+            .alloc_mr(undo_geometry.region_bytes() as usize)
+            .context("allocating the undo-log region")?;
+        Some(mr)
+    } else {
+        None
+    };
     tracing::info!(
         ms = t0.elapsed().as_millis() as u64,
         images = args.replicas,
@@ -198,6 +217,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         log: log_region.as_ref().map(|mr| txn::commit_log::LogExport {
             region: mr.desc(),
             geometry,
+        }),
+        undo: undo_region.as_ref().map(|mr| txn::commit_log::LogExport {
+            region: mr.desc(),
+            geometry: undo_geometry,
         }),
     };
     exports.insert(
@@ -248,5 +271,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     drop(node);
     drop(regions);
     drop(log_region);
+    drop(undo_region);
     Ok(())
 }
