@@ -144,6 +144,20 @@ pub(crate) fn kvs_check(a: &Audit, items: &[(u32, u64)], records: u64, counted: 
     c
 }
 
+/// The run's replica view, for the audits after a memory node failed over (they then
+/// read the promoted primaries and skip the dead node). Set by the run before its
+/// audits, cleared by the next run.
+static RUN_VIEW: std::sync::Mutex<Option<txn::view::ViewFeed>> = std::sync::Mutex::new(None);
+
+/// Audits of this run follow `feed`'s view (`None`: the initial placement).
+pub(crate) fn set_run_view(feed: Option<txn::view::ViewFeed>) {
+    *RUN_VIEW.lock().unwrap_or_else(|e| e.into_inner()) = feed;
+}
+
+fn run_view() -> Option<txn::view::ViewFeed> {
+    RUN_VIEW.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// A thread context and client for audits (no transactions: committed reads only).
 pub(crate) struct Auditor {
     ctx: Rc<ThreadCtx>,
@@ -161,6 +175,7 @@ impl Auditor {
         let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
         let cfg = TxnConfig {
             protocol,
+            view_feed: run_view(),
             ..TxnConfig::default()
         };
         let client =
@@ -401,7 +416,7 @@ pub(crate) fn replicas(
 ) -> anyhow::Result<txn::replica_audit::ReplicaAudit> {
     let t0 = std::time::Instant::now();
     let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
-    let store = txn::cvt_remote::CvtRemote::connect(ctx.clone(), &addrs.memnodes, 16)
+    let store = txn::cvt_remote::CvtRemote::connect_with(ctx.clone(), &addrs.memnodes, 16, run_view())
         .context("replica audit: connecting to the memory nodes")?;
     let a = block_on(&ctx, async move {
         txn::replica_audit::audit_replicas(&store).await

@@ -7,6 +7,7 @@ pub mod breakdown;
 pub mod cnode;
 pub mod config_file;
 pub mod driver;
+pub mod failover;
 pub mod history_out;
 pub mod launcher;
 pub mod ledger;

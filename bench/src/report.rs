@@ -254,6 +254,9 @@ pub struct Report {
     /// The oracle restart of `--kill-tso-after`, when one was injected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tso_restart: Option<TsoRestart>,
+    /// The memory-node failover of `--kill-memnode-after`, when one was injected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<crate::failover::Failover>,
     /// The lock service restart of `--kill-lockd-after`, when one was injected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lockd_restart: Option<LockdRestart>,
@@ -453,6 +456,7 @@ impl Report {
             replicas: 1,
             replica_audit: None,
             replicas_identical: None,
+            failover: None,
             versions: txn::smallbank::DEFAULT_VERSIONS,
             seconds: secs,
             throughput_tps: commits as f64 / secs,
@@ -733,6 +737,9 @@ impl Report {
                     self.cvt_locks_held,
                 );
             }
+        }
+        if let Some(f) = &self.failover {
+            let _ = writeln!(s, "{}", f.line());
         }
         if let Some(l) = &self.replica_audit {
             let _ = writeln!(s, "{l}");

@@ -282,6 +282,19 @@ pub struct Args {
     /// last).
     #[arg(long, value_name = "I")]
     pub cn: Option<usize>,
+    /// Fault injection: SIGKILL memory node --memnode this many seconds into each run.
+    /// With --replicas 2 or more txn-bench fails it over as the view manager: it waits
+    /// until no transaction that began before is left on the partitions the node held
+    /// the primary of (new ones abort as replica-failed meanwhile), promotes their first
+    /// live backups, and publishes the new view (in etcd, and to the coordinators);
+    /// installs count the live copies. With one copy the run stops, naming the lost
+    /// partition. Coordinators inside txn-bench only (--cnodes 1).
+    #[arg(long, value_name = "SECONDS")]
+    pub kill_memnode_after: Option<f64>,
+    /// The memory node --kill-memnode-after kills, 0 to --memnodes - 1.
+    #[arg(long, default_value_t = 0, value_name = "I")]
+    #[serde(default)]
+    pub memnode: u32,
     /// With `--kill-tso-after`: milliseconds the oracle stays down before its restart.
     #[arg(long, default_value_t = 300, value_name = "MS")]
     pub tso_down_ms: u64,
@@ -666,6 +679,18 @@ impl Args {
                 bail!("{flag} must lie within the run (0 <= SECONDS < --duration)");
             }
         }
+        if within(self.kill_memnode_after) {
+            bail!("--kill-memnode-after must lie within the run (0 <= SECONDS < --duration)");
+        }
+        if self.kill_memnode_after.is_some() && self.coordinator_processes() {
+            bail!(
+                "--kill-memnode-after runs with the coordinators inside txn-bench (--cnodes 1, \
+                 no --kill-cn-after): coordinator processes do not follow replica views yet"
+            );
+        }
+        if self.memnode >= self.memnodes {
+            bail!("--memnode {} must be below --memnodes {}", self.memnode, self.memnodes);
+        }
         if self.restart && self.kill_cn_after.is_none() {
             bail!("--restart goes with --kill-cn-after");
         }
@@ -783,6 +808,8 @@ pub(crate) const NODE_TSO: u32 = 3;
 /// Memory node `i` is node `NODE_MEMNODE + i`.
 pub(crate) const NODE_MEMNODE: u32 = 10;
 pub(crate) const NODE_CN: u32 = 100;
+/// The view manager's member id in etcd (txn-bench itself, `--kill-memnode-after`).
+pub(crate) const NODE_VIEW_MANAGER: u16 = 99;
 /// Coordinator process `i` (`--cnodes`) is node `NODE_CNODE + i` (txn-bench itself is
 /// [`NODE_CN`]).
 pub(crate) const NODE_CNODE: u32 = NODE_CN + 1;

@@ -354,6 +354,7 @@ fn run_one(
     let checks = checks(args, protocol);
     print_header(args, workload, protocol, point, &cluster, checks);
     // Audit before: the data must be as loaded (SmallBank's money, the KVS values).
+    crate::audit::set_run_view(cluster.view_feed.clone());
     let initial_total = workload.initial_total(&cluster.audit_cx(protocol))?;
     let mut measured = measure(args, workload, &mut cluster, protocol, point, mix, stop)?;
     let audited = audit_after_run(workload, &cluster, protocol, &measured.workers)?;
@@ -421,6 +422,9 @@ pub(crate) struct RunCluster {
     /// (`--cnodes` 2 or more): they and the memory nodes register there, and the memory
     /// nodes fence a compute node whose lease ends.
     pub(crate) etcd: Option<member::LocalEtcd>,
+    /// The replica views the coordinators follow (replicated runs and memory-node
+    /// kills; `txn::view`).
+    pub(crate) view_feed: Option<txn::view::ViewFeed>,
 }
 
 impl RunCluster {
@@ -485,12 +489,15 @@ impl RunCluster {
                 ""
             }
         );
-        let etcd = if args.coordinator_processes() {
+        let etcd = if args.coordinator_processes() || args.kill_memnode_after.is_some() {
             let dir = std::env::temp_dir().join(format!("{cluster_name}-etcd"));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let e = member::LocalEtcd::start(&dir)
-                .context("--cnodes 2 or more runs the membership service (etcd) on loopback")?;
+                .context(
+                    "--cnodes 2 or more and --kill-memnode-after run the membership service \
+                     (etcd) on loopback",
+                )?;
             eprintln!("membership: etcd at {} (pid {})", e.endpoint(), e.pid());
             Some(e)
         } else {
@@ -568,6 +575,9 @@ impl RunCluster {
             lockd_flags,
             lockd_state,
             etcd,
+            view_feed: (args.replicas > 1 || args.kill_memnode_after.is_some()).then(|| {
+                txn::view::ViewFeed::new(txn::view::View::initial(args.memnodes, args.replicas))
+            }),
         })
     }
 
@@ -704,6 +714,8 @@ pub(crate) struct Measured {
     pub(crate) tso_restart: Option<TsoRestart>,
     /// `--kill-lockd-after`: the restart, complete.
     pub(crate) lockd_restart: Option<LockdRestart>,
+    /// `--kill-memnode-after`: the failover.
+    pub(crate) failover: Option<crate::failover::Failover>,
     /// With `--breakdown`: each process's CPU time during the run.
     pub(crate) cpu: Vec<ProcessCpu>,
     /// Commits and aborts per interval, per compute node (counted with `--timeline-ms`).
@@ -758,6 +770,7 @@ fn measure(
     if let Some(l) = point.commit_log {
         l.apply(&mut cfg);
     }
+    cfg.view_feed = cluster.view_feed.clone();
     let t0 = Arc::new(AtomicU64::new(0));
     let clock = RunClock {
         t0_ns: 0,
@@ -790,6 +803,9 @@ fn measure(
             incarnation: 0,
             ledger: None,
             qp_errors: args.qp_errors_ms.map(Duration::from_millis),
+            reconnect_give_up: args
+                .kill_memnode_after
+                .map(|_| crate::failover::RECONNECT_GIVE_UP),
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -824,7 +840,7 @@ fn measure(
         Some(before) => cpu_spent(&before, &cluster.cpu_times(), elapsed),
         None => Vec::new(),
     };
-    let (mut tso_restart, mut lockd_restart) =
+    let (mut tso_restart, mut lockd_restart, failover) =
         watched.map_err(|e| anyhow::anyhow!("a service died during the run: {e}"))?;
     if let Some(r) = &mut tso_restart {
         r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
@@ -842,9 +858,17 @@ fn measure(
     Ok(Measured {
         workers,
         elapsed,
-        fault: tso_fault(tso_restart.as_ref()).or(lockd_fault(lockd_restart.as_ref())),
+        fault: tso_fault(tso_restart.as_ref())
+            .or(lockd_fault(lockd_restart.as_ref()))
+            .or(failover.as_ref().map(|f| Fault {
+                what: format!("memnode {} killed", f.memnode),
+                at_ms: f.killed_ms,
+                cnode: None,
+                recovered_ms: Some(f.published_ms),
+            })),
         tso_restart,
         lockd_restart,
+        failover,
         cpu,
         timelines: vec![CnodeTimeline {
             cnode: 0,
@@ -903,11 +927,29 @@ fn watch(
     committed: &AtomicU64,
     stop: &AtomicBool,
     started: std::time::Instant,
-) -> Result<(Option<TsoRestart>, Option<LockdRestart>), String> {
+) -> Result<Watched, String> {
     let dur = Duration::from_secs_f64(args.duration);
     let mut last = 0;
     let mut tso_restart = None;
     let mut lockd_restart = None;
+    let mut failover = None;
+    let manager = match (&cluster.view_feed, args.kill_memnode_after) {
+        (Some(feed), Some(_)) => {
+            let etcd = cluster
+                .etcd
+                .as_ref()
+                .map(|e| (e.endpoint(), cluster.cluster.name().to_string()));
+            let m = crate::failover::ViewManager::new(&cluster.fabric, &cluster.addrs, feed.clone(), etcd);
+            match m {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    run_stop.store(true, Ordering::SeqCst);
+                    return Err(format!("starting the view manager: {e:#}"));
+                }
+            }
+        }
+        _ => None,
+    };
     while started.elapsed() < dur && !run_stop.load(Ordering::Relaxed) {
         if stop.load(Ordering::Relaxed) {
             run_stop.store(true, Ordering::SeqCst);
@@ -951,6 +993,44 @@ fn watch(
                 }
             }
         }
+        if failover.is_none()
+            && args
+                .kill_memnode_after
+                .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
+        {
+            let m = args.memnode;
+            let killed = std::time::Instant::now();
+            if let Err(e) = cluster.cluster.kill(NODE_MEMNODE + m) {
+                run_stop.store(true, Ordering::SeqCst);
+                return Err(format!("killing memory node {m}: {e:#}"));
+            }
+            eprintln!(
+                "[{:.1}s] SIGKILLed memory node {m}",
+                started.elapsed().as_secs_f64()
+            );
+            let f = match &manager {
+                Some(mgr) => mgr.fail_over(m, killed, started),
+                None => Err(anyhow::anyhow!("no view manager")),
+            };
+            match f {
+                Ok(f) => {
+                    eprintln!("{}", f.line());
+                    if !f.lost.is_empty() {
+                        run_stop.store(true, Ordering::SeqCst);
+                        return Err(format!(
+                            "memory node {m} died and partition(s) {:?} with it: no other copy \
+                             (--replicas {}; run with --replicas 2 or more to survive it)",
+                            f.lost, args.replicas
+                        ));
+                    }
+                    failover = Some(f);
+                }
+                Err(e) => {
+                    run_stop.store(true, Ordering::SeqCst);
+                    return Err(format!("failing over memory node {m}: {e:#}"));
+                }
+            }
+        }
         std::thread::sleep(Duration::from_millis(200).min(dur.saturating_sub(started.elapsed())));
         let s = started.elapsed().as_secs();
         if s > last {
@@ -967,8 +1047,16 @@ fn watch(
             return Err(e);
         }
     }
-    Ok((tso_restart, lockd_restart))
+    Ok((tso_restart, lockd_restart, failover))
 }
+
+/// What [`watch`] returns: the oracle's and the lock service's restarts and the
+/// memory-node failover, when injected.
+type Watched = (
+    Option<TsoRestart>,
+    Option<LockdRestart>,
+    Option<crate::failover::Failover>,
+);
 
 /// The workload's audit after the run, timed on stderr.
 fn audit_after_run(
@@ -1017,6 +1105,7 @@ fn build_report(
     report.timing_model = model_desc;
     report.tso_restart = measured.tso_restart.clone();
     report.lockd_restart = measured.lockd_restart.clone();
+    report.failover = measured.failover.clone();
     report.cpu = measured.cpu.clone();
     report.breakdown = breakdown_rows(workload, &measured.workers);
     report.tocc_share = tocc_share(&measured.workers);
@@ -1135,6 +1224,11 @@ pub(crate) struct WorkerPlan {
     pub(crate) ledger: Option<(Arc<crate::ledger::Ledger>, usize)>,
     /// `--qp-errors-ms`: inject a QP error to memory node 0 this often.
     pub(crate) qp_errors: Option<Duration>,
+    /// How long the thread's QP pools try to reconnect to an unreachable node before
+    /// calling it gone (`None`: the runtime's default, 10 s). Memory-node kills use a
+    /// short one: a killed node's operations then fail in a fraction of a second, and
+    /// the attempts they belong to end, which the failover's drain waits for.
+    pub(crate) reconnect_give_up: Option<Duration>,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
@@ -1152,7 +1246,11 @@ pub(crate) fn worker(
         core_affinity::set_for_current(c);
     }
     let connected = (|| {
-        let ctx = ThreadCtx::new(fabric, RuntimeConfig::default())?;
+        let mut rt = RuntimeConfig::default();
+        if let Some(g) = w.reconnect_give_up {
+            rt.reconnect_give_up = g;
+        }
+        let ctx = ThreadCtx::new(fabric, rt)?;
         let client = Rc::new(TxnClient::connect(ctx.clone(), &w.addrs, w.cfg.clone())?);
         anyhow::Ok((ctx, client))
     })();

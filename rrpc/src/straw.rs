@@ -669,6 +669,21 @@ impl Straw {
         self.reconnects.load(Ordering::Relaxed)
     }
 
+    /// Declare the node unreachable now, on the word of an authority that decided it is
+    /// dead (a membership or replica-view service), without waiting out
+    /// [`StrawConfig::reconnect_give_up`]: every thread using this straw then fails its
+    /// operations and calls to the node with `PeerGone`, as after a failed reconnect.
+    /// A node that comes back is reconnected as after any such failure.
+    pub fn declare_dead(&self, why: &'static str) {
+        lock(&self.dead).get_or_insert_with(|| {
+            Arc::new(FabricError::QpError {
+                peer: self.node,
+                why,
+            })
+        });
+        self.is_dead.store(true, Ordering::Release);
+    }
+
     /// Why the node is unreachable, once it is: the reconnect that failed.
     pub fn dead(&self) -> Option<Arc<FabricError>> {
         if !self.is_dead.load(Ordering::Acquire) {

@@ -187,6 +187,10 @@ pub(crate) struct Attempt<'a, S, O> {
     log_slot: std::cell::Cell<Option<u16>>,
     /// Where the attempt's time went (with [`crate::config::TxnConfig::record_phases`]).
     clock: Option<PhaseClock>,
+    /// Counted by the view feed's drain barrier until the attempt ends
+    /// ([`crate::view::ViewFeed::enter`]). Declared last: dropped after the release
+    /// the attempt's own drop spawns.
+    _active: Option<crate::view::ActiveGuard>,
 }
 
 impl<'a, S: Default, O> Attempt<'a, S, O> {
@@ -206,6 +210,7 @@ impl<'a, S: Default, O> Attempt<'a, S, O> {
                 .cfg
                 .record_phases
                 .then(|| PhaseClock::new(std::time::Instant::now())),
+            _active: core.store.feed().map(crate::view::ViewFeed::enter),
         }
     }
 }
@@ -329,7 +334,7 @@ impl<S, O> Attempt<'_, S, O> {
                     .map(|(_, n, l)| async move {
                         let writes: Vec<(RemoteAddr, &[u8])> =
                             l.iter().map(|(a, d)| (*a, d.as_slice())).collect();
-                        crate::transient::write_ordered(ctx, *n, &writes).await
+                        (*n, crate::transient::write_ordered(ctx, *n, &writes).await)
                     }),
             )
         };
@@ -338,9 +343,8 @@ impl<S, O> Attempt<'_, S, O> {
             crate::config::ReplicaCommit::Separate => &[Some(false), Some(true)],
         };
         for &r in rounds {
-            for done in send(r).await {
-                done?;
-            }
+            // A dead memory node's copies are written off (the live ones carry on).
+            self.core.store.tolerate(send(r).await).await?;
         }
         Ok(())
     }
@@ -496,7 +500,7 @@ impl<S, O> Attempt<'_, S, O> {
                 ))
             })?;
             max = max.min(region.geometry.max_entries());
-            targets.push((store.node_of(p)?, slot));
+            targets.push((store.memnode(p)?, slot));
         }
         let bytes = log
             .encode(if targets.is_empty() { 0 } else { max })
@@ -545,11 +549,13 @@ impl<S, O> Attempt<'_, S, O> {
         let sent = join_all(lists.iter().map(|(n, l)| async move {
             let writes: Vec<(RemoteAddr, &[u8])> =
                 l.iter().map(|(a, d)| (*a, d.as_slice())).collect();
-            match crate::transient::write_ordered(ctx, *n, &writes).await {
+            let r = match crate::transient::write_ordered(ctx, *n, &writes).await {
                 // Nothing was sent: the log's round, then the installs'.
                 Err(OneSidedError::TooLarge { .. }) => {
                     let (first, rest) = writes.split_first().expect("the log is first");
-                    crate::transient::write(ctx, *n, first.0, first.1).await?;
+                    if let Err(e) = crate::transient::write(ctx, *n, first.0, first.1).await {
+                        return (*n, Err(e));
+                    }
                     let done = join_all(
                         rest.iter()
                             .map(|&(a, d)| crate::transient::write(ctx, *n, a, d)),
@@ -558,13 +564,11 @@ impl<S, O> Attempt<'_, S, O> {
                     done.into_iter().collect::<Result<Vec<()>, _>>().map(drop)
                 }
                 r => r,
-            }
+            };
+            (*n, r)
         }))
         .await;
-        for r in sent {
-            r?;
-        }
-        Ok(())
+        store.tolerate(sent).await
     }
 
     /// Install each write at `version(obj)` in parallel (record, then cell). Errors:
@@ -675,7 +679,7 @@ impl<S, O> Attempt<'_, S, O> {
             let copies = store
                 .install_writes(loc, cvt, victim, v, value)
                 .map_err(wb)?;
-            let primary = store.node_of(loc.part).map_err(wb)?;
+            let primary = store.primary_node(loc.part).map_err(wb)?;
             for (i, (n, ws)) in copies.into_iter().enumerate() {
                 lists.push((i == 0 && n == primary, n, ws.to_vec()));
             }

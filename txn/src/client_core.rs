@@ -82,7 +82,12 @@ impl ClientCore {
         addrs: &ClusterAddrs,
         cfg: TxnConfig,
     ) -> Result<Self, TxnError> {
-        let store = CvtRemote::connect(ctx.clone(), &addrs.memnodes, cfg.cache_entries)?;
+        let store = CvtRemote::connect_with(
+            ctx.clone(),
+            &addrs.memnodes,
+            cfg.cache_entries,
+            cfg.view_feed.clone(),
+        )?;
         let conn = TsoConn::connect(ctx.clone(), addrs.tso, cfg.tso_reconnect)?;
         let incarnation = match cfg.incarnation {
             0 => ctx.fabric().incarnation(),

@@ -132,6 +132,10 @@ pub struct TxnConfig {
     /// How a commit reaches the copies of replicated partitions (default
     /// [`ReplicaCommit::Coalesced`]).
     pub replica_commit: ReplicaCommit,
+    /// Where new replica views come from when a memory node dies ([`crate::view`]);
+    /// `None` (the default): the initial placement for good, and a memory node's
+    /// failure fails the transactions that meet it.
+    pub view_feed: Option<crate::view::ViewFeed>,
 }
 
 /// How a commit's installs reach the primary and the backups of a replicated
@@ -177,6 +181,7 @@ impl Default for TxnConfig {
             commit_log: false,
             log_placement: LogPlacement::RoundBefore,
             replica_commit: ReplicaCommit::Coalesced,
+            view_feed: None,
         }
     }
 }

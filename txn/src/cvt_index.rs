@@ -154,6 +154,11 @@ impl AddrCache {
         self.map.remove(&(table, key));
     }
 
+    /// Forget every address (they name regions of memory nodes no longer used).
+    pub fn clear(&mut self) {
+        self.map.clear();
+    }
+
     /// Entries held.
     pub fn len(&self) -> usize {
         self.map.len()

@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 
 use rrpc::fabric::{MrDesc, RemoteAddr};
-use rrpc::runtime::{join_all, ThreadCtx};
+use rrpc::runtime::{join_all, OneSidedError, ThreadCtx};
 use rrpc::NodeId;
 use serde::{Deserialize, Serialize};
 use tso::Timestamp;
@@ -37,6 +37,7 @@ use crate::cvt::{
 };
 use crate::cvt_index::{search, AddrCache, CacheStats, Found, CVTS_PER_BUCKET};
 use crate::cvt_store::CvtTableExport;
+use crate::view::{View, ViewFeed};
 use crate::error::{AbortReason, TxnError};
 use crate::store::hash_key;
 
@@ -108,14 +109,14 @@ pub fn backup_partitions(memnode: u32, replicas: u32, memnodes: u32) -> Vec<u32>
 }
 
 /// A backup copy of one partition as a compute node sees it.
-#[derive(Clone, Debug)]
-pub struct Backup {
+#[derive(Clone, Copy, Debug)]
+pub struct Backup<'a> {
     /// Index of the memory node that hosts it.
     pub memnode: u32,
     /// That memory node.
     pub node: NodeId,
     /// Its tables, ids `0..n`, same geometry as the primary's.
-    pub tables: Vec<CvtTableExport>,
+    pub tables: &'a [CvtTableExport],
 }
 
 /// The address in region `to` at the offset that `addr` has in region `from` (a
@@ -144,6 +145,10 @@ pub struct CvtLoc {
     pub addr: u64,
 }
 
+/// How long an install or release that failed on a memory node waits for the view
+/// manager to write that node off (drain it) before the failure counts.
+pub const WRITE_OFF_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How many times a torn CVT is READ again before the transaction aborts.
 const TORN_RETRIES: usize = 3;
 
@@ -151,23 +156,37 @@ const TORN_RETRIES: usize = 3;
 /// coordinators through `&self`.
 pub struct CvtRemote {
     ctx: Rc<ThreadCtx>,
+    /// Memory node `m`'s node id.
     nodes: Vec<NodeId>,
-    /// `[partition][table]`.
-    tables: Vec<Vec<CvtTableExport>>,
-    /// Each memory node's commit-log region, if it keeps one (memory node `m` is the
-    /// primary of partition `m`).
+    /// `[memnode][partition]`: memory node `m`'s image of partition `p`, if it hosts one.
+    images: Vec<Vec<Option<Vec<CvtTableExport>>>>,
+    /// The tables' shape (partition 0's primary at connect).
+    shape: Vec<CvtTableExport>,
+    /// Copies of each partition, as the memory nodes were started.
+    replicas: u32,
+    /// Each memory node's commit-log region, if it keeps one.
     logs: Vec<Option<LogExport>>,
-    /// `[partition]`: its backups, in [`replica_memnodes`] order.
-    backups: Vec<Vec<Backup>>,
     /// Each memory node's undo-log region, if it keeps one.
     undos: Vec<Option<LogExport>>,
+    /// The view in use ([`crate::view`]): each partition's primary and backups.
+    route: RefCell<Route>,
+    /// Where a new view comes from (none: the initial placement for good).
+    feed: Option<ViewFeed>,
     cache: RefCell<AddrCache>,
+}
+
+/// The view a thread uses, and the feed version it came from.
+struct Route {
+    seen: u64,
+    view: View,
+    draining: Vec<u32>,
 }
 
 impl CvtRemote {
     /// Connect to the memory nodes at `addrs` (blocking; before coroutines run), in any
-    /// order, and check that they are the partitions `0..n` of one set of tables. The
-    /// address cache holds at most `cache_entries` CVT addresses.
+    /// order, and check that they are the partitions `0..n` of one set of tables, each
+    /// memory node with the backup images the placement gives it. The address cache
+    /// holds at most `cache_entries` CVT addresses.
     ///
     /// Errors: [`TxnError::Rpc`] when a node cannot be reached, [`TxnError::Export`] when
     /// the exports are missing or do not fit together.
@@ -176,33 +195,50 @@ impl CvtRemote {
         addrs: &[SocketAddr],
         cache_entries: usize,
     ) -> Result<Self, TxnError> {
+        Self::connect_with(ctx, addrs, cache_entries, None)
+    }
+
+    /// [`Self::connect`], following the views of `feed` (failover, [`crate::view`]).
+    ///
+    /// Errors: as [`Self::connect`].
+    pub fn connect_with(
+        ctx: Rc<ThreadCtx>,
+        addrs: &[SocketAddr],
+        cache_entries: usize,
+        feed: Option<ViewFeed>,
+    ) -> Result<Self, TxnError> {
         if addrs.is_empty() {
             return Err(TxnError::Export("no memory node address given".into()));
         }
-        type Found = (
-            NodeId,
-            Vec<CvtTableExport>,
-            Option<LogExport>,
-            Option<LogExport>,
-        );
-        let mut found: Vec<Option<Found>> = vec![None; addrs.len()];
-        let mut backups: Vec<Vec<Backup>> = vec![Vec::new(); addrs.len()];
+        let m = addrs.len();
+        let mut nodes: Vec<Option<NodeId>> = vec![None; m];
+        let mut images: Vec<Vec<Option<Vec<CvtTableExport>>>> = vec![vec![None; m]; m];
+        let (mut logs, mut undos) = (vec![None; m], vec![None; m]);
         let mut replicas = None;
+        // Memory nodes the feed's view declares dead may be unreachable.
+        let dead = feed.as_ref().map_or(Vec::new(), |f| f.snapshot().0.dead);
+        let mut unreachable = 0;
         for a in addrs {
-            let info = ctx.connect(*a)?;
+            let info = match ctx.connect(*a) {
+                Ok(i) => i,
+                Err(_) if unreachable < dead.len() => {
+                    unreachable += 1;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let e: MemnodeExport = info
                 .export(EXPORT_KEY)
                 .map_err(|e| TxnError::Export(format!("memory node {a}: {e}")))?;
-            if e.partitions as usize != addrs.len() {
+            if e.partitions as usize != m {
                 return Err(TxnError::Export(format!(
-                    "memory node {a} is partition {} of {}, but {} memory nodes were given",
-                    e.partition,
-                    e.partitions,
-                    addrs.len()
+                    "memory node {a} is partition {} of {}, but {m} memory nodes were given",
+                    e.partition, e.partitions
                 )));
             }
-            let slot = found
-                .get_mut(e.partition as usize)
+            let me = e.partition as usize;
+            let slot = nodes
+                .get_mut(me)
                 .ok_or_else(|| TxnError::Export(format!("memory node {a}: bad partition")))?;
             if slot.is_some() {
                 return Err(TxnError::Export(format!(
@@ -210,11 +246,7 @@ impl CvtRemote {
                     e.partition
                 )));
             }
-            if e.tables.iter().enumerate().any(|(i, t)| t.id as usize != i) {
-                return Err(TxnError::Export(format!(
-                    "memory node {a}: table ids must be 0..n in order"
-                )));
-            }
+            *slot = Some(info.node);
             if *replicas.get_or_insert(e.replicas) != e.replicas {
                 return Err(TxnError::Export(format!(
                     "memory node {a} keeps {} replicas, another {}",
@@ -234,62 +266,287 @@ impl CvtRemote {
                     e.partition, e.partitions, e.replicas
                 )));
             }
-            for b in e.backups {
-                backups[b.partition as usize].push(Backup {
-                    memnode: e.partition,
-                    node: info.node,
-                    tables: b.tables,
-                });
+            if e.tables.iter().enumerate().any(|(i, t)| t.id as usize != i) {
+                return Err(TxnError::Export(format!(
+                    "memory node {a}: table ids must be 0..n in order"
+                )));
             }
-            *slot = Some((info.node, e.tables, e.log, e.undo));
+            images[me][me] = Some(e.tables);
+            for b in e.backups {
+                images[me][b.partition as usize] = Some(b.tables);
+            }
+            logs[me] = e.log;
+            undos[me] = e.undo;
         }
-        let (mut nodes, mut tables, mut logs, mut undos) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (n, t, l, u) in found.into_iter().map(|f| f.expect("all")) {
-            nodes.push(n);
-            tables.push(t);
-            logs.push(l);
-            undos.push(u);
+        for (i, n) in nodes.iter().enumerate() {
+            if n.is_none() && !dead.contains(&(i as u32)) {
+                return Err(TxnError::Export(format!(
+                    "memory node {i} did not answer, and the view does not declare it dead"
+                )));
+            }
         }
-        let shape = |ts: &[CvtTableExport]| {
+        // A dead memory node is never addressed (the view routes around it).
+        let nodes: Vec<NodeId> = nodes
+            .into_iter()
+            .map(|n| n.unwrap_or(NodeId(u32::MAX)))
+            .collect();
+        let shape_of = |ts: &[CvtTableExport]| {
             ts.iter()
                 .map(|t| (t.id, t.len, t.versions))
                 .collect::<Vec<_>>()
         };
-        if tables.iter().any(|t| shape(t) != shape(&tables[0])) {
-            return Err(TxnError::Export(
-                "memory nodes disagree on the tables (ids, record lengths, versions)".into(),
-            ));
-        }
+        let copy_of = |p: usize| images.iter().find_map(|row| row[p].clone());
+        let shape = (0..m)
+            .find_map(copy_of)
+            .ok_or_else(|| TxnError::Export("no memory node answered".into()))?;
         let geometry = |ts: &[CvtTableExport]| {
             ts.iter()
                 .map(|t| (t.id, t.len, t.versions, t.n_buckets))
                 .collect::<Vec<_>>()
         };
-        let m = nodes.len() as u32;
-        for (p, bs) in backups.iter_mut().enumerate() {
-            let order = replica_memnodes(p as u32, replicas.unwrap_or(1), m);
-            bs.sort_by_key(|b| order.iter().position(|&x| x == b.memnode));
-            if let Some(b) = bs
-                .iter()
-                .find(|b| geometry(&b.tables) != geometry(&tables[p]))
-            {
-                return Err(TxnError::Export(format!(
-                    "memory node {}'s backup of partition {p} differs from the primary's \
-                     geometry (table ids, record lengths, versions, buckets)",
-                    b.memnode
-                )));
+        for (mi, row) in images.iter().enumerate() {
+            for (p, img) in row.iter().enumerate() {
+                let Some(ts) = img else { continue };
+                if shape_of(ts) != shape_of(&shape) {
+                    return Err(TxnError::Export(
+                        "memory nodes disagree on the tables (ids, record lengths, versions)"
+                            .into(),
+                    ));
+                }
+                let first = copy_of(p).expect("this copy at least");
+                if geometry(ts) != geometry(&first) {
+                    return Err(TxnError::Export(format!(
+                        "memory node {mi}'s copy of partition {p} differs from another's \
+                         geometry (table ids, record lengths, versions, buckets)"
+                    )));
+                }
             }
         }
+        let replicas = replicas.unwrap_or(1);
+        if let (Some(f), true) = (&feed, replicas > 1) {
+            // Operations on a dead memory node stop retrying once the view manager
+            // writes it off (its drain started).
+            let (f, ns) = (f.clone(), nodes.clone());
+            crate::transient::set_written_off_check(Some(Rc::new(move |n: NodeId| {
+                let Some(m) = ns.iter().position(|&x| x == n) else {
+                    return false;
+                };
+                let (view, draining) = f.snapshot();
+                view.dead.contains(&(m as u32)) || draining.contains(&(m as u32))
+            })));
+        }
+        if let (Some(f), true) = (&feed, replicas > 1) {
+            // Operations waiting on a memory node the view writes off fail at once.
+            f.register(ctx.straws(), nodes.clone());
+        }
+        let view = match &feed {
+            Some(f) => f.snapshot(),
+            None => (View::initial(m as u32, replicas), Vec::new()),
+        };
         Ok(Self {
             ctx,
             nodes,
-            tables,
+            images,
+            shape,
+            replicas,
             logs,
-            backups,
             undos,
+            route: RefCell::new(Route {
+                seen: feed.as_ref().map_or(0, ViewFeed::version),
+                view: view.0,
+                draining: view.1,
+            }),
+            feed,
             cache: RefCell::new(AddrCache::new(cache_entries)),
         })
+    }
+
+    /// Take the feed's view if it changed (a new epoch empties the address cache: its
+    /// addresses name the old primaries' regions).
+    fn refresh(&self) {
+        let Some(f) = &self.feed else { return };
+        let v = f.version();
+        if self.route.borrow().seen == v {
+            return;
+        }
+        let (view, draining) = f.snapshot();
+        let mut r = self.route.borrow_mut();
+        if view.epoch != r.view.epoch {
+            self.cache.borrow_mut().clear();
+        }
+        *r = Route {
+            seen: v,
+            view,
+            draining,
+        };
+    }
+
+    /// The feed of views this store follows, if any.
+    pub fn feed(&self) -> Option<&ViewFeed> {
+        self.feed.as_ref()
+    }
+
+    /// The epoch of the view in use.
+    pub fn epoch(&self) -> u64 {
+        self.refresh();
+        self.route.borrow().view.epoch
+    }
+
+    /// Check that partition `part` can be used by an attempt now: not being drained
+    /// (a memory node holding a copy of it died and the new view is not out:
+    /// [`AbortReason::ReplicaFailed`]), not lost ([`TxnError::PartitionLost`]).
+    ///
+    /// Errors: as above.
+    pub fn check(&self, part: u32) -> Result<(), TxnError> {
+        self.refresh();
+        let r = self.route.borrow();
+        let pv = r
+            .view
+            .partitions
+            .get(part as usize)
+            .ok_or_else(|| TxnError::Usage(format!("no partition {part}")))?;
+        if pv.primary.is_none() {
+            return Err(TxnError::PartitionLost { partition: part });
+        }
+        // Only a partition whose primary is being replaced waits: where the dead node
+        // held a backup, installs count the live copies ([`Self::tolerate`]).
+        if pv.primary.is_some_and(|m| r.draining.contains(&m)) {
+            return Err(TxnError::Abort(AbortReason::ReplicaFailed));
+        }
+        Ok(())
+    }
+
+    /// Clear every lock word of memory node `m`'s image of partition `part` (before it
+    /// serves as the primary: a backup's words hold nothing but FORD's invisible marks
+    /// of commits that have ended, [`crate::ford`]); returns how many were set. Run
+    /// after the drain barrier, so no commit writes them meanwhile.
+    ///
+    /// Errors: [`TxnError::Usage`] when `m` has no image of `part`; [`TxnError::Rpc`].
+    pub async fn clear_lock_words(&self, m: u32, part: u32) -> Result<usize, TxnError> {
+        let node = self.memnode(m)?;
+        let tables = self
+            .image(m, part)
+            .ok_or_else(|| TxnError::Usage(format!("memory node {m} has no copy of {part}")))?;
+        let mut cleared = 0;
+        for t in tables {
+            let cvt = t.cvt_bytes();
+            let slots = t.n_buckets as usize * CVTS_PER_BUCKET;
+            let per = ((1 << 20) / cvt).max(1);
+            for start in (0..slots).step_by(per) {
+                let n = per.min(slots - start);
+                let img = self
+                    .ctx
+                    .read(node, t.index.at((start * cvt) as u64), n * cvt)
+                    .await?;
+                let held: Vec<(RemoteAddr, u64)> = img
+                    .chunks_exact(cvt)
+                    .enumerate()
+                    .filter_map(|(i, c)| {
+                        let w = u64::from_le_bytes(
+                            c[LOCK_OFFSET..LOCK_OFFSET + 8].try_into().expect("8 bytes"),
+                        );
+                        (w != 0).then(|| {
+                            (t.index.at(((start + i) * cvt + LOCK_OFFSET) as u64), w)
+                        })
+                    })
+                    .collect();
+                let done = join_all(held.iter().map(|&(at, w)| self.ctx.cas(node, at, w, 0))).await;
+                for d in done {
+                    d?;
+                    cleared += 1;
+                }
+            }
+        }
+        Ok(cleared)
+    }
+
+    /// Whether memory node `node` is dead or being drained in the view in use: a failed
+    /// operation on it costs its copy only (the live copies carry on).
+    pub fn written_off(&self, node: NodeId) -> bool {
+        self.refresh();
+        let Some(m) = self.nodes.iter().position(|&n| n == node) else {
+            return false;
+        };
+        let r = self.route.borrow();
+        r.view.dead.contains(&(m as u32)) || r.draining.contains(&(m as u32))
+    }
+
+    /// Whether `e` is a memory node's death (gone, or a WR it failed) while the
+    /// partitions are replicated and a view feed can replace it.
+    fn memnode_failed(&self, e: &OneSidedError) -> Option<NodeId> {
+        if self.feed.is_none() || self.replicas < 2 {
+            return None;
+        }
+        match e {
+            OneSidedError::PeerGone { node, .. } | OneSidedError::Completion { node, .. }
+                if self.nodes.contains(node) =>
+            {
+                Some(*node)
+            }
+            _ => None,
+        }
+    }
+
+    /// `e` as the attempt sees it: a memory node's failure under replication is an
+    /// abort ([`AbortReason::ReplicaFailed`]: retried under the next view), anything
+    /// else as it was.
+    pub fn classify(&self, e: TxnError) -> TxnError {
+        match &e {
+            TxnError::Rpc(rrpc::runtime::RpcError::OneSided(o))
+                if self.memnode_failed(o).is_some() =>
+            {
+                TxnError::Abort(AbortReason::ReplicaFailed)
+            }
+            _ => e,
+        }
+    }
+
+    /// Judge the WRITEs (or releases) sent to the copies of some objects, `(memory
+    /// node, result)` each: a failure of a memory node that the view writes off (it
+    /// died; the manager drains it, waited for here for up to [`WRITE_OFF_WAIT`]) costs
+    /// its copy only, since the live copies carry the data (the replication design's
+    /// B.6.4: an install round finishes on the live copies). Any other failure is
+    /// returned.
+    ///
+    /// Errors: the first failure that is not a written-off memory node's.
+    pub async fn tolerate(
+        &self,
+        results: impl IntoIterator<Item = (NodeId, Result<(), OneSidedError>)>,
+    ) -> Result<(), TxnError> {
+        for (node, r) in results {
+            let Err(e) = r else { continue };
+            if self.memnode_failed(&e) != Some(node) || !self.await_written_off(node).await {
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until memory node `node` is dead or drained in the view (for up to
+    /// [`WRITE_OFF_WAIT`]); returns whether it is.
+    async fn await_written_off(&self, node: NodeId) -> bool {
+        let t0 = std::time::Instant::now();
+        while !self.written_off(node) {
+            if t0.elapsed() > WRITE_OFF_WAIT {
+                return false;
+            }
+            self.ctx.sleep(std::time::Duration::from_micros(200)).await;
+        }
+        true
+    }
+
+    /// The memory node serving partition `part` as primary.
+    ///
+    /// Errors: [`TxnError::PartitionLost`]; [`TxnError::Usage`] beyond the partitions.
+    fn primary(&self, part: u32) -> Result<u32, TxnError> {
+        let r = self.route.borrow();
+        let pv = r
+            .view
+            .partitions
+            .get(part as usize)
+            .ok_or_else(|| TxnError::Usage(format!("no partition {part}")))?;
+        pv.primary
+            .ok_or(TxnError::PartitionLost { partition: part })
     }
 
     /// The thread context.
@@ -299,7 +556,7 @@ impl CvtRemote {
 
     /// The tables (as partition 0 exports them; all partitions have the same shape).
     pub fn tables(&self) -> &[CvtTableExport] {
-        &self.tables[0]
+        &self.shape
     }
 
     /// Memory nodes (partitions).
@@ -307,34 +564,51 @@ impl CvtRemote {
         self.nodes.len() as u32
     }
 
-    /// Copies of each partition (1: no replication).
+    /// Copies of each partition the memory nodes were started with (1: no replication).
     pub fn replicas(&self) -> u32 {
-        1 + self.backups.first().map_or(0, |b| b.len() as u32)
+        self.replicas
     }
 
-    /// Partition `part`'s backups, in placement order (empty beyond the partitions).
-    pub fn backups(&self, part: u32) -> &[Backup] {
-        self.backups.get(part as usize).map_or(&[], Vec::as_slice)
+    /// Partition `part`'s backups in the view in use, in promotion order (empty beyond
+    /// the partitions).
+    pub fn backups(&self, part: u32) -> Vec<Backup<'_>> {
+        let r = self.route.borrow();
+        let Some(pv) = r.view.partitions.get(part as usize) else {
+            return Vec::new();
+        };
+        pv.backups
+            .iter()
+            .filter_map(|&m| {
+                let tables = self.images.get(m as usize)?.get(part as usize)?.as_deref()?;
+                Some(Backup {
+                    memnode: m,
+                    node: self.nodes[m as usize],
+                    tables,
+                })
+            })
+            .collect()
     }
 
     /// The memory nodes holding a copy of partition `part`, primary first.
     pub fn replica_memnodes(&self, part: u32) -> Vec<u32> {
-        std::iter::once(part)
-            .chain(self.backups(part).iter().map(|b| b.memnode))
-            .collect()
+        let r = self.route.borrow();
+        r.view.partitions.get(part as usize).map_or(Vec::new(), |pv| {
+            pv.primary.into_iter().chain(pv.backups.iter().copied()).collect()
+        })
     }
 
     /// Each copy of the index-region address `addr` of table `table` of partition
     /// `part` (a CVT or a word in it), primary first: `(memory node, address)`.
     ///
-    /// Errors: [`TxnError::Usage`] for an unknown table or partition.
+    /// Errors: [`TxnError::Usage`] for an unknown table or partition,
+    /// [`TxnError::PartitionLost`].
     pub fn index_copies(
         &self,
         part: u32,
         table: u32,
         addr: u64,
     ) -> Result<Vec<(NodeId, RemoteAddr)>, TxnError> {
-        let primary = self.node_of(part)?;
+        let primary = self.primary_node(part)?;
         let t = self.table(part, table)?;
         let mut out = vec![(primary, t.index.at(addr - t.index.addr))];
         for b in self.backups(part) {
@@ -346,6 +620,11 @@ impl CvtRemote {
         Ok(out)
     }
 
+    /// Memory node `m`'s image of partition `part`, if it hosts one (whatever its role).
+    pub fn image(&self, m: u32, part: u32) -> Option<&[CvtTableExport]> {
+        self.images.get(m as usize)?.get(part as usize)?.as_deref()
+    }
+
     /// Address cache counters.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.borrow().stats()
@@ -353,13 +632,13 @@ impl CvtRemote {
 
     /// Table `table` of partition `part`. Errors: [`TxnError::Usage`] for an unknown table.
     pub fn table(&self, part: u32, table: u32) -> Result<&CvtTableExport, TxnError> {
-        self.tables[part as usize]
+        self.part_tables(part)?
             .get(table as usize)
             .ok_or_else(|| TxnError::Usage(format!("no table {table}")))
     }
 
-    fn node(&self, loc: CvtLoc) -> NodeId {
-        self.nodes[loc.part as usize]
+    fn node(&self, loc: CvtLoc) -> Result<NodeId, TxnError> {
+        self.primary_node(loc.part)
     }
 
     fn cvt_remote(&self, loc: CvtLoc) -> Result<RemoteAddr, TxnError> {
@@ -379,6 +658,7 @@ impl CvtRemote {
     /// [`TxnError::Export`] for a malformed bucket.
     pub async fn lookup(&self, table: u32, key: u64) -> Result<Option<(CvtLoc, Cvt)>, TxnError> {
         let part = partition_of(table, key, self.partitions());
+        self.check(part)?;
         let t = self.table(part, table)?;
         let cached = self.cache.borrow_mut().get(table, key);
         if let Some(addr) = cached {
@@ -388,7 +668,7 @@ impl CvtRemote {
                 return Ok(Some((loc, cvt)));
             }
         }
-        let node = self.nodes[part as usize];
+        let node = self.primary_node(part)?;
         let home = t.home_bucket(key);
         for probe in 0..t.n_buckets {
             let b = home + probe;
@@ -422,12 +702,12 @@ impl CvtRemote {
     /// The cached location of `(table, key)`'s CVT, without a READ (`None` on a miss).
     /// The caller must check the key in what it then reads there.
     pub fn cached(&self, table: u32, key: u64) -> Option<CvtLoc> {
+        let part = partition_of(table, key, self.partitions());
+        // A partition being failed over has no usable address (the caller's lookup
+        // then aborts).
+        self.check(part).ok()?;
         let addr = self.cache.borrow_mut().get(table, key)?;
-        Some(CvtLoc {
-            part: partition_of(table, key, self.partitions()),
-            table,
-            addr,
-        })
+        Some(CvtLoc { part, table, addr })
     }
 
     /// Forget the cached location of `(table, key)` (it held another key's CVT).
@@ -441,7 +721,7 @@ impl CvtRemote {
         let remote = self.cvt_remote(loc)?;
         for _ in 0..=TORN_RETRIES {
             let img =
-                crate::transient::read(&self.ctx, self.node(loc), remote, t.cvt_bytes()).await?;
+                crate::transient::read(&self.ctx, self.node(loc)?, remote, t.cvt_bytes()).await?;
             match Cvt::decode(&img) {
                 Ok(c) => return Ok(c),
                 Err(CvtError::TornCell { .. }) => continue,
@@ -483,7 +763,7 @@ impl CvtRemote {
         };
         let img = crate::transient::read(
             &self.ctx,
-            self.node(loc),
+            self.node(loc)?,
             remote,
             crate::cvt::record_bytes(t.len),
         )
@@ -496,14 +776,14 @@ impl CvtRemote {
     /// [`TxnError::Rpc`].
     pub async fn lock(&self, loc: CvtLoc, expect: u64, new: u64) -> Result<u64, TxnError> {
         let at = self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64);
-        Ok(crate::transient::cas_owned(&self.ctx, self.node(loc), at, expect, new).await?)
+        Ok(crate::transient::cas_owned(&self.ctx, self.node(loc)?, at, expect, new).await?)
     }
 
     /// The node and remote address of the lock word of the CVT at `loc` (for a release
     /// that must outlive its transaction). Errors: [`TxnError::Usage`].
     pub fn lock_target(&self, loc: CvtLoc) -> Result<(NodeId, RemoteAddr), TxnError> {
         Ok((
-            self.node(loc),
+            self.node(loc)?,
             self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64),
         ))
     }
@@ -514,21 +794,33 @@ impl CvtRemote {
     /// `id`. Errors: [`TxnError::Rpc`].
     pub async fn unlock(&self, loc: CvtLoc, id: u64) -> Result<bool, TxnError> {
         let at = self.cvt_remote(loc)?.offset(LOCK_OFFSET as u64);
-        Ok(crate::transient::cas_owned(&self.ctx, self.node(loc), at, id, 0).await? == id)
+        let node = self.node(loc)?;
+        match crate::transient::cas_owned(&self.ctx, node, at, id, 0).await {
+            Ok(prev) => Ok(prev == id),
+            // A dead primary's lock words died with it.
+            Err(e) => self.tolerate([(node, Err(e))]).await.map(|()| false),
+        }
     }
 
-    /// The memory node of partition `part`. Errors: [`TxnError::Usage`] beyond the
-    /// partitions.
-    pub fn node_of(&self, part: u32) -> Result<NodeId, TxnError> {
+    /// The memory node serving partition `part` as primary in the view in use.
+    ///
+    /// Errors: [`TxnError::Usage`] beyond the partitions; [`TxnError::PartitionLost`].
+    pub fn primary_node(&self, part: u32) -> Result<NodeId, TxnError> {
+        Ok(self.nodes[self.primary(part)? as usize])
+    }
+
+    /// Memory node `m` (its index among the memory nodes, which is the partition it
+    /// was started as the primary of). Errors: [`TxnError::Usage`] beyond them.
+    pub fn memnode(&self, m: u32) -> Result<NodeId, TxnError> {
         self.nodes
-            .get(part as usize)
+            .get(m as usize)
             .copied()
-            .ok_or_else(|| TxnError::Usage(format!("no partition {part}")))
+            .ok_or_else(|| TxnError::Usage(format!("no memory node {m}")))
     }
 
-    /// Partition `part`'s commit-log region, `None` when its memory node keeps none.
-    pub fn log(&self, part: u32) -> Option<&LogExport> {
-        self.logs.get(part as usize)?.as_ref()
+    /// Memory node `m`'s commit-log region, `None` when it keeps none.
+    pub fn log(&self, m: u32) -> Option<&LogExport> {
+        self.logs.get(m as usize)?.as_ref()
     }
 
     /// Memory node `m`'s undo-log region ([`crate::ford`]), `None` when it keeps none.
@@ -536,12 +828,12 @@ impl CvtRemote {
         self.undos.get(m as usize)?.as_ref()
     }
 
-    /// The tables of partition `part`. Errors: [`TxnError::Usage`] beyond the partitions.
+    /// The tables of partition `part`'s primary in the view in use. Errors:
+    /// [`TxnError::Usage`] beyond the partitions; [`TxnError::PartitionLost`].
     pub fn part_tables(&self, part: u32) -> Result<&[CvtTableExport], TxnError> {
-        self.tables
-            .get(part as usize)
-            .map(Vec::as_slice)
-            .ok_or_else(|| TxnError::Usage(format!("no partition {part}")))
+        let m = self.primary(part)?;
+        self.image(m, part)
+            .ok_or_else(|| TxnError::Export(format!("memory node {m} has no copy of {part}")))
     }
 
     /// Install `version` in the CVT at `loc` whose current content is `cvt` (read under
@@ -581,14 +873,13 @@ impl CvtRemote {
         // landed (or the old cell with the new record) finds the CVs differ and does not
         // use the record (`decode_record`'s mismatch), which is what the CVs are for.
         let sent = rrpc::runtime::join_all(copies.iter().flat_map(|(node, ws)| {
-            ws.iter()
-                .map(|(at, d)| crate::transient::write(&self.ctx, *node, *at, d))
+            let node = *node;
+            ws.iter().map(move |(at, d)| async move {
+                (node, crate::transient::write(&self.ctx, node, *at, d).await)
+            })
         }))
         .await;
-        for r in sent {
-            r?;
-        }
-        Ok(())
+        self.tolerate(sent).await
     }
 
     /// The WRITEs of [`Self::install_in`] per copy of the partition, primary first:
@@ -632,7 +923,7 @@ impl CvtRemote {
         );
         let rec = t.record_addr(b, slot, victim);
         let cell = cvt.install(victim, version, rec.addr, value.is_none());
-        let node = self.node(loc);
+        let node = self.node(loc)?;
         let at = self
             .cvt_remote(loc)?
             .offset((HEADER_BYTES + victim * CELL_BYTES) as u64);
@@ -683,8 +974,9 @@ impl CvtRemote {
         guard: u64,
     ) -> Result<(CvtLoc, Cvt), TxnError> {
         let part = partition_of(table, key, self.partitions());
+        self.check(part)?;
         let t = self.table(part, table)?;
-        let node = self.nodes[part as usize];
+        let node = self.primary_node(part)?;
         let guard_at = t.guard_addr(t.home_bucket(key));
         let prev = crate::transient::cas_owned(&self.ctx, node, guard_at, 0, guard).await?;
         if prev != 0 {
@@ -748,8 +1040,11 @@ impl CvtRemote {
             unlocked.header.lock = 0;
             let copy = unlocked.encode();
             let copies = self.index_copies(part, t.id, at.addr)?;
-            let backups = join_all(copies[1..].iter().map(|&(n, a)| {
-                crate::transient::write(&self.ctx, n, a, &copy[..cvt_bytes(t.versions)])
+            let copy = &copy;
+            let backups = join_all(copies[1..].iter().map(|&(n, a)| async move {
+                let r =
+                    crate::transient::write(&self.ctx, n, a, &copy[..cvt_bytes(t.versions)]).await;
+                (n, r)
             }));
             // Header words (key, lock) and the (empty) cells first, the state last: a
             // search sees the slot as in use only with its key in place.
@@ -765,9 +1060,7 @@ impl CvtRemote {
             };
             let (p, bs) = rrpc::runtime::join(primary, backups).await;
             p?;
-            for b in bs {
-                b?;
-            }
+            self.tolerate(bs).await?;
             crate::transient::write(&self.ctx, node, state, &SLOT_IN_USE.to_le_bytes()).await?;
             self.cache.borrow_mut().insert(t.id, key, at.addr);
             return Ok((

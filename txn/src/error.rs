@@ -56,11 +56,14 @@ pub enum AbortReason {
     Inconsistent,
     /// The transaction's own logic gave up (e.g. insufficient funds).
     User,
+    /// A memory node holding a copy of a partition it touched died, or its partition is
+    /// being failed over ([`crate::view`]); retried once the new view is out.
+    ReplicaFailed,
 }
 
 impl AbortReason {
     /// Every reason, for reports.
-    pub const ALL: [AbortReason; 16] = [
+    pub const ALL: [AbortReason; 17] = [
         Self::LockedOnRead,
         Self::TornRead,
         Self::LockCas,
@@ -77,6 +80,7 @@ impl AbortReason {
         Self::TicketExpired,
         Self::Inconsistent,
         Self::User,
+        Self::ReplicaFailed,
     ];
     /// Short name for reports.
     pub fn name(self) -> &'static str {
@@ -97,6 +101,7 @@ impl AbortReason {
             Self::TicketExpired => "ticket-expired",
             Self::Inconsistent => "inconsistent-read",
             Self::User => "user",
+            Self::ReplicaFailed => "replica-failed",
         }
     }
 }
@@ -128,6 +133,13 @@ pub enum TxnError {
     TableFull {
         /// Table id.
         table: u32,
+    },
+    /// Every copy of a partition is gone (its memory nodes died; with one replica, its
+    /// only memory node): its data cannot be reached.
+    #[error("partition {partition} is lost: every memory node holding a copy of it died")]
+    PartitionLost {
+        /// The partition.
+        partition: u32,
     },
     /// Misuse of the API (unknown table, write without read, value size).
     #[error("{0}")]

@@ -75,6 +75,11 @@ pub(crate) async fn write_undo(
     let owner = core.owner();
     let mut writes: Vec<(NodeId, RemoteAddr, &[u8])> = Vec::new();
     for m in 0..store.partitions() {
+        let node = store.memnode(m)?;
+        if store.written_off(node) {
+            // A dead memory node keeps nothing.
+            continue;
+        }
         let region = store.undo(m).ok_or_else(|| {
             TxnError::Export(format!(
                 "occ-cas over replicas writes FORD's undo logs, but memory node {m} keeps \
@@ -88,7 +93,6 @@ pub(crate) async fn write_undo(
                 region.geometry.clients
             ))
         })?;
-        let node = store.node_of(m)?;
         for chunk in log.chunks(region.geometry.slot_bytes as usize) {
             writes.push((node, at, chunk));
         }
@@ -162,7 +166,29 @@ pub(crate) fn lock_copies(
 ///
 /// Errors: the first failed operation (the others were still issued).
 pub(crate) async fn release(store: &CvtRemote, locs: &[CvtLoc], id: u64) -> Result<(), TxnError> {
-    release_at(store.ctx(), &lock_copies(store, locs)?, id).await
+    let targets = lock_copies(store, locs)?;
+    let ctx = store.ctx();
+    let done = join_all(targets.iter().map(|&(primary, n, at)| async move {
+        let r = if primary {
+            release_word(ctx, n, at, id).await.map(drop)
+        } else {
+            crate::transient::write(ctx, n, at, &0u64.to_le_bytes())
+                .await
+                .map_err(TxnError::from)
+        };
+        (n, r)
+    }))
+    .await;
+    // A dead memory node's words died with it.
+    let mut one_sided = Vec::new();
+    for (n, r) in done {
+        match r {
+            Ok(()) => {}
+            Err(TxnError::Rpc(rrpc::runtime::RpcError::OneSided(e))) => one_sided.push((n, Err(e))),
+            Err(e) => return Err(e),
+        }
+    }
+    store.tolerate(one_sided).await
 }
 
 /// [`release`] of the lock words at `targets` ([`lock_copies`]).

@@ -64,3 +64,4 @@ pub mod tpcc;
 pub mod transient;
 pub mod txn_id;
 pub mod validation;
+pub mod view;

@@ -97,7 +97,9 @@ pub(crate) async fn fetch<P: ConcurrencyControl>(
     if want.is_empty() {
         return Ok(());
     }
-    p.fetch(a, &want).await
+    p.fetch(a, &want)
+        .await
+        .map_err(|e| a.core.store.classify(e))
 }
 
 /// Commit, then release on every path. A write-back failure keeps the release's error
@@ -108,7 +110,7 @@ pub(crate) async fn commit<P: ConcurrencyControl>(
     p: &P,
     a: &mut AttemptOf<'_, P>,
 ) -> Result<(), TxnError> {
-    let r = p.commit(a).await;
+    let r = p.commit(a).await.map_err(|e| a.core.store.classify(e));
     a.committed = r.is_ok();
     a.enter(Phase::Unlock);
     let released = p.release(a).await;
@@ -118,6 +120,6 @@ pub(crate) async fn commit<P: ConcurrencyControl>(
             release: release.or(released.err().map(Box::new)),
         }),
         Err(e) => Err(e),
-        Ok(()) => released,
+        Ok(()) => released.map_err(|e| a.core.store.classify(e)),
     }
 }

@@ -182,7 +182,12 @@ async fn find_logs(store: &CvtRemote, dead: Owner) -> Result<FoundLogs, TxnError
     let mut out: FoundLogs = BTreeMap::new();
     for p in 0..store.partitions() {
         let Some(region) = store.log(p) else { continue };
-        let node = store.node_of(p)?;
+        let node = store.memnode(p)?;
+        if store.written_off(node) {
+            // A dead memory node's copy of the logs is gone; the live copies name the
+            // same transactions (each log goes to every memory node installed on).
+            continue;
+        }
         let g = region.geometry;
         let (row, len) = g.row(dead.node);
         let bytes = read_range(store, node, region.region.at(row), len as usize).await?;
@@ -384,7 +389,7 @@ async fn scan(store: &CvtRemote, dead: Owner) -> Result<Vec<Held>, TxnError> {
     let word = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
     let mut out = Vec::new();
     for p in 0..store.partitions() {
-        let node = store.node_of(p)?;
+        let node = store.primary_node(p)?;
         for t in store.part_tables(p)? {
             let mut held = Held {
                 node,

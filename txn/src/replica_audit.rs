@@ -29,7 +29,8 @@ const CHUNK_BYTES: usize = 1 << 20;
 pub struct ReplicaAudit {
     /// Partitions audited.
     pub partitions: u32,
-    /// Backups per partition.
+    /// Backups per partition (the fewest any partition has: after a failover, the
+    /// partitions the dead node held a copy of have one less).
     pub backups: u32,
     /// CVTs with a valid version compared (over all partitions and backups).
     pub cvts: u64,
@@ -68,7 +69,10 @@ impl ReplicaAudit {
 pub async fn audit_replicas(store: &CvtRemote) -> Result<ReplicaAudit, TxnError> {
     let mut a = ReplicaAudit {
         partitions: store.partitions(),
-        backups: store.replicas() - 1,
+        backups: (0..store.partitions())
+            .map(|p| store.backups(p).len() as u32)
+            .min()
+            .unwrap_or(0),
         ..ReplicaAudit::default()
     };
     for p in 0..store.partitions() {
@@ -103,7 +107,7 @@ async fn compare_table(
     a: &mut ReplicaAudit,
     diff: &mut Option<String>,
 ) -> Result<(), TxnError> {
-    let primary = store.node_of(p)?;
+    let primary = store.primary_node(p)?;
     let (cvt, rec) = (t.cvt_bytes(), record_bytes(t.len));
     let per_slot_values = t.versions * rec;
     let slots = t.n_buckets as usize * CVTS_PER_BUCKET;

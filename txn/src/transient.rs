@@ -33,9 +33,27 @@ use rrpc::NodeId;
 /// is reported gone by its pool anyway).
 pub const RETRY_FOR: Duration = Duration::from_secs(2);
 
+/// Whether a node is written off (dead, or being failed over): see
+/// [`set_written_off_check`].
+pub type WrittenOff = std::rc::Rc<dyn Fn(NodeId) -> bool>;
+
 thread_local! {
     /// Retries after transport failures on this thread since it started.
     static RETRIES: Cell<u64> = const { Cell::new(0) };
+    /// This thread's check of written-off nodes, if any.
+    static WRITTEN_OFF: std::cell::RefCell<Option<WrittenOff>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Install this thread's check of written-off nodes: an operation on a node it names
+/// is not retried after a transport failure (the node died and the replica view is
+/// replacing it, `crate::view`: waiting out [`RETRY_FOR`] would only stall the
+/// attempt). `None` removes it.
+pub fn set_written_off_check(f: Option<WrittenOff>) {
+    WRITTEN_OFF.with(|w| *w.borrow_mut() = f);
+}
+
+fn written_off(node: NodeId) -> bool {
+    WRITTEN_OFF.with(|w| w.borrow().as_ref().is_some_and(|f| f(node)))
 }
 
 /// One-sided operations this thread retried after a transport failure so far.
@@ -56,7 +74,7 @@ pub fn is_transient(e: &OneSidedError) -> bool {
 
 /// Run `op` until it does not fail with a transport failure, or [`RETRY_FOR`] passed
 /// since its first failure.
-async fn retried<T, F, Fut>(ctx: &ThreadCtx, mut op: F) -> Result<T, OneSidedError>
+async fn retried<T, F, Fut>(ctx: &ThreadCtx, node: NodeId, mut op: F) -> Result<T, OneSidedError>
 where
     F: FnMut(bool) -> Fut,
     Fut: Future<Output = Result<T, OneSidedError>>,
@@ -66,7 +84,7 @@ where
     let mut first = true;
     loop {
         match op(first).await {
-            Err(e) if is_transient(&e) => {
+            Err(e) if is_transient(&e) && !written_off(node) => {
                 let end = *until.get_or_insert_with(|| Instant::now() + RETRY_FOR);
                 if Instant::now() >= end {
                     return Err(e);
@@ -89,7 +107,7 @@ pub async fn read(
     at: RemoteAddr,
     len: usize,
 ) -> Result<Vec<u8>, OneSidedError> {
-    retried(ctx, |_| ctx.read(node, at, len)).await
+    retried(ctx, node, |_| ctx.read(node, at, len)).await
 }
 
 /// [`ThreadCtx::write`], retried after transport failures (the caller holds what makes
@@ -100,7 +118,7 @@ pub async fn write(
     at: RemoteAddr,
     data: &[u8],
 ) -> Result<(), OneSidedError> {
-    retried(ctx, |_| ctx.write(node, at, data)).await
+    retried(ctx, node, |_| ctx.write(node, at, data)).await
 }
 
 /// [`ThreadCtx::write_ordered`], retried as a whole after transport failures (every
@@ -110,7 +128,7 @@ pub async fn write_ordered(
     node: NodeId,
     writes: &[(RemoteAddr, &[u8])],
 ) -> Result<(), OneSidedError> {
-    retried(ctx, |_| ctx.write_ordered(node, writes)).await
+    retried(ctx, node, |_| ctx.write_ordered(node, writes)).await
 }
 
 /// [`ThreadCtx::cas`] of a word from `expect` to `swap`, where `swap` is this caller's
@@ -124,7 +142,7 @@ pub async fn cas_owned(
     expect: u64,
     swap: u64,
 ) -> Result<u64, OneSidedError> {
-    retried(ctx, |first| async move {
+    retried(ctx, node, |first| async move {
         let old = ctx.cas(node, at, expect, swap).await?;
         Ok(if !first && old == swap && swap != expect {
             expect
@@ -145,5 +163,5 @@ pub async fn cas(
     expect: u64,
     swap: u64,
 ) -> Result<u64, OneSidedError> {
-    retried(ctx, |_| ctx.cas(node, at, expect, swap)).await
+    retried(ctx, node, |_| ctx.cas(node, at, expect, swap)).await
 }

@@ -210,6 +210,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             flush: Some(Flush { tx: tx.clone() }),
             incarnation: a.incarnation,
             ledger: Some((ledger.clone(), i * args.coroutines)),
+            reconnect_give_up: None,
             qp_errors: args.qp_errors_ms.map(Duration::from_millis),
         };
         let (fabric, mix, stop, committed, gate) = (
@@ -426,6 +427,7 @@ pub(crate) fn measure(
         elapsed,
         tso_restart,
         lockd_restart,
+        failover: None,
         cpu: Vec::new(),
         timelines,
         // A stopped compute node's recovery comes after the fault fired (at its lease's
