@@ -29,8 +29,9 @@
 #    verbs backend, and one short `txn-bench` run per workload (SmallBank and YCSB A
 #    with --protocol all, TATP with scythe, TPC-C with occ-cas; each audited and
 #    checked; the workload suites' other runs are shm-only), and a coordinator process
-#    SIGKILLed mid-run and recovered (SmallBank, --protocol all) and the lock service
-#    SIGKILLed and restarted under Scythe, against the Linux kernel's
+#    SIGKILLed mid-run and recovered (SmallBank, --protocol all), the lock service
+#    SIGKILLed and restarted under Scythe, and a memory node SIGKILLed and failed over
+#    to its backup (SmallBank, two copies, --protocol all), against the Linux kernel's
 #    RDMA stack (Soft-RoCE), inside a qemu VM
 #    (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
 set -euo pipefail
@@ -145,10 +146,10 @@ echo "== verbs backend: integration tests inside the Soft-RoCE VM"
 # The integration-test targets (kind "test") among the build's executables.
 mapfile -t exes < <(cargo test --workspace "${features[@]}" --no-run --message-format=json 2>/dev/null |
   grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
-  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank|ycsb|tatp|tpcc|cnodes|lockd_restart)-[0-9a-f]+$')
-# 21 executables; the VM runs 22 suites (the conformance suite twice: one device, two).
-if [ ${#exes[@]} -ne 21 ]; then
-  echo "expected 21 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
+  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank|ycsb|tatp|tpcc|cnodes|lockd_restart|failover)-[0-9a-f]+$')
+# 22 executables; the VM runs 23 suites (the conformance suite twice: one device, two).
+if [ ${#exes[@]} -ne 22 ]; then
+  echo "expected 22 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
   exit 1
 fi
 # The guest runs the script from the target directory, which it can see even when the

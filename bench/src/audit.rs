@@ -407,6 +407,131 @@ pub(crate) fn tpcc(
     })
 }
 
+/// The durability check after a failover: every object a committed transaction wrote
+/// holds, on its (new) primary, a version at least the highest one a committed
+/// transaction installed (the replication design's B.8.2: nothing committed lost).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Durability {
+    /// Objects checked.
+    pub(crate) objects: usize,
+    /// The first object found behind: `(table, key, newest found, committed)`.
+    pub(crate) behind: Option<(u32, u64, u64, u64)>,
+    /// Objects found behind.
+    pub(crate) behind_count: usize,
+}
+
+impl Durability {
+    /// `durability: N objects written by committed transactions hold their last
+    /// committed version` or `... LOST: ...`.
+    pub(crate) fn line(&self) -> String {
+        match self.behind {
+            None => format!(
+                "durability: {} objects written by committed transactions hold their last \
+                 committed version or a later one",
+                self.objects
+            ),
+            Some((t, k, found, want)) => format!(
+                "durability: {} of {} objects LOST their last committed version (first: table \
+                 {t} key {k} holds version {found}, a committed transaction installed {want})",
+                self.behind_count, self.objects
+            ),
+        }
+    }
+
+    /// Nothing committed was lost.
+    pub(crate) fn ok(&self) -> bool {
+        self.behind.is_none()
+    }
+}
+
+/// The highest version committed transactions installed, per object written, from the
+/// threads' histories (sorted by object).
+pub(crate) fn committed_versions<'a>(
+    histories: impl IntoIterator<Item = &'a txn::history::History>,
+) -> Vec<((u32, u64), u64)> {
+    let mut max: HashMap<(u32, u64), u64> = HashMap::new();
+    for h in histories {
+        for (_, a) in h.iter_accesses() {
+            if a.kind == txn::history::AccessKind::Write {
+                let e = max.entry((a.table, a.key)).or_insert(0);
+                *e = (*e).max(a.version);
+            }
+        }
+    }
+    let mut v: Vec<_> = max.into_iter().collect();
+    v.sort_unstable();
+    v
+}
+
+/// Compare the versions found (`found[i]` for `want[i]`; `None`: no version) with the
+/// committed ones.
+pub(crate) fn compare_versions(want: &[((u32, u64), u64)], found: &[Option<u64>]) -> Durability {
+    let mut d = Durability {
+        objects: want.len(),
+        behind: None,
+        behind_count: 0,
+    };
+    for (&((t, k), w), f) in want.iter().zip(found) {
+        let got = f.unwrap_or(0);
+        if got < w {
+            d.behind_count += 1;
+            d.behind.get_or_insert((t, k, got, w));
+        }
+    }
+    d
+}
+
+/// The durability check of `want` ([`committed_versions`]) against the primaries of
+/// the run's view, one thread per core.
+pub(crate) fn durability(
+    fabric: &Fabric,
+    addrs: &ClusterAddrs,
+    protocol: Protocol,
+    want: &[((u32, u64), u64)],
+) -> anyhow::Result<Durability> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = want.len().div_ceil(threads).max(CHUNK);
+    let parts: Vec<anyhow::Result<Vec<Option<u64>>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = want
+            .chunks(per)
+            .map(|part| {
+                let fabric = fabric.clone();
+                let keys: Vec<(u32, u64)> = part.iter().map(|&(k, _)| k).collect();
+                s.spawn(move || {
+                    let a = Auditor::connect(&fabric, addrs, protocol)?;
+                    let client = a.client.clone();
+                    block_on(&a.ctx, async move {
+                        let mut out = Vec::with_capacity(keys.len());
+                        for chunk in keys.chunks(CHUNK) {
+                            let got =
+                                join_all(chunk.iter().map(|&(t, k)| client.newest_version(t, k)))
+                                    .await;
+                            for (g, &(t, k)) in got.into_iter().zip(chunk) {
+                                let v = g.with_context(|| {
+                                    format!("durability: reading table {t} key {k}")
+                                })?;
+                                out.push(v.map(tso::Timestamp::get));
+                            }
+                        }
+                        anyhow::Ok(out)
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a durability thread panicked")))
+            })
+            .collect()
+    });
+    let mut found = Vec::with_capacity(want.len());
+    for p in parts {
+        found.extend(p?);
+    }
+    Ok(compare_versions(want, &found))
+}
+
 /// The replica audit ([`txn::replica_audit`]) of the cluster's memory nodes, after the
 /// run: every backup compared with its primary. Errors: a memory node unreachable or a
 /// READ failed.
@@ -416,8 +541,9 @@ pub(crate) fn replicas(
 ) -> anyhow::Result<txn::replica_audit::ReplicaAudit> {
     let t0 = std::time::Instant::now();
     let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
-    let store = txn::cvt_remote::CvtRemote::connect_with(ctx.clone(), &addrs.memnodes, 16, run_view())
-        .context("replica audit: connecting to the memory nodes")?;
+    let store =
+        txn::cvt_remote::CvtRemote::connect_with(ctx.clone(), &addrs.memnodes, 16, run_view())
+            .context("replica audit: connecting to the memory nodes")?;
     let a = block_on(&ctx, async move {
         txn::replica_audit::audit_replicas(&store).await
     })
@@ -434,6 +560,30 @@ pub(crate) fn replicas(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_durability_check_catches_an_object_behind_its_committed_version() {
+        let mut h = txn::history::History::new(1 << 20);
+        h.record(
+            0,
+            &[
+                txn::history::Access::read(1, 7, 4),
+                txn::history::Access::write(1, 7, 5),
+                txn::history::Access::write(2, 9, 3),
+            ],
+        );
+        h.record(0, &[txn::history::Access::write(1, 7, 6)]);
+        let want = committed_versions([&h]);
+        assert_eq!(want, vec![((1, 7), 6), ((2, 9), 3)]);
+        assert!(compare_versions(&want, &[Some(6), Some(8)]).ok());
+        // A promoted backup that missed the last install of (1, 7).
+        let d = compare_versions(&want, &[Some(5), Some(3)]);
+        assert!(!d.ok());
+        assert_eq!(d.behind, Some((1, 7, 5, 6)));
+        assert!(d.line().contains("1 of 2 objects LOST"), "{}", d.line());
+        // An object gone altogether.
+        assert!(!compare_versions(&want, &[Some(6), None]).ok());
+    }
 
     #[test]
     fn the_kvs_check_catches_bad_missing_and_uncounted_values() {

@@ -155,44 +155,43 @@ impl ViewManager {
             .memnodes
             .get(m as usize)
             .context("no such memory node")?;
-        let (detected, drained, cleared, view, promoted, lost) =
-            block_on(&self.ctx, async move {
-                // (1) Detection: the node's control plane refuses connections (the
-                // kernel closed its sockets: the process is gone), as the QPs' own
-                // watch of it does (rrpc's `QueuePair::watch_peer`).
-                let t0 = Instant::now();
-                while alive(addr) {
-                    anyhow::ensure!(
-                        t0.elapsed() < Duration::from_secs(10),
-                        "memory node {m} still answers 10 s after its kill"
-                    );
-                    ctx.sleep(Duration::from_micros(200)).await;
-                }
-                let detected = Instant::now();
-                // (2) Drain.
-                feed.start_drain(m);
-                while !feed.drained() {
-                    anyhow::ensure!(
-                        detected.elapsed() < DRAIN_LIMIT,
-                        "the drain of memory node {m} did not finish in {DRAIN_LIMIT:?}"
-                    );
-                    ctx.sleep(Duration::from_micros(20)).await;
-                }
-                let drained = Instant::now();
-                // (3) Promotion.
-                let (view, promoted, lost) = feed.snapshot().0.fail(m);
-                let mut cleared = 0;
-                for &p in &promoted {
-                    let new_primary = view.partitions[p as usize]
-                        .primary
-                        .expect("a promoted partition has a primary");
-                    cleared += store
-                        .clear_lock_words(new_primary, p)
-                        .await
-                        .with_context(|| format!("clearing partition {p}'s new primary"))?;
-                }
-                Ok::<_, anyhow::Error>((detected, drained, cleared, view, promoted, lost))
-            })?;
+        let (detected, drained, cleared, view, promoted, lost) = block_on(&self.ctx, async move {
+            // (1) Detection: the node's control plane refuses connections (the
+            // kernel closed its sockets: the process is gone), as the QPs' own
+            // watch of it does (rrpc's `QueuePair::watch_peer`).
+            let t0 = Instant::now();
+            while alive(addr) {
+                anyhow::ensure!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "memory node {m} still answers 10 s after its kill"
+                );
+                ctx.sleep(Duration::from_micros(200)).await;
+            }
+            let detected = Instant::now();
+            // (2) Drain.
+            feed.start_drain(m);
+            while !feed.drained() {
+                anyhow::ensure!(
+                    detected.elapsed() < DRAIN_LIMIT,
+                    "the drain of memory node {m} did not finish in {DRAIN_LIMIT:?}"
+                );
+                ctx.sleep(Duration::from_micros(20)).await;
+            }
+            let drained = Instant::now();
+            // (3) Promotion.
+            let (view, promoted, lost) = feed.snapshot().0.fail(m);
+            let mut cleared = 0;
+            for &p in &promoted {
+                let new_primary = view.partitions[p as usize]
+                    .primary
+                    .expect("a promoted partition has a primary");
+                cleared += store
+                    .clear_lock_words(new_primary, p)
+                    .await
+                    .with_context(|| format!("clearing partition {p}'s new primary"))?;
+            }
+            Ok::<_, anyhow::Error>((detected, drained, cleared, view, promoted, lost))
+        })?;
         // (4) The new view, durable first.
         self.store_view(&view)?;
         let epoch = view.epoch;

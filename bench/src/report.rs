@@ -254,6 +254,13 @@ pub struct Report {
     /// The oracle restart of `--kill-tso-after`, when one was injected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tso_restart: Option<TsoRestart>,
+    /// After a failover: the check that every object written by a committed
+    /// transaction holds its last committed version on the new primaries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+    /// Its verdict (`None` when not checked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durable: Option<bool>,
     /// The memory-node failover of `--kill-memnode-after`, when one was injected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover: Option<crate::failover::Failover>,
@@ -457,6 +464,8 @@ impl Report {
             replica_audit: None,
             replicas_identical: None,
             failover: None,
+            durability: None,
+            durable: None,
             versions: txn::smallbank::DEFAULT_VERSIONS,
             seconds: secs,
             throughput_tps: commits as f64 / secs,
@@ -584,6 +593,7 @@ impl Report {
         self.invariant_holds
             && self.fatal_errors == 0
             && self.replicas_identical != Some(false)
+            && self.durable != Some(false)
             && self.sr_passed()
             && self.si_passed()
             && self.tso_restart.as_ref().is_none_or(TsoRestart::survived)
@@ -740,6 +750,9 @@ impl Report {
         }
         if let Some(f) = &self.failover {
             let _ = writeln!(s, "{}", f.line());
+        }
+        if let Some(l) = &self.durability {
+            let _ = writeln!(s, "{l}");
         }
         if let Some(l) = &self.replica_audit {
             let _ = writeln!(s, "{l}");

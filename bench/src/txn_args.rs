@@ -689,7 +689,11 @@ impl Args {
             );
         }
         if self.memnode >= self.memnodes {
-            bail!("--memnode {} must be below --memnodes {}", self.memnode, self.memnodes);
+            bail!(
+                "--memnode {} must be below --memnodes {}",
+                self.memnode,
+                self.memnodes
+            );
         }
         if self.restart && self.kill_cn_after.is_none() {
             bail!("--restart goes with --kill-cn-after");

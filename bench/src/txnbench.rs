@@ -361,6 +361,22 @@ fn run_one(
     let replicas = (args.replicas > 1)
         .then(|| crate::audit::replicas(&cluster.fabric, &cluster.addrs))
         .transpose()?;
+    // After a failover: nothing a committed transaction wrote is missing on the new
+    // primaries (needs the histories: not with --no-check).
+    let durability = match (&measured.failover, args.no_check) {
+        (Some(_), false) => {
+            let want = crate::audit::committed_versions(
+                measured.workers.iter().filter_map(|w| w.history.as_ref()),
+            );
+            Some(crate::audit::durability(
+                &cluster.fabric,
+                &cluster.addrs,
+                protocol,
+                &want,
+            )?)
+        }
+        _ => None,
+    };
     let (fabric_desc, model_desc) = cluster.shutdown();
     let mut report = build_report(
         args,
@@ -373,6 +389,10 @@ fn run_one(
     audited.judge(initial_total, &mut report);
     if let Some(r) = replicas {
         report.replica_audit(&r);
+    }
+    if let Some(d) = durability {
+        report.durability = Some(d.line());
+        report.durable = Some(d.ok());
     }
     report.outcomes = workload.outcomes(&report);
     if let (Some(path), false) = (&args.history_out, measured.history_written) {
@@ -493,11 +513,10 @@ impl RunCluster {
             let dir = std::env::temp_dir().join(format!("{cluster_name}-etcd"));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let e = member::LocalEtcd::start(&dir)
-                .context(
-                    "--cnodes 2 or more and --kill-memnode-after run the membership service \
+            let e = member::LocalEtcd::start(&dir).context(
+                "--cnodes 2 or more and --kill-memnode-after run the membership service \
                      (etcd) on loopback",
-                )?;
+            )?;
             eprintln!("membership: etcd at {} (pid {})", e.endpoint(), e.pid());
             Some(e)
         } else {
@@ -939,7 +958,12 @@ fn watch(
                 .etcd
                 .as_ref()
                 .map(|e| (e.endpoint(), cluster.cluster.name().to_string()));
-            let m = crate::failover::ViewManager::new(&cluster.fabric, &cluster.addrs, feed.clone(), etcd);
+            let m = crate::failover::ViewManager::new(
+                &cluster.fabric,
+                &cluster.addrs,
+                feed.clone(),
+                etcd,
+            );
             match m {
                 Ok(m) => Some(m),
                 Err(e) => {

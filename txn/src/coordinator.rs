@@ -291,6 +291,21 @@ impl TxnClient {
         }
     }
 
+    /// For audits after a run: the newest version `(table, key)`'s CVT holds (a
+    /// tombstone's too), `None` when it has no CVT or no valid version.
+    ///
+    /// Errors: as [`Self::read_committed`].
+    pub async fn newest_version(
+        &self,
+        table: u32,
+        key: u64,
+    ) -> Result<Option<tso::Timestamp>, TxnError> {
+        let Some((_, cvt)) = self.core.store.lookup(table, key).await? else {
+            return Ok(None);
+        };
+        Ok(cvt.newest().map(|i| cvt.cells[i].version))
+    }
+
     /// Whether `(table, key)`'s CVT lock word is held (OCC-CAS, MVCC), for audits.
     ///
     /// Errors: as [`Self::read_committed`].

@@ -37,9 +37,9 @@ use crate::cvt::{
 };
 use crate::cvt_index::{search, AddrCache, CacheStats, Found, CVTS_PER_BUCKET};
 use crate::cvt_store::CvtTableExport;
-use crate::view::{View, ViewFeed};
 use crate::error::{AbortReason, TxnError};
 use crate::store::hash_key;
+use crate::view::{View, ViewFeed};
 
 /// A WRITE not yet sent: where, and its bytes.
 pub type OwnedWrite = (RemoteAddr, Vec<u8>);
@@ -198,7 +198,9 @@ impl CvtRemote {
         Self::connect_with(ctx, addrs, cache_entries, None)
     }
 
-    /// [`Self::connect`], following the views of `feed` (failover, [`crate::view`]).
+    /// [`Self::connect`], following the views of `feed` (failover, [`crate::view`]);
+    /// `addrs[m]` must then be memory node `m`: the nodes the feed's view declares
+    /// dead are skipped.
     ///
     /// Errors: as [`Self::connect`].
     pub fn connect_with(
@@ -216,17 +218,14 @@ impl CvtRemote {
         let (mut logs, mut undos) = (vec![None; m], vec![None; m]);
         let mut replicas = None;
         // Memory nodes the feed's view declares dead may be unreachable.
+        // With a feed, `addrs[m]` is memory node `m` (as txn-bench gives them), so the
+        // ones its view declares dead are not even tried.
         let dead = feed.as_ref().map_or(Vec::new(), |f| f.snapshot().0.dead);
-        let mut unreachable = 0;
-        for a in addrs {
-            let info = match ctx.connect(*a) {
-                Ok(i) => i,
-                Err(_) if unreachable < dead.len() => {
-                    unreachable += 1;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
+        for (i, a) in addrs.iter().enumerate() {
+            if dead.contains(&(i as u32)) {
+                continue;
+            }
+            let info = ctx.connect(*a)?;
             let e: MemnodeExport = info
                 .export(EXPORT_KEY)
                 .map_err(|e| TxnError::Export(format!("memory node {a}: {e}")))?;
@@ -445,9 +444,7 @@ impl CvtRemote {
                         let w = u64::from_le_bytes(
                             c[LOCK_OFFSET..LOCK_OFFSET + 8].try_into().expect("8 bytes"),
                         );
-                        (w != 0).then(|| {
-                            (t.index.at(((start + i) * cvt + LOCK_OFFSET) as u64), w)
-                        })
+                        (w != 0).then(|| (t.index.at(((start + i) * cvt + LOCK_OFFSET) as u64), w))
                     })
                     .collect();
                 let done = join_all(held.iter().map(|&(at, w)| self.ctx.cas(node, at, w, 0))).await;
@@ -579,7 +576,11 @@ impl CvtRemote {
         pv.backups
             .iter()
             .filter_map(|&m| {
-                let tables = self.images.get(m as usize)?.get(part as usize)?.as_deref()?;
+                let tables = self
+                    .images
+                    .get(m as usize)?
+                    .get(part as usize)?
+                    .as_deref()?;
                 Some(Backup {
                     memnode: m,
                     node: self.nodes[m as usize],
@@ -592,9 +593,15 @@ impl CvtRemote {
     /// The memory nodes holding a copy of partition `part`, primary first.
     pub fn replica_memnodes(&self, part: u32) -> Vec<u32> {
         let r = self.route.borrow();
-        r.view.partitions.get(part as usize).map_or(Vec::new(), |pv| {
-            pv.primary.into_iter().chain(pv.backups.iter().copied()).collect()
-        })
+        r.view
+            .partitions
+            .get(part as usize)
+            .map_or(Vec::new(), |pv| {
+                pv.primary
+                    .into_iter()
+                    .chain(pv.backups.iter().copied())
+                    .collect()
+            })
     }
 
     /// Each copy of the index-region address `addr` of table `table` of partition
@@ -928,15 +935,13 @@ impl CvtRemote {
             .cvt_remote(loc)?
             .offset((HEADER_BYTES + victim * CELL_BYTES) as u64);
         let record = encode_record(&payload, cell.cv);
-        let mut out = Vec::with_capacity(1 + self.backups(loc.part).len());
+        #[allow(unused_mut)]
+        let mut backups = self.backups(loc.part);
         #[cfg(feature = "fault-injection")]
-        let backups =
-            match crate::fault::skipping_backup_install(!self.backups(loc.part).is_empty()) {
-                true => &[][..],
-                false => self.backups(loc.part),
-            };
-        #[cfg(not(feature = "fault-injection"))]
-        let backups = self.backups(loc.part);
+        if crate::fault::skipping_backup_install(!backups.is_empty()) {
+            backups.clear();
+        }
+        let mut out = Vec::with_capacity(1 + backups.len());
         for bk in backups {
             let bt = bk
                 .tables

@@ -42,12 +42,25 @@ static INSTALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 /// its backups (0: never), as a commit that forgot its backups would: the replica audit
 /// must find the difference.
 pub fn skip_backup_install(every: u64) {
+    SKIP_BACKUP_ENV.call_once(|| {});
     INSTALLS.store(0, Ordering::SeqCst);
     SKIP_BACKUP_EVERY.store(every, Ordering::SeqCst);
 }
 
-/// Whether this install (of a partition with backups when `replicated`) skips them.
+static SKIP_BACKUP_ENV: std::sync::Once = std::sync::Once::new();
+
+/// Whether this install (of a partition with backups when `replicated`) skips them. In
+/// a test build a child process reads `TXN_SKIP_BACKUP_INSTALL=<every>` once, so that
+/// tests can plant the bug in the coordinators of a `txn-bench` they start.
 pub(crate) fn skipping_backup_install(replicated: bool) -> bool {
+    SKIP_BACKUP_ENV.call_once(|| {
+        if let Some(n) = std::env::var("TXN_SKIP_BACKUP_INSTALL")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            SKIP_BACKUP_EVERY.store(n, Ordering::SeqCst);
+        }
+    });
     let every = SKIP_BACKUP_EVERY.load(Ordering::Relaxed);
     if every == 0 || !replicated {
         return false;

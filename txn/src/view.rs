@@ -242,7 +242,12 @@ pub struct ActiveGuard {
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        let mut a = self.feed.inner.active.lock().unwrap_or_else(|e| e.into_inner());
+        let mut a = self
+            .feed
+            .inner
+            .active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some((_, n)) = a.iter_mut().find(|(g, _)| *g == self.gen) {
             *n = n.saturating_sub(1);
         }
@@ -282,7 +287,10 @@ mod tests {
         let new = f.enter();
         assert!(!f.drained(), "an attempt from before the drain is running");
         drop(old);
-        assert!(f.drained(), "attempts begun during the drain do not hold it up");
+        assert!(
+            f.drained(),
+            "attempts begun during the drain do not hold it up"
+        );
         let (v, draining) = f.snapshot();
         assert_eq!(draining, vec![1]);
         let before = f.version();
