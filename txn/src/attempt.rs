@@ -251,16 +251,8 @@ impl<S, O> Attempt<'_, S, O> {
     ///
     /// Errors: the first failed CAS (the others were still issued).
     pub async fn release_cvt_locks(&mut self) -> Result<(), TxnError> {
+        let locs = self.take_locked();
         let (store, id, committed) = (&self.core.store, self.id, self.committed);
-        let locs: Vec<CvtLoc> = self
-            .objs
-            .iter_mut()
-            .filter(|o| o.locked)
-            .map(|o| {
-                o.locked = false;
-                o.loc.expect("a locked object has a CVT")
-            })
-            .collect();
         let mut first = true;
         // The crash point between the first unlock and the others (tests of recovery's
         // roll-forward rule); armed, the others wait for the first to pass it.
@@ -302,16 +294,21 @@ impl<S, O> Attempt<'_, S, O> {
     ///
     /// Errors: the first that failed (every release is still issued).
     pub async fn release_invisible(&mut self) -> Result<(), TxnError> {
-        let locs: Vec<CvtLoc> = self
-            .objs
+        let locs = self.take_locked();
+        crate::ford::release(&self.core.store, &locs, self.id).await
+    }
+
+    /// The CVTs whose lock words the attempt holds, each marked released (the caller
+    /// releases them).
+    fn take_locked(&mut self) -> Vec<CvtLoc> {
+        self.objs
             .iter_mut()
             .filter(|o| o.locked)
             .map(|o| {
                 o.locked = false;
                 o.loc.expect("a locked object has a CVT")
             })
-            .collect();
-        crate::ford::release(&self.core.store, &locs, self.id).await
+            .collect()
     }
 
     /// Send install lists (`(primary?, memory node, ordered WRITEs)`): all in one round

@@ -398,18 +398,10 @@ impl CvtRemote {
     /// Errors: as above.
     pub fn check(&self, part: u32) -> Result<(), TxnError> {
         self.refresh();
-        let r = self.route.borrow();
-        let pv = r
-            .view
-            .partitions
-            .get(part as usize)
-            .ok_or_else(|| TxnError::Usage(format!("no partition {part}")))?;
-        if pv.primary.is_none() {
-            return Err(TxnError::PartitionLost { partition: part });
-        }
+        let m = self.primary(part)?;
         // Only a partition whose primary is being replaced waits: where the dead node
         // held a backup, installs count the live copies ([`Self::tolerate`]).
-        if pv.primary.is_some_and(|m| r.draining.contains(&m)) {
+        if self.route.borrow().draining.contains(&m) {
             return Err(TxnError::Abort(AbortReason::ReplicaFailed));
         }
         Ok(())
