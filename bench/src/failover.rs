@@ -23,6 +23,9 @@ use txn::coordinator::ClusterAddrs;
 use txn::cvt_remote::CvtRemote;
 use txn::view::{View, ViewFeed};
 
+/// The view manager's member id in etcd (txn-bench itself).
+const NODE_VIEW_MANAGER: u16 = 99;
+
 /// How long the coordinators' QP pools try to reconnect to an unreachable node in runs
 /// that kill a memory node (the runtime's default is 10 s, for nodes that restart).
 pub const RECONNECT_GIVE_UP: Duration = Duration::from_millis(250);
@@ -112,7 +115,7 @@ impl ViewManager {
                     &[endpoint],
                     &cluster,
                     member::Role::Other("view-manager".into()),
-                    crate::txn_args::NODE_VIEW_MANAGER,
+                    NODE_VIEW_MANAGER,
                     Duration::from_secs(10),
                 )
                 .context("view manager: joining etcd")?,

@@ -812,8 +812,6 @@ pub(crate) const NODE_TSO: u32 = 3;
 /// Memory node `i` is node `NODE_MEMNODE + i`.
 pub(crate) const NODE_MEMNODE: u32 = 10;
 pub(crate) const NODE_CN: u32 = 100;
-/// The view manager's member id in etcd (txn-bench itself, `--kill-memnode-after`).
-pub(crate) const NODE_VIEW_MANAGER: u16 = 99;
 /// Coordinator process `i` (`--cnodes`) is node `NODE_CNODE + i` (txn-bench itself is
 /// [`NODE_CN`]).
 pub(crate) const NODE_CNODE: u32 = NODE_CN + 1;

@@ -39,6 +39,7 @@ use crate::cvt_index::{search, AddrCache, CacheStats, Found, CVTS_PER_BUCKET};
 use crate::cvt_store::CvtTableExport;
 use crate::error::{AbortReason, TxnError};
 use crate::store::hash_key;
+pub use crate::view::{backup_partitions, replica_memnodes};
 use crate::view::{View, ViewFeed};
 
 /// A WRITE not yet sent: where, and its bytes.
@@ -87,25 +88,6 @@ pub struct BackupImage {
     pub partition: u32,
     /// Its tables, ids `0..n` in order.
     pub tables: Vec<CvtTableExport>,
-}
-
-/// The memory nodes holding partition `partition`'s copies, primary first: memory
-/// node `partition`, then the next `replicas - 1` (mod `memnodes`). The placement of
-/// the replication design (1 primary and f backups on other nodes; Motor 5.3, FORD).
-pub fn replica_memnodes(partition: u32, replicas: u32, memnodes: u32) -> Vec<u32> {
-    let m = memnodes.max(1);
-    (0..replicas.clamp(1, m))
-        .map(|k| (partition + k) % m)
-        .collect()
-}
-
-/// The partitions memory node `memnode` holds a backup image of (the inverse of
-/// [`replica_memnodes`]), nearest first.
-pub fn backup_partitions(memnode: u32, replicas: u32, memnodes: u32) -> Vec<u32> {
-    let m = memnodes.max(1);
-    (1..replicas.clamp(1, m))
-        .map(|k| (memnode + m - k) % m)
-        .collect()
 }
 
 /// A backup copy of one partition as a compute node sees it.

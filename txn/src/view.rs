@@ -25,7 +25,24 @@ use rrpc::NodeId;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cvt_remote::replica_memnodes;
+/// The memory nodes holding partition `partition`'s copies, primary first: memory
+/// node `partition`, then the next `replicas - 1` (mod `memnodes`). The placement of
+/// the replication design (1 primary and f backups on other nodes; Motor 5.3, FORD).
+pub fn replica_memnodes(partition: u32, replicas: u32, memnodes: u32) -> Vec<u32> {
+    let m = memnodes.max(1);
+    (0..replicas.clamp(1, m))
+        .map(|k| (partition + k) % m)
+        .collect()
+}
+
+/// The partitions memory node `memnode` holds a backup image of (the inverse of
+/// [`replica_memnodes`]), nearest first.
+pub fn backup_partitions(memnode: u32, replicas: u32, memnodes: u32) -> Vec<u32> {
+    let m = memnodes.max(1);
+    (1..replicas.clamp(1, m))
+        .map(|k| (memnode + m - k) % m)
+        .collect()
+}
 
 /// One partition's copies.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
