@@ -1136,7 +1136,18 @@ fn build_report(
     report.cnodes = args.cnodes;
     report.cnode_events = measured.cnode_events.clone();
     if let Some(ms) = args.timeline_ms {
-        let intervals = (measured.elapsed.as_nanos() as u64).div_ceil(ms * 1_000_000) as usize;
+        // The run's intervals: up to its nominal end (the coordinators stop there; the
+        // time their threads take to wind down is not the run's, and would show as
+        // empty intervals), or to the last interval with a commit if later.
+        let nominal = measured.elapsed.min(Duration::from_secs_f64(args.duration));
+        let last_commit = measured
+            .timelines
+            .iter()
+            .filter_map(|t| t.commits.iter().rposition(|&c| c > 0))
+            .max()
+            .map_or(0, |i| i + 1);
+        let intervals =
+            ((nominal.as_nanos() as u64).div_ceil(ms * 1_000_000) as usize).max(last_commit);
         report.timeline = Some(TimelineReport::new(
             ms,
             measured.timelines.clone(),
