@@ -155,6 +155,20 @@ impl<O> Obj<O> {
         Ok(())
     }
 
+    /// What an install of this written object needs: its CVT's location, the CVT as
+    /// read under its lock (updated by the install), and the new value (`None`: a
+    /// delete). Panics if the object has no CVT yet, which a written object always has
+    /// by the write-back.
+    pub fn install_parts(&mut self) -> (CvtLoc, &mut Cvt, Option<&[u8]>) {
+        let loc = self.loc.expect("a written object has a CVT by now");
+        let value = match &self.write {
+            Some(Write::Put(v)) => Some(v.as_slice()),
+            _ => None,
+        };
+        let cvt = self.cvt.as_mut().expect("a written object's CVT was read");
+        (loc, cvt, value)
+    }
+
     /// Value as this transaction sees it (its own write first).
     pub fn seen_value(&self) -> Option<Vec<u8>> {
         match &self.write {
@@ -372,12 +386,7 @@ impl<S, O> Attempt<'_, S, O> {
         let written = self.objs.iter_mut().filter(|o| o.write.is_some());
         for (o, victim) in written.zip(victims) {
             let v = version(o);
-            let loc = o.loc.expect("a written object has a CVT by now");
-            let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
-            let value = match &o.write {
-                Some(Write::Put(v)) => Some(v.as_slice()),
-                _ => None,
-            };
+            let (loc, cvt, value) = o.install_parts();
             lists.extend(
                 crate::ford::invisible_install(store, loc, cvt, victim, v, value, id)
                     .map_err(wb)?,
@@ -528,12 +537,7 @@ impl<S, O> Attempt<'_, S, O> {
         let written = self.objs.iter_mut().filter(|o| o.write.is_some());
         for (o, victim) in written.zip(victims) {
             let v = version(o);
-            let loc = o.loc.expect("a written object has a CVT by now");
-            let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
-            let value = match &o.write {
-                Some(Write::Put(v)) => Some(v.as_slice()),
-                _ => None,
-            };
+            let (loc, cvt, value) = o.install_parts();
             for (node, ws) in store.install_writes(loc, cvt, victim, v, value)? {
                 let list = match lists.iter_mut().find(|(n, _)| *n == node) {
                     Some((_, l)) => l,
@@ -626,12 +630,7 @@ impl<S, O> Attempt<'_, S, O> {
                 while !crash && !gate.get() {
                     store.ctx().yield_now().await;
                 }
-                let loc = o.loc.expect("a written object has a CVT by now");
-                let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
-                let value = match &o.write {
-                    Some(Write::Put(v)) => Some(v.as_slice()),
-                    _ => None,
-                };
+                let (loc, cvt, value) = o.install_parts();
                 let r = store.install_in(loc, cvt, victim, v, value).await;
                 if crash {
                     crash_point(CrashPoint::AfterFirstInstall).await;
@@ -667,12 +666,7 @@ impl<S, O> Attempt<'_, S, O> {
         let written = self.objs.iter_mut().filter(|o| o.write.is_some());
         for (o, victim) in written.zip(victims) {
             let v = version(o);
-            let loc = o.loc.expect("a written object has a CVT by now");
-            let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
-            let value = match &o.write {
-                Some(Write::Put(v)) => Some(v.as_slice()),
-                _ => None,
-            };
+            let (loc, cvt, value) = o.install_parts();
             let copies = store
                 .install_writes(loc, cvt, victim, v, value)
                 .map_err(wb)?;
