@@ -11,6 +11,16 @@
 //! invisible marks); (4) the new view (epoch + 1, `m` dead) is stored in etcd when the
 //! run has it and handed to the coordinators. With one copy of a partition the run stops
 //! and says which partition is gone.
+//!
+//! With `--restart`, **re-replication** follows (B.6.4 step 3, after Motor 5.3's data
+//! migration): the memory node is started again, empty (`memnode --empty`), and rejoins
+//! under a view of its own ([`txn::view::View::rejoin`]: the coordinators connect to the
+//! new process); then, one partition at a time, each partition it hosts an image of is
+//! marked migrating (commits touching it wait: they abort as `migrating` and retry), a
+//! drain barrier waits for the attempts from before, the partition is copied from its
+//! primary with bulk READs and WRITEs ([`txn::migrate::copy_image`]), and a view with
+//! the node as its last backup ends the migration. Transactions on other partitions run
+//! on throughout.
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -59,6 +69,86 @@ pub struct Failover {
     pub lock_words_cleared: usize,
     /// The new view's epoch.
     pub epoch: u64,
+    /// With `--restart`: the memory node started again and re-replicated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart: Option<Restart>,
+}
+
+/// The dead memory node started again and filled by re-replication (times in ms from
+/// the run's start).
+#[derive(Clone, Debug, Serialize)]
+pub struct Restart {
+    /// The memory node.
+    pub memnode: u32,
+    /// When its new process answered (loaded, empty).
+    pub started_ms: f64,
+    /// When the view naming its new incarnation was out (the coordinators connect to
+    /// it as they take that view).
+    pub rejoined_ms: f64,
+    /// Each partition copied to it, in order.
+    pub partitions: Vec<Rereplication>,
+}
+
+/// One partition copied back to a rejoined memory node.
+#[derive(Clone, Debug, Serialize)]
+pub struct Rereplication {
+    /// The partition.
+    pub partition: u32,
+    /// The memory node it was copied to.
+    pub memnode: u32,
+    /// The primary it was copied from.
+    pub from: u32,
+    /// When the view marking it migrating was out.
+    pub started_ms: f64,
+    /// When the drain barrier passed (the copy began).
+    pub drained_ms: f64,
+    /// When the view with the new backup was out (commits resume).
+    pub done_ms: f64,
+    /// Bytes and time of each table's copy.
+    pub tables: Vec<txn::migrate::TableCopy>,
+    /// Bytes copied in all.
+    pub bytes: u64,
+    /// The view's epoch after the copy.
+    pub epoch: u64,
+}
+
+impl Rereplication {
+    /// `re-replicated: partition P to memnode J, B bytes in X ms (...)`.
+    pub fn line(&self) -> String {
+        let tables: Vec<String> = self
+            .tables
+            .iter()
+            .map(|t| format!("{} {} B in {:.2} ms", t.table, t.bytes, t.ms))
+            .collect();
+        format!(
+            "re-replicated: partition {} to memnode {}, {} bytes in {:.2} ms (commits to it \
+             waited {:.2} ms: drain {:.2} ms; from memnode {}; {}; view epoch {})",
+            self.partition,
+            self.memnode,
+            self.bytes,
+            self.done_ms - self.drained_ms,
+            self.done_ms - self.started_ms,
+            self.drained_ms - self.started_ms,
+            self.from,
+            tables.join(", "),
+            self.epoch
+        )
+    }
+}
+
+impl Restart {
+    /// `memnode J restarted ...`, then one `re-replicated:` line per partition.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "memnode {} restarted empty at {:.0} ms, rejoined at {:.0} ms; {} partitions to copy back",
+            self.memnode,
+            self.started_ms,
+            self.rejoined_ms,
+            self.partitions.len()
+        )];
+        out.extend(self.partitions.iter().map(Rereplication::line));
+        out
+    }
 }
 
 impl Failover {
@@ -105,8 +195,10 @@ impl ViewManager {
         etcd: Option<(String, String)>,
     ) -> anyhow::Result<Self> {
         let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
+        // It follows the views it publishes, so that it reaches a restarted memory
+        // node's new regions as the coordinators do.
         let store = Rc::new(
-            CvtRemote::connect(ctx.clone(), &addrs.memnodes, 16)
+            CvtRemote::connect_with(ctx.clone(), &addrs.memnodes, 16, Some(feed.clone()))
                 .context("view manager: connecting to the memory nodes")?,
         );
         let etcd = match etcd {
@@ -210,6 +302,107 @@ impl ViewManager {
             lost,
             lock_words_cleared: cleared,
             epoch,
+            restart: None,
+        })
+    }
+
+    /// Re-replication after memory node `m`'s failover: its new process (started
+    /// empty, answering at its old address, at `started`) rejoins, and each partition it
+    /// hosts an image of is copied back from its primary, one at a time, while commits
+    /// touching that partition wait (the run began at `run_start`).
+    ///
+    /// Errors: the new process is not memory node `m` or its geometry differs; a drain
+    /// did not finish within 10 s; a READ or WRITE of the copy failed; etcd failed.
+    pub(crate) fn re_replicate(
+        &self,
+        m: u32,
+        started: Instant,
+        run_start: Instant,
+    ) -> anyhow::Result<Restart> {
+        let ms = |t: Instant| t.duration_since(run_start).as_secs_f64() * 1e3;
+        // (1) Rejoin: a view with the new incarnation, which the coordinators (and
+        // this manager's store) connect to as they take it.
+        let view = self.feed.snapshot().0.rejoin(m);
+        self.store_view(&view)?;
+        self.feed.publish(view);
+        let rejoined = Instant::now();
+        let (ctx, store, feed) = (self.ctx.clone(), self.store.clone(), self.feed.clone());
+        store.epoch(); // takes the view: connects to the new process
+        anyhow::ensure!(
+            !store.rejoin_pending(),
+            "memory node {m}'s new process could not be reached (see the log)"
+        );
+        let parts: Vec<u32> = (0..store.partitions())
+            .filter(|&p| store.image(m, p).is_some())
+            .collect();
+        anyhow::ensure!(
+            !parts.is_empty(),
+            "memory node {m} came back hosting no image (was it started as memory node {m}?)"
+        );
+        let mut copies = Vec::new();
+        for p in parts {
+            let (view, _) = self.feed.snapshot();
+            if view.holds(p, m) {
+                continue;
+            }
+            let from = view.partitions[p as usize]
+                .primary
+                .with_context(|| format!("partition {p} has no live copy to copy from"))?;
+            // (2) Migrating, and the barrier: attempts from before end first.
+            let marked = view.start_migration(p, m);
+            self.store_view(&marked)?;
+            feed.publish_and_drain(marked);
+            let t_start = Instant::now();
+            let (drained, tables) = block_on(&self.ctx, {
+                let (ctx, store, feed) = (ctx.clone(), store.clone(), feed.clone());
+                async move {
+                    while !feed.drained() {
+                        anyhow::ensure!(
+                            t_start.elapsed() < DRAIN_LIMIT,
+                            "the drain before copying partition {p} did not finish in \
+                             {DRAIN_LIMIT:?}"
+                        );
+                        ctx.sleep(Duration::from_micros(20)).await;
+                    }
+                    let drained = Instant::now();
+                    // (3) The copy, primary to the new image.
+                    let src = store.image(from, p).context("no image of the primary")?;
+                    let dst = store.image(m, p).context("no image on the new node")?;
+                    let tables = txn::migrate::copy_image(
+                        &ctx,
+                        store.memnode(from)?,
+                        &src,
+                        store.memnode(m)?,
+                        &dst,
+                    )
+                    .await
+                    .with_context(|| format!("copying partition {p} to memory node {m}"))?;
+                    Ok::<_, anyhow::Error>((drained, tables))
+                }
+            })?;
+            // (4) The new backup takes installs from the next view on.
+            let done = self.feed.snapshot().0.end_migration(p);
+            self.store_view(&done)?;
+            let epoch = done.epoch;
+            self.feed.publish(done);
+            let finished = Instant::now();
+            copies.push(Rereplication {
+                partition: p,
+                memnode: m,
+                from,
+                started_ms: ms(t_start),
+                drained_ms: ms(drained),
+                done_ms: ms(finished),
+                bytes: tables.iter().map(|t| t.bytes).sum(),
+                tables,
+                epoch,
+            });
+        }
+        Ok(Restart {
+            memnode: m,
+            started_ms: ms(started),
+            rejoined_ms: ms(rejoined),
+            partitions: copies,
         })
     }
 }

@@ -750,6 +750,9 @@ impl Report {
         }
         if let Some(f) = &self.failover {
             let _ = writeln!(s, "{}", f.line());
+            for l in f.restart.iter().flat_map(|r| r.lines()) {
+                let _ = writeln!(s, "{l}");
+            }
         }
         if let Some(l) = &self.durability {
             let _ = writeln!(s, "{l}");

@@ -268,7 +268,11 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS")]
     pub kill_cn_after: Option<f64>,
     /// With --kill-cn-after: start a new coordinator process with the same node id and
-    /// the next incarnation right after the kill.
+    /// the next incarnation right after the kill. With --kill-memnode-after: once the
+    /// failover is done, start the memory node again, empty, and re-replicate onto it:
+    /// each partition it hosts an image of is copied back from its primary (bulk READs
+    /// and WRITEs) while commits touching that partition wait, one partition at a time,
+    /// restoring --replicas copies (`re-replicated:` lines).
     #[arg(long)]
     pub restart: bool,
     /// Fault injection (--cnodes 2 or more): SIGSTOP coordinator process --cn this many
@@ -695,8 +699,8 @@ impl Args {
                 self.memnodes
             );
         }
-        if self.restart && self.kill_cn_after.is_none() {
-            bail!("--restart goes with --kill-cn-after");
+        if self.restart && self.kill_cn_after.is_none() && self.kill_memnode_after.is_none() {
+            bail!("--restart goes with --kill-cn-after or --kill-memnode-after");
         }
         if self.stop_cn_after.is_some() && self.stop_ms == 0 {
             bail!("--stop-ms must be at least 1");

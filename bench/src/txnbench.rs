@@ -438,6 +438,8 @@ pub(crate) struct RunCluster {
     /// (re)start persists a larger epoch (`lockd::epoch`); per run, removed at shutdown.
     pub(crate) lockd_flags: Vec<String>,
     pub(crate) lockd_state: PathBuf,
+    /// Each memory node's flags (without `--listen`), to start it again.
+    pub(crate) memnode_flags: Vec<Vec<String>>,
     /// The membership service (a local etcd) of a run with coordinator processes
     /// (`--cnodes` 2 or more): they and the memory nodes register there, and the memory
     /// nodes fence a compute node whose lease ends.
@@ -530,6 +532,7 @@ impl RunCluster {
             |extra: &[String]| -> Vec<String> { common.iter().chain(extra).cloned().collect() };
         let data = workload.memnode_args();
         let mut memnodes = Vec::new();
+        let mut memnode_flags = Vec::new();
         for i in 0..args.memnodes {
             let partition = [
                 "--versions".into(),
@@ -543,6 +546,7 @@ impl RunCluster {
             ];
             let flags = with(&[data.as_slice(), &partition, &membership].concat());
             memnodes.push(cluster.start("memnode", NODE_MEMNODE + i, &flags, START_TIMEOUT)?);
+            memnode_flags.push(flags);
         }
         // The oracle first: the lock service bounds Lock RPC timestamps by its counter.
         let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
@@ -593,6 +597,7 @@ impl RunCluster {
             tso_state,
             lockd_flags,
             lockd_state,
+            memnode_flags,
             etcd,
             view_feed: (args.replicas > 1 || args.kill_memnode_after.is_some()).then(|| {
                 txn::view::ViewFeed::new(txn::view::View::initial(args.memnodes, args.replicas))
@@ -1037,7 +1042,7 @@ fn watch(
                 None => Err(anyhow::anyhow!("no view manager")),
             };
             match f {
-                Ok(f) => {
+                Ok(mut f) => {
                     eprintln!("{}", f.line());
                     if !f.lost.is_empty() {
                         run_stop.store(true, Ordering::SeqCst);
@@ -1046,6 +1051,21 @@ fn watch(
                              (--replicas {}; run with --replicas 2 or more to survive it)",
                             f.lost, args.replicas
                         ));
+                    }
+                    if args.restart {
+                        let mgr = manager.as_ref().expect("a failover had a manager");
+                        match restart_memnode(cluster, mgr, m, started) {
+                            Ok(r) => {
+                                for l in r.lines() {
+                                    eprintln!("{l}");
+                                }
+                                f.restart = Some(r);
+                            }
+                            Err(e) => {
+                                run_stop.store(true, Ordering::SeqCst);
+                                return Err(format!("re-replicating memory node {m}: {e:#}"));
+                            }
+                        }
                     }
                     failover = Some(f);
                 }
@@ -1422,6 +1442,37 @@ pub(crate) fn restart_lockd(
         committed_after_ready: 0,
         thread_reconnects: Vec::new(),
     })
+}
+
+/// `--kill-memnode-after ... --restart`: start memory node `m` again, empty, at its
+/// old address, and let the view manager re-replicate onto it.
+fn restart_memnode(
+    cluster: &mut RunCluster,
+    mgr: &crate::failover::ViewManager,
+    m: u32,
+    run_start: std::time::Instant,
+) -> anyhow::Result<crate::failover::Restart> {
+    let addr = *cluster
+        .addrs
+        .memnodes
+        .get(m as usize)
+        .context("no such memory node")?;
+    let mut flags = cluster
+        .memnode_flags
+        .get(m as usize)
+        .context("no flags for that memory node")?
+        .clone();
+    flags.extend(["--empty".into(), "--listen".into(), addr.to_string()]);
+    cluster
+        .cluster
+        .start("memnode", NODE_MEMNODE + m, &flags, START_TIMEOUT)
+        .with_context(|| format!("starting memory node {m} again"))?;
+    let started = std::time::Instant::now();
+    eprintln!(
+        "[{:.1}s] memory node {m} started again (empty) at {addr}",
+        run_start.elapsed().as_secs_f64()
+    );
+    mgr.re_replicate(m, started, run_start)
 }
 
 /// The lock service's restart as the timeline's fault.

@@ -8,6 +8,10 @@
 //! - With a planted bug that acknowledges commits whose backup install was skipped,
 //!   the failover loses committed versions and the run fails.
 //! - With one copy, the run stops and names the partition that died.
+//! - With `--restart`, the killed memory node comes back empty and is re-replicated
+//!   (each partition it hosts copied back from its primary while commits to it wait):
+//!   the copies are identical at the end; with a planted bug that lets commits through
+//!   during the copy, the audit finds the new backup behind its primary.
 
 mod common;
 
@@ -117,6 +121,81 @@ fn commits_acknowledged_without_their_backup_are_lost_and_caught() {
     );
 }
 
+/// `--kill-memnode-after 1 --memnode 1 --restart` with two copies of each of three
+/// partitions: memory node 1 held partition 1's primary and partition 0's backup.
+fn restart_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = failover_args("smallbank", &["--accounts", "10000", "--restart"]);
+    let i = a.iter().position(|&x| x == "--memnode").unwrap();
+    a[i + 1] = "1";
+    a.extend_from_slice(extra);
+    a
+}
+
+#[test]
+fn a_restarted_memnode_is_re_replicated_and_every_copy_matches() {
+    let args = restart_args(&[]);
+    let (ok, stdout, s) = txn_bench_watched("fo-restart", &args, LIMIT);
+    assert!(ok, "{stdout}");
+    let runs = s["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "{stdout}");
+    for r in runs {
+        let p = r["protocol"].as_str().unwrap();
+        let f = &r["failover"];
+        assert_eq!(f["promoted"], serde_json::json!([1]), "{p}: {stdout}");
+        let re = &f["restart"];
+        assert_eq!(re["memnode"], 1, "{p}: {stdout}");
+        let parts = re["partitions"].as_array().unwrap();
+        let mut copied: Vec<u64> = parts
+            .iter()
+            .map(|c| c["partition"].as_u64().unwrap())
+            .collect();
+        copied.sort_unstable();
+        assert_eq!(copied, vec![0, 1], "{p}: {stdout}");
+        for c in parts {
+            // Partition 0 from its primary (0), partition 1 from its promoted one (2).
+            let want_from = if c["partition"] == 0 { 0 } else { 2 };
+            assert_eq!(c["from"], want_from, "{p}: {stdout}");
+            let tables = c["tables"].as_array().unwrap();
+            assert_eq!(tables.len(), 2, "savings and checking: {stdout}");
+            let sum: u64 = tables.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+            assert!(sum > 0 && c["bytes"] == sum, "{p}: {stdout}");
+        }
+        assert_eq!(parts.last().unwrap()["epoch"], 7, "{p}: {stdout}");
+        assert_eq!(r["replicas_identical"], true, "{p}: {stdout}");
+        assert_eq!(r["durable"], true, "{p}: {stdout}");
+        assert_eq!(r["invariant_holds"], true, "{p}: {stdout}");
+        assert_eq!(r["serializable"], true, "{p}: {stdout}");
+        assert_eq!(r["locks_held"], 0, "{p}: {stdout}");
+    }
+    assert!(
+        stdout.contains("re-replicated: partition 0 to memnode 1, ")
+            && stdout.contains("re-replicated: partition 1 to memnode 1, "),
+        "{stdout}"
+    );
+    // Two copies of every partition again, the new one included.
+    assert!(
+        stdout.contains("replicas: 3 partitions x 1 backups") && !stdout.contains("DIFFERENT"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn commits_let_through_during_the_copy_are_missing_from_the_new_backup_and_caught() {
+    let args = restart_args(&["--protocol", "occ-cas"]);
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "fo-migrate-planted",
+        &args,
+        &[("TXN_UNBLOCK_MIGRATION", "1")],
+        LIMIT,
+    );
+    assert!(!ok, "the planted bug went unnoticed: {stdout}");
+    assert_eq!(s["runs"][0]["replicas_identical"], false, "{stdout}");
+    assert!(
+        stdout.contains("backup on memory node 1") && stdout.contains("DIFFERENT"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn with_one_copy_the_run_stops_and_names_the_lost_partition() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))
@@ -165,6 +244,10 @@ fn bad_failover_flags_are_refused() {
         (
             &["--kill-memnode-after", "1", "--cnodes", "2"],
             "--kill-memnode-after runs with the coordinators inside txn-bench",
+        ),
+        (
+            &["--restart"],
+            "--restart goes with --kill-cn-after or --kill-memnode-after",
         ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))

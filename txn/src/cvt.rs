@@ -84,6 +84,10 @@ pub const LOCK_OFFSET: usize = 16;
 /// Byte offset of [`Header::state`] in a CVT (the word an insert claims with CAS).
 pub const STATE_OFFSET: usize = 24;
 
+/// Offset of a cell's record address ([`Cell::addr`], 8 bytes little-endian) in its
+/// encoding.
+pub const CELL_ADDR_OFFSET: usize = 16;
+
 /// A version cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cell {
@@ -108,7 +112,7 @@ impl Cell {
         b[1] = u8::from(self.valid);
         b[2] = u8::from(self.deleted);
         b[8..16].copy_from_slice(&self.version.get().to_le_bytes());
-        b[16..24].copy_from_slice(&self.addr.to_le_bytes());
+        b[CELL_ADDR_OFFSET..CELL_ADDR_OFFSET + 8].copy_from_slice(&self.addr.to_le_bytes());
         b[CELL_BYTES - 1] = self.cv;
         b
     }

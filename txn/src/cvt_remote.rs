@@ -91,14 +91,30 @@ pub struct BackupImage {
 }
 
 /// A backup copy of one partition as a compute node sees it.
-#[derive(Clone, Copy, Debug)]
-pub struct Backup<'a> {
+#[derive(Clone, Debug)]
+pub struct Backup {
     /// Index of the memory node that hosts it.
     pub memnode: u32,
     /// That memory node.
     pub node: NodeId,
     /// Its tables, ids `0..n`, same geometry as the primary's.
-    pub tables: &'a [CvtTableExport],
+    pub tables: Rc<[CvtTableExport]>,
+}
+
+/// One table of one copy of a partition (derefs to its [`CvtTableExport`]); cheap to
+/// clone, and valid after the copy's memory node was replaced (re-replication swaps a
+/// restarted node's images in).
+#[derive(Clone, Debug)]
+pub struct TableRef {
+    tables: Rc<[CvtTableExport]>,
+    i: usize,
+}
+
+impl std::ops::Deref for TableRef {
+    type Target = CvtTableExport;
+    fn deref(&self) -> &CvtTableExport {
+        &self.tables[self.i]
+    }
 }
 
 /// The address in region `to` at the offset that `addr` has in region `from` (a
@@ -139,19 +155,28 @@ const TORN_RETRIES: usize = 3;
 pub struct CvtRemote {
     ctx: Rc<ThreadCtx>,
     /// Memory node `m`'s node id.
-    nodes: Vec<NodeId>,
-    /// `[memnode][partition]`: memory node `m`'s image of partition `p`, if it hosts one.
-    images: Vec<Vec<Option<Vec<CvtTableExport>>>>,
+    nodes: Rc<RefCell<Vec<NodeId>>>,
+    /// Memory node `m`'s control-plane address (a node that restarts comes back
+    /// there, under the same node id).
+    addrs: Vec<SocketAddr>,
+    /// `[memnode][partition]`: memory node `m`'s image of partition `p`, if it hosts one
+    /// (replaced when `m` restarts and rejoins: [`View::incarnations`]).
+    images: RefCell<Vec<Vec<Option<Rc<[CvtTableExport]>>>>>,
     /// The tables' shape (partition 0's primary at connect).
     shape: Vec<CvtTableExport>,
     /// Copies of each partition, as the memory nodes were started.
     replicas: u32,
     /// Each memory node's commit-log region, if it keeps one.
-    logs: Vec<Option<LogExport>>,
+    logs: RefCell<Vec<Option<LogExport>>>,
     /// Each memory node's undo-log region, if it keeps one.
-    undos: Vec<Option<LogExport>>,
+    undos: RefCell<Vec<Option<LogExport>>>,
     /// The view in use ([`crate::view`]): each partition's primary and backups.
     route: RefCell<Route>,
+    /// Memory node `m`'s incarnation whose images this store holds (the view's
+    /// [`View::incarnations`] when they were taken).
+    incarnations: RefCell<Vec<u32>>,
+    /// A rejoined memory node could not be connected to (see [`Self::refresh`]).
+    rejoin_pending: std::cell::Cell<bool>,
     /// Where a new view comes from (none: the initial placement for good).
     feed: Option<ViewFeed>,
     cache: RefCell<AddrCache>,
@@ -162,6 +187,97 @@ struct Route {
     seen: u64,
     view: View,
     draining: Vec<u32>,
+}
+
+/// A memory node's export, checked against the placement.
+struct Joined {
+    /// Its index among the memory nodes (the partition it was started as the primary
+    /// of).
+    me: usize,
+    replicas: u32,
+    /// `(partition, tables)` of each image it hosts.
+    images: Vec<(usize, Rc<[CvtTableExport]>)>,
+    log: Option<LogExport>,
+    undo: Option<LogExport>,
+}
+
+impl Joined {
+    /// Parse and check the [`MemnodeExport`] of the node at `a`, one of `m` memory
+    /// nodes. Errors: [`TxnError::Export`] when it is missing or does not fit.
+    fn from_info(a: SocketAddr, info: &rrpc::node::NodeInfo, m: usize) -> Result<Self, TxnError> {
+        let e: MemnodeExport = info
+            .export(EXPORT_KEY)
+            .map_err(|e| TxnError::Export(format!("memory node {a}: {e}")))?;
+        if e.partitions as usize != m || e.partition as usize >= m {
+            return Err(TxnError::Export(format!(
+                "memory node {a} is partition {} of {}, but {m} memory nodes were given",
+                e.partition, e.partitions
+            )));
+        }
+        let want = backup_partitions(e.partition, e.replicas, e.partitions);
+        let mut have: Vec<u32> = e.backups.iter().map(|b| b.partition).collect();
+        have.sort_unstable();
+        let mut want_sorted = want.clone();
+        want_sorted.sort_unstable();
+        if have != want_sorted {
+            return Err(TxnError::Export(format!(
+                "memory node {a} (partition {} of {}, {} replicas) hosts backups of \
+                 partitions {have:?}, expected {want:?}",
+                e.partition, e.partitions, e.replicas
+            )));
+        }
+        if e.tables.iter().enumerate().any(|(i, t)| t.id as usize != i) {
+            return Err(TxnError::Export(format!(
+                "memory node {a}: table ids must be 0..n in order"
+            )));
+        }
+        let me = e.partition as usize;
+        let mut images = vec![(me, Rc::from(e.tables))];
+        for b in e.backups {
+            images.push((b.partition as usize, Rc::from(b.tables)));
+        }
+        Ok(Self {
+            me,
+            replicas: e.replicas,
+            images,
+            log: e.log,
+            undo: e.undo,
+        })
+    }
+}
+
+/// Check memory node `mi`'s copy `ts` of partition `p` against the tables' `shape`
+/// (ids, record lengths, versions) and another copy `first` of the same partition
+/// (bucket counts too). Errors: [`TxnError::Export`].
+fn check_geometry(
+    shape: &[CvtTableExport],
+    first: &[CvtTableExport],
+    ts: &[CvtTableExport],
+    mi: usize,
+    p: usize,
+) -> Result<(), TxnError> {
+    let shape_of = |ts: &[CvtTableExport]| {
+        ts.iter()
+            .map(|t| (t.id, t.len, t.versions))
+            .collect::<Vec<_>>()
+    };
+    let geometry = |ts: &[CvtTableExport]| {
+        ts.iter()
+            .map(|t| (t.id, t.len, t.versions, t.n_buckets))
+            .collect::<Vec<_>>()
+    };
+    if shape_of(ts) != shape_of(shape) {
+        return Err(TxnError::Export(
+            "memory nodes disagree on the tables (ids, record lengths, versions)".into(),
+        ));
+    }
+    if geometry(ts) != geometry(first) {
+        return Err(TxnError::Export(format!(
+            "memory node {mi}'s copy of partition {p} differs from another's geometry \
+             (table ids, record lengths, versions, buckets)"
+        )));
+    }
+    Ok(())
 }
 
 impl CvtRemote {
@@ -196,7 +312,7 @@ impl CvtRemote {
         }
         let m = addrs.len();
         let mut nodes: Vec<Option<NodeId>> = vec![None; m];
-        let mut images: Vec<Vec<Option<Vec<CvtTableExport>>>> = vec![vec![None; m]; m];
+        let mut images: Vec<Vec<Option<Rc<[CvtTableExport]>>>> = vec![vec![None; m]; m];
         let (mut logs, mut undos) = (vec![None; m], vec![None; m]);
         let mut replicas = None;
         // Memory nodes the feed's view declares dead may be unreachable.
@@ -208,56 +324,27 @@ impl CvtRemote {
                 continue;
             }
             let info = ctx.connect(*a)?;
-            let e: MemnodeExport = info
-                .export(EXPORT_KEY)
-                .map_err(|e| TxnError::Export(format!("memory node {a}: {e}")))?;
-            if e.partitions as usize != m {
-                return Err(TxnError::Export(format!(
-                    "memory node {a} is partition {} of {}, but {m} memory nodes were given",
-                    e.partition, e.partitions
-                )));
-            }
-            let me = e.partition as usize;
-            let slot = nodes
-                .get_mut(me)
-                .ok_or_else(|| TxnError::Export(format!("memory node {a}: bad partition")))?;
+            let j = Joined::from_info(*a, &info, m)?;
+            let slot = &mut nodes[j.me];
             if slot.is_some() {
                 return Err(TxnError::Export(format!(
                     "two memory nodes are partition {}",
-                    e.partition
+                    j.me
                 )));
             }
             *slot = Some(info.node);
-            if *replicas.get_or_insert(e.replicas) != e.replicas {
+            if *replicas.get_or_insert(j.replicas) != j.replicas {
                 return Err(TxnError::Export(format!(
                     "memory node {a} keeps {} replicas, another {}",
-                    e.replicas,
+                    j.replicas,
                     replicas.unwrap_or(0)
                 )));
             }
-            let want = backup_partitions(e.partition, e.replicas, e.partitions);
-            let mut have: Vec<u32> = e.backups.iter().map(|b| b.partition).collect();
-            have.sort_unstable();
-            let mut want_sorted = want.clone();
-            want_sorted.sort_unstable();
-            if have != want_sorted {
-                return Err(TxnError::Export(format!(
-                    "memory node {a} (partition {} of {}, {} replicas) hosts backups of \
-                     partitions {have:?}, expected {want:?}",
-                    e.partition, e.partitions, e.replicas
-                )));
+            for (p, ts) in j.images {
+                images[j.me][p] = Some(ts);
             }
-            if e.tables.iter().enumerate().any(|(i, t)| t.id as usize != i) {
-                return Err(TxnError::Export(format!(
-                    "memory node {a}: table ids must be 0..n in order"
-                )));
-            }
-            images[me][me] = Some(e.tables);
-            for b in e.backups {
-                images[me][b.partition as usize] = Some(b.tables);
-            }
-            logs[me] = e.log;
-            undos[me] = e.undo;
+            logs[j.me] = j.log;
+            undos[j.me] = j.undo;
         }
         for (i, n) in nodes.iter().enumerate() {
             if n.is_none() && !dead.contains(&(i as u32)) {
@@ -266,50 +353,32 @@ impl CvtRemote {
                 )));
             }
         }
-        // A dead memory node is never addressed (the view routes around it).
+        // A dead memory node is never addressed (the view routes around it) until it
+        // rejoins, when its id comes from its answer.
         let nodes: Vec<NodeId> = nodes
             .into_iter()
             .map(|n| n.unwrap_or(NodeId(u32::MAX)))
             .collect();
-        let shape_of = |ts: &[CvtTableExport]| {
-            ts.iter()
-                .map(|t| (t.id, t.len, t.versions))
-                .collect::<Vec<_>>()
-        };
         let copy_of = |p: usize| images.iter().find_map(|row| row[p].clone());
-        let shape = (0..m)
+        let shape: Vec<CvtTableExport> = (0..m)
             .find_map(copy_of)
-            .ok_or_else(|| TxnError::Export("no memory node answered".into()))?;
-        let geometry = |ts: &[CvtTableExport]| {
-            ts.iter()
-                .map(|t| (t.id, t.len, t.versions, t.n_buckets))
-                .collect::<Vec<_>>()
-        };
+            .ok_or_else(|| TxnError::Export("no memory node answered".into()))?
+            .to_vec();
         for (mi, row) in images.iter().enumerate() {
             for (p, img) in row.iter().enumerate() {
                 let Some(ts) = img else { continue };
-                if shape_of(ts) != shape_of(&shape) {
-                    return Err(TxnError::Export(
-                        "memory nodes disagree on the tables (ids, record lengths, versions)"
-                            .into(),
-                    ));
-                }
                 let first = copy_of(p).expect("this copy at least");
-                if geometry(ts) != geometry(&first) {
-                    return Err(TxnError::Export(format!(
-                        "memory node {mi}'s copy of partition {p} differs from another's \
-                         geometry (table ids, record lengths, versions, buckets)"
-                    )));
-                }
+                check_geometry(&shape, &first, ts, mi, p)?;
             }
         }
         let replicas = replicas.unwrap_or(1);
+        let nodes = Rc::new(RefCell::new(nodes));
         if let (Some(f), true) = (&feed, replicas > 1) {
             // Operations on a dead memory node stop retrying once the view manager
             // writes it off (its drain started).
             let (f, ns) = (f.clone(), nodes.clone());
             crate::transient::set_written_off_check(Some(Rc::new(move |n: NodeId| {
-                let Some(m) = ns.iter().position(|&x| x == n) else {
+                let Some(m) = ns.borrow().iter().position(|&x| x == n) else {
                     return false;
                 };
                 let (view, draining) = f.snapshot();
@@ -318,7 +387,7 @@ impl CvtRemote {
         }
         if let (Some(f), true) = (&feed, replicas > 1) {
             // Operations waiting on a memory node the view writes off fail at once.
-            f.register(ctx.straws(), nodes.clone());
+            f.register(ctx.straws(), nodes.borrow().clone());
         }
         let view = match &feed {
             Some(f) => f.snapshot(),
@@ -327,11 +396,18 @@ impl CvtRemote {
         Ok(Self {
             ctx,
             nodes,
-            images,
+            addrs: addrs.to_vec(),
+            images: RefCell::new(images),
             shape,
             replicas,
-            logs,
-            undos,
+            logs: RefCell::new(logs),
+            undos: RefCell::new(undos),
+            incarnations: RefCell::new({
+                let mut inc = view.0.incarnations.clone();
+                inc.resize(m, 0);
+                inc
+            }),
+            rejoin_pending: std::cell::Cell::new(false),
             route: RefCell::new(Route {
                 seen: feed.as_ref().map_or(0, ViewFeed::version),
                 view: view.0,
@@ -344,6 +420,12 @@ impl CvtRemote {
 
     /// Take the feed's view if it changed (a new epoch empties the address cache: its
     /// addresses name the old primaries' regions).
+    ///
+    /// A memory node whose incarnation grew ([`View::rejoin`]: a restarted process) is
+    /// connected to first and its images, log and undo regions taken from its export:
+    /// a control-plane call and the QPs' setup, which block this thread once per
+    /// rejoin. If that fails the view is not taken (tried again at the next check) and
+    /// [`Self::check`] refuses every partition meanwhile.
     fn refresh(&self) {
         let Some(f) = &self.feed else { return };
         let v = f.version();
@@ -351,6 +433,29 @@ impl CvtRemote {
             return;
         }
         let (view, draining) = f.snapshot();
+        let mut rejoined = true;
+        for m in 0..self.addrs.len() as u32 {
+            let have = self
+                .incarnations
+                .borrow()
+                .get(m as usize)
+                .copied()
+                .unwrap_or(0);
+            if view.incarnation(m) <= have || view.dead.contains(&m) {
+                continue;
+            }
+            match self.rejoin(m) {
+                Ok(()) => self.incarnations.borrow_mut()[m as usize] = view.incarnation(m),
+                Err(e) => {
+                    tracing::warn!(memnode = m, error = %e, "connecting to a rejoined memory node");
+                    rejoined = false;
+                }
+            }
+        }
+        self.rejoin_pending.set(!rejoined);
+        if !rejoined {
+            return;
+        }
         let mut r = self.route.borrow_mut();
         if view.epoch != r.view.epoch {
             self.cache.borrow_mut().clear();
@@ -360,6 +465,51 @@ impl CvtRemote {
             view,
             draining,
         };
+    }
+
+    /// Connect to memory node `m`'s new process (same address and node id, new
+    /// regions) and take its images, log and undo regions.
+    ///
+    /// Errors: [`TxnError::Rpc`] (unreachable), [`TxnError::Export`] (an export that
+    /// is not memory node `m`'s, or whose geometry differs).
+    fn rejoin(&self, m: u32) -> Result<(), TxnError> {
+        let a = self.addrs[m as usize];
+        let info = self.ctx.reconnect(a)?;
+        let j = Joined::from_info(a, &info, self.addrs.len())?;
+        if j.me != m as usize || j.replicas != self.replicas {
+            return Err(TxnError::Export(format!(
+                "memory node {a} came back as partition {} with {} replicas; expected \
+                 memory node {m} with {}",
+                j.me, j.replicas, self.replicas
+            )));
+        }
+        for (p, ts) in &j.images {
+            let others = self.images.borrow();
+            let first = (0..self.addrs.len())
+                .filter(|&o| o != m as usize)
+                .find_map(|o| others[o][*p].clone())
+                .unwrap_or_else(|| ts.clone());
+            check_geometry(&self.shape, &first, ts, m as usize, *p)?;
+        }
+        self.nodes.borrow_mut()[m as usize] = info.node;
+        {
+            let mut imgs = self.images.borrow_mut();
+            for (p, ts) in j.images {
+                imgs[m as usize][p] = Some(ts);
+            }
+        }
+        self.logs.borrow_mut()[m as usize] = j.log;
+        self.undos.borrow_mut()[m as usize] = j.undo;
+        if let Some(f) = &self.feed {
+            f.register(self.ctx.straws(), self.nodes.borrow().clone());
+        }
+        Ok(())
+    }
+
+    /// Whether a memory node that rejoined (a restarted process) could not be connected
+    /// to yet; every partition is refused meanwhile ([`Self::check`]).
+    pub fn rejoin_pending(&self) -> bool {
+        self.rejoin_pending.get()
     }
 
     /// The feed of views this store follows, if any.
@@ -380,11 +530,24 @@ impl CvtRemote {
     /// Errors: as above.
     pub fn check(&self, part: u32) -> Result<(), TxnError> {
         self.refresh();
+        if self.rejoin_pending.get() {
+            return Err(TxnError::Abort(AbortReason::ReplicaFailed));
+        }
         let m = self.primary(part)?;
         // Only a partition whose primary is being replaced waits: where the dead node
         // held a backup, installs count the live copies ([`Self::tolerate`]).
         if self.route.borrow().draining.contains(&m) {
             return Err(TxnError::Abort(AbortReason::ReplicaFailed));
+        }
+        // A partition being copied to a new backup takes no commits: one that landed
+        // on the primary behind the copy would be missing from the new backup.
+        let migrating = self.route.borrow().view.partitions[part as usize]
+            .migrating
+            .is_some();
+        #[cfg(feature = "fault-injection")]
+        let migrating = migrating && !crate::fault::migration_unblocked();
+        if migrating {
+            return Err(TxnError::Abort(AbortReason::Migrating));
         }
         Ok(())
     }
@@ -401,7 +564,7 @@ impl CvtRemote {
             .image(m, part)
             .ok_or_else(|| TxnError::Usage(format!("memory node {m} has no copy of {part}")))?;
         let mut cleared = 0;
-        for t in tables {
+        for t in tables.iter() {
             let cvt = t.cvt_bytes();
             let slots = t.n_buckets as usize * CVTS_PER_BUCKET;
             let per = ((1 << 20) / cvt).max(1);
@@ -435,7 +598,7 @@ impl CvtRemote {
     /// operation on it costs its copy only (the live copies carry on).
     pub fn written_off(&self, node: NodeId) -> bool {
         self.refresh();
-        let Some(m) = self.nodes.iter().position(|&n| n == node) else {
+        let Some(m) = self.nodes.borrow().iter().position(|&n| n == node) else {
             return false;
         };
         let r = self.route.borrow();
@@ -450,7 +613,7 @@ impl CvtRemote {
         }
         match e {
             OneSidedError::PeerGone { node, .. } | OneSidedError::Completion { node, .. }
-                if self.nodes.contains(node) =>
+                if self.nodes.borrow().contains(node) =>
             {
                 Some(*node)
             }
@@ -532,7 +695,7 @@ impl CvtRemote {
 
     /// Memory nodes (partitions).
     pub fn partitions(&self) -> u32 {
-        self.nodes.len() as u32
+        self.addrs.len() as u32
     }
 
     /// Copies of each partition the memory nodes were started with (1: no replication).
@@ -542,7 +705,7 @@ impl CvtRemote {
 
     /// Partition `part`'s backups in the view in use, in promotion order (empty beyond
     /// the partitions).
-    pub fn backups(&self, part: u32) -> Vec<Backup<'_>> {
+    pub fn backups(&self, part: u32) -> Vec<Backup> {
         let r = self.route.borrow();
         let Some(pv) = r.view.partitions.get(part as usize) else {
             return Vec::new();
@@ -550,15 +713,10 @@ impl CvtRemote {
         pv.backups
             .iter()
             .filter_map(|&m| {
-                let tables = self
-                    .images
-                    .get(m as usize)?
-                    .get(part as usize)?
-                    .as_deref()?;
                 Some(Backup {
                     memnode: m,
-                    node: self.nodes[m as usize],
-                    tables,
+                    node: self.nodes.borrow()[m as usize],
+                    tables: self.image(m, part)?,
                 })
             })
             .collect()
@@ -602,8 +760,12 @@ impl CvtRemote {
     }
 
     /// Memory node `m`'s image of partition `part`, if it hosts one (whatever its role).
-    pub fn image(&self, m: u32, part: u32) -> Option<&[CvtTableExport]> {
-        self.images.get(m as usize)?.get(part as usize)?.as_deref()
+    pub fn image(&self, m: u32, part: u32) -> Option<Rc<[CvtTableExport]>> {
+        self.images
+            .borrow()
+            .get(m as usize)?
+            .get(part as usize)?
+            .clone()
     }
 
     /// Address cache counters.
@@ -612,10 +774,15 @@ impl CvtRemote {
     }
 
     /// Table `table` of partition `part`. Errors: [`TxnError::Usage`] for an unknown table.
-    pub fn table(&self, part: u32, table: u32) -> Result<&CvtTableExport, TxnError> {
-        self.part_tables(part)?
-            .get(table as usize)
-            .ok_or_else(|| TxnError::Usage(format!("no table {table}")))
+    pub fn table(&self, part: u32, table: u32) -> Result<TableRef, TxnError> {
+        let tables = self.part_tables(part)?;
+        if table as usize >= tables.len() {
+            return Err(TxnError::Usage(format!("no table {table}")));
+        }
+        Ok(TableRef {
+            tables,
+            i: table as usize,
+        })
     }
 
     fn node(&self, loc: CvtLoc) -> Result<NodeId, TxnError> {
@@ -787,31 +954,32 @@ impl CvtRemote {
     ///
     /// Errors: [`TxnError::Usage`] beyond the partitions; [`TxnError::PartitionLost`].
     pub fn primary_node(&self, part: u32) -> Result<NodeId, TxnError> {
-        Ok(self.nodes[self.primary(part)? as usize])
+        Ok(self.nodes.borrow()[self.primary(part)? as usize])
     }
 
     /// Memory node `m` (its index among the memory nodes, which is the partition it
     /// was started as the primary of). Errors: [`TxnError::Usage`] beyond them.
     pub fn memnode(&self, m: u32) -> Result<NodeId, TxnError> {
         self.nodes
+            .borrow()
             .get(m as usize)
             .copied()
             .ok_or_else(|| TxnError::Usage(format!("no memory node {m}")))
     }
 
     /// Memory node `m`'s commit-log region, `None` when it keeps none.
-    pub fn log(&self, m: u32) -> Option<&LogExport> {
-        self.logs.get(m as usize)?.as_ref()
+    pub fn log(&self, m: u32) -> Option<LogExport> {
+        self.logs.borrow().get(m as usize)?.clone()
     }
 
     /// Memory node `m`'s undo-log region ([`crate::ford`]), `None` when it keeps none.
-    pub fn undo(&self, m: u32) -> Option<&LogExport> {
-        self.undos.get(m as usize)?.as_ref()
+    pub fn undo(&self, m: u32) -> Option<LogExport> {
+        self.undos.borrow().get(m as usize)?.clone()
     }
 
     /// The tables of partition `part`'s primary in the view in use. Errors:
     /// [`TxnError::Usage`] beyond the partitions; [`TxnError::PartitionLost`].
-    pub fn part_tables(&self, part: u32) -> Result<&[CvtTableExport], TxnError> {
+    pub fn part_tables(&self, part: u32) -> Result<Rc<[CvtTableExport]>, TxnError> {
         let m = self.primary(part)?;
         self.image(m, part)
             .ok_or_else(|| TxnError::Export(format!("memory node {m} has no copy of {part}")))
@@ -961,7 +1129,7 @@ impl CvtRemote {
         if prev != 0 {
             return Err(TxnError::Abort(AbortReason::InsertRace));
         }
-        let r = self.create_guarded(t, node, part, key, lock_word).await;
+        let r = self.create_guarded(&t, node, part, key, lock_word).await;
         // The guard is released on every path out (if this CAS fails too, the memory
         // node is unreachable and the guard stays held: inserts into this bucket then
         // abort with `InsertRace` until it comes back; there is no lease).

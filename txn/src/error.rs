@@ -59,11 +59,14 @@ pub enum AbortReason {
     /// A memory node holding a copy of a partition it touched died, or its partition is
     /// being failed over ([`crate::view`]); retried once the new view is out.
     ReplicaFailed,
+    /// A partition it touched is being copied to a new backup (re-replication,
+    /// [`crate::view::View::start_migration`]); retried once the copy has landed.
+    Migrating,
 }
 
 impl AbortReason {
     /// Every reason, for reports.
-    pub const ALL: [AbortReason; 17] = [
+    pub const ALL: [AbortReason; 18] = [
         Self::LockedOnRead,
         Self::TornRead,
         Self::LockCas,
@@ -81,6 +84,7 @@ impl AbortReason {
         Self::Inconsistent,
         Self::User,
         Self::ReplicaFailed,
+        Self::Migrating,
     ];
     /// Short name for reports.
     pub fn name(self) -> &'static str {
@@ -102,6 +106,7 @@ impl AbortReason {
             Self::Inconsistent => "inconsistent-read",
             Self::User => "user",
             Self::ReplicaFailed => "replica-failed",
+            Self::Migrating => "migrating",
         }
     }
 }

@@ -68,6 +68,30 @@ pub(crate) fn skipping_backup_install(replicated: bool) -> bool {
     (INSTALLS.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every)
 }
 
+static MIGRATION_UNBLOCKED: AtomicBool = AtomicBool::new(false);
+static MIGRATION_ENV: std::sync::Once = std::sync::Once::new();
+
+/// Commits to a partition being copied to a new backup (re-replication,
+/// [`crate::view::View::start_migration`]) are not held back: one that lands on the
+/// primary behind the copy is missing from the new backup, which the replica audit
+/// must find.
+pub fn unblock_migration(on: bool) {
+    MIGRATION_ENV.call_once(|| {});
+    MIGRATION_UNBLOCKED.store(on, Ordering::SeqCst);
+}
+
+/// Whether [`unblock_migration`] is planted. In a test build a child process reads
+/// `TXN_UNBLOCK_MIGRATION=1` once, so that tests can plant the bug in the coordinators
+/// of a `txn-bench` they start.
+pub(crate) fn migration_unblocked() -> bool {
+    MIGRATION_ENV.call_once(|| {
+        if std::env::var("TXN_UNBLOCK_MIGRATION").is_ok_and(|v| v == "1") {
+            MIGRATION_UNBLOCKED.store(true, Ordering::SeqCst);
+        }
+    });
+    MIGRATION_UNBLOCKED.load(Ordering::Relaxed)
+}
+
 /// Every value a transaction reads ([`crate::coordinator::Txn::get_mixed`] and the reads
 /// built on it) comes back with its last byte flipped, as a torn or misdirected READ
 /// would deliver it; the data in memory stays intact.

@@ -48,6 +48,7 @@ pub mod fault;
 pub mod ford;
 pub mod history;
 pub mod kvs;
+pub mod migrate;
 pub mod mvcc;
 pub mod occ_cas;
 pub mod phase;

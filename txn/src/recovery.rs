@@ -254,12 +254,10 @@ async fn read_entry(
     e: &LogEntry,
 ) -> Result<Vec<(NodeId, RemoteAddr, Cvt)>, TxnError> {
     let part = u32::from(e.part);
-    let t = store
-        .part_tables(part)?
-        .get(usize::from(e.table))
-        .ok_or_else(|| {
-            TxnError::Export(format!("a log names table {} of partition {part}", e.table))
-        })?;
+    let tables = store.part_tables(part)?;
+    let t = tables.get(usize::from(e.table)).ok_or_else(|| {
+        TxnError::Export(format!("a log names table {} of partition {part}", e.table))
+    })?;
     let copies = store.index_copies(part, u32::from(e.table), e.addr)?;
     let read = join_all(copies.iter().map(|&(node, at)| async move {
         let img = store.ctx().read(node, at, t.cvt_bytes()).await?;
@@ -390,7 +388,7 @@ async fn scan(store: &CvtRemote, dead: Owner) -> Result<Vec<Held>, TxnError> {
     let mut out = Vec::new();
     for p in 0..store.partitions() {
         let node = store.primary_node(p)?;
-        for t in store.part_tables(p)? {
+        for t in store.part_tables(p)?.iter() {
             let mut held = Held {
                 node,
                 locks: Vec::new(),

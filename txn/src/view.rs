@@ -51,6 +51,11 @@ pub struct PartitionView {
     pub primary: Option<u32>,
     /// The memory nodes holding backups, in promotion order.
     pub backups: Vec<u32>,
+    /// The memory node being filled with a copy of this partition by re-replication
+    /// ([`View::start_migration`]): commits touching the partition wait (abort as
+    /// [`crate::error::AbortReason::Migrating`] and retry) until it is a backup.
+    #[serde(default)]
+    pub migrating: Option<u32>,
 }
 
 /// Which memory nodes hold each partition's copies, under `epoch`.
@@ -62,6 +67,11 @@ pub struct View {
     pub partitions: Vec<PartitionView>,
     /// Memory nodes declared dead (never written again under this view).
     pub dead: Vec<u32>,
+    /// `[memnode]`: how many times each memory node rejoined after a restart
+    /// ([`View::rejoin`]); a compute node that sees it grow connects to the new process
+    /// and takes its regions.
+    #[serde(default)]
+    pub incarnations: Vec<u32>,
 }
 
 impl View {
@@ -74,6 +84,7 @@ impl View {
                 PartitionView {
                     primary: r.first().copied(),
                     backups: r[1..].to_vec(),
+                    migrating: None,
                 }
             })
             .collect();
@@ -81,7 +92,58 @@ impl View {
             epoch: 1,
             partitions,
             dead: Vec::new(),
+            incarnations: vec![0; memnodes as usize],
         }
+    }
+
+    /// Memory node `m`'s incarnation (0 until it first rejoins).
+    pub fn incarnation(&self, m: u32) -> u32 {
+        self.incarnations.get(m as usize).copied().unwrap_or(0)
+    }
+
+    /// The view after dead memory node `m` came back as a new, empty process
+    /// (re-replication, the replication design's B.6.4 step 3): no longer dead, its
+    /// incarnation + 1, holding no copy yet (epoch + 1).
+    pub fn rejoin(&self, m: u32) -> View {
+        let mut next = self.clone();
+        next.epoch += 1;
+        next.dead.retain(|&d| d != m);
+        if next.incarnations.len() <= m as usize {
+            next.incarnations.resize(m as usize + 1, 0);
+        }
+        next.incarnations[m as usize] += 1;
+        for pv in &mut next.partitions {
+            if pv.migrating == Some(m) {
+                pv.migrating = None;
+            }
+        }
+        next
+    }
+
+    /// The view in which partition `p` is being copied to memory node `m` (epoch + 1):
+    /// commits touching `p` wait until [`View::end_migration`].
+    pub fn start_migration(&self, p: u32, m: u32) -> View {
+        let mut next = self.clone();
+        next.epoch += 1;
+        if let Some(pv) = next.partitions.get_mut(p as usize) {
+            pv.migrating = Some(m);
+        }
+        next
+    }
+
+    /// The view in which the copy of partition `p` has landed: its target is the last
+    /// backup (epoch + 1).
+    pub fn end_migration(&self, p: u32) -> View {
+        let mut next = self.clone();
+        next.epoch += 1;
+        if let Some(pv) = next.partitions.get_mut(p as usize) {
+            if let Some(m) = pv.migrating.take() {
+                if pv.primary != Some(m) && !pv.backups.contains(&m) {
+                    pv.backups.push(m);
+                }
+            }
+        }
+        next
     }
 
     /// The view after memory node `m` died: `m` leaves every partition; where it held
@@ -97,6 +159,9 @@ impl View {
         let (mut promoted, mut lost) = (Vec::new(), Vec::new());
         for (p, pv) in next.partitions.iter_mut().enumerate() {
             pv.backups.retain(|&b| b != m);
+            if pv.migrating == Some(m) {
+                pv.migrating = None;
+            }
             if pv.primary == Some(m) {
                 if pv.backups.is_empty() {
                     pv.primary = None;
@@ -203,8 +268,7 @@ impl ViewFeed {
                 s.draining.push(m);
             }
         }
-        self.inner.drain_gen.fetch_add(1, Ordering::AcqRel);
-        self.inner.version.fetch_add(1, Ordering::AcqRel);
+        self.bump_drain();
         let p = self.inner.pools.lock().unwrap_or_else(|e| e.into_inner());
         for (w, nodes) in p.iter() {
             let (Some(straws), Some(&n)) = (w.upgrade(), nodes.get(m as usize)) else {
@@ -216,8 +280,29 @@ impl ViewFeed {
         }
     }
 
-    /// Whether every attempt that began before the last [`Self::start_drain`] has
-    /// ended.
+    /// Start a drain generation after a change of state: the version first, so that an
+    /// attempt that counts itself under the new generation ([`Self::enter`]) sees the
+    /// new state at its next check, and one under the old generation is waited for.
+    fn bump_drain(&self) {
+        self.inner.version.fetch_add(1, Ordering::AcqRel);
+        self.inner.drain_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Publish `view` and start a drain generation: [`Self::drained`] then tells when
+    /// every attempt that began under the previous view has ended (re-replication's
+    /// barrier before a partition is copied: attempts that begin from now see the
+    /// partition migrating and wait).
+    pub fn publish_and_drain(&self, view: View) {
+        {
+            let mut s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.draining.retain(|m| !view.dead.contains(m));
+            s.view = view;
+        }
+        self.bump_drain();
+    }
+
+    /// Whether every attempt that began before the last [`Self::start_drain`] (or
+    /// [`Self::publish_and_drain`]) has ended.
     pub fn drained(&self) -> bool {
         let gen = self.inner.drain_gen.load(Ordering::Acquire);
         let a = self.inner.active.lock().unwrap_or_else(|e| e.into_inner());
@@ -293,6 +378,58 @@ mod tests {
         // One copy only: the partition is lost.
         let (x, _, lost) = View::initial(2, 1).fail(1);
         assert_eq!((lost, x.partitions[1].primary), (vec![1], None));
+    }
+
+    #[test]
+    fn a_rejoined_node_becomes_a_backup_of_each_partition_once_copied() {
+        let v = View::initial(3, 3);
+        let (w, _, _) = v.fail(0);
+        let r = w.rejoin(0);
+        assert_eq!(r.epoch, 3);
+        assert!(r.dead.is_empty());
+        assert_eq!((r.incarnation(0), r.incarnation(1)), (1, 0));
+        assert!(
+            r.partitions_on(0).is_empty(),
+            "it holds nothing before the copy"
+        );
+        let m = r.start_migration(0, 0);
+        assert_eq!(m.partitions[0].migrating, Some(0));
+        assert!(!m.holds(0, 0), "a copy in flight takes no installs");
+        let e = m.end_migration(0);
+        assert_eq!(e.epoch, 5);
+        assert_eq!(
+            e.partitions[0].primary,
+            Some(1),
+            "the promoted primary stays"
+        );
+        assert_eq!(e.partitions[0].backups, vec![2, 0]);
+        assert_eq!(e.partitions[0].migrating, None);
+        // Dying again mid-copy ends the migration.
+        let (x, _, _) = e.start_migration(1, 0).fail(0);
+        assert_eq!(x.partitions[1].migrating, None);
+        assert!(!x.holds(1, 0) && !x.holds(0, 0));
+        // Views from before incarnations were stored read as incarnation 0.
+        let old: View = serde_json::from_str(
+            r#"{"epoch":1,"partitions":[{"primary":0,"backups":[]}],"dead":[]}"#,
+        )
+        .unwrap();
+        assert_eq!((old.incarnation(0), old.partitions[0].migrating), (0, None));
+    }
+
+    #[test]
+    fn a_migration_drain_waits_for_attempts_under_the_previous_view() {
+        let f = ViewFeed::new(View::initial(3, 2));
+        let old = f.enter();
+        let v = f.snapshot().0.start_migration(1, 0);
+        let before = f.version();
+        f.publish_and_drain(v);
+        assert!(f.version() > before);
+        let new = f.enter();
+        assert!(!f.drained());
+        drop(old);
+        assert!(f.drained());
+        assert_eq!(f.snapshot().0.partitions[1].migrating, Some(0));
+        drop(new);
     }
 
     #[test]

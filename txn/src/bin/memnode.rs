@@ -81,6 +81,12 @@ struct Args {
     /// with the etcd feature (`--features member/etcd`).
     #[arg(long, value_name = "URL")]
     etcd: Option<String>,
+    /// Hold no rows: every image gets the geometry the workload flags give it, then its
+    /// regions are zeroed. For a memory node restarted after a failure, which the view
+    /// manager fills by re-replication (copying each partition from its primary) before
+    /// any compute node reads it; until then no view names it as a copy.
+    #[arg(long)]
+    empty: bool,
 }
 
 fn main() -> ExitCode {
@@ -164,7 +170,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let t0 = std::time::Instant::now();
     let (what, loaded) = load(args.partition)?;
-    let (tables, mut regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+    let (mut tables, mut regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
     let mut backups = Vec::new();
     for q in txn::cvt_remote::backup_partitions(args.partition, args.replicas, ps) {
         let (_, loaded) = load(q)?;
@@ -174,6 +180,16 @@ fn run(args: Args) -> anyhow::Result<()> {
             partition: q,
             tables: bt,
         });
+    }
+    if args.empty {
+        for r in regions.iter().flatten() {
+            r.zero(0, r.len());
+        }
+        let mut t: Vec<&mut txn::cvt_store::CvtTableExport> = tables.iter_mut().collect();
+        t.extend(backups.iter_mut().flat_map(|b| b.tables.iter_mut()));
+        for t in t {
+            t.records_loaded = 0;
+        }
     }
     let geometry = txn::commit_log::LogGeometry {
         nodes: args.log_nodes,
@@ -205,6 +221,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(
         ms = t0.elapsed().as_millis() as u64,
         images = args.replicas,
+        empty = args.empty,
         "loaded {what}"
     );
     let mut exports = BTreeMap::new();
