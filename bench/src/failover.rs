@@ -225,13 +225,58 @@ impl ViewManager {
         Ok(m)
     }
 
-    /// Put `view` in etcd (`/<cluster>/kv/view`), when the run has etcd.
+    /// Put `view` in etcd (`/<cluster>/kv/view`), when the run has etcd, after checking
+    /// that its epoch is above the stored one's (epochs never go back, whatever
+    /// happened to etcd meanwhile). Errors: etcd failed; the stored epoch is not below.
     fn store_view(&self, view: &View) -> anyhow::Result<()> {
         if let Some(e) = &self.etcd {
+            if let Some(old) = self.stored_view()? {
+                anyhow::ensure!(
+                    view.epoch > old.epoch,
+                    "etcd holds view epoch {}, not below the new view's {}: the view would go back",
+                    old.epoch,
+                    view.epoch
+                );
+            }
             e.put_durable("view", serde_json::to_vec(view)?)
                 .context("storing the replica view in etcd")?;
         }
         Ok(())
+    }
+
+    /// The view stored in etcd (`None`: none stored, or the run has no etcd).
+    /// Errors: etcd failed; the stored value is not a view.
+    pub(crate) fn stored_view(&self) -> anyhow::Result<Option<View>> {
+        let Some(e) = &self.etcd else {
+            return Ok(None);
+        };
+        match e
+            .get("view")
+            .context("reading the replica view from etcd")?
+        {
+            Some(b) => Ok(Some(
+                serde_json::from_slice(&b).context("the view stored in etcd")?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Self::stored_view`], retried for up to 10 s (etcd just restarted: its clients
+    /// reconnect).
+    pub(crate) fn stored_view_patiently(&self) -> anyhow::Result<Option<View>> {
+        let t0 = Instant::now();
+        loop {
+            match self.stored_view() {
+                Ok(v) => return Ok(v),
+                Err(e) if t0.elapsed() > Duration::from_secs(10) => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// The epoch of the view the coordinators follow.
+    pub(crate) fn published_epoch(&self) -> u64 {
+        self.feed.snapshot().0.epoch
     }
 
     /// Memory node `m` was killed at `killed` (the run began at `started`): detect,

@@ -267,6 +267,10 @@ pub struct Report {
     /// The lock service restart of `--kill-lockd-after`, when one was injected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lockd_restart: Option<LockdRestart>,
+    /// The membership service (etcd: the replica view's home) restart of
+    /// `--kill-etcd-after`, when one was injected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_restart: Option<EtcdRestart>,
     /// The workload's check line when it is not SmallBank's money audit (KVS / YCSB:
     /// `kvs check: ...`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -295,6 +299,41 @@ pub struct Report {
     /// after a fault.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<crate::timeline::TimelineReport>,
+}
+
+/// What happened around an injected restart of etcd, the view service (SIGKILL, start
+/// again from its data directory on the same ports).
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct EtcdRestart {
+    /// Seconds into the run of the SIGKILL.
+    pub killed_at_s: f64,
+    /// Milliseconds from the kill until it answered again.
+    pub back_ms: f64,
+    /// The view epoch published to the coordinators at the kill (`None`: the run keeps
+    /// no view, no memory node being killed).
+    pub epoch_published: Option<u64>,
+    /// The view epoch read back from etcd after the restart (must equal
+    /// `epoch_published`: what was stored before the kill survived it).
+    pub epoch_read_back: Option<u64>,
+    /// At the end of the run: the last view epoch published, and the one etcd holds
+    /// (must be equal).
+    pub final_published: Option<u64>,
+    /// See `final_published`.
+    pub final_stored: Option<u64>,
+    /// Commits counted when etcd answered again.
+    pub committed_before_ready: u64,
+    /// Commits after that (must be more than 0).
+    pub committed_after_ready: u64,
+}
+
+impl EtcdRestart {
+    /// The restart was survived: the stored view came back as published, the view at
+    /// the end is stored, and commits went on.
+    pub fn survived(&self) -> bool {
+        self.epoch_read_back == self.epoch_published
+            && self.final_stored == self.final_published
+            && self.committed_after_ready > 0
+    }
 }
 
 /// What happened around an injected oracle restart (SIGKILL, restart with the same state
@@ -505,6 +544,7 @@ impl Report {
             check_seconds: 0.0,
             tso_restart: None,
             lockd_restart: None,
+            etcd_restart: None,
             workload_check: None,
             outcomes: None,
             breakdown: None,
@@ -601,6 +641,7 @@ impl Report {
                 .lockd_restart
                 .as_ref()
                 .is_none_or(LockdRestart::survived)
+            && self.etcd_restart.as_ref().is_none_or(EtcdRestart::survived)
     }
 
     fn sr_passed(&self) -> bool {
@@ -790,6 +831,22 @@ impl Report {
                 r.committed_after_ready,
                 r.thread_epochs,
                 if r.uses_tso { "" } else { " (the protocol takes no timestamps)" },
+                if r.survived() { "survived" } else { "NOT SURVIVED" }
+            );
+        }
+        if let Some(r) = &self.etcd_restart {
+            let e = |x: Option<u64>| x.map_or("-".to_string(), |x| x.to_string());
+            let _ = writeln!(
+                s,
+                "view service: etcd SIGKILLed at {:.1} s, back from its data directory in {:.0} ms; view epoch {} read back (published {}); at the end epoch {} stored, {} published; {} committed before it was back, {} after: {}",
+                r.killed_at_s,
+                r.back_ms,
+                e(r.epoch_read_back),
+                e(r.epoch_published),
+                e(r.final_stored),
+                e(r.final_published),
+                r.committed_before_ready,
+                r.committed_after_ready,
                 if r.survived() { "survived" } else { "NOT SURVIVED" }
             );
         }
@@ -1043,6 +1100,38 @@ mod tests {
 
     /// An oracle restart is survived with commits after it and, for a protocol that
     /// takes timestamps, every thread on the new epoch; OCC-CAS's threads never meet it.
+    #[test]
+    fn an_etcd_restart_is_survived_only_if_the_view_came_back_and_commits_went_on() {
+        let ok = EtcdRestart {
+            killed_at_s: 0.5,
+            back_ms: 300.0,
+            epoch_published: Some(1),
+            epoch_read_back: Some(1),
+            final_published: Some(7),
+            final_stored: Some(7),
+            committed_before_ready: 10,
+            committed_after_ready: 20,
+        };
+        assert!(ok.survived());
+        // etcd came back without its data: the stored view is gone.
+        let lost = EtcdRestart {
+            epoch_read_back: None,
+            ..ok.clone()
+        };
+        assert!(!lost.survived());
+        // A later view never reached etcd.
+        let stale = EtcdRestart {
+            final_stored: Some(5),
+            ..ok.clone()
+        };
+        assert!(!stale.survived());
+        let stalled = EtcdRestart {
+            committed_after_ready: 0,
+            ..ok
+        };
+        assert!(!stalled.survived());
+    }
+
     #[test]
     fn a_tso_restart_needs_every_thread_on_the_new_epoch_only_if_it_takes_timestamps() {
         let mut r = TsoRestart {

@@ -302,6 +302,20 @@ pub struct Args {
     /// With `--kill-tso-after`: milliseconds the oracle stays down before its restart.
     #[arg(long, default_value_t = 300, value_name = "MS")]
     pub tso_down_ms: u64,
+    /// Fault injection: SIGKILL the membership service (the local etcd, which holds the
+    /// replica view) this many seconds into each run and start it again from its data
+    /// directory on the same ports after --etcd-down-ms. The run passes only if the
+    /// view read back after the restart is the one published before it, the view stored
+    /// at the end is the last one published (epochs never go back: each store checks
+    /// the stored epoch first), and commits continue (reported as `view service`).
+    /// Goes with --kill-memnode-after (which runs etcd and the view manager).
+    #[arg(long, value_name = "SECONDS")]
+    #[serde(default)]
+    pub kill_etcd_after: Option<f64>,
+    /// With --kill-etcd-after: milliseconds etcd stays down before its restart.
+    #[arg(long, default_value_t = 200, value_name = "MS")]
+    #[serde(default = "default_etcd_down_ms")]
+    pub etcd_down_ms: u64,
     /// History memory for the checks, MiB over all threads of a run; past it, later
     /// commits are not recorded and the check says it was partial. The check itself
     /// needs about 3.5x this at its peak.
@@ -683,6 +697,15 @@ impl Args {
                 bail!("{flag} must lie within the run (0 <= SECONDS < --duration)");
             }
         }
+        if within(self.kill_etcd_after) {
+            bail!("--kill-etcd-after must lie within the run (0 <= SECONDS < --duration)");
+        }
+        if self.kill_etcd_after.is_some() && self.kill_memnode_after.is_none() {
+            bail!(
+                "--kill-etcd-after goes with --kill-memnode-after (etcd holds the replica view \
+                 its failover stores)"
+            );
+        }
         if within(self.kill_memnode_after) {
             bail!("--kill-memnode-after must lie within the run (0 <= SECONDS < --duration)");
         }
@@ -847,4 +870,8 @@ pub(crate) fn refuse_hot_accounts(args: &Args) -> anyhow::Result<()> {
 
 fn default_lease_ms() -> u64 {
     1000
+}
+
+fn default_etcd_down_ms() -> u64 {
+    200
 }

@@ -740,6 +740,8 @@ pub(crate) struct Measured {
     pub(crate) lockd_restart: Option<LockdRestart>,
     /// `--kill-memnode-after`: the failover.
     pub(crate) failover: Option<crate::failover::Failover>,
+    /// `--kill-etcd-after`: the restart of the view service.
+    pub(crate) etcd_restart: Option<crate::report::EtcdRestart>,
     /// With `--breakdown`: each process's CPU time during the run.
     pub(crate) cpu: Vec<ProcessCpu>,
     /// Commits and aborts per interval, per compute node (counted with `--timeline-ms`).
@@ -864,8 +866,11 @@ fn measure(
         Some(before) => cpu_spent(&before, &cluster.cpu_times(), elapsed),
         None => Vec::new(),
     };
-    let (mut tso_restart, mut lockd_restart, failover) =
+    let (mut tso_restart, mut lockd_restart, failover, mut etcd_restart) =
         watched.map_err(|e| anyhow::anyhow!("a service died during the run: {e}"))?;
+    if let Some(r) = &mut etcd_restart {
+        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+    }
     if let Some(r) = &mut tso_restart {
         r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
@@ -893,6 +898,7 @@ fn measure(
         tso_restart,
         lockd_restart,
         failover,
+        etcd_restart,
         cpu,
         timelines: vec![CnodeTimeline {
             cnode: 0,
@@ -957,6 +963,7 @@ fn watch(
     let mut tso_restart = None;
     let mut lockd_restart = None;
     let mut failover = None;
+    let mut etcd_restart: Option<crate::report::EtcdRestart> = None;
     let manager = match (&cluster.view_feed, args.kill_memnode_after) {
         (Some(feed), Some(_)) => {
             let etcd = cluster
@@ -1019,6 +1026,19 @@ fn watch(
                 Err(e) => {
                     run_stop.store(true, Ordering::SeqCst);
                     return Err(format!("restarting the lock service: {e:#}"));
+                }
+            }
+        }
+        if etcd_restart.is_none()
+            && args
+                .kill_etcd_after
+                .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
+        {
+            match restart_etcd(cluster, manager.as_ref(), args, committed, started) {
+                Ok(r) => etcd_restart = Some(r),
+                Err(e) => {
+                    run_stop.store(true, Ordering::SeqCst);
+                    return Err(format!("restarting etcd: {e:#}"));
                 }
             }
         }
@@ -1091,7 +1111,51 @@ fn watch(
             return Err(e);
         }
     }
-    Ok((tso_restart, lockd_restart, failover))
+    if let (Some(r), Some(m)) = (&mut etcd_restart, &manager) {
+        r.final_published = Some(m.published_epoch());
+        match m.stored_view_patiently() {
+            Ok(v) => r.final_stored = v.map(|v| v.epoch),
+            Err(e) => eprintln!("reading the view back from etcd at the end: {e:#}"),
+        }
+    }
+    Ok((tso_restart, lockd_restart, failover, etcd_restart))
+}
+
+/// `--kill-etcd-after`: SIGKILL etcd, start it again from its data directory after
+/// `--etcd-down-ms`, and read the replica view back (when a view manager stores it).
+fn restart_etcd(
+    cluster: &mut RunCluster,
+    manager: Option<&crate::failover::ViewManager>,
+    args: &Args,
+    committed: &AtomicU64,
+    started: std::time::Instant,
+) -> anyhow::Result<crate::report::EtcdRestart> {
+    let etcd = cluster.etcd.as_mut().context("this run has no etcd")?;
+    let epoch_published = manager.map(|m| m.published_epoch());
+    let killed = std::time::Instant::now();
+    let killed_at_s = started.elapsed().as_secs_f64();
+    etcd.restart(Duration::from_millis(args.etcd_down_ms))
+        .context("starting etcd again")?;
+    let back_ms = killed.elapsed().as_secs_f64() * 1e3;
+    let committed_before_ready = committed.load(Ordering::Relaxed);
+    let epoch_read_back = match manager {
+        Some(m) => m.stored_view_patiently()?.map(|v| v.epoch),
+        None => None,
+    };
+    eprintln!(
+        "[{killed_at_s:.1}s] SIGKILLed etcd; back from its data directory in {back_ms:.0} ms \
+         (view epoch read back: {epoch_read_back:?}, published: {epoch_published:?})"
+    );
+    Ok(crate::report::EtcdRestart {
+        killed_at_s,
+        back_ms,
+        epoch_published,
+        epoch_read_back,
+        final_published: None,
+        final_stored: None,
+        committed_before_ready,
+        committed_after_ready: 0,
+    })
 }
 
 /// What [`watch`] returns: the oracle's and the lock service's restarts and the
@@ -1100,6 +1164,7 @@ type Watched = (
     Option<TsoRestart>,
     Option<LockdRestart>,
     Option<crate::failover::Failover>,
+    Option<crate::report::EtcdRestart>,
 );
 
 /// The workload's audit after the run, timed on stderr.
@@ -1150,6 +1215,7 @@ fn build_report(
     report.tso_restart = measured.tso_restart.clone();
     report.lockd_restart = measured.lockd_restart.clone();
     report.failover = measured.failover.clone();
+    report.etcd_restart = measured.etcd_restart.clone();
     report.cpu = measured.cpu.clone();
     report.breakdown = breakdown_rows(workload, &measured.workers);
     report.tocc_share = tocc_share(&measured.workers);

@@ -12,6 +12,8 @@
 //!   (each partition it hosts copied back from its primary while commits to it wait):
 //!   the copies are identical at the end; with a planted bug that lets commits through
 //!   during the copy, the audit finds the new backup behind its primary.
+//! - etcd, which holds the view, SIGKILLed and restarted mid-run: the view comes back,
+//!   later views are stored above it, commits go on.
 
 mod common;
 
@@ -197,6 +199,28 @@ fn commits_let_through_during_the_copy_are_missing_from_the_new_backup_and_caugh
 }
 
 #[test]
+fn the_view_service_killed_and_restarted_keeps_every_epoch() {
+    // etcd (the replica view's home) SIGKILLed and started again from its data
+    // directory before the memory node dies: the view stored before comes back, the
+    // failover and re-replication store theirs after it, epochs only grow.
+    let args = restart_args(&["--protocol", "mvcc", "--kill-etcd-after", "0.5"]);
+    let (ok, stdout, s) = txn_bench_watched("fo-etcd", &args, LIMIT);
+    assert!(ok, "{stdout}");
+    let r = &s["runs"][0];
+    let e = &r["etcd_restart"];
+    assert_eq!(e["epoch_published"], 1, "{stdout}");
+    assert_eq!(e["epoch_read_back"], 1, "{stdout}");
+    assert_eq!(e["final_published"], 7, "{stdout}");
+    assert_eq!(e["final_stored"], 7, "{stdout}");
+    assert!(e["committed_after_ready"].as_u64().unwrap() > 0, "{stdout}");
+    assert_eq!(r["replicas_identical"], true, "{stdout}");
+    assert!(
+        stdout.contains("view service: etcd SIGKILLed at "),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn with_one_copy_the_run_stops_and_names_the_lost_partition() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))
         .args([
@@ -248,6 +272,10 @@ fn bad_failover_flags_are_refused() {
         (
             &["--restart"],
             "--restart goes with --kill-cn-after or --kill-memnode-after",
+        ),
+        (
+            &["--kill-etcd-after", "1"],
+            "--kill-etcd-after goes with --kill-memnode-after",
         ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))

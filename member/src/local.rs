@@ -27,6 +27,8 @@ const START_ATTEMPTS: u32 = 3;
 pub struct LocalEtcd {
     child: Child,
     client_port: u16,
+    peer_port: u16,
+    binary: PathBuf,
     log: PathBuf,
     data: PathBuf,
 }
@@ -76,6 +78,91 @@ impl LocalEtcd {
             })?;
         let client_port = free_port()?;
         let peer_port = free_port()?;
+        let child = spawn(binary, &data, client_port, peer_port, log_file, log_err)?;
+        let mut etcd = LocalEtcd {
+            child,
+            client_port,
+            peer_port,
+            binary: binary.to_path_buf(),
+            log,
+            data,
+        };
+        etcd.await_ready()?;
+        Ok(etcd)
+    }
+
+    /// Fault injection: SIGKILL the server, keep it down for `down`, and start it again
+    /// from its data directory on the same ports (what it had made durable survives:
+    /// keys, leases, revisions), waiting until it answers as [`LocalEtcd::start`] does.
+    ///
+    /// # Errors
+    /// As [`LocalEtcd::start`]: the log could not be opened, the binary not run, or the
+    /// server did not come back (a port taken meanwhile).
+    pub fn restart(&mut self, down: Duration) -> Result<(), MemberError> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        let log_file = File::options()
+            .append(true)
+            .open(&self.log)
+            .map_err(|source| MemberError::LocalSetup {
+                what: "open etcd.log",
+                source,
+            })?;
+        let log_err = log_file
+            .try_clone()
+            .map_err(|source| MemberError::LocalSetup {
+                what: "open etcd.log",
+                source,
+            })?;
+        let child = spawn(
+            &self.binary,
+            &self.data,
+            self.client_port,
+            self.peer_port,
+            log_file,
+            log_err,
+        )?;
+        let old = std::mem::replace(&mut self.child, child);
+        drop(old);
+        self.await_ready()
+    }
+
+    /// Wait (10 s at most) until the server answers its health check.
+    fn await_ready(&mut self) -> Result<(), MemberError> {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log_tail = self.log_tail();
+                // The child is reaped; dropping only tries to kill a dead pid.
+                return Err(MemberError::EtcdExited { status, log_tail });
+            }
+            if healthy(self.client_port) {
+                tracing::debug!(endpoint = %self.endpoint(), "local etcd is up");
+                return Ok(());
+            }
+            if t0.elapsed() > READY_WAIT {
+                return Err(MemberError::EtcdNotReady {
+                    waited: READY_WAIT,
+                    log_tail: self.log_tail(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Start etcd with `data` as its data directory on loopback ports `client_port` and
+/// `peer_port`, logging to `out` and `err`.
+fn spawn(
+    binary: &Path,
+    data: &Path,
+    client_port: u16,
+    peer_port: u16,
+    out: File,
+    err: File,
+) -> Result<Child, MemberError> {
+    {
         let client = format!("http://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let mut cmd = Command::new(binary);
@@ -88,7 +175,7 @@ impl LocalEtcd {
         cmd.arg("--name")
             .arg("local")
             .arg("--data-dir")
-            .arg(&data)
+            .arg(data)
             .arg("--listen-client-urls")
             .arg(&client)
             .arg("--advertise-client-urls")
@@ -104,39 +191,16 @@ impl LocalEtcd {
             .arg("--election-timeout")
             .arg("100")
             .stdin(Stdio::null())
-            .stdout(log_file)
-            .stderr(log_err);
-        let child = cmd.spawn().map_err(|source| MemberError::EtcdSpawn {
+            .stdout(out)
+            .stderr(err);
+        cmd.spawn().map_err(|source| MemberError::EtcdSpawn {
             binary: binary.display().to_string(),
             source,
-        })?;
-        let mut etcd = LocalEtcd {
-            child,
-            client_port,
-            log,
-            data,
-        };
-        let t0 = Instant::now();
-        loop {
-            if let Ok(Some(status)) = etcd.child.try_wait() {
-                let log_tail = etcd.log_tail();
-                // The child is reaped; dropping only tries to kill a dead pid.
-                return Err(MemberError::EtcdExited { status, log_tail });
-            }
-            if healthy(client_port) {
-                tracing::debug!(endpoint = %etcd.endpoint(), "local etcd is up");
-                return Ok(etcd);
-            }
-            if t0.elapsed() > READY_WAIT {
-                return Err(MemberError::EtcdNotReady {
-                    waited: READY_WAIT,
-                    log_tail: etcd.log_tail(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
+}
 
+impl LocalEtcd {
     /// The client endpoint, `http://127.0.0.1:PORT`, for [`crate::Member::join`].
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)

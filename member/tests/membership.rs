@@ -220,6 +220,38 @@ fn durable_keys_outlive_their_writer() {
 }
 
 #[test]
+fn durable_keys_and_live_members_survive_a_kill_and_restart_of_etcd() {
+    let Some(mut env) = etcd_or_skip("durable_keys_and_live_members_survive_a_kill_and_restart")
+    else {
+        return;
+    };
+    let eps = env.endpoints();
+    let a = Member::join(&eps, CLUSTER, Role::Memnode, 1, Duration::from_secs(1)).unwrap();
+    a.put_durable("view", "epoch 7").unwrap();
+    let pid = env.etcd.pid();
+    env.etcd.restart(Duration::from_millis(200)).unwrap();
+    assert_ne!(env.etcd.pid(), pid, "a new server process");
+    assert_eq!(env.endpoints(), eps, "same endpoint");
+    // What was acknowledged before the SIGKILL is there, and the member's client
+    // reconnects by itself.
+    let t0 = Instant::now();
+    let got = loop {
+        match a.get("view") {
+            Ok(v) => break v,
+            Err(e) if t0.elapsed() < SLACK => {
+                eprintln!("retrying after {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("no answer after the restart: {e}"),
+        }
+    };
+    assert_eq!(got.as_deref(), Some(&b"epoch 7"[..]));
+    a.put_durable("view", "epoch 8").unwrap();
+    let b = Member::join(&eps, CLUSTER, Role::Memnode, 2, Duration::from_secs(1)).unwrap();
+    assert_eq!(b.get("view").unwrap().as_deref(), Some(&b"epoch 8"[..]));
+}
+
+#[test]
 fn unreachable_etcd_is_a_bounded_error() {
     // No etcd needed: nothing listens on port 1.
     let opts = member::MemberOptions {

@@ -428,6 +428,7 @@ pub(crate) fn measure(
         tso_restart,
         lockd_restart,
         failover: None,
+        etcd_restart: None,
         cpu: Vec::new(),
         timelines,
         // A stopped compute node's recovery comes after the fault fired (at its lease's
