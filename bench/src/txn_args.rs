@@ -834,14 +834,10 @@ impl Args {
     }
 }
 
-pub(crate) const NODE_LOCKD: u32 = 2;
-pub(crate) const NODE_TSO: u32 = 3;
-/// Memory node `i` is node `NODE_MEMNODE + i`.
-pub(crate) const NODE_MEMNODE: u32 = 10;
-pub(crate) const NODE_CN: u32 = 100;
-/// Coordinator process `i` (`--cnodes`) is node `NODE_CNODE + i` (txn-bench itself is
-/// [`NODE_CN`]).
-pub(crate) const NODE_CNODE: u32 = NODE_CN + 1;
+/// The node ids of txn-bench's processes: the topology file's defaults (memory node `i`
+/// is `NODE_MEMNODE + i`, coordinator process `i` is `NODE_CNODE + i`, txn-bench itself
+/// is `NODE_CN`).
+pub(crate) use rrpc::topology::{NODE_CN, NODE_CNODE, NODE_LOCKD, NODE_MEMNODE, NODE_TSO};
 /// Most coordinator processes a run starts.
 pub const MAX_CNODES: usize = 64;
 /// Most memory nodes a run starts (their node ids stay below the compute node's).

@@ -74,7 +74,7 @@ struct Cli {
     lock_order: Option<LockOrder>,
     /// Run the resharding loop (Lotus 4.3) over this node and the lock-table nodes at
     /// these comma-separated bootstrap addresses (default: no loop; one per cluster).
-    #[arg(long, value_name = "ADDRS", value_delimiter = ',')]
+    #[arg(long, value_name = "ADDRS", value_delimiter = ',', value_parser = service::parse_addr)]
     reshard_nodes: Option<Vec<SocketAddr>>,
     /// Length of a resharding interval, milliseconds (default 100).
     #[arg(long, value_name = "MS")]
@@ -90,7 +90,7 @@ struct Cli {
     epoch: Option<u64>,
     /// Bootstrap address of the timestamp oracle: Lock RPC timestamps above what it has
     /// issued are refused (default none: only timestamps of 2^62 and above are).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = service::parse_addr)]
     tso: Option<SocketAddr>,
     /// After a restart (a state directory or --epoch that says an earlier start
     /// existed), refuse Lock RPCs for this many milliseconds, so that every ticket the
@@ -164,22 +164,45 @@ fn load(
     explicit: &dyn Fn(&str) -> bool,
 ) -> anyhow::Result<(LockServiceConfig, NodeArgs)> {
     let mut node = cli.node.clone();
+    // The topology file's [lockd] table first (its tso defaulting to the file's [tso]),
+    // then the --config file's keys over it.
+    let mut table = match cli.node.placement("lockd")? {
+        Some((topo, role)) => {
+            topo.settings::<LockServiceConfig>(&role)?;
+            let mut t = role.settings.clone();
+            if let (false, Some(tso)) = (t.contains_key("tso"), &topo.tso) {
+                let a = service::parse_addr(&topo.addr_of(tso))
+                    .map_err(|e| anyhow::anyhow!("{}: [tso]: {e}", topo.path))?;
+                t.insert("tso".into(), toml::Value::String(a.to_string()));
+            }
+            t
+        }
+        None => toml::Table::new(),
+    };
     let mut c = match &cli.config {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let mut table: toml::Table =
+            let mut file: toml::Table =
                 toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
-            if let Some(f) = table.remove("fabric") {
+            if let Some(f) = file.remove("fabric") {
                 let f: FabricSettings = f
                     .try_into()
                     .with_context(|| format!("{}: [fabric]", p.display()))?;
                 f.apply(&mut node, explicit)?;
             }
+            for (k, v) in file {
+                match (table.get_mut(&k), v) {
+                    (Some(toml::Value::Table(base)), toml::Value::Table(over)) => base.extend(over),
+                    (_, v) => {
+                        table.insert(k, v);
+                    }
+                }
+            }
             LockServiceConfig::deserialize(table)
                 .with_context(|| format!("parsing {}", p.display()))?
         }
-        None => LockServiceConfig::default(),
+        None => LockServiceConfig::deserialize(table)?,
     };
     macro_rules! flag {
         ($($f:ident),*) => { $( if let Some(v) = &cli.$f { c.$f = v.clone(); } )* };
@@ -364,5 +387,62 @@ mod tests {
         let (c, _) = load(&ok, &none).unwrap();
         assert_eq!((c.reshard.nodes.len(), c.reshard.interval_ms), (2, 50));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_topology_files_lockd_table_is_its_config() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let none = |_: &str| false;
+        let parse = |file: &str, extra: &[&str]| -> anyhow::Result<(LockServiceConfig, NodeArgs)> {
+            let mut argv = vec![
+                "lockd".to_string(),
+                "--hosts".into(),
+                format!("{dir}/{file}"),
+            ];
+            argv.extend(["--as".into(), "lockd".into()]);
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            let cli: Cli = service::resolve_args(
+                "lockd",
+                argv.into_iter().map(Into::into).collect(),
+                &|| Ok("x".into()),
+            )?;
+            load(&cli, &none)
+        };
+        let (c, node) = parse("local.toml", &[]).unwrap();
+        assert_eq!((c.lock_table_slots, c.idle_sleep_us), (65536, 20));
+        assert_eq!(
+            c.tso,
+            Some("127.0.0.1:7003".parse().unwrap()),
+            "the file's [tso]"
+        );
+        assert_eq!((node.node, node.listen.port()), (NodeId(2), 7002));
+        let (c, node) = parse("cloudlab-4.toml", &["--threads", "2"]).unwrap();
+        assert_eq!(
+            (c.threads, c.lock_table_slots),
+            (2, 4 << 20),
+            "the flag wins"
+        );
+        assert_eq!(c.tso, Some("10.10.1.4:7003".parse().unwrap()));
+        assert_eq!(
+            (node.tclass, node.sl, node.gid_index),
+            (Some(106), Some(3), Some(3))
+        );
+        assert_eq!(node.rdma_device.as_deref(), Some("mlx5_1"));
+        parse("two-hosts.toml", &[]).unwrap();
+        // A key lockd does not know names the file and the table.
+        let tmp = std::env::temp_dir().join(format!("lockd-topo-{}.toml", std::process::id()));
+        let text = std::fs::read_to_string(format!("{dir}/local.toml")).unwrap();
+        std::fs::write(&tmp, text.replace("idle-sleep-us", "idle-sleep-ms")).unwrap();
+        let cli: Cli = service::resolve_args(
+            "lockd",
+            ["lockd", "--hosts", tmp.to_str().unwrap(), "--as", "lockd"]
+                .map(Into::into)
+                .to_vec(),
+            &|| Ok("x".into()),
+        )
+        .unwrap();
+        let e = format!("{:#}", load(&cli, &none).unwrap_err());
+        assert!(e.contains("[lockd]: unknown field `idle-sleep-ms`"), "{e}");
+        std::fs::remove_file(&tmp).unwrap();
     }
 }

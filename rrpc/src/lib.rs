@@ -20,7 +20,9 @@
 //!   of coroutines making one-sided ops and calls, and the server threads running
 //!   plain, async and sorted-batch handlers;
 //! - [`node`]: a process's presence in a cluster (fabric + bootstrap + exported regions
-//!   + server threads, optionally with a runtime for async handlers).
+//!   + server threads, optionally with a runtime for async handlers);
+//! - [`topology`]: the cluster's topology file (hosts, roles, node ids), which service
+//!   binaries find their role in (`service`, behind the `service` feature, on top).
 #![warn(missing_docs)]
 
 pub mod arena;
@@ -40,6 +42,7 @@ pub mod server;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod straw;
+pub mod topology;
 pub mod wire;
 
 pub use node_id::NodeId;

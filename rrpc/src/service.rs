@@ -2,26 +2,58 @@
 //! service takes, logging, one-line argument errors, the `READY <addr>` line launchers
 //! wait for, and waiting for SIGINT/SIGTERM. Behind the `service` feature so that
 //! embedders of `rrpc` do not pull in clap, ctrlc and tracing-subscriber.
+//!
+//! A service finds its settings in a topology file with `--hosts FILE --as ROLE[:i]`
+//! (or `--as auto`, see [`crate::topology`]): [`parse_args`] turns the role's place into
+//! the node flags (`--cluster`, `--node`, `--listen`, `--fabric`, `--rdma-device`,
+//! `--rdma-port`, `--gid-index`, `--tclass`, `--sl`), `--etcd` (the first endpoint) and,
+//! for a memory node, `--partition`, `--partitions` and its table's other keys, each
+//! only where the flag was not given on the command line or through its environment
+//! variable: explicit flags win.
 
 use crate::NodeId;
+use std::ffi::OsString;
 use std::io::Write as _;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
+use std::sync::OnceLock;
 
 use crate::fabric::{Fabric, FabricConfig, FabricError, FabricKind};
+use crate::topology::{self, Role, RoleKind, Topology, TopologyError};
 
 /// Flags every service binary takes; `#[command(flatten)]` it into the binary's parser.
 #[derive(clap::Args, Debug, Clone)]
 pub struct NodeArgs {
+    /// Topology file (cluster.toml) naming this process's role: the node flags default
+    /// to what it says about the role (flags given explicitly win).
+    #[arg(long, value_name = "FILE")]
+    pub hosts: Option<PathBuf>,
+    /// This process's role in --hosts: ROLE or ROLE:i (memnode:1, lockd, tso,
+    /// tso-proxy:0), or auto (default): the only role of the host whose name is this
+    /// machine's host name.
+    #[arg(long = "as", value_name = "ROLE[:I]|auto", requires = "hosts")]
+    pub as_role: Option<String>,
     /// Cluster name (shm files live under `/dev/shm/rrpc-<cluster>/`, or a hugetlbfs mount).
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub cluster: String,
-    /// This node's id, unique in the cluster.
-    #[arg(long, value_name = "ID")]
+    /// This node's id, unique in the cluster (required unless --hosts gives it).
+    #[arg(
+        long,
+        value_name = "ID",
+        required = false,
+        required_unless_present = "hosts"
+    )]
     pub node: NodeId,
-    /// Bootstrap (control-plane) listen address; port 0 picks a free port.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    /// Bootstrap (control-plane) listen address, HOST:PORT (a host name or an IP
+    /// address); port 0 picks a free port.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0", value_parser = parse_addr)]
     pub listen: SocketAddr,
+    /// Address peers reach this node at, HOST[:PORT] (default: the bound address; with a
+    /// wildcard --listen such as 0.0.0.0:7000, the host name's address). Printed in the
+    /// READY line; without a port, the bound port.
+    #[arg(long, value_name = "ADDR", value_parser = parse_advertise)]
+    pub advertise: Option<SocketAddr>,
     /// Fabric backend: shm (one host) or verbs (RDMA NICs, Soft-RoCE).
     #[arg(long, value_name = "KIND", env = "RRPC_FABRIC", default_value = "shm", value_parser = parse_fabric)]
     pub fabric: FabricKind,
@@ -34,6 +66,14 @@ pub struct NodeArgs {
     /// RDMA port for --fabric verbs (default: 1).
     #[arg(long, value_name = "PORT", env = "RRPC_RDMA_PORT")]
     pub rdma_port: Option<u8>,
+    /// RoCE traffic class of this node's QPs for --fabric verbs (the GRH's; DSCP in its
+    /// upper 6 bits, e.g. 106 = DSCP 26 with ECN; default: $RRPC_TCLASS, else 0).
+    #[arg(long, value_name = "N", env = "RRPC_TCLASS")]
+    pub tclass: Option<u8>,
+    /// Service level of this node's QPs for --fabric verbs (0 to 15; default: $RRPC_SL,
+    /// else 0).
+    #[arg(long, value_name = "N", env = "RRPC_SL", value_parser = clap::value_parser!(u8).range(0..=15))]
+    pub sl: Option<u8>,
     /// Timing model of the shm fabric: none, cx5, cx6, rxe (built-in RNIC profiles) or
     /// the path of a TOML profile. Delays each work request by what an RNIC charges
     /// (latency, bandwidth, message rate, atomics, doorbells).
@@ -45,6 +85,103 @@ fn parse_fabric(s: &str) -> Result<FabricKind, String> {
     s.parse()
 }
 
+/// Parse `HOST:PORT`, where HOST is an IP address (IPv6 in brackets) or a host name
+/// resolved now (its first IPv4 address, else its first address): the value parser of
+/// every address flag of the service binaries.
+///
+/// Errors: no port, or a host name that does not resolve (the resolver's message).
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let all: Vec<SocketAddr> = s
+        .to_socket_addrs()
+        .map_err(|e| format!("{s:?}: expected HOST:PORT ({e})"))?
+        .collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or(all.first())
+        .copied()
+        .ok_or_else(|| format!("{s:?}: the host name has no address"))
+}
+
+/// Parse `HOST[:PORT]` as [`parse_addr`] does; without a port, port 0 (meaning: the
+/// bound port, see [`advertised`]).
+pub fn parse_advertise(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(ip) = s.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, 0));
+    }
+    if s.rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        return parse_addr(s);
+    }
+    parse_addr(&format!("{s}:0"))
+}
+
+/// The `--advertise` address of this process, set by [`parse_args`].
+static ADVERTISE: OnceLock<SocketAddr> = OnceLock::new();
+
+/// The address to tell peers for a node bound to `bound`: `advertise` if given (with
+/// `bound`'s port when its port is 0); for a wildcard `bound` (0.0.0.0, ::), this
+/// machine's address (its host name's first non-loopback address, else the source
+/// address of its default route, else loopback), with a warning to pass --advertise;
+/// else `bound` itself.
+pub fn advertised(bound: SocketAddr, advertise: Option<SocketAddr>) -> SocketAddr {
+    if let Some(a) = advertise {
+        let port = if a.port() == 0 {
+            bound.port()
+        } else {
+            a.port()
+        };
+        return SocketAddr::new(a.ip(), port);
+    }
+    if !bound.ip().is_unspecified() {
+        return bound;
+    }
+    let ip = guess_local_ip(bound.is_ipv4());
+    tracing::warn!(
+        %bound,
+        advertised = %ip,
+        "listening on a wildcard address: advertising this machine's address; pass \
+         --advertise ADDR to choose another"
+    );
+    SocketAddr::new(ip, bound.port())
+}
+
+/// This machine's address as peers see it (see [`advertised`]).
+fn guess_local_ip(v4: bool) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let fam = |ip: &IpAddr| ip.is_ipv4() == v4 && !ip.is_loopback() && !ip.is_unspecified();
+    if let Ok(h) = topology::machine_hostname() {
+        if let Ok(addrs) = (h.as_str(), 0).to_socket_addrs() {
+            if let Some(a) = addrs.map(|a| a.ip()).find(fam) {
+                return a;
+            }
+        }
+    }
+    // Connecting a UDP socket sends nothing; it picks the default route's source.
+    let probe = if v4 {
+        ("0.0.0.0:0", "192.0.2.1:9")
+    } else {
+        ("[::]:0", "[2001:db8::1]:9")
+    };
+    if let Ok(s) = std::net::UdpSocket::bind(probe.0) {
+        if s.connect(probe.1).is_ok() {
+            if let Ok(a) = s.local_addr() {
+                if fam(&a.ip()) {
+                    return a.ip();
+                }
+            }
+        }
+    }
+    if v4 {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        IpAddr::V6(Ipv6Addr::LOCALHOST)
+    }
+}
+
 impl NodeArgs {
     /// Open the fabric as this node.
     ///
@@ -54,21 +191,243 @@ impl NodeArgs {
         cfg.device = self.rdma_device.clone();
         cfg.gid_index = self.gid_index;
         cfg.port = self.rdma_port;
+        cfg.traffic_class = self.tclass;
+        cfg.service_level = self.sl;
         cfg.model = Some(self.model.clone());
         Fabric::open(&cfg)
     }
+
+    /// The address peers reach this node at when it is bound to `bound` (see
+    /// [`advertised`]).
+    pub fn advertised(&self, bound: SocketAddr) -> SocketAddr {
+        advertised(bound, self.advertise)
+    }
+
+    /// The topology file and this process's role in it, when `--hosts` was given
+    /// (`binary` is this program's name: a role of another binary is refused). The
+    /// role's [`Role::settings`] are the service's own settings.
+    ///
+    /// Errors: the file's (see [`Topology::load`]) and the role's (see
+    /// [`Topology::resolve`]), or the host name when `--as auto` needs it.
+    pub fn placement(&self, binary: &str) -> Result<Option<(Topology, Role)>, ArgsError> {
+        let Some(path) = &self.hosts else {
+            return Ok(None);
+        };
+        let topo = Topology::load(path)?;
+        let spec = self.as_role.as_deref().unwrap_or("auto");
+        let role = find_role(&topo, spec, binary, &topology::machine_hostname)?.clone();
+        Ok(Some((topo, role)))
+    }
+}
+
+/// What [`resolve_args`] refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// A bad command line (or `--help`/`--version`, which clap reports as errors).
+    #[error("{0}")]
+    Clap(#[from] clap::Error),
+    /// The topology file, or the role in it.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    /// The role does not fit this binary, or a value from the file is refused.
+    #[error("{0}")]
+    Other(String),
+}
+
+fn find_role<'t>(
+    topo: &'t Topology,
+    spec: &str,
+    binary: &str,
+    hostname: &dyn Fn() -> std::io::Result<String>,
+) -> Result<&'t Role, ArgsError> {
+    let host = if spec == "auto" {
+        hostname().map_err(|e| {
+            ArgsError::Other(format!("--as auto: reading this machine's host name: {e}"))
+        })?
+    } else {
+        String::new()
+    };
+    let role = topo.resolve(spec, &host)?;
+    if role.kind.binary() != binary {
+        return Err(ArgsError::Other(format!(
+            "{}: --as {spec}: that is {} ({}), which {} runs, not {binary}",
+            topo.path,
+            role.spec(),
+            role.table(),
+            role.kind.binary()
+        )));
+    }
+    Ok(role)
+}
+
+/// A flag the topology gives: its long name, its value (`None`: a switch given without
+/// one), and whether it came from the role's table (and so must exist).
+type TopoFlag = (String, Option<String>, bool);
+
+/// The flags `role` of `topo` implies (see the module's documentation).
+fn role_flags(topo: &Topology, role: &Role) -> Result<Vec<TopoFlag>, ArgsError> {
+    let host = topo.host_of(role);
+    let mut f: Vec<TopoFlag> = Vec::new();
+    let mut put = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            f.push((k.to_string(), Some(v), false));
+        }
+    };
+    put("cluster", Some(topo.name.clone()));
+    put("node", Some(role.node.to_string()));
+    put("listen", Some(topo.addr_of(role)));
+    put("fabric", Some(topo.fabric.to_string()));
+    put("rdma-device", host.rdma_device.clone());
+    put("rdma-port", host.rdma_port.map(|p| p.to_string()));
+    if let topology::GidIndex::Index(i) = host.gid_index {
+        put("gid-index", Some(i.to_string()));
+    }
+    put("tclass", host.tclass.map(|v| v.to_string()));
+    put("sl", host.sl.map(|v| v.to_string()));
+    put("etcd", topo.etcd.first().cloned());
+    if role.kind == RoleKind::Memnode {
+        if !role.settings.contains_key("partition") {
+            put("partition", Some(role.index.to_string()));
+        }
+        if !role.settings.contains_key("partitions") {
+            put("partitions", Some(topo.memnodes.len().to_string()));
+        }
+        for (k, v) in &role.settings {
+            let bad = |what: &str| {
+                ArgsError::Other(format!(
+                    "{}: {}: {k}: {what} (a memory node's keys are its long flags)",
+                    topo.path,
+                    role.table()
+                ))
+            };
+            let v = match v {
+                toml::Value::String(s) => Some(s.clone()),
+                toml::Value::Integer(i) => Some(i.to_string()),
+                toml::Value::Float(x) => Some(x.to_string()),
+                toml::Value::Boolean(true) => None,
+                toml::Value::Boolean(false) => continue,
+                toml::Value::Array(a) => Some(
+                    a.iter()
+                        .map(|x| match x {
+                            toml::Value::String(s) => Ok(s.clone()),
+                            toml::Value::Integer(i) => Ok(i.to_string()),
+                            _ => Err(bad("a list of strings or integers expected")),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                        .join(","),
+                ),
+                _ => return Err(bad("a string, number, boolean or list expected")),
+            };
+            f.push((k.clone(), v, true));
+        }
+    }
+    Ok(f)
+}
+
+/// Parse `argv` as [`parse_args`] does, without exiting: with `--hosts`, first find the
+/// role (`hostname` gives this machine's name for `--as auto`), then parse again with
+/// the flags it implies added where `argv` and the environment do not give them.
+///
+/// Errors: [`ArgsError::Clap`] for a bad command line (and `--help`/`--version`);
+/// [`ArgsError::Topology`] for the file or `--as`; [`ArgsError::Other`] for a role of
+/// another binary, a memory-node key the binary has no flag for, or a value from the
+/// file that the flag refuses.
+pub fn resolve_args<T: clap::Parser>(
+    name: &str,
+    argv: Vec<OsString>,
+    hostname: &dyn Fn() -> std::io::Result<String>,
+) -> Result<T, ArgsError> {
+    use clap::parser::ValueSource;
+    let cmd = T::command();
+    let first = cmd.clone().try_get_matches_from(&argv)?;
+    let path = if cmd.get_arguments().any(|a| a.get_id() == "hosts") {
+        first
+            .try_get_one::<PathBuf>("hosts")
+            .ok()
+            .flatten()
+            .cloned()
+    } else {
+        None
+    };
+    let Some(path) = path else {
+        return finish::<T>(&first);
+    };
+    let topo = Topology::load(&path)?;
+    let spec = first
+        .try_get_one::<String>("as_role")
+        .ok()
+        .flatten()
+        .map_or("auto", String::as_str);
+    let role = find_role(&topo, spec, name, hostname)?;
+    let mut added = Vec::new();
+    for (long, value, from_table) in role_flags(&topo, role)? {
+        let Some(arg) = cmd.get_arguments().find(|a| a.get_long() == Some(&long)) else {
+            if from_table {
+                return Err(ArgsError::Other(format!(
+                    "{}: {}: {long}: {name} has no --{long} flag (a memory node's keys are \
+                     its long flags)",
+                    topo.path,
+                    role.table()
+                )));
+            }
+            continue;
+        };
+        let given = matches!(
+            first.value_source(arg.get_id().as_str()),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        );
+        if !given {
+            added.push(OsString::from(match value {
+                Some(v) => format!("--{long}={v}"),
+                None => format!("--{long}"),
+            }));
+        }
+    }
+    let mut full = argv.clone();
+    let at = full.len().min(1);
+    full.splice(at..at, added);
+    let m = cmd.try_get_matches_from(full).map_err(|e| {
+        let msg = e.to_string();
+        let line = msg.lines().next().unwrap_or("bad value");
+        ArgsError::Other(format!(
+            "{}: {} ({}): {}",
+            topo.path,
+            role.table(),
+            role.spec(),
+            line.trim_start_matches("error: ")
+        ))
+    })?;
+    finish::<T>(&m)
+}
+
+/// Build `T` from its matches and remember `--advertise`.
+fn finish<T: clap::Parser>(m: &clap::ArgMatches) -> Result<T, ArgsError> {
+    let t = T::from_arg_matches(m)?;
+    if let Ok(Some(a)) = m.try_get_one::<SocketAddr>("advertise") {
+        let _ = ADVERTISE.set(*a);
+    }
+    Ok(t)
 }
 
 /// Parse the command line. `--help`/`--version` print and exit 0; a bad argument prints
 /// one line (`<name>: <what> (see --help)`) and exits 1.
+///
+/// With `--hosts FILE`, the flags this process's role implies are added where not given
+/// (see the module's documentation); a problem with the file or the role prints
+/// `<name>: <file>: <table>: <what>` and exits 1.
 pub fn parse_args<T: clap::Parser>(name: &str) -> T {
-    match T::try_parse() {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    match resolve_args::<T>(name, argv, &topology::machine_hostname) {
         Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
+        Err(e @ (ArgsError::Topology(_) | ArgsError::Other(_))) => {
+            eprintln!("{name}: {e}");
+            std::process::exit(1);
+        }
+        Err(ArgsError::Clap(e)) if !e.use_stderr() => {
             let _ = e.print();
             std::process::exit(0);
         }
-        Err(e) => {
+        Err(ArgsError::Clap(e)) => {
             let msg = e.to_string();
             let line = msg.lines().next().unwrap_or("bad arguments");
             eprintln!(
@@ -103,7 +462,10 @@ pub fn stop_signal() -> Result<Receiver<()>, ctrlc::Error> {
 }
 
 /// Print `lines` and then `READY <addr>` on stdout, flushed: launchers wait for it.
+/// `addr` is the bound address; the line carries the advertised one (`--advertise`,
+/// else see [`advertised`]), never a wildcard.
 pub fn announce_ready(addr: SocketAddr, lines: &[String]) -> std::io::Result<()> {
+    let addr = advertised(addr, ADVERTISE.get().copied());
     let mut out = std::io::stdout().lock();
     for l in lines {
         writeln!(out, "{l}")?;
@@ -126,5 +488,245 @@ pub fn main_with<T: clap::Parser, E: std::fmt::Display>(
             eprintln!("{name}: error: {e:#}");
             std::process::ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// A memory node's command line: the node flags and some of its own.
+    #[derive(Parser, Debug)]
+    struct Memnode {
+        #[command(flatten)]
+        node: NodeArgs,
+        #[arg(long)]
+        partition: Option<u32>,
+        #[arg(long)]
+        partitions: Option<u32>,
+        #[arg(long)]
+        versions: Option<u32>,
+        #[arg(long)]
+        etcd: Option<String>,
+        #[arg(long)]
+        verbose: bool,
+    }
+
+    const FILE: &str = r#"
+name = "exp"
+fabric = "verbs"
+etcd = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+[defaults]
+rdma-device = "mlx5_0"
+tclass = 106
+[hosts.a]
+ctrl-ip = "10.0.0.1"
+gid-index = 3
+[hosts.b]
+ctrl-ip = "10.0.0.2"
+sl = 2
+[[memnode]]
+host = "a"
+port = 7010
+[[memnode]]
+host = "b"
+port = 7011
+versions = 4
+verbose = true
+[lockd]
+host = "a"
+port = 7002
+"#;
+
+    fn topo_file(tag: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("rrpc-hosts-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("cluster.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn parse<T: clap::Parser>(name: &str, args: &[&str], host: &str) -> Result<T, ArgsError> {
+        let argv = std::iter::once(name)
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect();
+        let host = host.to_string();
+        resolve_args::<T>(name, argv, &move || Ok(host.clone()))
+    }
+
+    #[test]
+    fn hosts_and_as_fill_the_node_flags_and_explicit_flags_win() {
+        let p = topo_file("fill", FILE);
+        let f = p.to_str().unwrap();
+        let m: Memnode = parse("memnode", &["--hosts", f, "--as", "memnode:1"], "x").unwrap();
+        let n = &m.node;
+        assert_eq!((n.cluster.as_str(), n.node), ("exp", NodeId(11)));
+        assert_eq!(n.listen, "10.0.0.2:7011".parse().unwrap());
+        assert_eq!(n.fabric, FabricKind::Verbs);
+        assert_eq!(n.rdma_device.as_deref(), Some("mlx5_0"));
+        assert_eq!((n.gid_index, n.tclass, n.sl), (None, Some(106), Some(2)));
+        assert_eq!(
+            (m.partition, m.partitions, m.versions),
+            (Some(1), Some(2), Some(4))
+        );
+        assert_eq!(m.etcd.as_deref(), Some("http://10.0.0.1:2379"));
+        assert!(m.verbose);
+        // Explicit flags win; --as auto finds host a's only role... a has two: memnode:0
+        // and lockd, so auto must name the memnode through another file.
+        let m: Memnode = parse(
+            "memnode",
+            &[
+                "--hosts",
+                f,
+                "--as",
+                "memnode:0",
+                "--listen",
+                "0.0.0.0:9000",
+                "--node",
+                "42",
+                "--partition",
+                "0",
+                "--gid-index",
+                "1",
+                "--fabric",
+                "shm",
+            ],
+            "x",
+        )
+        .unwrap();
+        assert_eq!(m.node.listen, "0.0.0.0:9000".parse().unwrap());
+        assert_eq!((m.node.node, m.node.gid_index), (NodeId(42), Some(1)));
+        assert_eq!(m.node.fabric, FabricKind::Shm);
+        assert_eq!(
+            (m.partition, m.partitions, m.versions),
+            (Some(0), Some(2), None)
+        );
+        assert!(!m.verbose);
+        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn as_auto_finds_the_hosts_only_role() {
+        let p = topo_file("auto", FILE);
+        let f = p.to_str().unwrap();
+        let m: Memnode = parse("memnode", &["--hosts", f, "--as", "auto"], "b").unwrap();
+        assert_eq!(m.node.node, NodeId(11));
+        // --as defaults to auto.
+        let m: Memnode = parse("memnode", &["--hosts", f], "b.cluster.example").unwrap();
+        assert_eq!(m.node.node, NodeId(11));
+        let e = parse::<Memnode>("memnode", &["--hosts", f], "a")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("host a runs 2 roles (memnode:0, lockd:0)"),
+            "{e}"
+        );
+        let e = parse::<Memnode>("memnode", &["--hosts", f], "c")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"c\", which is not a host of the file"), "{e}");
+        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn refusals_name_the_file_and_table() {
+        let p = topo_file("refuse", FILE);
+        let f = p.to_str().unwrap();
+        let e = parse::<Memnode>("memnode", &["--hosts", f, "--as", "lockd"], "x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("that is lockd:0 ([lockd]), which lockd runs, not memnode"),
+            "{e}"
+        );
+        let bad = topo_file("refuse2", &FILE.replace("versions = 4", "versionz = 4"));
+        let e = parse::<Memnode>(
+            "memnode",
+            &["--hosts", bad.to_str().unwrap(), "--as", "memnode:1"],
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("[[memnode]] 1: versionz: memnode has no --versionz flag"),
+            "{e}"
+        );
+        let bad = topo_file(
+            "refuse3",
+            &FILE.replace("versions = 4", "versions = \"four\""),
+        );
+        let e = parse::<Memnode>(
+            "memnode",
+            &["--hosts", bad.to_str().unwrap(), "--as", "memnode:1"],
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("cluster.toml: [[memnode]] 1 (memnode:1): invalid value 'four'"),
+            "{e}"
+        );
+        let e = parse::<Memnode>("memnode", &["--hosts", "/nonexistent/c.toml"], "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("/nonexistent/c.toml: "), "{e}");
+        // Without --hosts, --node is required as before.
+        let e = parse::<Memnode>("memnode", &[], "x").unwrap_err();
+        assert!(
+            matches!(e, ArgsError::Clap(_)) && e.to_string().contains("--node"),
+            "{e}"
+        );
+        for d in [p, bad] {
+            let _ = std::fs::remove_dir_all(d.parent().unwrap());
+        }
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("rrpc-hosts-{}-refuse2", std::process::id())),
+        );
+    }
+
+    #[test]
+    fn addresses_take_host_names_and_advertise_replaces_wildcards() {
+        assert_eq!(
+            parse_addr("127.0.0.1:7").unwrap(),
+            "127.0.0.1:7".parse().unwrap()
+        );
+        assert_eq!(parse_addr("localhost:7").unwrap().port(), 7);
+        assert!(parse_addr("localhost:7").unwrap().ip().is_loopback());
+        assert!(parse_addr("localhost").is_err());
+        assert_eq!(
+            parse_advertise("10.1.2.3").unwrap(),
+            "10.1.2.3:0".parse().unwrap()
+        );
+        assert_eq!(parse_advertise("[::1]").unwrap().port(), 0);
+        assert_eq!(parse_advertise("localhost").unwrap().port(), 0);
+        assert_eq!(parse_advertise("10.1.2.3:9").unwrap().port(), 9);
+        let bound: SocketAddr = "0.0.0.0:7000".parse().unwrap();
+        let a = advertised(bound, Some("10.1.2.3:0".parse().unwrap()));
+        assert_eq!(a, "10.1.2.3:7000".parse().unwrap());
+        let a = advertised(bound, None);
+        assert!(!a.ip().is_unspecified() && a.port() == 7000, "{a}");
+        let b: SocketAddr = "10.9.9.9:1".parse().unwrap();
+        assert_eq!(advertised(b, None), b);
+        let m: Memnode = parse(
+            "memnode",
+            &[
+                "--node",
+                "1",
+                "--listen",
+                "localhost:0",
+                "--advertise",
+                "10.1.2.3",
+            ],
+            "x",
+        )
+        .unwrap();
+        assert_eq!(
+            m.node.advertised("0.0.0.0:5".parse().unwrap()),
+            "10.1.2.3:5".parse().unwrap()
+        );
+        let e = parse::<Memnode>("memnode", &["--node", "1", "--sl", "16"], "x").unwrap_err();
+        assert!(e.to_string().contains("16"), "{e}");
     }
 }

@@ -54,16 +54,23 @@ struct Config {
 }
 
 impl Config {
-    /// The file's settings, then the flags given.
+    /// The topology file's settings (with --hosts), the --config file's, then the flags
+    /// given.
     fn load(cli: &Cli) -> anyhow::Result<Self> {
-        let mut c: Self = match &cli.config {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("reading {}", p.display()))?;
-                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
-            }
+        // The topology file's [tso] table, then the --config file, then the flags.
+        let mut c: Self = match cli.node.placement("tso")? {
+            Some((topo, role)) => topo.settings(&role)?,
             None => Self::default(),
         };
+        if let Some(p) = &cli.config {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let f: Self =
+                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+            if f.state_dir.is_some() {
+                c.state_dir = f.state_dir;
+            }
+        }
         if let Some(d) = &cli.state_dir {
             c.state_dir = Some(d.clone());
         }
@@ -178,5 +185,31 @@ mod tests {
         std::fs::write(&p, "state-dir = \"\"\n").unwrap();
         assert!(Config::load(&cli(&["--config", ps])).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_topology_files_tso_table_is_its_config() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let cli = |file: &str| -> Cli {
+            let argv = [
+                "tso".to_string(),
+                "--hosts".into(),
+                format!("{dir}/{file}"),
+                "--as".into(),
+                "tso".into(),
+            ];
+            service::resolve_args("tso", argv.map(Into::into).to_vec(), &|| Ok("x".into())).unwrap()
+        };
+        let c = cli("cloudlab-4.toml");
+        assert_eq!(c.node.node, rrpc::NodeId(3));
+        assert_eq!(
+            Config::load(&c).unwrap().state_dir.as_deref(),
+            Some(std::path::Path::new("/var/lib/rrpc/tso"))
+        );
+        assert_eq!(Config::load(&cli("local.toml")).unwrap(), Config::default());
+        assert_eq!(
+            Config::load(&cli("two-hosts.toml")).unwrap(),
+            Config::default()
+        );
     }
 }

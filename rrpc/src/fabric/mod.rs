@@ -11,6 +11,7 @@
 //! above stay unchanged; a `match` over the variant is the only dispatch on the hot
 //! path. Backends: [`shm`] (always) and `verbs` (feature `verbs`).
 
+pub mod memlock;
 pub mod model;
 pub mod shm;
 #[cfg(feature = "verbs")]
@@ -371,6 +372,13 @@ pub struct FabricConfig {
     pub gid_index: Option<u32>,
     /// Port number (verbs; default: `RRPC_RDMA_PORT`, else 1).
     pub port: Option<u8>,
+    /// RoCE traffic class of the QPs' GRH (verbs; DSCP in the upper 6 bits, ECN in the
+    /// lower 2; default: `RRPC_TCLASS`, else 0). Lossless RoCE fabrics put RDMA traffic
+    /// on a PFC priority chosen by it.
+    pub traffic_class: Option<u8>,
+    /// Service level of the QPs' address vector, 0 to 15 (verbs; default: `RRPC_SL`,
+    /// else 0).
+    pub service_level: Option<u8>,
     /// Timing model of the shm backend ([`model`]): `none`, `cx5`, `cx6`, `rxe` or the
     /// path of a TOML profile. `None`: `$RRPC_MODEL`, else none.
     pub model: Option<String>,
@@ -399,6 +407,8 @@ impl FabricConfig {
             device: None,
             gid_index: None,
             port: None,
+            traffic_class: None,
+            service_level: None,
             model: None,
             incarnation: default_incarnation(),
         }
@@ -457,6 +467,8 @@ impl Fabric {
                     device: cfg.device.clone(),
                     gid_index: cfg.gid_index,
                     port: cfg.port,
+                    traffic_class: cfg.traffic_class,
+                    service_level: cfg.service_level,
                     incarnation: Some(cfg.incarnation),
                 }
                 .with_env();

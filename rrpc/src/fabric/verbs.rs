@@ -48,14 +48,26 @@ pub struct VerbsOptions {
     pub gid_index: Option<u32>,
     /// Port number (from 1).
     pub port: Option<u8>,
+    /// Traffic class of the QPs' GRH (default 0).
+    pub traffic_class: Option<u8>,
+    /// Service level of the QPs' address vector, 0 to 15 (default 0).
+    pub service_level: Option<u8>,
     /// This process's incarnation of its node id (default: one per process start,
     /// [`super::default_incarnation`]).
     pub incarnation: Option<u64>,
 }
 
 impl VerbsOptions {
-    /// Fill unset fields from `RRPC_RDMA_DEVICE` and `RRPC_GID_INDEX`.
+    /// Fill unset fields from `RRPC_RDMA_DEVICE`, `RRPC_GID_INDEX`, `RRPC_TCLASS` and
+    /// `RRPC_SL`.
     pub fn with_env(mut self) -> Self {
+        let num = |var: &str| std::env::var(var).ok().and_then(|s| s.parse::<u8>().ok());
+        if self.traffic_class.is_none() {
+            self.traffic_class = num("RRPC_TCLASS");
+        }
+        if self.service_level.is_none() {
+            self.service_level = num("RRPC_SL");
+        }
         if self.device.is_none() {
             self.device = std::env::var("RRPC_RDMA_DEVICE")
                 .ok()
@@ -93,6 +105,8 @@ struct Inner {
     lid: u16,
     mtu: Mtu,
     max_rd_atomic: u8,
+    traffic_class: u8,
+    service_level: u8,
 }
 
 /// The verbs backend's fabric handle: an opened device and a protection domain.
@@ -113,7 +127,25 @@ impl VerbsFabric {
     /// Errors: [`FabricError::NoDevice`] when libibverbs is missing, the kernel has no RDMA
     /// support, or no device exists ("no RDMA device found; use --fabric shm or load
     /// rdma_rxe"); [`FabricError::Verbs`] naming the failing verb otherwise.
+    /// Also [`FabricError::Verbs`] (op `open verbs fabric`) when `RLIMIT_MEMLOCK` is
+    /// below what any rrpc process registers and the process lacks `CAP_IPC_LOCK`: the
+    /// message says the limit, the need and the fix.
     pub fn open(node: NodeId, opts: &VerbsOptions) -> Result<Self> {
+        super::memlock::check_at_open(super::memlock::limit(), super::memlock::exempt()).map_err(
+            |what| FabricError::Verbs {
+                op: "open verbs fabric",
+                what,
+            },
+        )?;
+        if opts.service_level.is_some_and(|sl| sl > 15) {
+            return Err(FabricError::InvalidArgument {
+                op: "open verbs fabric",
+                what: format!(
+                    "service level {} (0 to 15)",
+                    opts.service_level.unwrap_or_default()
+                ),
+            });
+        }
         let list = DeviceList::new().map_err(|e| FabricError::NoDevice {
             why: format!("{NO_DEVICE} (ibv_get_device_list: {})", source_msg(&e)),
         })?;
@@ -211,6 +243,8 @@ impl VerbsFabric {
                 lid: port_attr.lid(),
                 mtu: port_attr.active_mtu(),
                 max_rd_atomic,
+                traffic_class: opts.traffic_class.unwrap_or(0),
+                service_level: opts.service_level.unwrap_or(0),
             }),
         })
     }
@@ -232,8 +266,12 @@ impl VerbsFabric {
     /// One-line description.
     pub fn describe(&self) -> String {
         let i = &self.inner;
+        let qos = match (i.traffic_class, i.service_level) {
+            (0, 0) => String::new(),
+            (t, s) => format!(", tclass {t}, SL {s}"),
+        };
         format!(
-            "verbs ({} port {} GID index {} {}, MTU {})",
+            "verbs ({} port {} GID index {} {}, MTU {}{qos})",
             i.dev_name,
             i.port,
             i.gid_index,
@@ -284,7 +322,24 @@ impl VerbsFabric {
                     | AccessFlags::RemoteAtomic,
             )
         }
-        .map_err(|e| verbs_err("ibv_reg_mr", source_msg(&e)))?;
+        .map_err(|e| {
+            use sideway::ibverbs::memory_region::RegisterMemoryRegionErrorKind as K;
+            let errno = match &e.0 {
+                K::Ibverbs(io) => io.raw_os_error(),
+                _ => None,
+            };
+            let m = &super::memlock::explain_reg_failure(
+                errno,
+                len as u64,
+                super::memlock::limit(),
+                super::memlock::exempt(),
+                super::memlock::pinned_bytes(),
+            );
+            match m {
+                Some(m) => verbs_err("ibv_reg_mr", format!("{}: {m}", source_msg(&e))),
+                None => verbs_err("ibv_reg_mr", source_msg(&e)),
+            }
+        })?;
         Ok(VerbsMr { mr, map, len })
     }
 
@@ -749,11 +804,15 @@ impl VerbsQp {
         let mut ah = AddressHandleAttribute::new();
         ah.setup_dest_lid(remote.lid)
             .setup_port(f.port)
-            .setup_service_level(0);
+            .setup_service_level(f.service_level);
         if remote.gid != [0; 16] {
-            ah.setup_grh_src_gid_index(f.gid_index as u8)
-                .setup_grh_dest_gid(&std::net::Ipv6Addr::from(remote.gid).into())
-                .setup_grh_hop_limit(64);
+            ah.setup_grh(
+                &std::net::Ipv6Addr::from(remote.gid).into(),
+                0,
+                f.gid_index as u8,
+                64,
+                f.traffic_class,
+            );
         }
         attr.setup_address_vector(&ah);
         self.qp

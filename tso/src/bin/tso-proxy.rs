@@ -40,7 +40,7 @@ struct Cli {
     config: Option<PathBuf>,
     /// Bootstrap (control-plane) address of the `tso` oracle to take ranges from
     /// (required, here or in the file).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = service::parse_addr)]
     oracle: Option<SocketAddr>,
     /// RPC server threads serving range requests (1 to 256; default 1).
     #[arg(long, value_name = "T")]
@@ -80,8 +80,22 @@ struct File {
     oracle_retry_ms: Option<u64>,
 }
 
-/// The oracle's address and the proxy's settings: the file's, then the flags given.
+/// The oracle's address and the proxy's settings: the topology file's (with --hosts; the
+/// oracle defaulting to its [tso]), then the --config file's, then the flags given.
 fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
+    let t: File = match cli.node.placement("tso-proxy")? {
+        Some((topo, role)) => {
+            let mut t: File = topo.settings(&role)?;
+            if let (None, Some(tso)) = (t.oracle, &topo.tso) {
+                t.oracle = Some(
+                    service::parse_addr(&topo.addr_of(tso))
+                        .map_err(|e| anyhow::anyhow!("{}: [tso]: {e}", topo.path))?,
+                );
+            }
+            t
+        }
+        None => File::default(),
+    };
     let f: File = match &cli.config {
         Some(p) => {
             let text =
@@ -89,6 +103,14 @@ fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
             toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
         }
         None => File::default(),
+    };
+    let f = File {
+        oracle: f.oracle.or(t.oracle),
+        threads: f.threads.or(t.threads),
+        oracle_qps: f.oracle_qps.or(t.oracle_qps),
+        max_range: f.max_range.or(t.max_range),
+        oracle_wait_ms: f.oracle_wait_ms.or(t.oracle_wait_ms),
+        oracle_retry_ms: f.oracle_retry_ms.or(t.oracle_retry_ms),
     };
     let d = ProxyConfig::default();
     let cfg = ProxyConfig {
@@ -214,5 +236,31 @@ mod tests {
         let e = load(&cli(&["--config", ps])).unwrap_err();
         assert!(format!("{e:#}").contains("threadz"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_topology_files_tso_proxy_table_is_its_config() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let cli = |file: &str, extra: &[&str]| -> Cli {
+            let mut argv = vec![
+                "tso-proxy".to_string(),
+                "--hosts".into(),
+                format!("{dir}/{file}"),
+            ];
+            argv.extend(["--as".into(), "tso-proxy".into()]);
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            service::resolve_args(
+                "tso-proxy",
+                argv.into_iter().map(Into::into).collect(),
+                &|| Ok("x".into()),
+            )
+            .unwrap()
+        };
+        let (o, c) = load(&cli("cloudlab-4.toml", &[])).unwrap();
+        assert_eq!(o, "10.10.1.4:7003".parse().unwrap(), "the file's [tso]");
+        assert_eq!((c.threads, c.oracle_qps), (2, 2));
+        let (o, c) = load(&cli("local.toml", &["--oracle", "localhost:7999"])).unwrap();
+        assert_eq!((o.port(), c.threads), (7999, 1), "the flag wins");
+        assert!(o.ip().is_loopback());
     }
 }
