@@ -40,9 +40,6 @@ const NODE_VIEW_MANAGER: u16 = 99;
 /// that kill a memory node (the runtime's default is 10 s, for nodes that restart).
 pub const RECONNECT_GIVE_UP: Duration = Duration::from_millis(250);
 
-/// How long the drain may take before the failover gives up.
-const DRAIN_LIMIT: Duration = Duration::from_secs(10);
-
 /// Whether a node's control plane at `addr` accepts a connection (within 100 ms).
 fn alive(addr: std::net::SocketAddr) -> bool {
     std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
@@ -183,17 +180,31 @@ pub(crate) struct ViewManager {
     feed: ViewFeed,
     etcd: Option<member::Member>,
     addrs: ClusterAddrs,
+    /// The coordinator processes (node ids) that follow the views through etcd and
+    /// must acknowledge each drain ([`crate::view_sync`]); empty when the coordinators
+    /// run in this process.
+    cnodes: Vec<u16>,
+    /// The last drain request's generation.
+    drain_gen: std::cell::Cell<u64>,
 }
 
 impl ViewManager {
     /// Connect to the memory nodes at `addrs`, and with `etcd` (endpoint, cluster)
-    /// store the initial view there. Errors: a memory node or etcd unreachable.
+    /// store the initial view there. `cnodes`: the coordinator processes (node ids)
+    /// that follow the views through etcd (empty: the coordinators follow `feed` in
+    /// this process). Errors: a memory node or etcd unreachable; coordinator processes
+    /// without etcd.
     pub(crate) fn new(
         fabric: &Fabric,
         addrs: &ClusterAddrs,
         feed: ViewFeed,
         etcd: Option<(String, String)>,
+        cnodes: Vec<u16>,
     ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            cnodes.is_empty() || etcd.is_some(),
+            "coordinator processes follow the replica views through etcd, and this run has none"
+        );
         let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
         // It follows the views it publishes, so that it reaches a restarted memory
         // node's new regions as the coordinators do.
@@ -220,6 +231,8 @@ impl ViewManager {
             feed,
             etcd,
             addrs: addrs.clone(),
+            cnodes,
+            drain_gen: std::cell::Cell::new(0),
         };
         m.store_view(&m.feed.snapshot().0)?;
         Ok(m)
@@ -238,7 +251,7 @@ impl ViewManager {
                     view.epoch
                 );
             }
-            e.put_durable("view", serde_json::to_vec(view)?)
+            e.put_durable(crate::view_sync::VIEW_KEY, serde_json::to_vec(view)?)
                 .context("storing the replica view in etcd")?;
         }
         Ok(())
@@ -251,7 +264,7 @@ impl ViewManager {
             return Ok(None);
         };
         match e
-            .get("view")
+            .get(crate::view_sync::VIEW_KEY)
             .context("reading the replica view from etcd")?
         {
             Some(b) => Ok(Some(
@@ -274,6 +287,26 @@ impl ViewManager {
         }
     }
 
+    /// The drain barrier: wait until every attempt in this process from before the
+    /// feed's last drain has ended, then have every coordinator process apply `kind`
+    /// and wait until each did the same ([`crate::view_sync`]). Errors: a drain did not
+    /// finish within 10 s (naming the compute nodes that did not answer); etcd failed.
+    fn drain(&self, kind: crate::view_sync::DrainKind, what: &str) -> anyhow::Result<()> {
+        crate::view_sync::await_drained(&self.feed, what)?;
+        if self.cnodes.is_empty() {
+            return Ok(());
+        }
+        let me = self.etcd.as_ref().context("no etcd")?;
+        let gen = self.drain_gen.get() + 1;
+        self.drain_gen.set(gen);
+        crate::view_sync::drain_remote(
+            me,
+            &self.cnodes,
+            &crate::view_sync::DrainRequest { gen, kind },
+        )
+        .with_context(|| what.to_string())
+    }
+
     /// The epoch of the view the coordinators follow.
     pub(crate) fn published_epoch(&self) -> u64 {
         self.feed.snapshot().0.epoch
@@ -289,35 +322,32 @@ impl ViewManager {
         started: Instant,
     ) -> anyhow::Result<Failover> {
         let ms = |t: Instant| t.duration_since(started).as_secs_f64() * 1e3;
-        let (ctx, store, feed) = (self.ctx.clone(), self.store.clone(), self.feed.clone());
+        let (store, feed) = (self.store.clone(), self.feed.clone());
         let addr = *self
             .addrs
             .memnodes
             .get(m as usize)
             .context("no such memory node")?;
-        let (detected, drained, cleared, view, promoted, lost) = block_on(&self.ctx, async move {
-            // (1) Detection: the node's control plane refuses connections (the
-            // kernel closed its sockets: the process is gone), as the QPs' own
-            // watch of it does (rrpc's `QueuePair::watch_peer`).
-            let t0 = Instant::now();
-            while alive(addr) {
-                anyhow::ensure!(
-                    t0.elapsed() < Duration::from_secs(10),
-                    "memory node {m} still answers 10 s after its kill"
-                );
-                ctx.sleep(Duration::from_micros(200)).await;
-            }
-            let detected = Instant::now();
-            // (2) Drain.
-            feed.start_drain(m);
-            while !feed.drained() {
-                anyhow::ensure!(
-                    detected.elapsed() < DRAIN_LIMIT,
-                    "the drain of memory node {m} did not finish in {DRAIN_LIMIT:?}"
-                );
-                ctx.sleep(Duration::from_micros(20)).await;
-            }
-            let drained = Instant::now();
+        // (1) Detection: the node's control plane refuses connections (the kernel
+        // closed its sockets: the process is gone), as the QPs' own watch of it does
+        // (rrpc's `QueuePair::watch_peer`).
+        let t0 = Instant::now();
+        while alive(addr) {
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(10),
+                "memory node {m} still answers 10 s after its kill"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let detected = Instant::now();
+        // (2) Drain, here and in every coordinator process.
+        feed.start_drain(m);
+        self.drain(
+            crate::view_sync::DrainKind::Fail { memnode: m },
+            &format!("the drain of memory node {m}"),
+        )?;
+        let drained = Instant::now();
+        let (cleared, view, promoted, lost) = block_on(&self.ctx, async move {
             // (3) Promotion.
             let (view, promoted, lost) = feed.snapshot().0.fail(m);
             let mut cleared = 0;
@@ -330,7 +360,7 @@ impl ViewManager {
                     .await
                     .with_context(|| format!("clearing partition {p}'s new primary"))?;
             }
-            Ok::<_, anyhow::Error>((detected, drained, cleared, view, promoted, lost))
+            Ok::<_, anyhow::Error>((cleared, view, promoted, lost))
         })?;
         // (4) The new view, durable first.
         self.store_view(&view)?;
@@ -396,20 +426,16 @@ impl ViewManager {
             // (2) Migrating, and the barrier: attempts from before end first.
             let marked = view.start_migration(p, m);
             self.store_view(&marked)?;
-            feed.publish_and_drain(marked);
+            feed.publish_and_drain(marked.clone());
             let t_start = Instant::now();
-            let (drained, tables) = block_on(&self.ctx, {
-                let (ctx, store, feed) = (ctx.clone(), store.clone(), feed.clone());
+            self.drain(
+                crate::view_sync::DrainKind::Migrate { view: marked },
+                &format!("the drain before copying partition {p}"),
+            )?;
+            let drained = Instant::now();
+            let tables = block_on(&self.ctx, {
+                let (ctx, store) = (ctx.clone(), store.clone());
                 async move {
-                    while !feed.drained() {
-                        anyhow::ensure!(
-                            t_start.elapsed() < DRAIN_LIMIT,
-                            "the drain before copying partition {p} did not finish in \
-                             {DRAIN_LIMIT:?}"
-                        );
-                        ctx.sleep(Duration::from_micros(20)).await;
-                    }
-                    let drained = Instant::now();
                     // (3) The copy, primary to the new image.
                     let src = store.image(from, p).context("no image of the primary")?;
                     let dst = store.image(m, p).context("no image on the new node")?;
@@ -422,7 +448,7 @@ impl ViewManager {
                     )
                     .await
                     .with_context(|| format!("copying partition {p} to memory node {m}"))?;
-                    Ok::<_, anyhow::Error>((drained, tables))
+                    Ok::<_, anyhow::Error>(tables)
                 }
             })?;
             // (4) The new backup takes installs from the next view on.
@@ -449,5 +475,124 @@ impl ViewManager {
             rejoined_ms: ms(rejoined),
             partitions: copies,
         })
+    }
+}
+
+/// What the view manager's thread is asked to do.
+enum Cmd {
+    /// Memory node `m` was killed at `killed`: fail it over (the run began at `run`).
+    Fail {
+        m: u32,
+        killed: Instant,
+        run: Instant,
+    },
+    /// Memory node `m`'s new process answered at `started`: re-replicate onto it.
+    Rejoin {
+        m: u32,
+        started: Instant,
+        run: Instant,
+    },
+}
+
+/// What the view manager's thread answers to a request.
+pub(crate) enum Answer {
+    /// The failover, done.
+    FailedOver(Box<Failover>),
+    /// The re-replication, done.
+    Restarted(Box<Restart>),
+}
+
+/// A [`ViewManager`] on a thread of its own, for a caller that must keep serving
+/// something else meanwhile (`txn-bench --cnodes`: the coordinator processes' streams).
+/// Each request is answered on [`ManagerThread::poll`].
+pub(crate) struct ManagerThread {
+    tx: std::sync::mpsc::Sender<Cmd>,
+    rx: std::sync::mpsc::Receiver<anyhow::Result<Answer>>,
+    busy: bool,
+}
+
+impl ManagerThread {
+    /// Start the manager ([`ViewManager::new`], with `cnodes` following through etcd)
+    /// on its own thread and wait until it is connected. Errors: as
+    /// [`ViewManager::new`].
+    pub(crate) fn start(
+        fabric: Fabric,
+        addrs: ClusterAddrs,
+        feed: ViewFeed,
+        etcd: Option<(String, String)>,
+        cnodes: Vec<u16>,
+    ) -> anyhow::Result<Self> {
+        let (tx, cmds) = std::sync::mpsc::channel::<Cmd>();
+        let (out, rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+        std::thread::Builder::new()
+            .name("view-manager".into())
+            .spawn(move || {
+                let mgr = match ViewManager::new(&fabric, &addrs, feed, etcd, cnodes) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                for c in cmds {
+                    let r = match c {
+                        Cmd::Fail { m, killed, run } => mgr
+                            .fail_over(m, killed, run)
+                            .map(|f| Answer::FailedOver(Box::new(f))),
+                        Cmd::Rejoin { m, started, run } => mgr
+                            .re_replicate(m, started, run)
+                            .map(|r| Answer::Restarted(Box::new(r))),
+                    };
+                    if out.send(r).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        match ready.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(())) => Ok(Self {
+                tx,
+                rx,
+                busy: false,
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => anyhow::bail!("the view manager did not connect within 60 s"),
+        }
+    }
+
+    /// Ask for memory node `m`'s failover (it was killed at `killed`; the run began at
+    /// `run`).
+    pub(crate) fn fail(&mut self, m: u32, killed: Instant, run: Instant) {
+        self.busy = self.tx.send(Cmd::Fail { m, killed, run }).is_ok();
+    }
+
+    /// Ask for re-replication onto memory node `m`'s new process (answering since
+    /// `started`; the run began at `run`).
+    pub(crate) fn rejoin(&mut self, m: u32, started: Instant, run: Instant) {
+        self.busy = self.tx.send(Cmd::Rejoin { m, started, run }).is_ok();
+    }
+
+    /// Whether a request is being worked on.
+    pub(crate) fn busy(&self) -> bool {
+        self.busy
+    }
+
+    /// The answer to the request in flight, if it is in (waiting up to `wait` for it).
+    /// Errors: the request failed, or the thread is gone.
+    pub(crate) fn poll(&mut self, wait: Duration) -> anyhow::Result<Option<Answer>> {
+        if !self.busy {
+            return Ok(None);
+        }
+        match self.rx.recv_timeout(wait) {
+            Ok(r) => {
+                self.busy = false;
+                r.map(Some)
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("the view manager's thread is gone")
+            }
+        }
     }
 }

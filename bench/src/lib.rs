@@ -22,6 +22,7 @@ pub mod timeline;
 pub mod tpcc;
 pub mod txn_args;
 pub mod txnbench;
+pub(crate) mod view_sync;
 pub mod workload;
 pub mod ycsb;
 

@@ -292,7 +292,8 @@ pub struct Args {
     /// the primary of (new ones abort as replica-failed meanwhile), promotes their first
     /// live backups, and publishes the new view (in etcd, and to the coordinators);
     /// installs count the live copies. With one copy the run stops, naming the lost
-    /// partition. Coordinators inside txn-bench only (--cnodes 1).
+    /// partition. With --cnodes 2 or more, the coordinator processes follow the views
+    /// through etcd and each answers the drains.
     #[arg(long, value_name = "SECONDS")]
     pub kill_memnode_after: Option<f64>,
     /// The memory node --kill-memnode-after kills, 0 to --memnodes - 1.
@@ -709,10 +710,12 @@ impl Args {
         if within(self.kill_memnode_after) {
             bail!("--kill-memnode-after must lie within the run (0 <= SECONDS < --duration)");
         }
-        if self.kill_memnode_after.is_some() && self.coordinator_processes() {
+        if self.kill_memnode_after.is_some()
+            && (self.kill_cn_after.is_some() || self.stop_cn_after.is_some())
+        {
             bail!(
-                "--kill-memnode-after runs with the coordinators inside txn-bench (--cnodes 1, \
-                 no --kill-cn-after): coordinator processes do not follow replica views yet"
+                "--kill-memnode-after does not combine with --kill-cn-after or --stop-cn-after \
+                 (the failover's drain waits for every coordinator process)"
             );
         }
         if self.memnode >= self.memnodes {

@@ -975,6 +975,7 @@ fn watch(
                 &cluster.addrs,
                 feed.clone(),
                 etcd,
+                Vec::new(),
             );
             match m {
                 Ok(m) => Some(m),
@@ -1518,6 +1519,17 @@ fn restart_memnode(
     m: u32,
     run_start: std::time::Instant,
 ) -> anyhow::Result<crate::failover::Restart> {
+    let started = start_memnode_again(cluster, m, run_start)?;
+    mgr.re_replicate(m, started, run_start)
+}
+
+/// Start memory node `m` again, empty (`memnode --empty`), at its old address; returns
+/// when it answered. Errors: it did not start.
+pub(crate) fn start_memnode_again(
+    cluster: &mut RunCluster,
+    m: u32,
+    run_start: std::time::Instant,
+) -> anyhow::Result<std::time::Instant> {
     let addr = *cluster
         .addrs
         .memnodes
@@ -1538,7 +1550,7 @@ fn restart_memnode(
         "[{:.1}s] memory node {m} started again (empty) at {addr}",
         run_start.elapsed().as_secs_f64()
     );
-    mgr.re_replicate(m, started, run_start)
+    Ok(started)
 }
 
 /// The lock service's restart as the timeline's fault.

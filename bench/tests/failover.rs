@@ -138,8 +138,25 @@ fn a_restarted_memnode_is_re_replicated_and_every_copy_matches() {
     let args = restart_args(&[]);
     let (ok, stdout, s) = txn_bench_watched("fo-restart", &args, LIMIT);
     assert!(ok, "{stdout}");
+    assert_re_replicated(&stdout, &s, 3);
+}
+
+#[test]
+fn coordinator_processes_follow_the_views_and_answer_the_drains() {
+    // Two cnode processes: each takes the views from etcd and acknowledges every drain
+    // (failover and each partition's copy) once its own attempts from before ended.
+    let args = restart_args(&["--cnodes", "2", "--protocol", "occ-cas"]);
+    let (ok, stdout, s) = txn_bench_watched("fo-cnodes", &args, LIMIT);
+    assert!(ok, "{stdout}");
+    assert_re_replicated(&stdout, &s, 1);
+    assert!(stdout.contains("2 coordinator process(es)"), "{stdout}");
+}
+
+/// Every run of `s` failed memory node 1 over and re-replicated it: both partitions it
+/// hosts copied back from their primaries, every check passed.
+fn assert_re_replicated(stdout: &str, s: &serde_json::Value, n: usize) {
     let runs = s["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 3, "{stdout}");
+    assert_eq!(runs.len(), n, "{stdout}");
     for r in runs {
         let p = r["protocol"].as_str().unwrap();
         let f = &r["failover"];
@@ -266,8 +283,15 @@ fn bad_failover_flags_are_refused() {
             "--kill-memnode-after must lie within the run",
         ),
         (
-            &["--kill-memnode-after", "1", "--cnodes", "2"],
-            "--kill-memnode-after runs with the coordinators inside txn-bench",
+            &[
+                "--kill-memnode-after",
+                "1",
+                "--cnodes",
+                "2",
+                "--kill-cn-after",
+                "1",
+            ],
+            "--kill-memnode-after does not combine with --kill-cn-after",
         ),
         (
             &["--restart"],

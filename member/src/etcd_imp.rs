@@ -523,6 +523,19 @@ impl Inner {
         })
     }
 
+    pub(crate) fn watch_key(&self, key: &str) -> Result<Receiver<Option<Vec<u8>>>, MemberError> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let c = self.client.clone();
+        let key = self.keys.user(key);
+        let handle = self.rt.handle.clone();
+        self.rt.call("watch a key", self.op_timeout, async move {
+            let (rev, stream) = open_key_watch(c.clone(), &key, &tx).await?;
+            handle.spawn(forward_key(c, key, tx, rev, stream));
+            Ok(())
+        })?;
+        Ok(rx)
+    }
+
     pub(crate) fn leave(&self) -> Result<(), MemberError> {
         let mut c = self.client.clone();
         let recovered = self.keys.recovered(self.me.node, self.me.incarnation);
@@ -766,6 +779,80 @@ async fn forward(
             };
             if tx.send(event).is_err() {
                 return; // The subscriber is gone; dropping the stream cancels the watch.
+            }
+        }
+    }
+}
+
+/// Sends `key`'s current value and opens a watch on it from the revision after that read.
+async fn open_key_watch(
+    mut c: Client,
+    key: &str,
+    tx: &Sender<Option<Vec<u8>>>,
+) -> Result<(i64, etcd_client::WatchStream), MemberError> {
+    let resp = c.get(key, None).await.map_err(etcd("get a key"))?;
+    let rev = resp.header().map_or(0, |h| h.revision());
+    let _ = tx.send(resp.kvs().first().map(|kv| kv.value().to_vec()));
+    let stream = watch_key_from(&mut c, key, rev + 1).await?;
+    Ok((rev, stream))
+}
+
+async fn watch_key_from(
+    c: &mut Client,
+    key: &str,
+    from: i64,
+) -> Result<etcd_client::WatchStream, MemberError> {
+    let opts = WatchOptions::new().with_start_revision(from);
+    let mut stream = c
+        .watch(key, Some(opts))
+        .await
+        .map_err(etcd("watch a key"))?;
+    match stream.message().await.map_err(etcd("watch a key"))? {
+        Some(r) if r.created() && !r.canceled() => Ok(stream),
+        other => Err(MemberError::Etcd {
+            op: "watch a key",
+            source: etcd_client::Error::WatchError(format!("watch not created: {other:?}")),
+        }),
+    }
+}
+
+/// Forwards a key's changes (`Some(value)` for a put, `None` for a delete) until the
+/// subscriber drops its receiver; a broken stream is reopened from the revision after
+/// the last change seen (etcd keeps revisions across its restarts).
+async fn forward_key(
+    mut c: Client,
+    key: String,
+    tx: Sender<Option<Vec<u8>>>,
+    mut rev: i64,
+    stream: etcd_client::WatchStream,
+) {
+    let mut stream = Some(stream);
+    loop {
+        let Some(s) = stream.as_mut() else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            match watch_key_from(&mut c, &key, rev + 1).await {
+                Ok(s) => stream = Some(s),
+                Err(e) => tracing::debug!(error = %e, key, "key watch: reopening failed"),
+            }
+            continue;
+        };
+        let resp = match s.message().await {
+            Ok(Some(resp)) if !resp.canceled() => resp,
+            other => {
+                tracing::debug!(?other, key, "key watch broke; reopening");
+                stream = None;
+                continue;
+            }
+        };
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            rev = rev.max(kv.mod_revision());
+            let value = match ev.event_type() {
+                EventType::Put => Some(kv.value().to_vec()),
+                EventType::Delete => None,
+            };
+            if tx.send(value).is_err() {
+                return;
             }
         }
     }

@@ -232,6 +232,19 @@ impl Member {
         self.inner.get(key)
     }
 
+    /// A subscription to `/<cluster>/kv/<key>`: first its value now (`None`: unset), then
+    /// every change in etcd's order (`Some(value)` for a put, `None` for a delete), each
+    /// once. A broken watch (etcd restarted) is reopened from the revision after the
+    /// last change seen; the subscription ends when the receiver is dropped (noticed at
+    /// the next change) or the member is dropped.
+    ///
+    /// # Errors
+    /// [`MemberError::Etcd`] or [`MemberError::Timeout`] if the first read or the watch
+    /// fails.
+    pub fn watch_key(&self, key: &str) -> Result<Receiver<Option<Vec<u8>>>, MemberError> {
+        self.inner.watch_key(key)
+    }
+
     /// Leaves cleanly: records our incarnation as recovered (`"clean leave"`, so that nobody
     /// recovers it and a later incarnation does not wait for it), then revokes our lease, which
     /// deletes our member key (everyone sees our [`Event::Down`]), and stops the background

@@ -66,6 +66,12 @@ impl Inner {
     pub(crate) fn get(&self, _: &str) -> Result<Option<Vec<u8>>, MemberError> {
         match self.0 {}
     }
+    pub(crate) fn watch_key(
+        &self,
+        _: &str,
+    ) -> Result<crossbeam_channel::Receiver<Option<Vec<u8>>>, MemberError> {
+        match self.0 {}
+    }
     pub(crate) fn leave(&self) -> Result<(), MemberError> {
         match self.0 {}
     }

@@ -252,6 +252,40 @@ fn durable_keys_and_live_members_survive_a_kill_and_restart_of_etcd() {
 }
 
 #[test]
+fn a_key_watch_sees_the_value_then_every_change_across_an_etcd_restart() {
+    let Some(mut env) = etcd_or_skip("a_key_watch_sees_the_value_then_every_change") else {
+        return;
+    };
+    let eps = env.endpoints();
+    let a = Member::join(
+        &eps,
+        CLUSTER,
+        Role::Other("view".into()),
+        1,
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    a.put_durable("view", "1").unwrap();
+    let w = a.watch_key("view").unwrap();
+    let next = || w.recv_timeout(SLACK).expect("a change within the slack");
+    assert_eq!(next().as_deref(), Some(&b"1"[..]), "the value now first");
+    a.put_durable("view", "2").unwrap();
+    assert_eq!(next().as_deref(), Some(&b"2"[..]));
+    env.etcd.restart(Duration::from_millis(100)).unwrap();
+    // Written after the restart: the reopened watch delivers it, nothing twice.
+    let t0 = Instant::now();
+    while a.put_durable("view", "3").is_err() {
+        assert!(t0.elapsed() < SLACK, "etcd did not come back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(next().as_deref(), Some(&b"3"[..]));
+    assert!(
+        w.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a change seen twice"
+    );
+}
+
+#[test]
 fn unreachable_etcd_is_a_bounded_error() {
     // No etcd needed: nothing listens on port 1.
     let opts = member::MemberOptions {

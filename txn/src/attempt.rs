@@ -424,16 +424,15 @@ impl<S, O> Attempt<'_, S, O> {
     ) -> Result<Vec<usize>, TxnError> {
         let (victims, log) = self.log_plan(version)?;
         if let Some((bytes, targets)) = log {
-            let ctx = self.core.store.ctx();
-            let wrote = join_all(
-                targets
-                    .iter()
-                    .map(|&(n, at)| crate::transient::write(ctx, n, at, &bytes)),
-            )
+            let (store, bytes) = (&self.core.store, &bytes);
+            let ctx = store.ctx();
+            let wrote = join_all(targets.iter().map(|&(n, at)| async move {
+                (n, crate::transient::write(ctx, n, at, bytes).await)
+            }))
             .await;
-            for w in wrote {
-                w?;
-            }
+            // A copy on a memory node that died (being failed over) is lost with it;
+            // the live copies carry the log.
+            store.tolerate(wrote).await?;
         }
         Ok(victims)
     }

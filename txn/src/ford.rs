@@ -101,10 +101,11 @@ pub(crate) async fn write_undo(
     let done = join_all(
         writes
             .iter()
-            .map(|&(n, at, d)| crate::transient::write(ctx, n, at, d)),
+            .map(|&(n, at, d)| async move { (n, crate::transient::write(ctx, n, at, d).await) }),
     )
     .await;
-    done.into_iter().try_for_each(|r| r.map_err(TxnError::from))
+    // A copy on a memory node that died (being failed over) is lost with it.
+    store.tolerate(done).await
 }
 
 /// One copy's WR list of the coalescent commit of one object: the lock word (`id |
@@ -191,7 +192,8 @@ pub(crate) async fn release(store: &CvtRemote, locs: &[CvtLoc], id: u64) -> Resu
     store.tolerate(one_sided).await
 }
 
-/// [`release`] of the lock words at `targets` ([`lock_copies`]).
+/// [`release`] of the lock words at `targets` ([`lock_copies`]). A copy on a memory
+/// node this thread's replica view writes off is skipped when its operation fails.
 ///
 /// Errors: the first failed operation (the others were still issued).
 pub(crate) async fn release_at(
@@ -200,10 +202,17 @@ pub(crate) async fn release_at(
     id: u64,
 ) -> Result<(), TxnError> {
     let done = join_all(targets.iter().map(|&(primary, n, at)| async move {
-        if primary {
+        let r = if primary {
             release_word(ctx, n, at, id).await.map(drop)
         } else {
-            Ok(crate::transient::write(ctx, n, at, &0u64.to_le_bytes()).await?)
+            crate::transient::write(ctx, n, at, &0u64.to_le_bytes())
+                .await
+                .map_err(TxnError::from)
+        };
+        match r {
+            // A memory node the replica view wrote off (it died) took its words with it.
+            Err(_) if crate::transient::written_off(n) => Ok(()),
+            r => r,
         }
     }))
     .await;

@@ -52,7 +52,8 @@ pub fn set_written_off_check(f: Option<WrittenOff>) {
     WRITTEN_OFF.with(|w| *w.borrow_mut() = f);
 }
 
-fn written_off(node: NodeId) -> bool {
+/// Whether this thread's check ([`set_written_off_check`]) names `node` written off.
+pub(crate) fn written_off(node: NodeId) -> bool {
     WRITTEN_OFF.with(|w| w.borrow().as_ref().is_some_and(|f| f(node)))
 }
 

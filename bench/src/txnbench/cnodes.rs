@@ -171,7 +171,21 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let cfg = crate::txnbench::txn_config(&args, protocol, threads);
+    let mut cfg = crate::txnbench::txn_config(&args, protocol, threads);
+    // Replicated: the coordinators follow the replica views the manager in
+    // `txn-bench` stores in etcd, and answer its drains (`crate::view_sync`).
+    let _follower = match (&membership, args.replicas > 1) {
+        (Some(me), true) => {
+            let view = match me.get(crate::view_sync::VIEW_KEY)? {
+                Some(b) => serde_json::from_slice(&b).context("the view stored in etcd")?,
+                None => txn::view::View::initial(args.memnodes, args.replicas),
+            };
+            let feed = txn::view::ViewFeed::new(view);
+            cfg.view_feed = Some(feed.clone());
+            Some(crate::view_sync::follow(me.clone(), feed, node as u16)?)
+        }
+        _ => None,
+    };
     let clock = RunClock {
         t0_ns: 0,
         interval_ns: args.timeline_ms.unwrap_or(DEFAULT_INTERVAL_MS) * 1_000_000,
@@ -210,7 +224,9 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             flush: Some(Flush { tx: tx.clone() }),
             incarnation: a.incarnation,
             ledger: Some((ledger.clone(), i * args.coroutines)),
-            reconnect_give_up: None,
+            reconnect_give_up: args
+                .kill_memnode_after
+                .map(|_| crate::failover::RECONNECT_GIVE_UP),
             qp_errors: args.qp_errors_ms.map(Duration::from_millis),
         };
         let (fabric, mix, stop, committed, gate) = (
@@ -307,6 +323,9 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     for (i, r) in results.enumerate() {
         match r {
             Ok(mut s) => {
+                for f in &s.fatal {
+                    eprintln!("cnode {node} thread {i}: fatal: {f}");
+                }
                 if let Some(h) = s.history.take() {
                     write_out(Out::History(h), &mut out).context("stdout")?;
                 }
@@ -376,6 +395,29 @@ pub(crate) fn measure(
     point: &Point,
     stop: &AtomicBool,
 ) -> anyhow::Result<Measured> {
+    // The view manager first: it stores the initial view, which the children read.
+    let manager = match (&cluster.view_feed, args.kill_memnode_after) {
+        (Some(feed), Some(_)) => {
+            let etcd = cluster
+                .etcd
+                .as_ref()
+                .map(|e| (e.endpoint(), cluster.cluster.name().to_string()));
+            let cnodes = (0..args.cnodes)
+                .map(|i| (NODE_CNODE + i as u32) as u16)
+                .collect();
+            Some(
+                crate::failover::ManagerThread::start(
+                    cluster.fabric.clone(),
+                    cluster.addrs.clone(),
+                    feed.clone(),
+                    etcd,
+                    cnodes,
+                )
+                .context("starting the view manager")?,
+            )
+        }
+        _ => None,
+    };
     let mut p = Parent::new(args, workload, cluster, protocol, point)?;
     for i in 0..args.cnodes {
         p.spawn(i, 0, None)?;
@@ -383,6 +425,7 @@ pub(crate) fn measure(
     p.await_ready()?;
     p.go()?;
     let mut faults = Faults::new(args);
+    faults.manager = manager;
     let dur = Duration::from_secs_f64(args.duration);
     let mut last_progress = 0;
     let mut service_died = None;
@@ -402,7 +445,7 @@ pub(crate) fn measure(
         }
     }
     let elapsed = p.started.elapsed();
-    faults.finish(&mut p);
+    faults.finish(&mut p, cluster)?;
     p.stop_all()?;
     let last_recovered_ms = p.last_recovered_ms;
     if let Some(e) = service_died {
@@ -427,7 +470,7 @@ pub(crate) fn measure(
         elapsed,
         tso_restart,
         lockd_restart,
-        failover: None,
+        failover: faults.failover,
         etcd_restart: None,
         cpu: Vec::new(),
         timelines,
@@ -1170,6 +1213,12 @@ struct Faults<'a> {
     lockd: Option<LockdRestart>,
     /// The last fault that fired, for the timeline's recovery line.
     fault: Option<Fault>,
+    /// `--kill-memnode-after`: the view manager, on a thread of its own.
+    manager: Option<crate::failover::ManagerThread>,
+    /// Whether the memory node was killed.
+    memnode_killed: bool,
+    /// Its failover (and re-replication), once done.
+    failover: Option<crate::failover::Failover>,
 }
 
 impl<'a> Faults<'a> {
@@ -1183,7 +1232,73 @@ impl<'a> Faults<'a> {
             tso: None,
             lockd: None,
             fault: None,
+            manager: None,
+            memnode_killed: false,
+            failover: None,
         }
+    }
+
+    /// `--kill-memnode-after`: kill the memory node when due, then take the manager's
+    /// answers as they come (the failover; with `--restart`, start the node again and
+    /// take the re-replication). `wait` bounds the wait for an answer. Errors: the kill,
+    /// the failover or the restart failed; a partition was lost.
+    fn memnode_step(
+        &mut self,
+        p: &Parent<'_>,
+        cluster: &mut RunCluster,
+        wait: Duration,
+    ) -> anyhow::Result<()> {
+        let args = self.args;
+        let Some(mgr) = self.manager.as_mut() else {
+            return Ok(());
+        };
+        let now_s = p.started.elapsed().as_secs_f64();
+        if !self.memnode_killed && args.kill_memnode_after.is_some_and(|k| now_s >= k) {
+            self.memnode_killed = true;
+            let m = args.memnode;
+            let killed = Instant::now();
+            cluster
+                .cluster
+                .kill(super::NODE_MEMNODE + m)
+                .with_context(|| format!("killing memory node {m}"))?;
+            eprintln!("[{now_s:.1}s] SIGKILLed memory node {m}");
+            mgr.fail(m, killed, p.started);
+        }
+        match mgr.poll(wait)? {
+            None => {}
+            Some(crate::failover::Answer::FailedOver(f)) => {
+                eprintln!("{}", f.line());
+                if !f.lost.is_empty() {
+                    bail!(
+                        "memory node {} died and partition(s) {:?} with it: no other copy \
+                         (--replicas {})",
+                        f.memnode,
+                        f.lost,
+                        args.replicas
+                    );
+                }
+                self.fault = Some(Fault {
+                    what: format!("memnode {} killed", f.memnode),
+                    at_ms: f.killed_ms,
+                    cnode: None,
+                    recovered_ms: Some(f.published_ms),
+                });
+                if args.restart {
+                    let started = super::start_memnode_again(cluster, f.memnode, p.started)?;
+                    mgr.rejoin(f.memnode, started, p.started);
+                }
+                self.failover = Some(*f);
+            }
+            Some(crate::failover::Answer::Restarted(r)) => {
+                for l in r.lines() {
+                    eprintln!("{l}");
+                }
+                if let Some(f) = &mut self.failover {
+                    f.restart = Some(*r);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Fire what is due at this moment of the run. Errors: a kill or restart that
@@ -1225,6 +1340,7 @@ impl<'a> Faults<'a> {
                 }
             }
         }
+        self.memnode_step(p, cluster, Duration::ZERO)?;
         if self.tso.is_none() && args.kill_tso_after.is_some_and(|k| now_s >= k) {
             let committed = AtomicU64::new(p.streams.committed());
             let listen = cluster.addrs.tso.to_string();
@@ -1255,11 +1371,23 @@ impl<'a> Faults<'a> {
         Ok(())
     }
 
-    /// At the end of the run: a stopped compute node gets its SIGCONT (so it can stop).
-    fn finish(&mut self, p: &mut Parent<'_>) {
+    /// At the end of the run: a stopped compute node gets its SIGCONT (so it can stop);
+    /// a failover or re-replication under way is waited for (for up to 30 s). Errors:
+    /// that failed or did not finish.
+    fn finish(&mut self, p: &mut Parent<'_>, cluster: &mut RunCluster) -> anyhow::Result<()> {
         if let (Some(_), false) = (self.stopped_at, self.continued) {
             self.continued = true;
             p.signal(self.target, libc::SIGCONT);
         }
+        let t0 = Instant::now();
+        while self.manager.as_ref().is_some_and(|m| m.busy()) {
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the memory node's failover or re-replication did not finish within 30 s of the run's end"
+            );
+            p.drain(Duration::from_millis(1))?;
+            self.memnode_step(p, cluster, Duration::from_millis(10))?;
+        }
+        Ok(())
     }
 }
