@@ -1,7 +1,10 @@
-//! A local cluster of service processes (memnode, lockd, tso) started as children over
-//! the shm fabric. Children are stopped (SIGTERM, then SIGKILL after a grace period) when
-//! the [`LocalCluster`] is dropped, which also happens on panic; each child also gets
-//! `PR_SET_PDEATHSIG` so it dies with this process even after a `kill -9`.
+//! A cluster of service processes (memnode, lockd, tso) started as children: on this
+//! host directly, or on another host over ssh ([`Place::Ssh`], from a topology file).
+//! Children are stopped (SIGTERM, then SIGKILL after a grace period) when the
+//! [`LocalCluster`] is dropped, which also happens on panic; each local child also gets
+//! `PR_SET_PDEATHSIG` so it dies with this process even after a `kill -9`. A remote one
+//! runs with `--exit-on-stdin-eof` and its stdin is the ssh session's, which this process
+//! holds: when it dies, ssh closes the remote stdin and the service stops.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -21,13 +24,80 @@ pub struct Service {
     pub node: u32,
     /// Bootstrap address it printed.
     pub addr: SocketAddr,
+    /// Where it runs.
+    pub place: Place,
     child: Child,
+    /// A remote service's stdin (the ssh session's): closing it stops the service.
+    stdin: Option<std::process::ChildStdin>,
+}
+
+/// Where a service process runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// On this host, a child of this process.
+    Local,
+    /// On another host, started over ssh: `target` is what ssh connects to (`user@host`
+    /// or a host name), `bin_dir` where the binaries are there. The ssh binary is `ssh`,
+    /// or `$RRPC_SSH` (tests use a shim that runs the command here).
+    Ssh {
+        /// ssh's destination.
+        target: String,
+        /// The binaries' directory on that host.
+        bin_dir: PathBuf,
+    },
+}
+
+impl Place {
+    /// The command that starts `bin_name` with `args` here: the program and its
+    /// arguments (for a remote place, ssh's). `local_bin` is the binary on this host.
+    pub fn command_line(&self, local_bin: &Path, bin_name: &str, args: &[String]) -> Vec<String> {
+        match self {
+            Place::Local => std::iter::once(local_bin.display().to_string())
+                .chain(args.iter().cloned())
+                .collect(),
+            Place::Ssh { target, bin_dir } => {
+                let ssh = std::env::var("RRPC_SSH").unwrap_or_else(|_| "ssh".into());
+                let mut v = vec![
+                    ssh,
+                    "-o".into(),
+                    "BatchMode=yes".into(),
+                    "-o".into(),
+                    "ControlMaster=auto".into(),
+                    "-o".into(),
+                    "ControlPath=/tmp/rrpc-ssh-%C".into(),
+                    "-o".into(),
+                    "ControlPersist=60".into(),
+                    target.clone(),
+                    "--".into(),
+                    bin_dir.join(bin_name).display().to_string(),
+                ];
+                v.extend(args.iter().map(|a| shell_quote(a)));
+                v
+            }
+        }
+    }
+}
+
+/// `s` quoted for the remote shell ssh hands its command to (as is when it needs no
+/// quoting).
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@+%".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// Child processes of one local cluster, and the cluster's shm directory.
 pub struct LocalCluster {
     /// Started services, in start order.
     pub services: Vec<Service>,
+    /// Print each command line (`[dry-run] ...`) instead of running it; the service is
+    /// taken to answer at its `--listen` address.
+    pub dry_run: bool,
     bin_dir: PathBuf,
     /// Last field: the directory is removed after `Drop` stopped the children.
     dir: rrpc::fabric::shm::ClusterGuard,
@@ -71,6 +141,7 @@ impl LocalCluster {
         }
         Ok(Self {
             services: Vec::new(),
+            dry_run: false,
             bin_dir,
             dir,
         })
@@ -85,23 +156,87 @@ impl LocalCluster {
         args: &[String],
         timeout: Duration,
     ) -> anyhow::Result<SocketAddr> {
+        self.start_at(&Place::Local, name, node, args, timeout, None)
+    }
+
+    /// The full command line [`Self::start_at`] runs for these arguments.
+    pub fn command_line(
+        &self,
+        place: &Place,
+        name: &str,
+        node: u32,
+        args: &[String],
+    ) -> Vec<String> {
+        let mut all = vec![
+            "--cluster".to_string(),
+            self.dir.name().to_string(),
+            "--node".into(),
+            node.to_string(),
+        ];
+        all.extend(args.iter().cloned());
+        if matches!(place, Place::Ssh { .. }) {
+            all.push("--exit-on-stdin-eof".into());
+        }
+        place.command_line(&self.bin_dir.join(name), name, &all)
+    }
+
+    /// [`Self::start`] at `place` (a remote one runs with `--exit-on-stdin-eof`, its
+    /// stdin held open by this process), its stderr appended to `log` when given.
+    ///
+    /// Errors: the binary is missing here (a local place), the process cannot be
+    /// started, it exits or stays silent before `READY`, it prints a bad address.
+    pub fn start_at(
+        &mut self,
+        place: &Place,
+        name: &str,
+        node: u32,
+        args: &[String],
+        timeout: Duration,
+        log: Option<&Path>,
+    ) -> anyhow::Result<SocketAddr> {
         let bin = self.bin_dir.join(name);
-        if !bin.exists() {
+        if self.dry_run {
+            let line = self.command_line(place, name, node, args);
+            let at = match place {
+                Place::Local => "this host".to_string(),
+                Place::Ssh { target, .. } => target.clone(),
+            };
+            println!("[dry-run] {at}: {}", line.join(" "));
+            return crate::hosts::listen_of(args)
+                .with_context(|| format!("{name}: a dry run needs its --listen address"));
+        }
+        if *place == Place::Local && !bin.exists() {
             bail!(
                 "{} not found; build the workspace binaries first: cargo build --release --workspace \
                  (or pass --bin-dir)",
                 bin.display()
             );
         }
-        let mut cmd = Command::new(&bin);
-        cmd.args(["--cluster", self.dir.name(), "--node", &node.to_string()])
-            .args(args)
-            .stdin(Stdio::null())
+        let line = self.command_line(place, name, node, args);
+        let mut cmd = Command::new(&line[0]);
+        cmd.args(&line[1..])
+            .stdin(if *place == Place::Local {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
             // Own process group: a terminal's Ctrl-C reaches only the launcher, which
             // then stops the run, audits, and shuts the children down in order.
             .process_group(0);
+        match log {
+            Some(p) => {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .with_context(|| format!("opening the log {}", p.display()))?;
+                cmd.stderr(f);
+            }
+            None => {
+                cmd.stderr(Stdio::inherit());
+            }
+        }
         // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
         unsafe {
             cmd.pre_exec(|| {
@@ -111,7 +246,8 @@ impl LocalCluster {
         }
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
+            .with_context(|| format!("starting {}", line[0]))?;
+        let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -148,7 +284,9 @@ impl LocalCluster {
             name: name.into(),
             node,
             addr,
+            place: place.clone(),
             child,
+            stdin,
         });
         Ok(addr)
     }
@@ -164,6 +302,9 @@ impl LocalCluster {
             .iter()
             .position(|s| s.node == node)
             .ok_or_else(|| anyhow!("no service runs as node {node}"))?;
+        if self.services[i].place != Place::Local {
+            bail!("node {node} runs on another host: fault injection kills local services only");
+        }
         let mut s = self.services.remove(i);
         s.child
             .kill()
@@ -187,6 +328,10 @@ impl LocalCluster {
     /// Stop all children: SIGTERM, then SIGKILL after 3 s. (The shm directory goes when
     /// the cluster is dropped.)
     pub fn shutdown(&mut self) {
+        // A remote service stops when its stdin closes (and its ssh client on SIGTERM).
+        for s in &mut self.services {
+            drop(s.stdin.take());
+        }
         for s in &self.services {
             // SAFETY: kill(2) with a pid we spawned and have not reaped.
             unsafe { libc::kill(s.child.id() as libc::pid_t, libc::SIGTERM) };

@@ -9,6 +9,7 @@ pub mod config_file;
 pub mod driver;
 pub mod failover;
 pub mod history_out;
+pub(crate) mod hosts;
 pub mod launcher;
 pub mod ledger;
 pub mod pairs;

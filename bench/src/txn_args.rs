@@ -155,6 +155,20 @@ pub struct Args {
     /// Directory of the memnode, lockd and tso binaries (default: next to this binary).
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
+    /// Run the services on the hosts of this topology file (cluster.toml: hosts and
+    /// roles, see the book's topology page): each memory node, the oracle and the lock
+    /// service at its role's ctrl-ip:port with its host's RDMA device, over ssh where the
+    /// host is not this one (`$RRPC_SSH` replaces ssh), their logs under
+    /// <log-dir>/<cluster>/. The coordinators stay in txn-bench, on the device of the
+    /// file's first coordinator host. Sets --fabric and --memnodes from the file.
+    #[arg(long, value_name = "FILE")]
+    #[serde(default)]
+    pub hosts: Option<PathBuf>,
+    /// With --hosts: print the command line of every service (per host) and exit
+    /// without starting anything.
+    #[arg(long)]
+    #[serde(default)]
+    pub dry_run: bool,
     /// Server threads of the lock service.
     #[arg(long, default_value_t = 1)]
     pub lockd_threads: usize,
@@ -696,6 +710,25 @@ impl Args {
             }
             if within(at) {
                 bail!("{flag} must lie within the run (0 <= SECONDS < --duration)");
+            }
+        }
+        if self.dry_run && self.hosts.is_none() {
+            bail!("--dry-run goes with --hosts");
+        }
+        if self.hosts.is_some() {
+            let faults = [
+                ("--cnodes 2 or more", self.cnodes > 1),
+                ("--kill-cn-after", self.kill_cn_after.is_some()),
+                ("--stop-cn-after", self.stop_cn_after.is_some()),
+                ("--kill-memnode-after", self.kill_memnode_after.is_some()),
+                ("--kill-tso-after", self.kill_tso_after.is_some()),
+                ("--kill-lockd-after", self.kill_lockd_after.is_some()),
+            ];
+            if let Some((flag, _)) = faults.iter().find(|(_, on)| *on) {
+                bail!(
+                    "{flag} runs on one host: with --hosts the coordinators stay in txn-bench \
+                     and fault injection is local only"
+                );
             }
         }
         if within(self.kill_etcd_after) {

@@ -126,6 +126,7 @@ pub struct Summary {
 pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Outcome)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     args.threads.get_or_insert(cores.saturating_sub(1).max(1));
+    crate::hosts::apply(&mut args)?;
     args.validate()?;
     let workload = workload_spec(&args)?;
     let protocols = args.protocols()?;
@@ -168,7 +169,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         } else {
             base.clone()
         };
-        let report = run_one(
+        let report = match run_one(
             &args,
             &*workload,
             protocol,
@@ -176,8 +177,23 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
             mixes[pi].clone(),
             &cluster,
             &stop,
-        )
-        .with_context(|| format!("run of {what}"))?;
+        ) {
+            Err(e) if e.is::<crate::hosts::DryRunDone>() => {
+                // Every run starts the same services: one dry run says it all.
+                let summary = Summary {
+                    workload: workload.label().into(),
+                    timing_model: args.model.clone(),
+                    protocols: protocols.iter().map(|p| p.name().to_string()).collect(),
+                    sweep: None,
+                    runs: Vec::new(),
+                    ratios: Vec::new(),
+                    passed: true,
+                    skipped_runs: plan.len(),
+                };
+                return Ok((summary, Outcome::Passed));
+            }
+            r => r.with_context(|| format!("run of {what}"))?,
+        };
         print!("{}", report.render());
         runs.push(report);
     }
@@ -480,23 +496,45 @@ impl RunCluster {
             cluster_name,
             args.bin_dir.clone().unwrap_or_else(default_bin_dir),
         )?;
+        cluster.dry_run = args.dry_run;
         let mut fcfg = FabricConfig::new(args.fabric, cluster_name, NodeId(NODE_CN));
         fcfg.device = args.rdma_device.clone();
         fcfg.gid_index = args.gid_index;
         fcfg.model = Some(args.model.clone());
-        let fabric = Fabric::open(&fcfg)?;
-        let mut common = vec![
-            "--fabric".to_string(),
-            args.fabric.to_string(),
-            "--model".into(),
-            args.model.clone(),
-        ];
-        if let Some(d) = &args.rdma_device {
-            common.extend(["--rdma-device".into(), d.clone()]);
+        let fabric = (!args.dry_run).then(|| Fabric::open(&fcfg)).transpose()?;
+        // With --hosts each service gets its host's fabric flags and address instead.
+        let layout = args
+            .hosts
+            .as_deref()
+            .map(|p| crate::hosts::Layout::load(p, cluster_name))
+            .transpose()?;
+        let mut common = vec!["--model".to_string(), args.model.clone()];
+        if layout.is_none() {
+            common.extend(["--fabric".into(), args.fabric.to_string()]);
+            if let Some(d) = &args.rdma_device {
+                common.extend(["--rdma-device".into(), d.clone()]);
+            }
+            if let Some(g) = args.gid_index {
+                common.extend(["--gid-index".into(), g.to_string()]);
+            }
         }
-        if let Some(g) = args.gid_index {
-            common.extend(["--gid-index".into(), g.to_string()]);
+        if let Some(l) = &layout {
+            eprintln!("services' logs: {}", l.log_dir().display());
         }
+        // Where the `index`-th service of `kind` runs: its place, node id, listen
+        // address, host flags and log (default: here, txn-bench's node ids, any port).
+        let plan = |kind: rrpc::topology::RoleKind, index: usize, node: u32| match &layout {
+            Some(l) => l
+                .service(kind, index)
+                .map(|p| (p.place, p.node, p.listen, p.flags, Some(p.log))),
+            None => Ok((
+                crate::launcher::Place::Local,
+                node,
+                "127.0.0.1:0".to_string(),
+                Vec::new(),
+                None,
+            )),
+        };
         eprintln!(
             "starting local cluster {cluster_name}: {} memnode(s){}, tso{}",
             args.memnodes,
@@ -544,22 +582,39 @@ impl RunCluster {
                 "--replicas".into(),
                 args.replicas.to_string(),
             ];
-            let flags = with(&[data.as_slice(), &partition, &membership].concat());
-            memnodes.push(cluster.start("memnode", NODE_MEMNODE + i, &flags, START_TIMEOUT)?);
+            let (place, node, listen, host, log) = plan(
+                rrpc::topology::RoleKind::Memnode,
+                i as usize,
+                NODE_MEMNODE + i,
+            )?;
+            let flags = with(&[data.as_slice(), &partition, &membership, &host].concat());
+            let at = [flags.clone(), vec!["--listen".into(), listen]].concat();
+            memnodes.push(cluster.start_at(
+                &place,
+                "memnode",
+                node,
+                &at,
+                START_TIMEOUT,
+                log.as_deref(),
+            )?);
             memnode_flags.push(flags);
         }
         // The oracle first: the lock service bounds Lock RPC timestamps by its counter.
         let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
         let _ = std::fs::remove_dir_all(&tso_state);
-        let tso = cluster.start(
+        let (place, node, listen, host, log) = plan(rrpc::topology::RoleKind::Tso, 0, NODE_TSO)?;
+        let tso = cluster.start_at(
+            &place,
             "tso",
-            NODE_TSO,
+            node,
             &[
-                tso_args(&common, &tso_state, "127.0.0.1:0"),
+                tso_args(&common, &tso_state, &listen),
                 membership.clone(),
+                host,
             ]
             .concat(),
             START_TIMEOUT,
+            log.as_deref(),
         )?;
         let lockd_state = std::env::temp_dir().join(format!("{cluster_name}-lockd-state"));
         let _ = std::fs::remove_dir_all(&lockd_state);
@@ -580,10 +635,16 @@ impl RunCluster {
                 "--tso".into(),
                 tso.to_string(),
             ]);
-            lockd_flags = [flags, membership.clone()].concat();
-            Some(cluster.start("lockd", NODE_LOCKD, &lockd_flags, START_TIMEOUT)?)
+            let (place, node, listen, host, log) =
+                plan(rrpc::topology::RoleKind::Lockd, 0, NODE_LOCKD)?;
+            lockd_flags = [flags, membership.clone(), host].concat();
+            let at = [lockd_flags.clone(), vec!["--listen".into(), listen]].concat();
+            Some(cluster.start_at(&place, "lockd", node, &at, START_TIMEOUT, log.as_deref())?)
         } else {
             None
+        };
+        let Some(fabric) = fabric else {
+            return Err(crate::hosts::DryRunDone.into());
         };
         Ok(Self {
             cluster,

@@ -48,8 +48,11 @@ for exe in "$@"; do
     lockd_restart) only=(--exact scythe_survives_a_lockd_restart_inside_txn_bench) ;;
     # A memory node SIGKILLed mid-run and failed over to its backup on verbs (the
     # coordinators' QPs to it break, the drain, the promotion, the new view): money
-    # exact, nothing committed lost, the surviving copies identical.
-    failover) only=(--exact a_killed_primary_loses_no_committed_money) ;;
+    # exact, nothing committed lost, the surviving copies identical. Then the same node
+    # restarted empty and re-replicated (the coordinators reconnect to the new process,
+    # each partition copied with RDMA READs and WRITEs): every copy identical again.
+    failover) only=(--exact a_killed_primary_loses_no_committed_money
+      a_restarted_memnode_is_re_replicated_and_every_copy_matches) ;;
   esac
   run "$name on $RXE_LOOPBACK_DEV" env RRPC_RDMA_DEVICE="$RXE_LOOPBACK_DEV" "$exe" --test-threads=1 ${only[@]+"${only[@]}"}
   if [ "$name" = fabric_conformance ]; then

@@ -79,6 +79,11 @@ pub struct NodeArgs {
     /// (latency, bandwidth, message rate, atomics, doorbells).
     #[arg(long, value_name = "MODEL", env = "RRPC_MODEL", default_value = "none")]
     pub model: String,
+    /// Stop (as on SIGTERM) when stdin reaches its end: a launcher that starts this
+    /// process over ssh keeps its stdin open, so the process ends with the launcher even
+    /// when the launcher is killed (the remote counterpart of a parent-death signal).
+    #[arg(long, env = "RRPC_EXIT_ON_STDIN_EOF")]
+    pub exit_on_stdin_eof: bool,
 }
 
 fn parse_fabric(s: &str) -> Result<FabricKind, String> {
@@ -121,6 +126,8 @@ pub fn parse_advertise(s: &str) -> Result<SocketAddr, String> {
 
 /// The `--advertise` address of this process, set by [`parse_args`].
 static ADVERTISE: OnceLock<SocketAddr> = OnceLock::new();
+/// `--exit-on-stdin-eof`, as parsed.
+static EXIT_ON_STDIN_EOF: OnceLock<bool> = OnceLock::new();
 
 /// The address to tell peers for a node bound to `bound`: `advertise` if given (with
 /// `bound`'s port when its port is 0); for a wildcard `bound` (0.0.0.0, ::), this
@@ -406,6 +413,9 @@ fn finish<T: clap::Parser>(m: &clap::ArgMatches) -> Result<T, ArgsError> {
     if let Ok(Some(a)) = m.try_get_one::<SocketAddr>("advertise") {
         let _ = ADVERTISE.set(*a);
     }
+    if let Ok(Some(&on)) = m.try_get_one::<bool>("exit_on_stdin_eof") {
+        let _ = EXIT_ON_STDIN_EOF.set(on);
+    }
     Ok(t)
 }
 
@@ -451,10 +461,21 @@ pub fn init_logging() {
         .init();
 }
 
-/// Install the SIGINT/SIGTERM handler; the receiver gets a message on each signal.
-/// Install it before starting services so a signal during start-up is not lost.
+/// Install the SIGINT/SIGTERM handler; the receiver gets a message on each signal (and,
+/// with `--exit-on-stdin-eof`, when stdin reaches its end). Install it before starting
+/// services so a signal during start-up is not lost.
 pub fn stop_signal() -> Result<Receiver<()>, ctrlc::Error> {
     let (tx, rx) = std::sync::mpsc::channel();
+    if EXIT_ON_STDIN_EOF.get().copied().unwrap_or(false) {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin().lock();
+            while matches!(std::io::Read::read(&mut stdin, &mut sink), Ok(n) if n > 0) {}
+            tracing::info!("stdin closed (--exit-on-stdin-eof): stopping");
+            let _ = tx.send(());
+        });
+    }
     ctrlc::set_handler(move || {
         let _ = tx.send(());
     })?;

@@ -16,6 +16,14 @@
 //! promoted primary before every commit that wrote its partition under the old view has
 //! landed on it ("the new primary is not visible to coordinators until the updates are
 //! installed into alive replicas", Motor 5.3).
+//!
+//! A dead node that comes back empty is filled by **re-replication** (B.6.4 step 3):
+//! [`View::rejoin`] names its new incarnation (compute nodes connect to the new process
+//! as they take that view), then per partition [`View::start_migration`] marks the
+//! partition migrating, published with a drain barrier ([`ViewFeed::publish_and_drain`]):
+//! attempts touching it abort until [`View::end_migration`] makes the node its last
+//! backup, after the manager copied the primary's image onto it
+//! ([`crate::migrate::copy_image`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};

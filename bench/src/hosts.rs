@@ -1,0 +1,173 @@
+//! `txn-bench --hosts FILE`: the services of each run on the hosts a topology file
+//! ([`rrpc::topology`]) names, started over ssh where a host is not this one
+//! ([`crate::launcher::Place`]); the coordinators stay in `txn-bench` (on the host of
+//! the file's first coordinator entry, whose RDMA device they use). Each service
+//! listens at its role's `ctrl-ip:port` with its host's fabric flags, and its stderr
+//! goes to `<log-dir>/<cluster>/<host>.<role>.<i>.log`. `--dry-run` prints every command
+//! line instead of running it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use rrpc::topology::{GidIndex, Host, RoleKind, Topology};
+
+use crate::launcher::Place;
+use crate::txn_args::Args;
+
+/// Load the topology `args.hosts` names and fill in what it decides for this process:
+/// the fabric, the number of memory nodes, and the coordinators' RDMA device, port and
+/// GID index (unless given). Errors: the file does not load or check; it has no memory
+/// node or no oracle; `--memnodes` or `--fabric` given otherwise.
+pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
+    let Some(path) = args.hosts.clone() else {
+        return Ok(());
+    };
+    let topo = Topology::load(&path)?;
+    anyhow::ensure!(
+        !topo.memnodes.is_empty() && topo.tso.is_some(),
+        "{}: txn-bench needs at least one [[memnode]] and a [tso]",
+        topo.path
+    );
+    args.fabric = topo.fabric;
+    args.memnodes = topo.memnodes.len() as u32;
+    if let Some(c) = topo.coordinators.first() {
+        let h = topo.host_of(c);
+        if args.rdma_device.is_none() {
+            args.rdma_device = h.rdma_device.clone();
+        }
+        if let (None, GidIndex::Index(i)) = (args.gid_index, &h.gid_index) {
+            args.gid_index = Some(*i);
+        }
+    }
+    Ok(())
+}
+
+/// The services' places, flags and logs for one run.
+pub(crate) struct Layout {
+    topo: Topology,
+    logs: PathBuf,
+}
+
+/// One service of the run as the topology places it.
+pub(crate) struct Planned {
+    /// Where it runs.
+    pub place: Place,
+    /// Its node id.
+    pub node: u32,
+    /// Its `--listen` address (`ctrl-ip:port`).
+    pub listen: String,
+    /// Its host's fabric flags.
+    pub flags: Vec<String>,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+impl Layout {
+    /// The layout of `path` for the run on cluster `cluster` (its logs under
+    /// `<log-dir>/<cluster>/`, created; `log-dir` defaults to `runs`). Errors: the file
+    /// does not load; the log directory cannot be created.
+    pub(crate) fn load(path: &Path, cluster: &str) -> anyhow::Result<Self> {
+        let topo = Topology::load(path)?;
+        let logs = topo
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("runs"))
+            .join(cluster);
+        std::fs::create_dir_all(&logs)
+            .with_context(|| format!("creating the log directory {}", logs.display()))?;
+        Ok(Self { topo, logs })
+    }
+
+    /// Where the run's logs go.
+    pub(crate) fn log_dir(&self) -> &Path {
+        &self.logs
+    }
+
+    /// The `index`-th service of `kind`. Errors: the file has none.
+    pub(crate) fn service(&self, kind: RoleKind, index: usize) -> anyhow::Result<Planned> {
+        let role = self
+            .topo
+            .role(kind, index)
+            .with_context(|| format!("{}: no {kind}:{index} in the topology", self.topo.path))?;
+        let host = self.topo.host_of(role);
+        Ok(Planned {
+            place: place_of(&self.topo, host),
+            node: role.node.0,
+            listen: self.topo.addr_of(role),
+            flags: flags_of(&self.topo, host),
+            log: self
+                .logs
+                .join(format!("{}.{}.{}.log", host.name, kind, index)),
+        })
+    }
+}
+
+/// Whether `host` is this machine's loopback (started directly, not over ssh).
+fn is_loopback(host: &Host) -> bool {
+    host.ctrl_ip == "localhost"
+        || host
+            .ctrl_ip
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// How `host` is reached: directly when its control address is a loopback one and it
+/// names no `ssh` destination, else over ssh (its `ssh` key with `{host}` replaced by
+/// its name, or its name), the binaries in the file's `bin-dir` (default: where they
+/// are here).
+fn place_of(topo: &Topology, host: &Host) -> Place {
+    if is_loopback(host) && host.ssh.is_none() {
+        return Place::Local;
+    }
+    let target = host
+        .ssh
+        .as_deref()
+        .map_or_else(|| host.name.clone(), |t| t.replace("{host}", &host.name));
+    Place::Ssh {
+        target,
+        bin_dir: topo
+            .bin_dir
+            .clone()
+            .unwrap_or_else(crate::launcher::default_bin_dir),
+    }
+}
+
+/// The host's fabric flags.
+fn flags_of(topo: &Topology, host: &Host) -> Vec<String> {
+    let mut f = vec!["--fabric".to_string(), topo.fabric.to_string()];
+    if let Some(d) = &host.rdma_device {
+        f.extend(["--rdma-device".into(), d.clone()]);
+    }
+    if let Some(p) = host.rdma_port {
+        f.extend(["--rdma-port".into(), p.to_string()]);
+    }
+    if let GidIndex::Index(i) = host.gid_index {
+        f.extend(["--gid-index".into(), i.to_string()]);
+    }
+    if let Some(t) = host.tclass {
+        f.extend(["--tclass".into(), t.to_string()]);
+    }
+    if let Some(s) = host.sl {
+        f.extend(["--sl".into(), s.to_string()]);
+    }
+    f
+}
+
+/// A dry run ended after printing the command lines (not a failure).
+#[derive(Debug)]
+pub(crate) struct DryRunDone;
+
+impl std::fmt::Display for DryRunDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("dry run: nothing started")
+    }
+}
+
+impl std::error::Error for DryRunDone {}
+
+/// The address a service of a dry run is taken to answer at: its `--listen` flag.
+pub(crate) fn listen_of(flags: &[String]) -> Option<SocketAddr> {
+    let i = flags.iter().position(|f| f == "--listen")?;
+    rrpc::service::parse_addr(flags.get(i + 1)?).ok()
+}

@@ -1,0 +1,269 @@
+//! `txn-bench --hosts FILE`: the services where a topology file puts them, started over
+//! ssh for a host that names an ssh destination. Here the "remote" host is this one and
+//! ssh is a shim (`$RRPC_SSH`) that runs the command it is given, so the whole path runs:
+//! the command line and its quoting, READY through ssh's stdout, the logs, the services'
+//! `--exit-on-stdin-eof`. (Two real devices: the Soft-RoCE VM's two-hosts suite.)
+//!
+//! - A run over the shim passes every check under every protocol, each service at its
+//!   role's address, its stderr in its log.
+//! - `--dry-run` prints each host's command lines and starts nothing.
+//! - A service started with `--exit-on-stdin-eof` stops when its stdin closes.
+//! - Flags that need one host are refused with --hosts.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::txn_bench_watched_env;
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// A free loopback port (free when asked; the run binds it a moment later).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An ssh stand-in: skips ssh's options and the destination, and hands the command to
+/// a shell as sshd would.
+fn ssh_shim(dir: &Path) -> PathBuf {
+    let p = dir.join("ssh-shim");
+    std::fs::write(
+        &p,
+        "#!/bin/sh\nwhile [ \"$1\" = \"-o\" ]; do shift 2; done\nshift\n[ \"$1\" = \"--\" ] && shift\nexec sh -c \"$*\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// A one-host topology whose host is reached through ssh (the shim), the binaries
+/// where the tests' are.
+fn topology(dir: &Path, logs: &Path) -> PathBuf {
+    let bin = txn_bench_bin_dir();
+    let text = format!(
+        r#"name = "hosts-test"
+fabric = "shm"
+bin-dir = "{bin}"
+log-dir = "{logs}"
+
+[hosts.here]
+ctrl-ip = "127.0.0.1"
+ssh = "me@{{host}}"
+
+[[memnode]]
+host = "here"
+port = {m0}
+[[memnode]]
+host = "here"
+port = {m1}
+
+[lockd]
+host = "here"
+port = {l}
+
+[tso]
+host = "here"
+port = {t}
+
+[coordinators]
+hosts = ["here"]
+"#,
+        bin = bin.display(),
+        logs = logs.display(),
+        m0 = free_port(),
+        m1 = free_port(),
+        l = free_port(),
+        t = free_port(),
+    );
+    let p = dir.join("cluster.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Where `txn-bench` and the service binaries of this build are.
+fn txn_bench_bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+#[test]
+fn a_run_over_ssh_places_every_service_and_passes_every_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology(dir.path(), &logs);
+    let shim = ssh_shim(dir.path());
+    let args = [
+        "--hosts",
+        topo.to_str().unwrap(),
+        "--protocol",
+        "all",
+        "--duration",
+        "1",
+        "--coroutines",
+        "4",
+        "--accounts",
+        "2000",
+        "--cluster",
+        "hosts-run",
+    ];
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "hosts",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(ok, "{stdout}");
+    let runs = s["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    for r in runs {
+        assert_eq!(r["invariant_holds"], true, "{stdout}");
+    }
+    // Two memory nodes, from the file; each service's stderr in its log.
+    assert!(stdout.contains("2 memnode(s)"), "{stdout}");
+    for k in 1..=3 {
+        let d = logs.join(format!("hosts-run-{k}"));
+        for f in ["here.memnode.0.log", "here.memnode.1.log", "here.tso.0.log"] {
+            let text = std::fs::read_to_string(d.join(f))
+                .unwrap_or_else(|e| panic!("{}: {e}", d.join(f).display()));
+            assert!(text.contains("serving"), "{f}: {text}");
+        }
+    }
+    // Scythe (run 2) has a lock service, at its role's port.
+    let lockd = std::fs::read_to_string(logs.join("hosts-run-2/here.lockd.0.log")).unwrap();
+    assert!(lockd.contains("127.0.0.1:"), "{lockd}");
+}
+
+#[test]
+fn a_dry_run_prints_each_hosts_command_lines_and_starts_nothing() {
+    let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/two-hosts.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args([
+            "--hosts",
+            topo.to_str().unwrap(),
+            "--dry-run",
+            "--protocol",
+            "scythe",
+        ])
+        .env("RRPC_SSH", "ssh")
+        .current_dir(tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("[dry-run]"))
+        .collect();
+    assert_eq!(lines.len(), 4, "two memory nodes, tso, lockd: {stdout}");
+    for l in &lines {
+        assert!(l.starts_with("[dry-run] a: ssh -o BatchMode=yes"), "{l}");
+        assert!(l.contains("--fabric verbs --rdma-device rxeA"), "{l}");
+        assert!(l.contains("--exit-on-stdin-eof"), "{l}");
+    }
+    assert!(lines[0].contains("/opt/rrpc/bin/memnode") && lines[0].contains("192.168.200.1:7010"));
+    assert!(
+        lines[3].contains("/opt/rrpc/bin/lockd") && lines[3].contains("--tso 192.168.200.1:7003")
+    );
+}
+
+#[test]
+fn a_service_exits_when_its_stdin_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("stdin-eof-{}", std::process::id());
+    let mut child = Command::new(txn_bench_bin_dir().join("tso"))
+        .args([
+            "--cluster",
+            &name,
+            "--node",
+            "3",
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+            "--exit-on-stdin-eof",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("READY ") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0,
+            "no READY"
+        );
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"still here\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "it stopped with stdin open"
+    );
+    drop(stdin);
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(st.success(), "{st}");
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("tso still running 10 s after its stdin closed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn flags_that_need_one_host_are_refused_with_hosts() {
+    let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/local.toml");
+    for (extra, want) in [
+        (
+            &["--cnodes", "2"][..],
+            "--cnodes 2 or more runs on one host",
+        ),
+        (
+            &["--kill-tso-after", "1"][..],
+            "--kill-tso-after runs on one host",
+        ),
+    ] {
+        let mut a = vec!["--hosts", topo.to_str().unwrap()];
+        a.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+            .args(&a)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{a:?}: {stderr}");
+        assert!(stderr.contains(want), "{a:?}: {stderr}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .arg("--dry-run")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--dry-run goes with --hosts"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(["--hosts", "/nonexistent/cluster.toml"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("/nonexistent/cluster.toml"), "{stderr}");
+}
