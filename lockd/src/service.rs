@@ -291,7 +291,12 @@ impl LockTable {
             .ok_or_else(|| {
                 LockTableError::Config(format!("{n_locks} locks overflow the address space"))
             })?;
-        let mr = fabric.alloc_mr(bytes)?;
+        // Clients READ `upper` and FAA it (unlock); `lower` and `queued_ts` are the
+        // service CPU's. No peer may WRITE the table.
+        let mr = fabric.alloc_mr_with(
+            bytes,
+            rrpc::fabric::RemoteAccess::READ | rrpc::fabric::RemoteAccess::ATOMIC,
+        )?;
         let stripes = (0..STRIPES).map(|_| Stripe::default()).collect();
         Ok(Self {
             mr,

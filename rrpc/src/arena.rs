@@ -25,7 +25,7 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::rc::Rc;
 
-use crate::fabric::{Fabric, FabricError, MemoryRegion};
+use crate::fabric::{Fabric, FabricError, MemoryRegion, RemoteAccess};
 
 /// Smallest chunk, bytes.
 pub const MIN_CHUNK: usize = 64;
@@ -178,9 +178,20 @@ impl UnusedArena {
     /// up to a power of two, at most `bytes`). Errors: the MR cannot be allocated;
     /// `max_chunk` larger than `bytes`.
     pub fn new(fabric: &Fabric, bytes: usize, max_chunk: usize) -> Result<Self, FabricError> {
+        Self::new_with(fabric, bytes, max_chunk, RemoteAccess::ALL)
+    }
+
+    /// As [`UnusedArena::new`], peers getting only `access` to the region (see
+    /// [`RemoteAccess`]).
+    pub fn new_with(
+        fabric: &Fabric,
+        bytes: usize,
+        max_chunk: usize,
+        access: RemoteAccess,
+    ) -> Result<Self, FabricError> {
         let max_chunk = chunk_limit(bytes, max_chunk)?;
         Ok(Self {
-            mr: fabric.alloc_mr(bytes)?,
+            mr: fabric.alloc_mr_with(bytes, access)?,
             max_chunk,
         })
     }
@@ -206,6 +217,17 @@ impl Arena {
     /// Errors: the MR cannot be allocated; `max_chunk` larger than `bytes`.
     pub fn new(fabric: &Fabric, bytes: usize, max_chunk: usize) -> Result<Self, FabricError> {
         Ok(UnusedArena::new(fabric, bytes, max_chunk)?.start())
+    }
+
+    /// As [`Arena::new`], peers getting only `access` to the region (see
+    /// [`RemoteAccess`]).
+    pub fn new_with(
+        fabric: &Fabric,
+        bytes: usize,
+        max_chunk: usize,
+        access: RemoteAccess,
+    ) -> Result<Self, FabricError> {
+        Ok(UnusedArena::new_with(fabric, bytes, max_chunk, access)?.start())
     }
 
     /// The registered memory.

@@ -10,6 +10,15 @@
 //! `{"err": "<message>"}`. One connection carries any number of
 //! request/response pairs in sequence, answered in order.
 //!
+//! # Authentication
+//!
+//! With a cluster secret ([`crate::auth`]), a server answers nothing on a connection
+//! until the client passed the mutual challenge, two request/response pairs whose bodies
+//! are `{"auth": ..}` ([`crate::auth::AuthMsg`]); a connection that sends anything else
+//! first, or fails the challenge, gets one `{"err": ..}` answer, is closed and is logged
+//! with the peer's address. The client checks the server's proof in turn, and refuses a
+//! server without the secret. Without a secret, connections are served as they come.
+//!
 //! # Pieces
 //!
 //! * [`BootstrapServer`] serves requests with a user handler on a background
@@ -30,6 +39,11 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde_json::Value;
 use tracing::{debug, warn};
+
+use crate::auth::{
+    self, AuthMsg, Challenge, ClientHandshake, ClusterSecret, Identity, Proof, SecretError,
+    ServerHandshake, AUTH_KEY,
+};
 
 /// Largest frame body, in bytes, that either side accepts or sends (64 KiB).
 ///
@@ -103,6 +117,73 @@ pub enum BootstrapError {
     /// longer usable because an earlier call on it failed mid-exchange.
     #[error("bootstrap connection closed")]
     Closed,
+    /// The cluster-secret challenge failed: the node at `addr` refused this side's
+    /// proof (a wrong or missing cluster secret), has no secret itself, or could not
+    /// prove it holds this side's. Not retried.
+    #[error("control connection to {addr} refused: authentication failed: {why}")]
+    Auth {
+        /// The node's address.
+        addr: SocketAddr,
+        /// What failed.
+        why: String,
+    },
+    /// This process's cluster secret cannot be had (see [`auth::process_secret`]).
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+}
+
+/// How a [`BootstrapServer`] admits connections.
+#[derive(Clone, Debug, Default)]
+pub struct ServerAuth {
+    /// The cluster secret every connection must prove; `None` admits every connection
+    /// unauthenticated.
+    pub secret: Option<ClusterSecret>,
+    /// Who this server says it is (bound into the proofs, shown to clients).
+    pub identity: Identity,
+}
+
+impl ServerAuth {
+    /// This process's secret ([`auth::process_secret`]) with `identity`.
+    ///
+    /// Errors: [`BootstrapError::Secret`].
+    pub fn process(identity: Identity) -> Result<Self, BootstrapError> {
+        Ok(Self {
+            secret: auth::process_secret()?,
+            identity,
+        })
+    }
+}
+
+/// How a [`BootstrapClient`] proves itself.
+#[derive(Clone, Debug, Default)]
+pub struct ClientAuth {
+    /// The cluster secret to prove, and to demand the server prove; `None` connects
+    /// unauthenticated (refused by a server with a secret).
+    pub secret: Option<ClusterSecret>,
+    /// Who this client says it is (a node checks a Rocket pair's node id against it).
+    pub identity: Identity,
+}
+
+impl ClientAuth {
+    /// This process's secret ([`auth::process_secret`]) with `identity`.
+    ///
+    /// Errors: [`BootstrapError::Secret`].
+    pub fn process(identity: Identity) -> Result<Self, BootstrapError> {
+        Ok(Self {
+            secret: auth::process_secret()?,
+            identity,
+        })
+    }
+}
+
+/// What a server's handler knows about the connection a request came on.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// The identity the client proved with the cluster secret; `None` on a server
+    /// without a secret.
+    pub identity: Option<Identity>,
 }
 
 fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> BootstrapError {
@@ -197,10 +278,35 @@ struct Conn {
     discarded: usize,
     /// Interest currently registered with the poll.
     interest: Interest,
+    /// Where the connection is in the cluster-secret challenge.
+    auth: ConnAuth,
+}
+
+/// A server connection's place in the challenge ([`crate::auth`]).
+enum ConnAuth {
+    /// The server has no secret: requests go to the handler.
+    Open,
+    /// Waiting for the client's hello; the server's secret and identity.
+    Hello(ClusterSecret, Identity),
+    /// Waiting for the client's proof.
+    Proof(ServerHandshake),
+    /// The client proved the secret, as this identity.
+    Done(Identity),
+    /// Refused; the connection is closing.
+    Refused,
+}
+
+impl ConnAuth {
+    fn new(auth: &ServerAuth) -> Self {
+        match &auth.secret {
+            Some(s) => Self::Hello(s.clone(), auth.identity.clone()),
+            None => Self::Open,
+        }
+    }
 }
 
 impl Conn {
-    fn new(stream: TcpStream, peer: SocketAddr) -> Self {
+    fn new(stream: TcpStream, peer: SocketAddr, auth: ConnAuth) -> Self {
         Conn {
             stream,
             peer,
@@ -212,6 +318,82 @@ impl Conn {
             write_shut: false,
             discarded: 0,
             interest: Interest::READABLE,
+            auth,
+        }
+    }
+
+    /// Refuse the connection: log `why` with the peer's address, answer with it, then
+    /// close.
+    fn refuse(&mut self, why: &str) -> Result<Value, String> {
+        warn!(peer = %self.peer, "control connection from {} refused: {why}", self.peer);
+        self.auth = ConnAuth::Refused;
+        self.closing = true;
+        self.rbuf = Vec::new();
+        Err(format!("control connection refused: {why}"))
+    }
+
+    /// Answer one request: a step of the challenge, or (once it passed, or without a
+    /// secret) the handler's answer.
+    fn dispatch<H>(&mut self, req: Value, handler: &mut H) -> Result<Value, String>
+    where
+        H: FnMut(&Peer, Value) -> Result<Value, String>,
+    {
+        let msg = match &req {
+            Value::Object(m) if m.len() == 1 => m.get(AUTH_KEY).cloned(),
+            _ => None,
+        };
+        let msg = msg.map(serde_json::from_value::<AuthMsg>);
+        match (std::mem::replace(&mut self.auth, ConnAuth::Refused), msg) {
+            (ConnAuth::Open, None) => {
+                self.auth = ConnAuth::Open;
+                let peer = Peer {
+                    addr: self.peer,
+                    identity: None,
+                };
+                handler(&peer, req)
+            }
+            (ConnAuth::Open, Some(_)) => {
+                self.auth = ConnAuth::Open;
+                Err("this node has no cluster secret: its control plane is unauthenticated".into())
+            }
+            (ConnAuth::Done(id), None) => {
+                let peer = Peer {
+                    addr: self.peer,
+                    identity: Some(id.clone()),
+                };
+                self.auth = ConnAuth::Done(id);
+                handler(&peer, req)
+            }
+            (ConnAuth::Done(id), Some(_)) => {
+                self.auth = ConnAuth::Done(id);
+                Err("this connection is authenticated already".into())
+            }
+            (ConnAuth::Hello(secret, me), Some(Ok(AuthMsg::Hello(h)))) => {
+                match ServerHandshake::on_hello(secret, me, &h) {
+                    Ok((hs, challenge)) => {
+                        self.auth = ConnAuth::Proof(hs);
+                        serde_json::to_value(challenge).map_err(|e| e.to_string())
+                    }
+                    Err(e) => self.refuse(&format!("authentication failed: {e}")),
+                }
+            }
+            (ConnAuth::Proof(hs), Some(Ok(AuthMsg::Proof(p)))) => match hs.on_proof(&p) {
+                Ok((id, mine)) => {
+                    debug!(peer = %self.peer, client = %id, "control connection authenticated");
+                    self.auth = ConnAuth::Done(id);
+                    serde_json::to_value(mine).map_err(|e| e.to_string())
+                }
+                Err(e) => self.refuse(&format!(
+                    "authentication failed (wrong cluster secret?): {e}"
+                )),
+            },
+            (ConnAuth::Hello(..) | ConnAuth::Proof(_), None) => self.refuse(
+                "no authentication (this node needs the cluster secret; the client has none?)",
+            ),
+            (ConnAuth::Hello(..) | ConnAuth::Proof(_), Some(_)) => {
+                self.refuse("authentication failed: a challenge message out of order or malformed")
+            }
+            (ConnAuth::Refused, _) => Err("control connection refused".into()),
         }
     }
 
@@ -219,7 +401,7 @@ impl Conn {
     /// while the write buffer is below the high-water mark.
     fn process_frames<H>(&mut self, handler: &mut H)
     where
-        H: FnMut(Value) -> Result<Value, String>,
+        H: FnMut(&Peer, Value) -> Result<Value, String>,
     {
         while !self.closing && self.wbuf.len() < WBUF_HIGH_WATER {
             if self.rbuf.len() < HEADER_BYTES {
@@ -246,7 +428,10 @@ impl Conn {
                 serde_json::from_slice::<Value>(&self.rbuf[HEADER_BYTES..HEADER_BYTES + len]);
             self.rbuf.drain(..HEADER_BYTES + len);
             let result = match parsed {
-                Ok(req) => handler(req),
+                Ok(req) => self.dispatch(req, handler),
+                Err(e) if matches!(self.auth, ConnAuth::Hello(..) | ConnAuth::Proof(_)) => {
+                    self.refuse(&format!("authentication failed: malformed request: {e}"))
+                }
                 Err(e) => {
                     debug!(peer = %self.peer, error = %e, "malformed bootstrap request");
                     Err(format!("malformed request: {e}"))
@@ -316,7 +501,7 @@ impl Conn {
     /// Makes all the progress possible without blocking: read, answer, write.
     fn drive<H>(&mut self, handler: &mut H, scratch: &mut [u8]) -> ConnFate
     where
-        H: FnMut(Value) -> Result<Value, String>,
+        H: FnMut(&Peer, Value) -> Result<Value, String>,
     {
         loop {
             self.process_frames(handler);
@@ -352,7 +537,7 @@ impl Conn {
 
         if self.closing {
             if self.eof || self.discarded > DRAIN_LIMIT {
-                debug!(peer = %self.peer, "closing bootstrap connection after an oversized request");
+                debug!(peer = %self.peer, "closing a refused bootstrap connection");
                 return ConnFate::Close;
             }
             return ConnFate::Keep;
@@ -419,13 +604,39 @@ impl BootstrapServer {
     /// length prefix above [`MAX_FRAME_BYTES`] is answered with an error and
     /// the connection is then closed.
     ///
+    /// Connections are authenticated with this process's cluster secret
+    /// ([`auth::process_secret`]), if it has one; see [`Self::start_with`].
+    ///
     /// # Errors
     ///
     /// [`BootstrapError::Io`] if binding, creating the poll or waker, or
-    /// spawning the thread fails.
-    pub fn start<H>(addr: SocketAddr, handler: H) -> Result<Self, BootstrapError>
+    /// spawning the thread fails; [`BootstrapError::Secret`] if the process's
+    /// secret cannot be had.
+    pub fn start<H>(addr: SocketAddr, mut handler: H) -> Result<Self, BootstrapError>
     where
         H: FnMut(Value) -> Result<Value, String> + Send + 'static,
+    {
+        let auth = ServerAuth::process(Identity::new(None, "bootstrap"))?;
+        Self::start_with(addr, auth, move |_, req| handler(req))
+    }
+
+    /// As [`Self::start`], admitting connections as `auth` says: with a secret, only
+    /// those that pass the challenge (the others are answered with an error, closed and
+    /// logged). `handler` also gets the connection's [`Peer`].
+    ///
+    /// Without a secret and bound beyond loopback, logs once per process that the
+    /// control plane is unauthenticated.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::start`].
+    pub fn start_with<H>(
+        addr: SocketAddr,
+        auth: ServerAuth,
+        handler: H,
+    ) -> Result<Self, BootstrapError>
+    where
+        H: FnMut(&Peer, Value) -> Result<Value, String> + Send + 'static,
     {
         let mut listener = TcpListener::bind(addr).map_err(io_err("bind"))?;
         let local_addr = listener.local_addr().map_err(io_err("local_addr"))?;
@@ -434,13 +645,27 @@ impl BootstrapServer {
             .register(&mut listener, LISTENER, Interest::READABLE)
             .map_err(io_err("register listener"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err("create waker"))?);
+        let authenticated = auth.secret.is_some();
+        if !authenticated && !local_addr.ip().is_loopback() {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                warn!(
+                    %local_addr,
+                    "the control plane is unauthenticated and listens beyond loopback: \
+                     whoever reaches it can connect to this node, call its handlers and \
+                     read or write its exported memory; give the cluster a secret \
+                     (--secret-file, ${} or secret-file in the topology file)",
+                    auth::SECRET_FILE_ENV
+                );
+            });
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let loop_stop = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("bootstrap".to_owned())
-            .spawn(move || event_loop(poll, listener, handler, &loop_stop))
+            .spawn(move || event_loop(poll, listener, handler, &auth, &loop_stop))
             .map_err(io_err("spawn thread"))?;
-        debug!(%local_addr, "bootstrap server started");
+        debug!(%local_addr, authenticated, "bootstrap server started");
         Ok(BootstrapServer {
             local_addr,
             stop,
@@ -493,6 +718,7 @@ fn accept_all(
     poll: &Poll,
     conns: &mut HashMap<Token, Conn>,
     next_token: &mut usize,
+    auth: &ServerAuth,
 ) -> bool {
     loop {
         match listener.accept() {
@@ -510,7 +736,7 @@ fn accept_all(
                     continue;
                 }
                 debug!(%peer, "bootstrap client connected");
-                conns.insert(token, Conn::new(stream, peer));
+                conns.insert(token, Conn::new(stream, peer, ConnAuth::new(auth)));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
             Err(e)
@@ -531,9 +757,14 @@ fn accept_all(
     }
 }
 
-fn event_loop<H>(mut poll: Poll, listener: TcpListener, mut handler: H, stop: &AtomicBool)
-where
-    H: FnMut(Value) -> Result<Value, String>,
+fn event_loop<H>(
+    mut poll: Poll,
+    listener: TcpListener,
+    mut handler: H,
+    auth: &ServerAuth,
+    stop: &AtomicBool,
+) where
+    H: FnMut(&Peer, Value) -> Result<Value, String>,
 {
     let mut events = Events::with_capacity(256);
     let mut conns: HashMap<Token, Conn> = HashMap::new();
@@ -551,13 +782,14 @@ where
             break;
         }
         if accept_pending && events.is_empty() {
-            accept_pending = accept_all(&listener, &poll, &mut conns, &mut next_token);
+            accept_pending = accept_all(&listener, &poll, &mut conns, &mut next_token, auth);
         }
         for event in events.iter() {
             match event.token() {
                 WAKER => {}
                 LISTENER => {
-                    accept_pending = accept_all(&listener, &poll, &mut conns, &mut next_token);
+                    accept_pending =
+                        accept_all(&listener, &poll, &mut conns, &mut next_token, auth);
                 }
                 token => {
                     let Some(conn) = conns.get_mut(&token) else {
@@ -606,6 +838,8 @@ pub struct BootstrapClient {
     stream: std::net::TcpStream,
     timeout: Duration,
     broken: bool,
+    /// The identity the server proved, on an authenticated connection.
+    server: Option<Identity>,
 }
 
 impl BootstrapClient {
@@ -618,15 +852,83 @@ impl BootstrapClient {
 
     /// Connects to `addr`, waiting at most `timeout` for the connection to be
     /// established. The same `timeout` later bounds each whole
-    /// [`call`](Self::call) (send plus receive).
+    /// [`call`](Self::call) (send plus receive). With a cluster secret in this
+    /// process ([`auth::process_secret`]), passes the challenge first (see
+    /// [`Self::connect_with`]).
     ///
     /// # Errors
     ///
     /// * [`BootstrapError::Timeout`] (`op = "connect"`) if the connection is
     ///   not established in time;
     /// * [`BootstrapError::Io`] if it is refused or otherwise fails, including
-    ///   a zero `timeout` (`InvalidInput`).
+    ///   a zero `timeout` (`InvalidInput`);
+    /// * [`BootstrapError::Secret`] if the process's secret cannot be had;
+    /// * those of [`Self::connect_with`]'s challenge.
     pub fn connect(addr: SocketAddr, timeout: Duration) -> Result<Self, BootstrapError> {
+        let auth = ClientAuth::process(Identity::new(None, "client"))?;
+        Self::connect_with(addr, timeout, &auth)
+    }
+
+    /// Connects to `addr` as [`Self::connect`] does, proving `auth`'s secret (if any)
+    /// as `auth`'s identity and demanding the server prove it too; each step of the
+    /// challenge is bounded by `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Self::connect`]; [`BootstrapError::Auth`] if the server refuses the
+    /// proof, has no secret, or cannot prove it holds this one; the errors of
+    /// [`Self::call`] during the challenge.
+    pub fn connect_with(
+        addr: SocketAddr,
+        timeout: Duration,
+        auth: &ClientAuth,
+    ) -> Result<Self, BootstrapError> {
+        let mut c = Self::connect_plain(addr, timeout)?;
+        if let Some(secret) = &auth.secret {
+            c.server = Some(c.authenticate(addr, secret, &auth.identity)?);
+        }
+        Ok(c)
+    }
+
+    /// The identity the server proved with the cluster secret; `None` on an
+    /// unauthenticated connection.
+    pub fn server_identity(&self) -> Option<&Identity> {
+        self.server.as_ref()
+    }
+
+    /// The client's side of the challenge ([`crate::auth`]).
+    fn authenticate(
+        &mut self,
+        addr: SocketAddr,
+        secret: &ClusterSecret,
+        me: &Identity,
+    ) -> Result<Identity, BootstrapError> {
+        let failed = |why: String| BootstrapError::Auth { addr, why };
+        let refused = |e: BootstrapError| match e {
+            BootstrapError::Remote(why) => failed(why),
+            e => e,
+        };
+        let (mut hs, hello) = ClientHandshake::start(secret.clone(), me.clone())
+            .map_err(|e| failed(e.to_string()))?;
+        let mut msg = |m: AuthMsg| {
+            let mut body = serde_json::Map::new();
+            let m = serde_json::to_value(m)
+                .map_err(|e| BootstrapError::Malformed(format!("cannot encode request: {e}")))?;
+            body.insert(AUTH_KEY.to_owned(), m);
+            self.call(&Value::Object(body)).map_err(refused)
+        };
+        let challenge: Challenge = serde_json::from_value(msg(AuthMsg::Hello(hello))?)
+            .map_err(|e| failed(format!("malformed challenge: {e}")))?;
+        let proof = hs
+            .on_challenge(&challenge)
+            .map_err(|e| failed(e.to_string()))?;
+        let theirs: Proof = serde_json::from_value(msg(AuthMsg::Proof(proof))?)
+            .map_err(|e| failed(format!("malformed proof: {e}")))?;
+        hs.finish(&theirs)
+            .map_err(|e| failed(format!("the node did not prove the cluster secret: {e}")))
+    }
+
+    fn connect_plain(addr: SocketAddr, timeout: Duration) -> Result<Self, BootstrapError> {
         let stream =
             std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
@@ -648,6 +950,7 @@ impl BootstrapClient {
             stream,
             timeout,
             broken: false,
+            server: None,
         })
     }
 
@@ -832,6 +1135,7 @@ pub fn call_with_retry<Q: serde::Serialize, R: serde::de::DeserializeOwned>(
         }
         match BootstrapClient::connect(addr, remaining) {
             Ok(client) => break client,
+            Err(e @ (BootstrapError::Auth { .. } | BootstrapError::Secret(_))) => return Err(e),
             Err(e) => {
                 debug!(%addr, error = %e, "bootstrap connect failed; retrying");
                 last_err = Some(e);
@@ -1338,6 +1642,169 @@ mod tests {
             assert_eq!(c.call(&json!(1)).unwrap(), json!({ "echo": 1 }));
         }
         assert!(BootstrapClient::connect(addr, Duration::from_millis(500)).is_err());
+    }
+
+    fn secret(s: &str) -> ClusterSecret {
+        ClusterSecret::from_bytes(s.as_bytes()).unwrap()
+    }
+
+    const SECRET: &str = "the cluster's secret, 32 bytes..";
+
+    /// A server with `SECRET` whose handler answers with the caller's proved identity.
+    fn secured_server() -> BootstrapServer {
+        let auth = ServerAuth {
+            secret: Some(secret(SECRET)),
+            identity: Identity::new(Some(2), "lockd"),
+        };
+        BootstrapServer::start_with(loopback(), auth, |peer, req| {
+            Ok(json!({ "echo": req, "from": peer.identity.as_ref().and_then(|i| i.node) }))
+        })
+        .unwrap()
+    }
+
+    fn client_auth(s: Option<&str>) -> ClientAuth {
+        ClientAuth {
+            secret: s.map(secret),
+            identity: Identity::new(Some(100), "client"),
+        }
+    }
+
+    #[test]
+    fn a_secured_server_serves_a_client_with_the_secret() {
+        let server = secured_server();
+        let mut c =
+            BootstrapClient::connect_with(server.local_addr(), T, &client_auth(Some(SECRET)))
+                .unwrap();
+        assert_eq!(c.server_identity(), Some(&Identity::new(Some(2), "lockd")));
+        for i in 0..3 {
+            assert_eq!(
+                c.call(&json!(i)).unwrap(),
+                json!({ "echo": i, "from": 100 })
+            );
+        }
+    }
+
+    /// The server's side of a refused connection: one error answer, then end of stream.
+    fn expect_refused_then_closed(s: &mut std::net::TcpStream, what: &str) {
+        let resp = raw_read_frame(s);
+        let msg = resp["err"].as_str().expect("err response");
+        assert!(msg.contains(what), "{msg}");
+        let mut rest = Vec::new();
+        match s.read_to_end(&mut rest) {
+            Ok(0) => {}
+            Ok(n) => panic!("{n} bytes after the refusal"),
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}"),
+        }
+    }
+
+    #[test]
+    fn a_secured_server_refuses_and_closes_unauthenticated_connections() {
+        let server = secured_server();
+        // A request before the challenge: refused, never handled.
+        let mut s = raw_connect(server.local_addr());
+        raw_write_frame(&mut s, br#"{"op": "info"}"#);
+        expect_refused_then_closed(&mut s, "no authentication");
+        // Garbage before the challenge.
+        let mut s = raw_connect(server.local_addr());
+        raw_write_frame(&mut s, b"{not json");
+        expect_refused_then_closed(&mut s, "authentication failed");
+        // A proof before any hello.
+        let mut s = raw_connect(server.local_addr());
+        raw_write_frame(&mut s, br#"{"auth": {"proof": {"mac": "00"}}}"#);
+        expect_refused_then_closed(&mut s, "out of order");
+        // A client without a secret.
+        let mut c =
+            BootstrapClient::connect_with(server.local_addr(), T, &client_auth(None)).unwrap();
+        let e = c.call(&json!(1)).unwrap_err();
+        assert!(
+            matches!(&e, BootstrapError::Remote(m) if m.contains("no authentication")),
+            "{e}"
+        );
+        // The server still serves the cluster.
+        let mut c =
+            BootstrapClient::connect_with(server.local_addr(), T, &client_auth(Some(SECRET)))
+                .unwrap();
+        assert_eq!(
+            c.call(&json!(1)).unwrap(),
+            json!({ "echo": 1, "from": 100 })
+        );
+    }
+
+    #[test]
+    fn a_wrong_secret_is_refused_with_a_clear_error() {
+        let server = secured_server();
+        let e = BootstrapClient::connect_with(
+            server.local_addr(),
+            T,
+            &client_auth(Some("another cluster's secret, 32 b.")),
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, BootstrapError::Auth { .. }), "{e:?}");
+        assert!(
+            msg.contains("refused: authentication failed") && msg.contains("wrong cluster secret"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_replayed_proof_on_a_new_connection_is_refused() {
+        // Record a real client's messages, then replay them on a fresh connection.
+        let server = secured_server();
+        let me = Identity::new(Some(100), "client");
+        let mut s = raw_connect(server.local_addr());
+        let (mut hs, hello) = ClientHandshake::start(secret(SECRET), me).unwrap();
+        let hello = json!({ "auth": AuthMsg::Hello(hello) });
+        raw_write_frame(&mut s, hello.to_string().as_bytes());
+        let ch: Challenge = serde_json::from_value(raw_read_frame(&mut s)["ok"].clone()).unwrap();
+        let proof = json!({ "auth": AuthMsg::Proof(hs.on_challenge(&ch).unwrap()) });
+        raw_write_frame(&mut s, proof.to_string().as_bytes());
+        assert!(raw_read_frame(&mut s).get("ok").is_some());
+
+        let mut r = raw_connect(server.local_addr());
+        raw_write_frame(&mut r, hello.to_string().as_bytes());
+        assert!(raw_read_frame(&mut r).get("ok").is_some());
+        raw_write_frame(&mut r, proof.to_string().as_bytes());
+        expect_refused_then_closed(&mut r, "wrong cluster secret");
+    }
+
+    #[test]
+    fn a_client_with_a_secret_refuses_a_server_without_one() {
+        let server = echo_server();
+        let e = BootstrapClient::connect_with(server.local_addr(), T, &client_auth(Some(SECRET)))
+            .unwrap_err();
+        assert!(
+            matches!(&e, BootstrapError::Auth { why, .. } if why.contains("no cluster secret")),
+            "{e}"
+        );
+        // A fake server that answers the challenge with a made-up proof.
+        let l = std::net::TcpListener::bind(loopback()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(T)).unwrap();
+            let _ = raw_read_frame(&mut s);
+            let ch =
+                json!({ "ok": { "nonce": "ab".repeat(32), "id": { "node": 2, "role": "x" } } });
+            let mut f = Vec::new();
+            push_frame(&mut f, ch.to_string().as_bytes());
+            s.write_all(&f).unwrap();
+            let _ = raw_read_frame(&mut s);
+            let mut f = Vec::new();
+            push_frame(
+                &mut f,
+                json!({ "ok": { "mac": "00".repeat(32) } })
+                    .to_string()
+                    .as_bytes(),
+            );
+            s.write_all(&f).unwrap();
+        });
+        let e = BootstrapClient::connect_with(addr, T, &client_auth(Some(SECRET))).unwrap_err();
+        assert!(
+            matches!(&e, BootstrapError::Auth { why, .. } if why.contains("did not prove")),
+            "{e}"
+        );
+        fake.join().unwrap();
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`rocket`]: the Rocket message ring (bucketed msg batching + doorbell batching,
 //!   labels at both ends of a bucket, credits), a sans-IO state machine;
 //! - [`wire`]: message kinds, reply modes and their fixed-layout prefixes;
+//! - [`auth`]: the cluster secret and the mutual challenge on control connections;
 //! - [`bootstrap`] and [`ctrl`]: the TCP control plane and its messages;
 //! - [`arena`]: registered buffers carved into chunks;
 //! - [`straw`]: RdmaStraws, per-node QP pools shared by a process's threads, with a
@@ -26,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod arena;
+pub mod auth;
 pub mod bootstrap;
 pub mod channel;
 #[cfg(all(test, feature = "loom-models"))]

@@ -2,7 +2,10 @@
 //! the regions it exports, and optionally an RPC server.
 //!
 //! Control-plane requests ([`CtrlRequest`]) are JSON over the bootstrap service; the
-//! data path never touches it.
+//! data path never touches it. With a cluster secret ([`crate::auth`]), a node serves
+//! only connections that proved it, and opens a Rocket pair only for the node id its
+//! connection proved: the node id every handler sees as its caller
+//! ([`crate::server::Caller`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -12,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::bootstrap::BootstrapServer;
+use crate::auth::Identity;
+use crate::bootstrap::{BootstrapServer, Peer, ServerAuth};
 use crate::ctrl::QpKind;
 pub use crate::ctrl::{node_info, CtrlRequest, NodeError, NodeInfo, RpcAccept};
 use crate::fabric::{Fabric, QpEndpoint, QpState, QueuePair};
@@ -55,7 +59,8 @@ fn reap(s: &Shared) {
 pub struct NodeConfig {
     /// Role name reported by `Info`.
     pub role: String,
-    /// Bootstrap listen address (loopback; port 0 picks one).
+    /// Bootstrap listen address (port 0 picks one). Beyond loopback only where the
+    /// cluster's topology says so, and with a cluster secret ([`crate::auth`]).
     pub listen: SocketAddr,
     /// Exports reported by `Info`.
     pub exports: BTreeMap<String, serde_json::Value>,
@@ -89,7 +94,9 @@ impl Node {
     /// Start the node's services on `fabric`, with a runtime context on each RPC server
     /// thread if `runtime` asks for one: the thread's async handlers reach it through
     /// [`ThreadCtx::current`] and make calls and one-sided operations with it, posted
-    /// and polled in the thread's own rounds. Errors: the fabric, the control plane, a
+    /// and polled in the thread's own rounds. Control connections are authenticated with
+    /// the process's cluster secret ([`crate::auth::process_secret`]), if it has one.
+    /// Errors: the fabric, the control plane (including a secret that cannot be had), a
     /// server thread's start (including `runtime`'s per-thread setup).
     pub fn start_with_runtime(
         fabric: Fabric,
@@ -115,7 +122,13 @@ impl Node {
             rpc,
         });
         let s = shared.clone();
-        let bootstrap = BootstrapServer::start(cfg.listen, move |req| handle_ctrl(&s, req))?;
+        let auth = ServerAuth::process(Identity::new(
+            Some(shared.fabric.node().get()),
+            shared.role.clone(),
+        ))?;
+        let bootstrap = BootstrapServer::start_with(cfg.listen, auth, move |peer, req| {
+            handle_ctrl(&s, peer, req)
+        })?;
         let (stop, stopped) = mpsc::channel::<()>();
         let s = shared.clone();
         let reaper = std::thread::Builder::new()
@@ -224,7 +237,11 @@ impl Drop for Node {
     }
 }
 
-fn handle_ctrl(s: &Shared, req: serde_json::Value) -> Result<serde_json::Value, String> {
+fn handle_ctrl(
+    s: &Shared,
+    peer: &Peer,
+    req: serde_json::Value,
+) -> Result<serde_json::Value, String> {
     let req: CtrlRequest =
         serde_json::from_value(req).map_err(|e| format!("unknown control request: {e}"))?;
     let out = match req {
@@ -301,11 +318,39 @@ fn handle_ctrl(s: &Shared, req: serde_json::Value) -> Result<serde_json::Value, 
         }
         CtrlRequest::ConnectRocket(offer) => {
             let rpc = s.rpc.as_ref().ok_or("this node serves no RPCs")?;
+            check_offer_node(peer, offer.node)?;
             let accept = rpc.accept(offer).map_err(|e| e.to_string())?;
             serde_json::to_value(accept)
         }
     };
     out.map_err(|e| e.to_string())
+}
+
+/// On an authenticated connection, a Rocket pair is opened only for the node id the
+/// connection proved: handlers own tickets and locks by that id ([`crate::server::Caller`]).
+/// Without a secret (`peer.identity` is `None`) every offer is taken at its word, as
+/// before.
+fn check_offer_node(peer: &Peer, node: crate::NodeId) -> Result<(), String> {
+    let Some(id) = &peer.identity else {
+        return Ok(());
+    };
+    if id.node == Some(node.get()) {
+        return Ok(());
+    }
+    let proved = id
+        .node
+        .map_or("no node id".to_string(), |n| format!("node {n}"));
+    tracing::warn!(
+        peer = %peer.addr,
+        offered = %node,
+        %proved,
+        "control connection from {}: refused a Rocket pair for node {node}: the connection \
+         authenticated as {proved}",
+        peer.addr
+    );
+    Err(format!(
+        "Rocket pair for node {node} refused: this connection authenticated as {proved}"
+    ))
 }
 
 /// A passive QP (one-sided traffic only) connected to `endpoint`.

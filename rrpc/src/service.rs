@@ -10,6 +10,11 @@
 //! for a memory node, `--partition`, `--partitions` and its table's other keys, each
 //! only where the flag was not given on the command line or through its environment
 //! variable: explicit flags win.
+//!
+//! The cluster secret ([`crate::auth`]) comes from `--secret-file` (`$RRPC_SECRET_FILE`),
+//! else from the topology file's `secret-file` or `secret`; [`parse_args`] installs it
+//! for the process, so the node's control plane admits only the cluster's processes and
+//! its own control connections prove the secret.
 
 use crate::NodeId;
 use std::ffi::OsString;
@@ -19,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::sync::OnceLock;
 
+use crate::auth::{ClusterSecret, SecretError};
 use crate::fabric::{Fabric, FabricConfig, FabricError, FabricKind};
 use crate::topology::{self, Role, RoleKind, Topology, TopologyError};
 
@@ -46,9 +52,15 @@ pub struct NodeArgs {
     )]
     pub node: NodeId,
     /// Bootstrap (control-plane) listen address, HOST:PORT (a host name or an IP
-    /// address); port 0 picks a free port.
+    /// address); port 0 picks a free port. Beyond loopback, give the cluster a secret
+    /// (--secret-file).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0", value_parser = parse_addr)]
     pub listen: SocketAddr,
+    /// File holding the cluster secret (at least 16 bytes; trailing white space is
+    /// ignored): control connections must prove it, and this node's prove it (default:
+    /// the topology file's secret-file or secret, else none: unauthenticated).
+    #[arg(long, value_name = "FILE", env = "RRPC_SECRET_FILE")]
+    pub secret_file: Option<PathBuf>,
     /// Address peers reach this node at, HOST[:PORT] (default: the bound address; with a
     /// wildcard --listen such as 0.0.0.0:7000, the host name's address). Printed in the
     /// READY line; without a port, the bound port.
@@ -193,7 +205,28 @@ impl NodeArgs {
     /// Open the fabric as this node.
     ///
     /// Errors: [`FabricError::NodeInUse`] when a live process is this node; I/O errors.
+    ///
+    /// Warns when the control plane listens beyond loopback without a topology file
+    /// saying so (--hosts), or without a cluster secret.
     pub fn open_fabric(&self) -> Result<Fabric, FabricError> {
+        if !self.listen.ip().is_loopback() {
+            if self.hosts.is_none() {
+                tracing::warn!(
+                    listen = %self.listen,
+                    "the control plane listens beyond loopback, but no topology file (--hosts) \
+                     says this node runs here; use --listen 127.0.0.1:PORT for a local run"
+                );
+            }
+            if self.secret_file.is_none()
+                && !crate::auth::process_secret().is_ok_and(|s| s.is_some())
+            {
+                tracing::warn!(
+                    listen = %self.listen,
+                    "no cluster secret: anyone who reaches the control plane may connect; \
+                     pass --secret-file (or secret-file in the topology file)"
+                );
+            }
+        }
         let mut cfg = FabricConfig::new(self.fabric, &self.cluster, self.node);
         cfg.device = self.rdma_device.clone();
         cfg.gid_index = self.gid_index;
@@ -239,6 +272,9 @@ pub enum ArgsError {
     /// The role does not fit this binary, or a value from the file is refused.
     #[error("{0}")]
     Other(String),
+    /// The cluster secret (`--secret-file`, or the topology file's) cannot be had.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
 }
 
 fn find_role<'t>(
@@ -292,6 +328,10 @@ fn role_flags(topo: &Topology, role: &Role) -> Result<Vec<TopoFlag>, ArgsError> 
     put("tclass", host.tclass.map(|v| v.to_string()));
     put("sl", host.sl.map(|v| v.to_string()));
     put("etcd", topo.etcd.first().cloned());
+    put(
+        "secret-file",
+        topo.secret_file.as_ref().map(|p| p.display().to_string()),
+    );
     if role.kind == RoleKind::Memnode {
         if !role.settings.contains_key("partition") {
             put("partition", Some(role.index.to_string()));
@@ -344,6 +384,20 @@ pub fn resolve_args<T: clap::Parser>(
     argv: Vec<OsString>,
     hostname: &dyn Fn() -> std::io::Result<String>,
 ) -> Result<T, ArgsError> {
+    resolve_args_and_secret(name, argv, hostname).map(|(t, _)| t)
+}
+
+/// [`resolve_args`], and the cluster secret the arguments give: `--secret-file` (also
+/// from the topology file's `secret-file`), else the topology file's inline `secret`,
+/// else none (a binary without `--secret-file` gets none).
+///
+/// Errors: those of [`resolve_args`]; [`ArgsError::Secret`] when the secret file cannot
+/// be read or is too short.
+pub fn resolve_args_and_secret<T: clap::Parser>(
+    name: &str,
+    argv: Vec<OsString>,
+    hostname: &dyn Fn() -> std::io::Result<String>,
+) -> Result<(T, Option<ClusterSecret>), ArgsError> {
     use clap::parser::ValueSource;
     let cmd = T::command();
     let first = cmd.clone().try_get_matches_from(&argv)?;
@@ -357,7 +411,7 @@ pub fn resolve_args<T: clap::Parser>(
         None
     };
     let Some(path) = path else {
-        return finish::<T>(&first);
+        return Ok((finish::<T>(&first)?, secret_of(&first, None)?));
     };
     let topo = Topology::load(&path)?;
     let spec = first
@@ -404,7 +458,18 @@ pub fn resolve_args<T: clap::Parser>(
             line.trim_start_matches("error: ")
         ))
     })?;
-    finish::<T>(&m)
+    Ok((finish::<T>(&m)?, secret_of(&m, Some(&topo))?))
+}
+
+/// The cluster secret of matches `m`: `--secret-file`'s, else `topo`'s inline one.
+fn secret_of(
+    m: &clap::ArgMatches,
+    topo: Option<&Topology>,
+) -> Result<Option<ClusterSecret>, SecretError> {
+    if let Ok(Some(p)) = m.try_get_one::<PathBuf>("secret_file") {
+        return ClusterSecret::from_file(p).map(Some);
+    }
+    Ok(topo.and_then(|t| t.secret.clone()))
 }
 
 /// Build `T` from its matches and remember `--advertise`.
@@ -425,11 +490,19 @@ fn finish<T: clap::Parser>(m: &clap::ArgMatches) -> Result<T, ArgsError> {
 /// With `--hosts FILE`, the flags this process's role implies are added where not given
 /// (see the module's documentation); a problem with the file or the role prints
 /// `<name>: <file>: <table>: <what>` and exits 1.
+///
+/// The cluster secret the arguments give (see [`resolve_args_and_secret`]) becomes the
+/// process's ([`crate::auth::install`]); one that cannot be read prints why and exits 1.
 pub fn parse_args<T: clap::Parser>(name: &str) -> T {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    match resolve_args::<T>(name, argv, &topology::machine_hostname) {
-        Ok(c) => c,
-        Err(e @ (ArgsError::Topology(_) | ArgsError::Other(_))) => {
+    match resolve_args_and_secret::<T>(name, argv, &topology::machine_hostname) {
+        Ok((c, secret)) => {
+            if secret.is_some() {
+                crate::auth::install(secret);
+            }
+            c
+        }
+        Err(e @ (ArgsError::Topology(_) | ArgsError::Other(_) | ArgsError::Secret(_))) => {
             eprintln!("{name}: {e}");
             std::process::exit(1);
         }
@@ -575,6 +648,60 @@ port = 7002
             .collect();
         let host = host.to_string();
         resolve_args::<T>(name, argv, &move || Ok(host.clone()))
+    }
+
+    #[test]
+    fn the_cluster_secret_comes_from_the_flag_else_the_topology_file() {
+        let secret = |args: &[&str]| {
+            let argv = std::iter::once("memnode")
+                .chain(args.iter().copied())
+                .map(OsString::from)
+                .collect();
+            resolve_args_and_secret::<Memnode>("memnode", argv, &|| Ok("x".into()))
+                .map(|(m, s)| (m.node.secret_file, s))
+        };
+        let p = topo_file(
+            "secret",
+            &format!("secret-file = \"from-topology\"\n{FILE}"),
+        );
+        let dir = p.parent().unwrap();
+        std::fs::write(
+            dir.join("from-topology"),
+            "a secret from the topology file\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("from-flag"), "a secret from the command line\n").unwrap();
+        let f = p.to_str().unwrap();
+        let (file, s) = secret(&["--hosts", f, "--as", "memnode:0"]).unwrap();
+        assert_eq!(file.as_deref(), Some(dir.join("from-topology").as_path()));
+        assert_eq!(
+            s,
+            Some(ClusterSecret::from_bytes(b"a secret from the topology file").unwrap())
+        );
+        let flag = dir.join("from-flag");
+        let flag = flag.to_str().unwrap();
+        let (_, s) = secret(&["--hosts", f, "--as", "memnode:0", "--secret-file", flag]).unwrap();
+        assert_eq!(
+            s,
+            Some(ClusterSecret::from_bytes(b"a secret from the command line").unwrap())
+        );
+        let (_, s) = secret(&["--node", "1", "--secret-file", flag]).unwrap();
+        assert!(s.is_some());
+        let (_, s) = secret(&["--node", "1"]).unwrap();
+        assert!(s.is_none());
+        let e = secret(&["--node", "1", "--secret-file", "/nonexistent/secret"]).unwrap_err();
+        assert!(matches!(e, ArgsError::Secret(_)), "{e}");
+        let inline = topo_file(
+            "inline",
+            &format!("secret = \"an inline secret, long enough\"\n{FILE}"),
+        );
+        let (file, s) =
+            secret(&["--hosts", inline.to_str().unwrap(), "--as", "memnode:1"]).unwrap();
+        assert!(file.is_none());
+        assert_eq!(
+            s,
+            Some(ClusterSecret::from_bytes(b"an inline secret, long enough").unwrap())
+        );
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! bin-dir = "/opt/rrpc/bin"   # optional, for launchers
 //! log-dir = "runs"            # optional, for launchers
 //! etcd = ["http://10.10.1.1:2379"]
+//! secret-file = "cluster.secret"  # the cluster secret (relative to this file), or
+//!                                 # secret = "..." inline (see rrpc::auth)
 //!
 //! [defaults]                  # any host key but ctrl-ip
 //! rdma-device = "mlx5_0"
@@ -50,6 +52,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::auth::{ClusterSecret, SecretError};
 use crate::fabric::FabricKind;
 use crate::runtime::RuntimeConfig;
 use crate::server::ServerConfig;
@@ -288,6 +291,10 @@ struct Raw {
     #[serde(default)]
     etcd: Vec<String>,
     #[serde(default)]
+    secret_file: Option<PathBuf>,
+    #[serde(default)]
+    secret: Option<String>,
+    #[serde(default)]
     defaults: HostKeys,
     #[serde(default)]
     hosts: BTreeMap<String, HostKeys>,
@@ -361,6 +368,12 @@ pub struct Topology {
     pub log_dir: Option<PathBuf>,
     /// etcd endpoints of the cluster's membership.
     pub etcd: Vec<String>,
+    /// The file holding the cluster secret (`secret-file`, relative to the topology
+    /// file's directory; every host has it at this path); see [`crate::auth`].
+    pub secret_file: Option<PathBuf>,
+    /// The cluster secret given inline (`secret`): the file itself must then be kept
+    /// from other users.
+    pub secret: Option<ClusterSecret>,
     /// The hosts, by name.
     pub hosts: BTreeMap<String, Host>,
     /// The memory nodes, memory node `i` holding partition `i` unless its table says
@@ -536,6 +549,22 @@ impl Topology {
             parse_cpu_list(cpus).map_err(|m| invalid("[coordinators]", format!("cpus: {m}")))?;
         }
 
+        if raw.secret.is_some() && raw.secret_file.is_some() {
+            return Err(invalid(
+                "top level",
+                "secret and secret-file: give the cluster secret one way".into(),
+            ));
+        }
+        let secret = raw
+            .secret
+            .as_deref()
+            .map(|s| ClusterSecret::from_bytes(s.as_bytes()))
+            .transpose()
+            .map_err(|e| invalid("top level", format!("secret: {e}")))?;
+        let secret_file = raw.secret_file.map(|f| match Path::new(path).parent() {
+            Some(dir) if f.is_relative() => dir.join(f),
+            _ => f,
+        });
         let topo = Self {
             path: path.into(),
             name: raw.name,
@@ -543,6 +572,8 @@ impl Topology {
             bin_dir: raw.bin_dir,
             log_dir: raw.log_dir,
             etcd: raw.etcd,
+            secret_file,
+            secret,
             hosts,
             memnodes,
             lockd,
@@ -560,6 +591,20 @@ impl Topology {
             .validate()
             .map_err(|e| invalid("[server]", e.to_string()))?;
         Ok(topo)
+    }
+
+    /// The cluster secret the file gives: `secret`, or the contents of `secret-file`
+    /// (read now); `None` when it gives none.
+    ///
+    /// Errors: the secret file's ([`SecretError`]).
+    pub fn cluster_secret(&self) -> Result<Option<ClusterSecret>, SecretError> {
+        if let Some(s) = &self.secret {
+            return Ok(Some(s.clone()));
+        }
+        self.secret_file
+            .as_ref()
+            .map(ClusterSecret::from_file)
+            .transpose()
     }
 
     fn invalid(&self, table: String, msg: String) -> TopologyError {
@@ -1177,6 +1222,46 @@ call-timeout-ms = 2000
         );
         let t = Topology::load(format!("{dir}/two-hosts.toml")).unwrap();
         assert_eq!(t.resolve("auto", "b").unwrap().spec(), "coordinator:0");
+    }
+
+    #[test]
+    fn the_cluster_secret_comes_from_a_file_beside_the_topology_or_inline() {
+        let none = parse(TWO).unwrap();
+        assert!(none.cluster_secret().unwrap().is_none());
+
+        let dir = std::env::temp_dir().join(format!("rrpc-topo-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cluster.secret"), "0123456789abcdef0123\n").unwrap();
+        let path = dir.join("cluster.toml");
+        std::fs::write(&path, format!("secret-file = \"cluster.secret\"\n{TWO}")).unwrap();
+        let t = Topology::load(&path).unwrap();
+        assert_eq!(
+            t.secret_file.as_deref(),
+            Some(dir.join("cluster.secret").as_path())
+        );
+        assert_eq!(
+            t.cluster_secret().unwrap(),
+            Some(ClusterSecret::from_bytes(b"0123456789abcdef0123").unwrap())
+        );
+        std::fs::remove_file(dir.join("cluster.secret")).unwrap();
+        let e = t.cluster_secret().unwrap_err().to_string();
+        assert!(e.contains("cluster.secret"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let t = parse(&format!(
+            "secret = \"an inline secret, long enough\"\n{TWO}"
+        ))
+        .unwrap();
+        assert!(t.cluster_secret().unwrap().is_some());
+        let e = err(&format!("secret = \"short\"\n{TWO}"));
+        assert!(
+            e.contains("secret: cluster secret given inline: 5 bytes"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "secret = \"an inline secret, long enough\"\nsecret-file = \"x\"\n{TWO}"
+        ));
+        assert!(e.contains("one way"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! ([`crate::error`]), the FAA client ([`crate::client`]) and the TSO group tiers
 //! ([`crate::grouped`], [`crate::thread_tso`]).
 
-use rrpc::fabric::{DmPlacement, Fabric, MemoryRegion};
+use rrpc::fabric::{DmPlacement, Fabric, MemoryRegion, RemoteAccess};
 use rrpc::node::{Node, NodeConfig};
 
 use std::collections::BTreeMap;
@@ -50,7 +50,9 @@ impl Oracle {
     ///
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn with_epoch(fabric: &Fabric, epoch: u16) -> Result<Self, TsoError> {
-        let (counter, placement) = fabric.alloc_dm(COUNTER_BYTES)?;
+        // Clients only FAA the counter: no peer may READ or WRITE it (a WRITE could set
+        // it back).
+        let (counter, placement) = fabric.alloc_dm_with(COUNTER_BYTES, RemoteAccess::ATOMIC)?;
         Ok(Self::over(counter, placement, epoch))
     }
 
@@ -61,7 +63,7 @@ impl Oracle {
     ///
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn in_host_memory(fabric: &Fabric) -> Result<Self, TsoError> {
-        let counter = fabric.alloc_mr(COUNTER_BYTES)?;
+        let counter = fabric.alloc_mr_with(COUNTER_BYTES, RemoteAccess::ATOMIC)?;
         let placement = DmPlacement::HostFallback {
             reason: "host memory asked for".into(),
         };

@@ -173,6 +173,71 @@ pub struct Wc {
     pub recv: bool,
 }
 
+/// What peers may do to a memory region through its rkey: READ it, WRITE it, run
+/// atomics (CAS, FAA) on it. The owner may always read and write it locally.
+///
+/// The verbs backend registers the region with exactly these remote rights (plus local
+/// write, which remote write and atomics need), so the NIC refuses anything else with a
+/// remote access error. The shm backend records nothing and enforces nothing: a peer
+/// maps the region's file and could touch it anyway; on one host the boundary is the
+/// files' owner and mode (0600, this user's), not the rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteAccess {
+    /// Peers may READ.
+    pub read: bool,
+    /// Peers may WRITE.
+    pub write: bool,
+    /// Peers may CAS and FAA.
+    pub atomic: bool,
+}
+
+impl RemoteAccess {
+    /// Nothing remote: a local buffer (a source of WRITEs, a target of READs).
+    pub const NONE: Self = Self {
+        read: false,
+        write: false,
+        atomic: false,
+    };
+    /// READ only.
+    pub const READ: Self = Self {
+        read: true,
+        ..Self::NONE
+    };
+    /// WRITE only (a ring or a word peers write into).
+    pub const WRITE: Self = Self {
+        write: true,
+        ..Self::NONE
+    };
+    /// Atomics only (a counter peers FAA).
+    pub const ATOMIC: Self = Self {
+        atomic: true,
+        ..Self::NONE
+    };
+    /// READ, WRITE and atomics: the default of [`Fabric::alloc_mr`].
+    pub const ALL: Self = Self {
+        read: true,
+        write: true,
+        atomic: true,
+    };
+}
+
+impl Default for RemoteAccess {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+impl std::ops::BitOr for RemoteAccess {
+    type Output = Self;
+    fn bitor(self, o: Self) -> Self {
+        Self {
+            read: self.read || o.read,
+            write: self.write || o.write,
+            atomic: self.atomic || o.atomic,
+        }
+    }
+}
+
 /// Where device memory was placed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DmPlacement {
@@ -566,18 +631,42 @@ impl Fabric {
         }
     }
 
-    /// Allocate and register `len` bytes (zeroed) readable and writable by peers.
+    /// Allocate and register `len` bytes (zeroed) readable and writable by peers, and
+    /// open to their atomics ([`RemoteAccess::ALL`]); see [`Fabric::alloc_mr_with`].
     pub fn alloc_mr(&self, len: usize) -> Result<MemoryRegion> {
+        self.alloc_mr_with(len, RemoteAccess::ALL)
+    }
+
+    /// Allocate and register `len` bytes (zeroed) that peers may access only as
+    /// `access` says (enforced on verbs only; see [`RemoteAccess`]). Errors: a zero
+    /// length; the mapping or the registration fails.
+    pub fn alloc_mr_with(&self, len: usize, access: RemoteAccess) -> Result<MemoryRegion> {
         match self {
-            Self::Shm(f) => Ok(MemoryRegion::Shm(f.alloc_mr(len)?)),
+            Self::Shm(f) => {
+                let _ = access; // not enforceable on shm; see RemoteAccess
+                Ok(MemoryRegion::Shm(f.alloc_mr(len)?))
+            }
             #[cfg(feature = "verbs")]
-            Self::Verbs(f) => Ok(MemoryRegion::Verbs(f.alloc_mr(len)?)),
+            Self::Verbs(f) => Ok(MemoryRegion::Verbs(f.alloc_mr_with(len, access)?)),
         }
     }
 
     /// Allocate `len` bytes of device memory (on the NIC) registered as an MR, or host
     /// memory when the backend has none; the placement says which, never silently.
+    /// Peers get [`RemoteAccess::ALL`]; see [`Fabric::alloc_dm_with`].
     pub fn alloc_dm(&self, len: usize) -> Result<(MemoryRegion, DmPlacement)> {
+        self.alloc_dm_with(len, RemoteAccess::ALL)
+    }
+
+    /// As [`Fabric::alloc_dm`], peers getting only `access` (enforced on verbs only;
+    /// see [`RemoteAccess`]).
+    pub fn alloc_dm_with(
+        &self,
+        len: usize,
+        access: RemoteAccess,
+    ) -> Result<(MemoryRegion, DmPlacement)> {
+        #[cfg(not(feature = "verbs"))]
+        let _ = access;
         match self {
             Self::Shm(f) => {
                 let mr = f.alloc_dm(len)?;
@@ -593,7 +682,7 @@ impl Fabric {
             }
             #[cfg(feature = "verbs")]
             Self::Verbs(f) => {
-                let (mem, placement) = f.alloc_dm(len)?;
+                let (mem, placement) = f.alloc_dm_with(len, access)?;
                 let mr = match mem {
                     verbs::DmOrHost::Device(dm) => MemoryRegion::VerbsDm(dm),
                     verbs::DmOrHost::Host(mr) => MemoryRegion::Verbs(mr),

@@ -29,8 +29,25 @@ use sideway::ibverbs::queue_pair::{
 use sideway::ibverbs::AccessFlags;
 
 use super::{
-    DmPlacement, FabricError, QpEndpoint, QpState, RecvWr, Result, SendWr, Wc, WcStatus, WrOpcode,
+    DmPlacement, FabricError, QpEndpoint, QpState, RecvWr, RemoteAccess, Result, SendWr, Wc,
+    WcStatus, WrOpcode,
 };
+
+/// The verbs access flags of a region peers may access as `access`: local write always
+/// (remote write and atomics require it; the owner writes its regions).
+fn access_flags(access: RemoteAccess) -> AccessFlags {
+    let mut f = AccessFlags::LocalWrite;
+    if access.read {
+        f |= AccessFlags::RemoteRead;
+    }
+    if access.write {
+        f |= AccessFlags::RemoteWrite;
+    }
+    if access.atomic {
+        f |= AccessFlags::RemoteAtomic;
+    }
+    f
+}
 
 /// Receive-queue depth of a QP, in WRs.
 const RQ_DEPTH: u32 = 256;
@@ -283,6 +300,12 @@ impl VerbsFabric {
     /// Allocate `len` zeroed bytes (hugepages when reserved and `len` >= 2 MiB) and
     /// register them for local write and remote read, write and atomics.
     pub fn alloc_mr(&self, len: usize) -> Result<VerbsMr> {
+        self.alloc_mr_with(len, RemoteAccess::ALL)
+    }
+
+    /// As [`VerbsFabric::alloc_mr`], registered for local write and only the remote
+    /// rights `access` gives: the NIC refuses other remote operations on it.
+    pub fn alloc_mr_with(&self, len: usize, access: RemoteAccess) -> Result<VerbsMr> {
         if len == 0 {
             return Err(FabricError::InvalidArgument {
                 op: "alloc_mr",
@@ -313,14 +336,9 @@ impl VerbsFabric {
         };
         // SAFETY: the mapping outlives the registration: VerbsMr drops `mr` before `map`.
         let mr = unsafe {
-            self.inner.pd.reg_mr(
-                map.as_ptr() as usize,
-                len,
-                AccessFlags::LocalWrite
-                    | AccessFlags::RemoteWrite
-                    | AccessFlags::RemoteRead
-                    | AccessFlags::RemoteAtomic,
-            )
+            self.inner
+                .pd
+                .reg_mr(map.as_ptr() as usize, len, access_flags(access))
         }
         .map_err(|e| {
             use sideway::ibverbs::memory_region::RegisterMemoryRegionErrorKind as K;
@@ -350,10 +368,20 @@ impl VerbsFabric {
     /// provider cannot register it fall back to host memory ([`VerbsFabric::alloc_mr`]),
     /// and the reason says why.
     pub fn alloc_dm(&self, len: usize) -> Result<(DmOrHost, DmPlacement)> {
-        match self.try_alloc_dm(len) {
+        self.alloc_dm_with(len, RemoteAccess::ALL)
+    }
+
+    /// As [`VerbsFabric::alloc_dm`], registered (device or host memory alike) with only
+    /// the remote rights `access` gives.
+    pub fn alloc_dm_with(
+        &self,
+        len: usize,
+        access: RemoteAccess,
+    ) -> Result<(DmOrHost, DmPlacement)> {
+        match self.try_alloc_dm(len, access) {
             Ok(dm) => Ok((DmOrHost::Device(dm), DmPlacement::Device)),
             Err(reason) => Ok((
-                DmOrHost::Host(self.alloc_mr(len)?),
+                DmOrHost::Host(self.alloc_mr_with(len, access)?),
                 DmPlacement::HostFallback {
                     reason: format!("{}: {reason}", self.inner.dev_name),
                 },
@@ -362,7 +390,11 @@ impl VerbsFabric {
     }
 
     /// Device memory or why not.
-    fn try_alloc_dm(&self, len: usize) -> std::result::Result<VerbsDm, String> {
+    fn try_alloc_dm(
+        &self,
+        len: usize,
+        remote: RemoteAccess,
+    ) -> std::result::Result<VerbsDm, String> {
         if len == 0 || !len.is_multiple_of(8) {
             return Err(format!(
                 "device memory of {len} bytes (a multiple of 8 is needed)"
@@ -379,11 +411,17 @@ impl VerbsFabric {
         let Some(dm) = std::ptr::NonNull::new(dm) else {
             return Err(format!("ibv_alloc_dm: {}", std::io::Error::last_os_error()));
         };
-        let access = rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_ZERO_BASED.0
-            | rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
-            | rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
-            | rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
-            | rdma_mummy_sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+        use rdma_mummy_sys::ibv_access_flags as F;
+        let mut access = F::IBV_ACCESS_ZERO_BASED.0 | F::IBV_ACCESS_LOCAL_WRITE.0;
+        if remote.read {
+            access |= F::IBV_ACCESS_REMOTE_READ.0;
+        }
+        if remote.write {
+            access |= F::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        if remote.atomic {
+            access |= F::IBV_ACCESS_REMOTE_ATOMIC.0;
+        }
         // SAFETY: `pd` and `dm` belong to this open context; the MR covers `0..len` of
         // the `len` bytes allocated; `VerbsDm` deregisters it before freeing `dm`.
         let mr = unsafe {

@@ -59,7 +59,7 @@ use crate::arena::Arena;
 use crate::channel::{post_items, Channel, Item, Lists};
 use crate::ctrl::{node_info, CtrlRequest, NodeInfo, QpKind, RocketOffer, RpcAccept};
 use crate::exec;
-use crate::fabric::{Fabric, RemoteAddr, SendWr, WcStatus, WrOpcode};
+use crate::fabric::{Fabric, RemoteAccess, RemoteAddr, SendWr, WcStatus, WrOpcode};
 use crate::rocket::{decode_batch, MsgHeader};
 use crate::straw::{Mailbox, SharedQp, Straw, Straws};
 use crate::wire::MsgKind;
@@ -189,7 +189,14 @@ impl ThreadCtx {
         handle: exec::Handle,
     ) -> Result<Rc<Self>, ConnectError> {
         cfg.validate()?;
-        let arena = Arena::new(straws.fabric(), cfg.buffer_bytes, cfg.max_transfer + 16)?;
+        // Servers READ requests sent by reference and WRITE zero-copy replies here; no
+        // atomics.
+        let arena = Arena::new_with(
+            straws.fabric(),
+            cfg.buffer_bytes,
+            cfg.max_transfer + 16,
+            RemoteAccess::READ | RemoteAccess::WRITE,
+        )?;
         Ok(Rc::new(Self {
             straws,
             cfg,
@@ -284,12 +291,22 @@ impl ThreadCtx {
         self.attach(&info, addr, QpKind::Rpc)?;
         let geometry = self.cfg.rocket;
         let fabric = self.straws.fabric();
-        let staging = fabric.alloc_mr(geometry.ring_bytes())?;
-        let resp_ring = fabric.alloc_mr(geometry.ring_bytes())?;
-        let words = fabric.alloc_mr(16)?;
+        // The server only WRITEs responses and credits here; the staging ring is a
+        // local source of WRITEs. No peer may READ either (on verbs).
+        let staging = fabric.alloc_mr_with(geometry.ring_bytes(), RemoteAccess::NONE)?;
+        let resp_ring = fabric.alloc_mr_with(geometry.ring_bytes(), RemoteAccess::WRITE)?;
+        let words = fabric.alloc_mr_with(16, RemoteAccess::WRITE)?;
         let control = |source| ConnectError::Control { addr, source };
-        let mut c = crate::bootstrap::BootstrapClient::connect(addr, self.cfg.connect_timeout)
-            .map_err(|e| control(e.into()))?;
+        // The Rocket pair's node id must be the one this connection proves (with a
+        // cluster secret; see `crate::auth`).
+        let auth = crate::bootstrap::ClientAuth::process(crate::auth::Identity::new(
+            Some(fabric.node().get()),
+            "runtime",
+        ))
+        .map_err(|e| control(e.into()))?;
+        let mut c =
+            crate::bootstrap::BootstrapClient::connect_with(addr, self.cfg.connect_timeout, &auth)
+                .map_err(|e| control(e.into()))?;
         let accept: RpcAccept = c
             .call_typed(&CtrlRequest::ConnectRocket(RocketOffer {
                 node: fabric.node(),

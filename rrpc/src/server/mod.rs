@@ -44,7 +44,7 @@ use crate::arena::UnusedArena;
 use crate::channel::ChannelSetup;
 use crate::ctrl::{QpKind, RocketOffer, RpcAccept};
 use crate::exec;
-use crate::fabric::{Fabric, FabricError, QpEndpoint};
+use crate::fabric::{Fabric, FabricError, QpEndpoint, RemoteAccess};
 use crate::straw::{SharedQp, QP_CQ_DEPTH};
 use crate::NodeId;
 
@@ -209,7 +209,13 @@ impl RpcServer {
         for i in 0..cfg.threads {
             let (tx, rx) = channel();
             // Registered here (errors reach the caller), started on its thread.
-            let arena = UnusedArena::new(&fabric, cfg.buffer_bytes, cfg.max_reply_bytes + 16)?;
+            // Requesters only READ replies sent by reference from here.
+            let arena = UnusedArena::new_with(
+                &fabric,
+                cfg.buffer_bytes,
+                cfg.max_reply_bytes + 16,
+                RemoteAccess::READ,
+            )?;
             let (handlers, max_reply, read_hold, straws, hub) = (
                 handlers.clone(),
                 cfg.max_reply_bytes,
@@ -432,9 +438,20 @@ impl RpcServer {
             s.rockets.fetch_sub(1, Ordering::AcqRel);
             e
         };
-        let req_ring = self.fabric.alloc_mr(cfg.ring_bytes()).map_err(undo)?;
-        let resp_staging = self.fabric.alloc_mr(cfg.ring_bytes()).map_err(undo)?;
-        let words = self.fabric.alloc_mr(16).map_err(undo)?;
+        // Requesters only WRITE requests and credits; the staging ring is a local source
+        // of WRITEs.
+        let req_ring = self
+            .fabric
+            .alloc_mr_with(cfg.ring_bytes(), RemoteAccess::WRITE)
+            .map_err(undo)?;
+        let resp_staging = self
+            .fabric
+            .alloc_mr_with(cfg.ring_bytes(), RemoteAccess::NONE)
+            .map_err(undo)?;
+        let words = self
+            .fabric
+            .alloc_mr_with(16, RemoteAccess::WRITE)
+            .map_err(undo)?;
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let accept = RpcAccept {
             req_ring: req_ring.desc(),
