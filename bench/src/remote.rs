@@ -13,11 +13,11 @@
 //! In the one-process mode (neither flag, the default) [`Sides::point`] starts the same
 //! server side in this process, so both modes run one code path per benchmark.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -54,12 +54,12 @@ pub struct SideArgs {
     /// node listens on the same host at a free port (default 127.0.0.1:0: this host
     /// only; give the address of an interface the client reaches for two hosts).
     #[arg(long, global = true, value_name = "ADDR", requires = "serve",
-          value_parser = rrpc::service::parse_addr)]
+          conflicts_with = "connect", value_parser = rrpc::service::parse_addr)]
     pub listen: Option<SocketAddr>,
     /// With --serve: the address clients reach this host at, HOST[:PORT] (default: the
     /// --listen address; with a wildcard --listen, this machine's address).
     #[arg(long, global = true, value_name = "ADDR", requires = "serve",
-          value_parser = rrpc::service::parse_advertise)]
+          conflicts_with = "connect", value_parser = rrpc::service::parse_advertise)]
     pub advertise: Option<SocketAddr>,
     /// RDMA device for --fabric verbs (default: $RRPC_RDMA_DEVICE, else the first device).
     #[arg(long, global = true, value_name = "NAME", env = "RRPC_RDMA_DEVICE")]
@@ -338,7 +338,9 @@ impl Sides {
     pub fn perftest(&self, size_bytes: usize, iterations: u64) -> Result<perftest::Latency> {
         let local = perftest::Device::of(&self.spec)?;
         match &self.remote {
-            None => perftest::run_pair(&local, &local, "127.0.0.1".parse()?, size_bytes, iterations),
+            None => {
+                perftest::run_pair(&local, &local, "127.0.0.1".parse()?, size_bytes, iterations)
+            }
             Some(r) => {
                 let mut r = lock(r);
                 let v = r.call(&Request::Perftest {
@@ -646,7 +648,8 @@ impl Server<'_> {
             drop(started);
             drop(guard);
         }
-        self.perftests.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        self.perftests
+            .retain_mut(|c| matches!(c.try_wait(), Ok(None)));
     }
 }
 
@@ -735,11 +738,15 @@ mod tests {
             &["--listen", "127.0.0.1:0"][..],
             &["--advertise", "10.0.0.1"],
             &["--connect", "127.0.0.1:1", "--listen", "127.0.0.1:0"],
+            &["run", "--connect", "127.0.0.1:1", "--advertise", "10.0.0.1"],
         ] {
             let e = parse(args).unwrap_err();
-            assert_eq!(
-                e.kind(),
-                clap::error::ErrorKind::MissingRequiredArgument,
+            assert!(
+                matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::MissingRequiredArgument
+                        | clap::error::ErrorKind::ArgumentConflict
+                ),
                 "{args:?}: {e}"
             );
         }
@@ -762,10 +769,16 @@ mod tests {
             }
         );
         assert_eq!(
-            parse(&["--serve", "--listen", "0.0.0.0:7100", "--advertise", "10.0.0.1"])
-                .unwrap()
-                .side
-                .side(),
+            parse(&[
+                "--serve",
+                "--listen",
+                "0.0.0.0:7100",
+                "--advertise",
+                "10.0.0.1"
+            ])
+            .unwrap()
+            .side
+            .side(),
             Side::Serve {
                 listen: "0.0.0.0:7100".parse().unwrap(),
                 advertise: Some("10.0.0.1:0".parse().unwrap())
@@ -784,8 +797,14 @@ mod tests {
     fn models_default_per_fabric_and_verbs_refuses_one() {
         assert_eq!(model_for(FabricKind::Shm, None, "cx5").unwrap(), "cx5");
         assert_eq!(model_for(FabricKind::Verbs, None, "cx5").unwrap(), "none");
-        assert_eq!(model_for(FabricKind::Shm, Some("rxe"), "cx5").unwrap(), "rxe");
-        assert_eq!(model_for(FabricKind::Verbs, Some("none"), "cx5").unwrap(), "none");
+        assert_eq!(
+            model_for(FabricKind::Shm, Some("rxe"), "cx5").unwrap(),
+            "rxe"
+        );
+        assert_eq!(
+            model_for(FabricKind::Verbs, Some("none"), "cx5").unwrap(),
+            "none"
+        );
         let e = model_for(FabricKind::Verbs, Some("cx5"), "cx5").unwrap_err();
         assert!(e.to_string().contains("shm fabric only"), "{e}");
         assert!(fabric_kind(Some("tcp")).is_err());

@@ -27,6 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde_json::json;
 
+use bench::remote::{self, FabricSpec, PointEnv, SideArgs, Sides, Started};
 use lockd::backoff::Backoff;
 use lockd::baseline::BaselineConfig;
 use lockd::client::{Grant, LockClient, LockRequest, Mode};
@@ -34,7 +35,6 @@ use lockd::kinds::{Access, AnyLockClient, LockKind};
 use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::takeout::Watermarks;
 use lockd::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
-use bench::remote::{self, FabricSpec, PointEnv, SideArgs, Sides, Started};
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::Fabric;
 use rrpc::node::{Node, NodeConfig};
@@ -267,7 +267,9 @@ fn run(mut args: Args) -> Result<()> {
     let kind = remote::fabric_kind(args.common.fabric.as_deref())?;
     let model_arg = remote::model_for(kind, args.common.model.as_deref(), "cx5")?;
     let model = rrpc::fabric::model::TimingModel::load(&model_arg)?;
-    let model_desc = model.as_ref().map_or_else(|| "none".into(), |m| m.describe());
+    let model_desc = model
+        .as_ref()
+        .map_or_else(|| "none".into(), |m| m.describe());
     let spec = FabricSpec::new(kind, Some(model_arg), &args.common.side);
     let side = args.common.side.side();
     if let remote::Side::Serve { .. } = side {

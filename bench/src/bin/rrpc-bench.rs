@@ -24,8 +24,8 @@ use serde_json::json;
 
 use bench::peers::{self, PeerConfig, RttSamples};
 use bench::perftest;
-use bench::remote::{self, FabricSpec, Point as ServerPoint, PointEnv, SideArgs, Sides, Started};
 use bench::plot::{LineChart, Scale, Series};
+use bench::remote::{self, FabricSpec, Point as ServerPoint, PointEnv, SideArgs, Sides, Started};
 use rrpc::fabric::model::TimingModel;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricKind};
@@ -171,7 +171,8 @@ fn run(args: Args) -> Result<()> {
             c.server_core
         )];
         let server_core = c.server_core;
-        let start = move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, server_core);
+        let start =
+            move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, server_core);
         return remote::serve("rrpc-bench", &spec, side, &banner, &start);
     }
     let Some(cmd) = &args.cmd else {
@@ -304,35 +305,35 @@ struct Bed<'s> {
 fn start_server(_: &serde_json::Value, env: &PointEnv<'_>, server_core: usize) -> Result<Started> {
     let f = env.open(NodeId(1))?;
     let mut h = Handlers::new();
-        h.register(GEN, |req, out| {
-            let n = req
-                .get(..4)
-                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
-                .ok_or("request shorter than 4 bytes")?;
-            out.resize(n, 0xab);
-            if n >= 8 {
-                out[..8].copy_from_slice(
-                    &req.get(4..12)
-                        .unwrap_or(&[0; 8])
-                        .try_into()
-                        .unwrap_or([0; 8]),
-                );
-            }
-            Ok(())
-        });
-        let node = Node::start_with(
-            f,
-            NodeConfig {
-                role: "rrpc-bench".into(),
-                listen: env.listen(),
-                exports: BTreeMap::new(),
-                rpc: Some((h, 1)),
-            },
-            ServerConfig {
-                cores: vec![server_core],
-                ..ServerConfig::default()
-            },
-        )?;
+    h.register(GEN, |req, out| {
+        let n = req
+            .get(..4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            .ok_or("request shorter than 4 bytes")?;
+        out.resize(n, 0xab);
+        if n >= 8 {
+            out[..8].copy_from_slice(
+                &req.get(4..12)
+                    .unwrap_or(&[0; 8])
+                    .try_into()
+                    .unwrap_or([0; 8]),
+            );
+        }
+        Ok(())
+    });
+    let node = Node::start_with(
+        f,
+        NodeConfig {
+            role: "rrpc-bench".into(),
+            listen: env.listen(),
+            exports: BTreeMap::new(),
+            rpc: Some((h, 1)),
+        },
+        ServerConfig {
+            cores: vec![server_core],
+            ..ServerConfig::default()
+        },
+    )?;
     Ok(Started {
         addr: node.addr(),
         info: serde_json::Value::Null,
@@ -344,7 +345,8 @@ impl<'s> Bed<'s> {
     /// The server side of one experiment.
     fn new(c: &Common, sides: &'s Sides) -> Result<Self> {
         let server_core = c.server_core;
-        let start = move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, server_core);
+        let start =
+            move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, server_core);
         Ok(Self {
             point: sides.point(&serde_json::Value::Null, &start)?,
             spec: sides.spec(),

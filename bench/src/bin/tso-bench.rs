@@ -188,7 +188,9 @@ fn run(a: Args) -> Result<()> {
     let kind = remote::fabric_kind(a.fabric.as_deref())?;
     let model_arg = remote::model_for(kind, a.model.as_deref(), "cx5")?;
     let model = rrpc::fabric::model::TimingModel::load(&model_arg)?;
-    let model_desc = model.as_ref().map_or_else(|| "none".into(), |m| m.describe());
+    let model_desc = model
+        .as_ref()
+        .map_or_else(|| "none".into(), |m| m.describe());
     let spec = FabricSpec::new(kind, Some(model_arg.clone()), &a.side);
     let side = a.side.side();
     if let remote::Side::Serve { .. } = side {
