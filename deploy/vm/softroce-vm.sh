@@ -61,7 +61,7 @@ say() { echo "softroce-vm: $*" >&2; }
 
 # ------------------------------------------------------------------ packages
 PKGS=(linux-image-amd64 qemu-system-x86 rdma-core ibverbs-providers libibverbs-dev
-      ibverbs-utils busybox-static iproute2 kmod)
+      ibverbs-utils perftest busybox-static iproute2 kmod)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing+=("$p")

@@ -54,6 +54,13 @@ for exe in "$@"; do
     failover) only=(--exact a_killed_primary_loses_no_committed_money
       a_restarted_memnode_is_re_replicated_and_every_copy_matches) ;;
   esac
+  # The microbenchmarks' --serve side on rxeB, their --connect side on rxeA, with
+  # perftest's ib_write_lat between the same two devices (rrpc-bench peers --perftest).
+  if [ "$name" = microbench_remote ]; then
+    run "$name across $RXE_DEV_B (--serve) <- $RXE_DEV_A (--connect)" env RRPC_RDMA_DEVICE="$RXE_DEV_A" \
+      RRPC_TEST_PEER_DEVICE="$RXE_DEV_B" RRPC_TEST_PEER_LISTEN="$RXE_IP_B:0" "$exe" --test-threads=1 --nocapture
+    continue
+  fi
   run "$name on $RXE_LOOPBACK_DEV" env RRPC_RDMA_DEVICE="$RXE_LOOPBACK_DEV" "$exe" --test-threads=1 ${only[@]+"${only[@]}"}
   if [ "$name" = fabric_conformance ]; then
     run "$name across $RXE_DEV_A -> $RXE_DEV_B" env RRPC_RDMA_DEVICE="$RXE_DEV_A" \

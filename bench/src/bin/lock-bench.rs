@@ -4,7 +4,9 @@
 //! instant shared memory contention measures cache lines, not a network).
 //!
 //! A lock service node and the client threads run in this process as nodes of a local
-//! cluster. Each client coroutine repeatedly picks a lock (Zipf theta over `--locks`),
+//! cluster; with `--serve` and `--connect ADDR` (`bench::remote`; `fairness` and
+//! `single`) the lock service runs in one process (on one host) and the clients in
+//! another, over `--fabric verbs` across hosts. Each client coroutine repeatedly picks a lock (Zipf theta over `--locks`),
 //! acquires it, holds it for `--hold-us`, releases it and starts over. The latency of an
 //! acquisition runs from its first request to the grant, retries after refusals included.
 
@@ -25,6 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde_json::json;
 
+use bench::remote::{self, FabricSpec, PointEnv, SideArgs, Sides, Started};
 use lockd::backoff::Backoff;
 use lockd::baseline::BaselineConfig;
 use lockd::client::{Grant, LockClient, LockRequest, Mode};
@@ -33,7 +36,7 @@ use lockd::service::{LockTable, EXPORT_NAME};
 use lockd::takeout::Watermarks;
 use lockd::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::fabric::Fabric;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 
@@ -44,20 +47,26 @@ use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
     long_about = "Lock fairness and latency under contention (Scythe Fig. 7 and 27). Every \
                   experiment runs the lock kinds side by side in one invocation on a local shm \
                   cluster under a timing model (--model cx5 by default), prints a table and \
-                  ratios, and with --json writes the results."
+                  ratios, and with --json writes the results. With --serve (the lock \
+                  service's host) and --connect ADDR (the clients' host), fairness and single \
+                  run their two sides in separate processes, on two hosts with --fabric verbs."
 )]
 struct Args {
     #[command(subcommand)]
-    cmd: Cmd,
+    cmd: Option<Cmd>,
     #[command(flatten)]
     common: Common,
 }
 
 #[derive(clap::Args, Debug, Clone)]
 struct Common {
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe or the path of a TOML profile.
-    #[arg(long, global = true, default_value = "cx5", value_name = "MODEL")]
-    model: String,
+    /// Fabric backend: shm or verbs (default: $RRPC_FABRIC, else shm).
+    #[arg(long, global = true, value_name = "KIND")]
+    fabric: Option<String>,
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe or the path of a TOML profile
+    /// (default: cx5 on shm, none on verbs, which refuses one).
+    #[arg(long, global = true, value_name = "MODEL")]
+    model: Option<String>,
     /// Measured time per data point, milliseconds.
     #[arg(long, global = true, default_value_t = 2000)]
     duration_ms: u64,
@@ -115,6 +124,8 @@ struct Common {
     /// throughput against operations per message.
     #[arg(long, global = true)]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    side: SideArgs,
 }
 
 impl Common {
@@ -253,13 +264,34 @@ fn main() {
 }
 
 fn run(mut args: Args) -> Result<()> {
+    let kind = remote::fabric_kind(args.common.fabric.as_deref())?;
+    let model_arg = remote::model_for(kind, args.common.model.as_deref(), "cx5")?;
+    let model = rrpc::fabric::model::TimingModel::load(&model_arg)?;
+    let model_desc = model
+        .as_ref()
+        .map_or_else(|| "none".into(), |m| m.describe());
+    let spec = FabricSpec::new(kind, Some(model_arg), &args.common.side);
+    let side = args.common.side.side();
+    if let remote::Side::Serve { .. } = side {
+        let banner = [format!(
+            "lock-bench | fabric: {kind} | timing model: {model_desc} | serving lock services (fairness, single) for --connect clients"
+        )];
+        return remote::serve("lock-bench", &spec, side, &banner, &start_service);
+    }
+    let Some(cmd) = args.cmd.take() else {
+        bail!("a subcommand is needed (fairness, single, table, queues), or --serve; see --help");
+    };
+    if side != remote::Side::Both && matches!(cmd, Cmd::Table { .. } | Cmd::Queues { .. }) {
+        bail!("--connect: table and queues run in one process (table compares an embedded lock table, queues samples the service's memory); run them without --connect");
+    }
+    let sides = Sides::new("lock-bench", spec, side)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = *args
         .common
         .threads
         .get_or_insert(cores.saturating_sub(1).max(1));
     // Scythe's set-ups: 64 clients for the lock experiments, 128 for Table 2.
-    let clients: usize = if matches!(args.cmd, Cmd::Queues { .. }) {
+    let clients: usize = if matches!(cmd, Cmd::Queues { .. }) {
         128
     } else {
         64
@@ -271,10 +303,12 @@ fn run(mut args: Args) -> Result<()> {
     if threads == 0 || c.coroutines() == 0 || c.duration_ms == 0 {
         bail!("--threads, --coroutines and --duration-ms must be at least 1");
     }
-    let model = rrpc::fabric::model::TimingModel::load(&c.model)?;
     println!(
-        "lock-bench | fabric: shm | timing model: {} | {} thread(s) x {} coroutines = {} clients | hold {} us | takeout mode {:?}, watermarks cold {} hot {} | {} ms per point ({} ms warm-up)",
-        model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),
+        "lock-bench | fabric: {kind}{} | timing model: {} | {} thread(s) x {} coroutines = {} clients | hold {} us | takeout mode {:?}, watermarks cold {} hot {} | {} ms per point ({} ms warm-up)",
+        sides.server().map_or_else(String::new, |s| {
+            format!(" | lock service at --connect {s}, clients here")
+        }),
+        model_desc,
         c.threads(),
         c.coroutines(),
         c.threads() * c.coroutines(),
@@ -285,24 +319,24 @@ fn run(mut args: Args) -> Result<()> {
         c.duration_ms,
         c.warmup_ms
     );
-    let out = match &args.cmd {
-        Cmd::Fairness { locks, thetas } => fairness(c, *locks, thetas)?,
-        Cmd::Single => single(c)?,
+    let out = match &cmd {
+        Cmd::Fairness { locks, thetas } => fairness(c, &sides, *locks, thetas)?,
+        Cmd::Single => single(c, &sides)?,
         Cmd::Table {
             keys,
             reads,
             writes,
             table_bytes,
-        } => table(c, *keys, *reads, *writes, *table_bytes)?,
+        } => table(c, sides.spec(), *keys, *reads, *writes, *table_bytes)?,
         Cmd::Queues {
             locks,
             thetas,
             samples_per_s,
-        } => queues(c, *locks, thetas, *samples_per_s)?,
+        } => queues(c, &sides, *locks, thetas, *samples_per_s)?,
     };
     if let Some(path) = &c.plot {
         let name = model.as_ref().map_or("none", |m| m.params().name.as_str());
-        draw(&args.cmd, &out, name, path)?;
+        draw(&cmd, &out, name, path)?;
     }
     if let Some(p) = &c.json {
         let doc = json!({
@@ -489,7 +523,7 @@ fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path)
     Ok(())
 }
 
-fn fairness(c: &Common, locks: u64, thetas: &[f64]) -> Result<serde_json::Value> {
+fn fairness(c: &Common, sides: &Sides, locks: u64, thetas: &[f64]) -> Result<serde_json::Value> {
     println!(
         "\n== fairness (Scythe Fig. 27): {} clients over {locks} locks, hold {} us, re-acquire after release",
         c.threads() * c.coroutines(),
@@ -538,7 +572,7 @@ fn fairness(c: &Common, locks: u64, thetas: &[f64]) -> Result<serde_json::Value>
     let mut best: BTreeMap<(String, i64), f64> = BTreeMap::new();
     for &theta in thetas {
         for &v in &variants {
-            let p = measure(c, v, locks, theta)?;
+            let p = measure(c, sides, v, locks, theta)?;
             let label = match v.kind {
                 Kind::Takeout if v.hot_watermark == Some(paper_wm) => "takeout".to_string(),
                 Kind::Takeout => "takeout-wm".to_string(),
@@ -601,7 +635,7 @@ fn fairness(c: &Common, locks: u64, thetas: &[f64]) -> Result<serde_json::Value>
     }))
 }
 
-fn single(c: &Common) -> Result<serde_json::Value> {
+fn single(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
     println!(
         "\n== single: {} clients on one lock, hold {} us",
         c.threads() * c.coroutines(),
@@ -610,7 +644,7 @@ fn single(c: &Common) -> Result<serde_json::Value> {
     println!("{HEADER}");
     let mut rows = Vec::new();
     for v in c.variants() {
-        let p = measure(c, v, 1, 0.0)?;
+        let p = measure(c, sides, v, 1, 0.0)?;
         print_row(v, None, &p);
         let (lo, hi) = (
             p.per_client.iter().min().copied().unwrap_or(0),
@@ -627,8 +661,8 @@ fn single(c: &Common) -> Result<serde_json::Value> {
 }
 
 /// Start a lock service, run the clients for warm-up + duration, collect.
-fn measure(c: &Common, v: Variant, locks: u64, theta: f64) -> Result<Point> {
-    measure_probed(c, v, locks, theta, None)
+fn measure(c: &Common, sides: &Sides, v: Variant, locks: u64, theta: f64) -> Result<Point> {
+    measure_probed(c, sides, v, locks, theta, None)
 }
 
 /// Queue lengths of every Takeout Lock, sampled on the service's CPU during the measured
@@ -645,36 +679,38 @@ struct QueueProbe {
 }
 
 /// [`measure`], sampling queues into `probe` when given.
-fn measure_probed(
-    c: &Common,
-    v: Variant,
+/// The server side of a point: the lock service's shape.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ServiceParams {
+    /// Locks of each kind.
     locks: u64,
-    theta: f64,
-    probe: Option<&mut QueueProbe>,
-) -> Result<Point> {
-    let kind = v.kind;
-    let name = format!(
-        "lock-bench-{}-{}-{}-{}",
-        std::process::id(),
-        kind.name(),
-        v.cas_cap_us,
-        (theta * 100.0) as u64
-    );
-    let (cluster, _) = ClusterGuard::new(&name)?;
-    let open = |id: u32| -> Result<Fabric> {
-        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, NodeId(id));
-        cfg.model = Some(c.model.clone());
-        Ok(Fabric::open(&cfg)?)
-    };
-    let f = open(1)?;
+    /// Takeout's watermarks.
+    cold_watermark: u64,
+    hot_watermark: u64,
+}
+
+/// A point's lock service, kept while the point runs (dropped in this order: the node,
+/// then the tables).
+struct Service {
+    _node: Node,
+    table: Arc<LockTable>,
+    _words: (WordTable, WordTable),
+}
+
+/// Start a lock service node: `locks` Takeout Locks and the baselines' CAS and DSLR
+/// words, the server side of a point, here or on the `--serve` process.
+fn start_service(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Started> {
+    let p: ServiceParams =
+        serde_json::from_value(params.clone()).context("the lock service's parameters")?;
+    let f = env.open(NodeId(1))?;
     let wm = Watermarks {
-        cold: c.cold_watermark,
-        hot: v.hot_watermark.unwrap_or(c.hot_watermark),
+        cold: p.cold_watermark,
+        hot: p.hot_watermark,
     };
     wm.validate().map_err(anyhow::Error::msg)?;
-    let table = Arc::new(LockTable::new(&f, locks, wm)?);
+    let table = Arc::new(LockTable::new(&f, p.locks, wm)?);
     // The baselines' lock words: one-sided only, in the same node's memory.
-    let (cas, dslr) = (WordTable::new(&f, locks)?, WordTable::new(&f, locks)?);
+    let (cas, dslr) = (WordTable::new(&f, p.locks)?, WordTable::new(&f, p.locks)?);
     let mut exports = BTreeMap::new();
     exports.insert(EXPORT_NAME.to_string(), table.export());
     exports.insert(CAS_EXPORT.to_string(), cas.export());
@@ -683,12 +719,46 @@ fn measure_probed(
         f,
         NodeConfig {
             role: "lockd".into(),
-            listen: "127.0.0.1:0".parse()?,
+            listen: env.listen(),
             exports,
             rpc: Some((table.handlers(), 1)),
         },
     )?;
-    let addr = node.addr();
+    Ok(Started {
+        addr: node.addr(),
+        info: serde_json::Value::Null,
+        keep: Box::new(Service {
+            _node: node,
+            table,
+            _words: (cas, dslr),
+        }),
+    })
+}
+
+fn measure_probed(
+    c: &Common,
+    sides: &Sides,
+    v: Variant,
+    locks: u64,
+    theta: f64,
+    probe: Option<&mut QueueProbe>,
+) -> Result<Point> {
+    let kind = v.kind;
+    let params = ServiceParams {
+        locks,
+        cold_watermark: c.cold_watermark,
+        hot_watermark: v.hot_watermark.unwrap_or(c.hot_watermark),
+    };
+    let point = sides.point(&serde_json::to_value(&params)?, &start_service)?;
+    // The queue probe reads the service's memory: one process only.
+    let table = match (&probe, point.local::<Service>()) {
+        (None, _) => None,
+        (Some(_), Some(s)) => Some(s.table.clone()),
+        (Some(_), None) => bail!("sampling queues needs the lock service in this process"),
+    };
+    let (spec, cluster) = (sides.spec(), point.cluster.clone());
+    let open = |id: u32| -> Result<Fabric> { spec.open(&cluster, NodeId(id)) };
+    let addr = point.addr;
     let ts = Arc::new(AtomicU64::new(1));
     let t0 = Instant::now();
     let (warm, meas) = (
@@ -697,8 +767,7 @@ fn measure_probed(
     );
     let mut probe = probe;
     let results: Vec<Result<Point>> = std::thread::scope(|s| {
-        if let Some(p) = probe.as_deref_mut() {
-            let table = &table;
+        if let (Some(p), Some(table)) = (probe.as_deref_mut(), &table) {
             s.spawn(move || {
                 while Instant::now() < meas {
                     std::thread::sleep(p.every);
@@ -756,12 +825,11 @@ fn measure_probed(
             .collect();
         bench::join_clients(hs)
     });
-    if let Some(p) = probe {
+    if let (Some(p), Some(table)) = (probe, &table) {
         p.tickets = (0..locks).map(|id| table.words(id).0).collect();
     }
-    drop(node);
-    drop((cas, dslr));
-    drop(cluster);
+    drop(table);
+    drop(point);
     let mut all = Point {
         hist: new_hist(),
         acquisitions: 0,
@@ -965,6 +1033,7 @@ struct TablePoint {
 
 fn table(
     c: &Common,
+    spec: &FabricSpec,
     keys: u64,
     reads: usize,
     writes: usize,
@@ -988,7 +1057,15 @@ fn table(
     for place in [Placement::Local, Placement::Remote] {
         for batch in [MAX_OPS, 1] {
             for iso in [Iso::Sr, Iso::Si] {
-                let p = measure_table(c, place, batch, iso, keys, reads, writes, table_bytes)?;
+                let p = measure_table(
+                    c,
+                    spec,
+                    (place, batch, iso),
+                    keys,
+                    reads,
+                    writes,
+                    table_bytes,
+                )?;
                 let m = p.pairs as f64 / p.secs / 1e6;
                 let us = |q| p.hist.value_at_quantile(q) as f64 / 1e3;
                 let batching = if batch == 1 { "one-per-op" } else { "batched" };
@@ -1023,9 +1100,8 @@ fn table(
 #[allow(clippy::too_many_arguments)]
 fn measure_table(
     c: &Common,
-    place: Placement,
-    batch: usize,
-    iso: Iso,
+    spec: &FabricSpec,
+    (place, batch, iso): (Placement, usize, Iso),
     keys: u64,
     reads: usize,
     writes: usize,
@@ -1041,11 +1117,7 @@ fn measure_table(
         std::process::id()
     );
     let (cluster, _) = ClusterGuard::new(&name)?;
-    let open = |id: u32| -> Result<Fabric> {
-        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, NodeId(id));
-        cfg.model = Some(c.model.clone());
-        Ok(Fabric::open(&cfg)?)
-    };
+    let open = |id: u32| -> Result<Fabric> { spec.open(&name, NodeId(id)) };
     let map = ShardMap::uniform(&[1])?;
     let svc = Arc::new(TableService::new(
         Arc::new(LotusTable::with_bytes(table_bytes)),
@@ -1208,7 +1280,13 @@ fn measure_table(
 }
 
 /// Scythe Table 2: the Takeout queues of the clients over `locks` objects per theta.
-fn queues(c: &Common, locks: u64, thetas: &[f64], samples_per_s: u64) -> Result<serde_json::Value> {
+fn queues(
+    c: &Common,
+    sides: &Sides,
+    locks: u64,
+    thetas: &[f64],
+    samples_per_s: u64,
+) -> Result<serde_json::Value> {
     if locks < 4 || samples_per_s == 0 {
         bail!("--locks must be at least 4 and --samples-per-s at least 1");
     }
@@ -1244,7 +1322,7 @@ fn queues(c: &Common, locks: u64, thetas: &[f64], samples_per_s: u64) -> Result<
             samples: 0,
             tickets: Vec::new(),
         };
-        let p = measure_probed(c, v, locks, theta, Some(&mut probe))?;
+        let p = measure_probed(c, sides, v, locks, theta, Some(&mut probe))?;
         let n = probe.samples.max(1) as f64;
         let mean = |i: usize| probe.sums[i] as f64 / n;
         // Objects by mean queue length, longest first.

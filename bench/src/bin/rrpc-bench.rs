@@ -6,7 +6,9 @@
 //! shared and absolute numbers drift), prints a table, and with `--json` / `--plot` writes
 //! JSON and a chart. Server and client run in this process as two nodes of a local shm
 //! (or verbs) cluster, the server thread pinned to `--server-core`, the client thread(s)
-//! from `--client-core` on.
+//! from `--client-core` on; or, with `--serve` and `--connect ADDR` (`bench::remote`),
+//! in two processes, on two hosts with `--fabric verbs`. `peers --perftest` puts
+//! perftest's `ib_write_lat` between the same two devices beside rrpc.
 
 use rrpc::NodeId;
 use std::cell::{Cell, RefCell};
@@ -21,10 +23,12 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 
 use bench::peers::{self, PeerConfig, RttSamples};
+use bench::perftest;
 use bench::plot::{LineChart, Scale, Series};
+use bench::remote::{self, FabricSpec, Point as ServerPoint, PointEnv, SideArgs, Sides, Started};
 use rrpc::fabric::model::TimingModel;
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::fabric::{Fabric, FabricKind};
 use rrpc::node::{Node, NodeConfig};
 use rrpc::rocket::RocketConfig;
 use rrpc::runtime::{CallOpts, Executor, ReplyMode, RuntimeConfig, Stats, ThreadCtx};
@@ -42,11 +46,12 @@ const GEN: u16 = 1;
     long_about = "rrpc microbenchmarks (Scythe 3.4 and 4.6). Each subcommand runs its variants side \
                   by side in one invocation and prints a table; --json writes the results, --plot \
                   draws an SVG or PNG chart. Server and client are two nodes of a local cluster in \
-                  this process, pinned to --server-core and --client-core."
+                  this process, pinned to --server-core and --client-core; with --serve on one \
+                  host and --connect ADDR on another (--fabric verbs), two processes."
 )]
 struct Args {
     #[command(subcommand)]
-    cmd: Cmd,
+    cmd: Option<Cmd>,
     #[command(flatten)]
     common: Common,
 }
@@ -81,6 +86,8 @@ struct Common {
     /// Coroutines per client thread for throughput points.
     #[arg(long, global = true, default_value_t = 32)]
     coroutines: usize,
+    #[command(flatten)]
+    side: SideArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -123,6 +130,14 @@ enum Cmd {
         /// taken at different speeds. 0: no rounds.
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
         rounds: u32,
+        /// Also run perftest's `ib_write_lat` (Debian package perftest) between the same
+        /// two devices, 32 B, ten iterations per millisecond of --duration-ms (at least
+        /// 1000), and print `ratio rtt rrpc/ib_write_lat`: rrpc's p50 round trip over
+        /// twice ib_write_lat's t_typical (perftest reports half a round trip). Needs
+        /// --fabric verbs and ib_write_lat on PATH on both sides; otherwise says why it
+        /// is skipped.
+        #[arg(long)]
+        perftest: bool,
     },
     /// All of the above.
     All,
@@ -145,11 +160,31 @@ fn run(args: Args) -> Result<()> {
     if c.duration_ms == 0 {
         bail!("--duration-ms must be at least 1");
     }
-    let kind = match &c.fabric {
-        Some(f) => f.parse::<FabricKind>().map_err(anyhow::Error::msg)?,
-        None => FabricKind::from_env().map_err(anyhow::Error::msg)?,
-    };
+    let kind = remote::fabric_kind(c.fabric.as_deref())?;
     let model = rrpc::fabric::model::TimingModel::load_or_env(c.model.as_deref())?;
+    let spec = FabricSpec::new(kind, c.model.clone(), &c.side);
+    let side = c.side.side();
+    if let remote::Side::Serve { .. } = side {
+        let banner = [format!(
+            "rrpc-bench | fabric: {kind} | timing model: {} | server core {} | serving rrpc-bench servers for --connect clients",
+            model.as_ref().map_or_else(|| "none".to_string(), |m| m.describe()),
+            c.server_core
+        )];
+        let server_core = c.server_core;
+        let start =
+            move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, server_core);
+        return remote::serve("rrpc-bench", &spec, side, &banner, &start);
+    }
+    let Some(cmd) = &args.cmd else {
+        bail!("a subcommand is needed (batching, modes, latency, throughput, peers, all), or --serve; see --help");
+    };
+    if let (Cmd::Peers { rounds, .. }, remote::Side::Connect(_)) = (cmd, side) {
+        if *rounds > 0 {
+            bail!("--rounds compares peers that run within one host (floor, iceoryx2): run it without --connect");
+        }
+    }
+    let sides = Sides::new("rrpc-bench", spec, side)?;
+    let sides = &sides;
     let model_desc = model
         .as_ref()
         .map_or_else(|| "none".to_string(), |m| m.describe());
@@ -159,24 +194,27 @@ fn run(args: Args) -> Result<()> {
     let mut out = BTreeMap::new();
     let plot_for = |name: &str| -> Option<PathBuf> {
         let p = c.plot.as_ref()?;
-        Some(match args.cmd {
+        Some(match cmd {
             Cmd::All => p.join(format!("{name}.svg")),
             _ => p.clone(),
         })
     };
-    if let (Cmd::All, Some(dir)) = (&args.cmd, &c.plot) {
+    if let (Cmd::All, Some(dir)) = (cmd, &c.plot) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    let at = sides.server().map_or_else(String::new, |s| {
+        format!(" | server at --connect {s} (its own --server-core)")
+    });
     println!(
-        "rrpc-bench | fabric: {kind} | timing model: {model_desc} | server core {} | client core {} | {} ms per point ({} ms warm-up) | {} cores",
+        "rrpc-bench | fabric: {kind}{at} | timing model: {model_desc} | server core {} | client core {} | {} ms per point ({} ms warm-up) | {} cores",
         c.server_core, c.client_core, c.duration_ms, c.warmup_ms, cores
     );
-    let all = matches!(args.cmd, Cmd::All);
-    match &args.cmd {
+    let all = matches!(cmd, Cmd::All);
+    match cmd {
         Cmd::Batching { sizes, per_bucket } => {
             out.insert(
                 "batching",
-                batching(c, kind, sizes, *per_bucket as usize, plot_for("batching"))?,
+                batching(c, sides, sizes, *per_bucket as usize, plot_for("batching"))?,
             );
         }
         Cmd::Modes {
@@ -187,7 +225,7 @@ fn run(args: Args) -> Result<()> {
                 "modes",
                 modes(
                     c,
-                    kind,
+                    sides,
                     sizes,
                     *mode_coroutines,
                     model.as_ref(),
@@ -196,21 +234,26 @@ fn run(args: Args) -> Result<()> {
             );
         }
         Cmd::Latency => {
-            out.insert("latency", latency(c, kind)?);
+            out.insert("latency", latency(c, sides)?);
         }
         Cmd::Throughput => {
             println!("\n== small-RPC throughput");
-            let bed = Bed::new(c, kind, "throughput")?;
+            let bed = Bed::new(c, sides)?;
             let (rate, per_core) = small_rpc(c, &bed)?;
             out.insert(
                 "throughput",
                 json!({ "small_rpc_calls_per_s": rate, "small_rpc_calls_per_s_per_core": per_core, "coroutines": c.coroutines }),
             );
         }
-        Cmd::Peers { rounds } => {
-            out.insert("peers", peers_cmp(c, kind, plot_for("peers"))?);
+        Cmd::Peers { rounds, perftest } => {
+            let peers = peers_cmp(c, sides, plot_for("peers"))?;
+            if *perftest {
+                let rrpc_p50 = peers["rrpc_p50_ns"].as_f64().unwrap_or(0.0);
+                out.insert("perftest", perftest_cmp(c, sides, rrpc_p50));
+            }
+            out.insert("peers", peers);
             if *rounds > 0 {
-                out.insert("peers_rounds", matched_rounds(c, kind, *rounds)?);
+                out.insert("peers_rounds", matched_rounds(c, sides, *rounds)?);
             }
         }
         Cmd::All => {}
@@ -219,17 +262,17 @@ fn run(args: Args) -> Result<()> {
         let sizes = [8usize, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
         out.insert(
             "batching",
-            batching(c, kind, &sizes, 8, plot_for("batching"))?,
+            batching(c, sides, &sizes, 8, plot_for("batching"))?,
         );
         let msizes = [
             64usize, 128, 256, 512, 1024, 2048, 4096, 16384, 65536, 262144, 1048576,
         ];
         out.insert(
             "modes",
-            modes(c, kind, &msizes, 8, model.as_ref(), plot_for("modes"))?,
+            modes(c, sides, &msizes, 8, model.as_ref(), plot_for("modes"))?,
         );
-        out.insert("latency", latency(c, kind)?);
-        out.insert("peers", peers_cmp(c, kind, plot_for("peers"))?);
+        out.insert("latency", latency(c, sides)?);
+        out.insert("peers", peers_cmp(c, sides, plot_for("peers"))?);
     }
     if let Some(p) = &c.json {
         let doc = json!({
@@ -249,59 +292,71 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// A server node and the fabric for clients, in a cluster directory removed on drop.
-struct Bed {
-    node: Node,
-    kind: FabricKind,
-    /// `--model`, for every node's fabric.
-    model: Option<String>,
-    cluster: ClusterGuard,
+/// A server node (here or on the `--connect` server) and the fabric for clients; the
+/// server side ends on drop.
+struct Bed<'s> {
+    point: ServerPoint<'s>,
+    spec: &'s FabricSpec,
     next_node: std::sync::atomic::AtomicU32,
 }
 
-impl Bed {
-    fn new(c: &Common, kind: FabricKind, tag: &str) -> Result<Self> {
+/// The server side of a `Bed`: a node serving GEN with one server thread pinned to
+/// `server_core` (no parameters).
+fn start_server(_: &serde_json::Value, env: &PointEnv<'_>, server_core: usize) -> Result<Started> {
+    let f = env.open(NodeId(1))?;
+    let mut h = Handlers::new();
+    h.register(GEN, |req, out| {
+        let n = req
+            .get(..4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            .ok_or("request shorter than 4 bytes")?;
+        out.resize(n, 0xab);
+        if n >= 8 {
+            out[..8].copy_from_slice(
+                &req.get(4..12)
+                    .unwrap_or(&[0; 8])
+                    .try_into()
+                    .unwrap_or([0; 8]),
+            );
+        }
+        Ok(())
+    });
+    let node = Node::start_with(
+        f,
+        NodeConfig {
+            role: "rrpc-bench".into(),
+            listen: env.listen(),
+            exports: BTreeMap::new(),
+            rpc: Some((h, 1)),
+        },
+        ServerConfig {
+            cores: vec![server_core],
+            ..ServerConfig::default()
+        },
+    )?;
+    Ok(Started {
+        addr: node.addr(),
+        info: serde_json::Value::Null,
+        keep: Box::new(node),
+    })
+}
+
+impl<'s> Bed<'s> {
+    /// The server side of one experiment.
+    fn new(c: &Common, sides: &'s Sides) -> Result<Self> {
         let server_core = c.server_core;
-        let name = format!("rrpc-bench-{}-{tag}", std::process::id());
-        let (cluster, _) = ClusterGuard::new(&name)?;
-        let f = open_fabric(kind, &name, 1, &c.model)?;
-        let mut h = Handlers::new();
-        h.register(GEN, |req, out| {
-            let n = req
-                .get(..4)
-                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
-                .ok_or("request shorter than 4 bytes")?;
-            out.resize(n, 0xab);
-            if n >= 8 {
-                out[..8].copy_from_slice(
-                    &req.get(4..12)
-                        .unwrap_or(&[0; 8])
-                        .try_into()
-                        .unwrap_or([0; 8]),
-                );
-            }
-            Ok(())
-        });
-        let node = Node::start_with(
-            f,
-            NodeConfig {
-                role: "rrpc-bench".into(),
-                listen: "127.0.0.1:0".parse()?,
-                exports: BTreeMap::new(),
-                rpc: Some((h, 1)),
-            },
-            ServerConfig {
-                cores: vec![server_core],
-                ..ServerConfig::default()
-            },
-        )?;
+        let start =
+            move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, server_core);
         Ok(Self {
-            node,
-            kind,
-            model: c.model.clone(),
-            cluster,
+            point: sides.point(&serde_json::Value::Null, &start)?,
+            spec: sides.spec(),
             next_node: std::sync::atomic::AtomicU32::new(100),
         })
+    }
+
+    /// The server's bootstrap address.
+    fn addr(&self) -> std::net::SocketAddr {
+        self.point.addr
     }
 
     /// A client context (a new node id, so new QPs and Rockets) connected to the server.
@@ -309,21 +364,19 @@ impl Bed {
         let id = self
             .next_node
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let f = open_fabric(self.kind, self.cluster.name(), id, &self.model)?;
+        let f = self.spec.open(&self.point.cluster, NodeId(id))?;
         let ctx = ThreadCtx::new(f, cfg).map_err(anyhow::Error::msg)?;
         let node = ctx
-            .connect_rpc(self.node.addr())
+            .connect_rpc(self.addr())
             .map_err(anyhow::Error::msg)?
             .node;
         Ok((ctx, node))
     }
 }
 
-/// Node `id` of cluster `cluster` on `kind`, under the timing model `model` names.
-fn open_fabric(kind: FabricKind, cluster: &str, id: u32, model: &Option<String>) -> Result<Fabric> {
-    let mut cfg = FabricConfig::new(kind, cluster, NodeId(id));
-    cfg.model = model.clone();
-    Ok(Fabric::open(&cfg)?)
+/// Node `id` of cluster `cluster` as `sides` opens its nodes.
+fn open_fabric(sides: &Sides, cluster: &str, id: u32) -> Result<Fabric> {
+    sides.spec().open(cluster, NodeId(id))
 }
 
 fn pin(core: usize) {
@@ -546,7 +599,7 @@ fn human(bytes: usize) -> String {
 
 fn batching(
     c: &Common,
-    kind: FabricKind,
+    sides: &Sides,
     sizes: &[usize],
     per_bucket: usize,
     plot: Option<PathBuf>,
@@ -559,18 +612,18 @@ fn batching(
         ring_limit()
     );
     on_core(c.client_core, || {
-        batching_on(c, kind, sizes, per_bucket, plot)
+        batching_on(c, sides, sizes, per_bucket, plot)
     })
 }
 
 fn batching_on(
     c: &Common,
-    kind: FabricKind,
+    sides: &Sides,
     sizes: &[usize],
     per_bucket: usize,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
-    let bed = Bed::new(c, kind, "batching")?;
+    let bed = Bed::new(c, sides)?;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -687,7 +740,7 @@ fn draw(
 
 fn modes(
     c: &Common,
-    kind: FabricKind,
+    sides: &Sides,
     sizes: &[usize],
     coroutines: usize,
     model: Option<&TimingModel>,
@@ -699,7 +752,7 @@ fn modes(
         ring_limit()
     );
     on_core(c.client_core, || {
-        modes_on(c, kind, sizes, coroutines, model, plot)
+        modes_on(c, sides, sizes, coroutines, model, plot)
     })
 }
 
@@ -751,7 +804,7 @@ fn copy_rate(chunk: usize, span: usize) -> f64 {
 
 fn modes_on(
     c: &Common,
-    kind: FabricKind,
+    sides: &Sides,
     sizes: &[usize],
     coroutines: usize,
     model: Option<&TimingModel>,
@@ -784,7 +837,7 @@ fn modes_on(
         // released (calls in flight when it stopped) stay held for the server's read hold
         // (5 s), and at 1 MiB (2 MiB chunks) they left the next mode's replies without
         // buffers ("server reply buffers exhausted").
-        let bed = Bed::new(c, kind, &format!("modes-{size}"))?;
+        let bed = Bed::new(c, sides)?;
         let mut rates = Vec::new();
         for (i, (name, mode)) in modes.iter().enumerate() {
             // Pure RPC carries the reply in the ring: its Rocket is sized at connection
@@ -909,9 +962,9 @@ fn modes_on(
     }))
 }
 
-fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
+fn latency(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
     println!("\n== latency: round trip of 32 B requests, 1 coroutine per client thread, ReplyMode::Auto with the reply size known");
-    let bed = Bed::new(c, kind, "latency")?;
+    let bed = Bed::new(c, sides)?;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -924,8 +977,8 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
     let mut rows = Vec::new();
     for threads in [1usize, 2] {
         for reply in [32usize, 4096, 65536] {
-            let addr = bed.node.addr();
-            let (kind, cluster) = (bed.kind, bed.cluster.name().to_string());
+            let addr = bed.addr();
+            let (spec, cluster) = (bed.spec, bed.point.cluster.clone());
             let base = bed
                 .next_node
                 .fetch_add(threads as u32, std::sync::atomic::Ordering::Relaxed);
@@ -936,7 +989,7 @@ fn latency(c: &Common, kind: FabricKind) -> Result<serde_json::Value> {
                         s.spawn(move || -> Result<Point> {
                                 pin((c.client_core + t * cores.saturating_sub(1).max(1))
                                     % cores.max(1));
-                                let f = open_fabric(kind, &cluster, base + t as u32, &c.model)?;
+                                let f = spec.open(&cluster, NodeId(base + t as u32))?;
                                 let ctx = ThreadCtx::new(f, RuntimeConfig::default())
                                     .map_err(anyhow::Error::msg)?;
                                 let node = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?.node;
@@ -1067,15 +1120,15 @@ fn small_rpc(c: &Common, bed: &Bed) -> Result<(f64, f64)> {
 
 /// The fabric's own round trip (one WRITE each way between two QPs of a fresh cluster,
 /// no RPC protocol), on the same backend and timing model as rrpc's.
-fn fabric_floor_rtt(c: &Common, kind: FabricKind, cfg: &PeerConfig) -> Result<RttSamples> {
+fn fabric_floor_rtt(sides: &Sides, cfg: &PeerConfig) -> Result<RttSamples> {
     let name = format!("rrpc-bench-{}-fabric", std::process::id());
     let (_cluster, _) = ClusterGuard::new(&name)?;
-    peers::fabric_rtt(cfg, &|id| open_fabric(kind, &name, id, &c.model))
+    peers::fabric_rtt(cfg, &|id| open_fabric(sides, &name, id))
 }
 
 /// rrpc's round trip measured like the peers': one client coroutine, 32 B each way.
-fn rrpc_rtt(c: &Common, kind: FabricKind, cfg: &PeerConfig) -> Result<RttSamples> {
-    let bed = Bed::new(c, kind, "peers")?;
+fn rrpc_rtt(c: &Common, sides: &Sides, cfg: &PeerConfig) -> Result<RttSamples> {
+    let bed = Bed::new(c, sides)?;
     let p = on_core(cfg.client_core, || {
         let (ctx, node) = bed.client(RuntimeConfig::default())?;
         drive(
@@ -1107,19 +1160,26 @@ fn peer_config(c: &Common) -> PeerConfig {
     }
 }
 
-fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serde_json::Value> {
+fn peers_cmp(c: &Common, sides: &Sides, plot: Option<PathBuf>) -> Result<serde_json::Value> {
     let cfg = peer_config(c);
     println!(
         "\n== peers: round trip, 32 B request and 32 B reply, one request in flight, client core {} / server core {}, busy polling (tonic: tokio current-thread runtimes)",
         cfg.client_core, cfg.server_core
     );
-    let runs: Vec<(&str, Result<RttSamples>)> = vec![
-        ("floor", peers::floor_rtt(&cfg)),
-        ("fabric", fabric_floor_rtt(c, kind, &cfg)),
-        ("rrpc", rrpc_rtt(c, kind, &cfg)),
-        ("iceoryx2", peers::iceoryx2_rtt(&cfg)),
-        ("tonic", peers::tonic_rtt(&cfg)),
-    ];
+    let runs: Vec<(&str, Result<RttSamples>)> = if let Some(server) = sides.server() {
+        println!(
+            "rrpc against the server at --connect {server}; floor, fabric, iceoryx2 and tonic: skipped (they measure within one host; compare across hosts with --perftest)"
+        );
+        vec![("rrpc", rrpc_rtt(c, sides, &cfg))]
+    } else {
+        vec![
+            ("floor", peers::floor_rtt(&cfg)),
+            ("fabric", fabric_floor_rtt(sides, &cfg)),
+            ("rrpc", rrpc_rtt(c, sides, &cfg)),
+            ("iceoryx2", peers::iceoryx2_rtt(&cfg)),
+            ("tonic", peers::tonic_rtt(&cfg)),
+        ]
+    };
     println!(
         "{:>10} {:>10} {:>10} {:>10} {:>12} {:>12}",
         "peer", "p50(ns)", "p99(ns)", "mean(ns)", "one-way(ns)", "round trips"
@@ -1144,15 +1204,21 @@ fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serd
         rows.push(json!({ "peer": name, "p50_ns": a, "p99_ns": b, "mean_ns": s.mean_ns(), "one_way_mean_ns": s.mean_ns() / 2.0, "round_trips": s.round_trips }));
         p50.insert(name, a as f64);
     }
-    let ratio = |peer: &str| p50["rrpc"] / p50[peer];
-    println!("ratio rtt rrpc/iceoryx2 = {:.2}", ratio("iceoryx2"));
-    println!("ratio rtt rrpc/tonic = {:.3}", ratio("tonic"));
-    println!("ratio rtt rrpc/floor = {:.2}", ratio("floor"));
-    println!("ratio rtt rrpc/fabric = {:.2}", ratio("fabric"));
-    println!(
-        "ratio rtt fabric/floor = {:.2}",
-        p50["fabric"] / p50["floor"]
-    );
+    let ratio = |a: &str, b: &str| match (p50.get(a), p50.get(b)) {
+        (Some(a), Some(b)) => Some(a / b),
+        _ => None,
+    };
+    for (a, b, digits) in [
+        ("rrpc", "iceoryx2", 2),
+        ("rrpc", "tonic", 3),
+        ("rrpc", "floor", 2),
+        ("rrpc", "fabric", 2),
+        ("fabric", "floor", 2),
+    ] {
+        if let Some(r) = ratio(a, b) {
+            println!("ratio rtt {a}/{b} = {r:.digits$}");
+        }
+    }
     if let Some(p) = plot {
         let s: Vec<Series> = p50
             .iter()
@@ -1173,15 +1239,60 @@ fn peers_cmp(c: &Common, kind: FabricKind, plot: Option<PathBuf>) -> Result<serd
         )?;
     }
     Ok(json!({
-        "request_bytes": 32, "reply_bytes": 32, "points": rows,
-        "ratio_rtt_rrpc_iceoryx2": ratio("iceoryx2"), "ratio_rtt_rrpc_tonic": ratio("tonic"), "ratio_rtt_rrpc_floor": ratio("floor"), "ratio_rtt_rrpc_fabric": ratio("fabric"), "ratio_rtt_fabric_floor": p50["fabric"] / p50["floor"],
+        "request_bytes": 32, "reply_bytes": 32, "points": rows, "rrpc_p50_ns": p50.get("rrpc"),
+        "ratio_rtt_rrpc_iceoryx2": ratio("rrpc", "iceoryx2"), "ratio_rtt_rrpc_tonic": ratio("rrpc", "tonic"), "ratio_rtt_rrpc_floor": ratio("rrpc", "floor"), "ratio_rtt_rrpc_fabric": ratio("rrpc", "fabric"), "ratio_rtt_fabric_floor": ratio("fabric", "floor"),
     }))
+}
+
+/// `peers --perftest`: perftest's `ib_write_lat` between the same two devices as rrpc
+/// (the server's and this process's), 32 B, and rrpc's p50 round trip `rrpc_p50_ns`
+/// against twice its `t_typical` (perftest reports half a round trip). Prints why it is
+/// skipped on shm, without `ib_write_lat`, or when it fails; never fails the run.
+fn perftest_cmp(c: &Common, sides: &Sides, rrpc_p50_ns: f64) -> serde_json::Value {
+    const BYTES: usize = 32;
+    let skipped = |why: String| {
+        println!("perftest: skipped: {why}");
+        json!({ "skipped": why })
+    };
+    if sides.spec().kind != FabricKind::Verbs {
+        return skipped(format!(
+            "the {} fabric has no RDMA device ({} measures RDMA devices: run with --fabric verbs)",
+            sides.spec().kind,
+            perftest::WRITE_LAT
+        ));
+    }
+    if perftest::find().is_none() {
+        return skipped(format!(
+            "{} not found on PATH (Debian: apt-get install perftest)",
+            perftest::WRITE_LAT
+        ));
+    }
+    let iterations = (c.duration_ms.saturating_mul(10)).max(1000);
+    let l = match sides.perftest(BYTES, iterations) {
+        Ok(l) => l,
+        Err(e) => return skipped(format!("{e:#}")),
+    };
+    let rtt = l.rtt_ns();
+    println!(
+        "perftest: {} -s {BYTES} -n {iterations} between the same two devices: t_typical {:.2} us, t_min {:.2} us, t_avg {:.2} us (half a round trip, as perftest reports); round trip = 2 x t_typical = {rtt:.0} ns; rrpc p50 round trip {rrpc_p50_ns:.0} ns",
+        perftest::WRITE_LAT,
+        l.t_typical_us,
+        l.t_min_us,
+        l.t_avg_us
+    );
+    let ratio = rrpc_p50_ns / rtt;
+    println!("ratio rtt rrpc/ib_write_lat = {ratio:.2}");
+    json!({
+        "tool": perftest::WRITE_LAT, "bytes": l.bytes, "iterations": l.iterations,
+        "t_typical_us": l.t_typical_us, "t_min_us": l.t_min_us, "t_avg_us": l.t_avg_us,
+        "rtt_ns": rtt, "rrpc_p50_ns": rrpc_p50_ns, "ratio_rtt_rrpc_ib_write_lat": ratio,
+    })
 }
 
 /// `peers --rounds`: `rounds` times the floor, the fabric, rrpc, iceoryx2 and the floor
 /// again back to back (one point each), printing each round's p50s and ratios as it ends,
 /// then the median ratios of each speed's rounds ([`peers::rounds::group_by_floor`]).
-fn matched_rounds(c: &Common, kind: FabricKind, rounds: u32) -> Result<serde_json::Value> {
+fn matched_rounds(c: &Common, sides: &Sides, rounds: u32) -> Result<serde_json::Value> {
     use peers::rounds::{group_by_floor, Round, SPEED_GAP};
     let cfg = peer_config(c);
     println!(
@@ -1210,8 +1321,8 @@ fn matched_rounds(c: &Common, kind: FabricKind, rounds: u32) -> Result<serde_jso
     for i in 1..=rounds {
         let r = Round {
             floor: p50("floor", peers::floor_rtt(&cfg))?,
-            fabric: p50("fabric", fabric_floor_rtt(c, kind, &cfg))?,
-            rrpc: p50("rrpc", rrpc_rtt(c, kind, &cfg))?,
+            fabric: p50("fabric", fabric_floor_rtt(sides, &cfg))?,
+            rrpc: p50("rrpc", rrpc_rtt(c, sides, &cfg))?,
             iceoryx2: p50("iceoryx2", peers::iceoryx2_rtt(&cfg))?,
             floor_after: p50("floor", peers::floor_rtt(&cfg))?,
         };

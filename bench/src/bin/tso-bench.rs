@@ -16,7 +16,9 @@
 //!   counter (the TiDB PD design: the oracle's CPU serves every request).
 //!
 //! The oracle node and the client threads run in this process as nodes of a local
-//! cluster; clients are coroutines spread over `--threads` threads. The counter is in
+//! cluster; clients are coroutines spread over `--threads` threads. With `--serve` and
+//! `--connect ADDR` (`bench::remote`) the oracle runs in one process (on one host) and
+//! the clients, and the proxy, in another, over `--fabric verbs` across hosts. The counter is in
 //! (the shm fabric's stand-in for) device memory, or with `--counter host` in host
 //! memory, where the timing model holds its address at the oracle's NIC for a PCIe read
 //! and write back per atomic, shared by all clients.
@@ -36,8 +38,8 @@ use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use bench::remote::{self, FabricSpec, PointEnv, SideArgs, Sides, Started};
+use rrpc::fabric::Fabric;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
@@ -65,12 +67,18 @@ const PROXY_NODE: u32 = 2;
                   prints a table and the group/faa and proxy/faa throughput ratios at the \
                   largest client count, and with --json writes the results. \
                   mean-group-size is timestamps per FAA on the oracle (1 for faa and \
-                  rpc-oracle)."
+                  rpc-oracle). With --serve (the oracle's host) and --connect ADDR (the \
+                  clients' host) the two sides run in separate processes, on two hosts with \
+                  --fabric verbs."
 )]
 struct Args {
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe or the path of a TOML profile.
-    #[arg(long, default_value = "cx5", value_name = "MODEL")]
-    model: String,
+    /// Fabric backend: shm or verbs (default: $RRPC_FABRIC, else shm).
+    #[arg(long, value_name = "KIND")]
+    fabric: Option<String>,
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe or the path of a TOML profile
+    /// (default: cx5 on shm, none on verbs, which refuses one).
+    #[arg(long, value_name = "MODEL")]
+    model: Option<String>,
     /// Client counts to run (clients = coroutines spread over --threads threads).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     clients: Vec<usize>,
@@ -106,10 +114,13 @@ struct Args {
     /// Draw throughput against clients, one line per mode, to this file (.svg or .png).
     #[arg(long)]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    side: SideArgs,
 }
 
 /// Where the oracle's counter lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 enum Counter {
     /// Device memory (`Oracle::new`; the shm fabric's stand-in, charged by the timing
     /// model at device-memory rates).
@@ -174,10 +185,27 @@ fn run(a: Args) -> Result<()> {
     {
         bail!("--threads, --duration-ms, every --clients value, --modes and --ranges-in-flight must be non-zero");
     }
-    let model = rrpc::fabric::model::TimingModel::load(&a.model)?;
+    let kind = remote::fabric_kind(a.fabric.as_deref())?;
+    let model_arg = remote::model_for(kind, a.model.as_deref(), "cx5")?;
+    let model = rrpc::fabric::model::TimingModel::load(&model_arg)?;
+    let model_desc = model
+        .as_ref()
+        .map_or_else(|| "none".into(), |m| m.describe());
+    let spec = FabricSpec::new(kind, Some(model_arg.clone()), &a.side);
+    let side = a.side.side();
+    if let remote::Side::Serve { .. } = side {
+        let banner = [format!(
+            "tso-bench | fabric: {kind} | timing model: {model_desc} | serving the oracle (counter, RPC oracle) for --connect clients"
+        )];
+        return remote::serve("tso-bench", &spec, side, &banner, &start_oracle);
+    }
+    let sides = Sides::new("tso-bench", spec, side)?;
     println!(
-        "tso-bench | fabric: shm | timing model: {} | counter: {} memory | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | group: up to {} FAAs in flight per thread | proxy: 1 server thread, 1 QP on the oracle",
-        model.as_ref().map_or_else(|| "none".into(), |m| m.describe()),
+        "tso-bench | fabric: {kind}{} | timing model: {} | counter: {} memory | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | group: up to {} FAAs in flight per thread | proxy: 1 server thread, 1 QP on the oracle",
+        sides
+            .server()
+            .map_or_else(String::new, |s| format!(" | oracle at --connect {s}, clients and proxy here")),
+        model_desc,
         match a.counter {
             Counter::Device => "device",
             Counter::Host => "host",
@@ -195,7 +223,7 @@ fn run(a: Args) -> Result<()> {
     let mut rate: BTreeMap<(&'static str, usize), f64> = BTreeMap::new();
     for &clients in &a.clients {
         for &mode in &a.modes {
-            let p = measure(&a, mode, clients)
+            let p = measure(&a, &sides, mode, clients)
                 .with_context(|| format!("{} with {clients} clients", mode.name()))?;
             println!(
                 "{:>10} {:>7} {:>12.0} {:>9.2} {:>9.2} {:>15.2}",
@@ -223,7 +251,7 @@ fn run(a: Args) -> Result<()> {
     if let Some(p) = &a.json {
         let doc = json!({
             "timing_model": model.as_ref().map(|m| m.describe()),
-            "model_arg": a.model, "counter": format!("{:?}", a.counter).to_lowercase(), "ranges_in_flight": a.ranges_in_flight,
+            "model_arg": model_arg, "fabric": kind.to_string(), "counter": format!("{:?}", a.counter).to_lowercase(), "ranges_in_flight": a.ranges_in_flight,
             "threads": a.threads, "duration_ms": a.duration_ms,
             "warmup_ms": a.warmup_ms, "rows": rows,
             "ratio_group_faa_at_max_clients": group_ratio,
@@ -271,18 +299,22 @@ fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Start an oracle node (counter export, and the RPC oracle's handler), run `clients`
-/// coroutines over the client threads for warm-up + duration, collect.
-fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
-    let name = format!("tso-bench-{}-{}-{clients}", std::process::id(), mode.name());
-    let (cluster, _) = ClusterGuard::new(&name)?;
-    let open = |id: u32| -> Result<Fabric> {
-        let mut cfg = FabricConfig::new(FabricKind::Shm, &name, NodeId(id));
-        cfg.model = Some(a.model.clone());
-        Ok(Fabric::open(&cfg)?)
-    };
-    let f = open(ORACLE_NODE)?;
-    let oracle = match a.counter {
+/// The server side of a point: what the oracle node offers.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct OracleParams {
+    /// Where the counter lives.
+    counter: Counter,
+    /// Serve the RPC oracle's handler (rpc-oracle mode).
+    rpc: bool,
+}
+
+/// Start an oracle node (counter export, and with `rpc` the RPC oracle's handler): the
+/// server side of a point, here or on the `--serve` process.
+fn start_oracle(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Started> {
+    let p: OracleParams =
+        serde_json::from_value(params.clone()).context("the oracle's parameters")?;
+    let f = env.open(NodeId(ORACLE_NODE))?;
+    let oracle = match p.counter {
         Counter::Device => Oracle::new(&f)?,
         Counter::Host => Oracle::in_host_memory(&f)?,
     };
@@ -290,7 +322,7 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
     exports.insert(EXPORT_NAME.to_string(), oracle.export());
     // The RPC oracle's counter: a CPU-local word, never touched by RDMA.
     let cpu_counter = Arc::new(AtomicU64::new(0));
-    let rpc = (mode == Mode::RpcOracle).then(|| {
+    let rpc = p.rpc.then(|| {
         let mut h = Handlers::new();
         let c = cpu_counter.clone();
         h.register(RPC_ORACLE_HANDLER, move |_req, out| {
@@ -304,12 +336,26 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
         f,
         NodeConfig {
             role: "tso".into(),
-            listen: "127.0.0.1:0".parse()?,
+            listen: env.listen(),
             exports,
             rpc,
         },
     )?;
-    let addr = node.addr();
+    Ok(Started {
+        addr: node.addr(),
+        info: serde_json::Value::Null,
+        // The node first, then the counter's memory.
+        keep: Box::new((node, oracle)),
+    })
+}
+
+/// Start the oracle ([`start_oracle`], here or on the `--serve` process), run `clients`
+/// coroutines over the client threads for warm-up + duration, collect.
+fn measure(a: &Args, sides: &Sides, mode: Mode, clients: usize) -> Result<Point> {
+    let params = json!({ "counter": a.counter, "rpc": mode == Mode::RpcOracle });
+    let point = sides.point(&params, &start_oracle)?;
+    let open = |id: u32| -> Result<Fabric> { sides.spec().open(&point.cluster, NodeId(id)) };
+    let addr = point.addr;
     let threads = a.threads.min(clients);
     // Proxy mode: a proxy node of this cluster, one server thread, one QP on the oracle.
     let proxy = (mode == Mode::Proxy)
@@ -369,9 +415,7 @@ fn measure(a: &Args, mode: Mode, clients: usize) -> Result<Point> {
     let proxy_mean = proxy.as_ref().map(|p| p.stats().group.mean_group_size());
     drop(grouped);
     drop(proxy);
-    drop(node);
-    drop(oracle);
-    drop(cluster);
+    drop(point);
     let mut p = Point {
         hist: new_hist(),
         requests: 0,
