@@ -56,7 +56,7 @@ pub struct SideArgs {
     #[arg(long, global = true, value_name = "ADDR", requires = "serve",
           conflicts_with = "connect", value_parser = rrpc::service::parse_addr)]
     pub listen: Option<SocketAddr>,
-    /// With --serve: the address clients reach this host at, HOST[:PORT] (default: the
+    /// With --serve: the address clients reach this host at, `HOST[:PORT]` (default: the
     /// --listen address; with a wildcard --listen, this machine's address).
     #[arg(long, global = true, value_name = "ADDR", requires = "serve",
           conflicts_with = "connect", value_parser = rrpc::service::parse_advertise)]

@@ -159,7 +159,7 @@ pub struct Args {
     /// roles, see the book's topology page): each memory node, the oracle and the lock
     /// service at its role's ctrl-ip:port with its host's RDMA device, over ssh where the
     /// host is not this one (`$RRPC_SSH` replaces ssh), their logs under
-    /// <log-dir>/<cluster>/. The coordinators stay in txn-bench, on the device of the
+    /// `<log-dir>/<cluster>/`. The coordinators stay in txn-bench, on the device of the
     /// file's first coordinator host. Sets --fabric and --memnodes from the file.
     #[arg(long, value_name = "FILE")]
     #[serde(default)]

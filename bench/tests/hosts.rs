@@ -267,3 +267,100 @@ fn flags_that_need_one_host_are_refused_with_hosts() {
     assert!(!out.status.success());
     assert!(stderr.contains("/nonexistent/cluster.toml"), "{stderr}");
 }
+
+/// The Soft-RoCE VM's two "hosts" (`deploy/vm/verbs-tests.sh` sets
+/// `RRPC_TEST_TWO_HOSTS=devA,ipA,devB,ipB,netdevA`): the memory nodes, the oracle and the
+/// lock service on device A (started through the launcher's ssh path, the shim), the
+/// coordinators in `txn-bench` on device B, every protocol checked, and the RoCE traffic
+/// seen on A's veth. Elsewhere it says it is skipped.
+#[test]
+fn two_hosts_run_every_protocol_across_the_veth_pair() {
+    let Ok(spec) = std::env::var("RRPC_TEST_TWO_HOSTS") else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED two_hosts_run_every_protocol_across_the_veth_pair: no RRPC_TEST_TWO_HOSTS \
+             (the Soft-RoCE VM's verbs suite sets it)"
+        );
+        return;
+    };
+    let f: Vec<&str> = spec.split(',').collect();
+    let [dev_a, ip_a, dev_b, ip_b, netdev_a] = f[..] else {
+        panic!("RRPC_TEST_TWO_HOSTS={spec}: want devA,ipA,devB,ipB,netdevA");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let shim = ssh_shim(dir.path());
+    let port = |k: u16| 17000 + k;
+    let text = format!(
+        r#"name = "two"
+fabric = "verbs"
+bin-dir = "{bin}"
+log-dir = "{logs}"
+
+[hosts.a]
+ctrl-ip = "{ip_a}"
+rdma-device = "{dev_a}"
+ssh = "{{host}}"
+[hosts.b]
+ctrl-ip = "{ip_b}"
+rdma-device = "{dev_b}"
+
+[[memnode]]
+host = "a"
+port = {m0}
+[[memnode]]
+host = "a"
+port = {m1}
+[lockd]
+host = "a"
+port = {l}
+[tso]
+host = "a"
+port = {t}
+[coordinators]
+hosts = ["b"]
+"#,
+        bin = txn_bench_bin_dir().display(),
+        logs = logs.display(),
+        m0 = port(10),
+        m1 = port(11),
+        l = port(2),
+        t = port(3),
+    );
+    let topo = dir.path().join("two.toml");
+    std::fs::write(&topo, text).unwrap();
+    let tx = |n: &str| -> u64 {
+        std::fs::read_to_string(format!("/sys/class/net/{n}/statistics/tx_bytes"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let before = tx(netdev_a);
+    let args = [
+        "--hosts",
+        topo.to_str().unwrap(),
+        "--protocol",
+        "all",
+        "--duration",
+        "1",
+        "--coroutines",
+        "4",
+        "--accounts",
+        "2000",
+        "--cluster",
+        "two-hosts",
+    ];
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "two-hosts",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(ok, "{stdout}");
+    assert_eq!(s["runs"].as_array().unwrap().len(), 3, "{stdout}");
+    // The coordinators on B, the services on A: the header names B's device.
+    assert!(stdout.contains(dev_b), "{stdout}");
+    let sent = tx(netdev_a) - before;
+    eprintln!("two hosts: {sent} bytes left {netdev_a} during the runs");
+    assert!(sent > 1 << 20, "only {sent} bytes crossed {netdev_a}");
+}

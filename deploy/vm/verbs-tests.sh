@@ -54,6 +54,13 @@ for exe in "$@"; do
     failover) only=(--exact a_killed_primary_loses_no_committed_money
       a_restarted_memnode_is_re_replicated_and_every_copy_matches) ;;
   esac
+  # txn-bench --hosts: the services on rxeA (started through the launcher's ssh path),
+  # the coordinators on rxeB, every protocol checked, the traffic on the veth pair.
+  if [ "$name" = hosts ]; then
+    run "two hosts" env RRPC_TEST_TWO_HOSTS="$RXE_DEV_A,$RXE_IP_A,$RXE_DEV_B,$RXE_IP_B,$RXE_NETDEV_A" \
+      "$exe" --test-threads=1 --exact two_hosts_run_every_protocol_across_the_veth_pair --nocapture
+    continue
+  fi
   # The microbenchmarks' --serve side on rxeB, their --connect side on rxeA, with
   # perftest's ib_write_lat between the same two devices (rrpc-bench peers --perftest).
   if [ "$name" = microbench_remote ]; then

@@ -61,7 +61,7 @@ pub struct NodeArgs {
     /// the topology file's secret-file or secret, else none: unauthenticated).
     #[arg(long, value_name = "FILE", env = "RRPC_SECRET_FILE")]
     pub secret_file: Option<PathBuf>,
-    /// Address peers reach this node at, HOST[:PORT] (default: the bound address; with a
+    /// Address peers reach this node at, `HOST[:PORT]` (default: the bound address; with a
     /// wildcard --listen such as 0.0.0.0:7000, the host name's address). Printed in the
     /// READY line; without a port, the bound port.
     #[arg(long, value_name = "ADDR", value_parser = parse_advertise)]

@@ -150,6 +150,9 @@ pub const WRITE_OFF_WAIT: std::time::Duration = std::time::Duration::from_secs(1
 /// How many times a torn CVT is READ again before the transaction aborts.
 const TORN_RETRIES: usize = 3;
 
+/// `[memnode][partition]`: each memory node's image of each partition it hosts.
+type Images = Vec<Vec<Option<Rc<[CvtTableExport]>>>>;
+
 /// One thread's access to the CVT store of all memory nodes. Shared by the thread's
 /// coordinators through `&self`.
 pub struct CvtRemote {
@@ -161,7 +164,7 @@ pub struct CvtRemote {
     addrs: Vec<SocketAddr>,
     /// `[memnode][partition]`: memory node `m`'s image of partition `p`, if it hosts one
     /// (replaced when `m` restarts and rejoins: [`View::incarnations`]).
-    images: RefCell<Vec<Vec<Option<Rc<[CvtTableExport]>>>>>,
+    images: RefCell<Images>,
     /// The tables' shape (partition 0's primary at connect).
     shape: Vec<CvtTableExport>,
     /// Copies of each partition, as the memory nodes were started.
@@ -312,7 +315,7 @@ impl CvtRemote {
         }
         let m = addrs.len();
         let mut nodes: Vec<Option<NodeId>> = vec![None; m];
-        let mut images: Vec<Vec<Option<Rc<[CvtTableExport]>>>> = vec![vec![None; m]; m];
+        let mut images: Images = vec![vec![None; m]; m];
         let (mut logs, mut undos) = (vec![None; m], vec![None; m]);
         let mut replicas = None;
         // Memory nodes the feed's view declares dead may be unreachable.
