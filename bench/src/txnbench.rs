@@ -666,6 +666,13 @@ impl RunCluster {
         })
     }
 
+    /// The run's etcd as the view manager takes it: its endpoint and the cluster's name.
+    pub(crate) fn etcd_ref(&self) -> Option<(String, String)> {
+        self.etcd
+            .as_ref()
+            .map(|e| (e.endpoint(), self.cluster.name().to_string()))
+    }
+
     /// The oracle's flags, listening on `listen`.
     pub(crate) fn tso_args(&self, listen: &str) -> Vec<String> {
         let mut a = tso_args(&self.common, &self.tso_state, listen);
@@ -1027,15 +1034,11 @@ fn watch(
     let mut etcd_restart: Option<crate::report::EtcdRestart> = None;
     let manager = match (&cluster.view_feed, args.kill_memnode_after) {
         (Some(feed), Some(_)) => {
-            let etcd = cluster
-                .etcd
-                .as_ref()
-                .map(|e| (e.endpoint(), cluster.cluster.name().to_string()));
             let m = crate::failover::ViewManager::new(
                 &cluster.fabric,
                 &cluster.addrs,
                 feed.clone(),
-                etcd,
+                cluster.etcd_ref(),
                 Vec::new(),
             );
             match m {

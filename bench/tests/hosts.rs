@@ -88,6 +88,25 @@ hosts = ["here"]
     p
 }
 
+/// A short SmallBank run of every protocol on the services `topo` places, on cluster
+/// `cluster`.
+fn run_args<'a>(topo: &'a Path, cluster: &'a str) -> Vec<&'a str> {
+    vec![
+        "--hosts",
+        topo.to_str().unwrap(),
+        "--protocol",
+        "all",
+        "--duration",
+        "1",
+        "--coroutines",
+        "4",
+        "--accounts",
+        "2000",
+        "--cluster",
+        cluster,
+    ]
+}
+
 /// Where `txn-bench` and the service binaries of this build are.
 fn txn_bench_bin_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_txn-bench"))
@@ -102,20 +121,7 @@ fn a_run_over_ssh_places_every_service_and_passes_every_check() {
     let logs = dir.path().join("runs");
     let topo = topology(dir.path(), &logs);
     let shim = ssh_shim(dir.path());
-    let args = [
-        "--hosts",
-        topo.to_str().unwrap(),
-        "--protocol",
-        "all",
-        "--duration",
-        "1",
-        "--coroutines",
-        "4",
-        "--accounts",
-        "2000",
-        "--cluster",
-        "hosts-run",
-    ];
+    let args = run_args(&topo, "hosts-run");
     let (ok, stdout, s) = txn_bench_watched_env(
         "hosts",
         &args,
@@ -336,20 +342,7 @@ hosts = ["b"]
             .unwrap_or(0)
     };
     let before = tx(netdev_a);
-    let args = [
-        "--hosts",
-        topo.to_str().unwrap(),
-        "--protocol",
-        "all",
-        "--duration",
-        "1",
-        "--coroutines",
-        "4",
-        "--accounts",
-        "2000",
-        "--cluster",
-        "two-hosts",
-    ];
+    let args = run_args(&topo, "two-hosts");
     let (ok, stdout, s) = txn_bench_watched_env(
         "two-hosts",
         &args,

@@ -153,6 +153,13 @@ fn rrpc_bench_peers_across_processes() {
         .unwrap_or_else(|| panic!("no rrpc row in:\n{out}"));
     let trips: u64 = row.split_whitespace().nth(5).unwrap().parse().unwrap();
     assert!(trips > 0, "{row}");
+    // The comparison with perftest, in the suite's log.
+    for l in out
+        .lines()
+        .filter(|l| l.starts_with("perftest") || l.contains("ratio rtt"))
+    {
+        eprintln!("{l}");
+    }
     if fabric() == "verbs" && bench::perftest::find().is_some() {
         let r = figure(&out, "ratio rtt rrpc/ib_write_lat =");
         assert!(r > 0.0, "{out}");

@@ -66,16 +66,7 @@ impl LocalEtcd {
             source,
         })?;
         let log = dir.join("etcd.log");
-        let log_file = File::create(&log).map_err(|source| MemberError::LocalSetup {
-            what: "create etcd.log",
-            source,
-        })?;
-        let log_err = log_file
-            .try_clone()
-            .map_err(|source| MemberError::LocalSetup {
-                what: "open etcd.log",
-                source,
-            })?;
+        let (log_file, log_err) = open_log(&log, false)?;
         let client_port = free_port()?;
         let peer_port = free_port()?;
         let child = spawn(binary, &data, client_port, peer_port, log_file, log_err)?;
@@ -102,19 +93,7 @@ impl LocalEtcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
         std::thread::sleep(down);
-        let log_file = File::options()
-            .append(true)
-            .open(&self.log)
-            .map_err(|source| MemberError::LocalSetup {
-                what: "open etcd.log",
-                source,
-            })?;
-        let log_err = log_file
-            .try_clone()
-            .map_err(|source| MemberError::LocalSetup {
-                what: "open etcd.log",
-                source,
-            })?;
+        let (log_file, log_err) = open_log(&self.log, true)?;
         let child = spawn(
             &self.binary,
             &self.data,
@@ -150,6 +129,26 @@ impl LocalEtcd {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// The log at `path` (truncated, or appended to with `append`), twice: for stdout and
+/// stderr.
+fn open_log(path: &Path, append: bool) -> Result<(File, File), MemberError> {
+    let f = File::options()
+        .write(true)
+        .create(true)
+        .append(append)
+        .truncate(!append)
+        .open(path)
+        .map_err(|source| MemberError::LocalSetup {
+            what: "open etcd.log",
+            source,
+        })?;
+    let g = f.try_clone().map_err(|source| MemberError::LocalSetup {
+        what: "open etcd.log",
+        source,
+    })?;
+    Ok((f, g))
 }
 
 /// Start etcd with `data` as its data directory on loopback ports `client_port` and

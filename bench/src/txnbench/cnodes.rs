@@ -398,10 +398,7 @@ pub(crate) fn measure(
     // The view manager first: it stores the initial view, which the children read.
     let manager = match (&cluster.view_feed, args.kill_memnode_after) {
         (Some(feed), Some(_)) => {
-            let etcd = cluster
-                .etcd
-                .as_ref()
-                .map(|e| (e.endpoint(), cluster.cluster.name().to_string()));
+            let etcd = cluster.etcd_ref();
             let cnodes = (0..args.cnodes)
                 .map(|i| (NODE_CNODE + i as u32) as u16)
                 .collect();
