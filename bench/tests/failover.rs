@@ -23,12 +23,29 @@ use common::{txn_bench_watched, txn_bench_watched_env};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
+/// The protocols of the every-protocol tests: all, or the one `RRPC_TEST_FAILOVER_PROTOCOL`
+/// names (the Soft-RoCE VM runs mvcc alone: under its emulated CPUs Scythe commits a few
+/// transactions a second over replicas, too few for every type to commit in a short run).
+fn protocols() -> &'static str {
+    static P: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    P.get_or_init(|| std::env::var("RRPC_TEST_FAILOVER_PROTOCOL").unwrap_or_else(|_| "all".into()))
+}
+
+/// How many runs [`protocols`] makes.
+fn runs() -> usize {
+    if protocols() == "all" {
+        3
+    } else {
+        1
+    }
+}
+
 fn failover_args<'a>(workload: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![
         "--workload",
         workload,
         "--protocol",
-        "all",
+        protocols(),
         "--memnodes",
         "3",
         "--replicas",
@@ -80,7 +97,7 @@ fn a_killed_primary_loses_no_committed_money() {
     let args = failover_args("smallbank", &["--accounts", "10000"]);
     let (ok, stdout, s) = txn_bench_watched("fo-smallbank", &args, LIMIT);
     assert!(ok, "{stdout}");
-    assert_failed_over(&stdout, &s, 3);
+    assert_failed_over(&stdout, &s, runs());
     for r in s["runs"].as_array().unwrap() {
         assert_eq!(r["invariant_holds"], true, "{stdout}");
     }
@@ -138,7 +155,7 @@ fn a_restarted_memnode_is_re_replicated_and_every_copy_matches() {
     let args = restart_args(&[]);
     let (ok, stdout, s) = txn_bench_watched("fo-restart", &args, LIMIT);
     assert!(ok, "{stdout}");
-    assert_re_replicated(&stdout, &s, 3);
+    assert_re_replicated(&stdout, &s, runs());
 }
 
 #[test]

@@ -68,7 +68,10 @@ for exe in "$@"; do
       RRPC_TEST_PEER_DEVICE="$RXE_DEV_B" RRPC_TEST_PEER_LISTEN="$RXE_IP_B:0" "$exe" --test-threads=1 --nocapture
     continue
   fi
-  run "$name on $RXE_LOOPBACK_DEV" env RRPC_RDMA_DEVICE="$RXE_LOOPBACK_DEV" "$exe" --test-threads=1 ${only[@]+"${only[@]}"}
+  # Failover under mvcc alone here: with replicas, Scythe commits a few transactions a
+  # second under the VM's emulated CPUs, too few for every type in a short run.
+  run "$name on $RXE_LOOPBACK_DEV" env RRPC_RDMA_DEVICE="$RXE_LOOPBACK_DEV" RRPC_TEST_FAILOVER_PROTOCOL=mvcc \
+    "$exe" --test-threads=1 ${only[@]+"${only[@]}"}
   if [ "$name" = fabric_conformance ]; then
     run "$name across $RXE_DEV_A -> $RXE_DEV_B" env RRPC_RDMA_DEVICE="$RXE_DEV_A" \
       RRPC_TEST_PEER_DEVICE="$RXE_DEV_B" RRPC_TEST_PEER_LISTEN="$RXE_IP_B:0" "$exe" --test-threads=1
