@@ -6,7 +6,6 @@
 //! goes to `<log-dir>/<cluster>/<host>.<role>.<i>.log`. `--dry-run` prints every command
 //! line instead of running it.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -165,9 +164,3 @@ impl std::fmt::Display for DryRunDone {
 }
 
 impl std::error::Error for DryRunDone {}
-
-/// The address a service of a dry run is taken to answer at: its `--listen` flag.
-pub(crate) fn listen_of(flags: &[String]) -> Option<SocketAddr> {
-    let i = flags.iter().position(|f| f == "--listen")?;
-    rrpc::service::parse_addr(flags.get(i + 1)?).ok()
-}

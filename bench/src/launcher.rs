@@ -78,6 +78,12 @@ impl Place {
     }
 }
 
+/// The address a service of a dry run is taken to answer at: its `--listen` flag.
+fn listen_of(flags: &[String]) -> Option<SocketAddr> {
+    let i = flags.iter().position(|f| f == "--listen")?;
+    rrpc::service::parse_addr(flags.get(i + 1)?).ok()
+}
+
 /// `s` quoted for the remote shell ssh hands its command to (as is when it needs no
 /// quoting).
 fn shell_quote(s: &str) -> String {
@@ -202,7 +208,7 @@ impl LocalCluster {
                 Place::Ssh { target, .. } => target.clone(),
             };
             println!("[dry-run] {at}: {}", line.join(" "));
-            return crate::hosts::listen_of(args)
+            return listen_of(args)
                 .with_context(|| format!("{name}: a dry run needs its --listen address"));
         }
         if *place == Place::Local && !bin.exists() {

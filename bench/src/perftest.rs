@@ -16,9 +16,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use rrpc::fabric::FabricKind;
-use rrpc::NodeId;
-
-use crate::remote::FabricSpec;
 
 /// The perftest tool the benchmarks run.
 pub const WRITE_LAT: &str = "ib_write_lat";
@@ -41,19 +38,26 @@ pub struct Device {
 }
 
 impl Device {
-    /// The device `spec` opens, as the verbs backend resolves it (default device and
-    /// GID included): opens an endpoint once and reads its description.
+    /// The device a fabric of `kind` uses, as the verbs backend resolved it (default
+    /// device and GID included): `open` opens an endpoint once, whose description is
+    /// read; `device`, `port` and `gid_index` (the flags given) win over it.
     ///
-    /// Errors: `spec` is not verbs (perftest measures RDMA devices); the fabric's.
-    pub fn of(spec: &FabricSpec) -> Result<Self> {
-        if spec.kind != FabricKind::Verbs {
+    /// Errors: `kind` is not verbs (perftest measures RDMA devices); `open`'s.
+    pub fn of(
+        kind: FabricKind,
+        open: impl FnOnce() -> Result<rrpc::fabric::Fabric>,
+        device: Option<String>,
+        port: Option<u8>,
+        gid_index: Option<u32>,
+    ) -> Result<Self> {
+        if kind != FabricKind::Verbs {
             bail!("{WRITE_LAT} measures RDMA devices: it needs --fabric verbs");
         }
-        let f = spec.open(&format!("perftest-probe-{}", std::process::id()), NodeId(1))?;
+        let f = open()?;
         let mut d = parse_describe(&f.describe()).unwrap_or_default();
-        d.name = spec.device.clone().or(d.name);
-        d.port = spec.port.or(d.port);
-        d.gid_index = spec.gid_index.or(d.gid_index);
+        d.name = device.or(d.name);
+        d.port = port.or(d.port);
+        d.gid_index = gid_index.or(d.gid_index);
         Ok(d)
     }
 
@@ -312,8 +316,14 @@ mod tests {
 
     #[test]
     fn shm_has_no_device_for_perftest() {
-        let spec = FabricSpec::new(FabricKind::Shm, None, &Default::default());
-        let e = Device::of(&spec).unwrap_err();
+        let e = Device::of(
+            FabricKind::Shm,
+            || unreachable!("not opened"),
+            None,
+            None,
+            None,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("--fabric verbs"), "{e}");
     }
 }

@@ -148,6 +148,19 @@ impl FabricSpec {
         Fabric::open(&cfg).with_context(|| format!("opening node {node} on {}", self.kind))
     }
 
+    /// The RDMA device this spec opens, for perftest ([`perftest::Device::of`]).
+    ///
+    /// Errors: not verbs; the fabric does not open.
+    pub fn perftest_device(&self) -> Result<perftest::Device> {
+        perftest::Device::of(
+            self.kind,
+            || self.open(&format!("perftest-probe-{}", std::process::id()), NodeId(1)),
+            self.device.clone(),
+            self.port,
+            self.gid_index,
+        )
+    }
+
     /// The timing model's name as both sides compare it (`none` without one).
     fn model_name(&self) -> String {
         self.model
@@ -336,7 +349,7 @@ impl Sides {
     ///
     /// Errors: see [`perftest::run_pair`].
     pub fn perftest(&self, size_bytes: usize, iterations: u64) -> Result<perftest::Latency> {
-        let local = perftest::Device::of(&self.spec)?;
+        let local = self.spec.perftest_device()?;
         match &self.remote {
             None => {
                 perftest::run_pair(&local, &local, "127.0.0.1".parse()?, size_bytes, iterations)
@@ -633,7 +646,7 @@ impl Server<'_> {
                 size_bytes,
                 iterations,
             } => {
-                let dev = perftest::Device::of(self.spec)?;
+                let dev = self.spec.perftest_device()?;
                 let (child, port) =
                     perftest::start_server(&dev, self.public.ip(), size_bytes, iterations)?;
                 self.perftests.push(child);
