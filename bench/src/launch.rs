@@ -28,12 +28,12 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use rrpc::topology::{Role, RoleKind, Topology};
 use txn::coordinator::ClusterAddrs;
 
-use crate::hosts::Layout;
+use crate::hosts::{Layout, Planned};
 use crate::launcher::{LocalCluster, Place};
 
 /// Start, stop and inspect a standalone cluster of rrpc services (memory nodes, tso,
@@ -382,24 +382,17 @@ fn up(a: &UpArgs) -> anyhow::Result<()> {
             bail!("stopped during start-up");
         }
         let p = layout.service(role.kind, role.index)?;
-        let mut args = p.flags.clone();
-        args.extend([
-            "--listen".into(),
-            p.listen.clone(),
-            "--hosts".into(),
-            file.display().to_string(),
-            "--as".into(),
-            role.spec(),
-        ]);
-        if role.kind == RoleKind::Memnode {
-            if extra.is_empty() && role.settings.is_empty() && !a.dry_run {
-                eprintln!(
-                    "note: {} holds no tables (give --memnode-args or keys in its [[memnode]] table)",
-                    role.spec()
-                );
-            }
-            args.extend(extra.iter().cloned());
+        if role.kind == RoleKind::Memnode
+            && extra.is_empty()
+            && role.settings.is_empty()
+            && !a.dry_run
+        {
+            eprintln!(
+                "note: {} holds no tables (give --memnode-args or keys in its [[memnode]] table)",
+                role.spec()
+            );
         }
+        let args = service_args(role, &p, &file, &extra);
         let addr = cluster
             .start_at(
                 &p.place,
@@ -449,18 +442,7 @@ fn up(a: &UpArgs) -> anyhow::Result<()> {
         std::process::id(),
         a.hosts.hosts.display()
     );
-    let result = loop {
-        match stop.recv_timeout(Duration::from_millis(200)) {
-            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break Ok(()),
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-        }
-        if let Err(e) = cluster.check_alive() {
-            break Err(anyhow!(
-                "{e}: stopping the cluster (its logs: {})",
-                layout.log_dir().display()
-            ));
-        }
-    };
+    let result = hold(&mut cluster, &stop, layout.log_dir());
     eprintln!(
         "cluster {name}: stopping {} service(s)",
         cluster.services.len()
@@ -468,6 +450,39 @@ fn up(a: &UpArgs) -> anyhow::Result<()> {
     cluster.shutdown();
     eprintln!("cluster {name}: stopped");
     result
+}
+
+/// The flags of service `role`, placed as `p`: its host's fabric flags, its address,
+/// its role in the topology file `file` (absolute), and for a memory node `extra`
+/// (`--memnode-args`, last: explicit flags win over the file's keys).
+fn service_args(role: &Role, p: &Planned, file: &Path, extra: &[String]) -> Vec<String> {
+    let mut args = p.flags.clone();
+    args.extend([
+        "--listen".into(),
+        p.listen.clone(),
+        "--hosts".into(),
+        file.display().to_string(),
+        "--as".into(),
+        role.spec(),
+    ]);
+    if role.kind == RoleKind::Memnode {
+        args.extend(extra.iter().cloned());
+    }
+    args
+}
+
+/// Hold a started cluster until a stop signal (`Ok`) or until a service exits (an
+/// error naming it and the logs in `logs`); the caller stops the rest.
+fn hold(cluster: &mut LocalCluster, stop: &mpsc::Receiver<()>, logs: &Path) -> anyhow::Result<()> {
+    loop {
+        match stop.recv_timeout(Duration::from_millis(200)) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if let Err(e) = cluster.check_alive() {
+            bail!("{e}: stopping the cluster (its logs: {})", logs.display());
+        }
+    }
 }
 
 /// `rrpc-launch down`.
