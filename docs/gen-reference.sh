@@ -24,6 +24,7 @@ bins=(
   "lockd|the lock service: Takeout Locks, Lotus lock tables, baseline lock words|"
   "tso|the timestamp oracle: one counter, taken by one-sided FAA|"
   "tso-proxy|a TSO proxy: merges range requests into one FAA on the oracle|"
+  "rrpc-launch|a topology file's services as a standalone cluster: up, down, status, logs|up down status logs"
 )
 
 help_of() {

@@ -67,20 +67,31 @@ impl Layout {
     /// `<log-dir>/<cluster>/`, created; `log-dir` defaults to `runs`). Errors: the file
     /// does not load; the log directory cannot be created.
     pub(crate) fn load(path: &Path, cluster: &str) -> anyhow::Result<Self> {
-        let topo = Topology::load(path)?;
-        let logs = topo
-            .log_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("runs"))
-            .join(cluster);
-        std::fs::create_dir_all(&logs)
-            .with_context(|| format!("creating the log directory {}", logs.display()))?;
-        Ok(Self { topo, logs })
+        Self::of(Topology::load(path)?, cluster)
+    }
+
+    /// [`Layout::load`] of a topology already loaded.
+    pub(crate) fn of(topo: Topology, cluster: &str) -> anyhow::Result<Self> {
+        let l = Self::planned(topo, cluster);
+        std::fs::create_dir_all(&l.logs)
+            .with_context(|| format!("creating the log directory {}", l.logs.display()))?;
+        Ok(l)
+    }
+
+    /// [`Layout::of`] without creating the log directory (a dry run).
+    pub(crate) fn planned(topo: Topology, cluster: &str) -> Self {
+        let logs = log_dir_of(&topo, cluster);
+        Self { topo, logs }
     }
 
     /// Where the run's logs go.
     pub(crate) fn log_dir(&self) -> &Path {
         &self.logs
+    }
+
+    /// The topology it places the services of.
+    pub(crate) fn topology(&self) -> &Topology {
+        &self.topo
     }
 
     /// The `index`-th service of `kind`. Errors: the file has none.
@@ -100,6 +111,15 @@ impl Layout {
                 .join(format!("{}.{}.{}.log", host.name, kind, index)),
         })
     }
+}
+
+/// Where the logs of cluster `cluster` of `topo` go: `<log-dir>/<cluster>/` (`log-dir`
+/// defaults to `runs`, relative to the working directory).
+pub(crate) fn log_dir_of(topo: &Topology, cluster: &str) -> PathBuf {
+    topo.log_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs"))
+        .join(cluster)
 }
 
 /// Whether `host` is this machine's loopback (started directly, not over ssh).

@@ -84,6 +84,22 @@ fn listen_of(flags: &[String]) -> Option<SocketAddr> {
     rrpc::service::parse_addr(flags.get(i + 1)?).ok()
 }
 
+/// What exit status 127 of a remote start means (the remote shell found no such
+/// binary), for an error message; empty otherwise.
+fn missing_hint(place: &Place, st: &std::process::ExitStatus, line: &[String]) -> String {
+    match place {
+        Place::Ssh { target, bin_dir } if st.code() == Some(127) => format!(
+            " (the shell on {target} found no such command: is {} there? bin-dir is {})",
+            line.iter()
+                .skip_while(|a| *a != "--")
+                .nth(1)
+                .map_or("the binary", String::as_str),
+            bin_dir.display()
+        ),
+        _ => String::new(),
+    }
+}
+
 /// `s` quoted for the remote shell ssh hands its command to (as is when it needs no
 /// quoting).
 fn shell_quote(s: &str) -> String {
@@ -273,7 +289,10 @@ impl LocalCluster {
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Some(st) = child.try_wait()? {
-                        bail!("{name} (node {node}) exited before it was ready: {st}");
+                        bail!(
+                            "{name} (node {node}) exited before it was ready: {st}{}",
+                            missing_hint(place, &st, &line)
+                        );
                     }
                     if Instant::now() > deadline {
                         let _ = child.kill();
@@ -282,7 +301,10 @@ impl LocalCluster {
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let st = child.wait()?;
-                    bail!("{name} (node {node}) exited before it was ready: {st}");
+                    bail!(
+                        "{name} (node {node}) exited before it was ready: {st}{}",
+                        missing_hint(place, &st, &line)
+                    );
                 }
             }
         };

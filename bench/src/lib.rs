@@ -10,6 +10,7 @@ pub mod driver;
 pub mod failover;
 pub mod history_out;
 pub(crate) mod hosts;
+pub mod launch;
 pub mod launcher;
 pub mod ledger;
 pub mod pairs;

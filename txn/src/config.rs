@@ -196,3 +196,90 @@ pub struct ClusterAddrs {
     /// The timestamp oracle's bootstrap address.
     pub tso: SocketAddr,
 }
+
+/// Why [`ClusterAddrs::from_file`] could not load a file.
+#[derive(Debug, thiserror::Error)]
+pub enum AddrsFileError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not TOML, a key is unknown or missing, or an address does not parse.
+    #[error("{path}: {msg}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's message (with line and column).
+        msg: String,
+    },
+}
+
+/// The addresses file as written: kebab-case keys, addresses as `"IP:PORT"` strings.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct AddrsFile {
+    memnodes: Vec<SocketAddr>,
+    #[serde(default)]
+    lockd: Option<SocketAddr>,
+    tso: SocketAddr,
+}
+
+impl ClusterAddrs {
+    /// Load the addresses a launcher wrote (`rrpc-launch up` writes such a file):
+    ///
+    /// ```toml
+    /// memnodes = ["10.10.1.1:7010", "10.10.1.2:7010"]
+    /// lockd = "10.10.1.3:7002"   # optional
+    /// tso = "10.10.1.3:7003"
+    /// ```
+    ///
+    /// Errors: [`AddrsFileError::Read`]; [`AddrsFileError::Parse`] for a file that is not
+    /// TOML, lacks `memnodes` or `tso`, has another key, or an address that is not
+    /// `IP:PORT`.
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Self, AddrsFileError> {
+        let p = path.as_ref();
+        let text = std::fs::read_to_string(p).map_err(|source| AddrsFileError::Read {
+            path: p.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|msg| AddrsFileError::Parse {
+            path: p.display().to_string(),
+            msg,
+        })
+    }
+
+    /// Parse the text of an addresses file (see [`ClusterAddrs::from_file`]).
+    ///
+    /// Errors: the parser's message (not TOML, a missing or unknown key, a bad address).
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        let f: AddrsFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        Ok(Self {
+            memnodes: f.memnodes,
+            lockd: f.lockd,
+            tso: f.tso,
+        })
+    }
+
+    /// These addresses as the TOML [`ClusterAddrs::from_file`] reads (no `lockd` key
+    /// without a lock service).
+    pub fn to_toml(&self) -> String {
+        let quoted = |a: &SocketAddr| format!("\"{a}\"");
+        let mut s = format!(
+            "memnodes = [{}]\n",
+            self.memnodes
+                .iter()
+                .map(quoted)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if let Some(l) = &self.lockd {
+            s.push_str(&format!("lockd = {}\n", quoted(l)));
+        }
+        s.push_str(&format!("tso = {}\n", quoted(&self.tso)));
+        s
+    }
+}
