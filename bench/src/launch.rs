@@ -93,7 +93,7 @@ pub struct UpArgs {
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Extra flags for every memory node, split at white space, e.g. "--smallbank-accounts
-    /// 100000" (they win over the [[memnode]] tables' keys). The node, address, fabric and
+    /// 100000" (they win over the `[[memnode]]` tables' keys). The node, address, fabric and
     /// partition flags come from the topology file and are refused here.
     #[arg(long, value_name = "FLAGS", allow_hyphen_values = true)]
     pub memnode_args: Option<String>,
