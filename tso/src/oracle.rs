@@ -29,6 +29,12 @@ pub struct Oracle {
     incarnation: u64,
 }
 
+/// What peers may do to the counter: fetch-and-add (clients) and READ (the lock
+/// service's bound on timestamps, lockd's TSO bound); never WRITE.
+fn counter_access() -> RemoteAccess {
+    RemoteAccess::READ | RemoteAccess::ATOMIC
+}
+
 impl Oracle {
     /// Allocate the counter on `fabric` with `alloc_dm`, in epoch 0: the counter starts
     /// at 0, so the first timestamp handed out is 1. Volatile: a restarted oracle made
@@ -50,9 +56,9 @@ impl Oracle {
     ///
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn with_epoch(fabric: &Fabric, epoch: u16) -> Result<Self, TsoError> {
-        // Clients only FAA the counter: no peer may READ or WRITE it (a WRITE could set
-        // it back).
-        let (counter, placement) = fabric.alloc_dm_with(COUNTER_BYTES, RemoteAccess::ATOMIC)?;
+        // Clients FAA the counter and the lock service READs it (its bound on Lock RPC
+        // timestamps); no peer may WRITE it (a WRITE could set it back).
+        let (counter, placement) = fabric.alloc_dm_with(COUNTER_BYTES, counter_access())?;
         Ok(Self::over(counter, placement, epoch))
     }
 
@@ -63,7 +69,7 @@ impl Oracle {
     ///
     /// Errors: [`TsoError::Fabric`] when allocation fails.
     pub fn in_host_memory(fabric: &Fabric) -> Result<Self, TsoError> {
-        let counter = fabric.alloc_mr_with(COUNTER_BYTES, RemoteAccess::ATOMIC)?;
+        let counter = fabric.alloc_mr_with(COUNTER_BYTES, counter_access())?;
         let placement = DmPlacement::HostFallback {
             reason: "host memory asked for".into(),
         };
