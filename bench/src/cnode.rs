@@ -447,6 +447,7 @@ impl Streams {
 /// Start compute node `index`, incarnation `incarnation` (with `t0`: running at once).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn(
+    place: &crate::launcher::Place,
     bin: &std::path::Path,
     cluster_name: &str,
     addrs: &ClusterAddrs,
@@ -457,28 +458,41 @@ pub(crate) fn spawn(
     etcd: Option<&str>,
     events: &mpsc::Sender<(usize, u32, Event)>,
 ) -> anyhow::Result<Cn> {
-    if !bin.exists() {
+    if *place == crate::launcher::Place::Local && !bin.exists() {
         bail!(
             "{} not found; build it first: cargo build --release -p bench (or pass --bin-dir)",
             bin.display()
         );
     }
-    let mut cmd = Command::new(bin);
-    cmd.args(["--cluster", cluster_name, "--cnode", &index.to_string()])
-        .args(["--incarnation", &incarnation.to_string()])
-        .args(["--tso", &addrs.tso.to_string(), "--run-spec", spec]);
+    let mut args: Vec<String> = vec![
+        "--cluster".into(),
+        cluster_name.into(),
+        "--cnode".into(),
+        index.to_string(),
+        "--incarnation".into(),
+        incarnation.to_string(),
+        "--tso".into(),
+        addrs.tso.to_string(),
+        "--run-spec".into(),
+        spec.into(),
+    ];
     for m in &addrs.memnodes {
-        cmd.args(["--memnode", &m.to_string()]);
+        args.extend(["--memnode".into(), m.to_string()]);
     }
     if let Some(l) = addrs.lockd {
-        cmd.args(["--lockd", &l.to_string()]);
+        args.extend(["--lockd".into(), l.to_string()]);
     }
     if let Some(t) = t0 {
-        cmd.args(["--t0-ns", &t.to_string()]);
+        args.extend(["--t0-ns".into(), t.to_string()]);
     }
     if let Some(e) = etcd {
-        cmd.args(["--etcd", e]);
+        args.extend(["--etcd".into(), e.into()]);
     }
+    // Directly, or over ssh (its stdin and stdout, the command and stream channels,
+    // travel through the session; stdin's end stops it there too).
+    let line = place.command_line(bin, "cnode", &args);
+    let mut cmd = Command::new(&line[0]);
+    cmd.args(&line[1..]);
     // A crash point (test builds, `TXN_CRASH_AT`) hits only the compute node
     // `TXN_CRASH_AT_CN` names, once (not its restarts).
     if std::env::var("TXN_CRASH_AT_CN").ok() != Some(index.to_string()) || incarnation > 0 {
@@ -497,7 +511,7 @@ pub(crate) fn spawn(
     }
     let mut child = cmd
         .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+        .with_context(|| format!("starting {}", line[0]))?;
     let stdout = child.stdout.take().expect("piped");
     let stdin = child.stdin.take();
     let tx = events.clone();

@@ -111,6 +111,42 @@ impl Layout {
                 .join(format!("{}.{}.{}.log", host.name, kind, index)),
         })
     }
+
+    /// Where coordinator process `i` runs (the file's coordinator hosts in turn): its
+    /// place and its host's RDMA device and GID index. Errors: the file names no
+    /// coordinator host.
+    pub(crate) fn coordinator(
+        &self,
+        i: usize,
+    ) -> anyhow::Result<(Place, Option<String>, Option<u32>)> {
+        let n = self.topo.coordinators.len();
+        anyhow::ensure!(
+            n > 0,
+            "{}: coordinator processes need [coordinators] hosts",
+            self.topo.path
+        );
+        let role = &self.topo.coordinators[i % n];
+        let host = self.topo.host_of(role);
+        let gid = match host.gid_index {
+            GidIndex::Index(g) => Some(g),
+            GidIndex::Auto => None,
+        };
+        Ok((place_of(&self.topo, host), host.rdma_device.clone(), gid))
+    }
+
+    /// The address services on other hosts reach this process's host at (the first
+    /// coordinator host's control address), for the etcd the run starts; loopback
+    /// when every host is this one's loopback. Errors: the address does not resolve.
+    pub(crate) fn driver_ip(&self) -> anyhow::Result<std::net::IpAddr> {
+        let Some(c) = self.topo.coordinators.first() else {
+            return Ok(std::net::Ipv4Addr::LOCALHOST.into());
+        };
+        let h = &self.topo.host_of(c).ctrl_ip;
+        Ok(rrpc::service::parse_addr(&format!("{h}:0"))
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("{}: coordinator host {h}", self.topo.path))?
+            .ip())
+    }
 }
 
 /// Where the logs of cluster `cluster` of `topo` go: `<log-dir>/<cluster>/` (`log-dir`

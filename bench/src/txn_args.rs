@@ -159,8 +159,11 @@ pub struct Args {
     /// roles, see the book's topology page): each memory node, the oracle and the lock
     /// service at its role's ctrl-ip:port with its host's RDMA device, over ssh where the
     /// host is not this one (`$RRPC_SSH` replaces ssh), their logs under
-    /// `<log-dir>/<cluster>/`. The coordinators stay in txn-bench, on the device of the
-    /// file's first coordinator host. Sets --fabric and --memnodes from the file.
+    /// `<log-dir>/<cluster>/`. The coordinators run in txn-bench, on the device of the
+    /// file's first coordinator host, or with --cnodes 2 or more as coordinator
+    /// processes on the file's coordinator hosts in turn (each on its host's device; the
+    /// run's etcd listens on the first coordinator host's address). Sets --fabric and
+    /// --memnodes from the file.
     #[arg(long, value_name = "FILE")]
     #[serde(default)]
     pub hosts: Option<PathBuf>,
@@ -717,7 +720,6 @@ impl Args {
         }
         if self.hosts.is_some() {
             let faults = [
-                ("--cnodes 2 or more", self.cnodes > 1),
                 ("--kill-cn-after", self.kill_cn_after.is_some()),
                 ("--stop-cn-after", self.stop_cn_after.is_some()),
                 ("--kill-memnode-after", self.kill_memnode_after.is_some()),
@@ -725,10 +727,7 @@ impl Args {
                 ("--kill-lockd-after", self.kill_lockd_after.is_some()),
             ];
             if let Some((flag, _)) = faults.iter().find(|(_, on)| *on) {
-                bail!(
-                    "{flag} runs on one host: with --hosts the coordinators stay in txn-bench \
-                     and fault injection is local only"
-                );
+                bail!("{flag} runs on one host: with --hosts, fault injection is local only");
             }
         }
         if within(self.kill_etcd_after) {

@@ -456,6 +456,8 @@ pub(crate) struct RunCluster {
     pub(crate) lockd_state: PathBuf,
     /// Each memory node's flags (without `--listen`), to start it again.
     pub(crate) memnode_flags: Vec<Vec<String>>,
+    /// With `--hosts`: where the services (and coordinator processes) run.
+    pub(crate) layout: Option<crate::hosts::Layout>,
     /// The membership service (a local etcd) of a run with coordinator processes
     /// (`--cnodes` 2 or more): they and the memory nodes register there, and the memory
     /// nodes fence a compute node whose lease ends.
@@ -549,13 +551,21 @@ impl RunCluster {
                 ""
             }
         );
-        let etcd = if args.coordinator_processes() || args.kill_memnode_after.is_some() {
+        let etcd = if !args.dry_run
+            && (args.coordinator_processes() || args.kill_memnode_after.is_some())
+        {
             let dir = std::env::temp_dir().join(format!("{cluster_name}-etcd"));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let e = member::LocalEtcd::start(&dir).context(
+            // With --hosts, on this host's control address, where the other hosts'
+            // services and coordinator processes reach it.
+            let ip = match &layout {
+                Some(l) => l.driver_ip()?,
+                None => std::net::Ipv4Addr::LOCALHOST.into(),
+            };
+            let e = member::LocalEtcd::start_on(&dir, ip).context(
                 "--cnodes 2 or more and --kill-memnode-after run the membership service \
-                     (etcd) on loopback",
+                     (etcd) on this host",
             )?;
             eprintln!("membership: etcd at {} (pid {})", e.endpoint(), e.pid());
             Some(e)
@@ -659,6 +669,7 @@ impl RunCluster {
             lockd_flags,
             lockd_state,
             memnode_flags,
+            layout,
             etcd,
             view_feed: (args.replicas > 1 || args.kill_memnode_after.is_some()).then(|| {
                 txn::view::ViewFeed::new(txn::view::View::initial(args.memnodes, args.replicas))

@@ -150,6 +150,30 @@ fn a_run_over_ssh_places_every_service_and_passes_every_check() {
 }
 
 #[test]
+fn coordinator_processes_run_on_the_coordinator_hosts() {
+    // Two cnode processes on the file's coordinator host, started over ssh (the shim):
+    // their streams (ready, intervals, history, stats) come back through the session,
+    // and the merged run is checked as on one host.
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology(dir.path(), &logs);
+    let shim = ssh_shim(dir.path());
+    let mut args = run_args(&topo, "hosts-cnodes");
+    args.extend(["--cnodes", "2", "--protocol", "occ-cas"]);
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "hosts-cnodes",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(ok, "{stdout}");
+    let r = &s["runs"][0];
+    assert_eq!(r["cnodes"], 2, "{stdout}");
+    assert_eq!(r["invariant_holds"], true, "{stdout}");
+    assert!(stdout.contains("2 coordinator process(es)"), "{stdout}");
+}
+
+#[test]
 fn a_dry_run_prints_each_hosts_command_lines_and_starts_nothing() {
     let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/two-hosts.toml");
     let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
@@ -241,8 +265,8 @@ fn flags_that_need_one_host_are_refused_with_hosts() {
     let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/local.toml");
     for (extra, want) in [
         (
-            &["--cnodes", "2"][..],
-            "--cnodes 2 or more runs on one host",
+            &["--cnodes", "2", "--kill-cn-after", "1"][..],
+            "--kill-cn-after runs on one host",
         ),
         (
             &["--kill-tso-after", "1"][..],
@@ -353,6 +377,17 @@ hosts = ["b"]
     assert_eq!(s["runs"].as_array().unwrap().len(), 3, "{stdout}");
     // The coordinators on B, the services on A: the header names B's device.
     assert!(stdout.contains(dev_b), "{stdout}");
+    // Coordinator processes on B (over the launcher's ssh path), etcd on B's address.
+    let mut args = run_args(&topo, "two-hosts-cnodes");
+    args.extend(["--cnodes", "2", "--protocol", "mvcc"]);
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "two-hosts-cnodes",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(ok, "{stdout}");
+    assert_eq!(s["runs"][0]["cnodes"], 2, "{stdout}");
     let sent = tx(netdev_a) - before;
     eprintln!("two hosts: {sent} bytes left {netdev_a} during the runs");
     assert!(sent > 1 << 20, "only {sent} bytes crossed {netdev_a}");

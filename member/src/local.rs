@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,6 +26,8 @@ const START_ATTEMPTS: u32 = 3;
 #[derive(Debug)]
 pub struct LocalEtcd {
     child: Child,
+    /// The address it listens on (loopback unless [`LocalEtcd::start_on`] said otherwise).
+    ip: IpAddr,
     client_port: u16,
     peer_port: u16,
     binary: PathBuf,
@@ -42,10 +44,19 @@ impl LocalEtcd {
     /// [`MemberError::EtcdExited`] or [`MemberError::EtcdNotReady`] (with the tail of its log)
     /// if it did not come up.
     pub fn start(dir: &Path) -> Result<LocalEtcd, MemberError> {
+        Self::start_on(dir, IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// [`LocalEtcd::start`], listening on `ip` (an address of this host that other hosts
+    /// reach, for a cluster whose processes run on several) instead of loopback.
+    ///
+    /// # Errors
+    /// As [`LocalEtcd::start`]; also when no port can be bound on `ip`.
+    pub fn start_on(dir: &Path, ip: IpAddr) -> Result<LocalEtcd, MemberError> {
         let binary = find_etcd().ok_or(MemberError::EtcdMissing)?;
         let mut last = None;
         for attempt in 0..START_ATTEMPTS {
-            match Self::start_once(&binary, dir, attempt) {
+            match Self::start_once(&binary, dir, attempt, ip) {
                 Ok(etcd) => return Ok(etcd),
                 // A port taken between the probe and etcd's bind: try fresh ports.
                 Err(MemberError::EtcdExited { status, log_tail })
@@ -59,7 +70,12 @@ impl LocalEtcd {
         Err(last.expect("at least one attempt"))
     }
 
-    fn start_once(binary: &Path, dir: &Path, attempt: u32) -> Result<LocalEtcd, MemberError> {
+    fn start_once(
+        binary: &Path,
+        dir: &Path,
+        attempt: u32,
+        ip: IpAddr,
+    ) -> Result<LocalEtcd, MemberError> {
         let data = dir.join(format!("etcd-data-{attempt}"));
         std::fs::create_dir_all(dir).map_err(|source| MemberError::LocalSetup {
             what: "create the directory",
@@ -67,11 +83,12 @@ impl LocalEtcd {
         })?;
         let log = dir.join("etcd.log");
         let (log_file, log_err) = open_log(&log, false)?;
-        let client_port = free_port()?;
-        let peer_port = free_port()?;
-        let child = spawn(binary, &data, client_port, peer_port, log_file, log_err)?;
+        let client_port = free_port(ip)?;
+        let peer_port = free_port(ip)?;
+        let child = spawn(binary, &data, ip, client_port, peer_port, log_file, log_err)?;
         let mut etcd = LocalEtcd {
             child,
+            ip,
             client_port,
             peer_port,
             binary: binary.to_path_buf(),
@@ -97,6 +114,7 @@ impl LocalEtcd {
         let child = spawn(
             &self.binary,
             &self.data,
+            self.ip,
             self.client_port,
             self.peer_port,
             log_file,
@@ -116,7 +134,7 @@ impl LocalEtcd {
                 // The child is reaped; dropping only tries to kill a dead pid.
                 return Err(MemberError::EtcdExited { status, log_tail });
             }
-            if healthy(self.client_port) {
+            if healthy(self.ip, self.client_port) {
                 tracing::debug!(endpoint = %self.endpoint(), "local etcd is up");
                 return Ok(());
             }
@@ -151,19 +169,20 @@ fn open_log(path: &Path, append: bool) -> Result<(File, File), MemberError> {
     Ok((f, g))
 }
 
-/// Start etcd with `data` as its data directory on loopback ports `client_port` and
-/// `peer_port`, logging to `out` and `err`.
+/// Start etcd with `data` as its data directory on ports `client_port` and `peer_port`
+/// of `ip`, logging to `out` and `err`.
 fn spawn(
     binary: &Path,
     data: &Path,
+    ip: IpAddr,
     client_port: u16,
     peer_port: u16,
     out: File,
     err: File,
 ) -> Result<Child, MemberError> {
     {
-        let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
+        let client = format!("http://{}", SocketAddr::new(ip, client_port));
+        let peer = format!("http://{}", SocketAddr::new(ip, peer_port));
         let mut cmd = Command::new(binary);
         // etcd reads ETCD_* variables as flags and refuses a flag given twice.
         for (k, _) in std::env::vars_os() {
@@ -200,9 +219,10 @@ fn spawn(
 }
 
 impl LocalEtcd {
-    /// The client endpoint, `http://127.0.0.1:PORT`, for [`crate::Member::join`].
+    /// The client endpoint, `http://IP:PORT` (`127.0.0.1` unless started with
+    /// [`LocalEtcd::start_on`]), for [`crate::Member::join`].
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}", SocketAddr::new(self.ip, self.client_port))
     }
 
     /// The server's process id (a test's watchdog kills it when the test hangs).
@@ -239,12 +259,11 @@ fn find_etcd() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn free_port() -> Result<u16, MemberError> {
-    let l =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| MemberError::LocalSetup {
-            what: "bind a free loopback port",
-            source,
-        })?;
+fn free_port(ip: IpAddr) -> Result<u16, MemberError> {
+    let l = TcpListener::bind((ip, 0)).map_err(|source| MemberError::LocalSetup {
+        what: "bind a free port",
+        source,
+    })?;
     l.local_addr()
         .map(|a| a.port())
         .map_err(|source| MemberError::LocalSetup {
@@ -254,14 +273,14 @@ fn free_port() -> Result<u16, MemberError> {
 }
 
 /// etcd's `/health` on the client port answers `{"health":"true"}` once it has a leader.
-fn healthy(port: u16) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+fn healthy(ip: IpAddr, port: u16) -> bool {
+    let addr = SocketAddr::new(ip, port);
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: etcd\r\n\r\n")
         .is_err()
     {
         return false;

@@ -496,6 +496,9 @@ struct Parent<'a> {
     bin: PathBuf,
     /// `--run-spec` of every child.
     spec: String,
+    /// With `--hosts`: where each compute node runs and its `--run-spec` (its host's
+    /// device).
+    places: Vec<(crate::launcher::Place, String)>,
     cluster_name: String,
     addrs: ClusterAddrs,
     ev_tx: mpsc::Sender<Tagged>,
@@ -601,10 +604,23 @@ impl<'a> Parent<'a> {
             )),
             None => None,
         };
+        // With --hosts, coordinator process i runs on the file's coordinator hosts in
+        // turn, on that host's device.
+        let mut places = Vec::new();
+        if let Some(l) = &cluster.layout {
+            for i in 0..args.cnodes {
+                let (place, device, gid) = l.coordinator(i)?;
+                let mut s = spec.clone();
+                s.rdma_device = device.or(s.rdma_device);
+                s.gid_index = gid.or(s.gid_index);
+                places.push((place, serde_json::to_string(&s)?));
+            }
+        }
         let (ev_tx, ev_rx) = mpsc::channel();
         Ok(Self {
             args,
             kinds: workload.kinds(),
+            places,
             bin: args
                 .bin_dir
                 .clone()
@@ -844,11 +860,16 @@ impl<'a> Parent<'a> {
     /// Start compute node `index` as `incarnation` (with `t0`: running at once).
     /// Returns its pid.
     fn spawn(&mut self, index: usize, incarnation: u32, t0: Option<u64>) -> anyhow::Result<u32> {
+        let (place, spec) = match self.places.get(index) {
+            Some((p, s)) => (p.clone(), s.as_str()),
+            None => (crate::launcher::Place::Local, self.spec.as_str()),
+        };
         let c = spawn(
+            &place,
             &self.bin,
             &self.cluster_name,
             &self.addrs,
-            &self.spec,
+            spec,
             index,
             incarnation,
             t0,
