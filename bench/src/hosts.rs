@@ -105,7 +105,13 @@ impl Layout {
             place: place_of(&self.topo, host),
             node: role.node.0,
             listen: self.topo.addr_of(role),
-            flags: flags_of(&self.topo, host),
+            flags: {
+                let mut f = flags_of(&self.topo, host);
+                if let Some(c) = &role.cpus {
+                    f.extend(["--cpus".into(), c.clone()]);
+                }
+                f
+            },
             log: self
                 .logs
                 .join(format!("{}.{}.{}.log", host.name, kind, index)),

@@ -61,6 +61,11 @@ pub struct NodeArgs {
     /// the topology file's secret-file or secret, else none: unauthenticated).
     #[arg(long, value_name = "FILE", env = "RRPC_SECRET_FILE")]
     pub secret_file: Option<PathBuf>,
+    /// Run this process on these CPUs only, a list such as `2-15,20` (every thread it
+    /// starts inherits the set; default: $RRPC_CPUS, else wherever the kernel puts it).
+    /// A topology file's `cpus` (the role's, else its host's) fills it in.
+    #[arg(long, value_name = "LIST", env = "RRPC_CPUS", value_parser = parse_cpus)]
+    pub cpus: Option<String>,
     /// Address peers reach this node at, `HOST[:PORT]` (default: the bound address; with a
     /// wildcard --listen such as 0.0.0.0:7000, the host name's address). Printed in the
     /// READY line; without a port, the bound port.
@@ -140,6 +145,39 @@ pub fn parse_advertise(s: &str) -> Result<SocketAddr, String> {
 static ADVERTISE: OnceLock<SocketAddr> = OnceLock::new();
 /// `--exit-on-stdin-eof`, as parsed.
 static EXIT_ON_STDIN_EOF: OnceLock<bool> = OnceLock::new();
+/// `--cpus`, as parsed.
+static CPUS: OnceLock<Vec<usize>> = OnceLock::new();
+
+/// Check a `--cpus` list (see [`crate::topology::parse_cpu_list`]); keep it as given.
+fn parse_cpus(s: &str) -> Result<String, String> {
+    crate::topology::parse_cpu_list(s).map(|_| s.to_string())
+}
+
+/// Run the calling thread (and every thread it starts from now on) on `cpus` only.
+///
+/// Errors: the list is empty or names no CPU this machine has online (the kernel's
+/// `EINVAL`), or the kernel refuses (`EPERM` under a restrictive cgroup).
+pub fn pin_to_cpus(cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set; CPU_SET writes within it for
+    // indices below CPU_SETSIZE (checked), and sched_setaffinity reads exactly
+    // size_of::<cpu_set_t>() bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c >= libc::CPU_SETSIZE as usize {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("CPU {c} is beyond what the kernel's CPU sets hold"),
+                ));
+            }
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
 
 /// The address to tell peers for a node bound to `bound`: `advertise` if given (with
 /// `bound`'s port when its port is 0); for a wildcard `bound` (0.0.0.0, ::), this
@@ -327,6 +365,7 @@ fn role_flags(topo: &Topology, role: &Role) -> Result<Vec<TopoFlag>, ArgsError> 
     }
     put("tclass", host.tclass.map(|v| v.to_string()));
     put("sl", host.sl.map(|v| v.to_string()));
+    put("cpus", role.cpus.clone());
     put("etcd", topo.etcd.first().cloned());
     put(
         "secret-file",
@@ -481,6 +520,9 @@ fn finish<T: clap::Parser>(m: &clap::ArgMatches) -> Result<T, ArgsError> {
     if let Ok(Some(&on)) = m.try_get_one::<bool>("exit_on_stdin_eof") {
         let _ = EXIT_ON_STDIN_EOF.set(on);
     }
+    if let Ok(Some(c)) = m.try_get_one::<String>("cpus") {
+        let _ = CPUS.set(crate::topology::parse_cpu_list(c).unwrap_or_default());
+    }
     Ok(t)
 }
 
@@ -576,6 +618,14 @@ pub fn main_with<T: clap::Parser, E: std::fmt::Display>(
 ) -> std::process::ExitCode {
     let args: T = parse_args(name);
     init_logging();
+    if let Some(cpus) = CPUS.get() {
+        // Before any thread starts: they all inherit the set.
+        if let Err(e) = pin_to_cpus(cpus) {
+            eprintln!("{name}: --cpus {cpus:?}: {e}");
+            return std::process::ExitCode::from(2);
+        }
+        tracing::info!(?cpus, "running on these CPUs only");
+    }
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -589,6 +639,39 @@ pub fn main_with<T: clap::Parser, E: std::fmt::Display>(
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// The CPUs the calling thread may run on.
+    fn affinity() -> Vec<usize> {
+        // SAFETY: an all-zero cpu_set_t is a valid empty set; sched_getaffinity fills
+        // exactly size_of::<cpu_set_t>() bytes of it, and CPU_ISSET reads indices below
+        // CPU_SETSIZE.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_thread_pinned_to_one_cpu_runs_there_and_bad_lists_are_refused() {
+        std::thread::spawn(|| {
+            let c = affinity()[0];
+            pin_to_cpus(&[c]).unwrap();
+            assert_eq!(affinity(), vec![c]);
+            // A thread started now inherits the set.
+            let inherited = std::thread::spawn(affinity).join().unwrap();
+            assert_eq!(inherited, vec![c]);
+            assert!(pin_to_cpus(&[]).is_err(), "an empty set");
+            assert!(pin_to_cpus(&[100_000]).is_err(), "beyond CPU_SETSIZE");
+        })
+        .join()
+        .unwrap();
+        assert!(parse_cpus("2-15,20").is_ok());
+        assert!(parse_cpus("3-1").is_err() && parse_cpus("x").is_err());
+    }
 
     /// A memory node's command line: the node flags and some of its own.
     #[derive(Parser, Debug)]
