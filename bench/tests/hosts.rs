@@ -211,6 +211,35 @@ fn a_dry_run_prints_each_hosts_command_lines_and_starts_nothing() {
 }
 
 #[test]
+fn a_hosts_cpus_reach_its_services() {
+    // node2 of the four-host example runs memory node 2 and has cpus = "0-15".
+    let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/cloudlab-4.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args([
+            "--hosts",
+            topo.to_str().unwrap(),
+            "--dry-run",
+            "--protocol",
+            "occ-cas",
+        ])
+        .current_dir(tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let m2 = stdout
+        .lines()
+        .find(|l| l.contains("/memnode ") && l.contains("--node 12 "))
+        .unwrap_or_else(|| panic!("no memory node 12 in:\n{stdout}"));
+    assert!(m2.contains("--cpus 0-15"), "{m2}");
+    let m0 = stdout
+        .lines()
+        .find(|l| l.contains("/memnode ") && l.contains("--node 10 "))
+        .unwrap();
+    assert!(!m0.contains("--cpus"), "{m0}");
+}
+
+#[test]
 fn a_service_exits_when_its_stdin_closes() {
     let dir = tempfile::tempdir().unwrap();
     let name = format!("stdin-eof-{}", std::process::id());
