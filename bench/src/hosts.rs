@@ -107,7 +107,7 @@ impl Layout {
             listen: self.topo.addr_of(role),
             flags: {
                 let mut f = flags_of(&self.topo, host);
-                if let Some(c) = &role.cpus {
+                if let Some(c) = role.cpus.as_ref().or(host.cpus.as_ref()) {
                     f.extend(["--cpus".into(), c.clone()]);
                 }
                 f

@@ -365,7 +365,7 @@ fn role_flags(topo: &Topology, role: &Role) -> Result<Vec<TopoFlag>, ArgsError> 
     }
     put("tclass", host.tclass.map(|v| v.to_string()));
     put("sl", host.sl.map(|v| v.to_string()));
-    put("cpus", role.cpus.clone());
+    put("cpus", role.cpus.clone().or_else(|| host.cpus.clone()));
     put("etcd", topo.etcd.first().cloned());
     put(
         "secret-file",

@@ -328,9 +328,10 @@ pub struct Role {
     pub port: u16,
     /// Its node id.
     pub node: NodeId,
-    /// NUMA node (the role's, else its host's).
+    /// NUMA node (the role's own; its host's is [`Host::numa`]).
     pub numa: Option<u32>,
-    /// CPU list (the role's, else its host's).
+    /// CPU list (the role's own; its host's is [`Host::cpus`], which a service falls
+    /// back to).
     pub cpus: Option<String>,
     /// The role's other keys: `lockd`'s and `tso`'s settings-file keys, `tso-proxy`'s,
     /// and `memnode`'s long flags.
