@@ -13,36 +13,14 @@
 mod common;
 
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::ssh::{free_port, ssh_shim};
 use common::txn_bench_watched_env;
 
 const LIMIT: Duration = Duration::from_secs(240);
-
-/// A free loopback port (free when asked; the run binds it a moment later).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// An ssh stand-in: skips ssh's options and the destination, and hands the command to
-/// a shell as sshd would.
-fn ssh_shim(dir: &Path) -> PathBuf {
-    let p = dir.join("ssh-shim");
-    std::fs::write(
-        &p,
-        "#!/bin/sh\nwhile [ \"$1\" = \"-o\" ]; do shift 2; done\nshift\n[ \"$1\" = \"--\" ] && shift\nexec sh -c \"$*\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
-}
 
 /// A one-host topology whose host is reached through ssh (the shim), the binaries
 /// where the tests' are.

@@ -12,9 +12,10 @@
 //! - A topology file that does not check, or is missing, is refused with its name and
 //!   the problem; `--dry-run` prints the ssh command lines and starts nothing.
 
+mod common;
+
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,29 +25,9 @@ use rrpc::NodeId;
 use txn::coordinator::{ClusterAddrs, Protocol, TxnClient, TxnConfig};
 use txn::smallbank::{CHECKING, SAVINGS};
 
+use common::ssh::{free_port, ssh_shim};
+
 const LAUNCH: &str = env!("CARGO_BIN_EXE_rrpc-launch");
-
-/// A free loopback port (free when asked; the service binds it a moment later).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// An ssh stand-in: skips ssh's options and the destination, and hands the command to
-/// a shell as sshd would.
-fn ssh_shim(dir: &Path) -> PathBuf {
-    let p = dir.join("ssh-shim");
-    std::fs::write(
-        &p,
-        "#!/bin/sh\nwhile [ \"$1\" = \"-o\" ]; do shift 2; done\nshift\n[ \"$1\" = \"--\" ] && shift\nexec sh -c \"$*\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
-}
 
 /// `rrpc-launch` with `args`, the ssh shim of `dir` as ssh, run from `dir`.
 fn launch(dir: &Path, args: &[&str]) -> Command {

@@ -10,6 +10,8 @@
 
 #![allow(dead_code)] // each test binary uses its part
 
+pub mod ssh;
+
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::rc::Rc;
