@@ -173,6 +173,13 @@ impl Auditor {
         protocol: Protocol,
     ) -> anyhow::Result<Self> {
         let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
+        // Audits read committed rows one-sided; Lotus's lock tables died with the run's
+        // coordinators (its INVISIBLE cells count as held locks, `audit_row`).
+        let protocol = if protocol.needs_lock_tables() {
+            Protocol::OccCas
+        } else {
+            protocol
+        };
         let cfg = TxnConfig {
             protocol,
             view_feed: run_view(),

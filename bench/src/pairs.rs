@@ -411,6 +411,7 @@ impl Profiles for PairsGen {
                 txn.commit().await?;
             }
             None => {
+                txn.declare_read_only();
                 let vals = txn.read_many(&items).await?;
                 txn.commit().await?;
                 // Committed: the reads were one consistent snapshot.

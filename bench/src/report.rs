@@ -913,8 +913,9 @@ impl Ratio {
 }
 
 /// The ratios the comparison reports, per point (in the order the runs came): p99 of
-/// `scythe` over `occ-cas`, and throughput of MVCC (`mvcc` or `mvcc-si`) over `occ-cas`,
-/// wherever both protocols of a ratio ran.
+/// `scythe` over `occ-cas`, throughput of MVCC (`mvcc` or `mvcc-si`) and of Lotus over
+/// `occ-cas`, and throughput and p50 of Lotus over MVCC at the same isolation, wherever
+/// both protocols of a ratio ran.
 pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
     let mut points: Vec<&Option<String>> = Vec::new();
     for r in runs {
@@ -926,6 +927,22 @@ pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
     let mut out = Vec::new();
     for p in points {
         let find = |f: &dyn Fn(&str) -> bool| runs.iter().find(|r| &r.point == p && f(&r.protocol));
+        // Lotus against its baseline Motor (MVCC) at the same isolation (Lotus Fig. 13).
+        if let Some(lo) = find(&|n| n.starts_with("lotus")) {
+            let iso = lo.protocol.strip_prefix("lotus").unwrap_or("");
+            if let Some(mv) = find(&|n| n.strip_prefix("mvcc") == Some(iso)) {
+                out.push(Ratio {
+                    name: format!("throughput {}/{}", lo.protocol, mv.protocol),
+                    point: p.clone(),
+                    value: div(lo.throughput_tps, mv.throughput_tps),
+                });
+                out.push(Ratio {
+                    name: format!("p50 {}/{}", lo.protocol, mv.protocol),
+                    point: p.clone(),
+                    value: div(lo.p50_us, mv.p50_us),
+                });
+            }
+        }
         let Some(occ) = find(&|n| n == "occ-cas") else {
             continue;
         };
@@ -941,7 +958,13 @@ pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
                 value: div(sc.throughput_tps, occ.throughput_tps),
             });
         }
-        if let Some(mv) = find(&|n| n.starts_with("mvcc")) {
+        for mv in [
+            find(&|n| n.starts_with("mvcc")),
+            find(&|n| n.starts_with("lotus")),
+        ]
+        .into_iter()
+        .flatten()
+        {
             out.push(Ratio {
                 name: format!("throughput {}/occ-cas", mv.protocol),
                 point: p.clone(),

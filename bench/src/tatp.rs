@@ -334,6 +334,20 @@ impl Tatp {
 }
 
 impl WorkloadSpec for Tatp {
+    /// A subscriber's rows share its shard (the subscriber id is TATP's critical field,
+    /// Lotus 8.1).
+    fn lotus_lock_key(&self) -> txn::lotus::LockKeyFn {
+        use txn::tatp::{ACCESS_INFO, CALL_FORWARDING, SPECIAL_FACILITY};
+        Arc::new(|t, k| {
+            let s_id = match t {
+                ACCESS_INFO | SPECIAL_FACILITY => k / 4,
+                CALL_FORWARDING => k / 3 / 4,
+                _ => k,
+            };
+            Some(txn::lotus::critical_lock_key(t, s_id, k))
+        })
+    }
+
     fn workload(&self) -> Workload {
         Workload::Tatp
     }
@@ -434,7 +448,10 @@ impl Profiles for Generator {
 
     /// A read-only type whose lookup fails commits without a result; an update whose
     /// lookup fails rolls back.
-    async fn run<'t>(&'t self, txn: Txn<'t>, t: &'t TxnArgs) -> Result<Finished, RunError> {
+    async fn run<'t>(&'t self, mut txn: Txn<'t>, t: &'t TxnArgs) -> Result<Finished, RunError> {
+        if t.ty.read_only() {
+            txn.declare_read_only();
+        }
         match run(txn, *t).await {
             Ok(Outcome::Done) => Ok(Finished::net(0)),
             Ok(Outcome::NotFound) if t.ty.read_only() => Ok(Finished::Committed {

@@ -353,7 +353,8 @@ pub enum ProtocolArg {
     One(Protocol),
     /// `mvcc`: MVCC at the isolation of `--isolation`.
     Mvcc,
-    /// `occ-cas`, `scythe` and `mvcc` (at `--isolation`), one after another.
+    /// `occ-cas`, `scythe`, `mvcc` and `lotus` (the last two at `--isolation`), one
+    /// after another.
     All,
 }
 
@@ -364,7 +365,10 @@ impl FromStr for ProtocolArg {
             "all" => Ok(Self::All),
             "mvcc" => Ok(Self::Mvcc),
             _ => s.parse::<Protocol>().map(Self::One).map_err(|_| {
-                format!("unknown protocol {s:?}: occ-cas, scythe, mvcc (mvcc-sr), mvcc-si or all")
+                format!(
+                    "unknown protocol {s:?}: occ-cas, scythe, mvcc (mvcc-sr), mvcc-si, lotus \
+                     (lotus-sr), lotus-si or all"
+                )
             }),
         }
     }
@@ -814,19 +818,44 @@ impl Args {
             Some(IsolationArg::Si) => Isolation::Snapshot,
         };
         Ok(match (self.protocol, self.isolation) {
-            (ProtocolArg::All, _) => vec![Protocol::OccCas, Protocol::Scythe, Protocol::Mvcc(iso)],
+            (ProtocolArg::All, _) => vec![
+                Protocol::OccCas,
+                Protocol::Scythe,
+                Protocol::Mvcc(iso),
+                Protocol::Lotus(iso),
+            ],
             (ProtocolArg::Mvcc, _) => vec![Protocol::Mvcc(iso)],
-            (ProtocolArg::One(p @ Protocol::Mvcc(i)), Some(_)) if i != iso => {
+            (ProtocolArg::One(p @ (Protocol::Mvcc(i) | Protocol::Lotus(i))), Some(_)) if i != iso => {
                 bail!(
                 "--protocol {p} contradicts --isolation {} (use --protocol mvcc --isolation LEVEL)",
                 if iso == Isolation::Snapshot { "si" } else { "sr" }
             )
             }
-            (ProtocolArg::One(p @ Protocol::Mvcc(_)), _) => vec![p],
+            (ProtocolArg::One(p @ (Protocol::Mvcc(_) | Protocol::Lotus(_))), _) => vec![p],
             (ProtocolArg::One(p), Some(IsolationArg::Si)) => bail!(
-                "--isolation si applies to mvcc (and to the mvcc run of --protocol all), not to {p}"
+                "--isolation si applies to mvcc and lotus (and to their runs of --protocol all), not to {p}"
             ),
             (ProtocolArg::One(p), _) => vec![p],
+        })
+        .and_then(|mut v: Vec<Protocol>| {
+            // Lotus's lock tables live in the coordinators' process; coordinator
+            // processes of their own do not serve theirs to each other yet.
+            if self.coordinator_processes() && v.iter().any(|p| p.needs_lock_tables()) {
+                if self.protocol != ProtocolArg::All {
+                    bail!(
+                        "--protocol {} with coordinator processes (--cnodes 2 or more, \
+                         --kill-cn-after) is not supported yet: each compute node's lock \
+                         table serves only its own process; run it with --cnodes 1",
+                        self.protocol
+                    );
+                }
+                eprintln!(
+                    "note: --protocol all leaves lotus out with coordinator processes \
+                     (its lock tables serve only their own process)"
+                );
+                v.retain(|p| !p.needs_lock_tables());
+            }
+            Ok(v)
         })
     }
 

@@ -742,6 +742,9 @@ fn tso_args(common: &[String], state: &Path, listen: &str) -> Vec<String> {
     a
 }
 
+/// Bytes of a compute node's Lotus lock table (Lotus 7.1: 32 MB, 4 M slots).
+const LOTUS_TABLE_BYTES: usize = 32 << 20;
+
 /// How long a service may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -749,8 +752,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 fn checks(args: &Args, protocol: Protocol) -> &'static str {
     match protocol {
         _ if args.no_check => "off",
-        Protocol::Mvcc(Isolation::Snapshot) => "snapshot isolation (serializability informative)",
-        Protocol::Mvcc(Isolation::Serializable) => {
+        Protocol::Mvcc(Isolation::Snapshot) | Protocol::Lotus(Isolation::Snapshot) => {
+            "snapshot isolation (serializability informative)"
+        }
+        Protocol::Mvcc(Isolation::Serializable) | Protocol::Lotus(Isolation::Serializable) => {
             "serializability (snapshot isolation informative)"
         }
         _ => "serializability",
@@ -876,6 +881,14 @@ fn measure(
         l.apply(&mut cfg);
     }
     cfg.view_feed = cluster.view_feed.clone();
+    if protocol.needs_lock_tables() {
+        // One compute node (this process) serving every shard: every lock a CPU CAS
+        // on its own table (Lotus 4.1), fresh for each run.
+        cfg.lotus = Some(
+            txn::lotus::LotusSite::single(cluster.fabric.node().0, LOTUS_TABLE_BYTES)
+                .with_lock_key(workload.lotus_lock_key()),
+        );
+    }
     let t0 = Arc::new(AtomicU64::new(0));
     let clock = RunClock {
         t0_ns: 0,
@@ -1317,8 +1330,9 @@ fn build_report(
             measured.fault.clone(),
         ));
     }
-    report.serializability_required = protocol != Protocol::Mvcc(Isolation::Snapshot);
-    report.snapshot_isolation_required = protocol == Protocol::Mvcc(Isolation::Snapshot);
+    let si = protocol.isolation() == Some(Isolation::Snapshot);
+    report.serializability_required = !si;
+    report.snapshot_isolation_required = si;
     report
 }
 
@@ -1378,7 +1392,7 @@ fn check_history(
     let t0 = std::time::Instant::now();
     let verdict = txn::serializability::check(&history);
     report.serializability(&verdict, history.bytes(), t0.elapsed());
-    if let Protocol::Mvcc(_) = protocol {
+    if protocol.isolation().is_some() {
         report.snapshot_isolation(&txn::snapshot_isolation::check(&history));
     }
     eprintln!("checked in {:.2} s", t0.elapsed().as_secs_f64());

@@ -171,6 +171,12 @@ pub trait WorkloadSpec: Send + Sync {
     /// conflicts.
     fn lockd_locks(&self) -> u64;
 
+    /// Lotus's lock key of each record (Lotus 4.2: the shard from the table's critical
+    /// field); default: random sharding ([`txn::lotus::hashed_lock_key`]).
+    fn lotus_lock_key(&self) -> txn::lotus::LockKeyFn {
+        Arc::new(|t, k| Some(txn::lotus::hashed_lock_key(t, k)))
+    }
+
     /// Population: the `memnode` flags that make each memory node load this workload's
     /// rows (each node keeps its partition of them).
     fn memnode_args(&self) -> Vec<String>;

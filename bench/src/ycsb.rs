@@ -337,7 +337,10 @@ impl Profiles for KvsProfiles {
         (t, kind)
     }
 
-    async fn run<'t>(&'t self, txn: Txn<'t>, t: &'t KvsTxn) -> Result<Finished, RunError> {
+    async fn run<'t>(&'t self, mut txn: Txn<'t>, t: &'t KvsTxn) -> Result<Finished, RunError> {
+        if t.kind == 0 {
+            txn.declare_read_only();
+        }
         let d = run(txn, t, self.records, self.value_bytes).await?;
         Ok(Finished::Committed {
             net: d.updates as i64,

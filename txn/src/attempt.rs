@@ -194,6 +194,9 @@ pub(crate) struct Attempt<'a, S, O> {
     pub cc: S,
     /// The attempt committed (set by the commit before the release).
     pub committed: bool,
+    /// The transaction declared itself read-only
+    /// ([`crate::coordinator::Txn::declare_read_only`]).
+    pub read_only: bool,
     /// The application's note in the commit log ([`crate::coordinator::Txn::set_log_note`]).
     pub note: i64,
     /// The commit-log slot this attempt writes its log to, once it logged (held until
@@ -218,6 +221,7 @@ impl<'a, S: Default, O> Attempt<'a, S, O> {
             objs: Vec::new(),
             cc: S::default(),
             committed: false,
+            read_only: false,
             note: 0,
             log_slot: std::cell::Cell::new(None),
             clock: core

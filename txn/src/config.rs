@@ -18,9 +18,12 @@ pub enum Protocol {
     Scythe,
     /// Motor's MVCC at the given isolation level.
     Mvcc(Isolation),
+    /// Lotus's lock-first protocol on compute-node lock tables (Lotus 5.1 and 5.2) at the
+    /// given isolation level (needs [`TxnConfig::lotus`]).
+    Lotus(Isolation),
 }
 
-/// Isolation level of [`Protocol::Mvcc`].
+/// Isolation level of [`Protocol::Mvcc`] and [`Protocol::Lotus`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isolation {
     /// Serializability: read-only data of read-write transactions is validated at the
@@ -32,26 +35,44 @@ pub enum Isolation {
 }
 
 impl Protocol {
-    /// Every protocol, in report order (MVCC at serializability).
-    pub const ALL: [Protocol; 3] = [
+    /// Every protocol, in report order (MVCC and Lotus at serializability).
+    pub const ALL: [Protocol; 4] = [
         Protocol::OccCas,
         Protocol::Scythe,
         Protocol::Mvcc(Isolation::Serializable),
+        Protocol::Lotus(Isolation::Serializable),
     ];
 
-    /// Short name: `occ-cas`, `scythe`, `mvcc` (serializable) or `mvcc-si`.
+    /// Short name: `occ-cas`, `scythe`, `mvcc` (serializable), `mvcc-si`, `lotus`
+    /// (serializable) or `lotus-si`.
     pub fn name(self) -> &'static str {
         match self {
             Self::OccCas => "occ-cas",
             Self::Scythe => "scythe",
             Self::Mvcc(Isolation::Serializable) => "mvcc",
             Self::Mvcc(Isolation::Snapshot) => "mvcc-si",
+            Self::Lotus(Isolation::Serializable) => "lotus",
+            Self::Lotus(Isolation::Snapshot) => "lotus-si",
         }
     }
 
     /// Whether the protocol needs a lock service.
     pub fn needs_lockd(self) -> bool {
         self == Self::Scythe
+    }
+
+    /// Whether the protocol locks in compute-node lock tables ([`TxnConfig::lotus`]).
+    pub fn needs_lock_tables(self) -> bool {
+        matches!(self, Self::Lotus(_))
+    }
+
+    /// The isolation level of a multi-version protocol (MVCC, Lotus); `None` for the
+    /// single-version ones.
+    pub fn isolation(self) -> Option<Isolation> {
+        match self {
+            Self::Mvcc(i) | Self::Lotus(i) => Some(i),
+            _ => None,
+        }
     }
 }
 
@@ -63,16 +84,20 @@ impl fmt::Display for Protocol {
 
 impl FromStr for Protocol {
     type Err = String;
-    /// `occ-cas`, `scythe`, `mvcc` (= `mvcc-sr`) or `mvcc-si`.
+    /// `occ-cas`, `scythe`, `mvcc` (= `mvcc-sr`), `mvcc-si`, `lotus` (= `lotus-sr`) or
+    /// `lotus-si`.
     fn from_str(s: &str) -> Result<Self, String> {
         Ok(match s {
             "occ-cas" => Self::OccCas,
             "scythe" => Self::Scythe,
             "mvcc" | "mvcc-sr" => Self::Mvcc(Isolation::Serializable),
             "mvcc-si" => Self::Mvcc(Isolation::Snapshot),
+            "lotus" | "lotus-sr" => Self::Lotus(Isolation::Serializable),
+            "lotus-si" => Self::Lotus(Isolation::Snapshot),
             _ => {
                 return Err(format!(
-                    "unknown protocol {s:?}: occ-cas, scythe, mvcc (mvcc-sr) or mvcc-si"
+                    "unknown protocol {s:?}: occ-cas, scythe, mvcc (mvcc-sr), mvcc-si, lotus \
+                     (lotus-sr) or lotus-si"
                 ))
             }
         })
@@ -136,6 +161,10 @@ pub struct TxnConfig {
     /// `None` (the default): the initial placement for good, and a memory node's
     /// failure fails the transactions that meet it.
     pub view_feed: Option<crate::view::ViewFeed>,
+    /// Where [`Protocol::Lotus`] takes its locks: this compute node's lock table, the
+    /// shard map and the lock-key function ([`crate::lotus::LotusSite`]); `None` (the
+    /// default) for the other protocols.
+    pub lotus: Option<crate::lotus::LotusSite>,
 }
 
 /// How a commit's installs reach the primary and the backups of a replicated
@@ -182,6 +211,7 @@ impl Default for TxnConfig {
             log_placement: LogPlacement::RoundBefore,
             replica_commit: ReplicaCommit::Coalesced,
             view_feed: None,
+            lotus: None,
         }
     }
 }

@@ -13,7 +13,9 @@
 //! - [`Protocol::Scythe`] ([`crate::scythe`]): Scythe's hot-aware OCC/TOCC on Takeout
 //!   Locks (Scythe, 4.2 to 4.4);
 //! - [`Protocol::Mvcc`] ([`crate::mvcc`]): Motor's MVCC over CVTs
-//!   (Motor, 5.1 and 5.2), serializable or snapshot isolation.
+//!   (Motor, 5.1 and 5.2), serializable or snapshot isolation;
+//! - [`Protocol::Lotus`] ([`crate::lotus`]): Lotus's lock-first protocol on compute-node
+//!   lock tables (Lotus, 5.1 and 5.2), serializable or snapshot isolation.
 //!
 //! The coordinator is a facade: [`TxnClient`] holds the thread's shared state
 //! (the private `client_core`) and the protocol it picked; [`Txn`] holds that protocol's
@@ -36,6 +38,7 @@ use crate::client_core::ClientCore;
 use crate::cvt_index::CacheStats;
 use crate::cvt_store::CvtTableExport;
 use crate::history::History;
+use crate::lotus::Lotus;
 use crate::mvcc::Mvcc;
 use crate::occ_cas::OccCas;
 use crate::protocol::{self, AttemptOf, ConcurrencyControl};
@@ -55,6 +58,7 @@ enum Engine {
     OccCas(OccCas),
     Scythe(Scythe),
     Mvcc(Mvcc),
+    Lotus(Lotus),
 }
 
 /// An attempt of the client's protocol.
@@ -62,6 +66,7 @@ enum AttemptIn<'a> {
     OccCas(AttemptOf<'a, OccCas>),
     Scythe(AttemptOf<'a, Scythe>),
     Mvcc(AttemptOf<'a, Mvcc>),
+    Lotus(AttemptOf<'a, Lotus>),
 }
 
 /// Run `$body` with `$p` the transaction's protocol and `$a` its attempt (`&mut`; with
@@ -72,6 +77,7 @@ macro_rules! with_protocol {
             (Engine::OccCas($p), AttemptIn::OccCas($a)) => $body,
             (Engine::Scythe($p), AttemptIn::Scythe($a)) => $body,
             (Engine::Mvcc($p), AttemptIn::Mvcc($a)) => $body,
+            (Engine::Lotus($p), AttemptIn::Lotus($a)) => $body,
             _ => unreachable!("an attempt runs its client's protocol"),
         }
     };
@@ -80,6 +86,7 @@ macro_rules! with_protocol {
             (Engine::OccCas($p), AttemptIn::OccCas($a)) => $body,
             (Engine::Scythe($p), AttemptIn::Scythe($a)) => $body,
             (Engine::Mvcc($p), AttemptIn::Mvcc($a)) => $body,
+            (Engine::Lotus($p), AttemptIn::Lotus($a)) => $body,
             _ => unreachable!("an attempt runs its client's protocol"),
         }
     };
@@ -101,6 +108,7 @@ impl Engine {
             Self::OccCas(p) => AttemptIn::OccCas(new(p, core, kind, retry_of)),
             Self::Scythe(p) => AttemptIn::Scythe(new(p, core, kind, retry_of)),
             Self::Mvcc(p) => AttemptIn::Mvcc(new(p, core, kind, retry_of)),
+            Self::Lotus(p) => AttemptIn::Lotus(new(p, core, kind, retry_of)),
         }
     }
 }
@@ -146,6 +154,14 @@ impl TxnClient {
             }
             (Protocol::Scythe, None) => unreachable!("checked above"),
             (Protocol::Mvcc(isolation), _) => Engine::Mvcc(Mvcc { isolation }),
+            (Protocol::Lotus(isolation), _) => match &core.cfg.lotus {
+                Some(site) => Engine::Lotus(Lotus::new(isolation, site)),
+                None => {
+                    return Err(TxnError::Usage(format!(
+                        "{protocol} needs compute-node lock tables (TxnConfig::lotus)"
+                    )))
+                }
+            },
         };
         Ok(Self { core, engine })
     }
@@ -277,7 +293,8 @@ impl TxnClient {
         let Some((loc, cvt)) = self.core.store.lookup(table, key).await? else {
             return Ok((None, false));
         };
-        let locked = cvt.header.lock != 0;
+        // A Lotus cell still INVISIBLE is a write lock's trace: counted as held.
+        let locked = cvt.header.lock != 0 || cvt.has_invisible();
         let Some(i) = cvt.newest().filter(|_| value) else {
             return Ok((None, locked));
         };
@@ -395,6 +412,14 @@ impl<'a> Txn<'a> {
     /// application can account for commits whose client died before hearing of them.
     pub fn set_log_note(&mut self, note: i64) {
         with_protocol!(self, |_p, a| a.note = note)
+    }
+
+    /// Declare this transaction read-only (before its first read): Lotus then takes no
+    /// lock for it and reads a snapshot at its start timestamp (Lotus 5.1, read-only
+    /// transactions); the other protocols ignore it. A read for update, an insert or a
+    /// delete in a declared read-only transaction is refused ([`TxnError::Usage`]).
+    pub fn declare_read_only(&mut self) {
+        with_protocol!(self, |_p, a| a.read_only = true)
     }
 
     /// Whether this attempt runs in a high-contention mode: Scythe's TOCC

@@ -88,6 +88,29 @@ pub const STATE_OFFSET: usize = 24;
 /// encoding.
 pub const CELL_ADDR_OFFSET: usize = 16;
 
+/// The top bit of a cell's version: set, the version is INVISIBLE, a new version whose
+/// writer holds its write lock and has not taken its commit timestamp yet (Lotus 5.1,
+/// "temporarily invisible to other coordinators"). The other 63 bits name the writer
+/// (its transaction id), so that recovery touches only its own cells (the tagged form
+/// of the INVISIBLE sentinel). The TSO never issues a timestamp with this bit (its epoch
+/// would be at least 0x8000): [`tso::Timestamp`]s and INVISIBLE versions never meet.
+pub const INVISIBLE_BIT: u64 = 1 << 63;
+
+/// The INVISIBLE version written by transaction `id` ([`INVISIBLE_BIT`] and `id`'s low
+/// 63 bits).
+pub fn invisible(id: u64) -> Timestamp {
+    Timestamp(INVISIBLE_BIT | (id & !INVISIBLE_BIT))
+}
+
+/// Whether `v` is an INVISIBLE version ([`INVISIBLE_BIT`]).
+pub fn is_invisible(v: Timestamp) -> bool {
+    v.get() & INVISIBLE_BIT != 0
+}
+
+/// Offset of a cell's version ([`Cell::version`], 8 bytes little-endian) in its
+/// encoding: Lotus's write-visible step WRITEs only these 8 bytes.
+pub const CELL_VERSION_OFFSET: usize = 8;
+
 /// A version cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cell {
@@ -265,12 +288,28 @@ impl Cvt {
         self.cells.iter().any(|c| c.valid && c.version > ts)
     }
 
-    /// The newest valid cell, if any.
+    /// Whether a valid cell holds an INVISIBLE version ([`is_invisible`]): a writer
+    /// between its data WRITE and its write-visible WRITE (Lotus 5.1), or the leftover of
+    /// a crashed one.
+    pub fn has_invisible(&self) -> bool {
+        self.cells
+            .iter()
+            .any(|c| c.valid && is_invisible(c.version))
+    }
+
+    /// The cell holding transaction `id`'s INVISIBLE version, if any.
+    pub fn invisible_cell(&self, id: u64) -> Option<usize> {
+        let v = invisible(id);
+        self.cells.iter().position(|c| c.valid && c.version == v)
+    }
+
+    /// The newest valid cell, if any; an INVISIBLE version ([`is_invisible`]) is not
+    /// committed and never the newest.
     pub fn newest(&self) -> Option<usize> {
         self.cells
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.valid)
+            .filter(|(_, c)| c.valid && !is_invisible(c.version))
             .max_by_key(|(_, c)| c.version)
             .map(|(i, _)| i)
     }

@@ -1107,6 +1107,42 @@ impl CvtRemote {
         Ok(out)
     }
 
+    /// Lotus's write-visible step (Lotus 5.1, C3) for cell `victim` of the CVT at `loc`:
+    /// per copy of the partition, primary first, the 8-byte WRITE of `version` into the
+    /// cell's version field ([`crate::cvt::CELL_VERSION_OFFSET`]); nothing is sent. The
+    /// cell's CVs stay, so a reader that READs the cell while it changes sees either the
+    /// INVISIBLE or the final version, never a torn cell.
+    ///
+    /// Errors: [`TxnError::Usage`] for a cell beyond the table's versions;
+    /// [`TxnError::Export`] for an unknown table.
+    pub fn publish_writes(
+        &self,
+        loc: CvtLoc,
+        victim: usize,
+        version: Timestamp,
+    ) -> Result<Vec<(NodeId, RemoteAddr, [u8; 8])>, TxnError> {
+        let t = self.table(loc.part, loc.table)?;
+        if victim >= t.versions {
+            return Err(TxnError::Usage(format!(
+                "cell {victim} of a CVT of {}",
+                t.versions
+            )));
+        }
+        let at = self
+            .cvt_remote(loc)?
+            .offset((HEADER_BYTES + victim * CELL_BYTES + crate::cvt::CELL_VERSION_OFFSET) as u64);
+        let word = version.get().to_le_bytes();
+        let mut out = vec![(self.node(loc)?, at, word)];
+        for bk in self.backups(loc.part) {
+            let bt = bk
+                .tables
+                .get(loc.table as usize)
+                .ok_or_else(|| TxnError::Export(format!("no table {} in a backup", loc.table)))?;
+            out.push((bk.node, mirror(&t.index, &bt.index, at.addr), word));
+        }
+        Ok(out)
+    }
+
     /// Create a CVT for `(table, key)`, which has none, locked with `lock_word` (0 for
     /// a protocol that locks elsewhere) and with no version; returns it. Inserters of
     /// the keys of one home bucket take turns on the bucket's insert guard word

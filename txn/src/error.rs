@@ -62,11 +62,26 @@ pub enum AbortReason {
     /// A partition it touched is being copied to a new backup (re-replication,
     /// [`crate::view::View::start_migration`]); retried once the copy has landed.
     Migrating,
+    /// Lotus: a compute-node lock table refused a lock (a conflicting lock held, or an
+    /// upgrade while others read; no waiting, Lotus 5.1).
+    LockRefusedConflict,
+    /// Lotus: a compute-node lock table refused a lock for want of room (bucket full,
+    /// reader count at its limit).
+    LockRefusedFull,
+    /// Lotus: the lock's shard is moving between compute nodes (resharding, Lotus 4.3)
+    /// past the client's retries.
+    ShardMoving,
+    /// Lotus: the compute node serving the lock's shard is down or restarted (Lotus 6:
+    /// requests to a failed node's shards abort at once).
+    CnDown,
+    /// Lotus: a snapshot read met an INVISIBLE version that stayed so past the read wait,
+    /// or a lock holder met a crashed writer's leftover ([`crate::lotus`]).
+    Invisible,
 }
 
 impl AbortReason {
     /// Every reason, for reports.
-    pub const ALL: [AbortReason; 18] = [
+    pub const ALL: [AbortReason; 23] = [
         Self::LockedOnRead,
         Self::TornRead,
         Self::LockCas,
@@ -85,6 +100,11 @@ impl AbortReason {
         Self::User,
         Self::ReplicaFailed,
         Self::Migrating,
+        Self::LockRefusedConflict,
+        Self::LockRefusedFull,
+        Self::ShardMoving,
+        Self::CnDown,
+        Self::Invisible,
     ];
     /// Short name for reports.
     pub fn name(self) -> &'static str {
@@ -107,6 +127,11 @@ impl AbortReason {
             Self::User => "user",
             Self::ReplicaFailed => "replica-failed",
             Self::Migrating => "migrating",
+            Self::LockRefusedConflict => "lock-refused-conflict",
+            Self::LockRefusedFull => "lock-refused-full",
+            Self::ShardMoving => "shard-moving",
+            Self::CnDown => "cn-down",
+            Self::Invisible => "invisible",
         }
     }
 }
@@ -157,6 +182,10 @@ pub enum TxnError {
     /// The lock service failed or a lock was lost.
     #[error("lock service: {0}")]
     Lock(#[from] LockError),
+    /// A compute-node lock table failed (Lotus): a malformed reply, or no node owns a
+    /// shard.
+    #[error("lock table: {0}")]
+    LockTable(#[from] lockd::table_service::TableError),
     /// The timestamp oracle failed this transaction's request.
     #[error("timestamp oracle: {0}")]
     Tso(#[from] TsoError),

@@ -26,6 +26,19 @@ pub(crate) fn skipping_read_only_validation() -> bool {
     SKIP_READ_ONLY_VALIDATION.load(Ordering::Relaxed)
 }
 
+static LOTUS_SKIP_INVISIBLE: AtomicBool = AtomicBool::new(false);
+
+/// Lotus's snapshot readers skip INVISIBLE cells instead of waiting for them (the
+/// INVISIBLE rule of [`crate::lotus`] off): a reader can see half of a commit whose
+/// timestamp falls below its start.
+pub fn lotus_skip_invisible(on: bool) {
+    LOTUS_SKIP_INVISIBLE.store(on, Ordering::SeqCst);
+}
+
+pub(crate) fn lotus_skipping_invisible() -> bool {
+    LOTUS_SKIP_INVISIBLE.load(Ordering::Relaxed)
+}
+
 /// Write-back fails before writing anything, as a failed WRITE would.
 pub fn fail_write_back(on: bool) {
     FAIL_WRITE_BACK.store(on, Ordering::SeqCst);

@@ -22,8 +22,9 @@
 //! - [`coordinator`]: the one coordinator API (`begin`, `read`, `read_for_update`,
 //!   `insert`, `delete`, `commit`, `abort`) and the protocol chosen by name:
 //!   [`occ_cas`] (FaRM/FORD OCC with CAS locks in the CVT header), [`scythe`] (Scythe's
-//!   hot-aware OCC/TOCC on Takeout Locks, Scythe 4.2 to 4.4) and
-//!   [`mvcc`] (Motor's MVCC, 5.1 and 5.2, SR or SI);
+//!   hot-aware OCC/TOCC on Takeout Locks, Scythe 4.2 to 4.4),
+//!   [`mvcc`] (Motor's MVCC, 5.1 and 5.2, SR or SI) and [`lotus`] (Lotus's lock-first
+//!   protocol on compute-node lock tables, 5.1 and 5.2, SR or SI);
 //! - [`validation`]: OCC read-set validation as a state machine (lock free first, then
 //!   version unchanged);
 //! - [`history`] and [`serializability`]: committed transactions recorded with the
@@ -48,6 +49,7 @@ pub mod fault;
 pub mod ford;
 pub mod history;
 pub mod kvs;
+pub mod lotus;
 pub mod migrate;
 pub mod mvcc;
 pub mod occ_cas;

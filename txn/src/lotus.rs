@@ -1,0 +1,667 @@
+//! Lotus's lock-first protocol over CVTs, on compute-node lock tables (Lotus 5.1 and
+//! 5.2), serializable (SR) or snapshot isolation (SI).
+//!
+//! The locks live in Lotus lock tables sharded across the compute nodes
+//! ([`lockd::table_service`], Lotus 4.1 and 4.2): a lock on a shard of this node's table
+//! is a CPU CAS on it, one on another node's shard a batched RPC per destination node. The
+//! memory nodes see no atomic at all outside inserts (a slot claim and the bucket's insert
+//! guard, [`crate::cvt_remote::CvtRemote::create`]).
+//!
+//! A read-write transaction (Lotus 5.1):
+//!
+//! - **Start**: `T_start` from the TSO (the thread's group) at the first read.
+//! - **E1, lock**: each execution round locks what it reads: a write lock for data read
+//!   for update, under SR a read lock for the rest (read locks keep read-only data unchanged
+//!   until commit, so there is no validation); any refusal aborts at once (no waiting, so no
+//!   deadlock) and what was taken is released. Data read plainly and written later is
+//!   locked (or its read lock upgraded) at commit and must still show the version read.
+//! - **E2/E3, read**: READ the CVT (the thread's address cache, else the bucket chain),
+//!   select the largest version below `T_start`; a version above it aborts
+//!   ([`AbortReason::NewerVersion`]: committed after this transaction began); READ the
+//!   record and check its CVs against the cell.
+//! - **C1, data and log**: per written object the record and the victim cell, with the
+//!   version INVISIBLE ([`crate::cvt::invisible`], tagged with the transaction's id), on
+//!   the primary and every backup, in one round; with commit logs on, the log first (one
+//!   round earlier, or ahead of the data on the same QP with the ordered placement).
+//! - **C2, commit timestamp**: `T_commit` from the TSO, requested only after every C1
+//!   WRITE was acknowledged (otherwise a reader that started after `T_commit` could skip a
+//!   cell still INVISIBLE and see half of the commit).
+//! - **C3, write visible**: the 8-byte WRITE of `T_commit` into every new cell, on every
+//!   copy, in one round.
+//! - **C4, unlock**: local locks at once; remote unlocks are sent and not awaited.
+//!
+//! A read-only transaction ([`crate::coordinator::Txn::declare_read_only`]) and, under SI,
+//! the read-only data of a read-write one take no lock: a snapshot at `T_start`. **The
+//! INVISIBLE rule** (the rule Lotus leaves out and correctness needs): a snapshot read that
+//! finds an INVISIBLE cell READs the CVT again until no cell is INVISIBLE, and aborts
+//! after [`crate::config::TxnConfig::read_wait`] ([`AbortReason::Invisible`]). The writer
+//! of that cell may still take a `T_commit` below the reader's `T_start` and publish;
+//! skipping the cell would then read a fractured snapshot. If the reader's CVT READ came
+//! before the INVISIBLE WRITE, the reader's `T_start` came before the writer's C2 request,
+//! so `T_commit > T_start` and the version is rightly not seen.
+//!
+//! Lock holders never see another transaction's INVISIBLE cell (the writer holds its
+//! write lock from before C1 until after C3); a holder that does meets a crashed
+//! writer's leftover and aborts ([`AbortReason::Invisible`]).
+//!
+//! Inserts take the key's write lock; the CVT is created by the one-sided insert path
+//! (whose bucket guard serializes inserts into one bucket), its cell written INVISIBLE
+//! and published like any other.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockd::lock_table::{LockMode, Refusal};
+use lockd::shard::{LockKey, ShardMap, REST_BITS};
+use lockd::table_service::{TableClient, TableClientConfig, TableError, TableService};
+use lockd::table_wire::{OpKind, OpOutcome, TableOp};
+use rrpc::runtime::join_all;
+use tso::Timestamp;
+
+use crate::attempt;
+use crate::client_core::ClientCore;
+use crate::config::Isolation;
+use crate::cvt::{invisible, Cvt};
+use crate::cvt_remote::CvtLoc;
+use crate::error::{AbortReason, TxnError};
+use crate::phase::Phase;
+use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
+
+/// The lock key of a record: `(table, key) -> LockKey`, the record's critical field in
+/// the shard bits (Lotus 4.2). A workload supplies its own (TPC-C's warehouse, TATP's
+/// subscriber, SmallBank's account); [`hashed_lock_key`] is the default. `None` declares
+/// the record static: never written at run time, so read without a lock even under SR
+/// (TPC-C's ITEM); a write to it is refused ([`TxnError::Usage`]).
+pub type LockKeyFn = Arc<dyn Fn(u32, u64) -> Option<LockKey> + Send + Sync>;
+
+/// Where a compute node's Lotus coordinators take their locks (one per process, cloned
+/// into every thread's [`crate::config::TxnConfig`]).
+#[derive(Clone)]
+pub struct LotusSite {
+    /// This compute node's id: the holder node of every lock its transactions take
+    /// (Lotus 4.1; the lock tables release a dead node's locks by it, 6).
+    pub node: u32,
+    /// This node's own lock table, reached without RPC; `None` when the node serves no
+    /// shard.
+    pub local: Option<Arc<TableService>>,
+    /// Which node serves each shard (every node in it other than [`Self::node`] must be
+    /// connected on the thread's context).
+    pub map: ShardMap,
+    /// The lock key of each record.
+    pub lock_key: LockKeyFn,
+    /// Retry policy of the lock-table client.
+    pub client: TableClientConfig,
+}
+
+impl fmt::Debug for LotusSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LotusSite")
+            .field("node", &self.node)
+            .field("local", &self.local.is_some())
+            .field("map_version", &self.map.version())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LotusSite {
+    /// A site whose one node `node` serves every shard from a lock table of
+    /// `table_bytes` bytes (8-byte slots; Lotus 7.1 uses 32 MB per node) in this process,
+    /// with [`hashed_lock_key`]: every lock a CPU CAS.
+    pub fn single(node: u32, table_bytes: usize) -> Self {
+        let map = ShardMap::uniform(&[node]).expect("one node is a valid map");
+        let table = Arc::new(lockd::lock_table::LockTable::with_bytes(table_bytes));
+        let svc = TableService::new(table, lockd::shard::Ownership::new(node, map.clone()));
+        Self {
+            node,
+            local: Some(Arc::new(svc)),
+            map,
+            lock_key: Arc::new(|t, k| Some(hashed_lock_key(t, k))),
+            client: TableClientConfig::default(),
+        }
+    }
+
+    /// This site with `f` as the lock-key function.
+    pub fn with_lock_key(mut self, f: LockKeyFn) -> Self {
+        self.lock_key = f;
+        self
+    }
+}
+
+/// A key's `rest` field of a [`LockKey`] (44 bits): the key itself when it fits, else a
+/// hash of it (two keys of one table and shard that hash alike share a lock: a false
+/// conflict, never a missed one).
+pub fn rest_of(key: u64) -> u64 {
+    if key >> REST_BITS == 0 {
+        key
+    } else {
+        mix(key) & ((1 << REST_BITS) - 1)
+    }
+}
+
+/// Random sharding (Lotus 4.2: "if not specified, data is sharded randomly"): the shard
+/// from a hash of `(table, key)`, `rest` from the key ([`rest_of`]).
+pub fn hashed_lock_key(table: u32, key: u64) -> LockKey {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (table, key).hash(&mut h);
+    LockKey::compose(table as u8, h.finish(), rest_of(key)).expect("rest fits by construction")
+}
+
+/// The lock key of a record whose critical field (warehouse, subscriber, account) is
+/// `critical`: its shard is `critical`'s low 12 bits, so that one entity's records share
+/// a shard (Lotus 4.2).
+pub fn critical_lock_key(table: u32, critical: u64, key: u64) -> LockKey {
+    LockKey::compose(table as u8, mix(critical), rest_of(key)).expect("rest fits by construction")
+}
+
+/// A 64-bit mixer (splitmix64's finalizer): spreads consecutive ids over the shards.
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Lotus's lock-first protocol at one isolation level, with a thread's lock-table
+/// client.
+pub(crate) struct Lotus {
+    isolation: Isolation,
+    locks: Rc<TableClient>,
+    /// This node's own table (its unlocks run here at once).
+    local: Option<Arc<TableService>>,
+    lock_key: LockKeyFn,
+    node: u32,
+}
+
+/// Lotus's state of an attempt: the locks it holds, in the order taken.
+#[derive(Default)]
+pub(crate) struct LotusState {
+    held: Vec<(LockKey, LockMode)>,
+}
+
+/// Lotus's state of an object read: the lock the attempt holds on it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LotusObj {
+    lock: Option<LockMode>,
+}
+
+type Obj = attempt::Obj<LotusObj>;
+type A<'a> = AttemptOf<'a, Lotus>;
+
+impl Lotus {
+    /// The protocol at `isolation` on `site`'s lock tables.
+    pub fn new(isolation: Isolation, site: &LotusSite) -> Self {
+        Self {
+            isolation,
+            locks: Rc::new(TableClient::new(
+                site.map.clone(),
+                site.local.clone(),
+                site.client,
+            )),
+            local: site.local.clone(),
+            lock_key: site.lock_key.clone(),
+            node: site.node,
+        }
+    }
+
+    /// E1: take `want` (`(lock key, mode)`) for attempt `id`, in one batched round;
+    /// every grant is pushed into `held` (so that every path releases it). Any refusal
+    /// aborts.
+    async fn lock(
+        &self,
+        c: &ClientCore,
+        id: u64,
+        want: &[(LockKey, LockMode)],
+        held: &mut Vec<(LockKey, LockMode)>,
+    ) -> Result<(), TxnError> {
+        if want.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<TableOp> = want
+            .iter()
+            .map(|&(key, mode)| TableOp {
+                key,
+                txn: id,
+                node: self.node,
+                kind: OpKind::Lock(mode),
+            })
+            .collect();
+        let outs = self
+            .locks
+            .execute(c.store.ctx(), &ops)
+            .await
+            .map_err(table_error)?;
+        let mut failed = None;
+        for (&(key, mode), o) in want.iter().zip(outs) {
+            match o {
+                OpOutcome::Granted => match held.iter_mut().find(|(k, _)| *k == key) {
+                    Some(h) => h.1 = h.1.max_mode(mode),
+                    None => held.push((key, mode)),
+                },
+                OpOutcome::Refused(r) => {
+                    failed.get_or_insert(refusal(r));
+                }
+                OpOutcome::WrongShard { .. } | OpOutcome::Moving => {
+                    failed.get_or_insert(AbortReason::ShardMoving);
+                }
+                OpOutcome::Released | OpOutcome::NotHeld => {
+                    unreachable!("a lock op is granted or refused")
+                }
+            }
+        }
+        match failed {
+            Some(r) => Err(TxnError::Abort(r)),
+            None => Ok(()),
+        }
+    }
+
+    /// C4: release `held`: this node's locks at once (a CPU CAS each), the other nodes'
+    /// by one RPC per node sent from a coroutine of their own and not awaited (Lotus 5.1:
+    /// "unlock requests are sent asynchronously"). A failed remote unlock is logged; the
+    /// lock is then freed by the holder's failure handling (Lotus 6) or was already gone.
+    fn unlock(&self, c: &ClientCore, id: u64, held: Vec<(LockKey, LockMode)>) {
+        if held.is_empty() {
+            return;
+        }
+        let ops: Vec<TableOp> = held
+            .into_iter()
+            .map(|(key, _)| TableOp {
+                key,
+                txn: id,
+                node: self.node,
+                kind: OpKind::Unlock,
+            })
+            .collect();
+        let ctx = c.store.ctx();
+        let (local, remote): (Vec<TableOp>, Vec<TableOp>) = match &self.local {
+            Some(l) => {
+                let map = self.locks.map();
+                ops.into_iter()
+                    .partition(|op| map.node_of(op.key) == l.node())
+            }
+            None => (Vec::new(), ops),
+        };
+        if let Some(l) = self.local.as_ref().filter(|_| !local.is_empty()) {
+            let inc = self
+                .locks
+                .config()
+                .incarnation
+                .unwrap_or_else(|| ctx.fabric().incarnation());
+            let mut out = Vec::with_capacity(local.len());
+            l.apply_as(&local, inc, &mut out);
+        }
+        if !remote.is_empty() {
+            let ctx = c.store.ctx().clone();
+            let locks = self.locks.clone();
+            c.store.ctx().spawn(async move {
+                if let Err(e) = locks.execute(&ctx, &remote).await {
+                    tracing::warn!(error = %e, "Lotus: a remote unlock failed");
+                }
+            });
+        }
+    }
+}
+
+/// The stronger of two modes.
+trait MaxMode {
+    fn max_mode(self, other: Self) -> Self;
+}
+
+impl MaxMode for LockMode {
+    fn max_mode(self, other: Self) -> Self {
+        if self == LockMode::Write || other == LockMode::Write {
+            LockMode::Write
+        } else {
+            LockMode::Read
+        }
+    }
+}
+
+/// The abort reason of a lock-table refusal.
+fn refusal(r: Refusal) -> AbortReason {
+    match r {
+        Refusal::BucketFull | Refusal::ReaderOverflow => AbortReason::LockRefusedFull,
+        Refusal::StaleIncarnation => AbortReason::CnDown,
+        _ => AbortReason::LockRefusedConflict,
+    }
+}
+
+/// A lock-table failure as the transaction sees it: a node that cannot be reached or
+/// restarted means its locks are gone (the attempt aborts and retries); the others are
+/// errors.
+fn table_error(e: TableError) -> TxnError {
+    match e {
+        TableError::Rpc { .. } | TableError::Restarted { .. } => {
+            TxnError::Abort(AbortReason::CnDown)
+        }
+        e => TxnError::LockTable(e),
+    }
+}
+
+impl ConcurrencyControl for Lotus {
+    type State = LotusState;
+    type ObjState = LotusObj;
+
+    /// An object read without a write lock and now read for update is locked now.
+    fn refetch(&self, o: &Obj, for_update: bool) -> bool {
+        for_update && o.cc.lock != Some(LockMode::Write)
+    }
+
+    async fn fetch(&self, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
+        fetch(self, t, want).await
+    }
+
+    async fn commit(&self, t: &mut A<'_>) -> Result<(), TxnError> {
+        commit(self, t).await
+    }
+
+    async fn release(&self, t: &mut A<'_>) -> Result<(), TxnError> {
+        let held = std::mem::take(&mut t.cc.held);
+        self.unlock(t.core, t.id, held);
+        Ok(())
+    }
+
+    /// A dropped attempt's locks (one that neither committed nor aborted) are released
+    /// here.
+    fn finish(&self, t: &mut A<'_>) {
+        let held = std::mem::take(&mut t.cc.held);
+        self.unlock(t.core, t.id, held);
+    }
+}
+
+/// The version of `cvt` visible at `ts` (ZERO for none) or the abort when GC took it.
+fn visible(cvt: &Cvt, ts: Timestamp) -> Result<Option<usize>, AbortReason> {
+    match cvt.select(ts) {
+        Some(i) => Ok(Some(i)),
+        None if cvt.cells.iter().any(|c| !c.valid) => Ok(None),
+        None => Err(AbortReason::VersionGone),
+    }
+}
+
+/// A snapshot read at `s` without a lock, under the INVISIBLE rule (module docs).
+async fn read_snapshot(
+    c: &ClientCore,
+    table: u32,
+    key: u64,
+    s: Timestamp,
+) -> Result<Obj, TxnError> {
+    let mut o = Obj::absent(table, key);
+    let Some((loc, mut cvt)) = c.store.lookup(table, key).await? else {
+        return Ok(o);
+    };
+    if cvt.has_invisible() && !skip_invisible() {
+        let deadline = Instant::now() + c.cfg.read_wait;
+        let mut pause = Duration::from_micros(1);
+        while cvt.has_invisible() {
+            if Instant::now() >= deadline {
+                return Err(TxnError::Abort(AbortReason::Invisible));
+            }
+            c.store.ctx().sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_micros(20));
+            cvt = c.store.read_cvt(loc).await?;
+        }
+    }
+    let cell = visible(&cvt, s).map_err(TxnError::Abort)?;
+    o.fill(c, loc, cvt, cell).await?;
+    Ok(o)
+}
+
+/// The planted bug of the INVISIBLE rule's test: snapshot readers skip INVISIBLE cells.
+fn skip_invisible() -> bool {
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::lotus_skipping_invisible() {
+        return true;
+    }
+    false
+}
+
+/// A read of `(table, key)` under this attempt's lock at `s` (E2, E3): the newest
+/// version must be older than `s`. With `create`, a key without a CVT gets one (an
+/// insert; the caller holds its write lock).
+async fn read_locked(
+    c: &ClientCore,
+    table: u32,
+    key: u64,
+    loc: Option<CvtLoc>,
+    s: Timestamp,
+    create: bool,
+    id: u64,
+) -> Result<Obj, TxnError> {
+    let mut o = Obj::absent(table, key);
+    let found = match loc {
+        Some(loc) => {
+            let cvt = c.store.read_cvt(loc).await?;
+            if (cvt.header.table, cvt.header.key) != (table, key) {
+                // A stale cache entry; the retry searches the index.
+                c.store.forget(table, key);
+                return Err(TxnError::Abort(AbortReason::TornRead));
+            }
+            Some((loc, cvt))
+        }
+        None => c.store.lookup(table, key).await?,
+    };
+    let (loc, cvt) = match found {
+        Some(f) => f,
+        None if create => c.store.create(table, key, 0, id).await?,
+        None => return Ok(o),
+    };
+    if cvt.has_invisible() {
+        // Under our lock: a crashed writer's leftover, which recovery removes before
+        // the key's lock is granted again; not ours to use.
+        return Err(TxnError::Abort(AbortReason::Invisible));
+    }
+    if cvt.newer_than(s) {
+        return Err(TxnError::Abort(AbortReason::NewerVersion));
+    }
+    let cell = visible(&cvt, s).map_err(TxnError::Abort)?;
+    o.fill(c, loc, cvt, cell).await?;
+    Ok(o)
+}
+
+/// One execution round (E1 to E3) over `want`.
+async fn fetch(p: &Lotus, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
+    let s = t.timestamp().await?;
+    let c = t.core;
+    let sr = p.isolation == Isolation::Serializable;
+    let ro = t.read_only;
+    if ro && want.iter().any(|w| w.2) {
+        return Err(TxnError::Usage(
+            "a transaction declared read-only reads for update".into(),
+        ));
+    }
+    // E1: the locks this round needs, in one batched round.
+    let modes: Vec<Option<LockMode>> = want
+        .iter()
+        .map(|&(_, _, upd)| match (upd, sr && !ro) {
+            (true, _) => Some(LockMode::Write),
+            (false, true) => Some(LockMode::Read),
+            (false, false) => None,
+        })
+        .collect();
+    let existing: Vec<Option<usize>> = want.iter().map(|&(tb, k, _)| t.find(tb, k)).collect();
+    // Static records take no lock (`LockKeyFn`); writing one is a misuse.
+    let keys: Vec<Option<LockKey>> = want.iter().map(|&(tb, k, _)| (p.lock_key)(tb, k)).collect();
+    if let Some(&(tb, k, _)) = want
+        .iter()
+        .zip(&keys)
+        .find(|(w, l)| w.2 && l.is_none())
+        .map(|x| x.0)
+    {
+        return Err(TxnError::Usage(format!(
+            "table {tb} key {k} is static for Lotus (no lock key) and cannot be written"
+        )));
+    }
+    let modes: Vec<Option<LockMode>> = modes
+        .into_iter()
+        .zip(&keys)
+        .map(|(m, l)| m.filter(|_| l.is_some()))
+        .collect();
+    let needed: Vec<(LockKey, LockMode)> = keys
+        .iter()
+        .zip(&modes)
+        .zip(&existing)
+        .filter_map(|((l, m), ex)| {
+            let (l, m) = ((*l)?, (*m)?);
+            let have = ex.and_then(|i| t.objs[i].cc.lock);
+            (have != Some(LockMode::Write) && have != Some(m)).then_some((l, m))
+        })
+        .collect();
+    if !needed.is_empty() {
+        let prev = t.enter(Phase::Lock);
+        let r = p.lock(c, t.id, &needed, &mut t.cc.held).await;
+        t.enter(prev);
+        r?;
+    }
+    // E2, E3: READ the CVTs and records, all in one round.
+    let id = t.id;
+    let got = join_all(
+        want.iter()
+            .zip(&modes)
+            .zip(&existing)
+            .map(|((&(tb, k, upd), &m), &ex)| {
+                let loc = ex.and_then(|i| t.objs[i].loc);
+                async move {
+                    match m {
+                        Some(_) => read_locked(c, tb, k, loc, s, upd, id).await,
+                        None => read_snapshot(c, tb, k, s).await,
+                    }
+                }
+            }),
+    )
+    .await;
+    let mut failed = None;
+    for ((r, m), ex) in got.into_iter().zip(modes).zip(existing) {
+        let mut o = match r {
+            Ok(o) => o,
+            Err(e) => {
+                failed.get_or_insert(e);
+                continue;
+            }
+        };
+        o.cc.lock = m;
+        match ex {
+            Some(i) => {
+                // Read before (unlocked, or under a read lock), locked now: unchanged.
+                let prev = &mut t.objs[i];
+                if o.version != prev.version {
+                    failed.get_or_insert(TxnError::Abort(AbortReason::NewerVersion));
+                }
+                prev.cc.lock = match (prev.cc.lock, o.cc.lock) {
+                    (Some(a), Some(b)) => Some(a.max_mode(b)),
+                    (a, b) => a.or(b),
+                };
+                prev.loc = o.loc.or(prev.loc);
+                prev.cvt = o.cvt;
+            }
+            None => t.objs.push(o),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Commit (C1 to C3; the caller unlocks, C4).
+async fn commit(p: &Lotus, t: &mut A<'_>) -> Result<(), TxnError> {
+    let c = t.core;
+    let Some(s) = t.start else {
+        return Ok(()); // Nothing read, nothing written.
+    };
+    if t.objs.iter().all(|o| o.write.is_none()) {
+        // Read-only (or a read-write transaction that wrote nothing): its reads were a
+        // snapshot at `s`, locked or checked by the INVISIBLE rule.
+        t.record(Some((s, s)), Timestamp::ZERO);
+        return Ok(());
+    }
+    // Written objects not write-locked yet: lock (or upgrade) and re-read them now.
+    let late: Vec<Want> = t
+        .objs
+        .iter()
+        .filter(|o| o.write.is_some() && o.cc.lock != Some(LockMode::Write))
+        .map(|o| (o.table, o.key, true))
+        .collect();
+    if !late.is_empty() {
+        fetch(p, t, &late).await?;
+    }
+    // C1: records and cells, INVISIBLE, on every copy (and the log before them).
+    t.enter(Phase::WriteBack);
+    let tag = invisible(t.id);
+    t.write_back(|_| tag).await?;
+    // C2: the commit timestamp, after every C1 WRITE was acknowledged.
+    t.enter(Phase::Timestamp);
+    let commit_ts = c.timestamp().await?;
+    // C3: write visible.
+    t.enter(Phase::WriteBack);
+    publish(t, commit_ts).await?;
+    t.record(Some((s, commit_ts)), commit_ts);
+    Ok(())
+}
+
+/// C3: WRITE `ts` into every INVISIBLE cell this attempt installed, on every copy, in one
+/// round.
+///
+/// Errors: [`TxnError::WriteBack`].
+async fn publish(t: &mut A<'_>, ts: Timestamp) -> Result<(), TxnError> {
+    let store = &t.core.store;
+    let id = t.id;
+    let mut writes = Vec::new();
+    for o in t.objs.iter_mut().filter(|o| o.write.is_some()) {
+        let loc = o.loc.expect("a written object has a CVT");
+        let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
+        let cell = cvt
+            .invisible_cell(id)
+            .expect("C1 installed the attempt's INVISIBLE cell");
+        cvt.cells[cell].version = ts;
+        writes.extend(
+            store
+                .publish_writes(loc, cell, ts)
+                .map_err(write_back_error)?,
+        );
+    }
+    let ctx = store.ctx();
+    let sent = join_all(
+        writes
+            .iter()
+            .map(|(n, at, w)| async move { (*n, crate::transient::write(ctx, *n, *at, w).await) }),
+    )
+    .await;
+    store.tolerate(sent).await.map_err(write_back_error)
+}
+
+fn write_back_error(e: TxnError) -> TxnError {
+    TxnError::WriteBack {
+        cause: Box::new(e),
+        release: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_keys_shard_by_the_critical_field() {
+        // One account's rows share a shard; rest keeps the key.
+        let a = critical_lock_key(0, 42, 42);
+        let b = critical_lock_key(1, 42, 42);
+        assert_eq!(a.shard(), b.shard());
+        assert_ne!(a, b);
+        assert_eq!(a.rest(), 42);
+        // Wide keys are hashed into 44 bits.
+        let w = hashed_lock_key(3, u64::MAX - 5);
+        assert!(w.rest() < 1 << REST_BITS);
+        assert_eq!(w.table(), 3);
+    }
+
+    #[test]
+    fn consecutive_ids_spread_over_shards() {
+        let shards: std::collections::HashSet<u16> = (0..1000)
+            .map(|k| critical_lock_key(0, k, k).shard())
+            .collect();
+        assert!(shards.len() > 700, "{} shards", shards.len());
+    }
+}
