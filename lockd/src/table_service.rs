@@ -16,6 +16,18 @@
 //! or moving after [`TableClientConfig::max_retries`] is returned as such, and the
 //! transaction aborts.
 //!
+//! **Lotus lock-first pieces.** A write lock granted to another compute node calls the
+//! service's grant hook before the outcome is returned ([`TableService::with_grant_hook`];
+//! Lotus, Algorithm 1, line 15: the version-table cache entry is invalidated before the
+//! remote writer proceeds); a read holder's write op is its upgrade
+//! ([`crate::lock_table::upgrade`]). A failed compute node is marked down on the
+//! survivors' services and clients ([`TableService::mark_down`],
+//! [`TableClient::mark_down`]): new locks on its shards are refused at once as
+//! [`OpOutcome::Down`] (`cn-down`), the client sending nothing; a restarted node's table
+//! refuses them the same way until the recovery handshake lets it serve
+//! ([`TableService::set_serving`]; Lotus 6, the spec's A.6 steps 1 and 5). Unlocks can
+//! be fire and forget ([`TableClient::unlock_detached`], Lotus 5.1).
+//!
 //! [`run_move`] drives a [`Move`] (pass-by-range resharding) over the control RPCs:
 //! drain at the source, poll until no lock on the range is held (or cancel), install the
 //! new map at the destination, then the source, then every other node.
