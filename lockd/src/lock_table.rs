@@ -24,6 +24,18 @@
 //! threads over the interleavings it explores (it does not reach this one by itself: the
 //! releasing thread must run three operations between two of the writer's loads).
 //!
+//! **Read-to-write upgrade.** Lotus declares a transaction's read-only and read-write
+//! keys up front (`AddRO`/`AddRW`), so Algorithm 1 never upgrades; the project's `read`
+//! then `write` pattern needs it (an inference, not in the paper). A transaction holding
+//! a key for read that asks for write gets it iff it is the key's only holder: its slot
+//! counter is 2 and one CAS turns it into 1 ([`upgrade`]); with any other reader counted
+//! it is refused ([`Refusal::NoUpgrade`]) and nothing changes. The upgrader's slot is
+//! published before the upgrade begins, so a concurrent acquirer that takes another slot
+//! of the bucket finds it in its check and backs off; a concurrent reader joining the
+//! upgrader's slot and the upgrade's CAS exclude each other on the one word (a loom model
+//! below). The scan insists on exactly one slot of the fingerprint, so that a twin taken
+//! for an instant by such an acquirer (before it backs off) is never the one upgraded.
+//!
 //! The lock state (Algorithm 1, lines 5 and 21) records each lock's holders (transaction
 //! id, compute node id, mode), so acquiring a lock already held and releasing one not
 //! held are no-ops (requests may be retried), and [`LockTable::release_node`] can pass on
@@ -70,8 +82,10 @@ pub enum Refusal {
     /// The slot kept changing under concurrent acquirers for [`MAX_ATTEMPTS`] tries.
     #[error("lock slot contended")]
     Contended,
-    /// The transaction holds the lock in read mode and asked for write (no upgrades).
-    #[error("read lock held by this transaction; no upgrade to write")]
+    /// The transaction holds the lock in read mode and asked for write, and it is not
+    /// the only holder (other readers are counted in the slot), so the read lock cannot
+    /// be upgraded ([`upgrade`]). Nothing changed: the read lock is still held.
+    #[error("read lock held by this transaction with other readers; no upgrade to write")]
     NoUpgrade,
     /// The operation comes from an incarnation of its node older than one the table has
     /// seen (the design's failure model: anything from an older incarnation is refused).
@@ -198,6 +212,72 @@ fn acquire_inner<S: SlotWords + ?Sized>(
     Err(Refusal::Contended)
 }
 
+/// Upgrade the caller's read lock on fingerprint `fp` in the bucket `base..base + width`
+/// to a write lock: one CAS of its slot from counter 2 (the caller the only reader) to
+/// [`WRITE_COUNTER`] (see the module docs). The caller must hold a read lock on `fp`.
+///
+/// Errors: [`Refusal::NoUpgrade`] when the slot counts other readers (or a key sharing
+/// the fingerprint holds it; more conflicts, never fewer), and also, with a debug
+/// assertion, when no slot holds `fp` for read (the caller holds no read lock);
+/// [`Refusal::Contended`] after [`MAX_ATTEMPTS`] lost CASes or transient twins.
+pub fn upgrade<S: SlotWords + ?Sized>(
+    slots: &S,
+    base: usize,
+    width: usize,
+    fp: u64,
+) -> Result<(), Refusal> {
+    for _ in 0..MAX_ATTEMPTS {
+        let (j, w) = match scan_sole(slots, base, width, fp) {
+            Sole::One(j, w) => (j, w),
+            Sole::Twins => continue, // a twin taken for an instant: its acquirer backs off
+            Sole::Nothing => {
+                debug_assert!(false, "no slot holds fingerprint {fp:#x}");
+                return Err(Refusal::NoUpgrade);
+            }
+        };
+        let c = counter_of(w);
+        if c != 2 {
+            debug_assert!(
+                c >= 2 && c.is_multiple_of(2),
+                "no read lock to upgrade: {w:#x}"
+            );
+            return Err(Refusal::NoUpgrade);
+        }
+        if slots
+            .compare_exchange(j, w, slot_word(fp, WRITE_COUNTER))
+            .is_ok()
+        {
+            return Ok(());
+        }
+    }
+    Err(Refusal::Contended)
+}
+
+/// What [`scan_sole`] found.
+enum Sole {
+    /// Exactly one slot holds the fingerprint: its index and word.
+    One(usize, u64),
+    /// Two or more do (a twin taken for an instant by an acquirer that will back off).
+    Twins,
+    /// None does.
+    Nothing,
+}
+
+/// The slots of the bucket `base..base + width` that hold `fp`, as far as one pass sees.
+fn scan_sole<S: SlotWords + ?Sized>(slots: &S, base: usize, width: usize, fp: u64) -> Sole {
+    let mut found = Sole::Nothing;
+    for j in base..base + width {
+        let w = slots.load(j);
+        if w != 0 && fingerprint_of(w) == fp {
+            if let Sole::One(..) = found {
+                return Sole::Twins;
+            }
+            found = Sole::One(j, w);
+        }
+    }
+    found
+}
+
 /// Take `sub` off the counter of slot `j` (which holds `fp`), freeing it at zero.
 fn unhold<S: SlotWords + ?Sized>(slots: &S, j: usize, fp: u64, sub: u64) {
     loop {
@@ -319,11 +399,15 @@ impl LockTable {
 
     /// Acquire `key` in `mode` for transaction `txn` of incarnation `incarnation` of
     /// compute node `node`. Acquiring a lock the transaction already holds in that mode
-    /// (or write when it asks for read) succeeds without change.
+    /// (or write when it asks for read) succeeds without change. Asking for write while
+    /// holding read upgrades the lock iff the transaction is its only holder (slot
+    /// counter 2, one CAS to 1; [`upgrade`]); its holder entry then shows
+    /// [`LockMode::Write`] and one release frees the slot.
     ///
     /// Errors: the [`Refusal`]s of [`acquire`]; [`Refusal::NoUpgrade`] when the
-    /// transaction holds `key` for read and asks for write;
-    /// [`Refusal::StaleIncarnation`] when a newer incarnation of `node` was seen.
+    /// transaction holds `key` for read with other readers and asks for write (nothing
+    /// changes; it still holds read); [`Refusal::StaleIncarnation`] when a newer
+    /// incarnation of `node` was seen.
     pub fn acquire_inc(
         &self,
         key: u64,
@@ -335,14 +419,16 @@ impl LockTable {
         self.admit(node, incarnation)?;
         let mut st = self.shard(key);
         let holders = st.entry(key).or_default();
-        let same = |h: &&Holder| h.txn == txn && h.node == node && h.incarnation == incarnation;
-        if let Some(h) = holders.iter().find(same) {
-            return match (h.mode, mode) {
-                (LockMode::Read, LockMode::Write) => Err(Refusal::NoUpgrade),
-                _ => Ok(()),
-            };
-        }
+        let same = |h: &&mut Holder| h.txn == txn && h.node == node && h.incarnation == incarnation;
         let (fp, b) = self.place(key);
+        if let Some(h) = holders.iter_mut().find(same) {
+            if (h.mode, mode) != (LockMode::Read, LockMode::Write) {
+                return Ok(()); // held in that mode, or write covers read
+            }
+            upgrade(&*self.slots, b * SLOTS_PER_BUCKET, SLOTS_PER_BUCKET, fp)?;
+            h.mode = LockMode::Write;
+            return Ok(());
+        }
         let r = acquire(
             &*self.slots,
             b * SLOTS_PER_BUCKET,
@@ -586,6 +672,87 @@ mod tests {
     }
 
     #[test]
+    fn an_upgrade_with_another_reader_is_refused_and_changes_nothing() {
+        let t = LockTable::with_bytes(4096);
+        t.acquire(11, LockMode::Read, 5, 100).unwrap();
+        t.acquire(11, LockMode::Read, 6, 101).unwrap();
+        let (fp, b) = t.place(11);
+        let word = |t: &LockTable| {
+            t.slots[b * SLOTS_PER_BUCKET..][..SLOTS_PER_BUCKET]
+                .iter()
+                .map(|w| w.load(Ordering::SeqCst))
+                .find(|&w| w != 0 && fingerprint_of(w) == fp)
+        };
+        let (before, holders) = (word(&t), t.holders(11));
+        assert_eq!(before, Some(slot_word(fp, 4)), "two readers");
+        assert_eq!(
+            t.acquire(11, LockMode::Write, 5, 100),
+            Err(Refusal::NoUpgrade)
+        );
+        assert_eq!(word(&t), before, "slot unchanged");
+        assert_eq!(t.holders(11), holders, "holders unchanged");
+        // The other reader leaves: now the sole reader may upgrade.
+        assert!(t.release(11, 6, 101));
+        t.acquire(11, LockMode::Write, 5, 100).unwrap();
+        assert_eq!(word(&t), Some(slot_word(fp, WRITE_COUNTER)));
+    }
+
+    #[test]
+    fn the_sole_reader_upgrades_to_write() {
+        let t = LockTable::with_bytes(4096);
+        t.acquire_inc(12, LockMode::Read, 5, 100, 3).unwrap();
+        t.acquire_inc(12, LockMode::Write, 5, 100, 3).unwrap();
+        assert_eq!(
+            t.holders(12),
+            [Holder {
+                txn: 5,
+                node: 100,
+                incarnation: 3,
+                mode: LockMode::Write
+            }]
+        );
+        assert_eq!(t.slots_in_use(), 1);
+        // Idempotent from here: write again, or read (write covers it).
+        t.acquire_inc(12, LockMode::Write, 5, 100, 3).unwrap();
+        t.acquire_inc(12, LockMode::Read, 5, 100, 3).unwrap();
+        assert_eq!(t.holders(12).len(), 1);
+        // A third party is refused in either mode.
+        assert_eq!(
+            t.acquire(12, LockMode::Read, 6, 101),
+            Err(Refusal::Conflict)
+        );
+        assert_eq!(
+            t.acquire(12, LockMode::Write, 6, 101),
+            Err(Refusal::Conflict)
+        );
+        assert_eq!(t.holders(12).len(), 1);
+        // One release frees the slot (the write counter, not a reader's 2).
+        assert_eq!(t.release_inc(12, 5, 100, 3), Ok(true));
+        assert_eq!(t.slots_in_use(), 0);
+        assert_eq!(t.holders(12), []);
+        t.acquire(12, LockMode::Read, 6, 101).unwrap();
+        assert!(t.release(12, 6, 101));
+        assert_eq!(t.slots_in_use(), 0);
+    }
+
+    #[test]
+    fn an_upgrade_never_takes_a_twin_slot() {
+        // Slot 0: a twin of A taken for an instant by an acquirer that will back off;
+        // slot 1: the upgrader's read lock. With both there, the upgrade waits.
+        let s = bucket();
+        let s = &*s;
+        s[0].store(slot_word(A, 2), Ordering::SeqCst);
+        s[1].store(slot_word(A, 2), Ordering::SeqCst);
+        assert_eq!(upgrade(s, 0, 8, A), Err(Refusal::Contended));
+        assert_eq!((s.load(0), s.load(1)), (slot_word(A, 2), slot_word(A, 2)));
+        unhold(s, 0, A, 2); // the twin backs off
+        assert_eq!(upgrade(s, 0, 8, A), Ok(()));
+        assert_eq!((s.load(0), s.load(1)), (0, slot_word(A, WRITE_COUNTER)));
+        assert!(release(s, 0, 8, A, LockMode::Write));
+        assert!((0..8).all(|i| s.load(i) == 0));
+    }
+
+    #[test]
     fn release_node_passes_on_every_lock_of_a_failed_node() {
         let t = LockTable::with_bytes(1 << 16);
         for k in 0..50 {
@@ -797,6 +964,46 @@ mod tests {
                 (true, false) => assert_eq!(held, [slot_word(A, WRITE_COUNTER)]),
                 (false, true) => assert_eq!(held, [slot_word(A, 2)]),
                 _ => assert!(held.is_empty(), "{held:x?}"),
+            }
+        });
+    }
+
+    /// Under loom: the only reader of A (slot 1) upgrades while a second reader of A
+    /// joins and a third thread releases B (slot 0, then free): exactly one of the
+    /// upgrade and the second read succeeds, and the slot shows which.
+    #[test]
+    fn loom_an_upgrade_and_a_second_reader_exclude_each_other() {
+        use loom::sync::atomic::AtomicU64 as LoomU64;
+        use loom::sync::Arc;
+
+        struct Slots(Vec<LoomU64>);
+        impl SlotWords for Slots {
+            fn load(&self, i: usize) -> u64 {
+                self.0[i].load(Ordering::SeqCst)
+            }
+            fn compare_exchange(&self, i: usize, c: u64, n: u64) -> Result<u64, u64> {
+                self.0[i].compare_exchange(c, n, Ordering::SeqCst, Ordering::SeqCst)
+            }
+        }
+        loom::model(|| {
+            let s = Arc::new(Slots(vec![
+                LoomU64::new(slot_word(B, WRITE_COUNTER)),
+                LoomU64::new(slot_word(A, 2)),
+            ]));
+            let s1 = s.clone();
+            let rel = loom::thread::spawn(move || {
+                assert!(release(&*s1, 0, 2, B, LockMode::Write));
+            });
+            let s2 = s.clone();
+            let r2 = loom::thread::spawn(move || acquire(&*s2, 0, 2, A, LockMode::Read).is_ok());
+            let u = upgrade(&*s, 0, 2, A);
+            let r = r2.join().unwrap();
+            rel.join().unwrap();
+            let held: Vec<u64> = (0..2).map(|i| s.load(i)).filter(|&x| x != 0).collect();
+            match (u, r) {
+                (Ok(()), false) => assert_eq!(held, [slot_word(A, WRITE_COUNTER)]),
+                (Err(Refusal::NoUpgrade), true) => assert_eq!(held, [slot_word(A, 4)]),
+                other => panic!("upgrade and second reader: {other:?}, slots {held:x?}"),
             }
         });
     }

@@ -294,25 +294,82 @@ pub enum Route {
     },
     /// The key's shard is draining for a move: refuse new locks (try again shortly).
     Moving,
+    /// The key's shard belongs to a compute node marked down (it failed, Lotus 6 and
+    /// the spec's A.6 step 1), or to this node while its restarted table is not yet
+    /// serving (A.6 step 5): refuse new locks at once; the transaction aborts
+    /// (`cn-down`).
+    Down,
 }
 
-/// A node's view of the sharding (Lotus 4.2, 4.3): its id, its map, the range it is
-/// draining. Decides, for each request, whether the node serves it.
+/// A node's view of the sharding (Lotus 4.2, 4.3, 6): its id, its map, the range it is
+/// draining, the nodes it knows to be down and whether its own table serves. Decides,
+/// for each request, whether the node serves it.
+///
+/// DOWN is kept per node, not per shard: the shards DOWN are those whose owner in the
+/// current map is a down node, so a map installed later (a move) cannot leave a dead
+/// node's shard up or a live node's shard down.
 #[derive(Clone, Debug)]
 pub struct Ownership {
     me: u32,
     map: ShardMap,
     draining: Option<Range<u16>>,
+    /// Compute nodes marked down (failed, their lock tables gone).
+    down: std::collections::BTreeSet<u32>,
+    /// Whether this node's own table serves lock requests (false after a restart until
+    /// the recovery handshake finished).
+    serving: bool,
 }
 
 impl Ownership {
-    /// Node `me` with `map`.
+    /// Node `me` with `map`, serving, no node down.
     pub fn new(me: u32, map: ShardMap) -> Self {
         Self {
             me,
             map,
             draining: None,
+            down: Default::default(),
+            serving: true,
         }
+    }
+
+    /// Mark compute node `node` down (`true`: it failed; Lotus 6, the spec's A.6 step 1)
+    /// or up again (`false`: after the restart handshake, A.6 step 5). New locks on its
+    /// shards are then routed [`Route::Down`]. Returns whether the state changed.
+    pub fn set_down(&mut self, node: u32, down: bool) -> bool {
+        if down {
+            self.down.insert(node)
+        } else {
+            self.down.remove(&node)
+        }
+    }
+
+    /// Whether compute node `node` is marked down ([`Self::set_down`]).
+    pub fn is_down(&self, node: u32) -> bool {
+        self.down.contains(&node)
+    }
+
+    /// The nodes marked down, ascending.
+    pub fn down_nodes(&self) -> Vec<u32> {
+        self.down.iter().copied().collect()
+    }
+
+    /// Let this node's own table serve lock requests (`true`, the default) or refuse
+    /// them as [`Route::Down`] (`false`: a restarted node before the recovery handshake
+    /// of the spec's A.6 step 5 finished).
+    pub fn set_serving(&mut self, serving: bool) {
+        self.serving = serving;
+    }
+
+    /// Whether this node's own table serves lock requests ([`Self::set_serving`]).
+    pub fn serving(&self) -> bool {
+        self.serving
+    }
+
+    /// Whether new locks on `key` are refused as [`Route::Down`]: its shard's owner is
+    /// marked down, or is this node while it is not serving.
+    fn is_down_key(&self, key: LockKey) -> bool {
+        let owner = self.map.node_of(key);
+        self.down.contains(&owner) || (owner == self.me && !self.serving)
     }
 
     /// This node's id.
@@ -330,9 +387,12 @@ impl Ownership {
         self.draining.clone()
     }
 
-    /// Route a lock (acquire) of `key`.
+    /// Route a lock (acquire) of `key`: [`Route::Down`] first (a dead owner's shard is
+    /// refused at once, not sent elsewhere), then wrong shard, then moving.
     pub fn route_lock(&self, key: LockKey) -> Route {
-        if self.map.node_of(key) != self.me {
+        if self.is_down_key(key) {
+            Route::Down
+        } else if self.map.node_of(key) != self.me {
             Route::WrongShard {
                 version: self.map.version,
             }
@@ -348,11 +408,14 @@ impl Ownership {
     }
 
     /// Route a release of `key` that this node's table does not hold: served (as a
-    /// no-op) when the node owns the shard, draining or not, else refused. (A release of
-    /// a lock the table holds is always served, whatever the map says.)
+    /// no-op) when the node owns the shard, draining or not, else refused; a shard of a
+    /// node marked down is [`Route::Down`] (also a no-op: that node's table is gone). (A
+    /// release of a lock the table holds is always served, whatever the map says.)
     pub fn route_release(&self, key: LockKey) -> Route {
         if self.map.node_of(key) == self.me {
             Route::Serve
+        } else if self.down.contains(&self.map.node_of(key)) {
+            Route::Down
         } else {
             Route::WrongShard {
                 version: self.map.version,
@@ -873,5 +936,36 @@ mod tests {
         assert_eq!(o.route_lock(mine), Route::WrongShard { version: 2 });
         assert!(!o.install(&map));
         assert_eq!(o.map().version(), 2);
+    }
+
+    #[test]
+    fn shards_of_a_node_marked_down_and_of_a_table_not_serving_are_down() {
+        let map = ShardMap::uniform(&[1, 2, 3]).unwrap();
+        let mut o = Ownership::new(1, map.clone());
+        let mine = LockKey::compose(0, 5, 1).unwrap();
+        let of2 = LockKey::compose(0, 2000, 1).unwrap();
+        let of3 = LockKey::compose(0, 4000, 1).unwrap();
+        assert_eq!((map.node_of(of2), map.node_of(of3)), (2, 3));
+        assert!(o.set_down(2, true));
+        assert!(!o.set_down(2, true), "already down");
+        assert!(o.is_down(2) && !o.is_down(3));
+        assert_eq!(o.down_nodes(), [2]);
+        assert_eq!(o.route_lock(of2), Route::Down, "not sent elsewhere");
+        assert_eq!(o.route_release(of2), Route::Down);
+        assert_eq!(o.route_lock(of3), Route::WrongShard { version: 1 });
+        assert_eq!(o.route_lock(mine), Route::Serve);
+        // A restarted node's own table before the handshake: down for locks only.
+        assert!(o.serving());
+        o.set_serving(false);
+        assert_eq!(o.route_lock(mine), Route::Down);
+        assert_eq!(o.route_release(mine), Route::Serve);
+        o.set_serving(true);
+        assert_eq!(o.route_lock(mine), Route::Serve);
+        // DOWN follows the map: node 2's shards moved to node 3 are up.
+        let moved = map.with_move(1366..2731, 3);
+        assert!(o.install(&moved));
+        assert_eq!(o.route_lock(of2), Route::WrongShard { version: 2 });
+        assert!(o.set_down(2, false));
+        assert!(o.down_nodes().is_empty());
     }
 }

@@ -16,6 +16,18 @@
 //! or moving after [`TableClientConfig::max_retries`] is returned as such, and the
 //! transaction aborts.
 //!
+//! **Lotus lock-first pieces.** A write lock granted to another compute node calls the
+//! service's grant hook before the outcome is returned ([`TableService::with_grant_hook`];
+//! Lotus, Algorithm 1, line 15: the version-table cache entry is invalidated before the
+//! remote writer proceeds); a read holder's write op is its upgrade
+//! ([`crate::lock_table::upgrade`]). A failed compute node is marked down on the
+//! survivors' services and clients ([`TableService::mark_down`],
+//! [`TableClient::mark_down`]): new locks on its shards are refused at once as
+//! [`OpOutcome::Down`] (`cn-down`), the client sending nothing; a restarted node's table
+//! refuses them the same way until the recovery handshake lets it serve
+//! ([`TableService::set_serving`]; Lotus 6, the spec's A.6 steps 1 and 5). Unlocks can
+//! be fire and forget ([`TableClient::unlock_detached`], Lotus 5.1).
+//!
 //! [`run_move`] drives a [`Move`] (pass-by-range resharding) over the control RPCs:
 //! drain at the source, poll until no lock on the range is held (or cancel), install the
 //! new map at the destination, then the source, then every other node.
@@ -26,15 +38,17 @@
 
 use rrpc::NodeId;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use rrpc::runtime::{join_all, CallError, ThreadCtx};
 
 use crate::load::{LoadMeter, TABLE_STATS_HANDLER};
-use crate::lock_table::LockTable;
+use crate::lock_table::{LockMode, LockTable};
 use crate::owners::Owner;
 use crate::shard::{
     LockKey, MapError, Move, MoveState, MoveStep, Ownership, Route, ShardMap, NO_NODE,
@@ -48,6 +62,12 @@ use crate::table_wire::{
 /// Name under which a node's table is described in its exports ([`TableService::export`]).
 pub const TABLE_EXPORT: &str = "lock-table";
 
+/// Called by a [`TableService`] for every write lock it grants to another compute node
+/// than its own (upgrades included), with the key and the requesting node, before the
+/// outcome is returned (Lotus, Algorithm 1, lines 14-15: `if NotLocal(cn_id) then
+/// InvalidateCache(key)`). See [`TableService::with_grant_hook`].
+pub type GrantHook = Arc<dyn Fn(LockKey, u32) + Send + Sync>;
+
 /// A node's lock table and the shards it serves. `Sync`: shared by the node's RPC
 /// threads and local coordinators.
 pub struct TableService {
@@ -57,6 +77,8 @@ pub struct TableService {
     epoch: u64,
     /// The incarnation [`Self::apply`] runs the host process's operations as.
     host_incarnation: u64,
+    /// Called for remote write grants ([`Self::with_grant_hook`]).
+    grant_hook: Option<GrantHook>,
 }
 
 impl TableService {
@@ -69,7 +91,27 @@ impl TableService {
             meter: LoadMeter::new(),
             epoch: crate::service::clock_epoch(),
             host_incarnation: crate::owners::process_incarnation(),
+            grant_hook: None,
         }
+    }
+
+    /// Call `hook(key, node)` for every write lock this service grants to a compute node
+    /// `node` other than its own ([`Self::node`]), upgrades from read included and a
+    /// retried request for a write lock already held too (an invalidation is
+    /// idempotent). Lotus, Algorithm 1, line 15 and 4.4: this node's version-table cache
+    /// holds the CVTs of keys its own coordinators lock; a remote writer is about to
+    /// change the key's CVT in the memory pool, so this node's cached entry must be
+    /// invalidated *before* the writer can proceed, i.e. before the grant reaches it.
+    /// The hook therefore runs synchronously inside [`Self::apply`] /
+    /// [`Self::apply_as`] (on the RPC thread serving the request, under the service's
+    /// ownership read lock), after the lock is taken and before the outcome is returned;
+    /// no local holder can coexist with the remote writer, and a later local locker is
+    /// refused until it releases. It must be quick and must not call back into this
+    /// service's ownership changes ([`Self::install`], [`Self::begin_drain`], ...).
+    /// Refused locks, read locks and the service's own node's write locks do not call it.
+    pub fn with_grant_hook(mut self, hook: GrantHook) -> Self {
+        self.grant_hook = Some(hook);
+        self
     }
 
     /// Run the host process's operations ([`Self::apply`]) as incarnation `incarnation`
@@ -135,9 +177,13 @@ impl TableService {
     }
 
     /// Run `ops` in order on this node, pushing one outcome each to `out`; returns the
-    /// map version they were routed by (the reply header). Locks on shards the node does
-    /// not own are [`OpOutcome::WrongShard`], on a draining range [`OpOutcome::Moving`];
-    /// an unlock the table holds is served whatever the map says.
+    /// map version they were routed by (the reply header). Locks on shards of a node
+    /// marked down ([`Self::mark_down`]), or on this node's own shards while it is not
+    /// serving ([`Self::set_serving`]), are [`OpOutcome::Down`]; on shards the node does
+    /// not own [`OpOutcome::WrongShard`], on a draining range [`OpOutcome::Moving`]; an
+    /// unlock the table holds is served whatever the map says, one it does not hold on a
+    /// down node's shard is [`OpOutcome::NotHeld`]. A write lock granted to another node
+    /// calls the grant hook first ([`Self::with_grant_hook`]).
     ///
     /// The operations are the host process's (the embedded placement): they run as its
     /// incarnation, [`Self::host_incarnation`].
@@ -169,12 +215,20 @@ impl TableService {
                 OpKind::Lock(mode) => match own.route_lock(op.key) {
                     Route::Serve => {
                         match self.table.acquire_inc(op.key.0, mode, op.txn, op.node, inc) {
-                            Ok(()) => OpOutcome::Granted,
+                            Ok(()) => {
+                                if let (LockMode::Write, Some(hook)) = (mode, &self.grant_hook) {
+                                    if op.node != own.me() {
+                                        hook(op.key, op.node);
+                                    }
+                                }
+                                OpOutcome::Granted
+                            }
                             Err(r) => OpOutcome::Refused(r),
                         }
                     }
                     Route::WrongShard { version } => OpOutcome::WrongShard { version },
                     Route::Moving => OpOutcome::Moving,
+                    Route::Down => OpOutcome::Down,
                 },
                 OpKind::Unlock => match self.table.release_inc(op.key.0, op.txn, op.node, inc) {
                     Ok(true) => OpOutcome::Released,
@@ -220,6 +274,39 @@ impl TableService {
         let mut own = self.own_mut();
         own.install(map);
         own.map().version()
+    }
+
+    /// Mark compute node `node` down (it failed; Lotus 6, the spec's A.6 step 1): new
+    /// locks on its shards are refused at once as [`OpOutcome::Down`] (never
+    /// wrong-shard, which would send the client to refetch a map and retry). Idempotent.
+    /// Marking this service's own node down is [`Self::set_serving`]`(false)`.
+    pub fn mark_down(&self, node: u32) {
+        self.own_mut().set_down(node, true);
+    }
+
+    /// Mark compute node `node` up again (its restart handshake finished, A.6 step 5).
+    pub fn mark_up(&self, node: u32) {
+        self.own_mut().set_down(node, false);
+    }
+
+    /// Whether compute node `node` is marked down ([`Self::mark_down`]).
+    pub fn is_down(&self, node: u32) -> bool {
+        self.own().is_down(node)
+    }
+
+    /// Let this node's table serve lock requests (`true`, the default) or refuse them as
+    /// [`OpOutcome::Down`] (`false`): a node restarted under the same id starts with an
+    /// empty table and must not grant locks until every survivor has finished the
+    /// recovery of its predecessor's transactions (the restart handshake of the spec's
+    /// A.6 step 5; Lotus 6: it "serves new lock requests from an empty lock table after
+    /// all previously associated transactions have finished"). Unlocks are still served.
+    pub fn set_serving(&self, serving: bool) {
+        self.own_mut().set_serving(serving);
+    }
+
+    /// Whether this node's table serves lock requests ([`Self::set_serving`]).
+    pub fn serving(&self) -> bool {
+        self.own().serving()
     }
 
     /// Release every lock held by transactions of compute node `node`, of every
@@ -444,6 +531,26 @@ pub struct TableClient {
     cfg: TableClientConfig,
     /// The service epoch each node answered in first.
     epochs: RefCell<std::collections::HashMap<u32, u64>>,
+    /// Compute nodes marked down ([`Self::mark_down`]).
+    down: RefCell<BTreeSet<u32>>,
+    /// Keys whose detached unlock failed ([`Self::unlock_detached`]); shared with the
+    /// coroutines that send them.
+    unlock_failures: Arc<AtomicU64>,
+}
+
+/// Whether `o` answers an unlock as done: released, or not held (a no-op).
+fn unlock_done(o: &OpOutcome) -> bool {
+    matches!(o, OpOutcome::Released | OpOutcome::NotHeld)
+}
+
+/// What a client answers, without an RPC, for an operation on a node marked down: a
+/// lock is refused ([`OpOutcome::Down`]), an unlock is a no-op ([`OpOutcome::NotHeld`]:
+/// the node's table, and the lock with it, is gone).
+fn down_outcome(kind: OpKind) -> OpOutcome {
+    match kind {
+        OpKind::Lock(_) => OpOutcome::Down,
+        OpKind::Unlock => OpOutcome::NotHeld,
+    }
 }
 
 /// Fetch node `node`'s shard map over RPC.
@@ -478,6 +585,106 @@ impl TableClient {
             local,
             cfg,
             epochs: RefCell::default(),
+            down: RefCell::default(),
+            unlock_failures: Arc::default(),
+        }
+    }
+
+    /// Mark compute node `node` down (it failed; Lotus 6, the spec's A.6 step 1): from
+    /// now on [`Self::execute`] answers locks on its shards [`OpOutcome::Down`] and
+    /// unlocks there [`OpOutcome::NotHeld`] (its table is gone) at once, without an RPC;
+    /// [`Self::release_node`] and [`Self::unlock_detached`] skip it. Idempotent.
+    pub fn mark_down(&self, node: u32) {
+        self.down.borrow_mut().insert(node);
+    }
+
+    /// Mark compute node `node` up again (its restart handshake finished, A.6 step 5):
+    /// operations on its shards are sent to it again.
+    pub fn mark_up(&self, node: u32) {
+        self.down.borrow_mut().remove(&node);
+    }
+
+    /// Whether compute node `node` is marked down ([`Self::mark_down`]).
+    pub fn is_down(&self, node: u32) -> bool {
+        self.down.borrow().contains(&node)
+    }
+
+    /// Keys whose detached unlock ([`Self::unlock_detached`]) failed so far: an RPC or
+    /// reply error, or an outcome other than released or not held (e.g. wrong shard, a
+    /// stale incarnation). Counted when the coroutine sending them finishes.
+    pub fn unlock_failures(&self) -> u64 {
+        self.unlock_failures.load(Ordering::Relaxed)
+    }
+
+    /// The incarnation this client's operations run as on `ctx`
+    /// ([`TableClientConfig::incarnation`]).
+    fn incarnation(&self, ctx: &ThreadCtx) -> u64 {
+        self.cfg
+            .incarnation
+            .unwrap_or_else(|| ctx.fabric().incarnation())
+    }
+
+    /// Release `keys` held by transaction `txn` of compute node `node`, fire and forget
+    /// (Lotus 5.1: "remote unlocks are sent and not awaited"; an aborted transaction
+    /// releases this way too). Keys of the local service's node are released
+    /// synchronously, by the CPU, before this returns; those of other nodes are sent in
+    /// one message per node (per [`TableClientConfig::batch`] keys) by coroutines
+    /// spawned on `ctx`'s executor ([`ThreadCtx::spawn`]) and not awaited; they run
+    /// when the calling coroutine next yields, and an executor's `run` (or
+    /// [`rrpc::runtime::block_on`]) returns only after they finished. Keys of nodes
+    /// marked down are skipped (nothing to release). Nothing is retried: a key whose
+    /// release failed, or whose shard has no known owner, adds one to
+    /// [`Self::unlock_failures`] (the lock stays until [`Self::release_node`] or its
+    /// node's restart passes it on).
+    pub fn unlock_detached(&self, ctx: &Rc<ThreadCtx>, txn: u64, node: u32, keys: &[LockKey]) {
+        let inc = self.incarnation(ctx);
+        let mut by_node: BTreeMap<u32, Vec<TableOp>> = BTreeMap::new();
+        {
+            let map = self.map.borrow();
+            for &key in keys {
+                let owner = map.node_of(key);
+                if owner == NO_NODE {
+                    self.unlock_failures.fetch_add(1, Ordering::Relaxed);
+                } else if !self.is_down(owner) {
+                    by_node.entry(owner).or_default().push(TableOp {
+                        key,
+                        txn,
+                        node,
+                        kind: OpKind::Unlock,
+                    });
+                }
+            }
+        }
+        for (owner, ops) in by_node {
+            match &self.local {
+                Some(l) if l.node() == owner => {
+                    let mut o = Vec::with_capacity(ops.len());
+                    l.apply_as(&ops, inc, &mut o);
+                    let failed = o.iter().filter(|o| !unlock_done(o)).count();
+                    self.unlock_failures
+                        .fetch_add(failed as u64, Ordering::Relaxed);
+                }
+                _ => {
+                    for chunk in ops.chunks(self.cfg.batch.clamp(1, MAX_OPS)) {
+                        let batch = chunk.to_vec();
+                        let failures = self.unlock_failures.clone();
+                        let weak = Rc::downgrade(ctx);
+                        ctx.spawn(async move {
+                            let failed = match weak.upgrade() {
+                                None => batch.len(),
+                                Some(ctx) => match send(&ctx, owner, &batch, inc).await {
+                                    Ok((_, o)) => o.iter().filter(|o| !unlock_done(o)).count(),
+                                    Err(e) => {
+                                        tracing::debug!(error = %e, node = owner, "detached unlock failed");
+                                        batch.len()
+                                    }
+                                },
+                            };
+                            failures.fetch_add(failed as u64, Ordering::Relaxed);
+                        });
+                    }
+                }
+            }
         }
     }
 
@@ -543,6 +750,8 @@ impl TableClient {
     /// Run `ops` (any number, any nodes): one message per destination node and
     /// [`TableClientConfig::batch`] operations, all in parallel; outcomes in `ops`'
     /// order. Wrong-shard and moving outcomes are retried as the module docs say.
+    /// Operations on the shards of a node marked down ([`Self::mark_down`]) are answered
+    /// at once without an RPC: locks [`OpOutcome::Down`], unlocks [`OpOutcome::NotHeld`].
     ///
     /// Errors: [`TableError::NoOwner`], [`TableError::Rpc`], [`TableError::Reply`],
     /// [`TableError::Map`]; [`TableError::Restarted`] when a node answered in another
@@ -554,16 +763,19 @@ impl TableClient {
         ctx: &ThreadCtx,
         ops: &[TableOp],
     ) -> Result<Vec<OpOutcome>, TableError> {
-        let inc = self
-            .cfg
-            .incarnation
-            .unwrap_or_else(|| ctx.fabric().incarnation());
+        let inc = self.incarnation(ctx);
         let mut outs: Vec<Option<OpOutcome>> = vec![None; ops.len()];
         let mut pending: Vec<usize> = (0..ops.len()).collect();
         for round in 0..=self.cfg.max_retries {
             let by_node = self.group(ops, &pending)?;
             let mut remote = Vec::new();
             for (node, idx) in &by_node {
+                if self.is_down(*node) {
+                    for &i in idx {
+                        outs[i] = Some(down_outcome(ops[i].kind));
+                    }
+                    continue;
+                }
                 for chunk in idx.chunks(self.cfg.batch.clamp(1, MAX_OPS)) {
                     let batch: Vec<TableOp> = chunk.iter().map(|&i| ops[i]).collect();
                     match &self.local {
@@ -657,15 +869,16 @@ impl TableClient {
     }
 
     /// Release every lock of the failed incarnation `dead` on every node of the map
-    /// (Lotus 6); locks of a later incarnation of the node stay. Returns how many were
-    /// released. Idempotent.
+    /// (Lotus 6) but those marked down ([`Self::mark_down`]: their tables are gone);
+    /// locks of a later incarnation of the node stay. Returns how many were released.
+    /// Idempotent.
     ///
     /// Errors: [`TableError::Rpc`], [`TableError::ControlReply`].
     pub async fn release_node(&self, ctx: &ThreadCtx, dead: Owner) -> Result<u64, TableError> {
         let nodes = self.map.borrow().nodes();
         let mut n = 0;
         let mut remote = Vec::new();
-        for node in nodes {
+        for node in nodes.into_iter().filter(|&node| !self.is_down(node)) {
             match &self.local {
                 Some(l) if l.node() == node => n += l.release_incarnation(dead) as u64,
                 _ => remote.push(node),
@@ -866,5 +1079,158 @@ mod tests {
                 OpOutcome::WrongShard { version: 1 }
             ]
         );
+    }
+
+    const R: OpKind = OpKind::Lock(LockMode::Read);
+
+    fn op_of(node: u32, key: LockKey, txn: u64, kind: OpKind) -> TableOp {
+        TableOp {
+            key,
+            txn,
+            node,
+            kind,
+        }
+    }
+
+    /// Lotus, Algorithm 1, line 15 (the spec's A.9 test 1, at the lock table): the hook
+    /// runs for remote write grants only, upgrades included, and has run when `apply`
+    /// returns; at that moment the lock is already held.
+    #[test]
+    fn the_grant_hook_runs_for_remote_write_grants_before_apply_returns() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Mutex;
+        let map = ShardMap::uniform(&[1]).unwrap();
+        let calls: Arc<Mutex<Vec<(LockKey, u32)>>> = Arc::default();
+        let table = Arc::new(LockTable::with_bytes(1 << 16));
+        let held_at_call = Arc::new(AtomicUsize::new(0));
+        let (c, t, h) = (calls.clone(), table.clone(), held_at_call.clone());
+        let a = TableService::new(table, Ownership::new(1, map)).with_grant_hook(Arc::new(
+            move |k: LockKey, node| {
+                let w = t.holders(k.0).iter().any(|x| x.mode == LockMode::Write);
+                h.fetch_add(usize::from(w), Ordering::SeqCst);
+                c.lock().unwrap().push((k, node));
+            },
+        ));
+        let n = || calls.lock().unwrap().len();
+        let (k1, k2, k3) = (
+            LockKey::compose(0, 1, 1).unwrap(),
+            LockKey::compose(0, 1, 2).unwrap(),
+            LockKey::compose(0, 1, 3).unwrap(),
+        );
+        let mut o = Vec::new();
+        // A local write grant: no call.
+        a.apply(&[op_of(1, k1, 1, W)], &mut o);
+        assert_eq!((o.as_slice(), n()), (&[OpOutcome::Granted][..], 0));
+        // A remote read grant: no call.
+        o.clear();
+        a.apply(&[op_of(7, k2, 1, R)], &mut o);
+        assert_eq!((o.as_slice(), n()), (&[OpOutcome::Granted][..], 0));
+        // A remote write grant: one call, made before apply returned, lock held then.
+        o.clear();
+        a.apply(&[op_of(7, k3, 1, W)], &mut o);
+        assert_eq!((o.as_slice(), n()), (&[OpOutcome::Granted][..], 1));
+        assert_eq!(calls.lock().unwrap()[0], (k3, 7));
+        assert_eq!(held_at_call.load(Ordering::SeqCst), 1);
+        // A refused remote write: no call.
+        o.clear();
+        a.apply(&[op_of(8, k1, 2, W), op_of(8, k3, 2, W)], &mut o);
+        assert_eq!(o, [OpOutcome::Refused(Refusal::Conflict); 2]);
+        assert_eq!(n(), 1);
+        // A refused remote upgrade (two readers): no call; the sole reader's: one.
+        o.clear();
+        a.apply(&[op_of(8, k2, 2, R), op_of(7, k2, 1, W)], &mut o);
+        assert_eq!(
+            o,
+            [OpOutcome::Granted, OpOutcome::Refused(Refusal::NoUpgrade)]
+        );
+        assert_eq!(n(), 1);
+        o.clear();
+        a.apply(
+            &[op_of(8, k2, 2, OpKind::Unlock), op_of(7, k2, 1, W)],
+            &mut o,
+        );
+        assert_eq!(o, [OpOutcome::Released, OpOutcome::Granted]);
+        assert_eq!(calls.lock().unwrap()[1..], [(k2, 7)]);
+        assert_eq!(held_at_call.load(Ordering::SeqCst), 2);
+        assert_eq!(a.table().holders(k2.0)[0].mode, LockMode::Write);
+    }
+
+    /// The spec's A.6 step 1: a survivor marks a dead node down; locks on its shards are
+    /// refused at once as down (not wrong-shard), releases there are no-ops.
+    #[test]
+    fn locks_on_a_down_nodes_shards_are_refused_as_down() {
+        let map = ShardMap::uniform(&[1, 2]).unwrap();
+        let a = svc(1, &map);
+        let (mine, theirs) = (
+            LockKey::compose(0, 7, 1).unwrap(),
+            LockKey::compose(0, 4000, 1).unwrap(),
+        );
+        let mut o = Vec::new();
+        a.apply(&[op(theirs, 1, W)], &mut o);
+        assert_eq!(o, [OpOutcome::WrongShard { version: 1 }]);
+        assert!(!a.is_down(2));
+        a.mark_down(2);
+        assert!(a.is_down(2));
+        o.clear();
+        a.apply(
+            &[
+                op(theirs, 1, W),
+                op(theirs, 1, OpKind::Lock(LockMode::Read)),
+                op(theirs, 1, OpKind::Unlock),
+                op(mine, 1, W),
+            ],
+            &mut o,
+        );
+        assert_eq!(
+            o,
+            [
+                OpOutcome::Down,
+                OpOutcome::Down,
+                OpOutcome::NotHeld,
+                OpOutcome::Granted
+            ]
+        );
+        a.mark_up(2);
+        o.clear();
+        a.apply(&[op(theirs, 1, W)], &mut o);
+        assert_eq!(o, [OpOutcome::WrongShard { version: 1 }]);
+    }
+
+    /// The spec's A.6 step 5: a restarted node's table refuses locks as down until the
+    /// handshake sets it serving; unlocks are served meanwhile.
+    #[test]
+    fn a_table_not_serving_refuses_locks_as_down_until_it_serves() {
+        let map = ShardMap::uniform(&[1]).unwrap();
+        let a = svc(1, &map);
+        assert!(a.serving(), "serving by default");
+        let k = LockKey::compose(0, 7, 1).unwrap();
+        let mut o = Vec::new();
+        a.apply(&[op(k, 1, W)], &mut o);
+        a.set_serving(false);
+        assert!(!a.serving());
+        a.apply(
+            &[
+                op(k, 2, W),
+                op(k, 1, OpKind::Unlock),
+                op(k, 2, OpKind::Unlock),
+                op(k, 2, OpKind::Lock(LockMode::Read)),
+            ],
+            &mut o,
+        );
+        assert_eq!(
+            o,
+            [
+                OpOutcome::Granted,
+                OpOutcome::Down,
+                OpOutcome::Released,
+                OpOutcome::NotHeld,
+                OpOutcome::Down
+            ]
+        );
+        assert_eq!(a.table().slots_in_use(), 0);
+        a.set_serving(true);
+        o.clear();
+        a.apply(&[op(k, 2, W)], &mut o);
+        assert_eq!(o, [OpOutcome::Granted]);
     }
 }

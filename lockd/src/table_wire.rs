@@ -12,6 +12,10 @@
 //! | 20     | `op: u8` (0 lock read, 1 lock write, 2 unlock)         |
 //! | 21..24 | padding (zero)                                         |
 //!
+//! A lock-write op from a transaction that holds the key for read is its read-to-write
+//! upgrade ([`crate::lock_table::upgrade`]): granted iff it is the only holder, else
+//! refused as no-upgrade (the spec's "op 3 upgrade" is not a separate op).
+//!
 //! Every op's `node` is the sender's, and the header's incarnation that node's (until
 //! the RPC layer names the caller, which then wins).
 //!
@@ -100,6 +104,12 @@ pub enum OpOutcome {
     /// The key's shard is being moved off the node: no new locks until the move ends.
     /// Code 9.
     Moving,
+    /// The key's shard belongs to a compute node that is down (failed; or a restarted
+    /// node whose table does not serve yet): refused at once, the transaction aborts
+    /// (`cn-down`; Lotus 6, the spec's A.6 steps 1 and 5). Code 11. A
+    /// [`crate::table_service::TableClient`] answers it itself, without an RPC, for a
+    /// node it marked down.
+    Down,
 }
 
 /// Errors decoding lock-table messages.
@@ -231,6 +241,7 @@ fn status(o: &OpOutcome) -> u8 {
         OpOutcome::WrongShard { .. } => 8,
         OpOutcome::Moving => 9,
         OpOutcome::Refused(Refusal::StaleIncarnation) => 10,
+        OpOutcome::Down => 11,
     }
 }
 
@@ -283,6 +294,7 @@ pub fn decode_outcomes(
                 8 => OpOutcome::WrongShard { version },
                 9 => OpOutcome::Moving,
                 10 => OpOutcome::Refused(Refusal::StaleIncarnation),
+                11 => OpOutcome::Down,
                 byte => return Err(TableWireError::BadStatus { index, byte }),
             })
         })
@@ -391,6 +403,7 @@ mod tests {
             OpOutcome::WrongShard { version: 5 },
             OpOutcome::Moving,
             OpOutcome::Refused(Refusal::StaleIncarnation),
+            OpOutcome::Down,
         ];
         let mut r = Vec::new();
         encode_outcomes(5, 6, &outs, &mut r);
@@ -400,12 +413,12 @@ mod tests {
         );
         assert!(matches!(
             decode_outcomes(&r, 3),
-            Err(TableWireError::CountMismatch { got: 11, want: 3 })
+            Err(TableWireError::CountMismatch { got: 12, want: 3 })
         ));
-        r[REPLY_HEADER_BYTES] = 11;
+        r[REPLY_HEADER_BYTES] = 12;
         assert!(matches!(
-            decode_outcomes(&r, 11),
-            Err(TableWireError::BadStatus { index: 0, byte: 11 })
+            decode_outcomes(&r, 12),
+            Err(TableWireError::BadStatus { index: 0, byte: 12 })
         ));
         assert!(decode_outcomes(&r[..REPLY_HEADER_BYTES - 1], 1).is_err());
 

@@ -854,3 +854,134 @@ fn a_restarted_table_node_is_reported_and_its_old_locks_are_not_assumed_held() {
         "the new table never held it"
     );
 }
+
+/// The spec's A.6 step 1 at a client: a compute node marked down is not called. The
+/// client's runtime has no connection to node 2, so any RPC there fails; once node 2 is
+/// marked down, locks on its shards are answered down and unlocks not held, at once,
+/// and `release_node` skips it. A write op of a sole reader over RPC is its upgrade.
+#[test]
+fn a_client_answers_ops_on_a_down_node_without_an_rpc() {
+    let cl = cluster("down");
+    let map = ShardMap::uniform(&[1, 2]).unwrap();
+    let (s1, n1) = start(&cl, 1, &map);
+    let ctx = ctx(&cl, &[n1.addr()]);
+    let c = ctx.clone();
+    let s1c = s1.clone();
+    block_on(&ctx, async move {
+        let tc = TableClient::new(map, None, TableClientConfig::default());
+        let (mine, theirs) = (key(7, 1), key(4000, 1));
+        let e = tc.execute(&c, &[op(theirs, 1, W)]).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TableError::Rpc {
+                    node: 2,
+                    cause: CallError::NotConnected { .. }
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(!tc.is_down(2));
+        tc.mark_down(2);
+        assert!(tc.is_down(2) && !tc.is_down(1));
+        let o = tc
+            .execute(
+                &c,
+                &[
+                    op(theirs, 1, W),
+                    op(theirs, 1, U),
+                    op(mine, 1, R),
+                    op(theirs, 1, R),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            o,
+            [
+                OpOutcome::Down,
+                OpOutcome::NotHeld,
+                OpOutcome::Granted,
+                OpOutcome::Down
+            ]
+        );
+        // The sole reader's write op is its upgrade, over the wire.
+        let o = tc.execute(&c, &[op(mine, 1, W)]).await.unwrap();
+        assert_eq!(o, [OpOutcome::Granted]);
+        assert_eq!(s1c.table().holders(mine.0)[0].mode, LockMode::Write);
+        // A second reader makes an upgrade impossible.
+        let o = tc
+            .execute(
+                &c,
+                &[
+                    op(key(7, 2), 2, R),
+                    op(key(7, 2), 3, R),
+                    op(key(7, 2), 2, W),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            o,
+            [
+                OpOutcome::Granted,
+                OpOutcome::Granted,
+                OpOutcome::Refused(Refusal::NoUpgrade)
+            ]
+        );
+        // release_node goes to node 1 only.
+        assert_eq!(tc.release_node(&c, me(&c)).await.unwrap(), 3);
+        tc.mark_up(2);
+        assert!(!tc.is_down(2));
+        assert!(tc.execute(&c, &[op(theirs, 1, W)]).await.is_err());
+    });
+    assert_eq!(s1.table().slots_in_use(), 0);
+}
+
+/// Lotus 5.1 (the spec's A.3 item 7): a detached unlock releases the local service's
+/// keys before it returns, sends the remote ones from spawned coroutines that the
+/// caller does not await, and counts the keys whose release failed (node 3 is in the
+/// map but not connected); keys of a node marked down are skipped, not failures.
+#[test]
+fn a_detached_unlock_releases_local_keys_at_once_and_remote_ones_in_the_background() {
+    let cl = cluster("detach");
+    let map = ShardMap::uniform(&[1, 2, 3]).unwrap();
+    let local = Arc::new(TableService::new(
+        Arc::new(LockTable::with_bytes(1 << 16)),
+        Ownership::new(1, map.clone()),
+    ));
+    let (s2, n2) = start(&cl, 2, &map);
+    let ctx = ctx(&cl, &[n2.addr()]);
+    let (c, l, s2c) = (ctx.clone(), local.clone(), s2.clone());
+    let keys = [key(1, 1), key(1, 2), key(2000, 1), key(2000, 2)];
+    let node3 = key(4000, 1);
+    assert_eq!(map.node_of(keys[2]), 2);
+    assert_eq!(map.node_of(node3), 3);
+    let tc = block_on(&ctx, async move {
+        let tc = TableClient::new(map, Some(l.clone()), TableClientConfig::default());
+        let lock: Vec<TableOp> = keys.iter().map(|&k| op(k, 1, W)).collect();
+        let o = tc.execute(&c, &lock).await.unwrap();
+        assert_eq!(o, [OpOutcome::Granted; 4]);
+        let all = [&keys[..], &[node3]].concat();
+        tc.unlock_detached(&c, 1, CLIENT, &all);
+        // Local keys: released by the CPU already. Remote ones: not sent yet (the
+        // spawned coroutines run once this one yields).
+        assert_eq!(l.table().slots_in_use(), 0);
+        assert_eq!(s2c.table().slots_in_use(), 2);
+        assert_eq!(tc.unlock_failures(), 0);
+        tc
+    });
+    // block_on ran the spawned coroutines to their end.
+    assert_eq!(s2.table().slots_in_use(), 0);
+    assert_eq!(tc.unlock_failures(), 1, "node 3's key");
+    // Node 3 marked down: its key is skipped; a key released twice is not a failure.
+    tc.mark_down(3);
+    let (c, l) = (ctx.clone(), local.clone());
+    let tc = block_on(&ctx, async move {
+        tc.unlock_detached(&c, 1, CLIENT, &[keys[0], keys[2], node3]);
+        assert_eq!(l.table().slots_in_use(), 0);
+        tc
+    });
+    assert_eq!(tc.unlock_failures(), 1);
+    drop(n2);
+}
