@@ -224,6 +224,9 @@ pub struct Report {
     /// Lock service locks still held or queued after the run (Scythe; `None` without a
     /// lock service).
     pub lockd_locks_held: Option<u64>,
+    /// Lotus lock-table slots still in use after the run (`None` for the other
+    /// protocols).
+    pub lotus_locks_held: Option<u64>,
     /// Transaction types with no committed transaction (a run must commit every type).
     pub types_never_committed: Vec<String>,
     /// final == initial + net, no lock held, and every type committed.
@@ -530,6 +533,7 @@ impl Report {
             locks_held: 0,
             cvt_locks_held: 0,
             lockd_locks_held: None,
+            lotus_locks_held: None,
             types_never_committed: Vec::new(),
             invariant_holds: false,
             serializability: None,
@@ -574,6 +578,16 @@ impl Report {
     pub fn workload_check(&mut self, line: String, ok: bool) {
         self.workload_check = Some(line);
         self.invariant_holds &= ok;
+    }
+
+    /// Record the Lotus lock-table slots left in use after the run (after
+    /// [`Self::audit`]): they count as held locks, and any fails the run.
+    pub fn lotus_locks(&mut self, held: u64) {
+        self.lotus_locks_held = Some(held);
+        self.locks_held += held;
+        if held > 0 {
+            self.invariant_holds = false;
+        }
     }
 
     /// Record the audit and decide the invariant: money conserved, no lock held (CVT lock
@@ -764,10 +778,13 @@ impl Report {
         for f in &self.fatal_samples {
             let _ = writeln!(s, "service failure: {f}");
         }
-        let lockd = match self.lockd_locks_held {
+        let mut lockd = match self.lockd_locks_held {
             Some(n) => format!(", lock service {n}"),
             None => String::new(),
         };
+        if let Some(n) = self.lotus_locks_held {
+            lockd.push_str(&format!(", Lotus lock table {n}"));
+        }
         match &self.workload_check {
             Some(line) => {
                 let _ = writeln!(

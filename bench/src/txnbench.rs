@@ -403,6 +403,9 @@ fn run_one(
         (fabric_desc, model_desc),
     );
     audited.judge(initial_total, &mut report);
+    if let Some(n) = measured.lotus_locks_held {
+        report.lotus_locks(n);
+    }
     if let Some(r) = replicas {
         report.replica_audit(&r);
     }
@@ -836,6 +839,9 @@ pub(crate) struct Measured {
     pub(crate) cnode_events: Vec<String>,
     /// `--history-out` was written as the history streamed in.
     pub(crate) history_written: bool,
+    /// Lotus: locks left held in this process's lock table once every coordinator
+    /// finished (`None` for the other protocols).
+    pub(crate) lotus_locks_held: Option<u64>,
 }
 
 /// Each process's CPU used between two samples of [`RunCluster::cpu_times`] (a process
@@ -881,14 +887,17 @@ fn measure(
         l.apply(&mut cfg);
     }
     cfg.view_feed = cluster.view_feed.clone();
-    if protocol.needs_lock_tables() {
+    let lotus_table = if protocol.needs_lock_tables() {
         // One compute node (this process) serving every shard: every lock a CPU CAS
         // on its own table (Lotus 4.1), fresh for each run.
-        cfg.lotus = Some(
-            txn::lotus::LotusSite::single(cluster.fabric.node().0, LOTUS_TABLE_BYTES)
-                .with_lock_key(workload.lotus_lock_key()),
-        );
-    }
+        let site = txn::lotus::LotusSite::single(cluster.fabric.node().0, LOTUS_TABLE_BYTES)
+            .with_lock_key(workload.lotus_lock_key());
+        let table = site.local.clone();
+        cfg.lotus = Some(site);
+        table
+    } else {
+        None
+    };
     let t0 = Arc::new(AtomicU64::new(0));
     let clock = RunClock {
         t0_ns: 0,
@@ -999,6 +1008,8 @@ fn measure(
         }],
         cnode_events: Vec::new(),
         history_written: false,
+        // Every coordinator has ended (its attempts released their local locks at once).
+        lotus_locks_held: lotus_table.map(|t| t.table().slots_in_use() as u64),
     })
 }
 

@@ -17,7 +17,8 @@ static FAIL_WRITE_BACK: AtomicBool = AtomicBool::new(false);
 static CORRUPT_READS: AtomicBool = AtomicBool::new(false);
 
 /// Validation checks nothing for objects a transaction only read (neither lock nor
-/// version): read skew and write skew can then commit.
+/// version): read skew and write skew can then commit. Lotus, which does not validate,
+/// takes no read locks on them instead.
 pub fn skip_read_only_validation(on: bool) {
     SKIP_READ_ONLY_VALIDATION.store(on, Ordering::SeqCst);
 }

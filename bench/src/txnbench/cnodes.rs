@@ -481,6 +481,7 @@ pub(crate) fn measure(
         }),
         cnode_events: events,
         history_written: args.history_out.is_some(),
+        lotus_locks_held: None,
     })
 }
 
