@@ -136,6 +136,9 @@ pub struct WireStats {
     qp_errors: u64,
     #[serde(default)]
     transient_retries: u64,
+    /// READs, WRITEs and atomics posted to the memory nodes.
+    #[serde(default)]
+    memnode_ops: [u64; 3],
     /// (table, attempts, tocc).
     tocc_share: Vec<(String, u64, u64)>,
 }
@@ -192,6 +195,11 @@ impl WireStats {
             lock_reconnects: s.lock_reconnects,
             qp_errors: s.qp_errors,
             transient_retries: s.transient_retries,
+            memnode_ops: [
+                s.memnode_ops.reads,
+                s.memnode_ops.writes,
+                s.memnode_ops.atomics,
+            ],
             tocc_share: s
                 .tocc_share
                 .iter()
@@ -239,6 +247,12 @@ impl WireStats {
         s.lock_reconnects = self.lock_reconnects;
         s.qp_errors = self.qp_errors;
         s.transient_retries = self.transient_retries;
+        let [reads, writes, atomics] = self.memnode_ops;
+        s.memnode_ops = rrpc::runtime::OpCounts {
+            reads,
+            writes,
+            atomics,
+        };
         s.tocc_share = self
             .tocc_share
             .into_iter()

@@ -13,6 +13,7 @@ pub(crate) mod hosts;
 pub mod launch;
 pub mod launcher;
 pub mod ledger;
+pub(crate) mod lotus_cn;
 pub mod pairs;
 pub mod peers;
 pub mod perftest;

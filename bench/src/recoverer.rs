@@ -46,6 +46,20 @@ impl Recoverer {
     ///
     /// Errors: the client could not connect.
     pub fn start(fabric: Fabric, addrs: ClusterAddrs, protocol: Protocol) -> anyhow::Result<Self> {
+        Self::start_with(fabric, addrs, protocol, None)
+    }
+
+    /// [`Self::start`] with, for Lotus, the compute node's lock-table site: the recovery
+    /// then also releases the dead life's locks in every live node's table (Lotus 6,
+    /// step 3). Without it a Lotus recovery settles the logs only.
+    ///
+    /// Errors: the client could not connect.
+    pub fn start_with(
+        fabric: Fabric,
+        addrs: ClusterAddrs,
+        protocol: Protocol,
+        lotus: Option<txn::lotus::LotusSite>,
+    ) -> anyhow::Result<Self> {
         let (tx, rx) = mpsc::channel::<Ask>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let thread = std::thread::Builder::new()
@@ -54,8 +68,16 @@ impl Recoverer {
                 let client = ThreadCtx::new(fabric, RuntimeConfig::default())
                     .map_err(|e| e.to_string())
                     .and_then(|ctx| {
+                        // Recovery is one-sided; Lotus's lock tables live in the
+                        // compute nodes (without a site: the logs only).
+                        let protocol = if protocol.needs_lock_tables() && lotus.is_none() {
+                            Protocol::OccCas
+                        } else {
+                            protocol
+                        };
                         let cfg = TxnConfig {
                             protocol,
+                            lotus,
                             ..TxnConfig::default()
                         };
                         TxnClient::connect(ctx, &addrs, cfg).map_err(|e| e.to_string())
@@ -177,7 +199,8 @@ pub struct Survivor {
 
 impl Survivor {
     /// Start watching as `me`, recovering through a [`Recoverer`] on `fabric` connected
-    /// to `addrs` for `protocol` the compute nodes among `cnodes` (node ids; the other
+    /// to `addrs` for `protocol` (with Lotus's site `lotus`, [`Recoverer::start_with`])
+    /// the compute nodes among `cnodes` (node ids; the other
     /// roles' lives are not this duty's); a life is recovered only after every node in
     /// `fencers` fenced it.
     ///
@@ -187,11 +210,12 @@ impl Survivor {
         fabric: Fabric,
         addrs: ClusterAddrs,
         protocol: Protocol,
+        lotus: Option<txn::lotus::LotusSite>,
         cnodes: std::ops::Range<u16>,
         fencers: Vec<u16>,
     ) -> anyhow::Result<Self> {
         let events = me.events().context("watching the membership")?;
-        let recoverer = Recoverer::start(fabric, addrs, protocol)?;
+        let recoverer = Recoverer::start_with(fabric, addrs, protocol, lotus)?;
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
         let thread = std::thread::Builder::new()

@@ -73,6 +73,9 @@ pub struct WorkerStats {
     pub fatal: Vec<String>,
     /// The thread's RPC/fabric counters.
     pub rpc: rrpc::runtime::Stats,
+    /// One-sided work requests the thread posted to the memory nodes (READs, WRITEs,
+    /// atomics), every attempt counted.
+    pub memnode_ops: rrpc::runtime::OpCounts,
     /// The thread's committed transactions, when recorded for the serializability check.
     pub history: Option<txn::history::History>,
     /// Epoch of the TSO incarnation the thread used last, and restarts it survived.
@@ -105,6 +108,7 @@ impl WorkerStats {
             abort_reasons: [0; AbortReason::ALL.len()],
             fatal: Vec::new(),
             rpc: Default::default(),
+            memnode_ops: Default::default(),
             history: None,
             tso_epoch: 0,
             tso_reconnects: 0,
@@ -199,6 +203,9 @@ pub struct Report {
     pub msgs_per_bucket: f64,
     /// Posts deferred because a send queue was full.
     pub sq_full: u64,
+    /// One-sided work requests the coordinators posted to the memory nodes per
+    /// committed transaction, every attempt counted: `[READs, WRITEs, atomics]`.
+    pub memnode_ops_per_commit: [f64; 3],
     /// `--qp-errors-ms`: QPs the coordinators moved to the error state.
     #[serde(skip_serializing_if = "is_zero")]
     pub qp_errors: u64,
@@ -523,6 +530,18 @@ impl Report {
             wrs_per_doorbell: wrs as f64 / doorbells.max(1) as f64,
             msgs_per_bucket: msgs as f64 / buckets.max(1) as f64,
             sq_full,
+            memnode_ops_per_commit: {
+                let mut t = rrpc::runtime::OpCounts::default();
+                for w in workers {
+                    t.add(&w.memnode_ops);
+                }
+                let c = commits.max(1) as f64;
+                [
+                    t.reads as f64 / c,
+                    t.writes as f64 / c,
+                    t.atomics as f64 / c,
+                ]
+            },
             qp_errors: workers.iter().map(|w| w.qp_errors).sum(),
             transient_retries: workers.iter().map(|w| w.transient_retries).sum(),
             fatal_errors: fatal.len(),
@@ -752,6 +771,11 @@ impl Report {
             s,
             "batching: {:.2} WRs per doorbell, {:.2} RPC messages per Rocket bucket, {} posts deferred (send queue full)",
             self.wrs_per_doorbell, self.msgs_per_bucket, self.sq_full
+        );
+        let [r, w, a] = self.memnode_ops_per_commit;
+        let _ = writeln!(
+            s,
+            "memory-node ops per committed transaction: {r:.2} READs, {w:.2} WRITEs, {a:.2} atomics"
         );
         if self.qp_errors > 0 || self.transient_retries > 0 {
             let _ = writeln!(

@@ -1543,6 +1543,7 @@ pub(crate) fn worker(
         .map_err(|_| anyhow::anyhow!("stats still shared"))?
         .into_inner();
     s.rpc = ctx.stats();
+    s.memnode_ops = client.memnode_ops();
     s.tso_epoch = client.tso().client().epoch();
     s.tso_reconnects = client.tso().reconnects();
     s.lock_reconnects = client.lock_reconnects();

@@ -34,7 +34,7 @@ fn protocols() -> &'static str {
 /// How many runs [`protocols`] makes.
 fn runs() -> usize {
     if protocols() == "all" {
-        3
+        4
     } else {
         1
     }

@@ -1,6 +1,6 @@
 //! A write-back that fails still releases every lock, in every protocol: each run stops
 //! with a service failure, and no lock is left held (CVT lock words of OCC-CAS and MVCC,
-//! Takeout tickets of Scythe). (A fault switch that exists only in test builds makes
+//! Takeout tickets of Scythe, Lotus's lock table). (A fault switch that exists only in test builds makes
 //! write-back fail; it is process-wide, so this test has a binary of its own.)
 
 use std::sync::atomic::AtomicBool;
@@ -29,7 +29,7 @@ fn failed_write_back_releases_its_locks() {
     assert_eq!(outcome, Outcome::Failed);
     assert!(!summary.passed);
     let protocols: Vec<&str> = summary.runs.iter().map(|r| r.protocol.as_str()).collect();
-    assert_eq!(protocols, ["occ-cas", "scythe", "mvcc"]);
+    assert_eq!(protocols, ["occ-cas", "scythe", "mvcc", "lotus"]);
     for report in &summary.runs {
         let p = &report.protocol;
         assert!(report.fatal_errors > 0, "{p}: the failure is reported");
@@ -42,6 +42,9 @@ fn failed_write_back_releases_its_locks() {
         );
         assert_eq!(report.locks_held, 0, "{p}: every lock was released");
         assert_eq!(report.cvt_locks_held, 0, "{p}");
+        if p == "lotus" {
+            assert_eq!(report.lotus_locks_held, Some(0), "every lock was released");
+        }
         if p == "scythe" {
             assert_eq!(
                 report.lockd_locks_held,

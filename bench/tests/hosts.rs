@@ -108,7 +108,7 @@ fn a_run_over_ssh_places_every_service_and_passes_every_check() {
     );
     assert!(ok, "{stdout}");
     let runs = s["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 3);
+    assert_eq!(runs.len(), 4);
     for r in runs {
         assert_eq!(r["invariant_holds"], true, "{stdout}");
     }
@@ -381,7 +381,7 @@ hosts = ["b"]
         LIMIT,
     );
     assert!(ok, "{stdout}");
-    assert_eq!(s["runs"].as_array().unwrap().len(), 3, "{stdout}");
+    assert_eq!(s["runs"].as_array().unwrap().len(), 4, "{stdout}");
     // The coordinators on B, the services on A: the header names B's device.
     assert!(stdout.contains(dev_b), "{stdout}");
     // Coordinator processes on B (over the launcher's ssh path), etcd on B's address.

@@ -47,7 +47,7 @@ fn assert_run_passed(r: &serde_json::Value, stdout: &str) {
             "{p}: every committed transaction was checked"
         );
     }
-    if p.starts_with("mvcc") {
+    if p.starts_with("mvcc") || p.starts_with("lotus") {
         assert!(r["snapshot_isolation"].is_string(), "{p}: {r}");
     }
 }
@@ -63,7 +63,7 @@ fn all_protocols(name: &str, args: &[&str]) -> (String, serde_json::Value) {
         .iter()
         .map(|r| r["protocol"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["occ-cas", "scythe", "mvcc"], "{stdout}");
+    assert_eq!(names, ["occ-cas", "scythe", "mvcc", "lotus"], "{stdout}");
     for r in runs {
         assert_run_passed(r, &stdout);
     }
@@ -77,6 +77,10 @@ fn all_protocols(name: &str, args: &[&str]) -> (String, serde_json::Value) {
         stdout.contains("ratio throughput mvcc/occ-cas = "),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("ratio throughput lotus/mvcc = "),
+        "{stdout}"
+    );
     assert!(stdout.contains("every run passed its checks"), "{stdout}");
     let ratios: Vec<&str> = s["ratios"]
         .as_array()
@@ -87,13 +91,16 @@ fn all_protocols(name: &str, args: &[&str]) -> (String, serde_json::Value) {
     assert_eq!(
         ratios,
         [
+            "throughput lotus/mvcc",
+            "p50 lotus/mvcc",
             "p99 scythe/occ-cas",
             "throughput scythe/occ-cas",
-            "throughput mvcc/occ-cas"
+            "throughput mvcc/occ-cas",
+            "throughput lotus/occ-cas"
         ]
     );
     // One table row per protocol, each with its verdicts.
-    for p in ["occ-cas", "scythe", "mvcc"] {
+    for p in ["occ-cas", "scythe", "mvcc", "lotus"] {
         let row = stdout
             .lines()
             .find(|l| l.starts_with(&format!("{p} ")))
@@ -354,18 +361,22 @@ fn a_clients_sweep_prints_a_table_and_draws_a_chart() {
             ("clients=1", "occ-cas"),
             ("clients=1", "scythe"),
             ("clients=1", "mvcc"),
+            ("clients=1", "lotus"),
             ("clients=4", "occ-cas"),
             ("clients=4", "scythe"),
             ("clients=4", "mvcc"),
+            ("clients=4", "lotus"),
         ]
     );
-    assert_eq!(runs[3]["coroutines"], 4);
+    assert_eq!(runs[4]["coroutines"], 4);
     assert_eq!(s["sweep"], "clients=1,4");
     assert!(
         stdout.contains("ratio p99 scythe/occ-cas = ") && stdout.contains(" (clients=4)\n"),
         "{stdout}"
     );
-    assert_eq!(s["ratios"].as_array().unwrap().len(), 6);
+    // Per point: scythe's p99 and throughput, mvcc's and lotus's throughput over
+    // occ-cas, lotus's throughput and p50 over mvcc.
+    assert_eq!(s["ratios"].as_array().unwrap().len(), 12);
     let svg = std::fs::read_to_string(&chart).expect("chart written");
     let _ = std::fs::remove_file(&chart);
     assert!(

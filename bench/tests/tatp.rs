@@ -84,3 +84,13 @@ fn tatp_on_mvcc() {
 fn tatp_on_mvcc_si() {
     tatp_on("mvcc-si");
 }
+
+#[test]
+fn tatp_on_lotus() {
+    tatp_on("lotus");
+}
+
+#[test]
+fn tatp_on_lotus_si() {
+    tatp_on("lotus-si");
+}

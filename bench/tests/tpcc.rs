@@ -55,3 +55,13 @@ fn tpcc_on_mvcc() {
 fn tpcc_on_mvcc_si() {
     tpcc_on("mvcc-si");
 }
+
+#[test]
+fn tpcc_on_lotus() {
+    tpcc_on("lotus");
+}
+
+#[test]
+fn tpcc_on_lotus_si() {
+    tpcc_on("lotus-si");
+}

@@ -38,7 +38,7 @@ fn every_protocol_rides_out_qp_errors_to_a_memnode() {
     let (ok, stdout, sum) = common::txn_bench_watched("qp-errors", &args, Duration::from_secs(300));
     assert!(ok, "{stdout}");
     let runs = sum["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 3, "{stdout}");
+    assert_eq!(runs.len(), 4, "{stdout}");
     for r in runs {
         common::assert_checked_run(r, &smallbank(), &stdout);
         let p = r["protocol"].as_str().unwrap();

@@ -46,7 +46,7 @@ fn ycsb_a_passes_every_check_with_every_protocol() {
     assert_eq!(s["workload"], "ycsb-a");
     assert_eq!(s["passed"], true, "{stdout}");
     let runs = s["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 3);
+    assert_eq!(runs.len(), 4);
     for r in runs {
         assert_run_passed(r, &["read-only", "update"], &stdout);
         assert!(r["net_committed"].as_i64().unwrap() > 0, "{stdout}");

@@ -31,6 +31,7 @@ pub(crate) enum CrashPoint {
     AfterLog,
     AfterFirstInstall,
     AfterInstalls,
+    AfterFirstPublish,
     AfterFirstUnlock,
 }
 
@@ -492,6 +493,7 @@ impl<S, O> Attempt<'_, S, O> {
             id: self.id,
             note: self.note,
             entries,
+            commit: 0,
         };
         let owner = self.core.owner();
         let slot_no = self.log_slot_no();
@@ -515,6 +517,42 @@ impl<S, O> Attempt<'_, S, O> {
             .encode(if targets.is_empty() { 0 } else { max })
             .map_err(TxnError::Usage)?;
         Ok((victims, Some((bytes, targets))))
+    }
+
+    /// Where this commit's log copies keep their commit word
+    /// ([`crate::commit_log::CommitLog::commit`]): per memory node the log went to, the
+    /// word's address; empty with commit logs off. Call after the log was written.
+    ///
+    /// Errors: [`TxnError::Export`] for a memory node without a log region,
+    /// [`TxnError::Usage`] when the client has no log slot there.
+    pub fn commit_word_targets(&self) -> Result<Vec<(NodeId, RemoteAddr)>, TxnError> {
+        if !self.core.cfg.commit_log {
+            return Ok(Vec::new());
+        }
+        let store = &self.core.store;
+        let written: Vec<&Obj<O>> = self.objs.iter().filter(|o| o.write.is_some()).collect();
+        // The same memory nodes as the log's (`log_plan`).
+        let mut parts: Vec<u32> = written
+            .iter()
+            .filter_map(|o| o.loc)
+            .flat_map(|l| store.replica_memnodes(l.part))
+            .collect();
+        parts.sort_unstable();
+        parts.dedup();
+        let (owner, slot_no) = (self.core.owner(), self.log_slot_no());
+        let at = CommitLog::commit_word_offset(written.len()) as u64;
+        parts
+            .into_iter()
+            .map(|p| {
+                let region = store
+                    .log(p)
+                    .ok_or_else(|| TxnError::Export(format!("memory node {p} keeps no log")))?;
+                let slot = region.slot(owner.node, slot_no).ok_or_else(|| {
+                    TxnError::Usage(format!("commit log: no slot on memory node {p}"))
+                })?;
+                Ok((store.memnode(p)?, slot.offset(at)))
+            })
+            .collect()
     }
 
     /// The log and the installs in one round

@@ -12,7 +12,10 @@
 //! [`crate::recovery`] relies on it).
 //!
 //! Slot layout (little-endian): `id:8 | n:4 | pad:4 | checksum:8 | note:8`, then `n`
-//! entries of [`ENTRY_BYTES`]: `part:2 | table:2 | cell:2 | pad:2 | addr:8 | version:8`.
+//! entries of [`ENTRY_BYTES`]: `part:2 | table:2 | cell:2 | pad:2 | addr:8 | version:8`,
+//! then the commit word (8 bytes, outside the checksum): written 0 with the log, and
+//! Lotus's write-visible step writes the commit timestamp there, on each memory node
+//! ahead of that node's cells on one QP ([`CommitLog::commit`]).
 //! The note is the application's word about the commit
 //! ([`crate::coordinator::Txn::set_log_note`]). The checksum (FNV-1a over the header's
 //! id, count and note and the entries) tells a
@@ -27,6 +30,8 @@ use rrpc::fabric::{MrDesc, RemoteAddr};
 pub const HEADER_BYTES: usize = 32;
 /// Bytes of one log entry.
 pub const ENTRY_BYTES: usize = 24;
+/// Bytes of the commit word after the entries.
+pub const COMMIT_WORD_BYTES: usize = 8;
 
 /// The shape of a memory node's log region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,9 +62,9 @@ impl LogGeometry {
         u64::from(self.nodes) * u64::from(self.clients) * u64::from(self.slot_bytes)
     }
 
-    /// Entries a slot holds.
+    /// Entries a slot holds (with the commit word after them).
     pub fn max_entries(&self) -> usize {
-        (self.slot_bytes as usize).saturating_sub(HEADER_BYTES) / ENTRY_BYTES
+        (self.slot_bytes as usize).saturating_sub(HEADER_BYTES + COMMIT_WORD_BYTES) / ENTRY_BYTES
     }
 
     /// Byte offset of the slot of `client` of `node`; `None` when the client number
@@ -84,12 +89,12 @@ impl LogGeometry {
             return Err("commit log: nodes and clients must be at least 1".into());
         }
         if !self.slot_bytes.is_multiple_of(8)
-            || (self.slot_bytes as usize) < HEADER_BYTES + ENTRY_BYTES
+            || (self.slot_bytes as usize) < HEADER_BYTES + ENTRY_BYTES + COMMIT_WORD_BYTES
         {
             return Err(format!(
                 "commit log: slot of {} bytes (need a multiple of 8, at least {})",
                 self.slot_bytes,
-                HEADER_BYTES + ENTRY_BYTES
+                HEADER_BYTES + ENTRY_BYTES + COMMIT_WORD_BYTES
             ));
         }
         Ok(())
@@ -136,6 +141,9 @@ pub struct CommitLog {
     pub note: i64,
     /// What it installs.
     pub entries: Vec<LogEntry>,
+    /// The commit word: 0 as logged; Lotus's commit timestamp once its write-visible
+    /// step began on this copy ([`crate::lotus`]).
+    pub commit: u64,
 }
 
 /// FNV-1a, 64-bit.
@@ -151,9 +159,14 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 }
 
 impl CommitLog {
-    /// Bytes of the encoded log.
+    /// Bytes of the encoded log (the commit word included).
     pub fn encoded_len(&self) -> usize {
-        HEADER_BYTES + self.entries.len() * ENTRY_BYTES
+        Self::commit_word_offset(self.entries.len()) + COMMIT_WORD_BYTES
+    }
+
+    /// Byte offset in its slot of the commit word of a log of `n` entries.
+    pub fn commit_word_offset(n: usize) -> usize {
+        HEADER_BYTES + n * ENTRY_BYTES
     }
 
     /// Encode into a slot's bytes. Errors: more entries than `max_entries`.
@@ -176,7 +189,9 @@ impl CommitLog {
             b[o + 16..o + 24].copy_from_slice(&e.version.to_le_bytes());
         }
         b[24..32].copy_from_slice(&self.note.to_le_bytes());
-        let sum = fnv1a(&[&b[0..16], &b[24..]]);
+        let cw = Self::commit_word_offset(self.entries.len());
+        let sum = fnv1a(&[&b[0..16], &b[24..cw]]);
+        b[cw..cw + 8].copy_from_slice(&self.commit.to_le_bytes());
         b[16..24].copy_from_slice(&sum.to_le_bytes());
         Ok(b)
     }
@@ -196,6 +211,7 @@ impl CommitLog {
             return None;
         }
         let note = word(24)? as i64;
+        let commit = word(end)?;
         let le16 = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
         let le64 = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
         let entries = body
@@ -208,7 +224,12 @@ impl CommitLog {
                 version: le64(&e[16..24]),
             })
             .collect();
-        Some(Self { id, note, entries })
+        Some(Self {
+            id,
+            note,
+            entries,
+            commit,
+        })
     }
 }
 
@@ -229,6 +250,7 @@ mod tests {
                     version: 100 + i as u64,
                 })
                 .collect(),
+            commit: 0,
         }
     }
 
@@ -239,7 +261,11 @@ mod tests {
         let l = log(5);
         let b = l.encode(g.max_entries()).unwrap();
         slot[..b.len()].copy_from_slice(&b);
-        assert_eq!(CommitLog::decode(&slot), Some(l));
+        assert_eq!(CommitLog::decode(&slot), Some(l.clone()));
+        // The commit word is outside the checksum: written later, the log still decodes.
+        let cw = CommitLog::commit_word_offset(5);
+        slot[cw..cw + 8].copy_from_slice(&77u64.to_le_bytes());
+        assert_eq!(CommitLog::decode(&slot).map(|l| l.commit), Some(77));
     }
 
     #[test]

@@ -155,7 +155,7 @@ impl TxnClient {
             (Protocol::Scythe, None) => unreachable!("checked above"),
             (Protocol::Mvcc(isolation), _) => Engine::Mvcc(Mvcc { isolation }),
             (Protocol::Lotus(isolation), _) => match &core.cfg.lotus {
-                Some(site) => Engine::Lotus(Lotus::new(isolation, site)),
+                Some(site) => Engine::Lotus(Lotus::connect(core.store.ctx(), isolation, site)?),
                 None => {
                     return Err(TxnError::Usage(format!(
                         "{protocol} needs compute-node lock tables (TxnConfig::lotus)"
@@ -203,6 +203,20 @@ impl TxnClient {
             Engine::Scythe(s) => s.conn().reconnects(),
             _ => 0,
         }
+    }
+
+    /// The one-sided work requests this thread posted to the memory nodes so far, summed
+    /// over them (a memory node's NIC load; Lotus takes no atomics there outside
+    /// inserts).
+    pub fn memnode_ops(&self) -> rrpc::runtime::OpCounts {
+        let store = &self.core.store;
+        let mut total = rrpc::runtime::OpCounts::default();
+        for m in 0..store.memnode_count() {
+            if let Ok(n) = store.memnode(m) {
+                total.add(&store.ctx().op_counts(n));
+            }
+        }
+        total
     }
 
     /// The TSO connection (its epoch in use, restarts it survived).
@@ -361,11 +375,25 @@ impl TxnClient {
             return Ok(rep);
         }
         let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;
+        let t0 = std::time::Instant::now();
+        let owner = lockd::owners::Owner { node, incarnation };
         if let Some(l) = self.locks() {
-            let t0 = std::time::Instant::now();
-            let owner = lockd::owners::Owner { node, incarnation };
             rep.tickets = l.release_node(self.ctx(), owner).await? as usize;
             rep.tickets_time = t0.elapsed();
+        }
+        if let Engine::Lotus(p) = &self.engine {
+            // Lotus 6, step 3, after the logs (a released key could otherwise be locked
+            // and its INVISIBLE leftover met): the dead life's locks in every live
+            // node's table; its own table died with it.
+            #[cfg(feature = "fault-injection")]
+            let skip =
+                crate::fault::planted_recovery_bug() == Some(crate::fault::RecoveryBug::NoSweep);
+            #[cfg(not(feature = "fault-injection"))]
+            let skip = false;
+            if !skip {
+                rep.tickets = p.release_dead(self.ctx(), owner).await? as usize;
+                rep.tickets_time = t0.elapsed();
+            }
         }
         Ok(rep)
     }

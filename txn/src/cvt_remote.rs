@@ -960,6 +960,11 @@ impl CvtRemote {
         Ok(self.nodes.borrow()[self.primary(part)? as usize])
     }
 
+    /// How many memory nodes the store reaches.
+    pub fn memnode_count(&self) -> u32 {
+        self.nodes.borrow().len() as u32
+    }
+
     /// Memory node `m` (its index among the memory nodes, which is the partition it
     /// was started as the primary of). Errors: [`TxnError::Usage`] beyond them.
     pub fn memnode(&self, m: u32) -> Result<NodeId, TxnError> {

@@ -130,19 +130,28 @@ pub enum CrashPoint {
     AfterFirstInstall,
     /// Every install ACKed, no lock released.
     AfterInstalls,
+    /// Lotus: one memory node's write-visible WRITEs ACKed, the others' not sent (the
+    /// other protocols never reach it).
+    AfterFirstPublish,
     /// One lock word released (others may be in flight).
     AfterFirstUnlock,
 }
 
 impl CrashPoint {
     /// Every point, in commit order.
-    pub const ALL: [CrashPoint; 5] = [
+    pub const ALL: [CrashPoint; 6] = [
         CrashPoint::AfterLock,
         CrashPoint::AfterLog,
         CrashPoint::AfterFirstInstall,
         CrashPoint::AfterInstalls,
+        CrashPoint::AfterFirstPublish,
         CrashPoint::AfterFirstUnlock,
     ];
+
+    /// Whether a commit of `protocol` passes this point (only Lotus publishes).
+    pub fn reached_by(self, protocol: crate::config::Protocol) -> bool {
+        self != CrashPoint::AfterFirstPublish || protocol.needs_lock_tables()
+    }
 
     /// The point's name (`after-lock`, `after-log`, ...), as `TXN_CRASH_AT` takes it.
     pub fn name(self) -> &'static str {
@@ -151,6 +160,7 @@ impl CrashPoint {
             CrashPoint::AfterLog => "after-log",
             CrashPoint::AfterFirstInstall => "after-first-install",
             CrashPoint::AfterInstalls => "after-installs",
+            CrashPoint::AfterFirstPublish => "after-first-publish",
             CrashPoint::AfterFirstUnlock => "after-first-unlock",
         }
     }

@@ -58,6 +58,7 @@ use lockd::lock_table::{LockMode, Refusal};
 use lockd::shard::{LockKey, ShardMap, REST_BITS};
 use lockd::table_service::{TableClient, TableClientConfig, TableError, TableService};
 use lockd::table_wire::{OpKind, OpOutcome, TableOp};
+use rrpc::fabric::RemoteAddr;
 use rrpc::runtime::join_all;
 use tso::Timestamp;
 
@@ -94,6 +95,9 @@ pub struct LotusSite {
     pub lock_key: LockKeyFn,
     /// Retry policy of the lock-table client.
     pub client: TableClientConfig,
+    /// The control-plane addresses of the other nodes' lock services: each thread's
+    /// client connects to them ([`rrpc::runtime::ThreadCtx::connect_rpc`]).
+    pub peers: Vec<std::net::SocketAddr>,
 }
 
 impl fmt::Debug for LotusSite {
@@ -102,6 +106,7 @@ impl fmt::Debug for LotusSite {
             .field("node", &self.node)
             .field("local", &self.local.is_some())
             .field("map_version", &self.map.version())
+            .field("peers", &self.peers)
             .finish_non_exhaustive()
     }
 }
@@ -120,6 +125,7 @@ impl LotusSite {
             map,
             lock_key: Arc::new(|t, k| Some(hashed_lock_key(t, k))),
             client: TableClientConfig::default(),
+            peers: Vec::new(),
         }
     }
 
@@ -190,9 +196,19 @@ type Obj = attempt::Obj<LotusObj>;
 type A<'a> = AttemptOf<'a, Lotus>;
 
 impl Lotus {
-    /// The protocol at `isolation` on `site`'s lock tables.
-    pub fn new(isolation: Isolation, site: &LotusSite) -> Self {
-        Self {
+    /// The protocol at `isolation` on `site`'s lock tables, connecting `ctx` to the
+    /// other nodes' lock services.
+    ///
+    /// Errors: [`TxnError::Rpc`] when a peer cannot be reached.
+    pub fn connect(
+        ctx: &rrpc::runtime::ThreadCtx,
+        isolation: Isolation,
+        site: &LotusSite,
+    ) -> Result<Self, TxnError> {
+        for &p in &site.peers {
+            ctx.connect_rpc(p)?;
+        }
+        Ok(Self {
             isolation,
             locks: Rc::new(TableClient::new(
                 site.map.clone(),
@@ -201,7 +217,23 @@ impl Lotus {
             )),
             lock_key: site.lock_key.clone(),
             node: site.node,
+        })
+    }
+
+    /// Lotus 6, step 3: release the locks of dead compute-node life `dead` in every
+    /// live node's lock table (its own node is marked down on this client first: its
+    /// table is gone); returns how many were released. Idempotent.
+    ///
+    /// Errors: [`TxnError::LockTable`] when a live node cannot be reached.
+    pub async fn release_dead(
+        &self,
+        ctx: &rrpc::runtime::ThreadCtx,
+        dead: lockd::owners::Owner,
+    ) -> Result<u64, TxnError> {
+        if dead.node != self.node {
+            self.locks.mark_down(dead.node);
         }
+        Ok(self.locks.release_node(ctx, dead).await?)
     }
 
     /// E1: take `want` (`(lock key, mode)`) for attempt `id`, in one batched round;
@@ -327,7 +359,15 @@ impl ConcurrencyControl for Lotus {
     }
 
     async fn release(&self, t: &mut A<'_>) -> Result<(), TxnError> {
-        let held = std::mem::take(&mut t.cc.held);
+        let mut held = std::mem::take(&mut t.cc.held);
+        let point = crate::attempt::CrashPoint::AfterFirstUnlock;
+        if t.committed && held.len() > 1 && crate::attempt::crash_armed(point) {
+            // Armed: the first lock alone, then the crash point, then the rest.
+            let rest = held.split_off(1);
+            self.unlock(t.core, t.id, held);
+            crate::attempt::crash_point(point).await;
+            held = rest;
+        }
         self.unlock(t.core, t.id, held);
         Ok(())
     }
@@ -580,13 +620,21 @@ async fn commit(p: &Lotus, t: &mut A<'_>) -> Result<(), TxnError> {
 }
 
 /// C3: WRITE `ts` into every INVISIBLE cell this attempt installed, on every copy, in one
-/// round.
+/// round. With commit logs on, each memory node's list starts with `ts` written into its
+/// log copy's commit word, on the same QP: a cell published on a node implies the commit
+/// word landed there first, which recovery relies on ([`crate::recovery`]).
 ///
 /// Errors: [`TxnError::WriteBack`].
 async fn publish(t: &mut A<'_>, ts: Timestamp) -> Result<(), TxnError> {
+    let word = ts.get().to_le_bytes();
+    let mut lists: Vec<(rrpc::NodeId, Vec<(RemoteAddr, [u8; 8])>)> = t
+        .commit_word_targets()
+        .map_err(write_back_error)?
+        .into_iter()
+        .map(|(n, at)| (n, vec![(at, word)]))
+        .collect();
     let store = &t.core.store;
     let id = t.id;
-    let mut writes = Vec::new();
     for o in t.objs.iter_mut().filter(|o| o.write.is_some()) {
         let loc = o.loc.expect("a written object has a CVT");
         let cvt = o.cvt.as_mut().expect("a written object's CVT was read");
@@ -594,20 +642,60 @@ async fn publish(t: &mut A<'_>, ts: Timestamp) -> Result<(), TxnError> {
             .invisible_cell(id)
             .expect("C1 installed the attempt's INVISIBLE cell");
         cvt.cells[cell].version = ts;
-        writes.extend(
-            store
-                .publish_writes(loc, cell, ts)
-                .map_err(write_back_error)?,
-        );
+        for (n, at, w) in store
+            .publish_writes(loc, cell, ts)
+            .map_err(write_back_error)?
+        {
+            match lists.iter_mut().find(|(m, _)| *m == n) {
+                Some((_, l)) => l.push((at, w)),
+                None => lists.push((n, vec![(at, w)])),
+            }
+        }
     }
     let ctx = store.ctx();
-    let sent = join_all(
-        writes
-            .iter()
-            .map(|(n, at, w)| async move { (*n, crate::transient::write(ctx, *n, *at, w).await) }),
-    )
-    .await;
+    // Armed, the crash point after the first publish sends the first node's list alone
+    // first (so that "some cells published, others INVISIBLE" happens).
+    if crate::attempt::crash_armed(crate::attempt::CrashPoint::AfterFirstPublish) && lists.len() > 1
+    {
+        let (first, _) = lists.split_at(1);
+        let sent = send_lists(ctx, first).await;
+        store.tolerate(sent).await.map_err(write_back_error)?;
+        crate::attempt::crash_point(crate::attempt::CrashPoint::AfterFirstPublish).await;
+        lists.remove(0);
+    }
+    let sent = send_lists(ctx, &lists).await;
     store.tolerate(sent).await.map_err(write_back_error)
+}
+
+/// Each `(node, ordered WRITEs)` list as one WR list on one QP, all lists in parallel.
+async fn send_lists(
+    ctx: &rrpc::runtime::ThreadCtx,
+    lists: &[(rrpc::NodeId, Vec<(RemoteAddr, [u8; 8])>)],
+) -> Vec<(rrpc::NodeId, Result<(), rrpc::runtime::OneSidedError>)> {
+    join_all(lists.iter().map(|(n, l)| async move {
+        let writes: Vec<(RemoteAddr, &[u8])> = l.iter().map(|(a, w)| (*a, &w[..])).collect();
+        let r = match crate::transient::write_ordered(ctx, *n, &writes).await {
+            // Too long for one post (nothing was sent): the first WRITE (the commit
+            // word, when logging), then the rest.
+            Err(rrpc::runtime::OneSidedError::TooLarge { .. }) => {
+                let (first, rest) = writes.split_first().expect("a list is never empty");
+                match crate::transient::write(ctx, *n, first.0, first.1).await {
+                    Ok(()) => join_all(
+                        rest.iter()
+                            .map(|&(a, d)| crate::transient::write(ctx, *n, a, d)),
+                    )
+                    .await
+                    .into_iter()
+                    .collect::<Result<Vec<()>, _>>()
+                    .map(drop),
+                    e => e,
+                }
+            }
+            r => r,
+        };
+        (*n, r)
+    }))
+    .await
 }
 
 fn write_back_error(e: TxnError) -> TxnError {

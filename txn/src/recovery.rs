@@ -66,7 +66,8 @@ pub struct RecoveryReport {
     pub guards: usize,
     /// Claimed, never published CVT slots freed by the sweep.
     pub claims: usize,
-    /// Scythe tickets released through the lock service (filled in by the caller).
+    /// Scythe tickets released through the lock service, or Lotus locks released in the
+    /// live compute nodes' lock tables (filled in by the caller).
     pub tickets: usize,
     /// `(transaction id, note)` of every log rolled forward (a commit that stands,
     /// perhaps without its client having heard so), for the application's accounting
@@ -199,10 +200,11 @@ async fn find_logs(store: &CvtRemote, dead: Owner) -> Result<FoundLogs, TxnError
                 continue;
             }
             let at = region.region.at(row + (i as u64) * u64::from(g.slot_bytes));
-            out.entry(log.id)
-                .or_insert_with(|| (log, Vec::new()))
-                .1
-                .push((node, at));
+            let commit = log.commit;
+            let e = out.entry(log.id).or_insert_with(|| (log, Vec::new()));
+            // A Lotus commit word set on any copy counts (copies differ while C3 runs).
+            e.0.commit = e.0.commit.max(commit);
+            e.1.push((node, at));
         }
     }
     Ok(out)
@@ -279,6 +281,13 @@ async fn settle(store: &CvtRemote, log: &CommitLog) -> Result<bool, TxnError> {
     for s in seen {
         cvts.push(s?);
     }
+    if log
+        .entries
+        .iter()
+        .any(|e| crate::cvt::is_invisible(tso::Timestamp(e.version)))
+    {
+        return settle_lotus(store, log, &cvts).await;
+    }
     let landed = |(e, copies): (&LogEntry, &Vec<(NodeId, RemoteAddr, Cvt)>)| {
         copies
             .iter()
@@ -332,6 +341,57 @@ async fn settle(store: &CvtRemote, log: &CommitLog) -> Result<bool, TxnError> {
         u?;
     }
     Ok(false)
+}
+
+/// [`settle`] for a Lotus commit (its entries name INVISIBLE versions tagged with its id;
+/// [`crate::lotus`]): only cells still carrying that tag are touched, so that a log of a
+/// commit that finished (whose cells later writers may since have reused) changes
+/// nothing. With the commit word set on some copy of the log, the write-visible step had
+/// begun, so `T_commit` was taken after every data WRITE landed: **roll forward**, the
+/// word WRITten into every tagged cell on every copy. Without it no cell was published
+/// anywhere (each memory node gets the word ahead of its cells, on one QP): **roll
+/// back**, every tagged cell invalidated (its CV bumped). Either way, a re-run finds the
+/// same answer (the tags left are the same, or gone).
+async fn settle_lotus(
+    store: &CvtRemote,
+    log: &CommitLog,
+    cvts: &[Vec<(NodeId, RemoteAddr, Cvt)>],
+) -> Result<bool, TxnError> {
+    #[allow(unused_mut)]
+    let mut forward = log.commit != 0;
+    #[cfg(feature = "fault-injection")]
+    match crate::fault::planted_recovery_bug() {
+        Some(crate::fault::RecoveryBug::NoRollBack) => forward = true,
+        Some(crate::fault::RecoveryBug::RollBackUnlessAllLanded) => forward = false,
+        _ => {}
+    }
+    let work = join_all(
+        log.entries
+            .iter()
+            .zip(cvts)
+            .flat_map(|(e, copies)| copies.iter().map(move |c| (e, c)))
+            .filter_map(|(e, (node, at, cvt))| {
+                let i = usize::from(e.cell);
+                let c = cvt.cells.get(i).copied()?;
+                (c.valid && c.version.get() == e.version).then_some((*node, *at, i, c))
+            })
+            .map(|(node, at, i, mut c)| async move {
+                let cell_at = at.offset((HEADER_BYTES + i * CELL_BYTES) as u64);
+                if forward {
+                    let word = log.commit.to_le_bytes();
+                    let v = cell_at.offset(crate::cvt::CELL_VERSION_OFFSET as u64);
+                    return Ok::<_, TxnError>(store.ctx().write(node, v, &word).await?);
+                }
+                c.valid = false;
+                c.cv = c.cv.wrapping_add(1);
+                Ok(store.ctx().write(node, cell_at, &c.encode()).await?)
+            }),
+    )
+    .await;
+    for w in work {
+        w?;
+    }
+    Ok(forward)
 }
 
 /// Release every logged lock word still holding the log's id (CAS to 0; with FORD's

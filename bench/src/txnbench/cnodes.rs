@@ -155,6 +155,24 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         lockd: a.lockd,
         tso: a.tso,
     };
+    // Lotus: this node's lock table, served to the other compute nodes (`lotus_cn`).
+    let lotus = if protocol.needs_lock_tables() {
+        let me = membership
+            .as_ref()
+            .context("Lotus across compute nodes needs the run's membership service")?;
+        let nodes: Vec<u32> = (0..args.cnodes as u32).map(|i| NODE_CNODE + i).collect();
+        let cn = crate::lotus_cn::start(
+            fabric.clone(),
+            me,
+            node,
+            &nodes,
+            a.tso,
+            workload.lotus_lock_key(),
+        )?;
+        Some(cn)
+    } else {
+        None
+    };
     // A survivor of other compute nodes' deaths: it recovers the lives it claims
     // (recoverer module docs). Stopped when the run ends (after a recovery under way).
     let survivor = match &membership {
@@ -164,6 +182,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
                 fabric.clone(),
                 addrs.clone(),
                 protocol,
+                lotus.as_ref().map(|cn| cn.site.clone()),
                 cnode_ids(),
                 fencers(a.memnodes.len(), protocol),
             )
@@ -172,6 +191,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let mut cfg = crate::txnbench::txn_config(&args, protocol, threads);
+    cfg.lotus = lotus.as_ref().map(|cn| cn.site.clone());
     // Replicated: the coordinators follow the replica views the manager in
     // `txn-bench` stores in etcd, and answer its drains (`crate::view_sync`).
     let _follower = match (&membership, args.replicas > 1) {

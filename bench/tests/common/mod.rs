@@ -316,7 +316,7 @@ pub fn assert_checked_run(r: &serde_json::Value, kinds: &[&str], stdout: &str) {
     assert_eq!(r["invariant_holds"], true, "{p}: {stdout}");
     assert_eq!(r["locks_held"], 0, "{p}: {stdout}");
     assert_eq!(r["fatal_errors"], 0, "{p}: {stdout}");
-    if p == "mvcc-si" {
+    if p.ends_with("-si") {
         assert_eq!(r["snapshot_isolation_holds"], true, "{p}: {stdout}");
     } else {
         assert_eq!(r["serializable"], true, "{p}: {stdout}");

@@ -128,6 +128,39 @@ impl CallOpts {
     }
 }
 
+/// One-sided work requests a thread posted to one node, by kind
+/// ([`super::ThreadCtx::op_counts`]): what a protocol costs a memory node's NIC (Lotus's
+/// claim, for one, is zero atomics at the memory nodes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// READs.
+    pub reads: u64,
+    /// WRITEs.
+    pub writes: u64,
+    /// Atomics (compare-and-swap, fetch-and-add).
+    pub atomics: u64,
+}
+
+impl OpCounts {
+    /// Count one WR of `opcode`.
+    pub(crate) fn count(&mut self, opcode: &crate::fabric::WrOpcode) {
+        use crate::fabric::WrOpcode;
+        match opcode {
+            WrOpcode::Read => self.reads += 1,
+            WrOpcode::Write => self.writes += 1,
+            WrOpcode::CmpSwap { .. } | WrOpcode::FetchAdd { .. } => self.atomics += 1,
+            _ => {}
+        }
+    }
+
+    /// Counter-wise sum.
+    pub fn add(&mut self, o: &OpCounts) {
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.atomics += o.atomics;
+    }
+}
+
 /// Per-thread counters, readable by benchmarks.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {

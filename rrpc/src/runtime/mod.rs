@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 pub use futures::future::{join, join_all};
 
 use self::calls::{CallTable, Late, Reply};
-pub use self::config::{CallOpts, RuntimeConfig, Stats};
+pub use self::config::{CallOpts, OpCounts, RuntimeConfig, Stats};
 use self::credit::TicketQueue;
 pub use self::error::{CallError, ConnectError, GoneReason, OneSidedError, RpcError};
 use self::onesided::OpTable;
@@ -115,6 +115,8 @@ struct Inner {
     arena: Arena,
     calls: CallTable,
     stats: Stats,
+    /// One-sided work requests posted, per target node.
+    op_counts: std::collections::HashMap<NodeId, OpCounts>,
     lists: Lists<Rec>,
     wrs: Vec<SendWr>,
     items: Vec<Item>,
@@ -209,6 +211,7 @@ impl ThreadCtx {
                 arena,
                 calls: CallTable::default(),
                 stats: Stats::default(),
+                op_counts: Default::default(),
                 lists: Lists::default(),
                 wrs: Vec::new(),
                 items: Vec::new(),
@@ -259,6 +262,17 @@ impl ThreadCtx {
     /// Counters so far.
     pub fn stats(&self) -> Stats {
         self.inner.borrow().stats
+    }
+
+    /// The one-sided work requests this thread posted to `node` so far, by kind
+    /// (RPCs not included).
+    pub fn op_counts(&self, node: NodeId) -> OpCounts {
+        self.inner
+            .borrow()
+            .op_counts
+            .get(&node)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Calls in flight, and buffers held for abandoned calls the server may still touch.
@@ -574,6 +588,7 @@ impl ThreadCtx {
                 };
                 let id = inner.ops.open(chunk, d.len(), false);
                 inner.stats.bytes += d.len() as u64;
+                inner.op_counts.entry(node).or_default().writes += 1;
                 let conn = &mut inner.conns[ci];
                 conn.os_pending.push(wr);
                 conn.os_ops.push(id);
@@ -714,6 +729,7 @@ impl ThreadCtx {
             };
             let id = inner.ops.open(chunk, len, timed);
             inner.stats.bytes += len as u64;
+            inner.op_counts.entry(node).or_default().count(&opcode);
             let conn = &mut inner.conns[ci];
             conn.os_pending.push(wr);
             conn.os_ops.push(id);

@@ -1,0 +1,111 @@
+//! Lotus's lock-first protocol end to end (`txn::lotus`): SmallBank and the KVS on
+//! `lotus` and `lotus-si` pass every check and post no atomic to a memory node (the
+//! locks live in the compute node's lock table, Lotus 4.1; neither workload inserts),
+//! where MVCC posts about one per written record; and two coordinator processes lock on
+//! each other's tables over RPC (`--cnodes 2`) and pass every check. TATP and TPC-C on
+//! Lotus are in their own files; the write-skew and INVISIBLE-rule tests in
+//! `write_skew.rs`, `serializability_fault_lotus.rs` and `lotus_invisible_fault.rs`.
+
+mod common;
+
+use std::time::Duration;
+
+/// Memory-node atomics per committed transaction of run `r`.
+fn atomics(r: &serde_json::Value) -> f64 {
+    r["memnode_ops_per_commit"][2].as_f64().unwrap()
+}
+
+#[test]
+fn smallbank_on_lotus_takes_no_memory_node_atomics() {
+    for (protocol, iso) in [("lotus", "sr"), ("lotus-si", "si")] {
+        let (stdout, s) = common::txn_bench(
+            &format!("lotus-smallbank-{iso}"),
+            &[
+                "--protocol",
+                protocol,
+                "--accounts",
+                "2000",
+                "--threads",
+                "2",
+                "--coroutines",
+                "8",
+                "--duration",
+                "1",
+            ],
+        );
+        assert_eq!(s["passed"], true, "{stdout}");
+        let r = &s["runs"][0];
+        let kinds: Vec<&str> = bench::smallbank::TxnType::ALL
+            .iter()
+            .map(|t| t.name())
+            .collect();
+        common::assert_checked_run(r, &kinds, &stdout);
+        assert_eq!(atomics(r), 0.0, "{protocol}: {stdout}");
+        assert!(
+            stdout.contains("Lotus lock table 0"),
+            "{protocol}: the lock table is audited\n{stdout}"
+        );
+    }
+    // The baseline of the comparison takes them.
+    let (stdout, s) = common::txn_bench(
+        "lotus-smallbank-mvcc",
+        &[
+            "--protocol",
+            "mvcc",
+            "--accounts",
+            "2000",
+            "--duration",
+            "1",
+        ],
+    );
+    assert!(atomics(&s["runs"][0]) > 0.5, "{stdout}");
+}
+
+#[test]
+fn kvs_on_lotus_passes_every_check() {
+    let (stdout, s) = common::txn_bench(
+        "lotus-kvs",
+        &[
+            "--workload",
+            "kvs",
+            "--records",
+            "2000",
+            "--protocol",
+            "lotus",
+            "--duration",
+            "1",
+        ],
+    );
+    assert_eq!(s["passed"], true, "{stdout}");
+    common::assert_checked_run(&s["runs"][0], &["read", "update"], &stdout);
+    assert_eq!(atomics(&s["runs"][0]), 0.0, "{stdout}");
+}
+
+#[test]
+fn two_compute_nodes_lock_on_each_others_tables() {
+    let (ok, stdout, s) = common::txn_bench_watched(
+        "lotus-cnodes",
+        &[
+            "--protocol",
+            "lotus",
+            "--cnodes",
+            "2",
+            "--accounts",
+            "2000",
+            "--coroutines",
+            "4",
+            "--duration",
+            "2",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stdout}");
+    let r = &s["runs"][0];
+    assert_eq!(r["cnodes"], 2, "{stdout}");
+    let kinds: Vec<&str> = bench::smallbank::TxnType::ALL
+        .iter()
+        .map(|t| t.name())
+        .collect();
+    common::assert_checked_run(r, &kinds, &stdout);
+    assert_eq!(atomics(r), 0.0, "{stdout}");
+}
