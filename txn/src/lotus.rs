@@ -305,6 +305,29 @@ impl Lotus {
     }
 }
 
+impl Lotus {
+    /// Release `held` and wait for every unlock (an aborted attempt's; see `release`).
+    /// A failed unlock is logged: the lock is then freed by the holder's failure
+    /// handling (Lotus 6) or was already gone.
+    async fn unlock_awaited(&self, c: &ClientCore, id: u64, held: Vec<(LockKey, LockMode)>) {
+        if held.is_empty() {
+            return;
+        }
+        let ops: Vec<TableOp> = held
+            .into_iter()
+            .map(|(key, _)| TableOp {
+                key,
+                txn: id,
+                node: self.node,
+                kind: OpKind::Unlock,
+            })
+            .collect();
+        if let Err(e) = self.locks.execute(c.store.ctx(), &ops).await {
+            tracing::warn!(error = %e, "Lotus: an abort's unlock failed");
+        }
+    }
+}
+
 /// The stronger of two modes.
 trait MaxMode {
     fn max_mode(self, other: Self) -> Self;
@@ -367,6 +390,12 @@ impl ConcurrencyControl for Lotus {
             self.unlock(t.core, t.id, held);
             crate::attempt::crash_point(point).await;
             held = rest;
+        }
+        if !t.committed {
+            // An abort waits for its unlocks: its retry would otherwise find its own
+            // previous attempt's locks still held on hot keys, and abort again.
+            self.unlock_awaited(t.core, t.id, held).await;
+            return Ok(());
         }
         self.unlock(t.core, t.id, held);
         Ok(())
