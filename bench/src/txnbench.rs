@@ -1776,6 +1776,14 @@ mod tests {
             Sweep::CommitLog(vec![Off, RoundBefore, Ordered]).to_string(),
             "commit-log=off,on,ordered"
         );
+        assert_eq!(
+            "vtc-entries=0,65536".parse::<Sweep>(),
+            Ok(Sweep::VtcEntries(vec![0, 65536]))
+        );
+        assert_eq!(
+            Sweep::VtcEntries(vec![0, 65536]).to_string(),
+            "vtc-entries=0,65536"
+        );
         for bad in [
             "theta",
             "theta=",
@@ -1785,6 +1793,8 @@ mod tests {
             "clients=0",
             "clients=1.5",
             "commit-log=maybe",
+            "vtc-entries=-1",
+            "vtc-entries=many",
             "x=1",
         ] {
             assert!(bad.parse::<Sweep>().is_err(), "{bad}");

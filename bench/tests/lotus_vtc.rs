@@ -44,6 +44,7 @@ fn a_cached_run_passes_and_hits_and_a_writer_that_skips_its_update_is_caught() {
     txn::fault::lotus_skip_vtc_update(true);
     let bad = smallbank_lotus();
     txn::fault::lotus_skip_vtc_update(false);
+    eprintln!("the faulty run:\n{}", bad.render());
     assert!(
         !bad.passed(),
         "a run whose writers leave stale cached CVTs passed ({:.0} txn/s, {:?})",

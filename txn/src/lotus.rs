@@ -593,24 +593,20 @@ async fn fetch(p: &Lotus, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> 
     }
     // E2, E3: READ the CVTs and records, all in one round.
     let id = t.id;
-    let got = join_all(
-        want.iter()
-            .zip(&modes)
-            .zip(&existing)
-            .zip(&keys)
-            .map(|(((&(tb, k, upd), &m), &ex), &lk)| {
-                let loc = ex.and_then(|i| t.objs[i].loc);
-                // Rule 1 of the cache: locked keys only (read-only transactions and
-                // snapshot reads take no lock).
-                let cache = m.and_then(|_| p.cache_for(lk));
-                async move {
-                    match m {
-                        Some(_) => read_locked(c, tb, k, loc, cache, s, upd.then_some(id)).await,
-                        None => read_snapshot(c, tb, k, s).await,
-                    }
+    let got = join_all(want.iter().zip(&modes).zip(&existing).zip(&keys).map(
+        |(((&(tb, k, upd), &m), &ex), &lk)| {
+            let loc = ex.and_then(|i| t.objs[i].loc);
+            // Rule 1 of the cache: locked keys only (read-only transactions and
+            // snapshot reads take no lock).
+            let cache = m.and_then(|_| p.cache_for(lk));
+            async move {
+                match m {
+                    Some(_) => read_locked(c, tb, k, loc, cache, s, upd.then_some(id)).await,
+                    None => read_snapshot(c, tb, k, s).await,
                 }
-            }),
-    )
+            }
+        },
+    ))
     .await;
     let mut failed = None;
     for ((r, m), ex) in got.into_iter().zip(modes).zip(existing) {
@@ -679,7 +675,11 @@ async fn commit(p: &Lotus, t: &mut A<'_>) -> Result<(), TxnError> {
     t.enter(Phase::WriteBack);
     publish(t, commit_ts).await?;
     // Rule 3 of the cache: the published CVTs replace the cached ones before C4.
-    for o in t.objs.iter().filter(|o| o.write.is_some() && !skip_vtc_update()) {
+    for o in t
+        .objs
+        .iter()
+        .filter(|o| o.write.is_some() && !skip_vtc_update())
+    {
         if let (Some((vc, lk)), Some(loc), Some(cvt)) =
             (p.cache_for((p.lock_key)(o.table, o.key)), o.loc, &o.cvt)
         {

@@ -170,7 +170,9 @@ impl Sub {
         loop {
             let i = self.hand;
             self.hand = (self.hand + 1) % self.slots.len();
-            let s = self.slots[i].as_mut().expect("a full ring has no empty slot");
+            let s = self.slots[i]
+                .as_mut()
+                .expect("a full ring has no empty slot");
             if s.referenced {
                 s.referenced = false;
                 continue;
@@ -634,6 +636,9 @@ mod tests {
         (cache, svc)
     }
 
+    /// What a lookup returns.
+    type Lookup = Option<(CvtLoc, Cvt)>;
+
     const R: OpKind = OpKind::Lock(LockMode::Read);
     const W: OpKind = OpKind::Lock(LockMode::Write);
 
@@ -641,14 +646,17 @@ mod tests {
     /// grant on K; the remote writer installs version 2 and unlocks; a local locker then
     /// looks K up. Returns what the cache held right after the grant returned, and what
     /// the later local locker's lookup returned.
-    fn remote_writer_scenario(planted_bug: bool) -> (Option<(CvtLoc, Cvt)>, Option<(CvtLoc, Cvt)>) {
+    fn remote_writer_scenario(planted_bug: bool) -> (Lookup, Lookup) {
         let (cache, svc) = node(planted_bug);
         let k = lk(42);
         // Local reader: lock, miss, READ (version 1), fill under the lock, unlock.
         assert_eq!(apply(&svc, &[op(ME, k, 1, R)]), [OpOutcome::Granted]);
         assert_eq!(cache.get(k, 1, 42), None);
         cache.fill(k, 1, 42, loc(42), &cvt(42, 1));
-        assert_eq!(apply(&svc, &[op(ME, k, 1, OpKind::Unlock)]), [OpOutcome::Released]);
+        assert_eq!(
+            apply(&svc, &[op(ME, k, 1, OpKind::Unlock)]),
+            [OpOutcome::Released]
+        );
         // Remote writer: the grant (the hook runs inside apply).
         assert_eq!(apply(&svc, &[op(OTHER, k, 2, W)]), [OpOutcome::Granted]);
         // Peek without counting: what a local holder could find right now.
@@ -725,12 +733,18 @@ mod tests {
         new.cells[1].valid = true;
         new.cells[1].version = Timestamp(9);
         cache.update(k, 1, 5, loc(5), &new);
-        assert_eq!(apply(&svc, &[op(ME, k, 1, OpKind::Unlock)]), [OpOutcome::Released]);
+        assert_eq!(
+            apply(&svc, &[op(ME, k, 1, OpKind::Unlock)]),
+            [OpOutcome::Released]
+        );
         // The next local locker (a writer): hits, and its newest version is 9.
         assert_eq!(apply(&svc, &[op(ME, k, 2, W)]), [OpOutcome::Granted]);
         let (_, got) = cache.get(k, 1, 5).expect("a hit");
         assert_eq!(got, new);
-        assert_eq!(got.newest().map(|i| got.cells[i].version), Some(Timestamp(9)));
+        assert_eq!(
+            got.newest().map(|i| got.cells[i].version),
+            Some(Timestamp(9))
+        );
     }
 
     /// Sub-caches are shared by threads: concurrent fills, lookups and invalidations
