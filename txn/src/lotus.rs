@@ -459,10 +459,11 @@ fn skip_vtc_update() -> bool {
 
 /// A read of `(table, key)` under this attempt's lock at `s` (E2, E3): the newest
 /// version must be older than `s`. With `create` (the attempt's id), a key without a
-/// CVT gets one (an insert; the caller holds its write lock). With `cache` (a key of this node's own
-/// shards), the version table cache first: a hit skips the CVT READ (the record is still
-/// READ and checked against the cached cell; a mismatch removes the entry and READs the
-/// CVT); a CVT READ after a miss fills it, synchronously, the lock still held.
+/// CVT gets one (an insert; the caller holds its write lock). With `cache` (a key of
+/// this node's own shards), the version table cache first: a hit skips the CVT READ (the
+/// record is still READ and checked against the cached cell; a mismatch removes the
+/// entry and READs the CVT); a CVT READ after a miss fills it, synchronously, the lock
+/// still held.
 async fn read_locked(
     c: &ClientCore,
     table: u32,
