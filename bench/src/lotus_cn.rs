@@ -123,6 +123,9 @@ pub(crate) fn start(
         lock_key,
         client: Default::default(),
         peers,
+        // No version table cache across processes yet: the embedded service has no
+        // grant hook to invalidate it by.
+        cache: None,
     };
     Ok(LotusCn {
         _service: service,

@@ -234,6 +234,9 @@ pub struct Report {
     /// Lotus lock-table slots still in use after the run (`None` for the other
     /// protocols).
     pub lotus_locks_held: Option<u64>,
+    /// Lotus: the compute node's version table cache counters at the end of the run
+    /// (Lotus 4.4; `None` for the other protocols or with `--vtc-entries 0`).
+    pub vtc: Option<txn::vt_cache::VtCacheStats>,
     /// Transaction types with no committed transaction (a run must commit every type).
     pub types_never_committed: Vec<String>,
     /// final == initial + net, no lock held, and every type committed.
@@ -553,6 +556,7 @@ impl Report {
             cvt_locks_held: 0,
             lockd_locks_held: None,
             lotus_locks_held: None,
+            vtc: None,
             types_never_committed: Vec::new(),
             invariant_holds: false,
             serializability: None,
@@ -777,6 +781,11 @@ impl Report {
             s,
             "memory-node ops per committed transaction: {r:.2} READs, {w:.2} WRITEs, {a:.2} atomics"
         );
+        if let Some(v) = &self.vtc {
+            // Read-only transactions take no lock, so never use the cache (a deviation
+            // from Lotus 8.2, which serves their reads too).
+            let _ = writeln!(s, "{} (lock holders only)", v.line());
+        }
         if self.qp_errors > 0 || self.transient_retries > 0 {
             let _ = writeln!(
                 s,

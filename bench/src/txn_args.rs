@@ -102,9 +102,10 @@ pub struct Args {
     #[arg(long, default_value_t = 20, value_name = "US")]
     pub tocc_wait_us: u64,
     /// Repeat the run(s) at each point: theta=0,0.5,0.99 (Zipf theta), clients=8,16,32
-    /// (coroutines per thread) or commit-log=off,on,ordered (what the commit logs cost,
-    /// placed either way, with the coordinators inside txn-bench); prints a table, and
-    /// with --chart draws
+    /// (coroutines per thread), commit-log=off,on,ordered (what the commit logs cost,
+    /// placed either way, with the coordinators inside txn-bench) or
+    /// vtc-entries=0,65536 (Lotus's version table cache off and on, as --vtc-entries);
+    /// prints a table, and with --chart draws
     /// throughput against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
@@ -121,6 +122,12 @@ pub struct Args {
     /// Coordinators (coroutines) per thread.
     #[arg(long, default_value_t = 8)]
     pub coroutines: usize,
+    /// Lotus: entries of the compute node's version table cache (Lotus 4.4: CVTs of
+    /// locally locked keys, so that a lock holder skips the CVT READ; default Lotus 7.1's
+    /// 64 K); 0 turns it off.
+    #[arg(long, default_value_t = txn::vt_cache::DEFAULT_ENTRIES, value_name = "N")]
+    #[serde(default = "default_vtc_entries")]
+    pub vtc_entries: usize,
     /// SmallBank accounts.
     #[arg(long, default_value_t = 100_000)]
     pub accounts: u64,
@@ -449,6 +456,8 @@ pub enum Sweep {
     /// round; `--commit-log`, `--log-placement`; coordinators inside txn-bench only):
     /// what the logs cost on the happy path, side by side.
     CommitLog(Vec<LogSetting>),
+    /// Lotus's version table cache capacity, entries (0 = off; `--vtc-entries`).
+    VtcEntries(Vec<usize>),
 }
 
 impl FromStr for Sweep {
@@ -456,7 +465,7 @@ impl FromStr for Sweep {
     fn from_str(s: &str) -> Result<Self, String> {
         let Some((param, values)) = s.split_once('=') else {
             return Err(format!(
-                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,... or commit-log=off,on,ordered"
+                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered or vtc-entries=N1,N2,..."
             ));
         };
         let values: Vec<&str> = values.split(',').map(str::trim).collect();
@@ -496,8 +505,17 @@ impl FromStr for Sweep {
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::CommitLog),
+            "vtc-entries" => values
+                .iter()
+                .map(|v| {
+                    v.parse::<usize>().map_err(|_| {
+                        format!("--sweep vtc-entries: {v:?} is not a number of entries (0 = off)")
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::VtcEntries),
             p => Err(format!(
-                "--sweep: unknown parameter {p:?}: theta, clients or commit-log"
+                "--sweep: unknown parameter {p:?}: theta, clients, commit-log or vtc-entries"
             )),
         }
     }
@@ -518,6 +536,11 @@ impl fmt::Display for Sweep {
                 "commit-log={}",
                 join(v.iter().map(|l| l.name().to_string()).collect())
             ),
+            Self::VtcEntries(v) => write!(
+                f,
+                "vtc-entries={}",
+                join(v.iter().map(usize::to_string).collect())
+            ),
         }
     }
 }
@@ -531,6 +554,8 @@ pub(crate) struct Point {
     pub(crate) coroutines: usize,
     /// Commit logs at this point (`None`: as `--commit-log` and `--log-placement` say).
     pub(crate) commit_log: Option<LogSetting>,
+    /// Lotus's version table cache entries at this point (0 = off).
+    pub(crate) vtc_entries: usize,
     /// `theta=0.5`, `clients=16`, `commit-log=on`; `None` without a sweep.
     pub(crate) label: Option<String>,
 }
@@ -874,6 +899,7 @@ impl Args {
                 theta: self.theta,
                 coroutines: self.coroutines,
                 commit_log: None,
+                vtc_entries: self.vtc_entries,
                 label: None,
             }],
             Some(Sweep::Theta(v)) => v
@@ -882,6 +908,7 @@ impl Args {
                     theta,
                     coroutines: self.coroutines,
                     commit_log: None,
+                    vtc_entries: self.vtc_entries,
                     label: Some(format!("theta={theta}")),
                 })
                 .collect(),
@@ -891,6 +918,7 @@ impl Args {
                     theta: self.theta,
                     coroutines,
                     commit_log: None,
+                    vtc_entries: self.vtc_entries,
                     label: Some(format!("clients={coroutines}")),
                 })
                 .collect(),
@@ -900,7 +928,18 @@ impl Args {
                     theta: self.theta,
                     coroutines: self.coroutines,
                     commit_log: Some(l),
+                    vtc_entries: self.vtc_entries,
                     label: Some(format!("commit-log={}", l.name())),
+                })
+                .collect(),
+            Some(Sweep::VtcEntries(v)) => v
+                .iter()
+                .map(|&n| Point {
+                    theta: self.theta,
+                    coroutines: self.coroutines,
+                    commit_log: None,
+                    vtc_entries: n,
+                    label: Some(format!("vtc-entries={n}")),
                 })
                 .collect(),
         }
@@ -943,4 +982,8 @@ fn default_lease_ms() -> u64 {
 
 fn default_etcd_down_ms() -> u64 {
     200
+}
+
+fn default_vtc_entries() -> usize {
+    txn::vt_cache::DEFAULT_ENTRIES
 }

@@ -254,7 +254,7 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
             workload.skew(args.theta),
             args.sweep.as_ref().expect("a sweep")
         ),
-        Some(Sweep::CommitLog(_)) => format!(
+        Some(Sweep::CommitLog(_) | Sweep::VtcEntries(_)) => format!(
             "{threads} thread(s) x {} coroutines | {} | {} | sweep {}",
             args.coroutines,
             workload.scale(),
@@ -406,6 +406,7 @@ fn run_one(
     if let Some(n) = measured.lotus_locks_held {
         report.lotus_locks(n);
     }
+    report.vtc = measured.lotus_vtc;
     if let Some(r) = replicas {
         report.replica_audit(&r);
     }
@@ -842,6 +843,9 @@ pub(crate) struct Measured {
     /// Lotus: locks left held in this process's lock table once every coordinator
     /// finished (`None` for the other protocols).
     pub(crate) lotus_locks_held: Option<u64>,
+    /// Lotus: the version table cache's counters at the end (`None` for the other
+    /// protocols, or with the cache off).
+    pub(crate) lotus_vtc: Option<txn::vt_cache::VtCacheStats>,
 }
 
 /// Each process's CPU used between two samples of [`RunCluster::cpu_times`] (a process
@@ -889,15 +893,22 @@ fn measure(
     cfg.view_feed = cluster.view_feed.clone();
     let lotus_table = if protocol.needs_lock_tables() {
         // One compute node (this process) serving every shard: every lock a CPU CAS
-        // on its own table (Lotus 4.1), fresh for each run.
-        let site = txn::lotus::LotusSite::single(cluster.fabric.node().0, LOTUS_TABLE_BYTES)
-            .with_lock_key(workload.lotus_lock_key());
+        // on its own table (Lotus 4.1), fresh for each run, with its version table
+        // cache (Lotus 4.4; --vtc-entries).
+        let site = txn::lotus::LotusSite::single_cached(
+            cluster.fabric.node().0,
+            LOTUS_TABLE_BYTES,
+            point.vtc_entries,
+        )
+        .with_lock_key(workload.lotus_lock_key());
         let table = site.local.clone();
+        let cache = site.cache.clone();
         cfg.lotus = Some(site);
-        table
+        (table, cache)
     } else {
-        None
+        (None, None)
     };
+    let (lotus_table, lotus_vtc) = lotus_table;
     let t0 = Arc::new(AtomicU64::new(0));
     let clock = RunClock {
         t0_ns: 0,
@@ -1010,6 +1021,7 @@ fn measure(
         history_written: false,
         // Every coordinator has ended (its attempts released their local locks at once).
         lotus_locks_held: lotus_table.map(|t| t.table().slots_in_use() as u64),
+        lotus_vtc: lotus_vtc.map(|c| c.stats()),
     })
 }
 
@@ -1765,6 +1777,14 @@ mod tests {
             Sweep::CommitLog(vec![Off, RoundBefore, Ordered]).to_string(),
             "commit-log=off,on,ordered"
         );
+        assert_eq!(
+            "vtc-entries=0,65536".parse::<Sweep>(),
+            Ok(Sweep::VtcEntries(vec![0, 65536]))
+        );
+        assert_eq!(
+            Sweep::VtcEntries(vec![0, 65536]).to_string(),
+            "vtc-entries=0,65536"
+        );
         for bad in [
             "theta",
             "theta=",
@@ -1774,6 +1794,8 @@ mod tests {
             "clients=0",
             "clients=1.5",
             "commit-log=maybe",
+            "vtc-entries=-1",
+            "vtc-entries=many",
             "x=1",
         ] {
             assert!(bad.parse::<Sweep>().is_err(), "{bad}");

@@ -723,6 +723,14 @@ impl TableClient {
         Ok(Self::new(map, local, cfg))
     }
 
+    /// The node this client routes `key`'s operations to now (its map's
+    /// [`ShardMap::node_of`], without copying the map). A compute node's version-table
+    /// cache serves only keys routed to its own table: a lock held on such a key was
+    /// granted there (a shard cannot move while a lock on it is held).
+    pub fn node_of(&self, key: LockKey) -> u32 {
+        self.map.borrow().node_of(key)
+    }
+
     /// The client's current map.
     pub fn map(&self) -> ShardMap {
         self.map.borrow().clone()

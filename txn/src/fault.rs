@@ -40,6 +40,19 @@ pub(crate) fn lotus_skipping_invisible() -> bool {
     LOTUS_SKIP_INVISIBLE.load(Ordering::Relaxed)
 }
 
+static LOTUS_SKIP_VTC_UPDATE: AtomicBool = AtomicBool::new(false);
+
+/// Lotus's local writers leave their cached CVTs in the version table cache as they
+/// were instead of replacing them after the write-visible step (rule 3 of
+/// [`crate::vt_cache`] off): the next local lock holder reads a superseded version.
+pub fn lotus_skip_vtc_update(on: bool) {
+    LOTUS_SKIP_VTC_UPDATE.store(on, Ordering::SeqCst);
+}
+
+pub(crate) fn lotus_skipping_vtc_update() -> bool {
+    LOTUS_SKIP_VTC_UPDATE.load(Ordering::Relaxed)
+}
+
 /// Write-back fails before writing anything, as a failed WRITE would.
 pub fn fail_write_back(on: bool) {
     FAIL_WRITE_BACK.store(on, Ordering::SeqCst);

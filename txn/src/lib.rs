@@ -24,7 +24,8 @@
 //!   [`occ_cas`] (FaRM/FORD OCC with CAS locks in the CVT header), [`scythe`] (Scythe's
 //!   hot-aware OCC/TOCC on Takeout Locks, Scythe 4.2 to 4.4),
 //!   [`mvcc`] (Motor's MVCC, 5.1 and 5.2, SR or SI) and [`lotus`] (Lotus's lock-first
-//!   protocol on compute-node lock tables, 5.1 and 5.2, SR or SI);
+//!   protocol on compute-node lock tables, 5.1 and 5.2, SR or SI), with [`vt_cache`]
+//!   (a compute node's version table cache, Lotus 4.4);
 //! - [`validation`]: OCC read-set validation as a state machine (lock free first, then
 //!   version unchanged);
 //! - [`history`] and [`serializability`]: committed transactions recorded with the
@@ -68,3 +69,4 @@ pub mod transient;
 pub mod txn_id;
 pub mod validation;
 pub mod view;
+pub mod vt_cache;

@@ -15,8 +15,11 @@
 //!   until commit, so there is no validation); any refusal aborts at once (no waiting, so no
 //!   deadlock) and what was taken is released. Data read plainly and written later is
 //!   locked (or its read lock upgraded) at commit and must still show the version read.
-//! - **E2/E3, read**: READ the CVT (the thread's address cache, else the bucket chain),
-//!   select the largest version below `T_start`; a version above it aborts
+//! - **E2/E3, read**: for a key locked on this node's own table, the compute node's
+//!   version table cache first ([`crate::vt_cache`], Lotus 4.4: a hit skips the CVT
+//!   READ; a miss READs it and fills the cache while the lock is held); otherwise READ
+//!   the CVT (the thread's address cache, else the bucket chain); select the largest
+//!   version below `T_start`; a version above it aborts
 //!   ([`AbortReason::NewerVersion`]: committed after this transaction began); READ the
 //!   record and check its CVs against the cell.
 //! - **C1, data and log**: per written object the record and the victim cell, with the
@@ -29,6 +32,8 @@
 //! - **C3, write visible**: the 8-byte WRITE of `T_commit` into every new cell, on every
 //!   copy, in one round.
 //! - **C4, unlock**: local locks at once; remote unlocks are sent and not awaited.
+//!   Before it, a writer replaces its locally locked keys' cached CVTs with the ones it
+//!   just published (or, if it failed after C1 began, removes them).
 //!
 //! A read-only transaction ([`crate::coordinator::Txn::declare_read_only`]) and, under SI,
 //! the read-only data of a read-write one take no lock: a snapshot at `T_start`. **The
@@ -70,6 +75,7 @@ use crate::cvt_remote::CvtLoc;
 use crate::error::{AbortReason, TxnError};
 use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
+use crate::vt_cache::VtCache;
 
 /// The lock key of a record: `(table, key) -> LockKey`, the record's critical field in
 /// the shard bits (Lotus 4.2). A workload supplies its own (TPC-C's warehouse, TATP's
@@ -98,6 +104,11 @@ pub struct LotusSite {
     /// The control-plane addresses of the other nodes' lock services: each thread's
     /// client connects to them ([`rrpc::runtime::ThreadCtx::connect_rpc`]).
     pub peers: Vec<std::net::SocketAddr>,
+    /// This compute node's version table cache (Lotus 4.4, [`crate::vt_cache`]), shared
+    /// by its threads; `None` turns it off. Its grant hook must be installed on
+    /// [`Self::local`] ([`VtCache::grant_hook`]), as [`Self::single_cached`] does; the
+    /// cache serves only keys of this node's own shards.
+    pub cache: Option<Arc<VtCache>>,
 }
 
 impl fmt::Debug for LotusSite {
@@ -107,6 +118,7 @@ impl fmt::Debug for LotusSite {
             .field("local", &self.local.is_some())
             .field("map_version", &self.map.version())
             .field("peers", &self.peers)
+            .field("cache", &self.cache)
             .finish_non_exhaustive()
     }
 }
@@ -114,11 +126,22 @@ impl fmt::Debug for LotusSite {
 impl LotusSite {
     /// A site whose one node `node` serves every shard from a lock table of
     /// `table_bytes` bytes (8-byte slots; Lotus 7.1 uses 32 MB per node) in this process,
-    /// with [`hashed_lock_key`]: every lock a CPU CAS.
+    /// with [`hashed_lock_key`]: every lock a CPU CAS. With a version table cache of
+    /// [`crate::vt_cache::DEFAULT_ENTRIES`] entries (Lotus 7.1's 64 K).
     pub fn single(node: u32, table_bytes: usize) -> Self {
+        Self::single_cached(node, table_bytes, crate::vt_cache::DEFAULT_ENTRIES)
+    }
+
+    /// [`Self::single`] with a version table cache of `vtc_entries` entries (0: none),
+    /// its grant hook installed on the lock table (Lotus 4.4).
+    pub fn single_cached(node: u32, table_bytes: usize, vtc_entries: usize) -> Self {
         let map = ShardMap::uniform(&[node]).expect("one node is a valid map");
         let table = Arc::new(lockd::lock_table::LockTable::with_bytes(table_bytes));
-        let svc = TableService::new(table, lockd::shard::Ownership::new(node, map.clone()));
+        let mut svc = TableService::new(table, lockd::shard::Ownership::new(node, map.clone()));
+        let cache = (vtc_entries > 0).then(|| Arc::new(VtCache::new(vtc_entries)));
+        if let Some(c) = &cache {
+            svc = svc.with_grant_hook(c.grant_hook());
+        }
         Self {
             node,
             local: Some(Arc::new(svc)),
@@ -126,6 +149,7 @@ impl LotusSite {
             lock_key: Arc::new(|t, k| Some(hashed_lock_key(t, k))),
             client: TableClientConfig::default(),
             peers: Vec::new(),
+            cache,
         }
     }
 
@@ -178,12 +202,15 @@ pub(crate) struct Lotus {
     locks: Rc<TableClient>,
     lock_key: LockKeyFn,
     node: u32,
+    cache: Option<Arc<VtCache>>,
 }
 
 /// Lotus's state of an attempt: the locks it holds, in the order taken.
 #[derive(Default)]
 pub(crate) struct LotusState {
     held: Vec<(LockKey, LockMode)>,
+    /// C1 began: some of the attempt's WRITEs may have landed.
+    wrote: bool,
 }
 
 /// Lotus's state of an object read: the lock the attempt holds on it.
@@ -217,7 +244,30 @@ impl Lotus {
             )),
             lock_key: site.lock_key.clone(),
             node: site.node,
+            cache: site.cache.clone(),
         })
+    }
+
+    /// The version table cache for `key`, locked by this attempt: only for keys this
+    /// node's own table serves (the spec's A.4: "CVTs of locally locked data").
+    fn cache_for(&self, key: Option<LockKey>) -> Option<(&VtCache, LockKey)> {
+        let c = self.cache.as_deref()?;
+        let key = key?;
+        (self.locks.node_of(key) == self.node).then_some((c, key))
+    }
+
+    /// Before unlocking an attempt that began C1 and did not commit: remove its written
+    /// keys' cached CVTs (some of its WRITEs may have landed; rule 3 of
+    /// [`crate::vt_cache`]).
+    fn uncache_failed_writes(&self, t: &A<'_>) {
+        if !t.cc.wrote || t.committed || self.cache.is_none() {
+            return;
+        }
+        for o in t.objs.iter().filter(|o| o.write.is_some()) {
+            if let Some((c, k)) = self.cache_for((self.lock_key)(o.table, o.key)) {
+                c.remove(k);
+            }
+        }
     }
 
     /// Lotus 6, step 3: release the locks of dead compute-node life `dead` in every
@@ -382,6 +432,7 @@ impl ConcurrencyControl for Lotus {
     }
 
     async fn release(&self, t: &mut A<'_>) -> Result<(), TxnError> {
+        self.uncache_failed_writes(t);
         let mut held = std::mem::take(&mut t.cc.held);
         let point = crate::attempt::CrashPoint::AfterFirstUnlock;
         if t.committed && held.len() > 1 && crate::attempt::crash_armed(point) {
@@ -404,6 +455,7 @@ impl ConcurrencyControl for Lotus {
     /// A dropped attempt's locks (one that neither committed nor aborted) are released
     /// here.
     fn finish(&self, t: &mut A<'_>) {
+        self.uncache_failed_writes(t);
         let held = std::mem::take(&mut t.cc.held);
         self.unlock(t.core, t.id, held);
     }
@@ -465,19 +517,42 @@ fn skip_invisible() -> bool {
     false
 }
 
+/// The planted bug of the cache's test: local writers do not update their cached CVTs.
+fn skip_vtc_update() -> bool {
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::lotus_skipping_vtc_update() {
+        return true;
+    }
+    false
+}
+
 /// A read of `(table, key)` under this attempt's lock at `s` (E2, E3): the newest
-/// version must be older than `s`. With `create`, a key without a CVT gets one (an
-/// insert; the caller holds its write lock).
+/// version must be older than `s`. With `create` (the attempt's id), a key without a
+/// CVT gets one (an insert; the caller holds its write lock). With `cache` (a key of
+/// this node's own shards), the version table cache first: a hit skips the CVT READ (the
+/// record is still READ and checked against the cached cell; a mismatch removes the
+/// entry and READs the CVT); a CVT READ after a miss fills it, synchronously, the lock
+/// still held.
 async fn read_locked(
     c: &ClientCore,
     table: u32,
     key: u64,
     loc: Option<CvtLoc>,
+    cache: Option<(&VtCache, LockKey)>,
     s: Timestamp,
-    create: bool,
-    id: u64,
+    create: Option<u64>,
 ) -> Result<Obj, TxnError> {
-    let mut o = Obj::absent(table, key);
+    if let Some((vc, lk)) = cache {
+        if let Some((loc, cvt)) = vc.get(lk, table, key) {
+            match use_locked(c, table, key, loc, cvt, s).await {
+                Err(TxnError::Abort(AbortReason::TornRead)) => {
+                    // The cached cell's record no longer matches: READ the CVT.
+                    vc.remove(lk);
+                }
+                r => return r,
+            }
+        }
+    }
     let found = match loc {
         Some(loc) => {
             let cvt = c.store.read_cvt(loc).await?;
@@ -491,10 +566,34 @@ async fn read_locked(
         None => c.store.lookup(table, key).await?,
     };
     let (loc, cvt) = match found {
-        Some(f) => f,
-        None if create => c.store.create(table, key, 0, id).await?,
-        None => return Ok(o),
+        Some((loc, cvt)) => {
+            // Rule 2: fill while the lock is held, with no await since the READ.
+            if let Some((vc, lk)) = cache {
+                if !cvt.has_invisible() {
+                    vc.fill(lk, table, key, loc, &cvt);
+                }
+            }
+            (loc, cvt)
+        }
+        None => match create {
+            Some(id) => c.store.create(table, key, 0, id).await?,
+            None => return Ok(Obj::absent(table, key)),
+        },
     };
+    use_locked(c, table, key, loc, cvt, s).await
+}
+
+/// E3 of a locked read: `cvt` at `loc` (READ or cached) must have no INVISIBLE cell and
+/// no version after `s`; READ the record of the version visible at `s`.
+async fn use_locked(
+    c: &ClientCore,
+    table: u32,
+    key: u64,
+    loc: CvtLoc,
+    cvt: Cvt,
+    s: Timestamp,
+) -> Result<Obj, TxnError> {
+    let mut o = Obj::absent(table, key);
     if cvt.has_invisible() {
         // Under our lock: a crashed writer's leftover, which recovery removes before
         // the key's lock is granted again; not ours to use.
@@ -564,20 +663,20 @@ async fn fetch(p: &Lotus, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> 
     }
     // E2, E3: READ the CVTs and records, all in one round.
     let id = t.id;
-    let got = join_all(
-        want.iter()
-            .zip(&modes)
-            .zip(&existing)
-            .map(|((&(tb, k, upd), &m), &ex)| {
-                let loc = ex.and_then(|i| t.objs[i].loc);
-                async move {
-                    match m {
-                        Some(_) => read_locked(c, tb, k, loc, s, upd, id).await,
-                        None => read_snapshot(c, tb, k, s).await,
-                    }
+    let got = join_all(want.iter().zip(&modes).zip(&existing).zip(&keys).map(
+        |(((&(tb, k, upd), &m), &ex), &lk)| {
+            let loc = ex.and_then(|i| t.objs[i].loc);
+            // Rule 1 of the cache: locked keys only (read-only transactions and
+            // snapshot reads take no lock).
+            let cache = m.and_then(|_| p.cache_for(lk));
+            async move {
+                match m {
+                    Some(_) => read_locked(c, tb, k, loc, cache, s, upd.then_some(id)).await,
+                    None => read_snapshot(c, tb, k, s).await,
                 }
-            }),
-    )
+            }
+        },
+    ))
     .await;
     let mut failed = None;
     for ((r, m), ex) in got.into_iter().zip(modes).zip(existing) {
@@ -636,6 +735,7 @@ async fn commit(p: &Lotus, t: &mut A<'_>) -> Result<(), TxnError> {
     }
     // C1: records and cells, INVISIBLE, on every copy (and the log before them).
     t.enter(Phase::WriteBack);
+    t.cc.wrote = true;
     let tag = invisible(t.id);
     t.write_back(|_| tag).await?;
     // C2: the commit timestamp, after every C1 WRITE was acknowledged.
@@ -644,6 +744,18 @@ async fn commit(p: &Lotus, t: &mut A<'_>) -> Result<(), TxnError> {
     // C3: write visible.
     t.enter(Phase::WriteBack);
     publish(t, commit_ts).await?;
+    // Rule 3 of the cache: the published CVTs replace the cached ones before C4.
+    for o in t
+        .objs
+        .iter()
+        .filter(|o| o.write.is_some() && !skip_vtc_update())
+    {
+        if let (Some((vc, lk)), Some(loc), Some(cvt)) =
+            (p.cache_for((p.lock_key)(o.table, o.key)), o.loc, &o.cvt)
+        {
+            vc.update(lk, o.table, o.key, loc, cvt);
+        }
+    }
     t.record(Some((s, commit_ts)), commit_ts);
     Ok(())
 }

@@ -502,6 +502,7 @@ pub(crate) fn measure(
         cnode_events: events,
         history_written: args.history_out.is_some(),
         lotus_locks_held: None,
+        lotus_vtc: None,
     })
 }
 
