@@ -273,7 +273,7 @@ mod tests {
         let g = LogGeometry::default();
         let b = log(3).encode(g.max_entries()).unwrap();
         assert_eq!(CommitLog::decode(&[0u8; 64]), None, "empty slot");
-        for cut in [HEADER_BYTES + 1, b.len() - 1] {
+        for cut in [HEADER_BYTES + 1, b.len() - COMMIT_WORD_BYTES - 1] {
             // A crash while the log was being written: the rest of the slot is old.
             let mut torn = b.clone();
             torn[cut] ^= 0x5a;
