@@ -37,9 +37,6 @@ for exe in "$@"; do
     ycsb) only=(--exact ycsb_a_passes_every_check_with_every_protocol) ;;
     tatp) only=(--exact tatp_on_scythe) ;;
     tpcc) only=(--exact tpcc_on_occ_cas) ;;
-    # Lotus's lock tables in two coordinator processes, each locking the other's shards
-    # by RPC over verbs.
-    lotus) only=(--exact two_compute_nodes_lock_on_each_others_tables) ;;
     # A coordinator process SIGKILLed mid-run on verbs: its memory nodes and lockd fence
     # its QPs, the survivor recovers it (logs, sweep, tickets), its next incarnation
     # starts; money exact, nothing held (etcd from the host's filesystem, on loopback).
