@@ -136,6 +136,13 @@ pub struct TxnConfig {
     /// `None` (the default): the initial placement for good, and a memory node's
     /// failure fails the transactions that meet it.
     pub view_feed: Option<crate::view::ViewFeed>,
+    /// UNSAFE, benchmark only: [`Protocol::Mvcc`] without its lock CAS (Lotus's Fig. 3
+    /// premise, "MVCC with CAS abandoned"). A read-write object's CVT is READ and treated
+    /// as locked without the CAS, and nothing is released for it; the commit's
+    /// validation of read-only data stays. Loses isolation between writers: histories
+    /// are not serializable and money is not conserved, so checkers must be off. Other
+    /// protocols ignore it (default false).
+    pub unsafe_no_lock_cas: bool,
 }
 
 /// How a commit's installs reach the primary and the backups of a replicated
@@ -182,6 +189,7 @@ impl Default for TxnConfig {
             log_placement: LogPlacement::RoundBefore,
             replica_commit: ReplicaCommit::Coalesced,
             view_feed: None,
+            unsafe_no_lock_cas: false,
         }
     }
 }
