@@ -152,7 +152,7 @@ pub struct Args {
     #[arg(long, env = "RRPC_GID_INDEX")]
     pub gid_index: Option<u32>,
     /// Timing model of the shm fabric, for this process and every service it starts:
-    /// none, cx5, cx6, rxe (built-in RNIC profiles) or the path of a TOML profile.
+    /// none, cx5, cx6, rxe, cx3-scaled (built-in RNIC profiles) or the path of a TOML profile.
     #[arg(long, env = "RRPC_MODEL", default_value = "none", value_name = "MODEL")]
     pub model: String,
     /// Cluster name (default: `txn-bench-<pid>`; with several runs, each run's cluster
@@ -206,6 +206,21 @@ pub struct Args {
     /// transaction and needs about 300 while it runs).
     #[arg(long)]
     pub no_check: bool,
+    /// UNSAFE, benchmark only: run mvcc without its lock CAS (Lotus's Fig. 3 premise:
+    /// read-write objects are READ and treated as locked, nothing is released; the
+    /// validation of read-only data stays). Writers are no longer isolated, so every
+    /// check is off and the output says UNSAFE. Needs --protocol mvcc (or mvcc-si).
+    #[arg(long)]
+    #[serde(default)]
+    pub unsafe_no_cas: bool,
+    /// Lotus's Fig. 3 premise in one invocation: mvcc, then mvcc without its lock CAS
+    /// (as --unsafe-no-cas: UNSAFE, checks off), each on a fresh cluster with the same
+    /// seed; prints `ratio throughput mvcc-nocas/mvcc` and whether it reaches the 1.5x
+    /// below which a timing model does not reproduce the memory nodes' CAS bottleneck.
+    /// Needs --protocol mvcc (or mvcc-si).
+    #[arg(long)]
+    #[serde(default)]
+    pub fig3_premise: bool,
     /// Print where the committed transactions' time goes, per type (Scythe's latency
     /// decomposition): mean and p99 of execution reads, timestamps, lock acquisition and
     /// waits, validation, commit writes, unlock and backoff, and the CPU time of every
@@ -713,6 +728,12 @@ impl Args {
         if self.timeline_ms.is_some_and(|ms| !(1..=1000).contains(&ms)) {
             bail!("--timeline-ms must be 1 to 1000");
         }
+        if self.unsafe_no_cas && self.fig3_premise {
+            bail!("--fig3-premise runs the --unsafe-no-cas variant itself: give one of them");
+        }
+        if (self.unsafe_no_cas || self.fig3_premise) && self.history_out.is_some() {
+            bail!("--history-out needs a checked run: not with --unsafe-no-cas or --fig3-premise");
+        }
         if self.history_out.is_some() && self.no_check {
             bail!("--history-out needs the recorded history: drop --no-check");
         }
@@ -842,6 +863,20 @@ impl Args {
             None | Some(IsolationArg::Sr) => Isolation::Serializable,
             Some(IsolationArg::Si) => Isolation::Snapshot,
         };
+        let list = self.protocol_list(iso)?;
+        if (self.unsafe_no_cas || self.fig3_premise) && !matches!(list[..], [Protocol::Mvcc(_)]) {
+            bail!(
+                "--unsafe-no-cas and --fig3-premise remove MVCC's lock CAS: they need --protocol mvcc \
+                 (or mvcc-si), not {}",
+                self.protocol
+            );
+        }
+        Ok(list)
+    }
+
+    /// The protocols `--protocol` names at isolation `iso` (checked against
+    /// `--isolation`).
+    fn protocol_list(&self, iso: Isolation) -> anyhow::Result<Vec<Protocol>> {
         Ok(match (self.protocol, self.isolation) {
             (ProtocolArg::All, _) => vec![
                 Protocol::OccCas,

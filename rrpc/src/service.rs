@@ -91,7 +91,7 @@ pub struct NodeArgs {
     /// else 0).
     #[arg(long, value_name = "N", env = "RRPC_SL", value_parser = clap::value_parser!(u8).range(0..=15))]
     pub sl: Option<u8>,
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe (built-in RNIC profiles) or
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled (built-in RNIC profiles) or
     /// the path of a TOML profile. Delays each work request by what an RNIC charges
     /// (latency, bandwidth, message rate, atomics, doorbells).
     #[arg(long, value_name = "MODEL", env = "RRPC_MODEL", default_value = "none")]

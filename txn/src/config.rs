@@ -165,6 +165,13 @@ pub struct TxnConfig {
     /// shard map and the lock-key function ([`crate::lotus::LotusSite`]); `None` (the
     /// default) for the other protocols.
     pub lotus: Option<crate::lotus::LotusSite>,
+    /// UNSAFE, benchmark only: [`Protocol::Mvcc`] without its lock CAS (Lotus's Fig. 3
+    /// premise, "MVCC with CAS abandoned"). A read-write object's CVT is READ and treated
+    /// as locked without the CAS, and nothing is released for it; the commit's
+    /// validation of read-only data stays. Loses isolation between writers: histories
+    /// are not serializable and money is not conserved, so checkers must be off. Other
+    /// protocols ignore it (default false).
+    pub unsafe_no_lock_cas: bool,
 }
 
 /// How a commit's installs reach the primary and the backups of a replicated
@@ -212,6 +219,7 @@ impl Default for TxnConfig {
             replica_commit: ReplicaCommit::Coalesced,
             view_feed: None,
             lotus: None,
+            unsafe_no_lock_cas: false,
         }
     }
 }

@@ -36,6 +36,12 @@
 //! unlocked earlier had installed everything (the lock word lies below the cells in the
 //! one READ of the CVT, see [`crate::occ_cas`] on that order).
 //!
+//! **UNSAFE no-CAS variant** ([`crate::config::TxnConfig::unsafe_no_lock_cas`], for
+//! Lotus's Fig. 3 premise only): a read-write object's CVT is READ without the lock CAS
+//! and counted as held ([`MvccObj::held_no_cas`]); its lock word is never written, so
+//! nothing is released for it. The validation of read-only data stays. Concurrent writers
+//! of one object both commit: the histories it produces are not serializable.
+//!
 //! [`Cvt::select`]: crate::cvt::Cvt::select
 
 use std::time::{Duration, Instant};
@@ -65,6 +71,15 @@ pub(crate) struct MvccObj {
     /// The CVT was locked by another transaction when this one read it (module docs,
     /// locked CVTs).
     seen_locked: bool,
+    /// UNSAFE no-CAS variant (module docs): treated as locked by this transaction
+    /// although its lock word was never CASed (so never released either).
+    held_no_cas: bool,
+}
+
+/// The transaction treats `o` as locked: it holds the CVT's lock word, or (UNSAFE
+/// no-CAS variant) read it for update without the CAS.
+fn held(o: &Obj) -> bool {
+    o.locked || o.cc.held_no_cas
 }
 
 type Obj = attempt::Obj<MvccObj>;
@@ -76,7 +91,7 @@ impl ConcurrencyControl for Mvcc {
 
     /// An object read as read-only data and now read for update is locked now.
     fn refetch(&self, o: &Obj, for_update: bool) -> bool {
-        for_update && !o.locked
+        for_update && !held(o)
     }
 
     async fn fetch(&self, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
@@ -150,6 +165,17 @@ async fn lock_and_read(
             None => c.store.lookup(table, key).await?.map(|(l, _)| l),
         };
         let (loc, cvt) = match loc {
+            Some(loc) if c.cfg.unsafe_no_lock_cas => {
+                // UNSAFE (module docs): the READ of the CAS+READ round only.
+                let cvt = c.store.read_cvt(loc).await?;
+                if (cvt.header.table, cvt.header.key) != (table, key) {
+                    c.store.forget(table, key);
+                    return Err(TxnError::Abort(AbortReason::TornRead));
+                }
+                o.loc = Some(loc);
+                o.cc.held_no_cas = true;
+                (loc, cvt)
+            }
             Some(loc) => {
                 // CAS and READ in one round (Motor's doorbell-batched CAS+READ); a READ
                 // that did not see our lock word saw the CVT before the CAS and is
@@ -198,7 +224,7 @@ async fn fetch(iso: Isolation, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnEr
     let s = t.timestamp().await?;
     let c = t.core;
     let sr = iso == Isolation::Serializable;
-    let holds = t.objs.iter().any(|o| o.locked) || want.iter().any(|w| w.2);
+    let holds = t.objs.iter().any(held) || want.iter().any(|w| w.2);
     let id = t.id;
     let existing: Vec<Option<usize>> = want.iter().map(|&(tb, k, _)| t.find(tb, k)).collect();
     let got = join_all(want.iter().zip(&existing).map(|(&(tb, k, upd), &ex)| {
@@ -226,8 +252,10 @@ async fn fetch(iso: Isolation, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnEr
             Some(i) => {
                 // Read before as read-only data, locked now: it must be unchanged.
                 let prev = &mut t.objs[i];
+                let took = held(&o);
                 prev.locked |= o.locked;
-                if o.locked {
+                prev.cc.held_no_cas |= o.cc.held_no_cas;
+                if took {
                     prev.loc = o.loc;
                     if o.cvt.is_some() && o.version != prev.version {
                         failed.get_or_insert(TxnError::Abort(AbortReason::NewerVersion));
@@ -235,7 +263,7 @@ async fn fetch(iso: Isolation, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnEr
                     prev.cvt = o.cvt;
                 }
             }
-            None if o.locked || failed.is_none() => t.objs.push(o),
+            None if held(&o) || failed.is_none() => t.objs.push(o),
             None => {}
         }
     }
@@ -263,7 +291,7 @@ async fn commit(iso: Isolation, t: &mut A<'_>) -> Result<(), TxnError> {
     let late: Vec<(u32, u64, bool)> = t
         .objs
         .iter()
-        .filter(|o| o.write.is_some() && !o.locked)
+        .filter(|o| o.write.is_some() && !held(o))
         .map(|o| (o.table, o.key, true))
         .collect();
     if !late.is_empty() {
@@ -291,7 +319,7 @@ async fn check_locked_reads(t: &mut A<'_>, s: Timestamp, wait: bool) -> Result<(
     let checks = t
         .objs
         .iter()
-        .filter(|o| o.cc.seen_locked && !o.locked)
+        .filter(|o| o.cc.seen_locked && !held(o))
         .filter_map(|o| o.loc.map(|l| (l, o.version)));
     let results = join_all(checks.map(|(loc, version)| async move {
         let deadline = Instant::now() + c.cfg.read_wait;
@@ -327,11 +355,11 @@ async fn validate(t: &mut A<'_>, commit_ts: Timestamp) -> Result<(), TxnError> {
     let seen = join_all(
         t.objs
             .iter()
-            .filter(|o| !o.locked)
+            .filter(|o| !held(o))
             .map(|o| c.store.reread(o.table, o.key, o.loc)),
     )
     .await;
-    for (o, cvt) in t.objs.iter().filter(|o| !o.locked).zip(seen) {
+    for (o, cvt) in t.objs.iter().filter(|o| !held(o)).zip(seen) {
         let Some(cvt) = cvt? else { continue };
         if cvt.header.lock != 0 {
             return Err(TxnError::Abort(AbortReason::ValidationLocked));

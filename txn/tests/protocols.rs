@@ -613,3 +613,92 @@ fn scythe_retries_in_tocc_on_the_row_an_attempt_aborted_on() {
         assert!(share[CHECKING as usize].1 >= 1, "{share:?}");
     });
 }
+
+/// The UNSAFE no-CAS MVCC variant (`TxnConfig::unsafe_no_lock_cas`, Lotus's Fig. 3
+/// premise) writes an object another transaction holds the lock of without touching the
+/// lock word: neither taking it nor, when it commits, releasing it (it posts two WRs
+/// fewer per update: the lock CAS and the release CAS). The holder's lock
+/// still stops a safe writer until the holder commits.
+#[test]
+fn mvcc_without_cas_never_writes_a_lock_word() {
+    let cl = cluster("nocas", 1, 3);
+    let (addrs, name) = (cl.addrs.clone(), cl.guard.name().to_string());
+    let client = |node: u32, unsafe_no_lock_cas: bool| {
+        let ctx = ThreadCtx::new(fabric(&name, node), RuntimeConfig::default()).unwrap();
+        let cfg = TxnConfig {
+            protocol: Protocol::Mvcc(Isolation::Serializable),
+            unsafe_no_lock_cas,
+            ..TxnConfig::default()
+        };
+        Rc::new(TxnClient::connect(ctx, &addrs, cfg).unwrap())
+    };
+    let client = &client;
+    let step = std::sync::Arc::new(std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        // The holder: locks savings 1, waits for the others, commits.
+        let hold = step.clone();
+        s.spawn(move || {
+            let step = hold;
+            let h = client(300, false);
+            let h2 = h.clone();
+            run(&h, async move {
+                let mut t = h2.begin();
+                let v = bal(&t.read_for_update(SAVINGS, 1).await.unwrap());
+                step.wait(); // locked
+                step.wait(); // the others are done
+                t.write(SAVINGS, 1, (v + 1).to_le_bytes().to_vec()).unwrap();
+                t.commit().await.unwrap();
+            });
+        });
+        s.spawn(move || {
+            step.wait();
+            // No CAS: the held lock does not stop it, and it commits.
+            let u = client(301, true);
+            let u2 = u.clone();
+            run(&u, async move {
+                let mut t = u2.begin();
+                let v = bal(&t.read_for_update(SAVINGS, 1).await.unwrap());
+                t.write(SAVINGS, 1, (v + 10).to_le_bytes().to_vec())
+                    .unwrap();
+                t.commit().await.unwrap();
+            });
+            // The lock word still holds the holder's id: a safe writer is refused.
+            let w = client(302, false);
+            let w2 = w.clone();
+            run(&w, async move {
+                let mut t = w2.begin();
+                assert!(matches!(
+                    t.read_for_update(SAVINGS, 1).await,
+                    Err(TxnError::Abort(AbortReason::LockCas))
+                ));
+            });
+            step.wait();
+        });
+    });
+    // The holder released its own lock: a safe writer gets it now.
+    let w = client(303, false);
+    let w2 = w.clone();
+    run(&w, async move {
+        let mut t = w2.begin();
+        t.read_for_update(SAVINGS, 1).await.unwrap();
+        t.commit().await.unwrap();
+    });
+    // One update each on fresh clients: the variant posts two WRs fewer, the lock CAS
+    // and the release CAS.
+    let wrs_of_update = |node: u32, unsafe_no_lock_cas: bool, key: u64| {
+        let c = client(node, unsafe_no_lock_cas);
+        let before = c.ctx().stats().wrs;
+        let c2 = c.clone();
+        run(&c, async move {
+            let mut t = c2.begin();
+            let v = bal(&t.read_for_update(CHECKING, key).await.unwrap());
+            t.write(CHECKING, key, (v + 1).to_le_bytes().to_vec())
+                .unwrap();
+            t.commit().await.unwrap();
+        });
+        c.ctx().stats().wrs - before
+    };
+    let safe = wrs_of_update(304, false, 7);
+    let no_cas = wrs_of_update(305, true, 8);
+    assert_eq!(safe, no_cas + 2, "safe {safe} WRs, no-CAS {no_cas}");
+}

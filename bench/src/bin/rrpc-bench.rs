@@ -79,7 +79,7 @@ struct Common {
     /// Core the (first) client thread is pinned to.
     #[arg(long, global = true, default_value_t = 0)]
     client_core: usize,
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe (built-in RNIC profiles) or
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled (built-in RNIC profiles) or
     /// the path of a TOML profile (default: $RRPC_MODEL, else none).
     #[arg(long, global = true, value_name = "MODEL")]
     model: Option<String>,

@@ -75,7 +75,7 @@ struct Args {
     /// Fabric backend: shm or verbs (default: $RRPC_FABRIC, else shm).
     #[arg(long, value_name = "KIND")]
     fabric: Option<String>,
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe or the path of a TOML profile
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled or the path of a TOML profile
     /// (default: cx5 on shm, none on verbs, which refuses one).
     #[arg(long, value_name = "MODEL")]
     model: Option<String>,

@@ -444,7 +444,7 @@ pub struct FabricConfig {
     /// Service level of the QPs' address vector, 0 to 15 (verbs; default: `RRPC_SL`,
     /// else 0).
     pub service_level: Option<u8>,
-    /// Timing model of the shm backend ([`model`]): `none`, `cx5`, `cx6`, `rxe` or the
+    /// Timing model of the shm backend ([`model`]): `none`, `cx5`, `cx6`, `rxe`, `cx3-scaled` or the
     /// path of a TOML profile. `None`: `$RRPC_MODEL`, else none.
     pub model: Option<String>,
     /// This process's incarnation of `node` (see [`Fabric::incarnation`]): by default

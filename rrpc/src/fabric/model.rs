@@ -35,14 +35,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Deserialize;
 
 /// Profiles built into every binary: the files of `deploy/models/`.
-const BUILTIN: [(&str, &str); 3] = [
+const BUILTIN: [(&str, &str); 4] = [
     ("cx5", include_str!("../../../deploy/models/cx5.toml")),
+    (
+        "cx3-scaled",
+        include_str!("../../../deploy/models/cx3-scaled.toml"),
+    ),
     ("cx6", include_str!("../../../deploy/models/cx6.toml")),
     ("rxe", include_str!("../../../deploy/models/rxe.toml")),
 ];
 
 /// Names accepted by [`TimingModel::load`] besides a path.
-pub const BUILTIN_NAMES: &str = "none, cx5, cx6, rxe";
+pub const BUILTIN_NAMES: &str = "none, cx5, cx6, rxe, cx3-scaled";
 
 /// The parameters of a profile, as its TOML file gives them.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -243,7 +247,7 @@ const AETH: u64 = 4;
 
 impl TimingModel {
     /// The model `spec` names: `none` (or empty) for none, a built-in profile (`cx5`,
-    /// `cx6`, `rxe`), or the path of a TOML file with [`ModelParams`].
+    /// `cx6`, `rxe`, `cx3-scaled`), or the path of a TOML file with [`ModelParams`].
     ///
     /// Errors: an unknown name, an unreadable or malformed file, a parameter out of range.
     pub fn load(spec: &str) -> Result<Option<Self>, ModelError> {
@@ -618,9 +622,43 @@ mod tests {
         assert!(small.complete_ns >= big.complete_ns, "completions in order");
     }
 
+    /// `cx3-scaled` is Lotus's ConnectX-3 (56 Gb/s, 35 Mops WRITE, 2.5 Mops CAS) with
+    /// every rate divided by one k and the latencies of `cx5`.
+    #[test]
+    fn the_scaled_profile_divides_every_rate_by_one_k_and_keeps_latencies() {
+        let m = TimingModel::load("cx3-scaled").unwrap().unwrap();
+        let cx5 = TimingModel::load("cx5").unwrap().unwrap();
+        let (p, c) = (m.params(), cx5.params());
+        let k = 35.0 / p.nic.msg_rate_mops;
+        assert!(k >= 8.0, "scaled down, k = {k}");
+        let same = |a: f64, b: f64| (a - b).abs() < 1e-9 * b;
+        assert!(
+            same(p.atomic.host_mops * k, 2.5),
+            "CAS: {}",
+            p.atomic.host_mops
+        );
+        assert!(
+            same(p.link.line_rate_gbps * k, 56.0),
+            "{}",
+            p.link.line_rate_gbps
+        );
+        assert!(
+            same(p.atomic.dm_mops * k, c.atomic.dm_mops),
+            "{}",
+            p.atomic.dm_mops
+        );
+        assert_eq!(p.link.one_way_ns, c.link.one_way_ns);
+        assert_eq!(p.nic.doorbell_ns, c.nic.doorbell_ns);
+        assert_eq!(p.atomic.same_addr_host_ns, c.atomic.same_addr_host_ns);
+        assert_eq!(p.atomic.same_addr_dm_ns, c.atomic.same_addr_dm_ns);
+        // The atomic unit is the slowest resource: 1 / (2.5 Mops / k) per CAS.
+        assert_eq!(m.atomic_host_ns, (400.0 * k).round() as u64);
+        assert!(m.describe().contains("cx3-scaled"));
+    }
+
     #[test]
     fn profiles_load_and_bad_ones_say_why() {
-        for name in ["cx5", "cx6", "rxe"] {
+        for name in ["cx5", "cx6", "rxe", "cx3-scaled"] {
             let m = TimingModel::load(name).unwrap().unwrap();
             assert_eq!(m.params().name, name);
             assert!(m.describe().starts_with(name));
