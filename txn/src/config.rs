@@ -162,9 +162,9 @@ pub struct TxnConfig {
     /// failure fails the transactions that meet it.
     pub view_feed: Option<crate::view::ViewFeed>,
     /// Where [`Protocol::Lotus`] takes its locks: this compute node's lock table, the
-    /// shard map and the lock-key function ([`crate::lotus::LotusSite`]); `None` (the
+    /// shard map and the lock-key function ([`crate::lotus_site::LotusSite`]); `None` (the
     /// default) for the other protocols.
-    pub lotus: Option<crate::lotus::LotusSite>,
+    pub lotus: Option<crate::lotus_site::LotusSite>,
     /// UNSAFE, benchmark only: [`Protocol::Mvcc`] without its lock CAS (Lotus's Fig. 3
     /// premise, "MVCC with CAS abandoned"). A read-write object's CVT is READ and treated
     /// as locked without the CAS, and nothing is released for it; the commit's

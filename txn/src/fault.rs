@@ -161,9 +161,9 @@ impl CrashPoint {
         CrashPoint::AfterFirstUnlock,
     ];
 
-    /// Whether a commit of `protocol` passes this point (only Lotus publishes).
-    pub fn reached_by(self, protocol: crate::config::Protocol) -> bool {
-        self != CrashPoint::AfterFirstPublish || protocol.needs_lock_tables()
+    /// Whether only Lotus's commits pass this point (only Lotus publishes).
+    pub fn lotus_only(self) -> bool {
+        self == CrashPoint::AfterFirstPublish
     }
 
     /// The point's name (`after-lock`, `after-log`, ...), as `TXN_CRASH_AT` takes it.

@@ -38,7 +38,7 @@
 //!
 //! **UNSAFE no-CAS variant** ([`crate::config::TxnConfig::unsafe_no_lock_cas`], for
 //! Lotus's Fig. 3 premise only): a read-write object's CVT is READ without the lock CAS
-//! and counted as held ([`MvccObj::held_no_cas`]); its lock word is never written, so
+//! and counted as held (`MvccObj::held_no_cas`); its lock word is never written, so
 //! nothing is released for it. The validation of read-only data stays. Concurrent writers
 //! of one object both commit: the histories it produces are not serializable.
 //!

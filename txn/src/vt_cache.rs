@@ -34,7 +34,7 @@
 //! **Keys.** Entries are keyed by the record's [`LockKey`] (what the grant hook knows)
 //! and carry the record's `(table, key)`: a lookup whose entry belongs to another record
 //! (two keys that share a lock key through the hashed `rest` field,
-//! [`crate::lotus::rest_of`]) is a miss, and the fill replaces it. Invalidating by lock
+//! [`crate::lotus_site::rest_of`]) is a miss, and the fill replaces it. Invalidating by lock
 //! key then removes whichever of the two is cached: safe.
 //!
 //! **Layout.** [`SUB_CACHES`] sub-caches, each behind its own `Mutex` and chosen by a hash
