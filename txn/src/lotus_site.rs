@@ -17,7 +17,7 @@ use crate::vt_cache::VtCache;
 /// the shard bits (Lotus 4.2). A workload supplies its own (TPC-C's warehouse, TATP's
 /// subscriber, SmallBank's account); [`hashed_lock_key`] is the default. `None` declares
 /// the record static: never written at run time, so read without a lock even under SR
-/// (TPC-C's ITEM); a write to it is refused ([`TxnError::Usage`]).
+/// (TPC-C's ITEM); a write to it is refused ([`crate::error::TxnError::Usage`]).
 pub type LockKeyFn = Arc<dyn Fn(u32, u64) -> Option<LockKey> + Send + Sync>;
 
 /// Where a compute node's Lotus coordinators take their locks (one per process, cloned
