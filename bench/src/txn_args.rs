@@ -375,6 +375,8 @@ pub enum ProtocolArg {
     One(Protocol),
     /// `mvcc`: MVCC at the isolation of `--isolation`.
     Mvcc,
+    /// `lotus`: Lotus at the isolation of `--isolation`.
+    Lotus,
     /// `occ-cas`, `scythe`, `mvcc` and `lotus` (the last two at `--isolation`), one
     /// after another.
     All,
@@ -386,6 +388,7 @@ impl FromStr for ProtocolArg {
         match s {
             "all" => Ok(Self::All),
             "mvcc" => Ok(Self::Mvcc),
+            "lotus" => Ok(Self::Lotus),
             _ => s.parse::<Protocol>().map(Self::One).map_err(|_| {
                 format!(
                     "unknown protocol {s:?}: occ-cas, scythe, mvcc (mvcc-sr), mvcc-si, lotus \
@@ -401,6 +404,7 @@ impl fmt::Display for ProtocolArg {
         match self {
             Self::One(p) => write!(f, "{p}"),
             Self::Mvcc => f.write_str("mvcc"),
+            Self::Lotus => f.write_str("lotus"),
             Self::All => f.write_str("all"),
         }
     }
@@ -885,9 +889,10 @@ impl Args {
                 Protocol::Lotus(iso),
             ],
             (ProtocolArg::Mvcc, _) => vec![Protocol::Mvcc(iso)],
+            (ProtocolArg::Lotus, _) => vec![Protocol::Lotus(iso)],
             (ProtocolArg::One(p @ (Protocol::Mvcc(i) | Protocol::Lotus(i))), Some(_)) if i != iso => {
                 bail!(
-                "--protocol {p} contradicts --isolation {} (use --protocol mvcc --isolation LEVEL)",
+                "--protocol {p} contradicts --isolation {} (use --protocol mvcc|lotus --isolation LEVEL)",
                 if iso == Isolation::Snapshot { "si" } else { "sr" }
             )
             }

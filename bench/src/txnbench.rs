@@ -1822,12 +1822,27 @@ mod tests {
         assert_eq!(names(&[]).unwrap(), ["scythe"]);
         assert_eq!(
             names(&["--protocol", "all"]).unwrap(),
-            ["occ-cas", "scythe", "mvcc"]
+            ["occ-cas", "scythe", "mvcc", "lotus"]
         );
         assert_eq!(
             names(&["--protocol", "all", "--isolation", "si"]).unwrap(),
-            ["occ-cas", "scythe", "mvcc-si"]
+            ["occ-cas", "scythe", "mvcc-si", "lotus-si"]
         );
+        // With coordinator processes `all` leaves Lotus out; by name it runs.
+        assert_eq!(
+            names(&["--protocol", "all", "--cnodes", "2"]).unwrap(),
+            ["occ-cas", "scythe", "mvcc"]
+        );
+        assert_eq!(
+            names(&["--protocol", "lotus", "--cnodes", "2"]).unwrap(),
+            ["lotus"]
+        );
+        assert_eq!(
+            names(&["--protocol", "lotus", "--isolation", "si"]).unwrap(),
+            ["lotus-si"]
+        );
+        let e = names(&["--protocol", "lotus-si", "--isolation", "sr"]).unwrap_err();
+        assert!(e.contains("contradicts --isolation sr"), "{e}");
         assert_eq!(names(&["--protocol", "mvcc"]).unwrap(), ["mvcc"]);
         assert_eq!(
             names(&["--protocol", "mvcc", "--isolation", "si"]).unwrap(),
