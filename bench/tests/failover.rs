@@ -155,7 +155,9 @@ fn a_restarted_memnode_is_re_replicated_and_every_copy_matches() {
     let args = restart_args(&[]);
     let (ok, stdout, s) = txn_bench_watched("fo-restart", &args, LIMIT);
     assert!(ok, "{stdout}");
-    assert_re_replicated(&stdout, &s, runs());
+    // `all` leaves Lotus out with a restart (txn-bench says why).
+    let n = if protocols() == "all" { 3 } else { 1 };
+    assert_re_replicated(&stdout, &s, n);
 }
 
 #[test]
