@@ -907,12 +907,12 @@ impl Args {
             // released (Lotus 6), but its shards stay down: no restart of it
             // (`--restart`) and no stop (its lock service would stall the others' RPCs).
             // `all` with coordinator processes leaves Lotus out.
-            // A memory node restarted and re-replicated under Lotus: the drain before a
-            // partition's copy once waited out its 10 s limit for a Lotus attempt from
-            // before (another run: 2 s), not understood yet.
+            // A memory node killed under Lotus: once a write-back failed on the dead node
+            // (a flushed WRITE not tolerated), and once the drain before a re-replication
+            // waited out its 10 s limit for a Lotus attempt; neither is understood yet.
             let unsupported = self.stop_cn_after.is_some()
                 || (self.restart && self.kill_cn_after.is_some())
-                || (self.restart && self.kill_memnode_after.is_some());
+                || self.kill_memnode_after.is_some();
             let all = self.protocol == ProtocolArg::All;
             if (unsupported || all && self.coordinator_processes())
                 && v.iter().any(|p| p.needs_lock_tables())
@@ -920,16 +920,16 @@ impl Args {
                 if !all {
                     bail!(
                         "--protocol {} with --stop-cn-after, --kill-cn-after --restart or \
-                         --kill-memnode-after --restart is not supported yet: a dead compute \
-                         node's shards stay down (its lock table is not served again), and a \
-                         restarted memory node's re-replication can stall on a Lotus attempt; \
-                         use --kill-cn-after or --kill-memnode-after without --restart",
+                         --kill-memnode-after is not supported yet: a dead compute node's \
+                         shards stay down (its lock table is not served again), and a memory \
+                         node's failover has failed a Lotus write-back; use --kill-cn-after \
+                         without --restart",
                         self.protocol
                     );
                 }
                 eprintln!(
-                    "note: --protocol all leaves lotus out with coordinator processes or a \
-                     restart (see --protocol lotus for why)"
+                    "note: --protocol all leaves lotus out with coordinator processes, a \
+                     restart or a memory-node kill (see --protocol lotus for why)"
                 );
                 v.retain(|p| !p.needs_lock_tables());
             }

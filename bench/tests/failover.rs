@@ -33,8 +33,9 @@ fn protocols() -> &'static str {
 
 /// How many runs [`protocols`] makes.
 fn runs() -> usize {
+    // `all` leaves Lotus out with a memory-node kill (txn-bench says why).
     if protocols() == "all" {
-        4
+        3
     } else {
         1
     }
@@ -155,9 +156,7 @@ fn a_restarted_memnode_is_re_replicated_and_every_copy_matches() {
     let args = restart_args(&[]);
     let (ok, stdout, s) = txn_bench_watched("fo-restart", &args, LIMIT);
     assert!(ok, "{stdout}");
-    // `all` leaves Lotus out with a restart (txn-bench says why).
-    let n = if protocols() == "all" { 3 } else { 1 };
-    assert_re_replicated(&stdout, &s, n);
+    assert_re_replicated(&stdout, &s, runs());
 }
 
 #[test]
