@@ -401,7 +401,8 @@ fn bad_arguments_fail_cleanly() {
         (&["--isolation", "rc"], "--isolation"),
         (
             &["--sweep", "theta"],
-            "expected theta=V1,V2,..., clients=N1,N2,... or commit-log=off,on,ordered",
+            "expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered or \
+             vtc-entries=N1,N2,...",
         ),
         (&["--sweep", "theta=0,x"], "is not a Zipf theta"),
         (&["--sweep", "clients=0"], "is not a number of coroutines"),
