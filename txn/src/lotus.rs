@@ -71,6 +71,7 @@ use crate::config::Isolation;
 use crate::cvt::{invisible, Cvt};
 use crate::cvt_remote::CvtLoc;
 use crate::error::{AbortReason, TxnError};
+use crate::mvcc::visible;
 use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 use crate::vt_cache::VtCache;
@@ -340,15 +341,6 @@ impl ConcurrencyControl for Lotus {
         self.uncache_failed_writes(t);
         let held = std::mem::take(&mut t.cc.held);
         self.unlock(t.core, t.id, held);
-    }
-}
-
-/// The version of `cvt` visible at `ts` (ZERO for none) or the abort when GC took it.
-fn visible(cvt: &Cvt, ts: Timestamp) -> Result<Option<usize>, AbortReason> {
-    match cvt.select(ts) {
-        Some(i) => Ok(Some(i)),
-        None if cvt.cells.iter().any(|c| !c.valid) => Ok(None),
-        None => Err(AbortReason::VersionGone),
     }
 }
 

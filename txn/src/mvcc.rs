@@ -105,8 +105,9 @@ impl ConcurrencyControl for Mvcc {
 
 /// The version of the CVT visible at `ts` (ZERO for none), and whether the CVT could
 /// still hold an older one (some cell empty): `(version, cell)`, or `Err` when every
-/// version is at or after `ts` and every cell is full (GC took the one wanted).
-fn visible(cvt: &Cvt, ts: Timestamp) -> Result<Option<usize>, AbortReason> {
+/// version is at or after `ts` and every cell is full (GC took the one wanted). Lotus
+/// selects its versions the same way ([`crate::lotus`]).
+pub(crate) fn visible(cvt: &Cvt, ts: Timestamp) -> Result<Option<usize>, AbortReason> {
     match cvt.select(ts) {
         Some(i) => Ok(Some(i)),
         None if cvt.cells.iter().any(|c| !c.valid) => Ok(None),
