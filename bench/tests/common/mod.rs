@@ -90,7 +90,12 @@ pub fn write_skew(
             ))
             .unwrap();
             let addrs = addrs.clone();
-            let lotus = lotus.clone();
+            // Each thread is its own node in the table (its fabric's node and
+            // incarnation), as one compute node's threads share one fabric.
+            let lotus = lotus.clone().map(|l| txn::lotus::LotusSite {
+                node: 100 + tid as u32,
+                ..l
+            });
             std::thread::spawn(move || {
                 coordinator(
                     fabric, addrs, protocol, lotus, accounts, coroutines, run_for, tid,
