@@ -5,6 +5,12 @@
 //! and waits for every other compute node's before its coordinators start; they then
 //! lock their own shards with a CPU CAS and the others' with batched RPCs.
 //!
+//! A compute node that died (Lotus 6): the survivors mark its shards down and, once
+//! their own attempts from before the death ended, confirm in etcd
+//! ([`confirm_down`]); its next life starts its table empty, not serving, at the
+//! previous life's address, and serves once every live survivor confirmed; the
+//! survivors then mark it up ([`mark_up_if_serving`]).
+//!
 //! The service answers lock RPCs on a server thread of its own (the paper serves them on
 //! the coordinator threads; rrpc's server runs its handlers on server threads), which on
 //! a machine with few cores competes with the coordinators: say so when comparing.
@@ -17,6 +23,7 @@ use lockd::embed::{LockService, LockServiceConfig};
 use lockd::shard::ShardMap;
 use rrpc::fabric::Fabric;
 use txn::lotus::{LockKeyFn, LotusSite};
+use txn::lotus_peers::LotusPeers;
 
 /// How long a compute node waits for the others' lock services to be published.
 const PEERS_WAIT: Duration = Duration::from_secs(60);
@@ -30,9 +37,119 @@ const SERVER_IDLE_SLEEP_US: u64 = 100;
 /// Bytes of a compute node's Lotus lock table (Lotus 7.1: 32 MB, 4 M slots).
 pub(crate) const TABLE_SLOTS: u64 = 4 << 20;
 
+/// How long a restarted compute node waits for the survivors' confirmations (Lotus 6,
+/// step 5), and a survivor for its own attempts that began before a death.
+const CONFIRM_WAIT: Duration = Duration::from_secs(30);
+
 /// The etcd key under which compute node `node` publishes its lock service's address.
 fn addr_key(node: u32) -> String {
     format!("lotus-locks/{node}")
+}
+
+/// The etcd key under which survivor `survivor` confirms that its attempts which began
+/// before compute node `dead`'s life `life` was marked down have ended (Lotus 6, steps
+/// 4 and 5).
+fn confirm_key(dead: u16, life: u64, survivor: u16) -> String {
+    format!("lotus-confirm/{dead}/{life}/{survivor}")
+}
+
+/// The etcd key under which compute node `node` publishes the incarnation whose lock
+/// table serves.
+fn serving_key(node: u16) -> String {
+    format!("lotus-serving/{node}")
+}
+
+/// A survivor's part of Lotus 6, steps 4 and 5, for compute node `dead`'s life `life`,
+/// marked down in `peers` at generation `marked`: wait until this process's attempts
+/// that began before the mark ended (those may hold locks of the dead table; the others
+/// were refused there), then confirm through `me`.
+///
+/// Errors: attempts still running after [`CONFIRM_WAIT`]; etcd fails.
+pub(crate) fn confirm_down(
+    me: &member::Member,
+    peers: &LotusPeers,
+    dead: u16,
+    life: u64,
+    marked: u64,
+) -> anyhow::Result<()> {
+    let left = peers.wait_quiet(marked, CONFIRM_WAIT);
+    if left > 0 {
+        bail!("{left} attempts that began before the death still run after {CONFIRM_WAIT:?}");
+    }
+    me.put_durable(
+        &confirm_key(dead, life, me.node()),
+        me.incarnation().to_string(),
+    )?;
+    Ok(())
+}
+
+/// Whether compute node `node`'s life after `life` serves its lock table; if so, mark it
+/// up in `peers` (Lotus 6, step 5). An etcd error reads as not yet.
+pub(crate) fn mark_up_if_serving(
+    me: &member::Member,
+    peers: &LotusPeers,
+    node: u16,
+    life: u64,
+) -> bool {
+    let serving = me
+        .get(&serving_key(node))
+        .ok()
+        .flatten()
+        .and_then(|v| String::from_utf8(v).ok()?.parse::<u64>().ok());
+    if serving.is_some_and(|inc| inc > life) {
+        peers.mark_up(u32::from(node));
+        return true;
+    }
+    false
+}
+
+/// A restarted compute node's part of Lotus 6, step 5: its lock table (started not
+/// serving) serves once every live compute node among `nodes` confirmed its earlier
+/// lives ([`await_confirmations`]); returns how long that took.
+///
+/// Errors: as [`await_confirmations`] (the table then never serves).
+fn serve_after_confirmations(
+    service: &LockService,
+    me: &member::Member,
+    nodes: &[u32],
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    await_confirmations(me, nodes)?;
+    service.lotus().set_serving(true);
+    Ok(t.elapsed())
+}
+
+/// A restarted compute node's part of Lotus 6, step 5: wait until every live compute
+/// node among `nodes` but `me` confirmed every earlier life of `me`'s node.
+///
+/// Errors: a confirmation missing after [`CONFIRM_WAIT`]; etcd fails.
+fn await_confirmations(me: &member::Member, nodes: &[u32]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + CONFIRM_WAIT;
+    loop {
+        let live: Vec<member::MemberInfo> = me
+            .members()?
+            .into_iter()
+            .filter(|m| m.role == member::Role::Cnode && m.node != me.node())
+            .filter(|m| nodes.contains(&u32::from(m.node)))
+            .collect();
+        let mut missing = Vec::new();
+        for life in 1..me.incarnation() {
+            for m in &live {
+                if me.get(&confirm_key(me.node(), life, m.node))?.is_none() {
+                    missing.push((m.node, life));
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "survivors (node, life confirmed) {missing:?} did not confirm within {CONFIRM_WAIT:?}; not serving"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The IP this host uses to reach `peer` (no packet is sent: a UDP socket's
@@ -81,6 +198,21 @@ pub(crate) fn start(
         bail!("compute node {node} owns no shard of the map");
     };
     debug_assert_eq!(mine.len(), usize::from(hi - lo) + 1);
+    // A restarted node (Lotus 6): its table starts empty and serves only after the
+    // handshake, at its previous life's address (so the survivors' connections revive
+    // there, as with a restarted lock service).
+    let restarted = me.incarnation() > 1;
+    let previous = if restarted {
+        me.get(&addr_key(node))?
+            .map(|v| {
+                let s = String::from_utf8(v).context("a published lock service address")?;
+                s.parse::<SocketAddr>()
+                    .with_context(|| format!("the previous life's address {s:?}"))
+            })
+            .transpose()?
+    } else {
+        None
+    };
     let cfg = LockServiceConfig {
         // The Takeout table is unused here: the smallest one.
         locks: 1,
@@ -92,13 +224,27 @@ pub(crate) fn start(
         epoch: Some(fabric.incarnation().max(1)),
         restart_grace_ms: 0,
         idle_sleep_us: SERVER_IDLE_SLEEP_US,
+        lotus_serving: !restarted,
         ..LockServiceConfig::default()
     };
-    let listen = SocketAddr::new(local_ip_towards(towards)?, 0);
+    let listen = match previous {
+        Some(a) => a,
+        None => SocketAddr::new(local_ip_towards(towards)?, 0),
+    };
     let service = LockService::start(fabric, listen, &cfg)
-        .with_context(|| format!("starting compute node {node}'s lock service"))?;
+        .with_context(|| format!("starting compute node {node}'s lock service on {listen}"))?;
     me.put_durable(&addr_key(node), service.addr().to_string())
         .context("publishing the lock service's address")?;
+    if restarted {
+        let waited = serve_after_confirmations(&service, me, nodes)?;
+        eprintln!(
+            "cnode {node} incarnation {}: lock table serves after the survivors confirmed ({} ms)",
+            me.incarnation(),
+            waited.as_millis()
+        );
+    }
+    me.put_durable(&serving_key(node as u16), me.incarnation().to_string())
+        .context("publishing that the lock table serves")?;
     let deadline = Instant::now() + PEERS_WAIT;
     let mut peers = Vec::new();
     for &n in nodes.iter().filter(|&&n| n != node) {
@@ -126,9 +272,127 @@ pub(crate) fn start(
         // No version table cache across processes yet: the embedded service has no
         // grant hook to invalidate it by.
         cache: None,
+        peer_states: Default::default(),
     };
     Ok(LotusCn {
         _service: service,
         site,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockd::lock_table::LockMode;
+    use lockd::shard::LockKey;
+    use lockd::table_wire::{OpKind, OpOutcome, TableOp};
+    use rrpc::fabric::{FabricConfig, FabricKind};
+    use rrpc::NodeId;
+
+    const SURVIVOR: u16 = 101;
+    const RESTARTED: u16 = 103;
+
+    /// One lock request on the restarted node's table, as the survivor's transaction.
+    fn lock_once(service: &LockService, txn: u64) -> OpOutcome {
+        let op = TableOp {
+            key: LockKey::compose(0, 7, 7).unwrap(),
+            txn,
+            node: u32::from(SURVIVOR),
+            kind: OpKind::Lock(LockMode::Write),
+        };
+        let mut out = Vec::new();
+        service.lotus().apply(&[op], &mut out);
+        out[0]
+    }
+
+    /// Lotus 6, steps 4 and 5 (the spec's A.9 test 9): compute node 103 dies while a
+    /// survivor's attempt that may hold a lock of its table is in flight; 103's next
+    /// life starts its table not serving and must refuse lock requests (`Down`, the
+    /// transaction aborts `cn-down`) until the survivor confirmed, which it does only
+    /// after that attempt ended. With `serve_at_once` (the planted bug: the restarted
+    /// table serves at once) a lock is granted while the old attempt may still use the
+    /// dead table's grant of the same key. Errors: what broke the handshake.
+    fn handshake(serve_at_once: bool) -> Result<(), String> {
+        let dir = tempfile::tempdir().unwrap();
+        let etcd = match member::LocalEtcd::start(dir.path()) {
+            Ok(e) => e,
+            Err(e) if std::env::var_os("RRPC_REQUIRE_ETCD").is_none() => {
+                eprintln!("skipped: no etcd ({e})");
+                return if serve_at_once {
+                    Err("no etcd".into())
+                } else {
+                    Ok(())
+                };
+            }
+            Err(e) => panic!("etcd: {e}"),
+        };
+        let ep = [etcd.endpoint()];
+        let cluster = format!("lotus-handshake-{}-{serve_at_once}", std::process::id());
+        let ttl = Duration::from_secs(2);
+        let join = |node| member::Member::join(&ep, &cluster, member::Role::Cnode, node, ttl);
+        let survivor = join(SURVIVOR).unwrap();
+        let first = join(RESTARTED).unwrap();
+        let peers = LotusPeers::default();
+        // An attempt in flight when the node dies (it may hold a lock the dead table
+        // granted).
+        let old = peers.enter();
+        survivor.revoke(RESTARTED, first.incarnation()).unwrap();
+        let life = first.incarnation();
+        drop(first);
+        let marked = peers.mark_down(u32::from(RESTARTED));
+        let next = join(RESTARTED).unwrap();
+        assert!(next.incarnation() > life);
+        let fabric = Fabric::open(&FabricConfig::new(
+            FabricKind::Shm,
+            &cluster,
+            NodeId(u32::from(RESTARTED)),
+        ))
+        .unwrap();
+        let cfg = LockServiceConfig {
+            locks: 1,
+            lock_table_slots: 1 << 10,
+            restart_grace_ms: 0,
+            lotus_serving: serve_at_once,
+            ..LockServiceConfig::default()
+        };
+        let service = LockService::start(fabric, "127.0.0.1:0".parse().unwrap(), &cfg).unwrap();
+        let nodes = [u32::from(SURVIVOR), u32::from(RESTARTED)];
+        std::thread::scope(|s| {
+            let confirm = s.spawn(|| confirm_down(&survivor, &peers, RESTARTED, life, marked));
+            let serve = s.spawn(|| serve_after_confirmations(&service, &next, &nodes));
+            std::thread::sleep(Duration::from_millis(200));
+            let early = lock_once(&service, 1);
+            let finished_early = confirm.is_finished() || serve.is_finished();
+            // The old attempt ends (the threads are joined on every path).
+            peers.leave(old);
+            let confirmed = confirm.join().unwrap();
+            let served = serve.join().unwrap();
+            if early != OpOutcome::Down {
+                return Err(format!(
+                    "the restarted table answered {early:?} while a survivor's attempt from \
+                     before the death was in flight (expected Down)"
+                ));
+            }
+            if finished_early {
+                return Err("the handshake finished before the old attempt ended".into());
+            }
+            confirmed.map_err(|e| format!("confirming: {e:#}"))?;
+            served.map_err(|e| format!("serving: {e:#}"))?;
+            match lock_once(&service, 2) {
+                OpOutcome::Granted => Ok(()),
+                o => Err(format!("after the handshake the table answered {o:?}")),
+            }
+        })
+    }
+
+    #[test]
+    fn a_restarted_node_serves_only_after_every_survivor_confirmed() {
+        handshake(false).unwrap();
+    }
+
+    #[test]
+    fn serving_at_once_is_caught() {
+        let e = handshake(true).expect_err("the planted bug (serve at once) went unnoticed");
+        assert!(e.contains("expected Down") || e == "no etcd", "{e}");
+    }
 }

@@ -215,13 +215,22 @@ impl Survivor {
         fencers: Vec<u16>,
     ) -> anyhow::Result<Self> {
         let events = me.events().context("watching the membership")?;
+        let peer_states = lotus.as_ref().map(|l| l.peer_states.clone());
+        let own = fabric.clone();
         let recoverer = Recoverer::start_with(fabric, addrs, protocol, lotus)?;
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
         let thread = std::thread::Builder::new()
             .name("survivor".into())
             .spawn(move || {
+                // Lotus: dead compute nodes marked down here, until their next life serves.
+                let mut restarting: Vec<(u16, u64)> = Vec::new();
                 while !halt.load(Ordering::Relaxed) {
+                    if let Some(p) = &peer_states {
+                        restarting.retain(|&(node, life)| {
+                            !crate::lotus_cn::mark_up_if_serving(&me, p, node, life)
+                        });
+                    }
                     let down = match events.recv_timeout(Duration::from_millis(20)) {
                         Ok(member::Event::Down(i)) if i.role == member::Role::Cnode => i,
                         Ok(_) | Err(member::RecvTimeoutError::Timeout) => continue,
@@ -231,6 +240,14 @@ impl Survivor {
                     if (down.node, down.incarnation) == (me.node(), me.incarnation()) {
                         continue;
                     }
+                    // Lotus 6, step 1: its table is gone; new locks there abort at once.
+                    // Its connections to this node's lock service are fenced first (as a
+                    // memory node's fencer does), so that its next life, under the same
+                    // node id, is served on fresh ones.
+                    let marked = peer_states.as_ref().map(|p| {
+                        own.fence(rrpc::NodeId(u32::from(down.node)), down.incarnation);
+                        p.mark_down(u32::from(down.node))
+                    });
                     // The one that died, and any whose claimant died with a claim.
                     let mut lives = vec![(down.node, down.incarnation)];
                     match me.pending_recoveries() {
@@ -252,6 +269,19 @@ impl Survivor {
                                 me.incarnation()
                             );
                             std::process::exit(4);
+                        }
+                    }
+                    // Lotus 6, steps 4 and 5: once this node's attempts that began before
+                    // the mark ended, confirm to the restarted node.
+                    if let (Some(p), Some(g)) = (&peer_states, marked) {
+                        let life = down.incarnation;
+                        match crate::lotus_cn::confirm_down(&me, p, down.node, life, g) {
+                            Ok(()) => restarting.push((down.node, life)),
+                            Err(e) => eprintln!(
+                                "cnode {}: confirming node {} life {life} down: {e:#}",
+                                me.node(),
+                                down.node
+                            ),
                         }
                     }
                 }

@@ -307,7 +307,8 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS")]
     pub kill_cn_after: Option<f64>,
     /// With --kill-cn-after: start a new coordinator process with the same node id and
-    /// the next incarnation right after the kill. With --kill-memnode-after: once the
+    /// the next incarnation right after the kill (under lotus its lock table serves once
+    /// every survivor confirmed, Lotus 6). With --kill-memnode-after: once the
     /// failover is done, start the memory node again, empty, and re-replicate onto it:
     /// each partition it hosts an image of is copied back from its primary (bulk READs
     /// and WRITEs) while commits touching that partition wait, one partition at a time,
@@ -903,33 +904,30 @@ impl Args {
             (ProtocolArg::One(p), _) => vec![p],
         })
         .and_then(|mut v: Vec<Protocol>| {
-            // A dead compute node's logged Lotus commits are settled and its locks
-            // released (Lotus 6), but its shards stay down: no restart of it
-            // (`--restart`) and no stop (its lock service would stall the others' RPCs).
-            // `all` with coordinator processes leaves Lotus out.
+            // A dead compute node's logged Lotus commits are settled, its locks
+            // released and its restarted life serves after the survivors confirmed
+            // (Lotus 6); a stopped one is not supported (its lock service would stall
+            // the others' RPCs). `all` with coordinator processes leaves Lotus out.
             // A memory node killed under Lotus: once a write-back failed on the dead node
             // (a flushed WRITE not tolerated), and once the drain before a re-replication
             // waited out its 10 s limit for a Lotus attempt; neither is understood yet.
-            let unsupported = self.stop_cn_after.is_some()
-                || (self.restart && self.kill_cn_after.is_some())
-                || self.kill_memnode_after.is_some();
+            let unsupported = self.stop_cn_after.is_some() || self.kill_memnode_after.is_some();
             let all = self.protocol == ProtocolArg::All;
             if (unsupported || all && self.coordinator_processes())
                 && v.iter().any(|p| p.needs_lock_tables())
             {
                 if !all {
                     bail!(
-                        "--protocol {} with --stop-cn-after, --kill-cn-after --restart or \
-                         --kill-memnode-after is not supported yet: a dead compute node's \
-                         shards stay down (its lock table is not served again), and a memory \
-                         node's failover has failed a Lotus write-back; use --kill-cn-after \
-                         without --restart",
+                        "--protocol {} with --stop-cn-after or --kill-memnode-after is not \
+                         supported yet: a stopped compute node's lock service stalls the \
+                         others' lock RPCs, and a memory node's failover has failed a Lotus \
+                         write-back; use --kill-cn-after [--restart]",
                         self.protocol
                     );
                 }
                 eprintln!(
-                    "note: --protocol all leaves lotus out with coordinator processes, a \
-                     restart or a memory-node kill (see --protocol lotus for why)"
+                    "note: --protocol all leaves lotus out with coordinator processes or a \
+                     memory-node kill (see --protocol lotus for why)"
                 );
                 v.retain(|p| !p.needs_lock_tables());
             }

@@ -105,6 +105,12 @@ pub struct LockServiceConfig {
     /// (txn's `TxnConfig::ticket_lease`, default 500 ms). 0 turns it off: a holder of a
     /// predecessor's ticket may then write under a lock granted anew (unsafe).
     pub restart_grace_ms: u64,
+    /// Whether the Lotus lock table serves lock requests from the start (default true).
+    /// A restarted compute node starts with false: its table is empty, and it may grant
+    /// nothing before every survivor confirmed that the transactions which held locks of
+    /// its previous life ended (Lotus 6); it then calls
+    /// [`TableService::set_serving`]`(true)` on [`LockService::lotus`].
+    pub lotus_serving: bool,
 }
 
 /// Default of [`LockServiceConfig::restart_grace_ms`].
@@ -130,6 +136,7 @@ impl Default for LockServiceConfig {
             tso: None,
             ts_slack: 1 << 16,
             restart_grace_ms: DEFAULT_RESTART_GRACE_MS,
+            lotus_serving: true,
         }
     }
 }
@@ -342,6 +349,9 @@ impl LockService {
             .with_epoch(epoch)
             .with_host_incarnation(fabric.incarnation()),
         );
+        if !cfg.lotus_serving {
+            lotus.set_serving(false);
+        }
         let mut exports = BTreeMap::new();
         exports.insert(EXPORT_NAME.to_string(), takeout.export());
         exports.insert(TABLE_EXPORT.to_string(), lotus.export());

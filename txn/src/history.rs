@@ -152,6 +152,9 @@ pub struct History {
     limit_bytes: usize,
     /// Committed transactions not recorded because the limit was reached.
     dropped: u64,
+    /// Committed transactions that exist but never reached the history
+    /// ([`Self::note_lost`]); recording goes on after them.
+    lost: u64,
 }
 
 impl History {
@@ -284,14 +287,16 @@ impl History {
         }
         self.kinds.extend_from_slice(&other.kinds);
         self.dropped += other.dropped;
+        self.lost += other.lost;
     }
 
     /// Count `n` committed transactions that exist but were not recorded here, e.g. a
     /// killed compute node's commits after its last streamed batch, or the commits a
     /// recovery rolled forward: the history is then incomplete, and the checks do not
-    /// take a read of a version nobody recorded installing as a violation.
+    /// take a read of a version nobody recorded installing as a violation. Unlike the
+    /// byte limit, it does not stop the recording of later transactions.
     pub fn note_lost(&mut self, n: u64) {
-        self.dropped += n;
+        self.lost += n;
     }
 
     /// Transactions recorded.
@@ -304,9 +309,10 @@ impl History {
         self.ends.is_empty()
     }
 
-    /// Committed transactions left out because the byte limit was reached.
+    /// Committed transactions not in the history: left out at the byte limit, or lost
+    /// ([`Self::note_lost`]). Nonzero means the history is incomplete.
     pub fn dropped(&self) -> u64 {
-        self.dropped
+        self.dropped + self.lost
     }
 
     /// Bytes the history holds (accesses and per-transaction data, not spare capacity).
@@ -377,6 +383,22 @@ mod tests {
         assert_eq!(flat, vec![0, 1, 1, 2]);
         assert_eq!(all.bytes(), 3 * TXN_BYTES + 4 * ACCESS_BYTES);
         assert_eq!(all.times(2), None, "an untimed history has no times");
+    }
+
+    #[test]
+    fn lost_transactions_leave_it_incomplete_and_recording() {
+        // A dead node's unstreamed commits: the history is incomplete from then on, but
+        // the commits after the recovery are still recorded and checked.
+        let a = [Access::write(0, 1, 2)];
+        let mut h = History::new(usize::MAX);
+        assert!(h.record(1, &a));
+        h.note_lost(3);
+        assert!(h.record(2, &a), "recording goes on after lost commits");
+        assert_eq!((h.len(), h.dropped()), (2, 3));
+        let mut all = History::new(usize::MAX);
+        all.append(h);
+        assert!(all.record(3, &a));
+        assert_eq!((all.len(), all.dropped()), (3, 3));
     }
 
     #[test]

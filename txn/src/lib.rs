@@ -51,6 +51,7 @@ pub mod ford;
 pub mod history;
 pub mod kvs;
 pub mod lotus;
+pub mod lotus_peers;
 pub mod lotus_site;
 pub mod migrate;
 pub mod mvcc;

@@ -53,6 +53,7 @@
 //! (whose bucket guard serializes inserts into one bucket), its cell written INVISIBLE
 //! and published like any other.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,6 +72,7 @@ use crate::config::Isolation;
 use crate::cvt::{invisible, Cvt};
 use crate::cvt_remote::CvtLoc;
 use crate::error::{AbortReason, TxnError};
+use crate::lotus_peers::LotusPeers;
 use crate::mvcc::visible;
 use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
@@ -86,6 +88,10 @@ pub(crate) struct Lotus {
     lock_key: LockKeyFn,
     node: u32,
     cache: Option<Arc<VtCache>>,
+    /// Which nodes are down, shared by the process's threads, and the generation of it
+    /// the client follows now.
+    peer_states: Arc<LotusPeers>,
+    followed: Cell<u64>,
 }
 
 /// Lotus's state of an attempt: the locks it holds, in the order taken.
@@ -94,6 +100,8 @@ pub(crate) struct LotusState {
     held: Vec<(LockKey, LockMode)>,
     /// C1 began: some of the attempt's WRITEs may have landed.
     wrote: bool,
+    /// The generation of [`LotusPeers`] the attempt is counted in, until it ends.
+    entered: Option<u64>,
 }
 
 /// Lotus's state of an object read: the lock the attempt holds on it.
@@ -128,7 +136,37 @@ impl Lotus {
             lock_key: site.lock_key.clone(),
             node: site.node,
             cache: site.cache.clone(),
+            peer_states: site.peer_states.clone(),
+            followed: Cell::new(0),
         })
+    }
+
+    /// Make this thread's client follow the process's down set (Lotus 6, steps 1 and
+    /// 5): nodes marked down are answered without an RPC, and their connections declared
+    /// dead (calls still waiting on the dead process fail now, and the restarted one,
+    /// at the same address, is connected anew at the first call after it is marked up).
+    fn follow_peer_states(&self, ctx: &rrpc::runtime::ThreadCtx) {
+        let g = self.peer_states.generation();
+        if g == self.followed.get() {
+            return;
+        }
+        let (down, g) = self.peer_states.down();
+        for n in self.locks.map().nodes() {
+            if n == self.node {
+                continue;
+            }
+            if down.contains(&n) {
+                if !self.locks.is_down(n) {
+                    if let Some(s) = ctx.straws().get(rrpc::NodeId(n)) {
+                        s.declare_dead("its compute node died (Lotus lock table down)");
+                    }
+                }
+                self.locks.mark_down(n);
+            } else {
+                self.locks.mark_up(n);
+            }
+        }
+        self.followed.set(g);
     }
 
     /// The version table cache for `key`, locked by this attempt: only for keys this
@@ -191,11 +229,22 @@ impl Lotus {
                 kind: OpKind::Lock(mode),
             })
             .collect();
-        let outs = self
-            .locks
-            .execute(c.store.ctx(), &ops)
-            .await
-            .map_err(table_error)?;
+        let outs = match self.locks.execute(c.store.ctx(), &ops).await {
+            Ok(o) => o,
+            Err(e) => {
+                // Some operations may have run (another node's batch granted while this
+                // one failed, or a node answered in a new epoch): every key counts as
+                // possibly held, so that the abort releases it (releasing a lock this
+                // transaction does not hold is a no-op). Otherwise a grant is leaked and
+                // its key refused to everyone for the rest of the run.
+                for &(key, mode) in want {
+                    if !held.iter().any(|(k, _)| *k == key) {
+                        held.push((key, mode));
+                    }
+                }
+                return Err(table_error(e));
+            }
+        };
         let mut failed = None;
         for (&(key, mode), o) in want.iter().zip(outs) {
             match o {
@@ -306,6 +355,14 @@ impl ConcurrencyControl for Lotus {
         for_update && o.cc.lock != Some(LockMode::Write)
     }
 
+    /// The attempt is counted in the current generation of the down set (its locks on
+    /// a node that dies now may still be used; the node's restart waits for it), after
+    /// the thread's client followed that generation.
+    fn begin(&self, t: &mut A<'_>, _retry_of: Option<u64>) {
+        self.follow_peer_states(t.core.store.ctx());
+        t.cc.entered = Some(self.peer_states.enter());
+    }
+
     async fn fetch(&self, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
         fetch(self, t, want).await
     }
@@ -341,6 +398,9 @@ impl ConcurrencyControl for Lotus {
         self.uncache_failed_writes(t);
         let held = std::mem::take(&mut t.cc.held);
         self.unlock(t.core, t.id, held);
+        if let Some(g) = t.cc.entered.take() {
+            self.peer_states.leave(g);
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use lockd::shard::{LockKey, ShardMap, REST_BITS};
 use lockd::table_service::{TableClientConfig, TableService};
 
+use crate::lotus_peers::LotusPeers;
 use crate::vt_cache::VtCache;
 
 /// The lock key of a record: `(table, key) -> LockKey`, the record's critical field in
@@ -45,6 +46,10 @@ pub struct LotusSite {
     /// [`Self::local`] ([`VtCache::grant_hook`]), as [`Self::single_cached`] does; the
     /// cache serves only keys of this node's own shards.
     pub cache: Option<Arc<VtCache>>,
+    /// Which compute nodes are down, shared by this process's threads (Lotus 6,
+    /// [`crate::lotus_peers`]): each attempt registers there, and each thread's client
+    /// follows its changes as an attempt begins.
+    pub peer_states: Arc<LotusPeers>,
 }
 
 impl fmt::Debug for LotusSite {
@@ -55,6 +60,7 @@ impl fmt::Debug for LotusSite {
             .field("map_version", &self.map.version())
             .field("peers", &self.peers)
             .field("cache", &self.cache)
+            .field("peer_states", &self.peer_states)
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +92,7 @@ impl LotusSite {
             client: TableClientConfig::default(),
             peers: Vec::new(),
             cache,
+            peer_states: Arc::default(),
         }
     }
 

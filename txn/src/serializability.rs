@@ -130,7 +130,7 @@ impl Verdict {
     pub fn line(&self, kind_name: &dyn Fn(u16) -> String) -> String {
         let partial = if self.dropped > 0 {
             format!(
-                " (history limit reached: {} later commits not checked)",
+                " (history incomplete: {} committed transactions not checked)",
                 self.dropped
             )
         } else {

@@ -316,7 +316,7 @@ impl SiVerdict {
     pub fn line(&self, kind_name: &dyn Fn(u16) -> String) -> String {
         let partial = if self.dropped > 0 {
             format!(
-                " (history limit reached: {} later commits not checked, nor unknown reads)",
+                " (history incomplete: {} committed transactions not checked, nor unknown reads)",
                 self.dropped
             )
         } else {
