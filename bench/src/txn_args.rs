@@ -908,26 +908,22 @@ impl Args {
             // released and its restarted life serves after the survivors confirmed
             // (Lotus 6); a stopped one is not supported (its lock service would stall
             // the others' RPCs). `all` with coordinator processes leaves Lotus out.
-            // A memory node killed under Lotus: once a write-back failed on the dead node
-            // (a flushed WRITE not tolerated), and once the drain before a re-replication
-            // waited out its 10 s limit for a Lotus attempt; neither is understood yet.
-            let unsupported = self.stop_cn_after.is_some() || self.kill_memnode_after.is_some();
+            let unsupported = self.stop_cn_after.is_some();
             let all = self.protocol == ProtocolArg::All;
             if (unsupported || all && self.coordinator_processes())
                 && v.iter().any(|p| p.needs_lock_tables())
             {
                 if !all {
                     bail!(
-                        "--protocol {} with --stop-cn-after or --kill-memnode-after is not \
-                         supported yet: a stopped compute node's lock service stalls the \
-                         others' lock RPCs, and a memory node's failover has failed a Lotus \
-                         write-back; use --kill-cn-after [--restart]",
+                        "--protocol {} with --stop-cn-after is not supported yet: a stopped \
+                         compute node's lock service stalls the others' lock RPCs until its \
+                         lease ends; use --kill-cn-after [--restart]",
                         self.protocol
                     );
                 }
                 eprintln!(
                     "note: --protocol all leaves lotus out with coordinator processes or a \
-                     memory-node kill (see --protocol lotus for why)"
+                     stopped compute node (see --protocol lotus for why)"
                 );
                 v.retain(|p| !p.needs_lock_tables());
             }

@@ -477,7 +477,13 @@ async fn read_locked(
     create: Option<u64>,
 ) -> Result<Obj, TxnError> {
     if let Some((vc, lk)) = cache {
+        // Cached CVT addresses belong to the replica view they were read under: a
+        // newer one (a failover moved a primary) empties the cache, checked just before
+        // the lookup since an attempt may begin under one view and read under the next.
+        vc.note_epoch(c.store.epoch());
         if let Some((loc, cvt)) = vc.get(lk, table, key) {
+            // The partition may be failing over (its CVTs are READ nowhere then).
+            c.store.check(loc.part)?;
             match use_locked(c, table, key, loc, cvt, s).await {
                 Err(TxnError::Abort(AbortReason::TornRead)) => {
                     // The cached cell's record no longer matches: READ the CVT.

@@ -281,6 +281,10 @@ pub struct VtCache {
     subs: Box<[Mutex<Sub>]>,
     capacity: usize,
     n: Counters,
+    /// The replica-view epoch the entries' addresses belong to ([`Self::note_epoch`]).
+    epoch: std::sync::atomic::AtomicU64,
+    /// Taken by the one thread that clears for a new epoch.
+    epoch_change: Mutex<()>,
 }
 
 impl std::fmt::Debug for VtCache {
@@ -308,7 +312,32 @@ impl VtCache {
             subs: (0..SUB_CACHES).map(|_| Mutex::new(Sub::new(per))).collect(),
             capacity: per * SUB_CACHES,
             n: Counters::default(),
+            epoch: Default::default(),
+            epoch_change: Mutex::new(()),
         }
+    }
+
+    /// Note that the coordinators route by replica-view epoch `epoch` now: if it is
+    /// newer than the one the entries were filled under, remove every entry (a cached
+    /// [`CvtLoc`] is an address in the primary's image of its partition, and a failover
+    /// moves the primary to another memory node whose image lies elsewhere). Call before
+    /// each lookup with the epoch the caller's reads go by; returns whether it cleared.
+    pub fn note_epoch(&self, epoch: u64) -> bool {
+        if self.epoch.load(Ordering::Acquire) >= epoch {
+            return false;
+        }
+        // The epoch is raised only after the clear, so that a thread that sees the new
+        // epoch finds no entry of the old one.
+        let _one = self.epoch_change.lock().unwrap_or_else(|e| e.into_inner());
+        let was = self.epoch.load(Ordering::Acquire);
+        if was >= epoch {
+            return false;
+        }
+        if was != 0 {
+            self.clear();
+        }
+        self.epoch.store(epoch, Ordering::Release);
+        was != 0
     }
 
     /// Most entries the cache holds.
@@ -515,6 +544,22 @@ mod tests {
         assert_eq!((s.hits, s.misses, s.fills, s.entries), (1, 1, 1, 1));
         assert!((s.hit_rate() - 0.5).abs() < 1e-9);
         assert!(s.line().contains("hit rate 50.0%"), "{}", s.line());
+    }
+
+    #[test]
+    fn a_new_replica_view_clears_every_address() {
+        // After a failover the primary's image is on another memory node: entries
+        // filled under the old view point into the dead node's address space.
+        let c = VtCache::new(64);
+        assert!(!c.note_epoch(1));
+        c.fill(lk(5), 1, 5, loc(100), &cvt(5, 7));
+        assert!(!c.note_epoch(1), "same view: kept");
+        assert!(c.get(lk(5), 1, 5).is_some());
+        assert!(c.note_epoch(2));
+        assert_eq!(c.get(lk(5), 1, 5), None);
+        c.fill(lk(5), 1, 5, loc(200), &cvt(5, 7));
+        assert!(!c.note_epoch(1), "an older epoch seen late clears nothing");
+        assert_eq!(c.get(lk(5), 1, 5), Some((loc(200), cvt(5, 7))));
     }
 
     #[test]
