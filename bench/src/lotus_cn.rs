@@ -83,6 +83,47 @@ pub(crate) fn confirm_down(
     Ok(())
 }
 
+/// The survivors' takeover of a compute node that died and is not restarted (Lotus 6
+/// leaves a dead node's share of the routing open, the spec's A.6 item 7; without it its
+/// shards stay down and every transaction that needs one aborts for the rest of the
+/// run): once every live compute node among `nodes` confirmed `dead`'s `life` (so no
+/// lock its table granted is in use anywhere), each survivor gives `dead`'s shards to
+/// the live nodes in turn ([`ShardMap::with_takeover`], the same map on every
+/// survivor), installs that map on its own table and hands it to its threads'
+/// clients. The new owners' tables start those shards empty. Returns how many shards
+/// this node took.
+///
+/// Errors: a confirmation missing after [`CONFIRM_WAIT`]; the site has no local table;
+/// etcd fails.
+pub(crate) fn take_over(
+    me: &member::Member,
+    site: &LotusSite,
+    dead: u16,
+    life: u64,
+    nodes: &[u32],
+) -> anyhow::Result<usize> {
+    await_confirmations_of(me, dead, life..life + 1, nodes)?;
+    let local = site
+        .local
+        .as_ref()
+        .context("a compute node without a lock table cannot take shards over")?;
+    let heirs: Vec<u32> = me
+        .members()?
+        .into_iter()
+        .filter(|m| m.role == member::Role::Cnode && m.node != dead)
+        .map(|m| u32::from(m.node))
+        .filter(|n| nodes.contains(n))
+        .collect();
+    // The whole map as the threads route by it (the local table's own map names only
+    // its shards).
+    let before = site.peer_states.map().unwrap_or_else(|| site.map.clone());
+    let map = before.with_takeover(u32::from(dead), &heirs);
+    local.install(&map);
+    let took = map.shards_of(site.node).len() - before.shards_of(site.node).len();
+    site.peer_states.install_map(map);
+    Ok(took)
+}
+
 /// Whether compute node `node`'s life after `life` serves its lock table; if so, mark it
 /// up in `peers` (Lotus 6, step 5). An etcd error reads as not yet.
 pub(crate) fn mark_up_if_serving(
@@ -124,18 +165,31 @@ fn serve_after_confirmations(
 ///
 /// Errors: a confirmation missing after [`CONFIRM_WAIT`]; etcd fails.
 fn await_confirmations(me: &member::Member, nodes: &[u32]) -> anyhow::Result<()> {
+    await_confirmations_of(me, me.node(), 1..me.incarnation(), nodes)
+}
+
+/// Wait until every live compute node among `nodes` but `dead` confirmed `dead`'s
+/// `lives` ([`confirm_down`]).
+///
+/// Errors: a confirmation missing after [`CONFIRM_WAIT`]; etcd fails.
+fn await_confirmations_of(
+    me: &member::Member,
+    dead: u16,
+    lives: std::ops::Range<u64>,
+    nodes: &[u32],
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + CONFIRM_WAIT;
     loop {
         let live: Vec<member::MemberInfo> = me
             .members()?
             .into_iter()
-            .filter(|m| m.role == member::Role::Cnode && m.node != me.node())
+            .filter(|m| m.role == member::Role::Cnode && m.node != dead)
             .filter(|m| nodes.contains(&u32::from(m.node)))
             .collect();
         let mut missing = Vec::new();
-        for life in 1..me.incarnation() {
+        for life in lives.clone() {
             for m in &live {
-                if me.get(&confirm_key(me.node(), life, m.node))?.is_none() {
+                if me.get(&confirm_key(dead, life, m.node))?.is_none() {
                     missing.push((m.node, life));
                 }
             }

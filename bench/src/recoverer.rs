@@ -189,6 +189,15 @@ const FENCE_WAIT: Duration = Duration::from_secs(10);
 /// them it exits, so that its lease, and its claim with it, end and another recovers.
 const RECOVERY_ATTEMPTS: u32 = 3;
 
+/// A compute node's Lotus part in its survivor duty ([`Survivor::start`]).
+pub struct LotusDuty {
+    /// The node's lock-table site (its table, map and down set).
+    pub site: txn::lotus::LotusSite,
+    /// Whether the survivors share a dead node's shards (the `lotus_cn` module):
+    /// when the run restarts no compute node.
+    pub take_over: bool,
+}
+
 /// A compute node's survivor duty (module docs): a thread that watches the membership
 /// and recovers the dead compute-node lives it wins the claim of. Stops when dropped
 /// (after a recovery in progress finished).
@@ -199,10 +208,12 @@ pub struct Survivor {
 
 impl Survivor {
     /// Start watching as `me`, recovering through a [`Recoverer`] on `fabric` connected
-    /// to `addrs` for `protocol` (with Lotus's site `lotus`, [`Recoverer::start_with`])
+    /// to `addrs` for `protocol` (with the site of `lotus`, [`Recoverer::start_with`])
     /// the compute nodes among `cnodes` (node ids; the other
     /// roles' lives are not this duty's); a life is recovered only after every node in
-    /// `fencers` fenced it.
+    /// `fencers` fenced it. Under Lotus ([`LotusDuty`]) it also marks a dead node down,
+    /// confirms it once this node's attempts from before ended, and takes its shards
+    /// over or marks its next life up.
     ///
     /// Errors: the membership watch or the recovery client could not be set up.
     pub fn start(
@@ -210,12 +221,18 @@ impl Survivor {
         fabric: Fabric,
         addrs: ClusterAddrs,
         protocol: Protocol,
-        lotus: Option<txn::lotus::LotusSite>,
+        lotus: Option<LotusDuty>,
         cnodes: std::ops::Range<u16>,
         fencers: Vec<u16>,
     ) -> anyhow::Result<Self> {
         let events = me.events().context("watching the membership")?;
-        let peer_states = lotus.as_ref().map(|l| l.peer_states.clone());
+        let peer_states = lotus.as_ref().map(|l| l.site.peer_states.clone());
+        let heir = lotus
+            .as_ref()
+            .filter(|l| l.take_over)
+            .map(|l| l.site.clone());
+        let lotus = lotus.map(|l| l.site);
+        let cnode_ids: Vec<u32> = cnodes.clone().map(u32::from).collect();
         let own = fabric.clone();
         let recoverer = Recoverer::start_with(fabric, addrs, protocol, lotus)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -244,7 +261,13 @@ impl Survivor {
                     // Its connections to this node's lock service are fenced first (as a
                     // memory node's fencer does), so that its next life, under the same
                     // node id, is served on fresh ones.
-                    let marked = peer_states.as_ref().map(|p| {
+                    // A node that left cleanly (the run's end) released its own locks.
+                    let clean = me
+                        .recovered(down.node, down.incarnation)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|r| r == "clean leave");
+                    let marked = peer_states.as_ref().filter(|_| !clean).map(|p| {
                         own.fence(rrpc::NodeId(u32::from(down.node)), down.incarnation);
                         p.mark_down(u32::from(down.node))
                     });
@@ -282,6 +305,21 @@ impl Survivor {
                                 me.node(),
                                 down.node
                             ),
+                        }
+                        // Not restarted: the survivors take its shards over.
+                        if let Some(site) = &heir {
+                            match crate::lotus_cn::take_over(&me, site, down.node, life, &cnode_ids) {
+                                Ok(n) => eprintln!(
+                                    "cnode {}: took over {n} shards of dead node {} (life {life})",
+                                    me.node(),
+                                    down.node
+                                ),
+                                Err(e) => eprintln!(
+                                    "cnode {}: taking over node {}'s shards: {e:#}",
+                                    me.node(),
+                                    down.node
+                                ),
+                            }
                         }
                     }
                 }

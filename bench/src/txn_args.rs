@@ -903,31 +903,20 @@ impl Args {
             ),
             (ProtocolArg::One(p), _) => vec![p],
         })
-        .and_then(|mut v: Vec<Protocol>| {
-            // A dead compute node's logged Lotus commits are settled, its locks
-            // released and its restarted life serves after the survivors confirmed
-            // (Lotus 6); a stopped one is not supported (its lock service would stall
-            // the others' RPCs). `all` with coordinator processes leaves Lotus out.
-            let unsupported = self.stop_cn_after.is_some();
-            let all = self.protocol == ProtocolArg::All;
-            if (unsupported || all && self.coordinator_processes())
+        .map(|mut v: Vec<Protocol>| {
+            // `all` with coordinator processes leaves Lotus out (its lock RPCs across
+            // processes make it far slower than the others there; by name it runs).
+            if self.protocol == ProtocolArg::All
+                && self.coordinator_processes()
                 && v.iter().any(|p| p.needs_lock_tables())
             {
-                if !all {
-                    bail!(
-                        "--protocol {} with --stop-cn-after is not supported yet: a stopped \
-                         compute node's lock service stalls the others' lock RPCs until its \
-                         lease ends; use --kill-cn-after [--restart]",
-                        self.protocol
-                    );
-                }
                 eprintln!(
-                    "note: --protocol all leaves lotus out with coordinator processes or a \
-                     stopped compute node (see --protocol lotus for why)"
+                    "note: --protocol all leaves lotus out with coordinator processes (run \
+                     --protocol lotus for it)"
                 );
                 v.retain(|p| !p.needs_lock_tables());
             }
-            Ok(v)
+            v
         })
     }
 

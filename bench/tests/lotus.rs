@@ -179,3 +179,97 @@ fn a_killed_compute_node_restarts_and_serves_its_lock_table_again() {
     );
     assert_eq!(atomics(r), 0.0, "{stdout}");
 }
+
+/// Lotus 6 without a restart: the survivors recover the killed compute node and then
+/// share its shards among themselves (once every survivor confirmed that no lock of
+/// its table is in use), so transactions that need those shards commit again. Without
+/// the takeover its shards stay down, every transaction on one of them aborts
+/// (`cn-down`) and is retried for ever, and at Zipf 0.99 every coordinator soon
+/// retries one: nothing commits after the kill.
+#[test]
+fn a_killed_compute_node_not_restarted_hands_its_shards_to_the_survivors() {
+    let (ok, stdout, s) = common::txn_bench_watched(
+        "lotus-cn-takeover",
+        &[
+            "--workload",
+            "pairs",
+            "--protocol",
+            "lotus",
+            "--cnodes",
+            "3",
+            "--coroutines",
+            "4",
+            "--groups",
+            "2000",
+            "--duration",
+            "3",
+            "--kill-cn-after",
+            "1",
+            "--timeline-ms",
+            "100",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(ok, "a check failed after the kill:\n{stdout}");
+    let r = &s["runs"][0];
+    common::assert_checked_run(r, &["write-group", "read-group"], &stdout);
+    // Commits in the last second (the kill came at 1 s of 3).
+    let late: u64 = r["timeline"]["total"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .skip(20)
+        .map(|x| x.as_u64().unwrap())
+        .sum();
+    assert!(late > 0, "nothing committed after 2 s:\n{stdout}");
+}
+
+/// A compute node stopped (SIGSTOP) past its lease: its lock service answers nobody,
+/// so the others' lock RPCs to it wait until its lease ends; then it is declared dead,
+/// fenced, recovered and its shards taken over, and after SIGCONT it finds its lease
+/// gone and exits without touching anything. Every check holds and the survivors commit
+/// again before the run ends.
+#[test]
+fn a_compute_node_stopped_past_its_lease_is_recovered_and_replaced() {
+    let (ok, stdout, s) = common::txn_bench_watched(
+        "lotus-cn-stop",
+        &[
+            "--workload",
+            "pairs",
+            "--protocol",
+            "lotus",
+            "--cnodes",
+            "3",
+            "--coroutines",
+            "4",
+            "--groups",
+            "2000",
+            "--duration",
+            "5",
+            "--stop-cn-after",
+            "1",
+            "--stop-ms",
+            "3000",
+            "--timeline-ms",
+            "100",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(ok, "a check failed after the stop:\n{stdout}");
+    let r = &s["runs"][0];
+    common::assert_checked_run(r, &["write-group", "read-group"], &stdout);
+    let events = r["cnode_events"].to_string();
+    assert!(events.contains("stopped (SIGSTOP)"), "{events}");
+    assert!(
+        events.contains("recovery: cn 2 incarnation 0 dead at"),
+        "{events}"
+    );
+    let late: u64 = r["timeline"]["total"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .skip(40)
+        .map(|x| x.as_u64().unwrap())
+        .sum();
+    assert!(late > 0, "nothing committed after 4 s:\n{stdout}");
+}

@@ -218,6 +218,26 @@ impl ShardMap {
         m
     }
 
+    /// This map with every shard of `dead` given to the nodes of `to` in turn (sorted,
+    /// shard by shard) and the version + 1: the survivors' takeover of a compute node
+    /// that failed and is not restarted (Lotus 6 leaves the routing of a dead node's
+    /// share open, the spec's A.6 item 7). Every survivor computes the same map from the
+    /// same one. With `to` empty (or only `dead`) the map is returned unchanged.
+    pub fn with_takeover(&self, dead: u32, to: &[u32]) -> Self {
+        let mut heirs: Vec<u32> = to.iter().copied().filter(|&n| n != dead).collect();
+        heirs.sort_unstable();
+        heirs.dedup();
+        if heirs.is_empty() {
+            return self.clone();
+        }
+        let mut m = self.clone();
+        for (i, o) in m.owners.iter_mut().filter(|o| **o == dead).enumerate() {
+            *o = heirs[i % heirs.len()];
+        }
+        m.version += 1;
+        m
+    }
+
     /// Merge what two nodes know: the newer map's owners win, its [`NO_NODE`] shards are
     /// filled from the older one; the version is the newer one's.
     pub fn merge(&self, other: &Self) -> Self {
@@ -735,6 +755,22 @@ pub fn choose_range(map: &ShardMap, hot: u32, cool: u32, shard_load: &[u64]) -> 
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_dead_nodes_shards_are_shared_among_the_heirs() {
+        let m = ShardMap::uniform(&[1, 2, 3]).unwrap();
+        let t = m.with_takeover(2, &[3, 1, 2]);
+        assert_eq!(t.version(), m.version() + 1);
+        assert!(t.shards_of(2).is_empty());
+        let (a, b) = (t.shards_of(1).len(), t.shards_of(3).len());
+        assert_eq!(a + b, N_SHARDS);
+        assert!(a.abs_diff(b) <= 2, "{a} vs {b}");
+        // The survivors' own shards stay theirs; every survivor computes the same map.
+        assert!(m.shards_of(1).iter().all(|&s| t.owner(s) == 1));
+        assert_eq!(t, m.with_takeover(2, &[1, 3]));
+        assert_eq!(m.with_takeover(2, &[2]), m, "no heir: unchanged");
+    }
+
     use super::*;
 
     #[test]

@@ -731,6 +731,18 @@ impl TableClient {
         self.map.borrow().node_of(key)
     }
 
+    /// Install `map` if it is newer than the client's (merged as
+    /// [`Self::refresh_map`] merges), e.g. the survivors' takeover of a dead node's
+    /// shards ([`ShardMap::with_takeover`]); returns whether it changed.
+    pub fn install_map(&self, map: &ShardMap) -> bool {
+        if map.version() <= self.map.borrow().version() {
+            return false;
+        }
+        let merged = self.map.borrow().merge(map);
+        *self.map.borrow_mut() = merged;
+        true
+    }
+
     /// The client's current map.
     pub fn map(&self) -> ShardMap {
         self.map.borrow().clone()

@@ -126,6 +126,7 @@ impl Lotus {
         for &p in &site.peers {
             ctx.connect_rpc(p)?;
         }
+        site.peer_states.register(ctx.straws());
         Ok(Self {
             isolation,
             locks: Rc::new(TableClient::new(
@@ -141,26 +142,25 @@ impl Lotus {
         })
     }
 
-    /// Make this thread's client follow the process's down set (Lotus 6, steps 1 and
-    /// 5): nodes marked down are answered without an RPC, and their connections declared
-    /// dead (calls still waiting on the dead process fail now, and the restarted one,
-    /// at the same address, is connected anew at the first call after it is marked up).
-    fn follow_peer_states(&self, ctx: &rrpc::runtime::ThreadCtx) {
+    /// Make this thread's client follow the process's down set and map (Lotus 6, steps
+    /// 1 and 5): nodes marked down are answered without an RPC (their connections were
+    /// declared dead by [`LotusPeers::mark_down`]; a restarted node, at the same
+    /// address, is connected anew at the first call after it is marked up), and a
+    /// survivors' takeover map is installed.
+    fn follow_peer_states(&self) {
         let g = self.peer_states.generation();
         if g == self.followed.get() {
             return;
         }
         let (down, g) = self.peer_states.down();
+        if let Some(m) = self.peer_states.map() {
+            self.locks.install_map(&m);
+        }
         for n in self.locks.map().nodes() {
             if n == self.node {
                 continue;
             }
             if down.contains(&n) {
-                if !self.locks.is_down(n) {
-                    if let Some(s) = ctx.straws().get(rrpc::NodeId(n)) {
-                        s.declare_dead("its compute node died (Lotus lock table down)");
-                    }
-                }
                 self.locks.mark_down(n);
             } else {
                 self.locks.mark_up(n);
@@ -359,7 +359,7 @@ impl ConcurrencyControl for Lotus {
     /// a node that dies now may still be used; the node's restart waits for it), after
     /// the thread's client followed that generation.
     fn begin(&self, t: &mut A<'_>, _retry_of: Option<u64>) {
-        self.follow_peer_states(t.core.store.ctx());
+        self.follow_peer_states();
         t.cc.entered = Some(self.peer_states.enter());
     }
 

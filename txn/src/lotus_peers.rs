@@ -17,22 +17,40 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+
+use lockd::shard::ShardMap;
+use rrpc::straw::Straws;
+use rrpc::NodeId;
 
 /// The down set and the attempts in flight per generation, shared by a process's
 /// threads (in [`crate::lotus::LotusSite::peer_states`]). Every change of the down set is a
 /// new generation.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct LotusPeers {
     generation: AtomicU64,
     state: Mutex<State>,
     ended: Condvar,
+    /// The coordinators' connection pools ([`Self::register`]).
+    straws: Mutex<Vec<Weak<Straws>>>,
+}
+
+impl std::fmt::Debug for LotusPeers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LotusPeers")
+            .field("generation", &self.generation())
+            .field("state", &*self.state())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
     down: BTreeSet<u32>,
+    /// A shard map newer than the one the threads started with (the survivors'
+    /// takeover of a dead node's shards), for their clients to install.
+    map: Option<ShardMap>,
     /// Attempts in flight by the generation they began in.
     active: BTreeMap<u64, usize>,
 }
@@ -49,13 +67,42 @@ impl LotusPeers {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// Register a coordinator thread's connection pools: a node marked down is
+    /// declared dead there at once ([`Self::mark_down`]).
+    pub fn register(&self, straws: &Arc<Straws>) {
+        let mut v = self.straws.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        if !v
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(straws)))
+        {
+            v.push(Arc::downgrade(straws));
+        }
+    }
+
     /// Mark compute node `node` down (Lotus 6, step 1); returns the new generation:
-    /// attempts that began before it are those [`Self::wait_quiet`] waits for.
-    /// Marking a node already down still starts a generation.
+    /// attempts that began before it are those [`Self::wait_quiet`] waits for. Its
+    /// connections in every registered pool are declared dead
+    /// ([`rrpc::straw::Straw::declare_dead`]), so that calls waiting on it fail now
+    /// (their attempts end, which the wait needs) rather than when the pools give up
+    /// reconnecting. Marking a node already down still starts a generation.
     pub fn mark_down(&self, node: u32) -> u64 {
-        let mut s = self.state();
-        s.down.insert(node);
-        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+        let g = {
+            let mut s = self.state();
+            s.down.insert(node);
+            self.generation.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        let pools = self
+            .straws
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for p in pools.iter().filter_map(Weak::upgrade) {
+            if let Some(s) = p.get(NodeId(node)) {
+                s.declare_dead("its compute node died (Lotus lock table down)");
+            }
+        }
+        g
     }
 
     /// Mark compute node `node` up (its restarted life serves; Lotus 6, step 5).
@@ -70,6 +117,22 @@ impl LotusPeers {
     pub fn down(&self) -> (BTreeSet<u32>, u64) {
         let s = self.state();
         (s.down.clone(), self.generation())
+    }
+
+    /// Publish `map` (newer than the threads' own) to this process's threads: each
+    /// thread's client installs it as its next attempt begins. Starts a generation.
+    pub fn install_map(&self, map: ShardMap) {
+        let mut s = self.state();
+        if s.map.as_ref().is_some_and(|m| m.version() >= map.version()) {
+            return;
+        }
+        s.map = Some(map);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The newest map published by [`Self::install_map`], if any.
+    pub fn map(&self) -> Option<ShardMap> {
+        self.state().map.clone()
     }
 
     /// Whether `node` is marked down.
@@ -126,7 +189,6 @@ impl LotusPeers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn waits_only_for_attempts_older_than_the_generation() {

@@ -182,7 +182,10 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
                 fabric.clone(),
                 addrs.clone(),
                 protocol,
-                lotus.as_ref().map(|cn| cn.site.clone()),
+                lotus.as_ref().map(|cn| crate::recoverer::LotusDuty {
+                    site: cn.site.clone(),
+                    take_over: !args.restart,
+                }),
                 cnode_ids(),
                 fencers(a.memnodes.len(), protocol),
             )
