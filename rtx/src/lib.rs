@@ -1,0 +1,25 @@
+//! rTX: repairable transactions on disaggregated memory, after "Transactional Indexes on
+//! (RDMA or CXL-based) Disaggregated Memory with Repairable Transaction" (sections 3-4).
+//!
+//! Clients on compute nodes run optimistic transactions over objects on one memory node,
+//! using only one-sided READ, WRITE and CAS. A client that fails mid-commit leaves its
+//! locks (LLLocks, lease locks naming its log); whoever meets an expired one repairs it by
+//! re-executing the failed commit from the log, which is idempotent because every step is
+//! a CAS expecting a value unique to that rTX. No coordination service, no fencing.
+//!
+//! Modules, one concept each, bottom up:
+//!
+//! - [`lllock`], [`lease`], [`dptr`], [`log`], [`layout`]: words, leases and layouts
+//!   (sans-IO codecs);
+//! - [`mem`]: the memory node as a trait of one-sided operations, with an in-memory
+//!   implementation;
+//! - [`alloc`]: the data-pool allocator (bitmap, incarnations, reclamation table);
+
+pub mod alloc;
+pub mod dptr;
+pub mod layout;
+pub mod lease;
+pub mod lllock;
+pub mod log;
+pub mod mem;
+
