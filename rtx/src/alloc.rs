@@ -38,9 +38,9 @@ pub enum AllocError {
     Mem(#[from] MemError),
 }
 
-/// Default minimum time before a retired block is reused, in ms [inf: the paper bounds it
+/// Default minimum time before a retired block is reused, in ms (inferred: the paper bounds it
 /// by the dptr version wrap-around time, not a number; 100 ms is far below 65,536 updates
-/// of one object at 100 us each].
+/// of one object at 100 us each).
 pub const MIN_REUSE_MS: u64 = 100;
 
 /// The chunk-owner word: valid bit, rTX ID and incarnation.
@@ -269,7 +269,7 @@ impl Allocator {
         for c in 0..l.chunks() as usize {
             let ow = u64::from_le_bytes(owners_raw[c * 8..c * 8 + 8].try_into().expect("8 bytes"));
             let bits = u64::from_le_bytes(bitmap[c * 8..c * 8 + 8].try_into().expect("8 bytes"));
-            if bits == 0 || !decode_owner(ow).is_some_and(|(id, _)| id == self.id) {
+            if bits == 0 || decode_owner(ow).is_none_or(|(id, _)| id != self.id) {
                 continue;
             }
             let new = owner_word(self.id, self.incarnation);

@@ -104,10 +104,10 @@ impl Layout {
         if self.ids == 0 || self.ids as u32 > crate::lllock::MAX_ID as u32 + 1 {
             return Err(format!("ids {} not in 1..=32768", self.ids));
         }
-        if self.blocks == 0 || self.blocks % CHUNK_BLOCKS != 0 {
+        if self.blocks == 0 || !self.blocks.is_multiple_of(CHUNK_BLOCKS) {
             return Err(format!("blocks {} not a multiple of 64", self.blocks));
         }
-        if self.block_bytes == 0 || self.block_bytes % 8 != 0 {
+        if self.block_bytes == 0 || !self.block_bytes.is_multiple_of(8) {
             return Err(format!(
                 "block bytes {} not a multiple of 8",
                 self.block_bytes
@@ -123,32 +123,7 @@ impl Layout {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn regions_do_not_overlap() {
-        let l = Layout {
-            ids: 3,
-            max_entries: 5,
-            objects: 10,
-            block_bytes: 24,
-            blocks: 128,
-            reclaim_slots: 4,
-        };
-        l.validate().unwrap();
-        assert!(l.log_addr(2) + l.slot_bytes() <= l.meta_base());
-        assert!(l.obj_addr(9) + TXOBJ_BYTES <= l.bitmap_base());
-        assert_eq!(l.owners_base(), l.bitmap_base() + 16);
-        assert!(l.reclaim_addr(2) + l.reclaim_bytes() <= l.data_base());
-        assert_eq!(l.block_addr(127) + 24, l.total_bytes());
-        assert_eq!(l.obj_addr(0) % 16, 0);
-        assert!(Layout { blocks: 100, ..l }.validate().is_err());
-    }
-}
-
-/// Incarnation stamped on the blocks [`format`] hands out.
+/// Incarnation stamped on the blocks [`format()`] hands out.
 pub const LOADER_INCARNATION: u8 = 1;
 
 /// Lay out a zeroed region: object `i` gets block `i` holding `value(i)` (block-sized),
@@ -189,4 +164,29 @@ pub async fn format<M: crate::mem::Mem>(
             .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_do_not_overlap() {
+        let l = Layout {
+            ids: 3,
+            max_entries: 5,
+            objects: 10,
+            block_bytes: 24,
+            blocks: 128,
+            reclaim_slots: 4,
+        };
+        l.validate().unwrap();
+        assert!(l.log_addr(2) + l.slot_bytes() <= l.meta_base());
+        assert!(l.obj_addr(9) + TXOBJ_BYTES <= l.bitmap_base());
+        assert_eq!(l.owners_base(), l.bitmap_base() + 16);
+        assert!(l.reclaim_addr(2) + l.reclaim_bytes() <= l.data_base());
+        assert_eq!(l.block_addr(127) + 24, l.total_bytes());
+        assert_eq!(l.obj_addr(0) % 16, 0);
+        assert!(Layout { blocks: 100, ..l }.validate().is_err());
+    }
 }

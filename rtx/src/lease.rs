@@ -89,10 +89,10 @@ pub struct LeaseConfig {
     /// Estimated commit time per written object, in us. Default 100 (6, setup).
     pub per_write_us: u64,
     /// Estimated commit time per read-only object (one validation READ), in us. Default
-    /// 25 [inf: the paper regulates by reads and writes but gives only the update figure].
+    /// 25 (inferred: the paper regulates by reads and writes but gives only the update figure).
     pub per_read_us: u64,
     /// Estimated execution time an Opt2 pre-lock must also cover, in us. Default 1000
-    /// [inf: a pre-locked leaf is held during execution, which the paper does not size].
+    /// (inferred: a pre-locked leaf is held during execution, which the paper does not size).
     pub execution_us: u64,
 }
 

@@ -12,14 +12,33 @@
 //! - [`lllock`], [`lease`], [`dptr`], [`log`], [`layout`]: words, leases and layouts
 //!   (sans-IO codecs);
 //! - [`mem`]: the memory node as a trait of one-sided operations, with an in-memory
-//!   implementation;
+//!   implementation; [`rrpc_mem`]: the same over rrpc's one-sided operations;
 //! - [`alloc`]: the data-pool allocator (bitmap, incarnations, reclamation table);
+//! - [`client`], [`txn`], [`commit`], [`repair`]: execution, commit with TryCommit and
+//!   Opt1, repair of every log state.
+//!
+//! The protocol is written once, as async functions generic over [`mem::Mem`]; unit tests
+//! and a model checker (module `model`, test builds) run it without a fabric.
 
 pub mod alloc;
+pub mod client;
+pub mod commit;
 pub mod dptr;
+pub mod error;
 pub mod layout;
 pub mod lease;
 pub mod lllock;
 pub mod log;
 pub mod mem;
+pub mod repair;
+pub mod rrpc_mem;
+pub mod txn;
 
+#[cfg(test)]
+mod tests;
+
+pub use client::{Client, Config, Stats};
+pub use error::{AbortReason, RtxError};
+pub use layout::Layout;
+pub use repair::RepairOutcome;
+pub use txn::Tx;

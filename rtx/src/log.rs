@@ -16,7 +16,7 @@
 //! the owner initialising a fresh log WRITEs a header.
 //!
 //! The paper's entry is 16 B (Table 2: mptr, old and new dptr). Here the first 16 B hold
-//! mptr and ndptr, and two [inf] words follow: the old dptr (the expected value of the
+//! mptr and ndptr, and two (inferred) words follow: the old dptr (the expected value of the
 //! install CAS) and the object's pre-lock LLLock version (so that any TryCommit, the owner's
 //! or a repairer's, releases to version + 1, and an abort to the version unchanged).
 //!
@@ -123,9 +123,9 @@ pub struct LogEntry {
     pub mptr: u64,
     /// New dptr word to install.
     pub ndptr: u64,
-    /// Old dptr word, the install CAS's expected value [inf].
+    /// Old dptr word, the install CAS's expected value (inferred).
     pub dptr: u64,
-    /// The object's LLLock version before this rTX locked it [inf].
+    /// The object's LLLock version before this rTX locked it (inferred).
     pub version: u64,
 }
 

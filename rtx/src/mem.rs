@@ -101,7 +101,7 @@ impl LocalMem {
 
     /// Synchronous CAS.
     pub fn cas_now(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        if off % 8 != 0 {
+        if !off.is_multiple_of(8) {
             return Err(MemError::Bounds { off, len: 8 });
         }
         self.check(off, 8)?;

@@ -1,0 +1,466 @@
+//! Commit and TryCommit (Transactional Indexes on Disaggregated Memory with Repairable
+//! Transaction, 4.3 Figs. 8 and 9, with the corrections listed below), and the Opt1
+//! single-write path (4.5).
+//!
+//! Logged commit (write set of 2 or more, or any pre-lock):
+//!
+//! 1. `L = now + estimate(reads, writes) + DRIFT`, `S = LockState(L, id)`.
+//! 2. One round: WRITE every new value into a fresh block, WRITE the log (INIT, identity
+//!    L, checksum S, entries), WRITE the reclamation table if it changed.
+//! 3. One round: CAS each written object's LLLock from the unlocked word read to S.
+//! 4. One round (validation): READ every read and written TXObj. Abort if a read object is
+//!    locked by anyone else or changed, or a written object's dptr changed (a lock CAS
+//!    alone cannot see a dptr replaced by an Opt1 repair, which releases at a version of
+//!    its choosing).
+//! 5. TryCommit: CAS the header from (INIT, L) to (DOING, L, repair lease). If that CAS
+//!    fails, a repairer aborted this rTX, whatever the header says afterwards: release
+//!    own locks (CAS from S, idempotent) and report the abort. Otherwise CAS every dptr
+//!    from old to new, then every LLLock from S to version + 1, then CAS the header
+//!    from (DOING, L, *) to (DONE, L): each CAS expects a value unique to this rTX, so any
+//!    number of TryCommits, the owner's and repairers', have the effect of one.
+//!
+//! Abort before DOING: CAS the header (INIT, L) to (ABORT, L), release own locks at the
+//! version unchanged, CAS (ABORT, L) to (DONE, L).
+//!
+//! Opt1 (one written object, no pre-lock): no log; S carries the no-log bit. Lock, validate
+//! as above, CAS the dptr, and only after that CAS completed release the lock to
+//! version + 1; a failed dptr CAS means a repairer replaced the buffer (the Opt1 repair),
+//! so the rTX aborted and releases at the version unchanged (a no-op if the repairer did).
+
+use futures::future::join_all;
+
+use crate::client::Client;
+use crate::dptr::Dptr;
+use crate::error::{AbortReason, RtxError};
+use crate::lease::Clock;
+use crate::lllock::{next_version, unlocked, LockState, LockWord};
+use crate::log::{Header, LogEntry, LogImage, LogState};
+use crate::mem::Mem;
+use crate::txn::{dptr_addr, Tx};
+
+/// Where a test stops a committing owner as if it had crashed (test builds only).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CrashPoint {
+    /// Log and values written, nothing locked.
+    LogWritten,
+    /// Write set locked, before validation.
+    Locked,
+    /// Header moved to DOING, nothing installed.
+    InDoing,
+    /// Every dptr installed, no lock released.
+    Installed,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Planted bug for the model checker: install the new dptr by WRITE instead of CAS.
+    pub(crate) static PLANT_INSTALL_BY_WRITE: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+fn crash_at<C>(_c: &Client<C>, _p: &'static str) -> Result<(), RtxError> {
+    #[cfg(test)]
+    {
+        let hit = match _c.crash {
+            Some(CrashPoint::LogWritten) => _p == "log",
+            Some(CrashPoint::Locked) => _p == "locks",
+            Some(CrashPoint::InDoing) => _p == "doing",
+            Some(CrashPoint::Installed) => _p == "install",
+            None => false,
+        };
+        if hit {
+            return Err(RtxError::Mem(crate::mem::MemError::Crashed));
+        }
+    }
+    Ok(())
+}
+
+/// Release `won` locks (mptr, version) held with `state` at their version unchanged, and
+/// move a logged rTX's header INIT -> ABORT -> DONE by CAS expecting its identity. Safe
+/// after a repairer aborted the rTX: every CAS is then a no-op or finishes its work.
+pub(crate) async fn owner_abort<C: Clock, M: Mem>(
+    c: &mut Client<C>,
+    mem: &M,
+    state: LockState,
+    won: &[(u64, u64)],
+    logged: bool,
+) -> Result<(), RtxError> {
+    let log = c.layout.log_addr(c.id);
+    let l = state.lease_ms;
+    if logged {
+        mem.cas(
+            log,
+            Header::new(LogState::Init, l).word(),
+            Header::new(LogState::Abort, l).word(),
+        )
+        .await?;
+    }
+    let s = state.word();
+    for r in join_all(won.iter().map(|&(mptr, v)| mem.cas(mptr, s, unlocked(v)))).await {
+        r?;
+    }
+    if logged {
+        // The only other possible state is DONE (set by a repairer after its releases).
+        mem.cas(
+            log,
+            Header::new(LogState::Abort, l).word(),
+            Header::new(LogState::Done, l).word(),
+        )
+        .await?;
+        c.unfinished = None;
+    }
+    Ok(())
+}
+
+/// TryCommit steps 2-4 (Fig. 9): install every entry's dptr by CAS, release every lock
+/// from `lockv` to version + 1 by CAS, then CAS the header from (DOING, `identity`, *) to
+/// DONE. `header` is the DOING word the caller last saw (it may change by takeovers).
+/// A repairer passes `watch = Some(start_ms)`: every [`crate::client::Config::check_interval_ms`]
+/// it re-reads the header and stops (returns false) once the log is DONE or reused, which
+/// bounds how long a late CAS could meet a reused dptr (4.4).
+pub(crate) async fn try_commit_steps<C: Clock, M: Mem>(
+    c: &Client<C>,
+    mem: &M,
+    img: &LogImage,
+    mut header: u64,
+    watch: Option<u64>,
+) -> Result<bool, RtxError> {
+    let lockv = img.checksum;
+    let identity = img.header.identity;
+    let LockWord::Locked(owner) = LockWord::decode(lockv) else {
+        unreachable!("a log's checksum is a LockState")
+    };
+    let log = c.layout.log_addr(owner.id);
+    let still_mine = |w: u64| {
+        let h = Header::decode(w);
+        h.identity == identity && h.state == LogState::Doing
+    };
+    let install = |e: &LogEntry| {
+        let e = *e;
+        async move {
+            #[cfg(test)]
+            if PLANT_INSTALL_BY_WRITE.with(|p| p.get()) {
+                mem.write(dptr_addr(e.mptr), &e.ndptr.to_le_bytes()).await?;
+                return Ok::<(), crate::mem::MemError>(());
+            }
+            mem.cas(dptr_addr(e.mptr), e.dptr, e.ndptr).await.map(drop)
+        }
+    };
+    match watch {
+        None => {
+            for r in join_all(img.entries.iter().map(install)).await {
+                r?;
+            }
+            crash_at(c, "install")?;
+            let rel = img
+                .entries
+                .iter()
+                .map(|e| mem.cas(e.mptr, lockv, unlocked(next_version(e.version))));
+            for r in join_all(rel).await {
+                r?;
+            }
+        }
+        Some(start) => {
+            let mut last = start;
+            let check = async |last: &mut u64| -> Result<bool, RtxError> {
+                let now = c.clock.now_ms();
+                if now.saturating_sub(*last) >= c.cfg.check_interval_ms {
+                    *last = now;
+                    return Ok(still_mine(mem.read_u64(log).await?));
+                }
+                Ok(true)
+            };
+            for e in &img.entries {
+                if !check(&mut last).await? {
+                    return Ok(false);
+                }
+                install(e).await?;
+            }
+            for e in &img.entries {
+                if !check(&mut last).await? {
+                    return Ok(false);
+                }
+                mem.cas(e.mptr, lockv, unlocked(next_version(e.version)))
+                    .await?;
+            }
+        }
+    }
+    // DONE only after every lock is released (4.3).
+    let done = Header::new(LogState::Done, identity).word();
+    loop {
+        let old = mem.cas(log, header, done).await?;
+        if old == header || !still_mine(old) {
+            return Ok(true);
+        }
+        header = old; // a takeover moved the repair lease
+    }
+}
+
+impl<C: Clock> Tx<'_, C> {
+    /// Commit (Fig. 8): Ok when committed. Errors: [`RtxError::Aborted`] (nothing of the
+    /// rTX is visible; run it again), [`RtxError::TooManyWrites`], [`RtxError::Alloc`],
+    /// [`RtxError::Mem`] (outcome unknown to this call; the log lets repair finish it).
+    pub async fn commit<M: Mem>(mut self, mem: &M) -> Result<(), RtxError> {
+        let r = self.commit_inner(mem).await;
+        match &r {
+            Ok(()) => self.client.stats.commits += 1,
+            Err(RtxError::Aborted(_)) => self.client.stats.aborts += 1,
+            Err(_) => {}
+        }
+        r
+    }
+
+    async fn validate_reads<M: Mem>(
+        &mut self,
+        mem: &M,
+        skip: &[u64],
+        own: Option<u64>,
+    ) -> Result<Option<(u64, u64)>, RtxError> {
+        let metas = join_all(self.reads.iter().map(|r| mem.read(r.mptr, 16))).await;
+        for (r, m) in self.reads.iter().zip(metas) {
+            let m = m?;
+            let lock = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
+            let dptr = u64::from_le_bytes(m[8..16].try_into().expect("8 bytes"));
+            if skip.contains(&r.mptr) {
+                if dptr != r.dptr || Some(lock) != own {
+                    return Ok(Some((r.mptr, lock)));
+                }
+            } else if lock != r.lock || dptr != r.dptr {
+                return Ok(Some((r.mptr, lock)));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn fail_with<M: Mem>(
+        &mut self,
+        mem: &M,
+        mptr: u64,
+        word: u64,
+        why: AbortReason,
+    ) -> Result<(), RtxError> {
+        if let LockWord::Locked(s) = LockWord::decode(word) {
+            let own = self.pre_lock.map(|p| p.state.word());
+            if Some(word) != own && s.expired(self.client.clock.now_ms()) {
+                self.client.repair(mem, mptr, word).await?;
+                return Err(AbortReason::Repaired.into());
+            }
+        }
+        Err(why.into())
+    }
+
+    async fn commit_inner<M: Mem>(&mut self, mem: &M) -> Result<(), RtxError> {
+        let n = self.writes.len();
+        let max = self.client.layout.max_entries as usize;
+        if n == 0 {
+            let own = self.pre_lock.map(|p| p.state.word());
+            let skip: Vec<u64> = self.pre_lock.iter().map(|p| p.mptr).collect();
+            let bad = self.validate_reads(mem, &skip, own).await?;
+            if let Some(p) = self.pre_lock {
+                owner_abort(self.client, mem, p.state, &[(p.mptr, p.version)], true).await?;
+            }
+            return match bad {
+                Some((mptr, w)) => self.fail_with(mem, mptr, w, AbortReason::Validation).await,
+                None => Ok(()),
+            };
+        }
+        if n > max {
+            if let Some(p) = self.pre_lock {
+                owner_abort(self.client, mem, p.state, &[(p.mptr, p.version)], true).await?;
+            }
+            return Err(RtxError::TooManyWrites { n, max });
+        }
+        let opt1 = self.client.cfg.opt1 && n == 1 && self.pre_lock.is_none();
+        if !opt1 && self.pre_lock.is_none() {
+            self.client.settle_log(mem).await?;
+        }
+        let c = &mut *self.client;
+        let (state, lease_len) = match self.pre_lock {
+            Some(p) => (p.state, p.lease_len_ms),
+            None => {
+                let len = c.cfg.lease.length_ms(self.reads.len() - n, n);
+                let l = c.issuer.issue(c.clock.now_ms(), len);
+                (
+                    LockState {
+                        lease_ms: l,
+                        id: c.id,
+                        no_log: opt1,
+                    },
+                    len,
+                )
+            }
+        };
+        // New buffers and log entries; a pre-locked object stays entry 0.
+        let mut order: Vec<usize> = (0..n).collect();
+        if let Some(p) = self.pre_lock {
+            order.sort_by_key(|&k| self.reads[self.writes[k].0].mptr != p.mptr);
+        }
+        let mut entries = Vec::with_capacity(n);
+        let mut blocks = Vec::with_capacity(n);
+        for &k in &order {
+            let r = &self.reads[self.writes[k].0];
+            let block = match c.take_block(mem).await {
+                Ok(b) => b,
+                Err(e) => {
+                    for b in blocks {
+                        c.alloc.give_back(b);
+                    }
+                    if let Some(p) = self.pre_lock {
+                        owner_abort(c, mem, p.state, &[(p.mptr, p.version)], true).await?;
+                    }
+                    return Err(e);
+                }
+            };
+            let old = Dptr::decode(r.dptr).ok_or(RtxError::NullDptr { mptr: r.mptr })?;
+            let nd = old.successor(block, c.alloc.incarnation());
+            entries.push(LogEntry {
+                mptr: r.mptr,
+                ndptr: nd.word(),
+                dptr: r.dptr,
+                version: r.version,
+            });
+            blocks.push(block);
+        }
+        let old_blocks: Vec<u64> = entries
+            .iter()
+            .filter_map(|e| Dptr::decode(e.dptr))
+            .map(|d| d.block)
+            .collect();
+        c.alloc.hold(&old_blocks, c.owners.as_deref());
+        let img = LogImage {
+            header: Header::new(LogState::Init, state.lease_ms),
+            checksum: state.word(),
+            entries: entries.clone(),
+        };
+        // Round 1: values, log, reclamation table.
+        {
+            let values = order
+                .iter()
+                .zip(&blocks)
+                .map(|(&k, &b)| mem.write(c.layout.block_addr(b), &self.writes[k].1));
+            // After an Opt2 pre-lock the header already lives on the MN and a repairer may
+            // have CASed it: rewrite only what follows it.
+            let skip = if self.pre_lock.is_some() { 8 } else { 0 };
+            let log_bytes = (!opt1).then(|| img.encode()[skip..].to_vec());
+            let table = c
+                .alloc
+                .needs_flush()
+                .then(|| (c.layout.reclaim_addr(c.id), c.alloc.table_bytes()));
+            let log = async {
+                match &log_bytes {
+                    Some(b) => mem.write(c.layout.log_addr(c.id) + skip as u64, b).await,
+                    None => Ok(()),
+                }
+            };
+            let tab = async {
+                match &table {
+                    Some((at, b)) => mem.write(*at, b).await,
+                    None => Ok(()),
+                }
+            };
+            if !opt1 {
+                c.unfinished = Some(state.lease_ms);
+            }
+            let (v, l, t) = futures::join!(join_all(values), log, tab);
+            for r in v {
+                r?;
+            }
+            l?;
+            t?;
+            c.alloc.flushed();
+            if !opt1 {
+                c.stats.log_writes += 1;
+            }
+        }
+        crash_at(c, "log")?;
+        let s = state.word();
+        let pre = self.pre_lock.map(|p| p.mptr);
+        // Round 2: locks.
+        let to_lock: Vec<(u64, u64, u64)> = entries
+            .iter()
+            .filter(|e| Some(e.mptr) != pre)
+            .map(|e| {
+                let r = self
+                    .reads
+                    .iter()
+                    .find(|r| r.mptr == e.mptr)
+                    .expect("written objects are read");
+                (e.mptr, r.lock, e.version)
+            })
+            .collect();
+        let got = join_all(
+            to_lock
+                .iter()
+                .map(|&(mptr, seen, _)| mem.cas(mptr, seen, s)),
+        )
+        .await;
+        let mut won: Vec<(u64, u64)> = self.pre_lock.iter().map(|p| (p.mptr, p.version)).collect();
+        let mut failed = None;
+        for (&(mptr, seen, v), r) in to_lock.iter().zip(got) {
+            let old = r?;
+            if old == seen {
+                won.push((mptr, v));
+            } else if failed.is_none() {
+                failed = Some((mptr, old));
+            }
+        }
+        let abort =
+            async |tx: &mut Self, won: &[(u64, u64)], blocks: &[u64]| -> Result<(), RtxError> {
+                owner_abort(tx.client, mem, state, won, !opt1).await?;
+                for &b in blocks {
+                    tx.client.alloc.give_back(b);
+                }
+                Ok(())
+            };
+        if let Some((mptr, word)) = failed {
+            abort(self, &won, &blocks).await?;
+            return self
+                .fail_with(mem, mptr, word, AbortReason::LockFailed)
+                .await;
+        }
+        crash_at(self.client, "locks")?;
+        // Round 3: validation of every read and written object.
+        let written: Vec<u64> = entries.iter().map(|e| e.mptr).collect();
+        if let Some((mptr, word)) = self.validate_reads(mem, &written, Some(s)).await? {
+            abort(self, &won, &blocks).await?;
+            return self
+                .fail_with(mem, mptr, word, AbortReason::Validation)
+                .await;
+        }
+        let c = &mut *self.client;
+        let now = c.clock.now_ms();
+        if opt1 {
+            let e = entries[0];
+            let old = mem.cas(dptr_addr(e.mptr), e.dptr, e.ndptr).await?;
+            if old != e.dptr {
+                mem.cas(e.mptr, s, unlocked(e.version)).await?;
+                c.alloc.give_back(blocks[0]);
+                return Err(AbortReason::AbortedByRepairer.into());
+            }
+            // Released only after the install completed, never batched with it.
+            mem.cas(e.mptr, s, unlocked(next_version(e.version)))
+                .await?;
+            c.alloc.installed(blocks[0]);
+            c.alloc.retire(&old_blocks, now);
+            return Ok(());
+        }
+        // TryCommit by the owner.
+        let log = c.layout.log_addr(c.id);
+        let init = Header::new(LogState::Init, state.lease_ms);
+        let doing = init.doing_until(now + c.repair_lease_ms(lease_len)).word();
+        if mem.cas(log, init.word(), doing).await? != init.word() {
+            abort(self, &won, &blocks).await?;
+            return Err(AbortReason::AbortedByRepairer.into());
+        }
+        let c = &mut *self.client;
+        crash_at(c, "doing")?;
+        try_commit_steps(c, mem, &img, doing, None).await?;
+        c.unfinished = None;
+        for &b in &blocks {
+            c.alloc.installed(b);
+        }
+        c.alloc.retire(&old_blocks, c.clock.now_ms());
+        Ok(())
+    }
+}
