@@ -35,6 +35,10 @@ pub mod rrpc_mem;
 pub mod txn;
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
+mod model_trycommit;
+#[cfg(test)]
 mod tests;
 
 pub use client::{Client, Config, Stats};
