@@ -39,6 +39,8 @@ mod model;
 #[cfg(test)]
 mod model_trycommit;
 #[cfg(test)]
+mod shm_tests;
+#[cfg(test)]
 mod tests;
 
 pub use client::{Client, Config, Stats};

@@ -36,6 +36,11 @@ impl RrpcMem {
         Self { ctx, node, region }
     }
 
+    /// The thread's runtime context.
+    pub fn ctx(&self) -> Rc<ThreadCtx> {
+        self.ctx.clone()
+    }
+
     fn check(&self, off: u64, len: usize) -> Result<(), MemError> {
         match off.checked_add(len as u64) {
             Some(end) if end <= self.region.len => Ok(()),
