@@ -23,7 +23,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use crate::dptr::Dptr;
-use crate::layout::{Layout, CHUNK_BLOCKS, DPTR_OFF, TXOBJ_BYTES};
+use crate::layout::{decode_owner, owner_word, Layout, CHUNK_BLOCKS, DPTR_OFF, TXOBJ_BYTES};
 use crate::log::{LogImage, LogState};
 use crate::mem::{Mem, MemError};
 
@@ -42,16 +42,6 @@ pub enum AllocError {
 /// by the dptr version wrap-around time, not a number; 100 ms is far below 65,536 updates
 /// of one object at 100 us each).
 pub const MIN_REUSE_MS: u64 = 100;
-
-/// The chunk-owner word: valid bit, rTX ID and incarnation.
-pub fn owner_word(id: u16, incarnation: u8) -> u64 {
-    1 << 63 | (id as u64) << 8 | incarnation as u64
-}
-
-/// Decode a chunk-owner word into (id, incarnation); `None` if unowned.
-pub fn decode_owner(w: u64) -> Option<(u16, u8)> {
-    (w >> 63 == 1).then_some(((w >> 8) as u16, w as u8))
-}
 
 /// The allocator of one rTX ID (one client coroutine); owned by that client only.
 #[derive(Debug)]

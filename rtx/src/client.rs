@@ -7,9 +7,7 @@ use crate::alloc::Allocator;
 use crate::error::RtxError;
 use crate::layout::Layout;
 use crate::lease::{Clock, LeaseConfig, LeaseIssuer};
-use crate::log::{Header, LogState};
 use crate::mem::Mem;
-use crate::txn::Tx;
 
 /// Protocol parameters of a client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +50,8 @@ pub struct Stats {
 }
 
 /// A client: owns rTX ID `id` (log slot `id`), its leases and its allocator. Used by one
-/// coroutine at a time; [`Client::begin`] starts an rTX.
+/// coroutine at a time; [`Client::begin`] starts an rTX, [`Client::repair`] repairs
+/// another, [`Client::recover`] restarts.
 #[derive(Debug)]
 pub struct Client<C> {
     pub(crate) id: u16,
@@ -67,7 +66,7 @@ pub struct Client<C> {
     pub(crate) unfinished: Option<u64>,
     pub(crate) stats: Stats,
     #[cfg(test)]
-    pub(crate) crash: Option<crate::commit::CrashPoint>,
+    pub(crate) crash: Option<CrashPoint>,
 }
 
 impl<C: Clock> Client<C> {
@@ -114,11 +113,6 @@ impl<C: Clock> Client<C> {
         &self.clock
     }
 
-    /// Start an rTX.
-    pub fn begin(&mut self) -> Tx<'_, C> {
-        Tx::new(self)
-    }
-
     pub(crate) fn repair_lease_ms(&self, lease_len_ms: u64) -> u64 {
         self.cfg.repair_lease_ms.unwrap_or(lease_len_ms)
     }
@@ -146,42 +140,36 @@ impl<C: Clock> Client<C> {
             .expect("refill added blocks"))
     }
 
-    /// Make sure this ID's log slot may be reused: its last rTX is DONE (4.4: a log not in
-    /// DONE is never reused). Repairs it as any repairer would if an error left it open.
-    pub(crate) async fn settle_log<M: Mem>(&mut self, mem: &M) -> Result<(), RtxError> {
-        let Some(identity) = self.unfinished else {
-            return Ok(());
-        };
-        let at = self.layout.log_addr(self.id);
-        let w = mem.read_u64(at).await?;
-        let h = Header::decode(w);
-        if h.identity == identity && h.state != LogState::Done {
-            let raw = mem.read(at, self.layout.slot_bytes() as usize).await?;
-            // A slot that does not decode was never completely written, and no lock is
-            // taken before the log WRITE completes: nothing to finish.
-            if let Ok(img) = crate::log::LogImage::decode(&raw) {
-                crate::repair::finish_own(self, mem, &img).await?;
+    /// Stop here with [`crate::mem::MemError::Crashed`] if a test planted a crash at
+    /// point `p` ("log", "locks", "doing", "install"); a no-op outside test builds.
+    pub(crate) fn crash_at(&self, _p: &'static str) -> Result<(), RtxError> {
+        #[cfg(test)]
+        {
+            let hit = match self.crash {
+                Some(CrashPoint::LogWritten) => _p == "log",
+                Some(CrashPoint::Locked) => _p == "locks",
+                Some(CrashPoint::InDoing) => _p == "doing",
+                Some(CrashPoint::Installed) => _p == "install",
+                None => false,
+            };
+            if hit {
+                return Err(RtxError::Mem(crate::mem::MemError::Crashed));
             }
         }
-        self.unfinished = None;
         Ok(())
     }
+}
 
-    /// After a restart: finish this ID's last rTX if its log is not DONE (as a repairer
-    /// would), seed leases above the log's identity, and rebuild the allocator
-    /// ([`Allocator::recover`]). Errors: [`RtxError::Mem`], [`RtxError::Alloc`].
-    pub async fn recover<M: Mem>(&mut self, mem: &M) -> Result<(), RtxError> {
-        let at = self.layout.log_addr(self.id);
-        let raw = mem.read(at, self.layout.slot_bytes() as usize).await?;
-        let h = Header::decode(u64::from_le_bytes(raw[..8].try_into().expect("8 bytes")));
-        self.issuer = LeaseIssuer::after(h.identity.max(self.issuer.last_ms()));
-        if h.state != LogState::Done && h.identity != 0 {
-            if let Ok(img) = crate::log::LogImage::decode(&raw) {
-                crate::repair::finish_own(self, mem, &img).await?;
-            }
-        }
-        self.unfinished = None;
-        self.alloc.recover(mem).await?;
-        Ok(())
-    }
+/// Where a test stops a committing owner as if it had crashed (test builds only).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CrashPoint {
+    /// Log and values written, nothing locked.
+    LogWritten,
+    /// Write set locked, before validation.
+    Locked,
+    /// Header moved to DOING, nothing installed.
+    InDoing,
+    /// Every dptr installed, no lock released.
+    Installed,
 }

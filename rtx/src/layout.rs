@@ -19,6 +19,21 @@ use crate::log::LogImage;
 pub const TXOBJ_BYTES: u64 = 16;
 /// Offset of the dptr word inside a TXObj.
 pub const DPTR_OFF: u64 = 8;
+/// The MN offset of the dptr word of the TXObj at `mptr`.
+pub fn dptr_addr(mptr: u64) -> u64 {
+    mptr + DPTR_OFF
+}
+
+/// The chunk-owner word: valid bit, rTX ID (16 bits) and allocator incarnation (8 bits).
+pub fn owner_word(id: u16, incarnation: u8) -> u64 {
+    1 << 63 | (id as u64) << 8 | incarnation as u64
+}
+
+/// Decode a chunk-owner word into (id, incarnation); `None` if unowned.
+pub fn decode_owner(w: u64) -> Option<(u16, u8)> {
+    (w >> 63 == 1).then_some(((w >> 8) as u16, w as u8))
+}
+
 /// Blocks per bitmap word (one batch claim).
 pub const CHUNK_BLOCKS: u64 = 64;
 
@@ -159,7 +174,7 @@ pub async fn format<M: crate::mem::Mem>(
     for c in 0..layout.objects.div_ceil(CHUNK_BLOCKS) {
         mem.write(layout.bitmap_base() + c * 8, &u64::MAX.to_le_bytes())
             .await?;
-        let owner = crate::alloc::owner_word(loader, LOADER_INCARNATION);
+        let owner = owner_word(loader, LOADER_INCARNATION);
         mem.write(layout.owners_base() + c * 8, &owner.to_le_bytes())
             .await?;
     }

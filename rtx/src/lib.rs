@@ -14,8 +14,10 @@
 //! - [`mem`]: the memory node as a trait of one-sided operations, with an in-memory
 //!   implementation; [`rrpc_mem`]: the same over rrpc's one-sided operations;
 //! - [`alloc`]: the data-pool allocator (bitmap, incarnations, reclamation table);
-//! - [`client`], [`txn`], [`commit`], [`repair`]: execution, commit with TryCommit and
-//!   Opt1, repair of every log state.
+//! - [`client`] (IDs, leases, allocator of one coroutine), [`trycommit`] (the idempotent
+//!   commit steps shared by owners and repairers), [`repair`] (every log state, Opt1,
+//!   restart), [`txn`] (execution, Opt2 pre-lock), [`commit`] (validation, TryCommit by
+//!   the owner, Opt1).
 //!
 //! The protocol is written once, as async functions generic over [`mem::Mem`]; unit tests
 //! and a model checker (module `model`, test builds) run it without a fabric.
@@ -32,6 +34,7 @@ pub mod log;
 pub mod mem;
 pub mod repair;
 pub mod rrpc_mem;
+pub mod trycommit;
 pub mod txn;
 
 #[cfg(test)]

@@ -16,13 +16,13 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::commit::PLANT_INSTALL_BY_WRITE;
 use crate::error::RtxError;
 use crate::lease::{ManualClock, SkewedClock};
 use crate::lllock::LockWord;
 use crate::log::{Header, LogState};
 use crate::model::{explore, Actor, Check, Gated, Sched};
 use crate::tests::{client, incr, layout, region, value, T0};
+use crate::trycommit::PLANT_INSTALL_BY_WRITE;
 use crate::Config;
 
 #[derive(Debug, Default)]

@@ -27,14 +27,14 @@
 //! dptr changed.
 
 use crate::client::Client;
-use crate::commit::try_commit_steps;
 use crate::dptr::Dptr;
 use crate::error::RtxError;
-use crate::lease::Clock;
+use crate::layout::dptr_addr;
+use crate::lease::{Clock, LeaseIssuer};
 use crate::lllock::{unlocked, LockState, LockWord};
 use crate::log::{Header, LogImage, LogState};
 use crate::mem::Mem;
-use crate::txn::dptr_addr;
+use crate::trycommit::try_commit_steps;
 
 /// How many times a repair re-reads and re-dispatches before giving up (as `Busy`).
 const MAX_REDISPATCH: usize = 64;
@@ -74,6 +74,45 @@ impl RepairOutcome {
 }
 
 impl<C: Clock> Client<C> {
+    /// Make sure this ID's log slot may be reused: its last rTX is DONE (4.4: a log not in
+    /// DONE is never reused). Repairs it as any repairer would if an error left it open.
+    pub(crate) async fn settle_log<M: Mem>(&mut self, mem: &M) -> Result<(), RtxError> {
+        let Some(identity) = self.unfinished else {
+            return Ok(());
+        };
+        let at = self.layout.log_addr(self.id);
+        let w = mem.read_u64(at).await?;
+        let h = Header::decode(w);
+        if h.identity == identity && h.state != LogState::Done {
+            let raw = mem.read(at, self.layout.slot_bytes() as usize).await?;
+            // A slot that does not decode was never completely written, and no lock is
+            // taken before the log WRITE completes: nothing to finish.
+            if let Ok(img) = LogImage::decode(&raw) {
+                finish_own(self, mem, &img).await?;
+            }
+        }
+        self.unfinished = None;
+        Ok(())
+    }
+
+    /// After a restart: finish this ID's last rTX if its log is not DONE (as a repairer
+    /// would), seed leases above the log's identity, and rebuild the allocator
+    /// ([`crate::alloc::Allocator::recover`]). Errors: [`RtxError::Mem`], [`RtxError::Alloc`].
+    pub async fn recover<M: Mem>(&mut self, mem: &M) -> Result<(), RtxError> {
+        let at = self.layout.log_addr(self.id);
+        let raw = mem.read(at, self.layout.slot_bytes() as usize).await?;
+        let h = Header::decode(u64::from_le_bytes(raw[..8].try_into().expect("8 bytes")));
+        self.issuer = LeaseIssuer::after(h.identity.max(self.issuer.last_ms()));
+        if h.state != LogState::Done && h.identity != 0 {
+            if let Ok(img) = LogImage::decode(&raw) {
+                finish_own(self, mem, &img).await?;
+            }
+        }
+        self.unfinished = None;
+        self.alloc.recover(mem).await?;
+        Ok(())
+    }
+
     /// Repair the rTX holding the lock word `lockv` seen at the TXObj `mptr` (call it
     /// when `lockv`'s lease has expired; calling it early is safe but may abort or finish
     /// a live rTX). Errors: [`RtxError::Mem`], [`RtxError::Alloc`] (Opt1 needs a block).

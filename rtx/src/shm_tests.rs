@@ -16,7 +16,7 @@ use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::NodeId;
 
-use crate::commit::CrashPoint;
+use crate::client::CrashPoint;
 use crate::error::RtxError;
 use crate::layout::{format, Layout, DPTR_OFF};
 use crate::lease::SystemClock;

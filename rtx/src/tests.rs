@@ -3,7 +3,7 @@
 
 use futures::executor::block_on;
 
-use crate::commit::CrashPoint;
+use crate::client::CrashPoint;
 use crate::dptr::Dptr;
 use crate::error::{AbortReason, RtxError};
 use crate::layout::{format, Layout, DPTR_OFF};
@@ -563,7 +563,10 @@ fn a_skewed_reader_repairs_a_live_owner_safely() {
     let doing = Header::new(LogState::Init, img.header.identity)
         .doing_until(T0 + 50)
         .word();
-    block_on(crate::commit::try_commit_steps(&a, &m, &img, doing, None)).unwrap();
+    block_on(crate::trycommit::try_commit_steps(
+        &a, &m, &img, doing, None,
+    ))
+    .unwrap();
     assert_eq!(m.snapshot(), snap);
     assert_eq!((value(&m, &l, 0), value(&m, &l, 1)), (11, 21));
 }

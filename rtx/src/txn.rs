@@ -11,11 +11,11 @@
 use crate::client::Client;
 use crate::dptr::Dptr;
 use crate::error::{AbortReason, RtxError};
-use crate::layout::DPTR_OFF;
 use crate::lease::Clock;
 use crate::lllock::{LockState, LockWord};
 use crate::log::{Header, LogEntry, LogImage, LogState};
 use crate::mem::Mem;
+use crate::trycommit::owner_abort;
 
 /// An object as read: its TXObj words at the read and its value.
 #[derive(Clone, Debug)]
@@ -49,6 +49,13 @@ pub struct Tx<'c, C> {
     /// Indices into `reads` with their new value, in write order.
     pub(crate) writes: Vec<(usize, Vec<u8>)>,
     pub(crate) pre_lock: Option<PreLock>,
+}
+
+impl<C: Clock> Client<C> {
+    /// Start an rTX.
+    pub fn begin(&mut self) -> Tx<'_, C> {
+        Tx::new(self)
+    }
 }
 
 impl<'c, C: Clock> Tx<'c, C> {
@@ -201,7 +208,7 @@ impl<'c, C: Clock> Tx<'c, C> {
         let old = mem.cas(mptr, lock, state.word()).await?;
         if old != lock {
             // Never locked: abort the log so the slot is DONE again.
-            crate::commit::owner_abort(self.client, mem, state, &[], true).await?;
+            owner_abort(self.client, mem, state, &[], true).await?;
             self.client.stats.aborts += 1;
             return Err(AbortReason::LockFailed.into());
         }
@@ -233,14 +240,9 @@ impl<'c, C: Clock> Tx<'c, C> {
     pub async fn abort<M: Mem>(self, mem: &M) -> Result<(), RtxError> {
         if let Some(p) = self.pre_lock {
             let won = [(p.mptr, p.version)];
-            crate::commit::owner_abort(self.client, mem, p.state, &won, true).await?;
+            owner_abort(self.client, mem, p.state, &won, true).await?;
         }
         self.client.stats.aborts += 1;
         Ok(())
     }
-}
-
-/// The dptr word's MN offset for a TXObj at `mptr`.
-pub(crate) fn dptr_addr(mptr: u64) -> u64 {
-    mptr + DPTR_OFF
 }
