@@ -92,40 +92,28 @@ impl<C: Clock> Tx<'_, C> {
         Err(why.into())
     }
 
-    async fn commit_inner<M: Mem>(&mut self, mem: &M) -> Result<(), RtxError> {
+    /// Release a pre-lock at its version and move the log to DONE (an rTX that ends
+    /// before locking anything else).
+    async fn drop_pre_lock<M: Mem>(&mut self, mem: &M) -> Result<(), RtxError> {
+        if let Some(p) = self.pre_lock {
+            owner_abort(self.client, mem, p.state, &[(p.mptr, p.version)], true).await?;
+        }
+        Ok(())
+    }
+
+    /// The lease, new blocks and log entries of the write set; a pre-locked object stays
+    /// entry 0.
+    async fn prepare<M: Mem>(&mut self, mem: &M, opt1: bool) -> Result<Prepared, RtxError> {
         let n = self.writes.len();
-        let max = self.client.layout.max_entries as usize;
-        if n == 0 {
-            let own = self.pre_lock.map(|p| p.state.word());
-            let skip: Vec<u64> = self.pre_lock.iter().map(|p| p.mptr).collect();
-            let bad = self.validate_reads(mem, &skip, own).await?;
-            if let Some(p) = self.pre_lock {
-                owner_abort(self.client, mem, p.state, &[(p.mptr, p.version)], true).await?;
-            }
-            return match bad {
-                Some((mptr, w)) => self.fail_with(mem, mptr, w, AbortReason::Validation).await,
-                None => Ok(()),
-            };
-        }
-        if n > max {
-            if let Some(p) = self.pre_lock {
-                owner_abort(self.client, mem, p.state, &[(p.mptr, p.version)], true).await?;
-            }
-            return Err(RtxError::TooManyWrites { n, max });
-        }
-        let opt1 = self.client.cfg.opt1 && n == 1 && self.pre_lock.is_none();
-        if !opt1 && self.pre_lock.is_none() {
-            self.client.settle_log(mem).await?;
-        }
         let c = &mut *self.client;
         let (state, lease_len) = match self.pre_lock {
             Some(p) => (p.state, p.lease_len_ms),
             None => {
                 let len = c.cfg.lease.length_ms(self.reads.len() - n, n);
-                let l = c.issuer.issue(c.clock.now_ms(), len);
+                let lease_ms = c.issuer.issue(c.clock.now_ms(), len);
                 (
                     LockState {
-                        lease_ms: l,
+                        lease_ms,
                         id: c.id,
                         no_log: opt1,
                     },
@@ -133,7 +121,6 @@ impl<C: Clock> Tx<'_, C> {
                 )
             }
         };
-        // New buffers and log entries; a pre-locked object stays entry 0.
         let mut order: Vec<usize> = (0..n).collect();
         if let Some(p) = self.pre_lock {
             order.sort_by_key(|&k| self.reads[self.writes[k].0].mptr != p.mptr);
@@ -148,9 +135,6 @@ impl<C: Clock> Tx<'_, C> {
                     for b in blocks {
                         c.alloc.give_back(b);
                     }
-                    if let Some(p) = self.pre_lock {
-                        owner_abort(c, mem, p.state, &[(p.mptr, p.version)], true).await?;
-                    }
                     return Err(e);
                 }
             };
@@ -164,62 +148,84 @@ impl<C: Clock> Tx<'_, C> {
             });
             blocks.push(block);
         }
-        let old_blocks: Vec<u64> = entries
+        let old_blocks = entries
             .iter()
             .filter_map(|e| Dptr::decode(e.dptr))
             .map(|d| d.block)
             .collect();
-        c.alloc.hold(&old_blocks, c.owners.as_deref());
-        let img = LogImage {
-            header: Header::new(LogState::Init, state.lease_ms),
-            checksum: state.word(),
-            entries: entries.clone(),
+        Ok(Prepared {
+            state,
+            lease_len,
+            opt1,
+            order,
+            entries,
+            blocks,
+            old_blocks,
+        })
+    }
+
+    /// Round 1: the new values, the log (not for Opt1) and the reclamation table, which
+    /// must list blocks of other clients' chunks before the installs unreference them.
+    async fn write_round<M: Mem>(
+        &mut self,
+        mem: &M,
+        p: &Prepared,
+        img: &LogImage,
+    ) -> Result<(), RtxError> {
+        let c = &mut *self.client;
+        c.alloc.hold(&p.old_blocks, c.owners.as_deref());
+        let values = p
+            .order
+            .iter()
+            .zip(&p.blocks)
+            .map(|(&k, &b)| mem.write(c.layout.block_addr(b), &self.writes[k].1));
+        // After an Opt2 pre-lock the header already lives on the MN and a repairer may
+        // have CASed it: rewrite only what follows it.
+        let skip = if self.pre_lock.is_some() { 8 } else { 0 };
+        let log_bytes = (!p.opt1).then(|| img.encode()[skip..].to_vec());
+        let table = c
+            .alloc
+            .needs_flush()
+            .then(|| (c.layout.reclaim_addr(c.id), c.alloc.table_bytes()));
+        let log = async {
+            match &log_bytes {
+                Some(b) => mem.write(c.layout.log_addr(c.id) + skip as u64, b).await,
+                None => Ok(()),
+            }
         };
-        // Round 1: values, log, reclamation table.
-        {
-            let values = order
-                .iter()
-                .zip(&blocks)
-                .map(|(&k, &b)| mem.write(c.layout.block_addr(b), &self.writes[k].1));
-            // After an Opt2 pre-lock the header already lives on the MN and a repairer may
-            // have CASed it: rewrite only what follows it.
-            let skip = if self.pre_lock.is_some() { 8 } else { 0 };
-            let log_bytes = (!opt1).then(|| img.encode()[skip..].to_vec());
-            let table = c
-                .alloc
-                .needs_flush()
-                .then(|| (c.layout.reclaim_addr(c.id), c.alloc.table_bytes()));
-            let log = async {
-                match &log_bytes {
-                    Some(b) => mem.write(c.layout.log_addr(c.id) + skip as u64, b).await,
-                    None => Ok(()),
-                }
-            };
-            let tab = async {
-                match &table {
-                    Some((at, b)) => mem.write(*at, b).await,
-                    None => Ok(()),
-                }
-            };
-            if !opt1 {
-                c.unfinished = Some(state.lease_ms);
+        let tab = async {
+            match &table {
+                Some((at, b)) => mem.write(*at, b).await,
+                None => Ok(()),
             }
-            let (v, l, t) = futures::join!(join_all(values), log, tab);
-            for r in v {
-                r?;
-            }
-            l?;
-            t?;
-            c.alloc.flushed();
-            if !opt1 {
-                c.stats.log_writes += 1;
-            }
+        };
+        if !p.opt1 {
+            c.unfinished = Some(p.state.lease_ms);
         }
-        c.crash_at("log")?;
-        let s = state.word();
+        let (v, l, t) = futures::join!(join_all(values), log, tab);
+        for r in v {
+            r?;
+        }
+        l?;
+        t?;
+        c.alloc.flushed();
+        if !p.opt1 {
+            c.stats.log_writes += 1;
+        }
+        Ok(())
+    }
+
+    /// Round 2: CAS every written object's LLLock (a pre-locked one is held already).
+    /// Returns the locks won as (mptr, version) and the first failure as (mptr, word seen).
+    async fn lock_round<M: Mem>(
+        &mut self,
+        mem: &M,
+        p: &Prepared,
+    ) -> Result<(Vec<(u64, u64)>, Option<(u64, u64)>), RtxError> {
         let pre = self.pre_lock.map(|p| p.mptr);
-        // Round 2: locks.
-        let to_lock: Vec<(u64, u64, u64)> = entries
+        let s = p.state.word();
+        let to_lock: Vec<(u64, u64, u64)> = p
+            .entries
             .iter()
             .filter(|e| Some(e.mptr) != pre)
             .map(|e| {
@@ -247,62 +253,159 @@ impl<C: Clock> Tx<'_, C> {
                 failed = Some((mptr, old));
             }
         }
-        let abort =
-            async |tx: &mut Self, won: &[(u64, u64)], blocks: &[u64]| -> Result<(), RtxError> {
-                owner_abort(tx.client, mem, state, won, !opt1).await?;
-                for &b in blocks {
-                    tx.client.alloc.give_back(b);
-                }
-                Ok(())
+        Ok((won, failed))
+    }
+
+    /// Abort before DOING: release `won`, close the log, give the new blocks back and stop
+    /// listing the old ones (still referenced).
+    async fn abandon<M: Mem>(
+        &mut self,
+        mem: &M,
+        p: &Prepared,
+        won: &[(u64, u64)],
+    ) -> Result<(), RtxError> {
+        owner_abort(self.client, mem, p.state, won, !p.opt1).await?;
+        for &b in &p.blocks {
+            self.client.alloc.give_back(b);
+        }
+        for &b in &p.old_blocks {
+            self.client.alloc.installed(b);
+        }
+        Ok(())
+    }
+
+    /// Opt1's install: CAS the dptr, then (never batched with it) release to version + 1.
+    /// A failed CAS means an Opt1 repair replaced the buffer: the rTX aborted.
+    async fn install_opt1<M: Mem>(&mut self, mem: &M, p: &Prepared) -> Result<(), RtxError> {
+        let (e, s) = (p.entries[0], p.state.word());
+        if mem.cas(dptr_addr(e.mptr), e.dptr, e.ndptr).await? != e.dptr {
+            self.abandon(mem, p, &[(e.mptr, e.version)]).await?;
+            return Err(AbortReason::AbortedByRepairer.into());
+        }
+        mem.cas(e.mptr, s, unlocked(next_version(e.version)))
+            .await?;
+        let c = &mut *self.client;
+        c.alloc.installed(p.blocks[0]);
+        c.alloc.retire(&p.old_blocks, c.clock.now_ms());
+        Ok(())
+    }
+
+    /// TryCommit by the owner: INIT to DOING by CAS (failure: a repairer aborted this
+    /// rTX), then the shared steps.
+    async fn try_commit_owner<M: Mem>(
+        &mut self,
+        mem: &M,
+        p: &Prepared,
+        img: &LogImage,
+        won: &[(u64, u64)],
+    ) -> Result<(), RtxError> {
+        let c = &mut *self.client;
+        let log = c.layout.log_addr(c.id);
+        let init = Header::new(LogState::Init, p.state.lease_ms);
+        let doing = init
+            .doing_until(c.clock.now_ms() + c.repair_lease_ms(p.lease_len))
+            .word();
+        if mem.cas(log, init.word(), doing).await? != init.word() {
+            self.abandon(mem, p, won).await?;
+            return Err(AbortReason::AbortedByRepairer.into());
+        }
+        let c = &mut *self.client;
+        c.crash_at("doing")?;
+        try_commit_steps(c, mem, img, doing, None).await?;
+        c.unfinished = None;
+        for &b in &p.blocks {
+            c.alloc.installed(b);
+        }
+        c.alloc.retire(&p.old_blocks, c.clock.now_ms());
+        Ok(())
+    }
+
+    async fn commit_inner<M: Mem>(&mut self, mem: &M) -> Result<(), RtxError> {
+        // A pre-locked object is released by TryCommit like every logged one, so it is
+        // written back (unchanged) when the rTX wrote other objects but not it.
+        if let Some(p) = self.pre_lock {
+            let i = self
+                .reads
+                .iter()
+                .position(|r| r.mptr == p.mptr)
+                .expect("pre-lock reads");
+            if !self.writes.is_empty() && !self.writes.iter().any(|(j, _)| *j == i) {
+                let v = self.reads[i].value.clone();
+                self.writes.push((i, v));
+            }
+        }
+        let n = self.writes.len();
+        let max = self.client.layout.max_entries as usize;
+        if n == 0 {
+            let own = self.pre_lock.map(|p| p.state.word());
+            let skip: Vec<u64> = self.pre_lock.iter().map(|p| p.mptr).collect();
+            let bad = self.validate_reads(mem, &skip, own).await?;
+            self.drop_pre_lock(mem).await?;
+            return match bad {
+                Some((mptr, w)) => self.fail_with(mem, mptr, w, AbortReason::Validation).await,
+                None => Ok(()),
             };
+        }
+        if n > max {
+            self.drop_pre_lock(mem).await?;
+            return Err(RtxError::TooManyWrites { n, max });
+        }
+        let opt1 = self.client.cfg.opt1 && n == 1 && self.pre_lock.is_none();
+        if !opt1 && self.pre_lock.is_none() {
+            self.client.settle_log(mem).await?;
+        }
+        let p = match self.prepare(mem, opt1).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.drop_pre_lock(mem).await?;
+                return Err(e);
+            }
+        };
+        let img = LogImage {
+            header: Header::new(LogState::Init, p.state.lease_ms),
+            checksum: p.state.word(),
+            entries: p.entries.clone(),
+        };
+        self.write_round(mem, &p, &img).await?;
+        self.client.crash_at("log")?;
+        let (won, failed) = self.lock_round(mem, &p).await?;
         if let Some((mptr, word)) = failed {
-            abort(self, &won, &blocks).await?;
+            self.abandon(mem, &p, &won).await?;
             return self
                 .fail_with(mem, mptr, word, AbortReason::LockFailed)
                 .await;
         }
         self.client.crash_at("locks")?;
         // Round 3: validation of every read and written object.
-        let written: Vec<u64> = entries.iter().map(|e| e.mptr).collect();
-        if let Some((mptr, word)) = self.validate_reads(mem, &written, Some(s)).await? {
-            abort(self, &won, &blocks).await?;
+        let written: Vec<u64> = p.entries.iter().map(|e| e.mptr).collect();
+        if let Some((mptr, word)) = self
+            .validate_reads(mem, &written, Some(p.state.word()))
+            .await?
+        {
+            self.abandon(mem, &p, &won).await?;
             return self
                 .fail_with(mem, mptr, word, AbortReason::Validation)
                 .await;
         }
-        let c = &mut *self.client;
-        let now = c.clock.now_ms();
-        if opt1 {
-            let e = entries[0];
-            let old = mem.cas(dptr_addr(e.mptr), e.dptr, e.ndptr).await?;
-            if old != e.dptr {
-                mem.cas(e.mptr, s, unlocked(e.version)).await?;
-                c.alloc.give_back(blocks[0]);
-                return Err(AbortReason::AbortedByRepairer.into());
-            }
-            // Released only after the install completed, never batched with it.
-            mem.cas(e.mptr, s, unlocked(next_version(e.version)))
-                .await?;
-            c.alloc.installed(blocks[0]);
-            c.alloc.retire(&old_blocks, now);
-            return Ok(());
+        if p.opt1 {
+            self.install_opt1(mem, &p).await
+        } else {
+            self.try_commit_owner(mem, &p, &img, &won).await
         }
-        // TryCommit by the owner.
-        let log = c.layout.log_addr(c.id);
-        let init = Header::new(LogState::Init, state.lease_ms);
-        let doing = init.doing_until(now + c.repair_lease_ms(lease_len)).word();
-        if mem.cas(log, init.word(), doing).await? != init.word() {
-            abort(self, &won, &blocks).await?;
-            return Err(AbortReason::AbortedByRepairer.into());
-        }
-        let c = &mut *self.client;
-        c.crash_at("doing")?;
-        try_commit_steps(c, mem, &img, doing, None).await?;
-        c.unfinished = None;
-        for &b in &blocks {
-            c.alloc.installed(b);
-        }
-        c.alloc.retire(&old_blocks, c.clock.now_ms());
-        Ok(())
     }
+}
+
+/// A write set made ready for commit.
+struct Prepared {
+    state: LockState,
+    /// Lease length in ms (the repair lease defaults to it).
+    lease_len: u64,
+    opt1: bool,
+    /// Indices into the rTX's writes, in entry order.
+    order: Vec<usize>,
+    entries: Vec<LogEntry>,
+    /// New blocks, by entry.
+    blocks: Vec<u64>,
+    /// Blocks the installs stop referencing.
+    old_blocks: Vec<u64>,
 }

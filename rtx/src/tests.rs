@@ -588,3 +588,29 @@ fn an_owner_aborts_its_own_log_left_in_init_before_reusing_it() {
     );
     assert_eq!(a.stats().log_writes, 2);
 }
+
+#[test]
+fn a_pre_locked_object_not_written_is_released_by_the_commit() {
+    let (l, clock) = (layout(), ManualClock::new(T0));
+    let m = region(&l);
+    let mut c = client(&l, 0, clock, Config::default());
+    let mut tx = c.begin();
+    block_on(tx.pre_lock(&m, l.obj_addr(0))).unwrap();
+    block_on(tx.write(&m, l.obj_addr(1), 5u64.to_le_bytes().to_vec())).unwrap();
+    block_on(tx.commit(&m)).unwrap();
+    assert_eq!((value(&m, &l, 0), value(&m, &l, 1)), (10, 5));
+    assert!(matches!(
+        LockWord::decode(lock(&m, &l, 0)),
+        LockWord::Unlocked(_)
+    ));
+    assert!(matches!(
+        LockWord::decode(lock(&m, &l, 1)),
+        LockWord::Unlocked(_)
+    ));
+    // Pre-lock, write nothing: commit releases it at its version.
+    let mut tx = c.begin();
+    block_on(tx.pre_lock(&m, l.obj_addr(2))).unwrap();
+    block_on(tx.commit(&m)).unwrap();
+    assert_eq!(lock(&m, &l, 2), unlocked(0));
+    assert_eq!(Header::decode(m.word(l.log_addr(0))).state, LogState::Done);
+}
