@@ -14,6 +14,7 @@
 //! [`crate::repair`] for the takeover that fixed it.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::rc::Rc;
 
 use crate::error::RtxError;
@@ -25,6 +26,16 @@ use crate::tests::{client, incr, layout, region, value, T0};
 use crate::trycommit::PLANT_INSTALL_BY_WRITE;
 use crate::Config;
 
+thread_local! {
+    /// What happened across the runs of an exploration, to show the model reaches the
+    /// interesting cases (not just that nothing broke).
+    static SEEN: RefCell<BTreeSet<String>> = const { RefCell::new(BTreeSet::new()) };
+}
+
+fn seen(what: String) {
+    SEEN.with(|s| s.borrow_mut().insert(what));
+}
+
 #[derive(Debug, Default)]
 struct Outcome {
     tx1: bool,
@@ -32,10 +43,13 @@ struct Outcome {
     t3: bool,
 }
 
-fn committed(r: Result<(), RtxError>) -> bool {
+fn committed(who: &str, r: Result<(), RtxError>) -> bool {
     match r {
         Ok(()) => true,
-        Err(RtxError::Aborted(_)) => false,
+        Err(RtxError::Aborted(why)) => {
+            seen(format!("{who} aborted: {why:?}"));
+            false
+        }
         Err(e) => panic!("unexpected error {e}"),
     }
 }
@@ -56,10 +70,10 @@ fn scenario(repairers: usize, owner_next: bool) -> impl Fn(&Rc<Sched>) -> (Vec<A
             let mut c = client(&l, 0, clock.clone(), Config::default());
             let out = out.clone();
             actors.push(Box::pin(async move {
-                let t1 = committed(incr(&mut c, &g, &l, &[0, 1]).await);
+                let t1 = committed("tx1", incr(&mut c, &g, &l, &[0, 1]).await);
                 out.borrow_mut().tx1 = t1;
                 if owner_next {
-                    let t2 = committed(incr(&mut c, &g, &l, &[1, 2]).await);
+                    let t2 = committed("tx2", incr(&mut c, &g, &l, &[1, 2]).await);
                     out.borrow_mut().tx2 = t2;
                 }
             }));
@@ -70,7 +84,7 @@ fn scenario(repairers: usize, owner_next: bool) -> impl Fn(&Rc<Sched>) -> (Vec<A
             let out = out.clone();
             actors.push(Box::pin(async move {
                 for _ in 0..3 {
-                    if committed(incr(&mut c, &g, &l, &[0]).await) {
+                    if committed("t3", incr(&mut c, &g, &l, &[0]).await) {
                         out.borrow_mut().t3 = true;
                         break;
                     }
@@ -85,7 +99,8 @@ fn scenario(repairers: usize, owner_next: bool) -> impl Fn(&Rc<Sched>) -> (Vec<A
                 let a = l.obj_addr(0);
                 let w = crate::mem::Mem::read_u64(&g, a).await.unwrap();
                 if matches!(LockWord::decode(w), LockWord::Locked(_)) {
-                    c.repair(&g, a, w).await.unwrap();
+                    let r = c.repair(&g, a, w).await.unwrap();
+                    seen(format!("repair: {r:?}"));
                 }
             }));
         }
@@ -116,10 +131,25 @@ fn scenario(repairers: usize, owner_next: bool) -> impl Fn(&Rc<Sched>) -> (Vec<A
 
 #[test]
 fn try_commit_is_idempotent_under_repairers_and_a_later_writer() {
+    SEEN.with(|s| s.borrow_mut().clear());
     let runs = explore(&scenario(1, true), 3)
         .unwrap_or_else(|v| panic!("violation {} under schedule {:?}", v.what, v.schedule));
     eprintln!("{runs} schedules explored");
     assert!(runs > 1000, "explored only {runs} schedules");
+    let seen = SEEN.with(|s| s.borrow().clone());
+    for case in [
+        "tx1 aborted: AbortedByRepairer", // its INIT to DOING CAS lost to a repairer
+        "repair: Aborted",
+        "repair: Committed", // took a live owner's DOING over
+        "repair: Stale",     // the owner's next rTX had reused the log
+        "repair: Opt1Replaced",
+        "t3 aborted: AbortedByRepairer",
+    ] {
+        assert!(
+            seen.contains(case),
+            "no run reached {case:?}; seen {seen:?}"
+        );
+    }
 }
 
 #[test]
