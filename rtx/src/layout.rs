@@ -113,29 +113,42 @@ impl Layout {
     pub fn total_bytes(&self) -> u64 {
         self.data_base() + self.blocks * self.block_bytes
     }
-    /// Whether the sizes are usable: ids in 1..=32768, blocks a multiple of 64, block
-    /// bytes a non-zero multiple of 8, at least one entry per log.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Check the sizes. Errors: [`LayoutError`] naming the first unusable size.
+    pub fn validate(&self) -> Result<(), LayoutError> {
         if self.ids == 0 || self.ids as u32 > crate::lllock::MAX_ID as u32 + 1 {
-            return Err(format!("ids {} not in 1..=32768", self.ids));
+            return Err(LayoutError::Ids(self.ids));
         }
-        if self.blocks == 0 || !self.blocks.is_multiple_of(CHUNK_BLOCKS) {
-            return Err(format!("blocks {} not a multiple of 64", self.blocks));
+        if self.blocks == 0
+            || !self.blocks.is_multiple_of(CHUNK_BLOCKS)
+            || self.blocks > crate::dptr::BLOCK_MAX
+        {
+            return Err(LayoutError::Blocks(self.blocks));
         }
         if self.block_bytes == 0 || !self.block_bytes.is_multiple_of(8) {
-            return Err(format!(
-                "block bytes {} not a multiple of 8",
-                self.block_bytes
-            ));
+            return Err(LayoutError::BlockBytes(self.block_bytes));
         }
         if self.max_entries == 0 {
-            return Err("max entries 0".into());
-        }
-        if self.blocks > crate::dptr::BLOCK_MAX {
-            return Err("too many blocks for a dptr".into());
+            return Err(LayoutError::NoEntries);
         }
         Ok(())
     }
+}
+
+/// An unusable [`Layout`].
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// rTX IDs must be 1 to 32768 (15-bit owner ids).
+    #[error("{0} rTX IDs, need 1 to 32768")]
+    Ids(u16),
+    /// Blocks must be a non-zero multiple of 64 (bitmap words) within 40 bits (dptrs).
+    #[error("{0} blocks, need a non-zero multiple of 64 below 2^40")]
+    Blocks(u64),
+    /// Block bytes must be a non-zero multiple of 8.
+    #[error("{0}-byte blocks, need a non-zero multiple of 8")]
+    BlockBytes(u64),
+    /// A log must hold at least one entry.
+    #[error("logs of 0 entries")]
+    NoEntries,
 }
 
 /// Incarnation stamped on the blocks [`format()`] hands out.
