@@ -38,7 +38,7 @@ pub fn decode_owner(w: u64) -> Option<(u16, u8)> {
 pub const CHUNK_BLOCKS: u64 = 64;
 
 /// Sizes of an rTX region; every offset derives from them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Layout {
     /// rTX IDs (client coroutines), at most 32768.
     pub ids: u16,

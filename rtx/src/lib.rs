@@ -12,7 +12,8 @@
 //! - [`lllock`], [`lease`], [`dptr`], [`log`], [`layout`]: words, leases and layouts
 //!   (sans-IO codecs);
 //! - [`mem`]: the memory node as a trait of one-sided operations, with an in-memory
-//!   implementation; [`rrpc_mem`]: the same over rrpc's one-sided operations;
+//!   implementation; [`rrpc_mem`]: the same over rrpc's one-sided operations; [`host`]:
+//!   a memory node's region and its export;
 //! - [`alloc`]: the data-pool allocator (bitmap, incarnations, reclamation table);
 //! - [`client`] (IDs, leases, allocator of one coroutine), [`trycommit`] (the idempotent
 //!   commit steps shared by owners and repairers), [`repair`] (every log state, Opt1,
@@ -27,6 +28,7 @@ pub mod client;
 pub mod commit;
 pub mod dptr;
 pub mod error;
+pub mod host;
 pub mod layout;
 pub mod lease;
 pub mod lllock;

@@ -10,9 +10,6 @@ use rrpc::NodeId;
 
 use crate::mem::{Mem, MemError};
 
-/// The key under which a memory node exports its rTX region's [`MrDesc`].
-pub const EXPORT_KEY: &str = "rtx";
-
 /// The rTX region of memory node `node`, as seen from one thread.
 #[derive(Clone)]
 pub struct RrpcMem {

@@ -1,5 +1,5 @@
-//! rTXs over rrpc's one-sided operations on the shm fabric: a memory node exports the rTX
-//! region, client threads run coroutines that increment counters in objects (single-object
+//! rTXs over rrpc's one-sided operations on the shm fabric: a memory node hosts the rTX
+//! region ([`crate::host`]), client threads run coroutines that increment counters in objects (single-object
 //! Opt1 rTXs and two-object logged rTXs) after three rTXs were abandoned mid-commit (in
 //! INIT, in DOING, and an Opt1 lock); the survivors repair them on the way. Checks: every
 //! counter equals its initial value plus the increments committed (an rTX abandoned in
@@ -11,18 +11,18 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::MrDesc;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::NodeId;
 
 use crate::client::CrashPoint;
 use crate::error::RtxError;
-use crate::layout::{format, Layout, DPTR_OFF};
+use crate::host::{host, EXPORT_KEY};
+use crate::layout::{Layout, DPTR_OFF};
 use crate::lease::SystemClock;
 use crate::lllock::LockWord;
-use crate::mem::{LocalMem, MemError};
-use crate::rrpc_mem::{RrpcMem, EXPORT_KEY};
+use crate::mem::MemError;
+use crate::rrpc_mem::RrpcMem;
 use crate::tests::incr;
 use crate::{Client, Config};
 
@@ -52,9 +52,9 @@ fn layout() -> Layout {
 
 fn connect(c: &ClusterGuard, node: u32, mn: std::net::SocketAddr) -> RrpcMem {
     let ctx = ThreadCtx::new(c.open(NodeId(node)).unwrap(), RuntimeConfig::default()).unwrap();
-    let info = ctx.connect(mn).unwrap();
-    let desc: MrDesc = info.export(EXPORT_KEY).unwrap();
-    RrpcMem::new(ctx, info.node, desc)
+    let (mem, layout) = crate::host::connect(&ctx, mn).unwrap();
+    assert_eq!(layout, self::layout(), "the exported layout");
+    mem
 }
 
 fn ctx_of(m: &RrpcMem) -> Rc<ThreadCtx> {
@@ -76,17 +76,11 @@ fn concurrent_rtxs_over_shm_one_sided_ops_keep_counters_with_repairs() {
         .0;
     let l = layout();
     l.validate().unwrap();
-    // The memory node: one MR holding the formatted region.
+    // The memory node: one MR holding the formatted region (every counter 0).
     let f = cluster.open(NodeId(1)).unwrap();
-    let mr = f.alloc_mr(l.total_bytes() as usize).unwrap();
-    let image = LocalMem::new(l.total_bytes() as usize);
-    futures::executor::block_on(format(&l, &image, DEAD[0], |i| {
-        (1000 * i).to_le_bytes().to_vec()
-    }))
-    .unwrap();
-    mr.write(0, &image.snapshot());
+    let (mr, export) = host(&f, l).unwrap();
     let mut exports = BTreeMap::new();
-    exports.insert(EXPORT_KEY.into(), serde_json::to_value(mr.desc()).unwrap());
+    exports.insert(EXPORT_KEY.into(), serde_json::to_value(export).unwrap());
     let node = Node::start(
         f,
         NodeConfig {
@@ -100,7 +94,7 @@ fn concurrent_rtxs_over_shm_one_sided_ops_keep_counters_with_repairs() {
     let mn = node.addr();
 
     // Three rTXs abandoned mid-commit by clients that never come back.
-    let mut expected: Vec<u64> = (0..OBJECTS).map(|i| 1000 * i).collect();
+    let mut expected: Vec<u64> = vec![0; OBJECTS as usize];
     {
         let mem = connect(&cluster, 30, mn);
         let ctx = ctx_of(&mem);
@@ -139,9 +133,7 @@ fn concurrent_rtxs_over_shm_one_sided_ops_keep_counters_with_repairs() {
                 ))
                 .unwrap();
                 let ctx = ThreadCtx::new(cluster_fabric, RuntimeConfig::default()).unwrap();
-                let info = ctx.connect(mn).unwrap();
-                let desc: MrDesc = info.export(EXPORT_KEY).unwrap();
-                let mem = RrpcMem::new(ctx.clone(), info.node, desc);
+                let (mem, _) = crate::host::connect(&ctx, mn).unwrap();
                 let counts = Rc::new(RefCell::new((vec![0u64; OBJECTS as usize], 0u64, 0u64)));
                 let mut ex = Executor::new(ctx.clone());
                 for co in 0..COROUTINES {
