@@ -20,7 +20,7 @@ bins=(
   "rrpc-bench|RPC microbenchmarks: batching, reply modes, latency, peers|batching modes latency throughput peers all"
   "lock-bench|lock microbenchmarks: Takeout, CAS, DSLR, Lotus lock tables|fairness single table queues"
   "tso-bench|timestamp microbenchmark: FAA, TSO groups, proxy, RPC oracle|"
-  "memnode|the memory node: CVT tables in registered memory, commit-log slots|"
+  "memnode|the memory node: CVT tables in registered memory, commit-log slots, an rTX region|"
   "lockd|the lock service: Takeout Locks, Lotus lock tables, baseline lock words|"
   "tso|the timestamp oracle: one counter, taken by one-sided FAA|"
   "tso-proxy|a TSO proxy: merges range requests into one FAA on the oracle|"

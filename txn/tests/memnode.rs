@@ -145,3 +145,80 @@ fn smallbank_and_kvs_exclude_each_other_and_kvs_values_need_16_bytes() {
         assert!(err.contains(want), "{extra:?}: {err}");
     }
 }
+
+/// `--rtx-pool`: the memnode hosts a formatted rTX region; a client increments counters
+/// in two objects with rTXs over one-sided operations and reads them back.
+#[test]
+fn memnode_hosts_an_rtx_region() {
+    let cluster = format!("memnode-rtx-test-{}", std::process::id());
+    rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memnode"))
+        .args(["--cluster", &cluster, "--node", "1"])
+        .args([
+            "--rtx-pool",
+            "2000000",
+            "--rtx-ids",
+            "8",
+            "--rtx-block-bytes",
+            "64",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("READY "))
+        .expect("memnode prints READY");
+    let addr: SocketAddr = line["READY ".len()..].parse().unwrap();
+    let fabric = Fabric::open(&FabricConfig::new(
+        FabricKind::from_env().unwrap(),
+        &cluster,
+        NodeId(60),
+    ))
+    .unwrap();
+    let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
+    let (mem, layout) = rtx::host::connect(&ctx, addr).unwrap();
+    assert!(
+        layout.total_bytes() <= 2_000_000 && layout.objects > 1000,
+        "{layout:?}"
+    );
+    let out = Rc::new(std::cell::Cell::new([0u64; 2]));
+    let mut ex = Executor::new(ctx.clone());
+    {
+        let out = out.clone();
+        ex.spawn(async move {
+            let mut c = rtx::Client::new(
+                layout,
+                0,
+                1,
+                rtx::lease::SystemClock,
+                rtx::Config::default(),
+            );
+            let objs = [layout.obj_addr(0), layout.obj_addr(layout.objects - 1)];
+            for _ in 0..5 {
+                let mut tx = c.begin();
+                for &o in &objs {
+                    let v = tx.read(&mem, o).await.unwrap();
+                    let n = u64::from_le_bytes(v[..8].try_into().unwrap()) + 1;
+                    let mut w = v.clone();
+                    w[..8].copy_from_slice(&n.to_le_bytes());
+                    tx.write(&mem, o, w).await.unwrap();
+                }
+                tx.commit(&mem).await.unwrap();
+            }
+            let mut tx = c.begin();
+            let mut got = [0u64; 2];
+            for (g, &o) in got.iter_mut().zip(&objs) {
+                let v = tx.read(&mem, o).await.unwrap();
+                *g = u64::from_le_bytes(v[..8].try_into().unwrap());
+            }
+            out.set(got);
+        });
+    }
+    ex.run();
+    assert_eq!(out.get(), [5, 5]);
+    stop(child);
+    drop(ctx);
+    rrpc::fabric::shm::remove_cluster(&cluster).unwrap();
+}

@@ -87,6 +87,17 @@ struct Args {
     /// any compute node reads it; until then no view names it as a copy.
     #[arg(long)]
     empty: bool,
+    /// Host an rTX region of this many bytes (repairable transactions: logs, TXObjs and
+    /// data blocks, every object formatted with a zeroed value), exported as "rtx"
+    /// (0: none).
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    rtx_pool: u64,
+    /// rTX IDs (client coroutines) the rTX region has logs for.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    rtx_ids: u16,
+    /// Bytes of an rTX object's value (a data block; 1 KB is a B-link tree node).
+    #[arg(long, default_value_t = 1024, value_name = "BYTES")]
+    rtx_block_bytes: u64,
 }
 
 fn main() -> ExitCode {
@@ -218,6 +229,19 @@ fn run(args: Args) -> anyhow::Result<()> {
     } else {
         None
     };
+    let rtx_region = if args.rtx_pool > 0 {
+        let layout = rtx::host::layout_for_pool(args.rtx_pool, args.rtx_ids, args.rtx_block_bytes)
+            .context("--rtx-pool")?;
+        let (mr, export) = rtx::host::host(&fabric, layout).context("hosting the rTX region")?;
+        tracing::info!(
+            objects = layout.objects,
+            blocks = layout.blocks,
+            "rTX region"
+        );
+        Some((mr, export))
+    } else {
+        None
+    };
     tracing::info!(
         ms = t0.elapsed().as_millis() as u64,
         images = args.replicas,
@@ -244,6 +268,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         txn::cvt_remote::EXPORT_KEY.to_string(),
         serde_json::to_value(&export)?,
     );
+    if let Some((_, export)) = &rtx_region {
+        exports.insert(
+            rtx::host::EXPORT_KEY.to_string(),
+            serde_json::to_value(export)?,
+        );
+    }
     let node = Node::start(
         fabric,
         NodeConfig {
@@ -289,5 +319,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     drop(regions);
     drop(log_region);
     drop(undo_region);
+    drop(rtx_region);
     Ok(())
 }

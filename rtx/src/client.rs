@@ -1,0 +1,175 @@
+//! One rTX client: a coroutine's rTX ID, its log slot, lease issuer and allocator
+//! (Transactional Indexes on Disaggregated Memory with Repairable Transaction, 4.4; the
+//! paper gives one ID and log per CN thread, here one per coroutine, since coroutines of a
+//! thread run rTXs concurrently).
+
+use crate::alloc::Allocator;
+use crate::error::RtxError;
+use crate::layout::Layout;
+use crate::lease::{Clock, LeaseConfig, LeaseIssuer};
+use crate::mem::Mem;
+
+/// Protocol parameters of a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Lease lengths (DRIFT and per-object estimates).
+    pub lease: LeaseConfig,
+    /// Repair lease in ms given by the CAS into DOING or a takeover; `None` uses the
+    /// rTX's own lease length (inferred: the paper gives no value).
+    pub repair_lease_ms: Option<u64>,
+    /// How often, in ms, a repairer re-reads the log header while re-executing a
+    /// TryCommit, stopping if the log is DONE or reused (4.4, dptr version wrap-around).
+    /// Default 1.
+    pub check_interval_ms: u64,
+    /// Opt1 (4.5): a single-object write set writes no log. Default on.
+    pub opt1: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            lease: LeaseConfig::default(),
+            repair_lease_ms: None,
+            check_interval_ms: 1,
+            opt1: true,
+        }
+    }
+}
+
+/// Counters of one client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// rTXs committed.
+    pub commits: u64,
+    /// rTXs aborted.
+    pub aborts: u64,
+    /// Log WRITEs (Opt1 commits make none).
+    pub log_writes: u64,
+    /// Repairs of other rTXs that changed something on the MN.
+    pub repairs: u64,
+}
+
+/// A client: owns rTX ID `id` (log slot `id`), its leases and its allocator. Used by one
+/// coroutine at a time; [`Client::begin`] starts an rTX, [`Client::repair`] repairs
+/// another, [`Client::recover`] restarts.
+#[derive(Debug)]
+pub struct Client<C> {
+    pub(crate) id: u16,
+    pub(crate) layout: Layout,
+    pub(crate) clock: C,
+    pub(crate) cfg: Config,
+    pub(crate) issuer: LeaseIssuer,
+    pub(crate) alloc: Allocator,
+    pub(crate) owners: Option<Vec<u64>>,
+    /// The identity of this ID's last logged rTX if it may not have reached DONE (an
+    /// I/O error interrupted it); finished before the slot is reused.
+    pub(crate) unfinished: Option<u64>,
+    pub(crate) stats: Stats,
+    #[cfg(test)]
+    pub(crate) crash: Option<CrashPoint>,
+}
+
+impl<C: Clock> Client<C> {
+    /// A client for rTX ID `id` whose allocator runs at `incarnation` (1..=255). A
+    /// restarted client uses a new incarnation and calls [`Client::recover`] first.
+    pub fn new(layout: Layout, id: u16, incarnation: u8, clock: C, cfg: Config) -> Self {
+        assert!(
+            id < layout.ids,
+            "rTX ID {id} past the layout's {}",
+            layout.ids
+        );
+        Self {
+            id,
+            layout,
+            clock,
+            cfg,
+            issuer: LeaseIssuer::new(),
+            alloc: Allocator::new(layout, id, incarnation),
+            owners: None,
+            unfinished: None,
+            stats: Stats::default(),
+            #[cfg(test)]
+            crash: None,
+        }
+    }
+
+    /// This client's rTX ID.
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The allocator (for tests and loaders).
+    pub fn allocator(&mut self) -> &mut Allocator {
+        &mut self.alloc
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    pub(crate) fn repair_lease_ms(&self, lease_len_ms: u64) -> u64 {
+        self.cfg.repair_lease_ms.unwrap_or(lease_len_ms)
+    }
+
+    /// Take a data block, refilling from the MN's bitmap when the local cache is empty.
+    pub(crate) async fn take_block<M: Mem>(&mut self, mem: &M) -> Result<u64, RtxError> {
+        if let Some(b) = self.alloc.take(self.clock.now_ms()) {
+            return Ok(b);
+        }
+        self.alloc.refill(mem).await?;
+        let raw = mem
+            .read(
+                self.layout.owners_base(),
+                (self.layout.chunks() * 8) as usize,
+            )
+            .await?;
+        self.owners = Some(
+            raw.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        );
+        Ok(self
+            .alloc
+            .take(self.clock.now_ms())
+            .expect("refill added blocks"))
+    }
+
+    /// Stop here with [`crate::mem::MemError::Crashed`] if a test planted a crash at
+    /// point `p` ("log", "locks", "doing", "install"); a no-op outside test builds.
+    pub(crate) fn crash_at(&self, _p: &'static str) -> Result<(), RtxError> {
+        #[cfg(test)]
+        {
+            let hit = match self.crash {
+                Some(CrashPoint::LogWritten) => _p == "log",
+                Some(CrashPoint::Locked) => _p == "locks",
+                Some(CrashPoint::InDoing) => _p == "doing",
+                Some(CrashPoint::Installed) => _p == "install",
+                None => false,
+            };
+            if hit {
+                return Err(RtxError::Mem(crate::mem::MemError::Crashed));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a test stops a committing owner as if it had crashed (test builds only).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CrashPoint {
+    /// Log and values written, nothing locked.
+    LogWritten,
+    /// Write set locked, before validation.
+    Locked,
+    /// Header moved to DOING, nothing installed.
+    InDoing,
+    /// Every dptr installed, no lock released.
+    Installed,
+}

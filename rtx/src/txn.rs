@@ -1,0 +1,248 @@
+//! Execution of an rTX: reads, buffered writes and the Opt2 pre-lock hook
+//! (Transactional Indexes on Disaggregated Memory with Repairable Transaction, 4.3 Fig. 7,
+//! and 4.5).
+//!
+//! A read costs two READs, the TXObj (16 B: LLLock and dptr) then the data block; later
+//! reads of the same object return the local copy. A read aborts when the object is locked
+//! by another rTX (a live committer's half-installed write set must not be seen), after
+//! repairing the holder if its lease has expired. Writes are buffered; the new buffers are
+//! allocated and written at commit ([`crate::commit`]).
+
+use crate::client::Client;
+use crate::dptr::Dptr;
+use crate::error::{AbortReason, RtxError};
+use crate::lease::Clock;
+use crate::lllock::{LockState, LockWord};
+use crate::log::{Header, LogEntry, LogImage, LogState};
+use crate::mem::Mem;
+use crate::trycommit::owner_abort;
+
+/// An object as read: its TXObj words at the read and its value.
+#[derive(Clone, Debug)]
+pub(crate) struct ReadEntry {
+    pub(crate) mptr: u64,
+    /// LLLock word seen (unlocked, or this rTX's own pre-lock).
+    pub(crate) lock: u64,
+    /// Pre-lock version (the unlocked word's version).
+    pub(crate) version: u64,
+    pub(crate) dptr: u64,
+    pub(crate) value: Vec<u8>,
+}
+
+/// An object the rTX holds through an Opt2 pre-lock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PreLock {
+    pub(crate) mptr: u64,
+    pub(crate) state: LockState,
+    /// The object's version before the pre-lock.
+    pub(crate) version: u64,
+    /// Lease length in ms used for it (the repair lease defaults to it).
+    pub(crate) lease_len_ms: u64,
+}
+
+/// An rTX in execution, holding its client. Dropping it without commit abandons it; an
+/// Opt2 pre-lock is then left to expire and be repaired, so call [`Tx::abort`] instead.
+#[derive(Debug)]
+pub struct Tx<'c, C> {
+    pub(crate) client: &'c mut Client<C>,
+    pub(crate) reads: Vec<ReadEntry>,
+    /// Indices into `reads` with their new value, in write order.
+    pub(crate) writes: Vec<(usize, Vec<u8>)>,
+    pub(crate) pre_lock: Option<PreLock>,
+}
+
+impl<C: Clock> Client<C> {
+    /// Start an rTX.
+    pub fn begin(&mut self) -> Tx<'_, C> {
+        Tx::new(self)
+    }
+}
+
+impl<'c, C: Clock> Tx<'c, C> {
+    pub(crate) fn new(client: &'c mut Client<C>) -> Self {
+        Self {
+            client,
+            reads: Vec::new(),
+            writes: Vec::new(),
+            pre_lock: None,
+        }
+    }
+
+    fn find(&self, mptr: u64) -> Option<usize> {
+        self.reads.iter().position(|r| r.mptr == mptr)
+    }
+
+    /// The object's TXObj, checked: unlocked or locked by this rTX. Repairs an expired
+    /// holder (then aborts), aborts on a live one.
+    pub(crate) async fn check_meta<M: Mem>(
+        &mut self,
+        mem: &M,
+        mptr: u64,
+        meta: &[u8],
+    ) -> Result<(u64, u64), RtxError> {
+        let lock = u64::from_le_bytes(meta[..8].try_into().expect("8 bytes"));
+        let dptr = u64::from_le_bytes(meta[8..16].try_into().expect("8 bytes"));
+        if let LockWord::Locked(s) = LockWord::decode(lock) {
+            let mine = self
+                .pre_lock
+                .is_some_and(|p| p.mptr == mptr && p.state == s);
+            if !mine {
+                if s.expired(self.client.clock.now_ms()) {
+                    self.client.repair(mem, mptr, lock).await?;
+                    return Err(AbortReason::Repaired.into());
+                }
+                return Err(AbortReason::Locked.into());
+            }
+        }
+        Ok((lock, dptr))
+    }
+
+    /// Read the object whose TXObj is at `mptr`: its value (block-sized). Errors:
+    /// [`RtxError::Aborted`] when it is locked by another rTX (after repairing an expired
+    /// one), [`RtxError::NullDptr`], [`RtxError::Mem`]. On an error the rTX must not
+    /// commit; a pre-lock is released by [`Tx::abort`].
+    pub async fn read<M: Mem>(&mut self, mem: &M, mptr: u64) -> Result<Vec<u8>, RtxError> {
+        if let Some(i) = self.find(mptr) {
+            if let Some((_, v)) = self.writes.iter().find(|(j, _)| *j == i) {
+                return Ok(v.clone());
+            }
+            return Ok(self.reads[i].value.clone());
+        }
+        // An earlier rTX of this ID cut short by an error may still hold locks (after a
+        // pre-lock, the open log is this rTX's own).
+        if self.pre_lock.is_none() {
+            self.client.settle_log(mem).await?;
+        }
+        let meta = mem.read(mptr, 16).await?;
+        let (lock, dptr) = self.check_meta(mem, mptr, &meta).await?;
+        let d = Dptr::decode(dptr).ok_or(RtxError::NullDptr { mptr })?;
+        let value = mem
+            .read(
+                self.client.layout.block_addr(d.block),
+                self.client.layout.block_bytes as usize,
+            )
+            .await?;
+        let version = match LockWord::decode(lock) {
+            LockWord::Unlocked(v) => v,
+            LockWord::Locked(_) => unreachable!("pre-locked objects are read at pre-lock"),
+        };
+        self.reads.push(ReadEntry {
+            mptr,
+            lock,
+            version,
+            dptr,
+            value: value.clone(),
+        });
+        Ok(value)
+    }
+
+    /// Buffer `value` (exactly one block) as the object's new value; reads it first if this
+    /// rTX has not. Errors: as [`Tx::read`], [`RtxError::ValueSize`].
+    pub async fn write<M: Mem>(
+        &mut self,
+        mem: &M,
+        mptr: u64,
+        value: Vec<u8>,
+    ) -> Result<(), RtxError> {
+        let block = self.client.layout.block_bytes;
+        if value.len() as u64 != block {
+            return Err(RtxError::ValueSize {
+                len: value.len(),
+                block,
+            });
+        }
+        let i = match self.find(mptr) {
+            Some(i) => i,
+            None => {
+                self.read(mem, mptr).await?;
+                self.reads.len() - 1
+            }
+        };
+        match self.writes.iter_mut().find(|(j, _)| *j == i) {
+            Some(w) => w.1 = value,
+            None => self.writes.push((i, value)),
+        }
+        Ok(())
+    }
+
+    /// Opt2 (4.5, delegated concurrency control): lock the object at `mptr` now, during
+    /// execution, instead of at commit (a B-link tree pre-locks the leaf it will update).
+    /// The log header (INIT, with this object and its pre-lock version as the first entry)
+    /// is written before the lock CAS, so a repairer that meets the lock finds the log; the
+    /// lease also covers execution ([`crate::lease::LeaseConfig::execution_us`]). At most
+    /// one object per rTX, before any other write. Returns the value. Errors: as
+    /// [`Tx::read`]; [`AbortReason::LockFailed`] when the object changed or got locked.
+    pub async fn pre_lock<M: Mem>(&mut self, mem: &M, mptr: u64) -> Result<Vec<u8>, RtxError> {
+        assert!(
+            self.pre_lock.is_none() && self.writes.is_empty(),
+            "one pre-lock, first"
+        );
+        self.client.settle_log(mem).await?;
+        let meta = mem.read(mptr, 16).await?;
+        let (lock, dptr) = self.check_meta(mem, mptr, &meta).await?;
+        let LockWord::Unlocked(version) = LockWord::decode(lock) else {
+            unreachable!("check_meta refuses foreign locks and there is no own lock yet")
+        };
+        let c = &mut *self.client;
+        let len = c.cfg.lease.execution_us.div_ceil(1000)
+            + c.cfg.lease.length_ms(0, c.layout.max_entries as usize);
+        let lease_ms = c.issuer.issue(c.clock.now_ms(), len);
+        let state = LockState {
+            lease_ms,
+            id: c.id,
+            no_log: false,
+        };
+        let img = LogImage {
+            header: Header::new(LogState::Init, lease_ms),
+            checksum: state.word(),
+            entries: vec![LogEntry {
+                mptr,
+                ndptr: Dptr::NULL,
+                dptr,
+                version,
+            }],
+        };
+        c.unfinished = Some(lease_ms);
+        mem.write(c.layout.log_addr(c.id), &img.encode()).await?;
+        c.stats.log_writes += 1;
+        let old = mem.cas(mptr, lock, state.word()).await?;
+        if old != lock {
+            // Never locked: abort the log so the slot is DONE again.
+            owner_abort(self.client, mem, state, &[], true).await?;
+            self.client.stats.aborts += 1;
+            return Err(AbortReason::LockFailed.into());
+        }
+        self.pre_lock = Some(PreLock {
+            mptr,
+            state,
+            version,
+            lease_len_ms: len,
+        });
+        let d = Dptr::decode(dptr).ok_or(RtxError::NullDptr { mptr })?;
+        let value = mem
+            .read(
+                self.client.layout.block_addr(d.block),
+                self.client.layout.block_bytes as usize,
+            )
+            .await?;
+        self.reads.push(ReadEntry {
+            mptr,
+            lock: state.word(),
+            version,
+            dptr,
+            value: value.clone(),
+        });
+        Ok(value)
+    }
+
+    /// Give the rTX up: if it pre-locked an object, mark its log ABORT, release the lock
+    /// at its version and mark the log DONE. Errors: [`RtxError::Mem`].
+    pub async fn abort<M: Mem>(self, mem: &M) -> Result<(), RtxError> {
+        if let Some(p) = self.pre_lock {
+            let won = [(p.mptr, p.version)];
+            owner_abort(self.client, mem, p.state, &won, true).await?;
+        }
+        self.client.stats.aborts += 1;
+        Ok(())
+    }
+}
