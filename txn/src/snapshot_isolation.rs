@@ -770,7 +770,7 @@ mod tests {
         assert!(v.holds(), "{v}");
         assert!(v
             .to_string()
-            .ends_with("1 later commits not checked, nor unknown reads)"));
+            .ends_with("1 committed transactions not checked, nor unknown reads)"));
     }
 
     #[test]
