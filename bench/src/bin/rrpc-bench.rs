@@ -880,6 +880,17 @@ fn draw(
     Ok(())
 }
 
+/// Rounds of `modes`: the three modes of a size run interleaved, one slice each per
+/// round, the order rotating (as `batching` does with `--slices`).
+const MODE_SLICES: usize = 5;
+
+/// Replies of the point's size one bucket of pure RPC's response Rocket holds (fewer
+/// where two such buckets would not fit the server's ring limit): as many as the
+/// `batching` default, so that pure RPC's replies share WRITEs as the hybrid modes'
+/// small replies do. With one reply per bucket, pure RPC paid a WRITE per reply under
+/// the model and lost to the hybrid modes from 256 B to 4 KiB.
+const MODE_REPLIES_PER_BUCKET: usize = 8;
+
 fn modes(
     c: &Common,
     sides: &Sides,
@@ -890,8 +901,10 @@ fn modes(
 ) -> Result<serde_json::Value> {
     println!(
         "\n== modes (Scythe Fig. 10): reply payload by pure RPC, RPC + READ, zero-copy | 1 client thread x {coroutines} coroutines | request 8 B | \
-         pure RPC's Rocket sized per point at connection time for one reply per bucket, at most 64 buckets and {} B per ring (the server's limit)",
-        ring_limit()
+         pure RPC's Rocket sized per point at connection time for {MODE_REPLIES_PER_BUCKET} replies per bucket (fewer where two buckets would not fit), at most 64 buckets and {} B per ring (the server's limit) | \
+         the three modes interleaved: {MODE_SLICES} rounds of one {} ms slice each, order rotating; Kcalls/s is the median slice's, each ratio the median of the rounds' ratios",
+        ring_limit(),
+        (c.duration_ms / MODE_SLICES as u64).max(1)
     );
     on_core(c.client_core, || {
         modes_on(c, sides, sizes, coroutines, model, plot)
@@ -952,6 +965,7 @@ fn modes_on(
     model: Option<&TimingModel>,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
+    let slices = MODE_SLICES;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -980,13 +994,14 @@ fn modes_on(
         // (5 s), and at 1 MiB (2 MiB chunks) they left the next mode's replies without
         // buffers ("server reply buffers exhausted").
         let bed = Bed::new(c, sides)?;
-        let mut rates = Vec::new();
-        for (i, (name, mode)) in modes.iter().enumerate() {
+        let mut cs = Vec::new();
+        for (_, mode) in &modes {
             // Pure RPC carries the reply in the ring: its Rocket is sized at connection
-            // time for one reply per bucket, within the server's ring limit (for 1 MiB,
-            // three buckets of 1 MiB + 64 B). The hybrid modes' replies are a few bytes.
+            // time for MODE_REPLIES_PER_BUCKET replies per bucket, within the server's
+            // ring limit (for 1 MiB, three buckets of one reply each). The hybrid modes'
+            // replies are a few bytes.
             let rocket = if *mode == ReplyMode::Rpc {
-                RocketConfig::for_messages(size, 1, ring_limit())
+                RocketConfig::for_messages(size, MODE_REPLIES_PER_BUCKET, ring_limit())
                     .with_context(|| format!("a Rocket for {size} B replies"))?
             } else {
                 RocketConfig::default()
@@ -996,22 +1011,22 @@ fn modes_on(
                 ..RuntimeConfig::default()
             };
             let (ctx, node) = bed.client(cfg)?;
-            let opts = CallOpts {
-                mode: *mode,
-                reply_len: Some(size),
-                timeout: Some(Duration::from_secs(10)),
-            };
-            let p = drive(
-                &ctx,
+            cs.push(Contender {
+                ctx,
                 node,
-                coroutines,
-                request(8, size),
-                opts,
-                size,
-                (warm, meas),
-            )
-            .with_context(|| format!("mode {name} {size} B"))?;
-            let r = p.rate();
+                req: request(8, size),
+                opts: CallOpts {
+                    mode: *mode,
+                    reply_len: Some(size),
+                    timeout: Some(Duration::from_secs(10)),
+                },
+                expect: size,
+            });
+        }
+        let got = interleave(&cs, coroutines, slices, (warm, meas))
+            .with_context(|| format!("modes {size} B"))?;
+        for (i, ((name, _), m)) in modes.iter().zip(&got).enumerate() {
+            let (r, p) = (m.rate(), &m.merged);
             println!(
                 "{:>8} {:>10} {:>11.1} {:>9.1} {:>9.1} {:>9.1}",
                 human(size),
@@ -1023,19 +1038,21 @@ fn modes_on(
             );
             rows.push(json!({
                 "size": size, "mode": name, "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
+                "calls_per_s_overall": p.rate(), "slice_calls_per_s": m.slice_rates,
                 "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
             }));
             series[i].points.push((size as f64, r * size as f64 / 1e6));
-            rates.push(r);
         }
-        let hybrid = rates[1].max(rates[2]);
-        println!(
-            "{:>8} ratio read/rpc = {:.2}, zero-copy/rpc = {:.2}",
-            human(size),
-            rates[1] / rates[0],
-            rates[2] / rates[0]
+        let (read, zc) = (
+            median_ratio(&got[1], &got[0]),
+            median_ratio(&got[2], &got[0]),
         );
-        best_hybrid_wins.push((size, hybrid > rates[0]));
+        println!(
+            "{:>8} ratio read/rpc = {read:.2}, zero-copy/rpc = {zc:.2}",
+            human(size)
+        );
+        let hybrid = read.max(zc);
+        best_hybrid_wins.push((size, hybrid > 1.0));
     }
     // Crossover: the smallest size from which a hybrid mode beats pure RPC at every
     // larger size measured.
