@@ -39,6 +39,7 @@ use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::Fabric;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
+use rrpc::server::ServerConfig;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -112,6 +113,18 @@ struct Common {
     /// Takeout: HotWatermark (every request is refused past this many queued).
     #[arg(long, global = true, default_value_t = 10)]
     hot_watermark: u64,
+    /// Core the lock service's thread is pinned to (default: the last core). Client
+    /// thread `t` is pinned to the `t`-th of the other cores (round robin), so that the
+    /// service and a client never take turns on one core through a migration: a Lock
+    /// RPC waiting out a client's time slice on the service's core measured the OS
+    /// scheduler, not the lock. With `--connect`, this client's value is sent to the
+    /// `--serve` process, which pins its service thread to that core.
+    #[arg(long, global = true)]
+    service_core: Option<usize>,
+    /// Longest sleep of the lock service's thread when idle, microseconds
+    /// (`rrpc::server::ServerConfig::idle_sleep_us`; 0: it only yields its core).
+    #[arg(long, global = true, default_value_t = 0)]
+    service_idle_sleep_us: u64,
     /// RNG seed.
     #[arg(long, global = true, default_value_t = 1)]
     seed: u64,
@@ -129,6 +142,19 @@ struct Common {
 }
 
 impl Common {
+    /// Core of the lock service's thread: `--service-core`, else the last core.
+    fn service_core(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.service_core.unwrap_or(cores - 1).min(cores - 1)
+    }
+    /// Core of client thread `t`: the `t`-th core other than the service's, round robin
+    /// (none on a single core).
+    fn client_core(&self, t: usize) -> Option<usize> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let sc = self.service_core();
+        let others: Vec<usize> = (0..cores).filter(|&k| k != sc).collect();
+        (!others.is_empty()).then(|| others[t % others.len()])
+    }
     fn threads(&self) -> usize {
         self.threads.unwrap_or(1)
     }
@@ -147,6 +173,13 @@ enum Cmd {
         /// Zipf thetas.
         #[arg(long, value_delimiter = ',', default_values_t = [0.5, 0.7, 0.9, 0.99, 1.2])]
         thetas: Vec<f64>,
+        /// Rounds per theta: each row's --duration-ms is split into this many points
+        /// (each after its own --warmup-ms), the rows taking turns, their order rotating
+        /// each round. A row prints its rounds merged; the ratios compare the median of
+        /// each row's round p99s, so a stall of a shared machine that hits one round of
+        /// one row does not decide a ratio.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+        rounds: u64,
     },
     /// All clients on one lock: per-client acquisitions, Jain's fairness index, the
     /// longest wait.
@@ -320,7 +353,11 @@ fn run(mut args: Args) -> Result<()> {
         c.warmup_ms
     );
     let out = match &cmd {
-        Cmd::Fairness { locks, thetas } => fairness(c, &sides, *locks, thetas)?,
+        Cmd::Fairness {
+            locks,
+            thetas,
+            rounds,
+        } => fairness(c, &sides, *locks, thetas, *rounds as usize)?,
         Cmd::Single => single(c, &sides)?,
         Cmd::Table {
             keys,
@@ -377,12 +414,44 @@ impl Point {
     }
 }
 
+impl Point {
+    /// Merge another measurement of the same clients (a later round) into this one.
+    fn merge(&mut self, o: Point) {
+        self.hist.add(&o.hist).expect("same bounds");
+        self.acquisitions += o.acquisitions;
+        self.refusals += o.refusals;
+        if self.per_client.len() < o.per_client.len() {
+            self.per_client.resize(o.per_client.len(), 0);
+        }
+        for (a, b) in self.per_client.iter_mut().zip(o.per_client) {
+            *a += b;
+        }
+        self.max_wait_ns = self.max_wait_ns.max(o.max_wait_ns);
+        self.secs += o.secs;
+    }
+}
+
+/// Median of `v` (`None` when empty).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
 const HEADER: &str =
     "      lock  theta   p50(us)   p99(us)  p999(us)   acq/s  refusals    jain  maxwait(us)";
 
-fn print_row(v: Variant, theta: Option<f64>, p: &Point) {
+/// One row of [`HEADER`], then `extra` (microseconds) as one more column when given.
+fn print_row(v: Variant, theta: Option<f64>, p: &Point, extra: Option<f64>) {
     println!(
-        "{:>10} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>7.0} {:>9} {:>7.3} {:>12.1}",
+        "{:>10} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>7.0} {:>9} {:>7.3} {:>12.1}{}",
         v.label(),
         theta.map_or_else(|| "-".into(), |t| format!("{t}")),
         p.us(0.5),
@@ -391,7 +460,8 @@ fn print_row(v: Variant, theta: Option<f64>, p: &Point) {
         p.acquisitions as f64 / p.secs,
         p.refusals,
         p.jain(),
-        p.max_wait_ns as f64 / 1e3
+        p.max_wait_ns as f64 / 1e3,
+        extra.map_or_else(String::new, |x| format!(" {x:>9.1}"))
     );
 }
 
@@ -523,11 +593,23 @@ fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path)
     Ok(())
 }
 
-fn fairness(c: &Common, sides: &Sides, locks: u64, thetas: &[f64]) -> Result<serde_json::Value> {
+fn fairness(
+    c: &Common,
+    sides: &Sides,
+    locks: u64,
+    thetas: &[f64],
+    rounds: usize,
+) -> Result<serde_json::Value> {
+    let rounds = rounds.max(1);
     println!(
-        "\n== fairness (Scythe Fig. 27): {} clients over {locks} locks, hold {} us, re-acquire after release",
+        "\n== fairness (Scythe Fig. 27): {} clients over {locks} locks, hold {} us, re-acquire after release | \
+         lock service pinned to core {}, client threads to the others | {rounds} rounds of {} ms per row and theta, \
+         rows taking turns (order rotating); a row prints its rounds merged, p99r is the median of its rounds' p99s, \
+         which the ratios compare",
         c.threads() * c.coroutines(),
-        c.hold_us
+        c.hold_us,
+        c.service_core(),
+        (c.duration_ms / rounds as u64).max(1)
     );
     // Scythe 5.4 runs Fig. 27 with every client queued ("the queue length is at most 64,
     // and the lock can be acquired after a maximum of 63 threads"): no request is refused
@@ -548,7 +630,7 @@ fn fairness(c: &Common, sides: &Sides, locks: u64, thetas: &[f64]) -> Result<ser
             String::new()
         }
     );
-    println!("{HEADER}");
+    println!("{HEADER}  p99r(us)");
     let mut variants = Vec::new();
     for v in c.variants() {
         if v.kind == Kind::Takeout {
@@ -570,9 +652,28 @@ fn fairness(c: &Common, sides: &Sides, locks: u64, thetas: &[f64]) -> Result<ser
     // Best p99 per (row kind, theta x 100): the paper's Takeout row, the watermark row,
     // and each baseline over its variants (CAS: its best backoff).
     let mut best: BTreeMap<(String, i64), f64> = BTreeMap::new();
+    let per_round = Common {
+        duration_ms: (c.duration_ms / rounds as u64).max(1),
+        ..c.clone()
+    };
     for &theta in thetas {
-        for &v in &variants {
-            let p = measure(c, sides, v, locks, theta)?;
+        let mut got: Vec<Option<Point>> = variants.iter().map(|_| None).collect();
+        let mut p99s: Vec<Vec<f64>> = variants.iter().map(|_| Vec::new()).collect();
+        for round in 0..rounds {
+            for k in 0..variants.len() {
+                let i = (round + k) % variants.len();
+                let p = measure(&per_round, sides, variants[i], locks, theta)?;
+                if p.acquisitions > 0 {
+                    p99s[i].push(p.us(0.99));
+                }
+                match &mut got[i] {
+                    Some(acc) => acc.merge(p),
+                    slot @ None => *slot = Some(p),
+                }
+            }
+        }
+        for ((&v, p), p99s) in variants.iter().zip(got).zip(p99s) {
+            let p = p.expect("every row ran a round");
             let label = match v.kind {
                 Kind::Takeout if v.hot_watermark == Some(paper_wm) => "takeout".to_string(),
                 Kind::Takeout => "takeout-wm".to_string(),
@@ -582,23 +683,26 @@ fn fairness(c: &Common, sides: &Sides, locks: u64, thetas: &[f64]) -> Result<ser
             if label == "takeout" {
                 row_v.hot_watermark = None; // printed as plain `takeout`
             }
-            print_row(row_v, Some(theta), &p);
+            let p99r = median(p99s.clone());
+            print_row(row_v, Some(theta), &p, Some(p99r.unwrap_or(0.0)));
             let mut row = row_json(row_v, Some(theta), &p);
             row["hot_watermark"] = json!(v.hot_watermark);
+            row["round_p99_us"] = json!(p99s);
+            row["median_round_p99_us"] = json!(p99r);
             rows.push(row);
-            if p.acquisitions == 0 {
-                // No acquisition in the measured window (a stalled machine): no p99 to
+            let Some(p99r) = p99r else {
+                // No acquisition in any measured round (a stalled machine): no p99 to
                 // compare; a ratio against a p99 of 0 would read as a win.
                 println!(
                     "{:>10} {theta}: no acquisitions measured; left out of the ratios",
                     row_v.label()
                 );
                 continue;
-            }
+            };
             let e = best
                 .entry((label, (theta * 100.0).round() as i64))
                 .or_insert(f64::INFINITY);
-            *e = e.min(p.us(0.99));
+            *e = e.min(p99r);
         }
     }
     let at99 = |k: &str| best.get(&(k.to_string(), 99)).copied();
@@ -608,7 +712,7 @@ fn fairness(c: &Common, sides: &Sides, locks: u64, thetas: &[f64]) -> Result<ser
     };
     if let Some(r) = ratio {
         println!(
-            "ratio p99 takeout/cas @0.99 = {r:.2} (Takeout: HotWatermark {paper_wm}; CAS: its best backoff)"
+            "ratio p99 takeout/cas @0.99 = {r:.2} (median round p99s; Takeout: HotWatermark {paper_wm}; CAS: its best backoff)"
         );
     }
     let ratio_wm = match (at99("takeout-wm"), at99("cas")) {
@@ -617,7 +721,7 @@ fn fairness(c: &Common, sides: &Sides, locks: u64, thetas: &[f64]) -> Result<ser
     };
     if let Some(r) = ratio_wm {
         println!(
-            "ratio p99 takeout/wm{}/cas @0.99 = {r:.2} (watermark row; CAS: its best backoff)",
+            "ratio p99 takeout/wm{}/cas @0.99 = {r:.2} (median round p99s; watermark row; CAS: its best backoff)",
             c.hot_watermark
         );
     }
@@ -626,7 +730,7 @@ fn fairness(c: &Common, sides: &Sides, locks: u64, thetas: &[f64]) -> Result<ser
         _ => None,
     };
     if let Some(r) = ratio_dslr {
-        println!("ratio p99 takeout/dslr @0.99 = {r:.2} (Takeout: HotWatermark {paper_wm})");
+        println!("ratio p99 takeout/dslr @0.99 = {r:.2} (median round p99s; Takeout: HotWatermark {paper_wm})");
     }
     Ok(json!({
         "locks": locks, "rows": rows, "hot_watermark_ratio_row": paper_wm,
@@ -645,7 +749,7 @@ fn single(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
     let mut rows = Vec::new();
     for v in c.variants() {
         let p = measure(c, sides, v, 1, 0.0)?;
-        print_row(v, None, &p);
+        print_row(v, None, &p, None);
         let (lo, hi) = (
             p.per_client.iter().min().copied().unwrap_or(0),
             p.per_client.iter().max().copied().unwrap_or(0),
@@ -684,6 +788,12 @@ struct QueueProbe {
 struct ServiceParams {
     /// Locks of each kind.
     locks: u64,
+    /// Core the service's thread is pinned to (none: not pinned).
+    #[serde(default)]
+    core: Option<usize>,
+    /// The service thread's longest idle sleep, microseconds (0: yield only).
+    #[serde(default)]
+    idle_sleep_us: u64,
     /// Takeout's watermarks.
     cold_watermark: u64,
     hot_watermark: u64,
@@ -715,13 +825,18 @@ fn start_service(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Start
     exports.insert(EXPORT_NAME.to_string(), table.export());
     exports.insert(CAS_EXPORT.to_string(), cas.export());
     exports.insert(DSLR_EXPORT.to_string(), dslr.export());
-    let node = Node::start(
+    let node = Node::start_with(
         f,
         NodeConfig {
             role: "lockd".into(),
             listen: env.listen(),
             exports,
             rpc: Some((table.handlers(), 1)),
+        },
+        ServerConfig {
+            cores: p.core.into_iter().collect(),
+            idle_sleep_us: p.idle_sleep_us,
+            ..ServerConfig::default()
         },
     )?;
     Ok(Started {
@@ -746,6 +861,8 @@ fn measure_probed(
     let kind = v.kind;
     let params = ServiceParams {
         locks,
+        core: Some(c.service_core()),
+        idle_sleep_us: c.service_idle_sleep_us,
         cold_watermark: c.cold_watermark,
         hot_watermark: v.hot_watermark.unwrap_or(c.hot_watermark),
     };
@@ -789,6 +906,9 @@ fn measure_probed(
             .map(|t| {
                 let (ts, open) = (ts.clone(), &open);
                 s.spawn(move || -> Result<Point> {
+                    if let Some(core) = c.client_core(t) {
+                        let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
+                    }
                     let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
                         .map_err(anyhow::Error::msg)?;
                     let info = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?;

@@ -102,6 +102,12 @@ enum Cmd {
         /// `rrpc::rocket::RocketConfig::for_messages`), within the server's ring limit.
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
         per_bucket: u64,
+        /// Slices each point's --duration-ms is cut into: the four modes run in turn, one
+        /// slice each per round (the order rotating), so a stall of the shared machine
+        /// lands on one round rather than on one mode; rates are the median slice's and
+        /// the ratios the median of the rounds' ratios.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        slices: u64,
     },
     /// Fig. 10: throughput and latency of pure RPC, RPC + READ and zero-copy, payloads 64 B to 1 MiB.
     Modes {
@@ -211,10 +217,20 @@ fn run(args: Args) -> Result<()> {
     );
     let all = matches!(cmd, Cmd::All);
     match cmd {
-        Cmd::Batching { sizes, per_bucket } => {
+        Cmd::Batching {
+            sizes,
+            per_bucket,
+            slices,
+        } => {
             out.insert(
                 "batching",
-                batching(c, sides, sizes, *per_bucket as usize, plot_for("batching"))?,
+                batching(
+                    c,
+                    sides,
+                    sizes,
+                    (*per_bucket as usize, *slices as usize),
+                    plot_for("batching"),
+                )?,
             );
         }
         Cmd::Modes {
@@ -262,7 +278,7 @@ fn run(args: Args) -> Result<()> {
         let sizes = [8usize, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
         out.insert(
             "batching",
-            batching(c, sides, &sizes, 8, plot_for("batching"))?,
+            batching(c, sides, &sizes, (8, 10), plot_for("batching"))?,
         );
         let msizes = [
             64usize, 128, 256, 512, 1024, 2048, 4096, 16384, 65536, 262144, 1048576,
@@ -601,26 +617,139 @@ fn batching(
     c: &Common,
     sides: &Sides,
     sizes: &[usize],
-    per_bucket: usize,
+    (per_bucket, slices): (usize, usize),
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
     println!(
         "\n== batching (Scythe Fig. 9): RPC throughput by batching mode | 1 client thread x {} coroutines | reply 8 B | \
          Rocket sized per point at connection time: buckets of 512 B grown to hold {per_bucket} messages of the point's size, \
-         at most 64 buckets and {} B per ring (the server's limit), the same geometry for all four modes",
+         at most 64 buckets and {} B per ring (the server's limit), the same geometry for all four modes | \
+         the four modes interleaved: {slices} rounds of one {} ms slice each, order rotating; Mcalls/s is the median slice's, \
+         each ratio the median of the rounds' ratios",
         c.coroutines,
-        ring_limit()
+        ring_limit(),
+        (c.duration_ms / slices.max(1) as u64).max(1)
     );
     on_core(c.client_core, || {
-        batching_on(c, sides, sizes, per_bucket, plot)
+        batching_on(c, sides, sizes, (per_bucket, slices), plot)
     })
+}
+
+/// Median of `v` (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One variant of an interleaved comparison: a connected client and the call it makes.
+struct Contender {
+    ctx: Rc<ThreadCtx>,
+    node: NodeId,
+    req: Vec<u8>,
+    opts: CallOpts,
+    expect: usize,
+}
+
+/// What [`interleave`] measured of one contender: every measured slice merged (calls,
+/// latency histogram, counters) and each slice's rate, calls/s, in round order.
+struct Interleaved {
+    merged: Point,
+    slice_rates: Vec<f64>,
+}
+
+impl Interleaved {
+    /// The median slice's rate, calls/s.
+    fn rate(&self) -> f64 {
+        median(self.slice_rates.clone())
+    }
+}
+
+/// The median over rounds of `a`'s slice rate over `b`'s in the same round: slices of
+/// one round run back to back, so a stall of the machine that spans a round touches
+/// both, and one that hits a single slice is outvoted.
+fn median_ratio(a: &Interleaved, b: &Interleaved) -> f64 {
+    median(
+        a.slice_rates
+            .iter()
+            .zip(&b.slice_rates)
+            .filter(|(_, &y)| y > 0.0)
+            .map(|(x, y)| x / y)
+            .collect(),
+    )
+}
+
+/// Run `cs` side by side on this thread: a `warm` warm-up each, then `slices` rounds in
+/// which every contender runs for `meas / slices` in turn, the order rotating by one
+/// each round, `coroutines` coroutines each.
+fn interleave(
+    cs: &[Contender],
+    coroutines: usize,
+    slices: usize,
+    (warm, meas): (Duration, Duration),
+) -> Result<Vec<Interleaved>> {
+    let slices = slices.max(1);
+    let slice = (meas / slices as u32).max(Duration::from_millis(1));
+    for c in cs {
+        if !warm.is_zero() {
+            drive(
+                &c.ctx,
+                c.node,
+                coroutines,
+                c.req.clone(),
+                c.opts,
+                c.expect,
+                (Duration::ZERO, warm),
+            )?;
+        }
+    }
+    let mut out: Vec<Option<Interleaved>> = cs.iter().map(|_| None).collect();
+    for round in 0..slices {
+        for k in 0..cs.len() {
+            let i = (round + k) % cs.len();
+            let c = &cs[i];
+            let p = drive(
+                &c.ctx,
+                c.node,
+                coroutines,
+                c.req.clone(),
+                c.opts,
+                c.expect,
+                (Duration::ZERO, slice),
+            )?;
+            let rate = p.rate();
+            match &mut out[i] {
+                Some(acc) => {
+                    acc.merged.calls += p.calls;
+                    acc.merged.secs += p.secs;
+                    acc.merged.hist.add(&p.hist)?;
+                    acc.merged.stats.add(&p.stats);
+                    acc.slice_rates.push(rate);
+                }
+                slot @ None => {
+                    *slot = Some(Interleaved {
+                        merged: p,
+                        slice_rates: vec![rate],
+                    })
+                }
+            }
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
 }
 
 fn batching_on(
     c: &Common,
     sides: &Sides,
     sizes: &[usize],
-    per_bucket: usize,
+    (per_bucket, slices): (usize, usize),
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
     let bed = Bed::new(c, sides)?;
@@ -635,28 +764,33 @@ fn batching_on(
     let mut rows = Vec::new();
     let mut series: BTreeMap<Batching, Vec<(f64, f64)>> = BTreeMap::new();
     let mut ratio64 = None;
+    let mut min_ratio = None::<(usize, f64)>;
     for &size in sizes {
-        let mut rates = BTreeMap::new();
         let rocket = RocketConfig::for_messages(size, per_bucket, ring_limit())
             .with_context(|| format!("a Rocket for {size} B messages"))?;
-        for b in Batching::ALL {
-            let cfg = RuntimeConfig {
-                batching: b,
-                rocket,
-                ..RuntimeConfig::default()
-            };
-            let (ctx, node) = bed.client(cfg)?;
-            let p = drive(
-                &ctx,
-                node,
-                c.coroutines,
-                request(size, 8),
-                CallOpts::mode(ReplyMode::Rpc),
-                8,
-                (warm, meas),
-            )
-            .with_context(|| format!("batching {} {size} B", b.name()))?;
-            let r = p.rate();
+        let cs = Batching::ALL
+            .iter()
+            .map(|&b| {
+                let cfg = RuntimeConfig {
+                    batching: b,
+                    rocket,
+                    ..RuntimeConfig::default()
+                };
+                let (ctx, node) = bed.client(cfg)?;
+                Ok(Contender {
+                    ctx,
+                    node,
+                    req: request(size, 8),
+                    opts: CallOpts::mode(ReplyMode::Rpc),
+                    expect: 8,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let got = interleave(&cs, c.coroutines, slices, (warm, meas))
+            .with_context(|| format!("batching {size} B"))?;
+        let by: BTreeMap<Batching, &Interleaved> = Batching::ALL.into_iter().zip(&got).collect();
+        for (&b, m) in &by {
+            let (r, p) = (m.rate(), &m.merged);
             println!(
                 "{:>8} {:>10} {:>12.3} {:>8.1} {:>8.1} {:>9.2} {:>9.2} {:>14}",
                 human(size),
@@ -670,28 +804,35 @@ fn batching_on(
             );
             rows.push(json!({
                 "size": size, "mode": b.name(), "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
+                "calls_per_s_overall": p.rate(), "slice_calls_per_s": m.slice_rates,
                 "bucket_size": rocket.bucket_size, "buckets": rocket.buckets,
                 "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
                 "messages_per_write": p.stats.messages_per_write(), "wrs_per_doorbell": p.stats.wrs_per_doorbell(),
                 "credit_stalls": p.stats.credit_stalls,
             }));
             series.entry(b).or_default().push((size as f64, r / 1e6));
-            rates.insert(b, r);
         }
-        let ratio = rates[&Batching::Combined] / rates[&Batching::Doorbell];
+        let comb = by[&Batching::Combined];
+        let ratio = median_ratio(comb, by[&Batching::Doorbell]);
         println!(
             "{:>8} ratio combined/doorbell = {:.2}, combined/none = {:.2}, combined/msg = {:.2}",
             human(size),
             ratio,
-            rates[&Batching::Combined] / rates[&Batching::None],
-            rates[&Batching::Combined] / rates[&Batching::Msg]
+            median_ratio(comb, by[&Batching::None]),
+            median_ratio(comb, by[&Batching::Msg]),
         );
         if size == 64 {
             ratio64 = Some(ratio);
         }
+        if min_ratio.is_none_or(|(_, m)| ratio < m) {
+            min_ratio = Some((size, ratio));
+        }
     }
     if let Some(r) = ratio64 {
         println!("ratio combined/doorbell @64B = {r:.2}");
+    }
+    if let Some((s, r)) = min_ratio {
+        println!("ratio combined/doorbell min = {r:.2} (at {})", human(s));
     }
     if let Some(p) = plot {
         let s: Vec<Series> = series
@@ -711,9 +852,10 @@ fn batching_on(
             &s,
         )?;
     }
-    Ok(
-        json!({ "coroutines": c.coroutines, "messages_per_bucket": per_bucket, "points": rows, "ratio_combined_doorbell_64": ratio64 }),
-    )
+    Ok(json!({
+        "coroutines": c.coroutines, "messages_per_bucket": per_bucket, "slices": slices, "points": rows,
+        "ratio_combined_doorbell_64": ratio64, "ratio_combined_doorbell_min": min_ratio.map(|m| m.1),
+    }))
 }
 
 fn draw(
@@ -738,6 +880,17 @@ fn draw(
     Ok(())
 }
 
+/// Rounds of `modes`: the three modes of a size run interleaved, one slice each per
+/// round, the order rotating (as `batching` does with `--slices`).
+const MODE_SLICES: usize = 5;
+
+/// Replies of the point's size one bucket of pure RPC's response Rocket holds (fewer
+/// where two such buckets would not fit the server's ring limit): as many as the
+/// `batching` default, so that pure RPC's replies share WRITEs as the hybrid modes'
+/// small replies do. With one reply per bucket, pure RPC paid a WRITE per reply under
+/// the model and lost to the hybrid modes from 256 B to 4 KiB.
+const MODE_REPLIES_PER_BUCKET: usize = 8;
+
 fn modes(
     c: &Common,
     sides: &Sides,
@@ -748,8 +901,10 @@ fn modes(
 ) -> Result<serde_json::Value> {
     println!(
         "\n== modes (Scythe Fig. 10): reply payload by pure RPC, RPC + READ, zero-copy | 1 client thread x {coroutines} coroutines | request 8 B | \
-         pure RPC's Rocket sized per point at connection time for one reply per bucket, at most 64 buckets and {} B per ring (the server's limit)",
-        ring_limit()
+         pure RPC's Rocket sized per point at connection time for {MODE_REPLIES_PER_BUCKET} replies per bucket (fewer where two buckets would not fit), at most 64 buckets and {} B per ring (the server's limit) | \
+         the three modes interleaved: {MODE_SLICES} rounds of one {} ms slice each, order rotating; Kcalls/s is the median slice's, each ratio the median of the rounds' ratios",
+        ring_limit(),
+        (c.duration_ms / MODE_SLICES as u64).max(1)
     );
     on_core(c.client_core, || {
         modes_on(c, sides, sizes, coroutines, model, plot)
@@ -810,6 +965,7 @@ fn modes_on(
     model: Option<&TimingModel>,
     plot: Option<PathBuf>,
 ) -> Result<serde_json::Value> {
+    let slices = MODE_SLICES;
     let (warm, meas) = (
         Duration::from_millis(c.warmup_ms),
         Duration::from_millis(c.duration_ms),
@@ -838,13 +994,14 @@ fn modes_on(
         // (5 s), and at 1 MiB (2 MiB chunks) they left the next mode's replies without
         // buffers ("server reply buffers exhausted").
         let bed = Bed::new(c, sides)?;
-        let mut rates = Vec::new();
-        for (i, (name, mode)) in modes.iter().enumerate() {
+        let mut cs = Vec::new();
+        for (_, mode) in &modes {
             // Pure RPC carries the reply in the ring: its Rocket is sized at connection
-            // time for one reply per bucket, within the server's ring limit (for 1 MiB,
-            // three buckets of 1 MiB + 64 B). The hybrid modes' replies are a few bytes.
+            // time for MODE_REPLIES_PER_BUCKET replies per bucket, within the server's
+            // ring limit (for 1 MiB, three buckets of one reply each). The hybrid modes'
+            // replies are a few bytes.
             let rocket = if *mode == ReplyMode::Rpc {
-                RocketConfig::for_messages(size, 1, ring_limit())
+                RocketConfig::for_messages(size, MODE_REPLIES_PER_BUCKET, ring_limit())
                     .with_context(|| format!("a Rocket for {size} B replies"))?
             } else {
                 RocketConfig::default()
@@ -854,22 +1011,22 @@ fn modes_on(
                 ..RuntimeConfig::default()
             };
             let (ctx, node) = bed.client(cfg)?;
-            let opts = CallOpts {
-                mode: *mode,
-                reply_len: Some(size),
-                timeout: Some(Duration::from_secs(10)),
-            };
-            let p = drive(
-                &ctx,
+            cs.push(Contender {
+                ctx,
                 node,
-                coroutines,
-                request(8, size),
-                opts,
-                size,
-                (warm, meas),
-            )
-            .with_context(|| format!("mode {name} {size} B"))?;
-            let r = p.rate();
+                req: request(8, size),
+                opts: CallOpts {
+                    mode: *mode,
+                    reply_len: Some(size),
+                    timeout: Some(Duration::from_secs(10)),
+                },
+                expect: size,
+            });
+        }
+        let got = interleave(&cs, coroutines, slices, (warm, meas))
+            .with_context(|| format!("modes {size} B"))?;
+        for (i, ((name, _), m)) in modes.iter().zip(&got).enumerate() {
+            let (r, p) = (m.rate(), &m.merged);
             println!(
                 "{:>8} {:>10} {:>11.1} {:>9.1} {:>9.1} {:>9.1}",
                 human(size),
@@ -881,19 +1038,21 @@ fn modes_on(
             );
             rows.push(json!({
                 "size": size, "mode": name, "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
+                "calls_per_s_overall": p.rate(), "slice_calls_per_s": m.slice_rates,
                 "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
             }));
             series[i].points.push((size as f64, r * size as f64 / 1e6));
-            rates.push(r);
         }
-        let hybrid = rates[1].max(rates[2]);
-        println!(
-            "{:>8} ratio read/rpc = {:.2}, zero-copy/rpc = {:.2}",
-            human(size),
-            rates[1] / rates[0],
-            rates[2] / rates[0]
+        let (read, zc) = (
+            median_ratio(&got[1], &got[0]),
+            median_ratio(&got[2], &got[0]),
         );
-        best_hybrid_wins.push((size, hybrid > rates[0]));
+        println!(
+            "{:>8} ratio read/rpc = {read:.2}, zero-copy/rpc = {zc:.2}",
+            human(size)
+        );
+        let hybrid = read.max(zc);
+        best_hybrid_wins.push((size, hybrid > 1.0));
     }
     // Crossover: the smallest size from which a hybrid mode beats pure RPC at every
     // larger size measured.
