@@ -107,12 +107,9 @@ pub(crate) fn take_over(
         .local
         .as_ref()
         .context("a compute node without a lock table cannot take shards over")?;
-    let heirs: Vec<u32> = me
-        .members()?
+    let heirs: Vec<u32> = live_cnodes(me, dead, nodes)?
         .into_iter()
-        .filter(|m| m.role == member::Role::Cnode && m.node != dead)
-        .map(|m| u32::from(m.node))
-        .filter(|n| nodes.contains(n))
+        .map(u32::from)
         .collect();
     // The whole map as the threads route by it (the local table's own map names only
     // its shards).
@@ -168,6 +165,19 @@ fn await_confirmations(me: &member::Member, nodes: &[u32]) -> anyhow::Result<()>
     await_confirmations_of(me, me.node(), 1..me.incarnation(), nodes)
 }
 
+/// The live compute nodes among `nodes` other than `dead`, as etcd has them now.
+///
+/// Errors: etcd fails.
+fn live_cnodes(me: &member::Member, dead: u16, nodes: &[u32]) -> anyhow::Result<Vec<u16>> {
+    Ok(me
+        .members()?
+        .into_iter()
+        .filter(|m| m.role == member::Role::Cnode && m.node != dead)
+        .map(|m| m.node)
+        .filter(|&n| nodes.contains(&u32::from(n)))
+        .collect())
+}
+
 /// Wait until every live compute node among `nodes` but `dead` confirmed `dead`'s
 /// `lives` ([`confirm_down`]).
 ///
@@ -180,17 +190,12 @@ fn await_confirmations_of(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + CONFIRM_WAIT;
     loop {
-        let live: Vec<member::MemberInfo> = me
-            .members()?
-            .into_iter()
-            .filter(|m| m.role == member::Role::Cnode && m.node != dead)
-            .filter(|m| nodes.contains(&u32::from(m.node)))
-            .collect();
+        let live = live_cnodes(me, dead, nodes)?;
         let mut missing = Vec::new();
         for life in lives.clone() {
-            for m in &live {
-                if me.get(&confirm_key(dead, life, m.node))?.is_none() {
-                    missing.push((m.node, life));
+            for &n in &live {
+                if me.get(&confirm_key(dead, life, n))?.is_none() {
+                    missing.push((n, life));
                 }
             }
         }

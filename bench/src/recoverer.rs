@@ -260,13 +260,13 @@ impl Survivor {
                     // Lotus 6, step 1: its table is gone; new locks there abort at once.
                     // Its connections to this node's lock service are fenced first (as a
                     // memory node's fencer does), so that its next life, under the same
-                    // node id, is served on fresh ones.
-                    // A node that left cleanly (the run's end) released its own locks.
+                    // node id, is served on fresh ones. A node that left cleanly (the
+                    // run's end) released its own locks.
                     let clean = me
                         .recovered(down.node, down.incarnation)
                         .ok()
                         .flatten()
-                        .is_some_and(|r| r == "clean leave");
+                        .is_some_and(|r| r == member::CLEAN_LEAVE);
                     let marked = peer_states.as_ref().filter(|_| !clean).map(|p| {
                         own.fence(rrpc::NodeId(u32::from(down.node)), down.incarnation);
                         p.mark_down(u32::from(down.node))

@@ -89,15 +89,7 @@ fn assert_failed_over(stdout: &str, s: &serde_json::Value, n: usize) {
         // one, retried for seconds) commits nothing there. On shm only: the Soft-RoCE
         // VM's emulated CPUs commit too few transactions for a 1 s window.
         if std::env::var("RRPC_FABRIC").map_or(true, |f| f == "shm") {
-            let t = &r["timeline"];
-            let ms = t["interval_ms"].as_u64().unwrap();
-            let late: u64 = t["total"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .skip((1500 / ms) as usize)
-                .map(|x| x.as_u64().unwrap())
-                .sum();
+            let late = common::committed_from_ms(r, 1500);
             assert!(late > 0, "{p}: nothing committed after 1.5 s: {stdout}");
         }
     }

@@ -15,11 +15,8 @@ use etcd_client::{
 };
 
 use crate::types::ttl_secs;
-use crate::types::{Claimant, Keys};
+use crate::types::{Claimant, Keys, CLEAN_LEAVE};
 use crate::{Event, MemberError, MemberInfo, MemberOptions, Role};
-
-/// What [`crate::Member::leave`] records as its own incarnation's recovery summary.
-pub(crate) const CLEAN_LEAVE: &str = "clean leave";
 
 fn etcd(op: &'static str) -> impl FnOnce(etcd_client::Error) -> MemberError {
     move |source| MemberError::Etcd { op, source }

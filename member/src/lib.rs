@@ -117,4 +117,4 @@ pub use error::{EtcdError, MemberError};
 pub use fencer::{join_and_fence, spawn_fencer, wait_fenced};
 pub use local::LocalEtcd;
 pub use member::Member;
-pub use types::{Event, MemberInfo, MemberOptions, Role};
+pub use types::{Event, MemberInfo, MemberOptions, Role, CLEAN_LEAVE};

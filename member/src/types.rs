@@ -22,6 +22,10 @@ pub enum Role {
     Other(String),
 }
 
+/// What [`crate::Member::leave`] records as its own incarnation's recovery summary
+/// ([`crate::Member::recovered`] returns it for a life that left cleanly).
+pub const CLEAN_LEAVE: &str = "clean leave";
+
 /// One incarnation of one node: the JSON value of its member key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct MemberInfo {

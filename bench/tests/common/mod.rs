@@ -303,6 +303,20 @@ pub fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
     (stdout, summary)
 }
 
+/// Commits a `txn-bench` run (its JSON report `r`, run with `--timeline-ms`) made in the
+/// timeline's intervals from `from_ms` on: a protocol stalled after a fault commits none.
+pub fn committed_from_ms(r: &serde_json::Value, from_ms: u64) -> u64 {
+    let t = &r["timeline"];
+    let ms = t["interval_ms"].as_u64().expect("a run with --timeline-ms");
+    t["total"]
+        .as_array()
+        .expect("the timeline's totals")
+        .iter()
+        .skip((from_ms / ms) as usize)
+        .map(|x| x.as_u64().unwrap())
+        .sum()
+}
+
 /// The checks every `txn-bench` run must pass, as its JSON report (`r`) has them: the
 /// transaction kinds in order, each committed, the workload's invariant, no lock left,
 /// no service failure, and the isolation check the protocol is judged by.
