@@ -20,7 +20,10 @@
 //! drain barrier waits for the attempts from before, the partition is copied from its
 //! primary with bulk READs and WRITEs ([`txn::migrate::copy_image`]), and a view with
 //! the node as its last backup ends the migration. Transactions on other partitions run
-//! on throughout.
+//! on throughout. With `--spare-memnodes` instead, the same copies go to a spare memory
+//! node started with the cluster (`memnode --spare-index`), which holds an empty image
+//! of every partition: each partition the dead node held a copy of is copied to it and
+//! it becomes that partition's last backup ([`ViewManager::fill_spare`]).
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -71,12 +74,16 @@ pub struct Failover {
     pub restart: Option<Restart>,
 }
 
-/// The dead memory node started again and filled by re-replication (times in ms from
-/// the run's start).
+/// The dead memory node started again, or a spare in its place, filled by
+/// re-replication (times in ms from the run's start).
 #[derive(Clone, Debug, Serialize)]
 pub struct Restart {
-    /// The memory node.
+    /// The memory node filled: the dead one restarted, or the spare.
     pub memnode: u32,
+    /// With a spare (`--spare-memnodes`): the dead memory node whose copies it took
+    /// over (`None`: the dead node itself was restarted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<u32>,
     /// When its new process answered (loaded, empty).
     pub started_ms: f64,
     /// When the view naming its new incarnation was out (the coordinators connect to
@@ -134,15 +141,27 @@ impl Rereplication {
 }
 
 impl Restart {
-    /// `memnode J restarted ...`, then one `re-replicated:` line per partition.
+    /// `memnode J restarted ...` (or `spare memnode J takes ...`), then one
+    /// `re-replicated:` line per partition.
     pub fn lines(&self) -> Vec<String> {
-        let mut out = vec![format!(
-            "memnode {} restarted empty at {:.0} ms, rejoined at {:.0} ms; {} partitions to copy back",
-            self.memnode,
-            self.started_ms,
-            self.rejoined_ms,
-            self.partitions.len()
-        )];
+        let head = match self.replaces {
+            None => format!(
+                "memnode {} restarted empty at {:.0} ms, rejoined at {:.0} ms; {} partitions \
+                 to copy back",
+                self.memnode,
+                self.started_ms,
+                self.rejoined_ms,
+                self.partitions.len()
+            ),
+            Some(dead) => format!(
+                "spare memnode {} takes dead memnode {dead}'s place at {:.0} ms; {} partitions \
+                 to copy to it",
+                self.memnode,
+                self.started_ms,
+                self.partitions.len()
+            ),
+        };
+        let mut out = vec![head];
         out.extend(self.partitions.iter().map(Rereplication::line));
         out
     }
@@ -401,7 +420,7 @@ impl ViewManager {
         self.store_view(&view)?;
         self.feed.publish(view);
         let rejoined = Instant::now();
-        let (ctx, store, feed) = (self.ctx.clone(), self.store.clone(), self.feed.clone());
+        let store = self.store.clone();
         store.epoch(); // takes the view: connects to the new process
         anyhow::ensure!(
             !store.rejoin_pending(),
@@ -414,8 +433,78 @@ impl ViewManager {
             !parts.is_empty(),
             "memory node {m} came back hosting no image (was it started as memory node {m}?)"
         );
+        let copies = self.copy_partitions(m, &parts, run_start)?;
+        Ok(Restart {
+            memnode: m,
+            replaces: None,
+            started_ms: ms(started),
+            rejoined_ms: ms(rejoined),
+            partitions: copies,
+        })
+    }
+
+    /// Re-replication onto spare memory node `spare` after memory node `dead`'s
+    /// failover (B.6.4 step 3 with "a spare" in place of the restarted node): every
+    /// partition left with fewer copies than the run keeps is copied to the spare, one
+    /// at a time, as [`Self::re_replicate`] copies them to a restarted node; the spare
+    /// becomes each one's last backup (the run began at `run_start`).
+    ///
+    /// Errors: `spare` is not a spare (dead, or already holding copies) or has no image
+    /// of a partition to copy; a drain did not finish within 10 s; a READ or WRITE of
+    /// the copy failed; etcd failed.
+    pub(crate) fn fill_spare(
+        &self,
+        dead: u32,
+        spare: u32,
+        run_start: Instant,
+    ) -> anyhow::Result<Restart> {
+        let ms = |t: Instant| t.duration_since(run_start).as_secs_f64() * 1e3;
+        let began = Instant::now();
+        let store = self.store.clone();
+        store.epoch();
+        let (view, _) = self.feed.snapshot();
+        anyhow::ensure!(
+            !view.dead.contains(&spare) && !store.in_use(spare),
+            "memory node {spare} is not a spare: it is dead or already holds copies"
+        );
+        let replicas = store.replicas() as usize;
+        let parts: Vec<u32> = (0..store.partitions())
+            .filter(|&p| {
+                let pv = &view.partitions[p as usize];
+                pv.primary.is_some() && 1 + pv.backups.len() < replicas
+            })
+            .collect();
+        for &p in &parts {
+            anyhow::ensure!(
+                store.image(spare, p).is_some(),
+                "spare memory node {spare} hosts no image of partition {p}"
+            );
+        }
+        let copies = self.copy_partitions(spare, &parts, run_start)?;
+        Ok(Restart {
+            memnode: spare,
+            replaces: Some(dead),
+            started_ms: ms(began),
+            rejoined_ms: ms(began),
+            partitions: copies,
+        })
+    }
+
+    /// Copy each partition of `parts` to memory node `m`, one at a time: mark it
+    /// migrating (commits touching it wait), drain, copy from its primary with bulk
+    /// READs and WRITEs ([`txn::migrate::copy_image`]), and publish `m` as its last
+    /// backup; partitions `m` already holds are skipped. Errors: as
+    /// [`Self::re_replicate`].
+    fn copy_partitions(
+        &self,
+        m: u32,
+        parts: &[u32],
+        run_start: Instant,
+    ) -> anyhow::Result<Vec<Rereplication>> {
+        let ms = |t: Instant| t.duration_since(run_start).as_secs_f64() * 1e3;
+        let (ctx, store, feed) = (self.ctx.clone(), self.store.clone(), self.feed.clone());
         let mut copies = Vec::new();
-        for p in parts {
+        for &p in parts {
             let (view, _) = self.feed.snapshot();
             if view.holds(p, m) {
                 continue;
@@ -469,12 +558,7 @@ impl ViewManager {
                 epoch,
             });
         }
-        Ok(Restart {
-            memnode: m,
-            started_ms: ms(started),
-            rejoined_ms: ms(rejoined),
-            partitions: copies,
-        })
+        Ok(copies)
     }
 }
 
@@ -492,6 +576,8 @@ enum Cmd {
         started: Instant,
         run: Instant,
     },
+    /// Memory node `dead` failed over: re-replicate onto spare memory node `spare`.
+    Spare { dead: u32, spare: u32, run: Instant },
 }
 
 /// What the view manager's thread answers to a request.
@@ -544,6 +630,9 @@ impl ManagerThread {
                         Cmd::Rejoin { m, started, run } => mgr
                             .re_replicate(m, started, run)
                             .map(|r| Answer::Restarted(Box::new(r))),
+                        Cmd::Spare { dead, spare, run } => mgr
+                            .fill_spare(dead, spare, run)
+                            .map(|r| Answer::Restarted(Box::new(r))),
                     };
                     if out.send(r).is_err() {
                         return;
@@ -571,6 +660,12 @@ impl ManagerThread {
     /// `started`; the run began at `run`).
     pub(crate) fn rejoin(&mut self, m: u32, started: Instant, run: Instant) {
         self.busy = self.tx.send(Cmd::Rejoin { m, started, run }).is_ok();
+    }
+
+    /// Ask for re-replication onto spare memory node `spare` after memory node
+    /// `dead`'s failover (the run began at `run`).
+    pub(crate) fn fill_spare(&mut self, dead: u32, spare: u32, run: Instant) {
+        self.busy = self.tx.send(Cmd::Spare { dead, spare, run }).is_ok();
     }
 
     /// Whether a request is being worked on.

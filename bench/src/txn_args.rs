@@ -93,6 +93,15 @@ pub struct Args {
     /// backup is audited against its primary.
     #[arg(long, default_value_t = 1, value_name = "R")]
     pub replicas: u32,
+    /// Spare memory nodes started with the cluster (after the --memnodes ones, each an
+    /// empty image of every partition). With --kill-memnode-after and without
+    /// --restart, the view manager copies each partition the dead node held a copy of
+    /// to the first spare once the failover is done (bulk READs and WRITEs, commits to
+    /// that partition waiting meanwhile), restoring --replicas copies (`re-replicated:`
+    /// lines). Needs --replicas 2 or more.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[serde(default)]
+    pub spare_memnodes: u32,
     /// Version cells per CVT (how many versions each record keeps; 1 to 64).
     #[arg(long, default_value_t = txn::smallbank::DEFAULT_VERSIONS, value_name = "V")]
     pub versions: usize,
@@ -811,6 +820,34 @@ impl Args {
                 self.memnode,
                 self.memnodes
             );
+        }
+        if self.spare_memnodes > 0 {
+            if self.replicas < 2 {
+                bail!(
+                    "--spare-memnodes needs --replicas 2 or more: a spare is filled from the \
+                     live copies of a dead memory node's partitions"
+                );
+            }
+            if self.hosts.is_some() {
+                bail!(
+                    "--spare-memnodes starts the spares on this host; with --hosts the \
+                     topology file places every memory node"
+                );
+            }
+            if self.memnodes + self.spare_memnodes > MAX_MEMNODES {
+                bail!(
+                    "--memnodes {} and --spare-memnodes {}: at most {MAX_MEMNODES} memory \
+                     nodes in all",
+                    self.memnodes,
+                    self.spare_memnodes
+                );
+            }
+            if self.restart && self.kill_memnode_after.is_some() {
+                bail!(
+                    "--spare-memnodes puts a spare in the killed memory node's place; \
+                     --restart restarts the node itself instead: choose one"
+                );
+            }
         }
         if self.restart && self.kill_cn_after.is_none() && self.kill_memnode_after.is_none() {
             bail!("--restart goes with --kill-cn-after or --kill-memnode-after");

@@ -628,10 +628,15 @@ impl RunCluster {
             )),
         };
         eprintln!(
-            "starting local cluster {cluster_name}: {} memnode(s){}, tso{}",
+            "starting local cluster {cluster_name}: {} memnode(s){}{}, tso{}",
             args.memnodes,
             if args.replicas > 1 {
                 format!(" ({} copies of each partition)", args.replicas)
+            } else {
+                String::new()
+            },
+            if args.spare_memnodes > 0 {
+                format!(" and {} spare(s)", args.spare_memnodes)
             } else {
                 String::new()
             },
@@ -671,17 +676,25 @@ impl RunCluster {
         let data = workload.memnode_args();
         let mut memnodes = Vec::new();
         let mut memnode_flags = Vec::new();
-        for i in 0..args.memnodes {
+        // The partitions' memory nodes, then the spares (after them in index and id).
+        for i in 0..args.memnodes + args.spare_memnodes {
+            let role: [String; 2] = if i < args.memnodes {
+                ["--partition".into(), i.to_string()]
+            } else {
+                ["--spare-index".into(), i.to_string()]
+            };
             let partition = [
-                "--versions".into(),
-                args.versions.to_string(),
-                "--partition".into(),
-                i.to_string(),
-                "--partitions".into(),
-                args.memnodes.to_string(),
-                "--replicas".into(),
-                args.replicas.to_string(),
-            ];
+                &[
+                    "--versions".into(),
+                    args.versions.to_string(),
+                    "--partitions".into(),
+                    args.memnodes.to_string(),
+                    "--replicas".into(),
+                    args.replicas.to_string(),
+                ][..],
+                &role[..],
+            ]
+            .concat();
             let (place, node, listen, host, log) = plan(
                 rrpc::topology::RoleKind::Memnode,
                 i as usize,
@@ -1275,9 +1288,15 @@ fn watch(
                             f.lost, args.replicas
                         ));
                     }
-                    if args.restart {
+                    if args.restart || args.spare_memnodes > 0 {
                         let mgr = manager.as_ref().expect("a failover had a manager");
-                        match restart_memnode(cluster, mgr, m, started) {
+                        let r = if args.restart {
+                            restart_memnode(cluster, mgr, m, started)
+                        } else {
+                            // The first spare takes the dead node's place.
+                            mgr.fill_spare(m, args.memnodes, started)
+                        };
+                        match r {
                             Ok(r) => {
                                 for l in r.lines() {
                                     eprintln!("{l}");

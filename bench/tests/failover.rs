@@ -12,6 +12,8 @@
 //!   (each partition it hosts copied back from its primary while commits to it wait):
 //!   the copies are identical at the end; with a planted bug that lets commits through
 //!   during the copy, the audit finds the new backup behind its primary.
+//! - With `--spare-memnodes 1` instead, a spare memory node started with the cluster
+//!   gets the copies the dead node held; the same audit, and the same planted bug.
 //! - etcd, which holds the view, SIGKILLed and restarted mid-run: the view comes back,
 //!   later views are stored above it, commits go on.
 
@@ -163,7 +165,49 @@ fn a_restarted_memnode_is_re_replicated_and_every_copy_matches() {
     let args = restart_args(&[]);
     let (ok, stdout, s) = txn_bench_watched("fo-restart", &args, LIMIT);
     assert!(ok, "{stdout}");
-    assert_re_replicated(&stdout, &s, runs());
+    assert_re_replicated(&stdout, &s, runs(), 1);
+}
+
+/// [`restart_args`] with a spare memory node (3) in place of the restart.
+fn spare_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = restart_args(&["--spare-memnodes", "1"]);
+    a.retain(|&x| x != "--restart");
+    a.extend_from_slice(extra);
+    a
+}
+
+#[test]
+fn a_spare_memnode_takes_the_dead_nodes_place_and_every_copy_matches() {
+    // Memory node 1 dies and stays dead: spare memory node 3 gets a copy of both
+    // partitions it held (0's backup, and 1, whose primary moved to memory node 2).
+    let args = spare_args(&[]);
+    let (ok, stdout, s) = txn_bench_watched("fo-spare", &args, LIMIT);
+    assert!(ok, "{stdout}");
+    assert_re_replicated(&stdout, &s, runs(), 3);
+    for r in s["runs"].as_array().unwrap() {
+        assert_eq!(r["failover"]["restart"]["replaces"], 1, "{stdout}");
+    }
+    assert!(
+        stdout.contains("spare memnode 3 takes dead memnode 1's place at "),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn commits_let_through_during_the_copy_to_a_spare_are_caught() {
+    let args = spare_args(&["--protocol", "mvcc"]);
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "fo-spare-planted",
+        &args,
+        &[("TXN_UNBLOCK_MIGRATION", "1")],
+        LIMIT,
+    );
+    assert!(!ok, "the planted bug went unnoticed: {stdout}");
+    assert_eq!(s["runs"][0]["replicas_identical"], false, "{stdout}");
+    assert!(
+        stdout.contains("backup on memory node 3") && stdout.contains("DIFFERENT"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -173,13 +217,14 @@ fn coordinator_processes_follow_the_views_and_answer_the_drains() {
     let args = restart_args(&["--cnodes", "2", "--protocol", "occ-cas"]);
     let (ok, stdout, s) = txn_bench_watched("fo-cnodes", &args, LIMIT);
     assert!(ok, "{stdout}");
-    assert_re_replicated(&stdout, &s, 1);
+    assert_re_replicated(&stdout, &s, 1, 1);
     assert!(stdout.contains("2 coordinator process(es)"), "{stdout}");
 }
 
-/// Every run of `s` failed memory node 1 over and re-replicated it: both partitions it
-/// hosts copied back from their primaries, every check passed.
-fn assert_re_replicated(stdout: &str, s: &serde_json::Value, n: usize) {
+/// Every run of `s` failed memory node 1 over and re-replicated both partitions it
+/// held to memory node `to` (1 itself restarted, or a spare), each from its primary,
+/// and every check passed.
+fn assert_re_replicated(stdout: &str, s: &serde_json::Value, n: usize, to: u32) {
     let runs = s["runs"].as_array().unwrap();
     assert_eq!(runs.len(), n, "{stdout}");
     for r in runs {
@@ -187,7 +232,7 @@ fn assert_re_replicated(stdout: &str, s: &serde_json::Value, n: usize) {
         let f = &r["failover"];
         assert_eq!(f["promoted"], serde_json::json!([1]), "{p}: {stdout}");
         let re = &f["restart"];
-        assert_eq!(re["memnode"], 1, "{p}: {stdout}");
+        assert_eq!(re["memnode"], to, "{p}: {stdout}");
         let parts = re["partitions"].as_array().unwrap();
         let mut copied: Vec<u64> = parts
             .iter()
@@ -204,7 +249,9 @@ fn assert_re_replicated(stdout: &str, s: &serde_json::Value, n: usize) {
             let sum: u64 = tables.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
             assert!(sum > 0 && c["bytes"] == sum, "{p}: {stdout}");
         }
-        assert_eq!(parts.last().unwrap()["epoch"], 7, "{p}: {stdout}");
+        // Failover 2; a restarted node's rejoin 3; two views per copy.
+        let last_epoch = if to == 1 { 7 } else { 6 };
+        assert_eq!(parts.last().unwrap()["epoch"], last_epoch, "{p}: {stdout}");
         assert_eq!(r["replicas_identical"], true, "{p}: {stdout}");
         assert_eq!(r["durable"], true, "{p}: {stdout}");
         assert_eq!(r["invariant_holds"], true, "{p}: {stdout}");
@@ -212,8 +259,8 @@ fn assert_re_replicated(stdout: &str, s: &serde_json::Value, n: usize) {
         assert_eq!(r["locks_held"], 0, "{p}: {stdout}");
     }
     assert!(
-        stdout.contains("re-replicated: partition 0 to memnode 1, ")
-            && stdout.contains("re-replicated: partition 1 to memnode 1, "),
+        stdout.contains(&format!("re-replicated: partition 0 to memnode {to}, "))
+            && stdout.contains(&format!("re-replicated: partition 1 to memnode {to}, ")),
         "{stdout}"
     );
     // Two copies of every partition again, the new one included.
@@ -325,6 +372,24 @@ fn bad_failover_flags_are_refused() {
         (
             &["--kill-etcd-after", "1"],
             "--kill-etcd-after goes with --kill-memnode-after",
+        ),
+        (
+            &["--spare-memnodes", "1"],
+            "--spare-memnodes needs --replicas 2 or more",
+        ),
+        (
+            &[
+                "--spare-memnodes",
+                "1",
+                "--replicas",
+                "2",
+                "--memnodes",
+                "3",
+                "--kill-memnode-after",
+                "1",
+                "--restart",
+            ],
+            "--spare-memnodes puts a spare in the killed memory node's place",
         ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))

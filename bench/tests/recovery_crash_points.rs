@@ -96,6 +96,7 @@ fn cluster_with(test: &str, replicas: u32) -> Cluster {
             tables,
             replicas,
             backups,
+            spare: false,
             log: Some(LogExport {
                 region: log.desc(),
                 geometry,

@@ -99,6 +99,7 @@ fn memnode(
         tables,
         replicas,
         backups,
+        spare: false,
         log: None,
         undo,
     };

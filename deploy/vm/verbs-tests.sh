@@ -50,9 +50,11 @@ for exe in "$@"; do
     # coordinators' QPs to it break, the drain, the promotion, the new view): money
     # exact, nothing committed lost, the surviving copies identical. Then the same node
     # restarted empty and re-replicated (the coordinators reconnect to the new process,
-    # each partition copied with RDMA READs and WRITEs): every copy identical again.
+    # each partition copied with RDMA READs and WRITEs): every copy identical again;
+    # and a spare memory node filled in the dead one's place.
     failover) only=(--exact a_killed_primary_loses_no_committed_money
-      a_restarted_memnode_is_re_replicated_and_every_copy_matches) ;;
+      a_restarted_memnode_is_re_replicated_and_every_copy_matches
+      a_spare_memnode_takes_the_dead_nodes_place_and_every_copy_matches) ;;
   esac
   # txn-bench --hosts: the services on rxeA (started through the launcher's ssh path),
   # the coordinators on rxeB, every protocol checked, the traffic on the veth pair.

@@ -22,17 +22,19 @@ use crate::txn_id::{Owner, TxnId};
 /// client, and every table keeps at least 2 versions (a roll-back invalidates the
 /// victim cell, which with one version would be the only version).
 fn check_logs(store: &CvtRemote, owner: Owner) -> Result<(), TxnError> {
-    for p in 0..store.partitions() {
-        let log = store.log(p).ok_or_else(|| {
+    for m in 0..store.memnodes() {
+        let log = store.log(m).ok_or_else(|| {
             TxnError::Export(format!(
-                "commit logs are on but memory node {p} keeps no log region"
+                "commit logs are on but memory node {m} keeps no log region"
             ))
         })?;
         if log.slot(owner.node, 0).is_none() {
             return Err(TxnError::Usage(format!(
-                "commit log: memory node {p} keeps no slots for {owner}"
+                "commit log: memory node {m} keeps no slots for {owner}"
             )));
         }
+    }
+    for p in 0..store.partitions() {
         if let Some(t) = store.part_tables(p)?.iter().find(|t| t.versions < 2) {
             return Err(TxnError::Usage(format!(
                 "commit logs need at least 2 versions per CVT (table {} keeps {}): a roll-back \

@@ -60,9 +60,17 @@ pub struct MemnodeExport {
     /// backups, Motor 5.3). Every memory node of a cluster says the same.
     #[serde(default = "one_replica")]
     pub replicas: u32,
-    /// The backup images it hosts, of the partitions [`backup_partitions`] names.
+    /// The backup images it hosts, of the partitions [`backup_partitions`] names (a
+    /// spare: an empty image of every partition).
     #[serde(default)]
     pub backups: Vec<BackupImage>,
+    /// A spare memory node (the replication design's B.6.4 step 3: "a fresh memnode
+    /// ... or a spare"): it holds no partition at start, `partition` is its index among
+    /// the memory nodes (at least `partitions`), `tables` is empty and `backups` holds
+    /// an empty image of every partition, which re-replication fills when a memory node
+    /// dies.
+    #[serde(default)]
+    pub spare: bool,
     /// Its commit-log region ([`crate::commit_log`]); `None` from a memory node that
     /// keeps none.
     #[serde(default)]
@@ -169,6 +177,9 @@ pub struct CvtRemote {
     shape: Vec<CvtTableExport>,
     /// Copies of each partition, as the memory nodes were started.
     replicas: u32,
+    /// Partitions the tables are spread over (the memory nodes `0..partitions` hold
+    /// their primaries at start; the ones after them are spares).
+    partitions: u32,
     /// Each memory node's commit-log region, if it keeps one.
     logs: RefCell<Vec<Option<LogExport>>>,
     /// Each memory node's undo-log region, if it keeps one.
@@ -195,8 +206,10 @@ struct Route {
 /// A memory node's export, checked against the placement.
 struct Joined {
     /// Its index among the memory nodes (the partition it was started as the primary
-    /// of).
+    /// of; a spare's index is at least the partitions).
     me: usize,
+    /// Partitions the tables are spread over.
+    partitions: u32,
     replicas: u32,
     /// `(partition, tables)` of each image it hosts.
     images: Vec<(usize, Rc<[CvtTableExport]>)>,
@@ -206,27 +219,50 @@ struct Joined {
 
 impl Joined {
     /// Parse and check the [`MemnodeExport`] of the node at `a`, one of `m` memory
-    /// nodes. Errors: [`TxnError::Export`] when it is missing or does not fit.
+    /// nodes (the partitions' own, then the spares). Errors: [`TxnError::Export`] when
+    /// it is missing or does not fit.
     fn from_info(a: SocketAddr, info: &rrpc::node::NodeInfo, m: usize) -> Result<Self, TxnError> {
         let e: MemnodeExport = info
             .export(EXPORT_KEY)
             .map_err(|e| TxnError::Export(format!("memory node {a}: {e}")))?;
-        if e.partitions as usize != m || e.partition as usize >= m {
+        let ps = e.partitions as usize;
+        if ps == 0 || ps > m {
             return Err(TxnError::Export(format!(
-                "memory node {a} is partition {} of {}, but {m} memory nodes were given",
-                e.partition, e.partitions
+                "memory node {a} spreads the tables over {} partitions, but {m} memory nodes \
+                 were given",
+                e.partitions
             )));
         }
-        let want = backup_partitions(e.partition, e.replicas, e.partitions);
+        let want = if e.spare {
+            if (e.partition as usize) < ps || e.partition as usize >= m || !e.tables.is_empty() {
+                return Err(TxnError::Export(format!(
+                    "memory node {a} is spare {} of {m} memory nodes with {} partitions: a \
+                     spare's index is at least the partitions and it holds no primary",
+                    e.partition, e.partitions
+                )));
+            }
+            (0..e.partitions).collect()
+        } else {
+            if e.partition as usize >= ps {
+                return Err(TxnError::Export(format!(
+                    "memory node {a} is partition {} of {}",
+                    e.partition, e.partitions
+                )));
+            }
+            backup_partitions(e.partition, e.replicas, e.partitions)
+        };
         let mut have: Vec<u32> = e.backups.iter().map(|b| b.partition).collect();
         have.sort_unstable();
         let mut want_sorted = want.clone();
         want_sorted.sort_unstable();
         if have != want_sorted {
             return Err(TxnError::Export(format!(
-                "memory node {a} (partition {} of {}, {} replicas) hosts backups of \
+                "memory node {a} (partition {} of {}, {} replicas{}) hosts backups of \
                  partitions {have:?}, expected {want:?}",
-                e.partition, e.partitions, e.replicas
+                e.partition,
+                e.partitions,
+                e.replicas,
+                if e.spare { ", spare" } else { "" }
             )));
         }
         if e.tables.iter().enumerate().any(|(i, t)| t.id as usize != i) {
@@ -235,12 +271,16 @@ impl Joined {
             )));
         }
         let me = e.partition as usize;
-        let mut images = vec![(me, Rc::from(e.tables))];
+        let mut images = Vec::new();
+        if !e.spare {
+            images.push((me, Rc::from(e.tables)));
+        }
         for b in e.backups {
             images.push((b.partition as usize, Rc::from(b.tables)));
         }
         Ok(Self {
             me,
+            partitions: e.partitions,
             replicas: e.replicas,
             images,
             log: e.log,
@@ -315,9 +355,9 @@ impl CvtRemote {
         }
         let m = addrs.len();
         let mut nodes: Vec<Option<NodeId>> = vec![None; m];
-        let mut images: Images = vec![vec![None; m]; m];
+        let mut images: Images = vec![Vec::new(); m];
         let (mut logs, mut undos) = (vec![None; m], vec![None; m]);
-        let mut replicas = None;
+        let (mut replicas, mut partitions) = (None, None);
         // Memory nodes the feed's view declares dead may be unreachable.
         // With a feed, `addrs[m]` is memory node `m` (as txn-bench gives them), so the
         // ones its view declares dead are not even tried.
@@ -343,8 +383,19 @@ impl CvtRemote {
                     replicas.unwrap_or(0)
                 )));
             }
+            if *partitions.get_or_insert(j.partitions) != j.partitions {
+                return Err(TxnError::Export(format!(
+                    "memory node {a} spreads the tables over {} partitions, another over {}",
+                    j.partitions,
+                    partitions.unwrap_or(0)
+                )));
+            }
+            let row = &mut images[j.me];
             for (p, ts) in j.images {
-                images[j.me][p] = Some(ts);
+                if row.len() <= p {
+                    row.resize(p + 1, None);
+                }
+                row[p] = Some(ts);
             }
             logs[j.me] = j.log;
             undos[j.me] = j.undo;
@@ -362,8 +413,12 @@ impl CvtRemote {
             .into_iter()
             .map(|n| n.unwrap_or(NodeId(u32::MAX)))
             .collect();
+        let partitions = partitions.unwrap_or(m as u32);
+        for row in &mut images {
+            row.resize(partitions as usize, None);
+        }
         let copy_of = |p: usize| images.iter().find_map(|row| row[p].clone());
-        let shape: Vec<CvtTableExport> = (0..m)
+        let shape: Vec<CvtTableExport> = (0..partitions as usize)
             .find_map(copy_of)
             .ok_or_else(|| TxnError::Export("no memory node answered".into()))?
             .to_vec();
@@ -394,7 +449,7 @@ impl CvtRemote {
         }
         let view = match &feed {
             Some(f) => f.snapshot(),
-            None => (View::initial(m as u32, replicas), Vec::new()),
+            None => (View::initial(partitions, replicas), Vec::new()),
         };
         Ok(Self {
             ctx,
@@ -403,6 +458,7 @@ impl CvtRemote {
             images: RefCell::new(images),
             shape,
             replicas,
+            partitions,
             logs: RefCell::new(logs),
             undos: RefCell::new(undos),
             incarnations: RefCell::new({
@@ -479,7 +535,7 @@ impl CvtRemote {
         let a = self.addrs[m as usize];
         let info = self.ctx.reconnect(a)?;
         let j = Joined::from_info(a, &info, self.addrs.len())?;
-        if j.me != m as usize || j.replicas != self.replicas {
+        if j.me != m as usize || j.replicas != self.replicas || j.partitions != self.partitions {
             return Err(TxnError::Export(format!(
                 "memory node {a} came back as partition {} with {} replicas; expected \
                  memory node {m} with {}",
@@ -498,7 +554,9 @@ impl CvtRemote {
         {
             let mut imgs = self.images.borrow_mut();
             for (p, ts) in j.images {
-                imgs[m as usize][p] = Some(ts);
+                if let Some(slot) = imgs[m as usize].get_mut(p) {
+                    *slot = Some(ts);
+                }
             }
         }
         self.logs.borrow_mut()[m as usize] = j.log;
@@ -696,9 +754,24 @@ impl CvtRemote {
         &self.shape
     }
 
-    /// Memory nodes (partitions).
+    /// Partitions the tables are spread over (the memory nodes without the spares).
     pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// Memory nodes, spares included.
+    pub fn memnodes(&self) -> u32 {
         self.addrs.len() as u32
+    }
+
+    /// Whether memory node `m` holds a copy of some partition, or is being filled with
+    /// one, in the view in use (a spare not yet called on holds none).
+    pub fn in_use(&self, m: u32) -> bool {
+        let r = self.route.borrow();
+        r.view
+            .partitions
+            .iter()
+            .any(|pv| pv.primary == Some(m) || pv.backups.contains(&m) || pv.migrating == Some(m))
     }
 
     /// Copies of each partition the memory nodes were started with (1: no replication).

@@ -181,9 +181,9 @@ type FoundLogs = BTreeMap<u64, (CommitLog, Vec<(NodeId, RemoteAddr)>)>;
 /// it was found in.
 async fn find_logs(store: &CvtRemote, dead: Owner) -> Result<FoundLogs, TxnError> {
     let mut out: FoundLogs = BTreeMap::new();
-    for p in 0..store.partitions() {
-        let Some(region) = store.log(p) else { continue };
-        let node = store.memnode(p)?;
+    for m in 0..store.memnodes() {
+        let Some(region) = store.log(m) else { continue };
+        let node = store.memnode(m)?;
         if store.written_off(node) {
             // A dead memory node's copy of the logs is gone; the live copies name the
             // same transactions (each log goes to every memory node installed on).

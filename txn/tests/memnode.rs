@@ -17,6 +17,14 @@ use txn::smallbank::{initial_balance, LOAD_VERSION};
 const ACCOUNTS: u64 = 5000;
 
 fn spawn(cluster: &str, node: u32, partition: u32) -> (Child, SocketAddr) {
+    spawn_with(
+        cluster,
+        node,
+        &["--partition", &partition.to_string(), "--partitions", "2"],
+    )
+}
+
+fn spawn_with(cluster: &str, node: u32, role: &[&str]) -> (Child, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_memnode"))
         .args(["--cluster", cluster, "--node", &node.to_string()])
         .args([
@@ -25,7 +33,7 @@ fn spawn(cluster: &str, node: u32, partition: u32) -> (Child, SocketAddr) {
             "--versions",
             "3",
         ])
-        .args(["--partition", &partition.to_string(), "--partitions", "2"])
+        .args(role)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -119,6 +127,55 @@ fn two_memnodes_serve_their_smallbank_partitions_through_the_cvt_index() {
     rrpc::fabric::shm::remove_cluster(&cluster).unwrap();
 }
 
+/// `--spare-index`: a spare memory node exports an empty image of every partition and
+/// no primary; a compute node counts it among the memory nodes but not the partitions,
+/// and no view calls on it until a memory node dies. A spare that claims a partition's
+/// index, or an index beyond the memory nodes given, is refused.
+#[test]
+fn a_spare_memnode_holds_an_empty_image_of_every_partition() {
+    let cluster = format!("memnode-spare-{}", std::process::id());
+    rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
+    let r2 = ["--partitions", "2", "--replicas", "2"];
+    let (c0, a0) = spawn_with(&cluster, 1, &[&r2[..], &["--partition", "0"]].concat());
+    let (c1, a1) = spawn_with(&cluster, 2, &[&r2[..], &["--partition", "1"]].concat());
+    let (c2, a2) = spawn_with(&cluster, 3, &[&r2[..], &["--spare-index", "2"]].concat());
+    let fabric = Fabric::open(&FabricConfig::new(
+        FabricKind::from_env().unwrap(),
+        &cluster,
+        NodeId(50),
+    ))
+    .unwrap();
+    let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
+    let e: MemnodeExport = ctx.connect(a2).unwrap().export(EXPORT_KEY).unwrap();
+    assert!(e.spare && e.tables.is_empty(), "{e:?}");
+    assert_eq!((e.partition, e.partitions), (2, 2));
+    let mut parts: Vec<u32> = e.backups.iter().map(|b| b.partition).collect();
+    parts.sort_unstable();
+    assert_eq!(parts, vec![0, 1]);
+    assert!(e
+        .backups
+        .iter()
+        .all(|b| b.tables.iter().all(|t| t.records_loaded == 0)));
+    let store = CvtRemote::connect(ctx.clone(), &[a0, a1, a2], 1024).unwrap();
+    assert_eq!((store.partitions(), store.memnodes()), (2, 3));
+    assert!(store.image(2, 0).is_some() && store.image(2, 1).is_some());
+    assert!(store.in_use(0) && store.in_use(1) && !store.in_use(2));
+    // Partition 0's copies: its primary and memory node 1's backup, not the spare.
+    assert_eq!(store.replica_memnodes(0), vec![0, 1]);
+    // Two memory nodes given, the spare among them: its index lies beyond them.
+    let err = CvtRemote::connect(ctx.clone(), &[a0, a2], 1024)
+        .err()
+        .expect("a spare beyond the memory nodes given")
+        .to_string();
+    assert!(err.contains("spare 2 of 2 memory nodes"), "{err}");
+    drop(store);
+    for c in [c0, c1, c2] {
+        stop(c);
+    }
+    drop(ctx);
+    rrpc::fabric::shm::remove_cluster(&cluster).unwrap();
+}
+
 #[test]
 fn smallbank_and_kvs_exclude_each_other_and_kvs_values_need_16_bytes() {
     for (extra, want) in [
@@ -133,6 +190,14 @@ fn smallbank_and_kvs_exclude_each_other_and_kvs_values_need_16_bytes() {
         (
             &["--kvs-records", "10", "--kvs-value-bytes", "15"][..],
             "--kvs-value-bytes must be at least 16",
+        ),
+        (
+            &["--partitions", "3", "--replicas", "2", "--spare-index", "1"][..],
+            "a spare's index comes after the partitions' memory nodes",
+        ),
+        (
+            &["--partitions", "3", "--spare-index", "3"][..],
+            "--spare-index needs --replicas 2 or more",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_memnode"))

@@ -60,6 +60,7 @@ fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
             tables,
             replicas: 1,
             backups: Vec::new(),
+            spare: false,
             log: None,
             undo: None,
         };

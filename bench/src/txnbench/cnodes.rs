@@ -687,7 +687,7 @@ impl<'a> Parent<'a> {
                         last: Default::default(),
                         pending: Vec::new(),
                         done: Default::default(),
-                        fencers: fencers(args.memnodes as usize, protocol),
+                        fencers: fencers((args.memnodes + args.spare_memnodes) as usize, protocol),
                     })
                 }
                 None => None,
@@ -1329,6 +1329,9 @@ impl<'a> Faults<'a> {
                 if args.restart {
                     let started = super::start_memnode_again(cluster, f.memnode, p.started)?;
                     mgr.rejoin(f.memnode, started, p.started);
+                } else if args.spare_memnodes > 0 {
+                    // The first spare takes the dead node's place.
+                    mgr.fill_spare(f.memnode, args.memnodes, p.started);
                 }
                 self.failover = Some(*f);
             }

@@ -87,6 +87,14 @@ struct Args {
     /// any compute node reads it; until then no view names it as a copy.
     #[arg(long)]
     empty: bool,
+    /// Start as a spare memory node, number I among the memory nodes (I at least
+    /// --partitions; --partition is then ignored): it holds no partition of its own,
+    /// an empty image of every partition (each with the geometry the workload flags
+    /// give it), and waits. When a memory node dies, the view manager fills the spare
+    /// with copies of that node's partitions (re-replication from their primaries) and
+    /// makes it their backup. Needs --replicas 2 or more.
+    #[arg(long, value_name = "I")]
+    spare_index: Option<u32>,
     /// Host an rTX region of this many bytes (repairable transactions: logs, TXObjs and
     /// data blocks, every object formatted with a zeroed value), exported as "rtx"
     /// (0: none).
@@ -112,6 +120,22 @@ fn run(args: Args) -> anyhow::Result<()> {
             args.partition,
             args.partitions
         );
+    }
+    if let Some(i) = args.spare_index {
+        if i < args.partitions {
+            bail!(
+                "--spare-index {i} with --partitions {}: a spare's index comes after the \
+                 partitions' memory nodes (at least {})",
+                args.partitions,
+                args.partitions
+            );
+        }
+        if args.replicas < 2 {
+            bail!(
+                "--spare-index needs --replicas 2 or more: a spare is filled from the live \
+                 copies of a dead memory node's partitions"
+            );
+        }
     }
     if args.replicas == 0 || args.replicas > args.partitions {
         bail!(
@@ -180,11 +204,23 @@ fn run(args: Args) -> anyhow::Result<()> {
         })
     };
     let t0 = std::time::Instant::now();
-    let (what, loaded) = load(args.partition)?;
-    let (mut tables, mut regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+    let spare = args.spare_index.is_some();
+    // A spare holds no primary: an image of every partition instead, all empty.
+    let (what, mut tables, mut regions, images) = if spare {
+        (String::new(), Vec::new(), Vec::new(), (0..ps).collect())
+    } else {
+        let (what, loaded) = load(args.partition)?;
+        let (tables, regions): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+        let images = txn::cvt_remote::backup_partitions(args.partition, args.replicas, ps);
+        (what, tables, regions, images)
+    };
+    let mut what = what;
     let mut backups = Vec::new();
-    for q in txn::cvt_remote::backup_partitions(args.partition, args.replicas, ps) {
-        let (_, loaded) = load(q)?;
+    for q in images {
+        let (w, loaded) = load(q)?;
+        if what.is_empty() {
+            what = format!("spare: empty images of {ps} partitions of {w}");
+        }
         let (bt, br): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
         regions.extend(br);
         backups.push(txn::cvt_remote::BackupImage {
@@ -192,7 +228,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             tables: bt,
         });
     }
-    if args.empty {
+    if args.empty || spare {
         for r in regions.iter().flatten() {
             r.zero(0, r.len());
         }
@@ -250,11 +286,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     );
     let mut exports = BTreeMap::new();
     let export = txn::cvt_remote::MemnodeExport {
-        partition: args.partition,
+        partition: args.spare_index.unwrap_or(args.partition),
         partitions: args.partitions,
         tables,
         replicas: args.replicas,
         backups,
+        spare,
         log: log_region.as_ref().map(|mr| txn::commit_log::LogExport {
             region: mr.desc(),
             geometry,
@@ -289,7 +326,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         addr = %node.addr(),
         fabric = %node.fabric().describe(),
         tables = export.tables.len(),
-        partition = args.partition,
+        partition = args.spare_index.unwrap_or(args.partition),
+        spare,
         partitions = args.partitions,
         replicas = args.replicas,
         "memnode serving"
