@@ -258,6 +258,14 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = ReplicaCommitArg::Coalesced)]
     #[serde(default)]
     pub replica_commit: ReplicaCommitArg,
+    /// With --replicas above 1, under occ-cas (FORD): read-only transactions READ each
+    /// object from one of its partition's backups and validate it there (FORD's
+    /// backup-enabled read), offloading the primaries. Read-write transactions still read
+    /// the primaries (a backup shows no writer's lock: validating there lets write skew
+    /// commit). The other protocols ignore it.
+    #[arg(long)]
+    #[serde(default)]
+    pub ford_backup_reads: bool,
     /// With --cnodes 2 or more: the lease of each coordinator process in etcd, in
     /// milliseconds (rounded up to whole seconds, at least 1 s). A process that cannot
     /// renew it for this long (stopped, or starved on an emulated machine) is declared
@@ -820,6 +828,9 @@ impl Args {
                 self.memnode,
                 self.memnodes
             );
+        }
+        if self.ford_backup_reads && self.replicas < 2 {
+            bail!("--ford-backup-reads reads backups: it needs --replicas 2 or more");
         }
         if self.spare_memnodes > 0 {
             if self.replicas < 2 {

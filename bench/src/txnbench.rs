@@ -907,8 +907,13 @@ pub(crate) fn storage_desc(args: &Args) -> String {
         };
         format!(
             ", {} replicas ({commit}; occ-cas commits as FORD: undo logs to every \
-             memnode, invisible bit, readers wait)",
-            args.replicas
+             memnode, invisible bit, readers wait{})",
+            args.replicas,
+            if args.ford_backup_reads {
+                ", read-only transactions read backups"
+            } else {
+                ""
+            }
         )
     } else {
         String::new()
@@ -1158,6 +1163,7 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
         commit_log: args.coordinator_processes() || args.commit_log,
         log_placement: args.log_placement.into(),
         replica_commit: args.replica_commit.into(),
+        ford_backup_reads: args.ford_backup_reads,
         unsafe_no_lock_cas: args.unsafe_no_cas && matches!(protocol, Protocol::Mvcc(_)),
         ..TxnConfig::default()
     }

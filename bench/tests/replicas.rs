@@ -157,11 +157,17 @@ fn cluster(test: &str, replicas: u32, tamper: &dyn Fn(&mut MemnodeExport)) -> Cl
 
 impl Cluster {
     fn client(&self, protocol: Protocol, node: u32) -> Rc<TxnClient> {
+        self.client_with(
+            node,
+            TxnConfig {
+                protocol,
+                ..TxnConfig::default()
+            },
+        )
+    }
+
+    fn client_with(&self, node: u32, cfg: TxnConfig) -> Rc<TxnClient> {
         let ctx = ThreadCtx::new(fabric(&self.name, node), RuntimeConfig::default()).unwrap();
-        let cfg = TxnConfig {
-            protocol,
-            ..TxnConfig::default()
-        };
         Rc::new(TxnClient::connect(ctx, &self.addrs, cfg).unwrap())
     }
 
@@ -332,6 +338,84 @@ fn an_install_to_three_copies_posts_three_times_its_writes() {
             "{protocol:?}: {one} WRs at R = 1, {three} at R = 3"
         );
     }
+}
+
+/// READs one read-only transaction of savings `keys` posts to each memory node, and the
+/// balances it read; the client's cache is warmed first (a read of each key).
+fn ro_reads(c: &Rc<TxnClient>, keys: &[u64]) -> (Vec<u64>, Vec<i64>) {
+    let ctx = c.ctx().clone();
+    let c = c.clone();
+    let keys = keys.to_vec();
+    block_on(&ctx.clone(), async move {
+        let read_all = |c: Rc<TxnClient>, keys: Vec<u64>| async move {
+            let t0 = Instant::now();
+            loop {
+                let mut t = c.begin();
+                t.declare_read_only();
+                let mut got = Vec::new();
+                let mut r = Ok(());
+                for &k in &keys {
+                    match t.read(SAVINGS, k).await {
+                        Ok(v) => got.push(bal(&v)),
+                        Err(e) => {
+                            r = Err(e);
+                            break;
+                        }
+                    }
+                }
+                match r.and(t.commit().await) {
+                    Ok(()) => return got,
+                    Err(TxnError::Abort(_)) if t0.elapsed() < Duration::from_secs(10) => {}
+                    Err(e) => panic!("a read-only transaction failed: {e}"),
+                }
+            }
+        };
+        read_all(c.clone(), keys.clone()).await;
+        let before: Vec<_> = (0..MEMNODES)
+            .map(|m| c.ctx().op_counts(NodeId(1 + m)).reads)
+            .collect();
+        let got = read_all(c.clone(), keys).await;
+        let reads = (0..MEMNODES)
+            .map(|m| c.ctx().op_counts(NodeId(1 + m)).reads - before[m as usize])
+            .collect();
+        (reads, got)
+    })
+}
+
+#[test]
+fn ford_backup_reads_take_read_only_transactions_off_the_primaries() {
+    let _s = serial();
+    let cl = cluster("fbr", 3, &|_| {});
+    // Four savings accounts of partition 0, whose primary is memory node 0.
+    let keys: Vec<u64> = (0..ACCOUNTS)
+        .filter(|&k| txn::cvt_remote::partition_of(SAVINGS, k, MEMNODES) == 0)
+        .take(4)
+        .collect();
+    let writer = cl.client(Protocol::OccCas, 30);
+    workload(&writer, 200, 0);
+    let (on_primary, want) = ro_reads(&cl.client(Protocol::OccCas, 31), &keys);
+    let backups = cl.client_with(
+        32,
+        TxnConfig {
+            protocol: Protocol::OccCas,
+            ford_backup_reads: true,
+            ..TxnConfig::default()
+        },
+    );
+    let (on_backups, got) = ro_reads(&backups, &keys);
+    // The same balances, as committed.
+    assert_eq!(got, want);
+    // Without backup reads: the reads and the validation on the primary alone.
+    assert!(on_primary[0] >= 2 * keys.len() as u64, "{on_primary:?}");
+    assert_eq!(on_primary[1] + on_primary[2], 0, "{on_primary:?}");
+    // With them: not one READ on the primary; a CVT, a record and a validation READ per
+    // key on the backups (memory nodes 1 and 2).
+    assert_eq!(on_backups[0], 0, "{on_backups:?}");
+    assert_eq!(
+        on_backups[1] + on_backups[2],
+        3 * keys.len() as u64,
+        "{on_backups:?}"
+    );
 }
 
 #[test]

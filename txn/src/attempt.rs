@@ -129,6 +129,62 @@ impl<O: Default> Obj<O> {
     }
 }
 
+impl<O: Default> Obj<O> {
+    /// FORD's backup-enabled read ([`crate::ford`]): READ `(table, key)`'s CVT and its
+    /// newest version from one of its partition's backups (the `pick`-th, see
+    /// [`crate::cvt_remote::CvtRemote::pick_backup`]), waiting while the copy is
+    /// INVISIBLE as [`Self::read_newest`] does. Returns the object and the backup's
+    /// memory-node index, or `None` when the key's CVT address is not cached, the
+    /// partition has no backup, or the copy there is not the key's (the caller then
+    /// reads the primary, which also caches the address).
+    ///
+    /// Errors: [`AbortReason::LockedOnRead`] (still invisible), as [`Self::read_newest`].
+    pub async fn read_newest_on_backup(
+        core: &ClientCore,
+        table: u32,
+        key: u64,
+        pick: u64,
+    ) -> Result<Option<(Self, u32)>, TxnError> {
+        let store = &core.store;
+        let Some(loc) = store.cached(table, key) else {
+            return Ok(None);
+        };
+        let Some(m) = store.pick_backup(loc.part, pick) else {
+            return Ok(None);
+        };
+        let mut cvt = store.read_cvt_on(loc, m).await?;
+        let is_key = |c: &Cvt| {
+            c.header.state != crate::cvt::SLOT_FREE
+                && (c.header.table, c.header.key) == (table, key)
+        };
+        if !is_key(&cvt) {
+            return Ok(None);
+        }
+        let t0 = std::time::Instant::now();
+        while cvt.header.lock & crate::ford::INVISIBLE != 0 && t0.elapsed() < core.cfg.read_wait {
+            store.ctx().yield_now().await;
+            cvt = store.read_cvt_on(loc, m).await?;
+        }
+        if cvt.header.lock != 0 {
+            return Err(TxnError::Abort(AbortReason::LockedOnRead));
+        }
+        let mut o = Self::absent(table, key);
+        o.loc = Some(loc);
+        if let Some(i) = cvt.newest() {
+            let cell = cvt.cells[i];
+            o.version = cell.version;
+            if !cell.deleted {
+                match store.read_version_on(loc, m, &cell).await? {
+                    Ok(v) => o.value = Some(v),
+                    Err(_) => return Err(TxnError::Abort(AbortReason::TornRead)),
+                }
+            }
+        }
+        o.cvt = Some(cvt);
+        Ok(Some((o, m)))
+    }
+}
+
 impl<O> Obj<O> {
     /// Fill this object from its CVT at `loc` as read (`cvt`) and the version in `cell`
     /// (`None`: no version visible): the version, and the value READ from its record

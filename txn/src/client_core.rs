@@ -22,7 +22,7 @@ use crate::txn_id::{Owner, TxnId};
 /// client, and every table keeps at least 2 versions (a roll-back invalidates the
 /// victim cell, which with one version would be the only version).
 fn check_logs(store: &CvtRemote, owner: Owner) -> Result<(), TxnError> {
-    for m in 0..store.memnodes() {
+    for m in 0..store.memnode_count() {
         let log = store.log(m).ok_or_else(|| {
             TxnError::Export(format!(
                 "commit logs are on but memory node {m} keeps no log region"

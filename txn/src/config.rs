@@ -172,6 +172,14 @@ pub struct TxnConfig {
     /// are not serializable and money is not conserved, so checkers must be off. Other
     /// protocols ignore it (default false).
     pub unsafe_no_lock_cas: bool,
+    /// [`Protocol::OccCas`] over replicas (FORD, [`crate::ford`]): read-only
+    /// transactions ([`crate::coordinator::Txn::declare_read_only`]) READ each object
+    /// whose CVT address is cached from one of its partition's backups and validate it
+    /// on that backup (FORD's backup-enabled read), offloading the primaries.
+    /// Read-write transactions read the primaries: a backup's lock word never shows a
+    /// writer's lock, so validating there would let write skew commit. Other protocols
+    /// and unreplicated runs ignore it (default false).
+    pub ford_backup_reads: bool,
 }
 
 /// How a commit's installs reach the primary and the backups of a replicated
@@ -220,6 +228,7 @@ impl Default for TxnConfig {
             view_feed: None,
             lotus: None,
             unsafe_no_lock_cas: false,
+            ford_backup_reads: false,
         }
     }
 }

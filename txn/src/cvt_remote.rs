@@ -759,11 +759,6 @@ impl CvtRemote {
         self.partitions
     }
 
-    /// Memory nodes, spares included.
-    pub fn memnodes(&self) -> u32 {
-        self.addrs.len() as u32
-    }
-
     /// Whether memory node `m` holds a copy of some partition, or is being filled with
     /// one, in the view in use (a spare not yet called on holds none).
     pub fn in_use(&self, m: u32) -> bool {
@@ -943,9 +938,20 @@ impl CvtRemote {
     pub async fn read_cvt(&self, loc: CvtLoc) -> Result<Cvt, TxnError> {
         let t = self.table(loc.part, loc.table)?;
         let remote = self.cvt_remote(loc)?;
+        self.read_cvt_at(self.node(loc)?, remote, t.cvt_bytes())
+            .await
+    }
+
+    /// READ and decode the CVT of `bytes` at `remote` on `node`, again while it is torn
+    /// (up to [`TORN_RETRIES`] times). Errors: as [`Self::lookup`].
+    async fn read_cvt_at(
+        &self,
+        node: NodeId,
+        remote: RemoteAddr,
+        bytes: usize,
+    ) -> Result<Cvt, TxnError> {
         for _ in 0..=TORN_RETRIES {
-            let img =
-                crate::transient::read(&self.ctx, self.node(loc)?, remote, t.cvt_bytes()).await?;
+            let img = crate::transient::read(&self.ctx, node, remote, bytes).await?;
             match Cvt::decode(&img) {
                 Ok(c) => return Ok(c),
                 Err(CvtError::TornCell { .. }) => continue,
@@ -953,6 +959,80 @@ impl CvtRemote {
             }
         }
         Err(TxnError::Abort(AbortReason::TornRead))
+    }
+
+    /// One of partition `part`'s backups in the view in use for a read that offloads
+    /// its primary (FORD's backup-enabled read, [`crate::ford`]): the `pick % n`-th of
+    /// its `n` backups, as a memory-node index; `None` when it has none.
+    pub fn pick_backup(&self, part: u32, pick: u64) -> Option<u32> {
+        self.refresh();
+        let r = self.route.borrow();
+        let b = &r.view.partitions.get(part as usize)?.backups;
+        (!b.is_empty()).then(|| b[(pick % b.len() as u64) as usize])
+    }
+
+    /// Table `table` of memory node `m`'s copy of partition `part`, with the primary's
+    /// table for translating addresses. Errors: [`AbortReason::ReplicaFailed`] when the
+    /// view in use no longer names `m` as a copy of `part` (it died, the view moved
+    /// on); as [`Self::check`].
+    fn copy_table(&self, part: u32, table: u32, m: u32) -> Result<(TableRef, TableRef), TxnError> {
+        self.check(part)?;
+        if !self.route.borrow().view.holds(part, m) {
+            return Err(TxnError::Abort(AbortReason::ReplicaFailed));
+        }
+        let primary = self.table(part, table)?;
+        let tables = self
+            .image(m, part)
+            .ok_or_else(|| TxnError::Usage(format!("memory node {m} has no copy of {part}")))?;
+        if table as usize >= tables.len() {
+            return Err(TxnError::Usage(format!("no table {table}")));
+        }
+        Ok((
+            primary,
+            TableRef {
+                tables,
+                i: table as usize,
+            },
+        ))
+    }
+
+    /// READ the CVT at `loc` (a primary's address) from memory node `m`'s copy of its
+    /// partition: the same offset in that copy's index region (copies have one
+    /// geometry). The cells read name records in that copy's value region
+    /// ([`Self::read_version_on`]).
+    ///
+    /// Errors: [`AbortReason::ReplicaFailed`] when `m` no longer holds a copy in the
+    /// view in use; as [`Self::lookup`].
+    pub async fn read_cvt_on(&self, loc: CvtLoc, m: u32) -> Result<Cvt, TxnError> {
+        let (primary, copy) = self.copy_table(loc.part, loc.table, m)?;
+        let remote = mirror(&primary.index, &copy.index, loc.addr);
+        self.read_cvt_at(self.memnode(m)?, remote, copy.cvt_bytes())
+            .await
+    }
+
+    /// [`Self::read_version`] of a `cell` read from memory node `m`'s copy of `loc`'s
+    /// CVT ([`Self::read_cvt_on`]): its record in that copy's value region.
+    ///
+    /// Errors: as [`Self::read_cvt_on`].
+    pub async fn read_version_on(
+        &self,
+        loc: CvtLoc,
+        m: u32,
+        cell: &Cell,
+    ) -> Result<Result<Vec<u8>, RecordError>, TxnError> {
+        let (_, copy) = self.copy_table(loc.part, loc.table, m)?;
+        let remote = RemoteAddr {
+            addr: cell.addr,
+            rkey: copy.values.rkey,
+        };
+        let img = crate::transient::read(
+            &self.ctx,
+            self.memnode(m)?,
+            remote,
+            crate::cvt::record_bytes(copy.len),
+        )
+        .await?;
+        Ok(decode_record(&img, copy.len, cell.cv))
     }
 
     /// READ the CVT of `(table, key)` again: at `loc` when the key had one, else by
@@ -1033,7 +1113,7 @@ impl CvtRemote {
         Ok(self.nodes.borrow()[self.primary(part)? as usize])
     }
 
-    /// How many memory nodes the store reaches.
+    /// How many memory nodes the store reaches, spares included.
     pub fn memnode_count(&self) -> u32 {
         self.nodes.borrow().len() as u32
     }

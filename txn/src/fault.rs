@@ -119,6 +119,29 @@ pub(crate) fn migration_unblocked() -> bool {
     MIGRATION_UNBLOCKED.load(Ordering::Relaxed)
 }
 
+static BACKUP_READS_RW: AtomicBool = AtomicBool::new(false);
+static BACKUP_READS_RW_ENV: std::sync::Once = std::sync::Once::new();
+
+/// FORD's backup-enabled reads ([`crate::config::TxnConfig::ford_backup_reads`]) also in
+/// read-write transactions, for the objects they only read: validated on a backup,
+/// whose lock word never holds a writer's lock, such an object passes validation while
+/// a writer holds it at the primary, so write skew commits ([`crate::ford`]).
+pub fn ford_backup_reads_in_read_write(on: bool) {
+    BACKUP_READS_RW_ENV.call_once(|| {});
+    BACKUP_READS_RW.store(on, Ordering::SeqCst);
+}
+
+/// Whether [`ford_backup_reads_in_read_write`] is planted. In a test build a child
+/// process reads `TXN_FORD_BACKUP_READS_RW=1` once.
+pub(crate) fn ford_backup_reads_in_rw() -> bool {
+    BACKUP_READS_RW_ENV.call_once(|| {
+        if std::env::var("TXN_FORD_BACKUP_READS_RW").is_ok_and(|v| v == "1") {
+            BACKUP_READS_RW.store(true, Ordering::SeqCst);
+        }
+    });
+    BACKUP_READS_RW.load(Ordering::Relaxed)
+}
+
 /// Every value a transaction reads ([`crate::coordinator::Txn::get_mixed`] and the reads
 /// built on it) comes back with its last byte flipped, as a torn or misdirected READ
 /// would deliver it; the data in memory stays intact.

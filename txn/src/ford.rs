@@ -74,7 +74,7 @@ pub(crate) async fn write_undo(
     let store = &core.store;
     let owner = core.owner();
     let mut writes: Vec<(NodeId, RemoteAddr, &[u8])> = Vec::new();
-    for m in 0..store.memnodes() {
+    for m in 0..store.memnode_count() {
         let node = store.memnode(m)?;
         if store.written_off(node) || !store.in_use(m) {
             // A dead memory node keeps nothing; a spare not called on holds no data.

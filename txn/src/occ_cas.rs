@@ -24,7 +24,9 @@
 //! Over replicated partitions it commits as FORD does ([`crate::ford`]): undo logs of
 //! the old records to every memory node (issued with the lock and validation rounds,
 //! awaited before the installs), the coalescent commit with the invisible bit, and
-//! readers that wait for invisible items.
+//! readers that wait for invisible items. With
+//! [`crate::config::TxnConfig::ford_backup_reads`], a read-only transaction reads
+//! each object from a backup and validates it there (FORD's backup-enabled read).
 
 use rrpc::runtime::join_all;
 use tso::Timestamp;
@@ -34,26 +36,44 @@ use crate::error::{AbortReason, TxnError};
 use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 
-/// OCC-CAS. Neither its attempts nor its objects carry state beyond the shared one.
+/// OCC-CAS. Its attempts carry no state beyond the shared one; an object carries the
+/// backup it was read from, if any ([`Backup`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct OccCas;
+
+/// Where an object was read: `Some(m)` from backup memory node `m` (FORD's
+/// backup-enabled read), validated there; `None` from its primary.
+type Backup = Option<u32>;
 
 type A<'a> = AttemptOf<'a, OccCas>;
 
 impl ConcurrencyControl for OccCas {
     type State = ();
-    type ObjState = ();
+    type ObjState = Backup;
 
-    /// Execution reads of `want`, in one round.
+    /// Execution reads of `want`, in one round: from the primaries, or with FORD's
+    /// backup-enabled reads on, a read-only transaction's from backups.
     async fn fetch(&self, t: &mut A<'_>, want: &[Want]) -> Result<(), TxnError> {
         let core = t.core;
-        let got = join_all(
-            want.iter()
-                .map(|&(tb, k, _)| Obj::read_newest(core, tb, k, true)),
-        )
+        let read_only = t.read_only;
+        #[cfg(feature = "fault-injection")]
+        let read_only = read_only || crate::fault::ford_backup_reads_in_rw();
+        let on_backup = read_only && core.cfg.ford_backup_reads && core.store.replicas() > 1;
+        let id = t.id;
+        let got = join_all(want.iter().map(|&(tb, k, u)| async move {
+            if on_backup && !u {
+                // Spread over the backups by key and attempt.
+                let pick = k ^ id.rotate_left(17);
+                if let Some((mut o, m)) = Obj::read_newest_on_backup(core, tb, k, pick).await? {
+                    o.cc = Some(m);
+                    return Ok(o);
+                }
+            }
+            Obj::read_newest(core, tb, k, true).await
+        }))
         .await;
         for (o, &(_, _, u)) in got.into_iter().zip(want) {
-            let mut o = o?;
+            let mut o: Obj<Backup> = o?;
             o.for_update = u;
             t.objs.push(o);
         }
@@ -68,7 +88,7 @@ impl ConcurrencyControl for OccCas {
             t.record(None, Timestamp::ZERO);
             return Ok(());
         }
-        let version = |o: &Obj<()>| Timestamp(o.version.get() + 1);
+        let version = |o: &Obj<Backup>| Timestamp(o.version.get() + 1);
         if writes && t.core.store.replicas() > 1 {
             // FORD: the undo logs travel while the locks are taken and validated.
             let core = t.core;
@@ -173,7 +193,15 @@ async fn lock_writes(t: &mut A<'_>) -> Result<(), TxnError> {
 /// The CVTs of locked objects are kept for the write-back.
 async fn validate(t: &mut A<'_>) -> Result<(), TxnError> {
     let store = &t.core.store;
-    let seen = join_all(t.objs.iter().map(|o| store.reread(o.table, o.key, o.loc))).await;
+    // An object read from a backup is validated on that backup (FORD's
+    // `IssueRemoteValidate`): its own copy's version and INVISIBLE mark.
+    let seen = join_all(t.objs.iter().map(|o| async move {
+        match (o.cc, o.loc) {
+            (Some(m), Some(loc)) => store.read_cvt_on(loc, m).await.map(Some),
+            _ => store.reread(o.table, o.key, o.loc).await,
+        }
+    }))
+    .await;
     let mut reason = None;
     #[cfg(feature = "fault-injection")]
     let skip = crate::fault::skipping_read_only_validation();

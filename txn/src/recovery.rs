@@ -181,7 +181,7 @@ type FoundLogs = BTreeMap<u64, (CommitLog, Vec<(NodeId, RemoteAddr)>)>;
 /// it was found in.
 async fn find_logs(store: &CvtRemote, dead: Owner) -> Result<FoundLogs, TxnError> {
     let mut out: FoundLogs = BTreeMap::new();
-    for m in 0..store.memnodes() {
+    for m in 0..store.memnode_count() {
         let Some(region) = store.log(m) else { continue };
         let node = store.memnode(m)?;
         if store.written_off(node) {

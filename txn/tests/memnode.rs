@@ -157,7 +157,7 @@ fn a_spare_memnode_holds_an_empty_image_of_every_partition() {
         .iter()
         .all(|b| b.tables.iter().all(|t| t.records_loaded == 0)));
     let store = CvtRemote::connect(ctx.clone(), &[a0, a1, a2], 1024).unwrap();
-    assert_eq!((store.partitions(), store.memnodes()), (2, 3));
+    assert_eq!((store.partitions(), store.memnode_count()), (2, 3));
     assert!(store.image(2, 0).is_some() && store.image(2, 1).is_some());
     assert!(store.in_use(0) && store.in_use(1) && !store.in_use(2));
     // Partition 0's copies: its primary and memory node 1's backup, not the spare.
