@@ -134,6 +134,9 @@ pub struct WireStats {
     lock_reconnects: u64,
     #[serde(default)]
     qp_errors: u64,
+    /// `--routing ideal`: draws thrown away, transactions run off their shard.
+    #[serde(default)]
+    route: [u64; 2],
     #[serde(default)]
     transient_retries: u64,
     /// READs, WRITEs and atomics posted to the memory nodes.
@@ -194,6 +197,7 @@ impl WireStats {
             tso_reconnects: s.tso_reconnects,
             lock_reconnects: s.lock_reconnects,
             qp_errors: s.qp_errors,
+            route: [s.route.redraws, s.route.misses],
             transient_retries: s.transient_retries,
             memnode_ops: [
                 s.memnode_ops.reads,
@@ -246,6 +250,10 @@ impl WireStats {
         s.tso_reconnects = self.tso_reconnects;
         s.lock_reconnects = self.lock_reconnects;
         s.qp_errors = self.qp_errors;
+        s.route = crate::routing::RouteCounts {
+            redraws: self.route[0],
+            misses: self.route[1],
+        };
         s.transient_retries = self.transient_retries;
         let [reads, writes, atomics] = self.memnode_ops;
         s.memnode_ops = rrpc::runtime::OpCounts {

@@ -40,7 +40,22 @@ async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
     while !co.stop.load(Ordering::Relaxed) {
         let want = first.next();
         let (drawn, kind) = loop {
-            let (drawn, kind) = profiles.draw(&mut rng, co.home);
+            let (drawn, kind) = match &co.route {
+                Some(r) => {
+                    let mut counts = crate::routing::RouteCounts::default();
+                    let d = crate::routing::draw_routed(
+                        r,
+                        &mut counts,
+                        || profiles.draw(&mut rng, co.home),
+                        |(t, _)| profiles.first_record(t),
+                    );
+                    let mut s = co.stats.borrow_mut();
+                    s.route.redraws += counts.redraws;
+                    s.route.misses += counts.misses;
+                    d
+                }
+                None => profiles.draw(&mut rng, co.home),
+            };
             if want.is_none_or(|k| k == kind) {
                 break (drawn, kind);
             }

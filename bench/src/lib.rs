@@ -21,6 +21,7 @@ pub mod plot;
 pub mod recoverer;
 pub mod remote;
 pub mod report;
+pub mod routing;
 pub mod smallbank;
 pub mod tatp;
 pub mod timeline;

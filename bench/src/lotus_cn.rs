@@ -16,6 +16,7 @@
 //! a machine with few cores competes with the coordinators: say so when comparing.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -234,8 +235,10 @@ pub(crate) struct LotusCn {
     pub(crate) site: LotusSite,
 }
 
-/// Start compute node `node`'s lock service (its shards of a uniform map over `nodes`),
-/// publish its address through `me`, and wait for every other node's.
+/// Start compute node `node`'s lock service (its shards of a uniform map over `nodes`)
+/// with a version table cache of `vtc_entries` entries (0: none) whose grant hook the
+/// service calls (Lotus 4.4), publish its address through `me`, and wait for every
+/// other node's.
 ///
 /// Errors: the service does not start, etcd fails, a peer does not publish within
 /// [`PEERS_WAIT`].
@@ -246,6 +249,7 @@ pub(crate) fn start(
     nodes: &[u32],
     towards: SocketAddr,
     lock_key: LockKeyFn,
+    vtc_entries: usize,
 ) -> anyhow::Result<LotusCn> {
     let map = ShardMap::uniform(nodes).context("the compute nodes' shard map")?;
     if !nodes.contains(&node) {
@@ -292,6 +296,15 @@ pub(crate) fn start(
     };
     let service = LockService::start(fabric, listen, &cfg)
         .with_context(|| format!("starting compute node {node}'s lock service on {listen}"))?;
+    // The cache's invalidation by remote write grants (Lotus, Algorithm 1, line 15),
+    // installed before this node's coordinators start and fill it.
+    let cache = (vtc_entries > 0).then(|| Arc::new(txn::vt_cache::VtCache::new(vtc_entries)));
+    if let Some(c) = &cache {
+        anyhow::ensure!(
+            service.lotus().set_grant_hook(c.grant_hook()),
+            "the lock table already has a grant hook"
+        );
+    }
     me.put_durable(&addr_key(node), service.addr().to_string())
         .context("publishing the lock service's address")?;
     if restarted {
@@ -328,9 +341,7 @@ pub(crate) fn start(
         lock_key,
         client: Default::default(),
         peers,
-        // No version table cache across processes yet: the embedded service has no
-        // grant hook to invalidate it by.
-        cache: None,
+        cache,
         peer_states: Default::default(),
     };
     Ok(LotusCn {

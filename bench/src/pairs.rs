@@ -399,6 +399,12 @@ impl Profiles for PairsGen {
         }
     }
 
+    /// The group's first object, for a transaction that writes it.
+    fn first_record(&self, t: &PairsTxn) -> Option<(u32, u64)> {
+        t.value?;
+        self.groups.keys(t.group).first().map(|&k| (TABLE, k))
+    }
+
     async fn run<'t>(&'t self, mut txn: Txn<'t>, t: &'t PairsTxn) -> Result<Finished, RunError> {
         let keys = self.groups.keys(t.group);
         let items: Vec<(u32, u64)> = keys.iter().map(|&k| (TABLE, k)).collect();

@@ -87,6 +87,8 @@ pub struct WorkerStats {
     pub lock_reconnects: u64,
     /// `--qp-errors-ms`: QPs this thread moved to the error state.
     pub qp_errors: u64,
+    /// `--routing ideal`: draws thrown away and transactions run off their shard.
+    pub route: crate::routing::RouteCounts,
     /// One-sided operations this thread retried after a transport failure
     /// (`txn::transient`).
     pub transient_retries: u64,
@@ -114,6 +116,7 @@ impl WorkerStats {
             tso_reconnects: 0,
             lock_reconnects: 0,
             qp_errors: 0,
+            route: Default::default(),
             transient_retries: 0,
             breakdown: None,
             tocc_share: Vec::new(),
@@ -201,6 +204,9 @@ pub struct Report {
     pub wrs_per_doorbell: f64,
     /// RPC requests per Rocket bucket (msg batching).
     pub msgs_per_bucket: f64,
+    /// RPC requests the coordinators sent per committed transaction, every attempt
+    /// counted (Lotus: lock requests to other compute nodes' tables; Scythe: Lock RPCs).
+    pub rpc_messages_per_commit: f64,
     /// Posts deferred because a send queue was full.
     pub sq_full: u64,
     /// One-sided work requests the coordinators posted to the memory nodes per
@@ -209,6 +215,16 @@ pub struct Report {
     /// `--qp-errors-ms`: QPs the coordinators moved to the error state.
     #[serde(skip_serializing_if = "is_zero")]
     pub qp_errors: u64,
+    /// Lotus's hybrid routing (`--routing`), when it applied to the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing: Option<String>,
+    /// `--routing ideal`: draws thrown away (the first record's shard was another
+    /// compute node's).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub route_redraws: u64,
+    /// `--routing ideal`: transactions run off their shard after too many draws.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub route_misses: u64,
     /// One-sided operations the coordinators retried after a transport failure.
     #[serde(skip_serializing_if = "is_zero")]
     pub transient_retries: u64,
@@ -536,6 +552,7 @@ impl Report {
             abort_reasons: reasons,
             wrs_per_doorbell: wrs as f64 / doorbells.max(1) as f64,
             msgs_per_bucket: msgs as f64 / buckets.max(1) as f64,
+            rpc_messages_per_commit: msgs as f64 / commits.max(1) as f64,
             sq_full,
             memnode_ops_per_commit: {
                 let mut t = rrpc::runtime::OpCounts::default();
@@ -550,6 +567,9 @@ impl Report {
                 ]
             },
             qp_errors: workers.iter().map(|w| w.qp_errors).sum(),
+            routing: None,
+            route_redraws: workers.iter().map(|w| w.route.redraws).sum(),
+            route_misses: workers.iter().map(|w| w.route.misses).sum(),
             transient_retries: workers.iter().map(|w| w.transient_retries).sum(),
             fatal_errors: fatal.len(),
             fatal_samples: fatal.into_iter().take(5).collect(),
@@ -800,6 +820,16 @@ impl Report {
             // Read-only transactions take no lock, so never use the cache (a deviation
             // from Lotus 8.2, which serves their reads too).
             let _ = writeln!(s, "{} (lock holders only)", v.line());
+        }
+        if let Some(r) = &self.routing {
+            let commits: u64 = self.types.iter().map(|t| t.committed).sum();
+            let _ = writeln!(
+                s,
+                "routing: {r} ({:.2} draws thrown away per committed transaction, {} run off their shard; {:.2} RPC requests per committed transaction)",
+                self.route_redraws as f64 / commits.max(1) as f64,
+                self.route_misses,
+                self.rpc_messages_per_commit
+            );
         }
         if self.qp_errors > 0 || self.transient_retries > 0 {
             let _ = writeln!(

@@ -345,6 +345,11 @@ impl Profiles for Generator {
         (t, t.ty.index())
     }
 
+    /// The first account's savings row (an account's rows share a shard).
+    fn first_record(&self, t: &TxnArgs) -> Option<(u32, u64)> {
+        (t.ty != TxnType::Balance).then_some((txn::smallbank::SAVINGS, t.a))
+    }
+
     async fn run<'t>(&'t self, mut txn: Txn<'t>, t: &'t TxnArgs) -> Result<Finished, RunError> {
         if t.ty == TxnType::Balance {
             txn.declare_read_only();

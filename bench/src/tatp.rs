@@ -446,6 +446,11 @@ impl Profiles for Generator {
         (t, t.ty.index())
     }
 
+    /// The subscriber's row (a subscriber's rows share a shard).
+    fn first_record(&self, t: &TxnArgs) -> Option<(u32, u64)> {
+        (!t.ty.read_only()).then_some((txn::tatp::SUBSCRIBER, t.s_id))
+    }
+
     /// A read-only type whose lookup fails commits without a result; an update whose
     /// lookup fails rolls back.
     async fn run<'t>(&'t self, mut txn: Txn<'t>, t: &'t TxnArgs) -> Result<Finished, RunError> {

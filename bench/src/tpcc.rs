@@ -652,6 +652,12 @@ impl Profiles for Generator {
         (t, kind)
     }
 
+    /// The home warehouse's row (a warehouse's rows share a shard).
+    fn first_record(&self, t: &TxnArgs) -> Option<(u32, u64)> {
+        (!matches!(t.ty, TxnType::OrderStatus | TxnType::StockLevel))
+            .then_some((txn::tpcc::WAREHOUSE, u64::from(t.w)))
+    }
+
     /// NEW-ORDER's 1% rolls back (final, no retry).
     async fn run<'t>(&'t self, mut txn: Txn<'t>, t: &'t TxnArgs) -> Result<Finished, RunError> {
         if matches!(t.ty, TxnType::OrderStatus | TxnType::StockLevel) {

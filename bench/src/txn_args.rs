@@ -266,6 +266,16 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub ford_backup_reads: bool,
+    /// Lotus's hybrid routing (Lotus 4.3) with coordinator processes (--cnodes 2 or
+    /// more): none (a transaction runs where it was drawn) or ideal (each coordinator
+    /// draws read-write transactions whose first record's lock shard its compute node
+    /// owns, so that those locks are local CPU CASes; read-only ones as drawn; TPC-C
+    /// home warehouses among the owned ones; no forwarding hop is paid and every
+    /// compute node gets an equal share of the work, an upper bound on routing). Other
+    /// protocols ignore it.
+    #[arg(long, value_enum, default_value_t = crate::routing::Routing::None)]
+    #[serde(default)]
+    pub routing: crate::routing::Routing,
     /// With --cnodes 2 or more: the lease of each coordinator process in etcd, in
     /// milliseconds (rounded up to whole seconds, at least 1 s). A process that cannot
     /// renew it for this long (stopped, or starved on an emulated machine) is declared

@@ -1052,6 +1052,7 @@ fn measure(
             reconnect_give_up: args
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
+            routing: args.routing,
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -1437,6 +1438,15 @@ fn build_report(
     report.workload = workload.label().into();
     report.point = point.label.clone();
     report.memnodes = args.memnodes;
+    if protocol.needs_lock_tables() && args.coordinator_processes() {
+        report.routing = Some(match args.routing {
+            crate::routing::Routing::None => "none (transactions run where drawn)".into(),
+            crate::routing::Routing::Ideal => "ideal (read-write transactions drawn on \
+                 their compute node's own shards: no forwarding hop, equal work per compute \
+                 node; an upper bound)"
+                .into(),
+        });
+    }
     report.replicas = args.replicas;
     report.versions = args.versions;
     report.timing_model = model_desc;
@@ -1579,6 +1589,9 @@ pub(crate) struct WorkerPlan {
     /// short one: a killed node's operations then fail in a fraction of a second, and
     /// the attempts they belong to end, which the failover's drain waits for.
     pub(crate) reconnect_give_up: Option<Duration>,
+    /// `--routing`: with `ideal` and a Lotus site, the coroutines draw read-write
+    /// transactions on this compute node's shards ([`crate::routing`]).
+    pub(crate) routing: crate::routing::Routing,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
@@ -1619,6 +1632,16 @@ pub(crate) fn worker(
         t0_ns: w.t0.load(Ordering::SeqCst),
         ..w.clock
     };
+    let route = match (w.routing, &w.cfg.lotus) {
+        (crate::routing::Routing::Ideal, Some(site)) => {
+            Some(Arc::new(crate::routing::Route::from_site(site)))
+        }
+        _ => None,
+    };
+    // TPC-C under `ideal`: home warehouses among the ones whose shard is this node's.
+    let homes: Vec<u16> = route.as_ref().map_or(Vec::new(), |r| {
+        r.local_warehouses(txn::tpcc::WAREHOUSE, w.warehouses)
+    });
     let mut ex = Executor::new(ctx.clone());
     if let Some(f) = &w.flush {
         ex.spawn(
@@ -1638,10 +1661,15 @@ pub(crate) fn worker(
                 ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
                 ^ u64::from(w.incarnation).wrapping_mul(0xA076_1D64_78BD_642F),
             max_backoff_us: w.max_backoff_us,
-            home: ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1,
+            home: if homes.is_empty() {
+                ((tid * w.coroutines + co) % usize::from(w.warehouses.max(1))) as u16 + 1
+            } else {
+                homes[(tid * w.coroutines + co) % homes.len()]
+            },
             each_type_first: w.each_type_first,
             clock,
             ledger: w.ledger.as_ref().map(|(l, base)| l.slot(base + co)),
+            route: route.clone(),
         };
         mix.clone().spawn(&mut ex, coroutine);
     }

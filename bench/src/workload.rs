@@ -215,6 +215,14 @@ pub trait Profiles: Send + Sync + 'static {
     /// its kind (an index into [`WorkloadSpec::kinds`]).
     fn draw(&self, rng: &mut StdRng, home: u16) -> (Self::Txn, usize);
 
+    /// The first record `(table, key)` a read-write transaction `t` touches, by which
+    /// Lotus's hybrid routing sends it to the compute node owning that record's shard
+    /// (Lotus 4.3, `--routing`); `None` for a read-only transaction, which any compute
+    /// node runs. Default: `None` (no routing).
+    fn first_record(&self, _t: &Self::Txn) -> Option<(u32, u64)> {
+        None
+    }
+
     /// Run one attempt of `t` in `txn` and commit it. `Ok` is final (committed, or
     /// rolled back by the transaction's own logic); a conflict comes back as
     /// `Err(RunError::Txn(TxnError::Abort(_)))` and is retried; a failed value check
@@ -343,6 +351,9 @@ pub struct Coroutine {
     /// This coroutine's slot in its compute node's ledger (coordinator processes only):
     /// its commits counted where a `kill -9` cannot erase them.
     pub ledger: Option<crate::ledger::LedgerSlot>,
+    /// `--routing ideal` under Lotus: draw read-write transactions on this compute
+    /// node's own shards ([`crate::routing`]).
+    pub route: Option<crate::routing::SharedRoute>,
 }
 
 /// What a coordinator coroutine times: commits and aborts per interval of the run

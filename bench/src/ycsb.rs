@@ -337,6 +337,14 @@ impl Profiles for KvsProfiles {
         (t, kind)
     }
 
+    /// The first operation's key, for a transaction that writes.
+    fn first_record(&self, t: &KvsTxn) -> Option<(u32, u64)> {
+        if t.kind == 0 {
+            return None;
+        }
+        t.ops.first().map(|o| (txn::kvs::TABLE, o.key()))
+    }
+
     async fn run<'t>(&'t self, mut txn: Txn<'t>, t: &'t KvsTxn) -> Result<Finished, RunError> {
         if t.kind == 0 {
             txn.declare_read_only();

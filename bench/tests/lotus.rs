@@ -110,6 +110,59 @@ fn two_compute_nodes_lock_on_each_others_tables() {
     assert_eq!(atomics(r), 0.0, "{stdout}");
 }
 
+/// Lotus 4.3's hybrid routing, `--routing ideal`: each compute node draws read-write
+/// transactions whose first account's lock shard it owns. Both runs pass every check;
+/// under `ideal` draws are thrown away (about half the accounts are the other node's)
+/// and none is run off its shard, and the lock requests sent to the other node's table
+/// per commit fall well below those of `none` (a transaction's first account now always
+/// locks locally).
+#[test]
+fn ideal_routing_sends_fewer_lock_requests_to_the_other_compute_node() {
+    let run = |routing: &str| {
+        let (ok, stdout, s) = common::txn_bench_watched(
+            &format!("lotus-routing-{routing}"),
+            &[
+                "--protocol",
+                "lotus",
+                "--cnodes",
+                "2",
+                "--accounts",
+                "2000",
+                "--coroutines",
+                "4",
+                "--duration",
+                "2",
+                "--routing",
+                routing,
+            ],
+            Duration::from_secs(300),
+        );
+        assert!(ok, "{stdout}");
+        let r = s["runs"][0].clone();
+        let kinds: Vec<&str> = bench::smallbank::TxnType::ALL
+            .iter()
+            .map(|t| t.name())
+            .collect();
+        common::assert_checked_run(&r, &kinds, &stdout);
+        assert!(
+            r["routing"].as_str().unwrap().starts_with(routing),
+            "{stdout}"
+        );
+        (r, stdout)
+    };
+    let (none, _) = run("none");
+    let (ideal, stdout) = run("ideal");
+    assert!(ideal["route_redraws"].as_u64().unwrap_or(0) > 0, "{stdout}");
+    assert!(ideal.get("route_misses").is_none(), "{stdout}");
+    let msgs = |r: &serde_json::Value| r["rpc_messages_per_commit"].as_f64().unwrap();
+    assert!(
+        msgs(&ideal) < 0.8 * msgs(&none),
+        "lock requests per commit: ideal {} vs none {}",
+        msgs(&ideal),
+        msgs(&none)
+    );
+}
+
 /// Lotus 6 with a restart: of three coordinator processes one is killed (`kill -9`)
 /// and restarted under the same node id. The survivors mark its shards down, one
 /// recovers its logged commits and releases its locks in their tables, each confirms

@@ -77,8 +77,9 @@ pub struct TableService {
     epoch: u64,
     /// The incarnation [`Self::apply`] runs the host process's operations as.
     host_incarnation: u64,
-    /// Called for remote write grants ([`Self::with_grant_hook`]).
-    grant_hook: Option<GrantHook>,
+    /// Called for remote write grants ([`Self::with_grant_hook`],
+    /// [`Self::set_grant_hook`]).
+    grant_hook: std::sync::OnceLock<GrantHook>,
 }
 
 impl TableService {
@@ -91,7 +92,7 @@ impl TableService {
             meter: LoadMeter::new(),
             epoch: crate::service::clock_epoch(),
             host_incarnation: crate::owners::process_incarnation(),
-            grant_hook: None,
+            grant_hook: std::sync::OnceLock::new(),
         }
     }
 
@@ -109,9 +110,18 @@ impl TableService {
     /// refused until it releases. It must be quick and must not call back into this
     /// service's ownership changes ([`Self::install`], [`Self::begin_drain`], ...).
     /// Refused locks, read locks and the service's own node's write locks do not call it.
-    pub fn with_grant_hook(mut self, hook: GrantHook) -> Self {
-        self.grant_hook = Some(hook);
+    pub fn with_grant_hook(self, hook: GrantHook) -> Self {
+        // A fresh service has no hook yet.
+        let _ = self.grant_hook.set(hook);
         self
+    }
+
+    /// [`Self::with_grant_hook`] on a service already shared (an embedded lock
+    /// service's table, [`crate::embed::LockService::lotus`]). Install it before any
+    /// coordinator of this node fills its cache: grants made before it invalidate
+    /// nothing. Returns false (and changes nothing) when a hook is installed already.
+    pub fn set_grant_hook(&self, hook: GrantHook) -> bool {
+        self.grant_hook.set(hook).is_ok()
     }
 
     /// Run the host process's operations ([`Self::apply`]) as incarnation `incarnation`
@@ -216,7 +226,8 @@ impl TableService {
                     Route::Serve => {
                         match self.table.acquire_inc(op.key.0, mode, op.txn, op.node, inc) {
                             Ok(()) => {
-                                if let (LockMode::Write, Some(hook)) = (mode, &self.grant_hook) {
+                                if let (LockMode::Write, Some(hook)) = (mode, self.grant_hook.get())
+                                {
                                     if op.node != own.me() {
                                         hook(op.key, op.node);
                                     }

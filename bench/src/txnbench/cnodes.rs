@@ -168,6 +168,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             &nodes,
             a.tso,
             workload.lotus_lock_key(),
+            args.vtc_entries,
         )?;
         Some(cn)
     } else {
@@ -251,6 +252,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
             qp_errors: args.qp_errors_ms.map(Duration::from_millis),
+            routing: args.routing,
         };
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),
