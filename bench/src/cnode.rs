@@ -137,6 +137,10 @@ pub struct WireStats {
     /// `--routing ideal`: draws thrown away, transactions run off their shard.
     #[serde(default)]
     route: [u64; 2],
+    /// `--routing forward`: transactions sent, their input bytes, and their latency
+    /// histogram from generation (HDR V2, hex).
+    #[serde(default)]
+    forward: (u64, u64, String),
     #[serde(default)]
     transient_retries: u64,
     /// READs, WRITEs and atomics posted to the memory nodes.
@@ -198,6 +202,11 @@ impl WireStats {
             lock_reconnects: s.lock_reconnects,
             qp_errors: s.qp_errors,
             route: [s.route.redraws, s.route.misses],
+            forward: {
+                let mut buf = Vec::new();
+                let _ = V2Serializer::new().serialize(&s.forward.hist, &mut buf);
+                (s.forward.count, s.forward.bytes, hex(&buf))
+            },
             transient_retries: s.transient_retries,
             memnode_ops: [
                 s.memnode_ops.reads,
@@ -254,6 +263,18 @@ impl WireStats {
             redraws: self.route[0],
             misses: self.route[1],
         };
+        s.forward.count = self.forward.0;
+        s.forward.bytes = self.forward.1;
+        if !self.forward.2.is_empty() {
+            let bytes = unhex(&self.forward.2)?;
+            let h: hdrhistogram::Histogram<u64> = Deserializer::new()
+                .deserialize(&mut bytes.as_slice())
+                .map_err(|e| anyhow!("forwarding histogram: {e:?}"))?;
+            s.forward
+                .hist
+                .add(&h)
+                .map_err(|e| anyhow!("forwarding histogram: {e:?}"))?;
+        }
         s.transient_retries = self.transient_retries;
         let [reads, writes, atomics] = self.memnode_ops;
         s.memnode_ops = rrpc::runtime::OpCounts {

@@ -19,6 +19,7 @@ use txn::coordinator::{AbortReason, TxnError};
 use txn::history::{monotonic_ns, AttemptStart};
 use txn::phase::PhaseTimes;
 
+use crate::forward::{Inbox, Outcome, FORWARD_HANDLER};
 use crate::report::WorkerStats;
 use crate::workload::{Coroutine, Finished, Mix, Profiles, RunError};
 
@@ -26,10 +27,16 @@ impl<P: Profiles> Mix for P {
     fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine) {
         ex.spawn(coordinate(self, co));
     }
+
+    fn spawn_home(self: Arc<Self>, ex: &mut Executor, co: Coroutine, inbox: Arc<Inbox>) {
+        ex.spawn(serve_home(self, co, inbox));
+    }
 }
 
 /// The coroutine: draw (with `each_type_first`, kind 0, 1, ... first, drawn until the
-/// mix gives one of that kind), run until final, count, repeat until `stop`.
+/// mix gives one of that kind), run until final (or with `--routing forward`, send a
+/// read-write transaction whose first record another compute node owns there), count,
+/// repeat until `stop`.
 async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(co.seed);
     let mut first = if co.each_type_first {
@@ -61,75 +68,189 @@ async fn coordinate<P: Profiles>(profiles: Arc<P>, co: Coroutine) {
             }
         };
         let begin = quanta::Instant::now();
-        let mut backoff_us = 1u64;
-        // The previous attempt's id (a retry tells the protocol which attempt it
-        // follows), and with --breakdown the attempts' phases and the backoff summed.
-        let mut prev: Option<u64> = None;
-        let mut phases = PhaseTimes::default();
-        let mut backoff = Duration::ZERO;
-        loop {
-            let txn = match prev {
-                Some(p) => co.client.begin_retry(kind as u16, p),
-                None => co.client.begin_as(kind as u16),
-            };
-            let id = txn.id();
-            if let Some(l) = &co.ledger {
-                l.begin(id);
+        if let Some(f) = &co.forward {
+            let owner = profiles
+                .first_record(&drawn)
+                .and_then(|(t, k)| f.route.owner(t, k))
+                .filter(|&o| o != f.route.node());
+            if let Some(owner) = owner {
+                forward(&co, owner, kind, &drawn, begin).await;
+                continue;
             }
-            let start_ns = if co.clock.wall { monotonic_ns() } else { 0 };
-            let attempt = std::pin::pin!(profiles.run(txn, &drawn));
-            let r = StartedAt { attempt, start_ns }.await;
-            let committed = matches!(r, Ok(Finished::Committed { .. }));
-            if let (Some(l), Ok(Finished::Committed { net, .. })) = (&co.ledger, &r) {
-                l.committed(id, *net);
-            }
-            let interval = co.clock.interval(if co.clock.interval_ns > 0 {
-                monotonic_ns()
-            } else {
-                0
-            });
-            if let Some(p) = co.client.take_phases(id) {
-                phases.add(&p);
-            }
-            // What to do next, decided while the stats are borrowed (never across an
-            // await).
-            let retry = {
-                let mut s = co.stats.borrow_mut();
-                if committed {
-                    if let Some(b) = &mut s.breakdown {
-                        b.record(kind, &phases, backoff);
-                    }
-                }
-                if let Some(i) = interval {
-                    s.timeline.count(i, committed);
-                }
-                record(
-                    &mut s,
-                    kind,
-                    r,
-                    begin.elapsed(),
-                    &co.kinds,
-                    &co.stop,
-                    &co.committed,
-                )
-            };
-            if !retry {
-                break;
-            }
-            prev = Some(id);
-            // Randomized exponential backoff: an object that made us abort is busy for
-            // at least a commit's round trips; retrying at once mostly aborts again and
-            // steals polling rounds from the holder.
-            let slept = quanta::Instant::now();
-            if co.max_backoff_us > 0 {
-                let d = rng.random_range(0..=backoff_us.min(co.max_backoff_us));
-                backoff_us = (backoff_us * 2).min(co.max_backoff_us);
-                co.client.ctx().sleep(Duration::from_micros(d)).await;
-            } else {
-                co.client.ctx().yield_now().await;
-            }
-            backoff += slept.elapsed();
         }
+        execute(&*profiles, &co, &mut rng, &drawn, kind, begin).await;
+    }
+}
+
+/// A home coroutine of `--routing forward`: run the transactions other compute nodes
+/// forwarded here ([`Inbox`]), each timed from its arrival, until `stop`; then answer
+/// the ones still waiting as not run.
+async fn serve_home<P: Profiles>(profiles: Arc<P>, co: Coroutine, inbox: Arc<Inbox>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(co.seed);
+    loop {
+        let Some(f) = inbox.pop() else {
+            if co.stop.load(Ordering::Relaxed) {
+                inbox.stop();
+                return;
+            }
+            co.client.ctx().yield_now().await;
+            continue;
+        };
+        match serde_json::from_slice::<(usize, P::Txn)>(&f.input) {
+            Ok((kind, t)) if kind < co.kinds.len() => {
+                let begin = f.arrived;
+                execute(&*profiles, &co, &mut rng, &t, kind, begin).await;
+                f.finish(Outcome::Done);
+            }
+            Ok((kind, _)) => {
+                co.stats.borrow_mut().fatal.push(format!(
+                    "forwarding: a transaction of unknown kind {kind} arrived"
+                ));
+                f.finish(Outcome::Failed);
+            }
+            Err(e) => {
+                co.stats.borrow_mut().fatal.push(format!(
+                    "forwarding: an input that does not decode arrived: {e}"
+                ));
+                f.finish(Outcome::Failed);
+            }
+        }
+    }
+}
+
+/// Send `drawn` (of `kind`, drawn at `begin`) to compute node `owner`, which runs and
+/// counts it; count it here as forwarded, with its latency from generation. A failed
+/// call is fatal unless the run is ending.
+async fn forward<T: serde::Serialize>(
+    co: &Coroutine,
+    owner: u32,
+    kind: usize,
+    drawn: &T,
+    begin: quanta::Instant,
+) {
+    let input = match serde_json::to_vec(&(kind, drawn)) {
+        Ok(b) => b,
+        Err(e) => {
+            co.stats
+                .borrow_mut()
+                .fatal
+                .push(format!("forwarding: encoding a transaction: {e}"));
+            co.stop.store(true, Ordering::SeqCst);
+            return;
+        }
+    };
+    let r = co
+        .client
+        .ctx()
+        .call(rrpc::NodeId(owner), FORWARD_HANDLER, &input)
+        .await;
+    let mut s = co.stats.borrow_mut();
+    match r
+        .map_err(|e| e.to_string())
+        .and_then(|b| Outcome::from_byte(*b.first().ok_or("an empty forwarding reply")?))
+    {
+        Ok(Outcome::Done) => {
+            s.forward.count += 1;
+            s.forward.bytes += input.len() as u64;
+            let _ = s
+                .forward
+                .hist
+                .record((begin.elapsed().as_nanos() as u64).max(1));
+        }
+        Ok(Outcome::Stopped) => {}
+        Ok(Outcome::Failed) | Err(_) if co.stop.load(Ordering::Relaxed) => {}
+        Ok(Outcome::Failed) => {
+            s.fatal.push(format!(
+                "forwarding to compute node {owner}: it could not run the transaction"
+            ));
+            co.stop.store(true, Ordering::SeqCst);
+        }
+        Err(e) => {
+            s.fatal
+                .push(format!("forwarding to compute node {owner}: {e}"));
+            co.stop.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Run `drawn` (of `kind`, timed from `begin`) until it commits or is final, each
+/// conflict abort retried after a randomized exponential backoff, and count it.
+async fn execute<P: Profiles>(
+    profiles: &P,
+    co: &Coroutine,
+    rng: &mut rand::rngs::StdRng,
+    drawn: &P::Txn,
+    kind: usize,
+    begin: quanta::Instant,
+) {
+    let mut backoff_us = 1u64;
+    // The previous attempt's id (a retry tells the protocol which attempt it
+    // follows), and with --breakdown the attempts' phases and the backoff summed.
+    let mut prev: Option<u64> = None;
+    let mut phases = PhaseTimes::default();
+    let mut backoff = Duration::ZERO;
+    loop {
+        let txn = match prev {
+            Some(p) => co.client.begin_retry(kind as u16, p),
+            None => co.client.begin_as(kind as u16),
+        };
+        let id = txn.id();
+        if let Some(l) = &co.ledger {
+            l.begin(id);
+        }
+        let start_ns = if co.clock.wall { monotonic_ns() } else { 0 };
+        let attempt = std::pin::pin!(profiles.run(txn, drawn));
+        let r = StartedAt { attempt, start_ns }.await;
+        let committed = matches!(r, Ok(Finished::Committed { .. }));
+        if let (Some(l), Ok(Finished::Committed { net, .. })) = (&co.ledger, &r) {
+            l.committed(id, *net);
+        }
+        let interval = co.clock.interval(if co.clock.interval_ns > 0 {
+            monotonic_ns()
+        } else {
+            0
+        });
+        if let Some(p) = co.client.take_phases(id) {
+            phases.add(&p);
+        }
+        // What to do next, decided while the stats are borrowed (never across an
+        // await).
+        let retry = {
+            let mut s = co.stats.borrow_mut();
+            if committed {
+                if let Some(b) = &mut s.breakdown {
+                    b.record(kind, &phases, backoff);
+                }
+            }
+            if let Some(i) = interval {
+                s.timeline.count(i, committed);
+            }
+            record(
+                &mut s,
+                kind,
+                r,
+                begin.elapsed(),
+                &co.kinds,
+                &co.stop,
+                &co.committed,
+            )
+        };
+        if !retry {
+            break;
+        }
+        prev = Some(id);
+        // Randomized exponential backoff: an object that made us abort is busy for
+        // at least a commit's round trips; retrying at once mostly aborts again and
+        // steals polling rounds from the holder.
+        let slept = quanta::Instant::now();
+        if co.max_backoff_us > 0 {
+            let d = rng.random_range(0..=backoff_us.min(co.max_backoff_us));
+            backoff_us = (backoff_us * 2).min(co.max_backoff_us);
+            co.client.ctx().sleep(Duration::from_micros(d)).await;
+        } else {
+            co.client.ctx().yield_now().await;
+        }
+        backoff += slept.elapsed();
     }
 }
 

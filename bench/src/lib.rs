@@ -8,6 +8,7 @@ pub mod cnode;
 pub mod config_file;
 pub mod driver;
 pub mod failover;
+pub mod forward;
 pub mod history_out;
 pub(crate) mod hosts;
 pub mod launch;

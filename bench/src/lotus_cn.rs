@@ -228,6 +228,16 @@ fn local_ip_towards(peer: SocketAddr) -> anyhow::Result<IpAddr> {
     Ok(s.local_addr()?.ip())
 }
 
+/// What a compute node's lock service serves besides its table ([`start`]).
+pub(crate) struct LotusCnOptions {
+    /// The lock key of each record (the workload's).
+    pub(crate) lock_key: LockKeyFn,
+    /// Entries of the node's version table cache (0: none).
+    pub(crate) vtc_entries: usize,
+    /// `--routing forward`: the inbox the forwarding RPC fills.
+    pub(crate) inbox: Option<Arc<crate::forward::Inbox>>,
+}
+
 /// A compute node's lock service and the site its coordinators lock through.
 pub(crate) struct LotusCn {
     /// Kept alive while the coordinators run.
@@ -236,9 +246,10 @@ pub(crate) struct LotusCn {
 }
 
 /// Start compute node `node`'s lock service (its shards of a uniform map over `nodes`)
-/// with a version table cache of `vtc_entries` entries (0: none) whose grant hook the
-/// service calls (Lotus 4.4), publish its address through `me`, and wait for every
-/// other node's.
+/// with the options' version table cache, whose grant hook the service calls (Lotus
+/// 4.4), and with an inbox, the forwarding RPC of `--routing forward`
+/// ([`crate::forward`]); publish its address through `me`, and wait for every other
+/// node's.
 ///
 /// Errors: the service does not start, etcd fails, a peer does not publish within
 /// [`PEERS_WAIT`].
@@ -248,9 +259,13 @@ pub(crate) fn start(
     node: u32,
     nodes: &[u32],
     towards: SocketAddr,
-    lock_key: LockKeyFn,
-    vtc_entries: usize,
+    opts: LotusCnOptions,
 ) -> anyhow::Result<LotusCn> {
+    let LotusCnOptions {
+        lock_key,
+        vtc_entries,
+        inbox,
+    } = opts;
     let map = ShardMap::uniform(nodes).context("the compute nodes' shard map")?;
     if !nodes.contains(&node) {
         bail!("compute node {node} is not among {nodes:?}");
@@ -294,8 +309,12 @@ pub(crate) fn start(
         Some(a) => a,
         None => SocketAddr::new(local_ip_towards(towards)?, 0),
     };
-    let service = LockService::start(fabric, listen, &cfg)
-        .with_context(|| format!("starting compute node {node}'s lock service on {listen}"))?;
+    let service = LockService::start_with(fabric, listen, &cfg, |h| {
+        if let Some(i) = &inbox {
+            i.register(h);
+        }
+    })
+    .with_context(|| format!("starting compute node {node}'s lock service on {listen}"))?;
     // The cache's invalidation by remote write grants (Lotus, Algorithm 1, line 15),
     // installed before this node's coordinators start and fill it.
     let cache = (vtc_entries > 0).then(|| Arc::new(txn::vt_cache::VtCache::new(vtc_entries)));

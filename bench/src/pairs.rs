@@ -372,7 +372,7 @@ impl PairsGen {
 }
 
 /// One transaction: write `value` to group `group` (`Some`), or read it (`None`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PairsTxn {
     /// The group.
     pub group: usize,

@@ -59,6 +59,26 @@ impl TypeStats {
     }
 }
 
+/// What a coordinator thread forwarded (`--routing forward`, [`crate::forward`]).
+pub struct ForwardStats {
+    /// Transactions sent to their home compute node and run there.
+    pub count: u64,
+    /// Bytes of their inputs.
+    pub bytes: u64,
+    /// Their latency from generation here to the home node's reply, ns.
+    pub hist: Histogram<u64>,
+}
+
+impl Default for ForwardStats {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            bytes: 0,
+            hist: new_hist(),
+        }
+    }
+}
+
 /// One coordinator thread's results.
 pub struct WorkerStats {
     /// Per type, in the workload's order of kinds (KVS / YCSB: the workload's kinds).
@@ -89,6 +109,8 @@ pub struct WorkerStats {
     pub qp_errors: u64,
     /// `--routing ideal`: draws thrown away and transactions run off their shard.
     pub route: crate::routing::RouteCounts,
+    /// `--routing forward`: transactions this thread sent to their home compute node.
+    pub forward: ForwardStats,
     /// One-sided operations this thread retried after a transport failure
     /// (`txn::transient`).
     pub transient_retries: u64,
@@ -117,6 +139,7 @@ impl WorkerStats {
             lock_reconnects: 0,
             qp_errors: 0,
             route: Default::default(),
+            forward: ForwardStats::default(),
             transient_retries: 0,
             breakdown: None,
             tocc_share: Vec::new(),
@@ -225,6 +248,17 @@ pub struct Report {
     /// `--routing ideal`: transactions run off their shard after too many draws.
     #[serde(skip_serializing_if = "is_zero")]
     pub route_misses: u64,
+    /// `--routing forward`: transactions sent to their home compute node (counted
+    /// there among the commits).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub forwarded: u64,
+    /// `--routing forward`: mean bytes of a forwarded input.
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub forward_bytes: f64,
+    /// `--routing forward`: p50 and p99 of a forwarded transaction's latency from
+    /// generation at its sender (the hop and the home node's queue included), us.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forward_p50_p99_us: Option<[f64; 2]>,
     /// One-sided operations the coordinators retried after a transport failure.
     #[serde(skip_serializing_if = "is_zero")]
     pub transient_retries: u64,
@@ -432,6 +466,10 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn is_zero_f(x: &f64) -> bool {
+    *x == 0.0
+}
+
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
     if h.is_empty() {
         0.0
@@ -570,6 +608,23 @@ impl Report {
             routing: None,
             route_redraws: workers.iter().map(|w| w.route.redraws).sum(),
             route_misses: workers.iter().map(|w| w.route.misses).sum(),
+            forwarded: workers.iter().map(|w| w.forward.count).sum(),
+            forward_bytes: {
+                let n: u64 = workers.iter().map(|w| w.forward.count).sum();
+                workers.iter().map(|w| w.forward.bytes).sum::<u64>() as f64 / n.max(1) as f64
+            },
+            forward_p50_p99_us: {
+                let mut h = new_hist();
+                for w in workers {
+                    let _ = h.add(&w.forward.hist);
+                }
+                (!h.is_empty()).then(|| {
+                    [
+                        h.value_at_quantile(0.5) as f64 / 1e3,
+                        h.value_at_quantile(0.99) as f64 / 1e3,
+                    ]
+                })
+            },
             transient_retries: workers.iter().map(|w| w.transient_retries).sum(),
             fatal_errors: fatal.len(),
             fatal_samples: fatal.into_iter().take(5).collect(),
@@ -830,6 +885,13 @@ impl Report {
                 self.route_misses,
                 self.rpc_messages_per_commit
             );
+            if let Some([p50, p99]) = self.forward_p50_p99_us {
+                let _ = writeln!(
+                    s,
+                    "forwarded: {} read-write transactions sent to their home compute node ({:.0} B each), from generation p50 {p50:.1} us p99 {p99:.1} us (the table times them from arrival there)",
+                    self.forwarded, self.forward_bytes
+                );
+            }
         }
         if self.qp_errors > 0 || self.transient_retries > 0 {
             let _ = writeln!(

@@ -12,6 +12,8 @@
 //!   distribution; TPC-C coordinators take home warehouses among the owned ones). No
 //!   hop is paid, and each compute node gets an equal share of the work whatever the
 //!   skew: an upper bound on what forwarding can give, labelled as such in the header.
+//! - `forward`: a read-write transaction drawn on another node's shard is sent there and
+//!   run by that node ([`crate::forward`]): the hop is paid.
 
 use std::sync::Arc;
 
@@ -37,6 +39,9 @@ pub enum Routing {
     None,
     /// Read-write transactions drawn on this compute node's own shards (no hop).
     Ideal,
+    /// Read-write transactions sent to the compute node owning their first record's
+    /// shard, which runs them ([`crate::forward`]).
+    Forward,
 }
 
 impl Routing {
@@ -45,6 +50,7 @@ impl Routing {
         match self {
             Self::None => "none",
             Self::Ideal => "ideal",
+            Self::Forward => "forward",
         }
     }
 }
@@ -89,6 +95,17 @@ impl Route {
             None => true,
             Some(k) => self.map.node_of(k) == self.node,
         }
+    }
+
+    /// This compute node's id.
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+
+    /// The compute node owning `(table, key)`'s lock shard; `None` for a static record
+    /// (no lock key: any node runs it).
+    pub fn owner(&self, table: u32, key: u64) -> Option<u32> {
+        (self.lock_key)(table, key).map(|k| self.map.node_of(k))
     }
 
     /// TPC-C: the warehouses `1..=warehouses` whose lock shard (that of `table`'s row
@@ -178,6 +195,39 @@ mod tests {
         let k = draw_routed(&r1, &mut c, || local2[0], |&k| Some((0, k)));
         assert_eq!(k, local2[0]);
         assert_eq!((c.redraws, c.misses), (u64::from(MAX_REDRAWS) - 1, 1));
+    }
+
+    #[test]
+    fn routing_flags_are_checked() {
+        use clap::Parser;
+        let refusal = |a: &[&str]| {
+            let args = crate::txn_args::Args::parse_from(
+                std::iter::once("txn-bench").chain(a.iter().copied()),
+            );
+            format!("{:#}", args.validate().expect_err("refused"))
+        };
+        assert!(refusal(&["--routing", "ideal"]).contains("needs --cnodes 2 or more"));
+        let e = refusal(&[
+            "--protocol",
+            "lotus",
+            "--cnodes",
+            "2",
+            "--routing",
+            "forward",
+            "--kill-cn-after",
+            "1",
+        ]);
+        assert!(e.contains("does not combine with fault injection"), "{e}");
+        let ok = crate::txn_args::Args::parse_from([
+            "txn-bench",
+            "--protocol",
+            "lotus",
+            "--cnodes",
+            "2",
+            "--routing",
+            "forward",
+        ]);
+        ok.validate().unwrap();
     }
 
     #[test]

@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use rand::rngs::StdRng;
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use txn::coordinator::{Txn, TxnError};
 use txn::smallbank::{CHECKING, SAVINGS};
 
@@ -24,7 +24,7 @@ use crate::workload::RunError;
 use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
 
 /// The six SmallBank transaction types.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TxnType {
     /// Move all of account A's money into B's checking.
     Amalgamate,
@@ -86,7 +86,7 @@ pub const WRITE_CHECK: i64 = 500;
 pub const OVERDRAFT_PENALTY: i64 = 100;
 
 /// One transaction's inputs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct TxnArgs {
     /// Type.
     pub ty: TxnType,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use rand::rngs::StdRng;
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use txn::coordinator::{AbortReason, Txn, TxnError};
 use txn::tatp::{
     ai_key, call_forwarding_row, cf_key, sf_key, sub_nbr, ACCESS_INFO, CALL_FORWARDING,
@@ -28,7 +28,7 @@ use crate::workload::RunError;
 use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
 
 /// The seven TATP transaction types.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TxnType {
     /// Read a subscriber's row (35%).
     GetSubscriberData,
@@ -112,7 +112,7 @@ impl TxnType {
 }
 
 /// One transaction's parameters, drawn by [`Generator::next`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxnArgs {
     /// Type.
     pub ty: TxnType,

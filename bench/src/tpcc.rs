@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use rand::rngs::StdRng;
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use txn::coordinator::{AbortReason, Txn, TxnError};
 use txn::tpcc::{
     customer_key, district_key, get_i64, get_u16, get_u32, name_key, order_key, order_line_key,
@@ -31,7 +31,7 @@ use crate::workload::RunError;
 use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
 
 /// The five TPC-C transaction types.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TxnType {
     /// Enter an order of 5 to 15 lines (45%).
     NewOrder,
@@ -89,7 +89,7 @@ fn nurand(rng: &mut impl Rng, a: u64, c: u64, lo: u64, hi: u64) -> u64 {
 }
 
 /// A customer, by id or (60% of PAYMENT and ORDER-STATUS) by last name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CustomerRef {
     /// `c_id`.
     Id(u16),
@@ -98,7 +98,7 @@ pub enum CustomerRef {
 }
 
 /// One order line of a NEW-ORDER.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Line {
     /// Item; `ITEMS + 1` (unused) marks the 1% rollback.
     pub item: u32,
@@ -109,7 +109,7 @@ pub struct Line {
 }
 
 /// One transaction's parameters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxnArgs {
     /// Type.
     pub ty: TxnType,

@@ -267,12 +267,14 @@ pub struct Args {
     #[serde(default)]
     pub ford_backup_reads: bool,
     /// Lotus's hybrid routing (Lotus 4.3) with coordinator processes (--cnodes 2 or
-    /// more): none (a transaction runs where it was drawn) or ideal (each coordinator
-    /// draws read-write transactions whose first record's lock shard its compute node
-    /// owns, so that those locks are local CPU CASes; read-only ones as drawn; TPC-C
-    /// home warehouses among the owned ones; no forwarding hop is paid and every
-    /// compute node gets an equal share of the work, an upper bound on routing). Other
-    /// protocols ignore it.
+    /// more): none (a transaction runs where it was drawn); forward (a read-write
+    /// transaction whose first record's lock shard another compute node owns is sent
+    /// there by RPC and run by that node's home coroutines, so that those locks are
+    /// local CPU CASes; the table times it from its arrival there, a `forwarded:` line
+    /// from generation); or ideal (each coordinator draws read-write transactions on
+    /// its own node's shards: no hop, and every compute node gets an equal share of the
+    /// work whatever the skew, an upper bound; TPC-C home warehouses among the owned
+    /// ones). Read-only transactions run where drawn. Other protocols ignore it.
     #[arg(long, value_enum, default_value_t = crate::routing::Routing::None)]
     #[serde(default)]
     pub routing: crate::routing::Routing,
@@ -837,6 +839,24 @@ impl Args {
                 "--memnode {} must be below --memnodes {}",
                 self.memnode,
                 self.memnodes
+            );
+        }
+        if self.routing != crate::routing::Routing::None && self.cnodes < 2 {
+            bail!(
+                "--routing {} routes between compute nodes: it needs --cnodes 2 or more (one \
+                 process holds every shard)",
+                self.routing.name()
+            );
+        }
+        if self.routing == crate::routing::Routing::Forward
+            && (self.kill_cn_after.is_some()
+                || self.stop_cn_after.is_some()
+                || self.kill_memnode_after.is_some())
+        {
+            bail!(
+                "--routing forward does not combine with fault injection (a forwarded \
+                 transaction's home node would have to be recovered with it); use --routing \
+                 ideal or none"
             );
         }
         if self.ford_backup_reads && self.replicas < 2 {

@@ -1053,6 +1053,7 @@ fn measure(
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
             routing: args.routing,
+            inbox: None,
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -1445,6 +1446,10 @@ fn build_report(
                  their compute node's own shards: no forwarding hop, equal work per compute \
                  node; an upper bound)"
                 .into(),
+            crate::routing::Routing::Forward => "forward (read-write transactions sent to \
+                 the compute node owning their first record's shard and run there; latency \
+                 from arrival there)"
+                .into(),
         });
     }
     report.replicas = args.replicas;
@@ -1592,6 +1597,9 @@ pub(crate) struct WorkerPlan {
     /// `--routing`: with `ideal` and a Lotus site, the coroutines draw read-write
     /// transactions on this compute node's shards ([`crate::routing`]).
     pub(crate) routing: crate::routing::Routing,
+    /// `--routing forward`: this compute node's inbox of forwarded transactions (its
+    /// home coroutines serve it), with a Lotus site.
+    pub(crate) inbox: Option<Arc<crate::forward::Inbox>>,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
@@ -1638,6 +1646,23 @@ pub(crate) fn worker(
         }
         _ => None,
     };
+    let forward = match (w.routing, &w.cfg.lotus, &w.inbox) {
+        (crate::routing::Routing::Forward, Some(site), Some(inbox)) => {
+            // The other compute nodes' lock services serve the forwarding RPC.
+            for &peer in &site.peers {
+                ctx.connect_rpc(peer).with_context(|| {
+                    format!(
+                        "coordinator thread {tid}: connecting to compute node {peer} to forward"
+                    )
+                })?;
+            }
+            Some(crate::forward::ForwardPlan {
+                route: Arc::new(crate::routing::Route::from_site(site)),
+                inbox: inbox.clone(),
+            })
+        }
+        _ => None,
+    };
     // TPC-C under `ideal`: home warehouses among the ones whose shard is this node's.
     let homes: Vec<u16> = route.as_ref().map_or(Vec::new(), |r| {
         r.local_warehouses(txn::tpcc::WAREHOUSE, w.warehouses)
@@ -1670,8 +1695,30 @@ pub(crate) fn worker(
             clock,
             ledger: w.ledger.as_ref().map(|(l, base)| l.slot(base + co)),
             route: route.clone(),
+            forward: forward.clone(),
         };
         mix.clone().spawn(&mut ex, coroutine);
+    }
+    if let Some(f) = &forward {
+        // As many home coroutines, serving what the other nodes forward here.
+        for co in 0..w.coroutines {
+            let coroutine = Coroutine {
+                client: client.clone(),
+                stats: stats.clone(),
+                stop: stop.clone(),
+                committed: committed.clone(),
+                kinds: kinds.clone(),
+                seed: w.seed ^ ((tid as u64) << 32 | co as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93),
+                max_backoff_us: w.max_backoff_us,
+                home: 1,
+                each_type_first: false,
+                clock,
+                ledger: None,
+                route: None,
+                forward: None,
+            };
+            mix.clone().spawn_home(&mut ex, coroutine, f.inbox.clone());
+        }
     }
     if let Some(every) = w.qp_errors {
         let (ctx, stats, stop) = (ctx.clone(), stats.clone(), stop.clone());

@@ -208,7 +208,8 @@ pub trait WorkloadSpec: Send + Sync {
 /// generic over it; [`WorkloadSpec::profiles`] erases the type once per run).
 pub trait Profiles: Send + Sync + 'static {
     /// A drawn transaction's inputs; retried as drawn until it commits or is final.
-    type Txn;
+    /// Serializable: `--routing forward` sends them to another compute node.
+    type Txn: serde::Serialize + serde::de::DeserializeOwned;
 
     /// Draw the next transaction of a coordinator whose TPC-C home warehouse is `home`
     /// (1 to the warehouses; the other workloads ignore it). Returns the transaction and
@@ -354,6 +355,9 @@ pub struct Coroutine {
     /// `--routing ideal` under Lotus: draw read-write transactions on this compute
     /// node's own shards ([`crate::routing`]).
     pub route: Option<crate::routing::SharedRoute>,
+    /// `--routing forward` under Lotus: where read-write transactions of other compute
+    /// nodes' shards go ([`crate::forward`]).
+    pub forward: Option<crate::forward::ForwardPlan>,
 }
 
 /// What a coordinator coroutine times: commits and aborts per interval of the run
@@ -384,6 +388,16 @@ pub trait Mix: Send + Sync {
     /// Spawn one coordinator coroutine on `ex`, running transactions drawn from these
     /// profiles until `co.stop` is set.
     fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine);
+
+    /// Spawn one home coroutine of `--routing forward` on `ex`: it runs the
+    /// transactions other compute nodes forwarded to `inbox` until `co.stop` is set
+    /// ([`crate::forward`]).
+    fn spawn_home(
+        self: Arc<Self>,
+        ex: &mut Executor,
+        co: Coroutine,
+        inbox: Arc<crate::forward::Inbox>,
+    );
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use crate::workload::Mix;
 use crate::workload::{AuditCx, Audited, Finished, Profiles, Workload, WorkloadSpec};
 
 /// One operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     /// Read the key (may be absent only in `ycsb-d`, whose latest keys may be in flight).
     Read(u64),
@@ -50,7 +50,7 @@ impl Op {
 }
 
 /// One transaction's inputs.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct KvsTxn {
     /// Kind: index into [`kinds`] (0 for a transaction that only reads, 1 for one that
     /// writes).

@@ -110,12 +110,15 @@ fn two_compute_nodes_lock_on_each_others_tables() {
     assert_eq!(atomics(r), 0.0, "{stdout}");
 }
 
-/// Lotus 4.3's hybrid routing, `--routing ideal`: each compute node draws read-write
-/// transactions whose first account's lock shard it owns. Both runs pass every check;
-/// under `ideal` draws are thrown away (about half the accounts are the other node's)
-/// and none is run off its shard, and the lock requests sent to the other node's table
-/// per commit fall well below those of `none` (a transaction's first account now always
-/// locks locally).
+/// Lotus 4.3's hybrid routing: `--routing ideal` (each compute node draws read-write
+/// transactions whose first account's lock shard it owns) and `--routing forward` (a
+/// read-write transaction of the other node's shard is sent there and run by its home
+/// coroutines). Every run passes every check (the forwarded transactions are in their
+/// home node's history); under `ideal` draws are thrown away (about half the accounts
+/// are the other node's) and none is run off its shard, and the lock requests sent to
+/// the other node's table per commit fall well below those of `none` (a transaction's
+/// first account now always locks locally); under `forward` transactions were
+/// forwarded and timed from generation.
 #[test]
 fn ideal_routing_sends_fewer_lock_requests_to_the_other_compute_node() {
     let run = |routing: &str| {
@@ -151,6 +154,13 @@ fn ideal_routing_sends_fewer_lock_requests_to_the_other_compute_node() {
         (r, stdout)
     };
     let (none, _) = run("none");
+    let (fwd, fwd_out) = run("forward");
+    assert!(fwd["forwarded"].as_u64().unwrap_or(0) > 0, "{fwd_out}");
+    assert!(
+        fwd["forward_p50_p99_us"][1].as_f64().unwrap() > 0.0,
+        "{fwd_out}"
+    );
+    assert!(fwd_out.contains("forwarded: "), "{fwd_out}");
     let (ideal, stdout) = run("ideal");
     assert!(ideal["route_redraws"].as_u64().unwrap_or(0) > 0, "{stdout}");
     assert!(ideal.get("route_misses").is_none(), "{stdout}");

@@ -303,6 +303,21 @@ impl LockService {
         listen: SocketAddr,
         cfg: &LockServiceConfig,
     ) -> Result<Self, StartError> {
+        Self::start_with(fabric, listen, cfg, |_| {})
+    }
+
+    /// [`Self::start`], with more RPC handlers of the embedding process registered by
+    /// `extra` on the service's server (ids from
+    /// [`rrpc::server::Handlers::FIRST_APP_ID`] up: a compute node's transaction
+    /// forwarding, for one). They share the service's threads and connections.
+    ///
+    /// Errors: [`StartError`].
+    pub fn start_with(
+        fabric: Fabric,
+        listen: SocketAddr,
+        cfg: &LockServiceConfig,
+        extra: impl FnOnce(&mut rrpc::server::Handlers),
+    ) -> Result<Self, StartError> {
         cfg.validate()?;
         let me = fabric.node();
         let state = cfg
@@ -366,6 +381,7 @@ impl LockService {
         let mut handlers = rrpc::server::Handlers::new();
         takeout.register(&mut handlers, cfg.lock_order);
         lotus.register(&mut handlers);
+        extra(&mut handlers);
         let node = Node::start_with(
             fabric.clone(),
             NodeConfig {

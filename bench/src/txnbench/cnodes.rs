@@ -156,6 +156,10 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         tso: a.tso,
     };
     // Lotus: this node's lock table, served to the other compute nodes (`lotus_cn`).
+    // --routing forward: what the other compute nodes send here, served beside the lock
+    // table (`crate::forward`).
+    let inbox = (protocol.needs_lock_tables() && args.routing == crate::routing::Routing::Forward)
+        .then(|| Arc::new(crate::forward::Inbox::default()));
     let lotus = if protocol.needs_lock_tables() {
         let me = membership
             .as_ref()
@@ -167,8 +171,11 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             node,
             &nodes,
             a.tso,
-            workload.lotus_lock_key(),
-            args.vtc_entries,
+            crate::lotus_cn::LotusCnOptions {
+                lock_key: workload.lotus_lock_key(),
+                vtc_entries: args.vtc_entries,
+                inbox: inbox.clone(),
+            },
         )?;
         Some(cn)
     } else {
@@ -253,6 +260,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
             qp_errors: args.qp_errors_ms.map(Duration::from_millis),
             routing: args.routing,
+            inbox: inbox.clone(),
         };
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),
