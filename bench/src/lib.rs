@@ -15,6 +15,7 @@ pub mod launch;
 pub mod launcher;
 pub mod ledger;
 pub(crate) mod lotus_cn;
+pub mod lotus_reshard;
 pub mod pairs;
 pub mod peers;
 pub mod perftest;

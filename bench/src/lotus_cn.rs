@@ -43,7 +43,7 @@ pub(crate) const TABLE_SLOTS: u64 = 4 << 20;
 const CONFIRM_WAIT: Duration = Duration::from_secs(30);
 
 /// The etcd key under which compute node `node` publishes its lock service's address.
-fn addr_key(node: u32) -> String {
+pub(crate) fn addr_key(node: u32) -> String {
     format!("lotus-locks/{node}")
 }
 
@@ -322,6 +322,21 @@ pub(crate) fn start(
         anyhow::ensure!(
             service.lotus().set_grant_hook(c.grant_hook()),
             "the lock table already has a grant hook"
+        );
+        // A resharding move takes a range away: its entries go before the map does
+        // (Lotus 4.3; the spec's A.3 item 6).
+        let c = c.clone();
+        anyhow::ensure!(
+            service
+                .lotus()
+                .set_lost_range_hook(Arc::new(move |r: std::ops::Range<u16>| {
+                    let n = c.clear_range(r.clone());
+                    eprintln!(
+                        "cnode {node}: shards {}..{} moved away; {n} version table cache entries dropped",
+                        r.start, r.end
+                    );
+                })),
+            "the lock table already has a lost-range hook"
         );
     }
     me.put_durable(&addr_key(node), service.addr().to_string())

@@ -173,6 +173,51 @@ fn ideal_routing_sends_fewer_lock_requests_to_the_other_compute_node() {
     );
 }
 
+/// Lotus 4.3's resharding under lock-first (the spec's A.9 test 10): one second into
+/// the run, half of compute node 101's shards move to 102 (drain, then the next map on
+/// both). Coordinators routing by the old map are told wrong-shard and follow; the run
+/// passes every check, commits after the move, and prints the move with its pause.
+#[test]
+fn a_shard_range_moved_mid_run_passes_every_check() {
+    let (ok, stdout, s) = common::txn_bench_watched(
+        "lotus-reshard",
+        &[
+            "--protocol",
+            "lotus",
+            "--cnodes",
+            "2",
+            "--accounts",
+            "2000",
+            "--coroutines",
+            "4",
+            "--duration",
+            "2.5",
+            "--timeline-ms",
+            "10",
+            "--reshard-after",
+            "1",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(ok, "{stdout}");
+    let r = &s["runs"][0];
+    let kinds: Vec<&str> = bench::smallbank::TxnType::ALL
+        .iter()
+        .map(|t| t.name())
+        .collect();
+    common::assert_checked_run(r, &kinds, &stdout);
+    assert!(
+        stdout.contains(
+            "reshard: shards 0..1024 of compute node 101 moved to compute node 102: pause "
+        ),
+        "{stdout}"
+    );
+    assert!(
+        common::committed_from_ms(r, 1500) > 0,
+        "nothing committed after the move: {stdout}"
+    );
+}
+
 /// Lotus 6 with a restart: of three coordinator processes one is killed (`kill -9`)
 /// and restarted under the same node id. The survivors mark its shards down, one
 /// recovers its logged commits and releases its locks in their tables, each confirms

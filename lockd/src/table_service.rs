@@ -68,6 +68,22 @@ pub const TABLE_EXPORT: &str = "lock-table";
 /// InvalidateCache(key)`). See [`TableService::with_grant_hook`].
 pub type GrantHook = Arc<dyn Fn(LockKey, u32) + Send + Sync>;
 
+/// Called by a [`TableService`] with each range of shards it stops serving as a new map
+/// is installed. See [`TableService::set_lost_range_hook`].
+pub type LostRangeHook = Arc<dyn Fn(std::ops::Range<u16>) + Send + Sync>;
+
+/// `shards` (ascending) as contiguous ranges.
+fn contiguous(shards: &[u16]) -> Vec<std::ops::Range<u16>> {
+    let mut out: Vec<std::ops::Range<u16>> = Vec::new();
+    for &s in shards {
+        match out.last_mut() {
+            Some(r) if r.end == s => r.end = s + 1,
+            _ => out.push(s..s + 1),
+        }
+    }
+    out
+}
+
 /// A node's lock table and the shards it serves. `Sync`: shared by the node's RPC
 /// threads and local coordinators.
 pub struct TableService {
@@ -80,6 +96,8 @@ pub struct TableService {
     /// Called for remote write grants ([`Self::with_grant_hook`],
     /// [`Self::set_grant_hook`]).
     grant_hook: std::sync::OnceLock<GrantHook>,
+    /// Called for shards a new map takes away ([`Self::set_lost_range_hook`]).
+    lost_hook: std::sync::OnceLock<LostRangeHook>,
 }
 
 impl TableService {
@@ -93,6 +111,7 @@ impl TableService {
             epoch: crate::service::clock_epoch(),
             host_incarnation: crate::owners::process_incarnation(),
             grant_hook: std::sync::OnceLock::new(),
+            lost_hook: std::sync::OnceLock::new(),
         }
     }
 
@@ -282,9 +301,43 @@ impl TableService {
 
     /// Install `map` if newer (see [`Ownership::install`]); returns the version after.
     pub fn install(&self, map: &ShardMap) -> u64 {
+        if let Some(hook) = self.lost_hook.get() {
+            // Shards this node serves now and not under `map`: their cache entries go
+            // before ownership passes (Lotus 4.3). The range is drained (its locks are
+            // refused as moving), so no holder fills the cache meanwhile.
+            // As the install will have it: an older map changes nothing, and shards
+            // the new one leaves unknown keep what this node knows of them.
+            let lost: Vec<u16> = {
+                let own = self.own();
+                let me = own.me();
+                if map.version() <= own.map().version() {
+                    Vec::new()
+                } else {
+                    let merged = own.map().merge(map);
+                    own.map()
+                        .shards_of(me)
+                        .into_iter()
+                        .filter(|&s| merged.owner(s) != me)
+                        .collect()
+                }
+            };
+            for r in contiguous(&lost) {
+                hook(r);
+            }
+        }
         let mut own = self.own_mut();
         own.install(map);
         own.map().version()
+    }
+
+    /// Call `hook(shards)` for every range of shards this node stops serving when a new
+    /// map is installed ([`Self::install`]: a resharding move passing them to another
+    /// node, Lotus 4.3), before the map takes effect: the node's version table cache
+    /// drops the entries of keys it will no longer lock (if the range came back later,
+    /// they would be stale). Returns false (and changes nothing) when a hook is
+    /// installed already.
+    pub fn set_lost_range_hook(&self, hook: LostRangeHook) -> bool {
+        self.lost_hook.set(hook).is_ok()
     }
 
     /// Mark compute node `node` down (it failed; Lotus 6, the spec's A.6 step 1): new
@@ -1126,6 +1179,36 @@ mod tests {
     /// Lotus, Algorithm 1, line 15 (the spec's A.9 test 1, at the lock table): the hook
     /// runs for remote write grants only, upgrades included, and has run when `apply`
     /// returns; at that moment the lock is already held.
+    #[test]
+    fn the_lost_range_hook_sees_each_range_a_new_map_takes_away() {
+        let map = ShardMap::uniform(&[1, 2]).unwrap();
+        let a = svc(1, &map);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = seen.clone();
+        assert!(a.set_lost_range_hook(Arc::new(move |r| s.lock().unwrap().push(r))));
+        assert!(!a.set_lost_range_hook(Arc::new(|_| {})), "one hook only");
+        let mine = map.shards_of(1);
+        let (lo, hi) = (mine[0], *mine.last().unwrap());
+        // Two pieces of node 1's range move to node 2: two calls, before the map
+        // takes effect; the same map again takes nothing more.
+        let moved = map.with_move(lo..lo + 3, 2).with_move(hi - 1..hi + 1, 2);
+        a.install(&moved);
+        assert_eq!(*seen.lock().unwrap(), vec![lo..lo + 3, hi - 1..hi + 1]);
+        a.install(&moved);
+        assert_eq!(seen.lock().unwrap().len(), 2);
+        // A partial map (another node's view: this node's shards unknown, NO_NODE) that
+        // moves one more shard takes only that one: the unknown ones keep their owner.
+        let known = std::iter::once(0..usize::from(lo) + 4).collect::<Vec<_>>();
+        let partial = ShardMap::partial(2, &known, moved.version())
+            .unwrap()
+            .with_move(lo + 3..lo + 4, 2);
+        a.install(&partial);
+        assert_eq!(seen.lock().unwrap().last(), Some(&(lo + 3..lo + 4)));
+        assert_eq!(seen.lock().unwrap().len(), 3);
+        assert_eq!(a.map().shards_of(1).len(), mine.len() - 3 - 2 - 1);
+        assert_eq!(contiguous(&[1, 2, 3, 7, 9, 10]), vec![1..4, 7..8, 9..11]);
+    }
+
     #[test]
     fn the_grant_hook_runs_for_remote_write_grants_before_apply_returns() {
         use std::sync::atomic::AtomicUsize;

@@ -1272,6 +1272,8 @@ struct Faults<'a> {
     memnode_killed: bool,
     /// Its failover (and re-replication), once done.
     failover: Option<crate::failover::Failover>,
+    /// `--reshard-after`: whether the move was made.
+    resharded: bool,
 }
 
 impl<'a> Faults<'a> {
@@ -1288,6 +1290,7 @@ impl<'a> Faults<'a> {
             manager: None,
             memnode_killed: false,
             failover: None,
+            resharded: false,
         }
     }
 
@@ -1362,6 +1365,35 @@ impl<'a> Faults<'a> {
     fn step(&mut self, p: &mut Parent<'_>, cluster: &mut RunCluster) -> anyhow::Result<()> {
         let (args, target) = (self.args, self.target);
         let now_s = p.started.elapsed().as_secs_f64();
+        if !self.resharded && args.reshard_after.is_some_and(|s| now_s >= s) {
+            self.resharded = true;
+            let me = &p
+                .membership
+                .as_ref()
+                .context("--reshard-after needs the run's membership service")?
+                .me;
+            let nodes: Vec<u32> = (0..args.cnodes as u32).map(|i| NODE_CNODE + i).collect();
+            let mut addrs = Vec::new();
+            for &n in &nodes {
+                let v = me
+                    .get(&crate::lotus_cn::addr_key(n))?
+                    .with_context(|| format!("compute node {n} published no lock service"))?;
+                let s = String::from_utf8(v).context("a published lock service address")?;
+                addrs.push(
+                    s.parse::<std::net::SocketAddr>()
+                        .with_context(|| format!("compute node {n}'s address {s:?}"))?,
+                );
+            }
+            let at = p.ms();
+            let r = crate::lotus_reshard::force_move(
+                &cluster.fabric,
+                &nodes,
+                &addrs,
+                nodes[0],
+                nodes[1],
+            )?;
+            p.event(format!("[{at:.0} ms] {}", r.line()));
+        }
         if !self.killed && args.kill_cn_after.is_some_and(|k| now_s >= k) {
             self.killed = true;
             if let Some(f) = p.kill(target, args.restart)? {

@@ -1,0 +1,136 @@
+//! `txn-bench --protocol lotus --cnodes N --reshard-after S`: a resharding move of Lotus
+//! 4.3 forced mid-run (the spec's A.9 test 10), driven by txn-bench over the compute
+//! nodes' lock services as their resharding loop would drive a decided move
+//! ([`lockd::table_service::run_move`]): the source drains the range (new locks on it
+//! are refused as `shard-moving`, and the move waits until none is held), then the next
+//! map is installed at the destination, the source and the others. The source's version
+//! table cache drops the range's entries as the map takes it away
+//! ([`lockd::table_service::TableService::set_lost_range_hook`]). Coordinators that
+//! still route by the old map are answered `WrongShard` and fetch the new one.
+//!
+//! A drain that does not end within [`DRAIN_TIMEOUT`] (a lock held across it) is
+//! cancelled, as the project's resharding does instead of aborting the holders, and the
+//! move is tried again after [`RETRY_GAP`], up to [`ATTEMPTS`] times.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use lockd::shard::{Move, MoveState};
+use rrpc::fabric::Fabric;
+use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
+
+/// How long a move waits for the range's locks to be released before it is cancelled
+/// (Lotus 4.3's drain wait, 10 ms).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_millis(10);
+
+/// How often the drain asks the source how many locks are still held on the range.
+pub const DRAIN_POLL: Duration = Duration::from_micros(200);
+
+/// Tries of a cancelled move.
+pub const ATTEMPTS: u32 = 20;
+
+/// Gap between two tries of a cancelled move.
+pub const RETRY_GAP: Duration = Duration::from_millis(50);
+
+/// A forced move, as the report gives it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resharded {
+    /// The compute node the range left.
+    pub from: u32,
+    /// The compute node it went to.
+    pub to: u32,
+    /// The shards moved.
+    pub range: std::ops::Range<u16>,
+    /// Tries, the last one published (earlier ones cancelled).
+    pub attempts: u32,
+    /// The pause of the published try: from the drain's start to the last map
+    /// installed, ms (locks on the range are refused meanwhile).
+    pub pause_ms: f64,
+    /// The map version published.
+    pub version: u64,
+}
+
+impl Resharded {
+    /// `reshard: shards A..B of compute node X moved to compute node Y ...`.
+    pub fn line(&self) -> String {
+        format!(
+            "reshard: shards {}..{} of compute node {} moved to compute node {}: pause {:.2} ms \
+             (drain and map installs; try {} of {}; map version {})",
+            self.range.start,
+            self.range.end,
+            self.from,
+            self.to,
+            self.pause_ms,
+            self.attempts,
+            ATTEMPTS,
+            self.version
+        )
+    }
+}
+
+/// Move the first half of compute node `from`'s shards to `to`, every node of `nodes`
+/// reached at its lock service's address in `addrs` (the same order). Runs on a thread
+/// context of its own over `fabric`.
+///
+/// Errors: a node unreachable or refusing a control request; `from` owns fewer than two
+/// shards; every try cancelled.
+pub fn force_move(
+    fabric: &Fabric,
+    nodes: &[u32],
+    addrs: &[SocketAddr],
+    from: u32,
+    to: u32,
+) -> anyhow::Result<Resharded> {
+    let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())
+        .context("resharding: a thread context")?;
+    for a in addrs {
+        ctx.connect_rpc(*a)
+            .with_context(|| format!("resharding: connecting to the lock service at {a}"))?;
+    }
+    let others: Vec<u32> = nodes
+        .iter()
+        .copied()
+        .filter(|&n| n != from && n != to)
+        .collect();
+    for attempt in 1..=ATTEMPTS {
+        let (c, others) = (ctx.clone(), others.clone());
+        let r = block_on(&ctx, async move {
+            let map = lockd::table_service::fetch_map(&c, from).await?;
+            let mine = map.shards_of(from);
+            if mine.len() < 2 {
+                return Ok::<_, anyhow::Error>(Err(format!(
+                    "compute node {from} owns {} shard(s): nothing to split",
+                    mine.len()
+                )));
+            }
+            let lo = mine[0];
+            let range = lo..lo + (mine.len() / 2) as u16;
+            let t0 = Instant::now();
+            let mut mv = Move::new(from, to, range.clone(), map.version(), t0);
+            let state =
+                lockd::table_service::run_move(&c, &mut mv, &others, DRAIN_POLL, DRAIN_TIMEOUT)
+                    .await?;
+            let pause = t0.elapsed();
+            Ok(Ok((state, range, pause)))
+        })?;
+        match r {
+            Err(why) => bail!("resharding: {why}"),
+            Ok((MoveState::Published { version }, range, pause)) => {
+                return Ok(Resharded {
+                    from,
+                    to,
+                    range,
+                    attempts: attempt,
+                    pause_ms: pause.as_secs_f64() * 1e3,
+                    version,
+                })
+            }
+            Ok(_) => std::thread::sleep(RETRY_GAP),
+        }
+    }
+    bail!(
+        "resharding: every one of {ATTEMPTS} tries was cancelled (a lock on the range held past \
+         {DRAIN_TIMEOUT:?} each time)"
+    )
+}
