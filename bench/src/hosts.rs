@@ -15,8 +15,8 @@ use crate::launcher::Place;
 use crate::txn_args::Args;
 
 /// Load the topology `args.hosts` names and fill in what it decides for this process:
-/// the fabric, the number of memory nodes, and the coordinators' RDMA device, port and
-/// GID index (unless given). Errors: the file does not load or check; it has no memory
+/// the fabric, the number of memory nodes, the coordinators' runtime settings (the file's
+/// `[runtime]`), and their RDMA device, port and GID index (unless given). Errors: the file does not load or check; it has no memory
 /// node or no oracle; `--memnodes` or `--fabric` given otherwise.
 pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
     let Some(path) = args.hosts.clone() else {
@@ -30,6 +30,7 @@ pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
     );
     args.fabric = topo.fabric;
     args.memnodes = topo.memnodes.len() as u32;
+    args.runtime = Some(topo.runtime.clone());
     if let Some(c) = topo.coordinators.first() {
         let h = topo.host_of(c);
         if args.rdma_device.is_none() {
@@ -226,3 +227,31 @@ impl std::fmt::Display for DryRunDone {
 }
 
 impl std::error::Error for DryRunDone {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    /// With --hosts, the file's [runtime] becomes the coordinators' runtime settings
+    /// (and goes to coordinator processes in their run spec).
+    #[test]
+    fn the_topology_files_runtime_reaches_the_coordinators() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let text = std::fs::read_to_string(format!("{dir}/local.toml")).unwrap()
+            + "\n[runtime]\ncall-timeout-ms = 1234\n";
+        let p = std::env::temp_dir().join(format!("hosts-rt-{}.toml", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        let mut args = Args::parse_from(["txn-bench", "--hosts", p.to_str().unwrap()]);
+        assert!(args.runtime.is_none());
+        apply(&mut args).unwrap();
+        let rt = args.runtime.clone().unwrap();
+        assert_eq!(rt.call_timeout, std::time::Duration::from_millis(1234));
+        let spec: Args = serde_json::from_str(&serde_json::to_string(&args).unwrap()).unwrap();
+        assert_eq!(spec.runtime, Some(rt), "a coordinator process's run spec");
+        let mut plain = Args::parse_from(["txn-bench"]);
+        apply(&mut plain).unwrap();
+        assert!(plain.runtime.is_none(), "without --hosts: the defaults");
+        std::fs::remove_file(&p).unwrap();
+    }
+}

@@ -174,6 +174,12 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     #[serde(default)]
     pub hosts: Option<PathBuf>,
+    /// The coordinators' runtime settings: with --hosts, the topology file's
+    /// `[runtime]` (set by `txn-bench`, carried to coordinator processes in their
+    /// `--run-spec`); the defaults otherwise. Not a flag.
+    #[arg(skip)]
+    #[serde(default)]
+    pub runtime: Option<rrpc::runtime::RuntimeConfig>,
     /// With --hosts: print the command line of every service (per host) and exit
     /// without starting anything.
     #[arg(long)]

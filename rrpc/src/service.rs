@@ -281,6 +281,19 @@ impl NodeArgs {
         advertised(bound, self.advertise)
     }
 
+    /// The rrpc settings this process runs with: with `--hosts`, the topology file's
+    /// `[runtime]` and `[server]` ([`Topology::rpc_settings`]); the defaults otherwise.
+    /// A binary's own flags for a setting (a thread count, `--idle-sleep-us`) win over
+    /// them.
+    ///
+    /// Errors: the file does not load or check (see [`Topology::load`]).
+    pub fn rpc_settings(&self) -> Result<crate::node::RpcSettings, ArgsError> {
+        match &self.hosts {
+            Some(path) => Ok(Topology::load(path)?.rpc_settings()),
+            None => Ok(crate::node::RpcSettings::default()),
+        }
+    }
+
     /// The topology file and this process's role in it, when `--hosts` was given
     /// (`binary` is this program's name: a role of another binary is refused). The
     /// role's [`Role::settings`] are the service's own settings.
@@ -835,6 +848,34 @@ port = 7002
             (Some(0), Some(2), None)
         );
         assert!(!m.verbose);
+        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn the_topology_files_runtime_and_server_tables_are_the_rpc_settings() {
+        let p = topo_file(
+            "rpc",
+            &format!("{FILE}\n[runtime]\ncall-timeout-ms = 1234\n[server]\nidle-sleep-us = 7\n"),
+        );
+        let f = p.to_str().unwrap();
+        let m: Memnode = parse("memnode", &["--hosts", f, "--as", "memnode:1"], "x").unwrap();
+        let s = m.node.rpc_settings().unwrap();
+        assert_eq!(
+            s.runtime.call_timeout,
+            std::time::Duration::from_millis(1234)
+        );
+        assert_eq!(s.server.idle_sleep_us, 7);
+        assert_eq!(
+            s.runtime.connect_timeout,
+            crate::runtime::RuntimeConfig::default().connect_timeout,
+            "keys left out keep their defaults"
+        );
+        // Without --hosts: the defaults.
+        let m: Memnode = parse("memnode", &["--node", "1"], "x").unwrap();
+        assert_eq!(
+            m.node.rpc_settings().unwrap(),
+            crate::node::RpcSettings::default()
+        );
         std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
     }
 

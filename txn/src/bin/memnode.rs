@@ -274,7 +274,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             serde_json::to_value(export)?,
         );
     }
-    let node = Node::start(
+    let node = Node::start_tuned(
         fabric,
         NodeConfig {
             role: "memnode".into(),
@@ -282,6 +282,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             exports,
             rpc: None,
         },
+        &args.node.rpc_settings()?,
     )?;
     tracing::info!(
         cluster = %args.node.cluster,
