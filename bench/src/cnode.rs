@@ -376,6 +376,28 @@ pub struct CnodeArgs {
     /// point's --theta and --coroutines).
     #[arg(long, value_name = "JSON")]
     pub run_spec: String,
+    /// Run this compute node on these CPUs only, a list such as `2-15,20` (its
+    /// coordinator threads inherit the set); with `txn-bench --hosts`, the topology
+    /// file's `cpus` of its coordinator entry, else of its host.
+    #[arg(long, value_name = "LIST", value_parser = parse_cpus)]
+    pub cpus: Option<String>,
+}
+
+/// Check a `--cpus` list ([`rrpc::topology::parse_cpu_list`]); keep it as given.
+fn parse_cpus(s: &str) -> Result<String, String> {
+    rrpc::topology::parse_cpu_list(s).map(|_| s.to_string())
+}
+
+/// `--cpus`: run the calling thread, and every thread it starts from now on, on the
+/// CPUs of `list` only (nothing without a list).
+///
+/// Errors: a bad list, or CPUs the kernel refuses (none of them online, or beyond what
+/// its CPU sets hold), naming the list.
+pub fn pin(list: Option<&str>) -> anyhow::Result<()> {
+    let Some(list) = list else { return Ok(()) };
+    let cpus = rrpc::topology::parse_cpu_list(list)
+        .map_err(|e| anyhow::anyhow!("--cpus {list:?}: {e}"))?;
+    rrpc::service::pin_to_cpus(&cpus).with_context(|| format!("--cpus {list:?}"))
 }
 
 /// The incarnation a compute node's life `incarnation` (0, 1, ... as `txn-bench`
@@ -470,6 +492,7 @@ pub(crate) fn spawn(
     incarnation: u32,
     t0: Option<u64>,
     etcd: Option<&str>,
+    cpus: Option<&str>,
     events: &mpsc::Sender<(usize, u32, Event)>,
 ) -> anyhow::Result<Cn> {
     if *place == crate::launcher::Place::Local && !bin.exists() {
@@ -501,6 +524,9 @@ pub(crate) fn spawn(
     }
     if let Some(e) = etcd {
         args.extend(["--etcd".into(), e.into()]);
+    }
+    if let Some(c) = cpus {
+        args.extend(["--cpus".into(), c.into()]);
     }
     // Directly, or over ssh (its stdin and stdout, the command and stream channels,
     // travel through the session; stdin's end stops it there too).
@@ -573,6 +599,69 @@ pub(crate) fn status_text(st: std::process::ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPUs the calling thread may run on.
+    fn affinity() -> Vec<usize> {
+        // SAFETY: an all-zero cpu_set_t is a valid empty set; sched_getaffinity fills
+        // exactly size_of::<cpu_set_t>() bytes of it, and CPU_ISSET reads indices below
+        // CPU_SETSIZE.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn cpus_pins_the_compute_node_and_bad_lists_are_refused() {
+        std::thread::spawn(|| {
+            let all = affinity();
+            pin(None).unwrap();
+            assert_eq!(affinity(), all, "no list: not pinned");
+            let c = all[all.len() - 1];
+            pin(Some(&c.to_string())).unwrap();
+            assert_eq!(affinity(), vec![c]);
+            let inherited = std::thread::spawn(affinity).join().unwrap();
+            assert_eq!(inherited, vec![c], "its threads inherit the set");
+            let e = pin(Some("5000")).unwrap_err();
+            assert!(format!("{e:#}").contains("--cpus \"5000\""), "{e:#}");
+            assert!(pin(Some("3-1")).is_err());
+        })
+        .join()
+        .unwrap();
+        let a = CnodeArgs::try_parse_from([
+            "cnode",
+            "--cluster",
+            "c",
+            "--memnode",
+            "127.0.0.1:1",
+            "--tso",
+            "127.0.0.1:2",
+            "--run-spec",
+            "{}",
+            "--cpus",
+            "0-1,3",
+        ])
+        .unwrap();
+        assert_eq!(a.cpus.as_deref(), Some("0-1,3"));
+        assert!(CnodeArgs::try_parse_from([
+            "cnode",
+            "--cluster",
+            "c",
+            "--memnode",
+            "127.0.0.1:1",
+            "--tso",
+            "127.0.0.1:2",
+            "--run-spec",
+            "{}",
+            "--cpus",
+            "x",
+        ])
+        .is_err());
+    }
 
     #[test]
     fn stats_travel_with_their_histograms() {

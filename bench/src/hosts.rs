@@ -49,6 +49,18 @@ pub(crate) struct Layout {
     logs: PathBuf,
 }
 
+/// Where a coordinator process runs as the topology places it.
+pub(crate) struct CoordinatorPlace {
+    /// Where it runs.
+    pub place: Place,
+    /// Its host's RDMA device.
+    pub device: Option<String>,
+    /// Its host's GID index (`None`: auto).
+    pub gid_index: Option<u32>,
+    /// Its `--cpus`: the `[coordinators]` table's `cpus`, else its host's.
+    pub cpus: Option<String>,
+}
+
 /// One service of the run as the topology places it.
 pub(crate) struct Planned {
     /// Where it runs.
@@ -120,12 +132,9 @@ impl Layout {
     }
 
     /// Where coordinator process `i` runs (the file's coordinator hosts in turn): its
-    /// place and its host's RDMA device and GID index. Errors: the file names no
-    /// coordinator host.
-    pub(crate) fn coordinator(
-        &self,
-        i: usize,
-    ) -> anyhow::Result<(Place, Option<String>, Option<u32>)> {
+    /// place, its host's RDMA device and GID index, and its CPUs. Errors: the file
+    /// names no coordinator host.
+    pub(crate) fn coordinator(&self, i: usize) -> anyhow::Result<CoordinatorPlace> {
         let n = self.topo.coordinators.len();
         anyhow::ensure!(
             n > 0,
@@ -138,7 +147,12 @@ impl Layout {
             GidIndex::Index(g) => Some(g),
             GidIndex::Auto => None,
         };
-        Ok((place_of(&self.topo, host), host.rdma_device.clone(), gid))
+        Ok(CoordinatorPlace {
+            place: place_of(&self.topo, host),
+            device: host.rdma_device.clone(),
+            gid_index: gid,
+            cpus: role.cpus.clone().or_else(|| host.cpus.clone()),
+        })
     }
 
     /// The address services on other hosts reach this process's host at (the first
@@ -253,5 +267,21 @@ mod tests {
         apply(&mut plain).unwrap();
         assert!(plain.runtime.is_none(), "without --hosts: the defaults");
         std::fs::remove_file(&p).unwrap();
+    }
+
+    /// A coordinator process's `--cpus`: its `[coordinators]` entry's, else its host's.
+    #[test]
+    fn a_coordinator_takes_its_entrys_cpus_else_its_hosts() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let text = std::fs::read_to_string(format!("{dir}/cloudlab-4.toml")).unwrap();
+        let l = Layout::planned(Topology::parse(&text, "cloudlab-4.toml").unwrap(), "x");
+        let c = l.coordinator(1).unwrap();
+        assert_eq!(c.cpus.as_deref(), Some("2-15"));
+        assert!(matches!(c.place, Place::Ssh { ref target, .. } if target.contains("node3")));
+        let text = text.replace("cpus = \"2-15\"\n", "");
+        let l = Layout::planned(Topology::parse(&text, "c.toml").unwrap(), "x");
+        // node2 has cpus = "0-15", node3 "16-31".
+        assert_eq!(l.coordinator(0).unwrap().cpus.as_deref(), Some("0-15"));
+        assert_eq!(l.coordinator(1).unwrap().cpus.as_deref(), Some("16-31"));
     }
 }

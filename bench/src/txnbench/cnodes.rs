@@ -76,6 +76,8 @@ fn fencers(memnodes: usize, protocol: Protocol) -> Vec<u16> {
 /// Errors: a bad run spec, a fabric or a cluster that cannot be reached, a thread that
 /// panicked, stdout closed.
 pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
+    // Before any thread starts: they all inherit the set.
+    crate::cnode::pin(a.cpus.as_deref())?;
     if a.cnode >= crate::txn_args::MAX_CNODES {
         bail!(
             "--cnode must be below {} (got {})",
@@ -522,9 +524,9 @@ struct Parent<'a> {
     bin: PathBuf,
     /// `--run-spec` of every child.
     spec: String,
-    /// With `--hosts`: where each compute node runs and its `--run-spec` (its host's
-    /// device).
-    places: Vec<(crate::launcher::Place, String)>,
+    /// With `--hosts`: where each compute node runs, its `--run-spec` (its host's
+    /// device) and its `--cpus` (its coordinator entry's, else its host's).
+    places: Vec<(crate::launcher::Place, String, Option<String>)>,
     cluster_name: String,
     addrs: ClusterAddrs,
     ev_tx: mpsc::Sender<Tagged>,
@@ -635,11 +637,11 @@ impl<'a> Parent<'a> {
         let mut places = Vec::new();
         if let Some(l) = &cluster.layout {
             for i in 0..args.cnodes {
-                let (place, device, gid) = l.coordinator(i)?;
+                let c = l.coordinator(i)?;
                 let mut s = spec.clone();
-                s.rdma_device = device.or(s.rdma_device);
-                s.gid_index = gid.or(s.gid_index);
-                places.push((place, serde_json::to_string(&s)?));
+                s.rdma_device = c.device.or(s.rdma_device);
+                s.gid_index = c.gid_index.or(s.gid_index);
+                places.push((c.place, serde_json::to_string(&s)?, c.cpus));
             }
         }
         let (ev_tx, ev_rx) = mpsc::channel();
@@ -886,9 +888,9 @@ impl<'a> Parent<'a> {
     /// Start compute node `index` as `incarnation` (with `t0`: running at once).
     /// Returns its pid.
     fn spawn(&mut self, index: usize, incarnation: u32, t0: Option<u64>) -> anyhow::Result<u32> {
-        let (place, spec) = match self.places.get(index) {
-            Some((p, s)) => (p.clone(), s.as_str()),
-            None => (crate::launcher::Place::Local, self.spec.as_str()),
+        let (place, spec, cpus) = match self.places.get(index) {
+            Some((p, s, c)) => (p.clone(), s.as_str(), c.as_deref()),
+            None => (crate::launcher::Place::Local, self.spec.as_str(), None),
         };
         let c = spawn(
             &place,
@@ -900,6 +902,7 @@ impl<'a> Parent<'a> {
             incarnation,
             t0,
             self.membership.as_ref().map(|m| m.endpoint.as_str()),
+            cpus,
             &self.ev_tx,
         )?;
         let pid = c.pid;
