@@ -381,6 +381,11 @@ pub struct CnodeArgs {
     /// file's `cpus` of its coordinator entry, else of its host.
     #[arg(long, value_name = "LIST", value_parser = parse_cpus)]
     pub cpus: Option<String>,
+    /// NUMA node to run on: memory bound to it (before any is registered) and, without
+    /// --cpus, its CPUs; with `txn-bench --hosts`, the topology file's `numa` of its
+    /// coordinator entry, else of its host.
+    #[arg(long, value_name = "N")]
+    pub numa: Option<u32>,
 }
 
 /// Check a `--cpus` list ([`rrpc::topology::parse_cpu_list`]); keep it as given.
@@ -388,16 +393,25 @@ fn parse_cpus(s: &str) -> Result<String, String> {
     rrpc::topology::parse_cpu_list(s).map(|_| s.to_string())
 }
 
-/// `--cpus`: run the calling thread, and every thread it starts from now on, on the
-/// CPUs of `list` only (nothing without a list).
+/// `--cpus` and `--numa`: run the calling thread, and every thread it starts from now
+/// on, on the CPUs of `list` only, else (with `numa`) on that NUMA node's CPUs, its
+/// memory bound to node `numa` ([`rrpc::service::bind_process`]); nothing without
+/// either.
 ///
-/// Errors: a bad list, or CPUs the kernel refuses (none of them online, or beyond what
-/// its CPU sets hold), naming the list.
-pub fn pin(list: Option<&str>) -> anyhow::Result<()> {
-    let Some(list) = list else { return Ok(()) };
-    let cpus = rrpc::topology::parse_cpu_list(list)
-        .map_err(|e| anyhow::anyhow!("--cpus {list:?}: {e}"))?;
-    rrpc::service::pin_to_cpus(&cpus).with_context(|| format!("--cpus {list:?}"))
+/// Errors: a bad list, CPUs the kernel refuses (none of them online, or beyond what its
+/// CPU sets hold), naming the list; a NUMA node the machine lacks, naming it.
+pub fn pin(list: Option<&str>, numa: Option<u32>) -> anyhow::Result<()> {
+    let cpus = list
+        .map(|l| {
+            rrpc::topology::parse_cpu_list(l).map_err(|e| anyhow::anyhow!("--cpus {l:?}: {e}"))
+        })
+        .transpose()?;
+    rrpc::service::bind_process(cpus.as_deref(), numa).with_context(|| match (list, numa) {
+        (Some(l), _) => format!("--cpus {l:?}"),
+        (None, Some(n)) => format!("--numa {n}"),
+        (None, None) => String::new(),
+    })?;
+    Ok(())
 }
 
 /// The incarnation a compute node's life `incarnation` (0, 1, ... as `txn-bench`
@@ -493,6 +507,7 @@ pub(crate) fn spawn(
     t0: Option<u64>,
     etcd: Option<&str>,
     cpus: Option<&str>,
+    numa: Option<u32>,
     events: &mpsc::Sender<(usize, u32, Event)>,
 ) -> anyhow::Result<Cn> {
     if *place == crate::launcher::Place::Local && !bin.exists() {
@@ -527,6 +542,9 @@ pub(crate) fn spawn(
     }
     if let Some(c) = cpus {
         args.extend(["--cpus".into(), c.into()]);
+    }
+    if let Some(n) = numa {
+        args.extend(["--numa".into(), n.to_string()]);
     }
     // Directly, or over ssh (its stdin and stdout, the command and stream channels,
     // travel through the session; stdin's end stops it there too).
@@ -619,16 +637,21 @@ mod tests {
     fn cpus_pins_the_compute_node_and_bad_lists_are_refused() {
         std::thread::spawn(|| {
             let all = affinity();
-            pin(None).unwrap();
+            pin(None, None).unwrap();
             assert_eq!(affinity(), all, "no list: not pinned");
             let c = all[all.len() - 1];
-            pin(Some(&c.to_string())).unwrap();
+            pin(Some(&c.to_string()), None).unwrap();
             assert_eq!(affinity(), vec![c]);
             let inherited = std::thread::spawn(affinity).join().unwrap();
             assert_eq!(inherited, vec![c], "its threads inherit the set");
-            let e = pin(Some("5000")).unwrap_err();
+            let e = pin(Some("5000"), None).unwrap_err();
             assert!(format!("{e:#}").contains("--cpus \"5000\""), "{e:#}");
-            assert!(pin(Some("3-1")).is_err());
+            assert!(pin(Some("3-1"), None).is_err());
+            let e = pin(None, Some(7)).unwrap_err();
+            assert!(
+                format!("{e:#}").contains("NUMA node 7 does not exist"),
+                "{e:#}"
+            );
         })
         .join()
         .unwrap();

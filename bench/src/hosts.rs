@@ -59,6 +59,8 @@ pub(crate) struct CoordinatorPlace {
     pub gid_index: Option<u32>,
     /// Its `--cpus`: the `[coordinators]` table's `cpus`, else its host's.
     pub cpus: Option<String>,
+    /// Its `--numa`: the `[coordinators]` table's `numa`, else its host's.
+    pub numa: Option<u32>,
 }
 
 /// One service of the run as the topology places it.
@@ -123,6 +125,9 @@ impl Layout {
                 if let Some(c) = role.cpus.as_ref().or(host.cpus.as_ref()) {
                     f.extend(["--cpus".into(), c.clone()]);
                 }
+                if let Some(n) = role.numa.or(host.numa) {
+                    f.extend(["--numa".into(), n.to_string()]);
+                }
                 f
             },
             log: self
@@ -152,6 +157,7 @@ impl Layout {
             device: host.rdma_device.clone(),
             gid_index: gid,
             cpus: role.cpus.clone().or_else(|| host.cpus.clone()),
+            numa: role.numa.or(host.numa),
         })
     }
 
@@ -277,6 +283,7 @@ mod tests {
         let l = Layout::planned(Topology::parse(&text, "cloudlab-4.toml").unwrap(), "x");
         let c = l.coordinator(1).unwrap();
         assert_eq!(c.cpus.as_deref(), Some("2-15"));
+        assert_eq!(c.numa, Some(0), "[defaults] numa");
         assert!(matches!(c.place, Place::Ssh { ref target, .. } if target.contains("node3")));
         let text = text.replace("cpus = \"2-15\"\n", "");
         let l = Layout::planned(Topology::parse(&text, "c.toml").unwrap(), "x");

@@ -210,6 +210,7 @@ fn a_hosts_cpus_reach_its_services() {
         .find(|l| l.contains("/memnode ") && l.contains("--node 12 "))
         .unwrap_or_else(|| panic!("no memory node 12 in:\n{stdout}"));
     assert!(m2.contains("--cpus 0-15"), "{m2}");
+    assert!(m2.contains("--numa 0"), "the file's [defaults] numa: {m2}");
     let m0 = stdout
         .lines()
         .find(|l| l.contains("/memnode ") && l.contains("--node 10 "))
@@ -398,4 +399,55 @@ hosts = ["b"]
     let sent = tx(netdev_a) - before;
     eprintln!("two hosts: {sent} bytes left {netdev_a} during the runs");
     assert!(sent > 1 << 20, "only {sent} bytes crossed {netdev_a}");
+}
+
+/// `--numa N` binds a service to NUMA node N before it starts (node 0 exists on every
+/// Linux machine); a node the machine lacks is refused, naming it.
+#[test]
+fn a_service_runs_on_its_numa_node_and_a_missing_node_is_named() {
+    let name = format!("numa-{}", std::process::id());
+    let out = Command::new(txn_bench_bin_dir().join("tso"))
+        .args(["--cluster", &name, "--node", "3", "--numa", "7"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("tso: NUMA node 7 does not exist on this machine"),
+        "{stderr}"
+    );
+    let mut child = Command::new(txn_bench_bin_dir().join("tso"))
+        .args(["--cluster", &name, "--node", "3", "--numa", "0"])
+        .args(["--exit-on-stdin-eof"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("READY ") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0,
+            "no READY with --numa 0"
+        );
+    }
+    // Its CPUs are node 0's (or those of them it may use).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let node0 = std::fs::read_to_string("/sys/devices/system/node/node0/cpulist").unwrap();
+    let parse = |s: &str| rrpc::topology::parse_cpu_list(s.trim()).unwrap();
+    assert!(
+        parse(&allowed).iter().all(|c| parse(&node0).contains(c)),
+        "allowed {allowed}, node 0 has {node0}"
+    );
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
 }

@@ -77,7 +77,7 @@ fn fencers(memnodes: usize, protocol: Protocol) -> Vec<u16> {
 /// panicked, stdout closed.
 pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     // Before any thread starts: they all inherit the set.
-    crate::cnode::pin(a.cpus.as_deref())?;
+    crate::cnode::pin(a.cpus.as_deref(), a.numa)?;
     if a.cnode >= crate::txn_args::MAX_CNODES {
         bail!(
             "--cnode must be below {} (got {})",
@@ -525,8 +525,8 @@ struct Parent<'a> {
     /// `--run-spec` of every child.
     spec: String,
     /// With `--hosts`: where each compute node runs, its `--run-spec` (its host's
-    /// device) and its `--cpus` (its coordinator entry's, else its host's).
-    places: Vec<(crate::launcher::Place, String, Option<String>)>,
+    /// device), and where it runs in the host (see [`crate::hosts::CoordinatorPlace`]).
+    places: Vec<(String, crate::hosts::CoordinatorPlace)>,
     cluster_name: String,
     addrs: ClusterAddrs,
     ev_tx: mpsc::Sender<Tagged>,
@@ -639,9 +639,9 @@ impl<'a> Parent<'a> {
             for i in 0..args.cnodes {
                 let c = l.coordinator(i)?;
                 let mut s = spec.clone();
-                s.rdma_device = c.device.or(s.rdma_device);
+                s.rdma_device = c.device.clone().or(s.rdma_device);
                 s.gid_index = c.gid_index.or(s.gid_index);
-                places.push((c.place, serde_json::to_string(&s)?, c.cpus));
+                places.push((serde_json::to_string(&s)?, c));
             }
         }
         let (ev_tx, ev_rx) = mpsc::channel();
@@ -888,9 +888,14 @@ impl<'a> Parent<'a> {
     /// Start compute node `index` as `incarnation` (with `t0`: running at once).
     /// Returns its pid.
     fn spawn(&mut self, index: usize, incarnation: u32, t0: Option<u64>) -> anyhow::Result<u32> {
-        let (place, spec, cpus) = match self.places.get(index) {
-            Some((p, s, c)) => (p.clone(), s.as_str(), c.as_deref()),
-            None => (crate::launcher::Place::Local, self.spec.as_str(), None),
+        let (place, spec, cpus, numa) = match self.places.get(index) {
+            Some((s, c)) => (c.place.clone(), s.as_str(), c.cpus.as_deref(), c.numa),
+            None => (
+                crate::launcher::Place::Local,
+                self.spec.as_str(),
+                None,
+                None,
+            ),
         };
         let c = spawn(
             &place,
@@ -903,6 +908,7 @@ impl<'a> Parent<'a> {
             t0,
             self.membership.as_ref().map(|m| m.endpoint.as_str()),
             cpus,
+            numa,
             &self.ev_tx,
         )?;
         let pid = c.pid;
