@@ -433,7 +433,13 @@ pub(crate) struct Cn {
     pub(crate) index: usize,
     pub(crate) incarnation: u32,
     pub(crate) node: u32,
+    /// Its pid: on its host when it runs on another one (its [`REMOTE_PID`] line), else
+    /// the child's.
+    ///
+    /// [`REMOTE_PID`]: crate::launcher::REMOTE_PID
     pub(crate) pid: u32,
+    /// Where it runs.
+    pub(crate) place: crate::launcher::Place,
     pub(crate) child: Child,
     pub(crate) stdin: Option<ChildStdin>,
     /// Asked to stop (or killed on purpose): its exit is not a death to report.
@@ -570,11 +576,30 @@ pub(crate) fn spawn(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", line[0]))?;
-    let stdout = child.stdout.take().expect("piped");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
     let stdin = child.stdin.take();
+    // A remote compute node first says its pid there (the launcher's command line).
+    let pid = match place {
+        crate::launcher::Place::Local => child.id(),
+        place => {
+            let mut first = String::new();
+            let _ = stdout.read_line(&mut first);
+            match crate::launcher::remote_pid_of(&first) {
+                Some(pid) => pid,
+                None => {
+                    crate::launcher::reap_within(&mut child, Duration::from_secs(1));
+                    bail!(
+                        "cnode {index} on {}: no {:?} line but {first:?} (did ssh start it?)",
+                        place.describe(),
+                        crate::launcher::REMOTE_PID
+                    );
+                }
+            }
+        }
+    };
     let tx = events.clone();
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
+        for line in stdout.lines() {
             let ev = match line {
                 Ok(l) => match serde_json::from_str::<Msg>(&l) {
                     Ok(m) => Event::Msg(m),
@@ -594,7 +619,8 @@ pub(crate) fn spawn(
         index,
         incarnation,
         node: NODE_CNODE + index as u32,
-        pid: child.id(),
+        pid,
+        place: place.clone(),
         child,
         stdin,
         stopping: false,

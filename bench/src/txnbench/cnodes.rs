@@ -781,7 +781,7 @@ impl<'a> Parent<'a> {
                     // middle of (the fabric's fence handshake); a process stopped there
                     // never finishes it. It is declared dead: kill it (its machine is this
                     // one), and the fence completes.
-                    if let Some(pid) = self.signal(index, libc::SIGKILL) {
+                    if let Some(pid) = self.signal(index, "KILL") {
                         let at = self.ms();
                         self.event(format!(
                             "cnode {index} (pid {pid}) SIGKILLed at {at:.0} ms: declared dead, and its memory nodes could not fence it (stopped in the middle of a one-sided WR)"
@@ -870,15 +870,25 @@ impl<'a> Parent<'a> {
         if let Some(h) = &mut self.history {
             h.note_lost(1 + rec.forward as u64);
         }
+        // The ledger is on the compute node's host: read through ssh for another one.
         let path = crate::ledger::Ledger::path(&self.cluster_name, node, inc);
-        match crate::ledger::Ledger::read(&path) {
-            Ok(slots) => {
+        let place = self
+            .cns
+            .iter()
+            .find(|c| c.index == index && c.incarnation == inc)
+            .map_or(crate::launcher::Place::Local, |c| c.place.clone());
+        match place.read(&path) {
+            Ok(bytes) => {
+                let slots = crate::ledger::Ledger::parse(&bytes);
                 let (net, _) = crate::ledger::settle(&slots, &rec.forward_notes);
                 self.ledger_net.insert((index, inc), net);
-                let _ = std::fs::remove_file(&path);
+                if let Err(e) = place.remove(&path) {
+                    self.event(format!("cnode {index} incarnation {inc}: {e:#}"));
+                }
             }
             Err(e) => self.event(format!(
-                "cnode {index} incarnation {inc}: no ledger ({}: {e}); its last commits are not counted",
+                "cnode {index} incarnation {inc}: no ledger on {} ({}: {e:#}); its last commits are not counted",
+                place.describe(),
                 path.display()
             )),
         }
@@ -1071,7 +1081,22 @@ impl<'a> Parent<'a> {
             return Ok(None);
         };
         c.stopping = true;
-        c.child.kill().context("SIGKILL to a cnode")?;
+        match &c.place {
+            crate::launcher::Place::Local => c.child.kill().context("SIGKILL to a cnode")?,
+            // On its host (its ssh client ends with it).
+            place => {
+                place.signal(c.pid, "KILL").with_context(|| {
+                    format!("SIGKILL to cnode {target} on {}", place.describe())
+                })?;
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while c.child.try_wait()?.is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if c.child.try_wait()?.is_none() {
+                    let _ = c.child.kill();
+                }
+            }
+        }
         let st = c.child.wait()?;
         c.gone = true;
         let (pid, node, inc) = (c.pid, c.node, c.incarnation);
@@ -1097,12 +1122,16 @@ impl<'a> Parent<'a> {
         }))
     }
 
-    /// Send `sig` to compute node `target`'s live incarnation; returns its pid.
-    fn signal(&self, target: usize, sig: libc::c_int) -> Option<u32> {
+    /// Send `sig` (`KILL`, `STOP`, `CONT`) to compute node `target`'s live incarnation,
+    /// on its host (through ssh for another one); returns its pid there. A signal that
+    /// cannot be sent is an event of the run.
+    fn signal(&mut self, target: usize, sig: &str) -> Option<u32> {
         let c = self.cns.iter().find(|c| c.index == target && !c.gone)?;
-        // SAFETY: kill(2) on a child we spawned and have not reaped.
-        unsafe { libc::kill(c.pid as libc::pid_t, sig) };
-        Some(c.pid)
+        let (pid, place) = (c.pid, c.place.clone());
+        if let Err(e) = place.signal(pid, sig) {
+            self.event(format!("cnode {target} (pid {pid}): SIG{sig}: {e:#}"));
+        }
+        Some(pid)
     }
 
     /// Progress on stderr: commits so far, from the streamed intervals.
@@ -1367,7 +1396,7 @@ impl<'a> Faults<'a> {
         }
         if self.stopped_at.is_none() && args.stop_cn_after.is_some_and(|k| now_s >= k) {
             self.stopped_at = Some(Instant::now());
-            if let Some(pid) = p.signal(target, libc::SIGSTOP) {
+            if let Some(pid) = p.signal(target, "STOP") {
                 let at = p.ms();
                 p.event(format!(
                     "cnode {target} (pid {pid}) stopped (SIGSTOP) at {at:.0} ms for {} ms",
@@ -1384,7 +1413,7 @@ impl<'a> Faults<'a> {
         if let (Some(t), false) = (self.stopped_at, self.continued) {
             if t.elapsed() >= Duration::from_millis(args.stop_ms) {
                 self.continued = true;
-                if let Some(pid) = p.signal(target, libc::SIGCONT) {
+                if let Some(pid) = p.signal(target, "CONT") {
                     let e = format!(
                         "cnode {target} (pid {pid}) continued (SIGCONT) at {:.0} ms",
                         p.ms()
@@ -1430,7 +1459,7 @@ impl<'a> Faults<'a> {
     fn finish(&mut self, p: &mut Parent<'_>, cluster: &mut RunCluster) -> anyhow::Result<()> {
         if let (Some(_), false) = (self.stopped_at, self.continued) {
             self.continued = true;
-            p.signal(self.target, libc::SIGCONT);
+            p.signal(self.target, "CONT");
         }
         let t0 = Instant::now();
         while self.manager.as_ref().is_some_and(|m| m.busy()) {
