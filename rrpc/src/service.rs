@@ -241,12 +241,10 @@ fn numa_dir(node: u32) -> PathBuf {
     PathBuf::from(format!("/sys/devices/system/node/node{node}"))
 }
 
-/// The CPUs of NUMA node `node` (its sysfs `cpulist`).
+/// The sysfs directory of NUMA node `node`, which must exist.
 ///
-/// Errors: [`PlacementError::NoSuchNumaNode`] when the machine has no such node;
-/// [`PlacementError::NumaCpus`] when its list cannot be read or is empty (a node with
-/// memory only).
-pub fn numa_cpus(node: u32) -> Result<Vec<usize>, PlacementError> {
+/// Errors: [`PlacementError::NoSuchNumaNode`].
+fn numa_node_dir(node: u32) -> Result<PathBuf, PlacementError> {
     let dir = numa_dir(node);
     if !dir.is_dir() {
         let nodes = std::fs::read_to_string("/sys/devices/system/node/online")
@@ -254,6 +252,16 @@ pub fn numa_cpus(node: u32) -> Result<Vec<usize>, PlacementError> {
             .unwrap_or_else(|e| format!("unknown ({e})"));
         return Err(PlacementError::NoSuchNumaNode { node, nodes });
     }
+    Ok(dir)
+}
+
+/// The CPUs of NUMA node `node` (its sysfs `cpulist`).
+///
+/// Errors: [`PlacementError::NoSuchNumaNode`] when the machine has no such node;
+/// [`PlacementError::NumaCpus`] when its list cannot be read or is empty (a node with
+/// memory only).
+pub fn numa_cpus(node: u32) -> Result<Vec<usize>, PlacementError> {
+    let dir = numa_node_dir(node)?;
     let bad = |source| PlacementError::NumaCpus { node, source };
     let text = std::fs::read_to_string(dir.join("cpulist")).map_err(bad)?;
     let cpus = match text.trim() {
@@ -273,10 +281,7 @@ pub fn numa_cpus(node: u32) -> Result<Vec<usize>, PlacementError> {
 /// Errors: [`PlacementError::NoSuchNumaNode`]; [`PlacementError::Bind`] when the kernel
 /// refuses.
 pub fn bind_memory_to_numa(node: u32) -> Result<(), PlacementError> {
-    numa_cpus(node).map(|_| ()).or_else(|e| match e {
-        PlacementError::NoSuchNumaNode { .. } => Err(e),
-        _ => Ok(()), // a node without CPUs still has memory to bind to
-    })?;
+    numa_node_dir(node)?;
     let bind = |source| PlacementError::Bind { node, source };
     if node as usize >= NUMA_MASK_NODES {
         return Err(bind(std::io::Error::from_raw_os_error(libc::EINVAL)));
