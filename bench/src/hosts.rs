@@ -71,7 +71,8 @@ pub(crate) struct Planned {
     pub node: u32,
     /// Its `--listen` address (`ctrl-ip:port`).
     pub listen: String,
-    /// Its host's fabric flags.
+    /// Its host's fabric flags, its `--cpus` and `--numa`, and the file's `[runtime]`
+    /// and `[server]` as `--rpc-settings` (when not the defaults).
     pub flags: Vec<String>,
     /// Its log file.
     pub log: PathBuf,
@@ -127,6 +128,13 @@ impl Layout {
                 }
                 if let Some(n) = role.numa.or(host.numa) {
                     f.extend(["--numa".into(), n.to_string()]);
+                }
+                let rpc = self.topo.rpc_settings();
+                if rpc != rrpc::node::RpcSettings::default() {
+                    f.extend([
+                        "--rpc-settings".into(),
+                        serde_json::to_string(&rpc).expect("RpcSettings serializes"),
+                    ]);
                 }
                 f
             },

@@ -541,3 +541,61 @@ impl Drop for LocalCluster {
         self.shutdown();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remote_start_says_its_pid_then_execs_the_binary() {
+        let place = Place::Ssh {
+            target: "me@a".into(),
+            bin_dir: PathBuf::from("/opt/rrpc/bin"),
+        };
+        let line = place.command_line(
+            Path::new("/here/memnode"),
+            "memnode",
+            &["--listen".into(), "10.0.0.1:7010".into(), "a b".into()],
+        );
+        let at = line.iter().position(|a| a == "--").unwrap();
+        assert_eq!(line[at - 1], "me@a");
+        assert_eq!(
+            line[at + 1..].join(" "),
+            "echo REMOTE-PID $$; exec /opt/rrpc/bin/memnode --listen 10.0.0.1:7010 'a b'"
+        );
+        assert_eq!(remote_pid_of("REMOTE-PID 4242\n"), Some(4242));
+        assert_eq!(remote_pid_of("READY 127.0.0.1:1"), None);
+        let st = std::process::Command::new("sh")
+            .args(["-c", "exit 127"])
+            .status()
+            .unwrap();
+        assert!(missing_hint(&place, &st, &line).contains("is /opt/rrpc/bin/memnode there?"));
+        // Here: no ssh, the binary itself.
+        let local = Place::Local.command_line(Path::new("/here/memnode"), "memnode", &[]);
+        assert_eq!(local, vec!["/here/memnode".to_string()]);
+    }
+
+    #[test]
+    fn a_place_signals_reads_and_removes_here() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        Place::Local.signal(pid, "STOP").unwrap();
+        Place::Local.signal(pid, "CONT").unwrap();
+        assert!(Place::Local.signal(pid, "HUP?").is_err());
+        Place::Local.signal(pid, "KILL").unwrap();
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("ledger");
+        std::fs::write(&f, b"bytes").unwrap();
+        assert_eq!(Place::Local.read(&f).unwrap(), b"bytes");
+        Place::Local.remove(&f).unwrap();
+        Place::Local.remove(&f).unwrap();
+        assert!(Place::Local.read(&f).is_err());
+        assert_eq!(Place::Local.run(&["echo", "x"]).unwrap(), b"x\n");
+        let e = Place::Local
+            .run(&["sh", "-c", "echo no >&2; exit 3"])
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("no"), "{e:#}");
+    }
+}

@@ -58,6 +58,9 @@ port = {t}
 
 [coordinators]
 hosts = ["here"]
+
+[runtime]
+call-timeout-ms = 2500
 "#,
         bin = bin.display(),
         logs = logs.display(),
@@ -125,9 +128,10 @@ fn a_run_over_ssh_places_every_service_and_passes_every_check() {
             assert!(text.contains("serving"), "{f}: {text}");
         }
     }
-    // Scythe (run 2) has a lock service, at its role's port.
+    // Scythe (run 2) has a lock service, at its role's port, with the file's [runtime].
     let lockd = std::fs::read_to_string(logs.join("hosts-run-2/here.lockd.0.log")).unwrap();
     assert!(lockd.contains("127.0.0.1:"), "{lockd}");
+    assert!(lockd.contains("call_timeout_ms=2500"), "{lockd}");
 }
 
 #[test]
@@ -309,6 +313,78 @@ fn a_cnode_killed_over_ssh_is_recovered_and_every_check_passes() {
         ssh.contains("me@here -- cat /dev/shm/rrpc-ledger-"),
         "{ssh}"
     );
+}
+
+/// `--stop-cn-after` with `--hosts`: coordinator process 2 is stopped and continued on
+/// its host through ssh (`kill -STOP`, `kill -CONT`); stopped past its lease, it is
+/// declared dead, fenced and recovered by a survivor, and every check passes (see
+/// `cnodes.rs`).
+#[test]
+fn a_cnode_stopped_over_ssh_is_fenced_and_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology(dir.path(), &logs);
+    let (shim, ssh_log) = logging_shim(dir.path());
+    let args = [
+        "--hosts",
+        topo.to_str().unwrap(),
+        "--workload",
+        "pairs",
+        "--protocol",
+        "mvcc",
+        "--cnodes",
+        "3",
+        "--threads",
+        "1",
+        "--coroutines",
+        "4",
+        "--groups",
+        "2000",
+        "--duration",
+        "6",
+        "--stop-cn-after",
+        "1",
+        "--stop-ms",
+        "3500",
+        "--cluster",
+        "hosts-stop-cn",
+    ];
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "hosts-stop-cn",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(
+        ok,
+        "a check failed after the stop and the recovery:\n{stdout}"
+    );
+    let r = &s["runs"][0];
+    let events: Vec<&str> = r["cnode_events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events: {stdout}"))
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("cnode 2 (pid ") && e.contains("stopped (SIGSTOP)")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.contains("lease ended at")),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("recovery: cn 2 incarnation 0 dead at")),
+        "{events:?}"
+    );
+    let ssh = std::fs::read_to_string(&ssh_log).unwrap();
+    assert!(ssh.contains("me@here -- kill -STOP "), "{ssh}");
+    assert!(ssh.contains("me@here -- kill -CONT "), "{ssh}");
 }
 
 #[test]

@@ -57,8 +57,10 @@ fn reap(s: &Shared) {
 
 /// The rrpc settings of a process: its runtime contexts' ([`RuntimeConfig`]) and its
 /// RPC server's ([`ServerConfig`]). A topology file's `[runtime]` and `[server]` tables
-/// ([`crate::topology::Topology::rpc_settings`]); the defaults otherwise.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// ([`crate::topology::Topology::rpc_settings`]); the defaults otherwise. As JSON or
+/// TOML, the tables `runtime` and `server`, each key optional.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RpcSettings {
     /// Settings of every runtime context the process creates (its callers, and its
     /// server threads' contexts for async handlers).

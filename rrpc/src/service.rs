@@ -66,6 +66,13 @@ pub struct NodeArgs {
     /// A topology file's `cpus` (the role's, else its host's) fills it in.
     #[arg(long, value_name = "LIST", env = "RRPC_CPUS", value_parser = parse_cpus)]
     pub cpus: Option<String>,
+    /// rrpc settings of this process as JSON, `{"runtime": {...}, "server": {...}}`
+    /// with the keys of a topology file's `[runtime]` and `[server]` tables
+    /// (`call-timeout-ms`, `max-ring-bytes`, ...): `txn-bench --hosts` passes its file's
+    /// to the services it starts. Wins over --hosts' tables (default: those, else the
+    /// defaults).
+    #[arg(long = "rpc-settings", value_name = "JSON", value_parser = parse_rpc_settings)]
+    pub rpc_settings_json: Option<crate::node::RpcSettings>,
     /// NUMA node to run on: the process's memory is bound to it (`set_mempolicy`
     /// MPOL_BIND, before it registers any) and, without --cpus, it runs on the node's
     /// CPUs (default: $RRPC_NUMA, else unbound). A topology file's `numa` (the role's,
@@ -155,6 +162,14 @@ static EXIT_ON_STDIN_EOF: OnceLock<bool> = OnceLock::new();
 static CPUS: OnceLock<Vec<usize>> = OnceLock::new();
 /// `--numa`, as parsed.
 static NUMA: OnceLock<u32> = OnceLock::new();
+
+/// Parse and check `--rpc-settings` (see [`NodeArgs::rpc_settings_json`]).
+pub fn parse_rpc_settings(s: &str) -> Result<crate::node::RpcSettings, String> {
+    let r: crate::node::RpcSettings = serde_json::from_str(s).map_err(|e| format!("{s:?}: {e}"))?;
+    r.runtime.validate().map_err(|e| format!("runtime: {e}"))?;
+    r.server.validate().map_err(|e| format!("server: {e}"))?;
+    Ok(r)
+}
 
 /// Check a `--cpus` list (see [`crate::topology::parse_cpu_list`]); keep it as given.
 fn parse_cpus(s: &str) -> Result<String, String> {
@@ -462,13 +477,16 @@ impl NodeArgs {
         advertised(bound, self.advertise)
     }
 
-    /// The rrpc settings this process runs with: with `--hosts`, the topology file's
-    /// `[runtime]` and `[server]` ([`Topology::rpc_settings`]); the defaults otherwise.
-    /// A binary's own flags for a setting (a thread count, `--idle-sleep-us`) win over
-    /// them.
+    /// The rrpc settings this process runs with: `--rpc-settings`; else, with `--hosts`,
+    /// the topology file's `[runtime]` and `[server]` ([`Topology::rpc_settings`]); the
+    /// defaults otherwise. A binary's own flags for a setting (a thread count,
+    /// `--idle-sleep-us`) win over them.
     ///
     /// Errors: the file does not load or check (see [`Topology::load`]).
     pub fn rpc_settings(&self) -> Result<crate::node::RpcSettings, ArgsError> {
+        if let Some(s) = &self.rpc_settings_json {
+            return Ok(s.clone());
+        }
         match &self.hosts {
             Some(path) => Ok(Topology::load(path)?.rpc_settings()),
             None => Ok(crate::node::RpcSettings::default()),
@@ -1118,6 +1136,29 @@ port = 7002
             m.node.rpc_settings().unwrap(),
             crate::node::RpcSettings::default()
         );
+        // --rpc-settings wins over the file; bad settings are refused.
+        let json = r#"{"runtime":{"call-timeout-ms":99},"server":{"threads":2}}"#;
+        let m: Memnode = parse(
+            "memnode",
+            &["--hosts", f, "--as", "memnode:1", "--rpc-settings", json],
+            "x",
+        )
+        .unwrap();
+        let s = m.node.rpc_settings().unwrap();
+        assert_eq!(s.runtime.call_timeout, std::time::Duration::from_millis(99));
+        assert_eq!((s.server.threads, s.server.idle_sleep_us), (2, 0));
+        let back = parse_rpc_settings(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s, "round trip");
+        for bad in [
+            r#"{"runtime":{"call-timeout":1}}"#,
+            r#"{"server":{"threads":0}}"#,
+            "nope",
+        ] {
+            assert!(
+                parse::<Memnode>("memnode", &["--node", "1", "--rpc-settings", bad], "x").is_err(),
+                "{bad}"
+            );
+        }
         std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
     }
 
