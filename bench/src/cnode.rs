@@ -405,6 +405,42 @@ pub struct CnodeArgs {
     /// point's --theta and --coroutines).
     #[arg(long, value_name = "JSON")]
     pub run_spec: String,
+    /// Run this compute node on these CPUs only, a list such as `2-15,20` (its
+    /// coordinator threads inherit the set); with `txn-bench --hosts`, the topology
+    /// file's `cpus` of its coordinator entry, else of its host.
+    #[arg(long, value_name = "LIST", value_parser = parse_cpus)]
+    pub cpus: Option<String>,
+    /// NUMA node to run on: memory bound to it (before any is registered) and, without
+    /// --cpus, its CPUs; with `txn-bench --hosts`, the topology file's `numa` of its
+    /// coordinator entry, else of its host.
+    #[arg(long, value_name = "N")]
+    pub numa: Option<u32>,
+}
+
+/// Check a `--cpus` list ([`rrpc::topology::parse_cpu_list`]); keep it as given.
+fn parse_cpus(s: &str) -> Result<String, String> {
+    rrpc::topology::parse_cpu_list(s).map(|_| s.to_string())
+}
+
+/// `--cpus` and `--numa`: run the calling thread, and every thread it starts from now
+/// on, on the CPUs of `list` only, else (with `numa`) on that NUMA node's CPUs, its
+/// memory bound to node `numa` ([`rrpc::service::bind_process`]); nothing without
+/// either.
+///
+/// Errors: a bad list, CPUs the kernel refuses (none of them online, or beyond what its
+/// CPU sets hold), naming the list; a NUMA node the machine lacks, naming it.
+pub fn pin(list: Option<&str>, numa: Option<u32>) -> anyhow::Result<()> {
+    let cpus = list
+        .map(|l| {
+            rrpc::topology::parse_cpu_list(l).map_err(|e| anyhow::anyhow!("--cpus {l:?}: {e}"))
+        })
+        .transpose()?;
+    rrpc::service::bind_process(cpus.as_deref(), numa).with_context(|| match (list, numa) {
+        (Some(l), _) => format!("--cpus {l:?}"),
+        (None, Some(n)) => format!("--numa {n}"),
+        (None, None) => String::new(),
+    })?;
+    Ok(())
 }
 
 /// The incarnation a compute node's life `incarnation` (0, 1, ... as `txn-bench`
@@ -426,7 +462,13 @@ pub(crate) struct Cn {
     pub(crate) index: usize,
     pub(crate) incarnation: u32,
     pub(crate) node: u32,
+    /// Its pid: on its host when it runs on another one (its [`REMOTE_PID`] line), else
+    /// the child's.
+    ///
+    /// [`REMOTE_PID`]: crate::launcher::REMOTE_PID
     pub(crate) pid: u32,
+    /// Where it runs.
+    pub(crate) place: crate::launcher::Place,
     pub(crate) child: Child,
     pub(crate) stdin: Option<ChildStdin>,
     /// Asked to stop (or killed on purpose): its exit is not a death to report.
@@ -499,6 +541,8 @@ pub(crate) fn spawn(
     incarnation: u32,
     t0: Option<u64>,
     etcd: Option<&str>,
+    cpus: Option<&str>,
+    numa: Option<u32>,
     events: &mpsc::Sender<(usize, u32, Event)>,
 ) -> anyhow::Result<Cn> {
     if *place == crate::launcher::Place::Local && !bin.exists() {
@@ -531,6 +575,12 @@ pub(crate) fn spawn(
     if let Some(e) = etcd {
         args.extend(["--etcd".into(), e.into()]);
     }
+    if let Some(c) = cpus {
+        args.extend(["--cpus".into(), c.into()]);
+    }
+    if let Some(n) = numa {
+        args.extend(["--numa".into(), n.to_string()]);
+    }
     // Directly, or over ssh (its stdin and stdout, the command and stream channels,
     // travel through the session; stdin's end stops it there too).
     let line = place.command_line(bin, "cnode", &args);
@@ -555,11 +605,30 @@ pub(crate) fn spawn(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", line[0]))?;
-    let stdout = child.stdout.take().expect("piped");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
     let stdin = child.stdin.take();
+    // A remote compute node first says its pid there (the launcher's command line).
+    let pid = match place {
+        crate::launcher::Place::Local => child.id(),
+        place => {
+            let mut first = String::new();
+            let _ = stdout.read_line(&mut first);
+            match crate::launcher::remote_pid_of(&first) {
+                Some(pid) => pid,
+                None => {
+                    crate::launcher::reap_within(&mut child, Duration::from_secs(1));
+                    bail!(
+                        "cnode {index} on {}: no {:?} line but {first:?} (did ssh start it?)",
+                        place.describe(),
+                        crate::launcher::REMOTE_PID
+                    );
+                }
+            }
+        }
+    };
     let tx = events.clone();
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
+        for line in stdout.lines() {
             let ev = match line {
                 Ok(l) => match serde_json::from_str::<Msg>(&l) {
                     Ok(m) => Event::Msg(m),
@@ -579,7 +648,8 @@ pub(crate) fn spawn(
         index,
         incarnation,
         node: NODE_CNODE + index as u32,
-        pid: child.id(),
+        pid,
+        place: place.clone(),
         child,
         stdin,
         stopping: false,
@@ -602,6 +672,74 @@ pub(crate) fn status_text(st: std::process::ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPUs the calling thread may run on.
+    fn affinity() -> Vec<usize> {
+        // SAFETY: an all-zero cpu_set_t is a valid empty set; sched_getaffinity fills
+        // exactly size_of::<cpu_set_t>() bytes of it, and CPU_ISSET reads indices below
+        // CPU_SETSIZE.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn cpus_pins_the_compute_node_and_bad_lists_are_refused() {
+        std::thread::spawn(|| {
+            let all = affinity();
+            pin(None, None).unwrap();
+            assert_eq!(affinity(), all, "no list: not pinned");
+            let c = all[all.len() - 1];
+            pin(Some(&c.to_string()), None).unwrap();
+            assert_eq!(affinity(), vec![c]);
+            let inherited = std::thread::spawn(affinity).join().unwrap();
+            assert_eq!(inherited, vec![c], "its threads inherit the set");
+            let e = pin(Some("5000"), None).unwrap_err();
+            assert!(format!("{e:#}").contains("--cpus \"5000\""), "{e:#}");
+            assert!(pin(Some("3-1"), None).is_err());
+            let e = pin(None, Some(7)).unwrap_err();
+            assert!(
+                format!("{e:#}").contains("NUMA node 7 does not exist"),
+                "{e:#}"
+            );
+        })
+        .join()
+        .unwrap();
+        let a = CnodeArgs::try_parse_from([
+            "cnode",
+            "--cluster",
+            "c",
+            "--memnode",
+            "127.0.0.1:1",
+            "--tso",
+            "127.0.0.1:2",
+            "--run-spec",
+            "{}",
+            "--cpus",
+            "0-1,3",
+        ])
+        .unwrap();
+        assert_eq!(a.cpus.as_deref(), Some("0-1,3"));
+        assert!(CnodeArgs::try_parse_from([
+            "cnode",
+            "--cluster",
+            "c",
+            "--memnode",
+            "127.0.0.1:1",
+            "--tso",
+            "127.0.0.1:2",
+            "--run-spec",
+            "{}",
+            "--cpus",
+            "x",
+        ])
+        .is_err());
+    }
 
     #[test]
     fn stats_travel_with_their_histograms() {

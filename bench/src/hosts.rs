@@ -15,8 +15,8 @@ use crate::launcher::Place;
 use crate::txn_args::Args;
 
 /// Load the topology `args.hosts` names and fill in what it decides for this process:
-/// the fabric, the number of memory nodes, and the coordinators' RDMA device, port and
-/// GID index (unless given). Errors: the file does not load or check; it has no memory
+/// the fabric, the number of memory nodes, the coordinators' runtime settings (the file's
+/// `[runtime]`), and their RDMA device, port and GID index (unless given). Errors: the file does not load or check; it has no memory
 /// node or no oracle; `--memnodes` or `--fabric` given otherwise.
 pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
     let Some(path) = args.hosts.clone() else {
@@ -30,6 +30,7 @@ pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
     );
     args.fabric = topo.fabric;
     args.memnodes = topo.memnodes.len() as u32;
+    args.runtime = Some(topo.runtime.clone());
     if let Some(c) = topo.coordinators.first() {
         let h = topo.host_of(c);
         if args.rdma_device.is_none() {
@@ -48,6 +49,20 @@ pub(crate) struct Layout {
     logs: PathBuf,
 }
 
+/// Where a coordinator process runs as the topology places it.
+pub(crate) struct CoordinatorPlace {
+    /// Where it runs.
+    pub place: Place,
+    /// Its host's RDMA device.
+    pub device: Option<String>,
+    /// Its host's GID index (`None`: auto).
+    pub gid_index: Option<u32>,
+    /// Its `--cpus`: the `[coordinators]` table's `cpus`, else its host's.
+    pub cpus: Option<String>,
+    /// Its `--numa`: the `[coordinators]` table's `numa`, else its host's.
+    pub numa: Option<u32>,
+}
+
 /// One service of the run as the topology places it.
 pub(crate) struct Planned {
     /// Where it runs.
@@ -56,7 +71,8 @@ pub(crate) struct Planned {
     pub node: u32,
     /// Its `--listen` address (`ctrl-ip:port`).
     pub listen: String,
-    /// Its host's fabric flags.
+    /// Its host's fabric flags, its `--cpus` and `--numa`, and the file's `[runtime]`
+    /// and `[server]` as `--rpc-settings` (when not the defaults).
     pub flags: Vec<String>,
     /// Its log file.
     pub log: PathBuf,
@@ -110,6 +126,16 @@ impl Layout {
                 if let Some(c) = role.cpus.as_ref().or(host.cpus.as_ref()) {
                     f.extend(["--cpus".into(), c.clone()]);
                 }
+                if let Some(n) = role.numa.or(host.numa) {
+                    f.extend(["--numa".into(), n.to_string()]);
+                }
+                let rpc = self.topo.rpc_settings();
+                if rpc != rrpc::node::RpcSettings::default() {
+                    f.extend([
+                        "--rpc-settings".into(),
+                        serde_json::to_string(&rpc).expect("RpcSettings serializes"),
+                    ]);
+                }
                 f
             },
             log: self
@@ -119,12 +145,9 @@ impl Layout {
     }
 
     /// Where coordinator process `i` runs (the file's coordinator hosts in turn): its
-    /// place and its host's RDMA device and GID index. Errors: the file names no
-    /// coordinator host.
-    pub(crate) fn coordinator(
-        &self,
-        i: usize,
-    ) -> anyhow::Result<(Place, Option<String>, Option<u32>)> {
+    /// place, its host's RDMA device and GID index, and its CPUs. Errors: the file
+    /// names no coordinator host.
+    pub(crate) fn coordinator(&self, i: usize) -> anyhow::Result<CoordinatorPlace> {
         let n = self.topo.coordinators.len();
         anyhow::ensure!(
             n > 0,
@@ -137,7 +160,13 @@ impl Layout {
             GidIndex::Index(g) => Some(g),
             GidIndex::Auto => None,
         };
-        Ok((place_of(&self.topo, host), host.rdma_device.clone(), gid))
+        Ok(CoordinatorPlace {
+            place: place_of(&self.topo, host),
+            device: host.rdma_device.clone(),
+            gid_index: gid,
+            cpus: role.cpus.clone().or_else(|| host.cpus.clone()),
+            numa: role.numa.or(host.numa),
+        })
     }
 
     /// The address services on other hosts reach this process's host at (the first
@@ -226,3 +255,48 @@ impl std::fmt::Display for DryRunDone {
 }
 
 impl std::error::Error for DryRunDone {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    /// With --hosts, the file's [runtime] becomes the coordinators' runtime settings
+    /// (and goes to coordinator processes in their run spec).
+    #[test]
+    fn the_topology_files_runtime_reaches_the_coordinators() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let text = std::fs::read_to_string(format!("{dir}/local.toml")).unwrap()
+            + "\n[runtime]\ncall-timeout-ms = 1234\n";
+        let p = std::env::temp_dir().join(format!("hosts-rt-{}.toml", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        let mut args = Args::parse_from(["txn-bench", "--hosts", p.to_str().unwrap()]);
+        assert!(args.runtime.is_none());
+        apply(&mut args).unwrap();
+        let rt = args.runtime.clone().unwrap();
+        assert_eq!(rt.call_timeout, std::time::Duration::from_millis(1234));
+        let spec: Args = serde_json::from_str(&serde_json::to_string(&args).unwrap()).unwrap();
+        assert_eq!(spec.runtime, Some(rt), "a coordinator process's run spec");
+        let mut plain = Args::parse_from(["txn-bench"]);
+        apply(&mut plain).unwrap();
+        assert!(plain.runtime.is_none(), "without --hosts: the defaults");
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    /// A coordinator process's `--cpus`: its `[coordinators]` entry's, else its host's.
+    #[test]
+    fn a_coordinator_takes_its_entrys_cpus_else_its_hosts() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let text = std::fs::read_to_string(format!("{dir}/cloudlab-4.toml")).unwrap();
+        let l = Layout::planned(Topology::parse(&text, "cloudlab-4.toml").unwrap(), "x");
+        let c = l.coordinator(1).unwrap();
+        assert_eq!(c.cpus.as_deref(), Some("2-15"));
+        assert_eq!(c.numa, Some(0), "[defaults] numa");
+        assert!(matches!(c.place, Place::Ssh { ref target, .. } if target.contains("node3")));
+        let text = text.replace("cpus = \"2-15\"\n", "");
+        let l = Layout::planned(Topology::parse(&text, "c.toml").unwrap(), "x");
+        // node2 has cpus = "0-15", node3 "16-31".
+        assert_eq!(l.coordinator(0).unwrap().cpus.as_deref(), Some("0-15"));
+        assert_eq!(l.coordinator(1).unwrap().cpus.as_deref(), Some("16-31"));
+    }
+}

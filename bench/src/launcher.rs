@@ -29,6 +29,18 @@ pub struct Service {
     child: Child,
     /// A remote service's stdin (the ssh session's): closing it stops the service.
     stdin: Option<std::process::ChildStdin>,
+    /// A remote service's pid on its host (its [`REMOTE_PID`] line), for faults.
+    remote_pid: Option<u32>,
+}
+
+/// The line a process started over ssh prints first on stdout: `REMOTE-PID <pid>`, its
+/// pid on its host (the remote shell's, which `exec`s the binary), so that a fault can
+/// signal it there ([`Place::signal`]).
+pub const REMOTE_PID: &str = "REMOTE-PID ";
+
+/// The pid of a [`REMOTE_PID`] line.
+pub fn remote_pid_of(line: &str) -> Option<u32> {
+    line.strip_prefix(REMOTE_PID)?.trim().parse().ok()
 }
 
 /// Where a service process runs.
@@ -50,32 +62,141 @@ pub enum Place {
 impl Place {
     /// The command that starts `bin_name` with `args` here: the program and its
     /// arguments (for a remote place, ssh's). `local_bin` is the binary on this host.
+    /// A remote process first prints its pid there ([`REMOTE_PID`]), then `exec`s the
+    /// binary.
     pub fn command_line(&self, local_bin: &Path, bin_name: &str, args: &[String]) -> Vec<String> {
         match self {
             Place::Local => std::iter::once(local_bin.display().to_string())
                 .chain(args.iter().cloned())
                 .collect(),
             Place::Ssh { target, bin_dir } => {
-                let ssh = std::env::var("RRPC_SSH").unwrap_or_else(|_| "ssh".into());
-                let mut v = vec![
-                    ssh,
-                    "-o".into(),
-                    "BatchMode=yes".into(),
-                    "-o".into(),
-                    "ControlMaster=auto".into(),
-                    "-o".into(),
-                    "ControlPath=/tmp/rrpc-ssh-%C".into(),
-                    "-o".into(),
-                    "ControlPersist=60".into(),
-                    target.clone(),
-                    "--".into(),
-                    bin_dir.join(bin_name).display().to_string(),
-                ];
+                let mut v = ssh_prefix(target);
+                v.extend([
+                    "echo".into(),
+                    REMOTE_PID.trim().into(),
+                    "$$;".into(),
+                    "exec".into(),
+                    shell_quote(&bin_dir.join(bin_name).display().to_string()),
+                ]);
                 v.extend(args.iter().map(|a| shell_quote(a)));
                 v
             }
         }
     }
+
+    /// Run `cmd` (a program and its arguments) at this place and wait for it: here
+    /// directly, or over ssh. Returns its stdout.
+    ///
+    /// Errors: it cannot be started, or it fails (its status and stderr).
+    pub fn run(&self, cmd: &[&str]) -> anyhow::Result<Vec<u8>> {
+        let line: Vec<String> = match self {
+            Place::Local => cmd.iter().map(|s| s.to_string()).collect(),
+            Place::Ssh { target, .. } => {
+                let mut v = ssh_prefix(target);
+                v.extend(cmd.iter().map(|a| shell_quote(a)));
+                v
+            }
+        };
+        let out = Command::new(&line[0])
+            .args(&line[1..])
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("starting {}", line[0]))?;
+        if !out.status.success() {
+            bail!(
+                "{} on {}: {}: {}",
+                cmd.join(" "),
+                self.describe(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(out.stdout)
+    }
+
+    /// Send signal `sig` (a name: `KILL`, `STOP`, `CONT`) to process `pid` of this place
+    /// (a remote process's pid on its host, see [`REMOTE_PID`]): `kill(2)` here,
+    /// `ssh host kill -SIG PID` for a remote place.
+    ///
+    /// Errors: the signal name is unknown; the kill fails (no such process).
+    pub fn signal(&self, pid: u32, sig: &str) -> anyhow::Result<()> {
+        match self {
+            Place::Local => {
+                let n = match sig {
+                    "KILL" => libc::SIGKILL,
+                    "STOP" => libc::SIGSTOP,
+                    "CONT" => libc::SIGCONT,
+                    "TERM" => libc::SIGTERM,
+                    _ => bail!("unknown signal {sig}"),
+                };
+                // SAFETY: kill(2) has no memory effects on this process.
+                if unsafe { libc::kill(pid as libc::pid_t, n) } != 0 {
+                    return Err(std::io::Error::last_os_error())
+                        .with_context(|| format!("kill -{sig} {pid}"));
+                }
+                Ok(())
+            }
+            Place::Ssh { .. } => self
+                .run(&["kill", &format!("-{sig}"), &pid.to_string()])
+                .map(|_| ()),
+        }
+    }
+
+    /// Read file `path` at this place (`ssh host cat PATH` for a remote one).
+    ///
+    /// Errors: it cannot be read.
+    pub fn read(&self, path: &Path) -> anyhow::Result<Vec<u8>> {
+        match self {
+            Place::Local => {
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+            }
+            Place::Ssh { .. } => self.run(&["cat", &path.display().to_string()]),
+        }
+    }
+
+    /// Remove file `path` at this place, if it exists.
+    ///
+    /// Errors: the removal (or the ssh session) fails.
+    pub fn remove(&self, path: &Path) -> anyhow::Result<()> {
+        match self {
+            Place::Local => match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("removing {}", path.display()))
+                }
+                _ => Ok(()),
+            },
+            Place::Ssh { .. } => self
+                .run(&["rm", "-f", &path.display().to_string()])
+                .map(|_| ()),
+        }
+    }
+
+    /// "this host", or the ssh destination.
+    pub fn describe(&self) -> String {
+        match self {
+            Place::Local => "this host".into(),
+            Place::Ssh { target, .. } => target.clone(),
+        }
+    }
+}
+
+/// ssh (or `$RRPC_SSH`) with the launcher's options, to `target`, up to the `--` that
+/// precedes the remote command.
+fn ssh_prefix(target: &str) -> Vec<String> {
+    let ssh = std::env::var("RRPC_SSH").unwrap_or_else(|_| "ssh".into());
+    vec![
+        ssh,
+        "-o".into(),
+        "BatchMode=yes".into(),
+        "-o".into(),
+        "ControlMaster=auto".into(),
+        "-o".into(),
+        "ControlPath=/tmp/rrpc-ssh-%C".into(),
+        "-o".into(),
+        "ControlPersist=60".into(),
+        target.to_string(),
+        "--".into(),
+    ]
 }
 
 /// The address a service of a dry run is taken to answer at: its `--listen` flag.
@@ -91,7 +212,7 @@ fn missing_hint(place: &Place, st: &std::process::ExitStatus, line: &[String]) -
         Place::Ssh { target, bin_dir } if st.code() == Some(127) => format!(
             " (the shell on {target} found no such command: is {} there? bin-dir is {})",
             line.iter()
-                .skip_while(|a| *a != "--")
+                .skip_while(|a| *a != "exec")
                 .nth(1)
                 .map_or("the binary", String::as_str),
             bin_dir.display()
@@ -274,15 +395,19 @@ impl LocalCluster {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(a) = line.strip_prefix("READY ") {
-                    let _ = tx.send(a.trim().to_string());
+                if let Some(pid) = remote_pid_of(&line) {
+                    let _ = tx.send(Err(pid));
+                } else if let Some(a) = line.strip_prefix("READY ") {
+                    let _ = tx.send(Ok(a.trim().to_string()));
                 }
             }
         });
         let deadline = Instant::now() + timeout;
+        let mut remote_pid = None;
         let addr = loop {
             match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(a) => {
+                Ok(Err(pid)) => remote_pid = Some(pid),
+                Ok(Ok(a)) => {
                     break a
                         .parse::<SocketAddr>()
                         .map_err(|e| anyhow!("{name} printed a bad address {a:?}: {e}"))?
@@ -315,28 +440,43 @@ impl LocalCluster {
             place: place.clone(),
             child,
             stdin,
+            remote_pid,
         });
         Ok(addr)
     }
 
     /// Fault injection: SIGKILL node `node`'s process and reap it (it leaves
-    /// [`LocalCluster::services`]). Returns its role name and bootstrap address, to
-    /// restart it with [`LocalCluster::start`] (`--listen <addr>` keeps the address).
+    /// [`LocalCluster::services`]); on another host through ssh (`kill -KILL <its pid
+    /// there>`), then its ssh client, which ends with it, is reaped. Returns its role
+    /// name and bootstrap address, to restart it with [`LocalCluster::start`]
+    /// (`--listen <addr>` keeps the address).
     ///
-    /// Errors: no such node; the signal could not be sent.
+    /// Errors: no such node; the signal could not be sent (or a remote service never
+    /// said its pid).
     pub fn kill(&mut self, node: u32) -> anyhow::Result<(String, SocketAddr)> {
         let i = self
             .services
             .iter()
             .position(|s| s.node == node)
             .ok_or_else(|| anyhow!("no service runs as node {node}"))?;
-        if self.services[i].place != Place::Local {
-            bail!("node {node} runs on another host: fault injection kills local services only");
-        }
         let mut s = self.services.remove(i);
-        s.child
-            .kill()
-            .with_context(|| format!("SIGKILL to {} (node {node})", s.name))?;
+        match (&s.place, s.remote_pid) {
+            (Place::Local, _) => s
+                .child
+                .kill()
+                .with_context(|| format!("SIGKILL to {} (node {node})", s.name))?,
+            (place, Some(pid)) => {
+                place
+                    .signal(pid, "KILL")
+                    .with_context(|| format!("SIGKILL to {} (node {node})", s.name))?;
+                reap_within(&mut s.child, Duration::from_secs(5));
+            }
+            (place, None) => bail!(
+                "{} (node {node}) on {} never said its pid there ({REMOTE_PID:?} line)",
+                s.name,
+                place.describe()
+            ),
+        }
         s.child
             .wait()
             .with_context(|| format!("reaping {} (node {node})", s.name))?;
@@ -382,8 +522,80 @@ impl LocalCluster {
     }
 }
 
+/// Wait up to `wait` for `child` to end (an ssh client whose remote process was
+/// killed ends with it), then SIGKILL it.
+pub fn reap_within(child: &mut Child, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    while matches!(child.try_wait(), Ok(None)) {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = child.wait();
+}
+
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remote_start_says_its_pid_then_execs_the_binary() {
+        let place = Place::Ssh {
+            target: "me@a".into(),
+            bin_dir: PathBuf::from("/opt/rrpc/bin"),
+        };
+        let line = place.command_line(
+            Path::new("/here/memnode"),
+            "memnode",
+            &["--listen".into(), "10.0.0.1:7010".into(), "a b".into()],
+        );
+        let at = line.iter().position(|a| a == "--").unwrap();
+        assert_eq!(line[at - 1], "me@a");
+        assert_eq!(
+            line[at + 1..].join(" "),
+            "echo REMOTE-PID $$; exec /opt/rrpc/bin/memnode --listen 10.0.0.1:7010 'a b'"
+        );
+        assert_eq!(remote_pid_of("REMOTE-PID 4242\n"), Some(4242));
+        assert_eq!(remote_pid_of("READY 127.0.0.1:1"), None);
+        let st = std::process::Command::new("sh")
+            .args(["-c", "exit 127"])
+            .status()
+            .unwrap();
+        assert!(missing_hint(&place, &st, &line).contains("is /opt/rrpc/bin/memnode there?"));
+        // Here: no ssh, the binary itself.
+        let local = Place::Local.command_line(Path::new("/here/memnode"), "memnode", &[]);
+        assert_eq!(local, vec!["/here/memnode".to_string()]);
+    }
+
+    #[test]
+    fn a_place_signals_reads_and_removes_here() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        Place::Local.signal(pid, "STOP").unwrap();
+        Place::Local.signal(pid, "CONT").unwrap();
+        assert!(Place::Local.signal(pid, "HUP?").is_err());
+        Place::Local.signal(pid, "KILL").unwrap();
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("ledger");
+        std::fs::write(&f, b"bytes").unwrap();
+        assert_eq!(Place::Local.read(&f).unwrap(), b"bytes");
+        Place::Local.remove(&f).unwrap();
+        Place::Local.remove(&f).unwrap();
+        assert!(Place::Local.read(&f).is_err());
+        assert_eq!(Place::Local.run(&["echo", "x"]).unwrap(), b"x\n");
+        let e = Place::Local
+            .run(&["sh", "-c", "echo no >&2; exit 3"])
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("no"), "{e:#}");
     }
 }

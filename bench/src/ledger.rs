@@ -88,12 +88,17 @@ impl Ledger {
     ///
     /// Errors: the file cannot be read.
     pub fn read(path: &Path) -> std::io::Result<Vec<SlotState>> {
-        let b = std::fs::read(path)?;
+        Ok(Self::parse(&std::fs::read(path)?))
+    }
+
+    /// The slots of a ledger file's bytes `b` (read here or on another host); a
+    /// trailing partial slot is ignored.
+    pub fn parse(b: &[u8]) -> Vec<SlotState> {
         let w = |s: usize, i: usize| {
             let o = (s * SLOT_WORDS + i) * 8;
             u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
         };
-        Ok((0..b.len() / (SLOT_WORDS * 8))
+        (0..b.len() / (SLOT_WORDS * 8))
             .map(|s| {
                 let r = REC[(w(s, CURRENT) & 1) as usize];
                 SlotState {
@@ -103,7 +108,7 @@ impl Ledger {
                     commits: w(s, r + 2),
                 }
             })
-            .collect())
+            .collect()
     }
 }
 

@@ -309,11 +309,17 @@ pub(crate) fn start(
         Some(a) => a,
         None => SocketAddr::new(local_ip_towards(towards)?, 0),
     };
-    let service = LockService::start_with(fabric, listen, &cfg, |h| {
-        if let Some(i) = &inbox {
-            i.register(h);
-        }
-    })
+    let service = LockService::start_with(
+        fabric,
+        listen,
+        &cfg,
+        &rrpc::node::RpcSettings::default(),
+        |h| {
+            if let Some(i) = &inbox {
+                i.register(h);
+            }
+        },
+    )
     .with_context(|| format!("starting compute node {node}'s lock service on {listen}"))?;
     // The cache's invalidation by remote write grants (Lotus, Algorithm 1, line 15),
     // installed before this node's coordinators start and fill it.

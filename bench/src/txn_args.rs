@@ -179,10 +179,18 @@ pub struct Args {
     /// file's first coordinator host, or with --cnodes 2 or more as coordinator
     /// processes on the file's coordinator hosts in turn (each on its host's device; the
     /// run's etcd listens on the first coordinator host's address). Sets --fabric and
-    /// --memnodes from the file.
+    /// --memnodes from the file; the coordinators' runtimes take its [runtime]. The
+    /// faults --kill-memnode-after, --kill-cn-after and --stop-cn-after reach a process
+    /// on another host through ssh.
     #[arg(long, value_name = "FILE")]
     #[serde(default)]
     pub hosts: Option<PathBuf>,
+    /// The coordinators' runtime settings: with --hosts, the topology file's
+    /// `[runtime]` (set by `txn-bench`, carried to coordinator processes in their
+    /// `--run-spec`); the defaults otherwise. Not a flag.
+    #[arg(skip)]
+    #[serde(default)]
+    pub runtime: Option<rrpc::runtime::RuntimeConfig>,
     /// With --hosts: print the command line of every service (per host) and exit
     /// without starting anything.
     #[arg(long)]
@@ -812,15 +820,17 @@ impl Args {
             bail!("--dry-run goes with --hosts");
         }
         if self.hosts.is_some() {
+            // Kills and stops of memory nodes and coordinator processes reach other
+            // hosts through ssh; restarting the oracle or the lock service is local only.
             let faults = [
-                ("--kill-cn-after", self.kill_cn_after.is_some()),
-                ("--stop-cn-after", self.stop_cn_after.is_some()),
-                ("--kill-memnode-after", self.kill_memnode_after.is_some()),
                 ("--kill-tso-after", self.kill_tso_after.is_some()),
                 ("--kill-lockd-after", self.kill_lockd_after.is_some()),
             ];
             if let Some((flag, _)) = faults.iter().find(|(_, on)| *on) {
-                bail!("{flag} runs on one host: with --hosts, fault injection is local only");
+                bail!(
+                    "{flag} runs on one host: with --hosts, the faults are --kill-memnode-after, \
+                     --kill-cn-after and --stop-cn-after"
+                );
             }
         }
         if within(self.kill_etcd_after) {

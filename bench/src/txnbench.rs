@@ -1049,6 +1049,7 @@ fn measure(
             incarnation: 0,
             ledger: None,
             qp_errors: args.qp_errors_ms.map(Duration::from_millis),
+            runtime: args.runtime.clone().unwrap_or_default(),
             reconnect_give_up: args
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
@@ -1589,6 +1590,9 @@ pub(crate) struct WorkerPlan {
     pub(crate) ledger: Option<(Arc<crate::ledger::Ledger>, usize)>,
     /// `--qp-errors-ms`: inject a QP error to memory node 0 this often.
     pub(crate) qp_errors: Option<Duration>,
+    /// The thread's runtime settings (a topology file's `[runtime]` with `--hosts`,
+    /// else the defaults), before `reconnect_give_up`.
+    pub(crate) runtime: RuntimeConfig,
     /// How long the thread's QP pools try to reconnect to an unreachable node before
     /// calling it gone (`None`: the runtime's default, 10 s). Memory-node kills use a
     /// short one: a killed node's operations then fail in a fraction of a second, and
@@ -1617,7 +1621,7 @@ pub(crate) fn worker(
         core_affinity::set_for_current(c);
     }
     let connected = (|| {
-        let mut rt = RuntimeConfig::default();
+        let mut rt = w.runtime.clone();
         if let Some(g) = w.reconnect_give_up {
             rt.reconnect_give_up = g;
         }

@@ -9,6 +9,9 @@
 //! - `--dry-run` prints each host's command lines and starts nothing.
 //! - A service started with `--exit-on-stdin-eof` stops when its stdin closes.
 //! - Flags that need one host are refused with --hosts.
+//! - A memory node and a coordinator process on another host are killed there through
+//!   ssh (their pids as they said them), and the runs pass every check.
+//! - `--numa N` binds a service to node N; a node the machine lacks is refused.
 
 mod common;
 
@@ -25,7 +28,15 @@ const LIMIT: Duration = Duration::from_secs(240);
 /// A one-host topology whose host is reached through ssh (the shim), the binaries
 /// where the tests' are.
 fn topology(dir: &Path, logs: &Path) -> PathBuf {
+    topology_with(dir, logs, 2)
+}
+
+/// [`topology`] with `memnodes` memory nodes.
+fn topology_with(dir: &Path, logs: &Path, memnodes: usize) -> PathBuf {
     let bin = txn_bench_bin_dir();
+    let memnodes: String = (0..memnodes)
+        .map(|_| format!("[[memnode]]\nhost = \"here\"\nport = {}\n", free_port()))
+        .collect();
     let text = format!(
         r#"name = "hosts-test"
 fabric = "shm"
@@ -36,13 +47,7 @@ log-dir = "{logs}"
 ctrl-ip = "127.0.0.1"
 ssh = "me@{{host}}"
 
-[[memnode]]
-host = "here"
-port = {m0}
-[[memnode]]
-host = "here"
-port = {m1}
-
+{memnodes}
 [lockd]
 host = "here"
 port = {l}
@@ -53,11 +58,12 @@ port = {t}
 
 [coordinators]
 hosts = ["here"]
+
+[runtime]
+call-timeout-ms = 2500
 "#,
         bin = bin.display(),
         logs = logs.display(),
-        m0 = free_port(),
-        m1 = free_port(),
         l = free_port(),
         t = free_port(),
     );
@@ -122,9 +128,10 @@ fn a_run_over_ssh_places_every_service_and_passes_every_check() {
             assert!(text.contains("serving"), "{f}: {text}");
         }
     }
-    // Scythe (run 2) has a lock service, at its role's port.
+    // Scythe (run 2) has a lock service, at its role's port, with the file's [runtime].
     let lockd = std::fs::read_to_string(logs.join("hosts-run-2/here.lockd.0.log")).unwrap();
     assert!(lockd.contains("127.0.0.1:"), "{lockd}");
+    assert!(lockd.contains("call_timeout_ms=2500"), "{lockd}");
 }
 
 #[test]
@@ -149,6 +156,235 @@ fn coordinator_processes_run_on_the_coordinator_hosts() {
     assert_eq!(r["cnodes"], 2, "{stdout}");
     assert_eq!(r["invariant_holds"], true, "{stdout}");
     assert!(stdout.contains("2 coordinator process(es)"), "{stdout}");
+}
+
+/// The ssh shim, each command it is given logged to `<dir>/ssh.log` first.
+fn logging_shim(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let inner = ssh_shim(dir);
+    let log = dir.join("ssh.log");
+    let p = dir.join("ssh-logging-shim");
+    std::fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+            log.display(),
+            inner.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (p, log)
+}
+
+/// `--kill-memnode-after` with `--hosts`: memory node 0 (a primary) runs "remotely"
+/// (through the shim) and is SIGKILLed there through ssh (`kill -KILL <its pid>`); the
+/// run fails it over to the partition's backup and passes every check, as on one host
+/// (see `failover.rs`).
+#[test]
+fn a_memnode_killed_over_ssh_fails_over_and_every_check_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology_with(dir.path(), &logs, 3);
+    let (shim, ssh_log) = logging_shim(dir.path());
+    let args = [
+        "--hosts",
+        topo.to_str().unwrap(),
+        "--protocol",
+        "mvcc",
+        "--replicas",
+        "2",
+        "--kill-memnode-after",
+        "1",
+        "--memnode",
+        "0",
+        "--duration",
+        "2.5",
+        "--coroutines",
+        "4",
+        "--accounts",
+        "2000",
+        "--timeline-ms",
+        "10",
+        "--each-type-first",
+        "--cluster",
+        "hosts-kill-mn",
+    ];
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "hosts-kill-mn",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(ok, "{stdout}");
+    assert_eq!(s["passed"], true, "{stdout}");
+    let r = &s["runs"][0];
+    let f = &r["failover"];
+    assert_eq!(f["memnode"], 0, "{stdout}");
+    assert_eq!(f["promoted"], serde_json::json!([0]), "{stdout}");
+    assert_eq!(f["lost"], serde_json::json!([]), "{stdout}");
+    for k in [
+        "durable",
+        "replicas_identical",
+        "serializable",
+        "invariant_holds",
+    ] {
+        assert_eq!(r[k], true, "{k}: {stdout}");
+    }
+    assert_eq!(r["locks_held"], 0, "{stdout}");
+    assert!(common::committed_from_ms(r, 1500) > 0, "{stdout}");
+    assert!(stdout.contains("failover: memnode 0 dead at "), "{stdout}");
+    assert!(stdout.contains("3 memnode(s)"), "{stdout}");
+    // The kill went through ssh, to the pid the service said it had there.
+    let ssh = std::fs::read_to_string(&ssh_log).unwrap();
+    let kill = ssh
+        .lines()
+        .find(|l| l.contains(" kill -KILL "))
+        .unwrap_or_else(|| panic!("no kill through ssh in:\n{ssh}"));
+    assert!(kill.contains("me@here -- kill -KILL "), "{kill}");
+}
+
+/// `--kill-cn-after` with `--hosts`: coordinator process 1 runs "remotely" and is
+/// SIGKILLed there through ssh; its ledger is read through ssh (`cat`), it is recovered
+/// and restarted, and every check passes (see `cnodes.rs`).
+#[test]
+fn a_cnode_killed_over_ssh_is_recovered_and_every_check_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology(dir.path(), &logs);
+    let (shim, ssh_log) = logging_shim(dir.path());
+    let mut args = run_args(&topo, "hosts-kill-cn");
+    args.extend([
+        "--protocol",
+        "mvcc",
+        "--cnodes",
+        "2",
+        "--duration",
+        "3",
+        "--kill-cn-after",
+        "1",
+        "--restart",
+    ]);
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "hosts-kill-cn",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(
+        ok,
+        "a check failed after the kill and the recovery:\n{stdout}"
+    );
+    let r = &s["runs"][0];
+    assert_eq!(r["invariant_holds"], true, "{stdout}");
+    assert_eq!(r["serializable"], true, "{stdout}");
+    assert_eq!(r["locks_held"], 0, "{stdout}");
+    let events: Vec<&str> = r["cnode_events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events: {stdout}"))
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("cnode 1 (pid ") && e.contains("died at")),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("recovery: cn 1 incarnation 0 dead at")),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("restarted") && e.contains("incarnation 1")),
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| e.contains("no ledger")),
+        "the ledger was read through ssh: {events:?}"
+    );
+    let ssh = std::fs::read_to_string(&ssh_log).unwrap();
+    assert!(ssh.contains("me@here -- kill -KILL "), "{ssh}");
+    assert!(
+        ssh.contains("me@here -- cat /dev/shm/rrpc-ledger-"),
+        "{ssh}"
+    );
+}
+
+/// `--stop-cn-after` with `--hosts`: coordinator process 2 is stopped and continued on
+/// its host through ssh (`kill -STOP`, `kill -CONT`); stopped past its lease, it is
+/// declared dead, fenced and recovered by a survivor, and every check passes (see
+/// `cnodes.rs`).
+#[test]
+fn a_cnode_stopped_over_ssh_is_fenced_and_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology(dir.path(), &logs);
+    let (shim, ssh_log) = logging_shim(dir.path());
+    let args = [
+        "--hosts",
+        topo.to_str().unwrap(),
+        "--workload",
+        "pairs",
+        "--protocol",
+        "mvcc",
+        "--cnodes",
+        "3",
+        "--threads",
+        "1",
+        "--coroutines",
+        "4",
+        "--groups",
+        "2000",
+        "--duration",
+        "6",
+        "--stop-cn-after",
+        "1",
+        "--stop-ms",
+        "3500",
+        "--cluster",
+        "hosts-stop-cn",
+    ];
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "hosts-stop-cn",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(
+        ok,
+        "a check failed after the stop and the recovery:\n{stdout}"
+    );
+    let r = &s["runs"][0];
+    let events: Vec<&str> = r["cnode_events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events: {stdout}"))
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("cnode 2 (pid ") && e.contains("stopped (SIGSTOP)")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.contains("lease ended at")),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("recovery: cn 2 incarnation 0 dead at")),
+        "{events:?}"
+    );
+    let ssh = std::fs::read_to_string(&ssh_log).unwrap();
+    assert!(ssh.contains("me@here -- kill -STOP "), "{ssh}");
+    assert!(ssh.contains("me@here -- kill -CONT "), "{ssh}");
 }
 
 #[test]
@@ -210,6 +446,7 @@ fn a_hosts_cpus_reach_its_services() {
         .find(|l| l.contains("/memnode ") && l.contains("--node 12 "))
         .unwrap_or_else(|| panic!("no memory node 12 in:\n{stdout}"));
     assert!(m2.contains("--cpus 0-15"), "{m2}");
+    assert!(m2.contains("--numa 0"), "the file's [defaults] numa: {m2}");
     let m0 = stdout
         .lines()
         .find(|l| l.contains("/memnode ") && l.contains("--node 10 "))
@@ -272,8 +509,8 @@ fn flags_that_need_one_host_are_refused_with_hosts() {
     let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/local.toml");
     for (extra, want) in [
         (
-            &["--cnodes", "2", "--kill-cn-after", "1"][..],
-            "--kill-cn-after runs on one host",
+            &["--kill-lockd-after", "1"][..],
+            "--kill-lockd-after runs on one host: with --hosts, the faults are",
         ),
         (
             &["--kill-tso-after", "1"][..],
@@ -398,4 +635,55 @@ hosts = ["b"]
     let sent = tx(netdev_a) - before;
     eprintln!("two hosts: {sent} bytes left {netdev_a} during the runs");
     assert!(sent > 1 << 20, "only {sent} bytes crossed {netdev_a}");
+}
+
+/// `--numa N` binds a service to NUMA node N before it starts (node 0 exists on every
+/// Linux machine); a node the machine lacks is refused, naming it.
+#[test]
+fn a_service_runs_on_its_numa_node_and_a_missing_node_is_named() {
+    let name = format!("numa-{}", std::process::id());
+    let out = Command::new(txn_bench_bin_dir().join("tso"))
+        .args(["--cluster", &name, "--node", "3", "--numa", "7"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("tso: NUMA node 7 does not exist on this machine"),
+        "{stderr}"
+    );
+    let mut child = Command::new(txn_bench_bin_dir().join("tso"))
+        .args(["--cluster", &name, "--node", "3", "--numa", "0"])
+        .args(["--exit-on-stdin-eof"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("READY ") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0,
+            "no READY with --numa 0"
+        );
+    }
+    // Its CPUs are node 0's (or those of them it may use).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let node0 = std::fs::read_to_string("/sys/devices/system/node/node0/cpulist").unwrap();
+    let parse = |s: &str| rrpc::topology::parse_cpu_list(s.trim()).unwrap();
+    assert!(
+        parse(&allowed).iter().all(|c| parse(&node0).contains(c)),
+        "allowed {allowed}, node 0 has {node0}"
+    );
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
 }

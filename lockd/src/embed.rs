@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rrpc::fabric::Fabric;
-use rrpc::node::{Node, NodeConfig, NodeError};
+use rrpc::node::{Node, NodeConfig, NodeError, RpcSettings};
 use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
 use serde::Deserialize;
 
@@ -303,11 +303,27 @@ impl LockService {
         listen: SocketAddr,
         cfg: &LockServiceConfig,
     ) -> Result<Self, StartError> {
-        Self::start_with(fabric, listen, cfg, |_| {})
+        Self::start_tuned(fabric, listen, cfg, &RpcSettings::default())
     }
 
-    /// [`Self::start`], with more RPC handlers of the embedding process registered by
-    /// `extra` on the service's server (ids from
+    /// [`LockService::start`] with the process's rrpc settings (a topology file's
+    /// `[runtime]` and `[server]`): the RPC server runs with `rpc.server`, except for
+    /// `cfg.threads` and, when not 0, `cfg.idle_sleep_us`, which win; the service's own
+    /// runtime contexts (the TSO bound's reader, the resharding loop, async handlers)
+    /// with `rpc.runtime`.
+    ///
+    /// Errors: [`StartError`].
+    pub fn start_tuned(
+        fabric: Fabric,
+        listen: SocketAddr,
+        cfg: &LockServiceConfig,
+        rpc: &RpcSettings,
+    ) -> Result<Self, StartError> {
+        Self::start_with(fabric, listen, cfg, rpc, |_| {})
+    }
+
+    /// [`Self::start_tuned`], with more RPC handlers of the embedding process registered
+    /// by `extra` on the service's server (ids from
     /// [`rrpc::server::Handlers::FIRST_APP_ID`] up: a compute node's transaction
     /// forwarding, for one). They share the service's threads and connections.
     ///
@@ -316,6 +332,7 @@ impl LockService {
         fabric: Fabric,
         listen: SocketAddr,
         cfg: &LockServiceConfig,
+        rpc: &RpcSettings,
         extra: impl FnOnce(&mut rrpc::server::Handlers),
     ) -> Result<Self, StartError> {
         cfg.validate()?;
@@ -339,10 +356,11 @@ impl LockService {
             takeout.set_grace(Duration::from_millis(cfg.restart_grace_ms));
         }
         if let Some(addr) = cfg.tso {
-            let bound = crate::tso_bound::TsoBound::start(
+            let bound = crate::tso_bound::TsoBound::start_with(
                 fabric.clone(),
                 addr,
                 Duration::from_millis(100),
+                rpc.runtime.clone(),
             )?;
             takeout.set_ts_bound(Box::new(bound));
             takeout.set_ts_slack(cfg.ts_slack);
@@ -382,7 +400,11 @@ impl LockService {
         takeout.register(&mut handlers, cfg.lock_order);
         lotus.register(&mut handlers);
         extra(&mut handlers);
-        let node = Node::start_with(
+        let mut settings = rpc.clone();
+        if cfg.idle_sleep_us != 0 {
+            settings.server.idle_sleep_us = cfg.idle_sleep_us;
+        }
+        let node = Node::start_tuned(
             fabric.clone(),
             NodeConfig {
                 role: "lockd".into(),
@@ -390,10 +412,7 @@ impl LockService {
                 exports,
                 rpc: Some((handlers, cfg.threads as usize)),
             },
-            rrpc::server::ServerConfig {
-                idle_sleep_us: cfg.idle_sleep_us,
-                ..Default::default()
-            },
+            &settings,
         )?;
         let stop = Arc::new(AtomicBool::new(false));
         let reshard = if cfg.reshard.nodes.is_empty() {
@@ -409,6 +428,7 @@ impl LockService {
             );
             Some(spawn_loop(
                 fabric,
+                rpc.runtime.clone(),
                 addrs,
                 cfg.reshard.loop_config(),
                 stop.clone(),
@@ -469,6 +489,7 @@ impl Drop for LockService {
 /// to every lock-table node at `addrs` (this one first), until `stop`.
 fn spawn_loop(
     fabric: Fabric,
+    runtime: RuntimeConfig,
     addrs: Vec<SocketAddr>,
     cfg: LoopConfig,
     stop: Arc<AtomicBool>,
@@ -476,7 +497,7 @@ fn spawn_loop(
     std::thread::Builder::new()
         .name("lockd-reshard".into())
         .spawn(move || {
-            let ctx = match ThreadCtx::new(fabric, RuntimeConfig::default()) {
+            let ctx = match ThreadCtx::new(fabric, runtime) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!(error = %e, "resharding loop: no runtime");

@@ -263,7 +263,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // Install the signal handler first so a signal during start-up is not lost.
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
     let fabric = node_args.open_fabric().context("opening the fabric")?;
-    let svc = LockService::start(fabric.clone(), node_args.listen, &cfg)?;
+    let rpc = node_args.rpc_settings()?;
+    let svc = LockService::start_tuned(fabric.clone(), node_args.listen, &cfg, &rpc)?;
     tracing::info!(
         cluster = %node_args.cluster,
         node = %node_args.node,
@@ -272,6 +273,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         locks = cfg.locks,
         table_bytes = cfg.locks * lockd::takeout::LOCK_STRIDE,
         threads = cfg.threads,
+        call_timeout_ms = rpc.runtime.call_timeout.as_millis() as u64,
+        idle_sleep_us = svc.node().server_config().map_or(0, |s| s.idle_sleep_us),
         cold_watermark = cfg.cold_watermark,
         hot_watermark = cfg.hot_watermark,
         lock_order = ?cfg.lock_order,
@@ -387,6 +390,50 @@ mod tests {
         let (c, _) = load(&ok, &none).unwrap();
         assert_eq!((c.reshard.nodes.len(), c.reshard.interval_ms), (2, 50));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// With --hosts, the file's [runtime] and [server] reach the service: its RPC server
+    /// runs with the file's keys (lockd's own idle-sleep-us and threads win).
+    #[test]
+    fn the_topology_files_runtime_and_server_reach_the_service() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let text = std::fs::read_to_string(format!("{dir}/local.toml")).unwrap();
+        let name = format!("lockd-rpc-{}", std::process::id());
+        let text = text.replace("name = \"local\"", &format!("name = \"{name}\""))
+            + "\n[runtime]\ncall-timeout-ms = 1234\n[server]\nmax-ring-bytes = 65536\nidle-sleep-us = 5\n";
+        let tmp = std::env::temp_dir().join(format!("{name}.toml"));
+        std::fs::write(&tmp, text).unwrap();
+        let cli: Cli = service::resolve_args(
+            "lockd",
+            ["lockd", "--hosts", tmp.to_str().unwrap(), "--as", "lockd"]
+                .map(Into::into)
+                .to_vec(),
+            &|| Ok("x".into()),
+        )
+        .unwrap();
+        let (mut cfg, node) = load(&cli, &|_: &str| false).unwrap();
+        let rpc = node.rpc_settings().unwrap();
+        assert_eq!(
+            rpc.runtime.call_timeout,
+            std::time::Duration::from_millis(1234)
+        );
+        cfg.locks = 16;
+        cfg.lock_table_slots = 1 << 12;
+        cfg.tso = None; // no oracle runs here
+        let (guard, _) = rrpc::fabric::shm::ClusterGuard::new(&name).unwrap();
+        let svc = LockService::start_tuned(
+            guard.open(node.node).unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+            &cfg,
+            &rpc,
+        )
+        .unwrap();
+        let server = svc.node().server_config().unwrap();
+        assert_eq!(server.max_ring_bytes, 65536, "the file's [server]");
+        assert_eq!(server.idle_sleep_us, 20, "[lockd]'s idle-sleep-us wins");
+        assert_eq!(server.threads, cfg.threads as usize);
+        drop(svc);
+        std::fs::remove_file(&tmp).unwrap();
     }
 
     #[test]

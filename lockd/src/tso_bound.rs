@@ -71,11 +71,24 @@ impl TsoBound {
     /// Errors: [`TsoBoundError`] when the thread cannot start or the oracle cannot be
     /// reached now.
     pub fn start(fabric: Fabric, tso: SocketAddr, wait: Duration) -> Result<Self, TsoBoundError> {
+        Self::start_with(fabric, tso, wait, RuntimeConfig::default())
+    }
+
+    /// [`TsoBound::start`] with the reading thread's runtime context configured by
+    /// `runtime`.
+    ///
+    /// Errors: those of [`TsoBound::start`].
+    pub fn start_with(
+        fabric: Fabric,
+        tso: SocketAddr,
+        wait: Duration,
+        runtime: RuntimeConfig,
+    ) -> Result<Self, TsoBoundError> {
         let (asks, rx) = mpsc::channel::<Ask>();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("lockd-tso-bound".into())
-            .spawn(move || serve(fabric, tso, rx, ready_tx))
+            .spawn(move || serve(fabric, tso, runtime, rx, ready_tx))
             .map_err(TsoBoundError::Thread)?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Self {
@@ -137,10 +150,11 @@ fn connect(ctx: &ThreadCtx, addr: SocketAddr, again: bool) -> Result<TsoClient, 
 fn serve(
     fabric: Fabric,
     addr: SocketAddr,
+    runtime: RuntimeConfig,
     asks: Receiver<Ask>,
     ready: SyncSender<Result<(), TsoBoundError>>,
 ) {
-    let ctx = match ThreadCtx::new(fabric, RuntimeConfig::default()) {
+    let ctx = match ThreadCtx::new(fabric, runtime) {
         Ok(c) => c,
         Err(e) => {
             let _ = ready.send(Err(TsoBoundError::Context(Box::new(e))));

@@ -55,6 +55,20 @@ fn reap(s: &Shared) {
     }
 }
 
+/// The rrpc settings of a process: its runtime contexts' ([`RuntimeConfig`]) and its
+/// RPC server's ([`ServerConfig`]). A topology file's `[runtime]` and `[server]` tables
+/// ([`crate::topology::Topology::rpc_settings`]); the defaults otherwise. As JSON or
+/// TOML, the tables `runtime` and `server`, each key optional.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RpcSettings {
+    /// Settings of every runtime context the process creates (its callers, and its
+    /// server threads' contexts for async handlers).
+    pub runtime: RuntimeConfig,
+    /// Settings of the process's RPC server (a binary's own thread count wins).
+    pub server: ServerConfig,
+}
+
 /// How to start a [`Node`].
 pub struct NodeConfig {
     /// Role name reported by `Info`.
@@ -89,6 +103,23 @@ impl Node {
             .is_some_and(|(h, _)| h.has_async())
             .then(|| ServerRuntime::new(RuntimeConfig::default()));
         Self::start_with_runtime(fabric, cfg, server, runtime)
+    }
+
+    /// Start the node's services on `fabric` with `settings`: its RPC server (if
+    /// `cfg.rpc` asks for one, whose thread count wins) configured by `settings.server`
+    /// and, when some handler is async, a runtime context with `settings.runtime` on
+    /// each server thread.
+    pub fn start_tuned(
+        fabric: Fabric,
+        cfg: NodeConfig,
+        settings: &RpcSettings,
+    ) -> Result<Self, NodeError> {
+        let runtime = cfg
+            .rpc
+            .as_ref()
+            .is_some_and(|(h, _)| h.has_async())
+            .then(|| ServerRuntime::new(settings.runtime.clone()));
+        Self::start_with_runtime(fabric, cfg, settings.server.clone(), runtime)
     }
 
     /// Start the node's services on `fabric`, with a runtime context on each RPC server
@@ -173,6 +204,11 @@ impl Node {
     /// The node's fabric.
     pub fn fabric(&self) -> &Fabric {
         &self.shared.fabric
+    }
+
+    /// The settings its RPC server runs with; `None` for a node without one.
+    pub fn server_config(&self) -> Option<&ServerConfig> {
+        self.shared.rpc.as_deref().map(RpcServer::config)
     }
 }
 

@@ -66,6 +66,19 @@ pub struct NodeArgs {
     /// A topology file's `cpus` (the role's, else its host's) fills it in.
     #[arg(long, value_name = "LIST", env = "RRPC_CPUS", value_parser = parse_cpus)]
     pub cpus: Option<String>,
+    /// rrpc settings of this process as JSON, `{"runtime": {...}, "server": {...}}`
+    /// with the keys of a topology file's `[runtime]` and `[server]` tables
+    /// (`call-timeout-ms`, `max-ring-bytes`, ...): `txn-bench --hosts` passes its file's
+    /// to the services it starts. Wins over --hosts' tables (default: those, else the
+    /// defaults).
+    #[arg(long = "rpc-settings", value_name = "JSON", value_parser = parse_rpc_settings)]
+    pub rpc_settings_json: Option<crate::node::RpcSettings>,
+    /// NUMA node to run on: the process's memory is bound to it (`set_mempolicy`
+    /// MPOL_BIND, before it registers any) and, without --cpus, it runs on the node's
+    /// CPUs (default: $RRPC_NUMA, else unbound). A topology file's `numa` (the role's,
+    /// else its host's) fills it in.
+    #[arg(long, value_name = "N", env = "RRPC_NUMA")]
+    pub numa: Option<u32>,
     /// Address peers reach this node at, `HOST[:PORT]` (default: the bound address; with a
     /// wildcard --listen such as 0.0.0.0:7000, the host name's address). Printed in the
     /// READY line; without a port, the bound port.
@@ -147,6 +160,16 @@ static ADVERTISE: OnceLock<SocketAddr> = OnceLock::new();
 static EXIT_ON_STDIN_EOF: OnceLock<bool> = OnceLock::new();
 /// `--cpus`, as parsed.
 static CPUS: OnceLock<Vec<usize>> = OnceLock::new();
+/// `--numa`, as parsed.
+static NUMA: OnceLock<u32> = OnceLock::new();
+
+/// Parse and check `--rpc-settings` (see [`NodeArgs::rpc_settings_json`]).
+pub fn parse_rpc_settings(s: &str) -> Result<crate::node::RpcSettings, String> {
+    let r: crate::node::RpcSettings = serde_json::from_str(s).map_err(|e| format!("{s:?}: {e}"))?;
+    r.runtime.validate().map_err(|e| format!("runtime: {e}"))?;
+    r.server.validate().map_err(|e| format!("server: {e}"))?;
+    Ok(r)
+}
 
 /// Check a `--cpus` list (see [`crate::topology::parse_cpu_list`]); keep it as given.
 fn parse_cpus(s: &str) -> Result<String, String> {
@@ -177,6 +200,179 @@ pub fn pin_to_cpus(cpus: &[usize]) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `MPOL_DEFAULT` of `<linux/mempolicy.h>`: the system's default memory policy.
+pub const MPOL_DEFAULT: i32 = 0;
+/// `MPOL_BIND` of `<linux/mempolicy.h>`: allocate memory on the given nodes only.
+pub const MPOL_BIND: i32 = 2;
+/// NUMA node masks passed to the kernel hold this many nodes.
+const NUMA_MASK_NODES: usize = 1024;
+const NUMA_MASK_WORDS: usize = NUMA_MASK_NODES / 64;
+
+/// What [`bind_process`] refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    /// The machine has no such NUMA node.
+    #[error("NUMA node {node} does not exist on this machine (no {}; its nodes: {nodes})", numa_dir(*node).display())]
+    NoSuchNumaNode {
+        /// The node asked for.
+        node: u32,
+        /// The machine's online nodes (sysfs `online`), or why they are unknown.
+        nodes: String,
+    },
+    /// Reading the node's CPUs (sysfs `cpulist`) failed, or it lists none.
+    #[error("NUMA node {node}: reading its CPUs: {source}")]
+    NumaCpus {
+        /// The node.
+        node: u32,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `set_mempolicy(MPOL_BIND)` failed (`EPERM` under a seccomp profile or a cpuset
+    /// that excludes the node).
+    #[error("binding memory to NUMA node {node}: set_mempolicy: {source}")]
+    Bind {
+        /// The node.
+        node: u32,
+        /// The kernel's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Pinning to the CPUs failed (see [`pin_to_cpus`]).
+    #[error("running on CPUs {cpus:?}: {source}")]
+    Pin {
+        /// The CPUs asked for.
+        cpus: Vec<usize>,
+        /// The kernel's error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The sysfs directory of NUMA node `node`.
+fn numa_dir(node: u32) -> PathBuf {
+    PathBuf::from(format!("/sys/devices/system/node/node{node}"))
+}
+
+/// The sysfs directory of NUMA node `node`, which must exist.
+///
+/// Errors: [`PlacementError::NoSuchNumaNode`].
+fn numa_node_dir(node: u32) -> Result<PathBuf, PlacementError> {
+    let dir = numa_dir(node);
+    if !dir.is_dir() {
+        let nodes = std::fs::read_to_string("/sys/devices/system/node/online")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("unknown ({e})"));
+        return Err(PlacementError::NoSuchNumaNode { node, nodes });
+    }
+    Ok(dir)
+}
+
+/// The CPUs of NUMA node `node` (its sysfs `cpulist`).
+///
+/// Errors: [`PlacementError::NoSuchNumaNode`] when the machine has no such node;
+/// [`PlacementError::NumaCpus`] when its list cannot be read or is empty (a node with
+/// memory only).
+pub fn numa_cpus(node: u32) -> Result<Vec<usize>, PlacementError> {
+    let dir = numa_node_dir(node)?;
+    let bad = |source| PlacementError::NumaCpus { node, source };
+    let text = std::fs::read_to_string(dir.join("cpulist")).map_err(bad)?;
+    let cpus = match text.trim() {
+        "" => Vec::new(),
+        t => topology::parse_cpu_list(t).map_err(|m| bad(std::io::Error::other(m)))?,
+    };
+    if cpus.is_empty() {
+        return Err(bad(std::io::Error::other("the node has no CPUs")));
+    }
+    Ok(cpus)
+}
+
+/// Bind the memory policy of the calling thread (and of every thread it starts from now
+/// on) to NUMA node `node`: `set_mempolicy(MPOL_BIND)`, so its pages, registered memory
+/// included, come from that node only. Call it before allocating what should live there.
+///
+/// Errors: [`PlacementError::NoSuchNumaNode`]; [`PlacementError::Bind`] when the kernel
+/// refuses.
+pub fn bind_memory_to_numa(node: u32) -> Result<(), PlacementError> {
+    numa_node_dir(node)?;
+    let bind = |source| PlacementError::Bind { node, source };
+    if node as usize >= NUMA_MASK_NODES {
+        return Err(bind(std::io::Error::from_raw_os_error(libc::EINVAL)));
+    }
+    let mut mask = [0 as libc::c_ulong; NUMA_MASK_WORDS];
+    mask[node as usize / 64] |= 1 << (node % 64);
+    // SAFETY: set_mempolicy reads `maxnode - 1` bits of the mask (the kernel's
+    // historical off-by-one), which is exactly the array's NUMA_MASK_NODES bits.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            MPOL_BIND,
+            mask.as_ptr(),
+            (NUMA_MASK_NODES + 1) as libc::c_ulong,
+        )
+    };
+    if r != 0 {
+        return Err(bind(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The calling thread's memory policy: its mode ([`MPOL_DEFAULT`], [`MPOL_BIND`], ...)
+/// and its nodes (`get_mempolicy`).
+///
+/// Errors: the kernel's.
+pub fn memory_policy() -> std::io::Result<(i32, Vec<u32>)> {
+    let mut mode: libc::c_int = -1;
+    let mut mask = [0 as libc::c_ulong; NUMA_MASK_WORDS];
+    // SAFETY: get_mempolicy writes one int to `mode` and at most `maxnode - 1` bits
+    // (NUMA_MASK_NODES) to the mask; a null address with flags 0 asks for the calling
+    // thread's policy.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut libc::c_int,
+            mask.as_mut_ptr(),
+            (NUMA_MASK_NODES + 1) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            0 as libc::c_ulong,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let nodes = (0..NUMA_MASK_NODES as u32)
+        .filter(|&n| mask[n as usize / 64] & (1 << (n % 64)) != 0)
+        .collect();
+    Ok((mode, nodes))
+}
+
+/// Place this process: with `numa`, bind its memory to that NUMA node
+/// ([`bind_memory_to_numa`]); pin it to `cpus`, else (with `numa`) to the node's CPUs.
+/// Call it from the main thread before any other thread starts: they all inherit the
+/// memory policy and the CPU set. Returns the CPUs it pinned to, if any.
+///
+/// Errors: see [`PlacementError`].
+pub fn bind_process(
+    cpus: Option<&[usize]>,
+    numa: Option<u32>,
+) -> Result<Option<Vec<usize>>, PlacementError> {
+    let cpus = match (cpus, numa) {
+        (Some(c), _) => Some(c.to_vec()),
+        (None, Some(n)) => Some(numa_cpus(n)?),
+        (None, None) => None,
+    };
+    if let Some(n) = numa {
+        bind_memory_to_numa(n)?;
+    }
+    if let Some(c) = &cpus {
+        pin_to_cpus(c).map_err(|source| PlacementError::Pin {
+            cpus: c.clone(),
+            source,
+        })?;
+    }
+    Ok(cpus)
 }
 
 /// The address to tell peers for a node bound to `bound`: `advertise` if given (with
@@ -281,6 +477,22 @@ impl NodeArgs {
         advertised(bound, self.advertise)
     }
 
+    /// The rrpc settings this process runs with: `--rpc-settings`; else, with `--hosts`,
+    /// the topology file's `[runtime]` and `[server]` ([`Topology::rpc_settings`]); the
+    /// defaults otherwise. A binary's own flags for a setting (a thread count,
+    /// `--idle-sleep-us`) win over them.
+    ///
+    /// Errors: the file does not load or check (see [`Topology::load`]).
+    pub fn rpc_settings(&self) -> Result<crate::node::RpcSettings, ArgsError> {
+        if let Some(s) = &self.rpc_settings_json {
+            return Ok(s.clone());
+        }
+        match &self.hosts {
+            Some(path) => Ok(Topology::load(path)?.rpc_settings()),
+            None => Ok(crate::node::RpcSettings::default()),
+        }
+    }
+
     /// The topology file and this process's role in it, when `--hosts` was given
     /// (`binary` is this program's name: a role of another binary is refused). The
     /// role's [`Role::settings`] are the service's own settings.
@@ -366,6 +578,7 @@ fn role_flags(topo: &Topology, role: &Role) -> Result<Vec<TopoFlag>, ArgsError> 
     put("tclass", host.tclass.map(|v| v.to_string()));
     put("sl", host.sl.map(|v| v.to_string()));
     put("cpus", role.cpus.clone().or_else(|| host.cpus.clone()));
+    put("numa", role.numa.or(host.numa).map(|n| n.to_string()));
     put("etcd", topo.etcd.first().cloned());
     put(
         "secret-file",
@@ -523,6 +736,9 @@ fn finish<T: clap::Parser>(m: &clap::ArgMatches) -> Result<T, ArgsError> {
     if let Ok(Some(c)) = m.try_get_one::<String>("cpus") {
         let _ = CPUS.set(crate::topology::parse_cpu_list(c).unwrap_or_default());
     }
+    if let Ok(Some(&n)) = m.try_get_one::<u32>("numa") {
+        let _ = NUMA.set(n);
+    }
     Ok(t)
 }
 
@@ -618,13 +834,21 @@ pub fn main_with<T: clap::Parser, E: std::fmt::Display>(
 ) -> std::process::ExitCode {
     let args: T = parse_args(name);
     init_logging();
-    if let Some(cpus) = CPUS.get() {
-        // Before any thread starts: they all inherit the set.
-        if let Err(e) = pin_to_cpus(cpus) {
-            eprintln!("{name}: --cpus {cpus:?}: {e}");
+    let numa = NUMA.get().copied();
+    // Before any thread starts: they all inherit the memory policy and the CPU set.
+    match bind_process(CPUS.get().map(Vec::as_slice), numa) {
+        Ok(cpus) => {
+            if let Some(n) = numa {
+                tracing::info!(numa = n, "memory bound to this NUMA node");
+            }
+            if let Some(cpus) = cpus {
+                tracing::info!(?cpus, "running on these CPUs only");
+            }
+        }
+        Err(e) => {
+            eprintln!("{name}: {e}");
             return std::process::ExitCode::from(2);
         }
-        tracing::info!(?cpus, "running on these CPUs only");
     }
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -673,6 +897,45 @@ mod tests {
         assert!(parse_cpus("3-1").is_err() && parse_cpus("x").is_err());
     }
 
+    #[test]
+    fn numa_binds_memory_and_cpus_to_the_node_and_a_missing_node_is_named() {
+        std::thread::spawn(|| {
+            assert_eq!(memory_policy().unwrap().0, MPOL_DEFAULT);
+            let node0 = numa_cpus(0).unwrap();
+            let all = affinity();
+            let pinned = bind_process(None, Some(0)).unwrap();
+            assert_eq!(memory_policy().unwrap(), (MPOL_BIND, vec![0]));
+            let want: Vec<usize> = node0.iter().copied().filter(|c| all.contains(c)).collect();
+            assert_eq!(pinned, Some(node0));
+            assert_eq!(affinity(), want, "without --cpus: the node's CPUs");
+            // A thread started now inherits the policy.
+            let inherited = std::thread::spawn(memory_policy).join().unwrap().unwrap();
+            assert_eq!(inherited, (MPOL_BIND, vec![0]));
+            // Explicit CPUs win over the node's.
+            let c = want[want.len() - 1];
+            assert_eq!(bind_process(Some(&[c]), Some(0)).unwrap(), Some(vec![c]));
+            assert_eq!(affinity(), vec![c]);
+        })
+        .join()
+        .unwrap();
+        std::thread::spawn(|| {
+            let e = bind_process(None, Some(7)).unwrap_err();
+            assert!(
+                matches!(e, PlacementError::NoSuchNumaNode { node: 7, .. }),
+                "{e}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains("NUMA node 7 does not exist") && msg.contains("node7"),
+                "{msg}"
+            );
+            assert!(bind_memory_to_numa(7).is_err());
+            assert_eq!(memory_policy().unwrap().0, MPOL_DEFAULT, "unchanged");
+        })
+        .join()
+        .unwrap();
+    }
+
     /// A memory node's command line: the node flags and some of its own.
     #[derive(Parser, Debug)]
     struct Memnode {
@@ -700,6 +963,7 @@ tclass = 106
 [hosts.a]
 ctrl-ip = "10.0.0.1"
 gid-index = 3
+numa = 1
 [hosts.b]
 ctrl-ip = "10.0.0.2"
 sl = 2
@@ -804,6 +1068,7 @@ port = 7002
         );
         assert_eq!(m.etcd.as_deref(), Some("http://10.0.0.1:2379"));
         assert!(m.verbose);
+        assert_eq!(m.node.numa, None, "host b has no numa");
         // Explicit flags win; --as auto finds host a's only role... a has two: memnode:0
         // and lockd, so auto must name the memnode through another file.
         let m: Memnode = parse(
@@ -828,6 +1093,14 @@ port = 7002
         )
         .unwrap();
         assert_eq!(m.node.listen, "0.0.0.0:9000".parse().unwrap());
+        assert_eq!(m.node.numa, Some(1), "host a's numa");
+        let n: Memnode = parse(
+            "memnode",
+            &["--hosts", f, "--as", "memnode:0", "--numa", "0"],
+            "x",
+        )
+        .unwrap();
+        assert_eq!(n.node.numa, Some(0), "--numa wins");
         assert_eq!((m.node.node, m.node.gid_index), (NodeId(42), Some(1)));
         assert_eq!(m.node.fabric, FabricKind::Shm);
         assert_eq!(
@@ -835,6 +1108,57 @@ port = 7002
             (Some(0), Some(2), None)
         );
         assert!(!m.verbose);
+        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn the_topology_files_runtime_and_server_tables_are_the_rpc_settings() {
+        let p = topo_file(
+            "rpc",
+            &format!("{FILE}\n[runtime]\ncall-timeout-ms = 1234\n[server]\nidle-sleep-us = 7\n"),
+        );
+        let f = p.to_str().unwrap();
+        let m: Memnode = parse("memnode", &["--hosts", f, "--as", "memnode:1"], "x").unwrap();
+        let s = m.node.rpc_settings().unwrap();
+        assert_eq!(
+            s.runtime.call_timeout,
+            std::time::Duration::from_millis(1234)
+        );
+        assert_eq!(s.server.idle_sleep_us, 7);
+        assert_eq!(
+            s.runtime.connect_timeout,
+            crate::runtime::RuntimeConfig::default().connect_timeout,
+            "keys left out keep their defaults"
+        );
+        // Without --hosts: the defaults.
+        let m: Memnode = parse("memnode", &["--node", "1"], "x").unwrap();
+        assert_eq!(
+            m.node.rpc_settings().unwrap(),
+            crate::node::RpcSettings::default()
+        );
+        // --rpc-settings wins over the file; bad settings are refused.
+        let json = r#"{"runtime":{"call-timeout-ms":99},"server":{"threads":2}}"#;
+        let m: Memnode = parse(
+            "memnode",
+            &["--hosts", f, "--as", "memnode:1", "--rpc-settings", json],
+            "x",
+        )
+        .unwrap();
+        let s = m.node.rpc_settings().unwrap();
+        assert_eq!(s.runtime.call_timeout, std::time::Duration::from_millis(99));
+        assert_eq!((s.server.threads, s.server.idle_sleep_us), (2, 0));
+        let back = parse_rpc_settings(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s, "round trip");
+        for bad in [
+            r#"{"runtime":{"call-timeout":1}}"#,
+            r#"{"server":{"threads":0}}"#,
+            "nope",
+        ] {
+            assert!(
+                parse::<Memnode>("memnode", &["--node", "1", "--rpc-settings", bad], "x").is_err(),
+                "{bad}"
+            );
+        }
         std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
     }
 

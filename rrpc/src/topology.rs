@@ -871,6 +871,14 @@ impl Topology {
     pub fn settings<T: DeserializeOwned>(&self, role: &Role) -> Result<T, TopologyError> {
         T::deserialize(role.settings.clone()).map_err(|e| self.invalid(role.table(), e.to_string()))
     }
+
+    /// The rrpc settings of every process of the cluster: `[runtime]` and `[server]`.
+    pub fn rpc_settings(&self) -> crate::node::RpcSettings {
+        crate::node::RpcSettings {
+            runtime: self.runtime.clone(),
+            server: self.server.clone(),
+        }
+    }
 }
 
 /// The machine's host name (`gethostname`), which `--as auto` looks up.

@@ -115,7 +115,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::warn!(%reason, "no device memory: the TSO counter lives in host memory");
     }
     let node = oracle
-        .serve(fabric.clone(), cli.node.listen)
+        .serve_tuned(fabric.clone(), cli.node.listen, &cli.node.rpc_settings()?)
         .context("starting the node")?;
     tracing::info!(
         cluster = %cli.node.cluster,

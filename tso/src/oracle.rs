@@ -7,7 +7,7 @@
 //! ([`crate::grouped`], [`crate::thread_tso`]).
 
 use rrpc::fabric::{DmPlacement, Fabric, MemoryRegion, RemoteAccess};
-use rrpc::node::{Node, NodeConfig};
+use rrpc::node::{Node, NodeConfig, RpcSettings};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -116,9 +116,23 @@ impl Oracle {
     ///
     /// Errors: [`TsoError::Start`] when the node cannot start (the address is taken).
     pub fn serve(&self, fabric: Fabric, listen: SocketAddr) -> Result<Node, TsoError> {
+        self.serve_tuned(fabric, listen, &RpcSettings::default())
+    }
+
+    /// [`Oracle::serve`] with the process's rrpc settings (a topology file's `[runtime]`
+    /// and `[server]`; the oracle's node has no RPC server, so only settings the node
+    /// itself uses apply).
+    ///
+    /// Errors: those of [`Oracle::serve`].
+    pub fn serve_tuned(
+        &self,
+        fabric: Fabric,
+        listen: SocketAddr,
+        rpc: &RpcSettings,
+    ) -> Result<Node, TsoError> {
         let mut exports = BTreeMap::new();
         exports.insert(EXPORT_NAME.to_string(), self.export());
-        Node::start(
+        Node::start_tuned(
             fabric,
             NodeConfig {
                 role: "tso".into(),
@@ -126,6 +140,7 @@ impl Oracle {
                 exports,
                 rpc: None,
             },
+            rpc,
         )
         .map_err(TsoError::Start)
     }

@@ -60,9 +60,9 @@ use std::time::Duration;
 
 use rrpc::ctrl::QpKind;
 use rrpc::fabric::Fabric;
-use rrpc::node::{node_info, Node, NodeConfig, ServerRuntime};
+use rrpc::node::{node_info, Node, NodeConfig, RpcSettings, ServerRuntime};
 use rrpc::runtime::{CallOpts, RuntimeConfig, ThreadCtx};
-use rrpc::server::{Handlers, ServerConfig};
+use rrpc::server::Handlers;
 use rrpc::straw::Straws;
 use serde::{Deserialize, Serialize};
 
@@ -401,7 +401,22 @@ impl Proxy {
         oracle: SocketAddr,
         cfg: &ProxyConfig,
     ) -> Result<Self, TsoError> {
-        Self::start_with(fabric, listen, oracle, cfg, TsoGroup::new())
+        Self::start_tuned(fabric, listen, oracle, cfg, &RpcSettings::default())
+    }
+
+    /// [`Proxy::start`] with the process's rrpc settings (a topology file's `[runtime]`
+    /// and `[server]`): the server threads' runtime contexts use `rpc.runtime` (with
+    /// threads per QP from `cfg`), the RPC server `rpc.server` (with `cfg.threads`).
+    ///
+    /// Errors: those of [`Proxy::start`].
+    pub fn start_tuned(
+        fabric: Fabric,
+        listen: SocketAddr,
+        oracle: SocketAddr,
+        cfg: &ProxyConfig,
+        rpc: &RpcSettings,
+    ) -> Result<Self, TsoError> {
+        Self::start_with(fabric, listen, oracle, cfg, rpc, TsoGroup::new())
     }
 
     /// **Broken on purpose** (test builds and feature `fault-injection` only): a proxy
@@ -415,7 +430,14 @@ impl Proxy {
         cfg: &ProxyConfig,
         extra: u64,
     ) -> Result<Self, TsoError> {
-        Self::start_with(fabric, listen, oracle, cfg, TsoGroup::prefetching(extra))
+        Self::start_with(
+            fabric,
+            listen,
+            oracle,
+            cfg,
+            &RpcSettings::default(),
+            TsoGroup::prefetching(extra),
+        )
     }
 
     fn start_with(
@@ -423,12 +445,13 @@ impl Proxy {
         listen: SocketAddr,
         oracle: SocketAddr,
         cfg: &ProxyConfig,
+        rpc: &RpcSettings,
         group: TsoGroup<Arc<TsoError>>,
     ) -> Result<Self, TsoError> {
         cfg.validate()?;
         let rt_cfg = RuntimeConfig {
             threads_per_qp: cfg.threads.div_ceil(cfg.oracle_qps),
-            ..RuntimeConfig::default()
+            ..rpc.runtime.clone()
         };
         let info = node_info(oracle, rt_cfg.connect_timeout)
             .map_err(|e| TsoError::Export(format!("oracle at {oracle}: {e}")))?;
@@ -473,7 +496,7 @@ impl Proxy {
                 exports,
                 rpc: Some((handlers, cfg.threads)),
             },
-            ServerConfig::default(),
+            rpc.server.clone(),
             Some(runtime),
         )
         .map_err(TsoError::Start)?;

@@ -76,6 +76,8 @@ fn fencers(memnodes: usize, protocol: Protocol) -> Vec<u16> {
 /// Errors: a bad run spec, a fabric or a cluster that cannot be reached, a thread that
 /// panicked, stdout closed.
 pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
+    // Before any thread starts: they all inherit the set.
+    crate::cnode::pin(a.cpus.as_deref(), a.numa)?;
     if a.cnode >= crate::txn_args::MAX_CNODES {
         bail!(
             "--cnode must be below {} (got {})",
@@ -255,6 +257,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             flush: Some(Flush { tx: tx.clone() }),
             incarnation: a.incarnation,
             ledger: Some((ledger.clone(), i * args.coroutines)),
+            runtime: args.runtime.clone().unwrap_or_default(),
             reconnect_give_up: args
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
@@ -531,9 +534,9 @@ struct Parent<'a> {
     bin: PathBuf,
     /// `--run-spec` of every child.
     spec: String,
-    /// With `--hosts`: where each compute node runs and its `--run-spec` (its host's
-    /// device).
-    places: Vec<(crate::launcher::Place, String)>,
+    /// With `--hosts`: where each compute node runs, its `--run-spec` (its host's
+    /// device), and where it runs in the host (see [`crate::hosts::CoordinatorPlace`]).
+    places: Vec<(String, crate::hosts::CoordinatorPlace)>,
     cluster_name: String,
     addrs: ClusterAddrs,
     ev_tx: mpsc::Sender<Tagged>,
@@ -644,11 +647,11 @@ impl<'a> Parent<'a> {
         let mut places = Vec::new();
         if let Some(l) = &cluster.layout {
             for i in 0..args.cnodes {
-                let (place, device, gid) = l.coordinator(i)?;
+                let c = l.coordinator(i)?;
                 let mut s = spec.clone();
-                s.rdma_device = device.or(s.rdma_device);
-                s.gid_index = gid.or(s.gid_index);
-                places.push((place, serde_json::to_string(&s)?));
+                s.rdma_device = c.device.clone().or(s.rdma_device);
+                s.gid_index = c.gid_index.or(s.gid_index);
+                places.push((serde_json::to_string(&s)?, c));
             }
         }
         let (ev_tx, ev_rx) = mpsc::channel();
@@ -788,7 +791,7 @@ impl<'a> Parent<'a> {
                     // middle of (the fabric's fence handshake); a process stopped there
                     // never finishes it. It is declared dead: kill it (its machine is this
                     // one), and the fence completes.
-                    if let Some(pid) = self.signal(index, libc::SIGKILL) {
+                    if let Some(pid) = self.signal(index, "KILL") {
                         let at = self.ms();
                         self.event(format!(
                             "cnode {index} (pid {pid}) SIGKILLed at {at:.0} ms: declared dead, and its memory nodes could not fence it (stopped in the middle of a one-sided WR)"
@@ -877,15 +880,25 @@ impl<'a> Parent<'a> {
         if let Some(h) = &mut self.history {
             h.note_lost(1 + rec.forward as u64);
         }
+        // The ledger is on the compute node's host: read through ssh for another one.
         let path = crate::ledger::Ledger::path(&self.cluster_name, node, inc);
-        match crate::ledger::Ledger::read(&path) {
-            Ok(slots) => {
+        let place = self
+            .cns
+            .iter()
+            .find(|c| c.index == index && c.incarnation == inc)
+            .map_or(crate::launcher::Place::Local, |c| c.place.clone());
+        match place.read(&path) {
+            Ok(bytes) => {
+                let slots = crate::ledger::Ledger::parse(&bytes);
                 let (net, _) = crate::ledger::settle(&slots, &rec.forward_notes);
                 self.ledger_net.insert((index, inc), net);
-                let _ = std::fs::remove_file(&path);
+                if let Err(e) = place.remove(&path) {
+                    self.event(format!("cnode {index} incarnation {inc}: {e:#}"));
+                }
             }
             Err(e) => self.event(format!(
-                "cnode {index} incarnation {inc}: no ledger ({}: {e}); its last commits are not counted",
+                "cnode {index} incarnation {inc}: no ledger on {} ({}: {e:#}); its last commits are not counted",
+                place.describe(),
                 path.display()
             )),
         }
@@ -895,9 +908,14 @@ impl<'a> Parent<'a> {
     /// Start compute node `index` as `incarnation` (with `t0`: running at once).
     /// Returns its pid.
     fn spawn(&mut self, index: usize, incarnation: u32, t0: Option<u64>) -> anyhow::Result<u32> {
-        let (place, spec) = match self.places.get(index) {
-            Some((p, s)) => (p.clone(), s.as_str()),
-            None => (crate::launcher::Place::Local, self.spec.as_str()),
+        let (place, spec, cpus, numa) = match self.places.get(index) {
+            Some((s, c)) => (c.place.clone(), s.as_str(), c.cpus.as_deref(), c.numa),
+            None => (
+                crate::launcher::Place::Local,
+                self.spec.as_str(),
+                None,
+                None,
+            ),
         };
         let c = spawn(
             &place,
@@ -909,6 +927,8 @@ impl<'a> Parent<'a> {
             incarnation,
             t0,
             self.membership.as_ref().map(|m| m.endpoint.as_str()),
+            cpus,
+            numa,
             &self.ev_tx,
         )?;
         let pid = c.pid;
@@ -1071,7 +1091,22 @@ impl<'a> Parent<'a> {
             return Ok(None);
         };
         c.stopping = true;
-        c.child.kill().context("SIGKILL to a cnode")?;
+        match &c.place {
+            crate::launcher::Place::Local => c.child.kill().context("SIGKILL to a cnode")?,
+            // On its host (its ssh client ends with it).
+            place => {
+                place.signal(c.pid, "KILL").with_context(|| {
+                    format!("SIGKILL to cnode {target} on {}", place.describe())
+                })?;
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while c.child.try_wait()?.is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if c.child.try_wait()?.is_none() {
+                    let _ = c.child.kill();
+                }
+            }
+        }
         let st = c.child.wait()?;
         c.gone = true;
         let (pid, node, inc) = (c.pid, c.node, c.incarnation);
@@ -1097,12 +1132,16 @@ impl<'a> Parent<'a> {
         }))
     }
 
-    /// Send `sig` to compute node `target`'s live incarnation; returns its pid.
-    fn signal(&self, target: usize, sig: libc::c_int) -> Option<u32> {
+    /// Send `sig` (`KILL`, `STOP`, `CONT`) to compute node `target`'s live incarnation,
+    /// on its host (through ssh for another one); returns its pid there. A signal that
+    /// cannot be sent is an event of the run.
+    fn signal(&mut self, target: usize, sig: &str) -> Option<u32> {
         let c = self.cns.iter().find(|c| c.index == target && !c.gone)?;
-        // SAFETY: kill(2) on a child we spawned and have not reaped.
-        unsafe { libc::kill(c.pid as libc::pid_t, sig) };
-        Some(c.pid)
+        let (pid, place) = (c.pid, c.place.clone());
+        if let Err(e) = place.signal(pid, sig) {
+            self.event(format!("cnode {target} (pid {pid}): SIG{sig}: {e:#}"));
+        }
+        Some(pid)
     }
 
     /// Progress on stderr: commits so far, from the streamed intervals.
@@ -1402,7 +1441,7 @@ impl<'a> Faults<'a> {
         }
         if self.stopped_at.is_none() && args.stop_cn_after.is_some_and(|k| now_s >= k) {
             self.stopped_at = Some(Instant::now());
-            if let Some(pid) = p.signal(target, libc::SIGSTOP) {
+            if let Some(pid) = p.signal(target, "STOP") {
                 let at = p.ms();
                 p.event(format!(
                     "cnode {target} (pid {pid}) stopped (SIGSTOP) at {at:.0} ms for {} ms",
@@ -1419,7 +1458,7 @@ impl<'a> Faults<'a> {
         if let (Some(t), false) = (self.stopped_at, self.continued) {
             if t.elapsed() >= Duration::from_millis(args.stop_ms) {
                 self.continued = true;
-                if let Some(pid) = p.signal(target, libc::SIGCONT) {
+                if let Some(pid) = p.signal(target, "CONT") {
                     let e = format!(
                         "cnode {target} (pid {pid}) continued (SIGCONT) at {:.0} ms",
                         p.ms()
@@ -1465,7 +1504,7 @@ impl<'a> Faults<'a> {
     fn finish(&mut self, p: &mut Parent<'_>, cluster: &mut RunCluster) -> anyhow::Result<()> {
         if let (Some(_), false) = (self.stopped_at, self.continued) {
             self.continued = true;
-            p.signal(self.target, libc::SIGCONT);
+            p.signal(self.target, "CONT");
         }
         let t0 = Instant::now();
         while self.manager.as_ref().is_some_and(|m| m.busy()) {

@@ -141,7 +141,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let (oracle, cfg) = load(&cli)?;
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
     let fabric = cli.node.open_fabric().context("opening the fabric")?;
-    let proxy = Proxy::start(fabric.clone(), cli.node.listen, oracle, &cfg)
+    let rpc = cli.node.rpc_settings()?;
+    let proxy = Proxy::start_tuned(fabric.clone(), cli.node.listen, oracle, &cfg, &rpc)
         .with_context(|| format!("starting the proxy of the oracle at {oracle}"))?;
     let o = proxy.oracle();
     tracing::info!(

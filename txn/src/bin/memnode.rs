@@ -311,7 +311,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             serde_json::to_value(export)?,
         );
     }
-    let node = Node::start(
+    let node = Node::start_tuned(
         fabric,
         NodeConfig {
             role: "memnode".into(),
@@ -319,6 +319,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             exports,
             rpc: None,
         },
+        &args.node.rpc_settings()?,
     )?;
     tracing::info!(
         cluster = %args.node.cluster,
