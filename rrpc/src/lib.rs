@@ -1,6 +1,35 @@
 //! `rrpc`: RDMA RPC for disaggregated-memory transaction systems (Scythe's RRPC,
 //! Scythe sections 3.4 and 4.6).
 //!
+//! # Embedding
+//!
+//! `use rrpc::prelude::*;` brings in what a program serving or calling RPCs needs; the
+//! same types are re-exported at the crate root:
+//! - a fabric: [`FabricConfig::new`]`(kind, cluster, node_id)` and [`Fabric::open`]
+//!   (the `shm` backend for one host, `verbs` behind the feature of that name);
+//! - a server: [`Handlers`] (plain, async and sorted-batch handlers by `u16` id, ids
+//!   below [`server::ids::FIRST_APP_ID`] reserved, a taken id an error) and
+//!   [`Node::start`] with a [`NodeConfig`] ([`NodeConfig::new`] and its setters);
+//! - a client: [`Runtime`] (threads x coroutines) or one [`ThreadCtx`] per thread,
+//!   [`ThreadCtx::connect_rpc`], then `ctx.call(node, id, &bytes).await` and one-sided
+//!   `read`/`write`/`cas`/`faa`, with [`CallOpts`] and [`ReplyMode`] for large replies;
+//! - typed RPCs ([`typed`]): an [`Rpc`] type names an id, request, response and codec
+//!   ([`Fixed`] zerocopy layouts, `Postcard` serde types with feature `serde-codec`);
+//!   [`Handlers::register_typed`] and [`ThreadCtx::call_typed`];
+//! - errors per operation: [`CallError`], [`ConnectError`], [`OneSidedError`],
+//!   [`RpcError`] (any of them, for `?`), [`TypedCallError`], [`NodeError`],
+//!   [`FabricError`], [`DuplicateId`].
+//!
+//! Every runtime or server thread polls and so costs a core. Examples:
+//! `examples/echo_server.rs` and `echo_client.rs` (two processes), `kv_typed.rs` (a
+//! typed key-value service, both sides in one process).
+//!
+//! Features: `verbs` (libibverbs backend), `serde-codec` (the postcard codec of typed
+//! RPCs), `service` (start-up helpers for service binaries: pulls clap, ctrlc and
+//! tracing-subscriber, which the default build does not).
+//!
+//! # Layers
+//!
 //! Layers, bottom up; a module imports only from those above it in this list:
 //! - [`mem`]: the byte-addressed memory interface rings are read and written through;
 //! - [`fabric`]: a verbs-like API (MRs with rkeys, RC QPs, CQs, WR lists posted with one
@@ -20,6 +49,7 @@
 //! - [`runtime`] and [`server`], which never import each other: the per-thread runtime
 //!   of coroutines making one-sided ops and calls, and the server threads running
 //!   plain, async and sorted-batch handlers;
+//! - [`typed`]: typed RPCs over [`server::Handlers`] and [`runtime::ThreadCtx`];
 //! - [`node`]: a process's presence in a cluster (fabric + bootstrap + exported regions
 //!   + server threads, optionally with a runtime for async handlers);
 //! - [`topology`]: the cluster's topology file (hosts, roles, node ids), which service
@@ -45,6 +75,32 @@ pub mod server;
 pub mod service;
 pub mod straw;
 pub mod topology;
+pub mod typed;
 pub mod wire;
 
+pub use fabric::{Fabric, FabricConfig, FabricError, FabricKind};
+pub use node::{Node, NodeConfig};
 pub use node_id::NodeId;
+pub use runtime::{
+    block_on, CallError, CallOpts, ConnectError, OneSidedError, RpcError, Runtime,
+    RuntimeConfig, ThreadCtx,
+};
+pub use server::{Caller, DuplicateId, Handlers, ServerConfig};
+pub use typed::{Codec, Fixed, Rpc, TypedCallError};
+pub use wire::ReplyMode;
+pub use ctrl::{NodeError, NodeInfo};
+
+/// What a program embedding rrpc needs, for `use rrpc::prelude::*`: the fabric, the
+/// server ([`Handlers`], [`Node`]), the client runtime ([`Runtime`], [`ThreadCtx`]),
+/// typed RPCs and the error types. Internal layers (rings, channels, straws, the
+/// control plane) stay in their modules.
+pub mod prelude {
+    #[cfg(feature = "serde-codec")]
+    pub use crate::typed::Postcard;
+    pub use crate::typed::{Codec, Fixed, Rpc, TypedCallError};
+    pub use crate::{
+        block_on, CallError, CallOpts, Caller, ConnectError, DuplicateId, Fabric, FabricConfig,
+        FabricError, FabricKind, Handlers, Node, NodeConfig, NodeError, NodeId, NodeInfo,
+        OneSidedError, ReplyMode, RpcError, Runtime, RuntimeConfig, ServerConfig, ThreadCtx,
+    };
+}
