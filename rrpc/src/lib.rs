@@ -16,6 +16,8 @@
 //! - typed RPCs ([`typed`]): an [`Rpc`] type names an id, request, response and codec
 //!   ([`Fixed`] zerocopy layouts, `Postcard` serde types with feature `serde-codec`);
 //!   [`Handlers::register_typed`] and [`ThreadCtx::call_typed`];
+//! - from tokio or any other thread: [`BridgeClient`] ([`bridge`]), a `Send + Clone`
+//!   handle on a dedicated rrpc thread, whose calls are futures any executor can await;
 //! - errors per operation: [`CallError`], [`ConnectError`], [`OneSidedError`],
 //!   [`RpcError`] (any of them, for `?`), [`TypedCallError`], [`NodeError`],
 //!   [`FabricError`], [`DuplicateId`].
@@ -49,6 +51,7 @@
 //! - [`runtime`] and [`server`], which never import each other: the per-thread runtime
 //!   of coroutines making one-sided ops and calls, and the server threads running
 //!   plain, async and sorted-batch handlers;
+//! - [`bridge`]: a `Send + Clone` client handle on a dedicated runtime thread;
 //! - [`typed`]: typed RPCs over [`server::Handlers`] and [`runtime::ThreadCtx`];
 //! - [`node`]: a process's presence in a cluster (fabric + bootstrap + exported regions
 //!   + server threads, optionally with a runtime for async handlers);
@@ -59,6 +62,7 @@
 pub mod arena;
 pub mod auth;
 pub mod bootstrap;
+pub mod bridge;
 pub mod channel;
 #[cfg(all(test, feature = "loom-models"))]
 mod channel_loom;
@@ -86,6 +90,7 @@ pub use runtime::{
     RuntimeConfig, ThreadCtx,
 };
 pub use server::{Caller, DuplicateId, Handlers, ServerConfig};
+pub use bridge::{BridgeClient, BridgeError};
 pub use typed::{Codec, Fixed, Rpc, TypedCallError};
 pub use wire::ReplyMode;
 pub use ctrl::{NodeError, NodeInfo};
@@ -99,7 +104,7 @@ pub mod prelude {
     pub use crate::typed::Postcard;
     pub use crate::typed::{Codec, Fixed, Rpc, TypedCallError};
     pub use crate::{
-        block_on, CallError, CallOpts, Caller, ConnectError, DuplicateId, Fabric, FabricConfig,
+        block_on, BridgeClient, BridgeError, CallError, CallOpts, Caller, ConnectError, DuplicateId, Fabric, FabricConfig,
         FabricError, FabricKind, Handlers, Node, NodeConfig, NodeError, NodeId, NodeInfo,
         OneSidedError, ReplyMode, RpcError, Runtime, RuntimeConfig, ServerConfig, ThreadCtx,
     };

@@ -79,6 +79,7 @@ pub const MAX_NODE_ID: u32 = u16::MAX as u32;
 /// What went wrong loading a topology file or finding a role in it. Each variant names
 /// the file; [`TopologyError::Invalid`] also the table and key.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TopologyError {
     /// The file could not be read.
     #[error("{path}: {source}")]

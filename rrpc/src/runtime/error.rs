@@ -10,6 +10,7 @@ use crate::rocket::RocketError;
 
 /// Why a node counts as gone: pending and later work to it fails with this.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum GoneReason {
     /// A failed QP could not be reconnected (the node's control plane is unreachable).
     #[error("reconnect failed: {0}")]
@@ -25,6 +26,7 @@ pub enum GoneReason {
 /// Errors of connection setup ([`super::ThreadCtx::connect`],
 /// [`super::ThreadCtx::connect_rpc`]) and of building a context.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The node's control plane failed or answered with an error.
     #[error("control plane of {addr}: {source}")]
@@ -51,6 +53,7 @@ pub enum ConnectError {
 
 /// Errors of one-sided operations ([`super::ThreadCtx::read`], `write`, `cas`, `faa`).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum OneSidedError {
     /// No connection to the node was set up on this thread.
     #[error("node {node} is not connected on this thread")]
@@ -88,6 +91,7 @@ pub enum OneSidedError {
 
 /// Errors of RPC calls ([`super::ThreadCtx::call`], [`super::ThreadCtx::call_with`]).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum CallError {
     /// No RPC channel to the node was set up on this thread.
     #[error("node {node} is not connected for RPC on this thread")]
@@ -158,6 +162,7 @@ pub enum CallError {
 
 /// Any error of the runtime, for code that mixes operations and uses `?`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RpcError {
     /// Connection setup.
     #[error(transparent)]
