@@ -38,8 +38,11 @@ fn run(cluster: &str, out: &mut impl Write) -> Result<(), Box<dyn std::error::Er
         guard.open(NodeId(1))?,
         NodeConfig::new("square", "127.0.0.1:0".parse()?).rpc(h, 1),
     )?;
-    let (bridge, nodes) =
-        BridgeClient::start(guard.open(NodeId(2))?, RuntimeConfig::default(), &[node.addr()])?;
+    let (bridge, nodes) = BridgeClient::start(
+        guard.open(NodeId(2))?,
+        RuntimeConfig::default(),
+        &[node.addr()],
+    )?;
     let server = nodes[0];
 
     let tokio = tokio::runtime::Builder::new_multi_thread()
@@ -95,7 +98,11 @@ mod tests {
     #[test]
     fn tokio_tasks_get_every_square_through_the_bridge() {
         let mut out = Vec::new();
-        run(&format!("bridge-tokio-test-{}", std::process::id()), &mut out).unwrap();
+        run(
+            &format!("bridge-tokio-test-{}", std::process::id()),
+            &mut out,
+        )
+        .unwrap();
         let n = TASKS * CALLS;
         let want: u64 = (0..n).map(|x| x * x).sum();
         assert_eq!(

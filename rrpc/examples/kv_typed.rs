@@ -170,7 +170,10 @@ mod tests {
         );
         assert!(lines[6].starts_with("bad get refused: "), "{out}");
         assert!(lines[6].contains("Get (handler 101)"), "{out}");
-        assert!(lines[6].contains("from 3 bytes (its layout has 8)"), "{out}");
+        assert!(
+            lines[6].contains("from 3 bytes (its layout has 8)"),
+            "{out}"
+        );
         assert_eq!(lines[7], "kv_typed: ok");
     }
 }

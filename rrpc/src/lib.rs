@@ -33,7 +33,7 @@
 //! # Layers
 //!
 //! Layers, bottom up; a module imports only from those above it in this list:
-//! - [`mem`]: the byte-addressed memory interface rings are read and written through;
+//! - `mem` (hidden): the byte-addressed memory interface rings are read and written through;
 //! - [`fabric`]: a verbs-like API (MRs with rkeys, RC QPs, CQs, WR lists posted with one
 //!   doorbell, selective signaling, device memory), its backends and the timing model;
 //! - [`rocket`]: the Rocket message ring (bucketed msg batching + doorbell batching,
@@ -41,10 +41,10 @@
 //! - [`wire`]: message kinds, reply modes and their fixed-layout prefixes;
 //! - [`auth`]: the cluster secret and the mutual challenge on control connections;
 //! - [`bootstrap`] and [`ctrl`]: the TCP control plane and its messages;
-//! - [`arena`]: registered buffers carved into chunks;
+//! - `arena` (hidden): registered buffers carved into chunks;
 //! - [`straw`]: RdmaStraws, per-node QP pools shared by a process's threads, with a
 //!   control thread for reconnects;
-//! - [`channel`]: one end of a Rocket pair (credits, sealing, the order of a list,
+//! - `channel` (hidden): one end of a Rocket pair (credits, sealing, the order of a list,
 //!   backlog, replay), used by callers and servers alike; sans-IO but for its posting
 //!   edge;
 //! - [`exec`]: the waker-driven single-thread executor;
@@ -59,16 +59,19 @@
 //!   binaries find their role in (`service`, behind the `service` feature, on top).
 #![warn(missing_docs)]
 
+#[doc(hidden)] // internal: a layer of the transport, no semver promise
 pub mod arena;
 pub mod auth;
 pub mod bootstrap;
 pub mod bridge;
+#[doc(hidden)] // internal: a layer of the transport, no semver promise
 pub mod channel;
 #[cfg(all(test, feature = "loom-models"))]
 mod channel_loom;
 pub mod ctrl;
 pub mod exec;
 pub mod fabric;
+#[doc(hidden)] // internal: a layer of the transport, no semver promise
 pub mod mem;
 pub mod node;
 mod node_id;
@@ -82,18 +85,18 @@ pub mod topology;
 pub mod typed;
 pub mod wire;
 
+pub use bridge::{BridgeClient, BridgeError};
+pub use ctrl::{NodeError, NodeInfo};
 pub use fabric::{Fabric, FabricConfig, FabricError, FabricKind};
 pub use node::{Node, NodeConfig};
 pub use node_id::NodeId;
 pub use runtime::{
-    block_on, CallError, CallOpts, ConnectError, OneSidedError, RpcError, Runtime,
-    RuntimeConfig, ThreadCtx,
+    block_on, CallError, CallOpts, ConnectError, OneSidedError, RpcError, Runtime, RuntimeConfig,
+    ThreadCtx,
 };
 pub use server::{Caller, DuplicateId, Handlers, ServerConfig};
-pub use bridge::{BridgeClient, BridgeError};
 pub use typed::{Codec, Fixed, Rpc, TypedCallError};
 pub use wire::ReplyMode;
-pub use ctrl::{NodeError, NodeInfo};
 
 /// What a program embedding rrpc needs, for `use rrpc::prelude::*`: the fabric, the
 /// server ([`Handlers`], [`Node`]), the client runtime ([`Runtime`], [`ThreadCtx`]),
@@ -104,8 +107,9 @@ pub mod prelude {
     pub use crate::typed::Postcard;
     pub use crate::typed::{Codec, Fixed, Rpc, TypedCallError};
     pub use crate::{
-        block_on, BridgeClient, BridgeError, CallError, CallOpts, Caller, ConnectError, DuplicateId, Fabric, FabricConfig,
-        FabricError, FabricKind, Handlers, Node, NodeConfig, NodeError, NodeId, NodeInfo,
-        OneSidedError, ReplyMode, RpcError, Runtime, RuntimeConfig, ServerConfig, ThreadCtx,
+        block_on, BridgeClient, BridgeError, CallError, CallOpts, Caller, ConnectError,
+        DuplicateId, Fabric, FabricConfig, FabricError, FabricKind, Handlers, Node, NodeConfig,
+        NodeError, NodeId, NodeInfo, OneSidedError, ReplyMode, RpcError, Runtime, RuntimeConfig,
+        ServerConfig, ThreadCtx,
     };
 }

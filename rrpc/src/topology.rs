@@ -4,7 +4,7 @@
 //!
 //! It is kept apart from an experiment's settings (workload, protocol, duration): the
 //! same topology serves many experiments. Every process can find its own role in it
-//! (`--hosts FILE --as ROLE[:i]|auto`, see [`crate::service`]), so a cluster starts by
+//! (`--hosts FILE --as ROLE[:i]|auto`, see `rrpc::service`, feature `service`), so a cluster starts by
 //! hand, with pdsh or tmux, under `srun`, or from a launcher.
 //!
 //! The file is plain TOML with kebab-case keys:

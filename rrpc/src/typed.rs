@@ -299,8 +299,7 @@ impl Handlers {
                 let req = decode::<R, R::Req>(&req, Part::Request).map_err(|e| e.to_string())?;
                 let resp = f(req).await?;
                 let mut out = Vec::new();
-                encode::<R, R::Resp>(&resp, &mut out, Part::Response)
-                    .map_err(|e| e.to_string())?;
+                encode::<R, R::Resp>(&resp, &mut out, Part::Response).map_err(|e| e.to_string())?;
                 Ok(out)
             }
         })
@@ -437,7 +436,9 @@ mod tests {
         assert_eq!((e.id, e.len, e.expected_len), (200, 3, Some(8)));
         let s = e.to_string();
         assert!(
-            s.contains("Sum (handler 200): cannot decode the response from 3 bytes (its layout has 8)"),
+            s.contains(
+                "Sum (handler 200): cannot decode the response from 3 bytes (its layout has 8)"
+            ),
             "{s}"
         );
     }

@@ -28,11 +28,7 @@ fn write_crate(dir: &Path, rrpc: &Path) {
         ),
     )
     .unwrap();
-    std::fs::copy(
-        rrpc.join("examples/kv_typed.rs"),
-        dir.join("src/main.rs"),
-    )
-    .unwrap();
+    std::fs::copy(rrpc.join("examples/kv_typed.rs"), dir.join("src/main.rs")).unwrap();
     std::fs::copy(rrpc.join("../Cargo.lock"), dir.join("Cargo.lock")).unwrap();
 }
 
@@ -49,7 +45,15 @@ fn a_crate_outside_the_workspace_builds_without_clap_and_runs_the_typed_example(
     let manifest = dir.join("Cargo.toml");
 
     let tree = cargo()
-        .args(["tree", "--offline", "--edges", "normal", "--prefix", "none", "--manifest-path"])
+        .args([
+            "tree",
+            "--offline",
+            "--edges",
+            "normal",
+            "--prefix",
+            "none",
+            "--manifest-path",
+        ])
         .arg(&manifest)
         .env("CARGO_TARGET_DIR", &target)
         .output()
@@ -60,10 +64,15 @@ fn a_crate_outside_the_workspace_builds_without_clap_and_runs_the_typed_example(
         "cargo tree: {}",
         String::from_utf8_lossy(&tree.stderr)
     );
-    assert!(tree_out.lines().any(|l| l.starts_with("rrpc v")), "{tree_out}");
+    assert!(
+        tree_out.lines().any(|l| l.starts_with("rrpc v")),
+        "{tree_out}"
+    );
     for banned in ["clap", "ctrlc", "tracing-subscriber"] {
         assert!(
-            !tree_out.lines().any(|l| l.starts_with(&format!("{banned} v"))),
+            !tree_out
+                .lines()
+                .any(|l| l.starts_with(&format!("{banned} v"))),
             "{banned} in the default dependency tree:\n{tree_out}"
         );
     }

@@ -82,7 +82,7 @@ pub struct DuplicateId {
 /// Handler ids reserved for this project's services, in one place. Each service's id
 /// constants are checked against its range at compile time (`lockd::wire`,
 /// `lockd::table_wire`, `lockd::load`, `tso::proxy`); applications take ids from
-/// [`FIRST_APP_ID`] up, and an embedder that runs, say, a lock service and its own
+/// [`FIRST_APP_ID`](ids::FIRST_APP_ID) up, and an embedder that runs, say, a lock service and its own
 /// service on one node only has to stay out of these ranges.
 pub mod ids {
     /// A range of handler ids, `first..=last`, reserved for `owner`.
@@ -384,8 +384,14 @@ mod tests {
         });
         let e = h.try_register(21, |_, _| Ok(())).err().expect("refused");
         assert_eq!(e, DuplicateId { id: 21 });
-        assert!(e.to_string().contains("ids 20..=39 belong to Lotus lock tables"), "{e}");
-        assert!(h.try_register_async(21, |_| async { Ok(Vec::new()) }).is_err());
+        assert!(
+            e.to_string()
+                .contains("ids 20..=39 belong to Lotus lock tables"),
+            "{e}"
+        );
+        assert!(h
+            .try_register_async(21, |_| async { Ok(Vec::new()) })
+            .is_err());
         let mut out = Vec::new();
         assert_eq!(h.call(21, &[], &mut out), MsgKind::Response);
         assert_eq!(out, [1]);
