@@ -54,7 +54,11 @@ impl Drop for Inner {
         // Ends the pump coroutine; the executor then finishes the jobs in flight.
         self.jobs.close_channel();
         if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
-            let _ = t.join();
+            // The last handle dropped by a coroutine of the bridge thread itself cannot
+            // wait for that thread; it ends on its own once its coroutines finish.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
