@@ -69,6 +69,18 @@ pub enum OneSidedError {
         /// Limit in bytes.
         max: usize,
     },
+    /// No registered buffer of that size is free on this thread ([`super::ThreadCtx::alloc_buf`]:
+    /// the thread's arena is in use by calls, one-sided ops and buffers not yet dropped).
+    #[error("no free registered buffer of {len} bytes on this thread")]
+    NoBuffer {
+        /// Bytes asked for.
+        len: usize,
+    },
+    /// A [`super::RegBuf`] used on a thread other than the one whose context allocated it
+    /// (its memory is registered there), or shorter than the op (nothing was sent; the
+    /// buffer is dropped).
+    #[error("registered buffer of another thread's context, or too short for the op")]
+    ForeignBuffer,
     /// The WR completed with an error status (its QP failed and is reconnected on the
     /// control thread; later ops go through).
     #[error("work request to node {node} failed: {status:?}")]
