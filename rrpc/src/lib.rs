@@ -93,8 +93,8 @@ pub use fabric::{Fabric, FabricConfig, FabricError, FabricKind};
 pub use node::{Node, NodeConfig};
 pub use node_id::NodeId;
 pub use runtime::{
-    block_on, CallError, CallOpts, ConnectError, OneSidedError, RpcError, Runtime, RuntimeConfig,
-    ThreadCtx,
+    block_on, CallError, CallOpts, ConnectError, OneSidedError, RegBuf, RpcError, Runtime,
+    RuntimeConfig, ThreadCtx,
 };
 pub use server::{Caller, DuplicateId, Handlers, ServerConfig};
 pub use typed::{Codec, Fixed, Rpc, TypedCallError};
@@ -111,7 +111,7 @@ pub mod prelude {
     pub use crate::{
         block_on, BridgeClient, BridgeError, CallError, CallOpts, Caller, ConnectError,
         DuplicateId, Fabric, FabricConfig, FabricError, FabricKind, Handlers, Node, NodeConfig,
-        NodeError, NodeId, NodeInfo, OneSidedError, ReplyMode, RpcError, Runtime, RuntimeConfig,
-        ServerConfig, ThreadCtx,
+        NodeError, NodeId, NodeInfo, OneSidedError, RegBuf, ReplyMode, RpcError, Runtime,
+        RuntimeConfig, ServerConfig, ThreadCtx,
     };
 }
