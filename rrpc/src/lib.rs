@@ -14,7 +14,8 @@
 //!   [`ThreadCtx::connect_rpc`], then `ctx.call(node, id, &bytes).await` and one-sided
 //!   `read`/`write`/`cas`/`faa`, with [`CallOpts`] and [`ReplyMode`] for large replies;
 //!   registered buffers of the caller's own ([`ThreadCtx::alloc_buf`], [`RegBuf`]) that
-//!   `read_into` and `write_from` transfer without allocating;
+//!   `read_into` and `write_from` transfer without allocating, and `call_into` gets a
+//!   reply in, written there by the server;
 //! - typed RPCs ([`typed`]): an [`Rpc`] type names an id, request, response and codec
 //!   ([`Fixed`] zerocopy layouts, `Postcard` serde types with feature `serde-codec`);
 //!   [`Handlers::register_typed`] and [`ThreadCtx::call_typed`];

@@ -85,3 +85,36 @@ fn reading_past_the_buffer_panics() {
     let mut dst = [0u8; 4];
     b.read(6, &mut dst);
 }
+
+#[test]
+fn call_into_returns_the_reply_in_a_registered_buffer() {
+    let c = setup("regbuf", "call");
+    let server = common::server(c.name(), 1);
+    let ctx = ThreadCtx::new(fabric(c.name(), 2), RuntimeConfig::default()).unwrap();
+    let node = ctx.connect_rpc(server.addr()).unwrap().node;
+    let cx = ctx.clone();
+    block_on(&ctx, async move {
+        let zc0 = cx.stats().zero_copy_replies;
+        for len in [1usize, 100, 3000] {
+            let req: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+            let buf = cx.call_into(node, common::ECHO, &req, 4096).await.unwrap();
+            assert_eq!(buf.len(), len);
+            assert_eq!(buf.to_vec(), req);
+            // The buffer is the caller's: it can go straight into a WRITE or be reused.
+            drop(buf);
+        }
+        // The server wrote each reply into the buffer (no inline fallback).
+        assert_eq!(cx.stats().zero_copy_replies - zc0, 3);
+        // A reply larger than the room given fails the call, naming the cause.
+        let big = vec![7u8; 2000];
+        match cx.call_into(node, common::ECHO, &big, 1000).await {
+            Err(CallError::Remote { .. }) | Err(CallError::TooLarge { .. }) => {}
+            other => panic!("want a too-large error, got {other:?}"),
+        }
+        // The handler's error comes back as the call's.
+        match cx.call_into(node, common::FAIL, b"x", 64).await {
+            Err(CallError::Remote { msg, .. }) => assert_eq!(msg, "refused on purpose"),
+            other => panic!("want the handler's error, got {other:?}"),
+        }
+    });
+}

@@ -167,6 +167,13 @@ pub enum CallError {
         /// Handler id.
         handler: u16,
     },
+    /// No registered buffer free for the reply of [`super::ThreadCtx::call_into`] (the
+    /// call itself succeeded).
+    #[error("no free registered buffer of {len} bytes for the reply")]
+    NoBuffer {
+        /// Bytes of the reply.
+        len: usize,
+    },
     /// The one-sided READ of a READ-mode reply failed.
     #[error("fetching the reply: {0}")]
     Fetch(#[source] OneSidedError),

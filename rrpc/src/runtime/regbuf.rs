@@ -3,7 +3,8 @@
 //! into it and [`ThreadCtx::write_from`] has it WRITE straight from it, so a READ costs no
 //! allocation and no copy into a fresh `Vec`; the caller then copies out only the bytes it
 //! needs ([`RegBuf::read`]). Operations take the buffer by value and give it back when
-//! they complete: while the NIC may touch it, nobody else can.
+//! they complete: while the NIC may touch it, nobody else can. [`ThreadCtx::call_into`]
+//! returns an RPC's reply in one, written there by the server (zero-copy mode).
 
 use std::rc::Rc;
 
@@ -39,6 +40,11 @@ impl std::fmt::Debug for RegBuf {
 }
 
 impl RegBuf {
+    /// The buffer over `len` bytes of `chunk`, a chunk of the arena whose memory is `mr`.
+    pub(super) fn from_chunk(chunk: Chunk, len: usize, mr: Rc<MemoryRegion>) -> Self {
+        Self { chunk, len, mr }
+    }
+
     /// Length in bytes (what [`ThreadCtx::read_into`] and [`ThreadCtx::write_from`]
     /// transfer).
     pub fn len(&self) -> usize {
