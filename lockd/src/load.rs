@@ -13,6 +13,7 @@ use crate::shard::N_SHARDS;
 /// Handler id of "send me your load sample for the interval just ended" (empty request;
 /// reply [`LoadSample::encode`]); each call ends the node's interval.
 pub const TABLE_STATS_HANDLER: u16 = 25;
+const _: () = assert!(rrpc::server::ids::LOCK_TABLES.contains(TABLE_STATS_HANDLER));
 
 /// Bytes of an encoded [`LoadSample`]'s header (ops, latency sum in ns, latency samples).
 const SAMPLE_HEADER_BYTES: usize = 24;

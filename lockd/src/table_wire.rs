@@ -46,6 +46,17 @@ pub const TABLE_DRAIN_HANDLER: u16 = 23;
 /// every incarnation of the node, or `node: u32, incarnation: u64` for one; reply: locks
 /// released, `u64`; Lotus 6).
 pub const TABLE_RELEASE_NODE_HANDLER: u16 = 24;
+// The lock tables' ids stay in their reserved range (`rrpc::server::ids`).
+const _: () = {
+    let r = rrpc::server::ids::LOCK_TABLES;
+    assert!(
+        r.contains(TABLE_OPS_HANDLER)
+            && r.contains(TABLE_MAP_HANDLER)
+            && r.contains(TABLE_INSTALL_HANDLER)
+            && r.contains(TABLE_DRAIN_HANDLER)
+            && r.contains(TABLE_RELEASE_NODE_HANDLER)
+    );
+};
 
 /// Bytes per request entry.
 pub const OP_BYTES: usize = 24;

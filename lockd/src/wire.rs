@@ -59,6 +59,12 @@ pub const RELEASE_NODE_HANDLER: u16 = 2;
 /// (1 to [`MAX_ENTRIES`]), `incarnation: u64`, `seq: u64`, `epoch: u64`, then the
 /// request's `n` lock ids (`u64` each). Reply: as [`RELEASE_NODE_HANDLER`]'s.
 pub const ABANDON_HANDLER: u16 = 3;
+// The lock service's ids stay in its reserved range (`rrpc::server::ids`).
+const _: () = assert!(
+    rrpc::server::ids::LOCKD.contains(LOCK_HANDLER)
+        && rrpc::server::ids::LOCKD.contains(RELEASE_NODE_HANDLER)
+        && rrpc::server::ids::LOCKD.contains(ABANDON_HANDLER)
+);
 /// Bytes of a release-node request.
 pub const RELEASE_NODE_BYTES: usize = 40;
 /// Bytes of a Lock RPC request's header.

@@ -200,14 +200,15 @@ impl UnusedArena {
     pub fn start(self) -> Arena {
         Arena {
             pool: ChunkPool::new(self.mr.len(), self.max_chunk),
-            mr: self.mr,
+            mr: Rc::new(self.mr),
         }
     }
 }
 
 /// Power-of-two chunk allocator over one registered MR.
 pub struct Arena {
-    mr: MemoryRegion,
+    /// Shared with the user buffers handed out of it (`runtime::RegBuf`).
+    mr: Rc<MemoryRegion>,
     pool: ChunkPool,
 }
 
@@ -233,6 +234,16 @@ impl Arena {
     /// The registered memory.
     pub fn mr(&self) -> &MemoryRegion {
         &self.mr
+    }
+
+    /// The registered memory, shared (for a buffer that reads and writes its chunk).
+    pub(crate) fn mr_shared(&self) -> Rc<MemoryRegion> {
+        self.mr.clone()
+    }
+
+    /// Whether `c` was handed out by this arena.
+    pub(crate) fn owns(&self, c: &Chunk) -> bool {
+        Rc::ptr_eq(&self.pool.lists, &c.lists)
     }
 
     /// Largest chunk in bytes.

@@ -85,6 +85,7 @@ impl fmt::Debug for ClusterSecret {
 
 /// Why a cluster secret cannot be had.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SecretError {
     /// The secret file could not be read.
     #[error("cluster secret file {path}: {source}")]
@@ -244,6 +245,7 @@ pub const AUTH_KEY: &str = "auth";
 
 /// Why a challenge failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthError {
     /// The peer speaks another version of the challenge.
     #[error("challenge version {got}, this side speaks {VERSION}")]

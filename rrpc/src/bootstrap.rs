@@ -74,6 +74,7 @@ const FIRST_CONN: usize = 2;
 
 /// Errors reported by the bootstrap server and client.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BootstrapError {
     /// An operating-system I/O error other than a timeout or a closed peer.
     /// `op` names the operation that failed (for example `"connect"`,

@@ -134,6 +134,7 @@ pub struct RpcAccept {
 
 /// Errors of node start-up and control-plane calls.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NodeError {
     /// A fabric operation failed.
     #[error(transparent)]

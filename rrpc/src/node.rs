@@ -82,6 +82,33 @@ pub struct NodeConfig {
     pub rpc: Option<(Handlers, usize)>,
 }
 
+impl NodeConfig {
+    /// A node named `role` listening on `listen` (port 0 picks one), exporting nothing
+    /// and serving no RPCs until [`NodeConfig::export`] and [`NodeConfig::rpc`] say so.
+    pub fn new(role: impl Into<String>, listen: SocketAddr) -> Self {
+        Self {
+            role: role.into(),
+            listen,
+            exports: BTreeMap::new(),
+            rpc: None,
+        }
+    }
+
+    /// Export `value` under `name` (reported by `Info`, read by clients through
+    /// [`NodeInfo::export`](crate::ctrl::NodeInfo::export)); a later value for the same
+    /// name replaces the earlier.
+    pub fn export(mut self, name: impl Into<String>, value: serde_json::Value) -> Self {
+        self.exports.insert(name.into(), value);
+        self
+    }
+
+    /// Serve `handlers` on `threads` server threads (at least one).
+    pub fn rpc(mut self, handlers: Handlers, threads: usize) -> Self {
+        self.rpc = Some((handlers, threads.max(1)));
+        self
+    }
+}
+
 impl Node {
     /// Start the node's services on `fabric`.
     pub fn start(fabric: Fabric, cfg: NodeConfig) -> Result<Self, NodeError> {

@@ -4,7 +4,7 @@
 //!
 //! It is kept apart from an experiment's settings (workload, protocol, duration): the
 //! same topology serves many experiments. Every process can find its own role in it
-//! (`--hosts FILE --as ROLE[:i]|auto`, see [`crate::service`]), so a cluster starts by
+//! (`--hosts FILE --as ROLE[:i]|auto`, see `rrpc::service`, feature `service`), so a cluster starts by
 //! hand, with pdsh or tmux, under `srun`, or from a launcher.
 //!
 //! The file is plain TOML with kebab-case keys:
@@ -79,6 +79,7 @@ pub const MAX_NODE_ID: u32 = u16::MAX as u32;
 /// What went wrong loading a topology file or finding a role in it. Each variant names
 /// the file; [`TopologyError::Invalid`] also the table and key.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TopologyError {
     /// The file could not be read.
     #[error("{path}: {source}")]

@@ -76,6 +76,7 @@ use crate::timestamp::{Timestamp, TimestampRange};
 pub const PROXY_EXPORT: &str = "tso-proxy";
 /// Handler id of the range RPC on a proxy.
 pub const RANGE_HANDLER: u16 = 60;
+const _: () = assert!(rrpc::server::ids::TSO.contains(RANGE_HANDLER));
 /// Largest count one range request may ask for (default of [`ProxyConfig::max_range`]).
 pub const DEFAULT_MAX_RANGE: u64 = 1 << 20;
 

@@ -36,8 +36,10 @@ use rrpc::server::{Handlers, ServerConfig};
 use rrpc::wire::Batching;
 
 /// Handler: reply with `u32 LE` bytes (the request's first 4 bytes); the request may be
-/// longer (its size is the request payload under test).
-const GEN: u16 = 1;
+/// longer (its size is the request payload under test). In the benchmarks' reserved range
+/// (`rrpc::server::ids`), clear of the lock service's ids.
+const GEN: u16 = 41;
+const _: () = assert!(rrpc::server::ids::BENCH_TXN.contains(GEN));
 
 #[derive(Parser, Debug)]
 #[command(

@@ -50,6 +50,7 @@ use tso::{
 
 /// Handler id of the RPC oracle.
 const RPC_ORACLE_HANDLER: u16 = 40;
+const _: () = assert!(rrpc::server::ids::BENCH_TXN.contains(RPC_ORACLE_HANDLER));
 /// Node id of the oracle.
 const ORACLE_NODE: u32 = 1;
 /// Node id of the proxy (proxy mode).

@@ -294,6 +294,7 @@ pub struct QpEndpoint {
 
 /// Errors of fabric operations.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FabricError {
     /// An OS call failed; `op` names the fabric operation.
     #[error("{op}: {source}")]

@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::calls::{Held, Reply};
-use super::{CallError, CallOpts, Inner, ReplyMode, RuntimeConfig, ThreadCtx};
+use super::{CallError, CallOpts, Inner, RegBuf, ReplyMode, RuntimeConfig, ThreadCtx};
 use crate::arena::Chunk;
 use crate::exec;
 use crate::fabric::{MemoryRegion, RemoteAddr, WrOpcode};
@@ -68,6 +68,80 @@ impl ThreadCtx {
         }
         .await;
         self.finish_call(node, handler, id, reply, held).await
+    }
+
+    /// Call handler `handler` on `node` with `req` and get the reply in a registered
+    /// buffer ([`RegBuf`]) rather than a `Vec`: the call runs in
+    /// [`ReplyMode::ZeroCopy`] with room for `reply_len` bytes, so the server WRITEs the
+    /// reply straight into the buffer returned (checked by its generation word in place,
+    /// never copied); a reply the server sent another way (inline) is copied into a
+    /// fresh buffer. Errors: those of [`ThreadCtx::call_with`], and
+    /// [`CallError::NoBuffer`] when that fresh buffer cannot be had.
+    pub async fn call_into(
+        &self,
+        node: NodeId,
+        handler: u16,
+        req: &[u8],
+        reply_len: usize,
+    ) -> Result<RegBuf, CallError> {
+        let opts = CallOpts {
+            mode: ReplyMode::ZeroCopy,
+            reply_len: Some(reply_len),
+            ..CallOpts::default()
+        };
+        let plan = CallPlan::new(&opts, &self.cfg, req.len())?;
+        self.revive(node);
+        let id = self.send_request(node, handler, req, plan).await?;
+        let (reply, held) = CallWait {
+            ctx: self,
+            id,
+            node,
+            done: false,
+        }
+        .await;
+        let Held { zc, req } = held;
+        drop(req);
+        match (reply, zc) {
+            (Reply::ZeroCopy(len), Some(c)) => self.zero_copy_in_place(node, handler, id, len, c),
+            (reply, zc) => {
+                drop(zc);
+                let v = self
+                    .finish_call(node, handler, id, reply, Held::default())
+                    .await?;
+                let mut buf = self
+                    .alloc_buf(v.len())
+                    .map_err(|_| CallError::NoBuffer { len: v.len() })?;
+                buf.write(0, &v);
+                Ok(buf)
+            }
+        }
+    }
+
+    /// The zero-copy reply of `len` bytes in target `c`, as a [`RegBuf`] over it, once
+    /// its generation word (just past the reply) is the call's `id`. Errors as
+    /// [`ThreadCtx::take_zero_copy`].
+    fn zero_copy_in_place(
+        &self,
+        node: NodeId,
+        handler: u16,
+        id: u64,
+        len: usize,
+        c: Chunk,
+    ) -> Result<RegBuf, CallError> {
+        if !zero_copy_fits(len, c.bytes()) {
+            return Err(CallError::Protocol {
+                node,
+                what: "zero-copy reply overruns the buffer",
+            });
+        }
+        let mut inner = self.inner.borrow_mut();
+        let mut gen = [0u8; 8];
+        inner.arena.mr().read(c.off() + len, &mut gen);
+        if u64::from_le_bytes(gen) != id {
+            inner.stats.expired_replies += 1;
+            return Err(CallError::Expired { node, handler });
+        }
+        Ok(RegBuf::from_chunk(c, len, inner.arena.mr_shared()))
     }
 
     /// Push the request of a call planned as `plan` once the ring has credit for it and

@@ -10,6 +10,7 @@ use crate::rocket::RocketError;
 
 /// Why a node counts as gone: pending and later work to it fails with this.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum GoneReason {
     /// A failed QP could not be reconnected (the node's control plane is unreachable).
     #[error("reconnect failed: {0}")]
@@ -25,6 +26,7 @@ pub enum GoneReason {
 /// Errors of connection setup ([`super::ThreadCtx::connect`],
 /// [`super::ThreadCtx::connect_rpc`]) and of building a context.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The node's control plane failed or answered with an error.
     #[error("control plane of {addr}: {source}")]
@@ -51,6 +53,7 @@ pub enum ConnectError {
 
 /// Errors of one-sided operations ([`super::ThreadCtx::read`], `write`, `cas`, `faa`).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum OneSidedError {
     /// No connection to the node was set up on this thread.
     #[error("node {node} is not connected on this thread")]
@@ -66,6 +69,18 @@ pub enum OneSidedError {
         /// Limit in bytes.
         max: usize,
     },
+    /// No registered buffer of that size is free on this thread ([`super::ThreadCtx::alloc_buf`]:
+    /// the thread's arena is in use by calls, one-sided ops and buffers not yet dropped).
+    #[error("no free registered buffer of {len} bytes on this thread")]
+    NoBuffer {
+        /// Bytes asked for.
+        len: usize,
+    },
+    /// A [`super::RegBuf`] used on a thread other than the one whose context allocated it
+    /// (its memory is registered there), or shorter than the op (nothing was sent; the
+    /// buffer is dropped).
+    #[error("registered buffer of another thread's context, or too short for the op")]
+    ForeignBuffer,
     /// The WR completed with an error status (its QP failed and is reconnected on the
     /// control thread; later ops go through).
     #[error("work request to node {node} failed: {status:?}")]
@@ -88,6 +103,7 @@ pub enum OneSidedError {
 
 /// Errors of RPC calls ([`super::ThreadCtx::call`], [`super::ThreadCtx::call_with`]).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum CallError {
     /// No RPC channel to the node was set up on this thread.
     #[error("node {node} is not connected for RPC on this thread")]
@@ -151,6 +167,13 @@ pub enum CallError {
         /// Handler id.
         handler: u16,
     },
+    /// No registered buffer free for the reply of [`super::ThreadCtx::call_into`] (the
+    /// call itself succeeded).
+    #[error("no free registered buffer of {len} bytes for the reply")]
+    NoBuffer {
+        /// Bytes of the reply.
+        len: usize,
+    },
     /// The one-sided READ of a READ-mode reply failed.
     #[error("fetching the reply: {0}")]
     Fetch(#[source] OneSidedError),
@@ -158,6 +181,7 @@ pub enum CallError {
 
 /// Any error of the runtime, for code that mixes operations and uses `?`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RpcError {
     /// Connection setup.
     #[error(transparent)]

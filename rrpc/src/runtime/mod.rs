@@ -35,6 +35,7 @@ pub mod config;
 mod credit;
 mod error;
 mod onesided;
+mod regbuf;
 
 use crate::NodeId;
 use std::cell::RefCell;
@@ -55,7 +56,9 @@ use self::credit::TicketQueue;
 pub use self::error::{CallError, ConnectError, GoneReason, OneSidedError, RpcError};
 use self::onesided::OpTable;
 pub use self::onesided::OpTiming;
-use crate::arena::Arena;
+use self::regbuf::LocalBuf;
+pub use self::regbuf::RegBuf;
+use crate::arena::{Arena, Chunk};
 use crate::channel::{post_items, Channel, Item, Lists};
 use crate::ctrl::{node_info, CtrlRequest, NodeInfo, QpKind, RocketOffer, RpcAccept};
 use crate::exec;
@@ -694,9 +697,47 @@ impl ThreadCtx {
         max: usize,
         timing: Option<&mut Option<OpTiming>>,
     ) -> Result<Vec<u8>, OneSidedError> {
+        let (r, buf) = self
+            .one_sided_op(
+                node,
+                opcode,
+                remote,
+                len,
+                LocalBuf::Alloc(data),
+                max,
+                timing,
+            )
+            .await;
+        let out = match buf {
+            Some((c, len)) => {
+                let mut out = vec![0u8; len];
+                if r.is_ok() {
+                    self.inner.borrow().arena.mr().read(c.off(), &mut out);
+                }
+                out
+            }
+            None => Vec::new(),
+        };
+        r.map(|()| out)
+    }
+
+    /// Queue one one-sided WR of `len` bytes on `buf` and wait for it. Returns the outcome
+    /// and, unless the op was never queued, its local buffer (chunk and length); an op
+    /// that cannot be queued fails with its buffer dropped (back to the arena).
+    #[allow(clippy::too_many_arguments)]
+    async fn one_sided_op(
+        &self,
+        node: NodeId,
+        opcode: WrOpcode,
+        remote: RemoteAddr,
+        len: usize,
+        mut buf: LocalBuf<'_>,
+        max: usize,
+        timing: Option<&mut Option<OpTiming>>,
+    ) -> (Result<(), OneSidedError>, Option<(Chunk, usize)>) {
         let timed = timing.is_some();
         self.revive(node);
-        let id = std::future::poll_fn(|cx| {
+        let queued = std::future::poll_fn(|cx| {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
             if len > max {
@@ -711,14 +752,23 @@ impl ThreadCtx {
                     why: why.clone(),
                 }));
             }
-            // No local buffer free: wait for in-flight ops to complete.
-            let Some(chunk) = inner.arena.alloc(len) else {
-                inner.stalled.push(cx.waker().clone());
-                return Poll::Pending;
+            let chunk = match &mut buf {
+                LocalBuf::Alloc(data) => {
+                    // No local buffer free: wait for in-flight ops to complete.
+                    let Some(chunk) = inner.arena.alloc(len) else {
+                        inner.stalled.push(cx.waker().clone());
+                        return Poll::Pending;
+                    };
+                    if let Some(d) = data {
+                        inner.arena.mr().write(chunk.off(), d);
+                    }
+                    chunk
+                }
+                LocalBuf::Given(c) => match c.take() {
+                    Some(c) if inner.arena.owns(&c) && c.bytes() >= len => c,
+                    _ => return Poll::Ready(Err(OneSidedError::ForeignBuffer)),
+                },
             };
-            if let Some(d) = data {
-                inner.arena.mr().write(chunk.off(), d);
-            }
             let wr = SendWr {
                 wr_id: 0,
                 opcode,
@@ -736,31 +786,22 @@ impl ThreadCtx {
             conn.os_glue.push(false);
             Poll::Ready(Ok(id))
         })
-        .await?;
+        .await;
+        let id = match queued {
+            Ok(id) => id,
+            Err(e) => return (Err(e), None),
+        };
         let r = OpWait {
             ctx: self,
             id,
             done: false,
         }
         .await;
-        let out = {
-            let mut inner = self.inner.borrow_mut();
-            let inner = &mut *inner;
-            if let Some(t) = timing {
-                *t = inner.ops.timing(id);
-            }
-            match inner.ops.finish(id) {
-                Some((c, len)) => {
-                    let mut out = vec![0u8; len];
-                    if r.is_ok() {
-                        inner.arena.mr().read(c.off(), &mut out);
-                    }
-                    out
-                }
-                None => Vec::new(),
-            }
-        };
-        r.map(|()| out)
+        let mut inner = self.inner.borrow_mut();
+        if let Some(t) = timing {
+            *t = inner.ops.timing(id);
+        }
+        (r, inner.ops.finish(id))
     }
 
     /// Queue a control message (Release, Cancel) to `node` (sent next round).

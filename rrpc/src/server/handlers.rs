@@ -65,6 +65,95 @@ pub type KeyFn = Arc<dyn Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync>;
 /// request, in the order given.
 pub type BatchFn = Arc<dyn Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync>;
 
+/// A handler id registered twice on one [`Handlers`] ([`Handlers::try_register`]; the
+/// `register*` methods panic with this text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "handler id {id} registered twice on one node (one handler per id; Handlers::remove \
+     replaces on purpose{})",
+    ids::owner(*id).map(|o| format!("; ids {}..={} belong to {}", o.first, o.last, o.owner)).unwrap_or_default()
+)]
+#[non_exhaustive]
+pub struct DuplicateId {
+    /// The id.
+    pub id: u16,
+}
+
+/// Handler ids reserved for this project's services, in one place. Each service's id
+/// constants are checked against its range at compile time (`lockd::wire`,
+/// `lockd::table_wire`, `lockd::load`, `tso::proxy`); applications take ids from
+/// [`FIRST_APP_ID`](ids::FIRST_APP_ID) up, and an embedder that runs, say, a lock service and its own
+/// service on one node only has to stay out of these ranges.
+pub mod ids {
+    /// A range of handler ids, `first..=last`, reserved for `owner`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct IdRange {
+        /// The first id of the range.
+        pub first: u16,
+        /// The last id of the range (inclusive).
+        pub last: u16,
+        /// Who uses it.
+        pub owner: &'static str,
+    }
+
+    impl IdRange {
+        /// Whether `id` lies in the range (usable in `const` assertions).
+        pub const fn contains(&self, id: u16) -> bool {
+            self.first <= id && id <= self.last
+        }
+    }
+
+    /// The lock service, `lockd::wire`: Lock 1, release-node 2, abandon 3.
+    pub const LOCKD: IdRange = IdRange {
+        first: 1,
+        last: 19,
+        owner: "the lock service (lockd::wire)",
+    };
+    /// Lotus lock tables, `lockd::table_wire` and `lockd::load`: 20 to 25.
+    pub const LOCK_TABLES: IdRange = IdRange {
+        first: 20,
+        last: 39,
+        owner: "Lotus lock tables (lockd::table_wire, lockd::load)",
+    };
+    /// Benchmarks and transaction services (`tso-bench`'s RPC oracle: 40).
+    pub const BENCH_TXN: IdRange = IdRange {
+        first: 40,
+        last: 59,
+        owner: "benchmarks and transaction services",
+    };
+    /// The timestamp oracle and its proxies (`tso::proxy`: range 60).
+    pub const TSO: IdRange = IdRange {
+        first: 60,
+        last: 99,
+        owner: "the timestamp oracle and its proxies (tso::proxy)",
+    };
+    /// Every reserved range, in id order.
+    pub const RESERVED: [IdRange; 4] = [LOCKD, LOCK_TABLES, BENCH_TXN, TSO];
+    /// The first handler id left to applications; every id from it up is free.
+    pub const FIRST_APP_ID: u16 = 100;
+
+    /// The reserved range `id` lies in, if any.
+    pub fn owner(id: u16) -> Option<IdRange> {
+        RESERVED.into_iter().find(|r| r.contains(id))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn ranges_are_ordered_disjoint_and_end_below_the_app_ids() {
+            for w in RESERVED.windows(2) {
+                assert!(w[0].first <= w[0].last && w[0].last < w[1].first, "{w:?}");
+            }
+            assert_eq!(RESERVED[RESERVED.len() - 1].last + 1, FIRST_APP_ID);
+            assert_eq!(owner(60).map(|r| r.first), Some(60));
+            assert_eq!(owner(FIRST_APP_ID), None);
+            assert_eq!(owner(0), None);
+        }
+    }
+}
+
 /// What is registered under one id.
 #[derive(Clone)]
 pub(crate) enum Entry {
@@ -77,26 +166,21 @@ pub(crate) enum Entry {
 
 /// Handlers by id: one handler per id on a node. Registering an id twice is a bug of
 /// the program that does it (two services embedded in one node that chose the same id,
-/// say) and panics at setup, naming the id, rather than leaving one of them silently
-/// unreachable; [`Handlers::contains`] asks first, [`Handlers::remove`] replaces on
-/// purpose.
+/// say): the `register*` methods panic at setup, naming the id, rather than leaving one
+/// of them silently unreachable, and [`Handlers::try_register`] (and
+/// `try_register_typed`) return [`DuplicateId`] instead. [`Handlers::contains`] asks
+/// first, [`Handlers::remove`] replaces on purpose.
 ///
-/// Ids this project's services use (stay clear of them when embedding one):
-/// - `1..=19`: the lock service (`lockd::wire`: Lock 1, release-node 2, abandon 3);
-/// - `20..=39`: Lotus lock tables (`lockd::table_wire`, `lockd::load`: 20 to 25);
-/// - `40..=59`: benchmarks and transaction services (`tso-bench`'s RPC oracle: 40);
-/// - `60..=99`: the timestamp oracle and its proxies (`tso::proxy`: range 60).
-///
-/// Applications use ids from [`Handlers::FIRST_APP_ID`] (100) up.
+/// The ids this project's services use are reserved in [`ids`] (stay clear of them when
+/// embedding one); applications use ids from [`ids::FIRST_APP_ID`] (100) up.
 #[derive(Clone, Default)]
 pub struct Handlers {
     map: HashMap<u16, Entry, IdHash>,
 }
 
 impl Handlers {
-    /// The first handler id left to applications (below it: this project's services;
-    /// see the type's docs).
-    pub const FIRST_APP_ID: u16 = 100;
+    /// The first handler id left to applications ([`ids::FIRST_APP_ID`]).
+    pub const FIRST_APP_ID: u16 = ids::FIRST_APP_ID;
 
     /// An empty registry.
     pub fn new() -> Self {
@@ -114,18 +198,41 @@ impl Handlers {
         self.map.remove(&id).is_some()
     }
 
-    /// Put `e` under `id`. Panics if `id` is taken (the type's docs).
-    fn insert(&mut self, id: u16, e: Entry) -> &mut Self {
+    /// Put `e` under `id`, or refuse if `id` is taken.
+    fn try_insert(&mut self, id: u16, e: Entry) -> Result<&mut Self, DuplicateId> {
         if self.map.contains_key(&id) {
-            panic!(
-                "rrpc: handler id {id} registered twice on one node (one handler per id; \
-                 Handlers::remove replaces on purpose, and ids below {} belong to this \
-                 project's services)",
-                Self::FIRST_APP_ID
-            );
+            return Err(DuplicateId { id });
         }
         self.map.insert(id, e);
-        self
+        Ok(self)
+    }
+
+    /// Put `e` under `id`. Panics if `id` is taken (the type's docs).
+    fn insert(&mut self, id: u16, e: Entry) -> &mut Self {
+        match self.try_insert(id, e) {
+            Ok(s) => s,
+            Err(e) => panic!("rrpc: {e}"),
+        }
+    }
+
+    /// Register `f` as handler `id` like [`Handlers::register`], but return
+    /// [`DuplicateId`] (registering nothing) if `id` is taken.
+    pub fn try_register(
+        &mut self,
+        id: u16,
+        f: impl Fn(&[u8], &mut Vec<u8>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Result<&mut Self, DuplicateId> {
+        self.try_insert(id, Entry::Sync(Arc::new(f)))
+    }
+
+    /// Register async handler `id` like [`Handlers::register_async`], but return
+    /// [`DuplicateId`] (registering nothing) if `id` is taken.
+    pub fn try_register_async<F, Fut>(&mut self, id: u16, f: F) -> Result<&mut Self, DuplicateId>
+    where
+        F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<u8>, String>> + 'static,
+    {
+        self.try_insert(id, Entry::Async(Arc::new(move |req| Box::pin(f(req)))))
     }
 
     /// Register `f` as handler `id`, panicking if `id` is taken (the type's docs). It runs inline in the
@@ -266,6 +373,29 @@ mod tests {
         let mut h = Handlers::new();
         h.register(7, |_, _| Ok(()));
         h.register_async(7, |_| async { Ok(Vec::new()) });
+    }
+
+    #[test]
+    fn try_register_refuses_a_taken_id_and_keeps_the_first_handler() {
+        let mut h = Handlers::new();
+        h.register(21, |_, out| {
+            out.push(1);
+            Ok(())
+        });
+        let e = h.try_register(21, |_, _| Ok(())).err().expect("refused");
+        assert_eq!(e, DuplicateId { id: 21 });
+        assert!(
+            e.to_string()
+                .contains("ids 20..=39 belong to Lotus lock tables"),
+            "{e}"
+        );
+        assert!(h
+            .try_register_async(21, |_| async { Ok(Vec::new()) })
+            .is_err());
+        let mut out = Vec::new();
+        assert_eq!(h.call(21, &[], &mut out), MsgKind::Response);
+        assert_eq!(out, [1]);
+        assert!(h.try_register(22, |_, _| Ok(())).is_ok());
     }
 
     #[test]

@@ -36,8 +36,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use self::handlers::{
-    AsyncCallerHandler, AsyncHandler, BatchFn, BatchReq, Caller, CallerHandler, Handler,
-    HandlerFuture, Handlers, KeyFn,
+    ids, AsyncCallerHandler, AsyncHandler, BatchFn, BatchReq, Caller, CallerHandler, DuplicateId,
+    Handler, HandlerFuture, Handlers, KeyFn,
 };
 use self::worker::{Cmd, NewConn, SortedHub, Worker};
 use crate::arena::UnusedArena;

@@ -1,0 +1,460 @@
+//! Typed RPCs without code generation: a type implementing [`Rpc`] names a handler id, a
+//! request type, a response type and the [`Codec`] that turns both into bytes. The server
+//! registers a typed handler with [`Handlers::register_typed`] (or its async and
+//! fallible-registration variants); a client calls it with [`ThreadCtx::call_typed`].
+//! Both are thin layers over [`Handlers::register`] and [`ThreadCtx::call_with`]: the
+//! bytes on the wire are the codec's, nothing is added.
+//!
+//! Codecs:
+//! - [`Fixed`]: fixed layouts through `zerocopy` (`FromBytes + IntoBytes + Immutable`):
+//!   the value's bytes as they lie in memory, checked for length on decode. Use
+//!   `#[repr(C)]` structs of `zerocopy::little_endian` integers so that hosts of either
+//!   byte order agree; the derives need `zerocopy` as a dependency of the crate using
+//!   them, or `#[zerocopy(crate = "rrpc::typed::zerocopy")]` on the type.
+//! - `Postcard` (feature `serde-codec`): any `serde` type, as postcard bytes (varint
+//!   integers, length-prefixed strings and vectors), for variable-length messages.
+//!
+//! ```
+//! use rrpc::typed::{zerocopy, Fixed, Rpc};
+//! use zerocopy::little_endian::U64;
+//!
+//! #[derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, Debug)]
+//! #[zerocopy(crate = "rrpc::typed::zerocopy")]
+//! #[repr(C)]
+//! struct Add { a: U64, b: U64 }
+//!
+//! struct AddRpc;
+//! impl Rpc for AddRpc {
+//!     const ID: u16 = rrpc::server::ids::FIRST_APP_ID;
+//!     type Req = Add;
+//!     type Resp = U64;
+//!     type Codec = Fixed;
+//! }
+//!
+//! let mut handlers = rrpc::server::Handlers::new();
+//! handlers.register_typed::<AddRpc>(|r| Ok(U64::new(r.a.get() + r.b.get())));
+//! // A client on a runtime thread: `ctx.call_typed::<AddRpc>(node, &req).await?`.
+//! ```
+
+use std::any::type_name;
+use std::future::Future;
+use std::mem::size_of;
+
+use crate::runtime::{CallError, CallOpts, ThreadCtx};
+use crate::server::{DuplicateId, Handlers};
+use crate::NodeId;
+
+pub use zerocopy;
+
+/// One remote procedure: its handler id, request and response types and their codec.
+/// Implement it on a unit struct per procedure; both sides share the definition.
+pub trait Rpc: 'static {
+    /// The handler id (applications use ids from [`crate::server::ids::FIRST_APP_ID`] up;
+    /// [`crate::server::ids`] lists the reserved ranges).
+    const ID: u16;
+    /// The request.
+    type Req: 'static;
+    /// The response.
+    type Resp: 'static;
+    /// How requests and responses become bytes and back.
+    type Codec: Codec<Self::Req> + Codec<Self::Resp>;
+}
+
+/// Why a codec could not encode or decode a value, before the typed layer adds which RPC
+/// and which part it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CodecError {
+    /// The length a fixed layout needs, in bytes, where the failure is a length mismatch.
+    pub expected_len: Option<usize>,
+    /// What went wrong, in words.
+    pub detail: String,
+}
+
+impl CodecError {
+    /// A fixed layout of `expected_len` bytes did not get that many.
+    pub fn size(expected_len: usize) -> Self {
+        Self {
+            expected_len: Some(expected_len),
+            detail: "wrong length for a fixed layout".into(),
+        }
+    }
+
+    /// Any other failure, described by `detail`.
+    pub fn other(detail: impl Into<String>) -> Self {
+        Self {
+            expected_len: None,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Turns values of `T` into bytes and back. Implemented by [`Fixed`] (zerocopy layouts)
+/// and, with feature `serde-codec`, by `Postcard` (serde types); implement it for your
+/// own format if neither fits.
+pub trait Codec<T> {
+    /// Append `value`'s bytes to `out`.
+    fn encode(value: &T, out: &mut Vec<u8>) -> Result<(), CodecError>;
+    /// A value from exactly `bytes` (trailing bytes are an error).
+    fn decode(bytes: &[u8]) -> Result<T, CodecError>;
+}
+
+/// The fixed-layout codec: a value is its `size_of::<T>()` bytes in memory order
+/// (`zerocopy`'s `IntoBytes`), and decoding checks the length and copies them back
+/// (`FromBytes`, which every bit pattern satisfies, so no other check is needed).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fixed;
+
+impl<T> Codec<T> for Fixed
+where
+    T: zerocopy::FromBytes + zerocopy::IntoBytes + zerocopy::Immutable,
+{
+    fn encode(value: &T, out: &mut Vec<u8>) -> Result<(), CodecError> {
+        out.extend_from_slice(value.as_bytes());
+        Ok(())
+    }
+
+    fn decode(bytes: &[u8]) -> Result<T, CodecError> {
+        T::read_from_bytes(bytes).map_err(|_| CodecError::size(size_of::<T>()))
+    }
+}
+
+/// The serde codec (feature `serde-codec`): values as postcard bytes. Decoding rejects
+/// bytes left over after the value.
+#[cfg(feature = "serde-codec")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Postcard;
+
+#[cfg(feature = "serde-codec")]
+impl<T> Codec<T> for Postcard
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    fn encode(value: &T, out: &mut Vec<u8>) -> Result<(), CodecError> {
+        let bytes = postcard::to_stdvec(value).map_err(|e| CodecError::other(e.to_string()))?;
+        out.extend_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn decode(bytes: &[u8]) -> Result<T, CodecError> {
+        let (v, rest) =
+            postcard::take_from_bytes(bytes).map_err(|e| CodecError::other(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(CodecError::other(format!(
+                "{} bytes left over after the value",
+                rest.len()
+            )));
+        }
+        Ok(v)
+    }
+}
+
+/// Which half of a call a codec failed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The request.
+    Request,
+    /// The response.
+    Response,
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Part::Request => "request",
+            Part::Response => "response",
+        })
+    }
+}
+
+/// A typed RPC's bytes that its codec could not decode (on the server: the request, sent
+/// back to the caller as the handler's error text; on the client: the response).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{rpc} (handler {id}): cannot decode the {part} from {len} bytes{}: {detail}",
+    expected_len.map(|n| format!(" (its layout has {n})")).unwrap_or_default()
+)]
+#[non_exhaustive]
+pub struct DecodeError {
+    /// The [`Rpc`] type's name.
+    pub rpc: &'static str,
+    /// Its handler id.
+    pub id: u16,
+    /// Request or response.
+    pub part: Part,
+    /// The bytes received.
+    pub len: usize,
+    /// The bytes a fixed layout needs, where that was the failure.
+    pub expected_len: Option<usize>,
+    /// The codec's description.
+    pub detail: String,
+}
+
+/// A typed RPC's value that its codec could not encode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{rpc} (handler {id}): cannot encode the {part}: {detail}")]
+#[non_exhaustive]
+pub struct EncodeError {
+    /// The [`Rpc`] type's name.
+    pub rpc: &'static str,
+    /// Its handler id.
+    pub id: u16,
+    /// Request or response.
+    pub part: Part,
+    /// The codec's description.
+    pub detail: String,
+}
+
+/// Errors of [`ThreadCtx::call_typed`].
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum TypedCallError {
+    /// The call itself failed (including [`CallError::Remote`] with the handler's error,
+    /// or the server's text of a request it could not decode).
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The request could not be encoded (nothing was sent).
+    #[error(transparent)]
+    Encode(EncodeError),
+    /// The response could not be decoded.
+    #[error(transparent)]
+    Decode(DecodeError),
+}
+
+/// Encode `R`'s `part` value `v` onto `out`.
+fn encode<R: Rpc, T>(v: &T, out: &mut Vec<u8>, part: Part) -> Result<(), EncodeError>
+where
+    R::Codec: Codec<T>,
+{
+    <R::Codec as Codec<T>>::encode(v, out).map_err(|e| EncodeError {
+        rpc: type_name::<R>(),
+        id: R::ID,
+        part,
+        detail: e.detail,
+    })
+}
+
+/// Decode `R`'s `part` value from `bytes`.
+fn decode<R: Rpc, T>(bytes: &[u8], part: Part) -> Result<T, DecodeError>
+where
+    R::Codec: Codec<T>,
+{
+    <R::Codec as Codec<T>>::decode(bytes).map_err(|e| DecodeError {
+        rpc: type_name::<R>(),
+        id: R::ID,
+        part,
+        len: bytes.len(),
+        expected_len: e.expected_len,
+        detail: e.detail,
+    })
+}
+
+/// The plain handler that runs typed handler `f` for `R`.
+fn plain<R: Rpc>(
+    f: impl Fn(R::Req) -> Result<R::Resp, String> + Send + Sync + 'static,
+) -> impl Fn(&[u8], &mut Vec<u8>) -> Result<(), String> + Send + Sync + 'static {
+    move |req, out| {
+        let req = decode::<R, R::Req>(req, Part::Request).map_err(|e| e.to_string())?;
+        let resp = f(req)?;
+        encode::<R, R::Resp>(&resp, out, Part::Response).map_err(|e| e.to_string())
+    }
+}
+
+impl Handlers {
+    /// Register `f` as the handler of [`Rpc`] `R` (id `R::ID`), a plain handler as
+    /// [`Handlers::register`] makes: it gets the decoded request and returns the response
+    /// or an error text for the caller. A request that does not decode is answered with
+    /// the [`DecodeError`]'s text (naming `R`, the length received and the one expected)
+    /// without calling `f`. Panics if `R::ID` is taken, as [`Handlers::register`] does;
+    /// [`Handlers::try_register_typed`] returns the error instead.
+    pub fn register_typed<R: Rpc>(
+        &mut self,
+        f: impl Fn(R::Req) -> Result<R::Resp, String> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.register(R::ID, plain::<R>(f))
+    }
+
+    /// [`Handlers::register_typed`], but a taken id is an error (nothing is registered).
+    pub fn try_register_typed<R: Rpc>(
+        &mut self,
+        f: impl Fn(R::Req) -> Result<R::Resp, String> + Send + Sync + 'static,
+    ) -> Result<&mut Self, DuplicateId> {
+        self.try_register(R::ID, plain::<R>(f))
+    }
+
+    /// Register `f` as the async handler of [`Rpc`] `R`, as [`Handlers::register_async`]
+    /// does: its future runs on the server thread's runtime and may await calls. Decode
+    /// failures are answered as in [`Handlers::register_typed`]. Panics if `R::ID` is
+    /// taken.
+    pub fn register_typed_async<R, F, Fut>(&mut self, f: F) -> &mut Self
+    where
+        R: Rpc,
+        F: Fn(R::Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R::Resp, String>> + 'static,
+    {
+        let f = std::sync::Arc::new(f);
+        self.register_async(R::ID, move |req: Vec<u8>| {
+            let f = f.clone();
+            async move {
+                let req = decode::<R, R::Req>(&req, Part::Request).map_err(|e| e.to_string())?;
+                let resp = f(req).await?;
+                let mut out = Vec::new();
+                encode::<R, R::Resp>(&resp, &mut out, Part::Response).map_err(|e| e.to_string())?;
+                Ok(out)
+            }
+        })
+    }
+}
+
+impl ThreadCtx {
+    /// Call [`Rpc`] `R` on `node` with `req` ([`ThreadCtx::call`] with `R::ID` and the
+    /// codec's bytes) and decode the response. Errors: [`TypedCallError::Encode`] if the
+    /// request does not encode (nothing sent), [`TypedCallError::Call`] for every error of
+    /// the call, [`TypedCallError::Decode`] if the response does not decode (naming `R`,
+    /// the length received and, for fixed layouts, the one expected).
+    pub async fn call_typed<R: Rpc>(
+        &self,
+        node: NodeId,
+        req: &R::Req,
+    ) -> Result<R::Resp, TypedCallError> {
+        self.call_typed_with::<R>(node, req, CallOpts::default())
+            .await
+    }
+
+    /// [`ThreadCtx::call_typed`] with call options (reply mode, expected reply length,
+    /// timeout) as [`ThreadCtx::call_with`] takes them.
+    pub async fn call_typed_with<R: Rpc>(
+        &self,
+        node: NodeId,
+        req: &R::Req,
+        opts: CallOpts,
+    ) -> Result<R::Resp, TypedCallError> {
+        let mut bytes = Vec::new();
+        encode::<R, R::Req>(req, &mut bytes, Part::Request).map_err(TypedCallError::Encode)?;
+        let resp = self.call_with(node, R::ID, &bytes, opts).await?;
+        decode::<R, R::Resp>(&resp, Part::Response).map_err(TypedCallError::Decode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::MsgKind;
+    use zerocopy::little_endian::{U32, U64};
+
+    #[derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, Debug, PartialEq)]
+    #[repr(C)]
+    struct Pair {
+        a: U64,
+        b: U32,
+        pad: U32,
+    }
+
+    struct Sum;
+    impl Rpc for Sum {
+        const ID: u16 = 200;
+        type Req = Pair;
+        type Resp = U64;
+        type Codec = Fixed;
+    }
+
+    #[test]
+    fn fixed_round_trips_little_endian_and_checks_the_length() {
+        let p = Pair {
+            a: U64::new(0x0102_0304_0506_0708),
+            b: U32::new(9),
+            pad: U32::new(0),
+        };
+        let mut out = vec![0xee];
+        <Fixed as Codec<Pair>>::encode(&p, &mut out).unwrap();
+        assert_eq!(out.len(), 1 + 16);
+        assert_eq!(&out[1..9], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(<Fixed as Codec<Pair>>::decode(&out[1..]).unwrap(), p);
+        let e = <Fixed as Codec<Pair>>::decode(&out).unwrap_err();
+        assert_eq!(e.expected_len, Some(16));
+    }
+
+    #[test]
+    fn a_typed_handler_answers_and_a_short_request_names_the_rpc_and_sizes() {
+        let mut h = Handlers::new();
+        h.register_typed::<Sum>(|p| Ok(U64::new(p.a.get() + u64::from(p.b.get()))));
+        let mut req = Vec::new();
+        let p = Pair {
+            a: U64::new(40),
+            b: U32::new(2),
+            pad: U32::new(0),
+        };
+        encode::<Sum, Pair>(&p, &mut req, Part::Request).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(h.call(Sum::ID, &req, &mut out), MsgKind::Response);
+        let r: U64 = decode::<Sum, U64>(&out, Part::Response).unwrap();
+        assert_eq!(r.get(), 42);
+
+        assert_eq!(h.call(Sum::ID, &req[..5], &mut out), MsgKind::Error);
+        let msg = String::from_utf8(out.clone()).unwrap();
+        assert!(msg.contains("Sum"), "{msg}");
+        assert!(msg.contains("handler 200"), "{msg}");
+        assert!(msg.contains("request from 5 bytes"), "{msg}");
+        assert!(msg.contains("layout has 16"), "{msg}");
+    }
+
+    #[test]
+    fn a_typed_handler_error_reaches_the_caller_as_text() {
+        let mut h = Handlers::new();
+        h.register_typed::<Sum>(|_| Err("no sums today".into()));
+        let mut req = Vec::new();
+        encode::<Sum, Pair>(
+            &Pair {
+                a: U64::new(1),
+                b: U32::new(1),
+                pad: U32::new(0),
+            },
+            &mut req,
+            Part::Request,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        assert_eq!(h.call(Sum::ID, &req, &mut out), MsgKind::Error);
+        assert_eq!(out, b"no sums today");
+    }
+
+    #[test]
+    fn try_register_typed_refuses_a_taken_id() {
+        let mut h = Handlers::new();
+        h.register(Sum::ID, |_, _| Ok(()));
+        let e = h.try_register_typed::<Sum>(|_| Ok(U64::new(0))).err();
+        assert_eq!(e, Some(DuplicateId { id: Sum::ID }));
+        // The first handler is still the one registered.
+        let mut out = vec![1];
+        assert_eq!(h.call(Sum::ID, &[0; 16], &mut out), MsgKind::Response);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_response_decode_error_names_the_rpc_and_both_lengths() {
+        let e = decode::<Sum, U64>(&[1, 2, 3], Part::Response).unwrap_err();
+        assert_eq!((e.id, e.len, e.expected_len), (200, 3, Some(8)));
+        let s = e.to_string();
+        assert!(
+            s.contains(
+                "Sum (handler 200): cannot decode the response from 3 bytes (its layout has 8)"
+            ),
+            "{s}"
+        );
+    }
+
+    #[cfg(feature = "serde-codec")]
+    #[test]
+    fn postcard_round_trips_and_rejects_trailing_bytes() {
+        let v: (String, Vec<u32>) = ("key".into(), vec![1, 300, 70000]);
+        let mut out = Vec::new();
+        <Postcard as Codec<(String, Vec<u32>)>>::encode(&v, &mut out).unwrap();
+        assert_eq!(
+            <Postcard as Codec<(String, Vec<u32>)>>::decode(&out).unwrap(),
+            v
+        );
+        out.push(0);
+        let e = <Postcard as Codec<(String, Vec<u32>)>>::decode(&out).unwrap_err();
+        assert!(e.detail.contains("1 bytes left over"), "{}", e.detail);
+    }
+}
