@@ -282,7 +282,9 @@ pub struct Args {
     /// from generation); or ideal (each coordinator draws read-write transactions on
     /// its own node's shards: no hop, and every compute node gets an equal share of the
     /// work whatever the skew, an upper bound; TPC-C home warehouses among the owned
-    /// ones). Read-only transactions run where drawn. Other protocols ignore it.
+    /// ones). Read-only transactions run where drawn. Other protocols ignore it. With
+    /// --protocol all, forward or ideal brings lotus into the runs (none leaves it out
+    /// with coordinator processes).
     #[arg(long, value_enum, default_value_t = crate::routing::Routing::None)]
     #[serde(default)]
     pub routing: crate::routing::Routing,
@@ -1021,15 +1023,17 @@ impl Args {
             (ProtocolArg::One(p), _) => vec![p],
         })
         .map(|mut v: Vec<Protocol>| {
-            // `all` with coordinator processes leaves Lotus out (its lock RPCs across
-            // processes make it far slower than the others there; by name it runs).
+            // `all` with coordinator processes leaves Lotus out unless a --routing is
+            // given (without routing its lock RPCs across processes make it far slower
+            // than the others there; by name it runs).
             if self.protocol == ProtocolArg::All
                 && self.coordinator_processes()
+                && self.routing == crate::routing::Routing::None
                 && v.iter().any(|p| p.needs_lock_tables())
             {
                 eprintln!(
-                    "note: --protocol all leaves lotus out with coordinator processes (run \
-                     --protocol lotus for it)"
+                    "note: --protocol all leaves lotus out with coordinator processes and \
+                     --routing none (give --routing forward|ideal, or run --protocol lotus)"
                 );
                 v.retain(|p| !p.needs_lock_tables());
             }

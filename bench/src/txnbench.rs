@@ -1932,10 +1932,15 @@ mod tests {
             names(&["--protocol", "all", "--isolation", "si"]).unwrap(),
             ["occ-cas", "scythe", "mvcc-si", "lotus-si"]
         );
-        // With coordinator processes `all` leaves Lotus out; by name it runs.
+        // With coordinator processes `all` leaves Lotus out unless routed; by name it
+        // runs.
         assert_eq!(
             names(&["--protocol", "all", "--cnodes", "2"]).unwrap(),
             ["occ-cas", "scythe", "mvcc"]
+        );
+        assert_eq!(
+            names(&["--protocol", "all", "--cnodes", "2", "--routing", "ideal"]).unwrap(),
+            ["occ-cas", "scythe", "mvcc", "lotus"]
         );
         assert_eq!(
             names(&["--protocol", "lotus", "--cnodes", "2"]).unwrap(),
