@@ -24,6 +24,7 @@
 //! and a model checker (module `model`, test builds) run it without a fabric.
 
 pub mod alloc;
+pub mod blink;
 pub mod client;
 pub mod commit;
 pub mod dptr;

@@ -1,0 +1,379 @@
+//! Tests of the rTX B-link tree over [`LocalMem`]: random operations against a `BTreeMap`
+//! oracle, concurrent clients interleaved at every one-sided operation, a planted split
+//! bug caught by the checker, and clients crashed mid-split then repaired by others.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use futures::executor::{block_on, LocalPool};
+use futures::task::LocalSpawnExt;
+
+use super::check::{check_quiescent, check_tree, CheckError};
+use super::{format_tree, Blink, FIRST_FREE_OBJ};
+use crate::client::CrashPoint;
+use crate::error::RtxError;
+use crate::layout::Layout;
+use crate::lease::ManualClock;
+use crate::mem::{LocalMem, Mem, MemError};
+use crate::{Client, Config};
+
+const T0: u64 = 1_800_000_000_000;
+
+pub(crate) fn layout(block_bytes: u64) -> Layout {
+    Layout {
+        ids: 8,
+        max_entries: 16,
+        objects: 2048,
+        block_bytes,
+        blocks: 64 * 256,
+        reclaim_slots: 64,
+    }
+}
+
+pub(crate) fn region(l: &Layout) -> LocalMem {
+    let m = LocalMem::new(l.total_bytes() as usize);
+    block_on(format_tree(l, &m, 7)).unwrap();
+    m
+}
+
+pub(crate) fn client(l: &Layout, id: u16, clock: &ManualClock) -> Client<ManualClock> {
+    let mut c = Client::new(*l, id, 2, clock.clone(), Config::default());
+    c.allocator().min_reuse_ms = 0;
+    c
+}
+
+/// Handle `i`'s object range (200 objects each).
+pub(crate) fn objs(i: u64) -> std::ops::Range<u64> {
+    FIRST_FREE_OBJ + 200 * i..FIRST_FREE_OBJ + 200 * (i + 1)
+}
+
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Random inserts, updates, deletes, lookups and scans by one client, each checked
+/// against a `BTreeMap`; the tree checker and the oracle agree at the end.
+fn oracle_run(block_bytes: u64, ops: usize, key_space: u64, seed: u64) {
+    let l = layout(block_bytes);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut c = client(&l, 0, &clock);
+    let mut t = Blink::new(l, FIRST_FREE_OBJ..l.objects);
+    let mut oracle = BTreeMap::new();
+    let mut x = seed;
+    block_on(async {
+        for i in 0..ops {
+            let k = next(&mut x) % key_space;
+            match next(&mut x) % 10 {
+                0..=4 => {
+                    let v = next(&mut x);
+                    let old = t.insert(&mut c, &m, k, v).await.unwrap();
+                    assert_eq!(old, oracle.insert(k, v), "insert {k}");
+                }
+                5 | 6 => {
+                    let old = t.delete(&mut c, &m, k).await.unwrap();
+                    assert_eq!(old, oracle.remove(&k), "delete {k}");
+                }
+                7 | 8 => {
+                    let got = t.lookup(&mut c, &m, k).await.unwrap();
+                    assert_eq!(got, oracle.get(&k).copied(), "lookup {k}");
+                }
+                _ => {
+                    let n = (next(&mut x) % 30) as usize;
+                    let got = t.scan(&mut c, &m, k, n).await.unwrap();
+                    let want: Vec<(u64, u64)> =
+                        oracle.range(k..).take(n).map(|(a, b)| (*a, *b)).collect();
+                    assert_eq!(got, want, "scan {k} {n}");
+                }
+            }
+            if i % 500 == 0 {
+                let all = check_tree(&m, &l).await.unwrap();
+                assert_eq!(all.len(), oracle.len());
+            }
+        }
+        let all = check_tree(&m, &l).await.unwrap();
+        let want: Vec<(u64, u64)> = oracle.iter().map(|(a, b)| (*a, *b)).collect();
+        assert_eq!(all, want);
+        check_quiescent(&m, &l).await.unwrap();
+    });
+    let s = t.stats();
+    assert!(s.splits > 10 && s.root_growths >= 2, "{s:?}");
+}
+
+#[test]
+fn small_nodes_random_ops_match_a_btreemap() {
+    oracle_run(128, 6000, 800, 0x9E37_79B9_7F4A_7C15);
+}
+
+#[test]
+fn one_kilobyte_nodes_random_ops_match_a_btreemap() {
+    oracle_run(1024, 12000, 1 << 40, 0x1234_5678_9ABC_DEF1);
+}
+
+#[test]
+fn single_leaf_updates_write_no_log_and_splits_are_logged() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut c = client(&l, 0, &clock);
+    let mut t = Blink::new(l, objs(0));
+    block_on(async {
+        for k in 0..5 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        t.insert(&mut c, &m, 3, 33).await.unwrap();
+        t.delete(&mut c, &m, 4).await.unwrap();
+        assert_eq!(c.stats().log_writes, 0, "Opt1: no log for one leaf");
+        for k in 5..7 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        assert_eq!(c.stats().log_writes, 1, "the split is one logged rTX");
+        assert_eq!(t.stats().root_growths, 1);
+        assert_eq!(
+            check_tree(&m, &l).await.unwrap(),
+            vec![(0, 0), (1, 1), (2, 2), (3, 33), (5, 5), (6, 6)]
+        );
+    });
+}
+
+#[test]
+fn a_split_that_forgets_the_sibling_link_is_caught_by_the_checker() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut c = client(&l, 0, &clock);
+    let mut t = Blink::new(l, objs(0));
+    t.planted.no_sibling_link = true;
+    block_on(async {
+        for k in 0..40 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        let r = check_tree(&m, &l).await;
+        assert!(matches!(r, Err(CheckError::Broken(_))), "{r:?}");
+    });
+    // The same run without the bug passes.
+    let m = region(&l);
+    let mut t = Blink::new(l, objs(0));
+    block_on(async {
+        for k in 0..40 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        assert_eq!(check_tree(&m, &l).await.unwrap().len(), 40);
+    });
+}
+
+/// A memory that yields to the executor before some one-sided operations (chosen by a
+/// shared xorshift), so several clients' rTXs interleave at operation granularity.
+#[derive(Clone)]
+struct YieldMem {
+    inner: LocalMem,
+    rng: Rc<Cell<u64>>,
+}
+
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+impl YieldMem {
+    fn pause(&self) -> YieldNow {
+        let mut x = self.rng.get();
+        let r = next(&mut x);
+        self.rng.set(x);
+        YieldNow(r.is_multiple_of(3))
+    }
+}
+
+impl Mem for YieldMem {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        self.pause().await;
+        self.inner.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.pause().await;
+        self.inner.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        self.pause().await;
+        self.inner.cas(off, expected, new).await
+    }
+}
+
+#[test]
+fn concurrent_clients_inserting_disjoint_and_overlapping_keys() {
+    const CLIENTS: u64 = 4;
+    let l = layout(128);
+    let base = region(&l);
+    let m = YieldMem {
+        inner: base.clone(),
+        rng: Rc::new(Cell::new(0xDEAD_BEEF)),
+    };
+    let clock = ManualClock::new(T0);
+    // Acknowledged (key, value) writes per client, in order.
+    let acked: Rc<RefCell<Vec<(u64, u64, u64)>>> = Rc::default();
+    let aborts: Rc<Cell<u64>> = Rc::default();
+    let mut pool = LocalPool::new();
+    for i in 0..CLIENTS {
+        let (m, acked, aborts) = (m.clone(), acked.clone(), aborts.clone());
+        let mut c = client(&l, i as u16, &clock);
+        let mut t = Blink::new(l, objs(i));
+        pool.spawner()
+            .spawn_local(async move {
+                let mut x = 77 + i;
+                for j in 0..150u64 {
+                    // Disjoint: i * 10_000 + j; overlapping: a shared range of 100 keys.
+                    let k = if j % 2 == 0 {
+                        i * 10_000 + j
+                    } else {
+                        50_000 + next(&mut x) % 100
+                    };
+                    let v = i << 32 | j;
+                    t.insert(&mut c, &m, k, v).await.unwrap();
+                    acked.borrow_mut().push((i, k, v));
+                    if j % 10 == 0 {
+                        let got = t.scan(&mut c, &m, k, 20).await.unwrap();
+                        assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
+                    }
+                }
+                assert!(c.stats().commits >= 150);
+                aborts.set(aborts.get() + c.stats().aborts);
+            })
+            .unwrap();
+    }
+    pool.run();
+    assert!(
+        aborts.get() > 0,
+        "the clients never conflicted: the test shows nothing"
+    );
+    let all = block_on(check_tree(&base, &l)).unwrap();
+    block_on(check_quiescent(&base, &l)).unwrap();
+    let found: BTreeMap<u64, u64> = all.iter().copied().collect();
+    assert_eq!(found.len(), all.len(), "every key once");
+    let acked = acked.borrow();
+    assert_eq!(acked.len(), 150 * CLIENTS as usize);
+    for &(_, k, v) in acked.iter() {
+        let got = found.get(&k).copied();
+        assert!(got.is_some(), "acknowledged key {k} lost");
+        if k < 50_000 {
+            assert_eq!(got, Some(v));
+        }
+    }
+    // An overlapping key holds one of the values acknowledged for it, and the last one
+    // acknowledged by the client that wrote it last in ack order.
+    let mut last = BTreeMap::new();
+    for &(_, k, v) in acked.iter() {
+        last.insert(k, v);
+    }
+    for (k, v) in last {
+        assert_eq!(found[&k], v, "key {k}: the last acknowledged write wins");
+    }
+    let expect_keys: std::collections::BTreeSet<u64> = acked.iter().map(|a| a.1).collect();
+    assert_eq!(
+        found.len(),
+        expect_keys.len(),
+        "no key that was never inserted"
+    );
+}
+
+/// A client crashes at `at` inside the rTX that splits the root leaf (and grows the root);
+/// after its lease expires, another client's operations on the same keys repair it.
+/// Afterwards every acknowledged key is found once, the split key is present iff the rTX
+/// reached DOING, the tree checks, and nothing stays locked or unfinished.
+fn crash_in_split(at: CrashPoint, committed: bool) {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut a = client(&l, 0, &clock);
+    let mut ta = Blink::new(l, objs(0));
+    let mut b = client(&l, 1, &clock);
+    let mut tb = Blink::new(l, objs(1));
+    block_on(async {
+        for k in 0..5 {
+            ta.insert(&mut a, &m, k * 10, k).await.unwrap();
+        }
+        a.crash = Some(at);
+        let r = ta.insert(&mut a, &m, 25, 99).await;
+        assert!(
+            matches!(
+                r,
+                Err(super::BlinkError::Rtx(RtxError::Mem(MemError::Crashed)))
+            ),
+            "{r:?}"
+        );
+        clock.advance(60_000);
+        for k in 5..30 {
+            tb.insert(&mut b, &m, k * 10, k).await.unwrap();
+        }
+        assert_eq!(
+            tb.lookup(&mut b, &m, 25).await.unwrap(),
+            committed.then_some(99)
+        );
+        assert!(b.stats().repairs >= 1, "{:?}", b.stats());
+        let all = check_tree(&m, &l).await.unwrap();
+        let mut want: Vec<(u64, u64)> = (0..30).map(|k| (k * 10, k)).collect();
+        if committed {
+            want.push((25, 99));
+            want.sort();
+        }
+        assert_eq!(all, want);
+        check_quiescent(&m, &l).await.unwrap();
+    });
+}
+
+/// A crash after the split's log was written, before any lock: nothing is visible to
+/// others; the restarted owner (same ID) settles its INIT log before its next rTX.
+#[test]
+fn crash_after_the_log_of_a_split_is_settled_by_the_owner() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut a = client(&l, 0, &clock);
+    let mut ta = Blink::new(l, objs(0));
+    block_on(async {
+        for k in 0..5 {
+            ta.insert(&mut a, &m, k * 10, k).await.unwrap();
+        }
+        a.crash = Some(CrashPoint::LogWritten);
+        assert!(ta.insert(&mut a, &m, 25, 99).await.is_err());
+        a.crash = None;
+        clock.advance(60_000);
+        ta.insert(&mut a, &m, 25, 98).await.unwrap();
+        let all = check_tree(&m, &l).await.unwrap();
+        assert_eq!(
+            all,
+            vec![(0, 0), (10, 1), (20, 2), (25, 98), (30, 3), (40, 4)]
+        );
+        check_quiescent(&m, &l).await.unwrap();
+    });
+}
+
+#[test]
+fn crash_with_the_split_locked_is_aborted_by_repair() {
+    crash_in_split(CrashPoint::Locked, false);
+}
+
+#[test]
+fn crash_in_doing_is_committed_by_repair() {
+    crash_in_split(CrashPoint::InDoing, true);
+}
+
+#[test]
+fn crash_after_installing_is_finished_by_repair() {
+    crash_in_split(CrashPoint::Installed, true);
+}
