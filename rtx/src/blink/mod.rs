@@ -23,7 +23,7 @@
 
 pub mod check;
 pub mod node;
-// pub mod optimal;
+pub mod optimal;
 
 #[cfg(test)]
 mod tests;

@@ -60,12 +60,13 @@ fn next(x: &mut u64) -> u64 {
 
 /// Random inserts, updates, deletes, lookups and scans by one client, each checked
 /// against a `BTreeMap`; the tree checker and the oracle agree at the end.
-fn oracle_run(block_bytes: u64, ops: usize, key_space: u64, seed: u64) {
+fn oracle_run(block_bytes: u64, ops: usize, key_space: u64, seed: u64, pre_lock: bool) {
     let l = layout(block_bytes);
     let m = region(&l);
     let clock = ManualClock::new(T0);
     let mut c = client(&l, 0, &clock);
     let mut t = Blink::new(l, FIRST_FREE_OBJ..l.objects);
+    t.pre_lock = pre_lock;
     let mut oracle = BTreeMap::new();
     let mut x = seed;
     block_on(async {
@@ -109,12 +110,17 @@ fn oracle_run(block_bytes: u64, ops: usize, key_space: u64, seed: u64) {
 
 #[test]
 fn small_nodes_random_ops_match_a_btreemap() {
-    oracle_run(128, 6000, 800, 0x9E37_79B9_7F4A_7C15);
+    oracle_run(128, 6000, 800, 0x9E37_79B9_7F4A_7C15, false);
 }
 
 #[test]
 fn one_kilobyte_nodes_random_ops_match_a_btreemap() {
-    oracle_run(1024, 12000, 1 << 40, 0x1234_5678_9ABC_DEF1);
+    oracle_run(1024, 12000, 1 << 40, 0x1234_5678_9ABC_DEF1, false);
+}
+
+#[test]
+fn opt2_pre_locked_leaves_random_ops_match_a_btreemap() {
+    oracle_run(128, 4000, 600, 0x0F0F_1234_5678_4321, true);
 }
 
 #[test]
@@ -376,4 +382,88 @@ fn crash_in_doing_is_committed_by_repair() {
 #[test]
 fn crash_after_installing_is_finished_by_repair() {
     crash_in_split(CrashPoint::Installed, true);
+}
+
+/// The Optimal baseline: random operations against a `BTreeMap` by one client.
+#[test]
+fn optimal_random_ops_match_a_btreemap() {
+    for bb in [128u64, 1024] {
+        let l = layout(bb);
+        let m = region(&l);
+        let mut t = super::optimal::Optimal::new(l, 0, FIRST_FREE_OBJ..l.objects);
+        let mut oracle = BTreeMap::new();
+        let mut x = 0xABCD_EF01_2345_6789u64;
+        block_on(async {
+            for _ in 0..8000 {
+                let k = next(&mut x) % 3000;
+                match next(&mut x) % 10 {
+                    0..=4 => {
+                        let v = next(&mut x);
+                        assert_eq!(t.insert(&m, k, v).await.unwrap(), oracle.insert(k, v));
+                    }
+                    5 | 6 => assert_eq!(t.delete(&m, k).await.unwrap(), oracle.remove(&k)),
+                    7 | 8 => assert_eq!(t.lookup(&m, k).await.unwrap(), oracle.get(&k).copied()),
+                    _ => {
+                        let n = (next(&mut x) % 30) as usize;
+                        let want: Vec<(u64, u64)> =
+                            oracle.range(k..).take(n).map(|(a, b)| (*a, *b)).collect();
+                        assert_eq!(t.scan(&m, k, n).await.unwrap(), want);
+                    }
+                }
+            }
+            let want: Vec<(u64, u64)> = oracle.iter().map(|(a, b)| (*a, *b)).collect();
+            assert_eq!(check_tree(&m, &l).await.unwrap(), want);
+            check_quiescent(&m, &l).await.unwrap();
+        });
+        assert!(t.stats().root_growths >= 1, "{:?}", t.stats());
+    }
+}
+
+/// The Optimal baseline under concurrent clients interleaved at every operation: every
+/// acknowledged key found once with its last acknowledged value, no lock left held.
+#[test]
+fn optimal_concurrent_clients_keep_every_acknowledged_key() {
+    const CLIENTS: u64 = 4;
+    let l = layout(128);
+    let base = region(&l);
+    let m = YieldMem {
+        inner: base.clone(),
+        rng: Rc::new(Cell::new(0x5EED)),
+    };
+    let acked: Rc<RefCell<Vec<(u64, u64)>>> = Rc::default();
+    let spins: Rc<Cell<u64>> = Rc::default();
+    let mut pool = LocalPool::new();
+    for i in 0..CLIENTS {
+        let (m, acked, spins) = (m.clone(), acked.clone(), spins.clone());
+        let mut t = super::optimal::Optimal::new(l, i as u16, objs(i));
+        pool.spawner()
+            .spawn_local(async move {
+                let mut x = 91 + i;
+                for j in 0..150u64 {
+                    let k = if j % 2 == 0 {
+                        i * 10_000 + j
+                    } else {
+                        50_000 + next(&mut x) % 100
+                    };
+                    let v = i << 32 | j;
+                    t.insert(&m, k, v).await.unwrap();
+                    acked.borrow_mut().push((k, v));
+                }
+                spins.set(spins.get() + t.stats().aborts);
+            })
+            .unwrap();
+    }
+    pool.run();
+    assert!(
+        spins.get() > 0,
+        "the clients never conflicted: the test shows nothing"
+    );
+    let all = block_on(check_tree(&base, &l)).unwrap();
+    block_on(check_quiescent(&base, &l)).unwrap();
+    let found: BTreeMap<u64, u64> = all.iter().copied().collect();
+    let mut last = BTreeMap::new();
+    for &(k, v) in acked.borrow().iter() {
+        last.insert(k, v);
+    }
+    assert_eq!(found, last);
 }
