@@ -97,6 +97,22 @@ pub async fn format_tree<M: Mem>(layout: &Layout, mem: &M, loader: u16) -> Resul
     .await
 }
 
+/// Turn a region freshly formatted by [`crate::host::host`] (object `i` holding block `i`,
+/// zero values) into an empty tree, as [`format_tree`] lays it out: WRITE the root pointer
+/// into [`ROOT_OBJ`]'s block and an empty leaf into [`FIRST_LEAF_OBJ`]'s (two WRITEs of
+/// one block each). Run once, before any operation. Errors: the first failed WRITE.
+pub async fn init_hosted<M: Mem>(layout: &Layout, mem: &M) -> Result<(), MemError> {
+    let bb = layout.block_bytes as usize;
+    let first_leaf = layout.obj_addr(FIRST_LEAF_OBJ);
+    mem.write(layout.block_addr(ROOT_OBJ), &root_value(bb, first_leaf, 0))
+        .await?;
+    mem.write(
+        layout.block_addr(FIRST_LEAF_OBJ),
+        &Node::leaf(0, KEY_MAX).encode(bb),
+    )
+    .await
+}
+
 /// READ an object's current value outside any rTX: its dptr word, then its block (16 + 1 K
 /// bytes, two round trips). Errors: [`MemError`]; a null dptr reads as `None`.
 pub async fn read_raw<M: Mem>(
