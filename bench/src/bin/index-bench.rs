@@ -1,5 +1,6 @@
 //! `index-bench`: YCSB A-E over the B-link tree of `rtx::blink`, run by rTX (the tree in
-//! repairable transactions) and by Optimal (Sherman's own locking, no logs), side by side
+//! repairable transactions), by Optimal (Sherman's own locking, no logs) and by a
+//! DTX-style variant of Optimal (value logging before each write-back), side by side
 //! (Transactional Indexes on Disaggregated Memory with Repairable Transaction, 6 Fig. 11).
 //!
 //! Each protocol gets its own memory node (an rTX region with 1 KB blocks, hosted in this
@@ -45,7 +46,8 @@ use rtx::{Client, Config, Layout};
                   workload, the ratio rTX/Optimal, and checks the tree afterwards."
 )]
 struct Args {
-    /// Protocols to run: rtx, optimal or all (both, for the ratio).
+    /// Protocols to run: rtx, optimal, dtx (Optimal's locking plus DTX-style value
+    /// logging of every node before its write-back) or all (the three, for the ratios).
     #[arg(long, value_enum, default_value_t = Proto::All)]
     protocol: Proto,
     /// Workloads, comma-separated, among a (50% read, 50% update), b (95/5), c (read
@@ -85,6 +87,7 @@ struct Args {
 enum Proto {
     Rtx,
     Optimal,
+    Dtx,
     All,
 }
 
@@ -193,6 +196,7 @@ impl Plan {
                 )),
                 Blink::new(self.layout, self.objs(phase, slot)),
             ),
+            Proto::Dtx => Handle::Optimal(Optimal::dtx(self.layout, id, self.objs(phase, slot))),
             _ => Handle::Optimal(Optimal::new(self.layout, id, self.objs(phase, slot))),
         }
     }
@@ -406,9 +410,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
     ex.spawn(async move {
         let r = async {
             let all = check_tree(&mem, &layout).await?;
-            if proto == Proto::Rtx {
-                check_quiescent(&mem, &layout).await?;
-            }
+            check_quiescent(&mem, &layout).await?;
             Ok::<_, anyhow::Error>(all.len() as u64)
         }
         .await;
@@ -423,12 +425,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
         bail!("{proto:?}: the tree holds {found} keys, {expected} were inserted");
     }
     println!(
-        "  {proto:?}: tree check ok ({found} keys, fences, order, sibling chain = parents{})",
-        if proto == Proto::Rtx {
-            ", no lock held, every log DONE"
-        } else {
-            ""
-        }
+        "  {proto:?}: tree check ok ({found} keys, fences, order, sibling chain = parents, no lock held, every rTX log DONE)"
     );
     drop(node);
     drop(mr);
@@ -451,22 +448,25 @@ fn main() -> Result<()> {
         args.warmup_ms
     );
     let protos: Vec<Proto> = match args.protocol {
-        Proto::All => vec![Proto::Rtx, Proto::Optimal],
+        Proto::All => vec![Proto::Rtx, Proto::Optimal, Proto::Dtx],
         p => vec![p],
     };
     let mut all = Vec::new();
     for &p in &protos {
         all.push((p, run_protocol(&args, p)?));
     }
-    if protos.len() == 2 {
-        for (i, w) in args.workload.iter().enumerate() {
-            let (r, o) = (all[0].1[i], all[1].1[i]);
-            println!(
-                "ycsb-{w:?}: ratio throughput rtx/optimal = {:.2}  (p50 {:.2}x, p99 {:.2}x)",
-                r.1 / o.1,
-                r.2 / o.2,
-                r.3 / o.3
-            );
+    let find = |p: Proto| all.iter().find(|(q, _)| *q == p).map(|(_, r)| r);
+    if let Some(r) = find(Proto::Rtx) {
+        for (other, name) in [(Proto::Optimal, "optimal"), (Proto::Dtx, "dtx")] {
+            let Some(o) = find(other) else { continue };
+            for (i, w) in args.workload.iter().enumerate() {
+                println!(
+                    "ycsb-{w:?}: ratio throughput rtx/{name} = {:.2}  (p50 {:.2}x, p99 {:.2}x)",
+                    r[i].1 / o[i].1,
+                    r[i].2 / o[i].2,
+                    r[i].3 / o[i].3
+                );
+            }
         }
     }
     Ok(())

@@ -13,6 +13,13 @@
 //! root-pointer word. Lookups and scans READ nodes without locks and retry torn reads
 //! (front version differs from rear). A client that dies holding a lock blocks everyone
 //! who needs that node: this baseline has no repair (the point of rTX, 6 Fig. 14).
+//!
+//! [`Optimal::dtx`] is the DTX-style variant of the same code (rTX 6, "DTX": value
+//! logging, no idempotent commit): before each node is written back, its old value (1 KB)
+//! is WRITTEN to the client's log block, and the log is cleared (an 8-byte WRITE) after
+//! the unlock, which is Table 2's "WRITE 2 K x n + 8". Its metadata READ is not packed with
+//! the node as in DrTM+H, and its recovery (the log replayed by a failure detector's
+//! process) is not built: it stands for DTX's cost on the normal path only.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -24,8 +31,9 @@ use crate::mem::{Mem, MemError};
 use super::node::{capacity, Node, KEY_MAX};
 use super::{parse_root, BlinkError, BlinkStats, MAX_ATTEMPTS, ROOT_OBJ};
 
-/// Bit set in a held lock word (the low 16 bits name the holder).
-pub const LOCK_HELD: u64 = 1 << 62;
+/// Bit set in a held lock word (the low 16 bits name the holder): the LLLock's locked
+/// bit, so [`super::check::check_quiescent`] reports a lock left held.
+pub const LOCK_HELD: u64 = crate::lllock::LOCKED_BIT;
 
 /// One client's handle on the Optimal tree: lock id, node-address and internal-node
 /// caches, and the object range it allocates new nodes from (disjoint between handles).
@@ -41,6 +49,12 @@ pub struct Optimal {
     end_obj: u64,
     cap: usize,
     stats: BlinkStats,
+    /// DTX variant: the mptr of the object whose block is this client's value log.
+    value_log: Option<u64>,
+    /// DTX variant: raw images of the nodes read under lock, logged before write-back.
+    old_images: HashMap<u64, Vec<u8>>,
+    /// DTX variant: the log holds an image not cleared yet.
+    log_dirty: bool,
 }
 
 impl Optimal {
@@ -59,7 +73,19 @@ impl Optimal {
             end_obj: objs.end,
             cap: capacity(layout.block_bytes as usize),
             stats: BlinkStats::default(),
+            value_log: None,
+            old_images: HashMap::new(),
+            log_dirty: false,
         }
+    }
+
+    /// The DTX-style variant (module docs): as [`Optimal::new`], with the first object of
+    /// `objs` as this client's value log.
+    pub fn dtx(layout: Layout, id: u16, objs: Range<u64>) -> Self {
+        let log = layout.obj_addr(objs.start);
+        let mut t = Self::new(layout, id, objs.start + 1..objs.end);
+        t.value_log = Some(log);
+        t
     }
 
     /// Counters so far (aborts count lock CAS retries).
@@ -84,9 +110,17 @@ impl Optimal {
 
     /// READ the node at `mptr` (one 1 KB READ); `None` if torn or free.
     async fn read_node<M: Mem>(&mut self, mem: &M, mptr: u64) -> Result<Option<Node>, MemError> {
+        Ok(self.read_raw(mem, mptr).await?.0)
+    }
+
+    async fn read_raw<M: Mem>(
+        &mut self,
+        mem: &M,
+        mptr: u64,
+    ) -> Result<(Option<Node>, Vec<u8>), MemError> {
         let a = self.addr(mem, mptr).await?;
         let b = mem.read(a, self.layout.block_bytes as usize).await?;
-        Ok(Node::decode(&b))
+        Ok((Node::decode(&b), b))
     }
 
     async fn write_node<M: Mem>(
@@ -95,10 +129,21 @@ impl Optimal {
         mptr: u64,
         n: &mut Node,
     ) -> Result<(), MemError> {
+        let bb = self.layout.block_bytes as usize;
+        if let Some(log) = self.value_log {
+            // DTX: the old value goes to the log before the install (a new node's old
+            // value is its free block, zeros).
+            let old = self
+                .old_images
+                .remove(&mptr)
+                .unwrap_or_else(|| vec![0u8; bb]);
+            let la = self.addr(mem, log).await?;
+            mem.write(la, &old).await?;
+            self.log_dirty = true;
+        }
         n.version = n.version.wrapping_add(1);
         let a = self.addr(mem, mptr).await?;
-        mem.write(a, &n.encode(self.layout.block_bytes as usize))
-            .await
+        mem.write(a, &n.encode(bb)).await
     }
 
     async fn lock<M: Mem>(&mut self, mem: &M, mptr: u64) -> Result<(), BlinkError> {
@@ -111,8 +156,16 @@ impl Optimal {
         Err(BlinkError::Retries(MAX_ATTEMPTS))
     }
 
-    async fn unlock<M: Mem>(&self, mem: &M, mptr: u64) -> Result<(), MemError> {
-        mem.write(mptr, &0u64.to_le_bytes()).await
+    async fn unlock<M: Mem>(&mut self, mem: &M, mptr: u64) -> Result<(), MemError> {
+        mem.write(mptr, &0u64.to_le_bytes()).await?;
+        self.old_images.remove(&mptr);
+        if let (Some(log), true) = (self.value_log, self.log_dirty) {
+            // DTX: the log is cleared once the node is installed and unlocked.
+            let la = self.addr(mem, log).await?;
+            mem.write(la, &0u64.to_le_bytes()).await?;
+            self.log_dirty = false;
+        }
+        Ok(())
     }
 
     async fn root<M: Mem>(&mut self, mem: &M) -> Result<(u64, u8), MemError> {
@@ -181,7 +234,10 @@ impl Optimal {
             self.lock(mem, m).await?;
             // Under the lock no writer runs, so a torn read cannot happen; a free or
             // misrouted node means restart.
-            let n = self.read_node(mem, m).await?;
+            let (n, raw) = self.read_raw(mem, m).await?;
+            if self.value_log.is_some() {
+                self.old_images.insert(m, raw);
+            }
             match n {
                 Some(n) if n.level == level && key >= n.lo => {
                     if key < n.hi {
