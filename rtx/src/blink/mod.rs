@@ -26,6 +26,8 @@ pub mod node;
 pub mod optimal;
 
 #[cfg(test)]
+mod shm_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
