@@ -156,6 +156,8 @@ pub struct BlinkStats {
 pub(crate) struct Planted {
     /// A split forgets to point the left node at its new sibling.
     pub(crate) no_sibling_link: bool,
+    /// A leaf split leaves the parent unchanged (the sibling only reachable sideways).
+    pub(crate) no_parent_update: bool,
 }
 
 /// One client's handle on a B-link tree in an rTX region: its internal-node cache and the
@@ -478,6 +480,11 @@ impl Blink {
         applied.splits += 1;
         let (mut left_m, mut right_m) = (m, rm);
         let mut level = 1u8;
+        #[cfg(test)]
+        if self.planted.no_parent_update {
+            applied.cursor = cursor;
+            return Ok(Some((old, applied)));
+        }
         loop {
             let pm = path.get(level as usize).copied().unwrap_or(0);
             if pm == 0 {

@@ -175,6 +175,35 @@ fn a_split_that_forgets_the_sibling_link_is_caught_by_the_checker() {
     });
 }
 
+#[test]
+fn a_split_that_skips_the_parent_is_caught_by_the_checker() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut c = client(&l, 0, &clock);
+    let mut t = Blink::new(l, objs(0));
+    block_on(async {
+        // Grow a root first, then split leaves without telling the parent.
+        for k in 0..10 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        check_tree(&m, &l).await.unwrap();
+        t.planted.no_parent_update = true;
+        for k in 10..40 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        // Every key is still found (B-link: sideways), but the structure is broken.
+        for k in 0..40 {
+            assert_eq!(t.lookup(&mut c, &m, k).await.unwrap(), Some(k));
+        }
+        let r = check_tree(&m, &l).await;
+        assert!(
+            matches!(&r, Err(CheckError::Broken(s)) if s.contains("by parents")),
+            "{r:?}"
+        );
+    });
+}
+
 /// A memory that yields to the executor before some one-sided operations (chosen by a
 /// shared xorshift), so several clients' rTXs interleave at operation granularity.
 #[derive(Clone)]
