@@ -204,6 +204,73 @@ fn a_split_that_skips_the_parent_is_caught_by_the_checker() {
     });
 }
 
+/// A memory that counts one-sided operations.
+struct CountMem {
+    inner: LocalMem,
+    reads: Cell<u64>,
+    writes: Cell<u64>,
+    cas: Cell<u64>,
+}
+
+impl Mem for CountMem {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        self.reads.set(self.reads.get() + 1);
+        self.inner.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.writes.set(self.writes.get() + 1);
+        self.inner.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        self.cas.set(self.cas.get() + 1);
+        self.inner.cas(off, expected, new).await
+    }
+}
+
+/// Operation counts with internal nodes cached (rTX Table 2, n = 1): a lookup is the
+/// TXObj READ and the block READ (no validation round for one object); an update adds
+/// the block WRITE and three CASes (lock, dptr, unlock) and the TXObj validation READ.
+#[test]
+fn cached_lookup_and_update_cost_as_in_table_2() {
+    let l = layout(1024);
+    let m = CountMem {
+        inner: region(&l),
+        reads: Cell::new(0),
+        writes: Cell::new(0),
+        cas: Cell::new(0),
+    };
+    let clock = ManualClock::new(T0);
+    // Blocks wait out their reuse delay (the clock stands still): every new block comes
+    // from this client's own chunks, so no reclamation-table WRITE (4.4) joins in.
+    let mut c = Client::new(l, 0, 2, clock.clone(), Config::default());
+    let mut t = Blink::new(l, objs(0));
+    block_on(async {
+        for k in 0..200 {
+            t.insert(&mut c, &m, k * 7, k).await.unwrap();
+        }
+        // Warm the cache along key 700's path.
+        t.lookup(&mut c, &m, 700).await.unwrap();
+        let before = (m.reads.get(), m.writes.get(), m.cas.get());
+        assert_eq!(t.lookup(&mut c, &m, 700).await.unwrap(), Some(100));
+        assert_eq!(m.reads.get() - before.0, 2, "TXObj + block");
+        assert_eq!((m.writes.get(), m.cas.get()), (before.1, before.2));
+        // The first update replaces the loader's block (a reclamation-table WRITE); the
+        // second replaces this client's own.
+        t.insert(&mut c, &m, 700, 1).await.unwrap();
+        let before = (m.reads.get(), m.writes.get(), m.cas.get());
+        t.insert(&mut c, &m, 700, 2).await.unwrap();
+        assert_eq!(
+            (
+                m.reads.get() - before.0,
+                m.writes.get() - before.1,
+                m.cas.get() - before.2
+            ),
+            (3, 1, 3),
+            "READ TXObj + block + validation, WRITE block, CAS lock + dptr + unlock"
+        );
+    });
+}
+
 /// A memory that yields to the executor before some one-sided operations (chosen by a
 /// shared xorshift), so several clients' rTXs interleave at operation granularity.
 #[derive(Clone)]
