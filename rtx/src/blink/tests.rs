@@ -485,6 +485,31 @@ fn crash_after_installing_is_finished_by_repair() {
     crash_in_split(CrashPoint::Installed, true);
 }
 
+/// Planted bug (C.10 test 5): a repair that ignores DOING leaves the crashed split's locks
+/// held forever, so a survivor's insert into that leaf never completes.
+#[test]
+fn a_repair_that_ignores_doing_leaves_the_leaf_locked_forever() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut a = client(&l, 0, &clock);
+    let mut ta = Blink::new(l, objs(0));
+    let mut b = client(&l, 1, &clock);
+    b.planted_ignore_doing = true;
+    let mut tb = Blink::new(l, objs(1));
+    block_on(async {
+        for k in 0..5 {
+            ta.insert(&mut a, &m, k * 10, k).await.unwrap();
+        }
+        a.crash = Some(CrashPoint::InDoing);
+        assert!(ta.insert(&mut a, &m, 25, 99).await.is_err());
+        clock.advance(60_000);
+        let r = tb.insert(&mut b, &m, 15, 1).await;
+        assert!(matches!(r, Err(super::BlinkError::Retries(_))), "{r:?}");
+        assert!(check_quiescent(&m, &l).await.is_err());
+    });
+}
+
 /// The Optimal baseline and its DTX-style variant: random operations against a
 /// `BTreeMap` by one client.
 #[test]
