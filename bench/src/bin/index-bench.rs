@@ -75,7 +75,8 @@ struct Args {
     /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled or a TOML path.
     #[arg(long, default_value = "cx5")]
     model: String,
-    /// Objects (nodes) of the region; the data pool has twice as many 1 KB blocks.
+    /// Objects (nodes) of the region; the data pool has four times as many 1 KB blocks
+    /// (copy-on-write updates hold replaced blocks for 100 ms before reuse).
     #[arg(long, default_value_t = 32_768)]
     objects: u64,
     /// Seed of the key generators.
@@ -290,7 +291,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
         max_entries: 16,
         objects: args.objects,
         block_bytes: 1024,
-        blocks: args.objects * 2 / 64 * 64,
+        blocks: args.objects * 4 / 64 * 64,
         reclaim_slots: 64,
     };
     layout.validate()?;
