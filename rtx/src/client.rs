@@ -67,6 +67,9 @@ pub struct Client<C> {
     pub(crate) stats: Stats,
     #[cfg(test)]
     pub(crate) crash: Option<CrashPoint>,
+    /// Planted bug (tests only): this client's repairs leave a DOING log alone.
+    #[cfg(test)]
+    pub(crate) planted_ignore_doing: bool,
 }
 
 impl<C: Clock> Client<C> {
@@ -90,6 +93,8 @@ impl<C: Clock> Client<C> {
             stats: Stats::default(),
             #[cfg(test)]
             crash: None,
+            #[cfg(test)]
+            planted_ignore_doing: false,
         }
     }
 

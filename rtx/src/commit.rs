@@ -19,6 +19,9 @@
 //!    from (DOING, L, *) to (DONE, L): each CAS expects a value unique to this rTX, so any
 //!    number of TryCommits, the owner's and repairers', have the effect of one.
 //!
+//! Read-only: one validation round over the read set, except for a single object (its
+//! READ pair is atomic, see `commit_inner`).
+//!
 //! Abort before DOING: CAS the header (INIT, L) to (ABORT, L), release own locks at the
 //! version unchanged, CAS (ABORT, L) to (DONE, L).
 //!
@@ -336,6 +339,13 @@ impl<C: Clock> Tx<'_, C> {
         }
         let n = self.writes.len();
         let max = self.client.layout.max_entries as usize;
+        if n == 0 && self.reads.len() == 1 && self.pre_lock.is_none() {
+            // A read-only rTX of one object needs no validation round [inf; Table 2
+            // counts none]: its read saw the TXObj unlocked with dptr d, and d's block
+            // holds d's committed value until d is replaced and the block's reuse wait
+            // (`Allocator::min_reuse_ms`) has passed, far longer than one READ pair.
+            return Ok(());
+        }
         if n == 0 {
             let own = self.pre_lock.map(|p| p.state.word());
             let skip: Vec<u64> = self.pre_lock.iter().map(|p| p.mptr).collect();

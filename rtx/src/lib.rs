@@ -18,12 +18,15 @@
 //! - [`client`] (IDs, leases, allocator of one coroutine), [`trycommit`] (the idempotent
 //!   commit steps shared by owners and repairers), [`repair`] (every log state, Opt1,
 //!   restart), [`txn`] (execution, Opt2 pre-lock), [`commit`] (validation, TryCommit by
-//!   the owner, Opt1).
+//!   the owner, Opt1);
+//! - [`blink`]: a Sherman-style B-link tree whose nodes are rTX objects (section 5), with
+//!   its Optimal (Sherman's locking) and DTX-style baselines and a structural checker.
 //!
 //! The protocol is written once, as async functions generic over [`mem::Mem`]; unit tests
 //! and a model checker (module `model`, test builds) run it without a fabric.
 
 pub mod alloc;
+pub mod blink;
 pub mod client;
 pub mod commit;
 pub mod dptr;

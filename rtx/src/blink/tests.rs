@@ -1,0 +1,623 @@
+//! Tests of the rTX B-link tree over [`LocalMem`]: random operations against a `BTreeMap`
+//! oracle, concurrent clients interleaved at every one-sided operation, a planted split
+//! bug caught by the checker, and clients crashed mid-split then repaired by others.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use futures::executor::{block_on, LocalPool};
+use futures::task::LocalSpawnExt;
+
+use super::check::{check_quiescent, check_tree, CheckError};
+use super::{format_tree, Blink, FIRST_FREE_OBJ};
+use crate::client::CrashPoint;
+use crate::error::RtxError;
+use crate::layout::Layout;
+use crate::lease::ManualClock;
+use crate::mem::{LocalMem, Mem, MemError};
+use crate::{Client, Config};
+
+const T0: u64 = 1_800_000_000_000;
+
+pub(crate) fn layout(block_bytes: u64) -> Layout {
+    Layout {
+        ids: 8,
+        max_entries: 16,
+        objects: 2048,
+        block_bytes,
+        blocks: 64 * 256,
+        reclaim_slots: 64,
+    }
+}
+
+pub(crate) fn region(l: &Layout) -> LocalMem {
+    let m = LocalMem::new(l.total_bytes() as usize);
+    block_on(format_tree(l, &m, 7)).unwrap();
+    m
+}
+
+pub(crate) fn client(l: &Layout, id: u16, clock: &ManualClock) -> Client<ManualClock> {
+    let mut c = Client::new(*l, id, 2, clock.clone(), Config::default());
+    c.allocator().min_reuse_ms = 0;
+    c
+}
+
+/// Handle `i`'s object range (200 objects each).
+pub(crate) fn objs(i: u64) -> std::ops::Range<u64> {
+    FIRST_FREE_OBJ + 200 * i..FIRST_FREE_OBJ + 200 * (i + 1)
+}
+
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Random inserts, updates, deletes, lookups and scans by one client, each checked
+/// against a `BTreeMap`; the tree checker and the oracle agree at the end.
+fn oracle_run(block_bytes: u64, ops: usize, key_space: u64, seed: u64, pre_lock: bool) {
+    let l = layout(block_bytes);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut c = client(&l, 0, &clock);
+    let mut t = Blink::new(l, FIRST_FREE_OBJ..l.objects);
+    t.pre_lock = pre_lock;
+    let mut oracle = BTreeMap::new();
+    let mut x = seed;
+    block_on(async {
+        for i in 0..ops {
+            let k = next(&mut x) % key_space;
+            match next(&mut x) % 10 {
+                0..=4 => {
+                    let v = next(&mut x);
+                    let old = t.insert(&mut c, &m, k, v).await.unwrap();
+                    assert_eq!(old, oracle.insert(k, v), "insert {k}");
+                }
+                5 | 6 => {
+                    let old = t.delete(&mut c, &m, k).await.unwrap();
+                    assert_eq!(old, oracle.remove(&k), "delete {k}");
+                }
+                7 | 8 => {
+                    let got = t.lookup(&mut c, &m, k).await.unwrap();
+                    assert_eq!(got, oracle.get(&k).copied(), "lookup {k}");
+                }
+                _ => {
+                    let n = (next(&mut x) % 30) as usize;
+                    let got = t.scan(&mut c, &m, k, n).await.unwrap();
+                    let want: Vec<(u64, u64)> =
+                        oracle.range(k..).take(n).map(|(a, b)| (*a, *b)).collect();
+                    assert_eq!(got, want, "scan {k} {n}");
+                }
+            }
+            if i % 500 == 0 {
+                let all = check_tree(&m, &l).await.unwrap();
+                assert_eq!(all.len(), oracle.len());
+            }
+        }
+        let all = check_tree(&m, &l).await.unwrap();
+        let want: Vec<(u64, u64)> = oracle.iter().map(|(a, b)| (*a, *b)).collect();
+        assert_eq!(all, want);
+        check_quiescent(&m, &l).await.unwrap();
+    });
+    let s = t.stats();
+    assert!(s.splits > 10 && s.root_growths >= 2, "{s:?}");
+}
+
+#[test]
+fn small_nodes_random_ops_match_a_btreemap() {
+    oracle_run(128, 6000, 800, 0x9E37_79B9_7F4A_7C15, false);
+}
+
+#[test]
+fn one_kilobyte_nodes_random_ops_match_a_btreemap() {
+    oracle_run(1024, 12000, 1 << 40, 0x1234_5678_9ABC_DEF1, false);
+}
+
+#[test]
+fn opt2_pre_locked_leaves_random_ops_match_a_btreemap() {
+    oracle_run(128, 4000, 600, 0x0F0F_1234_5678_4321, true);
+}
+
+#[test]
+fn single_leaf_updates_write_no_log_and_splits_are_logged() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut c = client(&l, 0, &clock);
+    let mut t = Blink::new(l, objs(0));
+    block_on(async {
+        for k in 0..5 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        t.insert(&mut c, &m, 3, 33).await.unwrap();
+        t.delete(&mut c, &m, 4).await.unwrap();
+        assert_eq!(c.stats().log_writes, 0, "Opt1: no log for one leaf");
+        for k in 5..7 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        assert_eq!(c.stats().log_writes, 1, "the split is one logged rTX");
+        assert_eq!(t.stats().root_growths, 1);
+        assert_eq!(
+            check_tree(&m, &l).await.unwrap(),
+            vec![(0, 0), (1, 1), (2, 2), (3, 33), (5, 5), (6, 6)]
+        );
+    });
+}
+
+#[test]
+fn a_split_that_forgets_the_sibling_link_is_caught_by_the_checker() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut c = client(&l, 0, &clock);
+    let mut t = Blink::new(l, objs(0));
+    t.planted.no_sibling_link = true;
+    block_on(async {
+        for k in 0..40 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        let r = check_tree(&m, &l).await;
+        assert!(matches!(r, Err(CheckError::Broken(_))), "{r:?}");
+    });
+    // The same run without the bug passes.
+    let m = region(&l);
+    let mut t = Blink::new(l, objs(0));
+    block_on(async {
+        for k in 0..40 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        assert_eq!(check_tree(&m, &l).await.unwrap().len(), 40);
+    });
+}
+
+#[test]
+fn a_split_that_skips_the_parent_is_caught_by_the_checker() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut c = client(&l, 0, &clock);
+    let mut t = Blink::new(l, objs(0));
+    block_on(async {
+        // Grow a root first, then split leaves without telling the parent.
+        for k in 0..10 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        check_tree(&m, &l).await.unwrap();
+        t.planted.no_parent_update = true;
+        for k in 10..40 {
+            t.insert(&mut c, &m, k, k).await.unwrap();
+        }
+        // Every key is still found (B-link: sideways), but the structure is broken.
+        for k in 0..40 {
+            assert_eq!(t.lookup(&mut c, &m, k).await.unwrap(), Some(k));
+        }
+        let r = check_tree(&m, &l).await;
+        assert!(
+            matches!(&r, Err(CheckError::Broken(s)) if s.contains("by parents")),
+            "{r:?}"
+        );
+    });
+}
+
+/// A memory that counts one-sided operations.
+struct CountMem {
+    inner: LocalMem,
+    reads: Cell<u64>,
+    writes: Cell<u64>,
+    cas: Cell<u64>,
+}
+
+impl Mem for CountMem {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        self.reads.set(self.reads.get() + 1);
+        self.inner.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.writes.set(self.writes.get() + 1);
+        self.inner.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        self.cas.set(self.cas.get() + 1);
+        self.inner.cas(off, expected, new).await
+    }
+}
+
+/// Operation counts with internal nodes cached (rTX Table 2, n = 1): a lookup is the
+/// TXObj READ and the block READ (no validation round for one object); an update adds
+/// the block WRITE and three CASes (lock, dptr, unlock) and the TXObj validation READ.
+#[test]
+fn cached_lookup_and_update_cost_as_in_table_2() {
+    let l = layout(1024);
+    let m = CountMem {
+        inner: region(&l),
+        reads: Cell::new(0),
+        writes: Cell::new(0),
+        cas: Cell::new(0),
+    };
+    let clock = ManualClock::new(T0);
+    // Blocks wait out their reuse delay (the clock stands still): every new block comes
+    // from this client's own chunks, so no reclamation-table WRITE (4.4) joins in.
+    let mut c = Client::new(l, 0, 2, clock.clone(), Config::default());
+    let mut t = Blink::new(l, objs(0));
+    block_on(async {
+        for k in 0..200 {
+            t.insert(&mut c, &m, k * 7, k).await.unwrap();
+        }
+        // Warm the cache along key 700's path.
+        t.lookup(&mut c, &m, 700).await.unwrap();
+        let before = (m.reads.get(), m.writes.get(), m.cas.get());
+        assert_eq!(t.lookup(&mut c, &m, 700).await.unwrap(), Some(100));
+        assert_eq!(m.reads.get() - before.0, 2, "TXObj + block");
+        assert_eq!((m.writes.get(), m.cas.get()), (before.1, before.2));
+        // The first update replaces the loader's block (a reclamation-table WRITE); the
+        // second replaces this client's own.
+        t.insert(&mut c, &m, 700, 1).await.unwrap();
+        let before = (m.reads.get(), m.writes.get(), m.cas.get());
+        t.insert(&mut c, &m, 700, 2).await.unwrap();
+        assert_eq!(
+            (
+                m.reads.get() - before.0,
+                m.writes.get() - before.1,
+                m.cas.get() - before.2
+            ),
+            (3, 1, 3),
+            "READ TXObj + block + validation, WRITE block, CAS lock + dptr + unlock"
+        );
+    });
+}
+
+/// A memory that yields to the executor before some one-sided operations (chosen by a
+/// shared xorshift), so several clients' rTXs interleave at operation granularity.
+#[derive(Clone)]
+struct YieldMem {
+    inner: LocalMem,
+    rng: Rc<Cell<u64>>,
+}
+
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+impl YieldMem {
+    fn pause(&self) -> YieldNow {
+        let mut x = self.rng.get();
+        let r = next(&mut x);
+        self.rng.set(x);
+        YieldNow(r.is_multiple_of(3))
+    }
+}
+
+impl Mem for YieldMem {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        self.pause().await;
+        self.inner.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.pause().await;
+        self.inner.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        self.pause().await;
+        self.inner.cas(off, expected, new).await
+    }
+}
+
+#[test]
+fn concurrent_clients_inserting_disjoint_and_overlapping_keys() {
+    const CLIENTS: u64 = 4;
+    let l = layout(128);
+    let base = region(&l);
+    let m = YieldMem {
+        inner: base.clone(),
+        rng: Rc::new(Cell::new(0xDEAD_BEEF)),
+    };
+    let clock = ManualClock::new(T0);
+    // Acknowledged (key, value) writes per client, in order.
+    let acked: Rc<RefCell<Vec<(u64, u64, u64)>>> = Rc::default();
+    let aborts: Rc<Cell<u64>> = Rc::default();
+    let mut pool = LocalPool::new();
+    for i in 0..CLIENTS {
+        let (m, acked, aborts) = (m.clone(), acked.clone(), aborts.clone());
+        let mut c = client(&l, i as u16, &clock);
+        let mut t = Blink::new(l, objs(i));
+        pool.spawner()
+            .spawn_local(async move {
+                let mut x = 77 + i;
+                for j in 0..150u64 {
+                    // Disjoint: i * 10_000 + j; overlapping: a shared range of 100 keys.
+                    let k = if j % 2 == 0 {
+                        i * 10_000 + j
+                    } else {
+                        50_000 + next(&mut x) % 100
+                    };
+                    let v = i << 32 | j;
+                    t.insert(&mut c, &m, k, v).await.unwrap();
+                    acked.borrow_mut().push((i, k, v));
+                    if j % 10 == 0 {
+                        let got = t.scan(&mut c, &m, k, 20).await.unwrap();
+                        assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
+                    }
+                }
+                assert!(c.stats().commits >= 150);
+                aborts.set(aborts.get() + c.stats().aborts);
+            })
+            .unwrap();
+    }
+    pool.run();
+    assert!(
+        aborts.get() > 0,
+        "the clients never conflicted: the test shows nothing"
+    );
+    let all = block_on(check_tree(&base, &l)).unwrap();
+    block_on(check_quiescent(&base, &l)).unwrap();
+    let found: BTreeMap<u64, u64> = all.iter().copied().collect();
+    assert_eq!(found.len(), all.len(), "every key once");
+    let acked = acked.borrow();
+    assert_eq!(acked.len(), 150 * CLIENTS as usize);
+    for &(_, k, v) in acked.iter() {
+        let got = found.get(&k).copied();
+        assert!(got.is_some(), "acknowledged key {k} lost");
+        if k < 50_000 {
+            assert_eq!(got, Some(v));
+        }
+    }
+    // An overlapping key holds one of the values acknowledged for it (acknowledgement
+    // order need not be the order of installs: an owner acknowledges after its unlock
+    // and log steps, in which another client may install).
+    let mut written: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for &(_, k, v) in acked.iter() {
+        written.entry(k).or_default().push(v);
+    }
+    for (k, vs) in &written {
+        assert!(
+            vs.contains(&found[k]),
+            "key {k} holds {} never acknowledged",
+            found[k]
+        );
+    }
+    let expect_keys: std::collections::BTreeSet<u64> = acked.iter().map(|a| a.1).collect();
+    assert_eq!(
+        found.len(),
+        expect_keys.len(),
+        "no key that was never inserted"
+    );
+}
+
+/// A client crashes at `at` inside the rTX that splits the root leaf (and grows the root);
+/// after its lease expires, another client's operations on the same keys repair it.
+/// Afterwards every acknowledged key is found once, the split key is present iff the rTX
+/// reached DOING, the tree checks, and nothing stays locked or unfinished.
+fn crash_in_split(at: CrashPoint, committed: bool) {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut a = client(&l, 0, &clock);
+    let mut ta = Blink::new(l, objs(0));
+    let mut b = client(&l, 1, &clock);
+    let mut tb = Blink::new(l, objs(1));
+    block_on(async {
+        for k in 0..5 {
+            ta.insert(&mut a, &m, k * 10, k).await.unwrap();
+        }
+        a.crash = Some(at);
+        let r = ta.insert(&mut a, &m, 25, 99).await;
+        assert!(
+            matches!(
+                r,
+                Err(super::BlinkError::Rtx(RtxError::Mem(MemError::Crashed)))
+            ),
+            "{r:?}"
+        );
+        clock.advance(60_000);
+        for k in 5..30 {
+            tb.insert(&mut b, &m, k * 10, k).await.unwrap();
+        }
+        assert_eq!(
+            tb.lookup(&mut b, &m, 25).await.unwrap(),
+            committed.then_some(99)
+        );
+        assert!(b.stats().repairs >= 1, "{:?}", b.stats());
+        let all = check_tree(&m, &l).await.unwrap();
+        let mut want: Vec<(u64, u64)> = (0..30).map(|k| (k * 10, k)).collect();
+        if committed {
+            want.push((25, 99));
+            want.sort();
+        }
+        assert_eq!(all, want);
+        check_quiescent(&m, &l).await.unwrap();
+    });
+}
+
+/// A crash after the split's log was written, before any lock: nothing is visible to
+/// others; the restarted owner (same ID) settles its INIT log before its next rTX.
+#[test]
+fn crash_after_the_log_of_a_split_is_settled_by_the_owner() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut a = client(&l, 0, &clock);
+    let mut ta = Blink::new(l, objs(0));
+    block_on(async {
+        for k in 0..5 {
+            ta.insert(&mut a, &m, k * 10, k).await.unwrap();
+        }
+        a.crash = Some(CrashPoint::LogWritten);
+        assert!(ta.insert(&mut a, &m, 25, 99).await.is_err());
+        a.crash = None;
+        clock.advance(60_000);
+        ta.insert(&mut a, &m, 25, 98).await.unwrap();
+        let all = check_tree(&m, &l).await.unwrap();
+        assert_eq!(
+            all,
+            vec![(0, 0), (10, 1), (20, 2), (25, 98), (30, 3), (40, 4)]
+        );
+        check_quiescent(&m, &l).await.unwrap();
+    });
+}
+
+#[test]
+fn crash_with_the_split_locked_is_aborted_by_repair() {
+    crash_in_split(CrashPoint::Locked, false);
+}
+
+#[test]
+fn crash_in_doing_is_committed_by_repair() {
+    crash_in_split(CrashPoint::InDoing, true);
+}
+
+#[test]
+fn crash_after_installing_is_finished_by_repair() {
+    crash_in_split(CrashPoint::Installed, true);
+}
+
+/// Planted bug (C.10 test 5): a repair that ignores DOING leaves the crashed split's locks
+/// held forever, so a survivor's insert into that leaf never completes.
+#[test]
+fn a_repair_that_ignores_doing_leaves_the_leaf_locked_forever() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut a = client(&l, 0, &clock);
+    let mut ta = Blink::new(l, objs(0));
+    let mut b = client(&l, 1, &clock);
+    b.planted_ignore_doing = true;
+    let mut tb = Blink::new(l, objs(1));
+    block_on(async {
+        for k in 0..5 {
+            ta.insert(&mut a, &m, k * 10, k).await.unwrap();
+        }
+        a.crash = Some(CrashPoint::InDoing);
+        assert!(ta.insert(&mut a, &m, 25, 99).await.is_err());
+        clock.advance(60_000);
+        let r = tb.insert(&mut b, &m, 15, 1).await;
+        assert!(matches!(r, Err(super::BlinkError::Retries(_))), "{r:?}");
+        assert!(check_quiescent(&m, &l).await.is_err());
+    });
+}
+
+/// The Optimal baseline and its DTX-style variant: random operations against a
+/// `BTreeMap` by one client.
+#[test]
+fn optimal_random_ops_match_a_btreemap() {
+    for bb in [128u64, 1024] {
+        let l = layout(bb);
+        for dtx in [false, true] {
+            let m = region(&l);
+            let mut t = if dtx {
+                super::optimal::Optimal::dtx(l, 0, FIRST_FREE_OBJ..l.objects)
+            } else {
+                super::optimal::Optimal::new(l, 0, FIRST_FREE_OBJ..l.objects)
+            };
+            let mut oracle = BTreeMap::new();
+            let mut x = 0xABCD_EF01_2345_6789u64;
+            block_on(async {
+                for _ in 0..8000 {
+                    let k = next(&mut x) % 3000;
+                    match next(&mut x) % 10 {
+                        0..=4 => {
+                            let v = next(&mut x);
+                            assert_eq!(t.insert(&m, k, v).await.unwrap(), oracle.insert(k, v));
+                        }
+                        5 | 6 => assert_eq!(t.delete(&m, k).await.unwrap(), oracle.remove(&k)),
+                        7 | 8 => {
+                            assert_eq!(t.lookup(&m, k).await.unwrap(), oracle.get(&k).copied())
+                        }
+                        _ => {
+                            let n = (next(&mut x) % 30) as usize;
+                            let want: Vec<(u64, u64)> =
+                                oracle.range(k..).take(n).map(|(a, b)| (*a, *b)).collect();
+                            assert_eq!(t.scan(&m, k, n).await.unwrap(), want);
+                        }
+                    }
+                }
+                let want: Vec<(u64, u64)> = oracle.iter().map(|(a, b)| (*a, *b)).collect();
+                assert_eq!(check_tree(&m, &l).await.unwrap(), want);
+                check_quiescent(&m, &l).await.unwrap();
+            });
+            assert!(t.stats().root_growths >= 1, "{:?}", t.stats());
+        }
+    }
+}
+
+/// The Optimal baseline under concurrent clients interleaved at every operation: every
+/// acknowledged key found once with its last acknowledged value, no lock left held.
+#[test]
+fn optimal_concurrent_clients_keep_every_acknowledged_key() {
+    const CLIENTS: u64 = 4;
+    let l = layout(128);
+    let base = region(&l);
+    let m = YieldMem {
+        inner: base.clone(),
+        rng: Rc::new(Cell::new(0x5EED)),
+    };
+    let acked: Rc<RefCell<Vec<(u64, u64)>>> = Rc::default();
+    let spins: Rc<Cell<u64>> = Rc::default();
+    let mut pool = LocalPool::new();
+    for i in 0..CLIENTS {
+        let (m, acked, spins) = (m.clone(), acked.clone(), spins.clone());
+        // Half the clients are the DTX variant (same locks, plus value logging).
+        let mut t = if i % 2 == 0 {
+            super::optimal::Optimal::new(l, i as u16, objs(i))
+        } else {
+            super::optimal::Optimal::dtx(l, i as u16, objs(i))
+        };
+        pool.spawner()
+            .spawn_local(async move {
+                let mut x = 91 + i;
+                for j in 0..150u64 {
+                    let k = if j % 2 == 0 {
+                        i * 10_000 + j
+                    } else {
+                        50_000 + next(&mut x) % 100
+                    };
+                    let v = i << 32 | j;
+                    t.insert(&m, k, v).await.unwrap();
+                    acked.borrow_mut().push((k, v));
+                }
+                spins.set(spins.get() + t.stats().aborts);
+            })
+            .unwrap();
+    }
+    pool.run();
+    assert!(
+        spins.get() > 0,
+        "the clients never conflicted: the test shows nothing"
+    );
+    let all = block_on(check_tree(&base, &l)).unwrap();
+    block_on(check_quiescent(&base, &l)).unwrap();
+    let found: BTreeMap<u64, u64> = all.iter().copied().collect();
+    let mut written: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for &(k, v) in acked.borrow().iter() {
+        written.entry(k).or_default().push(v);
+    }
+    assert_eq!(
+        found.len(),
+        written.len(),
+        "every acknowledged key, no other"
+    );
+    for (k, vs) in &written {
+        let got = found
+            .get(k)
+            .copied()
+            .unwrap_or_else(|| panic!("key {k} lost"));
+        assert!(vs.contains(&got), "key {k} holds {got}, never acknowledged");
+        if *k < 50_000 {
+            assert_eq!(vs, &vec![got], "disjoint key {k}");
+        }
+    }
+}
