@@ -20,6 +20,7 @@ bins=(
   "rrpc-bench|RPC microbenchmarks: batching, reply modes, latency, peers|batching modes latency throughput peers all"
   "lock-bench|lock microbenchmarks: Takeout, CAS, DSLR, Lotus lock tables|fairness single table queues"
   "tso-bench|timestamp microbenchmark: FAA, TSO groups, proxy, RPC oracle|"
+  "index-bench|YCSB A-E over the rTX B-link tree: rTX, Optimal (Sherman's locking), DTX-style logging|"
   "memnode|the memory node: CVT tables in registered memory, commit-log slots, an rTX region|"
   "lockd|the lock service: Takeout Locks, Lotus lock tables, baseline lock words|"
   "tso|the timestamp oracle: one counter, taken by one-sided FAA|"

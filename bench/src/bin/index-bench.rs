@@ -294,7 +294,12 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
         blocks: args.objects * 4 / 64 * 64,
         reclaim_slots: 64,
     };
-    layout.validate()?;
+    layout.validate().with_context(|| {
+        format!(
+            "--objects {} ({} data blocks) for {clients} clients",
+            args.objects, layout.blocks
+        )
+    })?;
     let name = format!("index-bench-{}-{proto:?}", std::process::id());
     let (cluster, _) = ClusterGuard::new(&name)?;
     let open = |node: u32| -> Result<Fabric> {

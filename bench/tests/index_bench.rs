@@ -1,0 +1,52 @@
+//! The real `index-bench`: YCSB A-E over the rTX B-link tree, by rTX, by Optimal
+//! (Sherman's own locking) and by the DTX-style baseline, in one short invocation. Every
+//! protocol's tree passes its checks after the workloads (fences, order, the sibling
+//! chain equal to what the parents reach, no lock held, every rTX log DONE), and the
+//! ratio lines are printed for every workload. A region too small is refused with the
+//! flag that sets it.
+
+use std::process::Command;
+
+#[test]
+fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
+    let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
+        .args([
+            "--keys",
+            "2000",
+            "--duration-ms",
+            "200",
+            "--warmup-ms",
+            "20",
+            "--objects",
+            "4096",
+            "--coroutines",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let all = format!("{stdout}{stderr}");
+    assert_eq!(all.matches(": tree check ok (").count(), 3, "{all}");
+    for w in ["A", "B", "C", "D", "E"] {
+        for base in ["optimal", "dtx"] {
+            assert!(
+                all.contains(&format!("ycsb-{w}: ratio throughput rtx/{base} = ")),
+                "ycsb-{w} rtx/{base}: {all}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_region_too_small_is_refused_with_its_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
+        .args(["--objects", "10", "--duration-ms", "10"])
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--objects 10"), "{stderr}");
+}
