@@ -23,7 +23,7 @@
 //! on throughout. With `--spare-memnodes` instead, the same copies go to a spare memory
 //! node started with the cluster (`memnode --spare-index`), which holds an empty image
 //! of every partition: each partition the dead node held a copy of is copied to it and
-//! it becomes that partition's last backup ([`ViewManager::fill_spare`]).
+//! it becomes that partition's last backup (`ViewManager::fill_spare`).
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};

@@ -179,7 +179,7 @@ pub struct Args {
     /// file's first coordinator host, or with --cnodes 2 or more as coordinator
     /// processes on the file's coordinator hosts in turn (each on its host's device; the
     /// run's etcd listens on the first coordinator host's address). Sets --fabric and
-    /// --memnodes from the file; the coordinators' runtimes take its [runtime]. The
+    /// --memnodes from the file; the coordinators' runtimes take its `[runtime]`. The
     /// faults --kill-memnode-after, --kill-cn-after and --stop-cn-after reach a process
     /// on another host through ssh.
     #[arg(long, value_name = "FILE")]
