@@ -141,6 +141,9 @@ pub struct WireStats {
     /// histogram from generation (HDR V2, hex).
     #[serde(default)]
     forward: (u64, u64, String),
+    /// The process's version table cache (the first thread only).
+    #[serde(default)]
+    vtc: Option<txn::vt_cache::VtCacheStats>,
     #[serde(default)]
     transient_retries: u64,
     /// READs, WRITEs and atomics posted to the memory nodes.
@@ -207,6 +210,7 @@ impl WireStats {
                 let _ = V2Serializer::new().serialize(&s.forward.hist, &mut buf);
                 (s.forward.count, s.forward.bytes, hex(&buf))
             },
+            vtc: s.vtc,
             transient_retries: s.transient_retries,
             memnode_ops: [
                 s.memnode_ops.reads,
@@ -263,6 +267,7 @@ impl WireStats {
             redraws: self.route[0],
             misses: self.route[1],
         };
+        s.vtc = self.vtc;
         s.forward.count = self.forward.0;
         s.forward.bytes = self.forward.1;
         if !self.forward.2.is_empty() {

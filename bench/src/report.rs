@@ -111,6 +111,9 @@ pub struct WorkerStats {
     pub route: crate::routing::RouteCounts,
     /// `--routing forward`: transactions this thread sent to their home compute node.
     pub forward: ForwardStats,
+    /// Lotus in a coordinator process: the process's version table cache, reported by
+    /// its first thread only (`None` from the others and in txn-bench itself).
+    pub vtc: Option<txn::vt_cache::VtCacheStats>,
     /// One-sided operations this thread retried after a transport failure
     /// (`txn::transient`).
     pub transient_retries: u64,
@@ -140,6 +143,7 @@ impl WorkerStats {
             qp_errors: 0,
             route: Default::default(),
             forward: ForwardStats::default(),
+            vtc: None,
             transient_retries: 0,
             breakdown: None,
             tocc_share: Vec::new(),

@@ -1055,6 +1055,7 @@ fn measure(
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
             routing: args.routing,
             inbox: None,
+            reports_vtc: false,
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -1604,6 +1605,9 @@ pub(crate) struct WorkerPlan {
     /// `--routing forward`: this compute node's inbox of forwarded transactions (its
     /// home coroutines serve it), with a Lotus site.
     pub(crate) inbox: Option<Arc<crate::forward::Inbox>>,
+    /// Whether this thread reports its process's version table cache (the first
+    /// thread of a coordinator process).
+    pub(crate) reports_vtc: bool,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
@@ -1751,6 +1755,14 @@ pub(crate) fn worker(
         .into_inner();
     s.rpc = ctx.stats();
     s.memnode_ops = client.memnode_ops();
+    if w.reports_vtc {
+        s.vtc = w
+            .cfg
+            .lotus
+            .as_ref()
+            .and_then(|l| l.cache.as_ref())
+            .map(|c| c.stats());
+    }
     s.tso_epoch = client.tso().client().epoch();
     s.tso_reconnects = client.tso().reconnects();
     s.lock_reconnects = client.lock_reconnects();

@@ -114,6 +114,12 @@ fn smallbank_on_two_cnodes(name: &str, extra: &[&str]) -> (String, serde_json::V
 fn two_compute_nodes_lock_on_each_others_tables() {
     let (stdout, r) = smallbank_on_two_cnodes("lotus-cnodes", &[]);
     assert_eq!(atomics(&r), 0.0, "{stdout}");
+    // Each process's version table cache served its lock holders, and the other
+    // node's write grants invalidated entries (the hook on its embedded table).
+    let vtc = &r["vtc"];
+    assert!(vtc["hits"].as_u64().unwrap_or(0) > 0, "{stdout}");
+    assert!(vtc["invalidations"].as_u64().unwrap_or(0) > 0, "{stdout}");
+    assert!(stdout.contains("version table cache: "), "{stdout}");
 }
 
 /// Lotus 4.3's hybrid routing: `--routing ideal` (each compute node draws read-write

@@ -213,7 +213,7 @@ impl Sub {
 
 /// Counters of a [`VtCache`] since it was made (monotonic; every field a count of
 /// events, `entries` the current size).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VtCacheStats {
     /// Lookups by lock holders that found the key's CVT (the CVT READ skipped).
     pub hits: u64,
@@ -236,6 +236,21 @@ pub struct VtCacheStats {
 }
 
 impl VtCacheStats {
+    /// The counters of two caches together (compute nodes of one run), entries
+    /// included.
+    pub fn add(&self, o: &Self) -> Self {
+        Self {
+            hits: self.hits + o.hits,
+            misses: self.misses + o.misses,
+            fills: self.fills + o.fills,
+            updates: self.updates + o.updates,
+            invalidations: self.invalidations + o.invalidations,
+            removals: self.removals + o.removals,
+            evictions: self.evictions + o.evictions,
+            entries: self.entries + o.entries,
+        }
+    }
+
     /// Hits over lookups, 0 to 1 (0 without a lookup).
     pub fn hit_rate(&self) -> f64 {
         let n = self.hits + self.misses;

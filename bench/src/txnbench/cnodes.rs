@@ -264,6 +264,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             qp_errors: args.qp_errors_ms.map(Duration::from_millis),
             routing: args.routing,
             inbox: inbox.clone(),
+            reports_vtc: i == 0,
         };
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),
@@ -498,6 +499,11 @@ pub(crate) fn measure(
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
         r.uses_tso = protocol != Protocol::OccCas;
     }
+    // Each coordinator process's version table cache, reported by its first thread.
+    let lotus_vtc = workers
+        .iter()
+        .filter_map(|w| w.vtc)
+        .reduce(|a, b| a.add(&b));
     Ok(Measured {
         workers,
         elapsed,
@@ -518,7 +524,7 @@ pub(crate) fn measure(
         cnode_events: events,
         history_written: args.history_out.is_some(),
         lotus_locks_held: None,
-        lotus_vtc: None,
+        lotus_vtc,
     })
 }
 
