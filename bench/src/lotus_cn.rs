@@ -47,6 +47,18 @@ pub(crate) fn addr_key(node: u32) -> String {
     format!("lotus-locks/{node}")
 }
 
+/// The lock service address compute node `node` published in etcd, if any. Errors:
+/// etcd failed; the stored value is not an address.
+pub(crate) fn published_addr(me: &member::Member, node: u32) -> anyhow::Result<Option<SocketAddr>> {
+    me.get(&addr_key(node))?
+        .map(|v| {
+            let s = String::from_utf8(v).context("a published lock service address")?;
+            s.parse::<SocketAddr>()
+                .with_context(|| format!("compute node {node}'s lock service address {s:?}"))
+        })
+        .transpose()
+}
+
 /// The etcd key under which survivor `survivor` confirms that its attempts which began
 /// before compute node `dead`'s life `life` was marked down have ended (Lotus 6, steps
 /// 4 and 5).
@@ -281,13 +293,7 @@ pub(crate) fn start(
     // there, as with a restarted lock service).
     let restarted = me.incarnation() > 1;
     let previous = if restarted {
-        me.get(&addr_key(node))?
-            .map(|v| {
-                let s = String::from_utf8(v).context("a published lock service address")?;
-                s.parse::<SocketAddr>()
-                    .with_context(|| format!("the previous life's address {s:?}"))
-            })
-            .transpose()?
+        published_addr(me, node).context("the previous life's address")?
     } else {
         None
     };
@@ -361,11 +367,8 @@ pub(crate) fn start(
     let mut peers = Vec::new();
     for &n in nodes.iter().filter(|&&n| n != node) {
         let addr = loop {
-            if let Some(v) = me.get(&addr_key(n))? {
-                let s = String::from_utf8(v).context("a published lock service address")?;
-                break s
-                    .parse::<SocketAddr>()
-                    .with_context(|| format!("compute node {n}'s lock service address {s:?}"))?;
+            if let Some(a) = published_addr(me, n)? {
+                break a;
             }
             if Instant::now() >= deadline {
                 bail!("compute node {n} did not publish its lock service within {PEERS_WAIT:?}");

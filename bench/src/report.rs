@@ -622,12 +622,7 @@ impl Report {
                 for w in workers {
                     let _ = h.add(&w.forward.hist);
                 }
-                (!h.is_empty()).then(|| {
-                    [
-                        h.value_at_quantile(0.5) as f64 / 1e3,
-                        h.value_at_quantile(0.99) as f64 / 1e3,
-                    ]
-                })
+                (!h.is_empty()).then(|| [us(&h, 0.5), us(&h, 0.99)])
             },
             transient_retries: workers.iter().map(|w| w.transient_retries).sum(),
             fatal_errors: fatal.len(),

@@ -1420,13 +1420,9 @@ impl<'a> Faults<'a> {
             let nodes: Vec<u32> = (0..args.cnodes as u32).map(|i| NODE_CNODE + i).collect();
             let mut addrs = Vec::new();
             for &n in &nodes {
-                let v = me
-                    .get(&crate::lotus_cn::addr_key(n))?
-                    .with_context(|| format!("compute node {n} published no lock service"))?;
-                let s = String::from_utf8(v).context("a published lock service address")?;
                 addrs.push(
-                    s.parse::<std::net::SocketAddr>()
-                        .with_context(|| format!("compute node {n}'s address {s:?}"))?,
+                    crate::lotus_cn::published_addr(me, n)?
+                        .with_context(|| format!("compute node {n} published no lock service"))?,
                 );
             }
             let at = p.ms();
