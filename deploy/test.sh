@@ -4,7 +4,8 @@
 #
 # 1. Installs what a fresh Debian machine lacks to build the verbs backend (cmake,
 #    libclang-dev), to load libibverbs (libibverbs1, ibverbs-providers), to build the etcd
-#    client of the member crate (protobuf-compiler: protoc) and to run its tests against a
+#    client of the member crate (protobuf-compiler: protoc, and libprotobuf-dev: the
+#    well-known .proto files it imports) and to run its tests against a
 #    real etcd (etcd-server: each test starts its own on loopback).
 # 2. Checks the formatting (cargo fmt --check), the lints (cargo clippy, warnings denied)
 #    and the docs (cargo doc, warnings denied: no broken links); builds the book
@@ -39,7 +40,7 @@ cd "$(dirname "$0")/.."
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 need=()
-for p in cmake libclang-dev libibverbs1 ibverbs-providers protobuf-compiler etcd-server; do
+for p in cmake libclang-dev libibverbs1 ibverbs-providers protobuf-compiler libprotobuf-dev etcd-server; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -55,11 +55,28 @@ use crate::fabric::{
 /// (one signaled completion per list).
 pub const QP_CQ_DEPTH: usize = 1024;
 
-/// Where completions of one thread's lists are delivered: `(token, status)` pairs, one per
+/// How a posted list ended, as its owner's [`Mailbox`] receives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListDone {
+    /// The token the list was posted with.
+    pub token: u64,
+    /// [`WcStatus::Success`]: every WR of the list completed. Otherwise WRs
+    /// `0..failed_wr` completed, WR `failed_wr` ended with this status, and the rest
+    /// were flushed (`WcStatus::Flushed` itself for a list flushed whole, from 0).
+    pub status: WcStatus,
+    /// Index in the list of the WR that failed (0 on success).
+    pub failed_wr: usize,
+}
+
+/// Bits of a WR's `wr_id` that hold its index in its list; the rest hold the list's
+/// sequence number.
+const WR_INDEX_BITS: u32 = 20;
+
+/// Where completions of one thread's lists are delivered: a [`ListDone`] per
 /// posted list, in completion order per QP.
 #[derive(Default)]
 pub struct Mailbox {
-    done: Mutex<Vec<(u64, WcStatus)>>,
+    done: Mutex<Vec<ListDone>>,
     /// Set when `done` may be non-empty: lets an idle owner skip the lock.
     full: AtomicBool,
 }
@@ -69,12 +86,16 @@ impl Mailbox {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
-    fn push(&self, token: u64, status: WcStatus) {
-        lock(&self.done).push((token, status));
+    fn push(&self, token: u64, status: WcStatus, failed_wr: usize) {
+        lock(&self.done).push(ListDone {
+            token,
+            status,
+            failed_wr,
+        });
         self.full.store(true, Ordering::Release);
     }
     /// Move the delivered completions into `out` (appending).
-    pub fn drain(&self, out: &mut Vec<(u64, WcStatus)>) {
+    pub fn drain(&self, out: &mut Vec<ListDone>) {
         if !self.full.load(Ordering::Acquire) {
             return;
         }
@@ -226,8 +247,9 @@ impl SharedQp {
         }
         let seq = s.next_seq;
         s.next_seq += 1;
-        for w in wrs[..n].iter_mut() {
-            w.wr_id = seq;
+        debug_assert!(n < 1 << WR_INDEX_BITS);
+        for (i, w) in wrs[..n].iter_mut().enumerate() {
+            w.wr_id = seq << WR_INDEX_BITS | i as u64;
             w.signaled = false;
         }
         wrs[n - 1].signaled = true;
@@ -284,18 +306,38 @@ impl SharedQp {
                 continue;
             }
             any = true;
+            let (seq, index) = (
+                wc.wr_id >> WR_INDEX_BITS,
+                (wc.wr_id & ((1 << WR_INDEX_BITS) - 1)) as usize,
+            );
             if wc.status != WcStatus::Success {
                 tracing::debug!(qp = self.id, status = ?wc.status, "shared QP failed");
+                // RC executes a QP's WRs in order and an error completion is generated
+                // even for an unsignaled WR: the lists before the failed one completed,
+                // and the failed list's owner learns why (a remote access error is not a
+                // transport failure to retry: the region is gone). The rest are flushed.
+                while let Some(p) = s.lists.pop_front() {
+                    if p.seq > seq {
+                        s.lists.push_front(p);
+                        break;
+                    }
+                    s.outstanding -= p.n;
+                    if p.seq == seq {
+                        p.mailbox.push(p.token, wc.status, index);
+                    } else {
+                        p.mailbox.push(p.token, WcStatus::Success, 0);
+                    }
+                }
                 self.fail(s);
                 return true;
             }
             // RC completes a QP's lists in order: this completion covers every list up
             // to its own sequence number.
-            while s.lists.front().is_some_and(|p| p.seq <= wc.wr_id) {
+            while s.lists.front().is_some_and(|p| p.seq <= seq) {
                 let p = s.lists.pop_front().expect("front");
                 s.outstanding -= p.n;
                 self.load.store(s.outstanding, Ordering::Relaxed);
-                p.mailbox.push(p.token, WcStatus::Success);
+                p.mailbox.push(p.token, WcStatus::Success, 0);
             }
         }
         any
@@ -305,7 +347,7 @@ impl SharedQp {
     fn fail(&self, s: &mut Slot) {
         self.broken.store(true, Ordering::Relaxed);
         for p in s.lists.drain(..) {
-            p.mailbox.push(p.token, WcStatus::Flushed);
+            p.mailbox.push(p.token, WcStatus::Flushed, 0);
         }
         s.outstanding = 0;
         self.load.store(0, Ordering::Relaxed);

@@ -325,6 +325,57 @@ fn a_node_that_restarts_is_reached_again_by_the_next_calls() {
     drop(again);
 }
 
+/// One doorbell list of one-sided ops whose middle WR names a region that is not there
+/// (an rkey of a process that restarted): the ops before it completed, the failed one
+/// says why (`RemoteAccess`: not a transport failure, so not retried as one), and only
+/// the ops after it are reported flushed. (Reporting the whole list flushed made a
+/// Takeout release retry its stale READ for its whole release wait.)
+#[test]
+fn a_failed_list_reports_the_failing_op_and_flushes_only_the_rest() {
+    use rrpc::fabric::{RemoteAddr, WcStatus};
+    use rrpc::runtime::{block_on, join_all, OneSidedError};
+    let c = setup("straws", "failedlist");
+    let (mem, mr) = mem_node(c.name(), 2, 8 * 64);
+    let ctx = ThreadCtx::new(fabric(c.name(), 100), RuntimeConfig::default()).unwrap();
+    let minfo = ctx.connect(mem.addr()).unwrap();
+    let desc: rrpc::fabric::MrDesc = minfo.export("mr").unwrap();
+    let bad = RemoteAddr {
+        addr: desc.addr,
+        rkey: desc.rkey ^ 0x5a5a,
+    };
+    let c2 = ctx.clone();
+    let rs = block_on(&ctx, async move {
+        // Queued in one round: one list, in this order.
+        let addrs = [desc.at(0), desc.at(8), bad, desc.at(16), desc.at(24)];
+        join_all(addrs.iter().map(|&a| c2.read(minfo.node, a, 8))).await
+    });
+    let status = |r: &Result<Vec<u8>, OneSidedError>| match r {
+        Ok(_) => None,
+        Err(OneSidedError::Completion { status, .. }) => Some(*status),
+        Err(e) => panic!("unexpected error {e}"),
+    };
+    let got: Vec<Option<WcStatus>> = rs.iter().map(status).collect();
+    assert_eq!(
+        got,
+        [
+            None,
+            None,
+            Some(WcStatus::RemoteAccess),
+            Some(WcStatus::Flushed),
+            Some(WcStatus::Flushed)
+        ],
+        "stats {:?}",
+        ctx.stats()
+    );
+    // The QP is reconnected and the next ops go through.
+    let c2 = ctx.clone();
+    assert!(eventually(Duration::from_secs(10), || {
+        let c3 = c2.clone();
+        block_on(&c2, async move { c3.read(minfo.node, desc.at(0), 8).await }).is_ok()
+    }));
+    drop(mr);
+}
+
 #[test]
 fn reconnect_backoff_doubles_from_1ms_to_100ms() {
     use rrpc::straw::{next_backoff, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};

@@ -124,7 +124,7 @@ struct Inner {
     wrs: Vec<SendWr>,
     items: Vec<Item>,
     batch: Vec<u8>,
-    done: Vec<(u64, WcStatus)>,
+    done: Vec<crate::straw::ListDone>,
     cancels: Vec<(NodeId, u64)>,
     /// Coroutines waiting for room (a free buffer, ring credit): woken after a round
     /// with work.
@@ -909,7 +909,11 @@ impl ThreadCtx {
         self.mailbox.drain(&mut inner.done);
         for i in 0..inner.done.len() {
             work = true;
-            let (token, status) = inner.done[i];
+            let crate::straw::ListDone {
+                token,
+                status,
+                failed_wr,
+            } = inner.done[i];
             let Some(rec) = inner.lists.take(token) else {
                 continue;
             };
@@ -921,11 +925,19 @@ impl ThreadCtx {
                     let c = &mut inner.conns[conn];
                     c.os_lists -= 1;
                     let node = c.node;
-                    for &id in &ops {
-                        let r = if status == WcStatus::Success {
+                    // One op per WR, in list order: the WRs before a failed one
+                    // completed, the failed one says why (a remote access error is
+                    // not retried as a transport failure), the rest were flushed.
+                    for (k, &id) in ops.iter().enumerate() {
+                        let r = if status == WcStatus::Success || k < failed_wr {
                             Ok(())
-                        } else {
+                        } else if k == failed_wr {
                             Err(OneSidedError::Completion { node, status })
+                        } else {
+                            Err(OneSidedError::Completion {
+                                node,
+                                status: WcStatus::Flushed,
+                            })
                         };
                         inner.ops.complete(id, r);
                     }

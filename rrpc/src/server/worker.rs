@@ -281,7 +281,7 @@ pub(crate) struct Worker {
     // Scratch.
     batch: Vec<u8>,
     out: Vec<u8>,
-    done: Vec<(u64, WcStatus)>,
+    done: Vec<crate::straw::ListDone>,
     wrs: Vec<SendWr>,
     items: Vec<Item>,
 }
@@ -504,7 +504,7 @@ impl Worker {
         self.mailbox.drain(&mut self.done);
         for k in 0..self.done.len() {
             work = true;
-            let (token, status) = self.done[k];
+            let crate::straw::ListDone { token, status, .. } = self.done[k];
             let Some(mut rec) = self.lists.take(token) else {
                 continue;
             };
