@@ -454,6 +454,9 @@ fn drive(
     drive_with_idle(ctx, node, coroutines, 0, req, opts, expect, window)
 }
 
+/// How far [`drive_with_idle`] stretches a measured window that holds no call yet.
+const NO_CALL_LIMIT: Duration = Duration::from_secs(10);
+
 /// Coroutines that wait without work until the gate opens: stand-ins for a thread's idle
 /// tasks (a caller waiting for a lock, a server task waiting for a request). Each stores
 /// its waker once; `open` wakes them all, so an executor that polls only woken tasks
@@ -514,6 +517,11 @@ fn drive_with_idle(
     let r0 = clock.raw();
     let m0 = warmup.as_nanos() as u64;
     let end = m0 + measure.as_nanos() as u64;
+    // A point holds at least one measured call: on a loaded machine a short window can
+    // pass while the first calls (the connection warming up) are still out, and an
+    // empty histogram would read as 0 ns. The window is stretched for that, up to
+    // NO_CALL_LIMIT past its end.
+    let hard_end = end + NO_CALL_LIMIT.as_nanos() as u64;
     let hist = Rc::new(RefCell::new(Histogram::<u64>::new_with_bounds(
         1,
         60_000_000_000,
@@ -542,7 +550,7 @@ fn drive_with_idle(
             loop {
                 let t0 = clock.raw();
                 let now = clock.delta_as_nanos(r0, t0);
-                if now >= end || failed.borrow().is_some() {
+                if (now >= end && calls.get() > 0) || now >= hard_end || failed.borrow().is_some() {
                     break;
                 }
                 let r = ctx.call_with(node, GEN, &req, opts).await;
@@ -578,8 +586,20 @@ fn drive_with_idle(
         ex.spawn(async move { gate.wait().await });
     }
     ex.run();
+    // A stretched window is as long as it lasted.
+    let lasted = Duration::from_nanos(clock.delta_as_nanos(r0, clock.raw()).saturating_sub(m0));
+    let secs = if lasted > measure + NO_CALL_LIMIT / 100 && calls.get() < 100 {
+        lasted.as_secs_f64()
+    } else {
+        measure.as_secs_f64()
+    };
     if let Some(e) = failed.borrow_mut().take() {
         bail!("call failed: {e}");
+    }
+    if calls.get() == 0 {
+        bail!(
+            "no call completed in the measured window ({measure:?}, stretched by {NO_CALL_LIMIT:?})"
+        );
     }
     let s0 = stats0.get().unwrap_or_default();
     let s1 = ctx.stats();
@@ -595,7 +615,7 @@ fn drive_with_idle(
     let hist = hist.borrow().clone();
     Ok(Point {
         calls: calls.get(),
-        secs: measure.as_secs_f64(),
+        secs,
         hist,
         stats,
     })
