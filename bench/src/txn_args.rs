@@ -238,6 +238,16 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub fig3_premise: bool,
+    /// Lotus's ablation (Lotus 7.4, Fig. 14) in one invocation, with coordinator
+    /// processes (--cnodes 2 or more): mvcc (the Motor baseline), then lotus with lock
+    /// sharding and --routing none and no version table cache, then + two-level routing
+    /// (--routing forward, or ideal when given), then + the version table cache
+    /// (--vtc-entries); each on a fresh cluster with the same seed, then one table with
+    /// every row's change against the row above beside the paper's, and whether the
+    /// paper's signs hold. Not with --protocol, --sweep or the UNSAFE variants.
+    #[arg(long)]
+    #[serde(default)]
+    pub ablation: bool,
     /// Print where the committed transactions' time goes, per type (Scythe's latency
     /// decomposition): mean and p99 of execution reads, timestamps, lock acquisition and
     /// waits, validation, commit writes, unlock and backoff, and the CPU time of every
@@ -624,6 +634,8 @@ pub(crate) struct Point {
     pub(crate) commit_log: Option<LogSetting>,
     /// Lotus's version table cache entries at this point (0 = off).
     pub(crate) vtc_entries: usize,
+    /// Lotus's routing at this point (`None`: as `--routing` says).
+    pub(crate) routing: Option<crate::routing::Routing>,
     /// `theta=0.5`, `clients=16`, `commit-log=on`; `None` without a sweep.
     pub(crate) label: Option<String>,
 }
@@ -780,6 +792,22 @@ impl Args {
         }
         if self.timeline_ms.is_some_and(|ms| !(1..=1000).contains(&ms)) {
             bail!("--timeline-ms must be 1 to 1000");
+        }
+        if self.ablation {
+            if self.cnodes < 2 {
+                bail!(
+                    "--ablation compares Lotus's routing across compute nodes: it needs --cnodes 2 or more"
+                );
+            }
+            if self.sweep.is_some() || self.unsafe_no_cas || self.fig3_premise {
+                bail!("--ablation is a run plan of its own: not with --sweep, --unsafe-no-cas or --fig3-premise");
+            }
+            if self.protocol != ProtocolArg::One(Protocol::Scythe) {
+                bail!(
+                    "--ablation chooses its protocols (mvcc, then lotus): drop --protocol {}",
+                    self.protocol
+                );
+            }
         }
         if self.unsafe_no_cas && self.fig3_premise {
             bail!("--fig3-premise runs the --unsafe-no-cas variant itself: give one of them");
@@ -1048,6 +1076,7 @@ impl Args {
                 coroutines: self.coroutines,
                 commit_log: None,
                 vtc_entries: self.vtc_entries,
+                routing: None,
                 label: None,
             }],
             Some(Sweep::Theta(v)) => v
@@ -1057,6 +1086,7 @@ impl Args {
                     coroutines: self.coroutines,
                     commit_log: None,
                     vtc_entries: self.vtc_entries,
+                    routing: None,
                     label: Some(format!("theta={theta}")),
                 })
                 .collect(),
@@ -1067,6 +1097,7 @@ impl Args {
                     coroutines,
                     commit_log: None,
                     vtc_entries: self.vtc_entries,
+                    routing: None,
                     label: Some(format!("clients={coroutines}")),
                 })
                 .collect(),
@@ -1077,6 +1108,7 @@ impl Args {
                     coroutines: self.coroutines,
                     commit_log: Some(l),
                     vtc_entries: self.vtc_entries,
+                    routing: None,
                     label: Some(format!("commit-log={}", l.name())),
                 })
                 .collect(),
@@ -1087,6 +1119,7 @@ impl Args {
                     coroutines: self.coroutines,
                     commit_log: None,
                     vtc_entries: n,
+                    routing: None,
                     label: Some(format!("vtc-entries={n}")),
                 })
                 .collect(),

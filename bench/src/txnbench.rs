@@ -140,8 +140,14 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     crate::hosts::apply(&mut args)?;
     args.validate()?;
     let workload = workload_spec(&args)?;
-    let protocols = args.protocols()?;
-    let points = args.points();
+    let ablation = args.ablation.then(|| crate::ablation::rows(&args));
+    let (protocols, points) = match &ablation {
+        Some(rows) => (
+            vec![rows[0].protocol, rows[1].protocol],
+            rows.iter().map(|r| r.point.clone()).collect(),
+        ),
+        None => (args.protocols()?, args.points()),
+    };
     // Every point's profiles now: a bad theta fails before any cluster starts.
     let mixes = points
         .iter()
@@ -161,13 +167,20 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     } else {
         &[false]
     };
-    let plan: Vec<(usize, Protocol, bool)> = (0..points.len())
-        .flat_map(|i| {
-            protocols
-                .iter()
-                .flat_map(move |&p| variants.iter().map(move |&v| (i, p, v)))
-        })
-        .collect();
+    let plan: Vec<(usize, Protocol, bool)> = match &ablation {
+        Some(rows) => rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.protocol, false))
+            .collect(),
+        None => (0..points.len())
+            .flat_map(|i| {
+                protocols
+                    .iter()
+                    .flat_map(move |&p| variants.iter().map(move |&v| (i, p, v)))
+            })
+            .collect(),
+    };
     if plan.len() > 1 && args.history_out.is_some() {
         anyhow::bail!("--history-out takes one run: not with --protocol all or --sweep");
     }
@@ -259,6 +272,9 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     };
     if plan.len() > 1 {
         print!("{}", render_comparison(&args, &*workload, &summary));
+    }
+    if ablation.is_some() {
+        print!("{}", crate::ablation::render(&summary.runs));
     }
     if let Some(p) = &args.json {
         std::fs::write(p, serde_json::to_string_pretty(&summary)?)
@@ -1053,7 +1069,7 @@ fn measure(
             reconnect_give_up: args
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
-            routing: args.routing,
+            routing: point.routing.unwrap_or(args.routing),
             inbox: None,
             reports_vtc: false,
         };
@@ -1442,7 +1458,7 @@ fn build_report(
     report.point = point.label.clone();
     report.memnodes = args.memnodes;
     if protocol.needs_lock_tables() && args.coordinator_processes() {
-        report.routing = Some(match args.routing {
+        report.routing = Some(match point.routing.unwrap_or(args.routing) {
             crate::routing::Routing::None => "none (transactions run where drawn)".into(),
             crate::routing::Routing::Ideal => "ideal (read-write transactions drawn on \
                  their compute node's own shards: no forwarding hop, equal work per compute \
@@ -2101,6 +2117,10 @@ mod tests {
         assert!(with(&["--cn", "0"]).contains("--cn goes with"));
         assert!(with(&["--stop-cn-after", "1", "--stop-ms", "0"]).contains("--stop-ms"));
         assert!(with(&["--breakdown"]).contains("--cnodes 1"));
+        // Lotus's ablation: its own run plan, across compute nodes.
+        assert!(err(&["--ablation"]).contains("needs --cnodes 2 or more"));
+        assert!(with(&["--ablation", "--sweep", "theta=0,1"]).contains("not with --sweep"));
+        assert!(with(&["--ablation", "--protocol", "all"]).contains("drop --protocol all"));
         let ok = args(
             &[
                 &two[..],
