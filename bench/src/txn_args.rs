@@ -318,6 +318,7 @@ pub struct Args {
     /// measured run and restart it with the same state directory and address after
     /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run
     /// passes only if commits continue after the restart (reported as `tso restart`).
+    /// With --hosts, on the oracle's host, through ssh.
     #[arg(long, value_name = "SECONDS")]
     pub kill_tso_after: Option<f64>,
     /// Fault injection (protocols with a lock service: scythe): SIGKILL the lock
@@ -326,7 +327,8 @@ pub struct Args {
     /// old tickets, and it grants nothing for its restart grace (1 s), longer than the
     /// coordinators' ticket lease, so no holder of an old ticket still writes when a
     /// lock is granted anew. Coordinators reconnect; the run passes only if commits
-    /// continue after the restart (reported as `lockd restart`).
+    /// continue after the restart (reported as `lockd restart`). With --hosts, on the
+    /// lock service's host, through ssh.
     #[arg(long, value_name = "SECONDS")]
     pub kill_lockd_after: Option<f64>,
     /// Fault injection: every coordinator thread moves its one-sided QPs to memory node 0
@@ -848,20 +850,6 @@ impl Args {
         }
         if self.dry_run && self.hosts.is_none() {
             bail!("--dry-run goes with --hosts");
-        }
-        if self.hosts.is_some() {
-            // Kills and stops of memory nodes and coordinator processes reach other
-            // hosts through ssh; restarting the oracle or the lock service is local only.
-            let faults = [
-                ("--kill-tso-after", self.kill_tso_after.is_some()),
-                ("--kill-lockd-after", self.kill_lockd_after.is_some()),
-            ];
-            if let Some((flag, _)) = faults.iter().find(|(_, on)| *on) {
-                bail!(
-                    "{flag} runs on one host: with --hosts, the faults are --kill-memnode-after, \
-                     --kill-cn-after and --stop-cn-after"
-                );
-            }
         }
         if within(self.kill_etcd_after) {
             bail!("--kill-etcd-after must lie within the run (0 <= SECONDS < --duration)");

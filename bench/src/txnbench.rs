@@ -1045,6 +1045,21 @@ fn measure(
     let committed = Arc::new(AtomicU64::new(0));
     let start_gate = Arc::new(Barrier::new(threads + 1));
     let cores = core_affinity::get_core_ids().unwrap_or_default();
+    // With --hosts, the coordinators here take the topology's [coordinators] CPUs and
+    // NUMA node (of its first coordinator host, when that is this one) instead of a core
+    // each.
+    let topo_pin = match &cluster.layout {
+        Some(l) => {
+            let c = l.coordinator(0)?;
+            (c.place == crate::launcher::Place::Local && (c.cpus.is_some() || c.numa.is_some()))
+                .then_some((c.cpus, c.numa))
+        }
+        None => None,
+    };
+    if let Some((Some(list), _)) = &topo_pin {
+        rrpc::topology::parse_cpu_list(list)
+            .map_err(|e| anyhow::anyhow!("[coordinators] cpus {list:?}: {e}"))?;
+    }
     let mut handles = Vec::new();
     for tid in 0..threads {
         let w = WorkerPlan {
@@ -1057,7 +1072,7 @@ fn measure(
             each_type_first: args.each_type_first,
             cfg: cfg.clone(),
             addrs: cluster.addrs.clone(),
-            core: (!cores.is_empty()).then(|| cores[tid % cores.len()]),
+            core: (topo_pin.is_none() && !cores.is_empty()).then(|| cores[tid % cores.len()]),
             clock,
             t0: t0.clone(),
             go: None,
@@ -1080,10 +1095,19 @@ fn measure(
             committed.clone(),
             start_gate.clone(),
         );
+        let pin = topo_pin.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("coordinator-{tid}"))
-                .spawn(move || worker(w, fabric, mix, stop, committed, gate))?,
+                .spawn(move || {
+                    if let Some((cpus, numa)) = &pin {
+                        // Unpinned rather than stuck: the other threads wait at the gate.
+                        if let Err(e) = crate::cnode::pin(cpus.as_deref(), *numa) {
+                            eprintln!("coordinator thread {tid}: not pinned: {e:#}");
+                        }
+                    }
+                    worker(w, fabric, mix, stop, committed, gate)
+                })?,
         );
     }
     let cpu_before = args.breakdown.then(|| cluster.cpu_times());
@@ -1819,17 +1843,31 @@ pub(crate) fn restart_lockd(
         .addrs
         .lockd
         .context("--kill-lockd-after: this run has no lock service")?;
-    let epoch_before = lockd::epoch::load(&cluster.lockd_state)?;
+    // Where it runs (another host with --hosts: killed and started again there).
+    let (place, log) = cluster
+        .cluster
+        .place_of(NODE_LOCKD)
+        .context("--kill-lockd-after: the lock service is not running")?;
+    let epoch_file = cluster.lockd_state.join(lockd::epoch::EPOCH_FILE);
+    let epoch_before = epoch_at(&place, &epoch_file)?;
     let killed_at_s = started.elapsed().as_secs_f64();
     cluster.cluster.kill(NODE_LOCKD)?;
-    eprintln!("[{killed_at_s:.1}s] SIGKILLed the lock service (epoch {epoch_before})");
+    eprintln!(
+        "[{killed_at_s:.1}s] SIGKILLed the lock service (epoch {epoch_before}) on {}",
+        place.describe()
+    );
     std::thread::sleep(down);
     let mut flags = cluster.lockd_flags.clone();
     flags.extend(["--listen".into(), addr.to_string()]);
-    cluster
-        .cluster
-        .start("lockd", NODE_LOCKD, &flags, Duration::from_secs(60))?;
-    let epoch_after = lockd::epoch::load(&cluster.lockd_state)?;
+    cluster.cluster.start_at(
+        &place,
+        "lockd",
+        NODE_LOCKD,
+        &flags,
+        Duration::from_secs(60),
+        log.as_deref(),
+    )?;
+    let epoch_after = epoch_at(&place, &epoch_file)?;
     let committed_before_ready = committed.load(Ordering::Relaxed);
     let grace_ms = lockd::embed::DEFAULT_RESTART_GRACE_MS;
     eprintln!(
@@ -1889,6 +1927,23 @@ pub(crate) fn start_memnode_again(
     Ok(started)
 }
 
+/// The epoch a service persisted in `file` (its state directory's epoch file) where it
+/// runs: read here, or through ssh (`cat`) on another host. 0 when a local file does not
+/// exist yet, as the services' own loaders say.
+///
+/// Errors: the file cannot be read (a remote one that is missing included) or holds no
+/// number.
+fn epoch_at(place: &crate::launcher::Place, file: &std::path::Path) -> anyhow::Result<u64> {
+    if *place == crate::launcher::Place::Local && !file.exists() {
+        return Ok(0);
+    }
+    let text = place.read(file)?;
+    let text = String::from_utf8_lossy(&text);
+    text.trim()
+        .parse::<u64>()
+        .with_context(|| format!("{}: not an epoch: {:?}", file.display(), text.trim()))
+}
+
 /// The lock service's restart as the timeline's fault.
 pub(crate) fn lockd_fault(r: Option<&LockdRestart>) -> Option<Fault> {
     r.map(|r| Fault {
@@ -1910,13 +1965,32 @@ pub(crate) fn restart_tso(
     committed: &AtomicU64,
     started: std::time::Instant,
 ) -> anyhow::Result<TsoRestart> {
-    let epoch_before = tso::epoch::load(state)?;
+    // Where it runs (another host with --hosts: killed and started again there).
+    let (place, log) = cluster
+        .place_of(NODE_TSO)
+        .context("--kill-tso-after: the oracle is not running")?;
+    let epoch_file = state.join(tso::epoch::EPOCH_FILE);
+    let tso_epoch = |place: &crate::launcher::Place| -> anyhow::Result<u16> {
+        let e = epoch_at(place, &epoch_file)?;
+        u16::try_from(e).with_context(|| format!("oracle epoch {e} is above 65535"))
+    };
+    let epoch_before = tso_epoch(&place)?;
     let killed_at_s = started.elapsed().as_secs_f64();
     cluster.kill(NODE_TSO)?;
-    eprintln!("[{killed_at_s:.1}s] SIGKILLed the timestamp oracle (epoch {epoch_before})");
+    eprintln!(
+        "[{killed_at_s:.1}s] SIGKILLed the timestamp oracle (epoch {epoch_before}) on {}",
+        place.describe()
+    );
     std::thread::sleep(down);
-    cluster.start("tso", NODE_TSO, args, Duration::from_secs(60))?;
-    let epoch_after = tso::epoch::load(state)?;
+    cluster.start_at(
+        &place,
+        "tso",
+        NODE_TSO,
+        args,
+        Duration::from_secs(60),
+        log.as_deref(),
+    )?;
+    let epoch_after = tso_epoch(&place)?;
     let committed_before_ready = committed.load(Ordering::Relaxed);
     eprintln!(
         "[{:.1}s] timestamp oracle restarted in epoch {epoch_after}",
