@@ -31,6 +31,8 @@ pub struct Service {
     stdin: Option<std::process::ChildStdin>,
     /// A remote service's pid on its host (its [`REMOTE_PID`] line), for faults.
     remote_pid: Option<u32>,
+    /// The file its stderr is appended to, if any (a restart appends to it again).
+    log: Option<PathBuf>,
 }
 
 /// The line a process started over ssh prints first on stdout: `REMOTE-PID <pid>`, its
@@ -441,8 +443,18 @@ impl LocalCluster {
             child,
             stdin,
             remote_pid,
+            log: log.map(Path::to_path_buf),
         });
         Ok(addr)
+    }
+
+    /// Where node `node` runs and the file its stderr goes to, to start it again in the
+    /// same place after a fault ([`Self::start_at`]); `None` when no service runs as it.
+    pub fn place_of(&self, node: u32) -> Option<(Place, Option<PathBuf>)> {
+        self.services
+            .iter()
+            .find(|s| s.node == node)
+            .map(|s| (s.place.clone(), s.log.clone()))
     }
 
     /// Fault injection: SIGKILL node `node`'s process and reap it (it leaves

@@ -2,6 +2,7 @@
 //! reports.
 #![warn(missing_docs)]
 
+pub(crate) mod ablation;
 mod audit;
 pub mod breakdown;
 pub mod cnode;

@@ -238,6 +238,16 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub fig3_premise: bool,
+    /// Lotus's ablation (Lotus 7.4, Fig. 14) in one invocation, with coordinator
+    /// processes (--cnodes 2 or more): mvcc (the Motor baseline), then lotus with lock
+    /// sharding and --routing none and no version table cache, then + two-level routing
+    /// (--routing forward, or ideal when given), then + the version table cache
+    /// (--vtc-entries); each on a fresh cluster with the same seed, then one table with
+    /// every row's change against the row above beside the paper's, and whether the
+    /// paper's signs hold. Not with --protocol, --sweep or the UNSAFE variants.
+    #[arg(long)]
+    #[serde(default)]
+    pub ablation: bool,
     /// Print where the committed transactions' time goes, per type (Scythe's latency
     /// decomposition): mean and p99 of execution reads, timestamps, lock acquisition and
     /// waits, validation, commit writes, unlock and backoff, and the CPU time of every
@@ -308,6 +318,7 @@ pub struct Args {
     /// measured run and restart it with the same state directory and address after
     /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run
     /// passes only if commits continue after the restart (reported as `tso restart`).
+    /// With --hosts, on the oracle's host, through ssh.
     #[arg(long, value_name = "SECONDS")]
     pub kill_tso_after: Option<f64>,
     /// Fault injection (protocols with a lock service: scythe): SIGKILL the lock
@@ -316,7 +327,8 @@ pub struct Args {
     /// old tickets, and it grants nothing for its restart grace (1 s), longer than the
     /// coordinators' ticket lease, so no holder of an old ticket still writes when a
     /// lock is granted anew. Coordinators reconnect; the run passes only if commits
-    /// continue after the restart (reported as `lockd restart`).
+    /// continue after the restart (reported as `lockd restart`). With --hosts, on the
+    /// lock service's host, through ssh.
     #[arg(long, value_name = "SECONDS")]
     pub kill_lockd_after: Option<f64>,
     /// Fault injection: every coordinator thread moves its one-sided QPs to memory node 0
@@ -624,6 +636,8 @@ pub(crate) struct Point {
     pub(crate) commit_log: Option<LogSetting>,
     /// Lotus's version table cache entries at this point (0 = off).
     pub(crate) vtc_entries: usize,
+    /// Lotus's routing at this point (`None`: as `--routing` says).
+    pub(crate) routing: Option<crate::routing::Routing>,
     /// `theta=0.5`, `clients=16`, `commit-log=on`; `None` without a sweep.
     pub(crate) label: Option<String>,
 }
@@ -781,6 +795,22 @@ impl Args {
         if self.timeline_ms.is_some_and(|ms| !(1..=1000).contains(&ms)) {
             bail!("--timeline-ms must be 1 to 1000");
         }
+        if self.ablation {
+            if self.cnodes < 2 {
+                bail!(
+                    "--ablation compares Lotus's routing across compute nodes: it needs --cnodes 2 or more"
+                );
+            }
+            if self.sweep.is_some() || self.unsafe_no_cas || self.fig3_premise {
+                bail!("--ablation is a run plan of its own: not with --sweep, --unsafe-no-cas or --fig3-premise");
+            }
+            if self.protocol != ProtocolArg::One(Protocol::Scythe) {
+                bail!(
+                    "--ablation chooses its protocols (mvcc, then lotus): drop --protocol {}",
+                    self.protocol
+                );
+            }
+        }
         if self.unsafe_no_cas && self.fig3_premise {
             bail!("--fig3-premise runs the --unsafe-no-cas variant itself: give one of them");
         }
@@ -820,20 +850,6 @@ impl Args {
         }
         if self.dry_run && self.hosts.is_none() {
             bail!("--dry-run goes with --hosts");
-        }
-        if self.hosts.is_some() {
-            // Kills and stops of memory nodes and coordinator processes reach other
-            // hosts through ssh; restarting the oracle or the lock service is local only.
-            let faults = [
-                ("--kill-tso-after", self.kill_tso_after.is_some()),
-                ("--kill-lockd-after", self.kill_lockd_after.is_some()),
-            ];
-            if let Some((flag, _)) = faults.iter().find(|(_, on)| *on) {
-                bail!(
-                    "{flag} runs on one host: with --hosts, the faults are --kill-memnode-after, \
-                     --kill-cn-after and --stop-cn-after"
-                );
-            }
         }
         if within(self.kill_etcd_after) {
             bail!("--kill-etcd-after must lie within the run (0 <= SECONDS < --duration)");
@@ -1048,6 +1064,7 @@ impl Args {
                 coroutines: self.coroutines,
                 commit_log: None,
                 vtc_entries: self.vtc_entries,
+                routing: None,
                 label: None,
             }],
             Some(Sweep::Theta(v)) => v
@@ -1057,6 +1074,7 @@ impl Args {
                     coroutines: self.coroutines,
                     commit_log: None,
                     vtc_entries: self.vtc_entries,
+                    routing: None,
                     label: Some(format!("theta={theta}")),
                 })
                 .collect(),
@@ -1067,6 +1085,7 @@ impl Args {
                     coroutines,
                     commit_log: None,
                     vtc_entries: self.vtc_entries,
+                    routing: None,
                     label: Some(format!("clients={coroutines}")),
                 })
                 .collect(),
@@ -1077,6 +1096,7 @@ impl Args {
                     coroutines: self.coroutines,
                     commit_log: Some(l),
                     vtc_entries: self.vtc_entries,
+                    routing: None,
                     label: Some(format!("commit-log={}", l.name())),
                 })
                 .collect(),
@@ -1087,6 +1107,7 @@ impl Args {
                     coroutines: self.coroutines,
                     commit_log: None,
                     vtc_entries: n,
+                    routing: None,
                     label: Some(format!("vtc-entries={n}")),
                 })
                 .collect(),

@@ -140,8 +140,14 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     crate::hosts::apply(&mut args)?;
     args.validate()?;
     let workload = workload_spec(&args)?;
-    let protocols = args.protocols()?;
-    let points = args.points();
+    let ablation = args.ablation.then(|| crate::ablation::rows(&args));
+    let (protocols, points) = match &ablation {
+        Some(rows) => (
+            vec![rows[0].protocol, rows[1].protocol],
+            rows.iter().map(|r| r.point.clone()).collect(),
+        ),
+        None => (args.protocols()?, args.points()),
+    };
     // Every point's profiles now: a bad theta fails before any cluster starts.
     let mixes = points
         .iter()
@@ -161,13 +167,20 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     } else {
         &[false]
     };
-    let plan: Vec<(usize, Protocol, bool)> = (0..points.len())
-        .flat_map(|i| {
-            protocols
-                .iter()
-                .flat_map(move |&p| variants.iter().map(move |&v| (i, p, v)))
-        })
-        .collect();
+    let plan: Vec<(usize, Protocol, bool)> = match &ablation {
+        Some(rows) => rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.protocol, false))
+            .collect(),
+        None => (0..points.len())
+            .flat_map(|i| {
+                protocols
+                    .iter()
+                    .flat_map(move |&p| variants.iter().map(move |&v| (i, p, v)))
+            })
+            .collect(),
+    };
     if plan.len() > 1 && args.history_out.is_some() {
         anyhow::bail!("--history-out takes one run: not with --protocol all or --sweep");
     }
@@ -259,6 +272,9 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     };
     if plan.len() > 1 {
         print!("{}", render_comparison(&args, &*workload, &summary));
+    }
+    if ablation.is_some() {
+        print!("{}", crate::ablation::render(&summary.runs));
     }
     if let Some(p) = &args.json {
         std::fs::write(p, serde_json::to_string_pretty(&summary)?)
@@ -1029,6 +1045,21 @@ fn measure(
     let committed = Arc::new(AtomicU64::new(0));
     let start_gate = Arc::new(Barrier::new(threads + 1));
     let cores = core_affinity::get_core_ids().unwrap_or_default();
+    // With --hosts, the coordinators here take the topology's [coordinators] CPUs and
+    // NUMA node (of its first coordinator host, when that is this one) instead of a core
+    // each.
+    let topo_pin = match &cluster.layout {
+        Some(l) => {
+            let c = l.coordinator(0)?;
+            (c.place == crate::launcher::Place::Local && (c.cpus.is_some() || c.numa.is_some()))
+                .then_some((c.cpus, c.numa))
+        }
+        None => None,
+    };
+    if let Some((Some(list), _)) = &topo_pin {
+        rrpc::topology::parse_cpu_list(list)
+            .map_err(|e| anyhow::anyhow!("[coordinators] cpus {list:?}: {e}"))?;
+    }
     let mut handles = Vec::new();
     for tid in 0..threads {
         let w = WorkerPlan {
@@ -1041,7 +1072,7 @@ fn measure(
             each_type_first: args.each_type_first,
             cfg: cfg.clone(),
             addrs: cluster.addrs.clone(),
-            core: (!cores.is_empty()).then(|| cores[tid % cores.len()]),
+            core: (topo_pin.is_none() && !cores.is_empty()).then(|| cores[tid % cores.len()]),
             clock,
             t0: t0.clone(),
             go: None,
@@ -1053,7 +1084,7 @@ fn measure(
             reconnect_give_up: args
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
-            routing: args.routing,
+            routing: point.routing.unwrap_or(args.routing),
             inbox: None,
             reports_vtc: false,
         };
@@ -1064,10 +1095,19 @@ fn measure(
             committed.clone(),
             start_gate.clone(),
         );
+        let pin = topo_pin.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("coordinator-{tid}"))
-                .spawn(move || worker(w, fabric, mix, stop, committed, gate))?,
+                .spawn(move || {
+                    if let Some((cpus, numa)) = &pin {
+                        // Unpinned rather than stuck: the other threads wait at the gate.
+                        if let Err(e) = crate::cnode::pin(cpus.as_deref(), *numa) {
+                            eprintln!("coordinator thread {tid}: not pinned: {e:#}");
+                        }
+                    }
+                    worker(w, fabric, mix, stop, committed, gate)
+                })?,
         );
     }
     let cpu_before = args.breakdown.then(|| cluster.cpu_times());
@@ -1442,7 +1482,7 @@ fn build_report(
     report.point = point.label.clone();
     report.memnodes = args.memnodes;
     if protocol.needs_lock_tables() && args.coordinator_processes() {
-        report.routing = Some(match args.routing {
+        report.routing = Some(match point.routing.unwrap_or(args.routing) {
             crate::routing::Routing::None => "none (transactions run where drawn)".into(),
             crate::routing::Routing::Ideal => "ideal (read-write transactions drawn on \
                  their compute node's own shards: no forwarding hop, equal work per compute \
@@ -1803,17 +1843,31 @@ pub(crate) fn restart_lockd(
         .addrs
         .lockd
         .context("--kill-lockd-after: this run has no lock service")?;
-    let epoch_before = lockd::epoch::load(&cluster.lockd_state)?;
+    // Where it runs (another host with --hosts: killed and started again there).
+    let (place, log) = cluster
+        .cluster
+        .place_of(NODE_LOCKD)
+        .context("--kill-lockd-after: the lock service is not running")?;
+    let epoch_file = cluster.lockd_state.join(lockd::epoch::EPOCH_FILE);
+    let epoch_before = epoch_at(&place, &epoch_file)?;
     let killed_at_s = started.elapsed().as_secs_f64();
     cluster.cluster.kill(NODE_LOCKD)?;
-    eprintln!("[{killed_at_s:.1}s] SIGKILLed the lock service (epoch {epoch_before})");
+    eprintln!(
+        "[{killed_at_s:.1}s] SIGKILLed the lock service (epoch {epoch_before}) on {}",
+        place.describe()
+    );
     std::thread::sleep(down);
     let mut flags = cluster.lockd_flags.clone();
     flags.extend(["--listen".into(), addr.to_string()]);
-    cluster
-        .cluster
-        .start("lockd", NODE_LOCKD, &flags, Duration::from_secs(60))?;
-    let epoch_after = lockd::epoch::load(&cluster.lockd_state)?;
+    cluster.cluster.start_at(
+        &place,
+        "lockd",
+        NODE_LOCKD,
+        &flags,
+        Duration::from_secs(60),
+        log.as_deref(),
+    )?;
+    let epoch_after = epoch_at(&place, &epoch_file)?;
     let committed_before_ready = committed.load(Ordering::Relaxed);
     let grace_ms = lockd::embed::DEFAULT_RESTART_GRACE_MS;
     eprintln!(
@@ -1873,6 +1927,23 @@ pub(crate) fn start_memnode_again(
     Ok(started)
 }
 
+/// The epoch a service persisted in `file` (its state directory's epoch file) where it
+/// runs: read here, or through ssh (`cat`) on another host. 0 when a local file does not
+/// exist yet, as the services' own loaders say.
+///
+/// Errors: the file cannot be read (a remote one that is missing included) or holds no
+/// number.
+fn epoch_at(place: &crate::launcher::Place, file: &std::path::Path) -> anyhow::Result<u64> {
+    if *place == crate::launcher::Place::Local && !file.exists() {
+        return Ok(0);
+    }
+    let text = place.read(file)?;
+    let text = String::from_utf8_lossy(&text);
+    text.trim()
+        .parse::<u64>()
+        .with_context(|| format!("{}: not an epoch: {:?}", file.display(), text.trim()))
+}
+
 /// The lock service's restart as the timeline's fault.
 pub(crate) fn lockd_fault(r: Option<&LockdRestart>) -> Option<Fault> {
     r.map(|r| Fault {
@@ -1894,13 +1965,32 @@ pub(crate) fn restart_tso(
     committed: &AtomicU64,
     started: std::time::Instant,
 ) -> anyhow::Result<TsoRestart> {
-    let epoch_before = tso::epoch::load(state)?;
+    // Where it runs (another host with --hosts: killed and started again there).
+    let (place, log) = cluster
+        .place_of(NODE_TSO)
+        .context("--kill-tso-after: the oracle is not running")?;
+    let epoch_file = state.join(tso::epoch::EPOCH_FILE);
+    let tso_epoch = |place: &crate::launcher::Place| -> anyhow::Result<u16> {
+        let e = epoch_at(place, &epoch_file)?;
+        u16::try_from(e).with_context(|| format!("oracle epoch {e} is above 65535"))
+    };
+    let epoch_before = tso_epoch(&place)?;
     let killed_at_s = started.elapsed().as_secs_f64();
     cluster.kill(NODE_TSO)?;
-    eprintln!("[{killed_at_s:.1}s] SIGKILLed the timestamp oracle (epoch {epoch_before})");
+    eprintln!(
+        "[{killed_at_s:.1}s] SIGKILLed the timestamp oracle (epoch {epoch_before}) on {}",
+        place.describe()
+    );
     std::thread::sleep(down);
-    cluster.start("tso", NODE_TSO, args, Duration::from_secs(60))?;
-    let epoch_after = tso::epoch::load(state)?;
+    cluster.start_at(
+        &place,
+        "tso",
+        NODE_TSO,
+        args,
+        Duration::from_secs(60),
+        log.as_deref(),
+    )?;
+    let epoch_after = tso_epoch(&place)?;
     let committed_before_ready = committed.load(Ordering::Relaxed);
     eprintln!(
         "[{:.1}s] timestamp oracle restarted in epoch {epoch_after}",
@@ -2101,6 +2191,10 @@ mod tests {
         assert!(with(&["--cn", "0"]).contains("--cn goes with"));
         assert!(with(&["--stop-cn-after", "1", "--stop-ms", "0"]).contains("--stop-ms"));
         assert!(with(&["--breakdown"]).contains("--cnodes 1"));
+        // Lotus's ablation: its own run plan, across compute nodes.
+        assert!(err(&["--ablation"]).contains("needs --cnodes 2 or more"));
+        assert!(with(&["--ablation", "--sweep", "theta=0,1"]).contains("not with --sweep"));
+        assert!(with(&["--ablation", "--protocol", "all"]).contains("drop --protocol all"));
         let ok = args(
             &[
                 &two[..],

@@ -454,6 +454,99 @@ fn a_hosts_cpus_reach_its_services() {
     assert!(!m0.contains("--cpus"), "{m0}");
 }
 
+/// With `--hosts` and coordinators inside `txn-bench` (no `--cnodes`), their threads run
+/// on the `[coordinators]` table's CPUs when its first host is this one: the kernel's
+/// affinity of the `coordinator-0` thread, read from `/proc` during the run, is CPU 1
+/// (without the topology it would be pinned to CPU 0, a core per thread).
+#[test]
+fn in_process_coordinators_take_the_topologys_cpus() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: needs 2 CPUs");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = txn_bench_bin_dir();
+    let topo = dir.path().join("cluster.toml");
+    std::fs::write(
+        &topo,
+        format!(
+            r#"name = "pin-test"
+fabric = "shm"
+bin-dir = "{bin}"
+log-dir = "{logs}"
+
+[hosts.here]
+ctrl-ip = "127.0.0.1"
+
+[[memnode]]
+host = "here"
+port = {m}
+
+[lockd]
+host = "here"
+port = {l}
+
+[tso]
+host = "here"
+port = {t}
+
+[coordinators]
+hosts = ["here"]
+cpus = "1"
+"#,
+            bin = bin.display(),
+            logs = dir.path().join("runs").display(),
+            m = free_port(),
+            l = free_port(),
+            t = free_port(),
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args([
+            "--hosts",
+            topo.to_str().unwrap(),
+            "--protocol",
+            "occ-cas",
+            "--threads",
+            "1",
+            "--duration",
+            "3",
+            "--accounts",
+            "2000",
+            "--cluster",
+            "hosts-pin",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let task_dir = format!("/proc/{}/task", child.id());
+    let t0 = Instant::now();
+    let mut allowed = None;
+    while allowed.is_none() && t0.elapsed() < Duration::from_secs(60) {
+        for t in std::fs::read_dir(&task_dir).into_iter().flatten().flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim() != "coordinator-0" {
+                continue;
+            }
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            allowed = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_string());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(allowed.as_deref(), Some("1"), "coordinator-0's CPUs");
+}
+
 #[test]
 fn a_service_exits_when_its_stdin_closes() {
     let dir = tempfile::tempdir().unwrap();
@@ -504,29 +597,79 @@ fn a_service_exits_when_its_stdin_closes() {
     }
 }
 
+/// `--kill-tso-after` and `--kill-lockd-after` with `--hosts`: the oracle and the lock
+/// service run "remotely" (through the shim); each is SIGKILLed there through ssh, started
+/// again in the same place with the same state directory (its epoch read through ssh),
+/// and the run survives both and passes every check, as on one host.
 #[test]
-fn flags_that_need_one_host_are_refused_with_hosts() {
-    let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/local.toml");
-    for (extra, want) in [
-        (
-            &["--kill-lockd-after", "1"][..],
-            "--kill-lockd-after runs on one host: with --hosts, the faults are",
-        ),
-        (
-            &["--kill-tso-after", "1"][..],
-            "--kill-tso-after runs on one host",
-        ),
-    ] {
-        let mut a = vec!["--hosts", topo.to_str().unwrap()];
-        a.extend_from_slice(extra);
-        let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
-            .args(&a)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{a:?}: {stderr}");
-        assert!(stderr.contains(want), "{a:?}: {stderr}");
+fn the_oracle_and_the_lock_service_killed_over_ssh_restart_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology(dir.path(), &logs);
+    let (shim, ssh_log) = logging_shim(dir.path());
+    let args = [
+        "--hosts",
+        topo.to_str().unwrap(),
+        "--protocol",
+        "scythe",
+        "--kill-tso-after",
+        "1",
+        "--kill-lockd-after",
+        "2",
+        "--lockd-down-ms",
+        "200",
+        "--duration",
+        "4.5",
+        "--coroutines",
+        "4",
+        "--accounts",
+        "2000",
+        "--cluster",
+        "hosts-kill-tso-lockd",
+    ];
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "hosts-kill-tso-lockd",
+        &args,
+        &[("RRPC_SSH", shim.to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(ok, "{stdout}");
+    assert_eq!(s["passed"], true, "{stdout}");
+    let r = &s["runs"][0];
+    let t = &r["tso_restart"];
+    assert!(
+        t["epoch_after"].as_u64().unwrap() > t["epoch_before"].as_u64().unwrap(),
+        "{stdout}"
+    );
+    let l = &r["lockd_restart"];
+    assert!(
+        l["epoch_after"].as_u64().unwrap() > l["epoch_before"].as_u64().unwrap(),
+        "{stdout}"
+    );
+    assert!(l["committed_after_ready"].as_u64().unwrap() > 0, "{stdout}");
+    for k in ["serializable", "invariant_holds"] {
+        assert_eq!(r[k], true, "{k}: {stdout}");
     }
+    assert_eq!(r["locks_held"], 0, "{stdout}");
+    // Both kills went through ssh, and both services were started there again.
+    let ssh = std::fs::read_to_string(&ssh_log).unwrap();
+    assert_eq!(
+        ssh.lines().filter(|l| l.contains(" kill -KILL ")).count(),
+        2,
+        "{ssh}"
+    );
+    for bin in ["/tso ", "/lockd "] {
+        assert_eq!(
+            ssh.lines().filter(|l| l.contains(bin)).count(),
+            2,
+            "{bin} started twice over ssh:\n{ssh}"
+        );
+    }
+    assert!(ssh.contains("epoch"), "epochs read through ssh:\n{ssh}");
+}
+
+#[test]
+fn flags_that_need_hosts_or_a_file_are_checked() {
     let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
         .arg("--dry-run")
         .output()

@@ -162,6 +162,62 @@ fn ideal_routing_sends_fewer_lock_requests_to_the_other_compute_node() {
     );
 }
 
+/// Lotus's Fig. 14 ablation in one invocation (`--ablation`): mvcc, then lotus with
+/// routing none and no cache, then forward routing, then the version table cache; every
+/// row passes every check, each row runs what its label says (the routing line, the
+/// forwarded transactions, the cache's hits only in the last row), and the table with
+/// the paper's figures and the signs line is printed.
+#[test]
+fn the_ablation_runs_its_four_rows_in_one_invocation() {
+    let (ok, stdout, s) = common::txn_bench_watched(
+        "lotus-ablation",
+        &[
+            "--ablation",
+            "--cnodes",
+            "2",
+            "--accounts",
+            "2000",
+            "--coroutines",
+            "4",
+            "--duration",
+            "1.5",
+        ],
+        Duration::from_secs(600),
+    );
+    assert!(ok, "{stdout}");
+    let runs = s["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{stdout}");
+    let kinds: Vec<&str> = bench::smallbank::TxnType::ALL
+        .iter()
+        .map(|t| t.name())
+        .collect();
+    for r in runs {
+        common::assert_checked_run(r, &kinds, &stdout);
+    }
+    let protocols: Vec<&str> = runs
+        .iter()
+        .map(|r| r["protocol"].as_str().unwrap())
+        .collect();
+    assert_eq!(protocols, ["mvcc", "lotus", "lotus", "lotus"], "{stdout}");
+    let routing = |i: usize| runs[i]["routing"].as_str().unwrap_or("").to_string();
+    assert!(routing(1).starts_with("none"), "{stdout}");
+    assert!(routing(2).starts_with("forward"), "{stdout}");
+    assert!(runs[2]["forwarded"].as_u64().unwrap_or(0) > 0, "{stdout}");
+    let hits = |i: usize| runs[i]["vtc"]["hits"].as_u64().unwrap_or(0);
+    assert_eq!(
+        (hits(1), hits(2)),
+        (0, 0),
+        "cache rows before the cache\n{stdout}"
+    );
+    assert!(hits(3) > 0, "{stdout}");
+    assert!(
+        stdout.contains("Lotus ablation (Lotus Fig. 14): SmallBank"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("+36.5%"), "{stdout}");
+    assert!(stdout.contains("signs: two-level routing "), "{stdout}");
+}
+
 /// Lotus 4.3's resharding under lock-first (the spec's A.9 test 10): 0.8 s into the
 /// run, half of compute node 101's shards move to 102 (drain, then the next map on
 /// both). Coordinators routing by the old map are told wrong-shard and follow; the run

@@ -758,6 +758,55 @@ mod tests {
         assert_ne!(seen, None);
     }
 
+    /// The spec's A.3 item 6 (Lotus 4.3), at unit level: K's shard moves to another
+    /// compute node and back. While the other node owns it, its table grants a writer
+    /// that installs version 2; this node's table never sees that grant, so only the
+    /// clear at the move (the lost-range hook on [`TableService::install`]) keeps this
+    /// node from handing version 1 to its next local locker once the shard is back.
+    /// Returns what that locker's lookup found.
+    fn move_away_and_back(planted_bug: bool) -> Lookup {
+        let (cache, svc) = node(false);
+        if !planted_bug {
+            let c = cache.clone();
+            assert!(
+                svc.set_lost_range_hook(Arc::new(move |r: std::ops::Range<u16>| {
+                    c.clear_range(r);
+                }))
+            );
+        }
+        let k = lk(42);
+        // A local holder fills K's CVT (version 1) under its lock and unlocks.
+        assert_eq!(apply(&svc, &[op(ME, k, 1, R)]), [OpOutcome::Granted]);
+        cache.fill(k, 1, 42, loc(42), &cvt(42, 1));
+        apply(&svc, &[op(ME, k, 1, OpKind::Unlock)]);
+        // K's shard moves to OTHER (drained: no lock held), and a writer there installs
+        // version 2 under OTHER's lock, which this node's table does not grant.
+        let shard = k.shard();
+        let map = ShardMap::uniform(&[ME]).unwrap();
+        let away = map.with_move(shard..shard + 1, OTHER);
+        svc.install(&away);
+        assert!(matches!(
+            apply(&svc, &[op(ME, k, 2, R)])[..],
+            [OpOutcome::WrongShard { .. }]
+        ));
+        // The shard comes back, and a local locker looks K up.
+        svc.install(&away.with_move(shard..shard + 1, ME));
+        assert_eq!(apply(&svc, &[op(ME, k, 3, R)]), [OpOutcome::Granted]);
+        cache.get(k, 1, 42)
+    }
+
+    #[test]
+    fn a_range_that_moved_away_and_back_is_read_again() {
+        assert_eq!(move_away_and_back(false), None);
+    }
+
+    /// The planted bug (no clear when the range moves away): the locker is handed
+    /// version 1, which the other node's writer superseded. The test above fails on it.
+    #[test]
+    fn without_the_clear_on_a_move_the_returned_range_serves_a_stale_cvt() {
+        assert_eq!(move_away_and_back(true), Some((loc(42), cvt(42, 1))));
+    }
+
     /// Local and remote read grants and this node's own write grants do not invalidate;
     /// a remote upgrade does.
     #[test]

@@ -641,6 +641,9 @@ impl<'a> Parent<'a> {
         spec.sweep = None;
         spec.theta = point.theta;
         spec.coroutines = point.coroutines;
+        spec.vtc_entries = point.vtc_entries;
+        spec.routing = point.routing.unwrap_or(args.routing);
+        spec.ablation = false;
         spec.config = None;
         let history_file = match &args.history_out {
             Some(p) => Some(std::io::BufWriter::new(
