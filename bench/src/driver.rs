@@ -202,6 +202,9 @@ async fn execute<P: Profiles>(
         let attempt = std::pin::pin!(profiles.run(txn, drawn));
         let r = StartedAt { attempt, start_ns }.await;
         let committed = matches!(r, Ok(Finished::Committed { .. }));
+        if let (true, Some(t)) = (committed, &co.lock_table) {
+            t.meter().record_latency(begin.elapsed());
+        }
         if let (Some(l), Ok(Finished::Committed { net, .. })) = (&co.ledger, &r) {
             l.committed(id, *net);
         }

@@ -134,3 +134,100 @@ pub fn force_move(
          {DRAIN_TIMEOUT:?} each time)"
     )
 }
+
+/// `--reshard-loop`: Lotus 4.3's periodic resharding loop ([`lockd::reshard::run_loop`]:
+/// every 100 ms each compute node's load sample; a node whose lock latency stays above
+/// 1.5x the average for three intervals passes a range around its hottest shard to the
+/// coolest node) over the compute nodes' lock services, on a thread of its own for the
+/// whole run. Its moves come back through [`Self::moves`].
+pub struct LoopThread {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    moves: std::sync::mpsc::Receiver<lockd::reshard::MoveReport>,
+    handle: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl LoopThread {
+    /// Start the loop over the lock services of `nodes` at `addrs` (the same order), on
+    /// a thread context of its own over `fabric`.
+    ///
+    /// Errors: the thread cannot be started. A lock service it cannot reach ends the
+    /// loop with that error, returned by [`Self::stop`].
+    pub fn start(fabric: &Fabric, nodes: &[u32], addrs: &[SocketAddr]) -> anyhow::Result<Self> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (tx, moves) = std::sync::mpsc::channel();
+        let (fabric, addrs, flag) = (fabric.clone(), addrs.to_vec(), stop.clone());
+        let ids: Vec<rrpc::NodeId> = nodes.iter().map(|&n| rrpc::NodeId(n)).collect();
+        let handle = std::thread::Builder::new()
+            .name("reshard-loop".into())
+            .spawn(move || -> anyhow::Result<()> {
+                let ctx = ThreadCtx::new(fabric, RuntimeConfig::default())
+                    .context("resharding loop: a thread context")?;
+                for a in &addrs {
+                    ctx.connect_rpc(*a).with_context(|| {
+                        format!("resharding loop: connecting to the lock service at {a}")
+                    })?;
+                }
+                let c = ctx.clone();
+                block_on(&ctx, async move {
+                    let stop = || flag.load(Ordering::Relaxed);
+                    let mut on_move = |m: &lockd::reshard::MoveReport| {
+                        let _ = tx.send(m.clone());
+                    };
+                    lockd::reshard::run_loop(
+                        &c,
+                        &ids,
+                        lockd::reshard::LoopConfig::default(),
+                        &stop,
+                        &mut on_move,
+                    )
+                    .await
+                })
+                .context("resharding loop: a move failed midway")
+            })
+            .context("starting the resharding loop's thread")?;
+        Ok(Self {
+            stop,
+            moves,
+            handle: Some(handle),
+        })
+    }
+
+    /// The moves decided and driven since the last call.
+    pub fn moves(&self) -> Vec<lockd::reshard::MoveReport> {
+        self.moves.try_iter().collect()
+    }
+
+    /// Stop the loop at its next interval's end and wait for it; returns the moves not
+    /// yet taken. Errors: the loop failed (a lock service unreachable, a move that
+    /// failed midway) or its thread panicked.
+    pub fn stop(mut self) -> anyhow::Result<Vec<lockd::reshard::MoveReport>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => bail!("the resharding loop's thread panicked"),
+            }
+        }
+        Ok(self.moves())
+    }
+}
+
+impl Drop for LoopThread {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// One move of the loop as an event line: `reshard loop: shards A..B of compute node X
+/// moved to compute node Y` (or `... cancelled: a lock held past the drain wait`).
+pub fn loop_line(m: &lockd::reshard::MoveReport) -> String {
+    let what = match m.state {
+        MoveState::Published { version } => format!("moved (map version {version})"),
+        _ => "cancelled (a lock on the range held past the drain wait)".to_string(),
+    };
+    format!(
+        "reshard loop: shards {}..{} of compute node {} to compute node {}: {what}",
+        m.range.start, m.range.end, m.from, m.to
+    )
+}

@@ -307,6 +307,16 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS")]
     #[serde(default)]
     pub reshard_after: Option<f64>,
+    /// Lotus with coordinator processes (--cnodes 2 or more): run Lotus 4.3's resharding
+    /// loop over the compute nodes' lock services for the whole run: every 100 ms each
+    /// node's load sample (its lock latency and requests per shard); a node whose latency
+    /// stays above 1.5x the average for three intervals passes a range around its hottest
+    /// shard to the coolest node (drain, then the next map everywhere; the source's
+    /// version table cache drops the range). Prints each move and a `reshard loop:`
+    /// summary.
+    #[arg(long)]
+    #[serde(default)]
+    pub reshard_loop: bool,
     /// With --cnodes 2 or more: the lease of each coordinator process in etcd, in
     /// milliseconds (rounded up to whole seconds, at least 1 s). A process that cannot
     /// renew it for this long (stopped, or starved on an emulated machine) is declared
@@ -877,6 +887,26 @@ impl Args {
                 self.memnode,
                 self.memnodes
             );
+        }
+        if self.reshard_loop {
+            if self.cnodes < 2 {
+                bail!("--reshard-loop moves shards between compute nodes: it needs --cnodes 2 or more");
+            }
+            if !matches!(
+                self.protocol,
+                ProtocolArg::Lotus | ProtocolArg::One(Protocol::Lotus(_))
+            ) {
+                bail!(
+                    "--reshard-loop moves Lotus lock shards: it needs --protocol lotus or lotus-si"
+                );
+            }
+            if self.kill_cn_after.is_some()
+                || self.stop_cn_after.is_some()
+                || self.kill_memnode_after.is_some()
+                || self.reshard_after.is_some()
+            {
+                bail!("--reshard-loop does not combine with the fault flags or --reshard-after");
+            }
         }
         if let Some(s) = self.reshard_after {
             if !(s >= 0.0 && s < self.duration) {

@@ -1722,6 +1722,7 @@ pub(crate) fn worker(
                 .run(clock, tid, client.clone(), stats.clone(), stop.clone()),
         );
     }
+    let lock_table = w.cfg.lotus.as_ref().and_then(|s| s.local.clone());
     for co in 0..w.coroutines {
         let coroutine = Coroutine {
             client: client.clone(),
@@ -1744,6 +1745,7 @@ pub(crate) fn worker(
             ledger: w.ledger.as_ref().map(|(l, base)| l.slot(base + co)),
             route: route.clone(),
             forward: forward.clone(),
+            lock_table: lock_table.clone(),
         };
         mix.clone().spawn(&mut ex, coroutine);
     }
@@ -1764,6 +1766,7 @@ pub(crate) fn worker(
                 ledger: None,
                 route: None,
                 forward: None,
+                lock_table: lock_table.clone(),
             };
             mix.clone().spawn_home(&mut ex, coroutine, f.inbox.clone());
         }
@@ -2191,6 +2194,9 @@ mod tests {
         assert!(with(&["--cn", "0"]).contains("--cn goes with"));
         assert!(with(&["--stop-cn-after", "1", "--stop-ms", "0"]).contains("--stop-ms"));
         assert!(with(&["--breakdown"]).contains("--cnodes 1"));
+        // Lotus's resharding loop: across compute nodes, on Lotus's lock tables.
+        assert!(err(&["--reshard-loop"]).contains("needs --cnodes 2 or more"));
+        assert!(with(&["--reshard-loop"]).contains("needs --protocol lotus"));
         // Lotus's ablation: its own run plan, across compute nodes.
         assert!(err(&["--ablation"]).contains("needs --cnodes 2 or more"));
         assert!(with(&["--ablation", "--sweep", "theta=0,1"]).contains("not with --sweep"));

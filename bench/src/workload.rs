@@ -358,6 +358,10 @@ pub struct Coroutine {
     /// `--routing forward` under Lotus: where read-write transactions of other compute
     /// nodes' shards go ([`crate::forward`]).
     pub forward: Option<crate::forward::ForwardPlan>,
+    /// Under Lotus: this compute node's lock table, whose load meter takes each committed
+    /// transaction's latency (Lotus 4.3: a node's resharding loop compares its compute
+    /// nodes' transaction latencies, which a busy lock table slows down).
+    pub lock_table: Option<std::sync::Arc<lockd::table_service::TableService>>,
 }
 
 /// What a coordinator coroutine times: commits and aborts per interval of the run

@@ -218,6 +218,19 @@ fn the_ablation_runs_its_four_rows_in_one_invocation() {
     assert!(stdout.contains("signs: two-level routing "), "{stdout}");
 }
 
+/// `--reshard-loop`: Lotus 4.3's load-driven resharding loop runs over the two compute
+/// nodes' lock services for the whole run (their load samples each 100 ms; the decision
+/// itself is tested in lockd's `reshard` module); the run passes every check and the loop
+/// reports what it moved.
+#[test]
+fn the_resharding_loop_runs_beside_lock_first_and_every_check_passes() {
+    let (stdout, _) = smallbank_on_two_cnodes("lotus-reshard-loop", &["--reshard-loop"]);
+    assert!(
+        stdout.contains("reshard loop: ") && stdout.contains(" move(s) published, "),
+        "{stdout}"
+    );
+}
+
 /// Lotus 4.3's resharding under lock-first (the spec's A.9 test 10): 0.8 s into the
 /// run, half of compute node 101's shards move to 102 (drain, then the next map on
 /// both). Coordinators routing by the old map are told wrong-shard and follow; the run

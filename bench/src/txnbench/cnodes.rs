@@ -1322,6 +1322,10 @@ struct Faults<'a> {
     failover: Option<crate::failover::Failover>,
     /// `--reshard-after`: whether the move was made.
     resharded: bool,
+    /// `--reshard-loop`: the loop, once started.
+    reshard_loop: Option<crate::lotus_reshard::LoopThread>,
+    /// `--reshard-loop`: its moves so far (published, cancelled).
+    loop_moves: (u32, u32),
 }
 
 impl<'a> Faults<'a> {
@@ -1339,6 +1343,49 @@ impl<'a> Faults<'a> {
             memnode_killed: false,
             failover: None,
             resharded: false,
+            reshard_loop: None,
+            loop_moves: (0, 0),
+        }
+    }
+
+    /// The lock services' addresses of the compute nodes, as each published it.
+    /// Errors: no membership service; a node published none.
+    fn lock_services(
+        &self,
+        p: &Parent<'_>,
+        flag: &str,
+    ) -> anyhow::Result<(Vec<u32>, Vec<std::net::SocketAddr>)> {
+        let me = &p
+            .membership
+            .as_ref()
+            .with_context(|| format!("{flag} needs the run's membership service"))?
+            .me;
+        let nodes: Vec<u32> = (0..self.args.cnodes as u32)
+            .map(|i| NODE_CNODE + i)
+            .collect();
+        let mut addrs = Vec::new();
+        for &n in &nodes {
+            addrs.push(
+                crate::lotus_cn::published_addr(me, n)?
+                    .with_context(|| format!("compute node {n} published no lock service"))?,
+            );
+        }
+        Ok((nodes, addrs))
+    }
+
+    /// Report the resharding loop's moves since the last call.
+    fn loop_events(&mut self, p: &mut Parent<'_>, moves: Vec<lockd::reshard::MoveReport>) {
+        for m in moves {
+            if matches!(m.state, lockd::shard::MoveState::Published { .. }) {
+                self.loop_moves.0 += 1;
+            } else {
+                self.loop_moves.1 += 1;
+            }
+            let at = p.ms();
+            p.event(format!(
+                "[{at:.0} ms] {}",
+                crate::lotus_reshard::loop_line(&m)
+            ));
         }
     }
 
@@ -1413,21 +1460,25 @@ impl<'a> Faults<'a> {
     fn step(&mut self, p: &mut Parent<'_>, cluster: &mut RunCluster) -> anyhow::Result<()> {
         let (args, target) = (self.args, self.target);
         let now_s = p.started.elapsed().as_secs_f64();
+        if args.reshard_loop {
+            match &self.reshard_loop {
+                None => {
+                    let (nodes, addrs) = self.lock_services(p, "--reshard-loop")?;
+                    self.reshard_loop = Some(crate::lotus_reshard::LoopThread::start(
+                        &cluster.fabric,
+                        &nodes,
+                        &addrs,
+                    )?);
+                }
+                Some(l) => {
+                    let moves = l.moves();
+                    self.loop_events(p, moves);
+                }
+            }
+        }
         if !self.resharded && args.reshard_after.is_some_and(|s| now_s >= s) {
             self.resharded = true;
-            let me = &p
-                .membership
-                .as_ref()
-                .context("--reshard-after needs the run's membership service")?
-                .me;
-            let nodes: Vec<u32> = (0..args.cnodes as u32).map(|i| NODE_CNODE + i).collect();
-            let mut addrs = Vec::new();
-            for &n in &nodes {
-                addrs.push(
-                    crate::lotus_cn::published_addr(me, n)?
-                        .with_context(|| format!("compute node {n} published no lock service"))?,
-                );
-            }
+            let (nodes, addrs) = self.lock_services(p, "--reshard-after")?;
             let at = p.ms();
             let r = crate::lotus_reshard::force_move(
                 &cluster.fabric,
@@ -1507,6 +1558,14 @@ impl<'a> Faults<'a> {
     /// a failover or re-replication under way is waited for (for up to 30 s). Errors:
     /// that failed or did not finish.
     fn finish(&mut self, p: &mut Parent<'_>, cluster: &mut RunCluster) -> anyhow::Result<()> {
+        if let Some(l) = self.reshard_loop.take() {
+            let moves = l.stop()?;
+            self.loop_events(p, moves);
+            let (published, cancelled) = self.loop_moves;
+            p.event(format!(
+                "reshard loop: {published} move(s) published, {cancelled} cancelled over the run (Lotus 4.3: 100 ms intervals; a node above 1.5x the average lock latency for 3 intervals passes a range to the coolest)"
+            ));
+        }
         if let (Some(_), false) = (self.stopped_at, self.continued) {
             self.continued = true;
             p.signal(self.target, "CONT");
