@@ -9,6 +9,8 @@ use std::process::Command;
 
 #[test]
 fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("index.json");
     let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
         .args([
             "--keys",
@@ -22,6 +24,8 @@ fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
             "--coroutines",
             "4",
         ])
+        .arg("--json")
+        .arg(&json)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -37,6 +41,17 @@ fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
             );
         }
     }
+    // The JSON holds the same: a record per protocol and workload, and the ratios.
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["runs"].as_array().unwrap().len(), 15, "{doc}");
+    assert!(doc["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["ops_per_s"].as_f64().unwrap() > 0.0 && r["p99_us"].as_f64().unwrap() > 0.0));
+    assert_eq!(doc["ratios"].as_array().unwrap().len(), 10, "{doc}");
+    assert_eq!(doc["tree_checks_passed"], true);
 }
 
 #[test]

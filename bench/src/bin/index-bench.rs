@@ -82,6 +82,11 @@ struct Args {
     /// Seed of the key generators.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Also write the results to this file as JSON: the configuration, one record per
+    /// protocol and workload (ops/s, p50/p99 in microseconds, aborts and retries), the
+    /// tree checks and the ratios rTX/Optimal and rTX/DTX per workload.
+    #[arg(long, value_name = "PATH")]
+    json: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -462,18 +467,63 @@ fn main() -> Result<()> {
         all.push((p, run_protocol(&args, p)?));
     }
     let find = |p: Proto| all.iter().find(|(q, _)| *q == p).map(|(_, r)| r);
+    let mut ratios = Vec::new();
     if let Some(r) = find(Proto::Rtx) {
         for (other, name) in [(Proto::Optimal, "optimal"), (Proto::Dtx, "dtx")] {
             let Some(o) = find(other) else { continue };
             for (i, w) in args.workload.iter().enumerate() {
+                let q = (r[i].1 / o[i].1, r[i].2 / o[i].2, r[i].3 / o[i].3);
                 println!(
                     "ycsb-{w:?}: ratio throughput rtx/{name} = {:.2}  (p50 {:.2}x, p99 {:.2}x)",
-                    r[i].1 / o[i].1,
-                    r[i].2 / o[i].2,
-                    r[i].3 / o[i].3
+                    q.0, q.1, q.2
                 );
+                ratios.push(serde_json::json!({
+                    "workload": format!("ycsb-{w:?}").to_lowercase(),
+                    "ratio": format!("rtx/{name}"),
+                    "throughput": q.0,
+                    "p50": q.1,
+                    "p99": q.2,
+                }));
             }
         }
+    }
+    if let Some(path) = &args.json {
+        let runs: Vec<serde_json::Value> = all
+            .iter()
+            .flat_map(|(p, rows)| {
+                rows.iter().map(move |&(w, tput, p50, p99, aborts)| {
+                    serde_json::json!({
+                        "protocol": format!("{p:?}").to_lowercase(),
+                        "workload": format!("ycsb-{w:?}").to_lowercase(),
+                        "ops_per_s": tput,
+                        "p50_us": p50,
+                        "p99_us": p99,
+                        "aborts_and_retries": aborts,
+                    })
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "bench": "index-bench",
+            "index": "blink",
+            "command_line": std::env::args().collect::<Vec<_>>(),
+            "model": args.model,
+            "keys": args.keys,
+            "zipf": args.zipf,
+            "threads": args.threads,
+            "coroutines": args.coroutines,
+            "duration_ms": args.duration_ms,
+            "warmup_ms": args.warmup_ms,
+            "seed": args.seed,
+            // Every protocol's tree passed its check: a failed one ends the run with an
+            // error before this is written.
+            "tree_checks_passed": true,
+            "runs": runs,
+            "ratios": ratios,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
     }
     Ok(())
 }
