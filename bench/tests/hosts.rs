@@ -33,10 +33,24 @@ fn topology(dir: &Path, logs: &Path) -> PathBuf {
 
 /// [`topology`] with `memnodes` memory nodes.
 fn topology_with(dir: &Path, logs: &Path, memnodes: usize) -> PathBuf {
+    topology_file(dir, logs, memnodes, Some("me@{host}"), "")
+}
+
+/// A one-host topology file in `dir`: `memnodes` memory nodes, the lock service and the
+/// oracle on host `here`, reached through ssh as `ssh` names it (the shim) or directly
+/// (`None`), `coordinators` added to the `[coordinators]` table.
+fn topology_file(
+    dir: &Path,
+    logs: &Path,
+    memnodes: usize,
+    ssh: Option<&str>,
+    coordinators: &str,
+) -> PathBuf {
     let bin = txn_bench_bin_dir();
     let memnodes: String = (0..memnodes)
         .map(|_| format!("[[memnode]]\nhost = \"here\"\nport = {}\n", free_port()))
         .collect();
+    let ssh = ssh.map_or(String::new(), |s| format!("ssh = \"{s}\"\n"));
     let text = format!(
         r#"name = "hosts-test"
 fabric = "shm"
@@ -45,8 +59,7 @@ log-dir = "{logs}"
 
 [hosts.here]
 ctrl-ip = "127.0.0.1"
-ssh = "me@{{host}}"
-
+{ssh}
 {memnodes}
 [lockd]
 host = "here"
@@ -58,7 +71,7 @@ port = {t}
 
 [coordinators]
 hosts = ["here"]
-
+{coordinators}
 [runtime]
 call-timeout-ms = 2500
 "#,
@@ -465,43 +478,8 @@ fn in_process_coordinators_take_the_topologys_cpus() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bin = txn_bench_bin_dir();
-    let topo = dir.path().join("cluster.toml");
-    std::fs::write(
-        &topo,
-        format!(
-            r#"name = "pin-test"
-fabric = "shm"
-bin-dir = "{bin}"
-log-dir = "{logs}"
-
-[hosts.here]
-ctrl-ip = "127.0.0.1"
-
-[[memnode]]
-host = "here"
-port = {m}
-
-[lockd]
-host = "here"
-port = {l}
-
-[tso]
-host = "here"
-port = {t}
-
-[coordinators]
-hosts = ["here"]
-cpus = "1"
-"#,
-            bin = bin.display(),
-            logs = dir.path().join("runs").display(),
-            m = free_port(),
-            l = free_port(),
-            t = free_port(),
-        ),
-    )
-    .unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology_file(dir.path(), &logs, 1, None, "cpus = \"1\"\n");
     let child = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
         .args([
             "--hosts",
