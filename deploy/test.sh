@@ -6,14 +6,17 @@
 #    libclang-dev), to load libibverbs (libibverbs1, ibverbs-providers), to build the etcd
 #    client of the member crate (protobuf-compiler: protoc, and libprotobuf-dev: the
 #    well-known .proto files it imports) and to run its tests against a
-#    real etcd (etcd-server: each test starts its own on loopback).
+#    real etcd (etcd-server: each test starts its own on loopback), and to run the
+#    launcher's ssh path through a real OpenSSH server (openssh-server, openssh-client:
+#    the test starts its own on a loopback port, with keys of its own).
 # 2. Checks the formatting (cargo fmt --check), the lints (cargo clippy, warnings denied)
 #    and the docs (cargo doc, warnings denied: no broken links); builds the book
 #    (mdbook build docs; mdbook is installed with cargo install if missing) and checks
 #    that every relative link of README.md and docs/src points to an existing file and
 #    heading (deploy/linkcheck.sh); then builds everything with the verbs backend and the
 #    etcd client compiled in and runs all tests on the shm fabric (cargo test --workspace);
-#    RRPC_REQUIRE_ETCD=1 makes the member tests fail, not skip, when etcd is missing.
+#    RRPC_REQUIRE_ETCD=1 makes the member tests fail, not skip, when etcd is missing, and
+#    RRPC_REQUIRE_SSH=1 the real-ssh launcher test when OpenSSH is.
 # 3. Runs rrpc's echo example as a user would (server and client processes), then the
 #    fabric conformance suite and the RPC, modes, straws, shm-cluster and async-handler
 #    suites again on shm under the cx5 timing model (RRPC_MODEL=cx5).
@@ -40,7 +43,7 @@ cd "$(dirname "$0")/.."
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 need=()
-for p in cmake libclang-dev libibverbs1 ibverbs-providers protobuf-compiler libprotobuf-dev etcd-server; do
+for p in cmake libclang-dev libibverbs1 ibverbs-providers protobuf-compiler libprotobuf-dev etcd-server openssh-server openssh-client; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -89,7 +92,7 @@ mdbook build docs
 deploy/linkcheck.sh
 
 echo "== cargo test --workspace (shm fabric; verbs backend and etcd client compiled in)"
-export RRPC_REQUIRE_ETCD=1
+export RRPC_REQUIRE_ETCD=1 RRPC_REQUIRE_SSH=1
 cargo test --workspace "${features[@]}"
 
 # The examples as a user runs them: the echo server and its client as two processes.

@@ -575,6 +575,40 @@ fn a_service_exits_when_its_stdin_closes() {
     }
 }
 
+/// The launcher's ssh path through a real OpenSSH server on loopback (started by the
+/// test with keys of its own; the real `ssh` client with a config file naming its port
+/// and key): every service of a `--protocol all` run is started, watched and stopped
+/// over real ssh sessions, and every run passes every check. Skipped with a message
+/// where OpenSSH is missing, unless `RRPC_REQUIRE_SSH=1` (the project's test command).
+#[test]
+fn a_run_over_real_ssh_passes_every_check() {
+    let sshd = match common::ssh::Sshd::start() {
+        Ok(s) => s,
+        Err(why) if std::env::var("RRPC_REQUIRE_SSH").is_ok_and(|v| v == "1") => {
+            panic!("RRPC_REQUIRE_SSH=1 but OpenSSH cannot run here: {why}")
+        }
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("runs");
+    let topo = topology_file(dir.path(), &logs, 2, Some(&sshd.target), "");
+    let (ok, stdout, s) = txn_bench_watched_env(
+        "hosts-real-ssh",
+        &run_args(&topo, "hosts-real-ssh"),
+        &[("RRPC_SSH", sshd.ssh().to_str().unwrap())],
+        LIMIT,
+    );
+    assert!(ok, "{stdout}");
+    assert_eq!(s["passed"], true, "{stdout}");
+    assert_eq!(s["runs"].as_array().unwrap().len(), 4, "{stdout}");
+    // Each service's stderr came back through its ssh session into its log.
+    let text = std::fs::read_to_string(logs.join("hosts-real-ssh-1/here.memnode.0.log")).unwrap();
+    assert!(text.contains("serving"), "{text}");
+}
+
 /// `--kill-tso-after` and `--kill-lockd-after` with `--hosts`: the oracle and the lock
 /// service run "remotely" (through the shim); each is SIGKILLed there through ssh, started
 /// again in the same place with the same state directory (its epoch read through ssh),
