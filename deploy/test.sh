@@ -51,6 +51,9 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
+# sshd's privilege separation directory (a boot-time tmpfs entry elsewhere), for the
+# real-ssh launcher test's own sshd.
+[ -d /run/sshd ] || $sudo mkdir -p /run/sshd
 
 # The VM sees the host's filesystem except these fresh tmpfs mounts; test executables
 # (and the binaries they start) must live elsewhere.
