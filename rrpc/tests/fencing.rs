@@ -64,13 +64,26 @@ fn start_server(cluster: &str) -> (Node, MemoryRegion) {
     (n, mr)
 }
 
-/// Node 100 as incarnation `inc`, in its own context, not yet connected.
+/// Node 100 as incarnation `inc`, in its own context, not yet connected. A context of
+/// node 100 dropped just before may still be held by its pool's reconnect thread (a
+/// fenced QP it is repairing, for at most `reconnect_give_up`): the node is taken again
+/// once that thread lets go, within seconds.
 fn client(cluster: &str, inc: u64) -> Rc<ThreadCtx> {
-    let f = Fabric::open(&FabricConfig {
+    let cfg = FabricConfig {
         incarnation: inc,
         ..FabricConfig::new(FabricKind::Shm, cluster, NodeId(100))
-    })
-    .unwrap();
+    };
+    let t0 = std::time::Instant::now();
+    let f = loop {
+        match Fabric::open(&cfg) {
+            Err(rrpc::fabric::FabricError::NodeInUse { .. })
+                if t0.elapsed() < Duration::from_secs(10) =>
+            {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            r => break r.unwrap(),
+        }
+    };
     assert_eq!(f.incarnation(), inc);
     ThreadCtx::new(
         f,
