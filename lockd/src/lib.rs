@@ -53,6 +53,9 @@
 //! node, is [`table_service::TableService`] called directly). Locks of a crashed client are
 //! passed on by [`client::LockClient::release_node`] (Takeout) and
 //! [`table_service::TableClient::release_node`] (Lotus lock tables).
+//!
+//! Example: `examples/embedded_locks.rs`, a process embedding [`embed::LockService`] whose
+//! client thread takes Takeout locks from two coroutines, served in ticket order.
 #![warn(missing_docs)]
 
 pub mod backoff;

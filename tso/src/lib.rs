@@ -40,6 +40,10 @@
 //!   thread tier, [`ThreadTso`], generic over its [`TimestampSource`]);
 //! - [`oracle`]: the counter itself ([`Oracle`]); it re-exports the client-side types
 //!   that once lived in it under their old paths.
+//!
+//! Example: `examples/tso_client.rs`, an [`Oracle`] started in-process and a client
+//! thread's coroutines taking timestamps through a [`ThreadTso`] over a [`TsoConn`], the
+//! history checked with [`history::check`].
 #![warn(missing_docs)]
 
 pub mod client;

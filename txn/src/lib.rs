@@ -33,6 +33,10 @@
 //! - [`snapshot_isolation`]: the check of a history with start and commit timestamps for
 //!   snapshot isolation (writes install their commit timestamp, first committer wins,
 //!   reads see the snapshot at the start timestamp).
+//!
+//! Example: `examples/custom_txn.rs`, a local cluster in one process (a memory node with the
+//! user's own table, a lock service, an oracle) and a user-written transfer transaction run
+//! with [`coordinator::TxnClient`] from several coroutines, retried on abort.
 #![warn(missing_docs)]
 
 mod attempt;
