@@ -1,0 +1,437 @@
+//! A run of RCC's symmetric cluster on rrpc (RCC, 3): every node holds its partition in
+//! one registered region, serves the RPC variants' handlers on its server thread, and
+//! runs its coordinator co-routines on that same thread, as RCC's event-handling and
+//! transaction co-routines share a thread. Coordinators reach every record through the
+//! network, local ones included.
+//!
+//! All nodes run in this process, each on its own fabric endpoint (its own node id,
+//! registered memory and QPs), on the shm backend (with the timing model if one is
+//! named) or on verbs.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use rrpc::fabric::shm::ClusterGuard;
+use rrpc::fabric::{Fabric, FabricConfig, FabricKind, MemoryRegion, MrDesc};
+use rrpc::node::{Node, NodeConfig, ServerRuntime};
+use rrpc::runtime::{RuntimeConfig, Stats as RrpcStats, ThreadCtx};
+use rrpc::server::{Handlers, ServerConfig};
+use rrpc::NodeId;
+
+use crate::coord::{Coord, Fault, Proto, Variant};
+use crate::driver::{self, Limit, Report};
+use crate::layout::Layout;
+use crate::net::RrpcNet;
+use crate::server;
+use crate::store::MrStore;
+use crate::wire;
+use crate::workload::Workload;
+
+/// The name under which a node exports its partition's region.
+pub const EXPORT_KEY: &str = "rcc";
+
+/// A run's shape.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Backend.
+    pub fabric: FabricKind,
+    /// Timing model of the shm backend (`cx5`, ...; `None`: `$RRPC_MODEL`, else none).
+    pub model: Option<String>,
+    /// Nodes (each one server thread).
+    pub nodes: usize,
+    /// Coordinator co-routines per node.
+    pub coroutines: usize,
+    /// Protocol.
+    pub proto: Proto,
+    /// Primitive.
+    pub variant: Variant,
+    /// How long coordinators start transactions.
+    pub duration: Duration,
+    /// Seed of the generators (coordinator `i` uses `seed + i`).
+    pub seed: u64,
+    /// Bytes of history kept for the serializability check, per coordinator.
+    pub history_bytes: usize,
+    /// A planted bug (test builds with feature `fault-injection`).
+    pub fault: Option<Fault>,
+    /// A node stops all coordinators when no transaction committed anywhere for this
+    /// long (a deadlock), and the run fails.
+    pub watchdog: Duration,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            fabric: FabricKind::Shm,
+            model: None,
+            nodes: 2,
+            coroutines: 10,
+            proto: Proto::NoWait,
+            variant: Variant::OneSided,
+            duration: Duration::from_secs(2),
+            seed: 1,
+            history_bytes: 8 << 20,
+            fault: None,
+            watchdog: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Errors of a run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A configuration that cannot run.
+    #[error("bad configuration: {0}")]
+    Config(String),
+    /// The fabric, a node or a connection failed.
+    #[error("{what}: {why}")]
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// The underlying error.
+        why: String,
+    },
+    /// The coordinators did not finish in time (a deadlock the watchdog missed).
+    #[error("the coordinators did not finish within {0:?} of the end")]
+    Stuck(Duration),
+}
+
+/// What a run measured and its checks.
+#[derive(Debug)]
+pub struct Outcome {
+    /// All coordinators' reports, merged.
+    pub report: Report,
+    /// Wall time from the first coordinator's start to the last one's end.
+    pub elapsed: Duration,
+    /// The server threads' rrpc counters (doorbells, WRs), summed.
+    pub rrpc: RrpcStats,
+    /// One line per check that passed; the run's checks failed if `Err`.
+    pub audit: Result<Vec<String>, String>,
+    /// The watchdog stopped the run: nothing committed for [`RunConfig::watchdog`].
+    pub stalled: bool,
+    /// The fabric and model that ran.
+    pub fabric: String,
+}
+
+struct Shared {
+    addrs: OnceLock<Vec<SocketAddr>>,
+    reports: Mutex<Vec<(Report, RrpcStats, Instant, Instant)>>,
+    stop: AtomicBool,
+    stalled: AtomicBool,
+    /// Commits so far, all coordinators, for the watchdog.
+    commits: std::sync::atomic::AtomicU64,
+    setup_error: Mutex<Option<String>>,
+}
+
+/// Run `wl` on a fresh cluster of `cfg.nodes` nodes and check the result. Errors:
+/// [`RunError`]; failed checks are in [`Outcome::audit`].
+pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outcome, RunError> {
+    if cfg.nodes == 0 || cfg.coroutines == 0 || cfg.nodes * cfg.coroutines >= 1024 {
+        return Err(RunError::Config(format!(
+            "{} nodes x {} coroutines: need at least one of each and fewer than 1024 coordinators",
+            cfg.nodes, cfg.coroutines
+        )));
+    }
+    if cfg.fault.is_some() && !cfg!(feature = "fault-injection") {
+        return Err(RunError::Config(
+            "planted bugs need a build with feature fault-injection".into(),
+        ));
+    }
+    let layout =
+        Arc::new(Layout::new(cfg.nodes, wl.tables()).map_err(|e| RunError::Config(e.to_string()))?);
+    let name = format!(
+        "rcc-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let _guard = match cfg.fabric {
+        FabricKind::Shm => Some(
+            ClusterGuard::new(&name)
+                .map_err(|e| RunError::Setup {
+                    what: "preparing the shm cluster",
+                    why: e.to_string(),
+                })?
+                .0,
+        ),
+        FabricKind::Verbs => None,
+    };
+    let shared = Arc::new(Shared {
+        addrs: OnceLock::new(),
+        reports: Mutex::new(Vec::new()),
+        stop: AtomicBool::new(false),
+        stalled: AtomicBool::new(false),
+        commits: Default::default(),
+        setup_error: Mutex::new(None),
+    });
+    let mut nodes = Vec::new();
+    let mut regions: Vec<Arc<MemoryRegion>> = Vec::new();
+    let mut fabric_desc = String::new();
+    for n in 0..cfg.nodes {
+        let mut fc = FabricConfig::new(cfg.fabric, &name, NodeId(n as u32 + 1));
+        fc.model = cfg.model.clone();
+        let setup = |what| move |e: rrpc::fabric::FabricError| RunError::Setup {
+            what,
+            why: e.to_string(),
+        };
+        let fabric = Fabric::open(&fc).map_err(setup("opening the fabric"))?;
+        if n == 0 {
+            fabric_desc = fabric.describe();
+        }
+        let mr = Arc::new(
+            fabric
+                .alloc_mr(layout.region_bytes() as usize)
+                .map_err(setup("registering the partition"))?,
+        );
+        driver::load(&layout, &*wl, n, &mut |off, b| mr.write(off as usize, b));
+        let handlers = handlers(MrStore(mr.clone()), layout.region_bytes());
+        let rt = ServerRuntime::new(RuntimeConfig::default()).with_setup({
+            let (shared, layout, wl, cfg) = (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
+            move |ctx| {
+                let ctx = ctx.clone();
+                let (shared, layout, wl, cfg) =
+                    (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
+                ctx.clone()
+                    .spawn(node_main(ctx, n, shared, layout, wl, cfg));
+                Ok(())
+            }
+        });
+        let node = Node::start_with_runtime(
+            fabric,
+            NodeConfig::new("rcc-node", "127.0.0.1:0".parse().expect("addr"))
+                .export(
+                    EXPORT_KEY,
+                    serde_json::to_value(mr.desc()).expect("a region descriptor serializes"),
+                )
+                .rpc(handlers, 1),
+            ServerConfig::default(),
+            Some(rt),
+        )
+        .map_err(|e| RunError::Setup {
+            what: "starting a node",
+            why: e.to_string(),
+        })?;
+        nodes.push(node);
+        regions.push(mr);
+    }
+    let _ = shared.addrs.set(nodes.iter().map(|n| n.addr()).collect());
+    // Wait for every coordinator, with the watchdog.
+    let deadline = Instant::now() + cfg.duration + Duration::from_secs(30);
+    let mut last = (0u64, Instant::now());
+    loop {
+        std::thread::sleep(Duration::from_millis(10));
+        if let Some(e) = shared.setup_error.lock().expect("lock").clone() {
+            shared.stop.store(true, Ordering::Release);
+            return Err(RunError::Setup {
+                what: "connecting a node to the cluster",
+                why: e,
+            });
+        }
+        if shared.reports.lock().expect("lock").len() == cfg.nodes * cfg.coroutines {
+            break;
+        }
+        let c = shared.commits.load(Ordering::Acquire);
+        if c != last.0 {
+            last = (c, Instant::now());
+        } else if last.1.elapsed() > cfg.watchdog && !shared.stop.load(Ordering::Acquire) {
+            shared.stalled.store(true, Ordering::Release);
+            shared.stop.store(true, Ordering::Release);
+        }
+        if Instant::now() > deadline {
+            shared.stop.store(true, Ordering::Release);
+            return Err(RunError::Stuck(Duration::from_secs(30)));
+        }
+    }
+    drop(nodes);
+    let mut report = Report::new(0);
+    let mut rrpc = RrpcStats::default();
+    let (mut first, mut end) = (None::<Instant>, None::<Instant>);
+    for (r, s, t0, t1) in std::mem::take(&mut *shared.reports.lock().expect("lock")) {
+        report.merge(r);
+        rrpc.doorbells += s.doorbells;
+        rrpc.wrs += s.wrs;
+        rrpc.messages += s.messages;
+        first = Some(first.map_or(t0, |f| f.min(t0)));
+        end = Some(end.map_or(t1, |e| e.max(t1)));
+    }
+    // The thread's counters were taken once per coordinator: keep one per node.
+    let per = cfg.coroutines as u64;
+    rrpc.doorbells /= per;
+    rrpc.wrs /= per;
+    rrpc.messages /= per;
+    let tuple = |node: usize, off: u64, len: usize| {
+        let mut b = vec![0; len];
+        regions[node].read(off as usize, &mut b);
+        b
+    };
+    let audit = driver::audit(&layout, &*wl, &tuple, &report);
+    Ok(Outcome {
+        report,
+        elapsed: match (first, end) {
+            (Some(a), Some(b)) => b - a,
+            _ => Duration::ZERO,
+        },
+        rrpc,
+        audit,
+        stalled: shared.stalled.load(Ordering::Acquire),
+        fabric: fabric_desc,
+    })
+}
+
+static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The RPC variants' handlers over a node's partition.
+fn handlers(store: MrStore, region: u64) -> Handlers {
+    let mut h = Handlers::new();
+    for id in [
+        wire::FETCH,
+        wire::RELEASE,
+        wire::COMMIT,
+        wire::READ,
+        wire::LOCK,
+        wire::VALIDATE,
+    ] {
+        let s = store.clone();
+        h.register(id, move |req, out| server::serve(&s, region, id, req, out));
+    }
+    h.register_async(wire::FETCH_WAIT, move |req| {
+        let s = store.clone();
+        async move {
+            let ctx = ThreadCtx::current().ok_or("FETCH_WAIT needs the server's runtime")?;
+            server::serve_waitdie(&s, region, &req, || ctx.yield_now()).await
+        }
+    });
+    h
+}
+
+/// A node's coordinators, on its server thread: wait for the cluster, connect to every
+/// node, run `cfg.coroutines` coordinators and report.
+async fn node_main(
+    ctx: Rc<ThreadCtx>,
+    n: usize,
+    shared: Arc<Shared>,
+    layout: Arc<Layout>,
+    wl: Arc<dyn Workload + Send + Sync>,
+    cfg: RunConfig,
+) {
+    let addrs = loop {
+        if let Some(a) = shared.addrs.get() {
+            break a.clone();
+        }
+        ctx.sleep(Duration::from_millis(1)).await;
+    };
+    let mut nodes = Vec::with_capacity(addrs.len());
+    for a in &addrs {
+        let info = match ctx.connect_rpc(*a) {
+            Ok(i) => i,
+            Err(e) => {
+                *shared.setup_error.lock().expect("lock") = Some(format!("node {n} to {a}: {e}"));
+                return;
+            }
+        };
+        let desc: Option<MrDesc> = info
+            .exports
+            .get(EXPORT_KEY)
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let Some(desc) = desc else {
+            *shared.setup_error.lock().expect("lock") =
+                Some(format!("node at {a} exports no RCC partition"));
+            return;
+        };
+        nodes.push((info.node, desc));
+    }
+    let net = RrpcNet::new(ctx.clone(), nodes);
+    let layout = Rc::new((*layout).clone());
+    let stop = Rc::new(std::cell::Cell::new(false));
+    let start = Instant::now();
+    let limit = Limit {
+        until: start + cfg.duration,
+        txns: None,
+        start,
+    };
+    // The stop flag of this thread's coordinators follows the cluster's.
+    {
+        let (ctx2, stop, shared) = (ctx.clone(), stop.clone(), shared.clone());
+        ctx.spawn(async move {
+            while !shared.stop.load(Ordering::Acquire) {
+                if stop.get() {
+                    return;
+                }
+                ctx2.sleep(Duration::from_millis(1)).await;
+            }
+            stop.set(true);
+        });
+    }
+    let left = Rc::new(std::cell::Cell::new(cfg.coroutines));
+    for j in 0..cfg.coroutines {
+        let id = (n * cfg.coroutines + j + 1) as u64;
+        #[allow(unused_mut)]
+        let mut c = Coord::new(net.clone(), layout.clone(), cfg.proto, cfg.variant, id);
+        #[cfg(feature = "fault-injection")]
+        if let Some(f) = cfg.fault {
+            c.plant(f);
+        }
+        c.stop = stop.clone();
+        let (wl, shared, ctx2, left, stop) = (
+            wl.clone(),
+            shared.clone(),
+            ctx.clone(),
+            left.clone(),
+            stop.clone(),
+        );
+        let seed = cfg.seed.wrapping_add(id);
+        let hb = cfg.history_bytes;
+        ctx.spawn(async move {
+            let counted = Counted {
+                wl: &*wl,
+                shared: &shared,
+            };
+            let rep = driver::drive(&c, &counted, seed, limit, hb).await;
+            let t1 = Instant::now();
+            shared
+                .reports
+                .lock()
+                .expect("lock")
+                .push((rep, ctx2.stats(), start, t1));
+            left.set(left.get() - 1);
+            if left.get() == 0 {
+                stop.set(true);
+            }
+        });
+    }
+}
+
+/// The workload, counting generated transactions as progress for the watchdog: a
+/// transaction is drawn after the previous one finished, so the count moves exactly
+/// when transactions commit or abort for good.
+struct Counted<'a> {
+    wl: &'a dyn Workload,
+    shared: &'a Shared,
+}
+
+impl Workload for Counted<'_> {
+    fn name(&self) -> &'static str {
+        self.wl.name()
+    }
+    fn tables(&self) -> Vec<crate::layout::TableSpec> {
+        self.wl.tables()
+    }
+    fn initial(&self, table: u32, key: u64) -> Vec<u8> {
+        self.wl.initial(table, key)
+    }
+    fn next(
+        &self,
+        rng: &mut rand::rngs::SmallRng,
+        delta: Rc<std::cell::Cell<i64>>,
+    ) -> crate::coord::TxnSpec {
+        self.shared.commits.fetch_add(1, Ordering::AcqRel);
+        self.wl.next(rng, delta)
+    }
+    fn kind_name(&self, kind: u16) -> &'static str {
+        self.wl.kind_name(kind)
+    }
+    fn check(&self, read: &dyn Fn(u32, u64) -> Vec<u8>, delta: i64) -> Result<String, String> {
+        self.wl.check(read, delta)
+    }
+}

@@ -1,0 +1,331 @@
+//! A coordinator: one transaction co-routine of RCC (3), its identity, timestamps,
+//! counters, and the transaction it runs. The protocols ([`crate::twopl`],
+//! [`crate::occ`]) are async functions over a [`Coord`].
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::rc::Rc;
+use std::time::Instant;
+
+use txn::history::Access;
+
+use crate::layout::{Layout, VAL, VER};
+use crate::net::{Net, NetError};
+
+/// The concurrency-control protocols (RCC, 4.2-4.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    /// Two-phase locking that aborts on any conflict (4.2).
+    NoWait,
+    /// Two-phase locking where an older transaction waits and a younger one dies (4.3).
+    WaitDie,
+    /// Optimistic: read, lock the write set, validate the read set, write back (4.4, after
+    /// DrTM+H).
+    Occ,
+}
+
+impl Proto {
+    /// Every protocol built, in the paper's order.
+    pub const ALL: [Proto; 3] = [Proto::NoWait, Proto::WaitDie, Proto::Occ];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::NoWait => "nowait",
+            Proto::WaitDie => "waitdie",
+            Proto::Occ => "occ",
+        }
+    }
+
+    /// The protocol named `s`, if any.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// Which primitive a protocol's network steps use (RCC, 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Variant {
+    /// Two-sided: one RPC per participant per stage, served by the participant's CPU.
+    Rpc,
+    /// One-sided READ, WRITE and CAS, with doorbell batching of lock-and-read and
+    /// update-and-unlock.
+    OneSided,
+}
+
+impl Variant {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Rpc => "rpc",
+            Variant::OneSided => "onesided",
+        }
+    }
+}
+
+/// The stages a transaction's time is split into (RCC, Fig. 21).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Optimistic reads (OCC).
+    Read = 0,
+    /// Locking (with the reads batched into it, for the 2PL protocols).
+    Lock = 1,
+    /// Read-set validation (OCC).
+    Validate = 2,
+    /// Releasing locks after an abort.
+    Release = 3,
+    /// Write-back and unlock.
+    Commit = 4,
+}
+
+/// Stage names, indexed by [`Stage`].
+pub const STAGES: [&str; 5] = ["Read", "Lock", "Validate", "Release", "Commit"];
+
+/// A coordinator's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Network round trips: awaited groups of parallel operations.
+    pub rounds: u64,
+    /// One-sided operations (work requests) posted.
+    pub ops: u64,
+    /// RPC messages sent.
+    pub msgs: u64,
+    /// Nanoseconds spent per [`Stage`].
+    pub stage_ns: [u64; 5],
+    /// Round trips per [`Stage`].
+    pub stage_rounds: [u64; 5],
+}
+
+impl Stats {
+    /// Add `o`'s counts to these.
+    pub fn add(&mut self, o: &Stats) {
+        self.rounds += o.rounds;
+        self.ops += o.ops;
+        self.msgs += o.msgs;
+        for i in 0..5 {
+            self.stage_ns[i] += o.stage_ns[i];
+            self.stage_rounds[i] += o.stage_rounds[i];
+        }
+    }
+}
+
+/// One record a transaction touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Op {
+    /// Table id.
+    pub table: u32,
+    /// Key in the table.
+    pub key: u64,
+    /// Read-modify-write (true) or read-only access.
+    pub write: bool,
+}
+
+/// A transaction's logic over the values of its records, in [`TxnSpec::ops`] order;
+/// it changes the written ones in place. Returns false to abort (the transaction's own
+/// decision, final).
+pub type Exec = Box<dyn Fn(&mut [Vec<u8>]) -> bool>;
+
+/// A transaction whose records are known before it runs, as in RCC's benchmarks.
+pub struct TxnSpec {
+    /// Its type, for reports and the history.
+    pub kind: u16,
+    /// The records, each at most once.
+    pub ops: Vec<Op>,
+    /// Its logic.
+    pub exec: Exec,
+}
+
+impl std::fmt::Debug for TxnSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxnSpec")
+            .field("kind", &self.kind)
+            .field("ops", &self.ops)
+            .finish()
+    }
+}
+
+/// Why an attempt did not commit.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Abort {
+    /// A lock was held by another transaction (or this one died in WAITDIE).
+    #[error("lock conflict")]
+    Conflict,
+    /// A record read changed before commit.
+    #[error("validation failed")]
+    Validation,
+    /// The transaction's logic declined; not retried.
+    #[error("aborted by the transaction")]
+    User,
+    /// The run is stopping; the attempt gave up its locks.
+    #[error("stopped")]
+    Stopped,
+    /// The network failed.
+    #[error(transparent)]
+    Net(#[from] NetError),
+}
+
+/// Bugs planted on purpose (feature `fault-injection`) so tests show the checks catch
+/// them (SPECS D.7 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// NOWAIT reads without read locks.
+    NoWaitNoReadLocks,
+    /// OCC commits without validating its read set.
+    OccNoValidation,
+    /// WAITDIE where every conflict waits (deadlocks).
+    WaitDieNeverDie,
+}
+
+/// One coordinator co-routine.
+pub struct Coord<N> {
+    /// Its access to the nodes.
+    pub net: N,
+    /// Where records live.
+    pub layout: Rc<Layout>,
+    /// Its protocol.
+    pub proto: Proto,
+    /// Its primitive.
+    pub variant: Variant,
+    /// Its id, unique in the cluster, `1..1024`: the NOWAIT and OCC lock value and the
+    /// low bits of its timestamps.
+    pub id: u64,
+    /// Set when the run stops: waiting loops give up.
+    pub stop: Rc<Cell<bool>>,
+    stats: RefCell<Stats>,
+    ts: Cell<u64>,
+    fault: Option<Fault>,
+}
+
+/// Bits of a timestamp below the clock, holding the coordinator id.
+pub const ID_BITS: u32 = 10;
+
+impl<N: Net> Coord<N> {
+    /// Coordinator `id` (`1..1024`). Panics on an id out of range (a setup bug).
+    pub fn new(net: N, layout: Rc<Layout>, proto: Proto, variant: Variant, id: u64) -> Self {
+        assert!((1..1 << ID_BITS).contains(&id), "coordinator id {id}");
+        Self {
+            net,
+            layout,
+            proto,
+            variant,
+            id,
+            stop: Rc::new(Cell::new(false)),
+            stats: RefCell::new(Stats::default()),
+            ts: Cell::new(0),
+            fault: None,
+        }
+    }
+
+    /// Plant `fault` in this coordinator.
+    #[cfg(feature = "fault-injection")]
+    pub fn plant(&mut self, fault: Fault) {
+        self.fault = Some(fault);
+    }
+
+    /// Whether `fault` is planted (always false without the feature).
+    pub fn planted(&self, fault: Fault) -> bool {
+        cfg!(feature = "fault-injection") && self.fault == Some(fault)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        *self.stats.borrow()
+    }
+
+    /// Start a transaction: a fresh timestamp unless it retries an aborted attempt (a
+    /// WAITDIE transaction keeps its age across retries, so it cannot starve).
+    pub fn begin(&self, retry: bool) {
+        if !retry || self.ts.get() == 0 {
+            let now = txn::history::monotonic_ns().max((self.ts.get() >> ID_BITS) + 1);
+            self.ts.set((now << ID_BITS) | self.id);
+        }
+    }
+
+    /// The current transaction's timestamp (unique, nonzero; smaller is older).
+    pub fn ts(&self) -> u64 {
+        self.ts.get()
+    }
+
+    /// Await `f` as one round trip of `stage`, counting it and its time.
+    pub async fn round<T>(&self, stage: Stage, f: impl Future<Output = T>) -> T {
+        let t = Instant::now();
+        let out = f.await;
+        let mut s = self.stats.borrow_mut();
+        s.rounds += 1;
+        s.stage_rounds[stage as usize] += 1;
+        s.stage_ns[stage as usize] += t.elapsed().as_nanos() as u64;
+        out
+    }
+
+    /// Count `n` one-sided operations.
+    pub fn count_ops(&self, n: usize) {
+        self.stats.borrow_mut().ops += n as u64;
+    }
+
+    /// Count `n` RPC messages.
+    pub fn count_msgs(&self, n: usize) {
+        self.stats.borrow_mut().msgs += n as u64;
+    }
+
+    /// Home node, tuple offset and tuple bytes of `op`.
+    pub fn loc(&self, op: &Op) -> (usize, u64, usize) {
+        (
+            self.layout.home(op.key),
+            self.layout.tuple_off(op.table, op.key),
+            self.layout.tuple_bytes(op.table),
+        )
+    }
+
+    /// Run one attempt of `t` under this coordinator's protocol and variant; on commit,
+    /// the records read (with the version read) and written (with the version
+    /// installed), for the serializability check. Errors: [`Abort`].
+    pub async fn run(&self, t: &TxnSpec) -> Result<Vec<Access>, Abort> {
+        match self.proto {
+            Proto::NoWait | Proto::WaitDie => crate::twopl::run(self, t).await,
+            Proto::Occ => crate::occ::run(self, t).await,
+        }
+    }
+}
+
+/// The lock word of a tuple's bytes.
+pub fn lock_of(tuple: &[u8]) -> u64 {
+    word(tuple, 0)
+}
+
+/// The version word of a tuple's bytes.
+pub fn ver_of(tuple: &[u8]) -> u64 {
+    word(tuple, VER as usize)
+}
+
+/// The record of a tuple's bytes.
+pub fn val_of(tuple: &[u8]) -> &[u8] {
+    &tuple[VAL as usize..]
+}
+
+fn word(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// The bytes a commit writes at a tuple's version word: `version` then the record.
+pub fn versioned(version: u64, val: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + val.len());
+    v.extend_from_slice(&version.to_le_bytes());
+    v.extend_from_slice(val);
+    v
+}
+
+/// The history entries of a committed transaction: reads at the version read, writes at
+/// the one installed (read + 1).
+pub fn accesses(t: &TxnSpec, versions: &[u64]) -> Vec<Access> {
+    t.ops
+        .iter()
+        .zip(versions)
+        .map(|(o, &v)| {
+            if o.write {
+                Access::write(o.table, o.key, v + 1)
+            } else {
+                Access::read(o.table, o.key, v)
+            }
+        })
+        .collect()
+}

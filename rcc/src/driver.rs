@@ -1,0 +1,225 @@
+//! Running transactions on a coordinator until a deadline, retrying aborted attempts,
+//! and what a run measured; then the checks of the final database (RCC's runs, 5.1,
+//! with this project's checks: the workload's own, locks-zero, serializability).
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use txn::history::History;
+
+use crate::coord::{lock_of, val_of, Abort, Coord, Stats};
+use crate::layout::Layout;
+use crate::net::Net;
+use crate::workload::Workload;
+
+/// Width of the intervals commits are counted in (the liveness check: SPECS D.7 6).
+pub const INTERVAL: Duration = Duration::from_millis(100);
+
+/// When a coordinator stops.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    /// No transaction starts after this.
+    pub until: Instant,
+    /// Stop after this many committed transactions, if set.
+    pub txns: Option<u64>,
+    /// When the run started (for the per-interval counts).
+    pub start: Instant,
+}
+
+/// What one or more coordinators measured.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Committed transactions.
+    pub commits: u64,
+    /// Aborted attempts that were retried (conflicts and failed validations).
+    pub aborts: u64,
+    /// Transactions their own logic aborted (final).
+    pub user_aborts: u64,
+    /// Latency of committed transactions, retries included, nanoseconds.
+    pub latency: Histogram<u64>,
+    /// The committed transactions, for the serializability check.
+    pub history: History,
+    /// Sum of the committed transactions' effects (money, updates).
+    pub delta: i64,
+    /// Network counters.
+    pub stats: Stats,
+    /// Commits per [`INTERVAL`] since the start.
+    pub per_interval: Vec<u64>,
+    /// The first network error, which stopped the coordinator.
+    pub error: Option<String>,
+}
+
+impl Report {
+    /// An empty report whose history keeps up to `history_bytes`.
+    pub fn new(history_bytes: usize) -> Self {
+        Self {
+            commits: 0,
+            aborts: 0,
+            user_aborts: 0,
+            latency: Histogram::new(3).expect("3 significant digits"),
+            history: History::new(history_bytes),
+            delta: 0,
+            stats: Stats::default(),
+            per_interval: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// Fold `o` into this report.
+    pub fn merge(&mut self, o: Report) {
+        self.commits += o.commits;
+        self.aborts += o.aborts;
+        self.user_aborts += o.user_aborts;
+        self.latency.add(&o.latency).expect("same bounds");
+        self.history.append(o.history);
+        self.delta += o.delta;
+        self.stats.add(&o.stats);
+        if self.per_interval.len() < o.per_interval.len() {
+            self.per_interval.resize(o.per_interval.len(), 0);
+        }
+        for (a, b) in self.per_interval.iter_mut().zip(&o.per_interval) {
+            *a += b;
+        }
+        if self.error.is_none() {
+            self.error = o.error;
+        }
+    }
+
+    /// Abort rate: retried attempts over all attempts.
+    pub fn abort_rate(&self) -> f64 {
+        let all = self.aborts + self.commits + self.user_aborts;
+        if all == 0 {
+            0.0
+        } else {
+            self.aborts as f64 / all as f64
+        }
+    }
+}
+
+/// Run transactions of `wl` on `c` until `limit`, each retried until it commits or its
+/// logic aborts it; `seed` seeds the generator.
+pub async fn drive<N: Net>(
+    c: &Coord<N>,
+    wl: &dyn Workload,
+    seed: u64,
+    limit: Limit,
+    history_bytes: usize,
+) -> Report {
+    let mut rep = Report::new(history_bytes);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    'txns: while Instant::now() < limit.until && !c.stop.get() {
+        if limit.txns.is_some_and(|n| rep.commits >= n) {
+            break;
+        }
+        let delta = Rc::new(Cell::new(0i64));
+        let t = wl.next(&mut rng, delta.clone());
+        let t0 = Instant::now();
+        let mut retry = false;
+        let mut aborts = 0u32;
+        loop {
+            c.begin(retry);
+            match c.run(&t).await {
+                Ok(acc) => {
+                    rep.commits += 1;
+                    rep.history.record(t.kind, &acc);
+                    rep.delta += delta.get();
+                    let now = Instant::now();
+                    rep.latency
+                        .saturating_record((now - t0).as_nanos().max(1) as u64);
+                    let i = ((now - limit.start).as_nanos() / INTERVAL.as_nanos()) as usize;
+                    if rep.per_interval.len() <= i {
+                        rep.per_interval.resize(i + 1, 0);
+                    }
+                    rep.per_interval[i] += 1;
+                    break;
+                }
+                Err(Abort::User) => {
+                    rep.user_aborts += 1;
+                    break;
+                }
+                Err(Abort::Stopped) => break 'txns,
+                Err(Abort::Net(e)) => {
+                    rep.error = Some(e.to_string());
+                    c.stop.set(true);
+                    break 'txns;
+                }
+                Err(Abort::Conflict | Abort::Validation) => {
+                    rep.aborts += 1;
+                    retry = true;
+                    if c.stop.get() || Instant::now() >= limit.until + Duration::from_secs(5) {
+                        break 'txns;
+                    }
+                    // Back off by a random number of turns, doubling the range per
+                    // consecutive abort (up to 64), so that symmetric conflicts do not
+                    // repeat in lockstep.
+                    aborts += 1;
+                    for _ in 0..rng.random_range(1..=1u32 << aborts.min(6)) {
+                        c.net.yield_now().await;
+                    }
+                }
+            }
+        }
+    }
+    rep.stats = c.stats();
+    rep
+}
+
+/// Check the final database: no lock left held, the workload's own check, and the
+/// serializability of the committed history (Adya's DSG). `tuple(node, off, len)` reads
+/// a tuple directly. Returns one line per check. Errors: the first check that fails.
+pub fn audit(
+    layout: &Layout,
+    wl: &dyn Workload,
+    tuple: &dyn Fn(usize, u64, usize) -> Vec<u8>,
+    rep: &Report,
+) -> Result<Vec<String>, String> {
+    let mut lines = Vec::new();
+    let mut held = 0u64;
+    for node in 0..layout.nodes() {
+        for (t, k) in layout.keys_of(node) {
+            let b = tuple(node, layout.tuple_off(t, k), layout.tuple_bytes(t));
+            if lock_of(&b) != 0 {
+                held += 1;
+            }
+        }
+    }
+    if held != 0 {
+        return Err(format!("{held} locks still held after the run"));
+    }
+    lines.push("locks: all free".to_string());
+    let read = |t: u32, k: u64| {
+        let b = tuple(
+            layout.home(k),
+            layout.tuple_off(t, k),
+            layout.tuple_bytes(t),
+        );
+        val_of(&b).to_vec()
+    };
+    lines.push(wl.check(&read, rep.delta)?);
+    let v = txn::serializability::check(&rep.history);
+    if !v.is_serializable() {
+        return Err(format!(
+            "serializability: {}",
+            v.line(&|k| wl.kind_name(k).to_string())
+        ));
+    }
+    lines.push(v.line(&|k| wl.kind_name(k).to_string()));
+    Ok(lines)
+}
+
+/// Write the initial tuples of `wl` into node `node`'s partition through `write(off,
+/// bytes)`: every lock free, version 0 (the loaded version), the initial record.
+pub fn load(layout: &Layout, wl: &dyn Workload, node: usize, write: &mut dyn FnMut(u64, &[u8])) {
+    let mut buf = Vec::new();
+    for (t, k) in layout.keys_of(node) {
+        buf.clear();
+        buf.extend_from_slice(&0u64.to_le_bytes());
+        buf.extend_from_slice(&0u64.to_le_bytes());
+        buf.extend_from_slice(&wl.initial(t, k));
+        write(layout.tuple_off(t, k), &buf);
+    }
+}

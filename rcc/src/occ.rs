@@ -1,0 +1,345 @@
+//! OCC after DrTM+H, as RCC runs it (RCC, 4.4; its four rounds as the errata to the
+//! specification require): read every record with its version (`seq`), aborting on one
+//! that is locked; lock the write set, checking with the same doorbell (CAS + READ of
+//! `seq`) that each is still at the version read; validate the rest of the read set
+//! (unlocked and at the version read); write back with `seq + 1` and unlock. Four round
+//! trips for a read-write transaction, two for a read-only one. By RPC, one message per
+//! participant per stage.
+//!
+//! Batching the lock round with validation (three rounds) admits write skew, so it is
+//! not offered.
+
+use futures::future::join_all;
+
+use txn::history::Access;
+
+use crate::coord::{accesses, lock_of, val_of, ver_of, versioned, Abort, Coord, Fault, Stage};
+use crate::coord::{TxnSpec, Variant};
+use crate::layout::VER;
+use crate::net::{Net, NetError};
+use crate::twopl::group;
+use crate::wire::{self, Dec, Enc};
+
+fn bad(handler: u16, why: String) -> Abort {
+    Abort::Net(NetError::Call {
+        node: usize::MAX,
+        handler,
+        why,
+    })
+}
+
+/// Run one attempt of `t` under OCC. Errors: [`Abort`].
+pub async fn run<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Access>, Abort> {
+    let me = c.id;
+    let tuples = read(c, t).await?;
+    if tuples.iter().any(|b| lock_of(b) != 0) {
+        return Err(Abort::Conflict);
+    }
+    let versions: Vec<u64> = tuples.iter().map(|b| ver_of(b)).collect();
+    let mut vals: Vec<Vec<u8>> = tuples.iter().map(|b| val_of(b).to_vec()).collect();
+    if !(t.exec)(&mut vals) {
+        return Err(Abort::User);
+    }
+    let writes: Vec<usize> = (0..t.ops.len()).filter(|&i| t.ops[i].write).collect();
+    let reads: Vec<usize> = (0..t.ops.len()).filter(|&i| !t.ops[i].write).collect();
+    if !writes.is_empty() {
+        lock(c, t, me, &writes, &versions).await?;
+    }
+    if !reads.is_empty() && !c.planted(Fault::OccNoValidation) {
+        if let Err(e) = validate(c, t, &reads, &versions).await {
+            release(c, t, me, &writes).await;
+            return Err(e);
+        }
+    }
+    if !writes.is_empty() {
+        commit(c, t, me, &writes, &versions, &vals).await?;
+    }
+    Ok(accesses(t, &versions))
+}
+
+async fn read<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Vec<u8>>, Abort> {
+    match c.variant {
+        Variant::OneSided => {
+            c.count_ops(t.ops.len());
+            let rs = c
+                .round(
+                    Stage::Read,
+                    join_all(t.ops.iter().map(|o| {
+                        let (node, off, len) = c.loc(o);
+                        c.net.read(node, off, len)
+                    })),
+                )
+                .await;
+            rs.into_iter().map(|r| r.map_err(Abort::from)).collect()
+        }
+        Variant::Rpc => {
+            let by_node = group(c, t);
+            c.count_msgs(by_node.len());
+            let rs = c
+                .round(
+                    Stage::Read,
+                    join_all(by_node.iter().map(|(node, idx)| {
+                        let mut e = Enc::default();
+                        e.u16(idx.len() as u16);
+                        for &i in idx {
+                            let (_, off, len) = c.loc(&t.ops[i]);
+                            e.u64(off).u32(len as u32);
+                        }
+                        c.net.call(*node, wire::READ, e.0)
+                    })),
+                )
+                .await;
+            let mut tuples = vec![Vec::new(); t.ops.len()];
+            for ((_, idx), r) in by_node.iter().zip(rs) {
+                let r = r?;
+                let mut d = Dec(&r);
+                for &i in idx {
+                    let len = c.loc(&t.ops[i]).2;
+                    tuples[i] = d.take(len).map_err(|w| bad(wire::READ, w))?.to_vec();
+                }
+            }
+            Ok(tuples)
+        }
+    }
+}
+
+/// Lock the write set, each still at its version read; on failure nothing stays locked.
+async fn lock<N: Net>(
+    c: &Coord<N>,
+    t: &TxnSpec,
+    me: u64,
+    writes: &[usize],
+    versions: &[u64],
+) -> Result<(), Abort> {
+    let mut held = Vec::new();
+    let mut failed: Option<Abort> = None;
+    match c.variant {
+        Variant::OneSided => {
+            c.count_ops(2 * writes.len());
+            let rs = c
+                .round(
+                    Stage::Lock,
+                    join_all(writes.iter().map(|&i| {
+                        let (node, off, _) = c.loc(&t.ops[i]);
+                        async move {
+                            let (cas, seq) = futures::join!(
+                                c.net.cas(node, off, 0, me),
+                                c.net.read(node, off + VER, 8)
+                            );
+                            (i, cas, seq)
+                        }
+                    })),
+                )
+                .await;
+            for (i, cas, seq) in rs {
+                match cas {
+                    Ok(0) => held.push(i),
+                    Ok(_) => {
+                        failed.get_or_insert(Abort::Conflict);
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e.into());
+                    }
+                }
+                match seq {
+                    Ok(b) if u64::from_le_bytes(b[..8].try_into().expect("8")) == versions[i] => {}
+                    Ok(_) => {
+                        failed.get_or_insert(Abort::Validation);
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e.into());
+                    }
+                }
+            }
+        }
+        Variant::Rpc => {
+            let by_node: Vec<(usize, Vec<usize>)> = group_of(c, t, writes);
+            c.count_msgs(by_node.len());
+            let rs = c
+                .round(
+                    Stage::Lock,
+                    join_all(by_node.iter().map(|(node, idx)| {
+                        let mut e = Enc::default();
+                        e.u64(me).u16(idx.len() as u16);
+                        for &i in idx {
+                            e.u64(c.loc(&t.ops[i]).1).u64(versions[i]);
+                        }
+                        c.net.call(*node, wire::LOCK, e.0)
+                    })),
+                )
+                .await;
+            for ((_, idx), r) in by_node.iter().zip(rs) {
+                match r {
+                    Ok(r) if r.first() == Some(&wire::OK) => held.extend(idx),
+                    Ok(_) => {
+                        failed.get_or_insert(Abort::Conflict);
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e.into());
+                    }
+                }
+            }
+        }
+    }
+    if let Some(why) = failed {
+        release(c, t, me, &held).await;
+        return Err(why);
+    }
+    Ok(())
+}
+
+/// The given records of `t` by home node.
+fn group_of<N: Net>(c: &Coord<N>, t: &TxnSpec, only: &[usize]) -> Vec<(usize, Vec<usize>)> {
+    group(c, t)
+        .into_iter()
+        .map(|(n, idx)| (n, idx.into_iter().filter(|i| only.contains(i)).collect::<Vec<_>>()))
+        .filter(|(_, idx)| !idx.is_empty())
+        .collect()
+}
+
+async fn validate<N: Net>(
+    c: &Coord<N>,
+    t: &TxnSpec,
+    reads: &[usize],
+    versions: &[u64],
+) -> Result<(), Abort> {
+    match c.variant {
+        Variant::OneSided => {
+            c.count_ops(reads.len());
+            let rs = c
+                .round(
+                    Stage::Validate,
+                    join_all(reads.iter().map(|&i| {
+                        let (node, off, _) = c.loc(&t.ops[i]);
+                        async move { (i, c.net.read(node, off, 16).await) }
+                    })),
+                )
+                .await;
+            for (i, r) in rs {
+                let b = r?;
+                if lock_of(&b) != 0 || ver_of(&b) != versions[i] {
+                    return Err(Abort::Validation);
+                }
+            }
+        }
+        Variant::Rpc => {
+            let by_node = group_of(c, t, reads);
+            c.count_msgs(by_node.len());
+            let rs = c
+                .round(
+                    Stage::Validate,
+                    join_all(by_node.iter().map(|(node, idx)| {
+                        let mut e = Enc::default();
+                        e.u16(idx.len() as u16);
+                        for &i in idx {
+                            e.u64(c.loc(&t.ops[i]).1).u64(versions[i]);
+                        }
+                        c.net.call(*node, wire::VALIDATE, e.0)
+                    })),
+                )
+                .await;
+            for r in rs {
+                if r?.first() != Some(&wire::OK) {
+                    return Err(Abort::Validation);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[usize]) {
+    if held.is_empty() {
+        return;
+    }
+    match c.variant {
+        Variant::OneSided => {
+            c.count_ops(held.len());
+            let zero = 0u64.to_le_bytes();
+            let zero = &zero[..];
+            c.round(
+                Stage::Release,
+                join_all(held.iter().map(|&i| {
+                    let (node, off, _) = c.loc(&t.ops[i]);
+                    async move { c.net.write_ordered(node, &[(off, zero)]).await }
+                })),
+            )
+            .await;
+        }
+        Variant::Rpc => {
+            let by_node = group_of(c, t, held);
+            c.count_msgs(by_node.len());
+            c.round(
+                Stage::Release,
+                join_all(by_node.iter().map(|(node, idx)| {
+                    let mut e = Enc::default();
+                    e.u64(me).u16(idx.len() as u16);
+                    for &i in idx {
+                        e.u64(c.loc(&t.ops[i]).1);
+                    }
+                    c.net.call(*node, wire::RELEASE, e.0)
+                })),
+            )
+            .await;
+        }
+    }
+}
+
+async fn commit<N: Net>(
+    c: &Coord<N>,
+    t: &TxnSpec,
+    me: u64,
+    writes: &[usize],
+    versions: &[u64],
+    vals: &[Vec<u8>],
+) -> Result<(), Abort> {
+    let data: Vec<(usize, Vec<u8>)> = writes
+        .iter()
+        .map(|&i| (i, versioned(versions[i] + 1, &vals[i])))
+        .collect();
+    match c.variant {
+        Variant::OneSided => {
+            c.count_ops(2 * writes.len());
+            let zero = 0u64.to_le_bytes();
+            let zero = &zero[..];
+            let rs = c
+                .round(
+                    Stage::Commit,
+                    join_all(data.iter().map(|(i, d)| {
+                        let (node, off, _) = c.loc(&t.ops[*i]);
+                        async move {
+                            c.net
+                                .write_ordered(node, &[(off + VER, d), (off, zero)])
+                                .await
+                        }
+                    })),
+                )
+                .await;
+            for r in rs {
+                r?;
+            }
+        }
+        Variant::Rpc => {
+            let by_node = group_of(c, t, writes);
+            c.count_msgs(by_node.len());
+            let rs = c
+                .round(
+                    Stage::Commit,
+                    join_all(by_node.iter().map(|(node, idx)| {
+                        let mut e = Enc::default();
+                        e.u64(me).u16(idx.len() as u16);
+                        for &i in idx {
+                            let d = &data.iter().find(|(j, _)| *j == i).expect("written").1;
+                            e.u64(c.loc(&t.ops[i]).1).u8(1).u32(d.len() as u32).bytes(d);
+                        }
+                        c.net.call(*node, wire::COMMIT, e.0)
+                    })),
+                )
+                .await;
+            for r in rs {
+                r?;
+            }
+        }
+    }
+    Ok(())
+}
