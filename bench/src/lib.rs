@@ -21,6 +21,7 @@ pub mod pairs;
 pub mod peers;
 pub mod perftest;
 pub mod plot;
+pub mod rcc_suite;
 pub mod recoverer;
 pub mod remote;
 pub mod report;

@@ -29,6 +29,12 @@ pub struct Args {
     /// `no-check = true`); flags on the command line win over the file.
     #[arg(long, value_name = "FILE.toml")]
     pub config: Option<PathBuf>,
+    /// Run a suite instead of this command's workloads: rcc (RCC's concurrency-control
+    /// protocols, each over RPC and one-sided RDMA, on a symmetric cluster; its own
+    /// flags: `txn-bench --suite rcc --help`).
+    #[arg(long, value_name = "SUITE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suite: Option<String>,
     /// Workload: smallbank, kvs (one read or update per transaction, half each), ycsb-a
     /// (50% reads / 50% updates), ycsb-b (95/5), ycsb-c (reads), ycsb-d (95% reads of
     /// the latest keys / 5% inserts), ycsb-f (50% reads / 50% read-modify-writes), tatp

@@ -36,7 +36,7 @@ pub const EXPORT_KEY: &str = "rcc";
 /// A run's shape.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
-    /// Backend.
+    /// Backend (default: `$RRPC_FABRIC`, else shm).
     pub fabric: FabricKind,
     /// Timing model of the shm backend (`cx5`, ...; `None`: `$RRPC_MODEL`, else none).
     pub model: Option<String>,
@@ -56,15 +56,15 @@ pub struct RunConfig {
     pub history_bytes: usize,
     /// A planted bug (test builds with feature `fault-injection`).
     pub fault: Option<Fault>,
-    /// A node stops all coordinators when no transaction committed anywhere for this
-    /// long (a deadlock), and the run fails.
+    /// The run stops all coordinators when no transaction finished anywhere for this
+    /// long once every node's coordinators started (a deadlock), and reports it.
     pub watchdog: Duration,
 }
 
 impl Default for RunConfig {
     fn default() -> Self {
         Self {
-            fabric: FabricKind::Shm,
+            fabric: FabricKind::from_env().unwrap_or_default(),
             model: None,
             nodes: 2,
             coroutines: 10,
@@ -123,6 +123,8 @@ struct Shared {
     /// Commits so far, all coordinators, for the watchdog.
     commits: std::sync::atomic::AtomicU64,
     setup_error: Mutex<Option<String>>,
+    /// Nodes whose coordinators started (the watchdog arms when all have).
+    ready: std::sync::atomic::AtomicUsize,
 }
 
 /// Run `wl` on a fresh cluster of `cfg.nodes` nodes and check the result. Errors:
@@ -164,6 +166,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         stalled: AtomicBool::new(false),
         commits: Default::default(),
         setup_error: Mutex::new(None),
+        ready: Default::default(),
     });
     let mut nodes = Vec::new();
     let mut regions: Vec<Arc<MemoryRegion>> = Vec::new();
@@ -232,7 +235,9 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
             break;
         }
         let c = shared.commits.load(Ordering::Acquire);
-        if c != last.0 {
+        if shared.ready.load(Ordering::Acquire) < cfg.nodes {
+            last.1 = Instant::now();
+        } else if c != last.0 {
             last = (c, Instant::now());
         } else if last.1.elapsed() > cfg.watchdog && !shared.stop.load(Ordering::Acquire) {
             shared.stalled.store(true, Ordering::Release);
@@ -363,6 +368,7 @@ async fn node_main(
             stop.set(true);
         });
     }
+    shared.ready.fetch_add(1, Ordering::AcqRel);
     let left = Rc::new(std::cell::Cell::new(cfg.coroutines));
     for j in 0..cfg.coroutines {
         let id = (n * cfg.coroutines + j + 1) as u64;

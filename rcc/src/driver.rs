@@ -39,7 +39,7 @@ pub struct Report {
     pub aborts: u64,
     /// Transactions their own logic aborted (final).
     pub user_aborts: u64,
-    /// Latency of committed transactions, retries included, nanoseconds.
+    /// Latency of committed transactions, retries included, nanoseconds (1 ns to 600 s).
     pub latency: Histogram<u64>,
     /// The committed transactions, for the serializability check.
     pub history: History,
@@ -60,7 +60,7 @@ impl Report {
             commits: 0,
             aborts: 0,
             user_aborts: 0,
-            latency: Histogram::new(3).expect("3 significant digits"),
+            latency: Histogram::new_with_bounds(1, 600_000_000_000, 3).expect("valid bounds"),
             history: History::new(history_bytes),
             delta: 0,
             stats: Stats::default(),
@@ -221,5 +221,21 @@ pub fn load(layout: &Layout, wl: &dyn Workload, node: usize, write: &mut dyn FnM
         buf.extend_from_slice(&0u64.to_le_bytes());
         buf.extend_from_slice(&wl.initial(t, k));
         write(layout.tuple_off(t, k), &buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_reports_keep_latencies() {
+        let mut a = Report::new(0);
+        let mut b = Report::new(0);
+        b.latency.saturating_record(240_000);
+        b.latency.saturating_record(250_000);
+        a.merge(b);
+        assert_eq!(a.latency.len(), 2);
+        assert!(a.latency.value_at_quantile(0.5) >= 239_000);
     }
 }

@@ -13,7 +13,7 @@ use crate::wire::{self, Dec, Enc};
 /// How long a WAITDIE request may wait in a handler before it gives up with a conflict.
 /// Far beyond any wait the protocol makes (an older transaction waits only for younger
 /// holders, which finish or die); it only bounds a planted never-die deadlock.
-pub const MAX_WAIT: Duration = Duration::from_secs(10);
+pub const MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// An `off`, `len` pair that is not inside a region of `region` bytes, or not aligned.
 fn check(region: u64, off: u64, len: u64) -> Result<(), String> {

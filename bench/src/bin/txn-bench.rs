@@ -16,7 +16,20 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let args = match Args::parse_with_config(std::env::args_os()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if bench::rcc_suite::wants_suite(&argv) {
+        use clap::Parser;
+        let args = bench::rcc_suite::RccArgs::parse_from(argv);
+        match bench::rcc_suite::main_with(args) {
+            Ok(true) => std::process::exit(0),
+            Ok(false) => std::process::exit(1),
+            Err(e) => {
+                eprintln!("txn-bench: error: {e:#}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let args = match Args::parse_with_config(argv) {
         Ok(a) => a,
         Err(ConfigError::Clap(e)) => e.exit(),
         Err(e) => {

@@ -1,0 +1,441 @@
+//! `txn-bench --suite rcc`: RCC's comparison of concurrency-control protocols, each over
+//! two-sided RPC and over one-sided RDMA (RCC: A Comprehensive Evaluation of RDMA-enabled
+//! Concurrency Control Protocols, 5). Every run is a fresh symmetric cluster (the `rcc`
+//! crate: nodes holding partitions, serving handlers and running coordinators on one
+//! thread each), checked after the run (the workload's check, locks free,
+//! serializability). One table per invocation: one row per protocol and variant, the
+//! `onesided/rpc` ratio per protocol, and the best protocol of each variant; with
+//! `--sweep`, one table per point and a chart.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use rcc::cluster::{run, Outcome, RunConfig};
+use rcc::coord::STAGES;
+use rcc::smallbank::SmallBank;
+use rcc::workload::Workload;
+use rcc::ycsb::Ycsb;
+use rcc::{Proto, Variant};
+use rrpc::fabric::FabricKind;
+use serde::Serialize;
+
+use crate::plot::{LineChart, Scale, Series};
+
+/// RCC's suite: NOWAIT, WAITDIE, OCC (and every other protocol the `rcc` crate builds),
+/// each over RPC and over one-sided RDMA, on SmallBank or YCSB with a hot area, on a
+/// fresh local cluster per run. RPC here is rrpc over RC Rockets, not RCC's UD
+/// SEND/RECV: ratios between the variants compare, absolute packet rates do not.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "txn-bench --suite rcc", version, about, long_about = None)]
+pub struct RccArgs {
+    /// The suite (this parser serves `rcc` only).
+    #[arg(long, value_name = "SUITE")]
+    pub suite: String,
+    /// Protocol: nowait, waitdie, occ (the ones built so far), or all.
+    #[arg(long, default_value = "all", value_name = "PROTOCOL")]
+    pub protocol: String,
+    /// Primitive: rpc, onesided or both.
+    #[arg(long, default_value = "both", value_name = "VARIANT")]
+    pub variant: String,
+    /// Workload: smallbank or ycsb-rcc (RCC's YCSB: 10 operations on distinct records,
+    /// --write-prob of them writes, --hot-prob of them in the hot area).
+    #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
+    pub workload: String,
+    /// Nodes (each holds a partition and runs one thread: handlers and coordinators).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub nodes: usize,
+    /// Coordinator co-routines per node (RCC: 10).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub coroutines: usize,
+    /// SmallBank accounts.
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    pub accounts: u64,
+    /// SmallBank hot accounts (0..N drawn for --hot-prob of the draws; 0: uniform).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub hot_accounts: u64,
+    /// ycsb-rcc records (RCC: 1,200,000).
+    #[arg(long, default_value_t = 1_200_000, value_name = "N")]
+    pub records: u64,
+    /// ycsb-rcc hot-area records (RCC: 1,200, 0.1%).
+    #[arg(long, default_value_t = 1_200, value_name = "N")]
+    pub hot_records: u64,
+    /// Probability that a record is drawn from the hot area (ycsb-rcc) or the hot
+    /// accounts (smallbank with --hot-accounts): the contention knob.
+    #[arg(long, default_value_t = 0.1, value_name = "P")]
+    pub hot_prob: f64,
+    /// ycsb-rcc: probability that an operation writes (RCC: 0.2).
+    #[arg(long, default_value_t = 0.2, value_name = "P")]
+    pub write_prob: f64,
+    /// ycsb-rcc: operations per transaction (RCC: 10).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub ops: usize,
+    /// ycsb-rcc: computation per transaction, microseconds (RCC sets it to 5% of latency).
+    #[arg(long, default_value_t = 0, value_name = "US")]
+    pub compute_us: u64,
+    /// Measured run time of each run, seconds.
+    #[arg(long, default_value_t = 3.0, value_name = "S")]
+    pub duration: f64,
+    /// Repeat at each point: coroutines=1,3,5,... (per node), hot-prob=0.1,0.3,...,
+    /// or compute-us=1,4,16,...; one table per point, and with --chart a chart.
+    #[arg(long, value_name = "PARAM=V1,V2,...")]
+    pub sweep: Option<String>,
+    /// Draw the sweep (throughput per protocol and variant against the swept value) to
+    /// this .svg or .png file.
+    #[arg(long, value_name = "PATH")]
+    pub chart: Option<PathBuf>,
+    /// Write every run's results as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Fabric backend: shm, or verbs (a build with `--features rrpc/verbs`).
+    #[arg(long, env = "RRPC_FABRIC", default_value = "shm")]
+    pub fabric: FabricKind,
+    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled or a TOML
+    /// profile's path. Contention results mean little without one.
+    #[arg(long, env = "RRPC_MODEL", default_value = "cx5", value_name = "MODEL")]
+    pub model: String,
+    /// Seed of the transaction generators.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// One run's results.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// Protocol name.
+    pub protocol: &'static str,
+    /// Variant name.
+    pub variant: &'static str,
+    /// The swept parameter's value at this run, if any.
+    pub point: Option<f64>,
+    /// Committed transactions per second.
+    pub throughput: f64,
+    /// Median latency of committed transactions (retries included), microseconds.
+    pub p50_us: f64,
+    /// 99th percentile latency, microseconds.
+    pub p99_us: f64,
+    /// Retried attempts over all attempts.
+    pub abort_rate: f64,
+    /// Network round trips per committed transaction.
+    pub rounds_per_txn: f64,
+    /// One-sided work requests per committed transaction.
+    pub ops_per_txn: f64,
+    /// RPC messages per committed transaction.
+    pub msgs_per_txn: f64,
+    /// rrpc WRs per doorbell on the nodes' threads.
+    pub wrs_per_doorbell: f64,
+    /// Mean time per committed transaction in each stage, microseconds, by name.
+    pub stages_us: Vec<(&'static str, f64)>,
+    /// The checks that passed, or the failure.
+    pub checks: Result<Vec<String>, String>,
+    /// The watchdog found no progress.
+    pub stalled: bool,
+}
+
+fn parse_list<T: Copy>(s: &str, all: &[T], name: &dyn Fn(&T) -> &str) -> anyhow::Result<Vec<T>> {
+    if s == "all" || s == "both" {
+        return Ok(all.to_vec());
+    }
+    s.split(',')
+        .map(|x| {
+            all.iter()
+                .copied()
+                .find(|p| name(p) == x)
+                .with_context(|| {
+                    format!(
+                        "unknown value {x:?}; expected one of {}",
+                        all.iter().map(|p| name(p)).collect::<Vec<_>>().join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
+impl RccArgs {
+    fn protocols(&self) -> anyhow::Result<Vec<Proto>> {
+        parse_list(&self.protocol, &Proto::ALL, &|p: &Proto| p.name())
+    }
+
+    fn variants(&self) -> anyhow::Result<Vec<Variant>> {
+        parse_list(&self.variant, &[Variant::Rpc, Variant::OneSided], &|v: &Variant| {
+            v.name()
+        })
+    }
+
+    fn sweep(&self) -> anyhow::Result<Option<(String, Vec<f64>)>> {
+        let Some(s) = &self.sweep else {
+            return Ok(None);
+        };
+        let Some((k, vs)) = s.split_once('=') else {
+            bail!("--sweep {s:?}: expected PARAM=V1,V2,...");
+        };
+        if !["coroutines", "hot-prob", "compute-us"].contains(&k) {
+            bail!("--sweep {k}: the suite sweeps coroutines, hot-prob or compute-us");
+        }
+        let vs = vs
+            .split(',')
+            .map(|v| v.parse::<f64>().with_context(|| format!("--sweep value {v:?}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Some((k.to_string(), vs)))
+    }
+
+    fn workload(&self) -> anyhow::Result<Arc<dyn Workload + Send + Sync>> {
+        if !(0.0..=1.0).contains(&self.hot_prob) || !(0.0..=1.0).contains(&self.write_prob) {
+            bail!("--hot-prob and --write-prob are probabilities (0 to 1)");
+        }
+        Ok(match self.workload.as_str() {
+            "smallbank" => {
+                if self.accounts < 2 || self.hot_accounts == 1 || self.hot_accounts > self.accounts {
+                    bail!("smallbank needs at least 2 accounts and 0 or 2..=accounts hot ones");
+                }
+                Arc::new(SmallBank {
+                    accounts: self.accounts,
+                    hot: (self.hot_accounts, self.hot_prob),
+                })
+            }
+            "ycsb-rcc" => {
+                if self.ops == 0 || self.records <= self.hot_records + self.ops as u64 {
+                    bail!(
+                        "ycsb-rcc needs more records ({}) than hot records ({}) plus operations ({})",
+                        self.records,
+                        self.hot_records,
+                        self.ops
+                    );
+                }
+                Arc::new(Ycsb {
+                    records: self.records,
+                    hot: self.hot_records,
+                    hot_prob: self.hot_prob,
+                    ops: self.ops,
+                    write_prob: self.write_prob,
+                    compute_us: self.compute_us,
+                })
+            }
+            "tpcc-neworder" => bail!("tpcc-neworder is not built yet in the RCC suite"),
+            w => bail!("unknown workload {w:?} for the RCC suite: smallbank or ycsb-rcc"),
+        })
+    }
+}
+
+fn row(p: Proto, v: Variant, point: Option<f64>, o: &Outcome) -> Row {
+    let r = &o.report;
+    let n = r.commits.max(1) as f64;
+    let secs = o.elapsed.as_secs_f64().max(1e-9);
+    Row {
+        protocol: p.name(),
+        variant: v.name(),
+        point,
+        throughput: r.commits as f64 / secs,
+        p50_us: r.latency.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: r.latency.value_at_quantile(0.99) as f64 / 1e3,
+        abort_rate: r.abort_rate(),
+        rounds_per_txn: r.stats.rounds as f64 / n,
+        ops_per_txn: r.stats.ops as f64 / n,
+        msgs_per_txn: r.stats.msgs as f64 / n,
+        wrs_per_doorbell: o.rrpc.wrs as f64 / o.rrpc.doorbells.max(1) as f64,
+        stages_us: STAGES
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (*s, r.stats.stage_ns[i] as f64 / n / 1e3))
+            .collect(),
+        checks: match (&o.audit, &r.error, o.stalled) {
+            (_, Some(e), _) => Err(format!("coordinator error: {e}")),
+            (_, _, true) => Err("stalled: no transaction committed for a watchdog period".into()),
+            (a, _, _) => a.clone(),
+        },
+        stalled: o.stalled,
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<8} {:<9} {:>10} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6}  stages us/txn ({})  check",
+        "protocol",
+        "variant",
+        "txn/s",
+        "p50 us",
+        "p99 us",
+        "abort%",
+        "RT/txn",
+        "WR/txn",
+        "msg",
+        STAGES.join("/")
+    );
+    for r in rows {
+        println!(
+            "{:<8} {:<9} {:>10.0} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>7.2} {:>6.2}  {}  {}",
+            r.protocol,
+            r.variant,
+            r.throughput,
+            r.p50_us,
+            r.p99_us,
+            100.0 * r.abort_rate,
+            r.rounds_per_txn,
+            r.ops_per_txn,
+            r.msgs_per_txn,
+            r.stages_us
+                .iter()
+                .map(|(_, v)| format!("{v:.1}"))
+                .collect::<Vec<_>>()
+                .join("/"),
+            match &r.checks {
+                Ok(_) => "ok".to_string(),
+                Err(e) => format!("FAILED: {e}"),
+            }
+        );
+    }
+    let protos: Vec<&str> = {
+        let mut v: Vec<&str> = rows.iter().map(|r| r.protocol).collect();
+        v.dedup();
+        v
+    };
+    for p in &protos {
+        let get = |v: &str| rows.iter().find(|r| r.protocol == *p && r.variant == v);
+        if let (Some(a), Some(b)) = (get("onesided"), get("rpc")) {
+            println!(
+                "ratio throughput onesided/rpc {p} = {:.3}",
+                a.throughput / b.throughput.max(1e-9)
+            );
+        }
+    }
+    for v in ["onesided", "rpc"] {
+        if let Some(best) = rows
+            .iter()
+            .filter(|r| r.variant == v && r.checks.is_ok())
+            .max_by(|a, b| a.throughput.total_cmp(&b.throughput))
+        {
+            println!("best {}: {}", if v == "rpc" { "rpc" } else { "one-sided" }, best.protocol);
+        }
+    }
+}
+
+/// Run the suite as `args` says; returns whether every run passed its checks. Errors:
+/// bad flags, a cluster that could not start.
+pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
+    if args.suite != "rcc" {
+        bail!("unknown suite {:?}: the only suite is rcc", args.suite);
+    }
+    if !(args.duration > 0.0 && args.duration.is_finite()) {
+        bail!("--duration must be a positive number of seconds");
+    }
+    let protocols = args.protocols()?;
+    let variants = args.variants()?;
+    let sweep = args.sweep()?;
+    let model = (args.fabric == FabricKind::Shm).then(|| args.model.clone());
+    let points: Vec<Option<f64>> = match &sweep {
+        Some((_, vs)) => vs.iter().map(|v| Some(*v)).collect(),
+        None => vec![None],
+    };
+    let mut all_rows = Vec::new();
+    let mut passed = true;
+    for point in points {
+        let mut a = args.clone();
+        if let (Some((k, _)), Some(v)) = (&sweep, point) {
+            match k.as_str() {
+                "coroutines" => a.coroutines = v as usize,
+                "hot-prob" => a.hot_prob = v,
+                "compute-us" => a.compute_us = v as u64,
+                _ => unreachable!("checked"),
+            }
+        }
+        let wl = a.workload()?;
+        let mut rows = Vec::new();
+        let mut header = None;
+        for &p in &protocols {
+            for &v in &variants {
+                let cfg = RunConfig {
+                    fabric: a.fabric,
+                    model: model.clone(),
+                    nodes: a.nodes,
+                    coroutines: a.coroutines,
+                    proto: p,
+                    variant: v,
+                    duration: Duration::from_secs_f64(a.duration),
+                    seed: a.seed,
+                    history_bytes: 16 << 20,
+                    fault: None,
+                    watchdog: Duration::from_secs(2),
+                };
+                eprintln!("running {} {} ...", p.name(), v.name());
+                let o = run(&cfg, wl.clone())
+                    .with_context(|| format!("{} {}", p.name(), v.name()))?;
+                header.get_or_insert_with(|| o.fabric.clone());
+                let r = row(p, v, point, &o);
+                passed &= r.checks.is_ok();
+                rows.push(r);
+            }
+        }
+        println!(
+            "\n=== RCC suite: {} on {} nodes x 1 thread x {} coroutines, {} s per run{}",
+            wl.name(),
+            a.nodes,
+            a.coroutines,
+            a.duration,
+            match (&sweep, point) {
+                (Some((k, _)), Some(v)) => format!(", {k} = {v}"),
+                _ => String::new(),
+            }
+        );
+        println!(
+            "fabric: {} (RPC here is rrpc over RC Rockets, not UD SEND/RECV as in RCC)",
+            header.unwrap_or_default()
+        );
+        if wl.name() == "ycsb" {
+            println!(
+                "ycsb-rcc: {} records, hot area {} drawn with p = {}, {} ops, {} writes, {} us compute",
+                a.records, a.hot_records, a.hot_prob, a.ops, a.write_prob, a.compute_us
+            );
+        }
+        print_table(&rows);
+        all_rows.extend(rows);
+    }
+    if let (Some(path), Some((k, _))) = (&args.chart, &sweep) {
+        let mut series: Vec<Series> = Vec::new();
+        for r in &all_rows {
+            let name = format!("{} {}", r.protocol, r.variant);
+            let x = r.point.unwrap_or(0.0);
+            match series.iter_mut().find(|s| s.name == name) {
+                Some(s) => s.points.push((x, r.throughput)),
+                None => series.push(Series {
+                    name,
+                    points: vec![(x, r.throughput)],
+                }),
+            }
+        }
+        LineChart {
+            title: "RCC suite: throughput",
+            x_label: k,
+            y_label: "committed txn/s",
+            x_scale: Scale::Linear,
+            y_scale: Scale::Linear,
+            series: &series,
+        }
+        .draw(path)?;
+        println!("chart: {}", path.display());
+    } else if args.chart.is_some() {
+        eprintln!("--chart draws a sweep: add --sweep");
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&all_rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!(
+        "\n{}",
+        if passed {
+            "verdict: every run passed its checks"
+        } else {
+            "verdict: FAILED: a run failed its checks"
+        }
+    );
+    Ok(passed)
+}
+
+/// Whether the command line asks for a suite (`--suite S` or `--suite=S`): the suite's
+/// own parser then takes the whole command line.
+pub fn wants_suite(args: &[std::ffi::OsString]) -> bool {
+    args.iter().any(|a| {
+        a == "--suite" || a.to_str().is_some_and(|s| s.starts_with("--suite="))
+    })
+}
