@@ -13,9 +13,10 @@ cd "$(dirname "$0")/.."
 bin_dir="${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}"
 out=docs/src/reference
 
-# Binary, one-line purpose, subcommands whose own --help is included.
+# Binary, one-line purpose, subcommands whose own --help is included (a `+` stands for a
+# space: `--suite+rcc` is `txn-bench --suite rcc --help`).
 bins=(
-  "txn-bench|the transaction benchmark: a local cluster, one run per protocol, checked|"
+  "txn-bench|the transaction benchmark: a local cluster, one run per protocol, checked|--suite+rcc"
   "cnode|a compute-node process of txn-bench --cnodes (started by txn-bench)|"
   "rrpc-bench|RPC microbenchmarks: batching, reply modes, latency, peers|batching modes latency throughput peers all"
   "lock-bench|lock microbenchmarks: Takeout, CAS, DSLR, Lotus lock tables|fairness single table queues"
@@ -46,11 +47,13 @@ for entry in "${bins[@]}"; do
     help_of "$bin"
     echo '```'
     for sub in $subs; do
+      sub=${sub//+/ }
       echo
       echo "## $bin $sub"
       echo
       echo '```text'
-      help_of "$bin" "$sub"
+      # shellcheck disable=SC2086 # a sub's words are separate arguments
+      help_of "$bin" $sub
       echo '```'
     done
   } >"$out/$bin.md"

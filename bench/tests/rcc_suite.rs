@@ -1,0 +1,123 @@
+//! `txn-bench --suite rcc` as a user runs it: every protocol in both variants on SmallBank
+//! and on RCC's YCSB, one table each with the ratios and the best protocol per variant,
+//! JSON, a sweep with its chart; bad flags fail with a message and exit code 2.
+
+use std::process::Command;
+
+fn txn_bench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(["--suite", "rcc", "--model", "none"])
+        .args(args)
+        .env_remove("RRPC_FABRIC")
+        .env_remove("RRPC_MODEL")
+        .output()
+        .expect("txn-bench runs")
+}
+
+#[test]
+fn the_suite_compares_every_protocol_in_both_variants() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("rcc.json");
+    for wl in [
+        vec!["--workload", "smallbank", "--accounts", "5000"],
+        vec![
+            "--workload",
+            "ycsb-rcc",
+            "--records",
+            "20000",
+            "--hot-records",
+            "100",
+            "--hot-prob",
+            "0.2",
+        ],
+    ] {
+        let mut a = vec![
+            "--duration",
+            "0.3",
+            "--coroutines",
+            "3",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        a.extend(wl);
+        let out = txn_bench(&a);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        for p in rcc::Proto::ALL {
+            for v in ["rpc", "onesided"] {
+                assert!(
+                    stdout
+                        .lines()
+                        .any(|l| l.starts_with(p.name()) && l.contains(v) && l.ends_with("ok")),
+                    "no passing row for {} {v}:\n{stdout}",
+                    p.name()
+                );
+            }
+            assert!(
+                stdout.contains(&format!("ratio throughput onesided/rpc {} = ", p.name())),
+                "{stdout}"
+            );
+        }
+        assert!(stdout.contains("RPC here is rrpc over RC Rockets"), "{stdout}");
+        assert!(stdout.contains("best one-sided: ") && stdout.contains("best rpc: "));
+        assert!(stdout.contains("verdict: every run passed its checks"), "{stdout}");
+        let rows: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let rows = rows.as_array().unwrap();
+        assert_eq!(rows.len(), 2 * rcc::Proto::ALL.len());
+        for r in rows {
+            assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["rounds_per_txn"].as_f64().unwrap() >= 1.0, "{r}");
+            assert!(r["checks"]["Ok"].is_array(), "{r}");
+        }
+    }
+}
+
+#[test]
+fn a_sweep_prints_a_table_per_point_and_draws_a_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("sweep.svg");
+    let out = txn_bench(&[
+        "--workload",
+        "ycsb-rcc",
+        "--records",
+        "5000",
+        "--hot-records",
+        "50",
+        "--protocol",
+        "occ",
+        "--variant",
+        "onesided",
+        "--coroutines",
+        "2",
+        "--duration",
+        "0.2",
+        "--sweep",
+        "hot-prob=0.1,0.9",
+        "--chart",
+        chart.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(stdout.matches("=== RCC suite").count(), 2, "{stdout}");
+    assert!(stdout.contains("hot-prob = 0.9"), "{stdout}");
+    assert!(std::fs::metadata(&chart).unwrap().len() > 1000);
+}
+
+#[test]
+fn bad_flags_fail_with_a_message() {
+    for (args, msg) in [
+        (vec!["--protocol", "2pl"], "unknown value \"2pl\""),
+        (vec!["--variant", "ud"], "unknown value \"ud\""),
+        (vec!["--workload", "tatp"], "unknown workload"),
+        (vec!["--sweep", "theta=0,1"], "sweeps coroutines, hot-prob or compute-us"),
+        (vec!["--hot-prob", "2"], "probabilities"),
+        (vec!["--coroutines", "0"], "at least one"),
+    ] {
+        let out = txn_bench(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(msg), "{args:?}: {stderr}");
+    }
+}
