@@ -96,6 +96,12 @@ pub struct RccArgs {
     /// profile's path. Contention results mean little without one.
     #[arg(long, env = "RRPC_MODEL", default_value = "cx5", value_name = "MODEL")]
     pub model: String,
+    /// Also run every one-sided protocol with doorbell batching off (rows `onesided-nodb`:
+    /// each record's second operation in its own doorbell) and print
+    /// `ratio throughput doorbell-batching on/off P = X` (RCC 4.2: +25.1% for one-sided
+    /// NOWAIT on SmallBank).
+    #[arg(long)]
+    pub doorbell_ablation: bool,
     /// Seed of the transaction generators.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -140,15 +146,12 @@ fn parse_list<T: Copy>(s: &str, all: &[T], name: &dyn Fn(&T) -> &str) -> anyhow:
     }
     s.split(',')
         .map(|x| {
-            all.iter()
-                .copied()
-                .find(|p| name(p) == x)
-                .with_context(|| {
-                    format!(
-                        "unknown value {x:?}; expected one of {}",
-                        all.iter().map(|p| name(p)).collect::<Vec<_>>().join(", ")
-                    )
-                })
+            all.iter().copied().find(|p| name(p) == x).with_context(|| {
+                format!(
+                    "unknown value {x:?}; expected one of {}",
+                    all.iter().map(|p| name(p)).collect::<Vec<_>>().join(", ")
+                )
+            })
         })
         .collect()
 }
@@ -159,9 +162,11 @@ impl RccArgs {
     }
 
     fn variants(&self) -> anyhow::Result<Vec<Variant>> {
-        parse_list(&self.variant, &[Variant::Rpc, Variant::OneSided], &|v: &Variant| {
-            v.name()
-        })
+        parse_list(
+            &self.variant,
+            &[Variant::Rpc, Variant::OneSided],
+            &|v: &Variant| v.name(),
+        )
     }
 
     fn sweep(&self) -> anyhow::Result<Option<(String, Vec<f64>)>> {
@@ -176,7 +181,10 @@ impl RccArgs {
         }
         let vs = vs
             .split(',')
-            .map(|v| v.parse::<f64>().with_context(|| format!("--sweep value {v:?}")))
+            .map(|v| {
+                v.parse::<f64>()
+                    .with_context(|| format!("--sweep value {v:?}"))
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Some((k.to_string(), vs)))
     }
@@ -187,7 +195,8 @@ impl RccArgs {
         }
         Ok(match self.workload.as_str() {
             "smallbank" => {
-                if self.accounts < 2 || self.hot_accounts == 1 || self.hot_accounts > self.accounts {
+                if self.accounts < 2 || self.hot_accounts == 1 || self.hot_accounts > self.accounts
+                {
                     bail!("smallbank needs at least 2 accounts and 0 or 2..=accounts hot ones");
                 }
                 Arc::new(SmallBank {
@@ -251,7 +260,7 @@ fn row(p: Proto, v: Variant, point: Option<f64>, o: &Outcome) -> Row {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<8} {:<9} {:>10} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6}  stages us/txn ({})  check",
+        "{:<8} {:<13} {:>10} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6}  stages us/txn ({})  check",
         "protocol",
         "variant",
         "txn/s",
@@ -265,7 +274,7 @@ fn print_table(rows: &[Row]) {
     );
     for r in rows {
         println!(
-            "{:<8} {:<9} {:>10.0} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>7.2} {:>6.2}  {}  {}",
+            "{:<8} {:<13} {:>10.0} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>7.2} {:>6.2}  {}  {}",
             r.protocol,
             r.variant,
             r.throughput,
@@ -300,13 +309,26 @@ fn print_table(rows: &[Row]) {
             );
         }
     }
+    for p in &protos {
+        let get = |v: &str| rows.iter().find(|r| r.protocol == *p && r.variant == v);
+        if let (Some(a), Some(b)) = (get("onesided"), get("onesided-nodb")) {
+            println!(
+                "ratio throughput doorbell-batching on/off {p} = {:.3}",
+                a.throughput / b.throughput.max(1e-9)
+            );
+        }
+    }
     for v in ["onesided", "rpc"] {
         if let Some(best) = rows
             .iter()
             .filter(|r| r.variant == v && r.checks.is_ok())
             .max_by(|a, b| a.throughput.total_cmp(&b.throughput))
         {
-            println!("best {}: {}", if v == "rpc" { "rpc" } else { "one-sided" }, best.protocol);
+            println!(
+                "best {}: {}",
+                if v == "rpc" { "rpc" } else { "one-sided" },
+                best.protocol
+            );
         }
     }
 }
@@ -343,8 +365,17 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         let wl = a.workload()?;
         let mut rows = Vec::new();
         let mut header = None;
+        let mut runs: Vec<(Proto, Variant, bool)> = Vec::new();
         for &p in &protocols {
             for &v in &variants {
+                runs.push((p, v, true));
+                if args.doorbell_ablation && v == Variant::OneSided {
+                    runs.push((p, v, false));
+                }
+            }
+        }
+        {
+            for (p, v, batching) in runs {
                 let cfg = RunConfig {
                     fabric: a.fabric,
                     model: model.clone(),
@@ -356,13 +387,16 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                     seed: a.seed,
                     history_bytes: 16 << 20,
                     fault: None,
+                    doorbell_batching: batching,
                     watchdog: Duration::from_secs(2),
                 };
-                eprintln!("running {} {} ...", p.name(), v.name());
-                let o = run(&cfg, wl.clone())
-                    .with_context(|| format!("{} {}", p.name(), v.name()))?;
+                let vname = if batching { v.name() } else { "onesided-nodb" };
+                eprintln!("running {} {vname} ...", p.name());
+                let o =
+                    run(&cfg, wl.clone()).with_context(|| format!("{} {}", p.name(), v.name()))?;
                 header.get_or_insert_with(|| o.fabric.clone());
-                let r = row(p, v, point, &o);
+                let mut r = row(p, v, point, &o);
+                r.variant = vname;
                 passed &= r.checks.is_ok();
                 rows.push(r);
             }
@@ -435,7 +469,6 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
 /// Whether the command line asks for a suite (`--suite S` or `--suite=S`): the suite's
 /// own parser then takes the whole command line.
 pub fn wants_suite(args: &[std::ffi::OsString]) -> bool {
-    args.iter().any(|a| {
-        a == "--suite" || a.to_str().is_some_and(|s| s.starts_with("--suite="))
-    })
+    args.iter()
+        .any(|a| a == "--suite" || a.to_str().is_some_and(|s| s.starts_with("--suite=")))
 }

@@ -1,6 +1,6 @@
 //! `txn-bench --suite rcc` as a user runs it: every protocol in both variants on SmallBank
 //! and on RCC's YCSB, one table each with the ratios and the best protocol per variant,
-//! JSON, a sweep with its chart; bad flags fail with a message and exit code 2.
+//! JSON, a sweep with its chart and the doorbell-batching ablation; bad flags fail with a message and exit code 2.
 
 use std::process::Command;
 
@@ -59,9 +59,15 @@ fn the_suite_compares_every_protocol_in_both_variants() {
                 "{stdout}"
             );
         }
-        assert!(stdout.contains("RPC here is rrpc over RC Rockets"), "{stdout}");
+        assert!(
+            stdout.contains("RPC here is rrpc over RC Rockets"),
+            "{stdout}"
+        );
         assert!(stdout.contains("best one-sided: ") && stdout.contains("best rpc: "));
-        assert!(stdout.contains("verdict: every run passed its checks"), "{stdout}");
+        assert!(
+            stdout.contains("verdict: every run passed its checks"),
+            "{stdout}"
+        );
         let rows: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
         let rows = rows.as_array().unwrap();
@@ -93,6 +99,7 @@ fn a_sweep_prints_a_table_per_point_and_draws_a_chart() {
         "2",
         "--duration",
         "0.2",
+        "--doorbell-ablation",
         "--sweep",
         "hot-prob=0.1,0.9",
         "--chart",
@@ -102,6 +109,13 @@ fn a_sweep_prints_a_table_per_point_and_draws_a_chart() {
     assert!(out.status.success(), "{stdout}");
     assert_eq!(stdout.matches("=== RCC suite").count(), 2, "{stdout}");
     assert!(stdout.contains("hot-prob = 0.9"), "{stdout}");
+    assert_eq!(
+        stdout
+            .matches("ratio throughput doorbell-batching on/off occ = ")
+            .count(),
+        2,
+        "{stdout}"
+    );
     assert!(std::fs::metadata(&chart).unwrap().len() > 1000);
 }
 
@@ -111,7 +125,10 @@ fn bad_flags_fail_with_a_message() {
         (vec!["--protocol", "2pl"], "unknown value \"2pl\""),
         (vec!["--variant", "ud"], "unknown value \"ud\""),
         (vec!["--workload", "tatp"], "unknown workload"),
-        (vec!["--sweep", "theta=0,1"], "sweeps coroutines, hot-prob or compute-us"),
+        (
+            vec!["--sweep", "theta=0,1"],
+            "sweeps coroutines, hot-prob or compute-us",
+        ),
         (vec!["--hot-prob", "2"], "probabilities"),
         (vec!["--coroutines", "0"], "at least one"),
     ] {

@@ -56,6 +56,9 @@ pub struct RunConfig {
     pub history_bytes: usize,
     /// A planted bug (test builds with feature `fault-injection`).
     pub fault: Option<Fault>,
+    /// One-sided doorbell batching (lock-and-read, update-and-unlock; RCC, 3): on by
+    /// default.
+    pub doorbell_batching: bool,
     /// The run stops all coordinators when no transaction finished anywhere for this
     /// long once every node's coordinators started (a deadlock), and reports it.
     pub watchdog: Duration,
@@ -74,6 +77,7 @@ impl Default for RunConfig {
             seed: 1,
             history_bytes: 8 << 20,
             fault: None,
+            doorbell_batching: true,
             watchdog: Duration::from_secs(1),
         }
     }
@@ -174,9 +178,11 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
     for n in 0..cfg.nodes {
         let mut fc = FabricConfig::new(cfg.fabric, &name, NodeId(n as u32 + 1));
         fc.model = cfg.model.clone();
-        let setup = |what| move |e: rrpc::fabric::FabricError| RunError::Setup {
-            what,
-            why: e.to_string(),
+        let setup = |what| {
+            move |e: rrpc::fabric::FabricError| RunError::Setup {
+                what,
+                why: e.to_string(),
+            }
         };
         let fabric = Fabric::open(&fc).map_err(setup("opening the fabric"))?;
         if n == 0 {
@@ -190,7 +196,8 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         driver::load(&layout, &*wl, n, &mut |off, b| mr.write(off as usize, b));
         let handlers = handlers(MrStore(mr.clone()), layout.region_bytes());
         let rt = ServerRuntime::new(RuntimeConfig::default()).with_setup({
-            let (shared, layout, wl, cfg) = (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
+            let (shared, layout, wl, cfg) =
+                (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
             move |ctx| {
                 let ctx = ctx.clone();
                 let (shared, layout, wl, cfg) =
@@ -379,6 +386,7 @@ async fn node_main(
             c.plant(f);
         }
         c.stop = stop.clone();
+        c.doorbell_batching = cfg.doorbell_batching;
         let (wl, shared, ctx2, left, stop) = (
             wl.clone(),
             shared.clone(),

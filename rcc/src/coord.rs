@@ -191,6 +191,10 @@ pub struct Coord<N> {
     pub id: u64,
     /// Set when the run stops: waiting loops give up.
     pub stop: Rc<Cell<bool>>,
+    /// Whether a record's two one-sided operations (lock-and-read, update-and-unlock)
+    /// share one doorbell (RCC, 3 and 4.2; default on). Off, the second is posted a
+    /// scheduler turn after the first, on the same QP.
+    pub doorbell_batching: bool,
     stats: RefCell<Stats>,
     ts: Cell<u64>,
     fault: Option<Fault>,
@@ -210,6 +214,7 @@ impl<N: Net> Coord<N> {
             variant,
             id,
             stop: Rc::new(Cell::new(false)),
+            doorbell_batching: true,
             stats: RefCell::new(Stats::default()),
             ts: Cell::new(0),
             fault: None,
@@ -255,6 +260,36 @@ impl<N: Net> Coord<N> {
         s.stage_rounds[stage as usize] += 1;
         s.stage_ns[stage as usize] += t.elapsed().as_nanos() as u64;
         out
+    }
+
+    /// Await `a` and `b` together: posted in one doorbell with batching on, `b` a
+    /// scheduler turn after `a` (its own doorbell, the same QP) with it off.
+    pub async fn pair<A: Future, B: Future>(&self, a: A, b: B) -> (A::Output, B::Output) {
+        if self.doorbell_batching {
+            futures::join!(a, b)
+        } else {
+            futures::join!(a, async {
+                self.net.yield_now().await;
+                b.await
+            })
+        }
+    }
+
+    /// RCC's update-and-unlock: the WRITEs of `writes` to `node` in order, as one list
+    /// on one QP (one doorbell) with batching on, or one WR per scheduler turn with it
+    /// off (still in order: one QP). Errors: the first failed WRITE.
+    pub async fn write_list(&self, node: usize, writes: &[(u64, &[u8])]) -> Result<(), NetError> {
+        if self.doorbell_batching || writes.len() < 2 {
+            return self.net.write_ordered(node, writes).await;
+        }
+        let rs = futures::future::join_all(writes.iter().enumerate().map(|(i, w)| async move {
+            for _ in 0..i {
+                self.net.yield_now().await;
+            }
+            self.net.write_ordered(node, &[*w]).await
+        }))
+        .await;
+        rs.into_iter().collect()
     }
 
     /// Count `n` one-sided operations.

@@ -122,10 +122,9 @@ async fn lock<N: Net>(
                     join_all(writes.iter().map(|&i| {
                         let (node, off, _) = c.loc(&t.ops[i]);
                         async move {
-                            let (cas, seq) = futures::join!(
-                                c.net.cas(node, off, 0, me),
-                                c.net.read(node, off + VER, 8)
-                            );
+                            let (cas, seq) = c
+                                .pair(c.net.cas(node, off, 0, me), c.net.read(node, off + VER, 8))
+                                .await;
                             (i, cas, seq)
                         }
                     })),
@@ -192,7 +191,14 @@ async fn lock<N: Net>(
 fn group_of<N: Net>(c: &Coord<N>, t: &TxnSpec, only: &[usize]) -> Vec<(usize, Vec<usize>)> {
     group(c, t)
         .into_iter()
-        .map(|(n, idx)| (n, idx.into_iter().filter(|i| only.contains(i)).collect::<Vec<_>>()))
+        .map(|(n, idx)| {
+            (
+                n,
+                idx.into_iter()
+                    .filter(|i| only.contains(i))
+                    .collect::<Vec<_>>(),
+            )
+        })
         .filter(|(_, idx)| !idx.is_empty())
         .collect()
 }
@@ -307,11 +313,7 @@ async fn commit<N: Net>(
                     Stage::Commit,
                     join_all(data.iter().map(|(i, d)| {
                         let (node, off, _) = c.loc(&t.ops[*i]);
-                        async move {
-                            c.net
-                                .write_ordered(node, &[(off + VER, d), (off, zero)])
-                                .await
-                        }
+                        async move { c.write_list(node, &[(off + VER, d), (off, zero)]).await }
                     })),
                 )
                 .await;

@@ -103,7 +103,14 @@ fn every_protocol_and_variant_keeps_smallbank_and_ycsb_serializable() {
 #[test]
 fn round_trips_per_smallbank_type_are_exact() {
     // (kind, reads, writes)
-    let shapes = [(0u16, 0u64, 3u64), (1, 2, 0), (2, 0, 1), (3, 0, 2), (4, 0, 1), (5, 1, 1)];
+    let shapes = [
+        (0u16, 0u64, 3u64),
+        (1, 2, 0),
+        (2, 0, 1),
+        (3, 0, 2),
+        (4, 0, 1),
+        (5, 1, 1),
+    ];
     for p in Proto::ALL {
         for v in [Variant::Rpc, Variant::OneSided] {
             for &(kind, r, w) in &shapes {
@@ -165,7 +172,12 @@ mod planted {
             let wl: Rc<dyn Workload> = Rc::new(Skew { pairs: 4 });
             // The same run without the bug passes.
             let (_, ok) = run_local(wl.clone(), p, v, 2, 4, 40, None);
-            assert!(ok.is_ok(), "{} {} without the bug: {ok:?}", p.name(), v.name());
+            assert!(
+                ok.is_ok(),
+                "{} {} without the bug: {ok:?}",
+                p.name(),
+                v.name()
+            );
             let (_, bad) = run_local(wl, p, v, 2, 4, 40, Some(f));
             let e = bad.expect_err("the planted bug went unnoticed");
             assert!(e.contains("serializability"), "{e}");

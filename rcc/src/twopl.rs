@@ -76,10 +76,9 @@ async fn fetch_onesided<N: Net>(
                     let (node, off, len) = c.loc(&t.ops[i]);
                     async move {
                         if locks[i] {
-                            let (cas, rd) = futures::join!(
-                                c.net.cas(node, off, 0, me),
-                                c.net.read(node, off, len)
-                            );
+                            let (cas, rd) = c
+                                .pair(c.net.cas(node, off, 0, me), c.net.read(node, off, len))
+                                .await;
                             (i, Some(cas), rd)
                         } else {
                             (i, None, c.net.read(node, off, len).await)
@@ -234,12 +233,16 @@ async fn release_held<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[bool])
             let zero = &zero[..];
             c.round(
                 Stage::Release,
-                join_all(t.ops.iter().enumerate().filter(|(i, _)| held[*i]).map(
-                    |(_, o)| {
-                        let (node, off, _) = c.loc(o);
-                        async move { c.net.write_ordered(node, &[(off, zero)]).await }
-                    },
-                )),
+                join_all(
+                    t.ops
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| held[*i])
+                        .map(|(_, o)| {
+                            let (node, off, _) = c.loc(o);
+                            async move { c.net.write_ordered(node, &[(off, zero)]).await }
+                        }),
+                ),
             )
             .await;
         }
@@ -304,7 +307,7 @@ async fn commit<N: Net>(
             let rs = c
                 .round(
                     Stage::Commit,
-                    join_all(lists.iter().map(|(node, l)| c.net.write_ordered(*node, l))),
+                    join_all(lists.iter().map(|(node, l)| c.write_list(*node, l))),
                 )
                 .await;
             for r in rs {
