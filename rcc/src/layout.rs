@@ -174,8 +174,17 @@ mod tests {
             assert!(spans.last().unwrap().1 <= l.region_bytes());
         }
         assert_eq!(
-            Layout::new(1, vec![TableSpec { rows: 1, value_bytes: 12 }]),
-            Err(LayoutError::RecordSize { table: 0, bytes: 12 })
+            Layout::new(
+                1,
+                vec![TableSpec {
+                    rows: 1,
+                    value_bytes: 12
+                }]
+            ),
+            Err(LayoutError::RecordSize {
+                table: 0,
+                bytes: 12
+            })
         );
     }
 }

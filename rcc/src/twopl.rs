@@ -234,12 +234,16 @@ async fn release_held<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[bool])
             let zero = &zero[..];
             c.round(
                 Stage::Release,
-                join_all(t.ops.iter().enumerate().filter(|(i, _)| held[*i]).map(
-                    |(_, o)| {
-                        let (node, off, _) = c.loc(o);
-                        async move { c.net.write_ordered(node, &[(off, zero)]).await }
-                    },
-                )),
+                join_all(
+                    t.ops
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| held[*i])
+                        .map(|(_, o)| {
+                            let (node, off, _) = c.loc(o);
+                            async move { c.net.write_ordered(node, &[(off, zero)]).await }
+                        }),
+                ),
             )
             .await;
         }
