@@ -46,8 +46,19 @@
 //! (version + 1), then releases its local locks; a participant that is not a receiver
 //! releases once its forward is delivered. No remote locks, no 2PC, no commit messages.
 //! Because every node grants in the same global order, the earliest unfinished
-//! transaction always heads all its FIFOs everywhere: no deadlock, and the outcome equals
-//! a serial execution in the global order ([`check_determinism`]).
+//! transaction always heads all its FIFOs everywhere, and the outcome equals a serial
+//! execution in the global order ([`check_determinism`]). For that argument to hold, a
+//! co-routine never waits for another node while holding a transaction: a receiver's
+//! transaction, once read and forwarded, is parked, and whichever co-routine finds its
+//! forwarded records complete executes it. (Co-routines that each waited for forwards of
+//! later transactions could leave the earliest one, granted but unstarted, without a
+//! co-routine on every node at once: a deadlock.)
+//!
+//! The planted bug [`Fault::CalvinArrivalOrder`] (feature `fault-injection`) replaces the
+//! FIFOs by first-come-first-served locking: the first waiting transaction whose records
+//! are free takes them, so a later transaction overtakes an earlier one, differently on
+//! each node; the determinism check catches it (or the run stalls when two nodes'
+//! orders form a cycle).
 //!
 //! The lowest receiver records the transaction in its [`Report`] (history accesses:
 //! reads at the version read, writes at version + 1; the workload's `delta`), so each
@@ -116,9 +127,9 @@ impl Default for CalvinConfig {
 
 /// Where CALVIN's buffers sit in every node's region, after the tables (RCC, 4.6, Fig.
 /// 12): per (source node, co-routine, epoch parity) a CRB of one header word and
-/// `batch` request words (generator seeds), then one CFB of `nodes * coroutines * batch
-/// * max_ops` slots, each a flag word, a version word and the largest record. Offsets in
-/// bytes, the same on every node.
+/// `batch` request words (generator seeds), then one CFB of
+/// `nodes * coroutines * batch * max_ops` slots, each a flag word, a version word and
+/// the largest record. Offsets in bytes, the same on every node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Buffers {
     base: u64,
@@ -977,10 +988,14 @@ pub fn check_determinism(
                 .cloned()
                 .unwrap_or_else(|| (0, wl.initial(t, k)));
             if ver_of(&b) != ver || val_of(&b) != &val[..] {
+                let what = if val_of(&b) == &val[..] {
+                    "its value equal to the replay's"
+                } else {
+                    "its value differing from the replay's"
+                };
                 return Err(format!(
-                    "determinism: record {k} of table {t} is at version {} with {} value than a serial replay of the {n} sequenced inputs in global order gives (version {ver})",
-                    ver_of(&b),
-                    if val_of(&b) == &val[..] { "the same" } else { "another" },
+                    "determinism: record {k} of table {t} is at version {} ({what}); a serial replay of the {n} sequenced inputs in global order leaves it at version {ver}",
+                    ver_of(&b)
                 ));
             }
         }

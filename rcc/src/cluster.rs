@@ -128,7 +128,9 @@ struct Shared {
     calvin_seq: Mutex<Vec<Vec<u64>>>,
 }
 
-/// Run `wl` on a fresh cluster of `cfg.nodes` nodes and check the result. Errors:
+/// Run `wl` on a fresh cluster of `cfg.nodes` nodes and check the result (for CALVIN,
+/// with [`calvin::CalvinConfig::default`] and one more check: the database equals a
+/// serial replay of node 0's global sequence, [`calvin::check_determinism`]). Errors:
 /// [`RunError`]; failed checks are in [`Outcome::audit`].
 pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outcome, RunError> {
     if cfg.nodes == 0 || cfg.coroutines == 0 || cfg.nodes * cfg.coroutines >= 1024 {
