@@ -1108,6 +1108,57 @@ pub(crate) mod tests {
         }
     }
 
+    /// The buffers follow the tables without overlap: CRBs per (source, co-routine,
+    /// parity), then the CFB slots, each large enough for the largest record.
+    #[test]
+    fn buffers_follow_the_tables_without_overlap() {
+        let layout = Layout::new(3, Ycsb::default().tables()).unwrap();
+        let cfg = CalvinConfig {
+            batch: 4,
+            max_ops: 3,
+            ..CalvinConfig::default()
+        };
+        let b = Buffers::new(&layout, 2, &cfg);
+        assert_eq!(b.crb(0, 0, 0), layout.region_bytes());
+        assert_eq!(b.crb(0, 0, 2), b.crb(0, 0, 0));
+        assert_eq!(b.crb(0, 0, 1), b.crb(0, 0, 0) + 8 + 8 * 4);
+        assert_eq!(b.crb(0, 1, 0), b.crb(0, 0, 1) + 8 + 8 * 4);
+        assert_eq!(b.cfb(0, 0), b.crb(2, 1, 1) + 8 + 8 * 4);
+        assert_eq!(b.cfb(0, 1), b.cfb(0, 0) + 16 + 64);
+        assert_eq!(b.cfb(1, 0), b.cfb(0, 2) + 16 + 64);
+        assert_eq!(b.epoch_txns(), 3 * 2 * 4);
+        assert_eq!(b.region_bytes(), b.cfb(b.epoch_txns() - 1, 2) + 16 + 64);
+    }
+
+    /// The handlers write entry by entry (data, then flag), and refuse malformed or
+    /// out-of-region requests without writing anything.
+    #[test]
+    fn handlers_land_data_then_flag_and_refuse_bad_requests() {
+        use crate::store::HeapStore;
+        let s = HeapStore::new(256);
+        let mut out = vec![1];
+        let mut m = Enc::default();
+        m.u16(1).u64(16).u32(16).bytes(&[7; 16]).u64(8).u64(42);
+        serve(&s, 256, BATCH, &m.0, &mut out).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(
+            (s.load(8), s.load(16), s.load(24)),
+            (42, 0x0707_0707_0707_0707, 0x0707_0707_0707_0707)
+        );
+        // A second entry outside the region: nothing of the request is written.
+        let mut m = Enc::default();
+        m.u16(2).u64(32).u32(8).bytes(&[9; 8]).u64(0).u64(1);
+        m.u64(256).u32(8).bytes(&[9; 8]).u64(0).u64(1);
+        assert!(serve(&s, 256, FORWARD, &m.0, &mut out).is_err());
+        assert_eq!((s.load(0), s.load(32)), (0, 0));
+        // Truncated, unaligned, unknown id.
+        assert!(serve(&s, 256, FORWARD, &m.0[..m.0.len() - 1], &mut out).is_err());
+        let mut m = Enc::default();
+        m.u16(1).u64(4).u32(8).bytes(&[9; 8]).u64(0).u64(1);
+        assert!(serve(&s, 256, FORWARD, &m.0, &mut out).is_err());
+        assert!(serve(&s, 256, 159, &[0, 0], &mut out).is_err());
+    }
+
     #[test]
     fn coord_run_refuses_calvin() {
         let layout = Rc::new(
