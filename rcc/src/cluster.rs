@@ -21,6 +21,7 @@ use rrpc::runtime::{RuntimeConfig, Stats as RrpcStats, ThreadCtx};
 use rrpc::server::{Handlers, ServerConfig};
 use rrpc::NodeId;
 
+use crate::calvin::{self, CalvinConfig};
 use crate::coord::{Coord, Fault, Proto, Variant};
 use crate::driver::{self, Limit, Report};
 use crate::layout::Layout;
@@ -129,9 +130,13 @@ struct Shared {
     setup_error: Mutex<Option<String>>,
     /// Nodes whose coordinators started (the watchdog arms when all have).
     ready: std::sync::atomic::AtomicUsize,
+    /// CALVIN: node 0's global sequence of inputs per epoch, for the determinism check.
+    calvin_seq: Mutex<Vec<Vec<u64>>>,
 }
 
-/// Run `wl` on a fresh cluster of `cfg.nodes` nodes and check the result. Errors:
+/// Run `wl` on a fresh cluster of `cfg.nodes` nodes and check the result (for CALVIN,
+/// with [`calvin::CalvinConfig::default`] and one more check: the database equals a
+/// serial replay of node 0's global sequence, [`calvin::check_determinism`]). Errors:
 /// [`RunError`]; failed checks are in [`Outcome::audit`].
 pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outcome, RunError> {
     if cfg.nodes == 0 || cfg.coroutines == 0 || cfg.nodes * cfg.coroutines >= 1024 {
@@ -171,7 +176,14 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         commits: Default::default(),
         setup_error: Mutex::new(None),
         ready: Default::default(),
+        calvin_seq: Mutex::new(Vec::new()),
     });
+    // CALVIN's receive and forward buffers follow the tables in every region.
+    let region = if cfg.proto == Proto::Calvin {
+        calvin::Buffers::new(&layout, cfg.coroutines, &CalvinConfig::default()).region_bytes()
+    } else {
+        layout.region_bytes()
+    };
     let mut nodes = Vec::new();
     let mut regions: Vec<Arc<MemoryRegion>> = Vec::new();
     let mut fabric_desc = String::new();
@@ -190,20 +202,21 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         }
         let mr = Arc::new(
             fabric
-                .alloc_mr(layout.region_bytes() as usize)
+                .alloc_mr(region as usize)
                 .map_err(setup("registering the partition"))?,
         );
         driver::load(&layout, &*wl, n, &mut |off, b| mr.write(off as usize, b));
-        let handlers = handlers(MrStore(mr.clone()), layout.region_bytes());
+        let handlers = handlers(MrStore(mr.clone()), region);
         let rt = ServerRuntime::new(RuntimeConfig::default()).with_setup({
             let (shared, layout, wl, cfg) =
                 (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
+            let store = MrStore(mr.clone());
             move |ctx| {
                 let ctx = ctx.clone();
                 let (shared, layout, wl, cfg) =
                     (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
                 ctx.clone()
-                    .spawn(node_main(ctx, n, shared, layout, wl, cfg));
+                    .spawn(node_main(ctx, n, shared, layout, wl, cfg, store.clone()));
                 Ok(())
             }
         });
@@ -277,7 +290,16 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         regions[node].read(off as usize, &mut b);
         b
     };
-    let audit = driver::audit(&layout, &*wl, &tuple, &report);
+    let mut audit = driver::audit(&layout, &*wl, &tuple, &report);
+    if cfg.proto == Proto::Calvin {
+        if let Ok(lines) = &mut audit {
+            let seq = std::mem::take(&mut *shared.calvin_seq.lock().expect("lock"));
+            match calvin::check_determinism(&layout, &*wl, &seq, &tuple) {
+                Ok(l) => lines.push(l),
+                Err(e) => audit = Err(e),
+            }
+        }
+    }
     Ok(Outcome {
         report,
         elapsed: match (first, end) {
@@ -307,6 +329,10 @@ fn handlers(store: MrStore, region: u64) -> Handlers {
         let s = store.clone();
         h.register(id, move |req, out| server::serve(&s, region, id, req, out));
     }
+    for id in [calvin::BATCH, calvin::FORWARD] {
+        let s = store.clone();
+        h.register(id, move |req, out| calvin::serve(&s, region, id, req, out));
+    }
     h.register_async(wire::FETCH_WAIT, move |req| {
         let s = store.clone();
         async move {
@@ -326,6 +352,7 @@ async fn node_main(
     layout: Arc<Layout>,
     wl: Arc<dyn Workload + Send + Sync>,
     cfg: RunConfig,
+    store: MrStore,
 ) {
     let addrs = loop {
         if let Some(a) = shared.addrs.get() {
@@ -377,6 +404,12 @@ async fn node_main(
     }
     shared.ready.fetch_add(1, Ordering::AcqRel);
     let left = Rc::new(std::cell::Cell::new(cfg.coroutines));
+    if cfg.proto == Proto::Calvin {
+        calvin_main(
+            &ctx, n, &shared, &layout, wl, &cfg, store, net, limit, stop, start,
+        );
+        return;
+    }
     for j in 0..cfg.coroutines {
         let id = (n * cfg.coroutines + j + 1) as u64;
         #[allow(unused_mut)]
@@ -412,6 +445,78 @@ async fn node_main(
             if left.get() == 0 {
                 stop.set(true);
             }
+        });
+    }
+}
+
+/// A node's CALVIN co-routines (sequencers and schedulers, RCC, 4.6) on its server
+/// thread; node 0 keeps the global sequence for the determinism check.
+#[allow(clippy::too_many_arguments)]
+fn calvin_main(
+    ctx: &Rc<ThreadCtx>,
+    n: usize,
+    shared: &Arc<Shared>,
+    layout: &Rc<Layout>,
+    wl: Arc<dyn Workload + Send + Sync>,
+    cfg: &RunConfig,
+    store: MrStore,
+    net: RrpcNet,
+    limit: Limit,
+    stop: Rc<std::cell::Cell<bool>>,
+    start: Instant,
+) {
+    let progress = {
+        let shared = shared.clone();
+        Box::new(move || {
+            shared.commits.fetch_add(1, Ordering::AcqRel);
+        })
+    };
+    #[allow(unused_mut)]
+    let mut node = calvin::Node::new(
+        n,
+        cfg.coroutines,
+        layout.clone(),
+        Rc::new(wl),
+        Arc::new(store),
+        CalvinConfig::default(),
+    )
+    .with_progress(progress);
+    if n == 0 {
+        node = node.with_sequence_log();
+    }
+    #[cfg(feature = "fault-injection")]
+    if let Some(f) = cfg.fault {
+        node.plant(f);
+    }
+    let node = Rc::new(node);
+    let left = Rc::new(std::cell::Cell::new(cfg.coroutines));
+    for j in 0..cfg.coroutines {
+        let id = (n * cfg.coroutines + j + 1) as u64;
+        let mut c = Coord::new(net.clone(), layout.clone(), cfg.proto, cfg.variant, id);
+        c.stop = stop.clone();
+        let (node, shared, ctx2, left, stop) = (
+            node.clone(),
+            shared.clone(),
+            ctx.clone(),
+            left.clone(),
+            stop.clone(),
+        );
+        let (seed, hb) = (cfg.seed.wrapping_add(id), cfg.history_bytes);
+        ctx.spawn(async move {
+            let rep = calvin::drive(&node, &c, j, seed, limit, hb).await;
+            let t1 = Instant::now();
+            left.set(left.get() - 1);
+            if left.get() == 0 {
+                if n == 0 {
+                    *shared.calvin_seq.lock().expect("lock") = node.sequence();
+                }
+                stop.set(true);
+            }
+            shared
+                .reports
+                .lock()
+                .expect("lock")
+                .push((rep, ctx2.stats(), start, t1));
         });
     }
 }

@@ -22,11 +22,15 @@ pub enum Proto {
     /// Optimistic: read, lock the write set, validate the read set, write back (4.4, after
     /// DrTM+H).
     Occ,
+    /// Deterministic: one global order of inputs per epoch, locks granted in that order,
+    /// local reads forwarded, no 2PC (4.6). Not per transaction: it runs with
+    /// [`crate::calvin::drive`], never [`Coord::run`].
+    Calvin,
 }
 
 impl Proto {
     /// Every protocol built, in the paper's order.
-    pub const ALL: [Proto; 3] = [Proto::NoWait, Proto::WaitDie, Proto::Occ];
+    pub const ALL: [Proto; 4] = [Proto::NoWait, Proto::WaitDie, Proto::Occ, Proto::Calvin];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -34,6 +38,7 @@ impl Proto {
             Proto::NoWait => "nowait",
             Proto::WaitDie => "waitdie",
             Proto::Occ => "occ",
+            Proto::Calvin => "calvin",
         }
     }
 
@@ -162,6 +167,10 @@ pub enum Abort {
     /// The network failed.
     #[error(transparent)]
     Net(#[from] NetError),
+    /// The protocol does not run single transactions (CALVIN: see
+    /// [`crate::calvin::drive`]).
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 /// Bugs planted on purpose (feature `fault-injection`) so tests show the checks catch
@@ -174,6 +183,9 @@ pub enum Fault {
     OccNoValidation,
     /// WAITDIE where every conflict waits (deadlocks).
     WaitDieNeverDie,
+    /// CALVIN whose lock managers grant locks first come, first served (in the order
+    /// requests arrive) instead of in the global sequence order.
+    CalvinArrivalOrder,
 }
 
 /// One coordinator co-routine.
@@ -313,11 +325,16 @@ impl<N: Net> Coord<N> {
 
     /// Run one attempt of `t` under this coordinator's protocol and variant; on commit,
     /// the records read (with the version read) and written (with the version
-    /// installed), for the serializability check. Errors: [`Abort`].
+    /// installed), for the serializability check. Errors: [`Abort`];
+    /// [`Abort::Unsupported`] for CALVIN, which runs whole epochs
+    /// ([`crate::calvin::drive`]).
     pub async fn run(&self, t: &TxnSpec) -> Result<Vec<Access>, Abort> {
         match self.proto {
             Proto::NoWait | Proto::WaitDie => crate::twopl::run(self, t).await,
             Proto::Occ => crate::occ::run(self, t).await,
+            Proto::Calvin => Err(Abort::Unsupported(
+                "CALVIN runs epochs of sequenced transactions, not single ones: use calvin::drive",
+            )),
         }
     }
 }

@@ -142,7 +142,7 @@ pub async fn drive<N: Net>(
                     break;
                 }
                 Err(Abort::Stopped) => break 'txns,
-                Err(Abort::Net(e)) => {
+                Err(e @ (Abort::Net(_) | Abort::Unsupported(_))) => {
                     rep.error = Some(e.to_string());
                     c.stop.set(true);
                     break 'txns;

@@ -9,7 +9,7 @@
 //!
 //! A tuple is its protocol's metadata words, one hidden `check_version` word where the
 //! protocol has no version of its own (bumped by every committed write, so that every
-//! protocol feeds the project's serializability check; SPECS-style [inf] choice), then
+//! protocol feeds the project's serializability check; SPECS-style \[inf\] choice), then
 //! the record:
 //!
 //! | protocol | words before the record |

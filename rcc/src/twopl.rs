@@ -288,6 +288,7 @@ async fn commit<N: Net>(
         Variant::OneSided => {
             let zero = 0u64.to_le_bytes();
             let zero = &zero[..];
+            #[allow(clippy::type_complexity)]
             let lists: Vec<(usize, Vec<(u64, &[u8])>)> = t
                 .ops
                 .iter()

@@ -40,3 +40,26 @@ pub fn compute(us: u64) {
         std::hint::spin_loop();
     }
 }
+
+/// A shared workload is a workload (lets a node hold the cluster's `Arc` as an
+/// `Rc<dyn Workload>`).
+impl<T: Workload + ?Sized> Workload for std::sync::Arc<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn tables(&self) -> Vec<TableSpec> {
+        (**self).tables()
+    }
+    fn initial(&self, table: u32, key: u64) -> Vec<u8> {
+        (**self).initial(table, key)
+    }
+    fn next(&self, rng: &mut SmallRng, delta: Rc<Cell<i64>>) -> TxnSpec {
+        (**self).next(rng, delta)
+    }
+    fn kind_name(&self, kind: u16) -> &'static str {
+        (**self).kind_name(kind)
+    }
+    fn check(&self, read: &dyn Fn(u32, u64) -> Vec<u8>, delta: i64) -> Result<String, String> {
+        (**self).check(read, delta)
+    }
+}
