@@ -74,7 +74,7 @@ fn the_suite_compares_every_protocol_in_both_variants() {
         assert_eq!(rows.len(), 2 * rcc::Proto::ALL.len());
         for r in rows {
             assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r}");
-            assert!(r["rounds_per_txn"].as_f64().unwrap() >= 1.0, "{r}");
+            assert!(r["rounds_per_txn"].as_f64().unwrap() > 0.0, "{r}");
             assert!(r["checks"]["Ok"].is_array(), "{r}");
         }
     }
