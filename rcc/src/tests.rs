@@ -29,7 +29,24 @@ pub(crate) fn run_local(
     txns: u64,
     fault: Option<crate::coord::Fault>,
 ) -> (Report, Result<Vec<String>, String>) {
-    let layout = Rc::new(Layout::new(nodes, wl.tables()).unwrap());
+    run_local_with(wl, proto, variant, nodes, coords, txns, fault, 0)
+}
+
+/// [`run_local`], with each coordinator's operations delayed by up to `jitter` turns
+/// at random if nonzero ([`LocalNet::jittered`]), so that one round's operations
+/// interleave with other coordinators' as on a fabric.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_local_with(
+    wl: Rc<dyn Workload>,
+    proto: Proto,
+    variant: Variant,
+    nodes: usize,
+    coords: usize,
+    txns: u64,
+    fault: Option<crate::coord::Fault>,
+    jitter: u64,
+) -> (Report, Result<Vec<String>, String>) {
+    let layout = Rc::new(Layout::with_shape(nodes, wl.tables(), proto.shape()).unwrap());
     let net = LocalNet::new(nodes, layout.region_bytes());
     for n in 0..nodes {
         let s = net.store(n).clone();
@@ -40,7 +57,12 @@ pub(crate) fn run_local(
     let start = Instant::now();
     for id in 1..=coords as u64 {
         #[allow(unused_mut)]
-        let mut c = Coord::new(net.clone(), layout.clone(), proto, variant, id);
+        let n = if jitter > 0 {
+            net.jittered(id * 31 + 7, jitter)
+        } else {
+            net.clone()
+        };
+        let mut c = Coord::new(n, layout.clone(), proto, variant, id);
         #[cfg(feature = "fault-injection")]
         if let Some(f) = fault {
             c.plant(f);
@@ -98,6 +120,36 @@ fn every_protocol_and_variant_keeps_smallbank_and_ycsb_serializable() {
     }
 }
 
+/// As above with every coordinator's operations delayed at random, so that the
+/// operations of one round interleave with other coordinators' (as on a fabric, where a
+/// doorbell's operations do not execute at one instant).
+#[test]
+fn every_protocol_and_variant_stays_serializable_with_interleaved_operations() {
+    let sb: Rc<dyn Workload> = Rc::new(SmallBank {
+        accounts: 40,
+        hot: (0, 0.0),
+    });
+    let ycsb: Rc<dyn Workload> = Rc::new(Ycsb {
+        records: 400,
+        hot: 40,
+        hot_prob: 0.2,
+        ops: 4,
+        compute_us: 0,
+        ..Ycsb::default()
+    });
+    for wl in [sb, ycsb, Rc::new(crate::skew::Skew { pairs: 3 }) as Rc<dyn Workload>] {
+        for p in Proto::ALL {
+            for v in [Variant::Rpc, Variant::OneSided] {
+                let (rep, audit) = run_local_with(wl.clone(), p, v, 3, 8, 40, None, 16);
+                let what = format!("{} {} {}", wl.name(), p.name(), v.name());
+                assert!(rep.error.is_none(), "{what}: {:?}", rep.error);
+                assert_eq!(rep.commits, 8 * 40, "{what}");
+                assert!(audit.is_ok(), "{what}: {audit:?}");
+            }
+        }
+    }
+}
+
 /// Round trips and one-sided operations per transaction of each SmallBank type, one
 /// coordinator, no contention: the table of SPECS D.3.
 #[test]
@@ -108,13 +160,14 @@ fn round_trips_per_smallbank_type_are_exact() {
         for v in [Variant::Rpc, Variant::OneSided] {
             for &(kind, r, w) in &shapes {
                 let layout = Rc::new(
-                    Layout::new(
+                    Layout::with_shape(
                         2,
                         SmallBank {
                             accounts: 10,
                             hot: (0, 0.0),
                         }
                         .tables(),
+                        p.shape(),
                     )
                     .unwrap(),
                 );
@@ -132,9 +185,23 @@ fn round_trips_per_smallbank_type_are_exact() {
                 c.begin(false);
                 futures::executor::block_on(c.run(&t)).unwrap();
                 let s = c.stats();
-                let rounds = match p {
-                    Proto::NoWait | Proto::WaitDie => 2,
-                    Proto::Occ => 1 + u64::from(w > 0) + u64::from(r > 0) + u64::from(w > 0),
+                let (has_r, has_w) = (u64::from(r > 0), u64::from(w > 0));
+                // SUNDIAL on the fresh database: every lease is [0, 0], a writer takes
+                // tts = rts + 1 = 1, so a read next to a write (WriteCheck) is renewed.
+                let renewals = if w > 0 { r } else { 0 };
+                let rounds = match (p, v) {
+                    (Proto::NoWait | Proto::WaitDie, _) => 2,
+                    (Proto::Occ, _) => 1 + has_w + has_r + has_w,
+                    // D.3 a1-a6: one fetch message (reads and write locks), one commit.
+                    (Proto::Mvcc, Variant::Rpc) => 1 + has_w,
+                    // D.3 b1 READ; b4 CAS + READ (writes) with the readers' CAS of rts;
+                    // the readers' second READ (b4-b5, after raising rts); b6 commit.
+                    (Proto::Mvcc, Variant::OneSided) => 2 + has_r + has_w,
+                    // D.3: fetch (lock or read), a4 renew when some rts < tts, commit.
+                    (Proto::Sundial, Variant::Rpc) => 1 + u64::from(renewals > 0) + has_w,
+                    // D.3 b1 (CAS + READ, READ); the check of every read (CAS-max of the
+                    // lease where renewed, READ of lock and check_version); b4 commit.
+                    (Proto::Sundial, Variant::OneSided) => 1 + has_r + has_w,
                 };
                 let what = format!("{} {} kind {kind}", p.name(), v.name());
                 assert_eq!(s.rounds, rounds, "{what}");
@@ -142,6 +209,12 @@ fn round_trips_per_smallbank_type_are_exact() {
                     let ops = match p {
                         Proto::NoWait | Proto::WaitDie => 2 * (r + w) + 2 * w + r,
                         Proto::Occ => (r + w) + 2 * w + r + 2 * w,
+                        // READ each; CAS + READ per write, CAS rts per read; READ per
+                        // read; commit: pending wts, record, wts, unlock per write.
+                        Proto::Mvcc => (r + w) + (2 * w + r) + r + 4 * w,
+                        // READ per read, CAS + READ per write; READ per read (+ CAS per
+                        // renewal); WRITE lease..record, WRITE unlock per write.
+                        Proto::Sundial => (r + 2 * w) + (r + renewals) + 2 * w,
                     };
                     assert_eq!(s.ops, ops, "{what}");
                     assert_eq!(s.msgs, 0, "{what}");
@@ -152,6 +225,34 @@ fn round_trips_per_smallbank_type_are_exact() {
             }
         }
     }
+}
+
+/// One-sided over RPC round trips on the SmallBank mix, one coordinator, no contention
+/// (SPECS D.7 4 after RCC, Fig. 16: MVCC 1.72, the others 1.06-1.34).
+#[test]
+fn one_sided_over_rpc_round_trips_on_the_smallbank_mix() {
+    let wl: Rc<dyn Workload> = Rc::new(SmallBank {
+        accounts: 1_000,
+        hot: (0, 0.0),
+    });
+    let mut lines = Vec::new();
+    for p in Proto::ALL {
+        let rounds = |v| {
+            let (rep, audit) = run_local(wl.clone(), p, v, 2, 1, 600, None);
+            audit.unwrap();
+            assert_eq!(rep.aborts, 0, "{} {}: aborts without contention", p.name(), v.name());
+            rep.stats.rounds as f64 / (rep.commits + rep.user_aborts) as f64
+        };
+        let (rpc, one) = (rounds(Variant::Rpc), rounds(Variant::OneSided));
+        let ratio = one / rpc;
+        lines.push(format!(
+            "{}: rpc {rpc:.3}, one-sided {one:.3} round trips/txn, ratio {ratio:.3}",
+            p.name()
+        ));
+        let band = if p == Proto::Mvcc { 1.5..=1.9 } else { 1.0..=1.4 };
+        assert!(band.contains(&ratio), "{}", lines.join("\n"));
+    }
+    eprintln!("{}", lines.join("\n"));
 }
 
 #[cfg(feature = "fault-injection")]
@@ -180,5 +281,41 @@ mod planted {
     #[test]
     fn occ_without_validation_shows_a_cycle() {
         caught(Proto::Occ, Fault::OccNoValidation);
+    }
+
+    /// As [`caught`], with each coordinator's operations delayed at random (up to 16
+    /// turns, [`LocalNet::jittered`]): without it a round's operations run back to back
+    /// and coordinators move in lockstep, so an older MVCC writer never comes after a
+    /// younger reader and a SUNDIAL one-sided fetch acts as an atomic snapshot, and the
+    /// bugs cannot show. Each setting is tried in turn until the bug shows; every
+    /// setting passes without it.
+    fn caught_jittered(p: Proto, f: Fault) {
+        for v in [Variant::Rpc, Variant::OneSided] {
+            let mut shown = None;
+            for (coords, pairs) in [(4, 4), (6, 3), (8, 2)] {
+                let wl: Rc<dyn Workload> = Rc::new(Skew { pairs });
+                let (_, ok) = run_local_with(wl.clone(), p, v, 2, coords, 40, None, 16);
+                assert!(ok.is_ok(), "{} {} without the bug: {ok:?}", p.name(), v.name());
+                if shown.is_none() {
+                    if let Err(e) = run_local_with(wl, p, v, 2, coords, 40, Some(f), 16).1 {
+                        shown = Some(e);
+                    }
+                }
+            }
+            let e = shown.unwrap_or_else(|| {
+                panic!("{} {}: the planted bug went unnoticed", p.name(), v.name())
+            });
+            assert!(e.contains("serializability"), "{e}");
+        }
+    }
+
+    #[test]
+    fn mvcc_readers_that_do_not_raise_rts_show_a_cycle() {
+        caught_jittered(Proto::Mvcc, Fault::MvccReadersDontRaiseRts);
+    }
+
+    #[test]
+    fn sundial_blind_renewal_shows_a_cycle() {
+        caught_jittered(Proto::Sundial, Fault::SundialBlindRenewal);
     }
 }
