@@ -139,8 +139,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
             "planted bugs need a build with feature fault-injection".into(),
         ));
     }
-    let layout =
-        Arc::new(
+    let layout = Arc::new(
         Layout::with_shape(cfg.nodes, wl.tables(), cfg.proto.shape())
             .map_err(|e| RunError::Config(e.to_string()))?,
     );
@@ -174,9 +173,11 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
     for n in 0..cfg.nodes {
         let mut fc = FabricConfig::new(cfg.fabric, &name, NodeId(n as u32 + 1));
         fc.model = cfg.model.clone();
-        let setup = |what| move |e: rrpc::fabric::FabricError| RunError::Setup {
-            what,
-            why: e.to_string(),
+        let setup = |what| {
+            move |e: rrpc::fabric::FabricError| RunError::Setup {
+                what,
+                why: e.to_string(),
+            }
         };
         let fabric = Fabric::open(&fc).map_err(setup("opening the fabric"))?;
         if n == 0 {
@@ -190,7 +191,8 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         driver::load(&layout, &*wl, n, &mut |off, b| mr.write(off as usize, b));
         let handlers = handlers(MrStore(mr.clone()), layout.region_bytes());
         let rt = ServerRuntime::new(RuntimeConfig::default()).with_setup({
-            let (shared, layout, wl, cfg) = (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
+            let (shared, layout, wl, cfg) =
+                (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
             move |ctx| {
                 let ctx = ctx.clone();
                 let (shared, layout, wl, cfg) =

@@ -92,7 +92,8 @@ pub enum Stage {
     Read = 0,
     /// Locking (with the reads batched into it, for the 2PL protocols).
     Lock = 1,
-    /// Read-set validation (OCC).
+    /// Read-set validation (OCC), MVCC readers' second READ, SUNDIAL's lease renewal
+    /// and read check.
     Validate = 2,
     /// Releasing locks after an abort.
     Release = 3,

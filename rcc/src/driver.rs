@@ -197,10 +197,7 @@ pub fn audit(
             layout.tuple_off(t, k),
             layout.tuple_bytes(t),
         );
-        layout
-            .shape()
-            .current(&b, layout.value_bytes(t))
-            .to_vec()
+        layout.shape().current(&b, layout.value_bytes(t)).to_vec()
     };
     lines.push(wl.check(&read, rep.delta)?);
     let v = txn::serializability::check(&rep.history);

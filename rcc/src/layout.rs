@@ -9,8 +9,8 @@
 //!
 //! A tuple is its protocol's metadata words, one hidden `check_version` word where the
 //! protocol has no version of its own (bumped by every committed write, so that every
-//! protocol feeds the project's serializability check; SPECS-style [inf] choice), then
-//! the record:
+//! protocol feeds the project's serializability check; this crate's choice, not the
+//! paper's), then the record:
 //!
 //! | protocol | words before the record |
 //! |---|---|
@@ -297,8 +297,17 @@ mod tests {
             assert!(spans.last().unwrap().1 <= l.region_bytes());
         }
         assert_eq!(
-            Layout::new(1, vec![TableSpec { rows: 1, value_bytes: 12 }]),
-            Err(LayoutError::RecordSize { table: 0, bytes: 12 })
+            Layout::new(
+                1,
+                vec![TableSpec {
+                    rows: 1,
+                    value_bytes: 12
+                }]
+            ),
+            Err(LayoutError::RecordSize {
+                table: 0,
+                bytes: 12
+            })
         );
     }
 }

@@ -20,7 +20,10 @@
 //! - commit: one ordered list per written record: mark the victim slot's `wts` pending
 //!   (`tts |` [`MVCC_PENDING`]), WRITE the record, WRITE `wts = tts`, unlock. A reader
 //!   never uses a pending slot and requires its slot's `wts` unchanged between its two
-//!   READs, so a READ torn by a concurrent overwrite is never used.
+//!   READs, so a READ torn by a concurrent overwrite is never used. This assumes, as
+//!   RDMA NICs do and FaRM relies on, that one READ copies in ascending address order
+//!   (a slot's `wts` before its record); and, as NOWAIT's lock-and-read does, that the
+//!   READ batched behind a CAS to the same node executes after it.
 //!
 //! Round trips without conflicts: a write-only transaction 3 (READ, CAS + READ, commit),
 //! a read-only one 3 (READ, CAS `rts`, READ), a mixed one 4 (the reader's second READ
@@ -96,6 +99,12 @@ struct Fetched {
 /// Run one attempt of `t` under MVCC at the coordinator's timestamp. Errors: [`Abort`].
 pub async fn run<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Access>, Abort> {
     let tts = c.ts();
+    if tts & MVCC_PENDING != 0 {
+        return Err(bad(
+            wire::MVCC_FETCH,
+            format!("timestamp {tts:#x} reaches the pending bit of wts"),
+        ));
+    }
     let f = match c.variant {
         Variant::OneSided => fetch_onesided(c, t, tts).await?,
         Variant::Rpc => fetch_rpc(c, t, tts).await?,
@@ -265,7 +274,8 @@ async fn fetch_onesided<N: Net>(c: &Coord<N>, t: &TxnSpec, tts: u64) -> Result<F
                 Ok(b) => {
                     let m = Meta::of(&b);
                     let locked_by_older = m.lock != 0 && m.lock < tts;
-                    let same = mvcc_pick(&m.wts, tts) == Some(slot[i]) && m.wts[slot[i]] == f.wts[i];
+                    let same =
+                        mvcc_pick(&m.wts, tts) == Some(slot[i]) && m.wts[slot[i]] == f.wts[i];
                     if locked_by_older || !same {
                         c.observe(m.max_ts());
                         failed.get_or_insert(Abort::Validation);
@@ -411,7 +421,14 @@ async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, tts: u64, held: &[usize]) {
 fn only<N: Net>(c: &Coord<N>, t: &TxnSpec, which: &[usize]) -> Vec<(usize, Vec<usize>)> {
     group(c, t)
         .into_iter()
-        .map(|(n, idx)| (n, idx.into_iter().filter(|i| which.contains(i)).collect::<Vec<_>>()))
+        .map(|(n, idx)| {
+            (
+                n,
+                idx.into_iter()
+                    .filter(|i| which.contains(i))
+                    .collect::<Vec<_>>(),
+            )
+        })
         .filter(|(_, idx)| !idx.is_empty())
         .collect()
 }

@@ -49,8 +49,12 @@ pub enum NetError {
 /// One coordinator thread's access to every node (indices `0..nodes`).
 pub trait Net {
     /// READ `len` bytes at `off` of `node`'s partition.
-    fn read(&self, node: usize, off: u64, len: usize)
-        -> impl Future<Output = Result<Vec<u8>, NetError>>;
+    fn read(
+        &self,
+        node: usize,
+        off: u64,
+        len: usize,
+    ) -> impl Future<Output = Result<Vec<u8>, NetError>>;
     /// WRITEs in order on one QP, awaited as one (RCC's update-and-unlock).
     fn write_ordered(
         &self,
@@ -117,7 +121,11 @@ impl LocalNet {
     /// `nodes` zeroed partitions of `region` bytes.
     pub fn new(nodes: usize, region: u64) -> Self {
         Self {
-            stores: Rc::new((0..nodes).map(|_| Arc::new(HeapStore::new(region))).collect()),
+            stores: Rc::new(
+                (0..nodes)
+                    .map(|_| Arc::new(HeapStore::new(region)))
+                    .collect(),
+            ),
             region,
             ops: Rc::new(Cell::new(0)),
             jitter: None,
@@ -218,11 +226,7 @@ impl Net for LocalNet {
         Self::served(j);
         self.ops.set(self.ops.get() + 1);
         let s: &HeapStore = self.at(node, 0, 0)?;
-        let err = |why: String| NetError::Call {
-            node,
-            handler,
-            why,
-        };
+        let err = |why: String| NetError::Call { node, handler, why };
         if handler == wire::FETCH_WAIT {
             return server::serve_waitdie(s, self.region, &req, YieldNow::default)
                 .await

@@ -192,7 +192,14 @@ async fn lock<N: Net>(
 fn group_of<N: Net>(c: &Coord<N>, t: &TxnSpec, only: &[usize]) -> Vec<(usize, Vec<usize>)> {
     group(c, t)
         .into_iter()
-        .map(|(n, idx)| (n, idx.into_iter().filter(|i| only.contains(i)).collect::<Vec<_>>()))
+        .map(|(n, idx)| {
+            (
+                n,
+                idx.into_iter()
+                    .filter(|i| only.contains(i))
+                    .collect::<Vec<_>>(),
+            )
+        })
         .filter(|(_, idx)| !idx.is_empty())
         .collect()
 }

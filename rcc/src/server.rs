@@ -1,5 +1,5 @@
 //! The participant's side of the RPC variants: handlers that lock, read, validate and
-//! write tuples on the node's own CPU (RCC, 4.2-4.4, steps a2-a5). Plain functions over a
+//! write tuples on the node's own CPU (RCC, 4.2-4.5, steps a2-a6). Plain functions over a
 //! [`Store`], so the in-memory network of the tests and rrpc's server threads run the
 //! same code. A malformed request is an error reply.
 
@@ -299,7 +299,9 @@ fn mvcc_fetch(store: &dyn Store, region: u64, req: &[u8], out: &mut Vec<u8>) -> 
         let kind = d.u8()?;
         check(region, off, MVCC_REC + MVCC_SLOTS as u64 * vlen)?;
         if vlen == 0 || kind > wire::MVCC_READ_NO_RTS {
-            return Err(format!("MVCC entry at {off}: record of {vlen} bytes, kind {kind}"));
+            return Err(format!(
+                "MVCC entry at {off}: record of {vlen} bytes, kind {kind}"
+            ));
         }
         es.push((off, vlen, kind));
     }

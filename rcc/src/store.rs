@@ -79,7 +79,9 @@ pub struct MrStore(pub Arc<MemoryRegion>);
 
 impl std::fmt::Debug for MrStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MrStore").field("desc", &self.0.desc()).finish()
+        f.debug_struct("MrStore")
+            .field("desc", &self.0.desc())
+            .finish()
     }
 }
 

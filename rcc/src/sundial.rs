@@ -258,7 +258,11 @@ async fn check_onesided<N: Net>(
         .collect();
     if blind {
         // The planted bug: a blind WRITE of the lease, and no re-check of those reads.
-        let renew: Vec<usize> = todo.iter().filter(|(_, e)| e.is_some()).map(|&(i, _)| i).collect();
+        let renew: Vec<usize> = todo
+            .iter()
+            .filter(|(_, e)| e.is_some())
+            .map(|&(i, _)| i)
+            .collect();
         todo.retain(|(_, e)| e.is_none());
         if !renew.is_empty() {
             c.count_ops(renew.len());
@@ -339,7 +343,11 @@ async fn renew_rpc<N: Net>(
     got: &[Got],
     tts: u64,
 ) -> Result<(), Abort> {
-    let renew: Vec<usize> = reads.iter().copied().filter(|&i| got[i].rts < tts).collect();
+    let renew: Vec<usize> = reads
+        .iter()
+        .copied()
+        .filter(|&i| got[i].rts < tts)
+        .collect();
     if renew.is_empty() {
         return Ok(());
     }
@@ -378,7 +386,14 @@ async fn renew_rpc<N: Net>(
 fn only<N: Net>(c: &Coord<N>, t: &TxnSpec, which: &[usize]) -> Vec<(usize, Vec<usize>)> {
     group(c, t)
         .into_iter()
-        .map(|(n, idx)| (n, idx.into_iter().filter(|i| which.contains(i)).collect::<Vec<_>>()))
+        .map(|(n, idx)| {
+            (
+                n,
+                idx.into_iter()
+                    .filter(|i| which.contains(i))
+                    .collect::<Vec<_>>(),
+            )
+        })
         .filter(|(_, idx)| !idx.is_empty())
         .collect()
 }

@@ -234,12 +234,16 @@ async fn release_held<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[bool])
             let zero = &zero[..];
             c.round(
                 Stage::Release,
-                join_all(t.ops.iter().enumerate().filter(|(i, _)| held[*i]).map(
-                    |(_, o)| {
-                        let (node, off, _) = c.loc(o);
-                        async move { c.net.write_ordered(node, &[(off, zero)]).await }
-                    },
-                )),
+                join_all(
+                    t.ops
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| held[*i])
+                        .map(|(_, o)| {
+                            let (node, off, _) = c.loc(o);
+                            async move { c.net.write_ordered(node, &[(off, zero)]).await }
+                        }),
+                ),
             )
             .await;
         }
@@ -266,6 +270,9 @@ async fn release_held<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[bool])
     }
 }
 
+/// One node's ordered WRITEs: (offset, bytes).
+type WriteList<'a> = Vec<(u64, &'a [u8])>;
+
 /// Write back the written records and unlock every held one, in one round.
 async fn commit<N: Net>(
     c: &Coord<N>,
@@ -285,7 +292,7 @@ async fn commit<N: Net>(
         Variant::OneSided => {
             let zero = 0u64.to_le_bytes();
             let zero = &zero[..];
-            let lists: Vec<(usize, Vec<(u64, &[u8])>)> = t
+            let lists: Vec<(usize, WriteList)> = t
                 .ops
                 .iter()
                 .enumerate()

@@ -43,7 +43,11 @@ fn every_protocol_and_variant_passes_its_checks_over_shm() {
                 let o = run(&cfg(p, v), wl).unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert!(o.report.error.is_none(), "{what}: {:?}", o.report.error);
                 assert!(!o.stalled, "{what}: stalled");
-                assert!(o.report.commits > 20, "{what}: {} commits", o.report.commits);
+                assert!(
+                    o.report.commits > 20,
+                    "{what}: {} commits",
+                    o.report.commits
+                );
                 let lines = o.audit.unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_eq!(lines.len(), 3, "{what}: {lines:?}");
                 eprintln!(
