@@ -29,7 +29,10 @@
 //! it renews: without it a READ torn by a concurrent commit would go unnoticed.
 //!
 //! By RPC: one [`wire::FETCH`] per participant (locks on the written records, every
-//! tuple replied: the handler's read cannot be torn), one [`wire::SUNDIAL_RENEW`] per
+//! tuple replied: the handler's read cannot be torn; a read that finds its tuple locked
+//! aborts, as one-sided: a renewal under that lock would fail, and letting such
+//! transactions keep their own write locks until then livelocks write-skew-shaped
+//! workloads over rrpc), one [`wire::SUNDIAL_RENEW`] per
 //! participant with reads to renew (only when some `rts < tts`), one [`wire::COMMIT`]
 //! per participant written: 2 round trips, plus 1 when a lease is renewed.
 //!
@@ -224,10 +227,15 @@ async fn fetch_rpc<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64) -> Result<Vec<Got
         }
         for &i in idx {
             let len = c.loc(&t.ops[i]).2;
-            got[i] = Got::of(d.take(len).map_err(|w| bad(wire::FETCH, w))?);
+            let b = d.take(len).map_err(|w| bad(wire::FETCH, w))?;
             if t.ops[i].write {
                 held.push(i);
+            } else if word(b, 0) != 0 {
+                // As one-sided: a read of a locked tuple aborts at once (a read-write
+                // conflict that would likely fail its renewal while holding locks).
+                failed.get_or_insert(Abort::Conflict);
             }
+            got[i] = Got::of(b);
         }
     }
     if let Some(why) = failed {
