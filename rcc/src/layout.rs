@@ -17,8 +17,7 @@
 //! | NOWAIT | `lock` (0 free, else the holder), `check_version` |
 //! | WAITDIE | `lock` (the holder's timestamp), `check_version` |
 //! | OCC | `lock`, `seq` (the version) |
-//!
-//! | MVCC | `lock` (the writer's timestamp), `rts`, `wts[4]`, then 4 record slots |
+//! | MVCC | `lock` (the writer's timestamp), `rts`, `wts[4]` (the versions), then 4 record slots |
 //! | SUNDIAL | `lock`, `lease` (wts in the high 32 bits, rts in the low 32), `check_version` |
 //!
 //! NOWAIT, WAITDIE and OCC share the byte layout `[lock][version][record]` ([`LOCK`],
