@@ -150,8 +150,10 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
             "planted bugs need a build with feature fault-injection".into(),
         ));
     }
-    let layout =
-        Arc::new(Layout::new(cfg.nodes, wl.tables()).map_err(|e| RunError::Config(e.to_string()))?);
+    let layout = Arc::new(
+        Layout::with_shape(cfg.nodes, wl.tables(), cfg.proto.shape())
+            .map_err(|e| RunError::Config(e.to_string()))?,
+    );
     let name = format!(
         "rcc-{}-{}",
         std::process::id(),
@@ -325,6 +327,9 @@ fn handlers(store: MrStore, region: u64) -> Handlers {
         wire::READ,
         wire::LOCK,
         wire::VALIDATE,
+        wire::MVCC_FETCH,
+        wire::MVCC_COMMIT,
+        wire::SUNDIAL_RENEW,
     ] {
         let s = store.clone();
         h.register(id, move |req, out| server::serve(&s, region, id, req, out));

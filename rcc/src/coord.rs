@@ -1,6 +1,7 @@
 //! A coordinator: one transaction co-routine of RCC (3), its identity, timestamps,
 //! counters, and the transaction it runs. The protocols ([`crate::twopl`],
-//! [`crate::occ`]) are async functions over a [`Coord`].
+//! [`crate::occ`], [`crate::mvcc`], [`crate::sundial`]) are async functions over a
+//! [`Coord`].
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -9,7 +10,7 @@ use std::time::Instant;
 
 use txn::history::Access;
 
-use crate::layout::{Layout, VAL, VER};
+use crate::layout::{Layout, Shape, VAL, VER};
 use crate::net::{Net, NetError};
 
 /// The concurrency-control protocols (RCC, 4.2-4.6).
@@ -22,6 +23,10 @@ pub enum Proto {
     /// Optimistic: read, lock the write set, validate the read set, write back (4.4, after
     /// DrTM+H).
     Occ,
+    /// Timestamp ordering over 4 static version slots per tuple (4.4).
+    Mvcc,
+    /// Logical leases `[wts, rts]`: writers lock, readers renew leases at commit (4.5).
+    Sundial,
     /// Deterministic: one global order of inputs per epoch, locks granted in that order,
     /// local reads forwarded, no 2PC (4.6). Not per transaction: it runs with
     /// [`crate::calvin::drive`], never [`Coord::run`].
@@ -30,7 +35,14 @@ pub enum Proto {
 
 impl Proto {
     /// Every protocol built, in the paper's order.
-    pub const ALL: [Proto; 4] = [Proto::NoWait, Proto::WaitDie, Proto::Occ, Proto::Calvin];
+    pub const ALL: [Proto; 6] = [
+        Proto::NoWait,
+        Proto::WaitDie,
+        Proto::Occ,
+        Proto::Mvcc,
+        Proto::Sundial,
+        Proto::Calvin,
+    ];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -39,6 +51,17 @@ impl Proto {
             Proto::WaitDie => "waitdie",
             Proto::Occ => "occ",
             Proto::Calvin => "calvin",
+            Proto::Mvcc => "mvcc",
+            Proto::Sundial => "sundial",
+        }
+    }
+
+    /// The tuple shape the protocol's metadata needs (RCC, Fig. 3).
+    pub fn shape(self) -> Shape {
+        match self {
+            Proto::Mvcc => Shape::Mvcc,
+            Proto::Sundial => Shape::Sundial,
+            _ => Shape::Basic,
         }
     }
 
@@ -75,7 +98,8 @@ pub enum Stage {
     Read = 0,
     /// Locking (with the reads batched into it, for the 2PL protocols).
     Lock = 1,
-    /// Read-set validation (OCC).
+    /// Read-set validation (OCC), MVCC readers' second READ, SUNDIAL's lease renewal
+    /// and read check.
     Validate = 2,
     /// Releasing locks after an abort.
     Release = 3,
@@ -183,6 +207,13 @@ pub enum Fault {
     OccNoValidation,
     /// WAITDIE where every conflict waits (deadlocks).
     WaitDieNeverDie,
+    /// MVCC readers that do not raise `rts`: a writer with a smaller timestamp installs a
+    /// version under a committed reader.
+    MvccReadersDontRaiseRts,
+    /// SUNDIAL lease renewal by a blind WRITE of `rts` (one-sided) or a handler that
+    /// extends it unconditionally (RPC), instead of the CAS that checks `wts` unchanged
+    /// and the re-check of the lock.
+    SundialBlindRenewal,
     /// CALVIN whose lock managers grant locks first come, first served (in the order
     /// requests arrive) instead of in the global sequence order.
     CalvinArrivalOrder,
@@ -209,6 +240,7 @@ pub struct Coord<N> {
     pub doorbell_batching: bool,
     stats: RefCell<Stats>,
     ts: Cell<u64>,
+    seen: Cell<u64>,
     fault: Option<Fault>,
 }
 
@@ -229,6 +261,7 @@ impl<N: Net> Coord<N> {
             doorbell_batching: true,
             stats: RefCell::new(Stats::default()),
             ts: Cell::new(0),
+            seen: Cell::new(0),
             fault: None,
         }
     }
@@ -250,12 +283,21 @@ impl<N: Net> Coord<N> {
     }
 
     /// Start a transaction: a fresh timestamp unless it retries an aborted attempt (a
-    /// WAITDIE transaction keeps its age across retries, so it cannot starve).
+    /// WAITDIE transaction keeps its age across retries, so it cannot starve). A fresh
+    /// timestamp's clock is past the previous one's and past every timestamp passed to
+    /// [`Coord::observe`] (RCC, 4.4: the clock advances past larger `wts`/`rts` seen).
     pub fn begin(&self, retry: bool) {
-        if !retry || self.ts.get() == 0 {
-            let now = txn::history::monotonic_ns().max((self.ts.get() >> ID_BITS) + 1);
+        if !retry || self.ts.get() == 0 || self.proto != Proto::WaitDie {
+            let floor = (self.ts.get().max(self.seen.get()) >> ID_BITS) + 1;
+            let now = txn::history::monotonic_ns().max(floor);
             self.ts.set((now << ID_BITS) | self.id);
         }
+    }
+
+    /// Note a timestamp seen in a tuple (MVCC's `wts`, `rts` or lock): the next fresh
+    /// timestamp is larger.
+    pub fn observe(&self, ts: u64) {
+        self.seen.set(self.seen.get().max(ts));
     }
 
     /// The current transaction's timestamp (unique, nonzero; smaller is older).
@@ -332,6 +374,8 @@ impl<N: Net> Coord<N> {
         match self.proto {
             Proto::NoWait | Proto::WaitDie => crate::twopl::run(self, t).await,
             Proto::Occ => crate::occ::run(self, t).await,
+            Proto::Mvcc => crate::mvcc::run(self, t).await,
+            Proto::Sundial => crate::sundial::run(self, t).await,
             Proto::Calvin => Err(Abort::Unsupported(
                 "CALVIN runs epochs of sequenced transactions, not single ones: use calvin::drive",
             )),

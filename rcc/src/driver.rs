@@ -11,7 +11,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use txn::history::History;
 
-use crate::coord::{lock_of, val_of, Abort, Coord, Stats};
+use crate::coord::{lock_of, Abort, Coord, Stats};
 use crate::layout::Layout;
 use crate::net::Net;
 use crate::workload::Workload;
@@ -197,7 +197,7 @@ pub fn audit(
             layout.tuple_off(t, k),
             layout.tuple_bytes(t),
         );
-        val_of(&b).to_vec()
+        layout.shape().current(&b, layout.value_bytes(t)).to_vec()
     };
     lines.push(wl.check(&read, rep.delta)?);
     let v = txn::serializability::check(&rep.history);
@@ -212,14 +212,11 @@ pub fn audit(
 }
 
 /// Write the initial tuples of `wl` into node `node`'s partition through `write(off,
-/// bytes)`: every lock free, version 0 (the loaded version), the initial record.
+/// bytes)`: every lock free, the loaded version, the initial record, in the layout's
+/// tuple shape ([`crate::layout::Shape::initial`]).
 pub fn load(layout: &Layout, wl: &dyn Workload, node: usize, write: &mut dyn FnMut(u64, &[u8])) {
-    let mut buf = Vec::new();
     for (t, k) in layout.keys_of(node) {
-        buf.clear();
-        buf.extend_from_slice(&0u64.to_le_bytes());
-        buf.extend_from_slice(&0u64.to_le_bytes());
-        buf.extend_from_slice(&wl.initial(t, k));
+        let buf = layout.shape().initial(&wl.initial(t, k));
         write(layout.tuple_off(t, k), &buf);
     }
 }

@@ -104,6 +104,17 @@ pub struct LocalNet {
     region: u64,
     /// One-sided operations and RPCs made, for tests.
     pub ops: Rc<Cell<u64>>,
+    jitter: Option<Rc<Jitter>>,
+}
+
+/// A coordinator's random delays ([`LocalNet::jittered`]): its operations wait a random
+/// number of turns but execute in the order they were issued.
+#[derive(Debug)]
+struct Jitter {
+    turns: u64,
+    rng: Cell<u64>,
+    next: Cell<u64>,
+    serving: Cell<u64>,
 }
 
 impl LocalNet {
@@ -117,6 +128,51 @@ impl LocalNet {
             ),
             region,
             ops: Rc::new(Cell::new(0)),
+            jitter: None,
+        }
+    }
+
+    /// The same partitions, with each operation of the returned network delayed by a
+    /// random number (below `turns`, at least 1) of extra turns drawn from `seed`, operations still
+    /// executing in the order they were issued (as on one QP). Without it, the
+    /// operations a coroutine awaits together execute back to back; with it, other
+    /// coroutines' operations interleave between them, as on a real fabric. For one
+    /// coordinator each.
+    pub fn jittered(&self, seed: u64, turns: u64) -> Self {
+        Self {
+            jitter: Some(Rc::new(Jitter {
+                turns: turns.max(1),
+                rng: Cell::new(seed | 1),
+                next: Cell::new(0),
+                serving: Cell::new(0),
+            })),
+            ..self.clone()
+        }
+    }
+
+    /// Wait for this operation's turn: one yield, plus the jitter's.
+    async fn turn(&self) -> Option<Rc<Jitter>> {
+        YieldNow::default().await;
+        let j = self.jitter.clone()?;
+        let ticket = j.next.get();
+        j.next.set(ticket + 1);
+        let mut x = j.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        j.rng.set(x);
+        for _ in 0..x % j.turns {
+            YieldNow::default().await;
+        }
+        while j.serving.get() != ticket {
+            YieldNow::default().await;
+        }
+        Some(j)
+    }
+
+    fn served(j: Option<Rc<Jitter>>) {
+        if let Some(j) = j {
+            j.serving.set(j.serving.get() + 1);
         }
     }
 
@@ -142,7 +198,8 @@ impl LocalNet {
 
 impl Net for LocalNet {
     async fn read(&self, node: usize, off: u64, len: usize) -> Result<Vec<u8>, NetError> {
-        YieldNow::default().await;
+        let j = self.turn().await;
+        Self::served(j);
         self.ops.set(self.ops.get() + 1);
         let s = self.at(node, off, len)?;
         let mut v = vec![0; len];
@@ -150,7 +207,8 @@ impl Net for LocalNet {
         Ok(v)
     }
     async fn write_ordered(&self, node: usize, writes: &[(u64, &[u8])]) -> Result<(), NetError> {
-        YieldNow::default().await;
+        let j = self.turn().await;
+        Self::served(j);
         for (off, d) in writes {
             self.ops.set(self.ops.get() + 1);
             self.at(node, *off, d.len())?.write(*off, d);
@@ -158,12 +216,14 @@ impl Net for LocalNet {
         Ok(())
     }
     async fn cas(&self, node: usize, off: u64, expected: u64, new: u64) -> Result<u64, NetError> {
-        YieldNow::default().await;
+        let j = self.turn().await;
+        Self::served(j);
         self.ops.set(self.ops.get() + 1);
         Ok(self.at(node, off, 8)?.cas(off, expected, new))
     }
     async fn call(&self, node: usize, handler: u16, req: Vec<u8>) -> Result<Vec<u8>, NetError> {
-        YieldNow::default().await;
+        let j = self.turn().await;
+        Self::served(j);
         self.ops.set(self.ops.get() + 1);
         let s: &HeapStore = self.at(node, 0, 0)?;
         let err = |why: String| NetError::Call { node, handler, why };

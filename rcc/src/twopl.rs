@@ -269,6 +269,9 @@ async fn release_held<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[bool])
     }
 }
 
+/// One node's ordered WRITEs: (offset, bytes).
+type WriteList<'a> = Vec<(u64, &'a [u8])>;
+
 /// Write back the written records and unlock every held one, in one round.
 async fn commit<N: Net>(
     c: &Coord<N>,
@@ -288,8 +291,7 @@ async fn commit<N: Net>(
         Variant::OneSided => {
             let zero = 0u64.to_le_bytes();
             let zero = &zero[..];
-            #[allow(clippy::type_complexity)]
-            let lists: Vec<(usize, Vec<(u64, &[u8])>)> = t
+            let lists: Vec<(usize, WriteList)> = t
                 .ops
                 .iter()
                 .enumerate()

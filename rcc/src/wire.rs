@@ -27,6 +27,40 @@ pub const VALIDATE: u16 = 145;
 /// mode [`MODE_WAITDIE`] or [`MODE_WAITDIE_NEVER_DIE`].
 pub const FETCH_WAIT: u16 = 146;
 
+/// MVCC fetch (RCC, 4.4 a1-a3, reads and write locks of one participant in one
+/// message): `[tts u64][n u16]` then per record `[off u64][vlen u32][kind u8]`, kind
+/// [`MVCC_READ`], [`MVCC_WRITE`] or [`MVCC_READ_NO_RTS`]. A read raises `rts` to `tts`
+/// first, then fails if the tuple is locked by a smaller timestamp, then picks the slot
+/// with the largest `wts < tts` (fails if none); a write locks with `tts` iff the tuple
+/// is unlocked and `tts > rts` and `tts > max(wts)`. Reply `[status u8][seen u64]` (on a
+/// conflict `seen` is the largest timestamp met, to advance the clock; no lock of the
+/// request stays held) then, on success, per record `[wts u64][vlen record bytes]`: the
+/// slot read, or for a write the newest slot.
+pub const MVCC_FETCH: u16 = 147;
+/// MVCC commit (RCC, 4.4 a5-a6): `[tts u64][n u16]` then per record `[off u64][vlen
+/// u32][vlen bytes]`: install the record in an empty or the oldest slot with `wts = tts`
+/// and unlock. Empty reply; a record not locked by `tts` fails the call and writes
+/// nothing. Releasing without a commit is [`RELEASE`] with owner `tts`.
+pub const MVCC_COMMIT: u16 = 148;
+/// SUNDIAL lease renewal (RCC, 4.5 a4): `[mode u8][n u16]` then per record `[off
+/// u64][check_version u64][wts u64][tts u64]`: mode [`RENEW_CHECKED`] extends `rts` to
+/// `tts` iff the tuple is unlocked and still at `check_version`; mode [`RENEW_BLIND`]
+/// (planted bug) writes the lease `[wts, tts]` unconditionally. Reply `[status u8]`.
+/// SUNDIAL fetches with [`FETCH`] ([`MODE_NOWAIT`], locks on written records) and
+/// commits with [`COMMIT`] (lease, `check_version` and record written at offset 8).
+pub const SUNDIAL_RENEW: u16 = 149;
+
+/// [`MVCC_FETCH`] kind: a read.
+pub const MVCC_READ: u8 = 0;
+/// [`MVCC_FETCH`] kind: a write (lock and read the newest version).
+pub const MVCC_WRITE: u8 = 1;
+/// [`MVCC_FETCH`] kind: a read that does not raise `rts` (planted bug).
+pub const MVCC_READ_NO_RTS: u8 = 2;
+/// [`SUNDIAL_RENEW`] mode: checked renewal.
+pub const RENEW_CHECKED: u8 = 0;
+/// [`SUNDIAL_RENEW`] mode: blind renewal (planted bug).
+pub const RENEW_BLIND: u8 = 1;
+
 /// Reply status: done.
 pub const OK: u8 = 0;
 /// Reply status: a lock was held by someone else (the holder follows) or a version

@@ -2,7 +2,7 @@
 //! sharing server threads as RCC runs them: every protocol and variant passes its checks
 //! on SmallBank and YCSB; every one commits in every 100 ms at full hot-area contention;
 //! one-sided lock-and-read shares doorbells; a WAITDIE that never dies deadlocks and
-//! the watchdog stops it.
+//! the watchdog stops it; the planted CALVIN, MVCC and SUNDIAL bugs are caught.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,5 +215,37 @@ fn calvin_arrival_order_locking_is_caught_over_shm() {
             bad.report.error.is_some() || bad.stalled || bad.audit.is_err(),
             "the planted bug went unnoticed"
         );
+    }
+}
+
+/// The planted MVCC and SUNDIAL bugs on the write-skew workload over shm, where the
+/// nodes' server threads run in parallel: the same run without the bug passes its
+/// checks, with it the serializability check finds a cycle (up to three tries).
+#[cfg(feature = "fault-injection")]
+#[test]
+fn planted_mvcc_and_sundial_bugs_show_cycles_over_shm() {
+    use rcc::coord::Fault;
+    use rcc::skew::Skew;
+    for (p, f) in [
+        (Proto::Mvcc, Fault::MvccReadersDontRaiseRts),
+        (Proto::Sundial, Fault::SundialBlindRenewal),
+    ] {
+        for v in [Variant::Rpc, Variant::OneSided] {
+            let what = format!("{} {}", p.name(), v.name());
+            let run_with = |fault| {
+                let c = RunConfig {
+                    fault,
+                    duration: Duration::from_millis(300),
+                    ..cfg(p, v)
+                };
+                run(&c, Arc::new(Skew { pairs: 4 })).unwrap_or_else(|e| panic!("{what}: {e}"))
+            };
+            let o = run_with(None);
+            o.audit
+                .unwrap_or_else(|e| panic!("{what} without the bug: {e}"));
+            let caught = (0..3).find_map(|_| run_with(Some(f)).audit.err());
+            let e = caught.unwrap_or_else(|| panic!("{what}: the planted bug went unnoticed"));
+            assert!(e.contains("serializability"), "{what}: {e}");
+        }
     }
 }
