@@ -149,7 +149,7 @@ fn parse_list<T: Copy>(s: &str, all: &[T], name: &dyn Fn(&T) -> &str) -> anyhow:
             all.iter().copied().find(|p| name(p) == x).with_context(|| {
                 format!(
                     "unknown value {x:?}; expected one of {}",
-                    all.iter().map(|p| name(p)).collect::<Vec<_>>().join(", ")
+                    all.iter().map(name).collect::<Vec<_>>().join(", ")
                 )
             })
         })

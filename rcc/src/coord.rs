@@ -198,7 +198,7 @@ pub enum Abort {
 }
 
 /// Bugs planted on purpose (feature `fault-injection`) so tests show the checks catch
-/// them (SPECS D.7 2).
+/// them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// NOWAIT reads without read locks.

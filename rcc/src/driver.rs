@@ -16,7 +16,7 @@ use crate::layout::Layout;
 use crate::net::Net;
 use crate::workload::Workload;
 
-/// Width of the intervals commits are counted in (the liveness check: SPECS D.7 6).
+/// Width of the intervals commits are counted in (the liveness check: every protocol commits in every interval).
 pub const INTERVAL: Duration = Duration::from_millis(100);
 
 /// When a coordinator stops.

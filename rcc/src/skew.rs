@@ -2,7 +2,7 @@
 //! transaction reads both and raises one of them to one above the larger. Serially every
 //! transaction writes a value above both, so two that read the same pair concurrently
 //! and write different halves form a read-write cycle in the dependency graph unless the
-//! protocol stops one of them (SPECS D.7 2).
+//! protocol stops one of them.
 
 use std::cell::Cell;
 use std::rc::Rc;

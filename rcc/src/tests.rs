@@ -1,6 +1,6 @@
 //! The protocols on the in-memory network: every protocol and variant keeps SmallBank's
 //! money, YCSB's records and serializability with concurrent coordinators; exact round
-//! trips per SmallBank type (SPECS D.7 4); the planted bugs caught.
+//! trips per SmallBank type, derived from the paper (RCC, 4.2-4.5); the planted bugs caught.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -178,7 +178,7 @@ fn every_protocol_and_variant_stays_serializable_with_interleaved_operations() {
 }
 
 /// Round trips and one-sided operations per transaction of each SmallBank type, one
-/// coordinator, no contention: the table of SPECS D.3.
+/// coordinator, no contention: each protocol's rounds as RCC (4.2-4.5) describes them.
 #[test]
 fn round_trips_per_smallbank_type_are_exact() {
     // (kind, reads, writes)

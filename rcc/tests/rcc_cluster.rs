@@ -71,7 +71,7 @@ fn every_protocol_and_variant_passes_its_checks_over_shm() {
     }
 }
 
-/// SPECS D.7 5: one-sided NOWAIT batches each record's CAS + READ and WRITE + unlock
+/// One-sided NOWAIT batches each record's CAS + READ and WRITE + unlock
 /// into shared doorbells (at least 2 WRs per doorbell); with batching off the same run
 /// rings clearly more doorbells for its WRs, and still passes its checks.
 #[test]
@@ -103,7 +103,7 @@ fn one_sided_lock_and_read_shares_doorbells() {
     );
 }
 
-/// SPECS D.7 6: at 100% hot-area contention (every record drawn from RCC's 1,200-record
+/// At 100% hot-area contention (every record drawn from RCC's 1,200-record
 /// hot area), every protocol and variant commits in every 100 ms interval.
 #[test]
 fn every_protocol_commits_in_every_100_ms_at_full_contention() {
