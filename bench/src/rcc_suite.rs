@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::plot::{LineChart, Scale, Series};
 
-/// RCC's suite: NOWAIT, WAITDIE, OCC (and every other protocol the `rcc` crate builds),
+/// RCC's suite: NOWAIT, WAITDIE, OCC, MVCC, SUNDIAL and CALVIN,
 /// each over RPC and over one-sided RDMA, on SmallBank or YCSB with a hot area, on a
 /// fresh local cluster per run. RPC here is rrpc over RC Rockets, not RCC's UD
 /// SEND/RECV: ratios between the variants compare, absolute packet rates do not.
@@ -34,7 +34,8 @@ pub struct RccArgs {
     /// The suite (this parser serves `rcc` only).
     #[arg(long, value_name = "SUITE")]
     pub suite: String,
-    /// Protocol: nowait, waitdie, occ (the ones built so far), or all.
+    /// Protocol: nowait, waitdie, occ, mvcc, sundial, calvin, a comma-separated list of
+    /// them, or all.
     #[arg(long, default_value = "all", value_name = "PROTOCOL")]
     pub protocol: String,
     /// Primitive: rpc, onesided or both.
