@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use rcc::cluster::{run, Outcome, RunConfig};
+use rcc::cluster::{run, Outcome, RunConfig, TsMode};
 use rcc::coord::STAGES;
 use rcc::smallbank::SmallBank;
 use rcc::workload::Workload;
@@ -103,6 +103,12 @@ pub struct RccArgs {
     /// NOWAIT on SmallBank).
     #[arg(long)]
     pub doorbell_ablation: bool,
+    /// Where WAITDIE's and MVCC's timestamps come from: local (each coordinator's clock
+    /// with its id in the low bits, as RCC takes them) or tso (this project's timestamp
+    /// oracle, started on a node of its own: one one-sided FAA per group of a thread's
+    /// requests). SUNDIAL's logical leases and CALVIN's sequence need none.
+    #[arg(long, default_value = "local", value_name = "SOURCE")]
+    pub ts: String,
     /// Seed of the transaction generators.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -346,6 +352,11 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
     let protocols = args.protocols()?;
     let variants = args.variants()?;
     let sweep = args.sweep()?;
+    let ts = match args.ts.as_str() {
+        "local" => TsMode::Local,
+        "tso" => TsMode::Tso,
+        t => bail!("unknown timestamp source {t:?}: local or tso"),
+    };
     let model = (args.fabric == FabricKind::Shm).then(|| args.model.clone());
     let points: Vec<Option<f64>> = match &sweep {
         Some((_, vs)) => vs.iter().map(|v| Some(*v)).collect(),
@@ -391,6 +402,7 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                     history_bytes: 16 << 20,
                     fault: None,
                     doorbell_batching: batching,
+                    ts,
                     watchdog: Duration::from_secs(2),
                 };
                 let vname = if batching { v.name() } else { "onesided-nodb" };
@@ -418,6 +430,13 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         println!(
             "fabric: {} (RPC here is rrpc over RC Rockets, not UD SEND/RECV as in RCC)",
             header.unwrap_or_default()
+        );
+        println!(
+            "timestamps (WAITDIE, MVCC): {}",
+            match ts {
+                TsMode::Local => "local clocks with the coordinator's id (RCC)",
+                TsMode::Tso => "the timestamp oracle (one FAA per group of a thread's requests)",
+            }
         );
         if wl.name() == "ycsb" {
             println!(

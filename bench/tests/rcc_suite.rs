@@ -100,6 +100,8 @@ fn a_sweep_prints_a_table_per_point_and_draws_a_chart() {
         "--duration",
         "0.2",
         "--doorbell-ablation",
+        "--ts",
+        "tso",
         "--sweep",
         "hot-prob=0.1,0.9",
         "--chart",
@@ -109,6 +111,10 @@ fn a_sweep_prints_a_table_per_point_and_draws_a_chart() {
     assert!(out.status.success(), "{stdout}");
     assert_eq!(stdout.matches("=== RCC suite").count(), 2, "{stdout}");
     assert!(stdout.contains("hot-prob = 0.9"), "{stdout}");
+    assert!(
+        stdout.contains("timestamps (WAITDIE, MVCC): the timestamp oracle"),
+        "{stdout}"
+    );
     assert_eq!(
         stdout
             .matches("ratio throughput doorbell-batching on/off occ = ")
@@ -131,6 +137,7 @@ fn bad_flags_fail_with_a_message() {
         ),
         (vec!["--hot-prob", "2"], "probabilities"),
         (vec!["--coroutines", "0"], "at least one"),
+        (vec!["--ts", "hlc"], "unknown timestamp source"),
     ] {
         let out = txn_bench(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);

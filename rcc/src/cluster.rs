@@ -57,6 +57,8 @@ pub struct RunConfig {
     pub history_bytes: usize,
     /// A planted bug (test builds with feature `fault-injection`).
     pub fault: Option<Fault>,
+    /// Where WAITDIE's and MVCC's timestamps come from.
+    pub ts: TsMode,
     /// One-sided doorbell batching (lock-and-read, update-and-unlock; RCC, 3): on by
     /// default.
     pub doorbell_batching: bool,
@@ -79,9 +81,23 @@ impl Default for RunConfig {
             history_bytes: 8 << 20,
             fault: None,
             doorbell_batching: true,
+            ts: TsMode::Local,
             watchdog: Duration::from_secs(1),
         }
     }
+}
+
+/// Where WAITDIE's and MVCC's transaction timestamps come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TsMode {
+    /// Each coordinator's clock with its id in the low bits, as RCC takes them (RCC,
+    /// 4.3 and 4.4).
+    #[default]
+    Local,
+    /// This project's timestamp oracle (Scythe 4.5), started with the cluster on a node
+    /// of its own: one one-sided FAA on its counter per group of a thread's requests
+    /// (`tso::ThreadTso`), the coordinator's id in the low bits.
+    Tso,
 }
 
 /// Errors of a run.
@@ -118,10 +134,14 @@ pub struct Outcome {
     pub stalled: bool,
     /// The fabric and model that ran.
     pub fabric: String,
+    /// With [`TsMode::Tso`]: the oracle's counter at the end (timestamps handed out).
+    pub oracle_timestamps: Option<u64>,
 }
 
 struct Shared {
     addrs: OnceLock<Vec<SocketAddr>>,
+    /// The timestamp oracle's address, with [`TsMode::Tso`].
+    oracle: OnceLock<SocketAddr>,
     reports: Mutex<Vec<(Report, RrpcStats, Instant, Instant)>>,
     stop: AtomicBool,
     stalled: AtomicBool,
@@ -172,6 +192,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
     };
     let shared = Arc::new(Shared {
         addrs: OnceLock::new(),
+        oracle: OnceLock::new(),
         reports: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
         stalled: AtomicBool::new(false),
@@ -240,6 +261,27 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         nodes.push(node);
         regions.push(mr);
     }
+    // The oracle, on a node of its own, before the coordinators look for it.
+    let oracle = match cfg.ts {
+        TsMode::Local => None,
+        TsMode::Tso => {
+            let mut fc = FabricConfig::new(cfg.fabric, &name, NodeId(cfg.nodes as u32 + 1));
+            fc.model = cfg.model.clone();
+            let setup = |what: &'static str| move |e: String| RunError::Setup { what, why: e };
+            let fabric = Fabric::open(&fc)
+                .map_err(|e| e.to_string())
+                .map_err(setup("opening the oracle's fabric"))?;
+            let o = tso::Oracle::new(&fabric)
+                .map_err(|e| e.to_string())
+                .map_err(setup("creating the timestamp oracle"))?;
+            let node = o
+                .serve(fabric, "127.0.0.1:0".parse().expect("addr"))
+                .map_err(|e| e.to_string())
+                .map_err(setup("serving the timestamp oracle"))?;
+            let _ = shared.oracle.set(node.addr());
+            Some((o, node))
+        }
+    };
     let _ = shared.addrs.set(nodes.iter().map(|n| n.addr()).collect());
     // Wait for every coordinator, with the watchdog.
     let deadline = Instant::now() + cfg.duration + Duration::from_secs(30);
@@ -271,6 +313,10 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         }
     }
     drop(nodes);
+    let oracle_timestamps = oracle.map(|(o, node)| {
+        drop(node);
+        o.current().get() & tso::timestamp::COUNTER_MASK
+    });
     let mut report = Report::new(0);
     let mut rrpc = RrpcStats::default();
     let (mut first, mut end) = (None::<Instant>, None::<Instant>);
@@ -312,6 +358,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         audit,
         stalled: shared.stalled.load(Ordering::Acquire),
         fabric: fabric_desc,
+        oracle_timestamps,
     })
 }
 
@@ -386,6 +433,31 @@ async fn node_main(
         nodes.push((info.node, desc));
     }
     let net = RrpcNet::new(ctx.clone(), nodes);
+    let ts_source: Option<crate::coord::TsSource> = match shared.oracle.get() {
+        None => None,
+        Some(&addr) => {
+            let conn =
+                match tso::TsoConn::connect(ctx.clone(), addr, tso::ReconnectConfig::default()) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        *shared.setup_error.lock().expect("lock") =
+                            Some(format!("node {n} to the timestamp oracle at {addr}: {e}"));
+                        return;
+                    }
+                };
+            let tso = Rc::new(tso::ThreadTso::new(conn));
+            let ctx = ctx.clone();
+            Some(Rc::new(move || {
+                let (tso, ctx) = (tso.clone(), ctx.clone());
+                Box::pin(async move {
+                    tso.timestamp(&ctx)
+                        .await
+                        .map(|t| t.get())
+                        .map_err(|e| e.to_string())
+                })
+            }))
+        }
+    };
     let layout = Rc::new((*layout).clone());
     let stop = Rc::new(std::cell::Cell::new(false));
     let start = Instant::now();
@@ -425,6 +497,7 @@ async fn node_main(
         }
         c.stop = stop.clone();
         c.doorbell_batching = cfg.doorbell_batching;
+        c.tso = ts_source.clone();
         let (wl, shared, ctx2, left, stop) = (
             wl.clone(),
             shared.clone(),

@@ -5,6 +5,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -219,6 +220,11 @@ pub enum Fault {
     CalvinArrivalOrder,
 }
 
+/// A timestamp source outside the coordinator (`--ts tso`: this project's timestamp
+/// oracle, Scythe 4.5): each call returns the next timestamp (unique, nonzero, below
+/// 2^53, larger than every one handed out before the call) or the source's error.
+pub type TsSource = Rc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<u64, String>>>>>;
+
 /// One coordinator co-routine.
 pub struct Coord<N> {
     /// Its access to the nodes.
@@ -234,6 +240,9 @@ pub struct Coord<N> {
     pub id: u64,
     /// Set when the run stops: waiting loops give up.
     pub stop: Rc<Cell<bool>>,
+    /// Where WAITDIE's and MVCC's timestamps come from: `None` for RCC's local clocks
+    /// ([`Coord::begin`]), or an oracle ([`Coord::start`]).
+    pub tso: Option<TsSource>,
     /// Whether a record's two one-sided operations (lock-and-read, update-and-unlock)
     /// share one doorbell (RCC, 3 and 4.2; default on). Off, the second is posted a
     /// scheduler turn after the first, on the same QP.
@@ -259,6 +268,7 @@ impl<N: Net> Coord<N> {
             id,
             stop: Rc::new(Cell::new(false)),
             doorbell_batching: true,
+            tso: None,
             stats: RefCell::new(Stats::default()),
             ts: Cell::new(0),
             seen: Cell::new(0),
@@ -292,6 +302,34 @@ impl<N: Net> Coord<N> {
             let now = txn::history::monotonic_ns().max(floor);
             self.ts.set((now << ID_BITS) | self.id);
         }
+    }
+
+    /// Start a transaction as [`Coord::begin`] does, with WAITDIE's and MVCC's fresh
+    /// timestamps taken from [`Coord::tso`] when set: the oracle's timestamp with this
+    /// coordinator's id in the low [`ID_BITS`] bits. An oracle timestamp is larger than
+    /// every one handed out before, so it is also past every timestamp
+    /// [`Coord::observe`]d. Errors: the oracle's, as [`Abort::Net`] with
+    /// [`NetError::Timestamp`].
+    pub async fn start(&self, retry: bool) -> Result<(), Abort> {
+        let Some(src) = self.tso.as_ref() else {
+            self.begin(retry);
+            return Ok(());
+        };
+        let needs = matches!(self.proto, Proto::WaitDie | Proto::Mvcc);
+        if !needs || (retry && self.ts.get() != 0 && self.proto == Proto::WaitDie) {
+            self.begin(retry);
+            return Ok(());
+        }
+        let t = src()
+            .await
+            .map_err(|why| Abort::Net(NetError::Timestamp { why }))?;
+        if t == 0 || t >= 1 << (63 - ID_BITS) {
+            return Err(Abort::Net(NetError::Timestamp {
+                why: format!("timestamp {t:#x} is outside 1..2^53"),
+            }));
+        }
+        self.ts.set((t << ID_BITS) | self.id);
+        Ok(())
     }
 
     /// Note a timestamp seen in a tuple (MVCC's `wts`, `rts` or lock): the next fresh

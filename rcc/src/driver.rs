@@ -121,7 +121,11 @@ pub async fn drive<N: Net>(
         let mut retry = false;
         let mut aborts = 0u32;
         loop {
-            c.begin(retry);
+            if let Err(e) = c.start(retry).await {
+                rep.error = Some(e.to_string());
+                c.stop.set(true);
+                break 'txns;
+            }
             match c.run(&t).await {
                 Ok(acc) => {
                     rep.commits += 1;

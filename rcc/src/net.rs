@@ -44,6 +44,12 @@ pub enum NetError {
         /// The transport's or handler's message.
         why: String,
     },
+    /// The timestamp oracle failed or handed out a timestamp out of range.
+    #[error("timestamp oracle: {why}")]
+    Timestamp {
+        /// What went wrong.
+        why: String,
+    },
 }
 
 /// One coordinator thread's access to every node (indices `0..nodes`).

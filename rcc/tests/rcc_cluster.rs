@@ -249,3 +249,35 @@ fn planted_mvcc_and_sundial_bugs_show_cycles_over_shm() {
         }
     }
 }
+
+/// `--ts tso`: WAITDIE and MVCC take their timestamps from this project's timestamp
+/// oracle (one FAA per group of a thread's requests) instead of local clocks, pass their
+/// checks, and the oracle handed out at least one timestamp per committed transaction.
+#[test]
+fn waitdie_and_mvcc_run_on_the_timestamp_oracle() {
+    let wl = Arc::new(SmallBank {
+        accounts: 200,
+        hot: (10, 0.5),
+    });
+    for p in [Proto::WaitDie, Proto::Mvcc] {
+        for v in [Variant::Rpc, Variant::OneSided] {
+            let what = format!("{} {} --ts tso", p.name(), v.name());
+            let o = run(
+                &RunConfig {
+                    ts: rcc::cluster::TsMode::Tso,
+                    ..cfg(p, v)
+                },
+                wl.clone(),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(o.report.error.is_none(), "{what}: {:?}", o.report.error);
+            o.audit.unwrap_or_else(|e| panic!("{what}: {e}"));
+            let handed = o.oracle_timestamps.expect("an oracle ran");
+            assert!(
+                handed >= o.report.commits && o.report.commits > 20,
+                "{what}: {handed} timestamps for {} commits",
+                o.report.commits
+            );
+        }
+    }
+}
