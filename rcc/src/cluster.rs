@@ -229,7 +229,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
                 .map_err(setup("registering the partition"))?,
         );
         driver::load(&layout, &*wl, n, &mut |off, b| mr.write(off as usize, b));
-        let handlers = handlers(MrStore(mr.clone()), region);
+        let handlers = handlers(MrStore(mr.clone()), region, shared.clone());
         let rt = ServerRuntime::new(RuntimeConfig::default()).with_setup({
             let (shared, layout, wl, cfg) =
                 (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
@@ -365,7 +365,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The RPC variants' handlers over a node's partition.
-fn handlers(store: MrStore, region: u64) -> Handlers {
+fn handlers(store: MrStore, region: u64, shared: Arc<Shared>) -> Handlers {
     let mut h = Handlers::new();
     for id in [
         wire::FETCH,
@@ -386,10 +386,11 @@ fn handlers(store: MrStore, region: u64) -> Handlers {
         h.register(id, move |req, out| calvin::serve(&s, region, id, req, out));
     }
     h.register_async(wire::FETCH_WAIT, move |req| {
-        let s = store.clone();
+        let (s, shared) = (store.clone(), shared.clone());
         async move {
             let ctx = ThreadCtx::current().ok_or("FETCH_WAIT needs the server's runtime")?;
-            server::serve_waitdie(&s, region, &req, || ctx.yield_now()).await
+            let stopped = || shared.stop.load(Ordering::Acquire);
+            server::serve_waitdie(&s, region, &req, || ctx.yield_now(), &stopped).await
         }
     });
     h

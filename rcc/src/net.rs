@@ -234,7 +234,7 @@ impl Net for LocalNet {
         let s: &HeapStore = self.at(node, 0, 0)?;
         let err = |why: String| NetError::Call { node, handler, why };
         if handler == wire::FETCH_WAIT {
-            return server::serve_waitdie(s, self.region, &req, YieldNow::default)
+            return server::serve_waitdie(s, self.region, &req, YieldNow::default, &|| false)
                 .await
                 .map_err(err);
         }

@@ -11,10 +11,11 @@ use crate::layout::{SUNDIAL_CV, SUNDIAL_LEASE};
 use crate::store::Store;
 use crate::wire::{self, Dec, Enc};
 
-/// How long a WAITDIE request may wait in a handler before it gives up with a conflict.
-/// Far beyond any wait the protocol makes (an older transaction waits only for younger
-/// holders, which finish or die); it only bounds a planted never-die deadlock.
-pub const MAX_WAIT: Duration = Duration::from_secs(2);
+/// How long a WAITDIE request may wait in a handler before it gives up with a conflict:
+/// far beyond any wait the protocol makes (an older transaction waits only for younger
+/// holders, which finish or die), and below rrpc's default call deadline (2 s), so the
+/// requester hears a conflict rather than a timeout.
+pub const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// An `off`, `len` pair that is not inside a region of `region` bytes, or not aligned.
 fn check(region: u64, off: u64, len: u64) -> Result<(), String> {
@@ -214,12 +215,15 @@ fn reply_tuples(store: &dyn Store, es: &[FetchEntry], out: &mut Vec<u8>) {
 /// order; on a conflict an older requester (smaller timestamp, the owner word) waits,
 /// yielding to the server thread's event loop (`yield_now`) between attempts, and a
 /// younger one dies, releasing what this request took. Errors as [`serve`]; a wait past
-/// [`MAX_WAIT`] replies a conflict.
+/// [`MAX_WAIT`], or any wait once `stopped()` says the run is over, replies a conflict.
+/// The planted never-die mode (every conflict waits) is not bounded by [`MAX_WAIT`]: it
+/// deadlocks, as the bug would, until the run stops.
 pub async fn serve_waitdie<Y: Future<Output = ()>>(
     store: &dyn Store,
     region: u64,
     req: &[u8],
     yield_now: impl Fn() -> Y,
+    stopped: &dyn Fn() -> bool,
 ) -> Result<Vec<u8>, String> {
     let (mode, owner, es) = parse_fetch(region, req)?;
     let never_die = match mode {
@@ -241,7 +245,7 @@ pub async fn serve_waitdie<Y: Future<Output = ()>>(
                 break;
             }
             let wait = never_die || owner < old;
-            if !wait || start.elapsed() > MAX_WAIT {
+            if !wait || stopped() || (!never_die && start.elapsed() > MAX_WAIT) {
                 for &o in &taken {
                     store.cas(o, owner, 0);
                 }
