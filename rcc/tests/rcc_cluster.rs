@@ -248,7 +248,8 @@ fn planted_mvcc_and_sundial_bugs_show_cycles_over_shm() {
         // node's handlers run one at a time on its thread, which makes the window the
         // bug opens narrow and its detection a matter of luck on a loaded machine; the
         // unit tests on the jittered in-memory network catch both variants.
-        for v in [Variant::OneSided] {
+        {
+            let v = Variant::OneSided;
             let what = format!("{} {}", p.name(), v.name());
             let run_with = |fault| {
                 let c = RunConfig {
