@@ -22,6 +22,7 @@ pub mod peers;
 pub mod perftest;
 pub mod plot;
 pub mod rcc_suite;
+pub mod rcc_tcp;
 pub mod recoverer;
 pub mod remote;
 pub mod report;

@@ -5,7 +5,8 @@
 //! thread each), checked after the run (the workload's check, locks free,
 //! serializability). One table per invocation: one row per protocol and variant, the
 //! `onesided/rpc` ratio per protocol, and the best protocol of each variant; with
-//! `--sweep`, one table per point and a chart.
+//! `--sweep`, one table per point and a chart; with `--transport-compare`, the RPC
+//! variant over tonic too (`tcp` rows, the `rpc/tcp` ratio: RCC, 5, Table 3).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use rcc::calls::CallTransportFactory;
 use rcc::cluster::{run, Outcome, RunConfig, TsMode};
 use rcc::coord::STAGES;
 use rcc::smallbank::SmallBank;
@@ -23,6 +25,7 @@ use rrpc::fabric::FabricKind;
 use serde::Serialize;
 
 use crate::plot::{LineChart, Scale, Series};
+use crate::rcc_tcp::TonicCalls;
 
 /// RCC's suite: NOWAIT, WAITDIE, OCC, MVCC, SUNDIAL and CALVIN,
 /// each over RPC and over one-sided RDMA, on SmallBank or YCSB with a hot area, on a
@@ -103,6 +106,12 @@ pub struct RccArgs {
     /// NOWAIT on SmallBank).
     #[arg(long)]
     pub doorbell_ablation: bool,
+    /// Also run each protocol's RPC variant with every message over tonic (gRPC, HTTP/2
+    /// over loopback TCP; rows `tcp`, the coordinators still on the nodes' rrpc threads)
+    /// and print `ratio throughput rpc/tcp P = X` (RCC, 5, Table 3: its RDMA RPC is
+    /// 5.2-10x TCP). Needs the RPC variant.
+    #[arg(long)]
+    pub transport_compare: bool,
     /// Where WAITDIE's and MVCC's timestamps come from: local (each coordinator's clock
     /// with its id in the low bits, as RCC takes them) or tso (this project's timestamp
     /// oracle, started on a node of its own: one one-sided FAA per group of a thread's
@@ -318,6 +327,15 @@ fn print_table(rows: &[Row]) {
     }
     for p in &protos {
         let get = |v: &str| rows.iter().find(|r| r.protocol == *p && r.variant == v);
+        if let (Some(a), Some(b)) = (get("rpc"), get("tcp")) {
+            println!(
+                "ratio throughput rpc/tcp {p} = {:.3}",
+                a.throughput / b.throughput.max(1e-9)
+            );
+        }
+    }
+    for p in &protos {
+        let get = |v: &str| rows.iter().find(|r| r.protocol == *p && r.variant == v);
         if let (Some(a), Some(b)) = (get("onesided"), get("onesided-nodb")) {
             println!(
                 "ratio throughput doorbell-batching on/off {p} = {:.3}",
@@ -351,6 +369,9 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
     }
     let protocols = args.protocols()?;
     let variants = args.variants()?;
+    if args.transport_compare && !variants.contains(&Variant::Rpc) {
+        bail!("--transport-compare compares the RPC variant's transports: it needs --variant rpc or both");
+    }
     let sweep = args.sweep()?;
     let ts = match args.ts.as_str() {
         "local" => TsMode::Local,
@@ -377,19 +398,23 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         let wl = a.workload()?;
         let mut rows = Vec::new();
         let mut header = None;
-        let mut runs: Vec<(Proto, Variant, bool)> = Vec::new();
+        // (protocol, variant, doorbell batching, calls over tonic)
+        let mut runs: Vec<(Proto, Variant, bool, bool)> = Vec::new();
         for &p in &protocols {
             for &v in &variants {
-                runs.push((p, v, true));
+                runs.push((p, v, true, false));
+                if args.transport_compare && v == Variant::Rpc {
+                    runs.push((p, v, true, true));
+                }
                 // MVCC's and SUNDIAL's lists are always batched; CALVIN has none.
                 let switchable = matches!(p, Proto::NoWait | Proto::WaitDie | Proto::Occ);
                 if args.doorbell_ablation && v == Variant::OneSided && switchable {
-                    runs.push((p, v, false));
+                    runs.push((p, v, false, false));
                 }
             }
         }
         {
-            for (p, v, batching) in runs {
+            for (p, v, batching, tcp) in runs {
                 let cfg = RunConfig {
                     fabric: a.fabric,
                     model: model.clone(),
@@ -404,11 +429,15 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                     doorbell_batching: batching,
                     ts,
                     watchdog: Duration::from_secs(2),
+                    calls: tcp.then(|| Arc::new(TonicCalls) as Arc<dyn CallTransportFactory>),
                 };
-                let vname = if batching { v.name() } else { "onesided-nodb" };
+                let vname = match (batching, tcp) {
+                    (_, true) => "tcp",
+                    (false, _) => "onesided-nodb",
+                    _ => v.name(),
+                };
                 eprintln!("running {} {vname} ...", p.name());
-                let o =
-                    run(&cfg, wl.clone()).with_context(|| format!("{} {}", p.name(), v.name()))?;
+                let o = run(&cfg, wl.clone()).with_context(|| format!("{} {vname}", p.name()))?;
                 header.get_or_insert_with(|| o.fabric.clone());
                 let mut r = row(p, v, point, &o);
                 r.variant = vname;
@@ -438,6 +467,11 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                 TsMode::Tso => "the timestamp oracle (one FAA per group of a thread's requests)",
             }
         );
+        if args.transport_compare {
+            println!(
+                "tcp = the RPC variant with every message over tonic (gRPC, HTTP/2 over loopback TCP); coordinators still on the nodes' rrpc threads"
+            );
+        }
         if wl.name() == "ycsb" {
             println!(
                 "ycsb-rcc: {} records, hot area {} drawn with p = {}, {} ops, {} writes, {} us compute",

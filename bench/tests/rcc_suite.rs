@@ -1,6 +1,7 @@
 //! `txn-bench --suite rcc` as a user runs it: every protocol in both variants on SmallBank
 //! and on RCC's YCSB, one table each with the ratios and the best protocol per variant,
-//! JSON, a sweep with its chart and the doorbell-batching ablation; bad flags fail with a message and exit code 2.
+//! JSON, a sweep with its chart, the doorbell-batching ablation and the transport
+//! comparison (rrpc against tonic); bad flags fail with a message and exit code 2.
 
 use std::process::Command;
 
@@ -126,6 +127,52 @@ fn a_sweep_prints_a_table_per_point_and_draws_a_chart() {
 }
 
 #[test]
+fn transport_compare_adds_tcp_rows_and_the_rpc_tcp_ratio() {
+    let out = txn_bench(&[
+        "--workload",
+        "smallbank",
+        "--accounts",
+        "2000",
+        "--protocol",
+        "nowait,occ,calvin",
+        "--variant",
+        "rpc",
+        "--coroutines",
+        "2",
+        "--duration",
+        "0.2",
+        "--transport-compare",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("tcp = the RPC variant with every message over tonic"),
+        "{stdout}"
+    );
+    for p in ["nowait", "occ", "calvin"] {
+        for v in ["rpc", "tcp"] {
+            assert!(
+                stdout.lines().any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 2 && f[0] == p && f[1] == v && l.ends_with("ok")
+                }),
+                "no passing row for {p} {v}:\n{stdout}"
+            );
+        }
+        let ratio = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("ratio throughput rpc/tcp {p} = ")))
+            .unwrap_or_else(|| panic!("no rpc/tcp ratio for {p}:\n{stdout}"));
+        assert!(ratio.parse::<f64>().unwrap() > 0.0, "{stdout}");
+    }
+    assert!(
+        stdout.contains("verdict: every run passed its checks"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn bad_flags_fail_with_a_message() {
     for (args, msg) in [
         (vec!["--protocol", "2pl"], "unknown value \"2pl\""),
@@ -138,6 +185,10 @@ fn bad_flags_fail_with_a_message() {
         (vec!["--hot-prob", "2"], "probabilities"),
         (vec!["--coroutines", "0"], "at least one"),
         (vec!["--ts", "hlc"], "unknown timestamp source"),
+        (
+            vec!["--variant", "onesided", "--transport-compare"],
+            "needs --variant rpc or both",
+        ),
     ] {
         let out = txn_bench(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);

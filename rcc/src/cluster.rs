@@ -21,6 +21,7 @@ use rrpc::runtime::{RuntimeConfig, Stats as RrpcStats, ThreadCtx};
 use rrpc::server::{Handlers, ServerConfig};
 use rrpc::NodeId;
 
+use crate::calls::{AnyNet, CallTransport, CallTransportFactory, CallsNet, NodeHandlers};
 use crate::calvin::{self, CalvinConfig};
 use crate::coord::{Coord, Fault, Proto, Variant};
 use crate::driver::{self, Limit, Report};
@@ -65,6 +66,11 @@ pub struct RunConfig {
     /// The run stops all coordinators when no transaction finished anywhere for this
     /// long once every node's coordinators started (a deadlock), and reports it.
     pub watchdog: Duration,
+    /// The RPC variant's calls over another transport (the bench's tonic one; RCC, 5,
+    /// Table 3 compares RDMA RPC with TCP): `None` (default) is rrpc. The nodes and
+    /// their coordinators stay on rrpc's threads; only the calls take this transport.
+    /// Needs [`Variant::Rpc`].
+    pub calls: Option<Arc<dyn CallTransportFactory>>,
 }
 
 impl Default for RunConfig {
@@ -83,6 +89,7 @@ impl Default for RunConfig {
             doorbell_batching: true,
             ts: TsMode::Local,
             watchdog: Duration::from_secs(1),
+            calls: None,
         }
     }
 }
@@ -152,6 +159,8 @@ struct Shared {
     ready: std::sync::atomic::AtomicUsize,
     /// CALVIN: node 0's global sequence of inputs per epoch, for the determinism check.
     calvin_seq: Mutex<Vec<Vec<u64>>>,
+    /// With [`RunConfig::calls`]: each node's client, taken by its thread.
+    calls: Mutex<Vec<Option<Box<dyn CallTransport + Send>>>>,
 }
 
 /// Run `wl` on a fresh cluster of `cfg.nodes` nodes and check the result (for CALVIN,
@@ -163,6 +172,12 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         return Err(RunError::Config(format!(
             "{} nodes x {} coroutines: need at least one of each and fewer than 1024 coordinators",
             cfg.nodes, cfg.coroutines
+        )));
+    }
+    if cfg.calls.is_some() && cfg.variant != Variant::Rpc {
+        return Err(RunError::Config(format!(
+            "the {} transport serves the RPC variant only",
+            cfg.calls.as_ref().map_or("", |c| c.name())
         )));
     }
     if cfg.fault.is_some() && !cfg!(feature = "fault-injection") {
@@ -200,6 +215,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         setup_error: Mutex::new(None),
         ready: Default::default(),
         calvin_seq: Mutex::new(Vec::new()),
+        calls: Mutex::new(Vec::new()),
     });
     // CALVIN's receive and forward buffers follow the tables in every region.
     let region = if cfg.proto == Proto::Calvin {
@@ -210,6 +226,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
     let mut nodes = Vec::new();
     let mut regions: Vec<Arc<MemoryRegion>> = Vec::new();
     let mut fabric_desc = String::new();
+    let mut node_handlers = Vec::new();
     for n in 0..cfg.nodes {
         let mut fc = FabricConfig::new(cfg.fabric, &name, NodeId(n as u32 + 1));
         fc.model = cfg.model.clone();
@@ -230,6 +247,12 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         );
         driver::load(&layout, &*wl, n, &mut |off, b| mr.write(off as usize, b));
         let handlers = handlers(MrStore(mr.clone()), region, shared.clone());
+        node_handlers.push(
+            NodeHandlers::new(Arc::new(MrStore(mr.clone())), region).stopping_when({
+                let shared = shared.clone();
+                move || shared.stop.load(Ordering::Acquire)
+            }),
+        );
         let rt = ServerRuntime::new(RuntimeConfig::default()).with_setup({
             let (shared, layout, wl, cfg) =
                 (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
@@ -282,6 +305,23 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
             Some((o, node))
         }
     };
+    // The other call transport's servers and clients, before the coordinators start.
+    let calls_cluster = match &cfg.calls {
+        None => None,
+        Some(f) => {
+            let setup = |why: String| RunError::Setup {
+                what: "starting the call transport",
+                why,
+            };
+            let c = f.start(node_handlers).map_err(setup)?;
+            let clients = (0..cfg.nodes)
+                .map(|_| c.client().map(Some))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(setup)?;
+            *shared.calls.lock().expect("lock") = clients;
+            Some(c)
+        }
+    };
     let _ = shared.addrs.set(nodes.iter().map(|n| n.addr()).collect());
     // Wait for every coordinator, with the watchdog.
     let deadline = Instant::now() + cfg.duration + Duration::from_secs(30);
@@ -313,6 +353,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         }
     }
     drop(nodes);
+    drop(calls_cluster);
     let oracle_timestamps = oracle.map(|(o, node)| {
         drop(node);
         o.current().get() & tso::timestamp::COUNTER_MASK
@@ -433,7 +474,25 @@ async fn node_main(
         };
         nodes.push((info.node, desc));
     }
-    let net = RrpcNet::new(ctx.clone(), nodes);
+    let client = shared
+        .calls
+        .lock()
+        .expect("lock")
+        .get_mut(n)
+        .and_then(Option::take);
+    let net = match client {
+        None => AnyNet::Rrpc(RrpcNet::new(ctx.clone(), nodes)),
+        Some(c) => {
+            let ctx = ctx.clone();
+            AnyNet::Calls(CallsNet::new(
+                {
+                    let c: Rc<dyn CallTransport + Send> = Rc::from(c);
+                    c
+                },
+                Some(Rc::new(move || Box::pin(ctx.yield_now()))),
+            ))
+        }
+    };
     let ts_source: Option<crate::coord::TsSource> = match shared.oracle.get() {
         None => None,
         Some(&addr) => {
@@ -539,7 +598,7 @@ fn calvin_main(
     wl: Arc<dyn Workload + Send + Sync>,
     cfg: &RunConfig,
     store: MrStore,
-    net: RrpcNet,
+    net: AnyNet,
     limit: Limit,
     stop: Rc<std::cell::Cell<bool>>,
     start: Instant,

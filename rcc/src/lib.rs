@@ -17,13 +17,15 @@
 //! - [`layout`]: tuple layouts and record placement; [`store`]: a partition as its CPU
 //!   sees it; [`wire`]: the RPC messages; [`server`]: the handlers;
 //! - [`net`]: the coordinator's network, in memory ([`net::LocalNet`]) or over rrpc
-//!   ([`net::RrpcNet`]);
+//!   ([`net::RrpcNet`]); [`calls`]: the RPC variants over another call transport (the
+//!   bench's tonic one: RCC, 5, Table 3's RPC against TCP);
 //! - [`coord`]: a coordinator, its counters and transactions; [`twopl`] (NOWAIT,
 //!   WAITDIE), [`occ`], [`mvcc`] and [`sundial`]: the per-transaction protocols;
 //!   [`calvin`]: CALVIN, with its own epoch loop, buffers and handlers;
 //! - [`workload`], [`smallbank`], [`ycsb`]: the workloads; [`driver`]: running and
 //!   checking; [`cluster`]: nodes on rrpc, coordinators on their server threads.
 
+pub mod calls;
 pub mod calvin;
 pub mod cluster;
 pub mod coord;

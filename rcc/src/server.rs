@@ -223,7 +223,7 @@ pub async fn serve_waitdie<Y: Future<Output = ()>>(
     region: u64,
     req: &[u8],
     yield_now: impl Fn() -> Y,
-    stopped: &dyn Fn() -> bool,
+    stopped: &(dyn Fn() -> bool + Sync),
 ) -> Result<Vec<u8>, String> {
     let (mode, owner, es) = parse_fetch(region, req)?;
     let never_die = match mode {
