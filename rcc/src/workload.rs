@@ -1,6 +1,6 @@
-//! The workloads as RCC runs them (RCC, 5.1): SmallBank and YCSB with a hot area
-//! ([`crate::smallbank`], [`crate::ycsb`]), each with its own check of the final
-//! database.
+//! The workloads as RCC runs them (RCC, 5.1): SmallBank, YCSB with a hot area and TPC-C
+//! New-Order ([`crate::smallbank`], [`crate::ycsb`], [`crate::tpcc`]), each with its own
+//! check of the final database.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -27,6 +27,10 @@ pub trait Workload {
     /// Check the final database, read record by record through `read`, given the sum of
     /// the committed transactions' effects. Errors: what does not hold.
     fn check(&self, read: &dyn Fn(u32, u64) -> Vec<u8>, delta: i64) -> Result<String, String>;
+    /// Whether its transactions insert rows ([`TxnSpec::inserts`]; default false).
+    fn inserts(&self) -> bool {
+        false
+    }
 }
 
 /// Spin for `us` microseconds: a transaction's computation (RCC's YCSB sets it as a
@@ -61,5 +65,8 @@ impl<T: Workload + ?Sized> Workload for std::sync::Arc<T> {
     }
     fn check(&self, read: &dyn Fn(u32, u64) -> Vec<u8>, delta: i64) -> Result<String, String> {
         (**self).check(read, delta)
+    }
+    fn inserts(&self) -> bool {
+        (**self).inserts()
     }
 }
