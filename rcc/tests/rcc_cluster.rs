@@ -249,3 +249,37 @@ fn planted_mvcc_and_sundial_bugs_show_cycles_over_shm() {
         }
     }
 }
+
+/// TPC-C New-Order (RCC, 5.1) over shm, every protocol and variant, CALVIN included:
+/// the New-Order check (TPC-C, clause 3.3.2), locks free and serializability (and for
+/// CALVIN determinism), 2 warehouses on 2 nodes at test scale.
+#[test]
+fn every_protocol_and_variant_passes_the_new_order_check_over_shm() {
+    for p in Proto::ALL {
+        for v in [Variant::Rpc, Variant::OneSided] {
+            let what = format!("tpcc-neworder {} {}", p.name(), v.name());
+            let wl = Arc::new(rcc::tpcc::NewOrder {
+                nodes: 2,
+                warehouses: 2,
+                customers: 100,
+                items: 1_000,
+                max_orders_per_district: 3_000,
+                district_full: Default::default(),
+            });
+            let o = run(&cfg(p, v), wl).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(o.report.error.is_none(), "{what}: {:?}", o.report.error);
+            assert!(!o.stalled, "{what}: stalled");
+            assert!(o.report.commits > 20, "{what}: {} commits", o.report.commits);
+            let lines = o.audit.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(lines[1].starts_with("tpc-c new-order ok"), "{what}: {lines:?}");
+            eprintln!(
+                "{what}: {} commits, {} rolled back, {:.1}% aborts, {:.2} rounds/txn; {}",
+                o.report.commits,
+                o.report.user_aborts,
+                100.0 * o.report.abort_rate(),
+                o.report.stats.rounds as f64 / o.report.commits as f64,
+                lines.join("; ")
+            );
+        }
+    }
+}
