@@ -549,13 +549,24 @@ fn every_protocol_and_variant_passes_the_new_order_check() {
 #[test]
 fn calvin_runs_new_order_with_inserts() {
     for v in [Variant::Rpc, Variant::OneSided] {
-        let (rep, audit) = run_local(Rc::new(small_tpcc(2, 3, 100)), Proto::Calvin, v, 2, 4, 30, None);
+        let (rep, audit) = run_local(
+            Rc::new(small_tpcc(2, 3, 100)),
+            Proto::Calvin,
+            v,
+            2,
+            4,
+            30,
+            None,
+        );
         let what = format!("calvin {}", v.name());
         assert!(rep.error.is_none(), "{what}: {:?}", rep.error);
         assert_eq!(rep.commits + rep.user_aborts, 2 * 4 * 30, "{what}");
         assert_eq!(rep.aborts, 0, "{what}");
         let lines = audit.unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(lines[1].starts_with("tpc-c new-order ok"), "{what}: {lines:?}");
+        assert!(
+            lines[1].starts_with("tpc-c new-order ok"),
+            "{what}: {lines:?}"
+        );
         assert!(lines[3].starts_with("determinism"), "{what}: {lines:?}");
         eprintln!("{what}: {} commits; {lines:?}", rep.commits);
     }

@@ -269,9 +269,16 @@ fn every_protocol_and_variant_passes_the_new_order_check_over_shm() {
             let o = run(&cfg(p, v), wl).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(o.report.error.is_none(), "{what}: {:?}", o.report.error);
             assert!(!o.stalled, "{what}: stalled");
-            assert!(o.report.commits > 20, "{what}: {} commits", o.report.commits);
+            assert!(
+                o.report.commits > 20,
+                "{what}: {} commits",
+                o.report.commits
+            );
             let lines = o.audit.unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(lines[1].starts_with("tpc-c new-order ok"), "{what}: {lines:?}");
+            assert!(
+                lines[1].starts_with("tpc-c new-order ok"),
+                "{what}: {lines:?}"
+            );
             eprintln!(
                 "{what}: {} commits, {} rolled back, {:.1}% aborts, {:.2} rounds/txn; {}",
                 o.report.commits,
