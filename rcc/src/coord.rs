@@ -431,8 +431,10 @@ impl<N: Net> Coord<N> {
 
     /// Write the inserted rows `ins` (one-sided: one WRITE of the whole tuple each; RPC:
     /// one [`crate::wire::COMMIT`] per node, entries without unlock), not as a round of
-    /// its own: [`Coord::with_inserts`] joins it to a commit round. Errors: the first
-    /// failed write.
+    /// its own: [`Coord::with_inserts`] joins it to a commit round. (The RPC commits of
+    /// NOWAIT, WAITDIE, OCC and SUNDIAL carry their rows in their own COMMIT messages
+    /// instead, [`Coord::commit_messages`]; MVCC's, a different handler, use this.)
+    /// Errors: the first failed write.
     pub async fn write_inserts(&self, ins: &[Inserted]) -> Result<(), NetError> {
         if ins.is_empty() {
             return Ok(());
@@ -449,24 +451,44 @@ impl<N: Net> Coord<N> {
                 rs.into_iter().collect()
             }
             Variant::Rpc => {
-                let mut by: std::collections::BTreeMap<usize, Vec<&Inserted>> = Default::default();
-                for i in ins {
-                    by.entry(i.node).or_default().push(i);
-                }
-                self.count_msgs(by.len());
-                let rs = futures::future::join_all(by.into_iter().map(|(node, is)| {
-                    let mut e = crate::wire::Enc::default();
-                    e.u64(self.id).u16(is.len() as u16);
-                    for i in is {
-                        let d = &i.tuple[VER as usize..];
-                        e.u64(i.off).u8(0).u32(d.len() as u32).bytes(d);
-                    }
-                    self.net.call(node, crate::wire::COMMIT, e.0)
-                }))
+                let msgs = self.commit_messages(self.id, &[], ins);
+                self.count_msgs(msgs.len());
+                let rs = futures::future::join_all(
+                    msgs.into_iter()
+                        .map(|(node, m)| self.net.call(node, crate::wire::COMMIT, m)),
+                )
                 .await;
                 rs.into_iter().map(|r| r.map(|_| ())).collect()
             }
         }
+    }
+
+    /// The [`crate::wire::COMMIT`] messages of a commit round, one per node, nodes
+    /// ascending: owner `owner`, then per node its `entries` `(node, tuple offset, bytes
+    /// written at offset + 8)`, each unlocking, in the given order, then the rows of `ins`
+    /// it holds, without unlock (a node with inserts only gets a message of its own).
+    pub fn commit_messages(
+        &self,
+        owner: u64,
+        entries: &[(usize, u64, &[u8])],
+        ins: &[Inserted],
+    ) -> Vec<(usize, Vec<u8>)> {
+        let mut by: std::collections::BTreeMap<usize, (u16, crate::wire::Enc)> = Default::default();
+        let rows = ins
+            .iter()
+            .map(|i| (i.node, i.off, &i.tuple[VER as usize..], 0u8));
+        for (node, off, d, unlock) in entries.iter().map(|&(n, o, d)| (n, o, d, 1u8)).chain(rows) {
+            let m = by.entry(node).or_default();
+            m.0 += 1;
+            m.1.u64(off).u8(unlock).u32(d.len() as u32).bytes(d);
+        }
+        by.into_iter()
+            .map(|(node, (n, body))| {
+                let mut e = crate::wire::Enc::default();
+                e.u64(owner).u16(n).bytes(&body.0);
+                (node, e.0)
+            })
+            .collect()
     }
 
     /// Await `f` (a commit round's operations) together with the writes of `ins`, so

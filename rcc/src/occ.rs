@@ -329,25 +329,24 @@ async fn commit<N: Net>(
             }
         }
         Variant::Rpc => {
-            let by_node = group_of(c, t, writes);
-            c.count_msgs(by_node.len());
+            let entries: Vec<(usize, u64, &[u8])> = data
+                .iter()
+                .map(|(i, d)| {
+                    let (node, off, _) = c.loc(&t.ops[*i]);
+                    (node, off, &d[..])
+                })
+                .collect();
+            let msgs = c.commit_messages(me, &entries, ins);
+            c.count_msgs(msgs.len());
             let rs = c
                 .round(
                     Stage::Commit,
-                    c.with_inserts(
-                        ins,
-                        join_all(by_node.iter().map(|(node, idx)| {
-                            let mut e = Enc::default();
-                            e.u64(me).u16(idx.len() as u16);
-                            for &i in idx {
-                                let d = &data.iter().find(|(j, _)| *j == i).expect("written").1;
-                                e.u64(c.loc(&t.ops[i]).1).u8(1).u32(d.len() as u32).bytes(d);
-                            }
-                            c.net.call(*node, wire::COMMIT, e.0)
-                        })),
+                    join_all(
+                        msgs.into_iter()
+                            .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
                     ),
                 )
-                .await?;
+                .await;
             for r in rs {
                 r?;
             }

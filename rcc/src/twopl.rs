@@ -326,36 +326,27 @@ async fn commit<N: Net>(
             }
         }
         Variant::Rpc => {
-            let by_node = group(c, t);
-            let msgs: Vec<(usize, Vec<u8>)> = by_node
+            let entries: Vec<(usize, u64, &[u8])> = t
+                .ops
                 .iter()
-                .filter_map(|(node, idx)| {
-                    let idx: Vec<usize> = idx.iter().copied().filter(|&i| locks[i]).collect();
-                    if idx.is_empty() {
-                        return None;
-                    }
-                    let mut e = Enc::default();
-                    e.u64(me).u16(idx.len() as u16);
-                    for i in idx {
-                        let d = data[i].as_deref().unwrap_or(&[]);
-                        e.u64(c.loc(&t.ops[i]).1).u8(1).u32(d.len() as u32).bytes(d);
-                    }
-                    Some((*node, e.0))
+                .enumerate()
+                .filter(|(i, _)| locks[*i])
+                .map(|(i, o)| {
+                    let (node, off, _) = c.loc(o);
+                    (node, off, data[i].as_deref().unwrap_or(&[]))
                 })
                 .collect();
+            let msgs = c.commit_messages(me, &entries, ins);
             c.count_msgs(msgs.len());
             let rs = c
                 .round(
                     Stage::Commit,
-                    c.with_inserts(
-                        ins,
-                        join_all(
-                            msgs.into_iter()
-                                .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
-                        ),
+                    join_all(
+                        msgs.into_iter()
+                            .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
                     ),
                 )
-                .await?;
+                .await;
             for r in rs {
                 r?;
             }
