@@ -558,7 +558,4 @@ impl Workload for Counted<'_> {
     fn check(&self, read: &dyn Fn(u32, u64) -> Vec<u8>, delta: i64) -> Result<String, String> {
         self.wl.check(read, delta)
     }
-    fn inserts(&self) -> bool {
-        self.wl.inserts()
-    }
 }

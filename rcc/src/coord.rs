@@ -177,8 +177,10 @@ pub type Inserts = Box<dyn Fn(&[Vec<u8>]) -> Vec<Insert>>;
 /// transactions (New-Order derives them from `d_next_o_id`, a record the transaction
 /// writes under the protocol's concurrency control). Every per-transaction protocol
 /// writes them in its commit round, the whole fresh tuple as a first version (one-sided:
-/// one WRITE per row; RPC: one [`crate::wire::COMMIT`] message per node holding rows,
-/// entries without unlock), and records them in the history as writes of a new version.
+/// one WRITE per row; RPC: entries without unlock in the node's [`crate::wire::COMMIT`]
+/// message, one of their own for a node with nothing else to commit and for MVCC, whose
+/// commit has its own handler), and records them in the history as writes of a new
+/// version. CALVIN writes them on their home node, a receiver ([`crate::calvin`]).
 /// An inserted row can be read half-written only by a transaction that reads rows it
 /// did not insert and that are not in its [`TxnSpec::ops`] — no workload here does.
 pub struct TxnSpec {
@@ -458,7 +460,7 @@ impl<N: Net> Coord<N> {
                         .map(|(node, m)| self.net.call(node, crate::wire::COMMIT, m)),
                 )
                 .await;
-                rs.into_iter().map(|r| r.map(|_| ())).collect()
+                rs.into_iter().try_for_each(|r| r.map(|_| ()))
             }
         }
     }

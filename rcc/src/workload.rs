@@ -27,10 +27,6 @@ pub trait Workload {
     /// Check the final database, read record by record through `read`, given the sum of
     /// the committed transactions' effects. Errors: what does not hold.
     fn check(&self, read: &dyn Fn(u32, u64) -> Vec<u8>, delta: i64) -> Result<String, String>;
-    /// Whether its transactions insert rows ([`TxnSpec::inserts`]; default false).
-    fn inserts(&self) -> bool {
-        false
-    }
 }
 
 /// Spin for `us` microseconds: a transaction's computation (RCC's YCSB sets it as a
@@ -65,8 +61,5 @@ impl<T: Workload + ?Sized> Workload for std::sync::Arc<T> {
     }
     fn check(&self, read: &dyn Fn(u32, u64) -> Vec<u8>, delta: i64) -> Result<String, String> {
         (**self).check(read, delta)
-    }
-    fn inserts(&self) -> bool {
-        (**self).inserts()
     }
 }
