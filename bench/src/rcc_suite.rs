@@ -78,7 +78,7 @@ pub struct RccArgs {
     /// ycsb-rcc: computation per transaction, microseconds (RCC sets it to 5% of latency).
     #[arg(long, default_value_t = 0, value_name = "US")]
     pub compute_us: u64,
-    /// tpcc-neworder: warehouses (RCC partitions TPC-C by warehouse: warehouse w on node
+    /// tpcc-neworder: warehouses (partitioned by warehouse: warehouse w on node
     /// w % nodes); default one per node.
     #[arg(long, value_name = "W")]
     pub warehouses: Option<u64>,

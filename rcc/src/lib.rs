@@ -22,8 +22,8 @@
 //!   WAITDIE), [`occ`], [`mvcc`] and [`sundial`]: the per-transaction protocols;
 //!   [`calvin`]: CALVIN, with its own epoch loop, buffers and handlers;
 //! - [`workload`], [`smallbank`], [`ycsb`], [`tpcc`] (New-Order, with inserts): the
-//!   workloads; [`driver`]: running and
-//!   checking; [`cluster`]: nodes on rrpc, coordinators on their server threads.
+//!   workloads; [`driver`]: running and checking; [`cluster`]: nodes on rrpc,
+//!   coordinators on their server threads.
 
 pub mod calvin;
 pub mod cluster;

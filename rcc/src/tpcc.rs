@@ -1,5 +1,6 @@
-//! TPC-C New-Order alone, as RCC runs it (RCC, 5.1: "we only run the new-order
-//! transaction", up to 15 writes), on RCC tuples, partitioned by warehouse.
+//! TPC-C New-Order alone, as RCC runs it (RCC, 5.1: "we run the transaction
+//! New-Order, which consists of longer (up to 15) write sets"), on RCC tuples,
+//! partitioned by warehouse.
 //!
 //! # The transaction (TPC-C, clause 2.4)
 //!
@@ -29,7 +30,7 @@
 //! itself among ORDER, NEW_ORDER and ORDER_LINE, so no reader can see an inserted row
 //! half-written; inserts therefore take no lock.
 //!
-//! # Placement (RCC, 5.1: TPC-C partitioned by warehouse)
+//! # Placement (by warehouse, as TPC-C is usually partitioned)
 //!
 //! Every row of warehouse `w` lives on node `w % nodes`: a row with index `j` among its
 //! warehouse's `per_wh` rows of a table has key `((w / nodes) * per_wh + j) * nodes + w %
