@@ -18,6 +18,7 @@ use rcc::calls::CallTransportFactory;
 use rcc::cluster::{run, Outcome, RunConfig, TsMode};
 use rcc::coord::STAGES;
 use rcc::smallbank::SmallBank;
+use rcc::tpcc::NewOrder;
 use rcc::workload::Workload;
 use rcc::ycsb::Ycsb;
 use rcc::{Proto, Variant};
@@ -44,8 +45,10 @@ pub struct RccArgs {
     /// Primitive: rpc, onesided or both.
     #[arg(long, default_value = "both", value_name = "VARIANT")]
     pub variant: String,
-    /// Workload: smallbank or ycsb-rcc (RCC's YCSB: 10 operations on distinct records,
-    /// --write-prob of them writes, --hot-prob of them in the hot area).
+    /// Workload: smallbank, ycsb-rcc (RCC's YCSB: 10 operations on distinct records,
+    /// --write-prob of them writes, --hot-prob of them in the hot area) or tpcc-neworder
+    /// (TPC-C New-Order alone, as RCC 5.1 runs it: --warehouses, --items, --customers,
+    /// --max-orders).
     #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
     pub workload: String,
     /// Nodes (each holds a partition and runs one thread: handlers and coordinators).
@@ -79,6 +82,21 @@ pub struct RccArgs {
     /// ycsb-rcc: computation per transaction, microseconds (RCC sets it to 5% of latency).
     #[arg(long, default_value_t = 0, value_name = "US")]
     pub compute_us: u64,
+    /// tpcc-neworder: warehouses (partitioned by warehouse: warehouse w on node
+    /// w % nodes); default one per node.
+    #[arg(long, value_name = "W")]
+    pub warehouses: Option<u64>,
+    /// tpcc-neworder: items (TPC-C: 100,000; ITEM is replicated on every node).
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    pub items: u64,
+    /// tpcc-neworder: customers per district (TPC-C: 3,000).
+    #[arg(long, default_value_t = 3_000, value_name = "N")]
+    pub customers: u64,
+    /// tpcc-neworder: room for this many orders per district (ORDER, NEW_ORDER; 15
+    /// ORDER_LINE rows each). A New-Order past it aborts for good and is counted
+    /// ("refused: district full" in the check column); raise it for long runs.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub max_orders: u64,
     /// Measured run time of each run, seconds.
     #[arg(long, default_value_t = 3.0, value_name = "S")]
     pub duration: f64,
@@ -238,8 +256,26 @@ impl RccArgs {
                     compute_us: self.compute_us,
                 })
             }
-            "tpcc-neworder" => bail!("tpcc-neworder is not built yet in the RCC suite"),
-            w => bail!("unknown workload {w:?} for the RCC suite: smallbank or ycsb-rcc"),
+            "tpcc-neworder" => {
+                let warehouses = self.warehouses.unwrap_or(self.nodes as u64);
+                if warehouses == 0 || self.items < 15 || self.customers == 0 || self.max_orders == 0
+                {
+                    bail!(
+                        "tpcc-neworder needs at least 1 warehouse, 15 items, 1 customer and room for 1 order per district"
+                    );
+                }
+                Arc::new(NewOrder {
+                    nodes: self.nodes,
+                    warehouses,
+                    customers: self.customers,
+                    items: self.items,
+                    max_orders_per_district: self.max_orders,
+                    district_full: Default::default(),
+                })
+            }
+            w => bail!(
+                "unknown workload {w:?} for the RCC suite: smallbank, ycsb-rcc or tpcc-neworder"
+            ),
         })
     }
 }
@@ -478,7 +514,32 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                 a.records, a.hot_records, a.hot_prob, a.ops, a.write_prob, a.compute_us
             );
         }
+        if wl.name() == "tpcc-neworder" {
+            let w = a.warehouses.unwrap_or(a.nodes as u64);
+            let mb = NewOrder {
+                items: a.items,
+                customers: a.customers,
+                ..NewOrder::standard(a.nodes, w, a.max_orders)
+            }
+            .bytes_per_node(16, 1)
+            .div_ceil(1 << 20);
+            println!(
+                "tpcc-neworder: {w} warehouses x 10 districts, {} customers per district, {} items (replicated), room for {} orders per district ({mb} MiB per node in the NOWAIT/OCC tuple shape, about 3x for MVCC)",
+                a.customers, a.items, a.max_orders
+            );
+        }
         print_table(&rows);
+        if wl.name() == "tpcc-neworder" {
+            // The New-Order check's line: orders, order lines, New-Orders refused because
+            // their district was full.
+            for r in &rows {
+                if let Ok(lines) = &r.checks {
+                    if let Some(l) = lines.iter().find(|l| l.starts_with("tpc-c")) {
+                        println!("{} {}: {l}", r.protocol, r.variant);
+                    }
+                }
+            }
+        }
         all_rows.extend(rows);
     }
     if let (Some(path), Some((k, _))) = (&args.chart, &sweep) {

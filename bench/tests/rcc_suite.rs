@@ -1,7 +1,7 @@
 //! `txn-bench --suite rcc` as a user runs it: every protocol in both variants on SmallBank
 //! and on RCC's YCSB, one table each with the ratios and the best protocol per variant,
-//! JSON, a sweep with its chart, the doorbell-batching ablation and the transport
-//! comparison (rrpc against tonic); bad flags fail with a message and exit code 2.
+//! JSON, TPC-C New-Order, a sweep with its chart, the doorbell-batching ablation and the
+//! transport comparison (rrpc against tonic); bad flags fail with a message and exit code 2.
 
 use std::process::Command;
 
@@ -79,6 +79,50 @@ fn the_suite_compares_every_protocol_in_both_variants() {
             assert!(r["checks"]["Ok"].is_array(), "{r}");
         }
     }
+}
+
+/// TPC-C New-Order (RCC, 5.1) in the suite: every protocol in both variants, CALVIN
+/// included, passes its checks (the New-Order check of TPC-C, clause 3.3.2, locks free,
+/// serializability) at a small scale.
+#[test]
+fn the_suite_runs_tpcc_new_order() {
+    let out = txn_bench(&[
+        "--workload",
+        "tpcc-neworder",
+        "--warehouses",
+        "2",
+        "--items",
+        "2000",
+        "--customers",
+        "100",
+        "--max-orders",
+        "3000",
+        "--coroutines",
+        "3",
+        "--duration",
+        "0.3",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("=== RCC suite: tpcc-neworder"), "{stdout}");
+    assert!(stdout.contains("tpcc-neworder: 2 warehouses"), "{stdout}");
+    for p in rcc::Proto::ALL {
+        for v in ["rpc", "onesided"] {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(p.name()) && l.contains(v) && l.ends_with("ok")),
+                "no passing row for {} {v}:\n{stdout}",
+                p.name()
+            );
+        }
+    }
+    assert!(
+        stdout.contains("verdict: every run passed its checks"),
+        "{stdout}"
+    );
+    eprintln!("{stdout}");
 }
 
 #[test]
@@ -178,6 +222,10 @@ fn bad_flags_fail_with_a_message() {
         (vec!["--protocol", "2pl"], "unknown value \"2pl\""),
         (vec!["--variant", "ud"], "unknown value \"ud\""),
         (vec!["--workload", "tatp"], "unknown workload"),
+        (
+            vec!["--workload", "tpcc-neworder", "--warehouses", "0"],
+            "at least 1 warehouse",
+        ),
         (
             vec!["--sweep", "theta=0,1"],
             "sweeps coroutines, hot-prob or compute-us",

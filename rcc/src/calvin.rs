@@ -54,6 +54,16 @@
 //! later transactions could leave the earliest one, granted but unstarted, without a
 //! co-routine on every node at once: a deadlock.)
 //!
+//! Inserts ([`TxnSpec::inserts`], TPC-C New-Order's ORDER, NEW_ORDER and ORDER_LINE
+//! rows, whose keys come from the district's `d_next_o_id` read in the transaction):
+//! every receiver computes them from the executed values, the same everywhere, and the
+//! receiver that is an inserted row's home writes it as a fresh tuple at version 1 (no
+//! lock: the workload makes its key unique; no forward: nothing reads it in the epoch).
+//! An insert whose home is not a receiver fails the run; New-Order's live on the home
+//! warehouse's node, which writes the district row and so is a receiver. The lowest
+//! receiver records them in the history as writes of version 1, and
+//! [`check_determinism`] replays them.
+//!
 //! The planted bug [`Fault::CalvinArrivalOrder`] (feature `fault-injection`) replaces the
 //! FIFOs by first-come-first-served locking: the first waiting transaction whose records
 //! are free takes them, so a later transaction overtakes an earlier one, differently on
@@ -107,7 +117,9 @@ pub struct CalvinConfig {
     /// 4).
     pub batch: usize,
     /// Most records a transaction may touch (the CFB's slots per transaction; RCC's Fig.
-    /// 12 example: 3). A transaction with more fails the run.
+    /// 12 example: 3; default 33, TPC-C New-Order's most: warehouse, district, customer,
+    /// 15 items and 15 stock rows). A transaction with more fails the run. Inserted rows
+    /// take no slot: they are never forwarded.
     pub max_ops: usize,
     /// A node gives up, failing the run, when one of its waits (for an epoch's batches, a
     /// runnable transaction, forwarded records) lasts this long: a deadlock or a dead
@@ -119,7 +131,7 @@ impl Default for CalvinConfig {
     fn default() -> Self {
         Self {
             batch: 8,
-            max_ops: 16,
+            max_ops: 33,
             stall: Duration::from_secs(5),
         }
     }
@@ -789,6 +801,35 @@ impl Node {
         let versions: Vec<u64> = vals.iter().map(|v| v.as_ref().expect("all").0).collect();
         let mut values: Vec<Vec<u8>> = vals.into_iter().map(|v| v.expect("all").1).collect();
         let ok = (job.spec.exec)(&mut values);
+        // Inserted rows (New-Order's ORDER, NEW_ORDER, ORDER_LINE): each written by the
+        // receiver that is its home, as a fresh tuple at version 1, lock free; every
+        // receiver computes the same rows (the logic is deterministic).
+        let inserts = match (&job.spec.inserts, ok) {
+            (Some(f), true) => f(&values),
+            _ => Vec::new(),
+        };
+        for ins in &inserts {
+            let home = self.layout.home(ins.key);
+            if !job.receivers.contains(&home) {
+                return Err(format!(
+                    "an insert into table {} lives on node {home}, which does not run the transaction (its receivers are {:?}): CALVIN inserts only on active participants",
+                    ins.table, job.receivers
+                ));
+            }
+            if ins.record.len() != self.layout.value_bytes(ins.table) {
+                return Err(format!(
+                    "an insert into table {} of {} bytes",
+                    ins.table,
+                    ins.record.len()
+                ));
+            }
+            if home == self.n {
+                self.store.write(
+                    self.layout.tuple_off(ins.table, ins.key),
+                    &self.layout.shape().inserted(&ins.record, 1, 0),
+                );
+            }
+        }
         if ok {
             for (k, o) in ops.iter().enumerate() {
                 if o.write && self.layout.home(o.key) == self.n {
@@ -815,8 +856,13 @@ impl Node {
         if job.receivers[0] == self.n {
             if ok {
                 rep.commits += 1;
-                rep.history
-                    .record(job.spec.kind, &accesses(&job.spec, &versions));
+                let mut acc = accesses(&job.spec, &versions);
+                acc.extend(
+                    inserts
+                        .iter()
+                        .map(|i| txn::history::Access::write(i.table, i.key, 1)),
+                );
+                rep.history.record(job.spec.kind, &acc);
                 rep.delta += job.delta.get();
                 let now = Instant::now();
                 rep.latency
@@ -970,6 +1016,11 @@ pub fn check_determinism(
             })
             .collect();
         if (spec.exec)(&mut vals) {
+            if let Some(f) = &spec.inserts {
+                for i in f(&vals) {
+                    db.insert((i.table, i.key), (1, i.record));
+                }
+            }
             for (o, v) in spec.ops.iter().zip(vals) {
                 if o.write {
                     let r = db.entry((o.table, o.key)).or_insert((0, Vec::new()));

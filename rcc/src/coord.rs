@@ -155,7 +155,35 @@ pub struct Op {
 /// decision, final).
 pub type Exec = Box<dyn Fn(&mut [Vec<u8>]) -> bool>;
 
-/// A transaction whose records are known before it runs, as in RCC's benchmarks.
+/// A row a transaction inserts: a record that did not exist before (TPC-C New-Order's
+/// ORDER, NEW_ORDER and ORDER_LINE rows; TPC-C, clause 2.4.2.2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Insert {
+    /// Table id.
+    pub table: u32,
+    /// Key in the table; the workload makes it unique among committed transactions.
+    pub key: u64,
+    /// The record, exactly the table's record size.
+    pub record: Vec<u8>,
+}
+
+/// The rows a transaction inserts, computed from the final values of its records (after
+/// [`TxnSpec::exec`] returned true), in [`TxnSpec::ops`] order.
+pub type Inserts = Box<dyn Fn(&[Vec<u8>]) -> Vec<Insert>>;
+
+/// A transaction whose records are known before it runs, as in RCC's benchmarks, plus
+/// optional inserts whose keys depend on values it reads.
+///
+/// Inserts take no lock: the workload guarantees their keys unique among committed
+/// transactions (New-Order derives them from `d_next_o_id`, a record the transaction
+/// writes under the protocol's concurrency control). Every per-transaction protocol
+/// writes them in its commit round, the whole fresh tuple as a first version (one-sided:
+/// one WRITE per row; RPC: entries without unlock in the node's [`crate::wire::COMMIT`]
+/// message, one of their own for a node with nothing else to commit and for MVCC, whose
+/// commit has its own handler), and records them in the history as writes of a new
+/// version. CALVIN writes them on their home node, a receiver ([`crate::calvin`]).
+/// An inserted row can be read half-written only by a transaction that reads rows it
+/// did not insert and that are not in its [`TxnSpec::ops`] — no workload here does.
 pub struct TxnSpec {
     /// Its type, for reports and the history.
     pub kind: u16,
@@ -163,6 +191,8 @@ pub struct TxnSpec {
     pub ops: Vec<Op>,
     /// Its logic.
     pub exec: Exec,
+    /// Rows it inserts at commit, if any.
+    pub inserts: Option<Inserts>,
 }
 
 impl std::fmt::Debug for TxnSpec {
@@ -170,6 +200,7 @@ impl std::fmt::Debug for TxnSpec {
         f.debug_struct("TxnSpec")
             .field("kind", &self.kind)
             .field("ops", &self.ops)
+            .field("inserts", &self.inserts.is_some())
             .finish()
     }
 }
@@ -403,6 +434,114 @@ impl<N: Net> Coord<N> {
         )
     }
 
+    /// The rows `t` inserts given its final values `vals`, each with its home node,
+    /// tuple offset, the whole fresh tuple in the layout's shape (lock free, version
+    /// `version`, timestamp `ts`: [`Shape::inserted`]) and its history entry (a write of
+    /// `hist_version`). Panics on a record of the wrong size or a key outside its table
+    /// (a workload bug).
+    pub fn inserts(
+        &self,
+        t: &TxnSpec,
+        vals: &[Vec<u8>],
+        version: u64,
+        ts: u64,
+        hist_version: u64,
+    ) -> Vec<Inserted> {
+        let Some(f) = &t.inserts else {
+            return Vec::new();
+        };
+        f(vals)
+            .into_iter()
+            .map(|i| {
+                assert_eq!(
+                    i.record.len(),
+                    self.layout.value_bytes(i.table),
+                    "insert into table {}: record size",
+                    i.table
+                );
+                Inserted {
+                    node: self.layout.home(i.key),
+                    off: self.layout.tuple_off(i.table, i.key),
+                    tuple: self.layout.shape().inserted(&i.record, version, ts),
+                    access: Access::write(i.table, i.key, hist_version),
+                }
+            })
+            .collect()
+    }
+
+    /// Write the inserted rows `ins` (one-sided: one WRITE of the whole tuple each; RPC:
+    /// one [`crate::wire::COMMIT`] per node, entries without unlock), not as a round of
+    /// its own: [`Coord::with_inserts`] joins it to a commit round. (The RPC commits of
+    /// NOWAIT, WAITDIE, OCC and SUNDIAL carry their rows in their own COMMIT messages
+    /// instead, [`Coord::commit_messages`]; MVCC's, a different handler, use this.)
+    /// Errors: the first failed write.
+    pub async fn write_inserts(&self, ins: &[Inserted]) -> Result<(), NetError> {
+        if ins.is_empty() {
+            return Ok(());
+        }
+        match self.variant {
+            Variant::OneSided => {
+                self.count_ops(ins.len());
+                let rs = futures::future::join_all(ins.iter().map(|i| async move {
+                    self.net
+                        .write_ordered(i.node, &[(i.off, &i.tuple[..])])
+                        .await
+                }))
+                .await;
+                rs.into_iter().collect()
+            }
+            Variant::Rpc => {
+                let msgs = self.commit_messages(self.id, &[], ins);
+                self.count_msgs(msgs.len());
+                let rs = futures::future::join_all(
+                    msgs.into_iter()
+                        .map(|(node, m)| self.net.call(node, crate::wire::COMMIT, m)),
+                )
+                .await;
+                rs.into_iter().try_for_each(|r| r.map(|_| ()))
+            }
+        }
+    }
+
+    /// The [`crate::wire::COMMIT`] messages of a commit round, one per node, nodes
+    /// ascending: owner `owner`, then per node its `entries` `(node, tuple offset, bytes
+    /// written at offset + 8)`, each unlocking, in the given order, then the rows of `ins`
+    /// it holds, without unlock (a node with inserts only gets a message of its own).
+    pub fn commit_messages(
+        &self,
+        owner: u64,
+        entries: &[(usize, u64, &[u8])],
+        ins: &[Inserted],
+    ) -> Vec<(usize, Vec<u8>)> {
+        let mut by: std::collections::BTreeMap<usize, (u16, crate::wire::Enc)> = Default::default();
+        let rows = ins
+            .iter()
+            .map(|i| (i.node, i.off, &i.tuple[VER as usize..], 0u8));
+        for (node, off, d, unlock) in entries.iter().map(|&(n, o, d)| (n, o, d, 1u8)).chain(rows) {
+            let m = by.entry(node).or_default();
+            m.0 += 1;
+            m.1.u64(off).u8(unlock).u32(d.len() as u32).bytes(d);
+        }
+        by.into_iter()
+            .map(|(node, (n, body))| {
+                let mut e = crate::wire::Enc::default();
+                e.u64(owner).u16(n).bytes(&body.0);
+                (node, e.0)
+            })
+            .collect()
+    }
+
+    /// Await `f` (a commit round's operations) together with the writes of `ins`, so
+    /// that the inserts cost no round trip of their own. Errors: a failed insert.
+    pub async fn with_inserts<T>(
+        &self,
+        ins: &[Inserted],
+        f: impl Future<Output = T>,
+    ) -> Result<T, NetError> {
+        let (out, r) = futures::future::join(f, self.write_inserts(ins)).await;
+        r.map(|_| out)
+    }
+
     /// Run one attempt of `t` under this coordinator's protocol and variant; on commit,
     /// the records read (with the version read) and written (with the version
     /// installed), for the serializability check. Errors: [`Abort`];
@@ -419,6 +558,19 @@ impl<N: Net> Coord<N> {
             )),
         }
     }
+}
+
+/// An inserted row ready to write: see [`Coord::inserts`].
+#[derive(Clone, Debug)]
+pub struct Inserted {
+    /// Its home node.
+    pub node: usize,
+    /// Its tuple's offset there.
+    pub off: u64,
+    /// The whole tuple.
+    pub tuple: Vec<u8>,
+    /// Its history entry.
+    pub access: Access,
 }
 
 /// The lock word of a tuple's bytes.

@@ -94,6 +94,24 @@ impl Shape {
         b
     }
 
+    /// The whole tuple of a freshly inserted `record` (a row that did not exist): lock
+    /// free; Basic: version `version`; MVCC: slot 0 at `wts = ts`, the other slots
+    /// empty, `rts` 0; SUNDIAL: lease `[ts, ts]`, `check_version` `version`.
+    pub fn inserted(self, record: &[u8], version: u64, ts: u64) -> Vec<u8> {
+        let mut b = self.initial(record);
+        let mut put =
+            |at: u64, v: u64| b[at as usize..at as usize + 8].copy_from_slice(&v.to_le_bytes());
+        match self {
+            Shape::Basic => put(VER, version),
+            Shape::Mvcc => put(MVCC_WTS, ts),
+            Shape::Sundial => {
+                put(SUNDIAL_LEASE, ts << 32 | ts);
+                put(SUNDIAL_CV, version);
+            }
+        }
+        b
+    }
+
     /// The current (newest committed) record of a tuple's bytes `tuple` with records of
     /// `value_bytes` bytes; for MVCC the slot with the largest `wts`.
     pub fn current(self, tuple: &[u8], value_bytes: usize) -> &[u8] {

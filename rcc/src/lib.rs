@@ -8,10 +8,10 @@
 //! its network steps as RPCs to the participants' handlers, and as one-sided READ, WRITE
 //! and CAS with doorbell batching (lock-and-read, update-and-unlock).
 //!
-//! Built so far: NOWAIT, WAITDIE, OCC, MVCC, SUNDIAL and CALVIN in both variants,
-//! SmallBank and YCSB with a hot area, with every run checked (the workload's check,
-//! locks free, serializability; for CALVIN also determinism against a serial replay).
-//! TPC-C New-Order is not built yet.
+//! Built: NOWAIT, WAITDIE, OCC, MVCC, SUNDIAL and CALVIN in both variants, SmallBank,
+//! YCSB with a hot area and TPC-C New-Order (RCC, 5.1), with every run checked (the
+//! workload's check, locks free, serializability; for CALVIN also determinism against a
+//! serial replay).
 //!
 //! Modules, bottom up:
 //! - [`layout`]: tuple layouts and record placement; [`store`]: a partition as its CPU
@@ -22,8 +22,9 @@
 //! - [`coord`]: a coordinator, its counters and transactions; [`twopl`] (NOWAIT,
 //!   WAITDIE), [`occ`], [`mvcc`] and [`sundial`]: the per-transaction protocols;
 //!   [`calvin`]: CALVIN, with its own epoch loop, buffers and handlers;
-//! - [`workload`], [`smallbank`], [`ycsb`]: the workloads; [`driver`]: running and
-//!   checking; [`cluster`]: nodes on rrpc, coordinators on their server threads.
+//! - [`workload`], [`smallbank`], [`ycsb`], [`tpcc`] (New-Order, with inserts): the
+//!   workloads; [`driver`]: running and checking; [`cluster`]: nodes on rrpc,
+//!   coordinators on their server threads.
 
 pub mod calls;
 pub mod calvin;
@@ -39,6 +40,7 @@ pub mod skew;
 pub mod smallbank;
 pub mod store;
 pub mod sundial;
+pub mod tpcc;
 pub mod twopl;
 pub mod wire;
 pub mod workload;

@@ -115,8 +115,9 @@ pub async fn run<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Access>, Abort
         release(c, t, tts, &writes).await;
         return Err(Abort::User);
     }
-    if !writes.is_empty() {
-        commit(c, t, tts, &writes, &f.snap, &vals).await?;
+    let ins = c.inserts(t, &vals, 0, tts, tts);
+    if !writes.is_empty() || !ins.is_empty() {
+        commit(c, t, tts, &writes, &f.snap, &vals, &ins).await?;
     }
     Ok(t.ops
         .iter()
@@ -128,6 +129,7 @@ pub async fn run<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Access>, Abort
                 Access::read(o.table, o.key, w)
             }
         })
+        .chain(ins.into_iter().map(|i| i.access))
         .collect())
 }
 
@@ -441,6 +443,7 @@ async fn commit<N: Net>(
     writes: &[usize],
     snap: &[[u64; MVCC_SLOTS]],
     vals: &[Vec<u8>],
+    ins: &[crate::coord::Inserted],
 ) -> Result<(), Abort> {
     match c.variant {
         Variant::OneSided => {
@@ -452,24 +455,27 @@ async fn commit<N: Net>(
             let rs = c
                 .round(
                     Stage::Commit,
-                    join_all(writes.iter().map(|&i| {
-                        let (node, off, _) = c.loc(&t.ops[i]);
-                        let vb = c.layout.value_bytes(t.ops[i].table) as u64;
-                        let s = mvcc_victim(&snap[i]) as u64;
-                        let w = off + MVCC_WTS + 8 * s;
-                        let rec = off + MVCC_REC + s * vb;
-                        let val = &vals[i][..];
-                        async move {
-                            c.net
-                                .write_ordered(
-                                    node,
-                                    &[(w, pending), (rec, val), (w, done), (off, zero)],
-                                )
-                                .await
-                        }
-                    })),
+                    c.with_inserts(
+                        ins,
+                        join_all(writes.iter().map(|&i| {
+                            let (node, off, _) = c.loc(&t.ops[i]);
+                            let vb = c.layout.value_bytes(t.ops[i].table) as u64;
+                            let s = mvcc_victim(&snap[i]) as u64;
+                            let w = off + MVCC_WTS + 8 * s;
+                            let rec = off + MVCC_REC + s * vb;
+                            let val = &vals[i][..];
+                            async move {
+                                c.net
+                                    .write_ordered(
+                                        node,
+                                        &[(w, pending), (rec, val), (w, done), (off, zero)],
+                                    )
+                                    .await
+                            }
+                        })),
+                    ),
                 )
-                .await;
+                .await?;
             for r in rs {
                 r?;
             }
@@ -480,18 +486,21 @@ async fn commit<N: Net>(
             let rs = c
                 .round(
                     Stage::Commit,
-                    join_all(by_node.iter().map(|(node, idx)| {
-                        let mut e = Enc::default();
-                        e.u64(tts).u16(idx.len() as u16);
-                        for &i in idx {
-                            e.u64(c.loc(&t.ops[i]).1)
-                                .u32(vals[i].len() as u32)
-                                .bytes(&vals[i]);
-                        }
-                        c.net.call(*node, wire::MVCC_COMMIT, e.0)
-                    })),
+                    c.with_inserts(
+                        ins,
+                        join_all(by_node.iter().map(|(node, idx)| {
+                            let mut e = Enc::default();
+                            e.u64(tts).u16(idx.len() as u16);
+                            for &i in idx {
+                                e.u64(c.loc(&t.ops[i]).1)
+                                    .u32(vals[i].len() as u32)
+                                    .bytes(&vals[i]);
+                            }
+                            c.net.call(*node, wire::MVCC_COMMIT, e.0)
+                        })),
+                    ),
                 )
-                .await;
+                .await?;
             for r in rs {
                 r?;
             }

@@ -51,10 +51,13 @@ pub async fn run<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Access>, Abort
             return Err(e);
         }
     }
-    if !writes.is_empty() {
-        commit(c, t, me, &writes, &versions, &vals).await?;
+    let ins = c.inserts(t, &vals, 1, 0, 1);
+    if !writes.is_empty() || !ins.is_empty() {
+        commit(c, t, me, &writes, &versions, &vals, &ins).await?;
     }
-    Ok(accesses(t, &versions))
+    let mut acc = accesses(t, &versions);
+    acc.extend(ins.into_iter().map(|i| i.access));
+    Ok(acc)
 }
 
 async fn read<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Vec<u8>>, Abort> {
@@ -298,6 +301,7 @@ async fn commit<N: Net>(
     writes: &[usize],
     versions: &[u64],
     vals: &[Vec<u8>],
+    ins: &[crate::coord::Inserted],
 ) -> Result<(), Abort> {
     let data: Vec<(usize, Vec<u8>)> = writes
         .iter()
@@ -311,31 +315,36 @@ async fn commit<N: Net>(
             let rs = c
                 .round(
                     Stage::Commit,
-                    join_all(data.iter().map(|(i, d)| {
-                        let (node, off, _) = c.loc(&t.ops[*i]);
-                        async move { c.write_list(node, &[(off + VER, d), (off, zero)]).await }
-                    })),
+                    c.with_inserts(
+                        ins,
+                        join_all(data.iter().map(|(i, d)| {
+                            let (node, off, _) = c.loc(&t.ops[*i]);
+                            async move { c.write_list(node, &[(off + VER, d), (off, zero)]).await }
+                        })),
+                    ),
                 )
-                .await;
+                .await?;
             for r in rs {
                 r?;
             }
         }
         Variant::Rpc => {
-            let by_node = group_of(c, t, writes);
-            c.count_msgs(by_node.len());
+            let entries: Vec<(usize, u64, &[u8])> = data
+                .iter()
+                .map(|(i, d)| {
+                    let (node, off, _) = c.loc(&t.ops[*i]);
+                    (node, off, &d[..])
+                })
+                .collect();
+            let msgs = c.commit_messages(me, &entries, ins);
+            c.count_msgs(msgs.len());
             let rs = c
                 .round(
                     Stage::Commit,
-                    join_all(by_node.iter().map(|(node, idx)| {
-                        let mut e = Enc::default();
-                        e.u64(me).u16(idx.len() as u16);
-                        for &i in idx {
-                            let d = &data.iter().find(|(j, _)| *j == i).expect("written").1;
-                            e.u64(c.loc(&t.ops[i]).1).u8(1).u32(d.len() as u32).bytes(d);
-                        }
-                        c.net.call(*node, wire::COMMIT, e.0)
-                    })),
+                    join_all(
+                        msgs.into_iter()
+                            .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
+                    ),
                 )
                 .await;
             for r in rs {

@@ -60,6 +60,7 @@ impl Workload for Skew {
                 delta.set(0);
                 true
             }),
+            inserts: None,
         }
     }
     fn kind_name(&self, _kind: u16) -> &'static str {

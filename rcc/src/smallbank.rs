@@ -138,7 +138,12 @@ impl SmallBank {
                 }),
             ),
         };
-        TxnSpec { kind, ops, exec }
+        TxnSpec {
+            kind,
+            ops,
+            exec,
+            inserts: None,
+        }
     }
 }
 

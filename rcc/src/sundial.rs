@@ -121,8 +121,9 @@ pub async fn run<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Access>, Abort
             return Err(e);
         }
     }
-    if !writes.is_empty() {
-        commit(c, t, me, &writes, &got, &vals, tts).await?;
+    let ins = c.inserts(t, &vals, 1, tts, 1);
+    if !writes.is_empty() || !ins.is_empty() {
+        commit(c, t, me, &writes, &got, &vals, tts, &ins).await?;
     }
     Ok(t.ops
         .iter()
@@ -134,6 +135,7 @@ pub async fn run<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Access>, Abort
                 Access::read(o.table, o.key, g.cv)
             }
         })
+        .chain(ins.into_iter().map(|i| i.access))
         .collect())
 }
 
@@ -445,6 +447,7 @@ async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[usize]) {
 }
 
 /// Install every written record with lease `[tts, tts]` and `check_version + 1`, unlock.
+#[allow(clippy::too_many_arguments)]
 async fn commit<N: Net>(
     c: &Coord<N>,
     t: &TxnSpec,
@@ -453,6 +456,7 @@ async fn commit<N: Net>(
     got: &[Got],
     vals: &[Vec<u8>],
     tts: u64,
+    ins: &[crate::coord::Inserted],
 ) -> Result<(), Abort> {
     // The bytes from the lease word on: lease, check_version, record.
     let data: Vec<Vec<u8>> = writes
@@ -473,35 +477,41 @@ async fn commit<N: Net>(
             let rs = c
                 .round(
                     Stage::Commit,
-                    join_all(writes.iter().zip(&data).map(|(&i, d)| {
-                        let (node, off, _) = c.loc(&t.ops[i]);
-                        async move {
-                            c.net
-                                .write_ordered(node, &[(off + SUNDIAL_LEASE, d), (off, zero)])
-                                .await
-                        }
-                    })),
+                    c.with_inserts(
+                        ins,
+                        join_all(writes.iter().zip(&data).map(|(&i, d)| {
+                            let (node, off, _) = c.loc(&t.ops[i]);
+                            async move {
+                                c.net
+                                    .write_ordered(node, &[(off + SUNDIAL_LEASE, d), (off, zero)])
+                                    .await
+                            }
+                        })),
+                    ),
                 )
-                .await;
+                .await?;
             for r in rs {
                 r?;
             }
         }
         Variant::Rpc => {
-            let by_node = only(c, t, writes);
-            c.count_msgs(by_node.len());
+            let entries: Vec<(usize, u64, &[u8])> = writes
+                .iter()
+                .zip(&data)
+                .map(|(&i, d)| {
+                    let (node, off, _) = c.loc(&t.ops[i]);
+                    (node, off, &d[..])
+                })
+                .collect();
+            let msgs = c.commit_messages(me, &entries, ins);
+            c.count_msgs(msgs.len());
             let rs = c
                 .round(
                     Stage::Commit,
-                    join_all(by_node.iter().map(|(node, idx)| {
-                        let mut e = Enc::default();
-                        e.u64(me).u16(idx.len() as u16);
-                        for &i in idx {
-                            let d = &data[writes.iter().position(|&w| w == i).expect("written")];
-                            e.u64(c.loc(&t.ops[i]).1).u8(1).u32(d.len() as u32).bytes(d);
-                        }
-                        c.net.call(*node, wire::COMMIT, e.0)
-                    })),
+                    join_all(
+                        msgs.into_iter()
+                            .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
+                    ),
                 )
                 .await;
             for r in rs {

@@ -1,6 +1,8 @@
 //! The protocols on the in-memory network: every protocol and variant keeps SmallBank's
 //! money, YCSB's records and serializability with concurrent coordinators; exact round
-//! trips per SmallBank type, derived from the paper (RCC, 4.2-4.5); the planted bugs caught.
+//! trips per SmallBank type, derived from the paper (RCC, 4.2-4.5); the planted bugs caught;
+//! TPC-C New-Order (RCC, 5.1) with its inserts passing its check under every protocol,
+//! its round trips, full districts, and planted violations the check catches.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -296,6 +298,7 @@ fn mvcc_older_readers_read_older_versions_and_older_writers_retry_later() {
             }
             true
         }),
+        inserts: None,
     };
     for v in [Variant::Rpc, Variant::OneSided] {
         let wl = crate::skew::Skew { pairs: 1 };
@@ -355,6 +358,7 @@ fn sundial_writers_move_past_leases_and_readers_renew_them() {
             v[last] = 7u64.to_le_bytes().to_vec();
             true
         }),
+        inserts: None,
     };
     for v in [Variant::Rpc, Variant::OneSided] {
         let wl = crate::skew::Skew { pairs: 1 };
@@ -498,5 +502,223 @@ mod planted {
     #[test]
     fn sundial_blind_renewal_shows_a_cycle() {
         caught_jittered(Proto::Sundial, Fault::SundialBlindRenewal);
+    }
+}
+
+/// TPC-C New-Order at test scale: `warehouses` warehouses on `nodes` nodes, 100
+/// customers per district, 1,000 items, room for `max_orders` orders per district.
+pub(crate) fn small_tpcc(nodes: usize, warehouses: u64, max_orders: u64) -> crate::tpcc::NewOrder {
+    crate::tpcc::NewOrder {
+        nodes,
+        warehouses,
+        customers: 100,
+        items: 1_000,
+        max_orders_per_district: max_orders,
+        district_full: Default::default(),
+    }
+}
+
+/// Every per-transaction protocol and variant runs TPC-C New-Order (with its inserts)
+/// and passes the New-Order check (TPC-C, clause 3.3.2), locks free and
+/// serializability, with the operations of concurrent coordinators interleaved at
+/// random, on 2 nodes with 3 warehouses (one node holds two).
+#[test]
+fn every_protocol_and_variant_passes_the_new_order_check() {
+    for p in Proto::ALL.into_iter().filter(|&p| p != Proto::Calvin) {
+        for v in [Variant::Rpc, Variant::OneSided] {
+            for jitter in [0, 16] {
+                let wl = small_tpcc(2, 3, 100);
+                let full = wl.district_full.clone();
+                let (rep, audit) = run_local_with(Rc::new(wl), p, v, 2, 8, 30, None, jitter);
+                let what = format!("{} {} jitter {jitter}", p.name(), v.name());
+                assert!(rep.error.is_none(), "{what}: {:?}", rep.error);
+                assert_eq!(rep.commits, 8 * 30, "{what}");
+                assert_eq!(rep.delta, 8 * 30, "{what}");
+                let lines = audit.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    lines[1].starts_with("tpc-c new-order ok (240 orders"),
+                    "{what}: {lines:?}"
+                );
+                assert_eq!(full.load(std::sync::atomic::Ordering::Relaxed), 0, "{what}");
+            }
+        }
+    }
+}
+
+/// CALVIN, both variants, runs New-Order with its inserts (written by the home
+/// warehouse's node, an active participant): the New-Order check, locks free,
+/// serializability and the database equal to a serial replay of the sequence.
+#[test]
+fn calvin_runs_new_order_with_inserts() {
+    for v in [Variant::Rpc, Variant::OneSided] {
+        let (rep, audit) = run_local(
+            Rc::new(small_tpcc(2, 3, 100)),
+            Proto::Calvin,
+            v,
+            2,
+            4,
+            30,
+            None,
+        );
+        let what = format!("calvin {}", v.name());
+        assert!(rep.error.is_none(), "{what}: {:?}", rep.error);
+        assert_eq!(rep.commits + rep.user_aborts, 2 * 4 * 30, "{what}");
+        assert_eq!(rep.aborts, 0, "{what}");
+        let lines = audit.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            lines[1].starts_with("tpc-c new-order ok"),
+            "{what}: {lines:?}"
+        );
+        assert!(lines[3].starts_with("determinism"), "{what}: {lines:?}");
+        eprintln!("{what}: {} commits; {lines:?}", rep.commits);
+    }
+}
+
+/// Districts fill up: a New-Order past a district's capacity aborts for good, counted
+/// apart, and the database still passes the check (nothing written outside a table).
+#[test]
+fn new_orders_past_a_districts_capacity_abort_and_are_counted() {
+    for v in [Variant::Rpc, Variant::OneSided] {
+        let wl = small_tpcc(2, 1, 3);
+        let full = wl.district_full.clone();
+        // 3 coordinators of 10 commits each: exactly the 30 orders the 10 districts hold.
+        let (rep, audit) = run_local(Rc::new(wl), Proto::NoWait, v, 2, 3, 10, None);
+        assert_eq!(rep.commits, 30, "10 districts of 3 orders");
+        assert!(full.load(std::sync::atomic::Ordering::Relaxed) > 0);
+        let lines = audit.unwrap();
+        assert!(lines[1].contains("refused: district full"), "{lines:?}");
+        assert!(!lines[1].contains(" 0 refused"), "{lines:?}");
+    }
+}
+
+/// Round trips per New-Order, one coordinator, no contention: the protocols' rounds for
+/// a read-write transaction (RCC, 4.2-4.5), inserts riding in the commit round.
+#[test]
+fn round_trips_per_new_order() {
+    let mut lines = Vec::new();
+    for p in Proto::ALL.into_iter().filter(|&p| p != Proto::Calvin) {
+        for v in [Variant::Rpc, Variant::OneSided] {
+            let (rep, audit) = run_local(Rc::new(small_tpcc(2, 2, 200)), p, v, 2, 1, 200, None);
+            audit.unwrap();
+            assert_eq!(rep.aborts, 0, "{} {}", p.name(), v.name());
+            let txns = (rep.commits + rep.user_aborts) as f64;
+            let r = rep.stats.rounds as f64 / txns;
+            lines.push(format!(
+                "{} {}: {r:.2} round trips, {:.1} one-sided ops, {:.1} messages per New-Order ({} commits, {} rolled back)",
+                p.name(),
+                v.name(),
+                rep.stats.ops as f64 / txns,
+                rep.stats.msgs as f64 / txns,
+                rep.commits,
+                rep.user_aborts
+            ));
+            // Committed ones: NOWAIT/WAITDIE 2, OCC 4, MVCC 2 (RPC) or 4, SUNDIAL 3
+            // (its reads renewed); rolled back ones fewer.
+            let want = match (p, v) {
+                (Proto::NoWait | Proto::WaitDie, _) | (Proto::Mvcc, Variant::Rpc) => 2.0,
+                (Proto::Sundial, _) => 3.0,
+                _ => 4.0,
+            };
+            assert!(r <= want && r > want - 0.2, "{}", lines.join("\n"));
+        }
+    }
+    eprintln!("{}", lines.join("\n"));
+}
+
+/// The New-Order check catches a database that breaks TPC-C's consistency
+/// conditions: run New-Orders serially into an in-memory database, which passes, then
+/// plant one violation at a time (an order line removed, a district counter moved, a
+/// stock row's `s_ytd` changed, a new-order row removed, an order's line count changed).
+#[test]
+fn the_new_order_check_catches_planted_violations() {
+    use crate::tpcc::{DISTRICT, NEW_ORDER, ORDER, ORDER_LINE, STOCK};
+    use rand::SeedableRng;
+    use std::collections::HashMap;
+    let wl = small_tpcc(2, 2, 50);
+    let mut db: HashMap<(u32, u64), Vec<u8>> = HashMap::new();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    let mut committed = 0i64;
+    for _ in 0..300 {
+        let delta = Rc::new(Cell::new(0));
+        let t = wl.next(&mut rng, delta.clone());
+        let mut vals: Vec<Vec<u8>> = t
+            .ops
+            .iter()
+            .map(|o| {
+                db.get(&(o.table, o.key))
+                    .cloned()
+                    .unwrap_or_else(|| wl.initial(o.table, o.key))
+            })
+            .collect();
+        if !(t.exec)(&mut vals) {
+            continue;
+        }
+        for (o, v) in t.ops.iter().zip(&vals) {
+            if o.write {
+                db.insert((o.table, o.key), v.clone());
+            }
+        }
+        for i in (t.inserts.as_ref().unwrap())(&vals) {
+            assert!(
+                db.insert((i.table, i.key), i.record).is_none(),
+                "an insert overwrote a row"
+            );
+        }
+        committed += delta.get();
+    }
+    let check = |db: &HashMap<(u32, u64), Vec<u8>>, delta: i64| {
+        let read = |t: u32, k: u64| db.get(&(t, k)).cloned().unwrap_or_else(|| wl.initial(t, k));
+        wl.check(&read, delta)
+    };
+    check(&db, committed).unwrap();
+    assert!(check(&db, committed + 1)
+        .unwrap_err()
+        .contains("New-Orders committed"));
+    let o3 = wl.order_line_key(0, 0, 3, 0);
+    let d0 = wl.district_key(0, 0);
+    let order3 = wl.order_key(0, 0, 3);
+    type Plant = Box<dyn Fn(&mut HashMap<(u32, u64), Vec<u8>>)>;
+    let plants: Vec<(&str, Plant)> = vec![
+        (
+            "order line removed",
+            Box::new(move |db| {
+                db.remove(&(ORDER_LINE, o3));
+            }),
+        ),
+        (
+            "district counter moved",
+            Box::new(move |db| {
+                let v = db.get_mut(&(DISTRICT, d0)).unwrap();
+                let n = u64::from_le_bytes(v[8..16].try_into().unwrap()) + 1;
+                v[8..16].copy_from_slice(&n.to_le_bytes());
+            }),
+        ),
+        (
+            "new-order removed",
+            Box::new(move |db| {
+                db.remove(&(NEW_ORDER, order3));
+            }),
+        ),
+        (
+            "o_ol_cnt changed",
+            Box::new(move |db| {
+                let v = db.get_mut(&(ORDER, order3)).unwrap();
+                v[16] += 1;
+            }),
+        ),
+        (
+            "s_ytd changed",
+            Box::new(|db| {
+                let k = *db.keys().find(|(t, _)| *t == STOCK).unwrap();
+                let v = db.get_mut(&k).unwrap();
+                v[8] += 1;
+            }),
+        ),
+    ];
+    for (what, plant) in plants {
+        let mut bad = db.clone();
+        plant(&mut bad);
+        let e = check(&bad, committed).expect_err(what);
+        eprintln!("{what}: {e}");
     }
 }

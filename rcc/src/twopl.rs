@@ -54,8 +54,11 @@ pub async fn run<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Access>, Abort
         release(c, t, me, &locks).await?;
         return Err(Abort::User);
     }
-    commit(c, t, me, &locks, &versions, &vals).await?;
-    Ok(accesses(t, &versions))
+    let ins = c.inserts(t, &vals, 1, 0, 1);
+    commit(c, t, me, &locks, &versions, &vals, &ins).await?;
+    let mut acc = accesses(t, &versions);
+    acc.extend(ins.into_iter().map(|i| i.access));
+    Ok(acc)
 }
 
 async fn fetch_onesided<N: Net>(
@@ -272,7 +275,8 @@ async fn release_held<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[bool])
 /// One node's ordered WRITEs: (offset, bytes).
 type WriteList<'a> = Vec<(u64, &'a [u8])>;
 
-/// Write back the written records and unlock every held one, in one round.
+/// Write back the written records, write the inserted rows and unlock every held
+/// record, in one round.
 async fn commit<N: Net>(
     c: &Coord<N>,
     t: &TxnSpec,
@@ -280,6 +284,7 @@ async fn commit<N: Net>(
     locks: &[bool],
     versions: &[u64],
     vals: &[Vec<u8>],
+    ins: &[crate::coord::Inserted],
 ) -> Result<(), Abort> {
     let data: Vec<Option<Vec<u8>>> = t
         .ops
@@ -310,31 +315,28 @@ async fn commit<N: Net>(
             let rs = c
                 .round(
                     Stage::Commit,
-                    join_all(lists.iter().map(|(node, l)| c.write_list(*node, l))),
+                    c.with_inserts(
+                        ins,
+                        join_all(lists.iter().map(|(node, l)| c.write_list(*node, l))),
+                    ),
                 )
-                .await;
+                .await?;
             for r in rs {
                 r?;
             }
         }
         Variant::Rpc => {
-            let by_node = group(c, t);
-            let msgs: Vec<(usize, Vec<u8>)> = by_node
+            let entries: Vec<(usize, u64, &[u8])> = t
+                .ops
                 .iter()
-                .filter_map(|(node, idx)| {
-                    let idx: Vec<usize> = idx.iter().copied().filter(|&i| locks[i]).collect();
-                    if idx.is_empty() {
-                        return None;
-                    }
-                    let mut e = Enc::default();
-                    e.u64(me).u16(idx.len() as u16);
-                    for i in idx {
-                        let d = data[i].as_deref().unwrap_or(&[]);
-                        e.u64(c.loc(&t.ops[i]).1).u8(1).u32(d.len() as u32).bytes(d);
-                    }
-                    Some((*node, e.0))
+                .enumerate()
+                .filter(|(i, _)| locks[*i])
+                .map(|(i, o)| {
+                    let (node, off, _) = c.loc(o);
+                    (node, off, data[i].as_deref().unwrap_or(&[]))
                 })
                 .collect();
+            let msgs = c.commit_messages(me, &entries, ins);
             c.count_msgs(msgs.len());
             let rs = c
                 .round(

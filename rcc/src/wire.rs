@@ -12,7 +12,9 @@ pub const FETCH: u16 = 140;
 pub const RELEASE: u16 = 141;
 /// Write back and unlock: `[owner u64][n u16]` then per record `[off u64][unlock u8]
 /// [len u32][len bytes written at off + 8]`. Empty reply; an entry whose lock is not
-/// `owner`'s (with `unlock` set) fails the call and writes nothing of it.
+/// `owner`'s (with `unlock` set) fails the call and writes nothing of it. An entry
+/// without `unlock` is written unconditionally: a row the transaction inserts
+/// ([`crate::coord::TxnSpec::inserts`]).
 pub const COMMIT: u16 = 142;
 /// Plain read: `[n u16]` then `[off u64][len u32]`; reply the tuples' bytes.
 pub const READ: u16 = 143;

@@ -1,6 +1,6 @@
-//! The workloads as RCC runs them (RCC, 5.1): SmallBank and YCSB with a hot area
-//! ([`crate::smallbank`], [`crate::ycsb`]), each with its own check of the final
-//! database.
+//! The workloads as RCC runs them (RCC, 5.1): SmallBank, YCSB with a hot area and TPC-C
+//! New-Order ([`crate::smallbank`], [`crate::ycsb`], [`crate::tpcc`]), each with its own
+//! check of the final database.
 
 use std::cell::Cell;
 use std::rc::Rc;

@@ -129,6 +129,7 @@ impl Workload for Ycsb {
                 delta.set(writes.len() as i64);
                 true
             }),
+            inserts: None,
         }
     }
     fn kind_name(&self, kind: u16) -> &'static str {
