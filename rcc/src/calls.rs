@@ -182,8 +182,8 @@ impl NodeHandlers {
             return server::serve_waitdie(s, self.region, &req, yield_now, stopped).await;
         }
         let mut out = Vec::new();
-        if handler == crate::calvin::BATCH || handler == crate::calvin::FORWARD {
-            crate::calvin::serve(s, self.region, handler, &req, &mut out)?;
+        if handler == wire::CALVIN_BATCH || handler == wire::CALVIN_FORWARD {
+            server::serve_deposit(s, self.region, handler, &req, &mut out)?;
         } else {
             server::serve(s, self.region, handler, &req, &mut out)?;
         }

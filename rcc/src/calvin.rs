@@ -98,17 +98,16 @@ use crate::driver::{Limit, Report, INTERVAL};
 use crate::layout::{Layout, LOCK, VAL, VER};
 use crate::net::{Net, NetError};
 use crate::store::Store;
-use crate::wire::{Dec, Enc};
+use crate::wire::{self, Enc};
 use crate::workload::Workload;
 
-/// RPC handler: a sequencer's batch for the receiver's CRB. `[n u16]` then per entry
-/// `[off u64][len u32][len bytes][flag_off u64][flag u64]`: the handler writes the bytes
-/// at `off`, then the word `flag` at `flag_off`, entry by entry (the same order a
-/// one-sided sender's two WRITEs land in). Empty reply. Errors: a malformed message or
-/// an entry outside the region (nothing is written then).
-pub const BATCH: u16 = 160;
-/// RPC handler: forwarded records for the receiver's CFB, in [`BATCH`]'s format.
-pub const FORWARD: u16 = 161;
+/// RPC handler: a sequencer's batch for the receiver's CRB ([`wire::CALVIN_BATCH`]).
+pub const BATCH: u16 = wire::CALVIN_BATCH;
+/// RPC handler: forwarded records for the receiver's CFB ([`wire::CALVIN_FORWARD`]).
+pub const FORWARD: u16 = wire::CALVIN_FORWARD;
+
+/// The handler of [`BATCH`] and [`FORWARD`] ([`crate::server::serve_deposit`]).
+pub use crate::server::serve_deposit as serve;
 
 /// CALVIN's knobs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,51 +215,6 @@ impl Buffers {
 /// size (bits 0-15).
 fn header(epoch: u64, last: bool, count: usize) -> u64 {
     ((epoch + 1) << 24) | (u64::from(last) << 16) | count as u64
-}
-
-/// Serve [`BATCH`] or [`FORWARD`] over a node's region of `region` bytes into `out`
-/// (empty). Errors: an unknown id, a malformed message, an entry outside the region or
-/// unaligned.
-pub fn serve(
-    store: &dyn Store,
-    region: u64,
-    id: u16,
-    req: &[u8],
-    out: &mut Vec<u8>,
-) -> Result<(), String> {
-    out.clear();
-    if id != BATCH && id != FORWARD {
-        return Err(format!("no CALVIN handler {id}"));
-    }
-    let inside = |off: u64, len: u64| {
-        if !off.is_multiple_of(8) || !len.is_multiple_of(8) || off.saturating_add(len) > region {
-            Err(format!(
-                "{len} bytes at {off} are outside the {region}-byte region or unaligned"
-            ))
-        } else {
-            Ok(())
-        }
-    };
-    let mut d = Dec(req);
-    let n = d.u16()?;
-    let mut es = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let off = d.u64()?;
-        let len = d.u32()?;
-        let data = d.take(len as usize)?;
-        let flag_off = d.u64()?;
-        let flag = d.u64()?;
-        inside(off, u64::from(len))?;
-        inside(flag_off, 8)?;
-        es.push((off, data, flag_off, flag));
-    }
-    for (off, data, flag_off, flag) in es {
-        if !data.is_empty() {
-            store.write(off, data);
-        }
-        store.store(flag_off, flag);
-    }
-    Ok(())
 }
 
 /// Bytes to land at `off` on a node, then the word `flag` at `flag_off`.

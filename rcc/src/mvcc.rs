@@ -44,7 +44,7 @@ use crate::coord::{Abort, Coord, Fault, Stage, TxnSpec, Variant};
 use crate::layout::{MVCC_PENDING, MVCC_REC, MVCC_RTS, MVCC_SLOTS, MVCC_WTS};
 use crate::net::{Net, NetError};
 use crate::server::{mvcc_newest, mvcc_pick, mvcc_victim};
-use crate::twopl::group;
+use crate::steps::{group, group_of, release};
 use crate::wire::{self, Dec, Enc};
 
 /// Bytes of MVCC's metadata: lock, `rts`, `wts[4]`.
@@ -381,60 +381,6 @@ async fn fetch_rpc<N: Net>(c: &Coord<N>, t: &TxnSpec, tts: u64) -> Result<Fetche
     Ok(f)
 }
 
-/// Release the write locks of `held` (an abort), in one round.
-async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, tts: u64, held: &[usize]) {
-    if held.is_empty() {
-        return;
-    }
-    match c.variant {
-        Variant::OneSided => {
-            c.count_ops(held.len());
-            let zero = 0u64.to_le_bytes();
-            let zero = &zero[..];
-            c.round(
-                Stage::Release,
-                join_all(held.iter().map(|&i| {
-                    let (node, off, _) = c.loc(&t.ops[i]);
-                    async move { c.net.write_ordered(node, &[(off, zero)]).await }
-                })),
-            )
-            .await;
-        }
-        Variant::Rpc => {
-            let by_node = only(c, t, held);
-            c.count_msgs(by_node.len());
-            c.round(
-                Stage::Release,
-                join_all(by_node.iter().map(|(node, idx)| {
-                    let mut e = Enc::default();
-                    e.u64(tts).u16(idx.len() as u16);
-                    for &i in idx {
-                        e.u64(c.loc(&t.ops[i]).1);
-                    }
-                    c.net.call(*node, wire::RELEASE, e.0)
-                })),
-            )
-            .await;
-        }
-    }
-}
-
-/// The given records of `t` by home node.
-fn only<N: Net>(c: &Coord<N>, t: &TxnSpec, which: &[usize]) -> Vec<(usize, Vec<usize>)> {
-    group(c, t)
-        .into_iter()
-        .map(|(n, idx)| {
-            (
-                n,
-                idx.into_iter()
-                    .filter(|i| which.contains(i))
-                    .collect::<Vec<_>>(),
-            )
-        })
-        .filter(|(_, idx)| !idx.is_empty())
-        .collect()
-}
-
 /// Install every written record in an empty or the oldest slot with `wts = tts`, unlock.
 async fn commit<N: Net>(
     c: &Coord<N>,
@@ -481,7 +427,7 @@ async fn commit<N: Net>(
             }
         }
         Variant::Rpc => {
-            let by_node = only(c, t, writes);
+            let by_node = group_of(c, t, writes);
             c.count_msgs(by_node.len());
             let rs = c
                 .round(

@@ -239,8 +239,8 @@ impl Net for LocalNet {
                 .map_err(err);
         }
         let mut out = Vec::new();
-        if handler == crate::calvin::BATCH || handler == crate::calvin::FORWARD {
-            crate::calvin::serve(s, self.region, handler, &req, &mut out).map_err(err)?;
+        if handler == wire::CALVIN_BATCH || handler == wire::CALVIN_FORWARD {
+            server::serve_deposit(s, self.region, handler, &req, &mut out).map_err(err)?;
             return Ok(out);
         }
         server::serve(s, self.region, handler, &req, &mut out).map_err(err)?;

@@ -17,7 +17,7 @@ use crate::coord::{accesses, lock_of, val_of, ver_of, versioned, Abort, Coord, F
 use crate::coord::{TxnSpec, Variant};
 use crate::layout::VER;
 use crate::net::{Net, NetError};
-use crate::twopl::group;
+use crate::steps::{group, group_of, release};
 use crate::wire::{self, Dec, Enc};
 
 fn bad(handler: u16, why: String) -> Abort {
@@ -190,22 +190,6 @@ async fn lock<N: Net>(
     Ok(())
 }
 
-/// The given records of `t` by home node.
-fn group_of<N: Net>(c: &Coord<N>, t: &TxnSpec, only: &[usize]) -> Vec<(usize, Vec<usize>)> {
-    group(c, t)
-        .into_iter()
-        .map(|(n, idx)| {
-            (
-                n,
-                idx.into_iter()
-                    .filter(|i| only.contains(i))
-                    .collect::<Vec<_>>(),
-            )
-        })
-        .filter(|(_, idx)| !idx.is_empty())
-        .collect()
-}
-
 async fn validate<N: Net>(
     c: &Coord<N>,
     t: &TxnSpec,
@@ -255,43 +239,6 @@ async fn validate<N: Net>(
         }
     }
     Ok(())
-}
-
-async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[usize]) {
-    if held.is_empty() {
-        return;
-    }
-    match c.variant {
-        Variant::OneSided => {
-            c.count_ops(held.len());
-            let zero = 0u64.to_le_bytes();
-            let zero = &zero[..];
-            c.round(
-                Stage::Release,
-                join_all(held.iter().map(|&i| {
-                    let (node, off, _) = c.loc(&t.ops[i]);
-                    async move { c.net.write_ordered(node, &[(off, zero)]).await }
-                })),
-            )
-            .await;
-        }
-        Variant::Rpc => {
-            let by_node = group_of(c, t, held);
-            c.count_msgs(by_node.len());
-            c.round(
-                Stage::Release,
-                join_all(by_node.iter().map(|(node, idx)| {
-                    let mut e = Enc::default();
-                    e.u64(me).u16(idx.len() as u16);
-                    for &i in idx {
-                        e.u64(c.loc(&t.ops[i]).1);
-                    }
-                    c.net.call(*node, wire::RELEASE, e.0)
-                })),
-            )
-            .await;
-        }
-    }
 }
 
 async fn commit<N: Net>(

@@ -451,3 +451,48 @@ fn sundial_renew(
     out.push(if ok { wire::OK } else { wire::CONFLICT });
     Ok(())
 }
+
+/// Serve CALVIN's deposits, [`wire::CALVIN_BATCH`] or [`wire::CALVIN_FORWARD`], over a node's region of `region` bytes into `out`
+/// (empty). Errors: an unknown id, a malformed message, an entry outside the region or
+/// unaligned.
+pub fn serve_deposit(
+    store: &dyn Store,
+    region: u64,
+    id: u16,
+    req: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    out.clear();
+    if id != wire::CALVIN_BATCH && id != wire::CALVIN_FORWARD {
+        return Err(format!("no CALVIN handler {id}"));
+    }
+    let inside = |off: u64, len: u64| {
+        if !off.is_multiple_of(8) || !len.is_multiple_of(8) || off.saturating_add(len) > region {
+            Err(format!(
+                "{len} bytes at {off} are outside the {region}-byte region or unaligned"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let mut d = Dec(req);
+    let n = d.u16()?;
+    let mut es = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let off = d.u64()?;
+        let len = d.u32()?;
+        let data = d.take(len as usize)?;
+        let flag_off = d.u64()?;
+        let flag = d.u64()?;
+        inside(off, u64::from(len))?;
+        inside(flag_off, 8)?;
+        es.push((off, data, flag_off, flag));
+    }
+    for (off, data, flag_off, flag) in es {
+        if !data.is_empty() {
+            store.write(off, data);
+        }
+        store.store(flag_off, flag);
+    }
+    Ok(())
+}

@@ -46,7 +46,7 @@ use txn::history::Access;
 use crate::coord::{Abort, Coord, Fault, Stage, TxnSpec, Variant};
 use crate::layout::{SUNDIAL_CV, SUNDIAL_LEASE, SUNDIAL_REC};
 use crate::net::{Net, NetError};
-use crate::twopl::group;
+use crate::steps::{group, group_of, release};
 use crate::wire::{self, Dec, Enc};
 
 const LOW: u64 = 0xffff_ffff;
@@ -366,7 +366,7 @@ async fn renew_rpc<N: Net>(
     } else {
         wire::RENEW_CHECKED
     };
-    let by_node = only(c, t, &renew);
+    let by_node = group_of(c, t, &renew);
     c.count_msgs(by_node.len());
     let rs = c
         .round(
@@ -390,60 +390,6 @@ async fn renew_rpc<N: Net>(
         }
     }
     Ok(())
-}
-
-/// The given records of `t` by home node.
-fn only<N: Net>(c: &Coord<N>, t: &TxnSpec, which: &[usize]) -> Vec<(usize, Vec<usize>)> {
-    group(c, t)
-        .into_iter()
-        .map(|(n, idx)| {
-            (
-                n,
-                idx.into_iter()
-                    .filter(|i| which.contains(i))
-                    .collect::<Vec<_>>(),
-            )
-        })
-        .filter(|(_, idx)| !idx.is_empty())
-        .collect()
-}
-
-/// Release the write locks of `held` (an abort), in one round.
-async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[usize]) {
-    if held.is_empty() {
-        return;
-    }
-    match c.variant {
-        Variant::OneSided => {
-            c.count_ops(held.len());
-            let zero = 0u64.to_le_bytes();
-            let zero = &zero[..];
-            c.round(
-                Stage::Release,
-                join_all(held.iter().map(|&i| {
-                    let (node, off, _) = c.loc(&t.ops[i]);
-                    async move { c.net.write_ordered(node, &[(off, zero)]).await }
-                })),
-            )
-            .await;
-        }
-        Variant::Rpc => {
-            let by_node = only(c, t, held);
-            c.count_msgs(by_node.len());
-            c.round(
-                Stage::Release,
-                join_all(by_node.iter().map(|(node, idx)| {
-                    let mut e = Enc::default();
-                    e.u64(me).u16(idx.len() as u16);
-                    for &i in idx {
-                        e.u64(c.loc(&t.ops[i]).1);
-                    }
-                    c.net.call(*node, wire::RELEASE, e.0)
-                })),
-            )
-            .await;
-        }
-    }
 }
 
 /// Install every written record with lease `[tts, tts]` and `check_version + 1`, unlock.

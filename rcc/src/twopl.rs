@@ -17,6 +17,7 @@ use txn::history::Access;
 use crate::coord::{accesses, lock_of, val_of, ver_of, versioned, Abort, Coord, Fault, Proto};
 use crate::coord::{Stage, TxnSpec, Variant};
 use crate::net::Net;
+use crate::steps::{self, group};
 use crate::wire::{self, Dec, Enc};
 
 /// What a conflict on a record means for the requester.
@@ -207,69 +208,16 @@ fn bad_reply<N: Net>(c: &Coord<N>, why: String) -> Abort {
     })
 }
 
-/// The records of `t` by home node: (node, indices into `t.ops`), nodes ascending.
-pub(crate) fn group<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Vec<(usize, Vec<usize>)> {
-    let mut by: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-    for (i, o) in t.ops.iter().enumerate() {
-        by.entry(c.layout.home(o.key)).or_default().push(i);
-    }
-    by.into_iter().collect()
-}
-
 /// Release every lock `t` holds after a user abort (all of `locks`).
 async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, locks: &[bool]) -> Result<(), Abort> {
     release_held(c, t, me, locks).await;
     Ok(())
 }
 
-/// Release the locks marked in `held`, in one round; failures are left to the fabric
-/// (a node that is gone holds nothing of ours that matters).
+/// Release the locks marked in `held`, in one round ([`steps::release`]).
 async fn release_held<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64, held: &[bool]) {
-    if !held.iter().any(|&h| h) {
-        return;
-    }
-    match c.variant {
-        Variant::OneSided => {
-            let n = held.iter().filter(|&&h| h).count();
-            c.count_ops(n);
-            let zero = 0u64.to_le_bytes();
-            let zero = &zero[..];
-            c.round(
-                Stage::Release,
-                join_all(
-                    t.ops
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| held[*i])
-                        .map(|(_, o)| {
-                            let (node, off, _) = c.loc(o);
-                            async move { c.net.write_ordered(node, &[(off, zero)]).await }
-                        }),
-                ),
-            )
-            .await;
-        }
-        Variant::Rpc => {
-            let by_node: Vec<(usize, Vec<usize>)> = group(c, t)
-                .into_iter()
-                .map(|(n, idx)| (n, idx.into_iter().filter(|&i| held[i]).collect::<Vec<_>>()))
-                .filter(|(_, idx)| !idx.is_empty())
-                .collect();
-            c.count_msgs(by_node.len());
-            c.round(
-                Stage::Release,
-                join_all(by_node.iter().map(|(node, idx)| {
-                    let mut e = Enc::default();
-                    e.u64(me).u16(idx.len() as u16);
-                    for &i in idx {
-                        e.u64(c.loc(&t.ops[i]).1);
-                    }
-                    c.net.call(*node, wire::RELEASE, e.0)
-                })),
-            )
-            .await;
-        }
-    }
+    let idx: Vec<usize> = (0..held.len()).filter(|&i| held[i]).collect();
+    steps::release(c, t, me, &idx).await;
 }
 
 /// One node's ordered WRITEs: (offset, bytes).

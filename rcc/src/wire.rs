@@ -63,6 +63,15 @@ pub const RENEW_CHECKED: u8 = 0;
 /// [`SUNDIAL_RENEW`] mode: blind renewal (planted bug).
 pub const RENEW_BLIND: u8 = 1;
 
+/// CALVIN's RPC handler: a sequencer's batch for the receiver's CRB. `[n u16]` then per entry
+/// `[off u64][len u32][len bytes][flag_off u64][flag u64]`: the handler writes the bytes
+/// at `off`, then the word `flag` at `flag_off`, entry by entry (the same order a
+/// one-sided sender's two WRITEs land in). Empty reply. Errors: a malformed message or
+/// an entry outside the region (nothing is written then).
+pub const CALVIN_BATCH: u16 = 160;
+/// CALVIN's RPC handler: forwarded records for the receiver's CFB, in [`CALVIN_BATCH`]'s format.
+pub const CALVIN_FORWARD: u16 = 161;
+
 /// Reply status: done.
 pub const OK: u8 = 0;
 /// Reply status: a lock was held by someone else (the holder follows) or a version
