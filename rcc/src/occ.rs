@@ -17,7 +17,7 @@ use crate::coord::{accesses, lock_of, val_of, ver_of, versioned, Abort, Coord, F
 use crate::coord::{TxnSpec, Variant};
 use crate::layout::VER;
 use crate::net::{Net, NetError};
-use crate::steps::{group, group_of, release};
+use crate::steps::{self, group, group_of, release};
 use crate::wire::{self, Dec, Enc};
 
 fn bad(handler: u16, why: String) -> Abort {
@@ -283,20 +283,7 @@ async fn commit<N: Net>(
                     (node, off, &d[..])
                 })
                 .collect();
-            let msgs = c.commit_messages(me, &entries, ins);
-            c.count_msgs(msgs.len());
-            let rs = c
-                .round(
-                    Stage::Commit,
-                    join_all(
-                        msgs.into_iter()
-                            .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
-                    ),
-                )
-                .await;
-            for r in rs {
-                r?;
-            }
+            steps::commit_rpc(c, me, &entries, ins).await?;
         }
     }
     Ok(())

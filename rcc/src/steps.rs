@@ -1,13 +1,14 @@
 //! Network steps several protocols share: grouping a transaction's records by home
 //! node (one RPC per participant per stage, RCC, 4), and releasing locks after an abort
 //! (one round: WRITE 0 to each lock word one-sided, or one RELEASE message per
+//! participant), and the RPC variants' commit round (one COMMIT message per
 //! participant).
 
 use std::collections::BTreeMap;
 
 use futures::future::join_all;
 
-use crate::coord::{Coord, Stage, TxnSpec, Variant};
+use crate::coord::{Abort, Coord, Inserted, Stage, TxnSpec, Variant};
 use crate::net::Net;
 use crate::wire::{self, Enc};
 
@@ -79,4 +80,31 @@ pub(crate) async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, owner: u64, held:
             .await;
         }
     }
+}
+
+/// The RPC variants' commit round: one [`wire::COMMIT`] message per node
+/// ([`Coord::commit_messages`]: `entries` `(node, tuple offset, bytes written at offset +
+/// 8)` each unlocking, then the rows of `ins` without unlock), awaited together.
+/// Errors: the first failed call.
+pub(crate) async fn commit_rpc<N: Net>(
+    c: &Coord<N>,
+    owner: u64,
+    entries: &[(usize, u64, &[u8])],
+    ins: &[Inserted],
+) -> Result<(), Abort> {
+    let msgs = c.commit_messages(owner, entries, ins);
+    c.count_msgs(msgs.len());
+    let rs = c
+        .round(
+            Stage::Commit,
+            join_all(
+                msgs.into_iter()
+                    .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
+            ),
+        )
+        .await;
+    for r in rs {
+        r?;
+    }
+    Ok(())
 }

@@ -46,7 +46,7 @@ use txn::history::Access;
 use crate::coord::{Abort, Coord, Fault, Stage, TxnSpec, Variant};
 use crate::layout::{SUNDIAL_CV, SUNDIAL_LEASE, SUNDIAL_REC};
 use crate::net::{Net, NetError};
-use crate::steps::{group, group_of, release};
+use crate::steps::{self, group, group_of, release};
 use crate::wire::{self, Dec, Enc};
 
 const LOW: u64 = 0xffff_ffff;
@@ -449,20 +449,7 @@ async fn commit<N: Net>(
                     (node, off, &d[..])
                 })
                 .collect();
-            let msgs = c.commit_messages(me, &entries, ins);
-            c.count_msgs(msgs.len());
-            let rs = c
-                .round(
-                    Stage::Commit,
-                    join_all(
-                        msgs.into_iter()
-                            .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
-                    ),
-                )
-                .await;
-            for r in rs {
-                r?;
-            }
+            steps::commit_rpc(c, me, &entries, ins).await?;
         }
     }
     Ok(())

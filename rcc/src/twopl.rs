@@ -284,20 +284,7 @@ async fn commit<N: Net>(
                     (node, off, data[i].as_deref().unwrap_or(&[]))
                 })
                 .collect();
-            let msgs = c.commit_messages(me, &entries, ins);
-            c.count_msgs(msgs.len());
-            let rs = c
-                .round(
-                    Stage::Commit,
-                    join_all(
-                        msgs.into_iter()
-                            .map(|(node, m)| c.net.call(node, wire::COMMIT, m)),
-                    ),
-                )
-                .await;
-            for r in rs {
-                r?;
-            }
+            steps::commit_rpc(c, me, &entries, ins).await?;
         }
     }
     let _ = lock_of;
