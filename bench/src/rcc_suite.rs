@@ -29,7 +29,8 @@ use crate::plot::{LineChart, Scale, Series};
 use crate::rcc_tcp::TonicCalls;
 
 /// RCC's suite: NOWAIT, WAITDIE, OCC, MVCC, SUNDIAL and CALVIN,
-/// each over RPC and over one-sided RDMA, on SmallBank or YCSB with a hot area, on a
+/// each over RPC and over one-sided RDMA, on SmallBank, YCSB with a hot area or TPC-C
+/// New-Order, on a
 /// fresh local cluster per run. RPC here is rrpc over RC Rockets, not RCC's UD
 /// SEND/RECV: ratios between the variants compare, absolute packet rates do not.
 #[derive(Parser, Debug, Clone)]
