@@ -206,8 +206,14 @@ fn lock_bench_fairness_across_processes() {
         "1",
         "--coroutines",
         "4",
+        // Longer points than the other tests: under the Soft-RoCE VM's emulated CPU a
+        // Takeout acquisition across processes takes milliseconds, and 100 ms rounds
+        // could end with none measured (a row the ratio then leaves out).
+        "--duration-ms",
+        "1500",
+        "--warmup-ms",
+        "100",
     ];
-    args.extend(SHORT);
     let out = client(bin, &args, &server);
     assert!(out.contains("lock service at --connect"), "{out}");
     assert!(figure(&out, "ratio p99 takeout/cas @0.99 =") > 0.0, "{out}");
