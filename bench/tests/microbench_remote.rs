@@ -192,7 +192,7 @@ fn lock_bench_fairness_across_processes() {
     let _s = serial();
     let bin = env!("CARGO_BIN_EXE_lock-bench");
     let server = Server::start(bin);
-    let mut args = vec![
+    let args = vec![
         "fairness",
         "--thetas",
         "0.99",
