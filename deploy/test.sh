@@ -70,6 +70,13 @@ esac
 # that bench leaves off, so a line without member/etcd would rebuild tonic and its dependents.
 features=(--features rrpc/verbs --features member/etcd)
 
+# Incremental caches roughly double the target directory and a fresh clone gains nothing
+# from them; the whole run must fit a CI machine's disk.
+export CARGO_INCREMENTAL=0
+target_dir="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target_dir"
+echo "== disk: $(df -h --output=avail "$target_dir" | tail -1 | tr -d ' ') free for $target_dir"
+
 echo "== hygiene: cargo fmt --check, cargo clippy -D warnings, cargo doc -D warnings"
 missing=()
 for c in rustfmt clippy; do
@@ -168,3 +175,4 @@ cp deploy/vm/verbs-tests.sh "$runner"
 t0=$SECONDS
 deploy/vm/softroce-vm.sh --timeout "${RRPC_VM_TIMEOUT:-1500}" -- "$runner" "${exes[@]}"
 echo "== Soft-RoCE VM run: $((SECONDS - t0)) s wall"
+echo "== disk: target directory $(du -sh "$target_dir" 2>/dev/null | cut -f1), $(df -h --output=avail "$target_dir" | tail -1 | tr -d ' ') free"
