@@ -40,10 +40,10 @@ use crate::service::{LocksExport, EXPORT_NAME, RESTARTED_TAG, RESTARTING_TAG};
 use crate::takeout::{SmoothedRtt, LOCK_STRIDE, QUEUED_TS_OFF, UPPER_OFF};
 use crate::ticket::{Shared, RECONNECTING};
 use crate::wire::{
-    decode_node_tickets, decode_reply, encode_abandon, encode_release_node, encode_request,
-    AbandonRequest, ReleaseNodeRequest, RequestHeader, ABANDON_HANDLER, LOCK_HANDLER, MAX_ENTRIES,
-    RELEASE_NODE_HANDLER,
+    abandon_batch, encode_request, replies, tickets, AbandonRequest, AbandonRpc, LockRpc,
+    ReleaseNodeRequest, ReleaseNodeRpc, ReleaseNodeWire, RequestHeader, MAX_ENTRIES,
 };
+use rrpc::typed::{Rpc, TypedCallError};
 
 pub use crate::error::LockError;
 pub use crate::takeout::{LockReply, Mode, RefuseReason};
@@ -102,6 +102,18 @@ impl RetryPolicy {
         self.first
             .checked_mul(f)
             .map_or(self.max, |d| d.min(self.max))
+    }
+}
+
+/// The [`LockError`] of a failed typed call: [`call_error`]'s for the call's own
+/// failures, [`LockError::InvalidRequest`] for a request that does not encode,
+/// [`LockError::Protocol`] for a reply that does not decode.
+fn typed_call_error(e: TypedCallError) -> LockError {
+    match e {
+        TypedCallError::Call(e) => call_error(e),
+        TypedCallError::Encode(e) => LockError::InvalidRequest(e.to_string()),
+        TypedCallError::Decode(e) => LockError::Protocol(e.to_string()),
+        e => LockError::Protocol(e.to_string()),
     }
 }
 
@@ -486,7 +498,7 @@ impl LockClient {
             self.settler().spawn_retries(ctx, self.retry);
         };
         let sent = std::time::Instant::now();
-        let resp = match ctx.call(self.node(), LOCK_HANDLER, &buf).await {
+        let resp = match ctx.call(self.node(), LockRpc::ID, &buf).await {
             Ok(r) => r,
             // The handler ran and refused: nothing was granted.
             Err(e @ CallError::Remote { .. }) => return Err(call_error(e)),
@@ -500,7 +512,12 @@ impl LockClient {
                 return Err(call_error(e));
             }
         };
-        let replies = match decode_reply(&resp, reqs.len()) {
+        // The reply is read in place and turned into grants without another allocation.
+        let decoded = rrpc::typed::view_response::<LockRpc, _, _>(&resp);
+        let replies = match decoded
+            .map_err(|e| e.to_string())
+            .and_then(|b| replies(b, reqs.len()).map_err(|e| e.to_string()))
+        {
             Ok(r) => {
                 // The service served it: its grace, if any, is over.
                 self.grace_until.set(None);
@@ -508,11 +525,10 @@ impl LockClient {
             }
             Err(e) => {
                 give_up();
-                return Err(LockError::Protocol(e.to_string()));
+                return Err(LockError::Protocol(e));
             }
         };
         Ok(replies
-            .into_iter()
             .zip(reqs)
             .map(|(r, q)| {
                 // Queued or holding after this request (ours included if granted).
@@ -561,18 +577,17 @@ impl LockClient {
     pub async fn release_node(&self, ctx: &Rc<ThreadCtx>, dead: Owner) -> Result<u64, LockError> {
         let mut passed = 0;
         loop {
-            let req = encode_release_node(&ReleaseNodeRequest {
+            let req = ReleaseNodeWire::new(&ReleaseNodeRequest {
                 dead,
                 max: RELEASE_NODE_BATCH,
                 epoch: self.export.epoch,
                 caller: self.owner_on(ctx),
             });
             let resp = ctx
-                .call(self.node(), RELEASE_NODE_HANDLER, &req)
+                .call_typed::<ReleaseNodeRpc>(self.node(), &req)
                 .await
-                .map_err(call_error)?;
-            let taken =
-                decode_node_tickets(&resp).map_err(|e| LockError::Protocol(e.to_string()))?;
+                .map_err(typed_call_error)?;
+            let taken = tickets(&resp);
             let n = taken.len();
             let releases = taken
                 .into_iter()
@@ -811,13 +826,12 @@ impl Settler {
             epoch: self.export.epoch,
             ids: g.ids.clone(),
         };
-        let mut buf = Vec::new();
-        encode_abandon(&req, &mut buf).map_err(|e| LockError::InvalidRequest(e.to_string()))?;
+        let req = abandon_batch(&req).map_err(|e| LockError::InvalidRequest(e.to_string()))?;
         let resp = ctx
-            .call(self.shared.node, ABANDON_HANDLER, &buf)
+            .call_typed::<AbandonRpc>(self.shared.node, &req)
             .await
-            .map_err(call_error)?;
-        let taken = decode_node_tickets(&resp).map_err(|e| LockError::Protocol(e.to_string()))?;
+            .map_err(typed_call_error)?;
+        let taken = tickets(&resp);
         let n = taken.len() as u64;
         for nt in taken {
             tracing::debug!(

@@ -8,17 +8,62 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::mem::size_of;
+
+use rrpc::typed::{Batch, Fixed, Rpc};
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
 use crate::shard::N_SHARDS;
 
 /// Handler id of "send me your load sample for the interval just ended" (empty request;
-/// reply [`LoadSample::encode`]); each call ends the node's interval.
+/// reply a [`SampleWire`], [`TableStatsRpc`]); each call ends the node's interval.
 pub const TABLE_STATS_HANDLER: u16 = 25;
 const _: () = assert!(rrpc::server::ids::LOCK_TABLES.contains(TABLE_STATS_HANDLER));
 
-/// Bytes of an encoded [`LoadSample`]'s header (ops, latency sum in ns, latency samples).
-const SAMPLE_HEADER_BYTES: usize = 24;
-/// Bytes per (shard, requests) entry of an encoded [`LoadSample`].
-const SHARD_ENTRY_BYTES: usize = 8;
+/// "Send me your load sample" ([`TABLE_STATS_HANDLER`]): nothing in, a [`SampleWire`]
+/// out.
+pub struct TableStatsRpc;
+
+impl Rpc for TableStatsRpc {
+    const ID: u16 = TABLE_STATS_HANDLER;
+    type Req = ();
+    type Resp = SampleWire;
+    type Codec = Fixed;
+}
+
+/// The header of a [`LoadSample`] on the wire, 24 bytes.
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct SampleHead {
+    /// Requests served, bytes 0..8.
+    pub ops: U64,
+    /// Sum of the latency observations in nanoseconds, bytes 8..16.
+    pub latency_sum_ns: U64,
+    /// Number of latency observations, bytes 16..24.
+    pub latency_samples: U64,
+}
+
+/// One shard's requests in a [`LoadSample`] on the wire, 8 bytes.
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct ShardLoad {
+    /// The shard, bytes 0..2.
+    pub shard: U16,
+    /// Zero, bytes 2..4.
+    pub pad: [u8; 2],
+    /// Its requests (saturated), bytes 4..8.
+    pub requests: U32,
+}
+
+const _: () = assert!(size_of::<SampleHead>() == 24 && size_of::<ShardLoad>() == 8);
+
+/// A [`LoadSample`] on the wire ([`LoadSample::to_wire`]).
+pub type SampleWire = Batch<SampleHead, ShardLoad>;
 
 /// A node's counters for the current interval; `Sync`, updated with relaxed atomics by
 /// every server thread and local coordinator.
@@ -113,52 +158,61 @@ impl LoadSample {
         self.latency_sum_ns.checked_div(self.latency_samples)
     }
 
-    /// Little-endian: `ops: u64`, `latency_sum_ns: u64`, `latency_samples: u64`, then for
-    /// each shard with requests, in shard order, `shard: u16`, 2 bytes of zero,
-    /// `requests: u32` (saturated).
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.ops.to_le_bytes());
-        out.extend_from_slice(&self.latency_sum_ns.to_le_bytes());
-        out.extend_from_slice(&self.latency_samples.to_le_bytes());
-        for (s, &n) in self.shard_load.iter().enumerate().take(N_SHARDS) {
-            if n > 0 {
-                out.extend_from_slice(&(s as u16).to_le_bytes());
-                out.extend_from_slice(&[0, 0]);
-                out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
-            }
-        }
+    /// The sample on the wire: `ops`, `latency_sum_ns`, `latency_samples` ([`SampleHead`]),
+    /// then one [`ShardLoad`] per shard with requests, in shard order.
+    pub fn to_wire(&self) -> SampleWire {
+        let shards = self
+            .shard_load
+            .iter()
+            .enumerate()
+            .take(N_SHARDS)
+            .filter(|&(_, &n)| n > 0)
+            .map(|(s, &n)| ShardLoad {
+                shard: U16::new(s as u16),
+                pad: [0; 2],
+                requests: U32::new(u32::try_from(n).unwrap_or(u32::MAX)),
+            })
+            .collect();
+        Batch::new(
+            SampleHead {
+                ops: U64::new(self.ops),
+                latency_sum_ns: U64::new(self.latency_sum_ns),
+                latency_samples: U64::new(self.latency_samples),
+            },
+            shards,
+        )
     }
 
-    /// Decode [`Self::encode`]'s bytes; `shard_load` always has [`N_SHARDS`] entries.
+    /// The sample [`Self::to_wire`] sent; `shard_load` always has [`N_SHARDS`] entries.
     ///
-    /// Errors: [`SampleError`] for a bad length or shard.
-    pub fn decode(b: &[u8]) -> Result<Self, SampleError> {
-        if b.len() < SAMPLE_HEADER_BYTES
-            || !(b.len() - SAMPLE_HEADER_BYTES).is_multiple_of(SHARD_ENTRY_BYTES)
-        {
-            return Err(SampleError::BadLength(b.len()));
-        }
-        let u64_at = |o: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(w)
-        };
+    /// Errors: [`SampleError::BadShard`] for a shard past [`N_SHARDS`] or out of order.
+    pub fn from_wire(w: &SampleWire) -> Result<Self, SampleError> {
         let mut shard_load = vec![0u64; N_SHARDS];
         let mut next = 0usize;
-        for e in b[SAMPLE_HEADER_BYTES..].chunks_exact(SHARD_ENTRY_BYTES) {
-            let s = u16::from_le_bytes([e[0], e[1]]);
+        for e in &w.entries {
+            let s = e.shard.get();
             if usize::from(s) >= N_SHARDS || usize::from(s) < next {
                 return Err(SampleError::BadShard(s));
             }
             next = usize::from(s) + 1;
-            shard_load[usize::from(s)] = u64::from(u32::from_le_bytes([e[4], e[5], e[6], e[7]]));
+            shard_load[usize::from(s)] = u64::from(e.requests.get());
         }
         Ok(Self {
-            ops: u64_at(0),
-            latency_sum_ns: u64_at(8),
-            latency_samples: u64_at(16),
+            ops: w.head.ops.get(),
+            latency_sum_ns: w.head.latency_sum_ns.get(),
+            latency_samples: w.head.latency_samples.get(),
             shard_load,
         })
+    }
+
+    /// Decode a [`TableStatsRpc`] reply.
+    ///
+    /// Errors: [`SampleError::BadLength`] for a length that is not a header plus whole
+    /// entries, [`SampleError::BadShard`].
+    pub fn decode(b: &[u8]) -> Result<Self, SampleError> {
+        let w = rrpc::typed::decode_response::<TableStatsRpc>(b)
+            .map_err(|e| SampleError::BadLength(e.len))?;
+        Self::from_wire(&w)
     }
 }
 
@@ -207,7 +261,13 @@ mod tests {
     fn samples_round_trip_and_garbage_is_refused() {
         let s = sample(700, &[(0, 3), (17, 9), (4095, 1)]);
         let mut b = Vec::new();
-        s.encode(&mut b);
+        rrpc::typed::encode_response::<TableStatsRpc>(&s.to_wire(), &mut b).unwrap();
+        assert_eq!(&b[..8], &13u64.to_le_bytes(), "ops first (3 + 9 + 1)");
+        assert_eq!(
+            &b[32..40],
+            &[17, 0, 0, 0, 9, 0, 0, 0],
+            "shard 17, 9 requests"
+        );
         assert_eq!(b.len(), 24 + 3 * 8, "only shards with requests");
         assert_eq!(LoadSample::decode(&b), Ok(s));
         assert!(matches!(

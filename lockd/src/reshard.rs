@@ -34,7 +34,8 @@ use rrpc::runtime::{join_all, ThreadCtx};
 use crate::shard::{Move, MoveState, ReshardConfig, Resharder, ShardMap, N_SHARDS};
 use crate::table_service::{fetch_map, run_move, TableError};
 
-pub use crate::load::{LoadMeter, LoadSample, SampleError, TABLE_STATS_HANDLER};
+pub use crate::load::{LoadMeter, LoadSample, SampleError, TableStatsRpc, TABLE_STATS_HANDLER};
+use rrpc::typed::TypedCallError;
 
 /// The resharding decision over intervals (Lotus 4.3), without any fabric: feed one
 /// [`LoadSample`] per node per interval, get a [`Move`] when a node has been over
@@ -143,17 +144,20 @@ pub async fn run_loop(
     while !stop() {
         ctx.sleep(cfg.interval).await;
         let answers = join_all(nodes.iter().map(|&n| async move {
-            let r = ctx.call(n, TABLE_STATS_HANDLER, &[]).await;
+            let r = ctx.call_typed::<TableStatsRpc>(n, &()).await;
             (n.get(), r)
         }))
         .await;
         let mut samples = BTreeMap::new();
         for (n, r) in answers {
-            match r.map(|b| LoadSample::decode(&b)) {
+            match r.map(|w| LoadSample::from_wire(&w)) {
                 Ok(Ok(s)) => {
                     samples.insert(n, s);
                 }
                 Ok(Err(e)) => tracing::warn!(node = n, error = %e, "resharding: bad load sample"),
+                Err(e @ TypedCallError::Decode(_)) => {
+                    tracing::warn!(node = n, error = %e, "resharding: bad load sample")
+                }
                 Err(e) => tracing::warn!(node = n, error = %e, "resharding: no load sample"),
             }
         }

@@ -8,9 +8,9 @@
 //!
 //! Each stripe also records which owner (node, incarnation) took each outstanding ticket
 //! ([`TicketOwners`]), so the tickets of a failed incarnation can be handed to a survivor
-//! that passes them on ([`LockTable::take_node_tickets`], the [`RELEASE_NODE_HANDLER`]
-//! RPC, [`crate::client::LockClient::release_node`]), and a client that gave up on a Lock
-//! RPC can claim what it took ([`LockTable::abandon`], [`ABANDON_HANDLER`]).
+//! that passes them on ([`LockTable::take_node_tickets`], the release-node RPC
+//! [`ReleaseNodeRpc`], [`crate::client::LockClient::release_node`]), and a client that
+//! gave up on a Lock RPC can claim what it took ([`LockTable::abandon`], [`AbandonRpc`]).
 //!
 //! **What the service refuses** (an error reply; no lock changes):
 //! - a Lock RPC whose timestamp is above what the oracle can have issued
@@ -47,9 +47,13 @@ use crate::takeout::{
     lock_rpc, LockReply, Watermarks, LOCK_STRIDE, LOWER_OFF, QUEUED_TS_OFF, UPPER_OFF,
 };
 use crate::wire::{
-    decode_abandon, decode_release_node, decode_request, encode_node_tickets, encode_reply_entry,
-    first_ts, LockRequest, WireError, ABANDON_HANDLER, LOCK_HANDLER, RELEASE_NODE_HANDLER,
+    abandon_request, check_request, first_ts, lock_requests, node_tickets, AbandonRpc,
+    LockReplyEntry, LockRequest, LockRpc, NodeTickets, ReleaseNodeRpc, ReleaseNodeWire, WireError,
+    LOCK_HANDLER, MAX_ENTRIES, REQ_ENTRY_BYTES,
 };
+use rrpc::typed::{encode_batch, Batch};
+use zerocopy::little_endian::U64;
+use zerocopy::FromZeros;
 
 /// Name under which [`LockTable::export`] is published in a node's exports.
 pub const EXPORT_NAME: &str = "locks";
@@ -643,8 +647,14 @@ impl LockTable {
         req: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), ServiceRefusal> {
-        let mut reqs = Vec::with_capacity(crate::wire::MAX_ENTRIES);
-        let hdr = decode_request(req, self.n_locks, &mut reqs)?;
+        // The request is read in place and the reply entries go through the stack
+        // straight into `out`: no allocation.
+        let b =
+            rrpc::typed::view_request::<LockRpc, _, _>(req).map_err(|e| WireError::BadLength {
+                len: e.len,
+                entry: REQ_ENTRY_BYTES,
+            })?;
+        let hdr = check_request(b, self.n_locks)?;
         let owner = self.admit(caller, hdr.owner, hdr.epoch)?;
         let left = self.grace_left();
         if !left.is_zero() {
@@ -652,23 +662,27 @@ impl LockTable {
                 remaining_ms: left.as_nanos().div_ceil(1_000_000) as u64,
             });
         }
-        for r in &reqs {
+        for r in lock_requests(b, self.n_locks) {
             self.check_ts(r.ts)?;
         }
-        for r in &reqs {
-            encode_reply_entry(&self.lock_entry(r, owner, hdr.seq), out);
+        let mut replies = [LockReplyEntry::new_zeroed(); MAX_ENTRIES];
+        let mut n = 0;
+        for (slot, r) in replies.iter_mut().zip(lock_requests(b, self.n_locks)) {
+            *slot = LockReplyEntry::new(&self.lock_entry(&r, owner, hdr.seq));
+            n += 1;
         }
+        encode_batch(&(), &replies[..n], out);
         Ok(())
     }
 
-    /// The [`RELEASE_NODE_HANDLER`] body for a caller the RPC layer does not name. See
-    /// [`Self::handle_release_node_from`].
+    /// The release-node body ([`ReleaseNodeRpc`]) for a caller the RPC layer does not
+    /// name. See [`Self::handle_release_node_from`].
     pub fn handle_release_node(&self, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         self.serve_release_node(None, req, out)
             .map_err(|e| format!("release node: {e}"))
     }
 
-    /// The [`RELEASE_NODE_HANDLER`] body for a request from `caller`: check it as
+    /// The release-node body ([`ReleaseNodeRpc`]) for a request from `caller`: check it as
     /// [`Self::handle_from`] does (a caller from a stale incarnation is refused), hand
     /// over up to the request's limit of the named incarnation's outstanding tickets
     /// ([`Self::take_node_tickets`]) and encode them.
@@ -690,20 +704,36 @@ impl LockTable {
         req: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), ServiceRefusal> {
-        let r = decode_release_node(req)?;
-        self.admit(caller, r.caller, r.epoch)?;
-        encode_node_tickets(&self.take_node_tickets(r.dead, r.max), out);
+        let req = rrpc::typed::decode_request::<ReleaseNodeRpc>(req).map_err(|e| {
+            WireError::BadLength {
+                len: e.len,
+                entry: crate::wire::RELEASE_NODE_BYTES,
+            }
+        })?;
+        let reply = self.release_node_typed(caller, &req)?;
+        encode_reply::<ReleaseNodeRpc>(&reply, out);
         Ok(())
     }
 
-    /// The [`ABANDON_HANDLER`] body for a caller the RPC layer does not name. See
+    /// The [`ReleaseNodeRpc`] body: check the request, hand over the tickets.
+    fn release_node_typed(
+        &self,
+        caller: Option<Owner>,
+        req: &ReleaseNodeWire,
+    ) -> Result<NodeTickets, ServiceRefusal> {
+        let r = req.request()?;
+        self.admit(caller, r.caller, r.epoch)?;
+        Ok(node_tickets(&self.take_node_tickets(r.dead, r.max)))
+    }
+
+    /// The abandon body ([`AbandonRpc`]) for a caller the RPC layer does not name. See
     /// [`Self::handle_abandon_from`].
     pub fn handle_abandon(&self, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         self.serve_abandon(None, req, out)
             .map_err(|e| format!("abandon: {e}"))
     }
 
-    /// The [`ABANDON_HANDLER`] body for a request from `caller`: check it as
+    /// The abandon body ([`AbandonRpc`]) for a request from `caller`: check it as
     /// [`Self::handle_from`] does, then [`Self::abandon`] the named request of `caller`'s
     /// and encode the tickets it took.
     ///
@@ -724,14 +754,29 @@ impl LockTable {
         req: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), ServiceRefusal> {
-        let r = decode_abandon(req)?;
-        let owner = self.admit(caller, r.owner, r.epoch)?;
-        encode_node_tickets(&self.abandon(owner, r.seq, &r.ids), out);
+        let req =
+            rrpc::typed::decode_request::<AbandonRpc>(req).map_err(|e| WireError::BadLength {
+                len: e.len,
+                entry: 8,
+            })?;
+        let reply = self.abandon_typed(caller, &req)?;
+        encode_reply::<AbandonRpc>(&reply, out);
         Ok(())
     }
 
+    /// The [`AbandonRpc`] body: check the request, abandon it, return its tickets.
+    fn abandon_typed(
+        &self,
+        caller: Option<Owner>,
+        req: &Batch<crate::wire::AbandonHead, U64>,
+    ) -> Result<NodeTickets, ServiceRefusal> {
+        let r = abandon_request(req)?;
+        let owner = self.admit(caller, r.owner, r.epoch)?;
+        Ok(node_tickets(&self.abandon(owner, r.seq, &r.ids)))
+    }
+
     /// RPC handlers serving this table ([`LOCK_HANDLER`] in [`LockOrder::Arrival`],
-    /// [`RELEASE_NODE_HANDLER`], [`ABANDON_HANDLER`]).
+    /// [`ReleaseNodeRpc`], [`AbandonRpc`]).
     pub fn handlers(self: &Arc<Self>) -> rrpc::server::Handlers {
         let mut h = rrpc::server::Handlers::new();
         self.register(&mut h, LockOrder::Arrival);
@@ -756,8 +801,7 @@ impl LockTable {
                 h.register_sorted_with_caller(LOCK_HANDLER, sort_key, move |batch, results| {
                     for r in batch {
                         let mut out = Vec::with_capacity(
-                            r.payload.len() / crate::wire::REQ_ENTRY_BYTES
-                                * crate::wire::REPLY_ENTRY_BYTES,
+                            r.payload.len() / REQ_ENTRY_BYTES * crate::wire::REPLY_ENTRY_BYTES,
                         );
                         results.push(
                             me.handle_from(caller_owner(r.caller), r.payload, &mut out)
@@ -768,13 +812,23 @@ impl LockTable {
             }
         }
         let me = self.clone();
-        h.register_with_caller(RELEASE_NODE_HANDLER, move |c, req, out| {
-            me.handle_release_node_from(caller_owner(c), req, out)
+        h.register_typed_with_caller::<ReleaseNodeRpc>(move |c, req| {
+            me.release_node_typed(Some(caller_owner(c)), &req)
+                .map_err(|e| format!("release node: {e}"))
         });
         let me = self.clone();
-        h.register_with_caller(ABANDON_HANDLER, move |c, req, out| {
-            me.handle_abandon_from(caller_owner(c), req, out)
+        h.register_typed_with_caller::<AbandonRpc>(move |c, req| {
+            me.abandon_typed(Some(caller_owner(c)), &req)
+                .map_err(|e| format!("abandon: {e}"))
         });
+    }
+}
+
+/// Append `R`'s response `r` (a fixed layout: encoding cannot fail) to `out`.
+fn encode_reply<R: rrpc::typed::Rpc>(r: &R::Resp, out: &mut Vec<u8>) {
+    if let Err(e) = rrpc::typed::encode_response::<R>(r, out) {
+        // Only a codec that can refuse a value fails; the lock service's are fixed layouts.
+        tracing::error!(error = %e, "lock service reply");
     }
 }
 

@@ -50,7 +50,11 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use rrpc::typed::Batch;
 use serde::{Deserialize, Serialize};
+use zerocopy::little_endian::{U16, U32, U64};
+
+use crate::table_wire::{MapWire, ShardRun};
 
 /// Bits of a key that hold the shard (Lotus 4.2).
 pub const SHARD_BITS: u32 = 12;
@@ -258,10 +262,10 @@ impl ShardMap {
         }
     }
 
-    /// Compact encoding for the control RPCs: version (8 bytes LE), then runs of
-    /// `(start: u16, len: u16, node: u32)` LE covering every shard in order.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.version.to_le_bytes());
+    /// The map on the wire ([`crate::table_wire::MapWire`]): its version, then runs of
+    /// `(start: u16, len: u16, node: u32)` covering every shard in order, 8 bytes each.
+    pub fn to_wire(&self) -> MapWire {
+        let mut runs = Vec::new();
         let mut s = 0;
         while s < N_SHARDS {
             let n = self.owners[s];
@@ -269,36 +273,37 @@ impl ShardMap {
             while e < N_SHARDS && self.owners[e] == n {
                 e += 1;
             }
-            out.extend_from_slice(&(s as u16).to_le_bytes());
-            out.extend_from_slice(&((e - s) as u16).to_le_bytes());
-            out.extend_from_slice(&n.to_le_bytes());
+            runs.push(ShardRun {
+                start: U16::new(s as u16),
+                len: U16::new((e - s) as u16),
+                node: U32::new(n),
+            });
             s = e;
         }
+        Batch::new(U64::new(self.version), runs)
     }
 
-    /// Decode [`Self::encode`]'s output.
+    /// The map [`Self::to_wire`] sent.
     ///
-    /// Errors: [`MapError::Encoding`] unless the runs cover every shard exactly once.
-    pub fn decode(b: &[u8]) -> Result<Self, MapError> {
-        let bad = || MapError::Encoding(b.len());
-        if b.len() < 8 || b.len() & 7 != 0 {
-            return Err(bad());
-        }
-        let version = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    /// Errors: [`MapError::Encoding`] (with the message's length in bytes) unless the runs
+    /// cover every shard exactly once, in order.
+    pub fn from_wire(w: &MapWire) -> Result<Self, MapError> {
+        let bad = || MapError::Encoding(w.encoded_len());
         let mut owners = Vec::with_capacity(N_SHARDS);
-        for r in b[8..].chunks_exact(8) {
-            let start = usize::from(u16::from_le_bytes([r[0], r[1]]));
-            let len = usize::from(u16::from_le_bytes([r[2], r[3]]));
-            let node = u32::from_le_bytes(r[4..8].try_into().expect("4 bytes"));
+        for r in &w.entries {
+            let (start, len) = (usize::from(r.start.get()), usize::from(r.len.get()));
             if start != owners.len() || len == 0 || start + len > N_SHARDS {
                 return Err(bad());
             }
-            owners.resize(start + len, node);
+            owners.resize(start + len, r.node.get());
         }
         if owners.len() != N_SHARDS {
             return Err(bad());
         }
-        Ok(Self { version, owners })
+        Ok(Self {
+            version: w.head.get(),
+            owners,
+        })
     }
 }
 
@@ -819,15 +824,28 @@ mod tests {
         assert_eq!(a.merge(&moved), moved);
         assert_eq!(moved.merge(&a), moved);
 
+        use crate::table_wire::TableInstallRpc;
+        use rrpc::typed::{decode_request, encode_request};
         let mut buf = Vec::new();
-        moved.encode(&mut buf);
+        encode_request::<TableInstallRpc>(&moved.to_wire(), &mut buf).unwrap();
         assert_eq!(buf.len(), 8 + 3 * 8, "three runs");
-        assert_eq!(ShardMap::decode(&buf).unwrap(), moved);
-        assert!(
-            ShardMap::decode(&buf[..buf.len() - 8]).is_err(),
+        assert_eq!(&buf[..8], &2u64.to_le_bytes(), "the version first");
+        assert_eq!(
+            &buf[8..16],
+            &[0, 0, 16, 0, 2, 0, 0, 0],
+            "run 0..16 on node 2"
+        );
+        let back = |b: &[u8]| ShardMap::from_wire(&decode_request::<TableInstallRpc>(b).unwrap());
+        assert_eq!(back(&buf).unwrap(), moved);
+        assert_eq!(
+            back(&buf[..buf.len() - 8]),
+            Err(MapError::Encoding(24)),
             "shards missing"
         );
-        assert!(ShardMap::decode(&buf[..5]).is_err());
+        let mut overlap = buf.clone();
+        overlap[16] = 15; // the second run starts at 15, inside the first
+        assert!(back(&overlap).is_err());
+        assert!(decode_request::<TableInstallRpc>(&buf[..5]).is_err());
         assert_eq!(parse_shards("0-1,7").unwrap(), vec![0..2, 7..8]);
         assert!(parse_shards("5-4").is_err());
         assert!(parse_shards("4096").is_err());

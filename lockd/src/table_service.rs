@@ -47,16 +47,27 @@ use std::time::{Duration, Instant};
 
 use rrpc::runtime::{join_all, CallError, ThreadCtx};
 
-use crate::load::{LoadMeter, TABLE_STATS_HANDLER};
+use rrpc::typed::{Rpc, TypedCallError};
+use zerocopy::little_endian::U64;
+
+use crate::load::{LoadMeter, TableStatsRpc};
 use crate::lock_table::{LockMode, LockTable};
 use crate::owners::Owner;
 use crate::shard::{
     LockKey, MapError, Move, MoveState, MoveStep, Ownership, Route, ShardMap, NO_NODE,
 };
 use crate::table_wire::{
-    decode_ops, decode_outcomes, encode_ops, encode_outcomes, DrainReq, OpKind, OpOutcome, TableOp,
-    TableWireError, MAX_OPS, TABLE_DRAIN_HANDLER, TABLE_INSTALL_HANDLER, TABLE_MAP_HANDLER,
-    TABLE_OPS_HANDLER, TABLE_RELEASE_NODE_HANDLER,
+    decode_outcomes, encode_ops, encode_outcomes, table_ops, DrainReq, OpKind, OpOutcome,
+    ReleaseTarget, TableDrainRpc, TableInstallRpc, TableMapRpc, TableOp, TableOpsRpc,
+    TableReleaseNodeRpc, TableWireError, MAX_OPS, TABLE_OPS_HANDLER,
+};
+
+/// A placeholder operation (the stack buffer a request's operations are read into).
+const NO_OP: TableOp = TableOp {
+    key: LockKey(0),
+    txn: 0,
+    node: 0,
+    kind: OpKind::Unlock,
 };
 
 /// Name under which a node's table is described in its exports ([`TableService::export`]).
@@ -415,8 +426,21 @@ impl TableService {
         req: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), String> {
-        let mut ops = Vec::with_capacity(MAX_OPS);
-        let declared = decode_ops(req, &mut ops).map_err(|e| format!("lock-table RPC: {e}"))?;
+        // The request is read in place into operations on the stack: no allocation for
+        // them.
+        let b = rrpc::typed::view_request::<TableOpsRpc, _, _>(req)
+            .map_err(|e| format!("lock-table RPC: {e}"))?;
+        let mut buf = [NO_OP; MAX_OPS];
+        let mut n = 0;
+        for (slot, op) in buf
+            .iter_mut()
+            .zip(table_ops(b).map_err(|e| format!("lock-table RPC: {e}"))?)
+        {
+            *slot = op;
+            n += 1;
+        }
+        let ops = &buf[..n];
+        let declared = b.head.incarnation.get();
         let inc = match caller {
             Some(c) => {
                 if let Some(op) = ops.iter().find(|op| op.node != c.node) {
@@ -430,7 +454,7 @@ impl TableService {
             None => declared,
         };
         let mut outs = Vec::with_capacity(ops.len());
-        let v = self.apply_as(&ops, inc, &mut outs);
+        let v = self.apply_as(ops, inc, &mut outs);
         encode_outcomes(v, self.epoch, &outs, out);
         Ok(())
     }
@@ -444,19 +468,15 @@ impl TableService {
             me.handle_ops_from(crate::service::caller_owner(c), req, out)
         });
         let me = self.clone();
-        h.register(TABLE_MAP_HANDLER, move |_req, out| {
-            me.map().encode(out);
-            Ok(())
+        h.register_typed::<TableMapRpc>(move |()| Ok(me.map().to_wire()));
+        let me = self.clone();
+        h.register_typed::<TableInstallRpc>(move |w| {
+            let m = ShardMap::from_wire(&w).map_err(|e| e.to_string())?;
+            Ok(U64::new(me.install(&m)))
         });
         let me = self.clone();
-        h.register(TABLE_INSTALL_HANDLER, move |req, out| {
-            let m = ShardMap::decode(req).map_err(|e| e.to_string())?;
-            out.extend_from_slice(&me.install(&m).to_le_bytes());
-            Ok(())
-        });
-        let me = self.clone();
-        h.register(TABLE_DRAIN_HANDLER, move |req, out| {
-            let held = match DrainReq::decode(req).ok_or("malformed drain request")? {
+        h.register_typed::<TableDrainRpc>(move |w| {
+            let held = match DrainReq::of(&w).ok_or("malformed drain request")? {
                 DrainReq::Begin { start, end } => {
                     me.begin_drain(start..end).map_err(|e| e.to_string())?
                 }
@@ -466,26 +486,17 @@ impl TableService {
                     0
                 }
             };
-            out.extend_from_slice(&(held as u64).to_le_bytes());
-            Ok(())
+            Ok(U64::new(held as u64))
         });
         let me = self.clone();
-        h.register(TABLE_STATS_HANDLER, move |_req, out| {
-            me.meter.take().encode(out);
-            Ok(())
-        });
+        h.register_typed::<TableStatsRpc>(move |()| Ok(me.meter.take().to_wire()));
         let me = self.clone();
-        h.register(TABLE_RELEASE_NODE_HANDLER, move |req, out| {
-            let n = match req.len() {
-                4 => me.release_node(u32::from_le_bytes(req.try_into().expect("4 bytes"))),
-                12 => me.release_incarnation(Owner {
-                    node: u32::from_le_bytes(req[..4].try_into().expect("4 bytes")),
-                    incarnation: u64::from_le_bytes(req[4..].try_into().expect("8 bytes")),
-                }),
-                len => return Err(format!("release node: {len} bytes, expected 4 or 12")),
+        h.register_typed::<TableReleaseNodeRpc>(move |b| {
+            let n = match ReleaseTarget::of(&b).map_err(|e| format!("release node: {e}"))? {
+                ReleaseTarget::Node(node) => me.release_node(node),
+                ReleaseTarget::Incarnation(o) => me.release_incarnation(o),
             };
-            out.extend_from_slice(&(n as u64).to_le_bytes());
-            Ok(())
+            Ok(U64::new(n as u64))
         });
     }
 
@@ -621,23 +632,43 @@ fn down_outcome(kind: OpKind) -> OpOutcome {
 ///
 /// Errors: [`TableError::Rpc`], [`TableError::Map`].
 pub async fn fetch_map(ctx: &ThreadCtx, node: u32) -> Result<ShardMap, TableError> {
-    let b = ctx
-        .call(NodeId(node), TABLE_MAP_HANDLER, &[])
-        .await
-        .map_err(|cause| TableError::Rpc { node, cause })?;
-    ShardMap::decode(&b).map_err(|cause| TableError::Map { node, cause })
+    match ctx.call_typed::<TableMapRpc>(NodeId(node), &()).await {
+        Ok(w) => ShardMap::from_wire(&w).map_err(|cause| TableError::Map { node, cause }),
+        Err(TypedCallError::Decode(e)) => Err(TableError::Map {
+            node,
+            cause: MapError::Encoding(e.len),
+        }),
+        Err(e) => Err(typed_error(node, e)),
+    }
 }
 
-async fn control(ctx: &ThreadCtx, node: u32, handler: u16, req: &[u8]) -> Result<u64, TableError> {
-    let b = ctx
-        .call(NodeId(node), handler, req)
+/// The [`TableError`] of a failed typed call to `node`: [`TableError::Rpc`] for the
+/// call's own failures, [`TableError::ControlReply`] for a reply that does not decode.
+fn typed_error(node: u32, e: TypedCallError) -> TableError {
+    match e {
+        TypedCallError::Call(cause) => TableError::Rpc { node, cause },
+        TypedCallError::Decode(e) => TableError::ControlReply { node, len: e.len },
+        // Fixed layouts always encode; nothing was sent.
+        _ => TableError::Rpc {
+            node,
+            cause: CallError::Protocol {
+                node: NodeId(node),
+                what: "the request does not encode",
+            },
+        },
+    }
+}
+
+/// One control call of `R` (its reply a `u64`) to `node`.
+async fn control<R: Rpc<Resp = U64>>(
+    ctx: &ThreadCtx,
+    node: u32,
+    req: &R::Req,
+) -> Result<u64, TableError> {
+    ctx.call_typed::<R>(NodeId(node), req)
         .await
-        .map_err(|cause| TableError::Rpc { node, cause })?;
-    let w: [u8; 8] = b
-        .as_slice()
-        .try_into()
-        .map_err(|_| TableError::ControlReply { node, len: b.len() })?;
-    Ok(u64::from_le_bytes(w))
+        .map(|v| v.get())
+        .map_err(|e| typed_error(node, e))
 }
 
 impl TableClient {
@@ -968,13 +999,11 @@ impl TableClient {
                 _ => remote.push(node),
             }
         }
-        let mut req = [0u8; 12];
-        req[..4].copy_from_slice(&dead.node.to_le_bytes());
-        req[4..].copy_from_slice(&dead.incarnation.to_le_bytes());
+        let req = ReleaseTarget::Incarnation(dead).batch();
         for r in join_all(
             remote
                 .iter()
-                .map(|&node| control(ctx, node, TABLE_RELEASE_NODE_HANDLER, &req)),
+                .map(|&node| control::<TableReleaseNodeRpc>(ctx, node, &req)),
         )
         .await
         {
@@ -995,7 +1024,7 @@ async fn send(
     );
     encode_ops(batch, incarnation, &mut buf).map_err(|cause| TableError::Reply { node, cause })?;
     let r = ctx
-        .call(NodeId(node), TABLE_OPS_HANDLER, &buf)
+        .call(NodeId(node), TableOpsRpc::ID, &buf)
         .await
         .map_err(|cause| TableError::Rpc { node, cause })?;
     decode_outcomes(&r, batch.len())
@@ -1020,40 +1049,24 @@ pub async fn run_move(
 ) -> Result<MoveState, TableError> {
     let (start, end) = (mv.range.start, mv.range.end);
     let map = fetch_map(ctx, mv.from).await?;
-    let mut held = control(
-        ctx,
-        mv.from,
-        TABLE_DRAIN_HANDLER,
-        &DrainReq::Begin { start, end }.encode(),
-    )
-    .await?;
+    let mut held =
+        control::<TableDrainRpc>(ctx, mv.from, &DrainReq::Begin { start, end }.wire()).await?;
     loop {
         match mv.on_held(held as usize, &map, Instant::now(), timeout) {
             MoveStep::Wait => {
                 ctx.sleep(poll).await;
-                held = control(
-                    ctx,
-                    mv.from,
-                    TABLE_DRAIN_HANDLER,
-                    &DrainReq::Held { start, end }.encode(),
-                )
-                .await?;
+                held =
+                    control::<TableDrainRpc>(ctx, mv.from, &DrainReq::Held { start, end }.wire())
+                        .await?;
             }
             MoveStep::Cancel => {
-                control(
-                    ctx,
-                    mv.from,
-                    TABLE_DRAIN_HANDLER,
-                    &DrainReq::Cancel.encode(),
-                )
-                .await?;
+                control::<TableDrainRpc>(ctx, mv.from, &DrainReq::Cancel.wire()).await?;
                 return Ok(mv.state());
             }
             MoveStep::Transfer { map: next } => {
-                let mut enc = Vec::new();
-                next.encode(&mut enc);
+                let wire = next.to_wire();
                 for &n in [mv.to, mv.from].iter().chain(others) {
-                    control(ctx, n, TABLE_INSTALL_HANDLER, &enc).await?;
+                    control::<TableInstallRpc>(ctx, n, &wire).await?;
                 }
                 mv.published(next.version());
                 return Ok(mv.state());

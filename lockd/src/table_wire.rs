@@ -28,23 +28,35 @@
 //!
 //! Decoding never panics: bad lengths, zero or too many entries and unknown bytes are
 //! [`TableWireError`]s.
+//!
+//! Every lock-table RPC is typed ([`rrpc::typed`], fixed `zerocopy` layouts):
+//! [`TableOpsRpc`] ([`OpsHead`] and [`OpEntry`]s in, [`OutcomesHead`] and
+//! [`OutcomeEntry`]s out, as [`rrpc::typed::Batch`]es), [`TableMapRpc`] and
+//! [`TableInstallRpc`] (a shard map as a [`MapWire`]: its version, then
+//! [`ShardRun`]s), [`TableDrainRpc`] ([`DrainWire`]), [`TableReleaseNodeRpc`]
+//! ([`ReleaseTarget`]) and [`crate::load::TableStatsRpc`] (a load sample).
+
+use rrpc::typed::{encode_batch, Batch, BatchRef, Fixed, Rpc};
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::lock_table::{LockMode, Refusal};
 use crate::shard::LockKey;
 
 /// Handler id of the batched lock / unlock RPC.
 pub const TABLE_OPS_HANDLER: u16 = 20;
-/// Handler id of "send me your shard map" (empty request; reply [`crate::shard::ShardMap::encode`]).
+/// Handler id of "send me your shard map" (empty request; reply a [`MapWire`],
+/// [`TableMapRpc`]).
 pub const TABLE_MAP_HANDLER: u16 = 21;
-/// Handler id of "install this map if newer" (request: an encoded map; reply: the
-/// node's map version after, 8 bytes).
+/// Handler id of "install this map if newer" (request: a [`MapWire`]; reply: the
+/// node's map version after, 8 bytes; [`TableInstallRpc`]).
 pub const TABLE_INSTALL_HANDLER: u16 = 22;
-/// Handler id of the drain control of a move (request [`DrainReq`], 5 bytes; reply: locks
-/// held on the range, `u64`).
+/// Handler id of the drain control of a move (request [`DrainReq`] as a [`DrainWire`],
+/// 5 bytes; reply: locks held on the range, `u64`; [`TableDrainRpc`]).
 pub const TABLE_DRAIN_HANDLER: u16 = 23;
 /// Handler id of "release every lock of compute node N" (request: `node: u32` for
 /// every incarnation of the node, or `node: u32, incarnation: u64` for one; reply: locks
-/// released, `u64`; Lotus 6).
+/// released, `u64`; Lotus 6; [`TableReleaseNodeRpc`]).
 pub const TABLE_RELEASE_NODE_HANDLER: u16 = 24;
 // The lock tables' ids stay in their reserved range (`rrpc::server::ids`).
 const _: () = {
@@ -166,23 +178,248 @@ pub enum TableWireError {
     },
 }
 
-fn u64_at(b: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
+/// The header of a [`TABLE_OPS_HANDLER`] request, [`OPS_HEADER_BYTES`] bytes: the
+/// sender's incarnation.
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct OpsHead {
+    /// The sender's incarnation, bytes 0..8.
+    pub incarnation: U64,
 }
 
-fn entries(len: usize, entry: usize) -> Result<usize, TableWireError> {
-    let n = len / entry;
-    if n * entry != len {
-        return Err(TableWireError::BadLength { len, entry });
+/// One operation of a [`TABLE_OPS_HANDLER`] request, [`OP_BYTES`] bytes (the module
+/// docs' table).
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct OpEntry {
+    /// The [`LockKey`], bytes 0..8.
+    pub key: U64,
+    /// The transaction id, bytes 8..16.
+    pub txn: U64,
+    /// The transaction's compute node, bytes 16..20.
+    pub node: U32,
+    /// 0 lock read, 1 lock write, 2 unlock, byte 20; other values are
+    /// [`TableWireError::BadOp`].
+    pub op: u8,
+    /// Zero, bytes 21..24.
+    pub pad: [u8; 3],
+}
+
+/// The header of a [`TABLE_OPS_HANDLER`] reply, [`REPLY_HEADER_BYTES`] bytes.
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct OutcomesHead {
+    /// The serving node's map version, bytes 0..8.
+    pub version: U64,
+    /// Its service epoch, bytes 8..16.
+    pub epoch: U64,
+}
+
+/// One outcome of a [`TABLE_OPS_HANDLER`] reply, [`OUTCOME_BYTES`] bytes.
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct OutcomeEntry {
+    /// The [`OpOutcome`] code, byte 0; unknown codes are [`TableWireError::BadStatus`].
+    pub status: u8,
+    /// Zero, bytes 1..8.
+    pub pad: [u8; 7],
+}
+
+/// One run of a shard map ([`TableMapRpc`], [`TableInstallRpc`]): shards
+/// `start..start + len` belong to `node`, 8 bytes.
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct ShardRun {
+    /// The first shard, bytes 0..2.
+    pub start: U16,
+    /// Shards in the run (at least 1), bytes 2..4.
+    pub len: U16,
+    /// Their node ([`crate::shard::NO_NODE`]: unknown), bytes 4..8.
+    pub node: U32,
+}
+
+/// A drain control request, 5 bytes ([`TABLE_DRAIN_HANDLER`], [`DrainReq`]).
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct DrainWire {
+    /// 0 begin, 1 held, 2 cancel, byte 0.
+    pub code: u8,
+    /// The first shard, bytes 1..3.
+    pub start: U16,
+    /// One past the last, bytes 3..5.
+    pub end: U16,
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<OpsHead>() == OPS_HEADER_BYTES);
+    assert!(size_of::<OpEntry>() == OP_BYTES && offset_of!(OpEntry, op) == 20);
+    assert!(size_of::<OutcomesHead>() == REPLY_HEADER_BYTES);
+    assert!(size_of::<OutcomeEntry>() == OUTCOME_BYTES);
+    assert!(size_of::<ShardRun>() == 8 && size_of::<DrainWire>() == 5);
+};
+
+/// A [`TABLE_OPS_HANDLER`] request: the header, then one entry per operation.
+pub type OpsBatch = Batch<OpsHead, OpEntry>;
+/// A [`TABLE_OPS_HANDLER`] reply: the header, then one outcome per operation.
+pub type OutcomesBatch = Batch<OutcomesHead, OutcomeEntry>;
+/// A shard map on the wire: its version (`u64`, bytes 0..8), then runs covering every
+/// shard in order ([`crate::shard::ShardMap::to_wire`], [`crate::shard::ShardMap::from_wire`]).
+pub type MapWire = Batch<U64, ShardRun>;
+/// A [`TABLE_RELEASE_NODE_HANDLER`] request: `node: u32`, then no entry (every
+/// incarnation of the node) or one, its `incarnation: u64` ([`ReleaseTarget`]).
+pub type ReleaseNodeBatch = Batch<U32, U64>;
+
+/// The batched lock / unlock RPC ([`TABLE_OPS_HANDLER`]).
+pub struct TableOpsRpc;
+
+impl Rpc for TableOpsRpc {
+    const ID: u16 = TABLE_OPS_HANDLER;
+    type Req = OpsBatch;
+    type Resp = OutcomesBatch;
+    type Codec = Fixed;
+}
+
+/// "Send me your shard map" ([`TABLE_MAP_HANDLER`]): nothing in, a [`MapWire`] out.
+pub struct TableMapRpc;
+
+impl Rpc for TableMapRpc {
+    const ID: u16 = TABLE_MAP_HANDLER;
+    type Req = ();
+    type Resp = MapWire;
+    type Codec = Fixed;
+}
+
+/// "Install this map if newer" ([`TABLE_INSTALL_HANDLER`]): a [`MapWire`] in, the
+/// node's map version after out.
+pub struct TableInstallRpc;
+
+impl Rpc for TableInstallRpc {
+    const ID: u16 = TABLE_INSTALL_HANDLER;
+    type Req = MapWire;
+    type Resp = U64;
+    type Codec = Fixed;
+}
+
+/// The drain control of a move ([`TABLE_DRAIN_HANDLER`]): a [`DrainWire`] in, the locks
+/// held on the range out.
+pub struct TableDrainRpc;
+
+impl Rpc for TableDrainRpc {
+    const ID: u16 = TABLE_DRAIN_HANDLER;
+    type Req = DrainWire;
+    type Resp = U64;
+    type Codec = Fixed;
+}
+
+/// "Release every lock of compute node N" ([`TABLE_RELEASE_NODE_HANDLER`]): a
+/// [`ReleaseNodeBatch`] in, the locks released out.
+pub struct TableReleaseNodeRpc;
+
+impl Rpc for TableReleaseNodeRpc {
+    const ID: u16 = TABLE_RELEASE_NODE_HANDLER;
+    type Req = ReleaseNodeBatch;
+    type Resp = U64;
+    type Codec = Fixed;
+}
+
+/// Whose locks a [`TABLE_RELEASE_NODE_HANDLER`] request releases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseTarget {
+    /// Every incarnation of the node.
+    Node(u32),
+    /// One incarnation.
+    Incarnation(crate::owners::Owner),
+}
+
+impl ReleaseTarget {
+    /// The request (4 bytes for a node, 12 for an incarnation).
+    pub fn batch(self) -> ReleaseNodeBatch {
+        match self {
+            Self::Node(n) => Batch::new(U32::new(n), Vec::new()),
+            Self::Incarnation(o) => Batch::new(U32::new(o.node), vec![U64::new(o.incarnation)]),
+        }
     }
+
+    /// The target a request names.
+    ///
+    /// Errors: [`TableWireError::BadLength`] for more than one incarnation (the request
+    /// is neither 4 nor 12 bytes).
+    pub fn of(b: &ReleaseNodeBatch) -> Result<Self, TableWireError> {
+        let node = b.head.get();
+        match b.entries[..] {
+            [] => Ok(Self::Node(node)),
+            [inc] => Ok(Self::Incarnation(crate::owners::Owner {
+                node,
+                incarnation: inc.get(),
+            })),
+            _ => Err(TableWireError::BadLength {
+                len: b.encoded_len(),
+                entry: 8,
+            }),
+        }
+    }
+}
+
+/// The entry count `n` of a message, checked: [`TableWireError::Count`] unless 1 to
+/// [`MAX_OPS`].
+fn entries(n: usize) -> Result<usize, TableWireError> {
     if n == 0 || n > MAX_OPS {
         return Err(TableWireError::Count { n });
     }
     Ok(n)
 }
 
-/// Append the encoding of `ops` (1 to [`MAX_OPS`]), sent by incarnation `incarnation`
-/// of their node, to `out`.
+impl OpEntry {
+    /// The entry of `o`.
+    pub fn new(o: &TableOp) -> Self {
+        Self {
+            key: U64::new(o.key.0),
+            txn: U64::new(o.txn),
+            node: U32::new(o.node),
+            op: match o.kind {
+                OpKind::Lock(LockMode::Read) => 0,
+                OpKind::Lock(LockMode::Write) => 1,
+                OpKind::Unlock => 2,
+            },
+            pad: [0; 3],
+        }
+    }
+
+    /// The operation of entry `index`.
+    ///
+    /// Errors: [`TableWireError::BadOp`].
+    pub fn op(&self, index: usize) -> Result<TableOp, TableWireError> {
+        let kind = match self.op {
+            0 => OpKind::Lock(LockMode::Read),
+            1 => OpKind::Lock(LockMode::Write),
+            2 => OpKind::Unlock,
+            byte => return Err(TableWireError::BadOp { index, byte }),
+        };
+        Ok(TableOp {
+            key: LockKey(self.key.get()),
+            txn: self.txn.get(),
+            node: self.node.get(),
+            kind,
+        })
+    }
+}
+
+/// Append the bytes of the [`TABLE_OPS_HANDLER`] request of `ops` (1 to [`MAX_OPS`]),
+/// sent by incarnation `incarnation` of their node, to `out`: [`TableOpsRpc`]'s encoding,
+/// written without building an [`OpsBatch`] (the entries go through the stack).
 ///
 /// Errors: [`TableWireError::Count`].
 pub fn encode_ops(
@@ -190,85 +427,114 @@ pub fn encode_ops(
     incarnation: u64,
     out: &mut Vec<u8>,
 ) -> Result<(), TableWireError> {
-    if ops.is_empty() || ops.len() > MAX_OPS {
-        return Err(TableWireError::Count { n: ops.len() });
+    let n = entries(ops.len())?;
+    let mut e = [OpEntry::new_zeroed(); MAX_OPS];
+    for (slot, o) in e.iter_mut().zip(ops) {
+        *slot = OpEntry::new(o);
     }
-    out.extend_from_slice(&incarnation.to_le_bytes());
-    for o in ops {
-        out.extend_from_slice(&o.key.0.to_le_bytes());
-        out.extend_from_slice(&o.txn.to_le_bytes());
-        out.extend_from_slice(&o.node.to_le_bytes());
-        out.push(match o.kind {
-            OpKind::Lock(LockMode::Read) => 0,
-            OpKind::Lock(LockMode::Write) => 1,
-            OpKind::Unlock => 2,
-        });
-        out.extend_from_slice(&[0; 3]);
-    }
+    let head = OpsHead {
+        incarnation: U64::new(incarnation),
+    };
+    encode_batch(&head, &e[..n], out);
     Ok(())
 }
 
-/// Decode a request into `out` (cleared first); returns the sender's incarnation.
+/// A [`TABLE_OPS_HANDLER`] request read in place ([`rrpc::typed::view_request`]).
+pub type OpsView<'a> = BatchRef<'a, OpsHead, OpEntry>;
+
+/// The operations of a decoded request (`b.as_ref()` of an [`OpsBatch`], or an
+/// [`OpsView`]), checked as a whole before any is returned, in order.
+///
+/// Errors: [`TableWireError::Count`], [`TableWireError::BadOp`].
+pub fn table_ops(b: OpsView<'_>) -> Result<impl Iterator<Item = TableOp> + '_, TableWireError> {
+    entries(b.entries.len())?;
+    for (index, e) in b.entries.iter().enumerate() {
+        e.op(index)?;
+    }
+    Ok(b.entries.iter().filter_map(|e| e.op(0).ok()))
+}
+
+/// Decode a request into `out` (cleared first); returns the sender's incarnation:
+/// [`TableOpsRpc`]'s typed decoding (in place), then [`table_ops`].
 ///
 /// Errors: [`TableWireError::BadLength`], [`TableWireError::Count`],
 /// [`TableWireError::BadOp`].
 pub fn decode_ops(buf: &[u8], out: &mut Vec<TableOp>) -> Result<u64, TableWireError> {
     out.clear();
-    if buf.len() < OPS_HEADER_BYTES {
-        return Err(TableWireError::BadLength {
-            len: buf.len(),
+    let b = rrpc::typed::view_request::<TableOpsRpc, _, _>(buf).map_err(|e| {
+        TableWireError::BadLength {
+            len: e.len,
             entry: OP_BYTES,
-        });
-    }
-    let (head, buf) = buf.split_at(OPS_HEADER_BYTES);
-    entries(buf.len(), OP_BYTES)?;
-    for (index, e) in buf.chunks_exact(OP_BYTES).enumerate() {
-        let kind = match e[20] {
-            0 => OpKind::Lock(LockMode::Read),
-            1 => OpKind::Lock(LockMode::Write),
-            2 => OpKind::Unlock,
-            byte => return Err(TableWireError::BadOp { index, byte }),
-        };
-        out.push(TableOp {
-            key: LockKey(u64_at(e, 0)),
-            txn: u64_at(e, 8),
-            node: u32::from_le_bytes(e[16..20].try_into().expect("4 bytes")),
-            kind,
-        });
-    }
-    Ok(u64_at(head, 0))
+        }
+    })?;
+    out.extend(table_ops(b)?);
+    Ok(b.head.incarnation.get())
 }
 
-fn status(o: &OpOutcome) -> u8 {
-    match o {
-        OpOutcome::Granted => 0,
-        OpOutcome::Released => 1,
-        OpOutcome::NotHeld => 2,
-        OpOutcome::Refused(Refusal::Conflict) => 3,
-        OpOutcome::Refused(Refusal::BucketFull) => 4,
-        OpOutcome::Refused(Refusal::ReaderOverflow) => 5,
-        OpOutcome::Refused(Refusal::Contended) => 6,
-        OpOutcome::Refused(Refusal::NoUpgrade) => 7,
-        OpOutcome::WrongShard { .. } => 8,
-        OpOutcome::Moving => 9,
-        OpOutcome::Refused(Refusal::StaleIncarnation) => 10,
-        OpOutcome::Down => 11,
+impl OutcomeEntry {
+    /// The entry of `o`.
+    pub fn new(o: &OpOutcome) -> Self {
+        let status = match o {
+            OpOutcome::Granted => 0,
+            OpOutcome::Released => 1,
+            OpOutcome::NotHeld => 2,
+            OpOutcome::Refused(Refusal::Conflict) => 3,
+            OpOutcome::Refused(Refusal::BucketFull) => 4,
+            OpOutcome::Refused(Refusal::ReaderOverflow) => 5,
+            OpOutcome::Refused(Refusal::Contended) => 6,
+            OpOutcome::Refused(Refusal::NoUpgrade) => 7,
+            OpOutcome::WrongShard { .. } => 8,
+            OpOutcome::Moving => 9,
+            OpOutcome::Refused(Refusal::StaleIncarnation) => 10,
+            OpOutcome::Down => 11,
+        };
+        Self {
+            status,
+            pad: [0; 7],
+        }
+    }
+
+    /// The outcome of entry `index` of a reply from a node at map `version`.
+    ///
+    /// Errors: [`TableWireError::BadStatus`].
+    pub fn outcome(&self, index: usize, version: u64) -> Result<OpOutcome, TableWireError> {
+        Ok(match self.status {
+            0 => OpOutcome::Granted,
+            1 => OpOutcome::Released,
+            2 => OpOutcome::NotHeld,
+            3 => OpOutcome::Refused(Refusal::Conflict),
+            4 => OpOutcome::Refused(Refusal::BucketFull),
+            5 => OpOutcome::Refused(Refusal::ReaderOverflow),
+            6 => OpOutcome::Refused(Refusal::Contended),
+            7 => OpOutcome::Refused(Refusal::NoUpgrade),
+            8 => OpOutcome::WrongShard { version },
+            9 => OpOutcome::Moving,
+            10 => OpOutcome::Refused(Refusal::StaleIncarnation),
+            11 => OpOutcome::Down,
+            byte => return Err(TableWireError::BadStatus { index, byte }),
+        })
     }
 }
 
 /// Append a reply: the node's map `version` and service `epoch`, then one entry per
-/// outcome.
+/// outcome (1 to [`MAX_OPS`]; more are not written): [`TableOpsRpc`]'s encoding, written
+/// without building an [`OutcomesBatch`].
 pub fn encode_outcomes(version: u64, epoch: u64, outcomes: &[OpOutcome], out: &mut Vec<u8>) {
-    out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&epoch.to_le_bytes());
-    for o in outcomes {
-        out.push(status(o));
-        out.extend_from_slice(&[0; 7]);
+    let mut e = [OutcomeEntry::new_zeroed(); MAX_OPS];
+    let mut n = 0;
+    for (slot, o) in e.iter_mut().zip(outcomes) {
+        *slot = OutcomeEntry::new(o);
+        n += 1;
     }
+    let head = OutcomesHead {
+        version: U64::new(version),
+        epoch: U64::new(epoch),
+    };
+    encode_batch(&head, &e[..n], out);
 }
 
 /// Decode a reply to a request of `want` entries: the node's map version, its service
-/// epoch and the outcomes.
+/// epoch and the outcomes ([`TableOpsRpc`]'s typed decoding, in place).
 ///
 /// Errors: [`TableWireError::BadLength`], [`TableWireError::Count`],
 /// [`TableWireError::CountMismatch`], [`TableWireError::BadStatus`].
@@ -276,41 +542,24 @@ pub fn decode_outcomes(
     buf: &[u8],
     want: usize,
 ) -> Result<(u64, u64, Vec<OpOutcome>), TableWireError> {
-    if buf.len() < REPLY_HEADER_BYTES {
-        return Err(TableWireError::BadLength {
-            len: buf.len(),
+    let b = rrpc::typed::view_response::<TableOpsRpc, _, _>(buf).map_err(|e| {
+        TableWireError::BadLength {
+            len: e.len,
             entry: OUTCOME_BYTES,
-        });
-    }
-    let version = u64_at(buf, 0);
-    let epoch = u64_at(buf, 8);
-    let body = &buf[REPLY_HEADER_BYTES..];
-    let n = entries(body.len(), OUTCOME_BYTES)?;
+        }
+    })?;
+    let version = b.head.version.get();
+    let n = entries(b.entries.len())?;
     if n != want {
         return Err(TableWireError::CountMismatch { got: n, want });
     }
-    let outs = body
-        .chunks_exact(OUTCOME_BYTES)
+    let outs = b
+        .entries
+        .iter()
         .enumerate()
-        .map(|(index, e)| {
-            Ok(match e[0] {
-                0 => OpOutcome::Granted,
-                1 => OpOutcome::Released,
-                2 => OpOutcome::NotHeld,
-                3 => OpOutcome::Refused(Refusal::Conflict),
-                4 => OpOutcome::Refused(Refusal::BucketFull),
-                5 => OpOutcome::Refused(Refusal::ReaderOverflow),
-                6 => OpOutcome::Refused(Refusal::Contended),
-                7 => OpOutcome::Refused(Refusal::NoUpgrade),
-                8 => OpOutcome::WrongShard { version },
-                9 => OpOutcome::Moving,
-                10 => OpOutcome::Refused(Refusal::StaleIncarnation),
-                11 => OpOutcome::Down,
-                byte => return Err(TableWireError::BadStatus { index, byte }),
-            })
-        })
+        .map(|(index, e)| e.outcome(index, version))
         .collect::<Result<_, _>>()?;
-    Ok((version, epoch, outs))
+    Ok((version, b.head.epoch.get(), outs))
 }
 
 /// A drain control request ([`TABLE_DRAIN_HANDLER`]).
@@ -335,24 +584,24 @@ pub enum DrainReq {
 }
 
 impl DrainReq {
-    /// The 5-byte encoding: code, start (u16 LE), end (u16 LE).
-    pub fn encode(&self) -> [u8; 5] {
-        let (c, s, e) = match *self {
+    /// The wire form: code, start, end ([`DrainWire`], 5 bytes).
+    pub fn wire(&self) -> DrainWire {
+        let (code, s, e) = match *self {
             Self::Begin { start, end } => (0, start, end),
             Self::Held { start, end } => (1, start, end),
             Self::Cancel => (2, 0, 0),
         };
-        let [s0, s1] = s.to_le_bytes();
-        let [e0, e1] = e.to_le_bytes();
-        [c, s0, s1, e0, e1]
+        DrainWire {
+            code,
+            start: U16::new(s),
+            end: U16::new(e),
+        }
     }
 
-    /// Decode [`Self::encode`]'s output; `None` if malformed.
-    pub fn decode(b: &[u8]) -> Option<Self> {
-        let b: [u8; 5] = b.try_into().ok()?;
-        let start = u16::from_le_bytes([b[1], b[2]]);
-        let end = u16::from_le_bytes([b[3], b[4]]);
-        match b[0] {
+    /// The request a wire form carries; `None` for an unknown code.
+    pub fn of(w: &DrainWire) -> Option<Self> {
+        let (start, end) = (w.start.get(), w.end.get());
+        match w.code {
             0 => Some(Self::Begin { start, end }),
             1 => Some(Self::Held { start, end }),
             2 => Some(Self::Cancel),
@@ -441,9 +690,41 @@ mod tests {
             },
             DrainReq::Cancel,
         ] {
-            assert_eq!(DrainReq::decode(&d.encode()), Some(d));
+            let mut b = Vec::new();
+            rrpc::typed::encode_request::<TableDrainRpc>(&d.wire(), &mut b).unwrap();
+            assert_eq!(b.len(), 5);
+            let w = rrpc::typed::decode_request::<TableDrainRpc>(&b).unwrap();
+            assert_eq!(DrainReq::of(&w), Some(d));
         }
-        assert_eq!(DrainReq::decode(&[7, 0, 0, 0, 0]), None);
-        assert_eq!(DrainReq::decode(&[0]), None);
+        let mut b = Vec::new();
+        rrpc::typed::encode_request::<TableDrainRpc>(
+            &DrainReq::Held {
+                start: 3,
+                end: 0x0102,
+            }
+            .wire(),
+            &mut b,
+        )
+        .unwrap();
+        assert_eq!(b, [1, 3, 0, 2, 1], "code, start, end");
+        let w = rrpc::typed::decode_request::<TableDrainRpc>(&[7, 0, 0, 0, 0]).unwrap();
+        assert_eq!(DrainReq::of(&w), None);
+        assert!(rrpc::typed::decode_request::<TableDrainRpc>(&[0]).is_err());
+
+        // Release-node requests: 4 bytes (a node) or 12 (one incarnation), nothing else.
+        let o = crate::owners::Owner {
+            node: 5,
+            incarnation: 9,
+        };
+        for t in [ReleaseTarget::Node(5), ReleaseTarget::Incarnation(o)] {
+            let mut b = Vec::new();
+            rrpc::typed::encode_request::<TableReleaseNodeRpc>(&t.batch(), &mut b).unwrap();
+            assert_eq!(&b[..4], &[5, 0, 0, 0]);
+            let back = rrpc::typed::decode_request::<TableReleaseNodeRpc>(&b).unwrap();
+            assert_eq!(ReleaseTarget::of(&back), Ok(t));
+        }
+        let two = Batch::new(U32::new(5), vec![U64::new(1), U64::new(2)]);
+        assert!(ReleaseTarget::of(&two).is_err());
+        assert!(rrpc::typed::decode_request::<TableReleaseNodeRpc>(&[5, 0, 0, 0, 1]).is_err());
     }
 }

@@ -96,9 +96,9 @@ fn child_process() {
                     .map_or(0, |r| u64::from_le_bytes(r[..8].try_into().unwrap()));
                 let mut map = Vec::new();
                 let all = std::iter::once(0..N_SHARDS).collect::<Vec<_>>();
-                ShardMap::partial(INTRUDER, &all, 99)
-                    .unwrap()
-                    .encode(&mut map);
+                let wire = ShardMap::partial(INTRUDER, &all, 99).unwrap().to_wire();
+                rrpc::typed::encode_request::<lockd::table_wire::TableInstallRpc>(&wire, &mut map)
+                    .unwrap();
                 let _ = c.call(NodeId(SERVICE), TABLE_INSTALL_HANDLER, &map).await;
                 n
             });

@@ -26,7 +26,8 @@ use lockd::owners::Owner;
 use lockd::service::{LockTable, ServiceRefusal, EXPORT_NAME};
 use lockd::takeout::Watermarks;
 use lockd::wire::{
-    encode_release_node, encode_request, ReleaseNodeRequest, RequestHeader, LOCK_HANDLER,
+    encode_request, ReleaseNodeRequest, ReleaseNodeRpc, ReleaseNodeWire, RequestHeader,
+    LOCK_HANDLER,
 };
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
@@ -61,6 +62,13 @@ fn req(id: u64, ts: u64) -> LockRequest {
 
 fn owner(node: u32, incarnation: u64) -> Owner {
     Owner { node, incarnation }
+}
+
+/// A release-node request's bytes, as a client sends them.
+fn encode_release_node(r: &ReleaseNodeRequest) -> Vec<u8> {
+    let mut b = Vec::new();
+    rrpc::typed::encode_request::<ReleaseNodeRpc>(&ReleaseNodeWire::new(r), &mut b).unwrap();
+    b
 }
 
 /// A Lock RPC payload from `who` (request tag `seq`, epoch unchecked).

@@ -1,7 +1,8 @@
 //! Typed RPCs without code generation: a type implementing [`Rpc`] names a handler id, a
 //! request type, a response type and the [`Codec`] that turns both into bytes. The server
-//! registers a typed handler with [`Handlers::register_typed`] (or its async and
-//! fallible-registration variants); a client calls it with [`ThreadCtx::call_typed`].
+//! registers a typed handler with [`Handlers::register_typed`] (or its async,
+//! caller-aware and fallible-registration variants); a client calls it with
+//! [`ThreadCtx::call_typed`].
 //! Both are thin layers over [`Handlers::register`] and [`ThreadCtx::call_with`]: the
 //! bytes on the wire are the codec's, nothing is added.
 //!
@@ -11,8 +12,16 @@
 //!   `#[repr(C)]` structs of `zerocopy::little_endian` integers so that hosts of either
 //!   byte order agree; the derives need `zerocopy` as a dependency of the crate using
 //!   them, or `#[zerocopy(crate = "rrpc::typed::zerocopy")]` on the type.
+//! - [`Fixed`] also encodes a [`Batch`]: a fixed-layout head followed by any number of
+//!   fixed-layout entries (the shape of a request that carries one entry per lock, say),
+//!   the head's bytes then the entries' bytes, nothing else (no count: the length says it).
+//!   [`view_request`] and [`view_response`] read one in place, without allocating.
 //! - `Postcard` (feature `serde-codec`): any `serde` type, as postcard bytes (varint
 //!   integers, length-prefixed strings and vectors), for variable-length messages.
+//!
+//! Services that keep their own handler shapes (a sorted batch handler, a handler that
+//! writes its reply straight into the server's buffer) use the same codecs through
+//! [`decode_request`], [`encode_response`], [`encode_request`] and [`decode_response`].
 //!
 //! ```
 //! use rrpc::typed::{zerocopy, Fixed, Rpc};
@@ -38,10 +47,10 @@
 
 use std::any::type_name;
 use std::future::Future;
-use std::mem::size_of;
+use std::mem::{size_of, size_of_val};
 
 use crate::runtime::{CallError, CallOpts, ThreadCtx};
-use crate::server::{DuplicateId, Handlers};
+use crate::server::{Caller, DuplicateId, Handlers};
 use crate::NodeId;
 
 pub use zerocopy;
@@ -116,6 +125,166 @@ where
 
     fn decode(bytes: &[u8]) -> Result<T, CodecError> {
         T::read_from_bytes(bytes).map_err(|_| CodecError::size(size_of::<T>()))
+    }
+}
+
+/// A fixed-layout head followed by zero or more fixed-layout entries, as one message:
+/// `size_of::<H>() + entries.len() * size_of::<E>()` bytes, the head's bytes then each
+/// entry's, in order, with no count or padding added (the message length gives the
+/// count). `H` may be `()` for a message of entries alone.
+///
+/// Its codec is [`Fixed`] (for `H` and `E` that `Fixed` encodes on their own:
+/// `zerocopy` `FromBytes + IntoBytes + Immutable`, entries of at least one byte).
+/// Decoding fails, with a [`CodecError`] whose detail names both sizes, when the bytes
+/// are fewer than the head or the rest is not a whole number of entries; zero entries
+/// decode (a service that needs at least one checks that itself, as it checks the
+/// entries' values). [`encode_batch`] writes the same bytes from a head and a slice,
+/// without building a `Batch`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Batch<H, E> {
+    /// The head.
+    pub head: H,
+    /// The entries, in message order.
+    pub entries: Vec<E>,
+}
+
+impl<H, E> Batch<H, E> {
+    /// A batch of `head` and `entries`.
+    pub fn new(head: H, entries: Vec<E>) -> Self {
+        Self { head, entries }
+    }
+
+    /// Its encoded length in bytes: `size_of::<H>() + entries.len() * size_of::<E>()`.
+    pub fn encoded_len(&self) -> usize {
+        size_of::<H>() + self.entries.len() * size_of::<E>()
+    }
+}
+
+/// Append the bytes of a [`Batch`] of `head` and `entries` to `out` (reserving them
+/// first): what [`Fixed`] encodes a `Batch` as, for a caller that has the entries in a
+/// slice (on the stack, say) rather than a `Vec`.
+pub fn encode_batch<H, E>(head: &H, entries: &[E], out: &mut Vec<u8>)
+where
+    H: zerocopy::IntoBytes + zerocopy::Immutable,
+    E: zerocopy::IntoBytes + zerocopy::Immutable,
+{
+    out.reserve(size_of::<H>() + size_of_val(entries));
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(zerocopy::IntoBytes::as_bytes(entries));
+}
+
+/// A [`Batch`] read in place: its head and entries borrowed from the message bytes, no
+/// copy and no allocation ([`Batch::view`], [`view_request`], [`view_response`]). For
+/// layouts of alignment 1 (`zerocopy::Unaligned`: `u8` arrays and the
+/// `zerocopy::little_endian` integers), which any byte offset satisfies.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct BatchRef<'a, H, E> {
+    /// The head.
+    pub head: &'a H,
+    /// The entries, in message order.
+    pub entries: &'a [E],
+}
+
+impl<H, E> Clone for BatchRef<'_, H, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<H, E> Copy for BatchRef<'_, H, E> {}
+
+impl<H, E> Batch<H, E> {
+    /// The batch as a [`BatchRef`].
+    pub fn as_ref(&self) -> BatchRef<'_, H, E> {
+        BatchRef {
+            head: &self.head,
+            entries: &self.entries,
+        }
+    }
+}
+
+impl<H, E> Batch<H, E>
+where
+    H: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+    E: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+{
+    /// Read a batch's bytes in place: the checks and errors of [`Fixed`]'s decoding (a
+    /// head plus whole entries, zero entries allowed), without copying the entries out.
+    pub fn view(bytes: &[u8]) -> Result<BatchRef<'_, H, E>, CodecError> {
+        let (head_len, entry_len) = (size_of::<H>(), size_of::<E>());
+        let bad = || {
+            CodecError::other(format!(
+                "not a {head_len}-byte head plus whole {entry_len}-byte entries"
+            ))
+        };
+        if entry_len == 0 {
+            return Err(CodecError::other(
+                "a batch's entries must not be zero-sized",
+            ));
+        }
+        let (head, rest) = H::ref_from_prefix(bytes).map_err(|_| bad())?;
+        let entries = <[E] as zerocopy::FromBytes>::ref_from_bytes(rest).map_err(|_| bad())?;
+        Ok(BatchRef { head, entries })
+    }
+}
+
+/// `R`'s request read in place ([`Batch::view`]), for an [`Rpc`] whose request is a
+/// [`Batch`] of alignment-1 layouts: what [`decode_request`] returns, borrowed from
+/// `bytes` instead of copied into a `Vec` (for a hot path that should not allocate).
+///
+/// Errors: [`DecodeError`] as [`decode_request`]'s.
+pub fn view_request<R, H, E>(bytes: &[u8]) -> Result<BatchRef<'_, H, E>, DecodeError>
+where
+    R: Rpc<Req = Batch<H, E>>,
+    H: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+    E: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+{
+    Batch::view(bytes).map_err(|e| decode_error::<R>(e, bytes.len(), Part::Request))
+}
+
+/// `R`'s response read in place, as [`view_request`] reads a request.
+///
+/// Errors: [`DecodeError`] as [`decode_response`]'s.
+pub fn view_response<R, H, E>(bytes: &[u8]) -> Result<BatchRef<'_, H, E>, DecodeError>
+where
+    R: Rpc<Resp = Batch<H, E>>,
+    H: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+    E: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+{
+    Batch::view(bytes).map_err(|e| decode_error::<R>(e, bytes.len(), Part::Response))
+}
+
+impl<H, E> Codec<Batch<H, E>> for Fixed
+where
+    H: zerocopy::FromBytes + zerocopy::IntoBytes + zerocopy::Immutable,
+    E: zerocopy::FromBytes + zerocopy::IntoBytes + zerocopy::Immutable,
+{
+    fn encode(value: &Batch<H, E>, out: &mut Vec<u8>) -> Result<(), CodecError> {
+        encode_batch(&value.head, &value.entries, out);
+        Ok(())
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Batch<H, E>, CodecError> {
+        let (head_len, entry_len) = (size_of::<H>(), size_of::<E>());
+        let bad = || {
+            CodecError::other(format!(
+                "not a {head_len}-byte head plus whole {entry_len}-byte entries"
+            ))
+        };
+        if entry_len == 0 {
+            return Err(CodecError::other(
+                "a batch's entries must not be zero-sized",
+            ));
+        }
+        let (head, rest) = H::read_from_prefix(bytes).map_err(|_| bad())?;
+        if rest.len() % entry_len != 0 {
+            return Err(bad());
+        }
+        let entries = rest
+            .chunks_exact(entry_len)
+            .map(|c| E::read_from_bytes(c).map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
+        Ok(Batch { head, entries })
     }
 }
 
@@ -239,14 +408,52 @@ fn decode<R: Rpc, T>(bytes: &[u8], part: Part) -> Result<T, DecodeError>
 where
     R::Codec: Codec<T>,
 {
-    <R::Codec as Codec<T>>::decode(bytes).map_err(|e| DecodeError {
+    <R::Codec as Codec<T>>::decode(bytes).map_err(|e| decode_error::<R>(e, bytes.len(), part))
+}
+
+/// The [`DecodeError`] of `R`'s `part` of `len` bytes that a codec refused with `e`.
+fn decode_error<R: Rpc>(e: CodecError, len: usize, part: Part) -> DecodeError {
+    DecodeError {
         rpc: type_name::<R>(),
         id: R::ID,
         part,
-        len: bytes.len(),
+        len,
         expected_len: e.expected_len,
         detail: e.detail,
-    })
+    }
+}
+
+/// Decode `R`'s request from `bytes` with `R`'s codec: what a typed handler gets, for a
+/// service that registers its own handler shape (a sorted batch handler, say).
+///
+/// Errors: [`DecodeError`] naming `R`, the length received and, for fixed layouts, the
+/// one expected.
+pub fn decode_request<R: Rpc>(bytes: &[u8]) -> Result<R::Req, DecodeError> {
+    decode::<R, R::Req>(bytes, Part::Request)
+}
+
+/// Append `R`'s response `resp` to `out` with `R`'s codec: what a typed handler sends.
+///
+/// Errors: [`EncodeError`] if the codec refuses the value (never for [`Fixed`]).
+pub fn encode_response<R: Rpc>(resp: &R::Resp, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    encode::<R, R::Resp>(resp, out, Part::Response)
+}
+
+/// Append `R`'s request `req` to `out` with `R`'s codec: the bytes [`ThreadCtx::call_typed`]
+/// sends, for a caller that sends them itself (into a buffer it reuses, or to a handler
+/// id it learned at run time).
+///
+/// Errors: [`EncodeError`] if the codec refuses the value (never for [`Fixed`]).
+pub fn encode_request<R: Rpc>(req: &R::Req, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    encode::<R, R::Req>(req, out, Part::Request)
+}
+
+/// Decode `R`'s response from `bytes` with `R`'s codec, as [`ThreadCtx::call_typed`]
+/// does.
+///
+/// Errors: [`DecodeError`] as [`decode_request`]'s.
+pub fn decode_response<R: Rpc>(bytes: &[u8]) -> Result<R::Resp, DecodeError> {
+    decode::<R, R::Resp>(bytes, Part::Response)
 }
 
 /// The plain handler that runs typed handler `f` for `R`.
@@ -280,6 +487,22 @@ impl Handlers {
         f: impl Fn(R::Req) -> Result<R::Resp, String> + Send + Sync + 'static,
     ) -> Result<&mut Self, DuplicateId> {
         self.try_register(R::ID, plain::<R>(f))
+    }
+
+    /// Register `f` as the handler of [`Rpc`] `R` as [`Handlers::register_typed`] does,
+    /// and tell it each request's [`Caller`] ([`Handlers::register_with_caller`]): the
+    /// node and incarnation the requester's connection authenticated at setup. Decode
+    /// failures are answered as in [`Handlers::register_typed`]. Panics if `R::ID` is
+    /// taken.
+    pub fn register_typed_with_caller<R: Rpc>(
+        &mut self,
+        f: impl Fn(Caller, R::Req) -> Result<R::Resp, String> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.register_with_caller(R::ID, move |caller, req, out| {
+            let req = decode::<R, R::Req>(req, Part::Request).map_err(|e| e.to_string())?;
+            let resp = f(caller, req)?;
+            encode::<R, R::Resp>(&resp, out, Part::Response).map_err(|e| e.to_string())
+        })
     }
 
     /// Register `f` as the async handler of [`Rpc`] `R`, as [`Handlers::register_async`]
@@ -329,6 +552,7 @@ impl ThreadCtx {
         req: &R::Req,
         opts: CallOpts,
     ) -> Result<R::Resp, TypedCallError> {
+        // The codecs reserve what they write: one allocation for a fixed layout or batch.
         let mut bytes = Vec::new();
         encode::<R, R::Req>(req, &mut bytes, Part::Request).map_err(TypedCallError::Encode)?;
         let resp = self.call_with(node, R::ID, &bytes, opts).await?;
@@ -441,6 +665,138 @@ mod tests {
             ),
             "{s}"
         );
+    }
+
+    #[derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout,
+        zerocopy::Unaligned,
+        Clone,
+        Debug,
+        PartialEq,
+    )]
+    #[repr(C)]
+    struct Entry {
+        id: U32,
+        flag: u8,
+        pad: [u8; 3],
+    }
+
+    fn entry(id: u32, flag: u8) -> Entry {
+        Entry {
+            id: U32::new(id),
+            flag,
+            pad: [0; 3],
+        }
+    }
+
+    #[test]
+    fn a_batch_is_its_head_then_its_entries_and_round_trips() {
+        let b = Batch::new(U64::new(0x0102), vec![entry(7, 1), entry(0x0a0b, 2)]);
+        assert_eq!(b.encoded_len(), 8 + 2 * 8);
+        let mut out = Vec::new();
+        <Fixed as Codec<Batch<U64, Entry>>>::encode(&b, &mut out).unwrap();
+        assert_eq!(
+            out,
+            [2, 1, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0x0b, 0x0a, 0, 0, 2, 0, 0, 0]
+        );
+        let mut same = Vec::new();
+        encode_batch(&b.head, &b.entries, &mut same);
+        assert_eq!(same, out, "encode_batch writes the codec's bytes");
+        assert_eq!(
+            <Fixed as Codec<Batch<U64, Entry>>>::decode(&out),
+            Ok(b.clone())
+        );
+        let v = Batch::<U64, Entry>::view(&out[..]).unwrap();
+        assert_eq!(v, b.as_ref(), "a view reads the same batch in place");
+        // Any offset will do for alignment-1 layouts.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&out);
+        assert_eq!(
+            Batch::<U64, Entry>::view(&shifted[1..]).unwrap(),
+            b.as_ref()
+        );
+        assert!(Batch::<U64, Entry>::view(&shifted[1..20]).is_err());
+    }
+
+    #[test]
+    fn a_batch_of_bad_length_is_refused_and_zero_entries_decode() {
+        type B = Batch<U64, Entry>;
+        let mut out = Vec::new();
+        encode_batch(&U64::new(5), &[entry(1, 1)], &mut out);
+        for len in [0, 7, 9, 15] {
+            let e = <Fixed as Codec<B>>::decode(&out[..len]).unwrap_err();
+            assert!(
+                e.detail.contains("8-byte head plus whole 8-byte entries"),
+                "{len}: {}",
+                e.detail
+            );
+        }
+        let empty = <Fixed as Codec<B>>::decode(&out[..8]).unwrap();
+        assert_eq!((empty.head.get(), empty.entries.len()), (5, 0));
+        // A head of `()`: entries alone, none at all included.
+        type E = Batch<(), Entry>;
+        assert_eq!(<Fixed as Codec<E>>::decode(&[]).unwrap().entries, vec![]);
+        let two = <Fixed as Codec<E>>::decode(&[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
+        assert_eq!(two.unwrap().entries, vec![entry(1, 0), entry(2, 3)]);
+        assert!(<Fixed as Codec<E>>::decode(&[1, 2, 3]).is_err());
+    }
+
+    struct Pairs;
+    impl Rpc for Pairs {
+        const ID: u16 = 201;
+        type Req = Batch<U64, Entry>;
+        type Resp = Batch<(), U32>;
+        type Codec = Fixed;
+    }
+
+    #[test]
+    fn a_typed_handler_with_caller_sees_the_caller_and_the_helpers_agree() {
+        let mut h = Handlers::new();
+        h.register_typed_with_caller::<Pairs>(|c, b| {
+            let base = u32::try_from(c.incarnation).unwrap_or(u32::MAX);
+            Ok(Batch::new(
+                (),
+                b.entries
+                    .iter()
+                    .map(|e| U32::new(base + e.id.get()))
+                    .collect(),
+            ))
+        });
+        let mut req = Vec::new();
+        encode_request::<Pairs>(
+            &Batch::new(U64::new(0), vec![entry(1, 0), entry(2, 0)]),
+            &mut req,
+        )
+        .unwrap();
+        assert_eq!(decode_request::<Pairs>(&req).unwrap().entries.len(), 2);
+        assert_eq!(view_request::<Pairs, _, _>(&req).unwrap().entries.len(), 2);
+        let e = view_request::<Pairs, _, _>(&req[..3]).unwrap_err();
+        assert_eq!((e.id, e.len, e.part), (201, 3, Part::Request));
+        let caller = Caller {
+            node: NodeId(3),
+            incarnation: 40,
+        };
+        let mut out = Vec::new();
+        assert_eq!(
+            h.call_as(caller, Pairs::ID, &req, &mut out),
+            MsgKind::Response
+        );
+        let r = decode_response::<Pairs>(&out).unwrap();
+        assert_eq!(r.entries, vec![U32::new(41), U32::new(42)]);
+        let mut again = Vec::new();
+        encode_response::<Pairs>(&r, &mut again).unwrap();
+        assert_eq!(again, out);
+        // A request of a bad length is answered with the decode error, naming the RPC.
+        assert_eq!(
+            h.call_as(caller, Pairs::ID, &req[..12], &mut out),
+            MsgKind::Error
+        );
+        let msg = String::from_utf8(out).unwrap();
+        assert!(msg.contains("Pairs (handler 201)"), "{msg}");
+        assert!(msg.contains("from 12 bytes"), "{msg}");
     }
 
     #[cfg(feature = "serde-codec")]

@@ -47,7 +47,7 @@
 //! thread serves nothing else. Clients whose call deadline passes while the proxy waits
 //! fail over to other sources ([`crate::source`]).
 //!
-//! Wire format of the range RPC ([`RANGE_HANDLER`]): request [`RangeRequest`] (8 bytes),
+//! Wire format of the range RPC ([`RANGE_HANDLER`], the typed [`RangeRpc`]): request [`RangeRequest`] (8 bytes),
 //! reply [`RangeReply`] (16 bytes), little-endian fixed layouts.
 
 use rrpc::NodeId;
@@ -64,7 +64,10 @@ use rrpc::node::{node_info, Node, NodeConfig, RpcSettings, ServerRuntime};
 use rrpc::runtime::{CallOpts, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
 use rrpc::straw::Straws;
+use rrpc::typed::{decode_response, encode_request, Fixed, Rpc};
 use serde::{Deserialize, Serialize};
+use zerocopy::little_endian::U64;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::client::TsoClient;
 use crate::conn::{OracleFollower, ReconnectConfig};
@@ -82,61 +85,37 @@ pub const DEFAULT_MAX_RANGE: u64 = 1 << 20;
 
 /// Range request: `count` consecutive timestamps (`1 ..= max_range`). Wire layout: one
 /// little-endian u64 at offset 0, 8 bytes.
+#[derive(FromBytes, IntoBytes, Immutable, Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RangeRequest {
     /// Timestamps asked for.
-    pub count: u64,
+    pub count: U64,
 }
 
 /// Range reply: the timestamps `first .. first + count`. Wire layout: `first` at offset
 /// 0, `count` at offset 8, little-endian u64s, 16 bytes.
+#[derive(FromBytes, IntoBytes, Immutable, Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RangeReply {
     /// First timestamp of the range (raw value).
-    pub first: u64,
+    pub first: U64,
     /// Timestamps in the range (the request's count).
-    pub count: u64,
+    pub count: U64,
 }
 
 const _: () = assert!(std::mem::size_of::<RangeRequest>() == 8);
 const _: () = assert!(std::mem::size_of::<RangeReply>() == 16);
 const _: () = assert!(std::mem::offset_of!(RangeReply, count) == 8);
 
-impl RangeRequest {
-    /// The 8 wire bytes.
-    pub fn encode(&self) -> [u8; 8] {
-        self.count.to_le_bytes()
-    }
+/// The range RPC ([`RANGE_HANDLER`]): [`RangeRequest`] in, [`RangeReply`] out, fixed
+/// layouts.
+pub struct RangeRpc;
 
-    /// Parse the wire bytes; `None` unless exactly 8.
-    pub fn decode(b: &[u8]) -> Option<Self> {
-        Some(Self {
-            count: u64::from_le_bytes(b.try_into().ok()?),
-        })
-    }
-}
-
-impl RangeReply {
-    /// The 16 wire bytes.
-    pub fn encode(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&self.first.to_le_bytes());
-        b[8..].copy_from_slice(&self.count.to_le_bytes());
-        b
-    }
-
-    /// Parse the wire bytes; `None` unless exactly 16.
-    pub fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != 16 {
-            return None;
-        }
-        Some(Self {
-            first: u64::from_le_bytes(b[..8].try_into().ok()?),
-            count: u64::from_le_bytes(b[8..].try_into().ok()?),
-        })
-    }
+impl Rpc for RangeRpc {
+    const ID: u16 = RANGE_HANDLER;
+    type Req = RangeRequest;
+    type Resp = RangeReply;
+    type Codec = Fixed;
 }
 
 /// What a proxy exports to its clients (JSON on the control plane).
@@ -268,10 +247,8 @@ struct ProxyState {
 
 impl ProxyState {
     /// Serve one range request on the current server thread.
-    async fn serve(self: Arc<Self>, req: Vec<u8>) -> Result<Vec<u8>, String> {
-        let count = RangeRequest::decode(&req)
-            .ok_or_else(|| format!("range request of {} bytes, want 8", req.len()))?
-            .count;
+    async fn serve(self: Arc<Self>, req: RangeRequest) -> Result<RangeReply, String> {
+        let count = req.count.get();
         if count == 0 || count > self.max_range {
             return Err(format!(
                 "range request for {count} timestamps: want 1 ..= {}",
@@ -287,11 +264,9 @@ impl ProxyState {
             .await
             .map_err(|e| error_chain(&e))?;
         Ok(RangeReply {
-            first: first.get(),
-            count,
-        }
-        .encode()
-        .to_vec())
+            first: U64::new(first.get()),
+            count: U64::new(count),
+        })
     }
 
     /// One FAA of `total` on the oracle's current incarnation (following it across a
@@ -469,7 +444,7 @@ impl Proxy {
         });
         let mut handlers = Handlers::new();
         let st = state.clone();
-        handlers.register_async(RANGE_HANDLER, move |req| st.clone().serve(req));
+        handlers.register_typed_async::<RangeRpc, _, _>(move |req| st.clone().serve(req));
         let st = state.clone();
         let runtime = ServerRuntime::new(rt_cfg).with_setup(move |ctx: &Rc<ThreadCtx>| {
             // An oracle that restarted since `node_info` above is followed at the
@@ -587,7 +562,14 @@ impl ProxyClient {
         if n == 0 {
             return Err(TsoError::ZeroCount);
         }
-        let req = RangeRequest { count: n }.encode();
+        // `RangeRpc`'s request, sent to the handler id the proxy exported.
+        let mut req = Vec::with_capacity(std::mem::size_of::<RangeRequest>());
+        encode_request::<RangeRpc>(&RangeRequest { count: U64::new(n) }, &mut req).map_err(
+            |e| TsoError::BadReply {
+                node: self.node,
+                what: e.to_string(),
+            },
+        )?;
         let opts = CallOpts {
             timeout: Some(self.timeout),
             ..CallOpts::default()
@@ -599,14 +581,15 @@ impl ProxyClient {
             node: self.node,
             what,
         };
-        let r = RangeReply::decode(&b).ok_or_else(|| bad(format!("{} bytes, want 16", b.len())))?;
-        if r.count != n {
-            return Err(bad(format!("{} timestamps, asked for {n}", r.count)));
+        let r = decode_response::<RangeRpc>(&b).map_err(|e| bad(e.to_string()))?;
+        let (first, count) = (r.first.get(), r.count.get());
+        if count != n {
+            return Err(bad(format!("{count} timestamps, asked for {n}")));
         }
-        if r.first == 0 || r.first.checked_add(n).is_none() {
-            return Err(bad(format!("range {} + {n} is not valid", r.first)));
+        if first == 0 || first.checked_add(n).is_none() {
+            return Err(bad(format!("range {first} + {n} is not valid")));
         }
-        Ok(TimestampRange::new(Timestamp(r.first), n))
+        Ok(TimestampRange::new(Timestamp(first), n))
     }
 }
 
@@ -759,15 +742,26 @@ mod tests {
 
     #[test]
     fn wire_layouts_round_trip_and_reject_wrong_sizes() {
-        let q = RangeRequest { count: 0x0102 };
-        assert_eq!(q.encode(), [2, 1, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(RangeRequest::decode(&q.encode()), Some(q));
-        assert_eq!(RangeRequest::decode(&[1, 2, 3]), None);
-        let r = RangeReply { first: 7, count: 3 };
-        let b = r.encode();
+        use rrpc::typed::{decode_request, encode_response};
+        let q = RangeRequest {
+            count: U64::new(0x0102),
+        };
+        let mut b = Vec::new();
+        encode_request::<RangeRpc>(&q, &mut b).unwrap();
+        assert_eq!(b, [2, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(decode_request::<RangeRpc>(&b), Ok(q));
+        let e = decode_request::<RangeRpc>(&[1, 2, 3]).unwrap_err();
+        assert_eq!((e.len, e.expected_len), (3, Some(8)));
+        let r = RangeReply {
+            first: U64::new(7),
+            count: U64::new(3),
+        };
+        let mut b = Vec::new();
+        encode_response::<RangeRpc>(&r, &mut b).unwrap();
+        assert_eq!(b.len(), 16);
         assert_eq!((b[0], b[8]), (7, 3));
-        assert_eq!(RangeReply::decode(&b), Some(r));
-        assert_eq!(RangeReply::decode(&b[..15]), None);
+        assert_eq!(decode_response::<RangeRpc>(&b), Ok(r));
+        assert!(decode_response::<RangeRpc>(&b[..15]).is_err());
     }
 
     #[test]
