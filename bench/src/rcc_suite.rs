@@ -32,6 +32,7 @@ use crate::rcc_tcp::TonicCalls;
 /// New-Order, on a
 /// fresh local cluster per run. RPC here is rrpc over RC Rockets, not RCC's UD
 /// SEND/RECV: ratios between the variants compare, absolute packet rates do not.
+/// --chart draws a --sweep: throughput per protocol and variant against the swept value.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "txn-bench --suite rcc", version, about, long_about = None)]
 pub struct RccArgs {

@@ -18,7 +18,8 @@ use crate::workload::Workload;
 
 /// SmallBank, KVS, YCSB, TATP or TPC-C on a local cluster (memnode, tso and lockd child
 /// processes) over the shm fabric, with one transaction protocol or all of them side by
-/// side.
+/// side. --chart draws throughput against p99 per protocol (with --sweep, one line per
+/// protocol through the sweep's points).
 ///
 /// The flags also travel as JSON (serde), to the coordinator processes of `--cnodes`.
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]

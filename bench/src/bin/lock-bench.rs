@@ -48,7 +48,11 @@ use rrpc::server::ServerConfig;
     long_about = "Lock fairness and latency under contention (Scythe Fig. 7 and 27). Every \
                   experiment runs the lock kinds side by side in one invocation on a local shm \
                   cluster under a timing model (--model cx5 by default), prints a table and \
-                  ratios, and with --json writes the results. With --serve (the lock \
+                  ratios, with --json writes JSON Lines (a metadata record, one record per \
+                  point, the summary) and with --chart draws the experiment's chart (fairness: \
+                  p99 against Zipf theta per lock; single: acquisitions per client, sorted, per \
+                  lock; queues: mean queue of the longest, second and other objects against \
+                  theta; table: throughput against operations per message). With --serve (the lock \
                   service's host) and --connect ADDR (the clients' host), fairness and single \
                   run their two sides in separate processes, on two hosts with --fabric verbs."
 )]
@@ -165,8 +169,8 @@ enum Cmd {
         /// Zipf thetas.
         #[arg(long, value_delimiter = ',', default_values_t = [0.5, 0.7, 0.9, 0.99, 1.2])]
         thetas: Vec<f64>,
-        /// Rounds per theta: each row's --duration-ms is split into this many points
-        /// (each after its own --warmup-ms), the rows taking turns, their order rotating
+        /// Rounds per theta: each row's --duration is split into this many points
+        /// (each after its own --warmup), the rows taking turns, their order rotating
         /// each round. A row prints its rounds merged; the ratios compare the median of
         /// each row's round p99s, so a stall of a shared machine that hits one round of
         /// one row does not decide a ratio.
@@ -481,7 +485,7 @@ fn row_json(v: Variant, theta: Option<f64>, p: &Point) -> serde_json::Value {
     })
 }
 
-/// The chart of an experiment, drawn from the rows it returned (see `--plot`).
+/// The chart of an experiment, drawn from the rows it returned (see `--chart`).
 fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path) -> Result<()> {
     let rows = out["rows"].as_array().cloned().unwrap_or_default();
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);

@@ -3,7 +3,7 @@
 //! against peer libraries (iceoryx2, tonic) and the cache-line ping-pong floor.
 //!
 //! Every experiment runs its variants side by side in one invocation (the machine is
-//! shared and absolute numbers drift), prints a table, and with `--json` / `--plot` writes
+//! shared and absolute numbers drift), prints a table, and with `--json` / `--chart` writes
 //! JSON and a chart. Server and client run in this process as two nodes of a local shm
 //! (or verbs) cluster, the server thread pinned to `--server-core`, the client thread(s)
 //! from `--client-core` on; or, with `--serve` and `--connect ADDR` (`bench::remote`),
@@ -47,8 +47,9 @@ const _: () = assert!(rrpc::server::ids::BENCH_TXN.contains(GEN));
     name = "rrpc-bench",
     about = "rrpc microbenchmarks: batching modes, communication modes, latency, peers",
     long_about = "rrpc microbenchmarks (Scythe 3.4 and 4.6). Each subcommand runs its variants side \
-                  by side in one invocation and prints a table; --json writes the results, --plot \
-                  draws an SVG or PNG chart. Server and client are two nodes of a local cluster in \
+                  by side in one invocation and prints a table; --json writes JSON Lines (a \
+                  metadata record, one record per point, the summary), --chart draws an SVG or \
+                  PNG chart (with `all`, --chart names a directory: one chart each). Server and client are two nodes of a local cluster in \
                   this process, pinned to --server-core and --client-core; with --serve on one \
                   host and --connect ADDR on another (--fabric verbs), two processes."
 )]
@@ -104,7 +105,7 @@ enum Cmd {
         /// `rrpc::rocket::RocketConfig::for_messages`), within the server's ring limit.
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
         per_bucket: u64,
-        /// Slices each point's --duration-ms is cut into: the four modes run in turn, one
+        /// Slices each point's --duration is cut into: the four modes run in turn, one
         /// slice each per round (the order rotating), so a stall of the shared machine
         /// lands on one round rather than on one mode; rates are the median slice's and
         /// the ratios the median of the rounds' ratios.
@@ -131,7 +132,7 @@ enum Cmd {
     /// ping-pong floor: 32 B request and reply, two pinned busy-polling endpoints.
     Peers {
         /// Then run this many matched rounds (the floor, fabric, rrpc, iceoryx2 and the
-        /// floor again, back to back, one --duration-ms point each) and print each round's
+        /// floor again, back to back, one --duration point each) and print each round's
         /// ratios and their medians per machine speed (rounds grouped by their floor; a
         /// round whose two floors differ by more than 2x is left out). Use it where the
         /// machine's speed drifts: one point per peer may pair a floor and an rrpc point
@@ -139,7 +140,7 @@ enum Cmd {
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
         rounds: u32,
         /// Also run perftest's `ib_write_lat` (Debian package perftest) between the same
-        /// two devices, 32 B, ten iterations per millisecond of --duration-ms (at least
+        /// two devices, 32 B, ten iterations per millisecond of --duration (at least
         /// 1000), and print `ratio rtt rrpc/ib_write_lat`: rrpc's p50 round trip over
         /// twice ib_write_lat's t_typical (perftest reports half a round trip). Needs
         /// --fabric verbs and ib_write_lat on PATH on both sides; otherwise says why it

@@ -66,7 +66,9 @@ const PROXY_NODE: u32 = 2;
                   one FAA, and an RPC oracle whose CPU increments a counter (TiDB PD) side by \
                   side on a local shm cluster under a timing model, for each client count; \
                   prints a table and the group/faa and proxy/faa throughput ratios at the \
-                  largest client count, and with --json writes the results. \
+                  largest client count, with --json writes JSON Lines (a metadata record, one \
+                  record per point, the summary) and with --chart draws throughput against \
+                  clients, one line per mode. \
                   mean-group-size is timestamps per FAA on the oracle (1 for faa and \
                   rpc-oracle). With --serve (the oracle's host) and --connect ADDR (the \
                   clients' host) the two sides run in separate processes, on two hosts with \
