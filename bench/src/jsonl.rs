@@ -54,6 +54,7 @@ pub fn meta(info: &RunInfo<'_>) -> Value {
             .rdma_device
             .map(str::to_string)
             .or_else(|| std::env::var("RRPC_RDMA_DEVICE").ok())
+            .or_else(only_rdma_device)
             .unwrap_or_else(|| "default (first device)".into()),
     };
     let started_unix_ms = std::time::SystemTime::now()
@@ -74,6 +75,19 @@ pub fn meta(info: &RunInfo<'_>) -> Value {
         "seed": info.seed,
         "started_unix_ms": started_unix_ms,
     })
+}
+
+/// The RDMA device of this machine when there is exactly one (the verbs backend's
+/// default is the first device, whose order sysfs does not promise).
+fn only_rdma_device() -> Option<String> {
+    let names: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    match names.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
 }
 
 /// This process's command line, each argument quoted for a POSIX shell where needed.
