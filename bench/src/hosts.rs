@@ -28,7 +28,7 @@ pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
         "{}: txn-bench needs at least one [[memnode]] and a [tso]",
         topo.path
     );
-    args.fabric = topo.fabric;
+    args.fabric_args.fabric = topo.fabric;
     args.memnodes = topo.memnodes.len() as u32;
     args.runtime = Some(topo.runtime.clone());
     if let Some(c) = topo.coordinators.first() {

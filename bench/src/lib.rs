@@ -5,6 +5,7 @@
 pub(crate) mod ablation;
 mod audit;
 pub mod breakdown;
+pub mod cli;
 pub mod cnode;
 pub mod config_file;
 pub mod driver;
@@ -12,6 +13,7 @@ pub mod failover;
 pub mod forward;
 pub mod history_out;
 pub(crate) mod hosts;
+pub mod jsonl;
 pub mod launch;
 pub mod launcher;
 pub mod ledger;
@@ -37,19 +39,24 @@ pub(crate) mod view_sync;
 pub mod workload;
 pub mod ycsb;
 
-/// The body of a benchmark binary's `main`: logs to stderr at `warn` unless `RUST_LOG`
-/// says otherwise, parses the arguments, and on an error prints `<name>: <error chain>`
-/// and exits 1.
-pub fn bench_main<A: clap::Parser>(name: &str, run: impl FnOnce(A) -> anyhow::Result<()>) {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(e) = run(A::parse()) {
+/// The body of a benchmark binary's `main` ([`cli`]'s convention): logs to stderr at
+/// `warn` unless `RUST_LOG` says otherwise, parses the arguments with the binary's own
+/// `defaults` for the shared flags (`("duration", "1s")`), exits 2 on a usage error
+/// (clap's, or a [`cli::UsageError`] from `run`), and on another error prints
+/// `<name>: <error chain>` and exits 1.
+pub fn bench_main<A: clap::Parser>(
+    name: &str,
+    defaults: &[(&'static str, &'static str)],
+    run: impl FnOnce(A) -> anyhow::Result<()>,
+) {
+    cli::init_logging();
+    let args =
+        cli::try_parse_from::<A, _, _>(std::env::args_os(), defaults).unwrap_or_else(|e| e.exit());
+    let r = run(args);
+    jsonl::close();
+    if let Err(e) = r {
         eprintln!("{name}: {e:#}");
-        std::process::exit(1);
+        std::process::exit(cli::exit_code(&e));
     }
 }
 

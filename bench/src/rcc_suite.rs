@@ -8,7 +8,6 @@
 //! `--sweep`, one table per point and a chart; with `--transport-compare`, the RPC
 //! variant over tonic too (`tcp` rows, the `rpc/tcp` ratio: RCC, 5, Table 3).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +32,7 @@ use crate::rcc_tcp::TonicCalls;
 /// New-Order, on a
 /// fresh local cluster per run. RPC here is rrpc over RC Rockets, not RCC's UD
 /// SEND/RECV: ratios between the variants compare, absolute packet rates do not.
+/// --chart draws a --sweep: throughput per protocol and variant against the swept value.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "txn-bench --suite rcc", version, about, long_about = None)]
 pub struct RccArgs {
@@ -98,27 +98,22 @@ pub struct RccArgs {
     /// ("refused: district full" in the check column); raise it for long runs.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub max_orders: u64,
-    /// Measured run time of each run, seconds.
-    #[arg(long, default_value_t = 3.0, value_name = "S")]
-    pub duration: f64,
+    /// `--duration` of each run (default 3 s) and `--warmup` (each run is measured from
+    /// its start: 0 only).
+    #[command(flatten)]
+    pub run: crate::cli::RunLength,
     /// Repeat at each point: coroutines=1,3,5,... (per node), hot-prob=0.1,0.3,...,
     /// or compute-us=1,4,16,...; one table per point, and with --chart a chart.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     pub sweep: Option<String>,
-    /// Draw the sweep (throughput per protocol and variant against the swept value) to
-    /// this .svg or .png file.
-    #[arg(long, value_name = "PATH")]
-    pub chart: Option<PathBuf>,
-    /// Write every run's results as JSON to this file.
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// Fabric backend: shm, or verbs (a build with `--features rrpc/verbs`).
-    #[arg(long, env = "RRPC_FABRIC", default_value = "shm")]
-    pub fabric: FabricKind,
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled or a TOML
-    /// profile's path. Contention results mean little without one.
-    #[arg(long, env = "RRPC_MODEL", default_value = "cx5", value_name = "MODEL")]
-    pub model: String,
+    /// `--json` (JSON Lines: the metadata record, one `run` record per run as it ends,
+    /// the summary) and `--chart` (the sweep: throughput per protocol and variant against
+    /// the swept value).
+    #[command(flatten)]
+    pub out: crate::cli::OutputArgs,
+    /// `--fabric` and `--model` (contention results mean little without a model on shm).
+    #[command(flatten)]
+    pub fabric_args: crate::cli::FabricArgs,
     /// Also run one-sided NOWAIT, WAITDIE and OCC with doorbell batching off (rows
     /// `onesided-nodb`: each record's second operation in its own doorbell) and print
     /// `ratio throughput doorbell-batching on/off P = X` (RCC 4.2: +25.1% for one-sided
@@ -137,10 +132,13 @@ pub struct RccArgs {
     /// requests). SUNDIAL's logical leases and CALVIN's sequence need none.
     #[arg(long, default_value = "local", value_name = "SOURCE")]
     pub ts: String,
-    /// Seed of the transaction generators.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// `--seed` of the transaction generators.
+    #[command(flatten)]
+    pub seed: crate::cli::SeedArg,
 }
+
+/// The suite's defaults for the shared flags: 3 s runs.
+pub const DEFAULTS: &[(&str, &str)] = &[("duration", "3s")];
 
 /// One run's results.
 #[derive(Clone, Debug, Serialize)]
@@ -398,24 +396,20 @@ fn print_table(rows: &[Row]) {
 /// Run the suite as `args` says; returns whether every run passed its checks. Errors:
 /// bad flags, a cluster that could not start.
 pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
-    if args.suite != "rcc" {
-        bail!("unknown suite {:?}: the only suite is rcc", args.suite);
-    }
-    if !(args.duration > 0.0 && args.duration.is_finite()) {
-        bail!("--duration must be a positive number of seconds");
-    }
-    let protocols = args.protocols()?;
-    let variants = args.variants()?;
-    if args.transport_compare && !variants.contains(&Variant::Rpc) {
-        bail!("--transport-compare compares the RPC variant's transports: it needs --variant rpc or both");
-    }
-    let sweep = args.sweep()?;
-    let ts = match args.ts.as_str() {
-        "local" => TsMode::Local,
-        "tso" => TsMode::Tso,
-        t => bail!("unknown timestamp source {t:?}: local or tso"),
-    };
-    let model = (args.fabric == FabricKind::Shm).then(|| args.model.clone());
+    use crate::cli::as_usage;
+    // Flag errors, found before anything starts, are usage errors (exit 2).
+    let (protocols, variants, sweep, ts, model_name) = as_usage(check(&args))?;
+    let model = (args.fabric_args.fabric == FabricKind::Shm).then(|| model_name.clone());
+    crate::jsonl::open(
+        args.out.json.as_deref(),
+        &crate::jsonl::RunInfo {
+            binary: "txn-bench --suite rcc",
+            fabric: args.fabric_args.fabric,
+            rdma_device: None,
+            model: &model_name,
+            seed: args.seed.seed,
+        },
+    )?;
     let points: Vec<Option<f64>> = match &sweep {
         Some((_, vs)) => vs.iter().map(|v| Some(*v)).collect(),
         None => vec![None],
@@ -432,7 +426,7 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                 _ => unreachable!("checked"),
             }
         }
-        let wl = a.workload()?;
+        let wl = crate::cli::as_usage(a.workload())?;
         let mut rows = Vec::new();
         let mut header = None;
         // (protocol, variant, doorbell batching, calls over tonic)
@@ -453,14 +447,14 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         {
             for (p, v, batching, tcp) in runs {
                 let cfg = RunConfig {
-                    fabric: a.fabric,
+                    fabric: a.fabric_args.fabric,
                     model: model.clone(),
                     nodes: a.nodes,
                     coroutines: a.coroutines,
                     proto: p,
                     variant: v,
-                    duration: Duration::from_secs_f64(a.duration),
-                    seed: a.seed,
+                    duration: a.run.duration(),
+                    seed: a.seed.seed,
                     history_bytes: 16 << 20,
                     fault: None,
                     doorbell_batching: batching,
@@ -479,6 +473,11 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                 let mut r = row(p, v, point, &o);
                 r.variant = vname;
                 passed &= r.checks.is_ok();
+                let mut rec = serde_json::to_value(&r)?;
+                if let serde_json::Value::Object(m) = &mut rec {
+                    m.extend(crate::jsonl::latency_fields(&o.report.latency));
+                }
+                crate::jsonl::record("run", &rec);
                 rows.push(r);
             }
         }
@@ -487,7 +486,7 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
             wl.name(),
             a.nodes,
             a.coroutines,
-            a.duration,
+            a.run.secs(),
             match (&sweep, point) {
                 (Some((k, _)), Some(v)) => format!(", {k} = {v}"),
                 _ => String::new(),
@@ -543,7 +542,7 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         }
         all_rows.extend(rows);
     }
-    if let (Some(path), Some((k, _))) = (&args.chart, &sweep) {
+    if let (Some(path), Some((k, _))) = (&args.out.chart, &sweep) {
         let mut series: Vec<Series> = Vec::new();
         for r in &all_rows {
             let name = format!("{} {}", r.protocol, r.variant);
@@ -566,13 +565,11 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         }
         .draw(path)?;
         println!("chart: {}", path.display());
-    } else if args.chart.is_some() {
+    } else if args.out.chart.is_some() {
         eprintln!("--chart draws a sweep: add --sweep");
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&all_rows)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    crate::jsonl::summary(&serde_json::json!({ "runs": all_rows, "passed": passed }));
+    crate::jsonl::close();
     println!(
         "\n{}",
         if passed {
@@ -582,6 +579,48 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         }
     );
     Ok(passed)
+}
+
+/// What [`main_with`] needs checked before anything starts: the protocols, variants,
+/// sweep, timestamp source and timing model.
+type Checked = (
+    Vec<Proto>,
+    Vec<Variant>,
+    Option<(String, Vec<f64>)>,
+    TsMode,
+    String,
+);
+
+/// Check the flags (errors: the first bad one, by name).
+fn check(args: &RccArgs) -> anyhow::Result<Checked> {
+    if args.suite != "rcc" {
+        bail!("unknown suite {:?}: the only suite is rcc", args.suite);
+    }
+    args.run.check()?;
+    if !args.run.warmup().is_zero() {
+        bail!("--warmup: the suite measures each run from its start; only --warmup 0 is supported");
+    }
+    // The cluster's own bound (`rcc::cluster`), checked here so that it is a usage error.
+    if args.nodes == 0 || args.coroutines == 0 || args.nodes * args.coroutines >= 1024 {
+        bail!(
+            "{} nodes x {} coroutines: need at least one of each and fewer than 1024 coordinators",
+            args.nodes,
+            args.coroutines
+        );
+    }
+    let protocols = args.protocols()?;
+    let variants = args.variants()?;
+    if args.transport_compare && !variants.contains(&Variant::Rpc) {
+        bail!("--transport-compare compares the RPC variant's transports: it needs --variant rpc or both");
+    }
+    let sweep = args.sweep()?;
+    let ts = match args.ts.as_str() {
+        "local" => TsMode::Local,
+        "tso" => TsMode::Tso,
+        t => bail!("unknown timestamp source {t:?}: local or tso"),
+    };
+    let model = args.fabric_args.model()?;
+    Ok((protocols, variants, sweep, ts, model))
 }
 
 /// Whether the command line asks for a suite (`--suite S` or `--suite=S`): the suite's

@@ -370,6 +370,10 @@ pub struct Report {
     /// after a fault.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<crate::timeline::TimelineReport>,
+    /// Latency of every committed transaction, first attempt to commit, ns (all types
+    /// merged; for the `--json` run record's percentiles and HDR histogram).
+    #[serde(skip)]
+    pub latency: Histogram<u64>,
 }
 
 /// What happened around an injected restart of etcd, the view service (SIGKILL, start
@@ -564,6 +568,7 @@ impl Report {
             .collect();
         let secs = elapsed.as_secs_f64();
         Self {
+            latency: all.clone(),
             workload: "SmallBank".into(),
             protocol: String::new(),
             point: None,

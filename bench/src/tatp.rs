@@ -328,7 +328,7 @@ impl Tatp {
         crate::txn_args::refuse_hot_accounts(args)?;
         Ok(Self {
             subscribers: args.subscribers,
-            seed: args.seed,
+            seed: args.seed.seed,
         })
     }
 }

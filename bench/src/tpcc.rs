@@ -555,7 +555,7 @@ impl Tpcc {
         crate::txn_args::refuse_hot_accounts(args)?;
         Ok(Self {
             warehouses,
-            seed: args.seed,
+            seed: args.seed.seed,
         })
     }
 }

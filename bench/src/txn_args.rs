@@ -18,7 +18,8 @@ use crate::workload::Workload;
 
 /// SmallBank, KVS, YCSB, TATP or TPC-C on a local cluster (memnode, tso and lockd child
 /// processes) over the shm fabric, with one transaction protocol or all of them side by
-/// side.
+/// side. --chart draws throughput against p99 per protocol (with --sweep, one line per
+/// protocol through the sweep's points).
 ///
 /// The flags also travel as JSON (serde), to the coordinator processes of `--cnodes`.
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]
@@ -125,10 +126,12 @@ pub struct Args {
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
     pub sweep: Option<Sweep>,
-    /// Draw throughput against p99 per protocol to this .svg or .png file (with --sweep,
+    /// `--json` (JSON Lines: the metadata record, one `run` record per run as it ends,
+    /// the summary) and `--chart` (throughput against p99 per protocol; with --sweep,
     /// one line per protocol through the sweep's points).
-    #[arg(long, value_name = "PATH")]
-    pub chart: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub out: crate::cli::OutputArgs,
     /// Coordinator threads (each runs its own executor; pinned to cores when possible).
     /// Default: one less than the cores available (at least 1), leaving a core to the
     /// lock service's polling thread.
@@ -149,27 +152,22 @@ pub struct Args {
     /// Zipf theta of account (key) choice (0 = uniform).
     #[arg(long, default_value_t = 0.99)]
     pub theta: f64,
-    /// Measured run time of each run (each protocol, each sweep point) in seconds.
-    #[arg(long, default_value_t = 10.0)]
-    pub duration: f64,
-    /// Write every run's report, the comparison's ratios and the verdict as JSON to this
-    /// file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Fabric backend: shm, or verbs (RDMA NICs, Soft-RoCE; needs a build with
-    /// `--features rrpc/verbs`).
-    #[arg(long, env = "RRPC_FABRIC", default_value = "shm")]
-    pub fabric: FabricKind,
+    /// `--duration` of each run (each protocol, each sweep point; default 10 s) and
+    /// `--warmup` (txn-bench measures each run from its start: 0 only).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub run: crate::cli::RunLength,
+    /// `--fabric` and `--model` (the model applies to this process and every service it
+    /// starts).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub fabric_args: crate::cli::FabricArgs,
     /// RDMA device for --fabric verbs (default: $RRPC_RDMA_DEVICE, else the first).
     #[arg(long, env = "RRPC_RDMA_DEVICE")]
     pub rdma_device: Option<String>,
     /// GID index for --fabric verbs (default: $RRPC_GID_INDEX, else RoCEv2 IPv4-mapped).
     #[arg(long, env = "RRPC_GID_INDEX")]
     pub gid_index: Option<u32>,
-    /// Timing model of the shm fabric, for this process and every service it starts:
-    /// none, cx5, cx6, rxe, cx3-scaled (built-in RNIC profiles) or the path of a TOML profile.
-    #[arg(long, env = "RRPC_MODEL", default_value = "none", value_name = "MODEL")]
-    pub model: String,
     /// Cluster name (default: `txn-bench-<pid>`; with several runs, each run's cluster
     /// gets a suffix `-<run>`).
     #[arg(long)]
@@ -221,9 +219,10 @@ pub struct Args {
     /// background when their turn comes. Microseconds.
     #[arg(long, default_value_t = 2_000_000, value_name = "US")]
     pub lock_wait_us: u64,
-    /// RNG seed (each coroutine derives its own; every run uses the same seeds).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// `--seed` (each coroutine derives its own; every run uses the same seeds).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub seed: crate::cli::SeedArg,
     /// Do not record committed transactions or check serializability / snapshot
     /// isolation (for long runs; the check holds about 84 bytes per committed SmallBank
     /// transaction and needs about 300 while it runs).
@@ -729,6 +728,9 @@ impl From<ReplicaCommitArg> for txn::config::ReplicaCommit {
     }
 }
 
+/// txn-bench's defaults for the shared flags: 10 s runs.
+const DEFAULTS: &[(&str, &str)] = &[("duration", "10s")];
+
 impl Args {
     /// Parse `argv` (program name first) after expanding `--config FILE.toml` into
     /// flags placed before the command line's own, so that the command line wins.
@@ -742,7 +744,13 @@ impl Args {
         T: Into<std::ffi::OsString> + Clone,
     {
         let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
-        let first = Self::try_parse_from(&argv).map_err(ConfigError::Clap)?;
+        let parse = |a: &[std::ffi::OsString]| {
+            crate::cli::try_parse_from::<Self, _, _>(a, DEFAULTS).map(|mut args| {
+                args.run.normalize();
+                args
+            })
+        };
+        let first = parse(&argv).map_err(ConfigError::Clap)?;
         let Some(path) = &first.config else {
             return Ok(first);
         };
@@ -750,7 +758,7 @@ impl Args {
         let mut expanded = argv[..1].to_vec();
         expanded.extend(flags.into_iter().map(Into::into));
         expanded.extend(argv[1..].iter().cloned());
-        Self::try_parse_from(expanded).map_err(|e| match e.kind() {
+        parse(&expanded).map_err(|e| match e.kind() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
                 ConfigError::Clap(e)
             }
@@ -759,6 +767,23 @@ impl Args {
                 why: e.to_string(),
             },
         })
+    }
+
+    /// The fabric (`--fabric`, or the topology file's with `--hosts`).
+    pub fn fabric(&self) -> FabricKind {
+        self.fabric_args.fabric
+    }
+
+    /// The timing model's name or profile path ([`crate::cli::FabricArgs::model`]:
+    /// `--model`, else `$RRPC_MODEL` on shm, else cx5 on shm and none on verbs); after
+    /// [`crate::txnbench::run`] resolved it, the model chosen then.
+    pub fn model(&self) -> String {
+        self.fabric_args.model().unwrap_or_else(|_| "none".into())
+    }
+
+    /// The measured time of each run, seconds.
+    pub fn duration(&self) -> f64 {
+        self.run.secs()
     }
 
     /// TPC-C warehouses: `--warehouses`, else one per coordinator thread.
@@ -774,8 +799,14 @@ impl Args {
         if self.threads == Some(0) || self.coroutines == 0 {
             bail!("--threads and --coroutines must be at least 1");
         }
-        if !(self.duration > 0.0 && self.duration.is_finite()) {
-            bail!("--duration must be a positive number of seconds");
+        if self.run.duration().is_zero() {
+            bail!("--duration must be more than 0");
+        }
+        if !self.run.warmup().is_zero() {
+            bail!(
+                "--warmup: txn-bench measures each run from its start (its runs load \
+                 their own cluster); only --warmup 0 is supported"
+            );
         }
         if !(1..=MAX_MEMNODES).contains(&self.memnodes) {
             bail!(
@@ -804,7 +835,7 @@ impl Args {
         }
         if self
             .kill_tso_after
-            .is_some_and(|k| !(k >= 0.0 && k < self.duration))
+            .is_some_and(|k| !(k >= 0.0 && k < self.duration()))
         {
             bail!("--kill-tso-after must lie within the run (0 <= SECONDS < --duration)");
         }
@@ -839,7 +870,7 @@ impl Args {
         if !(1..=MAX_CNODES).contains(&self.cnodes) {
             bail!("--cnodes must be 1 to {MAX_CNODES} (got {})", self.cnodes);
         }
-        let within = |s: Option<f64>| s.is_some_and(|k| !(k >= 0.0 && k < self.duration));
+        let within = |s: Option<f64>| s.is_some_and(|k| !(k >= 0.0 && k < self.duration()));
         if self
             .qp_errors_ms
             .is_some_and(|ms| !(1..=60_000).contains(&ms))
@@ -915,7 +946,7 @@ impl Args {
             }
         }
         if let Some(s) = self.reshard_after {
-            if !(s >= 0.0 && s < self.duration) {
+            if !(s >= 0.0 && s < self.duration()) {
                 bail!("--reshard-after must lie within the run (0 <= SECONDS < --duration)");
             }
             if self.cnodes < 2 {
@@ -1017,7 +1048,7 @@ impl Args {
         if !self.no_check && self.check_memory_mb == 0 {
             bail!("--check-memory-mb must be at least 1 (or pass --no-check)");
         }
-        if let Some(c) = &self.chart {
+        if let Some(c) = &self.out.chart {
             match c.extension().and_then(|e| e.to_str()) {
                 Some("svg" | "png") => {}
                 _ => bail!("--chart {} must end in .svg or .png", c.display()),

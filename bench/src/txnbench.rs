@@ -137,26 +137,31 @@ pub struct Summary {
 pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Outcome)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     args.threads.get_or_insert(cores.saturating_sub(1).max(1));
-    crate::hosts::apply(&mut args)?;
-    args.validate()?;
-    let workload = workload_spec(&args)?;
+    // Flag and topology errors, found before anything starts, are usage errors (exit 2).
+    use crate::cli::as_usage;
+    as_usage(crate::hosts::apply(&mut args))?;
+    args.fabric_args.model = Some(args.fabric_args.model()?);
+    as_usage(args.validate())?;
+    let workload = as_usage(workload_spec(&args))?;
     let ablation = args.ablation.then(|| crate::ablation::rows(&args));
     let (protocols, points) = match &ablation {
         Some(rows) => (
             vec![rows[0].protocol, rows[1].protocol],
             rows.iter().map(|r| r.point.clone()).collect(),
         ),
-        None => (args.protocols()?, args.points()),
+        None => (as_usage(args.protocols())?, args.points()),
     };
     // Every point's profiles now: a bad theta fails before any cluster starts.
-    let mixes = points
-        .iter()
-        .map(|p| {
-            workload
-                .profiles(p.theta)
-                .with_context(|| format!("--theta {}", p.theta))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mixes = as_usage(
+        points
+            .iter()
+            .map(|p| {
+                workload
+                    .profiles(p.theta)
+                    .with_context(|| format!("--theta {}", p.theta))
+            })
+            .collect::<anyhow::Result<Vec<_>>>(),
+    )?;
 
     // Each run: the point, the protocol and whether it is the UNSAFE no-CAS variant
     // (--unsafe-no-cas alone; --fig3-premise: mvcc, then the variant).
@@ -182,8 +187,21 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
             .collect(),
     };
     if plan.len() > 1 && args.history_out.is_some() {
-        anyhow::bail!("--history-out takes one run: not with --protocol all or --sweep");
+        return Err(crate::cli::usage(
+            "--history-out takes one run: not with --protocol all or --sweep",
+        ));
     }
+    let model = args.model();
+    crate::jsonl::open(
+        args.out.json.as_deref(),
+        &crate::jsonl::RunInfo {
+            binary: "txn-bench",
+            fabric: args.fabric(),
+            rdma_device: args.rdma_device.as_deref(),
+            model: &model,
+            seed: args.seed.seed,
+        },
+    )?;
     let base = args
         .cluster
         .clone()
@@ -236,7 +254,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
                 // Every run starts the same services: one dry run says it all.
                 let summary = Summary {
                     workload: workload.label().into(),
-                    timing_model: args.model.clone(),
+                    timing_model: args.model(),
                     protocols: protocols.iter().map(|p| p.name().to_string()).collect(),
                     sweep: None,
                     runs: Vec::new(),
@@ -249,6 +267,14 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
             r => r.with_context(|| format!("run of {what}"))?,
         };
         print!("{}", report.render());
+        if args.out.json.is_some() {
+            let mut rec = serde_json::to_value(&report)?;
+            if let serde_json::Value::Object(m) = &mut rec {
+                m.insert("run".into(), serde_json::json!(k + 1));
+                m.extend(crate::jsonl::latency_fields(&report.latency));
+            }
+            crate::jsonl::record("run", &rec);
+        }
         runs.push(report);
     }
     let skipped_runs = plan.len() - runs.len();
@@ -262,7 +288,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         workload: workload.label().into(),
         timing_model: runs
             .first()
-            .map_or_else(|| args.model.clone(), |r| r.timing_model.clone()),
+            .map_or_else(|| args.model(), |r| r.timing_model.clone()),
         protocols: protocols.iter().map(|p| p.name().to_string()).collect(),
         sweep: args.sweep.as_ref().map(Sweep::to_string),
         runs,
@@ -276,12 +302,12 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     if ablation.is_some() {
         print!("{}", crate::ablation::render(&summary.runs));
     }
-    if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&summary)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+    if let Some(p) = &args.out.json {
+        crate::jsonl::summary(&serde_json::to_value(&summary)?);
+        crate::jsonl::close();
         eprintln!("wrote {}", p.display());
     }
-    if let Some(p) = &args.chart {
+    if let Some(p) = &args.out.chart {
         if !summary.runs.is_empty() {
             draw_chart(p, &args, &*workload, &summary)?;
             eprintln!("wrote {}", p.display());
@@ -329,10 +355,10 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
         "\ncomparison: {} | timing model: {} | fabric: {} | {setup} | {} | {} s per run | seed {} | backoff up to {} us\n",
         workload.label(),
         sum.timing_model,
-        args.fabric,
+        args.fabric(),
         storage_desc(args),
-        args.duration,
-        args.seed,
+        args.duration(),
+        args.seed.seed,
         args.max_backoff_us
     );
     s.push_str(&comparison(&sum.runs));
@@ -406,7 +432,7 @@ fn draw_chart(
         Some(sw) => format!(
             "{}: throughput vs p99, sweep {sw} (model {})",
             workload.label(),
-            args.model
+            args.model()
         ),
         None => format!(
             "{}: throughput vs p99, {}, {} x {} clients (model {})",
@@ -414,7 +440,7 @@ fn draw_chart(
             workload.skew(args.theta),
             args.threads.unwrap_or(1),
             args.coroutines,
-            args.model
+            args.model()
         ),
     };
     LineChart {
@@ -605,10 +631,10 @@ impl RunCluster {
             args.bin_dir.clone().unwrap_or_else(default_bin_dir),
         )?;
         cluster.dry_run = args.dry_run;
-        let mut fcfg = FabricConfig::new(args.fabric, cluster_name, NodeId(NODE_CN));
+        let mut fcfg = FabricConfig::new(args.fabric(), cluster_name, NodeId(NODE_CN));
         fcfg.device = args.rdma_device.clone();
         fcfg.gid_index = args.gid_index;
-        fcfg.model = Some(args.model.clone());
+        fcfg.model = Some(args.model());
         let fabric = (!args.dry_run).then(|| Fabric::open(&fcfg)).transpose()?;
         // With --hosts each service gets its host's fabric flags and address instead.
         let layout = args
@@ -616,9 +642,9 @@ impl RunCluster {
             .as_deref()
             .map(|p| crate::hosts::Layout::load(p, cluster_name))
             .transpose()?;
-        let mut common = vec!["--model".to_string(), args.model.clone()];
+        let mut common = vec!["--model".to_string(), args.model()];
         if layout.is_none() {
-            common.extend(["--fabric".into(), args.fabric.to_string()]);
+            common.extend(["--fabric".into(), args.fabric().to_string()]);
             if let Some(d) = &args.rdma_device {
                 common.extend(["--rdma-device".into(), d.clone()]);
             }
@@ -909,7 +935,7 @@ fn print_header(
         workload.scale(),
         workload.skew(point.theta),
         storage_desc(args),
-        args.duration,
+        args.duration(),
     );
 }
 
@@ -1065,7 +1091,7 @@ fn measure(
         let w = WorkerPlan {
             tid,
             coroutines: point.coroutines,
-            seed: args.seed,
+            seed: args.seed.seed,
             max_backoff_us: args.max_backoff_us,
             kinds: workload.kinds(),
             warehouses: args.warehouses(),
@@ -1227,7 +1253,7 @@ fn watch(
     stop: &AtomicBool,
     started: std::time::Instant,
 ) -> Result<Watched, String> {
-    let dur = Duration::from_secs_f64(args.duration);
+    let dur = Duration::from_secs_f64(args.duration());
     let mut last = 0;
     let mut tso_restart = None;
     let mut lockd_restart = None;
@@ -1374,7 +1400,7 @@ fn watch(
             let c = committed.load(Ordering::Relaxed);
             eprintln!(
                 "[{protocol} {s:>3}s / {:.0}s] committed {c} ({:.0} txn/s)",
-                args.duration,
+                args.duration(),
                 c as f64 / started.elapsed().as_secs_f64()
             );
         }
@@ -1510,7 +1536,9 @@ fn build_report(
         // The run's intervals: up to its nominal end (the coordinators stop there; the
         // time their threads take to wind down is not the run's, and would show as
         // empty intervals), or to the last interval with a commit if later.
-        let nominal = measured.elapsed.min(Duration::from_secs_f64(args.duration));
+        let nominal = measured
+            .elapsed
+            .min(Duration::from_secs_f64(args.duration()));
         let last_commit = measured
             .timelines
             .iter()
@@ -2271,7 +2299,7 @@ mod tests {
             Args::parse_with_config(["txn-bench", "--config", path, "--warehouses", "2"]).unwrap();
         assert_eq!(a.workload, Workload::Tpcc);
         assert_eq!((a.warehouses(), a.protocol), (2, ProtocolArg::All));
-        assert!(a.no_check && a.model == "cx5");
+        assert!(a.no_check && a.model() == "cx5");
         std::fs::write(&f, "warehouse = 4\n").unwrap();
         let e = Args::parse_with_config(["txn-bench", "--config", path]).unwrap_err();
         assert!(matches!(e, ConfigError::File { .. }), "{e}");

@@ -304,6 +304,7 @@ fn the_view_service_killed_and_restarted_keeps_every_epoch() {
 #[test]
 fn with_one_copy_the_run_stops_and_names_the_lost_partition() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", common::model_env())
         .args([
             "--protocol",
             "occ-cas",

@@ -404,6 +404,7 @@ fn a_cnode_stopped_over_ssh_is_fenced_and_recovered() {
 fn a_dry_run_prints_each_hosts_command_lines_and_starts_nothing() {
     let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/two-hosts.toml");
     let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", common::model_env())
         .args([
             "--hosts",
             topo.to_str().unwrap(),
@@ -442,6 +443,7 @@ fn a_hosts_cpus_reach_its_services() {
     // node2 of the four-host example runs memory node 2 and has cpus = "0-15".
     let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/cloudlab-4.toml");
     let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", common::model_env())
         .args([
             "--hosts",
             topo.to_str().unwrap(),
@@ -481,6 +483,7 @@ fn in_process_coordinators_take_the_topologys_cpus() {
     let logs = dir.path().join("runs");
     let topo = topology_file(dir.path(), &logs, 1, None, "cpus = \"1\"\n");
     let child = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", common::model_env())
         .args([
             "--hosts",
             topo.to_str().unwrap(),
@@ -683,12 +686,14 @@ fn the_oracle_and_the_lock_service_killed_over_ssh_restart_there() {
 #[test]
 fn flags_that_need_hosts_or_a_file_are_checked() {
     let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", common::model_env())
         .arg("--dry-run")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--dry-run goes with --hosts"), "{stderr}");
     let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", common::model_env())
         .args(["--hosts", "/nonexistent/cluster.toml"])
         .output()
         .unwrap();

@@ -69,9 +69,23 @@ fn the_suite_compares_every_protocol_in_both_variants() {
             stdout.contains("verdict: every run passed its checks"),
             "{stdout}"
         );
-        let rows: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-        let rows = rows.as_array().unwrap();
+        // JSON Lines: the metadata record, one record per run, the summary.
+        let text = std::fs::read_to_string(&json).unwrap();
+        let recs: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(recs[0]["record"], "meta", "{text}");
+        assert_eq!(recs[0]["binary"], "txn-bench --suite rcc", "{text}");
+        assert_eq!(recs[0]["model"], "none", "{text}");
+        let runs: Vec<_> = recs.iter().filter(|r| r["record"] == "run").collect();
+        assert_eq!(runs.len(), 2 * rcc::Proto::ALL.len());
+        assert!(runs
+            .iter()
+            .all(|r| r["p99_ns"].is_u64() && r["hdr"].is_string()));
+        let summary = recs.last().unwrap();
+        assert_eq!(summary["record"], "summary", "{text}");
+        let rows = summary["runs"].as_array().unwrap();
         assert_eq!(rows.len(), 2 * rcc::Proto::ALL.len());
         for r in rows {
             assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r}");

@@ -13,6 +13,19 @@ const DEFAULT_SIZES: [&str; 11] = [
     "64B", "128B", "256B", "512B", "1KiB", "2KiB", "4KiB", "16KiB", "64KiB", "256KiB", "1MiB",
 ];
 
+/// The records of a `--json` file (JSON Lines): every line parses; the first is the
+/// metadata record of `binary`.
+fn json_lines(path: &std::path::Path, binary: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let recs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(recs[0]["record"], "meta", "{text}");
+    assert_eq!(recs[0]["binary"], binary, "{text}");
+    recs
+}
+
 #[test]
 fn modes_runs_every_listed_size_and_prints_the_crossover() {
     let dir = tempfile::tempdir().unwrap();
@@ -22,10 +35,10 @@ fn modes_runs_every_listed_size_and_prints_the_crossover() {
         .env("RRPC_MODEL", "none")
         .args([
             "modes",
-            "--duration-ms",
-            "25",
-            "--warmup-ms",
-            "5",
+            "--duration",
+            "25ms",
+            "--warmup",
+            "5ms",
             "--mode-coroutines",
             "2",
         ])
@@ -57,8 +70,21 @@ fn modes_runs_every_listed_size_and_prints_the_crossover() {
         stdout.lines().any(|l| l.starts_with("why: ")),
         "no explanation of the crossover:\n{stdout}"
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // JSON Lines: the metadata record, one record per point as measured, the summary.
+    let recs = json_lines(&json, "rrpc-bench");
+    let measured: Vec<_> = recs
+        .iter()
+        .filter(|r| r["record"] == "point" && r["experiment"] == "modes")
+        .collect();
+    assert_eq!(measured.len(), 3 * DEFAULT_SIZES.len());
+    for p in &measured {
+        for k in ["p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns", "hdr"] {
+            assert!(!p[k].is_null(), "{k}: {p}");
+        }
+        assert!(p["slice_calls_per_s"].is_array(), "{p}");
+    }
+    let doc = recs.last().unwrap();
+    assert_eq!(doc["record"], "summary");
     let points = doc["results"]["modes"]["points"]
         .as_array()
         .unwrap_or_else(|| panic!("no modes points in {doc}"));

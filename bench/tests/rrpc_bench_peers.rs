@@ -12,6 +12,19 @@ fn rrpc_bench() -> Command {
     c
 }
 
+/// The records of a `--json` file (JSON Lines): every line parses; the first is the
+/// metadata record of `binary`.
+fn json_lines(path: &std::path::Path, binary: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let recs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(recs[0]["record"], "meta", "{text}");
+    assert_eq!(recs[0]["binary"], binary, "{text}");
+    recs
+}
+
 #[test]
 fn peers_rounds_reports_every_round_and_groups_them_by_speed() {
     let dir = tempfile::tempdir().unwrap();
@@ -21,10 +34,10 @@ fn peers_rounds_reports_every_round_and_groups_them_by_speed() {
             "peers",
             "--rounds",
             "2",
-            "--duration-ms",
-            "40",
-            "--warmup-ms",
-            "10",
+            "--duration",
+            "40ms",
+            "--warmup",
+            "10ms",
         ])
         .arg("--json")
         .arg(&json)
@@ -38,8 +51,9 @@ fn peers_rounds_reports_every_round_and_groups_them_by_speed() {
     );
     assert!(stdout.contains("2 matched rounds"), "{stdout}");
     assert!(stdout.contains("rounds by machine speed"), "{stdout}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let recs = json_lines(&json, "rrpc-bench");
+    let doc = recs.last().unwrap();
+    assert_eq!(doc["record"], "summary");
     let r = &doc["results"]["peers_rounds"];
     let rounds = r["rounds"].as_array().expect("rounds");
     assert_eq!(rounds.len(), 2, "{r}");
@@ -70,6 +84,7 @@ fn peers_refuses_a_round_count_out_of_range() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--rounds"), "{err}");
+    assert_eq!(out.status.code(), Some(2), "a usage error: {err}");
     // Refused by the argument parser: no benchmark header was printed.
     assert!(!String::from_utf8_lossy(&out.stdout).contains("rrpc-bench |"));
 }

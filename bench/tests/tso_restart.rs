@@ -13,6 +13,10 @@ fn smallbank_keeps_committing_across_a_sigkilled_oracle() {
     let json =
         std::env::temp_dir().join(format!("txn-bench-tso-restart-{}.json", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env(
+            "RRPC_MODEL",
+            std::env::var("RRPC_MODEL").unwrap_or_else(|_| "none".into()),
+        )
         .args([
             "--threads",
             "2",
@@ -40,8 +44,16 @@ fn smallbank_keeps_committing_across_a_sigkilled_oracle() {
         "txn-bench failed: {}\n{stdout}\n{stderr}",
         out.status
     );
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // JSON Lines: the metadata record, the run's record, the summary.
+    let text = std::fs::read_to_string(&json).unwrap();
+    let recs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs[0]["record"], "meta", "{text}");
+    assert_eq!(recs[1]["record"], "run", "{text}");
+    let summary = recs.last().unwrap().clone();
+    assert_eq!(summary["record"], "summary", "{text}");
     let _ = std::fs::remove_file(&json);
     assert_eq!(summary["runs"].as_array().unwrap().len(), 1);
     let report = &summary["runs"][0];

@@ -4,5 +4,5 @@
 //! `stop` line on stdin or SIGTERM, 1 on an error.
 
 fn main() {
-    bench::bench_main::<bench::cnode::CnodeArgs>("cnode", bench::txnbench::cnodes::main);
+    bench::bench_main::<bench::cnode::CnodeArgs>("cnode", &[], bench::txnbench::cnodes::main);
 }

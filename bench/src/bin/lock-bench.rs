@@ -13,7 +13,6 @@
 use rrpc::NodeId;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,6 +27,7 @@ use rand_distr::{Distribution, Zipf};
 use serde_json::json;
 
 use bench::remote::{self, FabricSpec, PointEnv, SideArgs, Sides, Started};
+use bench::{cli, jsonl};
 use lockd::backoff::Backoff;
 use lockd::baseline::BaselineConfig;
 use lockd::client::{Grant, LockClient, LockRequest, Mode};
@@ -48,7 +48,11 @@ use rrpc::server::ServerConfig;
     long_about = "Lock fairness and latency under contention (Scythe Fig. 7 and 27). Every \
                   experiment runs the lock kinds side by side in one invocation on a local shm \
                   cluster under a timing model (--model cx5 by default), prints a table and \
-                  ratios, and with --json writes the results. With --serve (the lock \
+                  ratios, with --json writes JSON Lines (a metadata record, one record per \
+                  point, the summary) and with --chart draws the experiment's chart (fairness: \
+                  p99 against Zipf theta per lock; single: acquisitions per client, sorted, per \
+                  lock; queues: mean queue of the longest, second and other objects against \
+                  theta; table: throughput against operations per message). With --serve (the lock \
                   service's host) and --connect ADDR (the clients' host), fairness and single \
                   run their two sides in separate processes, on two hosts with --fabric verbs."
 )]
@@ -61,19 +65,14 @@ struct Args {
 
 #[derive(clap::Args, Debug, Clone)]
 struct Common {
-    /// Fabric backend: shm or verbs (default: $RRPC_FABRIC, else shm).
-    #[arg(long, global = true, value_name = "KIND")]
-    fabric: Option<String>,
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled or the path of a TOML profile
-    /// (default: cx5 on shm, none on verbs, which refuses one).
-    #[arg(long, global = true, value_name = "MODEL")]
-    model: Option<String>,
-    /// Measured time per data point, milliseconds.
-    #[arg(long, global = true, default_value_t = 2000)]
-    duration_ms: u64,
-    /// Warm-up per data point, milliseconds (not measured).
-    #[arg(long, global = true, default_value_t = 300)]
-    warmup_ms: u64,
+    #[command(flatten)]
+    fabric: cli::FabricArgs,
+    #[command(flatten)]
+    run: cli::RunLength,
+    #[command(flatten)]
+    seed_arg: cli::SeedArg,
+    #[command(flatten)]
+    out: cli::OutputArgs,
     /// Client threads (each its own node and runtime, polling without pause). Default:
     /// one less than the cores, leaving one to the lock service's thread: more busy
     /// threads than cores measure the OS scheduler's time slices instead of the locks.
@@ -125,18 +124,6 @@ struct Common {
     /// (`rrpc::server::ServerConfig::idle_sleep_us`; 0: it only yields its core).
     #[arg(long, global = true, default_value_t = 0)]
     service_idle_sleep_us: u64,
-    /// RNG seed.
-    #[arg(long, global = true, default_value_t = 1)]
-    seed: u64,
-    /// Write the results as JSON to this file.
-    #[arg(long, global = true)]
-    json: Option<PathBuf>,
-    /// Draw the experiment's chart to this file (.svg or .png): fairness: p99 against
-    /// Zipf theta per lock; single: acquisitions per client (sorted) per lock; queues:
-    /// mean queue of the longest, second and other objects against theta; table:
-    /// throughput against operations per message.
-    #[arg(long, global = true)]
-    plot: Option<PathBuf>,
     #[command(flatten)]
     side: SideArgs,
 }
@@ -154,6 +141,15 @@ impl Common {
         let sc = self.service_core();
         let others: Vec<usize> = (0..cores).filter(|&k| k != sc).collect();
         (!others.is_empty()).then(|| others[t % others.len()])
+    }
+    fn duration_ms(&self) -> u64 {
+        self.run.duration().as_millis() as u64
+    }
+    fn warmup(&self) -> Duration {
+        self.run.warmup()
+    }
+    fn secs(&self) -> f64 {
+        self.run.secs()
     }
     fn threads(&self) -> usize {
         self.threads.unwrap_or(1)
@@ -173,8 +169,8 @@ enum Cmd {
         /// Zipf thetas.
         #[arg(long, value_delimiter = ',', default_values_t = [0.5, 0.7, 0.9, 0.99, 1.2])]
         thetas: Vec<f64>,
-        /// Rounds per theta: each row's --duration-ms is split into this many points
-        /// (each after its own --warmup-ms), the rows taking turns, their order rotating
+        /// Rounds per theta: each row's --duration is split into this many points
+        /// (each after its own --warmup), the rows taking turns, their order rotating
         /// each round. A row prints its rounds merged; the ratios compare the median of
         /// each row's round p99s, so a stall of a shared machine that hits one round of
         /// one row does not decide a ratio.
@@ -292,18 +288,21 @@ enum TakeoutMode {
     Cold,
 }
 
+/// lock-bench's defaults for the shared flags: 2 s per point after 300 ms of warm-up.
+const DEFAULTS: &[(&str, &str)] = &[("duration", "2s"), ("warmup", "300ms")];
+
 fn main() {
-    bench::bench_main::<Args>("lock-bench", run);
+    bench::bench_main::<Args>("lock-bench", DEFAULTS, run);
 }
 
 fn run(mut args: Args) -> Result<()> {
-    let kind = remote::fabric_kind(args.common.fabric.as_deref())?;
-    let model_arg = remote::model_for(kind, args.common.model.as_deref(), "cx5")?;
-    let model = rrpc::fabric::model::TimingModel::load(&model_arg)?;
+    let kind = args.common.fabric.fabric;
+    let model_arg = args.common.fabric.model()?;
+    let model = cli::as_usage(rrpc::fabric::model::TimingModel::load(&model_arg))?;
     let model_desc = model
         .as_ref()
         .map_or_else(|| "none".into(), |m| m.describe());
-    let spec = FabricSpec::new(kind, Some(model_arg), &args.common.side);
+    let spec = FabricSpec::new(kind, Some(model_arg.clone()), &args.common.side);
     let side = args.common.side.side();
     if let remote::Side::Serve { .. } = side {
         let banner = [format!(
@@ -312,10 +311,12 @@ fn run(mut args: Args) -> Result<()> {
         return remote::serve("lock-bench", &spec, side, &banner, &start_service);
     }
     let Some(cmd) = args.cmd.take() else {
-        bail!("a subcommand is needed (fairness, single, table, queues), or --serve; see --help");
+        return Err(cli::usage(
+            "a subcommand is needed (fairness, single, table, queues), or --serve; see --help",
+        ));
     };
     if side != remote::Side::Both && matches!(cmd, Cmd::Table { .. } | Cmd::Queues { .. }) {
-        bail!("--connect: table and queues run in one process (table compares an embedded lock table, queues samples the service's memory); run them without --connect");
+        return Err(cli::usage("--connect: table and queues run in one process (table compares an embedded lock table, queues samples the service's memory); run them without --connect"));
     }
     let sides = Sides::new("lock-bench", spec, side)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -333,9 +334,21 @@ fn run(mut args: Args) -> Result<()> {
         .coroutines
         .get_or_insert(clients.div_ceil(threads));
     let c = &args.common;
-    if threads == 0 || c.coroutines() == 0 || c.duration_ms == 0 {
-        bail!("--threads, --coroutines and --duration-ms must be at least 1");
+    if threads == 0 || c.coroutines() == 0 || c.run.duration().is_zero() {
+        return Err(cli::usage(
+            "--threads, --coroutines and --duration must be more than 0",
+        ));
     }
+    jsonl::open(
+        c.out.json.as_deref(),
+        &jsonl::RunInfo {
+            binary: "lock-bench",
+            fabric: kind,
+            rdma_device: c.side.rdma_device.as_deref(),
+            model: &model_arg,
+            seed: c.seed_arg.seed,
+        },
+    )?;
     println!(
         "lock-bench | fabric: {kind}{} | timing model: {} | {} thread(s) x {} coroutines = {} clients | hold {} us | takeout mode {:?}, watermarks cold {} hot {} | {} ms per point ({} ms warm-up)",
         sides.server().map_or_else(String::new, |s| {
@@ -349,8 +362,8 @@ fn run(mut args: Args) -> Result<()> {
         c.takeout_mode,
         c.cold_watermark,
         c.hot_watermark,
-        c.duration_ms,
-        c.warmup_ms
+        c.duration_ms(),
+        c.warmup().as_millis()
     );
     let out = match &cmd {
         Cmd::Fairness {
@@ -371,18 +384,16 @@ fn run(mut args: Args) -> Result<()> {
             samples_per_s,
         } => queues(c, &sides, *locks, thetas, *samples_per_s)?,
     };
-    if let Some(path) = &c.plot {
+    if let Some(path) = &c.out.chart {
         let name = model.as_ref().map_or("none", |m| m.params().name.as_str());
         draw(&cmd, &out, name, path)?;
     }
-    if let Some(p) = &c.json {
-        let doc = json!({
+    if let Some(p) = &c.out.json {
+        jsonl::summary(&json!({
             "timing_model": model.as_ref().map(|m| m.describe()),
             "threads": c.threads(), "coroutines": c.coroutines(), "hold_us": c.hold_us,
-            "duration_ms": c.duration_ms, "results": out,
-        });
-        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+            "duration_ms": c.duration_ms(), "results": out,
+        }));
         println!("wrote {}", p.display());
     }
     Ok(())
@@ -474,7 +485,7 @@ fn row_json(v: Variant, theta: Option<f64>, p: &Point) -> serde_json::Value {
     })
 }
 
-/// The chart of an experiment, drawn from the rows it returned (see `--plot`).
+/// The chart of an experiment, drawn from the rows it returned (see `--chart`).
 fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path) -> Result<()> {
     let rows = out["rows"].as_array().cloned().unwrap_or_default();
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
@@ -609,7 +620,7 @@ fn fairness(
         c.threads() * c.coroutines(),
         c.hold_us,
         c.service_core(),
-        (c.duration_ms / rounds as u64).max(1)
+        (c.duration_ms() / rounds as u64).max(1)
     );
     // Scythe 5.4 runs Fig. 27 with every client queued ("the queue length is at most 64,
     // and the lock can be acquired after a maximum of 63 threads"): no request is refused
@@ -652,10 +663,8 @@ fn fairness(
     // Best p99 per (row kind, theta x 100): the paper's Takeout row, the watermark row,
     // and each baseline over its variants (CAS: its best backoff).
     let mut best: BTreeMap<(String, i64), f64> = BTreeMap::new();
-    let per_round = Common {
-        duration_ms: (c.duration_ms / rounds as u64).max(1),
-        ..c.clone()
-    };
+    let mut per_round = c.clone();
+    per_round.run.duration_ms = Some((c.duration_ms() / rounds as u64).max(1));
     for &theta in thetas {
         let mut got: Vec<Option<Point>> = variants.iter().map(|_| None).collect();
         let mut p99s: Vec<Vec<f64>> = variants.iter().map(|_| Vec::new()).collect();
@@ -689,7 +698,7 @@ fn fairness(
             row["hot_watermark"] = json!(v.hot_watermark);
             row["round_p99_us"] = json!(p99s);
             row["median_round_p99_us"] = json!(p99r);
-            rows.push(row);
+            rows.push(jsonl::point_with("fairness", row, Some(&p.hist)));
             let Some(p99r) = p99r else {
                 // No acquisition in any measured round (a stalled machine): no p99 to
                 // compare; a ratio against a p99 of 0 would read as a win.
@@ -759,7 +768,11 @@ fn single(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
             v.label(),
             p.jain()
         );
-        rows.push(row_json(v, None, &p));
+        rows.push(jsonl::point_with(
+            "single",
+            row_json(v, None, &p),
+            Some(&p.hist),
+        ));
     }
     Ok(json!({ "rows": rows }))
 }
@@ -878,10 +891,7 @@ fn measure_probed(
     let addr = point.addr;
     let ts = Arc::new(AtomicU64::new(1));
     let t0 = Instant::now();
-    let (warm, meas) = (
-        t0 + Duration::from_millis(c.warmup_ms),
-        t0 + Duration::from_millis(c.warmup_ms + c.duration_ms),
-    );
+    let (warm, meas) = (t0 + c.warmup(), t0 + c.warmup() + c.run.duration());
     let mut probe = probe;
     let results: Vec<Result<Point>> = std::thread::scope(|s| {
         if let (Some(p), Some(table)) = (probe.as_deref_mut(), &table) {
@@ -918,7 +928,7 @@ fn measure_probed(
                             base: Duration::from_micros(1),
                             cap: Duration::from_micros(v.cas_cap_us.max(1)),
                         },
-                        seed: c.seed,
+                        seed: c.seed_arg.seed,
                         client: Some(t as u16),
                         ..BaselineConfig::default()
                     };
@@ -956,7 +966,7 @@ fn measure_probed(
         refusals: 0,
         per_client: Vec::new(),
         max_wait_ns: 0,
-        secs: c.duration_ms as f64 / 1e3,
+        secs: c.secs(),
     };
     for r in results {
         let p = r?;
@@ -1015,7 +1025,8 @@ fn client_thread(
             per_client.clone(),
             failed.clone(),
         );
-        let mut rng = rand::rngs::StdRng::seed_from_u64(c.seed ^ (thread << 32 | co as u64));
+        let mut rng =
+            rand::rngs::StdRng::seed_from_u64(c.seed_arg.seed ^ (thread << 32 | co as u64));
         ex.spawn(async move {
             while Instant::now() < end && failed.borrow().is_none() {
                 let id = match zipf {
@@ -1108,7 +1119,7 @@ fn client_thread(
         per_client,
         max_wait_ns: max_wait.get(),
         hist,
-        secs: c.duration_ms as f64 / 1e3,
+        secs: c.secs(),
     })
 }
 
@@ -1200,12 +1211,16 @@ fn table(
                     p.aborts
                 );
                 mops.insert((place == Placement::Remote, batch, iso == Iso::Sr), m);
-                rows.push(json!({
-                    "placement": format!("{place:?}").to_lowercase(), "batching": batching,
-                    "ops_per_message": batch, "iso": format!("{iso:?}").to_uppercase(),
-                    "mops": m, "p50_lock_set_us": us(0.5), "p99_lock_set_us": us(0.99),
-                    "aborts": p.aborts, "pairs": p.pairs,
-                }));
+                rows.push(jsonl::point_with(
+                    "table",
+                    json!({
+                        "placement": format!("{place:?}").to_lowercase(), "batching": batching,
+                        "ops_per_message": batch, "iso": format!("{iso:?}").to_uppercase(),
+                        "mops": m, "p50_lock_set_us": us(0.5), "p99_lock_set_us": us(0.99),
+                        "aborts": p.aborts, "pairs": p.pairs,
+                    }),
+                    Some(&p.hist),
+                ));
             }
         }
     }
@@ -1254,10 +1269,7 @@ fn measure_table(
     )?;
     let addr = node.addr();
     let t0 = Instant::now();
-    let (warm, end) = (
-        t0 + Duration::from_millis(c.warmup_ms),
-        t0 + Duration::from_millis(c.warmup_ms + c.duration_ms),
-    );
+    let (warm, end) = (t0 + c.warmup(), t0 + c.warmup() + c.run.duration());
     let results: Vec<Result<TablePoint>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..c.threads())
             .map(|t| {
@@ -1291,7 +1303,7 @@ fn measure_table(
                             failed.clone(),
                         );
                         let mut rng = rand::rngs::StdRng::seed_from_u64(
-                            c.seed ^ ((t as u64) << 32 | co as u64),
+                            c.seed_arg.seed ^ ((t as u64) << 32 | co as u64),
                         );
                         ex.spawn(async move {
                             let mut txn = (t as u64) << 40 | (co as u64) << 24;
@@ -1369,7 +1381,7 @@ fn measure_table(
                         hist,
                         pairs: pairs.get(),
                         aborts: aborts.get(),
-                        secs: c.duration_ms as f64 / 1e3,
+                        secs: c.secs(),
                     })
                 })
             })
@@ -1382,7 +1394,7 @@ fn measure_table(
         hist: new_hist(),
         pairs: 0,
         aborts: 0,
-        secs: c.duration_ms as f64 / 1e3,
+        secs: c.secs(),
     };
     for r in results {
         let p = r?;
@@ -1474,7 +1486,7 @@ fn queues(
             top[2].1,
             maxq
         );
-        rows.push(json!({
+        rows.push(jsonl::point("queues", json!({
             "theta": theta, "samples": probe.samples,
             "longest": {"object": first, "mean_queue": mean(first), "max_queue": probe.maxes[first], "access_pct": rate(first)},
             "second": {"object": second, "mean_queue": mean(second), "max_queue": probe.maxes[second], "access_pct": rate(second)},
@@ -1482,7 +1494,7 @@ fn queues(
             "top_access": top.iter().map(|&(i, r)| json!({"object": i, "access_pct": r, "mean_queue": mean(i)})).collect::<Vec<_>>(),
             "max_queue": maxq, "acquisitions_per_s": p.acquisitions as f64 / p.secs,
             "refusals": p.refusals,
-        }));
+        })));
     }
     Ok(json!({ "locks": locks, "rows": rows }))
 }

@@ -3,7 +3,7 @@
 //! against peer libraries (iceoryx2, tonic) and the cache-line ping-pong floor.
 //!
 //! Every experiment runs its variants side by side in one invocation (the machine is
-//! shared and absolute numbers drift), prints a table, and with `--json` / `--plot` writes
+//! shared and absolute numbers drift), prints a table, and with `--json` / `--chart` writes
 //! JSON and a chart. Server and client run in this process as two nodes of a local shm
 //! (or verbs) cluster, the server thread pinned to `--server-core`, the client thread(s)
 //! from `--client-core` on; or, with `--serve` and `--connect ADDR` (`bench::remote`),
@@ -26,6 +26,7 @@ use bench::peers::{self, PeerConfig, RttSamples};
 use bench::perftest;
 use bench::plot::{LineChart, Scale, Series};
 use bench::remote::{self, FabricSpec, Point as ServerPoint, PointEnv, SideArgs, Sides, Started};
+use bench::{cli, jsonl};
 use rrpc::fabric::model::TimingModel;
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricKind};
@@ -46,8 +47,9 @@ const _: () = assert!(rrpc::server::ids::BENCH_TXN.contains(GEN));
     name = "rrpc-bench",
     about = "rrpc microbenchmarks: batching modes, communication modes, latency, peers",
     long_about = "rrpc microbenchmarks (Scythe 3.4 and 4.6). Each subcommand runs its variants side \
-                  by side in one invocation and prints a table; --json writes the results, --plot \
-                  draws an SVG or PNG chart. Server and client are two nodes of a local cluster in \
+                  by side in one invocation and prints a table; --json writes JSON Lines (a \
+                  metadata record, one record per point, the summary), --chart draws an SVG or \
+                  PNG chart (with `all`, --chart names a directory: one chart each). Server and client are two nodes of a local cluster in \
                   this process, pinned to --server-core and --client-core; with --serve on one \
                   host and --connect ADDR on another (--fabric verbs), two processes."
 )]
@@ -60,36 +62,35 @@ struct Args {
 
 #[derive(clap::Args, Debug, Clone)]
 struct Common {
-    /// Measured time per data point, milliseconds.
-    #[arg(long, global = true, default_value_t = 1000)]
-    duration_ms: u64,
-    /// Warm-up per data point, milliseconds (not measured).
-    #[arg(long, global = true, default_value_t = 200)]
-    warmup_ms: u64,
-    /// Write the results as JSON to this file.
-    #[arg(long, global = true)]
-    json: Option<PathBuf>,
-    /// Draw a chart to this file (.svg or .png). With `all`, a directory: one chart each.
-    #[arg(long, global = true)]
-    plot: Option<PathBuf>,
-    /// Fabric backend: shm or verbs (default: $RRPC_FABRIC, else shm).
-    #[arg(long, global = true)]
-    fabric: Option<String>,
+    #[command(flatten)]
+    fabric: cli::FabricArgs,
+    #[command(flatten)]
+    run: cli::RunLength,
+    #[command(flatten)]
+    seed_arg: cli::SeedArg,
+    /// `--chart`: with `all`, a directory (one chart each).
+    #[command(flatten)]
+    out: cli::OutputArgs,
     /// Core the server thread is pinned to.
     #[arg(long, global = true, default_value_t = 1)]
     server_core: usize,
     /// Core the (first) client thread is pinned to.
     #[arg(long, global = true, default_value_t = 0)]
     client_core: usize,
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled (built-in RNIC profiles) or
-    /// the path of a TOML profile (default: $RRPC_MODEL, else none).
-    #[arg(long, global = true, value_name = "MODEL")]
-    model: Option<String>,
     /// Coroutines per client thread for throughput points.
     #[arg(long, global = true, default_value_t = 32)]
     coroutines: usize,
     #[command(flatten)]
     side: SideArgs,
+}
+
+impl Common {
+    fn duration_ms(&self) -> u64 {
+        self.run.duration().as_millis() as u64
+    }
+    fn warmup_ms(&self) -> u64 {
+        self.run.warmup().as_millis() as u64
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -104,7 +105,7 @@ enum Cmd {
         /// `rrpc::rocket::RocketConfig::for_messages`), within the server's ring limit.
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
         per_bucket: u64,
-        /// Slices each point's --duration-ms is cut into: the four modes run in turn, one
+        /// Slices each point's --duration is cut into: the four modes run in turn, one
         /// slice each per round (the order rotating), so a stall of the shared machine
         /// lands on one round rather than on one mode; rates are the median slice's and
         /// the ratios the median of the rounds' ratios.
@@ -131,7 +132,7 @@ enum Cmd {
     /// ping-pong floor: 32 B request and reply, two pinned busy-polling endpoints.
     Peers {
         /// Then run this many matched rounds (the floor, fabric, rrpc, iceoryx2 and the
-        /// floor again, back to back, one --duration-ms point each) and print each round's
+        /// floor again, back to back, one --duration point each) and print each round's
         /// ratios and their medians per machine speed (rounds grouped by their floor; a
         /// round whose two floors differ by more than 2x is left out). Use it where the
         /// machine's speed drifts: one point per peer may pair a floor and an rrpc point
@@ -139,7 +140,7 @@ enum Cmd {
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
         rounds: u32,
         /// Also run perftest's `ib_write_lat` (Debian package perftest) between the same
-        /// two devices, 32 B, ten iterations per millisecond of --duration-ms (at least
+        /// two devices, 32 B, ten iterations per millisecond of --duration (at least
         /// 1000), and print `ratio rtt rrpc/ib_write_lat`: rrpc's p50 round trip over
         /// twice ib_write_lat's t_typical (perftest reports half a round trip). Needs
         /// --fabric verbs and ib_write_lat on PATH on both sides; otherwise says why it
@@ -151,26 +152,27 @@ enum Cmd {
     All,
 }
 
+/// rrpc-bench's defaults for the shared flags: 1 s per point after 200 ms of warm-up.
+const DEFAULTS: &[(&str, &str)] = &[("duration", "1s"), ("warmup", "200ms")];
+
 fn main() {
-    bench::bench_main::<Args>("rrpc-bench", run);
+    bench::bench_main::<Args>("rrpc-bench", DEFAULTS, run);
 }
 
 fn run(args: Args) -> Result<()> {
     let c = &args.common;
     let cores = core_affinity::get_core_ids().map_or(0, |v| v.len());
     if c.server_core >= cores.max(1) || c.client_core >= cores.max(1) {
-        bail!(
+        return Err(cli::usage(format!(
             "--server-core {} / --client-core {} but this machine has {cores} cores",
-            c.server_core,
-            c.client_core
-        );
+            c.server_core, c.client_core
+        )));
     }
-    if c.duration_ms == 0 {
-        bail!("--duration-ms must be at least 1");
-    }
-    let kind = remote::fabric_kind(c.fabric.as_deref())?;
-    let model = rrpc::fabric::model::TimingModel::load_or_env(c.model.as_deref())?;
-    let spec = FabricSpec::new(kind, c.model.clone(), &c.side);
+    c.run.check()?;
+    let kind = c.fabric.fabric;
+    let model_arg = c.fabric.model()?;
+    let model = cli::as_usage(rrpc::fabric::model::TimingModel::load(&model_arg))?;
+    let spec = FabricSpec::new(kind, Some(model_arg.clone()), &c.side);
     let side = c.side.side();
     if let remote::Side::Serve { .. } = side {
         let banner = [format!(
@@ -184,15 +186,25 @@ fn run(args: Args) -> Result<()> {
         return remote::serve("rrpc-bench", &spec, side, &banner, &start);
     }
     let Some(cmd) = &args.cmd else {
-        bail!("a subcommand is needed (batching, modes, latency, throughput, peers, all), or --serve; see --help");
+        return Err(cli::usage("a subcommand is needed (batching, modes, latency, throughput, peers, all), or --serve; see --help"));
     };
     if let (Cmd::Peers { rounds, .. }, remote::Side::Connect(_)) = (cmd, side) {
         if *rounds > 0 {
-            bail!("--rounds compares peers that run within one host (floor, iceoryx2): run it without --connect");
+            return Err(cli::usage("--rounds compares peers that run within one host (floor, iceoryx2): run it without --connect"));
         }
     }
     let sides = Sides::new("rrpc-bench", spec, side)?;
     let sides = &sides;
+    jsonl::open(
+        c.out.json.as_deref(),
+        &jsonl::RunInfo {
+            binary: "rrpc-bench",
+            fabric: kind,
+            rdma_device: c.side.rdma_device.as_deref(),
+            model: &model_arg,
+            seed: c.seed_arg.seed,
+        },
+    )?;
     let model_desc = model
         .as_ref()
         .map_or_else(|| "none".to_string(), |m| m.describe());
@@ -201,13 +213,13 @@ fn run(args: Args) -> Result<()> {
         .map_or_else(|| "none".to_string(), |m| m.params().name.clone());
     let mut out = BTreeMap::new();
     let plot_for = |name: &str| -> Option<PathBuf> {
-        let p = c.plot.as_ref()?;
+        let p = c.out.chart.as_ref()?;
         Some(match cmd {
             Cmd::All => p.join(format!("{name}.svg")),
             _ => p.clone(),
         })
     };
-    if let (Cmd::All, Some(dir)) = (cmd, &c.plot) {
+    if let (Cmd::All, Some(dir)) = (cmd, &c.out.chart) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let at = sides.server().map_or_else(String::new, |s| {
@@ -215,7 +227,7 @@ fn run(args: Args) -> Result<()> {
     });
     println!(
         "rrpc-bench | fabric: {kind}{at} | timing model: {model_desc} | server core {} | client core {} | {} ms per point ({} ms warm-up) | {} cores",
-        c.server_core, c.client_core, c.duration_ms, c.warmup_ms, cores
+        c.server_core, c.client_core, c.duration_ms(), c.warmup_ms(), cores
     );
     let all = matches!(cmd, Cmd::All);
     match cmd {
@@ -292,19 +304,17 @@ fn run(args: Args) -> Result<()> {
         out.insert("latency", latency(c, sides)?);
         out.insert("peers", peers_cmp(c, sides, plot_for("peers"))?);
     }
-    if let Some(p) = &c.json {
-        let doc = json!({
+    if let Some(p) = &c.out.json {
+        jsonl::summary(&json!({
             "fabric": kind.to_string(),
             "timing_model": model_name,
             "timing_model_params": model.as_ref().map(|m| m.describe()),
-            "duration_ms": c.duration_ms,
-            "warmup_ms": c.warmup_ms,
+            "duration_ms": c.duration_ms(),
+            "warmup_ms": c.warmup_ms(),
             "server_core": c.server_core,
             "client_core": c.client_core,
             "results": out,
-        });
-        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+        }));
         println!("wrote {}", p.display());
     }
     Ok(())
@@ -650,7 +660,7 @@ fn batching(
          each ratio the median of the rounds' ratios",
         c.coroutines,
         ring_limit(),
-        (c.duration_ms / slices.max(1) as u64).max(1)
+        (c.duration_ms() / slices.max(1) as u64).max(1)
     );
     on_core(c.client_core, || {
         batching_on(c, sides, sizes, (per_bucket, slices), plot)
@@ -776,8 +786,8 @@ fn batching_on(
 ) -> Result<serde_json::Value> {
     let bed = Bed::new(c, sides)?;
     let (warm, meas) = (
-        Duration::from_millis(c.warmup_ms),
-        Duration::from_millis(c.duration_ms),
+        Duration::from_millis(c.warmup_ms()),
+        Duration::from_millis(c.duration_ms()),
     );
     println!(
         "{:>8} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>14}",
@@ -824,14 +834,14 @@ fn batching_on(
                 p.stats.wrs_per_doorbell(),
                 format!("{}x{}", rocket.buckets, human(rocket.bucket_size))
             );
-            rows.push(json!({
+            rows.push(jsonl::point_with("batching", json!({
                 "size": size, "mode": b.name(), "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
                 "calls_per_s_overall": p.rate(), "slice_calls_per_s": m.slice_rates,
                 "bucket_size": rocket.bucket_size, "buckets": rocket.buckets,
                 "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
                 "messages_per_write": p.stats.messages_per_write(), "wrs_per_doorbell": p.stats.wrs_per_doorbell(),
                 "credit_stalls": p.stats.credit_stalls,
-            }));
+            }), Some(&p.hist)));
             series.entry(b).or_default().push((size as f64, r / 1e6));
         }
         let comb = by[&Batching::Combined];
@@ -926,7 +936,7 @@ fn modes(
          pure RPC's Rocket sized per point at connection time for {MODE_REPLIES_PER_BUCKET} replies per bucket (fewer where two buckets would not fit), at most 64 buckets and {} B per ring (the server's limit) | \
          the three modes interleaved: {MODE_SLICES} rounds of one {} ms slice each, order rotating; Kcalls/s is the median slice's, each ratio the median of the rounds' ratios",
         ring_limit(),
-        (c.duration_ms / MODE_SLICES as u64).max(1)
+        (c.duration_ms() / MODE_SLICES as u64).max(1)
     );
     on_core(c.client_core, || {
         modes_on(c, sides, sizes, coroutines, model, plot)
@@ -989,8 +999,8 @@ fn modes_on(
 ) -> Result<serde_json::Value> {
     let slices = MODE_SLICES;
     let (warm, meas) = (
-        Duration::from_millis(c.warmup_ms),
-        Duration::from_millis(c.duration_ms),
+        Duration::from_millis(c.warmup_ms()),
+        Duration::from_millis(c.duration_ms()),
     );
     println!(
         "{:>8} {:>10} {:>11} {:>9} {:>9} {:>9}",
@@ -1058,11 +1068,15 @@ fn modes_on(
                 p.p(0.5) / 1e3,
                 p.p(0.99) / 1e3
             );
-            rows.push(json!({
-                "size": size, "mode": name, "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
-                "calls_per_s_overall": p.rate(), "slice_calls_per_s": m.slice_rates,
-                "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
-            }));
+            rows.push(jsonl::point_with(
+                "modes",
+                json!({
+                    "size": size, "mode": name, "calls_per_s": r, "mb_per_s": r * size as f64 / 1e6,
+                    "calls_per_s_overall": p.rate(), "slice_calls_per_s": m.slice_rates,
+                    "p50_ns": p.p(0.5), "p99_ns": p.p(0.99),
+                }),
+                Some(&p.hist),
+            ));
             series[i].points.push((size as f64, r * size as f64 / 1e6));
         }
         let (read, zc) = (
@@ -1147,8 +1161,8 @@ fn latency(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
     println!("\n== latency: round trip of 32 B requests, 1 coroutine per client thread, ReplyMode::Auto with the reply size known");
     let bed = Bed::new(c, sides)?;
     let (warm, meas) = (
-        Duration::from_millis(c.warmup_ms),
-        Duration::from_millis(c.duration_ms),
+        Duration::from_millis(c.warmup_ms()),
+        Duration::from_millis(c.duration_ms()),
     );
     let cores = core_affinity::get_core_ids().map_or(1, |v| v.len());
     println!(
@@ -1201,10 +1215,10 @@ fn latency(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
                 hist.mean() / 1e3,
                 rate
             );
-            rows.push(json!({
+            rows.push(jsonl::point_with("latency", json!({
                 "reply": reply, "threads": threads, "p50_ns": hist.value_at_quantile(0.5),
                 "p99_ns": hist.value_at_quantile(0.99), "mean_ns": hist.mean(), "calls_per_s": rate,
-            }));
+            }), Some(&hist)));
         }
     }
     // One caller among idle coroutines: 1 calling coroutine and 63 waiting ones on one
@@ -1258,7 +1272,7 @@ fn latency(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
         );
         idle_rows.insert(
             name.into(),
-            json!({ "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99), "mean_ns": h.mean(), "calls_per_s": rate }),
+            jsonl::point_with("latency-idle", json!({ "case": name, "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99), "mean_ns": h.mean(), "calls_per_s": rate }), Some(h)),
         );
     }
     let idle_ratio =
@@ -1276,8 +1290,8 @@ fn latency(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
 /// server thread, both cores busy. Returns calls/s and calls/s per busy core.
 fn small_rpc(c: &Common, bed: &Bed) -> Result<(f64, f64)> {
     let (warm, meas) = (
-        Duration::from_millis(c.warmup_ms),
-        Duration::from_millis(c.duration_ms),
+        Duration::from_millis(c.warmup_ms()),
+        Duration::from_millis(c.duration_ms()),
     );
     let p = on_core(c.client_core, || {
         let (ctx, node) = bed.client(RuntimeConfig::default())?;
@@ -1295,6 +1309,15 @@ fn small_rpc(c: &Common, bed: &Bed) -> Result<(f64, f64)> {
     println!(
         "small-RPC throughput (32 B / 32 B, 1 client thread x {} coroutines, 1 server thread): {:.0} calls/s = {:.0} calls/s per core (2 cores busy); p50 {:.1} us, {:.2} msgs per WRITE",
         c.coroutines, p.rate(), per_core, p.p(0.5) / 1e3, p.stats.messages_per_write()
+    );
+    jsonl::point_with(
+        "small-rpc",
+        json!({
+            "request_bytes": 32, "reply_bytes": 32, "coroutines": c.coroutines,
+            "calls_per_s": p.rate(), "calls_per_s_per_core": per_core,
+            "messages_per_write": p.stats.messages_per_write(),
+        }),
+        Some(&p.hist),
     );
     Ok((p.rate(), per_core))
 }
@@ -1334,8 +1357,8 @@ fn peer_config(c: &Common) -> PeerConfig {
     PeerConfig {
         request_bytes: 32,
         reply_bytes: 32,
-        warmup: Duration::from_millis(c.warmup_ms),
-        duration: Duration::from_millis(c.duration_ms),
+        warmup: Duration::from_millis(c.warmup_ms()),
+        duration: Duration::from_millis(c.duration_ms()),
         client_core: c.client_core,
         server_core: c.server_core,
     }
@@ -1382,7 +1405,7 @@ fn peers_cmp(c: &Common, sides: &Sides, plot: Option<PathBuf>) -> Result<serde_j
             s.mean_ns() / 2.0,
             s.round_trips
         );
-        rows.push(json!({ "peer": name, "p50_ns": a, "p99_ns": b, "mean_ns": s.mean_ns(), "one_way_mean_ns": s.mean_ns() / 2.0, "round_trips": s.round_trips }));
+        rows.push(jsonl::point("peers", json!({ "peer": name, "p50_ns": a, "p99_ns": b, "mean_ns": s.mean_ns(), "one_way_mean_ns": s.mean_ns() / 2.0, "round_trips": s.round_trips })));
         p50.insert(name, a as f64);
     }
     let ratio = |a: &str, b: &str| match (p50.get(a), p50.get(b)) {
@@ -1448,7 +1471,7 @@ fn perftest_cmp(c: &Common, sides: &Sides, rrpc_p50_ns: f64) -> serde_json::Valu
             perftest::WRITE_LAT
         ));
     }
-    let iterations = (c.duration_ms.saturating_mul(10)).max(1000);
+    let iterations = (c.duration_ms().saturating_mul(10)).max(1000);
     let l = match sides.perftest(BYTES, iterations) {
         Ok(l) => l,
         Err(e) => return skipped(format!("{e:#}")),
@@ -1478,7 +1501,7 @@ fn matched_rounds(c: &Common, sides: &Sides, rounds: u32) -> Result<serde_json::
     let cfg = peer_config(c);
     println!(
         "\n== peers, {rounds} matched rounds: floor, fabric, rrpc, iceoryx2 and the floor again back to back, p50 in ns, {} ms each ({} ms warm-up); a ratio compares points of one round",
-        c.duration_ms, c.warmup_ms
+        c.duration_ms(), c.warmup_ms()
     );
     println!(
         "{:>6} {:>7} {:>7} {:>7} {:>9} {:>7} {:>11} {:>12} {:>13} {:>14}",

@@ -2,5 +2,5 @@
 //! services from a topology file (see `bench::launch`).
 
 fn main() {
-    bench::bench_main("rrpc-launch", bench::launch::run);
+    bench::bench_main("rrpc-launch", &[], bench::launch::run);
 }

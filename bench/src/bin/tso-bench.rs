@@ -27,18 +27,18 @@ use bench::plot::{LineChart, Scale, Series};
 use rrpc::NodeId;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use serde_json::json;
 
 use bench::remote::{self, FabricSpec, PointEnv, SideArgs, Sides, Started};
+use bench::{cli, jsonl};
 use rrpc::fabric::Fabric;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
@@ -66,20 +66,23 @@ const PROXY_NODE: u32 = 2;
                   one FAA, and an RPC oracle whose CPU increments a counter (TiDB PD) side by \
                   side on a local shm cluster under a timing model, for each client count; \
                   prints a table and the group/faa and proxy/faa throughput ratios at the \
-                  largest client count, and with --json writes the results. \
+                  largest client count, with --json writes JSON Lines (a metadata record, one \
+                  record per point, the summary) and with --chart draws throughput against \
+                  clients, one line per mode. \
                   mean-group-size is timestamps per FAA on the oracle (1 for faa and \
                   rpc-oracle). With --serve (the oracle's host) and --connect ADDR (the \
                   clients' host) the two sides run in separate processes, on two hosts with \
                   --fabric verbs."
 )]
 struct Args {
-    /// Fabric backend: shm or verbs (default: $RRPC_FABRIC, else shm).
-    #[arg(long, value_name = "KIND")]
-    fabric: Option<String>,
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled or the path of a TOML profile
-    /// (default: cx5 on shm, none on verbs, which refuses one).
-    #[arg(long, value_name = "MODEL")]
-    model: Option<String>,
+    #[command(flatten)]
+    fabric: cli::FabricArgs,
+    #[command(flatten)]
+    run: cli::RunLength,
+    #[command(flatten)]
+    seed: cli::SeedArg,
+    #[command(flatten)]
+    out: cli::OutputArgs,
     /// Client counts to run (clients = coroutines spread over --threads threads).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     clients: Vec<usize>,
@@ -103,18 +106,6 @@ struct Args {
         default_value = "faa,group,proxy,rpc-oracle"
     )]
     modes: Vec<Mode>,
-    /// Measured time per data point, milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    duration_ms: u64,
-    /// Warm-up per data point, milliseconds (not measured).
-    #[arg(long, default_value_t = 200)]
-    warmup_ms: u64,
-    /// Write the results as JSON to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Draw throughput against clients, one line per mode, to this file (.svg or .png).
-    #[arg(long)]
-    plot: Option<PathBuf>,
     #[command(flatten)]
     side: SideArgs,
 }
@@ -173,22 +164,25 @@ impl Point {
     }
 }
 
+/// tso-bench's defaults for the shared flags: 1 s per point after 200 ms of warm-up.
+const DEFAULTS: &[(&str, &str)] = &[("duration", "1s"), ("warmup", "200ms")];
+
 fn main() {
-    bench::bench_main::<Args>("tso-bench", run);
+    bench::bench_main::<Args>("tso-bench", DEFAULTS, run);
 }
 
 fn run(a: Args) -> Result<()> {
     if a.threads == 0
-        || a.duration_ms == 0
+        || a.run.duration().is_zero()
         || a.clients.contains(&0)
         || a.modes.is_empty()
         || a.ranges_in_flight == 0
     {
-        bail!("--threads, --duration-ms, every --clients value, --modes and --ranges-in-flight must be non-zero");
+        return Err(cli::usage("--threads, --duration, every --clients value, --modes and --ranges-in-flight must be non-zero"));
     }
-    let kind = remote::fabric_kind(a.fabric.as_deref())?;
-    let model_arg = remote::model_for(kind, a.model.as_deref(), "cx5")?;
-    let model = rrpc::fabric::model::TimingModel::load(&model_arg)?;
+    let kind = a.fabric.fabric;
+    let model_arg = a.fabric.model()?;
+    let model = cli::as_usage(rrpc::fabric::model::TimingModel::load(&model_arg))?;
     let model_desc = model
         .as_ref()
         .map_or_else(|| "none".into(), |m| m.describe());
@@ -201,6 +195,16 @@ fn run(a: Args) -> Result<()> {
         return remote::serve("tso-bench", &spec, side, &banner, &start_oracle);
     }
     let sides = Sides::new("tso-bench", spec, side)?;
+    jsonl::open(
+        a.out.json.as_deref(),
+        &jsonl::RunInfo {
+            binary: "tso-bench",
+            fabric: kind,
+            rdma_device: a.side.rdma_device.as_deref(),
+            model: &model_arg,
+            seed: a.seed.seed,
+        },
+    )?;
     println!(
         "tso-bench | fabric: {kind}{} | timing model: {} | counter: {} memory | {} client thread(s) | one timestamp per request | {} ms per point ({} ms warm-up) | group: up to {} FAAs in flight per thread | proxy: 1 server thread, 1 QP on the oracle",
         sides
@@ -212,8 +216,8 @@ fn run(a: Args) -> Result<()> {
             Counter::Host => "host",
         },
         a.threads,
-        a.duration_ms,
-        a.warmup_ms,
+        a.run.duration().as_millis(),
+        a.run.warmup().as_millis(),
         a.ranges_in_flight
     );
     println!(
@@ -236,11 +240,15 @@ fn run(a: Args) -> Result<()> {
                 p.mean_group
             );
             rate.insert((mode.name(), clients), p.rate());
-            rows.push(json!({
-                "mode": mode.name(), "clients": clients, "req_per_s": p.rate(),
-                "p50_us": p.us(0.5), "p99_us": p.us(0.99), "mean_us": p.hist.mean() / 1e3,
-                "mean_group_size": p.mean_group, "requests": p.requests,
-            }));
+            rows.push(jsonl::point_with(
+                "clients",
+                json!({
+                    "mode": mode.name(), "clients": clients, "req_per_s": p.rate(),
+                    "p50_us": p.us(0.5), "p99_us": p.us(0.99), "mean_us": p.hist.mean() / 1e3,
+                    "mean_group_size": p.mean_group, "requests": p.requests,
+                }),
+                Some(&p.hist),
+            ));
         }
     }
     let top = *a.clients.iter().max().expect("non-empty");
@@ -249,20 +257,21 @@ fn run(a: Args) -> Result<()> {
         _ => None,
     };
     let (group_ratio, proxy_ratio) = (ratio("group"), ratio("proxy"));
-    if let Some(p) = &a.json {
+    {
         let doc = json!({
             "timing_model": model.as_ref().map(|m| m.describe()),
             "model_arg": model_arg, "fabric": kind.to_string(), "counter": format!("{:?}", a.counter).to_lowercase(), "ranges_in_flight": a.ranges_in_flight,
-            "threads": a.threads, "duration_ms": a.duration_ms,
-            "warmup_ms": a.warmup_ms, "rows": rows,
+            "threads": a.threads, "duration_ms": a.run.duration().as_millis() as u64,
+            "warmup_ms": a.run.warmup().as_millis() as u64, "rows": rows,
             "ratio_group_faa_at_max_clients": group_ratio,
             "ratio_proxy_faa_at_max_clients": proxy_ratio, "max_clients": top,
         });
-        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", p.display()))?;
-        println!("wrote {}", p.display());
+        jsonl::summary(&doc);
+        if let Some(p) = &a.out.json {
+            println!("wrote {}", p.display());
+        }
     }
-    if let Some(path) = &a.plot {
+    if let Some(path) = &a.out.chart {
         let series: Vec<Series> = a
             .modes
             .iter()
@@ -383,10 +392,7 @@ fn measure(a: &Args, sides: &Sides, mode: Mode, clients: usize) -> Result<Point>
         .as_ref()
         .map(|s| Arc::new(GroupedTso::with_sources(s.clone())));
     let t0 = Instant::now();
-    let window = (
-        t0 + Duration::from_millis(a.warmup_ms),
-        t0 + Duration::from_millis(a.warmup_ms + a.duration_ms),
-    );
+    let window = (t0 + a.run.warmup(), t0 + a.run.warmup() + a.run.duration());
     let results: Vec<Result<(Histogram<u64>, u64, GroupStats)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
@@ -420,7 +426,7 @@ fn measure(a: &Args, sides: &Sides, mode: Mode, clients: usize) -> Result<Point>
     let mut p = Point {
         hist: new_hist(),
         requests: 0,
-        secs: a.duration_ms as f64 / 1e3,
+        secs: a.run.secs(),
         mean_group: proxy_mean.unwrap_or(1.0),
     };
     let mut st = GroupStats::default();

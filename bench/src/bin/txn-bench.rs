@@ -1,10 +1,12 @@
 //! `txn-bench`: SmallBank, KVS / YCSB, TATP or TPC-C on a local cluster over the shm
 //! fabric, one protocol or all of them compared (see [`bench::txnbench`]); settings from
-//! flags and `--config FILE.toml`. Exits 0 when every check of every run passed,
-//! 1 when a check failed (the workload's own: money, KVS checksums, TATP's or TPC-C's
-//! consistency; locks, a transaction type that never committed, serializability,
-//! snapshot isolation for `mvcc-si`) or a coordinator hit a service
-//! failure, 2 on an error (bad flags included), 130 when interrupted.
+//! flags and `--config FILE.toml`. Exit codes ([`bench::cli`]'s, as every benchmark
+//! binary): 0 when every check of every run passed; 1 when a check failed (the
+//! workload's own: money, KVS checksums, TATP's or TPC-C's consistency; locks, a
+//! transaction type that never committed, serializability, snapshot isolation for
+//! `mvcc-si`), a coordinator hit a service failure, or on another run-time error; 2 on a
+//! usage error (bad flags or config file, found before anything starts); 130 when
+//! interrupted.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,20 +14,20 @@ use std::sync::Arc;
 use bench::txnbench::{run, Args, ConfigError, Outcome};
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    bench::cli::init_logging();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if bench::rcc_suite::wants_suite(&argv) {
-        use clap::Parser;
-        let args = bench::rcc_suite::RccArgs::parse_from(argv);
+        let args = bench::cli::try_parse_from::<bench::rcc_suite::RccArgs, _, _>(
+            argv,
+            bench::rcc_suite::DEFAULTS,
+        )
+        .unwrap_or_else(|e| e.exit());
         match bench::rcc_suite::main_with(args) {
             Ok(true) => std::process::exit(0),
             Ok(false) => std::process::exit(1),
             Err(e) => {
                 eprintln!("txn-bench: error: {e:#}");
-                std::process::exit(2);
+                std::process::exit(bench::cli::exit_code(&e));
             }
         }
     }
@@ -61,7 +63,7 @@ fn main() {
         Ok((_, Outcome::Passed)) => {}
         Err(e) => {
             eprintln!("txn-bench: error: {e:#}");
-            std::process::exit(2);
+            std::process::exit(bench::cli::exit_code(&e));
         }
     }
 }

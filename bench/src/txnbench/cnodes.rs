@@ -98,10 +98,10 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe { libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t) };
 
-    let mut fcfg = FabricConfig::new(args.fabric, &a.cluster, NodeId(node));
+    let mut fcfg = FabricConfig::new(args.fabric(), &a.cluster, NodeId(node));
     fcfg.device = args.rdma_device.clone();
     fcfg.gid_index = args.gid_index;
-    fcfg.model = Some(args.model.clone());
+    fcfg.model = Some(args.model());
     // The life's incarnation, which its transaction ids and its tickets carry, so that
     // the recovery of an earlier life cannot touch this one's: the membership service's
     // when there is one.
@@ -243,7 +243,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         let w = WorkerPlan {
             tid: a.cnode * threads + i,
             coroutines: args.coroutines,
-            seed: args.seed,
+            seed: args.seed.seed,
             max_backoff_us: args.max_backoff_us,
             kinds: kinds.clone(),
             warehouses: args.warehouses(),
@@ -460,7 +460,7 @@ pub(crate) fn measure(
     p.go()?;
     let mut faults = Faults::new(args);
     faults.manager = manager;
-    let dur = Duration::from_secs_f64(args.duration);
+    let dur = Duration::from_secs_f64(args.duration());
     let mut last_progress = 0;
     let mut service_died = None;
     while p.started.elapsed() < dur && !stop.load(Ordering::Relaxed) {
@@ -1159,7 +1159,7 @@ impl<'a> Parent<'a> {
         eprintln!(
             "[{protocol} {:>3}s / {:.0}s] committed {c} ({:.0} txn/s) over {} coordinator process(es)",
             self.started.elapsed().as_secs(),
-            self.args.duration,
+            self.args.duration(),
             c as f64 / self.started.elapsed().as_secs_f64(),
             self.cns.iter().filter(|c| !c.gone).count()
         );

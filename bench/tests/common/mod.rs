@@ -280,12 +280,44 @@ pub fn model(name: &'static str) -> Vec<&'static str> {
     }
 }
 
+/// The timing model the `txn-bench` runs of the tests take: `$RRPC_MODEL` if set, else
+/// none (the binaries' default on shm is cx5; these tests check behaviour, not timing).
+pub fn model_env() -> String {
+    std::env::var("RRPC_MODEL").unwrap_or_else(|_| "none".into())
+}
+
+/// The records of a `--json` file (JSON Lines): every line parses, the first is the
+/// metadata record of `binary`. Panics otherwise.
+pub fn json_lines(text: &str, binary: &str) -> Vec<serde_json::Value> {
+    let recs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let meta = recs.first().expect("a metadata record");
+    assert_eq!(meta["record"], "meta", "{meta}");
+    assert_eq!(meta["binary"], binary, "{meta}");
+    recs
+}
+
+/// The summary record of a `--json` file of `txn-bench` (JSON Lines), or `Null` when
+/// the file is missing or has none.
+pub fn txn_bench_summary(path: &std::path::Path) -> serde_json::Value {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return serde_json::Value::Null;
+    };
+    json_lines(&text, "txn-bench")
+        .into_iter()
+        .rfind(|r| r["record"] == "summary")
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// Run the real `txn-bench` with `args` and `--json` to a temporary file, one at a time
 /// per test binary ([`serial`]); it must succeed. Returns its stdout and JSON summary.
 pub fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
     let _one = serial();
     let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", model_env())
         .args(args)
         .arg("--json")
         .arg(&json)
@@ -298,7 +330,12 @@ pub fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
         "txn-bench failed: {}\n{stdout}\n{stderr}",
         out.status
     );
-    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let summary = txn_bench_summary(&json);
+    assert!(
+        summary.is_object(),
+        "no summary record in {}",
+        json.display()
+    );
     let _ = std::fs::remove_file(&json);
     (stdout, summary)
 }
@@ -367,6 +404,7 @@ pub fn txn_bench_watched_env(
     let _one = serial();
     let json = std::env::temp_dir().join(format!("txn-bench-{name}-{}.json", std::process::id()));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", model_env())
         .envs(env.iter().copied())
         .args(args)
         .arg("--json")
@@ -393,8 +431,7 @@ pub fn txn_bench_watched_env(
         std::thread::sleep(Duration::from_millis(50));
     };
     let stdout = reader.join().unwrap();
-    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap_or_default())
-        .unwrap_or(serde_json::Value::Null);
+    let summary = txn_bench_summary(&json);
     let _ = std::fs::remove_file(&json);
     (status.success(), stdout, summary)
 }

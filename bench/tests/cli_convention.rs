@@ -1,0 +1,177 @@
+//! The benchmark binaries' shared command line (`bench::cli`) as a user meets it:
+//! `txn-bench`, `rrpc-bench`, `lock-bench` and `tso-bench` each take `--fabric`,
+//! `--model`, `--duration` / `--warmup` with units, `--seed` and `--json`, and their
+//! `--json` file is JSON Lines starting with the metadata record; a bad flag value, or a
+//! flag value refused before anything runs, exits 2.
+
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+/// One benchmark at a time: each runs a cluster and spinning threads, and the machine
+/// may have two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn bin(name: &str) -> &'static str {
+    match name {
+        "txn-bench" => env!("CARGO_BIN_EXE_txn-bench"),
+        "rrpc-bench" => env!("CARGO_BIN_EXE_rrpc-bench"),
+        "lock-bench" => env!("CARGO_BIN_EXE_lock-bench"),
+        "tso-bench" => env!("CARGO_BIN_EXE_tso-bench"),
+        _ => unreachable!("{name}"),
+    }
+}
+
+fn run(name: &str, args: &[&str]) -> Output {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Command::new(bin(name))
+        .args(args)
+        .env_remove("RRPC_FABRIC")
+        .env_remove("RRPC_MODEL")
+        .output()
+        .expect("run the benchmark")
+}
+
+/// A short run of each binary on shm without a timing model: (binary, its arguments).
+fn short_runs() -> [(&'static str, Vec<&'static str>); 4] {
+    [
+        (
+            "txn-bench",
+            vec![
+                "--duration",
+                "300ms",
+                "--threads",
+                "1",
+                "--coroutines",
+                "2",
+                "--accounts",
+                "1000",
+            ],
+        ),
+        (
+            "rrpc-bench",
+            vec!["throughput", "--duration", "50ms", "--warmup", "10ms"],
+        ),
+        (
+            "lock-bench",
+            vec![
+                "single",
+                "--duration",
+                "100ms",
+                "--warmup",
+                "10ms",
+                "--threads",
+                "1",
+                "--coroutines",
+                "2",
+                "--kinds",
+                "takeout",
+            ],
+        ),
+        (
+            "tso-bench",
+            vec![
+                "--clients",
+                "1",
+                "--modes",
+                "faa",
+                "--duration",
+                "50ms",
+                "--warmup",
+                "10ms",
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn every_binary_writes_json_lines_starting_with_the_metadata_record() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in short_runs() {
+        let json = dir.path().join(format!("{name}.jsonl"));
+        let mut a = args.clone();
+        a.extend([
+            "--fabric", "shm", "--model", "none", "--seed", "7", "--json",
+        ]);
+        a.push(json.to_str().unwrap());
+        let out = run(name, &a);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{name}: {}\n{stdout}\n{stderr}",
+            out.status
+        );
+        let text = std::fs::read_to_string(&json).unwrap();
+        let recs: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: {e}: {l}")))
+            .collect();
+        let meta = &recs[0];
+        assert_eq!(meta["record"], "meta", "{name}: {meta}");
+        assert_eq!(meta["binary"], name, "{meta}");
+        assert_eq!(meta["fabric"], "shm", "{meta}");
+        assert_eq!(meta["nic"], "shm", "{meta}");
+        assert_eq!(meta["model"], "none", "{meta}");
+        assert_eq!(meta["seed"], 7, "{meta}");
+        assert_eq!(meta["version"], env!("CARGO_PKG_VERSION"), "{meta}");
+        assert!(meta["cores"].as_u64().is_some_and(|c| c >= 1), "{meta}");
+        for k in ["git_rev", "host", "kernel"] {
+            assert!(
+                meta[k].as_str().is_some_and(|s| !s.is_empty()),
+                "{k}: {meta}"
+            );
+        }
+        assert!(meta["started_unix_ms"].as_u64().is_some(), "{meta}");
+        let cmd = meta["command_line"].as_str().unwrap();
+        assert!(cmd.contains("--seed 7") && cmd.contains(name), "{cmd}");
+        // One record per point (run) as measured, with latency percentiles and the HDR
+        // histogram, then the summary.
+        let points: Vec<_> = recs[1..recs.len() - 1].iter().collect();
+        assert!(!points.is_empty(), "{name}: no point records:\n{text}");
+        for p in &points {
+            assert!(
+                p["record"] == "point" || p["record"] == "run",
+                "{name}: {p}"
+            );
+            for k in ["p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns"] {
+                assert!(p[k].is_u64(), "{name}: {k}: {p}");
+            }
+            assert!(p["hdr"].as_str().is_some_and(|h| !h.is_empty()), "{p}");
+        }
+        assert_eq!(recs.last().unwrap()["record"], "summary", "{name}");
+    }
+}
+
+#[test]
+fn a_bad_flag_value_exits_2_in_every_binary() {
+    for (name, sub) in [
+        ("txn-bench", None),
+        ("rrpc-bench", Some("throughput")),
+        ("lock-bench", Some("single")),
+        ("tso-bench", None),
+    ] {
+        let with = |extra: &[&str]| {
+            let mut a: Vec<&str> = sub.into_iter().collect();
+            a.extend(extra);
+            run(name, &a)
+        };
+        // Refused by the parser: the duration's units.
+        let out = with(&["--duration", "ten"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains("invalid time \"ten\""), "{name}: {err}");
+        // Refused before anything runs: a zero duration, a model on verbs.
+        for (bad, want) in [
+            (&["--duration", "0"][..], "--duration"),
+            (&["--fabric", "verbs", "--model", "cx5"][..], "--model cx5"),
+        ] {
+            let out = with(bad);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name} {bad:?}: {err}");
+            assert!(err.contains(want), "{name} {bad:?}: {err}");
+        }
+        // The old spellings still parse (hidden), and clash with the new ones.
+        let out = with(&["--duration", "1s", "--duration-ms", "5"]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+    }
+}
