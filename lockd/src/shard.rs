@@ -53,8 +53,28 @@ use std::time::{Duration, Instant};
 use rrpc::typed::Batch;
 use serde::{Deserialize, Serialize};
 use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use crate::table_wire::{MapWire, ShardRun};
+/// One run of a shard map ([`crate::table_wire::TableMapRpc`], [`crate::table_wire::TableInstallRpc`]): shards
+/// `start..start + len` belong to `node`, 8 bytes.
+#[derive(
+    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
+)]
+#[repr(C)]
+pub struct ShardRun {
+    /// The first shard, bytes 0..2.
+    pub start: U16,
+    /// Shards in the run (at least 1), bytes 2..4.
+    pub len: U16,
+    /// Their node ([`NO_NODE`]: unknown), bytes 4..8.
+    pub node: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<ShardRun>() == 8);
+
+/// A shard map on the wire: its version (`u64`, bytes 0..8), then runs covering every
+/// shard in order ([`ShardMap::to_wire`], [`ShardMap::from_wire`]).
+pub type MapWire = Batch<U64, ShardRun>;
 
 /// Bits of a key that hold the shard (Lotus 4.2).
 pub const SHARD_BITS: u32 = 12;
@@ -262,7 +282,7 @@ impl ShardMap {
         }
     }
 
-    /// The map on the wire ([`crate::table_wire::MapWire`]): its version, then runs of
+    /// The map on the wire ([`MapWire`]): its version, then runs of
     /// `(start: u16, len: u16, node: u32)` covering every shard in order, 8 bytes each.
     pub fn to_wire(&self) -> MapWire {
         let mut runs = Vec::new();

@@ -42,6 +42,7 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligne
 
 use crate::lock_table::{LockMode, Refusal};
 use crate::shard::LockKey;
+pub use crate::shard::{MapWire, ShardRun};
 
 /// Handler id of the batched lock / unlock RPC.
 pub const TABLE_OPS_HANDLER: u16 = 20;
@@ -233,21 +234,6 @@ pub struct OutcomeEntry {
     pub pad: [u8; 7],
 }
 
-/// One run of a shard map ([`TableMapRpc`], [`TableInstallRpc`]): shards
-/// `start..start + len` belong to `node`, 8 bytes.
-#[derive(
-    FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
-)]
-#[repr(C)]
-pub struct ShardRun {
-    /// The first shard, bytes 0..2.
-    pub start: U16,
-    /// Shards in the run (at least 1), bytes 2..4.
-    pub len: U16,
-    /// Their node ([`crate::shard::NO_NODE`]: unknown), bytes 4..8.
-    pub node: U32,
-}
-
 /// A drain control request, 5 bytes ([`TABLE_DRAIN_HANDLER`], [`DrainReq`]).
 #[derive(
     FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned, Clone, Copy, Debug, PartialEq, Eq,
@@ -268,16 +254,13 @@ const _: () = {
     assert!(size_of::<OpEntry>() == OP_BYTES && offset_of!(OpEntry, op) == 20);
     assert!(size_of::<OutcomesHead>() == REPLY_HEADER_BYTES);
     assert!(size_of::<OutcomeEntry>() == OUTCOME_BYTES);
-    assert!(size_of::<ShardRun>() == 8 && size_of::<DrainWire>() == 5);
+    assert!(size_of::<DrainWire>() == 5);
 };
 
 /// A [`TABLE_OPS_HANDLER`] request: the header, then one entry per operation.
 pub type OpsBatch = Batch<OpsHead, OpEntry>;
 /// A [`TABLE_OPS_HANDLER`] reply: the header, then one outcome per operation.
 pub type OutcomesBatch = Batch<OutcomesHead, OutcomeEntry>;
-/// A shard map on the wire: its version (`u64`, bytes 0..8), then runs covering every
-/// shard in order ([`crate::shard::ShardMap::to_wire`], [`crate::shard::ShardMap::from_wire`]).
-pub type MapWire = Batch<U64, ShardRun>;
 /// A [`TABLE_RELEASE_NODE_HANDLER`] request: `node: u32`, then no entry (every
 /// incarnation of the node) or one, its `incarnation: u64` ([`ReleaseTarget`]).
 pub type ReleaseNodeBatch = Batch<U32, U64>;
