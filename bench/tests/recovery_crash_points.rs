@@ -110,12 +110,7 @@ fn cluster_with(test: &str, replicas: u32) -> Cluster {
         exports.insert(EXPORT_KEY.into(), serde_json::to_value(&export).unwrap());
         let node = Node::start(
             f,
-            NodeConfig {
-                role: "memnode".into(),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                exports,
-                rpc: None,
-            },
+            NodeConfig::new("memnode", "127.0.0.1:0".parse().unwrap()).with_exports(exports),
         )
         .unwrap();
         memnodes.push(node.addr());

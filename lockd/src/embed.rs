@@ -406,12 +406,9 @@ impl LockService {
         }
         let node = Node::start_tuned(
             fabric.clone(),
-            NodeConfig {
-                role: "lockd".into(),
-                listen,
-                exports,
-                rpc: Some((handlers, cfg.threads as usize)),
-            },
+            NodeConfig::new("lockd", listen)
+                .with_exports(exports)
+                .with_rpc(Some((handlers, cfg.threads as usize))),
             &settings,
         )?;
         let stop = Arc::new(AtomicBool::new(false));

@@ -63,10 +63,7 @@ fn ctx_as(
 fn ctx_on(fabric: rrpc::fabric::Fabric, addrs: &[SocketAddr]) -> Rc<ThreadCtx> {
     let ctx = ThreadCtx::new(
         fabric,
-        RuntimeConfig {
-            call_timeout: Duration::from_secs(5),
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default().with_call_timeout(Duration::from_secs(5)),
     )
     .unwrap();
     for &a in addrs {
@@ -797,11 +794,9 @@ fn a_restarted_table_node_is_reported_and_its_old_locks_are_not_assumed_held() {
     // address would keep it, and the next call would find the node gone).
     let ctx = ThreadCtx::new(
         cl.open(NodeId(CLIENT)).unwrap(),
-        RuntimeConfig {
-            call_timeout: Duration::from_secs(5),
-            reconnect_give_up: Duration::from_millis(100),
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default()
+            .with_call_timeout(Duration::from_secs(5))
+            .with_reconnect_give_up(Duration::from_millis(100)),
     )
     .unwrap();
     ctx.connect_rpc(n1.addr()).unwrap();

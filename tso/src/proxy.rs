@@ -61,7 +61,7 @@ use std::time::Duration;
 use rrpc::ctrl::QpKind;
 use rrpc::fabric::Fabric;
 use rrpc::node::{node_info, Node, NodeConfig, RpcSettings, ServerRuntime};
-use rrpc::runtime::{CallOpts, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{CallOpts, ThreadCtx};
 use rrpc::server::Handlers;
 use rrpc::straw::Straws;
 use rrpc::typed::{decode_response, encode_request, Fixed, Rpc};
@@ -425,10 +425,10 @@ impl Proxy {
         group: TsoGroup<Arc<TsoError>>,
     ) -> Result<Self, TsoError> {
         cfg.validate()?;
-        let rt_cfg = RuntimeConfig {
-            threads_per_qp: cfg.threads.div_ceil(cfg.oracle_qps),
-            ..rpc.runtime.clone()
-        };
+        let rt_cfg = rpc
+            .runtime
+            .clone()
+            .with_threads_per_qp(cfg.threads.div_ceil(cfg.oracle_qps));
         let info = node_info(oracle, rt_cfg.connect_timeout)
             .map_err(|e| TsoError::Export(format!("oracle at {oracle}: {e}")))?;
         let client = TsoClient::from_info(&info)?;
@@ -466,12 +466,9 @@ impl Proxy {
         );
         let node = Node::start_with_runtime(
             fabric,
-            NodeConfig {
-                role: "tso-proxy".into(),
-                listen,
-                exports,
-                rpc: Some((handlers, cfg.threads)),
-            },
+            NodeConfig::new("tso-proxy", listen)
+                .with_exports(exports)
+                .with_rpc(Some((handlers, cfg.threads))),
             rpc.server.clone(),
             Some(runtime),
         )
@@ -600,7 +597,7 @@ mod tests {
     use crate::history::{check, now_ns, Op, Violation};
     use crate::oracle::Oracle;
     use rrpc::fabric::shm::ClusterGuard;
-    use rrpc::runtime::{block_on, Executor};
+    use rrpc::runtime::{block_on, Executor, RuntimeConfig};
     use std::cell::RefCell;
 
     /// An oracle, proxy A (prefetching `extra` timestamps per FAA when `extra > 0`) and

@@ -840,17 +840,12 @@ fn start_service(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Start
     exports.insert(DSLR_EXPORT.to_string(), dslr.export());
     let node = Node::start_with(
         f,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: env.listen(),
-            exports,
-            rpc: Some((table.handlers(), 1)),
-        },
-        ServerConfig {
-            cores: p.core.into_iter().collect(),
-            idle_sleep_us: p.idle_sleep_us,
-            ..ServerConfig::default()
-        },
+        NodeConfig::new("lockd", env.listen())
+            .with_exports(exports)
+            .rpc(table.handlers(), 1),
+        ServerConfig::default()
+            .with_cores(p.core.into_iter().collect())
+            .with_idle_sleep_us(p.idle_sleep_us),
     )?;
     Ok(Started {
         addr: node.addr(),
@@ -1260,12 +1255,7 @@ fn measure_table(
     ));
     let node = Node::start(
         open(1)?,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: "127.0.0.1:0".parse()?,
-            exports: BTreeMap::new(),
-            rpc: Some((svc.handlers(), 1)),
-        },
+        NodeConfig::new("lockd", "127.0.0.1:0".parse()?).rpc(svc.handlers(), 1),
     )?;
     let addr = node.addr();
     let t0 = Instant::now();
