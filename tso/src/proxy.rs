@@ -134,8 +134,13 @@ pub struct ProxyExport {
 
 /// Settings of a proxy. As TOML (the `tso-proxy` binary's `--config`), keys are
 /// kebab-case and each may be left out for its default.
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ProxyConfig {
     /// RPC server threads serving range requests (default 1; 1 to 256).
     pub threads: usize,
@@ -168,6 +173,42 @@ impl Default for ProxyConfig {
 }
 
 impl ProxyConfig {
+    /// Set [`ProxyConfig::threads`]: RPC server threads serving range requests (default 1; 1 to
+    /// 256).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Set [`ProxyConfig::oracle_qps`]: largest number of QPs the proxy opens on the oracle
+    /// (default 1; 1 to `threads`).
+    pub fn with_oracle_qps(mut self, oracle_qps: usize) -> Self {
+        self.oracle_qps = oracle_qps;
+        self
+    }
+
+    /// Set [`ProxyConfig::max_range`]: largest count one range request may ask for (default
+    /// 2^20; at least 1).
+    pub fn with_max_range(mut self, max_range: u64) -> Self {
+        self.max_range = max_range;
+        self
+    }
+
+    /// Set [`ProxyConfig::oracle_wait_ms`]: longest time, in milliseconds, the proxy waits for
+    /// a dead oracle to come back (at its bootstrap address) before failing the FAA it was
+    /// issuing, and with it the requests merged into it (default 30 000; 1 to 3 600 000).
+    pub fn with_oracle_wait_ms(mut self, oracle_wait_ms: u64) -> Self {
+        self.oracle_wait_ms = oracle_wait_ms;
+        self
+    }
+
+    /// Set [`ProxyConfig::oracle_retry_ms`]: pause, in milliseconds, between two attempts to
+    /// read a restarted oracle's export (default 10; 1 to 10 000).
+    pub fn with_oracle_retry_ms(mut self, oracle_retry_ms: u64) -> Self {
+        self.oracle_retry_ms = oracle_retry_ms;
+        self
+    }
+
     /// Check the settings. Errors: [`TsoError::Config`] naming the key and the rule.
     pub fn validate(&self) -> Result<(), TsoError> {
         let bad = |s: String| Err(TsoError::Config(s));

@@ -918,15 +918,13 @@ fn measure_probed(
                         .map_err(anyhow::Error::msg)?;
                     let info = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?;
                     let lc = Rc::new(LockClient::from_info(&info)?);
-                    let cfg = BaselineConfig {
-                        backoff: Backoff {
+                    let cfg = BaselineConfig::default()
+                        .with_backoff(Backoff {
                             base: Duration::from_micros(1),
                             cap: Duration::from_micros(v.cas_cap_us.max(1)),
-                        },
-                        seed: c.seed_arg.seed,
-                        client: Some(t as u16),
-                        ..BaselineConfig::default()
-                    };
+                        })
+                        .with_seed(c.seed_arg.seed)
+                        .with_client(Some(t as u16));
                     let any = match kind {
                         Kind::Takeout => None,
                         Kind::Cas => Some(LockKind::Cas),
@@ -1274,10 +1272,7 @@ fn measure_table(
                             None
                         }
                     };
-                    let cfg = TableClientConfig {
-                        batch,
-                        ..TableClientConfig::default()
-                    };
+                    let cfg = TableClientConfig::default().with_batch(batch);
                     let tc = Rc::new(TableClient::new(map, local, cfg));
                     let hist = Rc::new(RefCell::new(new_hist()));
                     let (pairs, aborts) = (Rc::new(Cell::new(0u64)), Rc::new(Cell::new(0u64)));
