@@ -236,11 +236,22 @@ impl ReshardSettings {
 /// An invalid [`LockServiceConfig`], naming the key.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{key}: {what}")]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The kebab-case key.
     pub key: &'static str,
     /// What is wrong.
     pub what: String,
+}
+
+impl ConfigError {
+    /// The error for the kebab-case `key`, saying `what` is wrong with it.
+    pub fn new(key: &'static str, what: impl Into<String>) -> Self {
+        Self {
+            key,
+            what: what.into(),
+        }
+    }
 }
 
 impl LockServiceConfig {
@@ -427,6 +438,7 @@ impl LockServiceConfig {
 
 /// Why a [`LockService`] did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]

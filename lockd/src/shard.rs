@@ -71,6 +71,7 @@ pub struct LockKey(pub u64);
 
 /// Errors composing a [`LockKey`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// `rest` does not fit its 44 bits.
     #[error("rest {rest:#x} does not fit {REST_BITS} bits")]
@@ -123,6 +124,7 @@ pub struct ShardMap {
 
 /// Errors building a [`ShardMap`] or parsing a shard list.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MapError {
     /// No nodes to spread the shards over.
     #[error("no nodes to map shards to")]

@@ -510,6 +510,7 @@ impl TableService {
 
 /// Errors of [`TableClient`] operations.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TableError {
     /// An RPC to a lock-table node failed.
     #[error("lock-table node {node}")]

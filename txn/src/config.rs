@@ -383,6 +383,7 @@ pub struct ClusterAddrs {
 
 /// Why [`ClusterAddrs::from_file`] could not load a file.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AddrsFileError {
     /// The file could not be read.
     #[error("{path}: {source}")]
