@@ -180,11 +180,9 @@ impl Auditor {
         } else {
             protocol
         };
-        let cfg = TxnConfig {
-            protocol,
-            view_feed: run_view(),
-            ..TxnConfig::default()
-        };
+        let cfg = TxnConfig::default()
+            .with_protocol(protocol)
+            .with_view_feed(run_view());
         let client =
             Rc::new(TxnClient::connect(ctx.clone(), addrs, cfg).context("audit: connecting")?);
         Ok(Self { ctx, client })

@@ -297,20 +297,18 @@ pub(crate) fn start(
     } else {
         None
     };
-    let cfg = LockServiceConfig {
-        // The Takeout table is unused here: the smallest one.
-        locks: 1,
-        lock_table_slots: TABLE_SLOTS,
-        shards: format!("{lo}-{hi}"),
-        map_version: map.version(),
-        // Served by the embedding process's incarnation (a restarted node refuses
-        // operations of its predecessor's clients).
-        epoch: Some(fabric.incarnation().max(1)),
-        restart_grace_ms: 0,
-        idle_sleep_us: SERVER_IDLE_SLEEP_US,
-        lotus_serving: !restarted,
-        ..LockServiceConfig::default()
-    };
+    let mut cfg = LockServiceConfig::default();
+    // The Takeout table is unused here: the smallest one.
+    cfg.locks = 1;
+    cfg.lock_table_slots = TABLE_SLOTS;
+    cfg.shards = format!("{lo}-{hi}");
+    cfg.map_version = map.version();
+    // Served by the embedding process's incarnation (a restarted node refuses
+    // operations of its predecessor's clients).
+    cfg.epoch = Some(fabric.incarnation().max(1));
+    cfg.restart_grace_ms = 0;
+    cfg.idle_sleep_us = SERVER_IDLE_SLEEP_US;
+    cfg.lotus_serving = !restarted;
     let listen = match previous {
         Some(a) => a,
         None => SocketAddr::new(local_ip_towards(towards)?, 0),
@@ -463,13 +461,11 @@ mod tests {
             NodeId(u32::from(RESTARTED)),
         ))
         .unwrap();
-        let cfg = LockServiceConfig {
-            locks: 1,
-            lock_table_slots: 1 << 10,
-            restart_grace_ms: 0,
-            lotus_serving: serve_at_once,
-            ..LockServiceConfig::default()
-        };
+        let cfg = LockServiceConfig::default()
+            .with_locks(1)
+            .with_lock_table_slots(1 << 10)
+            .with_restart_grace_ms(0)
+            .with_lotus_serving(serve_at_once);
         let service = LockService::start(fabric, "127.0.0.1:0".parse().unwrap(), &cfg).unwrap();
         let nodes = [u32::from(SURVIVOR), u32::from(RESTARTED)];
         std::thread::scope(|s| {

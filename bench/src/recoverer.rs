@@ -75,11 +75,9 @@ impl Recoverer {
                         } else {
                             protocol
                         };
-                        let cfg = TxnConfig {
-                            protocol,
-                            lotus,
-                            ..TxnConfig::default()
-                        };
+                        let cfg = TxnConfig::default()
+                            .with_protocol(protocol)
+                            .with_lotus(lotus);
                         TxnClient::connect(ctx, &addrs, cfg).map_err(|e| e.to_string())
                     });
                 let client = match client {

@@ -1221,22 +1221,21 @@ pub(crate) fn interval_ns(args: &Args) -> u64 {
 /// The coordinators' settings under `protocol`, the history memory split over
 /// `threads` threads.
 pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> TxnConfig {
-    TxnConfig {
-        protocol,
-        lock_wait: Duration::from_micros(args.lock_wait_us),
-        history_limit_bytes: (!args.no_check)
-            .then(|| (args.check_memory_mb << 20) / threads.max(1)),
-        tocc_wait: Duration::from_micros(args.tocc_wait_us),
-        record_phases: args.breakdown,
-        // Coordinators in processes of their own can die alone: their commits are
-        // logged for the survivor that recovers them.
-        commit_log: args.coordinator_processes() || args.commit_log,
-        log_placement: args.log_placement.into(),
-        replica_commit: args.replica_commit.into(),
-        ford_backup_reads: args.ford_backup_reads,
-        unsafe_no_lock_cas: args.unsafe_no_cas && matches!(protocol, Protocol::Mvcc(_)),
-        ..TxnConfig::default()
-    }
+    let mut cfg = TxnConfig::default();
+    cfg.protocol = protocol;
+    cfg.lock_wait = Duration::from_micros(args.lock_wait_us);
+    cfg.history_limit_bytes =
+        (!args.no_check).then(|| (args.check_memory_mb << 20) / threads.max(1));
+    cfg.tocc_wait = Duration::from_micros(args.tocc_wait_us);
+    cfg.record_phases = args.breakdown;
+    // Coordinators in processes of their own can die alone: their commits are
+    // logged for the survivor that recovers them.
+    cfg.commit_log = args.coordinator_processes() || args.commit_log;
+    cfg.log_placement = args.log_placement.into();
+    cfg.replica_commit = args.replica_commit.into();
+    cfg.ford_backup_reads = args.ford_backup_reads;
+    cfg.unsafe_no_lock_cas = args.unsafe_no_cas && matches!(protocol, Protocol::Mvcc(_));
+    cfg
 }
 
 /// The run's control loop, from `started` until the duration is over or `run_stop` is

@@ -219,10 +219,7 @@ hosts = ["here"]
     {
         let fabric = Fabric::open(&FabricConfig::new(FabricKind::Shm, &name, NodeId(100))).unwrap();
         let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
-        let cfg = TxnConfig {
-            protocol: Protocol::Scythe,
-            ..TxnConfig::default()
-        };
+        let cfg = TxnConfig::default().with_protocol(Protocol::Scythe);
         let client = TxnClient::connect(ctx.clone(), &addrs, cfg).unwrap();
         let done = std::rc::Rc::new(std::cell::Cell::new(false));
         let mut ex = Executor::new(ctx);

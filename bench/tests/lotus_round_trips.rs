@@ -53,15 +53,13 @@ fn third_deposit(vtc_entries: usize) -> ((u64, u64, u64), u64, u64) {
     let kind = FabricKind::from_env().unwrap();
     let fabric = Fabric::open(&FabricConfig::new(kind, cluster.name(), NodeId(100))).unwrap();
     let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
-    let cfg = TxnConfig {
-        protocol,
-        lotus: Some(txn::lotus::LotusSite::single_cached(
+    let cfg = TxnConfig::default()
+        .with_protocol(protocol)
+        .with_lotus(Some(txn::lotus::LotusSite::single_cached(
             100,
             1 << 20,
             vtc_entries,
-        )),
-        ..TxnConfig::default()
-    };
+        )));
     let client = Rc::new(TxnClient::connect(ctx.clone(), &addrs, cfg).unwrap());
     let c = client.clone();
     let x = ctx.clone();

@@ -119,10 +119,7 @@ fn the_audit_reports_a_planted_non_uniform_group() {
         TxnClient::connect(
             ctx.clone(),
             &addrs,
-            TxnConfig {
-                protocol,
-                ..TxnConfig::default()
-            },
+            TxnConfig::default().with_protocol(protocol),
         )
         .unwrap(),
     );

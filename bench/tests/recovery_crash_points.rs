@@ -110,12 +110,7 @@ fn cluster_with(test: &str, replicas: u32) -> Cluster {
         exports.insert(EXPORT_KEY.into(), serde_json::to_value(&export).unwrap());
         let node = Node::start(
             f,
-            NodeConfig {
-                role: "memnode".into(),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                exports,
-                rpc: None,
-            },
+            NodeConfig::new("memnode", "127.0.0.1:0".parse().unwrap()).with_exports(exports),
         )
         .unwrap();
         memnodes.push(node.addr());
@@ -124,10 +119,7 @@ fn cluster_with(test: &str, replicas: u32) -> Cluster {
     let lockd = LockService::start(
         fabric(&name, 8),
         "127.0.0.1:0".parse().unwrap(),
-        &LockServiceConfig {
-            locks: 4 * ACCOUNTS,
-            ..LockServiceConfig::default()
-        },
+        &LockServiceConfig::default().with_locks(4 * ACCOUNTS),
     )
     .unwrap();
     let tf = fabric(&name, 9);
@@ -179,13 +171,11 @@ fn client_on(
         node,
         ..lotus.clone()
     });
-    let cfg = TxnConfig {
-        protocol,
-        commit_log: true,
-        lock_wait: Duration::from_millis(300),
-        lotus,
-        ..TxnConfig::default()
-    };
+    let cfg = TxnConfig::default()
+        .with_protocol(protocol)
+        .with_commit_log(true)
+        .with_lock_wait(Duration::from_millis(300))
+        .with_lotus(lotus);
     Rc::new(TxnClient::connect(ctx, addrs, cfg).unwrap())
 }
 

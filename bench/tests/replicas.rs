@@ -118,12 +118,7 @@ fn cluster(test: &str, replicas: u32, tamper: &dyn Fn(&mut MemnodeExport)) -> Cl
         exports.insert(EXPORT_KEY.into(), serde_json::to_value(&export).unwrap());
         let node = Node::start(
             f,
-            NodeConfig {
-                role: "memnode".into(),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                exports,
-                rpc: None,
-            },
+            NodeConfig::new("memnode", "127.0.0.1:0".parse().unwrap()).with_exports(exports),
         )
         .unwrap();
         memnodes.push(node.addr());
@@ -132,10 +127,7 @@ fn cluster(test: &str, replicas: u32, tamper: &dyn Fn(&mut MemnodeExport)) -> Cl
     let lockd = LockService::start(
         fabric(&name, 8),
         "127.0.0.1:0".parse().unwrap(),
-        &LockServiceConfig {
-            locks: 8 * ACCOUNTS,
-            ..LockServiceConfig::default()
-        },
+        &LockServiceConfig::default().with_locks(8 * ACCOUNTS),
     )
     .unwrap();
     let tf = fabric(&name, 9);
@@ -157,13 +149,7 @@ fn cluster(test: &str, replicas: u32, tamper: &dyn Fn(&mut MemnodeExport)) -> Cl
 
 impl Cluster {
     fn client(&self, protocol: Protocol, node: u32) -> Rc<TxnClient> {
-        self.client_with(
-            node,
-            TxnConfig {
-                protocol,
-                ..TxnConfig::default()
-            },
-        )
+        self.client_with(node, TxnConfig::default().with_protocol(protocol))
     }
 
     fn client_with(&self, node: u32, cfg: TxnConfig) -> Rc<TxnClient> {
@@ -396,11 +382,9 @@ fn ford_backup_reads_take_read_only_transactions_off_the_primaries() {
     let (on_primary, want) = ro_reads(&cl.client(Protocol::OccCas, 31), &keys);
     let backups = cl.client_with(
         32,
-        TxnConfig {
-            protocol: Protocol::OccCas,
-            ford_backup_reads: true,
-            ..TxnConfig::default()
-        },
+        TxnConfig::default()
+            .with_protocol(Protocol::OccCas)
+            .with_ford_backup_reads(true),
     );
     let (on_backups, got) = ro_reads(&backups, &keys);
     // The same balances, as committed.

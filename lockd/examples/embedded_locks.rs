@@ -43,11 +43,9 @@ struct Entry {
 /// or a lock left held.
 fn run(cluster: &str, out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
     let (guard, _) = ClusterGuard::new(cluster)?;
-    let cfg = LockServiceConfig {
-        locks: LOCKS,
-        lock_table_slots: 1 << 12,
-        ..LockServiceConfig::default()
-    };
+    let cfg = LockServiceConfig::default()
+        .with_locks(LOCKS)
+        .with_lock_table_slots(1 << 12);
     let svc = LockService::start(guard.open(NodeId(1))?, "127.0.0.1:0".parse()?, &cfg)?;
     writeln!(out, "lock service: node 1 on {}", svc.addr())?;
 

@@ -30,8 +30,13 @@ use crate::words::{WordsExport, CAS_EXPORT, DSLR_EXPORT, WORD_STRIDE};
 /// Client settings of the baseline locks (and of Takeout through
 /// [`crate::kinds::AnyLockClient`]); kebab-case fields, each defaulted, durations as
 /// serde writes them (`{secs, nanos}`).
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, rename_all = "kebab-case")]
+#[non_exhaustive]
 pub struct BaselineConfig {
     /// Backoff after a failed CAS (CAS lock) and after drawing from a frozen word (DSLR).
     pub backoff: Backoff,
@@ -72,6 +77,65 @@ impl Default for BaselineConfig {
 }
 
 impl BaselineConfig {
+    /// Set [`BaselineConfig::backoff`]: backoff after a failed CAS (CAS lock) and after drawing
+    /// from a frozen word (DSLR).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Set [`BaselineConfig::seed`]: seed of the backoff delays; with [`Self::client`] fixed, a
+    /// run's delays are reproducible (default 0).
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Set [`BaselineConfig::client`]: this client's number on its node, part of CAS holder ids
+    /// and of the backoff seeds; `None` (default) takes the next number of a process-wide
+    /// counter.
+    pub fn with_client(mut self, client: Option<u16>) -> Self {
+        self.client = client;
+        self
+    }
+
+    /// Set [`BaselineConfig::cas_release`]: how a CAS lock is released (default
+    /// [`Release::Write`], as FORD).
+    pub fn with_cas_release(mut self, cas_release: Release) -> Self {
+        self.cas_release = cas_release;
+        self
+    }
+
+    /// Set [`BaselineConfig::dslr_count_max`]: DSLR's counter limit `COUNT_MAX` (default and
+    /// maximum [`dslr::COUNT_MAX`]; tests force resets with small limits).
+    pub fn with_dslr_count_max(mut self, dslr_count_max: u16) -> Self {
+        self.dslr_count_max = dslr_count_max;
+        self
+    }
+
+    /// Set [`BaselineConfig::dslr_poll_unit`]: DSLR's polling unit: a waiter sleeps (tickets
+    /// ahead) x this before each READ (section 4.6; default 1 us, about one lock hold of a
+    /// short critical section).
+    pub fn with_dslr_poll_unit(mut self, dslr_poll_unit: Duration) -> Self {
+        self.dslr_poll_unit = dslr_poll_unit;
+        self
+    }
+
+    /// Set [`BaselineConfig::acquire_timeout`]: how long an acquire tries before
+    /// [`LockError::Timeout`] (default 10 s).
+    pub fn with_acquire_timeout(mut self, acquire_timeout: Duration) -> Self {
+        self.acquire_timeout = acquire_timeout;
+        self
+    }
+
+    /// Set [`BaselineConfig::release_wait`]: how long a release waits for its turn (an unserved
+    /// DSLR ticket) or for the DSLR counter reset before it reports [`LockError::Lost`]
+    /// (default 10 s).
+    pub fn with_release_wait(mut self, release_wait: Duration) -> Self {
+        self.release_wait = release_wait;
+        self
+    }
+
     /// Check the backoff policy and the DSLR counter limit.
     pub fn validate(&self) -> Result<(), String> {
         self.backoff.validate()?;

@@ -42,8 +42,13 @@ use crate::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
 
 /// Settings of a lock service (the `lockd` TOML file; kebab-case keys, every one
 /// optional with the default in its doc).
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+#[non_exhaustive]
 pub struct LockServiceConfig {
     /// Takeout Locks in the table, 32 bytes of registered memory each (default 1048576;
     /// at least 1).
@@ -142,8 +147,13 @@ impl Default for LockServiceConfig {
 }
 
 /// Settings of the resharding loop (Lotus 4.3), the `[reshard]` table.
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ReshardSettings {
     /// Bootstrap addresses of the other lock-table nodes (this node is added). Empty
     /// (the default): this service runs no loop. Run one loop per cluster.
@@ -174,6 +184,41 @@ impl Default for ReshardSettings {
 }
 
 impl ReshardSettings {
+    /// Set [`ReshardSettings::nodes`]: bootstrap addresses of the other lock-table nodes (this
+    /// node is added).
+    pub fn with_nodes(mut self, nodes: Vec<SocketAddr>) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// Set [`ReshardSettings::interval_ms`]: interval length, milliseconds (default 100; at
+    /// least 1).
+    pub fn with_interval_ms(mut self, interval_ms: u64) -> Self {
+        self.interval_ms = interval_ms;
+        self
+    }
+
+    /// Set [`ReshardSettings::factor`]: a node is over when its latency is above this many
+    /// times the cluster average (default 1.5; above 1).
+    pub fn with_factor(mut self, factor: f64) -> Self {
+        self.factor = factor;
+        self
+    }
+
+    /// Set [`ReshardSettings::intervals`]: consecutive intervals over before a move (default 3;
+    /// at least 1).
+    pub fn with_intervals(mut self, intervals: u32) -> Self {
+        self.intervals = intervals;
+        self
+    }
+
+    /// Set [`ReshardSettings::drain_timeout_ms`]: how long a move waits for the range's locks
+    /// to be released before it is cancelled, milliseconds (default 10).
+    pub fn with_drain_timeout_ms(mut self, drain_timeout_ms: u64) -> Self {
+        self.drain_timeout_ms = drain_timeout_ms;
+        self
+    }
+
     /// The loop's configuration.
     pub fn loop_config(&self) -> LoopConfig {
         LoopConfig {
@@ -191,6 +236,7 @@ impl ReshardSettings {
 /// An invalid [`LockServiceConfig`], naming the key.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{key}: {what}")]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The kebab-case key.
     pub key: &'static str,
@@ -198,7 +244,144 @@ pub struct ConfigError {
     pub what: String,
 }
 
+impl ConfigError {
+    /// The error for the kebab-case `key`, saying `what` is wrong with it.
+    pub fn new(key: &'static str, what: impl Into<String>) -> Self {
+        Self {
+            key,
+            what: what.into(),
+        }
+    }
+}
+
 impl LockServiceConfig {
+    /// Set [`LockServiceConfig::locks`]: Takeout Locks in the table, 32 bytes of registered
+    /// memory each (default 1048576; at least 1).
+    pub fn with_locks(mut self, locks: u64) -> Self {
+        self.locks = locks;
+        self
+    }
+
+    /// Set [`LockServiceConfig::threads`]: RPC server threads (default 1; 1 to 1024).
+    pub fn with_threads(mut self, threads: u64) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Set [`LockServiceConfig::idle_sleep_us`]: sleep of an idle server thread, microseconds
+    /// (default 0: an idle thread spins, then yields; at most 10000).
+    pub fn with_idle_sleep_us(mut self, idle_sleep_us: u64) -> Self {
+        self.idle_sleep_us = idle_sleep_us;
+        self
+    }
+
+    /// Set [`LockServiceConfig::cold_watermark`]: ColdWatermark, queued tickets (default 3; at
+    /// most `hot-watermark`; Scythe 4.3).
+    pub fn with_cold_watermark(mut self, cold_watermark: u64) -> Self {
+        self.cold_watermark = cold_watermark;
+        self
+    }
+
+    /// Set [`LockServiceConfig::hot_watermark`]: HotWatermark, queued tickets (default 10;
+    /// Scythe 4.3).
+    pub fn with_hot_watermark(mut self, hot_watermark: u64) -> Self {
+        self.hot_watermark = hot_watermark;
+        self
+    }
+
+    /// Set [`LockServiceConfig::lock_order`]: order of serving Lock RPCs that arrive together
+    /// (default `timestamp`, Scythe 4.4 Fig. 16; or `arrival`).
+    pub fn with_lock_order(mut self, lock_order: LockOrder) -> Self {
+        self.lock_order = lock_order;
+        self
+    }
+
+    /// Set [`LockServiceConfig::cas_locks`]: CAS spinlocks exported, 8 bytes each (default 0:
+    /// none).
+    pub fn with_cas_locks(mut self, cas_locks: u64) -> Self {
+        self.cas_locks = cas_locks;
+        self
+    }
+
+    /// Set [`LockServiceConfig::dslr_locks`]: DSLR locks exported, 8 bytes each (default 0:
+    /// none).
+    pub fn with_dslr_locks(mut self, dslr_locks: u64) -> Self {
+        self.dslr_locks = dslr_locks;
+        self
+    }
+
+    /// Set [`LockServiceConfig::lock_table_slots`]: Lotus lock-table slots, 8 bytes each,
+    /// rounded up to whole 8-slot buckets of a power of two (default 1048576; at least 8).
+    pub fn with_lock_table_slots(mut self, lock_table_slots: u64) -> Self {
+        self.lock_table_slots = lock_table_slots;
+        self
+    }
+
+    /// Set [`LockServiceConfig::shards`]: Lotus shards served: comma-separated shards or
+    /// inclusive ranges of 0..4095 (default "0-4095": all).
+    pub fn with_shards(mut self, shards: String) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Set [`LockServiceConfig::map_version`]: version of the shard map the node starts with
+    /// (default 1; at least 1).
+    pub fn with_map_version(mut self, map_version: u64) -> Self {
+        self.map_version = map_version;
+        self
+    }
+
+    /// Set [`LockServiceConfig::reshard`]: the resharding loop (Lotus 4.3), table `[reshard]`.
+    pub fn with_reshard(mut self, reshard: ReshardSettings) -> Self {
+        self.reshard = reshard;
+        self
+    }
+
+    /// Set [`LockServiceConfig::state_dir`]: directory where the service persists its epoch
+    /// before serving ([`crate::epoch`]; default none).
+    pub fn with_state_dir(mut self, state_dir: Option<std::path::PathBuf>) -> Self {
+        self.state_dir = state_dir;
+        self
+    }
+
+    /// Set [`LockServiceConfig::epoch`]: the epoch to serve in, given by the caller's
+    /// configuration (for example the incarnation the cluster's membership gave this process;
+    /// default none).
+    pub fn with_epoch(mut self, epoch: Option<u64>) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    /// Set [`LockServiceConfig::tso`]: bootstrap address of the timestamp oracle (default
+    /// none).
+    pub fn with_tso(mut self, tso: Option<SocketAddr>) -> Self {
+        self.tso = tso;
+        self
+    }
+
+    /// Set [`LockServiceConfig::ts_slack`]: timestamps accepted above the oracle's last learned
+    /// mark without reading its counter again (default 65536; see [`LockTable::set_ts_slack`]).
+    pub fn with_ts_slack(mut self, ts_slack: u64) -> Self {
+        self.ts_slack = ts_slack;
+        self
+    }
+
+    /// Set [`LockServiceConfig::restart_grace_ms`]: after a restart (an epoch above 1 from
+    /// `state-dir` or `epoch`), Lock RPCs are refused for this many milliseconds (default
+    /// 1000), so that the tickets its predecessor granted have expired before a lock is granted
+    /// again ([`LockTable::set_grace`]).
+    pub fn with_restart_grace_ms(mut self, restart_grace_ms: u64) -> Self {
+        self.restart_grace_ms = restart_grace_ms;
+        self
+    }
+
+    /// Set [`LockServiceConfig::lotus_serving`]: whether the Lotus lock table serves lock
+    /// requests from the start (default true).
+    pub fn with_lotus_serving(mut self, lotus_serving: bool) -> Self {
+        self.lotus_serving = lotus_serving;
+        self
+    }
+
     /// Check every bound in the field docs.
     ///
     /// Errors: the first [`ConfigError`] found.
@@ -255,6 +438,7 @@ impl LockServiceConfig {
 
 /// Why a [`LockService`] did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
@@ -406,12 +590,9 @@ impl LockService {
         }
         let node = Node::start_tuned(
             fabric.clone(),
-            NodeConfig {
-                role: "lockd".into(),
-                listen,
-                exports,
-                rpc: Some((handlers, cfg.threads as usize)),
-            },
+            NodeConfig::new("lockd", listen)
+                .with_exports(exports)
+                .with_rpc(Some((handlers, cfg.threads as usize))),
             &settings,
         )?;
         let stop = Arc::new(AtomicBool::new(false));

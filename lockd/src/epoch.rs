@@ -26,6 +26,7 @@ pub const LOCK_FILE: &str = "lockd-lock";
 
 /// Errors of [`StateDir`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EpochError {
     /// The state directory could not be created.
     #[error("creating the lockd state directory {path}")]
@@ -100,6 +101,11 @@ impl StateDir {
             DirLockError::CreateDir { path, source } => EpochError::CreateDir { path, source },
             DirLockError::Lock { path, source } => EpochError::Lock { path, source },
             DirLockError::InUse { dir, holder } => EpochError::InUse { dir, holder },
+            // A failure tso's lock_dir learns to report later: the lock was not taken.
+            other => EpochError::Lock {
+                path: dir.join(LOCK_FILE),
+                source: io::Error::other(format!("{other:?}")),
+            },
         })?;
         Ok(Self {
             dir: dir.to_path_buf(),

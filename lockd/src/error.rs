@@ -10,6 +10,7 @@ use crate::takeout::LockReply;
 
 /// Errors of lock-client operations.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LockError {
     /// The RPC or one-sided operation failed (timeout, peer gone, remote handler error).
     #[error(transparent)]

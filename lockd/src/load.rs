@@ -143,6 +143,7 @@ pub struct LoadSample {
 
 /// Errors decoding a [`LoadSample`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SampleError {
     /// The length is not a header plus whole entries.
     #[error("load sample of {0} bytes is not a header plus whole entries")]

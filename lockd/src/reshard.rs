@@ -89,7 +89,12 @@ impl Planner {
 }
 
 /// Settings of [`run_loop`].
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct LoopConfig {
     /// The decision policy (factor 1.5, 3 intervals, drain timeout).
     pub policy: ReshardConfig,
@@ -106,6 +111,27 @@ impl Default for LoopConfig {
             interval: Duration::from_millis(100),
             drain_poll: Duration::from_millis(1),
         }
+    }
+}
+
+impl LoopConfig {
+    /// Set [`LoopConfig::policy`]: the decision policy (factor 1.5, 3 intervals, drain
+    /// timeout).
+    pub fn with_policy(mut self, policy: ReshardConfig) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Set [`LoopConfig::interval`]: length of an interval (default 100 ms, Lotus's).
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Set [`LoopConfig::drain_poll`]: how often a move's drain is polled (default 1 ms).
+    pub fn with_drain_poll(mut self, drain_poll: Duration) -> Self {
+        self.drain_poll = drain_poll;
+        self
     }
 }
 

@@ -219,6 +219,7 @@ impl std::str::FromStr for LockOrder {
 
 /// Errors creating a [`LockTable`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LockTableError {
     /// The configuration is invalid (zero locks, table size overflow, watermarks).
     #[error("invalid lock table configuration: {0}")]

@@ -91,6 +91,7 @@ pub struct LockKey(pub u64);
 
 /// Errors composing a [`LockKey`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// `rest` does not fit its 44 bits.
     #[error("rest {rest:#x} does not fit {REST_BITS} bits")]
@@ -143,6 +144,7 @@ pub struct ShardMap {
 
 /// Errors building a [`ShardMap`] or parsing a shard list.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MapError {
     /// No nodes to spread the shards over.
     #[error("no nodes to map shards to")]
@@ -533,7 +535,12 @@ pub fn parse_shards(s: &str) -> Result<Vec<Range<usize>>, MapError> {
 }
 
 /// Resharding policy (Lotus 4.3).
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ReshardConfig {
     /// A node is over when its latency is strictly above `factor` x the cluster average
     /// (default 1.5).
@@ -552,6 +559,28 @@ impl Default for ReshardConfig {
             intervals: 3,
             drain_timeout: Duration::from_millis(10),
         }
+    }
+}
+
+impl ReshardConfig {
+    /// Set [`ReshardConfig::factor`]: a node is over when its latency is strictly above
+    /// `factor` x the cluster average (default 1.5).
+    pub fn with_factor(mut self, factor: f64) -> Self {
+        self.factor = factor;
+        self
+    }
+
+    /// Set [`ReshardConfig::intervals`]: consecutive intervals over before a move (default 3).
+    pub fn with_intervals(mut self, intervals: u32) -> Self {
+        self.intervals = intervals;
+        self
+    }
+
+    /// Set [`ReshardConfig::drain_timeout`]: how long the source waits for the range to drain
+    /// before the move is cancelled (default 10 ms, Lotus's proactive-abort bound).
+    pub fn with_drain_timeout(mut self, drain_timeout: Duration) -> Self {
+        self.drain_timeout = drain_timeout;
+        self
     }
 }
 

@@ -510,6 +510,7 @@ impl TableService {
 
 /// Errors of [`TableClient`] operations.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TableError {
     /// An RPC to a lock-table node failed.
     #[error("lock-table node {node}")]
@@ -569,7 +570,12 @@ pub enum TableError {
 }
 
 /// Retry policy of a [`TableClient`].
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TableClientConfig {
     /// Rounds of retries for wrong-shard and moving outcomes (default 64).
     pub max_retries: u32,
@@ -596,6 +602,39 @@ impl Default for TableClientConfig {
             batch: MAX_OPS,
             incarnation: None,
         }
+    }
+}
+
+impl TableClientConfig {
+    /// Set [`TableClientConfig::max_retries`]: rounds of retries for wrong-shard and moving
+    /// outcomes (default 64).
+    pub fn with_max_retries(mut self, max_retries: u32) -> Self {
+        self.max_retries = max_retries;
+        self
+    }
+
+    /// Set [`TableClientConfig::retry_pause`]: pause before retrying moving operations, or
+    /// wrong-shard ones whose node has an older map than the client's (default 50 us).
+    pub fn with_retry_pause(mut self, retry_pause: Duration) -> Self {
+        self.retry_pause = retry_pause;
+        self
+    }
+
+    /// Set [`TableClientConfig::batch`]: operations per message (1 to [`MAX_OPS`], default
+    /// [`MAX_OPS`]; 1 sends one message per operation, for comparison).
+    pub fn with_batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Set [`TableClientConfig::incarnation`]: the incarnation its operations declare, and run
+    /// as on a local service ([`TableClient::new`]'s `local`); `None` (the default): the
+    /// incarnation of the fabric of the context they are sent on
+    /// ([`rrpc::fabric::Fabric::incarnation`]), which is what a remote node's service takes
+    /// from the connection whatever the request declares.
+    pub fn with_incarnation(mut self, incarnation: Option<u64>) -> Self {
+        self.incarnation = incarnation;
+        self
     }
 }
 

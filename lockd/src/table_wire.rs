@@ -138,6 +138,7 @@ pub enum OpOutcome {
 
 /// Errors decoding lock-table messages.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TableWireError {
     /// The length is not a whole number of entries (after the header, for replies).
     #[error("{len} bytes is not a whole number of {entry}-byte entries")]

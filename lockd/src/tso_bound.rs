@@ -26,6 +26,7 @@ use crate::service::TsBound;
 
 /// Errors starting a [`TsoBound`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TsoBoundError {
     /// The runtime context of the reading thread could not be made.
     #[error("creating the runtime context that reads the TSO counter")]

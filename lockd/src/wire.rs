@@ -144,6 +144,7 @@ pub struct AbandonRequest {
 
 /// Errors decoding or encoding Lock RPC messages.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// The length is not a whole number of entries.
     #[error("{len} bytes is not a whole number of {entry}-byte entries")]

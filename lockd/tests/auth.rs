@@ -40,11 +40,9 @@ const INTRUDER: u32 = 201;
 const SHARD: u64 = 7;
 
 fn runtime() -> RuntimeConfig {
-    RuntimeConfig {
-        call_timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(5),
-        ..RuntimeConfig::default()
-    }
+    RuntimeConfig::default()
+        .with_call_timeout(Duration::from_secs(5))
+        .with_connect_timeout(Duration::from_secs(5))
 }
 
 fn write_secret(dir: &Path, name: &str, text: &str) -> PathBuf {

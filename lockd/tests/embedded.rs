@@ -26,12 +26,10 @@ fn cluster(name: &str) -> ClusterGuard {
 }
 
 fn small(shards: &str) -> LockServiceConfig {
-    LockServiceConfig {
-        locks: 16,
-        lock_table_slots: 1 << 12,
-        shards: shards.into(),
-        ..LockServiceConfig::default()
-    }
+    LockServiceConfig::default()
+        .with_locks(16)
+        .with_lock_table_slots(1 << 12)
+        .with_shards(shards.into())
 }
 
 const LOOPBACK: &str = "127.0.0.1:0";
@@ -173,11 +171,9 @@ fn the_resharding_loop_runs_on_an_embedding_compute_node() {
     )
     .unwrap();
     let mut cfg = small("0-2047");
-    cfg.reshard = ReshardSettings {
-        nodes: vec![b.addr()],
-        interval_ms: 10,
-        ..ReshardSettings::default()
-    };
+    cfg.reshard = ReshardSettings::default()
+        .with_nodes(vec![b.addr()])
+        .with_interval_ms(10);
     let a = LockService::start(
         cl.open(NodeId(20)).unwrap(),
         LOOPBACK.parse().unwrap(),

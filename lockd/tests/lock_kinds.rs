@@ -233,10 +233,7 @@ fn hammer_kind(kind: LockKind, name: &str, model: Option<&str>, rounds: u64) {
         rounds,
         locks: 3,
         shared_every: if kind == LockKind::Dslr { 4 } else { 0 },
-        cfg: BaselineConfig {
-            seed: 11,
-            ..BaselineConfig::default()
-        },
+        cfg: BaselineConfig::default().with_seed(11),
     };
     let out = hammer(&svc, cf, &h);
     eprintln!(
@@ -286,11 +283,9 @@ fn dslr_counter_resets_under_contention() {
         rounds: 120,
         locks: 2,
         shared_every: 3,
-        cfg: BaselineConfig {
-            dslr_count_max: 5,
-            seed: 3,
-            ..BaselineConfig::default()
-        },
+        cfg: BaselineConfig::default()
+            .with_dslr_count_max(5)
+            .with_seed(3),
     };
     let out = hammer(&svc, cluster.open(NodeId(CLIENT_NODE)).unwrap(), &h);
     // 720 tickets on 2 locks with a limit of 5: well over a hundred resets happened, and
@@ -309,10 +304,7 @@ fn cas_release_by_cas_is_exclusive_too() {
         rounds: 80,
         locks: 1,
         shared_every: 0,
-        cfg: BaselineConfig {
-            cas_release: Release::Cas,
-            ..BaselineConfig::default()
-        },
+        cfg: BaselineConfig::default().with_cas_release(Release::Cas),
     };
     let out = hammer(&svc, cluster.open(NodeId(CLIENT_NODE)).unwrap(), &h);
     eprintln!("cas, released by CAS: {out:?}");
@@ -333,10 +325,7 @@ fn dropped_guards_and_timeouts_pass_the_lock_on() {
     let info = ctx.connect(svc.node.addr()).unwrap();
     // Acquires expected to succeed use the default timeout (10 s), so a loaded machine
     // cannot fail them; the one expected to time out uses a client with 20 ms.
-    let short = BaselineConfig {
-        acquire_timeout: Duration::from_millis(20),
-        ..BaselineConfig::default()
-    };
+    let short = BaselineConfig::default().with_acquire_timeout(Duration::from_millis(20));
     let client = |kind, cfg: &BaselineConfig| {
         Rc::new(AnyLockClient::from_info(kind, &ctx, &info, cfg).unwrap())
     };
@@ -453,10 +442,7 @@ fn missing_word_tables_are_export_errors() {
             Err(LockError::Export(_))
         ));
     }
-    let bad = BaselineConfig {
-        dslr_count_max: 0,
-        ..BaselineConfig::default()
-    };
+    let bad = BaselineConfig::default().with_dslr_count_max(0);
     assert!(matches!(
         AnyLockClient::from_info(LockKind::Takeout, &ctx, &info, &bad),
         Err(LockError::InvalidRequest(_))

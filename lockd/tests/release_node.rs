@@ -36,10 +36,7 @@ fn cluster(name: &str) -> ClusterGuard {
 }
 
 fn runtime() -> RuntimeConfig {
-    RuntimeConfig {
-        call_timeout: Duration::from_secs(5),
-        ..RuntimeConfig::default()
-    }
+    RuntimeConfig::default().with_call_timeout(Duration::from_secs(5))
 }
 
 /// The child process body (see [`common::child_main`]); a no-op unless run as a child.

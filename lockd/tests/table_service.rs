@@ -63,10 +63,7 @@ fn ctx_as(
 fn ctx_on(fabric: rrpc::fabric::Fabric, addrs: &[SocketAddr]) -> Rc<ThreadCtx> {
     let ctx = ThreadCtx::new(
         fabric,
-        RuntimeConfig {
-            call_timeout: Duration::from_secs(5),
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default().with_call_timeout(Duration::from_secs(5)),
     )
     .unwrap();
     for &a in addrs {
@@ -154,14 +151,7 @@ fn batched_ops_across_two_nodes_are_idempotent() {
             "second release: no-op"
         );
         // One message per op gives the same answers.
-        let one = TableClient::new(
-            tc.map(),
-            None,
-            TableClientConfig {
-                batch: 1,
-                ..TableClientConfig::default()
-            },
-        );
+        let one = TableClient::new(tc.map(), None, TableClientConfig::default().with_batch(1));
         let o = one.execute(&c, &lock[..25]).await.unwrap();
         assert!(o.iter().all(|&x| x == OpOutcome::Granted));
         let o = one.execute(&c, &unlock[..25]).await.unwrap();
@@ -242,10 +232,7 @@ fn resharding_with_a_lock_held_and_client_retry_after_the_map_change() {
     let c = ctx.clone();
     let (s1c, s2c) = (s1.clone(), s2.clone());
     let state = block_on(&ctx, async move {
-        let cfg = TableClientConfig {
-            max_retries: 3,
-            ..TableClientConfig::default()
-        };
+        let cfg = TableClientConfig::default().with_max_retries(3);
         let holder = TableClient::connect(&c, &[1, 2], None, cfg).await.unwrap();
         let stale = TableClient::connect(&c, &[1, 2], None, cfg).await.unwrap();
         let k = key(7, 1);
@@ -531,15 +518,11 @@ fn resharding_loop_moves_a_hot_shard_with_locks_held_by_another_process() {
             for a in addrs {
                 ctx.connect_rpc(a).unwrap();
             }
-            let cfg = LoopConfig {
-                policy: ReshardConfig {
-                    // Long enough that the held locks delay the move, never cancel it.
-                    drain_timeout: Duration::from_secs(30),
-                    ..ReshardConfig::default()
-                },
-                interval: Duration::from_millis(20),
-                drain_poll: Duration::from_millis(1),
-            };
+            let cfg = LoopConfig::default()
+                // Long enough that the held locks delay the move, never cancel it.
+                .with_policy(ReshardConfig::default().with_drain_timeout(Duration::from_secs(30)))
+                .with_interval(Duration::from_millis(20))
+                .with_drain_poll(Duration::from_millis(1));
             let c = ctx.clone();
             block_on(&ctx, async move {
                 let deadline = Instant::now() + Duration::from_secs(60);
@@ -797,11 +780,9 @@ fn a_restarted_table_node_is_reported_and_its_old_locks_are_not_assumed_held() {
     // address would keep it, and the next call would find the node gone).
     let ctx = ThreadCtx::new(
         cl.open(NodeId(CLIENT)).unwrap(),
-        RuntimeConfig {
-            call_timeout: Duration::from_secs(5),
-            reconnect_give_up: Duration::from_millis(100),
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default()
+            .with_call_timeout(Duration::from_secs(5))
+            .with_reconnect_give_up(Duration::from_millis(100)),
     )
     .unwrap();
     ctx.connect_rpc(n1.addr()).unwrap();

@@ -46,10 +46,7 @@ fn cluster(name: &str) -> ClusterGuard {
 }
 
 fn runtime(call_timeout: Duration) -> RuntimeConfig {
-    RuntimeConfig {
-        call_timeout,
-        ..RuntimeConfig::default()
-    }
+    RuntimeConfig::default().with_call_timeout(call_timeout)
 }
 
 fn req(id: u64, ts: u64) -> LockRequest {
@@ -780,12 +777,9 @@ fn a_lock_conn_follows_a_restarted_service_at_its_address() {
         exports.insert(EXPORT_NAME.to_string(), table.export());
         let node = rrpc::node::Node::start(
             fabric,
-            rrpc::node::NodeConfig {
-                role: "lockd".into(),
-                listen,
-                exports,
-                rpc: Some((table.handlers(), 1)),
-            },
+            rrpc::node::NodeConfig::new("lockd", listen)
+                .with_exports(exports)
+                .rpc(table.handlers(), 1),
         )
         .unwrap();
         (table, node)

@@ -302,10 +302,7 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
     let addr = child.ready();
     let ctx = ThreadCtx::new(
         cluster.open(NodeId(CLIENT_NODE)).unwrap(),
-        RuntimeConfig {
-            call_timeout: Duration::from_secs(2),
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default().with_call_timeout(Duration::from_secs(2)),
     )
     .unwrap();
     let info = ctx.connect_rpc(addr).unwrap();
@@ -544,10 +541,8 @@ fn a_dropped_tickets_release_outlives_broken_qps() {
     let svc = start_service(&cluster, 8, 1);
     // On shm, the rxe timing model keeps WRs in flight long enough to be broken.
     let kind = FabricKind::from_env().unwrap();
-    let cfg = FabricConfig {
-        model: (kind == FabricKind::Shm).then(|| "rxe".to_string()),
-        ..FabricConfig::new(kind, cluster.name(), NodeId(CLIENT_NODE))
-    };
+    let cfg = FabricConfig::new(kind, cluster.name(), NodeId(CLIENT_NODE))
+        .with_model((kind == FabricKind::Shm).then(|| "rxe".to_string()));
     let ctx = ThreadCtx::new(Fabric::open(&cfg).unwrap(), RuntimeConfig::default()).unwrap();
     let lc = Rc::new(LockClient::from_info(&ctx.connect_rpc(svc.node.addr()).unwrap()).unwrap());
     let req = |ts| LockRequest {

@@ -130,10 +130,9 @@ fn queued_ts_across_restart() {
     )
     .unwrap();
     let lc = Rc::new(LockClient::from_info(&ctx.connect_rpc(lockd.addr()).unwrap()).unwrap());
-    let cfg = ReconnectConfig {
-        wait: Duration::from_secs(20),
-        retry_interval: Duration::from_millis(5),
-    };
+    let cfg = ReconnectConfig::default()
+        .with_wait(Duration::from_secs(20))
+        .with_retry_interval(Duration::from_millis(5));
     let tso = Rc::new(TsoConn::connect(ctx.clone(), tso_addr, cfg).unwrap());
     assert_eq!(tso.client().epoch(), 1);
 

@@ -10,7 +10,6 @@
 //! any free port; the first line printed names the one bound). The fabric is `$RRPC_FABRIC` (shm by default; `verbs` with `RRPC_RDMA_DEVICE`).
 
 use rrpc::NodeId;
-use std::collections::BTreeMap;
 
 use rrpc::fabric::{shm, Fabric, FabricConfig, FabricKind};
 use rrpc::node::{Node, NodeConfig};
@@ -42,12 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let node = Node::start(
         fabric,
-        NodeConfig {
-            role: "echo".into(),
-            listen: listen.parse()?,
-            exports: BTreeMap::new(),
-            rpc: Some((handlers, 1)),
-        },
+        NodeConfig::new("echo", listen.parse()?).rpc(handlers, 1),
     )?;
     println!(
         "echo server: node 1 of cluster {cluster:?} on {}; Ctrl-C stops",

@@ -59,8 +59,12 @@ fn reap(s: &Shared) {
 /// RPC server's ([`ServerConfig`]). A topology file's `[runtime]` and `[server]` tables
 /// ([`crate::topology::Topology::rpc_settings`]); the defaults otherwise. As JSON or
 /// TOML, the tables `runtime` and `server`, each key optional.
+///
+/// Non-exhaustive: outside rrpc, build one from [`RpcSettings::default`] with the
+/// `with_*` setters.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RpcSettings {
     /// Settings of every runtime context the process creates (its callers, and its
     /// server threads' contexts for async handlers).
@@ -69,7 +73,26 @@ pub struct RpcSettings {
     pub server: ServerConfig,
 }
 
+impl RpcSettings {
+    /// Set [`RpcSettings::runtime`]: the settings of every runtime context of the process.
+    pub fn with_runtime(mut self, runtime: RuntimeConfig) -> Self {
+        self.runtime = runtime;
+        self
+    }
+
+    /// Set [`RpcSettings::server`]: the settings of the process's RPC server.
+    pub fn with_server(mut self, server: ServerConfig) -> Self {
+        self.server = server;
+        self
+    }
+}
+
 /// How to start a [`Node`].
+///
+/// Non-exhaustive: outside rrpc, build one with [`NodeConfig::new`] and the chainable
+/// [`NodeConfig::export`], [`NodeConfig::with_exports`], [`NodeConfig::rpc`] and
+/// [`NodeConfig::with_rpc`].
+#[non_exhaustive]
 pub struct NodeConfig {
     /// Role name reported by `Info`.
     pub role: String,
@@ -102,9 +125,24 @@ impl NodeConfig {
         self
     }
 
+    /// Set [`NodeConfig::exports`]: the exports reported by `Info`, replacing any given
+    /// before.
+    pub fn with_exports(mut self, exports: BTreeMap<String, serde_json::Value>) -> Self {
+        self.exports = exports;
+        self
+    }
+
     /// Serve `handlers` on `threads` server threads (at least one).
     pub fn rpc(mut self, handlers: Handlers, threads: usize) -> Self {
         self.rpc = Some((handlers, threads.max(1)));
+        self
+    }
+
+    /// Set the `rpc` field as given: RPC handlers and server threads (unlike
+    /// [`NodeConfig::rpc`], a count of 0 is kept, and refused when the node starts),
+    /// `None` for no RPC service.
+    pub fn with_rpc(mut self, rpc: Option<(Handlers, usize)>) -> Self {
+        self.rpc = rpc;
         self
     }
 }

@@ -84,8 +84,12 @@ pub use crate::mem::{HeapRing, RingMem};
 /// Ring geometry. Units: `bucket_size` in bytes, `buckets` in bucket count.
 /// Scythe section 4.6, Fig. 21. Also the geometry a requester
 /// offers on the control plane ([`crate::ctrl::RocketOffer`]).
+///
+/// Non-exhaustive: outside rrpc, build one with [`RocketConfig::new`], or from
+/// [`RocketConfig::default`] with the `with_*` setters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub struct RocketConfig {
     /// Bytes per bucket; a multiple of 64 and at least 64.
     pub bucket_size: usize,
@@ -104,6 +108,27 @@ impl Default for RocketConfig {
 }
 
 impl RocketConfig {
+    /// A ring of `buckets` buckets (at least 2) of `bucket_size` bytes each (a multiple of
+    /// 64, at least 64); see [`RocketConfig::validate`].
+    pub const fn new(bucket_size: usize, buckets: usize) -> Self {
+        Self {
+            bucket_size,
+            buckets,
+        }
+    }
+
+    /// Set [`RocketConfig::bucket_size`]: bytes per bucket (a multiple of 64, at least 64).
+    pub const fn with_bucket_size(mut self, bucket_size: usize) -> Self {
+        self.bucket_size = bucket_size;
+        self
+    }
+
+    /// Set [`RocketConfig::buckets`]: number of bucket slots in the ring (at least 2).
+    pub const fn with_buckets(mut self, buckets: usize) -> Self {
+        self.buckets = buckets;
+        self
+    }
+
     /// Check the geometry: `bucket_size` (bytes) a multiple of 64, `>= 64`
     /// and representable in the 32-bit label length; `buckets >= 2`; the ring
     /// size in bytes must not overflow `usize`.

@@ -413,8 +413,12 @@ pub fn unbind(qp: &SharedQp) {
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| u.checked_sub(1));
 }
 
-/// Settings of a process's straws.
+/// Settings of a process's straws ([`crate::runtime::RuntimeConfig::straw_config`]).
+///
+/// Non-exhaustive: outside rrpc, build one from [`StrawConfig::default`] with the
+/// `with_*` setters.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct StrawConfig {
     /// Threads one QP of each kind serves on average before the pool adds a QP (default
     /// 4, at least 1). With T attached threads a straw holds `ceil(T / threads_per_qp)`
@@ -438,6 +442,33 @@ impl Default for StrawConfig {
             connect_timeout: Duration::from_secs(10),
             reconnect_give_up: Duration::from_secs(10),
         }
+    }
+}
+
+impl StrawConfig {
+    /// Set [`StrawConfig::threads_per_qp`]: threads one QP serves on average (at least 1).
+    pub fn with_threads_per_qp(mut self, threads_per_qp: usize) -> Self {
+        self.threads_per_qp = threads_per_qp;
+        self
+    }
+
+    /// Set [`StrawConfig::sq_depth`]: send-queue depth of each QP, in WRs.
+    pub fn with_sq_depth(mut self, sq_depth: usize) -> Self {
+        self.sq_depth = sq_depth;
+        self
+    }
+
+    /// Set [`StrawConfig::connect_timeout`]: deadline of the straw's control-plane calls.
+    pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Self {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+
+    /// Set [`StrawConfig::reconnect_give_up`]: how long a failed QP's reconnect keeps
+    /// trying before the node is reported dead.
+    pub fn with_reconnect_give_up(mut self, reconnect_give_up: Duration) -> Self {
+        self.reconnect_give_up = reconnect_give_up;
+        self
     }
 }
 

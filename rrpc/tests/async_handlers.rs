@@ -4,7 +4,7 @@
 
 use rrpc::NodeId;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -68,11 +68,11 @@ fn front(
             .map_err(|e| e.to_string())
     });
     nap_handlers(&mut h);
-    let rt = ServerRuntime::new(RuntimeConfig {
-        buffer_bytes: 8 << 20,
-        max_transfer: 1 << 20,
-        ..RuntimeConfig::default()
-    })
+    let rt = ServerRuntime::new(
+        RuntimeConfig::default()
+            .with_buffer_bytes(8 << 20)
+            .with_max_transfer(1 << 20),
+    )
     .with_setup(move |ctx| {
         let m = ctx.connect(mem_addr)?;
         let desc: MrDesc = m.export("mr").expect("mr export");
@@ -88,12 +88,7 @@ fn front(
     });
     Node::start_with_runtime(
         fabric(cluster, 3),
-        NodeConfig {
-            role: "front".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports: BTreeMap::new(),
-            rpc: Some((h, threads)),
-        },
+        NodeConfig::new("front", "127.0.0.1:0".parse().unwrap()).with_rpc(Some((h, threads))),
         server_cfg,
         Some(rt),
     )
@@ -273,12 +268,9 @@ fn a_read_mode_reply_read_after_its_buffer_expired_fails_the_call() {
     let s = start(
         "expired",
         1,
-        ServerConfig {
-            // Long enough for a READ in time even in an emulated VM, short against the
-            // stall below.
-            read_hold: Duration::from_millis(300),
-            ..ServerConfig::default()
-        },
+        // Long enough for a READ in time even in an emulated VM, short against the
+        // stall below.
+        ServerConfig::default().with_read_hold(Duration::from_millis(300)),
     );
     let (ctx, node) = (s.ctx.clone(), s.node);
     let result = Rc::new(RefCell::new(None));
@@ -330,21 +322,13 @@ fn server_refuses_rings_beyond_its_limits() {
         mem.addr(),
         back.addr(),
         1,
-        ServerConfig {
-            max_ring_bytes: 64 * 512,
-            max_rockets_per_straw: 1,
-            ..ServerConfig::default()
-        },
+        ServerConfig::default()
+            .with_max_ring_bytes(64 * 512)
+            .with_max_rockets_per_straw(1),
     );
     let big = ThreadCtx::new(
         fabric(c.name(), 100),
-        RuntimeConfig {
-            rocket: rrpc::rocket::RocketConfig {
-                bucket_size: 512,
-                buckets: 128,
-            },
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default().with_rocket(rrpc::rocket::RocketConfig::new(512, 128)),
     )
     .unwrap();
     let e = big.connect_rpc(front.addr()).unwrap_err().to_string();
@@ -383,10 +367,7 @@ fn a_panicking_async_handler_fails_its_call_and_the_thread_serves_on() {
     let srv = common::server_with(c.name(), h, 1);
     let ctx = ThreadCtx::new(
         fabric(c.name(), 100),
-        RuntimeConfig {
-            call_timeout: Duration::from_secs(20),
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default().with_call_timeout(Duration::from_secs(20)),
     )
     .unwrap();
     let node = ctx.connect_rpc(srv.addr()).unwrap().node;

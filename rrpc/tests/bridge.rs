@@ -104,10 +104,7 @@ fn a_start_that_cannot_connect_fails() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let cfg = RuntimeConfig {
-        connect_timeout: std::time::Duration::from_millis(300),
-        ..RuntimeConfig::default()
-    };
+    let cfg = RuntimeConfig::default().with_connect_timeout(std::time::Duration::from_millis(300));
     let r = BridgeClient::start(common::fabric(c.name(), 2), cfg, &[addr]);
     assert!(matches!(r, Err(RpcError::Connect(_))), "{:?}", r.err());
 }

@@ -63,15 +63,14 @@ fn peer_process() {
     );
     let node = Node::start(
         fabric,
-        NodeConfig {
-            role: "test-peer".into(),
-            listen: std::env::var("RRPC_TEST_PEER_LISTEN")
+        NodeConfig::new(
+            "test-peer",
+            std::env::var("RRPC_TEST_PEER_LISTEN")
                 .unwrap_or_else(|_| "127.0.0.1:0".into())
                 .parse()
                 .unwrap(),
-            exports,
-            rpc: None,
-        },
+        )
+        .with_exports(exports),
     )
     .unwrap();
     println!("ADDR={}", node.addr());

@@ -53,12 +53,9 @@ fn start_server(cluster: &str) -> (Node, MemoryRegion) {
     exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
     let n = Node::start(
         f,
-        NodeConfig {
-            role: "mem".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: Some((h, 1)),
-        },
+        NodeConfig::new("mem", "127.0.0.1:0".parse().unwrap())
+            .with_exports(exports)
+            .rpc(h, 1),
     )
     .unwrap();
     (n, mr)
@@ -69,10 +66,7 @@ fn start_server(cluster: &str) -> (Node, MemoryRegion) {
 /// fenced QP it is repairing, for at most `reconnect_give_up`): the node is taken again
 /// once that thread lets go, within seconds.
 fn client(cluster: &str, inc: u64) -> Rc<ThreadCtx> {
-    let cfg = FabricConfig {
-        incarnation: inc,
-        ..FabricConfig::new(FabricKind::Shm, cluster, NodeId(100))
-    };
+    let cfg = FabricConfig::new(FabricKind::Shm, cluster, NodeId(100)).with_incarnation(inc);
     let t0 = std::time::Instant::now();
     let f = loop {
         match Fabric::open(&cfg) {
@@ -87,11 +81,9 @@ fn client(cluster: &str, inc: u64) -> Rc<ThreadCtx> {
     assert_eq!(f.incarnation(), inc);
     ThreadCtx::new(
         f,
-        RuntimeConfig {
-            call_timeout: Duration::from_millis(500),
-            reconnect_give_up: Duration::from_millis(200),
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default()
+            .with_call_timeout(Duration::from_millis(500))
+            .with_reconnect_give_up(Duration::from_millis(200)),
     )
     .unwrap()
 }

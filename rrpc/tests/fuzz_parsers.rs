@@ -11,10 +11,7 @@ use rrpc::rocket::{
 use rrpc::server::mode::{parse_request, RequestError};
 use rrpc::wire::{FetchPrefix, MsgKind, ReadReply, ReplyMode, ZeroCopyPrefix};
 
-const CFG: RocketConfig = RocketConfig {
-    bucket_size: 128,
-    buckets: 4,
-};
+const CFG: RocketConfig = RocketConfig::new(128, 4);
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]

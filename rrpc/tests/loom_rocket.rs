@@ -73,10 +73,7 @@ fn ring_delivers_every_message_once_in_order() {
     b.check(|| {
         // Two 64-byte buckets, one 8-byte message per bucket: four messages force two
         // wrap-arounds and waits for credit.
-        let cfg = RocketConfig {
-            bucket_size: 64,
-            buckets: 2,
-        };
+        let cfg = RocketConfig::new(64, 2);
         let ring = Arc::new(LoomRing::new(cfg.ring_bytes()));
         let credit = Arc::new(AtomicU64::new(0));
         let (r2, c2) = (ring.clone(), credit.clone());

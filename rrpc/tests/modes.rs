@@ -153,10 +153,7 @@ fn payloads_too_large_for_a_mode_are_errors_not_truncations() {
     let srv = server_with(c.name(), handlers(Batches::default()), 1);
     // Replies of 4 MiB are generated and refused here: generous deadlines, since the
     // Soft-RoCE VM runs under emulation on a loaded host (a 2 s default has expired there).
-    let cfg = RuntimeConfig {
-        call_timeout: Duration::from_secs(60),
-        ..RuntimeConfig::default()
-    };
+    let cfg = RuntimeConfig::default().with_call_timeout(Duration::from_secs(60));
     let ctx = ThreadCtx::new(fabric(c.name(), 101), cfg).unwrap();
     let node = ctx.connect_rpc(srv.addr()).unwrap().node;
     let c2 = ctx.clone();
@@ -237,10 +234,7 @@ fn deadlines_expire_and_late_replies_are_dropped() {
     let srv = server_with(c.name(), handlers(Batches::default()), 1);
     let ctx = ThreadCtx::new(
         fabric(c.name(), 102),
-        RuntimeConfig {
-            call_timeout: Duration::from_millis(100),
-            ..Default::default()
-        },
+        RuntimeConfig::default().with_call_timeout(Duration::from_millis(100)),
     )
     .unwrap();
     let node = ctx.connect_rpc(srv.addr()).unwrap().node;

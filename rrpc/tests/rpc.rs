@@ -21,13 +21,7 @@ fn many_coroutines_echo_through_small_rings() {
     let c = setup("echo");
     let srv = server(c.name(), 1);
     // A tiny ring forces wrap-around and credit stalls.
-    let cfg = RuntimeConfig {
-        rocket: RocketConfig {
-            bucket_size: 128,
-            buckets: 4,
-        },
-        ..Default::default()
-    };
+    let cfg = RuntimeConfig::default().with_rocket(RocketConfig::new(128, 4));
     let ctx = ThreadCtx::new(fabric(c.name(), 100), cfg).unwrap();
     let info = ctx.connect_rpc(srv.addr()).unwrap();
     let done = Rc::new(Cell::new(0u32));
@@ -63,10 +57,7 @@ fn errors_are_reported_not_hung() {
     let srv = server(c.name(), 2);
     let ctx = ThreadCtx::new(
         fabric(c.name(), 101),
-        RuntimeConfig {
-            call_timeout: Duration::from_millis(300),
-            ..Default::default()
-        },
+        RuntimeConfig::default().with_call_timeout(Duration::from_millis(300)),
     )
     .unwrap();
     let info = ctx.connect_rpc(srv.addr()).unwrap();
@@ -147,10 +138,7 @@ fn full_send_queue_defers_without_loss() {
     // wait for room, in order, and nothing may be lost or duplicated.
     let ctx = ThreadCtx::new(
         fabric(c.name(), 103),
-        RuntimeConfig {
-            sq_depth: 4,
-            ..Default::default()
-        },
+        RuntimeConfig::default().with_sq_depth(4),
     )
     .unwrap();
     let info = ctx.connect_rpc(srv.addr()).unwrap();

@@ -22,10 +22,7 @@ fn pool_grows_and_shrinks_with_the_threads_it_serves() {
     let addr = srv.addr();
     let rt = Arc::new(Runtime::new(
         fabric(c.name(), 100),
-        RuntimeConfig {
-            threads_per_qp: 2,
-            ..Default::default()
-        },
+        RuntimeConfig::default().with_threads_per_qp(2),
     ));
     let attached = Arc::new(Barrier::new(6));
     let grown = Arc::new(Barrier::new(6));
@@ -134,14 +131,8 @@ fn qp_error_mid_stream_reconnects_without_losing_messages() {
     let (mem, mr) = mem_node(c.name(), 2, 8 * 64);
     let ctx = ThreadCtx::new(
         fabric(c.name(), 100),
-        RuntimeConfig {
-            // Small rings: many buckets in flight and credit stalls while QPs fail.
-            rocket: rrpc::rocket::RocketConfig {
-                bucket_size: 128,
-                buckets: 8,
-            },
-            ..Default::default()
-        },
+        // Small rings: many buckets in flight and credit stalls while QPs fail.
+        RuntimeConfig::default().with_rocket(rrpc::rocket::RocketConfig::new(128, 8)),
     )
     .unwrap();
     let node = ctx.connect_rpc(srv.addr()).unwrap().node;
@@ -221,10 +212,7 @@ fn every_batching_mode_delivers_and_batches_as_named() {
     for b in Batching::ALL {
         let ctx = ThreadCtx::new(
             fabric(c.name(), 100 + b as u32),
-            RuntimeConfig {
-                batching: b,
-                ..Default::default()
-            },
+            RuntimeConfig::default().with_batching(b),
         )
         .unwrap();
         let node = ctx.connect_rpc(srv.addr()).unwrap().node;
@@ -258,23 +246,16 @@ fn a_node_that_restarts_is_reached_again_by_the_next_calls() {
     let start_at = |listen: std::net::SocketAddr| {
         Node::start(
             fabric(c.name(), 1),
-            NodeConfig {
-                role: "echo".into(),
-                listen,
-                exports: Default::default(),
-                rpc: Some((common::echo_handlers(), 1)),
-            },
+            NodeConfig::new("echo", listen).rpc(common::echo_handlers(), 1),
         )
     };
     let srv = start_at("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = srv.addr();
     let ctx = ThreadCtx::new(
         fabric(c.name(), 100),
-        RuntimeConfig {
-            call_timeout: Duration::from_millis(500),
-            reconnect_give_up: Duration::from_millis(200),
-            ..Default::default()
-        },
+        RuntimeConfig::default()
+            .with_call_timeout(Duration::from_millis(500))
+            .with_reconnect_give_up(Duration::from_millis(200)),
     )
     .unwrap();
     let node = ctx.connect_rpc(addr).unwrap().node;
@@ -467,10 +448,7 @@ fn a_control_plane_flap_is_bridged_by_reconnect_backoff() {
     let link = Flappy::start(srv.addr());
     let ctx = ThreadCtx::new(
         fabric(c.name(), 100),
-        RuntimeConfig {
-            call_timeout: Duration::from_secs(20),
-            ..Default::default()
-        },
+        RuntimeConfig::default().with_call_timeout(Duration::from_secs(20)),
     )
     .unwrap();
     let node = ctx.connect_rpc(link.addr()).unwrap().node;

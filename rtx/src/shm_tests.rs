@@ -83,12 +83,7 @@ fn concurrent_rtxs_over_shm_one_sided_ops_keep_counters_with_repairs() {
     exports.insert(EXPORT_KEY.into(), serde_json::to_value(export).unwrap());
     let node = Node::start(
         f,
-        NodeConfig {
-            role: "rtx-mn".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
+        NodeConfig::new("rtx-mn", "127.0.0.1:0".parse().unwrap()).with_exports(exports),
     )
     .unwrap();
     let mn = node.addr();

@@ -46,7 +46,12 @@ use crate::timestamp::{Timestamp, TimestampRange};
 use crate::timestamp_source::TimestampSource;
 
 /// How long and how often [`TsoConn`] tries to reach a restarted oracle.
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReconnectConfig {
     /// Longest time one request waits for the oracle to come back, from its first failed
     /// FAA; then it fails with [`TsoError::Unavailable`]. Default 30 s.
@@ -61,6 +66,22 @@ impl Default for ReconnectConfig {
             wait: Duration::from_secs(30),
             retry_interval: Duration::from_millis(10),
         }
+    }
+}
+
+impl ReconnectConfig {
+    /// Set [`ReconnectConfig::wait`]: longest time one request waits for the oracle to come
+    /// back, from its first failed FAA; then it fails with [`TsoError::Unavailable`].
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Set [`ReconnectConfig::retry_interval`]: pause between two attempts to fetch the
+    /// oracle's export.
+    pub fn with_retry_interval(mut self, retry_interval: Duration) -> Self {
+        self.retry_interval = retry_interval;
+        self
     }
 }
 

@@ -50,6 +50,7 @@ pub const LOCK_FILE: &str = "lock";
 
 /// Errors of [`advance`] and [`StateDir::open`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EpochError {
     /// The state directory could not be created.
     #[error("creating the TSO state directory {path}")]
@@ -224,6 +225,7 @@ impl StateDir {
 
 /// Why [`lock_dir`] failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum DirLockError {
     /// The directory could not be created.
     CreateDir {

@@ -13,6 +13,7 @@ use crate::timestamp::Timestamp;
 
 /// Errors of the oracle and its clients.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TsoError {
     /// Allocating the counter failed.
     #[error("allocating the TSO counter: {0}")]

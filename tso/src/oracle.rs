@@ -134,12 +134,7 @@ impl Oracle {
         exports.insert(EXPORT_NAME.to_string(), self.export());
         Node::start_tuned(
             fabric,
-            NodeConfig {
-                role: "tso".into(),
-                listen,
-                exports,
-                rpc: None,
-            },
+            NodeConfig::new("tso", listen).with_exports(exports),
             rpc,
         )
         .map_err(TsoError::Start)

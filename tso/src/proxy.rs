@@ -61,7 +61,7 @@ use std::time::Duration;
 use rrpc::ctrl::QpKind;
 use rrpc::fabric::Fabric;
 use rrpc::node::{node_info, Node, NodeConfig, RpcSettings, ServerRuntime};
-use rrpc::runtime::{CallOpts, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{CallOpts, ThreadCtx};
 use rrpc::server::Handlers;
 use rrpc::straw::Straws;
 use rrpc::typed::{decode_response, encode_request, Fixed, Rpc};
@@ -134,8 +134,13 @@ pub struct ProxyExport {
 
 /// Settings of a proxy. As TOML (the `tso-proxy` binary's `--config`), keys are
 /// kebab-case and each may be left out for its default.
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ProxyConfig {
     /// RPC server threads serving range requests (default 1; 1 to 256).
     pub threads: usize,
@@ -168,6 +173,42 @@ impl Default for ProxyConfig {
 }
 
 impl ProxyConfig {
+    /// Set [`ProxyConfig::threads`]: RPC server threads serving range requests (default 1; 1 to
+    /// 256).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Set [`ProxyConfig::oracle_qps`]: largest number of QPs the proxy opens on the oracle
+    /// (default 1; 1 to `threads`).
+    pub fn with_oracle_qps(mut self, oracle_qps: usize) -> Self {
+        self.oracle_qps = oracle_qps;
+        self
+    }
+
+    /// Set [`ProxyConfig::max_range`]: largest count one range request may ask for (default
+    /// 2^20; at least 1).
+    pub fn with_max_range(mut self, max_range: u64) -> Self {
+        self.max_range = max_range;
+        self
+    }
+
+    /// Set [`ProxyConfig::oracle_wait_ms`]: longest time, in milliseconds, the proxy waits for
+    /// a dead oracle to come back (at its bootstrap address) before failing the FAA it was
+    /// issuing, and with it the requests merged into it (default 30 000; 1 to 3 600 000).
+    pub fn with_oracle_wait_ms(mut self, oracle_wait_ms: u64) -> Self {
+        self.oracle_wait_ms = oracle_wait_ms;
+        self
+    }
+
+    /// Set [`ProxyConfig::oracle_retry_ms`]: pause, in milliseconds, between two attempts to
+    /// read a restarted oracle's export (default 10; 1 to 10 000).
+    pub fn with_oracle_retry_ms(mut self, oracle_retry_ms: u64) -> Self {
+        self.oracle_retry_ms = oracle_retry_ms;
+        self
+    }
+
     /// Check the settings. Errors: [`TsoError::Config`] naming the key and the rule.
     pub fn validate(&self) -> Result<(), TsoError> {
         let bad = |s: String| Err(TsoError::Config(s));
@@ -425,10 +466,10 @@ impl Proxy {
         group: TsoGroup<Arc<TsoError>>,
     ) -> Result<Self, TsoError> {
         cfg.validate()?;
-        let rt_cfg = RuntimeConfig {
-            threads_per_qp: cfg.threads.div_ceil(cfg.oracle_qps),
-            ..rpc.runtime.clone()
-        };
+        let rt_cfg = rpc
+            .runtime
+            .clone()
+            .with_threads_per_qp(cfg.threads.div_ceil(cfg.oracle_qps));
         let info = node_info(oracle, rt_cfg.connect_timeout)
             .map_err(|e| TsoError::Export(format!("oracle at {oracle}: {e}")))?;
         let client = TsoClient::from_info(&info)?;
@@ -466,12 +507,9 @@ impl Proxy {
         );
         let node = Node::start_with_runtime(
             fabric,
-            NodeConfig {
-                role: "tso-proxy".into(),
-                listen,
-                exports,
-                rpc: Some((handlers, cfg.threads)),
-            },
+            NodeConfig::new("tso-proxy", listen)
+                .with_exports(exports)
+                .with_rpc(Some((handlers, cfg.threads))),
             rpc.server.clone(),
             Some(runtime),
         )
@@ -600,7 +638,7 @@ mod tests {
     use crate::history::{check, now_ns, Op, Violation};
     use crate::oracle::Oracle;
     use rrpc::fabric::shm::ClusterGuard;
-    use rrpc::runtime::{block_on, Executor};
+    use rrpc::runtime::{block_on, Executor, RuntimeConfig};
     use std::cell::RefCell;
 
     /// An oracle, proxy A (prefetching `extra` timestamps per FAA when `extra > 0`) and

@@ -58,8 +58,13 @@ impl std::str::FromStr for Choice {
 }
 
 /// Client-side settings of [`TsoSources`]. As TOML, kebab-case keys, each optional.
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+#[non_exhaustive]
 pub struct SourceConfig {
     /// Which source a request tries first (default `random`).
     pub choice: Choice,
@@ -77,6 +82,28 @@ impl Default for SourceConfig {
             call_timeout_ms: 1000,
             retry_after_ms: 1000,
         }
+    }
+}
+
+impl SourceConfig {
+    /// Set [`SourceConfig::choice`]: which source a request tries first (default `random`).
+    pub fn with_choice(mut self, choice: Choice) -> Self {
+        self.choice = choice;
+        self
+    }
+
+    /// Set [`SourceConfig::call_timeout_ms`]: deadline of one range RPC to a proxy,
+    /// milliseconds (default 1000; at least 1).
+    pub fn with_call_timeout_ms(mut self, call_timeout_ms: u64) -> Self {
+        self.call_timeout_ms = call_timeout_ms;
+        self
+    }
+
+    /// Set [`SourceConfig::retry_after_ms`]: how long a source that failed is tried only after
+    /// the others, milliseconds (default 1000).
+    pub fn with_retry_after_ms(mut self, retry_after_ms: u64) -> Self {
+        self.retry_after_ms = retry_after_ms;
+        self
     }
 }
 

@@ -22,6 +22,7 @@ pub const THREAD_RANGES_IN_FLIGHT: usize = 2;
 
 /// Why a [`ThreadTso`] request got no timestamp.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ThreadTsoError<E> {
     /// This request led its group and the source failed: the source's error itself
     /// (a [`crate::TsoError`] for the sources of this crate).

@@ -35,11 +35,9 @@ fn oracle(c: &ClusterGuard) -> (Oracle, Node) {
 }
 
 fn proxy(c: &ClusterGuard, node: u32, oracle: SocketAddr, threads: usize, qps: usize) -> Proxy {
-    let cfg = ProxyConfig {
-        threads,
-        oracle_qps: qps,
-        ..ProxyConfig::default()
-    };
+    let cfg = ProxyConfig::default()
+        .with_threads(threads)
+        .with_oracle_qps(qps);
     Proxy::start(
         c.open(NodeId(node)).unwrap(),
         "127.0.0.1:0".parse().unwrap(),
@@ -137,10 +135,7 @@ fn proxies_merge_group_ranges_into_few_faas_on_few_qps() {
 fn proxy_range_requests_are_served_whole_and_bad_ones_refused() {
     let c = cluster("range");
     let (_oracle, onode) = oracle(&c);
-    let cfg = ProxyConfig {
-        max_range: 100,
-        ..ProxyConfig::default()
-    };
+    let cfg = ProxyConfig::default().with_max_range(100);
     let p = Proxy::start(
         c.open(NodeId(10)).unwrap(),
         "127.0.0.1:0".parse().unwrap(),
@@ -185,11 +180,10 @@ fn clients_fail_over_when_a_proxy_stops_answering() {
     let (_oracle, onode) = oracle(&c);
     let p1 = proxy(&c, 10, onode.addr(), 1, 1);
     let p2 = proxy(&c, 11, onode.addr(), 1, 1);
-    let cfg = SourceConfig {
-        choice: Choice::Random,
-        call_timeout_ms: 200,
-        retry_after_ms: 60_000,
-    };
+    let cfg = SourceConfig::default()
+        .with_choice(Choice::Random)
+        .with_call_timeout_ms(200)
+        .with_retry_after_ms(60_000);
     let sources =
         Arc::new(TsoSources::discover(Some(onode.addr()), &[p1.addr(), p2.addr()], &cfg).unwrap());
     let doomed = Arc::new(std::sync::Mutex::new(Some(p1)));
@@ -219,11 +213,10 @@ fn choice_oracle_bypasses_proxies_and_no_live_source_is_an_error_not_a_hang() {
     let c = cluster("choice");
     let (oracle, onode) = oracle(&c);
     let p = proxy(&c, 10, onode.addr(), 1, 1);
-    let cfg = SourceConfig {
-        choice: Choice::Oracle,
-        call_timeout_ms: 200,
-        retry_after_ms: 1000,
-    };
+    let cfg = SourceConfig::default()
+        .with_choice(Choice::Oracle)
+        .with_call_timeout_ms(200)
+        .with_retry_after_ms(1000);
     let sources = Arc::new(TsoSources::discover(Some(onode.addr()), &[p.addr()], &cfg).unwrap());
     let per_coro = grouped_clients(&c, sources.clone(), 1, 4, 100, Arc::new(|_| {}));
     assert_eq!(assert_unique_and_increasing(&per_coro), 400);
@@ -240,11 +233,9 @@ fn choice_oracle_bypasses_proxies_and_no_live_source_is_an_error_not_a_hang() {
         TsoSources::discover(
             None,
             &[p.addr()],
-            &SourceConfig {
-                call_timeout_ms: 200,
-                retry_after_ms: 0,
-                ..SourceConfig::default()
-            },
+            &SourceConfig::default()
+                .with_call_timeout_ms(200)
+                .with_retry_after_ms(0),
         )
         .unwrap(),
     );

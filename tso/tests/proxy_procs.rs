@@ -202,15 +202,14 @@ fn client_process() {
     let failover = mix == "failover";
     let stop = PathBuf::from(stop);
     let fabric = client_fabric(&cluster, me);
-    let cfg = SourceConfig {
-        choice: if failover {
+    let cfg = SourceConfig::default()
+        .with_choice(if failover {
             Choice::Random
         } else {
             Choice::Any
-        },
-        call_timeout_ms: 200,
-        retry_after_ms: 60_000,
-    };
+        })
+        .with_call_timeout_ms(200)
+        .with_retry_after_ms(60_000);
     let sources = Arc::new(TsoSources::discover(Some(oracle), &proxies, &cfg).unwrap());
     let grouped = Arc::new(GroupedTso::with_sources(sources.clone()));
     let probe = ThreadCtx::new(fabric.clone(), RuntimeConfig::default()).unwrap();

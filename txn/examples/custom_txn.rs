@@ -73,10 +73,7 @@ fn start_cluster(guard: &ClusterGuard) -> Result<LocalCluster, Box<dyn std::erro
     let lockd = LockService::start(
         guard.open(NodeId(2))?,
         "127.0.0.1:0".parse()?,
-        &LockServiceConfig {
-            locks: 64,
-            ..LockServiceConfig::default()
-        },
+        &LockServiceConfig::default().with_locks(64),
     )?;
     let tf = guard.open(NodeId(3))?;
     // Epoch 1: every timestamp lies above the loaded version.
@@ -171,12 +168,10 @@ fn run(cluster: &str, out: &mut impl Write) -> Result<(), Box<dyn std::error::Er
 /// print.
 fn client(fabric: Fabric, addrs: &ClusterAddrs) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let ctx = ThreadCtx::new(fabric, RuntimeConfig::default())?;
-    let cfg = TxnConfig {
-        protocol: Protocol::Scythe,
+    let cfg = TxnConfig::default()
+        .with_protocol(Protocol::Scythe)
         // Record committed transactions for the serializability check.
-        history_limit_bytes: Some(16 << 20),
-        ..TxnConfig::default()
-    };
+        .with_history_limit_bytes(Some(16 << 20));
     let c = Rc::new(TxnClient::connect(ctx.clone(), addrs, cfg)?);
     let (commits, refused, aborts) = (
         Rc::new(Cell::new(0)),

@@ -105,7 +105,12 @@ impl FromStr for Protocol {
 }
 
 /// Coordinator settings.
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that embed
+/// this one: outside this crate, start from [`Default::default`] and chain the `with_*`
+/// setters (or assign the public fields on a `let mut` binding).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct TxnConfig {
     /// The protocol (default OCC-CAS).
     pub protocol: Protocol,
@@ -233,6 +238,138 @@ impl Default for TxnConfig {
     }
 }
 
+impl TxnConfig {
+    /// Set [`TxnConfig::protocol`]: the protocol (default OCC-CAS).
+    pub fn with_protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
+    /// Set [`TxnConfig::lock_wait`]: how long to wait for a granted ticket's turn before
+    /// aborting with [`crate::error::AbortReason::LockWaitTimeout`] (Scythe; default 2 s).
+    pub fn with_lock_wait(mut self, lock_wait: Duration) -> Self {
+        self.lock_wait = lock_wait;
+        self
+    }
+
+    /// Set [`TxnConfig::ticket_lease`]: Scythe: how long after its Lock RPC was sent a Takeout
+    /// ticket may still be acted on.
+    pub fn with_ticket_lease(mut self, ticket_lease: Duration) -> Self {
+        self.ticket_lease = ticket_lease;
+        self
+    }
+
+    /// Set [`TxnConfig::history_limit_bytes`]: record committed transactions for the checkers,
+    /// up to this many bytes per thread; `None` (the default) records nothing.
+    pub fn with_history_limit_bytes(mut self, history_limit_bytes: Option<usize>) -> Self {
+        self.history_limit_bytes = history_limit_bytes;
+        self
+    }
+
+    /// Set [`TxnConfig::tso_reconnect`]: how long a timestamp request waits for a restarted
+    /// oracle, and how often it looks for it (default: [`ReconnectConfig::default`]).
+    pub fn with_tso_reconnect(mut self, tso_reconnect: ReconnectConfig) -> Self {
+        self.tso_reconnect = tso_reconnect;
+        self
+    }
+
+    /// Set [`TxnConfig::tocc_wait`]: Scythe's TOCC heuristic wait (4.4 (2), after Aurogon):
+    /// after a Lock RPC refused on an object whose queue lies between ColdWatermark and
+    /// HotWatermark, wait this long before the attempt aborts (and is retried), so that
+    /// requests with smaller timestamps arrive first (default 20 us; zero turns it off).
+    pub fn with_tocc_wait(mut self, tocc_wait: Duration) -> Self {
+        self.tocc_wait = tocc_wait;
+        self
+    }
+
+    /// Set [`TxnConfig::read_wait`]: MVCC: how long a read-only transaction waits at commit for
+    /// a CVT that was locked when it read it to be released, before it aborts
+    /// ([`crate::error::AbortReason::ValidationLocked`]); see [`crate::mvcc`] (default 1 ms).
+    pub fn with_read_wait(mut self, read_wait: Duration) -> Self {
+        self.read_wait = read_wait;
+        self
+    }
+
+    /// Set [`TxnConfig::cache_entries`]: CVT addresses each thread caches (default 2^20).
+    pub fn with_cache_entries(mut self, cache_entries: usize) -> Self {
+        self.cache_entries = cache_entries;
+        self
+    }
+
+    /// Set [`TxnConfig::record_phases`]: measure where each attempt's time goes
+    /// ([`crate::phase`]) and keep it for [`crate::coordinator::TxnClient::take_phases`]
+    /// (default off: no clock reads).
+    pub fn with_record_phases(mut self, record_phases: bool) -> Self {
+        self.record_phases = record_phases;
+        self
+    }
+
+    /// Set [`TxnConfig::incarnation`]: this compute node's incarnation, carried in every
+    /// transaction id ([`crate::txn_id`], its low 12 bits) so that a restarted node never
+    /// reuses its previous life's ids and recovery of that life cannot release the new one's
+    /// locks.
+    pub fn with_incarnation(mut self, incarnation: u64) -> Self {
+        self.incarnation = incarnation;
+        self
+    }
+
+    /// Set [`TxnConfig::commit_log`]: write a commit log ([`crate::commit_log`]) to the memory
+    /// nodes before each commit's installs, so that a survivor can finish or undo it if this
+    /// node dies ([`crate::recovery`]); costs one round trip per read-write commit (default
+    /// off).
+    pub fn with_commit_log(mut self, commit_log: bool) -> Self {
+        self.commit_log = commit_log;
+        self
+    }
+
+    /// Set [`TxnConfig::log_placement`]: where the commit log goes relative to the installs
+    /// (default [`LogPlacement::RoundBefore`]).
+    pub fn with_log_placement(mut self, log_placement: LogPlacement) -> Self {
+        self.log_placement = log_placement;
+        self
+    }
+
+    /// Set [`TxnConfig::replica_commit`]: how a commit reaches the copies of replicated
+    /// partitions (default [`ReplicaCommit::Coalesced`]).
+    pub fn with_replica_commit(mut self, replica_commit: ReplicaCommit) -> Self {
+        self.replica_commit = replica_commit;
+        self
+    }
+
+    /// Set [`TxnConfig::view_feed`]: where new replica views come from when a memory node dies
+    /// ([`crate::view`]); `None` (the default): the initial placement for good, and a memory
+    /// node's failure fails the transactions that meet it.
+    pub fn with_view_feed(mut self, view_feed: Option<crate::view::ViewFeed>) -> Self {
+        self.view_feed = view_feed;
+        self
+    }
+
+    /// Set [`TxnConfig::lotus`]: where [`Protocol::Lotus`] takes its locks: this compute node's
+    /// lock table, the shard map and the lock-key function ([`crate::lotus_site::LotusSite`]);
+    /// `None` (the default) for the other protocols.
+    pub fn with_lotus(mut self, lotus: Option<crate::lotus_site::LotusSite>) -> Self {
+        self.lotus = lotus;
+        self
+    }
+
+    /// Set [`TxnConfig::unsafe_no_lock_cas`]: UNSAFE, benchmark only: [`Protocol::Mvcc`]
+    /// without its lock CAS (Lotus's Fig. 3 premise, "MVCC with CAS abandoned").
+    pub fn with_unsafe_no_lock_cas(mut self, unsafe_no_lock_cas: bool) -> Self {
+        self.unsafe_no_lock_cas = unsafe_no_lock_cas;
+        self
+    }
+
+    /// Set [`TxnConfig::ford_backup_reads`]: [`Protocol::OccCas`] over replicas (FORD,
+    /// [`crate::ford`]): read-only transactions
+    /// ([`crate::coordinator::Txn::declare_read_only`]) READ each object whose CVT address is
+    /// cached from one of its partition's backups and validate it on that backup (FORD's
+    /// backup-enabled read), offloading the primaries.
+    pub fn with_ford_backup_reads(mut self, ford_backup_reads: bool) -> Self {
+        self.ford_backup_reads = ford_backup_reads;
+        self
+    }
+}
+
 /// Addresses of a cluster's services.
 #[derive(Clone, Debug)]
 pub struct ClusterAddrs {
@@ -246,6 +383,7 @@ pub struct ClusterAddrs {
 
 /// Why [`ClusterAddrs::from_file`] could not load a file.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AddrsFileError {
     /// The file could not be read.
     #[error("{path}: {source}")]

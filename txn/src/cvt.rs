@@ -152,6 +152,7 @@ pub struct Cvt {
 
 /// A CVT read that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CvtError {
     /// Fewer bytes than the header and one cell.
     #[error("CVT of {0} bytes: shorter than a header and one cell")]
@@ -348,6 +349,7 @@ impl Cvt {
 
 /// A record READ that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecordError {
     /// Not [`record_bytes`]`(len)` bytes.
     #[error("record of {have} bytes where {want} were expected")]

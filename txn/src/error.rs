@@ -12,6 +12,7 @@ use tso::TsoError;
 
 /// Why a transaction aborted. Aborts are expected under contention; callers retry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AbortReason {
     /// Execution read an object that was locked or had a queue (Scythe 4.2.1 (3); FaRM).
     LockedOnRead,
@@ -138,6 +139,7 @@ impl AbortReason {
 
 /// Errors of transactions. Every variant but [`TxnError::Abort`] keeps its cause.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TxnError {
     /// The transaction aborted; nothing it wrote is visible. Retry it.
     #[error("aborted: {}", .0.name())]

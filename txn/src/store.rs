@@ -12,6 +12,7 @@ pub fn hash_key(table: u32, key: u64) -> u64 {
 
 /// Errors of table construction.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// Registering memory failed.
     #[error(transparent)]

@@ -2,8 +2,6 @@
 //! in-process memory node into an empty image of the same geometry on another arrives
 //! byte for byte (lock words as 0), and images of another geometry are refused.
 
-use std::collections::BTreeMap;
-
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricConfig, FabricKind, MemoryRegion};
 use rrpc::node::{Node, NodeConfig};
@@ -36,12 +34,7 @@ fn memnode(
     }
     let node = Node::start(
         f,
-        NodeConfig {
-            role: "memnode".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports: BTreeMap::new(),
-            rpc: None,
-        },
+        NodeConfig::new("memnode", "127.0.0.1:0".parse().unwrap()),
     )
     .unwrap();
     (node, tables, regions)

@@ -68,12 +68,7 @@ fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
         exports.insert(EXPORT_KEY.into(), serde_json::to_value(&export).unwrap());
         let node = Node::start(
             f,
-            NodeConfig {
-                role: "memnode".into(),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                exports,
-                rpc: None,
-            },
+            NodeConfig::new("memnode", "127.0.0.1:0".parse().unwrap()).with_exports(exports),
         )
         .unwrap();
         memnodes.push(node.addr());
@@ -82,10 +77,7 @@ fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
     let lockd = LockService::start(
         fabric(&name, 20),
         "127.0.0.1:0".parse().unwrap(),
-        &LockServiceConfig {
-            locks: 4 * ACCOUNTS,
-            ..LockServiceConfig::default()
-        },
+        &LockServiceConfig::default().with_locks(4 * ACCOUNTS),
     )
     .unwrap();
     let tf = fabric(&name, 21);
@@ -109,12 +101,12 @@ fn cluster(test: &str, partitions: u32, versions: usize) -> Cluster {
 impl Cluster {
     /// A client thread context on a node of its own.
     fn client(&self, protocol: Protocol) -> Rc<TxnClient> {
-        self.client_with(TxnConfig {
-            protocol,
-            history_limit_bytes: Some(64 << 20),
-            read_wait: Duration::from_millis(5),
-            ..TxnConfig::default()
-        })
+        self.client_with(
+            TxnConfig::default()
+                .with_protocol(protocol)
+                .with_history_limit_bytes(Some(64 << 20))
+                .with_read_wait(Duration::from_millis(5)),
+        )
     }
 
     /// A client thread context on a node of its own, with `cfg`.
@@ -258,11 +250,9 @@ fn concurrent_increments_lose_no_update() {
                         let ctx =
                             ThreadCtx::new(fabric(&name, 200 + tid), RuntimeConfig::default())
                                 .unwrap();
-                        let cfg = TxnConfig {
-                            protocol: p,
-                            history_limit_bytes: Some(64 << 20),
-                            ..TxnConfig::default()
-                        };
+                        let cfg = TxnConfig::default()
+                            .with_protocol(p)
+                            .with_history_limit_bytes(Some(64 << 20));
                         let c = Rc::new(TxnClient::connect(ctx.clone(), &addrs, cfg).unwrap());
                         let c2 = c.clone();
                         block_on(&ctx, async move {
@@ -436,11 +426,11 @@ fn concurrent_inserts_of_one_key_commit_once() {
 #[test]
 fn scythe_does_not_write_under_an_expired_ticket() {
     let cl = cluster("ticket-lease", 1, 2);
-    let expired = cl.client_with(TxnConfig {
-        protocol: Protocol::Scythe,
-        ticket_lease: Duration::ZERO,
-        ..TxnConfig::default()
-    });
+    let expired = cl.client_with(
+        TxnConfig::default()
+            .with_protocol(Protocol::Scythe)
+            .with_ticket_lease(Duration::ZERO),
+    );
     let c = cl.client(Protocol::Scythe);
     let key = 11u64;
     // Each client runs on its own executor (one `run` each).
@@ -626,11 +616,9 @@ fn mvcc_without_cas_never_writes_a_lock_word() {
     let (addrs, name) = (cl.addrs.clone(), cl.guard.name().to_string());
     let client = |node: u32, unsafe_no_lock_cas: bool| {
         let ctx = ThreadCtx::new(fabric(&name, node), RuntimeConfig::default()).unwrap();
-        let cfg = TxnConfig {
-            protocol: Protocol::Mvcc(Isolation::Serializable),
-            unsafe_no_lock_cas,
-            ..TxnConfig::default()
-        };
+        let cfg = TxnConfig::default()
+            .with_protocol(Protocol::Mvcc(Isolation::Serializable))
+            .with_unsafe_no_lock_cas(unsafe_no_lock_cas);
         Rc::new(TxnClient::connect(ctx, &addrs, cfg).unwrap())
     };
     let client = &client;

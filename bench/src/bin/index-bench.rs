@@ -318,12 +318,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
     exports.insert(EXPORT_KEY.into(), serde_json::to_value(export)?);
     let node = Node::start(
         f,
-        NodeConfig {
-            role: "rtx-mn".into(),
-            listen: "127.0.0.1:0".parse()?,
-            exports,
-            rpc: None,
-        },
+        NodeConfig::new("rtx-mn", "127.0.0.1:0".parse()?).with_exports(exports),
     )?;
     let mn = node.addr();
     let connect = |node: u32| -> Result<(Rc<ThreadCtx>, RrpcMem)> {

@@ -840,17 +840,12 @@ fn start_service(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Start
     exports.insert(DSLR_EXPORT.to_string(), dslr.export());
     let node = Node::start_with(
         f,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: env.listen(),
-            exports,
-            rpc: Some((table.handlers(), 1)),
-        },
-        ServerConfig {
-            cores: p.core.into_iter().collect(),
-            idle_sleep_us: p.idle_sleep_us,
-            ..ServerConfig::default()
-        },
+        NodeConfig::new("lockd", env.listen())
+            .with_exports(exports)
+            .rpc(table.handlers(), 1),
+        ServerConfig::default()
+            .with_cores(p.core.into_iter().collect())
+            .with_idle_sleep_us(p.idle_sleep_us),
     )?;
     Ok(Started {
         addr: node.addr(),
@@ -923,15 +918,13 @@ fn measure_probed(
                         .map_err(anyhow::Error::msg)?;
                     let info = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?;
                     let lc = Rc::new(LockClient::from_info(&info)?);
-                    let cfg = BaselineConfig {
-                        backoff: Backoff {
+                    let cfg = BaselineConfig::default()
+                        .with_backoff(Backoff {
                             base: Duration::from_micros(1),
                             cap: Duration::from_micros(v.cas_cap_us.max(1)),
-                        },
-                        seed: c.seed_arg.seed,
-                        client: Some(t as u16),
-                        ..BaselineConfig::default()
-                    };
+                        })
+                        .with_seed(c.seed_arg.seed)
+                        .with_client(Some(t as u16));
                     let any = match kind {
                         Kind::Takeout => None,
                         Kind::Cas => Some(LockKind::Cas),
@@ -1260,12 +1253,7 @@ fn measure_table(
     ));
     let node = Node::start(
         open(1)?,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: "127.0.0.1:0".parse()?,
-            exports: BTreeMap::new(),
-            rpc: Some((svc.handlers(), 1)),
-        },
+        NodeConfig::new("lockd", "127.0.0.1:0".parse()?).rpc(svc.handlers(), 1),
     )?;
     let addr = node.addr();
     let t0 = Instant::now();
@@ -1284,10 +1272,7 @@ fn measure_table(
                             None
                         }
                     };
-                    let cfg = TableClientConfig {
-                        batch,
-                        ..TableClientConfig::default()
-                    };
+                    let cfg = TableClientConfig::default().with_batch(batch);
                     let tc = Rc::new(TableClient::new(map, local, cfg));
                     let hist = Rc::new(RefCell::new(new_hist()));
                     let (pairs, aborts) = (Rc::new(Cell::new(0u64)), Rc::new(Cell::new(0u64)));

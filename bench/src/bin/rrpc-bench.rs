@@ -351,16 +351,8 @@ fn start_server(_: &serde_json::Value, env: &PointEnv<'_>, server_core: usize) -
     });
     let node = Node::start_with(
         f,
-        NodeConfig {
-            role: "rrpc-bench".into(),
-            listen: env.listen(),
-            exports: BTreeMap::new(),
-            rpc: Some((h, 1)),
-        },
-        ServerConfig {
-            cores: vec![server_core],
-            ..ServerConfig::default()
-        },
+        NodeConfig::new("rrpc-bench", env.listen()).rpc(h, 1),
+        ServerConfig::default().with_cores(vec![server_core]),
     )?;
     Ok(Started {
         addr: node.addr(),
@@ -803,11 +795,9 @@ fn batching_on(
         let cs = Batching::ALL
             .iter()
             .map(|&b| {
-                let cfg = RuntimeConfig {
-                    batching: b,
-                    rocket,
-                    ..RuntimeConfig::default()
-                };
+                let cfg = RuntimeConfig::default()
+                    .with_batching(b)
+                    .with_rocket(rocket);
                 let (ctx, node) = bed.client(cfg)?;
                 Ok(Contender {
                     ctx,
@@ -1038,10 +1028,7 @@ fn modes_on(
             } else {
                 RocketConfig::default()
             };
-            let cfg = RuntimeConfig {
-                rocket,
-                ..RuntimeConfig::default()
-            };
+            let cfg = RuntimeConfig::default().with_rocket(rocket);
             let (ctx, node) = bed.client(cfg)?;
             cs.push(Contender {
                 ctx,

@@ -344,12 +344,9 @@ fn start_oracle(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Starte
     });
     let node = Node::start(
         f,
-        NodeConfig {
-            role: "tso".into(),
-            listen: env.listen(),
-            exports,
-            rpc,
-        },
+        NodeConfig::new("tso", env.listen())
+            .with_exports(exports)
+            .with_rpc(rpc),
     )?;
     Ok(Started {
         addr: node.addr(),

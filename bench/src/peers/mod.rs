@@ -413,10 +413,8 @@ mod tests {
         let name = format!("bench-peers-{}-{tag}", std::process::id());
         let (_cluster, _) = ClusterGuard::new(&name)?;
         fabric_rtt(cfg, &|id| {
-            let c = FabricConfig {
-                model: Some(model.into()),
-                ..FabricConfig::new(FabricKind::Shm, &name, rrpc::NodeId(id))
-            };
+            let c = FabricConfig::new(FabricKind::Shm, &name, rrpc::NodeId(id))
+                .with_model(Some(model.into()));
             Ok(Fabric::open(&c)?)
         })
     }

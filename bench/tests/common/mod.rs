@@ -162,12 +162,10 @@ fn coordinator(
     tid: usize,
 ) -> (History, u64) {
     let ctx = ThreadCtx::new(fabric, RuntimeConfig::default()).unwrap();
-    let cfg = TxnConfig {
-        protocol,
-        history_limit_bytes: Some(64 << 20),
-        lotus,
-        ..TxnConfig::default()
-    };
+    let cfg = TxnConfig::default()
+        .with_protocol(protocol)
+        .with_history_limit_bytes(Some(64 << 20))
+        .with_lotus(lotus);
     let client = Rc::new(TxnClient::connect(ctx.clone(), &addrs, cfg).unwrap());
     let commits = Rc::new(RefCell::new(0u64));
     let until = Instant::now() + run_for;

@@ -19,12 +19,9 @@ pub fn lockd_node(
 ) -> Node {
     Node::start(
         fabric,
-        NodeConfig {
-            role: "lockd".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: Some((handlers, threads)),
-        },
+        NodeConfig::new("lockd", "127.0.0.1:0".parse().unwrap())
+            .with_exports(exports)
+            .with_rpc(Some((handlers, threads))),
     )
     .unwrap()
 }
@@ -36,10 +33,9 @@ pub fn lockd_node(
 /// one dropped first) with a larger incarnation.
 pub fn open_as(cluster: &rrpc::fabric::shm::ClusterGuard, node: u32, incarnation: u64) -> Fabric {
     let kind = FabricKind::from_env().unwrap();
-    Fabric::open(&FabricConfig {
-        incarnation,
-        ..FabricConfig::new(kind, cluster.name(), NodeId(node))
-    })
+    Fabric::open(
+        &FabricConfig::new(kind, cluster.name(), NodeId(node)).with_incarnation(incarnation),
+    )
     .unwrap()
 }
 
@@ -177,18 +173,13 @@ pub fn child_main() {
     let server: SocketAddr = var("LOCKD_CHILD_SERVER").parse().unwrap();
     let ts: u64 = var("LOCKD_CHILD_TS").parse().unwrap();
     let kind = FabricKind::from_env().unwrap();
-    let cfg = FabricConfig {
-        incarnation: std::env::var("LOCKD_CHILD_INCARNATION")
-            .map_or(CHILD_INCARNATION, |v| v.parse().unwrap()),
-        ..FabricConfig::new(kind, &var("LOCKD_CHILD_CLUSTER"), NodeId(node))
-    };
+    let cfg = FabricConfig::new(kind, &var("LOCKD_CHILD_CLUSTER"), NodeId(node)).with_incarnation(
+        std::env::var("LOCKD_CHILD_INCARNATION").map_or(CHILD_INCARNATION, |v| v.parse().unwrap()),
+    );
     let fabric = Fabric::open(&cfg).unwrap();
     let ctx = ThreadCtx::new(
         fabric,
-        RuntimeConfig {
-            call_timeout: Duration::from_secs(5),
-            ..RuntimeConfig::default()
-        },
+        RuntimeConfig::default().with_call_timeout(Duration::from_secs(5)),
     )
     .unwrap();
     let info = ctx.connect_rpc(server).unwrap();

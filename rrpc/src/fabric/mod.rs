@@ -424,7 +424,11 @@ impl std::fmt::Display for FabricKind {
 }
 
 /// How to open a fabric endpoint for one node of a cluster.
+///
+/// Non-exhaustive: outside rrpc, build one with [`FabricConfig::new`] and the `with_*`
+/// setters.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct FabricConfig {
     /// Backend.
     pub kind: FabricKind,
@@ -478,6 +482,50 @@ impl FabricConfig {
             model: None,
             incarnation: default_incarnation(),
         }
+    }
+
+    /// Set [`FabricConfig::device`]: the RDMA device name (verbs).
+    pub fn with_device(mut self, device: Option<String>) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// Set [`FabricConfig::gid_index`]: the GID index (verbs).
+    pub fn with_gid_index(mut self, gid_index: Option<u32>) -> Self {
+        self.gid_index = gid_index;
+        self
+    }
+
+    /// Set [`FabricConfig::port`]: the RDMA port number (verbs).
+    pub fn with_port(mut self, port: Option<u8>) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Set [`FabricConfig::traffic_class`]: the RoCE traffic class, DSCP in the upper 6
+    /// bits and ECN in the lower 2 (verbs).
+    pub fn with_traffic_class(mut self, traffic_class: Option<u8>) -> Self {
+        self.traffic_class = traffic_class;
+        self
+    }
+
+    /// Set [`FabricConfig::service_level`]: the service level, 0 to 15 (verbs).
+    pub fn with_service_level(mut self, service_level: Option<u8>) -> Self {
+        self.service_level = service_level;
+        self
+    }
+
+    /// Set [`FabricConfig::model`]: the shm backend's timing model, a built-in name or a
+    /// TOML profile's path (`None`: `$RRPC_MODEL`, else none).
+    pub fn with_model(mut self, model: Option<String>) -> Self {
+        self.model = model;
+        self
+    }
+
+    /// Set [`FabricConfig::incarnation`]: this process's incarnation of the node.
+    pub fn with_incarnation(mut self, incarnation: u64) -> Self {
+        self.incarnation = incarnation;
+        self
     }
 
     /// The timing model this config asks for (`model`, else `$RRPC_MODEL`), loaded.

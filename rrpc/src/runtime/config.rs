@@ -13,8 +13,27 @@ use super::ConnectError;
 
 /// Runtime settings. As a TOML table the keys are kebab-case, durations are integer
 /// milliseconds (`call-timeout-ms`), and every key may be left out for its default.
+///
+/// Non-exhaustive, so that a setting can be added without breaking the crates that
+/// embed rrpc: outside rrpc, start from [`RuntimeConfig::default`] and change fields
+/// with the `with_*` setters (or assign them on a `let mut` binding).
+///
+/// ```
+/// use std::time::Duration;
+/// use rrpc::rocket::RocketConfig;
+/// use rrpc::runtime::RuntimeConfig;
+///
+/// let cfg = RuntimeConfig::default()
+///     .with_call_timeout(Duration::from_millis(500))
+///     .with_rocket(RocketConfig::new(512, 128));
+/// assert_eq!(cfg.call_timeout, Duration::from_millis(500));
+/// assert_eq!(cfg.rocket.buckets, 128);
+/// assert_eq!(cfg.sq_depth, RuntimeConfig::default().sq_depth);
+/// cfg.validate().unwrap();
+/// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RuntimeConfig {
     /// Geometry of the request and response Rockets of each RPC channel (default 64
     /// buckets of 512 B; at most what the server admits, see
@@ -72,6 +91,68 @@ impl Default for RuntimeConfig {
 }
 
 impl RuntimeConfig {
+    /// Set [`RuntimeConfig::rocket`]: the geometry of each RPC channel's Rockets.
+    pub fn with_rocket(mut self, rocket: RocketConfig) -> Self {
+        self.rocket = rocket;
+        self
+    }
+
+    /// Set [`RuntimeConfig::batching`]: batching of RPC traffic, both directions.
+    pub fn with_batching(mut self, batching: Batching) -> Self {
+        self.batching = batching;
+        self
+    }
+
+    /// Set [`RuntimeConfig::call_timeout`]: default deadline of an RPC call (at least 1 ms).
+    pub fn with_call_timeout(mut self, call_timeout: Duration) -> Self {
+        self.call_timeout = call_timeout;
+        self
+    }
+
+    /// Set [`RuntimeConfig::connect_timeout`]: how long connection setup waits for a node.
+    pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Self {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+
+    /// Set [`RuntimeConfig::sq_depth`]: send-queue depth of each QP, in WRs (at least 1).
+    pub fn with_sq_depth(mut self, sq_depth: usize) -> Self {
+        self.sq_depth = sq_depth;
+        self
+    }
+
+    /// Set [`RuntimeConfig::threads_per_qp`]: threads per QP before a straw adds a QP.
+    pub fn with_threads_per_qp(mut self, threads_per_qp: usize) -> Self {
+        self.threads_per_qp = threads_per_qp;
+        self
+    }
+
+    /// Set [`RuntimeConfig::mode_threshold`]: largest inline reply of [`ReplyMode::Auto`],
+    /// in bytes.
+    pub fn with_mode_threshold(mut self, mode_threshold: usize) -> Self {
+        self.mode_threshold = mode_threshold;
+        self
+    }
+
+    /// Set [`RuntimeConfig::buffer_bytes`]: registered buffer per thread, in bytes.
+    pub fn with_buffer_bytes(mut self, buffer_bytes: usize) -> Self {
+        self.buffer_bytes = buffer_bytes;
+        self
+    }
+
+    /// Set [`RuntimeConfig::max_transfer`]: largest single transfer, in bytes.
+    pub fn with_max_transfer(mut self, max_transfer: usize) -> Self {
+        self.max_transfer = max_transfer;
+        self
+    }
+
+    /// Set [`RuntimeConfig::reconnect_give_up`]: how long a failed QP keeps trying to
+    /// reconnect before its node is reported dead.
+    pub fn with_reconnect_give_up(mut self, reconnect_give_up: Duration) -> Self {
+        self.reconnect_give_up = reconnect_give_up;
+        self
+    }
+
     /// Check the settings. Errors: [`ConnectError::Config`] naming the field and rule.
     pub fn validate(&self) -> Result<(), ConnectError> {
         self.rocket.validate().map_err(ConnectError::Rocket)?;

@@ -50,8 +50,12 @@ use crate::NodeId;
 
 /// Settings of an [`RpcServer`]. As a TOML table the keys are kebab-case, durations
 /// integer milliseconds, and every key may be left out for its default.
+///
+/// Non-exhaustive: outside rrpc, build one from [`ServerConfig::default`] with the
+/// `with_*` setters (or assign fields on a `let mut` binding).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// Server threads (default 1, at least 1); Rockets are spread over them round robin.
     pub threads: usize,
@@ -98,6 +102,59 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// Set [`ServerConfig::threads`]: server threads (at least 1).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Set [`ServerConfig::buffer_bytes`]: registered buffer per thread, in bytes.
+    pub fn with_buffer_bytes(mut self, buffer_bytes: usize) -> Self {
+        self.buffer_bytes = buffer_bytes;
+        self
+    }
+
+    /// Set [`ServerConfig::max_reply_bytes`]: largest READ-mode or zero-copy reply or
+    /// fetched request, in bytes.
+    pub fn with_max_reply_bytes(mut self, max_reply_bytes: usize) -> Self {
+        self.max_reply_bytes = max_reply_bytes;
+        self
+    }
+
+    /// Set [`ServerConfig::read_hold`]: how long an unreleased RPC+READ reply buffer is held.
+    pub fn with_read_hold(mut self, read_hold: Duration) -> Self {
+        self.read_hold = read_hold;
+        self
+    }
+
+    /// Set [`ServerConfig::cores`]: CPU cores to pin the threads to, round robin (empty:
+    /// not pinned).
+    pub fn with_cores(mut self, cores: Vec<usize>) -> Self {
+        self.cores = cores;
+        self
+    }
+
+    /// Set [`ServerConfig::max_ring_bytes`]: largest Rocket ring a requester may open, in
+    /// bytes.
+    pub fn with_max_ring_bytes(mut self, max_ring_bytes: usize) -> Self {
+        self.max_ring_bytes = max_ring_bytes;
+        self
+    }
+
+    /// Set [`ServerConfig::max_rockets_per_straw`]: most Rocket pairs one requester process
+    /// may hold open.
+    pub fn with_max_rockets_per_straw(mut self, max_rockets_per_straw: usize) -> Self {
+        self.max_rockets_per_straw = max_rockets_per_straw;
+        self
+    }
+
+    /// Set [`ServerConfig::idle_sleep_us`]: longest sleep of an idle server thread, in
+    /// microseconds (0: never sleeps).
+    pub fn with_idle_sleep_us(mut self, idle_sleep_us: u64) -> Self {
+        self.idle_sleep_us = idle_sleep_us;
+        self
+    }
+
     /// Check the settings. Errors: [`FabricError::InvalidArgument`] naming the field.
     pub fn validate(&self) -> Result<(), FabricError> {
         let bad = |what: &str| {

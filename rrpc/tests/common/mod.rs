@@ -40,12 +40,7 @@ pub fn echo_handlers() -> Handlers {
 pub fn server_with(cluster: &str, handlers: Handlers, threads: usize) -> Node {
     Node::start(
         fabric(cluster, 1),
-        NodeConfig {
-            role: "echo".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports: BTreeMap::new(),
-            rpc: Some((handlers, threads)),
-        },
+        NodeConfig::new("echo", "127.0.0.1:0".parse().unwrap()).with_rpc(Some((handlers, threads))),
     )
     .unwrap()
 }
@@ -63,12 +58,7 @@ pub fn mem_node(cluster: &str, node: u32, bytes: usize) -> (Node, MemoryRegion) 
     exports.insert("mr".into(), serde_json::to_value(mr.desc()).unwrap());
     let n = Node::start(
         f,
-        NodeConfig {
-            role: "mem".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
+        NodeConfig::new("mem", "127.0.0.1:0".parse().unwrap()).with_exports(exports),
     )
     .unwrap();
     (n, mr)

@@ -68,12 +68,7 @@ fn threads_over_shm_insert_disjoint_and_overlapping_keys() {
     exports.insert(EXPORT_KEY.into(), serde_json::to_value(export).unwrap());
     let node = Node::start(
         f,
-        NodeConfig {
-            role: "rtx-mn".into(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            exports,
-            rpc: None,
-        },
+        NodeConfig::new("rtx-mn", "127.0.0.1:0".parse().unwrap()).with_exports(exports),
     )
     .unwrap();
     let mn = node.addr();

@@ -113,19 +113,20 @@ fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
         oracle_retry_ms: f.oracle_retry_ms.or(t.oracle_retry_ms),
     };
     let d = ProxyConfig::default();
-    let cfg = ProxyConfig {
-        threads: cli.threads.or(f.threads).unwrap_or(d.threads),
-        oracle_qps: cli.oracle_qps.or(f.oracle_qps).unwrap_or(d.oracle_qps),
-        max_range: cli.max_range.or(f.max_range).unwrap_or(DEFAULT_MAX_RANGE),
-        oracle_wait_ms: cli
-            .oracle_wait_ms
-            .or(f.oracle_wait_ms)
-            .unwrap_or(d.oracle_wait_ms),
-        oracle_retry_ms: cli
-            .oracle_retry_ms
-            .or(f.oracle_retry_ms)
-            .unwrap_or(d.oracle_retry_ms),
-    };
+    let cfg = ProxyConfig::default()
+        .with_threads(cli.threads.or(f.threads).unwrap_or(d.threads))
+        .with_oracle_qps(cli.oracle_qps.or(f.oracle_qps).unwrap_or(d.oracle_qps))
+        .with_max_range(cli.max_range.or(f.max_range).unwrap_or(DEFAULT_MAX_RANGE))
+        .with_oracle_wait_ms(
+            cli.oracle_wait_ms
+                .or(f.oracle_wait_ms)
+                .unwrap_or(d.oracle_wait_ms),
+        )
+        .with_oracle_retry_ms(
+            cli.oracle_retry_ms
+                .or(f.oracle_retry_ms)
+                .unwrap_or(d.oracle_retry_ms),
+        );
     cfg.validate()?;
     let Some(oracle) = cli.oracle.or(f.oracle) else {
         bail!("no oracle: give --oracle ADDR or `oracle = \"ADDR\"` in --config");

@@ -313,12 +313,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     let node = Node::start_tuned(
         fabric,
-        NodeConfig {
-            role: "memnode".into(),
-            listen: args.node.listen,
-            exports,
-            rpc: None,
-        },
+        NodeConfig::new("memnode", args.node.listen).with_exports(exports),
         &args.node.rpc_settings()?,
     )?;
     tracing::info!(
