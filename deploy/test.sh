@@ -36,8 +36,8 @@
 #    SIGKILLed mid-run and recovered (SmallBank, --protocol all), the lock service
 #    SIGKILLed and restarted under Scythe, and a memory node SIGKILLed and failed over
 #    to its backup (SmallBank, two copies, --protocol all), and RCC's protocols (both
-#    variants on SmallBank and YCSB, liveness at full contention), against the Linux kernel's
-#    RDMA stack (Soft-RoCE), inside a qemu VM
+#    variants on SmallBank, YCSB and TPC-C New-Order; doorbell batching; the timestamp
+#    oracle), against the Linux kernel's RDMA stack (Soft-RoCE), inside a qemu VM
 #    (deploy/vm/softroce-vm.sh). RRPC_SKIP_VM=1 skips this.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -39,7 +39,8 @@ for exe in "$@"; do
     tpcc) only=(--exact tpcc_on_occ_cas) ;;
     # The planted-bug and liveness tests are timing-dependent: shm only.
     rcc_cluster) only=(--exact every_protocol_and_variant_passes_its_checks
-      one_sided_lock_and_read_shares_doorbells waitdie_and_mvcc_run_on_the_timestamp_oracle) ;;
+      one_sided_lock_and_read_shares_doorbells waitdie_and_mvcc_run_on_the_timestamp_oracle
+      every_protocol_and_variant_passes_the_new_order_check) ;;
     # A coordinator process SIGKILLed mid-run on verbs: its memory nodes and lockd fence
     # its QPs, the survivor recovers it (logs, sweep, tickets), its next incarnation
     # starts; money exact, nothing held (etcd from the host's filesystem, on loopback).

@@ -19,6 +19,7 @@ use rrpc::fabric::{Fabric, FabricConfig, FabricKind, MemoryRegion, MrDesc};
 use rrpc::node::{Node, NodeConfig, ServerRuntime};
 use rrpc::runtime::{RuntimeConfig, Stats as RrpcStats, ThreadCtx};
 use rrpc::server::{Handlers, ServerConfig};
+use rrpc::wire::Batching;
 use rrpc::NodeId;
 
 use crate::calls::{AnyNet, CallTransport, CallTransportFactory, CallsNet, NodeHandlers};
@@ -253,7 +254,17 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
                 move || shared.stop.load(Ordering::Acquire)
             }),
         );
-        let rt = ServerRuntime::new(RuntimeConfig::default()).with_setup({
+        // Batching off is off in the runtime too: without it the runtime would still
+        // post a round's pending WRs under one doorbell.
+        let rt_cfg = RuntimeConfig {
+            batching: if cfg.doorbell_batching {
+                Batching::Combined
+            } else {
+                Batching::Msg
+            },
+            ..RuntimeConfig::default()
+        };
+        let rt = ServerRuntime::new(rt_cfg).with_setup({
             let (shared, layout, wl, cfg) =
                 (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
             let store = MrStore(mr.clone());
@@ -366,6 +377,9 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         rrpc.doorbells += s.doorbells;
         rrpc.wrs += s.wrs;
         rrpc.messages += s.messages;
+        rrpc.one_sided_lists += s.one_sided_lists;
+        rrpc.one_sided_completions += s.one_sided_completions;
+        rrpc.unmatched_completions += s.unmatched_completions;
         first = Some(first.map_or(t0, |f| f.min(t0)));
         end = Some(end.map_or(t1, |e| e.max(t1)));
     }
@@ -374,6 +388,9 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
     rrpc.doorbells /= per;
     rrpc.wrs /= per;
     rrpc.messages /= per;
+    rrpc.one_sided_lists /= per;
+    rrpc.one_sided_completions /= per;
+    rrpc.unmatched_completions /= per;
     let tuple = |node: usize, off: u64, len: usize| {
         let mut b = vec![0; len];
         regions[node].read(off as usize, &mut b);

@@ -120,6 +120,11 @@ pub struct Stats {
     pub ops: u64,
     /// RPC messages sent.
     pub msgs: u64,
+    /// One-sided record pairs issued: lock-and-read pairs ([`Coord::pair`]) and
+    /// per-record update-and-unlock lists ([`Coord::write_list`]). With doorbell
+    /// batching each goes out in one list with one signaled completion (RCC, 4.2), or
+    /// shares a list with others.
+    pub pairs: u64,
     /// Nanoseconds spent per [`Stage`].
     pub stage_ns: [u64; 5],
     /// Round trips per [`Stage`].
@@ -132,6 +137,7 @@ impl Stats {
         self.rounds += o.rounds;
         self.ops += o.ops;
         self.msgs += o.msgs;
+        self.pairs += o.pairs;
         for i in 0..5 {
             self.stage_ns[i] += o.stage_ns[i];
             self.stage_rounds[i] += o.stage_rounds[i];
@@ -388,6 +394,7 @@ impl<N: Net> Coord<N> {
     /// Await `a` and `b` together: posted in one doorbell with batching on, `b` a
     /// scheduler turn after `a` (its own doorbell, the same QP) with it off.
     pub async fn pair<A: Future, B: Future>(&self, a: A, b: B) -> (A::Output, B::Output) {
+        self.stats.borrow_mut().pairs += 1;
         if self.doorbell_batching {
             futures::join!(a, b)
         } else {
@@ -402,6 +409,7 @@ impl<N: Net> Coord<N> {
     /// on one QP (one doorbell) with batching on, or one WR per scheduler turn with it
     /// off (still in order: one QP). Errors: the first failed WRITE.
     pub async fn write_list(&self, node: usize, writes: &[(u64, &[u8])]) -> Result<(), NetError> {
+        self.stats.borrow_mut().pairs += 1;
         if self.doorbell_batching || writes.len() < 2 {
             return self.net.write_ordered(node, writes).await;
         }

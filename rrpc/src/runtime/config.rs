@@ -274,6 +274,14 @@ pub struct Stats {
     /// Calls whose reply buffer was found expired or reused (READ mode) or whose
     /// zero-copy trailer did not match: failed with [`super::CallError::Expired`].
     pub expired_replies: u64,
+    /// Lists of one-sided WRs posted (each a doorbell whose last WR alone is signaled).
+    pub one_sided_lists: u64,
+    /// Signaled completions received for one-sided lists: equal to
+    /// [`Stats::one_sided_lists`] once every list has completed, one per list.
+    pub one_sided_completions: u64,
+    /// Completions whose list had already finished (a list signaled more than once, or
+    /// failed before its completion arrived): 0 in a healthy run.
+    pub unmatched_completions: u64,
 }
 
 impl Stats {
@@ -301,6 +309,9 @@ impl Stats {
         self.zero_copy_replies += o.zero_copy_replies;
         self.fetched_requests += o.fetched_requests;
         self.expired_replies += o.expired_replies;
+        self.one_sided_lists += o.one_sided_lists;
+        self.one_sided_completions += o.one_sided_completions;
+        self.unmatched_completions += o.unmatched_completions;
     }
 }
 

@@ -915,6 +915,7 @@ impl ThreadCtx {
                 failed_wr,
             } = inner.done[i];
             let Some(rec) = inner.lists.take(token) else {
+                inner.stats.unmatched_completions += 1;
                 continue;
             };
             if status != WcStatus::Success {
@@ -922,6 +923,7 @@ impl ThreadCtx {
             }
             match rec {
                 Rec::OneSided { conn, mut ops } => {
+                    inner.stats.one_sided_completions += 1;
                     let c = &mut inner.conns[conn];
                     c.os_lists -= 1;
                     let node = c.node;
@@ -1090,6 +1092,7 @@ impl ThreadCtx {
             }
             inner.lists.set(token, Rec::OneSided { conn: ci, ops });
             inner.stats.doorbells += 1;
+            inner.stats.one_sided_lists += 1;
             inner.stats.wrs += n as u64;
             conn.os_lists += 1;
             posted += n;
