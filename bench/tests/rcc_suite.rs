@@ -3,6 +3,8 @@
 //! JSON, TPC-C New-Order, a sweep with its chart, the doorbell-batching ablation and the
 //! transport comparison (rrpc against tonic); bad flags fail with a message and exit code 2.
 
+mod common;
+
 use std::process::Command;
 
 fn txn_bench(args: &[&str]) -> std::process::Output {
@@ -71,12 +73,7 @@ fn the_suite_compares_every_protocol_in_both_variants() {
         );
         // JSON Lines: the metadata record, one record per run, the summary.
         let text = std::fs::read_to_string(&json).unwrap();
-        let recs: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(recs[0]["record"], "meta", "{text}");
-        assert_eq!(recs[0]["binary"], "txn-bench --suite rcc", "{text}");
+        let recs = common::json_lines(&text, "txn-bench --suite rcc");
         assert_eq!(recs[0]["model"], "none", "{text}");
         let runs: Vec<_> = recs.iter().filter(|r| r["record"] == "run").collect();
         assert_eq!(runs.len(), 2 * rcc::Proto::ALL.len());

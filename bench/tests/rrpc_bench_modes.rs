@@ -5,6 +5,8 @@
 //! line and the sentence saying why the crossover lies there. (The figures are the
 //! benchmark's business, not this test's.)
 
+mod common;
+
 use std::process::Command;
 
 /// The sizes `rrpc-bench modes` lists by default, as it labels them; each must have a
@@ -12,19 +14,6 @@ use std::process::Command;
 const DEFAULT_SIZES: [&str; 11] = [
     "64B", "128B", "256B", "512B", "1KiB", "2KiB", "4KiB", "16KiB", "64KiB", "256KiB", "1MiB",
 ];
-
-/// The records of a `--json` file (JSON Lines): every line parses; the first is the
-/// metadata record of `binary`.
-fn json_lines(path: &std::path::Path, binary: &str) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    let recs: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
-    assert_eq!(recs[0]["record"], "meta", "{text}");
-    assert_eq!(recs[0]["binary"], binary, "{text}");
-    recs
-}
 
 #[test]
 fn modes_runs_every_listed_size_and_prints_the_crossover() {
@@ -71,7 +60,7 @@ fn modes_runs_every_listed_size_and_prints_the_crossover() {
         "no explanation of the crossover:\n{stdout}"
     );
     // JSON Lines: the metadata record, one record per point as measured, the summary.
-    let recs = json_lines(&json, "rrpc-bench");
+    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "rrpc-bench");
     let measured: Vec<_> = recs
         .iter()
         .filter(|r| r["record"] == "point" && r["experiment"] == "modes")

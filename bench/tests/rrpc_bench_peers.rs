@@ -4,25 +4,14 @@
 //! is refused before anything runs. (The figures are the benchmark's business, not this
 //! test's.)
 
+mod common;
+
 use std::process::Command;
 
 fn rrpc_bench() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rrpc-bench"));
     c.env("RRPC_FABRIC", "shm").env("RRPC_MODEL", "none");
     c
-}
-
-/// The records of a `--json` file (JSON Lines): every line parses; the first is the
-/// metadata record of `binary`.
-fn json_lines(path: &std::path::Path, binary: &str) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    let recs: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
-    assert_eq!(recs[0]["record"], "meta", "{text}");
-    assert_eq!(recs[0]["binary"], binary, "{text}");
-    recs
 }
 
 #[test]
@@ -51,7 +40,7 @@ fn peers_rounds_reports_every_round_and_groups_them_by_speed() {
     );
     assert!(stdout.contains("2 matched rounds"), "{stdout}");
     assert!(stdout.contains("rounds by machine speed"), "{stdout}");
-    let recs = json_lines(&json, "rrpc-bench");
+    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "rrpc-bench");
     let doc = recs.last().unwrap();
     assert_eq!(doc["record"], "summary");
     let r = &doc["results"]["peers_rounds"];

@@ -6,6 +6,8 @@
 //! commits after the restart, a larger epoch, every coordinator thread on the new
 //! incarnation, money conserved, no lock held, a serializable history.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
@@ -46,11 +48,7 @@ fn smallbank_keeps_committing_across_a_sigkilled_oracle() {
     );
     // JSON Lines: the metadata record, the run's record, the summary.
     let text = std::fs::read_to_string(&json).unwrap();
-    let recs: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(recs[0]["record"], "meta", "{text}");
+    let recs = common::json_lines(&text, "txn-bench");
     assert_eq!(recs[1]["record"], "run", "{text}");
     let summary = recs.last().unwrap().clone();
     assert_eq!(summary["record"], "summary", "{text}");

@@ -256,14 +256,11 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         );
         // Batching off is off in the runtime too: without it the runtime would still
         // post a round's pending WRs under one doorbell.
-        let rt_cfg = RuntimeConfig {
-            batching: if cfg.doorbell_batching {
-                Batching::Combined
-            } else {
-                Batching::Msg
-            },
-            ..RuntimeConfig::default()
-        };
+        let rt_cfg = RuntimeConfig::default().with_batching(if cfg.doorbell_batching {
+            Batching::Combined
+        } else {
+            Batching::Msg
+        });
         let rt = ServerRuntime::new(rt_cfg).with_setup({
             let (shared, layout, wl, cfg) =
                 (shared.clone(), layout.clone(), wl.clone(), cfg.clone());
