@@ -159,7 +159,9 @@ pub struct RunLength {
     /// seconds.
     #[arg(long, global = true, default_value = "10s", value_name = "TIME")]
     pub duration: Span,
-    /// Warm-up before each run or data point, not measured; units as --duration.
+    /// Warm-up before each data point, not measured; units as --duration. txn-bench
+    /// (and its suites) measures each run from its start on a freshly loaded cluster and
+    /// takes only 0.
     #[arg(long, global = true, default_value = "0s", value_name = "TIME")]
     pub warmup: Span,
     /// Old spelling of --duration, in milliseconds.
