@@ -211,21 +211,37 @@ where
     /// Read a batch's bytes in place: the checks and errors of [`Fixed`]'s decoding (a
     /// head plus whole entries, zero entries allowed), without copying the entries out.
     pub fn view(bytes: &[u8]) -> Result<BatchRef<'_, H, E>, CodecError> {
-        let (head_len, entry_len) = (size_of::<H>(), size_of::<E>());
-        let bad = || {
-            CodecError::other(format!(
-                "not a {head_len}-byte head plus whole {entry_len}-byte entries"
-            ))
-        };
-        if entry_len == 0 {
-            return Err(CodecError::other(
-                "a batch's entries must not be zero-sized",
-            ));
-        }
-        let (head, rest) = H::ref_from_prefix(bytes).map_err(|_| bad())?;
-        let entries = <[E] as zerocopy::FromBytes>::ref_from_bytes(rest).map_err(|_| bad())?;
+        check_batch_len::<H, E>(bytes.len())?;
+        let (head, rest) = H::ref_from_prefix(bytes).map_err(|_| bad_batch::<H, E>())?;
+        let entries =
+            <[E] as zerocopy::FromBytes>::ref_from_bytes(rest).map_err(|_| bad_batch::<H, E>())?;
         Ok(BatchRef { head, entries })
     }
+}
+
+/// The error of bytes that are not an `H` head plus whole `E` entries.
+fn bad_batch<H, E>() -> CodecError {
+    CodecError::other(format!(
+        "not a {}-byte head plus whole {}-byte entries",
+        size_of::<H>(),
+        size_of::<E>()
+    ))
+}
+
+/// The checks of a [`Batch`]'s decoding, copied ([`Fixed`]) or in place ([`Batch::view`]):
+/// `E` is not zero-sized and `len` bytes are an `H` head plus whole `E` entries (zero
+/// entries allowed).
+fn check_batch_len<H, E>(len: usize) -> Result<(), CodecError> {
+    let (head_len, entry_len) = (size_of::<H>(), size_of::<E>());
+    if entry_len == 0 {
+        return Err(CodecError::other(
+            "a batch's entries must not be zero-sized",
+        ));
+    }
+    if len < head_len || !(len - head_len).is_multiple_of(entry_len) {
+        return Err(bad_batch::<H, E>());
+    }
+    Ok(())
 }
 
 /// `R`'s request read in place ([`Batch::view`]), for an [`Rpc`] whose request is a
@@ -265,24 +281,11 @@ where
     }
 
     fn decode(bytes: &[u8]) -> Result<Batch<H, E>, CodecError> {
-        let (head_len, entry_len) = (size_of::<H>(), size_of::<E>());
-        let bad = || {
-            CodecError::other(format!(
-                "not a {head_len}-byte head plus whole {entry_len}-byte entries"
-            ))
-        };
-        if entry_len == 0 {
-            return Err(CodecError::other(
-                "a batch's entries must not be zero-sized",
-            ));
-        }
-        let (head, rest) = H::read_from_prefix(bytes).map_err(|_| bad())?;
-        if rest.len() % entry_len != 0 {
-            return Err(bad());
-        }
+        check_batch_len::<H, E>(bytes.len())?;
+        let (head, rest) = H::read_from_prefix(bytes).map_err(|_| bad_batch::<H, E>())?;
         let entries = rest
-            .chunks_exact(entry_len)
-            .map(|c| E::read_from_bytes(c).map_err(|_| bad()))
+            .chunks_exact(size_of::<E>())
+            .map(|c| E::read_from_bytes(c).map_err(|_| bad_batch::<H, E>()))
             .collect::<Result<_, _>>()?;
         Ok(Batch { head, entries })
     }
