@@ -302,7 +302,14 @@ fn row(p: Proto, v: Variant, point: Option<f64>, o: &Outcome) -> Row {
             .collect(),
         checks: match (&o.audit, &r.error, o.stalled) {
             (_, Some(e), _) => Err(format!("coordinator error: {e}")),
-            (_, _, true) => Err("stalled: no transaction committed for a watchdog period".into()),
+            (_, _, true) => Err(format!(
+                "stalled: no transaction committed for a watchdog period ({}); checks: {}",
+                o.stall.as_deref().unwrap_or("?"),
+                match &o.audit {
+                    Ok(l) => l.join("; "),
+                    Err(e) => e.clone(),
+                }
+            )),
             (a, _, _) => a.clone(),
         },
         stalled: o.stalled,

@@ -140,6 +140,11 @@ pub struct Outcome {
     pub audit: Result<Vec<String>, String>,
     /// The watchdog stopped the run: nothing committed for [`RunConfig::watchdog`].
     pub stalled: bool,
+    /// When [`Outcome::stalled`]: when the watchdog fired (seconds since the wait for
+    /// the coordinators began, against the run's duration), how many coordinators had
+    /// finished, and the commits so far; for telling a stall mid-run from one
+    /// coordinator that cannot finish its last transaction after the others stopped.
+    pub stall: Option<String>,
     /// The fabric and model that ran.
     pub fabric: String,
     /// With [`TsMode::Tso`]: the oracle's counter at the end (timestamps handed out).
@@ -153,6 +158,8 @@ struct Shared {
     reports: Mutex<Vec<(Report, RrpcStats, Instant, Instant)>>,
     stop: AtomicBool,
     stalled: AtomicBool,
+    /// [`Outcome::stall`].
+    stall: Mutex<Option<String>>,
     /// Commits so far, all coordinators, for the watchdog.
     commits: std::sync::atomic::AtomicU64,
     setup_error: Mutex<Option<String>>,
@@ -212,6 +219,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         reports: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
         stalled: AtomicBool::new(false),
+        stall: Mutex::new(None),
         commits: Default::default(),
         setup_error: Mutex::new(None),
         ready: Default::default(),
@@ -334,6 +342,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
     // Wait for every coordinator, with the watchdog.
     let deadline = Instant::now() + cfg.duration + Duration::from_secs(30);
     let mut last = (0u64, Instant::now());
+    let waited = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(10));
         if let Some(e) = shared.setup_error.lock().expect("lock").clone() {
@@ -352,6 +361,15 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         } else if c != last.0 {
             last = (c, Instant::now());
         } else if last.1.elapsed() > cfg.watchdog && !shared.stop.load(Ordering::Acquire) {
+            let finished = shared.reports.lock().expect("lock").len();
+            *shared.stall.lock().expect("lock") = Some(format!(
+                "no commit for {:.2} s, {:.2} s into a {:.2} s run; {finished} of {} \
+                 coordinators finished; {c} commits",
+                last.1.elapsed().as_secs_f64(),
+                waited.elapsed().as_secs_f64(),
+                cfg.duration.as_secs_f64(),
+                cfg.nodes * cfg.coroutines,
+            ));
             shared.stalled.store(true, Ordering::Release);
             shared.stop.store(true, Ordering::Release);
         }
@@ -403,6 +421,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
             }
         }
     }
+    let stall = shared.stall.lock().expect("lock").take();
     Ok(Outcome {
         report,
         elapsed: match (first, end) {
@@ -412,6 +431,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
         rrpc,
         audit,
         stalled: shared.stalled.load(Ordering::Acquire),
+        stall,
         fabric: fabric_desc,
         oracle_timestamps,
     })

@@ -183,16 +183,27 @@ pub fn audit(
 ) -> Result<Vec<String>, String> {
     let mut lines = Vec::new();
     let mut held = 0u64;
+    // The first few holders, named: a lock word is its owner (a coordinator's id or a
+    // transaction's timestamp), which tells a leaked lock's origin.
+    let mut named = Vec::new();
     for node in 0..layout.nodes() {
         for (t, k) in layout.keys_of(node) {
             let b = tuple(node, layout.tuple_off(t, k), layout.tuple_bytes(t));
-            if lock_of(&b) != 0 {
+            let owner = lock_of(&b);
+            if owner != 0 {
                 held += 1;
+                if named.len() < 4 {
+                    named.push(format!("node {node} table {t} key {k} by {owner:#x}"));
+                }
             }
         }
     }
     if held != 0 {
-        return Err(format!("{held} locks still held after the run"));
+        return Err(format!(
+            "{held} locks still held after the run ({}{})",
+            named.join(", "),
+            if held > named.len() as u64 { ", ..." } else { "" }
+        ));
     }
     lines.push("locks: all free".to_string());
     let read = |t: u32, k: u64| {
