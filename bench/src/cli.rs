@@ -1,7 +1,8 @@
 //! The command-line convention of the benchmark binaries (`txn-bench` and its
-//! `--suite rcc`, `rrpc-bench`, `lock-bench`, `tso-bench`): the argument groups every one
-//! of them flattens into its parser, with the same names, units and meanings, the
-//! parsing entry point that sets a binary's own defaults, and the exit-code rule.
+//! `--suite rcc`, `rrpc-bench`, `lock-bench`, `tso-bench`, `index-bench`): the argument
+//! groups every one of them flattens into its parser, with the same names, units and
+//! meanings, the parsing entry point that sets a binary's own defaults, and the exit-code
+//! rule.
 //!
 //! - [`FabricArgs`] holds `--fabric`, `--model`, with one default rule ([`FabricArgs::model`]).
 //! - [`RunLength`] holds `--duration`, `--warmup` with units ([`Span`]: `10s`, `500ms`, `2m`,

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use anyhow::Context;
-use hdrhistogram::serialization::{Serializer, V2Serializer};
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
@@ -241,6 +241,60 @@ pub fn base64(bytes: &[u8]) -> String {
     out
 }
 
+/// The histogram of a record's `hdr` field ([`latency_fields`]): base64, then
+/// HdrHistogram's serialization (V2, or any version its deserializer reads), values in ns.
+///
+/// Errors: text that is not standard padded base64, or bytes that are not a histogram.
+pub fn decode_hdr(hdr: &str) -> anyhow::Result<Histogram<u64>> {
+    let bytes = base64_decode(hdr)?;
+    Deserializer::new()
+        .deserialize(&mut bytes.as_slice())
+        .map_err(|e| anyhow::anyhow!("hdr: not an HdrHistogram serialization: {e:?}"))
+}
+
+/// Decode standard base64 (RFC 4648, with padding), as [`base64`] writes it.
+///
+/// Errors: a length that is not a multiple of 4, a character outside the alphabet, or
+/// padding anywhere but at the end of the last group.
+pub fn base64_decode(text: &str) -> anyhow::Result<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let b = text.as_bytes();
+    if !b.len().is_multiple_of(4) {
+        anyhow::bail!("base64: length {} is not a multiple of 4", b.len());
+    }
+    let groups = b.len() / 4;
+    let mut out = Vec::with_capacity(groups * 3);
+    for (g, quad) in b.chunks(4).enumerate() {
+        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 2 || (pad > 0 && g + 1 != groups) {
+            anyhow::bail!("base64: padding inside the text (group {g})");
+        }
+        let mut n = 0u32;
+        for (i, &c) in quad[..4 - pad].iter().enumerate() {
+            let v = val(c).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "base64: {:?} at {} is not in the alphabet",
+                    c as char,
+                    4 * g + i
+                )
+            })?;
+            n |= v << (18 - 6 * i);
+        }
+        let bytes = n.to_be_bytes();
+        out.extend_from_slice(&bytes[1..4 - pad]);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +311,12 @@ mod tests {
             ("foobar", "Zm9vYmFy"),
         ] {
             assert_eq!(base64(i.as_bytes()), o, "{i}");
+            assert_eq!(base64_decode(o).unwrap(), i.as_bytes(), "{o}");
+        }
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(base64_decode(&base64(&all)).unwrap(), all);
+        for bad in ["Zg=", "Zg==Zm8=", "Z===", "Zm9*", "Zm9v\n"] {
+            assert!(base64_decode(bad).is_err(), "{bad:?}");
         }
     }
 
@@ -270,7 +330,11 @@ mod tests {
         assert_eq!(f["count"], 1000);
         assert!(f["p50_ns"].as_u64().unwrap() <= f["p99_ns"].as_u64().unwrap());
         assert_eq!(f["max_ns"].as_u64().unwrap(), h.max());
-        assert!(!f["hdr"].as_str().unwrap().is_empty());
+        let back = decode_hdr(f["hdr"].as_str().unwrap()).unwrap();
+        assert_eq!(back.len(), 1000);
+        assert_eq!(back.max(), h.max());
+        assert_eq!(back.value_at_quantile(0.99), h.value_at_quantile(0.99));
+        assert!(decode_hdr("Zm9vYmFy").is_err());
     }
 
     #[test]

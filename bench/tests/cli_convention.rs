@@ -1,8 +1,9 @@
 //! The benchmark binaries' shared command line (`bench::cli`) as a user meets it:
-//! `txn-bench`, `rrpc-bench`, `lock-bench` and `tso-bench` each take `--fabric`,
-//! `--model`, `--duration` / `--warmup` with units, `--seed` and `--json`, and their
-//! `--json` file is JSON Lines starting with the metadata record; a bad flag value, or a
-//! flag value refused before anything runs, exits 2.
+//! `txn-bench`, `rrpc-bench`, `lock-bench`, `tso-bench` and `index-bench` each take
+//! `--fabric`, `--model`, `--duration` / `--warmup` with units, `--seed` and `--json`,
+//! and their `--json` file is JSON Lines starting with the metadata record, each point's
+//! latencies with an HDR histogram that decodes to the record's count; a bad flag value,
+//! or a flag value refused before anything runs, exits 2.
 
 mod common;
 
@@ -19,6 +20,7 @@ fn bin(name: &str) -> &'static str {
         "rrpc-bench" => env!("CARGO_BIN_EXE_rrpc-bench"),
         "lock-bench" => env!("CARGO_BIN_EXE_lock-bench"),
         "tso-bench" => env!("CARGO_BIN_EXE_tso-bench"),
+        "index-bench" => env!("CARGO_BIN_EXE_index-bench"),
         _ => unreachable!("{name}"),
     }
 }
@@ -34,7 +36,7 @@ fn run(name: &str, args: &[&str]) -> Output {
 }
 
 /// A short run of each binary on shm without a timing model: (binary, its arguments).
-fn short_runs() -> [(&'static str, Vec<&'static str>); 4] {
+fn short_runs() -> [(&'static str, Vec<&'static str>); 5] {
     [
         (
             "txn-bench",
@@ -78,6 +80,25 @@ fn short_runs() -> [(&'static str, Vec<&'static str>); 4] {
                 "faa",
                 "--duration",
                 "50ms",
+                "--warmup",
+                "10ms",
+            ],
+        ),
+        (
+            "index-bench",
+            vec![
+                "--protocol",
+                "optimal",
+                "--workload",
+                "a,c",
+                "--keys",
+                "500",
+                "--objects",
+                "2048",
+                "--coroutines",
+                "2",
+                "--duration",
+                "100ms",
                 "--warmup",
                 "10ms",
             ],
@@ -130,10 +151,7 @@ fn every_binary_writes_json_lines_starting_with_the_metadata_record() {
                 p["record"] == "point" || p["record"] == "run",
                 "{name}: {p}"
             );
-            for k in ["p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns"] {
-                assert!(p[k].is_u64(), "{name}: {k}: {p}");
-            }
-            assert!(p["hdr"].as_str().is_some_and(|h| !h.is_empty()), "{p}");
+            common::check_latency_fields(name, p);
         }
         assert_eq!(recs.last().unwrap()["record"], "summary", "{name}");
     }
@@ -146,6 +164,7 @@ fn a_bad_flag_value_exits_2_in_every_binary() {
         ("rrpc-bench", Some("throughput")),
         ("lock-bench", Some("single")),
         ("tso-bench", None),
+        ("index-bench", None),
     ] {
         let with = |extra: &[&str]| {
             let mut a: Vec<&str> = sub.into_iter().collect();
@@ -170,5 +189,52 @@ fn a_bad_flag_value_exits_2_in_every_binary() {
         // The old spellings still parse (hidden), and clash with the new ones.
         let out = with(&["--duration", "1s", "--duration-ms", "5"]);
         assert_eq!(out.status.code(), Some(2), "{name}");
+    }
+}
+
+/// `lock-bench queues` (Scythe Table 2, which samples the service's queues) writes one
+/// point per theta with the latency fields and a histogram that decodes, as every other
+/// experiment does.
+#[test]
+fn lock_bench_queues_points_carry_the_latency_histogram() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("queues.jsonl");
+    let out = run(
+        "lock-bench",
+        &[
+            "queues",
+            "--locks",
+            "1000",
+            "--thetas",
+            "0.9,0.99",
+            "--samples-per-s",
+            "100",
+            "--threads",
+            "1",
+            "--coroutines",
+            "4",
+            "--duration",
+            "100ms",
+            "--warmup",
+            "10ms",
+            "--model",
+            "none",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "lock-bench");
+    let points: Vec<_> = recs
+        .iter()
+        .filter(|r| r["record"] == "point" && r["experiment"] == "queues")
+        .collect();
+    assert_eq!(points.len(), 2, "{recs:?}");
+    for (p, theta) in points.iter().zip([0.9, 0.99]) {
+        assert_eq!(p["theta"].as_f64(), Some(theta), "{p}");
+        assert!(p["count"].as_u64().is_some_and(|n| n > 0), "{p}");
+        common::check_latency_fields("lock-bench queues", p);
     }
 }

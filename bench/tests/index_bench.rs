@@ -2,23 +2,26 @@
 //! (Sherman's own locking) and by the DTX-style baseline, in one short invocation. Every
 //! protocol's tree passes its checks after the workloads (fences, order, the sibling
 //! chain equal to what the parents reach, no lock held, every rTX log DONE), and the
-//! ratio lines are printed for every workload. A region too small is refused with the
-//! flag that sets it.
+//! ratio lines are printed for every workload; its `--json` file is JSON Lines (the
+//! metadata record, a `ycsb` point per protocol and workload, the summary). A region too
+//! small is refused with the flag that sets it, as a usage error.
+
+mod common;
 
 use std::process::Command;
 
 #[test]
 fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("index.json");
+    let json = dir.path().join("index.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
         .args([
             "--keys",
             "2000",
-            "--duration-ms",
-            "200",
-            "--warmup-ms",
-            "20",
+            "--duration",
+            "200ms",
+            "--warmup",
+            "20ms",
             "--objects",
             "4096",
             "--coroutines",
@@ -41,9 +44,18 @@ fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
             );
         }
     }
-    // The JSON holds the same: a record per protocol and workload, and the ratios.
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // The JSON holds the same: a point per protocol and workload as it ends, and the
+    // summary with every run and the ratios.
+    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "index-bench");
+    let points: Vec<_> = recs.iter().filter(|r| r["record"] == "point").collect();
+    assert_eq!(points.len(), 15, "{recs:?}");
+    for p in &points {
+        assert_eq!(p["experiment"], "ycsb", "{p}");
+        assert_eq!(p["count"], p["ops"], "{p}");
+        common::check_latency_fields("index-bench", p);
+    }
+    let doc = recs.last().unwrap();
+    assert_eq!(doc["record"], "summary", "{doc}");
     assert_eq!(doc["runs"].as_array().unwrap().len(), 15, "{doc}");
     assert!(doc["runs"]
         .as_array()
@@ -52,16 +64,20 @@ fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
         .all(|r| r["ops_per_s"].as_f64().unwrap() > 0.0 && r["p99_us"].as_f64().unwrap() > 0.0));
     assert_eq!(doc["ratios"].as_array().unwrap().len(), 10, "{doc}");
     assert_eq!(doc["tree_checks_passed"], true);
+    assert_eq!(doc["loads"].as_array().unwrap().len(), 3, "{doc}");
 }
 
 #[test]
 fn a_region_too_small_is_refused_with_its_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
+        // The old millisecond spelling still parses.
         .args(["--objects", "10", "--duration-ms", "10"])
         .env_remove("RUST_BACKTRACE")
         .output()
         .unwrap();
-    assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a usage error: {stderr}");
     assert!(stderr.contains("--objects 10"), "{stderr}");
+    // Refused before anything ran: no header line.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("index-bench |"));
 }

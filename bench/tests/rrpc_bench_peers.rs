@@ -1,6 +1,8 @@
 //! End to end: the real `rrpc-bench peers --rounds` over the shm fabric, with short
 //! points. Its JSON carries one entry per round with every peer's p50, and the speed
-//! groups plus the rounds left out as mixed hold every round. A round count out of range
+//! groups plus the rounds left out as mixed hold every round. Every peer's point, of the
+//! comparison and of each round, carries the full percentile set and its HDR histogram,
+//! which decodes to the point's count of round trips. A round count out of range
 //! is refused before anything runs. (The figures are the benchmark's business, not this
 //! test's.)
 
@@ -41,6 +43,25 @@ fn peers_rounds_reports_every_round_and_groups_them_by_speed() {
     assert!(stdout.contains("2 matched rounds"), "{stdout}");
     assert!(stdout.contains("rounds by machine speed"), "{stdout}");
     let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "rrpc-bench");
+    let points = |experiment: &str| -> Vec<&serde_json::Value> {
+        recs.iter()
+            .filter(|r| r["record"] == "point" && r["experiment"] == experiment)
+            .collect()
+    };
+    let cmp = points("peers");
+    let names: Vec<&str> = cmp.iter().map(|p| p["peer"].as_str().unwrap()).collect();
+    assert_eq!(names, ["floor", "fabric", "rrpc", "iceoryx2", "tonic"]);
+    let in_rounds = points("peers-rounds");
+    assert_eq!(in_rounds.len(), 2 * 5, "{in_rounds:?}");
+    for p in cmp.iter().chain(&in_rounds) {
+        common::check_latency_fields("rrpc-bench peers", p);
+        assert!(p["count"].as_u64().is_some_and(|n| n > 0), "{p}");
+        // The peers' own meters count a round trip as they record it; rrpc's driver
+        // counts its calls in the same window.
+        if p["peer"] != "rrpc" {
+            assert_eq!(p["count"], p["round_trips"], "{p}");
+        }
+    }
     let doc = recs.last().unwrap();
     assert_eq!(doc["record"], "summary");
     let r = &doc["results"]["peers_rounds"];

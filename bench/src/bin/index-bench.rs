@@ -4,25 +4,34 @@
 //! (Transactional Indexes on Disaggregated Memory with Repairable Transaction, 6 Fig. 11).
 //!
 //! Each protocol gets its own memory node (an rTX region with 1 KB blocks, hosted in this
-//! process on the shm fabric under a timing model, `--model cx5` by default) and its own
-//! client threads, each running coroutines with one rTX client (or Optimal handle) each.
-//! The tree is loaded with `--keys` keys by inserts, then each workload runs for
-//! `--duration-ms` after `--warmup-ms`. Afterwards the tree is checked (fences, order,
-//! sibling chain against parents, every acknowledged key present) and, for rTX, that no
-//! object is locked and no log unfinished.
+//! process on the fabric of `--fabric`: shm under a timing model, `cx5` by default as in
+//! every benchmark binary, or verbs through the local RDMA device) and its own client
+//! threads, each running coroutines with one rTX client (or Optimal handle) each. The
+//! tree is loaded with `--keys` keys by inserts, then each workload runs for `--duration`
+//! after `--warmup`. Afterwards the tree is checked (fences, order, sibling chain against
+//! parents, every acknowledged key present) and, for rTX, that no object is locked and no
+//! log unfinished.
+//!
+//! The command line is the benchmarks' convention (`bench::cli`): `--fabric`, `--model`,
+//! `--duration`, `--warmup` (the old `--duration-ms` / `--warmup-ms` hidden aliases),
+//! `--seed`, `--json` (JSON Lines, `bench::jsonl`: the metadata record, one `ycsb` point
+//! per protocol and workload with its latency histogram, the summary) and `--chart`;
+//! exit code 2 for a usage error, 1 for a failed check or a run-time error.
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use bench::plot::{LineChart, Scale, Series};
+use bench::{cli, jsonl};
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use rrpc::fabric::shm::ClusterGuard;
-use rrpc::fabric::{Fabric, FabricConfig, FabricKind};
+use rrpc::fabric::{Fabric, FabricConfig};
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::NodeId;
@@ -33,6 +42,7 @@ use rtx::host::{host, EXPORT_KEY};
 use rtx::lease::SystemClock;
 use rtx::rrpc_mem::RrpcMem;
 use rtx::{Client, Config, Layout};
+use serde_json::json;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -42,10 +52,21 @@ use rtx::{Client, Config, Layout};
                   run by rTX (every operation one repairable transaction; single-leaf updates \
                   by Opt1, splits logged) and by Optimal (Sherman's CAS lock, READ, WRITE \
                   back + unlock), each on its own memory node on the shm fabric under a \
-                  timing model. Prints throughput and p50/p99 latency per protocol and \
-                  workload, the ratio rTX/Optimal, and checks the tree afterwards."
+                  timing model (or on verbs). Prints throughput and p50/p99 latency per \
+                  protocol and workload, the ratios rTX/Optimal and rTX/DTX, and checks the \
+                  tree afterwards. With --json writes JSON Lines (a metadata record, one \
+                  record per protocol and workload with the latency histogram, the summary); \
+                  with --chart draws throughput per workload, one line per protocol."
 )]
 struct Args {
+    #[command(flatten)]
+    fabric: cli::FabricArgs,
+    #[command(flatten)]
+    run: cli::RunLength,
+    #[command(flatten)]
+    seed: cli::SeedArg,
+    #[command(flatten)]
+    out: cli::OutputArgs,
     /// Protocols to run: rtx, optimal, dtx (Optimal's locking plus DTX-style value
     /// logging of every node before its write-back) or all (the three, for the ratios).
     #[arg(long, value_enum, default_value_t = Proto::All)]
@@ -66,27 +87,10 @@ struct Args {
     /// Coroutines per thread, each one client (rTX ID or lock owner).
     #[arg(long, default_value_t = 8)]
     coroutines: u16,
-    /// Measured time per workload, milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    duration_ms: u64,
-    /// Warm-up per workload, milliseconds (not measured).
-    #[arg(long, default_value_t = 200)]
-    warmup_ms: u64,
-    /// Timing model of the shm fabric: none, cx5, cx6, rxe, cx3-scaled or a TOML path.
-    #[arg(long, default_value = "cx5")]
-    model: String,
     /// Objects (nodes) of the region; the data pool has four times as many 1 KB blocks
     /// (copy-on-write updates hold replaced blocks for 100 ms before reuse).
     #[arg(long, default_value_t = 32_768)]
     objects: u64,
-    /// Seed of the key generators.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Also write the results to this file as JSON: the configuration, one record per
-    /// protocol and workload (ops/s, p50/p99 in microseconds, aborts and retries), the
-    /// tree checks and the ratios rTX/Optimal and rTX/DTX per workload.
-    #[arg(long, value_name = "PATH")]
-    json: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -116,6 +120,17 @@ impl Workload {
             Workload::C => 100,
             Workload::D | Workload::E => 95,
         }
+    }
+    /// The workload's name in output: `ycsb-a` ... `ycsb-e`.
+    fn name(self) -> String {
+        format!("ycsb-{self:?}").to_lowercase()
+    }
+}
+
+impl Proto {
+    /// The protocol's name in output (`rtx`, `optimal`, `dtx`).
+    fn name(self) -> String {
+        format!("{self:?}").to_lowercase()
     }
 }
 
@@ -219,7 +234,7 @@ async fn run_client(
 ) -> Result<PhaseOut> {
     let mut hist = Histogram::<u64>::new(3)?;
     let mut ops = 0;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(plan.args.seed ^ (phase << 32) ^ slot);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(plan.args.seed.seed ^ (phase << 32) ^ slot);
     if phase == 0 {
         // Load: client `slot` inserts indices slot, slot + clients, ...
         let mut i = slot;
@@ -283,16 +298,33 @@ async fn run_client(
     })
 }
 
-/// One protocol: host a region, load, run each workload; returns (workload, ops/s, p50
-/// us, p99 us, aborts) rows after the check.
 /// One result row: workload, ops/s, p50 us, p99 us, aborts (rTX) or lock retries (Optimal).
 type Row = (Workload, f64, f64, f64, u64);
 
-fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
+/// What one protocol's run gives: its rows after the tree check, and the load phase's
+/// seconds and aborts.
+struct ProtocolOut {
+    rows: Vec<Row>,
+    load_secs: f64,
+    load_aborts: u64,
+}
+
+/// The region every protocol gets: an object id per client and phase (the load and each
+/// workload) plus one, `--objects` objects, four 1 KB data blocks per object.
+///
+/// Errors: more ids than a `u16` holds, or a layout `rtx` refuses (naming `--objects`).
+fn layout(args: &Args) -> Result<Layout> {
     let clients = args.threads as u64 * args.coroutines as u64;
     let phases = args.workload.len() as u64 + 1;
+    let ids = u16::try_from(phases * clients + 1).map_err(|_| {
+        anyhow::anyhow!(
+            "--threads {} x --coroutines {} x {phases} phases: more than 65535 client ids",
+            args.threads,
+            args.coroutines
+        )
+    })?;
     let layout = Layout {
-        ids: u16::try_from(phases * clients + 1).context("too many clients")?,
+        ids,
         max_entries: 16,
         objects: args.objects,
         block_bytes: 1024,
@@ -305,11 +337,20 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
             args.objects, layout.blocks
         )
     })?;
+    Ok(layout)
+}
+
+/// One protocol: host a region, load, run each workload (writing a `ycsb` point per
+/// workload to the `--json` file as it ends), check the tree.
+fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
+    let layout = layout(args)?;
+    let phases = args.workload.len() as u64 + 1;
     let name = format!("index-bench-{}-{proto:?}", std::process::id());
+    // The cluster's name space (shm segments); on verbs it only names the nodes.
     let (cluster, _) = ClusterGuard::new(&name)?;
     let open = |node: u32| -> Result<Fabric> {
-        let mut cfg = FabricConfig::new(FabricKind::Shm, cluster.name(), NodeId(node));
-        cfg.model = Some(args.model.clone());
+        let mut cfg = FabricConfig::new(args.fabric.fabric, cluster.name(), NodeId(node));
+        cfg.model = args.fabric.model.clone();
         Ok(Fabric::open(&cfg)?)
     };
     let f = open(1)?;
@@ -340,10 +381,11 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
         next_index: AtomicU64::new(args.keys),
     });
     let mut rows = Vec::new();
+    let (mut load_secs, mut load_aborts) = (0.0, 0);
     for phase in 0..phases {
         let stop = Arc::new(AtomicBool::new(false));
         let barrier = Arc::new(Barrier::new(args.threads as usize + 1));
-        let (ops, aborts, hist, load_secs) = std::thread::scope(|scope| -> Result<_> {
+        let (ops, aborts, hist, phase_secs) = std::thread::scope(|scope| -> Result<_> {
             let workers: Vec<_> = (0..args.threads)
                 .map(|t| {
                     let (plan, stop, barrier) = (plan.clone(), stop.clone(), barrier.clone());
@@ -351,8 +393,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
                     scope.spawn(move || -> Result<Vec<PhaseOut>> {
                         let r = connect(100 + t as u32 + 100 * phase as u32);
                         barrier.wait();
-                        let measure_from =
-                            Instant::now() + Duration::from_millis(plan.args.warmup_ms);
+                        let measure_from = Instant::now() + plan.args.run.warmup();
                         let (ctx, mem) = r?;
                         let outs = Rc::new(std::cell::RefCell::new(Vec::new()));
                         let mut ex = Executor::new(ctx);
@@ -376,7 +417,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
             barrier.wait();
             let load_start = Instant::now();
             if phase > 0 {
-                std::thread::sleep(Duration::from_millis(args.warmup_ms + args.duration_ms));
+                std::thread::sleep(args.run.warmup() + args.run.duration());
                 stop.store(true, Ordering::Relaxed);
             }
             let mut hist = Histogram::<u64>::new(3)?;
@@ -393,18 +434,27 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
         if phase == 0 {
             println!(
                 "  {proto:?}: loaded {} keys in {:.2} s ({aborts} aborts)",
-                args.keys, load_secs
+                args.keys, phase_secs
             );
+            (load_secs, load_aborts) = (phase_secs, aborts);
             continue;
         }
         let w = args.workload[phase as usize - 1];
-        let tput = ops as f64 / (args.duration_ms as f64 / 1000.0);
+        let tput = ops as f64 / args.run.secs();
         let (p50, p99) = (
             hist.value_at_quantile(0.5) as f64 / 1000.0,
             hist.value_at_quantile(0.99) as f64 / 1000.0,
         );
         println!(
             "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {aborts}"
+        );
+        jsonl::point_with(
+            "ycsb",
+            json!({
+                "protocol": proto.name(), "workload": w.name(), "ops_per_s": tput,
+                "ops": ops, "p50_us": p50, "p99_us": p99, "aborts_and_retries": aborts,
+            }),
+            Some(&hist),
         );
         rows.push((w, tput, p50, p99, aborts));
     }
@@ -435,23 +485,61 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<Vec<Row>> {
     );
     drop(node);
     drop(mr);
-    Ok(rows)
+    Ok(ProtocolOut {
+        rows,
+        load_secs,
+        load_aborts,
+    })
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+/// index-bench's defaults for the shared flags: 1 s per workload after 200 ms of warm-up.
+const DEFAULTS: &[(&str, &str)] = &[("duration", "1s"), ("warmup", "200ms")];
+
+fn main() {
+    bench::bench_main::<Args>("index-bench", DEFAULTS, run);
+}
+
+/// Check the flags (usage errors, exit code 2, before anything runs), run every protocol,
+/// print and write the ratios, the summary and the chart.
+fn run(mut args: Args) -> Result<()> {
     if args.keys == 0 || args.threads == 0 || args.coroutines == 0 {
-        bail!("--keys, --threads and --coroutines must be positive");
+        return Err(cli::usage(
+            "--keys, --threads and --coroutines must be positive",
+        ));
     }
+    if !(args.zipf >= 0.0 && args.zipf.is_finite()) {
+        return Err(cli::usage(format!(
+            "--zipf {}: a theta must be 0 (uniform) or more",
+            args.zipf
+        )));
+    }
+    args.run.check()?;
+    args.run.normalize();
+    let model = args.fabric.model()?;
+    let model_desc = cli::as_usage(rrpc::fabric::model::TimingModel::load(&model))?
+        .map_or_else(|| "none".into(), |m| m.describe());
+    // From here on `--model` holds the model that runs (the default rule applied).
+    args.fabric.model = Some(model.clone());
+    cli::as_usage(layout(&args))?;
+    jsonl::open(
+        args.out.json.as_deref(),
+        &jsonl::RunInfo {
+            binary: "index-bench",
+            fabric: args.fabric.fabric,
+            rdma_device: None,
+            model: &model,
+            seed: args.seed.seed,
+        },
+    )?;
     println!(
-        "index-bench | model {} | {} keys | {} thread(s) x {} coroutines | {} | {} ms (+{} ms warm-up) per workload",
-        args.model,
+        "index-bench | fabric: {} | timing model: {model_desc} | {} keys | {} thread(s) x {} coroutines | {} | {} (+{} warm-up) per workload",
+        args.fabric.fabric,
         args.keys,
         args.threads,
         args.coroutines,
         if args.zipf > 0.0 { format!("zipf {}", args.zipf) } else { "uniform".into() },
-        args.duration_ms,
-        args.warmup_ms
+        args.run.duration,
+        args.run.warmup
     );
     let protos: Vec<Proto> = match args.protocol {
         Proto::All => vec![Proto::Rtx, Proto::Optimal, Proto::Dtx],
@@ -461,7 +549,7 @@ fn main() -> Result<()> {
     for &p in &protos {
         all.push((p, run_protocol(&args, p)?));
     }
-    let find = |p: Proto| all.iter().find(|(q, _)| *q == p).map(|(_, r)| r);
+    let find = |p: Proto| all.iter().find(|(q, _)| *q == p).map(|(_, o)| &o.rows);
     let mut ratios = Vec::new();
     if let Some(r) = find(Proto::Rtx) {
         for (other, name) in [(Proto::Optimal, "optimal"), (Proto::Dtx, "dtx")] {
@@ -472,8 +560,8 @@ fn main() -> Result<()> {
                     "ycsb-{w:?}: ratio throughput rtx/{name} = {:.2}  (p50 {:.2}x, p99 {:.2}x)",
                     q.0, q.1, q.2
                 );
-                ratios.push(serde_json::json!({
-                    "workload": format!("ycsb-{w:?}").to_lowercase(),
+                ratios.push(json!({
+                    "workload": w.name(),
                     "ratio": format!("rtx/{name}"),
                     "throughput": q.0,
                     "p50": q.1,
@@ -482,43 +570,69 @@ fn main() -> Result<()> {
             }
         }
     }
-    if let Some(path) = &args.json {
-        let runs: Vec<serde_json::Value> = all
-            .iter()
-            .flat_map(|(p, rows)| {
-                rows.iter().map(move |&(w, tput, p50, p99, aborts)| {
-                    serde_json::json!({
-                        "protocol": format!("{p:?}").to_lowercase(),
-                        "workload": format!("ycsb-{w:?}").to_lowercase(),
-                        "ops_per_s": tput,
-                        "p50_us": p50,
-                        "p99_us": p99,
-                        "aborts_and_retries": aborts,
-                    })
+    let runs: Vec<serde_json::Value> = all
+        .iter()
+        .flat_map(|(p, o)| {
+            o.rows.iter().map(move |&(w, tput, p50, p99, aborts)| {
+                json!({
+                    "protocol": p.name(),
+                    "workload": w.name(),
+                    "ops_per_s": tput,
+                    "p50_us": p50,
+                    "p99_us": p99,
+                    "aborts_and_retries": aborts,
                 })
             })
+        })
+        .collect();
+    let loads: Vec<serde_json::Value> = all
+        .iter()
+        .map(|(p, o)| json!({ "protocol": p.name(), "secs": o.load_secs, "aborts": o.load_aborts }))
+        .collect();
+    jsonl::summary(&json!({
+        "bench": "index-bench",
+        "index": "blink",
+        "model": model,
+        "fabric": args.fabric.fabric.to_string(),
+        "keys": args.keys,
+        "zipf": args.zipf,
+        "threads": args.threads,
+        "coroutines": args.coroutines,
+        "objects": args.objects,
+        "duration_ms": args.run.duration().as_millis() as u64,
+        "warmup_ms": args.run.warmup().as_millis() as u64,
+        "seed": args.seed.seed,
+        // Every protocol's tree passed its check: a failed one ends the run with an
+        // error before this is written.
+        "tree_checks_passed": true,
+        "loads": loads,
+        "runs": runs,
+        "ratios": ratios,
+    }));
+    if let Some(p) = &args.out.json {
+        println!("wrote {}", p.display());
+    }
+    if let Some(path) = &args.out.chart {
+        // The workloads on a linear axis at 1 (A) ... 5 (E), whichever ran.
+        let x = |w: Workload| w as usize as f64 + 1.0;
+        let series: Vec<Series> = all
+            .iter()
+            .map(|(p, o)| Series {
+                name: p.name(),
+                points: o.rows.iter().map(|r| (x(r.0), r.1)).collect(),
+            })
             .collect();
-        let doc = serde_json::json!({
-            "bench": "index-bench",
-            "index": "blink",
-            "command_line": std::env::args().collect::<Vec<_>>(),
-            "model": args.model,
-            "keys": args.keys,
-            "zipf": args.zipf,
-            "threads": args.threads,
-            "coroutines": args.coroutines,
-            "duration_ms": args.duration_ms,
-            "warmup_ms": args.warmup_ms,
-            "seed": args.seed,
-            // Every protocol's tree passed its check: a failed one ends the run with an
-            // error before this is written.
-            "tree_checks_passed": true,
-            "runs": runs,
-            "ratios": ratios,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        let title = format!("B-link tree throughput per YCSB workload (timing model: {model})");
+        LineChart {
+            title: &title,
+            x_label: "YCSB workload (1 = A ... 5 = E)",
+            y_label: "ops/s",
+            x_scale: Scale::Linear,
+            y_scale: Scale::Log10,
+            series: &series,
+        }
+        .draw(path)?;
+        println!("plot: {}", path.display());
     }
     Ok(())
 }

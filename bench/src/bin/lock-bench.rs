@@ -1471,7 +1471,7 @@ fn queues(
             top[2].1,
             maxq
         );
-        rows.push(jsonl::point("queues", json!({
+        rows.push(jsonl::point_with("queues", json!({
             "theta": theta, "samples": probe.samples,
             "longest": {"object": first, "mean_queue": mean(first), "max_queue": probe.maxes[first], "access_pct": rate(first)},
             "second": {"object": second, "mean_queue": mean(second), "max_queue": probe.maxes[second], "access_pct": rate(second)},
@@ -1479,7 +1479,7 @@ fn queues(
             "top_access": top.iter().map(|&(i, r)| json!({"object": i, "access_pct": r, "mean_queue": mean(i)})).collect::<Vec<_>>(),
             "max_queue": maxq, "acquisitions_per_s": p.acquisitions as f64 / p.secs,
             "refusals": p.refusals,
-        })));
+        }), Some(&p.hist)));
     }
     Ok(json!({ "locks": locks, "rows": rows }))
 }

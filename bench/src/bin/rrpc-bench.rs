@@ -1392,7 +1392,11 @@ fn peers_cmp(c: &Common, sides: &Sides, plot: Option<PathBuf>) -> Result<serde_j
             s.mean_ns() / 2.0,
             s.round_trips
         );
-        rows.push(jsonl::point("peers", json!({ "peer": name, "p50_ns": a, "p99_ns": b, "mean_ns": s.mean_ns(), "one_way_mean_ns": s.mean_ns() / 2.0, "round_trips": s.round_trips })));
+        rows.push(jsonl::point_with(
+            "peers",
+            json!({ "peer": name, "p50_ns": a, "p99_ns": b, "mean_ns": s.mean_ns(), "one_way_mean_ns": s.mean_ns() / 2.0, "round_trips": s.round_trips }),
+            Some(&s.hist),
+        ));
         p50.insert(name, a as f64);
     }
     let ratio = |a: &str, b: &str| match (p50.get(a), p50.get(b)) {
@@ -1503,19 +1507,25 @@ fn matched_rounds(c: &Common, sides: &Sides, rounds: u32) -> Result<serde_json::
         "fabric/floor",
         "rrpc/iceoryx2"
     );
-    let p50 = |name: &str, r: Result<RttSamples>| -> Result<u64> {
-        Ok(r.with_context(|| format!("peer {name}"))?
-            .hist
-            .value_at_quantile(0.5))
-    };
     let mut all = Vec::with_capacity(rounds as usize);
     for i in 1..=rounds {
+        // Each peer's point of the round goes to the --json file as it is measured, with
+        // its histogram; the round's table line needs only the p50.
+        let p50 = |name: &str, r: Result<RttSamples>| -> Result<u64> {
+            let s = r.with_context(|| format!("peer {name}"))?;
+            jsonl::point_with(
+                "peers-rounds",
+                json!({ "round": i, "peer": name, "mean_ns": s.mean_ns(), "round_trips": s.round_trips }),
+                Some(&s.hist),
+            );
+            Ok(s.hist.value_at_quantile(0.5))
+        };
         let r = Round {
             floor: p50("floor", peers::floor_rtt(&cfg))?,
             fabric: p50("fabric", fabric_floor_rtt(sides, &cfg))?,
             rrpc: p50("rrpc", rrpc_rtt(c, sides, &cfg))?,
             iceoryx2: p50("iceoryx2", peers::iceoryx2_rtt(&cfg))?,
-            floor_after: p50("floor", peers::floor_rtt(&cfg))?,
+            floor_after: p50("floor-after", peers::floor_rtt(&cfg))?,
         };
         let q = r.ratios();
         let note = if r.mixed(SPEED_GAP) {

@@ -43,6 +43,8 @@ use rrpc::fabric::Fabric;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
 use rrpc::server::Handlers;
+use rrpc::typed::zerocopy::little_endian::U64;
+use rrpc::typed::{Fixed, Rpc};
 use tso::{
     GroupStats, GroupedTso, Oracle, Proxy, ProxyConfig, SourceConfig, ThreadTso, Timestamp,
     TsoClient, TsoSources, EXPORT_NAME,
@@ -51,6 +53,18 @@ use tso::{
 /// Handler id of the RPC oracle.
 const RPC_ORACLE_HANDLER: u16 = 40;
 const _: () = assert!(rrpc::server::ids::BENCH_TXN.contains(RPC_ORACLE_HANDLER));
+
+/// The RPC oracle's one procedure ([`RPC_ORACLE_HANDLER`]): an empty request, the next
+/// timestamp's raw value as the reply (one little-endian u64, 8 bytes).
+struct OracleRpc;
+
+impl Rpc for OracleRpc {
+    const ID: u16 = RPC_ORACLE_HANDLER;
+    type Req = ();
+    type Resp = U64;
+    type Codec = Fixed;
+}
+
 /// Node id of the oracle.
 const ORACLE_NODE: u32 = 1;
 /// Node id of the proxy (proxy mode).
@@ -335,10 +349,8 @@ fn start_oracle(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Starte
     let rpc = p.rpc.then(|| {
         let mut h = Handlers::new();
         let c = cpu_counter.clone();
-        h.register(RPC_ORACLE_HANDLER, move |_req, out| {
-            let t = c.fetch_add(1, Ordering::Relaxed) + 1;
-            out.extend_from_slice(&t.to_le_bytes());
-            Ok(())
+        h.register_typed::<OracleRpc>(move |()| {
+            Ok(U64::new(c.fetch_add(1, Ordering::Relaxed) + 1))
         });
         (h, 1)
     });
@@ -496,13 +508,10 @@ fn client_thread(
                         None => Err(anyhow::anyhow!("proxy mode without a proxy group")),
                     },
                     Mode::RpcOracle => ctx
-                        .call(NodeId(ORACLE_NODE), RPC_ORACLE_HANDLER, &[])
+                        .call_typed::<OracleRpc>(NodeId(ORACLE_NODE), &())
                         .await
-                        .map_err(anyhow::Error::from)
-                        .and_then(|b| {
-                            let w: [u8; 8] = b.as_slice().try_into().context("reply size")?;
-                            Ok(Timestamp(u64::from_le_bytes(w)))
-                        }),
+                        .map(|t| Timestamp(t.get()))
+                        .map_err(Into::into),
                 };
                 let raw_done = clock.raw();
                 let done = start + clock.delta_as_nanos(raw_start, raw_done);

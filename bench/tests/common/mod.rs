@@ -284,6 +284,23 @@ pub fn model_env() -> String {
     std::env::var("RRPC_MODEL").unwrap_or_else(|_| "none".into())
 }
 
+/// Check the latency fields of a point record: the percentiles, and `hdr` decoding to a
+/// histogram of `count` values whose percentiles are the record's.
+pub fn check_latency_fields(name: &str, p: &serde_json::Value) {
+    for k in ["p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns", "count"] {
+        assert!(p[k].is_u64(), "{name}: {k}: {p}");
+    }
+    let h = bench::jsonl::decode_hdr(p["hdr"].as_str().expect("an hdr field"))
+        .unwrap_or_else(|e| panic!("{name}: {e:#}: {p}"));
+    assert_eq!(h.len(), p["count"].as_u64().unwrap(), "{name}: {p}");
+    assert_eq!(h.max(), p["max_ns"].as_u64().unwrap(), "{name}: {p}");
+    assert_eq!(
+        h.value_at_quantile(0.99),
+        p["p99_ns"].as_u64().unwrap(),
+        "{name}: {p}"
+    );
+}
+
 /// The records of a `--json` file (JSON Lines): every line parses, the first is the
 /// metadata record of `binary`. Panics otherwise.
 pub fn json_lines(text: &str, binary: &str) -> Vec<serde_json::Value> {
