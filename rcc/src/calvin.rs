@@ -98,8 +98,9 @@ use crate::driver::{Limit, Report, INTERVAL};
 use crate::layout::{Layout, LOCK, VAL, VER};
 use crate::net::{Net, NetError};
 use crate::store::Store;
-use crate::wire::{self, Enc};
+use crate::wire::{self, DepositEntry};
 use crate::workload::Workload;
+use zerocopy::little_endian::U64;
 
 /// RPC handler: a sequencer's batch for the receiver's CRB ([`wire::CALVIN_BATCH`]).
 pub const BATCH: u16 = wire::CALVIN_BATCH;
@@ -647,17 +648,25 @@ impl Node {
     ) -> Result<(), NetError> {
         match c.variant {
             Variant::Rpc => {
-                let mut m = Enc::default();
-                m.u16(puts.len() as u16);
-                for p in puts {
-                    m.u64(p.off)
-                        .u32(p.data.len() as u32)
-                        .bytes(&p.data)
-                        .u64(p.flag_off)
-                        .u64(p.flag);
-                }
+                let bytes = puts.iter().map(|p| p.data.len()).sum();
+                let records = puts.iter().map(|p| {
+                    let e = DepositEntry {
+                        off: U64::new(p.off),
+                        len: u32::try_from(p.data.len()).unwrap_or(u32::MAX).into(),
+                        flag_off: U64::new(p.flag_off),
+                        flag: U64::new(p.flag),
+                    };
+                    (e, &p.data[..])
+                });
+                let m = wire::tail_request(&(), puts.len(), bytes, records).map_err(|e| {
+                    NetError::Call {
+                        node,
+                        handler,
+                        why: format!("cannot encode the request: {}", e.detail),
+                    }
+                })?;
                 c.count_msgs(1);
-                c.net.call(node, handler, m.0).await.map(|_| ())
+                c.net.call(node, handler, m).await.map(|_| ())
             }
             Variant::OneSided => {
                 let flags: Vec<[u8; 8]> = puts.iter().map(|p| p.flag.to_le_bytes()).collect();
@@ -1142,26 +1151,49 @@ pub(crate) mod tests {
         use crate::store::HeapStore;
         let s = HeapStore::new(256);
         let mut out = vec![1];
-        let mut m = Enc::default();
-        m.u16(1).u64(16).u32(16).bytes(&[7; 16]).u64(8).u64(42);
-        serve(&s, 256, BATCH, &m.0, &mut out).unwrap();
+        let entry = |off: u64, len: u32, flag_off: u64, flag: u64| DepositEntry {
+            off: off.into(),
+            len: len.into(),
+            flag_off: flag_off.into(),
+            flag: flag.into(),
+        };
+        let m = wire::tail_request(&(), 1, 16, [(entry(16, 16, 8, 42), &[7; 16][..])]).unwrap();
+        serve(&s, 256, BATCH, &m, &mut out).unwrap();
         assert!(out.is_empty());
         assert_eq!(
             (s.load(8), s.load(16), s.load(24)),
             (42, 0x0707_0707_0707_0707, 0x0707_0707_0707_0707)
         );
         // A second entry outside the region: nothing of the request is written.
-        let mut m = Enc::default();
-        m.u16(2).u64(32).u32(8).bytes(&[9; 8]).u64(0).u64(1);
-        m.u64(256).u32(8).bytes(&[9; 8]).u64(0).u64(1);
-        assert!(serve(&s, 256, FORWARD, &m.0, &mut out).is_err());
+        let two = [
+            (entry(32, 8, 0, 1), &[9; 8][..]),
+            (entry(256, 8, 0, 1), &[9; 8][..]),
+        ];
+        let m = wire::tail_request(&(), 2, 16, two).unwrap();
+        assert!(serve(&s, 256, FORWARD, &m, &mut out).is_err());
         assert_eq!((s.load(0), s.load(32)), (0, 0));
-        // Truncated, unaligned, unknown id.
-        assert!(serve(&s, 256, FORWARD, &m.0[..m.0.len() - 1], &mut out).is_err());
-        let mut m = Enc::default();
-        m.u16(1).u64(4).u32(8).bytes(&[9; 8]).u64(0).u64(1);
-        assert!(serve(&s, 256, FORWARD, &m.0, &mut out).is_err());
+        // Every truncation, a byte too many, unaligned, unknown id: refused, nothing
+        // written.
+        let ok = wire::tail_request(&(), 1, 8, [(entry(32, 8, 0, 1), &[9; 8][..])]).unwrap();
+        for len in 0..ok.len() {
+            assert!(
+                serve(&s, 256, FORWARD, &ok[..len], &mut out).is_err(),
+                "{len}"
+            );
+        }
+        let mut long = ok.clone();
+        long.push(0);
+        let e = serve(&s, 256, FORWARD, &long, &mut out).unwrap_err();
+        assert!(
+            e.contains("describe 8 tail bytes; the message has 9"),
+            "{e}"
+        );
+        assert_eq!((s.load(0), s.load(32)), (0, 0));
+        let m = wire::tail_request(&(), 1, 8, [(entry(4, 8, 0, 1), &[9; 8][..])]).unwrap();
+        assert!(serve(&s, 256, FORWARD, &m, &mut out).is_err());
         assert!(serve(&s, 256, 159, &[0, 0], &mut out).is_err());
+        assert!(serve(&s, 256, FORWARD, &ok, &mut out).is_ok());
+        assert_eq!((s.load(0), s.load(32)), (1, 0x0909_0909_0909_0909));
     }
 
     #[test]

@@ -499,7 +499,7 @@ impl<N: Net> Coord<N> {
                 rs.into_iter().collect()
             }
             Variant::Rpc => {
-                let msgs = self.commit_messages(self.id, &[], ins);
+                let msgs = self.commit_messages(self.id, &[], ins)?;
                 self.count_msgs(msgs.len());
                 let rs = futures::future::join_all(
                     msgs.into_iter()
@@ -515,26 +515,51 @@ impl<N: Net> Coord<N> {
     /// ascending: owner `owner`, then per node its `entries` `(node, tuple offset, bytes
     /// written at offset + 8)`, each unlocking, in the given order, then the rows of `ins`
     /// it holds, without unlock (a node with inserts only gets a message of its own).
+    /// Each message is one buffer ([`crate::wire::tail_request`]). Errors: a message
+    /// that does not encode (a record over 4 GiB).
     pub fn commit_messages(
         &self,
         owner: u64,
         entries: &[(usize, u64, &[u8])],
         ins: &[Inserted],
-    ) -> Vec<(usize, Vec<u8>)> {
-        let mut by: std::collections::BTreeMap<usize, (u16, crate::wire::Enc)> = Default::default();
+    ) -> Result<Vec<(usize, Vec<u8>)>, NetError> {
         let rows = ins
             .iter()
             .map(|i| (i.node, i.off, &i.tuple[VER as usize..], 0u8));
-        for (node, off, d, unlock) in entries.iter().map(|&(n, o, d)| (n, o, d, 1u8)).chain(rows) {
+        let all = entries.iter().map(|&(n, o, d)| (n, o, d, 1u8)).chain(rows);
+        // Per node: its records and their bytes, to size its message.
+        let mut by: std::collections::BTreeMap<usize, (usize, usize)> = Default::default();
+        for (node, _, d, _) in all.clone() {
             let m = by.entry(node).or_default();
             m.0 += 1;
-            m.1.u64(off).u8(unlock).u32(d.len() as u32).bytes(d);
+            m.1 += d.len();
         }
         by.into_iter()
-            .map(|(node, (n, body))| {
-                let mut e = crate::wire::Enc::default();
-                e.u64(owner).u16(n).bytes(&body.0);
-                (node, e.0)
+            .map(|(node, (n, bytes))| {
+                let records = all
+                    .clone()
+                    .filter(|r| r.0 == node)
+                    .map(|(_, off, d, unlock)| {
+                        let len = u32::try_from(d.len()).unwrap_or(u32::MAX);
+                        let e = crate::wire::CommitEntry {
+                            off: off.into(),
+                            unlock,
+                            len: len.into(),
+                        };
+                        (e, d)
+                    });
+                let m = crate::wire::tail_request(
+                    &zerocopy::little_endian::U64::new(owner),
+                    n,
+                    bytes,
+                    records,
+                )
+                .map_err(|e| NetError::Call {
+                    node,
+                    handler: crate::wire::COMMIT,
+                    why: format!("cannot encode the request: {}", e.detail),
+                })?;
+                Ok((node, m))
             })
             .collect()
     }

@@ -45,7 +45,9 @@ use crate::layout::{MVCC_PENDING, MVCC_REC, MVCC_RTS, MVCC_SLOTS, MVCC_WTS};
 use crate::net::{Net, NetError};
 use crate::server::{mvcc_newest, mvcc_pick, mvcc_victim};
 use crate::steps::{group, group_of, release};
-use crate::wire::{self, Dec, Enc};
+use crate::wire::{self, MvccFetchEntry, Span};
+use rrpc::typed::{encode_batch_iter, view_tail_response};
+use zerocopy::little_endian::U64;
 
 /// Bytes of MVCC's metadata: lock, `rts`, `wts[4]`.
 const META: usize = MVCC_REC as usize;
@@ -330,15 +332,17 @@ async fn fetch_rpc<N: Net>(c: &Coord<N>, t: &TxnSpec, tts: u64) -> Result<Fetche
         .round(
             Stage::Lock,
             join_all(by_node.iter().map(|(node, idx)| {
-                let mut e = Enc::default();
-                e.u64(tts).u16(idx.len() as u16);
-                for &i in idx {
+                let mut m = Vec::new();
+                let entries = idx.iter().map(|&i| {
                     let o = &t.ops[i];
-                    e.u64(c.loc(o).1)
-                        .u32(c.layout.value_bytes(o.table) as u32)
-                        .u8(if o.write { wire::MVCC_WRITE } else { kind_read });
-                }
-                c.net.call(*node, wire::MVCC_FETCH, e.0)
+                    MvccFetchEntry {
+                        off: U64::new(c.loc(o).1),
+                        vlen: (c.layout.value_bytes(o.table) as u32).into(),
+                        kind: if o.write { wire::MVCC_WRITE } else { kind_read },
+                    }
+                });
+                encode_batch_iter(&U64::new(tts), entries, &mut m);
+                c.net.call(*node, wire::MVCC_FETCH, m)
             })),
         )
         .await;
@@ -357,22 +361,33 @@ async fn fetch_rpc<N: Net>(c: &Coord<N>, t: &TxnSpec, tts: u64) -> Result<Fetche
                 continue;
             }
         };
-        let mut d = Dec(&r);
-        let status = d.u8().map_err(|w| bad(wire::MVCC_FETCH, w))?;
-        let seen = d.u64().map_err(|w| bad(wire::MVCC_FETCH, w))?;
-        if status != wire::OK {
-            c.observe(seen);
+        let b = view_tail_response::<wire::MvccFetch, _, _>(&r)
+            .map_err(|e| bad(wire::MVCC_FETCH, e.to_string()))?;
+        if b.head.status != wire::OK {
+            c.observe(b.head.word.get());
             failed.get_or_insert(Abort::Conflict);
             continue;
         }
-        for &i in idx {
+        if b.entries.len() != idx.len() {
+            return Err(bad(
+                wire::MVCC_FETCH,
+                format!("{} versions for {} records", b.entries.len(), idx.len()),
+            ));
+        }
+        // One `wts` entry per record, and its value in the tail, in request order.
+        let mut tail = b.tail_reader();
+        for (&i, wts) in idx.iter().zip(b.entries) {
             let vb = c.layout.value_bytes(t.ops[i].table);
-            f.wts[i] = d.u64().map_err(|w| bad(wire::MVCC_FETCH, w))?;
-            f.vals[i] = d.take(vb).map_err(|w| bad(wire::MVCC_FETCH, w))?.to_vec();
+            f.wts[i] = wts.get();
+            f.vals[i] = tail
+                .take(vb)
+                .map_err(|e| bad(wire::MVCC_FETCH, e.detail))?
+                .to_vec();
             if t.ops[i].write {
                 held.push(i);
             }
         }
+        tail.finish().map_err(|e| bad(wire::MVCC_FETCH, e.detail))?;
     }
     if let Some(why) = failed {
         release(c, t, tts, &held).await;
@@ -434,15 +449,19 @@ async fn commit<N: Net>(
                     Stage::Commit,
                     c.with_inserts(
                         ins,
-                        join_all(by_node.iter().map(|(node, idx)| {
-                            let mut e = Enc::default();
-                            e.u64(tts).u16(idx.len() as u16);
-                            for &i in idx {
-                                e.u64(c.loc(&t.ops[i]).1)
-                                    .u32(vals[i].len() as u32)
-                                    .bytes(&vals[i]);
-                            }
-                            c.net.call(*node, wire::MVCC_COMMIT, e.0)
+                        join_all(by_node.iter().map(|(node, idx)| async move {
+                            let bytes = idx.iter().map(|&i| vals[i].len()).sum();
+                            let records = idx.iter().map(|&i| {
+                                let len = u32::try_from(vals[i].len()).unwrap_or(u32::MAX);
+                                (Span::new(c.loc(&t.ops[i]).1, len), &vals[i][..])
+                            });
+                            let m = wire::tail_request(&U64::new(tts), idx.len(), bytes, records)
+                                .map_err(|e| NetError::Call {
+                                node: *node,
+                                handler: wire::MVCC_COMMIT,
+                                why: format!("cannot encode the request: {}", e.detail),
+                            })?;
+                            c.net.call(*node, wire::MVCC_COMMIT, m).await
                         })),
                     ),
                 )

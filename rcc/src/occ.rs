@@ -18,7 +18,8 @@ use crate::coord::{TxnSpec, Variant};
 use crate::layout::VER;
 use crate::net::{Net, NetError};
 use crate::steps::{self, group, group_of, release};
-use crate::wire::{self, Dec, Enc};
+use crate::wire::{self, Span, StatusHead, Versioned};
+use rrpc::typed::{decode_response, encode_batch_iter, view_response, TailReader};
 
 fn bad(handler: u16, why: String) -> Abort {
     Abort::Net(NetError::Call {
@@ -82,24 +83,31 @@ async fn read<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Result<Vec<Vec<u8>>, Abort> 
                 .round(
                     Stage::Read,
                     join_all(by_node.iter().map(|(node, idx)| {
-                        let mut e = Enc::default();
-                        e.u16(idx.len() as u16);
-                        for &i in idx {
+                        let mut m = Vec::new();
+                        let entries = idx.iter().map(|&i| {
                             let (_, off, len) = c.loc(&t.ops[i]);
-                            e.u64(off).u32(len as u32);
-                        }
-                        c.net.call(*node, wire::READ, e.0)
+                            Span::new(off, len as u32)
+                        });
+                        encode_batch_iter(&(), entries, &mut m);
+                        c.net.call(*node, wire::READ, m)
                     })),
                 )
                 .await;
             let mut tuples = vec![Vec::new(); t.ops.len()];
             for ((_, idx), r) in by_node.iter().zip(rs) {
                 let r = r?;
-                let mut d = Dec(&r);
+                let b = view_response::<wire::Read, _, _>(&r)
+                    .map_err(|e| bad(wire::READ, e.to_string()))?;
+                // The tuples, in request order, each as long as the request said.
+                let mut tail = TailReader::new(b.entries);
                 for &i in idx {
                     let len = c.loc(&t.ops[i]).2;
-                    tuples[i] = d.take(len).map_err(|w| bad(wire::READ, w))?.to_vec();
+                    tuples[i] = tail
+                        .take(len)
+                        .map_err(|e| bad(wire::READ, e.detail))?
+                        .to_vec();
                 }
+                tail.finish().map_err(|e| bad(wire::READ, e.detail))?;
             }
             Ok(tuples)
         }
@@ -161,21 +169,28 @@ async fn lock<N: Net>(
                 .round(
                     Stage::Lock,
                     join_all(by_node.iter().map(|(node, idx)| {
-                        let mut e = Enc::default();
-                        e.u64(me).u16(idx.len() as u16);
-                        for &i in idx {
-                            e.u64(c.loc(&t.ops[i]).1).u64(versions[i]);
-                        }
-                        c.net.call(*node, wire::LOCK, e.0)
+                        let mut m = Vec::new();
+                        let entries = idx
+                            .iter()
+                            .map(|&i| Versioned::new(c.loc(&t.ops[i]).1, versions[i]));
+                        encode_batch_iter(&zerocopy::little_endian::U64::new(me), entries, &mut m);
+                        c.net.call(*node, wire::LOCK, m)
                     })),
                 )
                 .await;
             for ((_, idx), r) in by_node.iter().zip(rs) {
                 match r {
-                    Ok(r) if r.first() == Some(&wire::OK) => held.extend(idx),
-                    Ok(_) => {
-                        failed.get_or_insert(Abort::Conflict);
-                    }
+                    Ok(r) => match decode_response::<wire::Lock>(&r) {
+                        Ok(StatusHead {
+                            status: wire::OK, ..
+                        }) => held.extend(idx),
+                        Ok(_) => {
+                            failed.get_or_insert(Abort::Conflict);
+                        }
+                        Err(e) => {
+                            failed.get_or_insert(bad(wire::LOCK, e.to_string()));
+                        }
+                    },
                     Err(e) => {
                         failed.get_or_insert(e.into());
                     }
@@ -222,17 +237,19 @@ async fn validate<N: Net>(
                 .round(
                     Stage::Validate,
                     join_all(by_node.iter().map(|(node, idx)| {
-                        let mut e = Enc::default();
-                        e.u16(idx.len() as u16);
-                        for &i in idx {
-                            e.u64(c.loc(&t.ops[i]).1).u64(versions[i]);
-                        }
-                        c.net.call(*node, wire::VALIDATE, e.0)
+                        let mut m = Vec::new();
+                        let entries = idx
+                            .iter()
+                            .map(|&i| Versioned::new(c.loc(&t.ops[i]).1, versions[i]));
+                        encode_batch_iter(&(), entries, &mut m);
+                        c.net.call(*node, wire::VALIDATE, m)
                     })),
                 )
                 .await;
             for r in rs {
-                if r?.first() != Some(&wire::OK) {
+                let status = decode_response::<wire::Validate>(&r?)
+                    .map_err(|e| bad(wire::VALIDATE, e.to_string()))?;
+                if status != wire::OK {
                     return Err(Abort::Validation);
                 }
             }

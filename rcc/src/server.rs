@@ -1,15 +1,23 @@
 //! The participant's side of the RPC variants: handlers that lock, read, validate and
 //! write tuples on the node's own CPU (RCC, 4.2-4.5, steps a2-a6). Plain functions over a
 //! [`Store`], so the in-memory network of the tests and rrpc's server threads run the
-//! same code. A malformed request is an error reply.
+//! same code. Requests are read in place through their typed views ([`crate::wire`]) and
+//! replies written straight into the reply buffer; a malformed request is an error
+//! reply.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use rrpc::typed::{
+    encode_batch, encode_response, encode_tail_batch, view_request, view_tail_request, BatchRef,
+    TailBatchWriter,
+};
+use zerocopy::little_endian::U64;
+
 use crate::layout::{MVCC_PENDING, MVCC_REC, MVCC_RTS, MVCC_SLOTS, MVCC_WTS, VER};
 use crate::layout::{SUNDIAL_CV, SUNDIAL_LEASE};
 use crate::store::Store;
-use crate::wire::{self, Dec, Enc};
+use crate::wire::{self, FetchEntry, FetchHead, StatusHead};
 
 /// How long a WAITDIE request may wait in a handler before it gives up with a conflict:
 /// far beyond any wait the protocol makes (an older transaction waits only for younger
@@ -27,34 +35,32 @@ fn check(region: u64, off: u64, len: u64) -> Result<(), String> {
     Ok(())
 }
 
-struct FetchEntry {
-    off: u64,
-    len: u32,
-    lock: bool,
-}
-
-fn parse_fetch(region: u64, req: &[u8]) -> Result<(u8, u64, Vec<FetchEntry>), String> {
-    let mut d = Dec(req);
-    let mode = d.u8()?;
-    let owner = d.u64()?;
-    if owner == 0 {
+/// A FETCH or FETCH_WAIT request (`id`) read in place, its owner and every record checked.
+fn view_fetch(
+    region: u64,
+    id: u16,
+    req: &[u8],
+) -> Result<BatchRef<'_, FetchHead, FetchEntry>, String> {
+    let b = if id == wire::FETCH_WAIT {
+        view_request::<wire::FetchWait, _, _>(req)
+    } else {
+        view_request::<wire::Fetch, _, _>(req)
+    }
+    .map_err(|e| e.to_string())?;
+    if b.head.owner.get() == 0 {
         return Err("lock owner 0 is reserved for a free lock".into());
     }
-    let n = d.u16()?;
-    let mut v = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let off = d.u64()?;
-        let len = d.u32()?;
-        let lock = d.u8()? != 0;
-        check(region, off, u64::from(len).max(16))?;
-        v.push(FetchEntry { off, len, lock });
+    for e in b.entries {
+        check(region, e.off.get(), u64::from(e.len.get()).max(16))?;
     }
-    Ok((mode, owner, v))
+    Ok(b)
 }
 
+/// The reply of a FETCH, or a LOCK, that met `holder`: the status head alone (a FETCH
+/// reply's tuple bytes are its batch's `u8` entries, none here).
 fn conflict(out: &mut Vec<u8>, holder: u64) {
     out.clear();
-    out.extend_from_slice(&Enc::default().u8(wire::CONFLICT).u64(holder).0);
+    encode_batch::<_, u8>(&StatusHead::conflict(holder), &[], out);
 }
 
 /// Serve a plain (non-waiting) request `id` into `out`. Errors: an unknown id, a
@@ -69,14 +75,16 @@ pub fn serve(
     out.clear();
     match id {
         wire::FETCH => {
-            let (mode, owner, es) = parse_fetch(region, req)?;
+            let b = view_fetch(region, id, req)?;
+            let (mode, owner) = (b.head.mode, b.head.owner.get());
             if mode != wire::MODE_NOWAIT {
                 return Err(format!("FETCH mode {mode} waits: send it as FETCH_WAIT"));
             }
             let mut taken = Vec::new();
-            for e in &es {
-                if e.lock {
-                    let old = store.cas(e.off, 0, owner);
+            for e in b.entries {
+                if e.lock != 0 {
+                    let off = e.off.get();
+                    let old = store.cas(off, 0, owner);
                     if old != 0 {
                         for &o in &taken {
                             store.cas(o, owner, 0);
@@ -84,115 +92,97 @@ pub fn serve(
                         conflict(out, old);
                         return Ok(());
                     }
-                    taken.push(e.off);
+                    taken.push(off);
                 }
             }
-            reply_tuples(store, &es, out);
+            reply_tuples(store, b.entries, out);
             Ok(())
         }
         wire::RELEASE => {
-            let mut d = Dec(req);
-            let owner = d.u64()?;
-            for _ in 0..d.u16()? {
-                let off = d.u64()?;
-                check(region, off, 8)?;
-                store.cas(off, owner, 0);
+            let b = view_request::<wire::Release, _, _>(req).map_err(|e| e.to_string())?;
+            let owner = b.head.get();
+            for off in b.entries {
+                check(region, off.get(), 8)?;
+                store.cas(off.get(), owner, 0);
             }
             Ok(())
         }
         wire::COMMIT => {
-            let mut d = Dec(req);
-            let owner = d.u64()?;
-            let n = d.u16()?;
-            let mut es = Vec::with_capacity(n as usize);
-            for _ in 0..n {
-                let off = d.u64()?;
-                let unlock = d.u8()? != 0;
-                let len = d.u32()? as usize;
-                let data = d.take(len)?;
-                check(region, off, 8 + len as u64)?;
-                if unlock && store.load(off) != owner {
+            let b = view_tail_request::<wire::Commit, _, _>(req).map_err(|e| e.to_string())?;
+            let owner = b.head.get();
+            let len_of = |e: &wire::CommitEntry| e.len.get() as usize;
+            // Check every entry before writing any.
+            for (e, data) in b.records(len_of).map_err(|e| wire::malformed(id, e))? {
+                let off = e.off.get();
+                check(region, off, 8 + data.len() as u64)?;
+                if e.unlock != 0 && store.load(off) != owner {
                     return Err(format!(
                         "commit of a record at {off} whose lock {:#x} is not the committer's {owner:#x}",
                         store.load(off)
                     ));
                 }
-                es.push((off, unlock, data));
             }
-            for (off, unlock, data) in es {
+            for (e, data) in b.records(len_of).map_err(|e| wire::malformed(id, e))? {
+                let off = e.off.get();
                 if !data.is_empty() {
                     store.write(off + VER, data);
                 }
-                if unlock {
+                if e.unlock != 0 {
                     store.store(off, 0);
                 }
             }
             Ok(())
         }
         wire::READ => {
-            let mut d = Dec(req);
-            let n = d.u16()?;
-            let mut es = Vec::with_capacity(n as usize);
-            for _ in 0..n {
-                let off = d.u64()?;
-                let len = d.u32()?;
-                check(region, off, u64::from(len))?;
-                es.push(FetchEntry {
-                    off,
-                    len,
-                    lock: false,
-                });
+            let b = view_request::<wire::Read, _, _>(req).map_err(|e| e.to_string())?;
+            for e in b.entries {
+                check(region, e.off.get(), u64::from(e.len.get()))?;
             }
-            for e in &es {
+            // The reply's `u8` entries are the tuples, read straight into it.
+            for e in b.entries {
                 let at = out.len();
-                out.resize(at + e.len as usize, 0);
-                store.read(e.off, &mut out[at..]);
+                out.resize(at + e.len.get() as usize, 0);
+                store.read(e.off.get(), &mut out[at..]);
             }
             Ok(())
         }
         wire::LOCK => {
-            let mut d = Dec(req);
-            let owner = d.u64()?;
+            let b = view_request::<wire::Lock, _, _>(req).map_err(|e| e.to_string())?;
+            let owner = b.head.get();
             if owner == 0 {
                 return Err("lock owner 0 is reserved for a free lock".into());
             }
-            let n = d.u16()?;
-            let mut es = Vec::with_capacity(n as usize);
-            for _ in 0..n {
-                let off = d.u64()?;
-                let seq = d.u64()?;
-                check(region, off, 16)?;
-                es.push((off, seq));
+            for e in b.entries {
+                check(region, e.off.get(), 16)?;
             }
             let mut taken = Vec::new();
-            for (off, seq) in es {
+            for e in b.entries {
+                let off = e.off.get();
                 let old = store.cas(off, 0, owner);
                 if old == 0 {
                     taken.push(off);
                 }
-                if old != 0 || store.load(off + VER) != seq {
+                if old != 0 || store.load(off + VER) != e.seq.get() {
                     for &o in &taken {
                         store.cas(o, owner, 0);
                     }
-                    conflict(out, old);
-                    return Ok(());
+                    out.clear();
+                    return encode_response::<wire::Lock>(&StatusHead::conflict(old), out)
+                        .map_err(|e| e.to_string());
                 }
             }
-            out.extend_from_slice(&Enc::default().u8(wire::OK).u64(0).0);
-            Ok(())
+            encode_response::<wire::Lock>(&StatusHead::ok(), out).map_err(|e| e.to_string())
         }
         wire::VALIDATE => {
-            let mut d = Dec(req);
-            let n = d.u16()?;
+            let b = view_request::<wire::Validate, _, _>(req).map_err(|e| e.to_string())?;
             let mut ok = true;
-            for _ in 0..n {
-                let off = d.u64()?;
-                let seq = d.u64()?;
+            for e in b.entries {
+                let off = e.off.get();
                 check(region, off, 16)?;
-                ok &= store.load(off) == 0 && store.load(off + VER) == seq;
+                ok &= store.load(off) == 0 && store.load(off + VER) == e.seq.get();
             }
-            out.push(if ok { wire::OK } else { wire::CONFLICT });
-            Ok(())
+            let status = if ok { wire::OK } else { wire::CONFLICT };
+            encode_response::<wire::Validate>(&status, out).map_err(|e| e.to_string())
         }
         wire::MVCC_FETCH => mvcc_fetch(store, region, req, out),
         wire::MVCC_COMMIT => mvcc_commit(store, region, req),
@@ -201,13 +191,17 @@ pub fn serve(
     }
 }
 
+/// A FETCH's success reply: the status head, then every record's tuple bytes read
+/// straight from the store into `out` (the batch's `u8` entries).
 fn reply_tuples(store: &dyn Store, es: &[FetchEntry], out: &mut Vec<u8>) {
     out.clear();
-    out.extend_from_slice(&Enc::default().u8(wire::OK).u64(0).0);
+    let tuples: usize = es.iter().map(|e| e.len.get() as usize).sum();
+    out.reserve(size_of::<StatusHead>() + tuples);
+    encode_batch::<_, u8>(&StatusHead::ok(), &[], out);
     for e in es {
         let at = out.len();
-        out.resize(at + e.len as usize, 0);
-        store.read(e.off, &mut out[at..]);
+        out.resize(at + e.len.get() as usize, 0);
+        store.read(e.off.get(), &mut out[at..]);
     }
 }
 
@@ -225,7 +219,8 @@ pub async fn serve_waitdie<Y: Future<Output = ()>>(
     yield_now: impl Fn() -> Y,
     stopped: &(dyn Fn() -> bool + Sync),
 ) -> Result<Vec<u8>, String> {
-    let (mode, owner, es) = parse_fetch(region, req)?;
+    let b = view_fetch(region, wire::FETCH_WAIT, req)?;
+    let (mode, owner) = (b.head.mode, b.head.owner.get());
     let never_die = match mode {
         wire::MODE_WAITDIE => false,
         wire::MODE_WAITDIE_NEVER_DIE => true,
@@ -234,14 +229,15 @@ pub async fn serve_waitdie<Y: Future<Output = ()>>(
     let start = Instant::now();
     let mut taken = Vec::new();
     let mut out = Vec::new();
-    for e in &es {
-        if !e.lock {
+    for e in b.entries {
+        if e.lock == 0 {
             continue;
         }
+        let off = e.off.get();
         loop {
-            let old = store.cas(e.off, 0, owner);
+            let old = store.cas(off, 0, owner);
             if old == 0 {
-                taken.push(e.off);
+                taken.push(off);
                 break;
             }
             let wait = never_die || owner < old;
@@ -255,7 +251,7 @@ pub async fn serve_waitdie<Y: Future<Output = ()>>(
             yield_now().await;
         }
     }
-    reply_tuples(store, &es, &mut out);
+    reply_tuples(store, b.entries, &mut out);
     Ok(out)
 }
 
@@ -288,32 +284,33 @@ pub fn mvcc_newest(wts: &[u64; MVCC_SLOTS]) -> (usize, u64) {
 }
 
 /// [`wire::MVCC_FETCH`]: RCC, 4.4 a2-a3, with the read raising `rts` before it checks
-/// the lock (the same order as the one-sided variant).
+/// the lock (the same order as the one-sided variant). Each record is read from the
+/// store straight into the reply.
 fn mvcc_fetch(store: &dyn Store, region: u64, req: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-    let mut d = Dec(req);
-    let tts = d.u64()?;
+    let b = view_request::<wire::MvccFetch, _, _>(req).map_err(|e| e.to_string())?;
+    let tts = b.head.get();
     if tts == 0 || tts & MVCC_PENDING != 0 {
         return Err(format!("MVCC timestamp {tts:#x} out of range"));
     }
-    let n = d.u16()?;
-    let mut es = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let off = d.u64()?;
-        let vlen = d.u32()? as u64;
-        let kind = d.u8()?;
+    let mut tail = 0usize;
+    for e in b.entries {
+        let (off, vlen, kind) = (e.off.get(), u64::from(e.vlen.get()), e.kind);
         check(region, off, MVCC_REC + MVCC_SLOTS as u64 * vlen)?;
         if vlen == 0 || kind > wire::MVCC_READ_NO_RTS {
             return Err(format!(
                 "MVCC entry at {off}: record of {vlen} bytes, kind {kind}"
             ));
         }
-        es.push((off, vlen, kind));
+        tail += vlen as usize;
     }
     let mut taken: Vec<u64> = Vec::new();
     let mut seen = 0u64;
-    let mut body = Enc::default();
     let mut ok = true;
-    for &(off, vlen, kind) in &es {
+    let mut w = TailBatchWriter::new(out, &StatusHead::ok(), b.entries.len(), tail)
+        .map_err(|e| wire::malformed(wire::MVCC_FETCH, e))?;
+    for e in b.entries {
+        let (off, vlen, kind) = (e.off.get(), u64::from(e.vlen.get()), e.kind);
+        let read_slot = |s: u64| move |buf: &mut [u8]| store.read(off + MVCC_REC + s * vlen, buf);
         if kind == wire::MVCC_WRITE {
             let wts = mvcc_wts(store, off);
             let rts = store.load(off + MVCC_RTS);
@@ -340,9 +337,8 @@ fn mvcc_fetch(store: &dyn Store, region: u64, req: &[u8], out: &mut Vec<u8>) -> 
                 ok = false;
                 break;
             }
-            let mut rec = vec![0u8; vlen as usize];
-            store.read(off + MVCC_REC + newest as u64 * vlen, &mut rec);
-            body.u64(max_wts).bytes(&rec);
+            w.push_with(&U64::new(max_wts), vlen as usize, read_slot(newest as u64))
+                .map_err(|e| wire::malformed(wire::MVCC_FETCH, e))?;
         } else {
             // Raise rts first, then check the lock.
             if kind == wire::MVCC_READ {
@@ -365,38 +361,36 @@ fn mvcc_fetch(store: &dyn Store, region: u64, req: &[u8], out: &mut Vec<u8>) -> 
                 ok = false;
                 break;
             };
-            let mut rec = vec![0u8; vlen as usize];
-            store.read(off + MVCC_REC + s as u64 * vlen, &mut rec);
-            // Re-traverse wts: no write meanwhile.
+            w.push_with(&U64::new(wts[s]), vlen as usize, read_slot(s as u64))
+                .map_err(|e| wire::malformed(wire::MVCC_FETCH, e))?;
+            // Re-traverse wts: no write meanwhile (else the reply is replaced below).
             if store.load(off + MVCC_WTS + 8 * s as u64) != wts[s] {
                 ok = false;
                 break;
             }
-            body.u64(wts[s]).bytes(&rec);
         }
     }
-    if !ok {
-        for &o in &taken {
-            store.cas(o, tts, 0);
-        }
-        conflict(out, seen);
-        return Ok(());
+    if ok {
+        return w.finish().map_err(|e| wire::malformed(wire::MVCC_FETCH, e));
     }
-    out.extend_from_slice(&Enc::default().u8(wire::OK).u64(0).0);
-    out.extend_from_slice(&body.0);
-    Ok(())
+    for &o in &taken {
+        store.cas(o, tts, 0);
+    }
+    // A conflict replaces whatever records were written: the status alone, no entries.
+    out.clear();
+    encode_tail_batch::<_, U64>(&StatusHead::conflict(seen), &[], &[], out)
+        .map_err(|e| wire::malformed(wire::MVCC_FETCH, e))
 }
 
 /// [`wire::MVCC_COMMIT`]: RCC, 4.4 a6.
 fn mvcc_commit(store: &dyn Store, region: u64, req: &[u8]) -> Result<(), String> {
-    let mut d = Dec(req);
-    let tts = d.u64()?;
-    let n = d.u16()?;
-    let mut es = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let off = d.u64()?;
-        let vlen = d.u32()? as u64;
-        let data = d.take(vlen as usize)?;
+    let b = view_tail_request::<wire::MvccCommit, _, _>(req).map_err(|e| e.to_string())?;
+    let tts = b.head.get();
+    let len_of = |e: &wire::Span| e.len.get() as usize;
+    let bad = |e| wire::malformed(wire::MVCC_COMMIT, e);
+    // Check every record before writing any.
+    for (e, _) in b.records(len_of).map_err(bad)? {
+        let (off, vlen) = (e.off.get(), u64::from(e.len.get()));
         check(region, off, MVCC_REC + MVCC_SLOTS as u64 * vlen.max(8))?;
         if store.load(off) != tts {
             return Err(format!(
@@ -404,9 +398,9 @@ fn mvcc_commit(store: &dyn Store, region: u64, req: &[u8]) -> Result<(), String>
                 store.load(off)
             ));
         }
-        es.push((off, vlen, data));
     }
-    for (off, vlen, data) in es {
+    for (e, data) in b.records(len_of).map_err(bad)? {
+        let (off, vlen) = (e.off.get(), u64::from(e.len.get()));
         let s = mvcc_victim(&mvcc_wts(store, off)) as u64;
         store.write(off + MVCC_REC + s * vlen, data);
         store.store(off + MVCC_WTS + 8 * s, tts);
@@ -422,15 +416,12 @@ fn sundial_renew(
     req: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), String> {
-    let mut d = Dec(req);
-    let mode = d.u8()?;
-    let n = d.u16()?;
+    let b = view_request::<wire::SundialRenew, _, _>(req).map_err(|e| e.to_string())?;
+    let mode = *b.head;
     let mut ok = true;
-    for _ in 0..n {
-        let off = d.u64()?;
-        let cv = d.u64()?;
-        let wts = d.u64()?;
-        let tts = d.u64()?;
+    for e in b.entries {
+        let (off, cv) = (e.off.get(), e.check_version.get());
+        let (wts, tts) = (e.wts.get(), e.tts.get());
         check(region, off, SUNDIAL_CV + 8)?;
         if wts > u64::from(u32::MAX) || tts > u64::from(u32::MAX) {
             return Err(format!("SUNDIAL timestamps {wts}, {tts} exceed 32 bits"));
@@ -448,13 +439,13 @@ fn sundial_renew(
             store.store(off + SUNDIAL_LEASE, (lease & !0xffff_ffff) | tts);
         }
     }
-    out.push(if ok { wire::OK } else { wire::CONFLICT });
-    Ok(())
+    let status = if ok { wire::OK } else { wire::CONFLICT };
+    encode_response::<wire::SundialRenew>(&status, out).map_err(|e| e.to_string())
 }
 
-/// Serve CALVIN's deposits, [`wire::CALVIN_BATCH`] or [`wire::CALVIN_FORWARD`], over a node's region of `region` bytes into `out`
-/// (empty). Errors: an unknown id, a malformed message, an entry outside the region or
-/// unaligned.
+/// Serve CALVIN's deposits, [`wire::CALVIN_BATCH`] or [`wire::CALVIN_FORWARD`], over a
+/// node's region of `region` bytes into `out` (empty). Errors: an unknown id, a
+/// malformed message, an entry outside the region or unaligned.
 pub fn serve_deposit(
     store: &dyn Store,
     region: u64,
@@ -463,9 +454,12 @@ pub fn serve_deposit(
     out: &mut Vec<u8>,
 ) -> Result<(), String> {
     out.clear();
-    if id != wire::CALVIN_BATCH && id != wire::CALVIN_FORWARD {
-        return Err(format!("no CALVIN handler {id}"));
+    let b = match id {
+        wire::CALVIN_BATCH => view_tail_request::<wire::CalvinBatch, _, _>(req),
+        wire::CALVIN_FORWARD => view_tail_request::<wire::CalvinForward, _, _>(req),
+        _ => return Err(format!("no CALVIN handler {id}")),
     }
+    .map_err(|e| e.to_string())?;
     let inside = |off: u64, len: u64| {
         if !off.is_multiple_of(8) || !len.is_multiple_of(8) || off.saturating_add(len) > region {
             Err(format!(
@@ -475,24 +469,257 @@ pub fn serve_deposit(
             Ok(())
         }
     };
-    let mut d = Dec(req);
-    let n = d.u16()?;
-    let mut es = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let off = d.u64()?;
-        let len = d.u32()?;
-        let data = d.take(len as usize)?;
-        let flag_off = d.u64()?;
-        let flag = d.u64()?;
-        inside(off, u64::from(len))?;
-        inside(flag_off, 8)?;
-        es.push((off, data, flag_off, flag));
+    let len_of = |e: &wire::DepositEntry| e.len.get() as usize;
+    // Check every entry before writing any.
+    for (e, _) in b.records(len_of).map_err(|e| wire::malformed(id, e))? {
+        inside(e.off.get(), u64::from(e.len.get()))?;
+        inside(e.flag_off.get(), 8)?;
     }
-    for (off, data, flag_off, flag) in es {
+    for (e, data) in b.records(len_of).map_err(|e| wire::malformed(id, e))? {
         if !data.is_empty() {
-            store.write(off, data);
+            store.write(e.off.get(), data);
         }
-        store.store(flag_off, flag);
+        store.store(e.flag_off.get(), e.flag.get());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::HeapStore;
+    use crate::wire::{CommitEntry, MvccFetchEntry, RenewEntry, Span, Versioned};
+    use rrpc::typed::encode_batch_iter;
+
+    const REGION: u64 = 4096;
+
+    /// A batch's head and entry sizes, bytes.
+    type Shape = (usize, usize);
+
+    /// A request of every plain handler that the handler accepts, with the sizes of its
+    /// batch's head and entries (`None` for a tail batch, whose every truncation is
+    /// malformed).
+    fn good_requests() -> Vec<(u16, Vec<u8>, Option<Shape>)> {
+        let owner = U64::new(7);
+        let mut v = Vec::new();
+        let mut m = Vec::new();
+        let head = FetchHead {
+            mode: wire::MODE_NOWAIT,
+            owner,
+        };
+        let fetch = [
+            FetchEntry::new(64, 16, true),
+            FetchEntry::new(128, 24, false),
+        ];
+        encode_batch_iter(&head, fetch, &mut m);
+        v.push((wire::FETCH, m, Some((9, 13))));
+        let mut m = Vec::new();
+        encode_batch_iter(&owner, [U64::new(64), U64::new(128)], &mut m);
+        v.push((wire::RELEASE, m, Some((8, 8))));
+        let insert = |off: u64| CommitEntry {
+            off: off.into(),
+            unlock: 0,
+            len: 8.into(),
+        };
+        let m = wire::tail_request(
+            &owner,
+            2,
+            16,
+            [(insert(64), &[1; 8][..]), (insert(128), &[2; 8][..])],
+        )
+        .unwrap();
+        v.push((wire::COMMIT, m, None));
+        let mut m = Vec::new();
+        encode_batch_iter(&(), [Span::new(64, 16), Span::new(128, 8)], &mut m);
+        v.push((wire::READ, m, Some((0, 12))));
+        let mut m = Vec::new();
+        encode_batch_iter(
+            &owner,
+            [Versioned::new(512, 0), Versioned::new(640, 0)],
+            &mut m,
+        );
+        v.push((wire::LOCK, m, Some((8, 16))));
+        let mut m = Vec::new();
+        encode_batch_iter(&(), [Versioned::new(64, 0), Versioned::new(128, 0)], &mut m);
+        v.push((wire::VALIDATE, m, Some((0, 16))));
+        let mvcc = |off: u64, kind| MvccFetchEntry {
+            off: off.into(),
+            vlen: 8.into(),
+            kind,
+        };
+        let mut m = Vec::new();
+        encode_batch_iter(
+            &U64::new(9),
+            [mvcc(1024, wire::MVCC_WRITE), mvcc(1280, wire::MVCC_WRITE)],
+            &mut m,
+        );
+        v.push((wire::MVCC_FETCH, m, Some((8, 13))));
+        let m = wire::tail_request(
+            &U64::new(9),
+            2,
+            16,
+            [
+                (Span::new(1024, 8), &[3; 8][..]),
+                (Span::new(1280, 8), &[4; 8][..]),
+            ],
+        )
+        .unwrap();
+        v.push((wire::MVCC_COMMIT, m, None));
+        let renew = |off: u64| RenewEntry {
+            off: off.into(),
+            check_version: 0.into(),
+            wts: 1.into(),
+            tts: 2.into(),
+        };
+        let mut m = Vec::new();
+        encode_batch_iter(&wire::RENEW_CHECKED, [renew(2048), renew(2560)], &mut m);
+        v.push((wire::SUNDIAL_RENEW, m, Some((1, 32))));
+        v
+    }
+
+    /// A partition where MVCC_COMMIT's records are locked by its `tts`, so that only the
+    /// message can make it fail.
+    fn fresh() -> HeapStore {
+        let s = HeapStore::new(REGION);
+        s.store(1024, 9);
+        s.store(1280, 9);
+        s
+    }
+
+    /// Every handler answers its good request, and refuses, with an error reply rather
+    /// than a panic, every truncation that is not a whole head and entries, the request
+    /// with a byte too many, and garbage.
+    #[test]
+    fn every_handler_refuses_truncated_long_and_garbage_requests() {
+        for (id, req, shape) in good_requests() {
+            let s = fresh();
+            let mut out = Vec::new();
+            serve(&s, REGION, id, &req, &mut out).unwrap_or_else(|e| panic!("{id}: {e}"));
+            for len in 0..req.len() {
+                let whole = shape.is_some_and(|(h, e)| len >= h && (len - h) % e == 0);
+                let s = fresh();
+                let r = serve(&s, REGION, id, &req[..len], &mut out);
+                if !whole {
+                    assert!(r.is_err(), "{id}: {len} of {} bytes accepted", req.len());
+                }
+            }
+            let mut long = req.clone();
+            long.push(0);
+            let s = fresh();
+            assert!(
+                serve(&s, REGION, id, &long, &mut out).is_err(),
+                "{id}: long"
+            );
+            for n in 0..64usize {
+                let g: Vec<u8> = (0..n).map(|i| (i * 151 + n * 7 + 3) as u8).collect();
+                let s = fresh();
+                let _ = serve(&s, REGION, id, &g, &mut out);
+                let g = vec![0xff; n];
+                let _ = serve(&s, REGION, id, &g, &mut out);
+            }
+        }
+    }
+
+    #[test]
+    fn a_commit_whose_tail_is_short_or_long_writes_nothing() {
+        let s = HeapStore::new(REGION);
+        let (_, req, _) = good_requests()
+            .into_iter()
+            .find(|r| r.0 == wire::COMMIT)
+            .unwrap();
+        let mut out = Vec::new();
+        for bad in [&req[..req.len() - 1], &[&req[..], &[0u8][..]].concat()[..]] {
+            let e = serve(&s, REGION, wire::COMMIT, bad, &mut out).unwrap_err();
+            assert!(e.contains("tail bytes"), "{e}");
+            assert_eq!((s.load(64 + VER), s.load(128 + VER)), (0, 0));
+        }
+        serve(&s, REGION, wire::COMMIT, &req, &mut out).unwrap();
+        assert_eq!(s.load(64 + VER), 0x0101_0101_0101_0101);
+    }
+
+    #[test]
+    fn fetch_and_mvcc_fetch_replies_decode_and_conflicts_release() {
+        let s = HeapStore::new(REGION);
+        s.store(128, 0x55);
+        let (_, fetch, _) = good_requests()
+            .into_iter()
+            .find(|r| r.0 == wire::FETCH)
+            .unwrap();
+        let mut out = Vec::new();
+        serve(&s, REGION, wire::FETCH, &fetch, &mut out).unwrap();
+        let b = rrpc::typed::view_response::<wire::Fetch, _, _>(&out).unwrap();
+        assert_eq!(
+            (b.head.status, b.head.word.get(), b.entries.len()),
+            (wire::OK, 0, 40)
+        );
+        assert_eq!(
+            (s.load(64), &b.entries[16..24]),
+            (7, &0x55u64.to_le_bytes()[..])
+        );
+        // Locked by someone else now: a conflict naming the holder, nothing taken.
+        let s = HeapStore::new(REGION);
+        s.store(64, 3);
+        serve(&s, REGION, wire::FETCH, &fetch, &mut out).unwrap();
+        let b = rrpc::typed::view_response::<wire::Fetch, _, _>(&out).unwrap();
+        assert_eq!(
+            (b.head.status, b.head.word.get(), b.entries.len()),
+            (wire::CONFLICT, 3, 0)
+        );
+
+        let (_, mf, _) = good_requests()
+            .into_iter()
+            .find(|r| r.0 == wire::MVCC_FETCH)
+            .unwrap();
+        let s = HeapStore::new(REGION);
+        s.store(1024 + MVCC_WTS, 4);
+        s.write(1024 + MVCC_REC, &[6; 8]);
+        serve(&s, REGION, wire::MVCC_FETCH, &mf, &mut out).unwrap();
+        let b = rrpc::typed::view_tail_response::<wire::MvccFetch, _, _>(&out).unwrap();
+        assert_eq!(b.head.status, wire::OK);
+        assert_eq!(
+            b.entries.iter().map(|w| w.get()).collect::<Vec<_>>(),
+            [4, 0]
+        );
+        assert_eq!(b.tail, [[6; 8], [0; 8]].concat());
+        assert_eq!((s.load(1024), s.load(1280)), (9, 9));
+        // The second record is locked: the first lock is released, the reply is the
+        // status alone.
+        let s = HeapStore::new(REGION);
+        s.store(1280, 5);
+        serve(&s, REGION, wire::MVCC_FETCH, &mf, &mut out).unwrap();
+        let b = rrpc::typed::view_tail_response::<wire::MvccFetch, _, _>(&out).unwrap();
+        assert_eq!((b.head.status, b.head.word.get()), (wire::CONFLICT, 5));
+        assert_eq!((b.entries.len(), b.tail.len(), s.load(1024)), (0, 0, 0));
+    }
+
+    #[test]
+    fn fetch_wait_refuses_truncated_and_garbage_requests() {
+        let s = fresh();
+        let head = FetchHead {
+            mode: wire::MODE_WAITDIE,
+            owner: U64::new(7),
+        };
+        let mut req = Vec::new();
+        encode_batch_iter(&head, [FetchEntry::new(64, 16, true)], &mut req);
+        let wait = |req: &[u8]| {
+            futures::executor::block_on(serve_waitdie(
+                &s,
+                REGION,
+                req,
+                || std::future::ready(()),
+                &|| true,
+            ))
+        };
+        let out = wait(&req).unwrap();
+        assert_eq!(out.len(), 9 + 16);
+        s.store(64, 0);
+        for len in (0..req.len()).filter(|&l| l != 9) {
+            let e = wait(&req[..len]).unwrap_err();
+            assert!(e.contains("FetchWait (handler 146)"), "{e}");
+        }
+        let mut long = req.clone();
+        long.push(1);
+        assert!(wait(&long).is_err());
+        assert!(wait(&[0xff; 40]).is_err());
+    }
 }

@@ -10,7 +10,10 @@ use futures::future::join_all;
 
 use crate::coord::{Abort, Coord, Inserted, Stage, TxnSpec, Variant};
 use crate::net::Net;
-use crate::wire::{self, Enc};
+use rrpc::typed::encode_batch_iter;
+use zerocopy::little_endian::U64;
+
+use crate::wire;
 
 /// The records of `t` by home node: (node, indices into `t.ops`), nodes ascending.
 pub(crate) fn group<N: Net>(c: &Coord<N>, t: &TxnSpec) -> Vec<(usize, Vec<usize>)> {
@@ -69,12 +72,10 @@ pub(crate) async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, owner: u64, held:
             c.round(
                 Stage::Release,
                 join_all(by_node.iter().map(|(node, idx)| {
-                    let mut e = Enc::default();
-                    e.u64(owner).u16(idx.len() as u16);
-                    for &i in idx {
-                        e.u64(c.loc(&t.ops[i]).1);
-                    }
-                    c.net.call(*node, wire::RELEASE, e.0)
+                    let mut m = Vec::new();
+                    let offs = idx.iter().map(|&i| U64::new(c.loc(&t.ops[i]).1));
+                    encode_batch_iter(&U64::new(owner), offs, &mut m);
+                    c.net.call(*node, wire::RELEASE, m)
                 })),
             )
             .await;
@@ -85,14 +86,14 @@ pub(crate) async fn release<N: Net>(c: &Coord<N>, t: &TxnSpec, owner: u64, held:
 /// The RPC variants' commit round: one [`wire::COMMIT`] message per node
 /// ([`Coord::commit_messages`]: `entries` `(node, tuple offset, bytes written at offset +
 /// 8)` each unlocking, then the rows of `ins` without unlock), awaited together.
-/// Errors: the first failed call.
+/// Errors: a message that does not encode, the first failed call.
 pub(crate) async fn commit_rpc<N: Net>(
     c: &Coord<N>,
     owner: u64,
     entries: &[(usize, u64, &[u8])],
     ins: &[Inserted],
 ) -> Result<(), Abort> {
-    let msgs = c.commit_messages(owner, entries, ins);
+    let msgs = c.commit_messages(owner, entries, ins)?;
     c.count_msgs(msgs.len());
     let rs = c
         .round(

@@ -47,7 +47,9 @@ use crate::coord::{Abort, Coord, Fault, Stage, TxnSpec, Variant};
 use crate::layout::{SUNDIAL_CV, SUNDIAL_LEASE, SUNDIAL_REC};
 use crate::net::{Net, NetError};
 use crate::steps::{self, group, group_of, release};
-use crate::wire::{self, Dec, Enc};
+use crate::wire::{self, FetchEntry, FetchHead, RenewEntry};
+use rrpc::typed::{decode_response, encode_batch_iter, view_response, TailReader};
+use zerocopy::little_endian::U64;
 
 const LOW: u64 = 0xffff_ffff;
 
@@ -199,13 +201,17 @@ async fn fetch_rpc<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64) -> Result<Vec<Got
         .round(
             Stage::Lock,
             join_all(by_node.iter().map(|(node, idx)| {
-                let mut e = Enc::default();
-                e.u8(wire::MODE_NOWAIT).u64(me).u16(idx.len() as u16);
-                for &i in idx {
+                let mut m = Vec::new();
+                let head = FetchHead {
+                    mode: wire::MODE_NOWAIT,
+                    owner: U64::new(me),
+                };
+                let entries = idx.iter().map(|&i| {
                     let (_, off, len) = c.loc(&t.ops[i]);
-                    e.u64(off).u32(len as u32).u8(u8::from(t.ops[i].write));
-                }
-                c.net.call(*node, wire::FETCH, e.0)
+                    FetchEntry::new(off, len as u32, t.ops[i].write)
+                });
+                encode_batch_iter(&head, entries, &mut m);
+                c.net.call(*node, wire::FETCH, m)
             })),
         )
         .await;
@@ -220,16 +226,17 @@ async fn fetch_rpc<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64) -> Result<Vec<Got
                 continue;
             }
         };
-        let mut d = Dec(&r);
-        let status = d.u8().map_err(|w| bad(wire::FETCH, w))?;
-        d.u64().map_err(|w| bad(wire::FETCH, w))?;
-        if status != wire::OK {
+        let reply =
+            view_response::<wire::Fetch, _, _>(&r).map_err(|e| bad(wire::FETCH, e.to_string()))?;
+        if reply.head.status != wire::OK {
             failed.get_or_insert(Abort::Conflict);
             continue;
         }
+        // The tuples, in request order, each as long as the request said.
+        let mut tail = TailReader::new(reply.entries);
         for &i in idx {
             let len = c.loc(&t.ops[i]).2;
-            let b = d.take(len).map_err(|w| bad(wire::FETCH, w))?;
+            let b = tail.take(len).map_err(|e| bad(wire::FETCH, e.detail))?;
             if t.ops[i].write {
                 held.push(i);
             } else if word(b, 0) != 0 {
@@ -239,6 +246,7 @@ async fn fetch_rpc<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64) -> Result<Vec<Got
             }
             got[i] = Got::of(b);
         }
+        tail.finish().map_err(|e| bad(wire::FETCH, e.detail))?;
     }
     if let Some(why) = failed {
         release(c, t, me, &held).await;
@@ -372,20 +380,22 @@ async fn renew_rpc<N: Net>(
         .round(
             Stage::Validate,
             join_all(by_node.iter().map(|(node, idx)| {
-                let mut e = Enc::default();
-                e.u8(mode).u16(idx.len() as u16);
-                for &i in idx {
-                    e.u64(c.loc(&t.ops[i]).1)
-                        .u64(got[i].cv)
-                        .u64(got[i].wts)
-                        .u64(tts);
-                }
-                c.net.call(*node, wire::SUNDIAL_RENEW, e.0)
+                let mut m = Vec::new();
+                let entries = idx.iter().map(|&i| RenewEntry {
+                    off: U64::new(c.loc(&t.ops[i]).1),
+                    check_version: U64::new(got[i].cv),
+                    wts: U64::new(got[i].wts),
+                    tts: U64::new(tts),
+                });
+                encode_batch_iter(&mode, entries, &mut m);
+                c.net.call(*node, wire::SUNDIAL_RENEW, m)
             })),
         )
         .await;
     for r in rs {
-        if r?.first() != Some(&wire::OK) {
+        let status = decode_response::<wire::SundialRenew>(&r?)
+            .map_err(|e| bad(wire::SUNDIAL_RENEW, e.to_string()))?;
+        if status != wire::OK {
             return Err(Abort::Validation);
         }
     }

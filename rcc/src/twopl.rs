@@ -18,7 +18,8 @@ use crate::coord::{accesses, lock_of, val_of, ver_of, versioned, Abort, Coord, F
 use crate::coord::{Stage, TxnSpec, Variant};
 use crate::net::Net;
 use crate::steps::{self, group};
-use crate::wire::{self, Dec, Enc};
+use crate::wire::{self, FetchEntry, FetchHead};
+use rrpc::typed::{encode_batch_iter, view_response, TailReader};
 
 /// What a conflict on a record means for the requester.
 enum OnConflict {
@@ -158,13 +159,17 @@ async fn fetch_rpc<N: Net>(
         .round(
             Stage::Lock,
             join_all(by_node.iter().map(|(node, idx)| {
-                let mut e = Enc::default();
-                e.u8(mode).u64(me).u16(idx.len() as u16);
-                for &i in idx {
+                let mut m = Vec::new();
+                let head = FetchHead {
+                    mode,
+                    owner: me.into(),
+                };
+                let entries = idx.iter().map(|&i| {
                     let (_, off, len) = c.loc(&t.ops[i]);
-                    e.u64(off).u32(len as u32).u8(u8::from(locks[i]));
-                }
-                c.net.call(*node, handler, e.0)
+                    FetchEntry::new(off, len as u32, locks[i])
+                });
+                encode_batch_iter(&head, entries, &mut m);
+                c.net.call(*node, handler, m)
             })),
         )
         .await;
@@ -179,18 +184,24 @@ async fn fetch_rpc<N: Net>(
                 continue;
             }
         };
-        let mut d = Dec(&r);
-        let status = d.u8().map_err(|w| bad_reply(c, w))?;
-        d.u64().map_err(|w| bad_reply(c, w))?;
-        if status != wire::OK {
+        let b = if handler == wire::FETCH_WAIT {
+            view_response::<wire::FetchWait, _, _>(&r)
+        } else {
+            view_response::<wire::Fetch, _, _>(&r)
+        }
+        .map_err(|e| bad_reply(c, e.to_string()))?;
+        if b.head.status != wire::OK {
             failed.get_or_insert(Abort::Conflict);
             continue;
         }
+        // The tuples, in request order, each as long as the request said.
+        let mut tail = TailReader::new(b.entries);
         for &i in idx {
             let (_, _, len) = c.loc(&t.ops[i]);
-            tuples[i] = d.take(len).map_err(|w| bad_reply(c, w))?.to_vec();
+            tuples[i] = tail.take(len).map_err(|e| bad_reply(c, e.detail))?.to_vec();
             held[i] = locks[i];
         }
+        tail.finish().map_err(|e| bad_reply(c, e.detail))?;
     }
     if let Some(why) = failed {
         release_held(c, t, me, &held).await;

@@ -15,7 +15,15 @@
 //! - [`Fixed`] also encodes a [`Batch`]: a fixed-layout head followed by any number of
 //!   fixed-layout entries (the shape of a request that carries one entry per lock, say),
 //!   the head's bytes then the entries' bytes, nothing else (no count: the length says it).
-//!   [`view_request`] and [`view_response`] read one in place, without allocating.
+//!   [`view_request`] and [`view_response`] read one in place, without allocating;
+//!   [`encode_batch`] and [`encode_batch_iter`] write one from a slice or an iterator.
+//! - [`Fixed`] also encodes a [`TailBatch`]: a head, a count, that many entries, then a
+//!   byte area the entries (or the request a reply answers) describe, for messages with
+//!   variable-length records. [`TailBatch::view`], [`view_tail_request`] and
+//!   [`view_tail_response`] read one in place; [`TailBatchRef::records`] pairs each entry
+//!   with its bytes and [`TailReader`] cuts a tail described elsewhere, both checking
+//!   that a message is neither short nor long; [`encode_tail_batch`] and
+//!   [`TailBatchWriter`] write one into a single buffer.
 //! - `Postcard` (feature `serde-codec`): any `serde` type, as postcard bytes (varint
 //!   integers, length-prefixed strings and vectors), for variable-length messages.
 //!
@@ -54,6 +62,12 @@ use crate::server::{Caller, DuplicateId, Handlers};
 use crate::NodeId;
 
 pub use zerocopy;
+
+mod tail;
+pub use tail::{
+    encode_tail_batch, view_tail_request, view_tail_response, Records, TailBatch, TailBatchRef,
+    TailBatchWriter, TailReader,
+};
 
 /// One remote procedure: its handler id, request and response types and their codec.
 /// Implement it on a unit struct per procedure; both sides share the definition.
@@ -171,6 +185,23 @@ where
     out.reserve(size_of::<H>() + size_of_val(entries));
     out.extend_from_slice(head.as_bytes());
     out.extend_from_slice(zerocopy::IntoBytes::as_bytes(entries));
+}
+
+/// Append the bytes of a [`Batch`] of `head` and the entries `entries` yields to `out`:
+/// what [`encode_batch`] writes, for a caller that computes each entry as it goes (from
+/// a list of indices, say) and should not collect them first. Reserves the iterator's
+/// lower size bound of entries.
+pub fn encode_batch_iter<H, E>(head: &H, entries: impl IntoIterator<Item = E>, out: &mut Vec<u8>)
+where
+    H: zerocopy::IntoBytes + zerocopy::Immutable,
+    E: zerocopy::IntoBytes + zerocopy::Immutable,
+{
+    let entries = entries.into_iter();
+    out.reserve(size_of::<H>() + entries.size_hint().0 * size_of::<E>());
+    out.extend_from_slice(head.as_bytes());
+    for e in entries {
+        out.extend_from_slice(e.as_bytes());
+    }
 }
 
 /// A [`Batch`] read in place: its head and entries borrowed from the message bytes, no
@@ -708,6 +739,9 @@ mod tests {
         let mut same = Vec::new();
         encode_batch(&b.head, &b.entries, &mut same);
         assert_eq!(same, out, "encode_batch writes the codec's bytes");
+        let mut from_iter = Vec::new();
+        encode_batch_iter(&b.head, b.entries.iter().cloned(), &mut from_iter);
+        assert_eq!(from_iter, out, "encode_batch_iter writes the codec's bytes");
         assert_eq!(
             <Fixed as Codec<Batch<U64, Entry>>>::decode(&out),
             Ok(b.clone())
