@@ -1157,13 +1157,16 @@ fn measure(
     t0.store(txn::history::monotonic_ns(), Ordering::SeqCst);
     start_gate.wait();
     let started = std::time::Instant::now();
+    // Commits during the warm-up: the restart records count the measured window's.
+    let mut warm_committed = 0;
     let watched = watch(
         args,
         cluster,
         protocol,
         (&run_stop, &committed, stop),
         started,
-        &mut |c| {
+        &mut |c, warm| {
+            warm_committed = warm;
             if args.breakdown {
                 cpu_before = Some(c.cpu_times());
             }
@@ -1186,15 +1189,21 @@ fn measure(
     let (mut tso_restart, mut lockd_restart, failover, mut etcd_restart) =
         watched.map_err(|e| anyhow::anyhow!("a service died during the run: {e}"))?;
     if let Some(r) = &mut etcd_restart {
-        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.committed_after_ready = committed
+            .load(Ordering::Relaxed)
+            .saturating_sub(warm_committed + r.committed_before_ready);
     }
     if let Some(r) = &mut tso_restart {
-        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.committed_after_ready = committed
+            .load(Ordering::Relaxed)
+            .saturating_sub(warm_committed + r.committed_before_ready);
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
         r.uses_tso = protocol != Protocol::OccCas;
     }
     if let Some(r) = &mut lockd_restart {
-        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.committed_after_ready = committed
+            .load(Ordering::Relaxed)
+            .saturating_sub(warm_committed + r.committed_before_ready);
         r.thread_reconnects = workers.iter().map(|w| w.lock_reconnects).collect();
     }
     let mut timeline = Timeline::default();
@@ -1267,7 +1276,7 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
 
 /// The run's control loop, from `started` until the warm-up and the duration are over
 /// or `run_stop` is set: forwards `stop`, calls `at_boundary` once at the warm-up's end
-/// (at once without one), injects the fault flags (their seconds count from the
+/// (at once without one) with the commits so far (the warm-up's), injects the fault flags (their seconds count from the
 /// measured window's start, the warm-up's end), prints progress, and watches the
 /// services. `flags` are `run_stop`, the commits so far and `stop`. Returns the
 /// restart's record (its counts after the restart still to fill in); `Err` names the
@@ -1278,7 +1287,7 @@ fn watch(
     protocol: Protocol,
     flags: (&AtomicBool, &AtomicU64, &AtomicBool),
     started: std::time::Instant,
-    at_boundary: &mut dyn FnMut(&RunCluster),
+    at_boundary: &mut dyn FnMut(&RunCluster, u64),
 ) -> Result<Watched, String> {
     let (run_stop, committed, stop) = flags;
     let warmup = args.run.warmup();
@@ -1286,6 +1295,11 @@ fn watch(
     // The fault flags' clock: the measured window's.
     let measured = started + warmup;
     let mut boundary_seen = warmup.is_zero();
+    // Commits of the warm-up (the restart records count the measured window's, as the
+    // coordinator processes' streams do).
+    let mut warm = 0;
+    let measured_commits =
+        |warm: u64| AtomicU64::new(committed.load(Ordering::Relaxed).saturating_sub(warm));
     // Seconds into the measured window, `None` during the warm-up.
     let since = || {
         std::time::Instant::now()
@@ -1324,7 +1338,8 @@ fn watch(
         }
         if !boundary_seen && since().is_some() {
             boundary_seen = true;
-            at_boundary(cluster);
+            warm = committed.load(Ordering::Relaxed);
+            at_boundary(cluster, warm);
         }
         if tso_restart.is_none() && after(args.kill_tso_after) {
             let listen = cluster.addrs.tso.to_string();
@@ -1334,7 +1349,7 @@ fn watch(
                 &cluster.tso_state,
                 &tso_args,
                 Duration::from_millis(args.tso_down_ms),
-                committed,
+                &measured_commits(warm),
                 measured,
             );
             match r {
@@ -1348,7 +1363,7 @@ fn watch(
         if lockd_restart.is_none() && cluster.addrs.lockd.is_some() && after(args.kill_lockd_after)
         {
             let down = Duration::from_millis(args.lockd_down_ms);
-            match restart_lockd(cluster, down, committed, measured) {
+            match restart_lockd(cluster, down, &measured_commits(warm), measured) {
                 Ok(r) => lockd_restart = Some(r),
                 Err(e) => {
                     run_stop.store(true, Ordering::SeqCst);
@@ -1357,7 +1372,13 @@ fn watch(
             }
         }
         if etcd_restart.is_none() && after(args.kill_etcd_after) {
-            match restart_etcd(cluster, manager.as_ref(), args, committed, measured) {
+            match restart_etcd(
+                cluster,
+                manager.as_ref(),
+                args,
+                &measured_commits(warm),
+                measured,
+            ) {
                 Ok(r) => etcd_restart = Some(r),
                 Err(e) => {
                     run_stop.store(true, Ordering::SeqCst);

@@ -1180,7 +1180,12 @@ impl<'a> Parent<'a> {
             self.started.elapsed().as_secs(),
             self.args.run.warmup().as_secs_f64() + self.args.duration(),
             if self.measured_s() < 0.0 { " warm-up" } else { "" },
-            c as f64 / self.started.elapsed().as_secs_f64(),
+            // The streams count the measured window's commits once it started.
+            c as f64
+                / match self.measured_s() {
+                    s if s > 0.0 => s,
+                    _ => self.started.elapsed().as_secs_f64(),
+                },
             self.cns.iter().filter(|c| !c.gone).count()
         );
     }
