@@ -161,8 +161,8 @@ pub struct RunLength {
     #[arg(long, global = true, default_value = "10s", value_name = "TIME")]
     pub duration: Span,
     /// Warm-up before each data point, not measured; units as --duration. txn-bench
-    /// (and its suites) measures each run from its start on a freshly loaded cluster and
-    /// takes only 0.
+    /// (and its suites) runs each run's warm-up on its freshly loaded cluster, reports
+    /// what follows it and checks the whole run.
     #[arg(long, global = true, default_value = "0s", value_name = "TIME")]
     pub warmup: Span,
     /// Old spelling of --duration, in milliseconds.

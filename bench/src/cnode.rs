@@ -151,6 +151,9 @@ pub struct WireStats {
     memnode_ops: [u64; 3],
     /// (table, attempts, tocc).
     tocc_share: Vec<(String, u64, u64)>,
+    /// Commits per type during the warm-up (`--warmup`; empty without one).
+    #[serde(default)]
+    warmup_commits: Vec<u64>,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -222,6 +225,7 @@ impl WireStats {
                 .iter()
                 .map(|t| (t.table.clone(), t.attempts, t.tocc))
                 .collect(),
+            warmup_commits: s.warmup_commits.clone(),
         }
     }
 
@@ -296,6 +300,7 @@ impl WireStats {
                 tocc,
             })
             .collect();
+        s.warmup_commits = self.warmup_commits;
         Ok(s)
     }
 }

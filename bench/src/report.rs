@@ -123,6 +123,10 @@ pub struct WorkerStats {
     pub tocc_share: Vec<crate::breakdown::ToccShare>,
     /// With `--timeline-ms`: the thread's commits and aborts per interval.
     pub timeline: crate::timeline::Timeline,
+    /// Commits per type before the warm-up's end ([`Self::restart_window`]), in the
+    /// order of `types`: not reported, but the check that every type committed covers
+    /// the whole run (empty without a warm-up).
+    pub warmup_commits: Vec<u64>,
 }
 
 impl WorkerStats {
@@ -148,7 +152,74 @@ impl WorkerStats {
             breakdown: None,
             tocc_share: Vec::new(),
             timeline: Default::default(),
+            warmup_commits: Vec::new(),
         }
+    }
+
+    /// The warm-up's end (`--warmup`): restart what the report shows (per type the
+    /// attempts, commits, aborts and latencies; abort reasons, the breakdown, the
+    /// timeline, routing and forwarding counts), keep what the checks need (the net,
+    /// inserted keys, the history, fatal errors, fault counters) and add this window's
+    /// commits per type to [`Self::warmup_commits`]. The thread's network, one-sided
+    /// and TOCC counters are cumulative and kept elsewhere: the caller snapshots them
+    /// here and subtracts ([`rpc_since`]).
+    pub fn restart_window(&mut self) {
+        if self.warmup_commits.len() < self.types.len() {
+            self.warmup_commits.resize(self.types.len(), 0);
+        }
+        for (w, t) in self.warmup_commits.iter_mut().zip(&mut self.types) {
+            *w += t.commits;
+            *t = TypeStats::new();
+        }
+        self.abort_reasons = [0; AbortReason::ALL.len()];
+        self.route = Default::default();
+        self.forward = ForwardStats::default();
+        if let Some(b) = &mut self.breakdown {
+            *b = crate::breakdown::Breakdown::with_kinds(self.types.len());
+        }
+        self.timeline.clear();
+    }
+}
+
+/// The counters of `now` accrued since `base` (a snapshot of the same thread's
+/// cumulative counters at the warm-up's end), counter by counter; a counter that went
+/// back (it cannot on one thread) gives 0.
+pub fn rpc_since(now: &rrpc::runtime::Stats, base: &rrpc::runtime::Stats) -> rrpc::runtime::Stats {
+    rrpc::runtime::Stats {
+        doorbells: now.doorbells.saturating_sub(base.doorbells),
+        wrs: now.wrs.saturating_sub(base.wrs),
+        buckets: now.buckets.saturating_sub(base.buckets),
+        messages: now.messages.saturating_sub(base.messages),
+        credit_stalls: now.credit_stalls.saturating_sub(base.credit_stalls),
+        bytes: now.bytes.saturating_sub(base.bytes),
+        sq_full: now.sq_full.saturating_sub(base.sq_full),
+        failed_lists: now.failed_lists.saturating_sub(base.failed_lists),
+        qp_switches: now.qp_switches.saturating_sub(base.qp_switches),
+        inline_replies: now.inline_replies.saturating_sub(base.inline_replies),
+        read_replies: now.read_replies.saturating_sub(base.read_replies),
+        zero_copy_replies: now.zero_copy_replies.saturating_sub(base.zero_copy_replies),
+        fetched_requests: now.fetched_requests.saturating_sub(base.fetched_requests),
+        expired_replies: now.expired_replies.saturating_sub(base.expired_replies),
+        one_sided_lists: now.one_sided_lists.saturating_sub(base.one_sided_lists),
+        one_sided_completions: now
+            .one_sided_completions
+            .saturating_sub(base.one_sided_completions),
+        unmatched_completions: now
+            .unmatched_completions
+            .saturating_sub(base.unmatched_completions),
+    }
+}
+
+/// One-sided operations of `now` since the snapshot `base`, per kind (see
+/// [`rpc_since`]).
+pub fn ops_since(
+    now: &rrpc::runtime::OpCounts,
+    base: &rrpc::runtime::OpCounts,
+) -> rrpc::runtime::OpCounts {
+    rrpc::runtime::OpCounts {
+        reads: now.reads.saturating_sub(base.reads),
+        writes: now.writes.saturating_sub(base.writes),
+        atomics: now.atomics.saturating_sub(base.atomics),
     }
 }
 
@@ -213,8 +284,17 @@ pub struct Report {
     pub replicas_identical: Option<bool>,
     /// Version cells per CVT.
     pub versions: usize,
-    /// Measured seconds.
+    /// Measured seconds (after the warm-up).
     pub seconds: f64,
+    /// `--warmup`: seconds the coordinators ran before the measured window, whose
+    /// transactions are checked but not reported (0: none).
+    pub warmup_s: f64,
+    /// Transactions committed during the warm-up (checked, not in `types` nor the
+    /// throughput).
+    pub warmup_committed: u64,
+    /// Per type, the warm-up's commits (for the check that every type committed).
+    #[serde(skip)]
+    pub warmup_type_commits: Vec<u64>,
     /// Committed transactions per second.
     pub throughput_tps: f64,
     /// Median latency of all committed transactions, µs.
@@ -567,8 +647,19 @@ impl Report {
             .flat_map(|w| w.fatal.iter().cloned())
             .collect();
         let secs = elapsed.as_secs_f64();
+        let warmup_type_commits: Vec<u64> = (0..kinds.len())
+            .map(|i| {
+                workers
+                    .iter()
+                    .map(|w| w.warmup_commits.get(i).copied().unwrap_or(0))
+                    .sum()
+            })
+            .collect();
         Self {
             latency: all.clone(),
+            warmup_s: 0.0,
+            warmup_committed: warmup_type_commits.iter().sum(),
+            warmup_type_commits,
             workload: "SmallBank".into(),
             protocol: String::new(),
             point: None,
@@ -587,7 +678,12 @@ impl Report {
             durable: None,
             versions: txn::smallbank::DEFAULT_VERSIONS,
             seconds: secs,
-            throughput_tps: commits as f64 / secs,
+            // A run interrupted during its warm-up measured nothing.
+            throughput_tps: if secs > 0.0 {
+                commits as f64 / secs
+            } else {
+                0.0
+            },
             p50_us: us(&all, 0.5),
             p99_us: us(&all, 0.99),
             abort_rate: if attempts == 0 {
@@ -714,11 +810,14 @@ impl Report {
         self.cvt_locks_held = cvt_locks_held;
         self.lockd_locks_held = lockd_locks_held;
         self.locks_held = locks_held;
+        // Over the whole run: a type that committed during the warm-up only was tested.
+        let warm = |i: usize| self.warmup_type_commits.get(i).copied().unwrap_or(0);
         self.types_never_committed = self
             .types
             .iter()
-            .filter(|t| t.committed == 0)
-            .map(|t| t.name.clone())
+            .enumerate()
+            .filter(|&(i, t)| t.committed + warm(i) == 0)
+            .map(|(_, t)| t.name.clone())
             .collect();
         self.invariant_holds = final_total == initial + self.net_committed
             && locks_held == 0
@@ -851,6 +950,13 @@ impl Report {
             self.p99_us,
             100.0 * self.abort_rate
         );
+        if self.warmup_s > 0.0 {
+            let _ = writeln!(
+                s,
+                "warm-up: {:.1} s before the measured window, {} committed (not measured; checked)",
+                self.warmup_s, self.warmup_committed
+            );
+        }
         let reasons: Vec<String> = self
             .abort_reasons
             .iter()
@@ -1466,6 +1572,78 @@ mod tests {
             "{}",
             r.render()
         );
+    }
+
+    #[test]
+    fn the_warm_up_restarts_the_reported_counters_and_keeps_the_checked_state() {
+        let mut s = WorkerStats::with_kinds(2);
+        s.breakdown = Some(crate::breakdown::Breakdown::with_kinds(2));
+        s.types[0].attempts = 4;
+        s.types[0].record_commit(Duration::from_micros(30));
+        s.types[1].record_commit(Duration::from_micros(50));
+        s.types[1].record_abort(AbortReason::ALL[0]);
+        s.abort_reasons[0] = 1;
+        s.net = 7;
+        s.inserted.push(42);
+        s.route.redraws = 3;
+        s.forward.count = 2;
+        s.timeline.count(0, true);
+        s.timeline.count(0, false);
+        let mut h = History::new(usize::MAX);
+        h.record(1, &[Access::read(0, 1, 1), Access::write(0, 1, 2)]);
+        s.history = Some(h);
+        s.restart_window();
+        // Reported: restarted.
+        for t in &s.types {
+            assert_eq!((t.attempts, t.commits, t.aborts), (0, 0, 0));
+            assert!(t.hist.is_empty());
+        }
+        assert_eq!(s.abort_reasons.iter().sum::<u64>(), 0);
+        assert_eq!((s.route.redraws, s.forward.count), (0, 0));
+        assert_eq!(s.timeline.commits, [0], "zeroed in place, intervals kept");
+        assert_eq!(s.timeline.aborts, [0]);
+        assert!(s.breakdown.is_some());
+        // Checked: kept, the warm-up's commits counted apart.
+        assert_eq!((s.net, s.inserted.as_slice()), (7, &[42][..]));
+        assert_eq!(s.history.as_ref().map(|h| h.len()), Some(1));
+        assert_eq!(s.warmup_commits, [1, 1]);
+
+        // The report: only what followed the warm-up, and a type that committed in the
+        // warm-up only still counts as tested.
+        s.types[0].record_commit(Duration::from_micros(20));
+        let mut r = Report::with_kinds(
+            &["a", "b"],
+            "shm".into(),
+            1,
+            1,
+            10,
+            0.0,
+            Duration::from_secs(1),
+            std::slice::from_ref(&s),
+        );
+        assert_eq!(r.types[0].committed, 1);
+        assert_eq!(r.types[1].committed, 0);
+        assert_eq!(r.warmup_committed, 2);
+        assert_eq!(r.throughput_tps, 1.0);
+        assert_eq!(r.net_committed, 7);
+        r.audit(0, 7, 0, None);
+        assert!(r.types_never_committed.is_empty());
+        assert!(r.invariant_holds);
+        // Without the warm-up's commits type b never committed.
+        s.warmup_commits.clear();
+        let mut r = Report::with_kinds(
+            &["a", "b"],
+            "shm".into(),
+            1,
+            1,
+            10,
+            0.0,
+            Duration::ZERO,
+            std::slice::from_ref(&s),
+        );
+        r.audit(0, 7, 0, None);
+        assert_eq!(r.types_never_committed, ["b"]);
+        assert_eq!(r.throughput_tps, 0.0, "an empty window measures nothing");
     }
 
     #[test]

@@ -42,6 +42,13 @@ impl Timeline {
         }
     }
 
+    /// Zero every count, keeping the intervals (a coordinator process's stream
+    /// replaces the intervals it sent before by position: zeros overwrite them).
+    pub fn clear(&mut self) {
+        self.commits.iter_mut().for_each(|c| *c = 0);
+        self.aborts.iter_mut().for_each(|a| *a = 0);
+    }
+
     /// Add `other`'s counts (another thread of the same compute node).
     pub fn add(&mut self, other: &Timeline) {
         add_into(&mut self.commits, &other.commits);

@@ -153,7 +153,10 @@ pub struct Args {
     #[arg(long, default_value_t = 0.99)]
     pub theta: f64,
     /// `--duration` of each run (each protocol, each sweep point; default 10 s) and
-    /// `--warmup` (txn-bench measures each run from its start: 0 only).
+    /// `--warmup` (default 0): each run's coordinators run warm-up + duration; what is
+    /// reported (throughput, latencies, aborts, network counters, breakdown, timeline)
+    /// covers the measured window after the warm-up, a transaction in flight at the
+    /// boundary counted in the window it ends in; the checks cover the whole run.
     #[command(flatten)]
     #[serde(flatten)]
     pub run: crate::cli::RunLength,
@@ -304,7 +307,7 @@ pub struct Args {
     #[serde(default)]
     pub routing: crate::routing::Routing,
     /// Lotus with coordinator processes (--cnodes 2 or more): this many seconds into the
-    /// run, move the first half of compute node 0's lock shards to compute node 1, as
+    /// measured run (after --warmup), move the first half of compute node 0's lock shards to compute node 1, as
     /// Lotus 4.3's resharding would (drain the range, then install the next map on
     /// every node; the source's version table cache drops the range's entries first).
     /// A drain not done within 10 ms is cancelled and tried again. Prints `reshard:`
@@ -330,14 +333,14 @@ pub struct Args {
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u64,
     /// Fault injection: SIGKILL the timestamp oracle this many seconds into each
-    /// measured run and restart it with the same state directory and address after
+    /// measured run (after --warmup) and restart it with the same state directory and address after
     /// `--tso-down-ms`. Coordinators wait for it and switch to its new epoch; the run
     /// passes only if commits continue after the restart (reported as `tso restart`).
     /// With --hosts, on the oracle's host, through ssh.
     #[arg(long, value_name = "SECONDS")]
     pub kill_tso_after: Option<f64>,
     /// Fault injection (protocols with a lock service: scythe): SIGKILL the lock
-    /// service this many seconds into each measured run and restart it with the same
+    /// service this many seconds into each measured run (after --warmup) and restart it with the same
     /// state directory and address after `--lockd-down-ms`. Its new epoch refuses the
     /// old tickets, and it grants nothing for its restart grace (1 s), longer than the
     /// coordinators' ticket lease, so no holder of an old ticket still writes when a
@@ -375,9 +378,10 @@ pub struct Args {
     /// the cluster is up and merged into one report; 1 runs them inside txn-bench.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub cnodes: usize,
-    /// Fault injection: SIGKILL coordinator process --cn this many seconds into the run
-    /// (--cnodes 2 or more, or 1 with --restart: the coordinators then run as a process
-    /// of their own); what it streamed before is kept. A surviving coordinator process
+    /// Fault injection: SIGKILL coordinator process --cn this many seconds into the
+    /// measured run, after --warmup (--cnodes 2 or more, or 1 with --restart: the
+    /// coordinators then run as a process of their own); what it streamed before is
+    /// kept. A surviving coordinator process
     /// recovers it (txn-bench when none survives).
     #[arg(long, value_name = "SECONDS")]
     pub kill_cn_after: Option<f64>,
@@ -391,7 +395,7 @@ pub struct Args {
     #[arg(long)]
     pub restart: bool,
     /// Fault injection (--cnodes 2 or more): SIGSTOP coordinator process --cn this many
-    /// seconds into the run, SIGCONT it --stop-ms later.
+    /// seconds into the measured run (after --warmup), SIGCONT it --stop-ms later.
     #[arg(long, value_name = "SECONDS")]
     pub stop_cn_after: Option<f64>,
     /// With --stop-cn-after: milliseconds the process stays stopped.
@@ -401,7 +405,8 @@ pub struct Args {
     /// last).
     #[arg(long, value_name = "I")]
     pub cn: Option<usize>,
-    /// Fault injection: SIGKILL memory node --memnode this many seconds into each run.
+    /// Fault injection: SIGKILL memory node --memnode this many seconds into each
+    /// measured run (after --warmup).
     /// With --replicas 2 or more txn-bench fails it over as the view manager: it waits
     /// until no transaction that began before is left on the partitions the node held
     /// the primary of (new ones abort as replica-failed meanwhile), promotes their first
@@ -419,7 +424,7 @@ pub struct Args {
     #[arg(long, default_value_t = 300, value_name = "MS")]
     pub tso_down_ms: u64,
     /// Fault injection: SIGKILL the membership service (the local etcd, which holds the
-    /// replica view) this many seconds into each run and start it again from its data
+    /// replica view) this many seconds into each measured run (after --warmup) and start it again from its data
     /// directory on the same ports after --etcd-down-ms. The run passes only if the
     /// view read back after the restart is the one published before it, the view stored
     /// at the end is the last one published (epochs never go back: each store checks
@@ -801,12 +806,6 @@ impl Args {
         }
         if self.run.duration().is_zero() {
             bail!("--duration must be more than 0");
-        }
-        if !self.run.warmup().is_zero() {
-            bail!(
-                "--warmup: txn-bench measures each run from its start (its runs load \
-                 their own cluster); only --warmup 0 is supported"
-            );
         }
         if !(1..=MAX_MEMNODES).contains(&self.memnodes) {
             bail!(

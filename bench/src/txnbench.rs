@@ -6,9 +6,9 @@
 //! Each run starts `--memnodes` memory nodes (the tables partitioned across them by
 //! key), a timestamp oracle and, for Scythe, a lock service as child processes, loads
 //! the workload's data on the memory nodes, runs `threads x coroutines` coordinators of
-//! one protocol ([`txn::coordinator::Protocol`]) for a fixed duration, prints committed
-//! throughput, p50/p99 latency of committed transactions and abort rates per
-//! transaction type, then checks the run (the `audit` module): the workload's own check
+//! one protocol ([`txn::coordinator::Protocol`]) for a fixed duration (after `--warmup`,
+//! whose transactions are checked but not reported), prints committed throughput,
+//! p50/p99 latency of committed transactions and abort rates per transaction type, then checks the run (the `audit` module): the workload's own check
 //! (SmallBank: total money equals the initial total plus the net of committed deposits
 //! and withdrawals; KVS / YCSB: every key read after the run carries a valid checksum,
 //! and the update counters add up to the committed updates; TATP: referential
@@ -352,11 +352,12 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
         ),
     };
     let mut s = format!(
-        "\ncomparison: {} | timing model: {} | fabric: {} | {setup} | {} | {} s per run | seed {} | backoff up to {} us\n",
+        "\ncomparison: {} | timing model: {} | fabric: {} | {setup} | {} | {}{} s per run | seed {} | backoff up to {} us\n",
         workload.label(),
         sum.timing_model,
         args.fabric(),
         storage_desc(args),
+        warmup_desc(args),
         args.duration(),
         args.seed.seed,
         args.max_backoff_us
@@ -921,7 +922,7 @@ fn print_header(
         println!("{UNSAFE_LABEL}");
     }
     println!(
-        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines | {} | {} | {} | {} s | check: {checks}",
+        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines | {} | {} | {} | {}{} s | check: {checks}",
         workload.label(),
         cluster.fabric.describe(),
         cluster.fabric.model_description(),
@@ -935,8 +936,20 @@ fn print_header(
         workload.scale(),
         workload.skew(point.theta),
         storage_desc(args),
+        warmup_desc(args),
         args.duration(),
     );
+}
+
+/// `warm-up W s (not measured) + ` before the duration in headers, with `--warmup`
+/// (nothing without).
+fn warmup_desc(args: &Args) -> String {
+    let w = args.run.warmup();
+    if w.is_zero() {
+        String::new()
+    } else {
+        format!("warm-up {} s (not measured) + ", w.as_secs_f64())
+    }
 }
 
 /// `N memnode(s), V versions` and, when replicated, `, R replicas (...)`: the commit
@@ -1019,8 +1032,8 @@ fn cpu_spent(
         .collect()
 }
 
-/// Run the coordinators for `--duration` (or until `stop`, a service failure or a
-/// fatal error), printing progress each second to stderr and restarting the oracle
+/// Run the coordinators for `--warmup` + `--duration` (or until `stop`, a service
+/// failure or a fatal error), what they report restarting at the warm-up's end, printing progress each second to stderr and restarting the oracle
 /// once with `--kill-tso-after`. Errors: a thread that does not connect or panics, a
 /// service that died, an oracle that did not restart.
 fn measure(
@@ -1113,6 +1126,7 @@ fn measure(
             routing: point.routing.unwrap_or(args.routing),
             inbox: None,
             reports_vtc: false,
+            warmup: args.run.warmup(),
         };
         let (fabric, mix, stop, committed, gate) = (
             cluster.fabric.clone(),
@@ -1136,12 +1150,27 @@ fn measure(
                 })?,
         );
     }
-    let cpu_before = args.breakdown.then(|| cluster.cpu_times());
+    // With --breakdown, each process's CPU time over the measured window: sampled at
+    // the warm-up's end (at the start without one) and after the run.
+    let mut cpu_before =
+        (args.breakdown && args.run.warmup().is_zero()).then(|| cluster.cpu_times());
     t0.store(txn::history::monotonic_ns(), Ordering::SeqCst);
     start_gate.wait();
     let started = std::time::Instant::now();
+    // Commits during the warm-up: the restart records count the measured window's.
+    let mut warm_committed = 0;
     let watched = watch(
-        args, cluster, protocol, &run_stop, &committed, stop, started,
+        args,
+        cluster,
+        protocol,
+        (&run_stop, &committed, stop),
+        started,
+        &mut |c, warm| {
+            warm_committed = warm;
+            if args.breakdown {
+                cpu_before = Some(c.cpu_times());
+            }
+        },
     );
     run_stop.store(true, Ordering::SeqCst);
     let mut workers = Vec::new();
@@ -1151,7 +1180,8 @@ fn measure(
                 .map_err(|_| anyhow::anyhow!("a coordinator thread panicked"))??,
         );
     }
-    let elapsed = started.elapsed();
+    // The measured window: from the warm-up's end (empty if the run ended before).
+    let elapsed = started.elapsed().saturating_sub(args.run.warmup());
     let cpu = match cpu_before {
         Some(before) => cpu_spent(&before, &cluster.cpu_times(), elapsed),
         None => Vec::new(),
@@ -1159,15 +1189,21 @@ fn measure(
     let (mut tso_restart, mut lockd_restart, failover, mut etcd_restart) =
         watched.map_err(|e| anyhow::anyhow!("a service died during the run: {e}"))?;
     if let Some(r) = &mut etcd_restart {
-        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.committed_after_ready = committed
+            .load(Ordering::Relaxed)
+            .saturating_sub(warm_committed + r.committed_before_ready);
     }
     if let Some(r) = &mut tso_restart {
-        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.committed_after_ready = committed
+            .load(Ordering::Relaxed)
+            .saturating_sub(warm_committed + r.committed_before_ready);
         r.thread_epochs = workers.iter().map(|w| w.tso_epoch).collect();
         r.uses_tso = protocol != Protocol::OccCas;
     }
     if let Some(r) = &mut lockd_restart {
-        r.committed_after_ready = committed.load(Ordering::Relaxed) - r.committed_before_ready;
+        r.committed_after_ready = committed
+            .load(Ordering::Relaxed)
+            .saturating_sub(warm_committed + r.committed_before_ready);
         r.thread_reconnects = workers.iter().map(|w| w.lock_reconnects).collect();
     }
     let mut timeline = Timeline::default();
@@ -1238,21 +1274,39 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
     cfg
 }
 
-/// The run's control loop, from `started` until the duration is over or `run_stop` is
-/// set: forwards `stop`, restarts the oracle at `--kill-tso-after`, prints progress,
-/// and watches the services. Returns the restart's record (its counts after the
-/// restart still to fill in); `Err` names the service that died (or the failed
-/// restart), after setting `run_stop`.
+/// The run's control loop, from `started` until the warm-up and the duration are over
+/// or `run_stop` is set: forwards `stop`, calls `at_boundary` once at the warm-up's end
+/// (at once without one) with the commits so far (the warm-up's), injects the fault flags (their seconds count from the
+/// measured window's start, the warm-up's end), prints progress, and watches the
+/// services. `flags` are `run_stop`, the commits so far and `stop`. Returns the
+/// restart's record (its counts after the restart still to fill in); `Err` names the
+/// service that died (or the failed restart), after setting `run_stop`.
 fn watch(
     args: &Args,
     cluster: &mut RunCluster,
     protocol: Protocol,
-    run_stop: &AtomicBool,
-    committed: &AtomicU64,
-    stop: &AtomicBool,
+    flags: (&AtomicBool, &AtomicU64, &AtomicBool),
     started: std::time::Instant,
+    at_boundary: &mut dyn FnMut(&RunCluster, u64),
 ) -> Result<Watched, String> {
-    let dur = Duration::from_secs_f64(args.duration());
+    let (run_stop, committed, stop) = flags;
+    let warmup = args.run.warmup();
+    let dur = warmup + Duration::from_secs_f64(args.duration());
+    // The fault flags' clock: the measured window's.
+    let measured = started + warmup;
+    let mut boundary_seen = warmup.is_zero();
+    // Commits of the warm-up (the restart records count the measured window's, as the
+    // coordinator processes' streams do).
+    let mut warm = 0;
+    let measured_commits =
+        |warm: u64| AtomicU64::new(committed.load(Ordering::Relaxed).saturating_sub(warm));
+    // Seconds into the measured window, `None` during the warm-up.
+    let since = || {
+        std::time::Instant::now()
+            .checked_duration_since(measured)
+            .map(|d| d.as_secs_f64())
+    };
+    let after = |k: Option<f64>| k.is_some_and(|k| since().is_some_and(|s| s >= k));
     let mut last = 0;
     let mut tso_restart = None;
     let mut lockd_restart = None;
@@ -1282,11 +1336,12 @@ fn watch(
             run_stop.store(true, Ordering::SeqCst);
             break;
         }
-        if tso_restart.is_none()
-            && args
-                .kill_tso_after
-                .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
-        {
+        if !boundary_seen && since().is_some() {
+            boundary_seen = true;
+            warm = committed.load(Ordering::Relaxed);
+            at_boundary(cluster, warm);
+        }
+        if tso_restart.is_none() && after(args.kill_tso_after) {
             let listen = cluster.addrs.tso.to_string();
             let tso_args = cluster.tso_args(&listen);
             let r = restart_tso(
@@ -1294,8 +1349,8 @@ fn watch(
                 &cluster.tso_state,
                 &tso_args,
                 Duration::from_millis(args.tso_down_ms),
-                committed,
-                started,
+                &measured_commits(warm),
+                measured,
             );
             match r {
                 Ok(r) => tso_restart = Some(r),
@@ -1305,14 +1360,10 @@ fn watch(
                 }
             }
         }
-        if lockd_restart.is_none()
-            && cluster.addrs.lockd.is_some()
-            && args
-                .kill_lockd_after
-                .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
+        if lockd_restart.is_none() && cluster.addrs.lockd.is_some() && after(args.kill_lockd_after)
         {
             let down = Duration::from_millis(args.lockd_down_ms);
-            match restart_lockd(cluster, down, committed, started) {
+            match restart_lockd(cluster, down, &measured_commits(warm), measured) {
                 Ok(r) => lockd_restart = Some(r),
                 Err(e) => {
                     run_stop.store(true, Ordering::SeqCst);
@@ -1320,12 +1371,14 @@ fn watch(
                 }
             }
         }
-        if etcd_restart.is_none()
-            && args
-                .kill_etcd_after
-                .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
-        {
-            match restart_etcd(cluster, manager.as_ref(), args, committed, started) {
+        if etcd_restart.is_none() && after(args.kill_etcd_after) {
+            match restart_etcd(
+                cluster,
+                manager.as_ref(),
+                args,
+                &measured_commits(warm),
+                measured,
+            ) {
                 Ok(r) => etcd_restart = Some(r),
                 Err(e) => {
                     run_stop.store(true, Ordering::SeqCst);
@@ -1333,11 +1386,7 @@ fn watch(
                 }
             }
         }
-        if failover.is_none()
-            && args
-                .kill_memnode_after
-                .is_some_and(|k| started.elapsed().as_secs_f64() >= k)
-        {
+        if failover.is_none() && after(args.kill_memnode_after) {
             let m = args.memnode;
             let killed = std::time::Instant::now();
             if let Err(e) = cluster.cluster.kill(NODE_MEMNODE + m) {
@@ -1346,10 +1395,10 @@ fn watch(
             }
             eprintln!(
                 "[{:.1}s] SIGKILLed memory node {m}",
-                started.elapsed().as_secs_f64()
+                measured.elapsed().as_secs_f64()
             );
             let f = match &manager {
-                Some(mgr) => mgr.fail_over(m, killed, started),
+                Some(mgr) => mgr.fail_over(m, killed, measured),
                 None => Err(anyhow::anyhow!("no view manager")),
             };
             match f {
@@ -1366,10 +1415,10 @@ fn watch(
                     if args.restart || args.spare_memnodes > 0 {
                         let mgr = manager.as_ref().expect("a failover had a manager");
                         let r = if args.restart {
-                            restart_memnode(cluster, mgr, m, started)
+                            restart_memnode(cluster, mgr, m, measured)
                         } else {
                             // The first spare takes the dead node's place.
-                            mgr.fill_spare(m, args.memnodes, started)
+                            mgr.fill_spare(m, args.memnodes, measured)
                         };
                         match r {
                             Ok(r) => {
@@ -1392,14 +1441,19 @@ fn watch(
                 }
             }
         }
-        std::thread::sleep(Duration::from_millis(200).min(dur.saturating_sub(started.elapsed())));
+        let mut nap = Duration::from_millis(200).min(dur.saturating_sub(started.elapsed()));
+        if !boundary_seen {
+            nap = nap.min(measured.saturating_duration_since(std::time::Instant::now()));
+        }
+        std::thread::sleep(nap);
         let s = started.elapsed().as_secs();
         if s > last {
             last = s;
             let c = committed.load(Ordering::Relaxed);
             eprintln!(
-                "[{protocol} {s:>3}s / {:.0}s] committed {c} ({:.0} txn/s)",
-                args.duration(),
+                "[{protocol} {s:>3}s / {:.0}s{}] committed {c} ({:.0} txn/s)",
+                dur.as_secs_f64(),
+                if since().is_none() { " warm-up" } else { "" },
                 c as f64 / started.elapsed().as_secs_f64()
             );
         }
@@ -1505,6 +1559,7 @@ fn build_report(
     report.protocol = protocol.name().into();
     report.workload = workload.label().into();
     report.point = point.label.clone();
+    report.warmup_s = args.run.warmup().as_secs_f64();
     report.memnodes = args.memnodes;
     if protocol.needs_lock_tables() && args.coordinator_processes() {
         report.routing = Some(match point.routing.unwrap_or(args.routing) {
@@ -1675,6 +1730,9 @@ pub(crate) struct WorkerPlan {
     /// Whether this thread reports its process's version table cache (the first
     /// thread of a coordinator process).
     pub(crate) reports_vtc: bool,
+    /// `--warmup`: from the run's start (`t0`) this long, what the thread counts for the
+    /// report is warm-up ([`WorkerStats::restart_window`] at its end); zero: none.
+    pub(crate) warmup: Duration,
 }
 
 /// A coordinator thread: connect, wait at `gate` for the others, run `w.coroutines`
@@ -1711,8 +1769,11 @@ pub(crate) fn worker(
         stats.borrow_mut().breakdown = Some(Breakdown::with_kinds(w.kinds.len()));
     }
     let kinds: Rc<[&'static str]> = w.kinds.clone().into();
+    let warmup_ns = u64::try_from(w.warmup.as_nanos()).unwrap_or(u64::MAX);
+    // The timeline counts from the measured window's start (the warm-up's commits land
+    // in interval 0 and are cleared at its end).
     let clock = RunClock {
-        t0_ns: w.t0.load(Ordering::SeqCst),
+        t0_ns: w.t0.load(Ordering::SeqCst).saturating_add(warmup_ns),
         ..w.clock
     };
     let route = match (w.routing, &w.cfg.lotus) {
@@ -1798,6 +1859,35 @@ pub(crate) fn worker(
             mix.clone().spawn_home(&mut ex, coroutine, f.inbox.clone());
         }
     }
+    // The warm-up's end: this thread's counters restart; its cumulative network,
+    // one-sided and TOCC counters are snapshot for the difference at the end.
+    let window: Rc<RefCell<Option<Baseline>>> = Rc::default();
+    if warmup_ns > 0 {
+        let (ctx, client, stats, stop, window) = (
+            ctx.clone(),
+            client.clone(),
+            stats.clone(),
+            stop.clone(),
+            window.clone(),
+        );
+        ex.spawn(async move {
+            // A run stopped during its warm-up measured nothing: its window is empty.
+            loop {
+                let now = txn::history::monotonic_ns();
+                if now >= clock.t0_ns || stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                ctx.sleep(Duration::from_nanos(clock.t0_ns - now).min(WARMUP_POLL))
+                    .await;
+            }
+            stats.borrow_mut().restart_window();
+            *window.borrow_mut() = Some(Baseline {
+                rpc: ctx.stats(),
+                ops: client.memnode_ops(),
+                tocc: client.tocc_share(),
+            });
+        });
+    }
     if let Some(every) = w.qp_errors {
         let (ctx, stats, stop) = (ctx.clone(), stats.clone(), stop.clone());
         ex.spawn(async move {
@@ -1823,8 +1913,9 @@ pub(crate) fn worker(
     let mut s = Rc::try_unwrap(stats)
         .map_err(|_| anyhow::anyhow!("stats still shared"))?
         .into_inner();
-    s.rpc = ctx.stats();
-    s.memnode_ops = client.memnode_ops();
+    let base = window.borrow_mut().take().unwrap_or_default();
+    s.rpc = crate::report::rpc_since(&ctx.stats(), &base.rpc);
+    s.memnode_ops = crate::report::ops_since(&client.memnode_ops(), &base.ops);
     if w.reports_vtc {
         s.vtc = w
             .cfg
@@ -1843,6 +1934,10 @@ pub(crate) fn worker(
         .tocc_share()
         .into_iter()
         .enumerate()
+        .map(|(i, (attempts, tocc))| {
+            let (a0, t0) = base.tocc.get(i).copied().unwrap_or((0, 0));
+            (i, (attempts.saturating_sub(a0), tocc.saturating_sub(t0)))
+        })
         .map(|(i, (attempts, tocc))| ToccShare {
             table: tables
                 .get(i)
@@ -1858,6 +1953,19 @@ pub(crate) fn worker(
         ));
     }
     Ok(s)
+}
+
+/// How often a thread looks whether its warm-up is over (it ends within this).
+const WARMUP_POLL: Duration = Duration::from_millis(5);
+
+/// A coordinator thread's cumulative counters at the warm-up's end (all zero without
+/// one), subtracted from the same counters at the run's end.
+#[derive(Default)]
+struct Baseline {
+    rpc: rrpc::runtime::Stats,
+    ops: rrpc::runtime::OpCounts,
+    /// Per table: attempts that read it, of those TOCC ones.
+    tocc: Vec<(u64, u64)>,
 }
 
 /// `--kill-lockd-after`: SIGKILL the lock service, keep it down for `down`, restart it
@@ -2204,6 +2312,12 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+        // A warm-up, and fault flags counted from its end (within --duration).
+        assert!(
+            args(&["--warmup", "2s", "--kill-tso-after", "1", "--duration", "2"])
+                .validate()
+                .is_ok()
+        );
         // Timeline, history file, coordinator processes and their faults.
         assert!(err(&["--timeline-ms", "0"]).contains("--timeline-ms must be 1 to 1000"));
         assert!(err(&["--timeline-ms", "1001"]).contains("--timeline-ms"));
@@ -2257,8 +2371,12 @@ mod tests {
             "theta=0,0.5",
             "--groups",
             "7",
+            "--warmup",
+            "250ms",
         ]);
         let back: Args = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        // The warm-up's end reaches coordinator processes: they count it from `go`.
+        assert_eq!(back.run.warmup(), Duration::from_millis(250));
         assert_eq!(back.workload, Workload::Pairs);
         assert_eq!(back.protocols().unwrap(), a.protocols().unwrap());
         assert_eq!(back.sweep, a.sweep);

@@ -51,8 +51,14 @@ pub struct RunConfig {
     pub proto: Proto,
     /// Primitive.
     pub variant: Variant,
-    /// How long coordinators start transactions.
+    /// How long coordinators start transactions, after the warm-up.
     pub duration: Duration,
+    /// Warm-up before `duration` (default none): the coordinators run both, and what
+    /// the [`Outcome`] reports (commits, aborts, latencies, network counters, the
+    /// elapsed time) covers the time after it, a transaction in flight at its end
+    /// counted when it ends ([`driver::drive_after`]); the checks cover the whole run.
+    /// Not for CALVIN (its driver counts from the start): a configuration error.
+    pub warmup: Duration,
     /// Seed of the generators (coordinator `i` uses `seed + i`).
     pub seed: u64,
     /// Bytes of history kept for the serializability check, per coordinator.
@@ -84,6 +90,7 @@ impl Default for RunConfig {
             proto: Proto::NoWait,
             variant: Variant::OneSided,
             duration: Duration::from_secs(2),
+            warmup: Duration::ZERO,
             seed: 1,
             history_bytes: 8 << 20,
             fault: None,
@@ -132,9 +139,10 @@ pub enum RunError {
 pub struct Outcome {
     /// All coordinators' reports, merged.
     pub report: Report,
-    /// Wall time from the first coordinator's start to the last one's end.
+    /// Wall time from the first coordinator's start (after the warm-up) to the last
+    /// one's end.
     pub elapsed: Duration,
-    /// The server threads' rrpc counters (doorbells, WRs), summed.
+    /// The server threads' rrpc counters (doorbells, WRs), summed (after the warm-up).
     pub rrpc: RrpcStats,
     /// One line per check that passed; the run's checks failed if `Err`.
     pub audit: Result<Vec<String>, String>,
@@ -187,6 +195,11 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
             "the {} transport serves the RPC variant only",
             cfg.calls.as_ref().map_or("", |c| c.name())
         )));
+    }
+    if cfg.proto == Proto::Calvin && !cfg.warmup.is_zero() {
+        return Err(RunError::Config(
+            "a warm-up with CALVIN: its driver counts from the run's start".into(),
+        ));
     }
     if cfg.fault.is_some() && !cfg!(feature = "fault-injection") {
         return Err(RunError::Config(
@@ -340,7 +353,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
     };
     let _ = shared.addrs.set(nodes.iter().map(|n| n.addr()).collect());
     // Wait for every coordinator, with the watchdog.
-    let deadline = Instant::now() + cfg.duration + Duration::from_secs(30);
+    let deadline = Instant::now() + cfg.warmup + cfg.duration + Duration::from_secs(30);
     let mut last = (0u64, Instant::now());
     let waited = Instant::now();
     loop {
@@ -425,7 +438,7 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
     Ok(Outcome {
         report,
         elapsed: match (first, end) {
-            (Some(a), Some(b)) => b - a,
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
             _ => Duration::ZERO,
         },
         rrpc,
@@ -438,6 +451,24 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
 }
 
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The counters [`run`] reports (doorbells, WRs, messages, one-sided lists and
+/// completions) accrued from `base` to `now`, snapshots of one thread's.
+fn stats_since(now: &RrpcStats, base: &RrpcStats) -> RrpcStats {
+    RrpcStats {
+        doorbells: now.doorbells.saturating_sub(base.doorbells),
+        wrs: now.wrs.saturating_sub(base.wrs),
+        messages: now.messages.saturating_sub(base.messages),
+        one_sided_lists: now.one_sided_lists.saturating_sub(base.one_sided_lists),
+        one_sided_completions: now
+            .one_sided_completions
+            .saturating_sub(base.one_sided_completions),
+        unmatched_completions: now
+            .unmatched_completions
+            .saturating_sub(base.unmatched_completions),
+        ..RrpcStats::default()
+    }
+}
 
 /// The RPC variants' handlers over a node's partition.
 fn handlers(store: MrStore, region: u64, shared: Arc<Shared>) -> Handlers {
@@ -556,10 +587,23 @@ async fn node_main(
     let stop = Rc::new(std::cell::Cell::new(false));
     let start = Instant::now();
     let limit = Limit {
-        until: start + cfg.duration,
+        until: start + cfg.warmup + cfg.duration,
         txns: None,
         start,
     };
+    // This thread's rrpc counters at the warm-up's end (zero without one), subtracted
+    // from each coordinator's report; a run ending before it reports none.
+    let base: Rc<std::cell::Cell<Option<RrpcStats>>> = Rc::new(std::cell::Cell::new(
+        cfg.warmup.is_zero().then(RrpcStats::default),
+    ));
+    if !cfg.warmup.is_zero() {
+        let (ctx2, base, at) = (ctx.clone(), base.clone(), start + cfg.warmup);
+        ctx.spawn(async move {
+            ctx2.sleep(at.saturating_duration_since(Instant::now()))
+                .await;
+            base.set(Some(ctx2.stats()));
+        });
+    }
     // The stop flag of this thread's coordinators follows the cluster's.
     {
         let (ctx2, stop, shared) = (ctx.clone(), stop.clone(), shared.clone());
@@ -600,19 +644,21 @@ async fn node_main(
             stop.clone(),
         );
         let seed = cfg.seed.wrapping_add(id);
-        let hb = cfg.history_bytes;
+        let (hb, warmup, base) = (cfg.history_bytes, cfg.warmup, base.clone());
         ctx.spawn(async move {
             let counted = Counted {
                 wl: &*wl,
                 shared: &shared,
             };
-            let rep = driver::drive(&c, &counted, seed, limit, hb).await;
+            let rep = driver::drive_after(&c, &counted, seed, limit, warmup, hb).await;
             let t1 = Instant::now();
+            let now = ctx2.stats();
+            let stats = stats_since(&now, &base.get().unwrap_or(now));
             shared
                 .reports
                 .lock()
                 .expect("lock")
-                .push((rep, ctx2.stats(), start, t1));
+                .push((rep, stats, start + warmup, t1));
             left.set(left.get() - 1);
             if left.get() == 0 {
                 stop.set(true);

@@ -132,6 +132,23 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// The counts accrued since `base` (an earlier snapshot of the same counters),
+    /// counter by counter.
+    pub fn since(&self, base: &Stats) -> Stats {
+        let mut d = Stats {
+            rounds: self.rounds.saturating_sub(base.rounds),
+            ops: self.ops.saturating_sub(base.ops),
+            msgs: self.msgs.saturating_sub(base.msgs),
+            pairs: self.pairs.saturating_sub(base.pairs),
+            ..Stats::default()
+        };
+        for i in 0..5 {
+            d.stage_ns[i] = self.stage_ns[i].saturating_sub(base.stage_ns[i]);
+            d.stage_rounds[i] = self.stage_rounds[i].saturating_sub(base.stage_rounds[i]);
+        }
+        d
+    }
+
     /// Add `o`'s counts to these.
     pub fn add(&mut self, o: &Stats) {
         self.rounds += o.rounds;

@@ -51,6 +51,9 @@ pub struct Report {
     pub per_interval: Vec<u64>,
     /// The first network error, which stopped the coordinator.
     pub error: Option<String>,
+    /// Transactions committed during the warm-up ([`drive_after`]): in `history` and
+    /// `delta` (checked) but not in `commits` (reported).
+    pub warmup_commits: u64,
 }
 
 impl Report {
@@ -66,6 +69,7 @@ impl Report {
             stats: Stats::default(),
             per_interval: Vec::new(),
             error: None,
+            warmup_commits: 0,
         }
     }
 
@@ -87,6 +91,19 @@ impl Report {
         if self.error.is_none() {
             self.error = o.error;
         }
+        self.warmup_commits += o.warmup_commits;
+    }
+
+    /// The warm-up's end: restart what is reported (commits, aborts, latencies,
+    /// per-interval counts) and keep what the checks need (the history, the delta),
+    /// counting the warm-up's commits in [`Self::warmup_commits`].
+    fn restart_window(&mut self) {
+        self.warmup_commits += self.commits;
+        self.commits = 0;
+        self.aborts = 0;
+        self.user_aborts = 0;
+        self.latency.reset();
+        self.per_interval.clear();
     }
 
     /// Abort rate: retried attempts over all attempts.
@@ -109,8 +126,35 @@ pub async fn drive<N: Net>(
     limit: Limit,
     history_bytes: usize,
 ) -> Report {
+    drive_after(c, wl, seed, limit, Duration::ZERO, history_bytes).await
+}
+
+/// [`drive`], with the first `warmup` after `limit.start` not reported: when a
+/// transaction ends (commits or aborts) past `limit.start + warmup` for the first
+/// time, the report's counters, latencies and per-interval counts (from then on,
+/// counted from that boundary) restart and the coordinator's network counters are
+/// snapshot, the report's [`Stats`] being the difference at the end; the history and
+/// the delta cover the whole run. A transaction in flight at the boundary counts in
+/// the window it ends in. A run that ends before the boundary reports nothing.
+pub async fn drive_after<N: Net>(
+    c: &Coord<N>,
+    wl: &dyn Workload,
+    seed: u64,
+    limit: Limit,
+    warmup: Duration,
+    history_bytes: usize,
+) -> Report {
     let mut rep = Report::new(history_bytes);
     let mut rng = SmallRng::seed_from_u64(seed);
+    let boundary = limit.start + warmup;
+    // The network counters at the boundary, once passed (at once without a warm-up).
+    let mut base = warmup.is_zero().then(Stats::default);
+    let cross = |rep: &mut Report, base: &mut Option<Stats>| {
+        if base.is_none() && Instant::now() >= boundary {
+            rep.restart_window();
+            *base = Some(c.stats());
+        }
+    };
     'txns: while Instant::now() < limit.until && !c.stop.get() {
         if limit.txns.is_some_and(|n| rep.commits >= n) {
             break;
@@ -126,7 +170,9 @@ pub async fn drive<N: Net>(
                 c.stop.set(true);
                 break 'txns;
             }
-            match c.run(&t).await {
+            let r = c.run(&t).await;
+            cross(&mut rep, &mut base);
+            match r {
                 Ok(acc) => {
                     rep.commits += 1;
                     rep.history.record(t.kind, &acc);
@@ -134,7 +180,8 @@ pub async fn drive<N: Net>(
                     let now = Instant::now();
                     rep.latency
                         .saturating_record((now - t0).as_nanos().max(1) as u64);
-                    let i = ((now - limit.start).as_nanos() / INTERVAL.as_nanos()) as usize;
+                    let i = (now.saturating_duration_since(boundary).as_nanos()
+                        / INTERVAL.as_nanos()) as usize;
                     if rep.per_interval.len() <= i {
                         rep.per_interval.resize(i + 1, 0);
                     }
@@ -168,7 +215,11 @@ pub async fn drive<N: Net>(
             }
         }
     }
-    rep.stats = c.stats();
+    if base.is_none() {
+        // Ended during the warm-up: an empty measured window.
+        rep.restart_window();
+    }
+    rep.stats = c.stats().since(&base.unwrap_or_else(|| c.stats()));
     rep
 }
 
@@ -239,6 +290,39 @@ pub fn load(layout: &Layout, wl: &dyn Workload, node: usize, write: &mut dyn FnM
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_warm_up_restarts_the_counts_and_keeps_the_checked_state() {
+        let mut r = Report::new(1 << 20);
+        r.commits = 5;
+        r.aborts = 2;
+        r.user_aborts = 1;
+        r.latency.saturating_record(1_000);
+        r.per_interval = vec![5];
+        r.delta = -3;
+        r.history.record(0, &[txn::history::Access::read(0, 1, 1)]);
+        r.restart_window();
+        assert_eq!((r.commits, r.aborts, r.user_aborts), (0, 0, 0));
+        assert!(r.latency.is_empty() && r.per_interval.is_empty());
+        assert_eq!((r.delta, r.history.len(), r.warmup_commits), (-3, 1, 5));
+        let mut all = Report::new(0);
+        all.merge(r);
+        assert_eq!(all.warmup_commits, 5);
+        let a = Stats {
+            rounds: 9,
+            msgs: 4,
+            stage_ns: [10, 0, 0, 0, 7],
+            ..Stats::default()
+        };
+        let b = Stats {
+            rounds: 2,
+            msgs: 4,
+            stage_ns: [3, 0, 0, 0, 0],
+            ..Stats::default()
+        };
+        let d = a.since(&b);
+        assert_eq!((d.rounds, d.msgs, d.stage_ns), (7, 0, [7, 0, 0, 0, 7]));
+    }
 
     #[test]
     fn merged_reports_keep_latencies() {

@@ -265,6 +265,9 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             routing: args.routing,
             inbox: inbox.clone(),
             reports_vtc: i == 0,
+            // From the run's start (`go`'s t0, also a restarted life's): a life
+            // restarted after the warm-up restarts its counters at once.
+            warmup: args.run.warmup(),
         };
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),
@@ -460,7 +463,7 @@ pub(crate) fn measure(
     p.go()?;
     let mut faults = Faults::new(args);
     faults.manager = manager;
-    let dur = Duration::from_secs_f64(args.duration());
+    let dur = args.run.warmup() + Duration::from_secs_f64(args.duration());
     let mut last_progress = 0;
     let mut service_died = None;
     while p.started.elapsed() < dur && !stop.load(Ordering::Relaxed) {
@@ -478,7 +481,8 @@ pub(crate) fn measure(
             break;
         }
     }
-    let elapsed = p.started.elapsed();
+    // The measured window: from the warm-up's end (empty if the run ended before).
+    let elapsed = p.started.elapsed().saturating_sub(args.run.warmup());
     faults.finish(&mut p, cluster)?;
     p.stop_all()?;
     let last_recovered_ms = p.last_recovered_ms;
@@ -556,6 +560,9 @@ struct Parent<'a> {
     /// The run's start (`go`), `CLOCK_MONOTONIC` ns and as an `Instant`.
     t0: u64,
     started: Instant,
+    /// The measured window's start: `started` + `--warmup`. The fault flags, the
+    /// events' and the timeline's milliseconds count from it.
+    measured: Instant,
     /// Recovers a dead compute node before anything else touches its data.
     recoverer: Recoverer,
     /// The run's membership (etcd), when it has one.
@@ -686,6 +693,7 @@ impl<'a> Parent<'a> {
             history_lines: 0,
             t0: 0,
             started: Instant::now(),
+            measured: Instant::now() + args.run.warmup(),
             recoverer: Recoverer::start(cluster.fabric.clone(), cluster.addrs.clone(), protocol)?,
             dead_lives: Default::default(),
             fenced_lives: Default::default(),
@@ -947,7 +955,7 @@ impl<'a> Parent<'a> {
 
     /// Milliseconds since go.
     fn ms(&self) -> f64 {
-        self.started.elapsed().as_secs_f64() * 1e3
+        self.measured_s() * 1e3
     }
 
     /// Say `e` on stderr and keep it for the report.
@@ -1058,6 +1066,7 @@ impl<'a> Parent<'a> {
     fn go(&mut self) -> anyhow::Result<()> {
         self.t0 = txn::history::monotonic_ns();
         self.started = Instant::now();
+        self.measured = self.started + self.args.run.warmup();
         for c in &mut self.cns {
             if let Some(s) = &mut c.stdin {
                 writeln!(s, "go {}", self.t0).context("telling a cnode to go")?;
@@ -1153,14 +1162,30 @@ impl<'a> Parent<'a> {
         Some(pid)
     }
 
-    /// Progress on stderr: commits so far, from the streamed intervals.
+    /// Seconds into the measured window; negative during the warm-up.
+    fn measured_s(&self) -> f64 {
+        let now = Instant::now();
+        match now.checked_duration_since(self.measured) {
+            Some(d) => d.as_secs_f64(),
+            None => -(self.measured - now).as_secs_f64(),
+        }
+    }
+
+    /// Progress on stderr: commits so far, from the streamed intervals (the measured
+    /// window's: the warm-up's are cleared at its end).
     fn progress(&self, protocol: Protocol) {
         let c = self.streams.committed();
         eprintln!(
-            "[{protocol} {:>3}s / {:.0}s] committed {c} ({:.0} txn/s) over {} coordinator process(es)",
+            "[{protocol} {:>3}s / {:.0}s{}] committed {c} ({:.0} txn/s) over {} coordinator process(es)",
             self.started.elapsed().as_secs(),
-            self.args.duration(),
-            c as f64 / self.started.elapsed().as_secs_f64(),
+            self.args.run.warmup().as_secs_f64() + self.args.duration(),
+            if self.measured_s() < 0.0 { " warm-up" } else { "" },
+            // The streams count the measured window's commits once it started.
+            c as f64
+                / match self.measured_s() {
+                    s if s > 0.0 => s,
+                    _ => self.started.elapsed().as_secs_f64(),
+                },
             self.cns.iter().filter(|c| !c.gone).count()
         );
     }
@@ -1403,7 +1428,8 @@ impl<'a> Faults<'a> {
         let Some(mgr) = self.manager.as_mut() else {
             return Ok(());
         };
-        let now_s = p.started.elapsed().as_secs_f64();
+        // Negative during the warm-up: no fault fires then.
+        let now_s = p.measured_s();
         if !self.memnode_killed && args.kill_memnode_after.is_some_and(|k| now_s >= k) {
             self.memnode_killed = true;
             let m = args.memnode;
@@ -1413,7 +1439,7 @@ impl<'a> Faults<'a> {
                 .kill(super::NODE_MEMNODE + m)
                 .with_context(|| format!("killing memory node {m}"))?;
             eprintln!("[{now_s:.1}s] SIGKILLed memory node {m}");
-            mgr.fail(m, killed, p.started);
+            mgr.fail(m, killed, p.measured);
         }
         match mgr.poll(wait)? {
             None => {}
@@ -1435,11 +1461,11 @@ impl<'a> Faults<'a> {
                     recovered_ms: Some(f.published_ms),
                 });
                 if args.restart {
-                    let started = super::start_memnode_again(cluster, f.memnode, p.started)?;
-                    mgr.rejoin(f.memnode, started, p.started);
+                    let started = super::start_memnode_again(cluster, f.memnode, p.measured)?;
+                    mgr.rejoin(f.memnode, started, p.measured);
                 } else if args.spare_memnodes > 0 {
                     // The first spare takes the dead node's place.
-                    mgr.fill_spare(f.memnode, args.memnodes, p.started);
+                    mgr.fill_spare(f.memnode, args.memnodes, p.measured);
                 }
                 self.failover = Some(*f);
             }
@@ -1459,7 +1485,8 @@ impl<'a> Faults<'a> {
     /// failed.
     fn step(&mut self, p: &mut Parent<'_>, cluster: &mut RunCluster) -> anyhow::Result<()> {
         let (args, target) = (self.args, self.target);
-        let now_s = p.started.elapsed().as_secs_f64();
+        // Negative during the warm-up: no fault fires then.
+        let now_s = p.measured_s();
         if args.reshard_loop {
             match &self.reshard_loop {
                 None => {
@@ -1534,7 +1561,7 @@ impl<'a> Faults<'a> {
                 &tso_args,
                 Duration::from_millis(args.tso_down_ms),
                 &committed,
-                p.started,
+                p.measured,
             )
             .context("restarting the oracle")?;
             self.fault = super::tso_fault(Some(&r));
@@ -1546,7 +1573,7 @@ impl<'a> Faults<'a> {
         {
             let committed = AtomicU64::new(p.streams.committed());
             let down = Duration::from_millis(args.lockd_down_ms);
-            let r = super::restart_lockd(cluster, down, &committed, p.started)
+            let r = super::restart_lockd(cluster, down, &committed, p.measured)
                 .context("restarting the lock service")?;
             self.fault = super::lockd_fault(Some(&r));
             self.lockd = Some(r);
