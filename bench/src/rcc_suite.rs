@@ -182,6 +182,9 @@ pub struct Row {
     pub checks: Result<Vec<String>, String>,
     /// The watchdog found no progress.
     pub stalled: bool,
+    /// One-sided lock CASes that returned the attempt's own owner value and were taken
+    /// as acquired (`rcc::coord::Stats::replayed_cas`; 0 on shm).
+    pub replayed_cas: u64,
 }
 
 fn parse_list<T: Copy>(s: &str, all: &[T], name: &dyn Fn(&T) -> &str) -> anyhow::Result<Vec<T>> {
@@ -327,6 +330,7 @@ fn row(p: Proto, v: Variant, point: Option<f64>, o: &Outcome) -> Row {
             (a, _, _) => a.clone(),
         },
         stalled: o.stalled,
+        replayed_cas: r.stats.replayed_cas,
     }
 }
 
@@ -362,6 +366,8 @@ fn print_table(rows: &[Row]) {
                 .collect::<Vec<_>>()
                 .join("/"),
             match &r.checks {
+                Ok(_) if r.replayed_cas > 0 =>
+                    format!("ok ({} lock CASes replayed)", r.replayed_cas),
                 Ok(_) => "ok".to_string(),
                 Err(e) => format!("FAILED: {e}"),
             }

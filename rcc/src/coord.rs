@@ -99,17 +99,18 @@ pub enum Stage {
     Read = 0,
     /// Locking (with the reads batched into it, for the 2PL protocols).
     Lock = 1,
-    /// Read-set validation (OCC), MVCC readers' second READ, SUNDIAL's lease renewal
-    /// and read check.
+    /// Read-set validation (OCC), MVCC readers' second READ.
     Validate = 2,
     /// Releasing locks after an abort.
     Release = 3,
     /// Write-back and unlock.
     Commit = 4,
+    /// SUNDIAL's lease renewal and read check at commit (RCC, 4.5 a4).
+    Renew = 5,
 }
 
 /// Stage names, indexed by [`Stage`].
-pub const STAGES: [&str; 5] = ["Read", "Lock", "Validate", "Release", "Commit"];
+pub const STAGES: [&str; 6] = ["Read", "Lock", "Validate", "Release", "Commit", "Renew"];
 
 /// A coordinator's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,10 +126,17 @@ pub struct Stats {
     /// batching each goes out in one list with one signaled completion (RCC, 4.2), or
     /// shares a list with others.
     pub pairs: u64,
+    /// One-sided lock CASes `0 -> v` that returned `v` itself: the word already held
+    /// this attempt's own owner value, which only this attempt's CAS can have written,
+    /// so its first execution took effect and the reply reported the word after it
+    /// (seen on Soft-RoCE under load, with retransmissions). Counted, and taken as
+    /// acquired ([`Coord::acquired`]): taken as a conflict, the lock was never released
+    /// and every transaction that needed it aborted until the run's watchdog fired.
+    pub replayed_cas: u64,
     /// Nanoseconds spent per [`Stage`].
-    pub stage_ns: [u64; 5],
+    pub stage_ns: [u64; STAGES.len()],
     /// Round trips per [`Stage`].
-    pub stage_rounds: [u64; 5],
+    pub stage_rounds: [u64; STAGES.len()],
 }
 
 impl Stats {
@@ -140,9 +148,10 @@ impl Stats {
             ops: self.ops.saturating_sub(base.ops),
             msgs: self.msgs.saturating_sub(base.msgs),
             pairs: self.pairs.saturating_sub(base.pairs),
+            replayed_cas: self.replayed_cas.saturating_sub(base.replayed_cas),
             ..Stats::default()
         };
-        for i in 0..5 {
+        for i in 0..STAGES.len() {
             d.stage_ns[i] = self.stage_ns[i].saturating_sub(base.stage_ns[i]);
             d.stage_rounds[i] = self.stage_rounds[i].saturating_sub(base.stage_rounds[i]);
         }
@@ -155,7 +164,8 @@ impl Stats {
         self.ops += o.ops;
         self.msgs += o.msgs;
         self.pairs += o.pairs;
-        for i in 0..5 {
+        self.replayed_cas += o.replayed_cas;
+        for i in 0..STAGES.len() {
             self.stage_ns[i] += o.stage_ns[i];
             self.stage_rounds[i] += o.stage_rounds[i];
         }
@@ -438,6 +448,19 @@ impl<N: Net> Coord<N> {
         }))
         .await;
         rs.into_iter().collect()
+    }
+
+    /// Whether a one-sided lock CAS `0 -> mine` that returned `old` acquired the lock:
+    /// `old` is 0, or `mine` itself. The owner value (a coordinator's id, or an
+    /// attempt's timestamp) is unique among live attempts, and an attempt releases every
+    /// lock it took before the next one starts, so a word holding `mine` was written by
+    /// this very CAS ([`Stats::replayed_cas`] counts those).
+    pub fn acquired(&self, old: u64, mine: u64) -> bool {
+        if old == mine && mine != 0 {
+            self.stats.borrow_mut().replayed_cas += 1;
+            return true;
+        }
+        old == 0
     }
 
     /// Count `n` one-sided operations.

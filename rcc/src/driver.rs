@@ -253,7 +253,11 @@ pub fn audit(
         return Err(format!(
             "{held} locks still held after the run ({}{})",
             named.join(", "),
-            if held > named.len() as u64 { ", ..." } else { "" }
+            if held > named.len() as u64 {
+                ", ..."
+            } else {
+                ""
+            }
         ));
     }
     lines.push("locks: all free".to_string());
@@ -311,17 +315,17 @@ mod tests {
         let a = Stats {
             rounds: 9,
             msgs: 4,
-            stage_ns: [10, 0, 0, 0, 7],
+            stage_ns: [10, 0, 0, 0, 7, 0],
             ..Stats::default()
         };
         let b = Stats {
             rounds: 2,
             msgs: 4,
-            stage_ns: [3, 0, 0, 0, 0],
+            stage_ns: [3, 0, 0, 0, 0, 0],
             ..Stats::default()
         };
         let d = a.since(&b);
-        assert_eq!((d.rounds, d.msgs, d.stage_ns), (7, 0, [7, 0, 0, 0, 7]));
+        assert_eq!((d.rounds, d.msgs, d.stage_ns), (7, 0, [7, 0, 0, 0, 7, 0]));
     }
 
     #[test]

@@ -222,7 +222,7 @@ async fn fetch_onesided<N: Net>(c: &Coord<N>, t: &TxnSpec, tts: u64) -> Result<F
             .await;
         for (i, cas, meta) in locks {
             match cas {
-                Ok(0) => held.push(i),
+                Ok(old) if c.acquired(old, tts) => held.push(i),
                 Ok(holder) => {
                     c.observe(holder);
                     failed.get_or_insert(Abort::Conflict);

@@ -143,7 +143,7 @@ async fn lock<N: Net>(
                 .await;
             for (i, cas, seq) in rs {
                 match cas {
-                    Ok(0) => held.push(i),
+                    Ok(old) if c.acquired(old, me) => held.push(i),
                     Ok(_) => {
                         failed.get_or_insert(Abort::Conflict);
                     }

@@ -168,7 +168,7 @@ async fn fetch_onesided<N: Net>(c: &Coord<N>, t: &TxnSpec, me: u64) -> Result<Ve
         let is_write = cas.is_some();
         match cas {
             None => {}
-            Some(Ok(0)) => held.push(i),
+            Some(Ok(old)) if c.acquired(old, me) => held.push(i),
             Some(Ok(_)) => {
                 failed.get_or_insert(Abort::Conflict);
             }
@@ -290,7 +290,7 @@ async fn check_onesided<N: Net>(
                 .collect();
             let rs = c
                 .round(
-                    Stage::Validate,
+                    Stage::Renew,
                     join_all(renew.iter().zip(&leases).map(|(&i, l)| {
                         let (node, off, _) = c.loc(&t.ops[i]);
                         async move {
@@ -310,7 +310,7 @@ async fn check_onesided<N: Net>(
         c.count_ops(todo.len() + todo.iter().filter(|(_, e)| e.is_some()).count());
         let rs = c
             .round(
-                Stage::Validate,
+                Stage::Renew,
                 join_all(todo.iter().map(|&(i, exp)| {
                     let (node, off, _) = c.loc(&t.ops[i]);
                     async move {
@@ -378,7 +378,7 @@ async fn renew_rpc<N: Net>(
     c.count_msgs(by_node.len());
     let rs = c
         .round(
-            Stage::Validate,
+            Stage::Renew,
             join_all(by_node.iter().map(|(node, idx)| {
                 let mut m = Vec::new();
                 let entries = idx.iter().map(|&i| RenewEntry {

@@ -97,7 +97,7 @@ async fn fetch_onesided<N: Net>(
         for (i, cas, rd) in results {
             let got = match cas {
                 None => true,
-                Some(Ok(0)) => {
+                Some(Ok(old)) if c.acquired(old, me) => {
                     held[i] = true;
                     true
                 }
