@@ -101,9 +101,8 @@ pub struct RccArgs {
     /// `--duration` of each run (default 3 s) and `--warmup` (default 0): each run's
     /// coordinators run warm-up + duration; the table (throughput, latencies, aborts,
     /// round trips, operations, messages and stages per transaction) covers the time
-    /// after the warm-up, a transaction in flight at its end counted when it ends; the
-    /// checks cover the whole run. CALVIN's driver counts from its start: with a
-    /// warm-up, `all` leaves calvin out and naming it is an error.
+    /// after the warm-up, a transaction in flight at its end counted when it ends (CALVIN:
+    /// from the first epoch that starts after it); the checks cover the whole run.
     #[command(flatten)]
     pub run: crate::cli::RunLength,
     /// Repeat at each point: coroutines=1,3,5,... (per node), hot-prob=0.1,0.3,...,
@@ -639,14 +638,6 @@ fn check(args: &RccArgs) -> anyhow::Result<Checked> {
         );
     }
     let mut protocols = args.protocols()?;
-    if !args.run.warmup().is_zero() && protocols.contains(&Proto::Calvin) {
-        // CALVIN's driver (its sequencers and schedulers) counts from the run's start.
-        if args.protocol != "all" {
-            bail!("--warmup with calvin: CALVIN's driver measures from the run's start; drop calvin from --protocol or the warm-up");
-        }
-        eprintln!("--warmup: calvin left out of --protocol all (CALVIN's driver measures from the run's start)");
-        protocols.retain(|&p| p != Proto::Calvin);
-    }
     let variants = args.variants()?;
     if args.transport_compare && !variants.contains(&Variant::Rpc) {
         bail!("--transport-compare compares the RPC variant's transports: it needs --variant rpc or both");

@@ -248,10 +248,6 @@ fn bad_flags_fail_with_a_message() {
             vec!["--variant", "onesided", "--transport-compare"],
             "needs --variant rpc or both",
         ),
-        (
-            vec!["--protocol", "calvin", "--warmup", "1s"],
-            "--warmup with calvin",
-        ),
     ] {
         let out = txn_bench(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);

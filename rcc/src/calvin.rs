@@ -93,7 +93,9 @@ use futures::future::join_all;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::coord::{accesses, val_of, ver_of, versioned, Coord, Fault, Stage, TxnSpec, Variant};
+use crate::coord::{
+    accesses, val_of, ver_of, versioned, Coord, Fault, Stage, Stats, TxnSpec, Variant,
+};
 use crate::driver::{Limit, Report, INTERVAL};
 use crate::layout::{Layout, LOCK, VAL, VER};
 use crate::net::{Net, NetError};
@@ -842,17 +844,33 @@ impl Node {
         Ok(())
     }
 
+    /// The epochs of co-routine `co` until the run ends; with `base` unset, the first
+    /// epoch that starts past `boundary` restarts the reported window (the warm-up's
+    /// end) and sets `base` to the coordinator's counters then.
+    #[allow(clippy::too_many_arguments)]
     async fn epochs<N: Net>(
         &self,
         c: &Coord<N>,
         co: usize,
         rng: &mut SmallRng,
         limit: Limit,
+        boundary: Instant,
+        base: &mut Option<Stats>,
         rep: &mut Report,
     ) -> Result<(), String> {
         let nodes = self.layout.nodes();
         let mut made = 0u64;
         for e in 0u64.. {
+            if base.is_none() && Instant::now() >= boundary {
+                rep.restart_window();
+                *base = Some(c.stats());
+            }
+            // Per-interval counts run from the measured window's start once it began.
+            let origin = if base.is_some() {
+                boundary
+            } else {
+                limit.start
+            };
             // Sequence: this co-routine's batch of the epoch, to every node.
             let over = c.stop.get() || Instant::now() >= limit.until || self.failed().is_some();
             let mut count = if over { 0 } else { self.bufs.batch as u64 };
@@ -899,7 +917,7 @@ impl Node {
                     }
                     Step::Finish(p) => {
                         idle = None;
-                        self.finish_job(rep, p, limit.start)?;
+                        self.finish_job(rep, p, origin)?;
                     }
                     Step::Done => break,
                     Step::Wait => {
@@ -944,13 +962,39 @@ pub async fn drive<N: Net>(
     limit: Limit,
     history_bytes: usize,
 ) -> Report {
+    drive_after(node, c, co, seed, limit, Duration::ZERO, history_bytes).await
+}
+
+/// [`drive`], with the first `warmup` after `limit.start` not reported (as
+/// [`crate::driver::drive_after`]): the first epoch that starts past the warm-up restarts
+/// the report's counters, latencies and per-interval counts and snapshots the
+/// coordinator's network counters; the history, the delta and the sequence (for the
+/// determinism check) cover the whole run. A transaction of an epoch that began in the
+/// warm-up is counted when it ends. A run that ends in the warm-up reports nothing.
+pub async fn drive_after<N: Net>(
+    node: &Node,
+    c: &Coord<N>,
+    co: usize,
+    seed: u64,
+    limit: Limit,
+    warmup: Duration,
+    history_bytes: usize,
+) -> Report {
     let mut rep = Report::new(history_bytes);
     let mut rng = SmallRng::seed_from_u64(seed);
-    if let Err(e) = node.epochs(c, co, &mut rng, limit, &mut rep).await {
+    let mut base = warmup.is_zero().then(Stats::default);
+    let boundary = limit.start + warmup;
+    if let Err(e) = node
+        .epochs(c, co, &mut rng, limit, boundary, &mut base, &mut rep)
+        .await
+    {
         node.fail(&e);
         rep.error = Some(e);
     }
-    rep.stats = c.stats();
+    if base.is_none() {
+        rep.restart_window();
+    }
+    rep.stats = c.stats().since(&base.unwrap_or_else(|| c.stats()));
     rep
 }
 

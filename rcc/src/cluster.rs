@@ -196,11 +196,6 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
             cfg.calls.as_ref().map_or("", |c| c.name())
         )));
     }
-    if cfg.proto == Proto::Calvin && !cfg.warmup.is_zero() {
-        return Err(RunError::Config(
-            "a warm-up with CALVIN: its driver counts from the run's start".into(),
-        ));
-    }
     if cfg.fault.is_some() && !cfg!(feature = "fault-injection") {
         return Err(RunError::Config(
             "planted bugs need a build with feature fault-injection".into(),
@@ -621,7 +616,7 @@ async fn node_main(
     let left = Rc::new(std::cell::Cell::new(cfg.coroutines));
     if cfg.proto == Proto::Calvin {
         calvin_main(
-            &ctx, n, &shared, &layout, wl, &cfg, store, net, limit, stop, start,
+            &ctx, n, &shared, &layout, wl, &cfg, store, net, limit, stop, start, base,
         );
         return;
     }
@@ -682,6 +677,7 @@ fn calvin_main(
     limit: Limit,
     stop: Rc<std::cell::Cell<bool>>,
     start: Instant,
+    base: Rc<std::cell::Cell<Option<RrpcStats>>>,
 ) {
     let progress = {
         let shared = shared.clone();
@@ -719,10 +715,17 @@ fn calvin_main(
             left.clone(),
             stop.clone(),
         );
-        let (seed, hb) = (cfg.seed.wrapping_add(id), cfg.history_bytes);
+        let (seed, hb, warmup, base) = (
+            cfg.seed.wrapping_add(id),
+            cfg.history_bytes,
+            cfg.warmup,
+            base.clone(),
+        );
         ctx.spawn(async move {
-            let rep = calvin::drive(&node, &c, j, seed, limit, hb).await;
+            let rep = calvin::drive_after(&node, &c, j, seed, limit, warmup, hb).await;
             let t1 = Instant::now();
+            let now = ctx2.stats();
+            let stats = stats_since(&now, &base.get().unwrap_or(now));
             left.set(left.get() - 1);
             if left.get() == 0 {
                 if n == 0 {
@@ -734,7 +737,7 @@ fn calvin_main(
                 .reports
                 .lock()
                 .expect("lock")
-                .push((rep, ctx2.stats(), start, t1));
+                .push((rep, stats, start + warmup, t1));
         });
     }
 }

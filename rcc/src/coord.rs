@@ -128,10 +128,11 @@ pub struct Stats {
     pub pairs: u64,
     /// One-sided lock CASes `0 -> v` that returned `v` itself: the word already held
     /// this attempt's own owner value, which only this attempt's CAS can have written,
-    /// so its first execution took effect and the reply reported the word after it
-    /// (seen on Soft-RoCE under load, with retransmissions). Counted, and taken as
-    /// acquired ([`Coord::acquired`]): taken as a conflict, the lock was never released
-    /// and every transaction that needed it aborted until the run's watchdog fired.
+    /// so it took effect and its reply reported the word after it (as a retransmitted
+    /// atomic executed twice would). Counted, and taken as acquired
+    /// ([`Coord::acquired`]): taken as a conflict, such a lock is never released and
+    /// every transaction that needs it aborts until the run's watchdog fires, as one
+    /// SUNDIAL run in the Soft-RoCE VM under host load did.
     pub replayed_cas: u64,
     /// Nanoseconds spent per [`Stage`].
     pub stage_ns: [u64; STAGES.len()],

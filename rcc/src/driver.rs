@@ -97,7 +97,7 @@ impl Report {
     /// The warm-up's end: restart what is reported (commits, aborts, latencies,
     /// per-interval counts) and keep what the checks need (the history, the delta),
     /// counting the warm-up's commits in [`Self::warmup_commits`].
-    fn restart_window(&mut self) {
+    pub(crate) fn restart_window(&mut self) {
         self.warmup_commits += self.commits;
         self.commits = 0;
         self.aborts = 0;
