@@ -111,6 +111,8 @@ pub struct LocalNet {
     /// One-sided operations and RPCs made, for tests.
     pub ops: Rc<Cell<u64>>,
     jitter: Option<Rc<Jitter>>,
+    /// [`LocalNet::replaying_cas`]: (every k-th CAS that swaps, CASes that swapped).
+    replay: Option<(u64, Rc<Cell<u64>>)>,
 }
 
 /// A coordinator's random delays ([`LocalNet::jittered`]): its operations wait a random
@@ -135,6 +137,18 @@ impl LocalNet {
             region,
             ops: Rc::new(Cell::new(0)),
             jitter: None,
+            replay: None,
+        }
+    }
+
+    /// The same partitions, where every `every`-th CAS that swaps replies with the word
+    /// after it (`new`) instead of the one before (`expected`), as the reply to a
+    /// retransmitted atomic executed twice would: the fault the one-sided protocols'
+    /// [`crate::coord::Coord::acquired`] rule survives. Clones share the count.
+    pub fn replaying_cas(&self, every: u64) -> Self {
+        Self {
+            replay: Some((every.max(1), Rc::new(Cell::new(0)))),
+            ..self.clone()
         }
     }
 
@@ -225,7 +239,14 @@ impl Net for LocalNet {
         let j = self.turn().await;
         Self::served(j);
         self.ops.set(self.ops.get() + 1);
-        Ok(self.at(node, off, 8)?.cas(off, expected, new))
+        let old = self.at(node, off, 8)?.cas(off, expected, new);
+        if let (Some((every, swapped)), true) = (&self.replay, old == expected && old != new) {
+            swapped.set(swapped.get() + 1);
+            if swapped.get().is_multiple_of(*every) {
+                return Ok(new);
+            }
+        }
+        Ok(old)
     }
     async fn call(&self, node: usize, handler: u16, req: Vec<u8>) -> Result<Vec<u8>, NetError> {
         let j = self.turn().await;
