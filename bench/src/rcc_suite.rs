@@ -637,7 +637,7 @@ fn check(args: &RccArgs) -> anyhow::Result<Checked> {
             args.coroutines
         );
     }
-    let mut protocols = args.protocols()?;
+    let protocols = args.protocols()?;
     let variants = args.variants()?;
     if args.transport_compare && !variants.contains(&Variant::Rpc) {
         bail!("--transport-compare compares the RPC variant's transports: it needs --variant rpc or both");

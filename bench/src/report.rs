@@ -162,7 +162,7 @@ impl WorkerStats {
     /// inserted keys, the history, fatal errors, fault counters) and add this window's
     /// commits per type to [`Self::warmup_commits`]. The thread's network, one-sided
     /// and TOCC counters are cumulative and kept elsewhere: the caller snapshots them
-    /// here and subtracts ([`rpc_since`]).
+    /// here and subtracts (`rrpc::runtime::Stats::since`).
     pub fn restart_window(&mut self) {
         if self.warmup_commits.len() < self.types.len() {
             self.warmup_commits.resize(self.types.len(), 0);
@@ -178,48 +178,6 @@ impl WorkerStats {
             *b = crate::breakdown::Breakdown::with_kinds(self.types.len());
         }
         self.timeline.clear();
-    }
-}
-
-/// The counters of `now` accrued since `base` (a snapshot of the same thread's
-/// cumulative counters at the warm-up's end), counter by counter; a counter that went
-/// back (it cannot on one thread) gives 0.
-pub fn rpc_since(now: &rrpc::runtime::Stats, base: &rrpc::runtime::Stats) -> rrpc::runtime::Stats {
-    rrpc::runtime::Stats {
-        doorbells: now.doorbells.saturating_sub(base.doorbells),
-        wrs: now.wrs.saturating_sub(base.wrs),
-        buckets: now.buckets.saturating_sub(base.buckets),
-        messages: now.messages.saturating_sub(base.messages),
-        credit_stalls: now.credit_stalls.saturating_sub(base.credit_stalls),
-        bytes: now.bytes.saturating_sub(base.bytes),
-        sq_full: now.sq_full.saturating_sub(base.sq_full),
-        failed_lists: now.failed_lists.saturating_sub(base.failed_lists),
-        qp_switches: now.qp_switches.saturating_sub(base.qp_switches),
-        inline_replies: now.inline_replies.saturating_sub(base.inline_replies),
-        read_replies: now.read_replies.saturating_sub(base.read_replies),
-        zero_copy_replies: now.zero_copy_replies.saturating_sub(base.zero_copy_replies),
-        fetched_requests: now.fetched_requests.saturating_sub(base.fetched_requests),
-        expired_replies: now.expired_replies.saturating_sub(base.expired_replies),
-        one_sided_lists: now.one_sided_lists.saturating_sub(base.one_sided_lists),
-        one_sided_completions: now
-            .one_sided_completions
-            .saturating_sub(base.one_sided_completions),
-        unmatched_completions: now
-            .unmatched_completions
-            .saturating_sub(base.unmatched_completions),
-    }
-}
-
-/// One-sided operations of `now` since the snapshot `base`, per kind (see
-/// [`rpc_since`]).
-pub fn ops_since(
-    now: &rrpc::runtime::OpCounts,
-    base: &rrpc::runtime::OpCounts,
-) -> rrpc::runtime::OpCounts {
-    rrpc::runtime::OpCounts {
-        reads: now.reads.saturating_sub(base.reads),
-        writes: now.writes.saturating_sub(base.writes),
-        atomics: now.atomics.saturating_sub(base.atomics),
     }
 }
 

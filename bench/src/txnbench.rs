@@ -1914,8 +1914,8 @@ pub(crate) fn worker(
         .map_err(|_| anyhow::anyhow!("stats still shared"))?
         .into_inner();
     let base = window.borrow_mut().take().unwrap_or_default();
-    s.rpc = crate::report::rpc_since(&ctx.stats(), &base.rpc);
-    s.memnode_ops = crate::report::ops_since(&client.memnode_ops(), &base.ops);
+    s.rpc = ctx.stats().since(&base.rpc);
+    s.memnode_ops = client.memnode_ops().since(&base.ops);
     if w.reports_vtc {
         s.vtc = w
             .cfg

@@ -447,24 +447,6 @@ pub fn run(cfg: &RunConfig, wl: Arc<dyn Workload + Send + Sync>) -> Result<Outco
 
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The counters [`run`] reports (doorbells, WRs, messages, one-sided lists and
-/// completions) accrued from `base` to `now`, snapshots of one thread's.
-fn stats_since(now: &RrpcStats, base: &RrpcStats) -> RrpcStats {
-    RrpcStats {
-        doorbells: now.doorbells.saturating_sub(base.doorbells),
-        wrs: now.wrs.saturating_sub(base.wrs),
-        messages: now.messages.saturating_sub(base.messages),
-        one_sided_lists: now.one_sided_lists.saturating_sub(base.one_sided_lists),
-        one_sided_completions: now
-            .one_sided_completions
-            .saturating_sub(base.one_sided_completions),
-        unmatched_completions: now
-            .unmatched_completions
-            .saturating_sub(base.unmatched_completions),
-        ..RrpcStats::default()
-    }
-}
-
 /// The RPC variants' handlers over a node's partition.
 fn handlers(store: MrStore, region: u64, shared: Arc<Shared>) -> Handlers {
     let mut h = Handlers::new();
@@ -648,7 +630,7 @@ async fn node_main(
             let rep = driver::drive_after(&c, &counted, seed, limit, warmup, hb).await;
             let t1 = Instant::now();
             let now = ctx2.stats();
-            let stats = stats_since(&now, &base.get().unwrap_or(now));
+            let stats = now.since(&base.get().unwrap_or(now));
             shared
                 .reports
                 .lock()
@@ -725,7 +707,7 @@ fn calvin_main(
             let rep = calvin::drive_after(&node, &c, j, seed, limit, warmup, hb).await;
             let t1 = Instant::now();
             let now = ctx2.stats();
-            let stats = stats_since(&now, &base.get().unwrap_or(now));
+            let stats = now.since(&base.get().unwrap_or(now));
             left.set(left.get() - 1);
             if left.get() == 0 {
                 if n == 0 {

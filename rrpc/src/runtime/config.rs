@@ -240,6 +240,16 @@ impl OpCounts {
         self.writes += o.writes;
         self.atomics += o.atomics;
     }
+
+    /// The counts accrued since `base`, an earlier snapshot of the same thread's
+    /// counters (a benchmark's warm-up end), counter by counter (0 where one went back).
+    pub fn since(&self, base: &OpCounts) -> OpCounts {
+        OpCounts {
+            reads: self.reads.saturating_sub(base.reads),
+            writes: self.writes.saturating_sub(base.writes),
+            atomics: self.atomics.saturating_sub(base.atomics),
+        }
+    }
 }
 
 /// Per-thread counters, readable by benchmarks.
@@ -285,6 +295,31 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// The counts accrued since `base`, an earlier snapshot of the same thread's
+    /// counters (a benchmark's warm-up end), counter by counter (0 where one went back).
+    pub fn since(&self, base: &Stats) -> Stats {
+        let d = |now: u64, then: u64| now.saturating_sub(then);
+        Stats {
+            doorbells: d(self.doorbells, base.doorbells),
+            wrs: d(self.wrs, base.wrs),
+            buckets: d(self.buckets, base.buckets),
+            messages: d(self.messages, base.messages),
+            credit_stalls: d(self.credit_stalls, base.credit_stalls),
+            bytes: d(self.bytes, base.bytes),
+            sq_full: d(self.sq_full, base.sq_full),
+            failed_lists: d(self.failed_lists, base.failed_lists),
+            qp_switches: d(self.qp_switches, base.qp_switches),
+            inline_replies: d(self.inline_replies, base.inline_replies),
+            read_replies: d(self.read_replies, base.read_replies),
+            zero_copy_replies: d(self.zero_copy_replies, base.zero_copy_replies),
+            fetched_requests: d(self.fetched_requests, base.fetched_requests),
+            expired_replies: d(self.expired_replies, base.expired_replies),
+            one_sided_lists: d(self.one_sided_lists, base.one_sided_lists),
+            one_sided_completions: d(self.one_sided_completions, base.one_sided_completions),
+            unmatched_completions: d(self.unmatched_completions, base.unmatched_completions),
+        }
+    }
+
     /// Messages per bucket WRITE (msg batching factor).
     pub fn messages_per_write(&self) -> f64 {
         self.messages as f64 / self.buckets.max(1) as f64
@@ -337,5 +372,42 @@ mod tests {
             ..RuntimeConfig::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn since_subtracts_counter_by_counter_and_never_goes_below_zero() {
+        let base = Stats {
+            doorbells: 3,
+            wrs: 10,
+            unmatched_completions: 5,
+            ..Stats::default()
+        };
+        let now = Stats {
+            doorbells: 7,
+            wrs: 25,
+            messages: 4,
+            ..Stats::default()
+        };
+        let d = now.since(&base);
+        assert_eq!((d.doorbells, d.wrs, d.messages), (4, 15, 4));
+        assert_eq!(d.unmatched_completions, 0);
+        let ops = OpCounts {
+            reads: 9,
+            writes: 2,
+            atomics: 1,
+        };
+        let b = OpCounts {
+            reads: 4,
+            writes: 2,
+            atomics: 0,
+        };
+        assert_eq!(
+            ops.since(&b),
+            OpCounts {
+                reads: 5,
+                writes: 0,
+                atomics: 1
+            }
+        );
     }
 }
