@@ -30,6 +30,9 @@ pub struct Series {
     pub name: String,
     /// The (x, y) points; must be finite (and positive on a log axis).
     pub points: Vec<(f64, f64)>,
+    /// A label drawn next to each point (a sweep's parameter value, e.g. `θ 0.99`), in
+    /// the order of `points`; empty for none.
+    pub labels: Vec<String>,
 }
 
 /// Axis scales.
@@ -361,7 +364,7 @@ impl Ranged for Ticked {
 impl LineChart<'_> {
     /// Draw to `path`: SVG when it ends in `.svg`, PNG when it ends in `.png`
     /// (1024 x 640 pixels). Fails without drawing on an unknown extension, no series,
-    /// a series without points, non-finite values, or values `<= 0` on a log axis; PNG
+    /// a series without points or with labels not one per point, non-finite values, or values `<= 0` on a log axis; PNG
     /// output also fails when no TrueType font can be found (see [`FONT_PATHS`]).
     pub fn draw(&self, path: &Path) -> anyhow::Result<()> {
         let ext = path
@@ -396,6 +399,15 @@ impl LineChart<'_> {
         for s in self.series {
             if s.points.is_empty() {
                 bail!("chart {:?}: series {:?} has no points", self.title, s.name);
+            }
+            if !s.labels.is_empty() && s.labels.len() != s.points.len() {
+                bail!(
+                    "chart {:?}: series {:?} has {} point labels for {} points",
+                    self.title,
+                    s.name,
+                    s.labels.len(),
+                    s.points.len()
+                );
             }
             for &(x, y) in &s.points {
                 for (axis, scale, v) in [("x", self.x_scale, x), ("y", self.y_scale, y)] {
@@ -503,7 +515,12 @@ impl LineChart<'_> {
                 .collect();
             chart.draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))?;
             let mk = |p, r, _| Marker::new(p, r, c, i);
-            chart.draw_series(PointSeries::of_element(pts, 4, c, &mk))?;
+            chart.draw_series(PointSeries::of_element(pts.iter().copied(), 4, c, &mk))?;
+            // Each point's label just above and right of its marker, in its series' colour.
+            let font = TextStyle::from((FAMILY, TICK_PX - 2).into_font()).color(&c);
+            chart.draw_series(pts.iter().zip(&s.labels).map(|(&p, l)| {
+                EmptyElement::at(p) + Text::new(l.clone(), (6, -(TICK_PX as i32)), font.clone())
+            }))?;
 
             // Legend row: line with marker, then the name.
             let row = plot_top + 8 + i as i32 * (LEGEND_PX as i32 + 10);
@@ -596,10 +613,12 @@ mod tests {
             Series {
                 name: "rocket encode".into(),
                 points: xs().map(|x| (x, 20.0 + x / 40.0)).collect(),
+                labels: Vec::new(),
             },
             Series {
                 name: "rocket decode".into(),
                 points: xs().map(|x| (x, 15.0 + x / 60.0)).collect(),
+                labels: Vec::new(),
             },
         ]
     }
@@ -644,6 +663,27 @@ mod tests {
     }
 
     #[test]
+    fn point_labels_are_drawn_and_must_be_one_per_point() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("labels.svg");
+        let mut series = sample();
+        series[0].labels = series[0]
+            .points
+            .iter()
+            .map(|p| format!("at {}", p.0))
+            .collect();
+        chart(&series).draw(&path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        if load_font().is_ok() {
+            assert!(svg.contains("at 8\n") || svg.contains("at 8<"), "a label");
+            assert!(svg.contains("at 8192"), "the last label");
+        }
+        series[1].labels = vec!["one".into()];
+        let err = chart(&series).draw(&path).unwrap_err().to_string();
+        assert!(err.contains("1 point labels for 11 points"), "{err}");
+    }
+
+    #[test]
     fn bad_input_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let svg = dir.path().join("c.svg");
@@ -653,16 +693,19 @@ mod tests {
         let empty = [Series {
             name: "none".into(),
             points: vec![],
+            labels: Vec::new(),
         }];
         assert!(err(&empty, &svg).contains("\"none\" has no points"));
         let zero = [Series {
             name: "z".into(),
             points: vec![(0.0, 1.0)],
+            labels: Vec::new(),
         }];
         assert!(err(&zero, &svg).contains("logarithmic"));
         let nan = [Series {
             name: "n".into(),
             points: vec![(1.0, f64::NAN)],
+            labels: Vec::new(),
         }];
         assert!(err(&nan, &svg).contains("non-finite"));
         assert!(err(&sample(), &dir.path().join("c.jpg")).contains(".svg or .png"));
@@ -675,6 +718,7 @@ mod tests {
         let series = [Series {
             name: "one".into(),
             points: vec![(5.0, -3.0)],
+            labels: Vec::new(),
         }];
         let c = LineChart {
             x_scale: Scale::Linear,

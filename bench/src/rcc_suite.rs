@@ -584,6 +584,7 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                 None => series.push(Series {
                     name,
                     points: vec![(x, r.throughput)],
+                    labels: Vec::new(),
                 }),
             }
         }

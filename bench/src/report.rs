@@ -1239,7 +1239,8 @@ pub const UNSAFE_LABEL: &str = "UNSAFE: mvcc without lock CAS (Lotus Fig. 3 prem
 pub const NO_CAS_SUFFIX: &str = "-nocas";
 
 /// The ratio below which a timing model does not reproduce the memory nodes' CAS
-/// bottleneck (Lotus Fig. 3 shows 2.4x; SPECS A.10 asks at least this much here).
+/// bottleneck (Lotus Fig. 3 shows 2.4x; this project asks at least this much before it calls
+/// the premise reproduced).
 pub const PREMISE_MIN_RATIO: f64 = 1.5;
 
 /// Abort rates of MVCC and its no-CAS variant further apart than this (fraction of

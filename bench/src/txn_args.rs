@@ -128,7 +128,8 @@ pub struct Args {
     pub sweep: Option<Sweep>,
     /// `--json` (JSON Lines: the metadata record, one `run` record per run as it ends,
     /// the summary) and `--chart` (throughput against p99 per protocol; with --sweep,
-    /// one line per protocol through the sweep's points).
+    /// one line per protocol through the sweep's points, each labelled with its value;
+    /// a log latency axis when the p99s span a decade).
     #[command(flatten)]
     #[serde(flatten)]
     pub out: crate::cli::OutputArgs,

@@ -421,14 +421,29 @@ fn draw_chart(
     let mut series: Vec<Series> = Vec::new();
     for r in &sum.runs {
         let pt = (r.throughput_tps, r.p99_us);
+        // With a sweep, each point says which it is (`theta=0.99`): the axes alone do
+        // not tell which end of a line is which parameter value.
+        let label = r.point.clone().filter(|_| args.sweep.is_some());
         match series.iter_mut().find(|s| s.name == r.protocol) {
-            Some(s) => s.points.push(pt),
+            Some(s) => {
+                s.points.push(pt);
+                s.labels.extend(label);
+            }
             None => series.push(Series {
                 name: r.protocol.clone(),
                 points: vec![pt],
+                labels: label.into_iter().collect(),
             }),
         }
     }
+    // A log latency axis when the p99s span a decade or more (contention sweeps).
+    let p99s = sum.runs.iter().map(|r| r.p99_us);
+    let (lo, hi) = p99s.fold((f64::INFINITY, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let y_scale = if lo > 0.0 && hi / lo >= 10.0 {
+        Scale::Log10
+    } else {
+        Scale::Linear
+    };
     let title = match &args.sweep {
         Some(sw) => format!(
             "{}: throughput vs p99, sweep {sw} (model {})",
@@ -449,7 +464,7 @@ fn draw_chart(
         x_label: "committed transactions/s",
         y_label: "p99 latency of committed transactions (us)",
         x_scale: Scale::Linear,
-        y_scale: Scale::Linear,
+        y_scale,
         series: &series,
     }
     .draw(path)

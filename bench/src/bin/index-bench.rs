@@ -620,6 +620,7 @@ fn run(mut args: Args) -> Result<()> {
             .map(|(p, o)| Series {
                 name: p.name(),
                 points: o.rows.iter().map(|r| (x(r.0), r.1)).collect(),
+                labels: Vec::new(),
             })
             .collect();
         let title = format!("B-link tree throughput per YCSB workload (timing model: {model})");

@@ -500,6 +500,7 @@ fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path)
                 None => series.push(Series {
                     name,
                     points: vec![pt],
+                    labels: Vec::new(),
                 }),
             }
         }
@@ -530,6 +531,7 @@ fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path)
                             .enumerate()
                             .map(|(i, &v)| (i as f64 + 1.0, v))
                             .collect(),
+                        labels: Vec::new(),
                     }
                 })
                 .collect();
@@ -546,6 +548,7 @@ fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path)
             let line = |name: &str, y: &dyn Fn(&serde_json::Value) -> f64| Series {
                 name: name.to_string(),
                 points: rows.iter().map(|r| (f(&r["theta"]), y(r))).collect(),
+                labels: Vec::new(),
             };
             (
                 "Takeout queues against Zipf theta",
@@ -574,6 +577,7 @@ fn draw(cmd: &Cmd, out: &serde_json::Value, model: &str, path: &std::path::Path)
                     None => series.push(Series {
                         name,
                         points: vec![pt],
+                        labels: Vec::new(),
                     }),
                 }
             }

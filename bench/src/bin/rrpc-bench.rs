@@ -862,6 +862,7 @@ fn batching_on(
             .map(|(b, points)| Series {
                 name: b.name().into(),
                 points,
+                labels: Vec::new(),
             })
             .collect();
         draw(
@@ -1007,6 +1008,7 @@ fn modes_on(
         .map(|(n, _)| Series {
             name: (*n).into(),
             points: vec![],
+            labels: Vec::new(),
         })
         .collect();
     let mut best_hybrid_wins = Vec::new();
@@ -1421,6 +1423,7 @@ fn peers_cmp(c: &Common, sides: &Sides, plot: Option<PathBuf>) -> Result<serde_j
             .map(|(i, (n, v))| Series {
                 name: (*n).into(),
                 points: vec![(i as f64 + 1.0, *v)],
+                labels: Vec::new(),
             })
             .collect();
         draw(

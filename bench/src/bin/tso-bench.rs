@@ -296,6 +296,7 @@ fn run(a: Args) -> Result<()> {
                     .iter()
                     .filter_map(|&c| rate.get(&(m.name(), c)).map(|&r| (c as f64, r)))
                     .collect(),
+                labels: Vec::new(),
             })
             .collect();
         let title = format!(
