@@ -383,6 +383,11 @@ fn a_clients_sweep_prints_a_table_and_draws_a_chart() {
         svg.starts_with("<svg") && svg.contains("occ-cas") && svg.contains("mvcc"),
         "{svg:.200}"
     );
+    // Each point says which sweep value it is.
+    assert!(
+        svg.contains("clients=1") && svg.contains("clients=4"),
+        "no point labels: {svg:.200}"
+    );
 }
 
 #[test]
