@@ -31,7 +31,9 @@ pub enum ConfigError {
     },
 }
 
-/// The flags `path` stands for in command `cmd`: `key = "v"` / `key = 3` / `key = 0.5`
+/// The flags `path` stands for in command `cmd` (a subcommand after
+/// `clap::Command::build`, so that it holds the global flags too; `name` names it in
+/// errors): `key = "v"` / `key = 3` / `key = 0.5`
 /// as `--key v`, `key = true` as `--key` (a switch), `key = false` as nothing; a
 /// `[fabric]` table's keys as the shared fabric flags (`kind` as `--fabric`, `model` as
 /// `--model`, any other key as the flag of its name where `cmd` has one).
@@ -42,7 +44,11 @@ pub enum ConfigError {
 /// or `[server]` table (the benchmark binaries build their rrpc settings from their own
 /// flags: those tables are for the service binaries' files and topology files, and are
 /// refused rather than ignored).
-pub fn config_flags(path: &Path, cmd: &clap::Command) -> Result<Vec<String>, ConfigError> {
+pub fn config_flags(
+    path: &Path,
+    cmd: &clap::Command,
+    name: &str,
+) -> Result<Vec<String>, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
@@ -51,7 +57,6 @@ pub fn config_flags(path: &Path, cmd: &clap::Command) -> Result<Vec<String>, Con
         path: path.to_path_buf(),
         why,
     };
-    let name = cmd.get_name().to_string();
     let has_flag = |long: &str| cmd.get_arguments().any(|a| a.get_long() == Some(long));
     let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let mut flags = Vec::new();
@@ -135,8 +140,9 @@ fn push_flag(
 /// Parse `argv` (program name first) with `A`'s parser and its binary's `defaults` (see
 /// [`crate::cli::try_parse_from`]), after expanding `--config FILE.toml` (an argument
 /// with id `config`, when `A` has one) into flags ([`config_flags`]) placed before the
-/// command line's own, so that the command line wins (the command lets a flag override
-/// itself).
+/// command line's own (right after the subcommand's name when there is one, so that the
+/// file may hold the subcommand's flags too), so that the command line wins (the command
+/// lets a flag override itself).
 ///
 /// Errors: clap's for the command line ([`ConfigError::Clap`]: print with
 /// `clap::Error::exit`), the file's ([`ConfigError::Read`], [`ConfigError::File`], also
@@ -156,23 +162,49 @@ where
         let mut m = cmd.clone().try_get_matches_from(a)?;
         A::from_arg_matches_mut(&mut m).map_err(|e| e.format(&mut A::command()))
     };
-    let has_config = cmd.get_arguments().any(|a| a.get_id() == "config");
-    let path = if has_config {
-        let m = cmd
-            .clone()
-            .try_get_matches_from(&argv)
-            .map_err(ConfigError::Clap)?;
-        m.try_get_one::<PathBuf>("config").ok().flatten().cloned()
-    } else {
-        None
-    };
+    if !cmd.get_arguments().any(|a| a.get_id() == "config") {
+        return parse(&argv).map_err(ConfigError::Clap);
+    }
+    let m = cmd
+        .clone()
+        .try_get_matches_from(&argv)
+        .map_err(ConfigError::Clap)?;
+    let sub = m.subcommand();
+    let path = sub
+        .map_or(&m, |(_, sm)| sm)
+        .try_get_one::<PathBuf>("config")
+        .ok()
+        .flatten()
+        .or_else(|| m.try_get_one::<PathBuf>("config").ok().flatten())
+        .cloned();
     let Some(path) = path else {
         return parse(&argv).map_err(ConfigError::Clap);
     };
-    let flags = config_flags(&path, &cmd)?;
-    let mut expanded = argv[..1].to_vec();
+    // The command (or its subcommand) with the global flags propagated to it.
+    let mut built = cmd.clone();
+    built.build();
+    let program = argv
+        .first()
+        .map(|a| {
+            Path::new(a)
+                .file_name()
+                .unwrap_or(a.as_ref())
+                .to_string_lossy()
+                .into_owned()
+        })
+        .unwrap_or_else(|| built.get_name().to_string());
+    let (target, name, at) = match sub {
+        Some((s, _)) => {
+            let at = argv.iter().position(|a| a == s).map_or(1, |i| i + 1);
+            let sub_cmd = built.find_subcommand(s).cloned().unwrap_or(built.clone());
+            (sub_cmd, format!("{program} {s}"), at)
+        }
+        None => (built, program, 1),
+    };
+    let flags = config_flags(&path, &target, &name)?;
+    let mut expanded = argv[..at].to_vec();
     expanded.extend(flags.into_iter().map(Into::into));
-    expanded.extend(argv[1..].iter().cloned());
+    expanded.extend(argv[at..].iter().cloned());
     parse(&expanded).map_err(|e| match e.kind() {
         clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
             ConfigError::Clap(e)
@@ -216,7 +248,7 @@ mod tests {
 
     fn flags(text: &str) -> Result<Vec<String>, ConfigError> {
         let f = write(text);
-        config_flags(f.path(), &Demo::command())
+        config_flags(f.path(), &Demo::command(), "demo")
     }
 
     #[test]
@@ -266,7 +298,8 @@ mod tests {
             assert!(matches!(e, ConfigError::File { .. }), "{bad}: {e}");
             assert!(e.to_string().contains(want), "{bad}: {e}");
         }
-        let e = config_flags(Path::new("/nonexistent/x.toml"), &Demo::command()).unwrap_err();
+        let e =
+            config_flags(Path::new("/nonexistent/x.toml"), &Demo::command(), "demo").unwrap_err();
         assert!(e.to_string().contains("/nonexistent/x.toml"), "{e}");
     }
 
@@ -292,5 +325,44 @@ mod tests {
         );
         let e = parse_with_config::<Demo, _, _>(["demo", "--bogus"], &[]).unwrap_err();
         assert!(matches!(e, ConfigError::Clap(_)), "{e}");
+    }
+
+    #[derive(clap::Parser, Debug)]
+    #[command(name = "subs")]
+    struct Subs {
+        #[command(flatten)]
+        fabric: crate::cli::FabricArgs,
+        #[command(flatten)]
+        config: crate::cli::ConfigArg,
+        #[command(subcommand)]
+        cmd: Sub,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum Sub {
+        Run {
+            #[arg(long, default_value_t = 1)]
+            threads: u32,
+        },
+    }
+
+    #[test]
+    fn a_subcommands_flags_come_from_the_file_too() {
+        let f = write("threads = 4\n[fabric]\nmodel = \"none\"\n");
+        let p = f.path().to_str().unwrap();
+        let s: Subs = parse_with_config(["subs", "run", "--config", p], &[]).unwrap();
+        let Sub::Run { threads } = s.cmd;
+        assert_eq!((threads, s.fabric.model.as_deref()), (4, Some("none")));
+        let s: Subs =
+            parse_with_config(["subs", "--config", p, "run", "--threads", "2"], &[]).unwrap();
+        let Sub::Run { threads } = s.cmd;
+        assert_eq!(threads, 2, "the command line wins");
+        let f = write("bogus = 4\n");
+        let p = f.path().to_str().unwrap();
+        let e = parse_with_config::<Subs, _, _>(["subs", "run", "--config", p], &[]).unwrap_err();
+        assert!(
+            e.to_string().contains("subs run has no --bogus flag"),
+            "{e}"
+        );
     }
 }
