@@ -136,9 +136,7 @@ fn load(
         Some(p) => SettingsFile::load(p)?,
         None => SettingsFile::default(),
     };
-    file.fabric
-        .apply(&mut node, explicit)
-        .map_err(|why| anyhow::anyhow!("{}: [fabric]: {why}", file.path.display()))?;
+    file.apply_fabric(&mut node, explicit)?;
     // The file's own keys over the topology file's [lockd] table, its tables ([reshard])
     // merged key by key.
     for (k, v) in file.own.clone() {

@@ -265,16 +265,18 @@ impl SettingsFile {
         self.rpc_settings_over(base)
     }
 
-    /// Apply `[fabric]` to `args` where the matches `m` say a flag was not given.
+    /// Apply `[fabric]` to `args` where `explicit(clap id)` says a flag was not given
+    /// (on the command line or through its environment variable: [`explicit_in`],
+    /// [`given_to_process`]).
     ///
     /// Errors: a bad value, naming the file, `[fabric]` and the key.
     pub fn apply_fabric(
         &self,
         args: &mut NodeArgs,
-        m: &clap::ArgMatches,
+        explicit: &dyn Fn(&str) -> bool,
     ) -> Result<(), SettingsError> {
         self.fabric
-            .apply(args, &|id| explicit_in(m, id))
+            .apply(args, explicit)
             .map_err(|why| SettingsError::Invalid {
                 path: self.path.clone(),
                 table: "[fabric]: ".into(),
@@ -290,18 +292,35 @@ impl SettingsFile {
     /// snake_case read as kebab-case). Put them before the command line's own flags in a
     /// command that lets a flag override itself, so that the command line wins.
     ///
+    /// A flag that `given` (the command line's matches) holds from the command line or
+    /// the environment is left out, so that an environment variable (`RRPC_MODEL`) wins
+    /// over the file as it does for the other service binaries.
+    ///
     /// Errors: a key that is not a long flag of `cmd`, a `config` key, a value that is a
     /// table, an array or a date (naming the file and the key).
-    pub fn as_flags(&self, cmd: &clap::Command) -> Result<Vec<std::ffi::OsString>, SettingsError> {
+    pub fn as_flags(
+        &self,
+        cmd: &clap::Command,
+        given: Option<&clap::ArgMatches>,
+    ) -> Result<Vec<std::ffi::OsString>, SettingsError> {
         let bad = |why: String| SettingsError::Invalid {
             path: self.path.clone(),
             table: String::new(),
             why,
         };
+        // Whether the flag `--long` was given on the command line or through its
+        // environment variable.
+        let explicit = |long: &str| {
+            given.is_some_and(|m| {
+                cmd.get_arguments()
+                    .find(|a| a.get_long() == Some(long))
+                    .is_some_and(|a| explicit_in(m, a.get_id().as_str()))
+            })
+        };
         let f = &self.fabric;
         let mut out: Vec<String> = Vec::new();
         let mut put = |long: &str, v: Option<String>| {
-            if let Some(v) = v {
+            if let (Some(v), false) = (v, explicit(long)) {
                 out.push(format!("--{long}={v}"));
             }
         };
@@ -322,6 +341,9 @@ impl SettingsFile {
                      besides the [fabric], [runtime] and [server] tables)",
                     cmd.get_name()
                 )));
+            }
+            if explicit(&long) {
+                continue;
             }
             match value {
                 toml::Value::String(v) => out.push(format!("--{long}={v}")),
@@ -376,7 +398,8 @@ mod tests {
             .try_get_matches_from(["x", "--node", "1", "--model", "none"])
             .unwrap();
         let mut node = Cli::from_arg_matches(&m).unwrap().node;
-        f.apply_fabric(&mut node, &m).unwrap();
+        f.apply_fabric(&mut node, &|id| explicit_in(&m, id))
+            .unwrap();
         assert_eq!(node.cluster, "c");
         assert_eq!(node.model, "none", "the flag wins over [fabric] model");
         assert_eq!(node.listen.port(), 7000);
@@ -391,15 +414,23 @@ mod tests {
     #[test]
     fn own_keys_and_fabric_as_flags() {
         let f = parse("[fabric]\nkind = \"shm\"\nmodel = \"none\"\n").unwrap();
-        let flags = f.as_flags(&Cli::command()).unwrap();
+        let flags = f.as_flags(&Cli::command(), None).unwrap();
         assert_eq!(flags, ["--fabric=shm", "--model=none"]);
+        let m = Cli::command()
+            .try_get_matches_from(["x", "--node", "1", "--model", "cx6"])
+            .unwrap();
+        let flags = f.as_flags(&Cli::command(), Some(&m)).unwrap();
+        assert_eq!(flags, ["--fabric=shm"], "a flag given is left out");
         let f = parse("exit_on_stdin_eof = true\nadvertise = \"127.0.0.1:1\"\n").unwrap();
         assert_eq!(
-            f.as_flags(&Cli::command()).unwrap(),
+            f.as_flags(&Cli::command(), None).unwrap(),
             ["--advertise=127.0.0.1:1", "--exit-on-stdin-eof"]
         );
         for bad in ["no-such-flag = 1\n", "config = \"x\"\n", "cluster = [1]\n"] {
-            let e = parse(bad).unwrap().as_flags(&Cli::command()).unwrap_err();
+            let e = parse(bad)
+                .unwrap()
+                .as_flags(&Cli::command(), None)
+                .unwrap_err();
             assert!(e.to_string().starts_with("/etc/x.toml: `"), "{bad}: {e}");
         }
     }
@@ -428,7 +459,10 @@ mod tests {
             .try_get_matches_from(["x", "--node", "1"])
             .unwrap();
         let mut node = Cli::from_arg_matches(&m).unwrap().node;
-        let e = f.apply_fabric(&mut node, &m).unwrap_err().to_string();
+        let e = f
+            .apply_fabric(&mut node, &|id| explicit_in(&m, id))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("/etc/x.toml: [fabric]: kind: "), "{e}");
     }
 }

@@ -75,9 +75,7 @@ fn load(
         None => SettingsFile::default(),
     };
     let mut node = cli.node.clone();
-    file.fabric
-        .apply(&mut node, explicit)
-        .map_err(|why| anyhow::anyhow!("{}: [fabric]: {why}", file.path.display()))?;
+    file.apply_fabric(&mut node, explicit)?;
     if let Some(p) = &cli.config {
         let f = Config::deserialize(file.own.clone())
             .with_context(|| format!("parsing {}", p.display()))?;

@@ -111,9 +111,7 @@ fn load_all(cli: &Cli, explicit: &dyn Fn(&str) -> bool) -> anyhow::Result<Loaded
         None => SettingsFile::default(),
     };
     let mut node = cli.node.clone();
-    file.fabric
-        .apply(&mut node, explicit)
-        .map_err(|why| anyhow::anyhow!("{}: [fabric]: {why}", file.path.display()))?;
+    file.apply_fabric(&mut node, explicit)?;
     let f: File = match &cli.config {
         Some(p) => File::deserialize(file.own.clone())
             .with_context(|| format!("parsing {}", p.display()))?,

@@ -134,7 +134,10 @@ fn with_settings_file(
         return Ok((args, rpc));
     };
     let file = SettingsFile::load(path)?;
-    let flags = file.as_flags(&Args::command())?;
+    // Flags given on the command line or through their environment variables win
+    // over the file: they are left out of its flags.
+    let given = Args::command().try_get_matches_from(&argv).ok();
+    let flags = file.as_flags(&Args::command(), given.as_ref())?;
     let mut full = argv;
     let at = full.len().min(1);
     full.splice(at..at, flags);
