@@ -9,6 +9,7 @@
 //!   a bare number is seconds); `--duration-ms` / `--warmup-ms` are hidden aliases in
 //!   milliseconds, kept for old scripts.
 //! - [`SeedArg`] holds `--seed`.
+//! - [`ConfigArg`] holds `--config FILE.toml` (see [`crate::config_file`]).
 //! - [`OutputArgs`] holds `--json PATH` (JSON Lines, see [`crate::jsonl`]), `--chart PATH`
 //!   (`--plot` a hidden alias).
 //!
@@ -153,6 +154,20 @@ impl FabricArgs {
     }
 }
 
+/// `--config FILE.toml`: the binary's settings from a file (see [`crate::config_file`]):
+/// top-level keys are its long flags, a `[fabric]` table holds `kind` (`--fabric`) and
+/// `model` (`--model`); flags on the command line win over the file.
+#[derive(clap::Args, Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConfigArg {
+    /// TOML file of settings: top-level keys are this command's long flags and its
+    /// subcommand's (`duration = "5s"`, `threads = 4`), a [fabric] table holds kind
+    /// (--fabric) and model (--model); [runtime] and [server] tables are refused. Flags
+    /// on the command line win over the file.
+    #[arg(long, global = true, value_name = "FILE.toml")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<PathBuf>,
+}
+
 /// `--duration` and `--warmup` (and their hidden millisecond aliases).
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
 pub struct RunLength {
@@ -281,6 +296,18 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// `A`'s parser with the default values of the arguments named in `defaults` replaced
+/// (see [`try_parse_from`]).
+pub fn command_with_defaults<A: clap::CommandFactory>(
+    defaults: &[(&'static str, &'static str)],
+) -> clap::Command {
+    let mut cmd = A::command();
+    for &(id, v) in defaults {
+        cmd = cmd.mut_arg(id, |a| a.default_value(v));
+    }
+    cmd
+}
+
 /// Parse `argv` (program name first) with `A`'s parser after replacing the default
 /// values of the arguments named in `defaults` (`("duration", "1s")`): the shared groups
 /// carry one default, a binary its own where that matters; `--help` shows the binary's.
@@ -295,11 +322,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let mut cmd = A::command();
-    for &(id, v) in defaults {
-        cmd = cmd.mut_arg(id, |a| a.default_value(v));
-    }
-    let mut m = cmd.try_get_matches_from(argv)?;
+    let mut m = command_with_defaults::<A>(defaults).try_get_matches_from(argv)?;
     A::from_arg_matches_mut(&mut m).map_err(|e| e.format(&mut A::command()))
 }
 

@@ -41,8 +41,9 @@ pub mod ycsb;
 
 /// The body of a benchmark binary's `main` ([`cli`]'s convention): logs to stderr at
 /// `warn` unless `RUST_LOG` says otherwise, parses the arguments with the binary's own
-/// `defaults` for the shared flags (`("duration", "1s")`), exits 2 on a usage error
-/// (clap's, or a [`cli::UsageError`] from `run`), and on another error prints
+/// `defaults` for the shared flags (`("duration", "1s")`) and its `--config` file when
+/// it has one ([`config_file::parse_with_config`]), exits 2 on a usage error (clap's, a
+/// bad config file, or a [`cli::UsageError`] from `run`), and on another error prints
 /// `<name>: <error chain>` and exits 1.
 pub fn bench_main<A: clap::Parser>(
     name: &str,
@@ -50,8 +51,14 @@ pub fn bench_main<A: clap::Parser>(
     run: impl FnOnce(A) -> anyhow::Result<()>,
 ) {
     cli::init_logging();
-    let args =
-        cli::try_parse_from::<A, _, _>(std::env::args_os(), defaults).unwrap_or_else(|e| e.exit());
+    let args = match config_file::parse_with_config::<A, _, _>(std::env::args_os(), defaults) {
+        Ok(a) => a,
+        Err(config_file::ConfigError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("{name}: error: {e}");
+            std::process::exit(2);
+        }
+    };
     let r = run(args);
     jsonl::close();
     if let Err(e) = r {

@@ -13,7 +13,7 @@ use rrpc::fabric::FabricKind;
 use serde::{Deserialize, Serialize};
 use txn::coordinator::{Isolation, Protocol};
 
-use crate::config_file::{config_flags, ConfigError};
+use crate::config_file::ConfigError;
 use crate::workload::Workload;
 
 /// SmallBank, KVS, YCSB, TATP or TPC-C on a local cluster (memnode, tso and lockd child
@@ -749,29 +749,9 @@ impl Args {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
-        let parse = |a: &[std::ffi::OsString]| {
-            crate::cli::try_parse_from::<Self, _, _>(a, DEFAULTS).map(|mut args| {
-                args.run.normalize();
-                args
-            })
-        };
-        let first = parse(&argv).map_err(ConfigError::Clap)?;
-        let Some(path) = &first.config else {
-            return Ok(first);
-        };
-        let flags = config_flags(path)?;
-        let mut expanded = argv[..1].to_vec();
-        expanded.extend(flags.into_iter().map(Into::into));
-        expanded.extend(argv[1..].iter().cloned());
-        parse(&expanded).map_err(|e| match e.kind() {
-            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                ConfigError::Clap(e)
-            }
-            _ => ConfigError::File {
-                path: path.clone(),
-                why: e.to_string(),
-            },
+        crate::config_file::parse_with_config::<Self, _, _>(argv, DEFAULTS).map(|mut args| {
+            args.run.normalize();
+            args
         })
     }
 

@@ -3,7 +3,8 @@
 //! `--fabric`, `--model`, `--duration` / `--warmup` with units, `--seed` and `--json`,
 //! and their `--json` file is JSON Lines starting with the metadata record, each point's
 //! latencies with an HDR histogram that decodes to the record's count; a bad flag value,
-//! or a flag value refused before anything runs, exits 2.
+//! or a flag value refused before anything runs, exits 2. Each takes `--config FILE.toml`
+//! (its long flags as keys, a `[fabric]` table), and a bad file exits 2.
 
 mod common;
 
@@ -154,6 +155,66 @@ fn every_binary_writes_json_lines_starting_with_the_metadata_record() {
             common::check_latency_fields(name, p);
         }
         assert_eq!(recs.last().unwrap()["record"], "summary", "{name}");
+    }
+}
+
+#[test]
+fn every_binary_takes_a_config_file_with_a_fabric_table_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bench.toml");
+    std::fs::write(
+        &cfg,
+        "seed = 7\n[fabric]\nkind = \"shm\"\nmodel = \"none\"\n",
+    )
+    .unwrap();
+    for (name, args) in short_runs() {
+        let json = dir.path().join(format!("{name}.jsonl"));
+        let mut a = args.clone();
+        a.extend(["--config", cfg.to_str().unwrap(), "--seed", "9", "--json"]);
+        a.push(json.to_str().unwrap());
+        let out = run(name, &a);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {}\n{stderr}", out.status);
+        let text = std::fs::read_to_string(&json).unwrap();
+        let meta = &common::json_lines(&text, name)[0];
+        assert_eq!(meta["model"], "none", "{name}: the file's [fabric]: {meta}");
+        assert_eq!(meta["fabric"], "shm", "{meta}");
+        assert_eq!(
+            meta["seed"], 9,
+            "{name}: the flag wins over the file: {meta}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_config_file_exits_2_naming_file_table_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    for (name, sub) in [
+        ("txn-bench", None),
+        ("rrpc-bench", Some("throughput")),
+        ("lock-bench", Some("single")),
+        ("tso-bench", None),
+        ("index-bench", None),
+    ] {
+        for (text, want) in [
+            ("[fabric]\nbogus = 1\n", "[fabric]: `bogus`"),
+            ("no-such-key = 1\n", "`no-such-key`"),
+            (
+                "[runtime]\ncall-timeout-ms = 5\n",
+                "takes no [runtime] table",
+            ),
+            ("seed = \"x\"\n", "'x'"),
+        ] {
+            std::fs::write(&cfg, text).unwrap();
+            let mut a: Vec<&str> = vec!["--config", cfg.to_str().unwrap()];
+            a.extend(sub);
+            let out = run(name, &a);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name} {text:?}: {err}");
+            assert!(err.contains("bad.toml"), "{name} {text:?}: {err}");
+            assert!(err.contains(want), "{name} {text:?}: {err}");
+        }
     }
 }
 

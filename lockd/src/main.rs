@@ -12,6 +12,7 @@ use clap::Parser;
 use lockd::embed::{LockService, LockServiceConfig};
 use lockd::service::LockOrder;
 use rrpc::service::{self, NodeArgs};
+use rrpc::settings_file::{self, SettingsFile};
 use serde::Deserialize as _;
 
 /// Lock service serving Scythe's Takeout Locks (fair, heat-aware ticket locks) over rrpc.
@@ -25,8 +26,9 @@ struct Cli {
     #[command(flatten)]
     node: NodeArgs,
     /// TOML file of settings: kebab-case keys as the flags below, a [reshard] table
-    /// (nodes, interval-ms, factor, intervals, drain-timeout-ms) and a [fabric] table
-    /// (cluster, kind, listen, model, rdma-device, gid-index, rdma-port); flags win.
+    /// (nodes, interval-ms, factor, intervals, drain-timeout-ms), a [fabric] table
+    /// (cluster, kind, listen, model, rdma-device, gid-index, rdma-port, tclass, sl) and
+    /// [runtime]/[server] tables (as a topology file's); flags win.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Number of Takeout Locks in the table (32 bytes of registered memory each; >= 1;
@@ -107,62 +109,13 @@ struct Cli {
     etcd: Option<String>,
 }
 
-/// The `[fabric]` table of the config file: the node flags' settings (a flag given on
-/// the command line or through its environment variable wins). The node id is a flag
-/// only (`--node`).
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-struct FabricSettings {
-    /// Cluster name (as `--cluster`).
-    cluster: Option<String>,
-    /// Backend, "shm" or "verbs" (as `--fabric`).
-    kind: Option<String>,
-    /// Bootstrap listen address (as `--listen`).
-    listen: Option<std::net::SocketAddr>,
-    /// Timing model of the shm fabric (as `--model`).
-    model: Option<String>,
-    /// RDMA device for verbs (as `--rdma-device`).
-    rdma_device: Option<String>,
-    /// GID index for verbs (as `--gid-index`).
-    gid_index: Option<u32>,
-    /// RDMA port for verbs (as `--rdma-port`).
-    rdma_port: Option<u8>,
-}
-
-impl FabricSettings {
-    /// Apply the file's settings to `args` where `explicit(flag id)` says the flag was
-    /// not given.
-    fn apply(&self, args: &mut NodeArgs, explicit: &dyn Fn(&str) -> bool) -> anyhow::Result<()> {
-        if let (Some(v), false) = (&self.cluster, explicit("cluster")) {
-            args.cluster = v.clone();
-        }
-        if let (Some(v), false) = (&self.kind, explicit("fabric")) {
-            args.fabric = v.parse().map_err(|e| anyhow::anyhow!("fabric.kind: {e}"))?;
-        }
-        if let (Some(v), false) = (self.listen, explicit("listen")) {
-            args.listen = v;
-        }
-        if let (Some(v), false) = (&self.model, explicit("model")) {
-            args.model = v.clone();
-        }
-        if let (Some(v), false) = (&self.rdma_device, explicit("rdma_device")) {
-            args.rdma_device = Some(v.clone());
-        }
-        if let (Some(v), false) = (self.gid_index, explicit("gid_index")) {
-            args.gid_index = Some(v);
-        }
-        if let (Some(v), false) = (self.rdma_port, explicit("rdma_port")) {
-            args.rdma_port = Some(v);
-        }
-        Ok(())
-    }
-}
-
-/// The service's settings and the node flags, from `--config` then flags.
+/// The service's settings, the node flags and the rrpc settings, from the topology file
+/// (`--hosts`), then `--config` ([`SettingsFile`]: `[fabric]`, `[runtime]`, `[server]`,
+/// the service's own keys), then flags.
 fn load(
     cli: &Cli,
     explicit: &dyn Fn(&str) -> bool,
-) -> anyhow::Result<(LockServiceConfig, NodeArgs)> {
+) -> anyhow::Result<(LockServiceConfig, NodeArgs, rrpc::node::RpcSettings)> {
     let mut node = cli.node.clone();
     // The topology file's [lockd] table first (its tso defaulting to the file's [tso]),
     // then the --config file's keys over it.
@@ -179,29 +132,24 @@ fn load(
         }
         None => toml::Table::new(),
     };
-    let mut c = match &cli.config {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let mut file: toml::Table =
-                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
-            if let Some(f) = file.remove("fabric") {
-                let f: FabricSettings = f
-                    .try_into()
-                    .with_context(|| format!("{}: [fabric]", p.display()))?;
-                f.apply(&mut node, explicit)?;
+    let file = match &cli.config {
+        Some(p) => SettingsFile::load(p)?,
+        None => SettingsFile::default(),
+    };
+    file.apply_fabric(&mut node, explicit)?;
+    // The file's own keys over the topology file's [lockd] table, its tables ([reshard])
+    // merged key by key.
+    for (k, v) in file.own.clone() {
+        match (table.get_mut(&k), v) {
+            (Some(toml::Value::Table(base)), toml::Value::Table(over)) => base.extend(over),
+            (_, v) => {
+                table.insert(k, v);
             }
-            for (k, v) in file {
-                match (table.get_mut(&k), v) {
-                    (Some(toml::Value::Table(base)), toml::Value::Table(over)) => base.extend(over),
-                    (_, v) => {
-                        table.insert(k, v);
-                    }
-                }
-            }
-            LockServiceConfig::deserialize(table)
-                .with_context(|| format!("parsing {}", p.display()))?
         }
+    }
+    let mut c = match &cli.config {
+        Some(p) => LockServiceConfig::deserialize(table)
+            .with_context(|| format!("parsing {}", p.display()))?,
         None => LockServiceConfig::deserialize(table)?,
     };
     macro_rules! flag {
@@ -239,19 +187,14 @@ fn load(
         c.tso = Some(v);
     }
     c.validate()?;
-    Ok((c, node))
+    let rpc = file.rpc_settings(&node)?;
+    Ok((c, node, rpc))
 }
 
 /// Whether the node flag with clap id `id` was given on the command line or through its
 /// environment variable (rather than defaulted).
 fn given(id: &str) -> bool {
-    use clap::parser::ValueSource;
-    use clap::CommandFactory as _;
-    Cli::command()
-        .try_get_matches_from(std::env::args_os())
-        .ok()
-        .and_then(|m| m.value_source(id))
-        .is_some_and(|s| matches!(s, ValueSource::CommandLine | ValueSource::EnvVariable))
+    settings_file::given_to_process::<Cli>(id)
 }
 
 fn main() -> ExitCode {
@@ -259,11 +202,11 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let (cfg, node_args) = load(&cli, &given)?;
+    // A bad settings file is a usage error: exit 2 before anything runs.
+    let (cfg, node_args, rpc) = settings_file::or_exit("lockd", load(&cli, &given));
     // Install the signal handler first so a signal during start-up is not lost.
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
     let fabric = node_args.open_fabric().context("opening the fabric")?;
-    let rpc = node_args.rpc_settings()?;
     let svc = LockService::start_tuned(fabric.clone(), node_args.listen, &cfg, &rpc)?;
     tracing::info!(
         cluster = %node_args.cluster,
@@ -349,7 +292,7 @@ mod tests {
         ]);
         // As if --model was given and the other node flags defaulted.
         let explicit = |id: &str| id == "model";
-        let (c, node) = load(&cli, &explicit).unwrap();
+        let (c, node, _) = load(&cli, &explicit).unwrap();
         assert_eq!(
             (c.lock_table_slots, c.shards.as_str(), c.threads),
             (4096, "0-99", 4)
@@ -387,7 +330,7 @@ mod tests {
             "--reshard-interval-ms",
             "50",
         ]);
-        let (c, _) = load(&ok, &none).unwrap();
+        let (c, _, _) = load(&ok, &none).unwrap();
         assert_eq!((c.reshard.nodes.len(), c.reshard.interval_ms), (2, 50));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -411,8 +354,7 @@ mod tests {
             &|| Ok("x".into()),
         )
         .unwrap();
-        let (mut cfg, node) = load(&cli, &|_: &str| false).unwrap();
-        let rpc = node.rpc_settings().unwrap();
+        let (mut cfg, node, rpc) = load(&cli, &|_: &str| false).unwrap();
         assert_eq!(
             rpc.runtime.call_timeout,
             std::time::Duration::from_millis(1234)
@@ -440,22 +382,25 @@ mod tests {
     fn the_topology_files_lockd_table_is_its_config() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
         let none = |_: &str| false;
-        let parse = |file: &str, extra: &[&str]| -> anyhow::Result<(LockServiceConfig, NodeArgs)> {
-            let mut argv = vec![
-                "lockd".to_string(),
-                "--hosts".into(),
-                format!("{dir}/{file}"),
-            ];
-            argv.extend(["--as".into(), "lockd".into()]);
-            argv.extend(extra.iter().map(|s| s.to_string()));
-            let cli: Cli = service::resolve_args(
-                "lockd",
-                argv.into_iter().map(Into::into).collect(),
-                &|| Ok("x".into()),
-            )?;
-            load(&cli, &none)
-        };
-        let (c, node) = parse("local.toml", &[]).unwrap();
+        let parse =
+            |file: &str,
+             extra: &[&str]|
+             -> anyhow::Result<(LockServiceConfig, NodeArgs, rrpc::node::RpcSettings)> {
+                let mut argv = vec![
+                    "lockd".to_string(),
+                    "--hosts".into(),
+                    format!("{dir}/{file}"),
+                ];
+                argv.extend(["--as".into(), "lockd".into()]);
+                argv.extend(extra.iter().map(|s| s.to_string()));
+                let cli: Cli = service::resolve_args(
+                    "lockd",
+                    argv.into_iter().map(Into::into).collect(),
+                    &|| Ok("x".into()),
+                )?;
+                load(&cli, &none)
+            };
+        let (c, node, _) = parse("local.toml", &[]).unwrap();
         assert_eq!((c.lock_table_slots, c.idle_sleep_us), (65536, 20));
         assert_eq!(
             c.tso,
@@ -463,7 +408,7 @@ mod tests {
             "the file's [tso]"
         );
         assert_eq!((node.node, node.listen.port()), (NodeId(2), 7002));
-        let (c, node) = parse("cloudlab-4.toml", &["--threads", "2"]).unwrap();
+        let (c, node, _) = parse("cloudlab-4.toml", &["--threads", "2"]).unwrap();
         assert_eq!(
             (c.threads, c.lock_table_slots),
             (2, 4 << 20),

@@ -966,3 +966,29 @@ fn a_detached_unlock_releases_local_keys_at_once_and_remote_ones_in_the_backgrou
     assert_eq!(tc.unlock_failures(), 1);
     drop(n2);
 }
+
+/// A bad `--config` file stops `lockd` with exit code 2 before anything runs, naming the
+/// file, the table and the key.
+#[test]
+fn a_bad_settings_file_exits_2_naming_file_table_and_key() {
+    let cfg = std::env::temp_dir().join(format!("lockd-bad-cfg-{}.toml", std::process::id()));
+    for (text, want) in [
+        ("[fabric]\nbogus = 1\n", "[fabric]: unknown field `bogus`"),
+        ("[server]\nbogus = 1\n", "[server]: unknown field `bogus`"),
+        ("threads = \"two\"\n", "threads"),
+    ] {
+        std::fs::write(&cfg, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args(["--cluster", "lockd-bad-cfg", "--node", "3", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text:?}: {err}");
+        assert!(
+            err.contains(cfg.to_str().unwrap()) && err.contains(want),
+            "{text:?}: {err}"
+        );
+    }
+    std::fs::remove_file(&cfg).unwrap();
+}

@@ -83,6 +83,8 @@ pub mod runtime;
 pub mod server;
 #[cfg(feature = "service")]
 pub mod service;
+#[cfg(feature = "service")]
+pub mod settings_file;
 pub mod straw;
 pub mod topology;
 pub mod typed;

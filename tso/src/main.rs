@@ -8,6 +8,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use rrpc::fabric::DmPlacement;
 use rrpc::service::{self, NodeArgs};
+use rrpc::settings_file::{self, SettingsFile};
+use serde::Deserialize as _;
 use tso::epoch;
 use tso::oracle::describe_placement;
 use tso::Oracle;
@@ -28,7 +30,9 @@ struct Cli {
     #[command(flatten)]
     node: NodeArgs,
     /// TOML file of settings: `state-dir` (the flag below without its dashes; unknown
-    /// keys are an error). Flags win over the file.
+    /// keys are an error), a [fabric] table (cluster, kind, listen, model, rdma-device,
+    /// gid-index, rdma-port, tclass, sl) and [runtime]/[server] tables (as a topology
+    /// file's). Flags win over the file.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Directory of the durable epoch file (`<dir>/epoch`, created if missing). Must be
@@ -53,35 +57,43 @@ struct Config {
     state_dir: Option<PathBuf>,
 }
 
-impl Config {
-    /// The topology file's settings (with --hosts), the --config file's, then the flags
-    /// given.
-    fn load(cli: &Cli) -> anyhow::Result<Self> {
-        // The topology file's [tso] table, then the --config file, then the flags.
-        let mut c: Self = match cli.node.placement("tso")? {
-            Some((topo, role)) => topo.settings(&role)?,
-            None => Self::default(),
-        };
-        if let Some(p) = &cli.config {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let f: Self =
-                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
-            if f.state_dir.is_some() {
-                c.state_dir = f.state_dir;
-            }
+/// The oracle's settings, its node flags and its rrpc settings: the topology file's
+/// (with --hosts), then the --config file's ([`SettingsFile`]: `[fabric]` where
+/// `explicit(clap id)` says the flag was not given, `[runtime]`, `[server]`, the own
+/// keys), then the flags given.
+fn load(
+    cli: &Cli,
+    explicit: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<(Config, NodeArgs, rrpc::node::RpcSettings)> {
+    // The topology file's [tso] table, then the --config file, then the flags.
+    let mut c: Config = match cli.node.placement("tso")? {
+        Some((topo, role)) => topo.settings(&role)?,
+        None => Config::default(),
+    };
+    let file = match &cli.config {
+        Some(p) => SettingsFile::load(p)?,
+        None => SettingsFile::default(),
+    };
+    let mut node = cli.node.clone();
+    file.apply_fabric(&mut node, explicit)?;
+    if let Some(p) = &cli.config {
+        let f = Config::deserialize(file.own.clone())
+            .with_context(|| format!("parsing {}", p.display()))?;
+        if f.state_dir.is_some() {
+            c.state_dir = f.state_dir;
         }
-        if let Some(d) = &cli.state_dir {
-            c.state_dir = Some(d.clone());
-        }
-        if c.state_dir
-            .as_ref()
-            .is_some_and(|d| d.as_os_str().is_empty())
-        {
-            anyhow::bail!("state-dir: empty path");
-        }
-        Ok(c)
     }
+    if let Some(d) = &cli.state_dir {
+        c.state_dir = Some(d.clone());
+    }
+    if c.state_dir
+        .as_ref()
+        .is_some_and(|d| d.as_os_str().is_empty())
+    {
+        anyhow::bail!("state-dir: empty path");
+    }
+    let rpc = file.rpc_settings(&node)?;
+    Ok((c, node, rpc))
 }
 
 fn main() -> ExitCode {
@@ -89,9 +101,11 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let cfg = Config::load(&cli)?;
+    // A bad settings file is a usage error: exit 2 before anything runs.
+    let (cfg, node_args, rpc) =
+        settings_file::or_exit("tso", load(&cli, &settings_file::given_to_process::<Cli>));
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
-    let fabric = cli.node.open_fabric().context("opening the fabric")?;
+    let fabric = node_args.open_fabric().context("opening the fabric")?;
     // Held until the oracle exits: a second oracle on the same directory fails here.
     let state = cfg
         .state_dir
@@ -115,11 +129,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::warn!(%reason, "no device memory: the TSO counter lives in host memory");
     }
     let node = oracle
-        .serve_tuned(fabric.clone(), cli.node.listen, &cli.node.rpc_settings()?)
+        .serve_tuned(fabric.clone(), node_args.listen, &rpc)
         .context("starting the node")?;
     tracing::info!(
-        cluster = %cli.node.cluster,
-        node = %cli.node.node,
+        cluster = %node_args.cluster,
+        node = %node_args.node,
         addr = %node.addr(),
         fabric = %fabric.describe(),
         placement = %placement,
@@ -130,9 +144,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(url) => Some(
             member::Member::join(
                 std::slice::from_ref(url),
-                &cli.node.cluster,
+                &node_args.cluster,
                 member::Role::Tso,
-                cli.node.node.get() as u16,
+                node_args.node.get() as u16,
                 std::time::Duration::from_secs(1),
             )
             .context("joining the membership in etcd")?,
@@ -158,6 +172,36 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// The settings `load` gives with no node flag given explicitly.
+    fn settings(cli: &Cli) -> anyhow::Result<Config> {
+        load(cli, &|_| false).map(|(c, _, _)| c)
+    }
+
+    #[test]
+    fn the_settings_files_tables_reach_the_node() {
+        let dir = std::env::temp_dir().join(format!("tso-tables-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("tso.toml");
+        std::fs::write(
+            &p,
+            "state-dir = \"/x\"\n[fabric]\ncluster = \"c9\"\nmodel = \"cx6\"\n\
+             [runtime]\ncall-timeout-ms = 777\n",
+        )
+        .unwrap();
+        let cli = cli(&["--config", p.to_str().unwrap(), "--model", "none"]);
+        let (c, node, rpc) = load(&cli, &|id| id == "model").unwrap();
+        assert_eq!(c.state_dir.as_deref(), Some(std::path::Path::new("/x")));
+        assert_eq!((node.cluster.as_str(), node.model.as_str()), ("c9", "none"));
+        assert_eq!(
+            rpc.runtime.call_timeout,
+            std::time::Duration::from_millis(777)
+        );
+        std::fs::write(&p, "[server]\nno-such-key = 1\n").unwrap();
+        let e = format!("{:#}", load(&cli, &|_| false).unwrap_err());
+        assert!(e.contains("[server]: unknown field `no-such-key`"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn cli(args: &[&str]) -> Cli {
         let mut v = vec!["tso", "--node", "3"];
         v.extend_from_slice(args);
@@ -171,19 +215,19 @@ mod tests {
         let p = dir.join("tso.toml");
         std::fs::write(&p, "state-dir = \"/var/lib/tso\"\n").unwrap();
         let ps = p.to_str().unwrap();
-        let c = Config::load(&cli(&["--config", ps])).unwrap();
+        let c = settings(&cli(&["--config", ps])).unwrap();
         assert_eq!(
             c.state_dir.as_deref(),
             Some(std::path::Path::new("/var/lib/tso"))
         );
-        let c = Config::load(&cli(&["--config", ps, "--state-dir", "/tmp/x"])).unwrap();
+        let c = settings(&cli(&["--config", ps, "--state-dir", "/tmp/x"])).unwrap();
         assert_eq!(c.state_dir.as_deref(), Some(std::path::Path::new("/tmp/x")));
-        assert_eq!(Config::load(&cli(&[])).unwrap(), Config::default());
+        assert_eq!(settings(&cli(&[])).unwrap(), Config::default());
         std::fs::write(&p, "state_dir = \"/x\"\n").unwrap();
-        let e = Config::load(&cli(&["--config", ps])).unwrap_err();
+        let e = settings(&cli(&["--config", ps])).unwrap_err();
         assert!(format!("{e:#}").contains("state_dir"), "{e:#}");
         std::fs::write(&p, "state-dir = \"\"\n").unwrap();
-        assert!(Config::load(&cli(&["--config", ps])).is_err());
+        assert!(settings(&cli(&["--config", ps])).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -203,13 +247,10 @@ mod tests {
         let c = cli("cloudlab-4.toml");
         assert_eq!(c.node.node, rrpc::NodeId(3));
         assert_eq!(
-            Config::load(&c).unwrap().state_dir.as_deref(),
+            settings(&c).unwrap().state_dir.as_deref(),
             Some(std::path::Path::new("/var/lib/rrpc/tso"))
         );
-        assert_eq!(Config::load(&cli("local.toml")).unwrap(), Config::default());
-        assert_eq!(
-            Config::load(&cli("two-hosts.toml")).unwrap(),
-            Config::default()
-        );
+        assert_eq!(settings(&cli("local.toml")).unwrap(), Config::default());
+        assert_eq!(settings(&cli("two-hosts.toml")).unwrap(), Config::default());
     }
 }

@@ -298,3 +298,35 @@ fn client_process() {
     println!("OPS {}", serde_json::to_string(&ops).unwrap());
     println!("FAILOVERS {}", sources.failovers());
 }
+
+/// A bad `--config` file stops `tso` and `tso-proxy` with exit code 2 before anything
+/// runs, naming the file, the table and the key; `lockd` shares the loader
+/// (`rrpc::settings_file`) and its tests.
+#[test]
+fn a_bad_settings_file_exits_2_naming_file_table_and_key() {
+    let cfg = std::env::temp_dir().join(format!("tso-bad-cfg-{}.toml", std::process::id()));
+    for (text, want) in [
+        ("[fabric]\nbogus = 1\n", "[fabric]: unknown field `bogus`"),
+        ("[server]\nthreads = \"two\"\n", "[server]: invalid type"),
+        (
+            "[runtime]\nnope-ms = 1\n",
+            "[runtime]: unknown field `nope-ms`",
+        ),
+    ] {
+        std::fs::write(&cfg, text).unwrap();
+        for bin in [env!("CARGO_BIN_EXE_tso"), env!("CARGO_BIN_EXE_tso-proxy")] {
+            let out = Command::new(bin)
+                .args(["--cluster", "tso-bad-cfg", "--node", "3", "--config"])
+                .arg(&cfg)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{bin} {text:?}: {err}");
+            assert!(
+                err.contains(cfg.to_str().unwrap()) && err.contains(want),
+                "{bin} {text:?}: {err}"
+            );
+        }
+    }
+    std::fs::remove_file(&cfg).unwrap();
+}

@@ -287,3 +287,58 @@ fn memnode_hosts_an_rtx_region() {
     drop(ctx);
     rrpc::fabric::shm::remove_cluster(&cluster).unwrap();
 }
+
+/// `--config FILE.toml`: its keys are memnode's long flags, its `[fabric]` the node
+/// flags (the cluster here: the node's files appear in that cluster's directory), its
+/// `[server]` the rrpc server's settings; a bad file exits 2 naming the file and key.
+#[test]
+fn memnode_reads_a_settings_file() {
+    let cluster = format!("memnode-cfg-test-{}", std::process::id());
+    rrpc::fabric::shm::prepare_cluster(&cluster).unwrap();
+    let cfg = std::env::temp_dir().join(format!("{cluster}-memnode.toml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "smallbank-accounts = 100\npartitions = 2\npartition = 1\n\
+             [fabric]\ncluster = \"{cluster}\"\n[server]\nidle-sleep-us = 10\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memnode"))
+        .args(["--node", "1", "--partition", "0", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("READY "));
+    assert!(ready, "memnode prints READY");
+    let files =
+        std::fs::read_dir(rrpc::fabric::shm::cluster_dir(&cluster)).map_or(0, |d| d.count());
+    assert!(files > 0, "the file's [fabric] cluster is the node's");
+    stop(child);
+    rrpc::fabric::shm::remove_cluster(&cluster).unwrap();
+    for (text, want) in [
+        ("no-such-flag = 1\n", "`no-such-flag`"),
+        ("[fabric]\nbogus = 1\n", "[fabric]: unknown field `bogus`"),
+        (
+            "[runtime]\nbogus-ms = 1\n",
+            "[runtime]: unknown field `bogus-ms`",
+        ),
+    ] {
+        std::fs::write(&cfg, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_memnode"))
+            .args(["--cluster", &cluster, "--node", "1", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text:?}: {err}");
+        assert!(
+            err.contains("memnode.toml") && err.contains(want),
+            "{text:?}: {err}"
+        );
+    }
+}

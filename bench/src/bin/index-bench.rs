@@ -62,6 +62,8 @@ struct Args {
     #[command(flatten)]
     fabric: cli::FabricArgs,
     #[command(flatten)]
+    config: cli::ConfigArg,
+    #[command(flatten)]
     run: cli::RunLength,
     #[command(flatten)]
     seed: cli::SeedArg,

@@ -65,6 +65,8 @@ struct Common {
     #[command(flatten)]
     fabric: cli::FabricArgs,
     #[command(flatten)]
+    config: cli::ConfigArg,
+    #[command(flatten)]
     run: cli::RunLength,
     #[command(flatten)]
     seed_arg: cli::SeedArg,

@@ -9,6 +9,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context as _};
 use clap::Parser;
 use rrpc::service::{self, NodeArgs};
+use rrpc::settings_file::{self, SettingsFile};
+use serde::Deserialize as _;
 use tso::proxy::{Proxy, ProxyConfig, DEFAULT_MAX_RANGE};
 
 /// TSO proxy: serves timestamp ranges to compute nodes over rrpc and merges concurrent
@@ -34,8 +36,10 @@ struct Cli {
     #[command(flatten)]
     node: NodeArgs,
     /// TOML file of settings: `oracle`, `threads`, `oracle-qps`, `max-range`,
-    /// `oracle-wait-ms`, `oracle-retry-ms` (the flags
-    /// below without their dashes; unknown keys are an error). Flags win over the file.
+    /// `oracle-wait-ms`, `oracle-retry-ms` (the flags below without their dashes; unknown
+    /// keys are an error), a [fabric] table (cluster, kind, listen, model, rdma-device,
+    /// gid-index, rdma-port, tclass, sl) and [runtime]/[server] tables (as a topology
+    /// file's). Flags win over the file.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Bootstrap (control-plane) address of the `tso` oracle to take ranges from
@@ -80,9 +84,15 @@ struct File {
     oracle_retry_ms: Option<u64>,
 }
 
-/// The oracle's address and the proxy's settings: the topology file's (with --hosts; the
-/// oracle defaulting to its [tso]), then the --config file's, then the flags given.
-fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
+/// What the proxy runs with: the oracle's address, the proxy's settings, the node flags
+/// and the rrpc settings.
+type Loaded = (SocketAddr, ProxyConfig, NodeArgs, rrpc::node::RpcSettings);
+
+/// The oracle's address, the proxy's settings, its node flags and its rrpc settings: the
+/// topology file's (with --hosts; the oracle defaulting to its [tso]), then the --config
+/// file's ([`SettingsFile`]: `[fabric]` where `explicit(clap id)` says the flag was not
+/// given, `[runtime]`, `[server]`, the own keys), then the flags given.
+fn load_all(cli: &Cli, explicit: &dyn Fn(&str) -> bool) -> anyhow::Result<Loaded> {
     let t: File = match cli.node.placement("tso-proxy")? {
         Some((topo, role)) => {
             let mut t: File = topo.settings(&role)?;
@@ -96,12 +106,15 @@ fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
         }
         None => File::default(),
     };
+    let file = match &cli.config {
+        Some(p) => SettingsFile::load(p)?,
+        None => SettingsFile::default(),
+    };
+    let mut node = cli.node.clone();
+    file.apply_fabric(&mut node, explicit)?;
     let f: File = match &cli.config {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
-        }
+        Some(p) => File::deserialize(file.own.clone())
+            .with_context(|| format!("parsing {}", p.display()))?,
         None => File::default(),
     };
     let f = File {
@@ -131,7 +144,8 @@ fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
     let Some(oracle) = cli.oracle.or(f.oracle) else {
         bail!("no oracle: give --oracle ADDR or `oracle = \"ADDR\"` in --config");
     };
-    Ok((oracle, cfg))
+    let rpc = file.rpc_settings(&node)?;
+    Ok((oracle, cfg, node, rpc))
 }
 
 fn main() -> ExitCode {
@@ -139,16 +153,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let (oracle, cfg) = load(&cli)?;
+    // A bad settings file is a usage error: exit 2 before anything runs.
+    let (oracle, cfg, node_args, rpc) = settings_file::or_exit(
+        "tso-proxy",
+        load_all(&cli, &settings_file::given_to_process::<Cli>),
+    );
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
-    let fabric = cli.node.open_fabric().context("opening the fabric")?;
-    let rpc = cli.node.rpc_settings()?;
-    let proxy = Proxy::start_tuned(fabric.clone(), cli.node.listen, oracle, &cfg, &rpc)
+    let fabric = node_args.open_fabric().context("opening the fabric")?;
+    let proxy = Proxy::start_tuned(fabric.clone(), node_args.listen, oracle, &cfg, &rpc)
         .with_context(|| format!("starting the proxy of the oracle at {oracle}"))?;
     let o = proxy.oracle();
     tracing::info!(
-        cluster = %cli.node.cluster,
-        node = %cli.node.node,
+        cluster = %node_args.cluster,
+        node = %node_args.node,
         addr = %proxy.addr(),
         fabric = %fabric.describe(),
         oracle = %oracle,
@@ -187,6 +204,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The oracle and the settings `load_all` gives with no node flag given explicitly.
+    fn load(cli: &Cli) -> anyhow::Result<(SocketAddr, ProxyConfig)> {
+        load_all(cli, &|_| false).map(|(o, c, _, _)| (o, c))
+    }
+
+    #[test]
+    fn the_settings_files_fabric_table_reaches_the_node() {
+        let p = std::env::temp_dir().join(format!("tso-proxy-fab-{}.toml", std::process::id()));
+        std::fs::write(
+            &p,
+            "oracle = \"127.0.0.1:9\"\n[fabric]\ncluster = \"c8\"\n[server]\nidle-sleep-us = 3\n",
+        )
+        .unwrap();
+        let (o, _, node, rpc) =
+            load_all(&cli(&["--config", p.to_str().unwrap()]), &|_| false).unwrap();
+        assert_eq!(o, "127.0.0.1:9".parse().unwrap());
+        assert_eq!(node.cluster, "c8");
+        assert_eq!(rpc.server.idle_sleep_us, 3);
+        std::fs::write(&p, "[fabric]\nkind = 3\n").unwrap();
+        let e = format!(
+            "{:#}",
+            load(&cli(&["--config", p.to_str().unwrap()])).unwrap_err()
+        );
+        assert!(e.contains("[fabric]: invalid type"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+    }
 
     fn cli(args: &[&str]) -> Cli {
         let mut v = vec!["tso-proxy", "--node", "5"];

@@ -10,13 +10,20 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use rrpc::node::{Node, NodeConfig};
 use rrpc::service::{self, NodeArgs};
+use rrpc::settings_file::{self, SettingsFile};
 
 /// Memory node: tables in registered memory, read and written by compute nodes with one-sided RDMA.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about = None, args_override_self = true)]
 struct Args {
     #[command(flatten)]
     node: NodeArgs,
+    /// TOML file of settings: keys as the long flags below (`tpcc-warehouses = 4`), a
+    /// [fabric] table (cluster, kind, listen, model, rdma-device, gid-index, rdma-port,
+    /// tclass, sl) and [runtime]/[server] tables (as a topology file's). Flags win over
+    /// the file, the file over --hosts.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// Load the SmallBank tables (savings, checking) with this many accounts (this
     /// node's partition of them).
     #[arg(long)]
@@ -112,7 +119,40 @@ fn main() -> ExitCode {
     service::main_with("memnode", run)
 }
 
+/// `args` with `--config`'s settings applied (parsed `argv`, program name first, again
+/// with the file's flags before the command line's own, so that the command line wins),
+/// and the rrpc settings (`--hosts`' and the file's `[runtime]`/`[server]`).
+///
+/// Errors: the file's (naming the file, the table and the key), a value a flag refuses.
+fn with_settings_file(
+    args: Args,
+    argv: Vec<std::ffi::OsString>,
+) -> anyhow::Result<(Args, rrpc::node::RpcSettings)> {
+    use clap::CommandFactory as _;
+    let Some(path) = &args.config else {
+        let rpc = args.node.rpc_settings()?;
+        return Ok((args, rpc));
+    };
+    let file = SettingsFile::load(path)?;
+    // Flags given on the command line or through their environment variables win
+    // over the file: they are left out of its flags.
+    let given = Args::command().try_get_matches_from(&argv).ok();
+    let flags = file.as_flags(&Args::command(), given.as_ref())?;
+    let mut full = argv;
+    let at = full.len().min(1);
+    full.splice(at..at, flags);
+    let args: Args = service::resolve_args("memnode", full, &rrpc::topology::machine_hostname)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let rpc = file.rpc_settings(&args.node)?;
+    Ok((args, rpc))
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
+    // A bad settings file is a usage error: exit 2 before anything runs.
+    let (args, rpc) = settings_file::or_exit(
+        "memnode",
+        with_settings_file(args, std::env::args_os().collect()),
+    );
     let stop = service::stop_signal().context("installing the SIGINT/SIGTERM handler")?;
     if args.partitions == 0 || args.partition >= args.partitions {
         bail!(
@@ -314,7 +354,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let node = Node::start_tuned(
         fabric,
         NodeConfig::new("memnode", args.node.listen).with_exports(exports),
-        &args.node.rpc_settings()?,
+        &rpc,
     )?;
     tracing::info!(
         cluster = %args.node.cluster,
@@ -355,4 +395,55 @@ fn run(args: Args) -> anyhow::Result<()> {
     drop(undo_region);
     drop(rtx_region);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(a: &[&str]) -> Vec<std::ffi::OsString> {
+        a.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn the_settings_file_gives_flags_fabric_and_rpc_settings_and_flags_win() {
+        let p = std::env::temp_dir().join(format!("memnode-cfg-{}.toml", std::process::id()));
+        std::fs::write(
+            &p,
+            "partitions = 4\npartition = 2\nkvs-records = 100\n\
+             [fabric]\ncluster = \"c7\"\nmodel = \"cx6\"\n[server]\nidle-sleep-us = 9\n",
+        )
+        .unwrap();
+        let ps = p.to_str().unwrap();
+        let a = argv(&[
+            "memnode",
+            "--node",
+            "1",
+            "--config",
+            ps,
+            "--partition",
+            "3",
+            "--model",
+            "none",
+        ]);
+        let args = Args::try_parse_from(&a).unwrap();
+        let (args, rpc) = with_settings_file(args, a).unwrap();
+        assert_eq!((args.partitions, args.partition), (4, 3), "the flag wins");
+        assert_eq!(args.kvs_records, Some(100));
+        assert_eq!(args.node.cluster, "c7");
+        assert_eq!(args.node.model, "none", "the flag wins over [fabric]");
+        assert_eq!(rpc.server.idle_sleep_us, 9);
+        for (bad, want) in [
+            ("no-such-flag = 1\n", "`no-such-flag`"),
+            ("[fabric]\nbogus = 1\n", "[fabric]: unknown field `bogus`"),
+            ("partitions = \"many\"\n", "many"),
+        ] {
+            std::fs::write(&p, bad).unwrap();
+            let a = argv(&["memnode", "--node", "1", "--config", ps]);
+            let args = Args::try_parse_from(&a).unwrap();
+            let e = format!("{:#}", with_settings_file(args, a).unwrap_err());
+            assert!(e.contains(ps) && e.contains(want), "{bad}: {e}");
+        }
+        std::fs::remove_file(&p).unwrap();
+    }
 }
