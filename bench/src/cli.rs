@@ -160,9 +160,9 @@ impl FabricArgs {
 #[derive(clap::Args, Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ConfigArg {
     /// TOML file of settings: top-level keys are this command's long flags and its
-    /// subcommand's (`duration = "5s"`, `threads = 4`), a [fabric] table holds kind
-    /// (--fabric) and model (--model); [runtime] and [server] tables are refused. Flags
-    /// on the command line win over the file.
+    /// subcommand's (`duration = "5s"`, `threads = 4`), a `[fabric]` table holds kind
+    /// (--fabric) and model (--model); `[runtime]` and `[server]` tables are refused.
+    /// Flags on the command line win over the file.
     #[arg(long, global = true, value_name = "FILE.toml")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<PathBuf>,

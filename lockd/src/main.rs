@@ -25,10 +25,10 @@ use serde::Deserialize as _;
 struct Cli {
     #[command(flatten)]
     node: NodeArgs,
-    /// TOML file of settings: kebab-case keys as the flags below, a [reshard] table
-    /// (nodes, interval-ms, factor, intervals, drain-timeout-ms), a [fabric] table
+    /// TOML file of settings: kebab-case keys as the flags below, a `[reshard]` table
+    /// (nodes, interval-ms, factor, intervals, drain-timeout-ms), a `[fabric]` table
     /// (cluster, kind, listen, model, rdma-device, gid-index, rdma-port, tclass, sl) and
-    /// [runtime]/[server] tables (as a topology file's); flags win.
+    /// `[runtime]`/`[server]` tables (as a topology file's); flags win.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Number of Takeout Locks in the table (32 bytes of registered memory each; >= 1;
@@ -335,7 +335,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// With --hosts, the file's [runtime] and [server] reach the service: its RPC server
+    /// With --hosts, the file's `[runtime]` and `[server]` reach the service: its RPC server
     /// runs with the file's keys (lockd's own idle-sleep-us and threads win).
     #[test]
     fn the_topology_files_runtime_and_server_reach_the_service() {

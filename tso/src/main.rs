@@ -30,8 +30,8 @@ struct Cli {
     #[command(flatten)]
     node: NodeArgs,
     /// TOML file of settings: `state-dir` (the flag below without its dashes; unknown
-    /// keys are an error), a [fabric] table (cluster, kind, listen, model, rdma-device,
-    /// gid-index, rdma-port, tclass, sl) and [runtime]/[server] tables (as a topology
+    /// keys are an error), a `[fabric]` table (cluster, kind, listen, model, rdma-device,
+    /// gid-index, rdma-port, tclass, sl) and `[runtime]`/`[server]` tables (as a topology
     /// file's). Flags win over the file.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,

@@ -37,8 +37,8 @@ struct Cli {
     node: NodeArgs,
     /// TOML file of settings: `oracle`, `threads`, `oracle-qps`, `max-range`,
     /// `oracle-wait-ms`, `oracle-retry-ms` (the flags below without their dashes; unknown
-    /// keys are an error), a [fabric] table (cluster, kind, listen, model, rdma-device,
-    /// gid-index, rdma-port, tclass, sl) and [runtime]/[server] tables (as a topology
+    /// keys are an error), a `[fabric]` table (cluster, kind, listen, model, rdma-device,
+    /// gid-index, rdma-port, tclass, sl) and `[runtime]`/`[server]` tables (as a topology
     /// file's). Flags win over the file.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,

@@ -19,8 +19,8 @@ struct Args {
     #[command(flatten)]
     node: NodeArgs,
     /// TOML file of settings: keys as the long flags below (`tpcc-warehouses = 4`), a
-    /// [fabric] table (cluster, kind, listen, model, rdma-device, gid-index, rdma-port,
-    /// tclass, sl) and [runtime]/[server] tables (as a topology file's). Flags win over
+    /// `[fabric]` table (cluster, kind, listen, model, rdma-device, gid-index, rdma-port,
+    /// tclass, sl) and `[runtime]`/`[server]` tables (as a topology file's). Flags win over
     /// the file, the file over --hosts.
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
