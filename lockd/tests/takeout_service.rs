@@ -341,8 +341,9 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
     });
     assert!(held.is_served() && !waiting.is_served());
 
-    // Bad flags and a node id in use are one-line errors with exit status 1. (Node ids
-    // are registered by the shm fabric's liveness files; verbs has no such registry.)
+    // A node id in use is a one-line error with exit status 1 (found while starting; node
+    // ids are registered by the shm fabric's liveness files, verbs has no such
+    // registry), a bad flag one with exit status 2 (a usage error).
     if FabricKind::from_env().unwrap() == FabricKind::Shm {
         let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
             .args(["--cluster", cluster.name(), "--node", "7", "--locks", "8"])
@@ -357,7 +358,7 @@ fn lockd_binary_serves_and_exits_on_sigterm() {
         .args(["--node", "8", "--locks", "0"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
 
     let status = child.terminate();

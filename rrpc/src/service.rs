@@ -743,14 +743,15 @@ fn finish<T: clap::Parser>(m: &clap::ArgMatches) -> Result<T, ArgsError> {
 }
 
 /// Parse the command line. `--help`/`--version` print and exit 0; a bad argument prints
-/// one line (`<name>: <what> (see --help)`) and exits 1.
+/// one line (`<name>: <what> (see --help)`) and exits 2, the usage-error code every
+/// binary of the project uses (1 is for errors while running).
 ///
 /// With `--hosts FILE`, the flags this process's role implies are added where not given
 /// (see the module's documentation); a problem with the file or the role prints
-/// `<name>: <file>: <table>: <what>` and exits 1.
+/// `<name>: <file>: <table>: <what>` and exits 2.
 ///
 /// The cluster secret the arguments give (see [`resolve_args_and_secret`]) becomes the
-/// process's ([`crate::auth::install`]); one that cannot be read prints why and exits 1.
+/// process's ([`crate::auth::install`]); one that cannot be read prints why and exits 2.
 pub fn parse_args<T: clap::Parser>(name: &str) -> T {
     let argv: Vec<OsString> = std::env::args_os().collect();
     match resolve_args_and_secret::<T>(name, argv, &topology::machine_hostname) {
@@ -762,7 +763,7 @@ pub fn parse_args<T: clap::Parser>(name: &str) -> T {
         }
         Err(e @ (ArgsError::Topology(_) | ArgsError::Other(_) | ArgsError::Secret(_))) => {
             eprintln!("{name}: {e}");
-            std::process::exit(1);
+            std::process::exit(2);
         }
         Err(ArgsError::Clap(e)) if !e.use_stderr() => {
             let _ = e.print();
@@ -775,7 +776,7 @@ pub fn parse_args<T: clap::Parser>(name: &str) -> T {
                 "{name}: {} (see --help)",
                 line.trim_start_matches("error: ")
             );
-            std::process::exit(1);
+            std::process::exit(2);
         }
     }
 }
