@@ -9,15 +9,6 @@ use std::time::Duration;
 
 use bench::history_out::HistoryLine;
 
-fn committed(r: &serde_json::Value) -> u64 {
-    r["types"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["committed"].as_u64().unwrap())
-        .sum()
-}
-
 #[test]
 fn two_cnodes_pass_every_check() {
     let (ok, stdout, sum) = common::txn_bench_watched(
@@ -57,7 +48,7 @@ fn two_cnodes_pass_every_check() {
             .sum();
         assert!(n > 0, "{row}");
     }
-    assert!(committed(r) > 0);
+    assert!(common::committed(r) > 0);
 }
 
 #[test]
@@ -115,7 +106,7 @@ fn a_killed_and_restarted_cnode_is_reported_and_both_incarnations_count() {
                     && e.contains("done in")),
             "{events:?}"
         );
-        assert!(committed(r) > 0);
+        assert!(common::committed(r) > 0);
     }
     let r = &runs[0];
     let events = cnode_events(r, &stdout);
@@ -143,7 +134,7 @@ fn a_killed_and_restarted_cnode_is_reported_and_both_incarnations_count() {
         per_incarnation.iter().all(|&n| n > 0),
         "{per_incarnation:?}\n{stdout}"
     );
-    assert!(committed(r) > 0);
+    assert!(common::committed(r) > 0);
 }
 
 #[test]
@@ -255,7 +246,7 @@ fn every_protocol_recovers_a_killed_cnode_on_smallbank() {
                     && (e.ends_with(", by cn 1") || e.ends_with(", by cn 2"))),
             "{events:?}"
         );
-        assert!(committed(r) > 0);
+        assert!(common::committed(r) > 0);
     }
 }
 
@@ -308,7 +299,7 @@ fn a_cnode_stopped_past_its_lease_is_fenced_and_recovered() {
                     && (e.ends_with(", by cn 0") || e.ends_with(", by cn 1"))),
             "{events:?}"
         );
-        assert!(committed(r) > 0);
+        assert!(common::committed(r) > 0);
     }
 }
 

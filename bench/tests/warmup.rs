@@ -9,16 +9,6 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-/// The reported commits of run `r`, summed over its types.
-fn committed(r: &serde_json::Value) -> u64 {
-    r["types"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["committed"].as_u64().unwrap())
-        .sum()
-}
-
 /// The warm-up of these runs: long enough that a loaded machine running a debug build
 /// still commits during it (the first transactions set up their connections).
 const WARMUP: &str = "1s";
@@ -30,8 +20,8 @@ fn assert_warmed_up(r: &serde_json::Value, stdout: &str) {
     let warm = r["warmup_committed"].as_u64().unwrap();
     let checked = r["checked_committed"].as_u64().unwrap();
     assert!(warm > 0, "nothing committed in the warm-up: {stdout}");
-    assert!(committed(r) < checked, "{stdout}");
-    assert_eq!(committed(r) + warm, checked, "{stdout}");
+    assert!(common::committed(r) < checked, "{stdout}");
+    assert_eq!(common::committed(r) + warm, checked, "{stdout}");
     assert!(
         stdout.contains("warm-up 1 s (not measured) + 1 s"),
         "{stdout}"
@@ -88,7 +78,7 @@ fn in_process_coordinators_report_after_the_warm_up_and_check_everything() {
         .iter()
         .map(|x| x.as_u64().unwrap())
         .sum();
-    assert_eq!(timeline, committed(r), "{stdout}");
+    assert_eq!(timeline, common::committed(r), "{stdout}");
 }
 
 #[test]

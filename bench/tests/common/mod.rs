@@ -355,6 +355,16 @@ pub fn txn_bench(name: &str, args: &[&str]) -> (String, serde_json::Value) {
     (stdout, summary)
 }
 
+/// The commits a `txn-bench` run reported (its JSON report `r`), summed over its types.
+pub fn committed(r: &serde_json::Value) -> u64 {
+    r["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["committed"].as_u64().unwrap())
+        .sum()
+}
+
 /// Commits a `txn-bench` run (its JSON report `r`, run with `--timeline-ms`) made in the
 /// timeline's intervals from `from_ms` on: a protocol stalled after a fault commits none.
 pub fn committed_from_ms(r: &serde_json::Value, from_ms: u64) -> u64 {
