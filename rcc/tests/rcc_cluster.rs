@@ -24,6 +24,19 @@ fn cfg(proto: Proto, variant: Variant) -> RunConfig {
     }
 }
 
+/// Fail with what the watchdog saw if run `what` stalled: when it fired, the aborts,
+/// the commits per interval and the checks (a leaked lock names its owner).
+fn assert_not_stalled(what: &str, o: &rcc::cluster::Outcome) {
+    assert!(
+        !o.stalled,
+        "{what}: stalled: {}; {} aborts; commits per 100 ms {:?}; checks {:?}",
+        o.stall.as_deref().unwrap_or("?"),
+        o.report.aborts,
+        o.report.per_interval,
+        o.audit
+    );
+}
+
 #[test]
 fn every_protocol_and_variant_passes_its_checks() {
     let sb = Arc::new(SmallBank {
@@ -45,14 +58,7 @@ fn every_protocol_and_variant_passes_its_checks() {
                 let what = format!("{} {} {}", wl.name(), p.name(), v.name());
                 let o = run(&cfg(p, v), wl).unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert!(o.report.error.is_none(), "{what}: {:?}", o.report.error);
-                assert!(
-                    !o.stalled,
-                    "{what}: stalled: {}; {} aborts; commits per 100 ms {:?}; checks {:?}",
-                    o.stall.as_deref().unwrap_or("?"),
-                    o.report.aborts,
-                    o.report.per_interval,
-                    o.audit
-                );
+                assert_not_stalled(&what, &o);
                 assert!(
                     o.report.commits > 20,
                     "{what}: {} commits",
@@ -360,14 +366,7 @@ fn every_protocol_and_variant_passes_the_new_order_check() {
             });
             let o = run(&cfg(p, v), wl).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(o.report.error.is_none(), "{what}: {:?}", o.report.error);
-            assert!(
-                !o.stalled,
-                "{what}: stalled: {}; {} aborts; commits per 100 ms {:?}; checks {:?}",
-                o.stall.as_deref().unwrap_or("?"),
-                o.report.aborts,
-                o.report.per_interval,
-                o.audit
-            );
+            assert_not_stalled(&what, &o);
             assert!(
                 o.report.commits > 20,
                 "{what}: {} commits",
