@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use anyhow::{bail, Context};
 use rrpc::fabric::Fabric;
-use rrpc::runtime::{block_on, join_all, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, join_all, ThreadCtx};
 use txn::coordinator::{ClusterAddrs, Protocol, TxnClient, TxnConfig};
 
 /// Rows read per round of one-sided READs (each row: its CVT, its version, its lock
@@ -172,7 +172,7 @@ impl Auditor {
         addrs: &ClusterAddrs,
         protocol: Protocol,
     ) -> anyhow::Result<Self> {
-        let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
+        let ctx = ThreadCtx::new(fabric.clone(), crate::run_runtime::get())?;
         // Audits read committed rows one-sided; Lotus's lock tables died with the run's
         // coordinators (its INVISIBLE cells count as held locks, `audit_row`).
         let protocol = if protocol.needs_lock_tables() {
@@ -545,7 +545,7 @@ pub(crate) fn replicas(
     addrs: &ClusterAddrs,
 ) -> anyhow::Result<txn::replica_audit::ReplicaAudit> {
     let t0 = std::time::Instant::now();
-    let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
+    let ctx = ThreadCtx::new(fabric.clone(), crate::run_runtime::get())?;
     let store =
         txn::cvt_remote::CvtRemote::connect_with(ctx.clone(), &addrs.memnodes, 16, run_view())
             .context("replica audit: connecting to the memory nodes")?;

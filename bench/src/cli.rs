@@ -156,16 +156,33 @@ impl FabricArgs {
 
 /// `--config FILE.toml`: the binary's settings from a file (see [`crate::config_file`]):
 /// top-level keys are its long flags, a `[fabric]` table holds `kind` (`--fabric`) and
-/// `model` (`--model`); flags on the command line win over the file.
+/// `model` (`--model`), `[runtime]` and `[server]` tables hold rrpc's settings
+/// ([`ConfigArg::rpc_settings`]); flags on the command line win over the file.
 #[derive(clap::Args, Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ConfigArg {
     /// TOML file of settings: top-level keys are this command's long flags and its
     /// subcommand's (`duration = "5s"`, `threads = 4`), a `[fabric]` table holds kind
-    /// (--fabric) and model (--model); `[runtime]` and `[server]` tables are refused.
-    /// Flags on the command line win over the file.
+    /// (--fabric) and model (--model), `[runtime]` and `[server]` tables hold rrpc's
+    /// runtime and server settings (`call-timeout-ms`, `max-ring-bytes`, ...). Flags on
+    /// the command line win over the file.
     #[arg(long, global = true, value_name = "FILE.toml")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    /// The rrpc settings of the benchmark's runtime contexts and servers: the file's
+    /// `[runtime]` and `[server]` over the defaults (the defaults without a file). The
+    /// binary's own flags win where it has them (a server core, a sweep's Rocket).
+    ///
+    /// Errors: the file cannot be read, or a table does not parse or validate (parsing
+    /// the command line checked them already, so only a file changed since fails here).
+    pub fn rpc_settings(&self) -> Result<rrpc::node::RpcSettings, crate::config_file::ConfigError> {
+        match &self.config {
+            Some(p) => crate::config_file::rpc_settings_in(p, rrpc::node::RpcSettings::default()),
+            None => Ok(rrpc::node::RpcSettings::default()),
+        }
+    }
 }
 
 /// `--duration` and `--warmup` (and their hidden millisecond aliases).

@@ -2,10 +2,13 @@
 //! long flags (kebab-case, or snake_case, which is read as kebab-case), and a `[fabric]`
 //! table (`kind`, `model`: the shared fabric flags), turned into flags that go before
 //! the command line's own, so that the command line wins (the command lets a flag
-//! override itself: clap's `args_override_self`). The service binaries' files have the
-//! same shape (`rrpc::settings_file`), where `[runtime]` and `[server]` apply too.
+//! override itself: clap's `args_override_self`), and `[runtime]` and `[server]` tables
+//! (rrpc's `RuntimeConfig` and `ServerConfig` keys, read by [`rpc_settings_in`]). The
+//! service binaries' files have the same shape (`rrpc::settings_file`).
 
 use std::path::{Path, PathBuf};
+
+use rrpc::node::RpcSettings;
 
 /// Why a `--config` file could not be used, or the command line did not parse.
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +44,8 @@ pub enum ConfigError {
 /// Errors (each naming the file, and the table and key): an unreadable or malformed
 /// file; a top-level key that is not a long flag of `cmd`, or is `config`; a value that
 /// is a table, an array or a date; a `[fabric]` key `cmd` has no flag for; a `[runtime]`
-/// or `[server]` table (the benchmark binaries build their rrpc settings from their own
-/// flags: those tables are for the service binaries' files and topology files, and are
-/// refused rather than ignored).
+/// or `[server]` table with an unknown key or a bad value (those tables are not flags:
+/// they are checked here and read by [`rpc_settings_in`]).
 pub fn config_flags(
     path: &Path,
     cmd: &clap::Command,
@@ -59,6 +61,7 @@ pub fn config_flags(
     };
     let has_flag = |long: &str| cmd.get_arguments().any(|a| a.get_long() == Some(long));
     let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    rpc_settings_of(path, &table, RpcSettings::default())?;
     let mut flags = Vec::new();
     for (key, value) in table {
         if let ("fabric", toml::Value::Table(t)) = (key.as_str(), &value) {
@@ -84,11 +87,7 @@ pub fn config_flags(
             continue;
         }
         if matches!(key.as_str(), "runtime" | "server") && value.is_table() {
-            return Err(bad(format!(
-                "[{key}]: {name} takes no [{key}] table (its rrpc settings come from its own \
-                 flags; [runtime] and [server] are for the service binaries' --config and \
-                 topology files)"
-            )));
+            continue;
         }
         let long = key.replace('_', "-");
         if long == "config" {
@@ -110,6 +109,55 @@ pub fn config_flags(
         .map_err(bad)?;
     }
     Ok(flags)
+}
+
+/// `base` with the `[runtime]` and `[server]` tables of the `--config` file `path` over
+/// it (rrpc's `RuntimeConfig` and `ServerConfig` keys, kebab-case, as in a topology file
+/// or a service's settings file); `base` itself when the file has neither. The benchmark
+/// binaries build their runtime contexts and RPC servers from these (a binary's own
+/// flags win where it has them: a server core, a Rocket geometry a sweep sets per point).
+///
+/// Errors: the file cannot be read or is not TOML; either table holds an unknown key or
+/// a value of a wrong type, or the settings do not validate (naming the file, the table
+/// and the key).
+pub fn rpc_settings_in(path: &Path, base: RpcSettings) -> Result<RpcSettings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::File {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })?;
+    rpc_settings_of(path, &table, base)
+}
+
+/// [`rpc_settings_in`] of the parsed file `table`.
+fn rpc_settings_of(
+    path: &Path,
+    table: &toml::Table,
+    base: RpcSettings,
+) -> Result<RpcSettings, ConfigError> {
+    let of = |name: &str| match table.get(name) {
+        Some(toml::Value::Table(t)) => t.clone(),
+        _ => toml::Table::new(),
+    };
+    let file = rrpc::settings_file::SettingsFile {
+        path: path.to_path_buf(),
+        runtime: of("runtime"),
+        server: of("server"),
+        ..Default::default()
+    };
+    file.rpc_settings_over(base).map_err(|e| match e {
+        rrpc::settings_file::SettingsError::Invalid { table, why, .. } => ConfigError::File {
+            path: path.to_path_buf(),
+            why: format!("{table}{why}"),
+        },
+        other => ConfigError::File {
+            path: path.to_path_buf(),
+            why: other.to_string(),
+        },
+    })
 }
 
 /// Append `flag` for `value` to `flags` (see [`config_flags`]); `what` names the key in
@@ -282,14 +330,9 @@ mod tests {
             ),
             ("[fabric]\nfabric = \"shm\"", "[fabric]: `fabric`"),
             ("[fabric]\nmodel = [1]", "[fabric]: `model` is a array"),
-            (
-                "[runtime]\ncall-timeout-ms = 5",
-                "[runtime]: demo takes no [runtime] table",
-            ),
-            (
-                "[server]\nthreads = 2",
-                "[server]: demo takes no [server] table",
-            ),
+            ("[runtime]\nbogus = 5", "[runtime]: unknown field `bogus`"),
+            ("[server]\nmax-ring-bytes = \"x\"", "[server]: "),
+            ("[runtime]\nsq-depth = 0", "[runtime]: "),
             ("config = \"other.toml\"", "cannot name another"),
             ("no-such = 1", "`no-such`: demo has no --no-such flag"),
             ("= 3", "in "),
@@ -301,6 +344,33 @@ mod tests {
         let e =
             config_flags(Path::new("/nonexistent/x.toml"), &Demo::command(), "demo").unwrap_err();
         assert!(e.to_string().contains("/nonexistent/x.toml"), "{e}");
+    }
+
+    /// `[runtime]` and `[server]` are no flags: they are read by `rpc_settings_in`, over
+    /// the base it is given; a file without them gives the base back.
+    #[test]
+    fn runtime_and_server_tables_are_the_rpc_settings() {
+        let text =
+            "theta = 0.5\n[runtime]\ncall-timeout-ms = 1234\n[server]\nmax-ring-bytes = 65536\n";
+        assert_eq!(flags(text).unwrap(), ["--theta", "0.5"]);
+        let f = write(text);
+        let s = rpc_settings_in(f.path(), RpcSettings::default()).unwrap();
+        assert_eq!(
+            s.runtime.call_timeout,
+            std::time::Duration::from_millis(1234)
+        );
+        assert_eq!(s.server.max_ring_bytes, 65536);
+        let base = RpcSettings::default();
+        assert_ne!(base.server.max_ring_bytes, 65536);
+        // Over a base: the file's keys win, the base's others stay.
+        let mut over = RpcSettings::default();
+        over.runtime.sq_depth = 77;
+        over.server.max_ring_bytes = 1 << 20;
+        let s = rpc_settings_in(f.path(), over).unwrap();
+        assert_eq!(s.runtime.sq_depth, 77);
+        assert_eq!(s.server.max_ring_bytes, 65536);
+        let plain = write("theta = 0.5\n");
+        assert_eq!(rpc_settings_in(plain.path(), base.clone()).unwrap(), base);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rrpc::fabric::Fabric;
-use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, ThreadCtx};
 use serde::Serialize;
 use txn::coordinator::ClusterAddrs;
 use txn::cvt_remote::CvtRemote;
@@ -224,7 +224,7 @@ impl ViewManager {
             cnodes.is_empty() || etcd.is_some(),
             "coordinator processes follow the replica views through etcd, and this run has none"
         );
-        let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())?;
+        let ctx = ThreadCtx::new(fabric.clone(), crate::run_runtime::get())?;
         // It follows the views it publishes, so that it reaches a restarted memory
         // node's new regions as the coordinators do.
         let store = Rc::new(

@@ -15,8 +15,8 @@ use crate::launcher::Place;
 use crate::txn_args::Args;
 
 /// Load the topology `args.hosts` names and fill in what it decides for this process:
-/// the fabric, the number of memory nodes, the coordinators' runtime settings (the file's
-/// `[runtime]`), and their RDMA device, port and GID index (unless given). Errors: the file does not load or check; it has no memory
+/// the fabric, the number of memory nodes, the run's rrpc settings (the file's
+/// `[runtime]` and `[server]`, which a `--config` file's go over), and the coordinators' RDMA device, port and GID index (unless given). Errors: the file does not load or check; it has no memory
 /// node or no oracle; `--memnodes` or `--fabric` given otherwise.
 pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
     let Some(path) = args.hosts.clone() else {
@@ -30,7 +30,7 @@ pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
     );
     args.fabric_args.fabric = topo.fabric;
     args.memnodes = topo.memnodes.len() as u32;
-    args.runtime = Some(topo.runtime.clone());
+    args.rpc = Some(topo.rpc_settings());
     if let Some(c) = topo.coordinators.first() {
         let h = topo.host_of(c);
         if args.rdma_device.is_none() {
@@ -47,6 +47,8 @@ pub(crate) fn apply(args: &mut Args) -> anyhow::Result<()> {
 pub(crate) struct Layout {
     topo: Topology,
     logs: PathBuf,
+    /// The services' rrpc settings (the topology's, unless [`Layout::with_rpc`]).
+    rpc: rrpc::node::RpcSettings,
 }
 
 /// Where a coordinator process runs as the topology places it.
@@ -71,11 +73,24 @@ pub(crate) struct Planned {
     pub node: u32,
     /// Its `--listen` address (`ctrl-ip:port`).
     pub listen: String,
-    /// Its host's fabric flags, its `--cpus` and `--numa`, and the file's `[runtime]`
-    /// and `[server]` as `--rpc-settings` (when not the defaults).
+    /// Its host's fabric flags, its `--cpus` and `--numa`, and the rrpc settings (the
+    /// file's `[runtime]` and `[server]`, or [`Layout::with_rpc`]'s) as `--rpc-settings`
+    /// (when not the defaults).
     pub flags: Vec<String>,
     /// Its log file.
     pub log: PathBuf,
+}
+
+/// `--rpc-settings JSON` for a service that runs with `rpc`, or nothing when `rpc` is
+/// the defaults (every service binary takes the flag; it wins over their files).
+pub(crate) fn rpc_settings_flag(rpc: &rrpc::node::RpcSettings) -> Vec<String> {
+    if *rpc == rrpc::node::RpcSettings::default() {
+        return Vec::new();
+    }
+    vec![
+        "--rpc-settings".into(),
+        serde_json::to_string(rpc).expect("RpcSettings serializes"),
+    ]
 }
 
 impl Layout {
@@ -97,7 +112,15 @@ impl Layout {
     /// [`Layout::of`] without creating the log directory (a dry run).
     pub(crate) fn planned(topo: Topology, cluster: &str) -> Self {
         let logs = log_dir_of(&topo, cluster);
-        Self { topo, logs }
+        let rpc = topo.rpc_settings();
+        Self { topo, logs, rpc }
+    }
+
+    /// The layout with `rpc` as the services' rrpc settings instead of the topology's
+    /// (`txn-bench --config`'s `[runtime]` and `[server]` over the topology's).
+    pub(crate) fn with_rpc(mut self, rpc: rrpc::node::RpcSettings) -> Self {
+        self.rpc = rpc;
+        self
     }
 
     /// Where the run's logs go.
@@ -129,13 +152,7 @@ impl Layout {
                 if let Some(n) = role.numa.or(host.numa) {
                     f.extend(["--numa".into(), n.to_string()]);
                 }
-                let rpc = self.topo.rpc_settings();
-                if rpc != rrpc::node::RpcSettings::default() {
-                    f.extend([
-                        "--rpc-settings".into(),
-                        serde_json::to_string(&rpc).expect("RpcSettings serializes"),
-                    ]);
-                }
+                f.extend(rpc_settings_flag(&self.rpc));
                 f
             },
             log: self
@@ -271,15 +288,15 @@ mod tests {
         let p = std::env::temp_dir().join(format!("hosts-rt-{}.toml", std::process::id()));
         std::fs::write(&p, text).unwrap();
         let mut args = Args::parse_from(["txn-bench", "--hosts", p.to_str().unwrap()]);
-        assert!(args.runtime.is_none());
+        assert!(args.rpc.is_none());
         apply(&mut args).unwrap();
-        let rt = args.runtime.clone().unwrap();
+        let rt = args.runtime();
         assert_eq!(rt.call_timeout, std::time::Duration::from_millis(1234));
         let spec: Args = serde_json::from_str(&serde_json::to_string(&args).unwrap()).unwrap();
-        assert_eq!(spec.runtime, Some(rt), "a coordinator process's run spec");
+        assert_eq!(spec.runtime(), rt, "a coordinator process's run spec");
         let mut plain = Args::parse_from(["txn-bench"]);
         apply(&mut plain).unwrap();
-        assert!(plain.runtime.is_none(), "without --hosts: the defaults");
+        assert!(plain.rpc.is_none(), "without --hosts: the defaults");
         std::fs::remove_file(&p).unwrap();
     }
 

@@ -29,6 +29,7 @@ pub mod recoverer;
 pub mod remote;
 pub mod report;
 pub mod routing;
+pub(crate) mod run_runtime;
 pub mod smallbank;
 pub mod tatp;
 pub mod timeline;

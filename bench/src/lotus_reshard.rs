@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use lockd::shard::{Move, MoveState};
 use rrpc::fabric::Fabric;
-use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, ThreadCtx};
 
 /// How long a move waits for the range's locks to be released before it is cancelled
 /// (Lotus 4.3's drain wait, 10 ms).
@@ -82,7 +82,7 @@ pub fn force_move(
     from: u32,
     to: u32,
 ) -> anyhow::Result<Resharded> {
-    let ctx = ThreadCtx::new(fabric.clone(), RuntimeConfig::default())
+    let ctx = ThreadCtx::new(fabric.clone(), crate::run_runtime::get())
         .context("resharding: a thread context")?;
     for a in addrs {
         ctx.connect_rpc(*a)
@@ -161,7 +161,7 @@ impl LoopThread {
         let handle = std::thread::Builder::new()
             .name("reshard-loop".into())
             .spawn(move || -> anyhow::Result<()> {
-                let ctx = ThreadCtx::new(fabric, RuntimeConfig::default())
+                let ctx = ThreadCtx::new(fabric, crate::run_runtime::get())
                     .context("resharding loop: a thread context")?;
                 for a in &addrs {
                     ctx.connect_rpc(*a).with_context(|| {

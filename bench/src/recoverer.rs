@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rrpc::fabric::Fabric;
-use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{block_on, ThreadCtx};
 use txn::coordinator::{ClusterAddrs, Protocol, TxnClient, TxnConfig};
 use txn::recovery::RecoveryReport;
 
@@ -65,7 +65,7 @@ impl Recoverer {
         let thread = std::thread::Builder::new()
             .name("recoverer".into())
             .spawn(move || {
-                let client = ThreadCtx::new(fabric, RuntimeConfig::default())
+                let client = ThreadCtx::new(fabric, crate::run_runtime::get())
                     .map_err(|e| e.to_string())
                     .and_then(|ctx| {
                         // Recovery is one-sided; Lotus's lock tables live in the

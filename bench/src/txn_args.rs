@@ -27,7 +27,10 @@ use crate::workload::Workload;
 pub struct Args {
     /// Read the experiment's settings from this TOML file: its keys are this command's
     /// long flags (`workload = "tpcc"`, `warehouses = 4`, `protocol = "all"`,
-    /// `no-check = true`); flags on the command line win over the file.
+    /// `no-check = true`), a `[fabric]` table holds kind (--fabric) and model (--model),
+    /// `[runtime]` and `[server]` tables hold rrpc's settings for the coordinators and the
+    /// services this command starts (over --hosts' file's); flags on the command line win
+    /// over the file.
     #[arg(long, value_name = "FILE.toml")]
     pub config: Option<PathBuf>,
     /// Run a suite instead of this command's workloads: rcc (RCC's concurrency-control
@@ -193,12 +196,14 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     #[serde(default)]
     pub hosts: Option<PathBuf>,
-    /// The coordinators' runtime settings: with --hosts, the topology file's
-    /// `[runtime]` (set by `txn-bench`, carried to coordinator processes in their
-    /// `--run-spec`); the defaults otherwise. Not a flag.
+    /// The run's rrpc settings: the topology file's `[runtime]` and `[server]` (with
+    /// --hosts), with the --config file's over them (set by `txn-bench`). The
+    /// coordinators' runtimes take `runtime` (coordinator processes through their
+    /// `--run-spec`); the services it starts take both as `--rpc-settings` when they
+    /// differ from the defaults. `None`: the defaults. Not a flag.
     #[arg(skip)]
     #[serde(default)]
-    pub runtime: Option<rrpc::runtime::RuntimeConfig>,
+    pub rpc: Option<rrpc::node::RpcSettings>,
     /// With --hosts: print the command line of every service (per host) and exit
     /// without starting anything.
     #[arg(long)]
@@ -765,6 +770,14 @@ impl Args {
     /// [`crate::txnbench::run`] resolved it, the model chosen then.
     pub fn model(&self) -> String {
         self.fabric_args.model().unwrap_or_else(|_| "none".into())
+    }
+
+    /// The coordinators' runtime settings ([`Args::rpc`]'s, else the defaults).
+    pub fn runtime(&self) -> rrpc::runtime::RuntimeConfig {
+        self.rpc
+            .as_ref()
+            .map(|r| r.runtime.clone())
+            .unwrap_or_default()
     }
 
     /// The measured time of each run, seconds.

@@ -140,6 +140,11 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     // Flag and topology errors, found before anything starts, are usage errors (exit 2).
     use crate::cli::as_usage;
     as_usage(crate::hosts::apply(&mut args))?;
+    if let Some(p) = &args.config {
+        let base = args.rpc.clone().unwrap_or_default();
+        args.rpc = Some(as_usage(crate::config_file::rpc_settings_in(p, base))?);
+    }
+    crate::run_runtime::set(args.runtime());
     args.fabric_args.model = Some(args.fabric_args.model()?);
     as_usage(args.validate())?;
     let workload = as_usage(workload_spec(&args))?;
@@ -656,7 +661,10 @@ impl RunCluster {
         let layout = args
             .hosts
             .as_deref()
-            .map(|p| crate::hosts::Layout::load(p, cluster_name))
+            .map(|p| {
+                crate::hosts::Layout::load(p, cluster_name)
+                    .map(|l| l.with_rpc(args.rpc.clone().unwrap_or_default()))
+            })
             .transpose()?;
         let mut common = vec!["--model".to_string(), args.model()];
         if layout.is_none() {
@@ -667,6 +675,11 @@ impl RunCluster {
             if let Some(g) = args.gid_index {
                 common.extend(["--gid-index".into(), g.to_string()]);
             }
+            // `--config`'s `[runtime]` and `[server]` (with --hosts: in each service's
+            // host flags).
+            common.extend(crate::hosts::rpc_settings_flag(
+                &args.rpc.clone().unwrap_or_default(),
+            ));
         }
         if let Some(l) = &layout {
             eprintln!("services' logs: {}", l.log_dir().display());
@@ -1134,7 +1147,7 @@ fn measure(
             incarnation: 0,
             ledger: None,
             qp_errors: args.qp_errors_ms.map(Duration::from_millis),
-            runtime: args.runtime.clone().unwrap_or_default(),
+            runtime: args.runtime(),
             reconnect_give_up: args
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),

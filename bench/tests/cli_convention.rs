@@ -4,7 +4,8 @@
 //! and their `--json` file is JSON Lines starting with the metadata record, each point's
 //! latencies with an HDR histogram that decodes to the record's count; a bad flag value,
 //! or a flag value refused before anything runs, exits 2. Each takes `--config FILE.toml`
-//! (its long flags as keys, a `[fabric]` table), and a bad file exits 2.
+//! (its long flags as keys, a `[fabric]` table, `[runtime]` and `[server]` tables that
+//! reach its clients and servers), and a bad file exits 2.
 
 mod common;
 
@@ -186,6 +187,57 @@ fn every_binary_takes_a_config_file_with_a_fabric_table_and_flags_win() {
     }
 }
 
+/// `[server]` reaches the servers a benchmark starts (and, for `txn-bench`, the services
+/// it starts as processes): with a ring limit below the clients' default Rocket (64 x
+/// 512 B) every connection is refused and the run fails, exit 1, saying so. `[runtime]`
+/// reaches the clients (and `txn-bench`'s coordinators and audits): with a Rocket within
+/// that limit the same run passes. `index-bench` is left out: its clients use one-sided
+/// operations only, which no Rocket carries.
+#[test]
+fn the_config_files_runtime_and_server_reach_clients_and_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small-ring.toml");
+    std::fs::write(&small, "[server]\nmax-ring-bytes = 16384\n").unwrap();
+    let both = dir.path().join("small-rocket.toml");
+    std::fs::write(
+        &both,
+        "[runtime]\nrocket = { bucket-size = 512, buckets = 16 }\n\
+         [server]\nmax-ring-bytes = 16384\n",
+    )
+    .unwrap();
+    for (name, mut args) in short_runs() {
+        if name == "index-bench" {
+            continue;
+        }
+        if name == "tso-bench" {
+            // The RPC oracle: its clients call the oracle's server through a Rocket.
+            let m = args.iter().position(|a| *a == "faa").unwrap();
+            args[m] = "rpc-oracle";
+        }
+        let with = |cfg: &std::path::Path| {
+            let mut a = args.clone();
+            a.extend(["--config", cfg.to_str().unwrap()]);
+            run(name, &a)
+        };
+        let out = with(&small);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}, [server] only: {err}");
+        assert!(
+            err.contains(
+                "Rocket ring of 64 buckets x 512 bytes exceeds this server's limit of 16384 bytes"
+            ),
+            "{name}: the server's limit is the file's: {err}"
+        );
+        let out = with(&both);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{name}, [runtime] with a 16 x 512 B Rocket: {}\n{err}",
+            out.status
+        );
+    }
+}
+
 #[test]
 fn a_bad_config_file_exits_2_naming_file_table_and_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -200,10 +252,8 @@ fn a_bad_config_file_exits_2_naming_file_table_and_key() {
         for (text, want) in [
             ("[fabric]\nbogus = 1\n", "[fabric]: `bogus`"),
             ("no-such-key = 1\n", "`no-such-key`"),
-            (
-                "[runtime]\ncall-timeout-ms = 5\n",
-                "takes no [runtime] table",
-            ),
+            ("[runtime]\nbogus = 5\n", "[runtime]: unknown field `bogus`"),
+            ("[server]\nmax-ring-bytes = \"x\"\n", "[server]: "),
             ("seed = \"x\"\n", "'x'"),
         ] {
             std::fs::write(&cfg, text).unwrap();

@@ -438,6 +438,56 @@ fn a_dry_run_prints_each_hosts_command_lines_and_starts_nothing() {
     );
 }
 
+/// `--config`'s `[runtime]` and `[server]` go over the topology file's: each service's
+/// `--rpc-settings` holds the topology's `call-timeout-ms` (2000 in the example) with the
+/// config file's `sq-depth` and `max-ring-bytes` over the defaults.
+#[test]
+fn a_config_files_rpc_settings_go_over_the_topologys_to_every_service() {
+    let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/two-hosts.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("rpc.toml");
+    std::fs::write(
+        &cfg,
+        "[runtime]\nsq-depth = 256\n[server]\nmax-ring-bytes = 65536\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .env("RRPC_MODEL", common::model_env())
+        .args([
+            "--hosts",
+            topo.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+            "--dry-run",
+            "--protocol",
+            "scythe",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("[dry-run]"))
+        .collect();
+    assert_eq!(lines.len(), 4, "two memory nodes, tso, lockd: {stdout}");
+    for l in lines {
+        let json = l
+            .split("--rpc-settings '")
+            .nth(1)
+            .and_then(|r| r.split('\'').next())
+            .unwrap_or_else(|| panic!("no --rpc-settings in {l}"));
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(v["runtime"]["call-timeout-ms"], 2000, "the topology's: {l}");
+        assert_eq!(v["runtime"]["sq-depth"], 256, "the config file's: {l}");
+        assert_eq!(
+            v["server"]["max-ring-bytes"], 65536,
+            "the config file's: {l}"
+        );
+    }
+}
+
 #[test]
 fn a_hosts_cpus_reach_its_services() {
     // node2 of the four-host example runs memory node 2 and has cpus = "0-15".

@@ -33,7 +33,7 @@ use rand_distr::{Distribution, Zipf};
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::{Fabric, FabricConfig};
 use rrpc::node::{Node, NodeConfig};
-use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{Executor, ThreadCtx};
 use rrpc::NodeId;
 use rtx::blink::check::{check_quiescent, check_tree};
 use rtx::blink::optimal::Optimal;
@@ -359,13 +359,15 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
     let (mr, export) = host(&f, layout)?;
     let mut exports = std::collections::BTreeMap::new();
     exports.insert(EXPORT_KEY.into(), serde_json::to_value(export)?);
-    let node = Node::start(
+    let rpc = args.config.rpc_settings()?;
+    let node = Node::start_with(
         f,
         NodeConfig::new("rtx-mn", "127.0.0.1:0".parse()?).with_exports(exports),
+        rpc.server.clone(),
     )?;
     let mn = node.addr();
     let connect = |node: u32| -> Result<(Rc<ThreadCtx>, RrpcMem)> {
-        let ctx = ThreadCtx::new(open(node)?, RuntimeConfig::default())?;
+        let ctx = ThreadCtx::new(open(node)?, rpc.runtime.clone())?;
         let (mem, l) = rtx::host::connect(&ctx, mn)?;
         anyhow::ensure!(l == layout, "exported layout differs");
         Ok((ctx, mem))

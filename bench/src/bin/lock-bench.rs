@@ -38,7 +38,7 @@ use lockd::words::{WordTable, CAS_EXPORT, DSLR_EXPORT};
 use rrpc::fabric::shm::ClusterGuard;
 use rrpc::fabric::Fabric;
 use rrpc::node::{Node, NodeConfig};
-use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{Executor, ThreadCtx};
 use rrpc::server::ServerConfig;
 
 #[derive(Parser, Debug)]
@@ -123,11 +123,17 @@ struct Common {
     #[arg(long, global = true)]
     service_core: Option<usize>,
     /// Longest sleep of the lock service's thread when idle, microseconds
-    /// (`rrpc::server::ServerConfig::idle_sleep_us`; 0: it only yields its core).
+    /// (`rrpc::server::ServerConfig::idle_sleep_us`; 0: the --config file's `[server]`
+    /// idle-sleep-us, whose default 0 only yields the core).
     #[arg(long, global = true, default_value_t = 0)]
     service_idle_sleep_us: u64,
     #[command(flatten)]
     side: SideArgs,
+    /// The rrpc settings of the clients' runtime contexts and the lock service's server:
+    /// `--config`'s `[runtime]` and `[server]` over the defaults (set by `run`; not a
+    /// flag). `--service-core` and `--service-idle-sleep-us` win over `[server]`.
+    #[arg(skip)]
+    rpc: rrpc::node::RpcSettings,
 }
 
 impl Common {
@@ -298,6 +304,7 @@ fn main() {
 }
 
 fn run(mut args: Args) -> Result<()> {
+    args.common.rpc = cli::as_usage(args.common.config.rpc_settings())?;
     let kind = args.common.fabric.fabric;
     let model_arg = args.common.fabric.model()?;
     let model = cli::as_usage(rrpc::fabric::model::TimingModel::load(&model_arg))?;
@@ -310,7 +317,9 @@ fn run(mut args: Args) -> Result<()> {
         let banner = [format!(
             "lock-bench | fabric: {kind} | timing model: {model_desc} | serving lock services (fairness, single) for --connect clients"
         )];
-        return remote::serve("lock-bench", &spec, side, &banner, &start_service);
+        let server = args.common.rpc.server.clone();
+        let start = move |p: &serde_json::Value, env: &PointEnv<'_>| start_service(p, env, &server);
+        return remote::serve("lock-bench", &spec, side, &banner, &start);
     }
     let Some(cmd) = args.cmd.take() else {
         return Err(cli::usage(
@@ -827,8 +836,13 @@ struct Service {
 }
 
 /// Start a lock service node: `locks` Takeout Locks and the baselines' CAS and DSLR
-/// words, the server side of a point, here or on the `--serve` process.
-fn start_service(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Started> {
+/// words, the server side of a point, here or on the `--serve` process, with `server`'s
+/// settings under the point's core and idle sleep.
+fn start_service(
+    params: &serde_json::Value,
+    env: &PointEnv<'_>,
+    server: &ServerConfig,
+) -> Result<Started> {
     let p: ServiceParams =
         serde_json::from_value(params.clone()).context("the lock service's parameters")?;
     let f = env.open(NodeId(1))?;
@@ -849,9 +863,14 @@ fn start_service(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Start
         NodeConfig::new("lockd", env.listen())
             .with_exports(exports)
             .rpc(table.handlers(), 1),
-        ServerConfig::default()
+        server
+            .clone()
             .with_cores(p.core.into_iter().collect())
-            .with_idle_sleep_us(p.idle_sleep_us),
+            .with_idle_sleep_us(if p.idle_sleep_us != 0 {
+                p.idle_sleep_us
+            } else {
+                server.idle_sleep_us
+            }),
     )?;
     Ok(Started {
         addr: node.addr(),
@@ -880,7 +899,8 @@ fn measure_probed(
         cold_watermark: c.cold_watermark,
         hot_watermark: v.hot_watermark.unwrap_or(c.hot_watermark),
     };
-    let point = sides.point(&serde_json::to_value(&params)?, &start_service)?;
+    let start = |p: &serde_json::Value, env: &PointEnv<'_>| start_service(p, env, &c.rpc.server);
+    let point = sides.point(&serde_json::to_value(&params)?, &start)?;
     // The queue probe reads the service's memory: one process only.
     let table = match (&probe, point.local::<Service>()) {
         (None, _) => None,
@@ -920,7 +940,7 @@ fn measure_probed(
                     if let Some(core) = c.client_core(t) {
                         let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
                     }
-                    let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
+                    let ctx = ThreadCtx::new(open(100 + t as u32)?, c.rpc.runtime.clone())
                         .map_err(anyhow::Error::msg)?;
                     let info = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?;
                     let lc = Rc::new(LockClient::from_info(&info)?);
@@ -1257,9 +1277,10 @@ fn measure_table(
         Arc::new(LotusTable::with_bytes(table_bytes)),
         Ownership::new(1, map.clone()),
     ));
-    let node = Node::start(
+    let node = Node::start_with(
         open(1)?,
         NodeConfig::new("lockd", "127.0.0.1:0".parse()?).rpc(svc.handlers(), 1),
+        c.rpc.server.clone(),
     )?;
     let addr = node.addr();
     let t0 = Instant::now();
@@ -1269,7 +1290,7 @@ fn measure_table(
             .map(|t| {
                 let (open, svc, map) = (&open, svc.clone(), map.clone());
                 s.spawn(move || -> Result<TablePoint> {
-                    let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
+                    let ctx = ThreadCtx::new(open(100 + t as u32)?, c.rpc.runtime.clone())
                         .map_err(anyhow::Error::msg)?;
                     let local = match place {
                         Placement::Local => Some(svc),

@@ -84,6 +84,10 @@ struct Common {
     coroutines: usize,
     #[command(flatten)]
     side: SideArgs,
+    /// The rrpc settings of the clients' runtime contexts and the server: `--config`'s
+    /// `[runtime]` and `[server]` over the defaults (set by `run`; not a flag).
+    #[arg(skip)]
+    rpc: rrpc::node::RpcSettings,
 }
 
 impl Common {
@@ -161,7 +165,8 @@ fn main() {
     bench::bench_main::<Args>("rrpc-bench", DEFAULTS, run);
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(mut args: Args) -> Result<()> {
+    args.common.rpc = cli::as_usage(args.common.config.rpc_settings())?;
     let c = &args.common;
     let cores = core_affinity::get_core_ids().map_or(0, |v| v.len());
     if c.server_core >= cores.max(1) || c.client_core >= cores.max(1) {
@@ -182,9 +187,8 @@ fn run(args: Args) -> Result<()> {
             model.as_ref().map_or_else(|| "none".to_string(), |m| m.describe()),
             c.server_core
         )];
-        let server_core = c.server_core;
-        let start =
-            move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, server_core);
+        let server = c.rpc.server.clone().with_cores(vec![c.server_core]);
+        let start = move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, &server);
         return remote::serve("rrpc-bench", &spec, side, &banner, &start);
     }
     let Some(cmd) = &args.cmd else {
@@ -328,11 +332,16 @@ struct Bed<'s> {
     point: ServerPoint<'s>,
     spec: &'s FabricSpec,
     next_node: std::sync::atomic::AtomicU32,
+    runtime: RuntimeConfig,
 }
 
-/// The server side of a `Bed`: a node serving GEN with one server thread pinned to
-/// `server_core` (no parameters).
-fn start_server(_: &serde_json::Value, env: &PointEnv<'_>, server_core: usize) -> Result<Started> {
+/// The server side of a `Bed`: a node serving GEN with one server thread and `server`'s
+/// settings (its cores: `--server-core`; no parameters).
+fn start_server(
+    _: &serde_json::Value,
+    env: &PointEnv<'_>,
+    server: &ServerConfig,
+) -> Result<Started> {
     let f = env.open(NodeId(1))?;
     let mut h = Handlers::new();
     h.register(GEN, |req, out| {
@@ -354,7 +363,7 @@ fn start_server(_: &serde_json::Value, env: &PointEnv<'_>, server_core: usize) -
     let node = Node::start_with(
         f,
         NodeConfig::new("rrpc-bench", env.listen()).rpc(h, 1),
-        ServerConfig::default().with_cores(vec![server_core]),
+        server.clone(),
     )?;
     Ok(Started {
         addr: node.addr(),
@@ -366,14 +375,20 @@ fn start_server(_: &serde_json::Value, env: &PointEnv<'_>, server_core: usize) -
 impl<'s> Bed<'s> {
     /// The server side of one experiment.
     fn new(c: &Common, sides: &'s Sides) -> Result<Self> {
-        let server_core = c.server_core;
-        let start =
-            move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, server_core);
+        let server = c.rpc.server.clone().with_cores(vec![c.server_core]);
+        let start = move |p: &serde_json::Value, env: &PointEnv<'_>| start_server(p, env, &server);
         Ok(Self {
             point: sides.point(&serde_json::Value::Null, &start)?,
             spec: sides.spec(),
             next_node: std::sync::atomic::AtomicU32::new(100),
+            runtime: c.rpc.runtime.clone(),
         })
+    }
+
+    /// The clients' runtime settings (`--config`'s `[runtime]`, else the defaults), for
+    /// a point to adjust (its batching, its Rocket).
+    fn runtime(&self) -> RuntimeConfig {
+        self.runtime.clone()
     }
 
     /// The server's bootstrap address.
@@ -625,10 +640,11 @@ fn drive_with_idle(
     })
 }
 
-/// Largest Rocket ring the bench's server admits, bytes: every point's geometry stays
-/// within it.
-fn ring_limit() -> usize {
-    ServerConfig::default().max_ring_bytes
+/// Largest Rocket ring the bench's server admits, bytes (`--config`'s `[server]
+/// max-ring-bytes`, else the default; a `--serve` side's own file sets its own): every
+/// point's geometry stays within it.
+fn ring_limit(c: &Common) -> usize {
+    c.rpc.server.max_ring_bytes
 }
 
 fn human(bytes: usize) -> String {
@@ -653,7 +669,7 @@ fn batching(
          the four modes interleaved: {slices} rounds of one {} ms slice each, order rotating; Mcalls/s is the median slice's, \
          each ratio the median of the rounds' ratios",
         c.coroutines,
-        ring_limit(),
+        ring_limit(c),
         (c.duration_ms() / slices.max(1) as u64).max(1)
     );
     on_core(c.client_core, || {
@@ -792,14 +808,12 @@ fn batching_on(
     let mut ratio64 = None;
     let mut min_ratio = None::<(usize, f64)>;
     for &size in sizes {
-        let rocket = RocketConfig::for_messages(size, per_bucket, ring_limit())
+        let rocket = RocketConfig::for_messages(size, per_bucket, ring_limit(c))
             .with_context(|| format!("a Rocket for {size} B messages"))?;
         let cs = Batching::ALL
             .iter()
             .map(|&b| {
-                let cfg = RuntimeConfig::default()
-                    .with_batching(b)
-                    .with_rocket(rocket);
+                let cfg = bed.runtime().with_batching(b).with_rocket(rocket);
                 let (ctx, node) = bed.client(cfg)?;
                 Ok(Contender {
                     ctx,
@@ -928,7 +942,7 @@ fn modes(
         "\n== modes (Scythe Fig. 10): reply payload by pure RPC, RPC + READ, zero-copy | 1 client thread x {coroutines} coroutines | request 8 B | \
          pure RPC's Rocket sized per point at connection time for {MODE_REPLIES_PER_BUCKET} replies per bucket (fewer where two buckets would not fit), at most 64 buckets and {} B per ring (the server's limit) | \
          the three modes interleaved: {MODE_SLICES} rounds of one {} ms slice each, order rotating; Kcalls/s is the median slice's, each ratio the median of the rounds' ratios",
-        ring_limit(),
+        ring_limit(c),
         (c.duration_ms() / MODE_SLICES as u64).max(1)
     );
     on_core(c.client_core, || {
@@ -1027,12 +1041,12 @@ fn modes_on(
             // ring limit (for 1 MiB, three buckets of one reply each). The hybrid modes'
             // replies are a few bytes.
             let rocket = if *mode == ReplyMode::Rpc {
-                RocketConfig::for_messages(size, MODE_REPLIES_PER_BUCKET, ring_limit())
+                RocketConfig::for_messages(size, MODE_REPLIES_PER_BUCKET, ring_limit(c))
                     .with_context(|| format!("a Rocket for {size} B replies"))?
             } else {
                 RocketConfig::default()
             };
-            let cfg = RuntimeConfig::default().with_rocket(rocket);
+            let cfg = bed.runtime().with_rocket(rocket);
             let (ctx, node) = bed.client(cfg)?;
             cs.push(Contender {
                 ctx,
@@ -1104,7 +1118,7 @@ fn modes_on(
     // the extra copy takes as long as the extra round trip.
     let predicted = model.map(|m| {
         let extra = read_extra_ns(m);
-        let rate = copy_rate(64 << 10, ring_limit());
+        let rate = copy_rate(64 << 10, ring_limit(c));
         (extra, rate, (extra as f64 * rate) as u64)
     });
     if let (Some(m), Some((extra, rate, at))) = (model, predicted) {
@@ -1176,7 +1190,7 @@ fn latency(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
                                 pin((c.client_core + t * cores.saturating_sub(1).max(1))
                                     % cores.max(1));
                                 let f = spec.open(&cluster, NodeId(base + t as u32))?;
-                                let ctx = ThreadCtx::new(f, RuntimeConfig::default())
+                                let ctx = ThreadCtx::new(f, c.rpc.runtime.clone())
                                     .map_err(anyhow::Error::msg)?;
                                 let node = ctx.connect_rpc(addr).map_err(anyhow::Error::msg)?.node;
                                 let opts = CallOpts {
@@ -1218,7 +1232,7 @@ fn latency(c: &Common, sides: &Sides) -> Result<serde_json::Value> {
     // drift. The idle coroutines wait on a gate opened when the caller is done.
     const IDLE: usize = 63;
     let (alone, crowd) = on_core(c.client_core, || {
-        let (ctx, node) = bed.client(RuntimeConfig::default())?;
+        let (ctx, node) = bed.client(bed.runtime())?;
         let opts = CallOpts {
             reply_len: Some(32),
             ..CallOpts::default()
@@ -1285,7 +1299,7 @@ fn small_rpc(c: &Common, bed: &Bed) -> Result<(f64, f64)> {
         Duration::from_millis(c.duration_ms()),
     );
     let p = on_core(c.client_core, || {
-        let (ctx, node) = bed.client(RuntimeConfig::default())?;
+        let (ctx, node) = bed.client(bed.runtime())?;
         drive(
             &ctx,
             node,
@@ -1325,7 +1339,7 @@ fn fabric_floor_rtt(sides: &Sides, cfg: &PeerConfig) -> Result<RttSamples> {
 fn rrpc_rtt(c: &Common, sides: &Sides, cfg: &PeerConfig) -> Result<RttSamples> {
     let bed = Bed::new(c, sides)?;
     let p = on_core(cfg.client_core, || {
-        let (ctx, node) = bed.client(RuntimeConfig::default())?;
+        let (ctx, node) = bed.client(bed.runtime())?;
         drive(
             &ctx,
             node,

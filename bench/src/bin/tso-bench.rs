@@ -41,7 +41,7 @@ use bench::remote::{self, FabricSpec, PointEnv, SideArgs, Sides, Started};
 use bench::{cli, jsonl};
 use rrpc::fabric::Fabric;
 use rrpc::node::{Node, NodeConfig};
-use rrpc::runtime::{Executor, RuntimeConfig, ThreadCtx};
+use rrpc::runtime::{Executor, ThreadCtx};
 use rrpc::server::Handlers;
 use rrpc::typed::zerocopy::little_endian::U64;
 use rrpc::typed::{Fixed, Rpc};
@@ -124,6 +124,11 @@ struct Args {
     modes: Vec<Mode>,
     #[command(flatten)]
     side: SideArgs,
+    /// The rrpc settings of the clients' runtime contexts, the oracle's server and the
+    /// proxy's: `--config`'s `[runtime]` and `[server]` over the defaults (set by `run`;
+    /// not a flag).
+    #[arg(skip)]
+    rpc: rrpc::node::RpcSettings,
 }
 
 /// Where the oracle's counter lives.
@@ -187,7 +192,8 @@ fn main() {
     bench::bench_main::<Args>("tso-bench", DEFAULTS, run);
 }
 
-fn run(a: Args) -> Result<()> {
+fn run(mut a: Args) -> Result<()> {
+    a.rpc = cli::as_usage(a.config.rpc_settings())?;
     if a.threads == 0
         || a.run.duration().is_zero()
         || a.clients.contains(&0)
@@ -208,7 +214,9 @@ fn run(a: Args) -> Result<()> {
         let banner = [format!(
             "tso-bench | fabric: {kind} | timing model: {model_desc} | serving the oracle (counter, RPC oracle) for --connect clients"
         )];
-        return remote::serve("tso-bench", &spec, side, &banner, &start_oracle);
+        let server = a.rpc.server.clone();
+        let start = move |p: &serde_json::Value, env: &PointEnv<'_>| start_oracle(p, env, &server);
+        return remote::serve("tso-bench", &spec, side, &banner, &start);
     }
     let sides = Sides::new("tso-bench", spec, side)?;
     jsonl::open(
@@ -336,8 +344,12 @@ struct OracleParams {
 }
 
 /// Start an oracle node (counter export, and with `rpc` the RPC oracle's handler): the
-/// server side of a point, here or on the `--serve` process.
-fn start_oracle(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Started> {
+/// server side of a point, here or on the `--serve` process, with `server`'s settings.
+fn start_oracle(
+    params: &serde_json::Value,
+    env: &PointEnv<'_>,
+    server: &rrpc::server::ServerConfig,
+) -> Result<Started> {
     let p: OracleParams =
         serde_json::from_value(params.clone()).context("the oracle's parameters")?;
     let f = env.open(NodeId(ORACLE_NODE))?;
@@ -357,11 +369,12 @@ fn start_oracle(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Starte
         });
         (h, 1)
     });
-    let node = Node::start(
+    let node = Node::start_with(
         f,
         NodeConfig::new("tso", env.listen())
             .with_exports(exports)
             .with_rpc(rpc),
+        server.clone(),
     )?;
     Ok(Started {
         addr: node.addr(),
@@ -375,18 +388,20 @@ fn start_oracle(params: &serde_json::Value, env: &PointEnv<'_>) -> Result<Starte
 /// coroutines over the client threads for warm-up + duration, collect.
 fn measure(a: &Args, sides: &Sides, mode: Mode, clients: usize) -> Result<Point> {
     let params = json!({ "counter": a.counter, "rpc": mode == Mode::RpcOracle });
-    let point = sides.point(&params, &start_oracle)?;
+    let start = |p: &serde_json::Value, env: &PointEnv<'_>| start_oracle(p, env, &a.rpc.server);
+    let point = sides.point(&params, &start)?;
     let open = |id: u32| -> Result<Fabric> { sides.spec().open(&point.cluster, NodeId(id)) };
     let addr = point.addr;
     let threads = a.threads.min(clients);
     // Proxy mode: a proxy node of this cluster, one server thread, one QP on the oracle.
     let proxy = (mode == Mode::Proxy)
         .then(|| {
-            Proxy::start(
+            Proxy::start_tuned(
                 open(PROXY_NODE)?,
                 "127.0.0.1:0".parse()?,
                 addr,
                 &ProxyConfig::default(),
+                &a.rpc,
             )
             .context("starting the proxy")
         })
@@ -411,7 +426,7 @@ fn measure(a: &Args, sides: &Sides, mode: Mode, clients: usize) -> Result<Point>
                 let coros = clients / threads + usize::from(t < clients % threads);
                 let (open, grouped, sources) = (&open, grouped.clone(), sources.clone());
                 s.spawn(move || -> Result<(Histogram<u64>, u64, GroupStats)> {
-                    let ctx = ThreadCtx::new(open(100 + t as u32)?, RuntimeConfig::default())
+                    let ctx = ThreadCtx::new(open(100 + t as u32)?, a.rpc.runtime.clone())
                         .map_err(anyhow::Error::msg)?;
                     let info = if mode == Mode::RpcOracle {
                         ctx.connect_rpc(addr)

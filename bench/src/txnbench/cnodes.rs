@@ -86,6 +86,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         );
     }
     let mut args: Args = serde_json::from_str(&a.run_spec).context("--run-spec")?;
+    crate::run_runtime::set(args.runtime());
     let protocol = match args.protocol {
         ProtocolArg::All => bail!("--run-spec names all protocols: one only"),
         _ => args.protocols()?[0],
@@ -257,7 +258,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             flush: Some(Flush { tx: tx.clone() }),
             incarnation: a.incarnation,
             ledger: Some((ledger.clone(), i * args.coroutines)),
-            runtime: args.runtime.clone().unwrap_or_default(),
+            runtime: args.runtime(),
             reconnect_give_up: args
                 .kill_memnode_after
                 .map(|_| crate::failover::RECONNECT_GIVE_UP),
