@@ -170,21 +170,6 @@ pub struct ConfigArg {
     pub config: Option<PathBuf>,
 }
 
-impl ConfigArg {
-    /// The rrpc settings of the benchmark's runtime contexts and servers: the file's
-    /// `[runtime]` and `[server]` over the defaults (the defaults without a file). The
-    /// binary's own flags win where it has them (a server core, a sweep's Rocket).
-    ///
-    /// Errors: the file cannot be read, or a table does not parse or validate (parsing
-    /// the command line checked them already, so only a file changed since fails here).
-    pub fn rpc_settings(&self) -> Result<rrpc::node::RpcSettings, crate::config_file::ConfigError> {
-        match &self.config {
-            Some(p) => crate::config_file::rpc_settings_in(p, rrpc::node::RpcSettings::default()),
-            None => Ok(rrpc::node::RpcSettings::default()),
-        }
-    }
-}
-
 /// `--duration` and `--warmup` (and their hidden millisecond aliases).
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
 pub struct RunLength {

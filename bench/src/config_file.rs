@@ -160,6 +160,23 @@ fn rpc_settings_of(
     })
 }
 
+/// The rrpc settings a benchmark reads from its `--config` file (an inherent method of
+/// [`crate::cli::ConfigArg`], here beside the file's other readers).
+impl crate::cli::ConfigArg {
+    /// The rrpc settings of the benchmark's runtime contexts and servers: the file's
+    /// `[runtime]` and `[server]` over the defaults (the defaults without a file). The
+    /// binary's own flags win where it has them (a server core, a sweep's Rocket).
+    ///
+    /// Errors: the file cannot be read, or a table does not parse or validate (parsing
+    /// the command line checked them already, so only a file changed since fails here).
+    pub fn rpc_settings(&self) -> Result<RpcSettings, ConfigError> {
+        match &self.config {
+            Some(p) => rpc_settings_in(p, RpcSettings::default()),
+            None => Ok(RpcSettings::default()),
+        }
+    }
+}
+
 /// Append `flag` for `value` to `flags` (see [`config_flags`]); `what` names the key in
 /// the error for a value that is a table, an array or a date.
 fn push_flag(
