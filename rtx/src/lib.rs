@@ -20,7 +20,9 @@
 //!   restart), [`txn`] (execution, Opt2 pre-lock), [`commit`] (validation, TryCommit by
 //!   the owner, Opt1);
 //! - [`blink`]: a Sherman-style B-link tree whose nodes are rTX objects (section 5), with
-//!   its Optimal (Sherman's locking) and DTX-style baselines and a structural checker.
+//!   its Optimal (Sherman's locking) and DTX-style baselines and a structural checker;
+//! - [`race`]: RACE hashing whose subtables are rTX objects and whose rehash is an rTX
+//!   (section 5), with its Optimal baseline (RACE's spinlocked rehash) and a checker.
 //!
 //! The protocol is written once, as async functions generic over [`mem::Mem`]; unit tests
 //! and a model checker (module `model`, test builds) run it without a fabric.
@@ -37,6 +39,7 @@ pub mod lease;
 pub mod lllock;
 pub mod log;
 pub mod mem;
+pub mod race;
 pub mod repair;
 pub mod rrpc_mem;
 pub mod trycommit;
