@@ -25,6 +25,11 @@
 //! new block each, installed by dptr CAS). A client that dies anywhere in it leaves locks
 //! that the next operation on the subtable repairs once the lease expired.
 //!
+//! A slow operation whose CAS lands in a block that a rehash has replaced writes into a
+//! retired block; the allocator reuses blocks only after
+//! [`crate::alloc::Allocator::min_reuse_ms`] (4.4), far longer than one operation, the
+//! same bound the crate's reads rely on.
+//!
 //! [`optimal`] is RACE's own rehash under a spinlock for comparison; [`check`] verifies a
 //! quiescent table.
 
@@ -122,6 +127,18 @@ fn check_depth(g: &Geometry, layout: &Layout, depth: u8) -> Result<(), RaceError
         return Err(RaceError::Format(format!(
             "initial depth {depth} (largest {}, objects {})",
             g.max_depth, layout.objects
+        )));
+    }
+    Ok(())
+}
+
+/// Records are named by 40-bit indices of 16-byte units: the region must lie within
+/// 16 TB.
+pub(crate) fn check_region(layout: &Layout) -> Result<(), RaceError> {
+    if layout.total_bytes() / table::RECORD_BYTES > table::REC_MAX {
+        return Err(RaceError::Format(format!(
+            "a region of {} bytes is past the 16 TB slots can name",
+            layout.total_bytes()
         )));
     }
     Ok(())
@@ -319,6 +336,7 @@ impl Race {
     /// [`RaceError::Format`] for a range outside the objects.
     pub fn new(layout: Layout, objs: Range<u64>) -> Result<Self, RaceError> {
         let geo = Geometry::new(layout.block_bytes)?;
+        check_region(&layout)?;
         if objs.start == 0 || objs.end > layout.objects || objs.start > objs.end {
             return Err(RaceError::Format(format!(
                 "object range {objs:?} outside 1..{}",

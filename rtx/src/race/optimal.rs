@@ -6,8 +6,9 @@
 //! A lock is the first word of a TXObj (0 free, [`LOCK_HELD`] | id held, taken by CAS),
 //! the value stays in place in the block its dptr names. Operations READ the subtable's
 //! lock word with the two buckets in one round (one READ more than RACE's two, no extra
-//! round trip), wait while it is held, CAS the slot, then READ the bucket header back: if
-//! a rehash changed it meanwhile the slot may have been stranded in the old subtable, so
+//! round trip), wait while it is held, CAS the slot, then READ the bucket header back
+//! (a fresh insert READs both buckets, to find a concurrent insert of the same key, as
+//! [`super::Race`] does): if a rehash changed the header meanwhile the slot may have been stranded in the old subtable, so
 //! the operation waits for the rehash, runs again on the right subtable, and clears its
 //! stranded slot.
 //!
@@ -64,6 +65,7 @@ impl Optimal {
     /// [`super::Race::new`].
     pub fn new(layout: Layout, id: u16, objs: Range<u64>) -> Result<Self, RaceError> {
         let geo = Geometry::new(layout.block_bytes)?;
+        super::check_region(&layout)?;
         if objs.start == 0 || objs.end > layout.objects || objs.start > objs.end {
             return Err(RaceError::Format(format!(
                 "object range {objs:?} outside 1..{}",
@@ -167,15 +169,10 @@ impl Optimal {
                                 ((i, j), g.slot_off(h.buckets[i], j), 0, h.slot(r), None)
                             }
                             None => {
+                                // Spinning out on the directory lock only retries.
                                 match self.rehash(mem, st).await {
-                                    Ok(_) => {}
-                                    Err(
-                                        e @ (RaceError::TableFull { .. } | RaceError::OutOfObjects),
-                                    ) => return Err(e),
-                                    Err(e @ (RaceError::Mem(_) | RaceError::Rtx(_))) => {
-                                        return Err(e)
-                                    }
-                                    Err(_) => {}
+                                    Ok(_) | Err(RaceError::Retries(_)) => {}
+                                    Err(e) => return Err(e),
                                 }
                                 continue;
                             }

@@ -11,13 +11,13 @@
 //! subtable               block_bytes / 64 buckets of 64 B; bucket = 8 words:
 //!                        word 0 header: 1:1 | 0:23 | local depth d:8 | suffix:32
 //!                        words 1..8: slots (7 per bucket)
-//! slot (8 B)             fp:8 | dirhash:8 | rec:48      (0 = empty)
+//! slot (8 B)             fp:8 | dirhash:16 | rec:40     (0 = empty)
 //! record page            word 0: RECORD_PAGE magic, then 16-B records (key, value)
 //! ```
 //!
-//! A key's 64-bit hash `h` gives its directory bits `h & 0xFF` (the subtable is directory
-//! entry `h mod 2^G`, extendible hashing on the low bits), a fingerprint `(h >> 8) & 0xFF`
-//! and two candidate buckets (RACE's two hash choices; its combined and overflow buckets
+//! A key's 64-bit hash `h` gives its directory bits `h & 0xFFFF` (the subtable is
+//! directory entry `h mod 2^G`, extendible hashing on the low bits), a fingerprint
+//! `(h >> 16) & 0xFF` and two candidate buckets (RACE's two hash choices; its combined and overflow buckets
 //! are left out). A subtable of local depth `d` holds exactly the keys whose low `d` hash
 //! bits equal its suffix. The slot keeps the key's directory bits, so a rehash can split a
 //! subtable by bit `d` without reading any record, and keeps each moved slot at the same
@@ -32,8 +32,10 @@
 pub const BUCKET_BYTES: u64 = 64;
 /// Slots per bucket (the 8th word is the header).
 pub const SLOTS: usize = 7;
-/// Bits of the key hash a slot keeps for splitting: the largest local depth.
-pub const DIR_BITS: u8 = 8;
+/// Bits of the key hash a slot keeps for splitting: the largest local depth. The
+/// directory, one block, usually binds first: 4 KB blocks give depth 8 (256 subtables of
+/// 448 slots), 16 KB blocks depth 10.
+pub const DIR_BITS: u8 = 16;
 /// Bytes of a key-value record (key, value).
 pub const RECORD_BYTES: u64 = 16;
 /// Word 0 of a block used as a record page ("RACEREC1"; bit 63 clear, so it is never a
@@ -41,8 +43,8 @@ pub const RECORD_BYTES: u64 = 16;
 pub const RECORD_PAGE: u64 = 0x5241_4345_5245_4331;
 /// The valid bit of bucket and directory headers.
 pub const VALID: u64 = 1 << 63;
-/// Largest record index a slot names (48 bits).
-pub const REC_MAX: u64 = (1 << 48) - 1;
+/// Largest record index a slot names (40 bits: records in the first 16 TB of the region).
+pub const REC_MAX: u64 = (1 << 40) - 1;
 
 /// Mix a key into 64 hash bits (splitmix64's finaliser).
 pub fn hash64(key: u64) -> u64 {
@@ -56,7 +58,7 @@ pub fn hash64(key: u64) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyHash {
     /// The low [`DIR_BITS`] hash bits (directory index and subtable split bits).
-    pub dir: u8,
+    pub dir: u16,
     /// Fingerprint stored in the slot to skip records of other keys.
     pub fp: u8,
     /// The two candidate buckets (distinct when the subtable has 2 or more).
@@ -67,14 +69,14 @@ impl KeyHash {
     /// Hash `key` for subtables of `nb` buckets (`nb >= 1`).
     pub fn new(key: u64, nb: usize) -> Self {
         let h = hash64(key);
-        let b1 = ((h >> 16) & 0xFF_FFFF) as usize % nb;
-        let mut b2 = (h >> 40) as usize % nb;
+        let b1 = ((h >> 24) & 0xF_FFFF) as usize % nb;
+        let mut b2 = (h >> 44) as usize % nb;
         if b2 == b1 {
             b2 = (b1 + 1) % nb;
         }
         Self {
-            dir: h as u8,
-            fp: (h >> 8) as u8,
+            dir: h as u16,
+            fp: (h >> 16) as u8,
             buckets: [b1, b2],
         }
     }
@@ -121,21 +123,21 @@ pub struct Slot {
     /// Fingerprint of the key.
     pub fp: u8,
     /// The key's directory bits.
-    pub dir: u8,
+    pub dir: u16,
     /// Record index: the record lives at byte offset `rec * 16` of the region.
     pub rec: u64,
 }
 
 impl Slot {
-    /// Encode (`fp:8 | dir:8 | rec:48`).
+    /// Encode (`fp:8 | dir:16 | rec:40`).
     pub fn word(self) -> u64 {
-        (self.fp as u64) << 56 | (self.dir as u64) << 48 | (self.rec & REC_MAX)
+        (self.fp as u64) << 56 | (self.dir as u64) << 40 | (self.rec & REC_MAX)
     }
     /// Decode; `None` for the empty word 0.
     pub fn decode(w: u64) -> Option<Self> {
         (w != 0).then_some(Self {
             fp: (w >> 56) as u8,
-            dir: (w >> 48) as u8,
+            dir: (w >> 40) as u16,
             rec: w & REC_MAX,
         })
     }
@@ -425,6 +427,7 @@ mod tests {
         let g = Geometry::new(512).unwrap();
         assert_eq!((g.buckets, g.max_depth, g.slots()), (8, 5, 56));
         assert_eq!(Geometry::new(4096).unwrap().max_depth, 8);
+        assert_eq!(Geometry::new(16384).unwrap().max_depth, 10);
         assert_eq!(g.slot_off(1, 6), 64 + 8 + 48);
         let e = g.empty_subtable(Header {
             depth: 1,

@@ -537,3 +537,78 @@ fn rtx_rehash_takes_fewer_operations_than_the_original() {
     }
     assert!(matches!(rehash_ops(512, 57), Err(RaceError::Format(_))));
 }
+
+/// A memory that, at the first CAS into an empty slot, first lands another client's
+/// insert of `key` (a record and a slot in the key's other bucket), as a concurrent
+/// insert of the same key into a different empty slot would.
+struct RacingInsert {
+    inner: LocalMem,
+    layout: Layout,
+    key: u64,
+    val: u64,
+    /// Where the other client's record goes (an unused object's block).
+    scratch: u64,
+    armed: Cell<bool>,
+}
+
+impl Mem for RacingInsert {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        self.inner.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.inner.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        if expected == 0 && off >= self.layout.data_base() && self.armed.replace(false) {
+            let g = super::table::Geometry::new(self.layout.block_bytes).unwrap();
+            let bb = self.layout.block_bytes;
+            let base = off - (off - self.layout.data_base()) % bb;
+            let h = super::table::KeyHash::new(self.key, g.buckets);
+            let mine = ((off - base) / super::table::BUCKET_BYTES) as usize;
+            let other = h.buckets.into_iter().find(|&b| b != mine).unwrap();
+            let j = (0..super::table::SLOTS)
+                .find(|&j| self.inner.word(base + g.slot_off(other, j)) == 0)
+                .unwrap();
+            self.inner
+                .write_now(self.scratch, &super::table::record(self.key, self.val))?;
+            let w = h.slot(super::table::rec_index(self.scratch));
+            self.inner.set_word(base + g.slot_off(other, j), w);
+        }
+        self.inner.cas(off, expected, new).await
+    }
+}
+
+/// Two inserts of one new key landing in different empty slots: the inserter that sees
+/// the other copy removes its own and updates that one, so the key is found once.
+#[test]
+fn concurrent_inserts_of_one_key_leave_one_copy() {
+    for rtx in [true, false] {
+        let l = layout(512);
+        let inner = region(&l, 1);
+        let scratch = l.block_addr(objs(5).start) + 16;
+        let m = RacingInsert {
+            inner: inner.clone(),
+            layout: l,
+            key: 4242,
+            val: 1,
+            scratch,
+            armed: Cell::new(false),
+        };
+        let clock = ManualClock::new(T0);
+        let mut h = Handle::new(rtx, &l, 0, &clock);
+        block_on(async {
+            for k in 0..20 {
+                h.insert(&m, k, k).await.unwrap();
+            }
+            m.armed.set(true);
+            assert_eq!(h.insert(&m, 4242, 2).await.unwrap(), Some(1), "rtx {rtx}");
+            assert!(!m.armed.get());
+            assert_eq!(h.stats().duplicates, 1);
+            assert_eq!(h.get(&m, 4242).await.unwrap(), Some(2));
+            let all = check_table(&inner, &l).await.unwrap();
+            assert_eq!(all.len(), 21);
+            assert!(all.contains(&(4242, 2)));
+            check_quiescent(&inner, &l).await.unwrap();
+        });
+    }
+}
