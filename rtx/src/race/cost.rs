@@ -50,9 +50,10 @@ pub struct RehashOps {
     pub optimal: OpCount,
 }
 
-struct CountMem {
-    inner: LocalMem,
-    n: Cell<OpCount>,
+/// A memory that counts the one-sided operations it serves (tests and [`rehash_ops`]).
+pub(crate) struct CountMem {
+    pub(crate) inner: LocalMem,
+    pub(crate) n: Cell<OpCount>,
 }
 
 impl CountMem {

@@ -333,10 +333,17 @@ impl Race {
     /// A handle on the table [`format_table`] laid out in `layout`'s region, taking new
     /// objects from indices `objs` (disjoint from every other handle's, within
     /// [`first_free_obj`]`(depth)..layout.objects`). Errors: [`RaceError::Geometry`],
-    /// [`RaceError::Format`] for a range outside the objects.
+    /// [`RaceError::Format`] for a range outside the objects, logs of fewer than 3
+    /// entries, or a region past 16 TB.
     pub fn new(layout: Layout, objs: Range<u64>) -> Result<Self, RaceError> {
         let geo = Geometry::new(layout.block_bytes)?;
         check_region(&layout)?;
+        if layout.max_entries < 3 {
+            return Err(RaceError::Format(format!(
+                "logs of {} entries; a rehash writes 3 objects",
+                layout.max_entries
+            )));
+        }
         if objs.start == 0 || objs.end > layout.objects || objs.start > objs.end {
             return Err(RaceError::Format(format!(
                 "object range {objs:?} outside 1..{}",
@@ -559,7 +566,9 @@ impl Race {
     }
 
     /// Insert `key` or update its value (upsert): a 16-B record WRITE and one slot CAS,
-    /// between the READs of [`Race::get`]; when both of the key's buckets are full, the
+    /// between the READs of [`Race::get`] (a fresh key's closing round READs the two
+    /// buckets again with the TXObj, to find a concurrent insert of the same key into
+    /// another slot, and removes its own copy if so); when both of the key's buckets are full, the
     /// subtable is split by a rehash rTX first. Returns the previous value. Errors: as
     /// [`Race::get`], [`RaceError::TableFull`], [`RaceError::OutOfObjects`].
     pub async fn insert<C: Clock, M: Mem>(

@@ -126,6 +126,11 @@ impl Optimal {
         for _ in 0..self.max_attempts {
             let d = self.directory(mem).await?;
             let st = d.entries[h.dir_index(d.depth)];
+            if st < self.layout.meta_base() {
+                // Read while a rehash doubled the directory in place: read it again.
+                self.dir = None;
+                continue;
+            }
             let base = self.base(mem, st).await?;
             let (l, a, b) = futures::join!(
                 mem.read_u64(st),

@@ -26,7 +26,10 @@
 //! so that inserting or updating is one CAS of the slot from its old word to a word
 //! naming a record written before it; records are never reclaimed (RACE frees them with
 //! its own allocator, not built here). A subtable is **full** for a key when both of the
-//! key's buckets have no empty slot; an insert then splits the subtable.
+//! key's buckets have no empty slot; an insert then splits the subtable, again if the
+//! split moved nothing out of those buckets, and fails with
+//! [`super::RaceError::TableFull`] at the largest depth (RACE's overflow buckets, which
+//! would absorb such a pile-up, are not built).
 
 /// Bytes of a bucket (header word and 7 slots).
 pub const BUCKET_BYTES: u64 = 64;

@@ -210,6 +210,14 @@ fn bad_geometry_and_ranges_are_errors() {
         Race::new(layout(512), 0..10),
         Err(RaceError::Format(_))
     ));
+    let small_logs = Layout {
+        max_entries: 2,
+        ..layout(512)
+    };
+    assert!(matches!(
+        Race::new(small_logs, objs(0)),
+        Err(RaceError::Format(_))
+    ));
     let l = layout(512);
     let m = LocalMem::new(l.total_bytes() as usize);
     assert!(matches!(
@@ -611,4 +619,48 @@ fn concurrent_inserts_of_one_key_leave_one_copy() {
             check_quiescent(&inner, &l).await.unwrap();
         });
     }
+}
+
+/// Per-operation cost with the directory cached: the rTX table READs the subtable's
+/// TXObj before and after (the paper's "two READs"), where Optimal READs the lock word in
+/// the bucket round and the bucket header after a CAS: one READ more for a get, the same
+/// for an update or delete, and the same CASes.
+#[test]
+fn per_operation_cost_of_each_variant() {
+    use super::cost::{CountMem, OpCount};
+    let mut counts = Vec::new();
+    for rtx in [true, false] {
+        let l = layout(512);
+        let m = CountMem {
+            inner: region(&l, 1),
+            n: Cell::new(OpCount::default()),
+        };
+        let clock = ManualClock::new(T0);
+        let mut h = Handle::new(rtx, &l, 0, &clock);
+        let c = block_on(async {
+            for k in 0..20 {
+                h.insert(&m, k, k).await.unwrap();
+            }
+            let mut per = Vec::new();
+            let t0 = m.n.get();
+            assert_eq!(h.get(&m, 7).await.unwrap(), Some(7));
+            let t1 = m.n.get();
+            assert_eq!(h.update(&m, 7, 70).await.unwrap(), Some(7));
+            let t2 = m.n.get();
+            assert_eq!(h.delete(&m, 7).await.unwrap(), Some(70));
+            let t3 = m.n.get();
+            for (a, b) in [(t0, t1), (t1, t2), (t2, t3)] {
+                per.push((b.reads - a.reads, b.writes - a.writes, b.cas - a.cas));
+            }
+            per
+        });
+        counts.push(c);
+    }
+    let (r, o) = (&counts[0], &counts[1]);
+    println!("(READ, WRITE, CAS) get/update/delete: rTX {r:?}, Optimal {o:?}");
+    assert_eq!(r[0].0, o[0].0 + 1, "get");
+    assert_eq!((r[1].0, r[1].2), (o[1].0, o[1].2), "update");
+    assert_eq!((r[2].0, r[2].2), (o[2].0, o[2].2), "delete");
+    assert_eq!(r[1].1, 1, "one record WRITE");
+    assert_eq!(r[2].1, 0);
 }
