@@ -6,6 +6,7 @@ pub(crate) mod ablation;
 mod audit;
 pub mod breakdown;
 pub mod cli;
+pub mod client_board;
 pub mod cnode;
 pub mod config_file;
 pub mod driver;

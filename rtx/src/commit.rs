@@ -113,7 +113,13 @@ impl<C: Clock> Tx<'_, C> {
             Some(p) => (p.state, p.lease_len_ms),
             None => {
                 let len = c.cfg.lease.length_ms(self.reads.len() - n, n);
-                let lease_ms = c.issuer.issue(c.clock.now_ms(), len);
+                // Only a logged rTX's LockState must be new for its ID (the log's
+                // checksum); an Opt1 lease follows the clock.
+                let lease_ms = if opt1 {
+                    c.issuer.issue_unlogged(c.clock.now_ms(), len)
+                } else {
+                    c.issuer.issue(c.clock.now_ms(), len)
+                };
                 (
                     LockState {
                         lease_ms,

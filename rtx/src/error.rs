@@ -26,6 +26,12 @@ pub enum AbortReason {
     /// Another client is repairing the rTX in the way (DOING with a valid repair lease).
     #[error("a repair is in progress")]
     RepairBusy,
+    /// A read took so long (half the blocks' reuse wait, [`crate::alloc::MIN_REUSE_MS`])
+    /// that the block its TXObj pointed to may have been replaced and reused before it
+    /// was read: the value is discarded (a client stalled between its two READs, e.g.
+    /// stopped past its leases).
+    #[error("read outlasted the block reuse wait")]
+    StaleRead,
 }
 
 /// Errors of rTX operations.

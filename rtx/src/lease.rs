@@ -145,12 +145,27 @@ impl LeaseIssuer {
         self.last_ms
     }
 
-    /// The next lease: `max(now + length, last + 1)` in ms since the epoch. Panics when it
-    /// would pass the 47-bit field (year 6429).
+    /// The next lease of a logged rTX: `max(now + length, last + 1)` in ms since the
+    /// epoch, where `last` is the ID's last logged lease. Panics when it would pass the
+    /// 47-bit field (year 6429).
     pub fn issue(&mut self, now_ms: u64, length_ms: u64) -> u64 {
         let l = (now_ms + length_ms).max(self.last_ms + 1);
         assert!(l <= LEASE_MAX_MS, "lease {l} ms past the 47-bit field");
         self.last_ms = l;
+        l
+    }
+
+    /// The lease of an rTX that writes no log (Opt1, and a repairer's takeover of an
+    /// Opt1 lock): `now + length`, leaving the logged sequence alone. Strict increase
+    /// exists only to make a LockState the unique checksum of the log it wrote (4.4);
+    /// applied to every rTX, it lets an ID that runs more than one rTX per millisecond
+    /// lock with leases ever further ahead of the clock (a thread finishing an update
+    /// every 100 us would, after a second, hold locks seconds past their estimate), and a
+    /// client that dies then blocks the others until those leases expire. Panics as
+    /// [`LeaseIssuer::issue`].
+    pub fn issue_unlogged(&self, now_ms: u64, length_ms: u64) -> u64 {
+        let l = now_ms + length_ms;
+        assert!(l <= LEASE_MAX_MS, "lease {l} ms past the 47-bit field");
         l
     }
 }
@@ -158,6 +173,30 @@ impl LeaseIssuer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unlogged leases follow the clock however many rTXs an ID runs per millisecond,
+    /// and leave the logged sequence strictly increasing.
+    #[test]
+    fn unlogged_leases_follow_the_clock_and_leave_logged_ones_increasing() {
+        let mut i = LeaseIssuer::new();
+        let now = 1_700_000_000_000;
+        for _ in 0..1000 {
+            assert_eq!(
+                i.issue_unlogged(now, 9),
+                now + 9,
+                "1000 Opt1 rTXs in one ms"
+            );
+        }
+        let a = i.issue(now, 9);
+        let b = i.issue(now, 9);
+        assert_eq!((a, b), (now + 9, now + 10));
+        assert_eq!(
+            i.issue_unlogged(now, 9),
+            now + 9,
+            "not pushed by the logged ones"
+        );
+        assert_eq!(i.issue(now, 9), now + 11);
+    }
 
     #[test]
     fn length_is_regulated_by_reads_and_writes_plus_drift() {

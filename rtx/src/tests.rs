@@ -614,3 +614,60 @@ fn a_pre_locked_object_not_written_is_released_by_the_commit() {
     assert_eq!(lock(&m, &l, 2), unlocked(0));
     assert_eq!(Header::decode(m.word(l.log_addr(0))).state, LogState::Done);
 }
+
+/// A memory node whose every READ takes `per_read_ms` on `clock` (a client stalled
+/// between its READs).
+struct SlowMem {
+    inner: LocalMem,
+    clock: ManualClock,
+    per_read_ms: u64,
+}
+
+impl crate::mem::Mem for SlowMem {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        self.clock.advance(self.per_read_ms);
+        self.inner.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.inner.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        self.inner.cas(off, expected, new).await
+    }
+}
+
+/// A read whose two READs (the TXObj, then the block it points at) span half the
+/// blocks' reuse wait is discarded: the block may have been replaced and reused by then
+/// (a client stopped between them read another object's value). Faster reads pass.
+#[test]
+fn a_read_that_outlasts_the_block_reuse_wait_is_discarded() {
+    use crate::mem::Mem as _;
+    let l = layout();
+    let m = region(&l);
+    let clock = ManualClock::new(1_700_000_000_000);
+    let per_read_ms = crate::alloc::MIN_REUSE_MS / 4 - 1;
+    let fast = SlowMem {
+        inner: m.clone(),
+        clock: clock.clone(),
+        per_read_ms,
+    };
+    let mut c = client(&l, 0, clock.clone(), Config::default());
+    let mut tx = c.begin();
+    let v = block_on(tx.read(&fast, l.obj_addr(1))).unwrap();
+    assert_eq!(u64::from_le_bytes(v[..8].try_into().unwrap()), 20);
+    drop(tx);
+    let slow = SlowMem {
+        inner: m.clone(),
+        clock: clock.clone(),
+        per_read_ms: crate::alloc::MIN_REUSE_MS / 4,
+    };
+    let mut tx = c.begin();
+    let r = block_on(tx.read(&slow, l.obj_addr(1)));
+    assert!(
+        matches!(r, Err(RtxError::Aborted(AbortReason::StaleRead))),
+        "{r:?}"
+    );
+    // Nothing was changed on the memory node.
+    assert_eq!(value(&m, &l, 1), 20);
+    assert!(block_on(m.read_u64(l.obj_addr(1))).is_ok());
+}

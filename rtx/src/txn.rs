@@ -113,6 +113,7 @@ impl<'c, C: Clock> Tx<'c, C> {
         if self.pre_lock.is_none() {
             self.client.settle_log(mem).await?;
         }
+        let start_ms = self.client.clock.now_ms();
         let meta = mem.read(mptr, 16).await?;
         let (lock, dptr) = self.check_meta(mem, mptr, &meta).await?;
         let d = Dptr::decode(dptr).ok_or(RtxError::NullDptr { mptr })?;
@@ -122,6 +123,16 @@ impl<'c, C: Clock> Tx<'c, C> {
                 self.client.layout.block_bytes as usize,
             )
             .await?;
+        // The block is read after the TXObj that points at it. A block replaced in
+        // between is reused only MIN_REUSE_MS after its replacer is DONE (4.4), which a
+        // live client's two READs never span; one stalled that long (stopped, or
+        // descheduled) may have read another object's value. Validation would catch it
+        // at commit, but a traversal that follows the value (a B-link tree's sibling
+        // pointers) must not act on it meanwhile, and a one-object read-only rTX
+        // commits without validation.
+        if self.client.clock.now_ms().saturating_sub(start_ms) >= crate::alloc::MIN_REUSE_MS / 2 {
+            return Err(AbortReason::StaleRead.into());
+        }
         let version = match LockWord::decode(lock) {
             LockWord::Unlocked(v) => v,
             LockWord::Locked(_) => unreachable!("pre-locked objects are read at pre-lock"),

@@ -24,6 +24,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use bench::client_board::{fault_timeline, Board, INTERVAL};
 use bench::plot::{LineChart, Scale, Series};
 use bench::{cli, jsonl};
 use clap::{Parser, ValueEnum};
@@ -93,9 +94,64 @@ struct Args {
     /// (copy-on-write updates hold replaced blocks for 100 ms before reuse).
     #[arg(long, default_value_t = 32_768)]
     objects: u64,
+    /// Client processes of each workload (0: the client threads run inside index-bench).
+    /// Each process runs --threads threads x --coroutines coroutines against the same
+    /// memory node, which index-bench hosts; the load stays in index-bench. The fault
+    /// flags need 2 or more.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    processes: u16,
+    /// SIGKILL client process 0 this long into each workload's measured window (after
+    /// --warmup): the others repair the rTXs it left holding locks as they meet them
+    /// (rTX only). After the workload its clients' logs are finished as a restarted
+    /// client would, the locks no one met are repaired, and every check runs: every
+    /// acknowledged key present, its one in-flight insert per client present or not.
+    #[arg(long, value_name = "TIME")]
+    kill_client_after: Option<cli::Span>,
+    /// SIGSTOP client process 0 this long into each workload's measured window, and
+    /// SIGCONT it --stop-ms later: a false suspicion once the pause outlasts its leases
+    /// (the others repair its rTXs while it sleeps; it then finishes its own commits, which
+    /// repair made idempotent). rTX only.
+    #[arg(long, value_name = "TIME")]
+    stop_client_after: Option<cli::Span>,
+    /// How long --stop-client-after keeps the process stopped, milliseconds.
+    #[arg(long, default_value_t = 100, value_name = "MS")]
+    stop_ms: u64,
+    /// Run as one client process of the driver (JSON from index-bench; internal).
+    #[arg(long, hide = true, value_name = "JSON")]
+    client_spec: Option<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+/// What a client process runs, from the driver (`--client-spec`); the rest comes from
+/// the same command line.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ClientSpec {
+    /// The cluster (shm name space) of the protocol's memory node.
+    cluster: String,
+    /// The memory node's bootstrap address.
+    mn: std::net::SocketAddr,
+    proto: Proto,
+    /// The workload phase (1 = the first workload).
+    phase: u64,
+    /// This process's index among the workload's client processes.
+    process: u16,
+    /// Its board (`bench::client_board`).
+    board: std::path::PathBuf,
+    /// Key index of this phase's first insert: slot `s`'s `k`-th insert is
+    /// `insert_base + s + k x clients`.
+    insert_base: u64,
+}
+
+/// What a client process prints on its stdout when it finished (one JSON line).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ClientReport {
+    ops: u64,
+    aborts: u64,
+    repairs: u64,
+    /// The measured latencies (`bench::jsonl::latency_fields`'s `hdr`: base64 V2).
+    hdr: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 enum Proto {
     Rtx,
     Optimal,
@@ -177,6 +233,13 @@ impl Handle {
             Handle::Optimal(t) => t.stats().aborts,
         }
     }
+    /// Repairs of other clients' rTXs that changed the memory node (rTX; 0 otherwise).
+    fn repairs(&self) -> u64 {
+        match self {
+            Handle::Rtx(c, _) => c.stats().repairs,
+            Handle::Optimal(_) => 0,
+        }
+    }
 }
 
 /// Results of one phase on one thread.
@@ -184,6 +247,17 @@ struct PhaseOut {
     ops: u64,
     hist: Histogram<u64>,
     aborts: u64,
+    repairs: u64,
+}
+
+/// A client process's view of its run: its board, when `go` was seen, and the key index
+/// of its phase's first insert.
+struct InProcess {
+    board: Arc<Board>,
+    go: Instant,
+    insert_base: u64,
+    /// This process's first global client slot.
+    first_slot: u64,
 }
 
 /// The phase plan: phase 0 loads, phase p >= 1 runs `workloads[p - 1]`.
@@ -196,7 +270,13 @@ struct Plan {
 }
 
 impl Plan {
+    /// Clients of a workload phase: every process's (or index-bench's) threads x
+    /// coroutines.
     fn clients(&self) -> u64 {
+        clients(&self.args)
+    }
+    /// Clients of the load, inside index-bench.
+    fn loaders(&self) -> u64 {
         self.args.threads as u64 * self.args.coroutines as u64
     }
     /// Object range of client `slot` in phase `phase`.
@@ -205,6 +285,10 @@ impl Plan {
         let per = (self.layout.objects - FIRST_FREE_OBJ) / (phases * self.clients());
         let first = FIRST_FREE_OBJ + (phase * self.clients() + slot) * per;
         first..first + per
+    }
+    /// The rTX ID of client `slot` in phase `phase`.
+    fn id(&self, phase: u64, slot: u64) -> u16 {
+        (phase * self.clients() + slot) as u16
     }
     fn handle(&self, phase: u64, slot: u64) -> Handle {
         let id = (phase * self.clients() + slot) as u16;
@@ -225,6 +309,16 @@ impl Plan {
     }
 }
 
+/// Clients of a workload phase (see [`Plan::clients`]).
+fn clients(args: &Args) -> u64 {
+    args.processes.max(1) as u64 * args.threads as u64 * args.coroutines as u64
+}
+
+/// One client coroutine: the load's share of keys (phase 0), or the phase's workload
+/// until `stop`. In a client process (`proc`), inserts take the slot's own key sequence
+/// and are counted on the board as acknowledged, and every operation is counted in the
+/// board's timeline.
+#[allow(clippy::too_many_arguments)]
 async fn run_client(
     plan: Arc<Plan>,
     mem: RrpcMem,
@@ -233,6 +327,7 @@ async fn run_client(
     slot: u64,
     measure_from: Instant,
     stop: Arc<AtomicBool>,
+    proc: Option<Arc<InProcess>>,
 ) -> Result<PhaseOut> {
     let mut hist = Histogram::<u64>::new(3)?;
     let mut ops = 0;
@@ -242,20 +337,33 @@ async fn run_client(
         let mut i = slot;
         while i < plan.args.keys {
             h.insert(&mem, key_of(i), i).await?;
-            i += plan.clients();
+            i += plan.loaders();
         }
         return Ok(PhaseOut {
             ops,
             hist,
             aborts: h.aborts(),
+            repairs: h.repairs(),
         });
     }
     let w = plan.args.workload[phase as usize - 1];
     let zipf = (plan.args.zipf > 0.0)
         .then(|| Zipf::new(plan.args.keys as f64, plan.args.zipf))
         .transpose()?;
+    // A client process's board slot, and the key index of its slot's next insert.
+    let board_slot = proc.as_ref().map(|p| (slot - p.first_slot) as usize);
+    let next_insert = |p: &InProcess| {
+        let k = p.board.acked(board_slot.expect("in a process"));
+        p.insert_base + slot + k * plan.clients()
+    };
     while !stop.load(Ordering::Relaxed) {
-        let n = plan.next_index.load(Ordering::Relaxed);
+        // Keys inserted so far: in a client process, estimated from this slot's own
+        // inserts (the slots insert at about the same rate), so that read-latest reads
+        // near the newest keys; a key not there yet is a lookup that finds nothing.
+        let n = match &proc {
+            None => plan.next_index.load(Ordering::Relaxed),
+            Some(p) => next_insert(p).max(1),
+        };
         let pick = |rng: &mut rand::rngs::StdRng| match &zipf {
             Some(z) => z.sample(rng) as u64 - 1,
             None => rng.random_range(0..plan.args.keys),
@@ -277,8 +385,14 @@ async fn run_client(
                 h.lookup(&mem, key_of(pick(&mut rng))).await?;
             }
             (Workload::D | Workload::E, false) => {
-                let i = plan.next_index.fetch_add(1, Ordering::Relaxed);
+                let i = match &proc {
+                    None => plan.next_index.fetch_add(1, Ordering::Relaxed),
+                    Some(p) => next_insert(p),
+                };
                 h.insert(&mem, key_of(i), i).await?;
+                if let (Some(p), Some(s)) = (&proc, board_slot) {
+                    p.board.ack(s);
+                }
             }
             (_, false) => {
                 let i = pick(&mut rng);
@@ -287,6 +401,9 @@ async fn run_client(
                     bail!("update of loaded key index {i} found no key");
                 }
             }
+        }
+        if let Some(p) = &proc {
+            p.board.count(p.go.elapsed());
         }
         if t0 >= measure_from {
             hist.record(t0.elapsed().as_nanos() as u64)?;
@@ -297,6 +414,7 @@ async fn run_client(
         ops,
         hist,
         aborts: h.aborts(),
+        repairs: h.repairs(),
     })
 }
 
@@ -316,15 +434,20 @@ struct ProtocolOut {
 ///
 /// Errors: more ids than a `u16` holds, or a layout `rtx` refuses (naming `--objects`).
 fn layout(args: &Args) -> Result<Layout> {
-    let clients = args.threads as u64 * args.coroutines as u64;
+    let clients = clients(args);
     let phases = args.workload.len() as u64 + 1;
-    let ids = u16::try_from(phases * clients + 1).map_err(|_| {
-        anyhow::anyhow!(
-            "--threads {} x --coroutines {} x {phases} phases: more than 65535 client ids",
-            args.threads,
-            args.coroutines
-        )
-    })?;
+    let ids = u16::try_from(phases * clients + 1)
+        .ok()
+        .filter(|&n| n <= rtx::lllock::MAX_ID)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--processes {} x --threads {} x --coroutines {} x {phases} phases: more than {} client ids",
+                args.processes.max(1),
+                args.threads,
+                args.coroutines,
+                rtx::lllock::MAX_ID
+            )
+        })?;
     let layout = Layout {
         ids,
         max_entries: 16,
@@ -386,7 +509,42 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
     });
     let mut rows = Vec::new();
     let (mut load_secs, mut load_aborts) = (0.0, 0);
+    // With client processes: the keys acknowledged so far (indices), the in-flight
+    // inserts of killed clients (present or not), and the next phase's first index.
+    let mut keys_state = KeyState {
+        acked: (0..args.keys).collect(),
+        maybe: Vec::new(),
+        next_base: args.keys,
+    };
     for phase in 0..phases {
+        if phase > 0 && args.processes > 0 {
+            let w = args.workload[phase as usize - 1];
+            let r =
+                run_phase_processes(&plan, phase, cluster.name(), mn, &mut keys_state, &connect)?;
+            let tput = r.ops as f64 / args.run.secs();
+            let (p50, p99) = (
+                r.hist.value_at_quantile(0.5) as f64 / 1000.0,
+                r.hist.value_at_quantile(0.99) as f64 / 1000.0,
+            );
+            println!(
+                "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {}  repairs {}",
+                r.aborts, r.repairs
+            );
+            for l in &r.fault_lines {
+                println!("    {l}");
+            }
+            jsonl::point_with(
+                "ycsb",
+                json!({
+                    "protocol": proto.name(), "workload": w.name(), "ops_per_s": tput,
+                    "ops": r.ops, "p50_us": p50, "p99_us": p99, "aborts_and_retries": r.aborts,
+                    "repairs": r.repairs, "processes": args.processes, "fault": r.fault,
+                }),
+                Some(&r.hist),
+            );
+            rows.push((w, tput, p50, p99, r.aborts));
+            continue;
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let barrier = Arc::new(Barrier::new(args.threads as usize + 1));
         let (ops, aborts, hist, phase_secs) = std::thread::scope(|scope| -> Result<_> {
@@ -408,7 +566,8 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                                 (plan.clone(), mem.clone(), stop.clone(), outs.clone());
                             ex.spawn(async move {
                                 let r =
-                                    run_client(plan, mem, h, phase, slot, measure_from, stop).await;
+                                    run_client(plan, mem, h, phase, slot, measure_from, stop, None)
+                                        .await;
                                 outs.borrow_mut().push(r);
                             });
                         }
@@ -471,22 +630,40 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
         let r = async {
             let all = check_tree(&mem, &layout).await?;
             check_quiescent(&mem, &layout).await?;
-            Ok::<_, anyhow::Error>(all.len() as u64)
+            Ok::<_, anyhow::Error>(all)
         }
         .await;
         *r2.borrow_mut() = Some(r);
     });
     ex.run();
-    let found = result.borrow_mut().take().expect("checker ran")?;
-    let expected = plan.next_index.load(Ordering::Relaxed);
-    // Every index below next_index was handed to an insert; all of them acknowledged
-    // (a run stops only between operations), and keys are distinct.
-    if found != expected {
-        bail!("{proto:?}: the tree holds {found} keys, {expected} were inserted");
+    let all_keys = result.borrow_mut().take().expect("checker ran")?;
+    let found = all_keys.len() as u64;
+    if args.processes == 0 {
+        let expected = plan.next_index.load(Ordering::Relaxed);
+        // Every index below next_index was handed to an insert; all of them acknowledged
+        // (a run stops only between operations), and keys are distinct.
+        if found != expected {
+            bail!("{proto:?}: the tree holds {found} keys, {expected} were inserted");
+        }
+        println!(
+            "  {proto:?}: tree check ok ({found} keys, fences, order, sibling chain = parents, no lock held, every rTX log DONE)"
+        );
+    } else {
+        let in_flight = keys_state
+            .check(&all_keys)
+            .map_err(|e| anyhow::anyhow!("{proto:?}: {e}"))?;
+        println!(
+            "  {proto:?}: tree check ok ({found} keys: every acknowledged insert present{}; fences, order, sibling chain = parents, no lock held, every rTX log DONE)",
+            if keys_state.maybe.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", {in_flight} of the killed clients' {} in-flight inserts committed by repair",
+                    keys_state.maybe.len()
+                )
+            }
+        );
     }
-    println!(
-        "  {proto:?}: tree check ok ({found} keys, fences, order, sibling chain = parents, no lock held, every rTX log DONE)"
-    );
     drop(node);
     drop(mr);
     Ok(ProtocolOut {
@@ -494,6 +671,547 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
         load_secs,
         load_aborts,
     })
+}
+
+/// The keys a run with client processes must find: every acknowledged insert, and any
+/// of the in-flight inserts of killed clients (committed by repair, or not).
+struct KeyState {
+    /// Key indices acknowledged (loaded, then inserted).
+    acked: Vec<u64>,
+    /// Key indices whose insert was in flight when its client was killed.
+    maybe: Vec<u64>,
+    /// The next phase's first insert index.
+    next_base: u64,
+}
+
+impl KeyState {
+    /// Check the tree's keys `found` (sorted, distinct: `check_tree`'s) against the
+    /// acknowledged and in-flight inserts; returns how many in-flight inserts are there.
+    ///
+    /// Errors: an acknowledged key is missing, or a key is neither acknowledged nor in
+    /// flight.
+    fn check(&self, found: &[(u64, u64)]) -> Result<usize, String> {
+        let found: std::collections::HashSet<u64> = found.iter().map(|&(k, _)| k).collect();
+        let missing = self
+            .acked
+            .iter()
+            .filter(|&&i| !found.contains(&key_of(i)))
+            .count();
+        if missing > 0 {
+            let first = self
+                .acked
+                .iter()
+                .find(|&&i| !found.contains(&key_of(i)))
+                .unwrap();
+            return Err(format!(
+                "{missing} acknowledged inserts are not in the tree (the first: key index {first})"
+            ));
+        }
+        let in_flight = self
+            .maybe
+            .iter()
+            .filter(|&&i| found.contains(&key_of(i)))
+            .count();
+        let extra = found.len() - self.acked.len() - in_flight;
+        if extra > 0 {
+            return Err(format!(
+                "the tree holds {extra} keys that no client inserted or had in flight"
+            ));
+        }
+        Ok(in_flight)
+    }
+}
+
+/// What a workload phase run by client processes gives.
+struct ProcPhase {
+    /// Operations in the measured window, every process's (from the boards).
+    ops: u64,
+    /// Latencies of the processes that finished (a killed one's are lost).
+    hist: Histogram<u64>,
+    aborts: u64,
+    repairs: u64,
+    /// What the fault did (lines to print), and as JSON.
+    fault_lines: Vec<String>,
+    fault: serde_json::Value,
+}
+
+/// How long a client process may take to connect, and past its run to exit.
+const CLIENT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Run workload phase `phase` on `args.processes` client processes (this binary again,
+/// with `--client-spec`), fault process 0 as the flags say, collect what they report and
+/// what their boards show, and after a kill finish the dead clients' rTXs. Updates `keys`
+/// with the phase's acknowledged and in-flight inserts.
+///
+/// Errors: a process that cannot start, connect, or that fails or hangs (other than the
+/// killed one); the recovery's.
+fn run_phase_processes(
+    plan: &Arc<Plan>,
+    phase: u64,
+    cluster: &str,
+    mn: std::net::SocketAddr,
+    keys: &mut KeyState,
+    connect: &dyn Fn(u32) -> Result<(Rc<ThreadCtx>, RrpcMem)>,
+) -> Result<ProcPhase> {
+    use std::process::{Command, Stdio};
+    let args = &plan.args;
+    let per = (args.threads as u64 * args.coroutines as u64) as usize;
+    let intervals = board_intervals(args);
+    let exe = std::env::current_exe().context("finding index-bench's own binary")?;
+    let mut boards = Vec::new();
+    let mut children = Vec::new();
+    for p in 0..args.processes {
+        let path = std::path::PathBuf::from(format!(
+            "/dev/shm/index-bench-{}-{}-{phase}-{p}",
+            std::process::id(),
+            plan.proto.name()
+        ));
+        let board = Board::create(&path, per, intervals)
+            .with_context(|| format!("creating the board {}", path.display()))?;
+        let spec = ClientSpec {
+            cluster: cluster.to_string(),
+            mn,
+            proto: plan.proto,
+            phase,
+            process: p,
+            board: path,
+            insert_base: keys.next_base,
+        };
+        let child = Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .arg("--client-spec")
+            .arg(serde_json::to_string(&spec)?)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting client process {p} ({})", exe.display()))?;
+        boards.push(board);
+        children.push(child);
+    }
+    // Kill whatever is left if this returns early.
+    struct Reap(Vec<std::process::Child>);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut children = Reap(children);
+    let deadline = Instant::now() + CLIENT_GRACE;
+    while !boards.iter().all(|b| b.ready()) {
+        for (p, c) in children.0.iter_mut().enumerate() {
+            if let Some(st) = c.try_wait()? {
+                bail!("client process {p} exited before it connected ({st})");
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!("client processes not connected after {CLIENT_GRACE:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    for b in &boards {
+        b.go();
+    }
+    let go = Instant::now();
+    let victim = children.0[0].id() as libc::pid_t;
+    let mut fault_lines = Vec::new();
+    let mut fault = serde_json::Value::Null;
+    let fault_at = args
+        .kill_client_after
+        .or(args.stop_client_after)
+        .map(|s| args.run.warmup() + s.0);
+    if let Some(at) = fault_at {
+        std::thread::sleep((go + at).saturating_duration_since(Instant::now()));
+        let kill = args.kill_client_after.is_some();
+        // SAFETY: kill(2) on our own child's pid, which we have not waited for yet (it
+        // cannot have been reused).
+        let r = unsafe { libc::kill(victim, if kill { libc::SIGKILL } else { libc::SIGSTOP }) };
+        if r != 0 {
+            bail!(
+                "signalling client process 0: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let at_ms = go.elapsed().as_millis();
+        if kill {
+            fault_lines.push(format!(
+                "client process 0 (pid {victim}, {per} clients) killed at {at_ms} ms"
+            ));
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(args.stop_ms));
+            // SAFETY: as above.
+            unsafe { libc::kill(victim, libc::SIGCONT) };
+            fault_lines.push(format!(
+                "client process 0 (pid {victim}, {per} clients) stopped at {at_ms} ms for {} ms",
+                args.stop_ms
+            ));
+        }
+    }
+    // Collect: each process exits after its run; the killed one is gone already.
+    let end = go + args.run.warmup() + args.run.duration() + CLIENT_GRACE;
+    let mut hist = Histogram::<u64>::new(3)?;
+    let (mut aborts, mut repairs) = (0, 0);
+    for (p, c) in children.0.iter_mut().enumerate() {
+        let st = loop {
+            if let Some(st) = c.try_wait()? {
+                break st;
+            }
+            if Instant::now() >= end {
+                bail!("client process {p} still running {CLIENT_GRACE:?} after its run ended");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        if p == 0 && args.kill_client_after.is_some() {
+            use std::os::unix::process::ExitStatusExt;
+            if st.signal() != Some(libc::SIGKILL) {
+                bail!("client process 0 was to be killed but ended with {st}");
+            }
+            continue;
+        }
+        let mut out = String::new();
+        use std::io::Read;
+        c.stdout
+            .take()
+            .context("client stdout")?
+            .read_to_string(&mut out)?;
+        if !st.success() {
+            bail!("client process {p} failed ({st})");
+        }
+        let r: ClientReport = serde_json::from_str(out.trim())
+            .with_context(|| format!("client process {p}'s report {out:?}"))?;
+        hist.add(&jsonl::decode_hdr(&r.hdr)?)?;
+        aborts += r.aborts;
+        repairs += r.repairs;
+    }
+    // The measured window on the boards' timelines.
+    let (from, to) = (
+        (args.run.warmup().as_nanos() / INTERVAL.as_nanos()) as usize,
+        ((args.run.warmup() + args.run.duration()).as_nanos() / INTERVAL.as_nanos()) as usize,
+    );
+    let timelines: Vec<Vec<u64>> = boards.iter().map(|b| b.intervals()).collect();
+    let ops = timelines
+        .iter()
+        .map(|t| t[from.min(t.len())..to.min(t.len())].iter().sum::<u64>())
+        .sum();
+    if let Some(at) = fault_at {
+        let i = (at.as_nanos() / INTERVAL.as_nanos()) as usize;
+        if let Some(t) = fault_timeline(&timelines, 0, from, i, to) {
+            let n = args.processes as f64;
+            fault_lines.push(format!(
+                "the other {} processes' {} ms intervals after it: fewest ops {}{}; ops/s of all before {:.0}, after {:.0} (ratio {:.2}; (n-1)/n = {:.2}; the others alone {:.2})",
+                args.processes - 1,
+                INTERVAL.as_millis(),
+                t.min_survivor_interval,
+                if t.min_survivor_interval == 0 { " (a 10 ms interval without progress)" } else { ", never 0" },
+                t.rate_before,
+                t.rate_after,
+                t.rate_after / t.rate_before,
+                (n - 1.0) / n,
+                t.survivors_after / t.rate_before,
+            ));
+            fault = json!({
+                "kind": if args.kill_client_after.is_some() { "kill" } else { "stop" },
+                "at_ms": at.as_millis() as u64,
+                "stop_ms": args.stop_client_after.map(|_| args.stop_ms),
+                "min_survivor_interval_ops": t.min_survivor_interval,
+                "interval_ms": INTERVAL.as_millis() as u64,
+                "ops_per_s_before": t.rate_before,
+                "ops_per_s_after": t.rate_after,
+                "survivors_ops_per_s_after": t.survivors_after,
+            });
+        }
+    }
+    // The phase's inserts: slot s's k-th is insert_base + s + k x clients.
+    let clients = plan.clients();
+    let dead = if args.kill_client_after.is_some() {
+        per
+    } else {
+        0
+    };
+    for (p, b) in boards.iter().enumerate() {
+        for local in 0..per {
+            let slot = (p * per + local) as u64;
+            let n = b.acked(local);
+            keys.acked
+                .extend((0..n).map(|k| keys.next_base + slot + k * clients));
+            if p == 0 && local < dead {
+                keys.maybe.push(keys.next_base + slot + n * clients);
+            }
+        }
+    }
+    let top = boards
+        .iter()
+        .enumerate()
+        .flat_map(|(p, b)| (0..per).map(move |l| (p * per + l, b.acked(l))))
+        .map(|(slot, n)| keys.next_base + slot as u64 + (n + 1) * clients)
+        .max()
+        .unwrap_or(keys.next_base);
+    keys.next_base = top;
+    if dead > 0 {
+        let t = Instant::now();
+        let ids: Vec<u16> = (0..dead as u64).map(|s| plan.id(phase, s)).collect();
+        let (logs, locks) = recover_dead(plan.layout, &ids, connect)?;
+        fault_lines.push(format!(
+            "afterwards: the killed clients' {} logs finished as restarted clients would ({logs} not DONE), {locks} locks no one met repaired, in {:.1} ms",
+            ids.len(),
+            t.elapsed().as_secs_f64() * 1e3
+        ));
+    }
+    Ok(ProcPhase {
+        ops,
+        hist,
+        aborts,
+        repairs,
+        fault_lines,
+        fault,
+    })
+}
+
+/// Intervals of a client process's board: the run (warm-up and measured window) and a
+/// second more.
+fn board_intervals(args: &Args) -> usize {
+    ((args.run.warmup() + args.run.duration() + std::time::Duration::from_secs(1)).as_nanos()
+        / INTERVAL.as_nanos()) as usize
+}
+
+/// After a client process was killed: restart each of its rTX IDs `ids` (as a new
+/// incarnation, finishing its last rTX from its log: `Client::recover`), then repair the
+/// locks the dead IDs still hold once their leases expired (an Opt1 lock has no log; a
+/// lock no survivor met stays until someone does). Returns the logs that were not DONE
+/// and the locks repaired.
+///
+/// Errors: the memory node's, or a lock still held by a dead ID after its repair.
+fn recover_dead(
+    layout: Layout,
+    ids: &[u16],
+    connect: &dyn Fn(u32) -> Result<(Rc<ThreadCtx>, RrpcMem)>,
+) -> Result<(u64, u64)> {
+    let (ctx, mem) = connect(18)?;
+    let ids = ids.to_vec();
+    let out = Rc::new(std::cell::RefCell::new(None));
+    let o2 = out.clone();
+    let mut ex = Executor::new(ctx);
+    ex.spawn(async move {
+        let r = async {
+            let mut logs = 0;
+            let mut rescuer = None;
+            for &id in &ids {
+                let w = rtx::mem::Mem::read_u64(&mem, layout.log_addr(id)).await?;
+                if w != 0 && rtx::log::Header::decode(w).state != rtx::log::LogState::Done {
+                    logs += 1;
+                }
+                let mut c = Client::new(layout, id, 3, SystemClock, Config::default());
+                c.recover(&mem).await?;
+                rescuer.get_or_insert(c);
+            }
+            let mut locks = 0;
+            let Some(mut c) = rescuer else {
+                return Ok((logs, locks));
+            };
+            for i in 0..layout.objects {
+                let at = layout.obj_addr(i);
+                let w = rtx::mem::Mem::read_u64(&mem, at).await?;
+                let rtx::lllock::LockWord::Locked(s) = rtx::lllock::LockWord::decode(w) else {
+                    continue;
+                };
+                if !ids.contains(&s.id) {
+                    continue;
+                }
+                let now = rtx::lease::Clock::now_ms(&SystemClock);
+                if !s.expired(now) {
+                    std::thread::sleep(std::time::Duration::from_millis(s.lease_ms + 1 - now));
+                }
+                if c.repair(&mem, at, w).await?.changed() {
+                    locks += 1;
+                }
+                let after = rtx::mem::Mem::read_u64(&mem, at).await?;
+                if after == w {
+                    anyhow::bail!(
+                        "object {i} still locked by dead rTX ID {} after its repair",
+                        s.id
+                    );
+                }
+            }
+            Ok::<_, anyhow::Error>((logs, locks))
+        }
+        .await;
+        *o2.borrow_mut() = Some(r);
+    });
+    ex.run();
+    let r = out.borrow_mut().take().expect("recovery ran");
+    r
+}
+
+/// A client process (`--client-spec`): connect `--threads` threads to the memory node,
+/// say ready on the board, wait for go, run the phase's workload for the warm-up and
+/// the measured window, print a [`ClientReport`] on stdout.
+///
+/// Errors: a bad spec or board, a connection or run error (printed by `bench_main`, exit
+/// code 1: the driver reports the process failed).
+fn run_client_process(args: &Args, spec: &str) -> Result<()> {
+    let spec: ClientSpec = serde_json::from_str(spec).context("--client-spec")?;
+    let layout = layout(args)?;
+    let per = args.threads as usize * args.coroutines as usize;
+    let board = Arc::new(Board::open(&spec.board, per, board_intervals(args))?);
+    let plan = Arc::new(Plan {
+        args: args.clone(),
+        layout,
+        proto: spec.proto,
+        next_index: AtomicU64::new(0),
+    });
+    let rpc = args.config.rpc_settings()?;
+    let open = |node: u32| -> Result<Fabric> {
+        let mut cfg = FabricConfig::new(args.fabric.fabric, &spec.cluster, NodeId(node));
+        cfg.model = args.fabric.model.clone();
+        Ok(Fabric::open(&cfg)?)
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let ready = Barrier::new(args.threads as usize + 1);
+    let started: std::sync::OnceLock<Arc<InProcess>> = std::sync::OnceLock::new();
+    let first_slot = spec.process as u64 * per as u64;
+    let outs = std::thread::scope(|scope| -> Result<Vec<PhaseOut>> {
+        let workers: Vec<_> = (0..args.threads)
+            .map(|t| {
+                let (plan, stop, ready, started, open, rpc) =
+                    (plan.clone(), stop.clone(), &ready, &started, &open, &rpc);
+                let node = 100 + 100 * spec.phase as u32 + (spec.process * args.threads + t) as u32;
+                scope.spawn(move || -> Result<Vec<PhaseOut>> {
+                    let r = open(node).and_then(|f| {
+                        let ctx = ThreadCtx::new(f, rpc.runtime.clone())?;
+                        let (mem, l) = rtx::host::connect(&ctx, spec.mn)?;
+                        anyhow::ensure!(l == plan.layout, "exported layout differs");
+                        Ok((ctx, mem))
+                    });
+                    ready.wait();
+                    ready.wait();
+                    let (ctx, mem) = r?;
+                    let proc = started.get().context("not started")?.clone();
+                    let measure_from = proc.go + plan.args.run.warmup();
+                    let outs = Rc::new(std::cell::RefCell::new(Vec::new()));
+                    let mut ex = Executor::new(ctx);
+                    for co in 0..plan.args.coroutines {
+                        let slot = first_slot + t as u64 * plan.args.coroutines as u64 + co as u64;
+                        let h = plan.handle(spec.phase, slot);
+                        let (plan, mem, stop, outs, proc) = (
+                            plan.clone(),
+                            mem.clone(),
+                            stop.clone(),
+                            outs.clone(),
+                            proc.clone(),
+                        );
+                        ex.spawn(async move {
+                            let r = run_client(
+                                plan,
+                                mem,
+                                h,
+                                spec.phase,
+                                slot,
+                                measure_from,
+                                stop,
+                                Some(proc),
+                            )
+                            .await;
+                            outs.borrow_mut().push(r);
+                        });
+                    }
+                    ex.run();
+                    let v: Vec<Result<PhaseOut>> = outs.borrow_mut().drain(..).collect();
+                    v.into_iter().collect()
+                })
+            })
+            .collect();
+        ready.wait();
+        board.set_ready();
+        let go = board.wait_go(CLIENT_GRACE);
+        let _ = started.set(Arc::new(InProcess {
+            board: board.clone(),
+            go: go.unwrap_or_else(Instant::now),
+            insert_base: spec.insert_base,
+            first_slot,
+        }));
+        if go.is_none() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        ready.wait();
+        if let Some(go) = go {
+            std::thread::sleep(
+                (go + args.run.warmup() + args.run.duration())
+                    .saturating_duration_since(Instant::now()),
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut all = Vec::new();
+        for w in workers {
+            all.extend(w.join().expect("client thread panicked")?);
+        }
+        anyhow::ensure!(
+            go.is_some(),
+            "no go from index-bench within {CLIENT_GRACE:?}"
+        );
+        Ok(all)
+    })?;
+    let mut hist = Histogram::<u64>::new(3)?;
+    let (mut ops, mut aborts, mut repairs) = (0, 0, 0);
+    for o in outs {
+        hist.add(&o.hist)?;
+        ops += o.ops;
+        aborts += o.aborts;
+        repairs += o.repairs;
+    }
+    let hdr = jsonl::latency_fields(&hist)
+        .get("hdr")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+    println!(
+        "{}",
+        serde_json::to_string(&ClientReport {
+            ops,
+            aborts,
+            repairs,
+            hdr
+        })?
+    );
+    Ok(())
+}
+
+/// The client-process and fault flags together. Errors (usage): a fault without
+/// `--processes 2` or more, both faults, a fault on a protocol other than rTX (Optimal
+/// and DTX have no repair: a dead client's lock would stop the others for good), a fault
+/// outside the measured window, a zero `--stop-ms`, more client threads than node ids.
+fn check_processes(args: &Args) -> Result<()> {
+    let fault = args.kill_client_after.or(args.stop_client_after);
+    if args.kill_client_after.is_some() && args.stop_client_after.is_some() {
+        bail!("--kill-client-after and --stop-client-after: one fault per run");
+    }
+    if let Some(t) = fault {
+        if args.processes < 2 {
+            bail!("a client fault needs --processes 2 or more (the others go on)");
+        }
+        if args.protocol != Proto::Rtx {
+            bail!("a client fault runs --protocol rtx only: Optimal and DTX have no repair, so a dead or stopped client's lock stops the others");
+        }
+        if t.0.is_zero() || t.0 >= args.run.duration() {
+            bail!(
+                "the fault time {t} must lie inside --duration {}",
+                args.run.duration
+            );
+        }
+    }
+    if args.stop_client_after.is_some() && args.stop_ms == 0 {
+        bail!("--stop-ms must be positive");
+    }
+    if args.processes as u32 * args.threads as u32 > 99 {
+        bail!(
+            "--processes {} x --threads {}: at most 99 client threads (node ids 100 + 100 x phase + thread)",
+            args.processes,
+            args.threads
+        );
+    }
+    Ok(())
 }
 
 /// index-bench's defaults for the shared flags: 1 s per workload after 200 ms of warm-up.
@@ -525,6 +1243,10 @@ fn run(mut args: Args) -> Result<()> {
     // From here on `--model` holds the model that runs (the default rule applied).
     args.fabric.model = Some(model.clone());
     cli::as_usage(layout(&args))?;
+    cli::as_usage(check_processes(&args))?;
+    if let Some(spec) = &args.client_spec {
+        return run_client_process(&args, spec);
+    }
     jsonl::open(
         args.out.json.as_deref(),
         &jsonl::RunInfo {
@@ -536,14 +1258,27 @@ fn run(mut args: Args) -> Result<()> {
         },
     )?;
     println!(
-        "index-bench | fabric: {} | timing model: {model_desc} | {} keys | {} thread(s) x {} coroutines | {} | {} (+{} warm-up) per workload",
+        "index-bench | fabric: {} | timing model: {model_desc} | {} keys | {}{} thread(s) x {} coroutines | {} | {} (+{} warm-up) per workload{}",
         args.fabric.fabric,
         args.keys,
+        if args.processes > 0 {
+            format!("{} client processes x ", args.processes)
+        } else {
+            String::new()
+        },
         args.threads,
         args.coroutines,
         if args.zipf > 0.0 { format!("zipf {}", args.zipf) } else { "uniform".into() },
         args.run.duration,
-        args.run.warmup
+        args.run.warmup,
+        match (args.kill_client_after, args.stop_client_after) {
+            (Some(t), _) => format!(" | client process 0 killed {t} into each"),
+            (_, Some(t)) => format!(
+                " | client process 0 stopped {t} into each, for {} ms",
+                args.stop_ms
+            ),
+            _ => String::new(),
+        }
     );
     let protos: Vec<Proto> = match args.protocol {
         Proto::All => vec![Proto::Rtx, Proto::Optimal, Proto::Dtx],

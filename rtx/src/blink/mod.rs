@@ -292,7 +292,16 @@ impl Blink {
         first_pre_lock: bool,
     ) -> Result<Option<(u64, Node)>, RtxError> {
         let mut first = true;
+        let mut steps = 0usize;
         loop {
+            // A walk right never meets more nodes than a level has; values read earlier
+            // in the rTX are served from its read set, so a walk over inconsistent ones
+            // could cycle without a single READ: restart instead (validation would have
+            // aborted it anyway).
+            steps += 1;
+            if steps > self.layout.objects as usize {
+                return Ok(None);
+            }
             let b = if first && first_pre_lock {
                 tx.pre_lock(mem, m).await?
             } else {

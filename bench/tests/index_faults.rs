@@ -1,0 +1,160 @@
+//! `index-bench` with client processes (`--processes`), faulted for real: client process 0
+//! is killed with SIGKILL, or stopped with SIGSTOP past its leases and continued, in the
+//! middle of a workload's measured window. The other process goes on, repairing what
+//! the faulted one left locked as it meets it; afterwards a killed process's clients are
+//! restarted (their logs finished), and the tree must hold every acknowledged insert
+//! (the killed clients' in-flight ones present or not), in order, with no lock held and
+//! every log DONE (Transactional Indexes on Disaggregated Memory with Repairable
+//! Transaction, 4.3 and 6.4). The driver itself checks that the killed process died of
+//! SIGKILL and that the stopped one finished its run.
+
+mod common;
+
+use std::process::{Command, Output};
+
+fn index_bench(extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_index-bench"))
+        .args([
+            "--protocol",
+            "rtx",
+            "--keys",
+            "2000",
+            "--objects",
+            "4096",
+            "--coroutines",
+            "4",
+            "--processes",
+            "2",
+            "--duration",
+            "1s",
+            "--warmup",
+            "100ms",
+            "--model",
+            "none",
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_killed_client_process_is_repaired_around_and_every_acknowledged_key_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("kill.jsonl");
+    let out = index_bench(&[
+        "--workload",
+        "a,d",
+        "--kill-client-after",
+        "300ms",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.matches("client process 0 (pid ").count(),
+        2,
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .matches("the killed clients' 4 logs finished")
+            .count(),
+        2,
+        "{stdout}"
+    );
+    // The check counts D's inserts: every acknowledged one is there.
+    assert!(
+        stdout.contains("Rtx: tree check ok (")
+            && stdout.contains("every acknowledged insert present"),
+        "{stdout}"
+    );
+    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "index-bench");
+    let points: Vec<_> = recs.iter().filter(|r| r["record"] == "point").collect();
+    assert_eq!(points.len(), 2, "{recs:?}");
+    for p in points {
+        assert_eq!(p["processes"], 2, "{p}");
+        assert_eq!(p["fault"]["kind"], "kill", "{p}");
+        assert!(
+            p["fault"]["ops_per_s_before"].as_f64().unwrap() > 0.0,
+            "{p}"
+        );
+        assert!(
+            p["fault"]["survivors_ops_per_s_after"].as_f64().is_some(),
+            "{p}"
+        );
+        common::check_latency_fields("index-bench", p);
+    }
+}
+
+#[test]
+fn a_client_process_stopped_past_its_leases_is_repaired_and_then_finishes() {
+    // Zipf 0.99: the other process meets the stopped one's locks on the hot keys.
+    let out = index_bench(&[
+        "--workload",
+        "a",
+        "--zipf",
+        "0.99",
+        "--stop-client-after",
+        "300ms",
+        "--stop-ms",
+        "200",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("stopped at ") && stdout.contains("for 200 ms"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Rtx: tree check ok ("), "{stdout}");
+}
+
+#[test]
+fn fault_flags_without_their_preconditions_are_usage_errors() {
+    for (extra, want) in [
+        (
+            &["--kill-client-after", "300ms"][..],
+            "--processes 2 or more",
+        ),
+        (
+            &["--processes", "2", "--kill-client-after", "5s"][..],
+            "must lie inside --duration",
+        ),
+        (
+            &[
+                "--processes",
+                "2",
+                "--kill-client-after",
+                "100ms",
+                "--stop-client-after",
+                "100ms",
+            ][..],
+            "one fault per run",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
+            .args(["--protocol", "rtx", "--duration", "1s"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(want), "{extra:?}: {stderr}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
+        .args([
+            "--protocol",
+            "all",
+            "--processes",
+            "2",
+            "--kill-client-after",
+            "100ms",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--protocol rtx only"), "{stderr}");
+}
