@@ -81,3 +81,82 @@ fn a_region_too_small_is_refused_with_its_flag() {
     // Refused before anything ran: no header line.
     assert!(!String::from_utf8_lossy(&out.stdout).contains("index-bench |"));
 }
+
+/// `--index race`: RACE hashing whose rehash is an rTX, against RACE's own spinlock
+/// rehash (Optimal), on the same layout. The load grows the table from 16 subtables by
+/// rehashes; each table passes its check (every key once, where its hash puts it, no
+/// lock held, every log DONE); ycsb-e is skipped with a note, the DTX baseline and client
+/// faults are refused.
+#[test]
+fn the_race_hash_index_runs_rtx_against_optimal_and_its_tables_check_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("race.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
+        .args([
+            "--index",
+            "race",
+            "--keys",
+            "8000",
+            "--objects",
+            "4096",
+            "--coroutines",
+            "4",
+            "--duration",
+            "200ms",
+            "--warmup",
+            "20ms",
+            "--model",
+            "none",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("ycsb-e skipped: a hash index has no range scans"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("index-bench | RACE hash table |"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches(": table check ok (").count(), 2, "{stdout}");
+    for w in ["A", "B", "C", "D"] {
+        assert!(
+            stdout.contains(&format!("ycsb-{w}: ratio throughput rtx/optimal = ")),
+            "{w}: {stdout}"
+        );
+    }
+    assert!(!stdout.contains("ycsb-E"), "{stdout}");
+    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "index-bench");
+    let doc = recs.last().unwrap();
+    assert_eq!(doc["index"], "race", "{doc}");
+    assert_eq!(doc["runs"].as_array().unwrap().len(), 8, "{doc}");
+    for (extra, want) in [
+        (&["--protocol", "dtx"][..], "--index blink only"),
+        (
+            &[
+                "--protocol",
+                "rtx",
+                "--processes",
+                "2",
+                "--kill-client-after",
+                "100ms",
+            ][..],
+            "a client fault runs --index blink only",
+        ),
+        (&["--workload", "e"][..], "ycsb-e scans key ranges"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
+            .args(["--index", "race", "--duration", "1s"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+}

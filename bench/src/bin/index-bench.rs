@@ -1,7 +1,11 @@
 //! `index-bench`: YCSB A-E over the B-link tree of `rtx::blink`, run by rTX (the tree in
 //! repairable transactions), by Optimal (Sherman's own locking, no logs) and by a
 //! DTX-style variant of Optimal (value logging before each write-back), side by side
-//! (Transactional Indexes on Disaggregated Memory with Repairable Transaction, 6 Fig. 11).
+//! (Transactional Indexes on Disaggregated Memory with Repairable Transaction, 6 Fig. 11);
+//! or, with `--index race`, YCSB A-D over the RACE hash table of `rtx::race`, whose rehash
+//! is an rTX, against RACE's own spinlock rehash. With `--processes` the clients of each
+//! workload are processes, and `--kill-client-after` / `--stop-client-after` fault one
+//! of them for real.
 //!
 //! Each protocol gets its own memory node (an rTX region with 1 KB blocks, hosted in this
 //! process on the fabric of `--fabric`: shm under a timing model, `cx5` by default as in
@@ -48,7 +52,7 @@ use serde_json::json;
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "index-bench",
-    about = "YCSB A-E over a B-link tree: rTX against Optimal (Sherman's locking)",
+    about = "YCSB A-E over a B-link tree or RACE hashing: rTX against Optimal (the index's own locking)",
     long_about = "YCSB A-E over the rtx::blink B-link tree (1 KB nodes, u64 keys and values), \
                   run by rTX (every operation one repairable transaction; single-leaf updates \
                   by Opt1, splits logged) and by Optimal (Sherman's CAS lock, READ, WRITE \
@@ -57,7 +61,10 @@ use serde_json::json;
                   protocol and workload, the ratios rTX/Optimal and rTX/DTX, and checks the \
                   tree afterwards. With --json writes JSON Lines (a metadata record, one \
                   record per protocol and workload with the latency histogram, the summary); \
-                  with --chart draws throughput per workload, one line per protocol."
+                  with --chart draws throughput per workload, one line per protocol. \
+                  --index race runs RACE hashing instead (rehash as an rTX against RACE's \
+                  spinlock rehash; A-D). --processes N runs each workload's clients as N \
+                  processes, and --kill-client-after / --stop-client-after fault one."
 )]
 struct Args {
     #[command(flatten)]
@@ -70,8 +77,14 @@ struct Args {
     seed: cli::SeedArg,
     #[command(flatten)]
     out: cli::OutputArgs,
+    /// The index: blink (a B-link tree after Sherman, 1 KB nodes) or race (RACE hashing
+    /// with 4 KB subtables of 64 buckets x 7 slots, whose rehash is an rTX; no range scans,
+    /// so ycsb-e is skipped, and no DTX baseline).
+    #[arg(long, value_enum, default_value_t = Index::Blink)]
+    index: Index,
     /// Protocols to run: rtx, optimal, dtx (Optimal's locking plus DTX-style value
-    /// logging of every node before its write-back) or all (the three, for the ratios).
+    /// logging of every node before its write-back; B-link tree only) or all (every one
+    /// the index has, for the ratios).
     #[arg(long, value_enum, default_value_t = Proto::All)]
     protocol: Proto,
     /// Workloads, comma-separated, among a (50% read, 50% update), b (95/5), c (read
@@ -159,6 +172,46 @@ enum Proto {
     All,
 }
 
+/// The index a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Index {
+    /// `rtx::blink`: a B-link tree (Transactional Indexes on Disaggregated Memory with
+    /// Repairable Transaction, 5; Sherman).
+    Blink,
+    /// `rtx::race`: RACE hashing whose rehash is an rTX (the same paper, 5).
+    Race,
+}
+
+impl Index {
+    /// The name in output.
+    fn name(self) -> &'static str {
+        match self {
+            Index::Blink => "blink",
+            Index::Race => "race",
+        }
+    }
+    /// Bytes of a block: a B-link node, or a RACE subtable (64 buckets of 64 B; a 4 KB
+    /// directory holds 256 subtables, about 114,000 keys).
+    fn block_bytes(self) -> u64 {
+        match self {
+            Index::Blink => 1024,
+            Index::Race => 4096,
+        }
+    }
+    /// The first object the clients' ranges start at (the tree's root pointer and root,
+    /// or the hash directory and its initial subtables).
+    fn first_free_obj(self) -> u64 {
+        match self {
+            Index::Blink => FIRST_FREE_OBJ,
+            Index::Race => rtx::race::first_free_obj(RACE_DEPTH),
+        }
+    }
+}
+
+/// Global depth of a fresh RACE table: 16 subtables, split by rehashes as the load fills
+/// them.
+const RACE_DEPTH: u8 = 4;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Workload {
     A,
@@ -202,10 +255,12 @@ fn key_of(i: u64) -> u64 {
     }
 }
 
-/// One protocol's handle on the tree.
+/// One protocol's handle on the index.
 enum Handle {
     Rtx(Box<Client<SystemClock>>, Blink),
     Optimal(Optimal),
+    RaceRtx(Box<Client<SystemClock>>, Box<rtx::race::Race>),
+    RaceOptimal(Box<rtx::race::optimal::Optimal>),
 }
 
 impl Handle {
@@ -213,33 +268,49 @@ impl Handle {
         Ok(match self {
             Handle::Rtx(c, t) => t.lookup(c, m, k).await?,
             Handle::Optimal(t) => t.lookup(m, k).await?,
+            Handle::RaceRtx(c, t) => t.get(c, m, k).await?,
+            Handle::RaceOptimal(t) => t.get(m, k).await?,
         })
     }
     async fn insert(&mut self, m: &RrpcMem, k: u64, v: u64) -> Result<Option<u64>> {
         Ok(match self {
             Handle::Rtx(c, t) => t.insert(c, m, k, v).await?,
             Handle::Optimal(t) => t.insert(m, k, v).await?,
+            Handle::RaceRtx(c, t) => t.insert(c, m, k, v).await?,
+            Handle::RaceOptimal(t) => t.insert(m, k, v).await?,
         })
     }
     async fn scan(&mut self, m: &RrpcMem, k: u64, n: usize) -> Result<usize> {
         Ok(match self {
             Handle::Rtx(c, t) => t.scan(c, m, k, n).await?.len(),
             Handle::Optimal(t) => t.scan(m, k, n).await?.len(),
+            Handle::RaceRtx(..) | Handle::RaceOptimal(_) => {
+                bail!("a hash index has no range scans")
+            }
         })
     }
     fn aborts(&self) -> u64 {
         match self {
             Handle::Rtx(c, _) => c.stats().aborts,
             Handle::Optimal(t) => t.stats().aborts,
+            Handle::RaceRtx(c, t) => c.stats().aborts + race_retries(&t.stats()),
+            Handle::RaceOptimal(t) => race_retries(&t.stats()),
         }
     }
     /// Repairs of other clients' rTXs that changed the memory node (rTX; 0 otherwise).
     fn repairs(&self) -> u64 {
         match self {
             Handle::Rtx(c, _) => c.stats().repairs,
-            Handle::Optimal(_) => 0,
+            Handle::RaceRtx(c, t) => c.stats().repairs + t.stats().repairs,
+            Handle::Optimal(_) | Handle::RaceOptimal(_) => 0,
         }
     }
+}
+
+/// A RACE handle's retries: waits on a held subtable, re-runs after its post-check, failed
+/// slot CASes and aborted rehashes.
+fn race_retries(s: &rtx::race::RaceStats) -> u64 {
+    s.waits + s.redos + s.cas_failures + s.rehash_aborts
 }
 
 /// Results of one phase on one thread.
@@ -282,30 +353,41 @@ impl Plan {
     /// Object range of client `slot` in phase `phase`.
     fn objs(&self, phase: u64, slot: u64) -> std::ops::Range<u64> {
         let phases = self.args.workload.len() as u64 + 1;
-        let per = (self.layout.objects - FIRST_FREE_OBJ) / (phases * self.clients());
-        let first = FIRST_FREE_OBJ + (phase * self.clients() + slot) * per;
+        let free = self.args.index.first_free_obj();
+        let per = (self.layout.objects - free) / (phases * self.clients());
+        let first = free + (phase * self.clients() + slot) * per;
         first..first + per
     }
     /// The rTX ID of client `slot` in phase `phase`.
     fn id(&self, phase: u64, slot: u64) -> u16 {
         (phase * self.clients() + slot) as u16
     }
-    fn handle(&self, phase: u64, slot: u64) -> Handle {
+    /// Client `slot`'s handle in phase `phase`. Errors: a RACE handle refuses its object
+    /// range (too small a region for the clients: `--objects`).
+    fn handle(&self, phase: u64, slot: u64) -> Result<Handle> {
         let id = (phase * self.clients() + slot) as u16;
-        match self.proto {
-            Proto::Rtx => Handle::Rtx(
-                Box::new(Client::new(
-                    self.layout,
-                    id,
-                    2,
-                    SystemClock,
-                    Config::default(),
-                )),
-                Blink::new(self.layout, self.objs(phase, slot)),
+        let objs = self.objs(phase, slot);
+        let client = || {
+            Box::new(Client::new(
+                self.layout,
+                id,
+                2,
+                SystemClock,
+                Config::default(),
+            ))
+        };
+        Ok(match (self.args.index, self.proto) {
+            (Index::Race, Proto::Rtx) => Handle::RaceRtx(
+                client(),
+                Box::new(rtx::race::Race::new(self.layout, objs).context("--objects")?),
             ),
-            Proto::Dtx => Handle::Optimal(Optimal::dtx(self.layout, id, self.objs(phase, slot))),
-            _ => Handle::Optimal(Optimal::new(self.layout, id, self.objs(phase, slot))),
-        }
+            (Index::Race, _) => Handle::RaceOptimal(Box::new(
+                rtx::race::optimal::Optimal::new(self.layout, id, objs).context("--objects")?,
+            )),
+            (Index::Blink, Proto::Rtx) => Handle::Rtx(client(), Blink::new(self.layout, objs)),
+            (Index::Blink, Proto::Dtx) => Handle::Optimal(Optimal::dtx(self.layout, id, objs)),
+            (Index::Blink, _) => Handle::Optimal(Optimal::new(self.layout, id, objs)),
+        })
     }
 }
 
@@ -452,8 +534,14 @@ fn layout(args: &Args) -> Result<Layout> {
         ids,
         max_entries: 16,
         objects: args.objects,
-        block_bytes: 1024,
-        blocks: args.objects * 4 / 64 * 64,
+        block_bytes: args.index.block_bytes(),
+        // Copy-on-write updates of B-link nodes hold replaced blocks for 100 ms; RACE
+        // writes records in place and copies only the subtables it rehashes.
+        blocks: match args.index {
+            Index::Blink => args.objects * 4,
+            Index::Race => args.objects + args.objects / 4,
+        } / 64
+            * 64,
         reclaim_slots: 64,
     };
     layout.validate().with_context(|| {
@@ -498,7 +586,15 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
     {
         let (ctx, mem) = connect(20)?;
         let mut ex = Executor::new(ctx);
-        ex.spawn(async move { init_hosted(&layout, &mem).await.expect("init tree") });
+        let index = args.index;
+        ex.spawn(async move {
+            match index {
+                Index::Blink => init_hosted(&layout, &mem).await.expect("init tree"),
+                Index::Race => rtx::race::init_hosted(&layout, &mem, RACE_DEPTH)
+                    .await
+                    .expect("init hash table"),
+            }
+        });
         ex.run();
     }
     let plan = Arc::new(Plan {
@@ -561,7 +657,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                         let mut ex = Executor::new(ctx);
                         for co in 0..plan.args.coroutines {
                             let slot = t as u64 * plan.args.coroutines as u64 + co as u64;
-                            let h = plan.handle(phase, slot);
+                            let h = plan.handle(phase, slot)?;
                             let (plan, mem, stop, outs) =
                                 (plan.clone(), mem.clone(), stop.clone(), outs.clone());
                             ex.spawn(async move {
@@ -626,10 +722,21 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
     let mut ex = Executor::new(ctx);
     let result = Rc::new(std::cell::RefCell::new(None));
     let r2 = result.clone();
+    let index = args.index;
     ex.spawn(async move {
         let r = async {
-            let all = check_tree(&mem, &layout).await?;
-            check_quiescent(&mem, &layout).await?;
+            let all = match index {
+                Index::Blink => {
+                    let all = check_tree(&mem, &layout).await?;
+                    check_quiescent(&mem, &layout).await?;
+                    all
+                }
+                Index::Race => {
+                    let all = rtx::race::check::check_table(&mem, &layout).await?;
+                    rtx::race::check::check_quiescent(&mem, &layout).await?;
+                    all
+                }
+            };
             Ok::<_, anyhow::Error>(all)
         }
         .await;
@@ -646,14 +753,17 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
             bail!("{proto:?}: the tree holds {found} keys, {expected} were inserted");
         }
         println!(
-            "  {proto:?}: tree check ok ({found} keys, fences, order, sibling chain = parents, no lock held, every rTX log DONE)"
+            "  {proto:?}: {} check ok ({found} keys, {})",
+            checked_what(args.index).0,
+            checked_what(args.index).1
         );
     } else {
         let in_flight = keys_state
             .check(&all_keys)
             .map_err(|e| anyhow::anyhow!("{proto:?}: {e}"))?;
         println!(
-            "  {proto:?}: tree check ok ({found} keys: every acknowledged insert present{}; fences, order, sibling chain = parents, no lock held, every rTX log DONE)",
+            "  {proto:?}: {} check ok ({found} keys: every acknowledged insert present{}; {})",
+            checked_what(args.index).0,
             if keys_state.maybe.is_empty() {
                 String::new()
             } else {
@@ -661,7 +771,8 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                     ", {in_flight} of the killed clients' {} in-flight inserts committed by repair",
                     keys_state.maybe.len()
                 )
-            }
+            },
+            checked_what(args.index).1
         );
     }
     drop(node);
@@ -671,6 +782,20 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
         load_secs,
         load_aborts,
     })
+}
+
+/// What the final check of `index` is called and what it checked.
+fn checked_what(index: Index) -> (&'static str, &'static str) {
+    match index {
+        Index::Blink => (
+            "tree",
+            "fences, order, sibling chain = parents, no lock held, every rTX log DONE",
+        ),
+        Index::Race => (
+            "table",
+            "each key once, in the subtable and buckets its hash selects, directory consistent, no lock held, every rTX log DONE",
+        ),
+    }
 }
 
 /// The keys a run with client processes must find: every acknowledged insert, and any
@@ -1094,7 +1219,7 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
                     let mut ex = Executor::new(ctx);
                     for co in 0..plan.args.coroutines {
                         let slot = first_slot + t as u64 * plan.args.coroutines as u64 + co as u64;
-                        let h = plan.handle(spec.phase, slot);
+                        let h = plan.handle(spec.phase, slot)?;
                         let (plan, mem, stop, outs, proc) = (
                             plan.clone(),
                             mem.clone(),
@@ -1201,6 +1326,12 @@ fn check_processes(args: &Args) -> Result<()> {
             );
         }
     }
+    if fault.is_some() && args.index == Index::Race {
+        bail!("a client fault runs --index blink only: a RACE slot CAS is a WRITE into a subtable's block, and one from a client stopped past the blocks' reuse wait could land in a block reused since");
+    }
+    if args.index == Index::Race && args.protocol == Proto::Dtx {
+        bail!("--protocol dtx: the DTX-style baseline exists for --index blink only");
+    }
     if args.stop_client_after.is_some() && args.stop_ms == 0 {
         bail!("--stop-ms must be positive");
     }
@@ -1237,6 +1368,17 @@ fn run(mut args: Args) -> Result<()> {
     }
     args.run.check()?;
     args.run.normalize();
+    if args.index == Index::Race && args.workload.contains(&Workload::E) {
+        args.workload.retain(|&w| w != Workload::E);
+        if args.workload.is_empty() {
+            return Err(cli::usage(
+                "--index race: ycsb-e scans key ranges, which a hash index cannot; give other workloads or --index blink",
+            ));
+        }
+        if args.client_spec.is_none() {
+            println!("ycsb-e skipped: a hash index has no range scans (--index blink runs it)");
+        }
+    }
     let model = args.fabric.model()?;
     let model_desc = cli::as_usage(rrpc::fabric::model::TimingModel::load(&model))?
         .map_or_else(|| "none".into(), |m| m.describe());
@@ -1258,7 +1400,11 @@ fn run(mut args: Args) -> Result<()> {
         },
     )?;
     println!(
-        "index-bench | fabric: {} | timing model: {model_desc} | {} keys | {}{} thread(s) x {} coroutines | {} | {} (+{} warm-up) per workload{}",
+        "index-bench | {} | fabric: {} | timing model: {model_desc} | {} keys | {}{} thread(s) x {} coroutines | {} | {} (+{} warm-up) per workload{}",
+        match args.index {
+            Index::Blink => "B-link tree",
+            Index::Race => "RACE hash table",
+        },
         args.fabric.fabric,
         args.keys,
         if args.processes > 0 {
@@ -1281,6 +1427,7 @@ fn run(mut args: Args) -> Result<()> {
         }
     );
     let protos: Vec<Proto> = match args.protocol {
+        Proto::All if args.index == Index::Race => vec![Proto::Rtx, Proto::Optimal],
         Proto::All => vec![Proto::Rtx, Proto::Optimal, Proto::Dtx],
         p => vec![p],
     };
@@ -1330,7 +1477,7 @@ fn run(mut args: Args) -> Result<()> {
         .collect();
     jsonl::summary(&json!({
         "bench": "index-bench",
-        "index": "blink",
+        "index": args.index.name(),
         "model": model,
         "fabric": args.fabric.fabric.to_string(),
         "keys": args.keys,
@@ -1362,7 +1509,13 @@ fn run(mut args: Args) -> Result<()> {
                 labels: Vec::new(),
             })
             .collect();
-        let title = format!("B-link tree throughput per YCSB workload (timing model: {model})");
+        let title = format!(
+            "{} throughput per YCSB workload (timing model: {model})",
+            match args.index {
+                Index::Blink => "B-link tree",
+                Index::Race => "RACE hash table",
+            }
+        );
         LineChart {
             title: &title,
             x_label: "YCSB workload (1 = A ... 5 = E)",
