@@ -10,8 +10,18 @@ mod common;
 
 use std::process::Command;
 
+/// One run at a time: each runs a memory node and busy-polling clients (several
+/// processes), and the machine may have two cores; runs side by side starve each other's
+/// measured windows.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
+    let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("index.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
@@ -69,6 +79,7 @@ fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
 
 #[test]
 fn a_region_too_small_is_refused_with_its_flag() {
+    let _one = serial();
     let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
         // The old millisecond spelling still parses.
         .args(["--objects", "10", "--duration-ms", "10"])
@@ -89,6 +100,7 @@ fn a_region_too_small_is_refused_with_its_flag() {
 /// faults are refused.
 #[test]
 fn the_race_hash_index_runs_rtx_against_optimal_and_its_tables_check_out() {
+    let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("race.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))

@@ -59,6 +59,9 @@ for exe in "$@"; do
     failover) only=(--exact a_killed_primary_loses_no_committed_money
       a_restarted_memnode_is_re_replicated_and_every_copy_matches
       a_spare_memnode_takes_the_dead_nodes_place_and_every_copy_matches) ;;
+    # An rTX client process SIGKILLed mid-workload on verbs: the other process repairs
+    # around it, its clients restart, every acknowledged key is in the B-link tree.
+    index_faults) only=(--exact a_killed_client_process_is_repaired_around_and_every_acknowledged_key_is_found) ;;
   esac
   # txn-bench --hosts: the services on rxeA (started through the launcher's ssh path),
   # the coordinators on rxeB, every protocol checked, the traffic on the veth pair.

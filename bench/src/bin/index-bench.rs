@@ -44,7 +44,7 @@ use rtx::blink::check::{check_quiescent, check_tree};
 use rtx::blink::optimal::Optimal;
 use rtx::blink::{init_hosted, Blink, FIRST_FREE_OBJ};
 use rtx::host::{host, EXPORT_KEY};
-use rtx::lease::SystemClock;
+use rtx::lease::{LeaseConfig, SkewedClock, SystemClock};
 use rtx::rrpc_mem::RrpcMem;
 use rtx::{Client, Config, Layout};
 use serde_json::json;
@@ -129,6 +129,22 @@ struct Args {
     /// How long --stop-client-after keeps the process stopped, milliseconds.
     #[arg(long, default_value_t = 100, value_name = "MS")]
     stop_ms: u64,
+    /// rTX's DRIFT, ms: what every lease adds to its estimated commit time, for
+    /// unsynchronised clocks and late WRITEs (the paper's 8 ms).
+    #[arg(long, default_value_t = 8, value_name = "MS")]
+    drift_ms: u64,
+    /// Shift the clock of some clients by this many ms (positive: ahead) in the
+    /// workloads: client process 0's with --processes, else the first thread's. A client
+    /// whose clock is ahead by more than DRIFT finds others' live locks expired and
+    /// repairs them (false expiries, counted as repairs); repair is safe against a live
+    /// owner, so every check still holds, only slower (rTX only).
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "MS",
+        allow_negative_numbers = true
+    )]
+    clock_skew_ms: i64,
     /// Run as one client process of the driver (JSON from index-bench; internal).
     #[arg(long, hide = true, value_name = "JSON")]
     client_spec: Option<String>,
@@ -255,11 +271,14 @@ fn key_of(i: u64) -> u64 {
     }
 }
 
+/// A client's clock: the host's, shifted by `--clock-skew-ms` for the skewed clients.
+type ClientClock = SkewedClock<SystemClock>;
+
 /// One protocol's handle on the index.
 enum Handle {
-    Rtx(Box<Client<SystemClock>>, Blink),
+    Rtx(Box<Client<ClientClock>>, Blink),
     Optimal(Optimal),
-    RaceRtx(Box<Client<SystemClock>>, Box<rtx::race::Race>),
+    RaceRtx(Box<Client<ClientClock>>, Box<rtx::race::Race>),
     RaceOptimal(Box<rtx::race::optimal::Optimal>),
 }
 
@@ -367,15 +386,29 @@ impl Plan {
     fn handle(&self, phase: u64, slot: u64) -> Result<Handle> {
         let id = (phase * self.clients() + slot) as u16;
         let objs = self.objs(phase, slot);
-        let client = || {
-            Box::new(Client::new(
-                self.layout,
-                id,
-                2,
-                SystemClock,
-                Config::default(),
-            ))
+        // The skewed clients (workloads only): client process 0's, else the first
+        // thread's.
+        let skewed_slots = if self.args.processes > 0 {
+            self.args.threads as u64 * self.args.coroutines as u64
+        } else {
+            self.args.coroutines as u64
         };
+        let clock = SkewedClock {
+            inner: SystemClock,
+            skew_ms: if phase > 0 && slot < skewed_slots {
+                self.args.clock_skew_ms
+            } else {
+                0
+            },
+        };
+        let cfg = Config {
+            lease: LeaseConfig {
+                drift_ms: self.args.drift_ms,
+                ..LeaseConfig::default()
+            },
+            ..Config::default()
+        };
+        let client = || Box::new(Client::new(self.layout, id, 2, clock.clone(), cfg));
         Ok(match (self.args.index, self.proto) {
             (Index::Race, Proto::Rtx) => Handle::RaceRtx(
                 client(),
@@ -643,7 +676,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let barrier = Arc::new(Barrier::new(args.threads as usize + 1));
-        let (ops, aborts, hist, phase_secs) = std::thread::scope(|scope| -> Result<_> {
+        let (ops, aborts, repairs, hist, phase_secs) = std::thread::scope(|scope| -> Result<_> {
             let workers: Vec<_> = (0..args.threads)
                 .map(|t| {
                     let (plan, stop, barrier) = (plan.clone(), stop.clone(), barrier.clone());
@@ -680,15 +713,22 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                 stop.store(true, Ordering::Relaxed);
             }
             let mut hist = Histogram::<u64>::new(3)?;
-            let (mut ops, mut aborts) = (0, 0);
+            let (mut ops, mut aborts, mut repairs) = (0, 0, 0);
             for w in workers {
                 for o in w.join().expect("worker panicked")? {
                     hist.add(&o.hist)?;
                     ops += o.ops;
                     aborts += o.aborts;
+                    repairs += o.repairs;
                 }
             }
-            Ok((ops, aborts, hist, load_start.elapsed().as_secs_f64()))
+            Ok((
+                ops,
+                aborts,
+                repairs,
+                hist,
+                load_start.elapsed().as_secs_f64(),
+            ))
         })?;
         if phase == 0 {
             println!(
@@ -705,13 +745,14 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
             hist.value_at_quantile(0.99) as f64 / 1000.0,
         );
         println!(
-            "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {aborts}"
+            "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {aborts}  repairs {repairs}"
         );
         jsonl::point_with(
             "ycsb",
             json!({
                 "protocol": proto.name(), "workload": w.name(), "ops_per_s": tput,
                 "ops": ops, "p50_us": p50, "p99_us": p99, "aborts_and_retries": aborts,
+                "repairs": repairs,
             }),
             Some(&hist),
         );
@@ -1332,6 +1373,15 @@ fn check_processes(args: &Args) -> Result<()> {
     if args.index == Index::Race && args.protocol == Proto::Dtx {
         bail!("--protocol dtx: the DTX-style baseline exists for --index blink only");
     }
+    if args.clock_skew_ms != 0 && args.protocol != Proto::Rtx {
+        bail!("--clock-skew-ms runs --protocol rtx only (leases are rTX's)");
+    }
+    if args.clock_skew_ms.unsigned_abs() > 60_000 {
+        bail!(
+            "--clock-skew-ms {}: at most a minute either way",
+            args.clock_skew_ms
+        );
+    }
     if args.stop_client_after.is_some() && args.stop_ms == 0 {
         bail!("--stop-ms must be positive");
     }
@@ -1400,7 +1450,7 @@ fn run(mut args: Args) -> Result<()> {
         },
     )?;
     println!(
-        "index-bench | {} | fabric: {} | timing model: {model_desc} | {} keys | {}{} thread(s) x {} coroutines | {} | {} (+{} warm-up) per workload{}",
+        "index-bench | {} | fabric: {} | timing model: {model_desc} | {} keys | {}{} thread(s) x {} coroutines | {} | {} (+{} warm-up) per workload{}{}",
         match args.index {
             Index::Blink => "B-link tree",
             Index::Race => "RACE hash table",
@@ -1424,6 +1474,27 @@ fn run(mut args: Args) -> Result<()> {
                 args.stop_ms
             ),
             _ => String::new(),
+        },
+        if args.clock_skew_ms != 0 || args.drift_ms != 8 {
+            format!(
+                " | DRIFT {} ms{}",
+                args.drift_ms,
+                if args.clock_skew_ms != 0 {
+                    format!(
+                        ", {} clients' clocks {:+} ms",
+                        if args.processes > 0 {
+                            "client process 0's"
+                        } else {
+                            "the first thread's"
+                        },
+                        args.clock_skew_ms
+                    )
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            String::new()
         }
     );
     let protos: Vec<Proto> = match args.protocol {
