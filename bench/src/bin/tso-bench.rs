@@ -418,28 +418,40 @@ fn measure(a: &Args, sides: &Sides, mode: Mode, clients: usize) -> Result<Point>
     let grouped = sources
         .as_ref()
         .map(|s| Arc::new(GroupedTso::with_sources(s.clone())));
-    let t0 = Instant::now();
-    let window = (t0 + a.run.warmup(), t0 + a.run.warmup() + a.run.duration());
+    // The window opens when every client thread is connected and has its clock: a
+    // connection (or the clock's calibration) slower than the warm-up on a loaded machine
+    // or a VM would otherwise eat into the measured time, or all of it.
+    let ready = std::sync::Barrier::new(threads);
     let results: Vec<Result<(Histogram<u64>, u64, GroupStats)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let coros = clients / threads + usize::from(t < clients % threads);
-                let (open, grouped, sources) = (&open, grouped.clone(), sources.clone());
+                let (open, grouped, sources, ready) =
+                    (&open, grouped.clone(), sources.clone(), &ready);
                 s.spawn(move || -> Result<(Histogram<u64>, u64, GroupStats)> {
-                    let ctx = ThreadCtx::new(open(100 + t as u32)?, a.rpc.runtime.clone())
+                    let connected = (|| -> Result<_> {
+                        let ctx = ThreadCtx::new(open(100 + t as u32)?, a.rpc.runtime.clone())
+                            .map_err(anyhow::Error::msg)?;
+                        let info = if mode == Mode::RpcOracle {
+                            ctx.connect_rpc(addr)
+                        } else {
+                            ctx.connect(addr)
+                        }
                         .map_err(anyhow::Error::msg)?;
-                    let info = if mode == Mode::RpcOracle {
-                        ctx.connect_rpc(addr)
-                    } else {
-                        ctx.connect(addr)
-                    }
-                    .map_err(anyhow::Error::msg)?;
-                    if let Some(s) = &sources {
-                        s.connect_thread(&ctx)?;
-                    }
-                    let tc = TsoClient::from_info(&info)?;
+                        if let Some(s) = &sources {
+                            s.connect_thread(&ctx)?;
+                        }
+                        let tc = TsoClient::from_info(&info)?;
+                        Ok((ctx, tc, quanta::Clock::new()))
+                    })();
+                    // Every thread passes the barrier, connected or not, so that none
+                    // waits for a thread that failed.
+                    ready.wait();
+                    let (ctx, tc, clock) = connected?;
+                    let t0 = Instant::now();
+                    let window = (t0 + a.run.warmup(), t0 + a.run.warmup() + a.run.duration());
                     let local = ThreadTso::with_ranges_in_flight(tc.clone(), a.ranges_in_flight);
-                    client_thread(&ctx, mode, tc, local, grouped, coros, window)
+                    client_thread(&ctx, mode, tc, local, grouped, coros, clock, window)
                 })
             })
             .collect();
@@ -478,6 +490,12 @@ fn new_hist() -> Histogram<u64> {
 /// of `window`, recording latencies and counting requests inside it. Each coroutine
 /// checks that its timestamps strictly increase. Returns the histogram, the requests in
 /// the window and the thread's group counters (group mode).
+///
+/// `clock` is read twice per request: the raw TSC, scaled only for the differences (the
+/// vDSO's clock_gettime cost a seventh of a group-mode run's cycles in a VM, and quanta's
+/// calibrated `Instant::now` still a tenth). Its calibration takes a while, so the
+/// caller makes it before the window opens.
+#[allow(clippy::too_many_arguments)]
 fn client_thread(
     ctx: &Rc<ThreadCtx>,
     mode: Mode,
@@ -485,15 +503,12 @@ fn client_thread(
     local: ThreadTso,
     grouped: Option<Arc<GroupedTso>>,
     coros: usize,
+    clock: quanta::Clock,
     (warm, end): (Instant, Instant),
 ) -> Result<(Histogram<u64>, u64, GroupStats)> {
     // This thread's TSO group (its coroutines combine without atomics).
     let local = Rc::new(local);
     let tc = Rc::new(tc);
-    // The clock read twice per request is the raw TSC, scaled only for the differences:
-    // the vDSO's clock_gettime cost a seventh of a group-mode run's cycles in this VM, and
-    // quanta's calibrated `Instant::now` still a tenth.
-    let clock = quanta::Clock::new();
     let r0 = clock.raw();
     let (warm, end) = {
         let s = Instant::now();
