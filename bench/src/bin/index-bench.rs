@@ -295,8 +295,8 @@ impl Handle {
         Ok(match self {
             Handle::Rtx(c, t) => t.insert(c, m, k, v).await?,
             Handle::Optimal(t) => t.insert(m, k, v).await?,
-            Handle::RaceRtx(c, t) => t.insert(c, m, k, v).await?,
-            Handle::RaceOptimal(t) => t.insert(m, k, v).await?,
+            Handle::RaceRtx(c, t) => t.insert(c, m, k, v).await.map_err(race_full)?,
+            Handle::RaceOptimal(t) => t.insert(m, k, v).await.map_err(race_full)?,
         })
     }
     async fn scan(&mut self, m: &RrpcMem, k: u64, n: usize) -> Result<usize> {
@@ -323,6 +323,22 @@ impl Handle {
             Handle::RaceRtx(c, t) => c.stats().repairs + t.stats().repairs,
             Handle::Optimal(_) | Handle::RaceOptimal(_) => 0,
         }
+    }
+}
+
+/// A RACE error, with what to do about a full table: the directory (one 4 KB block)
+/// holds 256 subtables of 448 slots, and with two candidate buckets per key and no
+/// overflow buckets a pair of buckets fills at about half the slots.
+fn race_full(e: rtx::race::RaceError) -> anyhow::Error {
+    let full = matches!(e, rtx::race::RaceError::TableFull { .. });
+    let e = anyhow::Error::from(e);
+    if full {
+        e.context(
+            "the RACE table is full (256 subtables of 448 slots; a key's two buckets fill at \
+             about half of them): run fewer --keys, or ycsb-d for a shorter --duration",
+        )
+    } else {
+        e
     }
 }
 
