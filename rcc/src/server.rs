@@ -402,6 +402,12 @@ fn mvcc_commit(store: &dyn Store, region: u64, req: &[u8]) -> Result<(), String>
     for (e, data) in b.records(len_of).map_err(bad)? {
         let (off, vlen) = (e.off.get(), u64::from(e.len.get()));
         let s = mvcc_victim(&mvcc_wts(store, off)) as u64;
+        // Mark the victim slot pending before overwriting it, as the one-sided commit
+        // does: a fetch running beside this handler (handlers of one node run
+        // concurrently on some transports: tonic's worker threads) may have picked this
+        // slot and be copying it; its re-check of the slot's `wts` then fails instead of
+        // returning a record torn between two versions under the old `wts`.
+        store.store(off + MVCC_WTS + 8 * s, tts | MVCC_PENDING);
         store.write(off + MVCC_REC + s * vlen, data);
         store.store(off + MVCC_WTS + 8 * s, tts);
         store.store(off, 0);
@@ -488,6 +494,87 @@ pub fn serve_deposit(
 mod tests {
     use super::*;
     use crate::store::HeapStore;
+
+    /// MVCC's RPC handlers running side by side, as a transport with several server
+    /// threads runs them: one thread commits new versions of one tuple (lock, commit),
+    /// another fetches it for reading at a timestamp that picks the oldest slot, the one
+    /// each commit overwrites. Every record a fetch returns must be the version its `wts`
+    /// names (each version's 64 bytes all hold its `wts`): without the pending mark, a
+    /// fetch copying the victim slot while a commit overwrites it returned the new bytes
+    /// under the old `wts`.
+    #[test]
+    fn a_fetch_beside_a_commit_never_returns_a_record_torn_between_versions() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        const OFF: u64 = 1024;
+        const VLEN: u64 = 64;
+        let store = HeapStore::new(REGION);
+        // Versions 1..=4 in the four slots, each record filled with its wts.
+        for s in 0..MVCC_SLOTS as u64 {
+            let wts = s + 1;
+            store.store(OFF + MVCC_WTS + 8 * s, wts << 8);
+            store.write(
+                OFF + MVCC_REC + s * VLEN,
+                &[(wts << 8).to_le_bytes(); 8].concat(),
+            );
+        }
+        // The writer commits until the reader has made this many successful fetches.
+        const READS: u64 = 2_000;
+        let done = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut v = 5u64;
+                while !done.load(Ordering::Acquire) {
+                    v += 1;
+                    let tts = v << 8;
+                    assert_eq!(store.cas(OFF, 0, tts), 0);
+                    let rec = [tts.to_le_bytes(); 8].concat();
+                    let m = wire::tail_request(
+                        &U64::new(tts),
+                        1,
+                        VLEN as usize,
+                        [(Span::new(OFF, VLEN as u32), &rec[..])],
+                    )
+                    .unwrap();
+                    mvcc_commit(&store, REGION, &m).unwrap();
+                }
+            });
+            sc.spawn(|| {
+                let (mut reads, mut torn) = (0u64, 0u64);
+                while reads < READS {
+                    // A timestamp just above the oldest version: that slot is picked.
+                    let wts: [u64; MVCC_SLOTS] =
+                        std::array::from_fn(|i| store.load(OFF + MVCC_WTS + 8 * i as u64));
+                    let oldest = wts.iter().map(|w| w & !MVCC_PENDING).min().unwrap();
+                    let tts = oldest + 1;
+                    let mut m = Vec::new();
+                    encode_batch_iter(
+                        &U64::new(tts),
+                        [MvccFetchEntry {
+                            off: OFF.into(),
+                            vlen: (VLEN as u32).into(),
+                            kind: wire::MVCC_READ_NO_RTS,
+                        }],
+                        &mut m,
+                    );
+                    let mut out = Vec::new();
+                    mvcc_fetch(&store, REGION, &m, &mut out).unwrap();
+                    let b = rrpc::typed::view_tail_response::<wire::MvccFetch, _, _>(&out).unwrap();
+                    if b.head.status != wire::OK {
+                        continue;
+                    }
+                    let w = b.entries[0].get();
+                    let mut tail = b.tail_reader();
+                    let rec = tail.take(VLEN as usize).unwrap();
+                    reads += 1;
+                    if rec.chunks_exact(8).any(|c| c != w.to_le_bytes()) {
+                        torn += 1;
+                    }
+                }
+                done.store(true, Ordering::Release);
+                assert_eq!(torn, 0, "{torn} of {reads} fetches returned a torn record");
+            });
+        });
+    }
     use crate::wire::{CommitEntry, MvccFetchEntry, RenewEntry, Span, Versioned};
     use rrpc::typed::encode_batch_iter;
 
