@@ -356,6 +356,62 @@ struct PhaseOut {
     repairs: u64,
 }
 
+impl PhaseOut {
+    /// Every thread's or coroutine's results together. Errors: histograms that do not
+    /// add (never: one shape).
+    fn sum(outs: impl IntoIterator<Item = PhaseOut>) -> Result<PhaseOut> {
+        let mut all = PhaseOut {
+            ops: 0,
+            hist: Histogram::<u64>::new(3)?,
+            aborts: 0,
+            repairs: 0,
+        };
+        for o in outs {
+            all.hist.add(&o.hist)?;
+            all.ops += o.ops;
+            all.aborts += o.aborts;
+            all.repairs += o.repairs;
+        }
+        Ok(all)
+    }
+}
+
+/// One client thread of phase `phase`: `--coroutines` clients, slots `first..`, each
+/// running [`run_client`] on `ctx` until `stop`. Returns each client's results.
+///
+/// Errors: a handle that cannot be made, or the first client's error.
+#[allow(clippy::too_many_arguments)]
+fn run_thread(
+    plan: &Arc<Plan>,
+    ctx: Rc<ThreadCtx>,
+    mem: RrpcMem,
+    phase: u64,
+    first: u64,
+    measure_from: Instant,
+    stop: &Arc<AtomicBool>,
+    proc: Option<Arc<InProcess>>,
+) -> Result<Vec<PhaseOut>> {
+    let outs = Rc::new(std::cell::RefCell::new(Vec::new()));
+    let mut ex = Executor::new(ctx);
+    for slot in first..first + plan.args.coroutines as u64 {
+        let h = plan.handle(phase, slot)?;
+        let (plan, mem, stop, outs, proc) = (
+            plan.clone(),
+            mem.clone(),
+            stop.clone(),
+            outs.clone(),
+            proc.clone(),
+        );
+        ex.spawn(async move {
+            let r = run_client(plan, mem, h, phase, slot, measure_from, stop, proc).await;
+            outs.borrow_mut().push(r);
+        });
+    }
+    ex.run();
+    let v: Vec<Result<PhaseOut>> = outs.borrow_mut().drain(..).collect();
+    v.into_iter().collect()
+}
+
 /// A client process's view of its run: its board, when `go` was seen, and the key index
 /// of its phase's first insert.
 struct InProcess {
@@ -400,7 +456,7 @@ impl Plan {
     /// Client `slot`'s handle in phase `phase`. Errors: a RACE handle refuses its object
     /// range (too small a region for the clients: `--objects`).
     fn handle(&self, phase: u64, slot: u64) -> Result<Handle> {
-        let id = (phase * self.clients() + slot) as u16;
+        let id = self.id(phase, slot);
         let objs = self.objs(phase, slot);
         // The skewed clients (workloads only): client process 0's, else the first
         // thread's.
@@ -702,23 +758,8 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                         barrier.wait();
                         let measure_from = Instant::now() + plan.args.run.warmup();
                         let (ctx, mem) = r?;
-                        let outs = Rc::new(std::cell::RefCell::new(Vec::new()));
-                        let mut ex = Executor::new(ctx);
-                        for co in 0..plan.args.coroutines {
-                            let slot = t as u64 * plan.args.coroutines as u64 + co as u64;
-                            let h = plan.handle(phase, slot)?;
-                            let (plan, mem, stop, outs) =
-                                (plan.clone(), mem.clone(), stop.clone(), outs.clone());
-                            ex.spawn(async move {
-                                let r =
-                                    run_client(plan, mem, h, phase, slot, measure_from, stop, None)
-                                        .await;
-                                outs.borrow_mut().push(r);
-                            });
-                        }
-                        ex.run();
-                        let v: Vec<Result<PhaseOut>> = outs.borrow_mut().drain(..).collect();
-                        v.into_iter().collect()
+                        let first = t as u64 * plan.args.coroutines as u64;
+                        run_thread(&plan, ctx, mem, phase, first, measure_from, &stop, None)
                     })
                 })
                 .collect();
@@ -728,16 +769,16 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                 std::thread::sleep(args.run.warmup() + args.run.duration());
                 stop.store(true, Ordering::Relaxed);
             }
-            let mut hist = Histogram::<u64>::new(3)?;
-            let (mut ops, mut aborts, mut repairs) = (0, 0, 0);
+            let mut outs = Vec::new();
             for w in workers {
-                for o in w.join().expect("worker panicked")? {
-                    hist.add(&o.hist)?;
-                    ops += o.ops;
-                    aborts += o.aborts;
-                    repairs += o.repairs;
-                }
+                outs.extend(w.join().expect("worker panicked")?);
             }
+            let PhaseOut {
+                ops,
+                hist,
+                aborts,
+                repairs,
+            } = PhaseOut::sum(outs)?;
             Ok((
                 ops,
                 aborts,
@@ -874,19 +915,16 @@ impl KeyState {
     /// flight.
     fn check(&self, found: &[(u64, u64)]) -> Result<usize, String> {
         let found: std::collections::HashSet<u64> = found.iter().map(|&(k, _)| k).collect();
-        let missing = self
+        let missing: Vec<u64> = self
             .acked
             .iter()
-            .filter(|&&i| !found.contains(&key_of(i)))
-            .count();
-        if missing > 0 {
-            let first = self
-                .acked
-                .iter()
-                .find(|&&i| !found.contains(&key_of(i)))
-                .unwrap();
+            .copied()
+            .filter(|&i| !found.contains(&key_of(i)))
+            .collect();
+        if let Some(first) = missing.first() {
             return Err(format!(
-                "{missing} acknowledged inserts are not in the tree (the first: key index {first})"
+                "{} acknowledged inserts are not in the tree (the first: key index {first})",
+                missing.len()
             ));
         }
         let in_flight = self
@@ -1272,36 +1310,17 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
                     let (ctx, mem) = r?;
                     let proc = started.get().context("not started")?.clone();
                     let measure_from = proc.go + plan.args.run.warmup();
-                    let outs = Rc::new(std::cell::RefCell::new(Vec::new()));
-                    let mut ex = Executor::new(ctx);
-                    for co in 0..plan.args.coroutines {
-                        let slot = first_slot + t as u64 * plan.args.coroutines as u64 + co as u64;
-                        let h = plan.handle(spec.phase, slot)?;
-                        let (plan, mem, stop, outs, proc) = (
-                            plan.clone(),
-                            mem.clone(),
-                            stop.clone(),
-                            outs.clone(),
-                            proc.clone(),
-                        );
-                        ex.spawn(async move {
-                            let r = run_client(
-                                plan,
-                                mem,
-                                h,
-                                spec.phase,
-                                slot,
-                                measure_from,
-                                stop,
-                                Some(proc),
-                            )
-                            .await;
-                            outs.borrow_mut().push(r);
-                        });
-                    }
-                    ex.run();
-                    let v: Vec<Result<PhaseOut>> = outs.borrow_mut().drain(..).collect();
-                    v.into_iter().collect()
+                    let first = first_slot + t as u64 * plan.args.coroutines as u64;
+                    run_thread(
+                        &plan,
+                        ctx,
+                        mem,
+                        spec.phase,
+                        first,
+                        measure_from,
+                        &stop,
+                        Some(proc),
+                    )
                 })
             })
             .collect();
@@ -1335,14 +1354,12 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
         );
         Ok(all)
     })?;
-    let mut hist = Histogram::<u64>::new(3)?;
-    let (mut ops, mut aborts, mut repairs) = (0, 0, 0);
-    for o in outs {
-        hist.add(&o.hist)?;
-        ops += o.ops;
-        aborts += o.aborts;
-        repairs += o.repairs;
-    }
+    let PhaseOut {
+        ops,
+        hist,
+        aborts,
+        repairs,
+    } = PhaseOut::sum(outs)?;
     let hdr = jsonl::latency_fields(&hist)
         .get("hdr")
         .and_then(|v| v.as_str())
