@@ -161,11 +161,11 @@ echo "== verbs backend: integration tests inside the Soft-RoCE VM"
 # The integration-test targets (kind "test") among the build's executables.
 mapfile -t exes < <(cargo test --workspace "${features[@]}" --no-run --message-format=json 2>/dev/null |
   grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
-  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank|ycsb|tatp|tpcc|cnodes|lockd_restart|failover|microbench_remote|hosts|rcc_cluster|index_faults)-[0-9a-f]+$')
-# 26 executables; the VM runs 27 suites (the conformance suite twice: one device, two;
+  grep -E '/deps/(fabric_conformance|rpc|modes|straws|async_handlers|takeout_service|release_node|embedded|oracle|proxy|proxy_procs|history_procs|restart|proxy_restart|memnode|smallbank|ycsb|tatp|tpcc|cnodes|lockd_restart|failover|microbench_remote|hosts|rcc_cluster|rcc_suite|index_faults)-[0-9a-f]+$')
+# 27 executables; the VM runs 28 suites (the conformance suite twice: one device, two;
 # the microbenchmarks and txn-bench --hosts across the two devices only).
-if [ ${#exes[@]} -ne 26 ]; then
-  echo "expected 26 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
+if [ ${#exes[@]} -ne 27 ]; then
+  echo "expected 27 integration test executables, found ${#exes[@]}: ${exes[*]}" >&2
   exit 1
 fi
 # The guest runs the script from the target directory, which it can see even when the

@@ -18,6 +18,7 @@ out=docs/src/reference
 bins=(
   "txn-bench|the transaction benchmark: a local cluster, one run per protocol, checked|--suite+rcc"
   "cnode|a compute-node process of txn-bench --cnodes (started by txn-bench)|"
+  "rcc-node|one node of RCC's cluster as a process of txn-bench --suite rcc --processes (started by txn-bench)|"
   "rrpc-bench|RPC microbenchmarks: batching, reply modes, latency, peers|batching modes latency throughput peers all"
   "lock-bench|lock microbenchmarks: Takeout, CAS, DSLR, Lotus lock tables|fairness single table queues"
   "tso-bench|timestamp microbenchmark: FAA, TSO groups, proxy, RPC oracle|"

@@ -156,11 +156,11 @@ pub struct WireStats {
     warmup_commits: Vec<u64>,
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         bail!("odd hex length {}", s.len());
     }

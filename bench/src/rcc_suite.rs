@@ -16,16 +16,16 @@ use clap::Parser;
 use rcc::calls::CallTransportFactory;
 use rcc::cluster::{run, Outcome, RunConfig, TsMode};
 use rcc::coord::STAGES;
-use rcc::smallbank::SmallBank;
 use rcc::tpcc::NewOrder;
 use rcc::workload::Workload;
-use rcc::ycsb::Ycsb;
 use rcc::{Proto, Variant};
 use rrpc::fabric::FabricKind;
 use serde::Serialize;
 
 use crate::plot::{LineChart, Scale, Series};
+use crate::rcc_node::{run_processes, NodeFaults};
 use crate::rcc_tcp::TonicCalls;
+use crate::rcc_workload::RccWorkload;
 
 /// RCC's suite: NOWAIT, WAITDIE, OCC, MVCC, SUNDIAL and CALVIN,
 /// each over RPC and over one-sided RDMA, on SmallBank, YCSB with a hot area or TPC-C
@@ -46,58 +46,15 @@ pub struct RccArgs {
     /// Primitive: rpc, onesided or both.
     #[arg(long, default_value = "both", value_name = "VARIANT")]
     pub variant: String,
-    /// Workload: smallbank, ycsb-rcc (RCC's YCSB: 10 operations on distinct records,
-    /// --write-prob of them writes, --hot-prob of them in the hot area) or tpcc-neworder
-    /// (TPC-C New-Order alone, as RCC 5.1 runs it: --warehouses, --items, --customers,
-    /// --max-orders).
-    #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
-    pub workload: String,
     /// Nodes (each holds a partition and runs one thread: handlers and coordinators).
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub nodes: usize,
     /// Coordinator co-routines per node (RCC: 10).
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub coroutines: usize,
-    /// SmallBank accounts.
-    #[arg(long, default_value_t = 100_000, value_name = "N")]
-    pub accounts: u64,
-    /// SmallBank hot accounts (0..N drawn for --hot-prob of the draws; 0: uniform).
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    pub hot_accounts: u64,
-    /// ycsb-rcc records (RCC: 1,200,000).
-    #[arg(long, default_value_t = 1_200_000, value_name = "N")]
-    pub records: u64,
-    /// ycsb-rcc hot-area records (RCC: 1,200, 0.1%).
-    #[arg(long, default_value_t = 1_200, value_name = "N")]
-    pub hot_records: u64,
-    /// Probability that a record is drawn from the hot area (ycsb-rcc) or the hot
-    /// accounts (smallbank with --hot-accounts): the contention knob.
-    #[arg(long, default_value_t = 0.1, value_name = "P")]
-    pub hot_prob: f64,
-    /// ycsb-rcc: probability that an operation writes (RCC: 0.2).
-    #[arg(long, default_value_t = 0.2, value_name = "P")]
-    pub write_prob: f64,
-    /// ycsb-rcc: operations per transaction (RCC: 10).
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    pub ops: usize,
-    /// ycsb-rcc: computation per transaction, microseconds (RCC sets it to 5% of latency).
-    #[arg(long, default_value_t = 0, value_name = "US")]
-    pub compute_us: u64,
-    /// tpcc-neworder: warehouses (partitioned by warehouse: warehouse w on node
-    /// w % nodes); default one per node.
-    #[arg(long, value_name = "W")]
-    pub warehouses: Option<u64>,
-    /// tpcc-neworder: items (TPC-C: 100,000; ITEM is replicated on every node).
-    #[arg(long, default_value_t = 100_000, value_name = "N")]
-    pub items: u64,
-    /// tpcc-neworder: customers per district (TPC-C: 3,000).
-    #[arg(long, default_value_t = 3_000, value_name = "N")]
-    pub customers: u64,
-    /// tpcc-neworder: room for this many orders per district (ORDER, NEW_ORDER; 15
-    /// ORDER_LINE rows each). A New-Order past it aborts for good and is counted
-    /// ("refused: district full" in the check column); raise it for long runs.
-    #[arg(long, default_value_t = 10_000, value_name = "N")]
-    pub max_orders: u64,
+    /// The workload and its parameters.
+    #[command(flatten)]
+    pub wl: RccWorkload,
     /// `--duration` of each run (default 3 s) and `--warmup` (default 0): each run's
     /// coordinators run warm-up + duration; the table (throughput, latencies, aborts,
     /// round trips, operations, messages and stages per transaction) covers the time
@@ -138,6 +95,28 @@ pub struct RccArgs {
     /// `--seed` of the transaction generators.
     #[command(flatten)]
     pub seed: crate::cli::SeedArg,
+    /// Run every node as an `rcc-node` process of its own (its partition, handlers and
+    /// coordinators; the binary next to txn-bench), so that one can be killed or
+    /// stopped alone. Not with --transport-compare.
+    #[arg(long)]
+    pub processes: bool,
+    /// With --processes: kill -9 one node (--fault-node) this long after the
+    /// coordinators started. RCC keeps no replicas or logs: the run then fails, naming
+    /// the node, after stopping the others.
+    #[arg(long, value_name = "TIME", requires = "processes")]
+    pub kill_node_after: Option<crate::cli::Span>,
+    /// With --processes: SIGSTOP one node (--fault-node) this long after the
+    /// coordinators started, for --stop-ms, then SIGCONT; the others' calls to it wait
+    /// and the run goes on.
+    #[arg(long, value_name = "TIME", requires = "processes")]
+    pub stop_node_after: Option<crate::cli::Span>,
+    /// How long --stop-node-after keeps the node stopped, milliseconds (below rrpc's
+    /// 2 s call timeout, or the others' calls fail and the run with them).
+    #[arg(long, default_value_t = 300, value_name = "MS")]
+    pub stop_ms: u64,
+    /// The node --kill-node-after and --stop-node-after hit (default: the last).
+    #[arg(long, value_name = "N")]
+    pub fault_node: Option<usize>,
 }
 
 /// The suite's defaults for the shared flags: 3 s runs.
@@ -233,62 +212,6 @@ impl RccArgs {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Some((k.to_string(), vs)))
-    }
-
-    fn workload(&self) -> anyhow::Result<Arc<dyn Workload + Send + Sync>> {
-        if !(0.0..=1.0).contains(&self.hot_prob) || !(0.0..=1.0).contains(&self.write_prob) {
-            bail!("--hot-prob and --write-prob are probabilities (0 to 1)");
-        }
-        Ok(match self.workload.as_str() {
-            "smallbank" => {
-                if self.accounts < 2 || self.hot_accounts == 1 || self.hot_accounts > self.accounts
-                {
-                    bail!("smallbank needs at least 2 accounts and 0 or 2..=accounts hot ones");
-                }
-                Arc::new(SmallBank {
-                    accounts: self.accounts,
-                    hot: (self.hot_accounts, self.hot_prob),
-                })
-            }
-            "ycsb-rcc" => {
-                if self.ops == 0 || self.records <= self.hot_records + self.ops as u64 {
-                    bail!(
-                        "ycsb-rcc needs more records ({}) than hot records ({}) plus operations ({})",
-                        self.records,
-                        self.hot_records,
-                        self.ops
-                    );
-                }
-                Arc::new(Ycsb {
-                    records: self.records,
-                    hot: self.hot_records,
-                    hot_prob: self.hot_prob,
-                    ops: self.ops,
-                    write_prob: self.write_prob,
-                    compute_us: self.compute_us,
-                })
-            }
-            "tpcc-neworder" => {
-                let warehouses = self.warehouses.unwrap_or(self.nodes as u64);
-                if warehouses == 0 || self.items < 15 || self.customers == 0 || self.max_orders == 0
-                {
-                    bail!(
-                        "tpcc-neworder needs at least 1 warehouse, 15 items, 1 customer and room for 1 order per district"
-                    );
-                }
-                Arc::new(NewOrder {
-                    nodes: self.nodes,
-                    warehouses,
-                    customers: self.customers,
-                    items: self.items,
-                    max_orders_per_district: self.max_orders,
-                    district_full: Default::default(),
-                })
-            }
-            w => bail!(
-                "unknown workload {w:?} for the RCC suite: smallbank, ycsb-rcc or tpcc-neworder"
-            ),
-        })
     }
 }
 
@@ -436,6 +359,12 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
             seed: args.seed.seed,
         },
     )?;
+    let faults = NodeFaults {
+        node: args.fault_node,
+        kill_after: args.kill_node_after.map(|s| s.0),
+        stop_after: args.stop_node_after.map(|s| s.0),
+        stop_for: Duration::from_millis(args.stop_ms),
+    };
     let points: Vec<Option<f64>> = match &sweep {
         Some((_, vs)) => vs.iter().map(|v| Some(*v)).collect(),
         None => vec![None],
@@ -447,12 +376,12 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         if let (Some((k, _)), Some(v)) = (&sweep, point) {
             match k.as_str() {
                 "coroutines" => a.coroutines = v as usize,
-                "hot-prob" => a.hot_prob = v,
-                "compute-us" => a.compute_us = v as u64,
+                "hot-prob" => a.wl.hot_prob = v,
+                "compute-us" => a.wl.compute_us = v as u64,
                 _ => unreachable!("checked"),
             }
         }
-        let wl = crate::cli::as_usage(a.workload())?;
+        let wl = crate::cli::as_usage(a.wl.build(a.nodes))?;
         let mut rows = Vec::new();
         let mut header = None;
         // (protocol, variant, doorbell batching, calls over tonic)
@@ -495,7 +424,16 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
                     _ => v.name(),
                 };
                 eprintln!("running {} {vname} ...", p.name());
-                let o = run(&cfg, wl.clone()).with_context(|| format!("{} {vname}", p.name()))?;
+                let o = if args.processes {
+                    let (o, events) = run_processes(&cfg, &a.wl, &faults, None)
+                        .with_context(|| format!("{} {vname}", p.name()))?;
+                    for e in events.lines {
+                        eprintln!("{} {vname}: {e}", p.name());
+                    }
+                    o
+                } else {
+                    run(&cfg, wl.clone()).with_context(|| format!("{} {vname}", p.name()))?
+                };
                 header.get_or_insert_with(|| o.fabric.clone());
                 let mut r = row(p, v, point, &o);
                 r.variant = vname;
@@ -510,9 +448,14 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
             }
         }
         println!(
-            "\n=== RCC suite: {} on {} nodes x 1 thread x {} coroutines, {}{} s per run{}",
+            "\n=== RCC suite: {} on {} nodes{} x 1 thread x {} coroutines, {}{} s per run{}",
             wl.name(),
             a.nodes,
+            if args.processes {
+                " (rcc-node processes)"
+            } else {
+                " (in one process)"
+            },
             a.coroutines,
             match a.run.warmup() {
                 w if w.is_zero() => String::new(),
@@ -543,21 +486,21 @@ pub fn main_with(args: RccArgs) -> anyhow::Result<bool> {
         if wl.name() == "ycsb" {
             println!(
                 "ycsb-rcc: {} records, hot area {} drawn with p = {}, {} ops, {} writes, {} us compute",
-                a.records, a.hot_records, a.hot_prob, a.ops, a.write_prob, a.compute_us
+                a.wl.records, a.wl.hot_records, a.wl.hot_prob, a.wl.ops, a.wl.write_prob, a.wl.compute_us
             );
         }
         if wl.name() == "tpcc-neworder" {
-            let w = a.warehouses.unwrap_or(a.nodes as u64);
+            let w = a.wl.warehouses.unwrap_or(a.nodes as u64);
             let mb = NewOrder {
-                items: a.items,
-                customers: a.customers,
-                ..NewOrder::standard(a.nodes, w, a.max_orders)
+                items: a.wl.items,
+                customers: a.wl.customers,
+                ..NewOrder::standard(a.nodes, w, a.wl.max_orders)
             }
             .bytes_per_node(16, 1)
             .div_ceil(1 << 20);
             println!(
                 "tpcc-neworder: {w} warehouses x 10 districts, {} customers per district, {} items (replicated), room for {} orders per district ({mb} MiB per node in the NOWAIT/OCC tuple shape, about 3x for MVCC)",
-                a.customers, a.items, a.max_orders
+                a.wl.customers, a.wl.items, a.wl.max_orders
             );
         }
         print_table(&rows);
@@ -644,6 +587,19 @@ fn check(args: &RccArgs) -> anyhow::Result<Checked> {
         bail!("--transport-compare compares the RPC variant's transports: it needs --variant rpc or both");
     }
     let sweep = args.sweep()?;
+    if args.processes && args.transport_compare {
+        bail!("--processes runs the nodes on rrpc only: --transport-compare runs in one process");
+    }
+    if args.fault_node.is_some_and(|n| n >= args.nodes) {
+        bail!(
+            "--fault-node {}: the nodes are 0 to {}",
+            args.fault_node.unwrap_or_default(),
+            args.nodes - 1
+        );
+    }
+    if args.kill_node_after.is_some() && args.stop_node_after.is_some() {
+        bail!("--kill-node-after and --stop-node-after: one fault per run");
+    }
     let ts = match args.ts.as_str() {
         "local" => TsMode::Local,
         "tso" => TsMode::Tso,

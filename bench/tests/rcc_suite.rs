@@ -255,3 +255,182 @@ fn bad_flags_fail_with_a_message() {
         assert!(stderr.contains(msg), "{args:?}: {stderr}");
     }
 }
+
+/// `txn-bench --suite rcc --processes ...` on the fabric `$RRPC_FABRIC` names (the
+/// Soft-RoCE VM sets verbs), without a model on verbs; returns its output and pid.
+fn txn_bench_processes(args: &[&str]) -> (std::process::Output, u32) {
+    let child = Command::new(env!("CARGO_BIN_EXE_txn-bench"))
+        .args(["--suite", "rcc", "--processes"])
+        .args(common::model("none"))
+        .args(args)
+        .env_remove("RRPC_MODEL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("txn-bench runs");
+    let pid = child.id();
+    (child.wait_with_output().expect("txn-bench ends"), pid)
+}
+
+/// The `rcc-node` processes a `txn-bench` (by pid) started that still run: their
+/// command lines name its clusters (`rccp-PID-K`).
+fn rcc_nodes_of(pid: u32) -> Vec<String> {
+    let tag = format!("rccp-{pid}-");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("rcc-node") && c.contains(&tag))
+        .collect()
+}
+
+/// Every protocol in both variants with each node an `rcc-node` process (its
+/// partition, handlers and coordinators; every record reached through the network):
+/// every run passes its checks (CALVIN's determinism against a serial replay of node
+/// 0's sequence among them, the history merged from the processes' reports), and no
+/// node process outlives the run.
+#[test]
+fn every_protocol_runs_with_its_nodes_as_processes() {
+    let (out, pid) = txn_bench_processes(&[
+        "--accounts",
+        "2000",
+        "--duration",
+        "0.3",
+        "--coroutines",
+        "3",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("on 2 nodes (rcc-node processes)"),
+        "{stdout}"
+    );
+    // The fabric that ran is the one asked for (verbs in the Soft-RoCE VM).
+    let fabric = std::env::var("RRPC_FABRIC").unwrap_or_else(|_| "shm".into());
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with(&format!("fabric: {fabric}"))),
+        "{stdout}"
+    );
+    for p in rcc::Proto::ALL {
+        for v in ["rpc", "onesided"] {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(p.name()) && l.contains(v) && l.ends_with("ok")),
+                "no passing row for {} {v}:\n{stdout}\n{stderr}",
+                p.name()
+            );
+        }
+    }
+    assert!(
+        stdout.contains("verdict: every run passed its checks"),
+        "{stdout}"
+    );
+    assert_eq!(rcc_nodes_of(pid), Vec::<String>::new());
+}
+
+/// A node SIGKILLed mid-run: RCC keeps no replicas, so the run fails at once with a
+/// message naming the node and the signal, the other nodes stopped; nothing hangs and
+/// no node process is left behind.
+#[test]
+fn a_killed_node_fails_the_run_naming_it_and_leaves_no_process() {
+    let (out, pid) = txn_bench_processes(&[
+        "--protocol",
+        "nowait",
+        "--variant",
+        "onesided",
+        "--nodes",
+        "3",
+        "--accounts",
+        "2000",
+        "--duration",
+        "20s",
+        "--coroutines",
+        "2",
+        "--kill-node-after",
+        "300ms",
+        "--fault-node",
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rcc-node 1 (pid")
+            && stderr.contains("killed by signal 9, SIGKILL")
+            && stderr.contains("RCC keeps no replicas"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("verdict"), "{stderr}");
+    assert_eq!(rcc_nodes_of(pid), Vec::<String>::new());
+}
+
+/// A node SIGSTOPped for 300 ms mid-run, then continued: the others' calls to it wait
+/// (below rrpc's call timeout) and the run passes its checks; the events are reported.
+#[test]
+fn a_stopped_node_only_slows_the_run() {
+    let (out, _) = txn_bench_processes(&[
+        "--protocol",
+        "nowait,occ",
+        "--variant",
+        "both",
+        "--accounts",
+        "2000",
+        "--duration",
+        "1s",
+        "--coroutines",
+        "2",
+        "--stop-node-after",
+        "200ms",
+        "--stop-ms",
+        "300",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr.matches("stopped (SIGSTOP)").count(),
+        4,
+        "one stop per run:\n{stderr}"
+    );
+    assert_eq!(stderr.matches("continued (SIGCONT)").count(), 4, "{stderr}");
+    assert!(
+        stdout.contains("verdict: every run passed its checks"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn process_flags_are_checked_before_anything_starts() {
+    for (args, msg) in [
+        (
+            vec!["--kill-node-after", "1s"],
+            "required arguments were not provided",
+        ),
+        (
+            vec!["--processes", "--transport-compare"],
+            "--transport-compare runs in one process",
+        ),
+        (
+            vec!["--processes", "--fault-node", "2"],
+            "--fault-node 2: the nodes are 0 to 1",
+        ),
+        (
+            vec![
+                "--processes",
+                "--kill-node-after",
+                "1s",
+                "--stop-node-after",
+                "1s",
+            ],
+            "one fault per run",
+        ),
+    ] {
+        let out = txn_bench(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(msg), "{args:?}: {stderr}");
+    }
+}

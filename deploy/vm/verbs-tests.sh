@@ -41,6 +41,9 @@ for exe in "$@"; do
     rcc_cluster) only=(--exact every_protocol_and_variant_passes_its_checks
       one_sided_lock_and_read_shares_doorbells waitdie_and_mvcc_run_on_the_timestamp_oracle
       every_protocol_and_variant_passes_the_new_order_check) ;;
+    # RCC's nodes as rcc-node processes, every protocol in both variants, each process
+    # its own verbs context on the device (the suite's other runs stay on shm).
+    rcc_suite) only=(--exact every_protocol_runs_with_its_nodes_as_processes) ;;
     # A coordinator process SIGKILLed mid-run on verbs: its memory nodes and lockd fence
     # its QPs, the survivor recovers it (logs, sweep, tickets), its next incarnation
     # starts; money exact, nothing held (etcd from the host's filesystem, on loopback).

@@ -113,7 +113,7 @@ pub enum Stage {
 pub const STAGES: [&str; 6] = ["Read", "Lock", "Validate", "Release", "Commit", "Renew"];
 
 /// A coordinator's counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stats {
     /// Network round trips: awaited groups of parallel operations.
     pub rounds: u64,

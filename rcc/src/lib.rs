@@ -23,15 +23,17 @@
 //!   WAITDIE), [`occ`], [`mvcc`] and [`sundial`]: the per-transaction protocols;
 //!   [`calvin`]: CALVIN, with its own epoch loop, buffers and handlers;
 //! - [`workload`], [`smallbank`], [`ycsb`], [`tpcc`] (New-Order, with inserts): the
-//!   workloads; [`driver`]: running and checking; [`cluster`]: nodes on rrpc,
-//!   coordinators on their server threads.
+//!   workloads; [`driver`]: running and checking; [`member`]: one node on rrpc,
+//!   coordinators on its server thread; [`cluster`]: a run of them.
 
 pub mod calls;
 pub mod calvin;
 pub mod cluster;
+pub mod config;
 pub mod coord;
 pub mod driver;
 pub mod layout;
+pub mod member;
 pub mod mvcc;
 pub mod net;
 pub mod occ;
