@@ -231,10 +231,15 @@ impl<C: Clock> Tx<'_, C> {
         mem: &M,
         p: &Prepared,
     ) -> Result<(Vec<(u64, u64)>, Option<(u64, u64)>), RtxError> {
+        let to_lock = self.lock_targets(p);
+        let got = lock_cas(mem, &to_lock, p.state.word()).await;
+        self.locks_won(&to_lock, got)
+    }
+
+    /// The objects [`Self::lock_round`] CASes: (mptr, lock word read, version).
+    fn lock_targets(&self, p: &Prepared) -> Vec<(u64, u64, u64)> {
         let pre = self.pre_lock.map(|p| p.mptr);
-        let s = p.state.word();
-        let to_lock: Vec<(u64, u64, u64)> = p
-            .entries
+        p.entries
             .iter()
             .filter(|e| Some(e.mptr) != pre)
             .map(|e| {
@@ -245,13 +250,17 @@ impl<C: Clock> Tx<'_, C> {
                     .expect("written objects are read");
                 (e.mptr, r.lock, e.version)
             })
-            .collect();
-        let got = join_all(
-            to_lock
-                .iter()
-                .map(|&(mptr, seen, _)| mem.cas(mptr, seen, s)),
-        )
-        .await;
+            .collect()
+    }
+
+    /// The locks won among `to_lock` given the CASes' results `got`, as
+    /// [`Self::lock_round`] returns them.
+    #[allow(clippy::type_complexity)]
+    fn locks_won(
+        &self,
+        to_lock: &[(u64, u64, u64)],
+        got: Vec<Result<u64, crate::mem::MemError>>,
+    ) -> Result<(Vec<(u64, u64)>, Option<(u64, u64)>), RtxError> {
         let mut won: Vec<(u64, u64)> = self.pre_lock.iter().map(|p| (p.mptr, p.version)).collect();
         let mut failed = None;
         for (&(mptr, seen, v), r) in to_lock.iter().zip(got) {
@@ -296,6 +305,7 @@ impl<C: Clock> Tx<'_, C> {
         let c = &mut *self.client;
         c.alloc.installed(p.blocks[0]);
         c.alloc.retire(&p.old_blocks, c.clock.now_ms());
+        c.remember(e.mptr, e.ndptr);
         Ok(())
     }
 
@@ -324,6 +334,9 @@ impl<C: Clock> Tx<'_, C> {
         c.unfinished = None;
         for &b in &p.blocks {
             c.alloc.installed(b);
+        }
+        for e in &p.entries {
+            c.remember(e.mptr, e.ndptr);
         }
         c.alloc.retire(&p.old_blocks, c.clock.now_ms());
         Ok(())
@@ -382,9 +395,30 @@ impl<C: Clock> Tx<'_, C> {
             checksum: p.state.word(),
             entries: p.entries.clone(),
         };
-        self.write_round(mem, &p, &img).await?;
-        self.client.crash_at("log")?;
-        let (won, failed) = self.lock_round(mem, &p).await?;
+        let (won, failed) = if p.opt1 {
+            // Opt1 writes no log, and its new block stays invisible until the data
+            // pointer's CAS after validation: the value's WRITE and the lock's CAS go
+            // out in one round [inf; the paper's Fig. 8 orders them, which a log needs:
+            // a repairer that meets the lock must find it].
+            let to_lock = self.lock_targets(&p);
+            let (w, got) = futures::join!(
+                self.write_round(mem, &p, &img),
+                lock_cas(mem, &to_lock, p.state.word())
+            );
+            let locked = self.locks_won(&to_lock, got);
+            if let Err(e) = w {
+                if let Ok((won, _)) = &locked {
+                    self.abandon(mem, &p, won).await?;
+                }
+                return Err(e);
+            }
+            self.client.crash_at("log")?;
+            locked?
+        } else {
+            self.write_round(mem, &p, &img).await?;
+            self.client.crash_at("log")?;
+            self.lock_round(mem, &p).await?
+        };
         if let Some((mptr, word)) = failed {
             self.abandon(mem, &p, &won).await?;
             return self
@@ -424,4 +458,18 @@ struct Prepared {
     blocks: Vec<u64>,
     /// Blocks the installs stop referencing.
     old_blocks: Vec<u64>,
+}
+
+/// CAS each of `to_lock`'s lock words from the word read to `s`, in one round.
+async fn lock_cas<M: Mem>(
+    mem: &M,
+    to_lock: &[(u64, u64, u64)],
+    s: u64,
+) -> Vec<Result<u64, crate::mem::MemError>> {
+    join_all(
+        to_lock
+            .iter()
+            .map(|&(mptr, seen, _)| mem.cas(mptr, seen, s)),
+    )
+    .await
 }

@@ -671,3 +671,49 @@ fn a_read_that_outlasts_the_block_reuse_wait_is_discarded() {
     assert_eq!(value(&m, &l, 1), 20);
     assert!(block_on(m.read_u64(l.obj_addr(1))).is_ok());
 }
+
+/// A remembered data pointer sends the data READ beside the TXObj READ; the value is
+/// kept only when the TXObj still points there. After another client's update the old
+/// block is overwritten here (as a reuse would), so a read that trusted its stale
+/// pointer would return 999.
+#[test]
+fn a_remembered_data_pointer_is_used_only_while_it_is_current() {
+    let (l, clock) = (layout(), ManualClock::new(T0));
+    let m = region(&l);
+    let mut a = client(&l, 0, clock.clone(), Config::default());
+    let mut b = client(&l, 1, clock.clone(), Config::default());
+    let read = |c: &mut Client<ManualClock>| {
+        let mut tx = c.begin();
+        let v = block_on(tx.read(&m, l.obj_addr(2))).unwrap();
+        block_on(tx.commit(&m)).unwrap();
+        u64::from_le_bytes(v[..8].try_into().unwrap())
+    };
+    let hints = |c: &Client<ManualClock>| (c.stats().hint_hits, c.stats().hint_misses);
+    assert_eq!(read(&mut a), 30);
+    assert_eq!(hints(&a), (0, 0), "nothing remembered yet");
+    assert_eq!(read(&mut a), 30);
+    assert_eq!(hints(&a), (1, 0));
+    let old = Dptr::decode(dptr(&m, &l, 2)).unwrap();
+    block_on(incr(&mut b, &m, &l, &[2])).unwrap();
+    m.write_now(l.block_addr(old.block), &999u64.to_le_bytes())
+        .unwrap();
+    assert_eq!(read(&mut a), 31, "a stale pointer's block is not the value");
+    assert_eq!(hints(&a), (1, 1));
+    assert_eq!(read(&mut a), 31);
+    assert_eq!(hints(&a), (2, 1));
+    // The writer remembers the pointer it installed.
+    assert_eq!(read(&mut b), 31);
+    assert_eq!(hints(&b), (1, 0));
+    // Switched off, nothing is remembered.
+    let mut c = client(
+        &l,
+        2,
+        clock,
+        Config {
+            dptr_hints: 0,
+            ..Config::default()
+        },
+    );
+    assert_eq!((read(&mut c), read(&mut c)), (31, 31));
+    assert_eq!(hints(&c), (0, 0));
+}
