@@ -319,7 +319,7 @@ impl<C: Clock> Tx<'_, C> {
             return Err(AbortReason::AbortedByRepairer.into());
         }
         let c = &mut *self.client;
-        c.crash_at("doing")?;
+        c.crash_at("doing", true)?;
         try_commit_steps(c, mem, img, doing, None).await?;
         c.unfinished = None;
         for &b in &p.blocks {
@@ -383,7 +383,7 @@ impl<C: Clock> Tx<'_, C> {
             entries: p.entries.clone(),
         };
         self.write_round(mem, &p, &img).await?;
-        self.client.crash_at("log")?;
+        self.client.crash_at("log", !p.opt1)?;
         let (won, failed) = self.lock_round(mem, &p).await?;
         if let Some((mptr, word)) = failed {
             self.abandon(mem, &p, &won).await?;
@@ -391,7 +391,7 @@ impl<C: Clock> Tx<'_, C> {
                 .fail_with(mem, mptr, word, AbortReason::LockFailed)
                 .await;
         }
-        self.client.crash_at("locks")?;
+        self.client.crash_at("locks", !p.opt1)?;
         // Round 3: validation of every read and written object.
         let written: Vec<u64> = p.entries.iter().map(|e| e.mptr).collect();
         if let Some((mptr, word)) = self
