@@ -5,7 +5,9 @@
 //! or, with `--index race`, YCSB A-D over the RACE hash table of `rtx::race`, whose rehash
 //! is an rTX, against RACE's own spinlock rehash. With `--processes` the clients of each
 //! workload are processes, and `--kill-client-after` / `--stop-client-after` fault one
-//! of them for real.
+//! of them for real; in fault-injection builds (the ones `cargo test` makes)
+//! `--crash-at` / `--pause-at` fault it at a chosen step of its first split or rehash
+//! (`bench::index_fault`), and `--plant` breaks repair on purpose.
 //!
 //! Each protocol gets its own memory node (an rTX region with 1 KB blocks, hosted in this
 //! process on the fabric of `--fabric`: shm under a timing model, `cx5` by default as in
