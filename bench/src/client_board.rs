@@ -3,9 +3,12 @@
 //! reads while it runs and after it exited or was killed (`kill -9` loses nothing
 //! written to it: the words live in the file, not in the process).
 //!
-//! Word layout: `ready | go | acked[slots] | ops[intervals]`.
+//! Word layout: `ready | go | fault | acked[slots] | ops[intervals]`.
 //! - `ready`: the client connected and waits for `go` (set by the client);
 //! - `go`: start now (set by the driver once every client is ready);
+//! - `fault`: 0, or what the client says it is about to do to itself at an injected
+//!   fault point (set by the client just before it kills or stops itself; the meaning of
+//!   the value is the caller's);
 //! - `acked[s]`: inserts of client slot `s` acknowledged so far (each slot inserts its
 //!   own sequence of keys, so a count names them all);
 //! - `ops[i]`: operations completed in the `i`-th [`INTERVAL`] after `go` (the last
@@ -26,7 +29,8 @@ pub const INTERVAL: Duration = Duration::from_millis(10);
 
 const READY: usize = 0;
 const GO: usize = 1;
-const ACKED: usize = 2;
+const FAULT: usize = 2;
+const ACKED: usize = 3;
 
 /// One client process's board (see the module docs).
 #[derive(Debug)]
@@ -139,6 +143,16 @@ impl Board {
         }
     }
 
+    /// The client reached an injected fault point; `what` (nonzero) says which.
+    pub fn set_fault(&self, what: u64) {
+        self.word(FAULT).store(what, Ordering::Release);
+    }
+
+    /// What [`Board::set_fault`] stored, or 0.
+    pub fn fault(&self) -> u64 {
+        self.word(FAULT).load(Ordering::Acquire)
+    }
+
     /// Client slot `slot` had one more insert acknowledged.
     pub fn ack(&self, slot: usize) {
         let w = self.word(ACKED + slot);
@@ -245,6 +259,9 @@ mod tests {
         assert_eq!(client.wait_go(Duration::from_millis(1)), None);
         driver.go();
         assert!(client.wait_go(Duration::from_millis(1)).is_some());
+        assert_eq!(driver.fault(), 0);
+        client.set_fault(0x1_0003);
+        assert_eq!(driver.fault(), 0x1_0003);
         client.ack(2);
         client.ack(2);
         client.count(Duration::from_millis(5));

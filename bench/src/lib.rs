@@ -14,6 +14,7 @@ pub mod failover;
 pub mod forward;
 pub mod history_out;
 pub(crate) mod hosts;
+pub mod index_fault;
 pub mod jsonl;
 pub mod launch;
 pub mod launcher;

@@ -80,11 +80,22 @@ pub struct Client<C> {
     /// The last data pointer seen or installed per object (TXObj address), at most
     /// [`Config::dptr_hints`] of them (cleared when full).
     pub(crate) hints: std::collections::HashMap<u64, u64>,
-    #[cfg(test)]
-    pub(crate) crash: Option<CrashPoint>,
-    /// Planted bug (tests only): this client's repairs leave a DOING log alone.
-    #[cfg(test)]
+    /// Where this client's commits stop as if it crashed (tests; `fault-injection`).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub(crate) crash: Option<crate::fault::CrashPoint>,
+    /// Called at the crash point before the commit stops (a process-level test ends or
+    /// stops its process there).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub(crate) crash_hook: Option<crate::fault::CrashHook>,
+    /// The crash point fires only in rTXs that write a log (not Opt1's single writes).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub(crate) crash_logged_only: bool,
+    /// Planted bug: this client's repairs leave a DOING log alone.
+    #[cfg(any(test, feature = "fault-injection"))]
     pub(crate) planted_ignore_doing: bool,
+    /// Planted bug: this client's repairs release a DOING rTX's locks without TryCommit.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub(crate) planted_naive_repair: bool,
 }
 
 impl<C: Clock> Client<C> {
@@ -107,10 +118,16 @@ impl<C: Clock> Client<C> {
             unfinished: None,
             stats: Stats::default(),
             hints: std::collections::HashMap::new(),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fault-injection"))]
             crash: None,
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fault-injection"))]
+            crash_hook: None,
+            #[cfg(any(test, feature = "fault-injection"))]
+            crash_logged_only: false,
+            #[cfg(any(test, feature = "fault-injection"))]
             planted_ignore_doing: false,
+            #[cfg(any(test, feature = "fault-injection"))]
+            planted_naive_repair: false,
         }
     }
 
@@ -178,19 +195,16 @@ impl<C: Clock> Client<C> {
             .expect("refill added blocks"))
     }
 
-    /// Stop here with [`crate::mem::MemError::Crashed`] if a test planted a crash at
-    /// point `p` ("log", "locks", "doing", "install"); a no-op outside test builds.
-    pub(crate) fn crash_at(&self, _p: &'static str) -> Result<(), RtxError> {
-        #[cfg(test)]
-        {
-            let hit = match self.crash {
-                Some(CrashPoint::LogWritten) => _p == "log",
-                Some(CrashPoint::Locked) => _p == "locks",
-                Some(CrashPoint::InDoing) => _p == "doing",
-                Some(CrashPoint::Installed) => _p == "install",
-                None => false,
-            };
-            if hit {
+    /// Stop here with [`crate::mem::MemError::Crashed`] if a crash was planted at step
+    /// `p` ("log", "locks", "doing", "install") of an rTX that writes a log (`logged`) or
+    /// of any rTX, as planted; a no-op in builds without tests or `fault-injection`.
+    pub(crate) fn crash_at(&self, _p: &'static str, _logged: bool) -> Result<(), RtxError> {
+        #[cfg(any(test, feature = "fault-injection"))]
+        if let Some(at) = self.crash {
+            if at.step() == _p && (_logged || !self.crash_logged_only) {
+                if self.crash_hook.is_some_and(|hook| hook(at, self.id)) {
+                    return Ok(());
+                }
                 return Err(RtxError::Mem(crate::mem::MemError::Crashed));
             }
         }
@@ -198,16 +212,51 @@ impl<C: Clock> Client<C> {
     }
 }
 
-/// Where a test stops a committing owner as if it had crashed (test builds only).
-#[cfg(test)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CrashPoint {
-    /// Log and values written, nothing locked.
-    LogWritten,
-    /// Write set locked, before validation.
-    Locked,
-    /// Header moved to DOING, nothing installed.
-    InDoing,
-    /// Every dptr installed, no lock released.
-    Installed,
+/// The fault switches of process-level tests (see [`crate::fault`]).
+impl<C: Clock> Client<C> {
+    /// Arm a crash at `at` in this client's next rTX that writes a log (two or more
+    /// objects written: a B-link split, a RACE rehash; Opt1's single-object writes pass
+    /// through), calling `hook` there. Stays armed: `hook` decides what a second hit does.
+    ///
+    /// Errors: [`crate::fault::NotEnabled`] in a build without the `fault-injection` feature.
+    pub fn arm_crash(
+        &mut self,
+        at: crate::fault::CrashPoint,
+        hook: crate::fault::CrashHook,
+    ) -> Result<(), crate::fault::NotEnabled> {
+        #[cfg(feature = "fault-injection")]
+        {
+            self.crash = Some(at);
+            self.crash_hook = Some(hook);
+            self.crash_logged_only = true;
+            Ok(())
+        }
+        #[cfg(not(feature = "fault-injection"))]
+        {
+            let _ = (at, hook);
+            Err(crate::fault::NotEnabled)
+        }
+    }
+
+    /// Plant `p` in this client's repairs.
+    ///
+    /// Errors: [`crate::fault::NotEnabled`] in a build without the `fault-injection` feature.
+    pub fn plant(&mut self, p: crate::fault::Plant) -> Result<(), crate::fault::NotEnabled> {
+        #[cfg(feature = "fault-injection")]
+        {
+            match p {
+                crate::fault::Plant::NaiveRepair => self.planted_naive_repair = true,
+                crate::fault::Plant::IgnoreDoing => self.planted_ignore_doing = true,
+            }
+            Ok(())
+        }
+        #[cfg(not(feature = "fault-injection"))]
+        {
+            let _ = p;
+            Err(crate::fault::NotEnabled)
+        }
+    }
 }
+
+#[cfg(test)]
+pub(crate) use crate::fault::CrashPoint;

@@ -329,7 +329,7 @@ impl<C: Clock> Tx<'_, C> {
             return Err(AbortReason::AbortedByRepairer.into());
         }
         let c = &mut *self.client;
-        c.crash_at("doing")?;
+        c.crash_at("doing", true)?;
         try_commit_steps(c, mem, img, doing, None).await?;
         c.unfinished = None;
         for &b in &p.blocks {
@@ -412,11 +412,11 @@ impl<C: Clock> Tx<'_, C> {
                 }
                 return Err(e);
             }
-            self.client.crash_at("log")?;
+            self.client.crash_at("log", false)?;
             locked?
         } else {
             self.write_round(mem, &p, &img).await?;
-            self.client.crash_at("log")?;
+            self.client.crash_at("log", true)?;
             self.lock_round(mem, &p).await?
         };
         if let Some((mptr, word)) = failed {
@@ -425,7 +425,7 @@ impl<C: Clock> Tx<'_, C> {
                 .fail_with(mem, mptr, word, AbortReason::LockFailed)
                 .await;
         }
-        self.client.crash_at("locks")?;
+        self.client.crash_at("locks", !p.opt1)?;
         // Round 3: validation of every read and written object.
         let written: Vec<u64> = p.entries.iter().map(|e| e.mptr).collect();
         if let Some((mptr, word)) = self

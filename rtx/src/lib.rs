@@ -21,6 +21,8 @@
 //!   the owner, Opt1);
 //! - [`blink`]: a Sherman-style B-link tree whose nodes are rTX objects (section 5), with
 //!   its Optimal (Sherman's locking) and DTX-style baselines and a structural checker;
+//! - [`fault`]: crash points and planted repair bugs that process-level tests arm
+//!   (`Client::arm_crash`, `Client::plant`; only with the `fault-injection` feature);
 //! - [`race`]: RACE hashing whose subtables are rTX objects and whose rehash is an rTX
 //!   (section 5), with its Optimal baseline (RACE's spinlocked rehash) and a checker.
 //!
@@ -33,6 +35,7 @@ pub mod client;
 pub mod commit;
 pub mod dptr;
 pub mod error;
+pub mod fault;
 pub mod host;
 pub mod layout;
 pub mod lease;

@@ -197,9 +197,20 @@ async fn repair_log<C: Clock, M: Mem>(
                 return Ok(RepairOutcome::Aborted);
             }
             LogState::Doing => {
-                #[cfg(test)]
+                #[cfg(any(test, feature = "fault-injection"))]
                 if c.planted_ignore_doing {
                     return Ok(RepairOutcome::Busy);
+                }
+                #[cfg(any(test, feature = "fault-injection"))]
+                if c.planted_naive_repair && mptr.is_some() {
+                    // The planted bug: free the objects, leave the log DOING. A live
+                    // owner's installs may then land after others changed the objects.
+                    let now = c.clock.now_ms();
+                    if !force && !h.repair_expired(now) {
+                        return Ok(RepairOutcome::Busy);
+                    }
+                    release_at_version(mem, &img, lockv).await?;
+                    return Ok(RepairOutcome::Released);
                 }
                 let now = c.clock.now_ms();
                 if !force && !h.repair_expired(now) {

@@ -97,7 +97,7 @@ pub(crate) async fn try_commit_steps<C: Clock, M: Mem>(
             for r in join_all(img.entries.iter().map(install)).await {
                 r?;
             }
-            c.crash_at("install")?;
+            c.crash_at("install", true)?;
             let rel = img
                 .entries
                 .iter()

@@ -5,7 +5,9 @@
 //! or, with `--index race`, YCSB A-D over the RACE hash table of `rtx::race`, whose rehash
 //! is an rTX, against RACE's own spinlock rehash. With `--processes` the clients of each
 //! workload are processes, and `--kill-client-after` / `--stop-client-after` fault one
-//! of them for real.
+//! of them for real; in fault-injection builds (the ones `cargo test` makes)
+//! `--crash-at` / `--pause-at` fault it at a chosen step of its first split or rehash
+//! (`bench::index_fault`), and `--plant` breaks repair on purpose.
 //!
 //! Each protocol gets its own memory node (an rTX region with 1 KB blocks, hosted in this
 //! process on the fabric of `--fabric`: shm under a timing model, `cx5` by default as in
@@ -29,6 +31,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use bench::client_board::{fault_timeline, Board, INTERVAL};
+use bench::index_fault::{self, parse_fault_point, Change, ChildState, FaultPoint, PlantArg};
 use bench::plot::{LineChart, Scale, Series};
 use bench::{cli, jsonl};
 use clap::{Parser, ValueEnum};
@@ -43,6 +46,7 @@ use rrpc::NodeId;
 use rtx::blink::check::{check_quiescent, check_tree};
 use rtx::blink::optimal::Optimal;
 use rtx::blink::{init_hosted, Blink, FIRST_FREE_OBJ};
+use rtx::fault::CrashPoint;
 use rtx::host::{host, EXPORT_KEY};
 use rtx::lease::{LeaseConfig, SkewedClock, SystemClock};
 use rtx::rrpc_mem::RrpcMem;
@@ -64,7 +68,10 @@ use serde_json::json;
                   with --chart draws throughput per workload, one line per protocol. \
                   --index race runs RACE hashing instead (rehash as an rTX against RACE's \
                   spinlock rehash; A-D). --processes N runs each workload's clients as N \
-                  processes, and --kill-client-after / --stop-client-after fault one."
+                  processes, and --kill-client-after / --stop-client-after fault one; in \
+                  fault-injection builds (cargo test's) --crash-at / --pause-at fault one at \
+                  a chosen step of its first split or rehash, and --plant breaks repair on \
+                  purpose."
 )]
 struct Args {
     #[command(flatten)]
@@ -126,7 +133,8 @@ struct Args {
     /// repair made idempotent). rTX only.
     #[arg(long, value_name = "TIME")]
     stop_client_after: Option<cli::Span>,
-    /// How long --stop-client-after keeps the process stopped, milliseconds.
+    /// How long --stop-client-after (or --pause-at) keeps the process stopped,
+    /// milliseconds.
     #[arg(long, default_value_t = 100, value_name = "MS")]
     stop_ms: u64,
     /// rTX's DRIFT, ms: what every lease adds to its estimated commit time, for
@@ -145,6 +153,32 @@ struct Args {
         allow_negative_numbers = true
     )]
     clock_skew_ms: i64,
+    /// Fault-injection builds only (the index-bench `cargo test -p bench` builds; others
+    /// refuse it): client process 0 kills itself (SIGKILL to its own pid) when its first
+    /// structure change of a workload that inserts (d, e) reaches CHANGE:POINT. CHANGE is
+    /// split (--index blink: a leaf split) or rehash (--index race: a subtable rehash);
+    /// POINT is log-written (log and new nodes written, nothing locked), locked (write set
+    /// locked), in-doing (log DOING, nothing installed) or installed (every pointer
+    /// installed, no lock released). The others repair the change as they meet its locks;
+    /// afterwards every check runs as after --kill-client-after. rTX only.
+    #[arg(long, value_name = "CHANGE:POINT", value_parser = parse_fault_point)]
+    crash_at: Option<FaultPoint>,
+    /// Fault-injection builds only: client process 0 stops itself (SIGSTOP) at
+    /// CHANGE:POINT (as --crash-at) and index-bench continues it (SIGCONT) --stop-ms later:
+    /// a false suspicion at a chosen step. The others repair its change while it sleeps;
+    /// it then finishes its own commit, which repair made idempotent, and its clients
+    /// start no new operation (the checks see what the pause and the repairs left).
+    /// split only (--index blink); rTX only.
+    #[arg(long, value_name = "CHANGE:POINT", value_parser = parse_fault_point)]
+    pause_at: Option<FaultPoint>,
+    /// Fault-injection builds only: a planted bug in the repairs of every workload client,
+    /// to show the checks catch it: naive-repair (release a DOING rTX's locks without
+    /// re-running its TryCommit; with --pause-at split:in-doing the stopped client's late
+    /// installs then break the tree) or ignore-doing (leave a DOING rTX alone: with
+    /// --crash-at split:in-doing its locks stay held and the others' operations on them
+    /// give up). rTX only.
+    #[arg(long, value_enum, value_name = "BUG")]
+    plant: Option<PlantArg>,
     /// Run as one client process of the driver (JSON from index-bench; internal).
     #[arg(long, hide = true, value_name = "JSON")]
     client_spec: Option<String>,
@@ -480,19 +514,55 @@ impl Plan {
             },
             ..Config::default()
         };
-        let client = || Box::new(Client::new(self.layout, id, 2, clock.clone(), cfg));
+        let client = || -> Result<Box<Client<ClientClock>>> {
+            let mut c = Box::new(Client::new(self.layout, id, 2, clock.clone(), cfg));
+            self.inject(&mut c, phase, slot)?;
+            Ok(c)
+        };
         Ok(match (self.args.index, self.proto) {
             (Index::Race, Proto::Rtx) => Handle::RaceRtx(
-                client(),
+                client()?,
                 Box::new(rtx::race::Race::new(self.layout, objs).context("--objects")?),
             ),
             (Index::Race, _) => Handle::RaceOptimal(Box::new(
                 rtx::race::optimal::Optimal::new(self.layout, id, objs).context("--objects")?,
             )),
-            (Index::Blink, Proto::Rtx) => Handle::Rtx(client(), Blink::new(self.layout, objs)),
+            (Index::Blink, Proto::Rtx) => Handle::Rtx(client()?, Blink::new(self.layout, objs)),
             (Index::Blink, Proto::Dtx) => Handle::Optimal(Optimal::dtx(self.layout, id, objs)),
             (Index::Blink, _) => Handle::Optimal(Optimal::new(self.layout, id, objs)),
         })
+    }
+}
+
+impl Plan {
+    /// Whether `--crash-at` / `--pause-at` fire in phase `phase`: a workload that
+    /// inserts (only inserts split a leaf or rehash a subtable), run by client processes.
+    fn faults_at_a_point(&self, phase: u64) -> Option<FaultPoint> {
+        let point = self.args.crash_at.or(self.args.pause_at)?;
+        let w = *self.args.workload.get((phase as usize).checked_sub(1)?)?;
+        (self.args.processes > 0 && matches!(w, Workload::D | Workload::E)).then_some(point)
+    }
+
+    /// Plant `--plant` in a workload client's repairs, and arm `--crash-at` /
+    /// `--pause-at` in client process 0's clients. Errors: a build without rtx's
+    /// `fault-injection` (refused as a usage error before this runs).
+    fn inject(&self, c: &mut Client<ClientClock>, phase: u64, slot: u64) -> Result<()> {
+        if phase == 0 {
+            return Ok(());
+        }
+        if let Some(p) = self.args.plant {
+            c.plant(p.into())?;
+        }
+        let per = self.args.threads as u64 * self.args.coroutines as u64;
+        if let (Some(f), true) = (self.faults_at_a_point(phase), slot < per) {
+            let hook = if self.args.crash_at.is_some() {
+                index_fault::kill_self
+            } else {
+                index_fault::stop_self
+            };
+            c.arm_crash(f.point, hook)?;
+        }
+        Ok(())
     }
 }
 
@@ -543,7 +613,10 @@ async fn run_client(
         let k = p.board.acked(board_slot.expect("in a process"));
         p.insert_base + slot + k * plan.clients()
     };
-    while !stop.load(Ordering::Relaxed) {
+    // A client process that stopped itself at --pause-at's point runs no new operation
+    // once continued (`index_fault::stop_self`).
+    let paused = || proc.is_some() && index_fault::paused();
+    while !stop.load(Ordering::Relaxed) && !paused() {
         // Keys inserted so far: in a client process, estimated from this slot's own
         // inserts (the slots insert at about the same rate), so that read-latest reads
         // near the newest keys; a key not there yet is a lookup that finds nothing.
@@ -715,6 +788,8 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
     let mut keys_state = KeyState {
         acked: (0..args.keys).collect(),
         maybe: Vec::new(),
+        committed: Vec::new(),
+        aborted: Vec::new(),
         next_base: args.keys,
     };
     for phase in 0..phases {
@@ -869,6 +944,11 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                     ", {in_flight} of the killed clients' {} in-flight inserts committed by repair",
                     keys_state.maybe.len()
                 )
+            } + &match (keys_state.committed.len(), keys_state.aborted.len()) {
+                (0, 0) => String::new(),
+                (c, a) => format!(
+                    ", of the inserts killed at the crash point {c} committed and {a} aborted by repair as their log state demands"
+                ),
             },
             checked_what(args.index).1
         );
@@ -903,6 +983,12 @@ struct KeyState {
     acked: Vec<u64>,
     /// Key indices whose insert was in flight when its client was killed.
     maybe: Vec<u64>,
+    /// Key indices of inserts killed at `--crash-at` in DOING or later: repair must have
+    /// committed them.
+    committed: Vec<u64>,
+    /// Key indices of inserts killed at `--crash-at` before DOING: repair must have
+    /// aborted them.
+    aborted: Vec<u64>,
     /// The next phase's first insert index.
     next_base: u64,
 }
@@ -927,12 +1013,26 @@ impl KeyState {
                 missing.len()
             ));
         }
+        if let Some(i) = self
+            .committed
+            .iter()
+            .find(|&&i| !found.contains(&key_of(i)))
+        {
+            return Err(format!(
+                "the insert of key index {i}, killed in DOING or later, is not in the tree: repair must commit it"
+            ));
+        }
+        if let Some(i) = self.aborted.iter().find(|&&i| found.contains(&key_of(i))) {
+            return Err(format!(
+                "the insert of key index {i}, killed before DOING, is in the tree: repair must abort it"
+            ));
+        }
         let in_flight = self
             .maybe
             .iter()
             .filter(|&&i| found.contains(&key_of(i)))
             .count();
-        let extra = found.len() - self.acked.len() - in_flight;
+        let extra = found.len() - self.acked.len() - self.committed.len() - in_flight;
         if extra > 0 {
             return Err(format!(
                 "the tree holds {extra} keys that no client inserted or had in flight"
@@ -1039,11 +1139,31 @@ fn run_phase_processes(
     let victim = children.0[0].id() as libc::pid_t;
     let mut fault_lines = Vec::new();
     let mut fault = serde_json::Value::Null;
-    let fault_at = args
+    let mut fault_at = args
         .kill_client_after
         .or(args.stop_client_after)
         .map(|s| args.run.warmup() + s.0);
-    if let Some(at) = fault_at {
+    // Whether client process 0 dies in this phase (then its clients' logs are finished
+    // afterwards and their in-flight inserts may or may not be there).
+    let point = plan.faults_at_a_point(phase);
+    let killed = args.kill_client_after.is_some() || (point.is_some() && args.crash_at.is_some());
+    // The client of process 0 whose split reached --crash-at's point (its local slot):
+    // its in-flight insert is there iff the split had reached DOING.
+    let mut crashed_slot = None;
+    if let Some(f) = point {
+        let (at, line, id) = await_fault_point(args, f, &mut children.0[0], &boards[0], go)?;
+        fault_at = Some(at);
+        // A split carries its insert; a rehash only makes room, its insert runs after.
+        if killed && f.change == Change::Split {
+            let local = (id as u64).checked_sub(plan.id(phase, 0) as u64);
+            crashed_slot = local
+                .filter(|&l| l < per as u64)
+                .map(|l| (l as usize, f.point));
+        }
+        fault_lines.push(format!(
+            "client process 0 (pid {victim}, {per} clients) {line}"
+        ));
+    } else if let Some(at) = fault_at {
         std::thread::sleep((go + at).saturating_duration_since(Instant::now()));
         let kill = args.kill_client_after.is_some();
         // SAFETY: kill(2) on our own child's pid, which we have not waited for yet (it
@@ -1084,7 +1204,7 @@ fn run_phase_processes(
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         };
-        if p == 0 && args.kill_client_after.is_some() {
+        if p == 0 && killed {
             use std::os::unix::process::ExitStatusExt;
             if st.signal() != Some(libc::SIGKILL) {
                 bail!("client process 0 was to be killed but ended with {st}");
@@ -1133,9 +1253,14 @@ fn run_phase_processes(
                 t.survivors_after / t.rate_before,
             ));
             fault = json!({
-                "kind": if args.kill_client_after.is_some() { "kill" } else { "stop" },
+                "kind": match (args.kill_client_after, args.stop_client_after, args.crash_at) {
+                    (Some(_), _, _) => "kill".to_string(),
+                    (_, Some(_), _) => "stop".to_string(),
+                    (_, _, Some(f)) => format!("crash-at {f}"),
+                    _ => format!("pause-at {}", args.pause_at.map(|f| f.to_string()).unwrap_or_default()),
+                },
                 "at_ms": at.as_millis() as u64,
-                "stop_ms": args.stop_client_after.map(|_| args.stop_ms),
+                "stop_ms": (args.stop_client_after.is_some() || args.pause_at.is_some()).then_some(args.stop_ms),
                 "min_survivor_interval_ops": t.min_survivor_interval,
                 "interval_ms": INTERVAL.as_millis() as u64,
                 "ops_per_s_before": t.rate_before,
@@ -1146,11 +1271,7 @@ fn run_phase_processes(
     }
     // The phase's inserts: slot s's k-th is insert_base + s + k x clients.
     let clients = plan.clients();
-    let dead = if args.kill_client_after.is_some() {
-        per
-    } else {
-        0
-    };
+    let dead = if killed { per } else { 0 };
     for (p, b) in boards.iter().enumerate() {
         for local in 0..per {
             let slot = (p * per + local) as u64;
@@ -1158,7 +1279,17 @@ fn run_phase_processes(
             keys.acked
                 .extend((0..n).map(|k| keys.next_base + slot + k * clients));
             if p == 0 && local < dead {
-                keys.maybe.push(keys.next_base + slot + n * clients);
+                let i = keys.next_base + slot + n * clients;
+                match crashed_slot {
+                    Some((l, point)) if l == local => {
+                        if matches!(point, CrashPoint::InDoing | CrashPoint::Installed) {
+                            keys.committed.push(i);
+                        } else {
+                            keys.aborted.push(i);
+                        }
+                    }
+                    _ => keys.maybe.push(i),
+                }
             }
         }
     }
@@ -1188,6 +1319,94 @@ fn run_phase_processes(
         fault_lines,
         fault,
     })
+}
+
+/// Wait until client process 0 (`child`, its board `board`) reaches the fault point `f`
+/// of `--crash-at` (it kills itself: wait for its death) or `--pause-at` (it stops
+/// itself: wait for the stop, then SIGCONT it `--stop-ms` later). Returns when it got
+/// there, since `go`, what happened (for the output), and the rTX ID of the client that
+/// got there.
+///
+/// Errors: the process ended (or, for a pause, was still running) past its run without
+/// reaching the point; it ended otherwise than by SIGKILL, or without saying on its board
+/// where it was.
+fn await_fault_point(
+    args: &Args,
+    f: FaultPoint,
+    child: &mut std::process::Child,
+    board: &Board,
+    go: Instant,
+) -> Result<(std::time::Duration, String, u16)> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id() as libc::pid_t;
+    let end = go + args.run.warmup() + args.run.duration() + CLIENT_GRACE;
+    let never = || {
+        anyhow::anyhow!(
+            "client process 0 never reached {f} (its run had no {} that got there: more inserts, e.g. a longer --duration or ycsb-d, or fewer --keys per node)",
+            f.change.name()
+        )
+    };
+    let kill = args.crash_at.is_some();
+    let at = loop {
+        let state = index_fault::child_state(pid).context("watching client process 0")?;
+        match state {
+            ChildState::Ended if kill => {
+                let st = child.wait()?;
+                if st.signal() != Some(libc::SIGKILL) {
+                    bail!("client process 0 was to kill itself at {f} but ended with {st}");
+                }
+                break go.elapsed();
+            }
+            ChildState::Ended => return Err(never()),
+            ChildState::Stopped if !kill => break go.elapsed(),
+            _ => {}
+        }
+        if Instant::now() >= end {
+            return Err(never());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    let (point, id) = index_fault::decode(board.fault()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "client process 0 was {} without saying where on its board",
+            if kill { "killed" } else { "stopped" }
+        )
+    })?;
+    anyhow::ensure!(
+        point == f.point,
+        "client process 0 stopped at {} instead of {}",
+        point.name(),
+        f.point.name()
+    );
+    let ms = at.as_millis();
+    if kill {
+        return Ok((
+            at,
+            format!(
+                "killed itself (SIGKILL) at {f} of its first {} (rTX ID {id}) at {ms} ms",
+                f.change.name()
+            ),
+            id,
+        ));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(args.stop_ms));
+    // SAFETY: kill(2) on our own child's pid, not waited for yet (it cannot have been
+    // reused).
+    if unsafe { libc::kill(pid, libc::SIGCONT) } != 0 {
+        bail!(
+            "continuing client process 0: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok((
+        at,
+        format!(
+            "stopped itself (SIGSTOP) at {f} of its first {} (rTX ID {id}) at {ms} ms, continued {} ms later",
+            f.change.name(),
+            args.stop_ms
+        ),
+        id,
+    ))
 }
 
 /// Intervals of a client process's board: the run (warm-up and measured window) and a
@@ -1276,6 +1495,7 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
     let layout = layout(args)?;
     let per = args.threads as usize * args.coroutines as usize;
     let board = Arc::new(Board::open(&spec.board, per, board_intervals(args))?);
+    index_fault::set_board(board.clone());
     let plan = Arc::new(Plan {
         args: args.clone(),
         layout,
@@ -1378,14 +1598,23 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
 }
 
 /// The client-process and fault flags together. Errors (usage): a fault without
-/// `--processes 2` or more, both faults, a fault on a protocol other than rTX (Optimal
+/// `--processes 2` or more, two faults, a fault on a protocol other than rTX (Optimal
 /// and DTX have no repair: a dead client's lock would stop the others for good), a fault
-/// outside the measured window, a zero `--stop-ms`, more client threads than node ids.
+/// outside the measured window, a zero `--stop-ms`, more client threads than node ids;
+/// `--crash-at`, `--pause-at` or `--plant` in a build without rtx's `fault-injection`,
+/// a change of the other index, no workload that inserts.
 fn check_processes(args: &Args) -> Result<()> {
     let fault = args.kill_client_after.or(args.stop_client_after);
-    if args.kill_client_after.is_some() && args.stop_client_after.is_some() {
-        bail!("--kill-client-after and --stop-client-after: one fault per run");
+    let faults = [
+        args.kill_client_after.is_some(),
+        args.stop_client_after.is_some(),
+        args.crash_at.is_some(),
+        args.pause_at.is_some(),
+    ];
+    if faults.iter().filter(|&&f| f).count() > 1 {
+        bail!("--kill-client-after, --stop-client-after, --crash-at and --pause-at: one fault per run");
     }
+    check_injected(args)?;
     if let Some(t) = fault {
         if args.processes < 2 {
             bail!("a client fault needs --processes 2 or more (the others go on)");
@@ -1415,7 +1644,7 @@ fn check_processes(args: &Args) -> Result<()> {
             args.clock_skew_ms
         );
     }
-    if args.stop_client_after.is_some() && args.stop_ms == 0 {
+    if (args.stop_client_after.is_some() || args.pause_at.is_some()) && args.stop_ms == 0 {
         bail!("--stop-ms must be positive");
     }
     if args.processes as u32 * args.threads as u32 > 99 {
@@ -1423,6 +1652,54 @@ fn check_processes(args: &Args) -> Result<()> {
             "--processes {} x --threads {}: at most 99 client threads (node ids 100 + 100 x phase + thread)",
             args.processes,
             args.threads
+        );
+    }
+    Ok(())
+}
+
+/// `--crash-at`, `--pause-at` and `--plant` (see [`check_processes`]).
+fn check_injected(args: &Args) -> Result<()> {
+    let point = args.crash_at.or(args.pause_at);
+    if (point.is_some() || args.plant.is_some()) && !rtx::fault::ENABLED {
+        bail!("--crash-at, --pause-at and --plant need a fault-injection build: the index-bench that `cargo test -p bench` builds (bench's dev-dependencies enable rtx's feature fault-injection)");
+    }
+    if args.plant.is_some() && args.protocol != Proto::Rtx {
+        bail!("--plant breaks rTX's repair: --protocol rtx only");
+    }
+    let Some(f) = point else { return Ok(()) };
+    let flag = if args.crash_at.is_some() {
+        "--crash-at"
+    } else {
+        "--pause-at"
+    };
+    if args.processes < 2 {
+        bail!("{flag} needs --processes 2 or more (the others go on)");
+    }
+    if args.protocol != Proto::Rtx {
+        bail!("{flag} runs --protocol rtx only: Optimal and DTX have no repair");
+    }
+    match (f.change, args.index) {
+        (Change::Split, Index::Blink) | (Change::Rehash, Index::Race) => {}
+        (Change::Split, Index::Race) => {
+            bail!("{flag} {f}: a hash index does not split; give rehash:POINT or --index blink")
+        }
+        (Change::Rehash, Index::Blink) => {
+            bail!("{flag} {f}: a B-link tree does not rehash; give split:POINT or --index race")
+        }
+    }
+    // A killed client writes nothing more; a stopped one's late slot CAS could land in a
+    // subtable block reused since (see the refusal of faults on --index race below).
+    if args.pause_at.is_some() && args.index == Index::Race {
+        bail!("--pause-at runs --index blink only: a RACE slot CAS is a WRITE into a subtable's block, and one from a client stopped past the blocks' reuse wait could land in a block reused since");
+    }
+    if !args
+        .workload
+        .iter()
+        .any(|w| matches!(w, Workload::D | Workload::E))
+    {
+        bail!(
+            "{flag} {f}: only inserts make a {}; give a workload that inserts (--workload d or e)",
+            f.change.name()
         );
     }
     Ok(())
@@ -1500,14 +1777,21 @@ fn run(mut args: Args) -> Result<()> {
         if args.zipf > 0.0 { format!("zipf {}", args.zipf) } else { "uniform".into() },
         args.run.duration,
         args.run.warmup,
-        match (args.kill_client_after, args.stop_client_after) {
-            (Some(t), _) => format!(" | client process 0 killed {t} into each"),
-            (_, Some(t)) => format!(
+        match (args.kill_client_after, args.stop_client_after, args.crash_at, args.pause_at) {
+            (Some(t), ..) => format!(" | client process 0 killed {t} into each"),
+            (_, Some(t), ..) => format!(
                 " | client process 0 stopped {t} into each, for {} ms",
                 args.stop_ms
             ),
+            (_, _, Some(f), _) => format!(
+                " | client process 0 kills itself at {f} in each workload that inserts"
+            ),
+            (.., Some(f)) => format!(
+                " | client process 0 stops itself at {f} for {} ms in each workload that inserts",
+                args.stop_ms
+            ),
             _ => String::new(),
-        },
+        } + &args.plant.map(|p| format!(" | planted: {p:?}")).unwrap_or_default(),
         if args.clock_skew_ms != 0 || args.drift_ms != 8 {
             format!(
                 " | DRIFT {} ms{}",

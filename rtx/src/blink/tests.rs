@@ -485,6 +485,97 @@ fn crash_after_installing_is_finished_by_repair() {
     crash_in_split(CrashPoint::Installed, true);
 }
 
+/// The crash point as process-level tests arm it (`rtx::fault`): only an rTX that writes
+/// a log fires it, so the single-leaf inserts (Opt1) before the split pass; the hook sees
+/// the point and the client's ID once, and since it returns `false` the split stops there
+/// as a crash (locks held, log DOING) that another client then commits.
+#[test]
+fn an_armed_crash_point_fires_in_the_first_logged_rtx_only() {
+    thread_local! {
+        static HITS: RefCell<Vec<(CrashPoint, u16)>> = const { RefCell::new(Vec::new()) };
+    }
+    fn hook(p: CrashPoint, id: u16) -> bool {
+        HITS.with(|h| h.borrow_mut().push((p, id)));
+        false
+    }
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut a = client(&l, 0, &clock);
+    let mut ta = Blink::new(l, objs(0));
+    let mut b = client(&l, 1, &clock);
+    let mut tb = Blink::new(l, objs(1));
+    // What `Client::arm_crash` sets (it refuses in builds without `fault-injection`).
+    a.crash = Some(CrashPoint::InDoing);
+    a.crash_hook = Some(hook);
+    a.crash_logged_only = true;
+    block_on(async {
+        for k in 0..5 {
+            ta.insert(&mut a, &m, k * 10, k).await.unwrap();
+        }
+        assert!(HITS.with(|h| h.borrow().is_empty()), "Opt1 inserts pass");
+        let r = ta.insert(&mut a, &m, 25, 99).await;
+        assert!(
+            matches!(
+                r,
+                Err(super::BlinkError::Rtx(RtxError::Mem(MemError::Crashed)))
+            ),
+            "{r:?}"
+        );
+        assert_eq!(
+            HITS.with(|h| h.borrow().clone()),
+            [(CrashPoint::InDoing, 0)]
+        );
+        assert!(
+            check_quiescent(&m, &l).await.is_err(),
+            "the split holds its locks"
+        );
+        clock.advance(60_000);
+        assert_eq!(tb.lookup(&mut b, &m, 25).await.unwrap(), Some(99));
+        check_quiescent(&m, &l).await.unwrap();
+    });
+}
+
+/// Planted bug (C.10 test 4), in process: a naive repair releases the locks of a live
+/// owner's split in DOING without committing it; another client then changes the leaf,
+/// the owner's late install of it fails while its other installs land, and the tree no
+/// longer checks (or the owner's acknowledged key is gone).
+#[test]
+fn a_naive_repair_of_a_live_split_breaks_the_tree() {
+    let l = layout(128);
+    let m = region(&l);
+    let clock = ManualClock::new(T0);
+    let mut a = client(&l, 0, &clock);
+    let mut ta = Blink::new(l, objs(0));
+    let mut b = client(&l, 1, &clock);
+    b.planted_naive_repair = true;
+    let mut tb = Blink::new(l, objs(1));
+    block_on(async {
+        for k in 0..5 {
+            ta.insert(&mut a, &m, k * 10, k).await.unwrap();
+        }
+        a.crash = Some(CrashPoint::InDoing);
+        assert!(ta.insert(&mut a, &m, 25, 99).await.is_err());
+        let log = m.read_now(l.log_addr(0), l.slot_bytes() as usize).unwrap();
+        let img = crate::log::LogImage::decode(&log).unwrap();
+        clock.advance(60_000);
+        // The suspicious client repairs naively, then inserts into the leaf.
+        tb.insert(&mut b, &m, 15, 1).await.unwrap();
+        assert_eq!(b.stats().repairs, 1, "{:?}", b.stats());
+        // The owner wakes up and finishes its TryCommit.
+        let a = client(&l, 0, &clock);
+        crate::trycommit::try_commit_steps(&a, &m, &img, m.word(l.log_addr(0)), None)
+            .await
+            .unwrap();
+        let r = check_tree(&m, &l).await;
+        let broken = match &r {
+            Err(_) => true,
+            Ok(all) => !all.contains(&(25, 99)) || !all.contains(&(15, 1)),
+        };
+        assert!(broken, "{r:?}");
+    });
+}
+
 /// Planted bug (C.10 test 5): a repair that ignores DOING leaves the crashed split's locks
 /// held forever, so a survivor's insert into that leaf never completes.
 #[test]
