@@ -248,6 +248,9 @@ pub(crate) struct LotusCnOptions {
     pub(crate) vtc_entries: usize,
     /// `--routing forward`: the inbox the forwarding RPC fills.
     pub(crate) inbox: Option<Arc<crate::forward::Inbox>>,
+    /// `--plant skip-cache-clear` (honoured only in a test build, [`txn::FAULT_INJECTION`]):
+    /// a range a resharding move takes away keeps its cache entries.
+    pub(crate) skip_cache_clear: bool,
 }
 
 /// A compute node's lock service and the site its coordinators lock through.
@@ -277,7 +280,9 @@ pub(crate) fn start(
         lock_key,
         vtc_entries,
         inbox,
+        skip_cache_clear,
     } = opts;
+    let skip_cache_clear = skip_cache_clear && txn::FAULT_INJECTION;
     let map = ShardMap::uniform(nodes).context("the compute nodes' shard map")?;
     if !nodes.contains(&node) {
         bail!("compute node {node} is not among {nodes:?}");
@@ -340,6 +345,14 @@ pub(crate) fn start(
             service
                 .lotus()
                 .set_lost_range_hook(Arc::new(move |r: std::ops::Range<u16>| {
+                    if skip_cache_clear {
+                        eprintln!(
+                            "cnode {node}: shards {}..{} moved away; planted bug: their version \
+                             table cache entries kept",
+                            r.start, r.end
+                        );
+                        return;
+                    }
                     let n = c.clear_range(r.clone());
                     eprintln!(
                         "cnode {node}: shards {}..{} moved away; {n} version table cache entries dropped",

@@ -7,6 +7,10 @@
 //! table cache drops the range's entries as the map takes it away
 //! ([`lockd::table_service::TableService::set_lost_range_hook`]). Coordinators that
 //! still route by the old map are answered `WrongShard` and fetch the new one.
+//! `--reshard-back-after S` later moves the same range back from the destination to the
+//! source: the source's cache then serves that range again, so an entry it kept across
+//! the move (the planted `--plant skip-cache-clear`) would be stale by every write the
+//! other node granted meanwhile.
 //!
 //! A drain that does not end within [`DRAIN_TIMEOUT`] (a lock held across it) is
 //! cancelled, as the project's resharding does instead of aborting the holders, and the
@@ -69,18 +73,20 @@ impl Resharded {
     }
 }
 
-/// Move the first half of compute node `from`'s shards to `to`, every node of `nodes`
-/// reached at its lock service's address in `addrs` (the same order). Runs on a thread
-/// context of its own over `fabric`.
+/// Move `range` of compute node `from`'s shards (`None`: the first half of them) to
+/// `to`, every node of `nodes` reached at its lock service's address in `addrs` (the
+/// same order). Runs on a thread context of its own over `fabric`.
 ///
-/// Errors: a node unreachable or refusing a control request; `from` owns fewer than two
-/// shards; every try cancelled.
+/// Errors: a node unreachable or refusing a control request; without `range`, `from`
+/// owns fewer than two shards; with it, `range` is empty or `from` does not own all of
+/// it; every try cancelled.
 pub fn force_move(
     fabric: &Fabric,
     nodes: &[u32],
     addrs: &[SocketAddr],
     from: u32,
     to: u32,
+    range: Option<std::ops::Range<u16>>,
 ) -> anyhow::Result<Resharded> {
     let ctx = ThreadCtx::new(fabric.clone(), crate::run_runtime::get())
         .context("resharding: a thread context")?;
@@ -94,18 +100,31 @@ pub fn force_move(
         .filter(|&n| n != from && n != to)
         .collect();
     for attempt in 1..=ATTEMPTS {
-        let (c, others) = (ctx.clone(), others.clone());
+        let (c, others, asked) = (ctx.clone(), others.clone(), range.clone());
         let r = block_on(&ctx, async move {
             let map = lockd::table_service::fetch_map(&c, from).await?;
             let mine = map.shards_of(from);
-            if mine.len() < 2 {
-                return Ok::<_, anyhow::Error>(Err(format!(
-                    "compute node {from} owns {} shard(s): nothing to split",
-                    mine.len()
-                )));
-            }
-            let lo = mine[0];
-            let range = lo..lo + (mine.len() / 2) as u16;
+            let range = match asked {
+                Some(r) => {
+                    if r.is_empty() || !r.clone().all(|s| mine.binary_search(&s).is_ok()) {
+                        return Ok::<_, anyhow::Error>(Err(format!(
+                            "compute node {from} does not own every shard of {}..{}",
+                            r.start, r.end
+                        )));
+                    }
+                    r
+                }
+                None => {
+                    if mine.len() < 2 {
+                        return Ok(Err(format!(
+                            "compute node {from} owns {} shard(s): nothing to split",
+                            mine.len()
+                        )));
+                    }
+                    let lo = mine[0];
+                    lo..lo + (mine.len() / 2) as u16
+                }
+            };
             let t0 = Instant::now();
             let mut mv = Move::new(from, to, range.clone(), map.version(), t0);
             let state =

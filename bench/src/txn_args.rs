@@ -321,6 +321,20 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS")]
     #[serde(default)]
     pub reshard_after: Option<f64>,
+    /// With --reshard-after: this many seconds into the measured run (later than
+    /// --reshard-after), move the same range back from compute node 1 to compute node 0
+    /// (drained and published as the first move; compute node 1's version table cache
+    /// drops the range). Compute node 0's cache then serves that range again, while the
+    /// writes compute node 1 granted in between never reached its grant hook. Prints a
+    /// second `reshard:` line.
+    #[arg(long, value_name = "SECONDS")]
+    #[serde(default)]
+    pub reshard_back_after: Option<f64>,
+    /// Plant a bug on purpose, to show that the run's checks catch it. Only a test build
+    /// (txn's `fault-injection` feature) accepts it; any other build refuses it.
+    #[arg(long, value_enum, value_name = "BUG")]
+    #[serde(default)]
+    pub plant: Option<Plant>,
     /// Lotus with coordinator processes (--cnodes 2 or more): run Lotus 4.3's resharding
     /// loop over the compute nodes' lock services for the whole run: every 100 ms each
     /// node's load sample (its lock latency and requests per shard); a node whose latency
@@ -539,6 +553,25 @@ mod opt_str {
         let s: Option<String> = serde::Deserialize::deserialize(d)?;
         s.map(|s| s.parse().map_err(serde::de::Error::custom))
             .transpose()
+    }
+}
+
+/// The `--plant` flag: a bug planted on purpose (test builds only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Plant {
+    /// Lotus: the lost-range hook of a compute node's lock table leaves the moved
+    /// range's version table cache entries in place (the spec's A.3 item 6 undone).
+    /// Needs --reshard-after; with --reshard-back-after the kept entries are stale when
+    /// the range comes back.
+    SkipCacheClear,
+}
+
+impl Plant {
+    /// Whether this process may run planted bugs: only a build with txn's
+    /// `fault-injection` feature (the test builds) can.
+    pub fn allowed() -> bool {
+        txn::FAULT_INJECTION
     }
 }
 
@@ -956,6 +989,43 @@ impl Args {
                 || self.kill_memnode_after.is_some()
             {
                 bail!("--reshard-after does not combine with the other fault flags");
+            }
+        }
+        if let Some(b) = self.reshard_back_after {
+            let Some(s) = self.reshard_after else {
+                bail!("--reshard-back-after moves back the range --reshard-after moved: give both");
+            };
+            if !(b > s && b < self.duration()) {
+                bail!(
+                    "--reshard-back-after must lie after --reshard-after and within the run \
+                     ({s} < SECONDS < --duration)"
+                );
+            }
+        }
+        if let Some(p) = self.plant {
+            if !Plant::allowed() {
+                bail!(
+                    "--plant {}: planted bugs exist only in test builds (txn's fault-injection \
+                     feature); this binary was built without them",
+                    p.to_possible_value()
+                        .map_or_else(String::new, |v| v.get_name().to_string())
+                );
+            }
+            match p {
+                Plant::SkipCacheClear => {
+                    if self.reshard_after.is_none() {
+                        bail!(
+                            "--plant skip-cache-clear acts when a resharding move takes a range \
+                             away: it needs --reshard-after"
+                        );
+                    }
+                    if self.vtc_entries == 0 {
+                        bail!(
+                            "--plant skip-cache-clear needs the version table cache \
+                             (--vtc-entries above 0)"
+                        );
+                    }
+                }
             }
         }
         if self.routing != crate::routing::Routing::None && self.cnodes < 2 {

@@ -66,7 +66,7 @@ use crate::report::{
 };
 use crate::timeline::{CnodeTimeline, Fault, Timeline, TimelineReport};
 pub use crate::txn_args::{
-    Args, IsolationArg, LogPlacementArg, LogSetting, ProtocolArg, Sweep, MAX_MEMNODES,
+    Args, IsolationArg, LogPlacementArg, LogSetting, Plant, ProtocolArg, Sweep, MAX_MEMNODES,
 };
 pub(crate) use crate::txn_args::{Point, NODE_CN, NODE_LOCKD, NODE_MEMNODE, NODE_TSO};
 use crate::workload::{AuditCx, Audited, Workload, WorkloadSpec};
@@ -2428,6 +2428,52 @@ mod tests {
             run(args(&["--hot-accounts", "1"]), stop.clone()).unwrap_err()
         );
         assert!(e.contains("hot accounts must be 2"), "{e}");
+    }
+
+    /// `--reshard-back-after` needs the move it undoes, later; `--plant skip-cache-clear`
+    /// needs a move and the cache; the plant travels to the coordinator processes (their
+    /// `--run-spec`). This test build has the fault switches, so the plant itself is
+    /// accepted here (a build without them refuses it: `Plant::allowed`).
+    #[test]
+    fn the_move_back_and_the_planted_cache_bug_need_what_they_act_on() {
+        let lotus = ["--protocol", "lotus", "--cnodes", "2", "--duration", "2"];
+        let check = |extra: &[&str]| {
+            let mut a = args(&[&lotus[..], extra].concat());
+            a.threads = Some(1);
+            a.validate().map_err(|e| e.to_string())
+        };
+        let e = check(&["--reshard-back-after", "1"]).unwrap_err();
+        assert!(e.contains("give both"), "{e}");
+        let e = check(&["--reshard-after", "1", "--reshard-back-after", "0.5"]).unwrap_err();
+        assert!(e.contains("after --reshard-after"), "{e}");
+        let e = check(&["--reshard-after", "1", "--reshard-back-after", "2"]).unwrap_err();
+        assert!(e.contains("within the run"), "{e}");
+        let e = check(&["--plant", "skip-cache-clear"]).unwrap_err();
+        assert!(e.contains("needs --reshard-after"), "{e}");
+        let e = check(&[
+            "--reshard-after",
+            "1",
+            "--plant",
+            "skip-cache-clear",
+            "--vtc-entries",
+            "0",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--vtc-entries"), "{e}");
+        assert!(Plant::allowed(), "test builds have the fault switches");
+        let ok = [
+            "--reshard-after",
+            "0.5",
+            "--reshard-back-after",
+            "1",
+            "--plant",
+            "skip-cache-clear",
+        ];
+        check(&ok).unwrap();
+        let a = args(&[&lotus[..], &ok[..]].concat());
+        let back: Args = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back.plant, Some(Plant::SkipCacheClear));
+        assert_eq!(back.reshard_back_after, Some(1.0));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! where MVCC posts about one per written record; and two coordinator processes lock on
 //! each other's tables over RPC (`--cnodes 2`) and pass every check. TATP and TPC-C on
 //! Lotus are in their own files; the write-skew and INVISIBLE-rule tests in
-//! `write_skew.rs`, `serializability_fault_lotus.rs` and `lotus_invisible_fault.rs`.
+//! `write_skew.rs`, `serializability_fault_lotus.rs` and `lotus_invisible_fault.rs`; the
+//! resharding move away and back with the source's cache clear planted out in
+//! `lotus_reshard_fault.rs`.
 
 mod common;
 

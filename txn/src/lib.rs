@@ -51,6 +51,9 @@ pub mod cvt_store;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+/// Whether this build has the `fault` module (the `fault-injection` feature, which
+/// only test builds enable): binaries that offer to plant a bug refuse it when false.
+pub const FAULT_INJECTION: bool = cfg!(feature = "fault-injection");
 pub mod ford;
 pub mod history;
 pub mod kvs;

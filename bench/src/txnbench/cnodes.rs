@@ -178,6 +178,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
                 lock_key: workload.lotus_lock_key(),
                 vtc_entries: args.vtc_entries,
                 inbox: inbox.clone(),
+                skip_cache_clear: args.plant == Some(crate::txn_args::Plant::SkipCacheClear),
             },
         )?;
         Some(cn)
@@ -1348,6 +1349,10 @@ struct Faults<'a> {
     failover: Option<crate::failover::Failover>,
     /// `--reshard-after`: whether the move was made.
     resharded: bool,
+    /// `--reshard-back-after`: the range `--reshard-after` moved, until it is moved back.
+    moved: Option<std::ops::Range<u16>>,
+    /// `--reshard-back-after`: whether the move back was made.
+    resharded_back: bool,
     /// `--reshard-loop`: the loop, once started.
     reshard_loop: Option<crate::lotus_reshard::LoopThread>,
     /// `--reshard-loop`: its moves so far (published, cancelled).
@@ -1369,6 +1374,8 @@ impl<'a> Faults<'a> {
             memnode_killed: false,
             failover: None,
             resharded: false,
+            moved: None,
+            resharded_back: false,
             reshard_loop: None,
             loop_moves: (0, 0),
         }
@@ -1514,8 +1521,26 @@ impl<'a> Faults<'a> {
                 &addrs,
                 nodes[0],
                 nodes[1],
+                None,
             )?;
             p.event(format!("[{at:.0} ms] {}", r.line()));
+            self.moved = Some(r.range);
+        }
+        if !self.resharded_back && args.reshard_back_after.is_some_and(|s| now_s >= s) {
+            if let Some(range) = self.moved.take() {
+                self.resharded_back = true;
+                let (nodes, addrs) = self.lock_services(p, "--reshard-back-after")?;
+                let at = p.ms();
+                let r = crate::lotus_reshard::force_move(
+                    &cluster.fabric,
+                    &nodes,
+                    &addrs,
+                    nodes[1],
+                    nodes[0],
+                    Some(range),
+                )?;
+                p.event(format!("[{at:.0} ms] {}", r.line()));
+            }
         }
         if !self.killed && args.kill_cn_after.is_some_and(|k| now_s >= k) {
             self.killed = true;
