@@ -223,6 +223,32 @@ fn missing_hint(place: &Place, st: &std::process::ExitStatus, line: &[String]) -
     }
 }
 
+/// How many of a service's last log lines an error about its start quotes.
+const LOG_TAIL_LINES: usize = 6;
+
+/// The last [`LOG_TAIL_LINES`] non-empty lines of a service's log at `place` (`log`:
+/// where its stderr went), as a suffix for an error that it exited before it was ready;
+/// empty without a log or when it cannot be read (the error then stands alone).
+fn log_tail(place: &Place, log: Option<&Path>) -> String {
+    let Some(path) = log else {
+        return String::new();
+    };
+    let Ok(bytes) = place.read(path) else {
+        return String::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return format!("; its log {} is empty", path.display());
+    }
+    let last = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+    format!(
+        "; its log {} ends:\n    {}",
+        path.display(),
+        last.join("\n    ")
+    )
+}
+
 /// `s` quoted for the remote shell ssh hands its command to (as is when it needs no
 /// quoting).
 fn shell_quote(s: &str) -> String {
@@ -417,8 +443,9 @@ impl LocalCluster {
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Some(st) = child.try_wait()? {
                         bail!(
-                            "{name} (node {node}) exited before it was ready: {st}{}",
-                            missing_hint(place, &st, &line)
+                            "{name} (node {node}) exited before it was ready: {st}{}{}",
+                            missing_hint(place, &st, &line),
+                            log_tail(place, log)
                         );
                     }
                     if Instant::now() > deadline {
@@ -429,8 +456,9 @@ impl LocalCluster {
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let st = child.wait()?;
                     bail!(
-                        "{name} (node {node}) exited before it was ready: {st}{}",
-                        missing_hint(place, &st, &line)
+                        "{name} (node {node}) exited before it was ready: {st}{}{}",
+                        missing_hint(place, &st, &line),
+                        log_tail(place, log)
                     );
                 }
             }
@@ -557,6 +585,21 @@ impl Drop for LocalCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_service_that_exits_early_has_its_log_tail_quoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("memnode.0.log");
+        let text: String = (1..=9).map(|i| format!("line {i}\n\n")).collect();
+        std::fs::write(&log, text).unwrap();
+        let t = log_tail(&Place::Local, Some(&log));
+        assert!(t.contains("ends:\n    line 4\n    line 5"), "{t}");
+        assert!(t.ends_with("line 9") && !t.contains("line 3"), "{t}");
+        std::fs::write(&log, "\n").unwrap();
+        assert!(log_tail(&Place::Local, Some(&log)).ends_with("is empty"));
+        assert_eq!(log_tail(&Place::Local, Some(&dir.path().join("none"))), "");
+        assert_eq!(log_tail(&Place::Local, None), "");
+    }
 
     #[test]
     fn a_remote_start_says_its_pid_then_execs_the_binary() {
