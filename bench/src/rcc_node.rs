@@ -439,7 +439,6 @@ struct Kid {
     stdin: Option<ChildStdin>,
     done: Option<NodeReport>,
     dumped: bool,
-    closed: bool,
 }
 
 impl Kid {
@@ -565,7 +564,6 @@ pub fn run_processes(
             stdin,
             done: None,
             dumped: false,
-            closed: false,
         });
     }
     drop(ev_tx);
@@ -612,7 +610,8 @@ pub fn run_processes(
     let mut events = ProcessEvents::default();
     let mut watchdog = Watchdog::new(cfg);
     let mut progress = vec![(0u64, false); cfg.nodes];
-    let (mut killed, mut stopped_at) = (false, None::<Instant>);
+    // --stop-node-after: when the node was stopped, and whether it was continued.
+    let (mut killed, mut stopped_at, mut continued) = (false, None::<Instant>, false);
     let deadline = go + cfg.warmup + cfg.duration + Duration::from_secs(30);
     // Run until every node reported.
     while kids.0.iter().any(|k| k.done.is_none()) {
@@ -627,7 +626,6 @@ pub fn run_processes(
             Ok(Event::Line(n, Up::Failed { error })) => bail!("rcc-node {n}: {error}"),
             Ok(Event::Line(..)) => {}
             Ok(Event::Closed(n)) => {
-                kids.0[n].closed = true;
                 let st = kids.0[n].child.wait().ok();
                 let what = format!(
                     "rcc-node {n} (pid {}) exited at {:.0} ms before the run ended ({})",
@@ -668,16 +666,14 @@ pub fn run_processes(
                 faults.stop_for.as_millis()
             ));
         }
-        if let Some(t) = stopped_at {
-            if t.elapsed() >= faults.stop_for && !kids.0[victim].closed {
-                let pid = kids.0[victim].child.id();
-                Place::Local.signal(pid, "CONT")?;
-                stopped_at = Some(Instant::now() + Duration::from_secs(1 << 30));
-                events.lines.push(format!(
-                    "rcc-node {victim} (pid {pid}) continued (SIGCONT) at {:.0} ms",
-                    ms()
-                ));
-            }
+        if !continued && stopped_at.is_some_and(|t| t.elapsed() >= faults.stop_for) {
+            let pid = kids.0[victim].child.id();
+            Place::Local.signal(pid, "CONT")?;
+            continued = true;
+            events.lines.push(format!(
+                "rcc-node {victim} (pid {pid}) continued (SIGCONT) at {:.0} ms",
+                ms()
+            ));
         }
         let started = progress.iter().all(|p| p.1);
         let drawn = progress.iter().map(|p| p.0).sum();

@@ -17,6 +17,26 @@ fn txn_bench(args: &[&str]) -> std::process::Output {
         .expect("txn-bench runs")
 }
 
+/// Every protocol has a row ending `ok` in both variants, and the verdict says every run
+/// passed.
+fn assert_every_protocol_passes(stdout: &str, stderr: &str) {
+    for p in rcc::Proto::ALL {
+        for v in ["rpc", "onesided"] {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(p.name()) && l.contains(v) && l.ends_with("ok")),
+                "no passing row for {} {v}:\n{stdout}\n{stderr}",
+                p.name()
+            );
+        }
+    }
+    assert!(
+        stdout.contains("verdict: every run passed its checks"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn the_suite_compares_every_protocol_in_both_variants() {
     let dir = tempfile::tempdir().unwrap();
@@ -47,16 +67,8 @@ fn the_suite_compares_every_protocol_in_both_variants() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert_every_protocol_passes(&stdout, &stderr);
         for p in rcc::Proto::ALL {
-            for v in ["rpc", "onesided"] {
-                assert!(
-                    stdout
-                        .lines()
-                        .any(|l| l.starts_with(p.name()) && l.contains(v) && l.ends_with("ok")),
-                    "no passing row for {} {v}:\n{stdout}",
-                    p.name()
-                );
-            }
             assert!(
                 stdout.contains(&format!("ratio throughput onesided/rpc {} = ", p.name())),
                 "{stdout}"
@@ -67,10 +79,6 @@ fn the_suite_compares_every_protocol_in_both_variants() {
             "{stdout}"
         );
         assert!(stdout.contains("best one-sided: ") && stdout.contains("best rpc: "));
-        assert!(
-            stdout.contains("verdict: every run passed its checks"),
-            "{stdout}"
-        );
         // JSON Lines: the metadata record, one record per run, the summary.
         let text = std::fs::read_to_string(&json).unwrap();
         let recs = common::json_lines(&text, "txn-bench --suite rcc");
@@ -118,21 +126,7 @@ fn the_suite_runs_tpcc_new_order() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("=== RCC suite: tpcc-neworder"), "{stdout}");
     assert!(stdout.contains("tpcc-neworder: 2 warehouses"), "{stdout}");
-    for p in rcc::Proto::ALL {
-        for v in ["rpc", "onesided"] {
-            assert!(
-                stdout
-                    .lines()
-                    .any(|l| l.starts_with(p.name()) && l.contains(v) && l.ends_with("ok")),
-                "no passing row for {} {v}:\n{stdout}",
-                p.name()
-            );
-        }
-    }
-    assert!(
-        stdout.contains("verdict: every run passed its checks"),
-        "{stdout}"
-    );
+    assert_every_protocol_passes(&stdout, &stderr);
     eprintln!("{stdout}");
 }
 
@@ -314,21 +308,7 @@ fn every_protocol_runs_with_its_nodes_as_processes() {
             .any(|l| l.starts_with(&format!("fabric: {fabric}"))),
         "{stdout}"
     );
-    for p in rcc::Proto::ALL {
-        for v in ["rpc", "onesided"] {
-            assert!(
-                stdout
-                    .lines()
-                    .any(|l| l.starts_with(p.name()) && l.contains(v) && l.ends_with("ok")),
-                "no passing row for {} {v}:\n{stdout}\n{stderr}",
-                p.name()
-            );
-        }
-    }
-    assert!(
-        stdout.contains("verdict: every run passed its checks"),
-        "{stdout}"
-    );
+    assert_every_protocol_passes(&stdout, &stderr);
     assert_eq!(rcc_nodes_of(pid), Vec::<String>::new());
 }
 

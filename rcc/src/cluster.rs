@@ -107,12 +107,7 @@ pub fn finish(
     let mut calvin_seq = Vec::new();
     for r in nodes {
         report.merge(r.report);
-        rrpc.doorbells += r.rrpc.doorbells;
-        rrpc.wrs += r.rrpc.wrs;
-        rrpc.messages += r.rrpc.messages;
-        rrpc.one_sided_lists += r.rrpc.one_sided_lists;
-        rrpc.one_sided_completions += r.rrpc.one_sided_completions;
-        rrpc.unmatched_completions += r.rrpc.unmatched_completions;
+        rrpc.add(&r.rrpc);
         first = Some(first.map_or(r.start_ns, |f| f.min(r.start_ns)));
         end = Some(end.map_or(r.end_ns, |e| e.max(r.end_ns)));
         if !r.calvin_seq.is_empty() {

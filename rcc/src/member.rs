@@ -256,28 +256,26 @@ impl Member {
     /// that ended); taken once.
     pub fn take_report(&self) -> NodeReport {
         let mut report = Report::new(0);
-        let mut rrpc = RrpcStats::default();
+        let mut sum = RrpcStats::default();
         let (mut first, mut end) = (None::<Instant>, None::<Instant>);
         let reports = std::mem::take(&mut *self.shared.reports.lock().expect("lock"));
         let per = reports.len().max(1) as u64;
         for (r, s, t0, t1) in reports {
             report.merge(r);
-            rrpc.doorbells += s.doorbells;
-            rrpc.wrs += s.wrs;
-            rrpc.messages += s.messages;
-            rrpc.one_sided_lists += s.one_sided_lists;
-            rrpc.one_sided_completions += s.one_sided_completions;
-            rrpc.unmatched_completions += s.unmatched_completions;
+            sum.add(&s);
             first = Some(first.map_or(t0, |f| f.min(t0)));
             end = Some(end.map_or(t1, |e| e.max(t1)));
         }
         // The thread's counters were taken once per coordinator: keep one.
-        rrpc.doorbells /= per;
-        rrpc.wrs /= per;
-        rrpc.messages /= per;
-        rrpc.one_sided_lists /= per;
-        rrpc.one_sided_completions /= per;
-        rrpc.unmatched_completions /= per;
+        let rrpc = RrpcStats {
+            doorbells: sum.doorbells / per,
+            wrs: sum.wrs / per,
+            messages: sum.messages / per,
+            one_sided_lists: sum.one_sided_lists / per,
+            one_sided_completions: sum.one_sided_completions / per,
+            unmatched_completions: sum.unmatched_completions / per,
+            ..RrpcStats::default()
+        };
         let (now, now_ns) = (Instant::now(), txn::history::monotonic_ns());
         let ns =
             |t: Instant| now_ns.saturating_sub(now.saturating_duration_since(t).as_nanos() as u64);
