@@ -10,7 +10,11 @@
 //! outstanding it may move: everything it posted before has completed, so has landed.
 //!
 //! A [`SharedQp`] is one QP with its own CQ behind a mutex. Whichever thread polls it
-//! routes each list's completion to the posting thread's [`Mailbox`]. A QP that fails
+//! routes each list's completion to the posting thread's [`Mailbox`], except the
+//! poller's own lists: a runtime or server thread polls the QPs it posts on with
+//! [`SharedQp::poll_into`], which hands its own completions straight to it (the
+//! thread-owned fast path: no mailbox lock for a QP only one thread uses, which is the
+//! common case of [`StrawConfig::threads_per_qp`] threads or fewer). A QP that fails
 //! (error completion, or the state machine in error) is marked broken, every outstanding
 //! list is reported failed to its owner (which replays Rocket buckets and fails one-sided
 //! ops), and the pool reconnects it over the control plane: the peer destroys its end
@@ -117,6 +121,25 @@ struct Posted {
     n: usize,
     mailbox: Arc<Mailbox>,
     token: u64,
+}
+
+/// The polling thread's own completions and where they go ([`SharedQp::poll_into`]).
+struct Direct<'a> {
+    own: &'a Arc<Mailbox>,
+    out: &'a mut Vec<ListDone>,
+}
+
+/// Hand list `p`'s completion to its owner: straight into the poller's `out` when the
+/// poller owns it, else through the owner's mailbox.
+fn deliver(direct: &mut Option<Direct<'_>>, p: Posted, status: WcStatus, failed_wr: usize) {
+    match direct {
+        Some(d) if Arc::ptr_eq(d.own, &p.mailbox) => d.out.push(ListDone {
+            token: p.token,
+            status,
+            failed_wr,
+        }),
+        _ => p.mailbox.push(p.token, status, failed_wr),
+    }
 }
 
 struct Slot {
@@ -255,9 +278,9 @@ impl SharedQp {
         wrs[n - 1].signaled = true;
         if let Err(e) = s.qp.post_send(&wrs[..n]) {
             // Lists whose completions are already queued did complete.
-            self.drain_cq(s);
+            self.drain_cq(s, &mut None);
             if !self.broken.load(Ordering::Relaxed) {
-                self.fail(s);
+                self.fail(s, &mut None);
             }
             return Err(e);
         }
@@ -280,23 +303,44 @@ impl SharedQp {
     /// in error. Non-blocking: returns `false` at once when another thread is polling or
     /// posting. Returns whether anything was delivered.
     pub fn poll(&self) -> bool {
+        self.poll_with(None)
+    }
+
+    /// [`SharedQp::poll`] by the thread whose lists go to `own`: its completions are
+    /// appended to `out` directly instead of taking the hop through its mailbox (the
+    /// thread-owned fast path: a thread that polls the QPs it posts on, which is every
+    /// thread of a runtime, pays no mailbox lock for its own lists). Other threads' lists
+    /// still go to their mailboxes.
+    ///
+    /// Order: a QP completes its lists in order, and so does `out`. Completions another
+    /// thread routed to `own` earlier (before this call took the QP) are moved to `out`
+    /// first, under the QP's lock; ones routed later are later in the QP's order, and
+    /// the caller drains `own` after its polls. Returns whether anything was delivered.
+    pub fn poll_into(&self, own: &Arc<Mailbox>, out: &mut Vec<ListDone>) -> bool {
+        self.poll_with(Some(Direct { own, out }))
+    }
+
+    fn poll_with(&self, mut direct: Option<Direct<'_>>) -> bool {
         let Ok(mut s) = self.slot.try_lock() else {
             return false;
         };
         let s = &mut *s;
-        let mut any = self.drain_cq(s);
+        if let Some(d) = direct.as_mut() {
+            d.own.drain(d.out);
+        }
+        let mut any = self.drain_cq(s, &mut direct);
         if !self.broken.load(Ordering::Relaxed) && s.qp.state() == QpState::Error {
             // Completions that raced with the transition are still good.
-            any |= self.drain_cq(s);
+            any |= self.drain_cq(s, &mut direct);
             if !self.broken.load(Ordering::Relaxed) {
-                self.fail(s);
+                self.fail(s, &mut direct);
                 any = true;
             }
         }
         any
     }
 
-    fn drain_cq(&self, s: &mut Slot) -> bool {
+    fn drain_cq(&self, s: &mut Slot, direct: &mut Option<Direct<'_>>) -> bool {
         s.wcs.clear();
         s.cq.poll(&mut s.wcs, 256);
         let mut any = false;
@@ -323,12 +367,12 @@ impl SharedQp {
                     }
                     s.outstanding -= p.n;
                     if p.seq == seq {
-                        p.mailbox.push(p.token, wc.status, index);
+                        deliver(direct, p, wc.status, index);
                     } else {
-                        p.mailbox.push(p.token, WcStatus::Success, 0);
+                        deliver(direct, p, WcStatus::Success, 0);
                     }
                 }
-                self.fail(s);
+                self.fail(s, direct);
                 return true;
             }
             // RC completes a QP's lists in order: this completion covers every list up
@@ -336,18 +380,18 @@ impl SharedQp {
             while s.lists.front().is_some_and(|p| p.seq <= seq) {
                 let p = s.lists.pop_front().expect("front");
                 s.outstanding -= p.n;
-                self.load.store(s.outstanding, Ordering::Relaxed);
-                p.mailbox.push(p.token, WcStatus::Success, 0);
+                deliver(direct, p, WcStatus::Success, 0);
             }
+            self.load.store(s.outstanding, Ordering::Relaxed);
         }
         any
     }
 
     /// Mark broken and report every outstanding list failed (`Flushed`) to its owner.
-    fn fail(&self, s: &mut Slot) {
+    fn fail(&self, s: &mut Slot, direct: &mut Option<Direct<'_>>) {
         self.broken.store(true, Ordering::Relaxed);
         for p in s.lists.drain(..) {
-            p.mailbox.push(p.token, WcStatus::Flushed, 0);
+            deliver(direct, p, WcStatus::Flushed, 0);
         }
         s.outstanding = 0;
         self.load.store(0, Ordering::Relaxed);
@@ -364,7 +408,7 @@ impl SharedQp {
     pub fn replace(&self, qp: QueuePair, cq: CompletionQueue) {
         let mut s = lock(&self.slot);
         let s = &mut *s;
-        self.fail(s);
+        self.fail(s, &mut None);
         s.sq_depth = qp.sq_depth();
         s.qp = qp;
         s.cq = cq;

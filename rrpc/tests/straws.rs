@@ -476,3 +476,80 @@ fn a_control_plane_flap_is_bridged_by_reconnect_backoff() {
     assert!(straw.dead().is_none(), "the node was reported dead");
     assert!(straw.reconnects() >= 1);
 }
+
+/// The thread-owned fast path ([`rrpc::straw::SharedQp::poll_into`]): the polling
+/// thread's own completions go straight to its list, other threads' to their mailboxes,
+/// and its list keeps the QP's completion order even when another thread's poll routed
+/// its earlier completions through its mailbox meanwhile.
+#[test]
+fn poll_into_delivers_own_lists_directly_in_the_qps_order() {
+    use rrpc::fabric::{SendWr, WcStatus, WrOpcode};
+    use rrpc::straw::{ListDone, Mailbox};
+    let c = setup("straws", "pollinto");
+    let (mem, mr) = mem_node(c.name(), 2, 4096);
+    let f = fabric(c.name(), 100);
+    let local = f.alloc_mr(64).unwrap();
+    let rt = Runtime::new(f, RuntimeConfig::default());
+    let ctx = rt.thread_ctx().unwrap();
+    let minfo = ctx.connect(mem.addr()).unwrap();
+    let desc: rrpc::fabric::MrDesc = minfo.export("mr").unwrap();
+    // One one-sided op makes the straw's one-sided QP.
+    let c2 = ctx.clone();
+    rrpc::runtime::block_on(
+        &ctx,
+        async move { c2.read(minfo.node, desc.at(0), 8).await },
+    )
+    .unwrap();
+    let straw = rt.straws().get(minfo.node).unwrap();
+    let qp = straw.list(QpKind::OneSided)[0].clone();
+    let wr = |k: u64| SendWr {
+        wr_id: 0,
+        opcode: WrOpcode::Write,
+        sge: local.sge(0, 8),
+        remote: desc.at(8 * k),
+        signaled: true,
+        inline: false,
+    };
+    let (mine, other) = (Mailbox::new(), Mailbox::new());
+    let post = |mb: &Arc<Mailbox>, token: u64| {
+        let mut wrs = [wr(token)];
+        assert_eq!(qp.post(&mut wrs, mb, token).unwrap(), 1);
+    };
+    // Lists 1 (mine) and 2 (another thread's), then a poll by that other thread: it
+    // routes both through the mailboxes.
+    post(&mine, 1);
+    post(&other, 2);
+    assert!(eventually(Duration::from_secs(10), || {
+        qp.poll();
+        qp.load() == 0
+    }));
+    // List 3 (mine), polled by me: list 1, which my mailbox holds, comes first.
+    post(&mine, 3);
+    let mut out = Vec::new();
+    assert!(eventually(Duration::from_secs(10), || {
+        qp.poll_into(&mine, &mut out);
+        qp.load() == 0
+    }));
+    mine.drain(&mut out);
+    let tokens: Vec<u64> = out.iter().map(|d: &ListDone| d.token).collect();
+    assert_eq!(tokens, [1, 3], "my completions, in the QP's order");
+    assert!(out.iter().all(|d| d.status == WcStatus::Success));
+    let mut theirs = Vec::new();
+    other.drain(&mut theirs);
+    assert_eq!(theirs.iter().map(|d| d.token).collect::<Vec<_>>(), [2]);
+    // A list polled by its own thread skips the mailbox entirely.
+    post(&mine, 4);
+    let mut out = Vec::new();
+    assert!(eventually(Duration::from_secs(10), || {
+        qp.poll_into(&mine, &mut out);
+        !out.is_empty()
+    }));
+    assert_eq!(out.iter().map(|d| d.token).collect::<Vec<_>>(), [4]);
+    let mut left = Vec::new();
+    mine.drain(&mut left);
+    assert!(
+        left.is_empty(),
+        "nothing went through the mailbox: {left:?}"
+    );
+    drop((ctx, mr));
+}

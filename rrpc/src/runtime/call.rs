@@ -67,6 +67,12 @@ impl ThreadCtx {
             done: false,
         }
         .await;
+        // An inline reply (every small call) is done: its buffers go back as `held`
+        // drops, with no `finish_call` state to build and move.
+        if let Reply::Inline(r) = reply {
+            drop(held);
+            return r;
+        }
         self.finish_call(node, handler, id, reply, held).await
     }
 

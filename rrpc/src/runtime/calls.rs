@@ -41,7 +41,12 @@ struct Slot {
     result: Option<Reply>,
     /// Buffers the server may touch: the zero-copy target, the large request.
     chunks: Held,
+    /// The waker of the task that polled the call last, kept when the slot is freed
+    /// (in [`Entry::spare`]): a coroutine's next call usually takes the slot its last
+    /// one freed, and `will_wake` then spares it a clone and a drop per call.
     waker: Option<Waker>,
+    /// `waker` belongs to this call (its future polled and is waiting): wake it.
+    armed: bool,
     /// The call expired, then its answer came (or its node died) before its future
     /// looked: the server is done with its buffers after all.
     settled: bool,
@@ -117,6 +122,19 @@ pub(crate) struct CallTable {
 struct Entry {
     generation: u32,
     call: Option<Slot>,
+    /// The waker the slot's last call kept, handed to its next call (see `Slot::waker`).
+    spare: Option<Waker>,
+}
+
+impl Slot {
+    /// Wake the call's future if it is waiting (once; a later poll re-arms it).
+    fn wake(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            if let Some(w) = &self.waker {
+                w.wake_by_ref();
+            }
+        }
+    }
 }
 
 /// `now + after`, or about a century past `now` when that does not fit the clock: a
@@ -165,6 +183,7 @@ impl CallTable {
                 self.slots.push(Entry {
                     generation: 1,
                     call: None,
+                    spare: None,
                 });
                 self.slots.len() - 1
             }
@@ -177,7 +196,8 @@ impl CallTable {
             deadline,
             result: None,
             chunks,
-            waker: None,
+            waker: e.spare.take(),
+            armed: false,
             settled: false,
         });
         self.live += 1;
@@ -209,6 +229,8 @@ impl CallTable {
     /// the next generation (0 is skipped, so that no id is 0).
     fn release(&mut self, idx: usize) {
         let e = &mut self.slots[idx];
+        // The waker moves out alone: taking the whole call out would copy it.
+        e.spare = e.call.as_mut().and_then(|s| s.waker.take());
         e.call = None;
         e.generation = e.generation.checked_add(1).unwrap_or(1);
         self.free.push(idx as u32);
@@ -244,9 +266,7 @@ impl CallTable {
         match self.get_mut(id) {
             Some(s) if s.result.is_none() => {
                 s.result = Some(reply);
-                if let Some(w) = s.waker.take() {
-                    w.wake();
-                }
+                s.wake();
                 Late::Delivered
             }
             // Expired, not yet looked at: the timeout stands, but the server is done
@@ -287,6 +307,7 @@ impl CallTable {
             Some(w) if w.will_wake(waker) => {}
             _ => s.waker = Some(waker.clone()),
         }
+        s.armed = true;
         Poll::Pending
     }
 
@@ -347,9 +368,7 @@ impl CallTable {
             if !s.chunks.is_empty() {
                 cancel.push((s.node, id));
             }
-            if let Some(w) = s.waker.take() {
-                w.wake();
-            }
+            s.wake();
             n += 1;
         }
         n
@@ -376,9 +395,7 @@ impl CallTable {
             }
             if s.node == node && s.result.is_none() {
                 s.result = Some(Reply::Inline(Err(err(s.handler))));
-                if let Some(w) = s.waker.take() {
-                    w.wake();
-                }
+                s.wake();
             }
         }
         self.zombies.retain(|_, (n, _)| *n != node);
@@ -446,6 +463,46 @@ mod tests {
         let mut cancel = Vec::new();
         t.expire(now + 10 * MS, &mut cancel);
         assert!(cancel.is_empty() && t.next_deadline().is_none());
+    }
+
+    /// A freed slot keeps its last waker for the next call (no clone when the same task
+    /// calls again), but a reply wakes only the task of the call it answers, and only
+    /// once that task has polled.
+    #[test]
+    fn a_kept_waker_wakes_only_the_task_of_its_own_call() {
+        let mut t = CallTable::default();
+        let (a, wa) = waker();
+        let (b, wb) = waker();
+        let id1 = t.open(NodeId(1), 1, None, MS, Held::default());
+        assert!(t.poll(id1, &wa).is_pending());
+        t.deliver(id1, Reply::Inline(Ok(vec![])));
+        assert!(t.poll(id1, &wa).is_ready());
+        assert_eq!(a.0.load(Ordering::Relaxed), 1);
+        // The slot is reused by another task's call; a reply before that task polled
+        // wakes nobody (the kept waker is task A's).
+        let id2 = t.open(NodeId(1), 1, None, MS, Held::default());
+        assert_eq!(id2 & u64::from(u32::MAX), id1 & u64::from(u32::MAX));
+        t.deliver(id2, Reply::Inline(Ok(vec![])));
+        assert_eq!(
+            (a.0.load(Ordering::Relaxed), b.0.load(Ordering::Relaxed)),
+            (1, 0)
+        );
+        assert!(t.poll(id2, &wb).is_ready());
+        // Task B's call through the same slot, polled first: B is woken, A is not.
+        let id3 = t.open(NodeId(1), 1, None, MS, Held::default());
+        assert!(t.poll(id3, &wb).is_pending());
+        t.deliver(id3, Reply::Inline(Ok(vec![])));
+        assert_eq!(
+            (a.0.load(Ordering::Relaxed), b.0.load(Ordering::Relaxed)),
+            (1, 1)
+        );
+        // Woken once: a second wake source (the node failing) does not wake it again.
+        t.fail_node(NodeId(1), |_| CallError::Protocol {
+            node: NodeId(1),
+            what: "test",
+        });
+        assert_eq!(b.0.load(Ordering::Relaxed), 1);
+        assert!(t.poll(id3, &wb).is_ready());
     }
 
     #[test]

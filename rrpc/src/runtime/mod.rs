@@ -871,6 +871,9 @@ impl ThreadCtx {
         inner.rounds += 1;
         let check = inner.rounds.is_multiple_of(64);
         let mut work = false;
+        // Completions of this thread's lists, in each QP's order: its own polls put them
+        // here directly, and the mailbox (lists other threads' polls completed) after.
+        inner.done.clear();
         for ci in 0..inner.conns.len() {
             if inner.conns[ci].broken.is_none() {
                 if let Some(e) = inner.conns[ci].straw.dead() {
@@ -890,13 +893,13 @@ impl ThreadCtx {
             let conn = &inner.conns[ci];
             if conn.os_lists > 0 {
                 if let Some(q) = &conn.os_qp {
-                    q.poll();
+                    q.poll_into(&self.mailbox, &mut inner.done);
                 }
             }
             if let Some(rpc) = &conn.rpc {
                 if let Some(q) = &rpc.chan.qp {
                     if rpc.chan.lists > 0 || (check && !inner.calls.is_empty()) {
-                        q.poll();
+                        q.poll_into(&self.mailbox, &mut inner.done);
                         if check && q.is_broken() {
                             conn.straw.request_reconnect(q);
                         }
@@ -904,8 +907,7 @@ impl ThreadCtx {
                 }
             }
         }
-        // Completions routed here by whichever thread polled the QPs.
-        inner.done.clear();
+        // Completions routed here by whichever other thread polled the QPs.
         self.mailbox.drain(&mut inner.done);
         for i in 0..inner.done.len() {
             work = true;

@@ -492,15 +492,16 @@ impl Worker {
             work = true;
             self.flush(ci);
         }
-        // Completions.
+        // Completions: this thread's own polls deliver them directly, in each QP's
+        // order; the mailbox holds those other threads' polls completed.
+        self.done.clear();
         for c in &self.conns {
             if let Some(q) = &c.chan.qp {
                 if c.chan.lists > 0 {
-                    q.poll();
+                    q.poll_into(&self.mailbox, &mut self.done);
                 }
             }
         }
-        self.done.clear();
         self.mailbox.drain(&mut self.done);
         for k in 0..self.done.len() {
             work = true;
