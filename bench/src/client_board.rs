@@ -200,6 +200,11 @@ pub struct FaultTimeline {
     pub rate_after: f64,
     /// The same after the fault for the other processes only.
     pub survivors_after: f64,
+    /// The longest run of consecutive intervals from the fault on in which the other
+    /// processes together completed less than half their mean per interval before it:
+    /// how long the fault held them back (the recovery, at [`INTERVAL`] resolution; 0
+    /// when they never dipped).
+    pub longest_dip: usize,
 }
 
 /// Summarize per-process timelines `ops[p][i]` (operations in interval `i`) for a fault
@@ -234,12 +239,60 @@ pub fn fault_timeline(
         })
         .min()
         .unwrap_or(0);
+    let survivors_at = |i: usize| -> u64 {
+        ops.iter()
+            .enumerate()
+            .filter(|(p, _)| *p != victim)
+            .map(|(_, v)| at(v, i))
+            .sum()
+    };
+    let half = sum(from..fault, true) as f64 / (fault - from) as f64 / 2.0;
+    let (mut longest_dip, mut run) = (0, 0);
+    for i in fault..to {
+        if (survivors_at(i) as f64) < half {
+            run += 1;
+            longest_dip = longest_dip.max(run);
+        } else {
+            run = 0;
+        }
+    }
     Some(FaultTimeline {
+        longest_dip,
         min_survivor_interval,
         rate_before: sum(from..fault, false) as f64 / secs(fault - from),
         rate_after: sum(fault..to, false) as f64 / secs(to - fault),
         survivors_after: sum(fault..to, true) as f64 / secs(to - fault),
     })
+}
+
+/// The first run of at least `len` consecutive intervals of `from..to` in which the
+/// processes other than `victim` completed no operation at all, as the range of the run's
+/// intervals (cut at `to`): the other clients stopped, which a fault must never cause (a
+/// dead client's locks left held for good). `None` when there is none.
+pub fn survivors_stalled(
+    ops: &[Vec<u64>],
+    victim: usize,
+    from: usize,
+    to: usize,
+    len: usize,
+) -> Option<std::ops::Range<usize>> {
+    let mut start = None;
+    for i in from..to {
+        let n: u64 = ops
+            .iter()
+            .enumerate()
+            .filter(|(p, _)| *p != victim)
+            .map(|(_, v)| v.get(i).copied().unwrap_or(0))
+            .sum();
+        match (n, start) {
+            (0, None) => start = Some(i),
+            (0, Some(_)) => {}
+            (_, Some(s)) if i - s >= len => return Some(s..i),
+            (_, Some(_)) => start = None,
+            (_, None) => {}
+        }
+    }
+    start.filter(|&s| to - s >= len).map(|s| s..to)
 }
 
 #[cfg(test)]
@@ -291,6 +344,10 @@ mod tests {
         assert!((t.rate_before - 2000.0).abs() < 1e-6, "{t:?}");
         assert!((t.survivors_after - 1050.0).abs() < 1e-6, "{t:?}");
         assert!((t.rate_after - 1125.0).abs() < 1e-6, "{t:?}");
+        assert_eq!(
+            t.longest_dip, 0,
+            "the survivor never fell below half its 10"
+        );
         // A survivor interval of 0 is what the aim forbids: it shows.
         let stalled = vec![vec![10, 10, 0, 0], vec![10, 10, 0, 5]];
         assert_eq!(
@@ -304,5 +361,27 @@ mod tests {
             None,
             "no time before the fault"
         );
+        // Survivor below half (5 of its 10) for 3 intervals, then for 1: the dip is 3.
+        let dipped = vec![
+            vec![10, 10, 0, 0, 0, 0, 0, 0],
+            vec![10, 10, 4, 0, 2, 10, 4, 10],
+        ];
+        assert_eq!(fault_timeline(&dipped, 0, 0, 2, 8).unwrap().longest_dip, 3);
+    }
+
+    #[test]
+    fn a_stall_of_the_survivors_is_found_only_when_long_enough() {
+        let ops = vec![
+            vec![5, 5, 5, 0, 0, 0, 0, 0, 0, 0],
+            vec![5, 0, 0, 3, 0, 0, 0, 1, 0, 0],
+            vec![5, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ];
+        // Process 0 is the victim: its ops do not count. Survivors idle at 1-2 (2
+        // intervals), 4-6 (3), and 8-9 (2, cut at the window's end).
+        assert_eq!(survivors_stalled(&ops, 0, 0, 10, 3), Some(4..7));
+        assert_eq!(survivors_stalled(&ops, 0, 0, 10, 4), None);
+        assert_eq!(survivors_stalled(&ops, 0, 0, 10, 2), Some(1..3));
+        assert_eq!(survivors_stalled(&ops, 0, 8, 10, 2), Some(8..10));
+        assert_eq!(survivors_stalled(&ops, 0, 8, 10, 3), None);
     }
 }

@@ -26,10 +26,21 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// index-bench with two client processes of 4 clients on a small index, running
 /// `workload` (one that inserts) for about a second, plus `extra`.
 fn index_bench(index: &str, keys: &str, duration: &str, extra: &[&str]) -> Output {
+    index_bench_of("rtx", index, keys, duration, extra)
+}
+
+/// [`index_bench`] of `protocol`.
+fn index_bench_of(
+    protocol: &str,
+    index: &str,
+    keys: &str,
+    duration: &str,
+    extra: &[&str],
+) -> Output {
     Command::new(env!("CARGO_BIN_EXE_index-bench"))
         .args([
             "--protocol",
-            "rtx",
+            protocol,
             "--index",
             index,
             "--workload",
@@ -59,8 +70,9 @@ fn repairs(stdout: &str) -> u64 {
     stdout
         .lines()
         .find(|l| l.contains("Rtx ycsb-D:"))
-        .and_then(|l| l.rsplit("repairs ").next())
-        .and_then(|n| n.trim().parse().ok())
+        .and_then(|l| l.split("repairs ").nth(1))
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no repairs count in {stdout}"))
 }
 
@@ -132,6 +144,43 @@ fn killed_in_rehash(point: &str) {
         "{stdout}"
     );
     assert!(stdout.contains("Rtx: table check ok ("), "{stdout}");
+    // The recovery is printed (the bound is the run's progress check: a second without
+    // an operation of the survivors fails the run).
+    assert!(
+        stdout.contains("ms at most (the recovery)"),
+        "no recovery figure: {stdout}"
+    );
+}
+
+/// The planted bug of the killed rehash (rTX paper, 6; its point of comparison): RACE's
+/// original rehash under plain spinlocks (`--protocol optimal`), killed holding them. The
+/// other process's clients wait for those locks for good, its throughput drops to 0, and
+/// the run's progress check (a second without an operation of the survivors) fails it,
+/// where rTX's rehash killed at the same step is repaired (the tests above).
+#[test]
+fn a_rehash_killed_holding_plain_spinlocks_stops_the_others_and_fails_the_progress_check() {
+    let _one = serial();
+    let out = index_bench_of(
+        "optimal",
+        "race",
+        "4000",
+        "2s",
+        &["--crash-at", "rehash:locked"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the stall went unnoticed: {stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("no progress: the other 1 client processes completed no operation"),
+        "failed otherwise than by the progress check: {stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("killed itself (SIGKILL) at rehash:locked of its first rehash (lock owner"),
+        "the error does not name the fault: {stderr}"
+    );
 }
 
 #[test]
@@ -168,8 +217,11 @@ fn a_repair_that_ignores_doing_leaves_the_dead_split_locked_and_the_run_fails() 
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    // Either the survivors' operations on the dead split's leaf give up, or, first, a
+    // second passes in which they complete none (the run's progress check).
     assert!(
-        stderr.contains("gave up after") && stderr.contains("client process 1 failed"),
+        (stderr.contains("gave up after") && stderr.contains("client process 1 failed"))
+            || stderr.contains("no progress: the other 1 client processes"),
         "{stdout}\n{stderr}"
     );
 }
@@ -277,9 +329,28 @@ fn fault_points_without_their_preconditions_are_usage_errors() {
             ][..],
             "--pause-at runs --index blink only",
         ),
+        (
+            &[
+                "--protocol",
+                "optimal",
+                "--processes",
+                "2",
+                "--index",
+                "race",
+                "--workload",
+                "d",
+                "--crash-at",
+                "rehash:in-doing",
+            ][..],
+            "its one point is rehash:locked",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
-            .args(["--protocol", "rtx", "--duration", "1s"])
+            .args(if extra.contains(&"--protocol") {
+                &["--duration", "1s"][..]
+            } else {
+                &["--protocol", "rtx", "--duration", "1s"][..]
+            })
             .args(extra)
             .output()
             .unwrap();

@@ -210,6 +210,8 @@ struct ClientReport {
     ops: u64,
     aborts: u64,
     repairs: u64,
+    /// rTX's remembered data pointers that were right and wrong ([`Handle::hints`]).
+    hints: (u64, u64),
     /// The measured latencies (`bench::jsonl::latency_fields`'s `hdr`: base64 V2).
     hdr: String,
 }
@@ -350,6 +352,16 @@ impl Handle {
             Handle::RaceOptimal(t) => race_retries(&t.stats()),
         }
     }
+    /// rTX's remembered data pointers (its speculative block READ beside the TXObj's):
+    /// `(hits, misses)` (0 for the others).
+    fn hints(&self) -> (u64, u64) {
+        match self {
+            Handle::Rtx(c, _) | Handle::RaceRtx(c, _) => {
+                (c.stats().hint_hits, c.stats().hint_misses)
+            }
+            Handle::Optimal(_) | Handle::RaceOptimal(_) => (0, 0),
+        }
+    }
     /// Repairs of other clients' rTXs that changed the memory node (rTX; 0 otherwise).
     fn repairs(&self) -> u64 {
         match self {
@@ -388,6 +400,7 @@ struct PhaseOut {
     hist: Histogram<u64>,
     aborts: u64,
     repairs: u64,
+    hints: (u64, u64),
 }
 
 impl PhaseOut {
@@ -399,12 +412,14 @@ impl PhaseOut {
             hist: Histogram::<u64>::new(3)?,
             aborts: 0,
             repairs: 0,
+            hints: (0, 0),
         };
         for o in outs {
             all.hist.add(&o.hist)?;
             all.ops += o.ops;
             all.aborts += o.aborts;
             all.repairs += o.repairs;
+            all.hints = add_hints(all.hints, o.hints);
         }
         Ok(all)
     }
@@ -524,9 +539,20 @@ impl Plan {
                 client()?,
                 Box::new(rtx::race::Race::new(self.layout, objs).context("--objects")?),
             ),
-            (Index::Race, _) => Handle::RaceOptimal(Box::new(
-                rtx::race::optimal::Optimal::new(self.layout, id, objs).context("--objects")?,
-            )),
+            (Index::Race, _) => {
+                let mut t =
+                    rtx::race::optimal::Optimal::new(self.layout, id, objs).context("--objects")?;
+                let per = self.args.threads as u64 * self.args.coroutines as u64;
+                if self.args.crash_at.is_some() && self.faults_at_a_point(phase).is_some() {
+                    // As in RACE, a client waits for a held lock for good: the run's
+                    // progress check, not an attempt limit, ends a stall.
+                    t.max_attempts = u32::MAX;
+                    if slot < per {
+                        t.arm_crash_locked(index_fault::kill_self)?;
+                    }
+                }
+                Handle::RaceOptimal(Box::new(t))
+            }
             (Index::Blink, Proto::Rtx) => Handle::Rtx(client()?, Blink::new(self.layout, objs)),
             (Index::Blink, Proto::Dtx) => Handle::Optimal(Optimal::dtx(self.layout, id, objs)),
             (Index::Blink, _) => Handle::Optimal(Optimal::new(self.layout, id, objs)),
@@ -601,6 +627,7 @@ async fn run_client(
             hist,
             aborts: h.aborts(),
             repairs: h.repairs(),
+            hints: h.hints(),
         });
     }
     let w = plan.args.workload[phase as usize - 1];
@@ -675,7 +702,22 @@ async fn run_client(
         hist,
         aborts: h.aborts(),
         repairs: h.repairs(),
+        hints: h.hints(),
     })
+}
+
+fn add_hints(a: (u64, u64), b: (u64, u64)) -> (u64, u64) {
+    (a.0 + b.0, a.1 + b.1)
+}
+
+/// The result line's tail for rTX's remembered data pointers (empty for the others, which
+/// have none).
+fn hints_text(proto: Proto, (hits, misses): (u64, u64)) -> String {
+    if proto == Proto::Rtx {
+        format!("  dptr hints hit/miss {hits}/{misses}")
+    } else {
+        String::new()
+    }
 }
 
 /// One result row: workload, ops/s, p50 us, p99 us, aborts (rTX) or lock retries (Optimal).
@@ -803,8 +845,8 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                 r.hist.value_at_quantile(0.99) as f64 / 1000.0,
             );
             println!(
-                "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {}  repairs {}",
-                r.aborts, r.repairs
+                "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {}  repairs {}{}",
+                r.aborts, r.repairs, hints_text(proto, r.hints)
             );
             for l in &r.fault_lines {
                 println!("    {l}");
@@ -815,6 +857,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                     "protocol": proto.name(), "workload": w.name(), "ops_per_s": tput,
                     "ops": r.ops, "p50_us": p50, "p99_us": p99, "aborts_and_retries": r.aborts,
                     "repairs": r.repairs, "processes": args.processes, "fault": r.fault,
+                    "hint_hits": r.hints.0, "hint_misses": r.hints.1,
                 }),
                 Some(&r.hist),
             );
@@ -823,45 +866,48 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let barrier = Arc::new(Barrier::new(args.threads as usize + 1));
-        let (ops, aborts, repairs, hist, phase_secs) = std::thread::scope(|scope| -> Result<_> {
-            let workers: Vec<_> = (0..args.threads)
-                .map(|t| {
-                    let (plan, stop, barrier) = (plan.clone(), stop.clone(), barrier.clone());
-                    let connect = &connect;
-                    scope.spawn(move || -> Result<Vec<PhaseOut>> {
-                        let r = connect(100 + t as u32 + 100 * phase as u32);
-                        barrier.wait();
-                        let measure_from = Instant::now() + plan.args.run.warmup();
-                        let (ctx, mem) = r?;
-                        let first = t as u64 * plan.args.coroutines as u64;
-                        run_thread(&plan, ctx, mem, phase, first, measure_from, &stop, None)
+        let (ops, aborts, repairs, hints, hist, phase_secs) =
+            std::thread::scope(|scope| -> Result<_> {
+                let workers: Vec<_> = (0..args.threads)
+                    .map(|t| {
+                        let (plan, stop, barrier) = (plan.clone(), stop.clone(), barrier.clone());
+                        let connect = &connect;
+                        scope.spawn(move || -> Result<Vec<PhaseOut>> {
+                            let r = connect(100 + t as u32 + 100 * phase as u32);
+                            barrier.wait();
+                            let measure_from = Instant::now() + plan.args.run.warmup();
+                            let (ctx, mem) = r?;
+                            let first = t as u64 * plan.args.coroutines as u64;
+                            run_thread(&plan, ctx, mem, phase, first, measure_from, &stop, None)
+                        })
                     })
-                })
-                .collect();
-            barrier.wait();
-            let load_start = Instant::now();
-            if phase > 0 {
-                std::thread::sleep(args.run.warmup() + args.run.duration());
-                stop.store(true, Ordering::Relaxed);
-            }
-            let mut outs = Vec::new();
-            for w in workers {
-                outs.extend(w.join().expect("worker panicked")?);
-            }
-            let PhaseOut {
-                ops,
-                hist,
-                aborts,
-                repairs,
-            } = PhaseOut::sum(outs)?;
-            Ok((
-                ops,
-                aborts,
-                repairs,
-                hist,
-                load_start.elapsed().as_secs_f64(),
-            ))
-        })?;
+                    .collect();
+                barrier.wait();
+                let load_start = Instant::now();
+                if phase > 0 {
+                    std::thread::sleep(args.run.warmup() + args.run.duration());
+                    stop.store(true, Ordering::Relaxed);
+                }
+                let mut outs = Vec::new();
+                for w in workers {
+                    outs.extend(w.join().expect("worker panicked")?);
+                }
+                let PhaseOut {
+                    ops,
+                    hist,
+                    aborts,
+                    repairs,
+                    hints,
+                } = PhaseOut::sum(outs)?;
+                Ok((
+                    ops,
+                    aborts,
+                    repairs,
+                    hints,
+                    hist,
+                    load_start.elapsed().as_secs_f64(),
+                ))
+            })?;
         if phase == 0 {
             println!(
                 "  {proto:?}: loaded {} keys in {:.2} s ({aborts} aborts)",
@@ -877,14 +923,15 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
             hist.value_at_quantile(0.99) as f64 / 1000.0,
         );
         println!(
-            "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {aborts}  repairs {repairs}"
+            "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {aborts}  repairs {repairs}{}",
+            hints_text(proto, hints)
         );
         jsonl::point_with(
             "ycsb",
             json!({
                 "protocol": proto.name(), "workload": w.name(), "ops_per_s": tput,
                 "ops": ops, "p50_us": p50, "p99_us": p99, "aborts_and_retries": aborts,
-                "repairs": repairs,
+                "repairs": repairs, "hint_hits": hints.0, "hint_misses": hints.1,
             }),
             Some(&hist),
         );
@@ -1050,6 +1097,7 @@ struct ProcPhase {
     hist: Histogram<u64>,
     aborts: u64,
     repairs: u64,
+    hints: (u64, u64),
     /// What the fault did (lines to print), and as JSON.
     fault_lines: Vec<String>,
     fault: serde_json::Value,
@@ -1057,6 +1105,10 @@ struct ProcPhase {
 
 /// How long a client process may take to connect, and past its run to exit.
 const CLIENT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long the other client processes may complete no operation after a fault before
+/// the run fails (its progress check).
+const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Run workload phase `phase` on `args.processes` client processes (this binary again,
 /// with `--client-spec`), fault process 0 as the flags say, collect what they report and
@@ -1192,10 +1244,40 @@ fn run_phase_processes(
     }
     // Collect: each process exits after its run; the killed one is gone already.
     let end = go + args.run.warmup() + args.run.duration() + CLIENT_GRACE;
+    // The measured window on the boards' timelines.
+    let (from, to) = (
+        (args.run.warmup().as_nanos() / INTERVAL.as_nanos()) as usize,
+        ((args.run.warmup() + args.run.duration()).as_nanos() / INTERVAL.as_nanos()) as usize,
+    );
+    // The progress check: after a fault the other processes must go on. A stretch of
+    // STALL_LIMIT without one operation completed by any of them fails the run at once
+    // (a lock the faulted client held, never released: what rTX's repair prevents).
+    let stalled = |boards: &[Board], fault_lines: &[String]| -> Result<()> {
+        let Some(at) = fault_at else { return Ok(()) };
+        let fault_i = (at.as_nanos() / INTERVAL.as_nanos()) as usize;
+        let now_i = (go.elapsed().as_nanos() / INTERVAL.as_nanos()) as usize;
+        let limit = (STALL_LIMIT.as_nanos() / INTERVAL.as_nanos()) as usize;
+        let t: Vec<Vec<u64>> = boards.iter().map(|b| b.intervals()).collect();
+        if let Some(r) =
+            bench::client_board::survivors_stalled(&t, 0, fault_i.max(from), now_i.min(to), limit)
+        {
+            bail!(
+                "no progress: the other {} client processes completed no operation from {} ms to {} ms after go, {:?} without progress after the fault at {} ms ({}): a lock the faulted client held is never released",
+                args.processes - 1,
+                r.start as u128 * INTERVAL.as_millis(),
+                r.end as u128 * INTERVAL.as_millis(),
+                STALL_LIMIT,
+                at.as_millis(),
+                fault_lines.join("; ")
+            );
+        }
+        Ok(())
+    };
     let mut hist = Histogram::<u64>::new(3)?;
-    let (mut aborts, mut repairs) = (0, 0);
+    let (mut aborts, mut repairs, mut hints) = (0, 0, (0, 0));
     for (p, c) in children.0.iter_mut().enumerate() {
         let st = loop {
+            stalled(&boards, &fault_lines)?;
             if let Some(st) = c.try_wait()? {
                 break st;
             }
@@ -1225,12 +1307,9 @@ fn run_phase_processes(
         hist.add(&jsonl::decode_hdr(&r.hdr)?)?;
         aborts += r.aborts;
         repairs += r.repairs;
+        hints = add_hints(hints, r.hints);
     }
-    // The measured window on the boards' timelines.
-    let (from, to) = (
-        (args.run.warmup().as_nanos() / INTERVAL.as_nanos()) as usize,
-        ((args.run.warmup() + args.run.duration()).as_nanos() / INTERVAL.as_nanos()) as usize,
-    );
+    stalled(&boards, &fault_lines)?;
     let timelines: Vec<Vec<u64>> = boards.iter().map(|b| b.intervals()).collect();
     let ops = timelines
         .iter()
@@ -1241,11 +1320,12 @@ fn run_phase_processes(
         if let Some(t) = fault_timeline(&timelines, 0, from, i, to) {
             let n = args.processes as f64;
             fault_lines.push(format!(
-                "the other {} processes' {} ms intervals after it: fewest ops {}{}; ops/s of all before {:.0}, after {:.0} (ratio {:.2}; (n-1)/n = {:.2}; the others alone {:.2})",
+                "the other {} processes' {} ms intervals after it: fewest ops {}{}; below half their earlier rate for {} ms at most (the recovery); ops/s of all before {:.0}, after {:.0} (ratio {:.2}; (n-1)/n = {:.2}; the others alone {:.2})",
                 args.processes - 1,
                 INTERVAL.as_millis(),
                 t.min_survivor_interval,
                 if t.min_survivor_interval == 0 { " (a 10 ms interval without progress)" } else { ", never 0" },
+                t.longest_dip as u128 * INTERVAL.as_millis(),
                 t.rate_before,
                 t.rate_after,
                 t.rate_after / t.rate_before,
@@ -1262,6 +1342,7 @@ fn run_phase_processes(
                 "at_ms": at.as_millis() as u64,
                 "stop_ms": (args.stop_client_after.is_some() || args.pause_at.is_some()).then_some(args.stop_ms),
                 "min_survivor_interval_ops": t.min_survivor_interval,
+                "recovery_ms": t.longest_dip as u128 * INTERVAL.as_millis(),
                 "interval_ms": INTERVAL.as_millis() as u64,
                 "ops_per_s_before": t.rate_before,
                 "ops_per_s_after": t.rate_after,
@@ -1301,7 +1382,11 @@ fn run_phase_processes(
         .max()
         .unwrap_or(keys.next_base);
     keys.next_base = top;
-    if dead > 0 {
+    if dead > 0 && plan.proto != Proto::Rtx {
+        fault_lines.push(
+            "afterwards: the killed client's rehash has no log and no repair (RACE's spinlocks): its locks stay held".to_string(),
+        );
+    } else if dead > 0 {
         let t = Instant::now();
         let ids: Vec<u16> = (0..dead as u64).map(|s| plan.id(phase, s)).collect();
         let (logs, locks) = recover_dead(plan.layout, &ids, connect)?;
@@ -1316,6 +1401,7 @@ fn run_phase_processes(
         hist,
         aborts,
         repairs,
+        hints,
         fault_lines,
         fault,
     })
@@ -1383,8 +1469,13 @@ fn await_fault_point(
         return Ok((
             at,
             format!(
-                "killed itself (SIGKILL) at {f} of its first {} (rTX ID {id}) at {ms} ms",
-                f.change.name()
+                "killed itself (SIGKILL) at {f} of its first {} ({} {id}) at {ms} ms",
+                f.change.name(),
+                if args.protocol == Proto::Optimal {
+                    "lock owner"
+                } else {
+                    "rTX ID"
+                }
             ),
             id,
         ));
@@ -1579,6 +1670,7 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
         hist,
         aborts,
         repairs,
+        hints,
     } = PhaseOut::sum(outs)?;
     let hdr = jsonl::latency_fields(&hist)
         .get("hdr")
@@ -1591,6 +1683,7 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
             ops,
             aborts,
             repairs,
+            hints,
             hdr
         })?
     );
@@ -1675,8 +1768,17 @@ fn check_injected(args: &Args) -> Result<()> {
     if args.processes < 2 {
         bail!("{flag} needs --processes 2 or more (the others go on)");
     }
-    if args.protocol != Proto::Rtx {
-        bail!("{flag} runs --protocol rtx only: Optimal and DTX have no repair");
+    // One exception: RACE's original rehash killed holding its spinlocks, the rTX
+    // paper's point of comparison (6), which the run's progress check must catch.
+    let optimal_rehash = args.crash_at.is_some()
+        && args.protocol == Proto::Optimal
+        && args.index == Index::Race
+        && f.change == Change::Rehash;
+    if optimal_rehash && f.point != CrashPoint::Locked {
+        bail!("{flag} {f}: the Optimal (RACE original) rehash writes no log and holds its spinlocks from start to end; its one point is rehash:locked");
+    }
+    if args.protocol != Proto::Rtx && !optimal_rehash {
+        bail!("{flag} runs --protocol rtx only (and --protocol optimal --index race with --crash-at rehash:locked: RACE's spinlocked rehash, killed): Optimal and DTX have no repair");
     }
     match (f.change, args.index) {
         (Change::Split, Index::Blink) | (Change::Rehash, Index::Race) => {}

@@ -57,6 +57,9 @@ pub struct Optimal {
     /// Test-only crash injection: die after this many key moves of a rehash.
     #[cfg(test)]
     pub(crate) crash_after_moves: Option<usize>,
+    /// [`Optimal::arm_crash`]'s hook, called when a rehash holds both subtables' locks.
+    #[cfg(feature = "fault-injection")]
+    crash_hook: Option<crate::fault::CrashHook>,
 }
 
 impl Optimal {
@@ -83,7 +86,34 @@ impl Optimal {
             max_attempts: MAX_ATTEMPTS,
             #[cfg(test)]
             crash_after_moves: None,
+            #[cfg(feature = "fault-injection")]
+            crash_hook: None,
         })
+    }
+
+    /// Call `hook` with [`crate::fault::CrashPoint::Locked`] and this handle's lock id
+    /// each time a rehash of this handle holds the spinlocks of the old and the new
+    /// subtable, with the directory published and no key moved yet: the point where a
+    /// process-level test kills the RACE original's rehash (the rTX paper's point of
+    /// comparison for a killed rehash, 6: its spinlocks stay held for good). It is this
+    /// rehash's only crash point: it writes no log. A hook that returns `false` fails the
+    /// rehash with [`MemError::Crashed`], the locks still held.
+    ///
+    /// Errors: [`crate::fault::NotEnabled`] without the `fault-injection` feature.
+    pub fn arm_crash_locked(
+        &mut self,
+        hook: crate::fault::CrashHook,
+    ) -> Result<(), crate::fault::NotEnabled> {
+        #[cfg(feature = "fault-injection")]
+        {
+            self.crash_hook = Some(hook);
+            Ok(())
+        }
+        #[cfg(not(feature = "fault-injection"))]
+        {
+            let _ = hook;
+            Err(crate::fault::NotEnabled)
+        }
     }
 
     /// Counters so far.
@@ -374,6 +404,12 @@ impl Optimal {
         mem.write(dbase, &enc[..8]).await?;
         self.unlock(mem, dir_m).await?;
         self.dir = Some(nd);
+        #[cfg(feature = "fault-injection")]
+        if let Some(hook) = self.crash_hook {
+            if !hook(crate::fault::CrashPoint::Locked, self.id) {
+                return Err(RaceError::Mem(MemError::Crashed));
+            }
+        }
         let mut moves = 0usize;
         loop {
             let blk = mem.read(base, g.block_bytes as usize).await?;
