@@ -143,10 +143,30 @@ fn the_race_hash_index_runs_rtx_against_optimal_and_its_tables_check_out() {
         );
     }
     assert!(!stdout.contains("ycsb-E"), "{stdout}");
+    // The load grows the table, so both protocols rehash: each prints its rehashes, and
+    // the run compares their times (the rTX paper's 6).
+    for p in ["Rtx", "Optimal"] {
+        assert!(
+            stdout.contains(&format!("  {p}: ")) && stdout.contains(" rehashes (the load's"),
+            "{p}: {stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("rehash: ratio time original/rtx = "),
+        "{stdout}"
+    );
     let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "index-bench");
     let doc = recs.last().unwrap();
     assert_eq!(doc["index"], "race", "{doc}");
     assert_eq!(doc["runs"].as_array().unwrap().len(), 8, "{doc}");
+    let rehash = doc["ratios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ratio"] == "rehash time optimal/rtx")
+        .unwrap_or_else(|| panic!("no rehash ratio in {doc}"));
+    assert!(rehash["value"].as_f64().unwrap() > 0.0, "{rehash}");
+    assert!(rehash["rtx_rehashes"].as_u64().unwrap() > 0, "{rehash}");
     for (extra, want) in [
         (&["--protocol", "dtx"][..], "--index blink only"),
         (

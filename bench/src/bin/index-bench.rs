@@ -212,6 +212,8 @@ struct ClientReport {
     repairs: u64,
     /// rTX's remembered data pointers that were right and wrong ([`Handle::hints`]).
     hints: (u64, u64),
+    /// Times of the inserts that rehashed, ns.
+    rehash_ns: Vec<u64>,
     /// The measured latencies (`bench::jsonl::latency_fields`'s `hdr`: base64 V2).
     hdr: String,
 }
@@ -352,6 +354,32 @@ impl Handle {
             Handle::RaceOptimal(t) => race_retries(&t.stats()),
         }
     }
+    /// Subtable rehashes this handle ran (RACE; 0 for the B-link tree).
+    fn rehashes(&self) -> u64 {
+        match self {
+            Handle::RaceRtx(_, t) => t.stats().rehashes,
+            Handle::RaceOptimal(t) => t.stats().rehashes,
+            Handle::Rtx(..) | Handle::Optimal(_) => 0,
+        }
+    }
+    /// [`Handle::insert`], and when the insert rehashed a subtable, its time in ns
+    /// pushed to `rehash_ns` (rTX paper, 6 and Fig. 15: the rehash's cost against the
+    /// original's, at the same subtable size: every rehash here splits one subtable of
+    /// the layout's block size).
+    async fn timed_insert(
+        &mut self,
+        m: &RrpcMem,
+        k: u64,
+        v: u64,
+        rehash_ns: &mut Vec<u64>,
+    ) -> Result<Option<u64>> {
+        let (before, t0) = (self.rehashes(), Instant::now());
+        let r = self.insert(m, k, v).await?;
+        if self.rehashes() > before {
+            rehash_ns.push(t0.elapsed().as_nanos() as u64);
+        }
+        Ok(r)
+    }
     /// rTX's remembered data pointers (its speculative block READ beside the TXObj's):
     /// `(hits, misses)` (0 for the others).
     fn hints(&self) -> (u64, u64) {
@@ -401,6 +429,8 @@ struct PhaseOut {
     aborts: u64,
     repairs: u64,
     hints: (u64, u64),
+    /// Times of the inserts that rehashed a subtable, ns ([`Handle::timed_insert`]).
+    rehash_ns: Vec<u64>,
 }
 
 impl PhaseOut {
@@ -413,6 +443,7 @@ impl PhaseOut {
             aborts: 0,
             repairs: 0,
             hints: (0, 0),
+            rehash_ns: Vec::new(),
         };
         for o in outs {
             all.hist.add(&o.hist)?;
@@ -420,6 +451,7 @@ impl PhaseOut {
             all.aborts += o.aborts;
             all.repairs += o.repairs;
             all.hints = add_hints(all.hints, o.hints);
+            all.rehash_ns.extend(o.rehash_ns);
         }
         Ok(all)
     }
@@ -614,12 +646,13 @@ async fn run_client(
 ) -> Result<PhaseOut> {
     let mut hist = Histogram::<u64>::new(3)?;
     let mut ops = 0;
+    let mut rehash_ns = Vec::new();
     let mut rng = rand::rngs::StdRng::seed_from_u64(plan.args.seed.seed ^ (phase << 32) ^ slot);
     if phase == 0 {
         // Load: client `slot` inserts indices slot, slot + clients, ...
         let mut i = slot;
         while i < plan.args.keys {
-            h.insert(&mem, key_of(i), i).await?;
+            h.timed_insert(&mem, key_of(i), i, &mut rehash_ns).await?;
             i += plan.loaders();
         }
         return Ok(PhaseOut {
@@ -628,6 +661,7 @@ async fn run_client(
             aborts: h.aborts(),
             repairs: h.repairs(),
             hints: h.hints(),
+            rehash_ns,
         });
     }
     let w = plan.args.workload[phase as usize - 1];
@@ -676,14 +710,16 @@ async fn run_client(
                     None => plan.next_index.fetch_add(1, Ordering::Relaxed),
                     Some(p) => next_insert(p),
                 };
-                h.insert(&mem, key_of(i), i).await?;
+                h.timed_insert(&mem, key_of(i), i, &mut rehash_ns).await?;
                 if let (Some(p), Some(s)) = (&proc, board_slot) {
                     p.board.ack(s);
                 }
             }
             (_, false) => {
                 let i = pick(&mut rng);
-                let old = h.insert(&mem, key_of(i), i + (ops << 32)).await?;
+                let old = h
+                    .timed_insert(&mem, key_of(i), i + (ops << 32), &mut rehash_ns)
+                    .await?;
                 if old.is_none() {
                     bail!("update of loaded key index {i} found no key");
                 }
@@ -703,7 +739,17 @@ async fn run_client(
         aborts: h.aborts(),
         repairs: h.repairs(),
         hints: h.hints(),
+        rehash_ns,
     })
+}
+
+/// The median and the largest of `ns` (sorted here), as f64 ns; `(0, 0)` when empty.
+fn rehash_summary(ns: &mut [u64]) -> (f64, f64) {
+    ns.sort_unstable();
+    match ns.last() {
+        Some(&max) => (ns[ns.len() / 2] as f64, max as f64),
+        None => (0.0, 0.0),
+    }
 }
 
 fn add_hints(a: (u64, u64), b: (u64, u64)) -> (u64, u64) {
@@ -729,6 +775,8 @@ struct ProtocolOut {
     rows: Vec<Row>,
     load_secs: f64,
     load_aborts: u64,
+    /// Times of the inserts that rehashed a subtable, every phase's, ns.
+    rehash_ns: Vec<u64>,
 }
 
 /// The region every protocol gets: an object id per client and phase (the load and each
@@ -824,6 +872,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
         next_index: AtomicU64::new(args.keys),
     });
     let mut rows = Vec::new();
+    let mut rehash_ns = Vec::new();
     let (mut load_secs, mut load_aborts) = (0.0, 0);
     // With client processes: the keys acknowledged so far (indices), the in-flight
     // inserts of killed clients (present or not), and the next phase's first index.
@@ -862,11 +911,12 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                 Some(&r.hist),
             );
             rows.push((w, tput, p50, p99, r.aborts));
+            rehash_ns.extend(r.rehash_ns);
             continue;
         }
         let stop = Arc::new(AtomicBool::new(false));
         let barrier = Arc::new(Barrier::new(args.threads as usize + 1));
-        let (ops, aborts, repairs, hints, hist, phase_secs) =
+        let (ops, aborts, repairs, hints, rehashed, hist, phase_secs) =
             std::thread::scope(|scope| -> Result<_> {
                 let workers: Vec<_> = (0..args.threads)
                     .map(|t| {
@@ -898,16 +948,19 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                     aborts,
                     repairs,
                     hints,
+                    rehash_ns,
                 } = PhaseOut::sum(outs)?;
                 Ok((
                     ops,
                     aborts,
                     repairs,
                     hints,
+                    rehash_ns,
                     hist,
                     load_start.elapsed().as_secs_f64(),
                 ))
             })?;
+        rehash_ns.extend(rehashed);
         if phase == 0 {
             println!(
                 "  {proto:?}: loaded {} keys in {:.2} s ({aborts} aborts)",
@@ -1002,10 +1055,20 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
     }
     drop(node);
     drop(mr);
+    if !rehash_ns.is_empty() {
+        let (p50, max) = rehash_summary(&mut rehash_ns);
+        println!(
+            "  {proto:?}: {} rehashes (the load's and the workloads'); the inserts that rehashed took p50 {:.1} us, max {:.1} us",
+            rehash_ns.len(),
+            p50 / 1e3,
+            max / 1e3
+        );
+    }
     Ok(ProtocolOut {
         rows,
         load_secs,
         load_aborts,
+        rehash_ns,
     })
 }
 
@@ -1098,6 +1161,7 @@ struct ProcPhase {
     aborts: u64,
     repairs: u64,
     hints: (u64, u64),
+    rehash_ns: Vec<u64>,
     /// What the fault did (lines to print), and as JSON.
     fault_lines: Vec<String>,
     fault: serde_json::Value,
@@ -1275,6 +1339,7 @@ fn run_phase_processes(
     };
     let mut hist = Histogram::<u64>::new(3)?;
     let (mut aborts, mut repairs, mut hints) = (0, 0, (0, 0));
+    let mut rehash_ns = Vec::new();
     for (p, c) in children.0.iter_mut().enumerate() {
         let st = loop {
             stalled(&boards, &fault_lines)?;
@@ -1308,6 +1373,7 @@ fn run_phase_processes(
         aborts += r.aborts;
         repairs += r.repairs;
         hints = add_hints(hints, r.hints);
+        rehash_ns.extend(r.rehash_ns);
     }
     stalled(&boards, &fault_lines)?;
     let timelines: Vec<Vec<u64>> = boards.iter().map(|b| b.intervals()).collect();
@@ -1402,6 +1468,7 @@ fn run_phase_processes(
         aborts,
         repairs,
         hints,
+        rehash_ns,
         fault_lines,
         fault,
     })
@@ -1671,6 +1738,7 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
         aborts,
         repairs,
         hints,
+        rehash_ns,
     } = PhaseOut::sum(outs)?;
     let hdr = jsonl::latency_fields(&hist)
         .get("hdr")
@@ -1684,6 +1752,7 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
             aborts,
             repairs,
             hints,
+            rehash_ns,
             hdr
         })?
     );
@@ -1945,6 +2014,31 @@ fn run(mut args: Args) -> Result<()> {
                 }));
             }
         }
+    }
+    let rehash = |p: Proto| {
+        all.iter()
+            .find(|(q, _)| *q == p)
+            .map(|(_, o)| o.rehash_ns.clone())
+            .filter(|v| !v.is_empty())
+    };
+    if let (Some(mut r), Some(mut o)) = (rehash(Proto::Rtx), rehash(Proto::Optimal)) {
+        let ((rp, _), (op, _)) = (rehash_summary(&mut r), rehash_summary(&mut o));
+        println!(
+            "rehash: ratio time original/rtx = {:.2} (p50 of the inserts that rehashed: Optimal {:.1} us over {} rehashes, rTX {:.1} us over {}; the same subtable size: RACE's rehash moves each key with 2 CASes, rTX's writes whole blocks)",
+            op / rp,
+            op / 1e3,
+            o.len(),
+            rp / 1e3,
+            r.len()
+        );
+        ratios.push(json!({
+            "ratio": "rehash time optimal/rtx",
+            "value": op / rp,
+            "rtx_p50_us": rp / 1e3,
+            "optimal_p50_us": op / 1e3,
+            "rtx_rehashes": r.len(),
+            "optimal_rehashes": o.len(),
+        }));
     }
     let runs: Vec<serde_json::Value> = all
         .iter()
