@@ -222,5 +222,14 @@ fn clients_with_a_clock_ahead_of_drift_repair_live_rtxs_and_every_check_holds() 
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no repairs count in {stdout}"));
     assert!(repairs > 0, "false expiries repaired: {stdout}");
+    // With no fault injected every repair is a false expiry: its share of the commits is
+    // printed, and it is not zero.
+    let share: f64 = stdout
+        .split("(false expiries: ")
+        .nth(1)
+        .and_then(|t| t.split('%').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no false-expiry share in {stdout}"));
+    assert!(share > 0.0, "{stdout}");
     assert!(stdout.contains("Rtx: tree check ok ("), "{stdout}");
 }

@@ -210,8 +210,8 @@ struct ClientReport {
     ops: u64,
     aborts: u64,
     repairs: u64,
-    /// rTX's remembered data pointers that were right and wrong ([`Handle::hints`]).
-    hints: (u64, u64),
+    /// rTX's commits and remembered data pointers ([`Handle::hints`]).
+    hints: RtxCounts,
     /// Times of the inserts that rehashed, ns.
     rehash_ns: Vec<u64>,
     /// The measured latencies (`bench::jsonl::latency_fields`'s `hdr`: base64 V2).
@@ -380,14 +380,16 @@ impl Handle {
         }
         Ok(r)
     }
-    /// rTX's remembered data pointers (its speculative block READ beside the TXObj's):
-    /// `(hits, misses)` (0 for the others).
-    fn hints(&self) -> (u64, u64) {
+    /// rTX's commits, and its remembered data pointers (its speculative block READ
+    /// beside the TXObj's): hits and misses (all 0 for the others).
+    fn hints(&self) -> RtxCounts {
         match self {
-            Handle::Rtx(c, _) | Handle::RaceRtx(c, _) => {
-                (c.stats().hint_hits, c.stats().hint_misses)
-            }
-            Handle::Optimal(_) | Handle::RaceOptimal(_) => (0, 0),
+            Handle::Rtx(c, _) | Handle::RaceRtx(c, _) => RtxCounts {
+                commits: c.stats().commits,
+                hint_hits: c.stats().hint_hits,
+                hint_misses: c.stats().hint_misses,
+            },
+            Handle::Optimal(_) | Handle::RaceOptimal(_) => RtxCounts::default(),
         }
     }
     /// Repairs of other clients' rTXs that changed the memory node (rTX; 0 otherwise).
@@ -428,7 +430,7 @@ struct PhaseOut {
     hist: Histogram<u64>,
     aborts: u64,
     repairs: u64,
-    hints: (u64, u64),
+    hints: RtxCounts,
     /// Times of the inserts that rehashed a subtable, ns ([`Handle::timed_insert`]).
     rehash_ns: Vec<u64>,
 }
@@ -442,7 +444,7 @@ impl PhaseOut {
             hist: Histogram::<u64>::new(3)?,
             aborts: 0,
             repairs: 0,
-            hints: (0, 0),
+            hints: RtxCounts::default(),
             rehash_ns: Vec::new(),
         };
         for o in outs {
@@ -450,7 +452,7 @@ impl PhaseOut {
             all.ops += o.ops;
             all.aborts += o.aborts;
             all.repairs += o.repairs;
-            all.hints = add_hints(all.hints, o.hints);
+            all.hints = all.hints.add(o.hints);
             all.rehash_ns.extend(o.rehash_ns);
         }
         Ok(all)
@@ -752,18 +754,52 @@ fn rehash_summary(ns: &mut [u64]) -> (f64, f64) {
     }
 }
 
-fn add_hints(a: (u64, u64), b: (u64, u64)) -> (u64, u64) {
-    (a.0 + b.0, a.1 + b.1)
+/// rTX's counters of a result row beyond aborts and repairs, summed over its clients
+/// (over the whole phase, warm-up included, as the repairs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct RtxCounts {
+    /// rTXs committed.
+    commits: u64,
+    /// Reads whose remembered data pointer was current (one round).
+    hint_hits: u64,
+    /// Reads whose remembered data pointer had moved (the data READ repeated).
+    hint_misses: u64,
 }
 
-/// The result line's tail for rTX's remembered data pointers (empty for the others, which
-/// have none).
-fn hints_text(proto: Proto, (hits, misses): (u64, u64)) -> String {
-    if proto == Proto::Rtx {
-        format!("  dptr hints hit/miss {hits}/{misses}")
-    } else {
-        String::new()
+impl RtxCounts {
+    fn add(self, o: RtxCounts) -> RtxCounts {
+        RtxCounts {
+            commits: self.commits + o.commits,
+            hint_hits: self.hint_hits + o.hint_hits,
+            hint_misses: self.hint_misses + o.hint_misses,
+        }
     }
+}
+
+/// The result line's tail for rTX (empty for the others): its commits, and with no fault
+/// injected its repairs as a share of them (every repair is then a false expiry: a live
+/// owner's lease judged expired, the rTX paper's 4.3 and Fig. 18), and its remembered
+/// data pointers' hits and misses.
+fn hints_text(args: &Args, proto: Proto, repairs: u64, c: RtxCounts) -> String {
+    if proto != Proto::Rtx {
+        return String::new();
+    }
+    let faulted = args.kill_client_after.is_some()
+        || args.stop_client_after.is_some()
+        || args.crash_at.is_some()
+        || args.pause_at.is_some();
+    let false_expiries = if faulted {
+        String::new()
+    } else {
+        format!(
+            " (false expiries: {:.3}% of commits)",
+            100.0 * repairs as f64 / c.commits.max(1) as f64
+        )
+    };
+    format!(
+        "  commits {}{false_expiries}  dptr hints hit/miss {}/{}",
+        c.commits, c.hint_hits, c.hint_misses
+    )
 }
 
 /// One result row: workload, ops/s, p50 us, p99 us, aborts (rTX) or lock retries (Optimal).
@@ -895,7 +931,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
             );
             println!(
                 "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {}  repairs {}{}",
-                r.aborts, r.repairs, hints_text(proto, r.hints)
+                r.aborts, r.repairs, hints_text(args, proto, r.repairs, r.hints)
             );
             for l in &r.fault_lines {
                 println!("    {l}");
@@ -906,7 +942,8 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                     "protocol": proto.name(), "workload": w.name(), "ops_per_s": tput,
                     "ops": r.ops, "p50_us": p50, "p99_us": p99, "aborts_and_retries": r.aborts,
                     "repairs": r.repairs, "processes": args.processes, "fault": r.fault,
-                    "hint_hits": r.hints.0, "hint_misses": r.hints.1,
+                    "commits": r.hints.commits, "hint_hits": r.hints.hint_hits,
+                    "hint_misses": r.hints.hint_misses,
                 }),
                 Some(&r.hist),
             );
@@ -977,14 +1014,15 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
         );
         println!(
             "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {aborts}  repairs {repairs}{}",
-            hints_text(proto, hints)
+            hints_text(args, proto, repairs, hints)
         );
         jsonl::point_with(
             "ycsb",
             json!({
                 "protocol": proto.name(), "workload": w.name(), "ops_per_s": tput,
                 "ops": ops, "p50_us": p50, "p99_us": p99, "aborts_and_retries": aborts,
-                "repairs": repairs, "hint_hits": hints.0, "hint_misses": hints.1,
+                "repairs": repairs, "commits": hints.commits, "hint_hits": hints.hint_hits,
+                "hint_misses": hints.hint_misses,
             }),
             Some(&hist),
         );
@@ -1160,7 +1198,7 @@ struct ProcPhase {
     hist: Histogram<u64>,
     aborts: u64,
     repairs: u64,
-    hints: (u64, u64),
+    hints: RtxCounts,
     rehash_ns: Vec<u64>,
     /// What the fault did (lines to print), and as JSON.
     fault_lines: Vec<String>,
@@ -1338,7 +1376,7 @@ fn run_phase_processes(
         Ok(())
     };
     let mut hist = Histogram::<u64>::new(3)?;
-    let (mut aborts, mut repairs, mut hints) = (0, 0, (0, 0));
+    let (mut aborts, mut repairs, mut hints) = (0, 0, RtxCounts::default());
     let mut rehash_ns = Vec::new();
     for (p, c) in children.0.iter_mut().enumerate() {
         let st = loop {
@@ -1372,7 +1410,7 @@ fn run_phase_processes(
         hist.add(&jsonl::decode_hdr(&r.hdr)?)?;
         aborts += r.aborts;
         repairs += r.repairs;
-        hints = add_hints(hints, r.hints);
+        hints = hints.add(r.hints);
         rehash_ns.extend(r.rehash_ns);
     }
     stalled(&boards, &fault_lines)?;
