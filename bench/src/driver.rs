@@ -14,22 +14,21 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use rrpc::runtime::Executor;
 use txn::coordinator::{AbortReason, TxnError};
 use txn::history::{monotonic_ns, AttemptStart};
 use txn::phase::PhaseTimes;
 
 use crate::forward::{Inbox, Outcome, FORWARD_HANDLER};
 use crate::report::WorkerStats;
-use crate::workload::{Coroutine, Finished, Mix, Profiles, RunError};
+use crate::workload::{Coroutine, Finished, Mix, Profiles, RunError, Task};
 
 impl<P: Profiles> Mix for P {
-    fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine) {
-        ex.spawn(coordinate(self, co));
+    fn coordinator(self: Arc<Self>, co: Coroutine) -> Task {
+        Box::pin(coordinate(self, co))
     }
 
-    fn spawn_home(self: Arc<Self>, ex: &mut Executor, co: Coroutine, inbox: Arc<Inbox>) {
-        ex.spawn(serve_home(self, co, inbox));
+    fn home(self: Arc<Self>, co: Coroutine, inbox: Arc<Inbox>) -> Task {
+        Box::pin(serve_home(self, co, inbox))
     }
 }
 
