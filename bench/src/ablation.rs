@@ -52,6 +52,7 @@ pub(crate) fn rows(args: &Args) -> Vec<Row> {
         commit_log: None,
         vtc_entries,
         routing: Some(routing),
+        lock_serving: None,
         label: Some(label),
     };
     let r = routed(args);

@@ -50,6 +50,40 @@ use crate::report::WorkerStats;
 use crate::txn_args::NODE_CNODE;
 use crate::workload::RunClock;
 
+/// A compute node's threads by role, counted from their names in
+/// `/proc/self/task/*/comm` (rrpc names its RPC server threads `rpc-server-N`; a
+/// compute node names the coordinator threads it starts itself `coordinator-N`): where
+/// its lock RPCs are really served, whatever the flags said.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadCensus {
+    /// RPC server threads (the lock service's).
+    pub rpc_server: usize,
+    /// Coordinator threads of their own (not RPC server threads).
+    pub coordinator: usize,
+}
+
+impl ThreadCensus {
+    /// This process's threads now. Errors: `/proc/self/task` cannot be read.
+    pub fn of_this_process() -> anyhow::Result<Self> {
+        let mut c = Self {
+            rpc_server: 0,
+            coordinator: 0,
+        };
+        for t in std::fs::read_dir("/proc/self/task").context("reading /proc/self/task")? {
+            let Ok(name) = std::fs::read_to_string(t?.path().join("comm")) else {
+                continue; // the thread ended meanwhile
+            };
+            let name = name.trim_end();
+            if name.starts_with("rpc-server-") {
+                c.rpc_server += 1;
+            } else if name.starts_with("coordinator-") {
+                c.coordinator += 1;
+            }
+        }
+        Ok(c)
+    }
+}
+
 /// How often a child streams its intervals and history.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// Flushes between two snapshots of a thread's counters and histograms (500 ms).
@@ -71,6 +105,10 @@ pub enum Msg {
         incarnation: u32,
         /// Process id.
         pid: u32,
+        /// A Lotus compute node: its threads that serve RPCs or run coordinators, as
+        /// the kernel names them when it is ready (absent in older streams).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        threads: Option<ThreadCensus>,
     },
     /// Thread `tid`'s commits and aborts of intervals `from..from + commits.len()`
     /// (absolute counts; they replace what an earlier line said of those intervals).

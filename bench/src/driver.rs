@@ -14,24 +14,27 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use rrpc::runtime::Executor;
 use txn::coordinator::{AbortReason, TxnError};
 use txn::history::{monotonic_ns, AttemptStart};
 use txn::phase::PhaseTimes;
 
-use crate::forward::{Inbox, Outcome, FORWARD_HANDLER};
+use crate::forward::{Inbox, Outcome, FORWARD_HANDLER, FORWARD_WAIT};
 use crate::report::WorkerStats;
-use crate::workload::{Coroutine, Finished, Mix, Profiles, RunError};
+use crate::workload::{Coroutine, Finished, Mix, Profiles, RunError, Task};
 
 impl<P: Profiles> Mix for P {
-    fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine) {
-        ex.spawn(coordinate(self, co));
+    fn coordinator(self: Arc<Self>, co: Coroutine) -> Task {
+        Box::pin(coordinate(self, co))
     }
 
-    fn spawn_home(self: Arc<Self>, ex: &mut Executor, co: Coroutine, inbox: Arc<Inbox>) {
-        ex.spawn(serve_home(self, co, inbox));
+    fn home(self: Arc<Self>, co: Coroutine, inbox: Arc<Inbox>) -> Task {
+        Box::pin(serve_home(self, co, inbox))
     }
 }
+
+/// How much longer than [`FORWARD_WAIT`] a forwarding call waits for its reply (the
+/// home node's answer after its handler gave up, and the way back).
+const FORWARD_MARGIN: Duration = Duration::from_secs(1);
 
 /// The coroutine: draw (with `each_type_first`, kind 0, 1, ... first, drawn until the
 /// mix gives one of that kind), run until final (or with `--routing forward`, send a
@@ -139,10 +142,17 @@ async fn forward<T: serde::Serialize>(
             return;
         }
     };
+    // The home node answers within FORWARD_WAIT (its handler gives up then): the call
+    // waits that long, not the runtime's default deadline, so that a forwarded
+    // transaction that retries for a while at a busy home node is not called lost.
+    let opts = rrpc::runtime::CallOpts {
+        timeout: Some(FORWARD_WAIT + FORWARD_MARGIN),
+        ..Default::default()
+    };
     let r = co
         .client
         .ctx()
-        .call(rrpc::NodeId(owner), FORWARD_HANDLER, &input)
+        .call_with(rrpc::NodeId(owner), FORWARD_HANDLER, &input, opts)
         .await;
     let mut s = co.stats.borrow_mut();
     match r

@@ -22,7 +22,8 @@ use std::time::Duration;
 pub const FORWARD_HANDLER: u16 = rrpc::server::Handlers::FIRST_APP_ID;
 
 /// How long a forwarded transaction may wait for its home node before the forwarding
-/// call gives up (a home node that stopped serving: the run is ending, or it died).
+/// call gives up (a home node that stopped serving: the run is ending, or it died). The
+/// sender's call waits a little longer, so the home node's answer decides.
 pub const FORWARD_WAIT: Duration = Duration::from_secs(10);
 
 /// How a forwarded transaction ended at its home node.

@@ -11,9 +11,10 @@
 //! previous life's address, and serves once every live survivor confirmed; the
 //! survivors then mark it up ([`mark_up_if_serving`]).
 //!
-//! The service answers lock RPCs on a server thread of its own (the paper serves them on
-//! the coordinator threads; rrpc's server runs its handlers on server threads), which on
-//! a machine with few cores competes with the coordinators: say so when comparing.
+//! Where the service answers the other nodes' lock RPCs is [`LockServing`]: by default on
+//! the coordinator threads, as the paper does (the service's server threads are the
+//! coordinator threads: `crate::txnbench::served`); or on a server thread of its own
+//! beside them, which on a machine with few cores competes with the coordinators.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -34,6 +35,62 @@ const PEERS_WAIT: Duration = Duration::from_secs(60);
 /// cores (pairs, Zipf 0.99, 3 compute nodes x 1 thread x 8 coroutines, 3 s): 0 (spin and
 /// yield) 1653 txn/s, 20 us 2306, 100 us 3585.
 const SERVER_IDLE_SLEEP_US: u64 = 100;
+
+/// Where a compute node serves the lock RPCs of the other compute nodes (and the other
+/// RPCs of its embedded lock service: forwarding, resharding, recovery), the
+/// `--lock-serving` flag.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockServing {
+    /// On the coordinator threads (Lotus 4.1): each is one of the service's RPC server
+    /// threads and polls its handlers between its transaction coroutines.
+    #[default]
+    Coordinator,
+    /// On a server thread of the service's own, beside the coordinator threads; it
+    /// sleeps up to 100 us when idle (`SERVER_IDLE_SLEEP_US`).
+    Thread,
+}
+
+impl LockServing {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Coordinator => "coordinator",
+            Self::Thread => "thread",
+        }
+    }
+
+    /// For the run header: where the lock RPCs are served.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Coordinator => "on the coordinator threads (no server thread of its own)",
+            Self::Thread => "on a server thread of its own beside the coordinator threads",
+        }
+    }
+}
+
+impl std::str::FromStr for LockServing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "coordinator" => Ok(Self::Coordinator),
+            "thread" => Ok(Self::Thread),
+            _ => Err(format!(
+                "lock serving {s:?}: expected coordinator or thread"
+            )),
+        }
+    }
+}
 
 /// Bytes of a compute node's Lotus lock table (Lotus 7.1: 32 MB, 4 M slots).
 pub(crate) const TABLE_SLOTS: u64 = 4 << 20;
@@ -251,6 +308,10 @@ pub(crate) struct LotusCnOptions {
     /// `--plant skip-cache-clear` (honoured only in a test build, [`txn::FAULT_INJECTION`]):
     /// a range a resharding move takes away keeps its cache entries.
     pub(crate) skip_cache_clear: bool,
+    /// `--lock-serving coordinator`: the service's server threads, as many as the
+    /// coordinator threads, with this runtime (its setup runs the coordinators there);
+    /// `None`: one server thread of its own.
+    pub(crate) coordinators: Option<(usize, rrpc::node::ServerRuntime)>,
 }
 
 /// A compute node's lock service and the site its coordinators lock through.
@@ -281,6 +342,7 @@ pub(crate) fn start(
         vtc_entries,
         inbox,
         skip_cache_clear,
+        coordinators,
     } = opts;
     let skip_cache_clear = skip_cache_clear && txn::FAULT_INJECTION;
     let map = ShardMap::uniform(nodes).context("the compute nodes' shard map")?;
@@ -312,13 +374,24 @@ pub(crate) fn start(
     // operations of its predecessor's clients).
     cfg.epoch = Some(fabric.incarnation().max(1));
     cfg.restart_grace_ms = 0;
-    cfg.idle_sleep_us = SERVER_IDLE_SLEEP_US;
+    // On the coordinator threads the server's executor is theirs: it must not sleep
+    // while their coroutines wait for the network (0: spin, then yield, as they do).
+    let (threads, runtime) = match coordinators {
+        Some((n, rt)) => (n, Some(rt)),
+        None => (1, None),
+    };
+    cfg.threads = threads as u64;
+    cfg.idle_sleep_us = if runtime.is_some() {
+        0
+    } else {
+        SERVER_IDLE_SLEEP_US
+    };
     cfg.lotus_serving = !restarted;
     let listen = match previous {
         Some(a) => a,
         None => SocketAddr::new(local_ip_towards(towards)?, 0),
     };
-    let service = LockService::start_with(
+    let service = LockService::start_with_runtime(
         fabric,
         listen,
         &cfg,
@@ -328,6 +401,7 @@ pub(crate) fn start(
                 i.register(h);
             }
         },
+        runtime,
     )
     .with_context(|| format!("starting compute node {node}'s lock service on {listen}"))?;
     // The cache's invalidation by remote write grants (Lotus, Algorithm 1, line 15),

@@ -283,6 +283,10 @@ pub struct Report {
     /// Lotus's hybrid routing (`--routing`), when it applied to the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routing: Option<String>,
+    /// Where Lotus's compute nodes served lock RPCs (`--lock-serving`: `coordinator`
+    /// or `thread`), when the run had such RPCs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_serving: Option<String>,
     /// `--routing ideal`: draws thrown away (the first record's shard was another
     /// compute node's).
     #[serde(skip_serializing_if = "is_zero")]
@@ -669,6 +673,7 @@ impl Report {
             },
             qp_errors: workers.iter().map(|w| w.qp_errors).sum(),
             routing: None,
+            lock_serving: None,
             route_redraws: workers.iter().map(|w| w.route.redraws).sum(),
             route_misses: workers.iter().map(|w| w.route.misses).sum(),
             forwarded: workers.iter().map(|w| w.forward.count).sum(),

@@ -122,9 +122,10 @@ pub struct Args {
     pub tocc_wait_us: u64,
     /// Repeat the run(s) at each point: theta=0,0.5,0.99 (Zipf theta), clients=8,16,32
     /// (coroutines per thread), commit-log=off,on,ordered (what the commit logs cost,
-    /// placed either way, with the coordinators inside txn-bench) or
-    /// vtc-entries=0,65536 (Lotus's version table cache off and on, as --vtc-entries);
-    /// prints a table, and with --chart draws
+    /// placed either way, with the coordinators inside txn-bench),
+    /// vtc-entries=0,65536 (Lotus's version table cache off and on, as --vtc-entries)
+    /// or lock-serving=coordinator,thread (where Lotus's compute nodes serve lock RPCs,
+    /// as --lock-serving); prints a table, and with --chart draws
     /// throughput against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
@@ -312,6 +313,18 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = crate::routing::Routing::None)]
     #[serde(default)]
     pub routing: crate::routing::Routing,
+    /// Lotus with coordinator processes (--cnodes 2 or more): where a compute node
+    /// serves the other compute nodes' lock RPCs (and its lock service's other RPCs:
+    /// forwarding, resharding, recovery). coordinator (as Lotus 4.1): the coordinator
+    /// threads are the service's RPC server threads and poll its handlers between their
+    /// transaction coroutines, no thread of its own; thread: a server thread of the
+    /// service's own beside the coordinator threads (it sleeps up to 100 us when idle).
+    /// The header and each compute node's thread count in the report say which. Compare
+    /// both in one invocation with --sweep lock-serving=coordinator,thread. Other
+    /// protocols ignore it.
+    #[arg(long, value_enum, default_value_t = crate::lotus_cn::LockServing::Coordinator)]
+    #[serde(default)]
+    pub lock_serving: crate::lotus_cn::LockServing,
     /// Lotus with coordinator processes (--cnodes 2 or more): this many seconds into the
     /// measured run (after --warmup), move the first half of compute node 0's lock shards to compute node 1, as
     /// Lotus 4.3's resharding would (drain the range, then install the next map on
@@ -597,6 +610,8 @@ pub enum Sweep {
     CommitLog(Vec<LogSetting>),
     /// Lotus's version table cache capacity, entries (0 = off; `--vtc-entries`).
     VtcEntries(Vec<usize>),
+    /// Where Lotus's compute nodes serve lock RPCs (`--lock-serving`).
+    LockServing(Vec<crate::lotus_cn::LockServing>),
 }
 
 impl FromStr for Sweep {
@@ -604,7 +619,7 @@ impl FromStr for Sweep {
     fn from_str(s: &str) -> Result<Self, String> {
         let Some((param, values)) = s.split_once('=') else {
             return Err(format!(
-                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered or vtc-entries=N1,N2,..."
+                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, vtc-entries=N1,N2,... or lock-serving=coordinator,thread"
             ));
         };
         let values: Vec<&str> = values.split(',').map(str::trim).collect();
@@ -653,8 +668,13 @@ impl FromStr for Sweep {
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::VtcEntries),
+            "lock-serving" => values
+                .iter()
+                .map(|v| v.parse().map_err(|e| format!("--sweep {e}")))
+                .collect::<Result<_, _>>()
+                .map(Self::LockServing),
             p => Err(format!(
-                "--sweep: unknown parameter {p:?}: theta, clients, commit-log or vtc-entries"
+                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries or lock-serving"
             )),
         }
     }
@@ -680,6 +700,11 @@ impl fmt::Display for Sweep {
                 "vtc-entries={}",
                 join(v.iter().map(usize::to_string).collect())
             ),
+            Self::LockServing(v) => write!(
+                f,
+                "lock-serving={}",
+                join(v.iter().map(|l| l.name().to_string()).collect())
+            ),
         }
     }
 }
@@ -697,6 +722,9 @@ pub(crate) struct Point {
     pub(crate) vtc_entries: usize,
     /// Lotus's routing at this point (`None`: as `--routing` says).
     pub(crate) routing: Option<crate::routing::Routing>,
+    /// Where Lotus's compute nodes serve lock RPCs at this point (`None`: as
+    /// `--lock-serving` says).
+    pub(crate) lock_serving: Option<crate::lotus_cn::LockServing>,
     /// `theta=0.5`, `clients=16`, `commit-log=on`; `None` without a sweep.
     pub(crate) label: Option<String>,
 }
@@ -1077,6 +1105,12 @@ impl Args {
                 );
             }
         }
+        if matches!(self.sweep, Some(Sweep::LockServing(_))) && !self.coordinator_processes() {
+            bail!(
+                "--sweep lock-serving compares where Lotus's compute-node processes serve lock \
+                 RPCs: it needs --cnodes 2 or more"
+            );
+        }
         if self.restart && self.kill_cn_after.is_none() && self.kill_memnode_after.is_none() {
             bail!("--restart goes with --kill-cn-after or --kill-memnode-after");
         }
@@ -1195,6 +1229,7 @@ impl Args {
                 commit_log: None,
                 vtc_entries: self.vtc_entries,
                 routing: None,
+                lock_serving: None,
                 label: None,
             }],
             Some(Sweep::Theta(v)) => v
@@ -1205,6 +1240,7 @@ impl Args {
                     commit_log: None,
                     vtc_entries: self.vtc_entries,
                     routing: None,
+                    lock_serving: None,
                     label: Some(format!("theta={theta}")),
                 })
                 .collect(),
@@ -1216,6 +1252,7 @@ impl Args {
                     commit_log: None,
                     vtc_entries: self.vtc_entries,
                     routing: None,
+                    lock_serving: None,
                     label: Some(format!("clients={coroutines}")),
                 })
                 .collect(),
@@ -1227,7 +1264,20 @@ impl Args {
                     commit_log: Some(l),
                     vtc_entries: self.vtc_entries,
                     routing: None,
+                    lock_serving: None,
                     label: Some(format!("commit-log={}", l.name())),
+                })
+                .collect(),
+            Some(Sweep::LockServing(v)) => v
+                .iter()
+                .map(|&l| Point {
+                    theta: self.theta,
+                    coroutines: self.coroutines,
+                    commit_log: None,
+                    vtc_entries: self.vtc_entries,
+                    routing: None,
+                    lock_serving: Some(l),
+                    label: Some(format!("lock-serving={}", l.name())),
                 })
                 .collect(),
             Some(Sweep::VtcEntries(v)) => v
@@ -1238,6 +1288,7 @@ impl Args {
                     commit_log: None,
                     vtc_entries: n,
                     routing: None,
+                    lock_serving: None,
                     label: Some(format!("vtc-entries={n}")),
                 })
                 .collect(),

@@ -40,6 +40,7 @@
 //! [`crate::driver`]'s), audit after the run, build the report and check the history.
 
 pub mod cnodes;
+pub(crate) mod served;
 
 use rrpc::NodeId;
 use std::cell::RefCell;
@@ -342,7 +343,7 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
             workload.skew(args.theta),
             args.sweep.as_ref().expect("a sweep")
         ),
-        Some(Sweep::CommitLog(_) | Sweep::VtcEntries(_)) => format!(
+        Some(Sweep::CommitLog(_) | Sweep::VtcEntries(_) | Sweep::LockServing(_)) => format!(
             "{threads} thread(s) x {} coroutines | {} | {} | sweep {}",
             args.coroutines,
             workload.scale(),
@@ -950,7 +951,7 @@ fn print_header(
         println!("{UNSAFE_LABEL}");
     }
     println!(
-        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines | {} | {} | {} | {}{} s | check: {checks}",
+        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines{} | {} | {} | {} | {}{} s | check: {checks}",
         workload.label(),
         cluster.fabric.describe(),
         cluster.fabric.model_description(),
@@ -961,12 +962,28 @@ fn print_header(
         },
         args.threads.unwrap_or(1).max(1),
         point.coroutines,
+        match lock_serving(args, protocol, point) {
+            Some(l) => format!(" | lock RPCs served {}", l.describe()),
+            None => String::new(),
+        },
         workload.scale(),
         workload.skew(point.theta),
         storage_desc(args),
         warmup_desc(args),
         args.duration(),
     );
+}
+
+/// Where the compute nodes serve Lotus's lock RPCs at `point` (`--lock-serving`, or
+/// the sweep's value); `None` when the run has no such RPCs (not Lotus, or one
+/// coordinator process).
+pub(crate) fn lock_serving(
+    args: &Args,
+    protocol: Protocol,
+    point: &Point,
+) -> Option<crate::lotus_cn::LockServing> {
+    (protocol.needs_lock_tables() && args.coordinator_processes())
+        .then(|| point.lock_serving.unwrap_or(args.lock_serving))
 }
 
 /// `warm-up W s (not measured) + ` before the duration in headers, with `--warmup`
@@ -1602,6 +1619,7 @@ fn build_report(
                 .into(),
         });
     }
+    report.lock_serving = lock_serving(args, protocol, point).map(|l| l.name().to_string());
     report.replicas = args.replicas;
     report.versions = args.versions;
     report.timing_model = model_desc;
@@ -1778,12 +1796,8 @@ pub(crate) fn worker(
         core_affinity::set_for_current(c);
     }
     let connected = (|| {
-        let mut rt = w.runtime.clone();
-        if let Some(g) = w.reconnect_give_up {
-            rt.reconnect_give_up = g;
-        }
-        let ctx = ThreadCtx::new(fabric, rt)?;
-        let client = Rc::new(TxnClient::connect(ctx.clone(), &w.addrs, w.cfg.clone())?);
+        let ctx = ThreadCtx::new(fabric, w.thread_runtime())?;
+        let client = w.connect(&ctx)?;
         anyhow::Ok((ctx, client))
     })();
     gate.wait();
@@ -1792,6 +1806,59 @@ pub(crate) fn worker(
     }
     let (ctx, client) =
         connected.with_context(|| format!("coordinator thread {tid} connecting"))?;
+    let mut ex = Executor::new(ctx.clone());
+    let running = start_coroutines(w, &ctx, client, mix, stop, committed, &mut |t| ex.spawn(t))?;
+    ex.run();
+    running.finish(&ctx)
+}
+
+impl WorkerPlan {
+    /// The runtime settings of the thread's context: [`WorkerPlan::runtime`] with
+    /// [`WorkerPlan::reconnect_give_up`].
+    pub(crate) fn thread_runtime(&self) -> RuntimeConfig {
+        let mut rt = self.runtime.clone();
+        if let Some(g) = self.reconnect_give_up {
+            rt.reconnect_give_up = g;
+        }
+        rt
+    }
+
+    /// The thread's transaction client on `ctx` (connected to the run's memory nodes,
+    /// oracle and lock service). Errors: a node cannot be reached.
+    pub(crate) fn connect(&self, ctx: &Rc<ThreadCtx>) -> anyhow::Result<Rc<TxnClient>> {
+        Ok(Rc::new(TxnClient::connect(
+            ctx.clone(),
+            &self.addrs,
+            self.cfg.clone(),
+        )?))
+    }
+}
+
+/// A coordinator thread's coroutines once started ([`start_coroutines`]): what
+/// [`Running::finish`] reads when they all ended.
+pub(crate) struct Running {
+    stats: Rc<RefCell<WorkerStats>>,
+    window: Rc<RefCell<Option<Baseline>>>,
+    client: Rc<TxnClient>,
+    /// The process's version table cache, when this thread reports it.
+    vtc: Option<Arc<txn::vt_cache::VtCache>>,
+}
+
+/// Start a coordinator thread's coroutines on `ctx` through `spawn` (its executor's):
+/// `w.coroutines` of `mix` (and as many home coroutines with `--routing forward`), the
+/// stream to the parent, the warm-up's end and the QP error injector, all running until
+/// `stop`. Call after the run's start (`w.t0` is read then). Errors: `--routing forward`
+/// cannot reach another compute node.
+pub(crate) fn start_coroutines(
+    w: WorkerPlan,
+    ctx: &Rc<ThreadCtx>,
+    client: Rc<TxnClient>,
+    mix: Arc<dyn Mix>,
+    stop: Arc<AtomicBool>,
+    committed: Arc<AtomicU64>,
+    spawn: &mut dyn FnMut(crate::workload::Task),
+) -> anyhow::Result<Running> {
+    let tid = w.tid;
     let stats = Rc::new(RefCell::new(WorkerStats::with_kinds(w.kinds.len())));
     if w.cfg.record_phases {
         stats.borrow_mut().breakdown = Some(Breakdown::with_kinds(w.kinds.len()));
@@ -1831,12 +1898,14 @@ pub(crate) fn worker(
     let homes: Vec<u16> = route.as_ref().map_or(Vec::new(), |r| {
         r.local_warehouses(txn::tpcc::WAREHOUSE, w.warehouses)
     });
-    let mut ex = Executor::new(ctx.clone());
     if let Some(f) = &w.flush {
-        ex.spawn(
-            f.clone()
-                .run(clock, tid, client.clone(), stats.clone(), stop.clone()),
-        );
+        spawn(Box::pin(f.clone().run(
+            clock,
+            tid,
+            client.clone(),
+            stats.clone(),
+            stop.clone(),
+        )));
     }
     let lock_table = w.cfg.lotus.as_ref().and_then(|s| s.local.clone());
     for co in 0..w.coroutines {
@@ -1863,7 +1932,7 @@ pub(crate) fn worker(
             forward: forward.clone(),
             lock_table: lock_table.clone(),
         };
-        mix.clone().spawn(&mut ex, coroutine);
+        spawn(mix.clone().coordinator(coroutine));
     }
     if let Some(f) = &forward {
         // As many home coroutines, serving what the other nodes forward here.
@@ -1884,7 +1953,7 @@ pub(crate) fn worker(
                 forward: None,
                 lock_table: lock_table.clone(),
             };
-            mix.clone().spawn_home(&mut ex, coroutine, f.inbox.clone());
+            spawn(mix.clone().home(coroutine, f.inbox.clone()));
         }
     }
     // The warm-up's end: this thread's counters restart; its cumulative network,
@@ -1898,7 +1967,7 @@ pub(crate) fn worker(
             stop.clone(),
             window.clone(),
         );
-        ex.spawn(async move {
+        spawn(Box::pin(async move {
             // A run stopped during its warm-up measured nothing: its window is empty.
             loop {
                 let now = txn::history::monotonic_ns();
@@ -1914,11 +1983,11 @@ pub(crate) fn worker(
                 ops: client.memnode_ops(),
                 tocc: client.tocc_share(),
             });
-        });
+        }));
     }
     if let Some(every) = w.qp_errors {
         let (ctx, stats, stop) = (ctx.clone(), stats.clone(), stop.clone());
-        ex.spawn(async move {
+        spawn(Box::pin(async move {
             let memnode = NodeId(crate::txn_args::NODE_MEMNODE);
             while !stop.load(Ordering::Relaxed) {
                 ctx.sleep(every).await;
@@ -1935,52 +2004,67 @@ pub(crate) fn worker(
                     stats.borrow_mut().qp_errors += n as u64;
                 }
             }
-        });
+        }));
     }
-    ex.run();
-    let mut s = Rc::try_unwrap(stats)
-        .map_err(|_| anyhow::anyhow!("stats still shared"))?
-        .into_inner();
-    let base = window.borrow_mut().take().unwrap_or_default();
-    s.rpc = ctx.stats().since(&base.rpc);
-    s.memnode_ops = client.memnode_ops().since(&base.ops);
-    if w.reports_vtc {
-        s.vtc = w
-            .cfg
-            .lotus
-            .as_ref()
-            .and_then(|l| l.cache.as_ref())
-            .map(|c| c.stats());
+    let vtc = w
+        .reports_vtc
+        .then(|| w.cfg.lotus.as_ref().and_then(|l| l.cache.clone()))
+        .flatten();
+    Ok(Running {
+        stats,
+        window,
+        client,
+        vtc,
+    })
+}
+
+impl Running {
+    /// The thread's counters and history, once every coroutine [`start_coroutines`]
+    /// spawned has ended and was dropped. Errors: a coroutine still holds the counters.
+    pub(crate) fn finish(self, ctx: &Rc<ThreadCtx>) -> anyhow::Result<WorkerStats> {
+        let Self {
+            stats,
+            window,
+            client,
+            vtc,
+        } = self;
+        let mut s = Rc::try_unwrap(stats)
+            .map_err(|_| anyhow::anyhow!("stats still shared"))?
+            .into_inner();
+        let base = window.borrow_mut().take().unwrap_or_default();
+        s.rpc = ctx.stats().since(&base.rpc);
+        s.memnode_ops = client.memnode_ops().since(&base.ops);
+        s.vtc = vtc.map(|c| c.stats());
+        s.tso_epoch = client.tso().client().epoch();
+        s.tso_reconnects = client.tso().reconnects();
+        s.lock_reconnects = client.lock_reconnects();
+        s.transient_retries = txn::transient::retries();
+        s.history = client.take_history();
+        let tables = client.tables();
+        s.tocc_share = client
+            .tocc_share()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (attempts, tocc))| {
+                let (a0, t0) = base.tocc.get(i).copied().unwrap_or((0, 0));
+                (i, (attempts.saturating_sub(a0), tocc.saturating_sub(t0)))
+            })
+            .map(|(i, (attempts, tocc))| ToccShare {
+                table: tables
+                    .get(i)
+                    .map_or_else(|| format!("table {i}"), |t| t.name.clone()),
+                attempts,
+                tocc,
+            })
+            .collect();
+        let lost = client.locks().map_or(0, |l| l.lost());
+        if lost > 0 {
+            s.fatal.push(format!(
+                "{lost} lock(s) lost: dropped tickets could not be released"
+            ));
+        }
+        Ok(s)
     }
-    s.tso_epoch = client.tso().client().epoch();
-    s.tso_reconnects = client.tso().reconnects();
-    s.lock_reconnects = client.lock_reconnects();
-    s.transient_retries = txn::transient::retries();
-    s.history = client.take_history();
-    let tables = client.tables();
-    s.tocc_share = client
-        .tocc_share()
-        .into_iter()
-        .enumerate()
-        .map(|(i, (attempts, tocc))| {
-            let (a0, t0) = base.tocc.get(i).copied().unwrap_or((0, 0));
-            (i, (attempts.saturating_sub(a0), tocc.saturating_sub(t0)))
-        })
-        .map(|(i, (attempts, tocc))| ToccShare {
-            table: tables
-                .get(i)
-                .map_or_else(|| format!("table {i}"), |t| t.name.clone()),
-            attempts,
-            tocc,
-        })
-        .collect();
-    let lost = client.locks().map_or(0, |l| l.lost());
-    if lost > 0 {
-        s.fatal.push(format!(
-            "{lost} lock(s) lost: dropped tickets could not be released"
-        ));
-    }
-    Ok(s)
 }
 
 /// How often a thread looks whether its warm-up is over (it ends within this).
@@ -2268,7 +2352,29 @@ mod tests {
             Sweep::VtcEntries(vec![0, 65536]).to_string(),
             "vtc-entries=0,65536"
         );
+        use crate::lotus_cn::LockServing;
+        assert_eq!(
+            "lock-serving=coordinator,thread".parse::<Sweep>(),
+            Ok(Sweep::LockServing(vec![
+                LockServing::Coordinator,
+                LockServing::Thread
+            ]))
+        );
+        assert_eq!(
+            Sweep::LockServing(vec![LockServing::Thread]).to_string(),
+            "lock-serving=thread"
+        );
+        let p = args(&[
+            "--sweep",
+            "lock-serving=coordinator,thread",
+            "--cnodes",
+            "2",
+        ])
+        .points();
+        assert_eq!(p[1].lock_serving, Some(LockServing::Thread));
+        assert_eq!(p[1].label.as_deref(), Some("lock-serving=thread"));
         for bad in [
+            "lock-serving=core",
             "theta",
             "theta=",
             "theta=1,,2",

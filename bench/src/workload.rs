@@ -25,7 +25,6 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rrpc::fabric::Fabric;
-use rrpc::runtime::Executor;
 use txn::coordinator::{ClusterAddrs, Protocol, Txn, TxnClient, TxnError};
 
 use crate::report::{Report, WorkerStats};
@@ -386,22 +385,21 @@ impl RunClock {
     }
 }
 
+/// A coroutine of a coordinator thread, ready to be spawned on the thread's executor
+/// (an [`rrpc::runtime::Executor`], or a server thread's through
+/// [`rrpc::runtime::ThreadCtx::spawn`]).
+pub type Task = std::pin::Pin<Box<dyn Future<Output = ()>>>;
+
 /// A workload's profiles with their type erased: what a coordinator thread starts its
 /// coroutines with. Implemented for every [`Profiles`].
 pub trait Mix: Send + Sync {
-    /// Spawn one coordinator coroutine on `ex`, running transactions drawn from these
-    /// profiles until `co.stop` is set.
-    fn spawn(self: Arc<Self>, ex: &mut Executor, co: Coroutine);
+    /// One coordinator coroutine, running transactions drawn from these profiles until
+    /// `co.stop` is set.
+    fn coordinator(self: Arc<Self>, co: Coroutine) -> Task;
 
-    /// Spawn one home coroutine of `--routing forward` on `ex`: it runs the
-    /// transactions other compute nodes forwarded to `inbox` until `co.stop` is set
-    /// ([`crate::forward`]).
-    fn spawn_home(
-        self: Arc<Self>,
-        ex: &mut Executor,
-        co: Coroutine,
-        inbox: Arc<crate::forward::Inbox>,
-    );
+    /// One home coroutine of `--routing forward`: it runs the transactions other
+    /// compute nodes forwarded to `inbox` until `co.stop` is set ([`crate::forward`]).
+    fn home(self: Arc<Self>, co: Coroutine, inbox: Arc<crate::forward::Inbox>) -> Task;
 }
 
 #[cfg(test)]

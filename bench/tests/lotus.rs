@@ -164,6 +164,61 @@ fn ideal_routing_sends_fewer_lock_requests_to_the_other_compute_node() {
     );
 }
 
+/// Lotus 4.1: lock requests from other compute nodes are served on the coordinator
+/// threads. With `--lock-serving coordinator` (the default) each compute node's RPC
+/// server threads are its 2 coordinator threads (`--threads 2`) and it runs no
+/// coordinator thread beside them, as its threads' names say; with `thread` its 2
+/// coordinator threads run beside the lock service's own server thread. Both pass every
+/// check with forwarding on (the forwarding RPC is served on those threads too), and
+/// the header and the report name the placement.
+#[test]
+fn lock_rpcs_are_served_on_the_coordinator_threads() {
+    for (serving, header, (servers, coordinators)) in [
+        (
+            "coordinator",
+            "lock RPCs served on the coordinator threads",
+            (2, 0),
+        ),
+        (
+            "thread",
+            "lock RPCs served on a server thread of its own",
+            (1, 2),
+        ),
+    ] {
+        let (stdout, r) = smallbank_on_two_cnodes(
+            &format!("lotus-serving-{serving}"),
+            &[
+                "--threads",
+                "2",
+                "--routing",
+                "forward",
+                "--lock-serving",
+                serving,
+            ],
+        );
+        assert_eq!(r["lock_serving"], serving, "{stdout}");
+        assert!(stdout.contains(header), "{serving}: {stdout}");
+        let want = format!(
+            ": {servers} RPC server thread(s), {coordinators} coordinator thread(s) of their own"
+        );
+        let census: Vec<&str> = r["cnode_events"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no events: {stdout}"))
+            .iter()
+            .filter_map(|e| e.as_str())
+            .filter(|e| e.contains("RPC server thread(s)"))
+            .collect();
+        assert_eq!(census.len(), 2, "one per compute node: {stdout}");
+        for c in census {
+            assert!(
+                c.ends_with(&want),
+                "{serving}: {c:?}, want {want:?}\n{stdout}"
+            );
+        }
+        assert!(r["forwarded"].as_u64().unwrap_or(0) > 0, "{stdout}");
+    }
+}
+
 /// Lotus's Fig. 14 ablation in one invocation (`--ablation`): mvcc, then lotus with
 /// routing none and no cache, then forward routing, then the version table cache; every
 /// row passes every check, each row runs what its label says (the routing line, the

@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rrpc::fabric::Fabric;
-use rrpc::node::{Node, NodeConfig, NodeError, RpcSettings};
+use rrpc::node::{Node, NodeConfig, NodeError, RpcSettings, ServerRuntime};
 use rrpc::runtime::{block_on, RuntimeConfig, ThreadCtx};
 use serde::Deserialize;
 
@@ -519,6 +519,25 @@ impl LockService {
         rpc: &RpcSettings,
         extra: impl FnOnce(&mut rrpc::server::Handlers),
     ) -> Result<Self, StartError> {
+        Self::start_with_runtime(fabric, listen, cfg, rpc, extra, None)
+    }
+
+    /// [`Self::start_with`], with `runtime` (when given) as the runtime context of each
+    /// of the `cfg.threads` server threads instead of one built from `rpc.runtime`: its
+    /// per-thread setup ([`ServerRuntime::with_setup`]) may spawn coroutines of the
+    /// embedding process there, which then share the thread with the handlers. A compute
+    /// node runs its coordinators so (Lotus 4.1: lock RPCs served on the coordinator
+    /// threads, no thread of the service's own).
+    ///
+    /// Errors: [`StartError`] (a setup that failed is [`StartError::Node`]).
+    pub fn start_with_runtime(
+        fabric: Fabric,
+        listen: SocketAddr,
+        cfg: &LockServiceConfig,
+        rpc: &RpcSettings,
+        extra: impl FnOnce(&mut rrpc::server::Handlers),
+        runtime: Option<ServerRuntime>,
+    ) -> Result<Self, StartError> {
         cfg.validate()?;
         let me = fabric.node();
         let state = cfg
@@ -588,13 +607,18 @@ impl LockService {
         if cfg.idle_sleep_us != 0 {
             settings.server.idle_sleep_us = cfg.idle_sleep_us;
         }
-        let node = Node::start_tuned(
-            fabric.clone(),
-            NodeConfig::new("lockd", listen)
-                .with_exports(exports)
-                .with_rpc(Some((handlers, cfg.threads as usize))),
-            &settings,
-        )?;
+        let node_cfg = NodeConfig::new("lockd", listen)
+            .with_exports(exports)
+            .with_rpc(Some((handlers, cfg.threads as usize)));
+        let node = match runtime {
+            None => Node::start_tuned(fabric.clone(), node_cfg, &settings)?,
+            Some(rt) => Node::start_with_runtime(
+                fabric.clone(),
+                node_cfg,
+                settings.server.clone(),
+                Some(rt),
+            )?,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let reshard = if cfg.reshard.nodes.is_empty() {
             None

@@ -218,3 +218,102 @@ fn the_resharding_loop_runs_on_an_embedding_compute_node() {
     drop(a);
     drop(b);
 }
+
+/// Lotus 4.1's placement of the lock RPCs: two compute nodes (30 and 31) each serve
+/// their half of the shards on 2 server threads whose runtime runs the node's
+/// coordinator coroutines too (`LockService::start_with_runtime`); each coroutine locks
+/// and unlocks a key of the other node's half over RPC. Every round is granted, so
+/// each node's handlers are polled between its own coroutines' awaits (a server thread
+/// that only ran its coroutines would leave the other node's requests unanswered), and
+/// the setup ran once on each server thread.
+#[test]
+fn coordinators_on_the_server_threads_lock_on_each_others_tables() {
+    use rrpc::node::ServerRuntime;
+    use std::sync::Mutex;
+
+    const THREADS: u64 = 2;
+    const PER_THREAD: u64 = 50;
+    let cl = cluster("served");
+    let mut cfg = small("0-2047");
+    cfg.threads = THREADS;
+    // Each node's peer address, known once both started.
+    let peers: [Arc<Mutex<Option<SocketAddr>>>; 2] = Default::default();
+    let granted = Arc::new(AtomicU64::new(0));
+    let setups = Arc::new(AtomicU64::new(0));
+    let runtime = |me: u32, peer_node: u32, peer: Arc<Mutex<Option<SocketAddr>>>| {
+        let (granted, setups) = (granted.clone(), setups.clone());
+        ServerRuntime::new(RuntimeConfig::default()).with_setup(move |ctx| {
+            let thread = setups.fetch_add(1, Ordering::AcqRel);
+            let (ctx, peer, granted) = (ctx.clone(), peer.clone(), granted.clone());
+            ctx.clone().spawn(async move {
+                let addr = loop {
+                    if let Some(a) = *peer.lock().unwrap() {
+                        break a;
+                    }
+                    ctx.sleep(Duration::from_millis(1)).await;
+                };
+                ctx.connect_rpc(addr).unwrap();
+                let tc =
+                    TableClient::connect(&ctx, &[peer_node], None, TableClientConfig::default())
+                        .await
+                        .unwrap();
+                // A key of the peer's half (node 30 serves 0-2047, node 31 2048-4095).
+                let shard = if peer_node == 30 { 7 } else { 3000 };
+                for i in 0..PER_THREAD {
+                    let key = LockKey::compose(1, shard, thread * 1000 + i).unwrap();
+                    let op = |kind| TableOp {
+                        key,
+                        txn: thread * 1000 + i + 1,
+                        node: me,
+                        kind,
+                    };
+                    let o = tc
+                        .execute(&ctx, &[op(OpKind::Lock(LockMode::Write))])
+                        .await
+                        .unwrap();
+                    if o == [OpOutcome::Granted] {
+                        granted.fetch_add(1, Ordering::AcqRel);
+                    }
+                    tc.execute(&ctx, &[op(OpKind::Unlock)]).await.unwrap();
+                }
+            });
+            Ok(())
+        })
+    };
+    let a = LockService::start_with_runtime(
+        cl.open(NodeId(30)).unwrap(),
+        LOOPBACK.parse().unwrap(),
+        &cfg,
+        &rrpc::node::RpcSettings::default(),
+        |_| {},
+        Some(runtime(30, 31, peers[0].clone())),
+    )
+    .unwrap();
+    let mut cfg_b = small("2048-4095");
+    cfg_b.threads = THREADS;
+    let b = LockService::start_with_runtime(
+        cl.open(NodeId(31)).unwrap(),
+        LOOPBACK.parse().unwrap(),
+        &cfg_b,
+        &rrpc::node::RpcSettings::default(),
+        |_| {},
+        Some(runtime(31, 30, peers[1].clone())),
+    )
+    .unwrap();
+    assert_eq!(setups.load(Ordering::Acquire), 2 * THREADS);
+    assert_eq!(a.node().server_config().unwrap().threads, THREADS as usize);
+    *peers[0].lock().unwrap() = Some(b.addr());
+    *peers[1].lock().unwrap() = Some(a.addr());
+    let want = 2 * THREADS * PER_THREAD;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while granted.load(Ordering::Acquire) < want {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {want} remote locks granted",
+            granted.load(Ordering::Acquire)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(a);
+    drop(b);
+}

@@ -16,6 +16,7 @@ use rrpc::NodeId;
 use txn::coordinator::{ClusterAddrs, Protocol};
 use txn::history::History;
 
+use super::served::{Job, ServedCoordinators};
 use super::{Measured, RunCluster, WorkerPlan};
 use crate::cnode::{
     fabric_incarnation, on_sigterm, spawn, status_text, Cn, CnodeArgs, Event, Flush, Msg, Out,
@@ -68,6 +69,66 @@ fn fencers(memnodes: usize, protocol: Protocol) -> Vec<u16> {
                 .then_some(crate::txn_args::NODE_LOCKD as u16),
         )
         .collect()
+}
+
+/// A compute node's coordinator threads: threads of their own, met at two barriers
+/// with the main thread (connected, then go), or the lock service's server threads
+/// (`--lock-serving coordinator`, [`ServedCoordinators`]).
+enum Coordinators {
+    Threads {
+        handles: Vec<std::thread::JoinHandle<anyhow::Result<crate::report::WorkerStats>>>,
+        gate: Arc<Barrier>,
+        go: Arc<Barrier>,
+    },
+    Served(Arc<ServedCoordinators>),
+}
+
+impl Coordinators {
+    /// Wait until every coordinator connected (or failed to).
+    fn arrive(&self) {
+        match self {
+            Self::Threads { gate, .. } => {
+                gate.wait();
+            }
+            Self::Served(s) => {
+                while !s.all_arrived() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    /// Let them run (the run's `t0` is stored).
+    fn go(&self) {
+        match self {
+            Self::Threads { go, .. } => {
+                go.wait();
+            }
+            Self::Served(s) => s.go(),
+        }
+    }
+
+    /// Whether every coordinator ended.
+    fn finished(&self) -> bool {
+        match self {
+            Self::Threads { handles, .. } => handles.iter().all(|h| h.is_finished()),
+            Self::Served(s) => s.finished(),
+        }
+    }
+
+    /// Each coordinator thread's counters, or why it failed, in thread order.
+    fn join(self) -> Vec<anyhow::Result<crate::report::WorkerStats>> {
+        match self {
+            Self::Threads { handles, .. } => handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow!("coordinator thread panicked")))
+                })
+                .collect(),
+            Self::Served(s) => s.take_results(),
+        }
+    }
 }
 
 /// The `cnode` binary: run the compute node of `a` until stopped (module docs), and,
@@ -163,6 +224,17 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     // table (`crate::forward`).
     let inbox = (protocol.needs_lock_tables() && args.routing == crate::routing::Routing::Forward)
         .then(|| Arc::new(crate::forward::Inbox::default()));
+    // --lock-serving coordinator: the lock service's server threads are the coordinator
+    // threads (`super::served`), with the coordinators' runtime settings.
+    let served = (protocol.needs_lock_tables()
+        && args.lock_serving == crate::lotus_cn::LockServing::Coordinator)
+        .then(|| {
+            let mut rt = args.runtime();
+            if args.kill_memnode_after.is_some() {
+                rt.reconnect_give_up = crate::failover::RECONNECT_GIVE_UP;
+            }
+            ServedCoordinators::new(threads, rt)
+        });
     let lotus = if protocol.needs_lock_tables() {
         let me = membership
             .as_ref()
@@ -179,6 +251,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
                 vtc_entries: args.vtc_entries,
                 inbox: inbox.clone(),
                 skip_cache_clear: args.plant == Some(crate::txn_args::Plant::SkipCacheClear),
+                coordinators: served.as_ref().map(|s| (s.threads(), s.server_runtime())),
             },
         )?;
         Some(cn)
@@ -241,6 +314,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     )
     .context("creating the ledger")?;
     let mut handles = Vec::new();
+    let mut jobs = Vec::new();
     for i in 0..threads {
         let w = WorkerPlan {
             tid: a.cnode * threads + i,
@@ -271,6 +345,15 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             // restarted after the warm-up restarts its counters at once.
             warmup: args.run.warmup(),
         };
+        if served.is_some() {
+            jobs.push(Job {
+                plan: WorkerPlan { go: None, ..w },
+                mix: mix.clone(),
+                stop: stop.clone(),
+                committed: committed.clone(),
+            });
+            continue;
+        }
         let (fabric, mix, stop, committed, gate) = (
             fabric.clone(),
             mix.clone(),
@@ -285,6 +368,20 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         );
     }
     drop(tx);
+    let coordinators = match &served {
+        Some(s) => {
+            if let Err(e) = s.run(jobs) {
+                s.abandon();
+                return Err(e);
+            }
+            Coordinators::Served(s.clone())
+        }
+        None => Coordinators::Threads {
+            handles,
+            gate,
+            go: go.clone(),
+        },
+    };
     let out = std::io::stdout();
     let mut out = std::io::BufWriter::new(out.lock());
     let say = |m: &Msg, out: &mut std::io::BufWriter<std::io::StdoutLock<'_>>| {
@@ -294,12 +391,18 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     };
     // A restarted life starts only after its predecessor's recovery (the parent
     // spawns it once recovery answered).
-    gate.wait();
+    coordinators.arrive();
+    let census = if lotus.is_some() {
+        Some(crate::cnode::ThreadCensus::of_this_process()?)
+    } else {
+        None
+    };
     say(
         &Msg::Ready {
             node,
             incarnation: a.incarnation,
             pid: std::process::id(),
+            threads: census,
         },
         &mut out,
     )
@@ -341,7 +444,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
         },
     };
     t0.store(start, Ordering::SeqCst);
-    go.wait();
+    coordinators.go();
     let write_out = |o: Out, out: &mut std::io::BufWriter<std::io::StdoutLock<'_>>| match o {
         Out::Msg(m) => say(&m, out),
         Out::History(h) => {
@@ -349,7 +452,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             say(&Msg::History { lines }, out)
         }
     };
-    while !handles.iter().all(|h| h.is_finished()) {
+    while !coordinators.finished() {
         if TERMINATED.load(Ordering::SeqCst) || cmd_rx.try_recv().is_ok_and(|c| c == "stop") {
             stop.store(true, Ordering::SeqCst);
         }
@@ -358,11 +461,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
             Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
         }
     }
-    let results = handles.into_iter().map(|h| {
-        h.join()
-            .unwrap_or_else(|_| Err(anyhow!("coordinator thread panicked")))
-    });
-    for (i, r) in results.enumerate() {
+    for (i, r) in coordinators.join().into_iter().enumerate() {
         match r {
             Ok(mut s) => {
                 for f in &s.fatal {
@@ -652,6 +751,7 @@ impl<'a> Parent<'a> {
         spec.coroutines = point.coroutines;
         spec.vtc_entries = point.vtc_entries;
         spec.routing = point.routing.unwrap_or(args.routing);
+        spec.lock_serving = point.lock_serving.unwrap_or(args.lock_serving);
         spec.ablation = false;
         spec.config = None;
         let history_file = match &args.history_out {
@@ -973,9 +1073,17 @@ impl<'a> Parent<'a> {
             .iter_mut()
             .find(|c| c.index == index && c.incarnation == inc);
         match ev {
-            Event::Msg(Msg::Ready { .. }) => {
+            Event::Msg(Msg::Ready { threads, .. }) => {
                 if let Some(c) = cn {
                     c.ready = true;
+                }
+                // Where its lock RPCs are served, as its threads say (`--lock-serving`).
+                if let Some(t) = threads {
+                    self.event(format!(
+                        "cnode {index} incarnation {inc}: {} RPC server thread(s), {} \
+                         coordinator thread(s) of their own",
+                        t.rpc_server, t.coordinator
+                    ));
                 }
             }
             Event::Msg(Msg::Interval {
