@@ -224,6 +224,7 @@ fn only_the_cluster_gets_in() {
         mode_threshold: 512,
         resp_ring: ring.desc(),
         req_credit: words.desc().at(0),
+        server_thread: None,
     }));
     assert!(
         matches!(&forged, Err(BootstrapError::Remote(m)) if m.contains("authenticated as node 100")),

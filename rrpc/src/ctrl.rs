@@ -99,6 +99,12 @@ pub struct RocketOffer {
     pub resp_ring: MrDesc,
     /// The requester's 8-byte word where this node writes request-ring credits.
     pub req_credit: RemoteAddr,
+    /// The server thread the requester asks to be served by, modulo the server's
+    /// threads (`None`, and from requesters that predate it: the server's round robin).
+    /// A compute node whose coordinator threads are its server threads pairs its i-th
+    /// coordinator with the i-th of every peer so (Lotus 4.1).
+    #[serde(default)]
+    pub server_thread: Option<u32>,
 }
 
 fn default_threshold() -> usize {

@@ -308,9 +308,10 @@ impl ServerRuntime {
 
     fn hook(self, fabric: &Fabric) -> ThreadHook {
         let straws = Straws::new(fabric.clone(), self.cfg.straw_config());
-        Arc::new(move |_thread, handle| {
+        Arc::new(move |thread, handle| {
             let ctx = ThreadCtx::with_handle(straws.clone(), self.cfg.clone(), handle.clone())
                 .map_err(|e| e.to_string())?;
+            ctx.set_server_thread(thread);
             if let Some(f) = &self.setup {
                 f(&ctx).map_err(|e| e.to_string())?;
             }

@@ -330,3 +330,56 @@ fn ordered_writes_land_in_order_and_stop_at_a_failure() {
     assert_eq!(mr.load_u64(16), 7, "the WRITE before the failure landed");
     assert_eq!(mr.load_u64(24), ROUNDS, "a WRITE after the failure landed");
 }
+
+/// A requester that asks for server thread i (`ThreadCtx::ask_server_thread`, modulo
+/// the server's threads) is served there; one that asks for nothing is spread round
+/// robin. The handler answers with the name of the thread it runs on.
+#[test]
+fn a_rocket_pair_is_served_on_the_server_thread_it_asks_for() {
+    use rrpc::server::Handlers;
+    const WHO: u16 = Handlers::FIRST_APP_ID;
+    let c = common::setup("rpc", "askthread");
+    let mut h = Handlers::new();
+    h.register(WHO, |_, out| {
+        out.extend_from_slice(std::thread::current().name().unwrap_or("?").as_bytes());
+        Ok(())
+    });
+    let srv = common::server_with(c.name(), h, 3);
+    let addr = srv.addr();
+    let mut served = Vec::new();
+    for (i, ask) in [Some(2), Some(0), Some(4), None, None, None]
+        .into_iter()
+        .enumerate()
+    {
+        // A thread of its own per requester: one Rocket pair each.
+        let name = c.name().to_string();
+        served.push(
+            std::thread::spawn(move || {
+                let ctx = rrpc::runtime::ThreadCtx::new(
+                    common::fabric(&name, 100 + i as u32),
+                    rrpc::runtime::RuntimeConfig::default(),
+                )
+                .unwrap();
+                ctx.ask_server_thread(ask);
+                let node = ctx.connect_rpc(addr).unwrap().node;
+                let c2 = ctx.clone();
+                let who =
+                    rrpc::runtime::block_on(&ctx, async move { c2.call(node, WHO, b"").await })
+                        .unwrap();
+                String::from_utf8(who).unwrap()
+            })
+            .join()
+            .unwrap(),
+        );
+    }
+    assert_eq!(
+        &served[..3],
+        ["rpc-server-2", "rpc-server-0", "rpc-server-1"],
+        "asked for 2, 0 and 4 (= 1 of 3)"
+    );
+    // Round robin for the rest: three requesters, three different threads.
+    let mut rest: Vec<&String> = served[3..].iter().collect();
+    rest.sort();
+    rest.dedup();
+    assert_eq!(rest.len(), 3, "{served:?}");
+}

@@ -11,9 +11,11 @@
 //! site), so each server thread's coordinator waits for its [`Job`], connects, counts
 //! itself arrived and waits for the go, all without blocking the thread (it keeps
 //! serving meanwhile); the process's main thread plays the part the barriers play for
-//! coordinator threads of their own. The rrpc server hands each Rocket pair to its
-//! threads round robin in accept order, so which coordinator thread of a node serves a
-//! given peer thread is not chosen here (rrpc offers no per-thread placement).
+//! coordinator threads of their own. Coordinator i runs on server thread i and asks every
+//! peer to serve its Rocket pairs on the peer's server thread i
+//! ([`rrpc::runtime::ThreadCtx::ask_server_thread`]), so the i-th coordinator of one
+//! compute node sends its lock RPCs to the i-th coordinator of another, as Lotus 4.1 has
+//! it (modulo the peer's threads when the nodes have different counts).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -52,8 +54,6 @@ pub(crate) struct Job {
 pub(crate) struct ServedCoordinators {
     threads: usize,
     runtime: RuntimeConfig,
-    /// The next server thread's slot (each thread's setup takes one).
-    next: AtomicUsize,
     /// Per slot, the job until its thread takes it.
     jobs: Mutex<Vec<Option<Job>>>,
     /// Coordinators connected (or ended before they could).
@@ -73,7 +73,6 @@ impl ServedCoordinators {
         Arc::new(Self {
             threads,
             runtime,
-            next: AtomicUsize::new(0),
             jobs: Mutex::new((0..threads).map(|_| None).collect()),
             arrived: AtomicUsize::new(0),
             go: AtomicBool::new(false),
@@ -92,7 +91,11 @@ impl ServedCoordinators {
     pub(crate) fn server_runtime(self: &Arc<Self>) -> ServerRuntime {
         let me = self.clone();
         ServerRuntime::new(self.runtime.clone()).with_setup(move |ctx| {
-            let slot = me.next.fetch_add(1, Ordering::AcqRel);
+            let Some(slot) = ctx.server_thread() else {
+                return Ok(());
+            };
+            // Coordinator i talks to every peer's coordinator i (module docs).
+            ctx.ask_server_thread(u32::try_from(slot).ok());
             if slot < me.threads {
                 ctx.spawn(Guarded::new(
                     Box::pin(coordinator(slot, ctx.clone(), me.clone())),

@@ -38,7 +38,7 @@ mod onesided;
 mod regbuf;
 
 use crate::NodeId;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -153,6 +153,11 @@ pub struct ThreadCtx {
     exec: exec::Handle,
     mailbox: Arc<Mailbox>,
     inner: RefCell<Inner>,
+    /// The index of the node's RPC server thread this context runs on, if it does.
+    server_thread: Cell<Option<usize>>,
+    /// The server thread this context's Rocket offers ask for
+    /// ([`ThreadCtx::ask_server_thread`]).
+    peer_server_thread: Cell<Option<u32>>,
 }
 
 thread_local! {
@@ -207,6 +212,8 @@ impl ThreadCtx {
             cfg,
             exec: handle,
             mailbox: Mailbox::new(),
+            server_thread: Cell::new(None),
+            peer_server_thread: Cell::new(None),
             inner: RefCell::new(Inner {
                 conns: Vec::new(),
                 by_node: HashMap::default(),
@@ -295,6 +302,27 @@ impl ThreadCtx {
         Ok(info)
     }
 
+    /// Ask every node this context opens a Rocket pair with from now on to serve it on
+    /// its server thread `thread` (modulo its server threads); `None`: the server's
+    /// round robin (the default). Pairs opened before keep their thread. A node whose
+    /// coordinator threads are its RPC server threads pairs them across nodes so, its
+    /// i-th coordinator with every peer's i-th ([`ThreadCtx::server_thread`]; Lotus 4.1:
+    /// "the i-th coordinator in one CN only sends RPCs to the i-th coordinator in another
+    /// CN").
+    pub fn ask_server_thread(&self, thread: Option<u32>) {
+        self.peer_server_thread.set(thread);
+    }
+
+    /// The index (from 0) of the node's RPC server thread this context runs on, or
+    /// `None` for a context of its own thread.
+    pub fn server_thread(&self) -> Option<usize> {
+        self.server_thread.get()
+    }
+
+    pub(crate) fn set_server_thread(&self, thread: usize) {
+        self.server_thread.set(Some(thread));
+    }
+
     /// Attach for one-sided operations and RPC: also opens this thread's Rocket pair (a
     /// request ring at the node, a response ring here). Errors as
     /// [`ThreadCtx::connect`], and a node that serves no RPCs or refuses the geometry.
@@ -334,6 +362,7 @@ impl ThreadCtx {
                 mode_threshold: self.cfg.mode_threshold,
                 resp_ring: resp_ring.desc(),
                 req_credit: words.desc().at(0),
+                server_thread: self.peer_server_thread.get(),
             }))
             .map_err(|e| control(e.into()))?;
         let chan = Channel::new(

@@ -456,6 +456,7 @@ impl RpcServer {
             mode_threshold,
             resp_ring,
             req_credit,
+            server_thread,
         } = offer;
         let bad = |what: String| FabricError::InvalidArgument {
             op: "accept Rocket",
@@ -509,7 +510,12 @@ impl RpcServer {
             .fabric
             .alloc_mr_with(16, RemoteAccess::WRITE)
             .map_err(undo)?;
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        // The serving thread: the one asked for, else round robin. The Rocket's id names
+        // it (`id % threads`), which `close` relies on.
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.workers.len();
+        let thread = server_thread.map_or(seq % n, |t| t as usize % n);
+        let id = seq * n + thread;
         let accept = RpcAccept {
             req_ring: req_ring.desc(),
             resp_credit: words.desc().at(0),
@@ -530,7 +536,7 @@ impl RpcServer {
             incarnation,
         };
         let conn = NewConn::new(id as u64, s.clone(), caller, chan, mode_threshold);
-        let tx = &self.workers[id % self.workers.len()];
+        let tx = &self.workers[thread];
         if tx.send(Cmd::Add(Box::new(conn))).is_err() {
             return Err(bad("server is stopping".into()));
         }
