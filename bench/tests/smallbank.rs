@@ -406,8 +406,8 @@ fn bad_arguments_fail_cleanly() {
         (&["--isolation", "rc"], "--isolation"),
         (
             &["--sweep", "theta"],
-            "expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered or \
-             vtc-entries=N1,N2,...",
+            "expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, \
+             vtc-entries=N1,N2,... or lock-serving=coordinator,thread",
         ),
         (&["--sweep", "theta=0,x"], "is not a Zipf theta"),
         (&["--sweep", "clients=0"], "is not a number of coroutines"),
