@@ -364,6 +364,7 @@ pub(crate) fn tpcc(
     addrs: &ClusterAddrs,
     protocol: Protocol,
     warehouses: u16,
+    range_index: bool,
 ) -> anyhow::Result<Checked> {
     use txn::tpcc::{
         customer_key, district_key, get_u32, order_key, order_line_key, stock_key, CUSTOMER,
@@ -403,10 +404,22 @@ pub(crate) fn tpcc(
     }
     cvt_locked += collect(fabric, addrs, protocol, &mut rows, orders, true)?;
     cvt_locked += collect(fabric, addrs, protocol, &mut rows, locks_only, false)?;
-    let c = txn::tpcc::check(warehouses, |t, k| rows.get(&(t, k)).cloned());
+    let c = txn::tpcc::check(warehouses, !range_index, |t, k| rows.get(&(t, k)).cloned());
+    let (mut line, mut ok) = (c.line(), c.holds());
+    if range_index {
+        let tables = [NEW_ORDER, ORDER_LINE];
+        let indexed: Vec<(u32, u64)> = rows
+            .keys()
+            .filter(|(t, _)| tables.contains(t))
+            .copied()
+            .collect();
+        let ix = crate::range_audit::audit_range_index(fabric, addrs, &tables, &indexed)?;
+        line = format!("{line}; {}", ix.line());
+        ok &= ix.ok();
+    }
     Ok(Checked {
-        line: c.line(),
-        ok: c.holds(),
+        line,
+        ok,
         cvt_locked,
         lockd_held: Auditor::connect(fabric, addrs, protocol)?.lockd_held()?,
     })

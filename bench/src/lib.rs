@@ -25,6 +25,7 @@ pub mod pairs;
 pub mod peers;
 pub mod perftest;
 pub mod plot;
+mod range_audit;
 pub mod rcc_node;
 pub mod rcc_suite;
 pub mod rcc_tcp;

@@ -133,13 +133,24 @@ pub struct TxnArgs {
 #[derive(Clone, Debug)]
 pub struct Generator {
     warehouses: u16,
+    scans: Scans,
 }
 
 impl Generator {
     /// Errors: no warehouse.
     pub fn new(warehouses: u16) -> anyhow::Result<Self> {
         anyhow::ensure!(warehouses >= 1, "need at least 1 warehouse");
-        Ok(Self { warehouses })
+        Ok(Self {
+            warehouses,
+            scans: Scans::Cursors,
+        })
+    }
+
+    /// Find DELIVERY's and STOCK-LEVEL's rows as `scans` says (default
+    /// [`Scans::Cursors`]).
+    pub fn with_scans(mut self, scans: Scans) -> Self {
+        self.scans = scans;
+        self
     }
 
     fn other_warehouse(&self, rng: &mut impl Rng, w: u16) -> u16 {
@@ -233,6 +244,21 @@ impl Generator {
     }
 }
 
+/// How DELIVERY finds a district's oldest new order and STOCK-LEVEL the order lines of
+/// the district's last 20 orders (clauses 2.7.4.2 and 2.8.2.2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scans {
+    /// DELIVERY reads the district's cursor row (DELIVERY_CURSOR) and advances it;
+    /// STOCK-LEVEL reads the 20 ORDER rows for their line counts, then the lines by key
+    /// (what FORD, Motor and Lotus do: their stores have no ordered index).
+    #[default]
+    Cursors,
+    /// Both scan the range index ([`txn::range_index`], `txn-bench --range-index`):
+    /// DELIVERY the district's NEW_ORDER keys from the lowest, STOCK-LEVEL the
+    /// ORDER_LINE keys of the 20 orders.
+    RangeIndex,
+}
+
 /// How a transaction ended besides committing normally.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -280,8 +306,8 @@ async fn resolve(t: &mut Txn<'_>, w: u16, d: u8, c: CustomerRef) -> Result<Optio
 /// or present where they say it must not (NEW-ORDER's order id, taken after it read
 /// `d_next_o_id`), means an optimistic read was stale: the attempt aborts as
 /// [`AbortReason::Inconsistent`] and is retried, as its validation would have failed.
-pub async fn run(t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
-    match attempt(t, a).await {
+pub async fn run(t: Txn<'_>, a: &TxnArgs, scans: Scans) -> Result<Outcome, TxnError> {
+    match attempt(t, a, scans).await {
         Err(TxnError::NotFound { .. } | TxnError::Exists { .. }) => {
             Err(TxnError::Abort(AbortReason::Inconsistent))
         }
@@ -289,7 +315,50 @@ pub async fn run(t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
     }
 }
 
-async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
+/// Each district's oldest NEW_ORDER row of warehouse `w`, found through the range index
+/// and read for update: per district, the lowest indexed key, skipping keys whose row
+/// reads as absent (stale entries: a delivered order whose entry is not removed yet, an
+/// insert that aborted); districts without one are left out (clause 2.7.4.2). Errors:
+/// [`TxnError::Usage`] without a range index, and as [`Txn::get_many_for_update`].
+async fn oldest_new_orders(t: &mut Txn<'_>, w: u16) -> Result<Vec<(u8, u32)>, TxnError> {
+    let ix = t
+        .client()
+        .range_index()
+        .ok_or_else(|| TxnError::Usage("TPC-C with range scans needs the range index".into()))?;
+    let span = |d: u8| order_key(w, d, 0)..order_key(w, d, 0) + (1 << 28);
+    // (district, the next order id to look from).
+    let mut pending: Vec<(u8, u32)> = (1..=DISTRICTS).map(|d| (d, 0)).collect();
+    let mut found = Vec::new();
+    while !pending.is_empty() {
+        let mut candidates = Vec::new();
+        for &(d, from) in &pending {
+            let r = span(d);
+            let keys = ix
+                .scan(NEW_ORDER, r.start + u64::from(from)..r.end, 1)
+                .await?;
+            if let Some(&k) = keys.first() {
+                candidates.push((d, (k - r.start) as u32));
+            }
+        }
+        let keys: Vec<(u32, u64)> = candidates
+            .iter()
+            .map(|&(d, o)| (NEW_ORDER, order_key(w, d, o)))
+            .collect();
+        let rows = t.get_many_for_update(&keys).await?;
+        pending.clear();
+        for (&(d, o), row) in candidates.iter().zip(rows) {
+            if row.is_some() {
+                found.push((d, o));
+            } else {
+                pending.push((d, o + 1));
+            }
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+async fn attempt(mut t: Txn<'_>, a: &TxnArgs, scans: Scans) -> Result<Outcome, TxnError> {
     let (w, d) = (a.w, a.d);
     match a.ty {
         TxnType::NewOrder => {
@@ -438,34 +507,46 @@ async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
         }
         TxnType::Delivery => {
             // One order per district, the ten districts side by side: five rounds (the
-            // cursors, their new orders, the orders, the lines, the customers).
+            // cursors or the index, their new orders, the orders, the lines, the
+            // customers).
             let carrier = a.amount as u8;
-            let cursors: Vec<(u32, u64, bool)> = (1..=DISTRICTS)
-                .map(|d| (DELIVERY_CURSOR, district_key(w, d), true))
-                .collect();
-            let cursors = t.read_mixed(&cursors).await?;
-            let oldest: Vec<(u8, u32)> = cursors
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (i as u8 + 1, get_u32(r, 0)))
-                .collect();
-            let keys: Vec<(u32, u64)> = oldest
-                .iter()
-                .map(|&(d, o)| (NEW_ORDER, order_key(w, d, o)))
-                .collect();
-            let found = t.get_many_for_update(&keys).await?;
-            // Districts without an undelivered order are skipped (clause 2.7.4.2).
-            let todo: Vec<(u8, u32)> = oldest
-                .into_iter()
-                .zip(&found)
-                .filter(|(_, n)| n.is_some())
-                .map(|(x, _)| x)
-                .collect();
+            let todo = match scans {
+                Scans::Cursors => {
+                    let cursors: Vec<(u32, u64, bool)> = (1..=DISTRICTS)
+                        .map(|d| (DELIVERY_CURSOR, district_key(w, d), true))
+                        .collect();
+                    let cursors = t.read_mixed(&cursors).await?;
+                    let oldest: Vec<(u8, u32)> = cursors
+                        .iter()
+                        .enumerate()
+                        .map(|(i, r)| (i as u8 + 1, get_u32(r, 0)))
+                        .collect();
+                    let keys: Vec<(u32, u64)> = oldest
+                        .iter()
+                        .map(|&(d, o)| (NEW_ORDER, order_key(w, d, o)))
+                        .collect();
+                    let found = t.get_many_for_update(&keys).await?;
+                    // Districts without an undelivered order are skipped (clause
+                    // 2.7.4.2).
+                    let todo: Vec<(u8, u32)> = oldest
+                        .into_iter()
+                        .zip(&found)
+                        .filter(|(_, n)| n.is_some())
+                        .map(|(x, _)| x)
+                        .collect();
+                    for &(d, o) in &todo {
+                        let mut cur = vec![0u8; DELIVERY_CURSOR_BYTES];
+                        set_u32(&mut cur, 0, o + 1);
+                        t.write(DELIVERY_CURSOR, district_key(w, d), cur)?;
+                    }
+                    todo
+                }
+                Scans::RangeIndex => oldest_new_orders(&mut t, w).await?,
+            };
+            // The index entries of the deleted rows go once the transaction committed
+            // (`Txn::commit`).
             for &(d, o) in &todo {
                 t.delete(NEW_ORDER, order_key(w, d, o)).await?;
-                let mut cur = vec![0u8; DELIVERY_CURSOR_BYTES];
-                set_u32(&mut cur, 0, o + 1);
-                t.write(DELIVERY_CURSOR, district_key(w, d), cur)?;
             }
             let order_keys: Vec<(u32, u64)> = todo
                 .iter()
@@ -504,16 +585,33 @@ async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
             let dr = t.read(DISTRICT, district_key(w, d)).await?;
             let next = get_u32(&dr, 12);
             let from = next.saturating_sub(20).max(1);
-            let orders: Vec<(u32, u64)> =
-                (from..next).map(|o| (ORDER, order_key(w, d, o))).collect();
-            let os = t.get_many(&orders).await?;
-            let mut keys = Vec::new();
-            for (o, row) in (from..next).zip(os) {
-                let Some(row) = row else { continue };
-                keys.extend((1..=row[3]).map(|ol| (ORDER_LINE, order_line_key(w, d, o, ol))));
-            }
-            let lines = t.get_many(&keys).await?;
-            let mut items: Vec<u32> = lines.iter().flatten().map(|l| get_u32(l, 0)).collect();
+            let lines: Vec<Vec<u8>> = match scans {
+                Scans::Cursors => {
+                    let orders: Vec<(u32, u64)> =
+                        (from..next).map(|o| (ORDER, order_key(w, d, o))).collect();
+                    let os = t.get_many(&orders).await?;
+                    let mut keys = Vec::new();
+                    for (o, row) in (from..next).zip(os) {
+                        let Some(row) = row else { continue };
+                        keys.extend(
+                            (1..=row[3]).map(|ol| (ORDER_LINE, order_line_key(w, d, o, ol))),
+                        );
+                    }
+                    t.get_many(&keys).await?.into_iter().flatten().collect()
+                }
+                // The lines of orders from..next, at most 15 each.
+                Scans::RangeIndex => t
+                    .scan(
+                        ORDER_LINE,
+                        order_line_key(w, d, from, 0)..order_line_key(w, d, next, 0),
+                        15 * 20,
+                    )
+                    .await?
+                    .into_iter()
+                    .map(|(_, l)| l)
+                    .collect(),
+            };
+            let mut items: Vec<u32> = lines.iter().map(|l| get_u32(l, 0)).collect();
             items.sort_unstable();
             items.dedup();
             let stocks: Vec<(u32, u64)> = items.iter().map(|&i| (STOCK, stock_key(w, i))).collect();
@@ -538,6 +636,7 @@ async fn attempt(mut t: Txn<'_>, a: &TxnArgs) -> Result<Outcome, TxnError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tpcc {
     warehouses: u16,
+    scans: Scans,
     /// The population's seed.
     seed: u64,
 }
@@ -555,6 +654,11 @@ impl Tpcc {
         crate::txn_args::refuse_hot_accounts(args)?;
         Ok(Self {
             warehouses,
+            scans: if args.range_index {
+                Scans::RangeIndex
+            } else {
+                Scans::Cursors
+            },
             seed: args.seed.seed,
         })
     }
@@ -601,7 +705,10 @@ impl WorkloadSpec for Tpcc {
     }
 
     fn scale(&self) -> String {
-        format!("{} warehouse(s)", self.warehouses)
+        match self.scans {
+            Scans::Cursors => format!("{} warehouse(s)", self.warehouses),
+            Scans::RangeIndex => format!("{} warehouse(s), range scans", self.warehouses),
+        }
     }
 
     fn skew(&self, _theta: f64) -> String {
@@ -629,11 +736,19 @@ impl WorkloadSpec for Tpcc {
     }
 
     fn profiles(&self, _theta: f64) -> anyhow::Result<Arc<dyn Mix>> {
-        Ok(Arc::new(Generator::new(self.warehouses)?))
+        Ok(Arc::new(
+            Generator::new(self.warehouses)?.with_scans(self.scans),
+        ))
     }
 
     fn audit_after(&self, cx: &AuditCx<'_>, _: &[WorkerStats]) -> anyhow::Result<Audited> {
-        let c = crate::audit::tpcc(cx.fabric, cx.addrs, cx.protocol, self.warehouses)?;
+        let c = crate::audit::tpcc(
+            cx.fabric,
+            cx.addrs,
+            cx.protocol,
+            self.warehouses,
+            self.scans == Scans::RangeIndex,
+        )?;
         Ok(Audited {
             total: None,
             cvt_locked: c.cvt_locked,
@@ -663,7 +778,7 @@ impl Profiles for Generator {
         if matches!(t.ty, TxnType::OrderStatus | TxnType::StockLevel) {
             txn.declare_read_only();
         }
-        match run(txn, t).await {
+        match run(txn, t, self.scans).await {
             Ok(Outcome::Done) => Ok(Finished::net(0)),
             Ok(Outcome::RolledBack) => Ok(Finished::RolledBack {
                 failed_lookup: false,

@@ -41,12 +41,13 @@ pub struct Args {
     pub suite: Option<String>,
     /// Workload: smallbank, kvs (one read or update per transaction, half each), ycsb-a
     /// (50% reads / 50% updates), ycsb-b (95/5), ycsb-c (reads), ycsb-d (95% reads of
-    /// the latest keys / 5% inserts), ycsb-f (50% reads / 50% read-modify-writes), tatp
-    /// (seven types, 80% reads, the specification's NURand subscriber ids) or tpcc (five
-    /// types, 45/43/4/4/4, each coordinator bound to a home warehouse) or pairs (groups
-    /// of --group-size objects: half the transactions write one fresh value to a whole
-    /// group, half read a group and fail the run if its values differ). ycsb-e is
-    /// refused: no protocol here offers range scans.
+    /// the latest keys / 5% inserts), ycsb-e (95% range scans of 1 to 100 records through
+    /// the range index, a B-link tree on memory node 0 / 5% inserts), ycsb-f (50% reads /
+    /// 50% read-modify-writes), tatp (seven types, 80% reads, the specification's NURand
+    /// subscriber ids) or tpcc (five types, 45/43/4/4/4, each coordinator bound to a home
+    /// warehouse) or pairs (groups of --group-size objects: half the transactions write
+    /// one fresh value to a whole group, half read a group and fail the run if its
+    /// values differ).
     #[arg(long, default_value = "smallbank", value_name = "WORKLOAD")]
     #[serde(with = "as_str")]
     pub workload: Workload,
@@ -205,6 +206,13 @@ pub struct Args {
     #[arg(skip)]
     #[serde(default)]
     pub rpc: Option<rrpc::node::RpcSettings>,
+    /// KVS inserts (`ycsb-d`, `ycsb-e`): this process's lane of new keys, so that
+    /// coordinator processes, and the lives of one, never draw the same key: lane `l`
+    /// inserts keys from `records + l * 2^32` on. 0 in `txn-bench` itself; a
+    /// coordinator process sets its own (`cnode << 8 | incarnation`). Not a flag.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub insert_lane: u64,
     /// With --hosts: print the command line of every service (per host) and exit
     /// without starting anything.
     #[arg(long)]
@@ -277,6 +285,15 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub commit_log: bool,
+    /// TPC-C: DELIVERY finds each district's oldest new order, and STOCK-LEVEL the
+    /// order lines of the last 20 orders, by range scans of the range index (a B-link
+    /// tree of NEW_ORDER and ORDER_LINE keys on memory node 0, whose nodes are rTX
+    /// objects) instead of DELIVERY's cursor rows and STOCK-LEVEL's reads of the 20
+    /// orders; NEW-ORDER adds its rows' keys to the index. ycsb-e always uses the
+    /// index; other workloads refuse the flag.
+    #[arg(long)]
+    #[serde(default)]
+    pub range_index: bool,
     /// Where a commit log lands relative to the installs: round-before (its WRITEs
     /// complete, then the installs start) or ordered (per memory node, the log and the
     /// installs as one ordered WR list on one QP, which RC lands in order: one round
@@ -578,6 +595,9 @@ pub enum Plant {
     /// Needs --reshard-after; with --reshard-back-after the kept entries are stale when
     /// the range comes back.
     SkipCacheClear,
+    /// ycsb-e: every range-index scan drops its second key, missing a record that is
+    /// there (the scan check must fail the run).
+    DropScanEntries,
 }
 
 impl Plant {
@@ -1030,6 +1050,12 @@ impl Args {
                 );
             }
         }
+        if self.range_index && !matches!(self.workload, Workload::Tpcc | Workload::YcsbE) {
+            bail!(
+                "--range-index applies to tpcc (ycsb-e always scans through the index), not {}",
+                self.workload
+            );
+        }
         if let Some(p) = self.plant {
             if !Plant::allowed() {
                 bail!(
@@ -1040,6 +1066,11 @@ impl Args {
                 );
             }
             match p {
+                Plant::DropScanEntries => {
+                    if !self.workload.needs_range_index() {
+                        bail!("--plant drop-scan-entries acts on range scans: it needs --workload ycsb-e");
+                    }
+                }
                 Plant::SkipCacheClear => {
                     if self.reshard_after.is_none() {
                         bail!(
@@ -1319,6 +1350,22 @@ pub(crate) fn refuse_theta_sweep(args: &Args) -> anyhow::Result<()> {
 }
 
 /// For a workload other than SmallBank: refuse SmallBank's `--hot-accounts`.
+impl Args {
+    /// Whether the run uses the range index: `ycsb-e`, or TPC-C with `--range-index`.
+    pub fn uses_range_index(&self) -> bool {
+        self.workload.needs_range_index() || (self.range_index && self.workload == Workload::Tpcc)
+    }
+
+    /// The tables the range index keeps ordered in this run (empty without one).
+    pub fn range_index_tables(&self) -> Vec<u32> {
+        match self.workload {
+            _ if !self.uses_range_index() => Vec::new(),
+            Workload::Tpcc => vec![txn::tpcc::NEW_ORDER, txn::tpcc::ORDER_LINE],
+            _ => vec![txn::kvs::TABLE],
+        }
+    }
+}
+
 pub(crate) fn refuse_hot_accounts(args: &Args) -> anyhow::Result<()> {
     if args.hot_accounts.is_some() {
         anyhow::bail!("--hot-accounts applies to smallbank only");

@@ -86,6 +86,7 @@ pub fn workload_spec(args: &Args) -> anyhow::Result<Box<dyn WorkloadSpec>> {
         | Workload::YcsbB
         | Workload::YcsbC
         | Workload::YcsbD
+        | Workload::YcsbE
         | Workload::YcsbF => Box::new(crate::ycsb::Ycsb::from_args(args)?),
         Workload::Tatp => Box::new(crate::tatp::Tatp::from_args(args)?),
         Workload::Tpcc => Box::new(crate::tpcc::Tpcc::from_args(args)?),
@@ -772,7 +773,17 @@ impl RunCluster {
                 i as usize,
                 NODE_MEMNODE + i,
             )?;
-            let flags = with(&[data.as_slice(), &partition, &membership, &host].concat());
+            // Memory node 0 hosts the range index, if the workload scans.
+            let index: Vec<String> = if i == 0 && args.uses_range_index() {
+                vec![
+                    "--range-index".into(),
+                    "--rtx-ids".into(),
+                    range_ids_total(args)?.to_string(),
+                ]
+            } else {
+                Vec::new()
+            };
+            let flags = with(&[data.as_slice(), &partition, &membership, &host, &index].concat());
             let at = [flags.clone(), vec!["--listen".into(), listen]].concat();
             memnodes.push(cluster.start_at(
                 &place,
@@ -1316,8 +1327,53 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
     cfg.replica_commit = args.replica_commit.into();
     cfg.ford_backup_reads = args.ford_backup_reads;
     cfg.unsafe_no_lock_cas = args.unsafe_no_cas && matches!(protocol, Protocol::Mvcc(_));
+    // The planted scan bug acts process-wide; every coordinator process builds its
+    // settings here (`Args::check` refused the plant in a build without it).
+    if args.plant == Some(crate::txn_args::Plant::DropScanEntries) {
+        if let Err(e) = txn::range_index::plant_dropped_scan_entries() {
+            eprintln!("--plant drop-scan-entries: {e}");
+        }
+    }
+    // Each thread's rTX IDs and incarnation are its own (`WorkerPlan::connect`).
+    cfg.range_index = args
+        .uses_range_index()
+        .then(|| txn::range_index::RangeIndexConfig {
+            tables: args.range_index_tables(),
+            ids: 0..0,
+            incarnation: 1,
+        });
     cfg
 }
+
+/// rTX IDs of the range index per coordinator thread: one per coroutine of the largest
+/// sweep point, twice (the home coroutines of `--routing forward` run transactions too).
+pub(crate) fn range_ids_per_thread(args: &Args) -> u16 {
+    let most = args
+        .points()
+        .iter()
+        .map(|p| p.coroutines)
+        .max()
+        .unwrap_or(1);
+    u16::try_from(2 * most).unwrap_or(u16::MAX)
+}
+
+/// The range index's rTX IDs over the whole run (every compute node's threads), plus the
+/// loader's: the memory node's `--rtx-ids`. Errors: more than a `u16` holds.
+pub(crate) fn range_ids_total(args: &Args) -> anyhow::Result<u16> {
+    let threads = args.threads.unwrap_or(1).max(1) * args.cnodes.max(1);
+    let ids = threads * usize::from(range_ids_per_thread(args)) + 1;
+    u16::try_from(ids).map_err(|_| {
+        anyhow::anyhow!(
+            "{}: the range index has rTX IDs for at most 65,535 coroutines (2 per \
+             coroutine per thread): fewer --threads, --coroutines or --cnodes",
+            args.workload
+        )
+    })
+}
+
+/// Lives of range-index clients in this process: each new thread's rTX clients take a
+/// new incarnation, so that an ID's next life tells its blocks from this one's (rTX 4.4).
+static RANGE_LIVES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The run's control loop, from `started` until the warm-up and the duration are over
 /// or `run_stop` is set: forwards `stop`, calls `at_boundary` once at the warm-up's end
@@ -1826,11 +1882,16 @@ impl WorkerPlan {
     /// The thread's transaction client on `ctx` (connected to the run's memory nodes,
     /// oracle and lock service). Errors: a node cannot be reached.
     pub(crate) fn connect(&self, ctx: &Rc<ThreadCtx>) -> anyhow::Result<Rc<TxnClient>> {
-        Ok(Rc::new(TxnClient::connect(
-            ctx.clone(),
-            &self.addrs,
-            self.cfg.clone(),
-        )?))
+        let mut cfg = self.cfg.clone();
+        if let Some(r) = &mut cfg.range_index {
+            // 2 per coroutine: see `range_ids_per_thread`.
+            let per = 2 * self.coroutines as u16;
+            let first = self.tid as u16 * per;
+            r.ids = first..first + per;
+            let life = RANGE_LIVES.fetch_add(1, Ordering::Relaxed);
+            r.incarnation = 2 + ((self.incarnation * 64 + life) % 253) as u8;
+        }
+        Ok(Rc::new(TxnClient::connect(ctx.clone(), &self.addrs, cfg)?))
     }
 }
 
@@ -2414,8 +2475,9 @@ mod tests {
         assert!(w.scale().ends_with(", 1 ops/txn"), "{}", w.scale());
         let w = spec(&args(&[]));
         assert_eq!((w.label(), w.kinds().len()), ("SmallBank", 6));
-        let e = Args::try_parse_from(["txn-bench", "--workload", "ycsb-e"]).unwrap_err();
-        assert!(e.to_string().contains("range scans"), "{e}");
+        let w = spec(&args(&["--workload", "ycsb-e"]));
+        assert_eq!(w.kinds(), ["scan", "insert"]);
+        assert!(w.scale().ends_with(", 1 ops/txn"), "{}", w.scale());
         let w = spec(&args(&["--workload", "tatp", "--subscribers", "5000"]));
         assert_eq!((w.label(), w.scale()), ("TATP", "5000 subscribers".into()));
         assert_eq!((w.kinds().len(), w.lockd_locks()), (7, 21 * 5000));

@@ -1,9 +1,14 @@
 //! KVS and YCSB workloads over the KVS table ([`txn::kvs`]): presets `ycsb-a` (50%
 //! reads / 50% updates), `ycsb-b` (95/5), `ycsb-c` (reads only), `ycsb-d` (95% reads of
-//! the latest keys / 5% inserts of new keys), `ycsb-f` (50% reads / 50%
-//! read-modify-writes) and `kvs` (the papers' KVS: one operation per transaction, a read
-//! or an update, half each). `ycsb-e` needs range scans, which no protocol here offers,
-//! and is refused.
+//! the latest keys / 5% inserts of new keys), `ycsb-e` (95% scans of 1 to
+//! [`MAX_SCAN`] records from a drawn key / 5% inserts of new keys), `ycsb-f` (50% reads /
+//! 50% read-modify-writes) and `kvs` (the papers' KVS: one operation per transaction, a
+//! read or an update, half each).
+//!
+//! `ycsb-e`'s scans run through the range index ([`txn::range_index`], a B-link tree on
+//! a memory node, bulk-loaded with the records) and read their rows in the
+//! transaction; each scan is checked ([`check_scan`]): keys in order from its start,
+//! and no loaded record in its range missed or repeated.
 //!
 //! Keys are drawn with YCSB's scrambled Zipfian: a Zipf rank hashed (FNV-1a 64) into
 //! the key space, so the hot keys are spread over the table rather than packed at its
@@ -39,12 +44,17 @@ pub enum Op {
     Update(u64),
     /// Insert the (new) key with counter 0.
     Insert(u64),
+    /// Scan up to this many records from the key on (`ycsb-e`).
+    Scan(u64, u32),
 }
+
+/// Longest `ycsb-e` scan, records (YCSB's `maxscanlength`; lengths are uniform from 1).
+pub const MAX_SCAN: u32 = 100;
 
 impl Op {
     fn key(self) -> u64 {
         match self {
-            Self::Read(k) | Self::Update(k) | Self::Insert(k) => k,
+            Self::Read(k) | Self::Update(k) | Self::Insert(k) | Self::Scan(k, _) => k,
         }
     }
 }
@@ -65,9 +75,12 @@ pub struct KvsGenerator {
     zipf: Zipf<f64>,
     records: u64,
     ops: usize,
-    /// Next key `ycsb-d` inserts (keys above the loaded records).
+    /// Next key `ycsb-d` and `ycsb-e` insert (keys above the loaded records).
     next_insert: AtomicU64,
 }
+
+/// Keys of one insert lane ([`KvsGenerator::with_insert_lane`]).
+pub const LANE_KEYS: u64 = 1 << 32;
 
 impl KvsGenerator {
     /// `workload` over keys `0..records` with Zipf exponent `theta` (0 = uniform),
@@ -90,6 +103,16 @@ impl KvsGenerator {
         })
     }
 
+    /// Insert keys from `records + lane * 2^32` on: a coordinator process's own range
+    /// of new keys (lane 0 is txn-bench's own coordinators). `ycsb-d`'s latest keys are
+    /// then this process's latest. Lanes below 2^24 keep keys below 2^56 (the range
+    /// index's limit).
+    pub fn with_insert_lane(self, lane: u64) -> Self {
+        let start = self.records + lane * LANE_KEYS;
+        self.next_insert.store(start, Ordering::Relaxed);
+        self
+    }
+
     fn rank(&self, rng: &mut impl Rng) -> u64 {
         (self.zipf.sample(rng) as u64).saturating_sub(1)
     }
@@ -110,8 +133,11 @@ impl KvsGenerator {
         let mut ops: Vec<Op> = Vec::with_capacity(self.ops);
         while ops.len() < self.ops {
             let write = rng.random_range(0..100u32) < self.workload.write_percent();
-            let op = if write && self.workload == Workload::YcsbD {
+            let inserts = matches!(self.workload, Workload::YcsbD | Workload::YcsbE);
+            let op = if write && inserts {
                 Op::Insert(self.next_insert.fetch_add(1, Ordering::Relaxed))
+            } else if self.workload == Workload::YcsbE {
+                Op::Scan(self.key(rng), rng.random_range(1..=MAX_SCAN))
             } else {
                 let k = self.key(rng);
                 if ops.iter().any(|o| o.key() == k) {
@@ -125,7 +151,10 @@ impl KvsGenerator {
             };
             ops.push(op);
         }
-        let kind = usize::from(ops.iter().any(|o| !matches!(o, Op::Read(_))));
+        let kind = usize::from(
+            ops.iter()
+                .any(|o| matches!(o, Op::Update(_) | Op::Insert(_))),
+        );
         KvsTxn { kind, ops }
     }
 }
@@ -158,7 +187,7 @@ pub async fn run(
         .filter_map(|&o| match o {
             Op::Read(k) => Some((TABLE, k, false)),
             Op::Update(k) => Some((TABLE, k, true)),
-            Op::Insert(_) => None,
+            Op::Insert(_) | Op::Scan(..) => None,
         })
         .collect();
     let vals = if items.is_empty() {
@@ -181,6 +210,18 @@ pub async fn run(
         }
     }
     for &o in &t.ops {
+        if let Op::Scan(from, len) = o {
+            let rows = txn
+                .scan(TABLE, from..1 << txn::range_index::KEY_BITS, len as usize)
+                .await?;
+            for (k, v) in &rows {
+                check_value(*k, v).map_err(RunError::Check)?;
+            }
+            let keys: Vec<u64> = rows.iter().map(|r| r.0).collect();
+            check_scan(from, len, records, &keys).map_err(RunError::Check)?;
+        }
+    }
+    for &o in &t.ops {
         if let Op::Insert(k) = o {
             txn.insert(TABLE, k, encode_value(k, 0, value_bytes))
                 .await?;
@@ -189,6 +230,51 @@ pub async fn run(
     }
     txn.commit().await?;
     Ok(done)
+}
+
+/// Check a scan of up to `len` records from `from` that returned `keys`, over a table
+/// loaded with keys `0..records` that only grows by inserts above them: keys strictly
+/// increase from `from`, and the loaded keys among them are exactly
+/// `from..min(from + len, records)` (none missed, none repeated). Inserted keys (at or
+/// above `records`) may be missing (in flight or aborted inserts). Errors: the first
+/// violation, named.
+pub fn check_scan(from: u64, len: u32, records: u64, keys: &[u64]) -> Result<(), String> {
+    if keys.len() > len as usize {
+        return Err(format!(
+            "scan from {from} of {len} returned {} keys",
+            keys.len()
+        ));
+    }
+    if let Some(w) = keys.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(format!(
+            "scan from {from}: key {} after {}, out of order",
+            w[1], w[0]
+        ));
+    }
+    if keys.first().is_some_and(|&k| k < from) {
+        return Err(format!("scan from {from} returned {}", keys[0]));
+    }
+    let loaded: Vec<u64> = keys.iter().copied().filter(|&k| k < records).collect();
+    let want_end = from.saturating_add(u64::from(len)).min(records);
+    let want = from.min(want_end)..want_end;
+    if loaded.len() as u64 != want.end - want.start
+        || loaded.iter().zip(want.clone()).any(|(&k, w)| k != w)
+    {
+        let missed = want.clone().find(|w| !loaded.contains(w));
+        return Err(format!(
+            "scan from {from} of {len} returned loaded keys {}..{} ({} of them) instead of \
+             {}..{}{}",
+            loaded.first().copied().unwrap_or(from),
+            loaded.last().map_or(from, |k| k + 1),
+            loaded.len(),
+            want.start,
+            want.end,
+            missed
+                .map(|m| format!(": key {m} missed"))
+                .unwrap_or_default()
+        ));
+    }
+    Ok(())
 }
 
 /// Transaction kinds of a KVS / YCSB preset as the report lists them (index = the
@@ -200,6 +286,7 @@ pub fn kinds(preset: Workload) -> Vec<&'static str> {
         Workload::YcsbA | Workload::YcsbB => vec!["read-only", "update"],
         Workload::YcsbC => vec!["read-only"],
         Workload::YcsbD => vec!["read-only", "insert"],
+        Workload::YcsbE => vec!["scan", "insert"],
         Workload::YcsbF => vec!["read-only", "read-modify-write"],
         Workload::SmallBank | Workload::Tatp | Workload::Tpcc | Workload::Pairs => Vec::new(),
     }
@@ -212,6 +299,7 @@ pub fn kinds(preset: Workload) -> Vec<&'static str> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ycsb {
     preset: Workload,
+    insert_lane: u64,
     records: u64,
     value_bytes: usize,
     ops: usize,
@@ -236,6 +324,7 @@ impl Ycsb {
         crate::txn_args::refuse_hot_accounts(args)?;
         Ok(Self {
             preset: args.workload,
+            insert_lane: args.insert_lane,
             records: args.records,
             value_bytes: args.value_bytes,
             ops: args
@@ -295,7 +384,8 @@ impl WorkloadSpec for Ycsb {
 
     fn profiles(&self, theta: f64) -> anyhow::Result<Arc<dyn Mix>> {
         Ok(Arc::new(KvsProfiles {
-            gen: KvsGenerator::new(self.preset, self.records, theta, self.ops)?,
+            gen: KvsGenerator::new(self.preset, self.records, theta, self.ops)?
+                .with_insert_lane(self.insert_lane),
             records: self.records,
             value_bytes: self.value_bytes,
         }))
@@ -312,11 +402,22 @@ impl WorkloadSpec for Ycsb {
         let a = audit(cx.fabric, cx.addrs, cx.protocol, &items)?;
         let updates = u64::try_from(workers.iter().map(|w| w.net).sum::<i64>()).unwrap_or(0);
         let c = kvs_check(&a, &items, self.records, updates);
+        let (mut line, mut ok) = (c.line(), c.ok() && c.found == updates);
+        if self.preset.needs_range_index() {
+            // Every row after the run: the loaded records and the committed inserts.
+            let rows: Vec<(u32, u64)> = (0..self.records)
+                .chain(inserted)
+                .map(|k| (TABLE, k))
+                .collect();
+            let ix = crate::range_audit::audit_range_index(cx.fabric, cx.addrs, &[TABLE], &rows)?;
+            line = format!("{line}; {}", ix.line());
+            ok &= ix.ok();
+        }
         Ok(Audited {
             total: Some(c.found as i64),
             cvt_locked: a.cvt_locked,
             lockd_held: a.lockd_held,
-            check: Some((c.line(), c.ok() && c.found == updates)),
+            check: Some((line, ok)),
         })
     }
 }
@@ -415,7 +516,7 @@ mod tests {
                     Op::Read(k) => {
                         recent += u64::from(k + 100 >= g.next_insert.load(Ordering::Relaxed))
                     }
-                    Op::Update(_) => panic!("ycsb-d does not update"),
+                    o => panic!("ycsb-d drew {o:?}"),
                 }
             }
             assert_eq!(
@@ -431,6 +532,59 @@ mod tests {
             "new, unique keys"
         );
         assert!(recent > 20_000, "reads favour the latest keys: {recent}");
+    }
+
+    #[test]
+    fn ycsb_e_scans_from_drawn_keys_and_inserts_new_ones() {
+        let g = KvsGenerator::new(Workload::YcsbE, 1000, 0.99, 1).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let (mut scans, mut inserts, mut lens) = (0u64, 0u64, Vec::new());
+        for _ in 0..20_000 {
+            let t = g.next(&mut rng);
+            assert_eq!(t.ops.len(), 1);
+            match t.ops[0] {
+                Op::Scan(from, len) => {
+                    assert!(from < 1000 && (1..=MAX_SCAN).contains(&len));
+                    assert_eq!(t.kind, 0);
+                    scans += 1;
+                    lens.push(len);
+                }
+                Op::Insert(k) => {
+                    assert!(k >= 1000);
+                    assert_eq!(t.kind, 1);
+                    inserts += 1;
+                }
+                o => panic!("ycsb-e drew {o:?}"),
+            }
+        }
+        let pct = 100.0 * inserts as f64 / (scans + inserts) as f64;
+        assert!((pct - 5.0).abs() < 1.0, "{pct}% inserts");
+        let mean = lens.iter().map(|&l| f64::from(l)).sum::<f64>() / lens.len() as f64;
+        assert!(
+            (mean - 50.5).abs() < 2.0,
+            "scan lengths uniform 1..=100: mean {mean}"
+        );
+    }
+
+    #[test]
+    fn the_scan_check_catches_missed_repeated_and_disordered_keys() {
+        // A full scan inside the loaded keys, one across their end with inserts after
+        // them (some in flight: missing is fine), one past them.
+        assert_eq!(check_scan(10, 3, 100, &[10, 11, 12]), Ok(()));
+        assert_eq!(check_scan(98, 5, 100, &[98, 99, 100, 102]), Ok(()));
+        assert_eq!(check_scan(98, 5, 100, &[98, 99]), Ok(()));
+        assert_eq!(check_scan(150, 5, 100, &[151]), Ok(()));
+        let e = check_scan(10, 3, 100, &[10, 12]).unwrap_err();
+        assert!(e.contains("key 11 missed"), "{e}");
+        assert!(check_scan(10, 3, 100, &[10, 11]).is_err(), "short");
+        assert!(check_scan(10, 3, 100, &[10, 11, 11]).is_err(), "repeated");
+        assert!(check_scan(10, 3, 100, &[11, 10, 12]).is_err(), "disordered");
+        assert!(
+            check_scan(10, 3, 100, &[9, 10, 11]).is_err(),
+            "before the start"
+        );
+        assert!(check_scan(10, 2, 100, &[10, 11, 12]).is_err(), "too many");
+        assert!(check_scan(98, 5, 100, &[99, 100]).is_err(), "98 missed");
     }
 
     #[test]

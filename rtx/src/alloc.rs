@@ -53,6 +53,11 @@ pub struct Allocator {
     retired: VecDeque<(u64, u64)>,
     foreign: BTreeSet<u64>,
     foreign_dirty: bool,
+    /// Foreign blocks held while the reclamation table was full: not listed, so their
+    /// chunk's owner may take them back when it recovers; never reused here.
+    unlisted: BTreeSet<u64>,
+    /// Foreign blocks given up for that reason so far.
+    leaked: u64,
     cursor: u64,
     /// Minimum time in ms between retiring a block and reusing it.
     pub min_reuse_ms: u64,
@@ -71,6 +76,8 @@ impl Allocator {
             retired: VecDeque::new(),
             foreign: BTreeSet::new(),
             foreign_dirty: false,
+            unlisted: BTreeSet::new(),
+            leaked: 0,
             // Start where other IDs are unlikely to look.
             cursor: (id as u64 * 7919) % chunks,
             min_reuse_ms: MIN_REUSE_MS,
@@ -147,11 +154,23 @@ impl Allocator {
     /// Blocks of chunks owned by others go into the reclamation table, which must be
     /// written ([`Self::flush`]) before the install CAS. `owners` is the chunk-owner table
     /// as last read; a block of an unknown chunk counts as foreign (safe).
+    ///
+    /// A foreign block that finds the table full is not listed, and so is never reused
+    /// here ([`Self::retire`] gives it up): its chunk's owner, restarting, takes back
+    /// every block of its chunks that is neither referenced nor listed, and must not
+    /// take one this ID still hands out.
     pub fn hold(&mut self, old: &[u64], owners: Option<&[u64]>) {
         for &b in old {
             let own = owners.is_some_and(|o| self.owns_chunk_of(b, o));
-            if !own && self.foreign.insert(b) {
+            if own || self.foreign.contains(&b) {
+                continue;
+            }
+            if (self.foreign.len() as u64) < self.layout.reclaim_slots {
+                self.unlisted.remove(&b);
+                self.foreign.insert(b);
                 self.foreign_dirty = true;
+            } else {
+                self.unlisted.insert(b);
             }
         }
     }
@@ -161,8 +180,8 @@ impl Allocator {
         self.foreign_dirty
     }
 
-    /// The reclamation table's bytes (count, then block words; blocks past the table's
-    /// capacity are left out and so leak, which is safe).
+    /// The reclamation table's bytes (count, then block words; [`Self::hold`] keeps the
+    /// listed blocks within the table's capacity).
     pub fn table_bytes(&self) -> Vec<u8> {
         let n = (self.foreign.len() as u64).min(self.layout.reclaim_slots);
         let mut out = n.to_le_bytes().to_vec();
@@ -194,19 +213,80 @@ impl Allocator {
         }
     }
 
-    /// The rTX that replaced `blocks` is DONE: reuse them after [`Self::min_reuse_ms`].
+    /// The rTX that replaced `blocks` is DONE: reuse them after [`Self::min_reuse_ms`],
+    /// except foreign blocks held while the reclamation table was full ([`Self::hold`]),
+    /// which are given up.
     pub fn retire(&mut self, blocks: &[u64], now_ms: u64) {
         for &b in blocks {
+            if self.unlisted.remove(&b) {
+                self.leaked += 1;
+                continue;
+            }
             self.retired.push_back((b, now_ms + self.min_reuse_ms));
         }
+    }
+
+    /// Foreign blocks given up because the reclamation table was full when they were
+    /// held (their chunk's owner takes them back when it recovers).
+    pub fn leaked(&self) -> u64 {
+        self.leaked
+    }
+
+    /// Every ID's reclamation table: the blocks this ID's lists, and the union of the
+    /// others'.
+    async fn listed<M: Mem>(&self, mem: &M) -> Result<(Vec<u64>, BTreeSet<u64>), AllocError> {
+        let l = self.layout;
+        let (mut mine, mut others) = (Vec::new(), BTreeSet::new());
+        for id in 0..l.ids {
+            let t = mem
+                .read(l.reclaim_addr(id), l.reclaim_bytes() as usize)
+                .await?;
+            let n = u64::from_le_bytes(t[..8].try_into().expect("8 bytes")).min(l.reclaim_slots);
+            for k in 0..n as usize {
+                let b = u64::from_le_bytes(t[8 + 8 * k..16 + 8 * k].try_into().expect("8 bytes"));
+                if id == self.id {
+                    mine.push(b);
+                } else {
+                    others.insert(b);
+                }
+            }
+        }
+        Ok((mine, others))
     }
 
     /// Rebuild after a restart as incarnation `self.incarnation`: take back unreferenced
     /// blocks of this ID's chunks and the foreign blocks its table lists, and re-stamp the
     /// chunks. Reads the whole meta pool, every log and every reclamation table (the
-    /// paper's "fix scans all the entries"). Run only when this ID's log is DONE. Errors:
-    /// [`AllocError::Mem`].
+    /// paper's "fix scans all the entries"). Run only when this ID's log is DONE; other
+    /// clients may run meanwhile. Errors: [`AllocError::Mem`].
+    ///
+    /// The reads are not one snapshot, and live clients move this ID's blocks between
+    /// the two places that keep them held: a client that replaced one lists it in its
+    /// reclamation table before its CAS stops referencing it, and unlists it only after a
+    /// dptr references it again (when it reused it). A block can thus leave the meta pool
+    /// after the meta pool was read, or leave a table before it was read, but not both
+    /// within the scan: the tables are read before the meta pool and again after it, and
+    /// a block listed in either read is held. A block's stay in a table lasts at least
+    /// [`MIN_REUSE_MS`] (its reuse waits that long), far longer than the scan; the whole
+    /// scan is repeated if it took half of that.
     pub async fn recover<M: Mem>(&mut self, mem: &M) -> Result<usize, AllocError> {
+        loop {
+            let t0 = std::time::Instant::now();
+            let (_, before) = self.listed(mem).await?;
+            let scan = self.scan_used(mem).await?;
+            let (mine_listed, after) = self.listed(mem).await?;
+            if t0.elapsed() >= std::time::Duration::from_millis(MIN_REUSE_MS / 2) {
+                continue;
+            }
+            let mut used = scan;
+            used.extend(before);
+            used.extend(after);
+            return self.take_back(mem, used, mine_listed).await;
+        }
+    }
+
+    /// Blocks the meta pool's dptrs and the logs not in DONE reference.
+    async fn scan_used<M: Mem>(&self, mem: &M) -> Result<BTreeSet<u64>, AllocError> {
         let l = self.layout;
         let mut used = BTreeSet::new();
         let meta = mem
@@ -235,21 +315,18 @@ impl Allocator {
                 }
             }
         }
-        let mut mine_listed = Vec::new();
-        for id in 0..l.ids {
-            let t = mem
-                .read(l.reclaim_addr(id), l.reclaim_bytes() as usize)
-                .await?;
-            let n = u64::from_le_bytes(t[..8].try_into().expect("8 bytes")).min(l.reclaim_slots);
-            for k in 0..n as usize {
-                let b = u64::from_le_bytes(t[8 + 8 * k..16 + 8 * k].try_into().expect("8 bytes"));
-                if id == self.id {
-                    mine_listed.push(b);
-                } else {
-                    used.insert(b);
-                }
-            }
-        }
+        Ok(used)
+    }
+
+    /// Take back this ID's unreferenced blocks (not in `used`) and its listed foreign
+    /// ones, and re-stamp its chunks.
+    async fn take_back<M: Mem>(
+        &mut self,
+        mem: &M,
+        used: BTreeSet<u64>,
+        mine_listed: Vec<u64>,
+    ) -> Result<usize, AllocError> {
+        let l = self.layout;
         let owners_raw = mem.read(l.owners_base(), (l.chunks() * 8) as usize).await?;
         let bitmap = mem.read(l.bitmap_base(), (l.chunks() * 8) as usize).await?;
         self.free.clear();
@@ -288,7 +365,7 @@ impl Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mem::LocalMem;
+    use crate::mem::{LocalMem, MemError};
     use futures::executor::block_on;
 
     fn layout() -> Layout {
@@ -322,12 +399,101 @@ mod tests {
         assert_eq!(decode_owner(m.word(l.owners_base())).map(|o| o.1), Some(1));
     }
 
+    /// With the table full, a foreign block is held unlisted and never reused (its
+    /// owner's recovery may take it back); one that fits is listed and reused.
+    #[test]
+    fn a_foreign_block_past_a_full_table_is_never_reused() {
+        let l = layout();
+        let mut b = Allocator::new(l, 1, 1);
+        b.min_reuse_ms = 0;
+        let foreign: Vec<u64> = (0..l.reclaim_slots + 1).collect();
+        b.hold(&foreign, None);
+        let listed = u64::from_le_bytes(b.table_bytes()[..8].try_into().unwrap());
+        assert_eq!(listed, l.reclaim_slots);
+        b.retire(&foreign, 0);
+        let reused: BTreeSet<u64> = std::iter::from_fn(|| b.take(0)).collect();
+        assert_eq!(b.leaked(), 1);
+        assert_eq!(reused.len() as u64, l.reclaim_slots);
+        assert!(
+            !reused.contains(&l.reclaim_slots),
+            "the unlisted block was reused"
+        );
+    }
+
     #[test]
     fn retired_blocks_wait_before_reuse() {
         let mut a = Allocator::new(layout(), 0, 1);
         a.retire(&[5], 1000);
         assert_eq!(a.take(1000 + MIN_REUSE_MS - 1), None);
         assert_eq!(a.take(1000 + MIN_REUSE_MS), Some(5));
+    }
+
+    /// What another client does to the memory node, once.
+    type Act<'a> = std::cell::RefCell<Option<Box<dyn FnOnce(&LocalMem) + 'a>>>;
+
+    /// A memory node on which another client acts right after the meta pool was READ.
+    struct ActsAfterMeta<'a> {
+        m: &'a LocalMem,
+        meta: u64,
+        act: Act<'a>,
+    }
+
+    impl Mem for ActsAfterMeta<'_> {
+        async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+            let v = self.m.read(off, len).await?;
+            if off == self.meta {
+                if let Some(act) = self.act.borrow_mut().take() {
+                    act(self.m);
+                }
+            }
+            Ok(v)
+        }
+        async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+            self.m.write(off, data).await
+        }
+        async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+            self.m.cas(off, expected, new).await
+        }
+    }
+
+    /// The race a restart meets beside live clients: client 1 holds a block of client
+    /// 0's chunk (listed in its table, referenced by no dptr) and, while client 0's
+    /// next life scans, reuses it (a dptr now references it) and unlists it, between
+    /// the scan's READ of the meta pool and its READ of the tables. The block must not
+    /// be taken back (it was, when the tables were read only after the meta pool, and a
+    /// B-link node then overwrote another's block).
+    #[test]
+    fn recovery_keeps_a_block_another_client_reuses_during_the_scan() {
+        let l = layout();
+        let m = LocalMem::new(l.total_bytes() as usize);
+        let mut a = Allocator::new(l, 0, 1);
+        let mut b = Allocator::new(l, 1, 1);
+        block_on(a.refill(&m)).unwrap();
+        let a_blocks: Vec<u64> = std::iter::from_fn(|| a.take(0)).collect();
+        let held = a_blocks[5];
+        b.hold(&[held], None);
+        block_on(b.flush(&m)).unwrap();
+        let racy = ActsAfterMeta {
+            m: &m,
+            meta: l.meta_base(),
+            act: std::cell::RefCell::new(Some(Box::new(move |m: &LocalMem| {
+                let d = Dptr {
+                    incarnation: 1,
+                    version: 9,
+                    block: held,
+                };
+                m.set_word(l.obj_addr(2) + DPTR_OFF, d.word());
+                m.set_word(l.reclaim_addr(1), 0);
+            }))),
+        };
+        let mut a2 = Allocator::new(l, 0, 2);
+        block_on(a2.recover(&racy)).unwrap();
+        assert!(racy.act.borrow().is_none(), "the other client acted");
+        let got: BTreeSet<u64> = std::iter::from_fn(|| a2.take(0)).collect();
+        assert!(
+            !got.contains(&held),
+            "block {held}, reused by another client during the scan, was taken back"
+        );
     }
 
     #[test]

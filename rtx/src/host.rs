@@ -60,8 +60,9 @@ pub enum HostError {
 }
 
 /// The largest layout that fits `bytes` with `ids` rTX IDs and `block_bytes` blocks: logs
-/// of 16 entries, 64-slot reclamation tables, one TXObj per two blocks (the other half
-/// feeds copy-on-write updates). Errors: [`HostError::TooSmall`], [`HostError::Layout`].
+/// of 16 entries, 1,024-slot reclamation tables (a client holds each foreign block it
+/// replaced for at least [`crate::alloc::MIN_REUSE_MS`]; one past a full table is given
+/// up), one TXObj per two blocks (the other half feeds copy-on-write updates). Errors: [`HostError::TooSmall`], [`HostError::Layout`].
 pub fn layout_for_pool(bytes: u64, ids: u16, block_bytes: u64) -> Result<Layout, HostError> {
     let mut l = Layout {
         ids,
@@ -69,7 +70,7 @@ pub fn layout_for_pool(bytes: u64, ids: u16, block_bytes: u64) -> Result<Layout,
         objects: 0,
         block_bytes,
         blocks: CHUNK_BLOCKS,
-        reclaim_slots: 64,
+        reclaim_slots: 1024,
     };
     l.validate()?;
     let fixed = l.total_bytes() - CHUNK_BLOCKS * block_bytes;
@@ -100,13 +101,25 @@ pub fn layout_for_pool(bytes: u64, ids: u16, block_bytes: u64) -> Result<Layout,
 /// claimed for rTX ID `ids - 1`). Keep the region alive while the node serves. Errors:
 /// [`HostError::Layout`], [`HostError::Alloc`], [`HostError::Format`].
 pub fn host(fabric: &Fabric, layout: Layout) -> Result<(MemoryRegion, RtxExport), HostError> {
+    let zero = vec![0u8; layout.block_bytes as usize];
+    host_with(fabric, layout, |_| zero.clone())
+}
+
+/// [`host`], with object `i` formatted to hold `value(i)` (a block of
+/// `layout.block_bytes` bytes) instead of zeros: a loader's image, such as a bulk-loaded
+/// B-link tree ([`crate::blink::bulk`]). Errors: as [`host`]; a value of the wrong length
+/// is a [`HostError::Format`].
+pub fn host_with(
+    fabric: &Fabric,
+    layout: Layout,
+    value: impl Fn(u64) -> Vec<u8>,
+) -> Result<(MemoryRegion, RtxExport), HostError> {
     layout.validate()?;
     let mr = fabric
         .alloc_mr(layout.total_bytes() as usize)
         .map_err(HostError::Alloc)?;
-    let zero = vec![0u8; layout.block_bytes as usize];
     let staging = Staging(&mr);
-    futures::executor::block_on(format(&layout, &staging, layout.ids - 1, |_| zero.clone()))
+    futures::executor::block_on(format(&layout, &staging, layout.ids - 1, value))
         .map_err(HostError::Format)?;
     let export = RtxExport {
         region: mr.desc(),
@@ -169,7 +182,7 @@ mod tests {
 
     #[test]
     fn pool_layouts_fit_and_small_pools_are_refused() {
-        for bytes in [1 << 20, 64 << 20, 1 << 30] {
+        for bytes in [4 << 20, 64 << 20, 1 << 30] {
             let l = layout_for_pool(bytes, 256, 1024).unwrap();
             assert!(l.total_bytes() <= bytes, "{l:?}");
             assert!(

@@ -185,6 +185,24 @@ pub struct TxnConfig {
     /// writer's lock, so validating there would let write skew commit. Other protocols
     /// and unreplicated runs ignore it (default false).
     pub ford_backup_reads: bool,
+    /// Connect this thread to the range index ([`crate::range_index`]) for
+    /// [`crate::coordinator::Txn::scan`] and index upkeep on inserts and deletes of its
+    /// tables; `None` (the default): no index, scans refused.
+    pub range_index: Option<RangeIndexConfig>,
+}
+
+/// A thread's range-index settings ([`TxnConfig::range_index`], [`crate::range_index`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeIndexConfig {
+    /// Indexed tables: inserts into them add index entries, deletes remove them.
+    pub tables: Vec<u32>,
+    /// This thread's rTX IDs, one per coroutine that may use the index at once; distinct
+    /// from every other thread's of the cluster, and below the region's IDs.
+    pub ids: std::ops::Range<u16>,
+    /// This thread's rTX incarnation (1 to 255), new at each restart of its process:
+    /// blocks allocated in an earlier life are told apart (rTX 4.4). Each ID recovers
+    /// (repairs its previous life's unfinished rTX) before its first use.
+    pub incarnation: u8,
 }
 
 /// How a commit's installs reach the primary and the backups of a replicated
@@ -234,6 +252,7 @@ impl Default for TxnConfig {
             lotus: None,
             unsafe_no_lock_cas: false,
             ford_backup_reads: false,
+            range_index: None,
         }
     }
 }

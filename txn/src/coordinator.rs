@@ -117,6 +117,8 @@ impl Engine {
 pub struct TxnClient {
     core: ClientCore,
     engine: Engine,
+    /// The range index, with [`TxnConfig::range_index`].
+    range: Option<crate::range_index::RangeIndex>,
 }
 
 impl TxnClient {
@@ -146,6 +148,10 @@ impl TxnClient {
             }
             (false, _) => None,
         };
+        let range = match &cfg.range_index {
+            Some(r) => Some(crate::range_index::RangeIndex::connect(&ctx, addrs, r)?),
+            None => None,
+        };
         let core = ClientCore::connect(ctx, addrs, cfg)?;
         let engine = match (protocol, locks) {
             (Protocol::OccCas, _) => Engine::OccCas(OccCas),
@@ -163,7 +169,11 @@ impl TxnClient {
                 }
             },
         };
-        Ok(Self { core, engine })
+        Ok(Self {
+            core,
+            engine,
+            range,
+        })
     }
 
     /// The protocol in use.
@@ -180,6 +190,12 @@ impl TxnClient {
     /// The tables (ids `0..n`).
     pub fn tables(&self) -> &[CvtTableExport] {
         self.core.store.tables()
+    }
+
+    /// The range index, when the client was connected with
+    /// [`TxnConfig::range_index`].
+    pub fn range_index(&self) -> Option<&crate::range_index::RangeIndex> {
+        self.range.as_ref()
     }
 
     /// The thread context.
@@ -243,6 +259,7 @@ impl TxnClient {
         Txn {
             c: self,
             attempt: self.engine.begin(&self.core, kind, None),
+            index_deletes: Vec::new(),
         }
     }
 
@@ -254,6 +271,7 @@ impl TxnClient {
         Txn {
             c: self,
             attempt: self.engine.begin(&self.core, kind, Some(prev)),
+            index_deletes: Vec::new(),
         }
     }
 
@@ -418,6 +436,9 @@ impl TxnClient {
 pub struct Txn<'a> {
     c: &'a TxnClient,
     attempt: AttemptIn<'a>,
+    /// Rows of indexed tables this transaction deletes, with their entries' tags: the
+    /// entries go once it committed ([`crate::range_index`]).
+    index_deletes: Vec<(u32, u64, u64)>,
 }
 
 impl<'a> Txn<'a> {
@@ -487,6 +508,35 @@ impl<'a> Txn<'a> {
             }
         }
         Ok(vals)
+    }
+
+    /// Up to `count` rows of `table` with keys in `keys`, in key order: the keys
+    /// from the range index ([`crate::range_index`]), then the rows read in this
+    /// transaction in one round, as [`Self::get_many`] reads them (validated at commit).
+    /// Keys whose row reads as absent (stale index entries: inserts that aborted or are
+    /// in flight, deletes not yet removed) are skipped, so fewer than `count` rows may
+    /// come back while more exist. Not protected against phantoms: a row inserted into
+    /// the range after the index was read is no conflict.
+    ///
+    /// Errors: [`TxnError::Usage`] without a range index or for a table it does not
+    /// index; [`TxnError::Index`]; and as [`Self::get_many`].
+    pub async fn scan(
+        &mut self,
+        table: u32,
+        keys: std::ops::Range<u64>,
+        count: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, TxnError> {
+        let ix = self.c.range_index().ok_or_else(|| {
+            TxnError::Usage("scan needs a range index (TxnConfig::range_index)".into())
+        })?;
+        let keys = ix.scan(table, keys, count).await?;
+        let items: Vec<(u32, u64)> = keys.iter().map(|&k| (table, k)).collect();
+        let rows = self.get_many(&items).await?;
+        Ok(keys
+            .into_iter()
+            .zip(rows)
+            .filter_map(|(k, r)| r.map(|r| (k, r)))
+            .collect())
     }
 
     /// [`Self::get_mixed`] with every item read only.
@@ -612,6 +662,19 @@ impl<'a> Txn<'a> {
                 a.objs[i].write = Some(Write::Put(v));
             }
         });
+        // The index entry goes in before the commit, so that a committed row is always
+        // in the index (crate::range_index); if this transaction aborts, it stays as a
+        // stale entry that scans skip.
+        if let Some(ix) = self.c.range_index() {
+            let mut tables: Vec<u32> = keys.iter().map(|&(t, _)| t).collect();
+            tables.sort_unstable();
+            tables.dedup();
+            let tag = self.id() | 1 << 63;
+            for t in tables.into_iter().filter(|&t| ix.indexes(t)) {
+                let of_t: Vec<u64> = keys.iter().filter(|e| e.0 == t).map(|e| e.1).collect();
+                ix.insert_many(t, &of_t, tag).await?;
+            }
+        }
         Ok(())
     }
 
@@ -625,6 +688,11 @@ impl<'a> Txn<'a> {
             let i = a.find(table, key).expect("fetched");
             a.objs[i].write = Some(Write::Delete);
         });
+        if let Some(ix) = self.c.range_index().filter(|ix| ix.indexes(table)) {
+            if let Some(tag) = ix.lookup(table, key).await? {
+                self.index_deletes.push((table, key, tag));
+            }
+        }
         Ok(())
     }
 
@@ -634,7 +702,21 @@ impl<'a> Txn<'a> {
     /// when a service failed while writing back; other service failures (the
     /// transaction aborted). Every lock is released on every path.
     pub async fn commit(mut self) -> Result<(), TxnError> {
-        with_protocol!(self, |p, a| protocol::commit(p, a).await)
+        with_protocol!(self, |p, a| protocol::commit(p, a).await)?;
+        // The deleted rows' index entries go after the commit (crate::range_index). A
+        // failure leaves a stale entry, which scans skip: the commit stands.
+        if let Some(ix) = self.c.range_index() {
+            for (t, k, tag) in std::mem::take(&mut self.index_deletes) {
+                if let Err(e) = ix.delete_if(t, k, tag).await {
+                    tracing::warn!(
+                        table = t,
+                        key = k,
+                        "range index: entry of a deleted row left: {e}"
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Give up: release what the transaction holds; returns

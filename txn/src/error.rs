@@ -198,6 +198,10 @@ pub enum TxnError {
     /// The memory nodes' exports are missing or inconsistent, or a read was malformed.
     #[error("memory node export: {0}")]
     Export(String),
+    /// A range-index operation failed ([`crate::range_index`]): a memory error (its rTX
+    /// is left to repair) or an operation that gave up after too many aborts.
+    #[error("range index: {0}")]
+    Index(String),
     /// Write-back failed: the transaction's writes may be partly visible. Its locks were
     /// released all the same, unless `release` says otherwise.
     #[error("write-back failed: {cause}{}", .release.as_ref().map(|r| format!("; and {r}")).unwrap_or_default())]

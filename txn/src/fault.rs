@@ -53,6 +53,18 @@ pub(crate) fn lotus_skipping_vtc_update() -> bool {
     LOTUS_SKIP_VTC_UPDATE.load(Ordering::Relaxed)
 }
 
+static DROP_SCAN_ENTRIES: AtomicBool = AtomicBool::new(false);
+
+/// Range-index scans drop their second key ([`crate::range_index::RangeIndex::scan`]):
+/// a scan misses a row that is there.
+pub fn drop_scan_entries(on: bool) {
+    DROP_SCAN_ENTRIES.store(on, Ordering::SeqCst);
+}
+
+pub(crate) fn dropping_scan_entries() -> bool {
+    DROP_SCAN_ENTRIES.load(Ordering::Relaxed)
+}
+
 /// Write-back fails before writing anything, as a failed WRITE would.
 pub fn fail_write_back(on: bool) {
     FAIL_WRITE_BACK.store(on, Ordering::SeqCst);

@@ -30,6 +30,8 @@
 //!   version unchanged);
 //! - [`history`] and [`serializability`]: committed transactions recorded with the
 //!   versions they read and wrote, and the check that their dependency graph is acyclic;
+//! - [`range_index`]: an ordered index of tables' keys in an rTX B-link tree on a memory
+//!   node, for [`coordinator::Txn::scan`];
 //! - [`snapshot_isolation`]: the check of a history with start and commit timestamps for
 //!   snapshot isolation (writes install their commit timestamp, first committer wins,
 //!   reads see the snapshot at the start timestamp).
@@ -65,6 +67,7 @@ pub mod mvcc;
 pub mod occ_cas;
 pub mod phase;
 mod protocol;
+pub mod range_index;
 pub mod recovery;
 pub mod replica_audit;
 pub mod scythe;

@@ -171,6 +171,34 @@ pub fn last_name(n: u16) -> String {
 /// The constant `C` of `NURand(255, 0, 999)` for last names at load (clause 2.1.6).
 pub const C_LAST_LOAD: u64 = 157;
 
+/// Lines of loaded order `(w, d, o)` (5 to 15; the population's `o_ol_cnt`).
+pub fn order_line_count(seed: u64, w: u16, d: u8, o: u32) -> u8 {
+    draws(seed, ORDER, order_key(w, d, o)).range(5, 15) as u8
+}
+
+/// The loaded rows of the tables a range index keeps ordered for DELIVERY and
+/// STOCK-LEVEL (`txn-bench --range-index`): every NEW_ORDER row (orders 2101 to 3000 of
+/// each district) and every ORDER_LINE row of warehouses `1..=warehouses`, as (table,
+/// key) in key order.
+pub fn range_index_keys(seed: u64, warehouses: u16) -> Vec<(u32, u64)> {
+    let mut new_orders = Vec::new();
+    let mut lines = Vec::new();
+    for w in 1..=warehouses {
+        for d in 1..=DISTRICTS {
+            for o in 1..=ORDERS {
+                if o >= FIRST_NEW_ORDER {
+                    new_orders.push((NEW_ORDER, order_key(w, d, o)));
+                }
+                for ol in 1..=order_line_count(seed, w, d, o) {
+                    lines.push((ORDER_LINE, order_line_key(w, d, o, ol)));
+                }
+            }
+        }
+    }
+    new_orders.extend(lines);
+    new_orders
+}
+
 /// The draws of one (seed, table, key): [`KeyDraws`] in TPC-C's domain.
 fn draws(seed: u64, table: u32, key: u64) -> KeyDraws {
     KeyDraws::new(300, 23, seed, table, key)
@@ -486,11 +514,16 @@ impl Consistency {
 /// 3. max `NO_O_ID` - min `NO_O_ID` + 1 = the district's NEW_ORDER rows;
 /// 4. sum of `O_OL_CNT` = the district's ORDER_LINE rows;
 ///
-/// and this implementation's own: DELIVERY's cursor is the oldest new order (reported
-/// under condition 3).
+/// and, with `cursors` (DELIVERY found its orders through DELIVERY_CURSOR rather than a
+/// range index), this implementation's own: DELIVERY's cursor is the oldest new order
+/// (reported under condition 3).
 ///
 /// Walks orders `1..D_NEXT_O_ID` and one past, each order's 15 possible lines.
-pub fn check(warehouses: u16, mut row: impl FnMut(u32, u64) -> Option<Vec<u8>>) -> Consistency {
+pub fn check(
+    warehouses: u16,
+    cursors: bool,
+    mut row: impl FnMut(u32, u64) -> Option<Vec<u8>>,
+) -> Consistency {
     let mut c = Consistency::default();
     for w in 1..=warehouses {
         let (Some(_), Some(w_ytd)) = (
@@ -538,7 +571,9 @@ pub fn check(warehouses: u16, mut row: impl FnMut(u32, u64) -> Option<Vec<u8>>) 
                 );
             }
             let cursor = get_u32(&cursor, 0);
-            if no.first().is_some_and(|&lo| lo != cursor) || (no.is_empty() && cursor != next) {
+            if cursors
+                && (no.first().is_some_and(|&lo| lo != cursor) || (no.is_empty() && cursor != next))
+            {
                 c.flag(
                     3,
                     format!(
@@ -594,6 +629,26 @@ mod tests {
     }
 
     #[test]
+    fn the_range_index_keys_are_exactly_the_loaded_new_orders_and_lines() {
+        let m = population(2);
+        let mut want: Vec<(u32, u64)> = m
+            .keys()
+            .filter(|k| k.0 == NEW_ORDER || k.0 == ORDER_LINE)
+            .copied()
+            .collect();
+        want.sort_unstable();
+        let got = range_index_keys(3, 2);
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "in key order");
+        assert_eq!(got, want);
+        for o in [1, 2100, 3000] {
+            assert_eq!(
+                u64::from(order_line_count(3, 2, 7, o)),
+                u64::from(m[&(ORDER, order_key(2, 7, o))][3])
+            );
+        }
+    }
+
+    #[test]
     fn keys_and_names() {
         assert_eq!(last_name(0), "BARBARBAR");
         assert_eq!(last_name(371), "PRICALLYOUGHT");
@@ -632,7 +687,7 @@ mod tests {
             }
         }
         assert_eq!(listed, 3000, "customers indexed");
-        let v = check(1, |t, k| m.get(&(t, k)).cloned());
+        let v = check(1, true, |t, k| m.get(&(t, k)).cloned());
         assert!(v.holds(), "{}", v.line());
         assert_eq!(v.line(), "consistency 1-4: ok (10 districts)");
     }
@@ -640,7 +695,9 @@ mod tests {
     #[test]
     fn each_condition_catches_its_planted_violation() {
         let m = population(1);
-        let run = |m: &HashMap<(u32, u64), Vec<u8>>| check(1, |t, k| m.get(&(t, k)).cloned());
+        let run = |m: &HashMap<(u32, u64), Vec<u8>>| check(1, true, |t, k| m.get(&(t, k)).cloned());
+        let scanned =
+            |m: &HashMap<(u32, u64), Vec<u8>>| check(1, false, |t, k| m.get(&(t, k)).cloned());
         // 1: a payment that updated the district but not the warehouse.
         let mut bad = m.clone();
         let r = bad.get_mut(&(DISTRICT_YTD, district_key(1, 3))).unwrap();
@@ -655,6 +712,13 @@ mod tests {
         let mut bad = m.clone();
         bad.remove(&(NEW_ORDER, order_key(1, 6, 2500)));
         assert_eq!(run(&bad).counts, [0, 0, 1, 0], "{}", run(&bad).line());
+        // Without cursors (DELIVERY scanning the range index) the gap alone counts.
+        assert_eq!(
+            scanned(&bad).counts,
+            [0, 0, 1, 0],
+            "{}",
+            scanned(&bad).line()
+        );
         // 3: DELIVERY's cursor past an undelivered order.
         let mut bad = m.clone();
         put_u32(
@@ -666,6 +730,10 @@ mod tests {
             run(&bad).line().contains("delivery cursor 2102"),
             "{}",
             run(&bad).line()
+        );
+        assert!(
+            scanned(&bad).holds(),
+            "no cursor to check when DELIVERY scans"
         );
         // 4: an order line lost.
         let mut bad = m.clone();

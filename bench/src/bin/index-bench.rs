@@ -846,7 +846,10 @@ fn layout(args: &Args) -> Result<Layout> {
             Index::Race => args.objects + args.objects / 4,
         } / 64
             * 64,
-        reclaim_slots: 64,
+        // A client lists each foreign block it replaced for at least 100 ms (the reuse
+        // wait), and gives up one past a full table (`rtx::alloc::Allocator::hold`):
+        // room for a busy client's holds.
+        reclaim_slots: 1024,
     };
     layout.validate().with_context(|| {
         format!(

@@ -154,6 +154,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
     };
     args.protocol = ProtocolArg::One(protocol);
     let threads = args.threads.unwrap_or(1).max(1);
+    args.insert_lane = (a.cnode as u64) << 8 | u64::from(a.incarnation & 0xFF);
     let workload = crate::txnbench::workload_spec(&args)?;
     let mix = workload.profiles(args.theta)?;
     let node = NODE_CNODE + a.cnode as u32;

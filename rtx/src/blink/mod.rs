@@ -21,6 +21,7 @@
 //! commit covers every node the operation depends on. Nodes are never merged or freed
 //! (deletes leave nodes in place, as in Sherman), so every cached pointer stays a node.
 
+pub mod bulk;
 pub mod check;
 pub mod node;
 pub mod optimal;
@@ -393,6 +394,36 @@ impl Blink {
         self.drive(Insert { c, mem, key, val }).await
     }
 
+    /// Insert (or update) `entries`, sorted by key and distinct: when they all fall in
+    /// one leaf and fit there, as one rTX writing that leaf (Opt1, no log), else one
+    /// [`Self::insert`] each. Adjacent keys, such as an order's lines, usually share a
+    /// leaf. Panics if a key is [`KEY_MAX`] or the keys are not increasing. Errors:
+    /// [`BlinkError`]; entries inserted before the error stay.
+    pub async fn insert_batch<C: Clock, M: Mem>(
+        &mut self,
+        c: &mut Client<C>,
+        mem: &M,
+        entries: &[(u64, u64)],
+    ) -> Result<(), BlinkError> {
+        assert!(
+            entries.windows(2).all(|w| w[0].0 < w[1].0),
+            "batch keys must increase"
+        );
+        match entries {
+            [] => return Ok(()),
+            [(k, v)] => return self.insert(c, mem, *k, *v).await.map(drop),
+            _ => {}
+        }
+        assert!(entries.iter().all(|e| e.0 < KEY_MAX), "key reserved");
+        if self.drive(Batch { c, mem, entries }).await? {
+            return Ok(());
+        }
+        for &(k, v) in entries {
+            self.insert(c, mem, k, v).await?;
+        }
+        Ok(())
+    }
+
     /// Delete `key` (rTX, 5): one rTX writing the leaf (Opt1); nodes are never merged.
     /// Returns the removed value. Errors: [`BlinkError`].
     pub async fn delete<C: Clock, M: Mem>(
@@ -401,7 +432,34 @@ impl Blink {
         mem: &M,
         key: u64,
     ) -> Result<Option<u64>, BlinkError> {
-        self.drive(Delete { c, mem, key }).await
+        self.drive(Delete {
+            c,
+            mem,
+            key,
+            only_if: None,
+        })
+        .await
+    }
+
+    /// Delete `key` only if its value is `val` (one rTX, as [`Self::delete`]): an entry
+    /// written anew since `val` was read stays. Returns whether it was deleted. Errors:
+    /// [`BlinkError`].
+    pub async fn delete_if<C: Clock, M: Mem>(
+        &mut self,
+        c: &mut Client<C>,
+        mem: &M,
+        key: u64,
+        val: u64,
+    ) -> Result<bool, BlinkError> {
+        let old = self
+            .drive(Delete {
+                c,
+                mem,
+                key,
+                only_if: Some(val),
+            })
+            .await?;
+        Ok(old.is_some())
     }
 
     /// Up to `count` entries with keys >= `from`, in key order, following the leaves'
@@ -608,10 +666,53 @@ impl<C: Clock, M: Mem> AsyncAttempt<Option<u64>> for Insert<'_, C, M> {
     }
 }
 
+/// One leaf taking a whole batch, or `false` when the batch spans leaves or would split
+/// the leaf (the caller then inserts one by one).
+struct Batch<'a, C, M> {
+    c: &'a mut Client<C>,
+    mem: &'a M,
+    entries: &'a [(u64, u64)],
+}
+
+impl<C: Clock, M: Mem> AsyncAttempt<bool> for Batch<'_, C, M> {
+    async fn attempt(&mut self, t: &mut Blink) -> Result<Option<bool>, BlinkError> {
+        let first = self.entries[0].0;
+        let last = self.entries[self.entries.len() - 1].0;
+        let Some((hint, _)) = t.locate(self.mem, first).await? else {
+            return Ok(None);
+        };
+        let bb = t.layout.block_bytes as usize;
+        let mut tx = self.c.begin();
+        let r = async {
+            let Some((m, mut n)) = t
+                .node_in_tx(&mut tx, self.mem, hint, first, 0, t.pre_lock)
+                .await?
+            else {
+                return Ok(None);
+            };
+            if last >= n.hi {
+                return Ok(Some(false));
+            }
+            for &(k, v) in self.entries {
+                n.upsert(k, v);
+            }
+            if n.keys.len() > t.cap {
+                return Ok(Some(false));
+            }
+            tx.write(self.mem, m, n.encode(bb)).await?;
+            Ok::<_, BlinkError>(Some(true))
+        }
+        .await;
+        Blink::finish(tx, self.mem, r).await
+    }
+}
+
 struct Delete<'a, C, M> {
     c: &'a mut Client<C>,
     mem: &'a M,
     key: u64,
+    /// Delete only an entry of this value.
+    only_if: Option<u64>,
 }
 
 impl<C: Clock, M: Mem> AsyncAttempt<Option<u64>> for Delete<'_, C, M> {
@@ -631,6 +732,9 @@ impl<C: Clock, M: Mem> AsyncAttempt<Option<u64>> for Delete<'_, C, M> {
             let Ok(i) = n.keys.binary_search(&self.key) else {
                 return Ok(Some(None));
             };
+            if self.only_if.is_some_and(|v| v != n.vals[i]) {
+                return Ok(Some(None));
+            }
             n.keys.remove(i);
             let old = n.vals.remove(i);
             tx.write(self.mem, m, n.encode(bb)).await?;

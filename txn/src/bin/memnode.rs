@@ -113,6 +113,13 @@ struct Args {
     /// Bytes of an rTX object's value (a data block; 1 KB is a B-link tree node).
     #[arg(long, default_value_t = 1024, value_name = "BYTES")]
     rtx_block_bytes: u64,
+    /// Host the cluster's range index (the B-link tree transactions scan: rTX 5): the rTX
+    /// region becomes a tree bulk-loaded with the keys of every partition of the
+    /// workload's indexed tables (KVS: keys 0..--kvs-records; TPC-C: NEW_ORDER and
+    /// ORDER_LINE of every warehouse), exported as "range-index". The region is sized for the tree and --rtx-ids unless --rtx-pool
+    /// says otherwise; --rtx-ids must exceed the coordinator coroutines of the cluster.
+    #[arg(long)]
+    range_index: bool,
 }
 
 fn main() -> ExitCode {
@@ -305,7 +312,48 @@ fn run(args: Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    let rtx_region = if args.rtx_pool > 0 {
+    let rtx_region = if args.range_index {
+        let rows: Vec<(u32, u64)> = match (args.kvs_records, args.tpcc_warehouses) {
+            (Some(n), _) => (0..n).map(|k| (txn::kvs::TABLE, k)).collect(),
+            (_, Some(w)) => txn::tpcc::range_index_keys(args.tatp_seed, w),
+            _ => bail!(
+                "--range-index indexes the KVS table (--kvs-records) or TPC-C's NEW_ORDER and \
+                 ORDER_LINE (--tpcc-warehouses)"
+            ),
+        };
+        let entries: Vec<(u64, u64)> = rows
+            .into_iter()
+            .map(|(t, k)| {
+                Ok((
+                    txn::range_index::index_key(t, k)?,
+                    txn::range_index::LOADED_TAG,
+                ))
+            })
+            .collect::<Result<_, txn::coordinator::TxnError>>()?;
+        let bytes = if args.rtx_pool > 0 {
+            args.rtx_pool
+        } else {
+            txn::range_index::pool_bytes(entries.len() as u64, args.rtx_ids)
+        };
+        let layout = rtx::host::layout_for_pool(bytes, args.rtx_ids, args.rtx_block_bytes)
+            .context("--range-index: the rTX region")?;
+        let tree = rtx::blink::bulk::build(&layout, &entries, txn::range_index::BULK_FILL)
+            .context("--range-index: --rtx-pool too small for the tree")?;
+        let bb = layout.block_bytes as usize;
+        let (mr, export) = rtx::host::host_with(&fabric, layout, |i| tree.value(i, bb))
+            .context("hosting the range index")?;
+        let ix = txn::range_index::RangeIndexExport {
+            first_free: tree.first_free(),
+            loaded: entries.len() as u64,
+        };
+        tracing::info!(
+            keys = entries.len(),
+            levels = tree.root_level + 1,
+            objects = layout.objects,
+            "range index"
+        );
+        Some((mr, export, Some(ix)))
+    } else if args.rtx_pool > 0 {
         let layout = rtx::host::layout_for_pool(args.rtx_pool, args.rtx_ids, args.rtx_block_bytes)
             .context("--rtx-pool")?;
         let (mr, export) = rtx::host::host(&fabric, layout).context("hosting the rTX region")?;
@@ -314,7 +362,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             blocks = layout.blocks,
             "rTX region"
         );
-        Some((mr, export))
+        Some((mr, export, None))
     } else {
         None
     };
@@ -345,11 +393,17 @@ fn run(args: Args) -> anyhow::Result<()> {
         txn::cvt_remote::EXPORT_KEY.to_string(),
         serde_json::to_value(&export)?,
     );
-    if let Some((_, export)) = &rtx_region {
+    if let Some((_, export, ix)) = &rtx_region {
         exports.insert(
             rtx::host::EXPORT_KEY.to_string(),
             serde_json::to_value(export)?,
         );
+        if let Some(ix) = ix {
+            exports.insert(
+                txn::range_index::EXPORT_KEY.to_string(),
+                serde_json::to_value(ix)?,
+            );
+        }
     }
     let node = Node::start_tuned(
         fabric,
