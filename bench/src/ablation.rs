@@ -53,6 +53,7 @@ pub(crate) fn rows(args: &Args) -> Vec<Row> {
         vtc_entries,
         routing: Some(routing),
         lock_serving: None,
+        range_index: None,
         label: Some(label),
     };
     let r = routed(args);

@@ -1150,12 +1150,33 @@ impl Ratio {
     }
 }
 
-/// The ratios the comparison reports, per point (in the order the runs came): p99 of
+/// The ratios the comparison reports, per point (in the order the runs came), then across
+/// the points of `--sweep range-index=off,on` (each protocol's throughput with range scans
+/// over with cursor rows): p99 of
 /// `scythe` over `occ-cas`, throughput of MVCC (`mvcc` or `mvcc-si`) and of Lotus over
 /// `occ-cas`, throughput and p50 of Lotus over MVCC at the same isolation, and
 /// throughput of the UNSAFE no-CAS variant over its MVCC (`mvcc-nocas/mvcc`, Lotus's
 /// Fig. 3 premise), wherever both protocols of a ratio ran.
 pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
+    let mut out = per_point_ratios(runs);
+    // `--sweep range-index=off,on`: each protocol with range scans over with cursor rows.
+    let at = |r: &&Report, p: &str| r.point.as_deref() == Some(p);
+    for on in runs.iter().filter(|r| at(r, "range-index=on")) {
+        if let Some(off) = runs
+            .iter()
+            .find(|r| at(r, "range-index=off") && r.protocol == on.protocol)
+        {
+            out.push(Ratio {
+                name: format!("throughput {} range-index on/off", on.protocol),
+                point: None,
+                value: (off.throughput_tps > 0.0).then(|| on.throughput_tps / off.throughput_tps),
+            });
+        }
+    }
+    out
+}
+
+fn per_point_ratios(runs: &[Report]) -> Vec<Ratio> {
     let mut points: Vec<&Option<String>> = Vec::new();
     for r in runs {
         if !points.contains(&&r.point) {
@@ -1784,6 +1805,32 @@ mod tests {
             .next()
             .unwrap()
             .starts_with("point "));
+    }
+
+    #[test]
+    fn a_range_index_sweep_compares_each_protocol_across_its_points() {
+        let mut runs = vec![
+            run_of("occ-cas", 1000.0, 400.0),
+            run_of("mvcc", 800.0, 100.0),
+            run_of("occ-cas", 700.0, 500.0),
+            run_of("mvcc", 400.0, 200.0),
+        ];
+        for (r, p) in runs.iter_mut().zip([
+            "range-index=off",
+            "range-index=off",
+            "range-index=on",
+            "range-index=on",
+        ]) {
+            r.point = Some(p.into());
+        }
+        let lines: Vec<String> = ratios(&runs).iter().map(Ratio::line).collect();
+        assert_eq!(
+            &lines[lines.len() - 2..],
+            [
+                "ratio throughput occ-cas range-index on/off = 0.70",
+                "ratio throughput mvcc range-index on/off = 0.50"
+            ]
+        );
     }
 
     /// The UNSAFE no-CAS run: never judged, labelled, its ratio to its MVCC printed and

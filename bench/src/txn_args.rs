@@ -125,8 +125,10 @@ pub struct Args {
     /// (coroutines per thread), commit-log=off,on,ordered (what the commit logs cost,
     /// placed either way, with the coordinators inside txn-bench),
     /// vtc-entries=0,65536 (Lotus's version table cache off and on, as --vtc-entries)
-    /// or lock-serving=coordinator,thread (where Lotus's compute nodes serve lock RPCs,
-    /// as --lock-serving); prints a table, and with --chart draws
+    /// lock-serving=coordinator,thread (where Lotus's compute nodes serve lock RPCs,
+    /// as --lock-serving) or range-index=off,on (TPC-C: DELIVERY and STOCK-LEVEL by
+    /// cursor rows, then by range scans, as --range-index); prints a table, and with
+    /// --chart draws
     /// throughput against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
@@ -632,6 +634,8 @@ pub enum Sweep {
     VtcEntries(Vec<usize>),
     /// Where Lotus's compute nodes serve lock RPCs (`--lock-serving`).
     LockServing(Vec<crate::lotus_cn::LockServing>),
+    /// TPC-C without and with range scans (`--range-index`).
+    RangeIndex(Vec<bool>),
 }
 
 impl FromStr for Sweep {
@@ -639,7 +643,7 @@ impl FromStr for Sweep {
     fn from_str(s: &str) -> Result<Self, String> {
         let Some((param, values)) = s.split_once('=') else {
             return Err(format!(
-                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, vtc-entries=N1,N2,... or lock-serving=coordinator,thread"
+                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, vtc-entries=N1,N2,..., lock-serving=coordinator,thread or range-index=off,on"
             ));
         };
         let values: Vec<&str> = values.split(',').map(str::trim).collect();
@@ -693,8 +697,17 @@ impl FromStr for Sweep {
                 .map(|v| v.parse().map_err(|e| format!("--sweep {e}")))
                 .collect::<Result<_, _>>()
                 .map(Self::LockServing),
+            "range-index" => values
+                .iter()
+                .map(|v| match *v {
+                    "off" | "false" => Ok(false),
+                    "on" | "true" => Ok(true),
+                    _ => Err(format!("--sweep range-index: {v:?} is not off or on")),
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::RangeIndex),
             p => Err(format!(
-                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries or lock-serving"
+                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries, lock-serving or range-index"
             )),
         }
     }
@@ -725,6 +738,15 @@ impl fmt::Display for Sweep {
                 "lock-serving={}",
                 join(v.iter().map(|l| l.name().to_string()).collect())
             ),
+            Self::RangeIndex(v) => write!(
+                f,
+                "range-index={}",
+                join(
+                    v.iter()
+                        .map(|&on| if on { "on" } else { "off" }.to_string())
+                        .collect()
+                )
+            ),
         }
     }
 }
@@ -747,6 +769,8 @@ pub(crate) struct Point {
     pub(crate) lock_serving: Option<crate::lotus_cn::LockServing>,
     /// `theta=0.5`, `clients=16`, `commit-log=on`; `None` without a sweep.
     pub(crate) label: Option<String>,
+    /// TPC-C's range scans at this point (`None`: as `--range-index` says).
+    pub(crate) range_index: Option<bool>,
 }
 
 /// Commit logs at a point of `--sweep commit-log=...`.
@@ -1050,6 +1074,12 @@ impl Args {
                 );
             }
         }
+        if matches!(self.sweep, Some(Sweep::RangeIndex(_))) && self.workload != Workload::Tpcc {
+            bail!(
+                "--sweep range-index compares TPC-C's cursor rows with range scans: it needs \
+                 --workload tpcc"
+            );
+        }
         if self.range_index && !matches!(self.workload, Workload::Tpcc | Workload::YcsbE) {
             bail!(
                 "--range-index applies to tpcc (ycsb-e always scans through the index), not {}",
@@ -1261,6 +1291,7 @@ impl Args {
                 vtc_entries: self.vtc_entries,
                 routing: None,
                 lock_serving: None,
+                range_index: None,
                 label: None,
             }],
             Some(Sweep::Theta(v)) => v
@@ -1272,6 +1303,7 @@ impl Args {
                     vtc_entries: self.vtc_entries,
                     routing: None,
                     lock_serving: None,
+                    range_index: None,
                     label: Some(format!("theta={theta}")),
                 })
                 .collect(),
@@ -1284,6 +1316,7 @@ impl Args {
                     vtc_entries: self.vtc_entries,
                     routing: None,
                     lock_serving: None,
+                    range_index: None,
                     label: Some(format!("clients={coroutines}")),
                 })
                 .collect(),
@@ -1296,6 +1329,7 @@ impl Args {
                     vtc_entries: self.vtc_entries,
                     routing: None,
                     lock_serving: None,
+                    range_index: None,
                     label: Some(format!("commit-log={}", l.name())),
                 })
                 .collect(),
@@ -1308,7 +1342,21 @@ impl Args {
                     vtc_entries: self.vtc_entries,
                     routing: None,
                     lock_serving: Some(l),
+                    range_index: None,
                     label: Some(format!("lock-serving={}", l.name())),
+                })
+                .collect(),
+            Some(Sweep::RangeIndex(v)) => v
+                .iter()
+                .map(|&on| Point {
+                    theta: self.theta,
+                    coroutines: self.coroutines,
+                    commit_log: None,
+                    vtc_entries: self.vtc_entries,
+                    routing: None,
+                    lock_serving: None,
+                    range_index: Some(on),
+                    label: Some(format!("range-index={}", if on { "on" } else { "off" })),
                 })
                 .collect(),
             Some(Sweep::VtcEntries(v)) => v
@@ -1320,6 +1368,7 @@ impl Args {
                     vtc_entries: n,
                     routing: None,
                     lock_serving: None,
+                    range_index: None,
                     label: Some(format!("vtc-entries={n}")),
                 })
                 .collect(),

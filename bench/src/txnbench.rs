@@ -240,6 +240,21 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         } else {
             &args
         };
+        // A range-index point: its own flag, and so its own workload (TPC-C's scans).
+        let point_args;
+        let point_workload;
+        let (run_args, run_workload, mix): (&Args, &dyn WorkloadSpec, _) = match point.range_index {
+            Some(on) => {
+                point_args = Args {
+                    range_index: on,
+                    ..run_args.clone()
+                };
+                point_workload = workload_spec(&point_args)?;
+                let mix = point_workload.profiles(point.theta)?;
+                (&point_args, &*point_workload, mix)
+            }
+            None => (run_args, &*workload, mixes[pi].clone()),
+        };
         if plan.len() > 1 {
             eprintln!("== run {}/{}: {what}", k + 1, plan.len());
         }
@@ -250,10 +265,10 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         };
         let report = match run_one(
             run_args,
-            &*workload,
+            run_workload,
             protocol,
             point,
-            mixes[pi].clone(),
+            mix,
             &cluster,
             &stop,
         ) {
@@ -344,7 +359,12 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
             workload.skew(args.theta),
             args.sweep.as_ref().expect("a sweep")
         ),
-        Some(Sweep::CommitLog(_) | Sweep::VtcEntries(_) | Sweep::LockServing(_)) => format!(
+        Some(
+            Sweep::CommitLog(_)
+            | Sweep::VtcEntries(_)
+            | Sweep::LockServing(_)
+            | Sweep::RangeIndex(_),
+        ) => format!(
             "{threads} thread(s) x {} coroutines | {} | {} | sweep {}",
             args.coroutines,
             workload.scale(),

@@ -407,7 +407,7 @@ fn bad_arguments_fail_cleanly() {
         (
             &["--sweep", "theta"],
             "expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, \
-             vtc-entries=N1,N2,... or lock-serving=coordinator,thread",
+             vtc-entries=N1,N2,..., lock-serving=coordinator,thread or range-index=off,on",
         ),
         (&["--sweep", "theta=0,x"], "is not a Zipf theta"),
         (&["--sweep", "clients=0"], "is not a number of coroutines"),

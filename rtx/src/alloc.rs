@@ -43,6 +43,9 @@ pub enum AllocError {
 /// of one object at 100 us each).
 pub const MIN_REUSE_MS: u64 = 100;
 
+/// Tries of [`Allocator::recover`]'s READs before it gives up taking blocks back.
+pub const SLOW_SCANS: u32 = 8;
+
 /// The allocator of one rTX ID (one client coroutine); owned by that client only.
 #[derive(Debug)]
 pub struct Allocator {
@@ -232,26 +235,35 @@ impl Allocator {
         self.leaked
     }
 
-    /// Every ID's reclamation table: the blocks this ID's lists, and the union of the
-    /// others'.
-    async fn listed<M: Mem>(&self, mem: &M) -> Result<(Vec<u64>, BTreeSet<u64>), AllocError> {
+    /// Every ID's reclamation table, raw (one READ each).
+    async fn read_tables<M: Mem>(&self, mem: &M) -> Result<Vec<Vec<u8>>, AllocError> {
+        let l = self.layout;
+        let mut out = Vec::with_capacity(l.ids as usize);
+        for id in 0..l.ids {
+            out.push(
+                mem.read(l.reclaim_addr(id), l.reclaim_bytes() as usize)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// The blocks read `tables` list: this ID's, and the union of the others'.
+    fn listed(&self, tables: &[Vec<u8>]) -> (Vec<u64>, BTreeSet<u64>) {
         let l = self.layout;
         let (mut mine, mut others) = (Vec::new(), BTreeSet::new());
-        for id in 0..l.ids {
-            let t = mem
-                .read(l.reclaim_addr(id), l.reclaim_bytes() as usize)
-                .await?;
+        for (id, t) in tables.iter().enumerate() {
             let n = u64::from_le_bytes(t[..8].try_into().expect("8 bytes")).min(l.reclaim_slots);
             for k in 0..n as usize {
                 let b = u64::from_le_bytes(t[8 + 8 * k..16 + 8 * k].try_into().expect("8 bytes"));
-                if id == self.id {
+                if id == self.id as usize {
                     mine.push(b);
                 } else {
                     others.insert(b);
                 }
             }
         }
-        Ok((mine, others))
+        (mine, others)
     }
 
     /// Rebuild after a restart as incarnation `self.incarnation`: take back unreferenced
@@ -265,33 +277,40 @@ impl Allocator {
     /// reclamation table before its CAS stops referencing it, and unlists it only after a
     /// dptr references it again (when it reused it). A block can thus leave the meta pool
     /// after the meta pool was read, or leave a table before it was read, but not both
-    /// within the scan: the tables are read before the meta pool and again after it, and
-    /// a block listed in either read is held. A block's stay in a table lasts at least
-    /// [`MIN_REUSE_MS`] (its reuse waits that long), far longer than the scan; the whole
-    /// scan is repeated if it took half of that.
+    /// within the reads: the tables are read before the meta pool and again after it
+    /// (all READs first, the decoding after), and a block listed in either read is held.
+    /// A block's stay in a table lasts at least [`MIN_REUSE_MS`] (its reuse waits that
+    /// long), far longer than the READs; they are repeated if they took half of that,
+    /// and after [`SLOW_SCANS`] such tries nothing is taken back (the chunks are
+    /// re-stamped; their free blocks leak, which is safe).
     pub async fn recover<M: Mem>(&mut self, mem: &M) -> Result<usize, AllocError> {
-        loop {
+        let l = self.layout;
+        for _ in 0..SLOW_SCANS {
             let t0 = std::time::Instant::now();
-            let (_, before) = self.listed(mem).await?;
-            let scan = self.scan_used(mem).await?;
-            let (mine_listed, after) = self.listed(mem).await?;
+            let before = self.read_tables(mem).await?;
+            let meta = mem
+                .read(l.meta_base(), (l.objects * TXOBJ_BYTES) as usize)
+                .await?;
+            let mut logs = Vec::with_capacity(l.ids as usize);
+            for id in 0..l.ids {
+                logs.push(mem.read(l.log_addr(id), l.slot_bytes() as usize).await?);
+            }
+            let after = self.read_tables(mem).await?;
             if t0.elapsed() >= std::time::Duration::from_millis(MIN_REUSE_MS / 2) {
                 continue;
             }
-            let mut used = scan;
-            used.extend(before);
-            used.extend(after);
-            return self.take_back(mem, used, mine_listed).await;
+            let mut used = Self::referenced(l, &meta, &logs);
+            used.extend(self.listed(&before).1);
+            let (mine_listed, others) = self.listed(&after);
+            used.extend(others);
+            return self.take_back(mem, Some(used), mine_listed).await;
         }
+        self.take_back(mem, None, Vec::new()).await
     }
 
     /// Blocks the meta pool's dptrs and the logs not in DONE reference.
-    async fn scan_used<M: Mem>(&self, mem: &M) -> Result<BTreeSet<u64>, AllocError> {
-        let l = self.layout;
+    fn referenced(l: Layout, meta: &[u8], logs: &[Vec<u8>]) -> BTreeSet<u64> {
         let mut used = BTreeSet::new();
-        let meta = mem
-            .read(l.meta_base(), (l.objects * TXOBJ_BYTES) as usize)
-            .await?;
         for i in 0..l.objects as usize {
             let o = i * TXOBJ_BYTES as usize + DPTR_OFF as usize;
             let w = u64::from_le_bytes(meta[o..o + 8].try_into().expect("8 bytes"));
@@ -299,11 +318,10 @@ impl Allocator {
                 used.insert(d.block);
             }
         }
-        for id in 0..l.ids {
-            let slot = mem.read(l.log_addr(id), l.slot_bytes() as usize).await?;
+        for slot in logs {
             // A torn or never-written slot holds nothing in flight worth trusting; a log
             // not in DONE keeps both its old and new buffers.
-            if let Ok(img) = LogImage::decode(&slot) {
+            if let Ok(img) = LogImage::decode(slot) {
                 if img.header.state != LogState::Done && img.checksum != 0 {
                     for e in &img.entries {
                         for w in [e.dptr, e.ndptr] {
@@ -315,7 +333,7 @@ impl Allocator {
                 }
             }
         }
-        Ok(used)
+        used
     }
 
     /// Take back this ID's unreferenced blocks (not in `used`) and its listed foreign
@@ -323,9 +341,26 @@ impl Allocator {
     async fn take_back<M: Mem>(
         &mut self,
         mem: &M,
-        used: BTreeSet<u64>,
+        used: Option<BTreeSet<u64>>,
         mine_listed: Vec<u64>,
     ) -> Result<usize, AllocError> {
+        // `None`: the scan was never fast enough to trust; take nothing back.
+        let Some(used) = used else {
+            let l = self.layout;
+            let owners_raw = mem.read(l.owners_base(), (l.chunks() * 8) as usize).await?;
+            for c in 0..l.chunks() as usize {
+                let ow =
+                    u64::from_le_bytes(owners_raw[c * 8..c * 8 + 8].try_into().expect("8 bytes"));
+                if decode_owner(ow).is_some_and(|(id, _)| id == self.id) {
+                    let new = owner_word(self.id, self.incarnation);
+                    mem.write(l.owners_base() + c as u64 * 8, &new.to_le_bytes())
+                        .await?;
+                }
+            }
+            self.free.clear();
+            self.retired.clear();
+            return Ok(0);
+        };
         let l = self.layout;
         let owners_raw = mem.read(l.owners_base(), (l.chunks() * 8) as usize).await?;
         let bitmap = mem.read(l.bitmap_base(), (l.chunks() * 8) as usize).await?;

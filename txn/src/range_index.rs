@@ -56,16 +56,18 @@ pub const LOADED_TAG: u64 = 1;
 /// first inserts into a leaf do not split it.
 pub const BULK_FILL: usize = 45;
 
-/// Objects (tree nodes) each rTX ID's handle may allocate for the splits it makes; a
-/// handle that runs out fails its insert with [`TxnError::Usage`] naming this.
-pub const NODES_PER_ID: u64 = 256;
+/// Objects (tree nodes) a handle claims at a time for the splits it makes, from the
+/// region's node counter ([`RangeIndexExport::counter`]).
+pub const NODES_PER_CLAIM: u64 = 64;
 
 /// What the memory node hosting the range index exports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RangeIndexExport {
-    /// The first object no bulk-loaded node uses: handles allocate new nodes from here,
-    /// each rTX ID its own [`NODES_PER_ID`]-sized range.
-    pub first_free: u64,
+    /// The node counter: the first object no bulk-loaded node uses, whose block's word
+    /// 0 holds the next object index free for new nodes (0: `counter + 1`). Handles
+    /// claim [`NODES_PER_CLAIM`] objects at a time by a CAS on it; a claim of a client
+    /// that dies is lost (never reused), which is safe.
+    pub counter: u64,
     /// Entries bulk-loaded.
     pub loaded: u64,
 }
@@ -83,13 +85,22 @@ pub fn index_key(table: u32, key: u64) -> Result<u64, TxnError> {
     Ok(u64::from(table) << KEY_BITS | key)
 }
 
+/// Objects (nodes) [`pool_bytes`] leaves for growth beside a tree of `entries`
+/// bulk-loaded keys and `ids` rTX IDs: as many as the tree has, at least 4 claims per ID,
+/// plus 16,384.
+pub fn growth_objects(entries: u64, ids: u16) -> u64 {
+    rtx::blink::bulk::objects_needed(entries, BULK_FILL).max(4 * NODES_PER_CLAIM * u64::from(ids))
+        + 16_384
+}
+
 /// The rTX region (bytes) a memory node needs to host a range index of `entries`
 /// bulk-loaded keys for `ids` rTX IDs (coordinator coroutines): the bulk-loaded tree,
-/// [`NODES_PER_ID`] nodes per ID, and the logs, at two data blocks of 1 KB per object
-/// ([`rtx::host::layout_for_pool`]).
+/// room to grow ([`growth_objects`]), and the logs, at two data blocks of 1 KB per
+/// object ([`rtx::host::layout_for_pool`]). A tree that outgrows it fails inserts with
+/// [`TxnError::Usage`]; `memnode --rtx-pool` gives more.
 pub fn pool_bytes(entries: u64, ids: u16) -> u64 {
     let objects = rtx::blink::bulk::objects_needed(entries, BULK_FILL)
-        + NODES_PER_ID * u64::from(ids)
+        + growth_objects(entries, ids)
         + rtx::layout::CHUNK_BLOCKS;
     // Two blocks and a TXObj per object, plus the logs, bitmaps and owners (generous).
     objects * (2 * 1024 + rtx::layout::TXOBJ_BYTES) + u64::from(ids) * 64 * 1024 + (4 << 20)
@@ -134,6 +145,9 @@ pub struct RangeIndexStats {
 /// A thread's handle on the range index (see the module documentation).
 pub struct RangeIndex {
     mem: RrpcMem,
+    layout: Layout,
+    /// The node counter's object ([`RangeIndexExport::counter`]).
+    counter: u64,
     tables: Vec<u32>,
     slots: RefCell<Vec<Slot>>,
     stats: Cell<RangeIndexStats>,
@@ -165,6 +179,12 @@ impl RangeIndex {
                 .export(rtx::host::EXPORT_KEY)
                 .map_err(|e| TxnError::Export(format!("range index on {a}: {e}")))?;
             let layout = region.layout;
+            if ix.counter < rtx::blink::FIRST_FREE_OBJ {
+                return Err(TxnError::Export(format!(
+                    "range index on {a}: node counter {} inside the tree's fixed objects",
+                    ix.counter
+                )));
+            }
             let slots = cfg
                 .ids
                 .clone()
@@ -172,6 +192,8 @@ impl RangeIndex {
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok(Self {
                 mem: RrpcMem::new(ctx.clone(), info.node, region.region),
+                layout,
+                counter: ix.counter,
                 tables: cfg.tables.clone(),
                 slots: RefCell::new(slots),
                 stats: Cell::new(RangeIndexStats::default()),
@@ -196,18 +218,17 @@ impl RangeIndex {
                 layout.ids - 1
             )));
         }
-        let start = ix.first_free + NODES_PER_ID * u64::from(id);
-        let end = start + NODES_PER_ID;
-        if end > layout.objects {
+        if ix.counter + 1 > layout.objects {
             return Err(TxnError::Export(format!(
-                "range index: rTX ID {id}'s nodes {start}..{end} past the region's {} objects \
-                 (memnode --rtx-pool too small)",
-                layout.objects
+                "range index: the node counter {} past the region's {} objects",
+                ix.counter, layout.objects
             )));
         }
+        // No nodes yet: the first split claims some (`RangeIndex::claim`).
+        let none = ix.counter + 1..ix.counter + 1;
         Ok(Slot {
             client: Client::new(layout, id, incarnation, SystemClock, rtx::Config::default()),
-            tree: Blink::new(layout, start..end),
+            tree: Blink::new(layout, none),
             recovered: false,
         })
     }
@@ -248,6 +269,30 @@ impl RangeIndex {
             s.recovered = true;
         }
         Ok(g)
+    }
+
+    /// Claim [`NODES_PER_CLAIM`] fresh objects for new nodes: a CAS on the node counter.
+    /// Errors: [`TxnError::Usage`] when the region has none left, [`TxnError::Index`].
+    async fn claim(&self) -> Result<std::ops::Range<u64>, TxnError> {
+        use rtx::mem::Mem;
+        let at = self.layout.block_addr(self.counter);
+        let mem_err = |e: rtx::mem::MemError| TxnError::Index(format!("node counter: {e}"));
+        let mut w = self.mem.read_u64(at).await.map_err(mem_err)?;
+        loop {
+            let next = if w == 0 { self.counter + 1 } else { w };
+            let end = next + NODES_PER_CLAIM;
+            if end > self.layout.objects {
+                return Err(TxnError::Usage(format!(
+                    "range index: the region's {} objects are used up by tree nodes (a larger \
+                     memnode --rtx-pool)",
+                    self.layout.objects
+                )));
+            }
+            match self.mem.cas(at, w, end).await.map_err(mem_err)? {
+                old if old == w => return Ok(next..end),
+                old => w = old,
+            }
+        }
     }
 
     /// Up to `count` keys of `table` within `keys`, in key order (one read-only rTX over
@@ -311,10 +356,20 @@ impl RangeIndex {
         entries.dedup();
         let mut g = self.take().await?;
         let s = g.slot.as_mut().expect("taken");
-        s.tree
-            .insert_batch(&mut s.client, &self.mem, &entries)
-            .await
-            .map_err(blink_error)?;
+        loop {
+            if s.tree.out_of_objects() {
+                s.tree.set_objects(self.claim().await?);
+            }
+            match s
+                .tree
+                .insert_batch(&mut s.client, &self.mem, &entries)
+                .await
+            {
+                // A split took the last objects half-way: the insert is idempotent.
+                Err(BlinkError::OutOfObjects) => s.tree.set_objects(self.claim().await?),
+                r => break r.map_err(blink_error)?,
+            }
+        }
         self.count(|st| st.inserts += entries.len() as u64);
         Ok(())
     }
@@ -397,9 +452,9 @@ fn rtx_error(e: rtx::RtxError) -> TxnError {
 
 fn blink_error(e: BlinkError) -> TxnError {
     match e {
-        BlinkError::OutOfObjects => TxnError::Usage(format!(
-            "range index: this rTX ID used up its {NODES_PER_ID} nodes for splits"
-        )),
+        BlinkError::OutOfObjects => {
+            TxnError::Index("a split found no free object (claimed ones used up)".into())
+        }
         e => TxnError::Index(e.to_string()),
     }
 }
@@ -423,7 +478,7 @@ mod tests {
             let l = rtx::host::layout_for_pool(pool_bytes(entries, ids), ids, 1024).unwrap();
             let tree = rtx::blink::bulk::objects_needed(entries, BULK_FILL);
             assert!(
-                l.objects >= tree + NODES_PER_ID * u64::from(ids),
+                l.objects >= tree + growth_objects(entries, ids),
                 "{entries} {ids}: {l:?}"
             );
         }

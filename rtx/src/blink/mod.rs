@@ -217,6 +217,21 @@ impl Blink {
         self.stats
     }
 
+    /// Whether the handle's object range is used up (an insert that must split then
+    /// fails with [`BlinkError::OutOfObjects`]).
+    pub fn out_of_objects(&self) -> bool {
+        self.next_obj >= self.end_obj
+    }
+
+    /// Allocate new nodes from `objs` from now on (disjoint from every other handle's
+    /// range, within [`FIRST_FREE_OBJ`]..`layout.objects`): a handle whose range is used
+    /// up takes a fresh one.
+    pub fn set_objects(&mut self, objs: Range<u64>) {
+        assert!(objs.start >= FIRST_FREE_OBJ && objs.end <= self.layout.objects);
+        self.next_obj = objs.start;
+        self.end_obj = objs.end;
+    }
+
     fn invalidate(&mut self) {
         self.root = None;
         self.cache.clear();

@@ -342,8 +342,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         let bb = layout.block_bytes as usize;
         let (mr, export) = rtx::host::host_with(&fabric, layout, |i| tree.value(i, bb))
             .context("hosting the range index")?;
+        // The node counter: the first object past the tree, a zero block (next free
+        // object: the one after it).
         let ix = txn::range_index::RangeIndexExport {
-            first_free: tree.first_free(),
+            counter: tree.first_free(),
             loaded: entries.len() as u64,
         };
         tracing::info!(
