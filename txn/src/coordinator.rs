@@ -259,6 +259,7 @@ impl TxnClient {
         Txn {
             c: self,
             attempt: self.engine.begin(&self.core, kind, None),
+            index_inserts: Vec::new(),
             index_deletes: Vec::new(),
         }
     }
@@ -271,6 +272,7 @@ impl TxnClient {
         Txn {
             c: self,
             attempt: self.engine.begin(&self.core, kind, Some(prev)),
+            index_inserts: Vec::new(),
             index_deletes: Vec::new(),
         }
     }
@@ -436,6 +438,9 @@ impl TxnClient {
 pub struct Txn<'a> {
     c: &'a TxnClient,
     attempt: AttemptIn<'a>,
+    /// Rows of indexed tables this transaction inserts: their entries go in when it
+    /// commits, before its installs ([`crate::range_index`]).
+    index_inserts: Vec<(u32, u64)>,
     /// Rows of indexed tables this transaction deletes, with their entries' tags: the
     /// entries go once it committed ([`crate::range_index`]).
     index_deletes: Vec<(u32, u64, u64)>,
@@ -516,7 +521,8 @@ impl<'a> Txn<'a> {
     /// Keys whose row reads as absent (stale index entries: inserts that aborted or are
     /// in flight, deletes not yet removed) are skipped, so fewer than `count` rows may
     /// come back while more exist. Not protected against phantoms: a row inserted into
-    /// the range after the index was read is no conflict.
+    /// the range after the index was read is no conflict. Rows this transaction inserted
+    /// are not in the index before it commits, so its own scans miss them.
     ///
     /// Errors: [`TxnError::Usage`] without a range index or for a table it does not
     /// index; [`TxnError::Index`]; and as [`Self::get_many`].
@@ -662,18 +668,10 @@ impl<'a> Txn<'a> {
                 a.objs[i].write = Some(Write::Put(v));
             }
         });
-        // The index entry goes in before the commit, so that a committed row is always
-        // in the index (crate::range_index); if this transaction aborts, it stays as a
-        // stale entry that scans skip.
+        // The index entries go in at commit, before the installs (`Self::commit`).
         if let Some(ix) = self.c.range_index() {
-            let mut tables: Vec<u32> = keys.iter().map(|&(t, _)| t).collect();
-            tables.sort_unstable();
-            tables.dedup();
-            let tag = self.id() | 1 << 63;
-            for t in tables.into_iter().filter(|&t| ix.indexes(t)) {
-                let of_t: Vec<u64> = keys.iter().filter(|e| e.0 == t).map(|e| e.1).collect();
-                ix.insert_many(t, &of_t, tag).await?;
-            }
+            self.index_inserts
+                .extend(keys.into_iter().filter(|&(t, _)| ix.indexes(t)));
         }
         Ok(())
     }
@@ -702,6 +700,23 @@ impl<'a> Txn<'a> {
     /// when a service failed while writing back; other service failures (the
     /// transaction aborted). Every lock is released on every path.
     pub async fn commit(mut self) -> Result<(), TxnError> {
+        // The inserted rows' index entries go in before the commit can make the rows
+        // visible, so that a committed row is always in the index (crate::range_index);
+        // if the commit then aborts, they stay as stale entries that scans skip. An
+        // attempt that aborts before its commit adds none.
+        if let Some(ix) = self.c.range_index() {
+            let inserts = std::mem::take(&mut self.index_inserts);
+            let mut tables: Vec<u32> = inserts.iter().map(|&(t, _)| t).collect();
+            tables.sort_unstable();
+            tables.dedup();
+            let tag = self.id() | 1 << 63;
+            for t in tables {
+                let of_t: Vec<u64> = inserts.iter().filter(|e| e.0 == t).map(|e| e.1).collect();
+                if let Err(e) = ix.insert_many(t, &of_t, tag).await {
+                    return Err(self.fail(e).await);
+                }
+            }
+        }
         with_protocol!(self, |p, a| protocol::commit(p, a).await)?;
         // The deleted rows' index entries go after the commit (crate::range_index). A
         // failure leaves a stale entry, which scans skip: the commit stands.
@@ -717,6 +732,19 @@ impl<'a> Txn<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Release what the attempt holds after `e` stopped its commit; returns `e`, or the
+    /// release's own failure.
+    async fn fail(mut self, e: TxnError) -> TxnError {
+        let released = with_protocol!(self, |p, a| {
+            a.enter(crate::phase::Phase::Unlock);
+            p.release(a).await
+        });
+        match released {
+            Ok(()) => e,
+            Err(r) => r,
+        }
     }
 
     /// Give up: release what the transaction holds; returns
