@@ -458,45 +458,33 @@ fn a_killed_cnode_is_recovered_from_ordered_logs() {
     }
 }
 
-/// TPC-C through the range index with a coordinator process killed and restarted: the
-/// restarted life reuses its rTX IDs (new incarnation, `rtx::Client::recover`) while the
-/// other process keeps splitting leaves, and every check holds, the index audit
-/// included (tree sound, every NEW_ORDER and ORDER_LINE row indexed). This run found
-/// two races in the allocator's restart (a block another client reused during the
-/// restart's scan, and foreign blocks held past a full reclamation table), which
-/// corrupted the tree.
-#[test]
-fn a_killed_and_restarted_cnode_keeps_the_range_index_sound() {
-    let (ok, stdout, sum) = common::txn_bench_watched(
-        "cnodes-range-index",
-        &[
-            "--workload",
-            "tpcc",
-            "--range-index",
-            "--warehouses",
-            "2",
-            "--versions",
-            "2",
-            "--protocol",
-            "occ-cas",
-            "--cnodes",
-            "2",
-            "--threads",
-            "1",
-            "--coroutines",
-            "4",
-            "--duration",
-            "3",
-            "--kill-cn-after",
-            "1",
-            "--restart",
-        ],
-        Duration::from_secs(300),
-    );
-    assert!(
-        ok,
-        "a check failed after the kill and the restart:\n{stdout}"
-    );
+/// TPC-C through the range index on two coordinator processes, one of them disturbed
+/// by `fault` (kill or stop flags), 3 s: the run must pass with consistency 1-4 and the
+/// index audit (tree sound, every NEW_ORDER and ORDER_LINE row indexed). Returns the
+/// run's cnode events.
+fn range_index_run_with(name: &str, fault: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--workload",
+        "tpcc",
+        "--range-index",
+        "--warehouses",
+        "2",
+        "--versions",
+        "2",
+        "--protocol",
+        "occ-cas",
+        "--cnodes",
+        "2",
+        "--threads",
+        "1",
+        "--coroutines",
+        "4",
+        "--duration",
+        "3",
+    ];
+    args.extend_from_slice(fault);
+    let (ok, stdout, sum) = common::txn_bench_watched(name, &args, Duration::from_secs(300));
+    assert!(ok, "a check failed after {fault:?}:\n{stdout}");
     let r = &sum["runs"][0];
     let check = r["workload_check"].as_str().unwrap();
     assert!(
@@ -505,7 +493,23 @@ fn a_killed_and_restarted_cnode_keeps_the_range_index_sound() {
     );
     assert!(check.contains("tree sound"), "{check}");
     assert!(check.ends_with("every row indexed"), "{check}");
-    let events = cnode_events(r, &stdout);
+    cnode_events(r, &stdout)
+        .into_iter()
+        .map(str::to_string)
+        .collect()
+}
+
+/// TPC-C through the range index with a coordinator process killed and restarted: the
+/// others repair what the dead life left as they meet it, the restarted life takes the
+/// next set of rTX IDs, the other process keeps splitting leaves, and every check holds.
+/// With the restarted life reusing its IDs (new incarnation, `rtx::Client::recover`),
+/// this run found two races in the allocator's restart (a block another client reused
+/// during the restart's scan, and foreign blocks held past a full reclamation table),
+/// which corrupted the tree; fixed, it still failed about one run in eight, so lives no
+/// longer reuse IDs (`RANGE_ID_LIVES`).
+#[test]
+fn a_killed_and_restarted_cnode_keeps_the_range_index_sound() {
+    let events = range_index_run_with("cnodes-range-index", &["--kill-cn-after", "1", "--restart"]);
     assert!(
         events
             .iter()
@@ -517,46 +521,13 @@ fn a_killed_and_restarted_cnode_keeps_the_range_index_sound() {
 /// TPC-C through the range index with a coordinator process stopped (SIGSTOP) for
 /// 300 ms, far past an rTX lease (8 ms plus the hold estimate) but within the process's
 /// membership lease: the others repair any index lock it held (a false suspicion, rTX
-/// 4.3), it continues, and every check holds, the index audit included.
+/// 4.3), it continues, and every check holds.
 #[test]
 fn a_stopped_cnode_leaves_the_range_index_sound() {
-    let (ok, stdout, sum) = common::txn_bench_watched(
+    let events = range_index_run_with(
         "cnodes-range-index-stop",
-        &[
-            "--workload",
-            "tpcc",
-            "--range-index",
-            "--warehouses",
-            "2",
-            "--versions",
-            "2",
-            "--protocol",
-            "occ-cas",
-            "--cnodes",
-            "2",
-            "--threads",
-            "1",
-            "--coroutines",
-            "4",
-            "--duration",
-            "3",
-            "--stop-cn-after",
-            "1",
-            "--stop-ms",
-            "300",
-        ],
-        Duration::from_secs(300),
+        &["--stop-cn-after", "1", "--stop-ms", "300"],
     );
-    assert!(ok, "a check failed after the stop:\n{stdout}");
-    let r = &sum["runs"][0];
-    let check = r["workload_check"].as_str().unwrap();
-    assert!(
-        check.starts_with("consistency 1-4: ok (20 districts)"),
-        "{check}"
-    );
-    assert!(check.contains("tree sound"), "{check}");
-    assert!(check.ends_with("every row indexed"), "{check}");
-    let events = cnode_events(r, &stdout);
     assert!(
         events.iter().any(|e| e.contains("stopped (SIGSTOP)")),
         "{events:?}"
