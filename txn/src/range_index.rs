@@ -12,8 +12,8 @@
 //! repairs (rTX 4.3), so the index never stays locked and never needs the dead node.
 //!
 //! How the index follows the rows (the rule that keeps a scan from missing a committed
-//! row): a row inserted into an indexed table gets its index entry before its
-//! transaction commits ([`crate::coordinator::Txn::insert`]), and a deleted row loses it
+//! row): a row inserted into an indexed table gets its index entry when its transaction
+//! commits, before the installs ([`crate::coordinator::Txn::commit`]), and a deleted row loses it
 //! only after its transaction committed, and only if the entry is still the one the
 //! deletion read (each insert tags its entry with its transaction id), so that a row
 //! inserted anew in between keeps its entry. The index thus holds every committed row's key,
@@ -404,20 +404,6 @@ impl RangeIndex {
             self.count(|st| st.deletes += 1);
         }
         Ok(gone)
-    }
-
-    /// Remove `(table, key)` from the index, if there. Errors: as [`Self::scan`].
-    pub async fn delete(&self, table: u32, key: u64) -> Result<(), TxnError> {
-        self.indexed(table)?;
-        let k = index_key(table, key)?;
-        let mut g = self.take().await?;
-        let s = g.slot.as_mut().expect("taken");
-        s.tree
-            .delete(&mut s.client, &self.mem, k)
-            .await
-            .map_err(blink_error)?;
-        self.count(|st| st.deletes += 1);
-        Ok(())
     }
 
     fn indexed(&self, table: u32) -> Result<(), TxnError> {
