@@ -1023,6 +1023,15 @@ impl Args {
                 self.memnodes
             );
         }
+        let range_index_somewhere = self.uses_range_index()
+            || matches!(&self.sweep, Some(Sweep::RangeIndex(points)) if points.contains(&true));
+        if self.kill_memnode_after.is_some() && self.memnode == 0 && range_index_somewhere {
+            bail!(
+                "--kill-memnode-after would kill memory node 0, which alone holds the range \
+                 index (its B-link tree is not replicated): kill another with --memnode 1 or \
+                 more (and --memnodes 2 or more), or run without the range index"
+            );
+        }
         if self.reshard_loop {
             if self.cnodes < 2 {
                 bail!("--reshard-loop moves shards between compute nodes: it needs --cnodes 2 or more");

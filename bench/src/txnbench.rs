@@ -1354,14 +1354,14 @@ pub(crate) fn txn_config(args: &Args, protocol: Protocol, threads: usize) -> Txn
             eprintln!("--plant drop-scan-entries: {e}");
         }
     }
-    // Each thread's rTX IDs and incarnation are its own (`WorkerPlan::connect`).
-    // `ids` spans one life's IDs here (its end the stride between lives); each thread
-    // takes its own from it (`WorkerPlan::connect`).
+    // `ids` spans every coordinator thread's IDs here (the loader's, the last, left
+    // out); each thread takes its own from it, with an incarnation of its own
+    // (`WorkerPlan::connect`).
     cfg.range_index = args
         .uses_range_index()
         .then(|| txn::range_index::RangeIndexConfig {
             tables: args.range_index_tables(),
-            ids: 0..range_ids_per_life(args).unwrap_or(0),
+            ids: 0..range_ids_total(args).map_or(0, |n| n - 1),
             incarnation: 1,
         });
     cfg
@@ -1379,36 +1379,22 @@ pub(crate) fn range_ids_per_thread(args: &Args) -> u16 {
     u16::try_from(2 * most).unwrap_or(u16::MAX)
 }
 
-/// Sets of rTX IDs the lives of a compute node rotate through: a restarted coordinator
-/// process takes the next set rather than its previous life's IDs. (Reusing an ID at a
-/// new incarnation, beside live clients, still corrupted the tree now and then in
-/// kill-and-restart runs after two allocator races were fixed: a third is not found yet,
-/// so lives do not reuse IDs until the fifth.)
-pub(crate) const RANGE_ID_LIVES: u16 = 4;
-
-/// The rTX IDs of one life of every compute node's threads (`range_ids_per_thread` per
-/// thread). Errors: more than a `u16` holds.
-fn range_ids_per_life(args: &Args) -> anyhow::Result<u16> {
+/// The range index's rTX IDs: `range_ids_per_thread` for every compute node's threads
+/// (a restarted coordinator process reuses its previous life's, at a new incarnation),
+/// plus the loader's: the memory node's `--rtx-ids`. Errors: more than a `u16` holds.
+pub(crate) fn range_ids_total(args: &Args) -> anyhow::Result<u16> {
     let threads = args.threads.unwrap_or(1).max(1) * args.cnodes.max(1);
-    let ids = threads * usize::from(range_ids_per_thread(args)) * usize::from(RANGE_ID_LIVES);
+    let ids = threads * usize::from(range_ids_per_thread(args)) + 1;
     u16::try_from(ids)
         .ok()
         .filter(|&n| n < u16::MAX)
-        .map(|n| n / RANGE_ID_LIVES)
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "{}: the range index has rTX IDs for at most about 8,000 coroutines (2 per \
-                 coroutine per thread, 4 lives): fewer --threads, --coroutines or --cnodes",
+                "{}: the range index has rTX IDs for at most about 32,000 coroutines (2 per \
+                 coroutine per thread): fewer --threads, --coroutines or --cnodes",
                 args.workload
             )
         })
-}
-
-/// The range index's rTX IDs over the whole run (every compute node's threads, each of
-/// [`RANGE_ID_LIVES`] lives), plus the loader's: the memory node's `--rtx-ids`. Errors:
-/// more than a `u16` holds.
-pub(crate) fn range_ids_total(args: &Args) -> anyhow::Result<u16> {
-    Ok(range_ids_per_life(args)? * RANGE_ID_LIVES + 1)
 }
 
 /// Lives of range-index clients in this process: each new thread's rTX clients take a
@@ -1924,10 +1910,10 @@ impl WorkerPlan {
     pub(crate) fn connect(&self, ctx: &Rc<ThreadCtx>) -> anyhow::Result<Rc<TxnClient>> {
         let mut cfg = self.cfg.clone();
         if let Some(r) = &mut cfg.range_index {
-            // 2 per coroutine (see `range_ids_per_thread`), in this life's set.
+            // 2 per coroutine (see `range_ids_per_thread`); a restarted process's threads
+            // take their previous life's, at a new incarnation (below).
             let per = 2 * self.coroutines as u16;
-            let life = (self.incarnation % u32::from(RANGE_ID_LIVES)) as u16;
-            let first = life * r.ids.end + self.tid as u16 * per;
+            let first = self.tid as u16 * per;
             r.ids = first..first + per;
             let life = RANGE_LIVES.fetch_add(1, Ordering::Relaxed);
             r.incarnation = 2 + ((self.incarnation * 64 + life) % 253) as u8;
@@ -2595,6 +2581,43 @@ mod tests {
             .concat(),
         );
         assert!(ok.validate().is_ok());
+    }
+
+    /// The range index lives on memory node 0 alone (not replicated): a failover of
+    /// that node is refused, of another one allowed.
+    #[test]
+    fn killing_the_range_index_memnode_is_refused() {
+        let kill = |extra: &[&str]| {
+            args(
+                &[
+                    &[
+                        "--memnodes",
+                        "2",
+                        "--replicas",
+                        "2",
+                        "--kill-memnode-after",
+                        "1",
+                    ][..],
+                    extra,
+                ]
+                .concat(),
+            )
+            .validate()
+            .map_err(|e| e.to_string())
+        };
+        for refused in [
+            &["--workload", "ycsb-e"][..],
+            &["--workload", "tpcc", "--range-index"],
+            &["--workload", "tpcc", "--sweep", "range-index=off,on"],
+        ] {
+            let e = kill(refused).unwrap_err();
+            assert!(
+                e.contains("alone holds the range index"),
+                "{refused:?}: {e}"
+            );
+        }
+        kill(&["--workload", "ycsb-e", "--memnode", "1"]).unwrap();
+        kill(&["--workload", "tpcc"]).unwrap();
     }
 
     #[test]

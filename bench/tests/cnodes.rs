@@ -503,13 +503,13 @@ fn range_index_run_with(name: &str, fault: &[&str]) -> Vec<String> {
 }
 
 /// TPC-C through the range index with a coordinator process killed and restarted: the
-/// others repair what the dead life left as they meet it, the restarted life takes the
-/// next set of rTX IDs, the other process keeps splitting leaves, and every check holds.
-/// With the restarted life reusing its IDs (new incarnation, `rtx::Client::recover`),
-/// this run found two races in the allocator's restart (a block another client reused
-/// during the restart's scan, and foreign blocks held past a full reclamation table),
-/// which corrupted the tree; fixed, it still failed about one run in eight, so lives no
-/// longer reuse IDs (`RANGE_ID_LIVES`).
+/// others repair what the dead life left as they meet it, the restarted life reuses its
+/// rTX IDs at a new incarnation (`rtx::Client::recover`: its logs finished, its blocks
+/// taken back), the other process keeps splitting leaves, and every check holds. This run
+/// found three races in the allocator's restart, each of which corrupted the tree (a
+/// block another client reused during the restart's scan; foreign blocks held past a full
+/// reclamation table; a stale entry of the restarting ID's own table, naming a block the
+/// chunk's owner was reusing), each now a unit test in `rtx::alloc`.
 #[test]
 fn a_killed_and_restarted_cnode_keeps_the_range_index_sound() {
     let events = range_index_run_with("cnodes-range-index", &["--kill-cn-after", "1", "--restart"]);

@@ -15,8 +15,11 @@
 //!   so that the chunk owner's recovery scan never takes a block this ID holds.
 //! - **Incarnations**: after a restart, [`Allocator::recover`] takes back the blocks of
 //!   its own chunks that nothing references (no TXObj dptr, no log not in DONE, no
-//!   reclamation table) and the foreign blocks its previous incarnation listed, and
-//!   stamps the chunks with the new incarnation; new dptrs carry it (see [`crate::dptr`]).
+//!   reclamation table) and stamps the chunks with the new incarnation; new dptrs carry
+//!   it (see [`crate::dptr`]). The paper also takes back the foreign blocks the previous
+//!   incarnation listed; here they are given up to their chunk's owner instead, since
+//!   the table on the MN can still list a block its ID already released (the entry
+//!   leaves at the next table WRITE) and that the chunk's owner is reusing.
 //!   The ID's own log must be repaired to DONE first (its blocks are then referenced or
 //!   free), which [`crate::client::Client::recover`] does.
 
@@ -229,8 +232,9 @@ impl Allocator {
         }
     }
 
-    /// Foreign blocks given up because the reclamation table was full when they were
-    /// held (their chunk's owner takes them back when it recovers).
+    /// Foreign blocks given up: held while the reclamation table was full, or listed in
+    /// this ID's table when it recovered (their chunk's owner takes them back when it
+    /// recovers).
     pub fn leaked(&self) -> u64 {
         self.leaked
     }
@@ -267,8 +271,8 @@ impl Allocator {
     }
 
     /// Rebuild after a restart as incarnation `self.incarnation`: take back unreferenced
-    /// blocks of this ID's chunks and the foreign blocks its table lists, and re-stamp the
-    /// chunks. Reads the whole meta pool, every log and every reclamation table (the
+    /// blocks of this ID's chunks, give up the foreign blocks its table lists (counted in
+    /// [`Self::leaked`]; see below), and re-stamp the chunks. Reads the whole meta pool, every log and every reclamation table (the
     /// paper's "fix scans all the entries"). Run only when this ID's log is DONE; other
     /// clients may run meanwhile. Errors: [`AllocError::Mem`].
     ///
@@ -336,8 +340,8 @@ impl Allocator {
         used
     }
 
-    /// Take back this ID's unreferenced blocks (not in `used`) and its listed foreign
-    /// ones, and re-stamp its chunks.
+    /// Take back this ID's unreferenced blocks (not in `used`), give up the foreign ones
+    /// its own table listed (`mine_listed`), and re-stamp its chunks.
     async fn take_back<M: Mem>(
         &mut self,
         mem: &M,
@@ -384,13 +388,14 @@ impl Allocator {
                 }
             }
         }
-        for b in mine_listed {
-            if !used.contains(&b) && !self.free.contains(&b) {
-                self.free.push(b);
-                self.foreign.insert(b);
-                taken += 1;
-            }
-        }
+        // This ID's own table may list blocks it no longer holds: an entry leaves the MN
+        // only at the next table WRITE after a dptr references the block again, and the
+        // chunk's owner may since have replaced that object and be reusing the block
+        // (unlisted: its own chunk). Nothing tells such an entry from a block the previous
+        // life still held, so none is taken back: the empty table written below gives them
+        // up, unreferenced and unlisted, to their chunk owner's next recovery.
+        let given_up = mine_listed.iter().filter(|b| !used.contains(b)).count();
+        self.leaked += given_up as u64;
         self.foreign_dirty = true;
         self.flush(mem).await?;
         Ok(taken)
@@ -531,6 +536,54 @@ mod tests {
         );
     }
 
+    /// A stale entry of a restarting ID's own reclamation table. Client 1 held a block
+    /// of client 0's chunk (listed), reused it in an install (a dptr references it;
+    /// unlisted only at client 1's next table WRITE, which never came: it died). Client
+    /// 0, the chunk's owner, then replaced that object: it holds the block without
+    /// listing it (its own chunk) and will reuse it. Client 1's next life must not take
+    /// the block back from its stale table: two lives of two IDs would then write
+    /// different nodes into one block (found by the range index's kill-and-restart runs,
+    /// about one in twelve, before this was fixed).
+    #[test]
+    fn a_stale_own_table_entry_is_not_taken_back() {
+        let l = layout();
+        let m = LocalMem::new(l.total_bytes() as usize);
+        let mut a = Allocator::new(l, 0, 1);
+        a.min_reuse_ms = 0;
+        block_on(a.refill(&m)).unwrap();
+        let owners: Vec<u64> = (0..l.chunks())
+            .map(|c| m.word(l.owners_base() + c * 8))
+            .collect();
+        let held = std::iter::from_fn(|| a.take(0)).next().unwrap();
+        // Client 1 replaced the block (listed, flushed), then reused it: installed on
+        // object 2, its table not written again.
+        let mut b = Allocator::new(l, 1, 1);
+        b.hold(&[held], Some(&owners));
+        block_on(b.flush(&m)).unwrap();
+        let d = Dptr {
+            incarnation: 1,
+            version: 4,
+            block: held,
+        };
+        m.set_word(l.obj_addr(2) + DPTR_OFF, d.word());
+        b.installed(held);
+        assert!(b.needs_flush(), "the MN table still lists the block");
+        // Client 0 replaces object 2: its own chunk's block, held unlisted, retired.
+        let nb = a.take(0).unwrap();
+        a.hold(&[held], Some(&owners));
+        assert!(!a.needs_flush(), "an own block is not listed");
+        m.set_word(l.obj_addr(2) + DPTR_OFF, d.successor(nb, 1).word());
+        a.retire(&[held], 0);
+        // Client 1's next life recovers beside it.
+        let mut b2 = Allocator::new(l, 1, 2);
+        block_on(b2.recover(&m)).unwrap();
+        let got: BTreeSet<u64> = std::iter::from_fn(|| b2.take(0)).collect();
+        let mut a_has: BTreeSet<u64> = std::iter::from_fn(|| a.take(0)).collect();
+        a_has.insert(nb);
+        let both: Vec<u64> = got.intersection(&a_has).copied().collect();
+        assert!(both.is_empty(), "blocks {both:?} handed out by two IDs");
+    }
+
     #[test]
     fn recovery_takes_back_only_unreferenced_unlisted_blocks() {
         let l = layout();
@@ -568,9 +621,12 @@ mod tests {
             decode_owner(m.word(l.owners_base() + chunk * 8)),
             Some((0, 2))
         );
-        // b's recovery takes back what its table listed.
+        // b's recovery takes back its own chunk and gives up what its table listed.
         let mut b2 = Allocator::new(l, 1, 2);
         let nb = block_on(b2.recover(&m)).unwrap();
-        assert_eq!(nb, 64 + 1);
+        assert_eq!(nb, 64);
+        assert_eq!(b2.leaked(), 1);
+        let got: BTreeSet<u64> = std::iter::from_fn(|| b2.take(0)).collect();
+        assert!(!got.contains(&a_blocks[1]));
     }
 }
