@@ -326,8 +326,10 @@ fn fault_points_without_their_preconditions_are_usage_errors() {
                 "d",
                 "--pause-at",
                 "rehash:locked",
+                "--stop-ms",
+                "200",
             ][..],
-            "--pause-at runs --index blink only",
+            "at most 50 ms",
         ),
         (
             &[

@@ -122,6 +122,38 @@ fn a_client_process_stopped_past_its_leases_is_repaired_and_then_finishes() {
     assert!(stdout.contains("Rtx: tree check ok ("), "{stdout}");
 }
 
+/// The same two faults on RACE hashing, with inserts that rehash (workload D on a
+/// small table): a killed process's rehash, if one was in flight, is repaired by the
+/// survivor's next operation on the subtable; a process stopped 40 ms (past its leases,
+/// within the bound that keeps its late slot CAS out of reused blocks) is repaired
+/// around and then finishes. Every acknowledged key is found exactly once where its
+/// hash puts it, no lock is held and every log is DONE.
+#[test]
+fn race_survives_a_killed_and_a_stopped_client_process() {
+    let _one = serial();
+    for (fault, seen) in [
+        (
+            &["--kill-client-after", "300ms"][..],
+            "client process 0 (pid ",
+        ),
+        (
+            &["--stop-client-after", "300ms", "--stop-ms", "40"][..],
+            "stopped at ",
+        ),
+    ] {
+        let out = index_bench(&[&["--index", "race", "--workload", "a,d"][..], fault].concat());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{fault:?}\n{stdout}\n{stderr}");
+        assert_eq!(stdout.matches(seen).count(), 2, "{fault:?}\n{stdout}");
+        assert!(
+            stdout.contains("Rtx: table check ok (")
+                && stdout.contains("every acknowledged insert present"),
+            "{fault:?}\n{stdout}"
+        );
+    }
+}
+
 #[test]
 fn fault_flags_without_their_preconditions_are_usage_errors() {
     let _one = serial();

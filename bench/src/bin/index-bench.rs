@@ -89,13 +89,19 @@ struct Args {
     /// so ycsb-e is skipped, and no DTX baseline).
     #[arg(long, value_enum, default_value_t = Index::Blink)]
     index: Index,
-    /// Protocols to run: rtx, optimal, dtx (Optimal's locking plus DTX-style value
-    /// logging of every node before its write-back; B-link tree only) or all (every one
-    /// the index has, for the ratios).
+    /// Protocols to run: rtx, optimal, dtx (DrTM+H-style: Optimal's tree with OCC leaf
+    /// writes and a value log of every node before its write-back; B-link tree only) or
+    /// all (every one the index has, for the ratios). factors runs the factor analysis
+    /// (rTX 6, Figs. 16-17; B-link tree only), one run per step, each against the one
+    /// before: optimal, occ (OCC, no log), dtx, rtx-base (rTX without Opt1 or Opt2),
+    /// rtx, rtx-opt2 (rTX with the leaf pre-locked); the paper's setting is `--workload
+    /// insert`, and `--coroutines 1` for its latency. Each step also runs alone.
     #[arg(long, value_enum, default_value_t = Proto::All)]
     protocol: Proto,
     /// Workloads, comma-separated, among a (50% read, 50% update), b (95/5), c (read
-    /// only), d (95% read-latest, 5% insert), e (95% scans of 1-100 keys, 5% insert).
+    /// only), d (95% read-latest, 5% insert), e (95% scans of 1-100 keys, 5% insert),
+    /// insert (100% inserts of new keys: the factor analysis's workload; give --objects
+    /// enough for the leaves it adds, one per ~30 inserts).
     #[arg(long, default_value = "a,b,c,d,e", value_delimiter = ',')]
     workload: Vec<Workload>,
     /// Keys loaded before the workloads (8 B keys, 8 B values).
@@ -134,13 +140,21 @@ struct Args {
     #[arg(long, value_name = "TIME")]
     stop_client_after: Option<cli::Span>,
     /// How long --stop-client-after (or --pause-at) keeps the process stopped,
-    /// milliseconds.
+    /// milliseconds. With --index race at most 50 (half the allocator's 100 ms reuse
+    /// wait): a stopped client's slot CAS lands late in the subtable block it read, which a
+    /// rehash may have retired meanwhile, and must land before that block is reused.
     #[arg(long, default_value_t = 100, value_name = "MS")]
     stop_ms: u64,
     /// rTX's DRIFT, ms: what every lease adds to its estimated commit time, for
     /// unsynchronised clocks and late WRITEs (the paper's 8 ms).
     #[arg(long, default_value_t = 8, value_name = "MS")]
     drift_ms: u64,
+    /// rTX's Opt2 on the B-link tree (the paper's 4.5, delegated concurrency control): an
+    /// insert, update or delete CAS-locks its leaf while it reads it, so a contended leaf
+    /// makes it wait instead of abort at validation. Off by default: the pre-lock writes
+    /// a log header, which Opt1's single-leaf updates otherwise skip.
+    #[arg(long)]
+    pre_lock: bool,
     /// Shift the clock of some clients by this many ms (positive: ahead) in the
     /// workloads: client process 0's with --processes, else the first thread's. A client
     /// whose clock is ahead by more than DRIFT finds others' live locks expired and
@@ -224,6 +238,14 @@ enum Proto {
     Optimal,
     Dtx,
     All,
+    /// Optimal's tree with OCC leaf writes and no log (B-link tree only).
+    Occ,
+    /// rTX without Opt1 or Opt2: every write logged (B-link tree only).
+    RtxBase,
+    /// rTX with Opt1 and Opt2 (the leaf pre-locked; B-link tree only).
+    RtxOpt2,
+    /// The factor analysis: the steps from Optimal to rTX, each its own run.
+    Factors,
 }
 
 /// The index a run measures.
@@ -273,6 +295,8 @@ enum Workload {
     C,
     D,
     E,
+    /// 100% inserts of new keys (the rTX paper's factor analysis, 6 Figs. 16-17).
+    Insert,
 }
 
 impl Workload {
@@ -284,20 +308,58 @@ impl Workload {
             Workload::B => 95,
             Workload::C => 100,
             Workload::D | Workload::E => 95,
+            Workload::Insert => 0,
         }
     }
-    /// The workload's name in output: `ycsb-a` ... `ycsb-e`.
+    /// The workload's name in output: `ycsb-a` ... `ycsb-e`, `insert-only`.
     fn name(self) -> String {
-        format!("ycsb-{self:?}").to_lowercase()
+        match self {
+            Workload::Insert => "insert-only".into(),
+            _ => format!("ycsb-{self:?}").to_lowercase(),
+        }
+    }
+    /// The workload's label in lines: `ycsb-A` ... `ycsb-E`, `insert-only`.
+    fn label(self) -> String {
+        match self {
+            Workload::Insert => "insert-only".into(),
+            _ => format!("ycsb-{self:?}"),
+        }
+    }
+    /// Whether it inserts new keys.
+    fn inserts(self) -> bool {
+        matches!(self, Workload::D | Workload::E | Workload::Insert)
     }
 }
 
 impl Proto {
-    /// The protocol's name in output (`rtx`, `optimal`, `dtx`).
+    /// The protocol's name in output (`rtx`, `optimal`, `dtx`, `occ`, `rtx-base`, ...).
     fn name(self) -> String {
-        format!("{self:?}").to_lowercase()
+        self.to_possible_value()
+            .map_or_else(|| format!("{self:?}"), |v| v.get_name().to_string())
+    }
+    /// Whether the runs are rTX's (with any of its optimizations).
+    fn is_rtx(self) -> bool {
+        matches!(self, Proto::Rtx | Proto::RtxBase | Proto::RtxOpt2)
     }
 }
+
+/// The steps of the factor analysis (`--protocol factors`; rTX 6, Figs. 16-17), each
+/// with what it adds to the one before. The paper's order is Optimal, +OCC, +ICommit,
+/// +Log (DTX's value log), +Separate (metadata apart from the data, data pointers
+/// logged), +Opt1 and Opt2. Here DTX is Optimal's tree with OCC and the value log, and
+/// rTX's idempotent commit and separate metadata come together: the third step replaces
+/// DTX's value log by both.
+const FACTOR_STEPS: [(Proto, &str); 6] = [
+    (Proto::Optimal, "Optimal (Sherman's locking)"),
+    (Proto::Occ, "+OCC (leaf READ, then lock and validate)"),
+    (Proto::Dtx, "+value log (DTX)"),
+    (
+        Proto::RtxBase,
+        "-value log +idempotent commit +separate metadata (rTX, no Opt1/Opt2)",
+    ),
+    (Proto::Rtx, "+Opt1 (no log for one-node writes)"),
+    (Proto::RtxOpt2, "+Opt2 (leaf pre-locked)"),
+];
 
 /// Key of the `i`-th key index: an odd multiplier scatters indices over u64 (bijective).
 fn key_of(i: u64) -> u64 {
@@ -561,6 +623,7 @@ impl Plan {
                 drift_ms: self.args.drift_ms,
                 ..LeaseConfig::default()
             },
+            opt1: self.proto != Proto::RtxBase,
             ..Config::default()
         };
         let client = || -> Result<Box<Client<ClientClock>>> {
@@ -587,8 +650,17 @@ impl Plan {
                 }
                 Handle::RaceOptimal(Box::new(t))
             }
-            (Index::Blink, Proto::Rtx) => Handle::Rtx(client()?, Blink::new(self.layout, objs)),
+            (Index::Blink, p) if p.is_rtx() => {
+                let mut t = Blink::new(self.layout, objs);
+                t.pre_lock = match p {
+                    Proto::RtxOpt2 => true,
+                    Proto::RtxBase => false,
+                    _ => self.args.pre_lock,
+                };
+                Handle::Rtx(client()?, t)
+            }
             (Index::Blink, Proto::Dtx) => Handle::Optimal(Optimal::dtx(self.layout, id, objs)),
+            (Index::Blink, Proto::Occ) => Handle::Optimal(Optimal::occ(self.layout, id, objs)),
             (Index::Blink, _) => Handle::Optimal(Optimal::new(self.layout, id, objs)),
         })
     }
@@ -600,7 +672,7 @@ impl Plan {
     fn faults_at_a_point(&self, phase: u64) -> Option<FaultPoint> {
         let point = self.args.crash_at.or(self.args.pause_at)?;
         let w = *self.args.workload.get((phase as usize).checked_sub(1)?)?;
-        (self.args.processes > 0 && matches!(w, Workload::D | Workload::E)).then_some(point)
+        (self.args.processes > 0 && w.inserts()).then_some(point)
     }
 
     /// Plant `--plant` in a workload client's repairs, and arm `--crash-at` /
@@ -707,7 +779,7 @@ async fn run_client(
             (_, true) => {
                 h.lookup(&mem, key_of(pick(&mut rng))).await?;
             }
-            (Workload::D | Workload::E, false) => {
+            (Workload::D | Workload::E | Workload::Insert, false) => {
                 let i = match &proc {
                     None => plan.next_index.fetch_add(1, Ordering::Relaxed),
                     Some(p) => next_insert(p),
@@ -781,7 +853,7 @@ impl RtxCounts {
 /// owner's lease judged expired, the rTX paper's 4.3 and Fig. 18), and its remembered
 /// data pointers' hits and misses.
 fn hints_text(args: &Args, proto: Proto, repairs: u64, c: RtxCounts) -> String {
-    if proto != Proto::Rtx {
+    if !proto.is_rtx() {
         return String::new();
     }
     let faulted = args.kill_client_after.is_some()
@@ -933,7 +1005,8 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                 r.hist.value_at_quantile(0.99) as f64 / 1000.0,
             );
             println!(
-                "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {}  repairs {}{}",
+                "  {proto:?} {}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {}  repairs {}{}",
+                w.label(),
                 r.aborts, r.repairs, hints_text(args, proto, r.repairs, r.hints)
             );
             for l in &r.fault_lines {
@@ -1016,7 +1089,8 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
             hist.value_at_quantile(0.99) as f64 / 1000.0,
         );
         println!(
-            "  {proto:?} ycsb-{w:?}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {aborts}  repairs {repairs}{}",
+            "  {proto:?} {}: {tput:>10.0} ops/s  p50 {p50:>7.1} us  p99 {p99:>7.1} us  aborts/retries {aborts}  repairs {repairs}{}",
+            w.label(),
             hints_text(args, proto, repairs, hints)
         );
         jsonl::point_with(
@@ -1800,10 +1874,62 @@ fn run_client_process(args: &Args, spec: &str) -> Result<()> {
     Ok(())
 }
 
+/// Print the factor analysis of every workload: each step's throughput and p50 latency
+/// against the step before (rTX 6, Figs. 16-17), and return them as ratio records.
+/// `rows(p)`: protocol `p`'s rows (workload, ops/s, p50 us, p99 us, aborts).
+fn print_factors(
+    workloads: &[Workload],
+    rows: impl Fn(Proto) -> Option<Vec<Row>>,
+) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for (i, w) in workloads.iter().enumerate() {
+        println!(
+            "{}: factor analysis (each step against the one before)",
+            w.label()
+        );
+        let mut prev: Option<(f64, f64)> = None;
+        for &(p, what) in &FACTOR_STEPS {
+            let Some(r) = rows(p) else { continue };
+            let (tput, p50) = (r[i].1, r[i].2);
+            match prev {
+                None => println!(
+                    "  {:<10} {what}: {tput:.0} ops/s, p50 {p50:.1} us",
+                    p.name()
+                ),
+                Some((t0, l0)) => {
+                    println!(
+                        "  {:<10} {what}: throughput x{:.2}, p50 x{:.2}",
+                        p.name(),
+                        tput / t0,
+                        p50 / l0
+                    );
+                    out.push(json!({
+                        "workload": w.name(),
+                        "ratio": format!("factor {}", p.name()),
+                        "throughput": tput / t0,
+                        "p50": p50 / l0,
+                    }));
+                }
+            }
+            prev = Some((tput, p50));
+        }
+    }
+    out
+}
+
+/// The longest `--stop-client-after` pause of a RACE client, ms: half the allocator's
+/// reuse wait ([`rtx::alloc::MIN_REUSE_MS`]). A stopped client's slot CAS targets the
+/// subtable block it read before the stop; a rehash may retire that block meanwhile, and
+/// the late CAS must land before the block can be reused (its post-check then runs the
+/// operation again on the new block). The other half covers the operation's own time
+/// and the scheduling of the stopped process once continued.
+const RACE_MAX_STOP_MS: u64 = rtx::alloc::MIN_REUSE_MS / 2;
+
 /// The client-process and fault flags together. Errors (usage): a fault without
 /// `--processes 2` or more, two faults, a fault on a protocol other than rTX (Optimal
 /// and DTX have no repair: a dead client's lock would stop the others for good), a fault
-/// outside the measured window, a zero `--stop-ms`, more client threads than node ids;
+/// outside the measured window, a zero `--stop-ms` (or one above [`RACE_MAX_STOP_MS`]
+/// for RACE), more client threads than node ids;
 /// `--crash-at`, `--pause-at` or `--plant` in a build without rtx's `fault-injection`,
 /// a change of the other index, no workload that inserts.
 fn check_processes(args: &Args) -> Result<()> {
@@ -1832,11 +1958,35 @@ fn check_processes(args: &Args) -> Result<()> {
             );
         }
     }
-    if fault.is_some() && args.index == Index::Race {
-        bail!("a client fault runs --index blink only: a RACE slot CAS is a WRITE into a subtable's block, and one from a client stopped past the blocks' reuse wait could land in a block reused since");
+    if args.stop_client_after.is_some()
+        && args.index == Index::Race
+        && args.stop_ms > RACE_MAX_STOP_MS
+    {
+        bail!(
+            "--stop-ms {} with --index race: at most {RACE_MAX_STOP_MS} ms. A RACE slot CAS \
+             lands in the subtable block its client read before it was stopped; a rehash \
+             meanwhile retires that block, which is reused {} ms after, so a longer stop \
+             could land the late CAS in a reused block",
+            args.stop_ms,
+            rtx::alloc::MIN_REUSE_MS
+        );
     }
     if args.index == Index::Race && args.protocol == Proto::Dtx {
         bail!("--protocol dtx: the DTX-style baseline exists for --index blink only");
+    }
+    if args.index == Index::Race
+        && matches!(
+            args.protocol,
+            Proto::Occ | Proto::RtxBase | Proto::RtxOpt2 | Proto::Factors
+        )
+    {
+        bail!(
+            "--protocol {}: the factor analysis and its steps exist for --index blink only",
+            args.protocol.name()
+        );
+    }
+    if args.index == Index::Race && args.pre_lock {
+        bail!("--pre-lock pre-locks B-link leaves: it needs --index blink");
     }
     if args.clock_skew_ms != 0 && args.protocol != Proto::Rtx {
         bail!("--clock-skew-ms runs --protocol rtx only (leases are rTX's)");
@@ -1899,16 +2049,18 @@ fn check_injected(args: &Args) -> Result<()> {
             bail!("{flag} {f}: a B-link tree does not rehash; give split:POINT or --index race")
         }
     }
-    // A killed client writes nothing more; a stopped one's late slot CAS could land in a
-    // subtable block reused since (see the refusal of faults on --index race below).
-    if args.pause_at.is_some() && args.index == Index::Race {
-        bail!("--pause-at runs --index blink only: a RACE slot CAS is a WRITE into a subtable's block, and one from a client stopped past the blocks' reuse wait could land in a block reused since");
+    // A killed client writes nothing more; a paused one's late slot CAS must land before
+    // a subtable block retired meanwhile can be reused (see RACE_MAX_STOP_MS).
+    if args.pause_at.is_some() && args.index == Index::Race && args.stop_ms > RACE_MAX_STOP_MS {
+        bail!(
+            "--pause-at with --index race and --stop-ms {}: at most {RACE_MAX_STOP_MS} ms (a \
+             paused client's late slot CAS must land before a subtable block retired meanwhile \
+             is reused, {} ms after)",
+            args.stop_ms,
+            rtx::alloc::MIN_REUSE_MS
+        );
     }
-    if !args
-        .workload
-        .iter()
-        .any(|w| matches!(w, Workload::D | Workload::E))
-    {
+    if !args.workload.iter().any(|w| w.inserts()) {
         bail!(
             "{flag} {f}: only inserts make a {}; give a workload that inserts (--workload d or e)",
             f.change.name()
@@ -2029,6 +2181,7 @@ fn run(mut args: Args) -> Result<()> {
     let protos: Vec<Proto> = match args.protocol {
         Proto::All if args.index == Index::Race => vec![Proto::Rtx, Proto::Optimal],
         Proto::All => vec![Proto::Rtx, Proto::Optimal, Proto::Dtx],
+        Proto::Factors => FACTOR_STEPS.iter().map(|&(p, _)| p).collect(),
         p => vec![p],
     };
     let mut all = Vec::new();
@@ -2043,8 +2196,11 @@ fn run(mut args: Args) -> Result<()> {
             for (i, w) in args.workload.iter().enumerate() {
                 let q = (r[i].1 / o[i].1, r[i].2 / o[i].2, r[i].3 / o[i].3);
                 println!(
-                    "ycsb-{w:?}: ratio throughput rtx/{name} = {:.2}  (p50 {:.2}x, p99 {:.2}x)",
-                    q.0, q.1, q.2
+                    "{}: ratio throughput rtx/{name} = {:.2}  (p50 {:.2}x, p99 {:.2}x)",
+                    w.label(),
+                    q.0,
+                    q.1,
+                    q.2
                 );
                 ratios.push(json!({
                     "workload": w.name(),
@@ -2055,6 +2211,9 @@ fn run(mut args: Args) -> Result<()> {
                 }));
             }
         }
+    }
+    if args.protocol == Proto::Factors {
+        ratios.extend(print_factors(&args.workload, |p| find(p).cloned()));
     }
     let rehash = |p: Proto| {
         all.iter()

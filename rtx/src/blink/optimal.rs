@@ -14,12 +14,19 @@
 //! (front version differs from rear). A client that dies holding a lock blocks everyone
 //! who needs that node: this baseline has no repair (the point of rTX, 6 Fig. 14).
 //!
-//! [`Optimal::dtx`] is the DTX-style variant of the same code (rTX 6, "DTX": value
-//! logging, no idempotent commit): before each node is written back, its old value (1 KB)
-//! is WRITTEN to the client's log block, and the log is cleared (an 8-byte WRITE) after
-//! the unlock, which is Table 2's "WRITE 2 K x n + 8". Its metadata READ is not packed with
-//! the node as in DrTM+H, and its recovery (the log replayed by a failure detector's
-//! process) is not built: it stands for DTX's cost on the normal path only.
+//! [`Optimal::dtx`] is the DTX baseline of rTX's evaluation (rTX 6, "DTX": DrTM+H-based,
+//! value logging, no idempotent commit) on the same code. A leaf is written by OCC, as
+//! DrTM+H runs a transaction: the leaf is READ without a lock (execution), then its lock is
+//! CASed and its first word (which holds the node's version) READ again (validation); a
+//! lock held by another client or a version moved on aborts the attempt, which starts over
+//! from the READ. Before each node is written back, its old value (1 KB) is WRITTEN to the
+//! client's log block, and the log is cleared (an 8-byte WRITE) after the unlock, which is
+//! Table 2's "WRITE 2 K x n + 8". Its metadata is not packed with the node as in DrTM+H
+//! (the lock stays in the TXObj, so validation is its own 8-byte READ), and its recovery
+//! (the log replayed by a failure detector's process) is not built: it stands for DTX's
+//! cost on the normal path only. [`Optimal::occ`] is the same OCC without the value log
+//! (the first step of the paper's factor analysis, 6 Figs. 16-17). Splits, and the parent
+//! updates they cause, lock first in every variant.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -55,11 +62,18 @@ pub struct Optimal {
     old_images: HashMap<u64, Vec<u8>>,
     /// DTX variant: the log holds an image not cleared yet.
     log_dirty: bool,
+    /// OCC (DTX and [`Optimal::occ`]): leaves are READ before they are locked and
+    /// validated once locked.
+    occ: bool,
+    /// Planted bug: OCC skips its validation READ.
+    #[cfg(test)]
+    pub(crate) planted_skip_validation: bool,
 }
 
 impl Optimal {
     /// A handle for client `id` on the tree formatted by [`super::format_tree`], taking new
-    /// nodes from object indices `objs` (disjoint from every other handle's).
+    /// nodes from object indices `objs` (disjoint from every other handle's); Sherman's
+    /// lock-first writes.
     pub fn new(layout: Layout, id: u16, objs: Range<u64>) -> Self {
         assert!(objs.start >= super::FIRST_FREE_OBJ && objs.end <= layout.objects);
         Self {
@@ -76,6 +90,9 @@ impl Optimal {
             value_log: None,
             old_images: HashMap::new(),
             log_dirty: false,
+            occ: false,
+            #[cfg(test)]
+            planted_skip_validation: false,
         }
     }
 
@@ -83,8 +100,16 @@ impl Optimal {
     /// `objs` as this client's value log.
     pub fn dtx(layout: Layout, id: u16, objs: Range<u64>) -> Self {
         let log = layout.obj_addr(objs.start);
-        let mut t = Self::new(layout, id, objs.start + 1..objs.end);
+        let mut t = Self::occ(layout, id, objs.start + 1..objs.end);
         t.value_log = Some(log);
+        t
+    }
+
+    /// Leaves written by OCC without a value log (module docs): Optimal plus OCC, the
+    /// first step of rTX's factor analysis (6, Figs. 16-17).
+    pub fn occ(layout: Layout, id: u16, objs: Range<u64>) -> Self {
+        let mut t = Self::new(layout, id, objs);
+        t.occ = true;
         t
     }
 
@@ -377,10 +402,72 @@ impl Optimal {
 
     async fn lock_leaf<M: Mem>(&mut self, mem: &M, key: u64) -> Result<(u64, Node), BlinkError> {
         for _ in 0..MAX_ATTEMPTS {
-            if let Some(r) = self.lock_covering(mem, key, 0).await? {
+            let r = if self.occ {
+                self.occ_leaf(mem, key).await?
+            } else {
+                self.lock_covering(mem, key, 0).await?
+            };
+            if let Some(r) = r {
                 return Ok(r);
             }
             self.invalidate();
+        }
+        Err(BlinkError::Retries(MAX_ATTEMPTS))
+    }
+
+    /// The leaf covering `key`, locked, by OCC (module docs): READ it unlocked, CAS its
+    /// lock, READ its first word again. A held lock, a version moved on or a torn READ
+    /// aborts the attempt (counted in [`BlinkStats::aborts`]) and starts over. `None`:
+    /// restart (stale cache, or a node free or of another level).
+    async fn occ_leaf<M: Mem>(
+        &mut self,
+        mem: &M,
+        key: u64,
+    ) -> Result<Option<(u64, Node)>, BlinkError> {
+        'attempt: for _ in 0..MAX_ATTEMPTS {
+            let Some(mut m) = self.locate(mem, key, 0).await? else {
+                return Ok(None);
+            };
+            // Execution: the leaf as read without a lock.
+            let (n, raw) = loop {
+                let (n, raw) = self.read_raw(mem, m).await?;
+                match n {
+                    Some(n) if n.leaf && key >= n.lo => {
+                        if key < n.hi {
+                            break (n, raw);
+                        }
+                        if n.sibling == 0 {
+                            return Ok(None);
+                        }
+                        m = n.sibling;
+                    }
+                    // Used but undecodable: torn by a write-back in flight.
+                    None if raw[0] & 1 == 1 => {
+                        self.stats.aborts += 1;
+                        continue 'attempt;
+                    }
+                    _ => return Ok(None),
+                }
+            };
+            // Commit: lock, then validate the version read.
+            if mem.cas(m, 0, self.lock_word()).await? != 0 {
+                self.stats.aborts += 1;
+                continue;
+            }
+            let a = self.addr(mem, m).await?;
+            #[cfg(test)]
+            let skip = self.planted_skip_validation;
+            #[cfg(not(test))]
+            let skip = false;
+            if !skip && mem.read(a, 8).await?[..] != raw[..8] {
+                self.unlock(mem, m).await?;
+                self.stats.aborts += 1;
+                continue;
+            }
+            if self.value_log.is_some() {
+                self.old_images.insert(m, raw);
+            }
+            return Ok(Some((m, n)));
         }
         Err(BlinkError::Retries(MAX_ATTEMPTS))
     }

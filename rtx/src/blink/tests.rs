@@ -277,28 +277,38 @@ fn cached_lookup_and_update_cost_as_in_table_2() {
 struct YieldMem {
     inner: LocalMem,
     rng: Rc<Cell<u64>>,
+    /// The longest pause, in turns of the other tasks.
+    max_pause: u32,
 }
 
-struct YieldNow(bool);
+/// Pending for this many polls, then ready.
+struct YieldNow(u32);
 
 impl Future for YieldNow {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
+        if self.0 == 0 {
             return Poll::Ready(());
         }
-        self.0 = true;
+        self.0 -= 1;
         cx.waker().wake_by_ref();
         Poll::Pending
     }
 }
 
 impl YieldMem {
+    /// Before an operation: no pause one time in three, else 1 to `max_pause` turns of
+    /// the others (longer pauses let one client's few steps fall between two of
+    /// another's).
     fn pause(&self) -> YieldNow {
         let mut x = self.rng.get();
         let r = next(&mut x);
         self.rng.set(x);
-        YieldNow(r.is_multiple_of(3))
+        YieldNow(if r.is_multiple_of(3) {
+            0
+        } else {
+            1 + (r >> 8) as u32 % self.max_pause
+        })
     }
 }
 
@@ -324,6 +334,7 @@ fn concurrent_clients_inserting_disjoint_and_overlapping_keys() {
     let base = region(&l);
     let m = YieldMem {
         inner: base.clone(),
+        max_pause: 1,
         rng: Rc::new(Cell::new(0xDEAD_BEEF)),
     };
     let clock = ManualClock::new(T0);
@@ -645,15 +656,21 @@ fn optimal_random_ops_match_a_btreemap() {
     }
 }
 
-/// The Optimal baseline under concurrent clients interleaved at every operation: every
-/// acknowledged key found once with its last acknowledged value, no lock left held.
-#[test]
-fn optimal_concurrent_clients_keep_every_acknowledged_key() {
+/// Concurrent Optimal-family clients (`make(i)`) interleaved at every operation, each
+/// inserting keys of its own (in leaves of its own, and interleaved with the others' in
+/// shared leaves) and keys of a hot range of `hot`: every acknowledged key must
+/// be found once with one of its acknowledged values, and no lock left held. Returns the
+/// clients' aborts (lock retries, OCC aborts) or the first violation.
+fn optimal_clients_keep_every_acknowledged_key(
+    hot: u64,
+    make: impl Fn(u64) -> super::optimal::Optimal,
+) -> Result<u64, String> {
     const CLIENTS: u64 = 4;
     let l = layout(128);
     let base = region(&l);
     let m = YieldMem {
         inner: base.clone(),
+        max_pause: 8,
         rng: Rc::new(Cell::new(0x5EED)),
     };
     let acked: Rc<RefCell<Vec<(u64, u64)>>> = Rc::default();
@@ -661,20 +678,17 @@ fn optimal_concurrent_clients_keep_every_acknowledged_key() {
     let mut pool = LocalPool::new();
     for i in 0..CLIENTS {
         let (m, acked, spins) = (m.clone(), acked.clone(), spins.clone());
-        // Half the clients are the DTX variant (same locks, plus value logging).
-        let mut t = if i % 2 == 0 {
-            super::optimal::Optimal::new(l, i as u16, objs(i))
-        } else {
-            super::optimal::Optimal::dtx(l, i as u16, objs(i))
-        };
+        let mut t = make(i);
         pool.spawner()
             .spawn_local(async move {
                 let mut x = 91 + i;
                 for j in 0..150u64 {
-                    let k = if j % 2 == 0 {
-                        i * 10_000 + j
-                    } else {
-                        50_000 + next(&mut x) % 100
+                    let k = match j % 3 {
+                        0 => i * 10_000 + j,
+                        // Unique keys interleaved with the other clients': they share
+                        // leaves, so a stale write-back loses one for good.
+                        1 => 100_000 + j * CLIENTS + i,
+                        _ => 50_000 + next(&mut x) % hot,
                     };
                     let v = i << 32 | j;
                     t.insert(&m, k, v).await.unwrap();
@@ -685,32 +699,72 @@ fn optimal_concurrent_clients_keep_every_acknowledged_key() {
             .unwrap();
     }
     pool.run();
-    assert!(
-        spins.get() > 0,
-        "the clients never conflicted: the test shows nothing"
-    );
-    let all = block_on(check_tree(&base, &l)).unwrap();
-    block_on(check_quiescent(&base, &l)).unwrap();
+    let all = block_on(check_tree(&base, &l)).map_err(|e| e.to_string())?;
+    block_on(check_quiescent(&base, &l)).map_err(|e| e.to_string())?;
     let found: BTreeMap<u64, u64> = all.iter().copied().collect();
     let mut written: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for &(k, v) in acked.borrow().iter() {
         written.entry(k).or_default().push(v);
     }
-    assert_eq!(
-        found.len(),
-        written.len(),
-        "every acknowledged key, no other"
-    );
     for (k, vs) in &written {
-        let got = found
-            .get(k)
-            .copied()
-            .unwrap_or_else(|| panic!("key {k} lost"));
-        assert!(vs.contains(&got), "key {k} holds {got}, never acknowledged");
-        if *k < 50_000 {
-            assert_eq!(vs, &vec![got], "disjoint key {k}");
+        let got = found.get(k).copied().ok_or(format!("key {k} lost"))?;
+        if !vs.contains(&got) {
+            return Err(format!("key {k} holds {got}, never acknowledged"));
+        }
+        if !(50_000..100_000).contains(k) && vs != &vec![got] {
+            return Err(format!("unique key {k} holds {got}, wrote {vs:?}"));
         }
     }
+    if found.len() != written.len() {
+        return Err(format!(
+            "{} keys found, {} acknowledged",
+            found.len(),
+            written.len()
+        ));
+    }
+    Ok(spins.get())
+}
+
+/// The Optimal baseline under concurrent clients: lock-first (Sherman) clients beside
+/// DTX and OCC clients (leaves READ, then locked and validated), and OCC clients alone.
+#[test]
+fn optimal_concurrent_clients_keep_every_acknowledged_key() {
+    use super::optimal::Optimal;
+    let mixed = optimal_clients_keep_every_acknowledged_key(100, |i| match i % 3 {
+        0 => Optimal::new(layout(128), i as u16, objs(i)),
+        1 => Optimal::dtx(layout(128), i as u16, objs(i)),
+        _ => Optimal::occ(layout(128), i as u16, objs(i)),
+    })
+    .unwrap();
+    assert!(
+        mixed > 0,
+        "the clients never conflicted: the test shows nothing"
+    );
+    let occ = optimal_clients_keep_every_acknowledged_key(12, |i| {
+        Optimal::occ(layout(128), i as u16, objs(i))
+    })
+    .unwrap();
+    assert!(occ > 0, "no OCC abort: the test shows nothing");
+}
+
+/// OCC's validation is what keeps a leaf's concurrent inserts: with it skipped (a leaf
+/// locked and written back from its unlocked READ), another client's insert into the same
+/// leaf is overwritten (or a split since undone) and the check above catches it.
+#[test]
+fn occ_without_validation_loses_an_acknowledged_key() {
+    use super::optimal::Optimal;
+    let r = optimal_clients_keep_every_acknowledged_key(12, |i| {
+        let mut t = Optimal::occ(layout(128), i as u16, objs(i));
+        t.planted_skip_validation = true;
+        t
+    });
+    let e = r.expect_err("OCC without validation kept every key");
+    // A stale write-back drops the keys inserted since its READ, or, over a split since,
+    // restores the node's old fences and sibling pointer.
+    assert!(
+        e.contains("lost") || e.contains("tree invariant broken"),
+        "{e}"
+    );
 }
 
 /// An rTX ID reused by a restarted client (new incarnation, `Client::recover`) whose
