@@ -19,21 +19,13 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The factor analysis (rTX 6, Figs. 16-17): `--protocol factors --workload insert` runs
-/// every step from Optimal to rTX with Opt2, each tree checked, and prints each step
-/// against the one before; the JSON summary holds one `factor` ratio per step after the
-/// first. The steps exist for the B-link tree only.
-#[test]
-fn the_factor_analysis_runs_every_step_and_checks_every_tree() {
-    let _one = serial();
+/// A short successful run (2,000 keys, 200 ms after 20 ms of warm-up, 4 coroutines) with
+/// `extra` flags and `--objects objects`: its stdout, stderr and JSON Lines records.
+fn short_run(objects: &str, extra: &[&str]) -> (String, String, Vec<serde_json::Value>) {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("factors.jsonl");
+    let json = dir.path().join("index.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
         .args([
-            "--protocol",
-            "factors",
-            "--workload",
-            "insert",
             "--keys",
             "2000",
             "--duration",
@@ -41,17 +33,30 @@ fn the_factor_analysis_runs_every_step_and_checks_every_tree() {
             "--warmup",
             "20ms",
             "--objects",
-            "65536",
+            objects,
             "--coroutines",
             "4",
-            "--json",
         ])
+        .args(extra)
+        .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "index-bench");
+    (stdout, stderr, recs)
+}
+
+/// The factor analysis (rTX 6, Figs. 16-17): `--protocol factors --workload insert` runs
+/// every step from Optimal to rTX with Opt2, each tree checked, and prints each step
+/// against the one before; the JSON summary holds one `factor` ratio per step after the
+/// first. The steps exist for the B-link tree only.
+#[test]
+fn the_factor_analysis_runs_every_step_and_checks_every_tree() {
+    let _one = serial();
+    let (stdout, _, recs) = short_run("65536", &["--protocol", "factors", "--workload", "insert"]);
     assert_eq!(stdout.matches(": tree check ok (").count(), 6, "{stdout}");
     assert!(
         stdout.contains("insert-only: factor analysis (each step against the one before)"),
@@ -66,7 +71,6 @@ fn the_factor_analysis_runs_every_step_and_checks_every_tree() {
             "no step {step}: {stdout}"
         );
     }
-    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "index-bench");
     let doc = recs.iter().find(|r| r["record"] == "summary").unwrap();
     let factors: Vec<_> = doc["ratios"]
         .as_array()
@@ -101,28 +105,7 @@ fn the_factor_analysis_runs_every_step_and_checks_every_tree() {
 #[test]
 fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
     let _one = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("index.jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_index-bench"))
-        .args([
-            "--keys",
-            "2000",
-            "--duration",
-            "200ms",
-            "--warmup",
-            "20ms",
-            "--objects",
-            "4096",
-            "--coroutines",
-            "4",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr, recs) = short_run("4096", &[]);
     let all = format!("{stdout}{stderr}");
     assert_eq!(all.matches(": tree check ok (").count(), 3, "{all}");
     for w in ["A", "B", "C", "D", "E"] {
@@ -135,7 +118,6 @@ fn every_protocol_runs_every_workload_and_its_tree_checks_out() {
     }
     // The JSON holds the same: a point per protocol and workload as it ends, and the
     // summary with every run and the ratios.
-    let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "index-bench");
     let points: Vec<_> = recs.iter().filter(|r| r["record"] == "point").collect();
     assert_eq!(points.len(), 15, "{recs:?}");
     for p in &points {
