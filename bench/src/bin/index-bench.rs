@@ -1958,7 +1958,9 @@ fn check_processes(args: &Args) -> Result<()> {
             );
         }
     }
-    if args.stop_client_after.is_some()
+    // A killed client writes nothing more; a stopped or paused one's late slot CAS must
+    // land before a subtable block retired meanwhile can be reused.
+    if (args.stop_client_after.is_some() || args.pause_at.is_some())
         && args.index == Index::Race
         && args.stop_ms > RACE_MAX_STOP_MS
     {
@@ -1971,17 +1973,14 @@ fn check_processes(args: &Args) -> Result<()> {
             rtx::alloc::MIN_REUSE_MS
         );
     }
-    if args.index == Index::Race && args.protocol == Proto::Dtx {
-        bail!("--protocol dtx: the DTX-style baseline exists for --index blink only");
-    }
     if args.index == Index::Race
         && matches!(
             args.protocol,
-            Proto::Occ | Proto::RtxBase | Proto::RtxOpt2 | Proto::Factors
+            Proto::Dtx | Proto::Occ | Proto::RtxBase | Proto::RtxOpt2 | Proto::Factors
         )
     {
         bail!(
-            "--protocol {}: the factor analysis and its steps exist for --index blink only",
+            "--protocol {}: DTX, the factor analysis and its steps exist for --index blink only",
             args.protocol.name()
         );
     }
@@ -2048,17 +2047,6 @@ fn check_injected(args: &Args) -> Result<()> {
         (Change::Rehash, Index::Blink) => {
             bail!("{flag} {f}: a B-link tree does not rehash; give split:POINT or --index race")
         }
-    }
-    // A killed client writes nothing more; a paused one's late slot CAS must land before
-    // a subtable block retired meanwhile can be reused (see RACE_MAX_STOP_MS).
-    if args.pause_at.is_some() && args.index == Index::Race && args.stop_ms > RACE_MAX_STOP_MS {
-        bail!(
-            "--pause-at with --index race and --stop-ms {}: at most {RACE_MAX_STOP_MS} ms (a \
-             paused client's late slot CAS must land before a subtable block retired meanwhile \
-             is reused, {} ms after)",
-            args.stop_ms,
-            rtx::alloc::MIN_REUSE_MS
-        );
     }
     if !args.workload.iter().any(|w| w.inserts()) {
         bail!(
