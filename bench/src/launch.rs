@@ -101,7 +101,9 @@ pub struct UpArgs {
     /// anything.
     #[arg(long)]
     pub dry_run: bool,
-    /// How long to wait for each service's READY line, seconds (>= 1).
+    /// How long to wait for each service's READY line, seconds (>= 1), counted from its
+    /// start or from its last PROGRESS line (a memory node prints one per partition image
+    /// it loads).
     #[arg(long, value_name = "S", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub start_timeout_s: u64,

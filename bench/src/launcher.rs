@@ -40,6 +40,19 @@ pub struct Service {
 /// signal it there ([`Place::signal`]).
 pub const REMOTE_PID: &str = "REMOTE-PID ";
 
+/// What a starting service says on stdout, as [`LocalCluster::start_at`] reads it.
+enum Said {
+    /// Its [`REMOTE_PID`] line.
+    Pid(u32),
+    /// A `PROGRESS ...` line ([`rrpc::service::announce_progress`]).
+    Progress,
+    /// Its `READY <addr>` line's address, unparsed.
+    Ready(String),
+}
+
+/// The start of a progress line ([`rrpc::service::announce_progress`]).
+const PROGRESS_PREFIX: &str = "PROGRESS ";
+
 /// The pid of a [`REMOTE_PID`] line.
 pub fn remote_pid_of(line: &str) -> Option<u32> {
     line.strip_prefix(REMOTE_PID)?.trim().parse().ok()
@@ -318,8 +331,10 @@ impl LocalCluster {
         })
     }
 
-    /// Start binary `name` as node `node` with extra `args`, and wait (up to `timeout`)
-    /// for its `READY <addr>` line. Its stderr passes through.
+    /// Start binary `name` as node `node` with extra `args`, and wait for its `READY
+    /// <addr>` line: up to `timeout` from the start, or from its last `PROGRESS` line (a
+    /// memory node loading its rows says one per partition image). Its stderr passes
+    /// through.
     pub fn start(
         &mut self,
         name: &str,
@@ -355,7 +370,8 @@ impl LocalCluster {
     /// stdin held open by this process), its stderr appended to `log` when given.
     ///
     /// Errors: the binary is missing here (a local place), the process cannot be
-    /// started, it exits or stays silent before `READY`, it prints a bad address.
+    /// started, it exits before `READY` or says nothing for `timeout`, it prints a bad
+    /// address.
     pub fn start_at(
         &mut self,
         place: &Place,
@@ -423,19 +439,27 @@ impl LocalCluster {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(pid) = remote_pid_of(&line) {
-                    let _ = tx.send(Err(pid));
+                let said = if let Some(pid) = remote_pid_of(&line) {
+                    Said::Pid(pid)
                 } else if let Some(a) = line.strip_prefix("READY ") {
-                    let _ = tx.send(Ok(a.trim().to_string()));
-                }
+                    Said::Ready(a.trim().to_string())
+                } else if line.starts_with(PROGRESS_PREFIX) {
+                    Said::Progress
+                } else {
+                    continue;
+                };
+                let _ = tx.send(said);
             }
         });
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Instant::now() + timeout;
         let mut remote_pid = None;
         let addr = loop {
             match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(Err(pid)) => remote_pid = Some(pid),
-                Ok(Ok(a)) => {
+                Ok(Said::Pid(pid)) => remote_pid = Some(pid),
+                // Alive and getting on (a memory node loading its rows): the timeout
+                // counts from its last sign of progress.
+                Ok(Said::Progress) => deadline = Instant::now() + timeout,
+                Ok(Said::Ready(a)) => {
                     break a
                         .parse::<SocketAddr>()
                         .map_err(|e| anyhow!("{name} printed a bad address {a:?}: {e}"))?
@@ -450,7 +474,7 @@ impl LocalCluster {
                     }
                     if Instant::now() > deadline {
                         let _ = child.kill();
-                        bail!("{name} (node {node}) not ready after {timeout:?}");
+                        bail!("{name} (node {node}) not ready: nothing from it for {timeout:?}");
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -628,6 +652,33 @@ mod tests {
         // Here: no ssh, the binary itself.
         let local = Place::Local.command_line(Path::new("/here/memnode"), "memnode", &[]);
         assert_eq!(local, vec!["/here/memnode".to_string()]);
+    }
+
+    #[test]
+    fn progress_lines_keep_a_slow_start_alive_and_silence_ends_it() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let bins = tempfile::tempdir().unwrap();
+        let script = |name: &str, body: &str| {
+            let p = bins.path().join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        // 2.4 s to READY, but never 1 s without a PROGRESS line: started.
+        script(
+            "loader",
+            "for i in 1 2 3 4 5 6; do sleep 0.4; echo PROGRESS loading partition $i; done\n\
+             echo READY 127.0.0.1:9; exec sleep 30",
+        );
+        // One PROGRESS line, then silence: not ready, and the error says for how long.
+        script("hung", "echo PROGRESS loading partition 0; exec sleep 30");
+        let name = format!("launcher-progress-{}", std::process::id());
+        let mut c = LocalCluster::new(&name, bins.path().to_path_buf()).unwrap();
+        let t0 = Instant::now();
+        let addr = c.start("loader", 1, &[], Duration::from_secs(1)).unwrap();
+        assert_eq!(addr, "127.0.0.1:9".parse().unwrap());
+        assert!(t0.elapsed() >= Duration::from_secs(2), "{:?}", t0.elapsed());
+        let e = c.start("hung", 2, &[], Duration::from_secs(1)).unwrap_err();
+        assert!(format!("{e:#}").contains("nothing from it for 1s"), "{e:#}");
     }
 
     #[test]

@@ -814,6 +814,17 @@ pub fn stop_signal() -> Result<Receiver<()>, ctrlc::Error> {
     Ok(rx)
 }
 
+/// Print `PROGRESS <what>` on stdout, flushed, before `READY`: a launcher waiting for
+/// `READY` takes it as a sign of life and counts its start timeout again from here (a
+/// memory node loading gigabytes of rows takes minutes; one that says nothing is hung).
+///
+/// Errors: stdout cannot be written.
+pub fn announce_progress(what: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "PROGRESS {what}")?;
+    out.flush()
+}
+
 /// Print `lines` and then `READY <addr>` on stdout, flushed: launchers wait for it.
 /// `addr` is the bound address; the line carries the advertised one (`--advertise`,
 /// else see [`advertised`]), never a wildcard.

@@ -219,6 +219,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     // partition `q`: this node's own partition, then each partition it backs up.
     let (v, ps) = (args.versions, args.partitions);
     let load = |q: u32| -> anyhow::Result<(String, Vec<_>)> {
+        // Gigabytes of rows take minutes: the launcher waits as long as images keep coming.
+        rrpc::service::announce_progress(&format!("loading partition {q}"))
+            .context("writing PROGRESS")?;
         Ok(if let Some(n) = args.smallbank_accounts {
             if n < 2 {
                 bail!("--smallbank-accounts must be at least 2 (got {n})");
