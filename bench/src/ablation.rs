@@ -54,6 +54,7 @@ pub(crate) fn rows(args: &Args) -> Vec<Row> {
         routing: Some(routing),
         lock_serving: None,
         range_index: None,
+        replicas: None,
         label: Some(label),
     };
     let r = routed(args);

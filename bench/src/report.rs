@@ -1152,7 +1152,9 @@ impl Ratio {
 
 /// The ratios the comparison reports, per point (in the order the runs came), then across
 /// the points of `--sweep range-index=off,on` (each protocol's throughput with range scans
-/// over with cursor rows): p99 of
+/// over with cursor rows) and of `--sweep replicas=...` (each protocol's throughput at
+/// every later point over its first, `throughput mvcc replicas 3/1`: what the copies
+/// cost, Motor 7.2): p99 of
 /// `scythe` over `occ-cas`, throughput of MVCC (`mvcc` or `mvcc-si`) and of Lotus over
 /// `occ-cas`, throughput and p50 of Lotus over MVCC at the same isolation, and
 /// throughput of the UNSAFE no-CAS variant over its MVCC (`mvcc-nocas/mvcc`, Lotus's
@@ -1171,6 +1173,29 @@ pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
                 point: None,
                 value: (off.throughput_tps > 0.0).then(|| on.throughput_tps / off.throughput_tps),
             });
+        }
+    }
+    // `--sweep replicas=R1,R2,...`: each protocol at every later point over its first.
+    fn copies(r: &Report) -> Option<&str> {
+        r.point.as_deref()?.strip_prefix("replicas=")
+    }
+    if let Some(first) = runs.iter().find_map(copies) {
+        for base in runs.iter().filter(|r| copies(r) == Some(first)) {
+            for r in runs
+                .iter()
+                .filter(|r| r.protocol == base.protocol && copies(r).is_some_and(|c| c != first))
+            {
+                out.push(Ratio {
+                    name: format!(
+                        "throughput {} replicas {}/{first}",
+                        r.protocol,
+                        copies(r).unwrap_or("?")
+                    ),
+                    point: None,
+                    value: (base.throughput_tps > 0.0)
+                        .then(|| r.throughput_tps / base.throughput_tps),
+                });
+            }
         }
     }
     out
@@ -1829,6 +1854,30 @@ mod tests {
             [
                 "ratio throughput occ-cas range-index on/off = 0.70",
                 "ratio throughput mvcc range-index on/off = 0.50"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_replicas_sweep_compares_each_protocol_with_its_first_point() {
+        let mut runs = vec![
+            run_of("occ-cas", 1000.0, 400.0),
+            run_of("mvcc", 800.0, 100.0),
+            run_of("occ-cas", 600.0, 500.0),
+            run_of("mvcc", 760.0, 200.0),
+        ];
+        for (r, p) in runs
+            .iter_mut()
+            .zip(["replicas=1", "replicas=1", "replicas=3", "replicas=3"])
+        {
+            r.point = Some(p.into());
+        }
+        let lines: Vec<String> = ratios(&runs).iter().map(Ratio::line).collect();
+        assert_eq!(
+            &lines[lines.len() - 2..],
+            [
+                "ratio throughput occ-cas replicas 3/1 = 0.60",
+                "ratio throughput mvcc replicas 3/1 = 0.95"
             ]
         );
     }

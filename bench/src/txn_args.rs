@@ -126,10 +126,11 @@ pub struct Args {
     /// placed either way, with the coordinators inside txn-bench),
     /// vtc-entries=0,65536 (Lotus's version table cache off and on, as --vtc-entries)
     /// lock-serving=coordinator,thread (where Lotus's compute nodes serve lock RPCs,
-    /// as --lock-serving) or range-index=off,on (TPC-C: DELIVERY and STOCK-LEVEL by
-    /// cursor rows, then by range scans, as --range-index); prints a table, and with
-    /// --chart draws
-    /// throughput against p99, one line per protocol.
+    /// as --lock-serving), range-index=off,on (TPC-C: DELIVERY and STOCK-LEVEL by
+    /// cursor rows, then by range scans, as --range-index) or replicas=1,3 (copies of
+    /// every partition, as --replicas: what replication costs, each protocol's
+    /// throughput at every point over its first); prints a table, and with --chart
+    /// draws throughput against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
     pub sweep: Option<Sweep>,
@@ -636,6 +637,9 @@ pub enum Sweep {
     LockServing(Vec<crate::lotus_cn::LockServing>),
     /// TPC-C without and with range scans (`--range-index`).
     RangeIndex(Vec<bool>),
+    /// Copies of every partition (`--replicas`): what replication costs, side by side
+    /// (Motor 5.3, 7.2: 3-way against 1-way).
+    Replicas(Vec<u32>),
 }
 
 impl FromStr for Sweep {
@@ -643,7 +647,7 @@ impl FromStr for Sweep {
     fn from_str(s: &str) -> Result<Self, String> {
         let Some((param, values)) = s.split_once('=') else {
             return Err(format!(
-                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, vtc-entries=N1,N2,..., lock-serving=coordinator,thread or range-index=off,on"
+                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, vtc-entries=N1,N2,..., lock-serving=coordinator,thread, range-index=off,on or replicas=1,3"
             ));
         };
         let values: Vec<&str> = values.split(',').map(str::trim).collect();
@@ -706,8 +710,18 @@ impl FromStr for Sweep {
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::RangeIndex),
+            "replicas" => values
+                .iter()
+                .map(|v| match v.parse::<u32>() {
+                    Ok(n) if n >= 1 => Ok(n),
+                    _ => Err(format!(
+                        "--sweep replicas: {v:?} is not a number of copies per partition (>= 1)"
+                    )),
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::Replicas),
             p => Err(format!(
-                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries, lock-serving or range-index"
+                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries, lock-serving, range-index or replicas"
             )),
         }
     }
@@ -737,6 +751,11 @@ impl fmt::Display for Sweep {
                 f,
                 "lock-serving={}",
                 join(v.iter().map(|l| l.name().to_string()).collect())
+            ),
+            Self::Replicas(v) => write!(
+                f,
+                "replicas={}",
+                join(v.iter().map(u32::to_string).collect())
             ),
             Self::RangeIndex(v) => write!(
                 f,
@@ -771,6 +790,8 @@ pub(crate) struct Point {
     pub(crate) label: Option<String>,
     /// TPC-C's range scans at this point (`None`: as `--range-index` says).
     pub(crate) range_index: Option<bool>,
+    /// Copies of every partition at this point (`None`: as `--replicas` says).
+    pub(crate) replicas: Option<u32>,
 }
 
 /// Commit logs at a point of `--sweep commit-log=...`.
@@ -1175,6 +1196,17 @@ impl Args {
                 );
             }
         }
+        if let Some(Sweep::Replicas(points)) = &self.sweep {
+            for &r in points {
+                Args {
+                    replicas: r,
+                    sweep: None,
+                    ..self.clone()
+                }
+                .validate()
+                .map_err(|e| e.context(format!("--sweep replicas={r}")))?;
+            }
+        }
         if matches!(self.sweep, Some(Sweep::LockServing(_))) && !self.coordinator_processes() {
             bail!(
                 "--sweep lock-serving compares where Lotus's compute-node processes serve lock \
@@ -1301,6 +1333,7 @@ impl Args {
                 routing: None,
                 lock_serving: None,
                 range_index: None,
+                replicas: None,
                 label: None,
             }],
             Some(Sweep::Theta(v)) => v
@@ -1313,6 +1346,7 @@ impl Args {
                     routing: None,
                     lock_serving: None,
                     range_index: None,
+                    replicas: None,
                     label: Some(format!("theta={theta}")),
                 })
                 .collect(),
@@ -1326,6 +1360,7 @@ impl Args {
                     routing: None,
                     lock_serving: None,
                     range_index: None,
+                    replicas: None,
                     label: Some(format!("clients={coroutines}")),
                 })
                 .collect(),
@@ -1339,6 +1374,7 @@ impl Args {
                     routing: None,
                     lock_serving: None,
                     range_index: None,
+                    replicas: None,
                     label: Some(format!("commit-log={}", l.name())),
                 })
                 .collect(),
@@ -1352,6 +1388,7 @@ impl Args {
                     routing: None,
                     lock_serving: Some(l),
                     range_index: None,
+                    replicas: None,
                     label: Some(format!("lock-serving={}", l.name())),
                 })
                 .collect(),
@@ -1365,7 +1402,22 @@ impl Args {
                     routing: None,
                     lock_serving: None,
                     range_index: Some(on),
+                    replicas: None,
                     label: Some(format!("range-index={}", if on { "on" } else { "off" })),
+                })
+                .collect(),
+            Some(Sweep::Replicas(v)) => v
+                .iter()
+                .map(|&r| Point {
+                    theta: self.theta,
+                    coroutines: self.coroutines,
+                    commit_log: None,
+                    vtc_entries: self.vtc_entries,
+                    routing: None,
+                    lock_serving: None,
+                    range_index: None,
+                    replicas: Some(r),
+                    label: Some(format!("replicas={r}")),
                 })
                 .collect(),
             Some(Sweep::VtcEntries(v)) => v
@@ -1378,6 +1430,7 @@ impl Args {
                     routing: None,
                     lock_serving: None,
                     range_index: None,
+                    replicas: None,
                     label: Some(format!("vtc-entries={n}")),
                 })
                 .collect(),

@@ -255,6 +255,18 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
             }
             None => (run_args, &*workload, mixes[pi].clone()),
         };
+        // A replicas point: its own copies of every partition.
+        let replicas_args;
+        let run_args = match point.replicas {
+            Some(r) => {
+                replicas_args = Args {
+                    replicas: r,
+                    ..run_args.clone()
+                };
+                &replicas_args
+            }
+            None => run_args,
+        };
         if plan.len() > 1 {
             eprintln!("== run {}/{}: {what}", k + 1, plan.len());
         }
@@ -363,7 +375,8 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
             Sweep::CommitLog(_)
             | Sweep::VtcEntries(_)
             | Sweep::LockServing(_)
-            | Sweep::RangeIndex(_),
+            | Sweep::RangeIndex(_)
+            | Sweep::Replicas(_),
         ) => format!(
             "{threads} thread(s) x {} coroutines | {} | {} | sweep {}",
             args.coroutines,
@@ -1031,15 +1044,20 @@ fn warmup_desc(args: &Args) -> String {
 /// `N memnode(s), V versions` and, when replicated, `, R replicas (...)`: the commit
 /// style and what occ-cas does over replicas (FORD's commit).
 pub(crate) fn storage_desc(args: &Args) -> String {
-    let replicas = if args.replicas > 1 {
+    let swept = matches!(args.sweep, Some(Sweep::Replicas(_)));
+    let replicas = if args.replicas > 1 || swept {
         let commit = match args.replica_commit {
             crate::txn_args::ReplicaCommitArg::Coalesced => "one commit round for all copies",
             crate::txn_args::ReplicaCommitArg::Separate => "commit rounds: backups, then primaries",
         };
         format!(
-            ", {} replicas ({commit}; occ-cas commits as FORD: undo logs to every \
+            ", {} ({commit}; occ-cas commits as FORD when replicated: undo logs to every \
              memnode, invisible bit, readers wait{})",
-            args.replicas,
+            if swept {
+                "replicas per point".to_string()
+            } else {
+                format!("{} replicas", args.replicas)
+            },
             if args.ford_backup_reads {
                 ", read-only transactions read backups"
             } else {
@@ -2473,10 +2491,37 @@ mod tests {
             "commit-log=maybe",
             "vtc-entries=-1",
             "vtc-entries=many",
+            "replicas=0",
+            "replicas=two",
             "x=1",
         ] {
             assert!(bad.parse::<Sweep>().is_err(), "{bad}");
         }
+        // Copies per point; every point is checked as --replicas would be.
+        assert_eq!(
+            "replicas=1,3".parse::<Sweep>(),
+            Ok(Sweep::Replicas(vec![1, 3]))
+        );
+        assert_eq!(Sweep::Replicas(vec![1, 3]).to_string(), "replicas=1,3");
+        let a = args(&["--sweep", "replicas=1,3", "--memnodes", "3"]);
+        a.validate().unwrap();
+        let p = a.points();
+        assert_eq!(
+            (p[1].replicas, p[1].label.as_deref()),
+            (Some(3), Some("replicas=3"))
+        );
+        assert!(
+            storage_desc(&a).contains("replicas per point"),
+            "{}",
+            storage_desc(&a)
+        );
+        let e = args(&["--sweep", "replicas=1,3", "--memnodes", "2"])
+            .validate()
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("--sweep replicas=3: --replicas must be 1 to --memnodes (2)"),
+            "{e:#}"
+        );
         let a = args(&["--sweep", "clients=2,4", "--theta", "0.7"]);
         let p = a.points();
         assert_eq!(p.len(), 2);

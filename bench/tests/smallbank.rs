@@ -390,6 +390,52 @@ fn a_clients_sweep_prints_a_table_and_draws_a_chart() {
     );
 }
 
+/// `--sweep replicas=1,2`: each point runs with its own copies (the replica audit only
+/// at the replicated one), and each protocol's throughput there is compared with its
+/// one-copy run.
+#[test]
+fn a_replicas_sweep_runs_each_point_with_its_copies() {
+    let (stdout, s) = txn_bench(
+        "sweep-r",
+        &[
+            "--protocol",
+            "mvcc",
+            "--sweep",
+            "replicas=1,2",
+            "--memnodes",
+            "2",
+            "--threads",
+            "1",
+            "--accounts",
+            "1000",
+            "--duration",
+            "0.7",
+        ],
+    );
+    let runs = s["runs"].as_array().unwrap();
+    let got: Vec<(&str, u64, bool)> = runs
+        .iter()
+        .map(|r| {
+            assert_run_passed(r, &stdout);
+            (
+                r["point"].as_str().unwrap(),
+                r["replicas"].as_u64().unwrap(),
+                r["replicas_identical"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [("replicas=1", 1, false), ("replicas=2", 2, true)],
+        "{stdout}"
+    );
+    assert!(stdout.contains("replicas per point"), "{stdout}");
+    assert!(
+        stdout.contains("\nratio throughput mvcc replicas 2/1 = "),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn bad_arguments_fail_cleanly() {
     for (args, want) in [
@@ -407,7 +453,8 @@ fn bad_arguments_fail_cleanly() {
         (
             &["--sweep", "theta"],
             "expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, \
-             vtc-entries=N1,N2,..., lock-serving=coordinator,thread or range-index=off,on",
+             vtc-entries=N1,N2,..., lock-serving=coordinator,thread, range-index=off,on or \
+             replicas=1,3",
         ),
         (&["--sweep", "theta=0,x"], "is not a Zipf theta"),
         (&["--sweep", "clients=0"], "is not a number of coroutines"),
