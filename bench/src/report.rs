@@ -1832,25 +1832,29 @@ mod tests {
             .starts_with("point "));
     }
 
+    /// The last two ratio lines of runs of occ-cas and mvcc at two sweep points
+    /// (`[(point, occ-cas tps, mvcc tps); 2]`).
+    fn across_points(points: [(&str, f64, f64); 2]) -> Vec<String> {
+        let runs: Vec<Report> = points
+            .iter()
+            .flat_map(|&(p, occ, mvcc)| {
+                [run_of("occ-cas", occ, 400.0), run_of("mvcc", mvcc, 100.0)].map(|mut r| {
+                    r.point = Some(p.into());
+                    r
+                })
+            })
+            .collect();
+        let lines: Vec<String> = ratios(&runs).iter().map(Ratio::line).collect();
+        lines[lines.len() - 2..].to_vec()
+    }
+
     #[test]
     fn a_range_index_sweep_compares_each_protocol_across_its_points() {
-        let mut runs = vec![
-            run_of("occ-cas", 1000.0, 400.0),
-            run_of("mvcc", 800.0, 100.0),
-            run_of("occ-cas", 700.0, 500.0),
-            run_of("mvcc", 400.0, 200.0),
-        ];
-        for (r, p) in runs.iter_mut().zip([
-            "range-index=off",
-            "range-index=off",
-            "range-index=on",
-            "range-index=on",
-        ]) {
-            r.point = Some(p.into());
-        }
-        let lines: Vec<String> = ratios(&runs).iter().map(Ratio::line).collect();
         assert_eq!(
-            &lines[lines.len() - 2..],
+            across_points([
+                ("range-index=off", 1000.0, 800.0),
+                ("range-index=on", 700.0, 400.0)
+            ]),
             [
                 "ratio throughput occ-cas range-index on/off = 0.70",
                 "ratio throughput mvcc range-index on/off = 0.50"
@@ -1860,21 +1864,8 @@ mod tests {
 
     #[test]
     fn a_replicas_sweep_compares_each_protocol_with_its_first_point() {
-        let mut runs = vec![
-            run_of("occ-cas", 1000.0, 400.0),
-            run_of("mvcc", 800.0, 100.0),
-            run_of("occ-cas", 600.0, 500.0),
-            run_of("mvcc", 760.0, 200.0),
-        ];
-        for (r, p) in runs
-            .iter_mut()
-            .zip(["replicas=1", "replicas=1", "replicas=3", "replicas=3"])
-        {
-            r.point = Some(p.into());
-        }
-        let lines: Vec<String> = ratios(&runs).iter().map(Ratio::line).collect();
         assert_eq!(
-            &lines[lines.len() - 2..],
+            across_points([("replicas=1", 1000.0, 800.0), ("replicas=3", 600.0, 760.0)]),
             [
                 "ratio throughput occ-cas replicas 3/1 = 0.60",
                 "ratio throughput mvcc replicas 3/1 = 0.95"

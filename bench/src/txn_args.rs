@@ -642,6 +642,24 @@ pub enum Sweep {
     Replicas(Vec<u32>),
 }
 
+/// A sweep's points that count something (`what`), each at least 1; the error names
+/// `--sweep <param>` and the value.
+fn counts<T: FromStr + PartialOrd + From<u8>>(
+    values: &[&str],
+    param: &str,
+    what: &str,
+) -> Result<Vec<T>, String> {
+    values
+        .iter()
+        .map(|v| match v.parse::<T>() {
+            Ok(n) if n >= T::from(1) => Ok(n),
+            _ => Err(format!(
+                "--sweep {param}: {v:?} is not a number of {what} (>= 1)"
+            )),
+        })
+        .collect()
+}
+
 impl FromStr for Sweep {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -665,16 +683,7 @@ impl FromStr for Sweep {
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::Theta),
-            "clients" => values
-                .iter()
-                .map(|v| match v.parse::<usize>() {
-                    Ok(n) if n >= 1 => Ok(n),
-                    _ => Err(format!(
-                        "--sweep clients: {v:?} is not a number of coroutines per thread (>= 1)"
-                    )),
-                })
-                .collect::<Result<_, _>>()
-                .map(Self::Clients),
+            "clients" => counts(&values, "clients", "coroutines per thread").map(Self::Clients),
             "commit-log" => values
                 .iter()
                 .map(|v| match *v {
@@ -710,16 +719,7 @@ impl FromStr for Sweep {
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::RangeIndex),
-            "replicas" => values
-                .iter()
-                .map(|v| match v.parse::<u32>() {
-                    Ok(n) if n >= 1 => Ok(n),
-                    _ => Err(format!(
-                        "--sweep replicas: {v:?} is not a number of copies per partition (>= 1)"
-                    )),
-                })
-                .collect::<Result<_, _>>()
-                .map(Self::Replicas),
+            "replicas" => counts(&values, "replicas", "copies per partition").map(Self::Replicas),
             p => Err(format!(
                 "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries, lock-serving, range-index or replicas"
             )),
@@ -1324,115 +1324,66 @@ impl Args {
     }
 
     pub(crate) fn points(&self) -> Vec<Point> {
+        // Every point is this run's settings with the swept one changed and labelled.
+        let base = Point {
+            theta: self.theta,
+            coroutines: self.coroutines,
+            commit_log: None,
+            vtc_entries: self.vtc_entries,
+            routing: None,
+            lock_serving: None,
+            range_index: None,
+            replicas: None,
+            label: None,
+        };
+        let at = |label: String, set: &dyn Fn(&mut Point)| {
+            let mut p = Point {
+                label: Some(label),
+                ..base.clone()
+            };
+            set(&mut p);
+            p
+        };
         match &self.sweep {
-            None => vec![Point {
-                theta: self.theta,
-                coroutines: self.coroutines,
-                commit_log: None,
-                vtc_entries: self.vtc_entries,
-                routing: None,
-                lock_serving: None,
-                range_index: None,
-                replicas: None,
-                label: None,
-            }],
+            None => vec![base.clone()],
             Some(Sweep::Theta(v)) => v
                 .iter()
-                .map(|&theta| Point {
-                    theta,
-                    coroutines: self.coroutines,
-                    commit_log: None,
-                    vtc_entries: self.vtc_entries,
-                    routing: None,
-                    lock_serving: None,
-                    range_index: None,
-                    replicas: None,
-                    label: Some(format!("theta={theta}")),
-                })
+                .map(|&t| at(format!("theta={t}"), &|p| p.theta = t))
                 .collect(),
             Some(Sweep::Clients(v)) => v
                 .iter()
-                .map(|&coroutines| Point {
-                    theta: self.theta,
-                    coroutines,
-                    commit_log: None,
-                    vtc_entries: self.vtc_entries,
-                    routing: None,
-                    lock_serving: None,
-                    range_index: None,
-                    replicas: None,
-                    label: Some(format!("clients={coroutines}")),
-                })
+                .map(|&c| at(format!("clients={c}"), &|p| p.coroutines = c))
                 .collect(),
             Some(Sweep::CommitLog(v)) => v
                 .iter()
-                .map(|&l| Point {
-                    theta: self.theta,
-                    coroutines: self.coroutines,
-                    commit_log: Some(l),
-                    vtc_entries: self.vtc_entries,
-                    routing: None,
-                    lock_serving: None,
-                    range_index: None,
-                    replicas: None,
-                    label: Some(format!("commit-log={}", l.name())),
+                .map(|&l| {
+                    at(format!("commit-log={}", l.name()), &|p| {
+                        p.commit_log = Some(l)
+                    })
                 })
                 .collect(),
             Some(Sweep::LockServing(v)) => v
                 .iter()
-                .map(|&l| Point {
-                    theta: self.theta,
-                    coroutines: self.coroutines,
-                    commit_log: None,
-                    vtc_entries: self.vtc_entries,
-                    routing: None,
-                    lock_serving: Some(l),
-                    range_index: None,
-                    replicas: None,
-                    label: Some(format!("lock-serving={}", l.name())),
+                .map(|&l| {
+                    at(format!("lock-serving={}", l.name()), &|p| {
+                        p.lock_serving = Some(l)
+                    })
                 })
                 .collect(),
             Some(Sweep::RangeIndex(v)) => v
                 .iter()
-                .map(|&on| Point {
-                    theta: self.theta,
-                    coroutines: self.coroutines,
-                    commit_log: None,
-                    vtc_entries: self.vtc_entries,
-                    routing: None,
-                    lock_serving: None,
-                    range_index: Some(on),
-                    replicas: None,
-                    label: Some(format!("range-index={}", if on { "on" } else { "off" })),
+                .map(|&on| {
+                    let name = if on { "on" } else { "off" };
+                    at(format!("range-index={name}"), &|p| p.range_index = Some(on))
                 })
                 .collect(),
             Some(Sweep::Replicas(v)) => v
                 .iter()
-                .map(|&r| Point {
-                    theta: self.theta,
-                    coroutines: self.coroutines,
-                    commit_log: None,
-                    vtc_entries: self.vtc_entries,
-                    routing: None,
-                    lock_serving: None,
-                    range_index: None,
-                    replicas: Some(r),
-                    label: Some(format!("replicas={r}")),
-                })
+                .map(|&r| at(format!("replicas={r}"), &|p| p.replicas = Some(r)))
                 .collect(),
             Some(Sweep::VtcEntries(v)) => v
                 .iter()
-                .map(|&n| Point {
-                    theta: self.theta,
-                    coroutines: self.coroutines,
-                    commit_log: None,
-                    vtc_entries: n,
-                    routing: None,
-                    lock_serving: None,
-                    range_index: None,
-                    replicas: None,
-                    label: Some(format!("vtc-entries={n}")),
-                })
+                .map(|&n| at(format!("vtc-entries={n}"), &|p| p.vtc_entries = n))
                 .collect(),
         }
     }
