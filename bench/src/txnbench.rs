@@ -396,7 +396,7 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
         workload.label(),
         sum.timing_model,
         args.fabric(),
-        storage_desc(args),
+        storage_desc(args, None),
         warmup_desc(args),
         args.duration(),
         args.seed.seed,
@@ -1012,7 +1012,7 @@ fn print_header(
         },
         workload.scale(),
         workload.skew(point.theta),
-        storage_desc(args),
+        storage_desc(args, Some(point)),
         warmup_desc(args),
         args.duration(),
     );
@@ -1042,10 +1042,13 @@ fn warmup_desc(args: &Args) -> String {
 }
 
 /// `N memnode(s), V versions` and, when replicated, `, R replicas (...)`: the commit
-/// style and what occ-cas does over replicas (FORD's commit).
-pub(crate) fn storage_desc(args: &Args) -> String {
-    let swept = matches!(args.sweep, Some(Sweep::Replicas(_)));
-    let replicas = if args.replicas > 1 || swept {
+/// style and what occ-cas does over replicas (FORD's commit). For one run's header
+/// (`point`) R is the run's; for the comparison's (`None`) under `--sweep replicas` it
+/// is `replicas per point`.
+pub(crate) fn storage_desc(args: &Args, point: Option<&Point>) -> String {
+    let swept = point.is_none() && matches!(args.sweep, Some(Sweep::Replicas(_)));
+    let copies = point.and_then(|p| p.replicas).unwrap_or(args.replicas);
+    let replicas = if copies > 1 || swept {
         let commit = match args.replica_commit {
             crate::txn_args::ReplicaCommitArg::Coalesced => "one commit round for all copies",
             crate::txn_args::ReplicaCommitArg::Separate => "commit rounds: backups, then primaries",
@@ -1056,7 +1059,7 @@ pub(crate) fn storage_desc(args: &Args) -> String {
             if swept {
                 "replicas per point".to_string()
             } else {
-                format!("{} replicas", args.replicas)
+                format!("{copies} replicas")
             },
             if args.ford_backup_reads {
                 ", read-only transactions read backups"
@@ -2511,10 +2514,13 @@ mod tests {
             (Some(3), Some("replicas=3"))
         );
         assert!(
-            storage_desc(&a).contains("replicas per point"),
+            storage_desc(&a, None).contains("replicas per point"),
             "{}",
-            storage_desc(&a)
+            storage_desc(&a, None)
         );
+        // One run's header names its own copies; one copy says nothing of them.
+        assert!(storage_desc(&a, Some(&p[1])).contains(", 3 replicas ("));
+        assert_eq!(storage_desc(&a, Some(&p[0])), "3 memnode(s), 4 versions");
         let e = args(&["--sweep", "replicas=1,3", "--memnodes", "2"])
             .validate()
             .unwrap_err();

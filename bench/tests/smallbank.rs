@@ -429,7 +429,12 @@ fn a_replicas_sweep_runs_each_point_with_its_copies() {
         [("replicas=1", 1, false), ("replicas=2", 2, true)],
         "{stdout}"
     );
+    // The comparison's header says the copies vary; each run's header says its own.
     assert!(stdout.contains("replicas per point"), "{stdout}");
+    assert!(
+        stdout.contains("| 2 memnode(s), 4 versions, 2 replicas ("),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("\nratio throughput mvcc replicas 2/1 = "),
         "{stdout}"
