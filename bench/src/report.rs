@@ -1168,11 +1168,7 @@ pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
             .iter()
             .find(|r| at(r, "range-index=off") && r.protocol == on.protocol)
         {
-            out.push(Ratio {
-                name: format!("throughput {} range-index on/off", on.protocol),
-                point: None,
-                value: (off.throughput_tps > 0.0).then(|| on.throughput_tps / off.throughput_tps),
-            });
+            out.push(throughput_ratio("range-index on/off", on, off));
         }
     }
     // `--sweep replicas=R1,R2,...`: each protocol at every later point over its first.
@@ -1185,20 +1181,22 @@ pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
                 .iter()
                 .filter(|r| r.protocol == base.protocol && copies(r).is_some_and(|c| c != first))
             {
-                out.push(Ratio {
-                    name: format!(
-                        "throughput {} replicas {}/{first}",
-                        r.protocol,
-                        copies(r).unwrap_or("?")
-                    ),
-                    point: None,
-                    value: (base.throughput_tps > 0.0)
-                        .then(|| r.throughput_tps / base.throughput_tps),
-                });
+                let what = format!("replicas {}/{first}", copies(r).unwrap_or("?"));
+                out.push(throughput_ratio(&what, r, base));
             }
         }
     }
     out
+}
+
+/// One protocol's throughput at one sweep point over another's (`num` and `den` ran the
+/// same protocol): `throughput <protocol> <what>`, across the points.
+fn throughput_ratio(what: &str, num: &Report, den: &Report) -> Ratio {
+    Ratio {
+        name: format!("throughput {} {what}", num.protocol),
+        point: None,
+        value: (den.throughput_tps > 0.0).then(|| num.throughput_tps / den.throughput_tps),
+    }
 }
 
 fn per_point_ratios(runs: &[Report]) -> Vec<Ratio> {

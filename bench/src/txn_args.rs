@@ -794,6 +794,18 @@ pub(crate) struct Point {
     pub(crate) replicas: Option<u32>,
 }
 
+impl Point {
+    /// `args` with the flags this point sets (`--range-index`, `--replicas`), or `None`
+    /// when it sets none of them.
+    pub(crate) fn args(&self, args: &Args) -> Option<Args> {
+        (self.range_index.is_some() || self.replicas.is_some()).then(|| Args {
+            range_index: self.range_index.unwrap_or(args.range_index),
+            replicas: self.replicas.unwrap_or(args.replicas),
+            ..args.clone()
+        })
+    }
+}
+
 /// Commit logs at a point of `--sweep commit-log=...`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogSetting {

@@ -240,32 +240,17 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         } else {
             &args
         };
-        // A range-index point: its own flag, and so its own workload (TPC-C's scans).
-        let point_args;
-        let point_workload;
-        let (run_args, run_workload, mix): (&Args, &dyn WorkloadSpec, _) = match point.range_index {
-            Some(on) => {
-                point_args = Args {
-                    range_index: on,
-                    ..run_args.clone()
-                };
-                point_workload = workload_spec(&point_args)?;
-                let mix = point_workload.profiles(point.theta)?;
-                (&point_args, &*point_workload, mix)
-            }
-            None => (run_args, &*workload, mixes[pi].clone()),
+        // A point that sets a flag of its own (range scans, copies) runs with its own
+        // arguments; range scans also make its own workload (TPC-C's scans).
+        let point_args = point.args(run_args);
+        let run_args = point_args.as_ref().unwrap_or(run_args);
+        let point_workload = match point.range_index {
+            Some(_) => Some(workload_spec(run_args)?),
+            None => None,
         };
-        // A replicas point: its own copies of every partition.
-        let replicas_args;
-        let run_args = match point.replicas {
-            Some(r) => {
-                replicas_args = Args {
-                    replicas: r,
-                    ..run_args.clone()
-                };
-                &replicas_args
-            }
-            None => run_args,
+        let (run_workload, mix): (&dyn WorkloadSpec, _) = match &point_workload {
+            Some(w) => (&**w, w.profiles(point.theta)?),
+            None => (&*workload, mixes[pi].clone()),
         };
         if plan.len() > 1 {
             eprintln!("== run {}/{}: {what}", k + 1, plan.len());
