@@ -39,6 +39,19 @@ pub trait Mem {
     /// (the CAS succeeded iff it equals `expected`).
     fn cas(&self, off: u64, expected: u64, new: u64)
         -> impl Future<Output = Result<u64, MemError>>;
+    /// WRITEs of `writes` (offset, data) in list order as one round on one QP: RC lands
+    /// them in order, so a crash leaves a prefix of the list and never a later WRITE
+    /// without an earlier one (Sherman's command combination: a node's write-back and its
+    /// lock's release in one doorbell). The default runs them one after another, each its
+    /// own round. Errors: the first failed WRITE's; later ones are not sent.
+    fn write_ordered(&self, writes: &[(u64, &[u8])]) -> impl Future<Output = Result<(), MemError>> {
+        async move {
+            for (off, data) in writes {
+                self.write(*off, data).await?;
+            }
+            Ok(())
+        }
+    }
     /// READ of the 8-byte word at `off`.
     fn read_u64(&self, off: u64) -> impl Future<Output = Result<u64, MemError>> {
         async move {
@@ -139,6 +152,9 @@ impl<M: Mem> Mem for Rc<M> {
         new: u64,
     ) -> impl Future<Output = Result<u64, MemError>> {
         (**self).cas(off, expected, new)
+    }
+    fn write_ordered(&self, writes: &[(u64, &[u8])]) -> impl Future<Output = Result<(), MemError>> {
+        (**self).write_ordered(writes)
     }
 }
 

@@ -10,6 +10,9 @@ use rrpc::NodeId;
 
 use crate::mem::{Mem, MemError};
 
+/// The most WRs [`RrpcMem`] posts as one ordered list, well under a send queue's depth.
+pub const ORDERED_LIST_WRS: usize = 64;
+
 /// The rTX region of memory node `node`, as seen from one thread.
 #[derive(Clone)]
 pub struct RrpcMem {
@@ -61,6 +64,23 @@ impl Mem for RrpcMem {
             .write(self.node, self.region.at(off), data)
             .await
             .map_err(MemError::Fabric)
+    }
+
+    /// One ordered WR list per [`ORDERED_LIST_WRS`] WRITEs (a longer list goes as several,
+    /// each sent once the one before it completed, so the order holds across them).
+    async fn write_ordered(&self, writes: &[(u64, &[u8])]) -> Result<(), MemError> {
+        let mut list = Vec::with_capacity(writes.len());
+        for &(off, data) in writes {
+            self.check(off, data.len())?;
+            list.push((self.region.at(off), data));
+        }
+        for part in list.chunks(ORDERED_LIST_WRS) {
+            self.ctx
+                .write_ordered(self.node, part)
+                .await
+                .map_err(MemError::Fabric)?;
+        }
+        Ok(())
     }
 
     async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {

@@ -6,9 +6,10 @@
 //! A node's lock is its TXObj's first word (0 = free, [`LOCK_HELD`] | id = held, CAS); its
 //! value stays in place in the block its dptr names (resolved once per node and cached:
 //! Optimal never moves a node). Insert, update and delete: CAS-lock the leaf, READ it,
-//! modify, WRITE it back with its version moved on (front and rear words), WRITE the lock
-//! free. A split WRITEs the new sibling, then the left node (pointing at it) and unlocks,
-//! then inserts the separator into the parent the same way (B-link: until then the new
+//! modify, WRITE it back with its version moved on (front and rear words) and WRITE the
+//! lock free in the same ordered list (Sherman's command combination: three round trips).
+//! A split WRITEs the new sibling, the left node (pointing at it) and the unlock as one
+//! ordered list, then inserts the separator into the parent the same way (B-link: until then the new
 //! node is reachable through its left sibling); a new root is installed by CAS on the
 //! root-pointer word. Lookups and scans READ nodes without locks and retry torn reads
 //! (front version differs from rear). A client that dies holding a lock blocks everyone
@@ -148,27 +149,49 @@ impl Optimal {
         Ok((Node::decode(&b), b))
     }
 
-    async fn write_node<M: Mem>(
+    /// WRITE back `nodes` (each with its version moved on), then free the lock of
+    /// `unlock`, as one ordered list (Sherman's command combination: RC lands the
+    /// write-backs before the release, so no reader of a free lock sees an old node).
+    /// DTX first WRITEs each node's old value to its log, one round each (DrTM+H's log
+    /// round, which precedes the write-back), and clears the log at the list's end.
+    async fn write_back<M: Mem>(
         &mut self,
         mem: &M,
-        mptr: u64,
-        n: &mut Node,
+        nodes: &mut [(u64, &mut Node)],
+        unlock: Option<u64>,
     ) -> Result<(), MemError> {
         let bb = self.layout.block_bytes as usize;
+        let mut log_addr = None;
         if let Some(log) = self.value_log {
-            // DTX: the old value goes to the log before the install (a new node's old
-            // value is its free block, zeros).
-            let old = self
-                .old_images
-                .remove(&mptr)
-                .unwrap_or_else(|| vec![0u8; bb]);
             let la = self.addr(mem, log).await?;
-            mem.write(la, &old).await?;
-            self.log_dirty = true;
+            for (mptr, _) in nodes.iter() {
+                // A new node's old value is its free block, zeros.
+                let old = self
+                    .old_images
+                    .remove(mptr)
+                    .unwrap_or_else(|| vec![0u8; bb]);
+                mem.write(la, &old).await?;
+                self.log_dirty = true;
+            }
+            log_addr = Some(la);
         }
-        n.version = n.version.wrapping_add(1);
-        let a = self.addr(mem, mptr).await?;
-        mem.write(a, &n.encode(bb)).await
+        let mut images = Vec::with_capacity(nodes.len());
+        for (mptr, n) in nodes.iter_mut() {
+            n.version = n.version.wrapping_add(1);
+            images.push((self.addr(mem, *mptr).await?, n.encode(bb)));
+        }
+        const FREE: [u8; 8] = [0; 8];
+        let mut list: Vec<(u64, &[u8])> = images.iter().map(|(a, b)| (*a, &b[..])).collect();
+        if let Some(m) = unlock {
+            list.push((m, &FREE));
+            self.old_images.remove(&m);
+            if let (Some(la), true) = (log_addr, self.log_dirty) {
+                // DTX: the log is cleared once the node is installed and unlocked.
+                list.push((la, &FREE));
+                self.log_dirty = false;
+            }
+        }
+        mem.write_ordered(&list).await
     }
 
     async fn lock<M: Mem>(&mut self, mem: &M, mptr: u64) -> Result<(), BlinkError> {
@@ -371,8 +394,7 @@ impl Optimal {
         let (m, mut n) = self.lock_leaf(mem, key).await?;
         let old = n.upsert(key, val);
         if n.keys.len() <= self.cap {
-            self.write_node(mem, m, &mut n).await?;
-            self.unlock(mem, m).await?;
+            self.write_back(mem, &mut [(m, &mut n)], Some(m)).await?;
             self.stats.ops += 1;
             return Ok(old);
         }
@@ -382,9 +404,9 @@ impl Optimal {
             let (lm, mut ln) = left;
             let rm = self.take_obj()?;
             let (sep, mut right) = ln.split(rm, true);
-            self.write_node(mem, rm, &mut right).await?;
-            self.write_node(mem, lm, &mut ln).await?;
-            self.unlock(mem, lm).await?;
+            // The new sibling before the left node that points at it.
+            self.write_back(mem, &mut [(rm, &mut right), (lm, &mut ln)], Some(lm))
+                .await?;
             self.stats.splits += 1;
             if level > 0 {
                 self.cache.insert(lm, ln.clone());
@@ -497,7 +519,7 @@ impl Optimal {
                     vals: vec![right],
                     ..Node::default()
                 };
-                self.write_node(mem, nr, &mut n).await?;
+                self.write_back(mem, &mut [(nr, &mut n)], None).await?;
                 let ra = self.addr(mem, self.root_obj).await?;
                 if mem.cas(ra, root, nr).await? == root {
                     mem.write(ra + 8, &(level as u64).to_le_bytes()).await?;
@@ -520,8 +542,7 @@ impl Optimal {
             };
             p.upsert(sep, right);
             if p.keys.len() <= self.cap {
-                self.write_node(mem, pm, &mut p).await?;
-                self.unlock(mem, pm).await?;
+                self.write_back(mem, &mut [(pm, &mut p)], Some(pm)).await?;
                 self.cache.insert(pm, p);
                 return Ok(None);
             }
@@ -538,12 +559,14 @@ impl Optimal {
             Ok(i) => {
                 n.keys.remove(i);
                 let v = n.vals.remove(i);
-                self.write_node(mem, m, &mut n).await?;
+                self.write_back(mem, &mut [(m, &mut n)], Some(m)).await?;
                 Some(v)
             }
-            Err(_) => None,
+            Err(_) => {
+                self.unlock(mem, m).await?;
+                None
+            }
         };
-        self.unlock(mem, m).await?;
         self.stats.ops += 1;
         Ok(old)
     }

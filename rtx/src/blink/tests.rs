@@ -204,26 +204,52 @@ fn a_split_that_skips_the_parent_is_caught_by_the_checker() {
     });
 }
 
-/// A memory that counts one-sided operations.
+/// A memory that counts one-sided operations, and round trips (an ordered list of WRITEs
+/// is one).
 struct CountMem {
     inner: LocalMem,
     reads: Cell<u64>,
     writes: Cell<u64>,
     cas: Cell<u64>,
+    rounds: Cell<u64>,
+}
+
+impl CountMem {
+    fn new(inner: LocalMem) -> Self {
+        Self {
+            inner,
+            reads: Cell::new(0),
+            writes: Cell::new(0),
+            cas: Cell::new(0),
+            rounds: Cell::new(0),
+        }
+    }
+
+    fn bump(c: &Cell<u64>, by: u64) {
+        c.set(c.get() + by);
+    }
 }
 
 impl Mem for CountMem {
     async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
-        self.reads.set(self.reads.get() + 1);
+        Self::bump(&self.reads, 1);
+        Self::bump(&self.rounds, 1);
         self.inner.read(off, len).await
     }
     async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
-        self.writes.set(self.writes.get() + 1);
+        Self::bump(&self.writes, 1);
+        Self::bump(&self.rounds, 1);
         self.inner.write(off, data).await
     }
     async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        self.cas.set(self.cas.get() + 1);
+        Self::bump(&self.cas, 1);
+        Self::bump(&self.rounds, 1);
         self.inner.cas(off, expected, new).await
+    }
+    async fn write_ordered(&self, writes: &[(u64, &[u8])]) -> Result<(), MemError> {
+        Self::bump(&self.writes, writes.len() as u64);
+        Self::bump(&self.rounds, 1);
+        self.inner.write_ordered(writes).await
     }
 }
 
@@ -233,12 +259,7 @@ impl Mem for CountMem {
 #[test]
 fn cached_lookup_and_update_cost_as_in_table_2() {
     let l = layout(1024);
-    let m = CountMem {
-        inner: region(&l),
-        reads: Cell::new(0),
-        writes: Cell::new(0),
-        cas: Cell::new(0),
-    };
+    let m = CountMem::new(region(&l));
     let clock = ManualClock::new(T0);
     // Blocks wait out their reuse delay (the clock stands still): every new block comes
     // from this client's own chunks, so no reclamation-table WRITE (4.4) joins in.
@@ -268,6 +289,36 @@ fn cached_lookup_and_update_cost_as_in_table_2() {
             (3, 1, 3),
             "READ TXObj + block + validation, WRITE block, CAS lock + dptr + unlock"
         );
+    });
+}
+
+/// Optimal's update with internal nodes cached is three round trips, as Sherman's: CAS the
+/// leaf's lock, READ the leaf, and one ordered list of the write-back and the unlock
+/// (command combination). Sent one after another, the last two would be four.
+#[test]
+fn optimal_update_is_three_round_trips_with_the_unlock_combined() {
+    let l = layout(1024);
+    let m = CountMem::new(region(&l));
+    let mut t = super::optimal::Optimal::new(l, 0, objs(0));
+    block_on(async {
+        for k in 0..200 {
+            t.insert(&m, k * 7, k).await.unwrap();
+        }
+        t.lookup(&m, 700).await.unwrap();
+        let before = (m.reads.get(), m.writes.get(), m.cas.get(), m.rounds.get());
+        assert_eq!(t.insert(&m, 700, 2).await.unwrap(), Some(100));
+        assert_eq!(
+            (
+                m.reads.get() - before.0,
+                m.writes.get() - before.1,
+                m.cas.get() - before.2,
+                m.rounds.get() - before.3
+            ),
+            (1, 2, 1, 3),
+            "READ leaf, WRITE leaf + lock word, CAS lock; in three round trips"
+        );
+        assert_eq!(t.lookup(&m, 700).await.unwrap(), Some(2));
+        check_quiescent(&m.inner, &l).await.unwrap();
     });
 }
 

@@ -14,7 +14,8 @@
 //!
 //! Rehash: lock the full subtable, lock the directory, lock and write the new subtable
 //! (a free object of the handle's range), rewrite the old subtable's bucket headers (one
-//! WRITE each), write the directory's entries then its header, unlock the directory, and
+//! WRITE each) and write the directory's entries then its header (one ordered list of
+//! WRITEs), unlock the directory, and
 //! then move every slot whose next hash bit is set with 2 CASes (copy to the same
 //! position in the new subtable, clear the old), rescanning until a pass moves nothing;
 //! finally unlock both subtables. Its cost grows with the keys moved (2 CASes each),
@@ -391,17 +392,18 @@ impl Optimal {
             depth: h.depth + 1,
             suffix: h.suffix | 1 << h.depth,
         };
-        mem.write(nbase, &g.empty_subtable(hi)).await?;
-        for b in 0..g.buckets {
-            mem.write(base + g.bucket_off(b), &lo.word().to_le_bytes())
-                .await?;
-        }
         let nd = dir.split(h, nm);
         let dbase = self.base(mem, dir_m).await?;
         let enc = nd.encode(g.block_bytes as usize);
-        mem.write(dbase + 8, &enc[8..8 + 8 * nd.entries.len()])
-            .await?;
-        mem.write(dbase, &enc[..8]).await?;
+        // One ordered list: the new subtable, the old one's bucket headers, then the
+        // directory's entries and last its header.
+        let new_st = g.empty_subtable(hi);
+        let lo_word = lo.word().to_le_bytes();
+        let mut list: Vec<(u64, &[u8])> = vec![(nbase, &new_st)];
+        list.extend((0..g.buckets).map(|b| (base + g.bucket_off(b), &lo_word[..])));
+        list.push((dbase + 8, &enc[8..8 + 8 * nd.entries.len()]));
+        list.push((dbase, &enc[..8]));
+        mem.write_ordered(&list).await?;
         self.unlock(mem, dir_m).await?;
         self.dir = Some(nd);
         #[cfg(feature = "fault-injection")]
