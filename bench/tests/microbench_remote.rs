@@ -136,7 +136,9 @@ fn rrpc_bench_peers_across_processes() {
     let _s = serial();
     let bin = env!("CARGO_BIN_EXE_rrpc-bench");
     let server = Server::start(bin);
-    let mut args = vec!["peers", "--perftest"];
+    // Two rounds of ib_write_lat, rrpc and ib_write_lat again (on verbs); on shm
+    // perftest says why it is skipped.
+    let mut args = vec!["peers", "--perftest", "--rounds", "2"];
     args.extend(SHORT);
     let out = client(bin, &args, &server);
     assert!(
@@ -161,13 +163,38 @@ fn rrpc_bench_peers_across_processes() {
         eprintln!("{l}");
     }
     if fabric() == "verbs" && bench::perftest::find().is_some() {
-        let r = figure(&out, "ratio rtt rrpc/ib_write_lat =");
-        assert!(r > 0.0, "{out}");
         assert!(out.contains("2 x t_typical"), "{out}");
+        // Each round's line (round number, two perftest round trips around rrpc's
+        // p50), then the median ratio, unless both rounds changed speed.
+        let rounds = out
+            .lines()
+            .filter(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.len() >= 5
+                    && (w[0] == "1" || w[0] == "2")
+                    && w[1..5].iter().all(|v| v.parse::<f64>().is_ok())
+            })
+            .count();
+        assert_eq!(rounds, 2, "{out}");
+        if !out.contains("ratio rtt rrpc/ib_write_lat: none") {
+            let r = figure(&out, "ratio rtt rrpc/ib_write_lat =");
+            assert!(r > 0.0, "{out}");
+        }
     } else {
         assert!(out.contains("perftest: skipped: "), "{out}");
         assert!(!out.contains("ratio rtt rrpc/ib_write_lat"), "{out}");
     }
+    // Floor rounds need both sides in this process: refused with --connect, naming the
+    // perftest rounds that work across hosts.
+    let floor_rounds = Command::new(bin)
+        .args(["peers", "--rounds", "2", "--connect", &server.addr])
+        .env("RRPC_FABRIC", fabric())
+        .env_remove("RRPC_MODEL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&floor_rounds.stderr);
+    assert_eq!(floor_rounds.status.code(), Some(2), "{err}");
+    assert!(err.contains("--perftest"), "{err}");
     // Another benchmark's client is refused, and the server keeps serving.
     let wrong = Command::new(env!("CARGO_BIN_EXE_tso-bench"))
         .args(["--connect", &server.addr, "--clients", "1"])

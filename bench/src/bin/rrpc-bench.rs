@@ -142,13 +142,17 @@ enum Cmd {
         /// ratios and their medians per machine speed (rounds grouped by their floor; a
         /// round whose two floors differ by more than 2x is left out). Use it where the
         /// machine's speed drifts: one point per peer may pair a floor and an rrpc point
-        /// taken at different speeds. 0: no rounds.
+        /// taken at different speeds. With --perftest, rounds against ib_write_lat
+        /// instead (see --perftest). 0: no rounds.
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
         rounds: u32,
         /// Also run perftest's `ib_write_lat` (Debian package perftest) between the same
         /// two devices, 32 B, ten iterations per millisecond of --duration (at least
         /// 1000), and print `ratio rtt rrpc/ib_write_lat`: rrpc's p50 round trip over
-        /// twice ib_write_lat's t_typical (perftest reports half a round trip). Needs
+        /// twice ib_write_lat's t_typical (perftest reports half a round trip). With
+        /// --rounds N (also across hosts, with --connect): N rounds of ib_write_lat, rrpc
+        /// and ib_write_lat again, the ratio the median of the rounds' (each against the
+        /// mean of its two perftest runs), in place of the floor rounds. Needs
         /// --fabric verbs and ib_write_lat on PATH on both sides; otherwise says why it
         /// is skipped.
         #[arg(long)]
@@ -194,9 +198,9 @@ fn run(mut args: Args) -> Result<()> {
     let Some(cmd) = &args.cmd else {
         return Err(cli::usage("a subcommand is needed (batching, modes, latency, throughput, peers, all), or --serve; see --help"));
     };
-    if let (Cmd::Peers { rounds, .. }, remote::Side::Connect(_)) = (cmd, side) {
-        if *rounds > 0 {
-            return Err(cli::usage("--rounds compares peers that run within one host (floor, iceoryx2): run it without --connect"));
+    if let (Cmd::Peers { rounds, perftest }, remote::Side::Connect(_)) = (cmd, side) {
+        if *rounds > 0 && !*perftest {
+            return Err(cli::usage("--rounds without --perftest compares peers that run within one host (floor, iceoryx2): run it without --connect, or add --perftest for rounds against ib_write_lat"));
         }
     }
     let sides = Sides::new("rrpc-bench", spec, side)?;
@@ -283,12 +287,14 @@ fn run(mut args: Args) -> Result<()> {
         }
         Cmd::Peers { rounds, perftest } => {
             let peers = peers_cmp(c, sides, plot_for("peers"))?;
-            if *perftest {
+            if *perftest && *rounds > 0 {
+                out.insert("perftest", perftest_rounds(c, sides, *rounds)?);
+            } else if *perftest {
                 let rrpc_p50 = peers["rrpc_p50_ns"].as_f64().unwrap_or(0.0);
                 out.insert("perftest", perftest_cmp(c, sides, rrpc_p50));
             }
             out.insert("peers", peers);
-            if *rounds > 0 {
+            if *rounds > 0 && !*perftest {
                 out.insert("peers_rounds", matched_rounds(c, sides, *rounds)?);
             }
         }
@@ -1463,32 +1469,21 @@ fn peers_cmp(c: &Common, sides: &Sides, plot: Option<PathBuf>) -> Result<serde_j
 /// against twice its `t_typical` (perftest reports half a round trip). Prints why it is
 /// skipped on shm, without `ib_write_lat`, or when it fails; never fails the run.
 fn perftest_cmp(c: &Common, sides: &Sides, rrpc_p50_ns: f64) -> serde_json::Value {
-    const BYTES: usize = 32;
     let skipped = |why: String| {
         println!("perftest: skipped: {why}");
         json!({ "skipped": why })
     };
-    if sides.spec().kind != FabricKind::Verbs {
-        return skipped(format!(
-            "the {} fabric has no RDMA device ({} measures RDMA devices: run with --fabric verbs)",
-            sides.spec().kind,
-            perftest::WRITE_LAT
-        ));
+    if let Some(why) = perftest_unavailable(sides) {
+        return skipped(why);
     }
-    if perftest::find().is_none() {
-        return skipped(format!(
-            "{} not found on PATH (Debian: apt-get install perftest)",
-            perftest::WRITE_LAT
-        ));
-    }
-    let iterations = (c.duration_ms().saturating_mul(10)).max(1000);
-    let l = match sides.perftest(BYTES, iterations) {
+    let iterations = perftest_iterations(c);
+    let l = match sides.perftest(PERFTEST_BYTES, iterations) {
         Ok(l) => l,
         Err(e) => return skipped(format!("{e:#}")),
     };
     let rtt = l.rtt_ns();
     println!(
-        "perftest: {} -s {BYTES} -n {iterations} between the same two devices: t_typical {:.2} us, t_min {:.2} us, t_avg {:.2} us (half a round trip, as perftest reports); round trip = 2 x t_typical = {rtt:.0} ns; rrpc p50 round trip {rrpc_p50_ns:.0} ns",
+        "perftest: {} -s {PERFTEST_BYTES} -n {iterations} between the same two devices: t_typical {:.2} us, t_min {:.2} us, t_avg {:.2} us (half a round trip, as perftest reports); round trip = 2 x t_typical = {rtt:.0} ns; rrpc p50 round trip {rrpc_p50_ns:.0} ns",
         perftest::WRITE_LAT,
         l.t_typical_us,
         l.t_min_us,
@@ -1501,6 +1496,109 @@ fn perftest_cmp(c: &Common, sides: &Sides, rrpc_p50_ns: f64) -> serde_json::Valu
         "t_typical_us": l.t_typical_us, "t_min_us": l.t_min_us, "t_avg_us": l.t_avg_us,
         "rtt_ns": rtt, "rrpc_p50_ns": rrpc_p50_ns, "ratio_rtt_rrpc_ib_write_lat": ratio,
     })
+}
+
+/// Message size of the perftest comparison, bytes (rrpc's request and reply too).
+const PERFTEST_BYTES: usize = 32;
+
+/// `ib_write_lat` iterations per run: ten per millisecond of --duration, at least 1000.
+fn perftest_iterations(c: &Common) -> u64 {
+    (c.duration_ms().saturating_mul(10)).max(1000)
+}
+
+/// Why `ib_write_lat` cannot run here (not verbs, not installed), if it cannot.
+fn perftest_unavailable(sides: &Sides) -> Option<String> {
+    if sides.spec().kind != FabricKind::Verbs {
+        return Some(format!(
+            "the {} fabric has no RDMA device ({} measures RDMA devices: run with --fabric verbs)",
+            sides.spec().kind,
+            perftest::WRITE_LAT
+        ));
+    }
+    perftest::find().is_none().then(|| {
+        format!(
+            "{} not found on PATH (Debian: apt-get install perftest)",
+            perftest::WRITE_LAT
+        )
+    })
+}
+
+/// `peers --perftest --rounds N`: `rounds` times `ib_write_lat`, an rrpc point and
+/// `ib_write_lat` again, back to back between the same two devices, printing each round
+/// as it ends; then `ratio rtt rrpc/ib_write_lat`, the median of the rounds' ratios
+/// (rrpc's p50 over the mean of its two perftest round trips), rounds whose perftest
+/// figures differ by more than [`peers::rounds::SPEED_GAP`] left out. On a VM or a shared
+/// machine whose speed drifts, one perftest run after one rrpc point may pair two speeds.
+/// Says why and returns when perftest cannot run; a failed perftest run fails the
+/// command.
+fn perftest_rounds(c: &Common, sides: &Sides, rounds: u32) -> Result<serde_json::Value> {
+    use peers::rounds::{perftest_median, PerftestRound, SPEED_GAP};
+    if let Some(why) = perftest_unavailable(sides) {
+        println!("perftest: skipped: {why}");
+        return Ok(json!({ "skipped": why }));
+    }
+    let cfg = peer_config(c);
+    let iterations = perftest_iterations(c);
+    println!(
+        "\n== peers against {}, {rounds} rounds: {} -s {PERFTEST_BYTES} -n {iterations}, rrpc ({} ms, {} ms warm-up) and {} again, back to back; round trips in ns ({}: 2 x t_typical, perftest reporting half a round trip; rrpc: p50)",
+        perftest::WRITE_LAT,
+        perftest::WRITE_LAT,
+        c.duration_ms(),
+        c.warmup_ms(),
+        perftest::WRITE_LAT,
+        perftest::WRITE_LAT
+    );
+    println!(
+        "{:>6} {:>14} {:>10} {:>14} {:>26}",
+        "round", "ib_write_lat", "rrpc", "ib_write_lat", "rrpc/ib_write_lat (mean)"
+    );
+    let mut all = Vec::with_capacity(rounds as usize);
+    for i in 1..=rounds {
+        let before = sides.perftest(PERFTEST_BYTES, iterations)?;
+        let s = rrpc_rtt(c, sides, &cfg).context("peer rrpc")?;
+        let after = sides.perftest(PERFTEST_BYTES, iterations)?;
+        jsonl::point_with(
+            "peers-perftest-rounds",
+            json!({ "round": i, "peer": "rrpc", "mean_ns": s.mean_ns(), "round_trips": s.round_trips, "write_lat_rtt_ns": before.rtt_ns(), "write_lat_after_rtt_ns": after.rtt_ns() }),
+            Some(&s.hist),
+        );
+        let r = PerftestRound {
+            write_lat_ns: before.rtt_ns(),
+            rrpc_ns: s.hist.value_at_quantile(0.5),
+            write_lat_after_ns: after.rtt_ns(),
+        };
+        let note = if r.mixed(SPEED_GAP) {
+            "  (speed changed: left out)"
+        } else {
+            ""
+        };
+        println!(
+            "{:>6} {:>14.0} {:>10} {:>14.0} {:>26.2}{note}",
+            i,
+            r.write_lat_ns,
+            r.rrpc_ns,
+            r.write_lat_after_ns,
+            r.ratio()
+        );
+        all.push(r);
+    }
+    let (median, left_out) = perftest_median(&all, SPEED_GAP);
+    if median.is_nan() {
+        println!(
+            "ratio rtt rrpc/ib_write_lat: none (every round's two {} figures differ by more than {SPEED_GAP}x)",
+            perftest::WRITE_LAT
+        );
+    } else {
+        println!(
+            "ratio rtt rrpc/ib_write_lat = {median:.2}  (median of {} rounds, {left_out} left out)",
+            all.len() - left_out
+        );
+    }
+    Ok(json!({
+        "tool": perftest::WRITE_LAT, "bytes": PERFTEST_BYTES, "iterations": iterations,
+        "rounds": all, "speed_gap": SPEED_GAP, "rounds_left_out": left_out,
+        "ratio_rtt_rrpc_ib_write_lat": if median.is_nan() { None } else { Some(median) },
+    }))
 }
 
 /// `peers --rounds`: `rounds` times the floor, the fabric, rrpc, iceoryx2 and the floor

@@ -135,6 +135,49 @@ fn summarize(rounds: &[Round]) -> Group {
     }
 }
 
+/// One round against perftest (`rrpc-bench peers --perftest --rounds N`): `ib_write_lat`,
+/// an rrpc point and `ib_write_lat` again, back to back, between the same two devices.
+/// Round trips in nanoseconds (perftest's as `2 x t_typical`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PerftestRound {
+    /// `ib_write_lat`'s round trip, first.
+    pub write_lat_ns: f64,
+    /// rrpc's p50 round trip.
+    pub rrpc_ns: u64,
+    /// `ib_write_lat`'s round trip again, last.
+    pub write_lat_after_ns: f64,
+}
+
+impl PerftestRound {
+    /// rrpc's p50 over the mean of the two `ib_write_lat` round trips that bracket it.
+    pub fn ratio(&self) -> f64 {
+        let wl = (self.write_lat_ns + self.write_lat_after_ns) / 2.0;
+        self.rrpc_ns as f64 / wl.max(1.0)
+    }
+
+    /// Whether the machine's speed changed within the round: its two `ib_write_lat`
+    /// round trips are more than `gap` times apart.
+    pub fn mixed(&self, gap: f64) -> bool {
+        apart(
+            self.write_lat_ns.round() as u64,
+            self.write_lat_after_ns.round() as u64,
+            gap,
+        )
+    }
+}
+
+/// The median of the ratios ([`PerftestRound::ratio`]) of the rounds that did not change
+/// speed (by `gap`), and how many were left out; NaN when every round was.
+pub fn perftest_median(rounds: &[PerftestRound], gap: f64) -> (f64, usize) {
+    let kept: Vec<f64> = rounds
+        .iter()
+        .filter(|r| !r.mixed(gap))
+        .map(PerftestRound::ratio)
+        .collect();
+    let left_out = rounds.len() - kept.len();
+    (median(kept), left_out)
+}
+
 /// The median (the mean of the middle two for an even count); NaN for no values.
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -247,5 +290,29 @@ mod tests {
         let r = round(0, 0, 500).ratios();
         assert_eq!(r.rrpc_floor, 500.0);
         assert!(r.fabric_floor.is_finite());
+    }
+
+    #[test]
+    fn perftest_rounds_take_the_median_of_the_rounds_that_kept_their_speed() {
+        let r = |a: f64, rrpc: u64, b: f64| PerftestRound {
+            write_lat_ns: a,
+            rrpc_ns: rrpc,
+            write_lat_after_ns: b,
+        };
+        // Ratios 1.2, 1.5 and 1.1 (against the mean of the bracketing pair); the fourth
+        // round's perftest slowed 3x inside it and is left out.
+        let rounds = [
+            r(40_000.0, 48_000, 40_000.0),
+            r(70_000.0, 120_000, 90_000.0),
+            r(50_000.0, 55_000, 50_000.0),
+            r(40_000.0, 400_000, 120_000.0),
+        ];
+        assert!((rounds[1].ratio() - 1.5).abs() < 1e-9);
+        assert!(rounds[3].mixed(SPEED_GAP) && !rounds[1].mixed(SPEED_GAP));
+        let (m, left_out) = perftest_median(&rounds, SPEED_GAP);
+        assert!((m - 1.2).abs() < 1e-9, "{m}");
+        assert_eq!(left_out, 1);
+        let (m, left_out) = perftest_median(&rounds[3..], SPEED_GAP);
+        assert!(m.is_nan() && left_out == 1);
     }
 }
