@@ -200,6 +200,16 @@ pub fn memnode_args(s: &str) -> anyhow::Result<Vec<String>> {
     Ok(words)
 }
 
+/// The context of an error starting `role`, whose stderr goes to `log`.
+fn starting_it(role: &Role, log: &Path) -> String {
+    format!(
+        "{} ({}): starting it (its log: {})",
+        role.spec(),
+        role.table(),
+        log.display()
+    )
+}
+
 /// The service roles of `topo` in start order: memory nodes, the oracle (the lock
 /// service bounds Lock RPC timestamps by it, proxies draw from it), the lock service,
 /// the TSO proxies. Coordinators are the application's.
@@ -379,7 +389,10 @@ fn up(a: &UpArgs) -> anyhow::Result<()> {
     }
     let timeout = Duration::from_secs(a.start_timeout_s);
     let mut started = Vec::new();
-    for role in services(topo) {
+    let roles = services(topo);
+    // Memory nodes start side by side (each loads its own rows), the rest one by one.
+    let mut pending = Vec::new();
+    for (i, &role) in roles.iter().enumerate() {
         if stop.try_recv().is_ok() {
             bail!("stopped during start-up");
         }
@@ -395,8 +408,8 @@ fn up(a: &UpArgs) -> anyhow::Result<()> {
             );
         }
         let args = service_args(role, &p, &file, &extra);
-        let addr = cluster
-            .start_at(
+        let starting = cluster
+            .spawn_at(
                 &p.place,
                 role.kind.binary(),
                 p.node,
@@ -404,22 +417,27 @@ fn up(a: &UpArgs) -> anyhow::Result<()> {
                 timeout,
                 Some(&p.log),
             )
-            .with_context(|| {
-                format!(
-                    "{} ({}): starting it (its log: {})",
-                    role.spec(),
-                    role.table(),
-                    p.log.display()
-                )
-            })?;
-        if !a.dry_run {
-            let at = match &p.place {
-                Place::Local => "here".to_string(),
-                Place::Ssh { target, .. } => format!("over ssh on {target}"),
-            };
-            eprintln!("{} (node {}) ready at {addr}, {at}", role.spec(), p.node);
+            .with_context(|| starting_it(role, &p.log))?;
+        pending.push((role, p, starting));
+        let next_memnode = roles
+            .get(i + 1)
+            .is_some_and(|r| r.kind == RoleKind::Memnode);
+        if role.kind == RoleKind::Memnode && next_memnode {
+            continue;
         }
-        started.push((role, addr));
+        for (role, p, starting) in pending.drain(..) {
+            let addr = cluster
+                .wait_ready(starting)
+                .with_context(|| starting_it(role, &p.log))?;
+            if !a.dry_run {
+                let at = match &p.place {
+                    Place::Local => "here".to_string(),
+                    Place::Ssh { target, .. } => format!("over ssh on {target}"),
+                };
+                eprintln!("{} (node {}) ready at {addr}, {at}", role.spec(), p.node);
+            }
+            started.push((role, addr));
+        }
     }
     let text = addrs_file(topo, &started);
     if a.dry_run {

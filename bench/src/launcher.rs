@@ -35,6 +35,37 @@ pub struct Service {
     log: Option<PathBuf>,
 }
 
+/// A service [`LocalCluster::spawn_at`] started and [`LocalCluster::wait_ready`] has not
+/// waited for yet; dropped unwaited, its process is killed.
+pub struct Starting {
+    name: String,
+    node: u32,
+    place: Place,
+    log: Option<PathBuf>,
+    timeout: Duration,
+    /// The process, or in a dry run the address it would listen on.
+    run: Result<Running, SocketAddr>,
+}
+
+/// A started process and what its stdout says.
+struct Running {
+    /// Taken when it becomes a [`Service`].
+    child: Option<Child>,
+    stdin: Option<std::process::ChildStdin>,
+    rx: mpsc::Receiver<Said>,
+    /// Its command line, for the errors.
+    line: Vec<String>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// The line a process started over ssh prints first on stdout: `REMOTE-PID <pid>`, its
 /// pid on its host (the remote shell's, which `exec`s the binary), so that a fault can
 /// signal it there ([`Place::signal`]).
@@ -381,6 +412,25 @@ impl LocalCluster {
         timeout: Duration,
         log: Option<&Path>,
     ) -> anyhow::Result<SocketAddr> {
+        let starting = self.spawn_at(place, name, node, args, timeout, log)?;
+        self.wait_ready(starting)
+    }
+
+    /// The first half of [`Self::start_at`]: start the process and return at once, so
+    /// that several services (memory nodes loading their rows) start side by side; then
+    /// [`Self::wait_ready`] on each. A [`Starting`] dropped unwaited kills its process.
+    ///
+    /// Errors: the binary is missing here (a local place), the process cannot be
+    /// started; in a dry run, no `--listen` address in `args`.
+    pub fn spawn_at(
+        &mut self,
+        place: &Place,
+        name: &str,
+        node: u32,
+        args: &[String],
+        timeout: Duration,
+        log: Option<&Path>,
+    ) -> anyhow::Result<Starting> {
         let bin = self.bin_dir.join(name);
         if self.dry_run {
             let line = self.command_line(place, name, node, args);
@@ -389,8 +439,16 @@ impl LocalCluster {
                 Place::Ssh { target, .. } => target.clone(),
             };
             println!("[dry-run] {at}: {}", line.join(" "));
-            return listen_of(args)
-                .with_context(|| format!("{name}: a dry run needs its --listen address"));
+            let addr = listen_of(args)
+                .with_context(|| format!("{name}: a dry run needs its --listen address"))?;
+            return Ok(Starting {
+                name: name.into(),
+                node,
+                place: place.clone(),
+                log: log.map(Path::to_path_buf),
+                timeout,
+                run: Err(addr),
+            });
         }
         if *place == Place::Local && !bin.exists() {
             bail!(
@@ -451,6 +509,44 @@ impl LocalCluster {
                 let _ = tx.send(said);
             }
         });
+        Ok(Starting {
+            name: name.into(),
+            node,
+            place: place.clone(),
+            log: log.map(Path::to_path_buf),
+            timeout,
+            run: Ok(Running {
+                child: Some(child),
+                stdin,
+                rx,
+                line,
+            }),
+        })
+    }
+
+    /// The second half of [`Self::start_at`]: wait for the `READY <addr>` line of a
+    /// service [`Self::spawn_at`] started: up to its timeout from now, or from its last
+    /// `PROGRESS` line.
+    ///
+    /// Errors: it exits before `READY` or says nothing for the timeout (it is killed),
+    /// it prints a bad address.
+    pub fn wait_ready(&mut self, mut starting: Starting) -> anyhow::Result<SocketAddr> {
+        let Starting {
+            ref name,
+            node,
+            ref place,
+            ref log,
+            timeout,
+            ref mut run,
+        } = starting;
+        let log = log.as_deref();
+        let run = match run {
+            Ok(r) => r,
+            Err(addr) => return Ok(*addr),
+        };
+        let rx = &run.rx;
+        let line = &run.line;
+        let child = run.child.as_mut().expect("not waited yet");
         let mut deadline = Instant::now() + timeout;
         let mut remote_pid = None;
         let addr = loop {
@@ -487,13 +583,14 @@ impl LocalCluster {
                 }
             }
         };
+        let child = run.child.take().expect("not waited yet");
         self.services.push(Service {
-            name: name.into(),
+            name: name.clone(),
             node,
             addr,
             place: place.clone(),
             child,
-            stdin,
+            stdin: run.stdin.take(),
             remote_pid,
             log: log.map(Path::to_path_buf),
         });
@@ -679,6 +776,60 @@ mod tests {
         assert!(t0.elapsed() >= Duration::from_secs(2), "{:?}", t0.elapsed());
         let e = c.start("hung", 2, &[], Duration::from_secs(1)).unwrap_err();
         assert!(format!("{e:#}").contains("nothing from it for 1s"), "{e:#}");
+    }
+
+    /// Services spawned before any is waited for run side by side: here one is ready
+    /// only once the other has started (a file it creates), which a start one after
+    /// another would never see. A spawned service dropped unwaited is killed.
+    #[test]
+    fn spawned_services_start_side_by_side_and_an_unwaited_one_is_killed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let bins = tempfile::tempdir().unwrap();
+        let flag = bins.path().join("second-started");
+        let pid_file = bins.path().join("third.pid");
+        let script = |name: &str, body: &str| {
+            let p = bins.path().join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        script(
+            "first",
+            &format!(
+                "while [ ! -e {} ]; do sleep 0.1; done\n\
+                 echo READY 127.0.0.1:1; exec sleep 30",
+                flag.display()
+            ),
+        );
+        script(
+            "second",
+            &format!(
+                "touch {}; echo READY 127.0.0.1:2; exec sleep 30",
+                flag.display()
+            ),
+        );
+        script(
+            "third",
+            &format!("echo $$ > {}; exec sleep 30", pid_file.display()),
+        );
+        let name = format!("launcher-side-by-side-{}", std::process::id());
+        let mut c = LocalCluster::new(&name, bins.path().to_path_buf()).unwrap();
+        let t = Duration::from_secs(20);
+        let a = c.spawn_at(&Place::Local, "first", 1, &[], t, None).unwrap();
+        let b = c
+            .spawn_at(&Place::Local, "second", 2, &[], t, None)
+            .unwrap();
+        assert_eq!(c.wait_ready(a).unwrap(), "127.0.0.1:1".parse().unwrap());
+        assert_eq!(c.wait_ready(b).unwrap(), "127.0.0.1:2".parse().unwrap());
+        let third = c.spawn_at(&Place::Local, "third", 3, &[], t, None).unwrap();
+        let pid = loop {
+            match std::fs::read_to_string(&pid_file) {
+                Ok(p) if p.ends_with('\n') => break p.trim().parse::<i32>().unwrap(),
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        drop(third);
+        // Killed and reaped: no such process any more.
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
     }
 
     #[test]

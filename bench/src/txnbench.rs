@@ -767,7 +767,9 @@ impl RunCluster {
         let data = workload.memnode_args();
         let mut memnodes = Vec::new();
         let mut memnode_flags = Vec::new();
-        // The partitions' memory nodes, then the spares (after them in index and id).
+        let mut starting = Vec::new();
+        // The partitions' memory nodes, then the spares (after them in index and id),
+        // all started before any is waited for.
         for i in 0..args.memnodes + args.spare_memnodes {
             let role: [String; 2] = if i < args.memnodes {
                 ["--partition".into(), i.to_string()]
@@ -803,7 +805,7 @@ impl RunCluster {
             };
             let flags = with(&[data.as_slice(), &partition, &membership, &host, &index].concat());
             let at = [flags.clone(), vec!["--listen".into(), listen]].concat();
-            memnodes.push(cluster.start_at(
+            starting.push(cluster.spawn_at(
                 &place,
                 "memnode",
                 node,
@@ -812,6 +814,10 @@ impl RunCluster {
                 log.as_deref(),
             )?);
             memnode_flags.push(flags);
+        }
+        // Side by side: each loads its own rows (minutes for large TPC-C runs).
+        for s in starting {
+            memnodes.push(cluster.wait_ready(s)?);
         }
         // The oracle first: the lock service bounds Lock RPC timestamps by its counter.
         let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
