@@ -564,7 +564,7 @@ impl LocalCluster {
                     if let Some(st) = child.try_wait()? {
                         bail!(
                             "{name} (node {node}) exited before it was ready: {st}{}{}",
-                            missing_hint(place, &st, &line),
+                            missing_hint(place, &st, line),
                             log_tail(place, log)
                         );
                     }
@@ -577,7 +577,7 @@ impl LocalCluster {
                     let st = child.wait()?;
                     bail!(
                         "{name} (node {node}) exited before it was ready: {st}{}{}",
-                        missing_hint(place, &st, &line),
+                        missing_hint(place, &st, line),
                         log_tail(place, log)
                     );
                 }
