@@ -432,6 +432,14 @@ impl LocalCluster {
         log: Option<&Path>,
     ) -> anyhow::Result<Starting> {
         let bin = self.bin_dir.join(name);
+        let starting = |run| Starting {
+            name: name.into(),
+            node,
+            place: place.clone(),
+            log: log.map(Path::to_path_buf),
+            timeout,
+            run,
+        };
         if self.dry_run {
             let line = self.command_line(place, name, node, args);
             let at = match place {
@@ -441,14 +449,7 @@ impl LocalCluster {
             println!("[dry-run] {at}: {}", line.join(" "));
             let addr = listen_of(args)
                 .with_context(|| format!("{name}: a dry run needs its --listen address"))?;
-            return Ok(Starting {
-                name: name.into(),
-                node,
-                place: place.clone(),
-                log: log.map(Path::to_path_buf),
-                timeout,
-                run: Err(addr),
-            });
+            return Ok(starting(Err(addr)));
         }
         if *place == Place::Local && !bin.exists() {
             bail!(
@@ -509,19 +510,12 @@ impl LocalCluster {
                 let _ = tx.send(said);
             }
         });
-        Ok(Starting {
-            name: name.into(),
-            node,
-            place: place.clone(),
-            log: log.map(Path::to_path_buf),
-            timeout,
-            run: Ok(Running {
-                child: Some(child),
-                stdin,
-                rx,
-                line,
-            }),
-        })
+        Ok(starting(Ok(Running {
+            child: Some(child),
+            stdin,
+            rx,
+            line,
+        })))
     }
 
     /// The second half of [`Self::start_at`]: wait for the `READY <addr>` line of a

@@ -1567,11 +1567,7 @@ fn perftest_rounds(c: &Common, sides: &Sides, rounds: u32) -> Result<serde_json:
             rrpc_ns: s.hist.value_at_quantile(0.5),
             write_lat_after_ns: after.rtt_ns(),
         };
-        let note = if r.mixed(SPEED_GAP) {
-            "  (speed changed: left out)"
-        } else {
-            ""
-        };
+        let note = speed_note(r.mixed(SPEED_GAP));
         println!(
             "{:>6} {:>14.0} {:>10} {:>14.0} {:>26.2}{note}",
             i,
@@ -1599,6 +1595,16 @@ fn perftest_rounds(c: &Common, sides: &Sides, rounds: u32) -> Result<serde_json:
         "rounds": all, "speed_gap": SPEED_GAP, "rounds_left_out": left_out,
         "ratio_rtt_rrpc_ib_write_lat": if median.is_nan() { None } else { Some(median) },
     }))
+}
+
+/// The end of a round's line: whether the machine's speed changed inside it, which
+/// leaves it out of the medians.
+fn speed_note(mixed: bool) -> &'static str {
+    if mixed {
+        "  (speed changed: left out)"
+    } else {
+        ""
+    }
 }
 
 /// `peers --rounds`: `rounds` times the floor, the fabric, rrpc, iceoryx2 and the floor
@@ -1645,11 +1651,7 @@ fn matched_rounds(c: &Common, sides: &Sides, rounds: u32) -> Result<serde_json::
             floor_after: p50("floor-after", peers::floor_rtt(&cfg))?,
         };
         let q = r.ratios();
-        let note = if r.mixed(SPEED_GAP) {
-            "  (speed changed: left out)"
-        } else {
-            ""
-        };
+        let note = speed_note(r.mixed(SPEED_GAP));
         println!(
             "{:>6} {:>7} {:>7} {:>7} {:>9} {:>7} {:>11.2} {:>12.2} {:>13.2} {:>14.2}{note}",
             i,
