@@ -9,8 +9,8 @@
 //! modify, WRITE it back with its version moved on (front and rear words) and WRITE the
 //! lock free in the same ordered list (Sherman's command combination: three round trips).
 //! A split WRITEs the new sibling, the left node (pointing at it) and the unlock as one
-//! ordered list, then inserts the separator into the parent the same way (B-link: until then the new
-//! node is reachable through its left sibling); a new root is installed by CAS on the
+//! ordered list, then inserts the separator into the parent the same way (B-link: until
+//! then the new node is reachable through its left sibling); a new root is installed by CAS on the
 //! root-pointer word. Lookups and scans READ nodes without locks and retry torn reads
 //! (front version differs from rear). A client that dies holding a lock blocks everyone
 //! who needs that node: this baseline has no repair (the point of rTX, 6 Fig. 14).
