@@ -648,14 +648,18 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Stop all children: SIGTERM, then SIGKILL after 3 s. (The shm directory goes when
-    /// the cluster is dropped.)
+    /// Stop all children: a local one by SIGTERM, a remote one by closing its stdin (its
+    /// ssh client ends once it has exited); SIGKILL to whatever still runs after 3 s.
+    /// (The shm directory goes when the cluster is dropped.)
     pub fn shutdown(&mut self) {
-        // A remote service stops when its stdin closes (and its ssh client on SIGTERM).
+        // A remote service stops when its stdin closes, and its ssh client ends once the
+        // service has exited: waiting for the client, not SIGTERMing it, is what tells
+        // that the service let go of its port (the next run may start one there at
+        // once). Local services get SIGTERM.
         for s in &mut self.services {
             drop(s.stdin.take());
         }
-        for s in &self.services {
+        for s in self.services.iter().filter(|s| s.place == Place::Local) {
             // SAFETY: kill(2) with a pid we spawned and have not reaped.
             unsafe { libc::kill(s.child.id() as libc::pid_t, libc::SIGTERM) };
         }
