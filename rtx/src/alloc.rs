@@ -23,7 +23,7 @@
 //!   The ID's own log must be repaired to DONE first (its blocks are then referenced or
 //!   free), which [`crate::client::Client::recover`] does.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use crate::dptr::Dptr;
 use crate::layout::{decode_owner, owner_word, Layout, CHUNK_BLOCKS, DPTR_OFF, TXOBJ_BYTES};
@@ -57,8 +57,16 @@ pub struct Allocator {
     incarnation: u8,
     free: Vec<u64>,
     retired: VecDeque<(u64, u64)>,
-    foreign: BTreeSet<u64>,
-    foreign_dirty: bool,
+    /// This ID's reclamation table as the MN holds it once the dirty slots are written:
+    /// slot k holds a listed block + 1, 0 when empty.
+    slots: Vec<u64>,
+    /// The listed (foreign, held) blocks and their slots.
+    slot_of: HashMap<u64, usize>,
+    /// Empty slots, the most recently emptied last (reused first, so that one WRITE both
+    /// unlists the block a commit reused and lists the block it replaced).
+    free_slots: Vec<usize>,
+    /// Slots changed since the table was last written.
+    dirty: BTreeSet<usize>,
     /// Foreign blocks held while the reclamation table was full: not listed, so their
     /// chunk's owner may take them back when it recovers; never reused here.
     unlisted: BTreeSet<u64>,
@@ -80,8 +88,10 @@ impl Allocator {
             incarnation,
             free: Vec::new(),
             retired: VecDeque::new(),
-            foreign: BTreeSet::new(),
-            foreign_dirty: false,
+            slots: vec![0; layout.reclaim_slots as usize],
+            slot_of: HashMap::new(),
+            free_slots: (0..layout.reclaim_slots as usize).rev().collect(),
+            dirty: BTreeSet::new(),
             unlisted: BTreeSet::new(),
             leaked: 0,
             // Start where other IDs are unlikely to look.
@@ -168,54 +178,82 @@ impl Allocator {
     pub fn hold(&mut self, old: &[u64], owners: Option<&[u64]>) {
         for &b in old {
             let own = owners.is_some_and(|o| self.owns_chunk_of(b, o));
-            if own || self.foreign.contains(&b) {
+            if own || self.slot_of.contains_key(&b) {
                 continue;
             }
-            if (self.foreign.len() as u64) < self.layout.reclaim_slots {
-                self.unlisted.remove(&b);
-                self.foreign.insert(b);
-                self.foreign_dirty = true;
-            } else {
-                self.unlisted.insert(b);
+            match self.free_slots.pop() {
+                Some(k) => {
+                    self.unlisted.remove(&b);
+                    self.slot_of.insert(b, k);
+                    self.slots[k] = b + 1;
+                    self.dirty.insert(k);
+                }
+                None => {
+                    self.unlisted.insert(b);
+                }
             }
         }
     }
 
-    /// Whether the reclamation table must be written before the next install.
+    /// Whether the reclamation table has changes not yet written (a block newly listed,
+    /// which must reach the MN before the install CAS, or one unlisted).
     pub fn needs_flush(&self) -> bool {
-        self.foreign_dirty
+        !self.dirty.is_empty()
     }
 
-    /// The reclamation table's bytes (count, then block words; [`Self::hold`] keeps the
-    /// listed blocks within the table's capacity).
-    pub fn table_bytes(&self) -> Vec<u8> {
-        let n = (self.foreign.len() as u64).min(self.layout.reclaim_slots);
-        let mut out = n.to_le_bytes().to_vec();
-        for b in self.foreign.iter().take(n as usize) {
-            out.extend_from_slice(&b.to_le_bytes());
+    /// The WRITEs that bring the MN's table up to date: (byte offset, bytes) per run of
+    /// adjacent changed slots. Usually one 8-byte WRITE per commit: the slot a reused
+    /// block left is the one the replaced block takes. The table is a reserved word, then
+    /// [`Layout::reclaim_slots`] slots of block + 1 (0 = empty); blocks past a full table
+    /// are not listed ([`Self::hold`]).
+    pub fn table_writes(&self) -> Vec<(u64, Vec<u8>)> {
+        let base = self.layout.reclaim_addr(self.id) + 8;
+        let mut out: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut last: Option<usize> = None;
+        for &k in &self.dirty {
+            let word = self.slots[k].to_le_bytes();
+            match (last, out.last_mut()) {
+                (Some(p), Some((_, run))) if p + 1 == k => run.extend_from_slice(&word),
+                _ => out.push((base + 8 * k as u64, word.to_vec())),
+            }
+            last = Some(k);
         }
         out
     }
 
-    /// WRITE the reclamation table if it changed. Errors: [`AllocError::Mem`].
+    /// WRITE the reclamation table's changed slots. Errors: [`AllocError::Mem`].
     pub async fn flush<M: Mem>(&mut self, mem: &M) -> Result<(), AllocError> {
-        if self.foreign_dirty {
-            mem.write(self.layout.reclaim_addr(self.id), &self.table_bytes())
-                .await?;
-            self.foreign_dirty = false;
+        for r in
+            futures::future::join_all(self.table_writes().iter().map(|(at, b)| mem.write(*at, b)))
+                .await
+        {
+            r?;
         }
+        self.flushed();
         Ok(())
     }
 
-    /// The table bytes from [`Self::table_bytes`] were written by the caller.
+    /// The WRITEs from [`Self::table_writes`] were done by the caller.
     pub fn flushed(&mut self) {
-        self.foreign_dirty = false;
+        self.dirty.clear();
+    }
+
+    /// Forget every listed block and mark the whole table for writing (empty): the MN's
+    /// copy may hold a previous life's entries.
+    fn clear_table(&mut self) {
+        let n = self.layout.reclaim_slots as usize;
+        self.slots = vec![0; n];
+        self.slot_of.clear();
+        self.free_slots = (0..n).rev().collect();
+        self.dirty = (0..n).collect();
     }
 
     /// A block now referenced by an installed dptr: no longer this ID's to list.
     pub fn installed(&mut self, block: u64) {
-        if self.foreign.remove(&block) {
-            self.foreign_dirty = true;
+        if let Some(k) = self.slot_of.remove(&block) {
+            self.slots[k] = 0;
+            self.free_slots.push(k);
+            self.dirty.insert(k);
         }
     }
 
@@ -257,9 +295,11 @@ impl Allocator {
         let l = self.layout;
         let (mut mine, mut others) = (Vec::new(), BTreeSet::new());
         for (id, t) in tables.iter().enumerate() {
-            let n = u64::from_le_bytes(t[..8].try_into().expect("8 bytes")).min(l.reclaim_slots);
-            for k in 0..n as usize {
-                let b = u64::from_le_bytes(t[8 + 8 * k..16 + 8 * k].try_into().expect("8 bytes"));
+            for k in 0..l.reclaim_slots as usize {
+                let w = u64::from_le_bytes(t[8 + 8 * k..16 + 8 * k].try_into().expect("8 bytes"));
+                let Some(b) = w.checked_sub(1) else {
+                    continue;
+                };
                 if id == self.id as usize {
                     mine.push(b);
                 } else {
@@ -364,6 +404,8 @@ impl Allocator {
             }
             self.free.clear();
             self.retired.clear();
+            self.clear_table();
+            self.flush(mem).await?;
             return Ok(0);
         };
         let l = self.layout;
@@ -371,7 +413,6 @@ impl Allocator {
         let bitmap = mem.read(l.bitmap_base(), (l.chunks() * 8) as usize).await?;
         self.free.clear();
         self.retired.clear();
-        self.foreign.clear();
         let mut taken = 0;
         for c in 0..l.chunks() as usize {
             let ow = u64::from_le_bytes(owners_raw[c * 8..c * 8 + 8].try_into().expect("8 bytes"));
@@ -397,7 +438,7 @@ impl Allocator {
         // up, unreferenced and unlisted, to their chunk owner's next recovery.
         let given_up = mine_listed.iter().filter(|b| !used.contains(b)).count();
         self.leaked += given_up as u64;
-        self.foreign_dirty = true;
+        self.clear_table();
         self.flush(mem).await?;
         Ok(taken)
     }
@@ -449,8 +490,8 @@ mod tests {
         b.min_reuse_ms = 0;
         let foreign: Vec<u64> = (0..l.reclaim_slots + 1).collect();
         b.hold(&foreign, None);
-        let listed = u64::from_le_bytes(b.table_bytes()[..8].try_into().unwrap());
-        assert_eq!(listed, l.reclaim_slots);
+        let listed: usize = b.table_writes().iter().map(|(_, w)| w.len() / 8).sum();
+        assert_eq!(listed as u64, l.reclaim_slots);
         b.retire(&foreign, 0);
         let reused: BTreeSet<u64> = std::iter::from_fn(|| b.take(0)).collect();
         assert_eq!(b.leaked(), 1);
@@ -459,6 +500,35 @@ mod tests {
             !reused.contains(&l.reclaim_slots),
             "the unlisted block was reused"
         );
+    }
+
+    /// A commit that reuses a listed block and replaces another foreign one writes one
+    /// 8-byte slot: the reused block's slot, now naming the replaced block. The table
+    /// read back lists exactly the held blocks.
+    #[test]
+    fn a_reused_slot_is_one_small_write_and_reads_back() {
+        let l = layout();
+        let m = LocalMem::new(l.total_bytes() as usize);
+        let mut b = Allocator::new(l, 1, 1);
+        b.hold(&[40, 41], None);
+        assert_eq!(b.table_writes().len(), 1, "adjacent slots, one WRITE");
+        block_on(b.flush(&m)).unwrap();
+        assert!(!b.needs_flush());
+        b.installed(40);
+        b.hold(&[42], None);
+        let w = b.table_writes();
+        assert_eq!(
+            w,
+            vec![(l.reclaim_addr(1) + 8, 43u64.to_le_bytes().to_vec())]
+        );
+        block_on(b.flush(&m)).unwrap();
+        let tables = block_on(b.read_tables(&m)).unwrap();
+        let (mine, others) = b.listed(&tables);
+        assert_eq!(
+            mine.iter().copied().collect::<BTreeSet<_>>(),
+            [41, 42].into()
+        );
+        assert!(others.is_empty());
     }
 
     #[test]
@@ -524,7 +594,7 @@ mod tests {
                     block: held,
                 };
                 m.set_word(l.obj_addr(2) + DPTR_OFF, d.word());
-                m.set_word(l.reclaim_addr(1), 0);
+                m.set_word(l.reclaim_addr(1) + 8, 0);
             }))),
         };
         let mut a2 = Allocator::new(l, 0, 2);

@@ -59,6 +59,11 @@ pub struct Stats {
     /// Such reads whose TXObj had moved on: the data READ is repeated at the current
     /// pointer (two rounds, one READ wasted).
     pub hint_misses: u64,
+    /// First reads that met a live holder's lock and took the object's committed value
+    /// instead of aborting ([`crate::Tx::read`]).
+    pub reads_under_lock: u64,
+    /// Opt1 commits of one object read and written, which need no validation round.
+    pub validations_skipped: u64,
 }
 
 /// A client: owns rTX ID `id` (log slot `id`), its leases and its allocator. Used by one

@@ -9,7 +9,7 @@
 //! meta      objects x 16 B                   (TXObj: LLLock word, dptr word)
 //! bitmap    chunks x 8 B                     (bit b of word c: block 64c+b is owned)
 //! owners    chunks x 8 B                     (who claimed the chunk: id, incarnation)
-//! reclaim   ids x (8 + reclaim_slots x 8) B  (count, then retired dptr words)
+//! reclaim   ids x (8 + reclaim_slots x 8) B  (reserved word, then slots: listed block + 1)
 //! data      blocks x block_bytes
 //! ```
 
@@ -50,7 +50,7 @@ pub struct Layout {
     pub block_bytes: u64,
     /// Data blocks, a multiple of [`CHUNK_BLOCKS`].
     pub blocks: u64,
-    /// Retired dptrs per ID's reclamation table.
+    /// Slots of each ID's reclamation table (foreign blocks it holds, [`crate::alloc`]).
     pub reclaim_slots: u64,
 }
 

@@ -119,6 +119,8 @@ fn logged_and_opt1_commits_update_counters_and_count_log_writes() {
     assert_eq!((value(&m, &l, 3), c.stats().log_writes), (41, 1));
 }
 
+/// An update of an object locked by a live rTX aborts (its read takes the committed
+/// value, the write then refuses).
 #[test]
 fn read_of_an_object_locked_by_a_live_rtx_aborts() {
     let l = layout();
@@ -137,6 +139,54 @@ fn read_of_an_object_locked_by_a_live_rtx_aborts() {
         LockWord::decode(lock(&m, &l, 1)),
         LockWord::Locked(_)
     ));
+}
+
+/// A one-object read-only rTX takes a live holder's object instead of aborting: the
+/// committed value, before the holder's install and after it, and commits. Anything more
+/// in that rTX aborts (a second object could come from the other side of the same
+/// install), and a later read of a locked object still aborts.
+#[test]
+fn a_lone_read_of_a_live_holders_object_takes_its_committed_value() {
+    let u64_of = |v: Vec<u8>| u64::from_le_bytes(v[..8].try_into().unwrap());
+    for (at, want) in [(CrashPoint::Locked, 10), (CrashPoint::Installed, 11)] {
+        let l = layout();
+        let m = region(&l);
+        let clock = ManualClock::new(T0);
+        let mut a = client(&l, 0, clock.clone(), Config::default());
+        a.crash = Some(at);
+        crashed(block_on(incr(&mut a, &m, &l, &[0, 1])));
+        let mut b = client(&l, 1, clock, Config::default());
+        let mut tx = b.begin();
+        let v = block_on(tx.read(&m, l.obj_addr(0))).unwrap();
+        assert_eq!(u64_of(v), want, "{at:?}");
+        block_on(tx.commit(&m)).unwrap();
+        let mut tx = b.begin();
+        block_on(tx.read(&m, l.obj_addr(0))).unwrap();
+        let r = block_on(tx.read(&m, l.obj_addr(2)));
+        assert!(
+            matches!(r, Err(RtxError::Aborted(AbortReason::Locked))),
+            "{at:?}: a second read after one under a lock: {r:?}"
+        );
+        let mut tx = b.begin();
+        block_on(tx.read(&m, l.obj_addr(1))).unwrap();
+        let r = block_on(tx.write(&m, l.obj_addr(1), 7u64.to_le_bytes().to_vec()));
+        assert!(
+            matches!(r, Err(RtxError::Aborted(AbortReason::Locked))),
+            "{at:?}: a write after a read under a lock: {r:?}"
+        );
+        let mut tx = b.begin();
+        block_on(tx.read(&m, l.obj_addr(2))).unwrap();
+        let r = block_on(tx.read(&m, l.obj_addr(0)));
+        assert!(
+            matches!(r, Err(RtxError::Aborted(AbortReason::Locked))),
+            "{at:?}: a second read of a locked object: {r:?}"
+        );
+        assert_eq!(b.stats().reads_under_lock, 3, "{at:?}");
+        assert!(matches!(
+            LockWord::decode(lock(&m, &l, 0)),
+            LockWord::Locked(_)
+        ));
+    }
 }
 
 #[test]
@@ -192,6 +242,35 @@ fn validation_aborts_when_a_written_objects_dptr_changed_under_an_equal_lock_wor
         (unlocked(0), unlocked(0))
     );
     assert_eq!(Header::decode(m.word(l.log_addr(0))).state, LogState::Done);
+}
+
+/// The same for an Opt1 update, which has no validation round (its one read is the
+/// object it writes): the dptr CAS of its install finds the moved pointer and aborts it.
+#[test]
+fn an_opt1_update_aborts_when_its_dptr_changed_under_an_equal_lock_word() {
+    let l = layout();
+    let m = region(&l);
+    let mut c = client(&l, 0, ManualClock::new(T0), Config::default());
+    let mut tx = c.begin();
+    block_on(tx.write(&m, l.obj_addr(0), 5u64.to_le_bytes().to_vec())).unwrap();
+    let moved = Dptr {
+        incarnation: 1,
+        version: 1,
+        block: 200,
+    };
+    m.set_word(l.obj_addr(0) + DPTR_OFF, moved.word());
+    m.set_word(l.block_addr(200), 99);
+    let r = block_on(tx.commit(&m));
+    assert!(
+        matches!(r, Err(RtxError::Aborted(AbortReason::AbortedByRepairer))),
+        "{r:?}"
+    );
+    assert_eq!(value(&m, &l, 0), 99);
+    assert!(!matches!(
+        LockWord::decode(lock(&m, &l, 0)),
+        LockWord::Locked(_)
+    ));
+    assert_eq!(c.stats().validations_skipped, 1);
 }
 
 /// An abandoned logged rTX stopped at `at`, object 0 and 1 written; returns its LockState.

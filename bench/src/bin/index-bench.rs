@@ -450,6 +450,7 @@ impl Handle {
                 commits: c.stats().commits,
                 hint_hits: c.stats().hint_hits,
                 hint_misses: c.stats().hint_misses,
+                reads_under_lock: c.stats().reads_under_lock,
             },
             Handle::Optimal(_) | Handle::RaceOptimal(_) => RtxCounts::default(),
         }
@@ -836,6 +837,10 @@ struct RtxCounts {
     hint_hits: u64,
     /// Reads whose remembered data pointer had moved (the data READ repeated).
     hint_misses: u64,
+    /// One-read rTXs (lookups) that took a live holder's object, committed value,
+    /// instead of aborting.
+    #[serde(default)]
+    reads_under_lock: u64,
 }
 
 impl RtxCounts {
@@ -844,6 +849,7 @@ impl RtxCounts {
             commits: self.commits + o.commits,
             hint_hits: self.hint_hits + o.hint_hits,
             hint_misses: self.hint_misses + o.hint_misses,
+            reads_under_lock: self.reads_under_lock + o.reads_under_lock,
         }
     }
 }
@@ -869,8 +875,8 @@ fn hints_text(args: &Args, proto: Proto, repairs: u64, c: RtxCounts) -> String {
         )
     };
     format!(
-        "  commits {}{false_expiries}  dptr hints hit/miss {}/{}",
-        c.commits, c.hint_hits, c.hint_misses
+        "  commits {}{false_expiries}  dptr hints hit/miss {}/{}  reads under lock {}",
+        c.commits, c.hint_hits, c.hint_misses, c.reads_under_lock
     )
 }
 
@@ -1020,6 +1026,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                     "repairs": r.repairs, "processes": args.processes, "fault": r.fault,
                     "commits": r.hints.commits, "hint_hits": r.hints.hint_hits,
                     "hint_misses": r.hints.hint_misses,
+                    "reads_under_lock": r.hints.reads_under_lock,
                 }),
                 Some(&r.hist),
             );
@@ -1100,6 +1107,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                 "ops": ops, "p50_us": p50, "p99_us": p99, "aborts_and_retries": aborts,
                 "repairs": repairs, "commits": hints.commits, "hint_hits": hints.hint_hits,
                 "hint_misses": hints.hint_misses,
+                "reads_under_lock": hints.reads_under_lock,
             }),
             Some(&hist),
         );
