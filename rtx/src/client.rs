@@ -64,6 +64,9 @@ pub struct Stats {
     pub reads_under_lock: u64,
     /// Opt1 commits of one object read and written, which need no validation round.
     pub validations_skipped: u64,
+    /// TXObj READs made waiting for a live holder's lock before an update's read
+    /// ([`crate::Tx::read_for_update`]).
+    pub lock_polls: u64,
 }
 
 /// A client: owns rTX ID `id` (log slot `id`), its leases and its allocator. Used by one

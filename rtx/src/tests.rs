@@ -694,6 +694,79 @@ fn a_pre_locked_object_not_written_is_released_by_the_commit() {
     assert_eq!(Header::decode(m.word(l.log_addr(0))).state, LogState::Done);
 }
 
+/// A memory node on which a lock holder lets object 0's lock go (at `released`'s
+/// version) after `after` READs of its TXObj.
+struct ReleasesAfter {
+    inner: LocalMem,
+    obj: u64,
+    after: std::cell::Cell<u32>,
+    released: u64,
+}
+
+impl crate::mem::Mem for ReleasesAfter {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        if off == self.obj && len == 16 {
+            match self.after.get() {
+                0 => {}
+                1 => {
+                    self.after.set(0);
+                    self.inner.set_word(self.obj, self.released);
+                }
+                n => self.after.set(n - 1),
+            }
+        }
+        self.inner.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.inner.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        self.inner.cas(off, expected, new).await
+    }
+}
+
+/// An update's read waits out a live holder's lock with TXObj READs and then commits,
+/// where a plain read would have made its write abort; a holder that keeps the lock
+/// past the polls still aborts it (a lock whose lease expires is repaired, as always).
+#[test]
+fn a_read_for_update_waits_out_a_live_holders_lock() {
+    let l = layout();
+    for (polls, ok) in [(5, true), (crate::txn::LOCK_POLLS + 10, false)] {
+        let clock = ManualClock::new(T0);
+        let m = region(&l);
+        let mut a = client(&l, 0, clock.clone(), Config::default());
+        a.crash = Some(CrashPoint::Locked);
+        crashed(block_on(incr(&mut a, &m, &l, &[0, 1])));
+        let m = ReleasesAfter {
+            inner: m,
+            obj: l.obj_addr(0),
+            after: std::cell::Cell::new(polls),
+            released: unlocked(0),
+        };
+        let mut b = client(&l, 1, clock, Config::default());
+        let r = block_on(async {
+            let mut tx = b.begin();
+            let v = tx.read_for_update(&m, l.obj_addr(0)).await?;
+            let v = u64::from_le_bytes(v[..8].try_into().unwrap());
+            tx.write(&m, l.obj_addr(0), (v + 1).to_le_bytes().to_vec())
+                .await?;
+            tx.commit(&m).await
+        });
+        if ok {
+            r.unwrap();
+            assert_eq!(value(&m.inner, &l, 0), 11);
+            assert_eq!(b.stats().lock_polls, polls as u64 - 1);
+        } else {
+            assert!(
+                matches!(r, Err(RtxError::Aborted(AbortReason::Locked))),
+                "{r:?}"
+            );
+            assert_eq!(b.stats().lock_polls, crate::txn::LOCK_POLLS as u64);
+            assert_eq!(value(&m.inner, &l, 0), 10);
+        }
+    }
+}
+
 /// A memory node whose every READ takes `per_read_ms` on `clock` (a client stalled
 /// between its READs).
 struct SlowMem {

@@ -296,6 +296,16 @@ impl Blink {
         Ok(Some((m, path)))
     }
 
+    /// How an update reads the leaf it writes: pre-locked (Opt2, [`Blink::pre_lock`]) or
+    /// read after waiting out a live holder's lock.
+    fn update_access(&self) -> Access {
+        if self.pre_lock {
+            Access::PreLock
+        } else {
+            Access::Update
+        }
+    }
+
     /// Read `m` in the rTX, moving right until a node of `level` covers `key`. `None`: the
     /// node is not of that level or `key` is left of it (restart).
     async fn node_in_tx<C: Clock, M: Mem>(
@@ -305,8 +315,9 @@ impl Blink {
         mut m: u64,
         key: u64,
         level: u8,
-        first_pre_lock: bool,
+        access: Access,
     ) -> Result<Option<(u64, Node)>, RtxError> {
+        let first_pre_lock = access == Access::PreLock;
         let mut first = true;
         let mut steps = 0usize;
         loop {
@@ -318,10 +329,10 @@ impl Blink {
             if steps > self.layout.objects as usize {
                 return Ok(None);
             }
-            let b = if first && first_pre_lock {
-                tx.pre_lock(mem, m).await?
-            } else {
-                tx.read(mem, m).await?
+            let b = match access {
+                Access::PreLock if first => tx.pre_lock(mem, m).await?,
+                Access::Update => tx.read_for_update(mem, m).await?,
+                _ => tx.read(mem, m).await?,
             };
             first = false;
             let Some(n) = Node::decode(&b) else {
@@ -529,7 +540,7 @@ impl Blink {
     ) -> Result<Option<(Option<u64>, Applied)>, BlinkError> {
         let bb = self.layout.block_bytes as usize;
         let Some((m, mut n)) = self
-            .node_in_tx(tx, mem, hint, key, 0, self.pre_lock)
+            .node_in_tx(tx, mem, hint, key, 0, self.update_access())
             .await?
         else {
             return Ok(None);
@@ -593,7 +604,10 @@ impl Blink {
                 applied.new_root = Some((nr, level));
                 break;
             }
-            let Some((pm, mut p)) = self.node_in_tx(tx, mem, pm, sep, level, false).await? else {
+            let Some((pm, mut p)) = self
+                .node_in_tx(tx, mem, pm, sep, level, Access::Update)
+                .await?
+            else {
                 return Ok(None);
             };
             p.upsert(sep, right_m);
@@ -629,6 +643,17 @@ impl Blink {
     }
 }
 
+/// How [`Blink::node_in_tx`] reads the nodes it walks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// [`Tx::read`] (lookups and scans).
+    Read,
+    /// [`Tx::read_for_update`]: nodes the rTX will write.
+    Update,
+    /// [`Tx::pre_lock`] for the first node (Opt2), which must cover the key.
+    PreLock,
+}
+
 /// One attempt of an operation: `Ok(None)` asks for a restart from a fresh root.
 trait AsyncAttempt<T> {
     async fn attempt(&mut self, t: &mut Blink) -> Result<Option<T>, BlinkError>;
@@ -647,7 +672,7 @@ impl<C: Clock, M: Mem> AsyncAttempt<Option<u64>> for Lookup<'_, C, M> {
         };
         let mut tx = self.c.begin();
         let r = t
-            .node_in_tx(&mut tx, self.mem, hint, self.key, 0, false)
+            .node_in_tx(&mut tx, self.mem, hint, self.key, 0, Access::Read)
             .await
             .map(|o| o.map(|(_, n)| n.keys.binary_search(&self.key).ok().map(|i| n.vals[i])))
             .map_err(BlinkError::from);
@@ -700,7 +725,7 @@ impl<C: Clock, M: Mem> AsyncAttempt<bool> for Batch<'_, C, M> {
         let mut tx = self.c.begin();
         let r = async {
             let Some((m, mut n)) = t
-                .node_in_tx(&mut tx, self.mem, hint, first, 0, t.pre_lock)
+                .node_in_tx(&mut tx, self.mem, hint, first, 0, t.update_access())
                 .await?
             else {
                 return Ok(None);
@@ -739,7 +764,7 @@ impl<C: Clock, M: Mem> AsyncAttempt<Option<u64>> for Delete<'_, C, M> {
         let mut tx = self.c.begin();
         let r = async {
             let Some((m, mut n)) = t
-                .node_in_tx(&mut tx, self.mem, hint, self.key, 0, t.pre_lock)
+                .node_in_tx(&mut tx, self.mem, hint, self.key, 0, t.update_access())
                 .await?
             else {
                 return Ok(None);
@@ -775,7 +800,7 @@ impl<C: Clock, M: Mem> AsyncAttempt<Vec<(u64, u64)>> for Scan<'_, C, M> {
         let mut tx = self.c.begin();
         let r = async {
             let Some((_, mut n)) = t
-                .node_in_tx(&mut tx, self.mem, hint, self.from, 0, false)
+                .node_in_tx(&mut tx, self.mem, hint, self.from, 0, Access::Read)
                 .await?
             else {
                 return Ok(None);
