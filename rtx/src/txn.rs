@@ -306,8 +306,9 @@ impl<'c, C: Clock> Tx<'c, C> {
     /// The log header (INIT, with this object and its pre-lock version as the first entry)
     /// is written before the lock CAS, so a repairer that meets the lock finds the log; the
     /// lease also covers execution ([`crate::lease::LeaseConfig::execution_us`]). At most
-    /// one object per rTX, before any other write. Returns the value. Errors: as
-    /// [`Tx::read`]; [`AbortReason::LockFailed`] when the object changed or got locked.
+    /// one object per rTX, before any other write. A live holder's lock is waited out
+    /// first, as by [`Tx::read_for_update`]. Returns the value. Errors: as [`Tx::read`];
+    /// [`AbortReason::LockFailed`] when the object changed or got locked.
     pub async fn pre_lock<M: Mem>(&mut self, mem: &M, mptr: u64) -> Result<Vec<u8>, RtxError> {
         assert!(
             self.pre_lock.is_none() && self.writes.is_empty(),
@@ -317,7 +318,16 @@ impl<'c, C: Clock> Tx<'c, C> {
             return Err(AbortReason::Locked.into());
         }
         self.client.settle_log(mem).await?;
-        let meta = mem.read(mptr, 16).await?;
+        let mut meta = mem.read(mptr, 16).await?;
+        // A live holder is waited out, as by [`Tx::read_for_update`] (Opt2's point is
+        // to wait on a contended leaf rather than abort).
+        for _ in 0..LOCK_POLLS {
+            if !self.lock_is_live(&meta) {
+                break;
+            }
+            self.client.stats.lock_polls += 1;
+            meta = mem.read(mptr, 16).await?;
+        }
         let (lock, dptr) = self.check_meta(mem, mptr, &meta).await?;
         let LockWord::Unlocked(version) = LockWord::decode(lock) else {
             unreachable!("check_meta refuses foreign locks and there is no own lock yet")
