@@ -45,6 +45,7 @@ mod shm_tests;
 mod tests;
 
 use std::ops::Range;
+use std::time::Instant;
 
 use crate::dptr::Dptr;
 use crate::error::RtxError;
@@ -54,7 +55,7 @@ use crate::lllock::LockWord;
 use crate::mem::{Mem, MemError};
 use crate::txn::Tx;
 use crate::Client;
-use records::{block_addr_of, Objects};
+use records::{block_addr_of, Objects, STALE_READ};
 use table::{
     parse_record, split_block, Bucket, Directory, Geometry, GeometryError, Header, KeyHash, Slot,
     BUCKET_BYTES,
@@ -225,6 +226,13 @@ pub struct RaceStats {
     /// Keys moved one by one by this handle's rehashes ([`optimal`] only: 2 CASes each;
     /// the rTX rehash moves whole blocks).
     pub moves: u64,
+    /// Attempts whose record READs came too long after their slot READs
+    /// ([`records::STALE_READ`]: a record may have been reclaimed in between), re-run.
+    pub stale_reads: u64,
+    /// Records written into space reclaimed from replaced or deleted ones.
+    pub records_reused: u64,
+    /// Records retired and not yet written again (waiting out the reuse delay, or ready).
+    pub records_retired: u64,
 }
 
 /// What one READ of a subtable gave an operation.
@@ -364,7 +372,18 @@ impl Race {
 
     /// Counters so far.
     pub fn stats(&self) -> RaceStats {
-        self.stats
+        RaceStats {
+            records_reused: self.objs.reused,
+            records_retired: self.objs.retired_len() as u64,
+            ..self.stats
+        }
+    }
+
+    /// Set the wait before a retired record is reused (tests: 0 with one handle, where
+    /// no other reader can be on a record).
+    #[cfg(test)]
+    pub(crate) fn set_record_reuse_ms(&mut self, ms: u64) {
+        self.objs.min_reuse_ms = ms;
     }
 
     /// The table's geometry (bucket count, largest depth).
@@ -483,15 +502,26 @@ impl Race {
         // The value the first landed CAS replaced (returned even if it must be re-run).
         let mut first: Option<Option<u64>> = None;
         let mut rec: Option<u64> = None;
+        // Whether a CAS of this operation landed (its record may have been seen).
+        let mut landed = false;
         for _ in 0..self.max_attempts {
+            let t0 = Instant::now();
             let Some(v) = self.view(c, mem, &h).await? else {
                 continue;
             };
             let found = find(mem, &v.buckets, &h, key).await?;
+            if t0.elapsed() >= STALE_READ {
+                self.stats.stale_reads += 1;
+                continue;
+            }
             let (i, at, old, new, prev) = match (op, found) {
                 (Op::Get, f) | (Op::Update(_) | Op::Delete, f @ None) => {
                     if self.unchanged(mem, &v).await? {
                         self.stats.ops += 1;
+                        if !landed {
+                            // Written, never referenced: no reader can have seen it.
+                            rec.inspect(|&r| self.objs.give_back(r));
+                        }
                         return Ok(first.unwrap_or(f.map(|f| f.3)));
                     }
                     continue;
@@ -532,12 +562,19 @@ impl Race {
                 self.stats.cas_failures += 1;
                 continue;
             }
+            landed = true;
             let ok = if old == 0 {
+                let t1 = Instant::now();
                 match self
                     .unchanged_insert(mem, &v, &h, key, (i.0, i.1, new))
                     .await?
                 {
-                    Some(ok) => ok,
+                    // A stale duplicate check is run again, as a redo.
+                    Some(ok) if t1.elapsed() < STALE_READ => ok,
+                    Some(_) => {
+                        self.stats.stale_reads += 1;
+                        false
+                    }
                     None => continue,
                 }
             } else {
@@ -545,6 +582,12 @@ impl Race {
             };
             let prev = *first.get_or_insert(prev);
             if ok {
+                // This CAS replaced `old` in the live table: its record is free to reuse
+                // once no reader can still be on it (a re-run that found its own word
+                // replaced nothing).
+                if old != new {
+                    self.objs.retire(old);
+                }
                 self.stats.ops += 1;
                 return Ok(prev);
             }
@@ -593,8 +636,8 @@ impl Race {
         self.run(c, mem, key, Op::Update(val)).await
     }
 
-    /// Remove `key` (one slot CAS to empty; the record is not reclaimed). Returns the
-    /// removed value. Errors: as [`Race::get`].
+    /// Remove `key` (one slot CAS to empty; the record is reclaimed, [`records`]).
+    /// Returns the removed value. Errors: as [`Race::get`].
     pub async fn delete<C: Clock, M: Mem>(
         &mut self,
         c: &mut Client<C>,

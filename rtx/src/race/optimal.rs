@@ -26,11 +26,12 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Instant;
 
 use crate::layout::Layout;
 use crate::mem::{Mem, MemError};
 
-use super::records::{block_addr_of, Objects};
+use super::records::{block_addr_of, Objects, STALE_READ};
 use super::table::{Bucket, Directory, Geometry, Header, KeyHash, Slot, BUCKET_BYTES, SLOTS};
 use super::{
     another_copy, find, pick_free, read_directory, Op, RaceError, RaceStats, DIR_OBJ, MAX_ATTEMPTS,
@@ -119,7 +120,17 @@ impl Optimal {
 
     /// Counters so far.
     pub fn stats(&self) -> RaceStats {
-        self.stats
+        RaceStats {
+            records_reused: self.objs.reused,
+            records_retired: self.objs.retired_len() as u64,
+            ..self.stats
+        }
+    }
+
+    /// As [`super::Race::set_record_reuse_ms`].
+    #[cfg(test)]
+    pub(crate) fn set_record_reuse_ms(&mut self, ms: u64) {
+        self.objs.min_reuse_ms = ms;
     }
 
     fn held(&self) -> u64 {
@@ -154,7 +165,10 @@ impl Optimal {
         // A slot this operation CASed into a subtable a rehash was splitting: (address,
         // word, bucket header address).
         let mut stranded: Option<(u64, u64, u64)> = None;
+        // Whether a CAS of this operation landed (its record may have been seen).
+        let mut landed = false;
         for _ in 0..self.max_attempts {
+            let t0 = Instant::now();
             let d = self.directory(mem).await?;
             let st = d.entries[h.dir_index(d.depth)];
             if st < self.layout.meta_base() {
@@ -182,10 +196,18 @@ impl Optimal {
                 continue;
             }
             let found = find(mem, &buckets, &h, key).await?;
+            if t0.elapsed() >= STALE_READ {
+                self.stats.stale_reads += 1;
+                continue;
+            }
             let ((i, j), at, old, new, prev) = match (op, found) {
                 (Op::Get, f) | (Op::Update(_) | Op::Delete, f @ None) => {
                     self.clear_stranded(mem, &h, stranded).await?;
                     self.stats.ops += 1;
+                    if !landed {
+                        // Written, never referenced: no reader can have seen it.
+                        rec.inspect(|&r| self.objs.give_back(r));
+                    }
                     return Ok(first.unwrap_or(f.map(|f| f.3)));
                 }
                 (Op::Delete, Some((i, j, w, v))) => {
@@ -220,9 +242,11 @@ impl Optimal {
                 self.stats.cas_failures += 1;
                 continue;
             }
+            landed = true;
             let hdr_at = base + g.bucket_off(h.buckets[i]);
             let now = if old == 0 {
                 // A fresh insert re-reads both buckets (RACE's duplicate check).
+                let t1 = Instant::now();
                 let (a, b) = futures::join!(
                     mem.read(base + g.bucket_off(h.buckets[0]), BUCKET_BYTES as usize),
                     mem.read(base + g.bucket_off(h.buckets[1]), BUCKET_BYTES as usize)
@@ -233,12 +257,24 @@ impl Optimal {
                     mem.cas(base + at, new, 0).await?;
                     continue;
                 }
+                if t1.elapsed() >= STALE_READ {
+                    // A stale duplicate check: run again (the re-run finds this slot).
+                    self.stats.stale_reads += 1;
+                    continue;
+                }
                 bk[i].header
             } else {
                 Header::decode(mem.read_u64(hdr_at).await?)
             };
             let prev = *first.get_or_insert(prev);
             if now == seen {
+                // The header unchanged since the READs: no rehash moved a slot yet (it
+                // rewrites the headers first), so this CAS replaced `old` in its one
+                // live place, and its record is free to reuse once no reader can still
+                // be on it.
+                if old != new {
+                    self.objs.retire(old);
+                }
                 self.clear_stranded(mem, &h, stranded).await?;
                 self.stats.ops += 1;
                 return Ok(prev);

@@ -5,9 +5,20 @@
 //! An object is free while word 0 of its block is zero (as [`super::format_table`] and
 //! [`crate::host`] leave every object past the table). A record page is an object whose
 //! block starts with [`RECORD_PAGE`]; the handle appends 16-byte records to it with one
-//! WRITE each, and never moves or frees the page (records are immutable and never
-//! reclaimed), so a slot's record address stays valid for the table's life.
+//! WRITE each, and never moves or frees the page.
+//!
+//! Records are reclaimed as RACE frees its KV blocks, with the reuse rule of rTX's data
+//! pool (4.4): the handle whose slot CAS stopped referencing a record (a landed update or
+//! delete whose post-check passed: the one CAS that replaced it in the live table)
+//! retires it, and writes another record into it only [`MIN_REUSE_MS`] later. A reader
+//! that READ a slot and then its record more than half of that apart discards what it
+//! read ([`STALE_READ`]), so no live reader ever meets a reused record. Records retired
+//! by a handle that dies are lost to the table (a leak, never a wrong value).
 
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::alloc::MIN_REUSE_MS;
 use crate::dptr::Dptr;
 use crate::layout::{dptr_addr, Layout};
 use crate::mem::{Mem, MemError};
@@ -27,7 +38,10 @@ pub async fn block_addr_of<M: Mem>(
         .map(|d| layout.block_addr(d.block)))
 }
 
-/// A handle's object cursor and current record page.
+/// How long after its slot READ a record READ may still be trusted: half the reuse wait.
+pub const STALE_READ: Duration = Duration::from_millis(MIN_REUSE_MS / 2);
+
+/// A handle's object cursor, current record page and retired records.
 #[derive(Clone, Debug)]
 pub(crate) struct Objects {
     /// Next object index to try.
@@ -36,6 +50,16 @@ pub(crate) struct Objects {
     pub(crate) end: u64,
     /// Next free record's byte offset and the end of its page.
     page: Option<(u64, u64)>,
+    /// Records this handle stopped referencing (byte offset), with the time (ms since
+    /// `epoch`) from which they may be written again.
+    retired: VecDeque<(u64, u64)>,
+    /// Retired records whose wait has passed.
+    free: Vec<u64>,
+    epoch: Instant,
+    /// Minimum time in ms between retiring a record and reusing it ([`MIN_REUSE_MS`]).
+    pub(crate) min_reuse_ms: u64,
+    /// Records written into reclaimed space.
+    pub(crate) reused: u64,
 }
 
 impl Objects {
@@ -44,7 +68,50 @@ impl Objects {
             next,
             end,
             page: None,
+            retired: VecDeque::new(),
+            free: Vec::new(),
+            epoch: Instant::now(),
+            min_reuse_ms: MIN_REUSE_MS,
+            reused: 0,
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The record `slot_word` names is no longer referenced by the table: this handle's
+    /// CAS replaced it there (see the module docs for when that holds). Nothing for an
+    /// empty word.
+    pub(crate) fn retire(&mut self, slot_word: u64) {
+        if let Some(s) = super::table::Slot::decode(slot_word) {
+            let ready = self.now_ms() + self.min_reuse_ms;
+            self.retired.push_back((s.rec_addr(), ready));
+        }
+    }
+
+    /// Records retired and not yet written again.
+    pub(crate) fn retired_len(&self) -> usize {
+        self.retired.len() + self.free.len()
+    }
+
+    /// A record this handle wrote but never made a slot name (record index): reusable at
+    /// once.
+    pub(crate) fn give_back(&mut self, rec: u64) {
+        self.free.push(rec * RECORD_BYTES);
+    }
+
+    /// A reclaimed record's byte offset, if one has waited long enough.
+    fn take_reclaimed(&mut self) -> Option<u64> {
+        let now = self.now_ms();
+        while let Some(&(at, ready)) = self.retired.front() {
+            if ready > now {
+                break;
+            }
+            self.retired.pop_front();
+            self.free.push(at);
+        }
+        self.free.pop()
     }
 
     /// Claim the next free object of the range as a record page (READ of its dptr and
@@ -66,8 +133,9 @@ impl Objects {
         Err(RaceError::OutOfObjects)
     }
 
-    /// WRITE the record (key, val) and return its record index (the slot's `rec`).
-    /// Errors: as [`Self::new_page`].
+    /// WRITE the record (key, val), into a reclaimed record when one has waited long
+    /// enough, and return its record index (the slot's `rec`). Errors: as
+    /// [`Self::new_page`].
     pub(crate) async fn put<M: Mem>(
         &mut self,
         mem: &M,
@@ -75,6 +143,11 @@ impl Objects {
         key: u64,
         val: u64,
     ) -> Result<u64, RaceError> {
+        if let Some(at) = self.take_reclaimed() {
+            mem.write(at, &record(key, val)).await?;
+            self.reused += 1;
+            return Ok(rec_index(at));
+        }
         if self
             .page
             .is_none_or(|(next, end)| next + RECORD_BYTES > end)

@@ -24,8 +24,8 @@
 //! (bucket, slot) position in the new subtable (the buckets do not depend on `d`). The
 //! key and the value live out of place in an immutable 16-B record (as RACE's KV blocks),
 //! so that inserting or updating is one CAS of the slot from its old word to a word
-//! naming a record written before it; records are never reclaimed (RACE frees them with
-//! its own allocator, not built here). A subtable is **full** for a key when both of the
+//! naming a record written before it; a replaced record is reused after a wait, as RACE
+//! frees its KV blocks ([`super::records`]). A subtable is **full** for a key when both of the
 //! key's buckets have no empty slot; an insert then splits the subtable, again if the
 //! split moved nothing out of those buckets, and fails with
 //! [`super::RaceError::TableFull`] at the largest depth (RACE's overflow buckets, which

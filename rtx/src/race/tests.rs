@@ -105,6 +105,12 @@ impl Handle {
             Handle::Opt(o) => o.delete(m, k).await,
         }
     }
+    fn set_record_reuse_ms(&mut self, ms: u64) {
+        match self {
+            Handle::Rtx(t, _) => t.set_record_reuse_ms(ms),
+            Handle::Opt(o) => o.set_record_reuse_ms(ms),
+        }
+    }
     fn stats(&self) -> super::RaceStats {
         match self {
             Handle::Rtx(t, _) => t.stats(),
@@ -114,12 +120,15 @@ impl Handle {
 }
 
 /// Random inserts, updates, deletes and gets by one handle, each checked against a
-/// `HashMap`; the checker and the oracle agree at the end, after many rehashes.
+/// `HashMap`; the checker and the oracle agree at the end, after many rehashes. The
+/// records that updates and deletes replace are reused at once (one handle: no other
+/// reader can be on them), so every value read back also checks the reclamation.
 fn oracle_run(rtx: bool, block_bytes: u64, ops: usize, key_space: u64, seed: u64) {
     let l = layout(block_bytes);
     let m = region(&l, 1);
     let clock = ManualClock::new(T0);
     let mut h = Handle::new(rtx, &l, 0, &clock);
+    h.set_record_reuse_ms(0);
     let mut oracle = HashMap::new();
     let mut x = seed;
     block_on(async {
@@ -164,6 +173,89 @@ fn oracle_run(rtx: bool, block_bytes: u64, ops: usize, key_space: u64, seed: u64
     });
     let s = h.stats();
     assert!(s.rehashes >= 8, "{s:?}");
+    assert!(s.records_reused > ops as u64 / 10, "{s:?}");
+}
+
+/// Updates of one key, each replacing the record before: with the default wait the
+/// replaced records are held (none reused within it), and reused after it, so the
+/// table's record space stays bounded; the value is right throughout.
+#[test]
+fn replaced_records_are_reused_only_after_the_wait() {
+    for rtx in [true, false] {
+        let l = layout(4096);
+        let m = region(&l, 1);
+        let clock = ManualClock::new(T0);
+        let mut h = Handle::new(rtx, &l, 0, &clock);
+        block_on(async {
+            h.insert(&m, 5, 0).await.unwrap();
+            for v in 1..=50 {
+                assert_eq!(h.insert(&m, 5, v).await.unwrap(), Some(v - 1));
+            }
+            let s = h.stats();
+            assert_eq!((s.records_reused, s.records_retired), (0, 50), "{s:?}");
+            std::thread::sleep(std::time::Duration::from_millis(
+                crate::alloc::MIN_REUSE_MS + 20,
+            ));
+            for v in 51..=100 {
+                assert_eq!(h.insert(&m, 5, v).await.unwrap(), Some(v - 1));
+            }
+            assert_eq!(h.get(&m, 5).await.unwrap(), Some(100));
+            assert_eq!(h.delete(&m, 5).await.unwrap(), Some(100));
+            let s = h.stats();
+            assert_eq!(s.records_reused, 50, "rtx {rtx}: {s:?}");
+            assert_eq!(s.records_retired, 51, "rtx {rtx}: {s:?}");
+            check_quiescent(&m, &l).await.unwrap();
+        });
+    }
+}
+
+/// A memory node that stalls (a real sleep) before the first 16-byte READ at or past
+/// `from`: a reader descheduled between a slot READ and its record READ.
+struct StallsOnce<'a> {
+    m: &'a LocalMem,
+    from: u64,
+    stalled: Cell<bool>,
+}
+
+impl Mem for StallsOnce<'_> {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        if len == 16 && off >= self.from && !self.stalled.replace(true) {
+            std::thread::sleep(super::records::STALE_READ + std::time::Duration::from_millis(5));
+        }
+        self.m.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.m.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        self.m.cas(off, expected, new).await
+    }
+}
+
+/// A record READ that comes too long after its slot READ (the record may have been
+/// reclaimed and rewritten meanwhile) is discarded and the operation run again.
+#[test]
+fn a_record_read_long_after_its_slot_is_run_again() {
+    for rtx in [true, false] {
+        let l = layout(4096);
+        let m = region(&l, 1);
+        let clock = ManualClock::new(T0);
+        let mut h = Handle::new(rtx, &l, 0, &clock);
+        block_on(h.insert(&m, 9, 90)).unwrap();
+        // Records live past the table's subtables, in the handle's object range.
+        let from = l.obj_addr(objs(0).start);
+        let from = block_on(super::records::block_addr_of(&m, &l, from))
+            .unwrap()
+            .unwrap();
+        let s = StallsOnce {
+            m: &m,
+            from,
+            stalled: Cell::new(false),
+        };
+        assert_eq!(block_on(h.get(&s, 9)).unwrap(), Some(90));
+        assert!(s.stalled.get());
+        assert_eq!(h.stats().stale_reads, 1, "rtx {rtx}");
+    }
 }
 
 #[test]
