@@ -216,6 +216,21 @@ fn the_race_hash_index_runs_rtx_against_optimal_and_its_tables_check_out() {
         stdout.contains("rehash: ratio time original/rtx = "),
         "{stdout}"
     );
+    // Records that A's updates replaced are written again once their 100 ms wait has
+    // passed, in both protocols.
+    for p in ["Rtx", "Optimal"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!("{p} ycsb-A:")))
+            .unwrap_or_else(|| panic!("no {p} ycsb-A line: {stdout}"));
+        let reused: u64 = line
+            .split("records reused ")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no records reused in {line}"));
+        assert!(reused > 0, "{line}");
+    }
     let recs = common::json_lines(&std::fs::read_to_string(&json).unwrap(), "index-bench");
     let doc = recs.last().unwrap();
     assert_eq!(doc["index"], "race", "{doc}");

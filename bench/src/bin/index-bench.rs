@@ -443,16 +443,26 @@ impl Handle {
         Ok(r)
     }
     /// rTX's commits, and its remembered data pointers (its speculative block READ
-    /// beside the TXObj's): hits and misses (all 0 for the others).
+    /// beside the TXObj's): hits and misses (all 0 for the others); for RACE, the
+    /// records written into reclaimed space (both protocols).
     fn hints(&self) -> RtxCounts {
+        let records_reused = match self {
+            Handle::RaceRtx(_, t) => t.stats().records_reused,
+            Handle::RaceOptimal(t) => t.stats().records_reused,
+            Handle::Rtx(..) | Handle::Optimal(_) => 0,
+        };
         match self {
             Handle::Rtx(c, _) | Handle::RaceRtx(c, _) => RtxCounts {
                 commits: c.stats().commits,
                 hint_hits: c.stats().hint_hits,
                 hint_misses: c.stats().hint_misses,
                 reads_under_lock: c.stats().reads_under_lock,
+                records_reused,
             },
-            Handle::Optimal(_) | Handle::RaceOptimal(_) => RtxCounts::default(),
+            Handle::Optimal(_) | Handle::RaceOptimal(_) => RtxCounts {
+                records_reused,
+                ..RtxCounts::default()
+            },
         }
     }
     /// Repairs of other clients' rTXs that changed the memory node (rTX; 0 otherwise).
@@ -841,6 +851,9 @@ struct RtxCounts {
     /// instead of aborting.
     #[serde(default)]
     reads_under_lock: u64,
+    /// RACE: records written into the space of replaced or deleted ones.
+    #[serde(default)]
+    records_reused: u64,
 }
 
 impl RtxCounts {
@@ -850,6 +863,7 @@ impl RtxCounts {
             hint_hits: self.hint_hits + o.hint_hits,
             hint_misses: self.hint_misses + o.hint_misses,
             reads_under_lock: self.reads_under_lock + o.reads_under_lock,
+            records_reused: self.records_reused + o.records_reused,
         }
     }
 }
@@ -859,6 +873,10 @@ impl RtxCounts {
 /// owner's lease judged expired, the rTX paper's 4.3 and Fig. 18), and its remembered
 /// data pointers' hits and misses.
 fn hints_text(args: &Args, proto: Proto, repairs: u64, c: RtxCounts) -> String {
+    if args.index == Index::Race {
+        // RACE's common path is no rTX: only its records' reuse says something.
+        return format!("  records reused {}", c.records_reused);
+    }
     if !proto.is_rtx() {
         return String::new();
     }
@@ -1027,6 +1045,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                     "commits": r.hints.commits, "hint_hits": r.hints.hint_hits,
                     "hint_misses": r.hints.hint_misses,
                     "reads_under_lock": r.hints.reads_under_lock,
+                    "records_reused": r.hints.records_reused,
                 }),
                 Some(&r.hist),
             );
@@ -1108,6 +1127,7 @@ fn run_protocol(args: &Args, proto: Proto) -> Result<ProtocolOut> {
                 "repairs": repairs, "commits": hints.commits, "hint_hits": hints.hint_hits,
                 "hint_misses": hints.hint_misses,
                 "reads_under_lock": hints.reads_under_lock,
+                "records_reused": hints.records_reused,
             }),
             Some(&hist),
         );
