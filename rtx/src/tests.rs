@@ -214,6 +214,18 @@ fn validation_aborts_on_a_read_object_locked_by_another_rtx() {
     );
 }
 
+/// Another writer replaces object 0's buffer (block 200, value 99) and releases at the
+/// same version, as an Opt1 repair may do: a lock CAS alone would not notice.
+fn replace_buffer_under_an_equal_lock_word(m: &LocalMem, l: &Layout) {
+    let moved = Dptr {
+        incarnation: 1,
+        version: 1,
+        block: 200,
+    };
+    m.set_word(l.obj_addr(0) + DPTR_OFF, moved.word());
+    m.set_word(l.block_addr(200), 99);
+}
+
 #[test]
 fn validation_aborts_when_a_written_objects_dptr_changed_under_an_equal_lock_word() {
     let l = layout();
@@ -222,15 +234,7 @@ fn validation_aborts_when_a_written_objects_dptr_changed_under_an_equal_lock_wor
     let mut tx = c.begin();
     block_on(tx.write(&m, l.obj_addr(0), 5u64.to_le_bytes().to_vec())).unwrap();
     block_on(tx.write(&m, l.obj_addr(1), 6u64.to_le_bytes().to_vec())).unwrap();
-    // Another writer replaced object 0's buffer and released at the same version (what an
-    // Opt1 repair may do): the lock CAS alone would not notice.
-    let moved = Dptr {
-        incarnation: 1,
-        version: 1,
-        block: 200,
-    };
-    m.set_word(l.obj_addr(0) + DPTR_OFF, moved.word());
-    m.set_word(l.block_addr(200), 99);
+    replace_buffer_under_an_equal_lock_word(&m, &l);
     let r = block_on(tx.commit(&m));
     assert!(
         matches!(r, Err(RtxError::Aborted(AbortReason::Validation))),
@@ -253,13 +257,7 @@ fn an_opt1_update_aborts_when_its_dptr_changed_under_an_equal_lock_word() {
     let mut c = client(&l, 0, ManualClock::new(T0), Config::default());
     let mut tx = c.begin();
     block_on(tx.write(&m, l.obj_addr(0), 5u64.to_le_bytes().to_vec())).unwrap();
-    let moved = Dptr {
-        incarnation: 1,
-        version: 1,
-        block: 200,
-    };
-    m.set_word(l.obj_addr(0) + DPTR_OFF, moved.word());
-    m.set_word(l.block_addr(200), 99);
+    replace_buffer_under_an_equal_lock_word(&m, &l);
     let r = block_on(tx.commit(&m));
     assert!(
         matches!(r, Err(RtxError::Aborted(AbortReason::AbortedByRepairer))),

@@ -372,11 +372,7 @@ impl Race {
 
     /// Counters so far.
     pub fn stats(&self) -> RaceStats {
-        RaceStats {
-            records_reused: self.objs.reused,
-            records_retired: self.objs.retired_len() as u64,
-            ..self.stats
-        }
+        self.objs.counted(self.stats)
     }
 
     /// Set the wait before a retired record is reused (tests: 0 with one handle, where
@@ -501,9 +497,9 @@ impl Race {
         let h = KeyHash::new(key, self.geo.buckets);
         // The value the first landed CAS replaced (returned even if it must be re-run).
         let mut first: Option<Option<u64>> = None;
+        // This attempt's record; reset after its CAS landed and the operation runs
+        // again, so one held here was never named by a slot.
         let mut rec: Option<u64> = None;
-        // Whether a CAS of this operation landed (its record may have been seen).
-        let mut landed = false;
         for _ in 0..self.max_attempts {
             let t0 = Instant::now();
             let Some(v) = self.view(c, mem, &h).await? else {
@@ -518,10 +514,8 @@ impl Race {
                 (Op::Get, f) | (Op::Update(_) | Op::Delete, f @ None) => {
                     if self.unchanged(mem, &v).await? {
                         self.stats.ops += 1;
-                        if !landed {
-                            // Written, never referenced: no reader can have seen it.
-                            rec.inspect(|&r| self.objs.give_back(r));
-                        }
+                        // Written, never named by a slot: no reader can have seen it.
+                        rec.inspect(|&r| self.objs.give_back(r));
                         return Ok(first.unwrap_or(f.map(|f| f.3)));
                     }
                     continue;
@@ -562,7 +556,6 @@ impl Race {
                 self.stats.cas_failures += 1;
                 continue;
             }
-            landed = true;
             let ok = if old == 0 {
                 let t1 = Instant::now();
                 match self
@@ -575,7 +568,10 @@ impl Race {
                         self.stats.stale_reads += 1;
                         false
                     }
-                    None => continue,
+                    None => {
+                        rec = None;
+                        continue;
+                    }
                 }
             } else {
                 self.unchanged(mem, &v).await?
@@ -583,14 +579,14 @@ impl Race {
             let prev = *first.get_or_insert(prev);
             if ok {
                 // This CAS replaced `old` in the live table: its record is free to reuse
-                // once no reader can still be on it (a re-run that found its own word
-                // replaced nothing).
-                if old != new {
-                    self.objs.retire(old);
-                }
+                // once no reader can still be on it.
+                self.objs.retire(old);
                 self.stats.ops += 1;
                 return Ok(prev);
             }
+            // Run again with a new record: the landed word may since have been replaced
+            // by another client, which then retired this record and may reuse it.
+            rec = None;
         }
         Err(RaceError::Retries(self.max_attempts))
     }

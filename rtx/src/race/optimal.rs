@@ -120,11 +120,7 @@ impl Optimal {
 
     /// Counters so far.
     pub fn stats(&self) -> RaceStats {
-        RaceStats {
-            records_reused: self.objs.reused,
-            records_retired: self.objs.retired_len() as u64,
-            ..self.stats
-        }
+        self.objs.counted(self.stats)
     }
 
     /// As [`super::Race::set_record_reuse_ms`].
@@ -161,12 +157,12 @@ impl Optimal {
         let g = self.geo;
         let h = KeyHash::new(key, g.buckets);
         let mut first: Option<Option<u64>> = None;
+        // This attempt's record; reset after its CAS landed and the operation runs
+        // again, so one held here was never named by a slot.
         let mut rec: Option<u64> = None;
         // A slot this operation CASed into a subtable a rehash was splitting: (address,
         // word, bucket header address).
         let mut stranded: Option<(u64, u64, u64)> = None;
-        // Whether a CAS of this operation landed (its record may have been seen).
-        let mut landed = false;
         for _ in 0..self.max_attempts {
             let t0 = Instant::now();
             let d = self.directory(mem).await?;
@@ -204,10 +200,8 @@ impl Optimal {
                 (Op::Get, f) | (Op::Update(_) | Op::Delete, f @ None) => {
                     self.clear_stranded(mem, &h, stranded).await?;
                     self.stats.ops += 1;
-                    if !landed {
-                        // Written, never referenced: no reader can have seen it.
-                        rec.inspect(|&r| self.objs.give_back(r));
-                    }
+                    // Written, never named by a slot: no reader can have seen it.
+                    rec.inspect(|&r| self.objs.give_back(r));
                     return Ok(first.unwrap_or(f.map(|f| f.3)));
                 }
                 (Op::Delete, Some((i, j, w, v))) => {
@@ -242,7 +236,6 @@ impl Optimal {
                 self.stats.cas_failures += 1;
                 continue;
             }
-            landed = true;
             let hdr_at = base + g.bucket_off(h.buckets[i]);
             let now = if old == 0 {
                 // A fresh insert re-reads both buckets (RACE's duplicate check).
@@ -255,11 +248,13 @@ impl Optimal {
                 if another_copy(mem, &bk, &h, key, i, j).await? {
                     self.stats.duplicates += 1;
                     mem.cas(base + at, new, 0).await?;
+                    rec = None;
                     continue;
                 }
                 if t1.elapsed() >= STALE_READ {
                     // A stale duplicate check: run again (the re-run finds this slot).
                     self.stats.stale_reads += 1;
+                    rec = None;
                     continue;
                 }
                 bk[i].header
@@ -272,9 +267,7 @@ impl Optimal {
                 // rewrites the headers first), so this CAS replaced `old` in its one
                 // live place, and its record is free to reuse once no reader can still
                 // be on it.
-                if old != new {
-                    self.objs.retire(old);
-                }
+                self.objs.retire(old);
                 self.clear_stranded(mem, &h, stranded).await?;
                 self.stats.ops += 1;
                 return Ok(prev);
@@ -286,6 +279,8 @@ impl Optimal {
             if new != 0 {
                 stranded = Some((base + at, new, hdr_at));
             }
+            // As in [`super::Race`]: a landed record is never CASed in again.
+            rec = None;
         }
         Err(RaceError::Retries(self.max_attempts))
     }

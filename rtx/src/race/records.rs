@@ -12,8 +12,12 @@
 //! delete whose post-check passed: the one CAS that replaced it in the live table)
 //! retires it, and writes another record into it only [`MIN_REUSE_MS`] later. A reader
 //! that READ a slot and then its record more than half of that apart discards what it
-//! read ([`STALE_READ`]), so no live reader ever meets a reused record. Records retired
-//! by a handle that dies are lost to the table (a leak, never a wrong value).
+//! read ([`STALE_READ`]), so no live reader ever meets a reused record. An operation
+//! that must run again after its CAS landed takes a new record for the next attempt:
+//! its landed word may have been replaced meanwhile, and its record retired by the client
+//! that replaced it. Records retired by a handle that dies are lost to the table (a
+//! leak, never a wrong value), and so is a record whose only slot was in a subtable block
+//! a rehash had already copied.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -90,9 +94,13 @@ impl Objects {
         }
     }
 
-    /// Records retired and not yet written again.
-    pub(crate) fn retired_len(&self) -> usize {
-        self.retired.len() + self.free.len()
+    /// `stats` with this handle's record counts filled in.
+    pub(crate) fn counted(&self, stats: super::RaceStats) -> super::RaceStats {
+        super::RaceStats {
+            records_reused: self.reused,
+            records_retired: (self.retired.len() + self.free.len()) as u64,
+            ..stats
+        }
     }
 
     /// A record this handle wrote but never made a slot name (record index): reusable at
