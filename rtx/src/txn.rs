@@ -6,8 +6,8 @@
 //! reads of the same object return the local copy. A read aborts when the object is locked
 //! by another rTX (a live committer's half-installed write set must not be seen), after
 //! repairing the holder if its lease has expired; only an rTX's first read takes a live
-//! holder's object, as its committed value, and the rTX then stays one read. Writes are buffered; the new buffers are
-//! allocated and written at commit ([`crate::commit`]).
+//! holder's object, as its committed value, and the rTX then stays one read. Writes are
+//! buffered; the new buffers are allocated and written at commit ([`crate::commit`]).
 
 use crate::client::Client;
 use crate::dptr::Dptr;
