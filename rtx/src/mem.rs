@@ -158,6 +158,28 @@ impl<M: Mem> Mem for Rc<M> {
     }
 }
 
+/// A test memory node: `inner` with `before(off, len)` run before every READ (a client
+/// stalled there, or another client acting meanwhile).
+#[cfg(test)]
+pub(crate) struct OnRead<F> {
+    pub(crate) inner: LocalMem,
+    pub(crate) before: F,
+}
+
+#[cfg(test)]
+impl<F: Fn(u64, usize)> Mem for OnRead<F> {
+    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        (self.before)(off, len);
+        self.inner.read(off, len).await
+    }
+    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
+        self.inner.write(off, data).await
+    }
+    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        self.inner.cas(off, expected, new).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use crate::layout::{format, Layout, DPTR_OFF};
 use crate::lease::{ManualClock, SkewedClock};
 use crate::lllock::{unlocked, LockState, LockWord};
 use crate::log::{Header, LogImage, LogState};
-use crate::mem::{LocalMem, MemError};
+use crate::mem::{LocalMem, MemError, OnRead};
 use crate::repair::RepairOutcome;
 use crate::{Client, Config};
 
@@ -692,37 +692,6 @@ fn a_pre_locked_object_not_written_is_released_by_the_commit() {
     assert_eq!(Header::decode(m.word(l.log_addr(0))).state, LogState::Done);
 }
 
-/// A memory node on which a lock holder lets object 0's lock go (at `released`'s
-/// version) after `after` READs of its TXObj.
-struct ReleasesAfter {
-    inner: LocalMem,
-    obj: u64,
-    after: std::cell::Cell<u32>,
-    released: u64,
-}
-
-impl crate::mem::Mem for ReleasesAfter {
-    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
-        if off == self.obj && len == 16 {
-            match self.after.get() {
-                0 => {}
-                1 => {
-                    self.after.set(0);
-                    self.inner.set_word(self.obj, self.released);
-                }
-                n => self.after.set(n - 1),
-            }
-        }
-        self.inner.read(off, len).await
-    }
-    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
-        self.inner.write(off, data).await
-    }
-    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        self.inner.cas(off, expected, new).await
-    }
-}
-
 /// An update's read waits out a live holder's lock with TXObj READs and then commits,
 /// where a plain read would have made its write abort; a holder that keeps the lock
 /// past the polls still aborts it (a lock whose lease expires is repaired, as always).
@@ -735,24 +704,36 @@ fn a_read_for_update_waits_out_a_live_holders_lock() {
         let mut a = client(&l, 0, clock.clone(), Config::default());
         a.crash = Some(CrashPoint::Locked);
         crashed(block_on(incr(&mut a, &m, &l, &[0, 1])));
-        let m = ReleasesAfter {
-            inner: m,
-            obj: l.obj_addr(0),
-            after: std::cell::Cell::new(polls),
-            released: unlocked(0),
+        // The holder lets object 0's lock go (at version 0) after `polls` READs of its
+        // TXObj.
+        let (obj, after, region) = (l.obj_addr(0), std::cell::Cell::new(polls), m.clone());
+        let w = OnRead {
+            inner: m.clone(),
+            before: |off: u64, len: usize| {
+                if off == obj && len == 16 {
+                    match after.get() {
+                        0 => {}
+                        1 => {
+                            after.set(0);
+                            region.set_word(obj, unlocked(0));
+                        }
+                        n => after.set(n - 1),
+                    }
+                }
+            },
         };
         let mut b = client(&l, 1, clock, Config::default());
         let r = block_on(async {
             let mut tx = b.begin();
-            let v = tx.read_for_update(&m, l.obj_addr(0)).await?;
+            let v = tx.read_for_update(&w, l.obj_addr(0)).await?;
             let v = u64::from_le_bytes(v[..8].try_into().unwrap());
-            tx.write(&m, l.obj_addr(0), (v + 1).to_le_bytes().to_vec())
+            tx.write(&w, l.obj_addr(0), (v + 1).to_le_bytes().to_vec())
                 .await?;
-            tx.commit(&m).await
+            tx.commit(&w).await
         });
         if ok {
             r.unwrap();
-            assert_eq!(value(&m.inner, &l, 0), 11);
+            assert_eq!(value(&m, &l, 0), 11);
             assert_eq!(b.stats().lock_polls, polls as u64 - 1);
         } else {
             assert!(
@@ -760,29 +741,18 @@ fn a_read_for_update_waits_out_a_live_holders_lock() {
                 "{r:?}"
             );
             assert_eq!(b.stats().lock_polls, crate::txn::LOCK_POLLS as u64);
-            assert_eq!(value(&m.inner, &l, 0), 10);
+            assert_eq!(value(&m, &l, 0), 10);
         }
     }
 }
 
 /// A memory node whose every READ takes `per_read_ms` on `clock` (a client stalled
 /// between its READs).
-struct SlowMem {
-    inner: LocalMem,
-    clock: ManualClock,
-    per_read_ms: u64,
-}
-
-impl crate::mem::Mem for SlowMem {
-    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
-        self.clock.advance(self.per_read_ms);
-        self.inner.read(off, len).await
-    }
-    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
-        self.inner.write(off, data).await
-    }
-    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        self.inner.cas(off, expected, new).await
+fn slow_mem(m: &LocalMem, clock: &ManualClock, per_read_ms: u64) -> OnRead<impl Fn(u64, usize)> {
+    let clock = clock.clone();
+    OnRead {
+        inner: m.clone(),
+        before: move |_, _| clock.advance(per_read_ms),
     }
 }
 
@@ -796,21 +766,13 @@ fn a_read_that_outlasts_the_block_reuse_wait_is_discarded() {
     let m = region(&l);
     let clock = ManualClock::new(1_700_000_000_000);
     let per_read_ms = crate::alloc::MIN_REUSE_MS / 4 - 1;
-    let fast = SlowMem {
-        inner: m.clone(),
-        clock: clock.clone(),
-        per_read_ms,
-    };
+    let fast = slow_mem(&m, &clock, per_read_ms);
     let mut c = client(&l, 0, clock.clone(), Config::default());
     let mut tx = c.begin();
     let v = block_on(tx.read(&fast, l.obj_addr(1))).unwrap();
     assert_eq!(u64::from_le_bytes(v[..8].try_into().unwrap()), 20);
     drop(tx);
-    let slow = SlowMem {
-        inner: m.clone(),
-        clock: clock.clone(),
-        per_read_ms: crate::alloc::MIN_REUSE_MS / 4,
-    };
+    let slow = slow_mem(&m, &clock, crate::alloc::MIN_REUSE_MS / 4);
     let mut tx = c.begin();
     let r = block_on(tx.read(&slow, l.obj_addr(1)));
     assert!(

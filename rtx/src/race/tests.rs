@@ -22,7 +22,7 @@ use crate::client::CrashPoint;
 use crate::error::RtxError;
 use crate::layout::Layout;
 use crate::lease::ManualClock;
-use crate::mem::{LocalMem, Mem, MemError};
+use crate::mem::{LocalMem, Mem, MemError, OnRead};
 use crate::{Client, Config};
 
 const T0: u64 = 1_800_000_000_000;
@@ -209,29 +209,6 @@ fn replaced_records_are_reused_only_after_the_wait() {
     }
 }
 
-/// A memory node that stalls (a real sleep) before the first 16-byte READ at or past
-/// `from`: a reader descheduled between a slot READ and its record READ.
-struct StallsOnce<'a> {
-    m: &'a LocalMem,
-    from: u64,
-    stalled: Cell<bool>,
-}
-
-impl Mem for StallsOnce<'_> {
-    async fn read(&self, off: u64, len: usize) -> Result<Vec<u8>, MemError> {
-        if len == 16 && off >= self.from && !self.stalled.replace(true) {
-            std::thread::sleep(super::records::STALE_READ + std::time::Duration::from_millis(5));
-        }
-        self.m.read(off, len).await
-    }
-    async fn write(&self, off: u64, data: &[u8]) -> Result<(), MemError> {
-        self.m.write(off, data).await
-    }
-    async fn cas(&self, off: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        self.m.cas(off, expected, new).await
-    }
-}
-
 /// A record READ that comes too long after its slot READ (the record may have been
 /// reclaimed and rewritten meanwhile) is discarded and the operation run again.
 #[test]
@@ -247,13 +224,21 @@ fn a_record_read_long_after_its_slot_is_run_again() {
         let from = block_on(super::records::block_addr_of(&m, &l, from))
             .unwrap()
             .unwrap();
-        let s = StallsOnce {
-            m: &m,
-            from,
-            stalled: Cell::new(false),
+        // A reader descheduled (a real sleep) before its first record READ, which is a
+        // 16-byte READ at or past `from`.
+        let stalled = Cell::new(false);
+        let s = OnRead {
+            inner: m.clone(),
+            before: |off: u64, len: usize| {
+                if len == 16 && off >= from && !stalled.replace(true) {
+                    std::thread::sleep(
+                        super::records::STALE_READ + std::time::Duration::from_millis(5),
+                    );
+                }
+            },
         };
         assert_eq!(block_on(h.get(&s, 9)).unwrap(), Some(90));
-        assert!(s.stalled.get());
+        assert!(stalled.get());
         assert_eq!(h.stats().stale_reads, 1, "rtx {rtx}");
     }
 }
