@@ -357,7 +357,9 @@ fn a_killed_compute_node_restarts_and_serves_its_lock_table_again() {
     assert!(
         events
             .iter()
-            .any(|e| e.starts_with("recovery: cn 2 incarnation 0 dead at") && e.contains("done in")),
+            .any(|e| e.starts_with("recovery: cn 2 incarnation 0 dead at")
+                && e.contains("locks free after")
+                && e.contains("done in")),
         "{events:?}"
     );
     assert!(

@@ -38,6 +38,8 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const ACCOUNTS: u64 = 64;
 /// The group: savings accounts spread over both partitions.
 const GROUP: [u64; 3] = [3, 17, 40];
+/// A group of twelve objects: its commit log has twelve entries (328 bytes).
+const LONG_GROUP: [u64; 12] = [1, 6, 11, 16, 21, 26, 31, 36, 41, 46, 51, 56];
 const PROTOCOLS: [Protocol; 4] = [
     Protocol::OccCas,
     Protocol::Scythe,
@@ -210,9 +212,9 @@ async fn write_group(c: &TxnClient, keys: &[u64], v: u64) -> Result<(), TxnError
     }
 }
 
-async fn group_values(c: &TxnClient) -> Vec<u64> {
+async fn group_values(c: &TxnClient, group: &[u64]) -> Vec<u64> {
     let mut out = Vec::new();
-    for k in GROUP {
+    for &k in group {
         let (_, v) = c.read_committed(SAVINGS, k).await.unwrap().unwrap();
         out.push(i64::from_le_bytes(v.try_into().unwrap()) as u64);
     }
@@ -223,7 +225,13 @@ async fn group_values(c: &TxnClient) -> Vec<u64> {
 /// it freezes at `point`, on a thread of its own that then parks for good: the frozen
 /// coordinator is never polled again and nothing of it is dropped (a destructor would
 /// release what it holds, which a killed node's cannot).
-fn die_at(cl: &Cluster, protocol: Protocol, point: CrashPoint, new: u64) -> (u32, u64) {
+fn die_at(
+    cl: &Cluster,
+    protocol: Protocol,
+    point: CrashPoint,
+    new: u64,
+    group: &'static [u64],
+) -> (u32, u64) {
     txn::fault::crash_at(Some((point, 1, CrashAction::Freeze)));
     let (addrs, name) = (cl.addrs.clone(), cl.guard.name().to_string());
     let lotus = cl.lotus.clone();
@@ -234,7 +242,7 @@ fn die_at(cl: &Cluster, protocol: Protocol, point: CrashPoint, new: u64) -> (u32
         let ctx = dying.ctx().clone();
         let d = dying.clone();
         ctx.spawn(async move {
-            let _ = write_group(&d, &GROUP, new).await;
+            let _ = write_group(&d, group, new).await;
         });
         let c = ctx.clone();
         block_on(&ctx, async move {
@@ -280,7 +288,7 @@ fn crash_and_recover(
     point: CrashPoint,
     later_writes: u64,
 ) -> After {
-    crash_and_recover_with(name, protocol, point, later_writes, 1)
+    crash_and_recover_with(name, protocol, point, later_writes, 1, &GROUP)
 }
 
 fn crash_and_recover_with(
@@ -289,14 +297,15 @@ fn crash_and_recover_with(
     point: CrashPoint,
     later_writes: u64,
     replicas: u32,
+    group: &'static [u64],
 ) -> After {
     let cl = cluster_with(name, replicas);
     let live = cl.client(protocol, 40, 1);
     let l = live.clone();
     block_on(&live.ctx().clone(), async move {
-        write_group(&l, &GROUP, 1).await.unwrap()
+        write_group(&l, group, 1).await.unwrap()
     });
-    let dead = die_at(&cl, protocol, point, 2);
+    let dead = die_at(&cl, protocol, point, 2, group);
     let l = live.clone();
     let name = name.to_string();
     let addrs = cl.addrs.memnodes.clone();
@@ -304,15 +313,15 @@ fn crash_and_recover_with(
         // A later writer of the first object, which the dead coordinator may have
         // released already (crash after its first unlock): enough writes to reuse the
         // dead coordinator's cell.
-        let later_ran = later_writes > 0 && !l.cvt_locked(SAVINGS, GROUP[0]).await.unwrap();
+        let later_ran = later_writes > 0 && !l.cvt_locked(SAVINGS, group[0]).await.unwrap();
         if later_ran {
             for i in 0..later_writes {
-                write_group(&l, &GROUP[..1], 100 + i).await.unwrap();
+                write_group(&l, &group[..1], 100 + i).await.unwrap();
             }
         }
         let rep = l.recover(dead.0, dead.1).await.unwrap();
         println!("{name}: recovery: {}", rep.summary());
-        let values = group_values(&l).await;
+        let values = group_values(&l, group).await;
         let mut locked_words = 0;
         for k in 0..ACCOUNTS {
             locked_words += usize::from(l.cvt_locked(SAVINGS, k).await.unwrap());
@@ -321,7 +330,7 @@ fn crash_and_recover_with(
         // have invalidated the victim cells on the backups too).
         let store = txn::cvt_remote::CvtRemote::connect(l.ctx().clone(), &addrs, 16).unwrap();
         let replicas = txn::replica_audit::audit_replicas(&store).await.unwrap();
-        let writable = write_group(&l, &GROUP, 7).await.is_ok();
+        let writable = write_group(&l, group, 7).await.is_ok();
         After {
             values,
             later_ran,
@@ -371,6 +380,36 @@ fn every_protocol_recovers_at_every_crash_point() {
     }
 }
 
+/// A log of twelve objects is found and settled either way, every object rolled back
+/// or every one forward.
+#[test]
+fn a_log_of_twelve_objects_is_settled_either_way() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (i, p) in [Protocol::OccCas, Protocol::Lotus(Isolation::Serializable)]
+        .into_iter()
+        .enumerate()
+    {
+        for (j, point) in [CrashPoint::AfterFirstInstall, CrashPoint::AfterInstalls]
+            .into_iter()
+            .enumerate()
+        {
+            let a = crash_and_recover_with(&format!("long{i}{j}"), p, point, 0, 1, &LONG_GROUP);
+            let want = expect_after(p, point);
+            assert_eq!(a.values, vec![want; LONG_GROUP.len()], "{p} at {point:?}");
+            let rolled = if want == 2 { (1, 0) } else { (0, 1) };
+            assert_eq!(
+                a.rolled, rolled,
+                "{p} at {point:?}: one log, found and settled"
+            );
+            assert_eq!(a.locked_words, 0, "{p} at {point:?}: lock words left held");
+            assert!(
+                a.writable,
+                "{p} at {point:?}: the group cannot be written after recovery"
+            );
+        }
+    }
+}
+
 #[test]
 fn with_backups_recovery_settles_every_copy() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -388,7 +427,7 @@ fn with_backups_recovery_settles_every_copy() {
             if point.lotus_only() && !p.needs_lock_tables() {
                 continue;
             }
-            let a = crash_and_recover_with(&format!("repl{i}{j}"), p, point, 0, 2);
+            let a = crash_and_recover_with(&format!("repl{i}{j}"), p, point, 0, 2, &GROUP);
             let want = expect_after(p, point);
             assert_eq!(a.values, vec![want; GROUP.len()], "{p} at {point:?}");
             assert!(a.replicas.ok(), "{p} at {point:?}: {}", a.replicas.line());
@@ -491,7 +530,7 @@ fn tickets_are_handed_on_only_after_the_logs_are_settled() {
         block_on(&live.ctx().clone(), async move {
             write_group(&l, &GROUP, 1).await.unwrap()
         });
-        let dead = die_at(&cl, p, CrashPoint::AfterFirstInstall, 2);
+        let dead = die_at(&cl, p, CrashPoint::AfterFirstInstall, 2, &GROUP);
         txn::fault::recovery_bug(bug);
         let l = live.clone();
         let seen = block_on(&live.ctx().clone(), async move {

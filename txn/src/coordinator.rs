@@ -366,8 +366,9 @@ impl TxnClient {
 
     /// Recover dead compute-node life `dead` ([`crate::recovery`]): finish or undo each
     /// of its logged commits, sweep its CVT lock words and insert guards, then (Scythe)
-    /// release its tickets through the lock service, in that order. Run by one survivor
-    /// once `dead` is fenced; running it again is safe.
+    /// release its tickets through the lock service, in that order. Lotus (Lotus 6):
+    /// its logs, then its locks in the live nodes' lock tables, then the sweep. Run by
+    /// one survivor once `dead` is fenced; running it again is safe.
     ///
     /// Errors: [`TxnError::Rpc`] (recovery incomplete: run it again),
     /// [`TxnError::Export`], [`TxnError::Lock`] from the ticket release.
@@ -394,26 +395,30 @@ impl TxnClient {
             rep.tickets = tickets;
             return Ok(rep);
         }
+        let owner = lockd::owners::Owner { node, incarnation };
+        if let Engine::Lotus(p) = &self.engine {
+            // Lotus 6: the logs alone, then the dead life's locks in every live node's
+            // table (after the logs: a released key could otherwise be locked and its
+            // INVISIBLE leftover met; its own table died with it), and only then the
+            // sweep of insert guards and claimed slots, the only memory-node words
+            // Lotus takes: its scan READs every index, which would hold the logs' READs
+            // (and so the locks) back behind it.
+            let mut rep = crate::recovery::settle_logs(&self.core.store, dead).await?;
+            let t0 = std::time::Instant::now();
+            if !crate::recovery::sweep_left_out() {
+                rep.tickets = p.release_dead(self.ctx(), owner).await? as usize;
+            }
+            rep.tickets_time = t0.elapsed();
+            rep.locks_free = rep.logs_time + rep.tickets_time;
+            crate::recovery::sweep(&self.core.store, dead, &mut rep).await?;
+            return Ok(rep);
+        }
         let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;
         let t0 = std::time::Instant::now();
-        let owner = lockd::owners::Owner { node, incarnation };
         if let Some(l) = self.locks() {
             rep.tickets = l.release_node(self.ctx(), owner).await? as usize;
             rep.tickets_time = t0.elapsed();
-        }
-        if let Engine::Lotus(p) = &self.engine {
-            // Lotus 6, step 3, after the logs (a released key could otherwise be locked
-            // and its INVISIBLE leftover met): the dead life's locks in every live
-            // node's table; its own table died with it.
-            #[cfg(feature = "fault-injection")]
-            let skip =
-                crate::fault::planted_recovery_bug() == Some(crate::fault::RecoveryBug::NoSweep);
-            #[cfg(not(feature = "fault-injection"))]
-            let skip = false;
-            if !skip {
-                rep.tickets = p.release_dead(self.ctx(), owner).await? as usize;
-                rep.tickets_time = t0.elapsed();
-            }
+            rep.locks_free += rep.tickets_time;
         }
         Ok(rep)
     }

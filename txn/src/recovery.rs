@@ -29,7 +29,12 @@
 //!    ([`crate::coordinator::TxnClient::recover`]).
 //!
 //! Cost: the sweep READs every table's index once (about 1 MiB per READ, 8 in flight),
-//! while step 1 runs: for SmallBank's 100,000 accounts about 40 MB per table.
+//! while step 1 runs: for SmallBank's 100,000 accounts about 40 MB per table. Lotus,
+//! whose locks live in the compute nodes' tables and whose only memory-node words are
+//! insert guards and slot claims, runs step 1 alone, releases the dead life's locks in
+//! the lock tables, and sweeps last ([`settle_logs`], then [`sweep`]): on a slow
+//! memory-node NIC the scan's READs would otherwise hold the logs', and so every lock,
+//! back for as long as the scan takes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -38,7 +43,7 @@ use rrpc::fabric::RemoteAddr;
 use rrpc::runtime::join_all;
 use rrpc::NodeId;
 
-use crate::commit_log::{CommitLog, LogEntry};
+use crate::commit_log::{CommitLog, LogEntry, LogExport};
 use crate::cvt::{
     Cvt, CELL_BYTES, HEADER_BYTES, LOCK_OFFSET, SLOT_CLAIMED, SLOT_FREE, STATE_OFFSET,
 };
@@ -79,19 +84,26 @@ pub struct RecoveryReport {
     pub sweep_time: Duration,
     /// Time the Scythe tickets' hand-on took (filled in by the caller).
     pub tickets_time: Duration,
+    /// Time from the start until every lock the dead life held was free again (its CVT
+    /// lock words, Scythe tickets or Lotus lock-table locks): the whole recovery, except
+    /// for Lotus, whose sweep of insert guards and claimed slots runs after its locks
+    /// are released ([`sweep`]).
+    pub locks_free: Duration,
 }
 
 impl RecoveryReport {
     /// The one line a recovery prints: `L logs (F forward, B back), W lock words swept,
-    /// S tickets released, done in X ms` (the caller prefixes who died when).
+    /// S tickets released, locks free after Y ms, done in X ms` (the caller prefixes who
+    /// died when).
     pub fn summary(&self) -> String {
         format!(
-            "{} logs ({} forward, {} back), {} lock words swept, {} tickets released, done in {:.1} ms",
+            "{} logs ({} forward, {} back), {} lock words swept, {} tickets released, locks free after {:.1} ms, done in {:.1} ms",
             self.logs,
             self.forward,
             self.back,
             self.lock_words + self.guards,
             self.tickets,
+            self.locks_free.as_secs_f64() * 1e3,
             self.total().as_secs_f64() * 1e3
         )
     }
@@ -130,21 +142,49 @@ pub async fn recover_store(store: &CvtRemote, dead: Owner) -> Result<RecoveryRep
     let (settled, scanned) = rrpc::runtime::join(settle_logs(store, dead), scan(store, dead)).await;
     let mut rep = settled?;
     let scanned = scanned?;
-    #[cfg(feature = "fault-injection")]
-    let skip_sweep =
-        crate::fault::planted_recovery_bug() == Some(crate::fault::RecoveryBug::NoSweep);
-    #[cfg(not(feature = "fault-injection"))]
-    let skip_sweep = false;
-    if !skip_sweep {
+    if !sweep_left_out() {
         release_swept(store, &scanned, &mut rep).await?;
     }
     rep.sweep_time = t0.elapsed().saturating_sub(rep.logs_time);
+    rep.locks_free = t0.elapsed();
     Ok(rep)
 }
 
+/// Step 2 alone, after [`settle_logs`] and after the caller released the dead life's
+/// locks elsewhere (Lotus 6: logs, then the lock tables): the scan, then its CASes;
+/// adds to `rep` and sets its `sweep_time`. For a protocol whose memory-node words are
+/// only insert guards and slot claims (Lotus), so that the scan's READs (about 40 MB per
+/// SmallBank table) neither delay the logs' nor hold the lock tables back. Safety: as
+/// [`recover_store`]; the logs are settled.
+///
+/// Errors: as [`recover_store`].
+pub async fn sweep(
+    store: &CvtRemote,
+    dead: Owner,
+    rep: &mut RecoveryReport,
+) -> Result<(), TxnError> {
+    let t0 = Instant::now();
+    let scanned = scan(store, dead).await?;
+    if !sweep_left_out() {
+        release_swept(store, &scanned, rep).await?;
+    }
+    rep.sweep_time = t0.elapsed();
+    Ok(())
+}
+
+/// Whether a test planted the sweep's omission ([`crate::fault::RecoveryBug::NoSweep`]).
+pub(crate) fn sweep_left_out() -> bool {
+    #[cfg(feature = "fault-injection")]
+    return crate::fault::planted_recovery_bug() == Some(crate::fault::RecoveryBug::NoSweep);
+    #[cfg(not(feature = "fault-injection"))]
+    false
+}
+
 /// Step 1: every log of `dead` rolled forward or back, its id cleared, its lock words
-/// released; `logs_time` is the time it took.
-async fn settle_logs(store: &CvtRemote, dead: Owner) -> Result<RecoveryReport, TxnError> {
+/// released; `logs_time` is the time it took. Safety: as [`recover_store`].
+///
+/// Errors: as [`recover_store`].
+pub async fn settle_logs(store: &CvtRemote, dead: Owner) -> Result<RecoveryReport, TxnError> {
     let mut rep = RecoveryReport::default();
     let t0 = Instant::now();
     let logs = find_logs(store, dead).await?;
@@ -178,9 +218,9 @@ async fn settle_logs(store: &CvtRemote, dead: Owner) -> Result<RecoveryReport, T
 type FoundLogs = BTreeMap<u64, (CommitLog, Vec<(NodeId, RemoteAddr)>)>;
 
 /// Every valid log of `dead` on every memory node, by transaction id, with the slots
-/// it was found in.
+/// it was found in. The memory nodes' rows are read side by side.
 async fn find_logs(store: &CvtRemote, dead: Owner) -> Result<FoundLogs, TxnError> {
-    let mut out: FoundLogs = BTreeMap::new();
+    let mut rows = Vec::new();
     for m in 0..store.memnode_count() {
         let Some(region) = store.log(m) else { continue };
         let node = store.memnode(m)?;
@@ -189,25 +229,48 @@ async fn find_logs(store: &CvtRemote, dead: Owner) -> Result<FoundLogs, TxnError
             // same transactions (each log goes to every memory node installed on).
             continue;
         }
-        let g = region.geometry;
-        let (row, len) = g.row(dead.node);
-        let bytes = read_range(store, node, region.region.at(row), len as usize).await?;
-        for (i, slot) in bytes.chunks_exact(g.slot_bytes as usize).enumerate() {
-            let Some(log) = CommitLog::decode(slot) else {
-                continue;
-            };
-            if !dead.owns(log.id) {
-                continue;
-            }
-            let at = region.region.at(row + (i as u64) * u64::from(g.slot_bytes));
+        rows.push((node, region));
+    }
+    let found = join_all(
+        rows.iter()
+            .map(|(node, region)| row_logs(store, *node, region, dead)),
+    )
+    .await;
+    let mut out: FoundLogs = BTreeMap::new();
+    for ((node, _), logs) in rows.iter().zip(found) {
+        for (log, at) in logs? {
             let commit = log.commit;
             let e = out.entry(log.id).or_insert_with(|| (log, Vec::new()));
             // A Lotus commit word set on any copy counts (copies differ while C3 runs).
             e.0.commit = e.0.commit.max(commit);
-            e.1.push((node, at));
+            e.1.push((*node, at));
         }
     }
     Ok(out)
+}
+
+/// The valid logs of `dead` in its row of `region` on memory node `node`, with their
+/// slots: the row READ whole (in [`CHUNK_BYTES`] READs).
+async fn row_logs(
+    store: &CvtRemote,
+    node: NodeId,
+    region: &LogExport,
+    dead: Owner,
+) -> Result<Vec<(CommitLog, RemoteAddr)>, TxnError> {
+    let g = region.geometry;
+    let (row, len) = g.row(dead.node);
+    let bytes = read_range(store, node, region.region.at(row), len as usize).await?;
+    Ok(bytes
+        .chunks_exact(g.slot_bytes as usize)
+        .enumerate()
+        .filter_map(|(i, slot)| {
+            let log = CommitLog::decode(slot).filter(|l| dead.owns(l.id))?;
+            Some((
+                log,
+                region.region.at(row + (i as u64) * u64::from(g.slot_bytes)),
+            ))
+        })
+        .collect())
 }
 
 /// READ `len` bytes at `at` in chunks, [`CHUNKS_IN_FLIGHT`] at a time.
