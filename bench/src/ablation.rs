@@ -55,6 +55,7 @@ pub(crate) fn rows(args: &Args) -> Vec<Row> {
         lock_serving: None,
         range_index: None,
         replicas: None,
+        max_backoff_us: None,
         label: Some(label),
     };
     let r = routed(args);

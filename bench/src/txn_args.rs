@@ -129,7 +129,9 @@ pub struct Args {
     /// as --lock-serving), range-index=off,on (TPC-C: DELIVERY and STOCK-LEVEL by
     /// cursor rows, then by range scans, as --range-index) or replicas=1,3 (copies of
     /// every partition, as --replicas: what replication costs, each protocol's
-    /// throughput at every point over its first); prints a table, and with --chart
+    /// throughput at every point over its first) or max-backoff-us=100,1000 (the retry
+    /// backoff's cap, as --max-backoff-us: under skew it sets how fast refused
+    /// transactions come back); prints a table, and with --chart
     /// draws throughput against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
@@ -640,6 +642,9 @@ pub enum Sweep {
     /// Copies of every partition (`--replicas`): what replication costs, side by side
     /// (Motor 5.3, 7.2: 3-way against 1-way).
     Replicas(Vec<u32>),
+    /// The cap of the retry backoff after a conflict abort, microseconds
+    /// (`--max-backoff-us`).
+    MaxBackoffUs(Vec<u64>),
 }
 
 /// A sweep's points that count something (`what`), each at least 1; the error names
@@ -665,7 +670,7 @@ impl FromStr for Sweep {
     fn from_str(s: &str) -> Result<Self, String> {
         let Some((param, values)) = s.split_once('=') else {
             return Err(format!(
-                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, vtc-entries=N1,N2,..., lock-serving=coordinator,thread, range-index=off,on or replicas=1,3"
+                "--sweep {s:?}: expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, vtc-entries=N1,N2,..., lock-serving=coordinator,thread, range-index=off,on, replicas=1,3 or max-backoff-us=100,1000"
             ));
         };
         let values: Vec<&str> = values.split(',').map(str::trim).collect();
@@ -720,8 +725,19 @@ impl FromStr for Sweep {
                 .collect::<Result<_, _>>()
                 .map(Self::RangeIndex),
             "replicas" => counts(&values, "replicas", "copies per partition").map(Self::Replicas),
+            "max-backoff-us" => values
+                .iter()
+                .map(|v| {
+                    v.parse::<u64>().map_err(|_| {
+                        format!(
+                            "--sweep max-backoff-us: {v:?} is not a number of microseconds (0 retries at once)"
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::MaxBackoffUs),
             p => Err(format!(
-                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries, lock-serving, range-index or replicas"
+                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries, lock-serving, range-index, replicas or max-backoff-us"
             )),
         }
     }
@@ -756,6 +772,11 @@ impl fmt::Display for Sweep {
                 f,
                 "replicas={}",
                 join(v.iter().map(u32::to_string).collect())
+            ),
+            Self::MaxBackoffUs(v) => write!(
+                f,
+                "max-backoff-us={}",
+                join(v.iter().map(u64::to_string).collect())
             ),
             Self::RangeIndex(v) => write!(
                 f,
@@ -792,17 +813,22 @@ pub(crate) struct Point {
     pub(crate) range_index: Option<bool>,
     /// Copies of every partition at this point (`None`: as `--replicas` says).
     pub(crate) replicas: Option<u32>,
+    /// The retry backoff's cap at this point, microseconds (`None`: as
+    /// `--max-backoff-us` says).
+    pub(crate) max_backoff_us: Option<u64>,
 }
 
 impl Point {
-    /// `args` with the flags this point sets (`--range-index`, `--replicas`), or `None`
-    /// when it sets none of them.
+    /// `args` with the flags this point sets (`--range-index`, `--replicas`,
+    /// `--max-backoff-us`), or `None` when it sets none of them.
     pub(crate) fn args(&self, args: &Args) -> Option<Args> {
-        (self.range_index.is_some() || self.replicas.is_some()).then(|| Args {
-            range_index: self.range_index.unwrap_or(args.range_index),
-            replicas: self.replicas.unwrap_or(args.replicas),
-            ..args.clone()
-        })
+        (self.range_index.is_some() || self.replicas.is_some() || self.max_backoff_us.is_some())
+            .then(|| Args {
+                range_index: self.range_index.unwrap_or(args.range_index),
+                replicas: self.replicas.unwrap_or(args.replicas),
+                max_backoff_us: self.max_backoff_us.unwrap_or(args.max_backoff_us),
+                ..args.clone()
+            })
     }
 }
 
@@ -1346,6 +1372,7 @@ impl Args {
             lock_serving: None,
             range_index: None,
             replicas: None,
+            max_backoff_us: None,
             label: None,
         };
         let at = |label: String, set: &dyn Fn(&mut Point)| {
@@ -1396,6 +1423,14 @@ impl Args {
             Some(Sweep::VtcEntries(v)) => v
                 .iter()
                 .map(|&n| at(format!("vtc-entries={n}"), &|p| p.vtc_entries = n))
+                .collect(),
+            Some(Sweep::MaxBackoffUs(v)) => v
+                .iter()
+                .map(|&b| {
+                    at(format!("max-backoff-us={b}"), &|p| {
+                        p.max_backoff_us = Some(b)
+                    })
+                })
                 .collect(),
         }
     }

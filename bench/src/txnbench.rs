@@ -361,7 +361,8 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
             | Sweep::VtcEntries(_)
             | Sweep::LockServing(_)
             | Sweep::RangeIndex(_)
-            | Sweep::Replicas(_),
+            | Sweep::Replicas(_)
+            | Sweep::MaxBackoffUs(_),
         ) => format!(
             "{threads} thread(s) x {} coroutines | {} | {} | sweep {}",
             args.coroutines,
@@ -377,7 +378,7 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
         ),
     };
     let mut s = format!(
-        "\ncomparison: {} | timing model: {} | fabric: {} | {setup} | {} | {}{} s per run | seed {} | backoff up to {} us\n",
+        "\ncomparison: {} | timing model: {} | fabric: {} | {setup} | {} | {}{} s per run | seed {} | {}\n",
         workload.label(),
         sum.timing_model,
         args.fabric(),
@@ -385,7 +386,10 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
         warmup_desc(args),
         args.duration(),
         args.seed.seed,
-        args.max_backoff_us
+        match args.sweep {
+            Some(Sweep::MaxBackoffUs(_)) => "backoff cap swept".to_string(),
+            _ => format!("backoff up to {} us", args.max_backoff_us),
+        }
     );
     s.push_str(&comparison(&sum.runs));
     for r in &sum.ratios {
@@ -986,7 +990,7 @@ fn print_header(
         println!("{UNSAFE_LABEL}");
     }
     println!(
-        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines{} | {} | {} | {} | {}{} s | check: {checks}",
+        "{} | protocol: {protocol} | fabric: {} | timing model: {} | {}{} thread(s) x {} coroutines{} | {} | {} | {} | {}{} s | backoff up to {} us | check: {checks}",
         workload.label(),
         cluster.fabric.describe(),
         cluster.fabric.model_description(),
@@ -1006,6 +1010,7 @@ fn print_header(
         storage_desc(args, Some(point)),
         warmup_desc(args),
         args.duration(),
+        args.max_backoff_us,
     );
 }
 
@@ -2497,6 +2502,18 @@ mod tests {
             Ok(Sweep::Replicas(vec![1, 3]))
         );
         assert_eq!(Sweep::Replicas(vec![1, 3]).to_string(), "replicas=1,3");
+        assert_eq!(
+            "max-backoff-us=0,100,1000".parse::<Sweep>(),
+            Ok(Sweep::MaxBackoffUs(vec![0, 100, 1000]))
+        );
+        assert_eq!(
+            Sweep::MaxBackoffUs(vec![100, 1000]).to_string(),
+            "max-backoff-us=100,1000"
+        );
+        assert!("max-backoff-us=-1"
+            .parse::<Sweep>()
+            .unwrap_err()
+            .contains("not a number of microseconds"));
         let a = args(&["--sweep", "replicas=1,3", "--memnodes", "3"]);
         a.validate().unwrap();
         let p = a.points();

@@ -441,6 +441,48 @@ fn a_replicas_sweep_runs_each_point_with_its_copies() {
     );
 }
 
+/// `--sweep max-backoff-us=0,2000`: each point runs with its own retry backoff cap, as
+/// its header says, and the comparison says the cap varies.
+#[test]
+fn a_backoff_sweep_runs_each_point_with_its_cap() {
+    let (stdout, s) = txn_bench(
+        "sweep-b",
+        &[
+            "--protocol",
+            "occ-cas",
+            "--sweep",
+            "max-backoff-us=0,2000",
+            "--threads",
+            "1",
+            "--accounts",
+            "1000",
+            "--duration",
+            "0.7",
+        ],
+    );
+    let points: Vec<&str> = s["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_run_passed(r, &stdout);
+            r["point"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        points,
+        ["max-backoff-us=0", "max-backoff-us=2000"],
+        "{stdout}"
+    );
+    for cap in [
+        "| backoff up to 0 us | check:",
+        "| backoff up to 2000 us | check:",
+    ] {
+        assert!(stdout.contains(cap), "no run header with {cap:?}: {stdout}");
+    }
+    assert!(stdout.contains("| backoff cap swept\n"), "{stdout}");
+}
+
 #[test]
 fn bad_arguments_fail_cleanly() {
     for (args, want) in [
@@ -458,11 +500,15 @@ fn bad_arguments_fail_cleanly() {
         (
             &["--sweep", "theta"],
             "expected theta=V1,V2,..., clients=N1,N2,..., commit-log=off,on,ordered, \
-             vtc-entries=N1,N2,..., lock-serving=coordinator,thread, range-index=off,on or \
-             replicas=1,3",
+             vtc-entries=N1,N2,..., lock-serving=coordinator,thread, range-index=off,on, \
+             replicas=1,3 or max-backoff-us=100,1000",
         ),
         (&["--sweep", "theta=0,x"], "is not a Zipf theta"),
         (&["--sweep", "clients=0"], "is not a number of coroutines"),
+        (
+            &["--sweep", "max-backoff-us=-5"],
+            "is not a number of microseconds",
+        ),
         (
             &["--sweep", "commit-log=maybe"],
             "is not off, on or ordered",
