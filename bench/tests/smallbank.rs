@@ -390,12 +390,19 @@ fn a_clients_sweep_prints_a_table_and_draws_a_chart() {
     );
 }
 
+/// A sweep of short points (1 thread, 1,000 accounts, 0.7 s each) with `args`.
+fn short_sweep(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let mut all = args.to_vec();
+    all.extend(["--threads", "1", "--accounts", "1000", "--duration", "0.7"]);
+    txn_bench(name, &all)
+}
+
 /// `--sweep replicas=1,2`: each point runs with its own copies (the replica audit only
 /// at the replicated one), and each protocol's throughput there is compared with its
 /// one-copy run.
 #[test]
 fn a_replicas_sweep_runs_each_point_with_its_copies() {
-    let (stdout, s) = txn_bench(
+    let (stdout, s) = short_sweep(
         "sweep-r",
         &[
             "--protocol",
@@ -404,12 +411,6 @@ fn a_replicas_sweep_runs_each_point_with_its_copies() {
             "replicas=1,2",
             "--memnodes",
             "2",
-            "--threads",
-            "1",
-            "--accounts",
-            "1000",
-            "--duration",
-            "0.7",
         ],
     );
     let runs = s["runs"].as_array().unwrap();
@@ -445,20 +446,9 @@ fn a_replicas_sweep_runs_each_point_with_its_copies() {
 /// its header says, and the comparison says the cap varies.
 #[test]
 fn a_backoff_sweep_runs_each_point_with_its_cap() {
-    let (stdout, s) = txn_bench(
+    let (stdout, s) = short_sweep(
         "sweep-b",
-        &[
-            "--protocol",
-            "occ-cas",
-            "--sweep",
-            "max-backoff-us=0,2000",
-            "--threads",
-            "1",
-            "--accounts",
-            "1000",
-            "--duration",
-            "0.7",
-        ],
+        &["--protocol", "occ-cas", "--sweep", "max-backoff-us=0,2000"],
     );
     let points: Vec<&str> = s["runs"]
         .as_array()
