@@ -1,4 +1,4 @@
-//! Lotus's ablation (Lotus 7.4, Fig. 14) in one invocation (`txn-bench --ablation`):
+//! Lotus's ablation (Lotus 8.4, Fig. 14) in one invocation (`txn-bench --ablation`):
 //! the Motor baseline, then Lotus's techniques added one at a time, each row on a fresh
 //! cluster with the same seed, and one table with every row's change against the row
 //! above beside the paper's.

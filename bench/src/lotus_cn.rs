@@ -92,7 +92,7 @@ impl std::str::FromStr for LockServing {
     }
 }
 
-/// Bytes of a compute node's Lotus lock table (Lotus 7.1: 32 MB, 4 M slots).
+/// Bytes of a compute node's Lotus lock table (Lotus 8.1: 32 MB, 4 M slots).
 pub(crate) const TABLE_SLOTS: u64 = 4 << 20;
 
 /// How long a restarted compute node waits for the survivors' confirmations (Lotus 6,

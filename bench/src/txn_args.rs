@@ -152,7 +152,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub coroutines: usize,
     /// Lotus: entries of the compute node's version table cache (Lotus 4.4: CVTs of
-    /// locally locked keys, so that a lock holder skips the CVT READ; default Lotus 7.1's
+    /// locally locked keys, so that a lock holder skips the CVT READ; default Lotus 8.1's
     /// 64 K); 0 turns it off.
     #[arg(long, default_value_t = txn::vt_cache::DEFAULT_ENTRIES, value_name = "N")]
     #[serde(default = "default_vtc_entries")]
@@ -266,7 +266,7 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub fig3_premise: bool,
-    /// Lotus's ablation (Lotus 7.4, Fig. 14) in one invocation, with coordinator
+    /// Lotus's ablation (Lotus 8.4, Fig. 14) in one invocation, with coordinator
     /// processes (--cnodes 2 or more): mvcc (the Motor baseline), then lotus with lock
     /// sharding and --routing none and no version table cache, then + two-level routing
     /// (--routing forward, or ideal when given), then + the version table cache

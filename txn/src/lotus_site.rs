@@ -67,9 +67,9 @@ impl fmt::Debug for LotusSite {
 
 impl LotusSite {
     /// A site whose one node `node` serves every shard from a lock table of
-    /// `table_bytes` bytes (8-byte slots; Lotus 7.1 uses 32 MB per node) in this process,
+    /// `table_bytes` bytes (8-byte slots; Lotus 8.1 uses 32 MB per node) in this process,
     /// with [`hashed_lock_key`]: every lock a CPU CAS. With a version table cache of
-    /// [`crate::vt_cache::DEFAULT_ENTRIES`] entries (Lotus 7.1's 64 K).
+    /// [`crate::vt_cache::DEFAULT_ENTRIES`] entries (Lotus 8.1's 64 K).
     pub fn single(node: u32, table_bytes: usize) -> Self {
         Self::single_cached(node, table_bytes, crate::vt_cache::DEFAULT_ENTRIES)
     }

@@ -38,7 +38,7 @@
 //! key then removes whichever of the two is cached: safe.
 //!
 //! **Layout.** [`SUB_CACHES`] sub-caches, each behind its own `Mutex` and chosen by a hash
-//! of the lock key, share the capacity (default [`DEFAULT_ENTRIES`], Lotus 7.1's 64 K
+//! of the lock key, share the capacity (default [`DEFAULT_ENTRIES`], Lotus 8.1's 64 K
 //! version tables). Eviction is **CLOCK** (second chance), an approximation of LRU: a
 //! lookup sets an entry's reference bit; an insert into a full sub-cache sweeps the
 //! hand, clearing set bits, and evicts the first entry whose bit is clear.
@@ -63,7 +63,7 @@ use lockd::table_service::GrantHook;
 use crate::cvt::Cvt;
 use crate::cvt_remote::CvtLoc;
 
-/// Default capacity of a compute node's cache, entries (Lotus 7.1: 64 K version
+/// Default capacity of a compute node's cache, entries (Lotus 8.1: 64 K version
 /// tables).
 pub const DEFAULT_ENTRIES: usize = 65_536;
 
