@@ -2,12 +2,22 @@
 //! and per atomic, so that contention experiments on one host behave like a network and
 //! not like a cache line.
 //!
-//! The model is plain arithmetic over *resources*: a resource is one 8-byte word holding
-//! the time (ns, `CLOCK_MONOTONIC`) at which it is next free. Taking it for `service` ns
-//! no earlier than `at` is one CAS loop ([`reserve`]): FIFO in the order of reservation,
-//! shared by every process that maps the word. Each node's NIC ([`Nic`]) is such a set of
-//! words in a file of the node's shared memory (`n<node>.nic`), so the rate caps of one
-//! NIC hold across all the processes that use it, requesters and responders alike.
+//! The model is plain arithmetic over *resources* in shared words. A rate-limited unit (a
+//! NIC's processing unit, its line out, its line in, its atomic unit) is a *calendar*: a
+//! ring of [`CALENDAR_BUCKETS`] words, one per [`BUCKET_NS`] of time, each holding how far
+//! into its bucket the unit is booked. Taking the unit for `service` ns no earlier than
+//! `at` ([`reserve_span`]) books the first bucket from `at` on with room left, spilling
+//! into the next ones, one CAS per bucket: FIFO within a bucket, and a WR that needs the
+//! unit *earlier* than one booked before it is not queued behind it. That matters because
+//! a plan books a responder's units at future times (its request arrives a wire later;
+//! an atomic's response leaves after its PCIe round trip) and a requester's at the time
+//! it posts: with one "next free" word per unit, every WR posted after a booking one
+//! wire ahead would wait for it, and the units' free times would run ahead of the clock
+//! under load though each unit stays idle most of the time. An address slot, which
+//! serializes atomics to one word, is one word holding when it is next free ([`reserve`]:
+//! FIFO in the order of reservation). Each node's NIC ([`Nic`]) is such a set of words in
+//! a file of the node's shared memory (`n<node>.nic`), so the rate caps of one NIC hold
+//! across all the processes that use it, requesters and responders alike.
 //!
 //! A WR posted at `t` (after its doorbell, which the posting CPU pays in
 //! [`TimingModel::doorbell_ns`]) goes through [`TimingModel::plan`]:
@@ -158,15 +168,25 @@ pub struct Plan {
 /// Number of address slots per NIC that serialize atomics to one address.
 pub const ADDR_SLOTS: usize = 4096;
 
-// Word indexes of a NIC's resources. The words of one NIC are contiguous; each resource
-// has its own cache line so that processes do not false-share.
-const W_PROC: usize = 0;
-const W_LINE_OUT: usize = 8;
-const W_LINE_IN: usize = 16;
-const W_ATOMIC: usize = 24;
-const W_SLOTS: usize = 32;
+/// Width of one calendar bucket, ns: a unit's bookings are FIFO within a bucket, so a WR
+/// can wait behind one booked later for at most this long.
+pub const BUCKET_NS: u64 = 256;
+/// Buckets in one unit's calendar: bookings reach at most `CALENDAR_BUCKETS * BUCKET_NS`
+/// (4.2 ms) past the time a WR is posted. A unit with a longer backlog than that is past
+/// any rate a NIC sustains; bookings beyond the horizon are not counted (their WRs take
+/// the unit at once).
+pub const CALENDAR_BUCKETS: usize = 16384;
+/// Bits of a bucket word that hold the booked ns; the bucket's lap is above them.
+const OFF_BITS: u32 = 16;
+
+// Word indexes of a NIC's resources: the address slots, then one calendar per unit.
+const W_SLOTS: usize = 0;
+const C_PROC: usize = ADDR_SLOTS;
+const C_LINE_OUT: usize = C_PROC + CALENDAR_BUCKETS;
+const C_LINE_IN: usize = C_LINE_OUT + CALENDAR_BUCKETS;
+const C_ATOMIC: usize = C_LINE_IN + CALENDAR_BUCKETS;
 /// Words of one NIC's state.
-pub const NIC_WORDS: usize = W_SLOTS + ADDR_SLOTS;
+pub const NIC_WORDS: usize = C_ATOMIC + CALENDAR_BUCKETS;
 /// Bytes of one NIC's state (the size of its `n<node>.nic` file).
 pub const NIC_BYTES: usize = NIC_WORDS * 8;
 
@@ -182,14 +202,17 @@ impl<'a> Nic<'a> {
         assert!(words.len() >= NIC_WORDS, "a NIC needs {NIC_WORDS} words");
         Self { words }
     }
-    fn take(&self, word: usize, at: u64, service: u64) -> u64 {
-        reserve(&self.words[word], at, service)
+
+    /// Book calendar `unit` for `service` ns from `at` on (`now`: the posting time, for
+    /// the horizon); returns (start, end) of the service.
+    fn take(&self, unit: usize, at: u64, service: u64, now: u64) -> (u64, u64) {
+        reserve_span(&self.words[unit..unit + CALENDAR_BUCKETS], at, service, now)
     }
 
-    /// When the atomic unit is next free (ns, `CLOCK_MONOTONIC`; 0 if never taken): for
-    /// tests and diagnostics.
+    /// The end of the atomic unit's latest booking (ns, `CLOCK_MONOTONIC`; 0 if never
+    /// taken): for tests and diagnostics.
     pub fn atomic_free_ns(&self) -> u64 {
-        self.words[W_ATOMIC].load(Ordering::Acquire)
+        calendar_end(&self.words[C_ATOMIC..C_ATOMIC + CALENDAR_BUCKETS])
     }
 
     /// When address slot `slot` (see [`addr_slot`]) is next free (ns; 0 if never taken):
@@ -197,6 +220,79 @@ impl<'a> Nic<'a> {
     pub fn slot_free_ns(&self, slot: usize) -> u64 {
         self.words[W_SLOTS + slot % ADDR_SLOTS].load(Ordering::Acquire)
     }
+}
+
+/// Book a calendar (a ring of [`CALENDAR_BUCKETS`] words, one per [`BUCKET_NS`]) for
+/// `service` ns no earlier than `at`: returns (start, end), where start is `at` or the end
+/// of the bookings already made in `at`'s bucket, and the service fills buckets from
+/// there until it is done (end - start is `service` when it fits in the first bucket).
+/// A booking past `now` plus the calendar's horizon is not counted: (at, at + service).
+///
+/// A bucket word is `lap << 16 | booked`: `lap` tells this pass over the ring from an
+/// older one (whose bookings are void), `booked` the ns of the bucket booked from its
+/// start. One CAS per bucket touched.
+pub fn reserve_span(ring: &[AtomicU64], at: u64, service: u64, now: u64) -> (u64, u64) {
+    let n = ring.len() as u64;
+    let horizon = now / BUCKET_NS + n;
+    let mut need = service;
+    let mut from = at;
+    let mut start = None;
+    loop {
+        let b = from / BUCKET_NS;
+        if b >= horizon || need == 0 {
+            return (start.unwrap_or(from), from + need);
+        }
+        let (lap, word) = (b / n, &ring[(b % n) as usize]);
+        let bucket_start = b * BUCKET_NS;
+        let mut cur = word.load(Ordering::Relaxed);
+        let taken = loop {
+            let booked = match cur >> OFF_BITS {
+                l if l == lap => cur & ((1 << OFF_BITS) - 1),
+                l if l < lap => 0,
+                // Reused for a later pass: this bucket's time is gone; skip it.
+                _ => BUCKET_NS,
+            };
+            let begin = from.max(bucket_start + booked);
+            if begin >= bucket_start + BUCKET_NS {
+                break None;
+            }
+            let take = need.min(bucket_start + BUCKET_NS - begin);
+            let new = lap << OFF_BITS | (begin + take - bucket_start);
+            match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break Some((begin, take)),
+                Err(now) => cur = now,
+            }
+        };
+        match taken {
+            Some((begin, take)) => {
+                start.get_or_insert(begin);
+                need -= take;
+                from = begin + take;
+                if need == 0 {
+                    return (start.unwrap_or(begin), from);
+                }
+            }
+            None => from = bucket_start + BUCKET_NS,
+        }
+    }
+}
+
+/// The end of the latest booking in a calendar (0 if it has none).
+fn calendar_end(ring: &[AtomicU64]) -> u64 {
+    let n = ring.len() as u64;
+    ring.iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let w = w.load(Ordering::Acquire);
+            let booked = w & ((1 << OFF_BITS) - 1);
+            if booked == 0 {
+                0
+            } else {
+                ((w >> OFF_BITS) * n + i as u64) * BUCKET_NS + booked
+            }
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Take a resource for `service` ns no earlier than `at`: returns the start, which is
@@ -383,31 +479,32 @@ impl TimingModel {
                 (self.wire_bytes(0, ATOMIC_ETH), self.wire_bytes(0, AETH + 8))
             }
         };
+        let now = posted_ns;
         // 1, 2: requester processing unit, then its line out.
-        let proc = req.take(W_PROC, posted_ns, self.wr_ns) + self.wr_ns;
+        let (_, proc) = req.take(C_PROC, posted_ns, self.wr_ns, now);
         let out_ns = self.line_ns(req_bytes);
-        let sent = req.take(W_LINE_OUT, proc, out_ns);
+        let (sent, _) = req.take(C_LINE_OUT, proc, out_ns, now);
         // 3: the wire; the responder's line in is busy for the same bytes from the first
         // bit's arrival (cut-through: one flow pays the serialization once).
         let first_bit = sent + one_way;
-        let arrived = resp.take(W_LINE_IN, first_bit, out_ns) + out_ns;
+        let (_, arrived) = resp.take(C_LINE_IN, first_bit, out_ns, now);
         // 4: responder processing unit; atomics also take the atomic unit and the address.
-        let mut exec = resp.take(W_PROC, arrived, self.wr_ns) + self.wr_ns;
+        let (_, mut exec) = resp.take(C_PROC, arrived, self.wr_ns, now);
         if let ModelOp::Atomic { dm, slot } = op {
             let (unit, hold) = if dm {
                 (self.atomic_dm_ns, self.params.atomic.same_addr_dm_ns)
             } else {
                 (self.atomic_host_ns, self.params.atomic.same_addr_host_ns)
             };
-            let u = resp.take(W_ATOMIC, exec, unit) + unit;
-            exec = resp.take(W_SLOTS + slot % ADDR_SLOTS, u, hold) + hold;
+            let (_, u) = resp.take(C_ATOMIC, exec, unit, now);
+            exec = reserve(&resp.words[W_SLOTS + slot % ADDR_SLOTS], u, hold) + hold;
         }
         let exec = exec.max(not_before.0);
         // 5: the response over the responder's line out and the wire; the requester's line
         // in as in 3.
         let back_ns = self.line_ns(resp_bytes);
-        let resp_sent = resp.take(W_LINE_OUT, exec, back_ns);
-        let back = req.take(W_LINE_IN, resp_sent + one_way, back_ns) + back_ns;
+        let (resp_sent, _) = resp.take(C_LINE_OUT, exec, back_ns, now);
+        let (_, back) = req.take(C_LINE_IN, resp_sent + one_way, back_ns, now);
         Plan {
             exec_ns: exec,
             complete_ns: back.max(not_before.1),
@@ -468,6 +565,94 @@ mod tests {
             "an idle resource starts at once"
         );
         assert_eq!(w.load(Ordering::Relaxed), 1010);
+    }
+
+    fn ring() -> Vec<AtomicU64> {
+        (0..64).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn a_calendar_is_fifo_within_a_bucket() {
+        let r = ring();
+        assert_eq!(reserve_span(&r, 100, 10, 0), (100, 110));
+        assert_eq!(
+            reserve_span(&r, 100, 10, 0),
+            (110, 120),
+            "queued behind the first"
+        );
+        assert_eq!(
+            reserve_span(&r, 50, 10, 0),
+            (120, 130),
+            "same bucket: waits its turn"
+        );
+        assert_eq!(reserve_span(&r, 1000, 10, 0), (1000, 1010), "idle: at once");
+    }
+
+    /// The convoy a single "next free" word makes: a booking one wire ahead (a
+    /// responder's unit for a request that arrives 1 us later) must not delay a WR that
+    /// needs the unit now, yet the bucket it booked stays booked.
+    #[test]
+    fn a_later_booking_does_not_hold_back_an_earlier_one() {
+        let r = ring();
+        assert_eq!(reserve_span(&r, 1000, 30, 0), (1000, 1030));
+        assert_eq!(
+            reserve_span(&r, 0, 30, 0),
+            (0, 30),
+            "not behind the 1 us booking"
+        );
+        assert_eq!(reserve_span(&r, 1000, 30, 0), (1030, 1060));
+    }
+
+    #[test]
+    fn a_long_service_fills_buckets_in_turn_and_keeps_the_rate() {
+        let r = ring();
+        // 1000 ns from 0: four buckets (256 ns each) and a part of the fifth.
+        assert_eq!(reserve_span(&r, 0, 1000, 0), (0, 1000));
+        // The next one queues behind it, wherever its wish falls inside.
+        assert_eq!(reserve_span(&r, 300, 100, 0), (1000, 1100));
+        // Out-of-order wishes still cannot book more than a bucket's time per bucket:
+        // 100 WRs of 20 ns, half wished at 0 and half at 1 us, end by 2000 + 100 x 20.
+        let r = ring();
+        let ends: Vec<u64> = (0..100)
+            .map(|i| reserve_span(&r, if i % 2 == 0 { 1000 } else { 0 }, 20, 0).1)
+            .collect();
+        let busy: u64 = 100 * 20;
+        assert!(
+            *ends.iter().max().unwrap() <= 1000 + busy + BUCKET_NS,
+            "{ends:?}"
+        );
+        assert!(*ends.iter().max().unwrap() >= busy, "the rate holds");
+    }
+
+    #[test]
+    fn bookings_past_the_horizon_and_of_an_old_lap_do_not_count() {
+        let r = ring();
+        let span = 64 * BUCKET_NS;
+        // Past `now` plus 64 buckets: not booked.
+        assert_eq!(reserve_span(&r, span + 5, 10, 0), (span + 5, span + 15));
+        assert!(r.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+        // A bucket booked one lap ago is free in this lap.
+        assert_eq!(reserve_span(&r, 0, 100, 0), (0, 100));
+        assert_eq!(reserve_span(&r, span, 100, span), (span, span + 100));
+        // And the old lap's time, now reused, is skipped rather than double-booked.
+        assert_eq!(reserve_span(&r, 0, 10, 0), (BUCKET_NS, BUCKET_NS + 10));
+    }
+
+    /// Two NICs sending to each other (two nodes of a run, or loopback): the responder's
+    /// processing of a request booked a wire ahead must not delay what the same NIC posts
+    /// now as requester. With one "next free" word per unit the second plan waited 1 us.
+    #[test]
+    fn a_nic_serving_a_request_still_posts_at_once() {
+        let m = model();
+        let (a, b) = (nic(), nic());
+        let first = m.plan(ModelOp::Read(8), 0, Nic::new(&a), Nic::new(&b), (0, 0));
+        let back = m.plan(ModelOp::Read(8), 0, Nic::new(&b), Nic::new(&a), (0, 0));
+        let idle = plan_idle(&m, ModelOp::Read(8));
+        assert_eq!(first, idle);
+        assert_eq!(
+            back, idle,
+            "b's booking at +1 us does not hold back b's own post"
+        );
     }
 
     #[test]
@@ -574,8 +759,9 @@ mod tests {
                 .collect();
             for req in [&a, &b] {
                 assert!(
-                    req[W_ATOMIC..]
+                    req[..W_SLOTS + ADDR_SLOTS]
                         .iter()
+                        .chain(&req[C_ATOMIC..])
                         .all(|w| w.load(Ordering::Relaxed) == 0),
                     "a requester's atomic unit and slots stay idle"
                 );
