@@ -675,6 +675,8 @@ impl ShmFabric {
                 Arc::new(Mutex::new(Timed {
                     fabric: self.inner.clone(),
                     seq: 0,
+                    slab: Vec::new(),
+                    free: Vec::new(),
                     exec: BinaryHeap::new(),
                     done: BinaryHeap::new(),
                 }))
@@ -1397,7 +1399,9 @@ impl ShmQp {
                     Some(src),
                 ) if wr.inline || len <= 64 => {
                     // SAFETY: bounds-checked against the local MR by `local_ptr` above.
-                    Some(unsafe { std::slice::from_raw_parts(src, len) }.into())
+                    Some(Payload::copy(unsafe {
+                        std::slice::from_raw_parts(src, len)
+                    }))
                 }
                 _ => None,
             };
@@ -1438,7 +1442,6 @@ impl ShmQp {
             queued.push(Pending {
                 exec_ns: plan.exec_ns,
                 complete_ns: plan.complete_ns,
-                seq: 0,
                 wr: *wr,
                 data,
                 target,
@@ -1453,10 +1456,8 @@ impl ShmQp {
             .as_ref()
             .expect("a timed QP completes into a timed CQ");
         let mut timed = timed.lock().expect("CQ poisoned");
-        for mut p in queued {
-            p.seq = timed.seq;
-            timed.seq += 1;
-            timed.exec.push(Reverse(p));
+        for p in queued {
+            timed.queue(p);
         }
         timed.drive(model::now_ns(), &self.cq.queue);
     }
@@ -1675,14 +1676,38 @@ enum Target {
     Failed(WcStatus),
 }
 
+/// A WRITE's or SEND's payload, copied at post time: up to 64 bytes in place (the
+/// common case, and no allocation), longer inline payloads on the heap.
+enum Payload {
+    Small([u8; 64]),
+    Large(Box<[u8]>),
+}
+
+impl Payload {
+    fn copy(src: &[u8]) -> Self {
+        if src.len() <= 64 {
+            let mut bytes = [0; 64];
+            bytes[..src.len()].copy_from_slice(src);
+            Self::Small(bytes)
+        } else {
+            Self::Large(src.into())
+        }
+    }
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Self::Small(bytes) => bytes.as_ptr(),
+            Self::Large(b) => b.as_ptr(),
+        }
+    }
+}
+
 /// A WR waiting for its modeled execution.
 struct Pending {
     exec_ns: u64,
     complete_ns: u64,
-    seq: u64,
     wr: SendWr,
     /// The payload, copied at post time (inline and small WRITEs and SENDs).
-    data: Option<Box<[u8]>>,
+    data: Option<Payload>,
     target: Target,
     /// The QP's error flag.
     error: Arc<std::sync::atomic::AtomicBool>,
@@ -1695,30 +1720,18 @@ struct Pending {
 // MR table's lock, when the WR executes.
 unsafe impl Send for Pending {}
 
-impl PartialEq for Pending {
-    fn eq(&self, o: &Self) -> bool {
-        (self.exec_ns, self.seq) == (o.exec_ns, o.seq)
-    }
-}
-impl Eq for Pending {}
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Pending {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.exec_ns, self.seq).cmp(&(o.exec_ns, o.seq))
-    }
-}
-
 /// The timed WRs of one CQ: executed in order of their modeled execution times (RC order
 /// per QP holds: a QP's times never decrease and ties keep posting order), completed in
-/// order of their completion times.
+/// order of their completion times. The WRs wait in a slab; the heaps order small keys
+/// (time, sequence, slab index) so that sifting moves 24 bytes, not a WR.
 struct Timed {
     fabric: Arc<FabricInner>,
     seq: u64,
-    exec: BinaryHeap<Reverse<Pending>>,
+    slab: Vec<Option<Pending>>,
+    /// Free indexes of `slab`.
+    free: Vec<usize>,
+    /// (execution time, seq, slab index) of the WRs waiting to execute.
+    exec: BinaryHeap<Reverse<(u64, u64, usize)>>,
     /// (completion time, seq, completion) of executed WRs that produce one.
     done: BinaryHeap<Reverse<(u64, u64, WcKey)>>,
 }
@@ -1744,17 +1757,36 @@ impl Ord for WcKey {
 }
 
 impl Timed {
+    /// Queue `p` for its execution time, after the WRs queued before it at that time.
+    fn queue(&mut self, p: Pending) {
+        let key = (p.exec_ns, self.seq);
+        self.seq += 1;
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slab[i] = Some(p);
+                i
+            }
+            None => {
+                self.slab.push(Some(p));
+                self.slab.len() - 1
+            }
+        };
+        self.exec.push(Reverse((key.0, key.1, i)));
+    }
+
     /// Execute the WRs due by `now` and move the completions due by `now` to `queue`.
     fn drive(&mut self, now: u64, queue: &Mutex<VecDeque<Wc>>) {
-        while self.exec.peek().is_some_and(|p| p.0.exec_ns <= now) {
-            let Reverse(p) = self.exec.pop().expect("peeked");
+        while self.exec.peek().is_some_and(|k| k.0 .0 <= now) {
+            let Reverse((_, seq, i)) = self.exec.pop().expect("peeked");
+            let p = self.slab[i].take().expect("a queued WR is in the slab");
+            self.free.push(i);
             let status = self.run(&p);
             if status != WcStatus::Success {
                 p.error.store(true, Ordering::Relaxed);
             }
             if p.wr.signaled || status != WcStatus::Success {
                 let wc = send_wc(&p.wr, status);
-                self.done.push(Reverse((p.complete_ns, p.seq, WcKey(wc))));
+                self.done.push(Reverse((p.complete_ns, seq, WcKey(wc))));
             }
         }
         if self.done.peek().is_some_and(|d| d.0 .0 <= now) {
@@ -1772,11 +1804,12 @@ impl Timed {
         }
         let len = op_len(&p.wr);
         // The local MR must still be registered; holding the table's read lock keeps its
-        // owner from unmapping it until the WR is done.
-        let table = self.fabric.local.read().expect("MR table poisoned");
+        // owner from unmapping it until the WR is done (a copied payload needs neither).
+        let table;
         let local = match &p.data {
             Some(d) => d.as_ptr() as *mut u8,
             None => {
+                table = self.fabric.local.read().expect("MR table poisoned");
                 let Some(m) = table.get(&p.wr.sge.lkey) else {
                     return WcStatus::LocalProtection;
                 };
@@ -1821,9 +1854,11 @@ impl Drop for Timed {
     /// The CQ is gone with WRs still waiting: a NIC would still carry them out, so they
     /// execute at their times (microseconds away); their completions have nowhere to go.
     fn drop(&mut self) {
-        while let Some(Reverse(p)) = self.exec.pop() {
-            model::spin_until(p.exec_ns);
-            let _ = self.run(&p);
+        while let Some(Reverse((exec_ns, _, i))) = self.exec.pop() {
+            model::spin_until(exec_ns);
+            if let Some(p) = self.slab[i].take() {
+                let _ = self.run(&p);
+            }
         }
     }
 }
