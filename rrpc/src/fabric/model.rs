@@ -181,7 +181,8 @@ const OFF_BITS: u32 = 16;
 
 // Word indexes of a NIC's resources: the address slots, then one calendar per unit.
 const W_SLOTS: usize = 0;
-/// A unit's far word is `W_FAR + unit`, on its own cache line.
+/// The far words: unit `u` (0 processing, 1 line out, 2 line in, 3 atomics) has
+/// `W_FAR + 8 * u`, each on its own cache line.
 const W_FAR: usize = ADDR_SLOTS;
 const C_PROC: usize = W_FAR + 32;
 const C_LINE_OUT: usize = C_PROC + CALENDAR_BUCKETS;
@@ -285,7 +286,7 @@ pub fn reserve_span(
             let new = lap << OFF_BITS | (begin + take - bucket_start);
             match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => break Some((begin, take)),
-                Err(now) => cur = now,
+                Err(seen) => cur = seen,
             }
         };
         match taken {
