@@ -266,8 +266,8 @@ fn ordered_writes_land_in_order_and_stop_at_a_failure() {
     let node = info.node;
     let desc: MrDesc = info.export("mr").unwrap();
     let stop = AtomicBool::new(false);
-    let (checked, written) = (std::sync::Arc::new(AtomicU64::new(0)), AtomicU64::new(0));
-    std::thread::scope(|s| {
+    let checked = std::sync::Arc::new(AtomicU64::new(0));
+    let written = std::thread::scope(|s| {
         let reader = s.spawn(|| {
             // Watchdog: the writer sets `stop` when it is done, however it ends.
             while !stop.load(Ordering::Acquire) {
@@ -309,14 +309,15 @@ fn ordered_writes_land_in_order_and_stop_at_a_failure() {
         }));
         stop.store(true, Ordering::Release);
         reader.join().unwrap();
-        written.store(r.unwrap(), Ordering::Relaxed);
+        let written = r.unwrap();
         assert!(
             checked.load(Ordering::Relaxed) > 0,
             "the reader never saw a flag"
         );
+        written
     });
-    assert!(written.load(Ordering::Relaxed) >= ROUNDS);
-    assert_eq!(mr.load_u64(FLAG), written.load(Ordering::Relaxed));
+    assert!(written >= ROUNDS);
+    assert_eq!(mr.load_u64(FLAG), written);
     // A failing WRITE in the middle: no bad rkey is 0xdead_beef in this cluster.
     let bad = RemoteAddr {
         addr: desc.addr,
@@ -336,11 +337,7 @@ fn ordered_writes_land_in_order_and_stop_at_a_failure() {
     });
     assert!(r.is_err(), "a WRITE to an unknown rkey succeeded");
     assert_eq!(mr.load_u64(16), 7, "the WRITE before the failure landed");
-    assert_eq!(
-        mr.load_u64(24),
-        written.load(Ordering::Relaxed),
-        "a WRITE after the failure landed"
-    );
+    assert_eq!(mr.load_u64(24), written, "a WRITE after the failure landed");
 }
 
 /// A requester that asks for server thread i (`ThreadCtx::ask_server_thread`, modulo
