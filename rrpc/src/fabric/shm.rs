@@ -1852,7 +1852,8 @@ impl Timed {
 
 impl Drop for Timed {
     /// The CQ is gone with WRs still waiting: a NIC would still carry them out, so they
-    /// execute at their times (microseconds away); their completions have nowhere to go.
+    /// execute at their times (microseconds away, or a line's backlog on a slow profile);
+    /// their completions have nowhere to go.
     fn drop(&mut self) {
         while let Some(Reverse((exec_ns, _, i))) = self.exec.pop() {
             model::spin_until(exec_ns);
