@@ -526,6 +526,8 @@ mod tests {
         };
         let ep = [etcd.endpoint()];
         let cluster = format!("lotus-handshake-{}-{serve_at_once}", std::process::id());
+        // The fabric's cluster directory goes with the test, however it ends.
+        let (_guard, _) = rrpc::fabric::shm::ClusterGuard::new(&cluster).unwrap();
         let ttl = Duration::from_secs(2);
         let join = |node| member::Member::join(&ep, &cluster, member::Role::Cnode, node, ttl);
         let survivor = join(SURVIVOR).unwrap();

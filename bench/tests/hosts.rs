@@ -582,6 +582,8 @@ fn in_process_coordinators_take_the_topologys_cpus() {
 fn a_service_exits_when_its_stdin_closes() {
     let dir = tempfile::tempdir().unwrap();
     let name = format!("stdin-eof-{}", std::process::id());
+    // The service's shm cluster directory goes with the test, however it ends.
+    let (_guard, _) = rrpc::fabric::shm::ClusterGuard::new(&name).unwrap();
     let mut child = Command::new(txn_bench_bin_dir().join("tso"))
         .args([
             "--cluster",
@@ -852,6 +854,7 @@ hosts = ["b"]
 #[test]
 fn a_service_runs_on_its_numa_node_and_a_missing_node_is_named() {
     let name = format!("numa-{}", std::process::id());
+    let (_guard, _) = rrpc::fabric::shm::ClusterGuard::new(&name).unwrap();
     let out = Command::new(txn_bench_bin_dir().join("tso"))
         .args(["--cluster", &name, "--node", "3", "--numa", "7"])
         .stdin(Stdio::null())
