@@ -168,17 +168,22 @@ fn client_on(
     let mut fcfg = FabricConfig::new(FabricKind::Shm, name, NodeId(node));
     fcfg.incarnation = inc;
     let ctx = ThreadCtx::new(Fabric::open(&fcfg).unwrap(), RuntimeConfig::default()).unwrap();
-    // Lotus: the shared table, this client's locks held as its node's.
+    let cfg = client_config(protocol, node, lotus);
+    Rc::new(TxnClient::connect(ctx, addrs, cfg).unwrap())
+}
+
+/// The settings of every client here: commit logs on; Lotus's shared table, this
+/// client's locks held as its node's.
+fn client_config(protocol: Protocol, node: u32, lotus: &txn::lotus::LotusSite) -> TxnConfig {
     let lotus = protocol.needs_lock_tables().then(|| txn::lotus::LotusSite {
         node,
         ..lotus.clone()
     });
-    let cfg = TxnConfig::default()
+    TxnConfig::default()
         .with_protocol(protocol)
         .with_commit_log(true)
         .with_lock_wait(Duration::from_millis(300))
-        .with_lotus(lotus);
-    Rc::new(TxnClient::connect(ctx, addrs, cfg).unwrap())
+        .with_lotus(lotus)
 }
 
 fn val(v: u64) -> Vec<u8> {
@@ -232,7 +237,22 @@ fn die_at(
     new: u64,
     group: &'static [u64],
 ) -> (u32, u64) {
-    txn::fault::crash_at(Some((point, 1, CrashAction::Freeze)));
+    die_at_after(cl, protocol, point, new, group, false)
+}
+
+/// [`die_at`]; with `finished_first`, another client of the same node and thread first
+/// commits `new` to the group (its log stays in its slot), and the dying one writes
+/// `new + 1` and freezes at `point`'s second occurrence.
+fn die_at_after(
+    cl: &Cluster,
+    protocol: Protocol,
+    point: CrashPoint,
+    new: u64,
+    group: &'static [u64],
+    finished_first: bool,
+) -> (u32, u64) {
+    let nth = if finished_first { 2 } else { 1 };
+    txn::fault::crash_at(Some((point, nth, CrashAction::Freeze)));
     let (addrs, name) = (cl.addrs.clone(), cl.guard.name().to_string());
     let lotus = cl.lotus.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -241,7 +261,20 @@ fn die_at(
         let owner = (30, 1);
         let ctx = dying.ctx().clone();
         let d = dying.clone();
+        let first = finished_first.then(|| {
+            let cfg = client_config(protocol, 30, &lotus);
+            Rc::new(TxnClient::connect(ctx.clone(), &addrs, cfg).unwrap())
+        });
         ctx.spawn(async move {
+            // `first` lives as long as the frozen task: a dropped client's log slots go
+            // to the next client, which would overwrite its log.
+            let new = match &first {
+                Some(f) => {
+                    write_group(f, group, new).await.unwrap();
+                    new + 1
+                }
+                None => new,
+            };
             let _ = write_group(&d, group, new).await;
         });
         let c = ctx.clone();
@@ -299,13 +332,27 @@ fn crash_and_recover_with(
     replicas: u32,
     group: &'static [u64],
 ) -> After {
+    crash_and_recover_after(name, protocol, point, later_writes, replicas, group, false)
+}
+
+/// [`crash_and_recover_with`]; with `finished_first`, the dead node had committed 2 to
+/// the group before it died writing 3 ([`die_at_after`]).
+fn crash_and_recover_after(
+    name: &str,
+    protocol: Protocol,
+    point: CrashPoint,
+    later_writes: u64,
+    replicas: u32,
+    group: &'static [u64],
+    finished_first: bool,
+) -> After {
     let cl = cluster_with(name, replicas);
     let live = cl.client(protocol, 40, 1);
     let l = live.clone();
     block_on(&live.ctx().clone(), async move {
         write_group(&l, group, 1).await.unwrap()
     });
-    let dead = die_at(&cl, protocol, point, 2, group);
+    let dead = die_at_after(&cl, protocol, point, 2, group, finished_first);
     let l = live.clone();
     let name = name.to_string();
     let addrs = cl.addrs.memnodes.clone();
@@ -438,6 +485,35 @@ fn with_backups_recovery_settles_every_copy() {
     }
 }
 
+/// Two logs of the dead node name the same objects: one of a commit that finished (its
+/// log still in its slot) and one of a commit that died after its first install, on
+/// every copy of two. Settled side by side, the finished one rolls forward and changes
+/// nothing, the other rolls back everywhere, and nothing stays locked.
+#[test]
+fn a_finished_and_a_dying_log_of_one_node_settle_side_by_side() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (i, p) in PROTOCOLS.into_iter().enumerate() {
+        let a = crash_and_recover_after(
+            &format!("two{i}"),
+            p,
+            CrashPoint::AfterFirstInstall,
+            0,
+            2,
+            &GROUP,
+            true,
+        );
+        assert_eq!(
+            a.values,
+            vec![2; GROUP.len()],
+            "{p}: the finished commit stands"
+        );
+        assert_eq!(a.rolled, (1, 1), "{p}: both logs found, one each way");
+        assert!(a.replicas.ok(), "{p}: {}", a.replicas.line());
+        assert_eq!(a.locked_words, 0, "{p}");
+        assert!(a.writable, "{p}");
+    }
+}
+
 #[test]
 fn a_later_writer_of_a_released_object_survives_recovery() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -493,6 +569,51 @@ fn planted_recovery_bugs_are_caught() {
         vec![102, 2, 2],
         "a roll-back after the first unlock went unnoticed"
     );
+}
+
+/// Lotus's sweep READs the insert guards alone (its ids are in no CVT lock word): a
+/// guard a dead inserter held is released, and inserts into its bucket go on; with the
+/// sweep planted away, the guard stays held.
+#[test]
+fn lotus_recovery_releases_a_dead_inserters_guard() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = Protocol::Lotus(Isolation::Serializable);
+    for planted in [false, true] {
+        let cl = cluster(&format!("guard{}", u8::from(planted)));
+        let live = cl.client(p, 40, 1);
+        let addrs = cl.addrs.memnodes.clone();
+        let l = live.clone();
+        if planted {
+            txn::fault::recovery_bug(Some(RecoveryBug::NoSweep));
+        }
+        let (held_after, guards) = block_on(&live.ctx().clone(), async move {
+            let store = txn::cvt_remote::CvtRemote::connect(l.ctx().clone(), &addrs, 16).unwrap();
+            // The guard of the bucket a new key would go to, taken by node 30's first
+            // life (as its insert would, between the guard's CAS and its release).
+            let key = ACCOUNTS + 5;
+            let part = txn::cvt_remote::partition_of(SAVINGS, key, store.partitions());
+            let t = store.part_tables(part).unwrap()[SAVINGS as usize].clone();
+            let at = t.guard_addr(t.home_bucket(key));
+            let node = store.primary_node(part).unwrap();
+            let id = txn::txn_id::TxnId {
+                owner: txn::txn_id::Owner::new(30, 1),
+                client: 7,
+                seq: 1,
+            }
+            .pack();
+            assert_eq!(store.ctx().cas(node, at, 0, id).await.unwrap(), 0);
+            let rep = l.recover(30, 1).await.unwrap();
+            let word = store.ctx().read(node, at, 8).await.unwrap();
+            (u64::from_le_bytes(word.try_into().unwrap()), rep.guards)
+        });
+        txn::fault::recovery_bug(None);
+        if planted {
+            assert_ne!(held_after, 0, "without the sweep the guard stays held");
+        } else {
+            assert_eq!(held_after, 0, "the dead inserter's guard is released");
+            assert_eq!(guards, 1);
+        }
+    }
 }
 
 /// Lotus: a recovery that rolls back a commit whose write-visible step had begun (its

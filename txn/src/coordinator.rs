@@ -400,9 +400,8 @@ impl TxnClient {
             // Lotus 6: the logs alone, then the dead life's locks in every live node's
             // table (after the logs: a released key could otherwise be locked and its
             // INVISIBLE leftover met; its own table died with it), and only then the
-            // sweep of insert guards and claimed slots, the only memory-node words
-            // Lotus takes: its scan READs every index, which would hold the logs' READs
-            // (and so the locks) back behind it.
+            // sweep of insert guards, the only memory-node words that carry Lotus's
+            // ids: its CVTs' lock words never do, so the indexes are not scanned.
             let mut rep = crate::recovery::settle_logs(&self.core.store, dead).await?;
             let t0 = std::time::Instant::now();
             if !crate::recovery::sweep_left_out() {
@@ -410,7 +409,13 @@ impl TxnClient {
             }
             rep.tickets_time = t0.elapsed();
             rep.locks_free = rep.logs_time + rep.tickets_time;
-            crate::recovery::sweep(&self.core.store, dead, &mut rep).await?;
+            crate::recovery::sweep(
+                &self.core.store,
+                dead,
+                crate::recovery::SweepScope::Guards,
+                &mut rep,
+            )
+            .await?;
             return Ok(rep);
         }
         let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;

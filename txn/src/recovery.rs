@@ -4,7 +4,8 @@
 //! Order, as the project's recovery design prescribes:
 //!
 //! 1. **Logs.** Every commit log ([`crate::commit_log`]) of the dead incarnation found on
-//!    any memory node is finished or undone. The rule needs no values: **roll forward**
+//!    any memory node is finished or undone, all side by side ([`settle_logs`] says why
+//!    that is safe). The rule needs no values: **roll forward**
 //!    iff every logged object's CVT holds a valid version at least the logged one.
 //!    Versions of an object only grow, and only a lock holder installs; the dead node
 //!    held every logged object's lock from before its log until every install was
@@ -24,17 +25,20 @@
 //! 2. **Sweep.** Every CVT lock word and insert guard still holding an id of the dead
 //!    incarnation ([`crate::txn_id::Owner::owns`]) is released with CAS: locks taken
 //!    during execution, before any log. A CVT slot its insert claimed but never
-//!    published (state "claimed" with the dead id in its lock word) is freed.
+//!    published (state "claimed" with the dead id in its lock word) is freed. A
+//!    protocol that creates CVTs with a lock word of 0 (Lotus, Scythe) leaves no id in
+//!    a slot it claimed: such a slot, of an insert in flight at the death, is not
+//!    found and stays claimed (one slot lost per such insert; searches pass over it).
 //! 3. Scythe's tickets are released after this, by the caller, through the lock service
 //!    ([`crate::coordinator::TxnClient::recover`]).
 //!
 //! Cost: the sweep READs every table's index once (about 1 MiB per READ, 8 in flight),
 //! while step 1 runs: for SmallBank's 100,000 accounts about 40 MB per table. Lotus,
-//! whose locks live in the compute nodes' tables and whose only memory-node words are
-//! insert guards and slot claims, runs step 1 alone, releases the dead life's locks in
-//! the lock tables, and sweeps last ([`settle_logs`], then [`sweep`]): on a slow
-//! memory-node NIC the scan's READs would otherwise hold the logs', and so every lock,
-//! back for as long as the scan takes.
+//! whose locks live in the compute nodes' tables and whose ids reach the memory nodes
+//! only in insert guards, runs step 1 alone, releases the dead life's locks in the lock
+//! tables, and then READs the guards alone ([`settle_logs`], then [`sweep`] with
+//! [`SweepScope::Guards`]: 8 bytes per bucket), so that no scan of the indexes delays
+//! its recovery.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -86,8 +90,8 @@ pub struct RecoveryReport {
     pub tickets_time: Duration,
     /// Time from the start until every lock the dead life held was free again (its CVT
     /// lock words, Scythe tickets or Lotus lock-table locks): the whole recovery, except
-    /// for Lotus, whose sweep of insert guards and claimed slots runs after its locks
-    /// are released ([`sweep`]).
+    /// for Lotus, whose sweep of insert guards runs after its locks are released
+    /// ([`sweep`]).
     pub locks_free: Duration,
 }
 
@@ -139,7 +143,8 @@ pub async fn recover_store(store: &CvtRemote, dead: Owner) -> Result<RecoveryRep
     // for them: a lock word is released only after its log, if any, rolled forward or
     // back. (A word the scan saw held by `dead` and the logs phase released since fails
     // its CAS: it no longer holds the dead id.)
-    let (settled, scanned) = rrpc::runtime::join(settle_logs(store, dead), scan(store, dead)).await;
+    let (settled, scanned) =
+        rrpc::runtime::join(settle_logs(store, dead), scan(store, dead, SweepScope::All)).await;
     let mut rep = settled?;
     let scanned = scanned?;
     if !sweep_left_out() {
@@ -151,25 +156,38 @@ pub async fn recover_store(store: &CvtRemote, dead: Owner) -> Result<RecoveryRep
 }
 
 /// Step 2 alone, after [`settle_logs`] and after the caller released the dead life's
-/// locks elsewhere (Lotus 6: logs, then the lock tables): the scan, then its CASes;
-/// adds to `rep` and sets its `sweep_time`. For a protocol whose memory-node words are
-/// only insert guards and slot claims (Lotus), so that the scan's READs (about 40 MB per
-/// SmallBank table) neither delay the logs' nor hold the lock tables back. Safety: as
-/// [`recover_store`]; the logs are settled.
+/// locks elsewhere (Lotus 6: logs, then the lock tables): the scan of `scope`, then its
+/// CASes; adds to `rep` and sets its `sweep_time`. For a protocol whose locks are not
+/// memory-node words (Lotus), so that the scan's READs neither delay the logs' nor hold
+/// the lock tables back. Safety: as [`recover_store`]; the logs are settled.
 ///
 /// Errors: as [`recover_store`].
 pub async fn sweep(
     store: &CvtRemote,
     dead: Owner,
+    scope: SweepScope,
     rep: &mut RecoveryReport,
 ) -> Result<(), TxnError> {
     let t0 = Instant::now();
-    let scanned = scan(store, dead).await?;
+    let scanned = scan(store, dead, scope).await?;
     if !sweep_left_out() {
         release_swept(store, &scanned, rep).await?;
     }
     rep.sweep_time = t0.elapsed();
     Ok(())
+}
+
+/// What the sweep ([`sweep`]) READs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepScope {
+    /// Every table's index (its CVT lock words and claimed slots) and insert guards.
+    All,
+    /// The insert guards alone (8 bytes per bucket), for a protocol that never writes
+    /// its id into a CVT's lock word: Lotus, whose locks live in the compute nodes'
+    /// tables and whose inserts claim slots with a lock word of 0
+    /// ([`crate::cvt_remote::CvtRemote::create`]), so that a scan of the indexes could
+    /// find nothing of it.
+    Guards,
 }
 
 /// Whether a test planted the sweep's omission ([`crate::fault::RecoveryBug::NoSweep`]).
@@ -189,27 +207,38 @@ pub async fn settle_logs(store: &CvtRemote, dead: Owner) -> Result<RecoveryRepor
     let t0 = Instant::now();
     let logs = find_logs(store, dead).await?;
     rep.logs = logs.len();
-    for (log, found_on) in logs.values() {
-        let forward = settle(store, log).await?;
-        if forward {
+    // The logs are settled side by side, in three rounds: every decision (and roll-back),
+    // then every clear, then every unlock. Side by side is safe: a decision reads only
+    // versions that other logs' settling cannot move (a roll-back invalidates a victim
+    // cell, never an object's newest valid version; a Lotus settle touches only cells
+    // tagged with its own id). The rounds keep each log's order (its id cleared before
+    // any unlock, so that a re-run, if this recoverer dies, never decides on a log whose
+    // objects another writer may hold; a lock still held after a clear is the sweep's),
+    // and they finish every roll-back before any lock word is released: a finished
+    // commit's log may name an object that an unfinished one of the same node holds, and
+    // its release of FORD's backup marks must not uncover that one's cells before they
+    // are undone.
+    let decided = join_all(logs.values().map(|(log, _)| settle(store, log))).await;
+    for ((log, _), forward) in logs.values().zip(decided) {
+        if forward? {
             rep.forward += 1;
             rep.forward_notes.push((log.id, log.note));
         } else {
             rep.back += 1;
         }
-        // The log is done with: clear its id before any unlock, so that a re-run (this
-        // recoverer died) never decides on it again once another writer may hold its
-        // objects (a lock still held after a clear is the sweep's).
-        let clear = join_all(
-            found_on
-                .iter()
-                .map(|&(node, at)| store.ctx().write(node, at, &[0u8; 8])),
-        )
-        .await;
-        for c in clear {
-            c?;
-        }
-        rep.lock_words += unlock_logged(store, log).await?;
+    }
+    let clear = join_all(
+        logs.values()
+            .flat_map(|(_, found_on)| found_on.iter())
+            .map(|&(node, at)| store.ctx().write(node, at, &[0u8; 8])),
+    )
+    .await;
+    for c in clear {
+        c?;
+    }
+    let unlocked = join_all(logs.values().map(|(log, _)| unlock_logged(store, log))).await;
+    for n in unlocked {
+        rep.lock_words += n?;
     }
     rep.logs_time = t0.elapsed();
     Ok(rep)
@@ -506,7 +535,7 @@ struct Held {
 /// Step 2's READs: every table's index and guards, scanned chunk by chunk as they
 /// arrive ([`CHUNKS_IN_FLIGHT`] READs of about [`CHUNK_BYTES`] each, whole CVTs per
 /// READ), for words holding an id of `dead`.
-async fn scan(store: &CvtRemote, dead: Owner) -> Result<Vec<Held>, TxnError> {
+async fn scan(store: &CvtRemote, dead: Owner, scope: SweepScope) -> Result<Vec<Held>, TxnError> {
     let word = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
     let mut out = Vec::new();
     for p in 0..store.partitions() {
@@ -518,24 +547,26 @@ async fn scan(store: &CvtRemote, dead: Owner) -> Result<Vec<Held>, TxnError> {
                 claims: Vec::new(),
                 guards: Vec::new(),
             };
-            let cvt = t.cvt_bytes();
-            let slots = t.n_buckets as usize * crate::cvt_index::CVTS_PER_BUCKET;
-            // Whole CVTs per READ.
-            let per_read = (CHUNK_BYTES / cvt).max(1) * cvt;
-            read_chunks(store, node, t.index.at(0), slots * cvt, per_read, |s, b| {
-                for (i, c) in b.chunks_exact(cvt).enumerate() {
-                    let lock = word(c, LOCK_OFFSET);
-                    if !dead.owns(lock) {
-                        continue;
+            if scope == SweepScope::All {
+                let cvt = t.cvt_bytes();
+                let slots = t.n_buckets as usize * crate::cvt_index::CVTS_PER_BUCKET;
+                // Whole CVTs per READ.
+                let per_read = (CHUNK_BYTES / cvt).max(1) * cvt;
+                read_chunks(store, node, t.index.at(0), slots * cvt, per_read, |s, b| {
+                    for (i, c) in b.chunks_exact(cvt).enumerate() {
+                        let lock = word(c, LOCK_OFFSET);
+                        if !dead.owns(lock) {
+                            continue;
+                        }
+                        let at = t.index.at((s + i * cvt) as u64);
+                        held.locks.push((at.offset(LOCK_OFFSET as u64), lock));
+                        if word(c, STATE_OFFSET) == SLOT_CLAIMED {
+                            held.claims.push(at.offset(STATE_OFFSET as u64));
+                        }
                     }
-                    let at = t.index.at((s + i * cvt) as u64);
-                    held.locks.push((at.offset(LOCK_OFFSET as u64), lock));
-                    if word(c, STATE_OFFSET) == SLOT_CLAIMED {
-                        held.claims.push(at.offset(STATE_OFFSET as u64));
-                    }
-                }
-            })
-            .await?;
+                })
+                .await?;
+            }
             let guards = read_range(store, node, t.guards.at(0), t.n_buckets as usize * 8).await?;
             held.guards = guards
                 .chunks_exact(8)
