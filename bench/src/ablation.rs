@@ -105,49 +105,116 @@ fn paper(workload: &str) -> Option<[f64; 3]> {
     }
 }
 
-/// One measured row, as the table shows it.
+/// The order of the runs of `rounds` rounds of `rows` rows: the rows forward in the
+/// first round, backward in the second, and so on, so that a drift of the machine's
+/// speed over the invocation reaches every row alike.
+pub(crate) fn order(rows: usize, rounds: u32) -> Vec<usize> {
+    (0..rounds)
+        .flat_map(|k| {
+            let fwd = k % 2 == 0;
+            (0..rows).map(move |i| if fwd { i } else { rows - 1 - i })
+        })
+        .collect()
+}
+
+/// One row, as the table shows it: medians over its rounds.
 struct Measured<'a> {
     label: &'a str,
     tps: f64,
     p50_us: f64,
     p99_us: f64,
     abort_rate: f64,
+    /// Percent change against the row above in each round both ran.
+    changes: Vec<f64>,
 }
 
-/// The ablation table of `runs` (the rows of [`rows`], in order; fewer when the
-/// invocation was interrupted): throughput, p50, p99, abort rate, the change against
-/// the row above and the paper's, then whether the paper's signs hold for two-level
-/// routing and the cache.
-pub(crate) fn render(runs: &[Report]) -> String {
+/// The median of `v` (the mean of the middle two for an even count); 0 when empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The ablation table of `runs` (the runs of the plan [`order`] made of `rows`; fewer
+/// when the invocation was interrupted): per row the medians over its rounds of
+/// throughput, p50, p99 and abort rate, the median over the rounds of its change
+/// against the row above (each round's change taken within that round) beside the
+/// paper's, then whether the paper's signs hold for two-level routing and the cache.
+pub(crate) fn render(rows: &[Row], runs: &[Report]) -> String {
     let Some(first) = runs.first() else {
         return String::new();
     };
-    let rows: Vec<Measured> = runs
+    // Runs by row and round: the plan runs every row once per round.
+    let label = |r: &Report| r.point.clone().unwrap_or_else(|| r.protocol.clone());
+    let mut by_row: Vec<Vec<(usize, &Report)>> = vec![Vec::new(); rows.len()];
+    for (k, r) in runs.iter().enumerate() {
+        let l = label(r);
+        if let Some(i) = rows
+            .iter()
+            .position(|row| row.point.label.as_deref() == Some(&l))
+        {
+            by_row[i].push((k / rows.len().max(1), r));
+        }
+    }
+    let measured: Vec<Measured> = by_row
         .iter()
-        .map(|r| Measured {
-            label: r.point.as_deref().unwrap_or(&r.protocol),
-            tps: r.throughput_tps,
-            p50_us: r.p50_us,
-            p99_us: r.p99_us,
-            abort_rate: r.abort_rate,
+        .enumerate()
+        .filter(|(_, rs)| !rs.is_empty())
+        .map(|(i, rs)| {
+            let of = |f: fn(&Report) -> f64| median(rs.iter().map(|(_, r)| f(r)).collect());
+            let changes = match i.checked_sub(1).map(|j| &by_row[j]) {
+                Some(above) => rs
+                    .iter()
+                    .filter_map(|&(round, r)| {
+                        let a = above.iter().find(|&&(k, _)| k == round)?.1;
+                        (a.throughput_tps > 0.0)
+                            .then(|| (r.throughput_tps / a.throughput_tps - 1.0) * 100.0)
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            Measured {
+                label: rows[i].point.label.as_deref().unwrap_or("?"),
+                tps: of(|r| r.throughput_tps),
+                p50_us: of(|r| r.p50_us),
+                p99_us: of(|r| r.p99_us),
+                abort_rate: of(|r| r.abort_rate),
+                changes,
+            }
         })
         .collect();
-    table(&first.workload, &first.timing_model, &rows)
+    let rounds = by_row.iter().map(Vec::len).max().unwrap_or(0);
+    table(&first.workload, &first.timing_model, rounds, &measured)
 }
 
-fn table(workload: &str, model: &str, rows: &[Measured]) -> String {
+fn table(workload: &str, model: &str, rounds: usize, rows: &[Measured]) -> String {
     let paper = paper(workload);
     let mut s = format!(
-        "\nLotus ablation (Lotus Fig. 14): {workload} | timing model: {model} | each row on a fresh cluster, same seed\n"
+        "\nLotus ablation (Lotus Fig. 14): {workload} | timing model: {model} | each row on a fresh cluster, same seed"
     );
+    if rounds > 1 {
+        s.push_str(&format!(
+            " | {rounds} rounds (rows forward, then backward): medians, changes within each round"
+        ));
+    }
+    s.push('\n');
     s.push_str(&format!(
         "{:<48} {:>11} {:>9} {:>9} {:>8} {:>12} {:>8}\n",
         "row", "committed/s", "p50(us)", "p99(us)", "aborts", "vs row above", "paper"
     ));
     let mut changes = Vec::new();
     for (i, r) in rows.iter().enumerate() {
-        let change =
-            (i > 0 && rows[i - 1].tps > 0.0).then(|| (r.tps / rows[i - 1].tps - 1.0) * 100.0);
+        let change = (!r.changes.is_empty()).then(|| {
+            let gains = r.changes.iter().filter(|&&c| c > 0.0).count();
+            (median(r.changes.clone()), gains, r.changes.len())
+        });
         changes.push(change);
         let theirs = match (i, paper) {
             (1..=3, Some(p)) => format!("{:+.1}%", p[i - 1]),
@@ -160,14 +227,24 @@ fn table(workload: &str, model: &str, rows: &[Measured]) -> String {
             r.p50_us,
             r.p99_us,
             100.0 * r.abort_rate,
-            change.map_or_else(|| "-".into(), |c| format!("{c:+.1}%")),
+            change.map_or_else(|| "-".into(), |(c, _, _)| format!("{c:+.1}%")),
             theirs
         ));
     }
-    let sign = |i: usize, what: &str| match changes.get(i).copied().flatten() {
-        Some(c) if c > 0.0 => format!("{what} gains ({c:+.1}%): as the paper"),
-        Some(c) => format!("{what} does not gain ({c:+.1}%): the paper's sign is missed"),
-        None => format!("{what}: not run"),
+    let sign = |i: usize, what: &str| {
+        let Some((c, gains, n)) = changes.get(i).copied().flatten() else {
+            return format!("{what}: not run");
+        };
+        let of = if n > 1 {
+            format!(", median; gains in {gains} of {n} rounds")
+        } else {
+            String::new()
+        };
+        if c > 0.0 {
+            format!("{what} gains ({c:+.1}%{of}): as the paper")
+        } else {
+            format!("{what} does not gain ({c:+.1}%{of}): the paper's sign is missed")
+        }
     };
     s.push_str(&format!(
         "signs: {}; {}\n",
@@ -194,22 +271,97 @@ mod tests {
     }
 
     #[test]
+    fn rounds_alternate_the_rows_order() {
+        assert_eq!(order(4, 1), vec![0, 1, 2, 3]);
+        assert_eq!(order(4, 3), vec![0, 1, 2, 3, 3, 2, 1, 0, 0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(vec![3.0, -1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
+
+    /// Three rounds in [`order`]'s plan: each row's change is the median of its
+    /// within-round changes, and the signs say in how many rounds the row gained.
+    #[test]
+    fn rounds_judge_each_change_by_its_median_within_rounds() {
+        use clap::Parser;
+        let args = crate::txn_args::Args::parse_from([
+            "txn-bench",
+            "--ablation",
+            "--cnodes",
+            "2",
+            "--workload",
+            "smallbank",
+        ]);
+        let rows = rows(&args);
+        // Per round the throughput of rows 0..4; round 2 runs them backward.
+        let tps = [
+            [100.0, 90.0, 99.0, 95.0],
+            [80.0, 88.0, 80.0, 84.0],
+            [100.0, 100.0, 110.0, 120.0],
+        ];
+        let mut runs = Vec::new();
+        for (k, i) in order(4, 3).into_iter().enumerate() {
+            let mut r = Report::with_kinds(
+                &["Amalgamate"],
+                "shm".into(),
+                1,
+                1,
+                100,
+                0.99,
+                std::time::Duration::from_secs(1),
+                &[crate::report::WorkerStats::with_kinds(1)],
+            );
+            r.point = rows[i].point.label.clone();
+            r.throughput_tps = tps[k / 4][i];
+            runs.push(r);
+        }
+        let t = render(&rows, &runs);
+        assert!(t.contains("3 rounds (rows forward, then backward)"), "{t}");
+        // Row 2 against row 1: -10%, +10%, 0%: median 0, gains in 1 of 3.
+        assert!(
+            t.contains("+lock-first, log & visible, lock sharding"),
+            "{t}"
+        );
+        // Row 3 against row 2: +10%, -9.09%, +10%: median +10%, gains in 2 of 3.
+        assert!(
+            t.contains("two-level routing gains (+10.0%, median; gains in 2 of 3 rounds)"),
+            "{t}"
+        );
+        // Row 4 against row 3: -4.04%, +5%, +9.09%: median +5%.
+        assert!(
+            t.contains("the version table cache gains (+5.0%, median; gains in 2 of 3 rounds)"),
+            "{t}"
+        );
+        // Row 1's throughput: the median of 100, 80, 100.
+        let motor = t.lines().find(|l| l.starts_with("motor (mvcc)")).unwrap();
+        assert!(motor.contains(" 100 "), "{motor}");
+    }
+
+    #[test]
     fn the_table_says_whether_each_sign_holds() {
-        let run = |label: &'static str, tps: f64| Measured {
+        let run = |label: &'static str, tps: f64, above: Option<f64>| Measured {
             label,
             tps,
             p50_us: 10.0,
             p99_us: 20.0,
             abort_rate: 0.01,
+            changes: above
+                .map(|a| vec![(tps / a - 1.0) * 100.0])
+                .unwrap_or_default(),
         };
         let t = table(
             "SmallBank",
             "cx5",
+            1,
             &[
-                run("motor (mvcc)", 100.0),
-                run("+lock-first", 90.0),
-                run("+two-level routing (forward)", 99.0),
-                run("+version table cache", 95.0),
+                run("motor (mvcc)", 100.0, None),
+                run("+lock-first", 90.0, Some(100.0)),
+                run("+two-level routing (forward)", 99.0, Some(90.0)),
+                run("+version table cache", 95.0, Some(99.0)),
             ],
         );
         assert!(t.contains("-10.0%"), "{t}");
@@ -222,7 +374,7 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("+36.5%"), "{t}");
-        let short = table("SmallBank", "cx5", &[run("motor (mvcc)", 100.0)]);
+        let short = table("SmallBank", "cx5", 1, &[run("motor (mvcc)", 100.0, None)]);
         assert!(short.contains("two-level routing: not run"), "{short}");
     }
 }

@@ -276,6 +276,13 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub ablation: bool,
+    /// With --ablation: run its rows this many times, in turn (forward, then backward,
+    /// and so on, so that a machine's drift reaches every row alike), and judge each
+    /// row's change against the row above by its median over the rounds, each round's
+    /// change taken within the round. One round (the default) is the single table.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[serde(default = "one_round")]
+    pub ablation_rounds: u32,
     /// Print where the committed transactions' time goes, per type (Scythe's latency
     /// decomposition): mean and p99 of execution reads, timestamps, lock acquisition and
     /// waits, validation, commit writes, unlock and backoff, and the CPU time of every
@@ -999,6 +1006,12 @@ impl Args {
         if self.timeline_ms.is_some_and(|ms| !(1..=1000).contains(&ms)) {
             bail!("--timeline-ms must be 1 to 1000");
         }
+        if self.ablation_rounds != 1 && !self.ablation {
+            bail!("--ablation-rounds needs --ablation");
+        }
+        if !(1..=20).contains(&self.ablation_rounds) {
+            bail!("--ablation-rounds must be 1 to 20");
+        }
         if self.ablation {
             if self.cnodes < 2 {
                 bail!(
@@ -1492,4 +1505,8 @@ fn default_etcd_down_ms() -> u64 {
 
 fn default_vtc_entries() -> usize {
     txn::vt_cache::DEFAULT_ENTRIES
+}
+
+fn one_round() -> u32 {
+    1
 }

@@ -180,10 +180,9 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         &[false]
     };
     let plan: Vec<(usize, Protocol, bool)> = match &ablation {
-        Some(rows) => rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (i, r.protocol, false))
+        Some(rows) => crate::ablation::order(rows.len(), args.ablation_rounds)
+            .into_iter()
+            .map(|i| (i, rows[i].protocol, false))
             .collect(),
         None => (0..points.len())
             .flat_map(|i| {
@@ -318,8 +317,8 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     if plan.len() > 1 {
         print!("{}", render_comparison(&args, &*workload, &summary));
     }
-    if ablation.is_some() {
-        print!("{}", crate::ablation::render(&summary.runs));
+    if let Some(rows) = &ablation {
+        print!("{}", crate::ablation::render(rows, &summary.runs));
     }
     if let Some(p) = &args.out.json {
         crate::jsonl::summary(&serde_json::to_value(&summary)?);
@@ -2622,6 +2621,8 @@ mod tests {
         assert!(with(&["--reshard-loop"]).contains("needs --protocol lotus"));
         // Lotus's ablation: its own run plan, across compute nodes.
         assert!(err(&["--ablation"]).contains("needs --cnodes 2 or more"));
+        assert!(err(&["--ablation-rounds", "3"]).contains("--ablation-rounds needs --ablation"));
+        assert!(with(&["--ablation", "--ablation-rounds", "0"]).contains("must be 1 to 20"));
         assert!(with(&["--ablation", "--sweep", "theta=0,1"]).contains("not with --sweep"));
         assert!(with(&["--ablation", "--protocol", "all"]).contains("drop --protocol all"));
         let ok = args(

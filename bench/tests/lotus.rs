@@ -223,7 +223,8 @@ fn lock_rpcs_are_served_on_the_coordinator_threads() {
 /// routing none and no cache, then forward routing, then the version table cache; every
 /// row passes every check, each row runs what its label says (the routing line, the
 /// forwarded transactions, the cache's hits only in the last row), and the table with
-/// the paper's figures and the signs line is printed.
+/// the paper's figures and the signs line is printed; two rounds run the rows forward,
+/// then backward, and the table gives their medians.
 #[test]
 fn the_ablation_runs_its_four_rows_in_one_invocation() {
     let (ok, stdout, s) = common::txn_bench_watched(
@@ -238,12 +239,14 @@ fn the_ablation_runs_its_four_rows_in_one_invocation() {
             "4",
             "--duration",
             "1.5",
+            "--ablation-rounds",
+            "2",
         ],
         Duration::from_secs(600),
     );
     assert!(ok, "{stdout}");
     let runs = s["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4, "{stdout}");
+    assert_eq!(runs.len(), 8, "two rounds of four rows\n{stdout}");
     let kinds: Vec<&str> = bench::smallbank::TxnType::ALL
         .iter()
         .map(|t| t.name())
@@ -255,7 +258,12 @@ fn the_ablation_runs_its_four_rows_in_one_invocation() {
         .iter()
         .map(|r| r["protocol"].as_str().unwrap())
         .collect();
-    assert_eq!(protocols, ["mvcc", "lotus", "lotus", "lotus"], "{stdout}");
+    // The second round runs the rows backward.
+    assert_eq!(
+        protocols,
+        ["mvcc", "lotus", "lotus", "lotus", "lotus", "lotus", "lotus", "mvcc"],
+        "{stdout}"
+    );
     let routing = |i: usize| runs[i]["routing"].as_str().unwrap_or("").to_string();
     assert!(routing(1).starts_with("none"), "{stdout}");
     assert!(routing(2).starts_with("forward"), "{stdout}");
@@ -273,6 +281,11 @@ fn the_ablation_runs_its_four_rows_in_one_invocation() {
     );
     assert!(stdout.contains("+36.5%"), "{stdout}");
     assert!(stdout.contains("signs: two-level routing "), "{stdout}");
+    assert!(
+        stdout.contains("| 2 rounds (rows forward, then backward): medians"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(" of 2 rounds)"), "{stdout}");
 }
 
 /// `--reshard-loop`: Lotus 4.3's load-driven resharding loop runs over the two compute
