@@ -12,6 +12,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use txn::phase::{Phase, PhaseTimes};
@@ -91,6 +92,51 @@ impl Breakdown {
             }
         }
         Ok(())
+    }
+
+    /// Every histogram (nanoseconds), per type and column, in HdrHistogram's V2
+    /// encoding: the breakdown as a compute-node process sends it to `txn-bench`
+    /// ([`Self::decode`]).
+    pub fn encode(&self) -> Vec<Vec<Vec<u8>>> {
+        self.types
+            .iter()
+            .map(|t| {
+                t.hist
+                    .iter()
+                    .map(|h| {
+                        let mut buf = Vec::new();
+                        // Writing to a Vec cannot fail; a histogram that cannot be
+                        // encoded goes as empty bytes, which `decode` refuses.
+                        let _ = V2Serializer::new().serialize(h, &mut buf);
+                        buf
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// A breakdown from [`Self::encode`]'s bytes.
+    ///
+    /// Errors: a type without one histogram per column, or a histogram that does not
+    /// decode.
+    pub fn decode(types: &[Vec<Vec<u8>>]) -> Result<Self, String> {
+        let mut out = Self::with_kinds(types.len());
+        for (t, cols) in out.types.iter_mut().zip(types) {
+            if cols.len() != COLUMNS {
+                return Err(format!(
+                    "a breakdown type with {} columns, expected {COLUMNS}",
+                    cols.len()
+                ));
+            }
+            for (h, bytes) in t.hist.iter_mut().zip(cols) {
+                let got: Histogram<u64> = Deserializer::new()
+                    .deserialize(&mut bytes.as_slice())
+                    .map_err(|e| format!("a breakdown histogram: {e:?}"))?;
+                h.add(&got)
+                    .map_err(|e| format!("a breakdown histogram: {e}"))?;
+            }
+        }
+        Ok(out)
     }
 
     /// Committed transactions recorded of type `kind`.
@@ -287,6 +333,25 @@ mod tests {
         assert!((part("read").p99_us - 20.0).abs() < 0.1);
         let t = b.table("scythe", &["Payment", "NewOrder"]);
         assert!(t.contains("Payment") && !t.contains("NewOrder"), "{t}");
+    }
+
+    #[test]
+    fn a_breakdown_travels_encoded_and_bad_bytes_are_refused() {
+        let mut b = Breakdown::with_kinds(2);
+        b.record(1, &phases(10, 2), Duration::from_micros(4));
+        b.record(1, &phases(30, 6), Duration::ZERO);
+        let back = Breakdown::decode(&b.encode()).unwrap();
+        assert_eq!((back.count(0), back.count(1)), (0, 2));
+        assert_eq!(
+            format!("{:?}", back.rows(&["A", "B"])),
+            format!("{:?}", b.rows(&["A", "B"]))
+        );
+        let mut short = b.encode();
+        short[1].pop();
+        assert!(Breakdown::decode(&short).unwrap_err().contains("columns"));
+        let mut torn = b.encode();
+        torn[0][0] = vec![1, 2, 3];
+        assert!(Breakdown::decode(&torn).unwrap_err().contains("histogram"));
     }
 
     #[test]

@@ -192,6 +192,10 @@ pub struct WireStats {
     /// Commits per type during the warm-up (`--warmup`; empty without one).
     #[serde(default)]
     warmup_commits: Vec<u64>,
+    /// With `--breakdown`: per type, per column, the histogram (HDR V2, hex;
+    /// [`crate::breakdown::Breakdown::encode`]).
+    #[serde(default)]
+    breakdown: Option<Vec<Vec<String>>>,
 }
 
 pub(crate) fn hex(b: &[u8]) -> String {
@@ -264,6 +268,12 @@ impl WireStats {
                 .map(|t| (t.table.clone(), t.attempts, t.tocc))
                 .collect(),
             warmup_commits: s.warmup_commits.clone(),
+            breakdown: s.breakdown.as_ref().map(|b| {
+                b.encode()
+                    .iter()
+                    .map(|t| t.iter().map(|h| hex(h)).collect())
+                    .collect()
+            }),
         }
     }
 
@@ -339,6 +349,18 @@ impl WireStats {
             })
             .collect();
         s.warmup_commits = self.warmup_commits;
+        if let Some(types) = self.breakdown {
+            let bytes = types
+                .iter()
+                .map(|t| {
+                    t.iter()
+                        .map(|h| unhex(h))
+                        .collect::<anyhow::Result<Vec<_>>>()
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            s.breakdown =
+                Some(crate::breakdown::Breakdown::decode(&bytes).map_err(|e| anyhow!(e))?);
+        }
         Ok(s)
     }
 }

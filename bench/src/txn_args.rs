@@ -1292,9 +1292,6 @@ impl Args {
                  it); sweep it with the coordinators inside txn-bench (--cnodes 1)"
             );
         }
-        if self.coordinator_processes() && self.breakdown {
-            bail!("--breakdown runs with the coordinators in txn-bench (--cnodes 1)");
-        }
         if !self.no_check && self.check_memory_mb == 0 {
             bail!("--check-memory-mb must be at least 1 (or pass --no-check)");
         }

@@ -647,7 +647,7 @@ impl RunCluster {
     /// CPU time so far of this process (the coordinators) and of each service, by name
     /// (`txn-bench`, then `memnode 10`, `lockd 2`, ...); a process whose `/proc` entry
     /// cannot be read is left out.
-    fn cpu_times(&self) -> Vec<(String, Duration)> {
+    pub(crate) fn cpu_times(&self) -> Vec<(String, Duration)> {
         let mut out = Vec::new();
         if let Ok(t) = crate::breakdown::process_cpu(std::process::id()) {
             out.push(("txn-bench (coordinators)".to_string(), t));
@@ -1105,7 +1105,7 @@ pub(crate) struct Measured {
 
 /// Each process's CPU used between two samples of [`RunCluster::cpu_times`] (a process
 /// missing from either, restarted or gone, is left out), over `wall`.
-fn cpu_spent(
+pub(crate) fn cpu_spent(
     before: &[(String, Duration)],
     after: &[(String, Duration)],
     wall: Duration,
@@ -2615,7 +2615,6 @@ mod tests {
         assert!(with(&["--restart"]).contains("--restart goes with --kill-cn-after"));
         assert!(with(&["--cn", "0"]).contains("--cn goes with"));
         assert!(with(&["--stop-cn-after", "1", "--stop-ms", "0"]).contains("--stop-ms"));
-        assert!(with(&["--breakdown"]).contains("--cnodes 1"));
         // Lotus's resharding loop: across compute nodes, on Lotus's lock tables.
         assert!(err(&["--reshard-loop"]).contains("needs --cnodes 2 or more"));
         assert!(with(&["--reshard-loop"]).contains("needs --protocol lotus"));

@@ -288,6 +288,32 @@ fn the_ablation_runs_its_four_rows_in_one_invocation() {
     assert!(stdout.contains(" of 2 rounds)"), "{stdout}");
 }
 
+/// `--breakdown` across compute-node processes: each child sends its phase histograms
+/// with its stats, and the report has one breakdown row per transaction type and the
+/// CPU time of each compute node beside the services'.
+#[test]
+fn the_breakdown_comes_from_the_compute_node_processes() {
+    let (stdout, r) = smallbank_on_two_cnodes("lotus-breakdown", &["--breakdown"]);
+    assert!(
+        stdout.contains("breakdown (lotus): mean/p99 us"),
+        "{stdout}"
+    );
+    let rows = r["breakdown"].as_array().expect("breakdown rows");
+    assert_eq!(rows.len(), 6, "every SmallBank type committed\n{stdout}");
+    let committed: u64 = rows.iter().map(|t| t["committed"].as_u64().unwrap()).sum();
+    assert!(committed > 0, "{stdout}");
+    let cpu = stdout
+        .lines()
+        .find(|l| l.starts_with("cpu during the run: "))
+        .unwrap_or_else(|| panic!("no cpu line\n{stdout}"));
+    assert!(
+        cpu.contains("txn-bench (parent)")
+            && cpu.contains("cnode 0.0")
+            && cpu.contains("cnode 1.0"),
+        "{cpu}"
+    );
+}
+
 /// `--reshard-loop`: Lotus 4.3's load-driven resharding loop runs over the two compute
 /// nodes' lock services for the whole run (their load samples each 100 ms; the decision
 /// itself is tested in lockd's `reshard` module); the run passes every check and the loop

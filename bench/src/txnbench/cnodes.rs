@@ -568,7 +568,13 @@ pub(crate) fn measure(
     let dur = args.run.warmup() + Duration::from_secs_f64(args.duration());
     let mut last_progress = 0;
     let mut service_died = None;
+    // With --breakdown, each process's CPU time over the measured window (sampled at the
+    // warm-up's end, and before the children are told to stop).
+    let mut cpu_before = None;
     while p.started.elapsed() < dur && !stop.load(Ordering::Relaxed) {
+        if args.breakdown && cpu_before.is_none() && p.started.elapsed() >= args.run.warmup() {
+            cpu_before = Some(p.cpu_times(cluster));
+        }
         p.drain(Duration::from_millis(10))?;
         p.reap_deaths()?;
         p.recover_expired()?;
@@ -585,6 +591,10 @@ pub(crate) fn measure(
     }
     // The measured window: from the warm-up's end (empty if the run ended before).
     let elapsed = p.started.elapsed().saturating_sub(args.run.warmup());
+    let cpu = match &cpu_before {
+        Some(before) => crate::txnbench::cpu_spent(before, &p.cpu_times(cluster), elapsed),
+        None => Vec::new(),
+    };
     faults.finish(&mut p, cluster)?;
     p.stop_all()?;
     let last_recovered_ms = p.last_recovered_ms;
@@ -617,7 +627,7 @@ pub(crate) fn measure(
         lockd_restart,
         failover: faults.failover,
         etcd_restart: None,
-        cpu: Vec::new(),
+        cpu,
         timelines,
         // A stopped compute node's recovery comes after the fault fired (at its lease's
         // end, if at all).
@@ -1065,6 +1075,29 @@ impl<'a> Parent<'a> {
     fn event(&mut self, e: String) {
         eprintln!("{e}");
         self.events.push(e);
+    }
+
+    /// CPU time so far of the parent, each service and each compute-node process on
+    /// this host (`cnode I.K`: index I, incarnation K), by name; a process whose `/proc`
+    /// entry cannot be read is left out.
+    fn cpu_times(&self, cluster: &RunCluster) -> Vec<(String, Duration)> {
+        let mut out: Vec<(String, Duration)> = cluster
+            .cpu_times()
+            .into_iter()
+            .map(|(name, t)| match name.starts_with("txn-bench") {
+                true => ("txn-bench (parent)".to_string(), t),
+                false => (name, t),
+            })
+            .collect();
+        for c in &self.cns {
+            if c.gone || !matches!(c.place, crate::launcher::Place::Local) {
+                continue;
+            }
+            if let Ok(t) = crate::breakdown::process_cpu(c.pid) {
+                out.push((format!("cnode {}.{}", c.index, c.incarnation), t));
+            }
+        }
+        out
     }
 
     /// Take in one line of a child's stream.
