@@ -18,6 +18,7 @@
 //! The aim (the project's bar for this machine) is the paper's signs: two-level routing
 //! and the cache gain.
 
+use crate::peers::rounds::median;
 use crate::report::Report;
 use crate::routing::Routing;
 use crate::txn_args::{Args, Point};
@@ -126,20 +127,6 @@ struct Measured<'a> {
     abort_rate: f64,
     /// Percent change against the row above in each round both ran.
     changes: Vec<f64>,
-}
-
-/// The median of `v` (the mean of the middle two for an even count); 0 when empty.
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// The ablation table of `runs` (the runs of the plan [`order`] made of `rows`; fewer
@@ -274,13 +261,6 @@ mod tests {
     fn rounds_alternate_the_rows_order() {
         assert_eq!(order(4, 1), vec![0, 1, 2, 3]);
         assert_eq!(order(4, 3), vec![0, 1, 2, 3, 3, 2, 1, 0, 0, 1, 2, 3]);
-    }
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(vec![3.0, -1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(Vec::new()), 0.0);
     }
 
     /// Three rounds in [`order`]'s plan: each row's change is the median of its

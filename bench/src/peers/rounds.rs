@@ -179,7 +179,7 @@ pub fn perftest_median(rounds: &[PerftestRound], gap: f64) -> (f64, usize) {
 }
 
 /// The median (the mean of the middle two for an even count); NaN for no values.
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
