@@ -321,23 +321,13 @@ fn crash_and_recover(
     point: CrashPoint,
     later_writes: u64,
 ) -> After {
-    crash_and_recover_with(name, protocol, point, later_writes, 1, &GROUP)
+    crash_and_recover_with(name, protocol, point, later_writes, 1, &GROUP, false)
 }
 
+/// [`crash_and_recover`] with `replicas` copies of each partition and `group`; with
+/// `finished_first`, the dead node had committed 2 to the group before it died writing
+/// 3 ([`die_at_after`]).
 fn crash_and_recover_with(
-    name: &str,
-    protocol: Protocol,
-    point: CrashPoint,
-    later_writes: u64,
-    replicas: u32,
-    group: &'static [u64],
-) -> After {
-    crash_and_recover_after(name, protocol, point, later_writes, replicas, group, false)
-}
-
-/// [`crash_and_recover_with`]; with `finished_first`, the dead node had committed 2 to
-/// the group before it died writing 3 ([`die_at_after`]).
-fn crash_and_recover_after(
     name: &str,
     protocol: Protocol,
     point: CrashPoint,
@@ -440,7 +430,8 @@ fn a_log_of_twelve_objects_is_settled_either_way() {
             .into_iter()
             .enumerate()
         {
-            let a = crash_and_recover_with(&format!("long{i}{j}"), p, point, 0, 1, &LONG_GROUP);
+            let a =
+                crash_and_recover_with(&format!("long{i}{j}"), p, point, 0, 1, &LONG_GROUP, false);
             let want = expect_after(p, point);
             assert_eq!(a.values, vec![want; LONG_GROUP.len()], "{p} at {point:?}");
             let rolled = if want == 2 { (1, 0) } else { (0, 1) };
@@ -474,7 +465,7 @@ fn with_backups_recovery_settles_every_copy() {
             if point.lotus_only() && !p.needs_lock_tables() {
                 continue;
             }
-            let a = crash_and_recover_with(&format!("repl{i}{j}"), p, point, 0, 2, &GROUP);
+            let a = crash_and_recover_with(&format!("repl{i}{j}"), p, point, 0, 2, &GROUP, false);
             let want = expect_after(p, point);
             assert_eq!(a.values, vec![want; GROUP.len()], "{p} at {point:?}");
             assert!(a.replicas.ok(), "{p} at {point:?}: {}", a.replicas.line());
@@ -493,7 +484,7 @@ fn with_backups_recovery_settles_every_copy() {
 fn a_finished_and_a_dying_log_of_one_node_settle_side_by_side() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for (i, p) in PROTOCOLS.into_iter().enumerate() {
-        let a = crash_and_recover_after(
+        let a = crash_and_recover_with(
             &format!("two{i}"),
             p,
             CrashPoint::AfterFirstInstall,
