@@ -1084,9 +1084,12 @@ impl<'a> Parent<'a> {
         let mut out: Vec<(String, Duration)> = cluster
             .cpu_times()
             .into_iter()
-            .map(|(name, t)| match name.starts_with("txn-bench") {
-                true => ("txn-bench (parent)".to_string(), t),
-                false => (name, t),
+            .map(|(name, t)| {
+                if name.starts_with("txn-bench") {
+                    ("txn-bench (parent)".to_string(), t)
+                } else {
+                    (name, t)
+                }
             })
             .collect();
         for c in &self.cns {
