@@ -106,18 +106,6 @@ fn paper(workload: &str) -> Option<[f64; 3]> {
     }
 }
 
-/// The order of the runs of `rounds` rounds of `rows` rows: the rows forward in the
-/// first round, backward in the second, and so on, so that a drift of the machine's
-/// speed over the invocation reaches every row alike.
-pub(crate) fn order(rows: usize, rounds: u32) -> Vec<usize> {
-    (0..rounds)
-        .flat_map(|k| {
-            let fwd = k % 2 == 0;
-            (0..rows).map(move |i| if fwd { i } else { rows - 1 - i })
-        })
-        .collect()
-}
-
 /// One row, as the table shows it: medians over its rounds.
 struct Measured<'a> {
     label: &'a str,
@@ -129,7 +117,7 @@ struct Measured<'a> {
     changes: Vec<f64>,
 }
 
-/// The ablation table of `runs` (the runs of the plan [`order`] made of `rows`; fewer
+/// The ablation table of `runs` (the runs of the plan `--rounds` made of `rows`; fewer
 /// when the invocation was interrupted): per row the medians over its rounds of
 /// throughput, p50, p99 and abort rate, the median over the rounds of its change
 /// against the row above (each round's change taken within that round) beside the
@@ -257,13 +245,7 @@ mod tests {
         assert!(paper("YCSB A").is_none());
     }
 
-    #[test]
-    fn rounds_alternate_the_rows_order() {
-        assert_eq!(order(4, 1), vec![0, 1, 2, 3]);
-        assert_eq!(order(4, 3), vec![0, 1, 2, 3, 3, 2, 1, 0, 0, 1, 2, 3]);
-    }
-
-    /// Three rounds in [`order`]'s plan: each row's change is the median of its
+    /// Three rounds in [`crate::txnbench::rounds::order`]'s plan: each row's change is the median of its
     /// within-round changes, and the signs say in how many rounds the row gained.
     #[test]
     fn rounds_judge_each_change_by_its_median_within_rounds() {
@@ -284,7 +266,7 @@ mod tests {
             [100.0, 100.0, 110.0, 120.0],
         ];
         let mut runs = Vec::new();
-        for (k, i) in order(4, 3).into_iter().enumerate() {
+        for (k, i) in crate::txnbench::rounds::order(4, 3).into_iter().enumerate() {
             let mut r = Report::with_kinds(
                 &["Amalgamate"],
                 "shm".into(),

@@ -217,6 +217,9 @@ pub struct Report {
     /// The sweep point this run measured (`theta=0.5`, `clients=16`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub point: Option<String>,
+    /// With `--rounds N` (N > 1): the round this run belongs to, from 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round: Option<u32>,
     /// Fabric description.
     pub fabric: String,
     /// Timing model with its parameters ("none" without one).
@@ -625,6 +628,7 @@ impl Report {
             workload: "SmallBank".into(),
             protocol: String::new(),
             point: None,
+            round: None,
             fabric,
             timing_model: "none".into(),
             threads,
@@ -1132,17 +1136,30 @@ pub struct Ratio {
     /// The sweep point (`None` without a sweep).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub point: Option<String>,
-    /// The ratio; `None` when the denominator is zero.
+    /// The ratio; `None` when the denominator is zero. With `--rounds N`, the median of
+    /// the rounds' values.
     pub value: Option<f64>,
+    /// With `--rounds N` (N > 1): the ratio within each round that has one, in round
+    /// order (`value` is their median).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub rounds: Vec<f64>,
 }
 
 impl Ratio {
     /// `ratio <name> = <value>` (two decimals, `n/a` without a value), followed by
     /// ` (<point>)` in a sweep.
     pub fn line(&self) -> String {
-        let v = self
+        let mut v = self
             .value
             .map_or_else(|| "n/a".to_string(), |v| format!("{v:.2}"));
+        if self.rounds.len() > 1 {
+            let each: Vec<String> = self.rounds.iter().map(|r| format!("{r:.2}")).collect();
+            v.push_str(&format!(
+                " (median of {} rounds: {})",
+                self.rounds.len(),
+                each.join(" ")
+            ));
+        }
         match &self.point {
             Some(p) => format!("ratio {} = {v} ({p})", self.name),
             None => format!("ratio {} = {v}", self.name),
@@ -1159,7 +1176,9 @@ impl Ratio {
 /// `occ-cas`, throughput and p50 of Lotus over MVCC at the same isolation, and
 /// throughput of the UNSAFE no-CAS variant over its MVCC (`mvcc-nocas/mvcc`, Lotus's
 /// Fig. 3 premise), wherever both protocols of a ratio ran.
-pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
+pub fn ratios<R: std::borrow::Borrow<Report>>(runs: &[R]) -> Vec<Ratio> {
+    let runs: Vec<&Report> = runs.iter().map(|r| r.borrow()).collect();
+    let runs = &runs[..];
     let mut out = per_point_ratios(runs);
     // `--sweep range-index=off,on`: each protocol with range scans over with cursor rows.
     let at = |r: &&Report, p: &str| r.point.as_deref() == Some(p);
@@ -1175,7 +1194,7 @@ pub fn ratios(runs: &[Report]) -> Vec<Ratio> {
     fn copies(r: &Report) -> Option<&str> {
         r.point.as_deref()?.strip_prefix("replicas=")
     }
-    if let Some(first) = runs.iter().find_map(copies) {
+    if let Some(first) = runs.iter().copied().find_map(copies) {
         for base in runs.iter().filter(|r| copies(r) == Some(first)) {
             for r in runs
                 .iter()
@@ -1196,10 +1215,11 @@ fn throughput_ratio(what: &str, num: &Report, den: &Report) -> Ratio {
         name: format!("throughput {} {what}", num.protocol),
         point: None,
         value: (den.throughput_tps > 0.0).then(|| num.throughput_tps / den.throughput_tps),
+        rounds: Vec::new(),
     }
 }
 
-fn per_point_ratios(runs: &[Report]) -> Vec<Ratio> {
+fn per_point_ratios(runs: &[&Report]) -> Vec<Ratio> {
     let mut points: Vec<&Option<String>> = Vec::new();
     for r in runs {
         if !points.contains(&&r.point) {
@@ -1218,11 +1238,13 @@ fn per_point_ratios(runs: &[Report]) -> Vec<Ratio> {
                     name: format!("throughput {}/{}", lo.protocol, mv.protocol),
                     point: p.clone(),
                     value: div(lo.throughput_tps, mv.throughput_tps),
+                    rounds: Vec::new(),
                 });
                 out.push(Ratio {
                     name: format!("p50 {}/{}", lo.protocol, mv.protocol),
                     point: p.clone(),
                     value: div(lo.p50_us, mv.p50_us),
+                    rounds: Vec::new(),
                 });
             }
         }
@@ -1234,6 +1256,7 @@ fn per_point_ratios(runs: &[Report]) -> Vec<Ratio> {
                     name: format!("throughput {}/{base}", nocas.protocol),
                     point: p.clone(),
                     value: div(nocas.throughput_tps, mv.throughput_tps),
+                    rounds: Vec::new(),
                 });
             }
         }
@@ -1245,11 +1268,13 @@ fn per_point_ratios(runs: &[Report]) -> Vec<Ratio> {
                 name: "p99 scythe/occ-cas".into(),
                 point: p.clone(),
                 value: div(sc.p99_us, occ.p99_us),
+                rounds: Vec::new(),
             });
             out.push(Ratio {
                 name: "throughput scythe/occ-cas".into(),
                 point: p.clone(),
                 value: div(sc.throughput_tps, occ.throughput_tps),
+                rounds: Vec::new(),
             });
         }
         for mv in [
@@ -1263,6 +1288,7 @@ fn per_point_ratios(runs: &[Report]) -> Vec<Ratio> {
                 name: format!("throughput {}/occ-cas", mv.protocol),
                 point: p.clone(),
                 value: div(mv.throughput_tps, occ.throughput_tps),
+                rounds: Vec::new(),
             });
         }
         // TPC-C's headline type (tpmC counts NEW-ORDER): its own p99 ratio.
@@ -1273,6 +1299,7 @@ fn per_point_ratios(runs: &[Report]) -> Vec<Ratio> {
                     name: "p99 NewOrder scythe/occ-cas".into(),
                     point: p.clone(),
                     value: div(s99, o),
+                    rounds: Vec::new(),
                 });
             }
         }
@@ -1308,10 +1335,18 @@ pub fn premise_verdict(runs: &[Report], ratios: &[Ratio]) -> Option<String> {
         .filter(|r| r.name.contains(NO_CAS_SUFFIX))
         .map(|r| {
             let at = r.point.as_ref().map_or_else(String::new, |p| format!(" ({p})"));
+            // Over `--rounds`, the median of the runs' abort rates.
             let abort = |nocas: bool| {
-                runs.iter()
-                    .find(|x| x.point == r.point && x.protocol.ends_with(NO_CAS_SUFFIX) == nocas)
-                    .map_or(0.0, |x| x.abort_rate)
+                let of: Vec<f64> = runs
+                    .iter()
+                    .filter(|x| x.point == r.point && x.protocol.ends_with(NO_CAS_SUFFIX) == nocas)
+                    .map(|x| x.abort_rate)
+                    .collect();
+                if of.is_empty() {
+                    0.0
+                } else {
+                    crate::peers::rounds::median(of)
+                }
             };
             let (with, without) = (abort(false), abort(true));
             match r.value {
@@ -1365,7 +1400,11 @@ fn short_line(line: &str) -> &str {
 /// informative.
 pub fn comparison(runs: &[Report]) -> String {
     let sweep = runs.iter().any(|r| r.point.is_some());
+    let rounds = runs.iter().any(|r| r.round.is_some());
     let mut header = vec![];
+    if rounds {
+        header.push("round");
+    }
     if sweep {
         header.push("point");
     }
@@ -1383,6 +1422,9 @@ pub fn comparison(runs: &[Report]) -> String {
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for r in runs {
         let mut row = Vec::new();
+        if rounds {
+            row.push(r.round.map_or_else(String::new, |k| k.to_string()));
+        }
         if sweep {
             row.push(r.point.clone().unwrap_or_default());
         }
@@ -1437,7 +1479,7 @@ pub fn comparison(runs: &[Report]) -> String {
         .collect();
     // Numbers right-aligned, text left-aligned; the last column unpadded.
     let numeric = |c: usize| {
-        let c = if sweep { c.wrapping_sub(1) } else { c };
+        let c = c.wrapping_sub(usize::from(sweep) + usize::from(rounds));
         (1..=4).contains(&c)
     };
     let mut s = String::new();

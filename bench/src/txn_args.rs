@@ -276,13 +276,17 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub ablation: bool,
-    /// With --ablation: run its rows this many times, in turn (forward, then backward,
-    /// and so on, so that a machine's drift reaches every row alike), and judge each
-    /// row's change against the row above by its median over the rounds, each round's
-    /// change taken within the round. One round (the default) is the single table.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    #[serde(default = "one_round")]
-    pub ablation_rounds: u32,
+    /// Run the invocation's runs this many times, in turn (forward, then backward, and
+    /// so on, so that a drift of the machine's speed reaches every run alike), and judge
+    /// the comparison by its medians over the rounds: each ratio (`throughput
+    /// mvcc/occ-cas`, ...) and each --ablation change is taken within a round, then the
+    /// median of the rounds is reported beside every round's value. On a shared machine
+    /// whose speed changes by a quarter for minutes at a time, one round can pair runs
+    /// taken at two speeds. Needs several runs per round (--protocol all, --sweep,
+    /// --ablation or --fig3-premise). One round (the default) is the single comparison.
+    #[arg(long, alias = "ablation-rounds", default_value_t = 1, value_name = "N")]
+    #[serde(default = "one_round", alias = "ablation_rounds")]
+    pub rounds: u32,
     /// Print where the committed transactions' time goes, per type (Scythe's latency
     /// decomposition): mean and p99 of execution reads, timestamps, lock acquisition and
     /// waits, validation, commit writes, unlock and backoff, and the CPU time of every
@@ -1006,11 +1010,8 @@ impl Args {
         if self.timeline_ms.is_some_and(|ms| !(1..=1000).contains(&ms)) {
             bail!("--timeline-ms must be 1 to 1000");
         }
-        if self.ablation_rounds != 1 && !self.ablation {
-            bail!("--ablation-rounds needs --ablation");
-        }
-        if !(1..=20).contains(&self.ablation_rounds) {
-            bail!("--ablation-rounds must be 1 to 20");
+        if !(1..=20).contains(&self.rounds) {
+            bail!("--rounds must be 1 to 20");
         }
         if self.ablation {
             if self.cnodes < 2 {

@@ -40,6 +40,7 @@
 //! [`crate::driver`]'s), audit after the run, build the report and check the history.
 
 pub mod cnodes;
+pub(crate) mod rounds;
 pub(crate) mod served;
 
 use rrpc::NodeId;
@@ -62,8 +63,7 @@ pub use crate::config_file::ConfigError;
 use crate::launcher::{default_bin_dir, LocalCluster};
 use crate::plot::{LineChart, Scale, Series};
 use crate::report::{
-    comparison, ratios, LockdRestart, Ratio, Report, TsoRestart, WorkerStats, NO_CAS_SUFFIX,
-    UNSAFE_LABEL,
+    comparison, LockdRestart, Ratio, Report, TsoRestart, WorkerStats, NO_CAS_SUFFIX, UNSAFE_LABEL,
 };
 use crate::timeline::{CnodeTimeline, Fault, Timeline, TimelineReport};
 pub use crate::txn_args::{
@@ -179,9 +179,8 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
     } else {
         &[false]
     };
-    let plan: Vec<(usize, Protocol, bool)> = match &ablation {
-        Some(rows) => crate::ablation::order(rows.len(), args.ablation_rounds)
-            .into_iter()
+    let round: Vec<(usize, Protocol, bool)> = match &ablation {
+        Some(rows) => (0..rows.len())
             .map(|i| (i, rows[i].protocol, false))
             .collect(),
         None => (0..points.len())
@@ -192,6 +191,17 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
             })
             .collect(),
     };
+    if args.rounds > 1 && round.len() < 2 {
+        return Err(crate::cli::usage(
+            "--rounds compares runs within each round: it needs several runs per round \
+             (--protocol all, --sweep, --ablation or --fig3-premise)",
+        ));
+    }
+    // `--rounds N`: the round's runs N times, forward, then backward (rounds.rs).
+    let plan: Vec<(usize, Protocol, bool)> = rounds::order(round.len(), args.rounds)
+        .into_iter()
+        .map(|i| round[i])
+        .collect();
     if plan.len() > 1 && args.history_out.is_some() {
         return Err(crate::cli::usage(
             "--history-out takes one run: not with --protocol all or --sweep",
@@ -251,8 +261,17 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
             Some(w) => (&**w, w.profiles(point.theta)?),
             None => (&*workload, mixes[pi].clone()),
         };
+        let in_round = (args.rounds > 1).then(|| (k / round.len()) as u32 + 1);
         if plan.len() > 1 {
-            eprintln!("== run {}/{}: {what}", k + 1, plan.len());
+            match in_round {
+                Some(n) => eprintln!(
+                    "== run {}/{} (round {n}/{}): {what}",
+                    k + 1,
+                    plan.len(),
+                    args.rounds
+                ),
+                None => eprintln!("== run {}/{}: {what}", k + 1, plan.len()),
+            }
         }
         let cluster = if plan.len() > 1 {
             format!("{base}-{}", k + 1)
@@ -284,6 +303,8 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
             }
             r => r.with_context(|| format!("run of {what}"))?,
         };
+        let mut report = report;
+        report.round = in_round;
         print!("{}", report.render());
         if args.out.json.is_some() {
             let mut rec = serde_json::to_value(&report)?;
@@ -300,7 +321,7 @@ pub fn run(mut args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<(Summary, Ou
         eprintln!("interrupted: {skipped_runs} run(s) not started");
     }
 
-    let ratios = ratios(&runs);
+    let ratios = rounds::ratios(&runs);
     let passed = !runs.is_empty() && runs.iter().all(Report::passed);
     let summary = Summary {
         workload: workload.label().into(),
@@ -390,7 +411,17 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
             _ => format!("backoff up to {} us", args.max_backoff_us),
         }
     );
+    if args.rounds > 1 {
+        s.push_str(&format!(
+            "{} rounds (runs forward, then backward): every ratio is taken within each round, \
+             then the median of the rounds\n",
+            args.rounds
+        ));
+    }
     s.push_str(&comparison(&sum.runs));
+    if args.rounds > 1 {
+        s.push_str(&rounds::medians_table(&sum.runs));
+    }
     for r in &sum.ratios {
         s.push_str(&r.line());
         s.push('\n');
@@ -415,9 +446,18 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
         .runs
         .iter()
         .filter(|r| !r.passed())
-        .map(|r| match &r.point {
-            Some(p) => format!("{} ({p})", r.protocol),
-            None => r.protocol.clone(),
+        .map(|r| {
+            let at: Vec<String> = r
+                .point
+                .iter()
+                .cloned()
+                .chain(r.round.map(|k| format!("round {k}")))
+                .collect();
+            if at.is_empty() {
+                r.protocol.clone()
+            } else {
+                format!("{} ({})", r.protocol, at.join(", "))
+            }
         })
         .collect();
     let checked = sum.runs.len() - unchecked.len();
@@ -447,7 +487,8 @@ fn draw_chart(
     sum: &Summary,
 ) -> anyhow::Result<()> {
     let mut series: Vec<Series> = Vec::new();
-    for r in &sum.runs {
+    // With --rounds, each protocol's medians over its rounds at each point.
+    for r in &rounds::medians(&sum.runs) {
         let pt = (r.throughput_tps, r.p99_us);
         // With a sweep, each point says which it is (`theta=0.99`): the axes alone do
         // not tell which end of a line is which parameter value.
@@ -2620,8 +2661,10 @@ mod tests {
         assert!(with(&["--reshard-loop"]).contains("needs --protocol lotus"));
         // Lotus's ablation: its own run plan, across compute nodes.
         assert!(err(&["--ablation"]).contains("needs --cnodes 2 or more"));
-        assert!(err(&["--ablation-rounds", "3"]).contains("--ablation-rounds needs --ablation"));
-        assert!(with(&["--ablation", "--ablation-rounds", "0"]).contains("must be 1 to 20"));
+        assert!(
+            with(&["--ablation", "--ablation-rounds", "0"]).contains("--rounds must be 1 to 20")
+        );
+        assert!(err(&["--protocol", "all", "--rounds", "21"]).contains("must be 1 to 20"));
         assert!(with(&["--ablation", "--sweep", "theta=0,1"]).contains("not with --sweep"));
         assert!(with(&["--ablation", "--protocol", "all"]).contains("drop --protocol all"));
         let ok = args(
@@ -2714,6 +2757,9 @@ mod tests {
         assert!(err(&["--workload", "tatp", "--subscribers", "0"]).contains("--subscribers"));
         assert!(err(&["--workload", "tpcc", "--warehouses", "0"]).contains("--warehouses"));
         assert!(err(&["--workload", "tpcc", "--hot-accounts", "10"]).contains("smallbank only"));
+        // One run per round leaves nothing to compare within a round.
+        assert!(err(&["--protocol", "mvcc", "--rounds", "2"]).contains("several runs per round"));
+        assert!(err(&["--rounds", "3"]).contains("--protocol all, --sweep"));
         let e = format!(
             "{:#}",
             run(args(&["--hot-accounts", "1"]), stop.clone()).unwrap_err()

@@ -442,6 +442,71 @@ fn a_replicas_sweep_runs_each_point_with_its_copies() {
     );
 }
 
+/// `--rounds 2`: the sweep's runs twice, the second round backward; each run says its
+/// round, the ratio is taken within each round and judged by the median of the two, and
+/// a table of medians follows the runs.
+#[test]
+fn rounds_run_the_plan_again_backward_and_judge_ratios_by_their_median() {
+    let (stdout, s) = short_sweep(
+        "rounds",
+        &[
+            "--protocol",
+            "mvcc",
+            "--sweep",
+            "replicas=1,2",
+            "--memnodes",
+            "2",
+            "--rounds",
+            "2",
+        ],
+    );
+    let runs = s["runs"].as_array().unwrap();
+    let got: Vec<(&str, u64)> = runs
+        .iter()
+        .map(|r| {
+            assert_run_passed(r, &stdout);
+            (r["point"].as_str().unwrap(), r["round"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("replicas=1", 1),
+            ("replicas=2", 1),
+            ("replicas=2", 2),
+            ("replicas=1", 2)
+        ],
+        "{stdout}"
+    );
+    let tps = |i: usize| runs[i]["throughput_tps"].as_f64().unwrap();
+    let ratio = &s["ratios"][0];
+    assert_eq!(ratio["name"], "throughput mvcc replicas 2/1", "{ratio}");
+    let each: Vec<f64> = ratio["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let want = [tps(1) / tps(0), tps(2) / tps(3)];
+    assert_eq!(each.len(), 2, "{ratio}");
+    for (g, w) in each.iter().zip(want) {
+        assert!((g - w).abs() < 1e-9, "{each:?} against {want:?}");
+    }
+    let median = ratio["value"].as_f64().unwrap();
+    assert!((median - (want[0] + want[1]) / 2.0).abs() < 1e-9, "{ratio}");
+    assert!(
+        stdout.contains("\nratio throughput mvcc replicas 2/1 = ")
+            && stdout.contains("(median of 2 rounds: "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("2 rounds (runs forward, then backward)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\nmedians over the rounds:\n"), "{stdout}");
+    assert_eq!(s["passed"], true, "{stdout}");
+}
+
 /// `--sweep max-backoff-us=0,2000`: each point runs with its own retry backoff cap, as
 /// its header says, and the comparison says the cap varies.
 #[test]
