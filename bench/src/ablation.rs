@@ -267,18 +267,9 @@ mod tests {
         ];
         let mut runs = Vec::new();
         for (k, i) in crate::txnbench::rounds::order(4, 3).into_iter().enumerate() {
-            let mut r = Report::with_kinds(
-                &["Amalgamate"],
-                "shm".into(),
-                1,
-                1,
-                100,
-                0.99,
-                std::time::Duration::from_secs(1),
-                &[crate::report::WorkerStats::with_kinds(1)],
-            );
+            let mut r =
+                crate::report::tests::run_of(&rows[i].protocol.to_string(), tps[k / 4][i], 0.0);
             r.point = rows[i].point.label.clone();
-            r.throughput_tps = tps[k / 4][i];
             runs.push(r);
         }
         let t = render(&rows, &runs);

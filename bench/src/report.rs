@@ -1503,7 +1503,7 @@ pub fn comparison(runs: &[Report]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     const SMALLBANK_KINDS: [&str; 6] = [
         "Amalgamate",
         "Balance",
@@ -1738,7 +1738,9 @@ mod tests {
         );
     }
 
-    fn run_of(protocol: &str, tps: f64, p99: f64) -> Report {
+    /// A checked run of `protocol` with every SmallBank type committed, for the
+    /// comparison's tests (here, in `txnbench::rounds` and in `ablation`).
+    pub(crate) fn run_of(protocol: &str, tps: f64, p99: f64) -> Report {
         let mut r = report_with_commits(&[1; 6]);
         r.protocol = protocol.into();
         r.throughput_tps = tps;

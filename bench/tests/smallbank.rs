@@ -397,22 +397,22 @@ fn short_sweep(name: &str, args: &[&str]) -> (String, serde_json::Value) {
     txn_bench(name, &all)
 }
 
+/// mvcc with one copy of each partition, then two, on 2 memory nodes.
+const MVCC_REPLICAS_1_2: &[&str] = &[
+    "--protocol",
+    "mvcc",
+    "--sweep",
+    "replicas=1,2",
+    "--memnodes",
+    "2",
+];
+
 /// `--sweep replicas=1,2`: each point runs with its own copies (the replica audit only
 /// at the replicated one), and each protocol's throughput there is compared with its
 /// one-copy run.
 #[test]
 fn a_replicas_sweep_runs_each_point_with_its_copies() {
-    let (stdout, s) = short_sweep(
-        "sweep-r",
-        &[
-            "--protocol",
-            "mvcc",
-            "--sweep",
-            "replicas=1,2",
-            "--memnodes",
-            "2",
-        ],
-    );
+    let (stdout, s) = short_sweep("sweep-r", MVCC_REPLICAS_1_2);
     let runs = s["runs"].as_array().unwrap();
     let got: Vec<(&str, u64, bool)> = runs
         .iter()
@@ -447,19 +447,7 @@ fn a_replicas_sweep_runs_each_point_with_its_copies() {
 /// a table of medians follows the runs.
 #[test]
 fn rounds_run_the_plan_again_backward_and_judge_ratios_by_their_median() {
-    let (stdout, s) = short_sweep(
-        "rounds",
-        &[
-            "--protocol",
-            "mvcc",
-            "--sweep",
-            "replicas=1,2",
-            "--memnodes",
-            "2",
-            "--rounds",
-            "2",
-        ],
-    );
+    let (stdout, s) = short_sweep("rounds", &[MVCC_REPLICAS_1_2, &["--rounds", "2"]].concat());
     let runs = s["runs"].as_array().unwrap();
     let got: Vec<(&str, u64)> = runs
         .iter()
@@ -494,16 +482,14 @@ fn rounds_run_the_plan_again_backward_and_judge_ratios_by_their_median() {
     }
     let median = ratio["value"].as_f64().unwrap();
     assert!((median - (want[0] + want[1]) / 2.0).abs() < 1e-9, "{ratio}");
-    assert!(
-        stdout.contains("\nratio throughput mvcc replicas 2/1 = ")
-            && stdout.contains("(median of 2 rounds: "),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("2 rounds (runs forward, then backward)"),
-        "{stdout}"
-    );
-    assert!(stdout.contains("\nmedians over the rounds:\n"), "{stdout}");
+    for line in [
+        "\nratio throughput mvcc replicas 2/1 = ",
+        "(median of 2 rounds: ",
+        "2 rounds (runs forward, then backward)",
+        "\nmedians over the rounds:\n",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in {stdout}");
+    }
     assert_eq!(s["passed"], true, "{stdout}");
 }
 

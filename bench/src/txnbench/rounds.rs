@@ -149,20 +149,8 @@ mod tests {
     use super::*;
 
     fn run(protocol: &str, round: Option<u32>, tps: f64, p99: f64) -> Report {
-        let mut r = Report::with_kinds(
-            &["Amalgamate"],
-            "shm".into(),
-            1,
-            1,
-            100,
-            0.99,
-            std::time::Duration::from_secs(1),
-            &[crate::report::WorkerStats::with_kinds(1)],
-        );
-        r.protocol = protocol.into();
+        let mut r = crate::report::tests::run_of(protocol, tps, p99);
         r.round = round;
-        r.throughput_tps = tps;
-        r.p99_us = p99;
         r
     }
 
