@@ -1146,6 +1146,16 @@ pub struct Ratio {
 }
 
 impl Ratio {
+    /// A ratio of one run (or one round): no per-round values.
+    fn of(name: impl Into<String>, point: Option<String>, value: Option<f64>) -> Self {
+        Self {
+            name: name.into(),
+            point,
+            value,
+            rounds: Vec::new(),
+        }
+    }
+
     /// `ratio <name> = <value>` (two decimals, `n/a` without a value), followed by
     /// ` (<point>)` in a sweep.
     pub fn line(&self) -> String {
@@ -1211,12 +1221,11 @@ pub fn ratios<R: std::borrow::Borrow<Report>>(runs: &[R]) -> Vec<Ratio> {
 /// One protocol's throughput at one sweep point over another's (`num` and `den` ran the
 /// same protocol): `throughput <protocol> <what>`, across the points.
 fn throughput_ratio(what: &str, num: &Report, den: &Report) -> Ratio {
-    Ratio {
-        name: format!("throughput {} {what}", num.protocol),
-        point: None,
-        value: (den.throughput_tps > 0.0).then(|| num.throughput_tps / den.throughput_tps),
-        rounds: Vec::new(),
-    }
+    Ratio::of(
+        format!("throughput {} {what}", num.protocol),
+        None,
+        (den.throughput_tps > 0.0).then(|| num.throughput_tps / den.throughput_tps),
+    )
 }
 
 fn per_point_ratios(runs: &[&Report]) -> Vec<Ratio> {
@@ -1234,48 +1243,43 @@ fn per_point_ratios(runs: &[&Report]) -> Vec<Ratio> {
         if let Some(lo) = find(&|n| n.starts_with("lotus")) {
             let iso = lo.protocol.strip_prefix("lotus").unwrap_or("");
             if let Some(mv) = find(&|n| n.strip_prefix("mvcc") == Some(iso)) {
-                out.push(Ratio {
-                    name: format!("throughput {}/{}", lo.protocol, mv.protocol),
-                    point: p.clone(),
-                    value: div(lo.throughput_tps, mv.throughput_tps),
-                    rounds: Vec::new(),
-                });
-                out.push(Ratio {
-                    name: format!("p50 {}/{}", lo.protocol, mv.protocol),
-                    point: p.clone(),
-                    value: div(lo.p50_us, mv.p50_us),
-                    rounds: Vec::new(),
-                });
+                out.push(Ratio::of(
+                    format!("throughput {}/{}", lo.protocol, mv.protocol),
+                    p.clone(),
+                    div(lo.throughput_tps, mv.throughput_tps),
+                ));
+                out.push(Ratio::of(
+                    format!("p50 {}/{}", lo.protocol, mv.protocol),
+                    p.clone(),
+                    div(lo.p50_us, mv.p50_us),
+                ));
             }
         }
         // Lotus's Fig. 3 premise: the UNSAFE no-CAS variant against its MVCC.
         if let Some(nocas) = find(&|n| n.ends_with(NO_CAS_SUFFIX)) {
             let base = nocas.protocol.trim_end_matches(NO_CAS_SUFFIX);
             if let Some(mv) = find(&|n| n == base) {
-                out.push(Ratio {
-                    name: format!("throughput {}/{base}", nocas.protocol),
-                    point: p.clone(),
-                    value: div(nocas.throughput_tps, mv.throughput_tps),
-                    rounds: Vec::new(),
-                });
+                out.push(Ratio::of(
+                    format!("throughput {}/{base}", nocas.protocol),
+                    p.clone(),
+                    div(nocas.throughput_tps, mv.throughput_tps),
+                ));
             }
         }
         let Some(occ) = find(&|n| n == "occ-cas") else {
             continue;
         };
         if let Some(sc) = find(&|n| n == "scythe") {
-            out.push(Ratio {
-                name: "p99 scythe/occ-cas".into(),
-                point: p.clone(),
-                value: div(sc.p99_us, occ.p99_us),
-                rounds: Vec::new(),
-            });
-            out.push(Ratio {
-                name: "throughput scythe/occ-cas".into(),
-                point: p.clone(),
-                value: div(sc.throughput_tps, occ.throughput_tps),
-                rounds: Vec::new(),
-            });
+            out.push(Ratio::of(
+                "p99 scythe/occ-cas",
+                p.clone(),
+                div(sc.p99_us, occ.p99_us),
+            ));
+            out.push(Ratio::of(
+                "throughput scythe/occ-cas",
+                p.clone(),
+                div(sc.throughput_tps, occ.throughput_tps),
+            ));
         }
         for mv in [
             find(&|n| n.starts_with("mvcc")),
@@ -1284,23 +1288,21 @@ fn per_point_ratios(runs: &[&Report]) -> Vec<Ratio> {
         .into_iter()
         .flatten()
         {
-            out.push(Ratio {
-                name: format!("throughput {}/occ-cas", mv.protocol),
-                point: p.clone(),
-                value: div(mv.throughput_tps, occ.throughput_tps),
-                rounds: Vec::new(),
-            });
+            out.push(Ratio::of(
+                format!("throughput {}/occ-cas", mv.protocol),
+                p.clone(),
+                div(mv.throughput_tps, occ.throughput_tps),
+            ));
         }
         // TPC-C's headline type (tpmC counts NEW-ORDER): its own p99 ratio.
         let p99_of = |r: &Report, ty: &str| r.types.iter().find(|t| t.name == ty).map(|t| t.p99_us);
         if let (Some(sc), Some(o)) = (find(&|n| n == "scythe"), p99_of(occ, "NewOrder")) {
             if let Some(s99) = p99_of(sc, "NewOrder") {
-                out.push(Ratio {
-                    name: "p99 NewOrder scythe/occ-cas".into(),
-                    point: p.clone(),
-                    value: div(s99, o),
-                    rounds: Vec::new(),
-                });
+                out.push(Ratio::of(
+                    "p99 NewOrder scythe/occ-cas",
+                    p.clone(),
+                    div(s99, o),
+                ));
             }
         }
     }
