@@ -154,7 +154,7 @@ impl<O: Default> Obj<O> {
         };
         let mut cvt = store.read_cvt_on(loc, m).await?;
         let is_key = |c: &Cvt| {
-            c.header.state != crate::cvt::SLOT_FREE
+            c.header.state == crate::cvt::SLOT_IN_USE
                 && (c.header.table, c.header.key) == (table, key)
         };
         if !is_key(&cvt) {

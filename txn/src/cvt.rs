@@ -8,8 +8,9 @@
 //! ```text
 //! header (32 B): [0, 4) table id   [4, 8) record length, bytes   [8, 16) key
 //!                [16, 24) lock word (OCC-CAS: 0 free, else the holder)
-//!                [24, 32) slot state (0 free, 1 in use: an insert claims a free slot
-//!                of a hash bucket with a CAS from 0 to 1, see `cvt_index`)
+//!                [24, 32) slot state (0 free, 1 in use, 3 freed by a recovery, or
+//!                claimed: the inserter's id with `CLAIM_BIT`; an insert claims a
+//!                free slot of a hash bucket with a CAS, see `cvt_index`)
 //! cell (32 B):   [0] head CV   [1] valid (0/1)   [2] tombstone (0/1: the version is a
 //!                delete)   [8, 16) version (commit timestamp)
 //!                [16, 24) record address   [31] tail CV   (other bytes zero)
@@ -67,18 +68,46 @@ pub struct Header {
     pub key: u64,
     /// OCC-CAS lock word: 0 when free, else the holder's id.
     pub lock: u64,
-    /// Slot state word: [`SLOT_FREE`], [`SLOT_CLAIMED`] or [`SLOT_IN_USE`].
+    /// Slot state word: [`SLOT_FREE`], [`SLOT_IN_USE`], [`SLOT_FREED`] or a claim
+    /// ([`claim_word`]).
     pub state: u64,
 }
 
-/// [`Header::state`] of a slot no record holds.
+/// [`Header::state`] of a slot no record holds and no insert ever claimed.
 pub const SLOT_FREE: u64 = 0;
 /// [`Header::state`] of a slot holding a record.
 pub const SLOT_IN_USE: u64 = 1;
-/// [`Header::state`] of a slot an insert claimed (CAS from [`SLOT_FREE`]) and is still
-/// writing the header of: searches skip it; it becomes [`SLOT_IN_USE`] once the header
-/// (key, and the lock held by the inserter) is written.
-pub const SLOT_CLAIMED: u64 = 2;
+/// [`Header::state`] of a slot whose claim a recovery undid (its inserter died before it
+/// published the slot): free to searches and inserts as [`SLOT_FREE`] is, but kept apart
+/// from it so that a recovery's search for a dead inserter's claim
+/// ([`crate::cvt_index::seek_claim`]) may stop at the first bucket holding a slot that was
+/// never claimed. Slots become free only this way, so a bucket an insert passed over
+/// (it had no free slot) never holds a [`SLOT_FREE`] slot again.
+pub const SLOT_FREED: u64 = 3;
+/// The bit that marks a [`Header::state`] as claimed: an insert claims a free slot with a
+/// CAS to [`claim_word`]`(id)`, its transaction id with this bit, and writes the header
+/// (key, and the lock it holds) before publishing the slot as [`SLOT_IN_USE`]. Searches
+/// skip a claimed slot. The bit is [`crate::txn_id::INVISIBLE`], the one bit no
+/// transaction id carries, so the word names its inserter and can never equal
+/// [`SLOT_FREE`], [`SLOT_IN_USE`] or [`SLOT_FREED`]: recovery finds a dead inserter's claim
+/// by its id whatever lock word the protocol writes (Lotus and Scythe write 0).
+pub const CLAIM_BIT: u64 = crate::txn_id::INVISIBLE;
+
+/// The state word of a slot claimed by transaction `id` ([`CLAIM_BIT`]).
+pub fn claim_word(id: u64) -> u64 {
+    id | CLAIM_BIT
+}
+
+/// The transaction id that claimed a slot of state word `state`, if it is claimed.
+pub fn claimer(state: u64) -> Option<u64> {
+    (state & CLAIM_BIT != 0).then_some(state & !CLAIM_BIT)
+}
+
+/// Whether a slot of state word `state` is free to claim ([`SLOT_FREE`] or
+/// [`SLOT_FREED`]).
+pub fn is_free(state: u64) -> bool {
+    state == SLOT_FREE || state == SLOT_FREED
+}
 /// Byte offset of [`Header::lock`] in a CVT (the word OCC-CAS locks with CAS).
 pub const LOCK_OFFSET: usize = 16;
 /// Byte offset of [`Header::state`] in a CVT (the word an insert claims with CAS).

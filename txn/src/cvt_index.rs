@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 
-use crate::cvt::{cvt_bytes, Cvt, CvtError, SLOT_CLAIMED, SLOT_FREE, STATE_OFFSET};
+use crate::cvt::{
+    claimer, cvt_bytes, is_free, Cvt, CvtError, SLOT_FREE, SLOT_IN_USE, STATE_OFFSET,
+};
 use crate::store::hash_key;
 
 /// CVT slots per hash bucket.
@@ -36,7 +38,7 @@ pub enum Found {
         cvt: Cvt,
     },
     /// Not here, and the bucket has a free slot (the first one): the key is absent, and an
-    /// insert claims that slot.
+    /// insert claims that slot (a CAS from the state it read, [`slot_state`]).
     Absent {
         /// The first free slot.
         free: usize,
@@ -60,11 +62,11 @@ pub fn search(bucket: &[u8], versions: usize, table: u32, key: u64) -> Result<Fo
     for slot in 0..CVTS_PER_BUCKET {
         let b = &bucket[slot * each..(slot + 1) * each];
         let state = u64::from_le_bytes(b[STATE_OFFSET..STATE_OFFSET + 8].try_into().expect("8"));
-        if state == SLOT_FREE {
+        if is_free(state) {
             free.get_or_insert(slot);
             continue;
         }
-        if state == SLOT_CLAIMED {
+        if claimer(state).is_some() {
             // An insert is writing this slot's header: not free, and not yet anyone's.
             continue;
         }
@@ -82,6 +84,58 @@ pub fn search(bucket: &[u8], versions: usize, table: u32, key: u64) -> Result<Fo
     Ok(match free {
         Some(free) => Found::Absent { free },
         None => Found::Next,
+    })
+}
+
+/// The state word of slot `slot` of a bucket READ of CVTs of `versions` cells (the bucket
+/// is [`bucket_bytes`]`(versions)` long, as [`search`] checked).
+pub fn slot_state(bucket: &[u8], versions: usize, slot: usize) -> u64 {
+    let at = slot * cvt_bytes(versions) + STATE_OFFSET;
+    u64::from_le_bytes(bucket[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// What one bucket says in a recovery's search for the slot a dead inserter claimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimSeek {
+    /// Slot `slot` holds the claim.
+    At {
+        /// Slot in the bucket.
+        slot: usize,
+    },
+    /// Not here, and the bucket holds a never-claimed ([`SLOT_FREE`]) slot: the
+    /// inserter claimed nothing further on.
+    Stop,
+    /// Not here: search the next bucket.
+    Next,
+}
+
+/// Search a bucket READ for the slot whose state is `word` (a [`crate::cvt::claim_word`]),
+/// as recovery does from the home bucket of an insert guard a dead inserter held, bucket
+/// after bucket. An insert claims in the first bucket from its home that has a free slot
+/// and passes over full ones; a slot becomes free again only as [`crate::cvt::SLOT_FREED`]
+/// (a recovery undid its claim), never as [`SLOT_FREE`]. So a bucket before the claim's
+/// holds no [`SLOT_FREE`] slot, and the first bucket that does ends the search: if the
+/// claim is not there, there is none. (A bucket whose only free slots are
+/// [`crate::cvt::SLOT_FREED`] may lie before the claim: another dead inserter's claim,
+/// undone since, made it look full then.)
+///
+/// Errors: the bucket is not [`bucket_bytes`]`(versions)` long.
+pub fn seek_claim(bucket: &[u8], versions: usize, word: u64) -> Result<ClaimSeek, CvtError> {
+    let want = CVTS_PER_BUCKET * cvt_bytes(versions);
+    if bucket.len() != want {
+        return Err(CvtError::BucketSize {
+            have: bucket.len(),
+            want,
+        });
+    }
+    let states = (0..CVTS_PER_BUCKET).map(|s| slot_state(bucket, versions, s));
+    if let Some(slot) = states.clone().position(|s| s == word) {
+        return Ok(ClaimSeek::At { slot });
+    }
+    Ok(if states.into_iter().any(|s| s == SLOT_FREE) {
+        ClaimSeek::Stop
+    } else {
+        ClaimSeek::Next
     })
 }
 
@@ -141,7 +195,7 @@ impl AddrCache {
     /// is dropped and the caller searches the bucket again: false.
     pub fn confirm(&mut self, table: u32, key: u64, cvt: &Cvt) -> bool {
         let h = &cvt.header;
-        if h.state != SLOT_FREE && (h.table, h.key) == (table, key) {
+        if h.state == SLOT_IN_USE && (h.table, h.key) == (table, key) {
             return true;
         }
         self.map.remove(&(table, key));
@@ -229,6 +283,91 @@ mod tests {
         assert_eq!(search(&full, N, 1, 5).unwrap(), Found::Next);
         assert!(matches!(
             search(&full[1..], N, 1, 5),
+            Err(CvtError::BucketSize { .. })
+        ));
+    }
+
+    #[test]
+    fn a_claimed_slot_is_skipped_and_a_freed_one_is_free() {
+        let id = crate::txn_id::TxnId {
+            owner: crate::txn_id::Owner::new(3, 1),
+            client: 2,
+            seq: 9,
+        }
+        .pack();
+        let claimed = crate::cvt::claim_word(id);
+        assert_eq!(crate::cvt::claimer(claimed), Some(id));
+        for plain in [SLOT_FREE, SLOT_IN_USE, crate::cvt::SLOT_FREED] {
+            assert_eq!(crate::cvt::claimer(plain), None);
+        }
+        // The claimed slot holds the key's header already: it is skipped, not found.
+        let b = bucket([
+            cvt(1, 1, SLOT_IN_USE),
+            cvt(1, 7, claimed),
+            cvt(0, 0, crate::cvt::SLOT_FREED),
+            cvt(0, 0, SLOT_FREE),
+        ]);
+        assert_eq!(search(&b, N, 1, 7).unwrap(), Found::Absent { free: 2 });
+        assert_eq!(slot_state(&b, N, 2), crate::cvt::SLOT_FREED);
+        assert_eq!(slot_state(&b, N, 1), claimed);
+    }
+
+    /// A recovery's search for a dead inserter's claim goes past full buckets and past
+    /// buckets whose free slots were freed by a recovery, finds the claim, and stops at
+    /// the first bucket with a never-claimed slot. Planted: a search that stopped at any
+    /// free slot (a freed one included) would miss the claim behind a freed slot.
+    #[test]
+    fn a_claim_search_stops_only_at_a_never_claimed_slot() {
+        let word = crate::cvt::claim_word(0x0030_0100_0000_0001);
+        let other = crate::cvt::claim_word(0x0040_0100_0000_0001);
+        let full = bucket([
+            cvt(1, 1, SLOT_IN_USE),
+            cvt(1, 2, SLOT_IN_USE),
+            cvt(1, 3, other),
+            cvt(1, 4, SLOT_IN_USE),
+        ]);
+        let freed = bucket([
+            cvt(1, 5, SLOT_IN_USE),
+            cvt(0, 0, crate::cvt::SLOT_FREED),
+            cvt(1, 6, SLOT_IN_USE),
+            cvt(1, 7, SLOT_IN_USE),
+        ]);
+        let holds = bucket([
+            cvt(1, 8, SLOT_IN_USE),
+            cvt(1, 9, word),
+            cvt(0, 0, SLOT_FREE),
+            cvt(0, 0, SLOT_FREE),
+        ]);
+        let open = bucket([
+            cvt(1, 10, SLOT_IN_USE),
+            cvt(0, 0, SLOT_FREE),
+            cvt(0, 0, SLOT_FREE),
+            cvt(0, 0, SLOT_FREE),
+        ]);
+        let walk = |chain: &[&Vec<u8>]| {
+            for (i, b) in chain.iter().enumerate() {
+                match seek_claim(b, N, word).unwrap() {
+                    ClaimSeek::At { slot } => return Some((i, slot)),
+                    ClaimSeek::Stop => return None,
+                    ClaimSeek::Next => {}
+                }
+            }
+            None
+        };
+        assert_eq!(walk(&[&full, &freed, &holds, &open]), Some((2, 1)));
+        assert_eq!(
+            walk(&[&full, &open, &holds]),
+            None,
+            "stops at a never-claimed slot"
+        );
+        // The planted rule: stop at any free slot.
+        let planted = |b: &Vec<u8>| (0..CVTS_PER_BUCKET).any(|s| is_free(slot_state(b, N, s)));
+        assert!(
+            planted(&freed),
+            "the planted rule would stop before the claim"
+        );
+        assert!(matches!(
+            seek_claim(&full[1..], N, word),
             Err(CvtError::BucketSize { .. })
         ));
     }

@@ -33,7 +33,7 @@ use tso::Timestamp;
 use crate::commit_log::LogExport;
 use crate::cvt::{
     cvt_bytes, decode_record, encode_record, Cell, Cvt, CvtError, Header, RecordError, CELL_BYTES,
-    HEADER_BYTES, LOCK_OFFSET, SLOT_CLAIMED, SLOT_FREE, SLOT_IN_USE, STATE_OFFSET,
+    HEADER_BYTES, LOCK_OFFSET, SLOT_IN_USE, STATE_OFFSET,
 };
 use crate::cvt_index::{search, AddrCache, CacheStats, Found, CVTS_PER_BUCKET};
 use crate::cvt_store::CvtTableExport;
@@ -1326,7 +1326,9 @@ impl CvtRemote {
         if prev != 0 {
             return Err(TxnError::Abort(AbortReason::InsertRace));
         }
-        let r = self.create_guarded(&t, node, part, key, lock_word).await;
+        let r = self
+            .create_guarded(&t, node, part, key, lock_word, guard)
+            .await;
         // The guard is released on every path out (if this CAS fails too, the memory
         // node is unreachable and the guard stays held: inserts into this bucket then
         // abort with `InsertRace` until it comes back; there is no lease).
@@ -1343,6 +1345,7 @@ impl CvtRemote {
         part: u32,
         key: u64,
         lock_word: u64,
+        guard: u64,
     ) -> Result<(CvtLoc, Cvt), TxnError> {
         let home = t.home_bucket(key);
         for probe in 0..t.n_buckets {
@@ -1358,12 +1361,16 @@ impl CvtRemote {
                 }
                 Err(e) => return Err(TxnError::Export(e.to_string())),
             };
-            // Claim the slot: another home bucket's insert may be after it too.
+            // Claim the slot, with this inserter's id in the state word so that a
+            // recovery finds the claim if the inserter dies before publishing it
+            // (`crate::recovery`): another home bucket's insert may be after it too.
             let at = t.cvt_addr(b, free);
             let state = at.offset(STATE_OFFSET as u64);
-            if crate::transient::cas(&self.ctx, node, state, SLOT_FREE, SLOT_CLAIMED).await?
-                != SLOT_FREE
-            {
+            let was = crate::cvt_index::slot_state(&img, t.versions, free);
+            let claim = crate::cvt::claim_word(guard);
+            // The claim word is unique to this attempt, so a retried CAS can tell its
+            // own earlier success (`cas_owned`).
+            if crate::transient::cas_owned(&self.ctx, node, state, was, claim).await? != was {
                 return Err(TxnError::Abort(AbortReason::InsertRace));
             }
             let cvt = Cvt::new(

@@ -25,20 +25,21 @@
 //! 2. **Sweep.** Every CVT lock word and insert guard still holding an id of the dead
 //!    incarnation ([`crate::txn_id::Owner::owns`]) is released with CAS: locks taken
 //!    during execution, before any log. A CVT slot its insert claimed but never
-//!    published (state "claimed" with the dead id in its lock word) is freed. A
-//!    protocol that creates CVTs with a lock word of 0 (Lotus, Scythe) leaves no id in
-//!    a slot it claimed: such a slot, of an insert in flight at the death, is not
-//!    found and stays claimed (one slot lost per such insert; searches pass over it).
+//!    published (its state word holds the dead id, [`crate::cvt::claim_word`], whatever
+//!    lock word the protocol writes) is freed, on every replica
+//!    ([`crate::cvt::SLOT_FREED`]).
 //! 3. Scythe's tickets are released after this, by the caller, through the lock service
 //!    ([`crate::coordinator::TxnClient::recover`]).
 //!
 //! Cost: the sweep READs every table's index once (about 1 MiB per READ, 8 in flight),
 //! while step 1 runs: for SmallBank's 100,000 accounts about 40 MB per table. Lotus,
 //! whose locks live in the compute nodes' tables and whose ids reach the memory nodes
-//! only in insert guards, runs step 1 alone, releases the dead life's locks in the lock
-//! tables, and then READs the guards alone ([`settle_logs`], then [`sweep`] with
-//! [`SweepScope::Guards`]: 8 bytes per bucket), so that no scan of the indexes delays
-//! its recovery.
+//! only in insert guards and claims, runs step 1 alone, releases the dead life's locks in
+//! the lock tables, and then READs the guards alone ([`settle_logs`], then [`sweep`]
+//! with [`SweepScope::Guards`]: 8 bytes per bucket), so that no scan of the indexes
+//! delays its recovery. A claim of an insert in flight at the death lies in the chain of
+//! the guard that insert held; it is sought there, a bucket at a time
+//! ([`crate::cvt_index::seek_claim`]).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -49,8 +50,9 @@ use rrpc::NodeId;
 
 use crate::commit_log::{CommitLog, LogEntry, LogExport};
 use crate::cvt::{
-    Cvt, CELL_BYTES, HEADER_BYTES, LOCK_OFFSET, SLOT_CLAIMED, SLOT_FREE, STATE_OFFSET,
+    claim_word, claimer, Cvt, CELL_BYTES, HEADER_BYTES, LOCK_OFFSET, SLOT_FREED, STATE_OFFSET,
 };
+use crate::cvt_index::{seek_claim, ClaimSeek};
 use crate::cvt_remote::CvtRemote;
 use crate::error::TxnError;
 use crate::txn_id::{Owner, TxnId};
@@ -184,9 +186,10 @@ pub enum SweepScope {
     All,
     /// The insert guards alone (8 bytes per bucket), for a protocol that never writes
     /// its id into a CVT's lock word: Lotus, whose locks live in the compute nodes'
-    /// tables and whose inserts claim slots with a lock word of 0
-    /// ([`crate::cvt_remote::CvtRemote::create`]), so that a scan of the indexes could
-    /// find nothing of it.
+    /// tables and whose inserts create CVTs with a lock word of 0
+    /// ([`crate::cvt_remote::CvtRemote::create`]). Its only id in the indexes is an
+    /// unpublished claim, which lies in the chain of a guard the dead insert held, and is
+    /// sought there bucket by bucket.
     Guards,
 }
 
@@ -524,17 +527,24 @@ async fn unlock_logged(store: &CvtRemote, log: &CommitLog) -> Result<usize, TxnE
 
 /// Step 2: release every lock word and guard `dead` still holds, free its claims.
 /// What the sweep's scan found held by the dead incarnation on one table of one
-/// memory node: CVT lock words (address, word), slots it claimed, insert guards.
+/// memory node: CVT lock words (address, word), slots it claimed (address of the state
+/// word, claim word), insert guards.
 struct Held {
     node: NodeId,
+    part: u32,
+    table: u32,
     locks: Vec<(RemoteAddr, u64)>,
-    claims: Vec<RemoteAddr>,
+    claims: Vec<(RemoteAddr, u64)>,
     guards: Vec<(RemoteAddr, u64)>,
 }
 
 /// Step 2's READs: every table's index and guards, scanned chunk by chunk as they
 /// arrive ([`CHUNKS_IN_FLIGHT`] READs of about [`CHUNK_BYTES`] each, whole CVTs per
-/// READ), for words holding an id of `dead`.
+/// READ), for words holding an id of `dead`: lock words, claims (a slot's state word
+/// holds its inserter's id, [`crate::cvt::claim_word`]) and guards. With
+/// [`SweepScope::Guards`], the indexes are not READ; a claim can then only be an insert's
+/// that died holding its guard, and is sought bucket by bucket from the guard's home
+/// bucket ([`seek_claims`]).
 async fn scan(store: &CvtRemote, dead: Owner, scope: SweepScope) -> Result<Vec<Held>, TxnError> {
     let word = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
     let mut out = Vec::new();
@@ -543,6 +553,8 @@ async fn scan(store: &CvtRemote, dead: Owner, scope: SweepScope) -> Result<Vec<H
         for t in store.part_tables(p)?.iter() {
             let mut held = Held {
                 node,
+                part: p,
+                table: t.id,
                 locks: Vec::new(),
                 claims: Vec::new(),
                 guards: Vec::new(),
@@ -554,28 +566,75 @@ async fn scan(store: &CvtRemote, dead: Owner, scope: SweepScope) -> Result<Vec<H
                 let per_read = (CHUNK_BYTES / cvt).max(1) * cvt;
                 read_chunks(store, node, t.index.at(0), slots * cvt, per_read, |s, b| {
                     for (i, c) in b.chunks_exact(cvt).enumerate() {
-                        let lock = word(c, LOCK_OFFSET);
-                        if !dead.owns(lock) {
-                            continue;
-                        }
                         let at = t.index.at((s + i * cvt) as u64);
-                        held.locks.push((at.offset(LOCK_OFFSET as u64), lock));
-                        if word(c, STATE_OFFSET) == SLOT_CLAIMED {
-                            held.claims.push(at.offset(STATE_OFFSET as u64));
+                        let lock = word(c, LOCK_OFFSET);
+                        if dead.owns(lock) {
+                            held.locks.push((at.offset(LOCK_OFFSET as u64), lock));
+                        }
+                        let state = word(c, STATE_OFFSET);
+                        if claimer(state).is_some_and(|id| dead.owns(id)) {
+                            held.claims.push((at.offset(STATE_OFFSET as u64), state));
                         }
                     }
                 })
                 .await?;
             }
             let guards = read_range(store, node, t.guards.at(0), t.n_buckets as usize * 8).await?;
-            held.guards = guards
+            let dead_guards: Vec<(u64, u64)> = guards
                 .chunks_exact(8)
                 .enumerate()
-                .map(|(b, g)| (t.guards.at(b as u64 * 8), word(g, 0)))
+                .map(|(b, g)| (b as u64, word(g, 0)))
                 .filter(|&(_, g)| dead.owns(g))
                 .collect();
+            held.guards = dead_guards
+                .iter()
+                .map(|&(b, g)| (t.guard_addr(b), g))
+                .collect();
+            if scope == SweepScope::Guards {
+                held.claims = seek_claims(store, node, t, &dead_guards).await?;
+            }
             out.push(held);
         }
+    }
+    Ok(out)
+}
+
+/// The claims of the inserts that died holding the guards `dead_guards` (home bucket,
+/// guard word: the inserter's id) of table `t` on `node`: each sought bucket by bucket
+/// from its home ([`seek_claim`]), all guards side by side. An insert that died before
+/// its claim, or after publishing, has none; the search then ends at the first bucket
+/// with a never-claimed slot (usually the home bucket: one READ of a bucket).
+async fn seek_claims(
+    store: &CvtRemote,
+    node: NodeId,
+    t: &crate::cvt_store::CvtTableExport,
+    dead_guards: &[(u64, u64)],
+) -> Result<Vec<(RemoteAddr, u64)>, TxnError> {
+    let found = join_all(dead_guards.iter().map(|&(home, guard)| async move {
+        let want = claim_word(guard);
+        for probe in 0..t.n_buckets {
+            let b = home + probe;
+            let img = store
+                .ctx()
+                .read(node, t.bucket_addr(b), t.bucket_bytes())
+                .await?;
+            match seek_claim(&img, t.versions, want).map_err(|e| TxnError::Export(e.to_string()))? {
+                ClaimSeek::At { slot } => {
+                    return Ok(Some((
+                        t.cvt_addr(b, slot).offset(STATE_OFFSET as u64),
+                        want,
+                    )))
+                }
+                ClaimSeek::Stop => return Ok(None),
+                ClaimSeek::Next => {}
+            }
+        }
+        Ok::<_, TxnError>(None)
+    }))
+    .await;
+    let mut out = Vec::new();
+    for f in found {
+        out.extend(f?);
     }
     Ok(out)
 }
@@ -604,16 +663,29 @@ async fn release_swept(
 ) -> Result<(), TxnError> {
     for h in scanned {
         let node = h.node;
-        // A claimed slot is freed first, while its lock word still names the dead
-        // inserter (nobody else can have touched a slot no search sees).
-        let freed = join_all(
-            h.claims
-                .iter()
-                .map(|&at| store.ctx().cas(node, at, SLOT_CLAIMED, SLOT_FREE)),
-        )
+        // A claimed slot is freed first, while the guard of its bucket is still held
+        // (a re-run, if this recoverer dies, finds the claim from the guard again).
+        // Nobody else touches a slot claimed by the dead inserter, on any replica: the
+        // backups' copies, which the inserter may have written before it died, are
+        // marked free first, so that no backup keeps a slot its primary no longer has.
+        let freed = join_all(h.claims.iter().map(|&(at, claim)| async move {
+            let slot = at.addr - STATE_OFFSET as u64;
+            let copies = store.index_copies(h.part, h.table, slot)?;
+            const FREED: [u8; 8] = SLOT_FREED.to_le_bytes();
+            let backups = join_all(
+                copies[1..]
+                    .iter()
+                    .map(|&(n, a)| store.ctx().write(n, a.offset(STATE_OFFSET as u64), &FREED)),
+            )
+            .await;
+            for b in backups {
+                b?;
+            }
+            Ok::<_, TxnError>(store.ctx().cas(node, at, claim, SLOT_FREED).await? == claim)
+        }))
         .await;
         for f in freed {
-            rep.claims += usize::from(f? == SLOT_CLAIMED);
+            rep.claims += usize::from(f?);
         }
         rep.lock_words += clear_words(store, node, &h.locks).await?;
         rep.guards += clear_words(store, node, &h.guards).await?;

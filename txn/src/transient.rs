@@ -16,9 +16,10 @@
 //! response was lost (`RetryExceeded` on verbs) may have been; a CAS is therefore retried
 //! through [`cas_owned`], which reads "the word already holds my swap value" as "my
 //! earlier try took effect". That reading is right only when no one else ever swaps in
-//! the same value: transaction ids and insert-guard ids are unique per attempt, and a
-//! release swaps in 0 only from the caller's own id. A CAS whose swap value others use
-//! too (a slot claim) goes through [`cas`], which retries but cannot tell.
+//! the same value: transaction ids, insert-guard ids and slot claims (the inserter's id,
+//! [`crate::cvt::claim_word`]) are unique per attempt, and a release swaps in 0 only
+//! from the caller's own id. A CAS whose swap value others use too goes through
+//! [`cas`], which retries but cannot tell.
 
 use std::cell::Cell;
 use std::future::Future;
