@@ -698,6 +698,21 @@ fn a_dead_inserters_claim_is_freed_on_every_replica() {
                         .read(n, a.offset(txn::cvt::STATE_OFFSET as u64), 8);
                     async move { u64::from_le_bytes(r.await.unwrap().try_into().unwrap()) }
                 };
+                // Freeing is for the claim's own word only: a second try, and a try on a
+                // published slot, change nothing on any copy.
+                let (loc, _) = store.lookup(SAVINGS, 3).await.unwrap().unwrap();
+                let published = store.index_copies(loc.part, SAVINGS, loc.addr).unwrap();
+                if !planted {
+                    assert!(!store
+                        .free_claim(part, SAVINGS, at.addr, claim)
+                        .await
+                        .unwrap());
+                    let other = store.free_claim(loc.part, SAVINGS, loc.addr, claim).await;
+                    assert!(!other.unwrap(), "{p}: a published slot is left alone");
+                    for (n, a) in published {
+                        assert_eq!(word(n, a).await, txn::cvt::SLOT_IN_USE, "{p}");
+                    }
+                }
                 (
                     (word(node, at).await, word(bn, ba).await, claim),
                     rep.claims,

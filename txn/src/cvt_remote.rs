@@ -33,7 +33,7 @@ use tso::Timestamp;
 use crate::commit_log::LogExport;
 use crate::cvt::{
     cvt_bytes, decode_record, encode_record, Cell, Cvt, CvtError, Header, RecordError, CELL_BYTES,
-    HEADER_BYTES, LOCK_OFFSET, SLOT_IN_USE, STATE_OFFSET,
+    HEADER_BYTES, LOCK_OFFSET, SLOT_FREED, SLOT_IN_USE, STATE_OFFSET,
 };
 use crate::cvt_index::{search, AddrCache, CacheStats, Found, CVTS_PER_BUCKET};
 use crate::cvt_store::CvtTableExport;
@@ -1373,56 +1373,120 @@ impl CvtRemote {
             if crate::transient::cas_owned(&self.ctx, node, state, was, claim).await? != was {
                 return Err(TxnError::Abort(AbortReason::InsertRace));
             }
-            let cvt = Cvt::new(
-                Header {
-                    table: t.id,
-                    len: t.len as u32,
-                    key,
-                    lock: lock_word,
-                    state: SLOT_IN_USE,
-                },
-                t.versions,
-            );
-            let bytes = cvt.encode();
-            // The backups' copies of the slot: the whole CVT, unlocked (lock words
-            // matter at the primary only), before the primary publishes it, so that no
-            // backup lags a slot a search can find.
-            let mut unlocked = cvt.clone();
-            unlocked.header.lock = 0;
-            let copy = unlocked.encode();
-            let copies = self.index_copies(part, t.id, at.addr)?;
-            let copy = &copy;
-            let backups = join_all(copies[1..].iter().map(|&(n, a)| async move {
-                let r =
-                    crate::transient::write(&self.ctx, n, a, &copy[..cvt_bytes(t.versions)]).await;
-                (n, r)
-            }));
-            // Header words (key, lock) and the (empty) cells first, the state last: a
-            // search sees the slot as in use only with its key in place.
-            let primary = async {
-                crate::transient::write(&self.ctx, node, at, &bytes[..STATE_OFFSET]).await?;
-                crate::transient::write(
-                    &self.ctx,
-                    node,
-                    at.offset(HEADER_BYTES as u64),
-                    &bytes[HEADER_BYTES..cvt_bytes(t.versions)],
-                )
+            match self
+                .publish_claimed(t, node, part, key, lock_word, at)
                 .await
-            };
-            let (p, bs) = rrpc::runtime::join(primary, backups).await;
-            p?;
-            self.tolerate(bs).await?;
-            crate::transient::write(&self.ctx, node, state, &SLOT_IN_USE.to_le_bytes()).await?;
-            self.cache.borrow_mut().insert(t.id, key, at.addr);
-            return Ok((
-                CvtLoc {
-                    part,
-                    table: t.id,
-                    addr: at.addr,
-                },
-                cvt,
-            ));
+            {
+                Ok(made) => return Ok(made),
+                Err(e) => {
+                    // Give the slot back if the primary still answers (a backup
+                    // failed, say); if it does not, the claim stays (one slot lost,
+                    // which searches pass over).
+                    let _ = self.free_claim(part, t.id, at.addr, claim).await;
+                    return Err(e);
+                }
+            }
         }
         Err(TxnError::TableFull { table: t.id })
+    }
+
+    /// Write the claimed slot at `at` (its header, and the whole CVT on every backup),
+    /// then publish it on the primary ([`SLOT_IN_USE`]): [`Self::create`]'s steps after
+    /// its claim. Errors: as [`Self::create`].
+    async fn publish_claimed(
+        &self,
+        t: &CvtTableExport,
+        node: NodeId,
+        part: u32,
+        key: u64,
+        lock_word: u64,
+        at: RemoteAddr,
+    ) -> Result<(CvtLoc, Cvt), TxnError> {
+        let state = at.offset(STATE_OFFSET as u64);
+        let cvt = Cvt::new(
+            Header {
+                table: t.id,
+                len: t.len as u32,
+                key,
+                lock: lock_word,
+                state: SLOT_IN_USE,
+            },
+            t.versions,
+        );
+        let bytes = cvt.encode();
+        // The backups' copies of the slot: the whole CVT, unlocked (lock words
+        // matter at the primary only), before the primary publishes it, so that no
+        // backup lags a slot a search can find.
+        let mut unlocked = cvt.clone();
+        unlocked.header.lock = 0;
+        let copy = unlocked.encode();
+        let copies = self.index_copies(part, t.id, at.addr)?;
+        let copy = &copy;
+        let backups = join_all(copies[1..].iter().map(|&(n, a)| async move {
+            let r = crate::transient::write(&self.ctx, n, a, &copy[..cvt_bytes(t.versions)]).await;
+            (n, r)
+        }));
+        // Header words (key, lock) and the (empty) cells first, the state last: a
+        // search sees the slot as in use only with its key in place.
+        let primary = async {
+            crate::transient::write(&self.ctx, node, at, &bytes[..STATE_OFFSET]).await?;
+            crate::transient::write(
+                &self.ctx,
+                node,
+                at.offset(HEADER_BYTES as u64),
+                &bytes[HEADER_BYTES..cvt_bytes(t.versions)],
+            )
+            .await
+        };
+        let (p, bs) = rrpc::runtime::join(primary, backups).await;
+        p?;
+        self.tolerate(bs).await?;
+        crate::transient::write(&self.ctx, node, state, &SLOT_IN_USE.to_le_bytes()).await?;
+        self.cache.borrow_mut().insert(t.id, key, at.addr);
+        Ok((
+            CvtLoc {
+                part,
+                table: t.id,
+                addr: at.addr,
+            },
+            cvt,
+        ))
+    }
+
+    /// Free the slot at `slot` (table `table` of partition `part`) if its state word still
+    /// holds `claim` (a [`crate::cvt::claim_word`]): the backups' copies are marked
+    /// [`SLOT_FREED`] first, then the primary's claim is swapped for it; returns whether
+    /// the slot was freed. Only the claim's owner (or a recovery of its dead life) calls
+    /// this, so nobody else touches the slot in between, on any replica: a backup never
+    /// keeps a copy of a slot its primary has given back, and a slot published meanwhile
+    /// (the claim gone) is left alone.
+    ///
+    /// Errors: [`TxnError::Rpc`] when a memory node fails the READ, a WRITE or the CAS;
+    /// [`TxnError::Export`] for an unknown table.
+    pub async fn free_claim(
+        &self,
+        part: u32,
+        table: u32,
+        slot: u64,
+        claim: u64,
+    ) -> Result<bool, TxnError> {
+        const FREED: [u8; 8] = SLOT_FREED.to_le_bytes();
+        let copies = self.index_copies(part, table, slot)?;
+        let (node, at) = copies[0];
+        let state = at.offset(STATE_OFFSET as u64);
+        let now = self.ctx.read(node, state, 8).await?;
+        if u64::from_le_bytes(now[..8].try_into().expect("8 bytes")) != claim {
+            return Ok(false);
+        }
+        let backups = join_all(
+            copies[1..]
+                .iter()
+                .map(|&(n, a)| self.ctx.write(n, a.offset(STATE_OFFSET as u64), &FREED)),
+        )
+        .await;
+        for b in backups {
+            b?;
+        }
+        Ok(self.ctx.cas(node, state, claim, SLOT_FREED).await? == claim)
     }
 }

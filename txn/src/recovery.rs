@@ -49,9 +49,7 @@ use rrpc::runtime::join_all;
 use rrpc::NodeId;
 
 use crate::commit_log::{CommitLog, LogEntry, LogExport};
-use crate::cvt::{
-    claim_word, claimer, Cvt, CELL_BYTES, HEADER_BYTES, LOCK_OFFSET, SLOT_FREED, STATE_OFFSET,
-};
+use crate::cvt::{claim_word, claimer, Cvt, CELL_BYTES, HEADER_BYTES, LOCK_OFFSET, STATE_OFFSET};
 use crate::cvt_index::{seek_claim, ClaimSeek};
 use crate::cvt_remote::CvtRemote;
 use crate::error::TxnError;
@@ -664,24 +662,11 @@ async fn release_swept(
     for h in scanned {
         let node = h.node;
         // A claimed slot is freed first, while the guard of its bucket is still held
-        // (a re-run, if this recoverer dies, finds the claim from the guard again).
-        // Nobody else touches a slot claimed by the dead inserter, on any replica: the
-        // backups' copies, which the inserter may have written before it died, are
-        // marked free first, so that no backup keeps a slot its primary no longer has.
-        let freed = join_all(h.claims.iter().map(|&(at, claim)| async move {
-            let slot = at.addr - STATE_OFFSET as u64;
-            let copies = store.index_copies(h.part, h.table, slot)?;
-            const FREED: [u8; 8] = SLOT_FREED.to_le_bytes();
-            let backups = join_all(
-                copies[1..]
-                    .iter()
-                    .map(|&(n, a)| store.ctx().write(n, a.offset(STATE_OFFSET as u64), &FREED)),
-            )
-            .await;
-            for b in backups {
-                b?;
-            }
-            Ok::<_, TxnError>(store.ctx().cas(node, at, claim, SLOT_FREED).await? == claim)
+        // (a re-run, if this recoverer dies, finds the claim from the guard again), on
+        // the backups (which the inserter may have written before it died) and then
+        // on the primary (`CvtRemote::free_claim`).
+        let freed = join_all(h.claims.iter().map(|&(at, claim)| {
+            store.free_claim(h.part, h.table, at.addr - STATE_OFFSET as u64, claim)
         }))
         .await;
         for f in freed {
