@@ -126,41 +126,45 @@ pub(crate) fn render(rows: &[Row], runs: &[Report]) -> String {
     let Some(first) = runs.first() else {
         return String::new();
     };
-    // Runs by row and round: the plan runs every row once per round.
-    let label = |r: &Report| r.point.clone().unwrap_or_else(|| r.protocol.clone());
-    let mut by_row: Vec<Vec<(usize, &Report)>> = vec![Vec::new(); rows.len()];
-    for (k, r) in runs.iter().enumerate() {
-        let l = label(r);
-        if let Some(i) = rows
-            .iter()
-            .position(|row| row.point.label.as_deref() == Some(&l))
-        {
-            by_row[i].push((k / rows.len().max(1), r));
+    // Each row's runs are the runs labelled with its point; each run knows its round
+    // (`Report::round`, none for a single round).
+    let label = |protocol: &str, point: &Option<String>| {
+        point.clone().unwrap_or_else(|| protocol.to_string())
+    };
+    let row_of = |l: &str| {
+        rows.iter()
+            .position(|row| row.point.label.as_deref() == Some(l))
+    };
+    let mut by_row: Vec<Vec<(u32, f64)>> = vec![Vec::new(); rows.len()];
+    for r in runs {
+        if let Some(i) = row_of(&label(&r.protocol, &r.point)) {
+            by_row[i].push((r.round.unwrap_or(0), r.throughput_tps));
         }
     }
-    let measured: Vec<Measured> = by_row
-        .iter()
-        .enumerate()
-        .filter(|(_, rs)| !rs.is_empty())
-        .map(|(i, rs)| {
-            let of = |f: fn(&Report) -> f64| median(rs.iter().map(|(_, r)| f(r)).collect());
+    let mut medians: Vec<_> = crate::txnbench::rounds::medians(runs)
+        .into_iter()
+        .filter_map(|m| Some((row_of(&label(&m.protocol, &m.point))?, m)))
+        .collect();
+    medians.sort_by_key(|&(i, _)| i);
+    let measured: Vec<Measured> = medians
+        .into_iter()
+        .map(|(i, m)| {
             let changes = match i.checked_sub(1).map(|j| &by_row[j]) {
-                Some(above) => rs
+                Some(above) => by_row[i]
                     .iter()
-                    .filter_map(|&(round, r)| {
+                    .filter_map(|&(round, tps)| {
                         let a = above.iter().find(|&&(k, _)| k == round)?.1;
-                        (a.throughput_tps > 0.0)
-                            .then(|| (r.throughput_tps / a.throughput_tps - 1.0) * 100.0)
+                        (a > 0.0).then(|| (tps / a - 1.0) * 100.0)
                     })
                     .collect(),
                 None => Vec::new(),
             };
             Measured {
                 label: rows[i].point.label.as_deref().unwrap_or("?"),
-                tps: of(|r| r.throughput_tps),
-                p50_us: of(|r| r.p50_us),
-                p99_us: of(|r| r.p99_us),
-                abort_rate: of(|r| r.abort_rate),
+                tps: m.throughput_tps,
+                p50_us: m.p50_us,
+                p99_us: m.p99_us,
+                abort_rate: m.abort_rate,
                 changes,
             }
         })
@@ -270,6 +274,7 @@ mod tests {
             let mut r =
                 crate::report::tests::run_of(&rows[i].protocol.to_string(), tps[k / 4][i], 0.0);
             r.point = rows[i].point.label.clone();
+            r.round = Some(k as u32 / 4);
             runs.push(r);
         }
         let t = render(&rows, &runs);
