@@ -361,7 +361,12 @@ fn guard_wr(g: Option<&FenceGuard>, wr: impl FnOnce() -> WcStatus) -> WcStatus {
     let status = if state.load(Ordering::SeqCst) != 0 {
         WcStatus::RetryExceeded
     } else {
-        let pause = WR_PAUSE_NS.swap(0, Ordering::Relaxed);
+        // A load first: the swap, an RMW on one word every WR of every thread would
+        // contend for, is only for the rare test that armed a pause.
+        let pause = match WR_PAUSE_NS.load(Ordering::Relaxed) {
+            0 => 0,
+            _ => WR_PAUSE_NS.swap(0, Ordering::Relaxed),
+        };
         if pause > 0 {
             std::thread::sleep(std::time::Duration::from_nanos(pause));
         }
