@@ -545,9 +545,14 @@ impl ThreadCtx {
         remote: RemoteAddr,
         data: &[u8],
     ) -> Result<(), OneSidedError> {
-        self.one_sided(node, WrOpcode::Write, remote, data.len(), Some(data))
-            .await
-            .map(drop)
+        // No copy of the bytes comes back: the op's buffer returns to the arena as it is
+        // dropped.
+        let max = self.cfg.max_transfer;
+        let local = LocalBuf::Alloc(Some(data));
+        let (r, _buf) = self
+            .one_sided_op(node, WrOpcode::Write, remote, data.len(), local, max, None)
+            .await;
+        r
     }
 
     /// RDMA WRITEs of `writes` (remote address, data) to `node`, in order, as one list on
@@ -681,8 +686,16 @@ impl ThreadCtx {
         op: WrOpcode,
         remote: RemoteAddr,
     ) -> Result<u64, OneSidedError> {
-        let b = self.one_sided(node, op, remote, 8, None).await?;
-        Ok(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+        // The old value is read straight out of the op's buffer (no Vec per atomic).
+        let max = self.cfg.max_transfer;
+        let (r, buf) = self
+            .one_sided_op(node, op, remote, 8, LocalBuf::Alloc(None), max, None)
+            .await;
+        r?;
+        let (c, _) = buf.expect("a completed op has its buffer");
+        let mut old = [0u8; 8];
+        self.inner.borrow().arena.mr().read(c.off(), &mut old);
+        Ok(u64::from_le_bytes(old))
     }
 
     /// Queue one one-sided WR and wait for it; returns the local buffer's bytes.
