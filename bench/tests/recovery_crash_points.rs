@@ -8,7 +8,7 @@
 //! - the group it was writing is uniform (all old values, or all new), and which one
 //!   follows the crash point (rolled back before all installs landed, forward after);
 //! - no CVT lock word, insert guard or ticket of it is held (a survivor can write the
-//!   whole group at once);
+//!   whole group at once), and no slot it claimed stays claimed;
 //! - planted bugs (no roll-back, a roll-back that ignores a later writer, no sweep) are
 //!   each caught by these checks.
 //!
@@ -562,57 +562,14 @@ fn planted_recovery_bugs_are_caught() {
     );
 }
 
-/// Lotus's sweep READs the insert guards alone (its ids are in no CVT lock word): a
-/// guard a dead inserter held is released, and inserts into its bucket go on; with the
-/// sweep planted away, the guard stays held.
-#[test]
-fn lotus_recovery_releases_a_dead_inserters_guard() {
-    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let p = Protocol::Lotus(Isolation::Serializable);
-    for planted in [false, true] {
-        let cl = cluster(&format!("guard{}", u8::from(planted)));
-        let live = cl.client(p, 40, 1);
-        let addrs = cl.addrs.memnodes.clone();
-        let l = live.clone();
-        if planted {
-            txn::fault::recovery_bug(Some(RecoveryBug::NoSweep));
-        }
-        let (held_after, guards) = block_on(&live.ctx().clone(), async move {
-            let store = txn::cvt_remote::CvtRemote::connect(l.ctx().clone(), &addrs, 16).unwrap();
-            // The guard of the bucket a new key would go to, taken by node 30's first
-            // life (as its insert would, between the guard's CAS and its release).
-            let key = ACCOUNTS + 5;
-            let part = txn::cvt_remote::partition_of(SAVINGS, key, store.partitions());
-            let t = store.part_tables(part).unwrap()[SAVINGS as usize].clone();
-            let at = t.guard_addr(t.home_bucket(key));
-            let node = store.primary_node(part).unwrap();
-            let id = txn::txn_id::TxnId {
-                owner: txn::txn_id::Owner::new(30, 1),
-                client: 7,
-                seq: 1,
-            }
-            .pack();
-            assert_eq!(store.ctx().cas(node, at, 0, id).await.unwrap(), 0);
-            let rep = l.recover(30, 1).await.unwrap();
-            let word = store.ctx().read(node, at, 8).await.unwrap();
-            (u64::from_le_bytes(word.try_into().unwrap()), rep.guards)
-        });
-        txn::fault::recovery_bug(None);
-        if planted {
-            assert_ne!(held_after, 0, "without the sweep the guard stays held");
-        } else {
-            assert_eq!(held_after, 0, "the dead inserter's guard is released");
-            assert_eq!(guards, 1);
-        }
-    }
-}
-
-/// A slot that an insert claimed and died before publishing carries the inserter's id in
-/// its state word, whatever lock word the protocol writes (0 for Lotus and Scythe). So
-/// the recovery frees it on the primary and on the backup (to which the insert had
-/// already written its copy): Lotus through the guard it held (its sweep READs no index),
-/// Scythe through the scan of the index. With the sweep planted away the slot stays
-/// claimed, lost to every later insert.
+/// An insert that died between its claim and its publish leaves its bucket's guard held
+/// and a slot claimed. The claim carries the inserter's id in the slot's state word,
+/// whatever lock word the protocol writes (0 for Lotus and Scythe), so the recovery frees
+/// the slot on the primary and on the backup (to which the insert had already written its
+/// copy), and releases the guard: Lotus through its sweep of the guards alone (its ids are
+/// in no CVT lock word, so it READs no index and seeks the claim from the guard), Scythe
+/// through the scan of the index. With the sweep planted away the guard stays held and
+/// the slot claimed, lost to every later insert.
 #[test]
 fn a_dead_inserters_claim_is_freed_on_every_replica() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -713,17 +670,21 @@ fn a_dead_inserters_claim_is_freed_on_every_replica() {
                         assert_eq!(word(n, a).await, txn::cvt::SLOT_IN_USE, "{p}");
                     }
                 }
+                let guard = store.ctx().read(node, t.guard_addr(home), 8).await.unwrap();
+                let guard = u64::from_le_bytes(guard.try_into().unwrap());
                 (
-                    (word(node, at).await, word(bn, ba).await, claim),
-                    rep.claims,
+                    (word(node, at).await, word(bn, ba).await, claim, guard),
+                    (rep.claims, rep.guards),
                 )
             });
             txn::fault::recovery_bug(None);
-            let (primary, backup, claim) = states;
+            let (primary, backup, claim, guard) = states;
             if planted {
                 assert_eq!(primary, claim, "{p}: without the sweep the claim stays");
+                assert_ne!(guard, 0, "{p}: and the guard stays held");
             } else {
-                assert_eq!(claims, 1, "{p}");
+                assert_eq!(claims, (1, 1), "{p}: one claim freed, one guard released");
+                assert_eq!(guard, 0, "{p}: the dead inserter's guard is released");
                 assert_eq!(
                     primary,
                     txn::cvt::SLOT_FREED,
