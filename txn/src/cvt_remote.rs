@@ -1379,9 +1379,9 @@ impl CvtRemote {
             {
                 Ok(made) => return Ok(made),
                 Err(e) => {
-                    // Give the slot back if the primary still answers (a backup
-                    // failed, say); if it does not, the claim stays (one slot lost,
-                    // which searches pass over).
+                    // Give the slot back if the primary answers and every backup
+                    // takes the mark or has been written off (`free_claim`); if not,
+                    // the claim stays (one slot lost, which searches pass over).
                     let _ = self.free_claim(part, t.id, at.addr, claim).await;
                     return Err(e);
                 }
@@ -1461,7 +1461,8 @@ impl CvtRemote {
     /// keeps a copy of a slot its primary has given back, and a slot published meanwhile
     /// (the claim gone) is left alone.
     ///
-    /// Errors: [`TxnError::Rpc`] when a memory node fails the READ, a WRITE or the CAS;
+    /// Errors: [`TxnError::Rpc`] when the primary fails the READ or the CAS, or a backup
+    /// fails its WRITE and is not written off in the view ([`Self::tolerate`]);
     /// [`TxnError::Export`] for an unknown table.
     pub async fn free_claim(
         &self,
@@ -1478,15 +1479,18 @@ impl CvtRemote {
         if u64::from_le_bytes(now[..8].try_into().expect("8 bytes")) != claim {
             return Ok(false);
         }
-        let backups = join_all(
-            copies[1..]
-                .iter()
-                .map(|&(n, a)| self.ctx.write(n, a.offset(STATE_OFFSET as u64), &FREED)),
-        )
+        let backups = join_all(copies[1..].iter().map(|&(n, a)| async move {
+            let r = self
+                .ctx
+                .write(n, a.offset(STATE_OFFSET as u64), &FREED)
+                .await;
+            (n, r)
+        }))
         .await;
-        for b in backups {
-            b?;
-        }
+        // A backup that failed the WRITE must be out of the view before the primary gives
+        // the slot back (`tolerate`): else it would keep a copy of a key its primary no
+        // longer has, which a later insert of that key could put in another slot.
+        self.tolerate(backups).await?;
         Ok(self.ctx.cas(node, state, claim, SLOT_FREED).await? == claim)
     }
 }
