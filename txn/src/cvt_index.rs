@@ -51,13 +51,8 @@ pub enum Found {
 /// bucket is not [`bucket_bytes`]`(versions)` long, or the key's CVT is torn (read it
 /// again). Other slots' torn cells do not matter and are skipped.
 pub fn search(bucket: &[u8], versions: usize, table: u32, key: u64) -> Result<Found, CvtError> {
+    check_bucket(bucket, versions)?;
     let each = cvt_bytes(versions);
-    if bucket.len() != CVTS_PER_BUCKET * each {
-        return Err(CvtError::BucketSize {
-            have: bucket.len(),
-            want: CVTS_PER_BUCKET * each,
-        });
-    }
     let mut free = None;
     for slot in 0..CVTS_PER_BUCKET {
         let b = &bucket[slot * each..(slot + 1) * each];
@@ -85,6 +80,18 @@ pub fn search(bucket: &[u8], versions: usize, table: u32, key: u64) -> Result<Fo
         Some(free) => Found::Absent { free },
         None => Found::Next,
     })
+}
+
+/// A bucket READ is [`bucket_bytes`]`(versions)` long; else [`CvtError::BucketSize`].
+fn check_bucket(bucket: &[u8], versions: usize) -> Result<(), CvtError> {
+    let want = bucket_bytes(versions);
+    if bucket.len() != want {
+        return Err(CvtError::BucketSize {
+            have: bucket.len(),
+            want,
+        });
+    }
+    Ok(())
 }
 
 /// The state word of slot `slot` of a bucket READ of CVTs of `versions` cells (the bucket
@@ -121,13 +128,7 @@ pub enum ClaimSeek {
 ///
 /// Errors: the bucket is not [`bucket_bytes`]`(versions)` long.
 pub fn seek_claim(bucket: &[u8], versions: usize, word: u64) -> Result<ClaimSeek, CvtError> {
-    let want = CVTS_PER_BUCKET * cvt_bytes(versions);
-    if bucket.len() != want {
-        return Err(CvtError::BucketSize {
-            have: bucket.len(),
-            want,
-        });
-    }
+    check_bucket(bucket, versions)?;
     let states = (0..CVTS_PER_BUCKET).map(|s| slot_state(bucket, versions, s));
     if let Some(slot) = states.clone().position(|s| s == word) {
         return Ok(ClaimSeek::At { slot });

@@ -525,8 +525,8 @@ async fn unlock_logged(store: &CvtRemote, log: &CommitLog) -> Result<usize, TxnE
 
 /// Step 2: release every lock word and guard `dead` still holds, free its claims.
 /// What the sweep's scan found held by the dead incarnation on one table of one
-/// memory node: CVT lock words (address, word), slots it claimed (address of the state
-/// word, claim word), insert guards.
+/// memory node: CVT lock words (address, word), slots it claimed (the CVT's address, claim
+/// word), insert guards.
 struct Held {
     node: NodeId,
     part: u32,
@@ -571,7 +571,7 @@ async fn scan(store: &CvtRemote, dead: Owner, scope: SweepScope) -> Result<Vec<H
                         }
                         let state = word(c, STATE_OFFSET);
                         if claimer(state).is_some_and(|id| dead.owns(id)) {
-                            held.claims.push((at.offset(STATE_OFFSET as u64), state));
+                            held.claims.push((at, state));
                         }
                     }
                 })
@@ -617,12 +617,7 @@ async fn seek_claims(
                 .read(node, t.bucket_addr(b), t.bucket_bytes())
                 .await?;
             match seek_claim(&img, t.versions, want).map_err(|e| TxnError::Export(e.to_string()))? {
-                ClaimSeek::At { slot } => {
-                    return Ok(Some((
-                        t.cvt_addr(b, slot).offset(STATE_OFFSET as u64),
-                        want,
-                    )))
-                }
+                ClaimSeek::At { slot } => return Ok(Some((t.cvt_addr(b, slot), want))),
                 ClaimSeek::Stop => return Ok(None),
                 ClaimSeek::Next => {}
             }
@@ -665,9 +660,11 @@ async fn release_swept(
         // (a re-run, if this recoverer dies, finds the claim from the guard again), on
         // the backups (which the inserter may have written before it died) and then
         // on the primary (`CvtRemote::free_claim`).
-        let freed = join_all(h.claims.iter().map(|&(at, claim)| {
-            store.free_claim(h.part, h.table, at.addr - STATE_OFFSET as u64, claim)
-        }))
+        let freed = join_all(
+            h.claims
+                .iter()
+                .map(|&(at, claim)| store.free_claim(h.part, h.table, at.addr, claim)),
+        )
         .await;
         for f in freed {
             rep.claims += usize::from(f?);

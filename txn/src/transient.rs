@@ -18,8 +18,7 @@
 //! earlier try took effect". That reading is right only when no one else ever swaps in
 //! the same value: transaction ids, insert-guard ids and slot claims (the inserter's id,
 //! [`crate::cvt::claim_word`]) are unique per attempt, and a release swaps in 0 only
-//! from the caller's own id. A CAS whose swap value others use too goes through
-//! [`cas`], which retries but cannot tell.
+//! from the caller's own id. No CAS here swaps in a value that others use too.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -153,17 +152,4 @@ pub async fn cas_owned(
         })
     })
     .await
-}
-
-/// [`ThreadCtx::cas`], retried after transport failures; a retry that finds the word at
-/// `swap` cannot tell whether the earlier try or another caller put it there, and
-/// reports the word as found.
-pub async fn cas(
-    ctx: &ThreadCtx,
-    node: NodeId,
-    at: RemoteAddr,
-    expect: u64,
-    swap: u64,
-) -> Result<u64, OneSidedError> {
-    retried(ctx, node, |_| ctx.cas(node, at, expect, swap)).await
 }
