@@ -59,7 +59,10 @@ impl ThreadCtx {
     ) -> Result<Vec<u8>, CallError> {
         let plan = CallPlan::new(&opts, &self.cfg, req.len())?;
         self.revive(node);
-        let id = self.send_request(node, handler, req, plan).await?;
+        let id = self
+            .send_request(node, handler, req, plan)
+            .await
+            .map_err(|e| *e)?;
         let (reply, held) = CallWait {
             ctx: self,
             id,
@@ -69,9 +72,16 @@ impl ThreadCtx {
         .await;
         // An inline reply (every small call) is done: its buffers go back as `held`
         // drops, with no `finish_call` state to build and move.
-        if let Reply::Inline(r) = reply {
-            drop(held);
-            return r;
+        match reply {
+            Reply::Inline(r) => {
+                drop(held);
+                return Ok(r);
+            }
+            Reply::Failed(e) => {
+                drop(held);
+                return Err(*e);
+            }
+            _ => {}
         }
         self.finish_call(node, handler, id, reply, held).await
     }
@@ -97,7 +107,10 @@ impl ThreadCtx {
         };
         let plan = CallPlan::new(&opts, &self.cfg, req.len())?;
         self.revive(node);
-        let id = self.send_request(node, handler, req, plan).await?;
+        let id = self
+            .send_request(node, handler, req, plan)
+            .await
+            .map_err(|e| *e)?;
         let (reply, held) = CallWait {
             ctx: self,
             id,
@@ -153,15 +166,19 @@ impl ThreadCtx {
     /// Push the request of a call planned as `plan` once the ring has credit for it and
     /// the arena has its buffers, and open the call; resolves to its id. Errors:
     /// [`CallError::NotConnected`], [`CallError::PeerGone`], [`CallError::Timeout`]
-    /// (no credit or buffers before the deadline), and those of [`push_error`].
-    async fn send_request(
-        &self,
+    /// (no credit or buffers before the deadline), and those of [`push_error`]; boxed,
+    /// so that the result of every call's send fits two registers (a 48-byte result
+    /// written and read back through the stack cost a store-forwarding stall per call).
+    fn send_request<'a>(
+        &'a self,
         node: NodeId,
         handler: u16,
-        req: &[u8],
+        req: &'a [u8],
         plan: CallPlan,
-    ) -> Result<u64, CallError> {
-        let mut s = Sending {
+    ) -> Sending<'a> {
+        // A plain fn returning the future, not an `async fn`: the state is built once in
+        // place, not stored as arguments and copied into a local (a stall per call).
+        Sending {
             ctx: self,
             node,
             handler,
@@ -171,8 +188,7 @@ impl ThreadCtx {
             deadline: CallDeadline::new(plan.after),
             bufs: CallBufs::default(),
             stalled: false,
-        };
-        std::future::poll_fn(|cx| s.poll(cx)).await
+        }
     }
 
     /// Turn a call's reply into its payload: copy a zero-copy reply out of the call's
@@ -197,7 +213,8 @@ impl ThreadCtx {
             None
         };
         match reply {
-            Reply::Inline(r) => r,
+            Reply::Inline(r) => Ok(r),
+            Reply::Failed(e) => Err(*e),
             Reply::ZeroCopy(len) => self.take_zero_copy(node, handler, id, len, zc),
             Reply::Read(r) => self.fetch_read_reply(node, handler, r).await,
         }
@@ -341,15 +358,35 @@ impl CallBufs {
         need: [Option<usize>; 2],
         mut alloc: impl FnMut(usize) -> Option<Chunk>,
     ) -> bool {
-        for (slot, n) in [&mut self.zc, &mut self.req].into_iter().zip(need) {
-            if let (None, Some(n)) = (&slot, n) {
-                match alloc(n.max(1)) {
-                    Some(c) => *slot = Some(c),
-                    None => return false,
+        let [zc, req] = need;
+        // One by one, not by iterating over arrays of both: most calls need neither, and
+        // an array built and read back costs a store-forwarding stall per call.
+        Self::fill_one(&mut self.zc, zc, &mut alloc)
+            && Self::fill_one(&mut self.req, req, &mut alloc)
+    }
+
+    /// Fill `slot` with `alloc(need)` if it is empty and `need` is some; true unless
+    /// the allocation failed.
+    fn fill_one(
+        slot: &mut Option<Chunk>,
+        need: Option<usize>,
+        alloc: &mut impl FnMut(usize) -> Option<Chunk>,
+    ) -> bool {
+        match (&slot, need) {
+            (None, Some(n)) => match alloc(n.max(1)) {
+                Some(c) => {
+                    *slot = Some(c);
+                    true
                 }
-            }
+                None => false,
+            },
+            _ => true,
         }
-        true
+    }
+
+    /// True when no buffer is held (nor needed: checked after [`CallBufs::fill`]).
+    pub(super) fn is_empty(&self) -> bool {
+        self.zc.is_none() && self.req.is_none()
     }
 
     /// The buffers, handed to the call table with the opened call.
@@ -397,6 +434,18 @@ impl RequestPrefix {
     /// The prefix bytes.
     pub(super) fn bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
+    }
+
+    /// The header of a request in `mode` with no prefix (no zero-copy target, not sent
+    /// by reference): what [`RequestPrefix::header`] gives for `new(mode, None, None)`.
+    pub(super) fn bare_header(mode: ReplyMode, handler: u16, call_id: u64) -> MsgHeader {
+        MsgHeader {
+            len: 0,
+            handler,
+            kind: MsgKind::Request as u8,
+            flags: mode as u8,
+            call_id,
+        }
     }
 
     /// The request's header (its length is filled in by the ring).
@@ -521,18 +570,20 @@ impl<'a> Sending<'a> {
     }
 
     /// One try to send the call; see [`ThreadCtx::send_request`].
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<u64, CallError>> {
+    fn try_send(&mut self, cx: &mut Context<'_>) -> Poll<Result<u64, Box<CallError>>> {
         let ctx = self.ctx;
         let (node, handler, after) = (self.node, self.handler, self.plan.after);
-        let timeout = || CallError::Timeout {
-            node,
-            handler,
-            after,
+        let timeout = || {
+            Box::new(CallError::Timeout {
+                node,
+                handler,
+                after,
+            })
         };
         let mut inner = ctx.inner.borrow_mut();
         let ci = match call_conn(&inner, node) {
             Ok(ci) => ci,
-            Err(e) => return Poll::Ready(Err(e)),
+            Err(e) => return Poll::Ready(Err(Box::new(e))),
         };
         let Inner {
             conns,
@@ -567,21 +618,33 @@ impl<'a> Sending<'a> {
         }
         // 3. The request: prefixes naming the buffers, header.
         let call_id = calls.next_id();
-        let (prefix, body) = self.encode(arena.mr());
+        let pushed = if self.bufs.is_empty() {
+            // Most calls: no buffer, so no prefix to build (and move: 48 bytes).
+            let hdr = RequestPrefix::bare_header(self.plan.mode, handler, call_id);
+            rpc.chan.push(hdr, &[self.req])
+        } else {
+            let (prefix, body) = self.encode(arena.mr());
+            rpc.chan
+                .push(prefix.header(handler, call_id), &[prefix.bytes(), body])
+        };
         // 4. Push, and open the call: it owns its buffers until its end.
-        match rpc
-            .chan
-            .push(prefix.header(handler, call_id), &[prefix.bytes(), body])
-        {
+        match pushed {
             Ok(()) => {
                 stats.messages += 1;
                 stats.bytes += self.req.len() as u64;
                 if fetch {
                     stats.fetched_requests += 1;
                 }
-                let held = std::mem::take(&mut self.bufs).into_held();
                 rpc.credit_q.leave(&mut self.ticket);
-                let id = calls.open(node, handler, self.deadline.started(), after, held);
+                let started = self.deadline.started();
+                // Two call sites, so that the common one (no buffers) opens the call with a
+                // constant `Held` stored in place rather than one copied through the stack.
+                let id = if self.bufs.is_empty() {
+                    calls.open(node, handler, started, after, Held::default())
+                } else {
+                    let held = std::mem::take(&mut self.bufs).into_held();
+                    calls.open(node, handler, started, after, held)
+                };
                 debug_assert_eq!(id, call_id);
                 Poll::Ready(Ok(id))
             }
@@ -595,9 +658,17 @@ impl<'a> Sending<'a> {
             }
             Err(e) => {
                 rpc.credit_q.leave(&mut self.ticket);
-                Poll::Ready(Err(push_error(e, node, handler, after)))
+                Poll::Ready(Err(Box::new(push_error(e, node, handler, after))))
             }
         }
+    }
+}
+
+impl Future for Sending<'_> {
+    type Output = Result<u64, Box<CallError>>;
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().try_send(cx)
     }
 }
 
@@ -632,6 +703,9 @@ struct CallWait<'a> {
 
 impl Future for CallWait<'_> {
     type Output = (Reply, Held);
+    // Inlined into the caller's future (another crate's, often), so that the reply is
+    // not written to and read back from the stack once per frame.
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let r = self.ctx.inner.borrow_mut().calls.poll(self.id, cx.waker());
         if r.is_ready() {
@@ -671,28 +745,29 @@ impl Drop for CallWait<'_> {
 /// call, or `None` for a message that answers no call. A malformed reply (a READ
 /// descriptor of the wrong size, a zero-copy Done without its length) is the call's
 /// [`CallError::Protocol`].
+#[inline]
 pub(super) fn decode_reply(node: NodeId, h: &MsgHeader, payload: &[u8]) -> Option<Reply> {
     Some(match MsgKind::from_u8(h.kind)? {
-        MsgKind::Response => Reply::Inline(Ok(payload.to_vec())),
-        MsgKind::Error => Reply::Inline(Err(CallError::Remote {
+        MsgKind::Response => Reply::Inline(payload.to_vec()),
+        MsgKind::Error => Reply::Failed(Box::new(CallError::Remote {
             node,
             handler: h.handler,
             msg: String::from_utf8_lossy(payload).into_owned(),
         })),
-        MsgKind::Cancelled => Reply::Inline(Err(CallError::Protocol {
+        MsgKind::Cancelled => Reply::Failed(Box::new(CallError::Protocol {
             node,
             what: "call cancelled",
         })),
         MsgKind::ReadReply => match ReadReply::from_bytes(payload) {
             Some(r) => Reply::Read(r),
-            None => Reply::Inline(Err(CallError::Protocol {
+            None => Reply::Failed(Box::new(CallError::Protocol {
                 node,
                 what: "READ reply descriptor of the wrong size",
             })),
         },
         MsgKind::ZeroCopyDone => match payload.get(..8) {
             Some(b) => Reply::ZeroCopy(u64::from_le_bytes(b.try_into().expect("8")) as usize),
-            None => Reply::Inline(Err(CallError::Protocol {
+            None => Reply::Failed(Box::new(CallError::Protocol {
                 node,
                 what: "zero-copy reply without a length",
             })),
@@ -855,6 +930,22 @@ mod tests {
             (3, 99, ReplyMode::Auto as u8)
         );
         assert_eq!(h.kind, MsgKind::Request as u8);
+        // The prefix-free fast path sends the same header as an empty prefix.
+        for m in [
+            ReplyMode::Rpc,
+            ReplyMode::Auto,
+            ReplyMode::Read,
+            ReplyMode::ZeroCopy,
+        ] {
+            let (a, b) = (
+                RequestPrefix::new(m, None, None).header(3, 99),
+                RequestPrefix::bare_header(m, 3, 99),
+            );
+            assert_eq!(
+                (a.len, a.handler, a.kind, a.flags, a.call_id),
+                (b.len, b.handler, b.kind, b.flags, b.call_id)
+            );
+        }
         let p = RequestPrefix::new(ReplyMode::ZeroCopy, Some(z), Some(f));
         let mut want = z.to_bytes().to_vec();
         want.extend_from_slice(&f.to_bytes());
@@ -922,15 +1013,15 @@ mod tests {
         };
         assert!(matches!(
             decode_reply(n, &h(MsgKind::Response), b"ok"),
-            Some(Reply::Inline(Ok(v))) if v == b"ok"
+            Some(Reply::Inline(v)) if v == b"ok"
         ));
         assert!(matches!(
             decode_reply(n, &h(MsgKind::Error), b"bad"),
-            Some(Reply::Inline(Err(CallError::Remote { handler: 5, msg, .. }))) if msg == "bad"
+            Some(Reply::Failed(e)) if matches!(&*e, CallError::Remote { handler: 5, msg, .. } if msg == "bad")
         ));
         assert!(matches!(
             decode_reply(n, &h(MsgKind::Cancelled), b""),
-            Some(Reply::Inline(Err(CallError::Protocol { .. })))
+            Some(Reply::Failed(e)) if matches!(*e, CallError::Protocol { .. })
         ));
         let r = ReadReply {
             addr: 1,
@@ -944,7 +1035,7 @@ mod tests {
         ));
         assert!(matches!(
             decode_reply(n, &h(MsgKind::ReadReply), &[0; 3]),
-            Some(Reply::Inline(Err(CallError::Protocol { .. })))
+            Some(Reply::Failed(e)) if matches!(*e, CallError::Protocol { .. })
         ));
         let mut done = [0u8; 16];
         done[..8].copy_from_slice(&42u64.to_le_bytes());
@@ -954,7 +1045,7 @@ mod tests {
         ));
         assert!(matches!(
             decode_reply(n, &h(MsgKind::ZeroCopyDone), &[1, 2]),
-            Some(Reply::Inline(Err(CallError::Protocol { .. })))
+            Some(Reply::Failed(e)) if matches!(*e, CallError::Protocol { .. })
         ));
         // A peer-chosen length as large as u64 decodes (and is refused by the fit).
         assert!(matches!(

@@ -24,12 +24,22 @@ use super::CallError;
 /// What the server answered.
 #[derive(Debug)]
 pub(crate) enum Reply {
-    /// Inline payload, or an error.
-    Inline(Result<Vec<u8>, CallError>),
+    /// Inline payload.
+    Inline(Vec<u8>),
+    /// The call failed. Boxed: errors are rare, and a `Reply` is moved several times on
+    /// every call (slot, poll, the caller's future), so it is kept to 32 bytes.
+    Failed(Box<CallError>),
     /// RPC + READ: where the reply waits.
     Read(ReadReply),
     /// Zero-copy: the reply's length in the call's buffer.
     ZeroCopy(usize),
+}
+
+impl Reply {
+    /// Whether this is the call's deadline error ([`CallError::Timeout`]).
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(self, Reply::Failed(e) if matches!(**e, CallError::Timeout { .. }))
+    }
 }
 
 struct Slot {
@@ -165,6 +175,7 @@ impl CallTable {
     /// reading the clock (a clock read is a fair share of a small RPC on shared memory),
     /// and the deadline is late by at most the interval between scans, which already
     /// bounds how late an expiry is seen.
+    #[inline]
     pub(crate) fn open(
         &mut self,
         node: NodeId,
@@ -282,20 +293,21 @@ impl CallTable {
     /// Poll call `id` for its result, registering `waker` to be woken when it comes.
     /// Ready with the reply and the call's buffer (which the caller frees after copying
     /// out), or with the call's deadline error.
+    #[inline]
     pub(crate) fn poll(&mut self, id: u64, waker: &Waker) -> Poll<(Reply, Held)> {
         let Some(s) = self.get_mut(id) else {
             let e = CallError::Protocol {
                 node: NodeId::MAX,
                 what: "call polled after it ended",
             };
-            return Poll::Ready((Reply::Inline(Err(e)), Held::default()));
+            return Poll::Ready((Reply::Failed(Box::new(e)), Held::default()));
         };
         if let Some(r) = s.result.take() {
             // Taken field by field: moving the whole slot out costs a copy per call.
             let (node, chunks, settled) = (s.node, std::mem::take(&mut s.chunks), s.settled);
             self.release((id & u64::from(u32::MAX)) as usize);
             // An expired call with a buffer the server may still touch keeps it.
-            if matches!(r, Reply::Inline(Err(CallError::Timeout { .. }))) && !settled {
+            if r.is_timeout() && !settled {
                 if !chunks.is_empty() {
                     self.zombies.insert(id, (node, chunks));
                 }
@@ -334,7 +346,7 @@ impl CallTable {
                 out.cancel = true;
             }
             // Expired: `expire` asked for the cancel already.
-            Some(Reply::Inline(Err(CallError::Timeout { .. }))) if !s.settled => {
+            Some(r) if r.is_timeout() && !s.settled => {
                 self.zombies.insert(id, (s.node, c));
             }
             // A final answer (or a gone node): nothing touches it any more.
@@ -360,7 +372,7 @@ impl CallTable {
             if deadline > now {
                 continue;
             }
-            s.result = Some(Reply::Inline(Err(CallError::Timeout {
+            s.result = Some(Reply::Failed(Box::new(CallError::Timeout {
                 node: s.node,
                 handler: s.handler,
                 after: s.after,
@@ -394,7 +406,7 @@ impl CallTable {
                 s.settled = true;
             }
             if s.node == node && s.result.is_none() {
-                s.result = Some(Reply::Inline(Err(err(s.handler))));
+                s.result = Some(Reply::Failed(Box::new(err(s.handler))));
                 s.wake();
             }
         }
@@ -450,11 +462,11 @@ mod tests {
         let (c, w) = waker();
         assert!(t.poll(id, &w).is_pending());
         assert!(matches!(
-            t.deliver(id, Reply::Inline(Ok(vec![1]))),
+            t.deliver(id, Reply::Inline(vec![1])),
             Late::Delivered
         ));
         assert_eq!(c.0.load(Ordering::Relaxed), 1);
-        let Poll::Ready((Reply::Inline(Ok(v)), _)) = t.poll(id, &w) else {
+        let Poll::Ready((Reply::Inline(v), _)) = t.poll(id, &w) else {
             panic!("no reply")
         };
         assert_eq!(v, vec![1]);
@@ -475,14 +487,14 @@ mod tests {
         let (b, wb) = waker();
         let id1 = t.open(NodeId(1), 1, None, MS, Held::default());
         assert!(t.poll(id1, &wa).is_pending());
-        t.deliver(id1, Reply::Inline(Ok(vec![])));
+        t.deliver(id1, Reply::Inline(vec![]));
         assert!(t.poll(id1, &wa).is_ready());
         assert_eq!(a.0.load(Ordering::Relaxed), 1);
         // The slot is reused by another task's call; a reply before that task polled
         // wakes nobody (the kept waker is task A's).
         let id2 = t.open(NodeId(1), 1, None, MS, Held::default());
         assert_eq!(id2 & u64::from(u32::MAX), id1 & u64::from(u32::MAX));
-        t.deliver(id2, Reply::Inline(Ok(vec![])));
+        t.deliver(id2, Reply::Inline(vec![]));
         assert_eq!(
             (a.0.load(Ordering::Relaxed), b.0.load(Ordering::Relaxed)),
             (1, 0)
@@ -491,7 +503,7 @@ mod tests {
         // Task B's call through the same slot, polled first: B is woken, A is not.
         let id3 = t.open(NodeId(1), 1, None, MS, Held::default());
         assert!(t.poll(id3, &wb).is_pending());
-        t.deliver(id3, Reply::Inline(Ok(vec![])));
+        t.deliver(id3, Reply::Inline(vec![]));
         assert_eq!(
             (a.0.load(Ordering::Relaxed), b.0.load(Ordering::Relaxed)),
             (1, 1)
@@ -513,7 +525,7 @@ mod tests {
         assert_ne!(t.next_id(), 0);
         let a = t.open(NodeId(1), 1, Some(now + MS), MS, Held::default());
         assert!(matches!(
-            t.deliver(a, Reply::Inline(Ok(vec![1]))),
+            t.deliver(a, Reply::Inline(vec![1])),
             Late::Delivered
         ));
         assert!(t.poll(a, &w).is_ready());
@@ -526,7 +538,7 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a & u64::from(u32::MAX), b & u64::from(u32::MAX));
         // A duplicate of `a`'s reply is not `b`'s.
-        assert!(frees(t.deliver(a, Reply::Inline(Ok(vec![9]))), None));
+        assert!(frees(t.deliver(a, Reply::Inline(vec![9])), None));
         assert!(t.poll(b, &w).is_pending());
         assert_eq!(t.len(), 1);
         // `b` abandoned before its answer: its buffer is a zombie under its own id, and
@@ -535,7 +547,7 @@ mod tests {
         let c = t.open(NodeId(1), 1, Some(now + MS), MS, Held::default());
         assert_ne!(c, b);
         assert_eq!(pool.in_use(), 1);
-        assert!(frees(t.deliver(b, Reply::Inline(Ok(vec![2]))), Some(off)));
+        assert!(frees(t.deliver(b, Reply::Inline(vec![2])), Some(off)));
         assert_eq!(pool.in_use(), 0);
         assert!(t.poll(c, &w).is_pending());
     }
@@ -555,7 +567,7 @@ mod tests {
         assert_eq!(c.0.load(Ordering::Relaxed), 1);
         assert!(matches!(
             t.poll(b, &w),
-            Poll::Ready((Reply::Inline(Err(CallError::Timeout { .. })), _))
+            Poll::Ready((Reply::Failed(e), _)) if matches!(*e, CallError::Timeout { .. })
         ));
         assert!(t.poll(a, &w).is_pending());
         assert_eq!(t.next_deadline(), Some(now + 2 * MS));
@@ -583,7 +595,7 @@ mod tests {
         assert_eq!(c.0.load(Ordering::Relaxed), 1);
         assert!(matches!(
             t.poll(id, &w),
-            Poll::Ready((Reply::Inline(Err(CallError::Timeout { .. })), _))
+            Poll::Ready((Reply::Failed(e), _)) if matches!(*e, CallError::Timeout { .. })
         ));
     }
 
@@ -637,10 +649,10 @@ mod tests {
         // The Done arrives before the caller's future runs again.
         assert!(frees(t.deliver(id, Reply::ZeroCopy(8)), None));
         let (_c, w) = waker();
-        let Poll::Ready((Reply::Inline(Err(CallError::Timeout { .. })), held)) = t.poll(id, &w)
-        else {
+        let Poll::Ready((Reply::Failed(e), held)) = t.poll(id, &w) else {
             panic!("want the timeout")
         };
+        assert!(matches!(*e, CallError::Timeout { .. }), "{e}");
         assert_eq!(
             held.offsets(),
             (Some(off), None),
@@ -706,10 +718,8 @@ mod tests {
         assert_eq!(c.0.load(Ordering::Relaxed), 1);
         assert!(matches!(
             t.poll(id, &w),
-            Poll::Ready((
-                Reply::Inline(Err(CallError::NotConnected { node: NodeId(7) })),
-                _
-            ))
+            Poll::Ready((Reply::Failed(e), _))
+                if matches!(*e, CallError::NotConnected { node: NodeId(7) })
         ));
     }
 }

@@ -1200,10 +1200,10 @@ impl ThreadCtx {
                     continue;
                 };
                 match &reply {
-                    Reply::Inline(Ok(_)) => inner.stats.inline_replies += 1,
+                    Reply::Inline(_) => inner.stats.inline_replies += 1,
                     Reply::Read(_) => inner.stats.read_replies += 1,
                     Reply::ZeroCopy(_) => inner.stats.zero_copy_replies += 1,
-                    Reply::Inline(Err(_)) => {}
+                    Reply::Failed(_) => {}
                 }
                 let read = if let Reply::Read(r) = &reply {
                     Some(r.handle)

@@ -332,9 +332,22 @@ impl Handlers {
     /// [`Handlers::call`] on behalf of `caller`, which handlers registered with
     /// [`Handlers::register_with_caller`] are told.
     pub fn call_as(&self, caller: Caller, id: u16, req: &[u8], out: &mut Vec<u8>) -> MsgKind {
+        Self::run(self.map.get(&id), caller, id, req, out)
+    }
+
+    /// [`Handlers::call_as`] with handler `id`'s entry looked up already (`entry`; `None`
+    /// when there is none): the server's dispatch has it, and a second lookup per
+    /// request is a fair share of a small RPC.
+    pub(crate) fn run(
+        entry: Option<&Entry>,
+        caller: Caller,
+        id: u16,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> MsgKind {
         out.clear();
         type Run<'a> = &'a dyn Fn(&[u8], &mut Vec<u8>) -> Result<(), String>;
-        let h: Run<'_> = match self.map.get(&id) {
+        let h: Run<'_> = match entry {
             Some(Entry::Sync(h)) => &**h,
             Some(Entry::SyncCaller(h)) => &move |req, out| h(caller, req, out),
             Some(_) => {

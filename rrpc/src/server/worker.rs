@@ -590,7 +590,8 @@ impl Worker {
     /// Run the handler of request `p` with payload `body`, or queue it for later.
     fn dispatch(&mut self, ci: usize, p: Pending, body: &[u8], handle: &exec::Handle) {
         let tag = (p.conn, p.hdr.call_id);
-        match self.handlers.get(p.hdr.handler) {
+        let entry = self.handlers.get(p.hdr.handler);
+        match entry {
             Some(e @ (Entry::Async(_) | Entry::AsyncCaller(_))) => {
                 let id = p.hdr.handler;
                 let caller = self.conns[ci].caller;
@@ -643,7 +644,7 @@ impl Worker {
             _ => {
                 let mut out = std::mem::take(&mut self.out);
                 let caller = self.conns[ci].caller;
-                let kind = self.handlers.call_as(caller, p.hdr.handler, body, &mut out);
+                let kind = Handlers::run(entry, caller, p.hdr.handler, body, &mut out);
                 self.respond(ci, &p, kind, &out);
                 self.out = out;
             }
