@@ -510,20 +510,20 @@ impl CallDeadline {
 
 /// The index of `node`'s connection in `inner` if a call can go out on it. Errors:
 /// [`CallError::NotConnected`] (no connection, or one without RPC);
-/// [`CallError::PeerGone`] (broken).
-fn call_conn(inner: &Inner, node: NodeId) -> Result<usize, CallError> {
+/// [`CallError::PeerGone`] (broken); boxed, as the send step's.
+fn call_conn(inner: &Inner, node: NodeId) -> Result<usize, Box<CallError>> {
     let Some(&ci) = inner.by_node.get(&node) else {
-        return Err(CallError::NotConnected { node });
+        return Err(Box::new(CallError::NotConnected { node }));
     };
     let conn = &inner.conns[ci];
     if let Some(why) = &conn.broken {
-        return Err(CallError::PeerGone {
+        return Err(Box::new(CallError::PeerGone {
             node,
             why: why.clone(),
-        });
+        }));
     }
     if conn.rpc.is_none() {
-        return Err(CallError::NotConnected { node });
+        return Err(Box::new(CallError::NotConnected { node }));
     }
     Ok(ci)
 }
@@ -583,7 +583,7 @@ impl<'a> Sending<'a> {
         let mut inner = ctx.inner.borrow_mut();
         let ci = match call_conn(&inner, node) {
             Ok(ci) => ci,
-            Err(e) => return Poll::Ready(Err(Box::new(e))),
+            Err(e) => return Poll::Ready(Err(e)),
         };
         let Inner {
             conns,
