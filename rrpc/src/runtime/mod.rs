@@ -552,7 +552,7 @@ impl ThreadCtx {
         let (r, _buf) = self
             .one_sided_op(node, WrOpcode::Write, remote, data.len(), local, max, None)
             .await;
-        r
+        r.map_err(|e| *e)
     }
 
     /// RDMA WRITEs of `writes` (remote address, data) to `node`, in order, as one list on
@@ -653,7 +653,7 @@ impl ThreadCtx {
                 first_err = Some(e);
             }
         }
-        first_err.map_or(Ok(()), Err)
+        first_err.map_or(Ok(()), |e| Err(*e))
     }
 
     /// 8-byte RDMA compare-and-swap at `remote` (8-byte aligned); returns the old value.
@@ -691,7 +691,7 @@ impl ThreadCtx {
         let (r, buf) = self
             .one_sided_op(node, op, remote, 8, LocalBuf::Alloc(None), max, None)
             .await;
-        r?;
+        r.map_err(|e| *e)?;
         let (c, _) = buf.expect("a completed op has its buffer");
         let mut old = [0u8; 8];
         self.inner.borrow().arena.mr().read(c.off(), &mut old);
@@ -760,12 +760,13 @@ impl ThreadCtx {
             }
             None => Vec::new(),
         };
-        r.map(|()| out)
+        r.map(|()| out).map_err(|e| *e)
     }
 
     /// Queue one one-sided WR of `len` bytes on `buf` and wait for it. Returns the outcome
     /// and, unless the op was never queued, its local buffer (chunk and length); an op
-    /// that cannot be queued fails with its buffer dropped (back to the arena).
+    /// that cannot be queued fails with its buffer dropped (back to the arena). The error
+    /// is boxed (the public ops unbox it) so that every op's outcome fits a register.
     #[allow(clippy::too_many_arguments)]
     async fn one_sided_op(
         &self,
@@ -776,23 +777,23 @@ impl ThreadCtx {
         mut buf: LocalBuf<'_>,
         max: usize,
         timing: Option<&mut Option<OpTiming>>,
-    ) -> (Result<(), OneSidedError>, Option<(Chunk, usize)>) {
+    ) -> (Result<(), Box<OneSidedError>>, Option<(Chunk, usize)>) {
         let timed = timing.is_some();
         self.revive(node);
         let queued = std::future::poll_fn(|cx| {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
             if len > max {
-                return Poll::Ready(Err(OneSidedError::TooLarge { len, max }));
+                return Poll::Ready(Err(Box::new(OneSidedError::TooLarge { len, max })));
             }
             let Some(&ci) = inner.by_node.get(&node) else {
-                return Poll::Ready(Err(OneSidedError::NotConnected { node }));
+                return Poll::Ready(Err(Box::new(OneSidedError::NotConnected { node })));
             };
             if let Some(why) = &inner.conns[ci].broken {
-                return Poll::Ready(Err(OneSidedError::PeerGone {
+                return Poll::Ready(Err(Box::new(OneSidedError::PeerGone {
                     node,
                     why: why.clone(),
-                }));
+                })));
             }
             let chunk = match &mut buf {
                 LocalBuf::Alloc(data) => {
@@ -808,7 +809,7 @@ impl ThreadCtx {
                 }
                 LocalBuf::Given(c) => match c.take() {
                     Some(c) if inner.arena.owns(&c) && c.bytes() >= len => c,
-                    _ => return Poll::Ready(Err(OneSidedError::ForeignBuffer)),
+                    _ => return Poll::Ready(Err(Box::new(OneSidedError::ForeignBuffer))),
                 },
             };
             let wr = SendWr {
@@ -1315,7 +1316,10 @@ struct OpWait<'a> {
 }
 
 impl Future for OpWait<'_> {
-    type Output = Result<(), OneSidedError>;
+    type Output = Result<(), Box<OneSidedError>>;
+    // Inlined into the op's future, with the outcome in a register: a one-sided op's
+    // result read back through the stack cost a store-forwarding stall per op.
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let r = self.ctx.inner.borrow_mut().ops.poll(self.id, cx.waker());
         self.done = r.is_ready();

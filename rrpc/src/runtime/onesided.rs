@@ -14,8 +14,9 @@ enum State {
     Free,
     /// Posted or queued; no completion yet.
     Waiting,
-    /// Completed; the waiting future has not looked yet.
-    Done(Result<(), OneSidedError>),
+    /// Completed; the waiting future has not looked yet. The error is boxed so that the
+    /// outcome travels to the waiting future in a register.
+    Done(Result<(), Box<OneSidedError>>),
 }
 
 struct Slot {
@@ -99,7 +100,7 @@ impl OpTable {
             if s.timed {
                 s.completed = Some(Instant::now());
             }
-            s.state = State::Done(r);
+            s.state = State::Done(r.map_err(Box::new));
             if let Some(w) = s.waker.take() {
                 w.wake();
             }
@@ -125,8 +126,14 @@ impl OpTable {
         })
     }
 
-    /// Poll op `id`, registering `waker`. Ready with its outcome.
-    pub(crate) fn poll(&mut self, id: usize, waker: &Waker) -> Poll<Result<(), OneSidedError>> {
+    /// Poll op `id`, registering `waker`. Ready with its outcome (the error boxed: see
+    /// [`State::Done`]).
+    #[inline]
+    pub(crate) fn poll(
+        &mut self,
+        id: usize,
+        waker: &Waker,
+    ) -> Poll<Result<(), Box<OneSidedError>>> {
         let s = &mut self.slots[id];
         match std::mem::replace(&mut s.state, State::Waiting) {
             State::Done(r) => {

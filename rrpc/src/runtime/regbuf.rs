@@ -158,7 +158,7 @@ impl ThreadCtx {
                 None,
             )
             .await;
-        r?;
+        r.map_err(|e| *e)?;
         let (chunk, len) = back.expect("a completed op gives its buffer back");
         Ok(RegBuf { chunk, len, mr })
     }
