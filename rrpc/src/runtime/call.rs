@@ -635,16 +635,9 @@ impl<'a> Sending<'a> {
                 if fetch {
                     stats.fetched_requests += 1;
                 }
+                let held = std::mem::take(&mut self.bufs).into_held();
                 rpc.credit_q.leave(&mut self.ticket);
-                let started = self.deadline.started();
-                // Two call sites, so that the common one (no buffers) opens the call with a
-                // constant `Held` stored in place rather than one copied through the stack.
-                let id = if self.bufs.is_empty() {
-                    calls.open(node, handler, started, after, Held::default())
-                } else {
-                    let held = std::mem::take(&mut self.bufs).into_held();
-                    calls.open(node, handler, started, after, held)
-                };
+                let id = calls.open(node, handler, self.deadline.started(), after, held);
                 debug_assert_eq!(id, call_id);
                 Poll::Ready(Ok(id))
             }
