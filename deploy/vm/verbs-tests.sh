@@ -30,11 +30,12 @@ for exe in "$@"; do
   only=()
   # The workloads on verbs, one short `txn-bench` run each (every check of the run);
   # their suites' other runs stay on shm, to keep the VM's time small. SmallBank and
-  # YCSB A run `--protocol all` (occ-cas, scythe and mvcc, each on a fresh cluster);
+  # YCSB A and E run `--protocol all` (occ-cas, scythe, mvcc and lotus, each on a fresh cluster);
   # TATP runs scythe (the lock service on verbs too), TPC-C occ-cas.
   case "$name" in
     smallbank) only=(--exact all_protocols_pass_every_check_at_theta_0_99) ;;
-    ycsb) only=(--exact ycsb_a_passes_every_check_with_every_protocol) ;;
+    ycsb) only=(--exact ycsb_a_passes_every_check_with_every_protocol
+      ycsb_e_scans_through_the_range_index_and_passes_every_check) ;;
     tatp) only=(--exact tatp_on_scythe) ;;
     tpcc) only=(--exact tpcc_on_occ_cas) ;;
     # The planted-bug and liveness tests are timing-dependent: shm only.
