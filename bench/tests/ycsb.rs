@@ -81,8 +81,8 @@ fn kvs_passes_with_scythe() {
 
 #[test]
 fn ycsb_e_scans_through_the_range_index_and_passes_every_check() {
-    // Each coroutine starts with an insert, so that the Soft-RoCE VM's debug build (a few
-    // dozen transactions a second) commits one of each kind in the short run.
+    // Each coroutine runs a scan and an insert first, so that the Soft-RoCE VM's debug
+    // build (a few dozen transactions a second) commits both kinds in the short run.
     let (stdout, s) = txn_bench(
         "ycsb-e",
         &[
