@@ -57,6 +57,7 @@ pub(crate) fn rows(args: &Args) -> Vec<Row> {
         range_index: None,
         replicas: None,
         max_backoff_us: None,
+        lock_placement: None,
         label: Some(label),
     };
     let r = routed(args);

@@ -213,18 +213,23 @@ impl Auditor {
         })
     }
 
-    /// Locks of the lock service held or queued, `None` without a lock service (the
-    /// table read in READs of 1 MiB).
+    /// Locks of the lock services held or queued (the lockd's, or every memory node's),
+    /// `None` without a lock service (each table read in READs of 1 MiB).
     pub(crate) fn lockd_held(&self) -> anyhow::Result<Option<u64>> {
         let client = self.client.clone();
         block_on(&self.ctx, async move {
-            let Some(locks) = client.locks() else {
+            let services = client.lock_services();
+            if services.is_empty() {
                 return Ok(None);
-            };
-            let n = locks
-                .count_busy(client.ctx(), 0..locks.n_locks(), 1 << 20)
-                .await
-                .context("audit: reading the lock table")?;
+            }
+            // The one lockd's table, or every memory node's.
+            let mut n = 0;
+            for locks in services {
+                n += locks
+                    .count_busy(client.ctx(), 0..locks.n_locks(), 1 << 20)
+                    .await
+                    .context("audit: reading the lock table")?;
+            }
             Ok(Some(n))
         })
     }

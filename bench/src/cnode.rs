@@ -189,6 +189,9 @@ pub struct WireStats {
     memnode_ops: [u64; 3],
     /// (table, attempts, tocc).
     tocc_share: Vec<(String, u64, u64)>,
+    /// Lock-and-read RPCs, and grants that brought their object.
+    #[serde(default)]
+    lock_reads: (u64, u64),
     /// Commits per type during the warm-up (`--warmup`; empty without one).
     #[serde(default)]
     warmup_commits: Vec<u64>,
@@ -267,6 +270,7 @@ impl WireStats {
                 .iter()
                 .map(|t| (t.table.clone(), t.attempts, t.tocc))
                 .collect(),
+            lock_reads: s.lock_reads,
             warmup_commits: s.warmup_commits.clone(),
             breakdown: s.breakdown.as_ref().map(|b| {
                 b.encode()
@@ -339,6 +343,7 @@ impl WireStats {
             writes,
             atomics,
         };
+        s.lock_reads = self.lock_reads;
         s.tocc_share = self
             .tocc_share
             .into_iter()

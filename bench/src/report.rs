@@ -121,6 +121,9 @@ pub struct WorkerStats {
     pub breakdown: Option<crate::breakdown::Breakdown>,
     /// Scythe: per table, attempts that read it and of those the TOCC ones.
     pub tocc_share: Vec<crate::breakdown::ToccShare>,
+    /// Scythe with its locks on the memory nodes: lock-and-read RPCs sent, and grants
+    /// whose object came with them and was taken without a READ.
+    pub lock_reads: (u64, u64),
     /// With `--timeline-ms`: the thread's commits and aborts per interval.
     pub timeline: crate::timeline::Timeline,
     /// Commits per type before the warm-up's end ([`Self::restart_window`]), in the
@@ -151,6 +154,7 @@ impl WorkerStats {
             transient_retries: 0,
             breakdown: None,
             tocc_share: Vec::new(),
+            lock_reads: Default::default(),
             timeline: Default::default(),
             warmup_commits: Vec::new(),
         }
@@ -405,6 +409,10 @@ pub struct Report {
     /// Scythe: the share of attempts that ran TOCC, per table read.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tocc_share: Vec<crate::breakdown::ToccShare>,
+    /// Scythe with its locks on the memory nodes (Scythe 4.3): lock-and-read RPCs sent
+    /// and, of those, grants whose object came with them (taken without a READ).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_reads: Option<[u64; 2]>,
     /// Coordinator processes (`--cnodes`; 1: the coordinators ran in `txn-bench`).
     pub cnodes: usize,
     /// What happened to coordinator processes during the run (deaths, kills, restarts,
@@ -724,6 +732,7 @@ impl Report {
             breakdown: None,
             cpu: Vec::new(),
             tocc_share: Vec::new(),
+            lock_reads: Default::default(),
             cnodes: 1,
             cnode_events: Vec::new(),
             timeline: None,
@@ -980,6 +989,18 @@ impl Report {
         if !self.tocc_share.is_empty() {
             let _ = writeln!(s, "{}", crate::breakdown::tocc_line(&self.tocc_share));
         }
+        if let Some([sent, taken]) = self.lock_reads {
+            let _ = writeln!(
+                s,
+                "lock-and-read (locks on the memnodes): {sent} RPCs, {taken} objects came with \
+                 their grant and needed no READ ({:.1}%)",
+                if sent > 0 {
+                    100.0 * taken as f64 / sent as f64
+                } else {
+                    0.0
+                }
+            );
+        }
         if !self.cpu.is_empty() {
             let _ = writeln!(s, "{}", crate::breakdown::cpu_line(&self.cpu));
         }
@@ -1179,9 +1200,11 @@ impl Ratio {
 
 /// The ratios the comparison reports, per point (in the order the runs came), then across
 /// the points of `--sweep range-index=off,on` (each protocol's throughput with range scans
-/// over with cursor rows) and of `--sweep replicas=...` (each protocol's throughput at
-/// every later point over its first, `throughput mvcc replicas 3/1`: what the copies
-/// cost, Motor 7.2): p99 of
+/// over with cursor rows), of `--sweep lock-placement=lockd,memnode` (each protocol's
+/// throughput and p99 with Scythe's locks on the memory nodes over on a lockd node,
+/// `throughput scythe memnode/lockd`) and of `--sweep replicas=...` (each protocol's
+/// throughput at every later point over its first, `throughput mvcc replicas 3/1`: what
+/// the copies cost, Motor 7.2): p99 of
 /// `scythe` over `occ-cas`, throughput of MVCC (`mvcc` or `mvcc-si`) and of Lotus over
 /// `occ-cas`, throughput and p50 of Lotus over MVCC at the same isolation, and
 /// throughput of the UNSAFE no-CAS variant over its MVCC (`mvcc-nocas/mvcc`, Lotus's
@@ -1198,6 +1221,30 @@ pub fn ratios<R: std::borrow::Borrow<Report>>(runs: &[R]) -> Vec<Ratio> {
             .find(|r| at(r, "range-index=off") && r.protocol == on.protocol)
         {
             out.push(throughput_ratio("range-index on/off", on, off));
+        }
+    }
+    // `--sweep lock-placement=lockd,memnode`: each protocol with its locks on the memory
+    // nodes over on a lockd node, throughput and p99.
+    // With the points repeated (`lock-placement=lockd,memnode,lockd,memnode`), the k-th
+    // memnode run of a protocol over its k-th lockd run.
+    for m in runs.iter().filter(|r| at(r, "lock-placement=memnode")) {
+        let same = |r: &&&Report, point: &str| at(r, point) && r.protocol == m.protocol;
+        let kth = runs
+            .iter()
+            .filter(|r| same(r, "lock-placement=memnode"))
+            .position(|r| std::ptr::eq(*r, *m))
+            .unwrap_or(0);
+        if let Some(l) = runs
+            .iter()
+            .filter(|r| same(r, "lock-placement=lockd"))
+            .nth(kth)
+        {
+            out.push(throughput_ratio("memnode/lockd", m, l));
+            out.push(Ratio::of(
+                format!("p99 {} memnode/lockd", m.protocol),
+                None,
+                (l.p99_us > 0.0).then(|| m.p99_us / l.p99_us),
+            ));
         }
     }
     // `--sweep replicas=R1,R2,...`: each protocol at every later point over its first.

@@ -131,7 +131,9 @@ pub struct Args {
     /// every partition, as --replicas: what replication costs, each protocol's
     /// throughput at every point over its first) or max-backoff-us=100,1000 (the retry
     /// backoff's cap, as --max-backoff-us: under skew it sets how fast refused
-    /// transactions come back); prints a table, and with --chart
+    /// transactions come back) or lock-placement=lockd,memnode (Scythe's locks on a
+    /// lockd node, then on the memory nodes, as --lock-placement: throughput and p99 of
+    /// each protocol at memnode over lockd); prints a table, and with --chart
     /// draws throughput against p99, one line per protocol.
     #[arg(long, value_name = "PARAM=V1,V2,...")]
     #[serde(with = "opt_str")]
@@ -223,9 +225,22 @@ pub struct Args {
     #[arg(long)]
     #[serde(default)]
     pub dry_run: bool,
-    /// Server threads of the lock service.
+    /// Server threads of the lock service (of each memory node's, with
+    /// --lock-placement memnode).
     #[arg(long, default_value_t = 1)]
     pub lockd_threads: usize,
+    /// Where Scythe's Takeout Locks live: memnode (each memory node serves the locks of
+    /// its partition's objects behind its own address, and a TOCC read whose ticket is
+    /// served at once gets its object with the grant, one RPC: Scythe 4.3's placement,
+    /// the locks with the data; no lockd node runs), lockd (one lock-service node for the
+    /// cluster), or auto: memnode (the faster on SmallBank), except lockd when the
+    /// partitions are replicated (--replicas above 1: the locks would not follow a
+    /// failover), when --kill-lockd-after kills the lock service, or with --hosts (the
+    /// topology file places the lockd). The header says which ran. Other protocols take
+    /// no Takeout Locks and ignore it.
+    #[arg(long, value_enum, default_value_t = LockPlacementArg::Auto)]
+    #[serde(default)]
+    pub lock_placement: LockPlacementArg,
     /// Scythe's ColdWatermark (queued tickets above which a cold-mode Lock RPC is
     /// refused and the retry runs TOCC).
     #[arg(long, default_value_t = 3, value_name = "TICKETS")]
@@ -656,6 +671,9 @@ pub enum Sweep {
     /// The cap of the retry backoff after a conflict abort, microseconds
     /// (`--max-backoff-us`).
     MaxBackoffUs(Vec<u64>),
+    /// Where Scythe's Takeout Locks live (`--lock-placement`): a lockd node or the
+    /// memory nodes, side by side.
+    LockPlacement(Vec<LockPlacementArg>),
 }
 
 /// A sweep's points that count something (`what`), each at least 1; the error names
@@ -747,8 +765,17 @@ impl FromStr for Sweep {
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::MaxBackoffUs),
+            "lock-placement" => values
+                .iter()
+                .map(|v| {
+                    LockPlacementArg::from_str(v, true).map_err(|_| {
+                        format!("--sweep lock-placement: {v:?} is not lockd or memnode")
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::LockPlacement),
             p => Err(format!(
-                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries, lock-serving, range-index, replicas or max-backoff-us"
+                "--sweep: unknown parameter {p:?}: theta, clients, commit-log, vtc-entries, lock-serving, range-index, replicas, max-backoff-us or lock-placement"
             )),
         }
     }
@@ -789,6 +816,11 @@ impl fmt::Display for Sweep {
                 "max-backoff-us={}",
                 join(v.iter().map(u64::to_string).collect())
             ),
+            Self::LockPlacement(v) => write!(
+                f,
+                "lock-placement={}",
+                join(v.iter().map(|l| l.name().to_string()).collect())
+            ),
             Self::RangeIndex(v) => write!(
                 f,
                 "range-index={}",
@@ -827,19 +859,25 @@ pub(crate) struct Point {
     /// The retry backoff's cap at this point, microseconds (`None`: as
     /// `--max-backoff-us` says).
     pub(crate) max_backoff_us: Option<u64>,
+    /// Where Scythe's locks live at this point (`None`: as `--lock-placement` says).
+    pub(crate) lock_placement: Option<LockPlacementArg>,
 }
 
 impl Point {
     /// `args` with the flags this point sets (`--range-index`, `--replicas`,
-    /// `--max-backoff-us`), or `None` when it sets none of them.
+    /// `--max-backoff-us`, `--lock-placement`), or `None` when it sets none of them.
     pub(crate) fn args(&self, args: &Args) -> Option<Args> {
-        (self.range_index.is_some() || self.replicas.is_some() || self.max_backoff_us.is_some())
-            .then(|| Args {
-                range_index: self.range_index.unwrap_or(args.range_index),
-                replicas: self.replicas.unwrap_or(args.replicas),
-                max_backoff_us: self.max_backoff_us.unwrap_or(args.max_backoff_us),
-                ..args.clone()
-            })
+        (self.range_index.is_some()
+            || self.replicas.is_some()
+            || self.max_backoff_us.is_some()
+            || self.lock_placement.is_some())
+        .then(|| Args {
+            range_index: self.range_index.unwrap_or(args.range_index),
+            replicas: self.replicas.unwrap_or(args.replicas),
+            max_backoff_us: self.max_backoff_us.unwrap_or(args.max_backoff_us),
+            lock_placement: self.lock_placement.unwrap_or(args.lock_placement),
+            ..args.clone()
+        })
     }
 }
 
@@ -891,6 +929,30 @@ impl From<LogPlacementArg> for txn::config::LogPlacement {
         match a {
             LogPlacementArg::RoundBefore => Self::RoundBefore,
             LogPlacementArg::Ordered => Self::Ordered,
+        }
+    }
+}
+
+/// The `--lock-placement` flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockPlacementArg {
+    /// Memnode where it applies, else lockd ([`Args::locks_on_memnodes`]).
+    #[default]
+    Auto,
+    /// One lockd node holds every lock.
+    Lockd,
+    /// Each memory node serves its partition's locks.
+    Memnode,
+}
+
+impl LockPlacementArg {
+    /// The flag's value: `auto`, `lockd` or `memnode`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Lockd => "lockd",
+            Self::Memnode => "memnode",
         }
     }
 }
@@ -966,6 +1028,19 @@ impl Args {
             .unwrap_or_else(|| self.threads.unwrap_or(1).clamp(1, usize::from(u16::MAX)) as u16)
     }
 
+    /// Whether Scythe's locks live on the memory nodes in this run (`--lock-placement`,
+    /// with auto resolved: memnode unless --replicas is above 1, --kill-lockd-after is
+    /// given or --hosts places the services).
+    pub fn locks_on_memnodes(&self) -> bool {
+        match self.lock_placement {
+            LockPlacementArg::Memnode => true,
+            LockPlacementArg::Lockd => false,
+            LockPlacementArg::Auto => {
+                self.replicas <= 1 && self.kill_lockd_after.is_none() && self.hosts.is_none()
+            }
+        }
+    }
+
     /// Check the flags every workload shares (the workload's own are checked by its
     /// constructor, [`workload::spec`]); `threads` must be resolved. Errors: the first
     /// flag out of range, by name.
@@ -988,6 +1063,25 @@ impl Args {
                  another memory node (got {})",
                 self.memnodes,
                 self.replicas
+            );
+        }
+        let memnode_locks = self.lock_placement == LockPlacementArg::Memnode
+            || matches!(&self.sweep, Some(Sweep::LockPlacement(v)) if v.contains(&LockPlacementArg::Memnode));
+        if matches!(&self.sweep, Some(Sweep::LockPlacement(v)) if v.contains(&LockPlacementArg::Auto))
+        {
+            bail!("--sweep lock-placement compares lockd and memnode: name them, not auto");
+        }
+        if memnode_locks && self.replicas > 1 {
+            bail!(
+                "--lock-placement memnode with --replicas above 1: a partition's locks stay on \
+                 its memory node and would not follow its primary to a backup at a failover; \
+                 keep them on a lockd node (--lock-placement lockd)"
+            );
+        }
+        if memnode_locks && self.kill_lockd_after.is_some() {
+            bail!(
+                "--kill-lockd-after with --lock-placement memnode: no lockd node runs; the \
+                 locks die and restart with their memory node (--kill-memnode-after)"
             );
         }
         if self.replica_commit == ReplicaCommitArg::Separate
@@ -1384,6 +1478,7 @@ impl Args {
             range_index: None,
             replicas: None,
             max_backoff_us: None,
+            lock_placement: None,
             label: None,
         };
         let at = |label: String, set: &dyn Fn(&mut Point)| {
@@ -1440,6 +1535,14 @@ impl Args {
                 .map(|&b| {
                     at(format!("max-backoff-us={b}"), &|p| {
                         p.max_backoff_us = Some(b)
+                    })
+                })
+                .collect(),
+            Some(Sweep::LockPlacement(v)) => v
+                .iter()
+                .map(|&l| {
+                    at(format!("lock-placement={}", l.name()), &|p| {
+                        p.lock_placement = Some(l)
                     })
                 })
                 .collect(),

@@ -382,7 +382,8 @@ fn render_comparison(args: &Args, workload: &dyn WorkloadSpec, sum: &Summary) ->
             | Sweep::LockServing(_)
             | Sweep::RangeIndex(_)
             | Sweep::Replicas(_)
-            | Sweep::MaxBackoffUs(_),
+            | Sweep::MaxBackoffUs(_)
+            | Sweep::LockPlacement(_),
         ) => format!(
             "{threads} thread(s) x {} coroutines | {} | {} | sweep {}",
             args.coroutines,
@@ -775,10 +776,10 @@ impl RunCluster {
             } else {
                 String::new()
             },
-            if protocol.needs_lockd() {
-                ", lockd"
-            } else {
-                ""
+            match (protocol.needs_lockd(), args.locks_on_memnodes()) {
+                (false, _) => "",
+                (true, false) => ", lockd",
+                (true, true) => ", locks on the memory nodes",
             }
         );
         let etcd = if !args.dry_run
@@ -808,6 +809,47 @@ impl RunCluster {
         };
         let with =
             |extra: &[String]| -> Vec<String> { common.iter().chain(extra).cloned().collect() };
+        // The oracle first: the lock services (lockd's, or the memory nodes') bound Lock
+        // RPC timestamps by its counter.
+        let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
+        let _ = std::fs::remove_dir_all(&tso_state);
+        let (place, node, listen, host, log) = plan(rrpc::topology::RoleKind::Tso, 0, NODE_TSO)?;
+        let tso = cluster.start_at(
+            &place,
+            "tso",
+            node,
+            &[
+                tso_args(&common, &tso_state, &listen),
+                membership.clone(),
+                host,
+            ]
+            .concat(),
+            START_TIMEOUT,
+            log.as_deref(),
+        )?;
+        let locks_on_memnodes = protocol.needs_lockd() && args.locks_on_memnodes();
+        let lock_flags = |i: u32| -> Vec<String> {
+            if !locks_on_memnodes || i >= args.memnodes {
+                return Vec::new();
+            }
+            let state = std::env::temp_dir().join(format!("{cluster_name}-locks-{i}-state"));
+            let _ = std::fs::remove_dir_all(&state);
+            vec![
+                "--lock-service".into(),
+                "--lock-state-dir".into(),
+                state.display().to_string(),
+                "--locks".into(),
+                workload.lockd_locks().to_string(),
+                "--lock-threads".into(),
+                args.lockd_threads.to_string(),
+                "--cold-watermark".into(),
+                args.cold_watermark.to_string(),
+                "--hot-watermark".into(),
+                args.hot_watermark.to_string(),
+                "--lock-tso".into(),
+                tso.to_string(),
+            ]
+        };
         let data = workload.memnode_args();
         let mut memnodes = Vec::new();
         let mut memnode_flags = Vec::new();
@@ -847,7 +889,17 @@ impl RunCluster {
             } else {
                 Vec::new()
             };
-            let flags = with(&[data.as_slice(), &partition, &membership, &host, &index].concat());
+            let flags = with(
+                &[
+                    data.as_slice(),
+                    &partition,
+                    &membership,
+                    &host,
+                    &index,
+                    &lock_flags(i),
+                ]
+                .concat(),
+            );
             let at = [flags.clone(), vec!["--listen".into(), listen]].concat();
             starting.push(cluster.spawn_at(
                 &place,
@@ -863,27 +915,10 @@ impl RunCluster {
         for s in starting {
             memnodes.push(cluster.wait_ready(s)?);
         }
-        // The oracle first: the lock service bounds Lock RPC timestamps by its counter.
-        let tso_state = std::env::temp_dir().join(format!("{cluster_name}-tso-state"));
-        let _ = std::fs::remove_dir_all(&tso_state);
-        let (place, node, listen, host, log) = plan(rrpc::topology::RoleKind::Tso, 0, NODE_TSO)?;
-        let tso = cluster.start_at(
-            &place,
-            "tso",
-            node,
-            &[
-                tso_args(&common, &tso_state, &listen),
-                membership.clone(),
-                host,
-            ]
-            .concat(),
-            START_TIMEOUT,
-            log.as_deref(),
-        )?;
         let lockd_state = std::env::temp_dir().join(format!("{cluster_name}-lockd-state"));
         let _ = std::fs::remove_dir_all(&lockd_state);
         let mut lockd_flags = Vec::new();
-        let lockd = if protocol.needs_lockd() {
+        let lockd = if protocol.needs_lockd() && !locks_on_memnodes {
             let flags = with(&[
                 "--state-dir".into(),
                 lockd_state.display().to_string(),
@@ -1078,7 +1113,8 @@ fn warmup_desc(args: &Args) -> String {
 }
 
 /// `N memnode(s), V versions` and, when replicated, `, R replicas (...)`: the commit
-/// style and what occ-cas does over replicas (FORD's commit). For one run's header
+/// style and what occ-cas does over replicas (FORD's commit); with `--lock-placement
+/// memnode`, where Scythe's locks are. For one run's header
 /// (`point`) R is the run's; for the comparison's (`None`) under `--sweep replicas` it
 /// is `replicas per point`.
 pub(crate) fn storage_desc(args: &Args, point: Option<&Point>) -> String {
@@ -1106,8 +1142,19 @@ pub(crate) fn storage_desc(args: &Args, point: Option<&Point>) -> String {
     } else {
         String::new()
     };
+    let on_memnodes = match point.and_then(|p| p.args(args)) {
+        Some(a) => a.locks_on_memnodes(),
+        None => args.locks_on_memnodes(),
+    };
+    let locks = if point.is_none() && matches!(args.sweep, Some(Sweep::LockPlacement(_))) {
+        ", Scythe's locks placed per point"
+    } else if on_memnodes {
+        ", Scythe's locks on the memnodes"
+    } else {
+        ", Scythe's locks on lockd"
+    };
     format!(
-        "{} memnode(s), {} versions{replicas}",
+        "{} memnode(s), {} versions{replicas}{locks}",
         args.memnodes, args.versions
     )
 }
@@ -1769,6 +1816,12 @@ fn build_report(
     report.cpu = measured.cpu.clone();
     report.breakdown = breakdown_rows(workload, &measured.workers);
     report.tocc_share = tocc_share(&measured.workers);
+    report.lock_reads = (args.locks_on_memnodes() && protocol.needs_lockd()).then(|| {
+        measured
+            .workers
+            .iter()
+            .fold([0, 0], |[a, b], w| [a + w.lock_reads.0, b + w.lock_reads.1])
+    });
     report.cnodes = args.cnodes;
     report.cnode_events = measured.cnode_events.clone();
     if let Some(ms) = args.timeline_ms {
@@ -2127,6 +2180,7 @@ pub(crate) fn start_coroutines(
                 rpc: ctx.stats(),
                 ops: client.memnode_ops(),
                 tocc: client.tocc_share(),
+                lock_reads: client.lock_read_counts(),
             });
         }));
     }
@@ -2186,6 +2240,11 @@ impl Running {
         s.transient_retries = txn::transient::retries();
         s.history = client.take_history();
         let tables = client.tables();
+        let (sent, taken) = client.lock_read_counts();
+        s.lock_reads = (
+            sent.saturating_sub(base.lock_reads.0),
+            taken.saturating_sub(base.lock_reads.1),
+        );
         s.tocc_share = client
             .tocc_share()
             .into_iter()
@@ -2202,7 +2261,7 @@ impl Running {
                 tocc,
             })
             .collect();
-        let lost = client.locks().map_or(0, |l| l.lost());
+        let lost: u64 = client.lock_services().iter().map(|l| l.lost()).sum();
         if lost > 0 {
             s.fatal.push(format!(
                 "{lost} lock(s) lost: dropped tickets could not be released"
@@ -2223,6 +2282,8 @@ struct Baseline {
     ops: rrpc::runtime::OpCounts,
     /// Per table: attempts that read it, of those TOCC ones.
     tocc: Vec<(u64, u64)>,
+    /// Lock-and-read RPCs, and grants that brought their object.
+    lock_reads: (u64, u64),
 }
 
 /// `--kill-lockd-after`: SIGKILL the lock service, keep it down for `down`, restart it
@@ -2411,6 +2472,48 @@ mod tests {
         Args::parse_from(std::iter::once("txn-bench").chain(a.iter().copied()))
     }
 
+    #[test]
+    fn auto_lock_placement_puts_the_locks_on_the_memnodes_where_they_can_stay() {
+        assert!(args(&[]).locks_on_memnodes());
+        assert!(args(&["--lock-placement", "memnode"]).locks_on_memnodes());
+        for a in [
+            &["--lock-placement", "lockd"][..],
+            &["--replicas", "2", "--memnodes", "2"],
+            &["--kill-lockd-after", "1"],
+        ] {
+            let a = args(a);
+            assert!(!a.locks_on_memnodes(), "{a:?}");
+            a.validate().unwrap();
+        }
+        for (bad, want) in [
+            (
+                &[
+                    "--lock-placement",
+                    "memnode",
+                    "--replicas",
+                    "2",
+                    "--memnodes",
+                    "2",
+                ][..],
+                "--replicas above 1",
+            ),
+            (
+                &["--lock-placement", "memnode", "--kill-lockd-after", "1"],
+                "no lockd node runs",
+            ),
+            (&["--sweep", "lock-placement=auto,memnode"], "not auto"),
+        ] {
+            let e = format!("{:#}", args(bad).validate().unwrap_err());
+            assert!(e.contains(want), "{bad:?}: {e}");
+        }
+        let a = args(&["--sweep", "lock-placement=lockd,memnode"]);
+        let p = a.points();
+        assert!(!p[0].args(&a).unwrap().locks_on_memnodes());
+        assert!(p[1].args(&a).unwrap().locks_on_memnodes());
+        assert!(storage_desc(&a, Some(&p[0])).ends_with(", Scythe's locks on lockd"));
+        assert!(storage_desc(&a, None).ends_with(", Scythe's locks placed per point"));
+    }
+
     fn names(a: &[&str]) -> Result<Vec<&'static str>, String> {
         args(a)
             .protocols()
@@ -2568,7 +2671,10 @@ mod tests {
         );
         // One run's header names its own copies; one copy says nothing of them.
         assert!(storage_desc(&a, Some(&p[1])).contains(", 3 replicas ("));
-        assert_eq!(storage_desc(&a, Some(&p[0])), "3 memnode(s), 4 versions");
+        assert_eq!(
+            storage_desc(&a, Some(&p[0])),
+            "3 memnode(s), 4 versions, Scythe's locks on the memnodes"
+        );
         let e = args(&["--sweep", "replicas=1,3", "--memnodes", "2"])
             .validate()
             .unwrap_err();

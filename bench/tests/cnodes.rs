@@ -253,6 +253,73 @@ fn every_protocol_recovers_a_killed_cnode_on_smallbank() {
     }
 }
 
+/// Scythe with its locks on the memory nodes (`--lock-placement memnode`: no lockd node,
+/// each memory node serving its partition's Takeout Locks): a coordinator process
+/// SIGKILLed mid-run holding tickets at both memory nodes' lock services is recovered
+/// by a survivor, which releases its tickets at every service, and every check holds
+/// (money, serializability over both incarnations, no lock left held anywhere).
+#[test]
+fn scythe_with_its_locks_on_the_memnodes_recovers_a_killed_cnode() {
+    let lease = if std::env::var("RRPC_FABRIC").as_deref() == Ok("verbs") {
+        "4000"
+    } else {
+        "1000"
+    };
+    let (ok, stdout, sum) = common::txn_bench_watched(
+        "cnodes-kill-memnode-locks",
+        &[
+            "--lease-ms",
+            lease,
+            "--workload",
+            "smallbank",
+            "--accounts",
+            "10000",
+            "--protocol",
+            "scythe",
+            "--lock-placement",
+            "memnode",
+            "--memnodes",
+            "2",
+            "--cnodes",
+            "3",
+            "--threads",
+            "1",
+            "--coroutines",
+            "4",
+            "--duration",
+            "3",
+            "--kill-cn-after",
+            "1",
+            "--cn",
+            "0",
+            "--restart",
+            "--each-type-first",
+        ],
+        Duration::from_secs(400),
+    );
+    assert!(
+        ok,
+        "a check failed after the kill and the recovery:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("Scythe's locks on the memnodes"),
+        "{stdout}"
+    );
+    let runs = sum["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{stdout}");
+    let r = &runs[0];
+    assert_eq!(r["lockd_locks_held"], 0, "{stdout}");
+    let events = cnode_events(r, &stdout);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("recovery: cn 0 incarnation 0 dead at")
+                && (e.ends_with(", by cn 1") || e.ends_with(", by cn 2"))),
+        "{events:?}"
+    );
+    assert!(common::committed(r) > 0);
+}
+
 /// A coordinator process stopped (SIGSTOP) past its lease: etcd declares it dead, the
 /// memory nodes (and lockd) fence its incarnation, the parent recovers it while it is
 /// still stopped; when it continues (SIGCONT) its late WRITEs, CASes and ticket

@@ -582,3 +582,51 @@ fn bad_arguments_fail_cleanly() {
         assert!(out.stdout.is_empty(), "{args:?}: nothing ran");
     }
 }
+
+/// Scythe with its Takeout Locks on a lockd node and on the memory nodes (`--sweep
+/// lock-placement=lockd,memnode`, each of two memory nodes serving its partition's
+/// locks; Scythe 4.3's placement): both runs pass every check, no lock of any memory
+/// node's lock service is left held, and the comparison reports Scythe's throughput and
+/// p99 with the locks on the memory nodes over on lockd.
+#[test]
+fn scythe_with_its_locks_on_the_memnodes_passes_every_check() {
+    let (stdout, s) = txn_bench(
+        "lock-placement",
+        &[
+            "--protocol",
+            "scythe",
+            "--sweep",
+            "lock-placement=lockd,memnode",
+            "--memnodes",
+            "2",
+            "--coroutines",
+            "4",
+            "--accounts",
+            "10000",
+            "--duration",
+            "1",
+            "--each-type-first",
+        ],
+    );
+    let runs = s["runs"].as_array().unwrap();
+    let points: Vec<&str> = runs.iter().map(|r| r["point"].as_str().unwrap()).collect();
+    assert_eq!(
+        points,
+        ["lock-placement=lockd", "lock-placement=memnode"],
+        "{stdout}"
+    );
+    for r in runs {
+        assert_run_passed(r, &stdout);
+    }
+    assert_eq!(s["passed"], true, "{stdout}");
+    assert!(
+        stdout.contains("Scythe's locks on the memnodes"),
+        "the memnode point's header says where the locks are: {stdout}"
+    );
+    for want in [
+        "ratio throughput scythe memnode/lockd = ",
+        "ratio p99 scythe memnode/lockd = ",
+    ] {
+        assert!(stdout.contains(want), "{want}: {stdout}");
+    }
+}

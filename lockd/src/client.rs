@@ -461,6 +461,52 @@ impl LockClient {
         ctx: &Rc<ThreadCtx>,
         reqs: &[LockRequest],
     ) -> Result<Vec<Grant>, LockError> {
+        self.lock_inner(ctx, reqs, None).await.map(|(g, _)| g)
+    }
+
+    /// Whether the service serves [`Self::lock_read`] (it is hosted with the data it
+    /// locks, a memory node's).
+    pub fn serves_lock_read(&self) -> bool {
+        self.export.lock_read
+    }
+
+    /// [`Self::lock`] of one lock with a read of its object
+    /// ([`crate::wire::LOCK_READ_HANDLER`], Scythe 4.3's lock with the data): when the
+    /// ticket is served at once, the service's host reads what `desc` names (opaque
+    /// here) and the bytes come back with the grant; otherwise (queued behind others,
+    /// refused) they are empty and the caller reads after its turn comes.
+    ///
+    /// Errors: as [`Self::lock`]; [`LockError::InvalidRequest`] when the service does
+    /// not serve it ([`Self::serves_lock_read`]); [`LockError::Protocol`] for a reply
+    /// without its lock part.
+    pub async fn lock_read(
+        &self,
+        ctx: &Rc<ThreadCtx>,
+        req: LockRequest,
+        desc: &[u8; crate::wire::READ_DESC_BYTES],
+    ) -> Result<(Grant, Vec<u8>), LockError> {
+        if !self.export.lock_read {
+            return Err(LockError::InvalidRequest(
+                "this lock service does not serve lock-and-read (it holds no data)".into(),
+            ));
+        }
+        let (mut g, read) = self.lock_inner(ctx, &[req], Some(desc)).await?;
+        match g.pop() {
+            Some(g) => Ok((g, read)),
+            None => Err(LockError::Protocol(
+                "a lock-and-read reply without its grant".into(),
+            )),
+        }
+    }
+
+    /// [`Self::lock`], or with `read` [`Self::lock_read`]: the grants, and the bytes
+    /// read (empty without `read`).
+    async fn lock_inner(
+        &self,
+        ctx: &Rc<ThreadCtx>,
+        reqs: &[LockRequest],
+        read: Option<&[u8; crate::wire::READ_DESC_BYTES]>,
+    ) -> Result<(Vec<Grant>, Vec<u8>), LockError> {
         if reqs.is_empty() || reqs.len() > MAX_ENTRIES {
             return Err(LockError::InvalidRequest(format!(
                 "{} entries; a Lock RPC carries 1 to {MAX_ENTRIES}",
@@ -490,6 +536,13 @@ impl LockClient {
         );
         encode_request(reqs, &hdr, &mut buf)
             .map_err(|e| LockError::InvalidRequest(e.to_string()))?;
+        let handler = match read {
+            Some(desc) => {
+                buf.extend_from_slice(desc);
+                crate::wire::LOCK_READ_HANDLER
+            }
+            None => LockRpc::ID,
+        };
         let give_up = || {
             self.given_up.borrow_mut().push(GivenUp {
                 seq: hdr.seq,
@@ -498,7 +551,7 @@ impl LockClient {
             self.settler().spawn_retries(ctx, self.retry);
         };
         let sent = std::time::Instant::now();
-        let resp = match ctx.call(self.node(), LockRpc::ID, &buf).await {
+        let resp = match ctx.call(self.node(), handler, &buf).await {
             Ok(r) => r,
             // The handler ran and refused: nothing was granted.
             Err(e @ CallError::Remote { .. }) => return Err(call_error(e)),
@@ -512,8 +565,26 @@ impl LockClient {
                 return Err(call_error(e));
             }
         };
+        // A lock-and-read reply: the Lock RPC's reply behind its length, then the read.
+        let (lock_part, read_part) = if read.is_some() {
+            let len = resp
+                .get(..4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
+            match len.filter(|&n| 4 + n <= resp.len()) {
+                Some(n) => (&resp[4..4 + n], &resp[4 + n..]),
+                None => {
+                    give_up();
+                    return Err(LockError::Protocol(format!(
+                        "a lock-and-read reply of {} bytes without its lock part",
+                        resp.len()
+                    )));
+                }
+            }
+        } else {
+            (&resp[..], &[][..])
+        };
         // The reply is read in place and turned into grants without another allocation.
-        let decoded = rrpc::typed::view_response::<LockRpc, _, _>(&resp);
+        let decoded = rrpc::typed::view_response::<LockRpc, _, _>(lock_part);
         let replies = match decoded
             .map_err(|e| e.to_string())
             .and_then(|b| replies(b, reqs.len()).map_err(|e| e.to_string()))
@@ -528,7 +599,7 @@ impl LockClient {
                 return Err(LockError::Protocol(e));
             }
         };
-        Ok(replies
+        let grants = replies
             .zip(reqs)
             .map(|(r, q)| {
                 // Queued or holding after this request (ours included if granted).
@@ -548,7 +619,8 @@ impl LockClient {
                     Grant::Refused(r)
                 }
             })
-            .collect())
+            .collect();
+        Ok((grants, read_part.to_vec()))
     }
 
     /// Pass on every outstanding ticket (held or queued) that the incarnation `dead` took

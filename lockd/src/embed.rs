@@ -463,6 +463,17 @@ pub enum StartError {
     Tso(#[from] crate::tso_bound::TsoBoundError),
 }
 
+/// How a lock service is hosted by a node of another role ([`LockService::start_hosted`]).
+pub struct Hosting {
+    /// The node's role (`"memnode"`).
+    pub role: &'static str,
+    /// The node's own exports, published beside the lock service's.
+    pub exports: BTreeMap<String, serde_json::Value>,
+    /// What the lock-and-read RPC reads when a ticket is served at once; `None` serves
+    /// no such RPC.
+    pub reader: Option<crate::service::GrantReader>,
+}
+
 /// A running lock service (see the module docs). Dropping it stops the resharding loop
 /// (within an interval, plus a move under way) and the node.
 pub struct LockService {
@@ -538,7 +549,63 @@ impl LockService {
         extra: impl FnOnce(&mut rrpc::server::Handlers),
         runtime: Option<ServerRuntime>,
     ) -> Result<Self, StartError> {
+        Self::start_inner(
+            fabric,
+            listen,
+            cfg,
+            rpc,
+            Hosting {
+                role: "lockd",
+                exports: BTreeMap::new(),
+                reader: None,
+            },
+            extra,
+            runtime,
+        )
+    }
+
+    /// [`Self::start_with`] as a service hosted by another node (see [`Hosting`]): the
+    /// node announces itself as the host's role, exports the host's exports beside the
+    /// lock service's own (a key of both is an error), and with a reader serves the
+    /// lock-and-read RPC ([`crate::wire::LOCK_READ_HANDLER`]). A memory node serves its
+    /// partition's Takeout Locks so (Scythe 4.3: each object's lock at the memory node
+    /// that holds it), its tables and the locks behind one bootstrap address.
+    ///
+    /// Errors: [`StartError`]; [`StartError::Config`] for an export key the lock service
+    /// uses itself.
+    pub fn start_hosted(
+        fabric: Fabric,
+        listen: SocketAddr,
+        cfg: &LockServiceConfig,
+        rpc: &RpcSettings,
+        host: Hosting,
+        extra: impl FnOnce(&mut rrpc::server::Handlers),
+    ) -> Result<Self, StartError> {
+        Self::start_inner(fabric, listen, cfg, rpc, host, extra, None)
+    }
+
+    fn start_inner(
+        fabric: Fabric,
+        listen: SocketAddr,
+        cfg: &LockServiceConfig,
+        rpc: &RpcSettings,
+        host: Hosting,
+        extra: impl FnOnce(&mut rrpc::server::Handlers),
+        runtime: Option<ServerRuntime>,
+    ) -> Result<Self, StartError> {
         cfg.validate()?;
+        let Hosting {
+            role,
+            exports: host_exports,
+            reader,
+        } = host;
+        for k in host_exports.keys() {
+            if [EXPORT_NAME, TABLE_EXPORT, CAS_EXPORT, DSLR_EXPORT].contains(&k.as_str()) {
+                return Err(
+                    ConfigError::new("exports", format!("{k} is the lock service's")).into(),
+                );
+            }
+        }
         let me = fabric.node();
         let state = cfg
             .state_dir
@@ -588,8 +655,12 @@ impl LockService {
         if !cfg.lotus_serving {
             lotus.set_serving(false);
         }
-        let mut exports = BTreeMap::new();
-        exports.insert(EXPORT_NAME.to_string(), takeout.export());
+        let mut exports = host_exports;
+        let mut export = takeout.export();
+        if reader.is_some() {
+            export["lock_read"] = true.into();
+        }
+        exports.insert(EXPORT_NAME.to_string(), export);
         exports.insert(TABLE_EXPORT.to_string(), lotus.export());
         let mut words = Vec::new();
         for (name, n) in [(CAS_EXPORT, cfg.cas_locks), (DSLR_EXPORT, cfg.dslr_locks)] {
@@ -600,14 +671,14 @@ impl LockService {
             }
         }
         let mut handlers = rrpc::server::Handlers::new();
-        takeout.register(&mut handlers, cfg.lock_order);
+        takeout.register_with_reader(&mut handlers, cfg.lock_order, reader);
         lotus.register(&mut handlers);
         extra(&mut handlers);
         let mut settings = rpc.clone();
         if cfg.idle_sleep_us != 0 {
             settings.server.idle_sleep_us = cfg.idle_sleep_us;
         }
-        let node_cfg = NodeConfig::new("lockd", listen)
+        let node_cfg = NodeConfig::new(role, listen)
             .with_exports(exports)
             .with_rpc(Some((handlers, cfg.threads as usize)));
         let node = match runtime {

@@ -47,13 +47,22 @@ use crate::takeout::{
     lock_rpc, LockReply, Watermarks, LOCK_STRIDE, LOWER_OFF, QUEUED_TS_OFF, UPPER_OFF,
 };
 use crate::wire::{
-    abandon_request, check_request, first_ts, lock_requests, node_tickets, AbandonRpc,
+    abandon_request, check_request, first_ts, lock_requests, node_tickets, replies, AbandonRpc,
     LockReplyEntry, LockRequest, LockRpc, NodeTickets, ReleaseNodeRpc, ReleaseNodeWire, WireError,
-    LOCK_HANDLER, MAX_ENTRIES, REQ_ENTRY_BYTES,
+    LOCK_HANDLER, LOCK_READ_HANDLER, MAX_ENTRIES, READ_DESC_BYTES, REQ_ENTRY_BYTES,
+    REQ_HEADER_BYTES,
 };
 use rrpc::typed::{encode_batch, Batch};
 use zerocopy::little_endian::U64;
 use zerocopy::FromZeros;
+
+/// What a lock service hosted with the data reads for a lock-and-read request whose
+/// ticket is served at once ([`crate::wire::LOCK_READ_HANDLER`]): given the request's
+/// read descriptor, it appends the object's bytes to the reply (nothing when the
+/// descriptor names nothing it holds). It runs on a server thread while the caller's
+/// ticket holds the lock, so every writer of the object (each under its ticket) has
+/// finished. A memory node reads its CVT and record so (Scythe 4.3).
+pub type GrantReader = Arc<dyn Fn(&[u8; READ_DESC_BYTES], &mut Vec<u8>) + Send + Sync>;
 
 /// Name under which [`LockTable::export`] is published in a node's exports.
 pub const EXPORT_NAME: &str = "locks";
@@ -83,6 +92,11 @@ pub struct LocksExport {
     /// table while a predecessor's tickets may still be in use.
     #[serde(default)]
     pub grace_ms: u64,
+    /// The service also serves the lock-and-read RPC
+    /// ([`crate::wire::LOCK_READ_HANDLER`]): it is hosted with the data it locks (a
+    /// memory node's). False from a lockd node.
+    #[serde(default)]
+    pub lock_read: bool,
 }
 
 /// Largest Lock RPC timestamp a table accepts when nothing better is known
@@ -476,6 +490,7 @@ impl LockTable {
             hot_watermark: self.wm.hot,
             epoch: self.epoch,
             grace_ms: self.grace_left().as_nanos().div_ceil(1_000_000) as u64,
+            lock_read: false,
         }
     }
 
@@ -642,6 +657,47 @@ impl LockTable {
             .map_err(|e| format!("lock RPC: {e}"))
     }
 
+    /// The lock-and-read body ([`crate::wire::LOCK_READ_HANDLER`]) for a request from
+    /// `caller`: the Lock RPC of its one entry as [`Self::handle_from`] serves it, then,
+    /// when that ticket is served at once, what `reader` reads for the request's read
+    /// descriptor. Reply: `lock_len: u32` little-endian, the Lock RPC's reply, the
+    /// reader's bytes.
+    ///
+    /// Errors: a request that is not one Lock RPC entry and a descriptor (nothing is
+    /// taken), or as [`Self::handle_from`].
+    pub fn handle_lock_read_from(
+        &self,
+        caller: Owner,
+        req: &[u8],
+        reader: &GrantReader,
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        let want = REQ_HEADER_BYTES + REQ_ENTRY_BYTES + READ_DESC_BYTES;
+        if req.len() != want {
+            return Err(format!(
+                "lock and read: {} bytes; a request is one lock entry and a read \
+                 descriptor, {want} bytes",
+                req.len()
+            ));
+        }
+        let (lock, desc) = req.split_at(req.len() - READ_DESC_BYTES);
+        let desc: &[u8; READ_DESC_BYTES] = desc.try_into().expect("split at its length");
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        self.serve_lock(Some(caller), lock, out)
+            .map_err(|e| format!("lock RPC: {e}"))?;
+        let lock_len = out.len() - at - 4;
+        out[at..at + 4].copy_from_slice(&(lock_len as u32).to_le_bytes());
+        let served = rrpc::typed::view_response::<LockRpc, _, _>(&out[at + 4..])
+            .ok()
+            .and_then(|b| replies(b, 1).ok().and_then(|mut r| r.next()))
+            .is_some_and(|r| r.holds_now());
+        if served {
+            reader(desc, out);
+        }
+        Ok(())
+    }
+
     fn serve_lock(
         &self,
         caller: Option<Owner>,
@@ -791,6 +847,18 @@ impl LockTable {
     /// caller the connection authenticated at setup (its node and incarnation), and the
     /// handler bodies (`*_from`) own tickets by it, never by what a payload declares.
     pub fn register(self: &Arc<Self>, h: &mut rrpc::server::Handlers, order: LockOrder) {
+        self.register_with_reader(h, order, None);
+    }
+
+    /// [`Self::register`], and with `reader` the lock-and-read RPC
+    /// ([`crate::wire::LOCK_READ_HANDLER`], in `order` too) of a service hosted with the
+    /// data it locks.
+    pub fn register_with_reader(
+        self: &Arc<Self>,
+        h: &mut rrpc::server::Handlers,
+        order: LockOrder,
+        reader: Option<GrantReader>,
+    ) {
         let me = self.clone();
         match order {
             LockOrder::Arrival => {
@@ -810,6 +878,33 @@ impl LockTable {
                         );
                     }
                 });
+            }
+        }
+        if let Some(reader) = reader {
+            let me = self.clone();
+            let serve = move |c, req: &[u8], out: &mut Vec<u8>| {
+                me.handle_lock_read_from(caller_owner(c), req, &reader, out)
+            };
+            match order {
+                LockOrder::Arrival => {
+                    h.register_with_caller(LOCK_READ_HANDLER, serve);
+                }
+                // The descriptor follows the entry: the first entry's timestamp is
+                // where a Lock RPC's is.
+                // In the Lock RPC's sort group: one queue, one timestamp order.
+                LockOrder::Timestamp => {
+                    h.register_sorted_in(
+                        LOCK_READ_HANDLER,
+                        LOCK_HANDLER,
+                        sort_key,
+                        move |batch, results| {
+                            for r in batch {
+                                let mut out = Vec::with_capacity(256);
+                                results.push(serve(r.caller, r.payload, &mut out).map(|()| out));
+                            }
+                        },
+                    );
+                }
             }
         }
         let me = self.clone();

@@ -71,11 +71,23 @@ pub const RELEASE_NODE_HANDLER: u16 = 2;
 /// (1 to [`MAX_ENTRIES`]), `incarnation: u64`, `seq: u64`, `epoch: u64`, then the
 /// request's `n` lock ids (`u64` each). Reply: as [`RELEASE_NODE_HANDLER`]'s.
 pub const ABANDON_HANDLER: u16 = 3;
+/// RPC handler id of "lock and read", served by a lock service hosted with the data
+/// (a memory node's, Scythe 4.3: the lock and its object on one node): a Lock RPC of
+/// one entry followed by a read descriptor of [`READ_DESC_BYTES`] bytes, opaque to the
+/// lock service and meaningful to the host's [`crate::service::GrantReader`]. The reply
+/// is `lock_len: u32` (little-endian), the Lock RPC's reply (`lock_len` bytes), then
+/// what the reader wrote when the ticket is served at once (`upper` already at it),
+/// nothing otherwise: a hot read is then one RPC instead of a Lock RPC and the READs of
+/// its object.
+pub const LOCK_READ_HANDLER: u16 = 4;
+/// Bytes of a lock-and-read request's read descriptor ([`LOCK_READ_HANDLER`]).
+pub const READ_DESC_BYTES: usize = 16;
 // The lock service's ids stay in its reserved range (`rrpc::server::ids`).
 const _: () = assert!(
     rrpc::server::ids::LOCKD.contains(LOCK_HANDLER)
         && rrpc::server::ids::LOCKD.contains(RELEASE_NODE_HANDLER)
         && rrpc::server::ids::LOCKD.contains(ABANDON_HANDLER)
+        && rrpc::server::ids::LOCKD.contains(LOCK_READ_HANDLER)
 );
 /// Bytes of a release-node request.
 pub const RELEASE_NODE_BYTES: usize = 40;

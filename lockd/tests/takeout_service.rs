@@ -872,3 +872,106 @@ fn srtt_measures_the_network_not_the_scheduler() {
         "the hog's millisecond per round is scheduling lag, not network: {srtt:?} vs {lag:?}"
     );
 }
+
+/// The lock-and-read RPC of a service hosted with its data (`LockService::start_hosted`
+/// with a reader, as a memory node starts it): a ticket served at once comes back with
+/// what the host read for the descriptor; one queued behind the holder comes back
+/// without; a malformed request takes nothing; a lockd without a reader does not offer
+/// it. The host's role and exports are published beside the locks'.
+#[test]
+fn lock_and_read_brings_the_object_with_a_grant_served_at_once() {
+    use lockd::embed::{Hosting, LockService, LockServiceConfig};
+    use lockd::wire::{LOCK_READ_HANDLER, READ_DESC_BYTES};
+    let cluster = cluster("lock-read");
+    let fabric = cluster.open(NodeId(SERVICE_NODE)).unwrap();
+    let reader: lockd::service::GrantReader =
+        Arc::new(|d: &[u8; READ_DESC_BYTES], out: &mut Vec<u8>| {
+            out.extend_from_slice(b"object ");
+            out.extend_from_slice(d);
+        });
+    let mut exports = BTreeMap::new();
+    exports.insert("cvt".to_string(), serde_json::json!({"partition": 0}));
+    let svc = LockService::start_hosted(
+        fabric,
+        "127.0.0.1:0".parse().unwrap(),
+        &LockServiceConfig::default().with_locks(16),
+        &rrpc::node::RpcSettings::default(),
+        Hosting {
+            role: "memnode",
+            exports,
+            reader: Some(reader),
+        },
+        |_| {},
+    )
+    .unwrap();
+    let ctx = ThreadCtx::new(
+        cluster.open(NodeId(CLIENT_NODE)).unwrap(),
+        RuntimeConfig::default(),
+    )
+    .unwrap();
+    let info = ctx.connect_rpc(svc.addr()).unwrap();
+    assert_eq!(info.role, "memnode");
+    assert!(info.exports.contains_key("cvt"), "{:?}", info.exports);
+    let lc = Rc::new(LockClient::from_info(&info).unwrap());
+    assert!(lc.serves_lock_read());
+    let desc = [7u8; READ_DESC_BYTES];
+    let req = |ts| LockRequest {
+        id: 3,
+        ts,
+        mode: Mode::Hot,
+    };
+    let c = ctx.clone();
+    block_on(&ctx, async move {
+        let ctx = c;
+        let (g, bytes) = lc.lock_read(&ctx, req(10), &desc).await.unwrap();
+        assert!(g.reply().holds_now());
+        assert_eq!(&bytes[..7], b"object ");
+        assert_eq!(&bytes[7..], &desc);
+        let Grant::Queued(held) = g else {
+            panic!("granted")
+        };
+        // Behind the holder: queued, and nothing read.
+        let (g2, bytes2) = lc.lock_read(&ctx, req(11), &desc).await.unwrap();
+        assert!(!g2.reply().holds_now() && g2.reply().ahead() == 1);
+        assert!(bytes2.is_empty(), "{bytes2:?}");
+        // A request of two entries is refused whole: the lock's queue does not move.
+        let node = lc.node();
+        let mut two = Vec::new();
+        let hdr = lockd::wire::RequestHeader {
+            owner: lockd::owners::Owner {
+                node: CLIENT_NODE,
+                incarnation: ctx.fabric().incarnation(),
+            },
+            seq: 99,
+            epoch: lc.epoch(),
+        };
+        lockd::wire::encode_request(&[req(12), LockRequest { id: 4, ..req(12) }], &hdr, &mut two)
+            .unwrap();
+        two.extend_from_slice(&desc);
+        let r = ctx.call(node, LOCK_READ_HANDLER, &two).await;
+        assert!(
+            matches!(&r, Err(CallError::Remote { msg, .. }) if msg.contains("one lock entry")),
+            "{r:?}"
+        );
+        let st = lc.read_state(&ctx, 3).await.unwrap();
+        assert_eq!(st.queued(), 2, "the holder and one waiter: {st:?}");
+        held.release().await.unwrap();
+        let Grant::Queued(mut next) = g2 else {
+            panic!("queued")
+        };
+        next.wait(Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        next.release().await.unwrap();
+    });
+    // A lockd node holds no data: no lock-and-read.
+    let cluster2 = self::cluster("lock-read-plain");
+    let plain = start_service(&cluster2, 16, 1);
+    let (ctx2, lc2) = client(&cluster2, plain.node.addr());
+    assert!(!lc2.serves_lock_read());
+    let c2 = ctx2.clone();
+    block_on(&ctx2, async move {
+        let e = lc2.lock_read(&c2, req(1), &desc).await.unwrap_err();
+        assert!(matches!(e, LockError::InvalidRequest(_)), "{e}");
+    });
+}

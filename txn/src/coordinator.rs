@@ -27,10 +27,11 @@
 //! versions read and installed ([`crate::serializability`]), and for MVCC the start and
 //! commit timestamps ([`crate::snapshot_isolation`]).
 
+use std::net::SocketAddr;
 use std::rc::Rc;
 
 use lockd::client::{LockClient, LockConn};
-use rrpc::runtime::ThreadCtx;
+use rrpc::runtime::{join_all, ThreadCtx};
 use tso::TsoConn;
 
 use crate::attempt::Write;
@@ -134,19 +135,10 @@ impl TxnClient {
         cfg: TxnConfig,
     ) -> Result<Self, TxnError> {
         let protocol = cfg.protocol;
-        let locks = match (protocol.needs_lockd(), addrs.lockd) {
-            (true, None) => {
-                return Err(TxnError::Usage(format!(
-                    "{protocol} needs a lock service address"
-                )))
-            }
-            (true, Some(a)) => {
-                let mut l = LockClient::from_info(&ctx.connect_rpc(a)?)?;
-                // The service owns tickets by the incarnation the connection declared.
-                l.set_incarnation(ctx.fabric().incarnation());
-                Some(LockConn::new(a, l))
-            }
-            (false, _) => None,
+        let locks = if protocol.needs_lockd() {
+            Some(connect_locks(&ctx, addrs, protocol)?)
+        } else {
+            None
         };
         let range = match &cfg.range_index {
             Some(r) => Some(crate::range_index::RangeIndex::connect(&ctx, addrs, r)?),
@@ -204,11 +196,21 @@ impl TxnClient {
     }
 
     /// The lock service client as it is now (Scythe only; a restart of the service
-    /// replaces it).
+    /// replaces it). With the locks placed on the memory nodes, partition 0's; see
+    /// [`Self::lock_services`].
     pub fn locks(&self) -> Option<Rc<LockClient>> {
         match &self.engine {
-            Engine::Scythe(s) => Some(s.locks()),
+            Engine::Scythe(s) => s.locks().into_iter().next(),
             _ => None,
+        }
+    }
+
+    /// Every lock service's client as it is now (Scythe; empty for the others): the one
+    /// lockd, or the memory nodes' by partition when the locks are placed with the data.
+    pub fn lock_services(&self) -> Vec<Rc<LockClient>> {
+        match &self.engine {
+            Engine::Scythe(s) => s.locks(),
+            _ => Vec::new(),
         }
     }
 
@@ -216,7 +218,7 @@ impl TxnClient {
     /// died or restarted (Scythe; 0 for the others).
     pub fn lock_reconnects(&self) -> u64 {
         match &self.engine {
-            Engine::Scythe(s) => s.conn().reconnects(),
+            Engine::Scythe(s) => s.conns().iter().map(LockConn::reconnects).sum(),
             _ => 0,
         }
     }
@@ -283,6 +285,16 @@ impl TxnClient {
         match &self.engine {
             Engine::Scythe(s) => s.tocc_share(),
             _ => Vec::new(),
+        }
+    }
+
+    /// Scythe's lock-and-read RPCs so far (its locks on the memory nodes, Scythe 4.3),
+    /// and of those the grants whose object came with them and was taken without a
+    /// READ; `(0, 0)` for the other protocols and with the locks on a lockd node.
+    pub fn lock_read_counts(&self) -> (u64, u64) {
+        match &self.engine {
+            Engine::Scythe(s) => s.lock_read_counts(),
+            _ => (0, 0),
         }
     }
 
@@ -386,9 +398,9 @@ impl TxnClient {
             == Some(crate::fault::RecoveryBug::ReleaseTicketsFirst)
         {
             let mut tickets = 0;
-            if let Some(l) = self.locks() {
+            for l in self.lock_services() {
                 let owner = lockd::owners::Owner { node, incarnation };
-                tickets = l.release_node(self.ctx(), owner).await? as usize;
+                tickets += l.release_node(self.ctx(), owner).await? as usize;
             }
             self.ctx().sleep(std::time::Duration::from_millis(20)).await;
             let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;
@@ -420,8 +432,13 @@ impl TxnClient {
         }
         let mut rep = crate::recovery::recover_store(&self.core.store, dead).await?;
         let t0 = std::time::Instant::now();
-        if let Some(l) = self.locks() {
-            rep.tickets = l.release_node(self.ctx(), owner).await? as usize;
+        let services = self.lock_services();
+        if !services.is_empty() {
+            let released =
+                join_all(services.iter().map(|l| l.release_node(self.ctx(), owner))).await;
+            for n in released {
+                rep.tickets += n? as usize;
+            }
             rep.tickets_time = t0.elapsed();
             rep.locks_free += rep.tickets_time;
         }
@@ -775,4 +792,73 @@ impl Drop for Txn<'_> {
     fn drop(&mut self) {
         with_protocol!(self, |p, a| p.finish(a));
     }
+}
+
+/// Connect this thread to Scythe's lock services: the lockd node of `addrs` when it has
+/// one; else the memory nodes that serve their partitions' locks (`memnode
+/// --lock-service`; Scythe 4.3, each object's lock with its data), one per partition in
+/// partition order. The connection declares the fabric's incarnation, by which the
+/// services own its tickets.
+///
+/// Errors: [`TxnError::Usage`] when there is neither, [`TxnError::Export`] when some
+/// partition's memory node serves no locks (or two claim the same partition),
+/// [`TxnError::Rpc`], [`TxnError::Lock`].
+fn connect_locks(
+    ctx: &Rc<ThreadCtx>,
+    addrs: &ClusterAddrs,
+    protocol: Protocol,
+) -> Result<Vec<LockConn>, TxnError> {
+    let conn = |a: SocketAddr| -> Result<LockConn, TxnError> {
+        let mut l = LockClient::from_info(&ctx.connect_rpc(a)?)?;
+        l.set_incarnation(ctx.fabric().incarnation());
+        Ok(LockConn::new(a, l))
+    };
+    if let Some(a) = addrs.lockd {
+        return Ok(vec![conn(a)?]);
+    }
+    // By partition: (address, whether it serves locks); spares hold no partition.
+    let mut parts: Vec<Option<(SocketAddr, bool)>> = Vec::new();
+    for &a in &addrs.memnodes {
+        let info = ctx.connect(a)?;
+        let e: crate::cvt_remote::MemnodeExport = info
+            .export(crate::cvt_remote::EXPORT_KEY)
+            .map_err(|e| TxnError::Export(format!("memory node {a}: {e}")))?;
+        if e.spare {
+            continue;
+        }
+        let p = e.partition as usize;
+        if parts.len() < e.partitions as usize {
+            parts.resize(e.partitions as usize, None);
+        }
+        let serves = info.exports.contains_key(lockd::service::EXPORT_NAME);
+        match parts.get_mut(p) {
+            Some(slot @ None) => *slot = Some((a, serves)),
+            _ => {
+                return Err(TxnError::Export(format!(
+                    "memory node {a} claims partition {p}, which another memory node given \
+                     holds or which lies past the partitions"
+                )))
+            }
+        }
+    }
+    if !parts.iter().flatten().any(|&(_, serves)| serves) {
+        return Err(TxnError::Usage(format!(
+            "{protocol} needs a lock service: a lockd address, or memory nodes that serve \
+             their partitions' locks (memnode --lock-service)"
+        )));
+    }
+    parts
+        .iter()
+        .enumerate()
+        .map(|(p, m)| match m {
+            Some((a, true)) => conn(*a),
+            Some((a, false)) => Err(TxnError::Export(format!(
+                "memory node {a} (partition {p}) serves no locks, while others do: start \
+                 every memory node with --lock-service"
+            ))),
+            None => Err(TxnError::Export(format!(
+                "no memory node given holds partition {p}"
+            ))),
+        })
+        .collect()
 }

@@ -59,6 +59,7 @@ pub const FAULT_INJECTION: bool = cfg!(feature = "fault-injection");
 pub mod ford;
 pub mod history;
 pub mod kvs;
+pub mod lock_read;
 pub mod lotus;
 pub mod lotus_peers;
 pub mod lotus_site;

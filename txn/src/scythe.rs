@@ -2,6 +2,15 @@
 //! 4.2 to 4.4), over the CVT store (newest version only; the CVT lock words are unused:
 //! the locks live in the lock service).
 //!
+//! **Where the locks live**: on one lockd node, or with the data (4.3):
+//! each memory node serves its partition's Takeout Locks (`memnode --lock-service`),
+//! and a TOCC ticket on an object whose CVT address is cached goes out as a
+//! lock-and-read RPC ([`crate::lock_read`]): served at once, its grant carries the CVT
+//! and the record, and the read is that one RPC instead of a Lock RPC, a CVT READ and a
+//! record READ. A lock last seen with someone ahead is asked for in the round's batched
+//! Lock RPC instead (it would queue and come back without data). Both RPCs are served in
+//! one timestamp order (one sort group, [`rrpc::server::Handlers::register_sorted_in`]).
+//!
 //! **Mode choice (4.2.1 (1), 4.3 (3))**: an attempt starts in OCC and switches to TOCC at
 //! the first read round that meets a hot object, whichever round that is. An object is
 //! hot for a transaction when the lock service last reported it hotter than
@@ -108,13 +117,21 @@ use crate::phase::Phase;
 use crate::protocol::{AttemptOf, ConcurrencyControl, Want};
 use crate::validation::{self, RecordSeen, Step, Validation};
 
-/// Scythe on a lock service: its connection (which follows the service across
-/// restarts), and how objects map onto its locks.
+/// Scythe on its lock services: their connections (each follows its service across
+/// restarts), and how objects map onto their locks.
+///
+/// **Lock placement.** One service (a lockd node) holds every lock, or each memory node
+/// serves the locks of its partition's objects (Scythe 4.3: an object's Takeout Lock at
+/// the memory node that holds it; `memnode --lock-service`). A lock id carries its
+/// service in its top bits ([`SERVICE_SHIFT`]): the service of `(table, key)` is its
+/// partition ([`crate::cvt_remote::partition_of`]), the low bits its lock in that
+/// service's table.
 pub(crate) struct Scythe {
-    locks: LockConn,
-    /// Locks of the service when the client connected: the object-to-lock mapping stays
-    /// the same across its restarts.
-    n_locks: u64,
+    /// By service: the one lockd, or the memory nodes' by partition.
+    locks: Vec<LockConn>,
+    /// Locks of each service when the client connected: the object-to-lock mapping
+    /// stays the same across its restarts.
+    n_locks: Vec<u64>,
     /// Tables of the store (for [`Self::lock_id`]).
     tables: u64,
     /// Hot rows (lock ids) of aborted attempts, by attempt id, until their transaction's
@@ -123,6 +140,8 @@ pub(crate) struct Scythe {
     /// Per table: attempts that read it, of those the attempts that ran TOCC, and the
     /// id of the last attempt counted (so an attempt counts once per table).
     tocc_share: RefCell<Vec<(u64, u64, u64)>>,
+    /// Lock-and-read RPCs sent, and grants whose object was taken from the reply.
+    lock_reads: std::cell::Cell<(u64, u64)>,
 }
 
 /// Aborted attempts whose hot rows wait for a retry; past it the oldest are dropped (a
@@ -260,15 +279,25 @@ impl ConcurrencyControl for Scythe {
     }
 }
 
+/// Bit of a lock id where its service's index starts (see [`Scythe`]): a service has
+/// fewer than 2^48 locks.
+pub(crate) const SERVICE_SHIFT: u32 = 48;
+
 impl Scythe {
-    /// Scythe over `locks` for a store of `tables` tables.
-    pub(crate) fn new(locks: LockConn, tables: usize) -> Self {
+    /// Scythe over `locks` (one service, or one per partition of the store, by
+    /// partition) for a store of `tables` tables.
+    pub(crate) fn new(locks: Vec<LockConn>, tables: usize) -> Self {
+        assert!(!locks.is_empty(), "Scythe needs a lock service");
         Self {
-            n_locks: locks.client().n_locks().max(1),
+            n_locks: locks
+                .iter()
+                .map(|l| l.client().n_locks().clamp(1, 1 << SERVICE_SHIFT))
+                .collect(),
             locks,
             tables: tables.max(1) as u64,
             carry: RefCell::new(VecDeque::new()),
             tocc_share: RefCell::new(Vec::new()),
+            lock_reads: std::cell::Cell::new((0, 0)),
         }
     }
 
@@ -282,14 +311,20 @@ impl Scythe {
             .collect()
     }
 
-    /// The lock service client as it is now.
-    pub(crate) fn locks(&self) -> Rc<LockClient> {
-        self.locks.client()
+    /// The lock services' clients as they are now, by service (one, or one per
+    /// partition); lock `id` is lock [`split_id`]`(id).1` of service `split_id(id).0`.
+    pub(crate) fn locks(&self) -> Vec<Rc<LockClient>> {
+        self.locks.iter().map(LockConn::client).collect()
     }
 
-    /// The connection to the lock service (its reconnects).
-    pub(crate) fn conn(&self) -> &LockConn {
+    /// The connections to the lock services (their reconnects).
+    pub(crate) fn conns(&self) -> &[LockConn] {
         &self.locks
+    }
+
+    /// The connection of the service that holds lock `id`.
+    fn conn(&self, id: u64) -> &LockConn {
+        &self.locks[split_id(id).0]
     }
 
     /// The transaction error of a lock-service failure `e` met on `used`: after a
@@ -299,11 +334,12 @@ impl Scythe {
     async fn lock_failed(
         &self,
         ctx: &Rc<rrpc::runtime::ThreadCtx>,
+        conn: &LockConn,
         used: &Rc<LockClient>,
         e: LockError,
     ) -> TxnError {
         let service = e.service_gone() || matches!(e, LockError::Restarting(_));
-        self.locks.failed(ctx, used, &e).await;
+        conn.failed(ctx, used, &e).await;
         if service {
             tracing::debug!(error = %e, "lock service failure: the attempt aborts");
             TxnError::Abort(AbortReason::LockService)
@@ -312,23 +348,25 @@ impl Scythe {
         }
     }
 
-    /// Lock id of `(table, key)` in the lock service: keys of all tables interleaved
-    /// (`key * tables + table`) while that fits in the lock table, so dense keys
-    /// (SmallBank's accounts) each get their own lock; past it, a hash of that number
-    /// onto the lock table. Two objects may then share a lock, which only adds false
-    /// conflicts; the hash keeps composite keys (TPC-C's orders of different districts,
-    /// which differ only in high bits) from landing on the same locks.
+    /// Lock id of `(table, key)`: its service (the one, or its partition's; see
+    /// [`Scythe`]) in the top bits, and in the low bits its lock there: keys of all
+    /// tables interleaved (`key * tables + table`) while that fits in the lock table, so
+    /// dense keys (SmallBank's accounts) each get their own lock; past it, a hash of that
+    /// number onto the lock table. Two objects may then share a lock, which only adds
+    /// false conflicts; the hash keeps composite keys (TPC-C's orders of different
+    /// districts, which differ only in high bits) from landing on the same locks.
     pub(crate) fn lock_id(&self, table: u32, key: u64) -> u64 {
-        lock_slot(key, table, self.tables, self.n_locks)
+        lock_id_of(&self.n_locks, self.tables, table, key)
     }
 
     /// True when lock `id` is held or queued (by anyone).
     async fn lock_busy(&self, core: &ClientCore, id: u64) -> Result<bool, TxnError> {
-        let lc = self.locks.client();
+        let conn = self.conn(id);
+        let lc = conn.client();
         let ctx = core.store.ctx();
-        match lc.peek_state(ctx, id).await {
+        match lc.peek_state(ctx, split_id(id).1).await {
             Ok(st) => Ok(st.queued() > 0),
-            Err(e) => Err(self.lock_failed(ctx, &lc, e).await),
+            Err(e) => Err(self.lock_failed(ctx, conn, &lc, e).await),
         }
     }
 
@@ -336,7 +374,7 @@ impl Scythe {
     /// hotter than ColdWatermark ([`lockd::client::LockClient::mode_for`], Scythe 4.3
     /// (3)), or the transaction met it busy before ([`ScytheAttempt::hot_rows`]).
     fn hot(&self, cc: &ScytheAttempt, id: u64) -> bool {
-        cc.hot_rows.contains(&id) || self.locks.client().mode_for(id) == Mode::Hot
+        cc.hot_rows.contains(&id) || self.conn(id).client().mode_for(split_id(id).1) == Mode::Hot
     }
 
     /// Whether TOCC queues for a ticket on lock `id` of an object it reads (`for_update`:
@@ -479,32 +517,119 @@ impl Scythe {
             .filter(|(_, &q)| q)
             .map(|(&(tb, k, _), _)| self.lock_id(tb, k))
             .collect();
-        self.take_tickets(t, &ids, Mode::Hot).await?;
-        let got = join_all(want.iter().zip(&queue).map(|(&(tb, k, _), &q)| async move {
-            if q {
-                Obj::read_newest(c, tb, k, false).await
-            } else {
-                self.read_optimistic(c, tb, k).await
+        // With the locks on the memory nodes, a ticket on an object whose CVT address is
+        // cached asks for the object with it (lock-and-read, Scythe 4.3): served at
+        // once, the grant brings the CVT and the record, and no READ follows. Not where
+        // the lock was last seen with another holder or waiter ahead: the ticket would
+        // queue and come back without data, and such requests go in one Lock RPC.
+        let locs: Vec<(u64, crate::cvt_remote::CvtLoc)> = want
+            .iter()
+            .zip(&queue)
+            .filter(|(_, &q)| q)
+            .filter_map(|(&(tb, k, _), _)| {
+                let id = self.lock_id(tb, k);
+                let lc = self.conn(id).client();
+                if held(t, id) || !lc.serves_lock_read() || lc.heat(split_id(id).1).unwrap_or(0) > 1
+                {
+                    return None;
+                }
+                Some((id, c.store.cached(tb, k)?))
+            })
+            .collect();
+        let reads: Vec<(u64, [u8; lockd::wire::READ_DESC_BYTES])> = locs
+            .iter()
+            .map(|(id, loc)| (*id, crate::lock_read::desc(loc.table, loc.addr)))
+            .collect();
+        let prefetched = self
+            .take_tickets_reading(t, &ids, Mode::Hot, &reads)
+            .await?;
+        let got = join_all(want.iter().zip(&queue).map(|(&(tb, k, _), &q)| {
+            let id = self.lock_id(tb, k);
+            let grant = q
+                .then(|| {
+                    let bytes = prefetched.iter().find(|(p, _)| *p == id)?;
+                    let loc = locs.iter().find(|(p, _)| *p == id)?;
+                    Some((loc.1, &bytes.1))
+                })
+                .flatten();
+            async move {
+                if let Some(o) = grant.and_then(|(loc, b)| self.take_granted(c, loc, k, b)) {
+                    return Ok(o);
+                }
+                if q {
+                    Obj::read_newest(c, tb, k, false).await
+                } else {
+                    self.read_optimistic(c, tb, k).await
+                }
             }
         }))
         .await;
         self.keep_reads(t, got, want, &queue)
     }
 
+    /// The object `(loc.table, k)` from the bytes a lock-and-read grant carried for its
+    /// CVT at `loc` ([`crate::lock_read::decode`]), counted in
+    /// [`Self::lock_read_counts`]; `None` when they are not usable (the caller READs).
+    fn take_granted(
+        &self,
+        c: &ClientCore,
+        loc: crate::cvt_remote::CvtLoc,
+        k: u64,
+        bytes: &[u8],
+    ) -> Option<Obj> {
+        let tb = loc.table;
+        let e = c.store.tables().get(tb as usize)?;
+        let (cvt, value) = crate::lock_read::decode(bytes, e.versions, e.len, tb, k)?;
+        let mut o = Obj::absent(tb, k);
+        o.loc = Some(loc);
+        if let Some(i) = cvt.newest() {
+            o.version = cvt.cells[i].version;
+        }
+        o.value = value;
+        o.cvt = Some(cvt);
+        let n = self.lock_reads.get();
+        self.lock_reads.set((n.0, n.1 + 1));
+        Some(o)
+    }
+
+    /// Lock-and-read requests sent so far, and of those the grants whose object came
+    /// with them and was taken (no READ after the Lock RPC).
+    pub(crate) fn lock_read_counts(&self) -> (u64, u64) {
+        self.lock_reads.get()
+    }
+
     /// Take tickets on `ids` (those not held yet, deduplicated) in `mode` with the
     /// transaction's timestamp (taken now if it has none), and wait until each is served.
     /// Tickets taken are kept in the transaction, so that every path releases them.
     async fn take_tickets(&self, t: &mut A<'_>, ids: &[u64], mode: Mode) -> Result<(), TxnError> {
+        self.take_tickets_reading(t, ids, mode, &[]).await.map(drop)
+    }
+
+    /// [`Self::take_tickets`], the ids in `reads` each with its own lock-and-read RPC
+    /// and read descriptor ([`crate::lock_read`]): returns, by lock id, the bytes that
+    /// came with the grants served at once.
+    async fn take_tickets_reading(
+        &self,
+        t: &mut A<'_>,
+        ids: &[u64],
+        mode: Mode,
+        reads: &[(u64, [u8; lockd::wire::READ_DESC_BYTES])],
+    ) -> Result<Vec<(u64, Vec<u8>)>, TxnError> {
         let prev = t.enter(Phase::Lock);
-        let r = self.queue_and_wait(t, ids, mode).await;
+        let r = self.queue_and_wait(t, ids, mode, reads).await;
         t.enter(prev);
         r
     }
 
-    /// [`Self::take_tickets`]'s work, timed as [`Phase::Lock`].
-    async fn queue_and_wait(&self, t: &mut A<'_>, ids: &[u64], mode: Mode) -> Result<(), TxnError> {
+    /// [`Self::take_tickets_reading`]'s work, timed as [`Phase::Lock`].
+    async fn queue_and_wait(
+        &self,
+        t: &mut A<'_>,
+        ids: &[u64],
+        mode: Mode,
+        reads: &[(u64, [u8; lockd::wire::READ_DESC_BYTES])],
+    ) -> Result<Vec<(u64, Vec<u8>)>, TxnError> {
         let c = t.core;
-        let lc = &self.locks.client();
         let mut ids: Vec<u64> = ids
             .iter()
             .copied()
@@ -513,50 +638,85 @@ impl Scythe {
         ids.sort_unstable();
         ids.dedup();
         if ids.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let ts = t.timestamp().await?;
         let first_new = t.cc.tickets.len();
-        // One Lock RPC per batch of requests, every batch in flight at once.
-        let batches: Vec<Vec<LockRequest>> = ids
-            .chunks(lockd::wire::MAX_ENTRIES)
-            .map(|chunk| {
-                chunk
-                    .iter()
-                    .map(|&id| LockRequest {
-                        id,
-                        ts: ts.get(),
-                        mode,
-                    })
-                    .collect()
-            })
-            .collect();
-        let replies = join_all(batches.iter().map(|reqs| lc.lock(c.store.ctx(), reqs))).await;
-        let (cold, hot) = (lc.export().cold_watermark, lc.export().hot_watermark);
+        // One Lock RPC per service and batch of requests (ids are sorted, so by
+        // service), a lock-and-read RPC per read, every one in flight at once.
+        type Desc = [u8; lockd::wire::READ_DESC_BYTES];
+        let mut batches: Vec<(usize, Vec<LockRequest>, Option<Desc>)> = Vec::new();
+        for &id in &ids {
+            let (s, local) = split_id(id);
+            let req = LockRequest {
+                id: local,
+                ts: ts.get(),
+                mode,
+            };
+            if let Some((_, d)) = reads.iter().find(|(r, _)| *r == id) {
+                batches.push((s, vec![req], Some(*d)));
+                continue;
+            }
+            match batches.iter_mut().rev().find(|(_, _, d)| d.is_none()) {
+                Some((bs, reqs, _)) if *bs == s && reqs.len() < lockd::wire::MAX_ENTRIES => {
+                    reqs.push(req)
+                }
+                _ => batches.push((s, vec![req], None)),
+            }
+        }
+        let clients: Vec<Rc<LockClient>> = self.locks();
+        let ctx = c.store.ctx();
+        let replies = join_all(batches.iter().map(|(s, reqs, desc)| {
+            let lc = &clients[*s];
+            async move {
+                match desc {
+                    Some(d) => {
+                        let (g, b) = lc.lock_read(ctx, reqs[0], d).await?;
+                        Ok((vec![g], b))
+                    }
+                    None => Ok((lc.lock(ctx, reqs).await?, Vec::new())),
+                }
+            }
+        }))
+        .await;
+        let sent = batches.iter().filter(|b| b.2.is_some()).count() as u64;
+        if sent > 0 {
+            let n = self.lock_reads.get();
+            self.lock_reads.set((n.0 + sent, n.1));
+        }
         let mut refused = None;
         let mut failed = None;
         let mut warm_refusal = false;
-        for (reqs, grants) in batches.iter().zip(replies) {
-            let grants = match grants {
-                Ok(g) => g,
+        let mut prefetched = Vec::new();
+        for ((s, reqs, _), grants) in batches.iter().zip(replies) {
+            let grants: Vec<Grant> = match grants {
+                Ok((g, bytes)) => {
+                    if !bytes.is_empty() {
+                        prefetched.push(((*s as u64) << SERVICE_SHIFT | reqs[0].id, bytes));
+                    }
+                    g
+                }
                 Err(e) => {
-                    failed.get_or_insert(e);
+                    failed.get_or_insert((*s, e));
                     continue;
                 }
             };
+            let export = clients[*s].export();
+            let (cold, hot) = (export.cold_watermark, export.hot_watermark);
             for (req, g) in reqs.iter().zip(grants) {
+                let id = (*s as u64) << SERVICE_SHIFT | req.id;
                 match g {
                     Grant::Queued(tk) => {
                         if mode == Mode::Cold && tk.reply().ahead() > 0 {
                             // A cold request queued behind anyone: hot for the retries.
-                            t.cc.mark_hot(req.id);
+                            t.cc.mark_hot(id);
                         }
-                        t.cc.tickets.push((req.id, tk));
+                        t.cc.tickets.push((id, tk));
                     }
                     Grant::Refused(r) => {
                         let queued = r.ahead();
                         warm_refusal |= queued > cold && queued < hot;
-                        t.cc.mark_hot(req.id);
+                        t.cc.mark_hot(id);
                         refused.get_or_insert(match r.reason {
                             Some(RefuseReason::Timestamp) => AbortReason::LockRefusedTimestamp,
                             Some(RefuseReason::HotWatermark) => AbortReason::LockRefusedHot,
@@ -566,8 +726,10 @@ impl Scythe {
                 }
             }
         }
-        if let Some(e) = failed {
-            return Err(self.lock_failed(c.store.ctx(), lc, e).await);
+        if let Some((s, e)) = failed {
+            return Err(self
+                .lock_failed(c.store.ctx(), &self.locks[s], &clients[s], e)
+                .await);
         }
         if let Some(reason) = refused {
             // 4.4 (2), after Aurogon: a refusal on an object whose queue lies between
@@ -595,15 +757,22 @@ impl Scythe {
         for id in timed_out {
             t.cc.mark_hot(id);
         }
-        if let Some(e) = waits.into_iter().find_map(Result::err) {
+        let failed = t.cc.tickets[first_new..]
+            .iter()
+            .zip(waits)
+            .find_map(|((id, _), w)| w.err().map(|e| (split_id(*id).0, e)));
+        if let Some((s, e)) = failed {
             // The tickets keep their places; the caller's release (or the transaction's
             // drop) hands each to a coroutine that releases it when its turn comes.
             return Err(match e {
                 LockError::WaitTimeout { .. } => TxnError::Abort(AbortReason::LockWaitTimeout),
-                e => self.lock_failed(c.store.ctx(), lc, e).await,
+                e => {
+                    let ctx = c.store.ctx();
+                    self.lock_failed(ctx, &self.locks[s], &clients[s], e).await
+                }
             });
         }
-        Ok(())
+        Ok(prefetched)
     }
 
     /// Commit. OCC (4.2.1 (2)): the timestamp, cold tickets on the write set, validation,
@@ -738,6 +907,26 @@ impl Scythe {
     }
 }
 
+/// [`Scythe::lock_id`] over services of `n_locks[s]` locks each (one service, or one
+/// per partition) for `tables` tables.
+fn lock_id_of(n_locks: &[u64], tables: u64, table: u32, key: u64) -> u64 {
+    let s = if n_locks.len() == 1 {
+        0
+    } else {
+        crate::cvt_remote::partition_of(table, key, n_locks.len() as u32) as usize
+    };
+    (s as u64) << SERVICE_SHIFT | lock_slot(key, table, tables, n_locks[s])
+}
+
+/// Lock id `id` as (its service's index, its lock in that service's table); see
+/// [`Scythe`].
+pub(crate) fn split_id(id: u64) -> (usize, u64) {
+    (
+        (id >> SERVICE_SHIFT) as usize,
+        id & ((1 << SERVICE_SHIFT) - 1),
+    )
+}
+
 /// [`Scythe::lock_id`]'s mapping of `(table, key)` onto `n` locks for `tables` tables.
 fn lock_slot(key: u64, table: u32, tables: u64, n: u64) -> u64 {
     let linear = key
@@ -757,8 +946,34 @@ fn lock_slot(key: u64, table: u32, tables: u64, n: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::lock_slot;
+    use super::{lock_id_of, lock_slot, split_id};
+    use crate::cvt_remote::partition_of;
     use std::collections::HashSet;
+
+    #[test]
+    fn a_lock_id_names_the_service_of_its_partition_and_a_lock_there() {
+        // One service (a lockd node): the id is the lock itself.
+        for k in [0u64, 7, 99_999, u64::MAX] {
+            let id = lock_id_of(&[1000], 2, 1, k);
+            assert_eq!(id, lock_slot(k, 1, 2, 1000));
+            assert_eq!(split_id(id), (0, id));
+        }
+        // Three memory nodes serving their partitions' locks, of different sizes: each
+        // object's lock is at the service of the partition that holds the object, within
+        // that service's table, and keys spread over all three.
+        let n = [1000u64, 500, 1 << 20];
+        let mut seen = [0u32; 3];
+        for k in 0..3000u64 {
+            for table in [0u32, 3] {
+                let (s, local) = split_id(lock_id_of(&n, 4, table, k));
+                assert_eq!(s, partition_of(table, k, 3) as usize, "key {k}");
+                assert!(local < n[s], "key {k}: lock {local} of {}", n[s]);
+                assert_eq!(local, lock_slot(k, table, 4, n[s]));
+                seen[s] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&c| c > 1500), "{seen:?}");
+    }
 
     #[test]
     fn dense_keys_get_their_own_locks_and_composite_keys_spread() {

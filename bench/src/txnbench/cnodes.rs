@@ -59,15 +59,12 @@ fn cnode_ids() -> std::ops::Range<u16> {
 }
 
 /// The nodes that must fence a dead compute node before its recovery: every memory
-/// node, and the lock service when `protocol` uses one.
-fn fencers(memnodes: usize, protocol: Protocol) -> Vec<u16> {
+/// node (with the locks placed on them, their lock services with them), and the lockd
+/// node when `protocol` uses one and `lockd` says the cluster runs it.
+fn fencers(memnodes: usize, protocol: Protocol, lockd: bool) -> Vec<u16> {
     (0..memnodes as u32)
         .map(|i| (crate::txn_args::NODE_MEMNODE + i) as u16)
-        .chain(
-            protocol
-                .needs_lockd()
-                .then_some(crate::txn_args::NODE_LOCKD as u16),
-        )
+        .chain((protocol.needs_lockd() && lockd).then_some(crate::txn_args::NODE_LOCKD as u16))
         .collect()
 }
 
@@ -273,7 +270,7 @@ pub fn main(a: CnodeArgs) -> anyhow::Result<()> {
                     take_over: !args.restart,
                 }),
                 cnode_ids(),
-                fencers(a.memnodes.len(), protocol),
+                fencers(a.memnodes.len(), protocol, a.lockd.is_some()),
             )
             .context("starting the survivor duty")?,
         ),
@@ -830,7 +827,11 @@ impl<'a> Parent<'a> {
                         last: Default::default(),
                         pending: Vec::new(),
                         done: Default::default(),
-                        fencers: fencers((args.memnodes + args.spare_memnodes) as usize, protocol),
+                        fencers: fencers(
+                            (args.memnodes + args.spare_memnodes) as usize,
+                            protocol,
+                            !args.locks_on_memnodes(),
+                        ),
                     })
                 }
                 None => None,

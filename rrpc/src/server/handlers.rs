@@ -103,7 +103,8 @@ pub mod ids {
         }
     }
 
-    /// The lock service, `lockd::wire`: Lock 1, release-node 2, abandon 3.
+    /// The lock service, `lockd::wire`: Lock 1, release-node 2, abandon 3, lock-and-read
+    /// 4.
     pub const LOCKD: IdRange = IdRange {
         first: 1,
         last: 19,
@@ -161,7 +162,9 @@ pub(crate) enum Entry {
     SyncCaller(CallerHandler),
     Async(AsyncHandler),
     AsyncCaller(AsyncCallerHandler),
-    Sorted(KeyFn, BatchFn),
+    /// The key, the batch body, and the sort group: requests of every sorted handler
+    /// of one group are ordered together.
+    Sorted(KeyFn, BatchFn, u16),
 }
 
 /// Handlers by id: one handler per id on a node. Registering an id twice is a bug of
@@ -306,7 +309,23 @@ impl Handlers {
         key: impl Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync + 'static,
         f: impl Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync + 'static,
     ) -> &mut Self {
-        self.insert(id, Entry::Sorted(Arc::new(key), Arc::new(f)))
+        self.register_sorted_in(id, id, key, f)
+    }
+
+    /// [`Handlers::register_sorted`] in the sort group `group` (the other registrations
+    /// put each handler in a group of its own, its id): the pending requests of every
+    /// sorted handler of a group are sorted together by (key, timestamp), and each run
+    /// of consecutive requests for one handler goes to it as a batch, so that two
+    /// handlers serving one queue (a lock service's Lock RPC and lock-and-read) serve
+    /// it in timestamp order across both. Panics if `id` is taken.
+    pub fn register_sorted_in(
+        &mut self,
+        id: u16,
+        group: u16,
+        key: impl Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync + 'static,
+        f: impl Fn(&[BatchReq<'_>], &mut Vec<Result<Vec<u8>, String>>) + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.insert(id, Entry::Sorted(Arc::new(key), Arc::new(f), group))
     }
 
     /// Whether some handler is async (its server threads then need a runtime).

@@ -113,6 +113,8 @@ pub(crate) struct SortedReq {
     key: u64,
     ts: u64,
     id: u16,
+    /// The handler's sort group ([`Handlers::register_sorted_in`]).
+    group: u16,
     tag: (u64, u64),
     payload: Vec<u8>,
     caller: Caller,
@@ -163,13 +165,14 @@ impl SortedHub {
             self.any.store(false, Ordering::Release);
             std::mem::take(&mut *p)
         };
-        // By handler, then (key, timestamp); stable, so equal pairs keep arrival order.
-        reqs.sort_by_key(|r| (r.id, r.key, r.ts));
+        // By sort group, then (key, timestamp); stable, so equal pairs keep arrival
+        // order. Each run of one handler's requests is a batch.
+        reqs.sort_by_key(|r| (r.group, r.key, r.ts));
         let mut results = Vec::new();
         let mut start = 0;
         while start < reqs.len() {
             let id = reqs[start].id;
-            let end = start + reqs[start..].partition_point(|r| r.id == id);
+            let end = start + reqs[start..].iter().take_while(|r| r.id == id).count();
             let group = &reqs[start..end];
             let batch: Vec<BatchReq<'_>> = group
                 .iter()
@@ -182,7 +185,7 @@ impl SortedHub {
                 .collect();
             results.clear();
             let ok = match handlers.get(id) {
-                Some(Entry::Sorted(_, f)) => {
+                Some(Entry::Sorted(_, f, _)) => {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         f(&batch, &mut results)
                     }))
@@ -618,7 +621,7 @@ impl Worker {
                     finished.borrow_mut().push((tag, r));
                 });
             }
-            Some(Entry::Sorted(key, _)) => {
+            Some(Entry::Sorted(key, _, group)) => {
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| key(body)))
                     .ok()
                     .flatten()
@@ -629,6 +632,7 @@ impl Worker {
                             key: k,
                             ts,
                             id: p.hdr.handler,
+                            group: *group,
                             tag,
                             payload: body.to_vec(),
                             caller: self.conns[ci].caller,
@@ -976,5 +980,61 @@ fn buffer_error(len: usize, max: usize, arena: &Arena) -> String {
             "server reply buffers exhausted ({} held); retry later",
             arena.in_use()
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// Requests of two sorted handlers in one group go out in one (key, timestamp)
+    /// order, each run of one handler's requests as its batch; a handler in a group
+    /// of its own keeps its batch whole.
+    #[test]
+    fn handlers_of_one_sort_group_are_served_in_one_timestamp_order() {
+        type Log = Arc<Mutex<Vec<(u16, Vec<u64>)>>>;
+        let log: Log = Arc::default();
+        let mut h = Handlers::new();
+        let key = |p: &[u8]| Some((0, u64::from_le_bytes(p.try_into().ok()?)));
+        for (id, group) in [(1u16, 1u16), (4, 1), (7, 7)] {
+            let log = log.clone();
+            h.register_sorted_in(id, group, key, move |batch, results| {
+                log.lock()
+                    .unwrap()
+                    .push((id, batch.iter().map(|r| r.ts).collect()));
+                results.extend(batch.iter().map(|_| Ok(Vec::new())));
+            });
+        }
+        let hub = SortedHub::new(1);
+        let mut reqs: Vec<SortedReq> = [(1u16, 30u64), (4, 10), (7, 5), (1, 20), (4, 40), (7, 1)]
+            .into_iter()
+            .enumerate()
+            .map(|(i, (id, ts))| SortedReq {
+                worker: 0,
+                key: 0,
+                ts,
+                id,
+                group: if id == 7 { 7 } else { 1 },
+                tag: (0, i as u64),
+                payload: ts.to_le_bytes().to_vec(),
+                caller: Caller::UNKNOWN,
+            })
+            .collect();
+        hub.submit(&mut reqs);
+        hub.combine(&h);
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                (4, vec![10]),
+                (1, vec![20, 30]),
+                (4, vec![40]),
+                (7, vec![1, 5]),
+            ]
+        );
+        let mut answers = Vec::new();
+        hub.take(0, &mut answers);
+        assert_eq!(answers.len(), 6, "every request answered");
+        assert!(answers.iter().all(|(_, r)| r.is_ok()));
     }
 }

@@ -120,6 +120,90 @@ struct Args {
     /// says otherwise; --rtx-ids must exceed the coordinator coroutines of the cluster.
     #[arg(long)]
     range_index: bool,
+    /// Serve this node's partition's Takeout Locks (Scythe 4.3: each object's lock at
+    /// the memory node that holds it) behind the memory node's own address, for Scythe
+    /// run with its locks placed with the data instead of on a lockd node. The locks of
+    /// partition p live at the memory node started with `--partition p`; they would not
+    /// follow a failover to a backup, so this needs --replicas 1. The lock service
+    /// runs `--lock-threads` RPC server threads; an idle one spins briefly, then yields
+    /// its core.
+    #[arg(long)]
+    lock_service: bool,
+    /// With --lock-service: Takeout Locks in the table (32 bytes of registered memory
+    /// each; at least 1).
+    #[arg(long, default_value_t = 1 << 20, value_name = "N")]
+    locks: u64,
+    /// With --lock-service: RPC server threads of the lock service (1 to 1024).
+    #[arg(long, default_value_t = 1, value_name = "T")]
+    lock_threads: u64,
+    /// With --lock-service: ColdWatermark, queued tickets above which cold-mode Lock
+    /// RPCs are refused (Scythe 4.3).
+    #[arg(long, default_value_t = 3, value_name = "TICKETS")]
+    cold_watermark: u64,
+    /// With --lock-service: HotWatermark, queued tickets above which every Lock RPC is
+    /// refused (at least --cold-watermark; Scythe 4.3).
+    #[arg(long, default_value_t = 10, value_name = "TICKETS")]
+    hot_watermark: u64,
+    /// With --lock-service: bootstrap address of the timestamp oracle; Lock RPC
+    /// timestamps above what it has issued are refused (default none: only timestamps
+    /// of 2^62 and above are).
+    #[arg(long, value_name = "ADDR", value_parser = service::parse_addr)]
+    lock_tso: Option<std::net::SocketAddr>,
+    /// With --lock-service: directory where the lock service persists its epoch before
+    /// serving (locked while it runs). A memory node restarted with the same directory
+    /// serves a new epoch, so that clients of its earlier life are refused and
+    /// reconnect, and refuses Lock RPCs for a second, so that every ticket its earlier
+    /// life granted has expired first (default none: the epoch is the clock's
+    /// microseconds at start, and a restart is not known as one).
+    #[arg(long, value_name = "DIR")]
+    lock_state_dir: Option<std::path::PathBuf>,
+}
+
+/// The memory node's rrpc node: its control plane alone, or with its partition's lock
+/// service (`--lock-service`).
+enum Served {
+    Plain(Node),
+    Locks(lockd::embed::LockService),
+}
+
+impl Served {
+    fn node(&self) -> &Node {
+        match self {
+            Self::Plain(n) => n,
+            Self::Locks(s) => s.node(),
+        }
+    }
+}
+
+/// The lock service's settings from `--lock-service` and the flags beside it; `None`
+/// without it.
+fn lock_service_config(args: &Args) -> anyhow::Result<Option<lockd::embed::LockServiceConfig>> {
+    if !args.lock_service {
+        return Ok(None);
+    }
+    if args.spare_index.is_some() {
+        bail!("--lock-service with --spare-index: a spare holds no partition's locks");
+    }
+    if args.replicas > 1 {
+        bail!(
+            "--lock-service with --replicas above 1: the partition's locks would stay here \
+             and not follow its primary to a backup at a failover; keep the locks on a \
+             lockd node"
+        );
+    }
+    let cfg = lockd::embed::LockServiceConfig::default()
+        .with_locks(args.locks)
+        .with_threads(args.lock_threads)
+        .with_cold_watermark(args.cold_watermark)
+        .with_hot_watermark(args.hot_watermark)
+        .with_tso(args.lock_tso)
+        .with_state_dir(args.lock_state_dir.clone())
+        // Scythe's Takeout Locks only: the smallest Lotus table, not served.
+        .with_lock_table_slots(8)
+        .with_lotus_serving(false);
+    cfg.validate()
+        .map_err(|e| anyhow::anyhow!("--lock-service: {e}"))?;
+    Ok(Some(cfg))
 }
 
 fn main() -> ExitCode {
@@ -214,6 +298,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             args.kvs_value_bytes
         );
     }
+    let locks = lock_service_config(&args)?;
     let fabric = args.node.open_fabric().context("opening the fabric")?;
     // The one workload given (they exclude each other, checked above), loaded as
     // partition `q`: this node's own partition, then each partition it backs up.
@@ -288,6 +373,15 @@ fn run(args: Args) -> anyhow::Result<()> {
             t.records_loaded = 0;
         }
     }
+    // Shared with the lock service's lock-and-read RPC, which copies objects out of the
+    // primary image (Scythe 4.3: the lock with its data).
+    let regions = std::sync::Arc::new(regions);
+    let reader: Option<lockd::service::GrantReader> = locks.as_ref().map(|_| {
+        let r = txn::lock_read::LocalReader::new(&tables, regions.clone());
+        std::sync::Arc::new(
+            move |d: &[u8; lockd::wire::READ_DESC_BYTES], out: &mut Vec<u8>| r.read(d, out),
+        ) as lockd::service::GrantReader
+    });
     let geometry = txn::commit_log::LogGeometry {
         nodes: args.log_nodes,
         clients: args.log_clients,
@@ -410,11 +504,29 @@ fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
-    let node = Node::start_tuned(
-        fabric,
-        NodeConfig::new("memnode", args.node.listen).with_exports(exports),
-        &rpc,
-    )?;
+    let served = match &locks {
+        Some(cfg) => Served::Locks(
+            lockd::embed::LockService::start_hosted(
+                fabric,
+                args.node.listen,
+                cfg,
+                &rpc,
+                lockd::embed::Hosting {
+                    role: "memnode",
+                    exports,
+                    reader,
+                },
+                |_| {},
+            )
+            .context("starting the lock service")?,
+        ),
+        None => Served::Plain(Node::start_tuned(
+            fabric,
+            NodeConfig::new("memnode", args.node.listen).with_exports(exports),
+            &rpc,
+        )?),
+    };
+    let node = served.node();
     tracing::info!(
         cluster = %args.node.cluster,
         node = %args.node.node,
@@ -425,6 +537,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         spare,
         partitions = args.partitions,
         replicas = args.replicas,
+        locks = locks.as_ref().map_or(0, |c| c.locks),
         "memnode serving"
     );
     let _membership = match &args.etcd {
@@ -448,7 +561,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     service::announce_ready(node.addr(), &[]).context("writing READY")?;
     let _ = stop.recv();
     tracing::info!("signal received; shutting down");
-    drop(node);
+    drop(served);
     drop(regions);
     drop(log_region);
     drop(undo_region);
@@ -459,6 +572,49 @@ fn run(args: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lock_service_flags_give_its_settings_and_refuse_what_it_cannot_serve() {
+        let parse = |a: &[&str]| {
+            let mut v = vec!["memnode", "--node", "1"];
+            v.extend_from_slice(a);
+            lock_service_config(&Args::try_parse_from(v).unwrap())
+        };
+        assert!(parse(&["--kvs-records", "10"]).unwrap().is_none());
+        let cfg = parse(&[
+            "--lock-service",
+            "--locks",
+            "4096",
+            "--cold-watermark",
+            "2",
+            "--hot-watermark",
+            "5",
+        ])
+        .unwrap()
+        .expect("a lock service");
+        assert_eq!(
+            (cfg.locks, cfg.cold_watermark, cfg.hot_watermark),
+            (4096, 2, 5)
+        );
+        assert!(!cfg.lotus_serving);
+        for (bad, want) in [
+            (&["--hot-watermark", "2"][..], "exceeds hot watermark 2"),
+            (&["--locks", "0"][..], "locks"),
+            (
+                &["--partitions", "3", "--replicas", "2"][..],
+                "--replicas above 1",
+            ),
+            (
+                &["--partitions", "2", "--replicas", "2", "--spare-index", "2"][..],
+                "spare",
+            ),
+        ] {
+            let mut a = vec!["--lock-service"];
+            a.extend_from_slice(bad);
+            let e = format!("{:#}", parse(&a).unwrap_err());
+            assert!(e.contains(want), "{bad:?}: {e}");
+        }
+    }
 
     fn argv(a: &[&str]) -> Vec<std::ffi::OsString> {
         a.iter().map(Into::into).collect()
