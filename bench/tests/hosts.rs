@@ -432,7 +432,9 @@ fn a_dry_run_prints_each_hosts_command_lines_and_starts_nothing() {
         assert!(l.contains("--fabric verbs --rdma-device rxeA"), "{l}");
         assert!(l.contains("--exit-on-stdin-eof"), "{l}");
     }
-    assert!(lines[0].contains("/opt/rrpc/bin/memnode") && lines[0].contains("192.168.200.1:7010"));
+    // The oracle first: the lock service bounds Lock RPC timestamps by it.
+    assert!(lines[0].contains("/opt/rrpc/bin/tso"), "{}", lines[0]);
+    assert!(lines[1].contains("/opt/rrpc/bin/memnode") && lines[1].contains("192.168.200.1:7010"));
     assert!(
         lines[3].contains("/opt/rrpc/bin/lockd") && lines[3].contains("--tso 192.168.200.1:7003")
     );
