@@ -638,6 +638,32 @@ impl LocalCluster {
         Ok((s.name, s.addr))
     }
 
+    /// Fault injection: send `sig` (`"STOP"`, `"CONT"`, ...) to node `node`'s process
+    /// (on another host through ssh); returns its pid there.
+    ///
+    /// Errors: no such node; the signal could not be sent (or a remote service never
+    /// said its pid).
+    pub fn signal_node(&self, node: u32, sig: &str) -> anyhow::Result<u32> {
+        let s = self
+            .services
+            .iter()
+            .find(|s| s.node == node)
+            .ok_or_else(|| anyhow!("no service runs as node {node}"))?;
+        let pid = match (&s.place, s.remote_pid) {
+            (Place::Local, _) => s.child.id(),
+            (_, Some(pid)) => pid,
+            (place, None) => bail!(
+                "{} (node {node}) on {} never said its pid there ({REMOTE_PID:?} line)",
+                s.name,
+                place.describe()
+            ),
+        };
+        s.place
+            .signal(pid, sig)
+            .with_context(|| format!("SIG{sig} to {} (node {node})", s.name))?;
+        Ok(pid)
+    }
+
     /// Whether every child is still running; the first one that exited, otherwise.
     pub fn check_alive(&mut self) -> Result<(), String> {
         for s in &mut self.services {

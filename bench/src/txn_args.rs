@@ -479,7 +479,8 @@ pub struct Args {
     /// seconds into the measured run (after --warmup), SIGCONT it --stop-ms later.
     #[arg(long, value_name = "SECONDS")]
     pub stop_cn_after: Option<f64>,
-    /// With --stop-cn-after: milliseconds the process stays stopped.
+    /// With --stop-cn-after or --stop-memnode-after: milliseconds the process stays
+    /// stopped.
     #[arg(long, default_value_t = 300, value_name = "MS")]
     pub stop_ms: u64,
     /// The coordinator process the fault flags hit, 0 to --cnodes - 1 (default: the
@@ -497,10 +498,20 @@ pub struct Args {
     /// through etcd and each answers the drains.
     #[arg(long, value_name = "SECONDS")]
     pub kill_memnode_after: Option<f64>,
-    /// The memory node --kill-memnode-after kills, 0 to --memnodes - 1.
+    /// The memory node --kill-memnode-after kills (or --stop-memnode-after stops), 0 to
+    /// --memnodes - 1.
     #[arg(long, default_value_t = 0, value_name = "I")]
     #[serde(default)]
     pub memnode: u32,
+    /// Fault injection (coordinators inside txn-bench): SIGSTOP memory node --memnode
+    /// this many seconds into the measured run (after --warmup), SIGCONT it --stop-ms
+    /// later. Its CPU serves nothing meanwhile: with Scythe's locks on the memory nodes,
+    /// Lock RPCs to it wait, time out after the runtime's call timeout and are retried
+    /// (requests given up on are abandoned at the service once it runs again); the run
+    /// goes on after SIGCONT and every check holds. Prints `memnode stop:` lines.
+    #[arg(long, value_name = "SECONDS")]
+    #[serde(default)]
+    pub stop_memnode_after: Option<f64>,
     /// With `--kill-tso-after`: milliseconds the oracle stays down before its restart.
     #[arg(long, default_value_t = 300, value_name = "MS")]
     pub tso_down_ms: u64,
@@ -1182,6 +1193,20 @@ impl Args {
                 "--kill-memnode-after does not combine with --kill-cn-after or --stop-cn-after \
                  (the failover's drain waits for every coordinator process)"
             );
+        }
+        if self.stop_memnode_after.is_some() {
+            if within(self.stop_memnode_after) {
+                bail!("--stop-memnode-after must lie within the run (0 <= SECONDS < --duration)");
+            }
+            if self.coordinator_processes() || self.kill_memnode_after.is_some() {
+                bail!(
+                    "--stop-memnode-after runs with the coordinators inside txn-bench and \
+                     without --kill-memnode-after"
+                );
+            }
+            if self.stop_ms == 0 {
+                bail!("--stop-ms must be at least 1");
+            }
         }
         if self.memnode >= self.memnodes {
             bail!(

@@ -1542,6 +1542,7 @@ fn watch(
     let mut tso_restart = None;
     let mut lockd_restart = None;
     let mut failover = None;
+    let mut memnode_stopped = false;
     let mut etcd_restart: Option<crate::report::EtcdRestart> = None;
     let manager = match (&cluster.view_feed, args.kill_memnode_after) {
         (Some(feed), Some(_)) => {
@@ -1616,6 +1617,33 @@ fn watch(
                     return Err(format!("restarting etcd: {e:#}"));
                 }
             }
+        }
+        if !memnode_stopped && after(args.stop_memnode_after) {
+            memnode_stopped = true;
+            let m = args.memnode;
+            let node = NODE_MEMNODE + m;
+            let before = committed.load(Ordering::Relaxed);
+            let stopped = measured.elapsed();
+            let pid = match cluster.cluster.signal_node(node, "STOP") {
+                Ok(pid) => pid,
+                Err(e) => {
+                    run_stop.store(true, Ordering::SeqCst);
+                    return Err(format!("stopping memory node {m}: {e:#}"));
+                }
+            };
+            std::thread::sleep(Duration::from_millis(args.stop_ms));
+            if let Err(e) = cluster.cluster.signal_node(node, "CONT") {
+                run_stop.store(true, Ordering::SeqCst);
+                return Err(format!("continuing memory node {m}: {e:#}"));
+            }
+            // On stdout, with the report it belongs to.
+            println!(
+                "memnode stop: memory node {m} (pid {pid}) stopped (SIGSTOP) at {:.0} ms for {} \
+                 ms; {} commits while it was stopped",
+                stopped.as_secs_f64() * 1000.0,
+                args.stop_ms,
+                committed.load(Ordering::Relaxed).saturating_sub(before)
+            );
         }
         if failover.is_none() && after(args.kill_memnode_after) {
             let m = args.memnode;
@@ -2470,6 +2498,34 @@ mod tests {
 
     fn args(a: &[&str]) -> Args {
         Args::parse_from(std::iter::once("txn-bench").chain(a.iter().copied()))
+    }
+
+    #[test]
+    fn a_memnode_stop_must_lie_within_a_run_of_coordinators_inside_txn_bench() {
+        args(&["--stop-memnode-after", "1", "--duration", "2"])
+            .validate()
+            .unwrap();
+        for (bad, want) in [
+            (
+                &["--stop-memnode-after", "3", "--duration", "2"][..],
+                "within the run",
+            ),
+            (
+                &["--stop-memnode-after", "1", "--cnodes", "2"],
+                "coordinators inside txn-bench",
+            ),
+            (
+                &["--stop-memnode-after", "1", "--stop-ms", "0"],
+                "--stop-ms",
+            ),
+            (
+                &["--stop-memnode-after", "1", "--memnode", "1"],
+                "--memnode 1 must be below",
+            ),
+        ] {
+            let e = format!("{:#}", args(bad).validate().unwrap_err());
+            assert!(e.contains(want), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! than the coordinators' ticket lease, so that no holder of a dead service's ticket
 //! still writes when a lock is granted anew; the coordinators reconnect, commits go on,
 //! and every check holds: the workload's, serializability over the whole run, and no
-//! lock held at the end.
+//! lock held at the end. Also a memory node that serves its partition's locks,
+//! SIGSTOPped past the RPC timeout and continued.
 
 mod common;
 
@@ -111,5 +112,55 @@ fn scythe_coordinator_processes_survive_a_lockd_restart() {
     assert!(
         stdout.contains("recovery: lockd killed at"),
         "no timeline recovery line\n{stdout}"
+    );
+}
+
+/// A memory node serving its partition's Takeout Locks (`--lock-placement memnode`, the
+/// default here) SIGSTOPped for 2.5 s, longer than the runtime's 2 s call timeout:
+/// Lock RPCs to it wait, time out and are retried, and the requests given up on are
+/// abandoned at the service once it runs again; after SIGCONT commits go on, and every
+/// check holds (money, serializability, no lock left held).
+#[test]
+fn scythe_survives_a_stopped_memnode_that_serves_its_locks() {
+    let args = [
+        &[
+            "--protocol",
+            "scythe",
+            "--workload",
+            "smallbank",
+            "--accounts",
+            "10000",
+            "--coroutines",
+            "4",
+            "--duration",
+            "5",
+            "--stop-memnode-after",
+            "1",
+            "--stop-ms",
+            "2500",
+            "--timeline-ms",
+            "100",
+        ][..],
+        &common::model("cx5"),
+    ]
+    .concat();
+    let (ok, stdout, sum) =
+        common::txn_bench_watched("memnode-stop", &args, Duration::from_secs(300));
+    assert!(ok, "{stdout}");
+    assert!(
+        stdout.contains("Scythe's locks on the memnodes"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("memnode stop: memory node 0 (pid "),
+        "{stdout}"
+    );
+    let r = &sum["runs"][0];
+    common::assert_checked_run(r, &smallbank(), &stdout);
+    assert_eq!(r["lockd_locks_held"], 0, "{stdout}");
+    // Commits after the memory node ran again (SIGCONT at 3.5 s).
+    assert!(
+        common::committed_from_ms(r, 3800) > 0,
+        "nothing committed after SIGCONT: {stdout}"
     );
 }
