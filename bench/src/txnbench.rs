@@ -672,6 +672,9 @@ pub(crate) struct RunCluster {
     /// (re)start persists a larger epoch (`lockd::epoch`); per run, removed at shutdown.
     pub(crate) lockd_flags: Vec<String>,
     pub(crate) lockd_state: PathBuf,
+    /// The memory nodes' lock services' state directories (their epochs), with Scythe's
+    /// locks on the memory nodes.
+    pub(crate) lock_states: Vec<PathBuf>,
     /// Each memory node's flags (without `--listen`), to start it again.
     pub(crate) memnode_flags: Vec<Vec<String>>,
     /// With `--hosts`: where the services (and coordinator processes) run.
@@ -828,12 +831,19 @@ impl RunCluster {
             log.as_deref(),
         )?;
         let locks_on_memnodes = protocol.needs_lockd() && args.locks_on_memnodes();
+        // Each memory node's lock service keeps its epoch here (a restart serves a larger
+        // one); removed at shutdown.
+        let lock_states: Vec<PathBuf> = (0..args.memnodes)
+            .filter(|_| locks_on_memnodes)
+            .map(|i| std::env::temp_dir().join(format!("{cluster_name}-locks-{i}-state")))
+            .collect();
+        for d in &lock_states {
+            let _ = std::fs::remove_dir_all(d);
+        }
         let lock_flags = |i: u32| -> Vec<String> {
-            if !locks_on_memnodes || i >= args.memnodes {
+            let Some(state) = lock_states.get(i as usize) else {
                 return Vec::new();
-            }
-            let state = std::env::temp_dir().join(format!("{cluster_name}-locks-{i}-state"));
-            let _ = std::fs::remove_dir_all(&state);
+            };
             vec![
                 "--lock-service".into(),
                 "--lock-state-dir".into(),
@@ -957,6 +967,7 @@ impl RunCluster {
             tso_state,
             lockd_flags,
             lockd_state,
+            lock_states,
             memnode_flags,
             layout,
             etcd,
@@ -991,8 +1002,8 @@ impl RunCluster {
         }
     }
 
-    /// Stop the services and remove the oracle's state; returns the fabric's and the
-    /// timing model's descriptions for the report.
+    /// Stop the services and remove the oracle's and lock services' state; returns the
+    /// fabric's and the timing model's descriptions for the report.
     fn shutdown(self) -> (String, String) {
         let descs = (self.fabric.describe(), self.fabric.model_description());
         let Self {
@@ -1000,6 +1011,7 @@ impl RunCluster {
             fabric,
             tso_state,
             lockd_state,
+            lock_states,
             etcd,
             ..
         } = self;
@@ -1007,6 +1019,9 @@ impl RunCluster {
         cluster.shutdown();
         let _ = std::fs::remove_dir_all(&tso_state);
         let _ = std::fs::remove_dir_all(&lockd_state);
+        for d in &lock_states {
+            let _ = std::fs::remove_dir_all(d);
+        }
         // The local etcd removes its data; its log's directory is this run's.
         if let Some(dir) = etcd
             .as_ref()
